@@ -1,0 +1,558 @@
+//! The block pool: live sequences, their block tables, slot mapping, copy-on-write forks,
+//! table exports and statistics, over a [`BlockAllocator`].
+//!
+//! Every public operation validates and counts everything it needs first and mutates only
+//! when it is sure to succeed, so an error leaves the pool bit-for-bit as it was. Batched
+//! calls ([`BlockPool::step`]) are atomic over the whole batch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::FxHashMap;
+
+use crate::allocator::BlockAllocator;
+use crate::block_table::{blocks_for, BlockTable};
+use crate::error::{KvError, Result};
+use crate::invalid;
+use crate::types::{BlockId, SeqId};
+
+/// Largest block size accepted, in tokens.
+pub const MAX_BLOCK_SIZE: usize = 1 << 16;
+/// Longest sequence, in tokens: lengths are exported as int32.
+pub const MAX_SEQ_TOKENS: usize = i32::MAX as usize;
+
+/// Distinguishes pools, so a table mirror synced from one pool is never trusted for another.
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Clone, Debug)]
+struct SeqEntry {
+    table: BlockTable,
+    /// Last batch this sequence appeared in; catches duplicate ids in one batch without
+    /// allocating a set per step.
+    mark: u64,
+}
+
+/// Output buffers of a batched step, reusable across steps to avoid allocation.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    /// Slot of every new token, sequence by sequence, in batch order.
+    pub slots: Vec<i64>,
+    /// Copy-on-write pairs `(src, dst)`: copy the filled slots of `src` into `dst`.
+    pub cow: Vec<(BlockId, BlockId)>,
+    /// Length of each sequence after the step, in tokens.
+    pub seq_lens: Vec<i32>,
+}
+
+impl StepOutput {
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.cow.clear();
+        self.seq_lens.clear();
+    }
+}
+
+/// Snapshot of the pool's occupancy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStats {
+    pub block_size: usize,
+    pub total_blocks: usize,
+    pub free_blocks: usize,
+    pub used_blocks: usize,
+    pub num_seqs: usize,
+    /// Sum of sequence lengths (a token shared by a fork counts once per sequence).
+    pub logical_tokens: u64,
+    /// Distinct filled slots in used blocks (a shared token counts once).
+    pub stored_tokens: u64,
+    /// Used blocks referenced by more than one sequence.
+    pub shared_blocks: usize,
+    /// Copy-on-write copies since the pool was created.
+    pub cow_copies: u64,
+    /// Unfilled slots in used blocks: `used_blocks * block_size - stored_tokens`.
+    pub empty_slots: u64,
+    /// `stored_tokens / (used_blocks * block_size)`; 1.0 for an empty pool.
+    pub utilization: f64,
+}
+
+/// A paged KV-cache block pool with per-sequence block tables.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    alloc: BlockAllocator,
+    block_size: usize,
+    seqs: FxHashMap<SeqId, SeqEntry>,
+    cow_copies: u64,
+    next_stamp: u64,
+    batch_mark: u64,
+    id: u64,
+    /// Scratch for `step`: shared partial blocks already copied away in this batch.
+    cow_scratch: Vec<(BlockId, u32)>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks of `block_size` token slots each.
+    pub fn new(num_blocks: usize, block_size: usize) -> Result<Self> {
+        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
+            return Err(invalid!("block_size must be in 1..={MAX_BLOCK_SIZE} tokens, got {block_size}"));
+        }
+        Ok(Self {
+            alloc: BlockAllocator::new(num_blocks)?,
+            block_size,
+            seqs: FxHashMap::default(),
+            cow_copies: 0,
+            next_stamp: 1,
+            batch_mark: 0,
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            cow_scratch: Vec::new(),
+        })
+    }
+
+    #[inline]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    #[inline]
+    pub fn num_blocks(&self) -> usize {
+        self.alloc.num_blocks()
+    }
+
+    /// Blocks an allocation can take right now.
+    #[inline]
+    pub fn num_free_blocks(&self) -> usize {
+        self.alloc.num_free()
+    }
+
+    #[inline]
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Unique id of this pool instance (for table mirrors).
+    #[inline]
+    pub fn pool_id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    /// Live sequence ids in ascending order.
+    pub fn seq_ids(&self) -> Vec<SeqId> {
+        let mut v: Vec<SeqId> = self.seqs.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub fn table(&self, seq: SeqId) -> Result<&BlockTable> {
+        self.seqs.get(&seq).map(|e| &e.table).ok_or(KvError::UnknownSequence(seq.0))
+    }
+
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.table(seq)?.num_tokens())
+    }
+
+    pub fn refcount(&self, b: BlockId) -> Result<u32> {
+        if b.index() >= self.num_blocks() {
+            return Err(invalid!("{b} is outside the pool of {} blocks", self.num_blocks()));
+        }
+        Ok(self.alloc.refcount(b))
+    }
+
+    fn stamp(&mut self) -> u64 {
+        self.next_stamp += 1;
+        self.next_stamp
+    }
+
+    fn ensure_available(&self, requested: usize) -> Result<()> {
+        let free = self.num_free_blocks();
+        if requested > free {
+            return Err(KvError::PoolExhausted { requested, free });
+        }
+        Ok(())
+    }
+
+    fn checked_len(len: usize, n: usize) -> Result<usize> {
+        match len.checked_add(n) {
+            Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
+            _ => Err(invalid!(
+                "a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
+            )),
+        }
+    }
+
+    /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, given
+    /// that `already_copied` other holders of its shared partial block copy away first.
+    fn blocks_needed_for(&self, table: &BlockTable, n: usize, already_copied: u32) -> Result<(usize, bool)> {
+        if n == 0 {
+            return Ok((0, false));
+        }
+        let end = Self::checked_len(table.num_tokens(), n)?;
+        let grow = blocks_for(end, self.block_size) - table.blocks().len();
+        let cow = match table.partial_last(self.block_size) {
+            Some((_, b, _)) => self.alloc.refcount(b) - already_copied > 1,
+            None => false,
+        };
+        Ok((grow + cow as usize, cow))
+    }
+
+    /// Blocks appending `n` tokens to `seq` would allocate (copy-on-write included).
+    pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
+        Ok(self.blocks_needed_for(self.table(seq)?, n, 0)?.0)
+    }
+
+    /// Add a new sequence holding `prompt_len` tokens; their slots are appended to `slots`.
+    pub fn add_sequence(&mut self, seq: SeqId, prompt_len: usize, slots: &mut Vec<i64>) -> Result<()> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::DuplicateSequence(seq.0));
+        }
+        Self::checked_len(0, prompt_len)?;
+        self.ensure_available(blocks_for(prompt_len, self.block_size))?;
+        let stamp = self.stamp();
+        let mut table = BlockTable::new(stamp);
+        let mut cow = Vec::new();
+        let r = self.grow(&mut table, prompt_len, slots, &mut cow);
+        if r.is_err() {
+            let alloc = &mut self.alloc;
+            table.truncate_blocks(0, |b| alloc.release(b));
+            return r;
+        }
+        debug_assert!(cow.is_empty());
+        self.seqs.insert(seq, SeqEntry { table, mark: 0 });
+        Ok(())
+    }
+
+    /// Append `n` tokens to `seq`; new slots go to `slots`, copy-on-write pairs to `cow`.
+    pub fn append(
+        &mut self,
+        seq: SeqId,
+        n: usize,
+        slots: &mut Vec<i64>,
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<()> {
+        let (need, _) = self.blocks_needed_for(self.table(seq)?, n, 0)?;
+        self.ensure_available(need)?;
+        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        let r = self.grow(&mut entry.table, n, slots, cow);
+        self.seqs.insert(seq, entry);
+        r
+    }
+
+    /// Append `counts[i]` tokens to `seqs[i]` for every i, atomically: either every
+    /// sequence grows or none does. Outputs are appended to `out` (cleared first).
+    pub fn step(&mut self, seqs: &[SeqId], counts: &[usize], out: &mut StepOutput) -> Result<()> {
+        out.clear();
+        if seqs.len() != counts.len() {
+            return Err(invalid!(
+                "{} sequence ids but {} token counts",
+                seqs.len(),
+                counts.len()
+            ));
+        }
+        self.batch_mark += 1;
+        let mark = self.batch_mark;
+        let mut need = 0usize;
+        let mut total_tokens = 0usize;
+        let mut scratch = std::mem::take(&mut self.cow_scratch);
+        scratch.clear();
+        let mut result = Ok(());
+        for (&seq, &n) in seqs.iter().zip(counts) {
+            let Some(entry) = self.seqs.get_mut(&seq) else {
+                result = Err(KvError::UnknownSequence(seq.0));
+                break;
+            };
+            if entry.mark == mark {
+                result = Err(invalid!("sequence id {} appears twice in one step", seq.0));
+                break;
+            }
+            entry.mark = mark;
+            let table = &self.seqs[&seq].table;
+            let shared_last = table.partial_last(self.block_size).map(|(_, b, _)| b);
+            let copied = shared_last
+                .and_then(|b| scratch.iter().find(|(x, _)| *x == b).map(|(_, c)| *c))
+                .unwrap_or(0);
+            match self.blocks_needed_for(table, n, copied) {
+                Ok((k, cow)) => {
+                    need += k;
+                    total_tokens += n;
+                    if let (true, Some(b)) = (cow, shared_last) {
+                        match scratch.iter_mut().find(|(x, _)| *x == b) {
+                            Some(e) => e.1 += 1,
+                            None => scratch.push((b, 1)),
+                        }
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.cow_scratch = scratch;
+        result?;
+        self.ensure_available(need)?;
+        out.slots.reserve(total_tokens);
+        out.seq_lens.reserve(seqs.len());
+        for (&seq, &n) in seqs.iter().zip(counts) {
+            // Validated above; a missing id here would be a bug, reported, not a panic.
+            let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+            let r = self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow);
+            out.seq_lens.push(entry.table.num_tokens() as i32);
+            self.seqs.insert(seq, entry);
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Grow `table` by `n` tokens. The caller has checked that enough blocks are free,
+    /// so the error path is only reachable through a bug; it reports instead of panicking.
+    fn grow(
+        &mut self,
+        table: &mut BlockTable,
+        n: usize,
+        slots: &mut Vec<i64>,
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        if let Some((idx, src, _)) = table.partial_last(bs) {
+            if self.alloc.refcount(src) > 1 {
+                let dst = self.take_block()?;
+                self.alloc.decref(src);
+                table.replace(idx, dst);
+                table.restamp(self.stamp());
+                cow.push((src, dst));
+                self.cow_copies += 1;
+            }
+        }
+        let mut pos = table.num_tokens();
+        let end = pos + n;
+        slots.reserve(n);
+        while pos < end {
+            let bi = pos / bs;
+            if bi == table.blocks().len() {
+                let b = self.take_block()?;
+                table.push(b);
+            }
+            let off = pos % bs;
+            let run = (bs - off).min(end - pos);
+            let first = table.blocks()[bi].first_slot(bs) + off as i64;
+            slots.extend(first..first + run as i64);
+            pos += run;
+        }
+        table.set_num_tokens(end);
+        Ok(())
+    }
+
+    /// A free block; only called after `ensure_available` reserved it.
+    fn take_block(&mut self) -> Result<BlockId> {
+        self.alloc
+            .allocate()
+            .ok_or_else(|| KvError::Invariant("allocation after a successful reservation failed".into()))
+    }
+
+    /// A child sharing every block of `parent` (parallel sampling, beam search).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        if self.seqs.contains_key(&child) {
+            return Err(KvError::DuplicateSequence(child.0));
+        }
+        let src = self.table(parent)?;
+        let blocks = src.blocks().to_vec();
+        let len = src.num_tokens();
+        for &b in &blocks {
+            self.alloc.incref(b);
+        }
+        let stamp = self.stamp();
+        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0 });
+        Ok(())
+    }
+
+    /// Drop the last `n` tokens of `seq` (speculative-decoding rollback); blocks that
+    /// become empty lose this sequence's reference.
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let len = self.seq_len(seq)?;
+        if n > len {
+            return Err(invalid!("cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
+        }
+        let new_len = len - n;
+        let keep = blocks_for(new_len, self.block_size);
+        let stamp = self.stamp();
+        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        if keep < entry.table.blocks().len() {
+            let alloc = &mut self.alloc;
+            entry.table.truncate_blocks(keep, |b| alloc.release(b));
+            entry.table.restamp(stamp);
+        }
+        entry.table.set_num_tokens(new_len);
+        self.seqs.insert(seq, entry);
+        Ok(())
+    }
+
+    /// Free `seq`: every block loses a reference; blocks at zero return to the free list.
+    pub fn free(&mut self, seq: SeqId) -> Result<()> {
+        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        // Tail first, so the most recently used block is on top of the free list.
+        for b in entry.table.take_blocks() {
+            self.alloc.release(b);
+        }
+        Ok(())
+    }
+
+    /// Validate a batch of ids without changing anything.
+    pub fn check_known(&self, seqs: &[SeqId]) -> Result<()> {
+        for s in seqs {
+            if !self.seqs.contains_key(s) {
+                return Err(KvError::UnknownSequence(s.0));
+            }
+        }
+        Ok(())
+    }
+
+    /// Longest table among `seqs`, in blocks.
+    pub fn max_table_len(&self, seqs: &[SeqId]) -> Result<usize> {
+        let mut m = 0;
+        for s in seqs {
+            m = m.max(self.table(*s)?.blocks().len());
+        }
+        Ok(m)
+    }
+
+    /// Write the tables of `seqs` as rows of a row-major `[seqs.len(), width]` int32
+    /// matrix, padding unused entries with `pad`.
+    pub fn padded_tables_into(&self, seqs: &[SeqId], width: usize, pad: i32, out: &mut [i32]) -> Result<()> {
+        if out.len() != seqs.len() * width {
+            return Err(invalid!("output holds {} entries, expected {} x {}", out.len(), seqs.len(), width));
+        }
+        let need = self.max_table_len(seqs)?;
+        if need > width {
+            return Err(invalid!("a table of {need} blocks does not fit in {width} columns"));
+        }
+        for (row, s) in out.chunks_exact_mut(width.max(1)).zip(seqs) {
+            let blocks = self.seqs[s].table.blocks();
+            for (dst, b) in row.iter_mut().zip(blocks) {
+                *dst = b.as_i32();
+            }
+            row[blocks.len()..].fill(pad);
+        }
+        Ok(())
+    }
+
+    /// FlashInfer's paged layout for `seqs`: `(kv_indptr [n+1], kv_indices [nnz],
+    /// kv_last_page_len [n])`. The last page length is in `1..=block_size`, or 0 for an
+    /// empty sequence.
+    pub fn flashinfer_tables(&self, seqs: &[SeqId]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+        let mut nnz = 0usize;
+        for s in seqs {
+            nnz += self.table(*s)?.blocks().len();
+        }
+        if nnz > i32::MAX as usize {
+            return Err(invalid!("{nnz} table entries overflow int32 kv_indptr"));
+        }
+        let mut indptr = Vec::with_capacity(seqs.len() + 1);
+        let mut indices = Vec::with_capacity(nnz);
+        let mut last = Vec::with_capacity(seqs.len());
+        indptr.push(0);
+        for s in seqs {
+            let t = &self.seqs[s].table;
+            indices.extend(t.blocks().iter().map(|b| b.as_i32()));
+            indptr.push(indices.len() as i32);
+            let n = t.num_tokens();
+            last.push(if n == 0 { 0 } else { (n - 1) % self.block_size + 1 } as i32);
+        }
+        Ok((indptr, indices, last))
+    }
+
+    /// Occupancy statistics. O(table entries).
+    pub fn stats(&self) -> PoolStats {
+        let bs = self.block_size;
+        let mut logical = 0u64;
+        let mut stored = 0u64;
+        // Filled slots of shared blocks: the fullest holder decides.
+        let mut shared_fill: FxHashMap<BlockId, usize> = FxHashMap::default();
+        for e in self.seqs.values() {
+            let t = &e.table;
+            logical += t.num_tokens() as u64;
+            for (i, &b) in t.blocks().iter().enumerate() {
+                let filled = t.filled_in_block(i, bs);
+                if self.alloc.refcount(b) > 1 {
+                    let f = shared_fill.entry(b).or_insert(0);
+                    *f = (*f).max(filled);
+                } else {
+                    stored += filled as u64;
+                }
+            }
+        }
+        stored += shared_fill.values().map(|&f| f as u64).sum::<u64>();
+        let total = self.num_blocks();
+        let free = self.num_free_blocks();
+        let used = total - free;
+        let capacity = (used * bs) as u64;
+        PoolStats {
+            block_size: bs,
+            total_blocks: total,
+            free_blocks: free,
+            used_blocks: used,
+            num_seqs: self.seqs.len(),
+            logical_tokens: logical,
+            stored_tokens: stored,
+            shared_blocks: shared_fill.len(),
+            cow_copies: self.cow_copies,
+            empty_slots: capacity - stored,
+            utilization: if capacity == 0 { 1.0 } else { stored as f64 / capacity as f64 },
+        }
+    }
+
+    /// Check every structural invariant; the error names the first one broken.
+    pub fn check_invariants(&self) -> Result<()> {
+        let n = self.num_blocks();
+        let bs = self.block_size;
+        let mut expected = vec![0u32; n];
+        for (seq, e) in &self.seqs {
+            let t = &e.table;
+            let want = blocks_for(t.num_tokens(), bs);
+            if t.blocks().len() != want {
+                return Err(KvError::Invariant(format!(
+                    "sequence {} holds {} tokens in {} blocks, expected ceil({}/{bs}) = {want}",
+                    seq.0,
+                    t.num_tokens(),
+                    t.blocks().len(),
+                    t.num_tokens()
+                )));
+            }
+            for &b in t.blocks() {
+                if b.index() >= n {
+                    return Err(KvError::Invariant(format!("sequence {} maps to {b}, outside the pool of {n}", seq.0)));
+                }
+                expected[b.index()] += 1;
+            }
+        }
+        for (i, (&want, &have)) in expected.iter().zip(self.alloc.refcounts()).enumerate() {
+            if want != have {
+                return Err(KvError::Invariant(format!(
+                    "block {i} has refcount {have} but {want} table references"
+                )));
+            }
+        }
+        let mut on_free = vec![false; n];
+        for &b in self.alloc.free_list() {
+            if b.index() >= n {
+                return Err(KvError::Invariant(format!("free list holds {b}, outside the pool of {n}")));
+            }
+            if on_free[b.index()] {
+                return Err(KvError::Invariant(format!("{b} is on the free list twice")));
+            }
+            on_free[b.index()] = true;
+            if expected[b.index()] != 0 {
+                return Err(KvError::Invariant(format!("{b} is free but referenced {} times", expected[b.index()])));
+            }
+        }
+        let used = expected.iter().filter(|&&c| c > 0).count();
+        if used + self.alloc.num_free() != n {
+            return Err(KvError::Invariant(format!(
+                "{used} used + {} free blocks != {n} total (a block leaked)",
+                self.alloc.num_free()
+            )));
+        }
+        Ok(())
+    }
+}
