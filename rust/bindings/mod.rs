@@ -1,0 +1,20 @@
+//! PyO3 bindings: the private extension module `pykvpool._native`.
+//!
+//! Thin wrappers only: each Python class owns one core type behind a mutex, converts
+//! arguments (any integer numpy array or Python sequence), releases the GIL around the
+//! core call, and maps [`crate::KvError`] to one Python exception class. The public API
+//! is re-exported by `pykvpool/__init__.py`.
+
+use pyo3::prelude::*;
+
+pub mod convert;
+pub mod errors;
+pub mod pool;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    pool::register(m)?;
+    Ok(())
+}

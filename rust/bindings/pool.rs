@@ -1,0 +1,385 @@
+//! `BlockPool`, `PoolStats` and `BlockTableBuffer` for Python.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+
+use super::convert::{count, counts, int_scalar, seq_id};
+use super::errors::{invalid, IntoPyResult};
+use crate::pool::{BlockPool, PoolStats, StepOutput};
+use crate::table_sync::TableSync;
+use crate::types::{BlockId, SeqId};
+
+/// Lock a mutex, recovering from poisoning: core operations never panic half-way, and a
+/// poisoned lock would otherwise make the pool unusable from Python forever.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let flat: Vec<i64> = pairs.iter().flat_map(|(s, d)| [s.0 as i64, d.0 as i64]).collect();
+    PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+}
+
+#[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
+pub struct PyBlockPool {
+    inner: Mutex<BlockPool>,
+}
+
+impl PyBlockPool {
+    pub(crate) fn pool(&self) -> MutexGuard<'_, BlockPool> {
+        lock(&self.inner)
+    }
+}
+
+#[pymethods]
+impl PyBlockPool {
+    #[new]
+    fn new(py: Python<'_>, num_blocks: &Bound<'_, PyAny>, block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
+        let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
+        let pool = py.detach(|| BlockPool::new(nb, bs)).py_err(py)?;
+        Ok(Self { inner: Mutex::new(pool) })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.pool().num_blocks()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.pool().block_size()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.pool().num_free_blocks()
+    }
+
+    #[getter]
+    fn num_used_blocks(&self) -> usize {
+        let p = self.pool();
+        p.num_blocks() - p.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_seqs(&self) -> usize {
+        self.pool().num_seqs()
+    }
+
+    fn __len__(&self) -> usize {
+        self.pool().num_seqs()
+    }
+
+    fn __contains__(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> bool {
+        match int_scalar(seq, "seq_id") {
+            Ok(v) if v >= 0 => self.pool().contains(SeqId(v as u64)),
+            _ => {
+                let _ = py;
+                false
+            }
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let p = self.pool();
+        format!(
+            "BlockPool(num_blocks={}, block_size={}, free={}, seqs={})",
+            p.num_blocks(),
+            p.block_size(),
+            p.num_free_blocks(),
+            p.num_seqs()
+        )
+    }
+
+    #[pyo3(signature = (seq_id, prompt_len = 0))]
+    fn add_sequence<'py>(&self, py: Python<'py>, seq_id: i64, prompt_len: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let n = count(py, prompt_len, "prompt_len")?;
+        let slots = py
+            .detach(|| {
+                let mut slots = Vec::new();
+                self.pool().add_sequence(seq, n, &mut slots).map(|_| slots)
+            })
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, slots))
+    }
+
+    #[pyo3(signature = (seq_id, num_tokens = 1))]
+    fn append<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: i64,
+        num_tokens: i64,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>)> {
+        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let n = count(py, num_tokens, "num_tokens")?;
+        let (slots, cow) = py
+            .detach(|| {
+                let (mut slots, mut cow) = (Vec::new(), Vec::new());
+                self.pool().append(seq, n, &mut slots, &mut cow).map(|_| (slots, cow))
+            })
+            .py_err(py)?;
+        Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
+    }
+
+    #[pyo3(signature = (seq_ids, num_tokens = None))]
+    #[allow(clippy::type_complexity)]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray1<i32>>)> {
+        let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
+        let n = match num_tokens {
+            Some(obj) => counts(obj, ids.len(), "num_tokens")?,
+            None => vec![1; ids.len()],
+        };
+        let out = py
+            .detach(|| {
+                let mut out = StepOutput::default();
+                self.pool().step(&ids, &n, &mut out).map(|_| out)
+            })
+            .py_err(py)?;
+        Ok((PyArray1::from_vec(py, out.slots), cow_array(py, &out.cow)?, PyArray1::from_vec(py, out.seq_lens)))
+    }
+
+    fn fork(&self, py: Python<'_>, parent: i64, child: i64) -> PyResult<()> {
+        let p = seq_id(py, parent, "parent")?;
+        let c = seq_id(py, child, "child")?;
+        py.detach(|| self.pool().fork(p, c)).py_err(py)
+    }
+
+    fn truncate(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<()> {
+        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let n = count(py, num_tokens, "num_tokens")?;
+        py.detach(|| self.pool().truncate(s, n)).py_err(py)
+    }
+
+    fn free(&self, py: Python<'_>, seq_id: i64) -> PyResult<()> {
+        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
+        py.detach(|| self.pool().free(s)).py_err(py)
+    }
+
+    /// Free several sequences atomically: all ids are checked (known, no duplicates)
+    /// before any is freed.
+    fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
+        let mut sorted: Vec<u64> = ids.iter().map(|s| s.0).collect();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid(py, format!("sequence id {} appears twice", w[0])));
+        }
+        py.detach(|| {
+            let mut pool = self.pool();
+            pool.check_known(&ids)?;
+            ids.iter().try_for_each(|&s| pool.free(s))
+        })
+        .py_err(py)
+    }
+
+    #[pyo3(signature = (seq_id, num_tokens = 1))]
+    fn blocks_needed(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<usize> {
+        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let n = count(py, num_tokens, "num_tokens")?;
+        self.pool().blocks_needed(s, n).py_err(py)
+    }
+
+    fn seq_len(&self, py: Python<'_>, seq_id: i64) -> PyResult<usize> {
+        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
+        self.pool().seq_len(s).py_err(py)
+    }
+
+    fn seq_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        let ids: Vec<i64> = self.pool().seq_ids().into_iter().map(|s| s.0 as i64).collect();
+        PyArray1::from_vec(py, ids)
+    }
+
+    fn block_table<'py>(&self, py: Python<'py>, seq_id: i64) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let v: Vec<i32> = self.pool().table(s).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn refcount(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+        let b = u32::try_from(block_id).map_err(|_| invalid(py, format!("block_id {block_id} is out of range")))?;
+        self.pool().refcount(BlockId(b)).py_err(py)
+    }
+
+    #[pyo3(signature = (seq_ids, max_blocks = None, pad = -1))]
+    fn block_tables<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        max_blocks: Option<i64>,
+        pad: i32,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
+        let width = max_blocks.map(|w| count(py, w, "max_blocks")).transpose()?;
+        let (flat, width) = py
+            .detach(|| {
+                let pool = self.pool();
+                let width = match width {
+                    Some(w) => w,
+                    None => pool.max_table_len(&ids)?,
+                };
+                let size = ids.len().checked_mul(width).filter(|&s| s <= (1 << 34));
+                let size = size.ok_or_else(|| crate::invalid!("a {} x {width} table is too large", ids.len()))?;
+                let mut flat = vec![0i32; size];
+                pool.padded_tables_into(&ids, width, pad, &mut flat)?;
+                Ok((flat, width))
+            })
+            .py_err(py)?;
+        PyArray1::from_vec(py, flat).reshape([ids.len(), width])
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn flashinfer_tables<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>)> {
+        let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
+        let (indptr, indices, last) = py.detach(|| self.pool().flashinfer_tables(&ids)).py_err(py)?;
+        Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
+    }
+
+    fn stats(&self, py: Python<'_>) -> PyPoolStats {
+        PyPoolStats(py.detach(|| self.pool().stats()))
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.pool().check_invariants()).py_err(py)
+    }
+}
+
+#[pyclass(name = "PoolStats", module = "pykvpool", frozen)]
+pub struct PyPoolStats(pub PoolStats);
+
+#[pymethods]
+impl PyPoolStats {
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.0.block_size
+    }
+    #[getter]
+    fn total_blocks(&self) -> usize {
+        self.0.total_blocks
+    }
+    #[getter]
+    fn free_blocks(&self) -> usize {
+        self.0.free_blocks
+    }
+    #[getter]
+    fn used_blocks(&self) -> usize {
+        self.0.used_blocks
+    }
+    #[getter]
+    fn num_seqs(&self) -> usize {
+        self.0.num_seqs
+    }
+    #[getter]
+    fn logical_tokens(&self) -> u64 {
+        self.0.logical_tokens
+    }
+    #[getter]
+    fn stored_tokens(&self) -> u64 {
+        self.0.stored_tokens
+    }
+    #[getter]
+    fn shared_blocks(&self) -> usize {
+        self.0.shared_blocks
+    }
+    #[getter]
+    fn cow_copies(&self) -> u64 {
+        self.0.cow_copies
+    }
+    #[getter]
+    fn empty_slots(&self) -> u64 {
+        self.0.empty_slots
+    }
+    #[getter]
+    fn utilization(&self) -> f64 {
+        self.0.utilization
+    }
+
+    fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let d = pyo3::types::PyDict::new(py);
+        let s = &self.0;
+        d.set_item("block_size", s.block_size)?;
+        d.set_item("total_blocks", s.total_blocks)?;
+        d.set_item("free_blocks", s.free_blocks)?;
+        d.set_item("used_blocks", s.used_blocks)?;
+        d.set_item("num_seqs", s.num_seqs)?;
+        d.set_item("logical_tokens", s.logical_tokens)?;
+        d.set_item("stored_tokens", s.stored_tokens)?;
+        d.set_item("shared_blocks", s.shared_blocks)?;
+        d.set_item("cow_copies", s.cow_copies)?;
+        d.set_item("empty_slots", s.empty_slots)?;
+        d.set_item("utilization", s.utilization)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.0;
+        format!(
+            "PoolStats(used_blocks={}/{}, seqs={}, stored_tokens={}, shared_blocks={}, cow_copies={}, utilization={:.4})",
+            s.used_blocks, s.total_blocks, s.num_seqs, s.stored_tokens, s.shared_blocks, s.cow_copies, s.utilization
+        )
+    }
+}
+
+#[pyclass(name = "BlockTableBuffer", module = "pykvpool", frozen)]
+pub struct PyBlockTableBuffer {
+    array: Py<PyArray2<i32>>,
+    sync: Mutex<TableSync>,
+}
+
+#[pymethods]
+impl PyBlockTableBuffer {
+    #[new]
+    #[pyo3(signature = (max_seqs, max_blocks, pad = -1))]
+    fn new(py: Python<'_>, max_seqs: i64, max_blocks: i64, pad: i32) -> PyResult<Self> {
+        let rows = count(py, max_seqs, "max_seqs")?;
+        let width = count(py, max_blocks, "max_blocks")?;
+        if rows == 0 || width == 0 || rows.saturating_mul(width) > (1 << 32) {
+            return Err(invalid(py, format!("a {rows} x {width} table buffer is empty or too large")));
+        }
+        let array = PyArray2::<i32>::zeros(py, [rows, width], false);
+        array.readwrite().as_slice_mut().map_err(|e| invalid(py, e.to_string()))?.fill(pad);
+        Ok(Self { array: array.unbind(), sync: Mutex::new(TableSync::new(rows, width, pad)) })
+    }
+
+    #[getter]
+    fn array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<i32>> {
+        self.array.bind(py).clone()
+    }
+
+    #[getter]
+    fn pad(&self) -> i32 {
+        lock(&self.sync).pad()
+    }
+
+    fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyBlockPool>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
+        let arr = self.array.bind(py);
+        let mut rw = arr.try_readwrite().map_err(|e| invalid(py, format!("table buffer is borrowed: {e}")))?;
+        let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
+        let pool = pool.get().pool();
+        lock(&self.sync).sync(&pool, &ids, out).py_err(py)
+    }
+
+    fn invalidate(&self) {
+        lock(&self.sync).invalidate()
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBlockPool>()?;
+    m.add_class::<PyPoolStats>()?;
+    m.add_class::<PyBlockTableBuffer>()?;
+    Ok(())
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command of the README and of CI: builds everything from scratch in .venv and
+# runs every test (Rust unit and property tests, clippy, Python tests, stub check).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+# Editable install: pip runs maturin (the build backend) and builds the extension in release.
+python -m pip install --quiet -e '.[test]'
+
+cargo test --locked --quiet
+cargo clippy --locked --quiet --all-targets --features python -- -D warnings
+
+# pytest exits 5 when it collects no test: with `set -e` that fails the run too.
+python -m pytest -q "$@"
