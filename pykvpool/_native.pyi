@@ -1,0 +1,273 @@
+"""Type stubs for the compiled core ``pykvpool._native`` (checked by ``mypy.stubtest``).
+
+Units: *tokens* and *blocks* unless a name says *bytes*. Integer arguments named ``*_ids``
+or ``num_tokens`` accept any 1-D integer numpy array (any integer dtype, any strides) or a
+Python sequence of ints. Every call that fails raises a :class:`KvPoolError` subclass and
+leaves the pool unchanged.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Final, SupportsIndex, TypeAlias
+
+from typing_extensions import final
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: Final[str]
+__all__ = [
+    "__version__",
+    "BlockPool",
+    "BlockTableBuffer",
+    "DuplicateSequenceError",
+    "InvalidArgumentError",
+    "InvariantError",
+    "KvPoolError",
+    "PoolExhaustedError",
+    "PoolStats",
+    "UnknownSequenceError",
+]
+
+_IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
+_I32Array: TypeAlias = npt.NDArray[np.int32]
+_I64Array: TypeAlias = npt.NDArray[np.int64]
+
+# ---------------------------------------------------------------------------- errors
+
+class KvPoolError(Exception):
+    """Base class of every pykvpool error."""
+
+class PoolExhaustedError(KvPoolError, MemoryError):
+    """Not enough free blocks for the whole operation; nothing was changed.
+
+    ``requested`` and ``free`` give the numbers, in blocks.
+    """
+
+    requested: int
+    free: int
+
+class UnknownSequenceError(KvPoolError, KeyError):
+    """A sequence id that is not live in the pool; nothing was changed."""
+
+    seq_id: int
+
+class InvalidArgumentError(KvPoolError, ValueError):
+    """A rejected argument (size, count, shape, dtype, index); nothing was changed."""
+
+class DuplicateSequenceError(InvalidArgumentError):
+    """A sequence id that is already live (add or fork target); nothing was changed."""
+
+    seq_id: int
+
+class InvariantError(KvPoolError, AssertionError):
+    """An internal consistency check failed: always a pykvpool bug."""
+
+# ------------------------------------------------------------------------------ pool
+
+@final
+class PoolStats:
+    """Occupancy snapshot of a :class:`BlockPool`."""
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+    @property
+    def total_blocks(self) -> int:
+        """Blocks in the pool."""
+    @property
+    def free_blocks(self) -> int:
+        """Blocks an allocation can take now."""
+    @property
+    def used_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    @property
+    def logical_tokens(self) -> int:
+        """Sum of sequence lengths, in tokens (a forked token counts once per sequence)."""
+    @property
+    def stored_tokens(self) -> int:
+        """Distinct filled token slots in used blocks (a shared token counts once)."""
+    @property
+    def shared_blocks(self) -> int:
+        """Used blocks referenced by more than one sequence."""
+    @property
+    def cow_copies(self) -> int:
+        """Copy-on-write block copies since the pool was created."""
+    @property
+    def empty_slots(self) -> int:
+        """Unfilled token slots in used blocks: ``used_blocks * block_size - stored_tokens``."""
+    @property
+    def utilization(self) -> float:
+        """``stored_tokens / (used_blocks * block_size)``; 1.0 when no block is used."""
+    def as_dict(self) -> dict[str, int | float]:
+        """All fields as a dict."""
+
+@final
+class BlockPool:
+    """A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots.
+
+    Each live sequence (a caller-chosen non-negative int64 id) owns a block table mapping
+    logical block ``i`` to a physical block id. Token ``t`` of a sequence lives at slot
+    ``table[t // block_size] * block_size + t % block_size``.
+
+    Thread-safe: calls from several Python threads are serialized by an internal lock,
+    and the GIL is released while the core works.
+
+    Raises:
+        InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
+            ``1..=65536``.
+    """
+
+    def __new__(cls, num_blocks: int, block_size: int) -> BlockPool: ...
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now."""
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    def __len__(self) -> int: ...
+    def __contains__(self, seq: object, /) -> bool: ...
+    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
+        """Add sequence ``seq_id`` holding ``prompt_len`` tokens.
+
+        Returns:
+            The int64 slots of the ``prompt_len`` tokens, in order.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
+            InvalidArgumentError: negative id or length.
+        """
+    def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
+        """Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
+
+        If the last block is partly filled and shared (after :meth:`fork`), the sequence
+        first gets a private copy of it.
+
+        Returns:
+            ``(slots, cow)``: int64 slots of the new tokens, and an int64 ``[k, 2]`` array of
+            ``(src, dst)`` block pairs whose filled slots the caller must copy (k <= 1).
+
+        Raises:
+            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError.
+        """
+    def step(
+        self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
+    ) -> tuple[_I64Array, _I64Array, _I32Array]:
+        """One scheduler step: append ``num_tokens[i]`` tokens (default 1; an int applies
+        to all) to ``seq_ids[i]`` for every i, atomically.
+
+        Returns:
+            ``(slot_mapping, cow_pairs, seq_lens)``: int64 slots of all new tokens in batch
+            order; int64 ``[k, 2]`` copy-on-write ``(src, dst)`` block pairs; int32 length of
+            each sequence after the step, in tokens.
+
+        Raises:
+            PoolExhaustedError: the whole step needs more blocks than are free (nothing
+                was appended to any sequence).
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: duplicate ids, negative counts, lengths that differ,
+                non-integer or non-1-D arrays.
+        """
+    def fork(self, parent: int, child: int) -> None:
+        """Create ``child`` sharing every block of ``parent`` (refcounts go up; no copy).
+
+        Raises:
+            UnknownSequenceError: ``parent`` is not live.
+            DuplicateSequenceError: ``child`` is live.
+        """
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
+        sequence's reference (freed at zero).
+
+        Raises:
+            UnknownSequenceError; InvalidArgumentError if ``num_tokens`` exceeds the length.
+        """
+    def free(self, seq_id: int) -> None:
+        """Remove ``seq_id``; each of its blocks loses a reference and is freed at zero.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+        """
+    def free_batch(self, seq_ids: _IntArrayLike) -> None:
+        """Free several sequences; all ids are checked before any is freed.
+
+        Raises:
+            UnknownSequenceError, InvalidArgumentError (duplicate ids).
+        """
+    def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Blocks that appending ``num_tokens`` to ``seq_id`` would allocate now,
+        copy-on-write included."""
+    def seq_len(self, seq_id: int) -> int:
+        """Length of ``seq_id`` in tokens. Raises UnknownSequenceError."""
+    def seq_ids(self) -> _I64Array:
+        """Live sequence ids, ascending."""
+    def block_table(self, seq_id: int) -> _I32Array:
+        """The block table of ``seq_id`` (physical block ids), a copy."""
+    def refcount(self, block_id: int) -> int:
+        """References to physical block ``block_id``. Raises InvalidArgumentError when out
+        of range."""
+    def block_tables(
+        self, seq_ids: _IntArrayLike, max_blocks: int | None = None, pad: int = ...
+    ) -> _I32Array:
+        """Block tables of ``seq_ids`` as an int32 ``[len(seq_ids), max_blocks]`` array
+        padded with ``pad`` (default -1). ``max_blocks`` defaults to the longest table.
+
+        Raises:
+            UnknownSequenceError; InvalidArgumentError if a table is longer than
+            ``max_blocks``.
+        """
+    def flashinfer_tables(self, seq_ids: _IntArrayLike) -> tuple[_I32Array, _I32Array, _I32Array]:
+        """FlashInfer's paged layout: ``(kv_indptr [n + 1], kv_indices [nnz],
+        kv_last_page_len [n])``, all int32. ``kv_last_page_len`` is in
+        ``1..=block_size``, or 0 for an empty sequence."""
+    def stats(self) -> PoolStats:
+        """Occupancy snapshot. O(table entries)."""
+    def check_invariants(self) -> None:
+        """Verify refcounts against tables, the free list, block accounting and table
+        lengths. Raises InvariantError naming the first broken invariant."""
+
+@final
+class BlockTableBuffer:
+    """A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that
+    :meth:`sync` updates in place, writing only entries that changed since the last sync
+    (new blocks; whole rows only after copy-on-write, truncation or a new sequence).
+
+    ``array`` is the numpy matrix itself (no copy); treat it as read-only, or call
+    :meth:`invalidate` after writing to it.
+
+    Raises:
+        InvalidArgumentError: a zero or too large shape.
+    """
+
+    def __new__(cls, max_seqs: int, max_blocks: int, pad: int = ...) -> BlockTableBuffer: ...
+    @property
+    def array(self) -> _I32Array:
+        """The int32 ``[max_seqs, max_blocks]`` matrix, padded with :attr:`pad`."""
+    @property
+    def pad(self) -> int:
+        """The padding value of unused entries."""
+    def sync(self, pool: BlockPool, seq_ids: _IntArrayLike) -> int:
+        """Make row ``i`` hold the table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
+        left as they were.
+
+        Returns:
+            Number of entries written.
+
+        Raises:
+            UnknownSequenceError; InvalidArgumentError (too many ids, a table longer than
+            ``max_blocks``). Nothing is written on error.
+        """
+    def invalidate(self) -> None:
+        """Forget the matrix contents: the next sync rewrites every row it touches."""
