@@ -18,6 +18,7 @@ A failed call never changes the pool.
 from pykvpool._native import (
     BlockPool,
     BlockTableBuffer,
+    CacheStats,
     DuplicateSequenceError,
     InvalidArgumentError,
     InvariantError,
@@ -31,6 +32,7 @@ from pykvpool._native import (
 __all__ = [
     "BlockPool",
     "BlockTableBuffer",
+    "CacheStats",
     "DuplicateSequenceError",
     "InvalidArgumentError",
     "InvariantError",

@@ -128,6 +128,12 @@ impl BlockPool {
         self.alloc.num_free() + self.cache.as_ref().map_or(0, |c| c.evictable_count())
     }
 
+    /// Blocks held by at least one sequence (idle cached blocks are not used).
+    #[inline]
+    pub fn num_used_blocks(&self) -> usize {
+        self.num_blocks() - self.alloc.num_free() - self.cache.as_ref().map_or(0, |c| c.idle_count())
+    }
+
     #[inline]
     pub fn num_seqs(&self) -> usize {
         self.seqs.len()
@@ -545,8 +551,7 @@ impl BlockPool {
         stored += shared_fill.values().map(|&f| f as u64).sum::<u64>();
         let total = self.num_blocks();
         let free = self.num_free_blocks();
-        let idle = self.cache.as_ref().map_or(0, |c| c.idle_count());
-        let used = total - self.alloc.num_free() - idle;
+        let used = self.num_used_blocks();
         let capacity = (used * bs) as u64;
         PoolStats {
             block_size: bs,
