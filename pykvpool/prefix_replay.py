@@ -1,0 +1,403 @@
+"""Replay request traces through a prefix-caching :class:`~pykvpool.BlockPool`.
+
+A trace gives each request's prompt as chained block ids (Mooncake's ``hash_ids``: one
+id per 512-token block, equal ids at equal positions mean a shared prefix). The replay
+admits the requests one after another into a pool of ``capacity_blocks`` blocks with
+:meth:`~pykvpool.BlockPool.add_sequence_block_keys` and frees each right after, so what
+stays resident is exactly what the cache retains: the hit rate measures the cache, not a
+scheduler (the serving simulator adds concurrency and timing).
+
+Hit rates:
+
+- *block hit rate* = cached leading blocks found / blocks looked up (Mooncake's "cache
+  ratio"; the paper reports 66% for the synthetic trace with an unbounded cache);
+- *token hit rate* = prompt tokens reused / prompt tokens, after the rule that at least one
+  prompt token is always computed.
+
+Units: capacities and block sizes in *tokens* where a name says so, else in *blocks*.
+Every function raises :class:`~pykvpool.InvalidArgumentError` on bad input; reading a
+trace may also raise ``OSError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from pykvpool._native import BlockPool, InvalidArgumentError
+
+__all__ = [
+    "POLICIES",
+    "TRACE_BLOCK_SIZE",
+    "ReplayResult",
+    "TraceRequest",
+    "add_subcommand",
+    "block_keys_for",
+    "default_capacities_tokens",
+    "load_mooncake_trace",
+    "main",
+    "main_replay",
+    "plot_sweep",
+    "replay",
+    "seen_prefix_hits",
+    "sweep",
+    "unbounded_capacity",
+]
+
+#: Tokens per block id in Mooncake traces.
+TRACE_BLOCK_SIZE = 512
+#: Eviction policies, in the order figures show them.
+POLICIES: tuple[str, ...] = ("lru", "fifo", "lfu", "priority")
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a block-id trace."""
+
+    timestamp_ms: int
+    input_length: int
+    """Prompt tokens."""
+    output_length: int
+    """Generated tokens."""
+    hash_ids: tuple[int, ...]
+    """One chained id per ``TRACE_BLOCK_SIZE``-token block of the prompt."""
+
+
+def load_mooncake_trace(path: str | os.PathLike[str] | None = None) -> list[TraceRequest]:
+    """Read a Mooncake-format JSONL trace; by default the shipped copy of the FAST'25
+    synthetic trace (3,993 requests, Apache-2.0, see ``pykvpool/data/mooncake_fast25``).
+
+    Raises:
+        OSError: the file cannot be read.
+        InvalidArgumentError: a malformed row (not JSON, a missing or negative field, or
+            ``len(hash_ids) != ceil(input_length / 512)``), named by line number.
+    """
+    if path is None:
+        ref = resources.files("pykvpool").joinpath("data/mooncake_fast25/synthetic_trace.jsonl")
+        text = ref.read_text(encoding="utf-8")
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    out: list[TraceRequest] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            req = TraceRequest(
+                timestamp_ms=int(row["timestamp"]),
+                input_length=int(row["input_length"]),
+                output_length=int(row["output_length"]),
+                hash_ids=tuple(int(h) for h in row["hash_ids"]),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidArgumentError(f"line {lineno}: not a trace row ({e})") from None
+        if req.input_length < 0 or req.output_length < 0 or any(h < 0 for h in req.hash_ids):
+            raise InvalidArgumentError(f"line {lineno}: negative length or block id")
+        if len(req.hash_ids) != math.ceil(req.input_length / TRACE_BLOCK_SIZE):
+            raise InvalidArgumentError(
+                f"line {lineno}: {len(req.hash_ids)} block ids for {req.input_length} tokens, "
+                f"expected ceil({req.input_length}/{TRACE_BLOCK_SIZE})"
+            )
+        out.append(req)
+    return out
+
+
+def _merge_factor(block_size: int, trace_block_size: int) -> int:
+    if block_size <= 0 or trace_block_size <= 0 or block_size % trace_block_size:
+        raise InvalidArgumentError(
+            f"block_size {block_size} must be a positive multiple of the trace's "
+            f"{trace_block_size}-token blocks"
+        )
+    return block_size // trace_block_size
+
+
+def block_keys_for(
+    req: TraceRequest, block_size: int = TRACE_BLOCK_SIZE, trace_block_size: int = TRACE_BLOCK_SIZE
+) -> list[int]:
+    """Keys of ``req``'s prompt in ``block_size``-token blocks.
+
+    ``block_size`` must be a multiple ``k`` of the trace's block size: block ``j`` then
+    covers trace blocks ``j*k .. (j+1)*k - 1`` and its key is the id of the last of them
+    (ids are chained, so the last id names the whole prefix, and a partial group ends on a
+    different id than a full one).
+    """
+    k = _merge_factor(block_size, trace_block_size)
+    ids = req.hash_ids
+    n = len(ids)
+    return [ids[min((j + 1) * k, n) - 1] for j in range(-(-n // k))]
+
+
+def seen_prefix_hits(trace: Sequence[TraceRequest]) -> tuple[int, int]:
+    """The unbounded-cache rule, computed independently of the pool: for each request,
+    the longest prefix of its block ids that appeared in any earlier request.
+
+    Returns:
+        ``(hit_blocks, total_blocks)`` over the trace.
+    """
+    seen: set[int] = set()
+    hits = total = 0
+    for req in trace:
+        k = 0
+        while k < len(req.hash_ids) and req.hash_ids[k] in seen:
+            k += 1
+        hits += k
+        total += len(req.hash_ids)
+        seen.update(req.hash_ids)
+    return hits, total
+
+
+def unbounded_capacity(trace: Sequence[TraceRequest], block_size: int = TRACE_BLOCK_SIZE) -> int:
+    """Blocks that never force an eviction: every distinct key, plus room for the largest
+    request's uncached blocks. In blocks of ``block_size`` tokens."""
+    keys: set[int] = set()
+    largest = 0
+    for req in trace:
+        ks = block_keys_for(req, block_size)
+        keys.update(ks)
+        largest = max(largest, len(ks))
+    return len(keys) + largest
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Outcome of one replay."""
+
+    policy: str
+    block_size: int
+    """Tokens per block."""
+    capacity_blocks: int
+    unbounded: bool
+    """True when the capacity never forced an eviction by construction."""
+    requests: int
+    query_blocks: int
+    hit_blocks: int
+    query_tokens: int
+    hit_tokens: int
+    evictions: int
+    block_hit_rate: float
+    token_hit_rate: float
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.capacity_blocks * self.block_size
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["capacity_tokens"] = self.capacity_tokens
+        return d
+
+
+def replay(
+    trace: Sequence[TraceRequest],
+    capacity_blocks: int | None = None,
+    *,
+    policy: str = "lru",
+    block_size: int = TRACE_BLOCK_SIZE,
+) -> ReplayResult:
+    """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
+    ``block_size`` tokens (``None``: :func:`unbounded_capacity`) with eviction ``policy``.
+
+    Raises:
+        InvalidArgumentError: a capacity below the largest request (it could not be
+            admitted at all), an unknown policy, a block size that is not a multiple of 512.
+    """
+    keys = [block_keys_for(r, block_size) for r in trace]
+    largest = max((len(k) for k in keys), default=0)
+    unbounded = capacity_blocks is None
+    cap = unbounded_capacity(trace, block_size) if capacity_blocks is None else capacity_blocks
+    if cap < max(largest, 1):
+        raise InvalidArgumentError(
+            f"capacity {cap} blocks is below the largest request ({largest} blocks of {block_size} tokens)"
+        )
+    pool = BlockPool(cap, block_size, prefix_caching=True, eviction=policy, verify_tokens=False)
+    for i, (req, ks) in enumerate(zip(trace, keys)):
+        pool.add_sequence_block_keys(i, ks, req.input_length)
+        pool.free(i)
+    s = pool.cache_stats()
+    return ReplayResult(
+        policy=policy,
+        block_size=block_size,
+        capacity_blocks=cap,
+        unbounded=unbounded,
+        requests=len(trace),
+        query_blocks=s.query_blocks,
+        hit_blocks=s.hit_blocks,
+        query_tokens=s.query_tokens,
+        hit_tokens=s.hit_tokens,
+        evictions=s.evictions,
+        block_hit_rate=s.block_hit_rate,
+        token_hit_rate=s.hit_rate,
+    )
+
+
+def default_capacities_tokens() -> list[int]:
+    """Cache sizes swept by default, in tokens: 512 x (384 .. 49,152 blocks, doubling);
+    the smallest holds the synthetic trace's largest request (374 blocks)."""
+    return [TRACE_BLOCK_SIZE * b for b in (384, 768, 1536, 3072, 6144, 12288, 24576, 49152)]
+
+
+def sweep(
+    trace: Sequence[TraceRequest],
+    capacities_tokens: Iterable[int] | None = None,
+    policies: Iterable[str] = POLICIES,
+    block_sizes: Iterable[int] = (TRACE_BLOCK_SIZE,),
+    *,
+    include_unbounded: bool = True,
+) -> list[ReplayResult]:
+    """Replay ``trace`` for every capacity (tokens, converted to whole blocks) x policy x
+    block size, plus the unbounded pool per block size and policy. Capacities below a
+    block size's largest request are skipped.
+
+    Raises:
+        InvalidArgumentError: nothing left to replay, or a bad policy or block size.
+    """
+    caps = list(default_capacities_tokens() if capacities_tokens is None else capacities_tokens)
+    out: list[ReplayResult] = []
+    for bs in block_sizes:
+        largest = max((len(block_keys_for(r, bs)) for r in trace), default=0)
+        for pol in policies:
+            for c in caps:
+                blocks = c // bs
+                if blocks >= max(largest, 1):
+                    out.append(replay(trace, blocks, policy=pol, block_size=bs))
+            if include_unbounded:
+                out.append(replay(trace, None, policy=pol, block_size=bs))
+    if not out:
+        raise InvalidArgumentError("no capacity holds the largest request: nothing to replay")
+    return out
+
+
+def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Plot block hit rate vs cache capacity (tokens, log scale), one panel per block size
+    and one line per policy; the unbounded hit rate is a dashed line. Writes ``path``
+    (PNG or any format matplotlib infers from the suffix).
+
+    Returns:
+        The plotted data: ``{"block_size": {bs: {"policy": {p: {"capacity_tokens": [...],
+        "block_hit_rate": [...]}}, "unbounded": rate}}}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data: dict[str, Any] = {"block_size": {}}
+    sizes = sorted({r.block_size for r in results})
+    if not sizes:
+        raise InvalidArgumentError("no results to plot")
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2), squeeze=False)
+    for ax, bs in zip(axes[0], sizes):
+        rows = [r for r in results if r.block_size == bs]
+        panel: dict[str, Any] = {"policy": {}, "unbounded": None}
+        for pol in [p for p in POLICIES if any(r.policy == p for r in rows)]:
+            pts = sorted((r.capacity_tokens, r.block_hit_rate) for r in rows if r.policy == pol and not r.unbounded)
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            panel["policy"][pol] = {"capacity_tokens": xs, "block_hit_rate": ys}
+            ax.plot(xs, ys, marker="o", label=pol)
+        unb = [r.block_hit_rate for r in rows if r.unbounded]
+        if unb:
+            panel["unbounded"] = unb[0]
+            ax.axhline(unb[0], color="grey", linestyle="--", label=f"unbounded ({unb[0]:.3f})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("cache capacity (tokens)")
+        ax.set_ylabel("block hit rate")
+        ax.set_title(f"block size {bs} tokens")
+        ax.set_ylim(0, 1)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        data["block_size"][bs] = panel
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return data
+
+
+def _table(results: Sequence[ReplayResult]) -> str:
+    lines = ["| block size | policy | capacity (blocks) | capacity (tokens) | block hit rate | token hit rate | evictions |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        cap = f"{r.capacity_blocks} (unbounded)" if r.unbounded else str(r.capacity_blocks)
+        lines.append(
+            f"| {r.block_size} | {r.policy} | {cap} | {r.capacity_tokens:,} | {r.block_hit_rate:.4f} "
+            f"| {r.token_hit_rate:.4f} | {r.evictions:,} |"
+        )
+    return "\n".join(lines)
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``replay`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
+    :func:`main_replay`."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="prefix-cache hit rates of a block-id trace (Mooncake format)",
+        description="Replay a trace of chained block ids through a prefix-caching pool and "
+        "print hit rates; --sweep covers capacities x policies x block sizes and can plot "
+        "hit rate vs capacity.",
+    )
+    p.add_argument("--trace", metavar="FILE", help="Mooncake JSONL trace (default: the shipped FAST'25 synthetic trace)")
+    p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="eviction policy (default all)")
+    p.add_argument("--capacity", type=int, metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
+    p.add_argument("--block-size", type=int, default=TRACE_BLOCK_SIZE, help="tokens per block, a multiple of 512")
+    p.add_argument("--sweep", action="store_true", help="sweep capacities x policies x block sizes")
+    p.add_argument("--capacities", type=_int_list, metavar="TOKENS,...", help="sweep capacities in tokens")
+    p.add_argument("--block-sizes", type=_int_list, metavar="TOKENS,...", help="sweep block sizes (default 512)")
+    p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.set_defaults(func=main_replay)
+    return p
+
+
+def main_replay(args: argparse.Namespace) -> int:
+    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0."""
+    trace = load_mooncake_trace(args.trace)
+    policies = POLICIES if args.policy == "all" else (args.policy,)
+    if args.sweep:
+        results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,))
+    else:
+        results = [replay(trace, args.capacity, policy=p, block_size=args.block_size) for p in policies]
+    hits, total = seen_prefix_hits(trace)
+    print(f"{len(trace)} requests, {total:,} blocks of {TRACE_BLOCK_SIZE} tokens; "
+          f"longest previously seen prefix: {hits:,} blocks = {hits / max(total, 1):.4f}")
+    print(_table(results))
+    if args.plot:
+        if not args.sweep:
+            raise InvalidArgumentError("--plot needs --sweep")
+        plot_sweep(results, args.plot)
+        print(f"wrote {args.plot}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([r.as_dict() for r in results], f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="python -m pykvpool.prefix_replay")
+    sub = parser.add_subparsers(dest="command")
+    add_subcommand(sub)
+    args = parser.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)])
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
