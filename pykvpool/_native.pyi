@@ -2,7 +2,9 @@
 
 Units: *tokens* and *blocks* unless a name says *bytes*. Integer arguments named ``*_ids``
 or ``num_tokens`` accept any 1-D integer numpy array (any integer dtype, any strides) or a
-Python sequence of ints. Every call that fails raises a :class:`KvPoolError` subclass and
+Python sequence of ints. Scalar integer arguments accept Python and numpy ints; floats,
+bools, strings and ints outside int64 raise :class:`InvalidArgumentError` (not ``TypeError``),
+as do arrays of those. Every call that fails raises a :class:`KvPoolError` subclass and
 leaves the pool unchanged.
 """
 

@@ -58,11 +58,14 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     Ok(out)
 }
 
-/// A Python int (or numpy integer) as i64. Floats and bools are refused.
+/// A Python int (or numpy integer) as i64. Floats, bools (Python's or numpy's, both of
+/// which convert to 0/1 silently otherwise), strings and other non-integers are refused.
 pub fn int_scalar(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     let py = obj.py();
-    if obj.is_instance_of::<pyo3::types::PyBool>() || obj.is_instance_of::<pyo3::types::PyFloat>() {
-        return Err(invalid(py, format!("{name} must be an int, got {}", obj.get_type().name()?)));
+    let ty = obj.get_type().name()?.to_string();
+    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
+    if is_bool || obj.is_instance_of::<pyo3::types::PyFloat>() || !obj.hasattr("__index__")? {
+        return Err(invalid(py, format!("{name} must be an int, got {ty}")));
     }
     obj.extract::<i64>()
         .map_err(|_| invalid(py, format!("{name} must be an int in int64 range, got {}", repr(obj))))
@@ -102,4 +105,53 @@ pub fn counts(obj: &Bound<'_, PyAny>, n: usize, name: &str) -> PyResult<Vec<usiz
         return Err(invalid(py, format!("{name} has {} entries for {n} sequences", v.len())));
     }
     v.into_iter().map(|c| count(py, c, name)).collect()
+}
+
+/// An int that must fit in int32 (padding values).
+pub fn int32(py: Python<'_>, v: i64, name: &str) -> PyResult<i32> {
+    i32::try_from(v).map_err(|_| invalid(py, format!("{name} must fit in int32, got {v}")))
+}
+
+/// `#[pyo3(from_py_with = ...)]` converters for scalar arguments, one per argument name so
+/// that the message names it. PyO3's own extraction would raise `TypeError` for floats and
+/// strings, `OverflowError` past int64 and accept bools as 0/1; these raise
+/// `InvalidArgumentError` for all of them, like the array arguments do.
+pub mod arg {
+    use pyo3::prelude::*;
+
+    use super::{count, int32, int_scalar};
+    use crate::types::SeqId;
+
+    macro_rules! scalar_args {
+        ($($name:ident -> $t:ty = $conv:path),* $(,)?) => {$(
+            pub fn $name(obj: &Bound<'_, PyAny>) -> PyResult<$t> {
+                let name = stringify!($name);
+                $conv(obj.py(), int_scalar(obj, name)?, name)
+            }
+        )*};
+    }
+
+    scalar_args!(
+        seq_id -> SeqId = super::seq_id,
+        parent -> SeqId = super::seq_id,
+        child -> SeqId = super::seq_id,
+        prompt_len -> usize = count,
+        num_tokens -> usize = count,
+        max_seqs -> usize = count,
+        max_blocks -> usize = count,
+        pad -> i32 = int32,
+    );
+
+    /// `block_id` is range-checked against the pool by the core; only the int is checked here.
+    pub fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+        int_scalar(obj, "block_id")
+    }
+
+    /// `max_blocks=None` means "the longest table".
+    pub fn opt_max_blocks(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        if obj.is_none() {
+            return Ok(None);
+        }
+        max_blocks(obj).map(Some)
+    }
 }

@@ -5,11 +5,15 @@ use std::sync::{Mutex, MutexGuard};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::convert::{count, counts, int_scalar, seq_id};
+use super::convert::{arg, count, counts, int_scalar};
 use super::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, PoolStats, StepOutput};
 use crate::table_sync::TableSync;
 use crate::types::{BlockId, SeqId};
+
+type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+type I32Array<'py> = Bound<'py, PyArray1<i32>>;
+type PairArray<'py> = Bound<'py, PyArray2<i64>>;
 
 /// Lock a mutex, recovering from poisoning: core operations never panic half-way, and a
 /// poisoned lock would otherwise make the pool unusable from Python forever.
@@ -114,13 +118,16 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, prompt_len = 0))]
-    fn add_sequence<'py>(&self, py: Python<'py>, seq_id: i64, prompt_len: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, prompt_len, "prompt_len")?;
+    fn add_sequence<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+    ) -> PyResult<I64Array<'py>> {
         let slots = py
             .detach(|| {
                 let mut slots = Vec::new();
-                self.pool().add_sequence(seq, n, &mut slots).map(|_| slots)
+                self.pool().add_sequence(seq_id, prompt_len, &mut slots).map(|_| slots)
             })
             .py_err(py)?;
         Ok(PyArray1::from_vec(py, slots))
@@ -131,28 +138,25 @@ impl PyBlockPool {
     fn append<'py>(
         &self,
         py: Python<'py>,
-        seq_id: i64,
-        num_tokens: i64,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>)> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let (slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.pool().append(seq, n, &mut slots, &mut cow).map(|_| (slots, cow))
+                self.pool().append(seq_id, num_tokens, &mut slots, &mut cow).map(|_| (slots, cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
     }
 
     #[pyo3(signature = (seq_ids, num_tokens = None))]
-    #[allow(clippy::type_complexity)]
     fn step<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_tokens: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let n = match num_tokens {
             Some(obj) => counts(obj, ids.len(), "num_tokens")?,
@@ -167,21 +171,26 @@ impl PyBlockPool {
         Ok((PyArray1::from_vec(py, out.slots), cow_array(py, &out.cow)?, PyArray1::from_vec(py, out.seq_lens)))
     }
 
-    fn fork(&self, py: Python<'_>, parent: i64, child: i64) -> PyResult<()> {
-        let p = seq_id(py, parent, "parent")?;
-        let c = seq_id(py, child, "child")?;
-        py.detach(|| self.pool().fork(p, c)).py_err(py)
+    fn fork(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::parent)] parent: SeqId,
+        #[pyo3(from_py_with = arg::child)] child: SeqId,
+    ) -> PyResult<()> {
+        py.detach(|| self.pool().fork(parent, child)).py_err(py)
     }
 
-    fn truncate(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<()> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
-        py.detach(|| self.pool().truncate(s, n)).py_err(py)
+    fn truncate(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+    ) -> PyResult<()> {
+        py.detach(|| self.pool().truncate(seq_id, num_tokens)).py_err(py)
     }
 
-    fn free(&self, py: Python<'_>, seq_id: i64) -> PyResult<()> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        py.detach(|| self.pool().free(s)).py_err(py)
+    fn free(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<()> {
+        py.detach(|| self.pool().free(seq_id)).py_err(py)
     }
 
     /// Free several sequences atomically: all ids are checked (known, no duplicates)
@@ -202,15 +211,17 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, num_tokens = 1))]
-    fn blocks_needed(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<usize> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
-        self.pool().blocks_needed(s, n).py_err(py)
+    fn blocks_needed(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+    ) -> PyResult<usize> {
+        self.pool().blocks_needed(seq_id, num_tokens).py_err(py)
     }
 
-    fn seq_len(&self, py: Python<'_>, seq_id: i64) -> PyResult<usize> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        self.pool().seq_len(s).py_err(py)
+    fn seq_len(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<usize> {
+        self.pool().seq_len(seq_id).py_err(py)
     }
 
     fn seq_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
@@ -218,13 +229,16 @@ impl PyBlockPool {
         PyArray1::from_vec(py, ids)
     }
 
-    fn block_table<'py>(&self, py: Python<'py>, seq_id: i64) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let v: Vec<i32> = self.pool().table(s).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+    ) -> PyResult<I32Array<'py>> {
+        let v: Vec<i32> = self.pool().table(seq_id).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
         Ok(PyArray1::from_vec(py, v))
     }
 
-    fn refcount(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+    fn refcount(&self, py: Python<'_>, #[pyo3(from_py_with = arg::block_id)] block_id: i64) -> PyResult<u32> {
         let b = u32::try_from(block_id).map_err(|_| invalid(py, format!("block_id {block_id} is out of range")))?;
         self.pool().refcount(BlockId(b)).py_err(py)
     }
@@ -234,15 +248,14 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-        max_blocks: Option<i64>,
-        pad: i32,
+        #[pyo3(from_py_with = arg::opt_max_blocks)] max_blocks: Option<usize>,
+        #[pyo3(from_py_with = arg::pad)] pad: i32,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
-        let width = max_blocks.map(|w| count(py, w, "max_blocks")).transpose()?;
         let (flat, width) = py
             .detach(|| {
                 let pool = self.pool();
-                let width = match width {
+                let width = match max_blocks {
                     Some(w) => w,
                     None => pool.max_table_len(&ids)?,
                 };
@@ -256,12 +269,11 @@ impl PyBlockPool {
         PyArray1::from_vec(py, flat).reshape([ids.len(), width])
     }
 
-    #[allow(clippy::type_complexity)]
     fn flashinfer_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let (indptr, indices, last) = py.detach(|| self.pool().flashinfer_tables(&ids)).py_err(py)?;
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
@@ -362,9 +374,13 @@ pub struct PyBlockTableBuffer {
 impl PyBlockTableBuffer {
     #[new]
     #[pyo3(signature = (max_seqs, max_blocks, pad = -1))]
-    fn new(py: Python<'_>, max_seqs: i64, max_blocks: i64, pad: i32) -> PyResult<Self> {
-        let rows = count(py, max_seqs, "max_seqs")?;
-        let width = count(py, max_blocks, "max_blocks")?;
+    fn new(
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::max_seqs)] max_seqs: usize,
+        #[pyo3(from_py_with = arg::max_blocks)] max_blocks: usize,
+        #[pyo3(from_py_with = arg::pad)] pad: i32,
+    ) -> PyResult<Self> {
+        let (rows, width) = (max_seqs, max_blocks);
         if rows == 0 || width == 0 || rows.saturating_mul(width) > (1 << 32) {
             return Err(invalid(py, format!("a {rows} x {width} table buffer is empty or too large")));
         }
