@@ -287,7 +287,7 @@ class BlockPool:
         """Admit ``seq_id`` with its prompt token ids (any integer dtype, each in
         ``0..2**32``), reusing the longest cached prefix of full blocks.
 
-        ``extra_key`` (``0..2**64``: adapter id, tenant salt) enters every block's key:
+        ``extra_key`` (``0..2**63``: adapter id, tenant salt) enters every block's key:
         prompts with different extra keys never share blocks. At least one prompt token is
         always left to compute.
 

@@ -5,13 +5,13 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMe
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::convert::{count, int_scalar, int_vec};
+use super::convert::{arg, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::pool::PyBlockPool;
 use crate::block_hash::{BlockHasher, BlockKey};
 use crate::eviction::EvictionPolicy;
 use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats};
-use crate::types::BlockId;
+use crate::types::{BlockId, SeqId};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
 pub struct CacheOptions<'a> {
@@ -137,13 +137,35 @@ fn pairs_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<B
     PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
 }
 
-fn opt_u64(py: Python<'_>, v: Option<i64>, name: &str) -> PyResult<Option<u64>> {
-    v.map(|x| u64::try_from(x).map_err(|_| invalid(py, format!("{name} must be >= 0, got {x}")))).transpose()
+/// An optional non-negative int argument (`None` allowed); floats, bools, negatives and
+/// values past the target type are `InvalidArgumentError`s.
+fn opt_uint<T: TryFrom<i64>>(obj: &Bound<'_, PyAny>, name: &str, range: &str) -> PyResult<Option<T>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let v = int_scalar(obj, name)?;
+    T::try_from(v).map(Some).map_err(|_| invalid(obj.py(), format!("{name} must be in {range}, got {v}")))
 }
 
-fn priority(py: Python<'_>, p: Option<i64>) -> PyResult<Option<u32>> {
-    p.map(|x| u32::try_from(x).map_err(|_| invalid(py, format!("priority must be in 0..2**32, got {x}"))))
-        .transpose()
+fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    // int_scalar stops at int64; extra keys above 2**63 are not needed from Python.
+    opt_uint(obj, "extra_key", "0..2**63")
+}
+
+fn priority(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+    opt_uint(obj, "priority", "0..2**32")
+}
+
+fn expires_at(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    opt_uint(obj, "expires_at", "0..2**63")
+}
+
+fn clock(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    opt_uint(obj, "t", "0..2**63")?.ok_or_else(|| invalid(obj.py(), "t must be an int, got None"))
+}
+
+fn pin_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    opt_uint(obj, "pin_id", "issued pin ids")?.ok_or_else(|| invalid(obj.py(), "pin_id must be an int, got None"))
 }
 
 type Slots<'py> = Bound<'py, PyArray1<i64>>;
@@ -160,13 +182,12 @@ impl PyBlockPool {
     fn add_sequence_tokens<'py>(
         &self,
         py: Python<'py>,
-        seq_id: i64,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         token_ids: &Bound<'py, PyAny>,
-        extra_key: Option<i64>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
     ) -> PyResult<(usize, Slots<'py>, Pairs<'py>)> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let (seq, extra) = (seq_id, extra_key);
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        let extra = opt_u64(py, extra_key, "extra_key")?;
         let (cached, slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
@@ -180,13 +201,12 @@ impl PyBlockPool {
     fn add_sequence_block_keys<'py>(
         &self,
         py: Python<'py>,
-        seq_id: i64,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         block_keys: &Bound<'py, PyAny>,
-        prompt_len: i64,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
     ) -> PyResult<(usize, Slots<'py>)> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
+        let (seq, len) = (seq_id, prompt_len);
         let keys = self::block_keys(block_keys, "block_keys")?;
-        let len = count(py, prompt_len, "prompt_len")?;
         let (cached, slots) = py
             .detach(|| {
                 let mut slots = Vec::new();
@@ -197,8 +217,13 @@ impl PyBlockPool {
         Ok((cached, PyArray1::from_vec(py, slots)))
     }
 
-    fn append_tokens<'py>(&self, py: Python<'py>, seq_id: i64, token_ids: &Bound<'py, PyAny>) -> PyResult<(Slots<'py>, Pairs<'py>)> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
+    fn append_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        token_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<(Slots<'py>, Pairs<'py>)> {
+        let seq = seq_id;
         let tokens = self::token_ids(token_ids, "token_ids")?;
         let (slots, cow) = py
             .detach(|| {
@@ -214,18 +239,23 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         token_ids: &Bound<'py, PyAny>,
-        extra_key: Option<i64>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
     ) -> PyResult<Bound<'py, PyArray2<u64>>> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        let extra = opt_u64(py, extra_key, "extra_key")?;
+        let extra = extra_key;
         let keys = py.detach(|| self.pool().block_keys(&tokens, extra)).py_err(py)?;
         keys_array(py, keys.into_iter())
     }
 
     #[pyo3(signature = (token_ids, extra_key = None))]
-    fn cached_prefix_len(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>, extra_key: Option<i64>) -> PyResult<usize> {
+    fn cached_prefix_len(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+    ) -> PyResult<usize> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        let extra = opt_u64(py, extra_key, "extra_key")?;
+        let extra = extra_key;
         py.detach(|| self.pool().cached_prefix_len(&tokens, extra)).py_err(py)
     }
 
@@ -234,15 +264,12 @@ impl PyBlockPool {
         &self,
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
-        extra_key: Option<i64>,
-        priority: Option<i64>,
-        expires_at: Option<i64>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+        #[pyo3(from_py_with = priority)] priority: Option<u32>,
+        #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        let extra = opt_u64(py, extra_key, "extra_key")?;
-        let prio = self::priority(py, priority)?;
-        let exp = opt_u64(py, expires_at, "expires_at")?;
-        py.detach(|| self.pool().pin_prefix_tokens(&tokens, extra, prio, exp)).py_err(py)
+        py.detach(|| self.pool().pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
     }
 
     #[pyo3(signature = (block_keys, *, priority = None, expires_at = None))]
@@ -250,22 +277,18 @@ impl PyBlockPool {
         &self,
         py: Python<'_>,
         block_keys: &Bound<'_, PyAny>,
-        priority: Option<i64>,
-        expires_at: Option<i64>,
+        #[pyo3(from_py_with = priority)] priority: Option<u32>,
+        #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let keys = self::block_keys(block_keys, "block_keys")?;
-        let prio = self::priority(py, priority)?;
-        let exp = opt_u64(py, expires_at, "expires_at")?;
-        py.detach(|| self.pool().pin_prefix_keys(&keys, prio, exp)).py_err(py)
+        py.detach(|| self.pool().pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
     }
 
-    fn unpin(&self, py: Python<'_>, pin_id: i64) -> PyResult<()> {
-        let id = u64::try_from(pin_id).map_err(|_| invalid(py, format!("unknown pin id {pin_id}")))?;
-        self.pool().unpin(id).py_err(py)
+    fn unpin(&self, py: Python<'_>, #[pyo3(from_py_with = pin_id)] pin_id: u64) -> PyResult<()> {
+        self.pool().unpin(pin_id).py_err(py)
     }
 
-    fn set_clock(&self, py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = count(py, int_scalar(t, "t")?, "t")? as u64;
+    fn set_clock(&self, py: Python<'_>, #[pyo3(from_py_with = clock)] t: u64) -> PyResult<()> {
         self.pool().set_clock(t).py_err(py)
     }
 
