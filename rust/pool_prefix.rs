@@ -216,7 +216,7 @@ impl BlockPool {
             c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
         }
         let cursor = tokens.map(|t| Box::new(TokenCursor { tokens: t.to_vec(), keys, extra }));
-        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0, cursor });
         self.end_op();
         Ok(cached_tokens)
     }
@@ -267,7 +267,7 @@ impl BlockPool {
         cow: &mut Vec<(BlockId, BlockId)>,
     ) -> Result<()> {
         let hasher = self.cache_ref()?.hasher();
-        let (need, _) = self.blocks_needed_for(self.table(seq)?, tokens.len(), 0)?;
+        let (need, _) = self.blocks_needed_for(self.table(seq)?, tokens.len(), &[])?;
         self.ensure_available(need)?;
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         let r = self.grow(&mut entry.table, tokens.len(), slots, cow);
