@@ -79,18 +79,21 @@ impl BlockHasher {
     /// `scratch` is reused between calls to avoid allocating.
     #[inline]
     pub fn block_key(&self, parent: BlockKey, tokens: &[u32], extra: Option<u64>, scratch: &mut Vec<u8>) -> BlockKey {
+        let head = if extra.is_some() { 25 } else { 17 };
+        let len = head + 4 * tokens.len();
+        // Written in place (no per-byte pushes): the token loop compiles to a copy.
         scratch.clear();
-        scratch.reserve(16 + 9 + 4 * tokens.len());
-        scratch.extend_from_slice(&parent.to_le_bytes());
+        scratch.resize(len, 0);
+        scratch[..16].copy_from_slice(&parent.to_le_bytes());
         match extra {
-            None => scratch.push(0),
+            None => scratch[16] = 0,
             Some(x) => {
-                scratch.push(1);
-                scratch.extend_from_slice(&x.to_le_bytes());
+                scratch[16] = 1;
+                scratch[17..25].copy_from_slice(&x.to_le_bytes());
             }
         }
-        for t in tokens {
-            scratch.extend_from_slice(&t.to_le_bytes());
+        for (dst, t) in scratch[head..].chunks_exact_mut(4).zip(tokens) {
+            dst.copy_from_slice(&t.to_le_bytes());
         }
         self.finish(scratch)
     }

@@ -63,13 +63,19 @@ macro_rules! tokens_from {
             if let Ok(a) = $obj.cast::<PyArray1<$t>>() {
                 let ro = a.try_readonly().map_err(|e| invalid($obj.py(), format!("{}: {e}", $name)))?;
                 let view = ro.as_array();
-                let mut out = Vec::with_capacity(view.len());
-                for (i, &v) in view.iter().enumerate() {
-                    out.push(u32::try_from(v).map_err(|_| {
-                        invalid($obj.py(), format!("{}[{i}] = {v} is not a token id in 0..2**32", $name))
-                    })?);
+                // A branch-free range check first (it vectorizes), then a plain cast; the
+                // error path finds the first bad id for the message.
+                #[allow(clippy::unnecessary_fallible_conversions, irrefutable_let_patterns)]
+                let fits = |v: $t| u32::try_from(v).is_ok();
+                if !view.iter().fold(true, |ok, &v| ok & fits(v)) {
+                    if let Some((i, v)) = view.iter().enumerate().find(|(_, &v)| !fits(v)) {
+                        return Err(invalid($obj.py(), format!("{}[{i}] = {v} is not a token id in 0..2**32", $name)));
+                    }
                 }
-                return Ok(out);
+                return Ok(match view.as_slice() {
+                    Some(s) => s.iter().map(|&v| v as u32).collect(),
+                    None => view.iter().map(|&v| v as u32).collect(),
+                });
             }
         )*
     };
