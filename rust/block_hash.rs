@@ -109,10 +109,23 @@ impl BlockHasher {
         out: &mut Vec<BlockKey>,
         scratch: &mut Vec<u8>,
     ) {
+        // The encoding has the same length for every block of the chain: lay out the
+        // header once, then overwrite the parent key and the tokens per block.
+        let head = if extra.is_some() { 25 } else { 17 };
+        scratch.clear();
+        scratch.resize(head + 4 * block_size, 0);
+        if let Some(x) = extra {
+            scratch[16] = 1;
+            scratch[17..25].copy_from_slice(&x.to_le_bytes());
+        }
         let mut p = parent;
         out.reserve(tokens.len() / block_size);
         for block in tokens.chunks_exact(block_size) {
-            p = self.block_key(p, block, extra, scratch);
+            scratch[..16].copy_from_slice(&p.to_le_bytes());
+            for (dst, t) in scratch[head..].chunks_exact_mut(4).zip(block) {
+                dst.copy_from_slice(&t.to_le_bytes());
+            }
+            p = self.finish(scratch);
             out.push(p);
         }
     }
@@ -140,6 +153,19 @@ mod tests {
         let expect = xxh3_128_with_seed(&bytes, KEY_SEED);
         assert_eq!(keys(BlockHasher::Xxh3, &[1, 2, 3, 4], 4, None), vec![expect]);
         assert_eq!(KEY_SEED, 0x316c_6f6f_7076_6b70);
+    }
+
+    #[test]
+    fn chain_keys_equal_block_by_block_keys() {
+        for extra in [None, Some(3)] {
+            let tokens: Vec<u32> = (0..40).collect();
+            let chained = keys(BlockHasher::Xxh3, &tokens, 8, extra);
+            let mut p = ROOT_PARENT;
+            for (i, block) in tokens.chunks_exact(8).enumerate() {
+                p = BlockHasher::Xxh3.block_key(p, block, extra, &mut Vec::new());
+                assert_eq!(chained[i], p);
+            }
+        }
     }
 
     #[test]

@@ -130,23 +130,47 @@ pub struct CacheEvent {
     pub clock: u64,
 }
 
-#[derive(Clone, Debug, Default)]
+/// Per-block cache state, one cache line: eviction and lookup touch it for random blocks,
+/// so its size is what an eviction costs. Rarely used data (soft pins) lives aside.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(align(64))]
 struct Meta {
-    cached: bool,
-    /// Cached with refcount 0 (mirrors the allocator, so the forest can be updated
-    /// without it).
-    idle: bool,
-    has_tokens: bool,
     key: BlockKey,
+    last_touch: u64,
+    stored_at: u64,
+    /// The extra key (valid with `HAS_EXTRA`).
+    extra: u64,
     parent: u32,
     depth: u32,
-    extra: Option<u64>,
     children: u32,
-    rec: Recency,
     hard_pins: u32,
-    /// Live soft pins `(pin id, priority)`; cleared on eviction.
-    soft: Vec<(u64, u32)>,
-    queued: Option<EvictKey>,
+    hits: u32,
+    flags: u8,
+}
+
+/// Cached with refcount 0 (mirrors the allocator, so the forest can be updated without it).
+const IDLE: u8 = 1;
+const HAS_TOKENS: u8 = 2;
+const QUEUED: u8 = 4;
+const HAS_EXTRA: u8 = 8;
+
+impl Meta {
+    #[inline]
+    fn has(&self, f: u8) -> bool {
+        self.flags & f != 0
+    }
+    #[inline]
+    fn set(&mut self, f: u8, on: bool) {
+        if on {
+            self.flags |= f
+        } else {
+            self.flags &= !f
+        }
+    }
+    #[inline]
+    fn extra(&self) -> Option<u64> {
+        self.has(HAS_EXTRA).then_some(self.extra)
+    }
 }
 
 /// The prefix cache of one pool. The pool owns the allocator and passes it in.
@@ -154,8 +178,16 @@ struct Meta {
 pub struct PrefixCache {
     cfg: CacheConfig,
     block_size: usize,
-    map: FxHashMap<BlockKey, BlockId>,
+    /// Low 64 bits of a key -> block; the block's meta holds the full key, checked on
+    /// every hit. Two keys equal in their low 64 bits cannot both be cached (the second
+    /// one is a miss, like any collision).
+    map: FxHashMap<u64, BlockId>,
+    /// One bit per block: cached or not. Tested on every decode step (copy-on-write of a
+    /// cached partial block), so it stays in L1 where the meta array would not.
+    cached: Vec<u64>,
     meta: Vec<Meta>,
+    /// Live soft pins of a block, `(pin id, priority)`; cleared on eviction.
+    soft: FxHashMap<u32, Vec<(u64, u32)>>,
     /// Token ids of block `b` at `b * block_size ..`, when verifying.
     tokens: Vec<u32>,
     queue: EvictionQueue,
@@ -177,6 +209,11 @@ pub struct Lookup {
     pub collision: bool,
 }
 
+#[inline]
+fn low(key: BlockKey) -> u64 {
+    key as u64
+}
+
 impl PrefixCache {
     pub fn new(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
         cfg.hasher.validate()?;
@@ -196,12 +233,14 @@ impl PrefixCache {
         let mut meta = Vec::new();
         meta.try_reserve_exact(num_blocks)
             .map_err(|_| invalid!("cannot allocate cache bookkeeping for {num_blocks} blocks"))?;
-        meta.resize_with(num_blocks, || Meta { parent: NO_PARENT, ..Meta::default() });
+        meta.resize(num_blocks, Meta { parent: NO_PARENT, ..Meta::default() });
         Ok(Self {
             cfg,
             block_size,
             map: FxHashMap::default(),
+            cached: vec![0; num_blocks.div_ceil(64)],
             meta,
+            soft: FxHashMap::default(),
             tokens,
             queue: EvictionQueue::default(),
             pins: PinTable::default(),
@@ -244,13 +283,23 @@ impl PrefixCache {
 
     #[inline]
     pub fn is_cached(&self, b: BlockId) -> bool {
-        self.meta[b.index()].cached
+        let i = b.index();
+        self.cached[i / 64] >> (i % 64) & 1 != 0
+    }
+
+    #[inline]
+    fn set_cached(&mut self, b: BlockId, on: bool) {
+        let i = b.index();
+        if on {
+            self.cached[i / 64] |= 1 << (i % 64);
+        } else {
+            self.cached[i / 64] &= !(1 << (i % 64));
+        }
     }
 
     /// Key of a cached block.
     pub fn key_of(&self, b: BlockId) -> Option<BlockKey> {
-        let m = &self.meta[b.index()];
-        m.cached.then_some(m.key)
+        self.is_cached(b).then(|| self.meta[b.index()].key)
     }
 
     /// Idle cached blocks (refcount 0), pinned or not.
@@ -269,8 +318,7 @@ impl PrefixCache {
     /// allocatable count).
     #[inline]
     pub fn is_evictable(&self, b: BlockId, alloc: &BlockAllocator) -> bool {
-        let m = &self.meta[b.index()];
-        m.cached && m.hard_pins == 0 && alloc.refcount(b) == 0
+        self.is_cached(b) && self.meta[b.index()].hard_pins == 0 && alloc.refcount(b) == 0
     }
 
     #[inline]
@@ -285,14 +333,14 @@ impl PrefixCache {
         let mut out = Lookup { blocks: Vec::with_capacity(keys.len()), collision: false };
         let bs = self.block_size;
         let mut prev = NO_PARENT;
-        for (i, key) in keys.iter().enumerate() {
-            let Some(&b) = self.map.get(key) else { break };
+        for (i, &key) in keys.iter().enumerate() {
+            let Some(&b) = self.map.get(&low(key)) else { break };
             let m = &self.meta[b.index()];
-            let mut ok = m.parent == prev && m.extra == extra;
+            let mut ok = m.key == key && m.parent == prev && m.extra() == extra;
             if ok && self.cfg.verify_tokens {
                 if let Some(t) = tokens {
                     let start = b.index() * bs;
-                    ok = m.has_tokens && self.tokens[start..start + bs] == t[i * bs..(i + 1) * bs];
+                    ok = m.has(HAS_TOKENS) && self.tokens[start..start + bs] == t[i * bs..(i + 1) * bs];
                 }
             }
             if !ok {
@@ -305,58 +353,62 @@ impl PrefixCache {
         out
     }
 
+    #[inline]
     fn next_touch(&mut self) -> u64 {
         self.touch += 1;
         self.touch
     }
 
-    fn priority(m: &Meta) -> u32 {
-        m.soft.iter().map(|&(_, p)| p).max().unwrap_or(0)
+    fn priority(&self, b: BlockId) -> u32 {
+        self.soft.get(&b.0).and_then(|v| v.iter().map(|&(_, p)| p).max()).unwrap_or(0)
+    }
+
+    /// The eviction key of `b` from its current state (computed, not stored: the state
+    /// it reads only changes while `b` is out of the queue).
+    fn evict_key(&self, b: BlockId) -> EvictKey {
+        let m = &self.meta[b.index()];
+        let priority = if self.cfg.policy == EvictionPolicy::Priority { self.priority(b) } else { 0 };
+        let rec = Recency { last_touch: m.last_touch, stored_at: m.stored_at, hits: m.hits as u64, priority };
+        self.cfg.policy.key(&rec, b)
     }
 
     fn enqueue(&mut self, b: BlockId) {
-        let m = &mut self.meta[b.index()];
-        debug_assert!(m.queued.is_none());
-        let mut rec = m.rec;
-        rec.priority = Self::priority(m);
-        let k = self.cfg.policy.key(&rec, b);
-        m.queued = Some(k);
+        debug_assert!(!self.meta[b.index()].has(QUEUED));
+        let k = self.evict_key(b);
         self.queue.insert(k);
+        self.meta[b.index()].set(QUEUED, true);
     }
 
-    fn dequeue(&mut self, b: BlockId) {
-        if let Some(k) = self.meta[b.index()].queued.take() {
-            self.queue.remove(&k);
+    /// Take `b` out of the queue (if queued); returns whether it was.
+    fn dequeue(&mut self, b: BlockId) -> bool {
+        if !self.meta[b.index()].has(QUEUED) {
+            return false;
         }
-    }
-
-    /// Re-sort `b` after its recency or priority changed.
-    fn requeue(&mut self, b: BlockId) {
-        if self.meta[b.index()].queued.is_some() {
-            self.dequeue(b);
-            self.enqueue(b);
-        }
+        let k = self.evict_key(b);
+        let found = self.queue.remove(&k);
+        debug_assert!(found, "queued {b} not found under its key");
+        self.meta[b.index()].set(QUEUED, false);
+        true
     }
 
     fn queue_if_leaf(&mut self, b: BlockId) {
         let m = &self.meta[b.index()];
-        if m.cached && m.idle && m.children == 0 && m.hard_pins == 0 && m.queued.is_none() {
+        if self.is_cached(b) && m.has(IDLE) && m.children == 0 && m.hard_pins == 0 && !m.has(QUEUED) {
             self.enqueue(b);
         }
     }
 
     /// A lookup hit that the sequence takes: revive an idle block or add a reference.
     pub fn acquire(&mut self, b: BlockId, alloc: &mut BlockAllocator) {
+        self.dequeue(b);
         let t = self.next_touch();
         let m = &mut self.meta[b.index()];
-        m.rec.hits += 1;
-        m.rec.last_touch = t;
+        m.hits = m.hits.saturating_add(1);
+        m.last_touch = t;
         if alloc.refcount(b) == 0 {
-            let pinned = m.hard_pins > 0;
-            m.idle = false;
-            self.dequeue(b);
+            m.set(IDLE, false);
             self.idle -= 1;
-            if !pinned {
+            if m.hard_pins == 0 {
                 self.evictable -= 1;
             }
             alloc.revive(b);
@@ -367,19 +419,22 @@ impl PrefixCache {
 
     /// A lookup hit the sequence does not take (dropped by the last-token rule).
     pub fn touch_hit(&mut self, b: BlockId) {
+        let queued = self.dequeue(b);
         let t = self.next_touch();
         let m = &mut self.meta[b.index()];
-        m.rec.hits += 1;
-        m.rec.last_touch = t;
-        self.requeue(b);
+        m.hits = m.hits.saturating_add(1);
+        m.last_touch = t;
+        if queued {
+            self.enqueue(b);
+        }
     }
 
     /// A cached block's refcount just reached zero: it becomes idle, reusable.
     pub fn on_idle(&mut self, b: BlockId) {
         let t = self.next_touch();
         let m = &mut self.meta[b.index()];
-        m.rec.last_touch = t;
-        m.idle = true;
+        m.last_touch = t;
+        m.set(IDLE, true);
         self.idle += 1;
         if m.hard_pins == 0 {
             self.evictable += 1;
@@ -390,7 +445,7 @@ impl PrefixCache {
     /// Reclaim the next victim for an allocation: it leaves the cache with refcount 1.
     pub fn evict(&mut self, alloc: &mut BlockAllocator) -> Option<BlockId> {
         let b = self.queue.pop()?;
-        self.meta[b.index()].queued = None;
+        self.meta[b.index()].set(QUEUED, false);
         self.uncache(b);
         self.stats.evictions += 1;
         alloc.revive(b);
@@ -401,18 +456,21 @@ impl PrefixCache {
     /// during a reset).
     fn uncache(&mut self, b: BlockId) {
         self.dequeue(b);
+        self.set_cached(b, false);
+        if !self.soft.is_empty() {
+            self.soft.remove(&b.0);
+        }
         let clock = self.clock;
         let m = &mut self.meta[b.index()];
-        m.cached = false;
-        m.soft.clear();
         let (key, parent) = (m.key, m.parent);
-        if std::mem::take(&mut m.idle) {
+        if m.has(IDLE) {
+            m.set(IDLE, false);
             self.idle -= 1;
             if m.hard_pins == 0 {
                 self.evictable -= 1;
             }
         }
-        self.map.remove(&key);
+        self.map.remove(&low(key));
         let mut parent_key = None;
         if parent != NO_PARENT {
             let p = &mut self.meta[parent as usize];
@@ -434,15 +492,15 @@ impl PrefixCache {
         extra: Option<u64>,
         tokens: Option<&[u32]>,
     ) -> bool {
-        if self.map.contains_key(&key) {
+        if self.map.contains_key(&low(key)) {
             return false;
         }
-        debug_assert!(!self.meta[b.index()].cached);
+        debug_assert!(!self.is_cached(b));
         let t = self.next_touch();
         let (parent, depth, parent_key) = match parent {
             Some(p) => {
                 let pm = &mut self.meta[p.index()];
-                debug_assert!(pm.cached && !pm.idle);
+                debug_assert!(!pm.has(IDLE));
                 pm.children += 1;
                 (p.0, pm.depth + 1, Some(pm.key))
             }
@@ -456,22 +514,24 @@ impl PrefixCache {
             }
             _ => false,
         };
-        let m = &mut self.meta[b.index()];
-        *m = Meta {
-            cached: true,
-            idle: false,
-            has_tokens,
+        let hard_pins = self.meta[b.index()].hard_pins;
+        let mut m = Meta {
             key,
+            last_touch: t,
+            stored_at: t,
+            extra: extra.unwrap_or(0),
             parent,
             depth,
-            extra,
             children: 0,
-            rec: Recency { last_touch: t, stored_at: t, hits: 0, priority: 0 },
-            hard_pins: m.hard_pins,
-            soft: std::mem::take(&mut m.soft),
-            queued: None,
+            hard_pins,
+            hits: 0,
+            flags: 0,
         };
-        self.map.insert(key, b);
+        m.set(HAS_TOKENS, has_tokens);
+        m.set(HAS_EXTRA, extra.is_some());
+        self.meta[b.index()] = m;
+        self.set_cached(b, true);
+        self.map.insert(low(key), b);
         self.stats.stored_blocks += 1;
         let clock = self.clock;
         self.push_event(CacheEventKind::Stored, Some(b), key, parent_key, clock);
@@ -502,18 +562,21 @@ impl PrefixCache {
         let blocks: Vec<(BlockId, BlockKey)> = chain.iter().map(|&b| (b, self.meta[b.index()].key)).collect();
         let id = self.pins.insert(Pin { blocks, priority, expires_at });
         for &b in chain {
-            let m = &mut self.meta[b.index()];
             match priority {
                 None => {
+                    let m = &mut self.meta[b.index()];
                     m.hard_pins += 1;
-                    if m.hard_pins == 1 && m.idle {
+                    if m.hard_pins == 1 && m.has(IDLE) {
                         self.evictable -= 1;
                         self.dequeue(b);
                     }
                 }
                 Some(p) => {
-                    m.soft.push((id, p));
-                    self.requeue(b);
+                    let queued = self.dequeue(b);
+                    self.soft.entry(b.0).or_default().push((id, p));
+                    if queued {
+                        self.enqueue(b);
+                    }
                 }
             }
         }
@@ -527,10 +590,10 @@ impl PrefixCache {
             match pin.priority {
                 None => {
                     // Hard-pinned blocks are never evicted, so `b` still holds `key`.
+                    debug_assert!(self.key_of(b) == Some(key));
                     let m = &mut self.meta[b.index()];
-                    debug_assert!(m.cached && m.key == key);
                     m.hard_pins -= 1;
-                    if m.hard_pins == 0 && m.idle {
+                    if m.hard_pins == 0 && m.has(IDLE) {
                         self.evictable += 1;
                         self.queue_if_leaf(b);
                     }
@@ -538,10 +601,18 @@ impl PrefixCache {
                 Some(_) => {
                     // A soft-pinned block may have been evicted (its soft list was
                     // cleared then) and even reused: match on the pin id.
-                    let m = &mut self.meta[b.index()];
-                    if let Some(i) = m.soft.iter().position(|&(p, _)| p == id) {
-                        m.soft.swap_remove(i);
-                        self.requeue(b);
+                    let has = self.soft.get(&b.0).is_some_and(|v| v.iter().any(|&(p, _)| p == id));
+                    if has {
+                        let queued = self.dequeue(b);
+                        if let Some(v) = self.soft.get_mut(&b.0) {
+                            v.retain(|&(p, _)| p != id);
+                            if v.is_empty() {
+                                self.soft.remove(&b.0);
+                            }
+                        }
+                        if queued {
+                            self.enqueue(b);
+                        }
                     }
                 }
             }
@@ -558,11 +629,14 @@ impl PrefixCache {
 
     /// End of a successful pool operation: the operation clock advances (unless the
     /// caller drives the clock) and lapsed pins are released.
+    #[inline]
     pub fn end_op(&mut self) {
         if !self.manual_clock {
             self.clock += 1;
         }
-        self.expire_pins();
+        if !self.pins.is_empty() {
+            self.expire_pins();
+        }
     }
 
     /// Drive the clock from the caller's step counter from now on. It never goes back.
@@ -594,7 +668,7 @@ impl PrefixCache {
         let mut blocks: Vec<BlockId> = self.map.values().copied().collect();
         blocks.sort_unstable_by_key(|b| std::cmp::Reverse((self.meta[b.index()].depth, b.0)));
         for b in blocks {
-            let idle = self.meta[b.index()].idle;
+            let idle = self.meta[b.index()].has(IDLE);
             self.uncache(b);
             if idle {
                 alloc.push_free(b);
@@ -636,31 +710,30 @@ impl PrefixCache {
         let mut children = vec![0u32; n];
         let mut hard = vec![0u32; n];
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
-        for (&key, &b) in &self.map {
-            let m = &self.meta[b.index()];
-            if !m.cached || m.key != key {
-                return bad(format!("key {key:#x} maps to {b}, which does not map back to it"));
+        for (&k, &b) in &self.map {
+            if !self.is_cached(b) || low(self.meta[b.index()].key) != k {
+                return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
             }
         }
         for (i, m) in self.meta.iter().enumerate() {
             let b = BlockId(i as u32);
             let rc = alloc.refcount(b);
-            if !m.cached {
-                if m.idle || m.queued.is_some() || m.children != 0 || m.hard_pins != 0 {
+            if !self.is_cached(b) {
+                if m.has(IDLE) || m.has(QUEUED) || m.children != 0 || m.hard_pins != 0 || self.soft.contains_key(&b.0) {
                     return bad(format!("{b} is not cached but idle, queued, pinned or a parent"));
                 }
                 continue;
             }
             cached += 1;
-            if self.map.get(&m.key) != Some(&b) {
+            if self.map.get(&low(m.key)) != Some(&b) {
                 return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
             }
-            if m.idle != (rc == 0) {
-                return bad(format!("cached {b} has refcount {rc} but idle = {}", m.idle));
+            if m.has(IDLE) != (rc == 0) {
+                return bad(format!("cached {b} has refcount {rc} but idle = {}", m.has(IDLE)));
             }
             if m.parent != NO_PARENT {
                 let p = &self.meta[m.parent as usize];
-                if !p.cached || p.depth + 1 != m.depth {
+                if !self.is_cached(BlockId(m.parent)) || p.depth + 1 != m.depth {
                     return bad(format!("cached {b} has a parent that is not cached one level up"));
                 }
                 if alloc.refcount(BlockId(m.parent)) < rc {
@@ -670,39 +743,35 @@ impl PrefixCache {
             } else if m.depth != 0 {
                 return bad(format!("root {b} has depth {}", m.depth));
             }
-            let should_queue = m.idle && m.hard_pins == 0 && m.children == 0;
-            if m.idle {
+            let should_queue = m.has(IDLE) && m.hard_pins == 0 && m.children == 0;
+            if m.has(IDLE) {
                 idle += 1;
                 evictable += (m.hard_pins == 0) as usize;
             }
-            match (should_queue, m.queued) {
-                (true, Some(k)) => {
-                    let mut rec = m.rec;
-                    rec.priority = Self::priority(m);
-                    if k != self.cfg.policy.key(&rec, b) || !self.queue.contains(&k) {
-                        return bad(format!("{b} is queued under a stale eviction key"));
-                    }
-                    queued += 1;
+            if should_queue != m.has(QUEUED) {
+                return bad(format!("{b}: queued = {}, expected {should_queue}", m.has(QUEUED)));
+            }
+            if should_queue {
+                if !self.queue.contains(&self.evict_key(b)) {
+                    return bad(format!("{b} is queued under a stale eviction key"));
                 }
-                (false, None) => {}
-                _ => return bad(format!("{b}: queued = {}, expected {should_queue}", m.queued.is_some())),
+                queued += 1;
             }
         }
         for (i, m) in self.meta.iter().enumerate() {
-            if m.cached && m.children != children[i] {
+            if self.is_cached(BlockId(i as u32)) && m.children != children[i] {
                 return bad(format!("block {i} counts {} cached children, has {}", m.children, children[i]));
             }
         }
         for &b in alloc.free_list() {
-            if self.meta[b.index()].cached {
+            if self.is_cached(b) {
                 return bad(format!("{b} is on the free list and cached"));
             }
         }
         for (id, pin) in self.pins.iter() {
             for &(b, key) in &pin.blocks {
                 if pin.priority.is_none() {
-                    let m = &self.meta[b.index()];
-                    if !m.cached || m.key != key {
+                    if self.key_of(b) != Some(key) {
                         return bad(format!("pin {id} covers {b}, which no longer holds its key"));
                     }
                     hard[b.index()] += 1;
