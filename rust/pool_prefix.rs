@@ -19,6 +19,8 @@
 //!
 //! Every call checks and counts first and mutates only when it will succeed.
 
+use std::borrow::Cow;
+
 use crate::block_hash::{BlockKey, ROOT_PARENT};
 use crate::block_table::{blocks_for, BlockTable};
 use crate::error::{KvError, Result};
@@ -42,9 +44,10 @@ impl TokenCursor {
     }
 }
 
-/// What an admission looks up: token ids (keys computed here) or block keys.
+/// What an admission looks up: token ids (keys computed here; owned ids become the
+/// sequence's cursor without a copy) or block keys.
 enum Prompt<'a> {
-    Tokens { tokens: &'a [u32], extra: Option<u64> },
+    Tokens { tokens: Cow<'a, [u32]>, extra: Option<u64> },
     Keys { keys: &'a [BlockKey], len: usize },
 }
 
@@ -93,7 +96,7 @@ impl BlockPool {
         extra_key: Option<u64>,
         slots: &mut Vec<i64>,
     ) -> Result<usize> {
-        self.admit(seq, Prompt::Tokens { tokens, extra: extra_key }, slots, None)
+        self.admit(seq, Prompt::Tokens { tokens: Cow::Borrowed(tokens), extra: extra_key }, slots, None)
     }
 
     /// [`Self::add_sequence_tokens`] that may take a copy-on-write partial hit (when the
@@ -107,7 +110,20 @@ impl BlockPool {
         slots: &mut Vec<i64>,
         cow: &mut Vec<(BlockId, BlockId)>,
     ) -> Result<usize> {
-        self.admit(seq, Prompt::Tokens { tokens, extra: extra_key }, slots, Some(cow))
+        self.admit(seq, Prompt::Tokens { tokens: Cow::Borrowed(tokens), extra: extra_key }, slots, Some(cow))
+    }
+
+    /// [`Self::add_sequence_tokens_cow`] taking the token ids by value (they become the
+    /// sequence's record without a copy).
+    pub fn add_sequence_tokens_vec(
+        &mut self,
+        seq: SeqId,
+        tokens: Vec<u32>,
+        extra_key: Option<u64>,
+        slots: &mut Vec<i64>,
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<usize> {
+        self.admit(seq, Prompt::Tokens { tokens: Cow::Owned(tokens), extra: extra_key }, slots, Some(cow))
     }
 
     /// Admit `seq` from a trace that gives block keys instead of tokens (Mooncake's
@@ -144,14 +160,16 @@ impl BlockPool {
         }
         let bs = self.block_size;
         let cache = self.cache_ref()?;
-        let (keys, tokens, extra, len) = match prompt {
+        let (keys, owned, extra, len) = match prompt {
             Prompt::Tokens { tokens, extra } => {
                 let mut keys = Vec::new();
-                cache.hasher().chain_keys(ROOT_PARENT, tokens, bs, extra, &mut keys, &mut Vec::new());
-                (keys, Some(tokens), extra, tokens.len())
+                cache.hasher().chain_keys(ROOT_PARENT, &tokens, bs, extra, &mut keys, &mut Vec::new());
+                let len = tokens.len();
+                (keys, Some(tokens), extra, len)
             }
             Prompt::Keys { keys, len } => (keys.to_vec(), None, None, len),
         };
+        let tokens = owned.as_deref();
         Self::checked_len(0, len)?;
         let found = cache.lookup(&keys, tokens, extra);
         let h = found.blocks.len();
@@ -215,7 +233,7 @@ impl BlockPool {
         if let Some(c) = self.cache.as_deref_mut() {
             c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
         }
-        let cursor = tokens.map(|t| Box::new(TokenCursor { tokens: t.to_vec(), keys, extra }));
+        let cursor = owned.map(|t| Box::new(TokenCursor { tokens: t.into_owned(), keys, extra }));
         self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0, cursor });
         self.end_op();
         Ok(cached_tokens)

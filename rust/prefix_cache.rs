@@ -180,8 +180,12 @@ pub struct PrefixCache {
     block_size: usize,
     /// Low 64 bits of a key -> block; the block's meta holds the full key, checked on
     /// every hit. Two keys equal in their low 64 bits cannot both be cached (the second
-    /// one is a miss, like any collision).
+    /// one is a miss, like any collision). Eviction leaves its entry behind (a random
+    /// access saved per evicted block); an entry is valid only while its block is cached
+    /// under that key, and stale entries are purged when they outnumber the blocks.
     map: FxHashMap<u64, BlockId>,
+    /// Blocks cached now (valid entries of `map`).
+    num_cached: usize,
     /// One bit per block: cached or not. Tested on every decode step (copy-on-write of a
     /// cached partial block), so it stays in L1 where the meta array would not.
     cached: Vec<u64>,
@@ -238,6 +242,7 @@ impl PrefixCache {
             cfg,
             block_size,
             map: FxHashMap::default(),
+            num_cached: 0,
             cached: vec![0; num_blocks.div_ceil(64)],
             meta,
             soft: FxHashMap::default(),
@@ -297,6 +302,13 @@ impl PrefixCache {
         }
     }
 
+    /// The block cached under `key`, if any (skips stale index entries).
+    #[inline]
+    fn index_get(&self, key: BlockKey) -> Option<BlockId> {
+        let &b = self.map.get(&low(key))?;
+        (self.is_cached(b) && low(self.meta[b.index()].key) == low(key)).then_some(b)
+    }
+
     /// Key of a cached block.
     pub fn key_of(&self, b: BlockId) -> Option<BlockKey> {
         self.is_cached(b).then(|| self.meta[b.index()].key)
@@ -334,7 +346,7 @@ impl PrefixCache {
         let bs = self.block_size;
         let mut prev = NO_PARENT;
         for (i, &key) in keys.iter().enumerate() {
-            let Some(&b) = self.map.get(&low(key)) else { break };
+            let Some(b) = self.index_get(key) else { break };
             let m = &self.meta[b.index()];
             let mut ok = m.key == key && m.parent == prev && m.extra() == extra;
             if ok && self.cfg.verify_tokens {
@@ -470,7 +482,7 @@ impl PrefixCache {
                 self.evictable -= 1;
             }
         }
-        self.map.remove(&low(key));
+        self.num_cached -= 1;
         let mut parent_key = None;
         if parent != NO_PARENT {
             let p = &mut self.meta[parent as usize];
@@ -492,8 +504,13 @@ impl PrefixCache {
         extra: Option<u64>,
         tokens: Option<&[u32]>,
     ) -> bool {
-        if self.map.contains_key(&low(key)) {
+        if self.index_get(key).is_some() {
             return false;
+        }
+        if self.map.len() >= 2 * self.meta.len() + 1024 {
+            // Amortized: at least `num_blocks` evictions happened since the last purge.
+            let (cached, meta) = (&self.cached, &self.meta);
+            self.map.retain(|&k, b| cached[b.index() / 64] >> (b.index() % 64) & 1 != 0 && low(meta[b.index()].key) == k);
         }
         debug_assert!(!self.is_cached(b));
         let t = self.next_touch();
@@ -532,6 +549,7 @@ impl PrefixCache {
         self.meta[b.index()] = m;
         self.set_cached(b, true);
         self.map.insert(low(key), b);
+        self.num_cached += 1;
         self.stats.stored_blocks += 1;
         let clock = self.clock;
         self.push_event(CacheEventKind::Stored, Some(b), key, parent_key, clock);
@@ -662,10 +680,10 @@ impl PrefixCache {
         if !self.pins.is_empty() {
             return Err(invalid!("cannot reset the prefix cache while {} pins are held", self.pins.len()));
         }
-        let n = self.map.len();
+        let n = self.num_cached;
         let record = std::mem::replace(&mut self.cfg.record_events, false);
         // Deepest first so that each removal sees a leaf.
-        let mut blocks: Vec<BlockId> = self.map.values().copied().collect();
+        let mut blocks: Vec<BlockId> = self.cached_blocks().collect();
         blocks.sort_unstable_by_key(|b| std::cmp::Reverse((self.meta[b.index()].depth, b.0)));
         for b in blocks {
             let idle = self.meta[b.index()].has(IDLE);
@@ -674,18 +692,23 @@ impl PrefixCache {
                 alloc.push_free(b);
             }
         }
+        self.map.clear();
         self.cfg.record_events = record;
         let clock = self.clock;
         self.push_event(CacheEventKind::AllCleared, None, 0, None, clock);
         Ok(n)
     }
 
+    fn cached_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        (0..self.meta.len() as u32).map(BlockId).filter(|&b| self.is_cached(b))
+    }
+
     pub fn stats(&self) -> CacheStats {
         let mut s = self.stats.clone();
-        s.cached_blocks = self.map.len();
+        s.cached_blocks = self.num_cached;
         s.idle_blocks = self.idle;
         s.evictable_blocks = self.evictable;
-        s.pinned_blocks = self.map.values().filter(|b| self.meta[b.index()].hard_pins > 0).count();
+        s.pinned_blocks = self.cached_blocks().filter(|b| self.meta[b.index()].hard_pins > 0).count();
         s.num_pins = self.pins.len();
         s.clock = self.clock;
         s
@@ -710,11 +733,9 @@ impl PrefixCache {
         let mut children = vec![0u32; n];
         let mut hard = vec![0u32; n];
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
-        for (&k, &b) in &self.map {
-            if !self.is_cached(b) || low(self.meta[b.index()].key) != k {
-                return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
-            }
-        }
+        // Valid index entries (block cached under that key) are exactly one per cached
+        // block; stale ones (left by eviction) are ignored by every lookup.
+        let valid = self.map.iter().filter(|&(&k, &b)| self.is_cached(b) && low(self.meta[b.index()].key) == k).count();
         for (i, m) in self.meta.iter().enumerate() {
             let b = BlockId(i as u32);
             let rc = alloc.refcount(b);
@@ -725,7 +746,7 @@ impl PrefixCache {
                 continue;
             }
             cached += 1;
-            if self.map.get(&low(m.key)) != Some(&b) {
+            if self.index_get(m.key) != Some(b) {
                 return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
             }
             if m.has(IDLE) != (rc == 0) {
@@ -783,10 +804,10 @@ impl PrefixCache {
                 return bad(format!("block {i} counts {} hard pins, {} pins cover it", m.hard_pins, hard[i]));
             }
         }
-        if cached != self.map.len() || idle != self.idle || evictable != self.evictable || queued != self.queue.len() {
+        if cached != self.num_cached || valid != cached || idle != self.idle || evictable != self.evictable || queued != self.queue.len() {
             return bad(format!(
-                "counts: {cached} cached vs {} keys, {idle} idle vs {}, {evictable} evictable vs {}, {queued} queued vs {}",
-                self.map.len(),
+                "counts: {cached} cached vs {} counted and {valid} keys, {idle} idle vs {}, {evictable} evictable vs {}, {queued} queued vs {}",
+                self.num_cached,
                 self.idle,
                 self.evictable,
                 self.queue.len()
