@@ -228,7 +228,7 @@ class BlockPool:
 
         Raises:
             UnknownSequenceError; InvalidArgumentError if a table is longer than
-            ``max_blocks``.
+            ``max_blocks`` or the array would exceed ``2**28`` entries.
         """
     def flashinfer_tables(self, seq_ids: _IntArrayLike) -> tuple[_I32Array, _I32Array, _I32Array]:
         """FlashInfer's paged layout: ``(kv_indptr [n + 1], kv_indices [nnz],
@@ -250,7 +250,7 @@ class BlockTableBuffer:
     :meth:`invalidate` after writing to it.
 
     Raises:
-        InvalidArgumentError: a zero or too large shape.
+        InvalidArgumentError: a zero shape or more than ``2**28`` entries.
     """
 
     def __new__(cls, max_seqs: int, max_blocks: int, pad: int = ...) -> BlockTableBuffer: ...

@@ -40,6 +40,7 @@ from hypothesis.stateful import (
 )
 
 import pykvpool as kv
+from poolcheck import snapshot
 
 ID_RANGE = 8
 MAX_TOKENS = 40
@@ -185,18 +186,6 @@ class Model:
             "empty_slots": capacity - stored,
             "utilization": stored / capacity if capacity else 1.0,
         }
-
-
-def snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
-    """Everything observable about the pool."""
-    ids = [int(s) for s in pool.seq_ids()]
-    return (
-        pool.stats().as_dict(),
-        ids,
-        [pool.block_table(s).tolist() for s in ids],
-        [pool.seq_len(s) for s in ids],
-        [pool.refcount(b) for b in range(pool.num_blocks)],
-    )
 
 
 class PoolMachine(RuleBasedStateMachine):

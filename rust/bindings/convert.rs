@@ -42,7 +42,12 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         }
         // Fast path first: int64 is what schedulers usually hold.
         try_dtype!(obj, name, i64, i32, u32, u64, i16, u16, i8, u8);
-        return Err(invalid(py, format!("{name}: unsupported integer dtype")));
+        // Only a non-native byte order (say '>i8' from a file) gets here: copy the array
+        // into native order once (same kind and width, so no value changes) and retry.
+        let native = arr.dtype().call_method1("newbyteorder", ("=",))?;
+        let swapped = obj.call_method1("astype", (native,))?;
+        try_dtype!(&swapped, name, i64, i32, u32, u64, i16, u16, i8, u8);
+        return Err(invalid(py, format!("{name}: unsupported integer dtype {}", arr.dtype().str()?.to_cow()?)));
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(invalid(py, format!("{name} must be a sequence of ints, got a string")));
