@@ -28,6 +28,20 @@ from pykvpool._native import (
     __version__,
 )
 
+# Capacity planning (pure Python; figures, report and CLI stay in their submodules so that
+# importing pykvpool does not import matplotlib).
+from pykvpool.errors import (
+    BudgetError,
+    KernelUnavailableError,
+    TraceFormatError,
+    UnknownPresetError,
+)
+from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.ledger import Budget, MemoryLedger
+from pykvpool.models import ModelConfig, StorageDtype, model_preset, storage_dtype
+from pykvpool.video import VideoSpec
+from pykvpool.workloads import Workload
+
 __all__ = [
     "BlockPool",
     "BlockTableBuffer",
@@ -39,4 +53,19 @@ __all__ = [
     "PoolStats",
     "UnknownSequenceError",
     "__version__",
+    # capacity planning
+    "Budget",
+    "BudgetError",
+    "Hardware",
+    "KernelUnavailableError",
+    "MemoryLedger",
+    "ModelConfig",
+    "StorageDtype",
+    "TraceFormatError",
+    "UnknownPresetError",
+    "VideoSpec",
+    "Workload",
+    "hardware_preset",
+    "model_preset",
+    "storage_dtype",
 ]
