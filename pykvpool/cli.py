@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bf16",
                    help=f"KV storage dtype: {', '.join(DTYPES)}; 8-bit ones take :head (default), "
                         ":gN or :tensor scale granularity")
+    g.add_argument("--weight-bytes", type=_positive_float, metavar="BYTES",
+                   help="bytes per weight parameter (default 2 = bf16; 1 = fp8/int8, 0.5 = int4)")
     g.add_argument("--hardware", help=f"device preset for memory and bandwidth: {', '.join(HARDWARE)}")
     g.add_argument("--memory-gib", type=_positive_float,
                    help="device memory in GiB (default 80, the article's; or the --hardware's)")
@@ -102,8 +105,12 @@ def _model(args: argparse.Namespace) -> ModelConfig:
             raise KvPoolError(f"{args.hf_config}:{e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(cfg, dict):
             raise KvPoolError(f"{args.hf_config}: expected a JSON object")
-        return ModelConfig.from_hf_config(cfg, name=Path(args.hf_config).stem)
-    return model_preset(args.model)
+        model = ModelConfig.from_hf_config(cfg, name=Path(args.hf_config).stem)
+    else:
+        model = model_preset(args.model)
+    if args.weight_bytes:
+        model = replace(model, weight_bytes_per_param=args.weight_bytes)
+    return model
 
 
 def _ledger(args: argparse.Namespace) -> MemoryLedger:
@@ -143,7 +150,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     ]
     row = led.row(args.batch, args.seq_len)
     lines.append(f"batch {args.batch} x {args.seq_len}: KV {row.kv_bytes / GIB:.2f} GiB = "
-                 f"{row.kv_over_weights:.2f}x weights; weights + KV {row.weights_plus_kv_bytes / GIB:.2f} GiB")
+                 f"{row.kv_over_weights:.2f}x weights; weights + KV {row.weights_plus_kv_bytes / GIB:.2f} GiB"
+                 + ("" if row.kv_bytes <= led.kv_budget_bytes else " -- EXCEEDS the KV budget"))
     data: dict[str, Any] = {"model": m.name, "dtype": led.dtype.name,
                             "bytes_per_token": led.bytes_per_token,
                             "weight_bytes": led.weight_bytes, "kv_budget_bytes": led.kv_budget_bytes,
