@@ -1,8 +1,9 @@
 """Accelerator presets with their public figures, and "this machine" measured.
 
 Units: bytes, bytes/s, FLOP/s. Public figures are the vendors' datasheet numbers (dense,
-no sparsity), not measurements: memory as sold, peak HBM bandwidth, peak tensor throughput
-per dtype. ``measure_this_machine`` measures the host CPU with the compiled probes of the
+no sparsity), not measurements: peak HBM bandwidth and peak tensor throughput per dtype.
+Memory is the total that ``nvidia-smi`` reports for the device (A100 80GB: 81,920 MiB;
+H100 SXM: 81,559 MiB; H200: 143,771 MiB), which is what a budget fraction applies to. ``measure_this_machine`` measures the host CPU with the compiled probes of the
 kernel module (``pykvpool.read_bandwidth`` and ``pykvpool.peak_flops``).
 """
 
@@ -60,18 +61,20 @@ class Hardware:
         return self.flops(dtype) / self.bandwidth
 
 
+_MIB = float(1 << 20)
+
 HARDWARE: dict[str, Hardware] = {
-    # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e, 2,039 GB/s, 312 TFLOP/s BF16 dense,
+    # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e (81,920 MiB), 2,039 GB/s, 312 TFLOP/s BF16 dense,
     # 19.5 TFLOP/s FP32 (the article's A100 roof and decode bound use these figures).
-    "a100-80gb-sxm": Hardware("A100-80GB SXM", 80e9, 2.039e12,
+    "a100-80gb-sxm": Hardware("A100-80GB SXM", 81920 * _MIB, 2.039e12,
                               {"bf16": 312e12, "fp16": 312e12, "int8": 624e12, "fp32": 19.5e12}),
-    # NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s BF16 dense,
+    # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 (81,559 MiB usable), 3.35 TB/s, 989 TFLOP/s BF16 dense,
     # 1,979 TFLOP/s FP8 dense, 67 TFLOP/s FP32.
-    "h100-sxm": Hardware("H100 SXM", 80e9, 3.35e12,
+    "h100-sxm": Hardware("H100 SXM", 81559 * _MIB, 3.35e12,
                          {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
                           "fp32": 67e12}),
-    # NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, same tensor cores as H100 SXM.
-    "h200": Hardware("H200 SXM", 141e9, 4.8e12,
+    # NVIDIA H200 SXM datasheet: 141 GB HBM3e (143,771 MiB), 4.8 TB/s, same tensor cores as H100 SXM.
+    "h200": Hardware("H200 SXM", 143771 * _MIB, 4.8e12,
                      {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
                       "fp32": 67e12}),
 }

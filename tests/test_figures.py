@@ -122,3 +122,59 @@ def test_block_size_and_trace_figure(tmp_path: Path) -> None:
     assert d["empty_slots_per_request"] == [r.empty_slots_per_request for r in rows]
     assert d["table_entries_per_request"] == [r.table_entries_per_request for r in rows]
     assert d["admitted"] == [[traces[0][0].admitted, traces[0][1].admitted]]
+
+
+class _FakeCache:
+    """Test double of ``pykvpool.KvCache`` that checks the contract's shapes and dtypes."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: str = "f32") -> None:
+        assert dtype == "f32"
+        self.k = np.zeros((num_layers, num_blocks * block_size, num_kv_heads, head_dim), np.float32)
+        self.v = np.zeros_like(self.k)
+        self.block_size = block_size
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+        assert k.dtype == v.dtype == np.float32 and k.shape == v.shape
+        assert k.shape[1:] == self.k.shape[2:] and slot_mapping.shape == (k.shape[0],)
+        self.k[layer, slot_mapping] = k
+        self.v[layer, slot_mapping] = v
+
+
+def _fake_decode(cache: _FakeCache, layer: int, q: np.ndarray, block_tables: np.ndarray,
+                 seq_lens: np.ndarray) -> np.ndarray:
+    assert q.dtype == np.float32 and q.ndim == 3
+    assert block_tables.dtype == np.int32 and seq_lens.dtype == np.int32
+    n, hq, d = q.shape
+    hkv = cache.k.shape[2]
+    out = np.empty_like(q)
+    for i in range(n):
+        t = np.arange(int(seq_lens[i]))
+        slots = block_tables[i, t // cache.block_size] * cache.block_size + t % cache.block_size
+        k, v = cache.k[layer, slots], cache.v[layer, slots]
+        for h in range(hq):
+            s = k[:, h // (hq // hkv)] @ q[i, h] / np.sqrt(d)
+            p = np.exp(s - s.max())
+            out[i, h] = (p / p.sum()) @ v[:, h // (hq // hkv)]
+    return out
+
+
+def test_measure_decode_kernel_against_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykvpool import _native
+    from pykvpool.roofline import measure_decode_kernel
+
+    monkeypatch.setattr(_native, "KvCache", _FakeCache, raising=False)
+    monkeypatch.setattr(_native, "decode_attention", _fake_decode, raising=False)
+    monkeypatch.setattr(_native, "read_bandwidth", lambda nbytes=None, threads=None: 1e9,
+                        raising=False)
+    monkeypatch.setattr(_native, "peak_flops", lambda threads=None: 1e10, raising=False)
+    pts = measure_decode_kernel(groups=(1, 4), batch=2, seq_len=40, num_kv_heads=2,
+                                head_dim=8, block_size=16, repeats=1)
+    assert [p.group_size for p in pts] == [1, 4]
+    for p in pts:
+        assert p.flops == 4.0 * p.group_size * 2 * 8 * 40 * 2
+        kv_bytes = 2.0 * 2 * 8 * 40 * 2 * 4  # K and V, f32, read once
+        q_and_out = 2.0 * 2 * (2 * p.group_size) * 8 * 4
+        assert p.bytes_moved == kv_bytes + q_and_out
+        assert p.intensity == p.flops / (kv_bytes + q_and_out)
+        assert p.seconds > 0 and p.bytes_per_s > 0
