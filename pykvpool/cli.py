@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pykvpool._native import KvPoolError
-from pykvpool.hardware import HARDWARE, hardware_preset
+from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
 from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger
 from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool.progress import ProgressBar
@@ -86,7 +86,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         ":gN or :tensor scale granularity")
     g.add_argument("--weight-bytes", type=_positive_float, metavar="BYTES",
                    help="bytes per weight parameter (default 2 = bf16; 1 = fp8/int8, 0.5 = int4)")
-    g.add_argument("--hardware", help=f"device preset for memory and bandwidth: {', '.join(HARDWARE)}")
+    g.add_argument("--hardware", help=f"device preset for memory and bandwidth: {', '.join(HARDWARE)}, or 'this' "
+                        "(measure this machine with the kernel's probes)")
     g.add_argument("--memory-gib", type=_positive_float,
                    help="device memory in GiB (default 80, the article's; or the --hardware's)")
     g.add_argument("--fraction", type=_positive_float, default=1.0,
@@ -113,8 +114,20 @@ def _model(args: argparse.Namespace) -> ModelConfig:
     return model
 
 
+def _hardware(args: argparse.Namespace) -> Hardware | None:
+    if not args.hardware:
+        return None
+    if args.hardware == "this":
+        if getattr(args, "_measured", None) is None:
+            with ProgressBar("measuring this machine", 1, enabled=not args.quiet):
+                args._measured = measure_this_machine()
+        hw: Hardware = args._measured
+        return hw
+    return hardware_preset(args.hardware)
+
+
 def _ledger(args: argparse.Namespace) -> MemoryLedger:
-    hw = hardware_preset(args.hardware) if args.hardware else None
+    hw = _hardware(args)
     memory = args.memory_gib * GIB if args.memory_gib else (hw.memory_bytes if hw else 80 * GIB)
     if args.fraction > 1:
         raise KvPoolError(f"--fraction must be in (0, 1], got {args.fraction}")
@@ -158,9 +171,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
                             "token_capacity": led.token_capacity,
                             "max_batch": led.max_batch(args.seq_len),
                             "max_seq_len": led.max_seq_len(args.batch)}
-    for name in ([args.hardware] if args.hardware else ["a100-80gb-sxm"]):
-        hw = hardware_preset(name)
-        cd = led.dtype.name.split(":")[0]
+    for hw in [_hardware(args) or hardware_preset("a100-80gb-sxm")]:
+        cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
         b = led.decode_bound(hw, args.seq_len, args.batch, compute_dtype=cd)
         lines.append(f"decode on {hw.name}: step >= {b.step_time * 1e3:.2f} ms "
                      f"({'memory' if b.memory_bound else 'compute'} bound), "

@@ -282,6 +282,11 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
                  f"{machine.flops('fp32') / 1e9:.2f} GFLOP/s fp32, ridge "
                  f"{machine.ridge_point('fp32'):.1f} FLOP/byte. The article's machine: "
                  "71.89 GB/s, 1201.61 GFLOP/s (a different machine: not a reproduced number).\n")
+        local = gqa.decode_bound(machine, 8192, 1, compute_dtype="fp32")
+        s.append(f"{gqa.model.name} decode on this machine (same ledger, fp32 peak): step >= "
+                 f"{local.step_time * 1e3:.1f} ms at batch 1 and 8192 cached tokens, <= "
+                 f"{local.tokens_per_s:.2f} tokens/s "
+                 f"({'memory' if local.memory_bound else 'compute'} bound).\n")
         krows = [[k.group_size, k.batch, k.seq_len, f"{k.intensity:.2f}",
                   f"{k.seconds * 1e3:.3f}", f"{k.flops_per_s / 1e9:.2f}",
                   f"{k.bytes_per_s / 1e9:.2f}", f"{k.bytes_per_s / machine.bandwidth:.0%}"]

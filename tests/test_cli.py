@@ -131,3 +131,15 @@ def test_bad_hf_config(tmp_path: Path) -> None:
     f.write_text('{"hidden_size": 4096,\n "num_hidden_layers": }')
     r = run("ledger", "--hf-config", str(f))
     assert r.returncode == 2 and "config.json:2: not valid JSON" in r.stderr
+
+
+def test_ledger_on_this_machine() -> None:
+    from pykvpool import _native
+
+    r = run("ledger", "--hardware", "this", "--memory-gib", "64", "--reserve-gib", "0")
+    if hasattr(_native, "read_bandwidth") and hasattr(_native, "decode_attention"):
+        assert r.returncode == 0, r.stderr
+        assert "decode on this machine (CPU)" in r.stdout
+    else:  # the kernel module is not in this build: a clear error, not a traceback
+        assert r.returncode == 2
+        assert "decode-kernel module" in r.stderr and "Traceback" not in r.stderr
