@@ -6,13 +6,19 @@ builtin ``ValueError``) catches them together with the pool's own errors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from pykvpool._native import InvalidArgumentError, KvPoolError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "BudgetError",
     "KernelUnavailableError",
     "TraceFormatError",
     "UnknownPresetError",
+    "lookup_preset",
 ]
 
 
@@ -26,6 +32,18 @@ class UnknownPresetError(InvalidArgumentError):
         self.name = name
         self.choices = choices
         super().__init__(f"unknown {kind} {name!r}; choose one of: {', '.join(choices)}")
+
+
+def lookup_preset(kind: str, table: Mapping[str, _T], name: str) -> _T:
+    """``table[name]`` with the name stripped and lower-cased.
+
+    Raises:
+        UnknownPresetError: no such ``kind`` preset; the message lists the known names.
+    """
+    key = name.strip().lower()
+    if key not in table:
+        raise UnknownPresetError(kind, name, sorted(table))
+    return table[key]
 
 
 class BudgetError(InvalidArgumentError):

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from pykvpool.errors import KernelUnavailableError, UnknownPresetError
+from pykvpool.errors import KernelUnavailableError, UnknownPresetError, lookup_preset
 
 __all__ = [
     "HARDWARE",
@@ -86,10 +86,7 @@ def hardware_preset(name: str) -> Hardware:
     Raises:
         UnknownPresetError: not one of :data:`HARDWARE`.
     """
-    key = name.strip().lower()
-    if key not in HARDWARE:
-        raise UnknownPresetError("hardware", name, sorted(HARDWARE))
-    return HARDWARE[key]
+    return lookup_preset("hardware", HARDWARE, name)
 
 
 class KernelApi(Protocol):

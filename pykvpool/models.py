@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.errors import UnknownPresetError
+from pykvpool.errors import UnknownPresetError, lookup_preset
 
 __all__ = [
     "DTYPES",
@@ -244,7 +244,4 @@ def model_preset(name: str) -> ModelConfig:
     Raises:
         UnknownPresetError: not one of :data:`MODELS`.
     """
-    key = name.strip().lower()
-    if key not in MODELS:
-        raise UnknownPresetError("model", name, sorted(MODELS))
-    return MODELS[key]
+    return lookup_preset("model", MODELS, name)
