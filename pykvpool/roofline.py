@@ -101,7 +101,7 @@ class KernelPoint:
 def measure_decode_kernel(
     groups: Sequence[int] = (1, 4, 8),
     batch: int = 8,
-    seq_len: int = 2048,
+    seq_len: int = 4096,
     num_kv_heads: int = 2,
     head_dim: int = 128,
     block_size: int = 16,

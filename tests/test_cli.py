@@ -81,6 +81,25 @@ def test_report(tmp_path: Path) -> None:
     data = json.loads((out / "report.json").read_text())
     assert all(row["article"] == row["pykvpool"] for row in data["reproduced"])
     assert "reproduced exactly" in r.stdout
+    assert "This machine was not measured" in md and data["machine"] is None
+
+
+def test_report_measures_this_machine(tmp_path: Path) -> None:
+    from pykvpool import _native
+
+    out = tmp_path / "rep"
+    r = run("report", "--out", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    md = (out / "report.md").read_text()
+    data = json.loads((out / "report.json").read_text())
+    if hasattr(_native, "decode_attention"):
+        assert data["machine"]["bandwidth"] > 0 and data["machine"]["peak_flops"]["fp32"] > 0
+        assert [k["group_size"] for k in data["kernel"]] == [1, 4, 8]
+        assert [k["group_size"] for k in data["fig2"]["kernel"]] == [1, 4, 8]
+        assert "pykvpool's decode kernel" in md
+    else:
+        assert "This machine was not measured" in md
+    assert r.stderr == ""  # --quiet
 
 
 @pytest.mark.parametrize(
