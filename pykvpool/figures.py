@@ -313,11 +313,10 @@ def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_p
                   width=0.55)
     a2.axhline(device_gib, color=RED, ls="--", lw=1.5)
     a2.axhline(kv_budget_gib, color=GRAY, ls=":", lw=1.5)
-    right = len(videos) - 0.5
-    a2.text(right, device_gib * 1.03, f"device budget {device_gib:.0f} GiB", color=RED,
-            fontsize=8, ha="right")
-    a2.text(right, kv_budget_gib * 0.88, f"KV budget {kv_budget_gib:.1f} GiB", color=GRAY,
-            fontsize=8, ha="right")
+    a2.text(-0.45, device_gib * 1.02, f"device budget {device_gib:.0f} GiB", color=RED,
+            fontsize=8, ha="left", va="bottom")
+    a2.text(-0.45, kv_budget_gib * 1.02, f"KV budget {kv_budget_gib:.1f} GiB", color=GRAY,
+            fontsize=8, ha="left", va="bottom")
     for b, v, vid in zip(bars, kv, videos):
         a2.text(b.get_x() + b.get_width() / 2, v / 2, f"{v:.2f} GiB\n{vid.tokens:,}\ntokens",
                 ha="center", va="center", fontsize=8, color="white")
@@ -348,6 +347,7 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     a1.set_xscale("log", base=2)
     a1.set_yscale("symlog", linthresh=1.0)
     a1.set_xticks(bsz, [str(b) for b in bsz])
+    a1.set_ylim(bottom=0)
     a1.set_xlabel("block size b (tokens)")
     a1.set_title(f"Block size: waste vs table length\n({workload})", fontsize=10)
     a1.grid(alpha=0.25, which="both")

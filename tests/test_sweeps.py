@@ -90,6 +90,13 @@ def test_block_size_table_exact() -> None:
     got = [(r.block_size, f"{r.empty_slots_per_request:.1f}", f"{r.utilization:.3%}",
             f"{r.table_entries_per_request:.1f}") for r in rows]
     assert got == ARTICLE_BLOCK_TABLE
+    # the article's definition, evaluated directly on the lengths (no pool)
+    lens = wl.lengths
+    for b, empty, util, entries in ARTICLE_BLOCK_TABLE:
+        frag = ((-(-lens // b)) * b - lens).mean()
+        assert f"{frag:.1f}" == empty
+        assert f"{lens.mean() / (lens.mean() + frag):.3%}" == util
+        assert f"{(-(-lens // b)).mean():.1f}" == entries
     by = {r.block_size: r for r in rows}
     assert (f"{by[16].empty_over_length:.2%}", f"{by[32].empty_over_length:.2%}") == ("0.32%", "0.67%")
     assert by[16].admitted == 214
