@@ -9,11 +9,16 @@
 //! (one sequence's logical -> physical map) -> [`pool`] (sequences, slot mapping,
 //! copy-on-write, exports, statistics) -> bindings -> the Python facade.
 
+pub mod aligned;
 pub mod allocator;
 pub mod block_table;
 pub mod error;
+pub mod kernel;
+pub mod kv_storage;
 pub mod pool;
+pub mod probe;
 pub mod table_sync;
+pub mod threads;
 pub mod types;
 
 #[cfg(feature = "python")]
@@ -21,4 +26,5 @@ pub mod bindings;
 
 pub use error::{KvError, Result};
 pub use pool::{BlockPool, PoolStats};
+pub use kv_storage::{DType, KvCache, KvShape};
 pub use types::{BlockId, SeqId};

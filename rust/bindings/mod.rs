@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 pub mod convert;
 pub mod errors;
+pub mod kv;
 pub mod pool;
 
 #[pymodule]
@@ -16,5 +17,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
+    kv::register(m)?;
     Ok(())
 }

@@ -120,6 +120,7 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, num_tokens = 1))]
+    #[allow(clippy::type_complexity)]
     fn append<'py>(
         &self,
         py: Python<'py>,
