@@ -18,7 +18,7 @@ Which free block the pool hands out is its choice: the model learns ids from the
 returned slots and copy-on-write pairs, and checks the block was free.
 
 Profiles (``tests/conftest.py``): ``ci`` (default, 200 examples x up to 50 steps, about
-8,500 steps in about 10 s) and ``long`` (30,000 examples, over 1,000,000 steps):
+8,500 steps in 10-20 s) and ``long`` (30,000 examples, over 1,000,000 steps):
 ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_pool_state_machine.py``.
 """
 
