@@ -158,7 +158,8 @@ class BlockPool:
         Raises:
             DuplicateSequenceError: ``seq_id`` is live.
             PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
-            InvalidArgumentError: negative id or length.
+            InvalidArgumentError: negative id or length, or more than ``2**27`` tokens
+                (one call adds at most ``2**27`` tokens; add longer prompts in chunks).
         """
     def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
         """Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
@@ -171,7 +172,8 @@ class BlockPool:
             ``(src, dst)`` block pairs whose filled slots the caller must copy (k <= 1).
 
         Raises:
-            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError.
+            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError (also for more
+            than ``2**27`` tokens in one call).
         """
     def step(
         self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
@@ -189,7 +191,7 @@ class BlockPool:
                 was appended to any sequence).
             UnknownSequenceError: an id is not live.
             InvalidArgumentError: duplicate ids, negative counts, lengths that differ,
-                non-integer or non-1-D arrays.
+                non-integer or non-1-D arrays, more than ``2**27`` tokens in total.
         """
     def fork(self, parent: int, child: int) -> None:
         """Create ``child`` sharing every block of ``parent`` (refcounts go up; no copy).

@@ -4,10 +4,10 @@ gives the numbers, and a pool (and table buffer) left exactly as it was.
 Kinds covered: zero, negative and absurd pool sizes; ids and counts that are negative,
 floats, bools, strings, None or past int64 (scalars and array elements, uint64 included);
 float, bool and 2-D arrays; unknown, duplicate and freed ids; exhaustion (add, append,
-fork copy-on-write, batched step, atomically); lengths past int32; truncation beyond the
-length; mismatched step lengths; tables wider than ``max_blocks``; out-of-range block ids;
-``BlockTableBuffer`` misuse (bad shapes, too many rows, narrow rows, unknown ids, a
-read-only array, a non-pool argument).
+fork copy-on-write, batched step, atomically); more than 2**27 new tokens in one call;
+truncation beyond the length; mismatched step lengths; tables wider than ``max_blocks``
+or absurdly wide; out-of-range block ids; ``BlockTableBuffer`` misuse (bad shapes, too
+many rows, narrow rows, unknown ids, a read-only array, a non-pool argument).
 """
 
 from __future__ import annotations
@@ -106,7 +106,14 @@ CASES: list[tuple[str, Call, tuple[type[Exception], type[Exception]], str]] = [
         r"int64 range, got np.uint64\(9223372036854775809\)",
     ),
     ("add exhausted", lambda p: p.add_sequence(5, 25), E_EXHAUSTED, r"requested 7 blocks, 6 free"),
-    ("add past int32 tokens", lambda p: p.add_sequence(5, 2**31), E_INVALID, r"grow by 2147483648: the limit is 2147483647"),
+    # One call adds at most 2**27 tokens (its slot mapping alone is 1 GiB): an absurd
+    # count raises instead of running the process out of memory on a pool that has room.
+    (
+        "add too many tokens at once",
+        lambda p: p.add_sequence(5, 2**27 + 1),
+        E_INVALID,
+        r"prompt_len: 134217729 new tokens in one call exceed the limit of 134217728",
+    ),
     # append
     ("append unknown", lambda p: p.append(9), E_UNKNOWN, r"unknown sequence id 9"),
     ("append freed", lambda p: p.append(4), E_UNKNOWN, r"unknown sequence id 4"),
@@ -115,7 +122,7 @@ CASES: list[tuple[str, Call, tuple[type[Exception], type[Exception]], str]] = [
     ("append None", lambda p: p.append(1, None), E_INVALID, r"num_tokens must be an int, got NoneType"),
     # 24 more tokens: 6 new blocks plus the copy of the shared partial block 7 > 6 free.
     ("append exhausted (copy counted)", lambda p: p.append(1, 24), E_EXHAUSTED, r"requested 7 blocks, 6 free"),
-    ("append past int32", lambda p: p.append(1, 2**31 - 5), E_INVALID, r"sequence of 5 tokens cannot grow by 2147483643"),
+    ("append too many at once", lambda p: p.append(1, 2**31), E_INVALID, r"num_tokens: 2147483648 new tokens in one call"),
     # step
     ("step unknown", lambda p: p.step([1, 9]), E_UNKNOWN, r"unknown sequence id 9"),
     ("step freed", lambda p: p.step(np.array([4], dtype=np.int32)), E_UNKNOWN, r"unknown sequence id 4"),
@@ -145,7 +152,13 @@ CASES: list[tuple[str, Call, tuple[type[Exception], type[Exception]], str]] = [
     ("step python id > int64", lambda p: p.step([2**64]), E_INVALID, r"int64 range, got 18446744073709551616"),
     # Sequence 1 alone would fit (1 copy); with sequence 3's 10 blocks the step needs 11.
     ("step exhausted atomically", lambda p: p.step([1, 3], [3, 40]), E_EXHAUSTED, r"requested 11 blocks, 6 free"),
-    ("step past int32", lambda p: p.step([3, 1], [1, 2**31]), E_INVALID, r"cannot grow by 2147483648"),
+    (
+        "step too many at once",
+        lambda p: p.step([3, 1], [2**26, 2**26 + 1]),
+        E_INVALID,
+        r"num_tokens: 134217729 new tokens in one call exceed the limit",
+    ),
+    ("step broadcast too many", lambda p: p.step([3, 1], 2**26 + 1), E_INVALID, r"134217730 new tokens in one call"),
     # fork
     ("fork unknown parent", lambda p: p.fork(9, 10), E_UNKNOWN, r"unknown sequence id 9"),
     ("fork freed parent", lambda p: p.fork(4, 10), E_UNKNOWN, r"unknown sequence id 4"),
@@ -156,6 +169,7 @@ CASES: list[tuple[str, Call, tuple[type[Exception], type[Exception]], str]] = [
     # truncate
     ("truncate beyond length", lambda p: p.truncate(1, 6), E_INVALID, r"cannot truncate 6 tokens from sequence 1 of 5"),
     ("truncate empty", lambda p: p.truncate(3, 1), E_INVALID, r"cannot truncate 1 tokens from sequence 3 of 0"),
+    ("truncate absurd", lambda p: p.truncate(1, 2**40), E_INVALID, r"cannot truncate 1099511627776 tokens from sequence 1"),
     ("truncate unknown", lambda p: p.truncate(9, 0), E_UNKNOWN, r"unknown sequence id 9"),
     ("truncate negative", lambda p: p.truncate(1, -1), E_INVALID, r"num_tokens must be >= 0, got -1"),
     # free

@@ -125,7 +125,7 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
-        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+        #[pyo3(from_py_with = arg::new_tokens)] num_tokens: usize,
     ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let (slots, cow) = py
             .detach(|| {
