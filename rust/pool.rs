@@ -242,7 +242,8 @@ impl BlockPool {
         Self::checked_len(0, prompt_len)?;
         self.ensure_available(blocks_for(prompt_len, self.block_size))?;
         let stamp = self.stamp();
-        let mut table = BlockTable::new(stamp);
+        // Sized up front: growing the table block by block would reallocate it ~log2(n) times.
+        let mut table = BlockTable::with_blocks(Vec::with_capacity(blocks_for(prompt_len, self.block_size)), 0, stamp);
         let mut cow = Vec::new();
         let r = self.grow(&mut table, prompt_len, slots, &mut cow);
         if r.is_err() {
