@@ -19,7 +19,7 @@ Usage, from the repository root::
 Writes ``benches/out/scheduler.json`` (``scheduler_quick.json`` with ``--quick``).
 Figures per engine are from the repeat with the smallest allocator total (least
 disturbed by other processes on a shared machine); the loop's counts are identical in
-every repeat.
+every repeat. The cyclic garbage collector is disabled while timing (as ``timeit`` does).
 """
 
 from __future__ import annotations
@@ -105,8 +105,15 @@ def loop_figures(r: LoopResult) -> dict[str, Any]:
 
 def run_engine(name: str, wl: Workload) -> LoopResult:
     pool = ENGINES[name](wl.num_blocks, wl.block_size)
+    # The cyclic GC is off during the loop, as in timeit: a collection triggered by the
+    # baseline's list churn would otherwise land inside whichever call is being timed.
+    # This makes the baseline look faster, not slower.
     gc.collect()
-    res = run_loop(pool, wl)
+    gc.disable()
+    try:
+        res = run_loop(pool, wl)
+    finally:
+        gc.enable()
     assert pool.num_free_blocks == wl.num_blocks, f"{name}: blocks still used after the loop"
     pool.check_invariants()  # type: ignore[attr-defined]
     return res
@@ -152,6 +159,15 @@ def time_calls(fn: Callable[[], object], setup: Callable[[], object] | None, rep
 
 
 def micro(name: str, reps: int) -> dict[str, float]:
+    gc.collect()
+    gc.disable()
+    try:
+        return _micro(name, reps)
+    finally:
+        gc.enable()
+
+
+def _micro(name: str, reps: int) -> dict[str, float]:
     make = ENGINES[name]
     pool: Any = make(31_232, 16)
     # Admission of a 2,000-token prompt (125 blocks), and its free, on an otherwise empty pool.

@@ -78,7 +78,9 @@ The loop only calls ``add_sequence``, ``step``, ``free`` and reads ``num_free_bl
 ``num_blocks`` and ``block_size``, so it runs unchanged on :class:`pykvpool.BlockPool` and on the pure-Python
 baseline :class:`benches.py_allocator.PyBlockPool`. Every allocator call is timed with
 ``time.perf_counter_ns`` (the timer's own ~0.05 µs per call is included, which only
-penalises the faster engine); the scheduler's own bookkeeping is outside those timers.
+penalises the faster engine); the scheduler's own bookkeeping is outside those timers,
+and so is the release of each call's result (a baseline's list of slots would otherwise
+be freed inside the next timed call).
 To change what admission does (a prefix cache), subclass and override
 :meth:`SchedulerLoop.admit`.
 """
@@ -315,6 +317,7 @@ class SchedulerLoop:
                 res.decode_tokens += batch
                 if observe is not None:
                     observe("decode", step_index, running, out[0], out[2])
+                out = None
                 done = due.pop(decode_steps, None)
                 if done:
                     finished = []
@@ -361,6 +364,9 @@ class SchedulerLoop:
                     due.setdefault(decode_steps + outputs[rid] - generated[rid], []).append((rid, epoch[rid]))
                     if observe is not None:
                         observe("admit", step_index, [rid], slots, None)
+                    # Drop the result here, not at the next timed assignment: freeing a
+                    # baseline's list of 2,000 ints would be billed to the next call.
+                    slots = None
                 if len(running) > res.peak_running:
                     res.peak_running = len(running)
             res.steps += 1
