@@ -29,6 +29,8 @@ struct SeqEntry {
     /// Last batch this sequence appeared in; catches duplicate ids in one batch without
     /// allocating a set per step.
     mark: u64,
+    /// Position in that batch (see `BlockPool::step_in`).
+    pos: u32,
 }
 
 /// Output buffers of a batched step, reusable across steps to avoid allocation.
@@ -252,7 +254,7 @@ impl BlockPool {
             return r;
         }
         debug_assert!(cow.is_empty());
-        self.seqs.insert(seq, SeqEntry { table, mark: 0 });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0 });
         Ok(())
     }
 
@@ -306,7 +308,7 @@ impl BlockPool {
         let mut scratch = std::mem::take(&mut self.cow_scratch);
         scratch.clear();
         let mut result = Ok(());
-        for (&seq, &n) in seqs.iter().zip(counts) {
+        for (i, (&seq, &n)) in seqs.iter().zip(counts).enumerate() {
             let Some(entry) = map.get_mut(&seq) else {
                 result = Err(KvError::UnknownSequence(seq.0));
                 break;
@@ -316,6 +318,7 @@ impl BlockPool {
                 break;
             }
             entry.mark = mark;
+            entry.pos = i as u32;
             match self.blocks_needed_for(&entry.table, n, &scratch) {
                 Ok((k, copied)) => {
                     need += k;
@@ -338,6 +341,27 @@ impl BlockPool {
         self.ensure_available(need)?;
         out.slots.reserve(total_tokens);
         out.seq_lens.reserve(seqs.len());
+        if seqs.len() * 2 >= map.len() {
+            // A dense batch (a decode step usually holds every live sequence) gathers its
+            // entries in one sweep over the map, by the positions the plan recorded,
+            // instead of hashing every id a second time.
+            let mut by_pos: Vec<Option<&mut SeqEntry>> = Vec::new();
+            by_pos.resize_with(seqs.len(), || None);
+            for e in map.values_mut() {
+                if e.mark == mark {
+                    if let Some(slot) = by_pos.get_mut(e.pos as usize) {
+                        *slot = Some(e);
+                    }
+                }
+            }
+            for (entry, &n) in by_pos.into_iter().zip(counts) {
+                // Every position was filled by the plan; a hole would be a bug, reported.
+                let entry = entry.ok_or_else(|| KvError::Invariant("batch entry lost between plan and apply".into()))?;
+                self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
+                out.seq_lens.push(entry.table.num_tokens() as i32);
+            }
+            return Ok(());
+        }
         for (&seq, &n) in seqs.iter().zip(counts) {
             // Validated above; a missing id here would be a bug, reported, not a panic.
             let entry = map.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
@@ -423,7 +447,7 @@ impl BlockPool {
             self.alloc.incref(b);
         }
         let stamp = self.stamp();
-        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0 });
+        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, pos: 0 });
         Ok(())
     }
 
