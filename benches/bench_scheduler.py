@@ -13,13 +13,15 @@ that sequence (125 blocks), and a 256-sequence decode step.
 
 Usage, from the repository root::
 
-    python -m benches.bench_scheduler            # 10,000 requests, 3 repeats
+    python -m benches.bench_scheduler            # 10,000 requests, 5 runs per engine
     python -m benches.bench_scheduler --quick    # 1,000 requests, 1 repeat (smoke run)
 
 Writes ``benches/out/scheduler.json`` (``scheduler_quick.json`` with ``--quick``).
-Figures per engine are from the repeat with the smallest allocator total (least
-disturbed by other processes on a shared machine); the loop's counts are identical in
-every repeat. The cyclic garbage collector is disabled while timing (as ``timeit`` does).
+The loop is deterministic (the counts are asserted identical in every run), so call
+``k`` of a kind is the same call in every run: the loop figures take each allocator call's
+minimum over the runs, which removes the time the process spent descheduled on a shared
+machine (``loop_best_single_run`` in the JSON keeps the plain figures of the run with
+the smallest allocator total). Wall time is the minimum over runs. The cyclic garbage collector is disabled while timing (as ``timeit`` does).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
+import copy
 import datetime
 import gc
 import json
@@ -45,8 +48,8 @@ from typing import Any
 import numpy as np
 
 import pykvpool
-from benches.py_allocator import PyBlockPool
-from benches.scheduler_loop import LoopResult, Pool, Workload, make_workload, run_loop
+from benches.py_allocator import PyBlockPool, PyBlockPoolNumpy
+from benches.scheduler_loop import CallTimes, LoopResult, Pool, Workload, make_workload, run_loop
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -58,7 +61,10 @@ TARGET_RATIO = 40.0
 
 ENGINES: dict[str, Callable[[int, int], Pool]] = {
     "pykvpool": pykvpool.BlockPool,
+    # The baseline: lists out, as a Python allocator naturally returns them.
     "python": PyBlockPool,
+    # The same with its outputs converted to pykvpool's numpy arrays (same output types).
+    "python+np": PyBlockPoolNumpy,
 }
 
 
@@ -101,6 +107,24 @@ def loop_figures(r: LoopResult) -> dict[str, Any]:
             "free": r.free.calls,
         },
     }
+
+
+def per_call_min(rs: list[LoopResult]) -> LoopResult:
+    """A run whose every allocator call takes its minimum over ``rs``.
+
+    The loop is deterministic, so call ``k`` of a kind is the same call (same batch, same
+    pool state) in every run; its minimum over runs drops the time the process spent
+    descheduled on a shared machine. Counts are those of the (identical) runs.
+    """
+    out = copy.copy(rs[0])
+    for kind in ("decode", "decode_refused", "admit", "admit_refused", "free"):
+        stacked = np.array([getattr(r, kind).samples for r in rs], dtype=np.int64)
+        best = stacked.min(axis=0) if stacked.size else np.zeros(0, dtype=np.int64)
+        setattr(out, kind, CallTimes(calls=len(best), ns=int(best.sum()), samples=best.tolist()))
+    if rs[0].full_batch_decode_ns:
+        out.full_batch_decode_ns = np.array([r.full_batch_decode_ns for r in rs]).min(axis=0).tolist()
+    out.wall_ns = min(r.wall_ns for r in rs)
+    return out
 
 
 def run_engine(name: str, wl: Workload) -> LoopResult:
@@ -218,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="1,000 requests, 1 repeat (smoke run)")
     ap.add_argument("--requests", type=int, default=None, help="number of requests (default 10,000)")
-    ap.add_argument("--repeats", type=int, default=None, help="loop runs per engine (default 3)")
+    ap.add_argument("--repeats", type=int, default=None, help="loop runs per engine (default 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--micro-reps", type=int, default=None, help="repetitions per microbenchmark")
     ap.add_argument("--check-slots", action="store_true", help="also compare every slot mapping")
@@ -226,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     n_req = args.requests if args.requests is not None else (1_000 if args.quick else 10_000)
-    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     micro_reps = args.micro_reps if args.micro_reps is not None else (300 if args.quick else 3000)
     wl = make_workload(n_req, args.seed)
 
@@ -245,17 +269,31 @@ def main(argv: list[str] | None = None) -> int:
         slots_checked = True
 
     best = {name: min(rs, key=lambda r: r.allocator_ns) for name, rs in runs.items()}
-    figs = {name: loop_figures(r) for name, r in best.items()}
+    figs = {name: loop_figures(per_call_min(rs)) for name, rs in runs.items()}
+    best_run = {name: loop_figures(r) for name, r in best.items()}
     micros = {name: micro(name, micro_reps) for name in ENGINES}
 
-    fast, slow = figs["pykvpool"], figs["python"]
-    ratio = slow["allocator_ms"] / fast["allocator_ms"]
+    fast = figs["pykvpool"]
+
+    def ratios(base: str) -> dict[str, float]:
+        slow = figs[base]
+        return {
+            "allocator_total": slow["allocator_ms"] / fast["allocator_ms"],
+            "decode": slow["allocator_ms_by_kind"]["decode"] / fast["allocator_ms_by_kind"]["decode"],
+            "admit": slow["admit_us_per_call"] / fast["admit_us_per_call"],
+            "free": slow["free_us_per_call"] / fast["free_us_per_call"],
+            "wall": slow["wall_ms"] / fast["wall_ms"],
+        }
+
+    all_ratios = {base: ratios(base) for base in ENGINES if base != "pykvpool"}
     targets = {
         "decode_us_per_token": (fast["decode_us_per_token"], TARGET_DECODE_TOKEN_US, False),
         "decode_step_256_us": (micros["pykvpool"]["decode_step_256_us_median"], TARGET_DECODE_STEP_256_US, False),
         "admit_2000_us": (micros["pykvpool"]["admit_2000_us_median"], TARGET_ADMIT_2000_US, False),
         "free_us": (fast["free_us_per_call"], TARGET_FREE_US, False),
-        "allocator_ratio": (ratio, TARGET_RATIO, True),
+        # The verdict uses the list-returning baseline, the harder one to beat.
+        "allocator_ratio": (all_ratios["python"]["allocator_total"], TARGET_RATIO, True),
+        "allocator_ratio_same_outputs": (all_ratios["python+np"]["allocator_total"], TARGET_RATIO, True),
     }
     report: dict[str, Any] = {
         "benchmark": "scheduler_loop",
@@ -282,14 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         "counts": ref.counts(),
         "slots_checked": slots_checked,
         "loop": figs,
+        "loop_best_single_run": best_run,
         "micro": micros,
-        "ratios_python_over_pykvpool": {
-            "allocator_total": ratio,
-            "decode": slow["allocator_ms_by_kind"]["decode"] / fast["allocator_ms_by_kind"]["decode"],
-            "admit": slow["admit_us_per_call"] / fast["admit_us_per_call"],
-            "free": slow["free_us_per_call"] / fast["free_us_per_call"],
-            "wall": slow["wall_ms"] / fast["wall_ms"],
-        },
+        "ratios_over_pykvpool": all_ratios,
         "targets": {
             k: {"value": v, "limit": lim, "result": verdict(v, lim, hib)} for k, (v, lim, hib) in targets.items()
         },
@@ -308,7 +341,7 @@ def print_table(rep: dict[str, Any]) -> None:
     w = rep["workload"]
     print(
         f"scheduler loop: {w['requests']} requests, {w['num_blocks']} blocks x {w['block_size']}, "
-        f"<= {w['max_running']} running; best of {rep['repeats']}"
+        f"<= {w['max_running']} running; allocator calls: per-call minimum over {rep['repeats']} runs"
     )
     print(
         f"steps {c['steps']}, decode steps {c['decode_steps']}, preemptions {c['preemptions']}, "
@@ -316,29 +349,32 @@ def print_table(rep: dict[str, Any]) -> None:
         f"peak running {c['peak_running']} (identical on both engines"
         + (", slot mappings too)" if rep["slots_checked"] else ")")
     )
-    f, s = rep["loop"]["pykvpool"], rep["loop"]["python"]
-    mf, ms = rep["micro"]["pykvpool"], rep["micro"]["python"]
-    rows = [
-        ("allocator time, whole loop (ms)", f["allocator_ms"], s["allocator_ms"]),
-        ("loop wall time (ms)", f["wall_ms"], s["wall_ms"]),
-        ("decode, per token (us)", f["decode_us_per_token"], s["decode_us_per_token"]),
-        ("decode, per step, mean batch (us)", f["decode_us_per_step"], s["decode_us_per_step"]),
-        ("decode refused + retried (us/call)", f["decode_refused_us_per_call"], s["decode_refused_us_per_call"]),
-        ("admission, mean prompt (us)", f["admit_us_per_call"], s["admit_us_per_call"]),
-        ("admission fit check, refused (us)", f["admit_check_refused_us_per_call"], s["admit_check_refused_us_per_call"]),
-        ("free (us)", f["free_us_per_call"], s["free_us_per_call"]),
-        ("micro: 256-seq decode step (us)", mf["decode_step_256_us_median"], ms["decode_step_256_us_median"]),
-        ("micro: 2,000-token admission (us)", mf["admit_2000_us_median"], ms["admit_2000_us_median"]),
-        ("micro: free of 125 blocks (us)", mf["free_125_blocks_us_median"], ms["free_125_blocks_us_median"]),
+    names = list(rep["loop"])
+    loop = [rep["loop"][n] for n in names]
+    micro_ = [rep["micro"][n] for n in names]
+    rows: list[tuple[str, list[Any]]] = [
+        ("allocator time, whole loop (ms)", [f["allocator_ms"] for f in loop]),
+        ("loop wall time (ms)", [f["wall_ms"] for f in loop]),
+        ("decode, per token (us)", [f["decode_us_per_token"] for f in loop]),
+        ("decode, per step, mean batch (us)", [f["decode_us_per_step"] for f in loop]),
+        ("decode refused + retried (us/call)", [f["decode_refused_us_per_call"] for f in loop]),
+        ("admission, mean prompt (us)", [f["admit_us_per_call"] for f in loop]),
+        ("admission fit check, refused (us)", [f["admit_check_refused_us_per_call"] for f in loop]),
+        ("free (us)", [f["free_us_per_call"] for f in loop]),
+        ("micro: 256-seq decode step (us)", [m["decode_step_256_us_median"] for m in micro_]),
+        ("micro: 2,000-token admission (us)", [m["admit_2000_us_median"] for m in micro_]),
+        ("micro: free of 125 blocks (us)", [m["free_125_blocks_us_median"] for m in micro_]),
     ]
-    print(f"\n{'figure':<38}{'pykvpool':>12}{'python':>12}{'ratio':>9}")
-    for label, a, b in rows:
-        r = b / a if a and b else None
-        print(f"{label:<38}{fmt(a):>12}{fmt(b):>12}{fmt(r, 1):>9}")
-    print(f"\n{'target':<24}{'value':>12}{'limit':>10}  result")
+    head = "".join(f"{n:>12}" for n in names) + "".join(f"{'x ' + n:>13}" for n in names[1:])
+    print(f"\n{'figure':<38}{head}")
+    for label, vals in rows:
+        cells = "".join(f"{fmt(v):>12}" for v in vals)
+        cells += "".join(f"{fmt(v / vals[0] if v and vals[0] else None, 1):>13}" for v in vals[1:])
+        print(f"{label:<38}{cells}")
+    print(f"\n{'target':<30}{'value':>12}{'limit':>10}  result")
     for k, t in rep["targets"].items():
-        op = ">=" if k == "allocator_ratio" else "<="
-        print(f"{k:<24}{fmt(t['value']):>12}{op:>4}{t['limit']:>6}  {t['result']}")
+        op = ">=" if k.startswith("allocator_ratio") else "<="
+        print(f"{k:<30}{fmt(t['value']):>12}{op:>4}{t['limit']:>6}  {t['result']}")
 
 
 if __name__ == "__main__":

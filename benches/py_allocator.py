@@ -30,6 +30,9 @@ engines. Units: lengths and counts in tokens, sizes in blocks.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
 
 from pykvpool import (
     DuplicateSequenceError,
@@ -330,3 +333,23 @@ class PyBlockPool:
             raise InvariantError("a referenced block is on the free list")
         if sum(1 for c in expected if c) + len(self._free) != n:
             raise InvariantError("used + free != total (a block leaked)")
+
+
+class PyBlockPoolNumpy(PyBlockPool):
+    """The baseline with pykvpool's output types: the slot mapping as an int64 array, the
+    copy-on-write pairs as an int64 ``[k, 2]`` array and the lengths as int32, converted
+    from its lists with ``numpy.array`` (what an engine does before handing them to a
+    kernel). Same semantics and errors as :class:`PyBlockPool`."""
+
+    __slots__ = ()
+
+    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> Any:
+        return np.array(super().add_sequence(seq_id, prompt_len), dtype=np.int64)
+
+    def step(self, seq_ids: Iterable[int], num_tokens: Iterable[int] | int | None = None) -> Any:
+        slots, cow, lens = super().step(seq_ids, num_tokens)
+        return (
+            np.array(slots, dtype=np.int64),
+            np.array(cow, dtype=np.int64).reshape(len(cow), 2),
+            np.array(lens, dtype=np.int32),
+        )

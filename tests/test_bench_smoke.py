@@ -236,3 +236,28 @@ def test_baseline_matches_pykvpool_on_random_programs(seed: int) -> None:
         b.check_invariants()
     for s in live:
         assert list(a.block_table(s)) == b.block_table(s)
+
+
+def test_bench_script_runs_and_reports_every_target(tmp_path: Path) -> None:
+    """The benchmark script end to end on a tiny run (its figures are not checked here:
+    timing belongs to the benchmark, not the tests)."""
+    import json
+
+    from benches import bench_scheduler
+
+    out = tmp_path / "scheduler.json"
+    argv = ["--requests", "120", "--repeats", "2", "--micro-reps", "20", "--check-slots", "--out", str(out)]
+    assert bench_scheduler.main(argv) == 0
+    rep = json.loads(out.read_text())
+    assert rep["slots_checked"] is True
+    assert set(rep["loop"]) == {"pykvpool", "python", "python+np"}
+    assert set(rep["targets"]) == {
+        "decode_us_per_token",
+        "decode_step_256_us",
+        "admit_2000_us",
+        "free_us",
+        "allocator_ratio",
+        "allocator_ratio_same_outputs",
+    }
+    assert all(t["result"] in ("PASS", "FAIL") for t in rep["targets"].values())
+    assert rep["counts"]["decode_tokens"] == int(make_workload(120).output_lens.sum())
