@@ -204,6 +204,9 @@ class LoopResult:
     #: Nanoseconds of each successful decode call whose batch had ``max_running`` sequences.
     full_batch_decode_ns: list[int] = field(default_factory=list)
     wall_ns: int = 0
+    #: CPU time of the process over the loop (``time.process_time_ns``): on a shared
+    #: machine, wall time also counts the time other processes held the cores.
+    cpu_ns: int = 0
 
     @property
     def allocator_ns(self) -> int:
@@ -288,6 +291,7 @@ class SchedulerLoop:
         decode_steps = 0
 
         wall0 = clock()
+        cpu0 = time.process_time_ns()
         while waiting or running:
             step_index = res.steps
             preempted = False
@@ -375,6 +379,7 @@ class SchedulerLoop:
                     res.peak_running = len(running)
             res.steps += 1
         res.wall_ns = clock() - wall0
+        res.cpu_ns = time.process_time_ns() - cpu0
         res.decode_steps = decode_steps
         return res
 
