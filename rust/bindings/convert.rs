@@ -4,7 +4,7 @@
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString};
 
 use super::errors::invalid;
 use crate::types::SeqId;
@@ -48,6 +48,19 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         let swapped = obj.call_method1("astype", (native,))?;
         try_dtype!(&swapped, name, i64, i32, u32, u64, i16, u16, i8, u8);
         return Err(invalid(py, format!("{name}: unsupported integer dtype {}", arr.dtype().str()?.to_cow()?)));
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        // Schedulers hand over lists of Python ints: exact ints convert directly, without
+        // the generic iterator protocol and the per-item type checks of `int_scalar`.
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let v = if item.is_exact_instance_of::<PyInt>() { item.extract::<i64>().ok() } else { None };
+            out.push(match v {
+                Some(v) => v,
+                None => int_scalar(&item, name)?,
+            });
+        }
+        return Ok(out);
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(invalid(py, format!("{name} must be a sequence of ints, got a string")));
@@ -125,7 +138,9 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<SeqId>> {
 /// [`MAX_CALL_TOKENS`] in total.
 pub fn counts(obj: &Bound<'_, PyAny>, n: usize, name: &str) -> PyResult<Vec<usize>> {
     let py = obj.py();
-    if obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err() {
+    // A plain int (decode's `1`) is tested first: probing it for iteration would raise and
+    // discard a TypeError on every call.
+    if obj.is_instance_of::<PyInt>() || (obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err()) {
         let c = count(py, int_scalar(obj, name)?, name)?;
         check_call_tokens(py, c.saturating_mul(n), name)?;
         return Ok(vec![c; n]);

@@ -2,7 +2,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
 use super::convert::{arg, count, counts, int_scalar};
@@ -28,7 +29,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
     let flat: Vec<i64> = pairs.iter().flat_map(|(s, d)| [s.0 as i64, d.0 as i64]).collect();
-    PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+    // Built in its final shape: a numpy reshape call costs more than the whole decode
+    // bookkeeping of a small batch.
+    let arr = Array2::from_shape_vec((pairs.len(), 2), flat).map_err(|e| invalid(py, e.to_string()))?;
+    Ok(arr.into_pyarray(py))
 }
 
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
