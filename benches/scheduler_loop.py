@@ -80,7 +80,8 @@ baseline :class:`benches.py_allocator.PyBlockPool`. Every allocator call is time
 ``time.perf_counter_ns`` (the timer's own ~0.05 µs per call is included, which only
 penalises the faster engine); the scheduler's own bookkeeping is outside those timers,
 and so is the release of each call's result (a baseline's list of slots would otherwise
-be freed inside the next timed call).
+be freed inside the next timed call). An admission's time covers
+:meth:`SchedulerLoop.admit`, i.e. the fit check and ``add_sequence``.
 To change what admission does (a prefix cache), subclass and override
 :meth:`SchedulerLoop.admit`.
 """

@@ -665,3 +665,24 @@ fn fixed_programs() {
         }
     }
 }
+
+/// Lengths are exported as int32: growth past `MAX_SEQ_TOKENS` is refused as an invalid
+/// argument before blocks are counted, whatever room the pool has; exactly at the limit
+/// it is a matter of room.
+#[test]
+fn length_limit() {
+    use pykvpool::pool::MAX_SEQ_TOKENS;
+    let mut pool = BlockPool::new(4, 1 << 16).unwrap();
+    let (mut slots, mut cow, mut out) = (Vec::new(), Vec::new(), StepOutput::default());
+    let invalid = |r: Result<(), KvError>| matches!(r, Err(KvError::InvalidArgument(_)));
+    assert!(invalid(pool.add_sequence(SeqId(0), MAX_SEQ_TOKENS + 1, &mut slots)));
+    pool.add_sequence(SeqId(0), 5, &mut slots).unwrap();
+    assert!(invalid(pool.append(SeqId(0), MAX_SEQ_TOKENS - 4, &mut slots, &mut cow)));
+    assert!(invalid(pool.step(&[SeqId(0)], &[MAX_SEQ_TOKENS - 4], &mut out)));
+    assert!(invalid(pool.step(&[SeqId(0)], &[usize::MAX], &mut out)));
+    assert!(pool.blocks_needed(SeqId(0), usize::MAX).is_err());
+    let at_limit = pool.append(SeqId(0), MAX_SEQ_TOKENS - 5, &mut slots, &mut cow);
+    assert_eq!(at_limit, Err(KvError::PoolExhausted { requested: 32767, free: 3 }));
+    assert_eq!((pool.seq_len(SeqId(0)).unwrap(), slots.len(), pool.num_free_blocks()), (5, 5, 3));
+    pool.check_invariants().unwrap();
+}

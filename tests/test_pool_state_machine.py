@@ -18,7 +18,7 @@ Which free block the pool hands out is its choice: the model learns ids from the
 returned slots and copy-on-write pairs, and checks the block was free.
 
 Profiles (``tests/conftest.py``): ``ci`` (default, 200 examples x up to 50 steps, about
-8,500 steps in about 10 s) and ``long`` (30,000 examples, over 1,000,000 steps):
+8,500 steps in 10-20 s) and ``long`` (30,000 examples, over 1,000,000 steps):
 ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_pool_state_machine.py``.
 """
 
@@ -40,6 +40,7 @@ from hypothesis.stateful import (
 )
 
 import pykvpool as kv
+from poolcheck import snapshot
 
 ID_RANGE = 8
 MAX_TOKENS = 40
@@ -185,18 +186,6 @@ class Model:
             "empty_slots": capacity - stored,
             "utilization": stored / capacity if capacity else 1.0,
         }
-
-
-def snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
-    """Everything observable about the pool."""
-    ids = [int(s) for s in pool.seq_ids()]
-    return (
-        pool.stats().as_dict(),
-        ids,
-        [pool.block_table(s).tolist() for s in ids],
-        [pool.seq_len(s) for s in ids],
-        [pool.refcount(b) for b in range(pool.num_blocks)],
-    )
 
 
 class PoolMachine(RuleBasedStateMachine):

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 pub mod convert;
 pub mod errors;
+pub mod kv;
 pub mod pool;
 pub mod prefix;
 
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     pool::register(m)?;
     prefix::register(m)?;
+    kv::register(m)?;
     Ok(())
 }

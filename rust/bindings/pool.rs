@@ -12,6 +12,11 @@ use crate::pool::{BlockPool, PoolStats, StepOutput};
 use crate::table_sync::TableSync;
 use crate::types::{BlockId, SeqId};
 
+/// Largest padded table `block_tables` returns or `BlockTableBuffer` holds, in entries
+/// (1 GiB of int32). Anything larger is a caller error, and allocating it would take the
+/// process down (the OS kills it when the pages are touched) instead of raising.
+const MAX_TABLE_ENTRIES: usize = 1 << 28;
+
 type I64Array<'py> = Bound<'py, PyArray1<i64>>;
 type I32Array<'py> = Bound<'py, PyArray1<i32>>;
 type PairArray<'py> = Bound<'py, PyArray2<i64>>;
@@ -143,7 +148,7 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
-        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+        #[pyo3(from_py_with = arg::new_tokens)] num_tokens: usize,
     ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let (slots, cow) = py
             .detach(|| {
@@ -259,12 +264,14 @@ impl PyBlockPool {
         let (flat, width) = py
             .detach(|| {
                 let pool = self.pool();
-                let width = match max_blocks {
-                    Some(w) => w,
-                    None => pool.max_table_len(&ids)?,
-                };
-                let size = ids.len().checked_mul(width).filter(|&s| s <= (1 << 34));
-                let size = size.ok_or_else(|| crate::invalid!("a {} x {width} table is too large", ids.len()))?;
+                // Unknown ids are reported before anything is allocated.
+                let width = max_blocks.unwrap_or(pool.max_table_len(&ids)?);
+                let size = ids.len().checked_mul(width).filter(|&s| s <= MAX_TABLE_ENTRIES).ok_or_else(|| {
+                    crate::invalid!(
+                        "a {} x {width} table exceeds the limit of {MAX_TABLE_ENTRIES} entries",
+                        ids.len()
+                    )
+                })?;
                 let mut flat = vec![0i32; size];
                 pool.padded_tables_into(&ids, width, pad, &mut flat)?;
                 Ok((flat, width))
@@ -385,8 +392,11 @@ impl PyBlockTableBuffer {
         #[pyo3(from_py_with = arg::pad)] pad: i32,
     ) -> PyResult<Self> {
         let (rows, width) = (max_seqs, max_blocks);
-        if rows == 0 || width == 0 || rows.saturating_mul(width) > (1 << 32) {
-            return Err(invalid(py, format!("a {rows} x {width} table buffer is empty or too large")));
+        if rows == 0 || width == 0 || rows.saturating_mul(width) > MAX_TABLE_ENTRIES {
+            return Err(invalid(
+                py,
+                format!("a {rows} x {width} table buffer must be non-empty and hold at most {MAX_TABLE_ENTRIES} entries"),
+            ));
         }
         let array = PyArray2::<i32>::zeros(py, [rows, width], false);
         array.readwrite().as_slice_mut().map_err(|e| invalid(py, e.to_string()))?.fill(pad);
@@ -403,10 +413,16 @@ impl PyBlockTableBuffer {
         lock(&self.sync).pad()
     }
 
-    fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyBlockPool>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyAny>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let pool = pool.cast::<PyBlockPool>().map_err(|_| {
+            let ty = pool.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            invalid(py, format!("pool must be a BlockPool, got {ty}"))
+        })?;
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let arr = self.array.bind(py);
-        let mut rw = arr.try_readwrite().map_err(|e| invalid(py, format!("table buffer is borrowed: {e}")))?;
+        let mut rw = arr
+            .try_readwrite()
+            .map_err(|e| invalid(py, format!("table buffer array is not writable or is borrowed: {e}")))?;
         let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
         let pool = pool.get().pool();
         lock(&self.sync).sync(&pool, &ids, out).py_err(py)
