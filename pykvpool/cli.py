@@ -1,4 +1,5 @@
-"""The ``pykvpool`` command line: ``ledger``, ``sweep`` and ``report``.
+"""The ``pykvpool`` command line: ``ledger``, ``sweep``, ``report`` and ``replay`` (prefix-cache
+hit rates of a block-id trace, see :mod:`pykvpool.prefix_replay`).
 
 Every subcommand takes ``--out DIR`` (it writes its tables there as Markdown and JSON) and
 draws progress bars on stderr for the steps that can take more than a second
@@ -21,6 +22,7 @@ from pykvpool._native import KvPoolError
 from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
 from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger
 from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
+from pykvpool import prefix_replay
 from pykvpool.progress import ProgressBar
 from pykvpool.sweeps import (
     BLOCK_SIZES,
@@ -251,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pykvpool",
         description="KV-cache capacity planning: memory ledger, static capacity sweeps "
                     "through pykvpool's block pool, and the full report.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{ledger,sweep,report}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{ledger,sweep,report,replay}")
     pl = sub.add_parser("ledger", help="memory ledger of one model on one budget",
                         description="KV bytes per token, weights, KV capacity, largest batch, "
                                     "longest length and the decode-step bound.")
@@ -288,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip measuring this machine and the decode kernel")
     pr.add_argument("--quiet", action="store_true", help="no progress bars")
     pr.set_defaults(func=_cmd_report)
+    prefix_replay.add_subcommand(sub)
     return p
 
 

@@ -361,6 +361,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--block-sizes", type=_int_list, metavar="TOKENS,...", help="sweep block sizes (default 512)")
     p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--out", metavar="DIR",
+                   help="write replay.md and replay.json there (and replay.png with --sweep)")
     p.set_defaults(func=main_replay)
     return p
 
@@ -382,10 +384,23 @@ def main_replay(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--plot needs --sweep")
         plot_sweep(results, args.plot)
         print(f"wrote {args.plot}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
+    json_paths = [args.json] if args.json else []
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        md = os.path.join(args.out, "replay.md")
+        with open(md, "w", encoding="utf-8") as f:
+            f.write(f"# Prefix-cache replay\n\n{len(trace)} requests; unbounded rule: {hits:,} of "
+                    f"{total:,} blocks ({hits / max(total, 1):.4f})\n\n{_table(results)}\n")
+        json_paths.append(os.path.join(args.out, "replay.json"))
+        print(f"wrote {md}")
+        if args.sweep:
+            png = os.path.join(args.out, "replay.png")
+            plot_sweep(results, png)
+            print(f"wrote {png}")
+    for path in json_paths:
+        with open(path, "w", encoding="utf-8") as f:
             json.dump([r.as_dict() for r in results], f, indent=1)
-        print(f"wrote {args.json}")
+        print(f"wrote {path}")
     return 0
 
 

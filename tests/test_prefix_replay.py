@@ -115,6 +115,13 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (tmp_path / "p.png").is_file()
     with pytest.raises(kv.InvalidArgumentError, match="--sweep"):
         pr.main(["--trace", str(path), "--plot", str(tmp_path / "q.png")])
+    # Wired into the pykvpool command, with its error convention (status 2).
+    from pykvpool import cli
+
+    out = tmp_path / "o"
+    assert cli.main(["replay", "--trace", str(path), "--sweep", "--capacities", "2048", "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"replay.md", "replay.json", "replay.png"}
+    assert cli.main(["replay", "--trace", str(path), "--capacity", "1"]) == 2
 
 
 @pytest.mark.parametrize(
