@@ -201,14 +201,23 @@ def replay(
     *,
     policy: str = "lru",
     block_size: int = TRACE_BLOCK_SIZE,
+    retain_hits_for: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
     ``block_size`` tokens (``None``: :func:`unbounded_capacity`) with eviction ``policy``.
 
+    Without pins the ``priority`` policy orders like ``lru``. ``retain_hits_for`` (only with
+    ``policy="priority"``) soft-pins the reused prefix of every admission with priority 1
+    for that many operations of the pool's clock (each request is two: admit and free), so
+    prefixes that were shared recently outlive blocks that were never reused.
+
     Raises:
         InvalidArgumentError: a capacity below the largest request (it could not be
-            admitted at all), an unknown policy, a block size that is not a multiple of 512.
+            admitted at all), an unknown policy, a block size that is not a multiple of 512,
+            ``retain_hits_for`` without the priority policy or below 1.
     """
+    if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
+        raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
     keys = [block_keys_for(r, block_size) for r in trace]
     largest = max((len(k) for k in keys), default=0)
     unbounded = capacity_blocks is None
@@ -219,7 +228,10 @@ def replay(
         )
     pool = BlockPool(cap, block_size, prefix_caching=True, eviction=policy, verify_tokens=False)
     for i, (req, ks) in enumerate(zip(trace, keys)):
-        pool.add_sequence_block_keys(i, ks, req.input_length)
+        cached, _ = pool.add_sequence_block_keys(i, ks, req.input_length)
+        if retain_hits_for is not None and cached >= block_size:
+            now = pool.cache_stats().clock
+            pool.pin_block_keys(ks[: cached // block_size], priority=1, expires_at=now + retain_hits_for)
         pool.free(i)
     s = pool.cache_stats()
     return ReplayResult(
@@ -251,10 +263,12 @@ def sweep(
     block_sizes: Iterable[int] = (TRACE_BLOCK_SIZE,),
     *,
     include_unbounded: bool = True,
+    retain_hits_for: int | None = None,
 ) -> list[ReplayResult]:
     """Replay ``trace`` for every capacity (tokens, converted to whole blocks) x policy x
     block size, plus the unbounded pool per block size and policy. Capacities below a
-    block size's largest request are skipped.
+    block size's largest request are skipped. ``retain_hits_for`` applies to the
+    ``priority`` policy (see :func:`replay`).
 
     Raises:
         InvalidArgumentError: nothing left to replay, or a bad policy or block size.
@@ -264,15 +278,19 @@ def sweep(
     for bs in block_sizes:
         largest = max((len(block_keys_for(r, bs)) for r in trace), default=0)
         for pol in policies:
+            keep = retain_hits_for if pol == "priority" else None
             for c in caps:
                 blocks = c // bs
                 if blocks >= max(largest, 1):
-                    out.append(replay(trace, blocks, policy=pol, block_size=bs))
+                    out.append(replay(trace, blocks, policy=pol, block_size=bs, retain_hits_for=keep))
             if include_unbounded:
-                out.append(replay(trace, None, policy=pol, block_size=bs))
+                out.append(replay(trace, None, policy=pol, block_size=bs, retain_hits_for=keep))
     if not out:
         raise InvalidArgumentError("no capacity holds the largest request: nothing to replay")
     return out
+
+
+_STYLE = {"lru": ("o", "-", 9), "fifo": ("s", "--", 6), "lfu": ("^", "-.", 6), "priority": ("x", ":", 8)}
 
 
 def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -301,7 +319,10 @@ def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) ->
             pts = sorted((r.capacity_tokens, r.block_hit_rate) for r in rows if r.policy == pol and not r.unbounded)
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
             panel["policy"][pol] = {"capacity_tokens": xs, "block_hit_rate": ys}
-            ax.plot(xs, ys, marker="o", label=pol)
+            # Policies often coincide (priority without pins is LRU): distinct markers and
+            # dashes keep every line visible.
+            marker, dash, size = _STYLE.get(pol, ("o", "-", 6))
+            ax.plot(xs, ys, marker=marker, linestyle=dash, markersize=size, label=pol, alpha=0.85)
         unb = [r.block_hit_rate for r in rows if r.unbounded]
         if unb:
             panel["unbounded"] = unb[0]
@@ -360,6 +381,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--capacities", type=_int_list, metavar="TOKENS,...", help="sweep capacities in tokens")
     p.add_argument("--block-sizes", type=_int_list, metavar="TOKENS,...", help="sweep block sizes (default 512)")
     p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
+    p.add_argument("--retain-hits-for", type=int, metavar="OPS",
+                   help="priority policy: soft-pin each reused prefix for OPS pool operations")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
@@ -372,9 +395,12 @@ def main_replay(args: argparse.Namespace) -> int:
     trace = load_mooncake_trace(args.trace)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.sweep:
-        results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,))
+        results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
+                        retain_hits_for=args.retain_hits_for)
     else:
-        results = [replay(trace, args.capacity, policy=p, block_size=args.block_size) for p in policies]
+        results = [replay(trace, args.capacity, policy=p, block_size=args.block_size,
+                          retain_hits_for=args.retain_hits_for if p == "priority" else None)
+                   for p in policies]
     hits, total = seen_prefix_hits(trace)
     print(f"{len(trace)} requests, {total:,} blocks of {TRACE_BLOCK_SIZE} tokens; "
           f"longest previously seen prefix: {hits:,} blocks = {hits / max(total, 1):.4f}")

@@ -74,6 +74,28 @@ def test_hit_rate_falls_with_capacity(trace: list[pr.TraceRequest]) -> None:
     assert small.evictions > 0 and small.requests == len(trace)
 
 
+def test_priority_retention_protects_shared_prefixes() -> None:
+    # Rounds of two prompts on a shared 2-block prefix, then two one-off 4-block prompts
+    # that push the prefix out of a 7-block LRU cache; retaining reused prefixes (the
+    # second prompt of a round hits) keeps it resident for the next round.
+    def req(ids: list[int]) -> pr.TraceRequest:
+        return pr.TraceRequest(0, 512 * len(ids), 1, tuple(ids))
+
+    trace = []
+    for i in range(20):
+        trace += [req([1, 2, 1000 + 2 * i]), req([1, 2, 1001 + 2 * i])]
+        trace += [req([5000 + 8 * i + j for j in range(4)]), req([5004 + 8 * i + j for j in range(4)])]
+    lru = pr.replay(trace, 7, policy="lru")
+    plain = pr.replay(trace, 7, policy="priority")
+    kept = pr.replay(trace, 7, policy="priority", retain_hits_for=8)
+    assert lru.hit_blocks == 2 * 20, "LRU: only the second prompt of each round hits"
+    assert kept.hit_blocks == 2 * 20 + 2 * 19, "retention: the first one too, from round 2"
+    assert plain.hit_blocks == lru.hit_blocks, "priority without pins orders like LRU"
+    assert kept.hit_blocks > lru.hit_blocks
+    with pytest.raises(kv.InvalidArgumentError):
+        pr.replay(trace, 7, policy="lru", retain_hits_for=8)
+
+
 def test_replay_rejects_impossible_setups(trace: list[pr.TraceRequest]) -> None:
     with pytest.raises(kv.InvalidArgumentError, match="largest request"):
         pr.replay(trace, 100)
