@@ -258,14 +258,19 @@ impl BlockPool {
                 None
             } else {
                 let p = blocks[i - 1];
-                if cache.key_of(p) != Some(keys[i - 1]) {
+                // Past the first block the parent is the one registered just before.
+                if i == from && cache.key_of(p) != Some(keys[i - 1]) {
                     return;
                 }
                 Some(p)
             };
             let b = blocks[i];
             if cache.is_cached(b) {
-                continue;
+                // Already the cached block for this key: the chain goes on through it.
+                if cache.key_of(b) == Some(keys[i]) {
+                    continue;
+                }
+                return;
             }
             let tok = tokens.map(|t| &t[i * bs..(i + 1) * bs]);
             if !cache.register(b, keys[i], parent, extra, tok) {

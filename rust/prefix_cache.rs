@@ -180,9 +180,8 @@ pub struct PrefixCache {
     block_size: usize,
     /// Low 64 bits of a key -> block; the block's meta holds the full key, checked on
     /// every hit. Two keys equal in their low 64 bits cannot both be cached (the second
-    /// one is a miss, like any collision). Eviction leaves its entry behind (a random
-    /// access saved per evicted block); an entry is valid only while its block is cached
-    /// under that key, and stale entries are purged when they outnumber the blocks.
+    /// one is a miss, like any collision). Removed eagerly on eviction: leaving stale
+    /// entries for a bulk purge was tried and cost more (and gave millisecond spikes).
     map: FxHashMap<u64, BlockId>,
     /// Blocks cached now (valid entries of `map`).
     num_cached: usize,
@@ -302,11 +301,10 @@ impl PrefixCache {
         }
     }
 
-    /// The block cached under `key`, if any (skips stale index entries).
+    /// The block cached under `key`'s index (its full key is checked by the caller).
     #[inline]
     fn index_get(&self, key: BlockKey) -> Option<BlockId> {
-        let &b = self.map.get(&low(key))?;
-        (self.is_cached(b) && low(self.meta[b.index()].key) == low(key)).then_some(b)
+        self.map.get(&low(key)).copied()
     }
 
     /// Key of a cached block.
@@ -482,6 +480,7 @@ impl PrefixCache {
                 self.evictable -= 1;
             }
         }
+        self.map.remove(&low(key));
         self.num_cached -= 1;
         let mut parent_key = None;
         if parent != NO_PARENT {
@@ -504,13 +503,8 @@ impl PrefixCache {
         extra: Option<u64>,
         tokens: Option<&[u32]>,
     ) -> bool {
-        if self.index_get(key).is_some() {
+        if self.map.contains_key(&low(key)) {
             return false;
-        }
-        if self.map.len() >= 2 * self.meta.len() + 1024 {
-            // Amortized: at least `num_blocks` evictions happened since the last purge.
-            let (cached, meta) = (&self.cached, &self.meta);
-            self.map.retain(|&k, b| cached[b.index() / 64] >> (b.index() % 64) & 1 != 0 && low(meta[b.index()].key) == k);
         }
         debug_assert!(!self.is_cached(b));
         let t = self.next_touch();
@@ -733,9 +727,12 @@ impl PrefixCache {
         let mut children = vec![0u32; n];
         let mut hard = vec![0u32; n];
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
-        // Valid index entries (block cached under that key) are exactly one per cached
-        // block; stale ones (left by eviction) are ignored by every lookup.
-        let valid = self.map.iter().filter(|&(&k, &b)| self.is_cached(b) && low(self.meta[b.index()].key) == k).count();
+        for (&k, &b) in &self.map {
+            if !self.is_cached(b) || low(self.meta[b.index()].key) != k {
+                return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
+            }
+        }
+        let valid = self.map.len();
         for (i, m) in self.meta.iter().enumerate() {
             let b = BlockId(i as u32);
             let rc = alloc.refcount(b);
