@@ -62,19 +62,6 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         }
         return Ok(out);
     }
-    if let Ok(list) = obj.cast::<PyList>() {
-        // Schedulers hand over lists of Python ints: exact ints convert directly, without
-        // the generic iterator protocol and the per-item type checks of `int_scalar`.
-        let mut out = Vec::with_capacity(list.len());
-        for item in list.iter() {
-            let v = if item.is_exact_instance_of::<PyInt>() { item.extract::<i64>().ok() } else { None };
-            out.push(match v {
-                Some(v) => v,
-                None => int_scalar(&item, name)?,
-            });
-        }
-        return Ok(out);
-    }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(invalid(py, format!("{name} must be a sequence of ints, got a string")));
     }

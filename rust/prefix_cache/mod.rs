@@ -19,159 +19,26 @@
 //! The clock (`now`) is logical: the count of completed pool operations, or a step the
 //! caller sets. It stamps events and expires pins; it never reads the wall clock.
 
+
+mod check;
+mod meta;
+mod pinning;
+mod types;
+
 use rustc_hash::FxHashMap;
 
 use crate::allocator::BlockAllocator;
 use crate::block_hash::{BlockHasher, BlockKey};
-use crate::error::{KvError, Result};
+use crate::error::Result;
 use crate::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::invalid;
-use crate::pins::{Pin, PinTable};
+use crate::pins::PinTable;
 use crate::types::BlockId;
 
+use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
+pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
+
 const NO_PARENT: u32 = u32::MAX;
-
-/// How a pool caches prefixes.
-#[derive(Clone, Copy, Debug)]
-pub struct CacheConfig {
-    pub policy: EvictionPolicy,
-    /// Keep each cached block's token ids and compare them on a hit, so a key collision
-    /// is a miss, never wrong KV. Costs `4 * block_size` bytes per block.
-    pub verify_tokens: bool,
-    /// When the last-token rule drops a fully cached last block, copy it (a CoW pair)
-    /// instead, so only the final prompt token is computed.
-    pub cow_partial_hit: bool,
-    pub hasher: BlockHasher,
-    /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`].
-    pub record_events: bool,
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        Self {
-            policy: EvictionPolicy::Lru,
-            verify_tokens: true,
-            cow_partial_hit: false,
-            hasher: BlockHasher::Xxh3,
-            record_events: false,
-        }
-    }
-}
-
-/// Hit metrics and occupancy of the cache. Hits count only admissions that succeeded.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CacheStats {
-    pub policy: EvictionPolicy,
-    /// Admissions that looked the cache up (token ids or block keys).
-    pub queries: u64,
-    /// Prompt blocks looked up (full blocks for token ids, every key for block keys).
-    pub query_blocks: u64,
-    /// Leading prompt blocks found cached (before the last-token rule).
-    pub hit_blocks: u64,
-    /// Prompt tokens admitted.
-    pub query_tokens: u64,
-    /// Prompt tokens returned as cached (after the last-token rule, CoW hits included).
-    pub hit_tokens: u64,
-    /// Blocks registered in the cache.
-    pub stored_blocks: u64,
-    /// Idle cached blocks reclaimed by allocations.
-    pub evictions: u64,
-    /// Lookups that found the key but failed verification (parent, extra key, tokens).
-    pub collisions: u64,
-    /// Admissions that took a copy-on-write partial hit.
-    pub cow_hits: u64,
-    pub cached_blocks: usize,
-    /// Cached blocks with refcount 0.
-    pub idle_blocks: usize,
-    /// Idle blocks that are not hard-pinned (allocatable by eviction).
-    pub evictable_blocks: usize,
-    /// Cached blocks covered by at least one hard pin.
-    pub pinned_blocks: usize,
-    pub num_pins: usize,
-    pub clock: u64,
-}
-
-impl CacheStats {
-    /// `hit_tokens / query_tokens` (0.0 before any query).
-    pub fn hit_rate(&self) -> f64 {
-        ratio(self.hit_tokens, self.query_tokens)
-    }
-    /// `hit_blocks / query_blocks` (0.0 before any query).
-    pub fn block_hit_rate(&self) -> f64 {
-        ratio(self.hit_blocks, self.query_blocks)
-    }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
-}
-
-/// What happened to the cache (vLLM's KV events: BlockStored, BlockRemoved, AllBlocksCleared).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum CacheEventKind {
-    Stored = 0,
-    Removed = 1,
-    AllCleared = 2,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CacheEvent {
-    pub kind: CacheEventKind,
-    /// `None` for `AllCleared`.
-    pub block: Option<BlockId>,
-    pub key: BlockKey,
-    /// Key of the parent block; `None` for a root block or `AllCleared`.
-    pub parent_key: Option<BlockKey>,
-    pub clock: u64,
-}
-
-/// Per-block cache state, one cache line: eviction and lookup touch it for random blocks,
-/// so its size is what an eviction costs. Rarely used data (soft pins) lives aside.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(align(64))]
-struct Meta {
-    key: BlockKey,
-    last_touch: u64,
-    stored_at: u64,
-    /// The extra key (valid with `HAS_EXTRA`).
-    extra: u64,
-    parent: u32,
-    depth: u32,
-    children: u32,
-    hard_pins: u32,
-    hits: u32,
-    flags: u8,
-}
-
-/// Cached with refcount 0 (mirrors the allocator, so the forest can be updated without it).
-const IDLE: u8 = 1;
-const HAS_TOKENS: u8 = 2;
-const QUEUED: u8 = 4;
-const HAS_EXTRA: u8 = 8;
-
-impl Meta {
-    #[inline]
-    fn has(&self, f: u8) -> bool {
-        self.flags & f != 0
-    }
-    #[inline]
-    fn set(&mut self, f: u8, on: bool) {
-        if on {
-            self.flags |= f
-        } else {
-            self.flags &= !f
-        }
-    }
-    #[inline]
-    fn extra(&self) -> Option<u64> {
-        self.has(HAS_EXTRA).then_some(self.extra)
-    }
-}
 
 /// The prefix cache of one pool. The pool owns the allocator and passes it in.
 #[derive(Clone, Debug)]
@@ -562,110 +429,6 @@ impl PrefixCache {
         s.cow_hits += cow as u64;
     }
 
-    // ------------------------------------------------------------------ pins and clock
-
-    /// Pin a cached chain (root first, as returned by [`Self::lookup`]).
-    pub fn pin(&mut self, chain: &[BlockId], priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
-        if let Some(t) = expires_at {
-            if t <= self.clock {
-                return Err(invalid!("expires_at {t} is not after the current clock {}", self.clock));
-            }
-        }
-        let blocks: Vec<(BlockId, BlockKey)> = chain.iter().map(|&b| (b, self.meta[b.index()].key)).collect();
-        let id = self.pins.insert(Pin { blocks, priority, expires_at });
-        for &b in chain {
-            match priority {
-                None => {
-                    let m = &mut self.meta[b.index()];
-                    m.hard_pins += 1;
-                    if m.hard_pins == 1 && m.has(IDLE) {
-                        self.evictable -= 1;
-                        self.dequeue(b);
-                    }
-                }
-                Some(p) => {
-                    let queued = self.dequeue(b);
-                    self.soft.entry(b.0).or_default().push((id, p));
-                    if queued {
-                        self.enqueue(b);
-                    }
-                }
-            }
-        }
-        Ok(id)
-    }
-
-    /// Drop pin `id`. Errors with `InvalidArgument` for an unknown or lapsed pin.
-    pub fn unpin(&mut self, id: u64) -> Result<()> {
-        let pin = self.pins.remove(id).ok_or_else(|| invalid!("unknown pin id {id} (never issued, unpinned or expired)"))?;
-        for &(b, key) in &pin.blocks {
-            match pin.priority {
-                None => {
-                    // Hard-pinned blocks are never evicted, so `b` still holds `key`.
-                    debug_assert!(self.key_of(b) == Some(key));
-                    let m = &mut self.meta[b.index()];
-                    m.hard_pins -= 1;
-                    if m.hard_pins == 0 && m.has(IDLE) {
-                        self.evictable += 1;
-                        self.queue_if_leaf(b);
-                    }
-                }
-                Some(_) => {
-                    // A soft-pinned block may have been evicted (its soft list was
-                    // cleared then) and even reused: match on the pin id.
-                    let has = self.soft.get(&b.0).is_some_and(|v| v.iter().any(|&(p, _)| p == id));
-                    if has {
-                        let queued = self.dequeue(b);
-                        if let Some(v) = self.soft.get_mut(&b.0) {
-                            v.retain(|&(p, _)| p != id);
-                            if v.is_empty() {
-                                self.soft.remove(&b.0);
-                            }
-                        }
-                        if queued {
-                            self.enqueue(b);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn expire_pins(&mut self) {
-        for id in self.pins.expired(self.clock) {
-            // Listed just now, so present.
-            let _ = self.unpin(id);
-        }
-    }
-
-    /// End of a successful pool operation: the operation clock advances (unless the
-    /// caller drives the clock) and lapsed pins are released.
-    #[inline]
-    pub fn end_op(&mut self) {
-        if !self.manual_clock {
-            self.clock += 1;
-        }
-        if !self.pins.is_empty() {
-            self.expire_pins();
-        }
-    }
-
-    /// Drive the clock from the caller's step counter from now on. It never goes back.
-    pub fn set_clock(&mut self, t: u64) -> Result<()> {
-        if t < self.clock {
-            return Err(invalid!("the clock cannot go back from {} to {t}", self.clock));
-        }
-        self.manual_clock = true;
-        self.clock = t;
-        self.expire_pins();
-        Ok(())
-    }
-
-    pub fn num_pins(&self) -> usize {
-        self.pins.len()
-    }
-
     // ----------------------------------------------------------------- reset, metrics
 
     /// Forget every cached block: idle ones return to the free list, live ones stay with
@@ -717,99 +480,5 @@ impl PrefixCache {
         if self.cfg.record_events {
             self.events.push(CacheEvent { kind, block, key, parent_key, clock });
         }
-    }
-
-    /// Check the cache against the allocator. Called by the pool after it checked
-    /// refcounts against tables.
-    pub fn check(&self, alloc: &BlockAllocator) -> Result<()> {
-        let bad = |msg: String| Err(KvError::Invariant(msg));
-        let n = self.meta.len();
-        let mut children = vec![0u32; n];
-        let mut hard = vec![0u32; n];
-        let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
-        for (&k, &b) in &self.map {
-            if !self.is_cached(b) || low(self.meta[b.index()].key) != k {
-                return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
-            }
-        }
-        let valid = self.map.len();
-        for (i, m) in self.meta.iter().enumerate() {
-            let b = BlockId(i as u32);
-            let rc = alloc.refcount(b);
-            if !self.is_cached(b) {
-                if m.has(IDLE) || m.has(QUEUED) || m.children != 0 || m.hard_pins != 0 || self.soft.contains_key(&b.0) {
-                    return bad(format!("{b} is not cached but idle, queued, pinned or a parent"));
-                }
-                continue;
-            }
-            cached += 1;
-            if self.index_get(m.key) != Some(b) {
-                return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
-            }
-            if m.has(IDLE) != (rc == 0) {
-                return bad(format!("cached {b} has refcount {rc} but idle = {}", m.has(IDLE)));
-            }
-            if m.parent != NO_PARENT {
-                let p = &self.meta[m.parent as usize];
-                if !self.is_cached(BlockId(m.parent)) || p.depth + 1 != m.depth {
-                    return bad(format!("cached {b} has a parent that is not cached one level up"));
-                }
-                if alloc.refcount(BlockId(m.parent)) < rc {
-                    return bad(format!("{b} has more holders than its parent block {}", m.parent));
-                }
-                children[m.parent as usize] += 1;
-            } else if m.depth != 0 {
-                return bad(format!("root {b} has depth {}", m.depth));
-            }
-            let should_queue = m.has(IDLE) && m.hard_pins == 0 && m.children == 0;
-            if m.has(IDLE) {
-                idle += 1;
-                evictable += (m.hard_pins == 0) as usize;
-            }
-            if should_queue != m.has(QUEUED) {
-                return bad(format!("{b}: queued = {}, expected {should_queue}", m.has(QUEUED)));
-            }
-            if should_queue {
-                if !self.queue.contains(&self.evict_key(b)) {
-                    return bad(format!("{b} is queued under a stale eviction key"));
-                }
-                queued += 1;
-            }
-        }
-        for (i, m) in self.meta.iter().enumerate() {
-            if self.is_cached(BlockId(i as u32)) && m.children != children[i] {
-                return bad(format!("block {i} counts {} cached children, has {}", m.children, children[i]));
-            }
-        }
-        for &b in alloc.free_list() {
-            if self.is_cached(b) {
-                return bad(format!("{b} is on the free list and cached"));
-            }
-        }
-        for (id, pin) in self.pins.iter() {
-            for &(b, key) in &pin.blocks {
-                if pin.priority.is_none() {
-                    if self.key_of(b) != Some(key) {
-                        return bad(format!("pin {id} covers {b}, which no longer holds its key"));
-                    }
-                    hard[b.index()] += 1;
-                }
-            }
-        }
-        for (i, m) in self.meta.iter().enumerate() {
-            if m.hard_pins != hard[i] {
-                return bad(format!("block {i} counts {} hard pins, {} pins cover it", m.hard_pins, hard[i]));
-            }
-        }
-        if cached != self.num_cached || valid != cached || idle != self.idle || evictable != self.evictable || queued != self.queue.len() {
-            return bad(format!(
-                "counts: {cached} cached vs {} counted and {valid} keys, {idle} idle vs {}, {evictable} evictable vs {}, {queued} queued vs {}",
-                self.num_cached,
-                self.idle,
-                self.evictable,
-                self.queue.len()
-            ));
-        }
-        Ok(())
     }
 }

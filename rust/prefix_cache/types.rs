@@ -1,0 +1,105 @@
+//! What a prefix cache is configured with and what it reports: [`CacheConfig`],
+//! [`CacheStats`] (hit metrics and occupancy) and [`CacheEvent`]s (vLLM's KV events).
+
+use crate::block_hash::{BlockHasher, BlockKey};
+use crate::eviction::EvictionPolicy;
+use crate::types::BlockId;
+
+/// How a pool caches prefixes.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheConfig {
+    pub policy: EvictionPolicy,
+    /// Keep each cached block's token ids and compare them on a hit, so a key collision
+    /// is a miss, never wrong KV. Costs `4 * block_size` bytes per block.
+    pub verify_tokens: bool,
+    /// When the last-token rule drops a fully cached last block, copy it (a CoW pair)
+    /// instead, so only the final prompt token is computed.
+    pub cow_partial_hit: bool,
+    pub hasher: BlockHasher,
+    /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`].
+    pub record_events: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            policy: EvictionPolicy::Lru,
+            verify_tokens: true,
+            cow_partial_hit: false,
+            hasher: BlockHasher::Xxh3,
+            record_events: false,
+        }
+    }
+}
+
+/// Hit metrics and occupancy of the cache. Hits count only admissions that succeeded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheStats {
+    pub policy: EvictionPolicy,
+    /// Admissions that looked the cache up (token ids or block keys).
+    pub queries: u64,
+    /// Prompt blocks looked up (full blocks for token ids, every key for block keys).
+    pub query_blocks: u64,
+    /// Leading prompt blocks found cached (before the last-token rule).
+    pub hit_blocks: u64,
+    /// Prompt tokens admitted.
+    pub query_tokens: u64,
+    /// Prompt tokens returned as cached (after the last-token rule, CoW hits included).
+    pub hit_tokens: u64,
+    /// Blocks registered in the cache.
+    pub stored_blocks: u64,
+    /// Idle cached blocks reclaimed by allocations.
+    pub evictions: u64,
+    /// Lookups that found the key but failed verification (parent, extra key, tokens).
+    pub collisions: u64,
+    /// Admissions that took a copy-on-write partial hit.
+    pub cow_hits: u64,
+    pub cached_blocks: usize,
+    /// Cached blocks with refcount 0.
+    pub idle_blocks: usize,
+    /// Idle blocks that are not hard-pinned (allocatable by eviction).
+    pub evictable_blocks: usize,
+    /// Cached blocks covered by at least one hard pin.
+    pub pinned_blocks: usize,
+    pub num_pins: usize,
+    pub clock: u64,
+}
+
+impl CacheStats {
+    /// `hit_tokens / query_tokens` (0.0 before any query).
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.hit_tokens, self.query_tokens)
+    }
+    /// `hit_blocks / query_blocks` (0.0 before any query).
+    pub fn block_hit_rate(&self) -> f64 {
+        ratio(self.hit_blocks, self.query_blocks)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// What happened to the cache (vLLM's KV events: BlockStored, BlockRemoved, AllBlocksCleared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CacheEventKind {
+    Stored = 0,
+    Removed = 1,
+    AllCleared = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheEvent {
+    pub kind: CacheEventKind,
+    /// `None` for `AllCleared`.
+    pub block: Option<BlockId>,
+    pub key: BlockKey,
+    /// Key of the parent block; `None` for a root block or `AllCleared`.
+    pub parent_key: Option<BlockKey>,
+    pub clock: u64,
+}
