@@ -215,3 +215,35 @@ def test_bad_input_raises_and_changes_nothing(what: str, call: Callable[[kv.Bloc
 def test_every_name_is_exported() -> None:
     assert kv.CacheStats is _native.CacheStats
     assert {"EVENT_STORED", "EVENT_REMOVED", "EVENT_ALL_CLEARED"} <= set(kv.__all__)
+
+
+def test_two_threads_share_a_caching_pool() -> None:
+    import threading
+
+    pool = cached_pool(num_blocks=64)
+    system = list(range(16))
+    errors: list[BaseException] = []
+
+    def worker(base: int) -> None:
+        try:
+            for i in range(300):
+                seq = base + i
+                try:
+                    pool.add_sequence_tokens(seq, system + [base + i % 7] * 5)
+                except kv.PoolExhaustedError:
+                    continue
+                pool.append_tokens(seq, [1, 2, 3])
+                pool.free(seq)
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in (0, 10_000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    pool.check_invariants()
+    s = pool.cache_stats()
+    assert len(pool) == 0 and s.queries <= 600 and s.hit_tokens > 0
+    assert pool.num_free_blocks == 64
