@@ -129,7 +129,7 @@ class PyBlockPool:
         return self._ref[block_id]
 
     def _exhausted(self, requested: int) -> PoolExhaustedError:
-        free = len(self._free)
+        free = self.num_free_blocks
         err = PoolExhaustedError(f"pool exhausted: requested {requested} blocks, {free} free")
         err.requested = requested
         err.free = free
@@ -266,7 +266,8 @@ class PyBlockPool:
             if len(counts) != len(ids):
                 raise InvalidArgumentError(f"{len(ids)} sequence ids but {len(counts)} token counts")
         need = self._plan(ids, counts)
-        if need > len(self._free):
+        # Through the property: a prefix-caching subclass also counts evictable blocks.
+        if need > self.num_free_blocks:
             raise self._exhausted(need)
         slots: list[int] = []
         cow: list[tuple[int, int]] = []

@@ -25,7 +25,6 @@ lists, which flatters it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from typing import Any
 
 from benches.py_allocator import PyBlockPool
@@ -245,24 +244,6 @@ class PyPrefixPool(PyBlockPool):
         length += n
         self._lens[sid] = length
         return length
-
-    def step(
-        self, seq_ids: Iterable[int], num_tokens: Iterable[int] | int | None = None
-    ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
-        ids = list(seq_ids)
-        counts = [1] * len(ids) if num_tokens is None or num_tokens == 1 else list(num_tokens)  # type: ignore[arg-type]
-        need = self._plan(ids, counts)
-        if need > self.num_free_blocks:
-            err = PoolExhaustedError(f"pool exhausted: requested {need} blocks")
-            err.requested, err.free = need, self.num_free_blocks
-            raise err
-        slots: list[int] = []
-        cow: list[tuple[int, int]] = []
-        lens_out: list[int] = []
-        lens = self._lens
-        for sid, c in zip(ids, counts):
-            lens_out.append(self._grow(sid, c, slots, cow) if c else lens[sid])
-        return slots, cow, lens_out
 
     def free(self, seq_id: int) -> None:
         table = self._tables.pop(seq_id)
