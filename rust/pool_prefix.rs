@@ -205,7 +205,10 @@ impl BlockPool {
             }
         }
         let stamp = self.stamp();
-        let mut table = BlockTable::with_blocks(found.blocks[..used].to_vec(), used * bs, stamp);
+        // Sized up front: the table would otherwise reallocate ~log2(n) times as it grows.
+        let mut held = Vec::with_capacity(blocks_for(len, bs));
+        held.extend_from_slice(&found.blocks[..used]);
+        let mut table = BlockTable::with_blocks(held, used * bs, stamp);
         let first_new = slots.len();
         let mut no_cow = Vec::new();
         let r = self.grow(&mut table, len - used * bs, slots, &mut no_cow);

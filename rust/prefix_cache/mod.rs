@@ -370,9 +370,12 @@ impl PrefixCache {
         extra: Option<u64>,
         tokens: Option<&[u32]>,
     ) -> bool {
-        if self.map.contains_key(&low(key)) {
-            return false;
-        }
+        let slot = match self.map.entry(low(key)) {
+            std::collections::hash_map::Entry::Occupied(_) => return false,
+            std::collections::hash_map::Entry::Vacant(v) => v,
+        };
+        // One probe of the index: the entry is filled now, the rest of the state below.
+        slot.insert(b);
         debug_assert!(!self.is_cached(b));
         let t = self.next_touch();
         let (parent, depth, parent_key) = match parent {
@@ -409,7 +412,6 @@ impl PrefixCache {
         m.set(HAS_EXTRA, extra.is_some());
         self.meta[b.index()] = m;
         self.set_cached(b, true);
-        self.map.insert(low(key), b);
         self.num_cached += 1;
         self.stats.stored_blocks += 1;
         let clock = self.clock;
