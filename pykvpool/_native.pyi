@@ -133,7 +133,7 @@ class BlockPool:
     and the GIL is released while the core works.
 
     With ``prefix_caching=True`` the pool caches full blocks by content (see the
-    "prefix caching" methods below and ``docs`` in :mod:`pykvpool.prefix_replay`):
+    prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix_replay`):
 
     - ``eviction``: ``"lru"`` (default), ``"fifo"``, ``"lfu"`` or ``"priority"``;
     - ``verify_tokens`` (default True): keep each cached block's token ids
@@ -320,7 +320,8 @@ class BlockPool:
         ``hash_ids``): exactly ``ceil(prompt_len / block_size)`` keys, each standing for
         one block's chained content (equal keys = equal content and prefix). Keys are a
         1-D array of ints in ``0..2**64`` or a uint64 ``[n, 2]`` array of 128-bit keys as
-        ``(high, low)`` halves.
+        ``(high, low)`` halves. The last key may stand for a partly filled block: it is
+        cached too, so the sequence's first append copies that block (copy-on-write).
 
         Returns:
             ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.

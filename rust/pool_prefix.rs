@@ -129,7 +129,9 @@ impl BlockPool {
     /// Admit `seq` from a trace that gives block keys instead of tokens (Mooncake's
     /// `hash_ids`): one key per block of the `prompt_len`-token prompt, the last one
     /// possibly for a partial block. Keys are trusted as chained content ids: equal keys
-    /// mean equal content and prefix. Returns the number of cached tokens.
+    /// mean equal content and prefix. Returns the number of cached tokens. A keyed partial
+    /// last block is cached like the others, so the sequence's first append copies it
+    /// (cached blocks are immutable).
     pub fn add_sequence_block_keys(
         &mut self,
         seq: SeqId,
