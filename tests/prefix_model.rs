@@ -221,9 +221,9 @@ fn policy() -> impl Strategy<Value = EvictionPolicy> {
     prop::sample::select(EvictionPolicy::ALL.to_vec())
 }
 
+// 256 programs per test by default; `PROPTEST_CASES=100000 cargo test --release --test
+// prefix_model` for a soak.
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
     #[test]
     fn reused_kv_is_exact(ops in prop::collection::vec(op(), 1..60), policy in policy(), cow in any::<bool>()) {
         run(&ops, CacheConfig { policy, cow_partial_hit: cow, ..CacheConfig::default() });
