@@ -13,6 +13,7 @@ pub mod allocator;
 pub mod block_table;
 pub mod error;
 pub mod pool;
+pub mod sim;
 pub mod table_sync;
 pub mod types;
 

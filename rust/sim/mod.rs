@@ -1,0 +1,256 @@
+//! A deterministic step-level serving simulator over the real [`BlockPool`].
+//!
+//! [`simulate`] replays a [`Workload`] through a [`Scheduler`] (continuous batching) whose
+//! every allocation goes through the pool users import. Each engine step: requests that
+//! have arrived by the step's start join the queue; the scheduler picks a batch and
+//! promises its blocks; the pool grows every sequence of the batch in one atomic step; the
+//! [`StepTimer`] gives the step's duration; requests whose computation reached their last
+//! token sample one output token, and those at their output length finish and free their
+//! blocks. When nothing is in flight the clock jumps to the next arrival.
+//!
+//! Time is logical (the timer's seconds); the same workload and configuration give the
+//! same result bit for bit.
+
+pub mod kv;
+pub mod metrics;
+pub mod request;
+pub mod scheduler;
+pub mod timing;
+pub mod workload;
+
+use crate::error::{KvError, Result};
+use crate::invalid;
+use crate::pool::BlockPool;
+
+pub use kv::Kv;
+pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
+pub use request::{ReqState, Status};
+pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
+pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
+pub use workload::Workload;
+
+/// Everything but the workload and the timer.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub scheduler: SchedulerConfig,
+    /// Run `check_invariants` on both pools after every step (slow; for tests).
+    pub check_invariants: bool,
+    /// Stop after this many steps (requests still in flight are reported `Unfinished`).
+    pub max_steps: Option<u64>,
+    /// Record per-step columns (the summary's utilization needs them).
+    pub record_steps: bool,
+}
+
+impl SimConfig {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size,
+            scheduler: SchedulerConfig::default(),
+            check_invariants: false,
+            max_steps: None,
+            record_steps: true,
+        }
+    }
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub requests: RequestMetrics,
+    pub steps: StepMetrics,
+    pub summary: Summary,
+    /// Blocks still held when the run ended (0 after a complete run: conservation).
+    pub leaked_blocks: usize,
+}
+
+fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) {
+    let used = kv.used_blocks();
+    let capacity = ((used + kv.reserved) * kv.block_size) as f64;
+    m.time.push(t);
+    m.duration.push(dt);
+    m.running.push(batch.items.len() as u32);
+    m.waiting.push(sched.num_waiting() as u32);
+    m.swapped.push(sched.num_swapped() as u32);
+    m.prefill_tokens.push(shape.prefill_tokens as u32);
+    m.decode_tokens.push(shape.decode_tokens as u32);
+    m.blocks_used.push(used as u32);
+    m.blocks_reserved.push(kv.reserved as u32);
+    m.kv_tokens.push(kv.kv_tokens);
+    m.utilization.push(if capacity > 0.0 { kv.kv_tokens as f64 / capacity } else { 1.0 });
+    m.cache_query_tokens.push(batch.cache_query_tokens);
+    m.cache_hit_tokens.push(batch.cache_hit_tokens);
+    m.preemptions.push(batch.preemptions);
+    m.swapped_blocks.push(batch.swapped_blocks as u32);
+}
+
+fn shape_of(batch: &Batch, reqs: &[ReqState]) -> StepShape {
+    let mut s = StepShape { num_seqs: batch.items.len() as u64, swapped_blocks: batch.swapped_blocks, ..Default::default() };
+    for &(i, n) in &batch.items {
+        let r = &reqs[i as usize];
+        let (n, c) = (n as u64, r.computed as u64);
+        if r.is_decode() {
+            s.decode_tokens += n;
+        } else {
+            s.prefill_tokens += n;
+        }
+        s.context_tokens += c + n;
+        s.attention_pairs += n * c + n * (n + 1) / 2;
+    }
+    s
+}
+
+/// Run `workload` to completion (or `max_steps`) and collect its metrics.
+pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer) -> Result<SimResult> {
+    let n = workload.len();
+    if n > u32::MAX as usize {
+        return Err(invalid!("at most {} requests per run", u32::MAX));
+    }
+    let device = BlockPool::new(cfg.num_blocks, cfg.block_size)?;
+    let host = match cfg.scheduler.preemption {
+        Preemption::Swap { host_blocks } if host_blocks > 0 => Some(BlockPool::new(host_blocks, cfg.block_size)?),
+        _ => None,
+    };
+    let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
+    let mut kv = Kv::new(device, host, watermark);
+    let mut sched = Scheduler::new(cfg.scheduler.clone())?;
+
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| workload.arrival[a as usize].total_cmp(&workload.arrival[b as usize]).then(a.cmp(&b)));
+    let mut reqs: Vec<ReqState> = (0..n)
+        .map(|i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))
+        .collect();
+    for (rank, &i) in order.iter().enumerate() {
+        reqs[i as usize].ordinal = rank as u32;
+    }
+    let nan = vec![f64::NAN; n];
+    let mut rm = RequestMetrics {
+        arrival: workload.arrival.clone(),
+        first_scheduled: nan.clone(),
+        first_token: nan.clone(),
+        finish: nan,
+        outcome: vec![Outcome::Unfinished as u8; n],
+        ..Default::default()
+    };
+    let mut ctr = Counters { preemptions: vec![0; n], swaps: vec![0; n], recomputed: vec![0; n], cached: vec![0; n] };
+    let mut sm = StepMetrics::default();
+    let mut batch = Batch::default();
+    let mut now = 0.0f64;
+    let mut next = 0usize;
+    let mut steps = 0u64;
+
+    loop {
+        while next < n && workload.arrival[order[next] as usize] <= now {
+            let i = order[next];
+            next += 1;
+            let r = &mut reqs[i as usize];
+            if sched.admissible_alone(r, &kv).is_err() {
+                r.status = Status::Rejected;
+                rm.outcome[i as usize] = Outcome::Rejected as u8;
+            } else {
+                r.status = Status::Waiting;
+                sched.enqueue(i, r, false);
+            }
+        }
+        if sched.is_idle() {
+            if next == n {
+                break;
+            }
+            now = now.max(workload.arrival[order[next] as usize]);
+            continue;
+        }
+        if cfg.max_steps.is_some_and(|m| steps >= m) {
+            break;
+        }
+        sched.schedule(&mut reqs, &mut kv, &mut batch, &mut ctr)?;
+        if batch.items.is_empty() && batch.preemptions == 0 {
+            return Err(KvError::Invariant(format!(
+                "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
+                sched.num_waiting(),
+                sched.num_swapped()
+            )));
+        }
+        let shape = shape_of(&batch, &reqs);
+        kv.commit(&batch.items, &mut reqs)?;
+        let dt = timer.step_time(&shape)?;
+        if !(dt.is_finite() && dt >= 0.0) {
+            return Err(invalid!("step {steps}: the timer returned {dt} s; durations must be finite and >= 0"));
+        }
+        if cfg.record_steps {
+            record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt);
+        }
+        let end = now + dt;
+        for &(i, tokens) in &batch.items {
+            let r = &mut reqs[i as usize];
+            if rm.first_scheduled[i as usize].is_nan() {
+                rm.first_scheduled[i as usize] = now;
+            }
+            r.computed += tokens;
+            if r.computed < r.num_tokens() {
+                continue;
+            }
+            r.generated += 1;
+            if r.generated == 1 {
+                rm.first_token[i as usize] = end;
+            }
+            if r.generated == r.output_len {
+                kv.release(i as usize, r)?;
+                r.status = Status::Finished;
+                rm.finish[i as usize] = end;
+                rm.outcome[i as usize] = Outcome::Finished as u8;
+            }
+        }
+        sched.retire(&reqs);
+        now = end;
+        steps += 1;
+        if cfg.check_invariants {
+            kv.device.check_invariants()?;
+            if let Some(h) = &kv.host {
+                h.check_invariants()?;
+            }
+            check_accounting(&kv, &reqs)?;
+        }
+    }
+    rm.preemptions = ctr.preemptions;
+    rm.swaps = ctr.swaps;
+    rm.recomputed_tokens = ctr.recomputed;
+    rm.cached_tokens = ctr.cached;
+    let summary = Summary::compute(&rm, &sm, &workload.prompt_len, &workload.output_len, steps);
+    Ok(SimResult { requests: rm, steps: sm, summary, leaked_blocks: kv.used_blocks() })
+}
+
+/// The engine's mirror of the pool agrees with the pool.
+fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
+    let mut tokens = 0u64;
+    for (i, r) in reqs.iter().enumerate() {
+        let seq = crate::types::SeqId(i as u64);
+        match r.status {
+            Status::Running => {
+                let len = kv.device.seq_len(seq)?;
+                if len != r.kv_len as usize {
+                    return Err(KvError::Invariant(format!("request {i}: pool holds {len} tokens, engine {}", r.kv_len)));
+                }
+                tokens += len as u64;
+            }
+            Status::Swapped => {
+                if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
+                    return Err(KvError::Invariant(format!("swapped request {i} is not (only) on the host")));
+                }
+            }
+            _ => {
+                if kv.device.contains(seq) {
+                    return Err(KvError::Invariant(format!("request {i} ({:?}) still holds device blocks", r.status)));
+                }
+            }
+        }
+    }
+    if tokens != kv.kv_tokens {
+        return Err(KvError::Invariant(format!("engine counts {} KV tokens, requests hold {tokens}", kv.kv_tokens)));
+    }
+    if kv.committed != 0 {
+        return Err(KvError::Invariant(format!("{} blocks promised after commit", kv.committed)));
+    }
+    Ok(())
+}
