@@ -27,6 +27,7 @@ from pykvpool._native import (
     UnknownSequenceError,
     __version__,
 )
+from pykvpool import simulate
 
 __all__ = [
     "BlockPool",
@@ -39,4 +40,5 @@ __all__ = [
     "PoolStats",
     "UnknownSequenceError",
     "__version__",
+    "simulate",
 ]

@@ -10,11 +10,13 @@ use pyo3::prelude::*;
 pub mod convert;
 pub mod errors;
 pub mod pool;
+pub mod sim;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
+    sim::register(m)?;
     Ok(())
 }
