@@ -320,6 +320,7 @@ def run_simulation(
     preemption: str = ...,
     host_blocks: int = ...,
     victim: str = ...,
+    convention: str = ...,
     time_model: object = ...,
     check_invariants: bool = ...,
     max_steps: int | None = ...,

@@ -198,6 +198,11 @@ class SchedulerConfig:
         preemption: ``recompute`` (free, requeue at the front) or ``swap`` (to a host pool
             of ``host_blocks`` blocks; recompute when it is full).
         victim: ``newest`` or ``lowest_priority``.
+        convention: ``vllm`` (the step completing a prefill samples the first token;
+            finished requests free after the step) or ``decode_first`` (the allocator
+            benchmark's loop, ``benches/scheduler_loop.py``: each step decodes, frees the
+            finished, then admits; a prefill samples nothing, so a request ends holding
+            ``prompt + output`` tokens).
     """
 
     max_running: int = 256
@@ -210,6 +215,7 @@ class SchedulerConfig:
     preemption: Literal["recompute", "swap"] = "recompute"
     host_blocks: int = 0
     victim: Literal["newest", "lowest_priority"] = "newest"
+    convention: Literal["vllm", "decode_first"] = "vllm"
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,7 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
         preemption=s.preemption,
         host_blocks=s.host_blocks,
         victim=s.victim,
+        convention=s.convention,
         time_model=_time_arg(time_model),
         check_invariants=config.check_invariants,
         max_steps=config.max_steps,

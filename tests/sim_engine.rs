@@ -27,7 +27,8 @@ fn run(w: &Workload, cfg: &SimConfig, dt: f64) -> SimResult {
     simulate(w, cfg, &mut ConstantTime(dt)).unwrap()
 }
 
-fn assert_conserved(w: &Workload, r: &SimResult) {
+fn assert_conserved(w: &Workload, r: &SimResult, conv: Convention) {
+    let last = if conv == Convention::Vllm { 1 } else { 0 };
     assert_eq!(r.leaked_blocks, 0, "blocks still held at the end");
     for i in 0..w.len() {
         if r.requests.outcome[i] == Outcome::Finished as u8 {
@@ -42,7 +43,7 @@ fn assert_conserved(w: &Workload, r: &SimResult) {
     let mut expect = 0u64;
     for i in 0..w.len() {
         if r.requests.outcome[i] == Outcome::Finished as u8 {
-            expect += (w.prompt_len[i] + w.output_len[i] - 1) as u64 + r.requests.recomputed_tokens[i];
+            expect += (w.prompt_len[i] + w.output_len[i] - last) as u64 + r.requests.recomputed_tokens[i];
         }
     }
     assert_eq!(computed, expect);
@@ -55,7 +56,7 @@ fn allocator_benchmark_workload_completes_and_preempts() {
     cfg.scheduler.max_batched_tokens = None;
     cfg.scheduler.chunked_prefill = false;
     let r = run(&w, &cfg, 0.0);
-    assert_conserved(&w, &r);
+    assert_conserved(&w, &r, Convention::Vllm);
     assert_eq!(r.summary.finished, 2000);
     assert!(r.summary.preemptions > 0);
     assert!(r.steps.running.iter().all(|&x| x <= 256));
@@ -86,7 +87,7 @@ fn same_input_same_result_bit_for_bit() {
     assert_eq!(bits(&a.steps.time), bits(&b.steps.time));
     assert_eq!(a.summary, b.summary);
     assert!(a.summary.swaps > 0, "the host pool was never used");
-    assert_conserved(&w, &a);
+    assert_conserved(&w, &a, Convention::Vllm);
 }
 
 #[test]
@@ -99,7 +100,7 @@ fn low_load_has_no_preemption_and_ttft_is_one_prefill_step() {
     for &ttft in &r.requests.ttft() {
         assert!((0.01 - 1e-12..0.02).contains(&ttft), "ttft {ttft}");
     }
-    assert_conserved(&w, &r);
+    assert_conserved(&w, &r, Convention::Vllm);
 }
 
 #[test]
@@ -112,7 +113,7 @@ fn past_saturation_the_queue_grows() {
     let at = |t: f64| r.steps.waiting[r.steps.time.partition_point(|&x| x < t)] as f64;
     let (early, late) = (at(2.0), at(8.0));
     assert!(late > 2.0 * early.max(1.0), "waiting {early} -> {late}");
-    assert_conserved(&w, &r);
+    assert_conserved(&w, &r, Convention::Vllm);
 }
 
 #[test]
@@ -126,7 +127,7 @@ fn paged_admits_more_than_reservation() {
     assert_eq!(orca.summary.preemptions, 0);
     assert!(paged.summary.mean_utilization > orca.summary.mean_utilization);
     assert!(paged.summary.makespan < orca.summary.makespan);
-    assert_conserved(&w, &orca);
+    assert_conserved(&w, &orca, Convention::Vllm);
 }
 
 #[test]
@@ -156,8 +157,9 @@ fn policy() -> impl Strategy<Value = SchedulerConfig> {
         prop_oneof![Just(Allocation::Paged), Just(Allocation::Reserve { max_tokens: None })],
         prop_oneof![Just(Preemption::Recompute), (0usize..30).prop_map(|h| Preemption::Swap { host_blocks: h })],
         any::<bool>(),
+        prop_oneof![Just(Convention::Vllm), Just(Convention::DecodeFirst)],
     )
-        .prop_map(|(max_running, budget, chunked, watermark, prio, allocation, preemption, lowest)| SchedulerConfig {
+        .prop_map(|(max_running, budget, chunked, watermark, prio, allocation, preemption, lowest, convention)| SchedulerConfig {
             max_running,
             max_batched_tokens: budget,
             chunked_prefill: chunked,
@@ -166,6 +168,7 @@ fn policy() -> impl Strategy<Value = SchedulerConfig> {
             allocation,
             preemption,
             victim: if lowest { Victim::LowestPriority } else { Victim::Newest },
+            convention,
         })
 }
 
@@ -181,9 +184,10 @@ proptest! {
     ) {
         let w = workload(n, Arrivals::Poisson { rate: 5.0 }, (1, 80), (1, 40), seed);
         let mut cfg = SimConfig::new(blocks, bs);
+        let conv = sched.convention;
         cfg.scheduler = sched;
         cfg.check_invariants = true;
         let r = simulate(&w, &cfg, &mut ConstantTime(0.05)).unwrap();
-        assert_conserved(&w, &r);
+        assert_conserved(&w, &r, conv);
     }
 }

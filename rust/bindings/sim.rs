@@ -11,7 +11,7 @@ use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
 use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
 use crate::sim::{
-    simulate, Allocation, ConstantTime, Preemption, QueuePolicy, Roofline, SimConfig, SimResult, StepShape, StepTimer,
+    simulate, Allocation, ConstantTime, Convention, Preemption, QueuePolicy, Roofline, SimConfig, SimResult, StepShape, StepTimer,
     Victim, Workload,
 };
 
@@ -240,7 +240,7 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
     token_ids=None, token_offsets=None, block_keys=None, key_offsets=None, tokens_per_key=0,
     max_running=256, max_batched_tokens=Some(8192), chunked_prefill=true, watermark=0.0,
     queue="fcfs", allocation="paged", reserve_tokens=None, preemption="recompute", host_blocks=0,
-    victim="newest", time_model=None,
+    victim="newest", convention="vllm", time_model=None,
     check_invariants=false, max_steps=None, record_steps=true))]
 #[allow(clippy::too_many_arguments)]
 fn run_simulation<'py>(
@@ -266,6 +266,7 @@ fn run_simulation<'py>(
     preemption: &str,
     host_blocks: i64,
     victim: &str,
+    convention: &str,
     time_model: Option<&Bound<'py, PyAny>>,
     check_invariants: bool,
     max_steps: Option<i64>,
@@ -321,6 +322,11 @@ fn run_simulation<'py>(
         "newest" => Victim::Newest,
         "lowest_priority" => Victim::LowestPriority,
         _ => return Err(invalid(py, format!("unknown victim policy '{victim}' (newest, lowest_priority)"))),
+    };
+    s.convention = match convention {
+        "vllm" => Convention::Vllm,
+        "decode_first" => Convention::DecodeFirst,
+        _ => return Err(invalid(py, format!("unknown convention '{convention}' (vllm, decode_first)"))),
     };
     cfg.check_invariants = check_invariants;
     cfg.max_steps = max_steps.map(|m| count(py, m, "max_steps").map(|m| m as u64)).transpose()?;

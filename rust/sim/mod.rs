@@ -24,7 +24,7 @@ use crate::pool::BlockPool;
 
 pub use kv::Kv;
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
-pub use request::{ReqState, Status};
+pub use request::{Convention, ReqState, Status};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
 pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
 pub use workload::Workload;
@@ -86,12 +86,11 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     m.swapped_blocks.push(batch.swapped_blocks as u32);
 }
 
-fn shape_of(batch: &Batch, reqs: &[ReqState]) -> StepShape {
-    let mut s = StepShape { num_seqs: batch.items.len() as u64, swapped_blocks: batch.swapped_blocks, ..Default::default() };
-    for &(i, n) in &batch.items {
+fn add_shape(s: &mut StepShape, items: &[(u32, u32)], reqs: &[ReqState], conv: Convention) {
+    for &(i, n) in items {
         let r = &reqs[i as usize];
         let (n, c) = (n as u64, r.computed as u64);
-        if r.is_decode() {
+        if r.is_decode(conv) {
             s.decode_tokens += n;
         } else {
             s.prefill_tokens += n;
@@ -99,7 +98,24 @@ fn shape_of(batch: &Batch, reqs: &[ReqState]) -> StepShape {
         s.context_tokens += c + n;
         s.attention_pairs += n * c + n * (n + 1) / 2;
     }
-    s
+}
+
+/// Account for a committed batch: sample, and free the requests that are done.
+/// Events are `(request, first output token, finished)`.
+fn advance(items: &[(u32, u32)], reqs: &mut [ReqState], kv: &mut Kv, conv: Convention, events: &mut Vec<(u32, bool, bool)>) -> Result<()> {
+    for &(i, n) in items {
+        let r = &mut reqs[i as usize];
+        if !r.advance(n, conv) {
+            continue;
+        }
+        let finished = r.generated == r.output_len;
+        if finished {
+            kv.release(i as usize, r)?;
+            r.status = Status::Finished;
+        }
+        events.push((i, r.generated == 1, finished));
+    }
+    Ok(())
 }
 
 /// Run `workload` to completion (or `max_steps`) and collect its metrics.
@@ -140,6 +156,8 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
     let mut now = 0.0f64;
     let mut next = 0usize;
     let mut steps = 0u64;
+    let mut events: Vec<(u32, bool, bool)> = Vec::new();
+    let conv = cfg.scheduler.convention;
 
     loop {
         while next < n && workload.arrival[order[next] as usize] <= now {
@@ -164,7 +182,21 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         if cfg.max_steps.is_some_and(|m| steps >= m) {
             break;
         }
-        sched.schedule(&mut reqs, &mut kv, &mut batch, &mut ctr)?;
+        // vLLM: running, then admissions, one batch, finishes after the step. DecodeFirst:
+        // the running batch decodes and frees its finished requests before admission.
+        sched.schedule_running(&mut reqs, &mut kv, &mut batch, &mut ctr)?;
+        let mut shape = StepShape::default();
+        events.clear();
+        let split = if conv == Convention::DecodeFirst {
+            add_shape(&mut shape, &batch.items, &reqs, conv);
+            kv.commit(&batch.items, &mut reqs)?;
+            advance(&batch.items, &mut reqs, &mut kv, conv, &mut events)?;
+            sched.retire(&reqs);
+            batch.items.len()
+        } else {
+            0
+        };
+        sched.schedule_admissions(&mut reqs, &mut kv, &mut batch)?;
         if batch.items.is_empty() && batch.preemptions == 0 {
             return Err(KvError::Invariant(format!(
                 "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
@@ -172,8 +204,11 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
                 sched.num_swapped()
             )));
         }
-        let shape = shape_of(&batch, &reqs);
-        kv.commit(&batch.items, &mut reqs)?;
+        let rest = &batch.items[split..];
+        add_shape(&mut shape, rest, &reqs, conv);
+        shape.num_seqs = batch.items.len() as u64;
+        shape.swapped_blocks = batch.swapped_blocks;
+        kv.commit(rest, &mut reqs)?;
         let dt = timer.step_time(&shape)?;
         if !(dt.is_finite() && dt >= 0.0) {
             return Err(invalid!("step {steps}: the timer returned {dt} s; durations must be finite and >= 0"));
@@ -181,23 +216,18 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         if cfg.record_steps {
             record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt);
         }
+        advance(rest, &mut reqs, &mut kv, conv, &mut events)?;
         let end = now + dt;
-        for &(i, tokens) in &batch.items {
-            let r = &mut reqs[i as usize];
+        for &(i, _) in &batch.items {
             if rm.first_scheduled[i as usize].is_nan() {
                 rm.first_scheduled[i as usize] = now;
             }
-            r.computed += tokens;
-            if r.computed < r.num_tokens() {
-                continue;
-            }
-            r.generated += 1;
-            if r.generated == 1 {
+        }
+        for &(i, first, finished) in &events {
+            if first {
                 rm.first_token[i as usize] = end;
             }
-            if r.generated == r.output_len {
-                kv.release(i as usize, r)?;
-                r.status = Status::Finished;
+            if finished {
                 rm.finish[i as usize] = end;
                 rm.outcome[i as usize] = Outcome::Finished as u8;
             }

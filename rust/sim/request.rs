@@ -6,6 +6,21 @@
 //! or the last sampled token for a decode) and, when that reaches the end, samples one new
 //! output token. A request finishes when `generated == output_len`, holding
 //! `prompt_len + output_len - 1` KV tokens (the last token is never fed back).
+//!
+//! [`Convention::DecodeFirst`] is the allocator benchmark's loop (`benches/scheduler_loop.py`):
+//! a prefill samples nothing; every decode appends one KV slot and yields one output token,
+//! so a request is in exactly `output_len` decodes and ends holding `prompt + output` tokens.
+
+/// Token accounting and step order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Convention {
+    /// vLLM v1: the step that completes a prefill samples the first output token;
+    /// finished requests free their blocks after the step.
+    Vllm,
+    /// The allocator benchmark's loop: each step decodes the running requests, frees the
+    /// finished ones, then admits; a prefill samples no token.
+    DecodeFirst,
+}
 
 /// Where a request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,20 +73,44 @@ impl ReqState {
         self.prompt_len + self.generated
     }
 
+    /// Tokens the next step computes for this request, before the token budget.
     #[inline]
-    pub fn to_compute(&self) -> u32 {
-        self.num_tokens() - self.computed
+    pub fn to_compute(&self, c: Convention) -> u32 {
+        match c {
+            Convention::DecodeFirst if self.computed == self.num_tokens() => 1,
+            _ => self.num_tokens() - self.computed,
+        }
     }
 
     /// The longest KV this request ever holds, in tokens.
     #[inline]
-    pub fn max_kv(&self) -> u32 {
-        self.prompt_len + self.output_len - 1
+    pub fn max_kv(&self, c: Convention) -> u32 {
+        match c {
+            Convention::Vllm => self.prompt_len + self.output_len - 1,
+            Convention::DecodeFirst => self.prompt_len + self.output_len,
+        }
     }
 
     /// A one-token decode (as opposed to a prompt or recompute prefill).
     #[inline]
-    pub fn is_decode(&self) -> bool {
-        self.generated > 0 && self.computed + 1 == self.num_tokens()
+    pub fn is_decode(&self, c: Convention) -> bool {
+        match c {
+            Convention::Vllm => self.generated > 0 && self.computed + 1 == self.num_tokens(),
+            Convention::DecodeFirst => self.computed == self.num_tokens(),
+        }
+    }
+
+    /// Account for `n` tokens computed in a step; returns whether an output token was
+    /// sampled.
+    #[inline]
+    pub fn advance(&mut self, n: u32, c: Convention) -> bool {
+        let decode = self.is_decode(c);
+        self.computed += n;
+        let sampled = match c {
+            Convention::Vllm => self.computed == self.num_tokens(),
+            Convention::DecodeFirst => decode,
+        };
+        self.generated += sampled as u32;
+        sampled
     }
 }

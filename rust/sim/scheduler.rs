@@ -16,7 +16,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 
 use super::kv::Kv;
-use super::request::{ReqState, Status};
+use super::request::{Convention, ReqState, Status};
 
 /// Order of the waiting queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +69,7 @@ pub struct SchedulerConfig {
     pub allocation: Allocation,
     pub preemption: Preemption,
     pub victim: Victim,
+    pub convention: Convention,
 }
 
 impl Default for SchedulerConfig {
@@ -82,6 +83,7 @@ impl Default for SchedulerConfig {
             allocation: Allocation::Paged,
             preemption: Preemption::Recompute,
             victim: Victim::Newest,
+            convention: Convention::Vllm,
         }
     }
 }
@@ -122,6 +124,8 @@ pub struct Batch {
     pub swapped_blocks: u64,
     pub cache_query_tokens: u32,
     pub cache_hit_tokens: u32,
+    /// Token budget left for the rest of the step.
+    pub budget: u32,
 }
 
 pub struct Scheduler {
@@ -189,25 +193,27 @@ impl Scheduler {
         match self.cfg.allocation {
             Allocation::Paged => None,
             Allocation::Reserve { max_tokens } => {
-                Some(blocks_for(max_tokens.unwrap_or(r.max_kv()).max(r.max_kv()) as usize, bs))
+                let own = r.max_kv(self.cfg.convention);
+                Some(blocks_for(max_tokens.unwrap_or(own).max(own) as usize, bs))
             }
         }
     }
 
     /// Whether a request can ever run alone; `Err(reason)` when it cannot.
     pub fn admissible_alone(&self, r: &ReqState, kv: &Kv) -> std::result::Result<(), String> {
+        let longest = r.max_kv(self.cfg.convention);
         let cap = kv.device.num_blocks().saturating_sub(kv.watermark);
-        let need = self.reservation(r, kv.block_size).unwrap_or_else(|| blocks_for(r.max_kv() as usize, kv.block_size));
+        let need = self.reservation(r, kv.block_size).unwrap_or_else(|| blocks_for(longest as usize, kv.block_size));
         if need > cap {
             return Err(format!("needs {need} blocks, the pool admits {cap}"));
         }
         if let Allocation::Reserve { max_tokens: Some(m) } = self.cfg.allocation {
-            if r.max_kv() > m {
-                return Err(format!("{} tokens exceed the reservation length {m}", r.max_kv()));
+            if longest > m {
+                return Err(format!("{longest} tokens exceed the reservation length {m}"));
             }
         }
-        if !self.cfg.chunked_prefill && r.max_kv() > self.cfg.budget() {
-            return Err(format!("a {}-token recompute exceeds the token budget without chunked prefill", r.max_kv()));
+        if !self.cfg.chunked_prefill && longest > self.cfg.budget() {
+            return Err(format!("a {longest}-token recompute exceeds the token budget without chunked prefill"));
         }
         Ok(())
     }
@@ -247,18 +253,20 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Choose this step's batch and promise its blocks (`kv.commit` allocates them).
-    pub fn schedule(&mut self, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch, stats: &mut Counters) -> Result<()> {
+    /// Start a step: serve the running requests in order, preempting when one cannot get
+    /// its blocks, and promise their blocks (`kv.commit` allocates them).
+    pub fn schedule_running(&mut self, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch, stats: &mut Counters) -> Result<()> {
         batch.items.clear();
         batch.preemptions = 0;
         batch.swapped_blocks = 0;
         batch.cache_query_tokens = 0;
         batch.cache_hit_tokens = 0;
+        let conv = self.cfg.convention;
         let mut budget = self.cfg.budget();
         let mut i = 0;
         'running: while i < self.running.len() && budget > 0 {
             let r = self.running[i];
-            let n = reqs[r as usize].to_compute().min(budget);
+            let n = reqs[r as usize].to_compute(conv).min(budget);
             let need = kv.grow_need(&reqs[r as usize], n);
             while need > kv.free_now() {
                 let pos = self.pick_victim(reqs);
@@ -284,15 +292,24 @@ impl Scheduler {
             budget -= n;
             i += 1;
         }
+        batch.budget = budget;
+        Ok(())
+    }
+
+    /// Finish a step's choice: unless somebody was preempted in this step, resume swapped
+    /// requests, then admit waiting ones, appending them to the batch.
+    pub fn schedule_admissions(&mut self, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch) -> Result<()> {
         if batch.preemptions > 0 {
             return Ok(());
         }
+        let conv = self.cfg.convention;
+        let mut budget = batch.budget;
         while let Some(&s) = self.swapped.front() {
             if self.running.len() >= self.cfg.max_running || budget == 0 {
                 break;
             }
             let r = &reqs[s as usize];
-            let n = r.to_compute().min(budget);
+            let n = r.to_compute(conv).min(budget);
             let total = blocks_for((r.kv_len + n) as usize, kv.block_size);
             if total > kv.admissible() {
                 break;
@@ -308,6 +325,7 @@ impl Scheduler {
             budget -= n;
         }
         if !self.swapped.is_empty() {
+            batch.budget = budget;
             return Ok(());
         }
         while let Some(w) = self.peek_waiting() {
@@ -315,7 +333,7 @@ impl Scheduler {
                 break;
             }
             let r = &reqs[w as usize];
-            let want = r.to_compute();
+            let want = r.to_compute(conv);
             if !self.cfg.chunked_prefill && want > budget {
                 break;
             }
@@ -336,6 +354,7 @@ impl Scheduler {
             batch.items.push((w, n));
             budget -= n;
         }
+        batch.budget = budget;
         Ok(())
     }
 
