@@ -18,6 +18,7 @@ A failed call never changes the pool.
 from pykvpool._native import (
     BlockPool,
     BlockTableBuffer,
+    CacheStats,
     DuplicateSequenceError,
     InvalidArgumentError,
     InvariantError,
@@ -32,6 +33,7 @@ from pykvpool import simulate
 __all__ = [
     "BlockPool",
     "BlockTableBuffer",
+    "CacheStats",
     "DuplicateSequenceError",
     "InvalidArgumentError",
     "InvariantError",

@@ -19,7 +19,11 @@ __all__ = [
     "__version__",
     "BlockPool",
     "BlockTableBuffer",
+    "CacheStats",
     "DuplicateSequenceError",
+    "EVENT_ALL_CLEARED",
+    "EVENT_REMOVED",
+    "EVENT_STORED",
     "InvalidArgumentError",
     "InvariantError",
     "KvPoolError",
@@ -33,6 +37,8 @@ __all__ = [
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
 _I32Array: TypeAlias = npt.NDArray[np.int32]
 _I64Array: TypeAlias = npt.NDArray[np.int64]
+_U64Array: TypeAlias = npt.NDArray[np.uint64]
+_KeysLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
 
 # ---------------------------------------------------------------------------- errors
 
@@ -117,12 +123,38 @@ class BlockPool:
     Thread-safe: calls from several Python threads are serialized by an internal lock,
     and the GIL is released while the core works.
 
+    With ``prefix_caching=True`` the pool caches full blocks by content (see the
+    "prefix caching" methods below and ``docs`` in :mod:`pykvpool.prefix_replay`):
+
+    - ``eviction``: ``"lru"`` (default), ``"fifo"``, ``"lfu"`` or ``"priority"``;
+    - ``verify_tokens`` (default True): keep each cached block's token ids
+      (``4 * block_size`` bytes per block) and compare them on a hit, so a hash collision
+      is a miss, never wrong KV;
+    - ``cow_partial_hit`` (default False): when a fully cached prompt must recompute its
+      last token, copy its last block (a copy-on-write pair) instead of recomputing it;
+    - ``record_events`` (default False): record stored/removed/cleared events for
+      :meth:`drain_events`;
+    - ``hash_bits`` (default 128): keep only the low bits of each key (tests force
+      collisions with it).
+
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
-            ``1..=65536``.
+            ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+            cache options given without ``prefix_caching=True``.
     """
 
-    def __new__(cls, num_blocks: int, block_size: int) -> BlockPool: ...
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        *,
+        prefix_caching: bool = False,
+        eviction: str | None = None,
+        verify_tokens: bool | None = None,
+        cow_partial_hit: bool | None = None,
+        record_events: bool | None = None,
+        hash_bits: int | None = None,
+    ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool."""
@@ -131,10 +163,11 @@ class BlockPool:
         """Token slots per block."""
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now."""
+        """Blocks an allocation can take now: free blocks plus idle cached blocks that
+        may be evicted (not hard-pinned)."""
     @property
     def num_used_blocks(self) -> int:
-        """Blocks held by at least one sequence."""
+        """Blocks held by at least one sequence (idle cached blocks are not used)."""
     @property
     def num_seqs(self) -> int:
         """Live sequences."""
@@ -238,7 +271,113 @@ class BlockPool:
         """Occupancy snapshot. O(table entries)."""
     def check_invariants(self) -> None:
         """Verify refcounts against tables, the free list, block accounting and table
-        lengths. Raises InvariantError naming the first broken invariant."""
+        lengths, and with prefix caching the cache: each key maps to one block and back,
+        idle cached blocks have refcount 0 and are queued for eviction exactly when they
+        are unpinned leaves, no free-list block is cached, parents outlive children.
+        Raises InvariantError naming the first broken invariant."""
+
+    # -- prefix caching (pools built with prefix_caching=True; others raise
+    # -- InvalidArgumentError from every method below)
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether this pool caches prefixes."""
+    def add_sequence_tokens(
+        self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
+    ) -> tuple[int, _I64Array, _I64Array]:
+        """Admit ``seq_id`` with its prompt token ids (any integer dtype, each in
+        ``0..2**32``), reusing the longest cached prefix of full blocks.
+
+        ``extra_key`` (``0..2**64``: adapter id, tenant salt) enters every block's key:
+        prompts with different extra keys never share blocks. At least one prompt token is
+        always left to compute.
+
+        Returns:
+            ``(cached_tokens, slots, cow)``: the number of leading prompt tokens whose KV is
+            reused; the int64 slots of the remaining ``len(token_ids) - cached_tokens``
+            tokens; an int64 ``[k, 2]`` array of ``(src, dst)`` blocks to copy before
+            computing (k <= 1, only with ``cow_partial_hit``).
+
+        Raises:
+            DuplicateSequenceError, PoolExhaustedError (nothing changed),
+            InvalidArgumentError (negative or too large ids, non-integer or non-1-D arrays,
+            caching off).
+        """
+    def add_sequence_block_keys(
+        self, seq_id: int, block_keys: _KeysLike, prompt_len: int
+    ) -> tuple[int, _I64Array]:
+        """Admit ``seq_id`` from a trace giving block ids instead of tokens (Mooncake's
+        ``hash_ids``): exactly ``ceil(prompt_len / block_size)`` keys, each standing for
+        one block's chained content (equal keys = equal content and prefix). Keys are a
+        1-D array of ints in ``0..2**64`` or a uint64 ``[n, 2]`` array of 128-bit keys as
+        ``(high, low)`` halves.
+
+        Returns:
+            ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
+
+        Raises:
+            DuplicateSequenceError, PoolExhaustedError, InvalidArgumentError (wrong key
+            count or width, negative keys).
+        """
+    def append_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> tuple[_I64Array, _I64Array]:
+        """Append token ids to ``seq_id`` (as :meth:`append`); each block that fills is
+        registered in the cache when the sequence was admitted with token ids and every
+        block before it is cached. Writing into a cached block copies it first.
+
+        Returns:
+            ``(slots, cow)`` as for :meth:`append`.
+
+        Raises:
+            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError.
+        """
+    def block_keys(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> _U64Array:
+        """Keys of the full blocks of ``token_ids`` as a uint64 ``[n, 2]`` array of
+        ``(high, low)`` halves: XXH3-128 with seed ``b"pkvpool1"`` over
+        ``parent key (16 bytes LE) || 0x00 | 0x01 extra (8 bytes LE) || token ids (4 bytes
+        LE each)``, parent 0 for the first block. Stable across processes and runs."""
+    def cached_prefix_len(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
+        """Tokens of ``token_ids`` held by cached full blocks now (before the last-token
+        rule). Changes nothing, touches nothing."""
+    def pin_prefix(
+        self,
+        token_ids: _IntArrayLike,
+        extra_key: int | None = None,
+        *,
+        priority: int | None = None,
+        expires_at: int | None = None,
+    ) -> int:
+        """Pin the cached full blocks of ``token_ids`` and return a pin id.
+
+        Without ``priority`` the pin is hard: the blocks are never evicted. With a
+        ``priority`` (``0..2**32``) the pin is soft: under ``eviction="priority"`` idle
+        blocks with lower priority go first. The pin lapses when the clock reaches
+        ``expires_at`` (logical time, see :meth:`set_clock`).
+
+        Raises:
+            InvalidArgumentError: the prefix has no full block or is not fully cached;
+                ``expires_at`` is not after the current clock.
+        """
+    def pin_block_keys(
+        self, block_keys: _KeysLike, *, priority: int | None = None, expires_at: int | None = None
+    ) -> int:
+        """:meth:`pin_prefix` for a prefix given as block keys."""
+    def unpin(self, pin_id: int) -> None:
+        """Release a pin. Raises InvalidArgumentError for an unknown or lapsed pin id."""
+    def set_clock(self, t: int) -> None:
+        """Drive the logical clock from the caller's step counter from now on (by default
+        it counts completed admissions, appends, steps, forks, truncations and frees).
+        Lapsed pins are released. Raises InvalidArgumentError if ``t`` goes back."""
+    def cache_stats(self) -> CacheStats:
+        """Hit metrics and cache occupancy."""
+    def drain_events(self) -> dict[str, npt.NDArray[Any]]:
+        """Take the recorded cache events (``record_events=True``), oldest first, as
+        arrays of equal length: ``kind`` uint8 (:data:`EVENT_STORED`,
+        :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a
+        clear), ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent``
+        bool, ``clock`` uint64."""
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (idle ones become free; live ones stay with their
+        sequences, uncached) and return how many. Raises InvalidArgumentError while pins
+        are held."""
 
 @final
 class BlockTableBuffer:
@@ -274,6 +413,72 @@ class BlockTableBuffer:
     def invalidate(self) -> None:
         """Forget the matrix contents: the next sync rewrites every row it touches."""
 
+# ------------------------------------------------------------------- prefix caching
+
+EVENT_STORED: Final[int]
+EVENT_REMOVED: Final[int]
+EVENT_ALL_CLEARED: Final[int]
+
+@final
+class CacheStats:
+    """Prefix-cache metrics of a :class:`BlockPool` (hits count successful admissions)."""
+
+    @property
+    def policy(self) -> str:
+        """Eviction policy name."""
+    @property
+    def queries(self) -> int:
+        """Admissions that looked the cache up."""
+    @property
+    def query_blocks(self) -> int:
+        """Prompt blocks looked up (full blocks for token ids; every key for block keys)."""
+    @property
+    def hit_blocks(self) -> int:
+        """Leading prompt blocks found cached, before the last-token rule."""
+    @property
+    def query_tokens(self) -> int:
+        """Prompt tokens admitted."""
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens returned as cached (after the last-token rule)."""
+    @property
+    def stored_blocks(self) -> int:
+        """Blocks registered in the cache so far."""
+    @property
+    def evictions(self) -> int:
+        """Idle cached blocks reclaimed by allocations so far."""
+    @property
+    def collisions(self) -> int:
+        """Lookups that found a key whose block failed verification (a miss)."""
+    @property
+    def cow_hits(self) -> int:
+        """Admissions that took a copy-on-write partial hit."""
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks in the cache now (live or idle)."""
+    @property
+    def idle_blocks(self) -> int:
+        """Cached blocks with refcount 0."""
+    @property
+    def evictable_blocks(self) -> int:
+        """Idle blocks that are not hard-pinned (counted in ``num_free_blocks``)."""
+    @property
+    def pinned_blocks(self) -> int:
+        """Cached blocks under at least one hard pin."""
+    @property
+    def num_pins(self) -> int:
+        """Live pins."""
+    @property
+    def clock(self) -> int:
+        """Current logical time."""
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / query_tokens`` (0.0 before any query)."""
+    @property
+    def block_hit_rate(self) -> float:
+        """``hit_blocks / query_blocks`` (0.0 before any query)."""
+    def as_dict(self) -> dict[str, int | float | str]:
+        """All fields as a dict."""
 # ---- serving simulator (rust/bindings/sim.rs; facade: pykvpool.simulate) ----------------
 
 def synthesize_workload(
@@ -321,6 +526,8 @@ def run_simulation(
     host_blocks: int = ...,
     victim: str = ...,
     convention: str = ...,
+    prefix_caching: bool = ...,
+    eviction: str = ...,
     time_model: object = ...,
     check_invariants: bool = ...,
     max_steps: int | None = ...,
@@ -333,6 +540,10 @@ def run_simulation(
     overhead s, swap s/block]``, or a callable ``f(prefill_tokens, decode_tokens,
     num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds`` (called with
     the GIL; its exception propagates). The GIL is released otherwise.
+
+    ``prefix_caching`` caches prompts given as ``token_ids`` or ``block_keys`` (evicting
+    idle blocks by ``eviction``: lru, fifo, lfu, priority); prompts given as lengths only
+    never hit.
 
     Returns ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
     number}}``; see ``pykvpool.simulate.SimulationResult``.

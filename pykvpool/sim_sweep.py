@@ -142,6 +142,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
     p.add_argument("--host-blocks", type=int, default=0)
     p.add_argument("--queue", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--prefix-caching", action="store_true", help="cache prompts given as block keys (mooncake)")
+    p.add_argument("--eviction", choices=["lru", "fifo", "lfu", "priority"], default="lru")
     p.add_argument("--out", help="folder for CSVs and figures")
     p.add_argument("--sweep-rates", help="comma-separated rates: sweep rates x allocations x block sizes")
     p.add_argument("--sweep-block-sizes", default="16", help="comma-separated block sizes for --sweep-rates")
@@ -191,7 +193,13 @@ def main_simulate(args: argparse.Namespace) -> int:
         if args.out:
             sim_plots.throughput_vs_rate(rows, os.path.join(args.out, "throughput_vs_rate.png"))
         return 0
-    cfg = SimConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=_config(args, args.allocation))
+    cfg = SimConfig(
+        num_blocks=num_blocks,
+        block_size=args.block_size,
+        scheduler=_config(args, args.allocation),
+        prefix_caching=args.prefix_caching,
+        eviction=args.eviction,
+    )
     t0 = time.perf_counter()
     res = run(w, cfg, tm)
     wall = time.perf_counter() - t0

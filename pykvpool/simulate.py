@@ -224,6 +224,9 @@ class SimConfig:
 
     Attributes:
         num_blocks: device blocks; block_size: tokens per block.
+        prefix_caching: cache prompt blocks of workloads given as token ids or block keys
+            (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
+            to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``.
         check_invariants: run the pool's ``check_invariants`` after every step (slow).
         max_steps: stop early (unfinished requests get outcome 2).
         record_steps: keep per-step columns (needed for utilization figures).
@@ -232,6 +235,8 @@ class SimConfig:
     num_blocks: int
     block_size: int = 16
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    prefix_caching: bool = False
+    eviction: Literal["lru", "fifo", "lfu", "priority"] = "lru"
     check_invariants: bool = False
     max_steps: Optional[int] = None
     record_steps: bool = True
@@ -413,6 +418,8 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
         host_blocks=s.host_blocks,
         victim=s.victim,
         convention=s.convention,
+        prefix_caching=config.prefix_caching,
+        eviction=config.eviction,
         time_model=_time_arg(time_model),
         check_invariants=config.check_invariants,
         max_steps=config.max_steps,

@@ -8,11 +8,20 @@
 //! Data flows one way: [`allocator`] (free list and refcounts) -> [`block_table`]
 //! (one sequence's logical -> physical map) -> [`pool`] (sequences, slot mapping,
 //! copy-on-write, exports, statistics) -> bindings -> the Python facade.
+//!
+//! Prefix caching plugs into the pool: [`block_hash`] (chained block keys) ->
+//! [`prefix_cache`] (key <-> block, idle blocks, metrics, events) with [`eviction`] and
+//! [`pins`] -> [`pool_prefix`] (admission by token ids or block keys, on `BlockPool`).
 
 pub mod allocator;
+pub mod block_hash;
 pub mod block_table;
 pub mod error;
+pub mod eviction;
+pub mod pins;
 pub mod pool;
+pub mod pool_prefix;
+pub mod prefix_cache;
 pub mod sim;
 pub mod table_sync;
 pub mod types;
@@ -21,5 +30,8 @@ pub mod types;
 pub mod bindings;
 
 pub use error::{KvError, Result};
+pub use block_hash::{BlockHasher, BlockKey};
+pub use eviction::EvictionPolicy;
 pub use pool::{BlockPool, PoolStats};
+pub use prefix_cache::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
 pub use types::{BlockId, SeqId};

@@ -11,6 +11,8 @@ use rustc_hash::FxHashMap;
 
 use crate::allocator::BlockAllocator;
 use crate::block_table::{blocks_for, BlockTable};
+use crate::pool_prefix::TokenCursor;
+use crate::prefix_cache::PrefixCache;
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::types::{BlockId, SeqId};
@@ -24,11 +26,13 @@ pub const MAX_SEQ_TOKENS: usize = i32::MAX as usize;
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Clone, Debug)]
-struct SeqEntry {
-    table: BlockTable,
+pub(crate) struct SeqEntry {
+    pub(crate) table: BlockTable,
     /// Last batch this sequence appeared in; catches duplicate ids in one batch without
     /// allocating a set per step.
-    mark: u64,
+    pub(crate) mark: u64,
+    /// Token ids and block keys, for sequences whose blocks can enter the prefix cache.
+    pub(crate) cursor: Option<Box<TokenCursor>>,
 }
 
 /// Output buffers of a batched step, reusable across steps to avoid allocation.
@@ -75,15 +79,17 @@ pub struct PoolStats {
 /// A paged KV-cache block pool with per-sequence block tables.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    alloc: BlockAllocator,
-    block_size: usize,
-    seqs: FxHashMap<SeqId, SeqEntry>,
-    cow_copies: u64,
+    pub(crate) alloc: BlockAllocator,
+    pub(crate) block_size: usize,
+    pub(crate) seqs: FxHashMap<SeqId, SeqEntry>,
+    pub(crate) cow_copies: u64,
     next_stamp: u64,
     batch_mark: u64,
     id: u64,
     /// Scratch for `step`: shared partial blocks already copied away in this batch.
     cow_scratch: Vec<(BlockId, u32)>,
+    /// Automatic prefix caching, when enabled (see `pool_prefix`).
+    pub(crate) cache: Option<Box<PrefixCache>>,
 }
 
 impl BlockPool {
@@ -101,6 +107,7 @@ impl BlockPool {
             batch_mark: 0,
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             cow_scratch: Vec::new(),
+            cache: None,
         })
     }
 
@@ -114,10 +121,17 @@ impl BlockPool {
         self.alloc.num_blocks()
     }
 
-    /// Blocks an allocation can take right now.
+    /// Blocks an allocation can take right now: free blocks plus idle cached blocks that
+    /// may be evicted.
     #[inline]
     pub fn num_free_blocks(&self) -> usize {
-        self.alloc.num_free()
+        self.alloc.num_free() + self.cache.as_ref().map_or(0, |c| c.evictable_count())
+    }
+
+    /// Blocks held by at least one sequence (idle cached blocks are not used).
+    #[inline]
+    pub fn num_used_blocks(&self) -> usize {
+        self.num_blocks() - self.alloc.num_free() - self.cache.as_ref().map_or(0, |c| c.idle_count())
     }
 
     #[inline]
@@ -157,12 +171,12 @@ impl BlockPool {
         Ok(self.alloc.refcount(b))
     }
 
-    fn stamp(&mut self) -> u64 {
+    pub(crate) fn stamp(&mut self) -> u64 {
         self.next_stamp += 1;
         self.next_stamp
     }
 
-    fn ensure_available(&self, requested: usize) -> Result<()> {
+    pub(crate) fn ensure_available(&self, requested: usize) -> Result<()> {
         let free = self.num_free_blocks();
         if requested > free {
             return Err(KvError::PoolExhausted { requested, free });
@@ -170,7 +184,7 @@ impl BlockPool {
         Ok(())
     }
 
-    fn checked_len(len: usize, n: usize) -> Result<usize> {
+    pub(crate) fn checked_len(len: usize, n: usize) -> Result<usize> {
         match len.checked_add(n) {
             Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
             _ => Err(invalid!(
@@ -181,14 +195,14 @@ impl BlockPool {
 
     /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, given
     /// that `already_copied` other holders of its shared partial block copy away first.
-    fn blocks_needed_for(&self, table: &BlockTable, n: usize, already_copied: u32) -> Result<(usize, bool)> {
+    pub(crate) fn blocks_needed_for(&self, table: &BlockTable, n: usize, already_copied: u32) -> Result<(usize, bool)> {
         if n == 0 {
             return Ok((0, false));
         }
         let end = Self::checked_len(table.num_tokens(), n)?;
         let grow = blocks_for(end, self.block_size) - table.blocks().len();
         let cow = match table.partial_last(self.block_size) {
-            Some((_, b, _)) => self.alloc.refcount(b) - already_copied > 1,
+            Some((_, b, _)) => self.alloc.refcount(b) - already_copied > 1 || self.is_cached(b),
             None => false,
         };
         Ok((grow + cow as usize, cow))
@@ -211,12 +225,14 @@ impl BlockPool {
         let mut cow = Vec::new();
         let r = self.grow(&mut table, prompt_len, slots, &mut cow);
         if r.is_err() {
-            let alloc = &mut self.alloc;
-            table.truncate_blocks(0, |b| alloc.release(b));
+            for b in table.take_blocks().into_iter().rev() {
+                self.release_block(b);
+            }
             return r;
         }
         debug_assert!(cow.is_empty());
-        self.seqs.insert(seq, SeqEntry { table, mark: 0 });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor: None });
+        self.end_op();
         Ok(())
     }
 
@@ -232,7 +248,12 @@ impl BlockPool {
         self.ensure_available(need)?;
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         let r = self.grow(&mut entry.table, n, slots, cow);
+        if n > 0 {
+            // Tokens of unknown ids: the sequence's later blocks cannot be cached.
+            entry.cursor = None;
+        }
         self.seqs.insert(seq, entry);
+        self.end_op();
         r
     }
 
@@ -296,15 +317,19 @@ impl BlockPool {
             let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
             let r = self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow);
             out.seq_lens.push(entry.table.num_tokens() as i32);
+            if n > 0 {
+                entry.cursor = None;
+            }
             self.seqs.insert(seq, entry);
             r?;
         }
+        self.end_op();
         Ok(())
     }
 
     /// Grow `table` by `n` tokens. The caller has checked that enough blocks are free,
     /// so the error path is only reachable through a bug; it reports instead of panicking.
-    fn grow(
+    pub(crate) fn grow(
         &mut self,
         table: &mut BlockTable,
         n: usize,
@@ -316,9 +341,10 @@ impl BlockPool {
         }
         let bs = self.block_size;
         if let Some((idx, src, _)) = table.partial_last(bs) {
-            if self.alloc.refcount(src) > 1 {
+            if self.alloc.refcount(src) > 1 || self.is_cached(src) {
+                // Cached blocks are immutable: even their last holder writes into a copy.
                 let dst = self.take_block()?;
-                self.alloc.decref(src);
+                self.release_block(src);
                 table.replace(idx, dst);
                 table.restamp(self.stamp());
                 cow.push((src, dst));
@@ -344,11 +370,40 @@ impl BlockPool {
         Ok(())
     }
 
-    /// A free block; only called after `ensure_available` reserved it.
-    fn take_block(&mut self) -> Result<BlockId> {
-        self.alloc
-            .allocate()
-            .ok_or_else(|| KvError::Invariant("allocation after a successful reservation failed".into()))
+    /// A free block, or else an evicted idle cached one; only called after
+    /// `ensure_available` reserved it.
+    pub(crate) fn take_block(&mut self) -> Result<BlockId> {
+        if let Some(b) = self.alloc.allocate() {
+            return Ok(b);
+        }
+        let evicted = match self.cache.as_mut() {
+            Some(c) => c.evict(&mut self.alloc),
+            None => None,
+        };
+        evicted.ok_or_else(|| KvError::Invariant("allocation after a successful reservation failed".into()))
+    }
+
+    /// Drop one reference; a block at zero goes back to the free list, or stays in the
+    /// prefix cache as idle (reusable, evictable) when it holds cached content.
+    pub(crate) fn release_block(&mut self, b: BlockId) {
+        if self.alloc.decref(b) == 0 {
+            match self.cache.as_mut() {
+                Some(c) if c.is_cached(b) => c.on_idle(b),
+                _ => self.alloc.push_free(b),
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_cached(&self, b: BlockId) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.is_cached(b))
+    }
+
+    /// Close a successful mutating operation (advances the cache's operation clock).
+    pub(crate) fn end_op(&mut self) {
+        if let Some(c) = self.cache.as_mut() {
+            c.end_op();
+        }
     }
 
     /// A child sharing every block of `parent` (parallel sampling, beam search).
@@ -362,8 +417,10 @@ impl BlockPool {
         for &b in &blocks {
             self.alloc.incref(b);
         }
+        let cursor = self.seqs[&parent].cursor.clone();
         let stamp = self.stamp();
-        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0 });
+        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, cursor });
+        self.end_op();
         Ok(())
     }
 
@@ -379,22 +436,31 @@ impl BlockPool {
         let stamp = self.stamp();
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         if keep < entry.table.blocks().len() {
-            let alloc = &mut self.alloc;
-            entry.table.truncate_blocks(keep, |b| alloc.release(b));
+            let mut dropped = Vec::new();
+            entry.table.truncate_blocks(keep, |b| dropped.push(b));
+            for b in dropped {
+                self.release_block(b);
+            }
             entry.table.restamp(stamp);
         }
         entry.table.set_num_tokens(new_len);
+        if let Some(c) = entry.cursor.as_mut() {
+            c.truncate(new_len, self.block_size);
+        }
         self.seqs.insert(seq, entry);
+        self.end_op();
         Ok(())
     }
 
     /// Free `seq`: every block loses a reference; blocks at zero return to the free list.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        // Tail first, so the most recently used block is on top of the free list.
+        // Head first, so the tail ends on top of the free list (most recently used).
+        // Cached blocks go idle instead; only leaves are evicted, so tails go first anyway.
         for b in entry.table.take_blocks() {
-            self.alloc.release(b);
+            self.release_block(b);
         }
+        self.end_op();
         Ok(())
     }
 
@@ -485,7 +551,7 @@ impl BlockPool {
         stored += shared_fill.values().map(|&f| f as u64).sum::<u64>();
         let total = self.num_blocks();
         let free = self.num_free_blocks();
-        let used = total - free;
+        let used = self.num_used_blocks();
         let capacity = (used * bs) as u64;
         PoolStats {
             block_size: bs,
@@ -547,12 +613,16 @@ impl BlockPool {
             }
         }
         let used = expected.iter().filter(|&&c| c > 0).count();
-        if used + self.alloc.num_free() != n {
+        let idle = self.cache.as_ref().map_or(0, |c| c.idle_count());
+        if used + self.alloc.num_free() + idle != n {
             return Err(KvError::Invariant(format!(
-                "{used} used + {} free blocks != {n} total (a block leaked)",
+                "{used} used + {} free + {idle} idle cached blocks != {n} total (a block leaked)",
                 self.alloc.num_free()
             )));
         }
-        Ok(())
+        match &self.cache {
+            Some(c) => c.check(&self.alloc),
+            None => Ok(()),
+        }
     }
 }

@@ -3,7 +3,9 @@
 //! checked after every step.
 
 use proptest::prelude::*;
-use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
+use pykvpool::eviction::EvictionPolicy;
+use pykvpool::prefix_cache::CacheConfig;
+use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
 use pykvpool::sim::*;
 
 fn uniform(lo: u32, hi: u32) -> LengthSpec {
@@ -23,6 +25,23 @@ fn workload(n: usize, arrivals: Arrivals, prompt: (u32, u32), output: (u32, u32)
     .unwrap()
 }
 
+fn shared_workload(n: usize, rate: f64, prompt: (u32, u32), prefixes: (usize, u32), seed: u64) -> Workload {
+    synthesize(&SyntheticSpec {
+        num_requests: n,
+        arrivals: Arrivals::Poisson { rate },
+        prompt: uniform(prompt.0, prompt.1),
+        output: uniform(1, 40),
+        priority_levels: 2,
+        shared_prefixes: Some(SharedPrefixes { num_prefixes: prefixes.0, prefix_len: prefixes.1, vocab_size: 1000 }),
+        seed,
+    })
+    .unwrap()
+}
+
+fn cache(policy: EvictionPolicy) -> Option<CacheConfig> {
+    Some(CacheConfig { policy, ..CacheConfig::default() })
+}
+
 fn run(w: &Workload, cfg: &SimConfig, dt: f64) -> SimResult {
     simulate(w, cfg, &mut ConstantTime(dt)).unwrap()
 }
@@ -38,12 +57,14 @@ fn assert_conserved(w: &Workload, r: &SimResult, conv: Convention) {
     }
     let s = &r.summary;
     assert_eq!(s.finished + s.rejected, w.len() as u64);
-    // Every token computed is a prompt token, a decode of a generated token, or a recompute.
+    // Every token computed is a prompt token, a decode of a generated token, or a
+    // recompute; cached prompt tokens are not computed.
     let computed: u64 = r.steps.prefill_tokens.iter().chain(&r.steps.decode_tokens).map(|&x| x as u64).sum();
     let mut expect = 0u64;
     for i in 0..w.len() {
         if r.requests.outcome[i] == Outcome::Finished as u8 {
-            expect += (w.prompt_len[i] + w.output_len[i] - last) as u64 + r.requests.recomputed_tokens[i];
+            expect += (w.prompt_len[i] + w.output_len[i] - last) as u64 + r.requests.recomputed_tokens[i]
+                - r.requests.cached_tokens[i];
         }
     }
     assert_eq!(computed, expect);
@@ -147,6 +168,55 @@ fn max_steps_stops_early() {
     assert_eq!(r.summary.finished, 0);
 }
 
+#[test]
+fn prefix_caching_lowers_ttft_on_shared_prefixes() {
+    let w = shared_workload(400, 20.0, (1000, 1500), (4, 900), 6);
+    let mut cfg = SimConfig::new(3000, 16);
+    let t = |c: &SimConfig| {
+        let mut roof = Roofline {
+            num_params: 8e9,
+            bytes_per_param: 2.0,
+            num_layers: 32.0,
+            q_dim: 4096.0,
+            kv_bytes_per_token: 131072.0,
+            flops: 1.9e14,
+            bandwidth: 1.6e12,
+            overhead: 2e-3,
+            swap_time_per_block: 0.0,
+        };
+        simulate(&w, c, &mut roof).unwrap()
+    };
+    let off = t(&cfg);
+    cfg.prefix_cache = cache(EvictionPolicy::Lru);
+    cfg.check_invariants = true;
+    let on = t(&cfg);
+    assert!(on.summary.prefix_hit_rate > 0.4, "hit rate {}", on.summary.prefix_hit_rate);
+    assert!(on.summary.ttft.mean < 0.8 * off.summary.ttft.mean, "{} vs {}", on.summary.ttft.mean, off.summary.ttft.mean);
+    assert_eq!(off.summary.cached_tokens, 0);
+    assert_conserved(&w, &on, Convention::Vllm);
+}
+
+#[test]
+fn block_keys_hit_the_longest_seen_prefix_at_any_block_size() {
+    // Two requests share 2 of 3 trace blocks (512 tokens each); the third repeats the first.
+    let w = Workload::new(vec![0.0, 1.0, 2.0], vec![1500, 1400, 1500], vec![2, 2, 2], None)
+        .unwrap()
+        .with_block_keys(vec![1, 2, 3, 1, 2, 9, 1, 2, 3], vec![0, 3, 6, 9], 512)
+        .unwrap();
+    for bs in [16, 256, 512, 1024] {
+        let mut cfg = SimConfig::new(64 * 1024 / bs, bs);
+        cfg.prefix_cache = cache(EvictionPolicy::Lru);
+        cfg.check_invariants = true;
+        let r = run(&w, &cfg, 1.0);
+        let c = &r.requests.cached_tokens;
+        // Shared prefix 1024 tokens, in whole pool blocks; the repeat leaves its last token.
+        assert_eq!(c[0], 0);
+        assert_eq!(c[1] as usize, 1024 / bs * bs, "bs {bs}");
+        assert_eq!(c[2] as usize, (1499 / bs) * bs, "bs {bs}");
+        assert_conserved(&w, &r, Convention::Vllm);
+    }
+}
+
 fn policy() -> impl Strategy<Value = SchedulerConfig> {
     (
         1usize..8,
@@ -174,6 +244,25 @@ fn policy() -> impl Strategy<Value = SchedulerConfig> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(150))]
+    #[test]
+    fn invariants_hold_with_prefix_caching(
+        sched in policy(),
+        n in 1usize..25,
+        seed in any::<u64>(),
+        bs in prop_oneof![Just(1usize), Just(4), Just(16)],
+        blocks in 30usize..120,
+        evict in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+    ) {
+        let w = shared_workload(n, 5.0, (1, 80), (3, 24), seed);
+        let conv = sched.convention;
+        let mut cfg = SimConfig::new(blocks, bs);
+        cfg.scheduler = sched;
+        cfg.prefix_cache = cache(evict);
+        cfg.check_invariants = true;
+        let r = simulate(&w, &cfg, &mut ConstantTime(0.05)).unwrap();
+        assert_conserved(&w, &r, conv);
+    }
+
     #[test]
     fn invariants_hold_at_every_step(
         sched in policy(),

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 pub mod convert;
 pub mod errors;
 pub mod pool;
+pub mod prefix;
 pub mod sim;
 
 #[pymodule]
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
+    prefix::register(m)?;
     sim::register(m)?;
     Ok(())
 }

@@ -36,10 +36,30 @@ impl PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    fn new(py: Python<'_>, num_blocks: &Bound<'_, PyAny>, block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (num_blocks, block_size, *, prefix_caching = false, eviction = None,
+        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        prefix_caching: bool,
+        eviction: Option<&str>,
+        verify_tokens: Option<bool>,
+        cow_partial_hit: Option<bool>,
+        record_events: Option<bool>,
+        hash_bits: Option<u32>,
+    ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
-        let pool = py.detach(|| BlockPool::new(nb, bs)).py_err(py)?;
+        let opts = super::prefix::CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits };
+        let cfg = opts.config(py, prefix_caching)?;
+        let pool = py
+            .detach(|| match cfg {
+                Some(cfg) => BlockPool::with_prefix_cache(nb, bs, cfg),
+                None => BlockPool::new(nb, bs),
+            })
+            .py_err(py)?;
         Ok(Self { inner: Mutex::new(pool) })
     }
 
@@ -60,8 +80,7 @@ impl PyBlockPool {
 
     #[getter]
     fn num_used_blocks(&self) -> usize {
-        let p = self.pool();
-        p.num_blocks() - p.num_free_blocks()
+        self.pool().num_used_blocks()
     }
 
     #[getter]
@@ -108,6 +127,7 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, num_tokens = 1))]
+    #[allow(clippy::type_complexity)]
     fn append<'py>(
         &self,
         py: Python<'py>,

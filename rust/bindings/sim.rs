@@ -9,6 +9,8 @@ use pyo3::types::{PyDict, PyFloat, PyInt};
 use super::convert::{count, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
+use crate::eviction::EvictionPolicy;
+use crate::prefix_cache::CacheConfig;
 use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
 use crate::sim::{
     simulate, Allocation, ConstantTime, Convention, Preemption, QueuePolicy, Roofline, SimConfig, SimResult, StepShape, StepTimer,
@@ -240,7 +242,7 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
     token_ids=None, token_offsets=None, block_keys=None, key_offsets=None, tokens_per_key=0,
     max_running=256, max_batched_tokens=Some(8192), chunked_prefill=true, watermark=0.0,
     queue="fcfs", allocation="paged", reserve_tokens=None, preemption="recompute", host_blocks=0,
-    victim="newest", convention="vllm", time_model=None,
+    victim="newest", convention="vllm", prefix_caching=false, eviction="lru", time_model=None,
     check_invariants=false, max_steps=None, record_steps=true))]
 #[allow(clippy::too_many_arguments)]
 fn run_simulation<'py>(
@@ -267,6 +269,8 @@ fn run_simulation<'py>(
     host_blocks: i64,
     victim: &str,
     convention: &str,
+    prefix_caching: bool,
+    eviction: &str,
     time_model: Option<&Bound<'py, PyAny>>,
     check_invariants: bool,
     max_steps: Option<i64>,
@@ -328,6 +332,8 @@ fn run_simulation<'py>(
         "decode_first" => Convention::DecodeFirst,
         _ => return Err(invalid(py, format!("unknown convention '{convention}' (vllm, decode_first)"))),
     };
+    let policy: EvictionPolicy = eviction.parse().py_err(py)?;
+    cfg.prefix_cache = prefix_caching.then(|| CacheConfig { policy, ..CacheConfig::default() });
     cfg.check_invariants = check_invariants;
     cfg.max_steps = max_steps.map(|m| count(py, m, "max_steps").map(|m| m as u64)).transpose()?;
     cfg.record_steps = record_steps;

@@ -82,8 +82,9 @@ pub struct StepMetrics {
     pub blocks_reserved: Vec<u32>,
     /// KV tokens held on the device.
     pub kv_tokens: Vec<u64>,
-    /// `kv_tokens / ((blocks_used + blocks_reserved) x block_size)`: empty slots of partly
-    /// filled blocks and reserved-but-unused blocks count as waste; 1.0 when nothing is held.
+    /// `1 - waste / ((blocks_used + blocks_reserved) x block_size)`, the waste being the
+    /// empty slots of partly filled last blocks plus reserved-but-unallocated blocks
+    /// (without prefix sharing this is `kv_tokens / capacity`); 1.0 when nothing is held.
     pub utilization: Vec<f64>,
     /// Prompt tokens looked up / found in the prefix cache at admissions of this step.
     pub cache_query_tokens: Vec<u32>,

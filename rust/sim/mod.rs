@@ -20,7 +20,7 @@ pub mod workload;
 
 use crate::error::{KvError, Result};
 use crate::invalid;
-use crate::pool::BlockPool;
+use crate::prefix_cache::CacheConfig;
 
 pub use kv::Kv;
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
@@ -35,6 +35,8 @@ pub struct SimConfig {
     pub num_blocks: usize,
     pub block_size: usize,
     pub scheduler: SchedulerConfig,
+    /// Automatic prefix caching of prompts given as token ids or block keys (None: off).
+    pub prefix_cache: Option<CacheConfig>,
     /// Run `check_invariants` on both pools after every step (slow; for tests).
     pub check_invariants: bool,
     /// Stop after this many steps (requests still in flight are reported `Unfinished`).
@@ -49,6 +51,7 @@ impl SimConfig {
             num_blocks,
             block_size,
             scheduler: SchedulerConfig::default(),
+            prefix_cache: None,
             check_invariants: false,
             max_steps: None,
             record_steps: true,
@@ -69,6 +72,8 @@ pub struct SimResult {
 fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) {
     let used = kv.used_blocks();
     let capacity = ((used + kv.reserved) * kv.block_size) as f64;
+    // Empty slots of last blocks and reserved-but-unallocated blocks are the waste.
+    let waste = kv.empty_slots as f64 + (kv.reserved * kv.block_size) as f64;
     m.time.push(t);
     m.duration.push(dt);
     m.running.push(batch.items.len() as u32);
@@ -79,7 +84,7 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     m.blocks_used.push(used as u32);
     m.blocks_reserved.push(kv.reserved as u32);
     m.kv_tokens.push(kv.kv_tokens);
-    m.utilization.push(if capacity > 0.0 { kv.kv_tokens as f64 / capacity } else { 1.0 });
+    m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
     m.cache_query_tokens.push(batch.cache_query_tokens);
     m.cache_hit_tokens.push(batch.cache_hit_tokens);
     m.preemptions.push(batch.preemptions);
@@ -124,13 +129,12 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
     if n > u32::MAX as usize {
         return Err(invalid!("at most {} requests per run", u32::MAX));
     }
-    let device = BlockPool::new(cfg.num_blocks, cfg.block_size)?;
-    let host = match cfg.scheduler.preemption {
-        Preemption::Swap { host_blocks } if host_blocks > 0 => Some(BlockPool::new(host_blocks, cfg.block_size)?),
-        _ => None,
+    let host_blocks = match cfg.scheduler.preemption {
+        Preemption::Swap { host_blocks } => host_blocks,
+        Preemption::Recompute => 0,
     };
     let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
-    let mut kv = Kv::new(device, host, watermark);
+    let mut kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
     let mut sched = Scheduler::new(cfg.scheduler.clone())?;
 
     let mut order: Vec<u32> = (0..n as u32).collect();
@@ -196,7 +200,7 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         } else {
             0
         };
-        sched.schedule_admissions(&mut reqs, &mut kv, &mut batch)?;
+        sched.schedule_admissions(&mut reqs, &mut kv, workload, &mut batch, &mut ctr)?;
         if batch.items.is_empty() && batch.preemptions == 0 {
             return Err(KvError::Invariant(format!(
                 "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
@@ -254,6 +258,8 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
 /// The engine's mirror of the pool agrees with the pool.
 fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     let mut tokens = 0u64;
+    let mut empty = 0u64;
+    let bs = kv.block_size as u64;
     for (i, r) in reqs.iter().enumerate() {
         let seq = crate::types::SeqId(i as u64);
         match r.status {
@@ -263,6 +269,7 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
                     return Err(KvError::Invariant(format!("request {i}: pool holds {len} tokens, engine {}", r.kv_len)));
                 }
                 tokens += len as u64;
+                empty += (len as u64).div_ceil(bs) * bs - len as u64;
             }
             Status::Swapped => {
                 if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
@@ -278,6 +285,9 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     }
     if tokens != kv.kv_tokens {
         return Err(KvError::Invariant(format!("engine counts {} KV tokens, requests hold {tokens}", kv.kv_tokens)));
+    }
+    if empty != kv.empty_slots {
+        return Err(KvError::Invariant(format!("engine counts {} empty slots, requests hold {empty}", kv.empty_slots)));
     }
     if kv.committed != 0 {
         return Err(KvError::Invariant(format!("{} blocks promised after commit", kv.committed)));

@@ -17,6 +17,7 @@ use crate::invalid;
 
 use super::kv::Kv;
 use super::request::{Convention, ReqState, Status};
+use super::workload::Workload;
 
 /// Order of the waiting queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,7 +268,7 @@ impl Scheduler {
         'running: while i < self.running.len() && budget > 0 {
             let r = self.running[i];
             let n = reqs[r as usize].to_compute(conv).min(budget);
-            let need = kv.grow_need(&reqs[r as usize], n);
+            let need = kv.grow_need(r, &reqs[r as usize], n)?;
             while need > kv.free_now() {
                 let pos = self.pick_victim(reqs);
                 let v = self.running.remove(pos);
@@ -278,7 +279,7 @@ impl Scheduler {
                     let (_, vn) = batch.items.remove(at);
                     budget += vn;
                     // Its promise was computed from the same state: undo it exactly.
-                    let vneed = kv.grow_need(&reqs[v as usize], vn);
+                    let vneed = kv.grow_need(v, &reqs[v as usize], vn)?;
                     kv.unpromise(&reqs[v as usize], vneed);
                     i -= 1;
                 }
@@ -298,7 +299,14 @@ impl Scheduler {
 
     /// Finish a step's choice: unless somebody was preempted in this step, resume swapped
     /// requests, then admit waiting ones, appending them to the batch.
-    pub fn schedule_admissions(&mut self, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch) -> Result<()> {
+    pub fn schedule_admissions(
+        &mut self,
+        reqs: &mut [ReqState],
+        kv: &mut Kv,
+        w: &Workload,
+        batch: &mut Batch,
+        stats: &mut Counters,
+    ) -> Result<()> {
         if batch.preemptions > 0 {
             return Ok(());
         }
@@ -318,7 +326,7 @@ impl Scheduler {
             let r = &mut reqs[s as usize];
             batch.swapped_blocks += kv.swap_in(s as usize, r)? as u64;
             r.status = Status::Running;
-            let need = kv.grow_need(r, n);
+            let need = kv.grow_need(s, r, n)?;
             kv.promise(r, need);
             self.running.push(s);
             batch.items.push((s, n));
@@ -328,30 +336,40 @@ impl Scheduler {
             batch.budget = budget;
             return Ok(());
         }
-        while let Some(w) = self.peek_waiting() {
+        while let Some(idx) = self.peek_waiting() {
             if self.running.len() >= self.cfg.max_running || budget == 0 {
                 break;
             }
-            let r = &reqs[w as usize];
-            let want = r.to_compute(conv);
+            let r = &reqs[idx as usize];
+            let plan = kv.plan(idx as usize, r, w)?;
+            let want = r.to_compute(conv) - plan.cached;
             if !self.cfg.chunked_prefill && want > budget {
                 break;
             }
             let n = want.min(budget);
-            let first = blocks_for(n as usize, kv.block_size);
-            let reserve = self.reservation(r, kv.block_size);
+            let end = plan.kv_len.max(plan.cached + n) as usize;
+            let bs = kv.block_size;
+            // Writing past a cached partial last block copies it first: one more block.
+            let cow = (plan.kv_len as usize % bs != 0 && end > plan.kv_len as usize) as usize;
+            let first = plan.blocks + blocks_for(end, bs) - blocks_for(plan.kv_len as usize, bs) + cow;
+            let reserve = self.reservation(r, bs);
             if reserve.unwrap_or(first) > kv.admissible() {
                 break;
             }
             self.pop_waiting();
-            let r = &mut reqs[w as usize];
+            let r = &mut reqs[idx as usize];
             r.reserve_blocks = reserve.unwrap_or(0) as u32;
-            kv.admit(w as usize, r)?;
+            let cached = kv.admit(idx as usize, r, w, plan)?;
+            if plan.kv_len > 0 {
+                batch.cache_query_tokens += r.prompt_len;
+                batch.cache_hit_tokens += cached;
+                stats.cached[idx as usize] += cached as u64;
+            }
             r.status = Status::Running;
-            let need = kv.grow_need(r, n);
+            let need = kv.grow_need(idx, r, n)?;
             kv.promise(r, need);
-            self.running.push(w);
-            batch.items.push((w, n));
+            self.running.push(idx);
+            batch.items.push((idx, n));
             budget -= n;
         }
         batch.budget = budget;
