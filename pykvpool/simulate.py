@@ -344,7 +344,8 @@ class SimulationResult:
             finish, ttft, tpot, e2e, queueing (seconds, NaN if it never happened),
             preemptions, swaps, recomputed_tokens, cached_tokens, prompt_len, output_len,
             priority, outcome (0 finished, 1 rejected: can never fit, 2 unfinished).
-        steps: per step: time (start), duration, running, waiting, swapped, prefill_tokens,
+        steps: per step: time (start), duration, running (requests holding KV after the
+            step's admissions), batch (requests computing), waiting, swapped, prefill_tokens,
             decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
             filled and reserved blocks count as waste), cache_query_tokens,
             cache_hit_tokens, preemptions, swapped_blocks.

@@ -183,6 +183,7 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
     st.set_item("time", PyArray1::from_vec(py, s.time))?;
     st.set_item("duration", PyArray1::from_vec(py, s.duration))?;
     st.set_item("running", PyArray1::from_vec(py, s.running))?;
+    st.set_item("batch", PyArray1::from_vec(py, s.batch))?;
     st.set_item("waiting", PyArray1::from_vec(py, s.waiting))?;
     st.set_item("swapped", PyArray1::from_vec(py, s.swapped))?;
     st.set_item("prefill_tokens", PyArray1::from_vec(py, s.prefill_tokens))?;

@@ -68,8 +68,10 @@ pub struct StepMetrics {
     /// Start of the step, seconds.
     pub time: Vec<f64>,
     pub duration: Vec<f64>,
-    /// Requests in the batch.
+    /// Requests running (holding device KV) once the step's admissions are done.
     pub running: Vec<u32>,
+    /// Requests computing in this step.
+    pub batch: Vec<u32>,
     /// Arrived requests waiting for admission after scheduling.
     pub waiting: Vec<u32>,
     /// Requests parked in the host pool after scheduling.

@@ -76,7 +76,8 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     let waste = kv.empty_slots as f64 + (kv.reserved * kv.block_size) as f64;
     m.time.push(t);
     m.duration.push(dt);
-    m.running.push(batch.items.len() as u32);
+    m.running.push(sched.running.len() as u32);
+    m.batch.push(batch.items.len() as u32);
     m.waiting.push(sched.num_waiting() as u32);
     m.swapped.push(sched.num_swapped() as u32);
     m.prefill_tokens.push(shape.prefill_tokens as u32);
