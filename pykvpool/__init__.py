@@ -22,13 +22,36 @@ from pykvpool._native import (
     DuplicateSequenceError,
     InvalidArgumentError,
     InvariantError,
+    KvCache,
     KvPoolError,
     PoolExhaustedError,
     PoolStats,
     UnknownSequenceError,
     __version__,
+    cpu_features,
+    decode_attention,
+    decode_attention_paged,
+    get_num_threads,
+    kernel_paths,
+    peak_flops,
+    read_bandwidth,
+    set_num_threads,
 )
 from pykvpool import simulate
+
+# Capacity planning (pure Python; figures, report and CLI stay in their submodules so that
+# importing pykvpool does not import matplotlib).
+from pykvpool.errors import (
+    BudgetError,
+    KernelUnavailableError,
+    TraceFormatError,
+    UnknownPresetError,
+)
+from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.ledger import Budget, MemoryLedger
+from pykvpool.models import ModelConfig, StorageDtype, model_preset, storage_dtype
+from pykvpool.video import VideoSpec
+from pykvpool.workloads import Workload
 
 __all__ = [
     "BlockPool",
@@ -37,10 +60,34 @@ __all__ = [
     "DuplicateSequenceError",
     "InvalidArgumentError",
     "InvariantError",
+    "KvCache",
     "KvPoolError",
     "PoolExhaustedError",
     "PoolStats",
     "UnknownSequenceError",
     "__version__",
+    "cpu_features",
+    "decode_attention",
+    "decode_attention_paged",
+    "get_num_threads",
+    "kernel_paths",
+    "peak_flops",
+    "read_bandwidth",
+    "set_num_threads",
+    # capacity planning
+    "Budget",
+    "BudgetError",
+    "Hardware",
+    "KernelUnavailableError",
+    "MemoryLedger",
+    "ModelConfig",
+    "StorageDtype",
+    "TraceFormatError",
+    "UnknownPresetError",
+    "VideoSpec",
+    "Workload",
+    "hardware_preset",
+    "model_preset",
+    "storage_dtype",
     "simulate",
 ]

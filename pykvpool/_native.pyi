@@ -7,7 +7,7 @@ leaves the pool unchanged.
 """
 
 from collections.abc import Sequence
-from typing import Any, Final, SupportsIndex, TypeAlias
+from typing import Any, Final, Literal, SupportsIndex, TypeAlias, overload
 
 from typing_extensions import final
 
@@ -30,6 +30,15 @@ __all__ = [
     "PoolExhaustedError",
     "PoolStats",
     "UnknownSequenceError",
+    "KvCache",
+    "cpu_features",
+    "decode_attention",
+    "decode_attention_paged",
+    "get_num_threads",
+    "kernel_paths",
+    "peak_flops",
+    "read_bandwidth",
+    "set_num_threads",
     "run_simulation",
     "synthesize_workload",
 ]
@@ -551,3 +560,176 @@ def run_simulation(
     Raises:
         InvalidArgumentError: bad columns, policy names or sizes.
     """
+
+# ------------------------------------------------------- KV storage and decode attention
+
+_F32Array: TypeAlias = npt.NDArray[np.float32]
+_KernelPath: TypeAlias = Literal["scalar", "avx2", "avx512"]
+
+@final
+class KvCache:
+    """KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
+    ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype`` ("f32",
+    "f16" or "bf16"), in one 2 MiB-aligned allocation advised for transparent huge pages.
+
+    Physical layout: block-major, then KV head; inside a (block, head) tile K is
+    dimension-major ``[head_dim][block_size]`` and V token-major
+    ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
+    logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Raises:
+        InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/
+            ``num_kv_heads`` above 65536, an unknown dtype, or a size beyond memory.
+    """
+
+    def __new__(
+        cls,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str = "f32",
+    ) -> KvCache: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def dtype(self) -> str:
+        """"f32", "f16" or "bf16"."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K plus V over all layers."""
+    @property
+    def huge_pages(self) -> bool:
+        """Whether the OS accepted the transparent-huge-page advice."""
+    def key(self, layer: int) -> npt.NDArray[Any]:
+        """Zero-copy, writable view of layer ``layer``'s K, shape ``[num_blocks,
+        block_size, num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
+        ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not installed). The
+        view keeps the cache alive. Raises InvalidArgumentError for a bad layer."""
+    def value(self, layer: int) -> npt.NDArray[Any]:
+        """Zero-copy view of layer ``layer``'s V; as :meth:`key`."""
+    def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
+        """Store float32 ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]`` or
+        ``[tokens, num_kv_heads * head_dim]``) at ``slot_mapping`` (``tokens`` int
+        slots, ``block * block_size + offset``; -1 is padding, skipped), rounding to the
+        storage dtype (nearest even).
+
+        Raises:
+            InvalidArgumentError: bad layer, dtype or shape, a slot outside
+                ``-1..num_blocks * block_size``. Nothing is written on error.
+        """
+    def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]]) -> None:
+        """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``
+        (``[k, 2]``, e.g. the copy-on-write pairs of :meth:`BlockPool.step`), in every
+        layer, K and V, in row order.
+
+        Raises:
+            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape;
+                nothing is copied.
+        """
+
+# decode_attention(cache, layer, q, block_tables, seq_lens, ...) -> out [n, Hq, d] float32
+#
+# One query token per sequence against its cached K/V in ``cache`` layer ``layer``:
+# ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]``, g = Hq / Hkv.
+# ``q``: float32 [n, Hq, head_dim]; ``block_tables``: int [n, max_blocks] (padding
+# entries past ``ceil(seq_lens[i] / block_size)`` are never read); ``seq_lens``: n token
+# counts (0 gives a zero output and LSE -inf). ``scale`` defaults to 1/sqrt(head_dim).
+# ``out``: optional C-contiguous float32 [n, Hq, d] written in place and returned.
+# ``return_lse``: also return float32 [n, Hq] natural-log sum of exp(scale * q.k), to
+# merge partial results. ``split_size``: tokens per FlashDecoding split (None: automatic
+# when there are fewer work items than about two per thread; 0: never). ``kv_heads_per_item``:
+# KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
+# :func:`kernel_paths`. The GIL is released; the threads are :func:`set_num_threads`'.
+# decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
+# instead, as exported by BlockPool.flashinfer_tables.
+# Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,
+# head count or head_dim mismatches, a non-float32 q/out, wrong shapes, an unknown or
+# unsupported path.
+@overload
+def decode_attention(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    seq_lens: _IntArrayLike,
+    scale: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[False] = False,
+    *,
+    split_size: int | None = None,
+    kv_heads_per_item: int | None = None,
+    force_isa: _KernelPath | None = None,
+) -> _F32Array: ...
+@overload
+def decode_attention(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    seq_lens: _IntArrayLike,
+    scale: float | None = None,
+    out: _F32Array | None = None,
+    *,
+    return_lse: Literal[True],
+    split_size: int | None = None,
+    kv_heads_per_item: int | None = None,
+    force_isa: _KernelPath | None = None,
+) -> tuple[_F32Array, _F32Array]: ...
+@overload
+def decode_attention_paged(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    kv_indptr: _IntArrayLike,
+    kv_indices: _IntArrayLike,
+    kv_last_page_len: _IntArrayLike,
+    scale: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[False] = False,
+    *,
+    split_size: int | None = None,
+    kv_heads_per_item: int | None = None,
+    force_isa: _KernelPath | None = None,
+) -> _F32Array: ...
+@overload
+def decode_attention_paged(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    kv_indptr: _IntArrayLike,
+    kv_indices: _IntArrayLike,
+    kv_last_page_len: _IntArrayLike,
+    scale: float | None = None,
+    out: _F32Array | None = None,
+    *,
+    return_lse: Literal[True],
+    split_size: int | None = None,
+    kv_heads_per_item: int | None = None,
+    force_isa: _KernelPath | None = None,
+) -> tuple[_F32Array, _F32Array]: ...
+def read_bandwidth(nbytes: int | None = None, threads: int | None = None) -> float:
+    """Read bandwidth in bytes/s: best of 7 multi-accumulator SIMD sums over ``nbytes``
+    (default 256 MiB) of huge-page memory with ``threads`` threads (default: the kernel
+    pool's)."""
+def peak_flops(threads: int | None = None) -> float:
+    """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA)."""
+def set_num_threads(n: int) -> None:
+    """Threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs).
+    Raises InvalidArgumentError outside ``1..=1024``."""
+def get_num_threads() -> int:
+    """Threads of the kernel pool."""
+def cpu_features() -> list[str]:
+    """SIMD features of this CPU relevant to the kernels (e.g. "avx2", "avx512bf16")."""
+def kernel_paths() -> list[str]:
+    """Decode-attention paths this CPU supports, fastest last ("scalar" always)."""

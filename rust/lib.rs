@@ -13,17 +13,22 @@
 //! [`prefix_cache`] (key <-> block, idle blocks, metrics, events) with [`eviction`] and
 //! [`pins`] -> [`pool_prefix`] (admission by token ids or block keys, on `BlockPool`).
 
+pub mod aligned;
 pub mod allocator;
 pub mod block_hash;
 pub mod block_table;
 pub mod error;
 pub mod eviction;
+pub mod kernel;
+pub mod kv_storage;
 pub mod pins;
 pub mod pool;
 pub mod pool_prefix;
 pub mod prefix_cache;
+pub mod probe;
 pub mod sim;
 pub mod table_sync;
+pub mod threads;
 pub mod types;
 
 #[cfg(feature = "python")]
@@ -34,4 +39,5 @@ pub use block_hash::{BlockHasher, BlockKey};
 pub use eviction::EvictionPolicy;
 pub use pool::{BlockPool, PoolStats};
 pub use prefix_cache::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
+pub use kv_storage::{DType, KvCache, KvShape};
 pub use types::{BlockId, SeqId};

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 pub mod convert;
 pub mod errors;
+pub mod kv;
 pub mod pool;
 pub mod prefix;
 pub mod sim;
@@ -20,5 +21,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     prefix::register(m)?;
     sim::register(m)?;
+    kv::register(m)?;
     Ok(())
 }

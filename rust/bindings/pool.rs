@@ -11,6 +11,10 @@ use crate::pool::{BlockPool, PoolStats, StepOutput};
 use crate::table_sync::TableSync;
 use crate::types::{BlockId, SeqId};
 
+type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+type I32Array<'py> = Bound<'py, PyArray1<i32>>;
+type PairArray<'py> = Bound<'py, PyArray2<i64>>;
+
 /// Lock a mutex, recovering from poisoning: core operations never panic half-way, and a
 /// poisoned lock would otherwise make the pool unusable from Python forever.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -133,7 +137,7 @@ impl PyBlockPool {
         py: Python<'py>,
         seq_id: i64,
         num_tokens: i64,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>)> {
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
         let n = count(py, num_tokens, "num_tokens")?;
         let (slots, cow) = py
@@ -146,13 +150,12 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_ids, num_tokens = None))]
-    #[allow(clippy::type_complexity)]
     fn step<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_tokens: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let n = match num_tokens {
             Some(obj) => counts(obj, ids.len(), "num_tokens")?,
@@ -256,12 +259,11 @@ impl PyBlockPool {
         PyArray1::from_vec(py, flat).reshape([ids.len(), width])
     }
 
-    #[allow(clippy::type_complexity)]
     fn flashinfer_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let (indptr, indices, last) = py.detach(|| self.pool().flashinfer_tables(&ids)).py_err(py)?;
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))

@@ -1,0 +1,238 @@
+//! AVX-512 (F, BW, VL) kernel: 16 tokens per register.
+//!
+//! Per (block, KV head) tile and chunk of up to 16 tokens:
+//! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
+//!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
+//!    broadcast query element of every head, with two partial sums per head to hide FMA
+//!    latency; no horizontal sums;
+//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`);
+//! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
+//!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
+//!
+//! The next tile (next head of the block, or first head of the next block) is prefetched
+//! while the scores run, one K line and one V line per dimension row, so the jump
+//! between scattered blocks does not stall the stream.
+//!
+//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift. Queries stay f32
+//! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
+//! logits, beyond the 1e-5 accuracy contract; see the module doc of `kernel`).
+//!
+//! Every memory access is a (masked) load or store inside a slice obtained with checked
+//! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
+
+// Register tiles are small fixed arrays indexed by head and vector: index loops read best.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::{Partial, Work};
+use crate::kv_storage::{DType, Elem};
+
+const W: usize = 16;
+/// Query heads per register tile.
+const HT: usize = 4;
+/// V accumulator vectors per head in registers (64 dimensions).
+const VT: usize = 4;
+
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
+    let mut probs = [[0f32; W]; HT];
+    let nh = w.heads.len();
+    for bi in 0..w.blocks.len() {
+        let nt = w.tokens_in(bi);
+        for (hi, h) in w.heads.clone().enumerate() {
+            let (kt, vt) = w.tiles(bi, h);
+            let next = if hi + 1 < nh {
+                Some(w.tiles(bi, h + 1))
+            } else if bi + 1 < w.blocks.len() {
+                Some(w.tiles(bi + 1, w.heads.start))
+            } else {
+                None
+            };
+            let mut c0 = 0;
+            while c0 < nt {
+                let lanes = (nt - c0).min(W);
+                let mask: __mmask16 = if lanes == W { 0xffff } else { (1u16 << lanes) - 1 };
+                let pf = if c0 == 0 { next } else { None };
+                let mut j0 = 0;
+                while j0 < g {
+                    let qh = hi * g + j0;
+                    let chunk = Chunk { kt, vt, bs, d, c0, lanes, mask };
+                    match g - j0 {
+                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, pf),
+                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, pf),
+                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, pf),
+                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, pf),
+                    }
+                    j0 += HT;
+                }
+                c0 += W;
+            }
+        }
+    }
+}
+
+/// Up to 16 tokens of one (block, head) tile.
+struct Chunk<'a, E> {
+    kt: &'a [E],
+    vt: &'a [E],
+    bs: usize,
+    d: usize,
+    c0: usize,
+    lanes: usize,
+    mask: __mmask16,
+}
+
+/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
+///
+/// # Safety
+/// Every unmasked lane `i` must satisfy `p.add(i)` inside one live allocation.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
+    match E::DTYPE {
+        DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
+        DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
+        DType::BF16 => {
+            let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+        }
+    }
+}
+
+/// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
+#[inline]
+fn lane_mask(i: usize, n: usize) -> __mmask16 {
+    let r = n.saturating_sub(i);
+    if r >= W {
+        0xffff
+    } else {
+        (1u16 << r) - 1
+    }
+}
+
+/// `2^x` for `x <= 0` (inputs below -126 give about 1e-38 instead of underflowing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn exp2(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
+    const C: [f32; 8] = [
+        1.0,
+        std::f32::consts::LN_2,
+        0.240_226_5,
+        0.055_504_11,
+        0.009_618_129,
+        0.001_333_355_8,
+        0.000_154_035_3,
+        0.000_015_252_734,
+    ];
+    let mut r = _mm512_set1_ps(C[7]);
+    for &c in C[..7].iter().rev() {
+        r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(r, n)
+}
+
+/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn head_tile<E: Elem, const H: usize>(
+    c: &Chunk<E>,
+    q: &[f32],
+    qh: usize,
+    p: &mut Partial,
+    probs: &mut [[f32; W]; HT],
+    prefetch: Option<(&[E], &[E])>,
+) {
+    let (d, bs) = (c.d, c.bs);
+    let q = &q[qh * d..(qh + H) * d];
+    // K rows are bs elements apart; the last unmasked lane of the last row is
+    // (d - 1) * bs + c0 + lanes - 1 < d * bs = kt.len().
+    assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs);
+    let kp = c.kt.as_ptr();
+    let (pf_k, pf_v, pf_row) = match prefetch {
+        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
+        None => (std::ptr::null(), std::ptr::null(), 0),
+    };
+    let mut s0 = [_mm512_setzero_ps(); H];
+    let mut s1 = [_mm512_setzero_ps(); H];
+    let mut i = 0;
+    while i + 2 <= d {
+        // SAFETY: rows i and i + 1 < d, lanes masked to the tile (assert above).
+        let (k0, k1) = unsafe { (load(kp.add(i * bs + c.c0), c.mask), load(kp.add((i + 1) * bs + c.c0), c.mask)) };
+        if !pf_k.is_null() {
+            // Prefetches never fault; the addresses stay inside the next tile.
+            _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(i * pf_row));
+            _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(i * pf_row));
+        }
+        for j in 0..H {
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
+            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i + 1]), k1, s1[j]);
+        }
+        i += 2;
+    }
+    if i < d {
+        // SAFETY: row i < d, masked as above.
+        let k0 = unsafe { load(kp.add(i * bs + c.c0), c.mask) };
+        for j in 0..H {
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
+        }
+    }
+
+    // Online softmax per head; masked-off lanes get probability 0.
+    let mut alpha = [0f32; H];
+    for j in 0..H {
+        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, _mm512_add_ps(s0[j], s1[j]));
+        let m_old = p.m[qh + j];
+        let m_new = m_old.max(_mm512_reduce_max_ps(s));
+        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        alpha[j] = (m_old - m_new).exp2();
+        p.m[qh + j] = m_new;
+        p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
+        // SAFETY: probs[j] holds exactly 16 f32.
+        unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
+    }
+
+    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
+    let acc = &mut p.acc[qh * d..(qh + H) * d];
+    let ap = acc.as_mut_ptr();
+    let vp = c.vt.as_ptr();
+    let mut u0 = 0;
+    while u0 < d {
+        let m: [__mmask16; VT] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
+        let mut a = [[_mm512_setzero_ps(); VT]; H];
+        for j in 0..H {
+            let al = _mm512_set1_ps(alpha[j]);
+            for u in 0..VT {
+                // SAFETY: unmasked lanes lie in row j of acc (j * d + u0 + u*16 + lane <
+                // (j + 1) * d); the address is formed with wrapping_add because a fully
+                // masked vector may point past the end, where nothing is accessed.
+                a[j][u] = _mm512_mul_ps(al, unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) });
+            }
+        }
+        for t in 0..c.lanes {
+            let row = (c.c0 + t) * d + u0;
+            // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+            let v: [__m512; VT] = std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) });
+            for j in 0..H {
+                let pj = _mm512_set1_ps(probs[j][t]);
+                for u in 0..VT {
+                    a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+        }
+        for j in 0..H {
+            for u in 0..VT {
+                // SAFETY: same range as the load above.
+                unsafe { _mm512_mask_storeu_ps(ap.wrapping_add(j * d + u0 + u * W), m[u], a[j][u]) };
+            }
+        }
+        u0 += VT * W;
+    }
+}

@@ -1,0 +1,364 @@
+//! Paged decode attention: one query token per sequence against its cached K/V.
+//!
+//! `out[s, hq] = softmax(scale * q[s, hq] . K[s, hkv]^T) V[s, hkv]` with
+//! `hkv = hq / g`, `g = Hq / Hkv` (GQA), K/V read through the sequence's block table.
+//!
+//! # How the work is cut
+//!
+//! A *work item* is (sequence, group of KV heads, run of whole blocks). Each item reads
+//! every K/V byte of its range once for all `g` query heads of each KV head, keeps an
+//! online softmax (running max `m`, sum `l`, unnormalised `acc`, all f32) and writes a
+//! partial result. When there are fewer (sequence, head group) pairs than about two per
+//! thread, sequences are split along their blocks (FlashDecoding); partials are merged by
+//! log-sum-exp in [`merge`]. Items run on the [`crate::threads`] rayon pool.
+//!
+//! Queries are pre-multiplied by `scale * log2(e)` so the kernels use `exp2`; `m` is
+//! therefore in log2 units and the returned LSE is converted back to natural log.
+//!
+//! # Instruction sets
+//!
+//! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
+//! (AVX-512 F/BW/VL) are chosen at run time by [`Isa::best`], or forced per call. NEON
+//! is not implemented (no aarch64 toolchain to compile-check it here); aarch64 uses the
+//! scalar path.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::invalid;
+use crate::kv_storage::{Elem, KvCache, KvShape};
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+pub mod scalar;
+pub mod tables;
+
+pub use tables::SeqTables;
+
+/// A kernel implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| invalid!("unknown kernel path {s:?}; known: scalar, avx2, avx512"))
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => ["avx2", "fma", "f16c"].iter().all(|f| cpu_features().contains(f)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                ["avx512f", "avx512bw", "avx512vl", "fma", "f16c"].iter().all(|f| cpu_features().contains(f))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Supported paths, fastest last.
+    pub fn available() -> Vec<Isa> {
+        Self::ALL.into_iter().filter(|i| i.supported()).collect()
+    }
+
+    /// The fastest supported path.
+    pub fn best() -> Isa {
+        *Self::available().last().unwrap_or(&Isa::Scalar)
+    }
+}
+
+/// SIMD features of this CPU that the kernels and probes care about.
+pub fn cpu_features() -> &'static [&'static str] {
+    static FEATURES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    FEATURES.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            macro_rules! probe {
+                ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { v.push($f); } )* };
+            }
+            probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni");
+        }
+        #[cfg(target_arch = "aarch64")]
+        v.push("neon");
+        v
+    })
+}
+
+/// Per-call options; `Default` is what Python gets without keywords.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeOptions {
+    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Tokens per split (rounded up to whole blocks); `Some(0)` never splits, `None`
+    /// splits only when there are fewer work items than about two per thread.
+    pub split_tokens: Option<usize>,
+    /// KV heads per work item (must divide the KV head count); `None` is all of them,
+    /// which reads each block as one contiguous run (see `benches/RESULTS.md`).
+    pub kv_heads_per_item: Option<usize>,
+    /// Kernel path; `None` is [`Isa::best`].
+    pub isa: Option<Isa>,
+}
+
+/// What one work item reads. `q` holds the item's query heads (`heads.len() * g` rows of
+/// `head_dim`), pre-scaled by `scale * log2(e)`.
+pub(crate) struct Work<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    pub shape: KvShape,
+    pub g: usize,
+    pub blocks: &'a [u32],
+    pub ntok: usize,
+    pub heads: Range<usize>,
+    pub q: &'a [f32],
+}
+
+/// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
+/// Starts as `acc = 0, m = -inf, l = 0`.
+pub(crate) struct Partial<'a> {
+    pub acc: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+}
+
+impl<E: Elem> Work<'_, E> {
+    /// Tokens of block `bi` of this item that hold data.
+    #[inline]
+    pub fn tokens_in(&self, bi: usize) -> usize {
+        (self.ntok - bi * self.shape.block_size).min(self.shape.block_size)
+    }
+
+    /// K and V tiles (`head_dim * block_size` elements each) of KV head `h` in block
+    /// `bi`. Slicing is checked: block ids were validated against the pool.
+    #[inline]
+    pub fn tiles(&self, bi: usize, h: usize) -> (&[E], &[E]) {
+        let tile = self.shape.tile();
+        let at = self.blocks[bi] as usize * self.shape.block() + h * tile;
+        (&self.k[at..at + tile], &self.v[at..at + tile])
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Item {
+    seq: usize,
+    group: usize,
+    blocks: Range<usize>,
+    ntok: usize,
+}
+
+/// Decode attention over `layer` of `cache`.
+///
+/// `q`: f32 `[n, num_q_heads, head_dim]`; `out`: the same shape; `lse` (optional):
+/// `[n, num_q_heads]` natural-log sum of `exp(scale * q.k)` (`-inf` for an empty
+/// sequence, whose output is 0).
+///
+/// Errors: shapes or head counts that do not match the cache, an unsupported or unknown
+/// path, a non-finite scale, a KV head split that does not divide the KV heads.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    num_q_heads: usize,
+    tables: &SeqTables,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    opts: &DecodeOptions,
+) -> Result<()> {
+    let shape = cache.shape();
+    let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
+    if num_q_heads == 0 || !num_q_heads.is_multiple_of(hkv) {
+        return Err(invalid!("{num_q_heads} query heads is not a positive multiple of {hkv} KV heads"));
+    }
+    let g = num_q_heads / hkv;
+    let want = n * num_q_heads * d;
+    if q.len() != want || out.len() != want {
+        return Err(invalid!(
+            "q and out must be [{n}, {num_q_heads}, {d}] ({want} values), got {} and {}",
+            q.len(),
+            out.len()
+        ));
+    }
+    if let Some(l) = &lse {
+        if l.len() != n * num_q_heads {
+            return Err(invalid!("lse must be [{n}, {num_q_heads}], got {} values", l.len()));
+        }
+    }
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(invalid!("scale must be finite, got {scale}"));
+    }
+    let isa = opts.isa.unwrap_or_else(Isa::best);
+    if !isa.supported() {
+        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
+    }
+    let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
+    if kpi == 0 || !hkv.is_multiple_of(kpi) {
+        return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
+    }
+    let pool = crate::threads::pool()?;
+    let qs: Vec<f32> = q.iter().map(|&x| x * scale * std::f32::consts::LOG2_E).collect();
+    let items = plan(tables, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
+
+    let per_item = kpi * g;
+    let mut acc = vec![0f32; items.len() * per_item * d];
+    let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
+    let mut l = vec![0f32; items.len() * per_item];
+    crate::with_elem!(cache.dtype(), E => {
+        let (k, v) = cache.layer::<E>(layer)?;
+        pool.install(|| {
+            items
+                .par_iter()
+                .zip(acc.par_chunks_mut(per_item * d))
+                .zip(m.par_chunks_mut(per_item).zip(l.par_chunks_mut(per_item)))
+                .for_each(|((it, acc), (m, l))| {
+                    let (blocks, _) = tables.seq(it.seq);
+                    let heads = it.group * kpi..(it.group + 1) * kpi;
+                    let qrow = (it.seq * num_q_heads + heads.start * g) * d;
+                    let work = Work {
+                        k,
+                        v,
+                        shape,
+                        g,
+                        blocks: &blocks[it.blocks.clone()],
+                        ntok: it.ntok,
+                        heads,
+                        q: &qs[qrow..qrow + per_item * d],
+                    };
+                    run_item(isa, &work, &mut Partial { acc, m, l });
+                })
+        });
+    });
+    merge(&items, &acc, &m, &l, per_item, d, out, lse, &pool);
+    Ok(())
+}
+
+fn run_item<E: Elem>(isa: Isa, w: &Work<E>, p: &mut Partial) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `decode_attention` checked `isa.supported()`, i.e. the CPU has every
+        // feature the path is compiled for.
+        Isa::Avx512 => unsafe { avx512::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::run(w, p) },
+        _ => scalar::run(w, p),
+    }
+}
+
+/// Cut every (sequence, head group) into runs of whole blocks.
+fn plan(tables: &SeqTables, bs: usize, groups: usize, threads: usize, split: Option<usize>) -> Vec<Item> {
+    let n = tables.len();
+    let chunk_blocks = match split {
+        Some(0) => usize::MAX,
+        Some(t) => t.div_ceil(bs).max(1),
+        None if n * groups >= 2 * threads => usize::MAX,
+        None => {
+            // About four items per thread, but no chunk under 256 tokens: smaller ones
+            // cost more in merging and lost streaming than they gain in balance.
+            let blocks: usize = (0..n).map(|i| tables.seq(i).0.len()).sum::<usize>() * groups;
+            blocks.div_ceil(4 * threads).max(256usize.div_ceil(bs)).max(1)
+        }
+    };
+    let mut items = Vec::new();
+    for seq in 0..n {
+        let (blocks, len) = tables.seq(seq);
+        for group in 0..groups {
+            let mut b0 = 0usize;
+            loop {
+                let b1 = blocks.len().min(b0.saturating_add(chunk_blocks));
+                let ntok = len.min(b1 * bs) - (b0 * bs).min(len);
+                items.push(Item { seq, group, blocks: b0..b1, ntok });
+                b0 = b1;
+                if b0 >= blocks.len() {
+                    break;
+                }
+            }
+        }
+    }
+    items
+}
+
+/// Combine the partials of each (sequence, head group) into `out` (and `lse`).
+#[allow(clippy::too_many_arguments)]
+fn merge(
+    items: &[Item],
+    acc: &[f32],
+    m: &[f32],
+    l: &[f32],
+    per_item: usize,
+    d: usize,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    pool: &rayon::ThreadPool,
+) {
+    // Items are ordered by (seq, group): consecutive runs belong to one output chunk.
+    let mut starts = vec![0];
+    for i in 1..items.len() {
+        if (items[i].seq, items[i].group) != (items[i - 1].seq, items[i - 1].group) {
+            starts.push(i);
+        }
+    }
+    starts.push(items.len());
+    let mut lse_buf;
+    let lse = match lse {
+        Some(x) => x,
+        None => {
+            lse_buf = vec![0f32; out.len() / d.max(1)];
+            &mut lse_buf[..]
+        }
+    };
+    pool.install(|| {
+        out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(|(c, (o, ls))| {
+            let parts = starts[c]..starts[c + 1];
+            for h in 0..per_item {
+                let mx = parts.clone().map(|i| m[i * per_item + h]).fold(f32::NEG_INFINITY, f32::max);
+                let row = &mut o[h * d..(h + 1) * d];
+                row.fill(0.0);
+                if mx == f32::NEG_INFINITY {
+                    ls[h] = f32::NEG_INFINITY;
+                    continue;
+                }
+                let mut total = 0f32;
+                for i in parts.clone() {
+                    let w = (m[i * per_item + h] - mx).exp2();
+                    total += w * l[i * per_item + h];
+                    for (x, &a) in row.iter_mut().zip(&acc[(i * per_item + h) * d..][..d]) {
+                        *x += w * a;
+                    }
+                }
+                let inv = 1.0 / total;
+                row.iter_mut().for_each(|x| *x *= inv);
+                ls[h] = (mx + total.log2()) * std::f32::consts::LN_2;
+            }
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests;

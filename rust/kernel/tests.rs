@@ -1,0 +1,154 @@
+//! Every supported path against an f64 reference computed from the stored values, at the
+//! bounds the unsafe loads rely on: last block of the pool, partial chunks (block sizes
+//! not multiple of the vector width, lengths ending mid-block), head dims with a tail.
+
+use super::*;
+use crate::kv_storage::{DType, KvCache, KvShape};
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Fill every slot of `layer` with random K/V.
+fn filled(shape: KvShape, dtype: DType, seed: u64) -> KvCache {
+    let mut c = KvCache::new(shape, dtype).unwrap();
+    let mut r = Lcg(seed);
+    let n = shape.num_blocks * shape.block_size;
+    let row = shape.num_kv_heads * shape.head_dim;
+    let k: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    c.write(0, &k, &v, &slots).unwrap();
+    c
+}
+
+fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let s = c.shape();
+    let (d, g, bs) = (s.head_dim, hq / s.num_kv_heads, s.block_size);
+    let (ks, vs) = c.layer::<f32>(0).map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap_or_else(|_| {
+        crate::with_elem!(c.dtype(), E => {
+            let (k, v) = c.layer::<E>(0).unwrap();
+            (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect())
+        })
+    });
+    let (kst, vst) = (c.key_strides(), c.value_strides());
+    let mut out = vec![0f64; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; t.len() * hq];
+    for i in 0..t.len() {
+        let (blocks, len) = t.seq(i);
+        for h in 0..hq {
+            let kv = h / g;
+            let qv = &q[(i * hq + h) * d..][..d];
+            let at = |st: [usize; 4], tok: usize, x: usize| {
+                blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + kv * st[2] + x * st[3]
+            };
+            let logits: Vec<f64> = (0..len)
+                .map(|tok| (0..d).map(|x| qv[x] as f64 * ks[at(kst, tok, x)] as f64).sum::<f64>() * scale)
+                .collect();
+            if len == 0 {
+                continue;
+            }
+            let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+            lse[i * hq + h] = mx + z.ln();
+            for (tok, l) in logits.iter().enumerate() {
+                let p = (l - mx).exp() / z;
+                for x in 0..d {
+                    out[(i * hq + h) * d + x] += p * vs[at(vst, tok, x)] as f64;
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>) {
+    let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64);
+    let bs = shape.block_size;
+    // Tables run backwards from the pool's last block, so the last block is always read.
+    let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+    let mut table = vec![-1i64; lens.len() * width];
+    let mut next = shape.num_blocks as i64 - 1;
+    for (i, l) in lens.iter().enumerate() {
+        for b in 0..l.div_ceil(bs) {
+            table[i * width + b] = next;
+            next = (next - 1).rem_euclid(shape.num_blocks as i64);
+        }
+    }
+    let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    let t = SeqTables::padded(&table, width, &seq_lens, bs, shape.num_blocks).unwrap();
+    let mut r = Lcg(7);
+    let q: Vec<f32> = (0..lens.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
+    let (want, want_lse) = reference(&c, &q, hq, &t, 1.0 / (shape.head_dim as f64).sqrt());
+    let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; q.len()];
+        let mut lse = vec![f32::NAN; lens.len() * hq];
+        let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &q, hq, &t, &mut out, Some(&mut lse), &opts).unwrap();
+        for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+            assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} {dtype:?} {shape:?} hq={hq} at {i}: {o} vs {w}");
+        }
+        for (&o, &w) in lse.iter().zip(&want_lse) {
+            assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{isa:?} lse {o} vs {w}");
+        }
+    }
+}
+
+fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
+    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
+}
+
+#[test]
+fn all_paths_match_reference_over_shapes() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 1, 64), (8, 4, 4, 80), (32, 1, 8, 96), (5, 2, 6, 7), (17, 1, 3, 256)] {
+            let s = shape(bs, hkv, d, 40);
+            check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], None, None);
+        }
+    }
+}
+
+#[test]
+fn split_and_head_grouping_agree() {
+    let s = shape(16, 4, 64, 64);
+    for (split, kpi) in [(Some(0), Some(1)), (Some(16), Some(2)), (Some(40), None), (None, Some(4))] {
+        check(s, DType::F32, 8, &[300, 1, 17, 0], split, kpi);
+    }
+}
+
+#[test]
+fn invalid_arguments_are_errors() {
+    let c = filled(shape(4, 2, 8, 4), DType::F32, 1);
+    let t = SeqTables::padded(&[0, 1], 2, &[5], 4, 4).unwrap();
+    let q = vec![0f32; 4 * 8];
+    let mut out = vec![0f32; 4 * 8];
+    let ok = DecodeOptions::default();
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &ok).is_ok());
+    assert!(decode_attention(&c, 1, &q, 4, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q, 3, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q[1..], 4, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, Some(&mut [0.0; 3]), &ok).is_err());
+    let bad = DecodeOptions { scale: Some(f32::NAN), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
+    let bad = DecodeOptions { kv_heads_per_item: Some(3), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
+    assert!(Isa::parse("neon").is_err());
+}
+
+#[test]
+fn large_logits_stay_finite() {
+    let c = filled(shape(16, 1, 64, 8), DType::F32, 3);
+    let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
+    let q = vec![500f32; 64];
+    for isa in Isa::available() {
+        let mut out = vec![0f32; 64];
+        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap();
+        assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
+    }
+}

@@ -1,0 +1,436 @@
+//! KV storage owned by Rust: per layer one K and one V array of `num_blocks` blocks of
+//! `block_size` token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16 or
+//! bf16, in one huge-page-advised allocation ([`crate::aligned`]).
+//!
+//! # Physical layout (what the kernel reads)
+//!
+//! Block-major, then KV head, so one block holds all heads of its tokens contiguously
+//! (long runs when a work item reads every head of a block). Inside a (block, head) tile:
+//!
+//! - K is **dimension-major**, `[head_dim][block_size]`: one load gives consecutive tokens
+//!   of one dimension, so a SIMD lane holds a token and `q . k` is a chain of
+//!   broadcast-FMAs with no per-token horizontal sum;
+//! - V is **token-major**, `[block_size][head_dim]`: `acc += p_t * v_t` runs along `d`.
+//!
+//! `benches/bench_layout.py` measured the alternatives; see `benches/RESULTS.md`.
+//!
+//! # Logical view
+//!
+//! Both arrays are exposed with the logical shape `[num_blocks, block_size, num_kv_heads,
+//! head_dim]` (element strides from [`KvCache::key_strides`] / [`KvCache::value_strides`]),
+//! so `key[b, t, h, i]` is dimension `i` of head `h` of the token in slot
+//! `b * block_size + t`, whatever the physical order.
+
+use crate::aligned::AlignedBuf;
+use crate::error::Result;
+use crate::invalid;
+use crate::pool::MAX_BLOCK_SIZE;
+
+/// Storage element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Self::F32),
+            "f16" | "float16" | "half" => Ok(Self::F16),
+            "bf16" | "bfloat16" => Ok(Self::BF16),
+            _ => Err(invalid!("dtype must be 'f32', 'f16' or 'bf16', got {s:?}")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+        }
+    }
+}
+
+/// A storage element: converts from f32 with round-to-nearest-even and back exactly.
+pub trait Elem: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for half::f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+impl Elem for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+/// Call `$body` with `$E` bound to the element type of `$dtype`.
+#[macro_export]
+macro_rules! with_elem {
+    ($dtype:expr, $E:ident => $body:expr) => {
+        match $dtype {
+            $crate::kv_storage::DType::F32 => {
+                type $E = f32;
+                $body
+            }
+            $crate::kv_storage::DType::F16 => {
+                type $E = half::f16;
+                $body
+            }
+            $crate::kv_storage::DType::BF16 => {
+                type $E = half::bf16;
+                $body
+            }
+        }
+    };
+}
+
+/// Shape of a cache; every index computation goes through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Elements of one (block, head) tile: `head_dim * block_size`.
+    #[inline]
+    pub fn tile(&self) -> usize {
+        self.head_dim * self.block_size
+    }
+
+    /// Elements of one block (all heads).
+    #[inline]
+    pub fn block(&self) -> usize {
+        self.num_kv_heads * self.tile()
+    }
+
+    /// Elements of one layer's K (or V).
+    #[inline]
+    pub fn layer(&self) -> usize {
+        self.num_blocks * self.block()
+    }
+}
+
+/// Rounding of each K or V region, in bytes, so every region starts cache-line and page
+/// aligned inside the 2 MiB-aligned buffer.
+const REGION_ALIGN: usize = 4096;
+
+/// The KV cache: `2 * num_layers` regions (K then V per layer) in one aligned buffer.
+#[derive(Debug)]
+pub struct KvCache {
+    shape: KvShape,
+    dtype: DType,
+    region_bytes: usize,
+    buf: AlignedBuf,
+}
+
+impl KvCache {
+    /// Allocate a zeroed cache.
+    ///
+    /// Errors: any size of zero, `block_size > 65536`, or a total beyond the address space.
+    pub fn new(shape: KvShape, dtype: DType) -> Result<Self> {
+        let KvShape { num_layers, num_blocks, block_size, num_kv_heads, head_dim } = shape;
+        if num_layers == 0 || num_blocks == 0 || block_size == 0 || num_kv_heads == 0 || head_dim == 0 {
+            return Err(invalid!("every KvCache dimension must be >= 1, got {shape:?}"));
+        }
+        if block_size > MAX_BLOCK_SIZE || head_dim > 1 << 16 || num_kv_heads > 1 << 16 {
+            return Err(invalid!("block_size, head_dim and num_kv_heads must be <= 65536"));
+        }
+        let region = [num_blocks, block_size, num_kv_heads, head_dim, dtype.size()]
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .and_then(|b| b.checked_next_multiple_of(REGION_ALIGN));
+        let total = region.and_then(|r| r.checked_mul(2 * num_layers));
+        let (Some(region_bytes), Some(total)) = (region, total) else {
+            return Err(invalid!("KvCache of {shape:?} does not fit in memory"));
+        };
+        // Elements must stay addressable as i64 slots and by numpy's signed strides.
+        if num_blocks.checked_mul(block_size).is_none_or(|s| s > i64::MAX as usize / 2) {
+            return Err(invalid!("num_blocks * block_size is too large"));
+        }
+        let buf = AlignedBuf::zeroed(total)?;
+        Ok(Self { shape, dtype, region_bytes, buf })
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Bytes of K plus V over all layers (the payload, without alignment padding).
+    pub fn nbytes(&self) -> usize {
+        2 * self.shape.num_layers * self.shape.layer() * self.dtype.size()
+    }
+
+    pub fn huge_pages(&self) -> bool {
+        self.buf.huge_pages()
+    }
+
+    /// Element strides of the logical `[num_blocks, block_size, num_kv_heads, head_dim]`
+    /// view of K (dimension-major tiles).
+    pub fn key_strides(&self) -> [usize; 4] {
+        let s = &self.shape;
+        [s.block(), 1, s.tile(), s.block_size]
+    }
+
+    /// Element strides of the logical view of V (token-major tiles).
+    pub fn value_strides(&self) -> [usize; 4] {
+        let s = &self.shape;
+        [s.block(), s.head_dim, s.tile(), 1]
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.shape.num_layers {
+            return Err(invalid!("layer {layer} out of range 0..{}", self.shape.num_layers));
+        }
+        Ok(())
+    }
+
+    /// Byte offset of region `layer` K (`which = 0`) or V (`which = 1`).
+    fn region(&self, layer: usize, which: usize) -> usize {
+        (2 * layer + which) * self.region_bytes
+    }
+
+    /// Raw pointer to the first element of K (`value = false`) or V of `layer`, for
+    /// building zero-copy views. Valid while `self` lives; the buffer never moves.
+    pub fn layer_ptr(&self, layer: usize, value: bool) -> Result<*const u8> {
+        self.check_layer(layer)?;
+        Ok(self.buf.as_slice()[self.region(layer, value as usize)..].as_ptr())
+    }
+
+    /// K and V of `layer` as typed slices of `shape.layer()` elements.
+    pub fn layer<E: Elem>(&self, layer: usize) -> Result<(&[E], &[E])> {
+        self.check_layer(layer)?;
+        if E::DTYPE != self.dtype {
+            return Err(invalid!("cache holds {}, not {}", self.dtype.name(), E::DTYPE.name()));
+        }
+        let n = self.shape.layer();
+        let bytes = self.buf.as_slice();
+        let k = &bytes[self.region(layer, 0)..][..n * self.dtype.size()];
+        let v = &bytes[self.region(layer, 1)..][..n * self.dtype.size()];
+        Ok((cast(k), cast(v)))
+    }
+
+    fn layer_mut<E: Elem>(&mut self, layer: usize) -> (&mut [E], &mut [E]) {
+        let n = self.shape.layer() * self.dtype.size();
+        let (k0, v0) = (self.region(layer, 0), self.region(layer, 1));
+        let (head, tail) = self.buf.as_mut_slice().split_at_mut(v0);
+        (cast_mut(&mut head[k0..][..n]), cast_mut(&mut tail[..n]))
+    }
+
+    /// Store the K and V of `slots.len()` tokens (`k`, `v`: f32 `[tokens, num_kv_heads,
+    /// head_dim]`, row-major) at their slots in `layer`, rounding to the storage dtype
+    /// (round to nearest even). Slot -1 is padding and skipped.
+    ///
+    /// Errors (nothing written): bad layer, length mismatch, a slot outside
+    /// `-1..num_blocks * block_size`.
+    pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) -> Result<()> {
+        self.check_layer(layer)?;
+        let s = self.shape;
+        let row = s.num_kv_heads * s.head_dim;
+        let want = slots.len().checked_mul(row).ok_or_else(|| invalid!("too many slots"))?;
+        if k.len() != want || v.len() != want {
+            return Err(invalid!(
+                "k and v must hold {} tokens x {} heads x {} dims = {want} values, got {} and {}",
+                slots.len(),
+                s.num_kv_heads,
+                s.head_dim,
+                k.len(),
+                v.len()
+            ));
+        }
+        let capacity = (s.num_blocks * s.block_size) as i64;
+        if let Some(&bad) = slots.iter().find(|&&x| x < -1 || x >= capacity) {
+            return Err(invalid!("slot {bad} outside -1..{capacity}"));
+        }
+        crate::with_elem!(self.dtype, E => self.write_typed::<E>(layer, k, v, slots));
+        Ok(())
+    }
+
+    fn write_typed<E: Elem>(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) {
+        let s = self.shape;
+        let row = s.num_kv_heads * s.head_dim;
+        let (ks, vs) = self.layer_mut::<E>(layer);
+        for (n, &slot) in slots.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            let (b, t) = (slot as usize / s.block_size, slot as usize % s.block_size);
+            for h in 0..s.num_kv_heads {
+                let tile = b * s.block() + h * s.tile();
+                let src = n * row + h * s.head_dim;
+                let (kt, vt) = (&mut ks[tile..][..s.tile()], &mut vs[tile..][..s.tile()]);
+                for i in 0..s.head_dim {
+                    kt[i * s.block_size + t] = E::from_f32(k[src + i]);
+                }
+                for (dst, &x) in vt[t * s.head_dim..][..s.head_dim].iter_mut().zip(&v[src..src + s.head_dim]) {
+                    *dst = E::from_f32(x);
+                }
+            }
+        }
+    }
+
+    /// Copy whole blocks `src -> dst` in every layer, K and V, pair by pair in order
+    /// (the copy-on-write pairs of `BlockPool.step`).
+    ///
+    /// Errors (nothing copied): a block id outside `0..num_blocks`.
+    pub fn copy_blocks(&mut self, pairs: &[(i64, i64)]) -> Result<()> {
+        let nb = self.shape.num_blocks as i64;
+        if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
+            return Err(invalid!("copy pair {p:?} outside block range 0..{nb}"));
+        }
+        let block_bytes = self.shape.block() * self.dtype.size();
+        for layer in 0..self.shape.num_layers {
+            for which in 0..2 {
+                let base = self.region(layer, which);
+                let region = &mut self.buf.as_mut_slice()[base..base + self.shape.num_blocks * block_bytes];
+                for &(s, d) in pairs {
+                    let (s, d) = (s as usize * block_bytes, d as usize * block_bytes);
+                    region.copy_within(s..s + block_bytes, d);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_cast<E>(bytes: &[u8]) {
+    // Regions start REGION_ALIGN-aligned in a 2 MiB-aligned buffer and hold whole elements.
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<E>()) && bytes.len().is_multiple_of(std::mem::size_of::<E>()));
+}
+
+fn cast<E: Elem>(bytes: &[u8]) -> &[E] {
+    check_cast::<E>(bytes);
+    // SAFETY: alignment and length checked above; every Elem (f32, f16, bf16) is plain
+    // old data for which any bit pattern is a valid value; the lifetime is the input's.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / std::mem::size_of::<E>()) }
+}
+
+fn cast_mut<E: Elem>(bytes: &mut [u8]) -> &mut [E] {
+    check_cast::<E>(bytes);
+    // SAFETY: as in `cast`, with the exclusive borrow carried over.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / std::mem::size_of::<E>()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvShape {
+        KvShape { num_layers: 2, num_blocks: 5, block_size: 3, num_kv_heads: 2, head_dim: 4 }
+    }
+
+    /// Logical read through the documented strides.
+    fn at<E: Elem>(x: &[E], st: [usize; 4], b: usize, t: usize, h: usize, i: usize) -> f32 {
+        x[b * st[0] + t * st[1] + h * st[2] + i * st[3]].to_f32()
+    }
+
+    #[test]
+    fn write_reads_back_through_strides_in_every_dtype() {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let mut c = KvCache::new(shape(), dt).unwrap();
+            let s = c.shape();
+            // Last slot of the pool (the bound of the unsafe cast) and a padding slot.
+            let slots = [0i64, -1, (s.num_blocks * s.block_size - 1) as i64, 7];
+            let row = s.num_kv_heads * s.head_dim;
+            let k: Vec<f32> = (0..slots.len() * row).map(|x| x as f32 * 0.5).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            c.write(1, &k, &v, &slots).unwrap();
+            crate::with_elem!(dt, E => {
+                let (ks, vs) = c.layer::<E>(1).unwrap();
+                for (n, &slot) in slots.iter().enumerate().filter(|(_, &x)| x >= 0) {
+                    let (b, t) = (slot as usize / 3, slot as usize % 3);
+                    for h in 0..2 {
+                        for i in 0..4 {
+                            let want = E::from_f32(k[n * row + h * 4 + i]).to_f32();
+                            assert_eq!(at(ks, c.key_strides(), b, t, h, i), want);
+                            assert_eq!(at(vs, c.value_strides(), b, t, h, i), -want);
+                        }
+                    }
+                }
+                // Layer 0 untouched.
+                assert!(c.layer::<E>(0).unwrap().0.iter().all(|x| x.to_f32() == 0.0));
+            });
+        }
+    }
+
+    #[test]
+    fn bad_input_is_rejected_before_any_write() {
+        let mut c = KvCache::new(shape(), DType::F32).unwrap();
+        let k = vec![1.0f32; 8];
+        assert!(c.write(0, &k, &k, &[15]).is_err());
+        assert!(c.write(0, &k, &k, &[-2]).is_err());
+        assert!(c.write(2, &k, &k, &[0]).is_err());
+        assert!(c.write(0, &k[..7], &k, &[0]).is_err());
+        assert!(c.layer::<half::f16>(0).is_err());
+        assert!(c.layer::<f32>(0).unwrap().0.iter().all(|&x| x == 0.0));
+        assert!(c.copy_blocks(&[(0, 5)]).is_err());
+        assert!(KvCache::new(KvShape { head_dim: 0, ..shape() }, DType::F32).is_err());
+        assert!(KvCache::new(KvShape { num_blocks: usize::MAX / 2, ..shape() }, DType::F32).is_err());
+    }
+
+    #[test]
+    fn copy_blocks_copies_all_layers_k_and_v() {
+        let mut c = KvCache::new(shape(), DType::BF16).unwrap();
+        let k: Vec<f32> = (0..24).map(|x| x as f32).collect();
+        for layer in 0..2 {
+            c.write(layer, &k, &k, &[12, 13, 14]).unwrap(); // block 4, the last one
+        }
+        c.copy_blocks(&[(4, 0), (0, 2)]).unwrap();
+        for layer in 0..2 {
+            let (ks, vs) = c.layer::<half::bf16>(layer).unwrap();
+            let blk = c.shape().block();
+            for b in [0, 2] {
+                assert_eq!(&ks[b * blk..][..blk], &ks[4 * blk..][..blk]);
+                assert_eq!(&vs[b * blk..][..blk], &vs[4 * blk..][..blk]);
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+"""KvCache and decode attention against a float64 numpy reference computed from the
+values the cache actually stores (so f16/bf16 rounding of K/V is not counted as error).
+
+Accuracy contract: max abs error <= out_scale * (1e-5 + 4e-7 * L), where out_scale is the
+largest |reference output| and L the largest |logit|. The second term is f32 arithmetic
+itself: a logit of magnitude L carries a rounding error of about L * 6e-8 per term, which
+moves softmax weights by that relative amount; for ordinary logits (L of order 10) the
+bound is about 1e-5 of the output scale.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pykvpool as kv
+
+PATHS = kv.kernel_paths()
+DTYPES = ["f32", "f16", "bf16"]
+
+F64 = npt.NDArray[np.float64]
+
+
+def as_f64(x: npt.NDArray[object]) -> F64:
+    if x.dtype == np.uint16:  # bf16 bits without ml_dtypes
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
+def reference(
+    cache: kv.KvCache, layer: int, q: npt.NDArray[np.float32], tables: list[npt.NDArray[np.int32]], lens: list[int],
+    scale: float,
+) -> tuple[F64, F64, float]:
+    """Grouped (no repeat) float64 attention; returns (out, lse, max |logit|)."""
+    kc, vc = as_f64(cache.key(layer)), as_f64(cache.value(layer))
+    n, hq, d = q.shape
+    hkv, bs = cache.num_kv_heads, cache.block_size
+    g = hq // hkv
+    out = np.zeros((n, hq, d))
+    lse = np.full((n, hq), -np.inf)
+    lmax = 0.0
+    for i in range(n):
+        t = np.arange(lens[i])
+        if lens[i] == 0:
+            continue
+        blocks = tables[i][t // bs]
+        k = kc[blocks, t % bs]  # [len, hkv, d]
+        v = vc[blocks, t % bs]
+        qg = q[i].astype(np.float64).reshape(hkv, g, d)
+        logits = np.einsum("hgd,thd->hgt", qg, k) * scale
+        lmax = max(lmax, float(np.abs(logits).max()))
+        m = logits.max(axis=-1, keepdims=True)
+        p = np.exp(logits - m)
+        z = p.sum(axis=-1, keepdims=True)
+        out[i] = np.einsum("hgt,thd->hgd", p / z, v).reshape(hq, d)
+        lse[i] = (m + np.log(z)).reshape(hq)
+    return out, lse, lmax
+
+
+def assert_close(got: npt.NDArray[np.float32], want: F64, lmax: float) -> None:
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0))
+    assert np.isfinite(got).all()
+    assert err <= scale * (1e-5 + 4e-7 * lmax), f"max error {err:.3e} vs output scale {scale:.3e}, max logit {lmax:.1f}"
+
+
+@dataclass
+class Setup:
+    pool: kv.BlockPool
+    cache: kv.KvCache
+    seqs: list[int]
+    rng: np.random.Generator
+
+    def fill(self, slots: npt.NDArray[np.int64], layer: int = 0, mag: float = 1.0) -> None:
+        h, d = self.cache.num_kv_heads, self.cache.head_dim
+        k = (self.rng.standard_normal((len(slots), h, d)) * mag).astype(np.float32)
+        v = self.rng.standard_normal((len(slots), h, d)).astype(np.float32)
+        self.cache.write(layer, k, v, slots)
+
+    def step(self, ids: list[int], counts: int = 1) -> None:
+        slots, cow, _ = self.pool.step(ids, counts)
+        self.cache.copy_blocks(cow)
+        self.fill(slots)
+
+    def tables(self) -> tuple[list[npt.NDArray[np.int32]], list[int]]:
+        return [self.pool.block_table(s) for s in self.seqs], [self.pool.seq_len(s) for s in self.seqs]
+
+
+def make(lens: list[int], bs: int, hkv: int, d: int, dtype: str, seed: int = 0, mag: float = 1.0) -> Setup:
+    nb = sum(-(-n // bs) for n in lens) * 2 + 8
+    s = Setup(kv.BlockPool(nb, bs), kv.KvCache(1, nb, bs, hkv, d, dtype), [], np.random.default_rng(seed))
+    for i, n in enumerate(lens):
+        s.fill(s.pool.add_sequence(i, n), mag=mag)
+        s.seqs.append(i)
+    return s
+
+
+def run_and_check(s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0) -> None:
+    tables, lens = s.tables()
+    n, hq, d = len(lens), s.cache.num_kv_heads * g, s.cache.head_dim
+    q = (s.rng.standard_normal((n, hq, d)) * qmag).astype(np.float32)
+    width = max((len(t) for t in tables), default=0)
+    padded = np.full((n, width), -1, np.int32)
+    for i, t in enumerate(tables):
+        padded[i, : len(t)] = t
+    want, want_lse, lmax = reference(s.cache, 0, q, tables, lens, 1 / np.sqrt(d))
+    out, lse = kv.decode_attention(
+        s.cache, 0, q, padded, np.array(lens), return_lse=True, split_size=split, kv_heads_per_item=kpi, force_isa=path
+    )
+    assert out.shape == (n, hq, d) and out.dtype == np.float32
+    assert_close(out, want, lmax)
+    finite = np.isfinite(want_lse)
+    assert (np.isneginf(lse) == ~finite).all()
+    np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-5, atol=1e-5 * max(1.0, lmax))
+    # The FlashInfer form of the same tables gives the same numbers.
+    indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
+    out2 = kv.decode_attention_paged(
+        s.cache, 0, q, indptr, indices, last, split_size=split, kv_heads_per_item=kpi, force_isa=path
+    )
+    np.testing.assert_array_equal(out, out2)
+
+
+def lengths(bs: int) -> st.SearchStrategy[int]:
+    edge = st.sampled_from([1, bs, bs + 1, 2 * bs, 2 * bs - 1 if bs > 1 else 3])
+    return st.one_of(edge, st.integers(1, 300))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[object, ...]:
+    bs = draw(st.sampled_from([1, 8, 16, 32]))
+    hkv = draw(st.sampled_from([1, 2, 4, 8]))
+    g = draw(st.sampled_from([1, 2, 4, 8]))
+    d = draw(st.sampled_from([64, 80, 96, 128, 256]))
+    lens = draw(st.lists(lengths(bs), min_size=1, max_size=4))
+    dtype = draw(st.sampled_from(DTYPES))
+    path = draw(st.sampled_from(PATHS))
+    split = draw(st.sampled_from([None, 0, 1, 16, 64]))
+    kpi = draw(st.sampled_from([None, 1]))
+    fork = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31))
+    return bs, hkv, g, d, lens, dtype, path, split, kpi, fork, seed
+
+
+@given(cases())
+def test_matches_float64_reference(case: tuple[object, ...]) -> None:
+    bs, hkv, g, d, lens, dtype, path, split, kpi, fork, seed = case
+    assert isinstance(lens, list)
+    s = make(lens, int(bs), int(hkv), int(d), str(dtype), int(seed))  # type: ignore[call-overload]
+    if fork:
+        # Parallel sampling: the child shares the parent's blocks, then both diverge
+        # (copy-on-write of the shared partial block through copy_blocks).
+        s.pool.fork(0, 100)
+        s.seqs.append(100)
+        s.step([0, 100], 2)
+    run_and_check(s, int(g), str(path), split, kpi)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_logits_do_not_overflow(path: str, dtype: str) -> None:
+    s = make([700, 33], 16, 2, 128, dtype, seed=5, mag=30.0)
+    run_and_check(s, 4, path, None, None, qmag=30.0)  # logits in the thousands
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_single_long_sequence_is_split_and_matches(path: str) -> None:
+    s = make([5000], 16, 2, 64, "bf16", seed=9)
+    for split in (None, 0, 256):
+        run_and_check(s, 4, path, split, None)
+
+
+def test_empty_batch_and_empty_sequence() -> None:
+    c = kv.KvCache(1, 4, 16, 2, 64)
+    q = np.zeros((0, 4, 64), np.float32)
+    out, lse = kv.decode_attention(c, 0, q, np.zeros((0, 3), np.int32), np.zeros(0, np.int32), return_lse=True)
+    assert out.shape == (0, 4, 64) and lse.shape == (0, 4)
+    q1 = np.ones((1, 4, 64), np.float32)
+    out, lse = kv.decode_attention(c, 0, q1, np.full((1, 2), -1, np.int32), [0], return_lse=True)
+    assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_out_is_written_in_place_and_scale_is_used() -> None:
+    s = make([40], 8, 2, 64, "f32")
+    tables, lens = s.tables()
+    q = s.rng.standard_normal((1, 2, 64)).astype(np.float32)
+    out = np.empty((1, 2, 64), np.float32)
+    res = kv.decode_attention(s.cache, 0, q, np.array(tables), lens, scale=0.3, out=out)
+    assert res is out
+    want, _, lmax = reference(s.cache, 0, q, tables, lens, 0.3)
+    assert_close(out, want, lmax)
+
+
+def test_views_are_zero_copy_logical_and_writable() -> None:
+    c = kv.KvCache(2, 3, 4, 2, 8, "f16")
+    k = c.key(1)
+    assert k.shape == (3, 4, 2, 8) and k.dtype == np.float16
+    assert np.shares_memory(k, c.key(1)) and not np.shares_memory(k, c.key(0))
+    x = np.arange(2 * 2 * 8, dtype=np.float32).reshape(2, 2, 8)
+    c.write(1, x, -x, np.array([5, -1]))  # slot 5 = block 1, offset 1; -1 skipped
+    np.testing.assert_array_equal(k[1, 1], x[0].astype(np.float16))
+    np.testing.assert_array_equal(c.value(1)[1, 1], -x[0].astype(np.float16))
+    assert np.count_nonzero(k) == np.count_nonzero(x[0])
+    k[0, 0, 0, 0] = 3.0  # the view writes the cache itself
+    assert c.key(1)[0, 0, 0, 0] == 3.0
+
+
+def test_write_rounds_to_nearest_even() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 1, 16)).astype(np.float32) * 1e3
+    # Exact halfway cases for bf16 (low 16 bits 0x8000) on odd and even mantissas.
+    x.view(np.uint32)[0, 0, :4] = [0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000]
+    c = kv.KvCache(1, 4, 16, 1, 16, "bf16")
+    c.write(0, x, x, np.arange(64))
+    bits = c.key(0).reshape(64, 1, 16).view(np.uint16) if c.key(0).dtype != np.uint16 else c.key(0).reshape(64, 1, 16)
+    u = x.view(np.uint32)
+    rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    np.testing.assert_array_equal(bits, rne)
+    c16 = kv.KvCache(1, 4, 16, 1, 16, "f16")
+    c16.write(0, x, x, np.arange(64))
+    with np.errstate(over="ignore"):  # 3.4e38 -> inf, as in the cache
+        np.testing.assert_array_equal(c16.value(0).reshape(64, 1, 16), x.astype(np.float16))
+
+
+def test_copy_blocks_copies_every_layer() -> None:
+    c = kv.KvCache(2, 4, 2, 1, 4)
+    x = np.arange(8, dtype=np.float32).reshape(2, 1, 4)
+    for layer in range(2):
+        c.write(layer, x, x + 1, [2, 3])  # block 1
+    c.copy_blocks(np.array([[1, 3]]))
+    for layer in range(2):
+        np.testing.assert_array_equal(c.key(layer)[3], c.key(layer)[1])
+        np.testing.assert_array_equal(c.value(layer)[3], c.value(layer)[1])
+    c.copy_blocks(np.zeros((0, 2), np.int64))
+    with pytest.raises(kv.InvalidArgumentError):
+        c.copy_blocks([[0, 4]])
+    with pytest.raises(kv.InvalidArgumentError):
+        c.copy_blocks([[0, 1, 2]])
+
+
+def test_invalid_arguments_raise_and_change_nothing() -> None:
+    c = kv.KvCache(1, 4, 4, 2, 8)
+    q = np.zeros((1, 4, 8), np.float32)
+    t = np.array([[0, 1]], np.int32)
+    bad_calls = [
+        lambda: kv.decode_attention(c, 0, q, np.array([[0, 4]]), [5]),  # block outside pool
+        lambda: kv.decode_attention(c, 0, q, np.array([[0, -1]]), [5]),  # padding within length
+        lambda: kv.decode_attention(c, 0, q, t, [9]),  # beyond table capacity
+        lambda: kv.decode_attention(c, 0, q, t, [-1]),
+        lambda: kv.decode_attention(c, 0, np.zeros((1, 3, 8), np.float32), t, [5]),  # heads
+        lambda: kv.decode_attention(c, 0, np.zeros((1, 4, 16), np.float32), t, [5]),  # dim
+        lambda: kv.decode_attention(c, 0, q.astype(np.float64), t, [5]),  # dtype
+        lambda: kv.decode_attention(c, 0, q[0], t, [5]),  # ndim
+        lambda: kv.decode_attention(c, 0, q, t, [5, 5]),  # rows vs lens
+        lambda: kv.decode_attention(c, 1, q, t, [5]),  # layer
+        lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 7), np.float32)),
+        lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 16), np.float32)[..., ::2]),
+        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="neon"),
+        lambda: kv.decode_attention(c, 0, q, t, [5], kv_heads_per_item=3),
+        lambda: kv.decode_attention(c, 0, q, t, [5], scale=float("inf")),
+        lambda: kv.decode_attention_paged(c, 0, q, [0, 2], [0, 1], [5]),  # last page > block
+        lambda: kv.decode_attention_paged(c, 0, q, [0, 3], [0, 1], [1]),  # indptr past indices
+        lambda: kv.decode_attention_paged(c, 0, q, [0, 1], [7], [1]),
+        lambda: c.write(0, np.zeros((1, 2, 8), np.float32), np.zeros((1, 2, 8), np.float32), [16]),
+        lambda: c.write(0, np.zeros((1, 2, 8), np.float64), np.zeros((1, 2, 8), np.float32), [0]),
+        lambda: c.write(0, np.zeros((2, 2, 8), np.float32), np.zeros((2, 2, 8), np.float32), [0]),
+        lambda: c.key(1),
+        lambda: kv.KvCache(1, 4, 4, 2, 8, "int8"),
+        lambda: kv.KvCache(1, 0, 4, 2, 8),
+        lambda: kv.set_num_threads(0),
+    ]
+    for call in bad_calls:
+        with pytest.raises(kv.InvalidArgumentError):
+            call()
+    assert not c.key(0).any() and not c.value(0).any()
+
+
+def test_every_supported_path_is_listed_and_scalar_always() -> None:
+    assert PATHS[0] == "scalar"
+    feats = kv.cpu_features()
+    assert ("avx512" in PATHS) == all(f in feats for f in ("avx512f", "avx512bw", "avx512vl"))
+    assert ("avx2" in PATHS) == all(f in feats for f in ("avx2", "fma", "f16c"))
+
+
+def test_thread_count_is_settable_and_read_from_env() -> None:
+    before = kv.get_num_threads()
+    try:
+        kv.set_num_threads(1)
+        assert kv.get_num_threads() == 1
+        s = make([100], 16, 2, 64, "f32")
+        run_and_check(s, 2, PATHS[-1], None, None)
+    finally:
+        kv.set_num_threads(before)
+    env = dict(os.environ, PYKVPOOL_NUM_THREADS="3")
+    code = "import pykvpool; print(pykvpool.get_num_threads())"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "3"
+
+
+def test_probes_report_positive_rates() -> None:
+    assert kv.read_bandwidth(8 << 20, threads=1) > 1e8
+    assert kv.peak_flops(threads=1) > 1e8
+    with pytest.raises(kv.InvalidArgumentError):
+        kv.read_bandwidth(1000)
