@@ -99,8 +99,8 @@ def main() -> int:
     ]
 
     # 2. and 3. Real traces.
-    roof = sim.roofline("llama-3-8b", "a100-80g")
-    blocks16 = sim.kv_blocks_for_memory(sim.MODELS["llama-3-8b"], sim.HARDWARE["a100-80g"], 16)
+    roof = sim.roofline("llama-3-8b", "a100-80gb-sxm")
+    blocks16 = sim.kv_blocks_for_memory(roof.model, roof.hardware, 16)
     conv = DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
     moon = DATA / "mooncake_fast25" / "synthetic_trace.jsonl"
     if conv.exists() and moon.exists():

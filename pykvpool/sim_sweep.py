@@ -17,7 +17,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO, Union
 
-from pykvpool.simulate import Roofline, SchedulerConfig, SimConfig, TimeModel, Workload, roofline, run, synthetic_workload
+from pykvpool.progress import ProgressBar
+from pykvpool.simulate import (
+    Roofline,
+    SchedulerConfig,
+    SimConfig,
+    TimeModel,
+    Workload,
+    kv_blocks_for_memory,
+    roofline,
+    run,
+    synthetic_workload,
+)
 
 __all__ = ["add_subcommand", "main_simulate", "sweep"]
 
@@ -35,20 +46,6 @@ def _at_rate(source: WorkloadSource, rate: float) -> Workload:
     return source.scaled(time=base / rate)
 
 
-class _Progress:
-    def __init__(self, total: int, stream: Optional[TextIO]) -> None:
-        self.total, self.done, self.stream = total, 0, stream
-
-    def tick(self) -> None:
-        self.done += 1
-        if self.stream is not None:
-            bar = "#" * (30 * self.done // self.total)
-            self.stream.write(f"\r[{bar:<30}] {self.done}/{self.total} runs")
-            if self.done == self.total:
-                self.stream.write("\n")
-            self.stream.flush()
-
-
 def sweep(
     workload: WorkloadSource,
     rates: Sequence[float],
@@ -64,14 +61,14 @@ def sweep(
     block_size``, the same memory for every block size) and the run's summary.
 
     ``workload`` is re-timed to each rate when it is a :class:`Workload` (its mean rate is
-    scaled), or called with the rate. ``workers`` defaults to every core.
+    scaled), or called with the rate. ``workers`` defaults to every core; ``progress`` is
+    the stream of the progress bar (None: no bar).
 
     Raises:
         InvalidArgumentError: a configuration the engine rejects (the first one met).
     """
     jobs = [(r, name, bs) for r in rates for name in policies for bs in block_sizes]
     loads = {r: _at_rate(workload, r) for r in rates}
-    bar = _Progress(len(jobs), progress)
 
     def one(job: tuple[float, str, int]) -> dict[str, Any]:
         rate, name, bs = job
@@ -82,34 +79,33 @@ def sweep(
         return {"rate": rate, "label": name, "block_size": bs, "num_blocks": cfg.num_blocks, **res.summary}
 
     rows: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
+    with ProgressBar("simulation sweep", len(jobs), stream=progress, enabled=progress is not None) as bar, \
+            ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
         futures = [ex.submit(one, j) for j in jobs]
         for f in futures:
             rows.append(f.result())
-            bar.tick()
+            bar(len(rows))
     return rows
 
 
 # ---- CLI -------------------------------------------------------------------------------
 
-_TRACES = {
-    "azure-conv": ("azure_llm_2023", "AzureLLMInferenceTrace_conv.csv"),
-    "azure-code": ("azure_llm_2023", "AzureLLMInferenceTrace_code.csv"),
-    "mooncake": ("mooncake_fast25", "synthetic_trace.jsonl"),
-}
+_MOONCAKE = ("mooncake_fast25", "synthetic_trace.jsonl")
 
 
 def _load(args: argparse.Namespace) -> Workload:
     from pykvpool import sim_traces
+    from pykvpool.workloads import azure_trace_path
 
     if args.trace is None:
         return synthetic_workload(
             args.requests, arrivals="poisson", rate=args.rate or 10.0, seed=args.seed,
             prompt=("uniform", [args.prompt[0], args.prompt[1]]), output=("uniform", [args.output[0], args.output[1]]),
         )
-    if args.trace in _TRACES:
-        folder, name = _TRACES[args.trace]
-        path = os.path.join(args.data_dir, folder, name)
+    if args.trace in ("azure-conv", "azure-code"):
+        path = str(azure_trace_path(args.trace.split("-")[1]))
+    elif args.trace == "mooncake":
+        path = os.path.join(args.data_dir, *_MOONCAKE)
     else:
         path = args.trace
     w = sim_traces.load_mooncake(path, args.limit) if path.endswith(".jsonl") else sim_traces.load_azure(path, args.limit)
@@ -124,7 +120,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         description="Step-level serving simulation over the pykvpool BlockPool (logical time).",
     )
     p.add_argument("--trace", help="azure-conv, azure-code, mooncake, or a CSV/JSONL path (default: synthetic)")
-    p.add_argument("--data-dir", default=os.path.join("..", "shared", "data"), help="folder of the named traces")
+    p.add_argument("--data-dir", default=os.path.join("..", "shared", "data"),
+                   help="folder holding mooncake_fast25/ (the Azure traces ship with the package)")
     p.add_argument("--limit", type=int, help="first N requests of the trace")
     p.add_argument("--requests", type=int, default=2000, help="synthetic: number of requests")
     p.add_argument("--rate", type=float, help="arrival rate, req/s (re-times a trace)")
@@ -132,7 +129,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", type=int, nargs=2, default=(128, 384), metavar=("LO", "HI"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--hardware", default="a100-80g")
+    p.add_argument("--hardware", default="a100-80gb-sxm")
     p.add_argument("--num-blocks", type=int, help="device blocks (default: from model and hardware memory)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-running", type=int, default=256)
@@ -168,13 +165,12 @@ def main_simulate(args: argparse.Namespace) -> int:
     """Run ``pykvpool simulate``: print the summary (or the sweep table), and write CSVs and
     figures into ``--out`` when given. Returns the exit code."""
     from pykvpool import sim_plots
-    from pykvpool.simulate import HARDWARE, MODELS, kv_blocks_for_memory
 
     w = _load(args)
     if args.rate and args.trace is not None:
         w = _at_rate(w, args.rate)
     tm = roofline(args.model, args.hardware, args.block_size)
-    num_blocks = args.num_blocks or kv_blocks_for_memory(MODELS[args.model], HARDWARE[args.hardware], args.block_size)
+    num_blocks = args.num_blocks or kv_blocks_for_memory(tm.model, tm.hardware, args.block_size)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     if args.sweep_rates:

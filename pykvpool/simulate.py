@@ -12,7 +12,7 @@ Typical use::
     from pykvpool import simulate as sim
     w = sim.synthetic_workload(2000, rate=20.0, seed=1)
     cfg = sim.SimConfig(num_blocks=20_000, block_size=16)
-    res = sim.run(w, cfg, sim.roofline("llama-3-8b", "a100-80g"))
+    res = sim.run(w, cfg, sim.roofline("llama-3-8b", "a100-80gb-sxm"))
     print(res.summary["ttft_p99"], res.summary["output_throughput"])
 
 Trace loading lives in :mod:`pykvpool.sim_traces`, figures in :mod:`pykvpool.sim_plots`,
@@ -35,6 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pykvpool import _native
+from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.models import ModelConfig, model_preset
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -46,10 +48,6 @@ IntArray = npt.NDArray[np.integer[Any]]
 StepTimeFn = Callable[[int, int, int, int, int, int], float]
 
 __all__ = [
-    "HARDWARE",
-    "MODELS",
-    "Hardware",
-    "ModelSpec",
     "Roofline",
     "SchedulerConfig",
     "SimConfig",
@@ -243,92 +241,66 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A dense decoder: parameter count, layers, query width, KV heads, head dim, dtype bytes."""
-
-    num_params: float
-    num_layers: int
-    q_dim: int
-    num_kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """``2 (K, V) x layers x kv_heads x head_dim x dtype bytes``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.num_params * self.dtype_bytes
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """Device figures: peak FLOP/s, memory bandwidth (bytes/s), memory (bytes), host link
-    (bytes/s), and the fractions of peak a real engine reaches."""
-
-    peak_flops: float
-    bandwidth: float
-    memory_bytes: float
-    host_link_bandwidth: float = 25e9
-    flops_efficiency: float = 0.6
-    bandwidth_efficiency: float = 0.8
-
-
-MODELS: dict[str, ModelSpec] = {
-    "llama-3-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
-    "llama-2-7b": ModelSpec(6.74e9, 32, 4096, 32, 128),
-    "llama-3-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
-    "qwen2.5-7b": ModelSpec(7.62e9, 28, 3584, 4, 128),
-}
-
-HARDWARE: dict[str, Hardware] = {
-    "a100-80g": Hardware(312e12, 2.039e12, 80 * 2**30),
-    "h100-sxm": Hardware(989e12, 3.35e12, 80 * 2**30, host_link_bandwidth=50e9),
-    "l40s": Hardware(362e12, 0.864e12, 48 * 2**30),
-}
-
-
-@dataclass(frozen=True)
 class Roofline:
     """Step time = max(FLOPs / reachable FLOP/s, bytes / reachable bandwidth) + overhead,
-    with FLOPs = 2 x params x tokens + 4 x layers x q_dim x attention pairs and bytes =
-    weights + KV bytes of every attended token; swapped blocks add their transfer time."""
+    with FLOPs = 2 x params x tokens + 4 x layers x q width x attention pairs and bytes =
+    weights + KV bytes of every attended token; swapped blocks add their transfer time
+    over the host link. Models and devices are the capacity planner's
+    (:data:`pykvpool.models.MODELS`, :data:`pykvpool.hardware.HARDWARE`).
 
-    model: ModelSpec
+    Attributes:
+        compute_dtype: the dtype of the FLOP roof; kv_dtype: the KV storage dtype.
+        flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
+        host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
+        overhead: fixed seconds per step (launches, scheduling, sampling).
+    """
+
+    model: ModelConfig
     hardware: Hardware
     block_size: int = 16
     overhead: float = 2e-3
+    compute_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    flops_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    host_link_bandwidth: float = 25e9
 
     def figures(self) -> list[float]:
+        """The 9 numbers :func:`pykvpool._native.run_simulation` takes."""
         m, h = self.model, self.hardware
+        kv = float(m.kv_bytes_per_token(self.kv_dtype))
         return [
             m.num_params,
-            float(m.dtype_bytes),
+            m.weight_bytes_per_param,
             float(m.num_layers),
-            float(m.q_dim),
-            float(m.kv_bytes_per_token),
-            h.peak_flops * h.flops_efficiency,
-            h.bandwidth * h.bandwidth_efficiency,
+            float(m.num_q_heads * m.head_dim),
+            kv,
+            h.flops(self.compute_dtype) * self.flops_efficiency,
+            h.bandwidth * self.bandwidth_efficiency,
             self.overhead,
-            self.block_size * m.kv_bytes_per_token / h.host_link_bandwidth,
+            self.block_size * kv / self.host_link_bandwidth,
         ]
 
 
 def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
-    """The roofline of a preset model on a preset device (keys of :data:`MODELS`,
-    :data:`HARDWARE`). Raises KeyError for an unknown name."""
-    return Roofline(MODELS[model], HARDWARE[hardware], block_size, overhead)
+    """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
+    "a100-80gb-sxm")``. Raises UnknownPresetError for an unknown name."""
+    return Roofline(model_preset(model), hardware_preset(hardware), block_size, overhead)
 
 
-def kv_blocks_for_memory(model: ModelSpec, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9) -> int:
+def kv_blocks_for_memory(
+    model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
+) -> int:
     """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
-    in blocks of ``block_size`` tokens. Raises ValueError when the weights do not fit."""
+    in blocks of ``block_size`` tokens. Raises InvalidArgumentError (a ValueError) when the
+    weights do not fit."""
     free = hardware.memory_bytes * memory_fraction - model.weight_bytes
     if free <= 0:
-        raise ValueError("the weights do not fit in the device memory")
-    return int(free // (block_size * model.kv_bytes_per_token))
+        raise _native.InvalidArgumentError(
+            f"the weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit in {memory_fraction:.0%} of "
+            f"{hardware.memory_bytes / 2**30:.0f} GiB"
+        )
+    return int(free // (block_size * model.kv_bytes_per_token(kv_dtype)))
 
 
 #: seconds per step (constant), a :class:`Roofline`, or a Python callable.

@@ -30,7 +30,7 @@ AZURE_CONV = DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = DATA / "mooncake_fast25" / "synthetic_trace.jsonl"
 needs_data = pytest.mark.skipif(not AZURE_CONV.exists(), reason="../shared/data is not beside the repository")
 
-ROOF = sim.roofline("llama-3-8b", "a100-80g")
+ROOF = sim.roofline("llama-3-8b", "a100-80gb-sxm")
 
 
 def bench_config(num_blocks: int, block_size: int, max_running: int) -> sim.SimConfig:
@@ -332,7 +332,7 @@ def test_azure_conv_trace_replays_in_full() -> None:
     assert len(w) == 19_366
     assert w.arrival[0] == 0 and np.all(np.diff(w.arrival) >= 0) and 3400 < w.arrival[-1] < 3600
     assert abs(w.prompt_len.mean() - 1155) < 1 and int(np.median(w.output_len)) == 129
-    r = sim.run(w, sim.SimConfig(num_blocks=sim.kv_blocks_for_memory(sim.MODELS["llama-3-8b"], sim.HARDWARE["a100-80g"])), ROOF)
+    r = sim.run(w, sim.SimConfig(num_blocks=sim.kv_blocks_for_memory(ROOF.model, ROOF.hardware)), ROOF)
     assert r.summary["finished"] == 19_366 and r.summary["leaked_blocks"] == 0
 
 
@@ -411,7 +411,7 @@ def test_sweep_covers_the_grid_in_order_and_throughput_rises_with_rate(tmp_path:
     assert [(r["rate"], r["label"], r["block_size"]) for r in rows] == [
         (rate, p, bs) for rate in (2.0, 8.0) for p in policies for bs in (16, 32)
     ]
-    assert "8/8 runs" in bar.getvalue()
+    assert "8/8" in bar.getvalue()
     assert rows[0]["num_blocks"] == 60_000 // 16 and rows[1]["num_blocks"] == 60_000 // 32
     data = sim_plots.throughput_vs_rate(rows, tmp_path / "t.png")
     assert data["paged"]["output_throughput"][-1] > data["paged"]["output_throughput"][0]
@@ -428,6 +428,18 @@ def test_cli_subcommand_runs_and_writes_outputs(tmp_path: Path, capsys: pytest.C
     args = parser.parse_args(["simulate", "--requests", "100", "--num-blocks", "3000", "--sweep-rates", "1,4", "--workers", "1"])
     assert args.func(args) == 0
     assert capsys.readouterr().out.count("paged") == 2
+
+
+def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    from pykvpool.cli import main
+
+    assert main(["simulate", "--trace", "azure-code", "--limit", "300", "--num-blocks", "4000"]) == 0
+    assert "300 requests" in capsys.readouterr().out
+    assert main(["simulate", "--requests", "10", "--model", "llama-3-70b", "--hardware", "l40s"]) == 2
+    assert "unknown hardware" in capsys.readouterr().err
+    assert main(["simulate", "--requests", "10", "--model", "llama-3-70b", "--hardware", "a100-80gb-sxm",
+                 "--block-size", "16"]) == 2
+    assert "do not fit" in capsys.readouterr().err
 
 
 # ---- time models and bad input --------------------------------------------------------
