@@ -325,11 +325,7 @@ impl Scheduler {
             self.swapped.pop_front();
             let r = &mut reqs[s as usize];
             batch.swapped_blocks += kv.swap_in(s as usize, r)? as u64;
-            r.status = Status::Running;
-            let need = kv.grow_need(s, r, n)?;
-            kv.promise(r, need);
-            self.running.push(s);
-            batch.items.push((s, n));
+            self.start(s, r, n, kv, batch)?;
             budget -= n;
         }
         if !self.swapped.is_empty() {
@@ -350,7 +346,7 @@ impl Scheduler {
             let end = plan.kv_len.max(plan.cached + n) as usize;
             let bs = kv.block_size;
             // Writing past a cached partial last block copies it first: one more block.
-            let cow = (plan.kv_len as usize % bs != 0 && end > plan.kv_len as usize) as usize;
+            let cow = (!(plan.kv_len as usize).is_multiple_of(bs) && end > plan.kv_len as usize) as usize;
             let first = plan.blocks + blocks_for(end, bs) - blocks_for(plan.kv_len as usize, bs) + cow;
             let reserve = self.reservation(r, bs);
             if reserve.unwrap_or(first) > kv.admissible() {
@@ -365,14 +361,20 @@ impl Scheduler {
                 batch.cache_hit_tokens += cached;
                 stats.cached[idx as usize] += cached as u64;
             }
-            r.status = Status::Running;
-            let need = kv.grow_need(idx, r, n)?;
-            kv.promise(r, need);
-            self.running.push(idx);
-            batch.items.push((idx, n));
+            self.start(idx, r, n, kv, batch)?;
             budget -= n;
         }
         batch.budget = budget;
+        Ok(())
+    }
+
+    /// A resumed or admitted request joins the running list and computes `n` tokens now.
+    fn start(&mut self, idx: u32, r: &mut ReqState, n: u32, kv: &mut Kv, batch: &mut Batch) -> Result<()> {
+        r.status = Status::Running;
+        let need = kv.grow_need(idx, r, n)?;
+        kv.promise(r, need);
+        self.running.push(idx);
+        batch.items.push((idx, n));
         Ok(())
     }
 

@@ -360,6 +360,20 @@ mod tests {
     }
 
     #[test]
+    fn scaling_stretches_time_and_lengths() {
+        let mut w = Workload::new(vec![0.0, 2.0], vec![10, 3], vec![4, 1], None).unwrap();
+        w.scale_time(0.5).unwrap();
+        w.scale_lengths(0.5, 2.0).unwrap();
+        assert_eq!(w.arrival, vec![0.0, 1.0]);
+        assert_eq!(w.prompt_len, vec![5, 2]);
+        assert_eq!(w.output_len, vec![8, 2]);
+        assert!(w.scale_time(0.0).is_err());
+        let mut t = w.with_tokens(vec![1; 7], vec![0, 5, 7]).unwrap();
+        assert!(t.scale_lengths(2.0, 1.0).is_err());
+        assert!(t.scale_lengths(1.0, 2.0).is_ok());
+    }
+
+    #[test]
     fn rejects_bad_columns_and_keys() {
         assert!(Workload::new(vec![0.0], vec![0], vec![1], None).is_err());
         assert!(Workload::new(vec![f64::NAN], vec![1], vec![1], None).is_err());
