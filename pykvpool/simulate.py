@@ -224,10 +224,14 @@ class SimConfig:
         num_blocks: device blocks; block_size: tokens per block.
         prefix_caching: cache prompt blocks of workloads given as token ids or block keys
             (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
-            to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``.
+            to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``. A cached admission
+            allocates the whole prompt at once (its full blocks are registered then, even
+            when chunked prefill computes them over several steps); output tokens are
+            not cached (the workload has no ids for them).
         check_invariants: run the pool's ``check_invariants`` after every step (slow).
         max_steps: stop early (unfinished requests get outcome 2).
-        record_steps: keep per-step columns (needed for utilization figures).
+        record_steps: keep per-step columns (the utilization figures and the summary's
+            peak and utilization figures need them).
     """
 
     num_blocks: int

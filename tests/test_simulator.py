@@ -445,6 +445,33 @@ def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> No
 # ---- time models and bad input --------------------------------------------------------
 
 
+def test_a_run_releases_the_gil() -> None:
+    """Another Python thread keeps running while a simulation runs (sweeps rely on it)."""
+    import threading
+
+    wl = make_workload(3_000)
+    w = sim.Workload(arrival=np.zeros(3_000), prompt_len=wl.prompt_lens, output_len=wl.output_lens)
+    cfg = bench_config(wl.num_blocks, wl.block_size, wl.max_running)
+    started, done = threading.Event(), threading.Event()
+    results: list[sim.SimulationResult] = []
+
+    def work() -> None:
+        started.set()
+        results.append(sim.run(w, cfg))
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    # Had the run held the GIL, this thread would only wake up once it was over.
+    assert ticks > 1_000
+    assert results[0].summary["finished"] == 3_000
+
+
 def test_python_step_time_callable_is_called_and_its_errors_propagate() -> None:
     w = sim.synthetic_workload(20, arrivals="burst", prompt=("fixed", [64]), output=("fixed", [5]), seed=1)
     calls: list[tuple[int, ...]] = []
