@@ -38,6 +38,24 @@ fn shared_workload(n: usize, rate: f64, prompt: (u32, u32), prefixes: (usize, u3
     .unwrap()
 }
 
+/// The same prompts as trace block keys (Mooncake style): one chained id per `per_key`
+/// tokens, equal ids exactly for equal prefixes.
+fn as_block_keys(w: &Workload, per_key: usize) -> Workload {
+    let mut ids: std::collections::HashMap<Vec<u32>, u64> = std::collections::HashMap::new();
+    let (mut keys, mut offsets) = (Vec::new(), vec![0]);
+    for i in 0..w.len() {
+        let t = w.tokens(i).unwrap();
+        for end in (per_key..t.len() + per_key).step_by(per_key) {
+            let prefix = t[..end.min(t.len())].to_vec();
+            let next = ids.len() as u64;
+            keys.push(*ids.entry(prefix).or_insert(next));
+        }
+        offsets.push(keys.len());
+    }
+    let plain = Workload::new(w.arrival.clone(), w.prompt_len.clone(), w.output_len.clone(), Some(w.priority.clone())).unwrap();
+    plain.with_block_keys(keys, offsets, per_key).unwrap()
+}
+
 fn cache(policy: EvictionPolicy) -> Option<CacheConfig> {
     Some(CacheConfig { policy, ..CacheConfig::default() })
 }
@@ -252,8 +270,13 @@ proptest! {
         bs in prop_oneof![Just(1usize), Just(4), Just(16)],
         blocks in 30usize..120,
         evict in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+        keys in prop::option::of(prop_oneof![Just(3usize), Just(4), Just(16)]),
     ) {
         let w = shared_workload(n, 5.0, (1, 80), (3, 24), seed);
+        let w = match keys {
+            Some(per_key) => as_block_keys(&w, per_key),
+            None => w,
+        };
         let conv = sched.convention;
         let mut cfg = SimConfig::new(blocks, bs);
         cfg.scheduler = sched;

@@ -166,22 +166,23 @@ impl Kv {
         Ok(Plan { cached: (used * bs) as u32, kv_len: len as u32, blocks: blocks_for(len, bs) - used + revived })
     }
 
-    /// Promise `need` blocks to `r` for this step (taken from its reservation, if any).
+    /// Promise `need` blocks to `r` for this step, drawn from its reservation first.
     #[inline]
-    pub fn promise(&mut self, r: &ReqState, need: usize) {
+    pub fn promise(&mut self, r: &mut ReqState, need: usize) {
         self.committed += need;
-        if r.reserve_blocks > 0 {
-            self.reserved -= need;
-        }
+        let take = (need as u32).min(r.reserve_left);
+        r.reserve_left -= take;
+        r.reserve_taken = take;
+        self.reserved -= take as usize;
     }
 
     /// Undo `promise` for a request taken out of the batch again.
     #[inline]
-    pub fn unpromise(&mut self, r: &ReqState, need: usize) {
+    pub fn unpromise(&mut self, r: &mut ReqState, need: usize) {
         self.committed -= need;
-        if r.reserve_blocks > 0 {
-            self.reserved += need;
-        }
+        r.reserve_left += r.reserve_taken;
+        self.reserved += r.reserve_taken as usize;
+        r.reserve_taken = 0;
     }
 
     /// Create the device sequence of a newly admitted request as planned: empty, or the
@@ -210,16 +211,16 @@ impl Kv {
         r.kv_len = plan.kv_len;
         r.computed = plan.cached;
         self.hold(r.kv_len);
-        self.reserved += r.reserve_blocks as usize - blocks(r.kv_len, self.block_size).min(r.reserve_blocks as usize);
+        r.reserve_left = (r.reserve_blocks as usize).saturating_sub(blocks(r.kv_len, self.block_size)) as u32;
+        self.reserved += r.reserve_left as usize;
         Ok(plan.cached)
     }
 
     /// Drop `r`'s device sequence (finish or recompute preemption).
     pub fn release(&mut self, idx: usize, r: &mut ReqState) -> Result<()> {
         self.device.free(SeqId(idx as u64))?;
-        if r.reserve_blocks > 0 {
-            self.reserved -= r.reserve_blocks as usize - blocks(r.kv_len, self.block_size).min(r.reserve_blocks as usize);
-        }
+        self.reserved -= r.reserve_left as usize;
+        r.reserve_left = 0;
         self.unhold(r.kv_len);
         r.kv_len = 0;
         Ok(())

@@ -260,6 +260,7 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
 fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     let mut tokens = 0u64;
     let mut empty = 0u64;
+    let mut reserved = 0usize;
     let bs = kv.block_size as u64;
     for (i, r) in reqs.iter().enumerate() {
         let seq = crate::types::SeqId(i as u64);
@@ -271,6 +272,7 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
                 }
                 tokens += len as u64;
                 empty += (len as u64).div_ceil(bs) * bs - len as u64;
+                reserved += r.reserve_left as usize;
             }
             Status::Swapped => {
                 if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
@@ -286,6 +288,9 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     }
     if tokens != kv.kv_tokens {
         return Err(KvError::Invariant(format!("engine counts {} KV tokens, requests hold {tokens}", kv.kv_tokens)));
+    }
+    if reserved != kv.reserved {
+        return Err(KvError::Invariant(format!("engine reserves {} blocks, requests hold {reserved}", kv.reserved)));
     }
     if empty != kv.empty_slots {
         return Err(KvError::Invariant(format!("engine counts {} empty slots, requests hold {empty}", kv.empty_slots)));

@@ -51,6 +51,10 @@ pub struct ReqState {
     pub generated: u32,
     /// Blocks promised at admission under the reservation policy (0 when paged).
     pub reserve_blocks: u32,
+    /// Of those, blocks not allocated yet (they stay free but admission cannot take them).
+    pub reserve_left: u32,
+    /// Blocks of this step's promise drawn from `reserve_left` (undone if it is preempted).
+    pub reserve_taken: u32,
 }
 
 impl ReqState {
@@ -65,6 +69,8 @@ impl ReqState {
             kv_len: 0,
             generated: 0,
             reserve_blocks: 0,
+            reserve_left: 0,
+            reserve_taken: 0,
         }
     }
 

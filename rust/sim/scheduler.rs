@@ -280,7 +280,7 @@ impl Scheduler {
                     budget += vn;
                     // Its promise was computed from the same state: undo it exactly.
                     let vneed = kv.grow_need(v, &reqs[v as usize], vn)?;
-                    kv.unpromise(&reqs[v as usize], vneed);
+                    kv.unpromise(&mut reqs[v as usize], vneed);
                     i -= 1;
                 }
                 self.preempt(v, reqs, kv, batch, stats)?;
@@ -288,7 +288,7 @@ impl Scheduler {
                     break 'running;
                 }
             }
-            kv.promise(&reqs[r as usize], need);
+            kv.promise(&mut reqs[r as usize], need);
             batch.items.push((r, n));
             budget -= n;
             i += 1;
