@@ -49,7 +49,7 @@ def _at_rate(source: WorkloadSource, rate: float) -> Workload:
 def sweep(
     workload: WorkloadSource,
     rates: Sequence[float],
-    policies: Mapping[str, SchedulerConfig],
+    policies: Mapping[str, Union[SchedulerConfig, SimConfig]],
     block_sizes: Sequence[int],
     capacity_tokens: int,
     time_model: TimeModel,
@@ -58,7 +58,9 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """Run every (rate, policy, block size) and return one row per run: ``rate`` (req/s),
     ``label`` (policy name), ``block_size``, ``num_blocks`` (= ``capacity_tokens //
-    block_size``, the same memory for every block size) and the run's summary.
+    block_size``, the same memory for every block size) and the run's summary. A policy
+    is a :class:`SchedulerConfig`, or a whole :class:`SimConfig` (prefix caching and its
+    eviction policy, ...) whose pool shape the sweep overrides.
 
     ``workload`` is re-timed to each rate when it is a :class:`Workload` (its mean rate is
     scaled), or called with the rate. ``workers`` defaults to every core; ``progress`` is
@@ -72,7 +74,9 @@ def sweep(
 
     def one(job: tuple[float, str, int]) -> dict[str, Any]:
         rate, name, bs = job
-        cfg = SimConfig(num_blocks=capacity_tokens // bs, block_size=bs, scheduler=policies[name])
+        pol = policies[name]
+        base = pol if isinstance(pol, SimConfig) else SimConfig(num_blocks=1, scheduler=pol)
+        cfg = dataclasses.replace(base, num_blocks=capacity_tokens // bs, block_size=bs)
         # A roofline's swap cost is per block: it follows the block size.
         tm = dataclasses.replace(time_model, block_size=bs) if isinstance(time_model, Roofline) else time_model
         res = run(loads[rate], cfg, tm)
@@ -176,7 +180,11 @@ def main_simulate(args: argparse.Namespace) -> int:
     if args.sweep_rates:
         rates = [float(x) for x in args.sweep_rates.split(",")]
         sizes = [int(x) for x in args.sweep_block_sizes.split(",")]
-        policies = {a: _config(args, a) for a in ("paged", "reserve")}
+        policies = {
+            a: SimConfig(num_blocks=1, scheduler=_config(args, a), prefix_caching=args.prefix_caching,
+                         eviction=args.eviction)
+            for a in ("paged", "reserve")
+        }
         t0 = time.perf_counter()
         rows = sweep(w, rates, policies, sizes, num_blocks * args.block_size, tm, workers=args.workers)
         print(f"{len(rows)} runs in {time.perf_counter() - t0:.2f} s wall")

@@ -415,6 +415,12 @@ def test_sweep_covers_the_grid_in_order_and_throughput_rises_with_rate(tmp_path:
     assert rows[0]["num_blocks"] == 60_000 // 16 and rows[1]["num_blocks"] == 60_000 // 32
     data = sim_plots.throughput_vs_rate(rows, tmp_path / "t.png")
     assert data["paged"]["output_throughput"][-1] > data["paged"]["output_throughput"][0]
+    shared = sim.synthetic_workload(200, rate=5.0, prompt=("uniform", [600, 900]), output=("fixed", [20]),
+                                    shared_prefixes=(2, 512, 1000), seed=9)
+    caching = {e: sim.SimConfig(num_blocks=1, prefix_caching=True, eviction=e) for e in ("lru", "fifo")}
+    rows = sim_sweep.sweep(shared, [5.0], {**caching, "off": sim.SchedulerConfig()}, [16], 20_000, ROOF, progress=None)
+    hits = {r["label"]: r["prefix_hit_rate"] for r in rows}
+    assert hits["lru"] > 0.4 and hits["fifo"] > 0.4 and hits["off"] == 0
 
 
 def test_cli_subcommand_runs_and_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
