@@ -324,7 +324,8 @@ class SimulationResult:
             step's admissions), batch (requests computing), waiting, swapped, prefill_tokens,
             decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
             filled and reserved blocks count as waste), cache_query_tokens,
-            cache_hit_tokens, preemptions, swapped_blocks.
+            cache_hit_tokens, prefix_hit_rate (NaN without a cached admission), preemptions,
+            swapped_blocks.
         summary: scalars: counts, makespan, throughput (tokens/s, requests/s), peak
             running and blocks, mean utilization, prefix hit rate, and
             ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` over finished requests.

@@ -319,6 +319,10 @@ def test_prefix_caching_lowers_ttft_on_shared_prefixes() -> None:
     assert on.summary["prefix_hit_rate"] > 0.4
     assert on.summary["ttft_mean"] < 0.7 * off.summary["ttft_mean"]
     assert on.summary["ttft_p99"] < off.summary["ttft_p99"]
+    q, h = on.steps["cache_query_tokens"], on.steps["cache_hit_tokens"]
+    assert h.sum() / q.sum() == pytest.approx(on.summary["prefix_hit_rate"])
+    np.testing.assert_allclose(on.steps["prefix_hit_rate"][q > 0], h[q > 0] / q[q > 0])
+    assert np.all(np.isnan(on.steps["prefix_hit_rate"][q == 0]))
     cdf = sim_plots.latency_cdf({"off": off, "on": on}, "ttft")
     assert cdf["on"][0].size == cdf["off"][0].size == 500
 

@@ -194,6 +194,7 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
     st.set_item("utilization", PyArray1::from_vec(py, s.utilization))?;
     st.set_item("cache_query_tokens", PyArray1::from_vec(py, s.cache_query_tokens))?;
     st.set_item("cache_hit_tokens", PyArray1::from_vec(py, s.cache_hit_tokens))?;
+    st.set_item("prefix_hit_rate", PyArray1::from_vec(py, s.prefix_hit_rate))?;
     st.set_item("preemptions", PyArray1::from_vec(py, s.preemptions))?;
     st.set_item("swapped_blocks", PyArray1::from_vec(py, s.swapped_blocks))?;
     let m = r.summary;

@@ -91,6 +91,8 @@ pub struct StepMetrics {
     /// Prompt tokens looked up / found in the prefix cache at admissions of this step.
     pub cache_query_tokens: Vec<u32>,
     pub cache_hit_tokens: Vec<u32>,
+    /// `cache_hit_tokens / cache_query_tokens`; NaN in steps without a cached admission.
+    pub prefix_hit_rate: Vec<f64>,
     pub preemptions: Vec<u32>,
     pub swapped_blocks: Vec<u32>,
 }

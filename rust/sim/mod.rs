@@ -88,6 +88,8 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
     m.cache_query_tokens.push(batch.cache_query_tokens);
     m.cache_hit_tokens.push(batch.cache_hit_tokens);
+    let (q, h) = (batch.cache_query_tokens, batch.cache_hit_tokens);
+    m.prefix_hit_rate.push(if q > 0 { h as f64 / q as f64 } else { f64::NAN });
     m.preemptions.push(batch.preemptions);
     m.swapped_blocks.push(batch.swapped_blocks as u32);
 }
