@@ -40,6 +40,7 @@ from pykvpool._native import (
     read_bandwidth,
     set_num_threads,
 )
+from pykvpool import simulate
 
 # Capacity planning (pure Python; figures, report and CLI stay in their submodules so that
 # importing pykvpool does not import matplotlib).
@@ -94,4 +95,5 @@ __all__ = [
     "hardware_preset",
     "model_preset",
     "storage_dtype",
+    "simulate",
 ]

@@ -41,6 +41,8 @@ __all__ = [
     "peak_flops",
     "read_bandwidth",
     "set_num_threads",
+    "run_simulation",
+    "synthesize_workload",
 ]
 
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
@@ -425,6 +427,79 @@ class BlockTableBuffer:
     def invalidate(self) -> None:
         """Forget the matrix contents: the next sync rewrites every row it touches."""
 
+# ---- serving simulator (rust/bindings/sim.rs; facade: pykvpool.simulate) ----------------
+
+def synthesize_workload(
+    num_requests: int,
+    *,
+    arrivals: str = ...,
+    rate: float = ...,
+    cv: float = ...,
+    prompt: tuple[str, Sequence[float]] = ...,
+    prompt_clamp: tuple[int, int] = ...,
+    output: tuple[str, Sequence[float]] = ...,
+    output_clamp: tuple[int, int] = ...,
+    priority_levels: int = ...,
+    shared_prefixes: tuple[int, int, int] | None = ...,
+    seed: int = ...,
+) -> dict[str, npt.NDArray[Any]]:
+    """A seeded synthetic workload as columns: ``arrival`` (float64 s), ``prompt_len``,
+    ``output_len``, ``priority`` (int64), and with ``shared_prefixes=(num, len, vocab)``
+    also ``token_ids`` (uint32) and ``token_offsets`` (int64). Arrivals: ``burst``,
+    ``poisson`` (``rate`` req/s), ``gamma`` (``rate``, ``cv``). Lengths: ``(kind, params)``
+    with kind fixed/uniform/lognormal/pareto/empirical, clamped to ``*_clamp``.
+    Same arguments, identical arrays. Raises InvalidArgumentError."""
+
+def run_simulation(
+    arrival: npt.NDArray[np.float64],
+    prompt_len: _IntArrayLike,
+    output_len: _IntArrayLike,
+    priority: _IntArrayLike | None = ...,
+    *,
+    num_blocks: int,
+    block_size: int,
+    token_ids: _IntArrayLike | None = ...,
+    token_offsets: _IntArrayLike | None = ...,
+    block_keys: _IntArrayLike | None = ...,
+    key_offsets: _IntArrayLike | None = ...,
+    tokens_per_key: int = ...,
+    max_running: int = ...,
+    max_batched_tokens: int | None = ...,
+    chunked_prefill: bool = ...,
+    watermark: float = ...,
+    queue: str = ...,
+    allocation: str = ...,
+    reserve_tokens: int | None = ...,
+    preemption: str = ...,
+    host_blocks: int = ...,
+    victim: str = ...,
+    convention: str = ...,
+    prefix_caching: bool = ...,
+    eviction: str = ...,
+    time_model: object = ...,
+    check_invariants: bool = ...,
+    max_steps: int | None = ...,
+    record_steps: bool = ...,
+) -> dict[str, Any]:
+    """Run the step-level serving simulator over a fresh BlockPool(num_blocks, block_size).
+
+    ``time_model``: seconds per step (float, default 0.0: steps only), the 9 roofline
+    figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
+    overhead s, swap s/block]``, or a callable ``f(prefill_tokens, decode_tokens,
+    num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds`` (called with
+    the GIL; its exception propagates). The GIL is released otherwise.
+
+    ``prefix_caching`` caches prompts given as ``token_ids`` or ``block_keys`` (evicting
+    idle blocks by ``eviction``: lru, fifo, lfu, priority); prompts given as lengths only
+    never hit.
+
+    Returns ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
+    number}}``; see ``pykvpool.simulate.SimulationResult``.
+
+    Raises:
+        InvalidArgumentError: bad columns, policy names or sizes.
+    """
+
 # ------------------------------------------------------- KV storage and decode attention
 
 _F32Array: TypeAlias = npt.NDArray[np.float32]
@@ -664,3 +739,4 @@ class CacheStats:
         """``hit_blocks / query_blocks`` (0.0 before any query)."""
     def as_dict(self) -> dict[str, int | float | str]:
         """All fields as a dict."""
+

@@ -24,6 +24,7 @@ from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger
 from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool import prefix_replay
 from pykvpool.progress import ProgressBar
+from pykvpool.sim_sweep import add_subcommand as add_simulate
 from pykvpool.sweeps import (
     BLOCK_SIZES,
     block_size_sweep,
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pykvpool",
         description="KV-cache capacity planning: memory ledger, static capacity sweeps "
                     "through pykvpool's block pool, and the full report.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{ledger,sweep,report,replay}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{ledger,sweep,report,replay,simulate}")
     pl = sub.add_parser("ledger", help="memory ledger of one model on one budget",
                         description="KV bytes per token, weights, KV capacity, largest batch, "
                                     "longest length and the decode-step bound.")
@@ -291,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--quiet", action="store_true", help="no progress bars")
     pr.set_defaults(func=_cmd_report)
     prefix_replay.add_subcommand(sub)
+    add_simulate(sub)
     return p
 
 

@@ -214,8 +214,13 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
             trace_results, [(wl.name, wl.lengths) for wl in traces])
         bar(5)
 
+    from pykvpool.sim_report import dynamic_section
+
+    dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, cap, progress)
+    figs.update(dynamic_figs)
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, machine,
                    kernel, reason, videos, figs)
+    md = md.replace("## Closing note", dynamic_md + "\n## Closing note", 1)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
     path = out / "report.md"

@@ -12,6 +12,7 @@ pub mod errors;
 pub mod kv;
 pub mod pool;
 pub mod prefix;
+pub mod sim;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     pool::register(m)?;
     prefix::register(m)?;
+    sim::register(m)?;
     kv::register(m)?;
     Ok(())
 }

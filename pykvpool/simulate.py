@@ -1,0 +1,406 @@
+"""Serving simulator: replay a workload through continuous batching over the real pool.
+
+The engine is Rust (``pykvpool._native.run_simulation``): every allocation of a run goes
+through the same :class:`pykvpool.BlockPool` users import, the run releases the GIL and
+its results depend only on its inputs (logical time, seeded workloads: bit for bit).
+
+Units: times in seconds (logical, from the step-time model), lengths in tokens, memory in
+blocks unless a name says bytes.
+
+Typical use::
+
+    from pykvpool import simulate as sim
+    w = sim.synthetic_workload(2000, rate=20.0, seed=1)
+    cfg = sim.SimConfig(num_blocks=20_000, block_size=16)
+    res = sim.run(w, cfg, sim.roofline("llama-3-8b", "a100-80gb-sxm"))
+    print(res.summary["ttft_p99"], res.summary["output_throughput"])
+
+Trace loading lives in :mod:`pykvpool.sim_traces`, figures in :mod:`pykvpool.sim_plots`,
+sweeps and the ``pykvpool simulate`` subcommand in :mod:`pykvpool.sim_sweep`.
+
+Errors: :class:`pykvpool.InvalidArgumentError` for any rejected workload column or
+configuration value (nothing runs); exceptions raised by a Python step-time callable
+propagate unchanged; :class:`pykvpool.InvariantError` only for an engine bug.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from pykvpool import _native
+from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.models import ModelConfig, model_preset
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Array = npt.NDArray[np.generic]
+IntArray = npt.NDArray[np.integer[Any]]
+
+#: ``f(prefill_tokens, decode_tokens, num_seqs, context_tokens, attention_pairs,
+#: swapped_blocks) -> seconds``: a user step-time model.
+StepTimeFn = Callable[[int, int, int, int, int, int], float]
+
+__all__ = [
+    "Roofline",
+    "SchedulerConfig",
+    "SimConfig",
+    "SimulationResult",
+    "StepTimeFn",
+    "TimeModel",
+    "Workload",
+    "kv_blocks_for_memory",
+    "roofline",
+    "run",
+    "synthetic_workload",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in columns. ``arrival`` in seconds; lengths in tokens (>= 1 each).
+
+    A prompt may also be given as token ids (``token_ids`` concatenated, request ``i``
+    owning ``token_ids[token_offsets[i]:token_offsets[i+1]]``) or as block keys such as
+    Mooncake ``hash_ids`` (``block_keys`` / ``key_offsets``, one key per
+    ``tokens_per_key`` prompt tokens). Keys and ids enable prefix caching.
+    """
+
+    arrival: F64
+    prompt_len: I64
+    output_len: I64
+    priority: Optional[I64] = None
+    token_ids: Optional[IntArray] = None
+    token_offsets: Optional[I64] = None
+    block_keys: Optional[I64] = None
+    key_offsets: Optional[I64] = None
+    tokens_per_key: int = 0
+
+    def __len__(self) -> int:
+        return int(self.arrival.shape[0])
+
+    def scaled(self, time: float = 1.0, prompt: float = 1.0, output: float = 1.0) -> Workload:
+        """A copy with arrival times multiplied by ``time`` (2.0 halves the rate) and
+        lengths by ``prompt`` / ``output`` (rounded, at least 1). Prompts given as ids or
+        keys cannot be length-scaled (InvalidArgumentError from :func:`run`)."""
+        if prompt != 1.0 and (self.token_ids is not None or self.block_keys is not None):
+            raise _native.InvalidArgumentError("prompts given as token ids or block keys cannot be length-scaled")
+        return dataclasses.replace(
+            self,
+            arrival=self.arrival * time,
+            prompt_len=_scale(self.prompt_len, prompt),
+            output_len=_scale(self.output_len, output),
+        )
+
+    def head(self, n: int) -> Workload:
+        """The first ``n`` requests (in column order)."""
+        n = min(n, len(self))
+        tok = key = None
+        if self.token_ids is not None and self.token_offsets is not None:
+            tok = (self.token_ids[: self.token_offsets[n]], self.token_offsets[: n + 1])
+        if self.block_keys is not None and self.key_offsets is not None:
+            key = (self.block_keys[: self.key_offsets[n]], self.key_offsets[: n + 1])
+        return Workload(
+            arrival=self.arrival[:n],
+            prompt_len=self.prompt_len[:n],
+            output_len=self.output_len[:n],
+            priority=None if self.priority is None else self.priority[:n],
+            token_ids=None if tok is None else tok[0],
+            token_offsets=None if tok is None else tok[1],
+            block_keys=None if key is None else key[0],
+            key_offsets=None if key is None else key[1],
+            tokens_per_key=self.tokens_per_key,
+        )
+
+
+def _scale(v: I64, f: float) -> I64:
+    out: I64 = np.maximum(1, np.rint(v * f)).astype(np.int64)
+    return out
+
+
+LengthDist = tuple[str, list[float]]
+
+
+def synthetic_workload(
+    num_requests: int,
+    *,
+    arrivals: Literal["poisson", "gamma", "burst"] = "poisson",
+    rate: float = 1.0,
+    cv: float = 1.0,
+    prompt: LengthDist = ("uniform", [256, 4096]),
+    output: LengthDist = ("uniform", [128, 384]),
+    prompt_clamp: tuple[int, int] = (1, 2**32 - 1),
+    output_clamp: tuple[int, int] = (1, 2**32 - 1),
+    priority_levels: int = 1,
+    shared_prefixes: Optional[tuple[int, int, int]] = None,
+    seed: int = 0,
+) -> Workload:
+    """A seeded synthetic workload (same arguments: identical arrays, bit for bit).
+
+    Args:
+        arrivals: ``poisson`` (exponential gaps at ``rate`` requests/s), ``gamma`` (mean gap
+            ``1/rate``, coefficient of variation ``cv``: > 1 is bursty) or ``burst`` (all at 0).
+        prompt, output: ``(kind, params)`` with kind ``fixed [n]``, ``uniform [lo, hi]``
+            (inclusive), ``lognormal [median, sigma]``, ``pareto [scale, shape]`` (heavy
+            tail) or ``empirical [values...]`` (resampled, e.g. a trace column); draws are
+            rounded and clamped to ``*_clamp``.
+        priority_levels: priorities drawn uniformly from ``0..priority_levels``.
+        shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token
+            ids starting with one of ``num_prefixes`` random prefixes.
+
+    Raises:
+        InvalidArgumentError: a bad rate, distribution or clamp.
+    """
+    d = _native.synthesize_workload(
+        num_requests,
+        arrivals=arrivals,
+        rate=rate,
+        cv=cv,
+        prompt=(prompt[0], [float(x) for x in prompt[1]]),
+        output=(output[0], [float(x) for x in output[1]]),
+        prompt_clamp=prompt_clamp,
+        output_clamp=output_clamp,
+        priority_levels=priority_levels,
+        shared_prefixes=shared_prefixes,
+        seed=seed,
+    )
+    return Workload(
+        arrival=d["arrival"],
+        prompt_len=d["prompt_len"],
+        output_len=d["output_len"],
+        priority=d["priority"] if priority_levels > 1 else None,
+        token_ids=d.get("token_ids"),
+        token_offsets=d.get("token_offsets"),
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching as in vLLM v1 (running requests first, then swapped, then waiting).
+
+    Attributes:
+        max_running: requests in flight at most.
+        max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+        chunked_prefill: split prompts that exceed the remaining budget.
+        watermark: fraction of the pool admission leaves free.
+        queue: ``fcfs`` or ``priority`` (lower value first).
+        allocation: ``paged`` (blocks on demand) or ``reserve`` (Orca: the maximum length
+            at admission, ``reserve_tokens`` per request or each request's own
+            ``prompt + output - 1`` when None).
+        preemption: ``recompute`` (free, requeue at the front) or ``swap`` (to a host pool
+            of ``host_blocks`` blocks; recompute when it is full).
+        victim: ``newest`` or ``lowest_priority``.
+        convention: ``vllm`` (the step completing a prefill samples the first token;
+            finished requests free after the step) or ``decode_first`` (the allocator
+            benchmark's loop, ``benches/scheduler_loop.py``: each step decodes, frees the
+            finished, then admits; a prefill samples nothing, so a request ends holding
+            ``prompt + output`` tokens).
+    """
+
+    max_running: int = 256
+    max_batched_tokens: Optional[int] = 8192
+    chunked_prefill: bool = True
+    watermark: float = 0.0
+    queue: Literal["fcfs", "priority"] = "fcfs"
+    allocation: Literal["paged", "reserve"] = "paged"
+    reserve_tokens: Optional[int] = None
+    preemption: Literal["recompute", "swap"] = "recompute"
+    host_blocks: int = 0
+    victim: Literal["newest", "lowest_priority"] = "newest"
+    convention: Literal["vllm", "decode_first"] = "vllm"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Pool shape, scheduler, and run options.
+
+    Attributes:
+        num_blocks: device blocks; block_size: tokens per block.
+        prefix_caching: cache prompt blocks of workloads given as token ids or block keys
+            (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
+            to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``. A cached admission
+            allocates the whole prompt at once (its full blocks are registered then, even
+            when chunked prefill computes them over several steps); output tokens are
+            not cached (the workload has no ids for them).
+        check_invariants: run the pool's ``check_invariants`` after every step (slow).
+        max_steps: stop early (unfinished requests get outcome 2).
+        record_steps: keep per-step columns (the utilization figures and the summary's
+            peak and utilization figures need them).
+    """
+
+    num_blocks: int
+    block_size: int = 16
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    prefix_caching: bool = False
+    eviction: Literal["lru", "fifo", "lfu", "priority"] = "lru"
+    check_invariants: bool = False
+    max_steps: Optional[int] = None
+    record_steps: bool = True
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Step time = max(FLOPs / reachable FLOP/s, bytes / reachable bandwidth) + overhead,
+    with FLOPs = 2 x params x tokens + 4 x layers x q width x attention pairs and bytes =
+    weights + KV bytes of every attended token; swapped blocks add their transfer time
+    over the host link. Models and devices are the capacity planner's
+    (:data:`pykvpool.models.MODELS`, :data:`pykvpool.hardware.HARDWARE`).
+
+    Attributes:
+        compute_dtype: the dtype of the FLOP roof; kv_dtype: the KV storage dtype.
+        flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
+        host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
+        overhead: fixed seconds per step (launches, scheduling, sampling).
+    """
+
+    model: ModelConfig
+    hardware: Hardware
+    block_size: int = 16
+    overhead: float = 2e-3
+    compute_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    flops_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    host_link_bandwidth: float = 25e9
+
+    def figures(self) -> list[float]:
+        """The 9 numbers :func:`pykvpool._native.run_simulation` takes."""
+        m, h = self.model, self.hardware
+        kv = float(m.kv_bytes_per_token(self.kv_dtype))
+        return [
+            m.num_params,
+            m.weight_bytes_per_param,
+            float(m.num_layers),
+            float(m.num_q_heads * m.head_dim),
+            kv,
+            h.flops(self.compute_dtype) * self.flops_efficiency,
+            h.bandwidth * self.bandwidth_efficiency,
+            self.overhead,
+            self.block_size * kv / self.host_link_bandwidth,
+        ]
+
+
+def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
+    """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
+    "a100-80gb-sxm")``. Raises UnknownPresetError for an unknown name."""
+    return Roofline(model_preset(model), hardware_preset(hardware), block_size, overhead)
+
+
+def kv_blocks_for_memory(
+    model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
+) -> int:
+    """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
+    in blocks of ``block_size`` tokens. Raises InvalidArgumentError (a ValueError) when the
+    weights do not fit."""
+    free = hardware.memory_bytes * memory_fraction - model.weight_bytes
+    if free <= 0:
+        raise _native.InvalidArgumentError(
+            f"the weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit in {memory_fraction:.0%} of "
+            f"{hardware.memory_bytes / 2**30:.0f} GiB"
+        )
+    return int(free // (block_size * model.kv_bytes_per_token(kv_dtype)))
+
+
+#: seconds per step (constant), a :class:`Roofline`, or a Python callable.
+TimeModel = Union[float, Roofline, StepTimeFn]
+
+
+@dataclass
+class SimulationResult:
+    """Columns of one run.
+
+    Attributes:
+        requests: per request (workload order): arrival, first_scheduled, first_token,
+            finish, ttft, tpot, e2e, queueing (seconds, NaN if it never happened),
+            preemptions, swaps, recomputed_tokens, cached_tokens, prompt_len, output_len,
+            priority, outcome (0 finished, 1 rejected: can never fit, 2 unfinished).
+        steps: per step: time (start), duration, running (requests holding KV after the
+            step's admissions), batch (requests computing), waiting, swapped, prefill_tokens,
+            decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
+            filled and reserved blocks count as waste), cache_query_tokens,
+            cache_hit_tokens, prefix_hit_rate (NaN without a cached admission), preemptions,
+            swapped_blocks.
+        summary: scalars: counts, makespan, throughput (tokens/s, requests/s), peak
+            running and blocks, mean utilization, prefix hit rate, and
+            ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` over finished requests.
+    """
+
+    requests: dict[str, Array]
+    steps: dict[str, Array]
+    summary: dict[str, float]
+
+    def to_csv(self, directory: Union[str, os.PathLike[str]], prefix: str = "") -> list[str]:
+        """Write ``requests.csv``, ``steps.csv`` and ``summary.csv`` into ``directory``
+        (created if needed); returns the paths written."""
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for name, cols in (("requests", self.requests), ("steps", self.steps)):
+            path = os.path.join(directory, f"{prefix}{name}.csv")
+            keys = list(cols)
+            with open(path, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(keys)
+                w.writerows(zip(*(cols[k].tolist() for k in keys)))
+            paths.append(path)
+        path = os.path.join(directory, f"{prefix}summary.csv")
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["metric", "value"])
+            w.writerows(sorted(self.summary.items()))
+        paths.append(path)
+        return paths
+
+
+def _time_arg(time_model: TimeModel) -> object:
+    if isinstance(time_model, Roofline):
+        return time_model.figures()
+    return time_model
+
+
+def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:
+    """Simulate ``workload`` under ``config``; steps last ``time_model`` seconds.
+
+    A constant 0.0 counts steps only (every time is 0). A Python callable is called once
+    per step with the GIL held; its exceptions propagate.
+
+    Raises:
+        InvalidArgumentError: bad columns or configuration.
+    """
+    s = config.scheduler
+    d = _native.run_simulation(
+        np.ascontiguousarray(workload.arrival, dtype=np.float64),
+        workload.prompt_len,
+        workload.output_len,
+        workload.priority,
+        num_blocks=config.num_blocks,
+        block_size=config.block_size,
+        token_ids=workload.token_ids,
+        token_offsets=workload.token_offsets,
+        block_keys=workload.block_keys,
+        key_offsets=workload.key_offsets,
+        tokens_per_key=workload.tokens_per_key,
+        max_running=s.max_running,
+        max_batched_tokens=s.max_batched_tokens,
+        chunked_prefill=s.chunked_prefill,
+        watermark=s.watermark,
+        queue=s.queue,
+        allocation=s.allocation,
+        reserve_tokens=s.reserve_tokens,
+        preemption=s.preemption,
+        host_blocks=s.host_blocks,
+        victim=s.victim,
+        convention=s.convention,
+        prefix_caching=config.prefix_caching,
+        eviction=config.eviction,
+        time_model=_time_arg(time_model),
+        check_invariants=config.check_invariants,
+        max_steps=config.max_steps,
+        record_steps=config.record_steps,
+    )
+    return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

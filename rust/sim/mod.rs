@@ -1,0 +1,304 @@
+//! A deterministic step-level serving simulator over the real [`BlockPool`].
+//!
+//! [`simulate`] replays a [`Workload`] through a [`Scheduler`] (continuous batching) whose
+//! every allocation goes through the pool users import. Each engine step: requests that
+//! have arrived by the step's start join the queue; the scheduler picks a batch and
+//! promises its blocks; the pool grows every sequence of the batch in one atomic step; the
+//! [`StepTimer`] gives the step's duration; requests whose computation reached their last
+//! token sample one output token, and those at their output length finish and free their
+//! blocks. When nothing is in flight the clock jumps to the next arrival.
+//!
+//! Time is logical (the timer's seconds); the same workload and configuration give the
+//! same result bit for bit.
+
+pub mod kv;
+pub mod metrics;
+pub mod request;
+pub mod scheduler;
+pub mod timing;
+pub mod workload;
+
+use crate::error::{KvError, Result};
+use crate::invalid;
+use crate::prefix_cache::CacheConfig;
+
+pub use kv::Kv;
+pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
+pub use request::{Convention, ReqState, Status};
+pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
+pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
+pub use workload::Workload;
+
+/// Everything but the workload and the timer.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub scheduler: SchedulerConfig,
+    /// Automatic prefix caching of prompts given as token ids or block keys (None: off).
+    pub prefix_cache: Option<CacheConfig>,
+    /// Run `check_invariants` on both pools after every step (slow; for tests).
+    pub check_invariants: bool,
+    /// Stop after this many steps (requests still in flight are reported `Unfinished`).
+    pub max_steps: Option<u64>,
+    /// Record per-step columns (the summary's utilization needs them).
+    pub record_steps: bool,
+}
+
+impl SimConfig {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size,
+            scheduler: SchedulerConfig::default(),
+            prefix_cache: None,
+            check_invariants: false,
+            max_steps: None,
+            record_steps: true,
+        }
+    }
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub requests: RequestMetrics,
+    pub steps: StepMetrics,
+    pub summary: Summary,
+    /// Blocks still held when the run ended (0 after a complete run: conservation).
+    pub leaked_blocks: usize,
+}
+
+fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) {
+    let used = kv.used_blocks();
+    let capacity = ((used + kv.reserved) * kv.block_size) as f64;
+    // Empty slots of last blocks and reserved-but-unallocated blocks are the waste.
+    let waste = kv.empty_slots as f64 + (kv.reserved * kv.block_size) as f64;
+    m.time.push(t);
+    m.duration.push(dt);
+    m.running.push(sched.running.len() as u32);
+    m.batch.push(batch.items.len() as u32);
+    m.waiting.push(sched.num_waiting() as u32);
+    m.swapped.push(sched.num_swapped() as u32);
+    m.prefill_tokens.push(shape.prefill_tokens as u32);
+    m.decode_tokens.push(shape.decode_tokens as u32);
+    m.blocks_used.push(used as u32);
+    m.blocks_reserved.push(kv.reserved as u32);
+    m.kv_tokens.push(kv.kv_tokens);
+    m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
+    m.cache_query_tokens.push(batch.cache_query_tokens);
+    m.cache_hit_tokens.push(batch.cache_hit_tokens);
+    let (q, h) = (batch.cache_query_tokens, batch.cache_hit_tokens);
+    m.prefix_hit_rate.push(if q > 0 { h as f64 / q as f64 } else { f64::NAN });
+    m.preemptions.push(batch.preemptions);
+    m.swapped_blocks.push(batch.swapped_blocks as u32);
+}
+
+fn add_shape(s: &mut StepShape, items: &[(u32, u32)], reqs: &[ReqState], conv: Convention) {
+    for &(i, n) in items {
+        let r = &reqs[i as usize];
+        let (n, c) = (n as u64, r.computed as u64);
+        if r.is_decode(conv) {
+            s.decode_tokens += n;
+        } else {
+            s.prefill_tokens += n;
+        }
+        s.context_tokens += c + n;
+        s.attention_pairs += n * c + n * (n + 1) / 2;
+    }
+}
+
+/// Account for a committed batch: sample, and free the requests that are done.
+/// Events are `(request, first output token, finished)`.
+fn advance(items: &[(u32, u32)], reqs: &mut [ReqState], kv: &mut Kv, conv: Convention, events: &mut Vec<(u32, bool, bool)>) -> Result<()> {
+    for &(i, n) in items {
+        let r = &mut reqs[i as usize];
+        if !r.advance(n, conv) {
+            continue;
+        }
+        let finished = r.generated == r.output_len;
+        if finished {
+            kv.release(i as usize, r)?;
+            r.status = Status::Finished;
+        }
+        events.push((i, r.generated == 1, finished));
+    }
+    Ok(())
+}
+
+/// Run `workload` to completion (or `max_steps`) and collect its metrics.
+pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer) -> Result<SimResult> {
+    let n = workload.len();
+    if n > u32::MAX as usize {
+        return Err(invalid!("at most {} requests per run", u32::MAX));
+    }
+    let host_blocks = match cfg.scheduler.preemption {
+        Preemption::Swap { host_blocks } => host_blocks,
+        Preemption::Recompute => 0,
+    };
+    let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
+    let mut kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
+    let mut sched = Scheduler::new(cfg.scheduler.clone())?;
+
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| workload.arrival[a as usize].total_cmp(&workload.arrival[b as usize]).then(a.cmp(&b)));
+    let mut reqs: Vec<ReqState> = (0..n)
+        .map(|i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))
+        .collect();
+    for (rank, &i) in order.iter().enumerate() {
+        reqs[i as usize].ordinal = rank as u32;
+    }
+    let nan = vec![f64::NAN; n];
+    let mut rm = RequestMetrics {
+        arrival: workload.arrival.clone(),
+        first_scheduled: nan.clone(),
+        first_token: nan.clone(),
+        finish: nan,
+        outcome: vec![Outcome::Unfinished as u8; n],
+        ..Default::default()
+    };
+    let mut ctr = Counters { preemptions: vec![0; n], swaps: vec![0; n], recomputed: vec![0; n], cached: vec![0; n] };
+    let mut sm = StepMetrics::default();
+    let mut batch = Batch::default();
+    let mut now = 0.0f64;
+    let mut next = 0usize;
+    let mut steps = 0u64;
+    let mut events: Vec<(u32, bool, bool)> = Vec::new();
+    let conv = cfg.scheduler.convention;
+
+    loop {
+        while next < n && workload.arrival[order[next] as usize] <= now {
+            let i = order[next];
+            next += 1;
+            let r = &mut reqs[i as usize];
+            if sched.admissible_alone(r, &kv).is_err() {
+                r.status = Status::Rejected;
+                rm.outcome[i as usize] = Outcome::Rejected as u8;
+            } else {
+                r.status = Status::Waiting;
+                sched.enqueue(i, r, false);
+            }
+        }
+        if sched.is_idle() {
+            if next == n {
+                break;
+            }
+            now = now.max(workload.arrival[order[next] as usize]);
+            continue;
+        }
+        if cfg.max_steps.is_some_and(|m| steps >= m) {
+            break;
+        }
+        // vLLM: running, then admissions, one batch, finishes after the step. DecodeFirst:
+        // the running batch decodes and frees its finished requests before admission.
+        sched.schedule_running(&mut reqs, &mut kv, &mut batch, &mut ctr)?;
+        let mut shape = StepShape::default();
+        events.clear();
+        let split = if conv == Convention::DecodeFirst {
+            add_shape(&mut shape, &batch.items, &reqs, conv);
+            kv.commit(&batch.items, &mut reqs)?;
+            advance(&batch.items, &mut reqs, &mut kv, conv, &mut events)?;
+            sched.retire(&reqs);
+            batch.items.len()
+        } else {
+            0
+        };
+        sched.schedule_admissions(&mut reqs, &mut kv, workload, &mut batch, &mut ctr)?;
+        if batch.items.is_empty() && batch.preemptions == 0 {
+            return Err(KvError::Invariant(format!(
+                "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
+                sched.num_waiting(),
+                sched.num_swapped()
+            )));
+        }
+        let rest = &batch.items[split..];
+        add_shape(&mut shape, rest, &reqs, conv);
+        shape.num_seqs = batch.items.len() as u64;
+        shape.swapped_blocks = batch.swapped_blocks;
+        kv.commit(rest, &mut reqs)?;
+        let dt = timer.step_time(&shape)?;
+        if !(dt.is_finite() && dt >= 0.0) {
+            return Err(invalid!("step {steps}: the timer returned {dt} s; durations must be finite and >= 0"));
+        }
+        if cfg.record_steps {
+            record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt);
+        }
+        advance(rest, &mut reqs, &mut kv, conv, &mut events)?;
+        let end = now + dt;
+        for &(i, _) in &batch.items {
+            if rm.first_scheduled[i as usize].is_nan() {
+                rm.first_scheduled[i as usize] = now;
+            }
+        }
+        for &(i, first, finished) in &events {
+            if first {
+                rm.first_token[i as usize] = end;
+            }
+            if finished {
+                rm.finish[i as usize] = end;
+                rm.outcome[i as usize] = Outcome::Finished as u8;
+            }
+        }
+        sched.retire(&reqs);
+        now = end;
+        steps += 1;
+        if cfg.check_invariants {
+            kv.device.check_invariants()?;
+            if let Some(h) = &kv.host {
+                h.check_invariants()?;
+            }
+            check_accounting(&kv, &reqs)?;
+        }
+    }
+    rm.preemptions = ctr.preemptions;
+    rm.swaps = ctr.swaps;
+    rm.recomputed_tokens = ctr.recomputed;
+    rm.cached_tokens = ctr.cached;
+    let summary = Summary::compute(&rm, &sm, &workload.prompt_len, &workload.output_len, steps);
+    Ok(SimResult { requests: rm, steps: sm, summary, leaked_blocks: kv.used_blocks() })
+}
+
+/// The engine's mirror of the pool agrees with the pool.
+fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
+    let mut tokens = 0u64;
+    let mut empty = 0u64;
+    let mut reserved = 0usize;
+    let bs = kv.block_size as u64;
+    for (i, r) in reqs.iter().enumerate() {
+        let seq = crate::types::SeqId(i as u64);
+        match r.status {
+            Status::Running => {
+                let len = kv.device.seq_len(seq)?;
+                if len != r.kv_len as usize {
+                    return Err(KvError::Invariant(format!("request {i}: pool holds {len} tokens, engine {}", r.kv_len)));
+                }
+                tokens += len as u64;
+                empty += (len as u64).div_ceil(bs) * bs - len as u64;
+                reserved += r.reserve_left as usize;
+            }
+            Status::Swapped => {
+                if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
+                    return Err(KvError::Invariant(format!("swapped request {i} is not (only) on the host")));
+                }
+            }
+            _ => {
+                if kv.device.contains(seq) {
+                    return Err(KvError::Invariant(format!("request {i} ({:?}) still holds device blocks", r.status)));
+                }
+            }
+        }
+    }
+    if tokens != kv.kv_tokens {
+        return Err(KvError::Invariant(format!("engine counts {} KV tokens, requests hold {tokens}", kv.kv_tokens)));
+    }
+    if reserved != kv.reserved {
+        return Err(KvError::Invariant(format!("engine reserves {} blocks, requests hold {reserved}", kv.reserved)));
+    }
+    if empty != kv.empty_slots {
+        return Err(KvError::Invariant(format!("engine counts {} empty slots, requests hold {empty}", kv.empty_slots)));
+    }
+    if kv.committed != 0 {
+        return Err(KvError::Invariant(format!("{} blocks promised after commit", kv.committed)));
+    }
+    Ok(())
+}

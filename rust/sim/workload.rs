@@ -1,0 +1,385 @@
+//! Workloads for the simulator: a columnar list of requests (arrival time, prompt, output
+//! length, priority), and seeded generators for synthetic ones.
+//!
+//! A prompt is given as a length only, as token ids (for prefix caching by content), or as
+//! block keys (Mooncake `hash_ids`: one key per `tokens_per_key`-token block of the prompt,
+//! chained, so equal keys at equal positions mean a shared prefix). Trace parsing lives in
+//! Python (`pykvpool.simulate`); it hands the columns over as arrays.
+//!
+//! Generators draw each column from its own PCG stream derived from the seed, so changing
+//! the output-length distribution does not move the arrival times: same seed and spec,
+//! identical workload bit for bit.
+
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, Exp, Gamma, LogNormal, Pareto};
+use rand_pcg::Pcg64Mcg;
+
+use crate::error::Result;
+use crate::invalid;
+
+/// How the prompt of each request is described.
+#[derive(Clone, Debug, Default)]
+pub enum Prompts {
+    /// Lengths only: no prefix can be shared.
+    #[default]
+    Lengths,
+    /// Token ids of every prompt, concatenated; request `i` owns `ids[offsets[i]..offsets[i+1]]`.
+    Tokens { ids: Vec<u32>, offsets: Vec<usize> },
+    /// Block keys of every prompt, concatenated like `Tokens`; one key per `tokens_per_key`
+    /// prompt tokens (the last key may cover a partial block).
+    BlockKeys { keys: Vec<u64>, offsets: Vec<usize>, tokens_per_key: usize },
+}
+
+/// Requests in columns, one entry per request. Times in seconds, lengths in tokens.
+#[derive(Clone, Debug, Default)]
+pub struct Workload {
+    pub arrival: Vec<f64>,
+    pub prompt_len: Vec<u32>,
+    pub output_len: Vec<u32>,
+    /// Lower value = served first under the priority policy (vLLM's convention).
+    pub priority: Vec<i32>,
+    pub prompts: Prompts,
+}
+
+fn check_offsets(offsets: &[usize], total: usize, n: usize, what: &str) -> Result<()> {
+    if offsets.len() != n + 1 || offsets.first() != Some(&0) || offsets.last() != Some(&total) {
+        return Err(invalid!("{what} offsets must have {} entries from 0 to {total}", n + 1));
+    }
+    if offsets.windows(2).any(|w| w[1] < w[0]) {
+        return Err(invalid!("{what} offsets must be non-decreasing"));
+    }
+    Ok(())
+}
+
+impl Workload {
+    /// A workload from columns; `priority` defaults to 0 for every request.
+    pub fn new(arrival: Vec<f64>, prompt_len: Vec<u32>, output_len: Vec<u32>, priority: Option<Vec<i32>>) -> Result<Self> {
+        let n = arrival.len();
+        let priority = priority.unwrap_or_else(|| vec![0; n]);
+        if prompt_len.len() != n || output_len.len() != n || priority.len() != n {
+            return Err(invalid!(
+                "workload columns differ in length: arrival {n}, prompt_len {}, output_len {}, priority {}",
+                prompt_len.len(),
+                output_len.len(),
+                priority.len()
+            ));
+        }
+        if let Some((i, t)) = arrival.iter().enumerate().find(|(_, t)| !t.is_finite() || **t < 0.0) {
+            return Err(invalid!("arrival[{i}] = {t}: arrival times must be finite and >= 0 seconds"));
+        }
+        if let Some(i) = prompt_len.iter().position(|&p| p == 0) {
+            return Err(invalid!("prompt_len[{i}] = 0: every prompt needs at least one token"));
+        }
+        if let Some(i) = output_len.iter().position(|&o| o == 0) {
+            return Err(invalid!("output_len[{i}] = 0: every request generates at least one token"));
+        }
+        Ok(Self { arrival, prompt_len, output_len, priority, prompts: Prompts::Lengths })
+    }
+
+    /// Attach prompt token ids; `offsets[i+1] - offsets[i]` must equal `prompt_len[i]`.
+    pub fn with_tokens(mut self, ids: Vec<u32>, offsets: Vec<usize>) -> Result<Self> {
+        check_offsets(&offsets, ids.len(), self.len(), "token")?;
+        for (i, w) in offsets.windows(2).enumerate() {
+            if w[1] - w[0] != self.prompt_len[i] as usize {
+                return Err(invalid!("request {i} has {} token ids but prompt_len {}", w[1] - w[0], self.prompt_len[i]));
+            }
+        }
+        self.prompts = Prompts::Tokens { ids, offsets };
+        Ok(self)
+    }
+
+    /// Attach block keys; request `i` must have `ceil(prompt_len[i] / tokens_per_key)` keys.
+    pub fn with_block_keys(mut self, keys: Vec<u64>, offsets: Vec<usize>, tokens_per_key: usize) -> Result<Self> {
+        if tokens_per_key == 0 {
+            return Err(invalid!("tokens_per_key must be >= 1"));
+        }
+        check_offsets(&offsets, keys.len(), self.len(), "block key")?;
+        for (i, w) in offsets.windows(2).enumerate() {
+            let want = (self.prompt_len[i] as usize).div_ceil(tokens_per_key);
+            if w[1] - w[0] != want {
+                return Err(invalid!(
+                    "request {i} has {} block keys, expected ceil({} / {tokens_per_key}) = {want}",
+                    w[1] - w[0],
+                    self.prompt_len[i]
+                ));
+            }
+        }
+        self.prompts = Prompts::BlockKeys { keys, offsets, tokens_per_key };
+        Ok(self)
+    }
+
+    pub fn len(&self) -> usize {
+        self.arrival.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.arrival.is_empty()
+    }
+
+    /// Token ids of request `i`'s prompt, when the workload has them.
+    pub fn tokens(&self, i: usize) -> Option<&[u32]> {
+        match &self.prompts {
+            Prompts::Tokens { ids, offsets } => Some(&ids[offsets[i]..offsets[i + 1]]),
+            _ => None,
+        }
+    }
+
+    /// Block keys of request `i`'s prompt and the tokens each covers.
+    pub fn block_keys(&self, i: usize) -> Option<(&[u64], usize)> {
+        match &self.prompts {
+            Prompts::BlockKeys { keys, offsets, tokens_per_key } => Some((&keys[offsets[i]..offsets[i + 1]], *tokens_per_key)),
+            _ => None,
+        }
+    }
+
+    /// Stretch inter-arrival times by `factor` (2.0 = half the request rate).
+    pub fn scale_time(&mut self, factor: f64) -> Result<()> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(invalid!("time scale must be finite and > 0, got {factor}"));
+        }
+        self.arrival.iter_mut().for_each(|t| *t *= factor);
+        Ok(())
+    }
+
+    /// Scale prompt and output lengths (rounded, at least 1 token). Prompts given as token
+    /// ids or block keys keep their length: their content cannot be scaled.
+    pub fn scale_lengths(&mut self, prompt: f64, output: f64) -> Result<()> {
+        for f in [prompt, output] {
+            if !(f.is_finite() && f > 0.0) {
+                return Err(invalid!("length scale must be finite and > 0, got {f}"));
+            }
+        }
+        if prompt != 1.0 && !matches!(self.prompts, Prompts::Lengths) {
+            return Err(invalid!("prompts given as token ids or block keys cannot be length-scaled"));
+        }
+        let scale = |v: &mut u32, f: f64| *v = ((*v as f64 * f).round()).clamp(1.0, u32::MAX as f64) as u32;
+        self.prompt_len.iter_mut().for_each(|v| scale(v, prompt));
+        self.output_len.iter_mut().for_each(|v| scale(v, output));
+        Ok(())
+    }
+}
+
+/// Arrival process of a synthetic workload.
+#[derive(Clone, Debug)]
+pub enum Arrivals {
+    /// Everything arrives at time 0 (offline batch, the allocator benchmark).
+    Burst,
+    /// Exponential inter-arrival times at `rate` requests/s.
+    Poisson { rate: f64 },
+    /// Gamma inter-arrival times with mean `1 / rate` and coefficient of variation `cv`
+    /// (`cv > 1` is burstier than Poisson, `cv = 1` is Poisson).
+    Gamma { rate: f64, cv: f64 },
+}
+
+/// A length distribution in tokens; draws are rounded and clamped to `[min, max]`.
+#[derive(Clone, Debug)]
+pub enum Lengths {
+    Fixed(u32),
+    /// Uniform integers in `lo..=hi`.
+    Uniform { lo: u32, hi: u32 },
+    /// Log-normal with the given median and sigma of the underlying normal.
+    LogNormal { median: f64, sigma: f64 },
+    /// Pareto (heavy tail): `scale * U^(-1/shape)`.
+    Pareto { scale: f64, shape: f64 },
+    /// Resample (with replacement) from observed lengths, e.g. a trace's column.
+    Empirical(Vec<u32>),
+}
+
+/// A length distribution with its clamp.
+#[derive(Clone, Debug)]
+pub struct LengthSpec {
+    pub dist: Lengths,
+    pub min: u32,
+    pub max: u32,
+}
+
+/// Prompts built from a few shared prefixes plus a unique suffix (token ids), so that
+/// prefix caching has something to reuse.
+#[derive(Clone, Debug)]
+pub struct SharedPrefixes {
+    pub num_prefixes: usize,
+    /// Tokens of each shared prefix (capped at the prompt length).
+    pub prefix_len: u32,
+    pub vocab_size: u32,
+}
+
+/// Everything that defines a synthetic workload.
+#[derive(Clone, Debug)]
+pub struct SyntheticSpec {
+    pub num_requests: usize,
+    pub arrivals: Arrivals,
+    pub prompt: LengthSpec,
+    pub output: LengthSpec,
+    /// Priorities drawn uniformly from `0..priority_levels` (1 = everyone at 0).
+    pub priority_levels: u32,
+    pub shared_prefixes: Option<SharedPrefixes>,
+    pub seed: u64,
+}
+
+/// Independent stream `stream` of `seed`.
+fn stream(seed: u64, stream: u64) -> Pcg64Mcg {
+    Pcg64Mcg::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+fn positive(v: f64, what: &str) -> Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(invalid!("{what} must be finite and > 0, got {v}"))
+    }
+}
+
+fn draw_lengths(spec: &LengthSpec, n: usize, rng: &mut Pcg64Mcg, what: &str) -> Result<Vec<u32>> {
+    if spec.min == 0 || spec.min > spec.max {
+        return Err(invalid!("{what}: clamp must satisfy 1 <= min <= max, got {}..{}", spec.min, spec.max));
+    }
+    let clamp = |x: f64| x.round().clamp(spec.min as f64, spec.max as f64) as u32;
+    let out = match &spec.dist {
+        Lengths::Fixed(v) => vec![(*v).clamp(spec.min, spec.max); n],
+        Lengths::Uniform { lo, hi } => {
+            if lo > hi {
+                return Err(invalid!("{what}: uniform range {lo}..={hi} is empty"));
+            }
+            (0..n).map(|_| rng.random_range(*lo..=*hi).clamp(spec.min, spec.max)).collect()
+        }
+        Lengths::LogNormal { median, sigma } => {
+            let d = LogNormal::new(positive(*median, "median")?.ln(), *sigma)
+                .map_err(|e| invalid!("{what}: lognormal: {e}"))?;
+            (0..n).map(|_| clamp(d.sample(rng))).collect()
+        }
+        Lengths::Pareto { scale, shape } => {
+            let d = Pareto::new(positive(*scale, "scale")?, positive(*shape, "shape")?)
+                .map_err(|e| invalid!("{what}: pareto: {e}"))?;
+            (0..n).map(|_| clamp(d.sample(rng))).collect()
+        }
+        Lengths::Empirical(values) => {
+            if values.is_empty() {
+                return Err(invalid!("{what}: empirical distribution needs at least one value"));
+            }
+            (0..n).map(|_| values[rng.random_range(0..values.len())].clamp(spec.min, spec.max)).collect()
+        }
+    };
+    Ok(out)
+}
+
+fn draw_arrivals(a: &Arrivals, n: usize, rng: &mut Pcg64Mcg) -> Result<Vec<f64>> {
+    let gaps: Box<dyn FnMut(&mut Pcg64Mcg) -> f64> = match a {
+        Arrivals::Burst => Box::new(|_| 0.0),
+        Arrivals::Poisson { rate } => {
+            let d = Exp::new(positive(*rate, "rate")?).map_err(|e| invalid!("poisson: {e}"))?;
+            Box::new(move |r| d.sample(r))
+        }
+        Arrivals::Gamma { rate, cv } => {
+            let (rate, cv) = (positive(*rate, "rate")?, positive(*cv, "cv")?);
+            let shape = 1.0 / (cv * cv);
+            let d = Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid!("gamma: {e}"))?;
+            Box::new(move |r| d.sample(r))
+        }
+    };
+    let mut gaps = gaps;
+    let mut t = 0.0;
+    Ok((0..n)
+        .map(|i| {
+            // The first request arrives at 0 so that a run starts with work.
+            if i > 0 {
+                t += gaps(rng);
+            }
+            t
+        })
+        .collect())
+}
+
+/// Generate a synthetic workload.
+pub fn synthesize(spec: &SyntheticSpec) -> Result<Workload> {
+    let n = spec.num_requests;
+    let arrival = draw_arrivals(&spec.arrivals, n, &mut stream(spec.seed, 1))?;
+    let prompt_len = draw_lengths(&spec.prompt, n, &mut stream(spec.seed, 2), "prompt")?;
+    let output_len = draw_lengths(&spec.output, n, &mut stream(spec.seed, 3), "output")?;
+    let levels = spec.priority_levels.max(1);
+    let mut prng = stream(spec.seed, 4);
+    let priority = (0..n).map(|_| prng.random_range(0..levels) as i32).collect();
+    let w = Workload::new(arrival, prompt_len, output_len, Some(priority))?;
+    let Some(sp) = &spec.shared_prefixes else { return Ok(w) };
+    if sp.num_prefixes == 0 || sp.vocab_size == 0 {
+        return Err(invalid!("shared prefixes need num_prefixes >= 1 and vocab_size >= 1"));
+    }
+    let mut trng = stream(spec.seed, 5);
+    let prefixes: Vec<Vec<u32>> = (0..sp.num_prefixes)
+        .map(|_| (0..sp.prefix_len).map(|_| trng.random_range(0..sp.vocab_size)).collect())
+        .collect();
+    let total: usize = w.prompt_len.iter().map(|&p| p as usize).sum();
+    let mut ids = Vec::with_capacity(total);
+    let mut offsets = Vec::with_capacity(n + 1);
+    offsets.push(0);
+    for &p in &w.prompt_len {
+        let prefix = &prefixes[trng.random_range(0..sp.num_prefixes)];
+        let k = prefix.len().min(p as usize);
+        ids.extend_from_slice(&prefix[..k]);
+        ids.extend((k..p as usize).map(|_| trng.random_range(0..sp.vocab_size)));
+        offsets.push(ids.len());
+    }
+    w.with_tokens(ids, offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(seed: u64) -> SyntheticSpec {
+        SyntheticSpec {
+            num_requests: 500,
+            arrivals: Arrivals::Gamma { rate: 10.0, cv: 2.0 },
+            prompt: LengthSpec { dist: Lengths::LogNormal { median: 800.0, sigma: 1.0 }, min: 1, max: 8192 },
+            output: LengthSpec { dist: Lengths::Pareto { scale: 20.0, shape: 1.5 }, min: 1, max: 2048 },
+            priority_levels: 3,
+            shared_prefixes: Some(SharedPrefixes { num_prefixes: 4, prefix_len: 64, vocab_size: 32000 }),
+            seed,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_workload_bit_for_bit() {
+        let (a, b, c) = (synthesize(&spec(7)).unwrap(), synthesize(&spec(7)).unwrap(), synthesize(&spec(8)).unwrap());
+        let bits = |w: &Workload| w.arrival.iter().map(|t| t.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b));
+        assert_eq!(a.prompt_len, b.prompt_len);
+        assert_eq!(a.output_len, b.output_len);
+        assert_eq!(a.tokens(17), b.tokens(17));
+        assert_ne!(bits(&a), bits(&c));
+    }
+
+    #[test]
+    fn gamma_rate_and_clamps_hold() {
+        let w = synthesize(&spec(1)).unwrap();
+        let mean_gap = w.arrival[w.len() - 1] / (w.len() - 1) as f64;
+        assert!((mean_gap - 0.1).abs() < 0.03, "mean gap {mean_gap}");
+        assert!(w.arrival.windows(2).all(|p| p[0] <= p[1]));
+        assert!(w.prompt_len.iter().all(|&p| (1..=8192).contains(&p)));
+        assert!(w.priority.iter().all(|&p| (0..3).contains(&p)));
+        assert_eq!(w.tokens(3).unwrap().len(), w.prompt_len[3] as usize);
+    }
+
+    #[test]
+    fn scaling_stretches_time_and_lengths() {
+        let mut w = Workload::new(vec![0.0, 2.0], vec![10, 3], vec![4, 1], None).unwrap();
+        w.scale_time(0.5).unwrap();
+        w.scale_lengths(0.5, 2.0).unwrap();
+        assert_eq!(w.arrival, vec![0.0, 1.0]);
+        assert_eq!(w.prompt_len, vec![5, 2]);
+        assert_eq!(w.output_len, vec![8, 2]);
+        assert!(w.scale_time(0.0).is_err());
+        let mut t = w.with_tokens(vec![1; 7], vec![0, 5, 7]).unwrap();
+        assert!(t.scale_lengths(2.0, 1.0).is_err());
+        assert!(t.scale_lengths(1.0, 2.0).is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_columns_and_keys() {
+        assert!(Workload::new(vec![0.0], vec![0], vec![1], None).is_err());
+        assert!(Workload::new(vec![f64::NAN], vec![1], vec![1], None).is_err());
+        assert!(Workload::new(vec![0.0, 1.0], vec![1], vec![1], None).is_err());
+        let w = Workload::new(vec![0.0], vec![1000], vec![1], None).unwrap();
+        assert!(w.clone().with_block_keys(vec![1], vec![0, 1], 512).is_err());
+        assert!(w.with_block_keys(vec![1, 2], vec![0, 2], 512).is_ok());
+    }
+}
