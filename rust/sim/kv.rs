@@ -35,6 +35,14 @@ pub struct Plan {
     pub blocks: usize,
 }
 
+/// SplitMix64's finalizer: a bijection on u64 that spreads every input bit.
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Pool keys for a prompt given as trace keys of `per_key` tokens each: pool block `i`
 /// (tokens `i*bs .. min((i+1)*bs, len)`) is keyed by the trace key of its last token's
 /// block and the offset where it ends in that block. Trace keys are chained (equal key =
@@ -46,7 +54,11 @@ pub fn pool_keys(trace: &[u64], per_key: usize, len: usize, bs: usize, out: &mut
         let end = (start + bs).min(len);
         let k = (end - 1) / per_key;
         let off = end - k * per_key;
-        out.push(((trace[k] as u128 + 1) << 64) | off as u128);
+        // High half: the trace id (+1, so no key is 0); low half: a bijective mix of
+        // (id, offset). The prefix cache indexes on the low 64 bits, so they must differ
+        // between the pool blocks of one trace block and between trace blocks.
+        let lo = mix64(trace[k].wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ off as u64);
+        out.push(((trace[k] as u128 + 1) << 64) | lo as u128);
         start = end;
     }
 }
