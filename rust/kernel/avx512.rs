@@ -40,18 +40,11 @@ const VT: usize = 4;
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
-    let nh = w.heads.len();
     for bi in 0..w.blocks.len() {
         let nt = w.tokens_in(bi);
         for (hi, h) in w.heads.clone().enumerate() {
             let (kt, vt) = w.tiles(bi, h);
-            let next = if hi + 1 < nh {
-                Some(w.tiles(bi, h + 1))
-            } else if bi + 1 < w.blocks.len() {
-                Some(w.tiles(bi + 1, w.heads.start))
-            } else {
-                None
-            };
+            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
             let mut c0 = 0;
             while c0 < nt {
                 let lanes = (nt - c0).min(W);
@@ -62,10 +55,10 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                     let qh = hi * g + j0;
                     let chunk = Chunk { kt, vt, bs, d, c0, lanes, mask };
                     match g - j0 {
-                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, pf),
-                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, pf),
-                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, pf),
-                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, pf),
+                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
                     }
                     j0 += HT;
                 }
@@ -168,8 +161,13 @@ fn head_tile<E: Elem, const H: usize>(
         let (k0, k1) = unsafe { (load(kp.add(i * bs + c.c0), c.mask), load(kp.add((i + 1) * bs + c.c0), c.mask)) };
         if !pf_k.is_null() {
             // Prefetches never fault; the addresses stay inside the next tile.
-            _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(i * pf_row));
-            _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(i * pf_row));
+            // Two rows per iteration: cover their share of both next tiles, whole lines.
+            let mut off = i * pf_row;
+            while off < (i + 2) * pf_row {
+                _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
+                off += 64;
+            }
         }
         for j in 0..H {
             s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);

@@ -161,7 +161,20 @@ impl<E: Elem> Work<'_, E> {
         let at = self.blocks[bi] as usize * self.shape.block() + h * tile;
         (&self.k[at..at + tile], &self.v[at..at + tile])
     }
+
+    /// The tiles `dist` steps after (block `bi`, head index `hi`) in the item's reading
+    /// order (heads within a block, then the next block), if any.
+    #[inline]
+    pub fn tiles_ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(&[E], &[E])> {
+        let nh = self.heads.len();
+        let idx = bi * nh + hi + dist;
+        (dist > 0 && idx / nh < self.blocks.len()).then(|| self.tiles(idx / nh, self.heads.start + idx % nh))
+    }
 }
+
+/// Prefetch distance in tiles: the tile after next would be evicted from L1 before use
+/// at these sizes, and one tile of compute (about 1000 FMAs) covers a DRAM miss.
+pub(crate) const PREFETCH_TILES: usize = 1;
 
 #[derive(Clone, Debug)]
 struct Item {
