@@ -10,7 +10,9 @@ each in f32, f16 and bf16 storage, at 1 and 2 threads.
 
 Effective bandwidth = useful K+V bytes (sum of lengths x Hkv x d x 2 x bytes per element)
 / best wall time of ``--reps`` calls; "% probe" divides by the best read-bandwidth probe
-at the same thread count (``pykvpool.read_bandwidth``, huge pages, same pool). torch SDPA
+(``pykvpool.read_bandwidth``, 128 MiB, huge pages, same pool and thread count) taken
+interleaved with those calls, so both see the same state of a shared machine. "GB/s per
+CPU-s" divides by process CPU time / threads instead (what the code does while it runs). torch SDPA
 is measured when torch is importable (it is an optional dependency, not installed here).
 
 Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
@@ -32,6 +34,7 @@ import numpy as np
 import pykvpool as kv
 
 BS = 16
+PROBE_BYTES = 128 << 20  # 4x the 32 MiB L3, short enough to fit between preemptions
 ESIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
@@ -54,6 +57,21 @@ def best_time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
         fn()
         ts.append(time.perf_counter() - t)
     return min(ts), float(np.median(ts))
+
+
+def interleaved(fn: Callable[[], object], threads: int, reps: int) -> dict[str, Any]:
+    """Alternate a timed call with a short bandwidth probe, so that both see the same
+    machine state (the benchmark machine is shared): best wall time, median, best
+    process CPU time, and the best probe of the window (bytes/s)."""
+    fn()
+    walls, cpus, probes = [], [], []
+    for _ in range(reps):
+        probes.append(kv.read_bandwidth(PROBE_BYTES, threads=threads))
+        c, t = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return dict(seconds=min(walls), median=float(np.median(walls)), cpu_seconds=min(cpus), probe=max(probes))
 
 
 def build(shape: dict[str, Any], dtypes: list[str], seed: int) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray]:
@@ -153,10 +171,10 @@ def main() -> None:
             for dt in dtypes:
                 c = caches[dt]
                 nbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE[dt]
-                best, med = best_time(lambda: kv.decode_attention(c, 0, q, table, lens), args.reps)
-                rows.append(dict(shape=name, dtype=dt, threads=t, impl="pykvpool", seconds=best, median=med,
-                                 bytes=nbytes, gbps=nbytes / best / 1e9))
-            measure_probe()
+                r = interleaved(lambda: kv.decode_attention(c, 0, q, table, lens), t, args.reps)
+                r.update(shape=name, dtype=dt, threads=t, impl="pykvpool", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
+                         cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9)
+                rows.append(r)
         f32 = caches["f32"]
         nbytes = tokens * shape["hkv"] * shape["d"] * 8
         tn = numpy_reference_time(f32, table, lens, q, args.reps)
@@ -166,7 +184,7 @@ def main() -> None:
             rows.append(dict(shape=name, dtype="f32", threads=0, impl="torch", seconds=tt, bytes=nbytes, gbps=nbytes / tt / 1e9))
         del caches
     for r in rows:
-        p = probe.get(r["threads"]) or probe[max(threads)]
+        p = r.get("probe") or max(probe.values())
         r["pct_probe"] = 100 * r["gbps"] * 1e9 / p
         if r["impl"] == "pykvpool":
             base = next(x for x in rows if x["impl"] == "pykvpool" and x["shape"] == r["shape"]
@@ -181,13 +199,15 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     print(f"probe GB/s: {', '.join(f'{t} thr {p / 1e9:.1f}' for t, p in probe.items())}; "
           f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}")
-    print("| shape | impl | dtype | threads | best ms | GB/s | % probe | speed vs f32 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | impl | dtype | threads | best ms | GB/s | probe GB/s | % probe | speed vs f32 | GB/s per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         thr = r["threads"] or "BLAS"
         sp = f"{r['speed_vs_f32']:.2f}x" if "speed_vs_f32" in r else ""
-        print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | "
-              f"{r['pct_probe']:.0f}% | {sp} |")
+        pr = f"{r['probe'] / 1e9:.1f}" if "probe" in r else f"{max(probe.values()) / 1e9:.1f}"
+        cpu = f"{r['cpu_gbps']:.1f}" if "cpu_gbps" in r else ""
+        print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | {pr} | "
+              f"{r['pct_probe']:.0f}% | {sp} | {cpu} |")
 
 
 if __name__ == "__main__":

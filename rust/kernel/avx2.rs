@@ -140,7 +140,8 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<(&[E], &[E])>,
 ) {
     let (d, bs, n) = (c.d, c.bs, c.lanes);
-    let q = &q[qh * d..(qh + H) * d];
+    // One slice of exactly d per head lets the compiler drop the index checks below.
+    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     let (pf_k, pf_v, pf_row) = match prefetch {
         Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
         None => (std::ptr::null(), std::ptr::null(), 0),
@@ -162,15 +163,15 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i]), k0, s0[j]);
-            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i + 1]), k1, s1[j]);
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
+            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i + 1]), k1, s1[j]);
         }
         i += 2;
     }
     if i < d {
         let k0 = load(c.kt, i * bs + c.c0, n);
         for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i]), k0, s0[j]);
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
         }
     }
 
@@ -183,7 +184,8 @@ fn head_tile<E: Elem, const H: usize>(
         let m_old = p.m[qh + j];
         let m_new = m_old.max(hmax(s));
         let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(m_new))), valid);
-        alpha[j] = (m_old - m_new).exp2();
+        // exp2 of the vector unit, not libm's: a call would spill every register.
+        alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
         p.m[qh + j] = m_new;
         p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
         // SAFETY: probs[j] holds exactly 8 f32.

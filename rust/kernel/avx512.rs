@@ -10,8 +10,8 @@
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
 //! The next tile (next head of the block, or first head of the next block) is prefetched
-//! while the scores run, one K line and one V line per dimension row, so the jump
-//! between scattered blocks does not stall the stream.
+//! while the scores run, every line of its K and V spread over the dimension rows, so the
+//! jump between scattered blocks does not stall the stream.
 //!
 //! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift. Queries stay f32
 //! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
@@ -144,7 +144,8 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<(&[E], &[E])>,
 ) {
     let (d, bs) = (c.d, c.bs);
-    let q = &q[qh * d..(qh + H) * d];
+    // One slice of exactly d per head lets the compiler drop the index checks below.
+    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     // K rows are bs elements apart; the last unmasked lane of the last row is
     // (d - 1) * bs + c0 + lanes - 1 < d * bs = kt.len().
     assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs);
@@ -170,8 +171,8 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
-            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i + 1]), k1, s1[j]);
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
+            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i + 1]), k1, s1[j]);
         }
         i += 2;
     }
@@ -179,7 +180,7 @@ fn head_tile<E: Elem, const H: usize>(
         // SAFETY: row i < d, masked as above.
         let k0 = unsafe { load(kp.add(i * bs + c.c0), c.mask) };
         for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
         }
     }
 
@@ -190,7 +191,8 @@ fn head_tile<E: Elem, const H: usize>(
         let m_old = p.m[qh + j];
         let m_new = m_old.max(_mm512_reduce_max_ps(s));
         let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        alpha[j] = (m_old - m_new).exp2();
+        // exp2 of the vector unit, not libm's: a call would spill every register.
+        alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
         p.m[qh + j] = m_new;
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
         // SAFETY: probs[j] holds exactly 16 f32.
