@@ -96,6 +96,42 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
     }
 }
 
+/// Prefetches the K and V tiles that come next, a share of their lines per `step`, so
+/// `iters` steps cover every line once.
+struct Prefetcher {
+    k: *const i8,
+    v: *const i8,
+    /// Bytes of each tile.
+    len: usize,
+    /// Next byte of the concatenation [K tile, V tile] to prefetch, and bytes per step.
+    pos: usize,
+    per: usize,
+}
+
+impl Prefetcher {
+    fn new<E>(tiles: Option<(&[E], &[E])>, iters: usize) -> Self {
+        match tiles {
+            Some((k, v)) => {
+                let len = std::mem::size_of_val(k);
+                Self { k: k.as_ptr().cast(), v: v.as_ptr().cast(), len, pos: 0, per: (2 * len).div_ceil(iters.max(1)) }
+            }
+            None => Self { k: std::ptr::null(), v: std::ptr::null(), len: 0, pos: 0, per: 0 },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    fn step(&mut self) {
+        let end = (self.pos + self.per).min(2 * self.len);
+        while self.pos < end {
+            let p = if self.pos < self.len { self.k.wrapping_add(self.pos) } else { self.v.wrapping_add(self.pos - self.len) };
+            // Prefetches never fault; the address stays inside the next tiles.
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            self.pos += 64;
+        }
+    }
+}
+
 /// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
 #[inline]
 fn lane_mask(i: usize, n: usize) -> __mmask16 {
@@ -150,33 +186,19 @@ fn head_tile<E: Elem, const H: usize>(
     // (d - 1) * bs + c0 + lanes - 1 < d * bs = kt.len().
     assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs);
     let kp = c.kt.as_ptr();
-    let (pf_k, pf_v, pf_row) = match prefetch {
-        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
-        None => (std::ptr::null(), std::ptr::null(), 0),
-    };
-    // f32 is memory bound: its next V tile is prefetched during this V phase, spread over
-    // the token iterations, so those misses overlap FMAs instead of queueing behind the K
-    // prefetches of the score phase (+10% on shape (a)). 16-bit storage is compute bound
-    // and does better with everything in the score phase (about -5% otherwise).
-    let spread_v = E::DTYPE == DType::F32 && !pf_v.is_null();
+    // f32 is memory bound: the next tile's lines are prefetched evenly over the whole
+    // tile (score and V phases), so the misses overlap FMAs instead of arriving in one
+    // burst (+10-15% on shape (a)). 16-bit storage is compute bound and does better with
+    // every prefetch in the score phase.
+    let iters = d / 2 + if E::DTYPE == DType::F32 { d.div_ceil(VT * W) * c.lanes } else { 0 };
+    let mut pf = Prefetcher::new(prefetch, iters);
     let mut s0 = [_mm512_setzero_ps(); H];
     let mut s1 = [_mm512_setzero_ps(); H];
     let mut i = 0;
     while i + 2 <= d {
         // SAFETY: rows i and i + 1 < d, lanes masked to the tile (assert above).
         let (k0, k1) = unsafe { (load(kp.add(i * bs + c.c0), c.mask), load(kp.add((i + 1) * bs + c.c0), c.mask)) };
-        if !pf_k.is_null() {
-            // Prefetches never fault; the addresses stay inside the next tile.
-            // Two rows per iteration: cover their share of both next tiles, whole lines.
-            let mut off = i * pf_row;
-            while off < (i + 2) * pf_row {
-                _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
-                if !spread_v {
-                    _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
-                }
-                off += 64;
-            }
-        }
+        pf.step();
         for j in 0..H {
             s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
             s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i + 1]), k1, s1[j]);
@@ -224,18 +246,7 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         for t in 0..c.lanes {
-            if spread_v {
-                // Token t of this dimension pass prefetches its share of the next V tile.
-                let total = pf_row * d;
-                let per = total.div_ceil(d.div_ceil(VT * W) * c.lanes);
-                let start = ((u0 / (VT * W)) * c.lanes + t) * per;
-                let mut off = start - start % 64;
-                while off < (start + per).min(total) {
-                    // Prefetches never fault; the addresses stay inside the next tile.
-                    _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
-                    off += 64;
-                }
-            }
+            pf.step();
             let row = (c.c0 + t) * d + u0;
             // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
             let v: [__m512; VT] = std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) });
