@@ -10,8 +10,9 @@
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
 //! The next tile (next head of the block, or first head of the next block) is prefetched
-//! while the scores run, every line of its K and V spread over the dimension rows, so the
-//! jump between scattered blocks does not stall the stream.
+//! line by line by a [`Prefetcher`]: spread over the score loop for 16-bit storage, over
+//! the whole tile (score and V loops) for f32, so the jump between scattered blocks does
+//! not stall the stream and the misses do not arrive in one burst.
 //!
 //! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift. Queries stay f32
 //! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
@@ -65,6 +66,9 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                 c0 += W;
             }
         }
+    }
+    if E::DTYPE == DType::BF16 && d % (2 * W) == 0 {
+        unpermute_bf16(p.acc, d);
     }
 }
 
@@ -130,6 +134,59 @@ impl Prefetcher {
             self.pos += 64;
         }
     }
+}
+
+/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
+/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
+/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
+/// [`unpermute_bf16`] restores it at the end of the item.
+///
+/// # Safety
+/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
+/// after `p` must lie inside one allocation (zero masks access nothing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
+    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
+    let zero = _mm512_setzero_si512();
+    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
+    // SAFETY: forwarded to the caller.
+    let (x, y) = unsafe {
+        (
+            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
+            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
+        )
+    };
+    [
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
+    ]
+}
+
+/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
+/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
+const BF16_ORDER: [usize; 32] = {
+    let mut o = [0; 32];
+    let mut s = 0;
+    while s < 32 {
+        let (half, r) = (s / 16, s % 16);
+        o[s] = (r / 4) * 8 + half * 4 + r % 4;
+        s += 1;
+    }
+    o
+};
+
+/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
+pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
+    for group in acc.chunks_exact_mut(2 * W) {
+        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
+        for (s, &dim) in BF16_ORDER.iter().enumerate() {
+            group[dim] = stored[s];
+        }
+    }
+    debug_assert!(d % (2 * W) == 0 && acc.len() % d == 0);
 }
 
 /// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
@@ -248,8 +305,14 @@ fn head_tile<E: Elem, const H: usize>(
         for t in 0..c.lanes {
             pf.step();
             let row = (c.c0 + t) * d + u0;
-            // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
-            let v: [__m512; VT] = std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) });
+            let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d % (2 * W) == 0 {
+                // SAFETY: as below; each 32-element load is all in or all out of the row
+                // (d is a multiple of 32), its mask taken from the vector pair it fills.
+                unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
+            } else {
+                // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+                std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) })
+            };
             for j in 0..H {
                 let pj = _mm512_set1_ps(probs[j][t]);
                 for u in 0..VT {
