@@ -67,7 +67,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
             }
         }
     }
-    if E::DTYPE == DType::BF16 && d % (2 * W) == 0 {
+    if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
 }
@@ -186,7 +186,7 @@ pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
             group[dim] = stored[s];
         }
     }
-    debug_assert!(d % (2 * W) == 0 && acc.len() % d == 0);
+    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
 }
 
 /// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
@@ -305,7 +305,7 @@ fn head_tile<E: Elem, const H: usize>(
         for t in 0..c.lanes {
             pf.step();
             let row = (c.c0 + t) * d + u0;
-            let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d % (2 * W) == 0 {
+            let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
                 // SAFETY: as below; each 32-element load is all in or all out of the row
                 // (d is a multiple of 32), its mask taken from the vector pair it fills.
                 unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
