@@ -10,13 +10,15 @@
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
 //! The next tile (next head of the block, or first head of the next block) is prefetched
-//! line by line by a [`Prefetcher`]: spread over the score loop for 16-bit storage, over
+//! line by line by a `Prefetcher`: spread over the score loop for 16-bit storage, over
 //! the whole tile (score and V loops) for f32, so the jump between scattered blocks does
 //! not stall the stream and the misses do not arrive in one burst.
 //!
-//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift. Queries stay f32
+//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift (K rows) or by one
+//! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
+//! accumulators then keep the unpack order until the end of the item). Queries stay f32
 //! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
-//! logits, beyond the 1e-5 accuracy contract; see the module doc of `kernel`).
+//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`).
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).

@@ -10,7 +10,7 @@
 //! online softmax (running max `m`, sum `l`, unnormalised `acc`, all f32) and writes a
 //! partial result. Sequences longer than a quarter of a thread's share of the batch are
 //! split along their blocks (FlashDecoding: one long sequence still uses every core, and
-//! uneven lengths balance); partials are merged by log-sum-exp in [`merge`]. Items run on
+//! uneven lengths balance); partials are merged by log-sum-exp in `merge`. Items run on
 //! the [`crate::threads`] rayon pool.
 //!
 //! Queries are pre-multiplied by `scale * log2(e)` so the kernels use `exp2`; `m` is
