@@ -37,6 +37,20 @@ from pykvpool._native import (
     set_num_threads,
 )
 
+# Capacity planning (pure Python; figures, report and CLI stay in their submodules so that
+# importing pykvpool does not import matplotlib).
+from pykvpool.errors import (
+    BudgetError,
+    KernelUnavailableError,
+    TraceFormatError,
+    UnknownPresetError,
+)
+from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.ledger import Budget, MemoryLedger
+from pykvpool.models import ModelConfig, StorageDtype, model_preset, storage_dtype
+from pykvpool.video import VideoSpec
+from pykvpool.workloads import Workload
+
 __all__ = [
     "BlockPool",
     "BlockTableBuffer",
@@ -57,4 +71,19 @@ __all__ = [
     "peak_flops",
     "read_bandwidth",
     "set_num_threads",
+    # capacity planning
+    "Budget",
+    "BudgetError",
+    "Hardware",
+    "KernelUnavailableError",
+    "MemoryLedger",
+    "ModelConfig",
+    "StorageDtype",
+    "TraceFormatError",
+    "UnknownPresetError",
+    "VideoSpec",
+    "Workload",
+    "hardware_preset",
+    "model_preset",
+    "storage_dtype",
 ]

@@ -2,7 +2,9 @@
 
 Units: *tokens* and *blocks* unless a name says *bytes*. Integer arguments named ``*_ids``
 or ``num_tokens`` accept any 1-D integer numpy array (any integer dtype, any strides) or a
-Python sequence of ints. Every call that fails raises a :class:`KvPoolError` subclass and
+Python sequence of ints. Scalar integer arguments accept Python and numpy ints; floats,
+bools, strings and ints outside int64 raise :class:`InvalidArgumentError` (not ``TypeError``),
+as do arrays of those. Every call that fails raises a :class:`KvPoolError` subclass and
 leaves the pool unchanged.
 """
 
@@ -156,7 +158,8 @@ class BlockPool:
         Raises:
             DuplicateSequenceError: ``seq_id`` is live.
             PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
-            InvalidArgumentError: negative id or length.
+            InvalidArgumentError: negative id or length, or more than ``2**27`` tokens
+                (one call adds at most ``2**27`` tokens; add longer prompts in chunks).
         """
     def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
         """Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
@@ -169,7 +172,8 @@ class BlockPool:
             ``(src, dst)`` block pairs whose filled slots the caller must copy (k <= 1).
 
         Raises:
-            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError.
+            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError (also for more
+            than ``2**27`` tokens in one call).
         """
     def step(
         self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
@@ -187,7 +191,7 @@ class BlockPool:
                 was appended to any sequence).
             UnknownSequenceError: an id is not live.
             InvalidArgumentError: duplicate ids, negative counts, lengths that differ,
-                non-integer or non-1-D arrays.
+                non-integer or non-1-D arrays, more than ``2**27`` tokens in total.
         """
     def fork(self, parent: int, child: int) -> None:
         """Create ``child`` sharing every block of ``parent`` (refcounts go up; no copy).
@@ -235,7 +239,7 @@ class BlockPool:
 
         Raises:
             UnknownSequenceError; InvalidArgumentError if a table is longer than
-            ``max_blocks``.
+            ``max_blocks`` or the array would exceed ``2**28`` entries.
         """
     def flashinfer_tables(self, seq_ids: _IntArrayLike) -> tuple[_I32Array, _I32Array, _I32Array]:
         """FlashInfer's paged layout: ``(kv_indptr [n + 1], kv_indices [nnz],
@@ -257,7 +261,7 @@ class BlockTableBuffer:
     :meth:`invalidate` after writing to it.
 
     Raises:
-        InvalidArgumentError: a zero or too large shape.
+        InvalidArgumentError: a zero shape or more than ``2**28`` entries.
     """
 
     def __new__(cls, max_seqs: int, max_blocks: int, pad: int = ...) -> BlockTableBuffer: ...

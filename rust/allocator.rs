@@ -16,6 +16,9 @@ pub const MAX_BLOCKS: usize = 1 << 30;
 pub struct BlockAllocator {
     refcounts: Vec<u32>,
     free: Vec<BlockId>,
+    /// Blocks with a refcount above 1. While it is 0 no copy-on-write can be pending, and
+    /// the decode hot path skips reading the refcount of every sequence's last block.
+    shared: usize,
 }
 
 impl BlockAllocator {
@@ -37,7 +40,7 @@ impl BlockAllocator {
             })?;
         refcounts.resize(num_blocks, 0);
         free.extend((0..num_blocks as u32).rev().map(BlockId));
-        Ok(Self { refcounts, free })
+        Ok(Self { refcounts, free, shared: 0 })
     }
 
     #[inline]
@@ -67,7 +70,11 @@ impl BlockAllocator {
     /// Add a reference to a live block (fork, prefix hit).
     #[inline]
     pub fn incref(&mut self, b: BlockId) {
-        self.refcounts[b.index()] += 1;
+        let rc = &mut self.refcounts[b.index()];
+        *rc += 1;
+        if *rc == 2 {
+            self.shared += 1;
+        }
     }
 
     /// Drop a reference; returns the new count. A block reaching zero is *not* put back
@@ -76,6 +83,9 @@ impl BlockAllocator {
     pub fn decref(&mut self, b: BlockId) -> u32 {
         let rc = &mut self.refcounts[b.index()];
         debug_assert!(*rc > 0, "decref of free {b}");
+        if *rc == 2 {
+            self.shared -= 1;
+        }
         *rc -= 1;
         *rc
     }
@@ -101,6 +111,12 @@ impl BlockAllocator {
     pub fn revive(&mut self, b: BlockId) {
         debug_assert_eq!(self.refcounts[b.index()], 0);
         self.refcounts[b.index()] = 1;
+    }
+
+    /// Blocks referenced more than once.
+    #[inline]
+    pub fn num_shared(&self) -> usize {
+        self.shared
     }
 
     pub fn free_list(&self) -> &[BlockId] {
@@ -138,6 +154,24 @@ mod tests {
         assert_eq!(a.refcount(b), 1);
         a.release(b);
         assert_eq!(a.num_free(), 1);
+    }
+
+    #[test]
+    fn counts_shared_blocks() {
+        let mut a = BlockAllocator::new(2).unwrap();
+        let (b, c) = (a.allocate().unwrap(), a.allocate().unwrap());
+        a.incref(b);
+        a.incref(b);
+        a.incref(c);
+        assert_eq!(a.num_shared(), 2);
+        a.release(b);
+        assert_eq!(a.num_shared(), 2);
+        a.release(b);
+        a.release(c);
+        assert_eq!(a.num_shared(), 0);
+        a.release(b);
+        a.release(c);
+        assert_eq!((a.num_shared(), a.num_free()), (0, 2));
     }
 
     #[test]

@@ -29,6 +29,8 @@ struct SeqEntry {
     /// Last batch this sequence appeared in; catches duplicate ids in one batch without
     /// allocating a set per step.
     mark: u64,
+    /// Position in that batch (see `BlockPool::step_in`).
+    pos: u32,
 }
 
 /// Output buffers of a batched step, reusable across steps to avoid allocation.
@@ -157,6 +159,20 @@ impl BlockPool {
         Ok(self.alloc.refcount(b))
     }
 
+    /// `tokens % block_size`: the filled slots of the last block of a sequence of `tokens`
+    /// tokens (0 when it is full). Block sizes are almost always powers of two, and a mask
+    /// is far cheaper than the division the decode hot path would otherwise do twice per
+    /// sequence.
+    #[inline]
+    fn offset_in_block(&self, tokens: usize) -> usize {
+        let bs = self.block_size;
+        if bs.is_power_of_two() {
+            tokens & (bs - 1)
+        } else {
+            tokens % bs
+        }
+    }
+
     fn stamp(&mut self) -> u64 {
         self.next_stamp += 1;
         self.next_stamp
@@ -179,24 +195,45 @@ impl BlockPool {
         }
     }
 
-    /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, given
-    /// that `already_copied` other holders of its shared partial block copy away first.
-    fn blocks_needed_for(&self, table: &BlockTable, n: usize, already_copied: u32) -> Result<(usize, bool)> {
+    /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, and the
+    /// shared partial block it copies away, if any. `copies` lists, per shared partial
+    /// block, how many of its holders copy it away earlier in the same batch.
+    fn blocks_needed_for(
+        &self,
+        table: &BlockTable,
+        n: usize,
+        copies: &[(BlockId, u32)],
+    ) -> Result<(usize, Option<BlockId>)> {
         if n == 0 {
-            return Ok((0, false));
+            return Ok((0, None));
         }
-        let end = Self::checked_len(table.num_tokens(), n)?;
-        let grow = blocks_for(end, self.block_size) - table.blocks().len();
-        let cow = match table.partial_last(self.block_size) {
-            Some((_, b, _)) => self.alloc.refcount(b) - already_copied > 1,
-            None => false,
+        let len = table.num_tokens();
+        let end = Self::checked_len(len, n)?;
+        let filled = self.offset_in_block(len);
+        // One token (decode) needs a new block exactly at a block boundary: no division.
+        let grow = if n == 1 {
+            (filled == 0) as usize
+        } else {
+            blocks_for(end, self.block_size) - table.blocks().len()
         };
-        Ok((grow + cow as usize, cow))
+        // Without any shared block there is nothing to copy: skip reading the table.
+        if filled == 0 || self.alloc.num_shared() == 0 {
+            return Ok((grow, None));
+        }
+        let Some(&last) = table.blocks().last() else {
+            return Ok((grow, None));
+        };
+        let rc = self.alloc.refcount(last);
+        if rc <= 1 {
+            return Ok((grow, None));
+        }
+        let copied = copies.iter().find(|(b, _)| *b == last).map_or(0, |e| e.1);
+        Ok(if rc - copied > 1 { (grow + 1, Some(last)) } else { (grow, None) })
     }
 
     /// Blocks appending `n` tokens to `seq` would allocate (copy-on-write included).
     pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
-        Ok(self.blocks_needed_for(self.table(seq)?, n, 0)?.0)
+        Ok(self.blocks_needed_for(self.table(seq)?, n, &[])?.0)
     }
 
     /// Add a new sequence holding `prompt_len` tokens; their slots are appended to `slots`.
@@ -207,7 +244,8 @@ impl BlockPool {
         Self::checked_len(0, prompt_len)?;
         self.ensure_available(blocks_for(prompt_len, self.block_size))?;
         let stamp = self.stamp();
-        let mut table = BlockTable::new(stamp);
+        // Sized up front: growing the table block by block would reallocate it ~log2(n) times.
+        let mut table = BlockTable::with_blocks(Vec::with_capacity(blocks_for(prompt_len, self.block_size)), 0, stamp);
         let mut cow = Vec::new();
         let r = self.grow(&mut table, prompt_len, slots, &mut cow);
         if r.is_err() {
@@ -216,7 +254,7 @@ impl BlockPool {
             return r;
         }
         debug_assert!(cow.is_empty());
-        self.seqs.insert(seq, SeqEntry { table, mark: 0 });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0 });
         Ok(())
     }
 
@@ -228,7 +266,7 @@ impl BlockPool {
         slots: &mut Vec<i64>,
         cow: &mut Vec<(BlockId, BlockId)>,
     ) -> Result<()> {
-        let (need, _) = self.blocks_needed_for(self.table(seq)?, n, 0)?;
+        let (need, _) = self.blocks_needed_for(self.table(seq)?, n, &[])?;
         self.ensure_available(need)?;
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         let r = self.grow(&mut entry.table, n, slots, cow);
@@ -247,6 +285,22 @@ impl BlockPool {
                 counts.len()
             ));
         }
+        // The map is moved out for the call so that a table can be borrowed mutably next
+        // to the allocator: one lookup per sequence and phase, instead of a remove and an
+        // insert that move every entry. It is put back on every path.
+        let mut map = std::mem::take(&mut self.seqs);
+        let r = self.step_in(&mut map, seqs, counts, out);
+        self.seqs = map;
+        r
+    }
+
+    fn step_in(
+        &mut self,
+        map: &mut FxHashMap<SeqId, SeqEntry>,
+        seqs: &[SeqId],
+        counts: &[usize],
+        out: &mut StepOutput,
+    ) -> Result<()> {
         self.batch_mark += 1;
         let mark = self.batch_mark;
         let mut need = 0usize;
@@ -254,8 +308,8 @@ impl BlockPool {
         let mut scratch = std::mem::take(&mut self.cow_scratch);
         scratch.clear();
         let mut result = Ok(());
-        for (&seq, &n) in seqs.iter().zip(counts) {
-            let Some(entry) = self.seqs.get_mut(&seq) else {
+        for (i, (&seq, &n)) in seqs.iter().zip(counts).enumerate() {
+            let Some(entry) = map.get_mut(&seq) else {
                 result = Err(KvError::UnknownSequence(seq.0));
                 break;
             };
@@ -264,16 +318,12 @@ impl BlockPool {
                 break;
             }
             entry.mark = mark;
-            let table = &self.seqs[&seq].table;
-            let shared_last = table.partial_last(self.block_size).map(|(_, b, _)| b);
-            let copied = shared_last
-                .and_then(|b| scratch.iter().find(|(x, _)| *x == b).map(|(_, c)| *c))
-                .unwrap_or(0);
-            match self.blocks_needed_for(table, n, copied) {
-                Ok((k, cow)) => {
+            entry.pos = i as u32;
+            match self.blocks_needed_for(&entry.table, n, &scratch) {
+                Ok((k, copied)) => {
                     need += k;
                     total_tokens += n;
-                    if let (true, Some(b)) = (cow, shared_last) {
+                    if let Some(b) = copied {
                         match scratch.iter_mut().find(|(x, _)| *x == b) {
                             Some(e) => e.1 += 1,
                             None => scratch.push((b, 1)),
@@ -291,13 +341,32 @@ impl BlockPool {
         self.ensure_available(need)?;
         out.slots.reserve(total_tokens);
         out.seq_lens.reserve(seqs.len());
+        if seqs.len() * 2 >= map.len() {
+            // A dense batch (a decode step usually holds every live sequence) gathers its
+            // entries in one sweep over the map, by the positions the plan recorded,
+            // instead of hashing every id a second time.
+            let mut by_pos: Vec<Option<&mut SeqEntry>> = Vec::new();
+            by_pos.resize_with(seqs.len(), || None);
+            for e in map.values_mut() {
+                if e.mark == mark {
+                    if let Some(slot) = by_pos.get_mut(e.pos as usize) {
+                        *slot = Some(e);
+                    }
+                }
+            }
+            for (entry, &n) in by_pos.into_iter().zip(counts) {
+                // Every position was filled by the plan; a hole would be a bug, reported.
+                let entry = entry.ok_or_else(|| KvError::Invariant("batch entry lost between plan and apply".into()))?;
+                self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
+                out.seq_lens.push(entry.table.num_tokens() as i32);
+            }
+            return Ok(());
+        }
         for (&seq, &n) in seqs.iter().zip(counts) {
             // Validated above; a missing id here would be a bug, reported, not a panic.
-            let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-            let r = self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow);
+            let entry = map.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+            self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
             out.seq_lens.push(entry.table.num_tokens() as i32);
-            self.seqs.insert(seq, entry);
-            r?;
         }
         Ok(())
     }
@@ -315,17 +384,32 @@ impl BlockPool {
             return Ok(());
         }
         let bs = self.block_size;
-        if let Some((idx, src, _)) = table.partial_last(bs) {
-            if self.alloc.refcount(src) > 1 {
-                let dst = self.take_block()?;
-                self.alloc.decref(src);
-                table.replace(idx, dst);
-                table.restamp(self.stamp());
-                cow.push((src, dst));
-                self.cow_copies += 1;
-            }
-        }
         let mut pos = table.num_tokens();
+        let off = self.offset_in_block(pos);
+        // A shared, partly filled last block is copied before anything is written to it.
+        let may_copy = off != 0 && self.alloc.num_shared() != 0;
+        if let Some(&src) = table.blocks().last().filter(|&&b| may_copy && self.alloc.refcount(b) > 1) {
+            let dst = self.take_block()?;
+            self.alloc.decref(src);
+            table.replace(table.blocks().len() - 1, dst);
+            table.restamp(self.stamp());
+            cow.push((src, dst));
+            self.cow_copies += 1;
+        }
+        if n == 1 {
+            // Decode: one slot, in the last block or in a new one at a block boundary.
+            let b = match table.blocks().last() {
+                Some(&b) if off != 0 => b,
+                _ => {
+                    let b = self.take_block()?;
+                    table.push(b);
+                    b
+                }
+            };
+            slots.push(b.first_slot(bs) + off as i64);
+            table.set_num_tokens(pos + 1);
+            return Ok(());
+        }
         let end = pos + n;
         slots.reserve(n);
         while pos < end {
@@ -363,7 +447,7 @@ impl BlockPool {
             self.alloc.incref(b);
         }
         let stamp = self.stamp();
-        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0 });
+        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, pos: 0 });
         Ok(())
     }
 
@@ -545,6 +629,13 @@ impl BlockPool {
             if expected[b.index()] != 0 {
                 return Err(KvError::Invariant(format!("{b} is free but referenced {} times", expected[b.index()])));
             }
+        }
+        let shared = expected.iter().filter(|&&c| c > 1).count();
+        if shared != self.alloc.num_shared() {
+            return Err(KvError::Invariant(format!(
+                "{shared} blocks are shared but the allocator counts {}",
+                self.alloc.num_shared()
+            )));
         }
         let used = expected.iter().filter(|&&c| c > 0).count();
         if used + self.alloc.num_free() != n {

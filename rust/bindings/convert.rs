@@ -4,7 +4,7 @@
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString};
 
 use super::errors::invalid;
 use crate::types::SeqId;
@@ -42,7 +42,25 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         }
         // Fast path first: int64 is what schedulers usually hold.
         try_dtype!(obj, name, i64, i32, u32, u64, i16, u16, i8, u8);
-        return Err(invalid(py, format!("{name}: unsupported integer dtype")));
+        // Only a non-native byte order (say '>i8' from a file) gets here: copy the array
+        // into native order once (same kind and width, so no value changes) and retry.
+        let native = arr.dtype().call_method1("newbyteorder", ("=",))?;
+        let swapped = obj.call_method1("astype", (native,))?;
+        try_dtype!(&swapped, name, i64, i32, u32, u64, i16, u16, i8, u8);
+        return Err(invalid(py, format!("{name}: unsupported integer dtype {}", arr.dtype().str()?.to_cow()?)));
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        // Schedulers hand over lists of Python ints: exact ints convert directly, without
+        // the generic iterator protocol and the per-item type checks of `int_scalar`.
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let v = if item.is_exact_instance_of::<PyInt>() { item.extract::<i64>().ok() } else { None };
+            out.push(match v {
+                Some(v) => v,
+                None => int_scalar(&item, name)?,
+            });
+        }
+        return Ok(out);
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(invalid(py, format!("{name} must be a sequence of ints, got a string")));
@@ -58,11 +76,14 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     Ok(out)
 }
 
-/// A Python int (or numpy integer) as i64. Floats and bools are refused.
+/// A Python int (or numpy integer) as i64. Floats, bools (Python's or numpy's, both of
+/// which convert to 0/1 silently otherwise), strings and other non-integers are refused.
 pub fn int_scalar(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     let py = obj.py();
-    if obj.is_instance_of::<pyo3::types::PyBool>() || obj.is_instance_of::<pyo3::types::PyFloat>() {
-        return Err(invalid(py, format!("{name} must be an int, got {}", obj.get_type().name()?)));
+    let ty = obj.get_type().name()?.to_string();
+    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
+    if is_bool || obj.is_instance_of::<pyo3::types::PyFloat>() || !obj.hasattr("__index__")? {
+        return Err(invalid(py, format!("{name} must be an int, got {ty}")));
     }
     obj.extract::<i64>()
         .map_err(|_| invalid(py, format!("{name} must be an int in int64 range, got {}", repr(obj))))
@@ -70,6 +91,29 @@ pub fn int_scalar(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {
     obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// Most new tokens one call may add: 128 Mi tokens, whose int64 slot mapping alone is
+/// 1 GiB. A larger count is a caller bug (a wrong variable, a missing chunking), and
+/// honouring it on a pool large enough would run the process out of memory, where the
+/// OS kills it instead of anything raising.
+pub const MAX_CALL_TOKENS: usize = 1 << 27;
+
+/// A count of new tokens for one call, at most [`MAX_CALL_TOKENS`].
+pub fn new_tokens(py: Python<'_>, v: i64, name: &str) -> PyResult<usize> {
+    let n = count(py, v, name)?;
+    check_call_tokens(py, n, name)?;
+    Ok(n)
+}
+
+fn check_call_tokens(py: Python<'_>, n: usize, name: &str) -> PyResult<()> {
+    if n > MAX_CALL_TOKENS {
+        return Err(invalid(
+            py,
+            format!("{name}: {n} new tokens in one call exceed the limit of {MAX_CALL_TOKENS}; add them in chunks"),
+        ));
+    }
+    Ok(())
 }
 
 /// A non-negative count (tokens, blocks).
@@ -90,16 +134,72 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<SeqId>> {
     int_vec(obj, name)?.into_iter().map(|v| seq_id(py, v, name)).collect()
 }
 
-/// Token counts: an int broadcast to `n` entries, or an array of `n` counts.
+/// Token counts: an int broadcast to `n` entries, or an array of `n` counts; at most
+/// [`MAX_CALL_TOKENS`] in total.
 pub fn counts(obj: &Bound<'_, PyAny>, n: usize, name: &str) -> PyResult<Vec<usize>> {
     let py = obj.py();
-    if obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err() {
+    // A plain int (decode's `1`) is tested first: probing it for iteration would raise and
+    // discard a TypeError on every call.
+    if obj.is_instance_of::<PyInt>() || (obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err()) {
         let c = count(py, int_scalar(obj, name)?, name)?;
+        check_call_tokens(py, c.saturating_mul(n), name)?;
         return Ok(vec![c; n]);
     }
     let v = int_vec(obj, name)?;
     if v.len() != n {
         return Err(invalid(py, format!("{name} has {} entries for {n} sequences", v.len())));
     }
-    v.into_iter().map(|c| count(py, c, name)).collect()
+    let v = v.into_iter().map(|c| count(py, c, name)).collect::<PyResult<Vec<usize>>>()?;
+    check_call_tokens(py, v.iter().fold(0usize, |a, &c| a.saturating_add(c)), name)?;
+    Ok(v)
+}
+
+/// An int that must fit in int32 (padding values).
+pub fn int32(py: Python<'_>, v: i64, name: &str) -> PyResult<i32> {
+    i32::try_from(v).map_err(|_| invalid(py, format!("{name} must fit in int32, got {v}")))
+}
+
+/// `#[pyo3(from_py_with = ...)]` converters for scalar arguments, one per argument name so
+/// that the message names it. PyO3's own extraction would raise `TypeError` for floats and
+/// strings, `OverflowError` past int64 and accept bools as 0/1; these raise
+/// `InvalidArgumentError` for all of them, like the array arguments do.
+pub mod arg {
+    use pyo3::prelude::*;
+
+    use super::{count, int32, int_scalar};
+    use crate::types::SeqId;
+
+    macro_rules! scalar_args {
+        ($($f:ident($name:literal) -> $t:ty = $conv:path),* $(,)?) => {$(
+            pub fn $f(obj: &Bound<'_, PyAny>) -> PyResult<$t> {
+                $conv(obj.py(), int_scalar(obj, $name)?, $name)
+            }
+        )*};
+    }
+
+    scalar_args!(
+        seq_id("seq_id") -> SeqId = super::seq_id,
+        parent("parent") -> SeqId = super::seq_id,
+        child("child") -> SeqId = super::seq_id,
+        prompt_len("prompt_len") -> usize = super::new_tokens,
+        // Tokens a call adds (append) are capped; tokens it only counts or drops are not.
+        new_tokens("num_tokens") -> usize = super::new_tokens,
+        num_tokens("num_tokens") -> usize = count,
+        max_seqs("max_seqs") -> usize = count,
+        max_blocks("max_blocks") -> usize = count,
+        pad("pad") -> i32 = int32,
+    );
+
+    /// `block_id` is range-checked against the pool by the core; only the int is checked here.
+    pub fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+        int_scalar(obj, "block_id")
+    }
+
+    /// `max_blocks=None` means "the longest table".
+    pub fn opt_max_blocks(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        if obj.is_none() {
+            return Ok(None);
+        }
+        max_blocks(obj).map(Some)
+    }
 }

@@ -2,14 +2,24 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::convert::{count, counts, int_scalar, seq_id};
+use super::convert::{arg, count, counts, int_scalar};
 use super::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, PoolStats, StepOutput};
 use crate::table_sync::TableSync;
 use crate::types::{BlockId, SeqId};
+
+/// Largest padded table `block_tables` returns or `BlockTableBuffer` holds, in entries
+/// (1 GiB of int32). Anything larger is a caller error, and allocating it would take the
+/// process down (the OS kills it when the pages are touched) instead of raising.
+const MAX_TABLE_ENTRIES: usize = 1 << 28;
+
+type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+type I32Array<'py> = Bound<'py, PyArray1<i32>>;
+type PairArray<'py> = Bound<'py, PyArray2<i64>>;
 
 /// Lock a mutex, recovering from poisoning: core operations never panic half-way, and a
 /// poisoned lock would otherwise make the pool unusable from Python forever.
@@ -19,7 +29,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
     let flat: Vec<i64> = pairs.iter().flat_map(|(s, d)| [s.0 as i64, d.0 as i64]).collect();
-    PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+    // Built in its final shape: a numpy reshape call costs more than the whole decode
+    // bookkeeping of a small batch.
+    let arr = Array2::from_shape_vec((pairs.len(), 2), flat).map_err(|e| invalid(py, e.to_string()))?;
+    Ok(arr.into_pyarray(py))
 }
 
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
@@ -95,13 +108,16 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, prompt_len = 0))]
-    fn add_sequence<'py>(&self, py: Python<'py>, seq_id: i64, prompt_len: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, prompt_len, "prompt_len")?;
+    fn add_sequence<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+    ) -> PyResult<I64Array<'py>> {
         let slots = py
             .detach(|| {
                 let mut slots = Vec::new();
-                self.pool().add_sequence(seq, n, &mut slots).map(|_| slots)
+                self.pool().add_sequence(seq_id, prompt_len, &mut slots).map(|_| slots)
             })
             .py_err(py)?;
         Ok(PyArray1::from_vec(py, slots))
@@ -112,28 +128,25 @@ impl PyBlockPool {
     fn append<'py>(
         &self,
         py: Python<'py>,
-        seq_id: i64,
-        num_tokens: i64,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>)> {
-        let seq = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::new_tokens)] num_tokens: usize,
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let (slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.pool().append(seq, n, &mut slots, &mut cow).map(|_| (slots, cow))
+                self.pool().append(seq_id, num_tokens, &mut slots, &mut cow).map(|_| (slots, cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
     }
 
     #[pyo3(signature = (seq_ids, num_tokens = None))]
-    #[allow(clippy::type_complexity)]
     fn step<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_tokens: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I64Array<'py>, PairArray<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let n = match num_tokens {
             Some(obj) => counts(obj, ids.len(), "num_tokens")?,
@@ -148,21 +161,26 @@ impl PyBlockPool {
         Ok((PyArray1::from_vec(py, out.slots), cow_array(py, &out.cow)?, PyArray1::from_vec(py, out.seq_lens)))
     }
 
-    fn fork(&self, py: Python<'_>, parent: i64, child: i64) -> PyResult<()> {
-        let p = seq_id(py, parent, "parent")?;
-        let c = seq_id(py, child, "child")?;
-        py.detach(|| self.pool().fork(p, c)).py_err(py)
+    fn fork(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::parent)] parent: SeqId,
+        #[pyo3(from_py_with = arg::child)] child: SeqId,
+    ) -> PyResult<()> {
+        py.detach(|| self.pool().fork(parent, child)).py_err(py)
     }
 
-    fn truncate(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<()> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
-        py.detach(|| self.pool().truncate(s, n)).py_err(py)
+    fn truncate(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+    ) -> PyResult<()> {
+        py.detach(|| self.pool().truncate(seq_id, num_tokens)).py_err(py)
     }
 
-    fn free(&self, py: Python<'_>, seq_id: i64) -> PyResult<()> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        py.detach(|| self.pool().free(s)).py_err(py)
+    fn free(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<()> {
+        py.detach(|| self.pool().free(seq_id)).py_err(py)
     }
 
     /// Free several sequences atomically: all ids are checked (known, no duplicates)
@@ -183,15 +201,17 @@ impl PyBlockPool {
     }
 
     #[pyo3(signature = (seq_id, num_tokens = 1))]
-    fn blocks_needed(&self, py: Python<'_>, seq_id: i64, num_tokens: i64) -> PyResult<usize> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let n = count(py, num_tokens, "num_tokens")?;
-        self.pool().blocks_needed(s, n).py_err(py)
+    fn blocks_needed(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
+    ) -> PyResult<usize> {
+        self.pool().blocks_needed(seq_id, num_tokens).py_err(py)
     }
 
-    fn seq_len(&self, py: Python<'_>, seq_id: i64) -> PyResult<usize> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        self.pool().seq_len(s).py_err(py)
+    fn seq_len(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<usize> {
+        self.pool().seq_len(seq_id).py_err(py)
     }
 
     fn seq_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
@@ -199,13 +219,16 @@ impl PyBlockPool {
         PyArray1::from_vec(py, ids)
     }
 
-    fn block_table<'py>(&self, py: Python<'py>, seq_id: i64) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let s = super::convert::seq_id(py, seq_id, "seq_id")?;
-        let v: Vec<i32> = self.pool().table(s).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+    ) -> PyResult<I32Array<'py>> {
+        let v: Vec<i32> = self.pool().table(seq_id).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
         Ok(PyArray1::from_vec(py, v))
     }
 
-    fn refcount(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+    fn refcount(&self, py: Python<'_>, #[pyo3(from_py_with = arg::block_id)] block_id: i64) -> PyResult<u32> {
         let b = u32::try_from(block_id).map_err(|_| invalid(py, format!("block_id {block_id} is out of range")))?;
         self.pool().refcount(BlockId(b)).py_err(py)
     }
@@ -215,20 +238,21 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-        max_blocks: Option<i64>,
-        pad: i32,
+        #[pyo3(from_py_with = arg::opt_max_blocks)] max_blocks: Option<usize>,
+        #[pyo3(from_py_with = arg::pad)] pad: i32,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
-        let width = max_blocks.map(|w| count(py, w, "max_blocks")).transpose()?;
         let (flat, width) = py
             .detach(|| {
                 let pool = self.pool();
-                let width = match width {
-                    Some(w) => w,
-                    None => pool.max_table_len(&ids)?,
-                };
-                let size = ids.len().checked_mul(width).filter(|&s| s <= (1 << 34));
-                let size = size.ok_or_else(|| crate::invalid!("a {} x {width} table is too large", ids.len()))?;
+                // Unknown ids are reported before anything is allocated.
+                let width = max_blocks.unwrap_or(pool.max_table_len(&ids)?);
+                let size = ids.len().checked_mul(width).filter(|&s| s <= MAX_TABLE_ENTRIES).ok_or_else(|| {
+                    crate::invalid!(
+                        "a {} x {width} table exceeds the limit of {MAX_TABLE_ENTRIES} entries",
+                        ids.len()
+                    )
+                })?;
                 let mut flat = vec![0i32; size];
                 pool.padded_tables_into(&ids, width, pad, &mut flat)?;
                 Ok((flat, width))
@@ -237,12 +261,11 @@ impl PyBlockPool {
         PyArray1::from_vec(py, flat).reshape([ids.len(), width])
     }
 
-    #[allow(clippy::type_complexity)]
     fn flashinfer_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let (indptr, indices, last) = py.detach(|| self.pool().flashinfer_tables(&ids)).py_err(py)?;
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
@@ -343,11 +366,18 @@ pub struct PyBlockTableBuffer {
 impl PyBlockTableBuffer {
     #[new]
     #[pyo3(signature = (max_seqs, max_blocks, pad = -1))]
-    fn new(py: Python<'_>, max_seqs: i64, max_blocks: i64, pad: i32) -> PyResult<Self> {
-        let rows = count(py, max_seqs, "max_seqs")?;
-        let width = count(py, max_blocks, "max_blocks")?;
-        if rows == 0 || width == 0 || rows.saturating_mul(width) > (1 << 32) {
-            return Err(invalid(py, format!("a {rows} x {width} table buffer is empty or too large")));
+    fn new(
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::max_seqs)] max_seqs: usize,
+        #[pyo3(from_py_with = arg::max_blocks)] max_blocks: usize,
+        #[pyo3(from_py_with = arg::pad)] pad: i32,
+    ) -> PyResult<Self> {
+        let (rows, width) = (max_seqs, max_blocks);
+        if rows == 0 || width == 0 || rows.saturating_mul(width) > MAX_TABLE_ENTRIES {
+            return Err(invalid(
+                py,
+                format!("a {rows} x {width} table buffer must be non-empty and hold at most {MAX_TABLE_ENTRIES} entries"),
+            ));
         }
         let array = PyArray2::<i32>::zeros(py, [rows, width], false);
         array.readwrite().as_slice_mut().map_err(|e| invalid(py, e.to_string()))?.fill(pad);
@@ -364,10 +394,16 @@ impl PyBlockTableBuffer {
         lock(&self.sync).pad()
     }
 
-    fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyBlockPool>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyAny>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let pool = pool.cast::<PyBlockPool>().map_err(|_| {
+            let ty = pool.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            invalid(py, format!("pool must be a BlockPool, got {ty}"))
+        })?;
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let arr = self.array.bind(py);
-        let mut rw = arr.try_readwrite().map_err(|e| invalid(py, format!("table buffer is borrowed: {e}")))?;
+        let mut rw = arr
+            .try_readwrite()
+            .map_err(|e| invalid(py, format!("table buffer array is not writable or is borrowed: {e}")))?;
         let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
         let pool = pool.get().pool();
         lock(&self.sync).sync(&pool, &ids, out).py_err(py)

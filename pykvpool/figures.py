@@ -1,0 +1,383 @@
+"""The report's figures (matplotlib, Agg backend, PNG, English labels).
+
+Each ``fig_*`` function draws one figure from data computed elsewhere (ledger, sweeps,
+measurements, a live pool), writes it to ``path`` and returns the data it plotted as a
+plain dict, so tests can compare it with the sweep that produced it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.patches as mpatches  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+
+from pykvpool._native import BlockPool  # noqa: E402
+from pykvpool.hardware import Hardware  # noqa: E402
+from pykvpool.ledger import GIB, MemoryLedger  # noqa: E402
+from pykvpool.roofline import KernelPoint  # noqa: E402
+from pykvpool.sweeps import BlockSizeRow, SweepResult  # noqa: E402
+from pykvpool.video import VideoSpec, block_causal_mask  # noqa: E402
+
+__all__ = [
+    "PoolPicture",
+    "fig_block_size_and_traces",
+    "fig_memory_ledger",
+    "fig_paging",
+    "fig_roofline",
+    "fig_video",
+    "paging_demo",
+]
+
+BLUE, ORANGE, GREEN, PURPLE, GRAY, LIGHT, RED = (
+    "#1f4e79", "#c1440e", "#2e7d32", "#7b1fa2", "#8a8a8a", "#bcd7ee", "#b71c1c")
+SEQ_COLORS = (BLUE, ORANGE, GREEN, PURPLE, "#00838f", "#6d4c41")
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: MemoryLedger,
+                      batches: Sequence[int] = (1, 8, 16, 32, 64, 128), seq_len: int = 8192,
+                      seq_lens: Sequence[int] = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+                      ) -> dict[str, Any]:
+    """Figure 1. Left: weights / KV / reserve stacked vs batch at ``seq_len`` with the
+    device budget line. Right: KV vs sequence length (log-log) for GQA batch 1, GQA batch
+    8 and MHA batch 8, with the KV budget line. Values in GiB."""
+    w = gqa.weight_bytes / GIB
+    kv = [gqa.kv_bytes(seq_len, b) / GIB for b in batches]
+    reserve = gqa.budget.reserve_bytes / GIB
+    device = gqa.budget.usable_bytes / GIB
+    kv_budget = gqa.kv_budget_bytes / GIB
+    curves = {
+        "GQA batch 1": [gqa.kv_bytes(s, 1) / GIB for s in seq_lens],
+        "GQA batch 8": [gqa.kv_bytes(s, 8) / GIB for s in seq_lens],
+        "MHA batch 8": [mha.kv_bytes(s, 8) / GIB for s in seq_lens],
+    }
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 4.8))
+    xs = np.arange(len(batches))
+    a1.bar(xs, [w] * len(xs), color=BLUE, label=f"weights ({w:.2f} GiB)")
+    a1.bar(xs, kv, bottom=[w] * len(xs), color=ORANGE, label="KV cache")
+    a1.bar(xs, [reserve] * len(xs), bottom=[w + k for k in kv], color=LIGHT,
+           label=f"activations / framework reserve ({reserve:.0f} GiB)")
+    a1.axhline(device, color=RED, ls="--", lw=1.5)
+    a1.text(-0.4, device + 3, f"budget {device:.0f} GiB", color=RED, fontsize=9)
+    for x, k in zip(xs, kv):
+        a1.text(x, w + k + reserve + 2, f"{w + k:.1f}", ha="center", fontsize=8)
+    a1.set_xticks(xs, [str(b) for b in batches])
+    a1.set_xlabel(f"batch (sequences of {seq_len} tokens)")
+    a1.set_ylabel("memory (GiB)")
+    a1.set_title(f"{gqa.model.name} {gqa.dtype.name}: KV overtakes the weights at batch 16+")
+    a1.legend(fontsize=8, loc="upper left")
+    for (label, ys), color, style in zip(curves.items(), (BLUE, ORANGE, PURPLE), ("-o", "-o", "--s")):
+        a2.plot(list(seq_lens), ys, style, ms=3.5, color=color, label=label)
+    a2.axhline(kv_budget, color=GRAY, ls=":", lw=1.5)
+    a2.text(seq_lens[0], kv_budget * 1.12, f"KV budget {kv_budget:.1f} GiB", color=GRAY, fontsize=9)
+    a2.set_xscale("log", base=2)
+    a2.set_yscale("log")
+    a2.set_xlabel("sequence length (tokens)")
+    a2.set_ylabel("KV cache (GiB, log)")
+    a2.set_title("KV grows linearly with length and batch")
+    a2.grid(alpha=0.25, which="both")
+    a2.legend(fontsize=8)
+    _save(fig, path)
+    return {"batches": list(batches), "seq_len": seq_len, "weights_gib": w, "kv_gib": kv,
+            "reserve_gib": reserve, "budget_gib": device, "kv_budget_gib": kv_budget,
+            "seq_lens": list(seq_lens), "curves_gib": curves}
+
+
+def _roof_panel(ax: Any, hw: Hardware, dtype: str, points: Sequence[tuple[str, float]],
+                scale: float, unit: str, color: str) -> list[dict[str, Any]]:
+    peak, bw = hw.flops(dtype), hw.bandwidth
+    xs = np.logspace(-1, 5, 300)
+    ax.plot(xs, np.minimum(peak, xs * bw) / scale, color=color, lw=2, label=f"{hw.name} roof")
+    ridge = peak / bw
+    ax.axvline(ridge, color=color, ls=":", lw=1)
+    ax.text(ridge * 1.1, peak / scale * 0.02, f"ridge {ridge:.0f} FLOP/B", rotation=90,
+            color=color, fontsize=8)
+    out = []
+    for (label, i), c in zip(points, (RED, GREEN, PURPLE, BLUE, ORANGE)):
+        y = min(peak, i * bw)
+        ax.plot([i], [y / scale], "o", ms=7, color=c, zorder=5)
+        ax.annotate(f"{label} (I={i:.3g})", (i, y / scale), textcoords="offset points",
+                    xytext=(6, -12) if i < ridge else (-120, -16), fontsize=8, color=c)
+        out.append({"label": label, "intensity": i, "bound_flops": y})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel(f"attainable {unit}")
+    ax.set_title(f"{hw.name}: {peak / 1e12:.3g} TFLOP/s {dtype}, {bw / 1e9:.4g} GB/s\n({hw.source})",
+                 fontsize=10)
+    ax.grid(alpha=0.25, which="both")
+    return out
+
+
+def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
+                 ideal_points: Sequence[tuple[str, float]], machine: Hardware | None,
+                 kernel: Sequence[KernelPoint] | None, unavailable_reason: str = "",
+                 accelerator_dtype: str = "bf16") -> dict[str, Any]:
+    """Figure 2. Left: this machine's measured fp32 roof with the ideal decode/prefill
+    points at fp32 (I halves: 4-byte elements) and pykvpool's decode kernel measured at
+    those g. Right: the accelerator's datasheet roof with the same points at bf16.
+
+    ``ideal_points`` are (label, intensity at bf16) pairs. When ``machine`` is None the
+    left panel states ``unavailable_reason`` instead of a roof."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 5.0))
+    data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": []}
+    if machine is not None:
+        local = [(label, i / 2) for label, i in ideal_points]
+        data["machine"] = {"peak_flops": machine.flops("fp32"), "bandwidth": machine.bandwidth,
+                           "points": _roof_panel(a1, machine, "fp32", local, 1e9, "GFLOP/s", BLUE)}
+        for kp, c in zip(kernel or [], (RED, GREEN, PURPLE, ORANGE)):
+            a1.plot([kp.intensity], [kp.flops_per_s / 1e9], "*", ms=13, color=c, mec="black",
+                    zorder=6)
+            a1.annotate(f"pykvpool kernel g={kp.group_size}: {kp.bytes_per_s / 1e9:.1f} GB/s",
+                        (kp.intensity, kp.flops_per_s / 1e9), textcoords="offset points",
+                        xytext=(8, 4), fontsize=7.5, color=c)
+            data["kernel"].append({"group_size": kp.group_size, "intensity": kp.intensity,
+                                   "flops_per_s": kp.flops_per_s, "bytes_per_s": kp.bytes_per_s})
+        a1.plot([], [], "*", color=GRAY, mec="black", ms=11, label="pykvpool decode kernel (measured)")
+        a1.plot([], [], "o", color=GRAY, label="ideal bound (not measured)")
+        a1.legend(fontsize=8, loc="lower right")
+    else:
+        a1.axis("off")
+        a1.text(0.5, 0.5, "this machine was not measured:\n" + unavailable_reason,
+                ha="center", va="center", fontsize=10, wrap=True, transform=a1.transAxes)
+    data["accelerator_points"] = _roof_panel(a2, accelerator, accelerator_dtype, ideal_points,
+                                             1e12, "TFLOP/s", ORANGE)
+    data["accelerator_peak_flops"] = accelerator.flops(accelerator_dtype)
+    data["accelerator_bandwidth"] = accelerator.bandwidth
+    fig.suptitle("Roofline: decode attention (I = 2g/p) sits far below the ridge; prefill above it",
+                 fontsize=11)
+    _save(fig, path)
+    return data
+
+
+@dataclass(frozen=True)
+class PoolPicture:
+    """A small live pool's state: each sequence's block table and length, every block's
+    refcount and fill (tokens), after interleaved decoding and one fork."""
+
+    block_size: int
+    num_blocks: int
+    seq_ids: list[int]
+    seq_lens: list[int]
+    tables: list[list[int]]
+    refcounts: list[int]
+    fill: list[int]
+    owner: list[int]
+    shared_blocks: int
+
+
+def paging_demo(lens: Sequence[int] = (37, 21, 45), block_size: int = 16, spare: int = 3,
+                fork_extra: int = 5) -> PoolPicture:
+    """Decode the sequences token by token in turn (blocks interleave in the pool), then
+    fork sequence 0 into a new sequence that appends ``fork_extra`` tokens (copy-on-write of
+    the shared last block). Returns the pool's state as a :class:`PoolPicture`."""
+    need = sum(-(-n // block_size) for n in lens) + 2 + spare
+    pool = BlockPool(need, block_size)
+    ids = list(range(len(lens)))
+    for i in ids:
+        pool.add_sequence(i, 0)
+    left = list(lens)
+    while any(left):
+        live = [i for i in ids if left[i]]
+        pool.step(np.asarray(live), 1)
+        for i in live:
+            left[i] -= 1
+    child = len(lens)
+    pool.fork(0, child)
+    pool.append(child, fork_extra)
+    seqs = ids + [child]
+    tables = [pool.block_table(s).tolist() for s in seqs]
+    seq_lens = [pool.seq_len(s) for s in seqs]
+    fill = [0] * pool.num_blocks
+    owner = [-1] * pool.num_blocks
+    for s, (table, n) in enumerate(zip(tables, seq_lens)):
+        for j, b in enumerate(table):
+            fill[b] = max(fill[b], min(block_size, n - j * block_size))
+            if owner[b] < 0:
+                owner[b] = s
+    refcounts = [pool.refcount(b) for b in range(pool.num_blocks)]
+    pool.check_invariants()
+    return PoolPicture(block_size, pool.num_blocks, seqs, seq_lens, tables, refcounts, fill,
+                       owner, pool.stats().shared_blocks)
+
+
+def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
+               comparisons: Sequence[Sequence[SweepResult]]) -> dict[str, Any]:
+    """Figure 3. Left: logical blocks of live sequences mapped into the physical pool, drawn
+    from ``picture`` (shared blocks outlined in black, with their refcount). Right:
+    admitted requests per policy for each workload; ``comparisons`` holds, per workload,
+    the results of each policy (same order for every workload)."""
+    fig = plt.figure(figsize=(13.5, 5.2))
+    gs = fig.add_gridspec(1, 2, width_ratios=[1.3, 1.0])
+    ax = fig.add_subplot(gs[0, 0])
+    bs, n_seq = picture.block_size, len(picture.seq_ids)
+    w, h, gap = 0.82, 0.6, 0.08
+    ax.set_xlim(-1.8, picture.num_blocks * (w + gap) + 0.5)
+    ax.set_ylim(-0.9, n_seq + 2.4)
+    ax.axis("off")
+    ax.set_title(f"Logical blocks -> physical pool (block size {bs}; live BlockPool state)",
+                 fontsize=10, loc="left")
+    y_pool = 0.0
+    for s, table in enumerate(picture.tables):
+        y = n_seq - s + 1.0
+        c = SEQ_COLORS[s % len(SEQ_COLORS)]
+        label = f"seq {picture.seq_ids[s]}" + (" (fork of 0)" if s == n_seq - 1 else "")
+        ax.text(-0.2, y + h / 2, f"{label}\n{picture.seq_lens[s]} tok", ha="right",
+                va="center", fontsize=7.5)
+        for j, b in enumerate(table):
+            x = j * (w + gap)
+            used = min(bs, picture.seq_lens[s] - j * bs)
+            ax.add_patch(mpatches.Rectangle((x, y), w, h, fc=c, alpha=0.25, ec=c))
+            ax.add_patch(mpatches.Rectangle((x, y), w * used / bs, h, fc=c, alpha=0.8))
+            ax.text(x + w / 2, y + h / 2, f"{used}/{bs}", ha="center", va="center", fontsize=6.5,
+                    color="white")
+            ax.annotate("", xy=(b * (w + gap) + w / 2, y_pool + h), xytext=(x + w / 2, y),
+                        arrowprops={"arrowstyle": "-", "color": c, "lw": 0.7, "alpha": 0.6})
+    ax.text(-0.2, y_pool + h / 2, "physical\npool", ha="right", va="center", fontsize=7.5)
+    for b in range(picture.num_blocks):
+        x = b * (w + gap)
+        rc = picture.refcounts[b]
+        if rc == 0:
+            ax.add_patch(mpatches.Rectangle((x, y_pool), w, h, fc="white", ec=GRAY, hatch="//"))
+        else:
+            c = SEQ_COLORS[picture.owner[b] % len(SEQ_COLORS)]
+            ax.add_patch(mpatches.Rectangle((x, y_pool), w, h, fc=c, alpha=0.25,
+                                            ec="black" if rc > 1 else c, lw=2 if rc > 1 else 1))
+            ax.add_patch(mpatches.Rectangle((x, y_pool), w * picture.fill[b] / bs, h, fc=c,
+                                            alpha=0.8))
+            if rc > 1:
+                ax.text(x + w / 2, y_pool + h + 0.08, f"x{rc}", ha="center", fontsize=7)
+        ax.text(x + w / 2, y_pool - 0.3, str(b), ha="center", fontsize=6.5, color=GRAY)
+    ax.text(0, n_seq + 2.0, "black outline = block shared by a fork (refcount shown); "
+            "hatched = free", fontsize=8, color=GRAY)
+
+    ax2 = fig.add_subplot(gs[0, 1])
+    policies = [r.policy + ("" if r.policy == "contiguous" else f" (b={r.block_size})")
+                for r in comparisons[0]]
+    width = 0.8 / len(policies)
+    admitted = [[r.admitted for r in comp] for comp in comparisons]
+    utils = [[r.utilization for r in comp] for comp in comparisons]
+    for p, (label, c) in enumerate(zip(policies, (GRAY, BLUE, GREEN, ORANGE))):
+        xs = np.arange(len(comparisons)) + (p - (len(policies) - 1) / 2) * width
+        vals = [a[p] for a in admitted]
+        ax2.bar(xs, vals, width, color=c, label=label)
+        for x, v, u in zip(xs, vals, (u[p] for u in utils)):
+            ax2.text(x, v + 4, f"{v}\n{u:.1%}", ha="center", fontsize=7)
+    ax2.set_xticks(np.arange(len(comparisons)), [c[0].workload for c in comparisons], fontsize=7.5)
+    ax2.set_ylabel("requests admitted (greedy, same KV budget)")
+    ax2.set_title("Admitted requests and utilization per policy", fontsize=10)
+    ax2.set_ylim(0, max(max(a) for a in admitted) * 1.3)
+    ax2.legend(fontsize=8, loc="upper left")
+    ax2.grid(alpha=0.2, axis="y")
+    _save(fig, path)
+    return {"picture": picture, "policies": policies,
+            "workloads": [c[0].workload for c in comparisons], "admitted": admitted,
+            "utilization": utils}
+
+
+def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_per_token: int,
+              device_gib: float, kv_budget_gib: float, mask_chunks: int = 5,
+              mask_tokens: int = 12) -> dict[str, Any]:
+    """Figure 4. Left: a block-causal mask (bidirectional within a chunk, causal across
+    chunks). Right: KV per video (GiB) against the device and KV budget lines."""
+    mask = block_causal_mask(mask_chunks, mask_tokens)
+    kv = [v.kv_bytes(bytes_per_token) / GIB for v in videos]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 4.8))
+    a1.imshow(mask, cmap="Blues", vmin=0, vmax=1.4, interpolation="nearest")
+    for f in range(mask_chunks + 1):
+        a1.axhline(f * mask_tokens - 0.5, color=ORANGE, lw=0.8)
+        a1.axvline(f * mask_tokens - 0.5, color=ORANGE, lw=0.8)
+    ticks = [f * mask_tokens + mask_tokens / 2 - 0.5 for f in range(mask_chunks)]
+    a1.set_xticks(ticks, [f"chunk {f + 1}" for f in range(mask_chunks)], fontsize=8)
+    a1.set_yticks(ticks, [f"chunk {f + 1}" for f in range(mask_chunks)], fontsize=8)
+    a1.set_xlabel("key / value position")
+    a1.set_ylabel("query position")
+    a1.set_title("Block-causal mask: bidirectional within a chunk, causal across chunks",
+                 fontsize=10)
+    bars = a2.bar([v.name for v in videos], kv, color=[GREEN, ORANGE, RED][: len(videos)] or BLUE,
+                  width=0.55)
+    a2.axhline(device_gib, color=RED, ls="--", lw=1.5)
+    a2.axhline(kv_budget_gib, color=GRAY, ls=":", lw=1.5)
+    a2.text(-0.45, device_gib * 1.02, f"device budget {device_gib:.0f} GiB", color=RED,
+            fontsize=8, ha="left", va="bottom")
+    a2.text(-0.45, kv_budget_gib * 1.02, f"KV budget {kv_budget_gib:.1f} GiB", color=GRAY,
+            fontsize=8, ha="left", va="bottom")
+    for b, v, vid in zip(bars, kv, videos):
+        a2.text(b.get_x() + b.get_width() / 2, v / 2, f"{v:.2f} GiB\n{vid.tokens:,}\ntokens",
+                ha="center", va="center", fontsize=8, color="white")
+    a2.set_ylim(0, max(kv + [device_gib]) * 1.25)
+    a2.set_ylabel("KV cache per video (GiB)")
+    a2.set_title(f"{bytes_per_token // 1024} KiB/token, whole history cached", fontsize=10)
+    a2.grid(alpha=0.2, axis="y")
+    _save(fig, path)
+    return {"mask": mask, "videos": [v.name for v in videos], "tokens": [v.tokens for v in videos],
+            "kv_gib": kv, "device_gib": device_gib, "kv_budget_gib": kv_budget_gib}
+
+
+def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[BlockSizeRow],
+                              workload: str, traces: Sequence[Sequence[SweepResult]],
+                              trace_lengths: Sequence[tuple[str, npt.NDArray[np.int64]]]
+                              ) -> dict[str, Any]:
+    """Figure 5 (beyond the article). Left: block-size sweep, empty slots per request vs
+    block-table entries per request. Middle: request-length CDFs of the trace workloads.
+    Right: admitted requests per policy on the traces (``traces`` as in
+    :func:`fig_paging`)."""
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15.5, 4.6))
+    bsz = [r.block_size for r in rows]
+    empty = [r.empty_slots_per_request for r in rows]
+    entries = [r.table_entries_per_request for r in rows]
+    a1.plot(bsz, empty, "-o", color=ORANGE, label="empty slots / request (tokens)")
+    a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color=GRAY, label="(b-1)/2")
+    a1.plot(bsz, entries, "-s", color=BLUE, label="table entries / request")
+    a1.set_xscale("log", base=2)
+    a1.set_yscale("symlog", linthresh=1.0)
+    a1.set_xticks(bsz, [str(b) for b in bsz])
+    a1.set_ylim(bottom=0)
+    a1.set_xlabel("block size b (tokens)")
+    a1.set_title(f"Block size: waste vs table length\n({workload})", fontsize=10)
+    a1.grid(alpha=0.25, which="both")
+    a1.legend(fontsize=8)
+    for (name, lens), c in zip(trace_lengths, (BLUE, ORANGE, GREEN, PURPLE)):
+        srt = np.sort(lens)
+        a2.plot(srt, np.arange(1, srt.size + 1) / srt.size, color=c, label=f"{name} (n={srt.size})")
+    a2.set_xscale("log")
+    a2.set_xlabel("request length, prompt + output (tokens)")
+    a2.set_ylabel("fraction of requests")
+    a2.set_title("Trace request lengths (CDF)", fontsize=10)
+    a2.grid(alpha=0.25, which="both")
+    a2.legend(fontsize=8)
+    policies = [r.policy + ("" if r.policy == "contiguous" else f" (b={r.block_size})")
+                for r in traces[0]]
+    width = 0.8 / len(policies)
+    admitted = [[r.admitted for r in t] for t in traces]
+    for p, (label, c) in enumerate(zip(policies, (GRAY, BLUE, GREEN, ORANGE))):
+        xs = np.arange(len(traces)) + (p - (len(policies) - 1) / 2) * width
+        a3.bar(xs, [a[p] for a in admitted], width, color=c, label=label)
+        for x, v in zip(xs, (a[p] for a in admitted)):
+            a3.text(x, v + 3, str(v), ha="center", fontsize=7.5)
+    a3.set_xticks(np.arange(len(traces)), [t[0].workload for t in traces], fontsize=8)
+    a3.set_ylabel("requests admitted (same KV budget)")
+    a3.set_title(f"Traces: contiguous at {traces[0][0].block_size} tokens vs paged", fontsize=10)
+    a3.set_ylim(0, max(max(a) for a in admitted) * 1.25)
+    a3.legend(fontsize=8, loc="upper left")
+    a3.grid(alpha=0.2, axis="y")
+    _save(fig, path)
+    return {"block_sizes": bsz, "empty_slots_per_request": empty,
+            "table_entries_per_request": entries,
+            "trace_workloads": [t[0].workload for t in traces], "policies": policies,
+            "admitted": admitted}

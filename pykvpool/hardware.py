@@ -1,0 +1,154 @@
+"""Accelerator presets with their public figures, and "this machine" measured.
+
+Units: bytes, bytes/s, FLOP/s. Public figures are the vendors' datasheet numbers (dense,
+no sparsity), not measurements: peak HBM bandwidth and peak tensor throughput per dtype.
+Memory is the total that ``nvidia-smi`` reports for the device (A100 80GB: 81,920 MiB;
+H100 SXM: 81,559 MiB; H200: 143,771 MiB), which is what a budget fraction applies to. ``measure_this_machine`` measures the host CPU with the compiled probes of the
+kernel module (``pykvpool.read_bandwidth`` and ``pykvpool.peak_flops``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from pykvpool.errors import KernelUnavailableError, UnknownPresetError, lookup_preset
+
+__all__ = [
+    "HARDWARE",
+    "Hardware",
+    "KernelApi",
+    "hardware_preset",
+    "kernel_api",
+    "measure_this_machine",
+]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device's memory, bandwidth and compute roofs.
+
+    Attributes:
+        name: display name.
+        memory_bytes: device memory, in bytes.
+        bandwidth: peak memory bandwidth, bytes/s.
+        peak_flops: peak dense throughput per compute dtype (``"bf16"``, ``"fp32"``, ...),
+            FLOP/s.
+        source: where the figures come from ("datasheet" or "measured ...").
+    """
+
+    name: str
+    memory_bytes: float
+    bandwidth: float
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    source: str = "datasheet"
+
+    def flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8/int8 to the 16-bit
+        figure when the device lists none.
+
+        Raises:
+            UnknownPresetError: no figure for ``dtype`` or its fallbacks.
+        """
+        for key in (dtype, {"fp16": "bf16", "fp8": "bf16", "int8": "bf16"}.get(dtype, dtype), "fp32"):
+            if key in self.peak_flops:
+                return self.peak_flops[key]
+        raise UnknownPresetError("compute dtype", dtype, sorted(self.peak_flops))
+
+    def ridge_point(self, dtype: str) -> float:
+        """Arithmetic intensity (FLOP/byte) where the compute roof meets the memory roof."""
+        return self.flops(dtype) / self.bandwidth
+
+
+_MIB = float(1 << 20)
+
+HARDWARE: dict[str, Hardware] = {
+    # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e (81,920 MiB), 2,039 GB/s, 312 TFLOP/s BF16 dense,
+    # 19.5 TFLOP/s FP32 (the article's A100 roof and decode bound use these figures).
+    "a100-80gb-sxm": Hardware("A100-80GB SXM", 81920 * _MIB, 2.039e12,
+                              {"bf16": 312e12, "fp16": 312e12, "int8": 624e12, "fp32": 19.5e12}),
+    # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 (81,559 MiB usable), 3.35 TB/s, 989 TFLOP/s BF16 dense,
+    # 1,979 TFLOP/s FP8 dense, 67 TFLOP/s FP32.
+    "h100-sxm": Hardware("H100 SXM", 81559 * _MIB, 3.35e12,
+                         {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
+                          "fp32": 67e12}),
+    # NVIDIA H200 SXM datasheet: 141 GB HBM3e (143,771 MiB), 4.8 TB/s, same tensor cores as H100 SXM.
+    "h200": Hardware("H200 SXM", 143771 * _MIB, 4.8e12,
+                     {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
+                      "fp32": 67e12}),
+}
+
+
+def hardware_preset(name: str) -> Hardware:
+    """Look up a preset by name (case-insensitive), e.g. ``"a100-80gb-sxm"``.
+
+    Raises:
+        UnknownPresetError: not one of :data:`HARDWARE`.
+    """
+    return lookup_preset("hardware", HARDWARE, name)
+
+
+class KernelApi(Protocol):
+    """The compiled kernel module's surface that the measurements use."""
+
+    def read_bandwidth(self, nbytes: int | None = None, threads: int | None = None) -> float: ...
+    def peak_flops(self, threads: int | None = None) -> float: ...
+    def KvCache(  # noqa: N802 - a class in the compiled module
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+        head_dim: int, dtype: str = "f32",
+    ) -> Any: ...
+    def decode_attention(
+        self, cache: Any, layer: int, q: Any, block_tables: Any, seq_lens: Any
+    ) -> Any: ...
+
+
+_KERNEL_NAMES = ("read_bandwidth", "peak_flops", "KvCache", "decode_attention")
+
+
+def kernel_api() -> KernelApi:
+    """The compiled module, if it has the kernel and probes.
+
+    Raises:
+        KernelUnavailableError: this build of ``pykvpool._native`` lacks one of
+            ``read_bandwidth``, ``peak_flops``, ``KvCache``, ``decode_attention``.
+    """
+    from pykvpool import _native
+
+    missing = [n for n in _KERNEL_NAMES if not hasattr(_native, n)]
+    if missing:
+        raise KernelUnavailableError(
+            "this pykvpool build has no " + ", ".join(missing)
+            + " (the decode-kernel module); the machine cannot be measured"
+        )
+    return cast(KernelApi, _native)
+
+
+def _physical_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
+
+
+def measure_this_machine(nbytes: int | None = None, threads: int | None = None) -> Hardware:
+    """Measure this machine: streaming read bandwidth (bytes/s) and peak fp32 FLOP/s with
+    the compiled probes, physical memory from the OS.
+
+    Args:
+        nbytes: bytes the bandwidth probe streams (None: the probe's default).
+        threads: threads the probes use (None: all cores).
+
+    Raises:
+        KernelUnavailableError: the extension has no probes.
+    """
+    api = kernel_api()
+    bandwidth = float(api.read_bandwidth(nbytes=nbytes, threads=threads))
+    flops = float(api.peak_flops(threads=threads))
+    return Hardware(
+        name="this machine (CPU)",
+        memory_bytes=_physical_memory_bytes(),
+        bandwidth=bandwidth,
+        peak_flops={"fp32": flops},
+        source="measured (pykvpool.read_bandwidth, pykvpool.peak_flops)",
+    )

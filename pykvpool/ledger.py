@@ -1,0 +1,240 @@
+"""The memory ledger: per-token KV bytes, weights, a budget, and what fits in it.
+
+Units: bytes (``GiB`` = 2**30), tokens, requests, seconds. The KV cache of a batch is
+``B_tok x S x batch`` with ``B_tok = 2 (K,V) x L x n_kv x d x p`` (p includes the scales of
+8-bit formats, see :mod:`pykvpool.models`). A :class:`Budget` is device memory times a
+usable fraction minus a reserve for activations and the framework; what remains after the
+weights holds the KV cache.
+
+The decode-step bound follows the roofline: a step reads the weights once (shared by the
+batch) and every sequence's whole KV, so ``T >= max(bytes / bandwidth, FLOPs / peak)`` and
+tokens/s <= batch / T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pykvpool._native import InvalidArgumentError
+from pykvpool.errors import BudgetError
+from pykvpool.hardware import Hardware
+from pykvpool.models import ModelConfig, StorageDtype, storage_dtype
+
+__all__ = [
+    "GIB",
+    "MIB",
+    "Budget",
+    "DecodeBound",
+    "LedgerRow",
+    "MemoryLedger",
+    "article_budget",
+]
+
+GIB = float(1 << 30)
+"""Bytes per GiB."""
+MIB = float(1 << 20)
+"""Bytes per MiB."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Device memory available to one model replica.
+
+    Attributes:
+        device_bytes: device memory, bytes.
+        fraction: the share of it the engine may use (vLLM's ``gpu_memory_utilization``).
+        reserve_bytes: bytes kept for activations, workspace and the framework.
+
+    Raises:
+        InvalidArgumentError: ``device_bytes`` <= 0, ``fraction`` not in (0, 1], or a
+            negative reserve.
+    """
+
+    device_bytes: float
+    fraction: float = 1.0
+    reserve_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.device_bytes > 0:
+            raise InvalidArgumentError(f"device memory must be > 0 bytes, got {self.device_bytes}")
+        if not 0 < self.fraction <= 1:
+            raise InvalidArgumentError(f"fraction must be in (0, 1], got {self.fraction}")
+        if not self.reserve_bytes >= 0:
+            raise InvalidArgumentError(f"reserve must be >= 0 bytes, got {self.reserve_bytes}")
+
+    @property
+    def usable_bytes(self) -> float:
+        """``device_bytes x fraction``, bytes."""
+        return self.device_bytes * self.fraction
+
+
+def article_budget() -> Budget:
+    """The article's budget: 80 GiB total, 4 GiB for activations, framework and slack."""
+    return Budget(80 * GIB, 1.0, 4 * GIB)
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """Memory of one (batch, sequence length) point, bytes."""
+
+    batch: int
+    seq_len: int
+    weight_bytes: float
+    kv_bytes: float
+    reserve_bytes: float
+
+    @property
+    def weights_plus_kv_bytes(self) -> float:
+        """Weights + KV (the article's "total"), bytes."""
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Weights + KV + reserve, bytes."""
+        return self.weight_bytes + self.kv_bytes + self.reserve_bytes
+
+    @property
+    def kv_over_weights(self) -> float:
+        """KV bytes / weight bytes."""
+        return self.kv_bytes / self.weight_bytes
+
+
+@dataclass(frozen=True)
+class DecodeBound:
+    """Lower bound of one decode step and the throughput bound it implies.
+
+    Attributes:
+        bytes_moved: weights + all KV read once, bytes.
+        flops: ``2 x params x batch`` (projections, MLP) + ``4 x n_q x d x S x L x batch``
+            (attention), FLOP.
+        memory_time: ``bytes_moved / bandwidth``, seconds.
+        compute_time: ``flops / peak``, seconds.
+    """
+
+    batch: int
+    seq_len: int
+    bytes_moved: float
+    flops: float
+    memory_time: float
+    compute_time: float
+
+    @property
+    def step_time(self) -> float:
+        """The larger of the two bounds, seconds."""
+        return max(self.memory_time, self.compute_time)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Upper bound on generated tokens/s for the whole batch."""
+        return self.batch / self.step_time
+
+    @property
+    def memory_bound(self) -> bool:
+        """True when bandwidth, not compute, sets the bound."""
+        return self.memory_time >= self.compute_time
+
+
+def _positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MemoryLedger:
+    """A model, a KV storage dtype and a budget: the KV capacity and what fits in it.
+
+    Raises (on construction):
+        BudgetError: the weights plus the reserve leave no room for a single token of KV.
+    """
+
+    model: ModelConfig
+    budget: Budget
+    dtype: StorageDtype = storage_dtype("bf16")
+
+    def __post_init__(self) -> None:
+        if self.kv_budget_bytes < self.bytes_per_token:
+            raise BudgetError(
+                f"{self.model.name}: weights {self.weight_bytes / GIB:.2f} GiB + reserve "
+                f"{self.budget.reserve_bytes / GIB:.2f} GiB exceed the usable "
+                f"{self.budget.usable_bytes / GIB:.2f} GiB (no room for KV)",
+                needed_bytes=self.weight_bytes + self.budget.reserve_bytes + self.bytes_per_token,
+                available_bytes=self.budget.usable_bytes,
+            )
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes per token over all layers (``2 x L x n_kv x d x p`` + scales)."""
+        return self.model.kv_bytes_per_token(self.dtype)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes."""
+        return self.model.weight_bytes
+
+    @property
+    def kv_budget_bytes(self) -> float:
+        """Usable memory minus weights and reserve, bytes (may be negative before the
+        constructor's check)."""
+        return self.budget.usable_bytes - self.weight_bytes - self.budget.reserve_bytes
+
+    @property
+    def token_capacity(self) -> int:
+        """Whole tokens of KV that fit in the KV budget."""
+        return int(self.kv_budget_bytes // self.bytes_per_token)
+
+    def kv_bytes(self, seq_len: int, batch: int = 1) -> float:
+        """KV bytes of ``batch`` sequences of ``seq_len`` tokens."""
+        return float(self.bytes_per_token) * seq_len * batch
+
+    def row(self, batch: int, seq_len: int) -> LedgerRow:
+        """Weights, KV and reserve at (batch, seq_len), bytes.
+
+        Raises:
+            InvalidArgumentError: batch or seq_len < 1.
+        """
+        _positive_int("batch", batch)
+        _positive_int("seq_len", seq_len)
+        return LedgerRow(batch, seq_len, self.weight_bytes, self.kv_bytes(seq_len, batch),
+                         self.budget.reserve_bytes)
+
+    def max_batch(self, seq_len: int, block_size: int = 1) -> int:
+        """Largest batch of ``seq_len``-token sequences whose KV fits, each rounded up to
+        whole blocks of ``block_size`` tokens.
+
+        Raises:
+            InvalidArgumentError: seq_len or block_size < 1.
+        """
+        _positive_int("seq_len", seq_len)
+        _positive_int("block_size", block_size)
+        blocks = -(-seq_len // block_size)
+        return (self.token_capacity // block_size) // blocks
+
+    def max_seq_len(self, batch: int, block_size: int = 1) -> int:
+        """Longest length (tokens, a multiple of ``block_size``) that ``batch`` sequences can
+        each reach with their KV in the budget; 0 if not even one block each fits.
+
+        Raises:
+            InvalidArgumentError: batch or block_size < 1.
+        """
+        _positive_int("batch", batch)
+        _positive_int("block_size", block_size)
+        return (self.token_capacity // block_size // batch) * block_size
+
+    def decode_bound(self, hardware: Hardware, seq_len: int, batch: int = 1,
+                     compute_dtype: str = "bf16") -> DecodeBound:
+        """Lower bound of one decode step at ``batch`` sequences of ``seq_len`` cached
+        tokens on ``hardware``, and the tokens/s upper bound.
+
+        Raises:
+            InvalidArgumentError: batch or seq_len < 1.
+            UnknownPresetError: ``hardware`` has no peak for ``compute_dtype``.
+        """
+        _positive_int("batch", batch)
+        _positive_int("seq_len", seq_len)
+        m = self.model
+        moved = self.weight_bytes + self.kv_bytes(seq_len, batch)
+        flops = (2.0 * m.num_params * batch
+                 + 4.0 * m.num_q_heads * m.head_dim * seq_len * m.num_layers * batch)
+        return DecodeBound(batch, seq_len, moved, flops, moved / hardware.bandwidth,
+                           flops / hardware.flops(compute_dtype))

@@ -1,0 +1,153 @@
+"""Arithmetic intensity of decode and prefill, and pykvpool's decode kernel measured on
+this machine.
+
+Units: FLOP, bytes, FLOP/byte, FLOP/s, bytes/s, seconds.
+
+- Ideal fused decode attention (one query per sequence, each KV head read once for its g
+  query heads): ``I = 4 n_q d S / (2 n_kv d S p) = 2 g / p``; S cancels.
+- Prefill of S tokens (the article's coarse model): attention ``L x 2 x 2 n_q d S(S+1)/2``
+  plus projections ``2 N S`` FLOPs over weights plus ``L x 10 S D p`` activation bytes.
+- :func:`measure_decode_kernel` times ``pykvpool.decode_attention`` on a paged f32 cache for
+  several g and reports the FLOP/s and bytes/s it reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pykvpool._native import BlockPool, InvalidArgumentError
+from pykvpool.hardware import kernel_api
+from pykvpool.models import ModelConfig
+
+__all__ = [
+    "KernelPoint",
+    "decode_intensity",
+    "measure_decode_kernel",
+    "prefill_intensity",
+]
+
+
+def decode_intensity(group_size: float, element_bytes: float) -> float:
+    """``2 g / p`` FLOP/byte of ideal fused decode attention.
+
+    Raises:
+        InvalidArgumentError: a non-positive argument.
+    """
+    if group_size <= 0 or element_bytes <= 0:
+        raise InvalidArgumentError("group_size and element_bytes must be > 0")
+    return 2.0 * group_size / element_bytes
+
+
+def prefill_intensity(model: ModelConfig, seq_len: int, element_bytes: float = 2.0) -> float:
+    """The article's coarse prefill intensity for ``seq_len`` tokens, FLOP/byte:
+    (causal attention + ``2 N S`` projection FLOPs) / (weights + ``L x 10 S D p`` bytes),
+    with ``D = n_q x d``.
+
+    Raises:
+        InvalidArgumentError: seq_len < 1.
+    """
+    if seq_len < 1:
+        raise InvalidArgumentError(f"seq_len must be >= 1, got {seq_len}")
+    m = model
+    hidden = m.num_q_heads * m.head_dim
+    attn = m.num_layers * 2 * (2 * m.num_q_heads * m.head_dim * seq_len * (seq_len + 1) / 2)
+    proj = 2 * m.num_params * seq_len
+    moved = m.num_params * element_bytes + m.num_layers * 10 * seq_len * hidden * element_bytes
+    return (attn + proj) / moved
+
+
+@dataclass(frozen=True)
+class KernelPoint:
+    """One measured decode-attention configuration.
+
+    Attributes:
+        group_size: g = query heads per KV head.
+        batch: sequences per call.
+        seq_len: cached tokens per sequence.
+        flops: FLOPs of one call (``4 x n_q x d x S x batch``).
+        bytes_moved: K and V read once plus q and output, bytes.
+        seconds: best time of one call.
+    """
+
+    group_size: int
+    batch: int
+    seq_len: int
+    num_kv_heads: int
+    head_dim: int
+    flops: float
+    bytes_moved: float
+    seconds: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOP/byte of the call."""
+        return self.flops / self.bytes_moved
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s."""
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achieved bytes/s."""
+        return self.bytes_moved / self.seconds
+
+
+def measure_decode_kernel(
+    groups: Sequence[int] = (1, 4, 8),
+    batch: int = 8,
+    seq_len: int = 4096,
+    num_kv_heads: int = 2,
+    head_dim: int = 128,
+    block_size: int = 16,
+    repeats: int = 5,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[KernelPoint]:
+    """Time ``pykvpool.decode_attention`` (f32 paged cache) for each g in ``groups``.
+
+    The cache is filled through a real :class:`BlockPool` (slot mapping, block tables); the
+    best of ``repeats`` calls is kept, after one warm-up call.
+
+    Raises:
+        KernelUnavailableError: the extension has no decode kernel.
+        InvalidArgumentError: a size < 1.
+    """
+    if min(batch, seq_len, num_kv_heads, head_dim, block_size, repeats) < 1 or not groups:
+        raise InvalidArgumentError("every size must be >= 1 and groups non-empty")
+    api = kernel_api()
+    rng = np.random.default_rng(seed)
+    blocks_per_seq = -(-seq_len // block_size)
+    num_blocks = batch * blocks_per_seq
+    pool = BlockPool(num_blocks, block_size)
+    cache = api.KvCache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype="f32")
+    for i in range(batch):
+        slots = pool.add_sequence(i, seq_len)
+        k = rng.standard_normal((seq_len, num_kv_heads, head_dim), dtype=np.float32)
+        v = rng.standard_normal((seq_len, num_kv_heads, head_dim), dtype=np.float32)
+        cache.write(0, k, v, slots)
+    ids = np.arange(batch)
+    tables = pool.block_tables(ids)
+    lens = np.full(batch, seq_len, dtype=np.int32)
+    points = []
+    for j, g in enumerate(groups):
+        n_q = g * num_kv_heads
+        q = rng.standard_normal((batch, n_q, head_dim), dtype=np.float32)
+        api.decode_attention(cache, 0, q, tables, lens)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            api.decode_attention(cache, 0, q, tables, lens)
+            best = min(best, time.perf_counter() - t0)
+        flops = 4.0 * n_q * head_dim * seq_len * batch
+        moved = 2.0 * num_kv_heads * head_dim * seq_len * batch * 4 + 2.0 * q.nbytes
+        points.append(KernelPoint(g, batch, seq_len, num_kv_heads, head_dim, flops, moved,
+                                  max(best, 1e-9)))
+        if progress is not None:
+            progress(j + 1, len(groups))
+    return points

@@ -1,0 +1,27 @@
+"""Helpers shared by the pool tests (not a test module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykvpool as kv
+
+
+def snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
+    """Everything observable about a pool: statistics, live ids, every table, every
+    length and every block's refcount. Two equal snapshots mean an unchanged pool."""
+    ids = [int(s) for s in pool.seq_ids()]
+    return (
+        pool.stats().as_dict(),
+        ids,
+        [pool.block_table(s).tolist() for s in ids],
+        [pool.seq_len(s) for s in ids],
+        [pool.refcount(b) for b in range(pool.num_blocks)],
+    )
+
+
+def table_slots(pool: kv.BlockPool, seq: int) -> list[int]:
+    """The slot of every token of ``seq``, computed from its block table."""
+    bs = pool.block_size
+    table = pool.block_table(seq).tolist()
+    return [table[t // bs] * bs + t % bs for t in range(pool.seq_len(seq))]
