@@ -587,7 +587,7 @@ class KvCache:
 # ``out``: optional C-contiguous float32 [n, Hq, d] written in place and returned.
 # ``return_lse``: also return float32 [n, Hq] natural-log sum of exp(scale * q.k), to
 # merge partial results. ``split_size``: tokens per FlashDecoding split (None: automatic
-# when there are fewer work items than about two per thread; 0: never). ``kv_heads_per_item``:
+# for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
 # KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
 # :func:`kernel_paths`. The GIL is released; the threads are :func:`set_num_threads`'.
 # decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)

@@ -23,18 +23,11 @@ const VT: usize = 4;
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (bs, g) = (w.shape.block_size, w.g);
     let mut probs = [[0f32; W]; HT];
-    let nh = w.heads.len();
     for bi in 0..w.blocks.len() {
         let nt = w.tokens_in(bi);
         for (hi, h) in w.heads.clone().enumerate() {
             let (kt, vt) = w.tiles(bi, h);
-            let next = if hi + 1 < nh {
-                Some(w.tiles(bi, h + 1))
-            } else if bi + 1 < w.blocks.len() {
-                Some(w.tiles(bi + 1, w.heads.start))
-            } else {
-                None
-            };
+            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
             let mut c0 = 0;
             while c0 < nt {
                 let lanes = (nt - c0).min(W);
@@ -44,10 +37,10 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                     let chunk = Chunk { kt, vt, bs, d: w.shape.head_dim, c0, lanes };
                     let qh = hi * g + j0;
                     match g - j0 {
-                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, pf),
-                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, pf),
-                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, pf),
-                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, pf),
+                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
                     }
                     j0 += HT;
                 }
@@ -147,7 +140,8 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<(&[E], &[E])>,
 ) {
     let (d, bs, n) = (c.d, c.bs, c.lanes);
-    let q = &q[qh * d..(qh + H) * d];
+    // One slice of exactly d per head lets the compiler drop the index checks below.
+    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     let (pf_k, pf_v, pf_row) = match prefetch {
         Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
         None => (std::ptr::null(), std::ptr::null(), 0),
@@ -160,19 +154,24 @@ fn head_tile<E: Elem, const H: usize>(
         let k1 = load(c.kt, (i + 1) * bs + c.c0, n);
         if !pf_k.is_null() {
             // Prefetches never fault; the addresses stay inside the next tile.
-            _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(i * pf_row));
-            _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(i * pf_row));
+            // Two rows per iteration: cover their share of both next tiles, whole lines.
+            let mut off = i * pf_row;
+            while off < (i + 2) * pf_row {
+                _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
+                off += 64;
+            }
         }
         for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i]), k0, s0[j]);
-            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i + 1]), k1, s1[j]);
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
+            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i + 1]), k1, s1[j]);
         }
         i += 2;
     }
     if i < d {
         let k0 = load(c.kt, i * bs + c.c0, n);
         for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * d + i]), k0, s0[j]);
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
         }
     }
 
@@ -185,7 +184,8 @@ fn head_tile<E: Elem, const H: usize>(
         let m_old = p.m[qh + j];
         let m_new = m_old.max(hmax(s));
         let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(m_new))), valid);
-        alpha[j] = (m_old - m_new).exp2();
+        // exp2 of the vector unit, not libm's: a call would spill every register.
+        alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
         p.m[qh + j] = m_new;
         p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
         // SAFETY: probs[j] holds exactly 8 f32.

@@ -10,12 +10,15 @@
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
 //! The next tile (next head of the block, or first head of the next block) is prefetched
-//! while the scores run, one K line and one V line per dimension row, so the jump
-//! between scattered blocks does not stall the stream.
+//! line by line by a `Prefetcher`: spread over the score loop for 16-bit storage, over
+//! the whole tile (score and V loops) for f32, so the jump between scattered blocks does
+//! not stall the stream and the misses do not arrive in one burst.
 //!
-//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift. Queries stay f32
+//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift (K rows) or by one
+//! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
+//! accumulators then keep the unpack order until the end of the item). Queries stay f32
 //! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
-//! logits, beyond the 1e-5 accuracy contract; see the module doc of `kernel`).
+//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`).
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
@@ -40,18 +43,11 @@ const VT: usize = 4;
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
-    let nh = w.heads.len();
     for bi in 0..w.blocks.len() {
         let nt = w.tokens_in(bi);
         for (hi, h) in w.heads.clone().enumerate() {
             let (kt, vt) = w.tiles(bi, h);
-            let next = if hi + 1 < nh {
-                Some(w.tiles(bi, h + 1))
-            } else if bi + 1 < w.blocks.len() {
-                Some(w.tiles(bi + 1, w.heads.start))
-            } else {
-                None
-            };
+            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
             let mut c0 = 0;
             while c0 < nt {
                 let lanes = (nt - c0).min(W);
@@ -62,16 +58,19 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                     let qh = hi * g + j0;
                     let chunk = Chunk { kt, vt, bs, d, c0, lanes, mask };
                     match g - j0 {
-                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, pf),
-                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, pf),
-                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, pf),
-                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, pf),
+                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
                     }
                     j0 += HT;
                 }
                 c0 += W;
             }
         }
+    }
+    if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
+        unpermute_bf16(p.acc, d);
     }
 }
 
@@ -101,6 +100,95 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
         }
     }
+}
+
+/// Prefetches the K and V tiles that come next, a share of their lines per `step`, so
+/// `iters` steps cover every line once.
+struct Prefetcher {
+    k: *const i8,
+    v: *const i8,
+    /// Bytes of each tile.
+    len: usize,
+    /// Next byte of the concatenation [K tile, V tile] to prefetch, and bytes per step.
+    pos: usize,
+    per: usize,
+}
+
+impl Prefetcher {
+    fn new<E>(tiles: Option<(&[E], &[E])>, iters: usize) -> Self {
+        match tiles {
+            Some((k, v)) => {
+                let len = std::mem::size_of_val(k);
+                Self { k: k.as_ptr().cast(), v: v.as_ptr().cast(), len, pos: 0, per: (2 * len).div_ceil(iters.max(1)) }
+            }
+            None => Self { k: std::ptr::null(), v: std::ptr::null(), len: 0, pos: 0, per: 0 },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    fn step(&mut self) {
+        let end = (self.pos + self.per).min(2 * self.len);
+        while self.pos < end {
+            let p = if self.pos < self.len { self.k.wrapping_add(self.pos) } else { self.v.wrapping_add(self.pos - self.len) };
+            // Prefetches never fault; the address stays inside the next tiles.
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            self.pos += 64;
+        }
+    }
+}
+
+/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
+/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
+/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
+/// [`unpermute_bf16`] restores it at the end of the item.
+///
+/// # Safety
+/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
+/// after `p` must lie inside one allocation (zero masks access nothing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
+    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
+    let zero = _mm512_setzero_si512();
+    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
+    // SAFETY: forwarded to the caller.
+    let (x, y) = unsafe {
+        (
+            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
+            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
+        )
+    };
+    [
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
+    ]
+}
+
+/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
+/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
+const BF16_ORDER: [usize; 32] = {
+    let mut o = [0; 32];
+    let mut s = 0;
+    while s < 32 {
+        let (half, r) = (s / 16, s % 16);
+        o[s] = (r / 4) * 8 + half * 4 + r % 4;
+        s += 1;
+    }
+    o
+};
+
+/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
+pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
+    for group in acc.chunks_exact_mut(2 * W) {
+        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
+        for (s, &dim) in BF16_ORDER.iter().enumerate() {
+            group[dim] = stored[s];
+        }
+    }
+    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
 }
 
 /// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
@@ -151,29 +239,28 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<(&[E], &[E])>,
 ) {
     let (d, bs) = (c.d, c.bs);
-    let q = &q[qh * d..(qh + H) * d];
+    // One slice of exactly d per head lets the compiler drop the index checks below.
+    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     // K rows are bs elements apart; the last unmasked lane of the last row is
     // (d - 1) * bs + c0 + lanes - 1 < d * bs = kt.len().
     assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs);
     let kp = c.kt.as_ptr();
-    let (pf_k, pf_v, pf_row) = match prefetch {
-        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
-        None => (std::ptr::null(), std::ptr::null(), 0),
-    };
+    // f32 is memory bound: the next tile's lines are prefetched evenly over the whole
+    // tile (score and V phases), so the misses overlap FMAs instead of arriving in one
+    // burst (+10-15% on shape (a)). 16-bit storage is compute bound and does better with
+    // every prefetch in the score phase.
+    let iters = d / 2 + if E::DTYPE == DType::F32 { d.div_ceil(VT * W) * c.lanes } else { 0 };
+    let mut pf = Prefetcher::new(prefetch, iters);
     let mut s0 = [_mm512_setzero_ps(); H];
     let mut s1 = [_mm512_setzero_ps(); H];
     let mut i = 0;
     while i + 2 <= d {
         // SAFETY: rows i and i + 1 < d, lanes masked to the tile (assert above).
         let (k0, k1) = unsafe { (load(kp.add(i * bs + c.c0), c.mask), load(kp.add((i + 1) * bs + c.c0), c.mask)) };
-        if !pf_k.is_null() {
-            // Prefetches never fault; the addresses stay inside the next tile.
-            _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(i * pf_row));
-            _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(i * pf_row));
-        }
+        pf.step();
         for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
-            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i + 1]), k1, s1[j]);
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
+            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i + 1]), k1, s1[j]);
         }
         i += 2;
     }
@@ -181,7 +268,7 @@ fn head_tile<E: Elem, const H: usize>(
         // SAFETY: row i < d, masked as above.
         let k0 = unsafe { load(kp.add(i * bs + c.c0), c.mask) };
         for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * d + i]), k0, s0[j]);
+            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
         }
     }
 
@@ -192,7 +279,8 @@ fn head_tile<E: Elem, const H: usize>(
         let m_old = p.m[qh + j];
         let m_new = m_old.max(_mm512_reduce_max_ps(s));
         let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        alpha[j] = (m_old - m_new).exp2();
+        // exp2 of the vector unit, not libm's: a call would spill every register.
+        alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
         p.m[qh + j] = m_new;
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
         // SAFETY: probs[j] holds exactly 16 f32.
@@ -217,9 +305,16 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         for t in 0..c.lanes {
+            pf.step();
             let row = (c.c0 + t) * d + u0;
-            // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
-            let v: [__m512; VT] = std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) });
+            let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
+                // SAFETY: as below; each 32-element load is all in or all out of the row
+                // (d is a multiple of 32), its mask taken from the vector pair it fills.
+                unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
+            } else {
+                // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+                std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) })
+            };
             for j in 0..H {
                 let pj = _mm512_set1_ps(probs[j][t]);
                 for u in 0..VT {

@@ -152,3 +152,28 @@ fn large_logits_stay_finite() {
         assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
     }
 }
+
+#[test]
+fn plan_splits_long_sequences_only() {
+    let bs = 16;
+    let table = |lens: &[usize]| {
+        let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+        let t: Vec<i64> = (0..lens.len() * width).map(|i| (i % 4096) as i64).collect();
+        let l: Vec<i64> = lens.iter().map(|&x| x as i64).collect();
+        SeqTables::padded(&t, width, &l, bs, 4096).unwrap()
+    };
+    // One 32768-token sequence on 2 threads: 8 splits of 256 blocks, covering it exactly.
+    let items = plan(&table(&[32768]), bs, 1, 2, None);
+    assert_eq!(items.len(), 8);
+    assert_eq!(items.iter().map(|i| i.ntok).sum::<usize>(), 32768);
+    // Eight equal sequences: each is already a quarter of a thread's share.
+    assert_eq!(plan(&table(&[4096; 8]), bs, 1, 2, None).len(), 8);
+    // Uneven lengths: the long ones are cut, the short ones are not.
+    let items = plan(&table(&[4096, 300, 300, 300]), bs, 1, 2, None);
+    assert!(items.iter().filter(|i| i.seq == 0).count() > 1);
+    assert_eq!(items.iter().filter(|i| i.seq == 1).count(), 1);
+    // Never split; explicit split size; empty sequence gets one empty item.
+    assert_eq!(plan(&table(&[32768, 0]), bs, 2, 2, Some(0)).len(), 4);
+    assert_eq!(plan(&table(&[100]), bs, 1, 1, Some(32)).len(), 4);
+    assert_eq!(plan(&table(&[0]), bs, 1, 1, None)[0].ntok, 0);
+}

@@ -1,0 +1,214 @@
+"""Decode-attention benchmark: pykvpool's kernel against the machine's read bandwidth,
+measured in the same run, and against a numpy grouped-matmul reference.
+
+Shapes (block size 16, blocks scattered by a random permutation as in a pool after churn):
+  (a) 8 sequences x 4096 tokens, 32 query / 8 KV heads, head_dim 128
+  (b) as (a) with lengths uniform in 512..4096
+  (c) 1 sequence x 32768 tokens (needs FlashDecoding split-K to use two cores)
+  (d) MHA: 8 x 4096 tokens, 32 / 32 heads
+each in f32, f16 and bf16 storage, at 1 and 2 threads.
+
+Effective bandwidth = useful K+V bytes (sum of lengths x Hkv x d x 2 x bytes per element)
+/ best wall time of ``--reps`` calls; "% probe" divides by the best read-bandwidth probe
+(``pykvpool.read_bandwidth``, 128 MiB, huge pages, same pool and thread count) taken
+interleaved with those calls, so both see the same state of a shared machine. "GB/s per
+CPU-s" divides by process CPU time / threads instead (what the code does while it runs). torch SDPA
+is measured when torch is importable (it is an optional dependency, not installed here).
+
+Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
+and prints a markdown table). ``--quick`` shrinks every shape 8x for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import pykvpool as kv
+
+BS = 16
+PROBE_BYTES = 128 << 20  # 4x the 32 MiB L3, short enough to fit between preemptions
+ESIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def shapes(scale: int) -> dict[str, dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    uniform = rng.integers(512, 4097, 8) // scale
+    return {
+        "a": dict(lens=[4096 // scale] * 8, hq=32, hkv=8, d=128),
+        "b": dict(lens=[int(x) for x in uniform], hq=32, hkv=8, d=128),
+        "c": dict(lens=[32768 // scale], hq=32, hkv=8, d=128),
+        "d": dict(lens=[4096 // scale] * 8, hq=32, hkv=32, d=128),
+    }
+
+
+def best_time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    fn()  # warm up (page tables, thread wake-up)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts), float(np.median(ts))
+
+
+def interleaved(fn: Callable[[], object], threads: int, reps: int) -> dict[str, Any]:
+    """Alternate a timed call with a short bandwidth probe, so that both see the same
+    machine state (the benchmark machine is shared): best wall time, median, best
+    process CPU time, and the best probe of the window (bytes/s)."""
+    fn()
+    walls, cpus, probes = [], [], []
+    for _ in range(reps):
+        probes.append(kv.read_bandwidth(PROBE_BYTES, threads=threads))
+        c, t = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return dict(seconds=min(walls), median=float(np.median(walls)), cpu_seconds=min(cpus), probe=max(probes))
+
+
+def build(shape: dict[str, Any], dtypes: list[str], seed: int) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray]:
+    """Caches of every dtype holding the same values, a scattered block table, q."""
+    lens = shape["lens"]
+    nblk = [-(-n // BS) for n in lens]
+    total = sum(nblk)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(total).astype(np.int32)
+    table = np.full((len(lens), max(nblk)), -1, np.int32)
+    at = 0
+    for i, nb in enumerate(nblk):
+        table[i, :nb] = perm[at : at + nb]
+        at += nb
+    caches = {dt: kv.KvCache(1, total, BS, shape["hkv"], shape["d"], dt) for dt in dtypes}
+    step = 256
+    for b0 in range(0, total, step):
+        nb = min(step, total - b0)
+        for which in ("key", "value"):
+            x = rng.standard_normal((nb, BS, shape["hkv"], shape["d"]), dtype=np.float32)
+            for c in caches.values():
+                getattr(c, which)(0)[b0 : b0 + nb] = x
+    q = rng.standard_normal((len(lens), shape["hq"], shape["d"]), dtype=np.float32)
+    return caches, table, q
+
+
+def numpy_reference_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, reps: int) -> float:
+    """Grouped matmul per sequence (q viewed as [Hkv, g, d], no np.repeat) over K/V
+    already gathered contiguous: only the attention math is timed."""
+    hkv, d = cache.num_kv_heads, cache.head_dim
+    g = q.shape[1] // hkv
+    total = 0.0
+    kview, vview = cache.key(0), cache.value(0)
+    for i, n in enumerate(lens):
+        t = np.arange(n)
+        blocks = table[i][t // BS]
+        k = np.ascontiguousarray(kview[blocks, t % BS].transpose(1, 2, 0))  # [Hkv, d, n]
+        v = np.ascontiguousarray(vview[blocks, t % BS].transpose(1, 0, 2))  # [Hkv, n, d]
+        qi = q[i].reshape(hkv, g, d) * np.float32(1 / np.sqrt(d))
+
+        def attend() -> np.ndarray:
+            s = qi @ k
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            out: np.ndarray = s @ v
+            return out
+
+        total += best_time(attend, max(2, reps // 3))[0]
+    return total
+
+
+def torch_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, reps: int) -> float | None:
+    try:
+        import torch  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    total = 0.0
+    kview, vview = cache.key(0), cache.value(0)
+    for i, n in enumerate(lens):
+        t = np.arange(n)
+        blocks = table[i][t // BS]
+        k = torch.from_numpy(np.ascontiguousarray(kview[blocks, t % BS].transpose(1, 0, 2)))[None]
+        v = torch.from_numpy(np.ascontiguousarray(vview[blocks, t % BS].transpose(1, 0, 2)))[None]
+        qi = torch.from_numpy(q[i])[None, :, None, :]
+        total += best_time(lambda: torch.nn.functional.scaled_dot_product_attention(qi, k, v, enable_gqa=True), reps)[0]
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--shapes", default="abcd")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_attention.json"))
+    args = ap.parse_args()
+    scale = 8 if args.quick else 1
+    dtypes = ["f32", "f16", "bf16"]
+    threads = [1, 2]
+    probe: dict[int, float] = {}
+
+    def measure_probe() -> None:
+        for t in threads:
+            probe[t] = max(probe.get(t, 0.0), kv.read_bandwidth(threads=t))
+
+    measure_probe()
+    flops = {t: kv.peak_flops(threads=t) for t in threads}
+    rows: list[dict[str, Any]] = []
+    for name, shape in shapes(scale).items():
+        if name not in args.shapes:
+            continue
+        caches, table, q = build(shape, dtypes, seed=ord(name))
+        lens = shape["lens"]
+        tokens = sum(lens)
+        for t in threads:
+            kv.set_num_threads(t)
+            for dt in dtypes:
+                c = caches[dt]
+                nbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE[dt]
+                r = interleaved(lambda: kv.decode_attention(c, 0, q, table, lens), t, args.reps)
+                r.update(shape=name, dtype=dt, threads=t, impl="pykvpool", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
+                         cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9)
+                rows.append(r)
+        f32 = caches["f32"]
+        nbytes = tokens * shape["hkv"] * shape["d"] * 8
+        tn = numpy_reference_time(f32, table, lens, q, args.reps)
+        rows.append(dict(shape=name, dtype="f32", threads=0, impl="numpy", seconds=tn, bytes=nbytes, gbps=nbytes / tn / 1e9))
+        tt = torch_time(f32, table, lens, q, args.reps)
+        if tt is not None:
+            rows.append(dict(shape=name, dtype="f32", threads=0, impl="torch", seconds=tt, bytes=nbytes, gbps=nbytes / tt / 1e9))
+        del caches
+    for r in rows:
+        p = r.get("probe") or max(probe.values())
+        r["pct_probe"] = 100 * r["gbps"] * 1e9 / p
+        if r["impl"] == "pykvpool":
+            base = next(x for x in rows if x["impl"] == "pykvpool" and x["shape"] == r["shape"]
+                        and x["threads"] == r["threads"] and x["dtype"] == "f32")
+            r["speed_vs_f32"] = base["seconds"] / r["seconds"]
+    meta = dict(
+        machine=platform.machine(), cpu_features=kv.cpu_features(), kernel_paths=kv.kernel_paths(),
+        probe_gbps={t: p / 1e9 for t, p in probe.items()}, peak_gflops={t: f / 1e9 for t, f in flops.items()},
+        load_average=os.getloadavg(), quick=args.quick, reps=args.reps, block_size=BS,
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    print(f"probe GB/s: {', '.join(f'{t} thr {p / 1e9:.1f}' for t, p in probe.items())}; "
+          f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}")
+    print("| shape | impl | dtype | threads | best ms | GB/s | probe GB/s | % probe | speed vs f32 | GB/s per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        thr = r["threads"] or "BLAS"
+        sp = f"{r['speed_vs_f32']:.2f}x" if "speed_vs_f32" in r else ""
+        pr = f"{r['probe'] / 1e9:.1f}" if "probe" in r else f"{max(probe.values()) / 1e9:.1f}"
+        cpu = f"{r['cpu_gbps']:.1f}" if "cpu_gbps" in r else ""
+        print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | {pr} | "
+              f"{r['pct_probe']:.0f}% | {sp} | {cpu} |")
+
+
+if __name__ == "__main__":
+    main()
