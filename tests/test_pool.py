@@ -453,11 +453,13 @@ def test_two_threads_share_one_pool() -> None:
                         pool.free(s)
                         del mine[s]
                 except kv.PoolExhaustedError:
-                    # The other thread may hold the blocks: make room from our own side.
+                    # The other thread may hold the blocks: make room from our own side
+                    # (with nothing of our own, wait for the other thread to free).
                     exhausted[t] += 1
-                    longest = max(mine, key=lambda s: mine[s])
-                    pool.free(longest)
-                    del mine[longest]
+                    if mine:
+                        longest = max(mine, key=lambda s: mine[s])
+                        pool.free(longest)
+                        del mine[longest]
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
 
