@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,11 +133,21 @@ def _presets_table() -> tuple[str, list[dict[str, Any]]]:
 
 def _measure(progress_on: bool) -> tuple[Hardware | None, list[KernelPoint], str]:
     try:
-        with ProgressBar("measuring this machine", 2, enabled=progress_on) as bar:
-            machine = measure_this_machine()
+        with ProgressBar("measuring this machine", 3, enabled=progress_on) as bar:
+            before = measure_this_machine()
             bar(1)
             kernel = measure_decode_kernel(progress=None)
             bar(2)
+            # The machine is shared: probe again after the kernel and keep the better
+            # roof, so the kernel is compared with what the memory can do, not with a
+            # moment when another process held it.
+            after = measure_this_machine()
+            bar(3)
+        machine = replace(
+            before,
+            bandwidth=max(before.bandwidth, after.bandwidth),
+            peak_flops={k: max(v, after.peak_flops.get(k, v)) for k, v in before.peak_flops.items()},
+        )
         return machine, kernel, ""
     except KernelUnavailableError as e:
         return None, [], str(e)
@@ -296,8 +306,11 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
                   f"{k.seconds * 1e3:.3f}", f"{k.flops_per_s / 1e9:.2f}",
                   f"{k.bytes_per_s / 1e9:.2f}", f"{k.bytes_per_s / machine.bandwidth:.0%}"]
                  for k in kernel]
+        k0 = kernel[0]
+        kv_mib = 2 * k0.num_kv_heads * k0.head_dim * k0.seq_len * k0.batch * 4 / 2**20
         s.append(f"pykvpool's decode kernel (`pykvpool.decode_attention`, f32 paged cache "
-                 f"filled through a `BlockPool`, 2 KV heads, d=128, block 16, best of 5 calls "
+                 f"filled through a `BlockPool`, {k0.num_kv_heads} KV heads, d={k0.head_dim}, "
+                 f"block 16, {kv_mib:.0f} MiB of K and V read per call, best of 5 calls "
                  f"after a warm-up; {os.cpu_count()} CPUs visible, timings vary with machine "
                  "load):\n")
         s.append(markdown_table(["g", "batch", "cached tokens", "FLOP/byte", "ms / call",
