@@ -25,10 +25,10 @@ from benches.scheduler_loop import make_workload, run_loop  # noqa: E402
 from pykvpool import sim_plots, sim_sweep, sim_traces  # noqa: E402
 from pykvpool import simulate as sim  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The traces ship inside the package (with their licenses), so these tests never skip.
+DATA = Path(pykvpool.__file__).resolve().parent / "data"
 AZURE_CONV = DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = DATA / "mooncake_fast25" / "synthetic_trace.jsonl"
-needs_data = pytest.mark.skipif(not AZURE_CONV.exists(), reason="../shared/data is not beside the repository")
 
 ROOF = sim.roofline("llama-3-8b", "a100-80gb-sxm")
 
@@ -330,7 +330,6 @@ def test_prefix_caching_lowers_ttft_on_shared_prefixes() -> None:
 # ---- traces ---------------------------------------------------------------------------
 
 
-@needs_data
 def test_azure_conv_trace_replays_in_full() -> None:
     w = sim_traces.load_azure(AZURE_CONV)
     assert len(w) == 19_366
@@ -340,7 +339,6 @@ def test_azure_conv_trace_replays_in_full() -> None:
     assert r.summary["finished"] == 19_366 and r.summary["leaked_blocks"] == 0
 
 
-@needs_data
 def test_mooncake_hash_ids_hit_like_an_unbounded_cache() -> None:
     w = sim_traces.load_mooncake(MOONCAKE)
     assert len(w) == 3_993 and w.tokens_per_key == 512
