@@ -429,6 +429,21 @@ impl BlockPool {
         slots: &mut Vec<i64>,
         cow: &mut Vec<(BlockId, BlockId)>,
     ) -> Result<()> {
+        let r = self.grow_blocks(table, n, slots, cow);
+        // Evictions defer their index removals to here, where they run back to back.
+        if let Some(c) = self.cache.as_mut() {
+            c.flush_unmapped();
+        }
+        r
+    }
+
+    fn grow_blocks(
+        &mut self,
+        table: &mut BlockTable,
+        n: usize,
+        slots: &mut Vec<i64>,
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
