@@ -28,9 +28,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Work (sequences + new tokens, or blocks) below which a call keeps the GIL. Releasing
-/// and retaking it costs ~0.2 us, a fifth of a whole 256-sequence decode step in the core,
-/// while a call this small finishes within ~5 us; anything larger (a big prefill, a batch
-/// of thousands) releases it so other Python threads run meanwhile.
+/// and retaking it costs ~0.2 us, a sixth of a whole 211-sequence decode step in the core,
+/// while a call this small finishes within ~10 us (the slowest: a 2,176-token prompt
+/// admitted with prefix caching that evicts 136 blocks, ~8 us); anything larger (a long
+/// prefill, a batch of thousands) releases it so other Python threads run meanwhile.
 pub(crate) const INLINE_WORK: usize = 4096;
 
 /// Run `f` on the pool: under the GIL when `work` is below [`INLINE_WORK`], else with
@@ -49,7 +50,7 @@ fn with_pool<R: Send>(
     }
 }
 
-fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
+pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
     if pairs.is_empty() {
         // The usual case: no reshape, no data buffer to build.
         return Ok(PyArray2::zeros(py, [0, 2], false));
@@ -69,6 +70,11 @@ pub struct PyBlockPool {
 impl PyBlockPool {
     pub(crate) fn pool(&self) -> MutexGuard<'_, BlockPool> {
         lock(&self.inner)
+    }
+
+    /// [`with_pool`] on this pool.
+    pub(crate) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
+        with_pool(py, &self.inner, work, f)
     }
 }
 
