@@ -26,6 +26,7 @@ pub mod pool;
 pub mod pool_prefix;
 pub mod prefix_cache;
 pub mod probe;
+pub mod seq_map;
 pub mod sim;
 pub mod table_sync;
 pub mod threads;

@@ -13,6 +13,7 @@ use crate::allocator::BlockAllocator;
 use crate::block_table::{blocks_for, BlockTable};
 use crate::pool_prefix::TokenCursor;
 use crate::prefix_cache::PrefixCache;
+use crate::seq_map::SeqMap;
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::types::{BlockId, SeqId};
@@ -31,8 +32,6 @@ pub(crate) struct SeqEntry {
     /// Last batch this sequence appeared in; catches duplicate ids in one batch without
     /// allocating a set per step.
     pub(crate) mark: u64,
-    /// Position in that batch (see `BlockPool::step_in`).
-    pub(crate) pos: u32,
     /// Token ids and block keys, for sequences whose blocks can enter the prefix cache.
     pub(crate) cursor: Option<Box<TokenCursor>>,
 }
@@ -83,13 +82,15 @@ pub struct PoolStats {
 pub struct BlockPool {
     pub(crate) alloc: BlockAllocator,
     pub(crate) block_size: usize,
-    pub(crate) seqs: FxHashMap<SeqId, SeqEntry>,
+    pub(crate) seqs: SeqMap<SeqEntry>,
     pub(crate) cow_copies: u64,
     next_stamp: u64,
     batch_mark: u64,
     id: u64,
     /// Scratch for `step`: shared partial blocks already copied away in this batch.
     cow_scratch: Vec<(BlockId, u32)>,
+    /// Scratch for `step`: the slot of each batch entry, found once by the plan.
+    slot_scratch: Vec<u32>,
     /// Automatic prefix caching, when enabled (see `pool_prefix`).
     pub(crate) cache: Option<Box<PrefixCache>>,
 }
@@ -103,12 +104,13 @@ impl BlockPool {
         Ok(Self {
             alloc: BlockAllocator::new(num_blocks)?,
             block_size,
-            seqs: FxHashMap::default(),
+            seqs: SeqMap::default(),
             cow_copies: 0,
             next_stamp: 1,
             batch_mark: 0,
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             cow_scratch: Vec::new(),
+            slot_scratch: Vec::new(),
             cache: None,
         })
     }
@@ -271,7 +273,7 @@ impl BlockPool {
             return r;
         }
         debug_assert!(cow.is_empty());
-        self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0, cursor: None });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor: None });
         self.end_op();
         Ok(())
     }
@@ -309,11 +311,12 @@ impl BlockPool {
             ));
         }
         // The map is moved out for the call so that a table can be borrowed mutably next
-        // to the allocator: one lookup per sequence and phase, instead of a remove and an
-        // insert that move every entry. It is put back on every path.
+        // to the allocator. It is put back on every path.
         let mut map = std::mem::take(&mut self.seqs);
-        let r = self.step_in(&mut map, seqs, counts, out);
+        let mut slots = std::mem::take(&mut self.slot_scratch);
+        let r = self.step_in(&mut map, &mut slots, seqs, counts, out);
         self.seqs = map;
+        self.slot_scratch = slots;
         if r.is_ok() {
             self.end_op();
         }
@@ -322,7 +325,8 @@ impl BlockPool {
 
     fn step_in(
         &mut self,
-        map: &mut FxHashMap<SeqId, SeqEntry>,
+        map: &mut SeqMap<SeqEntry>,
+        slots: &mut Vec<u32>,
         seqs: &[SeqId],
         counts: &[usize],
         out: &mut StepOutput,
@@ -333,10 +337,23 @@ impl BlockPool {
         let mut total_tokens = 0usize;
         let mut scratch = std::mem::take(&mut self.cow_scratch);
         scratch.clear();
+        slots.clear();
+        slots.reserve(seqs.len());
         let mut result = Ok(());
-        for (i, (&seq, &n)) in seqs.iter().zip(counts).enumerate() {
-            let Some(entry) = map.get_mut(&seq) else {
+        // With no shared and no cached block nothing can be copied on write, so a one-token
+        // append needs a block exactly at a block boundary, and writes the slot after the
+        // last one or the first slot of that new block. Fixed for the whole step: a
+        // one-token append shares nothing.
+        let plain = self.alloc.num_shared() == 0 && self.cache.is_none();
+        // Plan: one hash lookup per id; the apply pass below reaches entries by slot.
+        for (&seq, &n) in seqs.iter().zip(counts) {
+            let Some(slot) = map.slot(&seq) else {
                 result = Err(KvError::UnknownSequence(seq.0));
+                break;
+            };
+            slots.push(slot);
+            let Some(entry) = map.at_mut(slot) else {
+                result = Err(KvError::Invariant("sequence index points past the entries".into()));
                 break;
             };
             if entry.mark == mark {
@@ -344,7 +361,12 @@ impl BlockPool {
                 break;
             }
             entry.mark = mark;
-            entry.pos = i as u32;
+            if plain && n == 1 && entry.table.num_tokens() < MAX_SEQ_TOKENS {
+                // `blocks_needed_for`'s answer without copy-on-write: a block at a boundary.
+                need += (self.offset_in_block(entry.table.num_tokens()) == 0) as usize;
+                total_tokens += 1;
+                continue;
+            }
             match self.blocks_needed_for(&entry.table, n, &scratch) {
                 Ok((k, copied)) => {
                     need += k;
@@ -367,33 +389,27 @@ impl BlockPool {
         self.ensure_available(need)?;
         out.slots.reserve(total_tokens);
         out.seq_lens.reserve(seqs.len());
-        if seqs.len() * 2 >= map.len() {
-            // A dense batch (a decode step usually holds every live sequence) gathers its
-            // entries in one sweep over the map, by the positions the plan recorded,
-            // instead of hashing every id a second time.
-            let mut by_pos: Vec<Option<&mut SeqEntry>> = Vec::new();
-            by_pos.resize_with(seqs.len(), || None);
-            for e in map.values_mut() {
-                if e.mark == mark {
-                    if let Some(slot) = by_pos.get_mut(e.pos as usize) {
-                        *slot = Some(e);
+        for (&slot, &n) in slots.iter().zip(counts) {
+            // Every slot was just found by the plan; a miss would be a bug, reported.
+            let entry =
+                map.at_mut(slot).ok_or_else(|| KvError::Invariant("batch entry lost between plan and apply".into()))?;
+            if plain && n == 1 {
+                let t = &mut entry.table;
+                let len = t.num_tokens();
+                let off = self.offset_in_block(len);
+                let b = match t.blocks().last() {
+                    Some(&b) if off != 0 => b,
+                    _ => {
+                        let b = self.take_block()?;
+                        t.push(b);
+                        b
                     }
-                }
+                };
+                out.slots.push(b.first_slot(self.block_size) + off as i64);
+                t.set_num_tokens(len + 1);
+                out.seq_lens.push((len + 1) as i32);
+                continue;
             }
-            for (entry, &n) in by_pos.into_iter().zip(counts) {
-                // Every position was filled by the plan; a hole would be a bug, reported.
-                let entry = entry.ok_or_else(|| KvError::Invariant("batch entry lost between plan and apply".into()))?;
-                self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
-                out.seq_lens.push(entry.table.num_tokens() as i32);
-                if n > 0 && entry.cursor.is_some() {
-                    entry.cursor = None;
-                }
-            }
-            return Ok(());
-        }
-        for (&seq, &n) in seqs.iter().zip(counts) {
-            // Validated above; a missing id here would be a bug, reported, not a panic.
-            let entry = map.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
             self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
             out.seq_lens.push(entry.table.num_tokens() as i32);
             if n > 0 && entry.cursor.is_some() {
@@ -407,6 +423,21 @@ impl BlockPool {
     /// Grow `table` by `n` tokens. The caller has checked that enough blocks are free,
     /// so the error path is only reachable through a bug; it reports instead of panicking.
     pub(crate) fn grow(
+        &mut self,
+        table: &mut BlockTable,
+        n: usize,
+        slots: &mut Vec<i64>,
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<()> {
+        let r = self.grow_blocks(table, n, slots, cow);
+        // Evictions defer their index removals to here, where they run back to back.
+        if let Some(c) = self.cache.as_mut() {
+            c.flush_unmapped();
+        }
+        r
+    }
+
+    fn grow_blocks(
         &mut self,
         table: &mut BlockTable,
         n: usize,
@@ -513,7 +544,7 @@ impl BlockPool {
         }
         let cursor = self.seqs[&parent].cursor.clone();
         let stamp = self.stamp();
-        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, pos: 0, cursor });
+        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, cursor });
         self.end_op();
         Ok(())
     }

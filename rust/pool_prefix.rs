@@ -239,7 +239,7 @@ impl BlockPool {
             c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
         }
         let cursor = owned.map(|t| Box::new(TokenCursor { tokens: t.into_owned(), keys, extra }));
-        self.seqs.insert(seq, SeqEntry { table, mark: 0, pos: 0, cursor });
+        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor });
         self.end_op();
         Ok(cached_tokens)
     }

@@ -50,14 +50,35 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         return Err(invalid(py, format!("{name}: unsupported integer dtype {}", arr.dtype().str()?.to_cow()?)));
     }
     if let Ok(list) = obj.cast::<PyList>() {
-        // Schedulers hand over lists of Python ints: exact ints convert directly, without
-        // the generic iterator protocol and the per-item type checks of `int_scalar`.
+        // Schedulers hand over lists of Python ints (a decode step's running list): exact
+        // ints are read through the C API, without the reference count traffic and bounds
+        // checks of a safe iterator, which cost as much as the core's whole per-sequence
+        // work. Anything else goes through `int_scalar`.
         let mut out = Vec::with_capacity(list.len());
-        for item in list.iter() {
-            let v = if item.is_exact_instance_of::<PyInt>() { item.extract::<i64>().ok() } else { None };
-            out.push(match v {
+        // The length is re-read every round: `int_scalar` may run Python code.
+        while out.len() < list.len() {
+            let i = out.len();
+            // SAFETY: `i` is below the list's current length and the GIL is held, so the
+            // borrowed item is alive; it is only used before any Python code can run
+            // (PyLong_AsLongLong on an exact int calls none).
+            let fast = unsafe {
+                let item = pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
+                if pyo3::ffi::PyLong_CheckExact(item) != 0 {
+                    let v = pyo3::ffi::PyLong_AsLongLong(item);
+                    if v == -1 && !pyo3::ffi::PyErr_Occurred().is_null() {
+                        // Out of int64 range: drop the error, `int_scalar` reports it.
+                        pyo3::ffi::PyErr_Clear();
+                        None
+                    } else {
+                        Some(v)
+                    }
+                } else {
+                    None
+                }
+            };
+            out.push(match fast {
                 Some(v) => v,
-                None => int_scalar(&item, name)?,
+                None => int_scalar(&list.get_item(i)?, name)?,
             });
         }
         return Ok(out);
@@ -80,6 +101,13 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
 /// which convert to 0/1 silently otherwise), strings and other non-integers are refused.
 pub fn int_scalar(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     let py = obj.py();
+    // A plain int (every id and count a scheduler passes) needs none of the checks below,
+    // whose type-name string and attribute lookup cost more than a whole `free` call.
+    if obj.is_exact_instance_of::<PyInt>() {
+        return obj
+            .extract::<i64>()
+            .map_err(|_| invalid(py, format!("{name} must be an int in int64 range, got {}", repr(obj))));
+    }
     let ty = obj.get_type().name()?.to_string();
     let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
     if is_bool || obj.is_instance_of::<pyo3::types::PyFloat>() || !obj.hasattr("__index__")? {

@@ -139,12 +139,7 @@ fn keys_array<'py>(py: Python<'py>, keys: impl ExactSizeIterator<Item = BlockKey
 }
 
 fn pairs_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    if pairs.is_empty() {
-        // The common case, one array object instead of a vector plus a reshaped view.
-        return Ok(PyArray2::zeros(py, [0, 2], false));
-    }
-    let flat: Vec<i64> = pairs.iter().flat_map(|(s, d)| [s.0 as i64, d.0 as i64]).collect();
-    PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+    super::pool::cow_array(py, pairs)
 }
 
 /// An optional non-negative int argument (`None` allowed); floats, bools, negatives and
@@ -198,10 +193,10 @@ impl PyBlockPool {
     ) -> PyResult<(usize, Slots<'py>, Pairs<'py>)> {
         let (seq, extra) = (seq_id, extra_key);
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        let (cached, slots, cow) = py
-            .detach(|| {
+        let (cached, slots, cow) = self
+            .run(py, tokens.len(), |pool| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                let c = self.pool().add_sequence_tokens_vec(seq, tokens, extra, &mut slots, &mut cow)?;
+                let c = pool.add_sequence_tokens_vec(seq, tokens, extra, &mut slots, &mut cow)?;
                 Ok((c, slots, cow))
             })
             .py_err(py)?;

@@ -12,6 +12,9 @@ impl PrefixCache {
     pub fn check(&self, alloc: &BlockAllocator) -> Result<()> {
         let bad = |msg: String| Err(KvError::Invariant(msg));
         let n = self.meta.len();
+        if !self.unmapped.is_empty() {
+            return bad(format!("{} evicted blocks are still in the index", self.unmapped.len()));
+        }
         let mut children = vec![0u32; n];
         let mut hard = vec![0u32; n];
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);

@@ -50,6 +50,12 @@ pub struct PrefixCache {
     /// one is a miss, like any collision). Removed eagerly on eviction: leaving stale
     /// entries for a bulk purge was tried and cost more (and gave millisecond spikes).
     map: FxHashMap<u64, BlockId>,
+    /// Index entries of blocks evicted during the current allocation, removed from `map`
+    /// by [`Self::flush_unmapped`] before anything reads the map again. Each removal is a
+    /// cache miss on a random bucket; done one by one inside the eviction chain (where the
+    /// next victim depends on the last) they stall in turn, done in one tight loop
+    /// afterwards the CPU overlaps them.
+    unmapped: Vec<u64>,
     /// Blocks cached now (valid entries of `map`).
     num_cached: usize,
     /// One bit per block: cached or not. Tested on every decode step (copy-on-write of a
@@ -108,6 +114,7 @@ impl PrefixCache {
             cfg,
             block_size,
             map: FxHashMap::default(),
+            unmapped: Vec::new(),
             num_cached: 0,
             cached: vec![0; num_blocks.div_ceil(64)],
             meta,
@@ -171,6 +178,7 @@ impl PrefixCache {
     /// The block cached under `key`'s index (its full key is checked by the caller).
     #[inline]
     fn index_get(&self, key: BlockKey) -> Option<BlockId> {
+        debug_assert!(self.unmapped.is_empty(), "map read with evictions pending");
         self.map.get(&low(key)).copied()
     }
 
@@ -347,7 +355,7 @@ impl PrefixCache {
                 self.evictable -= 1;
             }
         }
-        self.map.remove(&low(key));
+        self.unmapped.push(low(key));
         self.num_cached -= 1;
         let mut parent_key = None;
         if parent != NO_PARENT {
@@ -357,6 +365,16 @@ impl PrefixCache {
             self.queue_if_leaf(BlockId(parent));
         }
         self.push_event(CacheEventKind::Removed, Some(b), key, parent_key, clock);
+    }
+
+    /// Remove the index entries of the blocks evicted since the last call. The pool calls
+    /// it when an allocation is over (see `BlockPool::grow`) and at the end of every
+    /// operation, so the map is exact whenever it is read.
+    #[inline]
+    pub fn flush_unmapped(&mut self) {
+        for k in self.unmapped.drain(..) {
+            self.map.remove(&k);
+        }
     }
 
     /// Register live block `b` under `key` as the child of `parent` (a cached block held
@@ -370,6 +388,7 @@ impl PrefixCache {
         extra: Option<u64>,
         tokens: Option<&[u32]>,
     ) -> bool {
+        self.flush_unmapped();
         let slot = match self.map.entry(low(key)) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => v,
@@ -452,6 +471,7 @@ impl PrefixCache {
             }
         }
         self.map.clear();
+        self.unmapped.clear();
         self.cfg.record_events = record;
         let clock = self.clock;
         self.push_event(CacheEventKind::AllCleared, None, 0, None, clock);

@@ -90,6 +90,7 @@ impl PrefixCache {
     /// caller drives the clock) and lapsed pins are released.
     #[inline]
     pub fn end_op(&mut self) {
+        self.flush_unmapped();
         if !self.manual_clock {
             self.clock += 1;
         }
