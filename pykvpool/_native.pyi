@@ -554,9 +554,18 @@ class KvCache:
         """Zero-copy, writable view of layer ``layer``'s K, shape ``[num_blocks,
         block_size, num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
         ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not installed). The
-        view keeps the cache alive. Raises InvalidArgumentError for a bad layer."""
+        view keeps the cache alive. Raises InvalidArgumentError for a bad layer.
+
+        The view aliases the cache's memory: writes through it are seen by the next
+        kernel call, and no copy protects a running one. :meth:`write`,
+        :meth:`copy_blocks` and :func:`decode_attention` release the GIL, so writing
+        this array (or a torch tensor wrapping it) from one Python thread while one of
+        them runs on the same layer in another is a data race with undefined results;
+        the caller must order the two (e.g. join the kernel call first)."""
     def value(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy view of layer ``layer``'s V; as :meth:`key`."""
+        """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that
+        it must not be written while a kernel call on the same layer runs in another
+        thread."""
     def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
         """Store float32 ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]`` or
         ``[tokens, num_kv_heads * head_dim]``) at ``slot_mapping`` (``tokens`` int
@@ -590,6 +599,8 @@ class KvCache:
 # for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
 # KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
 # :func:`kernel_paths`. The GIL is released; the threads are :func:`set_num_threads`'.
+# While it runs, the arrays of KvCache.key/value for ``layer`` must not be written from another
+# thread (they alias the cache; see KvCache.key).
 # decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
 # instead, as exported by BlockPool.flashinfer_tables.
 # Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,

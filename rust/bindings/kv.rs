@@ -181,6 +181,11 @@ impl PyKvCache {
 
 /// A zero-copy numpy view of one layer's K or V in the logical shape
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object.
+///
+/// The array aliases memory that `write`, `copy_blocks` and the kernels touch with the
+/// GIL released (the `RwLock` guards the cache object, not this array): a Python thread
+/// writing it while a kernel call runs on another is a data race the caller must avoid,
+/// as the stubs document. Handing out views is what the zero-copy contract asks for.
 fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let layer = count(py, layer, "layer")?;
