@@ -5,7 +5,8 @@
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head, with two partial sums per head to hide FMA
 //!    latency; no horizontal sums;
-//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`);
+//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`), with
+//!    a lazy running maximum (moved only when a score exceeds it by 2^8);
 //! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
@@ -208,7 +209,13 @@ fn lane_mask(i: usize, n: usize) -> __mmask16 {
     }
 }
 
-/// `2^x` for `x <= 0` (inputs below -126 give about 1e-38 instead of underflowing).
+/// How far (log2 units) a score may exceed the running maximum before the maximum
+/// moves: probabilities stay below 2^8, far from f32 overflow even summed over 2^32
+/// tokens, and relative rounding is unchanged.
+const LAZY_MAX: f32 = 8.0;
+
+/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
+/// underflowing).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) fn exp2(x: __m512) -> __m512 {
@@ -279,16 +286,25 @@ fn head_tile<E: Elem, const H: usize>(
         }
     }
 
-    // Online softmax per head; masked-off lanes get probability 0.
-    let mut alpha = [0f32; H];
+    // Online softmax per head; masked-off lanes get probability 0. The running maximum
+    // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
+    // probabilities (up to 2^LAZY_MAX) do not wait for a horizontal max and the
+    // accumulators are rarely rescaled. `l` and `acc` share the reference point, so the
+    // quotient and the LSE are those of the exact maximum.
+    let mut alpha = [1f32; H];
+    let mut rescale = false;
     for j in 0..H {
         let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, _mm512_add_ps(s0[j], s1[j]));
         let m_old = p.m[qh + j];
-        let m_new = m_old.max(_mm512_reduce_max_ps(s));
-        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        // exp2 of the vector unit, not libm's: a call would spill every register.
-        alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
-        p.m[qh + j] = m_new;
+        // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
+        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
+            let m_new = _mm512_reduce_max_ps(s);
+            // exp2 of the vector unit, not libm's: a call would spill every register.
+            alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            p.m[qh + j] = m_new;
+            rescale = true;
+        }
+        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
         // SAFETY: probs[j] holds exactly 16 f32.
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
@@ -309,7 +325,10 @@ fn head_tile<E: Elem, const H: usize>(
                 // SAFETY: unmasked lanes lie in row j of acc (j * d + u0 + u*16 + lane <
                 // (j + 1) * d); the address is formed with wrapping_add because a fully
                 // masked vector may point past the end, where nothing is accessed.
-                a[j][u] = _mm512_mul_ps(al, unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) });
+                a[j][u] = unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
+                }
             }
         }
         for t in 0..c.lanes {
