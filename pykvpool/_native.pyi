@@ -511,10 +511,11 @@ class KvCache:
     ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype`` ("f32",
     "f16" or "bf16"), in one 2 MiB-aligned allocation advised for transparent huge pages.
 
-    Physical layout: block-major, then KV head; inside a (block, head) tile K is
-    dimension-major ``[head_dim][block_size]`` and V token-major
+    Physical layout: per layer, block-major with each block's K (all KV heads) followed
+    by its V, so the kernel reads one contiguous run per block; inside a (block, head)
+    tile K is dimension-major ``[head_dim][block_size]`` and V token-major
     ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
-    logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided views).
 
     Raises:
         InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/

@@ -198,8 +198,9 @@ fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bo
     let owner = slf.into_any();
     match dtype {
         DType::F32 => {
-            // SAFETY: ptr addresses this layer's region of shape().layer() f32 elements,
-            // which the strides above cover exactly; the buffer never moves or shrinks
+            // SAFETY: ptr addresses this layer's K (or V), shape().layer_span() f32
+            // elements inside its region, which the strides above cover exactly (the
+            // last block ends the span); the buffer never moves or shrinks
             // while the cache object (set as the array's base) is alive.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<f32>()) };
             // SAFETY: as above; `owner` keeps the memory alive.
