@@ -17,6 +17,8 @@ is measured when torch is importable (it is an optional dependency, not installe
 
 Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
 and prints a markdown table). ``--quick`` shrinks every shape 8x for a smoke run.
+``--resident N`` makes every sequence read only N distinct blocks (table entries modulo
+N): the data stays in cache, so the rate is the kernel's compute ceiling, not DRAM's.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--shapes", default="abcd")
+    ap.add_argument("--resident", type=int, default=0, help="blocks actually read (0: all; e.g. 16 for cache-resident)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_attention.json"))
     args = ap.parse_args()
     scale = 8 if args.quick else 1
@@ -160,10 +163,14 @@ def main() -> None:
     measure_probe()
     flops = {t: kv.peak_flops(threads=t) for t in threads}
     rows: list[dict[str, Any]] = []
+    huge_pages: dict[str, bool] = {}  # whether the OS took the THP advice for every cache of a shape
     for name, shape in shapes(scale).items():
         if name not in args.shapes:
             continue
         caches, table, q = build(shape, dtypes, seed=ord(name))
+        if args.resident:
+            table = np.where(table >= 0, table % args.resident, -1).astype(np.int32)
+        huge_pages[name] = all(c.huge_pages for c in caches.values())
         lens = shape["lens"]
         tokens = sum(lens)
         for t in threads:
@@ -193,12 +200,13 @@ def main() -> None:
     meta = dict(
         machine=platform.machine(), cpu_features=kv.cpu_features(), kernel_paths=kv.kernel_paths(),
         probe_gbps={t: p / 1e9 for t, p in probe.items()}, peak_gflops={t: f / 1e9 for t, f in flops.items()},
-        load_average=os.getloadavg(), quick=args.quick, reps=args.reps, block_size=BS,
+        load_average=os.getloadavg(), huge_pages=huge_pages, resident_blocks=args.resident, quick=args.quick, reps=args.reps, block_size=BS,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     print(f"probe GB/s: {', '.join(f'{t} thr {p / 1e9:.1f}' for t, p in probe.items())}; "
-          f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}")
+          f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}; "
+          f"huge pages: {huge_pages}")
     print("| shape | impl | dtype | threads | best ms | GB/s | probe GB/s | % probe | speed vs f32 | GB/s per CPU-s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -514,10 +514,11 @@ class KvCache:
     ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype`` ("f32",
     "f16" or "bf16"), in one 2 MiB-aligned allocation advised for transparent huge pages.
 
-    Physical layout: block-major, then KV head; inside a (block, head) tile K is
-    dimension-major ``[head_dim][block_size]`` and V token-major
+    Physical layout: per layer, block-major with each block's K (all KV heads) followed
+    by its V, so the kernel reads one contiguous run per block; inside a (block, head)
+    tile K is dimension-major ``[head_dim][block_size]`` and V token-major
     ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
-    logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided views).
 
     Raises:
         InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/
@@ -557,9 +558,18 @@ class KvCache:
         """Zero-copy, writable view of layer ``layer``'s K, shape ``[num_blocks,
         block_size, num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
         ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not installed). The
-        view keeps the cache alive. Raises InvalidArgumentError for a bad layer."""
+        view keeps the cache alive. Raises InvalidArgumentError for a bad layer.
+
+        The view aliases the cache's memory: writes through it are seen by the next
+        kernel call, and no copy protects a running one. :meth:`write`,
+        :meth:`copy_blocks` and :func:`decode_attention` release the GIL, so writing
+        this array (or a torch tensor wrapping it) from one Python thread while one of
+        them runs on the same layer in another is a data race with undefined results;
+        the caller must order the two (e.g. join the kernel call first)."""
     def value(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy view of layer ``layer``'s V; as :meth:`key`."""
+        """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that
+        it must not be written while a kernel call on the same layer runs in another
+        thread."""
     def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
         """Store float32 ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]`` or
         ``[tokens, num_kv_heads * head_dim]``) at ``slot_mapping`` (``tokens`` int
@@ -593,6 +603,8 @@ class KvCache:
 # for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
 # KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
 # :func:`kernel_paths`. The GIL is released; the threads are :func:`set_num_threads`'.
+# While it runs, the arrays of KvCache.key/value for ``layer`` must not be written from another
+# thread (they alias the cache; see KvCache.key).
 # decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
 # instead, as exported by BlockPool.flashinfer_tables.
 # Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,

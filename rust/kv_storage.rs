@@ -1,11 +1,15 @@
-//! KV storage owned by Rust: per layer one K and one V array of `num_blocks` blocks of
-//! `block_size` token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16 or
-//! bf16, in one huge-page-advised allocation ([`crate::aligned`]).
+//! KV storage owned by Rust: per layer K and V for `num_blocks` blocks of `block_size`
+//! token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16 or bf16, in one
+//! huge-page-advised allocation ([`crate::aligned`]).
 //!
 //! # Physical layout (what the kernel reads)
 //!
-//! Block-major, then KV head, so one block holds all heads of its tokens contiguously
-//! (long runs when a work item reads every head of a block). Inside a (block, head) tile:
+//! Per layer, block-major: block `b`'s K (all heads) then its V (all heads), then block
+//! `b + 1`, so a work item that reads every head of a block reads one contiguous run of
+//! `2 * num_kv_heads * block_size * head_dim` elements (128 KiB in f32 for 8 heads of
+//! 16 x 128), not two half-length streams: runs of 32, 64 and 128 KiB read at 61-63%,
+//! 67-68% and 75% of the probe (`benches/RESULTS.md`). Inside a block, KV head-major;
+//! inside a (block, head) tile:
 //!
 //! - K is **dimension-major**, `[head_dim][block_size]`: one load gives consecutive tokens
 //!   of one dimension, so a SIMD lane holds a token and `q . k` is a chain of
@@ -148,10 +152,23 @@ impl KvShape {
         self.num_kv_heads * self.tile()
     }
 
+    /// Elements from one block's K (or V) to the next block's: K and V alternate.
+    #[inline]
+    pub fn block_stride(&self) -> usize {
+        2 * self.block()
+    }
+
     /// Elements of one layer's K (or V).
     #[inline]
     pub fn layer(&self) -> usize {
         self.num_blocks * self.block()
+    }
+
+    /// Elements a layer's K (or V) slice spans from its first element: every block
+    /// but the last takes a block stride, the last one block.
+    #[inline]
+    pub fn layer_span(&self) -> usize {
+        (2 * self.num_blocks - 1) * self.block()
     }
 }
 
@@ -159,7 +176,8 @@ impl KvShape {
 /// aligned inside the 2 MiB-aligned buffer.
 const REGION_ALIGN: usize = 4096;
 
-/// The KV cache: `2 * num_layers` regions (K then V per layer) in one aligned buffer.
+/// The KV cache: `num_layers` regions (blocks of K then V, alternating) in one aligned
+/// buffer.
 #[derive(Debug)]
 pub struct KvCache {
     shape: KvShape,
@@ -180,11 +198,11 @@ impl KvCache {
         if block_size > MAX_BLOCK_SIZE || head_dim > 1 << 16 || num_kv_heads > 1 << 16 {
             return Err(invalid!("block_size, head_dim and num_kv_heads must be <= 65536"));
         }
-        let region = [num_blocks, block_size, num_kv_heads, head_dim, dtype.size()]
+        let region = [2, num_blocks, block_size, num_kv_heads, head_dim, dtype.size()]
             .iter()
             .try_fold(1usize, |a, &x| a.checked_mul(x))
             .and_then(|b| b.checked_next_multiple_of(REGION_ALIGN));
-        let total = region.and_then(|r| r.checked_mul(2 * num_layers));
+        let total = region.and_then(|r| r.checked_mul(num_layers));
         let (Some(region_bytes), Some(total)) = (region, total) else {
             return Err(invalid!("KvCache of {shape:?} does not fit in memory"));
         };
@@ -214,16 +232,16 @@ impl KvCache {
     }
 
     /// Element strides of the logical `[num_blocks, block_size, num_kv_heads, head_dim]`
-    /// view of K (dimension-major tiles).
+    /// view of K (dimension-major tiles), from the first element of [`Self::layer`]'s K.
     pub fn key_strides(&self) -> [usize; 4] {
         let s = &self.shape;
-        [s.block(), 1, s.tile(), s.block_size]
+        [s.block_stride(), 1, s.tile(), s.block_size]
     }
 
     /// Element strides of the logical view of V (token-major tiles).
     pub fn value_strides(&self) -> [usize; 4] {
         let s = &self.shape;
-        [s.block(), s.head_dim, s.tile(), 1]
+        [s.block_stride(), s.head_dim, s.tile(), 1]
     }
 
     fn check_layer(&self, layer: usize) -> Result<()> {
@@ -233,9 +251,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Byte offset of region `layer` K (`which = 0`) or V (`which = 1`).
+    /// Byte offset of the first element of `layer`'s K (`which = 0`) or V (`which = 1`).
     fn region(&self, layer: usize, which: usize) -> usize {
-        (2 * layer + which) * self.region_bytes
+        layer * self.region_bytes + which * self.shape.block() * self.dtype.size()
     }
 
     /// Raw pointer to the first element of K (`value = false`) or V of `layer`, for
@@ -245,24 +263,26 @@ impl KvCache {
         Ok(self.buf.as_slice()[self.region(layer, value as usize)..].as_ptr())
     }
 
-    /// K and V of `layer` as typed slices of `shape.layer()` elements.
+    /// K and V of `layer` as typed slices of `shape.layer_span()` elements, to be indexed
+    /// with [`KvShape::block_stride`] between blocks (each slice also covers the other's
+    /// blocks, which sit in between).
     pub fn layer<E: Elem>(&self, layer: usize) -> Result<(&[E], &[E])> {
         self.check_layer(layer)?;
         if E::DTYPE != self.dtype {
             return Err(invalid!("cache holds {}, not {}", self.dtype.name(), E::DTYPE.name()));
         }
-        let n = self.shape.layer();
+        let n = self.shape.layer_span();
         let bytes = self.buf.as_slice();
         let k = &bytes[self.region(layer, 0)..][..n * self.dtype.size()];
         let v = &bytes[self.region(layer, 1)..][..n * self.dtype.size()];
         Ok((cast(k), cast(v)))
     }
 
-    fn layer_mut<E: Elem>(&mut self, layer: usize) -> (&mut [E], &mut [E]) {
-        let n = self.shape.layer() * self.dtype.size();
-        let (k0, v0) = (self.region(layer, 0), self.region(layer, 1));
-        let (head, tail) = self.buf.as_mut_slice().split_at_mut(v0);
-        (cast_mut(&mut head[k0..][..n]), cast_mut(&mut tail[..n]))
+    /// The whole of `layer` (K and V blocks alternating), `2 * shape.layer()` elements.
+    fn layer_mut<E: Elem>(&mut self, layer: usize) -> &mut [E] {
+        let n = 2 * self.shape.layer() * self.dtype.size();
+        let at = self.region(layer, 0);
+        cast_mut(&mut self.buf.as_mut_slice()[at..][..n])
     }
 
     /// Store the K and V of `slots.len()` tokens (`k`, `v`: f32 `[tokens, num_kv_heads,
@@ -297,16 +317,17 @@ impl KvCache {
     fn write_typed<E: Elem>(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) {
         let s = self.shape;
         let row = s.num_kv_heads * s.head_dim;
-        let (ks, vs) = self.layer_mut::<E>(layer);
+        let all = self.layer_mut::<E>(layer);
         for (n, &slot) in slots.iter().enumerate() {
             if slot < 0 {
                 continue;
             }
             let (b, t) = (slot as usize / s.block_size, slot as usize % s.block_size);
+            let (kb, vb) = all[b * s.block_stride()..][..s.block_stride()].split_at_mut(s.block());
             for h in 0..s.num_kv_heads {
-                let tile = b * s.block() + h * s.tile();
+                let tile = h * s.tile();
                 let src = n * row + h * s.head_dim;
-                let (kt, vt) = (&mut ks[tile..][..s.tile()], &mut vs[tile..][..s.tile()]);
+                let (kt, vt) = (&mut kb[tile..][..s.tile()], &mut vb[tile..][..s.tile()]);
                 for i in 0..s.head_dim {
                     kt[i * s.block_size + t] = E::from_f32(k[src + i]);
                 }
@@ -326,15 +347,14 @@ impl KvCache {
         if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
             return Err(invalid!("copy pair {p:?} outside block range 0..{nb}"));
         }
-        let block_bytes = self.shape.block() * self.dtype.size();
+        // K and V of a block are one run of `block_stride` elements.
+        let block_bytes = self.shape.block_stride() * self.dtype.size();
         for layer in 0..self.shape.num_layers {
-            for which in 0..2 {
-                let base = self.region(layer, which);
-                let region = &mut self.buf.as_mut_slice()[base..base + self.shape.num_blocks * block_bytes];
-                for &(s, d) in pairs {
-                    let (s, d) = (s as usize * block_bytes, d as usize * block_bytes);
-                    region.copy_within(s..s + block_bytes, d);
-                }
+            let base = self.region(layer, 0);
+            let region = &mut self.buf.as_mut_slice()[base..base + self.shape.num_blocks * block_bytes];
+            for &(s, d) in pairs {
+                let (s, d) = (s as usize * block_bytes, d as usize * block_bytes);
+                region.copy_within(s..s + block_bytes, d);
             }
         }
         Ok(())
@@ -426,10 +446,10 @@ mod tests {
         c.copy_blocks(&[(4, 0), (0, 2)]).unwrap();
         for layer in 0..2 {
             let (ks, vs) = c.layer::<half::bf16>(layer).unwrap();
-            let blk = c.shape().block();
+            let (blk, stride) = (c.shape().block(), c.shape().block_stride());
             for b in [0, 2] {
-                assert_eq!(&ks[b * blk..][..blk], &ks[4 * blk..][..blk]);
-                assert_eq!(&vs[b * blk..][..blk], &vs[4 * blk..][..blk]);
+                assert_eq!(&ks[b * stride..][..blk], &ks[4 * stride..][..blk]);
+                assert_eq!(&vs[b * stride..][..blk], &vs[4 * stride..][..blk]);
             }
         }
     }

@@ -181,6 +181,11 @@ impl PyKvCache {
 
 /// A zero-copy numpy view of one layer's K or V in the logical shape
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object.
+///
+/// The array aliases memory that `write`, `copy_blocks` and the kernels touch with the
+/// GIL released (the `RwLock` guards the cache object, not this array): a Python thread
+/// writing it while a kernel call runs on another is a data race the caller must avoid,
+/// as the stubs document. Handing out views is what the zero-copy contract asks for.
 fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let layer = count(py, layer, "layer")?;
@@ -193,8 +198,9 @@ fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bo
     let owner = slf.into_any();
     match dtype {
         DType::F32 => {
-            // SAFETY: ptr addresses this layer's region of shape().layer() f32 elements,
-            // which the strides above cover exactly; the buffer never moves or shrinks
+            // SAFETY: ptr addresses this layer's K (or V), shape().layer_span() f32
+            // elements inside its region, which the strides above cover exactly (the
+            // last block ends the span); the buffer never moves or shrinks
             // while the cache object (set as the array's base) is alive.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<f32>()) };
             // SAFETY: as above; `owner` keeps the memory alive.

@@ -5,14 +5,17 @@
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head, with two partial sums per head to hide FMA
 //!    latency; no horizontal sums;
-//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`);
+//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`), with
+//!    a lazy running maximum (moved only when a score exceeds it by 2^8);
 //! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
 //! The next tile (next head of the block, or first head of the next block) is prefetched
-//! line by line by a `Prefetcher`: spread over the score loop for 16-bit storage, over
-//! the whole tile (score and V loops) for f32, so the jump between scattered blocks does
-//! not stall the stream and the misses do not arrive in one burst.
+//! line by line by a `Prefetcher`: its K lines spread over the score loop, its V lines
+//! over the V loop, so the jump between scattered blocks does not stall the stream and
+//! the misses do not arrive in one burst. The hot loops index through raw pointers
+//! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
+//! version cost 15-20% of the cache-resident time).
 //!
 //! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift (K rows) or by one
 //! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
@@ -102,39 +105,43 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
     }
 }
 
-/// Prefetches the K and V tiles that come next, a share of their lines per `step`, so
-/// `iters` steps cover every line once.
+/// Prefetches one tile (K or V) that comes next, `per` lines per `step`, so the
+/// misses are spread over a loop instead of arriving in one burst.
 struct Prefetcher {
-    k: *const i8,
-    v: *const i8,
-    /// Bytes of each tile.
-    len: usize,
-    /// Next byte of the concatenation [K tile, V tile] to prefetch, and bytes per step.
-    pos: usize,
+    p: *const i8,
+    /// Bytes left to prefetch, and bytes per step.
+    left: usize,
     per: usize,
 }
 
 impl Prefetcher {
-    fn new<E>(tiles: Option<(&[E], &[E])>, iters: usize) -> Self {
-        match tiles {
-            Some((k, v)) => {
-                let len = std::mem::size_of_val(k);
-                Self { k: k.as_ptr().cast(), v: v.as_ptr().cast(), len, pos: 0, per: (2 * len).div_ceil(iters.max(1)) }
+    /// Spread `tile`'s lines over `iters` steps.
+    #[inline]
+    fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
+        match tile {
+            Some(t) => {
+                let len = std::mem::size_of_val(t);
+                let lines = len.div_ceil(64);
+                Self { p: t.as_ptr().cast(), left: len, per: 64 * lines.div_ceil(iters.max(1)) }
             }
-            None => Self { k: std::ptr::null(), v: std::ptr::null(), len: 0, pos: 0, per: 0 },
+            None => Self { p: std::ptr::null(), left: 0, per: 0 },
         }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     fn step(&mut self) {
-        let end = (self.pos + self.per).min(2 * self.len);
-        while self.pos < end {
-            let p = if self.pos < self.len { self.k.wrapping_add(self.pos) } else { self.v.wrapping_add(self.pos - self.len) };
-            // Prefetches never fault; the address stays inside the next tiles.
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            self.pos += 64;
+        if self.left == 0 {
+            return;
         }
+        let mut off = 0;
+        while off < self.per && off < self.left {
+            // Prefetches never fault; the address stays inside the next tile.
+            _mm_prefetch::<_MM_HINT_T0>(self.p.wrapping_add(off));
+            off += 64;
+        }
+        self.p = self.p.wrapping_add(off);
+        self.left -= off.min(self.left);
     }
 }
 
@@ -202,7 +209,13 @@ fn lane_mask(i: usize, n: usize) -> __mmask16 {
     }
 }
 
-/// `2^x` for `x <= 0` (inputs below -126 give about 1e-38 instead of underflowing).
+/// How far (log2 units) a score may exceed the running maximum before the maximum
+/// moves: probabilities stay below 2^8, far from f32 overflow even summed over 2^32
+/// tokens, and relative rounding is unchanged.
+const LAZY_MAX: f32 = 8.0;
+
+/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
+/// underflowing).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) fn exp2(x: __m512) -> __m512 {
@@ -239,49 +252,59 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<(&[E], &[E])>,
 ) {
     let (d, bs) = (c.d, c.bs);
-    // One slice of exactly d per head lets the compiler drop the index checks below.
-    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     // K rows are bs elements apart; the last unmasked lane of the last row is
-    // (d - 1) * bs + c0 + lanes - 1 < d * bs = kt.len().
-    assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs);
-    let kp = c.kt.as_ptr();
-    // f32 is memory bound: the next tile's lines are prefetched evenly over the whole
-    // tile (score and V phases), so the misses overlap FMAs instead of arriving in one
-    // burst (+10-15% on shape (a)). 16-bit storage is compute bound and does better with
-    // every prefetch in the score phase.
-    let iters = d / 2 + if E::DTYPE == DType::F32 { d.div_ceil(VT * W) * c.lanes } else { 0 };
-    let mut pf = Prefetcher::new(prefetch, iters);
+    // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
+    assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
+    let qp = q[qh * d..].as_ptr();
+    let kp = c.kt.as_ptr().wrapping_add(c.c0);
+    // The next K tile is prefetched over this loop, the next V tile over the V loop, so
+    // the misses overlap FMAs instead of arriving in one burst.
+    let mut pf = Prefetcher::new(prefetch.map(|t| t.0), d / 2);
     let mut s0 = [_mm512_setzero_ps(); H];
     let mut s1 = [_mm512_setzero_ps(); H];
     let mut i = 0;
     while i + 2 <= d {
-        // SAFETY: rows i and i + 1 < d, lanes masked to the tile (assert above).
-        let (k0, k1) = unsafe { (load(kp.add(i * bs + c.c0), c.mask), load(kp.add((i + 1) * bs + c.c0), c.mask)) };
-        pf.step();
-        for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
-            s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i + 1]), k1, s1[j]);
+        // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
+        // j * d + i + 1 < H * d past qp (assert above).
+        unsafe {
+            let (k0, k1) = (load(kp.add(i * bs), c.mask), load(kp.add((i + 1) * bs), c.mask));
+            pf.step();
+            for j in 0..H {
+                s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + 1)), k1, s1[j]);
+            }
         }
         i += 2;
     }
     if i < d {
-        // SAFETY: row i < d, masked as above.
-        let k0 = unsafe { load(kp.add(i * bs + c.c0), c.mask) };
-        for j in 0..H {
-            s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(qr[j][i]), k0, s0[j]);
+        // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+        unsafe {
+            let k0 = load(kp.add(i * bs), c.mask);
+            for j in 0..H {
+                s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+            }
         }
     }
 
-    // Online softmax per head; masked-off lanes get probability 0.
-    let mut alpha = [0f32; H];
+    // Online softmax per head; masked-off lanes get probability 0. The running maximum
+    // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
+    // probabilities (up to 2^LAZY_MAX) do not wait for a horizontal max and the
+    // accumulators are rarely rescaled. `l` and `acc` share the reference point, so the
+    // quotient and the LSE are those of the exact maximum.
+    let mut alpha = [1f32; H];
+    let mut rescale = false;
     for j in 0..H {
         let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, _mm512_add_ps(s0[j], s1[j]));
         let m_old = p.m[qh + j];
-        let m_new = m_old.max(_mm512_reduce_max_ps(s));
-        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        // exp2 of the vector unit, not libm's: a call would spill every register.
-        alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
-        p.m[qh + j] = m_new;
+        // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
+        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
+            let m_new = _mm512_reduce_max_ps(s);
+            // exp2 of the vector unit, not libm's: a call would spill every register.
+            alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            p.m[qh + j] = m_new;
+            rescale = true;
+        }
+        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
         // SAFETY: probs[j] holds exactly 16 f32.
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
@@ -291,6 +314,7 @@ fn head_tile<E: Elem, const H: usize>(
     let acc = &mut p.acc[qh * d..(qh + H) * d];
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
+    let mut pf = Prefetcher::new(prefetch.map(|t| t.1), d.div_ceil(VT * W) * c.lanes);
     let mut u0 = 0;
     while u0 < d {
         let m: [__mmask16; VT] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
@@ -301,7 +325,10 @@ fn head_tile<E: Elem, const H: usize>(
                 // SAFETY: unmasked lanes lie in row j of acc (j * d + u0 + u*16 + lane <
                 // (j + 1) * d); the address is formed with wrapping_add because a fully
                 // masked vector may point past the end, where nothing is accessed.
-                a[j][u] = _mm512_mul_ps(al, unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) });
+                a[j][u] = unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
+                }
             }
         }
         for t in 0..c.lanes {

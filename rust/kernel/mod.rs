@@ -160,7 +160,7 @@ impl<E: Elem> Work<'_, E> {
     #[inline]
     pub fn tiles(&self, bi: usize, h: usize) -> (&[E], &[E]) {
         let tile = self.shape.tile();
-        let at = self.blocks[bi] as usize * self.shape.block() + h * tile;
+        let at = self.blocks[bi] as usize * self.shape.block_stride() + h * tile;
         (&self.k[at..at + tile], &self.v[at..at + tile])
     }
 

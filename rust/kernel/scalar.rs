@@ -1,6 +1,7 @@
-//! The portable reference kernel: plain loops, f32 arithmetic in the same order of
-//! operations as the SIMD paths (per block: scores, running max, rescale, accumulate),
-//! so it doubles as their oracle in the Rust tests.
+//! The portable reference kernel: plain loops, f32 arithmetic in the order of the SIMD
+//! paths (per block: scores, running max, rescale, accumulate; the AVX-512 path moves
+//! its maximum lazily, which changes the reference point, not the result), so it doubles
+//! as their oracle in the Rust tests.
 
 use super::{Partial, Work};
 use crate::kv_storage::Elem;

@@ -177,3 +177,42 @@ fn plan_splits_long_sequences_only() {
     assert_eq!(plan(&table(&[100]), bs, 1, 1, Some(32)).len(), 4);
     assert_eq!(plan(&table(&[0]), bs, 1, 1, None)[0].ntok, 0);
 }
+
+/// The AVX-512 path moves its running maximum lazily (only when a score passes it by
+/// more than 8 in log2 units): block maxima that rise by just under and just over that
+/// step, fall, and jump by 100 must all give the reference result.
+#[test]
+fn rising_scores_move_the_lazy_maximum() {
+    let (bs, d, nb) = (16, 16, 8);
+    let s = shape(bs, 1, d, nb);
+    let mut c = KvCache::new(s, DType::F32).unwrap();
+    // With q = 1 and scale 1/4, token t's logit in log2 units is 4 a log2(e) for K = a.
+    let block_max = [0.0f64, 7.9, 16.1, 16.0, 23.9, 20.0, 120.0, 119.0];
+    let n = nb * bs;
+    let mut k = vec![0f32; n * d];
+    let mut v = vec![0f32; n * d];
+    for t in 0..n {
+        let a = (block_max[t / bs] - 0.37 * (t % bs) as f64) / (4.0 * std::f64::consts::LOG2_E);
+        k[t * d..(t + 1) * d].fill(a as f32);
+        for x in 0..d {
+            v[t * d + x] = ((t * 7 + x * 3) as f32 * 0.1).sin();
+        }
+    }
+    c.write(0, &k, &v, &(0..n as i64).collect::<Vec<_>>()).unwrap();
+    let table: Vec<i64> = (0..nb as i64).collect();
+    for len in [n, n - 5, 3 * bs + 1, 2 * bs] {
+        let t = SeqTables::padded(&table, nb, &[len as i64], bs, nb).unwrap();
+        let q = vec![1f32; d];
+        let (want, want_lse) = reference(&c, &q, 1, &t, 0.25);
+        let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+        for isa in Isa::available() {
+            let (mut out, mut lse) = (vec![f32::NAN; d], vec![f32::NAN; 1]);
+            let opts = DecodeOptions { isa: Some(isa), scale: Some(0.25), ..Default::default() };
+            decode_attention(&c, 0, &q, 1, &t, &mut out, Some(&mut lse), &opts).unwrap();
+            for (&o, &w) in out.iter().zip(&want) {
+                assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} len {len}: {o} vs {w}");
+            }
+            assert!((lse[0] as f64 - want_lse[0]).abs() <= 1e-5 * want_lse[0].abs().max(1.0), "{isa:?} len {len} lse");
+        }
+    }
+}
