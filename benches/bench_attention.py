@@ -13,7 +13,7 @@ Effective bandwidth = useful K+V bytes (sum of lengths x Hkv x d x 2 x bytes per
 (``pykvpool.read_bandwidth``, 128 MiB, huge pages, same pool and thread count) taken
 interleaved with those calls, so both see the same state of a shared machine. "GB/s per
 CPU-s" divides by process CPU time / threads instead (what the code does while it runs). torch SDPA
-is measured when torch is importable (it is an optional dependency, not installed here).
+is measured when torch is importable (an optional dependency), in f32 and bf16 at 1 and 2 threads.
 
 Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
 and prints a markdown table). ``--quick`` shrinks every shape 8x for a smoke run.
@@ -126,21 +126,41 @@ def numpy_reference_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], 
     return total
 
 
-def torch_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, reps: int) -> float | None:
+def torch_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, reps: int,
+               dtype: str, threads: int) -> float | None:
+    """torch SDPA (``enable_gqa=True``) on K/V gathered from the pages into contiguous
+    ``[1, Hkv, S, d]`` tensors beforehand (gathering is not timed), ``dtype`` "f32" or
+    "bf16", with ``threads`` intra-op threads; one batched call when every length is equal,
+    else one call per sequence. None when torch is not importable."""
     try:
         import torch  # type: ignore[import-not-found]
     except ImportError:
         return None
-    total = 0.0
+    torch.set_num_threads(threads)
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     kview, vview = cache.key(0), cache.value(0)
-    for i, n in enumerate(lens):
+
+    def gathered(i: int, n: int) -> tuple[Any, Any]:
         t = np.arange(n)
         blocks = table[i][t // BS]
-        k = torch.from_numpy(np.ascontiguousarray(kview[blocks, t % BS].transpose(1, 0, 2)))[None]
-        v = torch.from_numpy(np.ascontiguousarray(vview[blocks, t % BS].transpose(1, 0, 2)))[None]
-        qi = torch.from_numpy(q[i])[None, :, None, :]
-        total += best_time(lambda: torch.nn.functional.scaled_dot_product_attention(qi, k, v, enable_gqa=True), reps)[0]
-    return total
+        k = torch.from_numpy(np.ascontiguousarray(kview[blocks, t % BS].transpose(1, 0, 2)))
+        v = torch.from_numpy(np.ascontiguousarray(vview[blocks, t % BS].transpose(1, 0, 2)))
+        return k.to(tdt), v.to(tdt)
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.inference_mode():
+        if len(set(lens)) == 1:
+            kv_pairs = [gathered(i, n) for i, n in enumerate(lens)]
+            k = torch.stack([p[0] for p in kv_pairs])
+            v = torch.stack([p[1] for p in kv_pairs])
+            qt = torch.from_numpy(q).to(tdt)[:, :, None, :]
+            return best_time(lambda: sdpa(qt, k, v, enable_gqa=True), reps)[0]
+        total = 0.0
+        for i, n in enumerate(lens):
+            k, v = gathered(i, n)
+            qi = torch.from_numpy(q[i]).to(tdt)[None, :, None, :]
+            total += best_time(lambda: sdpa(qi, k[None], v[None], enable_gqa=True), reps)[0]
+        return total
 
 
 def main() -> None:
@@ -186,9 +206,16 @@ def main() -> None:
         nbytes = tokens * shape["hkv"] * shape["d"] * 8
         tn = numpy_reference_time(f32, table, lens, q, args.reps)
         rows.append(dict(shape=name, dtype="f32", threads=0, impl="numpy", seconds=tn, bytes=nbytes, gbps=nbytes / tn / 1e9))
-        tt = torch_time(f32, table, lens, q, args.reps)
-        if tt is not None:
-            rows.append(dict(shape=name, dtype="f32", threads=0, impl="torch", seconds=tt, bytes=nbytes, gbps=nbytes / tt / 1e9))
+        for t in threads:
+            for dt in ("f32", "bf16"):
+                tt = torch_time(f32, table, lens, q, args.reps, dt, t)
+                if tt is None:
+                    break
+                tbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE[dt]
+                mine = next(x for x in rows if x["impl"] == "pykvpool" and x["shape"] == name
+                            and x["threads"] == t and x["dtype"] == dt)
+                rows.append(dict(shape=name, dtype=dt, threads=t, impl="torch", seconds=tt, bytes=tbytes,
+                                 gbps=tbytes / tt / 1e9, pykvpool_speedup=tt / mine["seconds"]))
         del caches
     for r in rows:
         p = r.get("probe") or max(probe.values())
@@ -212,6 +239,8 @@ def main() -> None:
     for r in rows:
         thr = r["threads"] or "BLAS"
         sp = f"{r['speed_vs_f32']:.2f}x" if "speed_vs_f32" in r else ""
+        if "pykvpool_speedup" in r:
+            sp = f"pykvpool {r['pykvpool_speedup']:.1f}x faster"
         pr = f"{r['probe'] / 1e9:.1f}" if "probe" in r else f"{max(probe.values()) / 1e9:.1f}"
         cpu = f"{r['cpu_gbps']:.1f}" if "cpu_gbps" in r else ""
         print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | {pr} | "
