@@ -180,7 +180,7 @@ impl BlockPool {
     /// is far cheaper than the division the decode hot path would otherwise do twice per
     /// sequence.
     #[inline]
-    fn offset_in_block(&self, tokens: usize) -> usize {
+    pub(crate) fn offset_in_block(&self, tokens: usize) -> usize {
         let bs = self.block_size;
         if bs.is_power_of_two() {
             tokens & (bs - 1)
@@ -333,6 +333,9 @@ impl BlockPool {
     ) -> Result<()> {
         self.batch_mark += 1;
         let mark = self.batch_mark;
+        if self.one_pass_applies(counts) {
+            return self.decode_one_pass(map, seqs, mark, out);
+        }
         let mut need = 0usize;
         let mut total_tokens = 0usize;
         let mut scratch = std::mem::take(&mut self.cow_scratch);

@@ -1,0 +1,242 @@
+//! The one-pass decode step: [`BlockPool::step`] when every count is 1 and nothing can
+//! be copied on write.
+//!
+//! The general step plans the whole batch (resolve ids, catch duplicates, count blocks)
+//! before it mutates anything, which walks every sequence twice. A pure decode batch on
+//! a pool with no shared block and no prefix cache needs at most one block per sequence,
+//! so when the free list alone holds a block per sequence exhaustion is impossible and the
+//! only errors left are an unknown id, a duplicate id and a sequence at the length limit.
+//! This path resolves and applies each entry in the same visit; on such an error it undoes
+//! the entries already applied, last first, which returns their new blocks to the free list
+//! in the reverse of the order they were taken. The free list is a stack, so it ends up
+//! exactly as before the call (same blocks, same order) and the next allocations hand out
+//! the same block ids as if the failed call never happened.
+
+use crate::error::{KvError, Result};
+use crate::invalid;
+use crate::pool::{BlockPool, SeqEntry, StepOutput, MAX_SEQ_TOKENS};
+use crate::seq_map::SeqMap;
+use crate::types::SeqId;
+
+impl BlockPool {
+    /// Whether [`Self::decode_one_pass`] applies to a batch of `counts`: no block is
+    /// shared, no prefix cache, every count is 1 and free blocks cover one per sequence.
+    #[inline]
+    pub(crate) fn one_pass_applies(&self, counts: &[usize]) -> bool {
+        self.alloc.num_shared() == 0
+            && self.cache.is_none()
+            && self.alloc.num_free() >= counts.len()
+            && counts.iter().all(|&n| n == 1)
+    }
+
+    /// Append one token to each of `seqs`, resolving and applying in one visit per id.
+    /// Only valid when [`Self::one_pass_applies`] holds. An error leaves the pool as it was.
+    pub(crate) fn decode_one_pass(
+        &mut self,
+        map: &mut SeqMap<SeqEntry>,
+        seqs: &[SeqId],
+        mark: u64,
+        out: &mut StepOutput,
+    ) -> Result<()> {
+        out.slots.reserve(seqs.len());
+        out.seq_lens.reserve(seqs.len());
+        let bs = self.block_size;
+        for (done, &seq) in seqs.iter().enumerate() {
+            let err = match map.slot(&seq).and_then(|s| map.at_mut(s)) {
+                None => KvError::UnknownSequence(seq.0),
+                Some(e) if e.mark == mark => invalid!("sequence id {} appears twice in one step", seq.0),
+                Some(e) if e.table.num_tokens() >= MAX_SEQ_TOKENS => Self::checked_len(e.table.num_tokens(), 1)
+                    .err()
+                    .unwrap_or_else(|| KvError::Invariant("length limit not enforced".into())),
+                Some(e) => {
+                    e.mark = mark;
+                    let t = &mut e.table;
+                    let len = t.num_tokens();
+                    let off = self.offset_in_block(len);
+                    let b = match t.blocks().last() {
+                        Some(&b) if off != 0 => b,
+                        _ => match self.alloc.allocate() {
+                            Some(b) => {
+                                t.push(b);
+                                b
+                            }
+                            // Ruled out by `one_pass_applies`; reported, and undone, if not.
+                            None => {
+                                self.undo_decode(map, &seqs[..done]);
+                                out.clear();
+                                return Err(KvError::Invariant("free list ran dry in a checked decode step".into()));
+                            }
+                        },
+                    };
+                    out.slots.push(b.first_slot(bs) + off as i64);
+                    t.set_num_tokens(len + 1);
+                    out.seq_lens.push((len + 1) as i32);
+                    continue;
+                }
+            };
+            self.undo_decode(map, &seqs[..done]);
+            out.clear();
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Undo one-token appends to `applied` (distinct, live ids), last first, so that the
+    /// blocks they took return to the free-list stack in reverse order of allocation.
+    fn undo_decode(&mut self, map: &mut SeqMap<SeqEntry>, applied: &[SeqId]) {
+        for seq in applied.iter().rev() {
+            let Some(e) = map.get_mut(seq) else { continue };
+            let t = &mut e.table;
+            let len = t.num_tokens() - 1;
+            if self.offset_in_block(len) == 0 {
+                // The token opened a block: it was allocated (refcount 1) by this step.
+                let mut taken = None;
+                t.truncate_blocks(t.blocks().len() - 1, |b| taken = Some(b));
+                if let Some(b) = taken {
+                    self.alloc.release(b);
+                }
+            }
+            t.set_num_tokens(len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::BlockId;
+
+    const BS: usize = 16;
+
+    /// Tables `(id, blocks, tokens)`, refcounts, statistics, next blocks allocated.
+    type State = (Vec<(u64, Vec<BlockId>, usize)>, Vec<u32>, crate::pool::PoolStats, Vec<BlockId>);
+
+    /// Everything observable, plus the block ids the next allocations return (taken on a
+    /// clone, so the pool itself is untouched).
+    fn state(pool: &BlockPool) -> State {
+        let tables = pool
+            .seq_ids()
+            .into_iter()
+            .map(|s| {
+                let t = pool.table(s).unwrap();
+                (s.0, t.blocks().to_vec(), t.num_tokens())
+            })
+            .collect();
+        let mut probe = pool.clone();
+        let mut slots = Vec::new();
+        probe.add_sequence(SeqId(u64::MAX), probe.num_free_blocks() * BS, &mut slots).unwrap();
+        let next = probe.table(SeqId(u64::MAX)).unwrap().blocks().to_vec();
+        (tables, pool.alloc.refcounts().to_vec(), pool.stats(), next)
+    }
+
+    /// 300 sequences; 1 in 4 sits at a block boundary, so a decode step allocates ~75 blocks.
+    fn pool_with_batch() -> (BlockPool, Vec<SeqId>) {
+        let mut pool = BlockPool::new(4096, BS).unwrap();
+        let mut slots = Vec::new();
+        let ids: Vec<SeqId> = (0..300u64).map(|i| SeqId(i * 7 + 3)).collect();
+        for (i, &s) in ids.iter().enumerate() {
+            let len = if i % 4 == 0 { 32 } else { 20 + i % 11 };
+            pool.add_sequence(s, len, &mut slots).unwrap();
+        }
+        // Free a few scattered sequences so the free list is not a plain countdown.
+        for &s in &ids[..40] {
+            if s.0 % 3 == 0 {
+                pool.free(s).unwrap();
+            }
+        }
+        let live: Vec<SeqId> = ids.into_iter().filter(|s| pool.contains(*s)).collect();
+        (pool, live)
+    }
+
+    fn failing_step(make_bad: impl Fn(&[SeqId]) -> Vec<SeqId>, want: fn(&KvError) -> bool) {
+        let (mut pool, live) = pool_with_batch();
+        // The failing entry comes after a sequence that opens a block, at the batch's end.
+        let boundary = live.iter().rposition(|s| pool.seq_len(*s).unwrap() % BS == 0).unwrap();
+        let mut batch = live[..=boundary].to_vec();
+        batch.extend(make_bad(&batch));
+        let counts = vec![1; batch.len()];
+        assert!(pool.one_pass_applies(&counts));
+        let before = state(&pool);
+        let mut out = StepOutput::default();
+        let err = pool.step(&batch, &counts, &mut out).unwrap_err();
+        assert!(want(&err), "{err:?}");
+        assert!(out.slots.is_empty() && out.seq_lens.is_empty() && out.cow.is_empty());
+        assert_eq!(state(&pool), before);
+        pool.check_invariants().unwrap();
+        // The same batch without the bad id then succeeds as if nothing had happened.
+        let good = &batch[..=boundary];
+        let mut fresh = pool.clone();
+        let mut out2 = StepOutput::default();
+        fresh.step(good, &vec![1; good.len()], &mut out2).unwrap();
+        let (mut reference, _) = pool_with_batch();
+        let mut out3 = StepOutput::default();
+        reference.step(good, &vec![1; good.len()], &mut out3).unwrap();
+        assert_eq!(out2.slots, out3.slots);
+        assert_eq!(state(&fresh), state(&reference));
+    }
+
+    #[test]
+    fn unknown_id_at_the_end_rolls_back_everything() {
+        failing_step(|_| vec![SeqId(1_000_000)], |e| matches!(e, KvError::UnknownSequence(1_000_000)));
+    }
+
+    #[test]
+    fn duplicate_id_at_the_end_rolls_back_everything() {
+        // The duplicate is the boundary sequence itself: its block was just taken.
+        failing_step(|b| vec![*b.last().unwrap()], |e| matches!(e, KvError::InvalidArgument(_)));
+    }
+
+    #[test]
+    fn unknown_id_first_changes_nothing() {
+        let (mut pool, live) = pool_with_batch();
+        let mut batch = vec![SeqId(5)];
+        batch.extend(&live);
+        let before = state(&pool);
+        let mut out = StepOutput::default();
+        assert!(matches!(pool.step(&batch, &vec![1; batch.len()], &mut out), Err(KvError::UnknownSequence(5))));
+        assert_eq!(state(&pool), before);
+    }
+
+    #[test]
+    fn one_pass_matches_the_two_pass_path() {
+        // Same batches on two pools; on one, a fork of a sequence outside the batch (freed
+        // after the step) shares a block and forces the general path, which must agree.
+        let (mut a, live) = pool_with_batch();
+        let (mut b, _) = pool_with_batch();
+        let outside = SeqId(u64::MAX - 2);
+        let mut slots = Vec::new();
+        a.add_sequence(outside, BS, &mut slots).unwrap();
+        b.add_sequence(outside, BS, &mut slots).unwrap();
+        let counts = vec![1; live.len()];
+        let (mut oa, mut ob) = (StepOutput::default(), StepOutput::default());
+        for round in 0..40 {
+            assert!(a.one_pass_applies(&counts));
+            a.step(&live, &counts, &mut oa).unwrap();
+            b.fork(outside, SeqId(u64::MAX - 1)).unwrap();
+            assert!(!b.one_pass_applies(&counts));
+            b.step(&live, &counts, &mut ob).unwrap();
+            b.free(SeqId(u64::MAX - 1)).unwrap();
+            assert_eq!((&oa.slots, &oa.seq_lens), (&ob.slots, &ob.seq_lens), "round {round}");
+            assert!(ob.cow.is_empty() && oa.cow.is_empty());
+            assert_eq!(state(&a), state(&b));
+        }
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn falls_back_when_free_blocks_could_run_out() {
+        // Exactly as many free blocks as sequences minus one: the general path must run
+        // and report exhaustion (or succeed) with its usual atomicity.
+        let mut pool = BlockPool::new(4, BS).unwrap();
+        let mut slots = Vec::new();
+        for s in 0..3u64 {
+            pool.add_sequence(SeqId(s), BS, &mut slots).unwrap();
+        }
+        let ids = [SeqId(0), SeqId(1), SeqId(2)];
+        assert!(!pool.one_pass_applies(&[1, 1, 1]));
+        let before = state(&pool);
+        let mut out = StepOutput::default();
+        assert!(matches!(pool.step(&ids, &[1, 1, 1], &mut out), Err(KvError::PoolExhausted { requested: 3, free: 1 })));
+        assert_eq!(state(&pool), before);
+    }
+}
