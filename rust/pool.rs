@@ -332,10 +332,14 @@ impl BlockPool {
         out: &mut StepOutput,
     ) -> Result<()> {
         self.batch_mark += 1;
-        let mark = self.batch_mark;
         if self.one_pass_applies(counts) {
-            return self.decode_one_pass(map, seqs, mark, out);
+            if self.decode_one_pass(map, seqs, self.batch_mark, out)? {
+                return Ok(());
+            }
+            // Ran out of free blocks part-way (undone): the plan below reports it.
+            self.batch_mark += 1;
         }
+        let mark = self.batch_mark;
         let mut need = 0usize;
         let mut total_tokens = 0usize;
         let mut scratch = std::mem::take(&mut self.cow_scratch);

@@ -3,14 +3,17 @@
 //!
 //! The general step plans the whole batch (resolve ids, catch duplicates, count blocks)
 //! before it mutates anything, which walks every sequence twice. A pure decode batch on
-//! a pool with no shared block and no prefix cache needs at most one block per sequence,
-//! so when the free list alone holds a block per sequence exhaustion is impossible and the
-//! only errors left are an unknown id, a duplicate id and a sequence at the length limit.
-//! This path resolves and applies each entry in the same visit; on such an error it undoes
-//! the entries already applied, last first, which returns their new blocks to the free list
-//! in the reverse of the order they were taken. The free list is a stack, so it ends up
-//! exactly as before the call (same blocks, same order) and the next allocations hand out
-//! the same block ids as if the failed call never happened.
+//! a pool with no shared block and no prefix cache cannot copy on write, and needs a block
+//! only for the sequences at a block boundary (about one in `block_size`). This path
+//! resolves and applies each entry in the same visit. On an unknown id, a duplicate id or
+//! a sequence at the length limit it undoes the entries already applied, last first, which
+//! returns their new blocks to the free list in the reverse of the order they were taken.
+//! The free list is a stack, so it ends up exactly as before the call (same blocks, same
+//! order) and the next allocations hand out the same block ids as if the failed call never
+//! happened. If the free list runs dry part-way, it undoes the same way and hands the
+//! batch to the general path, which reports the exhaustion (or an earlier-ranked error)
+//! with its usual numbers. It is only tried when the free blocks cover twice the expected
+//! need (or the whole batch), so a step the pool must refuse rarely pays for a wasted pass.
 
 use crate::error::{KvError, Result};
 use crate::invalid;
@@ -19,25 +22,29 @@ use crate::seq_map::SeqMap;
 use crate::types::SeqId;
 
 impl BlockPool {
-    /// Whether [`Self::decode_one_pass`] applies to a batch of `counts`: no block is
-    /// shared, no prefix cache, every count is 1 and free blocks cover one per sequence.
+    /// Whether [`Self::decode_one_pass`] is worth trying on a batch of `counts`: no block
+    /// is shared, no prefix cache, every count is 1, and the free blocks cover the whole
+    /// batch or twice the blocks a batch with uniformly spread lengths needs.
     #[inline]
     pub(crate) fn one_pass_applies(&self, counts: &[usize]) -> bool {
+        let len = counts.len();
         self.alloc.num_shared() == 0
             && self.cache.is_none()
-            && self.alloc.num_free() >= counts.len()
+            && self.alloc.num_free() >= len.min(2 * len.div_ceil(self.block_size))
             && counts.iter().all(|&n| n == 1)
     }
 
     /// Append one token to each of `seqs`, resolving and applying in one visit per id.
-    /// Only valid when [`Self::one_pass_applies`] holds. An error leaves the pool as it was.
+    /// Only valid when [`Self::one_pass_applies`] holds. An error leaves the pool as it
+    /// was; so does `Ok(false)`, returned when the free list ran dry part-way: the caller
+    /// then runs the general path (with a fresh batch mark: this one is spent).
     pub(crate) fn decode_one_pass(
         &mut self,
         map: &mut SeqMap<SeqEntry>,
         seqs: &[SeqId],
         mark: u64,
         out: &mut StepOutput,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         out.slots.reserve(seqs.len());
         out.seq_lens.reserve(seqs.len());
         let bs = self.block_size;
@@ -60,11 +67,10 @@ impl BlockPool {
                                 t.push(b);
                                 b
                             }
-                            // Ruled out by `one_pass_applies`; reported, and undone, if not.
                             None => {
                                 self.undo_decode(map, &seqs[..done]);
                                 out.clear();
-                                return Err(KvError::Invariant("free list ran dry in a checked decode step".into()));
+                                return Ok(false);
                             }
                         },
                     };
@@ -78,7 +84,7 @@ impl BlockPool {
             out.clear();
             return Err(err);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Undo one-token appends to `applied` (distinct, live ids), last first, so that the
@@ -221,6 +227,47 @@ mod tests {
             assert_eq!(state(&a), state(&b));
         }
         a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn running_dry_part_way_falls_back_to_the_general_path() {
+        // 100 sequences at a block boundary, 20 free blocks: tried (20 >= 2 * ceil(100/16)),
+        // runs dry at the 21st, undoes 20 allocations and lets the general path report.
+        let mut pool = BlockPool::new(120, BS).unwrap();
+        let mut slots = Vec::new();
+        let ids: Vec<SeqId> = (0..100u64).map(SeqId).collect();
+        pool.add_sequence(SeqId(500), 3 * BS, &mut slots).unwrap();
+        for &s in &ids {
+            pool.add_sequence(s, BS, &mut slots).unwrap();
+        }
+        pool.add_sequence(SeqId(501), 17 * BS, &mut slots).unwrap();
+        // Free list not in id order: 3 blocks freed first, then 17 on top.
+        pool.free(SeqId(500)).unwrap();
+        pool.free(SeqId(501)).unwrap();
+        let counts = vec![1; ids.len()];
+        assert!(pool.one_pass_applies(&counts));
+        let before = state(&pool);
+        let mut out = StepOutput::default();
+        let r = pool.step(&ids, &counts, &mut out);
+        assert!(matches!(r, Err(KvError::PoolExhausted { requested: 100, free: 20 })), "{r:?}");
+        assert_eq!(state(&pool), before);
+        // An unknown id after the point where it ran dry outranks exhaustion, as in the
+        // general path; so does a duplicate of an entry the failed attempt had marked.
+        let mut bad = ids.clone();
+        bad.push(SeqId(9_999));
+        assert!(matches!(pool.step(&bad, &vec![1; bad.len()], &mut out), Err(KvError::UnknownSequence(9_999))));
+        let mut dup = ids.clone();
+        dup.push(SeqId(3));
+        assert!(matches!(pool.step(&dup, &vec![1; dup.len()], &mut out), Err(KvError::InvalidArgument(_))));
+        assert_eq!(state(&pool), before);
+        // With enough free, the same kind of batch goes through in one pass.
+        for &s in &ids[..80] {
+            pool.free(s).unwrap();
+        }
+        assert!(pool.one_pass_applies(&counts[80..]));
+        pool.step(&ids[80..], &counts[80..], &mut out).unwrap();
+        assert_eq!(out.seq_lens, vec![BS as i32 + 1; 20]);
+        pool.check_invariants().unwrap();
     }
 
     #[test]
