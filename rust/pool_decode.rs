@@ -117,21 +117,13 @@ mod tests {
     /// Tables `(id, blocks, tokens)`, refcounts, statistics, next blocks allocated.
     type State = (Vec<(u64, Vec<BlockId>, usize)>, Vec<u32>, crate::pool::PoolStats, Vec<BlockId>);
 
-    /// Everything observable, plus the block ids the next allocations return (taken on a
-    /// clone, so the pool itself is untouched).
+    /// Everything observable, plus the block ids the next allocations return: the free
+    /// list read from the top of the stack (the pool allocates by popping it).
     fn state(pool: &BlockPool) -> State {
-        let tables = pool
-            .seq_ids()
-            .into_iter()
-            .map(|s| {
-                let t = pool.table(s).unwrap();
-                (s.0, t.blocks().to_vec(), t.num_tokens())
-            })
-            .collect();
-        let mut probe = pool.clone();
-        let mut slots = Vec::new();
-        probe.add_sequence(SeqId(u64::MAX), probe.num_free_blocks() * BS, &mut slots).unwrap();
-        let next = probe.table(SeqId(u64::MAX)).unwrap().blocks().to_vec();
+        let mut tables: Vec<_> =
+            pool.seqs.iter().map(|(s, e)| (s.0, e.table.blocks().to_vec(), e.table.num_tokens())).collect();
+        tables.sort_unstable();
+        let next = pool.alloc.free_list().iter().rev().copied().collect();
         (tables, pool.alloc.refcounts().to_vec(), pool.stats(), next)
     }
 
