@@ -22,22 +22,21 @@ use crate::seq_map::SeqMap;
 use crate::types::SeqId;
 
 impl BlockPool {
-    /// Whether [`Self::decode_one_pass`] is worth trying on a batch of `counts`: no block
-    /// is shared, no prefix cache, every count is 1, and the free blocks cover the whole
-    /// batch or twice the blocks a batch with uniformly spread lengths needs.
+    /// Whether [`Self::decode_one_pass`] is worth trying on a batch of `len` sequences
+    /// whose counts are all 1: no block is shared, no prefix cache, and the free blocks
+    /// cover the whole batch or twice the blocks a batch with uniformly spread lengths needs.
     #[inline]
-    pub(crate) fn one_pass_applies(&self, counts: &[usize]) -> bool {
-        let len = counts.len();
+    pub(crate) fn one_pass_fits(&self, len: usize) -> bool {
         self.alloc.num_shared() == 0
             && self.cache.is_none()
             && self.alloc.num_free() >= len.min(2 * len.div_ceil(self.block_size))
-            && counts.iter().all(|&n| n == 1)
     }
 
     /// Append one token to each of `seqs`, resolving and applying in one visit per id.
-    /// Only valid when [`Self::one_pass_applies`] holds. An error leaves the pool as it
-    /// was; so does `Ok(false)`, returned when the free list ran dry part-way: the caller
-    /// then runs the general path (with a fresh batch mark: this one is spent).
+    /// Only valid when [`Self::one_pass_fits`] holds and every count is 1. An error
+    /// leaves the pool as it was; so does `Ok(false)`, returned when the free list ran dry
+    /// part-way: the caller then runs the general path (with a fresh batch mark: this one
+    /// is spent).
     pub(crate) fn decode_one_pass(
         &mut self,
         map: &mut SeqMap<SeqEntry>,
@@ -153,7 +152,7 @@ mod tests {
         let mut batch = live[..=boundary].to_vec();
         batch.extend(make_bad(&batch));
         let counts = vec![1; batch.len()];
-        assert!(pool.one_pass_applies(&counts));
+        assert!(pool.one_pass_fits(counts.len()));
         let before = state(&pool);
         let mut out = StepOutput::default();
         let err = pool.step(&batch, &counts, &mut out).unwrap_err();
@@ -208,10 +207,10 @@ mod tests {
         let counts = vec![1; live.len()];
         let (mut oa, mut ob) = (StepOutput::default(), StepOutput::default());
         for round in 0..40 {
-            assert!(a.one_pass_applies(&counts));
+            assert!(a.one_pass_fits(counts.len()));
             a.step(&live, &counts, &mut oa).unwrap();
             b.fork(outside, SeqId(u64::MAX - 1)).unwrap();
-            assert!(!b.one_pass_applies(&counts));
+            assert!(!b.one_pass_fits(counts.len()));
             b.step(&live, &counts, &mut ob).unwrap();
             b.free(SeqId(u64::MAX - 1)).unwrap();
             assert_eq!((&oa.slots, &oa.seq_lens), (&ob.slots, &ob.seq_lens), "round {round}");
@@ -237,7 +236,7 @@ mod tests {
         pool.free(SeqId(500)).unwrap();
         pool.free(SeqId(501)).unwrap();
         let counts = vec![1; ids.len()];
-        assert!(pool.one_pass_applies(&counts));
+        assert!(pool.one_pass_fits(counts.len()));
         let before = state(&pool);
         let mut out = StepOutput::default();
         let r = pool.step(&ids, &counts, &mut out);
@@ -256,10 +255,38 @@ mod tests {
         for &s in &ids[..80] {
             pool.free(s).unwrap();
         }
-        assert!(pool.one_pass_applies(&counts[80..]));
+        assert!(pool.one_pass_fits(20));
         pool.step(&ids[80..], &counts[80..], &mut out).unwrap();
         assert_eq!(out.seq_lens, vec![BS as i32 + 1; 20]);
         pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn step_decode_is_step_with_ones() {
+        let (a0, live) = pool_with_batch();
+        let mut cases: Vec<Vec<SeqId>> = vec![live.clone(), live[..5].to_vec(), Vec::new()];
+        cases.push([&live[..50], &[SeqId(1_000_000)][..]].concat());
+        cases.push([&live[..50], &[live[7]][..]].concat());
+        for batch in cases {
+            let (mut a, mut b) = (a0.clone(), a0.clone());
+            let (mut oa, mut ob) = (StepOutput::default(), StepOutput::default());
+            let ra = a.step(&batch, &vec![1; batch.len()], &mut oa);
+            let rb = b.step_decode(&batch, &mut ob);
+            assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+            assert_eq!((oa.slots, oa.seq_lens), (ob.slots, ob.seq_lens));
+            assert_eq!(state(&a), state(&b));
+        }
+        // Exhaustion, through the general path, from a shorter call after a longer one
+        // (the ones buffer is longer than the batch).
+        let mut pool = BlockPool::new(3, BS).unwrap();
+        let mut slots = Vec::new();
+        for s in 0..3u64 {
+            pool.add_sequence(SeqId(s), BS, &mut slots).unwrap();
+        }
+        let mut out = StepOutput::default();
+        assert!(pool.step_decode(&[SeqId(0), SeqId(1), SeqId(2), SeqId(9)], &mut out).is_err());
+        let r = pool.step_decode(&[SeqId(0), SeqId(1)], &mut out);
+        assert!(matches!(r, Err(KvError::PoolExhausted { requested: 2, free: 0 })), "{r:?}");
     }
 
     #[test]
@@ -272,7 +299,7 @@ mod tests {
             pool.add_sequence(SeqId(s), BS, &mut slots).unwrap();
         }
         let ids = [SeqId(0), SeqId(1), SeqId(2)];
-        assert!(!pool.one_pass_applies(&[1, 1, 1]));
+        assert!(!pool.one_pass_fits(3));
         let before = state(&pool);
         let mut out = StepOutput::default();
         assert!(matches!(pool.step(&ids, &[1, 1, 1], &mut out), Err(KvError::PoolExhausted { requested: 3, free: 1 })));

@@ -512,7 +512,12 @@ fn run_op(pool: &mut BlockPool, model: &mut Model, op: &Op) -> Result<Result<(),
         Op::Step { seqs, counts } => {
             let ids: Vec<SeqId> = seqs.iter().map(|&s| SeqId(s)).collect();
             let mut out = StepOutput::default();
-            let r = pool.step(&ids, counts, &mut out);
+            // Odd-length pure decode batches go through `step_decode`, the rest `step`.
+            let r = if seqs.len() % 2 == 1 && counts.len() == seqs.len() && counts.iter().all(|&n| n == 1) {
+                pool.step_decode(&ids, &mut out)
+            } else {
+                pool.step(&ids, counts, &mut out)
+            };
             if r.is_ok() {
                 let mut at = 0;
                 for (i, (&s, &n)) in seqs.iter().zip(counts).enumerate() {

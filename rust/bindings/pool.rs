@@ -5,8 +5,9 @@ use std::sync::{Mutex, MutexGuard};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyInt;
 
-use super::convert::{arg, count, counts_into, int_scalar};
+use super::convert::{arg, count, counts_into, int_scalar, MAX_CALL_TOKENS};
 use super::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, PoolStats, StepOutput};
 use crate::table_sync::TableSync;
@@ -222,16 +223,25 @@ impl PyBlockPool {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let mut scratch = STEP_SCRATCH.take();
         let StepScratch { out, counts: n } = &mut scratch;
-        match num_tokens {
-            Some(obj) => counts_into(obj, ids.len(), "num_tokens", n)?,
-            None => {
-                n.clear();
-                n.resize(ids.len(), 1);
+        // A decode step (`num_tokens` absent or the int 1) needs no counts at all; anything
+        // else goes through the checked conversion, and so does an explicit 1 for a batch
+        // beyond MAX_CALL_TOKENS, which that conversion refuses.
+        let counted = match num_tokens {
+            Some(o) if o.is_exact_instance_of::<PyInt>() && o.extract::<i64>().is_ok_and(|v| v == 1) => None,
+            other => other,
+        };
+        match counted {
+            None if num_tokens.is_none() || ids.len() <= MAX_CALL_TOKENS => {
+                with_pool(py, &self.inner, 2 * ids.len(), |pool| pool.step_decode(&ids, out)).py_err(py)?;
+            }
+            _ => {
+                let one = 1i64.into_pyobject(py)?;
+                counts_into(counted.unwrap_or(one.as_any()), ids.len(), "num_tokens", n)?;
+                // `counts_into` caps the total at MAX_CALL_TOKENS, so this sum cannot overflow.
+                let work = ids.len() + n.iter().sum::<usize>();
+                with_pool(py, &self.inner, work, |pool| pool.step(&ids, n, out)).py_err(py)?;
             }
         }
-        // `counts_into` caps the total at MAX_CALL_TOKENS, so this sum cannot overflow.
-        let work = ids.len() + n.iter().sum::<usize>();
-        with_pool(py, &self.inner, work, |pool| pool.step(&ids, n, out)).py_err(py)?;
         // Copies into numpy-owned buffers: cheaper than handing the Vecs over, which makes
         // numpy keep a Python owner object per array.
         let r = (PyArray1::from_slice(py, &out.slots), cow_array(py, &out.cow)?, PyArray1::from_slice(py, &out.seq_lens));
