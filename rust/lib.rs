@@ -23,6 +23,7 @@ pub mod kernel;
 pub mod kv_storage;
 pub mod pins;
 pub mod pool;
+mod pool_decode;
 pub mod pool_prefix;
 pub mod prefix_cache;
 pub mod probe;

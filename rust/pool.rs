@@ -91,6 +91,8 @@ pub struct BlockPool {
     cow_scratch: Vec<(BlockId, u32)>,
     /// Scratch for `step`: the slot of each batch entry, found once by the plan.
     slot_scratch: Vec<u32>,
+    /// Counts of `step_decode`: ones, as many as its largest batch.
+    ones: Vec<usize>,
     /// Automatic prefix caching, when enabled (see `pool_prefix`).
     pub(crate) cache: Option<Box<PrefixCache>>,
 }
@@ -111,6 +113,7 @@ impl BlockPool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             cow_scratch: Vec::new(),
             slot_scratch: Vec::new(),
+            ones: Vec::new(),
             cache: None,
         })
     }
@@ -180,7 +183,7 @@ impl BlockPool {
     /// is far cheaper than the division the decode hot path would otherwise do twice per
     /// sequence.
     #[inline]
-    fn offset_in_block(&self, tokens: usize) -> usize {
+    pub(crate) fn offset_in_block(&self, tokens: usize) -> usize {
         let bs = self.block_size;
         if bs.is_power_of_two() {
             tokens & (bs - 1)
@@ -310,11 +313,30 @@ impl BlockPool {
                 counts.len()
             ));
         }
+        self.step_run(seqs, counts, false, out)
+    }
+
+    /// [`Self::step`] with one token for every sequence (a decode step), without the
+    /// caller building a slice of ones or the pool scanning it.
+    pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut StepOutput) -> Result<()> {
+        out.clear();
+        let mut ones = std::mem::take(&mut self.ones);
+        if ones.len() < seqs.len() {
+            ones.resize(seqs.len(), 1);
+        }
+        let r = self.step_run(seqs, &ones[..seqs.len()], true, out);
+        self.ones = ones;
+        r
+    }
+
+    /// `step` on counts of the right length; `all_ones` says the caller knows every
+    /// count is 1.
+    fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut StepOutput) -> Result<()> {
         // The map is moved out for the call so that a table can be borrowed mutably next
         // to the allocator. It is put back on every path.
         let mut map = std::mem::take(&mut self.seqs);
         let mut slots = std::mem::take(&mut self.slot_scratch);
-        let r = self.step_in(&mut map, &mut slots, seqs, counts, out);
+        let r = self.step_in(&mut map, &mut slots, seqs, counts, all_ones, out);
         self.seqs = map;
         self.slot_scratch = slots;
         if r.is_ok() {
@@ -329,9 +351,17 @@ impl BlockPool {
         slots: &mut Vec<u32>,
         seqs: &[SeqId],
         counts: &[usize],
+        all_ones: bool,
         out: &mut StepOutput,
     ) -> Result<()> {
         self.batch_mark += 1;
+        if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
+            if self.decode_one_pass(map, seqs, self.batch_mark, out)? {
+                return Ok(());
+            }
+            // Ran out of free blocks part-way (undone): the plan below reports it.
+            self.batch_mark += 1;
+        }
         let mark = self.batch_mark;
         let mut need = 0usize;
         let mut total_tokens = 0usize;

@@ -91,6 +91,9 @@ fn gen_strategy() -> impl Strategy<Value = Gen> {
         4 => (live.clone(), n.clone()).prop_map(|(p, n)| Gen::Append(p, n)),
         5 => (proptest::collection::vec((live.clone(), n.clone()), 0..6), prop::option::weighted(0.05, 0..6usize))
             .prop_map(|(v, bad_len)| Gen::Step(v, bad_len)),
+        // Pure decode batches (every count 1): the pool's one-pass path when nothing is shared.
+        3 => proptest::collection::vec(live.clone(), 0..7)
+            .prop_map(|v| Gen::Step(v.into_iter().map(|p| (p, 1)).collect(), None)),
         4 => (live.clone(), fresh).prop_map(|(p, c)| Gen::Fork(p, c)),
         2 => (live.clone(), n).prop_map(|(p, n)| Gen::Truncate(p, n)),
         1 => live.prop_map(Gen::Free),
@@ -340,6 +343,8 @@ struct Snapshot {
     stats: PoolStats,
     tables: Vec<(u64, Vec<BlockId>, usize)>,
     refcounts: Vec<u32>,
+    /// The blocks the next allocations hand out, in order (free-list order).
+    next_blocks: Vec<BlockId>,
 }
 
 fn snapshot(pool: &BlockPool) -> Snapshot {
@@ -352,7 +357,12 @@ fn snapshot(pool: &BlockPool) -> Snapshot {
         })
         .collect();
     let refcounts = (0..pool.num_blocks() as u32).map(|b| pool.refcount(BlockId(b)).unwrap()).collect();
-    Snapshot { stats: pool.stats(), tables, refcounts }
+    // Taken on a clone: admit one sequence filling every free block and read its table.
+    let mut probe = pool.clone();
+    let all = SeqId(u64::MAX);
+    probe.add_sequence(all, probe.num_free_blocks() * probe.block_size(), &mut Vec::new()).unwrap();
+    let next_blocks = probe.table(all).unwrap().blocks().to_vec();
+    Snapshot { stats: pool.stats(), tables, refcounts, next_blocks }
 }
 
 /// Full comparison of pool and model, exports included.
@@ -502,7 +512,12 @@ fn run_op(pool: &mut BlockPool, model: &mut Model, op: &Op) -> Result<Result<(),
         Op::Step { seqs, counts } => {
             let ids: Vec<SeqId> = seqs.iter().map(|&s| SeqId(s)).collect();
             let mut out = StepOutput::default();
-            let r = pool.step(&ids, counts, &mut out);
+            // Odd-length pure decode batches go through `step_decode`, the rest `step`.
+            let r = if seqs.len() % 2 == 1 && counts.len() == seqs.len() && counts.iter().all(|&n| n == 1) {
+                pool.step_decode(&ids, &mut out)
+            } else {
+                pool.step(&ids, counts, &mut out)
+            };
             if r.is_ok() {
                 let mut at = 0;
                 for (i, (&s, &n)) in seqs.iter().zip(counts).enumerate() {
