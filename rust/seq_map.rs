@@ -6,6 +6,13 @@
 //! entry by that slot. Entries live contiguously, so a step walks one array instead of
 //! hash buckets. Removal swaps the last entry into the hole (slots are not stable across
 //! removals: hold one only within a call).
+//!
+//! In front of the hash index sits a direct-mapped hint table (Fibonacci hashing of the
+//! id, one slot per bucket, at most a quarter full). A hint is only a guess, confirmed by
+//! `ids[slot] == id`, so a stale or overwritten hint costs a fall back to the hash index,
+//! never a wrong answer. A decode step resolves every running id; the hint answers with
+//! two dependent loads where the hash probe takes a multiply, a control-group scan and
+//! a key comparison (`cargo bench --bench core_step`, see `benches/RESULTS.md`).
 
 use std::ops::Index;
 
@@ -19,13 +26,22 @@ pub struct SeqMap<V> {
     ids: Vec<SeqId>,
     entries: Vec<V>,
     index: FxHashMap<SeqId, u32>,
+    /// `hint[bucket(id)]`: the slot `id` had when it was last inserted or moved; empty,
+    /// or a power of two at least `4 * len` long.
+    hint: Vec<u32>,
+    /// `64 - log2(hint.len())`: the bucket is the top bits of the Fibonacci product.
+    shift: u32,
 }
 
 impl<V> Default for SeqMap<V> {
     fn default() -> Self {
-        Self { ids: Vec::new(), entries: Vec::new(), index: FxHashMap::default() }
+        Self { ids: Vec::new(), entries: Vec::new(), index: FxHashMap::default(), hint: Vec::new(), shift: 64 }
     }
 }
+
+/// 2^64 / golden ratio: consecutive ids land in well-spread buckets.
+const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+const MIN_HINTS: usize = 64;
 
 impl<V> SeqMap<V> {
     #[inline]
@@ -40,25 +56,54 @@ impl<V> SeqMap<V> {
 
     #[inline]
     pub fn contains_key(&self, seq: &SeqId) -> bool {
-        self.index.contains_key(seq)
+        self.slot(seq).is_some()
+    }
+
+    #[inline]
+    fn bucket(&self, seq: SeqId) -> usize {
+        // shift is 64 only while the table is empty; checked_shr then gives None.
+        seq.0.wrapping_mul(FIB).checked_shr(self.shift).unwrap_or(0) as usize
     }
 
     /// Slot of `seq`, valid until the next insert or removal.
     #[inline]
     pub fn slot(&self, seq: &SeqId) -> Option<u32> {
+        if let Some(&s) = self.hint.get(self.bucket(*seq)) {
+            if self.ids.get(s as usize) == Some(seq) {
+                return Some(s);
+            }
+        }
         self.index.get(seq).copied()
     }
 
     #[inline]
     pub fn get(&self, seq: &SeqId) -> Option<&V> {
-        let i = *self.index.get(seq)?;
+        let i = self.slot(seq)?;
         self.entries.get(i as usize)
     }
 
     #[inline]
     pub fn get_mut(&mut self, seq: &SeqId) -> Option<&mut V> {
-        let i = *self.index.get(seq)?;
+        let i = self.slot(seq)?;
         self.entries.get_mut(i as usize)
+    }
+
+    /// Point `seq`'s bucket at `slot`, growing (and refilling) the table first when the
+    /// entries would fill more than a quarter of it.
+    fn set_hint(&mut self, seq: SeqId, slot: u32) {
+        if 4 * self.ids.len() > self.hint.len() {
+            let n = (4 * self.ids.len()).next_power_of_two().max(MIN_HINTS);
+            self.shift = 64 - n.trailing_zeros();
+            self.hint = vec![u32::MAX; n];
+            for (i, &id) in self.ids.iter().enumerate() {
+                let b = self.bucket(id);
+                self.hint[b] = i as u32;
+            }
+        }
+        let b = self.bucket(seq);
+        if let Some(h) = self.hint.get_mut(b) {
+            *h = slot;
+        }
     }
 
     /// The entry at a slot from [`Self::slot`].
@@ -73,9 +118,11 @@ impl<V> SeqMap<V> {
             return Some(std::mem::replace(&mut self.entries[i as usize], v));
         }
         // Sequence counts are bounded by memory far below u32::MAX entries of this size.
-        self.index.insert(seq, self.entries.len() as u32);
+        let slot = self.entries.len() as u32;
+        self.index.insert(seq, slot);
         self.ids.push(seq);
         self.entries.push(v);
+        self.set_hint(seq, slot);
         None
     }
 
@@ -85,6 +132,7 @@ impl<V> SeqMap<V> {
         let v = self.entries.swap_remove(i);
         if let Some(&moved) = self.ids.get(i) {
             self.index.insert(moved, i as u32);
+            self.set_hint(moved, i as u32);
         }
         Some(v)
     }
@@ -152,5 +200,46 @@ mod tests {
         assert_eq!(keys, [1, 2, 3, 4, 6, 7, 8]);
         assert_eq!(m.iter().count(), m.values().count());
         assert!(m.at_mut(7).is_none());
+    }
+
+    /// Inserts and removals of dense, strided and scattered ids against a `HashMap`:
+    /// every lookup agrees, whatever the hint table holds (stale, overwritten, regrown).
+    #[test]
+    fn hinted_lookups_agree_with_a_plain_map() {
+        use std::collections::HashMap;
+        let mut m = SeqMap::default();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..20_000u64 {
+            let r = rnd();
+            let id = match r % 3 {
+                0 => r >> 40 & 1023,           // dense window: buckets never collide
+                1 => (r >> 40 & 255) << 32,    // strided: identical low bits
+                _ => r,                        // scattered
+            };
+            if rnd() % 5 < 3 {
+                assert_eq!(m.insert(SeqId(id), round), model.insert(id, round));
+            } else {
+                assert_eq!(m.remove(&SeqId(id)), model.remove(&id));
+            }
+            let probe = [id, id ^ 1, rnd() >> 40 & 1023];
+            for p in probe {
+                assert_eq!(m.get(&SeqId(p)), model.get(&p), "id {p} after round {round}");
+                assert_eq!(m.contains_key(&SeqId(p)), model.contains_key(&p));
+                if let Some(s) = m.slot(&SeqId(p)) {
+                    assert_eq!(m.keys().nth(s as usize), Some(&SeqId(p)));
+                }
+            }
+        }
+        assert_eq!(m.len(), model.len());
+        for (id, v) in &model {
+            assert_eq!(m.get_mut(&SeqId(*id)), Some(&mut v.clone()));
+        }
     }
 }
