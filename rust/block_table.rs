@@ -19,20 +19,31 @@ pub struct BlockTable {
     /// truncation, a new sequence under a reused id). Appending entries keeps it, so a
     /// mirror of the table only has to copy the new tail. See `TableSync`.
     stamp: u64,
+    /// `blocks.last()`, kept beside the length: a decode step then finds its slot in the
+    /// sequence's own entry, without loading the table's heap buffer (a cache miss per
+    /// sequence once the tables outgrow L1).
+    last: Option<BlockId>,
 }
 
 impl BlockTable {
     pub fn new(stamp: u64) -> Self {
-        Self { blocks: Vec::new(), num_tokens: 0, stamp }
+        Self { blocks: Vec::new(), num_tokens: 0, stamp, last: None }
     }
 
     pub fn with_blocks(blocks: Vec<BlockId>, num_tokens: usize, stamp: u64) -> Self {
-        Self { blocks, num_tokens, stamp }
+        let last = blocks.last().copied();
+        Self { blocks, num_tokens, stamp, last }
     }
 
     #[inline]
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
+    }
+
+    /// The last entry (the block that takes the next token unless it is full).
+    #[inline]
+    pub fn last(&self) -> Option<BlockId> {
+        self.last
     }
 
     #[inline]
@@ -58,12 +69,14 @@ impl BlockTable {
     #[inline]
     pub fn push(&mut self, b: BlockId) {
         self.blocks.push(b);
+        self.last = Some(b);
     }
 
     /// Replace the entry at `index` (copy-on-write of the last block).
     #[inline]
     pub fn replace(&mut self, index: usize, b: BlockId) {
         self.blocks[index] = b;
+        self.last = self.blocks.last().copied();
     }
 
     /// Drop every entry from `keep` on and hand them to `f` (last one first, so that a
@@ -74,11 +87,13 @@ impl BlockTable {
                 f(b);
             }
         }
+        self.last = self.blocks.last().copied();
     }
 
     /// Take every entry out, for freeing the sequence.
     pub fn take_blocks(&mut self) -> Vec<BlockId> {
         self.num_tokens = 0;
+        self.last = None;
         std::mem::take(&mut self.blocks)
     }
 

@@ -427,8 +427,8 @@ impl BlockPool {
                 let t = &mut entry.table;
                 let len = t.num_tokens();
                 let off = self.offset_in_block(len);
-                let b = match t.blocks().last() {
-                    Some(&b) if off != 0 => b,
+                let b = match t.last() {
+                    Some(b) if off != 0 => b,
                     _ => {
                         let b = self.take_block()?;
                         t.push(b);
@@ -495,8 +495,8 @@ impl BlockPool {
         }
         if n == 1 {
             // Decode: one slot, in the last block or in a new one at a block boundary.
-            let b = match table.blocks().last() {
-                Some(&b) if off != 0 => b,
+            let b = match table.last() {
+                Some(b) if off != 0 => b,
                 _ => {
                     let b = self.take_block()?;
                     table.push(b);
@@ -509,15 +509,21 @@ impl BlockPool {
         }
         let end = pos + n;
         slots.reserve(n);
+        // The table holds ceil(pos / bs) blocks: the rest of a partly filled last block
+        // first, then one new block per bs tokens. No division per block (a runtime `/`
+        // and `%` by bs cost more than the rest of a prefill's per-block work).
+        if off != 0 {
+            let b = table.last().ok_or_else(|| KvError::Invariant("partly filled table without blocks".into()))?;
+            let run = (bs - off).min(n);
+            let first = b.first_slot(bs) + off as i64;
+            slots.extend(first..first + run as i64);
+            pos += run;
+        }
         while pos < end {
-            let bi = pos / bs;
-            if bi == table.blocks().len() {
-                let b = self.take_block()?;
-                table.push(b);
-            }
-            let off = pos % bs;
-            let run = (bs - off).min(end - pos);
-            let first = table.blocks()[bi].first_slot(bs) + off as i64;
+            let b = self.take_block()?;
+            table.push(b);
+            let run = bs.min(end - pos);
+            let first = b.first_slot(bs);
             slots.extend(first..first + run as i64);
             pos += run;
         }
@@ -527,10 +533,17 @@ impl BlockPool {
 
     /// A free block, or else an evicted idle cached one; only called after
     /// `ensure_available` reserved it.
+    #[inline]
     pub(crate) fn take_block(&mut self) -> Result<BlockId> {
-        if let Some(b) = self.alloc.allocate() {
-            return Ok(b);
+        match self.alloc.allocate() {
+            Some(b) => Ok(b),
+            None => self.evict_block(),
         }
+    }
+
+    /// [`Self::take_block`]'s slow path: no free block, so evict an idle cached one.
+    #[cold]
+    fn evict_block(&mut self) -> Result<BlockId> {
         let evicted = match self.cache.as_mut() {
             Some(c) => c.evict(&mut self.alloc),
             None => None,
@@ -612,8 +625,14 @@ impl BlockPool {
         let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         // Head first, so the tail ends on top of the free list (most recently used).
         // Cached blocks go idle instead; only leaves are evicted, so tails go first anyway.
-        for b in entry.table.take_blocks() {
-            self.release_block(b);
+        let blocks = entry.table.take_blocks();
+        if self.alloc.num_shared() == 0 && self.cache.is_none() {
+            // Nothing shared or cached: every block drops from 1 to 0, in one sweep.
+            self.alloc.release_unshared(&blocks);
+        } else {
+            for b in blocks {
+                self.release_block(b);
+            }
         }
         self.end_op();
         Ok(())
@@ -738,6 +757,14 @@ impl BlockPool {
                     t.num_tokens(),
                     t.blocks().len(),
                     t.num_tokens()
+                )));
+            }
+            if t.last() != t.blocks().last().copied() {
+                return Err(KvError::Invariant(format!(
+                    "sequence {} caches {:?} as its last block but its table ends with {:?}",
+                    seq.0,
+                    t.last(),
+                    t.blocks().last()
                 )));
             }
             for &b in t.blocks() {

@@ -59,8 +59,8 @@ impl BlockPool {
                     let t = &mut e.table;
                     let len = t.num_tokens();
                     let off = self.offset_in_block(len);
-                    let b = match t.blocks().last() {
-                        Some(&b) if off != 0 => b,
+                    let b = match t.last() {
+                        Some(b) if off != 0 => b,
                         _ => match self.alloc.allocate() {
                             Some(b) => {
                                 t.push(b);
