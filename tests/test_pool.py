@@ -58,6 +58,27 @@ def test_step_is_batch_ordered() -> None:
     p.check_invariants()
 
 
+def test_running_list_fast_path_falls_back_for_anything_but_plain_ints() -> None:
+    import enum
+
+    class Rid(enum.IntEnum):
+        ZERO = 0
+        ONE = 1
+
+    p = private_pool()
+    before = (p.seq_len(0), p.seq_len(1), p.num_free_blocks)
+    for bad, err in [([0, -1], kv.InvalidArgumentError), ([0, True], kv.InvalidArgumentError),
+                     ([0, 1.0], kv.InvalidArgumentError), ([0, 2**63], kv.InvalidArgumentError),
+                     ([0, 2**64 + 1], kv.InvalidArgumentError), ([0, 9], kv.UnknownSequenceError),
+                     ([1, 0, 1], kv.InvalidArgumentError)]:
+        with pytest.raises(err):
+            p.step(bad, 1)
+        assert (p.seq_len(0), p.seq_len(1), p.num_free_blocks) == before
+    # int subclasses (an IntEnum of request ids) are ints: the checked path takes them.
+    assert p.step([Rid.ZERO, Rid.ONE], 1)[2].tolist() == [10, 9]
+    p.check_invariants()
+
+
 def test_blocks_needed_predicts_allocation() -> None:
     p = kv.BlockPool(16, 4)
     p.add_sequence(0, 6)

@@ -157,6 +157,44 @@ pub fn seq_id(py: Python<'_>, v: i64, name: &str) -> PyResult<SeqId> {
     Ok(SeqId(v as u64))
 }
 
+/// [`seq_ids`] into a caller-kept buffer (replaced). A list of exact, non-negative
+/// ints (a decode step's running list) is read in one pass straight into `SeqId`s; any
+/// other input, or a list holding anything else, takes [`seq_ids`]' checked path.
+pub fn seq_ids_into(obj: &Bound<'_, PyAny>, name: &str, buf: &mut Vec<SeqId>) -> PyResult<()> {
+    buf.clear();
+    if let Ok(list) = obj.cast::<PyList>() {
+        let n = list.len();
+        buf.reserve(n);
+        for i in 0..n {
+            // SAFETY: `i` is below the length read above and nothing in this loop runs
+            // Python code (PyLong_AsLongLong on an exact int calls none), so the list
+            // cannot shrink and the borrowed item stays alive while the GIL is held.
+            let v = unsafe {
+                let item = pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
+                if pyo3::ffi::PyLong_CheckExact(item) == 0 {
+                    -1
+                } else {
+                    let v = pyo3::ffi::PyLong_AsLongLong(item);
+                    if v == -1 && !pyo3::ffi::PyErr_Occurred().is_null() {
+                        pyo3::ffi::PyErr_Clear();
+                    }
+                    v
+                }
+            };
+            if v < 0 {
+                // Not an exact int, out of range or negative: the checked path reports it
+                // (or accepts an int subclass) with its usual message.
+                *buf = seq_ids(obj, name)?;
+                return Ok(());
+            }
+            buf.push(SeqId(v as u64));
+        }
+        return Ok(());
+    }
+    *buf = seq_ids(obj, name)?;
+    Ok(())
+}
+
 pub fn seq_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<SeqId>> {
     let v = int_vec(obj, name)?;
     // One scan for a negative id, then an infallible map that the compiler turns into a
