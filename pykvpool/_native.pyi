@@ -672,10 +672,26 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
-def read_bandwidth(nbytes: int | None = None, threads: int | None = None) -> float:
-    """Read bandwidth in bytes/s: best of 7 multi-accumulator SIMD sums over ``nbytes``
-    (default 256 MiB) of huge-page memory with ``threads`` threads (default: the kernel
-    pool's)."""
+def read_bandwidth(
+    nbytes: int | None = None,
+    threads: int | None = None,
+    *,
+    cache: KvCache | None = None,
+    passes: int | None = None,
+) -> float:
+    """Read bandwidth in bytes/s: the best of ``passes`` (default 7) multi-accumulator
+    SIMD sweeps with ``threads`` threads (default: the kernel pool's), each thread
+    streaming one contiguous share.
+
+    Without ``cache`` the sweep reads a fresh ``nbytes`` buffer (default 256 MiB) of
+    2 MiB-aligned, huge-page-advised memory, allocated like a KV cache. With ``cache``
+    it reads that cache's own storage (``cache.nbytes`` bytes, every layer's K and V):
+    the pages the kernel reads, the fair ceiling for :func:`decode_attention` on a
+    machine (a VM) where the read rate depends on where pages landed.
+
+    Raises InvalidArgumentError for both ``nbytes`` and ``cache``, ``nbytes`` outside
+    1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside 1..1000, or a bad
+    thread count."""
 def peak_flops(threads: int | None = None) -> float:
     """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA)."""
 def set_num_threads(n: int) -> None:

@@ -227,6 +227,11 @@ impl KvCache {
         2 * self.shape.num_layers * self.shape.layer() * self.dtype.size()
     }
 
+    /// The cache's storage: every layer's K and V, `nbytes()` bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf.as_slice()[..self.nbytes()]
+    }
+
     pub fn huge_pages(&self) -> bool {
         self.buf.huge_pages()
     }

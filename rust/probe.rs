@@ -4,6 +4,10 @@
 //!   than the last-level cache, allocated like the KV cache ([`AlignedBuf`], 2 MiB
 //!   huge pages) and read by the same rayon pool, each thread streaming one contiguous
 //!   share. This is what decode attention can at best reach.
+//! - [`read_bandwidth_of`]: the same sweep over memory that already exists, such as a KV
+//!   cache's own buffer. On a virtual machine the read rate of a buffer depends on where
+//!   its pages landed (measured here: fresh 128 MiB buffers at 2 threads read anywhere
+//!   from 45 to 100 GB/s, run to run), so the kernel's fair yardstick is its own pages.
 //! - [`peak_flops`]: f32 FLOP/s of independent FMA chains held in registers (no memory
 //!   traffic), per the widest vector unit available.
 //!
@@ -24,9 +28,12 @@ use crate::kernel::Isa;
 pub const DEFAULT_PROBE_BYTES: usize = 256 << 20;
 const REPS: usize = 7;
 
-/// Sum of `x` (as f32), using the widest available SIMD with 8 independent accumulators
-/// so the loop is bound by loads, not by add latency.
-pub fn sum_f32(x: &[f32]) -> f32 {
+/// Wrapping sum of the native-endian 32-bit words of `x` (a last partial word is
+/// zero-padded), using the widest available SIMD with 8 independent accumulators so the
+/// loop is bound by loads, not by add latency. Integer adds: any bit pattern is a valid
+/// input (a KV cache's f16/bf16 bytes read as f32 could be denormals), and the result is
+/// exact whatever the order, which makes every path testable against the plain loop.
+pub fn sum_words(x: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
         if Isa::Avx512.supported() {
@@ -38,82 +45,109 @@ pub fn sum_f32(x: &[f32]) -> f32 {
             return unsafe { sum_avx2(x) };
         }
     }
-    let mut acc = [0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        acc.iter_mut().zip(c).for_each(|(a, &v)| *a += v);
-    }
-    acc.iter().sum::<f32>() + tail
+    sum_words_scalar(x)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_avx512(x: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let chunks = x.chunks_exact(128);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for (u, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `c` holds 128 f32; lane block u covers c[16u..16u + 16].
-            *a = _mm512_add_ps(*a, unsafe { _mm512_loadu_ps(c.as_ptr().add(16 * u)) });
-        }
-    }
-    let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
-    _mm512_reduce_add_ps(s) + tail
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_avx2(x: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_ps(); 8];
+fn sum_words_scalar(x: &[u8]) -> u32 {
+    let mut acc = [0u32; 16];
     let chunks = x.chunks_exact(64);
-    let tail: f32 = chunks.remainder().iter().sum();
+    let tail = chunks.remainder();
     for c in chunks {
-        for (u, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `c` holds 64 f32; lane block u covers c[8u..8u + 8].
-            *a = _mm256_add_ps(*a, unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * u)) });
+        for (a, w) in acc.iter_mut().zip(c.chunks_exact(4)) {
+            *a = a.wrapping_add(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
         }
     }
-    let mut lanes = [0f32; 8];
-    let s = acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
-    // SAFETY: lanes holds 8 f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-    lanes.iter().sum::<f32>() + tail
+    let mut s = acc.iter().fold(0u32, |s, &a| s.wrapping_add(a));
+    for w in tail.chunks(4) {
+        let mut b = [0u8; 4];
+        b[..w.len()].copy_from_slice(w);
+        s = s.wrapping_add(u32::from_ne_bytes(b));
+    }
+    s
 }
 
-/// Read bandwidth in bytes/s over `nbytes` (default [`DEFAULT_PROBE_BYTES`]) with
-/// `threads` threads (default: the kernel's pool).
-pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>) -> Result<f64> {
+macro_rules! sum_kernel {
+    ($name:ident, $feat:literal, $vec:ty, $bytes:expr, $zero:ident, $load:ident, $add:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(x: &[u8]) -> u32 {
+            use std::arch::x86_64::*;
+            let mut acc = [$zero(); 8];
+            let chunks = x.chunks_exact(8 * $bytes);
+            let tail = sum_words_scalar(chunks.remainder());
+            for c in chunks {
+                for (u, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `c` holds 8 vectors; vector u covers c[u * bytes..(u + 1) * bytes].
+                    *a = $add(*a, unsafe { $load(c.as_ptr().add(u * $bytes).cast::<$vec>()) });
+                }
+            }
+            let mut lanes = [0u32; $bytes / 4];
+            let s = acc.iter().fold($zero(), |s, &a| $add(s, a));
+            // SAFETY: `lanes` holds exactly one vector.
+            unsafe { std::ptr::copy_nonoverlapping((&s as *const $vec).cast::<u32>(), lanes.as_mut_ptr(), lanes.len()) };
+            lanes.iter().fold(tail, |s, &l| s.wrapping_add(l))
+        }
+    };
+}
+sum_kernel!(sum_avx512, "avx512f", __m512i, 64, _mm512_setzero_si512, _mm512_loadu_si512, _mm512_add_epi32);
+sum_kernel!(sum_avx2, "avx2", __m256i, 32, _mm256_setzero_si256, _mm256_loadu_si256, _mm256_add_epi32);
+
+const MAX_PASSES: usize = 1000;
+
+/// Read bandwidth in bytes/s over a fresh buffer of `nbytes` (default
+/// [`DEFAULT_PROBE_BYTES`]) with `threads` threads (default: the kernel's pool): best of
+/// `passes` (default 7) sweeps.
+pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
     let nbytes = nbytes.unwrap_or(DEFAULT_PROBE_BYTES);
     if !(1 << 20..=1 << 40).contains(&nbytes) {
         return Err(invalid!("probe size must be in 1 MiB..=1 TiB, got {nbytes} bytes"));
     }
+    let passes = check_passes(passes)?;
     let pool = crate::threads::pool_with(threads)?;
     let mut buf = AlignedBuf::zeroed(nbytes)?;
-    let n = nbytes / 4;
-    let share = n.div_ceil(pool.current_num_threads()).next_multiple_of(1024);
+    let share = share_of(nbytes, pool.current_num_threads());
     {
-        let bytes = buf.as_mut_slice();
+        let bytes = &mut buf.as_mut_slice()[..nbytes];
         // First touch from the threads that will read (fault in pages; NUMA locality).
-        pool.install(|| bytes.par_chunks_mut(share * 4).for_each(|c| c.fill(1)));
+        pool.install(|| bytes.par_chunks_mut(share).for_each(|c| c.fill(1)));
     }
-    let x: &[f32] = {
-        let b = buf.as_slice();
-        // SAFETY: the buffer is 2 MiB-aligned, we read n * 4 <= len bytes, and every bit
-        // pattern is a valid f32.
-        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), n) }
-    };
+    Ok(time_reads(&buf.as_slice()[..nbytes], &pool, share, passes))
+}
+
+/// Read bandwidth in bytes/s over memory that already exists (a KV cache's own buffer:
+/// the same pages the kernel reads, which on a virtual machine need not stream as fast
+/// as a fresh allocation), best of `passes` (default 7) sweeps with `threads` threads.
+pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
+    if bytes.len() < 1 << 20 {
+        return Err(invalid!("probe size must be at least 1 MiB, got {} bytes", bytes.len()));
+    }
+    let passes = check_passes(passes)?;
+    let pool = crate::threads::pool_with(threads)?;
+    let share = share_of(bytes.len(), pool.current_num_threads());
+    Ok(time_reads(bytes, &pool, share, passes))
+}
+
+fn check_passes(passes: Option<usize>) -> Result<usize> {
+    match passes.unwrap_or(REPS) {
+        p @ 1..=MAX_PASSES => Ok(p),
+        p => Err(invalid!("passes must be in 1..={MAX_PASSES}, got {p}")),
+    }
+}
+
+/// Bytes per thread: one contiguous run each, a multiple of the SIMD loop's 512 bytes.
+fn share_of(len: usize, threads: usize) -> usize {
+    len.div_ceil(threads.max(1)).next_multiple_of(4096)
+}
+
+fn time_reads(x: &[u8], pool: &rayon::ThreadPool, share: usize, passes: usize) -> f64 {
     let mut best = f64::INFINITY;
-    for _ in 0..REPS {
+    for _ in 0..passes {
         let t = Instant::now();
-        let s: f32 = pool.install(|| x.par_chunks(share).map(sum_f32).sum());
+        let s: u32 = pool.install(|| x.par_chunks(share).map(sum_words).reduce(|| 0, u32::wrapping_add));
         black_box(s);
         best = best.min(t.elapsed().as_secs_f64());
     }
-    Ok((n * 4) as f64 / best)
+    x.len() as f64 / best
 }
 
 /// Peak f32 FLOP/s (2 per FMA lane) with `threads` threads (default: the kernel's pool).
@@ -181,17 +215,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sum_matches_scalar_including_tails() {
-        for n in [0usize, 1, 63, 64, 127, 128, 129, 1000] {
-            let x: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-            assert_eq!(sum_f32(&x), x.iter().sum::<f32>(), "n={n}");
+    fn every_sum_path_matches_the_word_loop_including_tails() {
+        for n in [0usize, 1, 3, 4, 63, 64, 255, 256, 511, 512, 513, 4099, 100_000] {
+            let x: Vec<u8> = (0..n).map(|i| (i * 131 % 251) as u8).collect();
+            let mut want = 0u32;
+            for w in x.chunks(4) {
+                let mut b = [0u8; 4];
+                b[..w.len()].copy_from_slice(w);
+                want = want.wrapping_add(u32::from_ne_bytes(b));
+            }
+            assert_eq!(sum_words_scalar(&x), want, "scalar n={n}");
+            assert_eq!(sum_words(&x), want, "best path n={n}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if Isa::Avx2.supported() {
+                    // SAFETY: avx2 checked just above.
+                    assert_eq!(unsafe { sum_avx2(&x) }, want, "avx2 n={n}");
+                }
+                if Isa::Avx512.supported() {
+                    // SAFETY: avx512f checked just above.
+                    assert_eq!(unsafe { sum_avx512(&x) }, want, "avx512 n={n}");
+                }
+            }
         }
     }
 
     #[test]
     fn probes_return_positive_rates_and_reject_bad_sizes() {
-        assert!(read_bandwidth(Some(4 << 20), Some(1)).unwrap() > 0.0);
-        assert!(read_bandwidth(Some(1000), None).is_err());
+        assert!(read_bandwidth(Some(4 << 20), Some(1), Some(2)).unwrap() > 0.0);
+        assert!(read_bandwidth(Some(1000), None, None).is_err());
+        assert!(read_bandwidth(Some(4 << 20), None, Some(0)).is_err());
+        let mem = vec![7u8; 3 << 20];
+        assert!(read_bandwidth_of(&mem, Some(2), Some(1)).unwrap() > 0.0);
+        assert!(read_bandwidth_of(&mem[..1000], None, None).is_err());
         assert!(fma_loop(10) > 0.0);
     }
 }

@@ -309,3 +309,20 @@ def test_probes_report_positive_rates() -> None:
     assert kv.peak_flops(threads=1) > 1e8
     with pytest.raises(kv.InvalidArgumentError):
         kv.read_bandwidth(1000)
+    with pytest.raises(kv.InvalidArgumentError):
+        kv.read_bandwidth(8 << 20, passes=0)
+
+
+def test_probe_reads_a_caches_own_memory_and_leaves_it_unchanged() -> None:
+    # 2 layers x 64 blocks x 16 tokens x 4 heads x 64 dims x 2 (K, V) x 2 bytes = 2 MiB.
+    c = kv.KvCache(2, 64, 16, 4, 64, "bf16")
+    assert c.nbytes == 2 << 20
+    c.key(1)[3, 5] = 7
+    before = [c.key(1).copy(), c.value(0).copy()]
+    assert kv.read_bandwidth(cache=c, threads=2, passes=2) > 1e8
+    assert np.array_equal(c.key(1), before[0]) and np.array_equal(c.value(0), before[1])
+    with pytest.raises(kv.InvalidArgumentError, match="not both"):
+        kv.read_bandwidth(8 << 20, cache=c)
+    small = kv.KvCache(1, 4, 16, 1, 64, "f32")
+    with pytest.raises(kv.InvalidArgumentError, match="1 MiB"):
+        kv.read_bandwidth(cache=small)

@@ -351,11 +351,25 @@ fn decode_attention_paged<'py>(
 }
 
 #[pyfunction]
-#[pyo3(signature = (nbytes = None, threads = None))]
-fn read_bandwidth(py: Python<'_>, nbytes: Option<i64>, threads: Option<i64>) -> PyResult<f64> {
+#[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None))]
+fn read_bandwidth(
+    py: Python<'_>,
+    nbytes: Option<i64>,
+    threads: Option<i64>,
+    cache: Option<&Bound<'_, PyKvCache>>,
+    passes: Option<i64>,
+) -> PyResult<f64> {
     let nbytes = nbytes.map(|n| count(py, n, "nbytes")).transpose()?;
     let threads = threads.map(|n| count(py, n, "threads")).transpose()?;
-    py.detach(|| crate::probe::read_bandwidth(nbytes, threads)).py_err(py)
+    let passes = passes.map(|n| count(py, n, "passes")).transpose()?;
+    match cache {
+        Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
+        Some(c) => {
+            let c = c.get();
+            py.detach(|| crate::probe::read_bandwidth_of(c.read().bytes(), threads, passes)).py_err(py)
+        }
+        None => py.detach(|| crate::probe::read_bandwidth(nbytes, threads, passes)).py_err(py),
+    }
 }
 
 #[pyfunction]
