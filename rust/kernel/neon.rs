@@ -20,14 +20,16 @@
 //! the V loop, as in [`super::avx512`].
 //!
 //! Storage: f32 loads directly; bf16 is widened exactly by a 16-bit shift
-//! (`vshll_n_u16`); f16 by an exact integer routine (normals by re-biasing the exponent,
-//! subnormals through an integer-to-float conversion, inf/NaN kept), checked against
-//! `half` on all 65536 bit patterns. The `fcvtl` intrinsic `vcvt_f32_f16` is stable only
-//! since Rust 1.94, after this crate's MSRV.
+//! (`vshll_n_u16`); f16 by `fcvtl` through `asm!` (the intrinsic `vcvt_f32_f16` is stable
+//! only since Rust 1.94, after this crate's MSRV 1.89), checked against `half` on all
+//! 65536 bit patterns. An exact integer-NEON conversion was tried first: its constants
+//! and temporaries made LLVM spill the f16 loops (about 1700 stack vector accesses in the
+//! f16 kernel against about 450 for f32, bf16 and `fcvtl`, in the release assembly).
 //!
 //! NEON has no masked loads: a chunk's last, partial token vector and a `head_dim` tail
-//! that is not a multiple of 4 are staged through a zeroed stack buffer; every raw load is
-//! inside a tile checked once per chunk.
+//! that is not a multiple of 4 are read lane by lane into a zeroed register (no call in
+//! the loops, so nothing spills); every raw access is inside a tile checked once per
+//! chunk.
 //!
 //! Verified for correctness only: the Rust tests of `kernel::tests` (every path against an
 //! f64 reference over the shape grid and at the bounds of the unsafe loads) run
@@ -111,50 +113,102 @@ unsafe fn load4<E: Elem>(p: *const E) -> float32x4_t {
     unsafe {
         match E::DTYPE {
             DType::F32 => vld1q_f32(p.cast()),
-            DType::F16 => f16_to_f32(vld1_u16(p.cast())),
-            DType::BF16 => vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.cast()))),
+            _ => widen::<E>(vld1_u16(p.cast())),
         }
     }
 }
 
-/// Load the first `n` (0..=4) of 4 elements as f32, the rest 0: a full load for 4, a
-/// staged copy otherwise.
+/// f16 or bf16 bits to f32, exactly.
+#[inline]
+#[target_feature(enable = "neon")]
+fn widen<E: Elem>(x: uint16x4_t) -> float32x4_t {
+    match E::DTYPE {
+        DType::F16 => f16_to_f32(x),
+        _ => vreinterpretq_f32_u32(vshll_n_u16::<16>(x)),
+    }
+}
+
+/// Load the first `n` (0..=4) of 4 elements as f32, the rest 0. The partial case uses
+/// lane loads, not a staging copy: a call (memcpy, `half`'s conversion) anywhere in the
+/// loops would make the register allocator spill the accumulators around it.
 ///
 /// # Safety
 /// `p .. p + n` must lie inside one live allocation of `E`.
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn load_n<E: Elem>(p: *const E, n: usize) -> float32x4_t {
-    if n >= W {
-        // SAFETY: forwarded to the caller.
-        return unsafe { load4(p) };
+    // SAFETY: forwarded to the caller: lane k is loaded only when k < n.
+    unsafe {
+        if n >= W {
+            return load4(p);
+        }
+        if E::DTYPE == DType::F32 {
+            let p = p.cast::<f32>();
+            let mut x = vdupq_n_f32(0.0);
+            if n > 0 {
+                x = vld1q_lane_f32::<0>(p, x);
+            }
+            if n > 1 {
+                x = vld1q_lane_f32::<1>(p.add(1), x);
+            }
+            if n > 2 {
+                x = vld1q_lane_f32::<2>(p.add(2), x);
+            }
+            x
+        } else {
+            let p = p.cast::<u16>();
+            let mut x = vdup_n_u16(0);
+            if n > 0 {
+                x = vld1_lane_u16::<0>(p, x);
+            }
+            if n > 1 {
+                x = vld1_lane_u16::<1>(p.add(1), x);
+            }
+            if n > 2 {
+                x = vld1_lane_u16::<2>(p.add(2), x);
+            }
+            widen::<E>(x)
+        }
     }
-    let mut buf = [0f32; W];
-    for (i, b) in buf[..n].iter_mut().enumerate() {
-        // SAFETY: i < n, forwarded to the caller.
-        *b = unsafe { *p.add(i) }.to_f32();
-    }
-    // SAFETY: buf holds 4 f32.
-    unsafe { vld1q_f32(buf.as_ptr()) }
 }
 
-/// Exact IEEE binary16 -> binary32 of 4 lanes with integer NEON only.
+/// Store the first `n` (0..=4) lanes of `x`.
+///
+/// # Safety
+/// `p .. p + n` must lie inside one live allocation of f32.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn store_n(p: *mut f32, x: float32x4_t, n: usize) {
+    // SAFETY: forwarded to the caller: lane k is stored only when k < n.
+    unsafe {
+        if n >= W {
+            vst1q_f32(p, x);
+            return;
+        }
+        if n > 0 {
+            vst1q_lane_f32::<0>(p, x);
+        }
+        if n > 1 {
+            vst1q_lane_f32::<1>(p.add(1), x);
+        }
+        if n > 2 {
+            vst1q_lane_f32::<2>(p.add(2), x);
+        }
+    }
+}
+
+/// IEEE binary16 -> binary32 of 4 lanes with `fcvtl`, exact (a conversion ignores
+/// FPCR.FZ16, so subnormals survive). Through `asm!` because the intrinsic
+/// `vcvt_f32_f16` is stable only since Rust 1.94, after this crate's MSRV.
 #[inline]
 #[target_feature(enable = "neon")]
 pub(crate) fn f16_to_f32(h: uint16x4_t) -> float32x4_t {
-    let x = vmovl_u16(h);
-    let sign = vshlq_n_u32::<16>(vandq_u32(x, vdupq_n_u32(0x8000)));
-    let em = vandq_u32(x, vdupq_n_u32(0x7fff));
-    // Normal: shift exponent and mantissa into place and re-bias the exponent (127 - 15).
-    let rebias = vdupq_n_u32(112 << 23);
-    let normal = vaddq_u32(vshlq_n_u32::<13>(em), rebias);
-    // Inf/NaN (exponent 31): bias once more to reach exponent 255; the mantissa is kept.
-    let bits = vbslq_u32(vcgeq_u32(em, vdupq_n_u32(0x7c00)), vaddq_u32(normal, rebias), normal);
-    // Zero/subnormal (exponent 0): mantissa * 2^-24, exact (a 10-bit integer scaled by a
-    // power of two), without denormal f32 inputs.
-    let sub = vreinterpretq_u32_f32(vmulq_f32(vcvtq_f32_u32(em), vdupq_n_f32(1.0 / 16_777_216.0)));
-    let bits = vbslq_u32(vcltq_u32(em, vdupq_n_u32(0x0400)), sub, bits);
-    vreinterpretq_f32_u32(vorrq_u32(bits, sign))
+    let r: float32x4_t;
+    // SAFETY: fcvtl reads and writes vector registers only (no memory, flags or stack).
+    unsafe {
+        asm!("fcvtl {0:v}.4s, {1:v}.4h", lateout(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags))
+    };
+    r
 }
 
 /// Prefetches one tile (K or V) that comes next, `per` bytes per `step`, so the misses
@@ -182,11 +236,10 @@ impl Prefetcher {
     fn step(&mut self) {
         let mut off = 0;
         while off < self.per && off < self.left {
+            let at = self.p.wrapping_add(off);
             // SAFETY: a prefetch hint never faults and writes nothing; the address stays
             // inside the next tile.
-            unsafe {
-                asm!("prfm pldl1keep, [{0}]", in(reg) self.p.wrapping_add(off), options(nostack, readonly, preserves_flags))
-            };
+            unsafe { asm!("prfm pldl1keep, [{0}]", in(reg) at, options(nostack, readonly, preserves_flags)) };
             off += 64;
         }
         self.p = self.p.wrapping_add(off);
@@ -232,8 +285,10 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
     // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
     assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
     debug_assert!(c.lanes.div_ceil(W) == NV);
-    // Lanes of each token vector that hold a token (4 but in the last vector).
-    let width: [usize; NV] = std::array::from_fn(|v| (c.lanes - v * W).min(W));
+    // Lanes of each token vector that hold a token: 4 but in the last vector (spelled so
+    // that the compiler sees the full ones as constants).
+    let last = c.lanes - (NV - 1) * W;
+    let width: [usize; NV] = std::array::from_fn(|v| if v + 1 < NV { W } else { last });
     let qp = q[qh * d..].as_ptr();
     let kp = c.kt[c.c0..].as_ptr();
     let mut pf = Prefetcher::new(prefetch.map(|t| t.0), d / W);
@@ -327,8 +382,10 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         let mut a = [[vdupq_n_f32(0.0); VT]; H];
         for j in 0..H {
             for u in 0..VT {
-                // SAFETY: dimensions u0 + 4u .. + dw[u] of row j lie in acc (j * d + d).
-                a[j][u] = unsafe { load_n(ap.add(j * d + u0 + u * W).cast_const(), dw[u]) };
+                // SAFETY: dimensions u0 + 4u .. + dw[u] of row j lie in acc (j * d + d);
+                // wrapping_add: with dw[u] = 0 the address may lie past the end, where
+                // nothing is accessed.
+                a[j][u] = unsafe { load_n(ap.wrapping_add(j * d + u0 + u * W).cast_const(), dw[u]) };
                 if rescale {
                     a[j][u] = vmulq_n_f32(a[j][u], alpha[j]);
                 }
@@ -341,9 +398,11 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
                     if t < c.lanes {
                         pf.step();
                         // SAFETY: token c0 + t < bs, dimensions u0 + 4u + dw[u] <= d: the
-                        // elements lie in vt (assert above).
-                        let row: [float32x4_t; VT] =
-                            std::array::from_fn(|u| unsafe { load_n(vp.add(t * d + u0 + u * W), dw[u]) });
+                        // accessed elements lie in vt (assert above); the address of an
+                        // empty vector (dw[u] = 0) may not, hence wrapping_add.
+                        let row: [float32x4_t; VT] = std::array::from_fn(|u| unsafe {
+                            load_n(vp.wrapping_add(t * d + u0 + u * W), dw[u])
+                        });
                         for j in 0..H {
                             for u in 0..VT {
                                 a[j][u] = vfmaq_laneq_f32::<$r>(a[j][u], row[u], probs[j][v]);
@@ -359,16 +418,8 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         }
         for j in 0..H {
             for u in 0..VT {
-                let at = j * d + u0 + u * W;
-                if dw[u] == W {
-                    // SAFETY: at + 4 <= (j + 1) * d <= acc.len().
-                    unsafe { vst1q_f32(ap.add(at), a[j][u]) };
-                } else if dw[u] > 0 {
-                    let mut buf = [0f32; W];
-                    // SAFETY: buf holds 4 f32.
-                    unsafe { vst1q_f32(buf.as_mut_ptr(), a[j][u]) };
-                    acc[at..at + dw[u]].copy_from_slice(&buf[..dw[u]]);
-                }
+                // SAFETY: same range as the load above.
+                unsafe { store_n(ap.wrapping_add(j * d + u0 + u * W), a[j][u], dw[u]) };
             }
         }
         u0 += VT * W;
