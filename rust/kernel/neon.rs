@@ -27,9 +27,9 @@
 //! f16 kernel against about 450 for f32, bf16 and `fcvtl`, in the release assembly).
 //!
 //! NEON has no masked loads: a chunk's last, partial token vector and a `head_dim` tail
-//! that is not a multiple of 4 are read lane by lane into a zeroed register (no call in
-//! the loops, so nothing spills); every raw access is inside a tile checked once per
-//! chunk.
+//! that is not a multiple of 4 are read lane by lane into a zeroed register (a staging
+//! copy calls memcpy, and a call in the loops makes LLVM spill the accumulators around
+//! it); every raw access is inside a tile checked once per chunk.
 //!
 //! Verified for correctness only: the Rust tests of `kernel::tests` (every path against an
 //! f64 reference over the shape grid and at the bounds of the unsafe loads) run
