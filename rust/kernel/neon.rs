@@ -142,32 +142,27 @@ unsafe fn load_n<E: Elem>(p: *const E, n: usize) -> float32x4_t {
         if n >= W {
             return load4(p);
         }
+        // Lanes 0..n (n < 4) of `$x` loaded from `$p`.
+        macro_rules! first_lanes {
+            ($load:ident, $p:expr, $x:expr) => {{
+                let (p, mut x) = ($p, $x);
+                // Unrolled: a loop over the lanes costs the f32 kernel twice the spills.
+                if n > 0 {
+                    x = $load::<0>(p, x);
+                }
+                if n > 1 {
+                    x = $load::<1>(p.add(1), x);
+                }
+                if n > 2 {
+                    x = $load::<2>(p.add(2), x);
+                }
+                x
+            }};
+        }
         if E::DTYPE == DType::F32 {
-            let p = p.cast::<f32>();
-            let mut x = vdupq_n_f32(0.0);
-            if n > 0 {
-                x = vld1q_lane_f32::<0>(p, x);
-            }
-            if n > 1 {
-                x = vld1q_lane_f32::<1>(p.add(1), x);
-            }
-            if n > 2 {
-                x = vld1q_lane_f32::<2>(p.add(2), x);
-            }
-            x
+            first_lanes!(vld1q_lane_f32, p.cast::<f32>(), vdupq_n_f32(0.0))
         } else {
-            let p = p.cast::<u16>();
-            let mut x = vdup_n_u16(0);
-            if n > 0 {
-                x = vld1_lane_u16::<0>(p, x);
-            }
-            if n > 1 {
-                x = vld1_lane_u16::<1>(p.add(1), x);
-            }
-            if n > 2 {
-                x = vld1_lane_u16::<2>(p.add(2), x);
-            }
-            widen::<E>(x)
+            widen::<E>(first_lanes!(vld1_lane_u16, p.cast::<u16>(), vdup_n_u16(0)))
         }
     }
 }
