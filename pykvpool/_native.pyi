@@ -506,7 +506,7 @@ def run_simulation(
 # ------------------------------------------------------- KV storage and decode attention
 
 _F32Array: TypeAlias = npt.NDArray[np.float32]
-_KernelPath: TypeAlias = Literal["scalar", "avx2", "avx512"]
+_KernelPath: TypeAlias = Literal["scalar", "neon", "avx2", "avx512"]
 
 @final
 class KvCache:
@@ -602,7 +602,8 @@ class KvCache:
 # merge partial results. ``split_size``: tokens per FlashDecoding split (None: automatic
 # for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
 # KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
-# :func:`kernel_paths`. The GIL is released; the threads are :func:`set_num_threads`'.
+# :func:`kernel_paths` ("scalar"; "avx2", "avx512" on x86-64; "neon" on aarch64); a path
+# this CPU lacks raises. The GIL is released; the threads are :func:`set_num_threads`'.
 # While it runs, the arrays of KvCache.key/value for ``layer`` must not be written from another
 # thread (they alias the cache; see KvCache.key).
 # decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
@@ -700,9 +701,11 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """Threads of the kernel pool."""
 def cpu_features() -> list[str]:
-    """SIMD features of this CPU relevant to the kernels (e.g. "avx2", "avx512bf16")."""
+    """SIMD features of this CPU relevant to the kernels (e.g. "avx2", "avx512bf16",
+    "neon")."""
 def kernel_paths() -> list[str]:
-    """Decode-attention paths this CPU supports, fastest last ("scalar" always)."""
+    """Decode-attention paths this CPU supports, fastest last: "scalar" always, then
+    "avx2" and "avx512" on x86-64 or "neon" on aarch64 when the CPU has them."""
 
 # ------------------------------------------------------------------- prefix caching
 

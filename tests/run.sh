@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: builds everything from scratch in .venv and
-# runs every test (Rust unit and property tests, clippy, Python tests, stub check).
+# runs every test (Rust unit and property tests, clippy, the aarch64/NEON tests under
+# qemu, Python tests, stub check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,8 @@ python -m pip install --quiet -e '.[test]'
 
 cargo test --locked --quiet
 cargo clippy --locked --quiet --all-targets --features python -- -D warnings
+# The aarch64 build and NEON kernel under qemu (PYKVPOOL_SKIP_AARCH64=1 skips it, loudly).
+bash tests/aarch64.sh
 
 # pytest exits 5 when it collects no test: with `set -e` that fails the run too.
 python -m pytest -q "$@"

@@ -262,7 +262,8 @@ def test_invalid_arguments_raise_and_change_nothing() -> None:
         lambda: kv.decode_attention(c, 1, q, t, [5]),  # layer
         lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 7), np.float32)),
         lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 16), np.float32)[..., ::2]),
-        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="neon"),
+        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="neon" if "neon" not in PATHS else "avx2"),
+        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="sve"),  # type: ignore[arg-type]  # unknown
         lambda: kv.decode_attention(c, 0, q, t, [5], kv_heads_per_item=3),
         lambda: kv.decode_attention(c, 0, q, t, [5], scale=float("inf")),
         lambda: kv.decode_attention_paged(c, 0, q, [0, 2], [0, 1], [5]),  # last page > block
@@ -287,6 +288,21 @@ def test_every_supported_path_is_listed_and_scalar_always() -> None:
     feats = kv.cpu_features()
     assert ("avx512" in PATHS) == all(f in feats for f in ("avx512f", "avx512bw", "avx512vl"))
     assert ("avx2" in PATHS) == all(f in feats for f in ("avx2", "fma", "f16c"))
+    assert ("neon" in PATHS) == ("neon" in feats)
+    assert not ("neon" in PATHS and "avx2" in PATHS)
+
+
+def test_forcing_a_path_this_cpu_lacks_names_it() -> None:
+    c = kv.KvCache(1, 4, 4, 2, 8)
+    q = np.zeros((1, 4, 8), np.float32)
+    t = np.array([[0, 1]], np.int32)
+    lacking = [p for p in ("neon", "avx2", "avx512") if p not in PATHS]
+    assert lacking  # no CPU has both the x86 and the aarch64 paths
+    for path in lacking:
+        with pytest.raises(kv.InvalidArgumentError, match=f"kernel path {path} is not supported by this CPU"):
+            kv.decode_attention(c, 0, q, t, [5], force_isa=path)  # type: ignore[arg-type]
+    with pytest.raises(kv.InvalidArgumentError, match='unknown kernel path "sve"; known: scalar, neon, avx2, avx512'):
+        kv.decode_attention(c, 0, q, t, [5], force_isa="sve")  # type: ignore[arg-type]
 
 
 def test_thread_count_is_settable_and_read_from_env() -> None:

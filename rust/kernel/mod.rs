@@ -19,9 +19,10 @@
 //! # Instruction sets
 //!
 //! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
-//! (AVX-512 F/BW/VL) are chosen at run time by [`Isa::best`], or forced per call. NEON
-//! is not implemented (no aarch64 toolchain to compile-check it here); aarch64 uses the
-//! scalar path.
+//! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
+//! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
+//! unsupported). The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! only: no aarch64 hardware timed it.
 
 use std::ops::Range;
 
@@ -35,6 +36,8 @@ use crate::kv_storage::{Elem, KvCache, KvShape};
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod scalar;
 pub mod tables;
 
@@ -44,16 +47,20 @@ pub use tables::SeqTables;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
     Scalar,
+    Neon,
     Avx2,
     Avx512,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    /// Every path, fastest last among those of one architecture (x86-64 and aarch64 never
+    /// both support one, so the order across them does not matter).
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512];
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
+            Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
@@ -63,7 +70,7 @@ impl Isa {
         Self::ALL
             .into_iter()
             .find(|i| i.name() == s)
-            .ok_or_else(|| invalid!("unknown kernel path {s:?}; known: scalar, avx2, avx512"))
+            .ok_or_else(|| invalid!("unknown kernel path {s:?}; known: scalar, neon, avx2, avx512"))
     }
 
     /// Whether this CPU can run the path.
@@ -76,7 +83,9 @@ impl Isa {
             Isa::Avx512 => {
                 ["avx512f", "avx512bw", "avx512vl", "fma", "f16c"].iter().all(|f| cpu_features().contains(f))
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => cpu_features().contains(&"neon"),
+            // Paths of another architecture.
             _ => false,
         }
     }
@@ -106,7 +115,9 @@ pub fn cpu_features() -> &'static [&'static str] {
             probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni");
         }
         #[cfg(target_arch = "aarch64")]
-        v.push("neon");
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            v.push("neon");
+        }
         v
     })
 }
@@ -179,6 +190,21 @@ impl<E: Elem> Work<'_, E> {
 /// each other, the L2 hint (T1) is slightly slower, and no prefetch is 3-5x slower (the
 /// hardware prefetchers do not follow jumps between scattered blocks).
 pub(crate) const PREFETCH_TILES: usize = 1;
+
+/// Taylor coefficients of `2^f = e^(f ln 2)` on `[-0.5, 0.5]` up to degree 7 (the
+/// degree-8 term is below 6e-9), for the SIMD paths' polynomial `exp2` (the x86 paths
+/// still hold their own copies).
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+pub(crate) const EXP2_TAYLOR: [f32; 8] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    0.000_015_252_734,
+];
 
 #[derive(Clone, Debug)]
 struct Item {
@@ -284,6 +310,9 @@ fn run_item<E: Elem>(isa: Isa, w: &Work<E>, p: &mut Partial) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { avx2::run(w, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::run(w, p) },
         _ => scalar::run(w, p),
     }
 }

@@ -81,17 +81,26 @@ fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<
     }
     let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
     let t = SeqTables::padded(&table, width, &seq_lens, bs, shape.num_blocks).unwrap();
+    compare(&c, hq, &t, split, kpi);
+}
+
+/// Every supported path on `c` and tables `t` against the f64 reference.
+fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>) {
+    let (shape, dtype) = (c.shape(), c.dtype());
     let mut r = Lcg(7);
-    let q: Vec<f32> = (0..lens.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
-    let (want, want_lse) = reference(&c, &q, hq, &t, 1.0 / (shape.head_dim as f64).sqrt());
+    let q: Vec<f32> = (0..t.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
+    let (want, want_lse) = reference(c, &q, hq, t, 1.0 / (shape.head_dim as f64).sqrt());
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         let mut out = vec![f32::NAN; q.len()];
-        let mut lse = vec![f32::NAN; lens.len() * hq];
+        let mut lse = vec![f32::NAN; t.len() * hq];
         let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), ..Default::default() };
-        decode_attention(&c, 0, &q, hq, &t, &mut out, Some(&mut lse), &opts).unwrap();
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
-            assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} {dtype:?} {shape:?} hq={hq} at {i}: {o} vs {w}");
+            assert!(
+                (o as f64 - w).abs() <= 1e-5 * scale_out,
+                "{isa:?} {dtype:?} {shape:?} hq={hq} split={split:?} at {i}: {o} vs {w}"
+            );
         }
         for (&o, &w) in lse.iter().zip(&want_lse) {
             assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{isa:?} lse {o} vs {w}");
@@ -110,6 +119,70 @@ fn all_paths_match_reference_over_shapes() {
             let s = shape(bs, hkv, d, 40);
             check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], None, None);
         }
+    }
+}
+
+/// The issue's grid: every head dim and block size, GQA ratios 1 to 8 with 1 to 8 KV
+/// heads, f32/f16/bf16, lengths 1, one block, one past it and two blocks, unsplit and one
+/// block per split (then merged by log-sum-exp).
+#[test]
+fn all_paths_match_reference_over_the_issue_grid() {
+    let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
+    let mut k = 0;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for d in [64, 80, 96, 128, 256] {
+            for bs in [1, 8, 16, 32] {
+                let (hkv, hq) = heads[k % heads.len()];
+                k += 1;
+                let s = shape(bs, hkv, d, 24);
+                let lens = [1, bs, bs + 1, 2 * bs];
+                check(s, dtype, hq, &lens, None, None);
+                check(s, dtype, hq, &lens, Some(bs), Some(1));
+            }
+        }
+    }
+}
+
+/// The unsafe loads at their bounds: a sequence ends on the last token of the pool's last
+/// block, read through the last KV head (whose V tile ends the layer's slice), with token
+/// chunks and head dims that end mid-vector; others end one token before the end of that
+/// block or one token into it.
+#[test]
+fn last_token_of_the_pools_last_block_is_read() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
+            let nb = 3;
+            let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64);
+            let last = nb as i64 - 1;
+            let table = [0, last, last, -1, 1, last];
+            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            for (split, kpi) in [(None, None), (Some(1), Some(1))] {
+                compare(&c, 6, &t, split, kpi);
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_batch_is_a_no_op() {
+    let c = filled(shape(16, 2, 64, 4), DType::F32, 5);
+    let t = SeqTables::padded(&[], 0, &[], 16, 4).unwrap();
+    for isa in Isa::available() {
+        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &[], 4, &t, &mut [], Some(&mut []), &opts).unwrap();
+    }
+}
+
+/// On aarch64 the NEON path is supported and chosen (`tests/aarch64.sh` requires this test
+/// to pass, so an emulated run that never reached NEON fails); elsewhere it is reported as
+/// unsupported, never silently replaced.
+#[test]
+fn neon_is_the_best_path_on_aarch64_only() {
+    assert_eq!(Isa::available().first(), Some(&Isa::Scalar));
+    assert_eq!(Isa::Neon.supported(), cfg!(target_arch = "aarch64"), "{:?}", cpu_features());
+    if cfg!(target_arch = "aarch64") {
+        assert_eq!(Isa::best(), Isa::Neon);
     }
 }
 
@@ -137,7 +210,12 @@ fn invalid_arguments_are_errors() {
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
     let bad = DecodeOptions { kv_heads_per_item: Some(3), ..Default::default() };
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
-    assert!(Isa::parse("neon").is_err());
+    assert!(Isa::parse("sve").is_err());
+    assert_eq!(Isa::ALL.map(|i| Isa::parse(i.name()).ok()), Isa::ALL.map(Some));
+    // A path of the other architecture is an error, not a fallback.
+    let foreign = if cfg!(target_arch = "aarch64") { Isa::Avx2 } else { Isa::Neon };
+    let bad = DecodeOptions { isa: Some(foreign), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
 }
 
 #[test]
