@@ -26,9 +26,6 @@ pub mod pool;
 mod pool_decode;
 pub mod pool_prefix;
 pub mod prefix_cache;
-// probe.rs imports `kernel::Isa` for its x86 paths only; until it gates the import, the
-// aarch64 build (tests/aarch64.sh, clippy -D warnings) must not fail on it.
-#[cfg_attr(target_arch = "aarch64", allow(unused_imports))]
 pub mod probe;
 pub mod seq_map;
 pub mod sim;

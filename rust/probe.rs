@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::invalid;
+#[cfg(target_arch = "x86_64")]
 use crate::kernel::Isa;
 
 /// Default probe buffer: 8x a 32 MiB L3, so the sum streams from DRAM.

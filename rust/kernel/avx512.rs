@@ -223,16 +223,7 @@ pub(crate) fn exp2(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
-    const C: [f32; 8] = [
-        1.0,
-        std::f32::consts::LN_2,
-        0.240_226_5,
-        0.055_504_11,
-        0.009_618_129,
-        0.001_333_355_8,
-        0.000_154_035_3,
-        0.000_015_252_734,
-    ];
+    const C: [f32; 8] = super::EXP2_TAYLOR;
     let mut r = _mm512_set1_ps(C[7]);
     for &c in C[..7].iter().rev() {
         r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(c));
