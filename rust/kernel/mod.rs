@@ -26,6 +26,9 @@
 
 use std::ops::Range;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -273,27 +276,38 @@ pub fn decode_attention(
     let mut l = vec![0f32; items.len() * per_item];
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
-        pool.install(|| {
-            items
-                .par_iter()
-                .zip(acc.par_chunks_mut(per_item * d))
-                .zip(m.par_chunks_mut(per_item).zip(l.par_chunks_mut(per_item)))
-                .for_each(|((it, acc), (m, l))| {
-                    let (blocks, _) = tables.seq(it.seq);
-                    let heads = it.group * kpi..(it.group + 1) * kpi;
-                    let qrow = (it.seq * num_q_heads + heads.start * g) * d;
-                    let work = Work {
-                        k,
-                        v,
-                        shape,
-                        g,
-                        blocks: &blocks[it.blocks.clone()],
-                        ntok: it.ntok,
-                        heads,
-                        q: &qs[qrow..qrow + per_item * d],
-                    };
-                    run_item(isa, &work, &mut Partial { acc, m, l });
-                })
+        // Longest item first, each thread taking the next item as it frees up (greedy
+        // LPT list scheduling): with a few uneven items, rayon's halving of the item list
+        // can leave one core waiting on the other's last long item.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(items[i].ntok));
+        let parts: Vec<Mutex<Partial>> = acc
+            .chunks_mut(per_item * d)
+            .zip(m.chunks_mut(per_item))
+            .zip(l.chunks_mut(per_item))
+            .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l }))
+            .collect();
+        let next = AtomicUsize::new(0);
+        pool.broadcast(|_| {
+            while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let it = &items[i];
+                let (blocks, _) = tables.seq(it.seq);
+                let heads = it.group * kpi..(it.group + 1) * kpi;
+                let qrow = (it.seq * num_q_heads + heads.start * g) * d;
+                let work = Work {
+                    k,
+                    v,
+                    shape,
+                    g,
+                    blocks: &blocks[it.blocks.clone()],
+                    ntok: it.ntok,
+                    heads,
+                    q: &qs[qrow..qrow + per_item * d],
+                };
+                // Each index is handed out once, so the lock is never contended.
+                let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+                run_item(isa, &work, &mut p);
+            }
         });
     });
     merge(&items, &acc, &m, &l, per_item, d, out, lse, &pool);
