@@ -20,8 +20,10 @@
 //! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift (K rows) or by one
 //! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
 //! accumulators then keep the unpack order until the end of the item). Queries stay f32
-//! (rounding them to bf16 for `vdpbf16ps` would cost about 3 significant digits of the
-//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`).
+//! (rounding them to bf16 for `vdpbf16ps` costs about 3 significant digits of the
+//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in
+//! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
+//! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]).
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
@@ -44,6 +46,17 @@ const VT: usize = 4;
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    // SAFETY: the caller's features are those `Exact` is compiled for.
+    unsafe { run_with(w, p, &Exact { q: w.q }) }
+}
+
+/// The tile loop of [`run`] with the scores computed by `sc`.
+///
+/// # Safety
+/// The CPU must support the features of `run` and of `S`'s implementation.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
     let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
     for bi in 0..w.blocks.len() {
@@ -61,10 +74,10 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                     let qh = hi * g + j0;
                     let chunk = Chunk { kt, vt, bs, d, c0, lanes, mask };
                     match g - j0 {
-                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        1 => head_tile::<E, S, 1>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        2 => head_tile::<E, S, 2>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        3 => head_tile::<E, S, 3>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
+                        _ => head_tile::<E, S, 4>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
                     }
                     j0 += HT;
                 }
@@ -77,15 +90,77 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     }
 }
 
-/// Up to 16 tokens of one (block, head) tile.
-struct Chunk<'a, E> {
-    kt: &'a [E],
-    vt: &'a [E],
-    bs: usize,
-    d: usize,
-    c0: usize,
-    lanes: usize,
-    mask: __mmask16,
+/// Up to 16 tokens of one (block, head) tile: tokens `c0 .. c0 + lanes` (`mask` has
+/// their lanes) of tiles of `d` rows `bs` apart.
+pub(crate) struct Chunk<'a, E> {
+    pub kt: &'a [E],
+    pub vt: &'a [E],
+    pub bs: usize,
+    pub d: usize,
+    pub c0: usize,
+    pub lanes: usize,
+    pub mask: __mmask16,
+}
+
+/// How a head tile gets its scores: [`Exact`] (f32 query, K widened exactly) or
+/// `vdpbf16ps` on the bf16-rounded query ([`super::avx512_bf16`]).
+pub(crate) trait Scores<E> {
+    /// Scores in log2 units (the query's `scale * log2(e)` applied) of query heads
+    /// `qh .. qh + H` for the chunk's tokens (lanes beyond `c.lanes` are don't-care),
+    /// prefetching the lines of `next_k` (the next K tile) over the loop.
+    ///
+    /// # Safety
+    /// The CPU must support the features the implementation is compiled for.
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H];
+}
+
+/// f32 scores from the pre-scaled f32 query rows of the item.
+pub(crate) struct Exact<'a> {
+    pub q: &'a [f32],
+}
+
+impl<E: Elem> Scores<E> for Exact<'_> {
+    /// Each K row (one dimension, 16 tokens) is widened once and FMA'd with the
+    /// broadcast query element of every head, two partial sums per head.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+        let (d, bs, q) = (c.d, c.bs, self.q);
+        // K rows are bs elements apart; the last unmasked lane of the last row is
+        // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
+        assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
+        let qp = q[qh * d..].as_ptr();
+        let kp = c.kt.as_ptr().wrapping_add(c.c0);
+        // The next K tile is prefetched over this loop, the next V tile over the V loop,
+        // so the misses overlap FMAs instead of arriving in one burst.
+        let mut pf = Prefetcher::new(next_k, d / 2);
+        let mut s0 = [_mm512_setzero_ps(); H];
+        let mut s1 = [_mm512_setzero_ps(); H];
+        let mut i = 0;
+        while i + 2 <= d {
+            // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
+            // j * d + i + 1 < H * d past qp (assert above).
+            unsafe {
+                let (k0, k1) = (load(kp.add(i * bs), c.mask), load(kp.add((i + 1) * bs), c.mask));
+                pf.step();
+                for j in 0..H {
+                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                    s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + 1)), k1, s1[j]);
+                }
+            }
+            i += 2;
+        }
+        if i < d {
+            // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+            unsafe {
+                let k0 = load(kp.add(i * bs), c.mask);
+                for j in 0..H {
+                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                }
+            }
+        }
+        std::array::from_fn(|j| _mm512_add_ps(s0[j], s1[j]))
+    }
 }
 
 /// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
@@ -107,7 +182,7 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
 
 /// Prefetches one tile (K or V) that comes next, `per` lines per `step`, so the
 /// misses are spread over a loop instead of arriving in one burst.
-struct Prefetcher {
+pub(crate) struct Prefetcher {
     p: *const i8,
     /// Bytes left to prefetch, and bytes per step.
     left: usize,
@@ -117,7 +192,7 @@ struct Prefetcher {
 impl Prefetcher {
     /// Spread `tile`'s lines over `iters` steps.
     #[inline]
-    fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
+    pub(crate) fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
         match tile {
             Some(t) => {
                 let len = std::mem::size_of_val(t);
@@ -130,7 +205,7 @@ impl Prefetcher {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    fn step(&mut self) {
+    pub(crate) fn step(&mut self) {
         if self.left == 0 {
             return;
         }
@@ -234,48 +309,18 @@ pub(crate) fn exp2(x: __m512) -> __m512 {
 /// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-fn head_tile<E: Elem, const H: usize>(
+fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     c: &Chunk<E>,
-    q: &[f32],
+    sc: &S,
     qh: usize,
     p: &mut Partial,
     probs: &mut [[f32; W]; HT],
     prefetch: Option<(&[E], &[E])>,
 ) {
-    let (d, bs) = (c.d, c.bs);
-    // K rows are bs elements apart; the last unmasked lane of the last row is
-    // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
-    assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
-    let qp = q[qh * d..].as_ptr();
-    let kp = c.kt.as_ptr().wrapping_add(c.c0);
-    // The next K tile is prefetched over this loop, the next V tile over the V loop, so
-    // the misses overlap FMAs instead of arriving in one burst.
-    let mut pf = Prefetcher::new(prefetch.map(|t| t.0), d / 2);
-    let mut s0 = [_mm512_setzero_ps(); H];
-    let mut s1 = [_mm512_setzero_ps(); H];
-    let mut i = 0;
-    while i + 2 <= d {
-        // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
-        // j * d + i + 1 < H * d past qp (assert above).
-        unsafe {
-            let (k0, k1) = (load(kp.add(i * bs), c.mask), load(kp.add((i + 1) * bs), c.mask));
-            pf.step();
-            for j in 0..H {
-                s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
-                s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + 1)), k1, s1[j]);
-            }
-        }
-        i += 2;
-    }
-    if i < d {
-        // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
-        unsafe {
-            let k0 = load(kp.add(i * bs), c.mask);
-            for j in 0..H {
-                s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
-            }
-        }
-    }
+    let d = c.d;
+    assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
+    // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
+    let scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
 
     // Online softmax per head; masked-off lanes get probability 0. The running maximum
     // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
@@ -285,7 +330,7 @@ fn head_tile<E: Elem, const H: usize>(
     let mut alpha = [1f32; H];
     let mut rescale = false;
     for j in 0..H {
-        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, _mm512_add_ps(s0[j], s1[j]));
+        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, scores[j]);
         let m_old = p.m[qh + j];
         // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
         if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {

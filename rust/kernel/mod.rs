@@ -21,7 +21,9 @@
 //! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
 //! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
-//! unsupported). The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! unsupported). With the opt-in `bf16_scores` (bf16 caches), the AVX-512 path computes
+//! the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16; every
+//! path then uses the bf16-rounded query, so the option means the same math everywhere. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 
 use std::ops::Range;
@@ -33,12 +35,14 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::invalid;
-use crate::kv_storage::{Elem, KvCache, KvShape};
+use crate::kv_storage::{DType, Elem, KvCache, KvShape};
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_bf16;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
@@ -139,6 +143,12 @@ pub struct DecodeOptions {
     pub kv_heads_per_item: Option<usize>,
     /// Kernel path; `None` is [`Isa::best`].
     pub isa: Option<Isa>,
+    /// bf16 caches only: round the query to bf16 (nearest even) and compute the scores
+    /// from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 they are
+    /// computed by `vdpbf16ps` ([`avx512_bf16`]), elsewhere by f32 FMAs on the rounded
+    /// query (the same products, exact in f32, summed in another order). Softmax and
+    /// `P V` are unchanged (f32, V widened exactly).
+    pub bf16_scores: bool,
 }
 
 /// What one work item reads. `q` holds the item's query heads (`heads.len() * g` rows of
@@ -152,6 +162,12 @@ pub(crate) struct Work<'a, E> {
     pub ntok: usize,
     pub heads: Range<usize>,
     pub q: &'a [f32],
+    /// With `bf16_scores`: the same query rows rounded to bf16, unscaled, two dimensions
+    /// per `u32` (`d.div_ceil(2)` per row, even dimension in the low half, an odd
+    /// `head_dim`'s last pair completed by +0), and the factor `scale * log2(e)` that
+    /// `q` carries. The `vdpbf16ps` path reads these; the others read `q`, which then
+    /// holds the rounded query times that factor.
+    pub q_bf16: Option<(&'a [u32], f32)>,
 }
 
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
@@ -266,8 +282,11 @@ pub fn decode_attention(
     if kpi == 0 || !hkv.is_multiple_of(kpi) {
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
     }
+    if opts.bf16_scores && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
     let pool = crate::threads::pool()?;
-    let qs: Vec<f32> = q.iter().map(|&x| x * scale * std::f32::consts::LOG2_E).collect();
+    let (qs, q_bf16) = scaled_query(q, d, scale * std::f32::consts::LOG2_E, opts.bf16_scores);
     let items = plan(tables, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;
@@ -303,6 +322,11 @@ pub fn decode_attention(
                     ntok: it.ntok,
                     heads,
                     q: &qs[qrow..qrow + per_item * d],
+                    q_bf16: opts.bf16_scores.then(|| {
+                        let pairs = d.div_ceil(2);
+                        let at = qrow / d * pairs;
+                        (&q_bf16[at..at + per_item * pairs], scale * std::f32::consts::LOG2_E)
+                    }),
                 };
                 // Each index is handed out once, so the lock is never contended.
                 let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -314,8 +338,27 @@ pub fn decode_attention(
     Ok(())
 }
 
+/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
+/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (empty without `bf16`).
+fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
+    if !bf16 {
+        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
+    }
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
+    let pairs = q
+        .chunks(d.max(1))
+        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
+        .collect();
+    (qs, pairs)
+}
+
 fn run_item<E: Elem>(isa: Isa, w: &Work<E>, p: &mut Partial) {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `avx512_bf16::supported()` is this CPU having avx512_bf16 on top of
+        // the AVX-512 path's features (`isa.supported()`, checked by the caller).
+        Isa::Avx512 if w.q_bf16.is_some() && avx512_bf16::supported() => unsafe { avx512_bf16::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `decode_attention` checked `isa.supported()`, i.e. the CPU has every
         // feature the path is compiled for.

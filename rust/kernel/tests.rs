@@ -67,6 +67,10 @@ fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (V
 }
 
 fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>) {
+    check_mode(shape, dtype, hq, lens, split, kpi, false)
+}
+
+fn check_mode(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
     let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64);
     let bs = shape.block_size;
     // Tables run backwards from the pool's last block, so the last block is always read.
@@ -81,25 +85,37 @@ fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<
     }
     let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
     let t = SeqTables::padded(&table, width, &seq_lens, bs, shape.num_blocks).unwrap();
-    compare(&c, hq, &t, split, kpi);
+    compare_mode(&c, hq, &t, split, kpi, bf16_scores);
 }
 
 /// Every supported path on `c` and tables `t` against the f64 reference.
 fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>) {
+    compare_mode(c, hq, t, split, kpi, false)
+}
+
+/// The query rounded to bf16 (nearest even), as `bf16_scores` uses it.
+fn bf16_rounded(q: &[f32]) -> Vec<f32> {
+    q.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
+/// As [`compare`]; with `bf16_scores` the reference uses the bf16-rounded query (the
+/// option's semantics) and must still be met within 1e-5 of the output scale.
+fn compare_mode(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
     let (shape, dtype) = (c.shape(), c.dtype());
     let mut r = Lcg(7);
     let q: Vec<f32> = (0..t.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
-    let (want, want_lse) = reference(c, &q, hq, t, 1.0 / (shape.head_dim as f64).sqrt());
+    let qr = if bf16_scores { bf16_rounded(&q) } else { q.clone() };
+    let (want, want_lse) = reference(c, &qr, hq, t, 1.0 / (shape.head_dim as f64).sqrt());
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         let mut out = vec![f32::NAN; q.len()];
         let mut lse = vec![f32::NAN; t.len() * hq];
-        let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), ..Default::default() };
+        let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), bf16_scores, ..Default::default() };
         decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             assert!(
                 (o as f64 - w).abs() <= 1e-5 * scale_out,
-                "{isa:?} {dtype:?} {shape:?} hq={hq} split={split:?} at {i}: {o} vs {w}"
+                "{isa:?} {dtype:?} {shape:?} hq={hq} split={split:?} bf16_scores={bf16_scores} at {i}: {o} vs {w}"
             );
         }
         for (&o, &w) in lse.iter().zip(&want_lse) {
@@ -293,4 +309,79 @@ fn rising_scores_move_the_lazy_maximum() {
             assert!((lse[0] as f64 - want_lse[0]).abs() <= 1e-5 * want_lse[0].abs().max(1.0), "{isa:?} len {len} lse");
         }
     }
+}
+
+/// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
+/// the others with f32 FMAs on the rounded query) against the f64 reference of the
+/// bf16-rounded query, over the issue's grid, unsplit and one block per split.
+#[test]
+fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
+    let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
+    let mut k = 0;
+    for d in [64, 80, 96, 128, 256, 7, 65] {
+        for bs in [1, 8, 16, 32] {
+            let (hkv, hq) = heads[k % heads.len()];
+            k += 1;
+            let s = shape(bs, hkv, d, 24);
+            let lens = [1, bs, bs + 1, 2 * bs, 2 * bs - 1];
+            check_mode(s, DType::BF16, hq, &lens, None, None, true);
+            check_mode(s, DType::BF16, hq, &lens, Some(bs), Some(1), true);
+        }
+    }
+}
+
+/// The `vdpbf16ps` loads at their bounds: the last token of the pool's last block through
+/// the last KV head, block sizes 1, 8, 16 (the one-load pair path) and 32, odd head dims
+/// (the last row paired with zero) and even ones, partial chunks.
+#[test]
+fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
+    for bs in [1, 8, 16, 32] {
+        for d in [1, 2, 3, 7, 64, 65, 128] {
+            let nb = 3;
+            let c = filled(shape(bs, 3, d, nb), DType::BF16, (bs * 7 + d) as u64);
+            let last = nb as i64 - 1;
+            let table = [0, last, last, -1, 1, last];
+            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            for (split, kpi) in [(None, None), (Some(1), Some(1))] {
+                compare_mode(&c, 6, &t, split, kpi, true);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_scores_need_a_bf16_cache_and_stay_finite_on_large_logits() {
+    let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
+    let q = vec![500f32; 64];
+    let opts = |isa| DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };
+    for dtype in [DType::F32, DType::F16] {
+        let c = filled(shape(16, 1, 64, 8), dtype, 3);
+        let mut out = vec![7f32; 64];
+        for isa in Isa::available() {
+            assert!(decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).is_err());
+        }
+        assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
+    }
+    let c = filled(shape(16, 1, 64, 8), DType::BF16, 3);
+    for isa in Isa::available() {
+        let mut out = vec![0f32; 64];
+        decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap();
+        assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
+    }
+}
+
+/// The two query forms the paths read agree: `q_bf16` pairs are the rounded query's bits
+/// (odd `head_dim`: last pair completed by +0), `q` is the rounded query times the factor.
+#[test]
+fn bf16_query_pairs_hold_the_rounded_query() {
+    let q = [1.0f32, -2.5, 3.0e-3, 1.0 + 1.0 / 256.0, 7.0, 1.0 + 3.0 / 256.0];
+    let (qs, pairs) = scaled_query(&q, 3, 0.5, true);
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits() as u32;
+    assert_eq!(pairs, [bits(1.0) | bits(-2.5) << 16, bits(3.0e-3), bits(1.0) | bits(7.0) << 16, bits(1.0 + 4.0 / 256.0)]);
+    // 1 + 1/256 is a tie between 1 and 1 + 1/128: nearest even is 1; 1 + 3/256 rounds up.
+    assert_eq!(qs[3], 0.5);
+    assert_eq!(qs[5], 0.5 * (1.0 + 4.0 / 256.0));
+    let (qs, pairs) = scaled_query(&q, 3, 0.5, false);
+    assert!(pairs.is_empty() && qs[3] == 0.5 * (1.0 + 1.0 / 256.0));
 }
