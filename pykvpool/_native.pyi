@@ -608,9 +608,19 @@ class KvCache:
 # thread (they alias the cache; see KvCache.key).
 # decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
 # instead, as exported by BlockPool.flashinfer_tables.
+# ``bf16_scores`` (bf16 caches only; default False = exact): round q to bf16 (nearest
+# even) and compute the scores q.K from the rounded q; softmax and P.V are unchanged (f32,
+# V exact). On the "avx512" path of a CPU with avx512_bf16 the scores use ``vdpbf16ps``
+# (bf16 products exact, f32 sums); every other path computes the same thing with f32 FMAs
+# on the rounded q, so results agree across paths within f32 rounding, not bitwise.
+# Against the exact-q result: each logit moves by at most D = scale * 2^-8 * sum_i
+# |q_i K_i| (bf16 keeps 8 significant bits), each output by at most (exp(2 D) - 1) * max|V|
+# and the LSE by at most D; on standard-normal data with d = 128 the measured output
+# deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
 # Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,
 # head count or head_dim mismatches, a non-float32 q/out, wrong shapes, an unknown or
-# unsupported path.
+# unsupported path, ``bf16_scores`` with an f32 or f16 cache (``out`` is not written on
+# any error).
 @overload
 def decode_attention(
     cache: KvCache,
@@ -625,6 +635,7 @@ def decode_attention(
     split_size: int | None = None,
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
 ) -> _F32Array: ...
 @overload
 def decode_attention(
@@ -640,6 +651,7 @@ def decode_attention(
     split_size: int | None = None,
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def decode_attention_paged(
@@ -656,6 +668,7 @@ def decode_attention_paged(
     split_size: int | None = None,
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
 ) -> _F32Array: ...
 @overload
 def decode_attention_paged(
@@ -672,6 +685,7 @@ def decode_attention_paged(
     split_size: int | None = None,
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(
     nbytes: int | None = None,

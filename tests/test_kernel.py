@@ -103,7 +103,12 @@ def make(lens: list[int], bs: int, hkv: int, d: int, dtype: str, seed: int = 0, 
     return s
 
 
-def run_and_check(s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0) -> None:
+def run_and_check(
+    s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0, bf16_scores: bool = False
+) -> None:
+    """With ``bf16_scores`` the reference uses the bf16-rounded query (the option's
+    semantics), to the same tolerance, and the exact-query reference is met within
+    :func:`bf16_query_bound`."""
     tables, lens = s.tables()
     n, hq, d = len(lens), s.cache.num_kv_heads * g, s.cache.head_dim
     q = (s.rng.standard_normal((n, hq, d)) * qmag).astype(np.float32)
@@ -111,10 +116,19 @@ def run_and_check(s: Setup, g: int, path: str, split: int | None, kpi: int | Non
     padded = np.full((n, width), -1, np.int32)
     for i, t in enumerate(tables):
         padded[i, : len(t)] = t
-    want, want_lse, lmax = reference(s.cache, 0, q, tables, lens, 1 / np.sqrt(d))
+    qref = bf16_round(q) if bf16_scores else q
+    want, want_lse, lmax = reference(s.cache, 0, qref, tables, lens, 1 / np.sqrt(d))
     out, lse = kv.decode_attention(
-        s.cache, 0, q, padded, np.array(lens), return_lse=True, split_size=split, kv_heads_per_item=kpi, force_isa=path
+        s.cache, 0, q, padded, np.array(lens), return_lse=True, split_size=split, kv_heads_per_item=kpi,
+        force_isa=path, bf16_scores=bf16_scores,
     )
+    if bf16_scores:
+        exact, exact_lse, _ = reference(s.cache, 0, q, tables, lens, 1 / np.sqrt(d))
+        out_bound, lse_bound = bf16_query_bound(s.cache, q, tables, lens, 1 / np.sqrt(d))
+        slack = float(np.abs(want).max(initial=0.0)) * (1e-5 + 4e-7 * lmax)
+        assert (np.abs(out - exact) <= out_bound[..., None] + slack).all()
+        fin = np.isfinite(exact_lse)
+        assert (np.abs(lse[fin] - exact_lse[fin]) <= lse_bound[fin] + 1e-5 * max(1.0, lmax)).all()
     assert out.shape == (n, hq, d) and out.dtype == np.float32
     assert_close(out, want, lmax)
     finite = np.isfinite(want_lse)
@@ -123,9 +137,45 @@ def run_and_check(s: Setup, g: int, path: str, split: int | None, kpi: int | Non
     # The FlashInfer form of the same tables gives the same numbers.
     indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
     out2 = kv.decode_attention_paged(
-        s.cache, 0, q, indptr, indices, last, split_size=split, kv_heads_per_item=kpi, force_isa=path
+        s.cache, 0, q, indptr, indices, last, split_size=split, kv_heads_per_item=kpi, force_isa=path,
+        bf16_scores=bf16_scores,
     )
     np.testing.assert_array_equal(out, out2)
+
+
+def bf16_round(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """f32 rounded to bf16 (nearest, ties to even), as f32 (finite inputs)."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+    return b.astype(np.uint32).view(np.float32)
+
+
+def bf16_query_bound(
+    cache: kv.KvCache, q: npt.NDArray[np.float32], tables: list[npt.NDArray[np.int32]], lens: list[int], scale: float
+) -> tuple[F64, F64]:
+    """Worst-case effect of ``bf16_scores`` against the exact query, per (sequence, head).
+
+    Rounding to bf16 (8 significant bits, nearest) moves each query element by at most
+    2^-8 of itself, so logit t moves by at most D = scale * 2^-8 * max_t sum_i |q_i K_ti|.
+    Each softmax weight then changes by a factor in [exp(-2D), exp(2D)], so
+    |sum_t (p'_t - p_t) v_t| <= (exp(2D) - 1) * max |v|, and the LSE moves by at most D.
+    Returns (output bound, LSE bound), both ``[n, Hq]``; f32 rounding comes on top."""
+    kc, vc = np.abs(as_f64(cache.key(0))), np.abs(as_f64(cache.value(0)))
+    n, hq, d = q.shape
+    hkv, bs = cache.num_kv_heads, cache.block_size
+    g = hq // hkv
+    out, lse = np.zeros((n, hq)), np.zeros((n, hq))
+    for i in range(n):
+        if lens[i] == 0:
+            continue
+        t = np.arange(lens[i])
+        blocks = tables[i][t // bs]
+        qa = np.abs(q[i].astype(np.float64)).reshape(hkv, g, d)
+        dmax = np.einsum("hgd,thd->hgt", qa, kc[blocks, t % bs]).max(axis=-1) * scale * 2.0**-8
+        vmax = vc[blocks, t % bs].max(axis=(0, 2))  # [hkv]
+        out[i] = (np.expm1(2 * dmax) * vmax[:, None]).reshape(hq)
+        lse[i] = dmax.reshape(hq)
+    return out, lse
 
 
 def lengths(bs: int) -> st.SearchStrategy[int]:
@@ -342,3 +392,50 @@ def test_probe_reads_a_caches_own_memory_and_leaves_it_unchanged() -> None:
     small = kv.KvCache(1, 4, 16, 1, 64, "f32")
     with pytest.raises(kv.InvalidArgumentError, match="1 MiB"):
         kv.read_bandwidth(cache=small)
+
+
+@given(cases())
+def test_bf16_scores_match_the_rounded_query_reference(case: tuple[object, ...]) -> None:
+    """``bf16_scores=True`` on every path: within the usual tolerance of the reference
+    computed from the bf16-rounded query, and within :func:`bf16_query_bound` of the
+    exact-query reference (the issue's grid; the drawn storage dtype is replaced by bf16)."""
+    bs, hkv, g, d, lens, _, path, split, kpi, fork, seed = case
+    assert isinstance(lens, list)
+    s = make(lens, int(bs), int(hkv), int(d), "bf16", int(seed))  # type: ignore[call-overload]
+    if fork:
+        s.pool.fork(0, 100)
+        s.seqs.append(100)
+        s.step([0, 100], 2)
+    run_and_check(s, int(g), str(path), split, kpi, bf16_scores=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_scores_large_logits_and_odd_head_dim(path: str) -> None:
+    run_and_check(make([700, 33], 16, 2, 128, "bf16", seed=5, mag=30.0), 4, path, None, None, 30.0, True)
+    for bs in (1, 8, 16, 32):
+        run_and_check(make([2 * bs + 1, bs - 1 or 1], bs, 2, 65, "bf16", seed=bs), 3, path, 1, 1, bf16_scores=True)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_bf16_scores_need_a_bf16_cache_and_leave_out_untouched(dtype: str) -> None:
+    s = make([40], 8, 2, 64, dtype)
+    tables, lens = s.tables()
+    q = s.rng.standard_normal((1, 4, 64)).astype(np.float32)
+    out = np.full((1, 4, 64), 7.0, np.float32)
+    indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
+    for path in PATHS:
+        with pytest.raises(kv.InvalidArgumentError, match="bf16_scores needs a bf16 cache"):
+            kv.decode_attention(s.cache, 0, q, np.array(tables), lens, out=out, force_isa=path, bf16_scores=True)
+        with pytest.raises(kv.InvalidArgumentError, match="bf16_scores needs a bf16 cache"):
+            kv.decode_attention_paged(s.cache, 0, q, indptr, indices, last, out=out, force_isa=path, bf16_scores=True)
+    assert (out == 7.0).all()
+
+
+def test_bf16_round_is_nearest_even() -> None:
+    """The tests' rounding is the cache's own (round to nearest even on write)."""
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-20), 3.0e-3, -7.5e5], np.float32)
+    assert bf16_round(x)[:4].tolist() == [1.0, 1.0, 1 + 2**-6, -(1 + 2**-7)]
+    c = kv.KvCache(1, 1, 1, 1, 4096, "bf16")
+    y = np.concatenate([x, np.random.default_rng(3).standard_normal(4096 - len(x)).astype(np.float32)])
+    c.write(0, y.reshape(1, 1, 4096), y.reshape(1, 1, 4096), [0])
+    np.testing.assert_array_equal(as_f64(c.key(0)).ravel(), bf16_round(y))

@@ -225,8 +225,16 @@ fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bo
 }
 
 /// Options shared by both table forms.
-fn options(py: Python<'_>, scale: Option<f64>, split_size: Option<i64>, kv_heads_per_item: Option<i64>, force_isa: Option<&str>) -> PyResult<DecodeOptions> {
+fn options(
+    py: Python<'_>,
+    scale: Option<f64>,
+    split_size: Option<i64>,
+    kv_heads_per_item: Option<i64>,
+    force_isa: Option<&str>,
+    bf16_scores: bool,
+) -> PyResult<DecodeOptions> {
     Ok(DecodeOptions {
+        bf16_scores,
         scale: scale.map(|s| s as f32),
         split_tokens: split_size.map(|s| count(py, s, "split_size")).transpose()?,
         kv_heads_per_item: kv_heads_per_item.map(|s| count(py, s, "kv_heads_per_item")).transpose()?,
@@ -298,7 +306,7 @@ fn attend<'py>(
 }
 
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None))]
+#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention<'py>(
     py: Python<'py>,
@@ -313,8 +321,9 @@ fn decode_attention<'py>(
     split_size: Option<i64>,
     kv_heads_per_item: Option<i64>,
     force_isa: Option<&str>,
+    bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
     let lens = int_vec(seq_lens, "seq_lens")?;
     let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
     if rows != lens.len() {
@@ -325,7 +334,7 @@ fn decode_attention<'py>(
 }
 
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None))]
+#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention_paged<'py>(
     py: Python<'py>,
@@ -341,8 +350,9 @@ fn decode_attention_paged<'py>(
     split_size: Option<i64>,
     kv_heads_per_item: Option<i64>,
     force_isa: Option<&str>,
+    bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
     let indptr = int_vec(kv_indptr, "kv_indptr")?;
     let indices = int_vec(kv_indices, "kv_indices")?;
     let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
