@@ -6,7 +6,9 @@ Shapes (block size 16, blocks scattered by a random permutation as in a pool aft
   (b) as (a) with lengths uniform in 512..4096
   (c) 1 sequence x 32768 tokens (needs FlashDecoding split-K to use two cores)
   (d) MHA: 8 x 4096 tokens, 32 / 32 heads
-each in f32, f16 and bf16 storage, at 1 and 2 threads.
+each in f32, f16 and bf16 storage, at 1 and 2 threads, and bf16 with ``bf16_scores=True``
+(impl "pykvpool-dp": query rounded to bf16, scores by ``vdpbf16ps`` on CPUs with
+avx512_bf16; its largest deviation from the exact bf16 output is printed below the table).
 
 Effective bandwidth = useful K+V bytes (sum of lengths x Hkv x d x 2 x bytes per element)
 / best wall time. "% probe" pairs each kernel measurement with a read-bandwidth probe of
@@ -223,6 +225,16 @@ def main() -> None:
                 r.update(shape=name, dtype=dt, threads=t, impl="pykvpool", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
                          cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9)
                 rows.append(r)
+            # bf16 with bf16_scores=True: the query rounded to bf16, scores by vdpbf16ps
+            # where the CPU has avx512_bf16; its distance from the exact bf16 output.
+            c = caches["bf16"]
+            nbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE["bf16"]
+            r = paired(lambda: kv.decode_attention(c, 0, q, table, lens, bf16_scores=True), c, nbytes, t, args.reps)
+            exact = kv.decode_attention(c, 0, q, table, lens)
+            err = np.abs(kv.decode_attention(c, 0, q, table, lens, bf16_scores=True) - exact).max()
+            r.update(shape=name, dtype="bf16", threads=t, impl="pykvpool-dp", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
+                     cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9, err_vs_exact=float(err / np.abs(exact).max()))
+            rows.append(r)
         f32 = caches["f32"]
         nbytes = tokens * shape["hkv"] * shape["d"] * 8
         tn = numpy_reference_time(f32, table, lens, q, args.reps)
@@ -239,7 +251,7 @@ def main() -> None:
                                  gbps=tbytes / tt / 1e9, pykvpool_speedup=tt / mine["seconds"]))
         del caches
     for r in rows:
-        if r["impl"] == "pykvpool":
+        if r["impl"].startswith("pykvpool"):
             r["pct_probe"] = 100 * r["paired_ratio"]
             r["pct_best_probe"] = 100 * r["gbps"] * 1e9 / r["probe"]
             base = next(x for x in rows if x["impl"] == "pykvpool" and x["shape"] == r["shape"]
@@ -267,7 +279,7 @@ def main() -> None:
         if "pykvpool_speedup" in r:
             sp = f"pykvpool {r['pykvpool_speedup']:.1f}x faster"
         cpu = f"{r['cpu_gbps']:.1f}" if "cpu_gbps" in r else ""
-        if r["impl"] == "pykvpool":
+        if r["impl"].startswith("pykvpool"):
             pr = f"{r['probe_median'] / 1e9:.1f} (own pages)"
             pct = f"{r['pct_probe']:.0f}% [{100 * r['paired_ratio_q1']:.0f}-{100 * r['paired_ratio_q3']:.0f}]"
             bb = f"{r['pct_best_probe']:.0f}%"
@@ -275,6 +287,10 @@ def main() -> None:
             pr, pct, bb = f"{probe[max(1, r['threads'])] / 1e9:.1f} (fresh)", f"{r['pct_probe']:.0f}%", ""
         print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | {pr} | "
               f"{pct} | {bb} | {sp} | {cpu} |")
+    dp = [r for r in rows if "err_vs_exact" in r]
+    if dp:
+        print("pykvpool-dp (bf16_scores=True) max |out - exact bf16 out| / max |exact out|: "
+              + ", ".join(f"{r['shape']} {r['threads']} thr {r['err_vs_exact']:.1e}" for r in dp))
 
 if __name__ == "__main__":
     main()
