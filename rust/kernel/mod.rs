@@ -167,6 +167,7 @@ pub(crate) struct Work<'a, E> {
     /// `head_dim`'s last pair completed by +0), and the factor `scale * log2(e)` that
     /// `q` carries. The `vdpbf16ps` path reads these; the others read `q`, which then
     /// holds the rounded query times that factor.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_bf16: Option<(&'a [u32], f32)>,
 }
 
