@@ -30,6 +30,10 @@ use crate::kv_storage::{DType, Elem};
 
 /// Whether this CPU has `vdpbf16ps` (the AVX-512 path's features are checked apart).
 pub(crate) fn supported() -> bool {
+    #[cfg(test)]
+    if super::tests::AVX512_WITHOUT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     cpu_features().contains(&"avx512bf16")
 }
 

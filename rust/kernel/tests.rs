@@ -311,6 +311,26 @@ fn rising_scores_move_the_lazy_maximum() {
     }
 }
 
+/// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
+/// CPU without avx512_bf16. Tests running meanwhile may take that path too, which is
+/// harmless: it computes the same thing.
+pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The AVX-512 path without `vdpbf16ps` (a CPU with AVX-512 F/BW/VL but no BF16) keeps
+/// the `bf16_scores` semantics: its exact kernel on the rounded query.
+#[test]
+fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !Isa::Avx512.supported() {
+        return;
+    }
+    AVX512_WITHOUT_BF16.store(true, Relaxed);
+    for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
+        check_mode(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], None, None, true);
+    }
+    AVX512_WITHOUT_BF16.store(false, Relaxed);
+}
+
 /// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
 /// the others with f32 FMAs on the rounded query) against the f64 reference of the
 /// bf16-rounded query, over the grid, unsplit and one block per split.
