@@ -63,7 +63,9 @@ struct Dot<'a> {
 
 /// Word `w` of the K operand: lane `w / 2`, low word from row i, high word from row
 /// i + 1. Adjacent rows (one 32-word load): row i + 1 starts at word 16; two loads
-/// (`permutex2var`): row i + 1 is the second operand, words from 32.
+/// (`permutex2var`): row i + 1 is the second operand, words from 32. Only words 0..16 of
+/// each 256-bit load are selected, so the undefined upper halves of the 256-to-512-bit
+/// casts never reach a lane.
 const PAIR_ADJACENT: [i16; 32] = pair_index(16);
 const PAIR_TWO: [i16; 32] = pair_index(32);
 
