@@ -111,10 +111,13 @@ def build(shape: dict[str, Any], dtypes: list[str], seed: int) -> tuple[dict[str
     step = 256
     for b0 in range(0, total, step):
         nb = min(step, total - b0)
-        for which in ("key", "value"):
-            x = rng.standard_normal((nb, BS, shape["hkv"], shape["d"]), dtype=np.float32)
-            for c in caches.values():
-                getattr(c, which)(0)[b0 : b0 + nb] = x
+        k, v = (rng.standard_normal((nb * BS, shape["hkv"], shape["d"]), dtype=np.float32) for _ in range(2))
+        slots = np.arange(b0 * BS, (b0 + nb) * BS, dtype=np.int64)
+        for c in caches.values():
+            # The cache's own write kernel rounds to the storage dtype (nearest even);
+            # assigning floats to a bf16 view would need ml_dtypes (without it the view
+            # is uint16 and numpy would store float-to-integer casts, not bf16 values).
+            c.write(0, k, v, slots)
     q = rng.standard_normal((len(lens), shape["hq"], shape["d"]), dtype=np.float32)
     return caches, table, q
 

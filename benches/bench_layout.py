@@ -1,6 +1,7 @@
 """Read pattern of a work item, measured on the real kernel: one KV head per item (reads
-scattered ``block_size x head_dim`` tiles, 8 KiB in f32 at d = 128) versus every KV head
-of a block per item (one contiguous run of ``Hkv`` tiles, 64 KiB in f32). The physical
+a scattered K tile and V tile, ``block_size x head_dim`` values each, two 8 KiB runs in f32
+at d = 128) versus every KV head of a block per item (the block's K of every head, then
+its V: one contiguous 128 KiB run in f32). The physical
 layout (block-major, then head) makes the second possible; this is what chose it, and
 the kernel's default ``kv_heads_per_item`` (all heads).
 
@@ -41,7 +42,9 @@ def main() -> None:
     print("| threads | dtype | KV heads per item (run length) | GB/s | % probe |")
     print("|---|---|---|---|---|")
     for r in rows:
-        run = f"{r['kv_heads_per_item']} ({r['kv_heads_per_item'] * 16 * 128 * (4 if r['dtype'] == 'f32' else 2) // 1024} KiB)"
+        kib = r["kv_heads_per_item"] * 16 * 128 * (4 if r["dtype"] == "f32" else 2) // 1024
+        run = f"{r['kv_heads_per_item']} ({'one' if r['kv_heads_per_item'] == shape['hkv'] else 'two'} "
+        run += f"{2 * kib if r['kv_heads_per_item'] == shape['hkv'] else kib} KiB run{'' if r['kv_heads_per_item'] == shape['hkv'] else 's'})"
         print(f"| {r['threads']} | {r['dtype']} | {run} | {r['gbps']:.1f} | {r['pct_probe']:.0f}% |")
 
 
