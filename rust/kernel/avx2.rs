@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Partial, Work};
+use super::{Chunk, Partial, Work};
 use crate::kv_storage::{DType, Elem};
 
 const W: usize = 8;
@@ -21,42 +21,22 @@ const VT: usize = 4;
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    let (bs, g) = (w.shape.block_size, w.g);
+    let g = w.g;
     let mut probs = [[0f32; W]; HT];
-    for bi in 0..w.blocks.len() {
-        let nt = w.tokens_in(bi);
-        for (hi, h) in w.heads.clone().enumerate() {
-            let (kt, vt) = w.tiles(bi, h);
-            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
-            let mut c0 = 0;
-            while c0 < nt {
-                let lanes = (nt - c0).min(W);
-                let pf = if c0 == 0 { next } else { None };
-                let mut j0 = 0;
-                while j0 < g {
-                    let chunk = Chunk { kt, vt, bs, d: w.shape.head_dim, c0, lanes };
-                    let qh = hi * g + j0;
-                    match g - j0 {
-                        1 => head_tile::<E, 1>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        2 => head_tile::<E, 2>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        3 => head_tile::<E, 3>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        _ => head_tile::<E, 4>(&chunk, w.q, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                    }
-                    j0 += HT;
-                }
-                c0 += W;
+    w.for_each_chunk(W, |hi, chunk, pf| {
+        let mut j0 = 0;
+        while j0 < g {
+            let qh = hi * g + j0;
+            let pf = if j0 == 0 { pf } else { None };
+            match g - j0 {
+                1 => head_tile::<E, 1>(chunk, w.q, qh, p, &mut probs, pf),
+                2 => head_tile::<E, 2>(chunk, w.q, qh, p, &mut probs, pf),
+                3 => head_tile::<E, 3>(chunk, w.q, qh, p, &mut probs, pf),
+                _ => head_tile::<E, 4>(chunk, w.q, qh, p, &mut probs, pf),
             }
+            j0 += HT;
         }
-    }
-}
-
-struct Chunk<'a, E> {
-    kt: &'a [E],
-    vt: &'a [E],
-    bs: usize,
-    d: usize,
-    c0: usize,
-    lanes: usize,
+    });
 }
 
 /// Load `min(n, 8)` elements of `x` starting at `at` as f32 (missing lanes are 0).

@@ -33,7 +33,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Partial, Work};
+use super::{Chunk, Partial, Work};
 use crate::kv_storage::{DType, Elem};
 
 const W: usize = 16;
@@ -57,49 +57,31 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
-    let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
+    let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
-    for bi in 0..w.blocks.len() {
-        let nt = w.tokens_in(bi);
-        for (hi, h) in w.heads.clone().enumerate() {
-            let (kt, vt) = w.tiles(bi, h);
-            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
-            let mut c0 = 0;
-            while c0 < nt {
-                let lanes = (nt - c0).min(W);
-                let mask: __mmask16 = if lanes == W { 0xffff } else { (1u16 << lanes) - 1 };
-                let pf = if c0 == 0 { next } else { None };
-                let mut j0 = 0;
-                while j0 < g {
-                    let qh = hi * g + j0;
-                    let chunk = Chunk { kt, vt, bs, d, c0, lanes, mask };
-                    match g - j0 {
-                        1 => head_tile::<E, S, 1>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        2 => head_tile::<E, S, 2>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        3 => head_tile::<E, S, 3>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                        _ => head_tile::<E, S, 4>(&chunk, sc, qh, p, &mut probs, if j0 == 0 { pf } else { None }),
-                    }
-                    j0 += HT;
-                }
-                c0 += W;
+    w.for_each_chunk(W, |hi, chunk, pf| {
+        let mut j0 = 0;
+        while j0 < g {
+            let qh = hi * g + j0;
+            let pf = if j0 == 0 { pf } else { None };
+            match g - j0 {
+                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, &mut probs, pf),
+                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, &mut probs, pf),
+                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, &mut probs, pf),
+                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, &mut probs, pf),
             }
+            j0 += HT;
         }
-    }
+    });
     if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
 }
 
-/// Up to 16 tokens of one (block, head) tile: tokens `c0 .. c0 + lanes` (`mask` has
-/// their lanes) of tiles of `d` rows `bs` apart.
-pub(crate) struct Chunk<'a, E> {
-    pub kt: &'a [E],
-    pub vt: &'a [E],
-    pub bs: usize,
-    pub d: usize,
-    pub c0: usize,
-    pub lanes: usize,
-    pub mask: __mmask16,
+/// The lanes of a chunk's tokens.
+#[inline]
+pub(crate) fn chunk_mask<E>(c: &Chunk<E>) -> __mmask16 {
+    lane_mask(0, c.lanes)
 }
 
 /// How a head tile gets its scores: [`Exact`] (f32 query, K widened exactly) or
@@ -125,7 +107,7 @@ impl<E: Elem> Scores<E> for Exact<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
-        let (d, bs, q) = (c.d, c.bs, self.q);
+        let (d, bs, q, mask) = (c.d, c.bs, self.q, chunk_mask(c));
         // K rows are bs elements apart; the last unmasked lane of the last row is
         // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
@@ -141,7 +123,7 @@ impl<E: Elem> Scores<E> for Exact<'_> {
             // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
             // j * d + i + 1 < H * d past qp (assert above).
             unsafe {
-                let (k0, k1) = (load(kp.add(i * bs), c.mask), load(kp.add((i + 1) * bs), c.mask));
+                let (k0, k1) = (load(kp.add(i * bs), mask), load(kp.add((i + 1) * bs), mask));
                 pf.step();
                 for j in 0..H {
                     s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
@@ -153,7 +135,7 @@ impl<E: Elem> Scores<E> for Exact<'_> {
         if i < d {
             // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
             unsafe {
-                let k0 = load(kp.add(i * bs), c.mask);
+                let k0 = load(kp.add(i * bs), mask);
                 for j in 0..H {
                     s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
                 }
@@ -317,7 +299,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     probs: &mut [[f32; W]; HT],
     prefetch: Option<(&[E], &[E])>,
 ) {
-    let d = c.d;
+    let (d, mask) = (c.d, chunk_mask(c));
     assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
     let scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
@@ -330,7 +312,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     let mut alpha = [1f32; H];
     let mut rescale = false;
     for j in 0..H {
-        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), c.mask, scores[j]);
+        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores[j]);
         let m_old = p.m[qh + j];
         // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
         if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
@@ -340,7 +322,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
             p.m[qh + j] = m_new;
             rescale = true;
         }
-        let e = _mm512_maskz_mov_ps(c.mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
+        let e = _mm512_maskz_mov_ps(mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
         // SAFETY: probs[j] holds exactly 16 f32.
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };

@@ -24,7 +24,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{run_with, Chunk, Prefetcher, Scores};
+use super::avx512::{chunk_mask, run_with, Prefetcher, Scores};
+use super::Chunk;
 use super::{cpu_features, Partial, Work};
 use crate::kv_storage::{DType, Elem};
 
@@ -91,7 +92,7 @@ impl<E: Elem> Scores<E> for Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
-        let (d, bs) = (c.d, c.bs);
+        let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let pairs = d.div_ceil(2);
         // Rows are bs elements apart, the chunk's tokens c0 .. c0 + lanes of each: the
         // last unmasked element read is (d - 1) * bs + c0 + lanes - 1 < d * bs. Query
@@ -102,7 +103,7 @@ impl<E: Elem> Scores<E> for Dot<'_> {
         // One 64-byte load covers rows i and i + 1 when they are adjacent and the chunk
         // is the whole row (block size 16: c0 = 0); its mask repeats the lane mask.
         let adjacent = bs == 16;
-        let mask2 = c.mask as u32 | (c.mask as u32) << 16;
+        let mask2 = mask as u32 | (mask as u32) << 16;
         // SAFETY: both tables hold exactly 32 i16.
         let (idx_adj, idx_two) =
             unsafe { (_mm512_loadu_epi16(PAIR_ADJACENT.as_ptr()), _mm512_loadu_epi16(PAIR_TWO.as_ptr())) };
@@ -115,8 +116,8 @@ impl<E: Elem> Scores<E> for Dot<'_> {
                 if adjacent {
                     _mm512_permutexvar_epi16(idx_adj, _mm512_maskz_loadu_epi16(mask2, kp.add(i * bs)))
                 } else {
-                    let a = _mm256_maskz_loadu_epi16(c.mask, kp.add(i * bs));
-                    let b = _mm256_maskz_loadu_epi16(c.mask, kp.add((i + 1) * bs));
+                    let a = _mm256_maskz_loadu_epi16(mask, kp.add(i * bs));
+                    let b = _mm256_maskz_loadu_epi16(mask, kp.add((i + 1) * bs));
                     _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx_two, _mm512_castsi256_si512(b))
                 }
             }
@@ -151,7 +152,7 @@ impl<E: Elem> Scores<E> for Dot<'_> {
             // The last row of an odd head_dim, zero-extended: lane t = (K[i][t], +0),
             // against the query pair (q[i], +0).
             // SAFETY: row i < d, lanes masked to the chunk.
-            let k0 = bh(_mm512_cvtepu16_epi32(unsafe { _mm256_maskz_loadu_epi16(c.mask, kp.add(i * bs)) }));
+            let k0 = bh(_mm512_cvtepu16_epi32(unsafe { _mm256_maskz_loadu_epi16(mask, kp.add(i * bs)) }));
             for j in 0..H {
                 s1[j] = _mm512_dpbf16_ps(s1[j], k0, qpair(j, i));
             }

@@ -203,6 +203,39 @@ impl<E: Elem> Work<'_, E> {
         let idx = bi * nh + hi + dist;
         (dist > 0 && idx / nh < self.blocks.len()).then(|| self.tiles(idx / nh, self.heads.start + idx % nh))
     }
+
+    /// The item's tiles in reading order (heads within a block, then the next block), cut
+    /// into chunks of at most `width` tokens: `f(hi, chunk, next)` with `hi` the head's
+    /// index in `heads` and `next` the tile to prefetch, given with a tile's first chunk
+    /// only. The walk every SIMD path shares; `#[inline(always)]` so that `f` is compiled
+    /// with the calling kernel's target features.
+    #[inline(always)]
+    pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<(&'s [E], &'s [E])>)) {
+        let (bs, d) = (self.shape.block_size, self.shape.head_dim);
+        for bi in 0..self.blocks.len() {
+            let nt = self.tokens_in(bi);
+            for (hi, h) in self.heads.clone().enumerate() {
+                let (kt, vt) = self.tiles(bi, h);
+                let mut next = self.tiles_ahead(bi, hi, PREFETCH_TILES);
+                let mut c0 = 0;
+                while c0 < nt {
+                    f(hi, &Chunk { kt, vt, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
+                    c0 += width;
+                }
+            }
+        }
+    }
+}
+
+/// Tokens `c0 .. c0 + lanes` of one (block, head) tile: the K tile (`d` rows of `bs`
+/// tokens) and the V tile (`bs` rows of `d`).
+pub(crate) struct Chunk<'a, E> {
+    pub kt: &'a [E],
+    pub vt: &'a [E],
+    pub bs: usize,
+    pub d: usize,
+    pub c0: usize,
+    pub lanes: usize,
 }
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of

@@ -42,7 +42,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::{Partial, Work};
+use super::{Chunk, Partial, Work};
 use crate::kv_storage::{DType, Elem};
 
 /// f32 lanes per vector.
@@ -58,48 +58,28 @@ const VT: usize = 4;
 /// The CPU must support NEON (AArch64 Advanced SIMD).
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
-    for bi in 0..w.blocks.len() {
-        let nt = w.tokens_in(bi);
-        for (hi, h) in w.heads.clone().enumerate() {
-            let (kt, vt) = w.tiles(bi, h);
-            let next = w.tiles_ahead(bi, hi, super::PREFETCH_TILES);
-            let mut c0 = 0;
-            while c0 < nt {
-                let lanes = (nt - c0).min(TV * W);
-                let chunk = Chunk { kt, vt, bs, d, c0, lanes };
-                let mut j0 = 0;
-                while j0 < g {
-                    let pf = if c0 == 0 && j0 == 0 { next } else { None };
-                    let qh = hi * g + j0;
-                    // Const heads and vectors: the register tiles are exactly as large as
-                    // the work, so nothing spills and no lane is computed for nothing.
-                    macro_rules! tile {
-                        ($($h:literal, $nv:literal);*) => {
-                            match ((g - j0).min(HT), lanes.div_ceil(W)) {
-                                $(($h, $nv) => head_tile::<E, $h, $nv>(&chunk, w.q, qh, p, pf),)*
-                                _ => unreachable!("1..=4 heads and 1..=4 vectors"),
-                            }
-                        };
+    let g = w.g;
+    w.for_each_chunk(TV * W, |hi, chunk, next| {
+        let lanes = chunk.lanes;
+        let mut j0 = 0;
+        while j0 < g {
+            let pf = if j0 == 0 { next } else { None };
+            let qh = hi * g + j0;
+            // Const heads and vectors: the register tiles are exactly as large as the
+            // work, so nothing spills and no lane is computed for nothing.
+            macro_rules! tile {
+                ($($h:literal, $nv:literal);*) => {
+                    match ((g - j0).min(HT), lanes.div_ceil(W)) {
+                        $(($h, $nv) => head_tile::<E, $h, $nv>(chunk, w.q, qh, p, pf),)*
+                        _ => unreachable!("1..=4 heads and 1..=4 vectors"),
                     }
-                    tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4;
-                          3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4);
-                    j0 += HT;
-                }
-                c0 += TV * W;
+                };
             }
+            tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4;
+                  3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4);
+            j0 += HT;
         }
-    }
-}
-
-/// Up to 16 tokens of one (block, head) tile.
-struct Chunk<'a, E> {
-    kt: &'a [E],
-    vt: &'a [E],
-    bs: usize,
-    d: usize,
-    c0: usize,
-    lanes: usize,
+    });
 }
 
 /// Load 4 consecutive elements as f32.
