@@ -269,7 +269,8 @@ fn attend<'py>(
         return Err(invalid(py, format!("q has {n} sequences, the block tables {}", t.len())));
     }
     let mut lse = if return_lse { vec![0f32; n * hq] } else { Vec::new() };
-    let out_obj = match out {
+    // The kernel writes into the caller's `out` or into a new array.
+    let out_arr = match out {
         Some(o) => {
             let arr = o
                 .cast::<PyArrayDyn<f32>>()
@@ -277,24 +278,25 @@ fn attend<'py>(
             if arr.shape() != [n, hq, d] {
                 return Err(invalid(py, format!("out must have shape [{n}, {hq}, {d}], got {:?}", arr.shape())));
             }
-            let mut rw = arr.try_readwrite().map_err(|e| invalid(py, format!("out: {e}")))?;
-            let o_slice = rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?;
-            py.detach(|| {
-                let l = return_lse.then_some(&mut lse[..]);
-                kernel::decode_attention(&guard, layer, &qv, hq, &t, o_slice, l, &opts)
-            })
-            .py_err(py)?;
-            arr.clone().into_any()
+            Some(arr.clone())
         }
-        None => {
-            let mut o = vec![0f32; n * hq * d];
-            py.detach(|| {
-                let l = return_lse.then_some(&mut lse[..]);
-                kernel::decode_attention(&guard, layer, &qv, hq, &t, &mut o, l, &opts)
-            })
-            .py_err(py)?;
-            PyArray1::from_vec(py, o).reshape([n, hq, d])?.into_any()
-        }
+        None => None,
+    };
+    let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
+    let mut owned = if rw.is_none() { vec![0f32; n * hq * d] } else { Vec::new() };
+    let o_slice: &mut [f32] = match rw.as_mut() {
+        Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
+        None => &mut owned,
+    };
+    py.detach(|| {
+        let l = return_lse.then_some(&mut lse[..]);
+        kernel::decode_attention(&guard, layer, &qv, hq, &t, o_slice, l, &opts)
+    })
+    .py_err(py)?;
+    drop(rw);
+    let out_obj = match out_arr {
+        Some(a) => a.into_any(),
+        None => PyArray1::from_vec(py, owned).reshape([n, hq, d])?.into_any(),
     };
     drop(guard);
     if return_lse {
