@@ -50,33 +50,12 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         return Err(invalid(py, format!("{name}: unsupported integer dtype {}", arr.dtype().str()?.to_cow()?)));
     }
     if let Ok(list) = obj.cast::<PyList>() {
-        // Schedulers hand over lists of Python ints (a decode step's running list): exact
-        // ints are read through the C API, without the reference count traffic and bounds
-        // checks of a safe iterator, which cost as much as the core's whole per-sequence
-        // work. Anything else goes through `int_scalar`.
+        // Exact ints through the C API (`exact_int_at`), anything else through `int_scalar`.
         let mut out = Vec::with_capacity(list.len());
         // The length is re-read every round: `int_scalar` may run Python code.
         while out.len() < list.len() {
             let i = out.len();
-            // SAFETY: `i` is below the list's current length and the GIL is held, so the
-            // borrowed item is alive; it is only used before any Python code can run
-            // (PyLong_AsLongLong on an exact int calls none).
-            let fast = unsafe {
-                let item = pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
-                if pyo3::ffi::PyLong_CheckExact(item) != 0 {
-                    let v = pyo3::ffi::PyLong_AsLongLong(item);
-                    if v == -1 && !pyo3::ffi::PyErr_Occurred().is_null() {
-                        // Out of int64 range: drop the error, `int_scalar` reports it.
-                        pyo3::ffi::PyErr_Clear();
-                        None
-                    } else {
-                        Some(v)
-                    }
-                } else {
-                    None
-                }
-            };
-            out.push(match fast {
+            out.push(match exact_int_at(list, i) {
                 Some(v) => v,
                 None => int_scalar(&list.get_item(i)?, name)?,
             });
@@ -95,6 +74,32 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         out.push(int_scalar(&item, name)?);
     }
     Ok(out)
+}
+
+/// Item `i` (below the list's current length) when it is an exact `int` in int64 range.
+/// Schedulers hand over lists of Python ints (a decode step's running list): they are
+/// read through the C API, without the reference count traffic and bounds checks of a
+/// safe iterator, which cost as much as the core's whole per-sequence work. Runs no
+/// Python code.
+#[inline]
+fn exact_int_at(list: &Bound<'_, PyList>, i: usize) -> Option<i64> {
+    debug_assert!(i < list.len());
+    // SAFETY: `i` is below the list's length and the GIL is held, so the borrowed item is
+    // alive; it is only used before any Python code can run (PyLong_AsLongLong on an
+    // exact int calls none).
+    unsafe {
+        let item = pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
+        if pyo3::ffi::PyLong_CheckExact(item) == 0 {
+            return None;
+        }
+        let v = pyo3::ffi::PyLong_AsLongLong(item);
+        if v == -1 && !pyo3::ffi::PyErr_Occurred().is_null() {
+            // Out of int64 range: drop the error, the caller's checked path reports it.
+            pyo3::ffi::PyErr_Clear();
+            return None;
+        }
+        Some(v)
+    }
 }
 
 /// A Python int (or numpy integer) as i64. Floats, bools (Python's or numpy's, both of
@@ -166,21 +171,8 @@ pub fn seq_ids_into(obj: &Bound<'_, PyAny>, name: &str, buf: &mut Vec<SeqId>) ->
         let n = list.len();
         buf.reserve(n);
         for i in 0..n {
-            // SAFETY: `i` is below the length read above and nothing in this loop runs
-            // Python code (PyLong_AsLongLong on an exact int calls none), so the list
-            // cannot shrink and the borrowed item stays alive while the GIL is held.
-            let v = unsafe {
-                let item = pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
-                if pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                    -1
-                } else {
-                    let v = pyo3::ffi::PyLong_AsLongLong(item);
-                    if v == -1 && !pyo3::ffi::PyErr_Occurred().is_null() {
-                        pyo3::ffi::PyErr_Clear();
-                    }
-                    v
-                }
-            };
+            // Nothing in this loop runs Python code, so the list keeps its length `n`.
+            let v = exact_int_at(list, i).unwrap_or(-1);
             if v < 0 {
                 // Not an exact int, out of range or negative: the checked path reports it
                 // (or accepts an int subclass) with its usual message.
