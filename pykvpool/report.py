@@ -326,7 +326,8 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
         rows.append([b, f"{r.kv_bytes / GIB:.2f}", f"{r.kv_over_weights:.2f}x",
                      f"{r.weights_plus_kv_bytes / GIB:.2f}", f"{r.total_bytes / GIB:.2f}", fits])
     s.append(markdown_table(["batch (x 8192 tokens)", "KV GiB", "KV / weights",
-                             "weights + KV GiB", "+ reserve GiB", "fits 80 GiB"], rows) + "\n")
+                             "weights + KV GiB", "+ reserve GiB",
+                             f"fits {gqa.budget.usable_bytes / GIB:.0f} GiB"], rows) + "\n")
     s.append(f"Largest batch at 8192 tokens: {gqa.max_batch(8192)}; longest length at batch "
              f"32: {gqa.max_seq_len(32):,} tokens (at block size 16: {gqa.max_seq_len(32, 16):,}).\n")
     s.append("Presets on each accelerator (budget: `default_budget` of each device: "
