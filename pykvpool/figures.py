@@ -176,13 +176,21 @@ def _roof_panel(ax: Any, hw: Hardware, dtype: str, points: Sequence[tuple[str, f
         out.append({"label": label, "intensity": i, "bound_flops": y})
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylim(top=peak / scale * 6)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel(f"attainable {unit}")
     ax.set_title(f"{hw.name}: {peak / scale:.3g} {unit} {dtype}, {bw / 1e9:.4g} GB/s\n({hw.source})",
                  fontsize=10)
     ax.grid(alpha=0.25, which="both")
     return out
+
+
+def _finish_roof_panel(ax: Any, peak: float, title: str) -> None:
+    """Y range holding every drawn point with room for the ridge label above the roof, and
+    the legend under the panel, where it cannot hide a point."""
+    ys = [y for line in ax.get_lines() for y in np.atleast_1d(line.get_ydata()) if y > 0]
+    ax.set_ylim(min(ys) / 2.5, peak * 6)
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+              title=title, title_fontsize=7.5, frameon=False)
 
 
 def _kernel_points(ax: Any, machine: Hardware, kernel: Sequence[KernelPoint]) -> list[dict[str, Any]]:
@@ -220,7 +228,7 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
 
     ``ideal_points`` are (label, intensity at bf16) pairs. When ``machine`` is None the
     left panel states ``unavailable_reason`` instead of a roof."""
-    fig = new_figure((13.0, 5.4))
+    fig = new_figure((13.0, 6.6))
     a1, a2 = fig.subplots(1, 2)
     data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": []}
     if machine is not None:
@@ -228,15 +236,15 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
         data["machine"] = {"peak_flops": machine.flops("fp32"), "bandwidth": machine.bandwidth,
                            "points": _roof_panel(a1, machine, "fp32", local, 1e9, "GFLOP/s", BLUE)}
         data["kernel"] = _kernel_points(a1, machine, kernel or [])
-        a1.legend(fontsize=7, loc="lower right", title="ideal bounds (o) and measured kernel (*)",
-                  title_fontsize=7)
+        _finish_roof_panel(a1, machine.flops("fp32") / 1e9,
+                           "ideal bounds (o) and pykvpool's decode kernel, measured (*)")
     else:
         a1.axis("off")
         a1.text(0.5, 0.5, "this machine was not measured:\n" + unavailable_reason,
                 ha="center", va="center", fontsize=10, wrap=True, transform=a1.transAxes)
     data["accelerator_points"] = _roof_panel(a2, accelerator, accelerator_dtype, ideal_points,
                                              1e12, "TFLOP/s", ORANGE)
-    a2.legend(fontsize=7, loc="lower right", title="ideal bounds", title_fontsize=7)
+    _finish_roof_panel(a2, accelerator.flops(accelerator_dtype) / 1e12, "ideal bounds (o)")
     data["accelerator_peak_flops"] = accelerator.flops(accelerator_dtype)
     data["accelerator_bandwidth"] = accelerator.bandwidth
     fig.suptitle("Roofline: decode attention (I = 2g/p) sits far below the ridge; prefill above it",
