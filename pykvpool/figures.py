@@ -437,7 +437,8 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     empty = [r.empty_slots_per_request for r in rows]
     entries = [r.table_entries_per_request for r in rows]
     a1.plot(bsz, empty, "-o", color=ORANGE, label="empty slots / request (tokens)")
-    a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color=GRAY, label="(b-1)/2")
+    a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color="black", marker="D", ms=8, mfc="none",
+            zorder=4, label="(b-1)/2, expected (drawn on top: it coincides)")
     a1.plot(bsz, entries, "-s", color=BLUE, label="table entries / request")
     a1.set_xscale("log", base=2)
     a1.set_yscale("symlog", linthresh=1.0)
