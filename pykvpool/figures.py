@@ -1,8 +1,13 @@
-"""The report's figures (matplotlib, Agg backend, PNG, English labels).
+"""The report's figures (matplotlib, PNG, English labels).
 
 Each ``fig_*`` function draws one figure from data computed elsewhere (ledger, sweeps,
 measurements, a live pool), writes it to ``path`` and returns the data it plotted as a
-plain dict, so tests can compare it with the sweep that produced it.
+plain dict, so tests can compare it with the sweep that produced it. Every returned dict
+also holds ``overlapping_labels``: the pairs of labels (texts, titles, legends) whose boxes
+overlap in the drawn figure, empty for a readable one.
+
+Figures are :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas directly:
+nothing here selects a global backend or touches ``pyplot``'s state.
 """
 
 from __future__ import annotations
@@ -10,23 +15,22 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
-import matplotlib
+import matplotlib.patches as mpatches
+import matplotlib.patheffects as pe
+import numpy as np
+import numpy.typing as npt
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-import matplotlib.patches as mpatches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import numpy.typing as npt  # noqa: E402
-
-from pykvpool._native import BlockPool  # noqa: E402
-from pykvpool.hardware import Hardware  # noqa: E402
-from pykvpool.ledger import GIB, MemoryLedger  # noqa: E402
-from pykvpool.roofline import KernelPoint  # noqa: E402
-from pykvpool.sweeps import BlockSizeRow, SweepResult  # noqa: E402
-from pykvpool.video import VideoSpec, block_causal_mask  # noqa: E402
+from pykvpool._native import BlockPool
+from pykvpool.hardware import Hardware
+from pykvpool.ledger import GIB, MemoryLedger
+from pykvpool.roofline import KernelPoint
+from pykvpool.sweeps import BlockSizeRow, SweepResult
+from pykvpool.video import VideoSpec, block_causal_mask
 
 __all__ = [
     "PoolPicture",
@@ -35,18 +39,66 @@ __all__ = [
     "fig_paging",
     "fig_roofline",
     "fig_video",
+    "new_figure",
+    "overlapping_labels",
     "paging_demo",
+    "save_figure",
 ]
 
 BLUE, ORANGE, GREEN, PURPLE, GRAY, LIGHT, RED = (
     "#1f4e79", "#c1440e", "#2e7d32", "#7b1fa2", "#8a8a8a", "#bcd7ee", "#b71c1c")
 SEQ_COLORS = (BLUE, ORANGE, GREEN, PURPLE, "#00838f", "#6d4c41")
+HALO = [pe.withStroke(linewidth=2.2, foreground="white")]
+"""White outline that keeps dark text readable on any fill."""
 
 
-def _save(fig: Any, path: str | os.PathLike[str]) -> None:
+def new_figure(figsize: tuple[float, float]) -> Figure:
+    """A figure attached to its own Agg canvas (no pyplot, no global backend)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _label_boxes(fig: Figure) -> list[tuple[str, Any]]:
+    fig.draw_without_rendering()  # places axis labels and legends where they will be drawn
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    texts: list[Any] = list(fig.texts)
+    boxes: list[tuple[str, Any]] = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        titles = [getattr(ax, name) for name in ("title", "_left_title", "_right_title")]
+        texts += list(ax.texts) + titles + [ax.xaxis.label, ax.yaxis.label]
+        legend = ax.get_legend()
+        if legend is not None:
+            boxes.append(("legend", legend.get_window_extent(renderer)))
+    seen: set[int] = set()
+    for t in texts:
+        if id(t) not in seen and t.get_visible() and t.get_text().strip():
+            seen.add(id(t))
+            boxes.append((t.get_text().strip(), t.get_window_extent(renderer)))
+    return boxes
+
+
+def overlapping_labels(fig: Figure, tolerance_px: float = 1.0) -> list[tuple[str, str]]:
+    """Pairs of labels of ``fig`` (texts, annotations, titles, axis labels, legends) whose
+    drawn boxes overlap by more than ``tolerance_px`` pixels both ways."""
+    out = []
+    for (na, a), (nb, b) in combinations(_label_boxes(fig), 2):
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        if w > tolerance_px and h > tolerance_px:
+            out.append((na, nb))
+    return out
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> list[tuple[str, str]]:
+    """Lay ``fig`` out, write it to ``path`` (format from the suffix) and return its
+    overlapping labels (see :func:`overlapping_labels`)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    overlaps = overlapping_labels(fig)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return overlaps
 
 
 def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: MemoryLedger,
@@ -54,19 +106,22 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
                       seq_lens: Sequence[int] = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
                       ) -> dict[str, Any]:
     """Figure 1. Left: weights / KV / reserve stacked vs batch at ``seq_len`` with the
-    device budget line. Right: KV vs sequence length (log-log) for GQA batch 1, GQA batch
-    8 and MHA batch 8, with the KV budget line. Values in GiB."""
+    device budget line; each bar is labelled with its whole height (weights + KV +
+    reserve). Right: KV vs sequence length (log-log) for GQA batch 1, GQA batch 8 and MHA
+    batch 8, with the KV budget line. Values in GiB."""
     w = gqa.weight_bytes / GIB
     kv = [gqa.kv_bytes(seq_len, b) / GIB for b in batches]
     reserve = gqa.budget.reserve_bytes / GIB
     device = gqa.budget.usable_bytes / GIB
     kv_budget = gqa.kv_budget_bytes / GIB
+    totals = [w + k + reserve for k in kv]
     curves = {
         "GQA batch 1": [gqa.kv_bytes(s, 1) / GIB for s in seq_lens],
         "GQA batch 8": [gqa.kv_bytes(s, 8) / GIB for s in seq_lens],
         "MHA batch 8": [mha.kv_bytes(s, 8) / GIB for s in seq_lens],
     }
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 4.8))
+    fig = new_figure((12.5, 4.8))
+    a1, a2 = fig.subplots(1, 2)
     xs = np.arange(len(batches))
     a1.bar(xs, [w] * len(xs), color=BLUE, label=f"weights ({w:.2f} GiB)")
     a1.bar(xs, kv, bottom=[w] * len(xs), color=ORANGE, label="KV cache")
@@ -74,13 +129,15 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
            label=f"activations / framework reserve ({reserve:.0f} GiB)")
     a1.axhline(device, color=RED, ls="--", lw=1.5)
     a1.text(-0.4, device + 3, f"budget {device:.0f} GiB", color=RED, fontsize=9)
-    for x, k in zip(xs, kv):
-        a1.text(x, w + k + reserve + 2, f"{w + k:.1f}", ha="center", fontsize=8)
+    for x, t in zip(xs, totals):
+        a1.text(x, t + 2, f"{t:.1f}", ha="center", fontsize=8)
     a1.set_xticks(xs, [str(b) for b in batches])
+    a1.set_ylim(0, max(totals) * 1.12)
     a1.set_xlabel(f"batch (sequences of {seq_len} tokens)")
     a1.set_ylabel("memory (GiB)")
     a1.set_title(f"{gqa.model.name} {gqa.dtype.name}: KV overtakes the weights at batch 16+")
-    a1.legend(fontsize=8, loc="upper left")
+    a1.legend(fontsize=8, loc="upper left",
+              title="bar label: weights + KV + reserve (GiB)", title_fontsize=8)
     for (label, ys), color, style in zip(curves.items(), (BLUE, ORANGE, PURPLE), ("-o", "-o", "--s")):
         a2.plot(list(seq_lens), ys, style, ms=3.5, color=color, label=label)
     a2.axhline(kv_budget, color=GRAY, ls=":", lw=1.5)
@@ -91,36 +148,67 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
     a2.set_ylabel("KV cache (GiB, log)")
     a2.set_title("KV grows linearly with length and batch")
     a2.grid(alpha=0.25, which="both")
-    a2.legend(fontsize=8)
-    _save(fig, path)
+    a2.legend(fontsize=8, loc="lower right")
+    overlaps = save_figure(fig, path)
     return {"batches": list(batches), "seq_len": seq_len, "weights_gib": w, "kv_gib": kv,
-            "reserve_gib": reserve, "budget_gib": device, "kv_budget_gib": kv_budget,
-            "seq_lens": list(seq_lens), "curves_gib": curves}
+            "reserve_gib": reserve, "bar_label_gib": totals, "budget_gib": device,
+            "kv_budget_gib": kv_budget, "seq_lens": list(seq_lens), "curves_gib": curves,
+            "overlapping_labels": overlaps}
 
 
 def _roof_panel(ax: Any, hw: Hardware, dtype: str, points: Sequence[tuple[str, float]],
                 scale: float, unit: str, color: str) -> list[dict[str, Any]]:
+    """The roof of ``hw`` and the ideal points on it; every label goes to the legend (no
+    free-floating annotation to collide), the ridge is labelled above the roof."""
     peak, bw = hw.flops(dtype), hw.bandwidth
     xs = np.logspace(-1, 5, 300)
-    ax.plot(xs, np.minimum(peak, xs * bw) / scale, color=color, lw=2, label=f"{hw.name} roof")
+    ax.plot(xs, np.minimum(peak, xs * bw) / scale, color=color, lw=2,
+            label=f"roof: {bw / 1e9:.4g} GB/s, {peak / scale:.3g} {unit}")
     ridge = peak / bw
     ax.axvline(ridge, color=color, ls=":", lw=1)
-    ax.text(ridge * 1.1, peak / scale * 0.02, f"ridge {ridge:.0f} FLOP/B", rotation=90,
+    ax.text(ridge, peak / scale * 1.6, f"ridge {ridge:.3g} FLOP/B", ha="center", va="bottom",
             color=color, fontsize=8)
     out = []
     for (label, i), c in zip(points, (RED, GREEN, PURPLE, BLUE, ORANGE)):
         y = min(peak, i * bw)
-        ax.plot([i], [y / scale], "o", ms=7, color=c, zorder=5)
-        ax.annotate(f"{label} (I={i:.3g})", (i, y / scale), textcoords="offset points",
-                    xytext=(6, -12) if i < ridge else (-120, -16), fontsize=8, color=c)
+        ax.plot([i], [y / scale], "o", ms=7, color=c, zorder=5,
+                label=f"{label}: I={i:.3g}, bound {y / scale:.3g} {unit}")
         out.append({"label": label, "intensity": i, "bound_flops": y})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel(f"attainable {unit}")
-    ax.set_title(f"{hw.name}: {peak / 1e12:.3g} TFLOP/s {dtype}, {bw / 1e9:.4g} GB/s\n({hw.source})",
+    ax.set_title(f"{hw.name}: {peak / scale:.3g} {unit} {dtype}, {bw / 1e9:.4g} GB/s\n({hw.source})",
                  fontsize=10)
     ax.grid(alpha=0.25, which="both")
+    return out
+
+
+def _finish_roof_panel(ax: Any, peak: float, title: str) -> None:
+    """Y range holding every drawn point with room for the ridge label above the roof, and
+    the legend under the panel, where it cannot hide a point."""
+    ys = [y for line in ax.get_lines() for y in np.atleast_1d(line.get_ydata()) if y > 0]
+    ax.set_ylim(min(ys) / 2.5, peak * 6)
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+              title=title, title_fontsize=7.5, frameon=False)
+
+
+def _kernel_points(ax: Any, machine: Hardware, kernel: Sequence[KernelPoint]) -> list[dict[str, Any]]:
+    """pykvpool's measured kernel on the machine's roof: each point's share of the roof at
+    its own intensity, flagged (label and data) when it lies above it."""
+    peak, bw = machine.flops("fp32"), machine.bandwidth
+    out = []
+    for kp, c in zip(kernel, (RED, GREEN, PURPLE, ORANGE)):
+        roof = min(peak, kp.intensity * bw)
+        share = kp.flops_per_s / roof
+        above = share > 1.0
+        label = (f"kernel g={kp.group_size}: {kp.bytes_per_s / 1e9:.1f} GB/s, {share:.0%} of roof"
+                 + (" (ABOVE the measured roof)" if above else ""))
+        ax.plot([kp.intensity], [kp.flops_per_s / 1e9], "*", ms=13, color=c, mec="black",
+                zorder=6, label=label)
+        out.append({"group_size": kp.group_size, "intensity": kp.intensity,
+                    "flops_per_s": kp.flops_per_s, "bytes_per_s": kp.bytes_per_s,
+                    "roof_flops": roof, "share_of_roof": share, "above_roof": above})
     return out
 
 
@@ -130,38 +218,40 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
                  accelerator_dtype: str = "bf16") -> dict[str, Any]:
     """Figure 2. Left: this machine's measured fp32 roof with the ideal decode/prefill
     points at fp32 (I halves: 4-byte elements) and pykvpool's decode kernel measured at
-    those g. Right: the accelerator's datasheet roof with the same points at bf16.
+    those g, each labelled with its share of the roof at its intensity. Right: the
+    accelerator's datasheet roof with the same points at bf16.
+
+    The left roof is ``machine.bandwidth``: pass the bandwidth measured on the kernel's own
+    cache (:attr:`KernelPoint.roof_bandwidth`), the measurement the kernel is compared
+    with. A kernel point above that roof is flagged in its label and in the returned
+    ``kernel[i]["above_roof"]``.
 
     ``ideal_points`` are (label, intensity at bf16) pairs. When ``machine`` is None the
     left panel states ``unavailable_reason`` instead of a roof."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 5.0))
+    fig = new_figure((13.0, 6.6))
+    a1, a2 = fig.subplots(1, 2)
     data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": []}
     if machine is not None:
         local = [(label, i / 2) for label, i in ideal_points]
         data["machine"] = {"peak_flops": machine.flops("fp32"), "bandwidth": machine.bandwidth,
                            "points": _roof_panel(a1, machine, "fp32", local, 1e9, "GFLOP/s", BLUE)}
-        for kp, c in zip(kernel or [], (RED, GREEN, PURPLE, ORANGE)):
-            a1.plot([kp.intensity], [kp.flops_per_s / 1e9], "*", ms=13, color=c, mec="black",
-                    zorder=6)
-            a1.annotate(f"pykvpool kernel g={kp.group_size}: {kp.bytes_per_s / 1e9:.1f} GB/s",
-                        (kp.intensity, kp.flops_per_s / 1e9), textcoords="offset points",
-                        xytext=(8, 4), fontsize=7.5, color=c)
-            data["kernel"].append({"group_size": kp.group_size, "intensity": kp.intensity,
-                                   "flops_per_s": kp.flops_per_s, "bytes_per_s": kp.bytes_per_s})
-        a1.plot([], [], "*", color=GRAY, mec="black", ms=11, label="pykvpool decode kernel (measured)")
-        a1.plot([], [], "o", color=GRAY, label="ideal bound (not measured)")
-        a1.legend(fontsize=8, loc="lower right")
+        data["kernel"] = _kernel_points(a1, machine, kernel or [])
+        _finish_roof_panel(a1, machine.flops("fp32") / 1e9,
+                           "ideal bounds (o) and pykvpool's decode kernel, measured (*)")
     else:
         a1.axis("off")
         a1.text(0.5, 0.5, "this machine was not measured:\n" + unavailable_reason,
                 ha="center", va="center", fontsize=10, wrap=True, transform=a1.transAxes)
     data["accelerator_points"] = _roof_panel(a2, accelerator, accelerator_dtype, ideal_points,
                                              1e12, "TFLOP/s", ORANGE)
+    _finish_roof_panel(a2, accelerator.flops(accelerator_dtype) / 1e12, "ideal bounds (o)")
     data["accelerator_peak_flops"] = accelerator.flops(accelerator_dtype)
     data["accelerator_bandwidth"] = accelerator.bandwidth
     fig.suptitle("Roofline: decode attention (I = 2g/p) sits far below the ridge; prefill above it",
                  fontsize=11)
-    _save(fig, path)
+    data["titles"] = [a1.get_title(), a2.get_title()]
+    data["ylabels"] = [a1.get_ylabel(), a2.get_ylabel()]
+    data["overlapping_labels"] = save_figure(fig, path)
     return data
 
 
@@ -222,12 +312,12 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
     from ``picture`` (shared blocks outlined in black, with their refcount). Right:
     admitted requests per policy for each workload; ``comparisons`` holds, per workload,
     the results of each policy (same order for every workload)."""
-    fig = plt.figure(figsize=(13.5, 5.2))
-    gs = fig.add_gridspec(1, 2, width_ratios=[1.3, 1.0])
+    fig = new_figure((14.5, 5.6))
+    gs = fig.add_gridspec(1, 2, width_ratios=[1.5, 1.0])
     ax = fig.add_subplot(gs[0, 0])
     bs, n_seq = picture.block_size, len(picture.seq_ids)
-    w, h, gap = 0.82, 0.6, 0.08
-    ax.set_xlim(-1.8, picture.num_blocks * (w + gap) + 0.5)
+    w, h, gap = 0.86, 0.62, 0.08
+    ax.set_xlim(-2.0, picture.num_blocks * (w + gap) + 0.3)
     ax.set_ylim(-0.9, n_seq + 2.4)
     ax.axis("off")
     ax.set_title(f"Logical blocks -> physical pool (block size {bs}; live BlockPool state)",
@@ -238,17 +328,17 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
         c = SEQ_COLORS[s % len(SEQ_COLORS)]
         label = f"seq {picture.seq_ids[s]}" + (" (fork of 0)" if s == n_seq - 1 else "")
         ax.text(-0.2, y + h / 2, f"{label}\n{picture.seq_lens[s]} tok", ha="right",
-                va="center", fontsize=7.5)
+                va="center", fontsize=8.5)
         for j, b in enumerate(table):
             x = j * (w + gap)
             used = min(bs, picture.seq_lens[s] - j * bs)
             ax.add_patch(mpatches.Rectangle((x, y), w, h, fc=c, alpha=0.25, ec=c))
             ax.add_patch(mpatches.Rectangle((x, y), w * used / bs, h, fc=c, alpha=0.8))
-            ax.text(x + w / 2, y + h / 2, f"{used}/{bs}", ha="center", va="center", fontsize=6.5,
-                    color="white")
+            ax.text(x + w / 2, y + h / 2, str(used), ha="center", va="center", fontsize=9,
+                    color="black", fontweight="bold", path_effects=HALO)
             ax.annotate("", xy=(b * (w + gap) + w / 2, y_pool + h), xytext=(x + w / 2, y),
                         arrowprops={"arrowstyle": "-", "color": c, "lw": 0.7, "alpha": 0.6})
-    ax.text(-0.2, y_pool + h / 2, "physical\npool", ha="right", va="center", fontsize=7.5)
+    ax.text(-0.2, y_pool + h / 2, "physical\npool", ha="right", va="center", fontsize=8.5)
     for b in range(picture.num_blocks):
         x = b * (w + gap)
         rc = picture.refcounts[b]
@@ -261,10 +351,11 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
             ax.add_patch(mpatches.Rectangle((x, y_pool), w * picture.fill[b] / bs, h, fc=c,
                                             alpha=0.8))
             if rc > 1:
-                ax.text(x + w / 2, y_pool + h + 0.08, f"x{rc}", ha="center", fontsize=7)
-        ax.text(x + w / 2, y_pool - 0.3, str(b), ha="center", fontsize=6.5, color=GRAY)
-    ax.text(0, n_seq + 2.0, "black outline = block shared by a fork (refcount shown); "
-            "hatched = free", fontsize=8, color=GRAY)
+                ax.text(x + w / 2, y_pool + h + 0.08, f"x{rc}", ha="center", fontsize=8.5,
+                        fontweight="bold", path_effects=HALO)
+        ax.text(x + w / 2, y_pool - 0.35, str(b), ha="center", fontsize=8.5, color="#444444")
+    ax.text(0, n_seq + 2.0, f"number in a block: tokens stored (of {bs}); black outline = block shared "
+            "by a fork (refcount shown); hatched = free", fontsize=8.5, color="#444444")
 
     ax2 = fig.add_subplot(gs[0, 1])
     policies = [r.policy + ("" if r.policy == "contiguous" else f" (b={r.block_size})")
@@ -277,17 +368,18 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
         vals = [a[p] for a in admitted]
         ax2.bar(xs, vals, width, color=c, label=label)
         for x, v, u in zip(xs, vals, (u[p] for u in utils)):
-            ax2.text(x, v + 4, f"{v}\n{u:.1%}", ha="center", fontsize=7)
-    ax2.set_xticks(np.arange(len(comparisons)), [c[0].workload for c in comparisons], fontsize=7.5)
+            ax2.text(x, v + 4, f"{v}\n{u:.1%}", ha="center", fontsize=8)
+    ax2.set_xticks(np.arange(len(comparisons)), [c[0].workload for c in comparisons], fontsize=8)
     ax2.set_ylabel("requests admitted (greedy, same KV budget)")
     ax2.set_title("Admitted requests and utilization per policy", fontsize=10)
     ax2.set_ylim(0, max(max(a) for a in admitted) * 1.3)
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=8, loc="upper left", title="bar label: admitted, utilization",
+               title_fontsize=8)
     ax2.grid(alpha=0.2, axis="y")
-    _save(fig, path)
+    overlaps = save_figure(fig, path)
     return {"picture": picture, "policies": policies,
             "workloads": [c[0].workload for c in comparisons], "admitted": admitted,
-            "utilization": utils}
+            "utilization": utils, "overlapping_labels": overlaps}
 
 
 def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_per_token: int,
@@ -297,7 +389,8 @@ def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_p
     chunks). Right: KV per video (GiB) against the device and KV budget lines."""
     mask = block_causal_mask(mask_chunks, mask_tokens)
     kv = [v.kv_bytes(bytes_per_token) / GIB for v in videos]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12.5, 4.8))
+    fig = new_figure((12.5, 4.8))
+    a1, a2 = fig.subplots(1, 2)
     a1.imshow(mask, cmap="Blues", vmin=0, vmax=1.4, interpolation="nearest")
     for f in range(mask_chunks + 1):
         a1.axhline(f * mask_tokens - 0.5, color=ORANGE, lw=0.8)
@@ -324,9 +417,10 @@ def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_p
     a2.set_ylabel("KV cache per video (GiB)")
     a2.set_title(f"{bytes_per_token // 1024} KiB/token, whole history cached", fontsize=10)
     a2.grid(alpha=0.2, axis="y")
-    _save(fig, path)
+    overlaps = save_figure(fig, path)
     return {"mask": mask, "videos": [v.name for v in videos], "tokens": [v.tokens for v in videos],
-            "kv_gib": kv, "device_gib": device_gib, "kv_budget_gib": kv_budget_gib}
+            "kv_gib": kv, "device_gib": device_gib, "kv_budget_gib": kv_budget_gib,
+            "overlapping_labels": overlaps}
 
 
 def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[BlockSizeRow],
@@ -337,12 +431,14 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     block-table entries per request. Middle: request-length CDFs of the trace workloads.
     Right: admitted requests per policy on the traces (``traces`` as in
     :func:`fig_paging`)."""
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15.5, 4.6))
+    fig = new_figure((15.5, 4.6))
+    a1, a2, a3 = fig.subplots(1, 3)
     bsz = [r.block_size for r in rows]
     empty = [r.empty_slots_per_request for r in rows]
     entries = [r.table_entries_per_request for r in rows]
     a1.plot(bsz, empty, "-o", color=ORANGE, label="empty slots / request (tokens)")
-    a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color=GRAY, label="(b-1)/2")
+    a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color="black", marker="D", ms=8, mfc="none",
+            zorder=4, label="(b-1)/2, expected (drawn on top: it coincides)")
     a1.plot(bsz, entries, "-s", color=BLUE, label="table entries / request")
     a1.set_xscale("log", base=2)
     a1.set_yscale("symlog", linthresh=1.0)
@@ -376,8 +472,8 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     a3.set_ylim(0, max(max(a) for a in admitted) * 1.25)
     a3.legend(fontsize=8, loc="upper left")
     a3.grid(alpha=0.2, axis="y")
-    _save(fig, path)
+    overlaps = save_figure(fig, path)
     return {"block_sizes": bsz, "empty_slots_per_request": empty,
             "table_entries_per_request": entries,
             "trace_workloads": [t[0].workload for t in traces], "policies": policies,
-            "admitted": admitted}
+            "admitted": admitted, "overlapping_labels": overlaps}

@@ -3,8 +3,11 @@ PNG figures and ``report.json`` (every number of every table).
 
 Sections: the memory ledger (figure 1, presets on each accelerator), the roofline with this
 machine measured (figure 2), static capacity through the pool (figure 3), video (figure 4),
-block size and real traces (figure 5), and a closing table of the article's value beside
-pykvpool's for every reproduced number.
+block size and real traces (figure 5), the simulator under the same budget (figures 6-8),
+and a closing table of the article's value beside pykvpool's for every reproduced number.
+
+One budget (:func:`pykvpool.ledger.default_budget`: the device's memory, a 4 GiB reserve)
+serves every section, and the report prints it.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from pykvpool.figures import (
     fig_video,
     paging_demo,
 )
-from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
-from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger
-from pykvpool.models import MODELS, storage_dtype
+from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, kernel_api, measure_this_machine
+from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
+from pykvpool.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.roofline import KernelPoint, decode_intensity, measure_decode_kernel, prefill_intensity
 from pykvpool.sweeps import (
@@ -52,8 +55,10 @@ __all__ = ["ReportResult", "build_report", "markdown_table"]
 ARTICLE_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
 SHARED_PREFIX = 256
 """Tokens of the shared system prompt in the shared-prefix policy (the heavy-tail minimum)."""
-TRACE_MAX_LEN = 8192
+TRACE_MAX_LEN = MODELS["llama-3-8b"].max_context
 """Contiguous reservation for the traces: Llama-3-8B's context window, tokens."""
+REPORT_HARDWARE = "a100-80gb-sxm"
+"""The article's accelerator: its :func:`default_budget` is the report's budget."""
 
 
 @dataclass(frozen=True)
@@ -100,57 +105,91 @@ _SWEEP_HEADER = ["workload", "policy", "block (tokens)", "admitted", "reserved G
                  "used GiB", "utilization", "gain", "table entries / request"]
 
 
+def preset_ledger(model: ModelConfig, budget: Budget, kv_dtype: str) -> tuple[MemoryLedger, str]:
+    """The ledger of ``model`` under ``budget`` with KV in ``kv_dtype``, and how its weights
+    are stored: as the preset says, or in fp8 (1 byte/param) when those leave no room for
+    KV (a 70B model on an 80 GB device).
+
+    Raises:
+        BudgetError: even fp8 weights plus the reserve fill the budget.
+    """
+    dt = storage_dtype(kv_dtype)
+    native = f"{model.weight_bytes_per_param:g} B/param"
+    try:
+        return MemoryLedger(model, budget, dt), native
+    except BudgetError:
+        if model.weight_bytes_per_param <= 1.0:
+            raise
+    fp8 = replace(model, weight_bytes_per_param=1.0, name=f"{model.name} (fp8 weights)")
+    return MemoryLedger(fp8, budget, dt), f"fp8, 1 B/param ({native} exceeds the budget)"
+
+
 def _presets_table() -> tuple[str, list[dict[str, Any]]]:
     rows: list[list[object]] = []
     data: list[dict[str, Any]] = []
     for hw_key, hw in HARDWARE.items():
-        budget = Budget(hw.memory_bytes, 0.9)
+        budget = default_budget(hw)
         for key, model in MODELS.items():
             for dt in ("bf16", "fp8"):
                 try:
-                    led = MemoryLedger(model, budget, storage_dtype(dt))
+                    led, weights = preset_ledger(model, budget, dt)
                 except BudgetError as e:
-                    rows.append([hw.name, model.name, dt, model.kv_bytes_per_token(dt),
+                    rows.append([hw.name, model.name, "-", dt, model.kv_bytes_per_token(dt),
                                  f"{model.weight_bytes / GIB:.2f}", "weights exceed budget",
                                  "-", "-", "-"])
                     data.append({"hardware": hw_key, "model": key, "dtype": dt, "error": str(e)})
                     continue
                 b = led.decode_bound(hw, 8192, 1, compute_dtype=dt)
-                rows.append([hw.name, model.name, dt, led.bytes_per_token,
+                rows.append([hw.name, model.name, weights, dt, led.bytes_per_token,
                              f"{led.weight_bytes / GIB:.2f}", f"{led.token_capacity:,}",
                              led.max_batch(8192), f"{b.step_time * 1e3:.2f}",
                              f"{b.tokens_per_s:.0f}"])
-                data.append({"hardware": hw_key, "model": key, "dtype": dt,
+                data.append({"hardware": hw_key, "model": key, "dtype": dt, "weights": weights,
+                             "budget": budget.describe(), "weight_bytes": led.weight_bytes,
                              "bytes_per_token": led.bytes_per_token,
                              "token_capacity": led.token_capacity,
                              "max_batch_8192": led.max_batch(8192),
                              "decode_step_s": b.step_time, "tokens_per_s": b.tokens_per_s})
     table = markdown_table(
-        ["hardware", "model", "KV dtype", "KV B/token", "weights GiB", "KV token capacity",
-         "max batch @ 8192", "decode step >= ms (batch 1, 8192)", "tokens/s <="], rows)
+        ["hardware", "model", "weights", "KV dtype", "KV B/token", "weights GiB",
+         "KV token capacity", "max batch @ 8192", "decode step >= ms (batch 1, 8192)",
+         "tokens/s <="], rows)
     return table, data
 
 
-def _measure(progress_on: bool) -> tuple[Hardware | None, list[KernelPoint], str]:
+@dataclass(frozen=True)
+class Measured:
+    """This machine as the report measured it.
+
+    Attributes:
+        machine: the roof of figure 2: ``bandwidth`` is the best read bandwidth of the
+            decode kernel's own cache, taken back to back with the kernel calls (bytes/s);
+            ``peak_flops["fp32"]`` the best of two FMA probes (FLOP/s).
+        kernel: the decode kernel's points.
+        fresh_bandwidth: a fresh 256 MiB buffer's read bandwidth in the same run (bytes/s),
+            for comparison only.
+    """
+
+    machine: Hardware
+    kernel: list[KernelPoint]
+    fresh_bandwidth: float
+
+
+def _measure(progress_on: bool) -> tuple[Measured | None, str]:
     try:
         with ProgressBar("measuring this machine", 3, enabled=progress_on) as bar:
-            before = measure_this_machine()
+            fresh = measure_this_machine()
             bar(1)
             kernel = measure_decode_kernel(progress=None)
             bar(2)
-            # The machine is shared: probe again after the kernel and keep the better
-            # roof, so the kernel is compared with what the memory can do, not with a
-            # moment when another process held it.
-            after = measure_this_machine()
+            flops = max(fresh.flops("fp32"), float(kernel_api().peak_flops()))
             bar(3)
-        machine = replace(
-            before,
-            bandwidth=max(before.bandwidth, after.bandwidth),
-            peak_flops={k: max(v, after.peak_flops.get(k, v)) for k, v in before.peak_flops.items()},
-        )
-        return machine, kernel, ""
     except KernelUnavailableError as e:
-        return None, [], str(e)
+        return None, str(e)
+    machine = replace(
+        fresh, bandwidth=max(k.roof_bandwidth for k in kernel), peak_flops={"fp32": flops},
+        source="roof: read_bandwidth of the kernel's own cache, back to back with it")
+    return Measured(machine, kernel, fresh.bandwidth), ""
 
 
 def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
@@ -177,7 +216,10 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
         run: ArticleRun = reproduce(progress=bar)
     gqa, mha = article_ledgers()
     cap, bpt = gqa.token_capacity, gqa.bytes_per_token
-    a100 = hardware_preset("a100-80gb-sxm")
+    a100 = hardware_preset(REPORT_HARDWARE)
+    budget = default_budget(a100)
+    if gqa.budget != budget:  # the article's budget is the A100's default one
+        raise AssertionError(f"article budget {gqa.budget} != default budget {budget}")
 
     with ProgressBar("sweeps (article workloads)", 2, enabled=progress) as bar:
         comparisons = []
@@ -198,11 +240,12 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
             bar(j + 1)
         trace_bsz = {wl.name: block_size_sweep(wl, (8, 16, 32, 64, 128), cap) for wl in traces}
 
-    machine: Hardware | None = None
-    kernel: list[KernelPoint] = []
+    measured: Measured | None = None
     reason = "measurement skipped (--no-measure)"
     if measure:
-        machine, kernel, reason = _measure(progress)
+        measured, reason = _measure(progress)
+    machine = measured.machine if measured is not None else None
+    kernel = measured.kernel if measured is not None else []
 
     with ProgressBar("figures", 5, enabled=progress) as bar:
         data["fig1"] = fig_memory_ledger(figs["fig1_memory_ledger"], gqa, mha)
@@ -226,10 +269,10 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
 
     from pykvpool.sim_report import dynamic_section
 
-    dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, cap, progress)
+    dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, budget, progress)
     figs.update(dynamic_figs)
-    md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, machine,
-                   kernel, reason, videos, figs)
+    md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
+                   data["fig2"], reason, videos, figs)
     md = md.replace("## Closing note", dynamic_md + "\n## Closing note", 1)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
@@ -239,8 +282,10 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     data["sweeps"] = comparisons
     data["block_size"] = bsz_rows
     data["traces"] = trace_results
+    data["budget"] = budget.describe()
     data["machine"] = machine
     data["kernel"] = kernel
+    data["fresh_bandwidth"] = measured.fresh_bandwidth if measured is not None else None
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=1, default=str),
                                      encoding="utf-8")
     matched = sum(r.match for r in run.rows)
@@ -250,7 +295,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
 def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepResult]],
               bsz_rows: Sequence[Any], traces: list[Workload],
               trace_results: list[list[SweepResult]], trace_bsz: dict[str, list[Any]],
-              machine: Hardware | None, kernel: list[KernelPoint], reason: str,
+              measured: Measured | None, fig2: dict[str, Any], reason: str,
               videos: list[VideoSpec], figs: dict[str, Path]) -> str:
     cap, bpt = gqa.token_capacity, gqa.bytes_per_token
     matched = sum(r.match for r in run.rows)
@@ -267,6 +312,10 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
              f"- weights {gqa.weight_bytes / GIB:.2f} GiB - reserve "
              f"{gqa.budget.reserve_bytes / GIB:.0f} GiB = {gqa.kv_budget_bytes / GIB:.2f} GiB "
              f"= {cap:,} KV tokens.\n")
+    s.append(f"**Budget, the same in every section** (`pykvpool.ledger.default_budget`, also "
+             f"used by `pykvpool ledger` and `pykvpool simulate`): {gqa.budget.describe()} on "
+             "the A100; each accelerator of the presets table gets its own memory with the "
+             "same fraction and reserve.\n")
 
     s.append("## 1. Memory ledger\n")
     s.append(f"![memory ledger]({figs['fig1_memory_ledger'].name})\n")
@@ -277,45 +326,26 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
         rows.append([b, f"{r.kv_bytes / GIB:.2f}", f"{r.kv_over_weights:.2f}x",
                      f"{r.weights_plus_kv_bytes / GIB:.2f}", f"{r.total_bytes / GIB:.2f}", fits])
     s.append(markdown_table(["batch (x 8192 tokens)", "KV GiB", "KV / weights",
-                             "weights + KV GiB", "+ reserve GiB", "fits 80 GiB"], rows) + "\n")
+                             "weights + KV GiB", "+ reserve GiB",
+                             f"fits {gqa.budget.usable_bytes / GIB:.0f} GiB"], rows) + "\n")
     s.append(f"Largest batch at 8192 tokens: {gqa.max_batch(8192)}; longest length at batch "
              f"32: {gqa.max_seq_len(32):,} tokens (at block size 16: {gqa.max_seq_len(32, 16):,}).\n")
-    s.append("Presets on each accelerator (budget: 90% of device memory, no extra reserve; "
-             "fp8 counts one fp32 scale per token, layer, K/V and KV head; the decode bound "
-             "reads the weights and the whole KV once per step):\n")
+    s.append("Presets on each accelerator (budget: `default_budget` of each device: "
+             + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
+             + ". KV fp8 counts one fp32 scale per token, layer, K/V and KV head; the decode "
+             "bound reads the weights and the whole KV once per step. Where the preset's bf16 "
+             "weights leave no room for KV, the row stores the weights in fp8, 1 byte per "
+             "parameter, and says so in the weights column):\n")
     table, _ = _presets_table()
     s.append(table + "\n")
 
     s.append("## 2. Roofline\n")
     s.append(f"![roofline]({figs['fig2_roofline'].name})\n")
-    if machine is None:
+    if measured is None:
         s.append(f"**This machine was not measured**: {reason}. The right panel (datasheet) "
                  "and the ideal points are complete.\n")
     else:
-        s.append(f"This machine (measured by `pykvpool.read_bandwidth` and "
-                 f"`pykvpool.peak_flops`): {machine.bandwidth / 1e9:.2f} GB/s read bandwidth, "
-                 f"{machine.flops('fp32') / 1e9:.2f} GFLOP/s fp32, ridge "
-                 f"{machine.ridge_point('fp32'):.1f} FLOP/byte. The article's machine: "
-                 "71.89 GB/s, 1201.61 GFLOP/s (a different machine: not a reproduced number).\n")
-        local = gqa.decode_bound(machine, 8192, 1, compute_dtype="fp32")
-        s.append(f"{gqa.model.name} decode on this machine (same ledger, fp32 peak): step >= "
-                 f"{local.step_time * 1e3:.1f} ms at batch 1 and 8192 cached tokens, <= "
-                 f"{local.tokens_per_s:.2f} tokens/s "
-                 f"({'memory' if local.memory_bound else 'compute'} bound).\n")
-        krows = [[k.group_size, k.batch, k.seq_len, f"{k.intensity:.2f}",
-                  f"{k.seconds * 1e3:.3f}", f"{k.flops_per_s / 1e9:.2f}",
-                  f"{k.bytes_per_s / 1e9:.2f}", f"{k.bytes_per_s / machine.bandwidth:.0%}"]
-                 for k in kernel]
-        k0 = kernel[0]
-        kv_mib = 2 * k0.num_kv_heads * k0.head_dim * k0.seq_len * k0.batch * 4 / 2**20
-        s.append(f"pykvpool's decode kernel (`pykvpool.decode_attention`, f32 paged cache "
-                 f"filled through a `BlockPool`, {k0.num_kv_heads} KV heads, d={k0.head_dim}, "
-                 f"block 16, {kv_mib:.0f} MiB of K and V read per call, best of 5 calls "
-                 f"after a warm-up; {os.cpu_count()} CPUs visible, timings vary with machine "
-                 "load):\n")
-        s.append(markdown_table(["g", "batch", "cached tokens", "FLOP/byte", "ms / call",
-                                 "GFLOP/s", "GB/s", "of measured bandwidth"], krows) + "\n")
-
+        s += _roofline_text(gqa, measured, fig2)
     s.append("## 3. Static capacity: contiguous reservation vs paging, through the pool\n")
     s.append(f"![paging]({figs['fig3_paging'].name})\n")
     rows = [_sweep_row(r, comp[0]) for comp in comparisons for r in comp]
@@ -385,3 +415,41 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
     return "\n".join(s)
 
 
+def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) -> list[str]:
+    machine, kernel = measured.machine, measured.kernel
+    s = [f"This machine: roof {machine.bandwidth / 1e9:.2f} GB/s, the best read bandwidth of "
+         "the decode kernel's own cache pages (`pykvpool.read_bandwidth(cache=...)`, measured "
+         "right after each timed kernel call, on the memory the kernel reads); a fresh 256 MiB "
+         f"buffer read at {measured.fresh_bandwidth / 1e9:.2f} GB/s in the same run. "
+         f"{machine.flops('fp32') / 1e9:.2f} GFLOP/s fp32 (`pykvpool.peak_flops`, best of two), "
+         f"ridge {machine.ridge_point('fp32'):.1f} FLOP/byte. The article's machine: 71.89 GB/s, "
+         "1201.61 GFLOP/s (a different machine: not a reproduced number).\n"]
+    local = gqa.decode_bound(machine, 8192, 1, compute_dtype="fp32")
+    s.append(f"{gqa.model.name} decode on this machine (same ledger, fp32 peak): step >= "
+             f"{local.step_time * 1e3:.1f} ms at batch 1 and 8192 cached tokens, <= "
+             f"{local.tokens_per_s:.2f} tokens/s "
+             f"({'memory' if local.memory_bound else 'compute'} bound).\n")
+    pts = fig2["kernel"]
+    krows = [[k.group_size, k.batch, k.seq_len, f"{k.intensity:.2f}", f"{k.seconds * 1e3:.3f}",
+              f"{k.flops_per_s / 1e9:.2f}", f"{k.bytes_per_s / 1e9:.2f}",
+              f"{k.roof_bandwidth / 1e9:.2f}", f"{pt['share_of_roof']:.0%}"]
+             for k, pt in zip(kernel, pts)]
+    k0 = kernel[0]
+    kv_mib = 2 * k0.num_kv_heads * k0.head_dim * k0.seq_len * k0.batch * 4 / 2**20
+    s.append(f"pykvpool's decode kernel (`pykvpool.decode_attention`, f32 paged cache "
+             f"filled through a `BlockPool`, {k0.num_kv_heads} KV heads, d={k0.head_dim}, "
+             f"block 16, {kv_mib:.0f} MiB of K and V read per call, best of 5 calls after a "
+             f"warm-up, each followed by a read of the same cache; {os.cpu_count()} CPUs "
+             "visible, timings vary with machine load):\n")
+    s.append(markdown_table(["g", "batch", "cached tokens", "FLOP/byte", "ms / call", "GFLOP/s",
+                             "GB/s", "its cache read (GB/s)", "of the roof"], krows) + "\n")
+    above = [pt for pt in pts if pt["above_roof"]]
+    if above:
+        s.append("**Above the measured roof**: " + ", ".join(
+            f"g={pt['group_size']} at {pt['share_of_roof']:.0%}" for pt in above)
+            + ". The kernel read its cache faster than the best bandwidth probe of the same "
+            "pages did: the probe undershoots on this machine (load, timing), so the roof "
+            "here is a lower bound.\n")
+    else:
+        s.append("Every kernel point lies at or below the roof measured on its own cache.\n")
+    return s

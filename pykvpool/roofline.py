@@ -8,17 +8,21 @@ Units: FLOP, bytes, FLOP/byte, FLOP/s, bytes/s, seconds.
 - Prefill of S tokens (the article's coarse model): attention ``L x 2 x 2 n_q d S(S+1)/2``
   plus projections ``2 N S`` FLOPs over weights plus ``L x 10 S D p`` activation bytes.
 - :func:`measure_decode_kernel` times ``pykvpool.decode_attention`` on a paged f32 cache for
-  several g and reports the FLOP/s and bytes/s it reached.
+  several g and reports the FLOP/s and bytes/s it reached, with the read bandwidth of that
+  cache's own pages measured back to back with the kernel: the roof the kernel is compared
+  with.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pykvpool import _native
 from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.hardware import kernel_api
 from pykvpool.models import ModelConfig
@@ -71,6 +75,9 @@ class KernelPoint:
         flops: FLOPs of one call (``4 x n_q x d x S x batch``).
         bytes_moved: K and V read once plus q and output, bytes.
         seconds: best time of one call.
+        roof_bandwidth: read bandwidth of the kernel's own cache pages
+            (``pykvpool.read_bandwidth(cache=...)``), measured back to back with the
+            kernel calls, best of the same repeats, bytes/s; NaN when not measured.
     """
 
     group_size: int
@@ -81,6 +88,7 @@ class KernelPoint:
     flops: float
     bytes_moved: float
     seconds: float
+    roof_bandwidth: float = math.nan
 
     @property
     def intensity(self) -> float:
@@ -97,6 +105,12 @@ class KernelPoint:
         """Achieved bytes/s."""
         return self.bytes_moved / self.seconds
 
+    @property
+    def fraction_of_roof(self) -> float:
+        """Achieved bytes/s over :attr:`roof_bandwidth` (NaN when not measured; above 1
+        means the kernel read faster than the probe did)."""
+        return self.bytes_per_s / self.roof_bandwidth
+
 
 def measure_decode_kernel(
     groups: Sequence[int] = (1, 4, 8),
@@ -108,6 +122,7 @@ def measure_decode_kernel(
     repeats: int = 5,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    bandwidth_passes: int = 2,
 ) -> list[KernelPoint]:
     """Time ``pykvpool.decode_attention`` (f32 paged cache) for each g in ``groups``.
 
@@ -115,12 +130,24 @@ def measure_decode_kernel(
     best of ``repeats`` calls is kept, after one warm-up call. The defaults read 256 MiB of
     K and V per call, 8x a 32 MiB last-level cache, so the figure is a DRAM figure.
 
+    Each timed call is followed by ``pykvpool.read_bandwidth(cache=the same cache,
+    passes=bandwidth_passes)``: the bandwidth of the very pages the kernel reads, taken
+    back to back with it (the best of the ``repeats`` probes is the point's
+    ``roof_bandwidth``). A roof measured on other memory, or at another moment of a
+    shared machine, is not the kernel's ceiling.
+
     Raises:
         KernelUnavailableError: the extension has no decode kernel.
-        InvalidArgumentError: a size < 1.
+        InvalidArgumentError: a size < 1 (the message names it), or ``groups`` empty.
     """
-    if min(batch, seq_len, num_kv_heads, head_dim, block_size, repeats) < 1 or not groups:
-        raise InvalidArgumentError("every size must be >= 1 and groups non-empty")
+    sizes = {"batch": batch, "seq_len": seq_len, "num_kv_heads": num_kv_heads,
+             "head_dim": head_dim, "block_size": block_size, "repeats": repeats,
+             "bandwidth_passes": bandwidth_passes}
+    for name, value in sizes.items():
+        if value < 1:
+            raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
+    if not groups:
+        raise InvalidArgumentError("groups must not be empty")
     api = kernel_api()
     rng = np.random.default_rng(seed)
     blocks_per_seq = -(-seq_len // block_size)
@@ -141,15 +168,16 @@ def measure_decode_kernel(
         n_q = g * num_kv_heads
         q = rng.standard_normal((batch, n_q, head_dim), dtype=np.float32)
         api.decode_attention(cache, 0, q, tables, lens)
-        best = float("inf")
+        best, roof = float("inf"), 0.0
         for _ in range(repeats):
             t0 = time.perf_counter()
             api.decode_attention(cache, 0, q, tables, lens)
             best = min(best, time.perf_counter() - t0)
+            roof = max(roof, float(_native.read_bandwidth(cache=cache, passes=bandwidth_passes)))
         flops = 4.0 * n_q * head_dim * seq_len * batch
         moved = 2.0 * num_kv_heads * head_dim * seq_len * batch * 4 + 2.0 * q.nbytes
         points.append(KernelPoint(g, batch, seq_len, num_kv_heads, head_dim, flops, moved,
-                                  max(best, 1e-9)))
+                                  max(best, 1e-9), roof))
         if progress is not None:
             progress(j + 1, len(groups))
     return points

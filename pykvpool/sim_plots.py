@@ -1,11 +1,16 @@
-"""Figures of simulation results. Each function computes its data, draws it with
-matplotlib (Agg, nothing shown) when ``path`` is given, and returns the data, so tests and
-reports can use the numbers without the picture.
+"""Figures of simulation results. Each function computes its data, draws it when ``path``
+is given, and returns the data, so tests and reports can use the numbers without the
+picture; the ``plot_*`` functions build the :class:`matplotlib.figure.Figure` from that
+data (tests inspect it). Figures render on their own Agg canvas: nothing here selects a
+global backend or uses ``pyplot``.
 
-- :func:`utilization_over_time`: pool utilization, blocks used and concurrency per step;
-- :func:`latency_cdf`: the CDF of a latency column for several runs;
+- :func:`utilization_over_time`: pool occupancy, token utilization and concurrency per step;
+- :func:`latency_cdf`: the CDF of a latency column for several runs (log time axis);
 - :func:`policy_comparison`: summary metrics side by side for several runs;
 - :func:`throughput_vs_rate`: throughput and tail latency against arrival rate (a sweep).
+
+Runs are drawn with distinct line styles and markers (:func:`line_style`), so a run whose
+curve coincides with another's stays visible on top of it.
 """
 
 from __future__ import annotations
@@ -17,64 +22,151 @@ import numpy as np
 
 from pykvpool.simulate import SimulationResult
 
-__all__ = ["latency_cdf", "policy_comparison", "throughput_vs_rate", "utilization_over_time"]
+__all__ = [
+    "latency_cdf",
+    "line_style",
+    "plot_latency_cdf",
+    "plot_throughput_vs_rate",
+    "plot_utilization",
+    "policy_comparison",
+    "throughput_vs_rate",
+    "utilization_over_time",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: Styles of the simulator's allocations; later entries draw on top of earlier ones.
+_STYLES: dict[str, dict[str, Any]] = {
+    "paged": {"color": "#1f4e79", "linestyle": "-", "marker": "o", "lw": 2.4, "ms": 6, "zorder": 3},
+    "reserve": {"color": "#c1440e", "linestyle": "-.", "marker": "^", "lw": 1.6, "ms": 6, "zorder": 4},
+    "oracle": {"color": "#2e7d32", "linestyle": "--", "marker": "s", "lw": 1.4, "ms": 9,
+               "mfc": "none", "mew": 1.6, "zorder": 5},
+}
+_FALLBACK = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 1)), "P"))
+_COLORS = ("#1f4e79", "#c1440e", "#2e7d32", "#7b1fa2", "#00838f", "#6d4c41")
 
-def _figure(ncols: int = 1) -> tuple[Any, Any]:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def line_style(label: str, index: int = 0) -> dict[str, Any]:
+    """Matplotlib line keywords for run ``label``: the allocation's own style (``paged``,
+    ``reserve``, ``oracle``, matched on the label's first word) or, for any other label,
+    the ``index``-th of a cycle of distinct line styles, markers and colors."""
+    key = label.split()[0] if label.split() else label
+    if key in _STYLES:
+        return dict(_STYLES[key])
+    ls, marker = _FALLBACK[index % len(_FALLBACK)]
+    return {"color": _COLORS[index % len(_COLORS)], "linestyle": ls, "marker": marker,
+            "lw": 1.6, "ms": 5, "zorder": 3 + index}
 
-    return plt.subplots(1, ncols, figsize=(6 * ncols, 4), squeeze=False)
+
+def _figure(ncols: int = 1, height: float = 4.0) -> tuple[Any, list[Any]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6 * ncols, height))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)
+    return fig, list(axes[0])
 
 
 def _save(fig: Any, path: PathLike) -> None:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def utilization_over_time(result: SimulationResult, path: Optional[PathLike] = None) -> dict[str, np.ndarray]:
-    """Per-step series: ``time`` (s), ``utilization`` (tokens held / slots of held and
-    reserved blocks), ``blocks_used``, ``running`` and ``waiting`` (requests)."""
+def utilization_over_time(
+    result: SimulationResult,
+    path: Optional[PathLike] = None,
+    *,
+    num_blocks: Optional[int] = None,
+    block_size: Optional[int] = None,
+    title: str = "",
+) -> dict[str, np.ndarray]:
+    """Per-step series: ``time`` (s), ``utilization`` (the simulator's: tokens held / slots
+    of held and reserved blocks), ``blocks_used``, ``blocks_reserved``, ``running`` and
+    ``waiting`` (requests); with ``num_blocks``, ``occupancy`` (blocks used or reserved /
+    ``num_blocks``); with ``block_size``, ``token_utilization`` (stored tokens / slots of
+    the used blocks, 1.0 for an empty pool). The figure draws occupancy and token
+    utilization (each labelled) beside the concurrency."""
     s = result.steps
-    data = {k: np.asarray(s[k]) for k in ("time", "utilization", "blocks_used", "running", "waiting")}
+    keys = ("time", "utilization", "blocks_used", "blocks_reserved", "running", "waiting")
+    data = {k: np.asarray(s[k]) for k in keys}
+    if num_blocks is not None:
+        held = np.asarray(s["blocks_used"], dtype=np.float64) + np.asarray(s["blocks_reserved"], dtype=np.float64)
+        data["occupancy"] = held / float(num_blocks)
+    if block_size is not None:
+        slots = data["blocks_used"].astype(np.float64) * block_size
+        tokens = np.asarray(s["kv_tokens"], dtype=np.float64)
+        data["token_utilization"] = np.divide(tokens, slots, out=np.ones_like(slots), where=slots > 0)
     if path is not None:
-        fig, ax = _figure(2)
-        a, b = ax[0]
-        a.plot(data["time"], data["utilization"], lw=0.8)
-        a.set(xlabel="time (s)", ylabel="KV utilization", ylim=(0, 1.02), title="Utilization over time")
-        b.plot(data["time"], data["running"], lw=0.8, label="running")
-        b.plot(data["time"], data["waiting"], lw=0.8, label="waiting")
-        b.set(xlabel="time (s)", ylabel="requests", title="Concurrency over time")
-        b.legend()
-        _save(fig, path)
+        _save(plot_utilization(data, num_blocks=num_blocks, title=title), path)
     return data
 
 
+def plot_utilization(data: Mapping[str, np.ndarray], *, num_blocks: Optional[int] = None,
+                     title: str = "") -> Any:
+    """The figure of :func:`utilization_over_time`'s data."""
+    fig, (a, b) = _figure(2, 4.2)
+    t = data["time"]
+    if "occupancy" in data:
+        peak = int(np.max(data["blocks_used"] + data["blocks_reserved"], initial=0))
+        a.plot(t, data["occupancy"], lw=0.9, color="#c1440e",
+               label=f"pool occupancy: blocks held / {num_blocks:,} (peak {peak:,})")
+    if "token_utilization" in data:
+        a.plot(t, data["token_utilization"], lw=0.9, color="#1f4e79",
+               label="token utilization: stored tokens / slots of used blocks")
+    else:
+        a.plot(t, data["utilization"], lw=0.9, color="#1f4e79",
+               label="utilization: tokens / slots of held blocks")
+    a.set(xlabel="time (s)", ylabel="fraction", ylim=(0, 1.3), title=title or "KV pool over time")
+    a.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    a.legend(fontsize=8, loc="upper left")
+    a.grid(alpha=0.25)
+    b.plot(t, data["running"], lw=0.8, color="#1f4e79", label="running")
+    b.plot(t, data["waiting"], lw=0.8, color="#c1440e", label="waiting")
+    b.set(xlabel="time (s)", ylabel="requests", title="Concurrency over time")
+    b.legend(fontsize=8)
+    b.grid(alpha=0.25)
+    return fig
+
+
 def latency_cdf(
-    results: Mapping[str, SimulationResult], metric: str = "ttft", path: Optional[PathLike] = None
+    results: Mapping[str, SimulationResult],
+    metric: str = "ttft",
+    path: Optional[PathLike] = None,
+    *,
+    title: str = "",
+    log_x: bool = True,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{name: (sorted values in s, cumulative fraction)}`` of ``metric`` (ttft, tpot,
-    e2e, queueing) over finished requests of each run."""
+    e2e, queueing) over finished requests of each run. The figure's time axis is
+    logarithmic unless ``log_x`` is False (values <= 0 are then left out of the drawing,
+    not of the data); ``title`` should name the arrival rate."""
     data = {}
     for name, r in results.items():
         v = np.sort(np.asarray(r.requests[metric], dtype=np.float64)[r.requests["outcome"] == 0])
         v = v[~np.isnan(v)]
         data[name] = (v, np.arange(1, v.size + 1) / max(v.size, 1))
     if path is not None:
-        fig, ax = _figure()
-        for name, (x, y) in data.items():
-            ax[0][0].step(x, y, where="post", label=name)
-        ax[0][0].set(xlabel=f"{metric} (s)", ylabel="fraction of requests", title=f"{metric} CDF")
-        ax[0][0].legend()
-        _save(fig, path)
+        _save(plot_latency_cdf(data, metric, title=title, log_x=log_x), path)
     return data
+
+
+def plot_latency_cdf(data: Mapping[str, tuple[np.ndarray, np.ndarray]], metric: str = "ttft", *,
+                     title: str = "", log_x: bool = True) -> Any:
+    """The figure of :func:`latency_cdf`'s data."""
+    fig, (ax,) = _figure(1, 4.4)
+    for i, (name, (x, y)) in enumerate(data.items()):
+        st = line_style(name, i)
+        keep = x > 0 if log_x else np.ones(x.shape, dtype=bool)
+        every = max(1, int(keep.sum()) // 12)
+        ax.step(x[keep], y[keep], where="post", label=name, markevery=every, **st)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set(xlabel=f"{metric} (s{', log scale' if log_x else ''})", ylabel="fraction of requests",
+           ylim=(0, 1.02), title=title or f"{metric} CDF")
+    ax.grid(alpha=0.25, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
 
 
 def policy_comparison(
@@ -88,7 +180,7 @@ def policy_comparison(
     if path is not None:
         fig, ax = _figure(len(metrics))
         names = list(data)
-        for a, m in zip(ax[0], metrics):
+        for a, m in zip(ax, metrics):
             a.bar(names, [data[n][m] for n in names])
             a.set(title=m)
             a.tick_params(axis="x", rotation=30)
@@ -98,21 +190,29 @@ def policy_comparison(
 
 def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLike] = None) -> dict[str, dict[str, np.ndarray]]:
     """From sweep rows (``rate``, ``label``, summary keys): per label, arrays ``rate``,
-    ``output_throughput`` (tokens/s), ``request_throughput`` and ``ttft_p99`` sorted by rate."""
+    ``output_throughput`` (tokens/s), ``request_throughput`` and ``ttft_p99`` sorted by rate.
+    Labels keep their first-seen order."""
     data: dict[str, dict[str, np.ndarray]] = {}
-    for label in sorted({str(r["label"]) for r in rows}):
+    for label in dict.fromkeys(str(r["label"]) for r in rows):
         sel = sorted((r for r in rows if r["label"] == label), key=lambda r: float(r["rate"]))
         data[label] = {
             k: np.array([float(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
         }
     if path is not None:
-        fig, ax = _figure(2)
-        a, b = ax[0]
-        for label, d in data.items():
-            a.plot(d["rate"], d["output_throughput"], marker="o", label=label)
-            b.plot(d["rate"], d["ttft_p99"], marker="o", label=label)
-        a.set(xlabel="arrival rate (req/s)", ylabel="output tokens/s", title="Throughput vs arrival rate")
-        b.set(xlabel="arrival rate (req/s)", ylabel="p99 TTFT (s)", yscale="log", title="Tail TTFT vs arrival rate")
-        a.legend()
-        _save(fig, path)
+        _save(plot_throughput_vs_rate(data), path)
     return data
+
+
+def plot_throughput_vs_rate(data: Mapping[str, Mapping[str, np.ndarray]]) -> Any:
+    """The figure of :func:`throughput_vs_rate`'s data."""
+    fig, (a, b) = _figure(2)
+    for i, (label, d) in enumerate(data.items()):
+        st = line_style(label, i)
+        a.plot(d["rate"], d["output_throughput"], label=label, **st)
+        b.plot(d["rate"], d["ttft_p99"], label=label, **st)
+    a.set(xlabel="arrival rate (req/s)", ylabel="output tokens/s", title="Throughput vs arrival rate")
+    b.set(xlabel="arrival rate (req/s)", ylabel="p99 TTFT (s)", yscale="log", title="Tail TTFT vs arrival rate")
+    for ax in (a, b):
+        ax.grid(alpha=0.25, which="both")
+    a.legend(fontsize=8)
+    return fig

@@ -1,106 +1,170 @@
-"""The capacity report's dynamic section: the static KV budget of the report put under
-real traffic with the serving simulator.
+"""The capacity report's dynamic section: the report's budget put under real traffic with
+the serving simulator.
 
 The Azure conversation trace (19,366 requests, one hour) is replayed at multiples of its
-own rate through continuous batching on Llama-3-8B / A100 (roofline step times), with the
-report's KV budget as the pool, under paging (vLLM defaults: 256 running, 8,192 batched
-tokens, chunked prefill, recompute preemption of the newest), under Orca-style
-reservation of the longest request of the trace for every request at admission, and
-under an oracle reservation of each request's own final length (it knows output lengths:
-the most favourable reservation). Every allocation goes through
-``pykvpool.BlockPool``; times are logical (the roofline's), so the section is
-reproducible bit for bit.
+own rate through continuous batching on Llama-3-8B / A100 (roofline step times). The pool
+is what the report's one budget leaves for KV after the weights
+(:func:`pykvpool.simulate.kv_blocks_for_memory`, the number ``pykvpool simulate`` uses),
+under three allocations: ``paged`` (vLLM defaults: 256 running, 8,192 batched tokens,
+chunked prefill, recompute preemption of the newest), ``reserve`` (Orca: every request
+reserves the model's context at admission; a request longer than that is rejected) and
+``oracle`` (each request reserves its own final length: it knows output lengths, the most
+favourable reservation). Every allocation goes through ``pykvpool.BlockPool``; times are
+logical (the roofline's), so the section is reproducible bit for bit.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pykvpool import sim_plots, sim_traces
+from pykvpool.ledger import Budget
 from pykvpool.report import markdown_table
 from pykvpool.sim_sweep import sweep
-from pykvpool.simulate import SchedulerConfig, SimConfig, SimulationResult, roofline, run
+from pykvpool.simulate import (
+    Roofline,
+    SchedulerConfig,
+    SimConfig,
+    SimulationResult,
+    kv_blocks_for_memory,
+    roofline,
+    run,
+)
 from pykvpool.workloads import azure_trace_path
 
-__all__ = ["RATE_FACTORS", "dynamic_section"]
+__all__ = ["BLOCK_SIZE", "RATE_FACTORS", "dynamic_section", "policies", "pool_blocks"]
 
 #: Multiples of the trace's own mean arrival rate that the section replays.
 RATE_FACTORS = (0.5, 1.0, 1.5, 2.0)
 BLOCK_SIZE = 16
+MODEL, HARDWARE = "llama-3-8b", "a100-80gb-sxm"
 
-def _policies(max_len: int) -> dict[str, SchedulerConfig]:
+
+def policies(context_tokens: int) -> dict[str, SchedulerConfig]:
+    """The section's allocations; ``reserve`` holds ``context_tokens`` per request (the
+    model's context window, tokens)."""
     return {
-        "paged": SchedulerConfig(),
-        "orca": SchedulerConfig(allocation="reserve", reserve_tokens=max_len),
-        "oracle": SchedulerConfig(allocation="reserve"),
+        "paged": SchedulerConfig(allocation="paged"),
+        "reserve": SchedulerConfig(allocation="reserve", reserve_tokens=context_tokens),
+        "oracle": SchedulerConfig(allocation="oracle"),
     }
+
+
+def pool_blocks(roof: Roofline, budget: Budget) -> int:
+    """Device blocks of :data:`BLOCK_SIZE` tokens that ``budget`` leaves for KV after the
+    weights of ``roof.model`` (what ``pykvpool simulate`` uses for the same model and
+    hardware)."""
+    return kv_blocks_for_memory(roof.model, roof.hardware, BLOCK_SIZE, budget=budget)
+
+
+def _max_rel_gap(a: np.ndarray, b: np.ndarray) -> float:
+    scale = np.maximum(np.abs(a), np.abs(b))
+    return float(np.max(np.abs(a - b) / np.where(scale > 0, scale, 1.0), initial=0.0))
 
 
 def dynamic_section(
-    out_dir: Path, kv_tokens: int, progress: bool = True
+    out_dir: Path, budget: Budget, progress: bool = True
 ) -> tuple[str, dict[str, Any], dict[str, Path]]:
-    """Run the section's simulations, draw ``fig6_sim_utilization.png``,
+    """Run the section's simulations under ``budget``, draw ``fig6_sim_utilization.png``,
     ``fig7_sim_throughput.png`` and ``fig8_sim_ttft_cdf.png`` into ``out_dir``, and return
-    the Markdown, the data and the figures. ``kv_tokens`` is the KV budget in tokens.
+    the Markdown, the data and the figures.
 
     Raises:
-        FileNotFoundError: the Azure trace is neither packaged nor in ``../shared/data``.
+        FileNotFoundError: the packaged Azure trace is missing.
+        InvalidArgumentError: the budget leaves no room for KV.
     """
-    import sys
-
     w = sim_traces.load_azure(azure_trace_path("conv"))
-    roof = roofline("llama-3-8b", "a100-80gb-sxm", BLOCK_SIZE)
-    num_blocks = kv_tokens // BLOCK_SIZE
+    roof = roofline(MODEL, HARDWARE, BLOCK_SIZE)
+    num_blocks = pool_blocks(roof, budget)
+    context = roof.model.max_context
     native = (len(w) - 1) / float(w.arrival[-1])
     rates = [round(native * f, 3) for f in RATE_FACTORS]
-    max_len = int((w.prompt_len + w.output_len).max())
-    policies = _policies(max_len)
-    rows = sweep(w, rates, policies, [BLOCK_SIZE], kv_tokens, roof, progress=sys.stderr if progress else None)
+    pols = policies(context)
+    rows = sweep(w, rates, pols, [BLOCK_SIZE], num_blocks * BLOCK_SIZE, roof,
+                 progress=sys.stderr if progress else None)
     at_native: dict[str, SimulationResult] = {
         name: run(w, SimConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE, scheduler=pol), roof)
-        for name, pol in policies.items()
+        for name, pol in pols.items()
     }
     figs = {k: out_dir / f"{k}.png" for k in ("fig6_sim_utilization", "fig7_sim_throughput", "fig8_sim_ttft_cdf")}
-    util = sim_plots.utilization_over_time(at_native["paged"], figs["fig6_sim_utilization"])
+    util = sim_plots.utilization_over_time(
+        at_native["paged"], figs["fig6_sim_utilization"], num_blocks=num_blocks, block_size=BLOCK_SIZE,
+        title=f"paged, {native:.2f} req/s (the trace's own rate)")
     thr = sim_plots.throughput_vs_rate(rows, figs["fig7_sim_throughput"])
-    cdf = sim_plots.latency_cdf(at_native, "ttft", figs["fig8_sim_ttft_cdf"])
+    cdf = sim_plots.latency_cdf(at_native, "ttft", figs["fig8_sim_ttft_cdf"],
+                                title=f"TTFT CDF at {native:.2f} req/s (the trace's own rate)")
+    gap = max(_max_rel_gap(thr["oracle"][k], thr["paged"][k]) for k in ("output_throughput", "ttft_p99"))
+    md = _markdown(w, roof, budget, num_blocks, native, rates, rows, at_native, util, gap, figs)
+    data = {"budget": budget.describe(), "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
+            "reserve_tokens": context, "rates": rates, "rows": rows, "throughput_vs_rate": thr,
+            "rejected": {k: int(r.summary["rejected"]) for k, r in at_native.items()},
+            "peak_blocks_held": int(np.max(util["blocks_used"] + util["blocks_reserved"])),
+            "oracle_vs_paged_max_rel_gap": gap,
+            "styles": {k: sim_plots.line_style(k) for k in pols},
+            "ttft_cdf_p50": {k: float(np.median(v[0])) for k, v in cdf.items()}}
+    return md, data, figs
 
-    p = at_native["paged"].summary
-    busy = util["running"] > 0
-    md = [
+
+def _binding(paged: dict[str, float], peak_blocks: int, num_blocks: int) -> str:
+    cap = SchedulerConfig().max_running
+    if paged["peak_running"] >= cap and peak_blocks < num_blocks:
+        return (f"With this budget the {cap}-request cap, not memory, limits paging: the queue "
+                f"builds while the pool is at most {peak_blocks / num_blocks:.0%} occupied.")
+    return "With this budget memory limits paging: the pool fills before the request cap."
+
+
+def _markdown(w: Any, roof: Roofline, budget: Budget, num_blocks: int, native: float,
+              rates: list[float], rows: list[dict[str, Any]], at_native: dict[str, SimulationResult],
+              util: dict[str, np.ndarray], gap: float, figs: dict[str, Path]) -> str:
+    p, res, ora = (at_native[k].summary for k in ("paged", "reserve", "oracle"))
+    context = roof.model.max_context
+    busy = util["blocks_used"] > 0
+    held = util["blocks_used"] + util["blocks_reserved"]
+    rejected = int(res["rejected"])
+    coincide = (f"The `oracle` curves coincide with `paged` (largest relative gap {gap:.2%}): "
+                "they are drawn dashed with hollow squares on top of the solid paged line."
+                if gap < 0.01 else f"`oracle` and `paged` differ by up to {gap:.1%}.")
+    return "\n".join([
         "## 6. Dynamic serving: the budget under traffic (simulator)\n",
         f"The Azure conversation trace ({len(w):,} requests over {w.arrival[-1] / 60:.0f} min, "
         f"{native:.2f} req/s) replayed through continuous batching on {roof.model.name} / "
-        f"{roof.hardware.name} (roofline step times), with this report's KV budget as the pool: "
-        f"{num_blocks:,} blocks of {BLOCK_SIZE} tokens. `paged`: vLLM v1 defaults (256 running, "
-        "8,192 batched tokens, chunked prefill, recompute preemption of the newest). `orca`: "
-        f"every request reserves the trace's longest request ({max_len:,} tokens) at admission. "
-        "`oracle`: each request reserves exactly its own final length (it knows output "
-        "lengths, the most favourable reservation). Logical time; same inputs, same numbers. "
-        "Reproduce with `pykvpool simulate --trace azure-conv --sweep-rates "
+        f"{roof.hardware.name} (roofline step times). The pool is what the report's budget "
+        f"({budget.describe()}) leaves for KV after the weights: **{num_blocks:,} blocks of "
+        f"{BLOCK_SIZE} tokens**, the number `pykvpool simulate --model llama-3-8b --hardware "
+        "a100-80gb-sxm` uses. `paged`: vLLM v1 defaults (256 running, 8,192 batched tokens, "
+        "chunked prefill, recompute preemption of the newest). `reserve`: Orca, every request "
+        f"reserves the model's context ({context:,} tokens) at admission; {rejected:,} "
+        f"request{'s' if rejected != 1 else ''} longer than that {'are' if rejected != 1 else 'is'} "
+        "rejected. `oracle`: each request reserves exactly its own final length (it knows "
+        "output lengths, the most favourable reservation). Logical time; same inputs, same "
+        "numbers. Reproduce with `pykvpool simulate --trace azure-conv --sweep-rates "
         + ",".join(str(r) for r in rates) + "`.\n",
         f"![utilization over time]({figs['fig6_sim_utilization'].name})\n",
-        f"At the trace's own rate under paging, KV utilization (tokens held / slots of held "
-        f"blocks) stays at {np.mean(util['utilization'][busy]):.2%} on average while up to "
-        f"{int(util['running'].max())} requests run and up to {int(util['waiting'].max())} wait "
-        f"(peak {p['peak_blocks_used']:,} of {num_blocks:,} blocks); p99 TTFT "
-        f"{p['ttft_p99']:.2f} s, p50 TPOT {p['tpot_p50'] * 1e3:.1f} ms. Orca's reservation "
-        f"holds at most {at_native['orca'].summary['peak_running']} requests in the same memory "
-        f"(p99 TTFT {at_native['orca'].summary['ttft_p99']:.0f} s); with this budget the "
-        "256-request cap, not memory, limits paging, which then matches the oracle.\n",
+        f"At the trace's own rate under paging, the pool is at most {int(held.max()):,} of "
+        f"{num_blocks:,} blocks full (peak occupancy {held.max() / num_blocks:.1%}, mean "
+        f"{np.mean(held[busy]) / num_blocks:.1%} while busy), while the used blocks are "
+        f"{np.mean(util['token_utilization'][busy]):.2%} full of tokens on average (token "
+        f"utilization: only the last block of a request is partly empty); up to "
+        f"{int(util['running'].max())} requests run and up to {int(util['waiting'].max())} wait. "
+        f"p99 TTFT {p['ttft_p99']:.2f} s, p50 TPOT {p['tpot_p50'] * 1e3:.1f} ms. Orca's "
+        f"reservation holds at most {res['peak_running']:.0f} requests in the same memory (p99 "
+        f"TTFT {res['ttft_p99']:.0f} s); the oracle peaks at {ora['peak_running']:.0f}. "
+        + _binding(p, int(held.max()), num_blocks) + "\n",
         f"![throughput vs rate]({figs['fig7_sim_throughput'].name})\n",
+        coincide + "\n",
         markdown_table(
             ["rate (req/s)", "policy", "output tok/s", "req/s", "TTFT p50 (s)", "TTFT p99 (s)",
-             "TPOT p50 (ms)", "preemptions", "peak running", "mean utilization"],
+             "TPOT p50 (ms)", "preemptions", "rejected", "peak running", "mean utilization (tokens / held slots)"],
             [[r["rate"], r["label"], f"{r['output_throughput']:.0f}", f"{r['request_throughput']:.2f}",
               f"{r['ttft_p50']:.2f}", f"{r['ttft_p99']:.2f}", f"{r['tpot_p50'] * 1e3:.1f}", r["preemptions"],
-              r["peak_running"], f"{r['mean_utilization']:.2%}"] for r in rows],
+              r["rejected"], r["peak_running"], f"{r['mean_utilization']:.2%}"] for r in rows],
         ) + "\n",
         f"![TTFT CDF]({figs['fig8_sim_ttft_cdf'].name})\n",
-    ]
-    data = {"rates": rates, "rows": rows, "throughput_vs_rate": thr,
-            "ttft_cdf_p50": {k: float(np.median(v[0])) for k, v in cdf.items()}}
-    return "\n".join(md), data, figs
+        f"TTFT of the finished requests at {native:.2f} req/s (the trace's own rate), log time "
+        f"axis: median {p['ttft_p50']:.2f} s paged, {res['ttft_p50']:.1f} s reserve, "
+        f"{ora['ttft_p50']:.2f} s oracle.\n",
+    ])

@@ -6,6 +6,7 @@ memory pressure (evictions and preemptions); the script runs end to end."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def test_engines_agree_under_pressure() -> None:
     assert cache["evictions"] > 0 and cache["hit_tokens"] > 0
 
 
-def test_bench_script_runs_and_reports_every_target(tmp_path: Path) -> None:
+def test_bench_script_runs_and_reports_finite_figures(tmp_path: Path) -> None:
     out = tmp_path / "prefix.json"
     argv = ["--requests", "100", "--repeats", "2", "--micro-reps", "5", "--check-slots", "--out", str(out)]
     assert main(argv) == 0
@@ -55,5 +56,7 @@ def test_bench_script_runs_and_reports_every_target(tmp_path: Path) -> None:
     assert set(rep["loop"]) == {"pykvpool", "python"}
     assert set(rep["targets"]) == {"admit_2176_cold_us", "admit_2176_cold_evicting_us", "admit_2176_warm_us",
                                    "loop_allocator_ratio"}
-    assert all(t["result"] in ("PASS", "FAIL") for t in rep["targets"].values())
+    assert all(math.isfinite(t["value"]) and t["value"] > 0 for t in rep["targets"].values())
+    for name in ("pykvpool", "python"):
+        assert math.isfinite(rep["loop"][name]["allocator_ms"]) and rep["loop"][name]["allocator_ms"] > 0
     assert 0 < rep["token_hit_rate"] < 1

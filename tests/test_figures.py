@@ -1,8 +1,12 @@
-"""Figures: valid PNG files, and the data each figure returns matches what it was given."""
+"""Figures: valid PNG files, readable (no overlapping labels), and the data each figure
+returns matches what it was given; the report's one budget and its simulator section."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -18,7 +22,7 @@ from pykvpool.figures import (
     paging_demo,
 )
 from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.ledger import GIB
+from pykvpool.ledger import GIB, default_budget
 from pykvpool.roofline import KernelPoint, decode_intensity
 from pykvpool.sweeps import block_size_sweep, contiguous, paged, paged_shared_prefix
 from pykvpool.video import article_videos
@@ -45,12 +49,20 @@ def test_memory_ledger_figure(tmp_path: Path) -> None:
     assert d["budget_gib"] == 80.0 and f"{d['kv_budget_gib']:.2f}" == "61.04"
     i = d["seq_lens"].index(8192)
     assert d["curves_gib"]["MHA batch 8"][i] == 4 * d["curves_gib"]["GQA batch 8"][i] == 32.0
+    # The label on top of a bar is the bar's whole height: weights + KV + reserve.
+    assert d["bar_label_gib"] == [d["weights_gib"] + k + d["reserve_gib"] for k in d["kv_gib"]]
+    assert f"{d['bar_label_gib'][d['batches'].index(64)]:.1f}" == "83.0"
+    assert d["overlapping_labels"] == []
+
+
+def _kernel(g: int, seconds: float, roof: float = float("nan")) -> KernelPoint:
+    return KernelPoint(g, 8, 2048, 2, 128, 4.0 * 2 * g * 128 * 2048 * 8,
+                       2.0 * 2 * 128 * 2048 * 8 * 4, seconds, roof)
 
 
 def test_roofline_figure_with_synthetic_measurements(tmp_path: Path) -> None:
     machine = Hardware("this machine (CPU)", 16 * GIB, 20e9, {"fp32": 400e9}, "measured (synthetic)")
-    kernel = [KernelPoint(g, 8, 2048, 2, 128, 4.0 * 2 * g * 128 * 2048 * 8,
-                          2.0 * 2 * 128 * 2048 * 8 * 4, 1e-3) for g in (1, 4, 8)]
+    kernel = [_kernel(g, 5e-3) for g in (1, 4, 8)]
     ideal = [("decode g=1", decode_intensity(1, 2)), ("decode g=4", decode_intensity(4, 2)),
              ("prefill", 3973.9)]
     p = tmp_path / "f2.png"
@@ -64,10 +76,28 @@ def test_roofline_figure_with_synthetic_measurements(tmp_path: Path) -> None:
     assert [k["group_size"] for k in d["kernel"]] == [1, 4, 8]
     for k, kp in zip(d["kernel"], kernel):
         assert k["intensity"] == kp.intensity == pytest.approx(kp.group_size / 2, rel=1e-3)
-        assert k["flops_per_s"] == kp.flops / 1e-3
+        assert k["flops_per_s"] == kp.flops / 5e-3
+        assert k["roof_flops"] == min(400e9, kp.intensity * 20e9)
+        assert k["share_of_roof"] == pytest.approx(kp.bytes_per_s / 20e9)
+        assert k["above_roof"] is False  # 6.7 GB/s under a 20 GB/s roof
     acc = {pt["label"]: pt for pt in d["accelerator_points"]}
     assert acc["decode g=1"]["bound_flops"] == 2.039e12
     assert acc["prefill"]["bound_flops"] == 312e12
+    # Each title states the unit of its own axis.
+    assert "GFLOP/s" in d["titles"][0] and "GFLOP/s" in d["ylabels"][0]
+    assert "TFLOP/s" not in d["titles"][0]
+    assert "TFLOP/s" in d["titles"][1] and "TFLOP/s" in d["ylabels"][1]
+    assert d["overlapping_labels"] == []
+
+
+def test_roofline_flags_a_kernel_above_its_measured_roof(tmp_path: Path) -> None:
+    machine = Hardware("this machine (CPU)", 16 * GIB, 20e9, {"fp32": 400e9}, "measured (synthetic)")
+    # 33.5 MB per call in 1 ms: 33.5 GB/s, above a 20 GB/s roof; in 4 ms: 8.4 GB/s, below.
+    d = fig_roofline(tmp_path / "f.png", hardware_preset("a100-80gb-sxm"), [("decode g=1", 1.0)],
+                     machine, [_kernel(1, 1e-3), _kernel(4, 4e-3)])
+    assert [k["above_roof"] for k in d["kernel"]] == [True, False]
+    assert d["kernel"][0]["share_of_roof"] == pytest.approx(33.55e6 / 1e-3 / 20e9, rel=1e-2)
+    assert d["overlapping_labels"] == []
 
 
 def test_roofline_figure_without_machine(tmp_path: Path) -> None:
@@ -75,6 +105,17 @@ def test_roofline_figure_without_machine(tmp_path: Path) -> None:
     d = fig_roofline(p, hardware_preset("h100-sxm"), [("decode g=4", 4.0)], None, None, "no kernel")
     assert_png(p)
     assert d["machine"] is None and d["kernel"] == []
+
+
+def test_overlap_detector_sees_overlapping_labels() -> None:
+    from pykvpool.figures import new_figure, overlapping_labels
+
+    fig = new_figure((4, 3))
+    ax = fig.subplots()
+    ax.text(0.5, 0.5, "first label", transform=ax.transAxes)
+    ax.text(0.52, 0.5, "second label", transform=ax.transAxes)
+    ax.text(0.1, 0.1, "far away", transform=ax.transAxes)
+    assert overlapping_labels(fig) == [("first label", "second label")]
 
 
 def test_paging_demo_is_a_live_pool_state() -> None:
@@ -100,6 +141,7 @@ def test_paging_figure_matches_sweeps(tmp_path: Path) -> None:
     assert d["admitted"] == [[c.admitted for c in comp] for comp in comps]
     assert d["admitted"][0][:2] == [122, 214] and d["admitted"][1][:2] == [122, 405]
     assert d["utilization"][1][0] == comps[1][0].utilization
+    assert d["overlapping_labels"] == []  # block labels, seq labels and pool indices are apart
 
 
 def test_video_figure(tmp_path: Path) -> None:
@@ -108,6 +150,7 @@ def test_video_figure(tmp_path: Path) -> None:
     assert_png(p)
     assert [f"{v:.2f}" for v in d["kv_gib"]] == ["52.73", "105.47", "316.41"]
     assert d["mask"].shape == (60, 60) and not d["mask"][0, -1] and d["mask"][-1, 0]
+    assert d["overlapping_labels"] == []
 
 
 def test_block_size_and_trace_figure(tmp_path: Path) -> None:
@@ -122,6 +165,7 @@ def test_block_size_and_trace_figure(tmp_path: Path) -> None:
     assert d["empty_slots_per_request"] == [r.empty_slots_per_request for r in rows]
     assert d["table_entries_per_request"] == [r.table_entries_per_request for r in rows]
     assert d["admitted"] == [[traces[0][0].admitted, traces[0][1].admitted]]
+    assert d["overlapping_labels"] == []
 
 
 class _FakeCache:
@@ -163,14 +207,33 @@ def test_measure_decode_kernel_against_the_contract(monkeypatch: pytest.MonkeyPa
     from pykvpool import _native
     from pykvpool.roofline import measure_decode_kernel
 
+    calls: list[tuple[str, object]] = []
+    probes = iter([3e9, 7e9, 5e9, 2e9, 4e9, 6e9])
+
+    def decode(cache: _FakeCache, *args: object) -> np.ndarray:
+        calls.append(("kernel", cache))
+        return _fake_decode(cache, *args)  # type: ignore[arg-type]
+
+    def read_bandwidth(nbytes: object = None, threads: object = None, *, cache: object = None,
+                       passes: object = None) -> float:
+        calls.append(("probe", cache))
+        assert nbytes is None and passes == 2
+        return next(probes)
+
     monkeypatch.setattr(_native, "KvCache", _FakeCache, raising=False)
-    monkeypatch.setattr(_native, "decode_attention", _fake_decode, raising=False)
-    monkeypatch.setattr(_native, "read_bandwidth", lambda nbytes=None, threads=None: 1e9,
-                        raising=False)
+    monkeypatch.setattr(_native, "decode_attention", decode, raising=False)
+    monkeypatch.setattr(_native, "read_bandwidth", read_bandwidth, raising=False)
     monkeypatch.setattr(_native, "peak_flops", lambda threads=None: 1e10, raising=False)
     pts = measure_decode_kernel(groups=(1, 4), batch=2, seq_len=40, num_kv_heads=2,
-                                head_dim=8, block_size=16, repeats=1)
+                                head_dim=8, block_size=16, repeats=3)
     assert [p.group_size for p in pts] == [1, 4]
+    # The roof of each point is its own cache's bandwidth, probed right after each timed
+    # call (a warm-up call first), best of the probes.
+    cache = calls[0][1]
+    assert isinstance(cache, _FakeCache) and all(c is cache for _, c in calls)
+    per_g = ["kernel"] + ["kernel", "probe"] * 3
+    assert [kind for kind, _ in calls] == per_g * 2
+    assert [p.roof_bandwidth for p in pts] == [7e9, 6e9]
     for p in pts:
         assert p.flops == 4.0 * p.group_size * 2 * 8 * 40 * 2
         kv_bytes = 2.0 * 2 * 8 * 40 * 2 * 4  # K and V, f32, read once
@@ -178,3 +241,150 @@ def test_measure_decode_kernel_against_the_contract(monkeypatch: pytest.MonkeyPa
         assert p.bytes_moved == kv_bytes + q_and_out
         assert p.intensity == p.flops / (kv_bytes + q_and_out)
         assert p.seconds > 0 and p.bytes_per_s > 0
+        assert p.fraction_of_roof == p.bytes_per_s / p.roof_bandwidth
+
+
+def test_measure_decode_kernel_names_a_bad_size() -> None:
+    from pykvpool import InvalidArgumentError
+    from pykvpool.roofline import measure_decode_kernel
+
+    with pytest.raises(InvalidArgumentError, match="bandwidth_passes"):
+        measure_decode_kernel(bandwidth_passes=0)
+    with pytest.raises(InvalidArgumentError, match="groups"):
+        measure_decode_kernel(groups=())
+
+
+# ---- simulator figures ------------------------------------------------------------------
+
+
+def _sim_runs() -> dict[str, Any]:
+    from pykvpool import simulate as sim
+
+    w = sim.synthetic_workload(300, rate=40.0, prompt=("uniform", [100, 900]),
+                               output=("uniform", [20, 200]), seed=4)
+    roof = sim.roofline("llama-3-8b", "a100-80gb-sxm")
+    pols = {"paged": sim.SchedulerConfig(allocation="paged", max_running=16),
+            "reserve": sim.SchedulerConfig(allocation="reserve", reserve_tokens=1200, max_running=16),
+            "oracle": sim.SchedulerConfig(allocation="oracle", max_running=16)}
+    return {k: sim.run(w, sim.SimConfig(num_blocks=3000, scheduler=v), roof) for k, v in pols.items()}
+
+
+def test_utilization_figure_shows_occupancy_and_token_utilization(tmp_path: Path) -> None:
+    from pykvpool import sim_plots
+
+    r = _sim_runs()["paged"]
+    p = tmp_path / "f6.png"
+    d = sim_plots.utilization_over_time(r, p, num_blocks=3000, block_size=16)
+    assert_png(p)
+    held = r.steps["blocks_used"] + r.steps["blocks_reserved"]
+    np.testing.assert_allclose(d["occupancy"], held / 3000)
+    used = r.steps["blocks_used"] > 0
+    np.testing.assert_allclose(d["token_utilization"][used],
+                               r.steps["kv_tokens"][used] / (16.0 * r.steps["blocks_used"][used]))
+    assert 0 < d["occupancy"].max() < 1 and d["token_utilization"].min() > 0.5
+    fig = sim_plots.plot_utilization(d, num_blocks=3000)
+    _, labels = fig.axes[0].get_legend_handles_labels()
+    assert len(labels) == 2
+    assert labels[0].startswith("pool occupancy") and f"peak {int(held.max()):,}" in labels[0]
+    assert labels[1].startswith("token utilization")
+
+
+def test_oracle_stays_visible_over_paged(tmp_path: Path) -> None:
+    from pykvpool import sim_plots
+
+    runs = _sim_runs()
+    rows = [{"rate": rate, "label": k, **r.summary} for rate in (1.0, 2.0) for k, r in runs.items()]
+    data = sim_plots.throughput_vs_rate(rows, tmp_path / "f7.png")
+    assert_png(tmp_path / "f7.png")
+    fig = sim_plots.plot_throughput_vs_rate(data)
+    for ax in fig.axes:
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        paged, oracle = lines["paged"], lines["oracle"]
+        assert (paged.get_linestyle(), paged.get_marker()) != (oracle.get_linestyle(), oracle.get_marker())
+        assert oracle.get_zorder() > paged.get_zorder()  # drawn on top when the curves coincide
+        assert oracle.get_markerfacecolor() == "none"  # hollow: paged's marker shows through
+    styles = {(ln.get_linestyle(), ln.get_marker()) for ln in fig.axes[0].get_lines()}
+    assert len(styles) == 3
+
+
+def test_ttft_cdf_names_its_rate_and_uses_a_log_axis(tmp_path: Path) -> None:
+    from pykvpool import sim_plots
+
+    runs = _sim_runs()
+    title = "TTFT CDF at 40.00 req/s"
+    data = sim_plots.latency_cdf(runs, "ttft", tmp_path / "f8.png", title=title)
+    assert_png(tmp_path / "f8.png")
+    fig = sim_plots.plot_latency_cdf(data, "ttft", title=title)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_title() == title
+    assert [ln.get_label() for ln in ax.get_lines()] == list(runs)
+
+
+def test_plotting_never_selects_a_backend_nor_imports_pyplot(tmp_path: Path) -> None:
+    code = f"""
+import sys, matplotlib
+from pykvpool import sim_plots
+from pykvpool.article import article_ledgers
+from pykvpool.figures import fig_memory_ledger
+fig_memory_ledger({str(tmp_path / "f.png")!r}, *article_ledgers())
+sim_plots.plot_throughput_vs_rate({{}}).savefig({str(tmp_path / "g.png")!r})
+assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
+print(matplotlib.rcParams._get_backend_or_none())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"  # no backend chosen
+
+
+# ---- the report: one budget ---------------------------------------------------------------
+
+
+def test_presets_store_70b_weights_in_fp8_only_where_bf16_does_not_fit() -> None:
+    from pykvpool.models import model_preset
+    from pykvpool.report import preset_ledger
+
+    m = model_preset("llama-3-70b")
+    a100 = default_budget(hardware_preset("a100-80gb-sxm"))
+    led, weights = preset_ledger(m, a100, "bf16")
+    assert "fp8" in weights and led.weight_bytes == m.num_params * 1.0
+    assert led.token_capacity == int((a100.usable_bytes - m.num_params - a100.reserve_bytes)
+                                     // m.kv_bytes_per_token("bf16"))
+    led, weights = preset_ledger(m, default_budget(hardware_preset("h200")), "bf16")
+    assert "fp8" not in weights and led.weight_bytes == m.weight_bytes
+    led, weights = preset_ledger(model_preset("llama-3-8b"), a100, "bf16")
+    assert "fp8" not in weights and f"{led.weight_bytes / GIB:.2f}" == "14.96"
+
+
+def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
+    from pykvpool import simulate as sim
+    from pykvpool.report import build_report
+
+    res = build_report(tmp_path / "r", measure=False, progress=False)
+    md = res.markdown.read_text()
+    a100 = hardware_preset("a100-80gb-sxm")
+    budget = default_budget(a100)
+    gqa, _ = article_ledgers()
+    assert gqa.budget == budget
+    assert md.count(budget.describe()) >= 2  # the header and section 6
+    assert "90%" not in md and "weights exceed budget" not in md
+    assert res.matched == res.reproduced == 35
+    dyn = res.data["dynamic"]
+    blocks = sim.kv_blocks_for_memory(model_preset_8b(), a100, 16, budget=budget)
+    assert dyn["num_blocks"] == blocks == gqa.token_capacity // 16
+    assert f"**{blocks:,} blocks of 16 tokens**" in md
+    assert all(r["num_blocks"] == blocks for r in dyn["rows"])
+    # Orca holds the model's context; the trace's one longer request is rejected (and said).
+    assert dyn["reserve_tokens"] == 8192
+    assert dyn["rejected"] == {"paged": 0, "reserve": 1, "oracle": 0}
+    assert "1 request longer than that is rejected" in md
+    assert dyn["peak_blocks_held"] < blocks
+    assert dyn["oracle_vs_paged_max_rel_gap"] < 0.01 and "coincide with `paged`" in md
+    assert "measurement skipped" in md
+    for name, f in res.figures.items():
+        assert_png(f)
+
+
+def model_preset_8b() -> Any:
+    from pykvpool.models import model_preset
+
+    return model_preset("llama-3-8b")
