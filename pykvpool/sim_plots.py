@@ -41,7 +41,12 @@ def _save(fig: Any, path: PathLike) -> None:
 
 def utilization_over_time(result: SimulationResult, path: Optional[PathLike] = None) -> dict[str, np.ndarray]:
     """Per-step series: ``time`` (s), ``utilization`` (tokens held / slots of held and
-    reserved blocks), ``blocks_used``, ``running`` and ``waiting`` (requests)."""
+    reserved blocks), ``blocks_used``, ``running`` and ``waiting`` (requests).
+
+    Raises:
+        KeyError: ``result`` has no such step column.
+        OSError: ``path`` cannot be written.
+    """
     s = result.steps
     data = {k: np.asarray(s[k]) for k in ("time", "utilization", "blocks_used", "running", "waiting")}
     if path is not None:
@@ -61,7 +66,12 @@ def latency_cdf(
     results: Mapping[str, SimulationResult], metric: str = "ttft", path: Optional[PathLike] = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{name: (sorted values in s, cumulative fraction)}`` of ``metric`` (ttft, tpot,
-    e2e, queueing) over finished requests of each run."""
+    e2e, queueing) over finished requests of each run.
+
+    Raises:
+        KeyError: ``metric`` is not a request column.
+        OSError: ``path`` cannot be written.
+    """
     data = {}
     for name, r in results.items():
         v = np.sort(np.asarray(r.requests[metric], dtype=np.float64)[r.requests["outcome"] == 0])
@@ -83,7 +93,12 @@ def policy_comparison(
     path: Optional[PathLike] = None,
 ) -> dict[str, dict[str, float]]:
     """``{run name: {metric: value}}`` from each run's summary, drawn as one bar panel per
-    metric."""
+    metric.
+
+    Raises:
+        KeyError: a metric is not in a run's summary.
+        OSError: ``path`` cannot be written.
+    """
     data = {name: {m: float(r.summary[m]) for m in metrics} for name, r in results.items()}
     if path is not None:
         fig, ax = _figure(len(metrics))
@@ -98,7 +113,12 @@ def policy_comparison(
 
 def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLike] = None) -> dict[str, dict[str, np.ndarray]]:
     """From sweep rows (``rate``, ``label``, summary keys): per label, arrays ``rate``,
-    ``output_throughput`` (tokens/s), ``request_throughput`` and ``ttft_p99`` sorted by rate."""
+    ``output_throughput`` (tokens/s), ``request_throughput`` and ``ttft_p99`` sorted by rate.
+
+    Raises:
+        KeyError: a row lacks one of those keys.
+        OSError: ``path`` cannot be written.
+    """
     data: dict[str, dict[str, np.ndarray]] = {}
     for label in sorted({str(r["label"]) for r in rows}):
         sel = sorted((r for r in rows if r["label"] == label), key=lambda r: float(r["rate"]))
