@@ -10,10 +10,10 @@ Units: *tokens* and *blocks* unless a name says *bytes*. Integer arguments named
 or ``num_tokens`` accept any 1-D integer numpy array (any integer dtype, any strides) or a
 Python sequence of ints. Scalar integer arguments accept Python and numpy ints; floats,
 bools, strings and ints outside int64 raise :class:`InvalidArgumentError` (not ``TypeError``),
-as do arrays of those. A rejected value raises :class:`InvalidArgumentError` naming the
-argument; every failure is a :class:`KvPoolError` subclass (or ``TypeError`` for an
-argument of the wrong type) and leaves the pool, the cache and the caller's arrays
-unchanged.
+as do arrays of those. Every rejected value raises :class:`InvalidArgumentError` naming
+the argument; an object of another type where a non-integer is expected (a ``cache`` that
+is not a :class:`KvCache`, a ``dtype`` that is not a str) raises ``TypeError``. A failed
+call leaves the pool, the cache and the caller's arrays unchanged.
 """
 
 from collections.abc import Sequence

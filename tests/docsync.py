@@ -72,13 +72,7 @@ class Item:
 
 
 def _decorators(node: ast.FunctionDef) -> set[str]:
-    out = set()
-    for d in node.decorator_list:
-        if isinstance(d, ast.Name):
-            out.add(d.id)
-        elif isinstance(d, ast.Attribute):
-            out.add(d.attr)
-    return out
+    return {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in node.decorator_list}
 
 
 def _merge_overloads(items: list[Item], problems: list[str]) -> list[Item]:
@@ -219,7 +213,6 @@ def sanitize(text: str) -> str:
 
 
 OPEN, CLOSE = "([{", ")]}"
-PAIRS = dict(zip(CLOSE, OPEN))
 
 
 def net_brackets(s: str) -> int:
@@ -473,6 +466,7 @@ class Edit:
 
 def plan(items: list[Item], idx: RustIndex, stub: Path = STUB) -> tuple[list[Edit], list[str]]:
     edits, problems = [], []
+    claimed: dict[tuple[Path, int], str] = {}
     for it in items:
         if not it.doc:
             continue  # reported by stub_items
@@ -481,6 +475,10 @@ def plan(items: list[Item], idx: RustIndex, stub: Path = STUB) -> tuple[list[Edi
             problems.append(f"{_rel(stub)}:{it.line}: {it.qualname} ({it.kind}): no Rust counterpart found")
             continue
         f = anchor.file
+        other = claimed.setdefault((f.path, anchor.line), it.qualname)
+        if other != it.qualname:
+            problems.append(f"{_rel(f.path)}:{anchor.line + 1}: both {other} and {it.qualname} map here")
+            continue
         try:
             _, docs, first_attr = f.header(anchor.line)
         except ValueError as e:
