@@ -490,7 +490,7 @@ def plan(items: list[Item], idx: RustIndex, stub: Path = STUB) -> tuple[list[Edi
         if current_doc(f, docs) == it.doc.splitlines():
             continue
         at = docs[0] if docs else first_attr
-        indent = re.match(r"\s*", f.lines[at]).group(0)
+        indent = f.lines[at][: len(f.lines[at]) - len(f.lines[at].lstrip())]
         where = f"{_rel(f.path)}:{anchor.line + 1}"
         edits.append(Edit(f, docs, at, render(it.doc, indent), f"{where}: {it.qualname}: docs differ from the stub"))
     return edits, problems

@@ -90,12 +90,17 @@ def test_exception_docstrings_reach_the_package() -> None:
         assert cls.__doc__ == inspect.cleandoc(STUB_DOCS[name] or "")
 
 
+def _help(obj: Any) -> str:
+    """What ``help(obj)`` prints."""
+    return pydoc.plain(pydoc.render_doc(obj, renderer=pydoc.TextDoc()))
+
+
 def test_help_of_step_shows_units_and_errors() -> None:
-    text = pydoc.plain(pydoc.render_doc(pykvpool.BlockPool.step, renderer=pydoc.plaintext))
+    text = _help(pykvpool.BlockPool.step)
     assert "step(self, /, seq_ids, num_tokens=None)" in text
     assert "in tokens" in text and "int64" in text and "Returns:" in text
     assert "Raises:" in text and "PoolExhaustedError" in text and "UnknownSequenceError" in text
-    cls = pydoc.plain(pydoc.render_doc(pykvpool.BlockPool, renderer=pydoc.plaintext))
+    cls = _help(pykvpool.BlockPool)
     assert "block_size: token slots per block" in cls and "InvalidArgumentError" in cls
     assert pykvpool.BlockPool.__doc__ and pykvpool.BlockPool.__text_signature__
 
@@ -288,8 +293,9 @@ def _attribute_docstrings(mod: ModuleType) -> set[str]:
 
 
 def _own_doc(obj: Any) -> str:
-    """The docstring written in the source (not a dataclass's generated signature)."""
-    doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)
+    """The docstring written in the source: not one inherited (``inspect.getdoc`` would
+    find a base class's), not a dataclass's generated signature."""
+    doc = obj.__doc__
     if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and doc and doc.startswith(f"{obj.__name__}("):
         return ""
     return inspect.cleandoc(doc or "")
