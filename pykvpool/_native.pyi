@@ -1,11 +1,19 @@
-"""Type stubs for the compiled core ``pykvpool._native`` (checked by ``mypy.stubtest``).
+# Type stubs of the compiled core, checked against the built module by mypy.stubtest
+# (tests/test_stubs.py). Every docstring here is also the object's run-time __doc__:
+# tests/docsync.py copies it into rust/bindings/*.rs as /// lines. Edit it here, run
+# `python tests/docsync.py --write` and rebuild; tests/test_docs.py checks both.
+"""The compiled core of pykvpool (Rust, PyO3): the block pool and its prefix cache, KV
+storage, the decode-attention kernels and the serving simulator. Everything public is
+re-exported by :mod:`pykvpool`; import it from there.
 
 Units: *tokens* and *blocks* unless a name says *bytes*. Integer arguments named ``*_ids``
 or ``num_tokens`` accept any 1-D integer numpy array (any integer dtype, any strides) or a
 Python sequence of ints. Scalar integer arguments accept Python and numpy ints; floats,
 bools, strings and ints outside int64 raise :class:`InvalidArgumentError` (not ``TypeError``),
-as do arrays of those. Every call that fails raises a :class:`KvPoolError` subclass and
-leaves the pool unchanged.
+as do arrays of those. Every rejected value raises :class:`InvalidArgumentError` naming
+the argument; an object of another type where a non-integer is expected (a ``cache`` that
+is not a :class:`KvCache`, a ``dtype`` that is not a str) raises ``TypeError``. A failed
+call leaves the pool, the cache and the caller's arrays unchanged.
 """
 
 from collections.abc import Sequence
@@ -17,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: Final[str]
+"""The package version, e.g. ``"0.1.0"``."""
 __all__ = [
     "__version__",
     "BlockPool",
@@ -54,42 +63,60 @@ _KeysLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
 # ---------------------------------------------------------------------------- errors
 
 class KvPoolError(Exception):
-    """Base class of every pykvpool error."""
+    """Base class of every pykvpool error: ``except pykvpool.KvPoolError`` catches them all."""
 
 class PoolExhaustedError(KvPoolError, MemoryError):
     """Not enough free blocks for the whole operation; nothing was changed.
 
-    ``requested`` and ``free`` give the numbers, in blocks.
+    Also a ``MemoryError``. Attributes: ``requested``, the blocks the operation needed, and
+    ``free``, the blocks that were free (both in blocks).
     """
 
     requested: int
     free: int
 
 class UnknownSequenceError(KvPoolError, KeyError):
-    """A sequence id that is not live in the pool; nothing was changed."""
+    """A sequence id that is not live in the pool; nothing was changed.
+
+    Also a ``KeyError``. Attribute: ``seq_id``, the id.
+    """
 
     seq_id: int
 
 class InvalidArgumentError(KvPoolError, ValueError):
-    """A rejected argument (size, count, shape, dtype, index); nothing was changed."""
+    """A rejected argument value (a size, count, shape, dtype, index or option); nothing was
+    changed.
+
+    Also a ``ValueError``. The message names the argument.
+    """
 
 class DuplicateSequenceError(InvalidArgumentError):
-    """A sequence id that is already live (add or fork target); nothing was changed."""
+    """A sequence id that is already live (the target of an add or a fork); nothing was changed.
+
+    An :class:`InvalidArgumentError` (so also a ``ValueError``). Attribute: ``seq_id``, the id.
+    """
 
     seq_id: int
 
 class InvariantError(KvPoolError, AssertionError):
-    """An internal consistency check failed: always a pykvpool bug."""
+    """An internal consistency check failed: always a pykvpool bug, please report it.
+
+    Also an ``AssertionError``. :meth:`BlockPool.check_invariants` raises it on purpose; any
+    other call raising it has found a bug.
+    """
 
 # ------------------------------------------------------------------------------ pool
 
 @final
 class PoolStats:
-    """Occupancy snapshot of a :class:`BlockPool`."""
+    """Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
+
+    Counts are in blocks and tokens; the snapshot does not follow later changes of the pool.
+    """
 
     @property
     def block_size(self) -> int:
-        """Token slots per block."""
+        """Token slots per block (tokens)."""
     @property
     def total_blocks(self) -> int:
         """Blocks in the pool."""
@@ -107,21 +134,29 @@ class PoolStats:
         """Sum of sequence lengths, in tokens (a forked token counts once per sequence)."""
     @property
     def stored_tokens(self) -> int:
-        """Distinct filled token slots in used blocks (a shared token counts once)."""
+        """Distinct filled token slots in used blocks, in tokens (a shared token counts once)."""
     @property
     def shared_blocks(self) -> int:
         """Used blocks referenced by more than one sequence."""
     @property
     def cow_copies(self) -> int:
-        """Copy-on-write block copies since the pool was created."""
+        """Copy-on-write block copies since the pool was created (blocks)."""
     @property
     def empty_slots(self) -> int:
-        """Unfilled token slots in used blocks: ``used_blocks * block_size - stored_tokens``."""
+        """Unfilled token slots in used blocks, in tokens: ``used_blocks * block_size -
+        stored_tokens``.
+        """
     @property
     def utilization(self) -> float:
-        """``stored_tokens / (used_blocks * block_size)``; 1.0 when no block is used."""
+        """``stored_tokens / (used_blocks * block_size)``, a fraction in 0..1; 1.0 when no block is
+        used.
+        """
     def as_dict(self) -> dict[str, int | float]:
-        """All fields as a dict."""
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, and ``utilization`` a float.
+        """
 
 @final
 class BlockPool:
@@ -137,19 +172,26 @@ class BlockPool:
     tokens, or blocks freed) is below 4,096: those finish within about 10 microseconds,
     where releasing and retaking the GIL would add a sizeable share.
 
-    With ``prefix_caching=True`` the pool caches full blocks by content (see the
-    prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix_replay`):
+    With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
+    methods below; trace replay lives in :mod:`pykvpool.prefix_replay`); the other keyword
+    options configure that cache and need it.
 
-    - ``eviction``: ``"lru"`` (default), ``"fifo"``, ``"lfu"`` or ``"priority"``;
-    - ``verify_tokens`` (default True): keep each cached block's token ids
-      (``4 * block_size`` bytes per block) and compare them on a hit, so a hash collision
-      is a miss, never wrong KV;
-    - ``cow_partial_hit`` (default False): when a fully cached prompt must recompute its
-      last token, copy its last block (a copy-on-write pair) instead of recomputing it;
-    - ``record_events`` (default False): record stored/removed/cleared events for
-      :meth:`drain_events`;
-    - ``hash_bits`` (default 128): keep only the low bits of each key (tests force
-      collisions with it).
+    Args:
+        num_blocks: blocks in the pool, ``1..=2**30``.
+        block_size: token slots per block, ``1..=65536`` tokens.
+        prefix_caching: cache full blocks by content (default False).
+        eviction: the idle cached block an allocation reclaims first: ``"lru"`` (default),
+            ``"fifo"``, ``"lfu"`` or ``"priority"`` (lowest soft-pin priority first, see
+            :meth:`pin_prefix`).
+        verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
+            block) and compare them on a hit, so a hash collision is a miss, never wrong KV
+            (default True).
+        cow_partial_hit: when a fully cached prompt must recompute its last token, copy its
+            last block (a copy-on-write pair) instead of recomputing it (default False).
+        record_events: record stored/removed/cleared events for :meth:`drain_events`
+            (default False).
+        hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
+            128; tests force collisions with it).
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
@@ -174,11 +216,12 @@ class BlockPool:
         """Blocks in the pool."""
     @property
     def block_size(self) -> int:
-        """Token slots per block."""
+        """Token slots per block (tokens)."""
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now: free blocks plus idle cached blocks that
-        may be evicted (not hard-pinned)."""
+        """Blocks an allocation can take now: free blocks plus idle cached blocks that may be
+        evicted (not hard-pinned).
+        """
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by at least one sequence (idle cached blocks are not used)."""
@@ -188,172 +231,318 @@ class BlockPool:
     def __len__(self) -> int: ...
     def __contains__(self, seq: object, /) -> bool: ...
     def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
-        """Add sequence ``seq_id`` holding ``prompt_len`` tokens.
+        """Add sequence ``seq_id`` holding ``prompt_len`` tokens, in ``ceil(prompt_len /
+        block_size)`` new blocks.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            prompt_len: tokens it holds now (default 0: an empty sequence), at most ``2**27`` in
+                one call (add longer prompts in chunks with :meth:`append`).
 
         Returns:
-            The int64 slots of the ``prompt_len`` tokens, in order.
+            int64 ``[prompt_len]``: the slot of each prompt token, in order.
 
         Raises:
             DuplicateSequenceError: ``seq_id`` is live.
             PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
-            InvalidArgumentError: negative id or length, or more than ``2**27`` tokens
-                (one call adds at most ``2**27`` tokens; add longer prompts in chunks).
+            InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
         """
     def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
         """Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
 
-        If the last block is partly filled and shared (after :meth:`fork`), the sequence
-        first gets a private copy of it.
+        If the last block is partly filled and shared (after :meth:`fork`), the sequence first
+        gets a private copy of it (copy-on-write).
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to add (default 1), at most ``2**27`` in one call.
 
         Returns:
-            ``(slots, cow)``: int64 slots of the new tokens, and an int64 ``[k, 2]`` array of
-            ``(src, dst)`` block pairs whose filled slots the caller must copy (k <= 1).
+            ``(slots, cow)``: int64 ``[num_tokens]`` slots of the new tokens, and an int64
+            ``[k, 2]`` array of ``(src, dst)`` block pairs whose filled slots the caller must
+            copy before writing (k <= 1).
 
         Raises:
-            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError (also for more
-            than ``2**27`` tokens in one call).
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free blocks (nothing was appended).
+            InvalidArgumentError: a negative count, or more than ``2**27`` tokens.
         """
     def step(
         self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
     ) -> tuple[_I64Array, _I64Array, _I32Array]:
-        """One scheduler step: append ``num_tokens[i]`` tokens (default 1; an int applies
-        to all) to ``seq_ids[i]`` for every i, atomically.
+        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i,
+        atomically.
+
+        Args:
+            seq_ids: ``n`` distinct live sequence ids.
+            num_tokens: tokens to append to each sequence: ``n`` counts, one int for all, or
+                None for 1 token each (a decode step); at most ``2**27`` tokens in total.
 
         Returns:
             ``(slot_mapping, cow_pairs, seq_lens)``: int64 slots of all new tokens in batch
-            order; int64 ``[k, 2]`` copy-on-write ``(src, dst)`` block pairs; int32 length of
-            each sequence after the step, in tokens.
+            order (``sum(num_tokens)`` of them); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
+            block pairs to copy before writing; int32 ``[n]`` length of each sequence after the
+            step, in tokens.
 
         Raises:
-            PoolExhaustedError: the whole step needs more blocks than are free (nothing
-                was appended to any sequence).
+            PoolExhaustedError: the whole step needs more blocks than are free (nothing was
+                appended to any sequence).
             UnknownSequenceError: an id is not live.
-            InvalidArgumentError: duplicate ids, negative counts, lengths that differ,
-                non-integer or non-1-D arrays, more than ``2**27`` tokens in total.
+            InvalidArgumentError: duplicate ids, negative counts, ``num_tokens`` of another
+                length than ``seq_ids``, non-integer or non-1-D arrays, more than ``2**27``
+                tokens in total.
         """
     def fork(self, parent: int, child: int) -> None:
-        """Create ``child`` sharing every block of ``parent`` (refcounts go up; no copy).
+        """Create ``child`` sharing every block of ``parent`` (refcounts go up; nothing is copied).
+
+        The first append to either sequence that writes into their shared, partly filled last
+        block copies that block first (copy-on-write).
+
+        Args:
+            parent: a live sequence.
+            child: the new sequence's id, a non-negative int64.
 
         Raises:
             UnknownSequenceError: ``parent`` is not live.
             DuplicateSequenceError: ``child`` is live.
+            InvalidArgumentError: a negative id.
         """
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
         sequence's reference (freed at zero).
 
-        Raises:
-            UnknownSequenceError; InvalidArgumentError if ``num_tokens`` exceeds the length.
-        """
-    def free(self, seq_id: int) -> None:
-        """Remove ``seq_id``; each of its blocks loses a reference and is freed at zero.
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to drop, at most the sequence's length.
 
         Raises:
             UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length.
         """
-    def free_batch(self, seq_ids: _IntArrayLike) -> None:
-        """Free several sequences; all ids are checked before any is freed.
+    def free(self, seq_id: int) -> None:
+        """Remove ``seq_id``; each of its blocks loses a reference and is freed at zero (with
+        prefix caching, a cached block stays cached, idle, until an allocation evicts it).
+
+        Args:
+            seq_id: a live sequence.
 
         Raises:
-            UnknownSequenceError, InvalidArgumentError (duplicate ids).
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def free_batch(self, seq_ids: _IntArrayLike) -> None:
+        """Free several sequences atomically: all ids are checked before any is freed.
+
+        Args:
+            seq_ids: distinct live sequence ids.
+
+        Raises:
+            UnknownSequenceError: an id is not live (nothing was freed).
+            InvalidArgumentError: an id appears twice, or a negative or non-integer id.
         """
     def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Blocks that appending ``num_tokens`` to ``seq_id`` would allocate now,
-        copy-on-write included."""
+        """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now, the
+        copy-on-write copy of a shared last block included. Changes nothing.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens that would be appended (default 1).
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id or count.
+        """
     def seq_len(self, seq_id: int) -> int:
-        """Length of ``seq_id`` in tokens. Raises UnknownSequenceError."""
+        """Length of ``seq_id``, in tokens.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
     def seq_ids(self) -> _I64Array:
-        """Live sequence ids, ascending."""
+        """Live sequence ids.
+
+        Returns:
+            int64 ``[num_seqs]``, ascending.
+        """
     def block_table(self, seq_id: int) -> _I32Array:
-        """The block table of ``seq_id`` (physical block ids), a copy."""
+        """The block table of ``seq_id`` (a copy).
+
+        Returns:
+            int32 ``[blocks]``: the physical block id of each logical block, in order.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
     def refcount(self, block_id: int) -> int:
-        """References to physical block ``block_id``. Raises InvalidArgumentError when out
-        of range."""
+        """References to physical block ``block_id``: the sequences holding it (0 for a free or an
+        idle cached block).
+
+        Raises:
+            InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
+        """
     def block_tables(
         self, seq_ids: _IntArrayLike, max_blocks: int | None = None, pad: int = ...
     ) -> _I32Array:
-        """Block tables of ``seq_ids`` as an int32 ``[len(seq_ids), max_blocks]`` array
-        padded with ``pad`` (default -1). ``max_blocks`` defaults to the longest table.
+        """Block tables of ``seq_ids`` as one padded matrix.
+
+        Args:
+            seq_ids: live sequence ids, one row each.
+            max_blocks: columns (blocks); default the longest table.
+            pad: the value past each table's end, an int32 (default -1).
+
+        Returns:
+            int32 ``[len(seq_ids), max_blocks]``: row ``i`` is the table of ``seq_ids[i]``.
 
         Raises:
-            UnknownSequenceError; InvalidArgumentError if a table is longer than
-            ``max_blocks`` or the array would exceed ``2**28`` entries.
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: a table longer than ``max_blocks``, more than ``2**28``
+                entries, or ``pad`` outside int32.
         """
     def flashinfer_tables(self, seq_ids: _IntArrayLike) -> tuple[_I32Array, _I32Array, _I32Array]:
-        """FlashInfer's paged layout: ``(kv_indptr [n + 1], kv_indices [nnz],
-        kv_last_page_len [n])``, all int32. ``kv_last_page_len`` is in
-        ``1..=block_size``, or 0 for an empty sequence."""
+        """The block tables of ``seq_ids`` in FlashInfer's paged layout (what
+        :func:`decode_attention_paged` takes).
+
+        Returns:
+            ``(kv_indptr, kv_indices, kv_last_page_len)``, all int32: ``kv_indptr`` ``[n + 1]``
+            offsets into ``kv_indices`` ``[nnz]``, the block ids of all tables concatenated; and
+            ``kv_last_page_len`` ``[n]``, the tokens in each sequence's last block, in
+            ``1..=block_size`` (0 for an empty sequence).
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: a negative or non-integer id.
+        """
     def stats(self) -> PoolStats:
-        """Occupancy snapshot. O(table entries)."""
+        """Occupancy snapshot in blocks and tokens; O(table entries).
+
+        Returns:
+            A :class:`PoolStats`.
+        """
     def check_invariants(self) -> None:
-        """Verify refcounts against tables, the free list, block accounting and table
-        lengths, and with prefix caching the cache: each key maps to one block and back,
-        idle cached blocks have refcount 0 and are queued for eviction exactly when they
-        are unpinned leaves, no free-list block is cached, parents outlive children.
-        Raises InvariantError naming the first broken invariant."""
+        """Verify the bookkeeping, changing nothing: refcounts against tables, the free list, block
+        accounting and table lengths; with prefix caching also the cache: each key maps to one
+        block and back, idle cached blocks have refcount 0 and are queued for eviction exactly
+        when they are unpinned leaves, no free-list block is cached, parents outlive children.
+
+        Raises:
+            InvariantError: the first broken invariant, named (a pykvpool bug).
+        """
 
     # -- prefix caching (pools built with prefix_caching=True; others raise
     # -- InvalidArgumentError from every method below)
     @property
     def prefix_caching(self) -> bool:
-        """Whether this pool caches prefixes."""
+        """Whether this pool caches prefixes (``prefix_caching=True``)."""
     def add_sequence_tokens(
         self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
     ) -> tuple[int, _I64Array, _I64Array]:
-        """Admit ``seq_id`` with its prompt token ids (any integer dtype, each in
-        ``0..2**32``), reusing the longest cached prefix of full blocks.
+        """Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix of full
+        blocks.
 
-        ``extra_key`` (``0..2**63``: adapter id, tenant salt) enters every block's key:
-        prompts with different extra keys never share blocks. At least one prompt token is
-        always left to compute.
+        At least one prompt token is always left to compute (its logits are needed), so a fully
+        cached prompt reports one token fewer than its length as cached.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
+                prompts with different extra keys never share blocks (default: none).
 
         Returns:
             ``(cached_tokens, slots, cow)``: the number of leading prompt tokens whose KV is
-            reused; the int64 slots of the remaining ``len(token_ids) - cached_tokens``
-            tokens; an int64 ``[k, 2]`` array of ``(src, dst)`` blocks to copy before
-            computing (k <= 1, only with ``cow_partial_hit``).
+            reused; the int64 slots of the remaining ``len(token_ids) - cached_tokens`` tokens;
+            an int64 ``[k, 2]`` array of ``(src, dst)`` blocks to copy before computing (k <= 1,
+            only with ``cow_partial_hit``).
 
         Raises:
-            DuplicateSequenceError, PoolExhaustedError (nothing changed),
-            InvalidArgumentError (negative or too large ids, non-integer or non-1-D arrays,
-            caching off).
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+                ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, or caching
+                off.
         """
     def add_sequence_block_keys(
         self, seq_id: int, block_keys: _KeysLike, prompt_len: int
     ) -> tuple[int, _I64Array]:
-        """Admit ``seq_id`` from a trace giving block ids instead of tokens (Mooncake's
-        ``hash_ids``): exactly ``ceil(prompt_len / block_size)`` keys, each standing for
-        one block's chained content (equal keys = equal content and prefix). Keys are a
-        1-D array of ints in ``0..2**64`` or a uint64 ``[n, 2]`` array of 128-bit keys as
-        ``(high, low)`` halves. The last key may stand for a partly filled block: it is
-        cached too, so the sequence's first append copies that block (copy-on-write).
+        """Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
+        ``hash_ids``), reusing the longest cached prefix.
+
+        Each key stands for one block's chained content (equal keys = equal content and
+        prefix). The last key may stand for a partly filled block: it is cached too, so the
+        sequence's first append copies that block (copy-on-write).
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
+                ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
+                halves.
+            prompt_len: the prompt's length, in tokens (at most ``2**27``).
 
         Returns:
             ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
 
         Raises:
-            DuplicateSequenceError, PoolExhaustedError, InvalidArgumentError (wrong key
-            count or width, negative keys).
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
+                length, or caching off.
         """
     def append_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> tuple[_I64Array, _I64Array]:
-        """Append token ids to ``seq_id`` (as :meth:`append`); each block that fills is
-        registered in the cache when the sequence was admitted with token ids and every
-        block before it is cached. Writing into a cached block copies it first.
+        """Append token ids to ``seq_id`` (as :meth:`append`), registering each block that fills
+        in the cache when the sequence was admitted with token ids and every block before it is
+        cached. Writing into a cached block copies it first.
+
+        Args:
+            seq_id: a live sequence.
+            token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``).
 
         Returns:
             ``(slots, cow)`` as for :meth:`append`.
 
         Raises:
-            UnknownSequenceError, PoolExhaustedError, InvalidArgumentError.
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing was appended).
+            InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
+                array, or caching off.
         """
     def block_keys(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> _U64Array:
-        """Keys of the full blocks of ``token_ids`` as a uint64 ``[n, 2]`` array of
-        ``(high, low)`` halves: XXH3-128 with seed ``b"pkvpool1"`` over
-        ``parent key (16 bytes LE) || 0x00 | 0x01 extra (8 bytes LE) || token ids (4 bytes
-        LE each)``, parent 0 for the first block. Stable across processes and runs."""
+        """Keys of the full blocks of ``token_ids`` (a partial last block has none). Stable across
+        processes and runs.
+
+        Each key is XXH3-128 with seed ``b"pkvpool1"`` over ``parent key (16 bytes LE) || 0x00 |
+        0x01 extra (8 bytes LE) || token ids (4 bytes LE each)``, parent 0 for the first block.
+
+        Args:
+            token_ids: token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+
+        Returns:
+            uint64 ``[len(token_ids) // block_size, 2]``: each key's ``(high, low)`` halves.
+
+        Raises:
+            InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+                ``0..2**63``, or caching off.
+        """
     def cached_prefix_len(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
-        """Tokens of ``token_ids`` held by cached full blocks now (before the last-token
-        rule). Changes nothing, touches nothing."""
+        """Tokens of ``token_ids`` held by cached full blocks now (before the last-token rule of
+        :meth:`add_sequence_tokens`). Changes nothing and touches nothing.
+
+        Args:
+            token_ids: token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+
+        Returns:
+            A number of tokens, a multiple of ``block_size``.
+
+        Raises:
+            InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+                ``0..2**63``, or caching off.
+        """
     def pin_prefix(
         self,
         token_ids: _IntArrayLike,
@@ -362,51 +551,110 @@ class BlockPool:
         priority: int | None = None,
         expires_at: int | None = None,
     ) -> int:
-        """Pin the cached full blocks of ``token_ids`` and return a pin id.
+        """Pin the cached full blocks of ``token_ids`` and return a pin id for :meth:`unpin`.
 
-        Without ``priority`` the pin is hard: the blocks are never evicted. With a
-        ``priority`` (``0..2**32``) the pin is soft: under ``eviction="priority"`` idle
-        blocks with lower priority go first. The pin lapses when the clock reaches
-        ``expires_at`` (logical time, see :meth:`set_clock`).
+        Without ``priority`` the pin is hard: the blocks are never evicted. With a ``priority``
+        the pin is soft: under ``eviction="priority"`` idle blocks with a lower priority go
+        first.
+
+        Args:
+            token_ids: the prefix's token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+            priority: ``0..2**32`` for a soft pin; None (default) for a hard pin.
+            expires_at: the logical time (see :meth:`set_clock`) at which the pin lapses; None
+                (default) for never.
+
+        Returns:
+            The pin id.
 
         Raises:
             InvalidArgumentError: the prefix has no full block or is not fully cached;
-                ``expires_at`` is not after the current clock.
+                ``expires_at`` is not after the current clock; a value out of range; caching
+                off.
         """
     def pin_block_keys(
         self, block_keys: _KeysLike, *, priority: int | None = None, expires_at: int | None = None
     ) -> int:
-        """:meth:`pin_prefix` for a prefix given as block keys."""
+        """:meth:`pin_prefix` for a prefix given as block keys.
+
+        Args:
+            block_keys: as for :meth:`add_sequence_block_keys`, one key per block to pin.
+            priority: as for :meth:`pin_prefix`.
+            expires_at: as for :meth:`pin_prefix`.
+
+        Returns:
+            The pin id.
+
+        Raises:
+            InvalidArgumentError: no key, a key that is not cached, a wrong key width or a
+                negative key; ``expires_at`` is not after the current clock; caching off.
+        """
     def unpin(self, pin_id: int) -> None:
-        """Release a pin. Raises InvalidArgumentError for an unknown or lapsed pin id."""
+        """Release a pin; its blocks become evictable again once no other pin holds them.
+
+        Raises:
+            InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
+        """
     def set_clock(self, t: int) -> None:
-        """Drive the logical clock from the caller's step counter from now on (by default
-        it counts completed admissions, appends, steps, forks, truncations and frees).
-        Lapsed pins are released. Raises InvalidArgumentError if ``t`` goes back."""
+        """Drive the logical clock from the caller's step counter from now on (by default it counts
+        completed admissions, appends, steps, forks, truncations and frees). Pins whose
+        ``expires_at`` is reached are released.
+
+        Args:
+            t: the new time, ``0..2**63``, not before the current one.
+
+        Raises:
+            InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
+        """
     def cache_stats(self) -> CacheStats:
-        """Hit metrics and cache occupancy."""
+        """Hit metrics and occupancy of the prefix cache.
+
+        Returns:
+            A :class:`CacheStats` snapshot.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
     def drain_events(self) -> dict[str, npt.NDArray[Any]]:
-        """Take the recorded cache events (``record_events=True``), oldest first, as
-        arrays of equal length: ``kind`` uint8 (:data:`EVENT_STORED`,
-        :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a
-        clear), ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent``
-        bool, ``clock`` uint64."""
+        """Take the recorded cache events (``record_events=True``; none otherwise), oldest first.
+
+        Returns:
+            A dict of arrays of equal length ``n``: ``kind`` uint8 (:data:`EVENT_STORED`,
+            :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a clear),
+            ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
+            ``clock`` uint64 (logical time).
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block (idle ones become free; live ones stay with their
-        sequences, uncached) and return how many. Raises InvalidArgumentError while pins
-        are held."""
+        """Forget every cached block: idle ones become free, live ones stay with their sequences,
+        uncached.
+
+        Returns:
+            The number of blocks that were cached.
+
+        Raises:
+            InvalidArgumentError: pins are held, or caching off.
+        """
 
 @final
 class BlockTableBuffer:
-    """A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that
-    :meth:`sync` updates in place, writing only entries that changed since the last sync
-    (new blocks; whole rows only after copy-on-write, truncation or a new sequence).
+    """A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that :meth:`sync`
+    updates in place, writing only entries that changed since the last sync (new blocks;
+    whole rows only after copy-on-write, truncation or a new sequence).
 
     ``array`` is the numpy matrix itself (no copy); treat it as read-only, or call
     :meth:`invalidate` after writing to it.
 
+    Args:
+        max_seqs: rows (sequences).
+        max_blocks: columns (blocks per table).
+        pad: the value of unused entries, an int32 (default -1).
+
     Raises:
-        InvalidArgumentError: a zero shape or more than ``2**28`` entries.
+        InvalidArgumentError: a zero shape, more than ``2**28`` entries, or ``pad`` outside
+            int32.
     """
 
     def __new__(cls, max_seqs: int, max_blocks: int, pad: int = ...) -> BlockTableBuffer: ...
@@ -417,15 +665,20 @@ class BlockTableBuffer:
     def pad(self) -> int:
         """The padding value of unused entries."""
     def sync(self, pool: BlockPool, seq_ids: _IntArrayLike) -> int:
-        """Make row ``i`` hold the table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
+        """Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
         left as they were.
 
+        Args:
+            pool: the :class:`BlockPool` the sequences live in.
+            seq_ids: at most ``max_seqs`` live sequence ids.
+
         Returns:
-            Number of entries written.
+            The number of entries written.
 
         Raises:
-            UnknownSequenceError; InvalidArgumentError (too many ids, a table longer than
-            ``max_blocks``). Nothing is written on error.
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: ``pool`` is not a BlockPool, too many ids, a table longer
+                than ``max_blocks``, or the array is not writable. Nothing is written on error.
         """
     def invalidate(self) -> None:
         """Forget the matrix contents: the next sync rewrites every row it touches."""
@@ -446,12 +699,36 @@ def synthesize_workload(
     shared_prefixes: tuple[int, int, int] | None = ...,
     seed: int = ...,
 ) -> dict[str, npt.NDArray[Any]]:
-    """A seeded synthetic workload as columns: ``arrival`` (float64 s), ``prompt_len``,
-    ``output_len``, ``priority`` (int64), and with ``shared_prefixes=(num, len, vocab)``
-    also ``token_ids`` (uint32) and ``token_offsets`` (int64). Arrivals: ``burst``,
-    ``poisson`` (``rate`` req/s), ``gamma`` (``rate``, ``cv``). Lengths: ``(kind, params)``
-    with kind fixed/uniform/lognormal/pareto/empirical, clamped to ``*_clamp``.
-    Same arguments, identical arrays. Raises InvalidArgumentError."""
+    """A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
+
+    Args:
+        num_requests: requests to draw.
+        arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
+            ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
+        rate: mean arrival rate, requests/s (> 0).
+        cv: coefficient of variation of the gamma gaps (> 0; above 1 is bursty).
+        prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
+            ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
+            ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
+        prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to.
+        output: output lengths, as ``prompt``.
+        output_clamp: as ``prompt_clamp``, for output lengths.
+        priority_levels: priorities drawn uniformly from ``0..priority_levels``.
+        shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
+            starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens.
+        seed: the random seed.
+
+    Returns:
+        ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
+        ``output_len`` and ``priority`` int64 (tokens; priority levels), and with
+        ``shared_prefixes`` also ``token_ids`` uint32 (all prompts concatenated) and
+        ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
+
+    Raises:
+        InvalidArgumentError: a negative count, an unknown arrival process or length
+            distribution, a rate or cv that is not finite and positive, missing
+            distribution parameters, a bad clamp or shared-prefix shape.
+    """
 
 def run_simulation(
     arrival: npt.NDArray[np.float64],
@@ -484,23 +761,63 @@ def run_simulation(
     max_steps: int | None = ...,
     record_steps: bool = ...,
 ) -> dict[str, Any]:
-    """Run the step-level serving simulator over a fresh BlockPool(num_blocks, block_size).
+    """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
 
-    ``time_model``: seconds per step (float, default 0.0: steps only), the 9 roofline
-    figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
-    overhead s, swap s/block]``, or a callable ``f(prefill_tokens, decode_tokens,
-    num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds`` (called with
-    the GIL; its exception propagates). The GIL is released otherwise.
+    The facade :func:`pykvpool.simulate.run` builds these arguments from a
+    :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
+    docs describe each policy. The GIL is released while the engine runs, except around
+    calls to a Python ``time_model``.
 
-    ``prefix_caching`` caches prompts given as ``token_ids`` or ``block_keys`` (evicting
-    idle blocks by ``eviction``: lru, fifo, lfu, priority); prompts given as lengths only
-    never hit.
+    Args:
+        arrival: float64 arrival time of each request, seconds (finite, >= 0).
+        prompt_len: prompt length of each request, tokens (>= 1).
+        output_len: generated tokens of each request (>= 1).
+        priority: int32 priority of each request (lower first under ``queue="priority"``).
+        num_blocks: device blocks of the pool.
+        block_size: tokens per block.
+        token_ids: all prompts' token ids concatenated (with ``token_offsets``), for prefix
+            caching.
+        token_offsets: ``len(arrival) + 1`` offsets into ``token_ids``.
+        block_keys: all prompts' block keys concatenated (with ``key_offsets``), one key per
+            ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``).
+        key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
+        tokens_per_key: prompt tokens per block key.
+        max_running: requests in flight at most.
+        max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+        chunked_prefill: split prompts that exceed the remaining token budget.
+        watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
+        queue: ``"fcfs"`` or ``"priority"``.
+        allocation: ``"paged"`` (blocks on demand) or ``"reserve"`` (a reservation at
+            admission of ``reserve_tokens`` tokens, or of each request's own ``prompt +
+            output - 1`` tokens when None).
+        reserve_tokens: tokens reserved per request under ``allocation="reserve"``.
+        preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
+        host_blocks: host blocks for swapping.
+        victim: ``"newest"`` or ``"lowest_priority"``.
+        convention: ``"vllm"`` or ``"decode_first"``.
+        prefix_caching: cache prompts given as ``token_ids`` or ``block_keys`` (prompts
+            given as lengths only never hit).
+        eviction: idle cached blocks to reclaim first: ``"lru"``, ``"fifo"``, ``"lfu"`` or
+            ``"priority"``.
+        time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
+            figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
+            overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
+            num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
+            with the GIL held.
+        check_invariants: check the pool's invariants after every step (slow).
+        max_steps: stop after this many steps (None: run to the end).
+        record_steps: keep the per-step columns.
 
-    Returns ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
-    number}}``; see ``pykvpool.simulate.SimulationResult``.
+    Returns:
+        ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
+        number}}``; the columns are those of :class:`pykvpool.simulate.SimulationResult`.
 
     Raises:
-        InvalidArgumentError: bad columns, policy names or sizes.
+        InvalidArgumentError: bad columns (lengths that differ, a zero or out-of-range
+            length, a bad arrival time or offsets), an unknown policy name, a size out of
+            range, token ids mixed with block keys, or a bad time model.
+        InvariantError: the engine broke an invariant (a pykvpool bug).
+        Exception: whatever a Python ``time_model`` raises, unchanged.
     """
 
 # ------------------------------------------------------- KV storage and decode attention
@@ -511,14 +828,22 @@ _KernelPath: TypeAlias = Literal["scalar", "neon", "avx2", "avx512"]
 @final
 class KvCache:
     """KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
-    ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype`` ("f32",
-    "f16" or "bf16"), in one 2 MiB-aligned allocation advised for transparent huge pages.
+    ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype``, in one
+    2 MiB-aligned allocation advised for transparent huge pages.
 
     Physical layout: per layer, block-major with each block's K (all KV heads) followed
     by its V, so the kernel reads one contiguous run per block; inside a (block, head)
     tile K is dimension-major ``[head_dim][block_size]`` and V token-major
     ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
     logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided views).
+
+    Args:
+        num_layers: layers.
+        num_blocks: blocks per layer (a :class:`BlockPool`'s ``num_blocks``).
+        block_size: token slots per block, at most 65536.
+        num_kv_heads: KV heads, at most 65536.
+        head_dim: elements per head, at most 65536.
+        dtype: the storage dtype: ``"f32"`` (default), ``"f16"`` or ``"bf16"``.
 
     Raises:
         InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/
@@ -535,19 +860,23 @@ class KvCache:
         dtype: str = "f32",
     ) -> KvCache: ...
     @property
-    def num_layers(self) -> int: ...
+    def num_layers(self) -> int:
+        """Layers."""
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks per layer."""
     @property
     def block_size(self) -> int:
-        """Token slots per block."""
+        """Token slots per block (tokens)."""
     @property
-    def num_kv_heads(self) -> int: ...
+    def num_kv_heads(self) -> int:
+        """KV heads."""
     @property
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int:
+        """Elements per head."""
     @property
     def dtype(self) -> str:
-        """"f32", "f16" or "bf16"."""
+        """The storage dtype: "f32", "f16" or "bf16"."""
     @property
     def nbytes(self) -> int:
         """Bytes of K plus V over all layers."""
@@ -555,72 +884,68 @@ class KvCache:
     def huge_pages(self) -> bool:
         """Whether the OS accepted the transparent-huge-page advice."""
     def key(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy, writable view of layer ``layer``'s K, shape ``[num_blocks,
-        block_size, num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
-        ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not installed). The
-        view keeps the cache alive. Raises InvalidArgumentError for a bad layer.
+        """Zero-copy, writable view of layer ``layer``'s K. The view keeps the cache alive.
 
-        The view aliases the cache's memory: writes through it are seen by the next
-        kernel call, and no copy protects a running one. :meth:`write`,
-        :meth:`copy_blocks` and :func:`decode_attention` release the GIL, so writing
-        this array (or a torch tensor wrapping it) from one Python thread while one of
-        them runs on the same layer in another is a data race with undefined results;
-        the caller must order the two (e.g. join the kernel call first)."""
-    def value(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that
-        it must not be written while a kernel call on the same layer runs in another
-        thread."""
-    def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
-        """Store float32 ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]`` or
-        ``[tokens, num_kv_heads * head_dim]``) at ``slot_mapping`` (``tokens`` int
-        slots, ``block * block_size + offset``; -1 is padding, skipped), rounding to the
-        storage dtype (nearest even).
+        The view aliases the cache's memory: writes through it are seen by the next kernel
+        call, and no copy protects a running one. :meth:`write`, :meth:`copy_blocks` and
+        :func:`decode_attention` release the GIL, so writing this array (or a torch tensor
+        wrapping it) from one Python thread while one of them runs on the same layer in
+        another is a data race with undefined results; the caller must order the two (e.g.
+        join the kernel call first).
+
+        Args:
+            layer: ``0..num_layers``.
+
+        Returns:
+            Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
+            float16, or ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not
+            installed).
 
         Raises:
-            InvalidArgumentError: bad layer, dtype or shape, a slot outside
+            InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+        """
+    def value(self, layer: int) -> npt.NDArray[Any]:
+        """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
+        not be written while a kernel call on the same layer runs in another thread.
+
+        Args:
+            layer: ``0..num_layers``.
+
+        Returns:
+            Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), the dtype of
+            :meth:`key`.
+
+        Raises:
+            InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+        """
+    def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
+        """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
+        storage dtype (nearest even). The GIL is released while it copies.
+
+        Args:
+            layer: ``0..num_layers``.
+            k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
+                head_dim]``.
+            v: float32, the shape of ``k``.
+            slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
+                skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
+
+        Raises:
+            InvalidArgumentError: a bad layer, dtype or shape, or a slot outside
                 ``-1..num_blocks * block_size``. Nothing is written on error.
         """
     def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]]) -> None:
-        """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``
-        (``[k, 2]``, e.g. the copy-on-write pairs of :meth:`BlockPool.step`), in every
-        layer, K and V, in row order.
+        """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
+        layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
+
+        Args:
+            pairs: int ``[k, 2]`` block ids.
 
         Raises:
-            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape;
-                nothing is copied.
+            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape; nothing
+                is copied.
         """
 
-# decode_attention(cache, layer, q, block_tables, seq_lens, ...) -> out [n, Hq, d] float32
-#
-# One query token per sequence against its cached K/V in ``cache`` layer ``layer``:
-# ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]``, g = Hq / Hkv.
-# ``q``: float32 [n, Hq, head_dim]; ``block_tables``: int [n, max_blocks] (padding
-# entries past ``ceil(seq_lens[i] / block_size)`` are never read); ``seq_lens``: n token
-# counts (0 gives a zero output and LSE -inf). ``scale`` defaults to 1/sqrt(head_dim).
-# ``out``: optional C-contiguous float32 [n, Hq, d] written in place and returned.
-# ``return_lse``: also return float32 [n, Hq] natural-log sum of exp(scale * q.k), to
-# merge partial results. ``split_size``: tokens per FlashDecoding split (None: automatic
-# for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
-# KV heads read by one work item (default all; must divide Hkv). ``force_isa``: one of
-# :func:`kernel_paths` ("scalar"; "avx2", "avx512" on x86-64; "neon" on aarch64); a path
-# this CPU lacks raises. The GIL is released; the threads are :func:`set_num_threads`'.
-# While it runs, the arrays of KvCache.key/value for ``layer`` must not be written from another
-# thread (they alias the cache; see KvCache.key).
-# decode_attention_paged takes FlashInfer's (kv_indptr, kv_indices, kv_last_page_len)
-# instead, as exported by BlockPool.flashinfer_tables.
-# ``bf16_scores`` (bf16 caches only; default False = exact): round q to bf16 (nearest
-# even) and compute the scores q.K from the rounded q; softmax and P.V are unchanged (f32,
-# V exact). On the "avx512" path of a CPU with avx512_bf16 the scores use ``vdpbf16ps``
-# (bf16 products exact, f32 sums); every other path computes the same thing with f32 FMAs
-# on the rounded q, so results agree across paths within f32 rounding, not bitwise.
-# Against the exact-q result: each logit moves by at most D = scale * 2^-8 * sum_i
-# |q_i K_i| (bf16 keeps 8 significant bits), each output by at most (exp(2 D) - 1) * max|V|
-# and the LSE by at most D; on standard-normal data with d = 128 the measured output
-# deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
-# Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,
-# head count or head_dim mismatches, a non-float32 q/out, wrong shapes, an unknown or
-# unsupported path, ``bf16_scores`` with an f32 or f16 cache (``out`` is not written on
-# any error).
 @overload
 def decode_attention(
     cache: KvCache,
@@ -636,7 +961,55 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
-) -> _F32Array: ...
+) -> _F32Array:
+    """Decode attention over the paged cache: one query token per sequence against its cached
+    K/V in ``cache`` layer ``layer``.
+
+    ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]`` with
+    ``g = Hq / Hkv``. The GIL is released while it runs, on the threads of
+    :func:`set_num_threads`. Meanwhile the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+    for ``layer`` must not be written from another thread (they alias the cache).
+
+    Args:
+        cache: the KV cache.
+        layer: ``0..cache.num_layers``.
+        q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads.
+        block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
+            past ``ceil(seq_lens[i] / block_size)`` are never read.
+        seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
+        scale: the softmax scale (default ``1 / sqrt(head_dim)``).
+        out: C-contiguous float32 ``[n, Hq, head_dim]`` written in place and returned
+            (default: a new array).
+        return_lse: also return the log-sum-exp, to merge partial results.
+        split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
+            than a quarter of a thread's share of the batch; 0: never split).
+        kv_heads_per_item: KV heads read by one work item (default all; must divide the
+            cache's KV heads).
+        force_isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
+            x86-64; ``"neon"`` on aarch64); default the fastest.
+        bf16_scores: bf16 caches only (default False = exact): round q to bf16 (nearest
+            even) and compute the scores q.K from the rounded q; softmax and P.V are
+            unchanged (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_bf16
+            the scores use ``vdpbf16ps`` (bf16 products exact, f32 sums); every other path
+            computes the same thing with f32 FMAs on the rounded q, so results agree across
+            paths within f32 rounding, not bitwise. Against the exact-q result each logit
+            moves by at most ``D = scale * 2^-8 * sum_i |q_i K_i|`` (bf16 keeps 8
+            significant bits), each output by at most ``(exp(2 D) - 1) * max|V|`` and the
+            LSE by at most D; on standard-normal data with d = 128 the measured output
+            deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
+
+    Returns:
+        float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
+        ``(out, lse)``, ``lse`` float32 ``[n, Hq]``, the natural-log sum of
+        ``exp(scale * q.k)``.
+
+    Raises:
+        InvalidArgumentError: a block id outside the pool, a length beyond its table, head
+            count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
+            ``out`` that is not C-contiguous or not writable, an unknown path or one this
+            CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
+            an f32 or f16 cache. ``out`` is not written on any error.
+    """
 @overload
 def decode_attention(
     cache: KvCache,
@@ -669,7 +1042,33 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
-) -> _F32Array: ...
+) -> _F32Array:
+    """:func:`decode_attention` with the tables in FlashInfer's paged layout, as
+    :meth:`BlockPool.flashinfer_tables` exports them.
+
+    Args:
+        cache: the KV cache.
+        layer: ``0..cache.num_layers``.
+        q: float32 ``[n, Hq, head_dim]``.
+        kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
+        kv_indices: the block ids of all sequences, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last block, in
+            ``1..=block_size`` (0 for a sequence without blocks).
+        scale: as for :func:`decode_attention`.
+        out: as for :func:`decode_attention`.
+        return_lse: as for :func:`decode_attention`.
+        split_size: as for :func:`decode_attention`.
+        kv_heads_per_item: as for :func:`decode_attention`.
+        force_isa: as for :func:`decode_attention`.
+        bf16_scores: as for :func:`decode_attention`.
+
+    Returns:
+        As :func:`decode_attention`.
+
+    Raises:
+        InvalidArgumentError: as :func:`decode_attention`, and offsets that are not a range
+            inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+    """
 @overload
 def decode_attention_paged(
     cache: KvCache,
@@ -694,42 +1093,78 @@ def read_bandwidth(
     cache: KvCache | None = None,
     passes: int | None = None,
 ) -> float:
-    """Read bandwidth in bytes/s: the best of ``passes`` (default 7) multi-accumulator
-    SIMD sweeps with ``threads`` threads (default: the kernel pool's), each thread
-    streaming one contiguous share.
+    """Read bandwidth in bytes/s: the best of ``passes`` multi-accumulator SIMD sweeps with
+    ``threads`` threads, each thread streaming one contiguous share.
 
-    Without ``cache`` the sweep reads a fresh ``nbytes`` buffer (default 256 MiB) of
-    2 MiB-aligned, huge-page-advised memory, allocated like a KV cache. With ``cache``
-    it reads that cache's own storage (``cache.nbytes`` bytes, every layer's K and V):
-    the pages the kernel reads, the fair ceiling for :func:`decode_attention` on a
-    machine (a VM) where the read rate depends on where pages landed.
+    Without ``cache`` the sweep reads a fresh ``nbytes`` buffer of 2 MiB-aligned,
+    huge-page-advised memory, allocated like a KV cache. With ``cache`` it reads that
+    cache's own storage (``cache.nbytes`` bytes, every layer's K and V): the pages the
+    kernel reads, the fair ceiling for :func:`decode_attention` on a machine (a VM) where
+    the read rate depends on where pages landed.
 
-    Raises InvalidArgumentError for both ``nbytes`` and ``cache``, ``nbytes`` outside
-    1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside 1..1000, or a bad
-    thread count."""
+    Args:
+        nbytes: bytes of the fresh buffer, 1 MiB..1 TiB (default 256 MiB); not with
+            ``cache``.
+        threads: threads, ``1..=1024`` (default: the kernel pool's, see
+            :func:`set_num_threads`).
+        cache: a :class:`KvCache` of at least 1 MiB to read instead.
+        passes: sweeps, ``1..=1000`` (default 7); the best is kept.
+
+    Raises:
+        InvalidArgumentError: both ``nbytes`` and ``cache``, ``nbytes`` outside
+            1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, or a
+            thread count outside ``1..=1024``.
+    """
 def peak_flops(threads: int | None = None) -> float:
-    """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA)."""
+    """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA), best of 3 runs.
+
+    Args:
+        threads: threads, ``1..=1024`` (default: the kernel pool's).
+
+    Raises:
+        InvalidArgumentError: a thread count outside ``1..=1024``.
+    """
 def set_num_threads(n: int) -> None:
-    """Threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs).
-    Raises InvalidArgumentError outside ``1..=1024``."""
+    """Set the threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs);
+    calls already running keep their pool.
+
+    Args:
+        n: threads, ``1..=1024``.
+
+    Raises:
+        InvalidArgumentError: ``n`` outside ``1..=1024``, or the OS refused the threads.
+    """
 def get_num_threads() -> int:
-    """Threads of the kernel pool."""
+    """Threads of the kernel pool.
+
+    Raises:
+        InvalidArgumentError: the pool could not be started (the OS refused the threads).
+    """
 def cpu_features() -> list[str]:
-    """SIMD features of this CPU relevant to the kernels (e.g. "avx2", "avx512bf16",
-    "neon")."""
+    """SIMD features of this CPU relevant to the kernels.
+
+    Returns:
+        Feature names, e.g. ``["avx2", "fma", "avx512bf16"]`` or ``["neon"]``.
+    """
 def kernel_paths() -> list[str]:
-    """Decode-attention paths this CPU supports, fastest last: "scalar" always, then
-    "avx2" and "avx512" on x86-64 or "neon" on aarch64 when the CPU has them."""
+    """Decode-attention paths this CPU supports, fastest last: ``"scalar"`` always, then
+    ``"avx2"`` and ``"avx512"`` on x86-64 or ``"neon"`` on aarch64 when the CPU has them.
+    """
 
 # ------------------------------------------------------------------- prefix caching
 
 EVENT_STORED: Final[int]
+"""``kind`` of a :meth:`BlockPool.drain_events` event: a block was registered in the cache."""
 EVENT_REMOVED: Final[int]
+"""``kind`` of an event: a block left the cache (evicted)."""
 EVENT_ALL_CLEARED: Final[int]
+"""``kind`` of an event: :meth:`BlockPool.reset_prefix_cache` cleared the cache."""
 
 @final
 class CacheStats:
-    """Prefix-cache metrics of a :class:`BlockPool` (hits count successful admissions)."""
+    """Prefix-cache metrics of a :class:`BlockPool`, taken by :meth:`BlockPool.cache_stats`
+    (hits count successful admissions). Counts are in blocks, tokens and admissions.
+    """
 
     @property
     def policy(self) -> str:
@@ -778,7 +1213,7 @@ class CacheStats:
         """Live pins."""
     @property
     def clock(self) -> int:
-        """Current logical time."""
+        """Current logical time (see :meth:`BlockPool.set_clock`)."""
     @property
     def hit_rate(self) -> float:
         """``hit_tokens / query_tokens`` (0.0 before any query)."""
@@ -786,5 +1221,10 @@ class CacheStats:
     def block_hit_rate(self) -> float:
         """``hit_blocks / query_blocks`` (0.0 before any query)."""
     def as_dict(self) -> dict[str, int | float | str]:
-        """All fields as a dict."""
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, the rates floats,
+            ``policy`` a str.
+        """
 

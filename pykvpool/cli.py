@@ -298,7 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pykvpool`` command. Returns the exit status: 0 on success, 2 on
-    bad input (message on stderr), 1 when the report does not reproduce every number."""
+    bad input (message on stderr), 1 when the report does not reproduce every number.
+
+    Args:
+        argv: the arguments after the program name (None: ``sys.argv[1:]``).
+
+    Raises:
+        SystemExit: from argparse, for ``--help`` (status 0) or a usage error such as an
+            unknown option or a malformed number (status 2, usage on stderr).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

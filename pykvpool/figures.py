@@ -108,7 +108,16 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
     """Figure 1. Left: weights / KV / reserve stacked vs batch at ``seq_len`` with the
     device budget line; each bar is labelled with its whole height (weights + KV +
     reserve). Right: KV vs sequence length (log-log) for GQA batch 1, GQA batch 8 and MHA
-    batch 8, with the KV budget line. Values in GiB."""
+    batch 8, with the KV budget line. Values in GiB.
+
+    Returns:
+        The plotted data (GiB per bar and per point, and the budget lines).
+
+    Raises:
+        InvalidArgumentError: a batch or sequence length < 1.
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
+    """
     w = gqa.weight_bytes / GIB
     kv = [gqa.kv_bytes(seq_len, b) / GIB for b in batches]
     reserve = gqa.budget.reserve_bytes / GIB
@@ -227,7 +236,16 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
     ``kernel[i]["above_roof"]``.
 
     ``ideal_points`` are (label, intensity at bf16) pairs. When ``machine`` is None the
-    left panel states ``unavailable_reason`` instead of a roof."""
+    left panel states ``unavailable_reason`` instead of a roof.
+
+    Returns:
+        The plotted data: roofs (FLOP/s, bytes/s) and points (FLOP/byte, FLOP/s).
+
+    Raises:
+        UnknownPresetError: ``accelerator`` has no peak for ``accelerator_dtype``.
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
+    """
     fig = new_figure((13.0, 6.6))
     a1, a2 = fig.subplots(1, 2)
     data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": []}
@@ -275,7 +293,17 @@ def paging_demo(lens: Sequence[int] = (37, 21, 45), block_size: int = 16, spare:
                 fork_extra: int = 5) -> PoolPicture:
     """Decode the sequences token by token in turn (blocks interleave in the pool), then
     fork sequence 0 into a new sequence that appends ``fork_extra`` tokens (copy-on-write of
-    the shared last block). Returns the pool's state as a :class:`PoolPicture`."""
+    the shared last block). Returns the pool's state as a :class:`PoolPicture`.
+
+    Args:
+        lens: each sequence's length, tokens.
+        block_size: tokens per block.
+        spare: free blocks left in the pool beyond what the sequences and the fork need.
+        fork_extra: tokens the fork appends.
+
+    Raises:
+        InvalidArgumentError: a negative length or count, or ``block_size`` < 1.
+    """
     need = sum(-(-n // block_size) for n in lens) + 2 + spare
     pool = BlockPool(need, block_size)
     ids = list(range(len(lens)))
@@ -311,7 +339,15 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
     """Figure 3. Left: logical blocks of live sequences mapped into the physical pool, drawn
     from ``picture`` (shared blocks outlined in black, with their refcount). Right:
     admitted requests per policy for each workload; ``comparisons`` holds, per workload,
-    the results of each policy (same order for every workload)."""
+    the results of each policy (same order for every workload).
+
+    Returns:
+        The plotted data (the picture's tables and the admitted counts).
+
+    Raises:
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
+    """
     fig = new_figure((14.5, 5.6))
     gs = fig.add_gridspec(1, 2, width_ratios=[1.5, 1.0])
     ax = fig.add_subplot(gs[0, 0])
@@ -386,7 +422,16 @@ def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_p
               device_gib: float, kv_budget_gib: float, mask_chunks: int = 5,
               mask_tokens: int = 12) -> dict[str, Any]:
     """Figure 4. Left: a block-causal mask (bidirectional within a chunk, causal across
-    chunks). Right: KV per video (GiB) against the device and KV budget lines."""
+    chunks). Right: KV per video (GiB) against the device and KV budget lines.
+
+    Returns:
+        The plotted data: the mask, tokens and GiB per video, and the two budget lines.
+
+    Raises:
+        InvalidArgumentError: ``mask_chunks`` or ``mask_tokens`` < 1.
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
+    """
     mask = block_causal_mask(mask_chunks, mask_tokens)
     kv = [v.kv_bytes(bytes_per_token) / GIB for v in videos]
     fig = new_figure((12.5, 4.8))
@@ -430,7 +475,15 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     """Figure 5 (beyond the article). Left: block-size sweep, empty slots per request vs
     block-table entries per request. Middle: request-length CDFs of the trace workloads.
     Right: admitted requests per policy on the traces (``traces`` as in
-    :func:`fig_paging`)."""
+    :func:`fig_paging`).
+
+    Returns:
+        The plotted data (per block size, per trace and per policy).
+
+    Raises:
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
+    """
     fig = new_figure((15.5, 4.6))
     a1, a2, a3 = fig.subplots(1, 3)
     bsz = [r.block_size for r in rows]

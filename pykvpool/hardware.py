@@ -57,7 +57,11 @@ class Hardware:
         raise UnknownPresetError("compute dtype", dtype, sorted(self.peak_flops))
 
     def ridge_point(self, dtype: str) -> float:
-        """Arithmetic intensity (FLOP/byte) where the compute roof meets the memory roof."""
+        """Arithmetic intensity (FLOP/byte) where the compute roof meets the memory roof.
+
+        Raises:
+            UnknownPresetError: no peak for ``dtype`` or its fallbacks (see :meth:`flops`).
+        """
         return self.flops(dtype) / self.bandwidth
 
 
@@ -78,6 +82,7 @@ HARDWARE: dict[str, Hardware] = {
                      {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
                       "fp32": 67e12}),
 }
+"""Device presets by lower-case name (datasheet figures); see :func:`hardware_preset`."""
 
 
 def hardware_preset(name: str) -> Hardware:
@@ -92,15 +97,35 @@ def hardware_preset(name: str) -> Hardware:
 class KernelApi(Protocol):
     """The compiled kernel module's surface that the measurements use."""
 
-    def read_bandwidth(self, nbytes: int | None = None, threads: int | None = None) -> float: ...
-    def peak_flops(self, threads: int | None = None) -> float: ...
+    def read_bandwidth(self, nbytes: int | None = None, threads: int | None = None) -> float:
+        """Read bandwidth, bytes/s: :func:`pykvpool.read_bandwidth`.
+
+        Raises:
+            InvalidArgumentError: ``nbytes`` outside 1 MiB..1 TiB or a bad thread count.
+        """
+    def peak_flops(self, threads: int | None = None) -> float:
+        """Peak f32 FLOP/s: :func:`pykvpool.peak_flops`.
+
+        Raises:
+            InvalidArgumentError: a bad thread count.
+        """
     def KvCache(  # noqa: N802 - a class in the compiled module
         self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
         head_dim: int, dtype: str = "f32",
-    ) -> Any: ...
+    ) -> Any:
+        """A KV cache: :class:`pykvpool.KvCache`.
+
+        Raises:
+            InvalidArgumentError: a zero or too large dimension, or an unknown dtype.
+        """
     def decode_attention(
         self, cache: Any, layer: int, q: Any, block_tables: Any, seq_lens: Any
-    ) -> Any: ...
+    ) -> Any:
+        """Decode attention: :func:`pykvpool.decode_attention`.
+
+        Raises:
+            InvalidArgumentError: bad shapes, dtypes, block ids or lengths.
+        """
 
 
 _KERNEL_NAMES = ("read_bandwidth", "peak_flops", "KvCache", "decode_attention")

@@ -155,7 +155,16 @@ class ModelConfig:
         return self.num_q_heads // self.num_kv_heads
 
     def kv_bytes_per_token(self, dtype: StorageDtype | str = "bf16") -> int:
-        """``2 (K,V) x L x n_kv x (bytes of one d-element vector)``, scales included."""
+        """KV bytes per token: ``2 (K,V) x L x n_kv x (bytes of one d-element vector)``,
+        scales included.
+
+        Args:
+            dtype: a :class:`StorageDtype` or a spelling :func:`storage_dtype` accepts.
+
+        Raises:
+            UnknownPresetError: an unknown dtype name.
+            InvalidArgumentError: a malformed granularity suffix.
+        """
         dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
         return 2 * self.num_layers * self.num_kv_heads * dt.vector_bytes(self.head_dim)
 
@@ -165,7 +174,11 @@ class ModelConfig:
         return self.num_params * self.weight_bytes_per_param
 
     def with_kv_heads(self, num_kv_heads: int, name: str | None = None) -> ModelConfig:
-        """The same model with another KV head count (e.g. the MHA variant)."""
+        """The same model with another KV head count (e.g. the MHA variant).
+
+        Raises:
+            InvalidArgumentError: ``num_kv_heads`` < 1 or not dividing the query heads.
+        """
         return replace(self, num_kv_heads=num_kv_heads,
                        name=name or f"{self.name} (n_kv={num_kv_heads})")
 
@@ -236,6 +249,7 @@ MODELS: dict[str, ModelConfig] = {
     # A real MHA model, for comparison.
     "llama-2-7b": ModelConfig("Llama-2-7B (MHA)", 32, 32, 32, 128, 6.74e9, 2.0, 4096),
 }
+"""Model presets by lower-case name (published configurations); see :func:`model_preset`."""
 
 
 def model_preset(name: str) -> ModelConfig:

@@ -128,6 +128,10 @@ def block_keys_for(
     covers trace blocks ``j*k .. (j+1)*k - 1`` and its key is the id of the last of them
     (ids are chained, so the last id names the whole prefix, and a partial group ends on a
     different id than a full one).
+
+    Raises:
+        InvalidArgumentError: ``block_size`` is not a positive multiple of
+            ``trace_block_size``.
     """
     k = _merge_factor(block_size, trace_block_size)
     ids = req.hash_ids
@@ -156,7 +160,11 @@ def seen_prefix_hits(trace: Sequence[TraceRequest]) -> tuple[int, int]:
 
 def unbounded_capacity(trace: Sequence[TraceRequest], block_size: int = TRACE_BLOCK_SIZE) -> int:
     """Blocks that never force an eviction: every distinct key, plus room for the largest
-    request's uncached blocks. In blocks of ``block_size`` tokens."""
+    request's uncached blocks. In blocks of ``block_size`` tokens.
+
+    Raises:
+        InvalidArgumentError: ``block_size`` is not a positive multiple of 512 tokens.
+    """
     keys: set[int] = set()
     largest = 0
     for req in trace:
@@ -187,9 +195,11 @@ class ReplayResult:
 
     @property
     def capacity_tokens(self) -> int:
+        """The capacity in tokens: ``capacity_blocks x block_size``."""
         return self.capacity_blocks * self.block_size
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field and ``capacity_tokens`` as a JSON-ready dict."""
         d = asdict(self)
         d["capacity_tokens"] = self.capacity_tokens
         return d
@@ -301,6 +311,11 @@ def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) ->
     Returns:
         The plotted data: ``{"block_size": {bs: {"policy": {p: {"capacity_tokens": [...],
         "block_hit_rate": [...]}}, "unbounded": rate}}}``.
+
+    Raises:
+        InvalidArgumentError: ``results`` is empty.
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix.
     """
     import matplotlib
 
@@ -365,7 +380,12 @@ def _int_list(s: str) -> list[int]:
 
 def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
-    :func:`main_replay`."""
+    :func:`main_replay`.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="prefix-cache hit rates of a block-id trace (Mooncake format)",
@@ -391,7 +411,13 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main_replay(args: argparse.Namespace) -> int:
-    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0."""
+    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0.
+
+    Raises:
+        InvalidArgumentError: a malformed trace, a bad capacity, policy or block size, or
+            ``--plot`` without ``--sweep``.
+        OSError: the trace cannot be read or an output cannot be written.
+    """
     trace = load_mooncake_trace(args.trace)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.sweep:
@@ -431,7 +457,13 @@ def main_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own."""
+    """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own.
+
+    Raises:
+        SystemExit: from argparse, for ``--help`` (status 0) or a usage error (status 2).
+        InvalidArgumentError: as :func:`main_replay`.
+        OSError: as :func:`main_replay`.
+    """
     parser = argparse.ArgumentParser(prog="python -m pykvpool.prefix_replay")
     sub = parser.add_subparsers(dest="command")
     add_subcommand(sub)

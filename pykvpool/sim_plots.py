@@ -86,7 +86,12 @@ def utilization_over_time(
     ``waiting`` (requests); with ``num_blocks``, ``occupancy`` (blocks used or reserved /
     ``num_blocks``); with ``block_size``, ``token_utilization`` (stored tokens / slots of
     the used blocks, 1.0 for an empty pool). The figure draws occupancy and token
-    utilization (each labelled) beside the concurrency."""
+    utilization (each labelled) beside the concurrency.
+
+    Raises:
+        KeyError: ``result`` has no such step column.
+        OSError: ``path`` cannot be written.
+    """
     s = result.steps
     keys = ("time", "utilization", "blocks_used", "blocks_reserved", "running", "waiting")
     data = {k: np.asarray(s[k]) for k in keys}
@@ -140,7 +145,12 @@ def latency_cdf(
     """``{name: (sorted values in s, cumulative fraction)}`` of ``metric`` (ttft, tpot,
     e2e, queueing) over finished requests of each run. The figure's time axis is
     logarithmic unless ``log_x`` is False (values <= 0 are then left out of the drawing,
-    not of the data); ``title`` should name the arrival rate."""
+    not of the data); ``title`` should name the arrival rate.
+
+    Raises:
+        KeyError: ``metric`` is not a request column.
+        OSError: ``path`` cannot be written.
+    """
     data = {}
     for name, r in results.items():
         v = np.sort(np.asarray(r.requests[metric], dtype=np.float64)[r.requests["outcome"] == 0])
@@ -175,7 +185,12 @@ def policy_comparison(
     path: Optional[PathLike] = None,
 ) -> dict[str, dict[str, float]]:
     """``{run name: {metric: value}}`` from each run's summary, drawn as one bar panel per
-    metric."""
+    metric.
+
+    Raises:
+        KeyError: a metric is not in a run's summary.
+        OSError: ``path`` cannot be written.
+    """
     data = {name: {m: float(r.summary[m]) for m in metrics} for name, r in results.items()}
     if path is not None:
         fig, ax = _figure(len(metrics))
@@ -191,7 +206,12 @@ def policy_comparison(
 def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLike] = None) -> dict[str, dict[str, np.ndarray]]:
     """From sweep rows (``rate``, ``label``, summary keys): per label, arrays ``rate``,
     ``output_throughput`` (tokens/s), ``request_throughput`` and ``ttft_p99`` sorted by rate.
-    Labels keep their first-seen order."""
+    Labels keep their first-seen order.
+
+    Raises:
+        KeyError: a row lacks one of those keys.
+        OSError: ``path`` cannot be written.
+    """
     data: dict[str, dict[str, np.ndarray]] = {}
     for label in dict.fromkeys(str(r["label"]) for r in rows):
         sel = sorted((r for r in rows if r["label"] == label), key=lambda r: float(r["rate"]))

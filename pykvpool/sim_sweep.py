@@ -68,6 +68,7 @@ def sweep(
 
     Raises:
         InvalidArgumentError: a configuration the engine rejects (the first one met).
+        Exception: whatever a callable ``workload`` or ``time_model`` raises.
     """
     jobs = [(r, name, bs) for r in rates for name in policies for bs in block_sizes]
     loads = {r: _at_rate(workload, r) for r in rates}
@@ -117,7 +118,12 @@ def _load(args: argparse.Namespace) -> Workload:
 
 
 def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``simulate`` on an argparse subparsers object; returns its parser."""
+    """Register ``simulate`` on an argparse subparsers object; returns its parser.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="replay a trace or a synthetic workload through the serving simulator",
@@ -167,7 +173,15 @@ def _config(args: argparse.Namespace, allocation: str) -> SchedulerConfig:
 
 def main_simulate(args: argparse.Namespace) -> int:
     """Run ``pykvpool simulate``: print the summary (or the sweep table), and write CSVs and
-    figures into ``--out`` when given. Returns the exit code."""
+    figures into ``--out`` when given. Returns the exit code.
+
+    Raises:
+        InvalidArgumentError: a configuration the engine rejects, or weights that leave no
+            memory for KV; :class:`UnknownPresetError` for an unknown model or hardware.
+        ValueError: a malformed trace row or ``--sweep-*`` list.
+        KeyError: a trace without the expected columns.
+        OSError: a trace cannot be read or an output cannot be written.
+    """
     from pykvpool import sim_plots
 
     w = _load(args)

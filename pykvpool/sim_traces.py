@@ -82,6 +82,12 @@ def load_trace(
             (JSONL), one per ``tokens_per_key`` prompt tokens.
         fmt: ``csv`` or ``jsonl``; guessed from the extension when None.
         limit: keep the first ``limit`` rows.
+
+    Raises:
+        OSError: the file cannot be read (``FileNotFoundError`` when it is missing).
+        KeyError: a row lacks a named column (the message gives the row).
+        ValueError: a row that is not JSON or holds a non-integer count or a bad time,
+            or an unknown ``fmt``.
     """
     times: list[Any] = []
     prompts: list[int] = []
@@ -132,13 +138,21 @@ def load_trace(
 
 
 def load_azure(path: PathLike, limit: Optional[int] = None) -> Workload:
-    """An Azure LLM inference trace (2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    """An Azure LLM inference trace (2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens).
+
+    Raises:
+        OSError, KeyError, ValueError: as :func:`load_trace`.
+    """
     return load_trace(path, arrival="TIMESTAMP", prompt_len="ContextTokens", output_len="GeneratedTokens", limit=limit)
 
 
 def load_mooncake(path: PathLike, limit: Optional[int] = None, with_keys: bool = True) -> Workload:
     """A Mooncake trace (JSONL: timestamp in ms, input_length, output_length, hash_ids of
-    512-token blocks). ``with_keys=False`` drops the hash ids (lengths only)."""
+    512-token blocks). ``with_keys=False`` drops the hash ids (lengths only).
+
+    Raises:
+        OSError, KeyError, ValueError: as :func:`load_trace`.
+    """
     return load_trace(
         path,
         arrival="timestamp",

@@ -87,8 +87,12 @@ class Workload:
 
     def scaled(self, time: float = 1.0, prompt: float = 1.0, output: float = 1.0) -> Workload:
         """A copy with arrival times multiplied by ``time`` (2.0 halves the rate) and
-        lengths by ``prompt`` / ``output`` (rounded, at least 1). Prompts given as ids or
-        keys cannot be length-scaled (InvalidArgumentError from :func:`run`)."""
+        lengths by ``prompt`` / ``output`` (rounded, at least 1 token).
+
+        Raises:
+            InvalidArgumentError: ``prompt`` != 1.0 for prompts given as token ids or block
+                keys (they cannot be length-scaled).
+        """
         if prompt != 1.0 and (self.token_ids is not None or self.block_keys is not None):
             raise _native.InvalidArgumentError("prompts given as token ids or block keys cannot be length-scaled")
         return dataclasses.replace(
@@ -99,7 +103,12 @@ class Workload:
         )
 
     def head(self, n: int) -> Workload:
-        """The first ``n`` requests (in column order)."""
+        """The first ``n`` requests (in column order).
+
+        Raises:
+            IndexError: ``token_offsets`` or ``key_offsets`` has fewer than ``n + 1``
+                entries (an inconsistent workload, which :func:`run` would reject).
+        """
         n = min(n, len(self))
         tok = key = None
         if self.token_ids is not None and self.token_offsets is not None:
@@ -270,7 +279,15 @@ class Roofline:
     host_link_bandwidth: float = 25e9
 
     def figures(self) -> list[float]:
-        """The 9 numbers :func:`pykvpool._native.run_simulation` takes."""
+        """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
+        param, layers, query width, KV bytes per token, reachable FLOP/s, reachable
+        bytes/s, overhead (s) and swap time per block (s).
+
+        Raises:
+            UnknownPresetError: ``compute_dtype`` has no peak on the device, or
+                ``kv_dtype`` is not a storage dtype.
+            InvalidArgumentError: a malformed ``kv_dtype`` granularity.
+        """
         m, h = self.model, self.hardware
         kv = float(m.kv_bytes_per_token(self.kv_dtype))
         return [
@@ -288,7 +305,12 @@ class Roofline:
 
 def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
     """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
-    "a100-80gb-sxm")``. Raises UnknownPresetError for an unknown name."""
+    "a100-80gb-sxm")``, with ``block_size`` tokens per block and ``overhead`` seconds
+    per step.
+
+    Raises:
+        UnknownPresetError: an unknown model or hardware name.
+    """
     return Roofline(model_preset(model), hardware_preset(hardware), block_size, overhead)
 
 
@@ -296,8 +318,13 @@ def kv_blocks_for_memory(
     model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
 ) -> int:
     """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
-    in blocks of ``block_size`` tokens. Raises InvalidArgumentError (a ValueError) when the
-    weights do not fit."""
+    in blocks of ``block_size`` tokens.
+
+    Raises:
+        InvalidArgumentError: the weights do not fit, or a malformed ``kv_dtype``
+            granularity.
+        UnknownPresetError: ``kv_dtype`` is not a storage dtype.
+    """
     free = hardware.memory_bytes * memory_fraction - model.weight_bytes
     if free <= 0:
         raise _native.InvalidArgumentError(
@@ -337,7 +364,11 @@ class SimulationResult:
 
     def to_csv(self, directory: Union[str, os.PathLike[str]], prefix: str = "") -> list[str]:
         """Write ``requests.csv``, ``steps.csv`` and ``summary.csv`` into ``directory``
-        (created if needed); returns the paths written."""
+        (created if needed), each name after ``prefix``; returns the paths written.
+
+        Raises:
+            OSError: ``directory`` cannot be created or a file cannot be written.
+        """
         os.makedirs(directory, exist_ok=True)
         paths = []
         for name, cols in (("requests", self.requests), ("steps", self.steps)):

@@ -67,19 +67,25 @@ class ToyConfig:
 
     @property
     def d_model(self) -> int:
+        """Model width D = query heads x head dimension (elements)."""
         return self.n_q_head * self.d_head
 
     @property
     def d_kv(self) -> int:
+        """K (or V) width Dk = KV heads x head dimension (elements)."""
         return self.n_kv_head * self.d_head
 
     @property
     def d_ffn(self) -> int:
+        """MLP width F = ``ffn_mult`` x D (elements)."""
         return self.ffn_mult * self.d_model
 
 
 @dataclass(frozen=True)
 class Layer:
+    """One decoder layer's float32 weights: the projections ``wq`` ``[D, D]``, ``wk`` and
+    ``wv`` ``[D, Dk]``, ``wo`` ``[D, D]``, and the MLP ``w1`` ``[D, F]``, ``w2`` ``[F, D]``."""
+
     wq: F32
     wk: F32
     wv: F32
@@ -90,6 +96,9 @@ class Layer:
 
 @dataclass(frozen=True)
 class Model:
+    """The toy decoder: its config, layers, token embedding ``[vocab, D]`` and output head
+    ``[D, vocab]`` (float32)."""
+
     cfg: ToyConfig
     layers: list[Layer]
     embed: F32  # [vocab, D]
@@ -97,7 +106,11 @@ class Model:
 
 
 def make_model(cfg: ToyConfig) -> Model:
-    """Seeded Gaussian weights with standard deviation ``1/sqrt(D)``."""
+    """Seeded Gaussian weights with standard deviation ``1/sqrt(D)``.
+
+    Raises:
+        ValueError: a negative size or seed in ``cfg`` (numpy).
+    """
     rng = np.random.default_rng(cfg.seed)
     d, dk, f = cfg.d_model, cfg.d_kv, cfg.d_ffn
 
@@ -133,7 +146,11 @@ def _causal_attention(cfg: ToyConfig, q: F32, k: F32, v: F32) -> F32:
 
 def forward(model: Model, tokens: list[int], kv_out: list[tuple[F32, F32]] | None = None) -> F32:
     """Full causal forward; returns the last position's logits ``[vocab]``. When
-    ``kv_out`` is given, each layer's K and V (``[S, Hkv, d]``) are appended to it."""
+    ``kv_out`` is given, each layer's K and V (``[S, Hkv, d]``) are appended to it.
+
+    Raises:
+        IndexError: a token id >= ``vocab``, or no token at all.
+    """
     cfg = model.cfg
     x: F32 = model.embed[np.asarray(tokens)]
     s = len(tokens)
@@ -150,7 +167,11 @@ def forward(model: Model, tokens: list[int], kv_out: list[tuple[F32, F32]] | Non
 
 
 def generate_recompute(model: Model, prompt: list[int]) -> tuple[list[int], F32]:
-    """Greedy generation re-running the full forward each step: (tokens, last logits)."""
+    """Greedy generation re-running the full forward each step: (tokens, last logits).
+
+    Raises:
+        IndexError: a prompt token >= ``vocab``, or an empty prompt.
+    """
     seq, out = list(prompt), []
     logits = np.zeros(model.cfg.vocab, np.float32)
     for _ in range(model.cfg.gen):
@@ -162,7 +183,13 @@ def generate_recompute(model: Model, prompt: list[int]) -> tuple[list[int], F32]
 
 def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tuple[list[int], F32]:
     """Greedy generation through pykvpool: prefill into the cache, then one
-    ``step -> write -> decode_attention`` per layer per token."""
+    ``step -> write -> decode_attention`` per layer per token, in a ``dtype`` cache
+    (``"f32"``, ``"f16"`` or ``"bf16"``).
+
+    Raises:
+        IndexError: a prompt token >= ``vocab``, or an empty prompt.
+        InvalidArgumentError: an unknown ``dtype``, or sizes the pool or cache refuse.
+    """
     cfg = model.cfg
     total = cfg.prompt + cfg.gen
     blocks = -(-total // cfg.block_size)
@@ -192,7 +219,8 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tupl
 
 
 def flops_full(cfg: ToyConfig, s: int) -> int:
-    """Matmul FLOPs of a full forward over ``s`` tokens (see the module doc)."""
+    """Matmul FLOPs of a full forward over ``s`` tokens (see the module doc); pure
+    integer arithmetic."""
     return cfg.n_layer * s * _per_token(cfg) + 2 * cfg.d_model * cfg.vocab + cfg.n_layer * 4 * cfg.n_q_head * cfg.d_head * s * s
 
 
@@ -207,15 +235,22 @@ def _per_token(cfg: ToyConfig) -> int:
 
 
 def flops_recompute(cfg: ToyConfig) -> int:
+    """Matmul FLOPs of the recompute route: a full forward per generated token."""
     return sum(flops_full(cfg, cfg.prompt + t) for t in range(cfg.gen))
 
 
 def flops_cached(cfg: ToyConfig) -> int:
+    """Matmul FLOPs of the cached route: one prefill forward, then one decode step per
+    generated token but the first."""
     return flops_full(cfg, cfg.prompt) + sum(flops_step(cfg, cfg.prompt + t) for t in range(1, cfg.gen))
 
 
 @dataclass(frozen=True)
 class ToyResult:
+    """What :func:`run` measured: tokens generated and how many agree, the last logits'
+    largest difference and scale, FLOPs of both routes and their ratio, and wall-clock
+    seconds of both routes and their ratio (``speedup``)."""
+
     gen: int
     same_tokens: int
     max_abs_diff: float
@@ -240,7 +275,12 @@ def _best_of(repeats: int, fn: Callable[[], _T]) -> tuple[_T, float]:
 
 def run(cfg: ToyConfig | None = None, repeats: int = 1) -> ToyResult:
     """Both routes on the same seeded model and prompt; each timed as the best of
-    ``repeats`` runs (wall clock, seconds; the machine may be shared)."""
+    ``repeats`` runs (wall clock, seconds; the machine may be shared).
+
+    Raises:
+        InvalidArgumentError: sizes in ``cfg`` the pool or cache refuse.
+        ValueError: a negative size or seed in ``cfg`` (numpy).
+    """
     cfg = cfg or ToyConfig()
     model = make_model(cfg)
     prompt = [int(t) for t in np.random.default_rng(cfg.seed + 1).integers(0, cfg.vocab, cfg.prompt)]
@@ -263,6 +303,13 @@ def run(cfg: ToyConfig | None = None, repeats: int = 1) -> ToyResult:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pykvpool.toy_decoder [--json] [--repeats N]``: run both routes and print
+    the comparison. Returns 0 when the routes agree (same tokens, logits within tolerance),
+    else 1.
+
+    Raises:
+        SystemExit: from argparse, for ``--help`` (status 0) or a usage error (status 2).
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--repeats", type=int, default=3, help="time each route as the best of N runs")

@@ -46,6 +46,7 @@ AZURE_ATTRIBUTION = (
     'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
     "ISCA 2024"
 )
+"""The citation to print with any result computed from the Azure traces."""
 _AZURE_FILES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 
 
@@ -58,6 +59,9 @@ class Workload:
         lengths: int64 final KV length of each request (prompt + output), tokens.
         prompt_lengths: int64 prompt lengths, tokens, when known.
         source: where the lengths come from (generator or file, attribution).
+
+    Raises:
+        InvalidArgumentError: ``lengths`` is empty, not 1-D, or holds a length < 1.
     """
 
     name: str
@@ -113,7 +117,13 @@ class Workload:
 
 
 def article_uniform(n: int = ARTICLE_REQUESTS, seed: int = ARTICLE_SEED) -> Workload:
-    """The article's batch workload: lengths uniform on 512..4096 tokens (inclusive)."""
+    """The article's batch workload: ``n`` lengths uniform on 512..4096 tokens
+    (inclusive), drawn with ``default_rng(seed)``.
+
+    Raises:
+        InvalidArgumentError: ``n`` is 0.
+        ValueError: a negative ``n`` or ``seed`` (numpy).
+    """
     rng = np.random.default_rng(seed)
     lens = rng.integers(512, ARTICLE_MAX_LEN + 1, n)
     return Workload("uniform 512..4096", lens.astype(np.int64), None,
@@ -122,7 +132,12 @@ def article_uniform(n: int = ARTICLE_REQUESTS, seed: int = ARTICLE_SEED) -> Work
 
 def article_heavy_tail(n: int = ARTICLE_REQUESTS, seed: int = ARTICLE_SEED) -> Workload:
     """The article's chat workload: 80% uniform on 256..1024, 20% on 3072..4096 tokens,
-    shuffled with the same generator."""
+    shuffled with the same generator (``n`` requests, ``default_rng(seed)``).
+
+    Raises:
+        InvalidArgumentError: ``n`` is 0.
+        ValueError: a negative ``n`` or ``seed`` (numpy).
+    """
     rng = np.random.default_rng(seed)
     n_short = int(n * 0.8)
     short = rng.integers(256, 1025, n_short)

@@ -23,49 +23,25 @@ pub struct Exceptions {
 
 static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
 
-fn make<'py>(py: Python<'py>, name: &str, doc: &str, bases: Vec<Bound<'py, PyType>>) -> PyResult<Py<PyType>> {
+/// The class `name` deriving from `bases`; its docstring comes from the stub through
+/// [`super::exception_docs`].
+fn make<'py>(py: Python<'py>, name: &str, bases: Vec<Bound<'py, PyType>>) -> PyResult<Py<PyType>> {
     let ns = PyDict::new(py);
     ns.set_item("__module__", "pykvpool")?;
-    ns.set_item("__doc__", doc)?;
+    ns.set_item("__doc__", super::exception_docs::text(name))?;
     let bases = PyTuple::new(py, bases)?;
     let ty = py.get_type::<PyType>().call1((name, bases, ns))?;
     Ok(ty.cast_into::<PyType>()?.unbind())
 }
 
 fn build(py: Python<'_>) -> PyResult<Exceptions> {
-    let base = make(py, "KvPoolError", "Base class of every pykvpool error.", vec![py.get_type::<PyException>()])?;
+    let base = make(py, "KvPoolError", vec![py.get_type::<PyException>()])?;
     let b = || base.bind(py).clone();
-    let exhausted = make(
-        py,
-        "PoolExhaustedError",
-        "Not enough free blocks for the whole operation; nothing was changed. \
-         Attributes: `requested` and `free` (blocks).",
-        vec![b(), py.get_type::<PyMemoryError>()],
-    )?;
-    let unknown = make(
-        py,
-        "UnknownSequenceError",
-        "A sequence id that is not live in the pool; nothing was changed.",
-        vec![b(), py.get_type::<PyKeyError>()],
-    )?;
-    let invalid = make(
-        py,
-        "InvalidArgumentError",
-        "A rejected argument (size, count, shape, dtype, index); nothing was changed.",
-        vec![b(), py.get_type::<PyValueError>()],
-    )?;
-    let duplicate = make(
-        py,
-        "DuplicateSequenceError",
-        "A sequence id that is already live (add or fork target); nothing was changed.",
-        vec![invalid.bind(py).clone()],
-    )?;
-    let invariant = make(
-        py,
-        "InvariantError",
-        "An internal consistency check failed. Always a pykvpool bug: please report it.",
-        vec![b(), py.get_type::<PyAssertionError>()],
-    )?;
+    let exhausted = make(py, "PoolExhaustedError", vec![b(), py.get_type::<PyMemoryError>()])?;
+    let unknown = make(py, "UnknownSequenceError", vec![b(), py.get_type::<PyKeyError>()])?;
+    let invalid = make(py, "InvalidArgumentError", vec![b(), py.get_type::<PyValueError>()])?;
+    let duplicate = make(py, "DuplicateSequenceError", vec![invalid.bind(py).clone()])?;
+    let invariant = make(py, "InvariantError", vec![b(), py.get_type::<PyAssertionError>()])?;
     Ok(Exceptions { base, exhausted, unknown, invalid, duplicate, invariant })
 }
 

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 pub mod convert;
 pub mod errors;
+mod exception_docs;
 pub mod kv;
 pub mod pool;
 pub mod prefix;

@@ -89,6 +89,43 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
     Ok(arr.into_pyarray(py))
 }
 
+/// A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots.
+///
+/// Each live sequence (a caller-chosen non-negative int64 id) owns a block table mapping
+/// logical block ``i`` to a physical block id. Token ``t`` of a sequence lives at slot
+/// ``table[t // block_size] * block_size + t % block_size``.
+///
+/// Thread-safe: calls from several Python threads are serialized by an internal lock,
+/// and the GIL is released while the core works, except for ``add_sequence``,
+/// ``add_sequence_tokens``, ``step`` and ``free`` calls whose work (sequences plus new
+/// tokens, or blocks freed) is below 4,096: those finish within about 10 microseconds,
+/// where releasing and retaking the GIL would add a sizeable share.
+///
+/// With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
+/// methods below; trace replay lives in :mod:`pykvpool.prefix_replay`); the other keyword
+/// options configure that cache and need it.
+///
+/// Args:
+///     num_blocks: blocks in the pool, ``1..=2**30``.
+///     block_size: token slots per block, ``1..=65536`` tokens.
+///     prefix_caching: cache full blocks by content (default False).
+///     eviction: the idle cached block an allocation reclaims first: ``"lru"`` (default),
+///         ``"fifo"``, ``"lfu"`` or ``"priority"`` (lowest soft-pin priority first, see
+///         :meth:`pin_prefix`).
+///     verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
+///         block) and compare them on a hit, so a hash collision is a miss, never wrong KV
+///         (default True).
+///     cow_partial_hit: when a fully cached prompt must recompute its last token, copy its
+///         last block (a copy-on-write pair) instead of recomputing it (default False).
+///     record_events: record stored/removed/cleared events for :meth:`drain_events`
+///         (default False).
+///     hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
+///         128; tests force collisions with it).
+///
+/// Raises:
+///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
+///         ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+///         cache options given without ``prefix_caching=True``.
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
 pub struct PyBlockPool {
     inner: Mutex<BlockPool>,
@@ -135,26 +172,32 @@ impl PyBlockPool {
         Ok(Self { inner: Mutex::new(pool) })
     }
 
+    /// Blocks in the pool.
     #[getter]
     fn num_blocks(&self) -> usize {
         self.pool().num_blocks()
     }
 
+    /// Token slots per block (tokens).
     #[getter]
     fn block_size(&self) -> usize {
         self.pool().block_size()
     }
 
+    /// Blocks an allocation can take now: free blocks plus idle cached blocks that may be
+    /// evicted (not hard-pinned).
     #[getter]
     fn num_free_blocks(&self) -> usize {
         self.pool().num_free_blocks()
     }
 
+    /// Blocks held by at least one sequence (idle cached blocks are not used).
     #[getter]
     fn num_used_blocks(&self) -> usize {
         self.pool().num_used_blocks()
     }
 
+    /// Live sequences.
     #[getter]
     fn num_seqs(&self) -> usize {
         self.pool().num_seqs()
@@ -185,6 +228,21 @@ impl PyBlockPool {
         )
     }
 
+    /// Add sequence ``seq_id`` holding ``prompt_len`` tokens, in ``ceil(prompt_len /
+    /// block_size)`` new blocks.
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     prompt_len: tokens it holds now (default 0: an empty sequence), at most ``2**27`` in
+    ///         one call (add longer prompts in chunks with :meth:`append`).
+    ///
+    /// Returns:
+    ///     int64 ``[prompt_len]``: the slot of each prompt token, in order.
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
+    ///     InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
     #[pyo3(signature = (seq_id, prompt_len = 0))]
     fn add_sequence<'py>(
         &self,
@@ -202,6 +260,24 @@ impl PyBlockPool {
         Ok(PyArray1::from_vec(py, slots))
     }
 
+    /// Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
+    ///
+    /// If the last block is partly filled and shared (after :meth:`fork`), the sequence first
+    /// gets a private copy of it (copy-on-write).
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     num_tokens: tokens to add (default 1), at most ``2**27`` in one call.
+    ///
+    /// Returns:
+    ///     ``(slots, cow)``: int64 ``[num_tokens]`` slots of the new tokens, and an int64
+    ///     ``[k, 2]`` array of ``(src, dst)`` block pairs whose filled slots the caller must
+    ///     copy before writing (k <= 1).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     PoolExhaustedError: not enough free blocks (nothing was appended).
+    ///     InvalidArgumentError: a negative count, or more than ``2**27`` tokens.
     #[pyo3(signature = (seq_id, num_tokens = 1))]
     #[allow(clippy::type_complexity)]
     fn append<'py>(
@@ -219,6 +295,27 @@ impl PyBlockPool {
         Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
     }
 
+    /// One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i,
+    /// atomically.
+    ///
+    /// Args:
+    ///     seq_ids: ``n`` distinct live sequence ids.
+    ///     num_tokens: tokens to append to each sequence: ``n`` counts, one int for all, or
+    ///         None for 1 token each (a decode step); at most ``2**27`` tokens in total.
+    ///
+    /// Returns:
+    ///     ``(slot_mapping, cow_pairs, seq_lens)``: int64 slots of all new tokens in batch
+    ///     order (``sum(num_tokens)`` of them); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
+    ///     block pairs to copy before writing; int32 ``[n]`` length of each sequence after the
+    ///     step, in tokens.
+    ///
+    /// Raises:
+    ///     PoolExhaustedError: the whole step needs more blocks than are free (nothing was
+    ///         appended to any sequence).
+    ///     UnknownSequenceError: an id is not live.
+    ///     InvalidArgumentError: duplicate ids, negative counts, ``num_tokens`` of another
+    ///         length than ``seq_ids``, non-integer or non-1-D arrays, more than ``2**27``
+    ///         tokens in total.
     #[pyo3(signature = (seq_ids, num_tokens = None))]
     fn step<'py>(
         &self,
@@ -258,6 +355,19 @@ impl PyBlockPool {
         Ok(r)
     }
 
+    /// Create ``child`` sharing every block of ``parent`` (refcounts go up; nothing is copied).
+    ///
+    /// The first append to either sequence that writes into their shared, partly filled last
+    /// block copies that block first (copy-on-write).
+    ///
+    /// Args:
+    ///     parent: a live sequence.
+    ///     child: the new sequence's id, a non-negative int64.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``parent`` is not live.
+    ///     DuplicateSequenceError: ``child`` is live.
+    ///     InvalidArgumentError: a negative id.
     fn fork(
         &self,
         py: Python<'_>,
@@ -267,6 +377,16 @@ impl PyBlockPool {
         py.detach(|| self.pool().fork(parent, child)).py_err(py)
     }
 
+    /// Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
+    /// sequence's reference (freed at zero).
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     num_tokens: tokens to drop, at most the sequence's length.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: ``num_tokens`` is negative or exceeds the length.
     fn truncate(
         &self,
         py: Python<'_>,
@@ -276,6 +396,15 @@ impl PyBlockPool {
         py.detach(|| self.pool().truncate(seq_id, num_tokens)).py_err(py)
     }
 
+    /// Remove ``seq_id``; each of its blocks loses a reference and is freed at zero (with
+    /// prefix caching, a cached block stays cached, idle, until an allocation evicts it).
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id.
     fn free(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<()> {
         // The work is the sequence's table; an unknown id is reported by `free` itself.
         // One lock for the usual short table; a long one is freed without the GIL.
@@ -288,8 +417,14 @@ impl PyBlockPool {
         py.detach(|| self.pool().free(seq_id)).py_err(py)
     }
 
-    /// Free several sequences atomically: all ids are checked (known, no duplicates)
-    /// before any is freed.
+    /// Free several sequences atomically: all ids are checked before any is freed.
+    ///
+    /// Args:
+    ///     seq_ids: distinct live sequence ids.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: an id is not live (nothing was freed).
+    ///     InvalidArgumentError: an id appears twice, or a negative or non-integer id.
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
         let mut sorted: Vec<u64> = ids.iter().map(|s| s.0).collect();
@@ -305,6 +440,19 @@ impl PyBlockPool {
         .py_err(py)
     }
 
+    /// Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now, the
+    /// copy-on-write copy of a shared last block included. Changes nothing.
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     num_tokens: tokens that would be appended (default 1).
+    ///
+    /// Returns:
+    ///     A number of blocks.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id or count.
     #[pyo3(signature = (seq_id, num_tokens = 1))]
     fn blocks_needed(
         &self,
@@ -315,15 +463,32 @@ impl PyBlockPool {
         self.pool().blocks_needed(seq_id, num_tokens).py_err(py)
     }
 
+    /// Length of ``seq_id``, in tokens.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id.
     fn seq_len(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<usize> {
         self.pool().seq_len(seq_id).py_err(py)
     }
 
+    /// Live sequence ids.
+    ///
+    /// Returns:
+    ///     int64 ``[num_seqs]``, ascending.
     fn seq_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         let ids: Vec<i64> = self.pool().seq_ids().into_iter().map(|s| s.0 as i64).collect();
         PyArray1::from_vec(py, ids)
     }
 
+    /// The block table of ``seq_id`` (a copy).
+    ///
+    /// Returns:
+    ///     int32 ``[blocks]``: the physical block id of each logical block, in order.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id.
     fn block_table<'py>(
         &self,
         py: Python<'py>,
@@ -333,11 +498,30 @@ impl PyBlockPool {
         Ok(PyArray1::from_vec(py, v))
     }
 
+    /// References to physical block ``block_id``: the sequences holding it (0 for a free or an
+    /// idle cached block).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
     fn refcount(&self, py: Python<'_>, #[pyo3(from_py_with = arg::block_id)] block_id: i64) -> PyResult<u32> {
         let b = u32::try_from(block_id).map_err(|_| invalid(py, format!("block_id {block_id} is out of range")))?;
         self.pool().refcount(BlockId(b)).py_err(py)
     }
 
+    /// Block tables of ``seq_ids`` as one padded matrix.
+    ///
+    /// Args:
+    ///     seq_ids: live sequence ids, one row each.
+    ///     max_blocks: columns (blocks); default the longest table.
+    ///     pad: the value past each table's end, an int32 (default -1).
+    ///
+    /// Returns:
+    ///     int32 ``[len(seq_ids), max_blocks]``: row ``i`` is the table of ``seq_ids[i]``.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: an id is not live.
+    ///     InvalidArgumentError: a table longer than ``max_blocks``, more than ``2**28``
+    ///         entries, or ``pad`` outside int32.
     #[pyo3(signature = (seq_ids, max_blocks = None, pad = -1))]
     fn block_tables<'py>(
         &self,
@@ -366,6 +550,18 @@ impl PyBlockPool {
         PyArray1::from_vec(py, flat).reshape([ids.len(), width])
     }
 
+    /// The block tables of ``seq_ids`` in FlashInfer's paged layout (what
+    /// :func:`decode_attention_paged` takes).
+    ///
+    /// Returns:
+    ///     ``(kv_indptr, kv_indices, kv_last_page_len)``, all int32: ``kv_indptr`` ``[n + 1]``
+    ///     offsets into ``kv_indices`` ``[nnz]``, the block ids of all tables concatenated; and
+    ///     ``kv_last_page_len`` ``[n]``, the tokens in each sequence's last block, in
+    ///     ``1..=block_size`` (0 for an empty sequence).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: an id is not live.
+    ///     InvalidArgumentError: a negative or non-integer id.
     fn flashinfer_tables<'py>(
         &self,
         py: Python<'py>,
@@ -376,65 +572,96 @@ impl PyBlockPool {
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
     }
 
+    /// Occupancy snapshot in blocks and tokens; O(table entries).
+    ///
+    /// Returns:
+    ///     A :class:`PoolStats`.
     fn stats(&self, py: Python<'_>) -> PyPoolStats {
         PyPoolStats(py.detach(|| self.pool().stats()))
     }
 
+    /// Verify the bookkeeping, changing nothing: refcounts against tables, the free list, block
+    /// accounting and table lengths; with prefix caching also the cache: each key maps to one
+    /// block and back, idle cached blocks have refcount 0 and are queued for eviction exactly
+    /// when they are unpinned leaves, no free-list block is cached, parents outlive children.
+    ///
+    /// Raises:
+    ///     InvariantError: the first broken invariant, named (a pykvpool bug).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.pool().check_invariants()).py_err(py)
     }
 }
 
+/// Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
+///
+/// Counts are in blocks and tokens; the snapshot does not follow later changes of the pool.
 #[pyclass(name = "PoolStats", module = "pykvpool", frozen)]
 pub struct PyPoolStats(pub PoolStats);
 
 #[pymethods]
 impl PyPoolStats {
+    /// Token slots per block (tokens).
     #[getter]
     fn block_size(&self) -> usize {
         self.0.block_size
     }
+    /// Blocks in the pool.
     #[getter]
     fn total_blocks(&self) -> usize {
         self.0.total_blocks
     }
+    /// Blocks an allocation can take now.
     #[getter]
     fn free_blocks(&self) -> usize {
         self.0.free_blocks
     }
+    /// Blocks referenced by at least one sequence.
     #[getter]
     fn used_blocks(&self) -> usize {
         self.0.used_blocks
     }
+    /// Live sequences.
     #[getter]
     fn num_seqs(&self) -> usize {
         self.0.num_seqs
     }
+    /// Sum of sequence lengths, in tokens (a forked token counts once per sequence).
     #[getter]
     fn logical_tokens(&self) -> u64 {
         self.0.logical_tokens
     }
+    /// Distinct filled token slots in used blocks, in tokens (a shared token counts once).
     #[getter]
     fn stored_tokens(&self) -> u64 {
         self.0.stored_tokens
     }
+    /// Used blocks referenced by more than one sequence.
     #[getter]
     fn shared_blocks(&self) -> usize {
         self.0.shared_blocks
     }
+    /// Copy-on-write block copies since the pool was created (blocks).
     #[getter]
     fn cow_copies(&self) -> u64 {
         self.0.cow_copies
     }
+    /// Unfilled token slots in used blocks, in tokens: ``used_blocks * block_size -
+    /// stored_tokens``.
     #[getter]
     fn empty_slots(&self) -> u64 {
         self.0.empty_slots
     }
+    /// ``stored_tokens / (used_blocks * block_size)``, a fraction in 0..1; 1.0 when no block is
+    /// used.
     #[getter]
     fn utilization(&self) -> f64 {
         self.0.utilization
     }
 
+    /// All fields as a dict.
+    ///
+    /// Returns:
+    ///     ``{name: value}`` for every property of this class: ints, and ``utilization`` a float.
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let d = pyo3::types::PyDict::new(py);
         let s = &self.0;
@@ -461,6 +688,21 @@ impl PyPoolStats {
     }
 }
 
+/// A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that :meth:`sync`
+/// updates in place, writing only entries that changed since the last sync (new blocks;
+/// whole rows only after copy-on-write, truncation or a new sequence).
+///
+/// ``array`` is the numpy matrix itself (no copy); treat it as read-only, or call
+/// :meth:`invalidate` after writing to it.
+///
+/// Args:
+///     max_seqs: rows (sequences).
+///     max_blocks: columns (blocks per table).
+///     pad: the value of unused entries, an int32 (default -1).
+///
+/// Raises:
+///     InvalidArgumentError: a zero shape, more than ``2**28`` entries, or ``pad`` outside
+///         int32.
 #[pyclass(name = "BlockTableBuffer", module = "pykvpool", frozen)]
 pub struct PyBlockTableBuffer {
     array: Py<PyArray2<i32>>,
@@ -489,16 +731,32 @@ impl PyBlockTableBuffer {
         Ok(Self { array: array.unbind(), sync: Mutex::new(TableSync::new(rows, width, pad)) })
     }
 
+    /// The int32 ``[max_seqs, max_blocks]`` matrix, padded with :attr:`pad`.
     #[getter]
     fn array<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<i32>> {
         self.array.bind(py).clone()
     }
 
+    /// The padding value of unused entries.
     #[getter]
     fn pad(&self) -> i32 {
         lock(&self.sync).pad()
     }
 
+    /// Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
+    /// left as they were.
+    ///
+    /// Args:
+    ///     pool: the :class:`BlockPool` the sequences live in.
+    ///     seq_ids: at most ``max_seqs`` live sequence ids.
+    ///
+    /// Returns:
+    ///     The number of entries written.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: an id is not live.
+    ///     InvalidArgumentError: ``pool`` is not a BlockPool, too many ids, a table longer
+    ///         than ``max_blocks``, or the array is not writable. Nothing is written on error.
     fn sync(&self, py: Python<'_>, pool: &Bound<'_, PyAny>, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         let pool = pool.cast::<PyBlockPool>().map_err(|_| {
             let ty = pool.get_type().name().map(|n| n.to_string()).unwrap_or_default();
@@ -514,6 +772,7 @@ impl PyBlockTableBuffer {
         lock(&self.sync).sync(&pool, &ids, out).py_err(py)
     }
 
+    /// Forget the matrix contents: the next sync rewrites every row it touches.
     fn invalidate(&self) {
         lock(&self.sync).invalidate()
     }

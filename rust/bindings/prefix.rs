@@ -178,11 +178,36 @@ type Pairs<'py> = Bound<'py, PyArray2<i64>>;
 
 #[pymethods]
 impl PyBlockPool {
+    /// Whether this pool caches prefixes (``prefix_caching=True``).
     #[getter]
     fn prefix_caching(&self) -> bool {
         self.pool().prefix_cache().is_some()
     }
 
+    /// Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix of full
+    /// blocks.
+    ///
+    /// At least one prompt token is always left to compute (its logits are needed), so a fully
+    /// cached prompt reports one token fewer than its length as cached.
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
+    ///         prompts with different extra keys never share blocks (default: none).
+    ///
+    /// Returns:
+    ///     ``(cached_tokens, slots, cow)``: the number of leading prompt tokens whose KV is
+    ///     reused; the int64 slots of the remaining ``len(token_ids) - cached_tokens`` tokens;
+    ///     an int64 ``[k, 2]`` array of ``(src, dst)`` blocks to copy before computing (k <= 1,
+    ///     only with ``cow_partial_hit``).
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+    ///     InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+    ///         ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, or caching
+    ///         off.
     #[pyo3(signature = (seq_id, token_ids, extra_key = None))]
     fn add_sequence_tokens<'py>(
         &self,
@@ -203,6 +228,28 @@ impl PyBlockPool {
         Ok((cached, PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
     }
 
+    /// Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
+    /// ``hash_ids``), reusing the longest cached prefix.
+    ///
+    /// Each key stands for one block's chained content (equal keys = equal content and
+    /// prefix). The last key may stand for a partly filled block: it is cached too, so the
+    /// sequence's first append copies that block (copy-on-write).
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
+    ///         ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
+    ///         halves.
+    ///     prompt_len: the prompt's length, in tokens (at most ``2**27``).
+    ///
+    /// Returns:
+    ///     ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+    ///     InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
+    ///         length, or caching off.
     fn add_sequence_block_keys<'py>(
         &self,
         py: Python<'py>,
@@ -222,6 +269,22 @@ impl PyBlockPool {
         Ok((cached, PyArray1::from_vec(py, slots)))
     }
 
+    /// Append token ids to ``seq_id`` (as :meth:`append`), registering each block that fills
+    /// in the cache when the sequence was admitted with token ids and every block before it is
+    /// cached. Writing into a cached block copies it first.
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``).
+    ///
+    /// Returns:
+    ///     ``(slots, cow)`` as for :meth:`append`.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing was appended).
+    ///     InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
+    ///         array, or caching off.
     fn append_tokens<'py>(
         &self,
         py: Python<'py>,
@@ -239,6 +302,22 @@ impl PyBlockPool {
         Ok((PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
     }
 
+    /// Keys of the full blocks of ``token_ids`` (a partial last block has none). Stable across
+    /// processes and runs.
+    ///
+    /// Each key is XXH3-128 with seed ``b"pkvpool1"`` over ``parent key (16 bytes LE) || 0x00 |
+    /// 0x01 extra (8 bytes LE) || token ids (4 bytes LE each)``, parent 0 for the first block.
+    ///
+    /// Args:
+    ///     token_ids: token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///
+    /// Returns:
+    ///     uint64 ``[len(token_ids) // block_size, 2]``: each key's ``(high, low)`` halves.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+    ///         ``0..2**63``, or caching off.
     #[pyo3(signature = (token_ids, extra_key = None))]
     fn block_keys<'py>(
         &self,
@@ -252,6 +331,19 @@ impl PyBlockPool {
         keys_array(py, keys.into_iter())
     }
 
+    /// Tokens of ``token_ids`` held by cached full blocks now (before the last-token rule of
+    /// :meth:`add_sequence_tokens`). Changes nothing and touches nothing.
+    ///
+    /// Args:
+    ///     token_ids: token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///
+    /// Returns:
+    ///     A number of tokens, a multiple of ``block_size``.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+    ///         ``0..2**63``, or caching off.
     #[pyo3(signature = (token_ids, extra_key = None))]
     fn cached_prefix_len(
         &self,
@@ -264,6 +356,26 @@ impl PyBlockPool {
         py.detach(|| self.pool().cached_prefix_len(&tokens, extra)).py_err(py)
     }
 
+    /// Pin the cached full blocks of ``token_ids`` and return a pin id for :meth:`unpin`.
+    ///
+    /// Without ``priority`` the pin is hard: the blocks are never evicted. With a ``priority``
+    /// the pin is soft: under ``eviction="priority"`` idle blocks with a lower priority go
+    /// first.
+    ///
+    /// Args:
+    ///     token_ids: the prefix's token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///     priority: ``0..2**32`` for a soft pin; None (default) for a hard pin.
+    ///     expires_at: the logical time (see :meth:`set_clock`) at which the pin lapses; None
+    ///         (default) for never.
+    ///
+    /// Returns:
+    ///     The pin id.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: the prefix has no full block or is not fully cached;
+    ///         ``expires_at`` is not after the current clock; a value out of range; caching
+    ///         off.
     #[pyo3(signature = (token_ids, extra_key = None, *, priority = None, expires_at = None))]
     fn pin_prefix(
         &self,
@@ -277,6 +389,19 @@ impl PyBlockPool {
         py.detach(|| self.pool().pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
     }
 
+    /// :meth:`pin_prefix` for a prefix given as block keys.
+    ///
+    /// Args:
+    ///     block_keys: as for :meth:`add_sequence_block_keys`, one key per block to pin.
+    ///     priority: as for :meth:`pin_prefix`.
+    ///     expires_at: as for :meth:`pin_prefix`.
+    ///
+    /// Returns:
+    ///     The pin id.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: no key, a key that is not cached, a wrong key width or a
+    ///         negative key; ``expires_at`` is not after the current clock; caching off.
     #[pyo3(signature = (block_keys, *, priority = None, expires_at = None))]
     fn pin_block_keys(
         &self,
@@ -289,18 +414,48 @@ impl PyBlockPool {
         py.detach(|| self.pool().pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
     }
 
+    /// Release a pin; its blocks become evictable again once no other pin holds them.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
     fn unpin(&self, py: Python<'_>, #[pyo3(from_py_with = pin_id)] pin_id: u64) -> PyResult<()> {
         self.pool().unpin(pin_id).py_err(py)
     }
 
+    /// Drive the logical clock from the caller's step counter from now on (by default it counts
+    /// completed admissions, appends, steps, forks, truncations and frees). Pins whose
+    /// ``expires_at`` is reached are released.
+    ///
+    /// Args:
+    ///     t: the new time, ``0..2**63``, not before the current one.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
     fn set_clock(&self, py: Python<'_>, #[pyo3(from_py_with = clock)] t: u64) -> PyResult<()> {
         self.pool().set_clock(t).py_err(py)
     }
 
+    /// Hit metrics and occupancy of the prefix cache.
+    ///
+    /// Returns:
+    ///     A :class:`CacheStats` snapshot.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
     fn cache_stats(&self, py: Python<'_>) -> PyResult<PyCacheStats> {
         self.pool().cache_stats().py_err(py).map(PyCacheStats)
     }
 
+    /// Take the recorded cache events (``record_events=True``; none otherwise), oldest first.
+    ///
+    /// Returns:
+    ///     A dict of arrays of equal length ``n``: ``kind`` uint8 (:data:`EVENT_STORED`,
+    ///     :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a clear),
+    ///     ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
+    ///     ``clock`` uint64 (logical time).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut ev: Vec<CacheEvent> = Vec::new();
         self.pool().drain_events(&mut ev).py_err(py)?;
@@ -314,33 +469,52 @@ impl PyBlockPool {
         Ok(d)
     }
 
+    /// Forget every cached block: idle ones become free, live ones stay with their sequences,
+    /// uncached.
+    ///
+    /// Returns:
+    ///     The number of blocks that were cached.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: pins are held, or caching off.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
         py.detach(|| self.pool().reset_prefix_cache()).py_err(py)
     }
 }
 
+/// Prefix-cache metrics of a :class:`BlockPool`, taken by :meth:`BlockPool.cache_stats`
+/// (hits count successful admissions). Counts are in blocks, tokens and admissions.
 #[pyclass(name = "CacheStats", module = "pykvpool", frozen)]
 pub struct PyCacheStats(pub CacheStats);
 
+/// The `CacheStats` getters of plain fields: `field: type`, each after its `///` doc lines.
 macro_rules! stat_getters {
-    ($($field:ident: $t:ty),* $(,)?) => {
+    ($($(#[doc = $doc:tt])* $field:ident: $t:ty),* $(,)?) => {
         #[pymethods]
         impl PyCacheStats {
-            $( #[getter] fn $field(&self) -> $t { self.0.$field } )*
+            $( $(#[doc = $doc])* #[getter] fn $field(&self) -> $t { self.0.$field } )*
 
+            /// Eviction policy name.
             #[getter]
             fn policy(&self) -> &'static str {
                 self.0.policy.name()
             }
+            /// ``hit_tokens / query_tokens`` (0.0 before any query).
             #[getter]
             fn hit_rate(&self) -> f64 {
                 self.0.hit_rate()
             }
+            /// ``hit_blocks / query_blocks`` (0.0 before any query).
             #[getter]
             fn block_hit_rate(&self) -> f64 {
                 self.0.block_hit_rate()
             }
 
+            /// All fields as a dict.
+            ///
+            /// Returns:
+            ///     ``{name: value}`` for every property of this class: ints, the rates floats,
+            ///     ``policy`` a str.
             fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
                 let d = PyDict::new(py);
                 d.set_item("policy", self.0.policy.name())?;
@@ -362,20 +536,35 @@ macro_rules! stat_getters {
 }
 
 stat_getters!(
+    /// Admissions that looked the cache up.
     queries: u64,
+    /// Prompt blocks looked up (full blocks for token ids; every key for block keys).
     query_blocks: u64,
+    /// Leading prompt blocks found cached, before the last-token rule.
     hit_blocks: u64,
+    /// Prompt tokens admitted.
     query_tokens: u64,
+    /// Prompt tokens returned as cached (after the last-token rule).
     hit_tokens: u64,
+    /// Blocks registered in the cache so far.
     stored_blocks: u64,
+    /// Idle cached blocks reclaimed by allocations so far.
     evictions: u64,
+    /// Lookups that found a key whose block failed verification (a miss).
     collisions: u64,
+    /// Admissions that took a copy-on-write partial hit.
     cow_hits: u64,
+    /// Blocks in the cache now (live or idle).
     cached_blocks: usize,
+    /// Cached blocks with refcount 0.
     idle_blocks: usize,
+    /// Idle blocks that are not hard-pinned (counted in ``num_free_blocks``).
     evictable_blocks: usize,
+    /// Cached blocks under at least one hard pin.
     pinned_blocks: usize,
+    /// Live pins.
     num_pins: usize,
+    /// Current logical time (see :meth:`BlockPool.set_clock`).
     clock: u64,
 );
 

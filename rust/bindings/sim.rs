@@ -110,7 +110,35 @@ fn length_spec(py: Python<'_>, kind: &str, params: &[f64], clamp: (i64, i64), wh
     Ok(LengthSpec { dist, min, max })
 }
 
-/// Generate a synthetic workload; see `pykvpool/_native.pyi`.
+/// A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
+///
+/// Args:
+///     num_requests: requests to draw.
+///     arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
+///         ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
+///     rate: mean arrival rate, requests/s (> 0).
+///     cv: coefficient of variation of the gamma gaps (> 0; above 1 is bursty).
+///     prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
+///         ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
+///         ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
+///     prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to.
+///     output: output lengths, as ``prompt``.
+///     output_clamp: as ``prompt_clamp``, for output lengths.
+///     priority_levels: priorities drawn uniformly from ``0..priority_levels``.
+///     shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
+///         starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens.
+///     seed: the random seed.
+///
+/// Returns:
+///     ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
+///     ``output_len`` and ``priority`` int64 (tokens; priority levels), and with
+///     ``shared_prefixes`` also ``token_ids`` uint32 (all prompts concatenated) and
+///     ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
+///
+/// Raises:
+///     InvalidArgumentError: a negative count, an unknown arrival process or length
+///         distribution, a rate or cv that is not finite and positive, missing
+///         distribution parameters, a bad clamp or shared-prefix shape.
 #[pyfunction]
 #[pyo3(signature = (num_requests, *, arrivals="poisson", rate=1.0, cv=1.0, prompt=("uniform".to_string(), vec![256.0, 4096.0]),
     prompt_clamp=(1, u32::MAX as i64), output=("uniform".to_string(), vec![128.0, 384.0]), output_clamp=(1, u32::MAX as i64),
@@ -238,7 +266,63 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
     Ok(d)
 }
 
-/// Run the simulator; see `pykvpool/_native.pyi` for every argument.
+/// Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
+///
+/// The facade :func:`pykvpool.simulate.run` builds these arguments from a
+/// :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
+/// docs describe each policy. The GIL is released while the engine runs, except around
+/// calls to a Python ``time_model``.
+///
+/// Args:
+///     arrival: float64 arrival time of each request, seconds (finite, >= 0).
+///     prompt_len: prompt length of each request, tokens (>= 1).
+///     output_len: generated tokens of each request (>= 1).
+///     priority: int32 priority of each request (lower first under ``queue="priority"``).
+///     num_blocks: device blocks of the pool.
+///     block_size: tokens per block.
+///     token_ids: all prompts' token ids concatenated (with ``token_offsets``), for prefix
+///         caching.
+///     token_offsets: ``len(arrival) + 1`` offsets into ``token_ids``.
+///     block_keys: all prompts' block keys concatenated (with ``key_offsets``), one key per
+///         ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``).
+///     key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
+///     tokens_per_key: prompt tokens per block key.
+///     max_running: requests in flight at most.
+///     max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+///     chunked_prefill: split prompts that exceed the remaining token budget.
+///     watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
+///     queue: ``"fcfs"`` or ``"priority"``.
+///     allocation: ``"paged"`` (blocks on demand) or ``"reserve"`` (a reservation at
+///         admission of ``reserve_tokens`` tokens, or of each request's own ``prompt +
+///         output - 1`` tokens when None).
+///     reserve_tokens: tokens reserved per request under ``allocation="reserve"``.
+///     preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
+///     host_blocks: host blocks for swapping.
+///     victim: ``"newest"`` or ``"lowest_priority"``.
+///     convention: ``"vllm"`` or ``"decode_first"``.
+///     prefix_caching: cache prompts given as ``token_ids`` or ``block_keys`` (prompts
+///         given as lengths only never hit).
+///     eviction: idle cached blocks to reclaim first: ``"lru"``, ``"fifo"``, ``"lfu"`` or
+///         ``"priority"``.
+///     time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
+///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
+///         overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
+///         num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
+///         with the GIL held.
+///     check_invariants: check the pool's invariants after every step (slow).
+///     max_steps: stop after this many steps (None: run to the end).
+///     record_steps: keep the per-step columns.
+///
+/// Returns:
+///     ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
+///     number}}``; the columns are those of :class:`pykvpool.simulate.SimulationResult`.
+///
+/// Raises:
+///     InvalidArgumentError: bad columns (lengths that differ, a zero or out-of-range
+///         length, a bad arrival time or offsets), an unknown policy name, a size out of
+///         range, token ids mixed with block keys, or a bad time model.
+///     InvariantError: the engine broke an invariant (a pykvpool bug).
+///     Exception: whatever a Python ``time_model`` raises, unchanged.
 #[pyfunction]
 #[pyo3(signature = (arrival, prompt_len, output_len, priority=None, *, num_blocks, block_size,
     token_ids=None, token_offsets=None, block_keys=None, key_offsets=None, tokens_per_key=0,
