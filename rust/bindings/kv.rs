@@ -40,7 +40,7 @@ pub struct PyKvCache {
 }
 
 impl PyKvCache {
-    fn read(&self) -> RwLockReadGuard<'_, KvCache> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, KvCache> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 }

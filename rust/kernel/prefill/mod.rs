@@ -244,8 +244,8 @@ fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Resul
         let (a, b) = (qs.qo_indptr[i] as usize, qs.qo_indptr[i + 1] as usize);
         if qs.positions.is_none() && b - a > len {
             return Err(invalid!(
-                "sequence {i} has {} queries but only {len} keys: default positions are the last \
-                 n_q keys'; pass q_positions",
+                "sequence {i} has {} queries but only {len} keys (seq_lens): default positions \
+                 are those of the last n_q keys; pass q_positions",
                 b - a
             ));
         }
