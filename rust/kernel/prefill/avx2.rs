@@ -63,7 +63,10 @@ unsafe fn qk_block<const H: usize, const V: usize>(q: *const f32, d: usize, kp: 
     for i in 0..d {
         // SAFETY: per the function's contract.
         unsafe {
-            let k: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(kp.add(i * TW + v * W)));
+            let mut k = [_mm256_setzero_ps(); V];
+            for v in 0..V {
+                k[v] = _mm256_loadu_ps(kp.add(i * TW + v * W));
+            }
             for j in 0..H {
                 let qv = _mm256_set1_ps(*q.add(j * d + i));
                 for v in 0..V {
@@ -178,7 +181,10 @@ pub(crate) unsafe fn pv(p: &[f32], rows: usize, ntok: usize, d: usize, vp: &[f32
 unsafe fn pv_block<const H: usize>(p: *const f32, ntok: usize, d: usize, vp: *const f32, alpha: *const f32, o: *mut f32) {
     let mut u0 = 0;
     while u0 < d {
-        let mk: [__m256i; NV] = std::array::from_fn(|u| lanes(u0 + u * W, d));
+        let mut mk = [_mm256_setzero_si256(); NV];
+        for u in 0..NV {
+            mk[u] = lanes(u0 + u * W, d);
+        }
         let mut acc = [[_mm256_setzero_ps(); NV]; H];
         for j in 0..H {
             // SAFETY: alpha[j], j < H; masked lanes are dimensions < d of row j of o
@@ -191,8 +197,11 @@ unsafe fn pv_block<const H: usize>(p: *const f32, ntok: usize, d: usize, vp: *co
             }
         }
         for t in 0..ntok {
-            // SAFETY: V row t < ntok, lanes masked to its d values.
-            let v: [__m256; NV] = std::array::from_fn(|u| unsafe { _mm256_maskload_ps(vp.wrapping_add(t * d + u0 + u * W), mk[u]) });
+            let mut v = [_mm256_setzero_ps(); NV];
+            for u in 0..NV {
+                // SAFETY: V row t < ntok, lanes masked to its d values.
+                v[u] = unsafe { _mm256_maskload_ps(vp.wrapping_add(t * d + u0 + u * W), mk[u]) };
+            }
             for j in 0..H {
                 // SAFETY: probability t < TW of row j < H.
                 let pj = _mm256_set1_ps(unsafe { *p.add(j * TW + t) });

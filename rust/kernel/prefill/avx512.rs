@@ -83,7 +83,10 @@ unsafe fn qk_block<const H: usize, const V: usize>(q: *const f32, d: usize, kp: 
         // SAFETY: row i < d of the K pack, vectors v < V <= 4 of its TW = 64 values;
         // query element j * d + i < H * d.
         unsafe {
-            let k: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(kp.add(i * TW + v * W)));
+            let mut k = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                k[v] = _mm512_loadu_ps(kp.add(i * TW + v * W));
+            }
             for j in 0..H {
                 let qv = _mm512_set1_ps(*q.add(j * d + i));
                 for v in 0..V {
@@ -137,7 +140,10 @@ unsafe fn dot_block<const H: usize, const V: usize>(qb: *const u32, dp: usize, k
     for p in 0..dp {
         // SAFETY: pair row p < dp of the pack, vectors v < 4 of TW; query pair j * dp + p.
         unsafe {
-            let k: [__m512bh; V] = std::array::from_fn(|v| bh(_mm512_loadu_si512(kpb.add(p * TW + v * W).cast())));
+            let mut k = [bh(_mm512_setzero_si512()); V];
+            for v in 0..V {
+                k[v] = bh(_mm512_loadu_si512(kpb.add(p * TW + v * W).cast()));
+            }
             for j in 0..H {
                 let qv = bh(_mm512_set1_epi32(*qb.add(j * dp + p) as i32));
                 for v in 0..V {
@@ -230,7 +236,10 @@ pub(crate) unsafe fn pv(p: &[f32], rows: usize, ntok: usize, d: usize, vp: &[f32
 unsafe fn pv_block<const H: usize>(p: *const f32, ntok: usize, d: usize, vp: *const f32, alpha: *const f32, o: *mut f32) {
     let mut u0 = 0;
     while u0 < d {
-        let mk: [__mmask16; NV] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
+        let mut mk = [0 as __mmask16; NV];
+        for u in 0..NV {
+            mk[u] = lane_mask(u0 + u * W, d);
+        }
         let mut acc = [[_mm512_setzero_ps(); NV]; H];
         for j in 0..H {
             // SAFETY: alpha[j], j < H.
@@ -242,8 +251,11 @@ unsafe fn pv_block<const H: usize>(p: *const f32, ntok: usize, d: usize, vp: *co
             }
         }
         for t in 0..ntok {
-            // SAFETY: V row t < ntok, unmasked lanes inside its d values.
-            let v: [__m512; NV] = std::array::from_fn(|u| unsafe { _mm512_maskz_loadu_ps(mk[u], vp.wrapping_add(t * d + u0 + u * W)) });
+            let mut v = [_mm512_setzero_ps(); NV];
+            for u in 0..NV {
+                // SAFETY: V row t < ntok, unmasked lanes inside its d values.
+                v[u] = unsafe { _mm512_maskz_loadu_ps(mk[u], vp.wrapping_add(t * d + u0 + u * W)) };
+            }
             for j in 0..H {
                 // SAFETY: probability t < ntok <= TW of row j < H.
                 let pj = _mm512_set1_ps(unsafe { *p.add(j * TW + t) });

@@ -61,7 +61,10 @@ unsafe fn qk_block<const H: usize, const V: usize>(q: *const f32, d: usize, kp: 
     for i in 0..d {
         // SAFETY: per the function's contract.
         unsafe {
-            let k: [float32x4_t; V] = std::array::from_fn(|v| vld1q_f32(kp.add(i * TW + v * W)));
+            let mut k = [vdupq_n_f32(0.0); V];
+            for v in 0..V {
+                k[v] = vld1q_f32(kp.add(i * TW + v * W));
+            }
             for j in 0..H {
                 let qv = *q.add(j * d + i);
                 for v in 0..V {
@@ -175,7 +178,10 @@ unsafe fn pv_block<const H: usize, const V: usize>(p: *const f32, ntok: usize, d
     for t in 0..ntok {
         // SAFETY: per the function's contract.
         unsafe {
-            let v: [float32x4_t; V] = std::array::from_fn(|u| vld1q_f32(vp.add(t * d + u * W)));
+            let mut v = [vdupq_n_f32(0.0); V];
+            for u in 0..V {
+                v[u] = vld1q_f32(vp.add(t * d + u * W));
+            }
             for j in 0..H {
                 let pj = *p.add(j * TW + t);
                 for u in 0..V {
