@@ -28,7 +28,7 @@ pub(crate) struct Plan {
 /// times `hkv` heads, and split their key ranges when the tiles alone would leave
 /// threads idle (fewer than four items per thread) or when `split` asks for it.
 pub(crate) fn plan(indptr: &[i64], spans: &[Span], hkv: usize, g: usize, threads: usize, split: Option<usize>) -> Plan {
-    let qt = (ROWS / g).max(1);
+    let qt = query_tile(g);
     let mut tiles = Vec::new(); // (seq, q0, q1, hull)
     for seq in 0..indptr.len().saturating_sub(1) {
         let (a, b) = (indptr[seq] as usize, indptr[seq + 1] as usize);
@@ -75,6 +75,13 @@ pub(crate) fn plan(indptr: &[i64], spans: &[Span], hkv: usize, g: usize, threads
         out.tile_of.extend(std::iter::repeat_n(ti, q1 - q0));
     }
     out
+}
+
+/// Queries per tile for `g` heads per KV head: about [`ROWS`] rows, preferably a multiple
+/// of 6 (the AVX-512 register tile's rows), so that no row block runs half empty.
+pub(crate) fn query_tile(g: usize) -> usize {
+    let qt = (ROWS / g).max(1);
+    (qt.div_ceil(2)..=qt).rev().find(|&t| (t * g).is_multiple_of(6)).unwrap_or(qt)
 }
 
 /// The partial results of every item: rows `offsets[i]..offsets[i + 1]` of `acc` (`d`

@@ -158,22 +158,22 @@ fn widen<E: Elem>(src: &[E], dst: &mut [f32]) {
 
 /// Pack tokens `c0..c0 + n` of a bf16 K tile (`[d][bs]`) as dimension pairs: `dst[p * TW
 /// + t]` holds dimension `2p` of token `t` in its low half and `2p + 1` in its high half
-/// (+0 past an odd `d`).
+/// (+0 past an odd `d`). Only called for bf16 caches (`bf16_scores`).
 fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: &mut [u32]) {
-    let bits = |i: usize, t: usize| -> u32 {
-        if i >= d {
-            return 0;
-        }
-        let x = &kt[i * bs + c0 + t];
-        match same::<E, half::bf16>(std::slice::from_ref(x)) {
-            Some(b) => b[0].to_bits() as u32,
-            None => half::bf16::from_f32(x.to_f32()).to_bits() as u32,
-        }
+    let Some(k) = same::<E, half::bf16>(kt) else {
+        unreachable!("bf16_scores is refused for caches other than bf16");
     };
-    for p in 0..d.div_ceil(2) {
-        let row = &mut dst[p * TW..p * TW + n];
-        for (t, w) in row.iter_mut().enumerate() {
-            *w = bits(2 * p, t) | bits(2 * p + 1, t) << 16;
+    let row = |i: usize| &k[i * bs + c0..i * bs + c0 + n];
+    for p in 0..d / 2 {
+        let (a, b) = (row(2 * p), row(2 * p + 1));
+        for ((w, x), y) in dst[p * TW..p * TW + n].iter_mut().zip(a).zip(b) {
+            *w = x.to_bits() as u32 | (y.to_bits() as u32) << 16;
+        }
+    }
+    if d % 2 == 1 {
+        let p = d / 2;
+        for (w, x) in dst[p * TW..p * TW + n].iter_mut().zip(row(d - 1)) {
+            *w = x.to_bits() as u32;
         }
     }
 }
