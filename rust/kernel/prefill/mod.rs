@@ -21,6 +21,8 @@
 //! Softmax state is f32 in log2 units (queries pre-multiplied by `scale * log2(e)`,
 //! `exp2` by the same Taylor polynomial as decode); the LSE is returned in natural log.
 
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
