@@ -13,7 +13,9 @@ FLOPs count only the visible (query, key) pairs: ``4 * head_dim * Hq * sum(visib
 
 - ``pykvpool-f32``: f32 cache, exact;
 - ``pykvpool-bf16dp``: bf16 cache with ``bf16_scores=True`` (``vdpbf16ps`` scores where
-  the CPU has avx512_bf16);
+  the CPU has avx512_bf16; ``P V`` exact f32, decode's rule);
+- ``pykvpool-bf16dp+pv``: the same plus ``bf16_pv=True`` (probabilities rounded to bf16,
+  ``P V`` by ``vdpbf16ps`` too: the whole bf16 fast path);
 - ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` in f32 on the same K/V
   gathered into contiguous ``[B, H, S, d]`` tensors (gathering not timed), its fastest
   of: GQA by ``enable_gqa`` or by expanded K/V, with the mask as a boolean tensor (the
@@ -131,6 +133,7 @@ def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int) -> dict[st
     impls: dict[str, Callable[[], object]] = {
         "pykvpool-f32": lambda: kv.prefill_attention(c32, 0, *args, **kw),
         "pykvpool-bf16dp": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, **kw),
+        "pykvpool-bf16dp+pv": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, bf16_pv=True, **kw),
     }
     tfns = torch_fns(sh, data)
     kv.set_num_threads(threads)

@@ -1108,6 +1108,7 @@ def prefill_attention(
     return_lse: Literal[False] = False,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    bf16_pv: bool = False,
 ) -> _F32Array:
     """Multi-query attention over the paged cache: prefill, chunked prefill, speculative
     verification, video chunks.
@@ -1154,6 +1155,12 @@ def prefill_attention(
             bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
             most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
             ``(exp(2 D) - 1) * max|V|``.
+        bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
+            for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
+            on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
+            probabilities elsewhere); the softmax sum stays f32, so each output moves by
+            at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
+            the second half of the bf16 fast path, opt-in.
 
     Returns:
         float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
@@ -1169,8 +1176,8 @@ def prefill_attention(
             a negative ``window_left``/``sink_tokens``, a bool or float where an int is
             meant, a non-finite ``scale`` or a soft cap that is not finite and positive,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
-            cache, an unknown path or one this CPU lacks, ``bf16_scores`` without a bf16
-            cache. ``out`` is not written on any error.
+            cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
+            without a bf16 cache. ``out`` is not written on any error.
     """
 @overload
 def prefill_attention(
@@ -1192,6 +1199,7 @@ def prefill_attention(
     return_lse: Literal[True],
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    bf16_pv: bool = False,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def prefill_attention_paged(
@@ -1214,6 +1222,7 @@ def prefill_attention_paged(
     return_lse: Literal[False] = False,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    bf16_pv: bool = False,
 ) -> _F32Array:
     """:func:`prefill_attention` with the tables in FlashInfer's paged layout, as
     :meth:`BlockPool.flashinfer_tables` exports them.
@@ -1238,6 +1247,7 @@ def prefill_attention_paged(
         return_lse: as for :func:`prefill_attention`.
         force_isa: as for :func:`prefill_attention`.
         bf16_scores: as for :func:`prefill_attention`.
+        bf16_pv: as for :func:`prefill_attention`.
 
     Returns:
         As :func:`prefill_attention`.
@@ -1267,6 +1277,7 @@ def prefill_attention_paged(
     return_lse: Literal[True],
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    bf16_pv: bool = False,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(
     nbytes: int | None = None,

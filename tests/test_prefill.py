@@ -299,6 +299,7 @@ def test_invalid_arguments_name_the_argument_and_leave_out_untouched() -> None:
         ({"logits_soft_cap": float("inf")}, "logits_soft_cap"),
         ({"force_isa": "sse9"}, "force_isa"),
         ({"bf16_scores": True}, "bf16_scores"),
+        ({"bf16_pv": True}, "bf16_pv"),
         ({"out": out[:, :1]}, "out"),
         ({"out": out.astype(np.float64)}, "out"),
     ]
@@ -320,6 +321,23 @@ def test_forcing_a_path_this_cpu_lacks_names_it() -> None:
     for p in lacking:
         with pytest.raises(kv.InvalidArgumentError, match=p):
             kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, force_isa=p)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_pv_stays_within_its_documented_bound(path: str) -> None:
+    # Each probability rounded to bf16 moves each output by at most 2^-9 * max|V| (plus
+    # the f32 tolerance); with bf16_scores too, against the rounded-query reference.
+    b = make([300, 77], [120, 9], 16, 2, 4, 64, "bf16", seed=12)
+    vmax = float(np.abs(as_f64(b.cache.value(0))).max())
+    for m in [MaskSpec(), MaskSpec(chunk_size=50), MaskSpec(window_left=40, sink_tokens=4)]:
+        for scores in [False, True]:
+            want, _, lmax = reference(b, m, bf16=scores)
+            got = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, force_isa=path,
+                                       bf16_scores=scores, bf16_pv=True, **m.kwargs())  # type: ignore[arg-type]
+            slack = float(np.abs(want).max()) * (1e-5 + 4e-7 * lmax) * (4 if scores else 1)
+            err = float(np.abs(got - want).max())
+            assert err <= 2.0**-9 * vmax + slack, (m, scores, err)
+            assert err > 0  # the option does change the arithmetic
 
 
 def test_avx512_bf16_dot_path_is_exercised_or_skipped_loudly() -> None:

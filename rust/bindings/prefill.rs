@@ -74,6 +74,7 @@ struct Kw<'a, 'py> {
     return_lse: bool,
     force_isa: Option<&'a str>,
     bf16_scores: bool,
+    bf16_pv: bool,
 }
 
 impl Kw<'_, '_> {
@@ -106,6 +107,7 @@ impl Kw<'_, '_> {
             logits_soft_cap: cap,
             isa: self.force_isa.map(Isa::parse).transpose().map_err(|e| invalid(py, format!("force_isa: {e}")))?,
             bf16_scores: self.bf16_scores,
+            bf16_pv: self.bf16_pv,
             split_tokens: None,
         })
     }
@@ -239,6 +241,12 @@ fn run<'py>(
 ///         bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
 ///         most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
 ///         ``(exp(2 D) - 1) * max|V|``.
+///     bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
+///         for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
+///         on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
+///         probabilities elsewhere); the softmax sum stays f32, so each output moves by
+///         at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
+///         the second half of the bf16 fast path, opt-in.
 ///
 /// Returns:
 ///     float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
@@ -254,10 +262,10 @@ fn run<'py>(
 ///         a negative ``window_left``/``sink_tokens``, a bool or float where an int is
 ///         meant, a non-finite ``scale`` or a soft cap that is not finite and positive,
 ///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
-///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` without a bf16
-///         cache. ``out`` is not written on any error.
+///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
+///         without a bf16 cache. ``out`` is not written on any error.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false))]
+#[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
 #[allow(clippy::too_many_arguments)]
 fn prefill_attention<'py>(
     py: Python<'py>,
@@ -278,8 +286,9 @@ fn prefill_attention<'py>(
     return_lse: bool,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores };
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
     let lens = int_vec(seq_lens, "seq_lens")?;
     let (table, rows, width) = int_table(block_tables, "block_tables")?;
     if rows != lens.len() {
@@ -312,6 +321,7 @@ fn prefill_attention<'py>(
 ///     return_lse: as for :func:`prefill_attention`.
 ///     force_isa: as for :func:`prefill_attention`.
 ///     bf16_scores: as for :func:`prefill_attention`.
+///     bf16_pv: as for :func:`prefill_attention`.
 ///
 /// Returns:
 ///     As :func:`prefill_attention`.
@@ -320,7 +330,7 @@ fn prefill_attention<'py>(
 ///     InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
 ///         range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false))]
+#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
 #[allow(clippy::too_many_arguments)]
 fn prefill_attention_paged<'py>(
     py: Python<'py>,
@@ -342,8 +352,9 @@ fn prefill_attention_paged<'py>(
     return_lse: bool,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores };
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
     let indptr = int_vec(kv_indptr, "kv_indptr")?;
     let indices = int_vec(kv_indices, "kv_indices")?;
     let last = int_vec(kv_last_page_len, "kv_last_page_len")?;

@@ -65,6 +65,12 @@ pub struct PrefillOptions {
     /// bf16 caches only: the scores use the query rounded to bf16 (as decode's
     /// `bf16_scores`); on AVX-512 with avx512_bf16 they are computed by `vdpbf16ps`.
     pub bf16_scores: bool,
+    /// bf16 caches only: round the probabilities to bf16 (nearest even) for `P V` (V is
+    /// exact in bf16); on AVX-512 with avx512_bf16 `P V` is then computed by `vdpbf16ps`
+    /// over token pairs, elsewhere by f32 FMAs on the rounded probabilities. The softmax
+    /// sum stays f32 on the unrounded ones, so each output moves by at most
+    /// `2^-9 * max|V|` (each weight by at most 2^-9 of itself).
+    pub bf16_pv: bool,
     /// Keys per split of a query tile's key range (rounded up to [`TW`]); `Some(0)`
     /// never splits, `None` splits only when there are too few query tiles.
     pub split_tokens: Option<usize>,
@@ -95,6 +101,16 @@ pub(crate) struct Ctx<'a, E> {
     pub spans: &'a [Span],
     pub isa: Isa,
     pub soft_cap: Option<f32>,
+    /// How `P V` runs: f32, f32 on bf16-rounded probabilities, or `vdpbf16ps`.
+    pub pv: PvMode,
+}
+
+/// How `P V` is computed (see [`PrefillOptions::bf16_pv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PvMode {
+    F32,
+    RoundedF32,
+    Dot,
 }
 
 /// Multi-query attention over `layer` of `cache`.
@@ -158,6 +174,11 @@ pub fn prefill_attention(
             k, v, shape, tables, hq, g, qs: &qv, spans: &spans, isa,
             q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
             soft_cap: opts.logits_soft_cap,
+            pv: match (opts.bf16_pv, isa == Isa::Avx512 && tile::dot_supported()) {
+                (false, _) => PvMode::F32,
+                (true, false) => PvMode::RoundedF32,
+                (true, true) => PvMode::Dot,
+            },
         };
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(items[i].cost));
@@ -225,6 +246,9 @@ fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f3
     }
     if opts.bf16_scores && cache.dtype() != DType::BF16 {
         return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
+    if opts.bf16_pv && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_pv needs a bf16 cache, this one stores {}", cache.dtype().name()));
     }
     let factor = if opts.logits_soft_cap.is_some() { scale } else { scale * std::f32::consts::LOG2_E };
     Ok((scale, factor))

@@ -111,10 +111,15 @@ fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
     let (want, want_lse, lmax) = reference(c, call, t, opts);
     let oscale = want.iter().fold(1e-30f64, |a, x| a.max(x.abs()));
     // f32 arithmetic: 1e-5 of the output scale plus the rounding of large logits.
-    let tol = oscale * (1e-5 + 4e-7 * lmax) * if opts.bf16_scores { 4.0 } else { 1.0 };
+    let mut tol = oscale * (1e-5 + 4e-7 * lmax) * if opts.bf16_scores { 4.0 } else { 1.0 };
+    if opts.bf16_pv {
+        // Each probability rounded to bf16: the output moves by at most 2^-9 max|V|
+        // (the cache's V values are in -1..1).
+        tol += 2f64.powi(-9);
+    }
     for isa in Isa::available() {
         for no_dot in [false, true] {
-            if no_dot && !(opts.bf16_scores && isa == Isa::Avx512) {
+            if no_dot && !((opts.bf16_scores || opts.bf16_pv) && isa == Isa::Avx512) {
                 continue;
             }
             NO_DOT.store(no_dot, Ordering::Relaxed);
@@ -191,8 +196,8 @@ fn soft_cap_positions_and_bf16_scores() {
     let q = random_q(9 * 4 * 64, 11);
     let call = Call { q: &q, hq: 4, indptr: &indptr, positions: Some(&pos) };
     for mask in masks() {
-        for (cap, bf16) in [(None, true), (Some(2.5), false), (Some(30.0), true)] {
-            let opts = PrefillOptions { mask, logits_soft_cap: cap, bf16_scores: bf16, scale: Some(0.3), ..Default::default() };
+        for (cap, bf16, pv) in [(None, true, false), (Some(2.5), false, false), (Some(30.0), true, false), (None, false, true), (None, true, true)] {
+            let opts = PrefillOptions { mask, logits_soft_cap: cap, bf16_scores: bf16, bf16_pv: pv, scale: Some(0.3), ..Default::default() };
             compare(&c, &call, &t, &opts);
         }
     }
@@ -216,7 +221,7 @@ fn last_token_of_the_pools_last_block_is_read() {
             let call = Call { q: &q, hq: 6, indptr: &indptr, positions: None };
             for mask in masks() {
                 for bf16 in [false, dtype == DType::BF16] {
-                    compare(&c, &call, &t, &PrefillOptions { mask, bf16_scores: bf16, ..Default::default() });
+                    compare(&c, &call, &t, &PrefillOptions { mask, bf16_scores: bf16, bf16_pv: bf16, ..Default::default() });
                 }
             }
         }
@@ -270,6 +275,7 @@ fn empty_and_invalid_calls() {
         PrefillOptions { mask: Mask { causal: true, chunk_size: Some(0), ..Mask::default() }, ..Default::default() },
         PrefillOptions { mask: Mask { causal: false, chunk_size: Some(4), ..Mask::default() }, ..Default::default() },
         PrefillOptions { bf16_scores: true, ..Default::default() },
+        PrefillOptions { bf16_pv: true, ..Default::default() },
     ];
     for o in bad {
         assert!(run(&[0, 2], &q, None, &o).is_err(), "{o:?}");

@@ -10,7 +10,7 @@ use std::any::TypeId;
 
 use super::mask::{cover, Cover};
 use super::plan::Item;
-use super::{Ctx, Isa, TW};
+use super::{Ctx, Isa, PvMode, TW};
 use crate::kv_storage::Elem;
 
 /// The online-softmax state of an item's rows: `acc` rows of `d`, `m` (log2 units), `l`.
@@ -32,6 +32,8 @@ pub(crate) struct Scratch {
     kpb: Vec<u32>,
     /// V tile `[TW][d]` f32.
     vp: Vec<f32>,
+    /// V tile as bf16 token pairs `[TW / 2][d]` (`vdpbf16ps` `P V` only).
+    vpb: Vec<u32>,
     /// Scores, then probabilities, `[rows][TW]`.
     s: Vec<f32>,
     alpha: Vec<f32>,
@@ -45,6 +47,7 @@ impl Scratch {
             kp: vec![0.0; d * TW],
             kpb: vec![0; d.div_ceil(2) * TW],
             vp: vec![0.0; d * TW],
+            vpb: vec![0; d * TW / 2],
             s: Vec::new(),
             alpha: Vec::new(),
         }
@@ -103,7 +106,7 @@ pub(crate) fn run_item<E: Elem>(ctx: &Ctx<E>, it: &Item, p: &mut Partial, sc: &m
                     }
                 }
             }
-            softmax_pv(ctx.isa, sc, rows, ntok, d, p);
+            softmax_pv(ctx, sc, rows, ntok, d, p);
         }
         t0 = t1;
     }
@@ -115,6 +118,7 @@ fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch
     let (bs, d, tile) = (s.block_size, s.head_dim, s.tile());
     let (blocks, _) = ctx.tables.seq(it.seq);
     let dot = ctx.q_bf16.is_some();
+    let mut vrows: [&[E]; TW] = [&[]; TW];
     let mut t = t0;
     while t < t1 {
         let (b, c0) = (t / bs, t % bs);
@@ -130,8 +134,37 @@ fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch
                 widen(&kt[i * bs + c0..i * bs + c0 + n], &mut sc.kp[i * TW + o..i * TW + o + n]);
             }
         }
-        widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+        if ctx.pv == PvMode::Dot {
+            for (i, r) in vrows[o..o + n].iter_mut().enumerate() {
+                *r = &vt[(c0 + i) * d..(c0 + i + 1) * d];
+            }
+        } else {
+            widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+        }
         t += n;
+    }
+    if ctx.pv == PvMode::Dot {
+        pack_token_pairs(&vrows[..t1 - t0], d, &mut sc.vpb);
+    }
+}
+
+/// Pack V rows (`d` bf16 each) as token pairs: `dst[u * d + i]` holds dimension `i` of
+/// token `2u` in its low half and of token `2u + 1` in its high half (+0 past an odd
+/// count). Only called for bf16 caches (`bf16_pv`).
+fn pack_token_pairs<E: Elem>(rows: &[&[E]], d: usize, dst: &mut [u32]) {
+    for (u, pair) in rows.chunks(2).enumerate() {
+        let Some(a) = same::<E, half::bf16>(pair[0]) else {
+            unreachable!("bf16_pv is refused for caches other than bf16");
+        };
+        let out = &mut dst[u * d..(u + 1) * d];
+        match pair.get(1).and_then(|b| same::<E, half::bf16>(b)) {
+            Some(b) => {
+                for ((w, x), y) in out.iter_mut().zip(a).zip(b) {
+                    *w = x.to_bits() as u32 | (y.to_bits() as u32) << 16;
+                }
+            }
+            None => out.iter_mut().zip(a).for_each(|(w, x)| *w = x.to_bits() as u32),
+        }
     }
 }
 
@@ -203,30 +236,48 @@ fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
 }
 
 /// Online softmax of the tile's scores and `acc = alpha * acc + P V`.
-fn softmax_pv(isa: Isa, sc: &mut Scratch, rows: usize, ntok: usize, d: usize, p: &mut Partial) {
+fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: usize, p: &mut Partial) {
     let (s, alpha, vp) = (&mut sc.s, &mut sc.alpha, &sc.vp);
-    match isa {
+    match ctx.isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `prefill_attention` checked `isa.supported()`.
+        // SAFETY: `prefill_attention` checked `isa.supported()`; `PvMode::Dot` is set only
+        // on the AVX-512 path of a CPU with avx512_bf16.
         Isa::Avx512 => unsafe {
             super::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
+            if ctx.pv == PvMode::Dot {
+                super::avx512::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc);
+                return;
+            }
+            round_probs(ctx.pv, s, rows, ntok);
             super::avx512::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe {
             super::avx2::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
             super::avx2::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         Isa::Neon => unsafe {
             super::neon::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
             super::neon::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         _ => {
             super::scalar::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
             super::scalar::pv(s, rows, ntok, d, vp, alpha, p.acc);
+        }
+    }
+}
+
+/// With `bf16_pv` off the `vdpbf16ps` path: round the probabilities to bf16 in place.
+fn round_probs(pv: PvMode, s: &mut [f32], rows: usize, ntok: usize) {
+    if pv == PvMode::RoundedF32 {
+        for row in s[..rows * TW].chunks_mut(TW) {
+            row[..ntok].iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
         }
     }
 }
