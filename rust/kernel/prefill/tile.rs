@@ -157,18 +157,25 @@ fn pack_token_pairs<E: Elem>(rows: &[&[E]], d: usize, dst: &mut [u32]) {
             unreachable!("bf16_pv is refused for caches other than bf16");
         };
         let out = &mut dst[u * d..(u + 1) * d];
+        let a = &a[..d];
         match pair.get(1).and_then(|b| same::<E, half::bf16>(b)) {
             Some(b) => {
-                for ((w, x), y) in out.iter_mut().zip(a).zip(b) {
-                    *w = x.to_bits() as u32 | (y.to_bits() as u32) << 16;
+                let b = &b[..d];
+                for i in 0..d {
+                    out[i] = a[i].to_bits() as u32 | (b[i].to_bits() as u32) << 16;
                 }
             }
-            None => out.iter_mut().zip(a).for_each(|(w, x)| *w = x.to_bits() as u32),
+            None => {
+                for i in 0..d {
+                    out[i] = a[i].to_bits() as u32;
+                }
+            }
         }
     }
 }
 
 /// `src` as a slice of `T` when `E` is `T`.
+#[inline(always)]
 fn same<E: 'static, T: 'static>(src: &[E]) -> Option<&[T]> {
     // SAFETY: the type ids are equal, so E and T are the same type.
     (TypeId::of::<E>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<T>(), src.len()) })
@@ -196,17 +203,20 @@ fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: 
     let Some(k) = same::<E, half::bf16>(kt) else {
         unreachable!("bf16_scores is refused for caches other than bf16");
     };
-    let row = |i: usize| &k[i * bs + c0..i * bs + c0 + n];
-    for p in 0..d / 2 {
-        let (a, b) = (row(2 * p), row(2 * p + 1));
-        for ((w, x), y) in dst[p * TW..p * TW + n].iter_mut().zip(a).zip(b) {
-            *w = x.to_bits() as u32 | (y.to_bits() as u32) << 16;
-        }
-    }
-    if d % 2 == 1 {
-        let p = d / 2;
-        for (w, x) in dst[p * TW..p * TW + n].iter_mut().zip(row(d - 1)) {
-            *w = x.to_bits() as u32;
+    // Plain index loops over slices of length n: the bounds checks fold away and the
+    // loops vectorise (iterator adapters here were out-of-line calls per row).
+    for p in 0..d.div_ceil(2) {
+        let a = &k[2 * p * bs + c0..2 * p * bs + c0 + n];
+        let out = &mut dst[p * TW..p * TW + n];
+        if 2 * p + 1 < d {
+            let b = &k[(2 * p + 1) * bs + c0..(2 * p + 1) * bs + c0 + n];
+            for t in 0..n {
+                out[t] = a[t].to_bits() as u32 | (b[t].to_bits() as u32) << 16;
+            }
+        } else {
+            for t in 0..n {
+                out[t] = a[t].to_bits() as u32;
+            }
         }
     }
 }
