@@ -109,6 +109,7 @@ impl Kw<'_, '_> {
             bf16_scores: self.bf16_scores,
             bf16_pv: self.bf16_pv,
             split_tokens: None,
+            rows_per_item: None,
         })
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! # How the work is cut
 //!
-//! A *work item* is (sequence, KV head, tile of up to [`ROWS`]`/ g` queries, key range).
+//! A *work item* is (sequence, KV head, tile of about [`ROWS`]` / g` queries, key range).
 //! Its rows (every query of the tile times the `g` query heads of the KV head) walk the
 //! key range in tiles of [`TW`] keys ([`tile`]): each key tile is gathered from its blocks
 //! into a contiguous f32 pack once and reused by every row (FlashAttention-style), tiles
@@ -48,8 +48,11 @@ pub use mask::{Mask, Span};
 
 /// Keys per tile (the pack width every path shares).
 pub(crate) const TW: usize = 64;
-/// Target rows (queries x heads of a group) per work item.
-pub(crate) const ROWS: usize = 64;
+/// Target rows (queries x heads of a group) per work item. Each item reads its keys'
+/// K/V from the cache once, so more rows read less memory per FLOP: on shape (a) of
+/// `benches/bench_prefill.py` (one thread, `tests::timing_rows_per_item`, five alternating
+/// rounds) 60 rows gave a median 49 GFLOP/s, 120 rows 54-58, 192-384 rows 58-62.
+pub(crate) const ROWS: usize = 192;
 
 /// Per-call options; `Default` is bidirectional with no cap (the Python default is
 /// causal).
@@ -74,6 +77,8 @@ pub struct PrefillOptions {
     /// Keys per split of a query tile's key range (rounded up to [`TW`]); `Some(0)`
     /// never splits, `None` splits only when there are too few query tiles.
     pub split_tokens: Option<usize>,
+    /// Rows (queries x heads of a group) per work item; `None` is [`ROWS`].
+    pub rows_per_item: Option<usize>,
 }
 
 /// The queries of a call: `q` `[total_q, num_q_heads, d]`, `qo_indptr` `n + 1` row
@@ -150,13 +155,17 @@ pub fn prefill_attention(
         return Err(invalid!("lse must be [{total_q}, {hq}]"));
     }
     let (scale, factor) = check_options(cache, opts, d)?;
+    if opts.rows_per_item == Some(0) {
+        return Err(invalid!("rows_per_item must be >= 1"));
+    }
     let spans = spans(qs, tables, &opts.mask, total_q)?;
     let isa = opts.isa.unwrap_or_else(Isa::best);
     let pool = crate::threads::pool()?;
     let (qv, q_bf16) = scaled_query(qs.q, d, factor, opts.bf16_scores);
     let use_dot = opts.bf16_scores && isa == Isa::Avx512 && tile::dot_supported();
     let g = hq / hkv;
-    let plan = plan::plan(qs.qo_indptr, &spans, hkv, g, pool.current_num_threads(), opts.split_tokens);
+    let item_rows = opts.rows_per_item.unwrap_or(ROWS);
+    let plan = plan::plan(qs.qo_indptr, &spans, hkv, g, pool.current_num_threads(), opts.split_tokens, item_rows);
     let items = &plan.items;
     let offsets: Vec<usize> = std::iter::once(0)
         .chain(items.iter().scan(0, |acc, it| {

@@ -1,6 +1,6 @@
 //! Work items of a prefill call, and the log-sum-exp merge of their partial results.
 
-use super::{Span, ROWS, TW};
+use super::{Span, TW};
 
 /// One work item: KV head `head` of sequence `seq`, query rows `q0..q1` (global row
 /// indices), keys `k0..k1`. `tile` is the index of its query tile; `cost` the visible
@@ -24,11 +24,11 @@ pub(crate) struct Plan {
     pub tile_of: Vec<usize>,
 }
 
-/// Cut every sequence into query tiles of about [`ROWS`] rows (queries x `g` heads),
+/// Cut every sequence into query tiles of about `rows` rows (queries x `g` heads),
 /// times `hkv` heads, and split their key ranges when the tiles alone would leave
 /// threads idle (fewer than four items per thread) or when `split` asks for it.
-pub(crate) fn plan(indptr: &[i64], spans: &[Span], hkv: usize, g: usize, threads: usize, split: Option<usize>) -> Plan {
-    let qt = query_tile(g);
+pub(crate) fn plan(indptr: &[i64], spans: &[Span], hkv: usize, g: usize, threads: usize, split: Option<usize>, rows: usize) -> Plan {
+    let qt = query_tile(g, rows);
     let mut tiles = Vec::new(); // (seq, q0, q1, hull)
     for seq in 0..indptr.len().saturating_sub(1) {
         let (a, b) = (indptr[seq] as usize, indptr[seq + 1] as usize);
@@ -77,10 +77,10 @@ pub(crate) fn plan(indptr: &[i64], spans: &[Span], hkv: usize, g: usize, threads
     out
 }
 
-/// Queries per tile for `g` heads per KV head: about [`ROWS`] rows, preferably a multiple
+/// Queries per tile for `g` heads per KV head: about `rows` rows, preferably a multiple
 /// of 6 (the AVX-512 register tile's rows), so that no row block runs half empty.
-pub(crate) fn query_tile(g: usize) -> usize {
-    let qt = (ROWS / g).max(1);
+pub(crate) fn query_tile(g: usize, rows: usize) -> usize {
+    let qt = (rows / g).max(1);
     (qt.div_ceil(2)..=qt).rev().find(|&t| (t * g).is_multiple_of(6)).unwrap_or(qt)
 }
 

@@ -284,3 +284,28 @@ fn empty_and_invalid_calls() {
     assert!(run(&[0, 21], &q21, None, &ok).is_err()); // more default queries than keys
     run(&[0, 21], &q21, Some(&[5; 21]), &ok).unwrap();
 }
+
+/// Timing of work-item sizes and paths on shape (a) of `benches/bench_prefill.py` (one
+/// sequence): `cargo test --release --lib prefill::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing_rows_per_item() {
+    let (bs, hkv, d, len, nq) = (16, 8, 128, 4608, 512);
+    let nb = len / bs;
+    let c = filled(shape(bs, hkv, d, nb), DType::F32, 1);
+    let t = SeqTables::padded(&(0..nb as i64).collect::<Vec<_>>(), nb, &[len as i64], bs, nb).unwrap();
+    let q = random_q(nq * 32 * d, 3);
+    let indptr = [0i64, nq as i64];
+    let mut out = vec![0f32; q.len()];
+    let qs = Queries { q: &q, num_q_heads: 32, qo_indptr: &indptr, positions: None };
+    let flops = 4.0 * d as f64 * 32.0 * (len - nq..len).map(|p| p as f64 + 1.0).sum::<f64>();
+    for round in 0..5 {
+        for rows in [120, 192, 288, 384] {
+            let opts = PrefillOptions { mask: Mask { causal: true, ..Mask::default() }, rows_per_item: Some(rows), ..Default::default() };
+            let t0 = std::time::Instant::now();
+            prefill_attention(&c, 0, &qs, &t, &mut out, None, &opts).unwrap();
+            let s = t0.elapsed().as_secs_f64();
+            println!("round {round} rows {rows}: {s:.3} s, {:.1} GFLOP/s", flops / s / 1e9);
+        }
+    }
+}
