@@ -233,6 +233,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     wl = _workload(args)
     max_len = args.max_len or (ARTICLE_MAX_LEN if args.workload in ("uniform", "heavy")
                                and not args.trace else led.model.max_context)
+    if int(wl.lengths.min()) > max_len:
+        raise InvalidArgumentError(f"every request of {wl.name} is longer than --max-len {max_len:,} tokens")
     wl = wl.clipped(max_len)
     cap, bpt = led.token_capacity, led.bytes_per_token
     _check_sweep(args, wl, cap, max_len)

@@ -206,7 +206,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--reserve-tokens", type=count(),
                    help="tokens `reserve` holds per request (default: the model's context window)")
     s.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
-    s.add_argument("--host-blocks", type=count(0), default=0)
+    s.add_argument("--host-blocks", type=count(0, MAX_BLOCKS), default=0, help="swap: host pool, blocks")
     s.add_argument("--queue", choices=["fcfs", "priority"], default="fcfs")
     s.add_argument("--prefix-caching", action="store_true", help="cache prompts given as block keys (mooncake)")
     s.add_argument("--eviction", choices=["lru", "fifo", "lfu", "priority"], default="lru")
@@ -296,8 +296,8 @@ def main_simulate(args: argparse.Namespace) -> int:
         v = res.summary[k]
         print(f"  {k:<22} {v:.4g}" if isinstance(v, float) else f"  {k:<22} {v}")
     if not res.summary.get("finished"):
-        print(f"pykvpool: warning: no request finished ({res.summary.get('rejected', 0)} rejected: "
-              "they can never fit in the pool); latencies are n/a", file=sys.stderr)
+        print(f"pykvpool: warning: no request finished ({res.summary.get('rejected', 0)} of {len(w)} "
+              "rejected: never admissible with this pool and scheduler); latencies are n/a", file=sys.stderr)
     if args.out:
         res.to_csv(args.out)
         sim_plots.utilization_over_time(res, os.path.join(args.out, "utilization.png"))

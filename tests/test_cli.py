@@ -154,7 +154,7 @@ def test_empty_workload(tmp_path: Path) -> None:
     g = tmp_path / "long.txt"
     g.write_text("9000\n")
     r = run("sweep", "--trace", str(g), "--max-len", "4096")
-    assert r.returncode == 2 and "empty" in r.stderr
+    assert r.returncode == 2 and "every request of long.txt is longer than --max-len 4,096 tokens" in r.stderr
 
 
 def test_bad_hf_config(tmp_path: Path) -> None:

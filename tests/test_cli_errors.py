@@ -125,6 +125,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("sweep-max-len-above-largest-block", ["sweep", "--max-len", "100000"], "pool's largest block"),
     ("sweep-block-above-capacity", ["sweep", "--memory-gib", "15", "--reserve-gib", "0"],
      "exceeds the KV capacity of 351 tokens"),
+    ("sweep-all-dropped", ["sweep", "--workload", "azure-code", "--max-len", "1"],
+     "every request of Azure code trace is longer than --max-len 1 tokens"),
     ("sweep-prefix-too-long", ["sweep", "--prefix", "9999"], "--prefix 9999 exceeds the shortest request"),
     ("replay-block-size-huge", ["replay", "--block-size", "131072"], "--block-size: must be <= 65,536"),
     ("replay-empty", ["replay", "--trace", "{empty.txt}"], "{empty.txt}: the file holds no request"),
@@ -170,6 +172,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "no 'a' column"),
     ("simulate-seed-negative", ["simulate", "--seed", "-1"], "--seed: must be >= 0"),
     ("simulate-max-running-0", ["simulate", "--max-running", "0"], "--max-running"),
+    ("simulate-host-blocks-huge", ["simulate", "--host-blocks", "2147483647"], "--host-blocks: must be <="),
     ("simulate-host-blocks-neg", ["simulate", "--host-blocks", "-1"], "--host-blocks"),
     ("simulate-allocation-bad", ["simulate", "--allocation", "lazy"], "invalid choice"),
     ("simulate-reserve-tokens-paged", ["simulate", "--reserve-tokens", "100"], "reserve allocation only"),
@@ -238,6 +241,16 @@ def test_seq_len_beyond_the_context_warns_once(files: dict[str, str]) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("\n") == 1
     assert r.stderr.startswith("pykvpool: warning: --seq-len 100,000 exceeds Llama-3-8B's context window")
+
+
+def test_seq_len_beyond_an_hf_configs_context_warns(tmp_path: Path) -> None:
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({**LLAMA, "max_position_embeddings": 4096}))
+    r = run("ledger", "--hf-config", str(f), "--seq-len", "8192")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("pykvpool: warning: --seq-len 8,192 exceeds config's context window "
+                        "(max_position_embeddings = 4,096)\n")
+    assert run("ledger", "--hf-config", str(f), "--seq-len", "4096").stderr == ""
 
 
 def test_dense_full_attention_configs_are_still_accepted(tmp_path: Path) -> None:

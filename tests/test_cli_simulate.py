@@ -211,7 +211,7 @@ def test_no_request_finished_is_said(tmp_path: Path) -> None:
     r = cli("simulate", "--trace", str(f), "--num-blocks", "10")
     assert r.returncode == 0, r.stderr
     assert summary(r.stdout)["rejected"] == 1
-    assert r.stderr.startswith("pykvpool: warning: no request finished (1 rejected")
+    assert r.stderr.startswith("pykvpool: warning: no request finished (1 of 1 rejected")
 
 
 def test_help_lists_the_allocations_and_limits() -> None:
