@@ -119,15 +119,15 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
         ValueError: matplotlib cannot write the format of ``path``'s suffix.
     """
     w = gqa.weight_bytes / GIB
-    kv = [gqa.kv_bytes(seq_len, b) / GIB for b in batches]
+    kv = [gqa.kv_bytes(seq_len=seq_len, batch=b) / GIB for b in batches]
     reserve = gqa.budget.reserve_bytes / GIB
     device = gqa.budget.usable_bytes / GIB
     kv_budget = gqa.kv_budget_bytes / GIB
     totals = [w + k + reserve for k in kv]
     curves = {
-        "GQA batch 1": [gqa.kv_bytes(s, 1) / GIB for s in seq_lens],
-        "GQA batch 8": [gqa.kv_bytes(s, 8) / GIB for s in seq_lens],
-        "MHA batch 8": [mha.kv_bytes(s, 8) / GIB for s in seq_lens],
+        "GQA batch 1": [gqa.kv_bytes(seq_len=s, batch=1) / GIB for s in seq_lens],
+        "GQA batch 8": [gqa.kv_bytes(seq_len=s, batch=8) / GIB for s in seq_lens],
+        "MHA batch 8": [mha.kv_bytes(seq_len=s, batch=8) / GIB for s in seq_lens],
     }
     fig = new_figure((12.5, 4.8))
     a1, a2 = fig.subplots(1, 2)

@@ -36,7 +36,9 @@ import numpy.typing as npt
 
 from pykvpool import _native
 from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.models import ModelConfig, model_preset
+from pykvpool.errors import BudgetError
+from pykvpool.ledger import Budget, MemoryLedger, default_budget
+from pykvpool.models import ModelConfig, model_preset, storage_dtype
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -315,23 +317,32 @@ def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 
 
 
 def kv_blocks_for_memory(
-    model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
+    model: ModelConfig,
+    hardware: Hardware,
+    block_size: int = 16,
+    *,
+    budget: Optional[Budget] = None,
+    kv_dtype: str = "bf16",
 ) -> int:
-    """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
-    in blocks of ``block_size`` tokens.
+    """Device blocks of ``block_size`` tokens left for KV by ``budget`` (default:
+    :func:`pykvpool.ledger.default_budget` of ``hardware``, the budget ``pykvpool ledger``
+    uses): exactly ``MemoryLedger(model, budget, kv_dtype).token_capacity // block_size``
+    (Llama-3-8B BF16 on the A100-80GB: 500,063 tokens = 31,253 blocks of 16).
 
     Raises:
-        InvalidArgumentError: the weights do not fit, or a malformed ``kv_dtype``
-            granularity.
-        UnknownPresetError: ``kv_dtype`` is not a storage dtype.
+        BudgetError: (an InvalidArgumentError) the weights plus the reserve leave no room
+            for one block of KV.
+        InvalidArgumentError: ``block_size`` < 1, a bad dtype or budget.
     """
-    free = hardware.memory_bytes * memory_fraction - model.weight_bytes
-    if free <= 0:
-        raise _native.InvalidArgumentError(
-            f"the weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit in {memory_fraction:.0%} of "
-            f"{hardware.memory_bytes / 2**30:.0f} GiB"
-        )
-    return int(free // (block_size * model.kv_bytes_per_token(kv_dtype)))
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise _native.InvalidArgumentError(f"block_size must be an integer >= 1, got {block_size!r}")
+    ledger = MemoryLedger(model, default_budget(hardware) if budget is None else budget, storage_dtype(kv_dtype))
+    blocks = ledger.token_capacity // block_size
+    if blocks < 1:
+        raise BudgetError(f"the KV budget ({ledger.kv_budget_bytes / 2**30:.2f} GiB) holds no block of "
+                          f"{block_size} tokens", needed_bytes=block_size * ledger.bytes_per_token,
+                          available_bytes=ledger.kv_budget_bytes)
+    return blocks
 
 
 #: seconds per step (constant), a :class:`Roofline`, or a Python callable.

@@ -380,7 +380,7 @@ def test_generic_csv_and_jsonl_with_a_column_mapping(tmp_path: Path) -> None:
     assert k.output_len.tolist() == [4, 1]
     assert k.block_keys is not None and k.block_keys.tolist() == [9, 7, 8]
     assert k.key_offsets is not None and k.key_offsets.tolist() == [0, 1, 3]
-    with pytest.raises(KeyError):
+    with pytest.raises(pykvpool.TraceFormatError, match="no 'nope' column"):
         sim_traces.load_trace(csv_path, arrival="nope", prompt_len="in", output_len="out")
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b,c\n0,x,1\n")
@@ -447,7 +447,7 @@ def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown hardware" in capsys.readouterr().err
     assert main(["simulate", "--requests", "10", "--model", "llama-3-70b", "--hardware", "a100-80gb-sxm",
                  "--block-size", "16"]) == 2
-    assert "do not fit" in capsys.readouterr().err
+    assert "exceed the usable" in capsys.readouterr().err
 
 
 # ---- time models and bad input --------------------------------------------------------
