@@ -43,6 +43,9 @@ __all__ = [
     "set_num_threads",
     "run_simulation",
     "synthesize_workload",
+    "SIM_MAX_REQUESTS",
+    "SIM_MAX_REQUEST_TOKENS",
+    "SIM_MAX_STEP_TOKENS",
 ]
 
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
@@ -432,6 +435,13 @@ class BlockTableBuffer:
 
 # ---- serving simulator (rust/bindings/sim.rs; facade: pykvpool.simulate) ----------------
 
+SIM_MAX_REQUESTS: Final[int]
+"""Most requests in one simulator workload (2**24)."""
+SIM_MAX_REQUEST_TOKENS: Final[int]
+"""Most tokens in one prompt, and in one output, of a simulated request (2**24)."""
+SIM_MAX_STEP_TOKENS: Final[int]
+"""Most tokens one simulator step computes (2**24): the largest ``max_batched_tokens``."""
+
 def synthesize_workload(
     num_requests: int,
     *,
@@ -450,8 +460,15 @@ def synthesize_workload(
     ``output_len``, ``priority`` (int64), and with ``shared_prefixes=(num, len, vocab)``
     also ``token_ids`` (uint32) and ``token_offsets`` (int64). Arrivals: ``burst``,
     ``poisson`` (``rate`` req/s), ``gamma`` (``rate``, ``cv``). Lengths: ``(kind, params)``
-    with kind fixed/uniform/lognormal/pareto/empirical, clamped to ``*_clamp``.
-    Same arguments, identical arrays. Raises InvalidArgumentError."""
+    with kind fixed/uniform/lognormal/pareto/empirical, clamped to ``*_clamp`` (default
+    ``(1, SIM_MAX_REQUEST_TOKENS)``). Same arguments, identical arrays.
+
+    Raises:
+        InvalidArgumentError: any argument out of range, naming it: ``num_requests`` above
+            ``SIM_MAX_REQUESTS`` or negative, a bool where a count or number is meant, a
+            NaN/infinite/non-positive ``rate`` or ``cv``, a malformed distribution, a clamp
+            outside ``1..=SIM_MAX_REQUEST_TOKENS``, ``seed`` outside ``0..2**64``, shared
+            prefixes of more than 2**28 token ids."""
 
 def run_simulation(
     arrival: npt.NDArray[np.float64],
@@ -496,11 +513,23 @@ def run_simulation(
     idle blocks by ``eviction``: lru, fifo, lfu, priority); prompts given as lengths only
     never hit.
 
+    ``allocation``: ``paged`` (blocks on demand), ``reserve`` (Orca: ``reserve_tokens``
+    tokens reserved per request at admission; required; a request whose prompt + output
+    exceeds it is rejected) or ``oracle`` (each request reserves its own final length).
+
+    Limits: at most ``SIM_MAX_REQUESTS`` requests, lengths in
+    ``1..=SIM_MAX_REQUEST_TOKENS`` tokens, ``max_batched_tokens`` at most
+    ``SIM_MAX_STEP_TOKENS`` (None: that limit). A request that never fits the pool (or the
+    reservation, or the budget without chunked prefill) gets outcome 1 (rejected).
+
     Returns ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
-    number}}``; see ``pykvpool.simulate.SimulationResult``.
+    int | float | None}}`` (None: a statistic over an empty set); see
+    ``pykvpool.simulate.SimulationResult``. An empty workload gives empty columns.
 
     Raises:
-        InvalidArgumentError: bad columns, policy names or sizes.
+        InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, out of range),
+            policy names or sizes, bools as counts, ``reserve`` without
+            ``reserve_tokens``, each naming the argument.
     """
 
 # ------------------------------------------------------- KV storage and decode attention
