@@ -235,7 +235,7 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         kv.commit(rest, &mut reqs)?;
         let dt = timer.step_time(&shape)?;
         if !(dt.is_finite() && dt >= 0.0) {
-            return Err(invalid!("step {steps}: the timer returned {dt} s; durations must be finite and >= 0"));
+            return Err(invalid!("time_model returned {dt} s at step {steps}; step durations must be finite and >= 0"));
         }
         let end = now + dt;
         if !end.is_finite() {

@@ -100,7 +100,7 @@ impl Workload {
         check_offsets(offsets, ids.len(), self.len(), "token_offsets")?;
         for (i, w) in offsets.windows(2).enumerate() {
             if w[1] - w[0] != self.prompt_len[i] as usize {
-                return Err(invalid!("request {i} has {} token ids but prompt_len {}", w[1] - w[0], self.prompt_len[i]));
+                return Err(invalid!("token_offsets: request {i} has {} token_ids but prompt_len {}", w[1] - w[0], self.prompt_len[i]));
             }
         }
         Ok(())
@@ -115,7 +115,7 @@ impl Workload {
             let want = (self.prompt_len[i] as usize).div_ceil(tokens_per_key);
             if w[1] - w[0] != want {
                 return Err(invalid!(
-                    "request {i} has {} block keys, expected ceil({} / {tokens_per_key}) = {want}",
+                    "key_offsets: request {i} has {} block_keys, expected ceil(prompt_len {} / tokens_per_key {tokens_per_key}) = {want}",
                     w[1] - w[0],
                     self.prompt_len[i]
                 ));
