@@ -70,6 +70,24 @@ MAX_REQUEST_TOKENS: int = _native.SIM_MAX_REQUEST_TOKENS
 MAX_STEP_TOKENS: int = _native.SIM_MAX_STEP_TOKENS
 
 
+__all__ = [
+    "MAX_REQUESTS",
+    "MAX_REQUEST_TOKENS",
+    "MAX_STEP_TOKENS",
+    "Roofline",
+    "SchedulerConfig",
+    "SimConfig",
+    "SimulationResult",
+    "StepTimeFn",
+    "TimeModel",
+    "Workload",
+    "kv_blocks_for_memory",
+    "roofline",
+    "run",
+    "synthetic_workload",
+]
+
+
 def _invalid(msg: str) -> _native.InvalidArgumentError:
     return _native.InvalidArgumentError(msg)
 
@@ -94,23 +112,6 @@ def _positive(v: object, name: str, *, zero: bool = False, most: float = math.in
         top = "" if most == math.inf else f" and <= {most:g}"
         raise _invalid(f"{name} must be finite and {bound}{top}, got {v}")
     return f
-
-__all__ = [
-    "MAX_REQUESTS",
-    "MAX_REQUEST_TOKENS",
-    "MAX_STEP_TOKENS",
-    "Roofline",
-    "SchedulerConfig",
-    "SimConfig",
-    "SimulationResult",
-    "StepTimeFn",
-    "TimeModel",
-    "Workload",
-    "kv_blocks_for_memory",
-    "roofline",
-    "run",
-    "synthetic_workload",
-]
 
 
 @dataclass(frozen=True)
@@ -402,9 +403,8 @@ def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 
         InvalidArgumentError: a ``block_size`` that is not an int >= 1, an ``overhead``
             that is not a finite number >= 0.
     """
-    r = Roofline(model_preset(model), hardware_preset(hardware), _count(block_size, "block_size", 1),
-                 _positive(overhead, "overhead", zero=True))
-    return r
+    return Roofline(model_preset(model), hardware_preset(hardware), _count(block_size, "block_size", 1),
+                    _positive(overhead, "overhead", zero=True))
 
 
 def kv_blocks_for_memory(

@@ -245,18 +245,19 @@ impl Scheduler {
 
     fn preempt(&mut self, v: u32, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch, stats: &mut Counters) -> Result<()> {
         let r = &mut reqs[v as usize];
-        stats.preemptions[v as usize] += 1;
+        // Counters saturate: a pathological run cannot wrap them around.
+        stats.preemptions[v as usize] = stats.preemptions[v as usize].saturating_add(1);
         batch.preemptions += 1;
         if matches!(self.cfg.preemption, Preemption::Swap { .. }) && r.generated > 0 {
             if let Some(moved) = kv.swap_out(v as usize, r)? {
                 r.status = Status::Swapped;
-                stats.swaps[v as usize] += 1;
+                stats.swaps[v as usize] = stats.swaps[v as usize].saturating_add(1);
                 batch.swapped_blocks += moved as u64;
                 self.swapped.push_back(v);
                 return Ok(());
             }
         }
-        stats.recomputed[v as usize] += r.computed as u64;
+        stats.recomputed[v as usize] = stats.recomputed[v as usize].saturating_add(r.computed as u64);
         kv.release(v as usize, r)?;
         r.computed = 0;
         r.status = Status::Waiting;
