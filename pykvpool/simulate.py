@@ -142,9 +142,9 @@ class Workload:
         lengths by ``prompt`` / ``output`` (rounded, at least 1 token).
 
         Raises:
-            InvalidArgumentError: a factor that is not a finite number > 0 (named), a
-                ``prompt`` factor for prompts given as ids or keys (their content cannot
-                be scaled), or a scaled length above :data:`MAX_REQUEST_TOKENS`.
+            InvalidArgumentError: ``prompt`` != 1.0 for prompts given as token ids or block
+                keys (they cannot be length-scaled); a factor that is not a finite number
+                > 0, or a scaled length above :data:`MAX_REQUEST_TOKENS` (each named).
         """
         time = _positive(time, "time")
         prompt = _positive(prompt, "prompt")
@@ -160,7 +160,12 @@ class Workload:
 
     def head(self, n: int) -> Workload:
         """The first ``n`` requests (in column order); all of them when ``n >= len(self)``.
-        Raises InvalidArgumentError for an ``n`` that is not an int >= 0."""
+
+        Raises:
+            IndexError: ``token_offsets`` or ``key_offsets`` has fewer than ``n + 1``
+                entries (an inconsistent workload, which :func:`run` would reject).
+            InvalidArgumentError: ``n`` is not an int >= 0.
+        """
         n = min(_count(n, "n"), len(self))
         tok = key = None
         if self.token_ids is not None and self.token_offsets is not None:
@@ -368,11 +373,17 @@ class Roofline:
     host_link_bandwidth: float = 25e9
 
     def figures(self) -> list[float]:
-        """The 9 numbers :func:`pykvpool._native.run_simulation` takes.
+        """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
+        param, layers, query width, KV bytes per token, reachable FLOP/s, reachable
+        bytes/s, overhead (s) and swap time per block (s).
 
         Raises:
-            InvalidArgumentError: an efficiency outside (0, 1], a non-positive host link
-                bandwidth or block size, a negative or non-finite overhead (each named).
+            UnknownPresetError: ``compute_dtype`` has no peak on the device, or
+                ``kv_dtype`` is not a storage dtype.
+            InvalidArgumentError: a malformed ``kv_dtype`` granularity; an efficiency
+                outside (0, 1], a host link bandwidth that is not finite and > 0, a
+                ``block_size`` that is not an int >= 1, an ``overhead`` that is not finite
+                and >= 0 (each named).
         """
         _count(self.block_size, "block_size", 1)
         _positive(self.overhead, "overhead", zero=True)
@@ -396,10 +407,11 @@ class Roofline:
 
 def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
     """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
-    "a100-80gb-sxm")``; ``block_size`` in tokens, ``overhead`` in seconds per step.
+    "a100-80gb-sxm")``, with ``block_size`` tokens per block and ``overhead`` seconds
+    per step.
 
     Raises:
-        UnknownPresetError: an unknown model or device name.
+        UnknownPresetError: an unknown model or hardware name.
         InvalidArgumentError: a ``block_size`` that is not an int >= 1, an ``overhead``
             that is not a finite number >= 0.
     """
@@ -411,14 +423,8 @@ def kv_blocks_for_memory(
     model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
 ) -> int:
     """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
-    in blocks of ``block_size`` tokens.
-
-    Raises:
-        InvalidArgumentError (a ValueError): the weights do not fit, a ``block_size`` that
-            is not an int >= 1, a ``memory_fraction`` outside (0, 1].
-    """
-    block_size = _count(block_size, "block_size", 1)
-    memory_fraction = _positive(memory_fraction, "memory_fraction", most=1.0)
+    in blocks of ``block_size`` tokens. Raises InvalidArgumentError (a ValueError) when the
+    weights do not fit."""
     free = hardware.memory_bytes * memory_fraction - model.weight_bytes
     if free <= 0:
         raise _native.InvalidArgumentError(
@@ -463,8 +469,12 @@ class SimulationResult:
 
     def to_csv(self, directory: Union[str, os.PathLike[str]], prefix: str = "") -> list[str]:
         """Write ``requests.csv``, ``steps.csv`` and ``summary.csv`` into ``directory``
-        (created if needed); returns the paths written. A None summary value is an empty
-        cell."""
+        (created if needed), each name after ``prefix``; returns the paths written. A None
+        summary value is an empty cell.
+
+        Raises:
+            OSError: ``directory`` cannot be created or a file cannot be written.
+        """
         os.makedirs(directory, exist_ok=True)
         paths = []
         for name, cols in (("requests", self.requests), ("steps", self.steps)):

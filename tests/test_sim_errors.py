@@ -269,15 +269,6 @@ OTHERS: list[tuple[str, Callable[[], object], str]] = [
     ("roofline overhead nan", lambda: sim.roofline("llama-3-8b", "a100-80gb-sxm", overhead=NAN), "overhead"),
     ("figures bandwidth_efficiency 2", lambda: dataclasses.replace(A100, bandwidth_efficiency=2.0).figures(),
      "bandwidth_efficiency"),
-    ("blocks memory_fraction nan", lambda: sim.kv_blocks_for_memory(A100.model, A100.hardware, memory_fraction=NAN),
-     "memory_fraction"),
-    ("blocks memory_fraction 0", lambda: sim.kv_blocks_for_memory(A100.model, A100.hardware, memory_fraction=0.0),
-     "memory_fraction"),
-    ("blocks memory_fraction 1.5", lambda: sim.kv_blocks_for_memory(A100.model, A100.hardware, memory_fraction=1.5),
-     "memory_fraction"),
-    ("blocks block_size 0", lambda: sim.kv_blocks_for_memory(A100.model, A100.hardware, block_size=0), "block_size"),
-    ("blocks block_size bool", lambda: sim.kv_blocks_for_memory(A100.model, A100.hardware, block_size=True),
-     "block_size"),
 ]
 
 

@@ -136,7 +136,39 @@ fn length_spec(py: Python<'_>, (kind, params): (String, Vec<f64>), (min, max): (
     Ok(LengthSpec { dist, min, max })
 }
 
-/// Generate a synthetic workload; see `pykvpool/_native.pyi`.
+/// A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
+///
+/// Args:
+///     num_requests: requests to draw, 0 to ``SIM_MAX_REQUESTS`` (0: empty columns).
+///     arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
+///         ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
+///     rate: mean arrival rate, requests/s (finite, > 0).
+///     cv: coefficient of variation of the gamma gaps (finite, > 0; above 1 is bursty).
+///     prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
+///         ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
+///         ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
+///     prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to, with
+///         ``1 <= min <= max <= SIM_MAX_REQUEST_TOKENS`` (default: that whole range).
+///     output: output lengths, as ``prompt``.
+///     output_clamp: as ``prompt_clamp``, for output lengths.
+///     priority_levels: priorities drawn uniformly from ``0..priority_levels``.
+///     shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
+///         starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens
+///         (at most 2**28 prefix token ids, and 2**28 prompt token ids in all).
+///     seed: the random seed, any int in ``0..2**64``.
+///
+/// Returns:
+///     ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
+///     ``output_len`` and ``priority`` int64 (tokens; priority levels), and with
+///     ``shared_prefixes`` also ``token_ids`` uint32 (all prompts concatenated) and
+///     ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
+///
+/// Raises:
+///     InvalidArgumentError: any argument out of range, naming it: a negative count or
+///         one above its limit, a bool where a count or a number is meant, an unknown
+///         arrival process or length distribution, a rate or cv that is not finite and
+///         positive, a wrong number of distribution parameters, a bad clamp or
+///         shared-prefix shape, a seed outside ``0..2**64``.
 #[pyfunction]
 #[pyo3(signature = (num_requests, *, arrivals="poisson", rate=1.0, cv=1.0, prompt=("uniform".to_string(), vec![256.0, 4096.0]),
     prompt_clamp=(1, MAX_REQUEST_TOKENS), output=("uniform".to_string(), vec![128.0, 384.0]), output_clamp=(1, MAX_REQUEST_TOKENS),
@@ -189,7 +221,75 @@ fn synthesize_workload<'py>(
     Ok(d)
 }
 
-/// Run the simulator; see `pykvpool/_native.pyi` for every argument.
+/// Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
+///
+/// The facade :func:`pykvpool.simulate.run` builds these arguments from a
+/// :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
+/// docs describe each policy. The GIL is released while the engine runs, except around
+/// calls to a Python ``time_model``. A request that can never run (longer than the pool,
+/// than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
+/// error: it gets outcome 1 (rejected) and is counted.
+///
+/// Args:
+///     arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
+///         or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
+///         empty result).
+///     prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
+///     output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
+///     priority: int32 priority of each request (lower first under ``queue="priority"``).
+///     num_blocks: device blocks of the pool.
+///     block_size: tokens per block.
+///     token_ids: all prompts' token ids concatenated (with ``token_offsets``), for prefix
+///         caching.
+///     token_offsets: ``len(arrival) + 1`` offsets into ``token_ids``.
+///     block_keys: all prompts' block keys concatenated (with ``key_offsets``), one key per
+///         ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``).
+///     key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
+///     tokens_per_key: prompt tokens per block key.
+///     max_running: requests in flight at most.
+///     max_batched_tokens: tokens computed per step across the batch, at most
+///         ``SIM_MAX_STEP_TOKENS`` (None: that limit).
+///     chunked_prefill: split prompts that exceed the remaining token budget.
+///     watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
+///     queue: ``"fcfs"`` or ``"priority"``.
+///     allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
+///         reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
+///         output exceeds them is rejected) or ``"oracle"`` (each request reserves its
+///         own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
+///         output`` under ``"decode_first"``).
+///     reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+///         (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
+///     preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
+///     host_blocks: host blocks for swapping.
+///     victim: ``"newest"`` or ``"lowest_priority"``.
+///     convention: ``"vllm"`` or ``"decode_first"``.
+///     prefix_caching: cache prompts given as ``token_ids`` or ``block_keys`` (prompts
+///         given as lengths only never hit).
+///     eviction: idle cached blocks to reclaim first: ``"lru"``, ``"fifo"``, ``"lfu"`` or
+///         ``"priority"``.
+///     time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
+///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
+///         overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
+///         num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
+///         with the GIL held.
+///     check_invariants: check the pool's invariants after every step (slow).
+///     max_steps: stop after this many steps (None: run to the end).
+///     record_steps: keep the per-step columns.
+///
+/// Returns:
+///     ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
+///     int | float | None}}``; the columns are those of
+///     :class:`pykvpool.simulate.SimulationResult`. A summary statistic over an empty set
+///     (no finished request, no step) is None, never NaN.
+///
+/// Raises:
+///     InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
+///         out-of-range length, a bad arrival time or offsets, more than
+///         ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
+///         ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
+///         with block keys, or a bad time model or step time; each names the argument.
+///     InvariantError: the engine broke an invariant (a pykvpool bug).
+///     Exception: whatever a Python ``time_model`` raises, unchanged.
 #[pyfunction]
 #[pyo3(signature = (arrival, prompt_len, output_len, priority=None, *, num_blocks, block_size,
     token_ids=None, token_offsets=None, block_keys=None, key_offsets=None, tokens_per_key=0,
