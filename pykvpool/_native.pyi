@@ -52,6 +52,9 @@ __all__ = [
     "set_num_threads",
     "run_simulation",
     "synthesize_workload",
+    "SIM_MAX_REQUESTS",
+    "SIM_MAX_REQUEST_TOKENS",
+    "SIM_MAX_STEP_TOKENS",
 ]
 
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
@@ -685,6 +688,13 @@ class BlockTableBuffer:
 
 # ---- serving simulator (rust/bindings/sim.rs; facade: pykvpool.simulate) ----------------
 
+SIM_MAX_REQUESTS: Final[int]
+"""Most requests in one simulator workload (2**24)."""
+SIM_MAX_REQUEST_TOKENS: Final[int]
+"""Most tokens in one prompt, and in one output, of a simulated request (2**24)."""
+SIM_MAX_STEP_TOKENS: Final[int]
+"""Most tokens one simulator step computes (2**24): the largest ``max_batched_tokens``."""
+
 def synthesize_workload(
     num_requests: int,
     *,
@@ -702,21 +712,23 @@ def synthesize_workload(
     """A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
 
     Args:
-        num_requests: requests to draw.
+        num_requests: requests to draw, 0 to ``SIM_MAX_REQUESTS`` (0: empty columns).
         arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
             ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
-        rate: mean arrival rate, requests/s (> 0).
-        cv: coefficient of variation of the gamma gaps (> 0; above 1 is bursty).
+        rate: mean arrival rate, requests/s (finite, > 0).
+        cv: coefficient of variation of the gamma gaps (finite, > 0; above 1 is bursty).
         prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
             ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
             ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
-        prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to.
+        prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to, with
+            ``1 <= min <= max <= SIM_MAX_REQUEST_TOKENS`` (default: that whole range).
         output: output lengths, as ``prompt``.
         output_clamp: as ``prompt_clamp``, for output lengths.
         priority_levels: priorities drawn uniformly from ``0..priority_levels``.
         shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
-            starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens.
-        seed: the random seed.
+            starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens
+            (at most 2**28 prefix token ids, and 2**28 prompt token ids in all).
+        seed: the random seed, any int in ``0..2**64``.
 
     Returns:
         ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
@@ -725,9 +737,11 @@ def synthesize_workload(
         ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
 
     Raises:
-        InvalidArgumentError: a negative count, an unknown arrival process or length
-            distribution, a rate or cv that is not finite and positive, missing
-            distribution parameters, a bad clamp or shared-prefix shape.
+        InvalidArgumentError: any argument out of range, naming it: a negative count or
+            one above its limit, a bool where a count or a number is meant, an unknown
+            arrival process or length distribution, a rate or cv that is not finite and
+            positive, a wrong number of distribution parameters, a bad clamp or
+            shared-prefix shape, a seed outside ``0..2**64``.
     """
 
 def run_simulation(
@@ -766,12 +780,16 @@ def run_simulation(
     The facade :func:`pykvpool.simulate.run` builds these arguments from a
     :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
     docs describe each policy. The GIL is released while the engine runs, except around
-    calls to a Python ``time_model``.
+    calls to a Python ``time_model``. A request that can never run (longer than the pool,
+    than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
+    error: it gets outcome 1 (rejected) and is counted.
 
     Args:
-        arrival: float64 arrival time of each request, seconds (finite, >= 0).
-        prompt_len: prompt length of each request, tokens (>= 1).
-        output_len: generated tokens of each request (>= 1).
+        arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
+            or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
+            empty result).
+        prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
+        output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
         priority: int32 priority of each request (lower first under ``queue="priority"``).
         num_blocks: device blocks of the pool.
         block_size: tokens per block.
@@ -783,14 +801,18 @@ def run_simulation(
         key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
         tokens_per_key: prompt tokens per block key.
         max_running: requests in flight at most.
-        max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+        max_batched_tokens: tokens computed per step across the batch, at most
+            ``SIM_MAX_STEP_TOKENS`` (None: that limit).
         chunked_prefill: split prompts that exceed the remaining token budget.
         watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
         queue: ``"fcfs"`` or ``"priority"``.
-        allocation: ``"paged"`` (blocks on demand) or ``"reserve"`` (a reservation at
-            admission of ``reserve_tokens`` tokens, or of each request's own ``prompt +
-            output - 1`` tokens when None).
-        reserve_tokens: tokens reserved per request under ``allocation="reserve"``.
+        allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
+            reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
+            output exceeds them is rejected) or ``"oracle"`` (each request reserves its
+            own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
+            output`` under ``"decode_first"``).
+        reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+            (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
         preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
         host_blocks: host blocks for swapping.
         victim: ``"newest"`` or ``"lowest_priority"``.
@@ -810,12 +832,16 @@ def run_simulation(
 
     Returns:
         ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
-        number}}``; the columns are those of :class:`pykvpool.simulate.SimulationResult`.
+        int | float | None}}``; the columns are those of
+        :class:`pykvpool.simulate.SimulationResult`. A summary statistic over an empty set
+        (no finished request, no step) is None, never NaN.
 
     Raises:
-        InvalidArgumentError: bad columns (lengths that differ, a zero or out-of-range
-            length, a bad arrival time or offsets), an unknown policy name, a size out of
-            range, token ids mixed with block keys, or a bad time model.
+        InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
+            out-of-range length, a bad arrival time or offsets, more than
+            ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
+            ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
+            with block keys, or a bad time model or step time; each names the argument.
         InvariantError: the engine broke an invariant (a pykvpool bug).
         Exception: whatever a Python ``time_model`` raises, unchanged.
     """
