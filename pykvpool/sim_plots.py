@@ -73,6 +73,12 @@ def _save(fig: Any, path: PathLike) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _number(value: Any) -> float:
+    """A summary statistic as a float; a statistic over no request (None) is NaN, which
+    matplotlib leaves out of the drawing."""
+    return float("nan") if value is None else float(value)
+
+
 def utilization_over_time(
     result: SimulationResult,
     path: Optional[PathLike] = None,
@@ -191,7 +197,7 @@ def policy_comparison(
         KeyError: a metric is not in a run's summary.
         OSError: ``path`` cannot be written.
     """
-    data = {name: {m: float(r.summary[m]) for m in metrics} for name, r in results.items()}
+    data = {name: {m: _number(r.summary[m]) for m in metrics} for name, r in results.items()}
     if path is not None:
         fig, ax = _figure(len(metrics))
         names = list(data)
@@ -216,7 +222,7 @@ def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLik
     for label in dict.fromkeys(str(r["label"]) for r in rows):
         sel = sorted((r for r in rows if r["label"] == label), key=lambda r: float(r["rate"]))
         data[label] = {
-            k: np.array([float(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
+            k: np.array([_number(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
         }
     if path is not None:
         _save(plot_throughput_vs_rate(data), path)

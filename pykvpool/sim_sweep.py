@@ -265,6 +265,12 @@ def _reserve_tokens(args: argparse.Namespace, tm: Roofline) -> int:
     return rt
 
 
+def _cell(value: Optional[float], width: int, digits: int) -> str:
+    """``value`` right-aligned in ``width`` characters; a statistic over no request (None)
+    prints as ``-``."""
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.{digits}f}"
+
+
 def main_simulate(args: argparse.Namespace) -> int:
     """Run ``pykvpool simulate``: print the budget, the summary (or the sweep table), and
     write CSVs and figures into ``--out`` when given. Returns the exit code.
@@ -322,8 +328,9 @@ def _run_sweep(args: argparse.Namespace, w: Workload, tm: Roofline, capacity: in
     print(f"{'rate':>8} {'policy':>8} {'bs':>4} {'blocks':>8} {'tok/s':>10} {'req/s':>8} {'ttft p99':>9} {'preempt':>8}")
     for r in rows:
         print(
-            f"{r['rate']:8.2f} {r['label']:>8} {r['block_size']:4d} {r['num_blocks']:8d} {r['output_throughput']:10.1f} "
-            f"{r['request_throughput']:8.2f} {r['ttft_p99']:9.3f} {r['preemptions']:8d}"
+            f"{r['rate']:8.2f} {r['label']:>8} {r['block_size']:4d} {r['num_blocks']:8d} "
+            f"{_cell(r['output_throughput'], 10, 1)} {_cell(r['request_throughput'], 8, 2)} "
+            f"{_cell(r['ttft_p99'], 9, 3)} {r['preemptions']:8d}"
         )
     if args.out:
         sim_plots.throughput_vs_rate(rows, os.path.join(args.out, "throughput_vs_rate.png"))
