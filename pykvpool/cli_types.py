@@ -45,6 +45,12 @@ class CliParser(argparse.ArgumentParser):
     ``--help``) on stderr, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Print ``pykvpool: error: <message>`` and a hint to ``--help`` on stderr, then
+        exit (argparse calls it for every usage error, including a type's refusal).
+
+        Raises:
+            SystemExit: always, with status 2.
+        """
         self.exit(2, f"pykvpool: error: {message}\n(see '{self.prog} --help')\n")
 
 
@@ -53,7 +59,15 @@ def _show(text: str) -> str:
 
 
 def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
-    """An argparse type: an integer in ``lo .. hi``."""
+    """An argparse type: an integer in ``lo .. hi``.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) the text is not an
+            integer, or the integer is outside ``lo .. hi``.
+    """
 
     def parse(text: str) -> int:
         try:
@@ -73,7 +87,15 @@ def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
 def number(lo: float = 0.0, hi: float = math.inf, *, lo_open: bool = True,
            hi_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in ``(lo, hi]`` (``lo_open`` / ``hi_open`` pick
-    which ends are excluded)."""
+    which ends are excluded).
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) the text is not a number,
+            is NaN or infinite, or is outside the range.
+    """
 
     def parse(text: str) -> float:
         try:
@@ -116,17 +138,41 @@ def _list(item: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
 
 
 def count_list(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], list[int]]:
-    """An argparse type: comma-separated integers, each in ``lo .. hi``."""
+    """An argparse type: comma-separated integers, each in ``lo .. hi``.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) no item, an empty item, or
+            an item :func:`count` refuses (the message names the item).
+    """
     return _list(count(lo, hi), "integers")
 
 
 def number_list(lo: float = 0.0, hi: float = math.inf) -> Callable[[str], list[float]]:
-    """An argparse type: comma-separated finite numbers, each in ``(lo, hi]``."""
+    """An argparse type: comma-separated finite numbers, each in ``(lo, hi]``.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) no item, an empty item, or
+            an item :func:`number` refuses (the message names the item).
+    """
     return _list(number(lo, hi), "numbers")
 
 
 def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
-    """An argparse type: comma-separated names, each one of ``choices``, no repeats."""
+    """An argparse type: comma-separated names, each one of ``choices``, no repeats.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) no item, an empty item, a
+            name not in ``choices`` or a name given twice.
+    """
 
     def item(text: str) -> str:
         if text not in choices:
@@ -147,7 +193,14 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 def add_budget_args(p: argparse.ArgumentParser | Any) -> None:
     """The budget options: ``--memory-gib``, ``--fraction``, ``--reserve-gib``. Left
-    out, each takes :func:`pykvpool.ledger.default_budget`'s value for the device."""
+    out, each takes :func:`pykvpool.ledger.default_budget`'s value for the device.
+    Sizes are GiB (2**30 bytes) on the command line; :func:`budget_from_args` turns them
+    into a budget in bytes.
+
+    Raises:
+        argparse.ArgumentError: ``p`` already has one of these options (argparse's
+            default ``conflict_handler="error"``).
+    """
     p.add_argument("--memory-gib", type=number(0.0, MAX_GIB), metavar="GIB",
                    help="device memory, GiB (default: the --hardware's, 80 for the A100)")
     p.add_argument("--fraction", type=number(0.0, 1.0), metavar="F",
@@ -175,7 +228,13 @@ def budget_from_args(args: argparse.Namespace, hardware: Hardware) -> Budget:
 
 def trace_columns(text: str) -> TraceColumns:
     """An argparse type: ``prompt=NAME,output=NAME[,time=NAME][,priority=NAME][,keys=NAME][,unit=s|ms|us]``
-    (see :func:`pykvpool.tracefile.parse_columns`)."""
+    (see :func:`pykvpool.tracefile.parse_columns`).
+
+    Raises:
+        argparse.ArgumentTypeError: a part that is not ``ROLE=NAME``, an unknown role or
+            unit, a role given twice, or no ``prompt`` or ``output`` name (what
+            ``parse_columns`` refuses).
+    """
     try:
         return parse_columns(text)
     except InvalidArgumentError as e:

@@ -404,7 +404,19 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main_replay(args: argparse.Namespace) -> int:
-    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0."""
+    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0.
+
+    Raises:
+        InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
+            below the trace's largest request or above the pool's limit (2**30 blocks); a
+            block size (tokens) that is not a multiple of 512. (A sweep skips the
+            capacities below the largest request and always replays the unbounded pool.)
+        TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
+            line (see :func:`load_mooncake_trace`).
+        OSError: the trace cannot be read, or ``--out``, ``--json`` or ``--plot`` cannot
+            be written.
+        ValueError: matplotlib cannot write the format of a ``--plot`` file's suffix.
+    """
     if args.plot and not args.sweep:
         raise InvalidArgumentError("--plot needs --sweep")
     trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
@@ -445,7 +457,13 @@ def main_replay(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own,
-    with the ``pykvpool`` command's error handling and exit statuses."""
+    with the ``pykvpool`` command's error handling and exit statuses: every other error
+    is reported on stderr and becomes the returned status (see :func:`pykvpool.cli.main`).
+
+    Raises:
+        SystemExit: from argparse, for ``--help`` (status 0) or a usage error such as an
+            unknown option or a malformed number (status 2, one error line on stderr).
+    """
     from pykvpool import cli
 
     return cli.main(["replay", *(sys.argv[1:] if argv is None else argv)])

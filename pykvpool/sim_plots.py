@@ -115,7 +115,16 @@ def utilization_over_time(
 
 def plot_utilization(data: Mapping[str, np.ndarray], *, num_blocks: Optional[int] = None,
                      title: str = "") -> Any:
-    """The figure of :func:`utilization_over_time`'s data."""
+    """The figure of :func:`utilization_over_time`'s data.
+
+    Raises:
+        KeyError: ``data`` lacks ``time``, ``running``, ``waiting``, or ``utilization``
+            (without ``token_utilization``), or ``blocks_used`` / ``blocks_reserved``
+            (with ``occupancy``).
+        TypeError: ``data`` holds ``occupancy`` but ``num_blocks`` (the pool's blocks,
+            named in its label) is None.
+        ValueError: series of different lengths (matplotlib).
+    """
     fig, (a, b) = _figure(2, 4.2)
     t = data["time"]
     if "occupancy" in data:
@@ -169,7 +178,11 @@ def latency_cdf(
 
 def plot_latency_cdf(data: Mapping[str, tuple[np.ndarray, np.ndarray]], metric: str = "ttft", *,
                      title: str = "", log_x: bool = True) -> Any:
-    """The figure of :func:`latency_cdf`'s data."""
+    """The figure of :func:`latency_cdf`'s data.
+
+    Raises:
+        IndexError: a run's values and fractions differ in length.
+    """
     fig, (ax,) = _figure(1, 4.4)
     for i, (name, (x, y)) in enumerate(data.items()):
         st = line_style(name, i)
@@ -230,7 +243,12 @@ def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLik
 
 
 def plot_throughput_vs_rate(data: Mapping[str, Mapping[str, np.ndarray]]) -> Any:
-    """The figure of :func:`throughput_vs_rate`'s data."""
+    """The figure of :func:`throughput_vs_rate`'s data.
+
+    Raises:
+        KeyError: a label lacks ``rate``, ``output_throughput`` or ``ttft_p99``.
+        ValueError: a label's arrays differ in length (matplotlib).
+    """
     fig, (a, b) = _figure(2)
     for i, (label, d) in enumerate(data.items()):
         st = line_style(label, i)

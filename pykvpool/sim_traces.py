@@ -66,6 +66,7 @@ def load_trace(
 
     Raises:
         TraceFormatError: see the module docstring; InvalidArgumentError: a bad argument.
+        OSError: the file cannot be read.
     """
     cols = TraceColumns(prompt_len, output_len, arrival, priority, block_keys, time_unit)
     table = read_table(path, cols, kind=fmt, limit=limit)
@@ -173,14 +174,37 @@ def load_file(
 
 
 def load_azure(path: PathLike, limit: Optional[int] = None) -> Workload:
-    """An Azure LLM inference trace (2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    """An Azure LLM inference trace (2023 CSV: TIMESTAMP, ContextTokens, GeneratedTokens),
+    the first ``limit`` requests (all when None).
+
+    Raises:
+        TraceFormatError: (an InvalidArgumentError, naming file and line) a file that is
+            not UTF-8 text or holds no request, a malformed row or a missing column, a
+            token count that is not an integer in ``0 ..``
+            :data:`pykvpool.tracefile.MAX_TOKENS`, a prompt of 0 tokens, or a time that is
+            neither a number nor a date-time.
+        InvalidArgumentError: ``limit`` below 1.
+        OSError: the file cannot be read.
+    """
     c = AZURE_COLUMNS
     return load_trace(path, arrival=str(c.time), prompt_len=c.prompt, output_len=c.output, limit=limit)
 
 
 def load_mooncake(path: PathLike, limit: Optional[int] = None, with_keys: bool = True) -> Workload:
     """A Mooncake trace (JSONL: timestamp in ms, input_length, output_length, hash_ids of
-    512-token blocks). ``with_keys=False`` drops the hash ids (lengths only)."""
+    512-token blocks). ``with_keys=False`` drops the hash ids (lengths only). The first
+    ``limit`` requests (all when None).
+
+    Raises:
+        TraceFormatError: (an InvalidArgumentError, naming file and line) a file that is
+            not UTF-8 text or holds no request, a line that is not a JSON object, a missing
+            field, a token count that is not an integer in ``0 ..``
+            :data:`pykvpool.tracefile.MAX_TOKENS`, a prompt of 0 tokens, a bad time, or
+            (with keys) a ``hash_ids`` that is not a list of ``ceil(input_length / 512)``
+            integers in ``0 .. 2**63 - 1``.
+        InvalidArgumentError: ``limit`` below 1.
+        OSError: the file cannot be read.
+    """
     c = MOONCAKE_COLUMNS
     return load_trace(path, arrival=str(c.time), prompt_len=c.prompt, output_len=c.output,
                       block_keys=c.keys if with_keys else None, tokens_per_key=512,

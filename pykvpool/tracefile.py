@@ -93,9 +93,15 @@ def named_trace_path(name: str) -> Path:
 
 
 def read_text(path: PathLike) -> str:
-    """The whole file as text (at most :data:`MAX_FILE_BYTES`). Raises TraceFormatError for
-    a file that is not UTF-8 text (binary, UTF-16, Latin-1, ...), naming the line of the
-    first bad byte, or a larger one; OSError when it cannot be read."""
+    """The whole file as text (at most :data:`MAX_FILE_BYTES` bytes; a UTF-8 byte-order
+    mark is dropped).
+
+    Raises:
+        TraceFormatError: (an InvalidArgumentError) a file that is not UTF-8 text
+            (binary, UTF-16, Latin-1, ...), naming the line of the first bad byte, or one
+            larger than :data:`MAX_FILE_BYTES`.
+        OSError: the file cannot be read.
+    """
     p = os.fspath(path)
     data = _read_bytes(p)
     try:

@@ -46,6 +46,7 @@ AZURE_ATTRIBUTION = (
     'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
     "ISCA 2024"
 )
+"""The citation to print with any result computed from the Azure traces."""
 _AZURE_KINDS = ("code", "conv")
 
 
