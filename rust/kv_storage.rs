@@ -66,7 +66,12 @@ impl DType {
 }
 
 /// A storage element: converts from f32 with round-to-nearest-even and back exactly.
-pub trait Elem: Copy + Send + Sync + 'static {
+///
+/// Sealed: implemented for exactly `f32`, `half::f16` and `half::bf16`, and no other
+/// crate can add a type. Unsafe code relies on it ([`cast`] and the kernels' raw SIMD
+/// loads): every implementor is plain old data (any bit pattern is a value, no padding)
+/// of `DTYPE.size()` bytes, and `DTYPE` names its layout.
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {
     const DTYPE: DType;
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
@@ -106,6 +111,14 @@ impl Elem for half::bf16 {
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
     }
+}
+
+mod sealed {
+    /// The private supertrait of [`super::Elem`]: only this module can implement it.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
 }
 
 /// Call `$body` with `$E` bound to the element type of `$dtype`.
@@ -234,6 +247,13 @@ impl KvCache {
 
     pub fn huge_pages(&self) -> bool {
         self.buf.huge_pages()
+    }
+
+    /// Addresses of the whole allocation (every layer, padding included): fixed for the
+    /// cache's life, so a caller can tell whether another buffer aliases it.
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.buf.as_ptr() as usize;
+        start..start + self.buf.len()
     }
 
     /// Element strides of the logical `[num_blocks, block_size, num_kv_heads, head_dim]`
@@ -366,7 +386,8 @@ impl KvCache {
     }
 }
 
-fn check_cast<E>(bytes: &[u8]) {
+fn check_cast<E: Elem>(bytes: &[u8]) {
+    assert_eq!(std::mem::size_of::<E>(), E::DTYPE.size(), "Elem {:?} has the wrong size", E::DTYPE);
     // Regions start REGION_ALIGN-aligned in a 2 MiB-aligned buffer and hold whole elements.
     assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<E>()) && bytes.len().is_multiple_of(std::mem::size_of::<E>()));
 }
