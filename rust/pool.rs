@@ -209,7 +209,7 @@ impl BlockPool {
         match len.checked_add(n) {
             Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
             _ => Err(invalid!(
-                "a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
+                "num_tokens: a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
             )),
         }
     }
@@ -597,7 +597,7 @@ impl BlockPool {
     pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
         let len = self.seq_len(seq)?;
         if n > len {
-            return Err(invalid!("cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
+            return Err(invalid!("num_tokens: cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
         }
         let new_len = len - n;
         let keep = blocks_for(new_len, self.block_size);
