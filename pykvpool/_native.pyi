@@ -260,6 +260,10 @@ class BlockPool:
     def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
         """Blocks that appending ``num_tokens`` to ``seq_id`` would allocate now,
         copy-on-write included."""
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the
+        free blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without
+        prefix-cache hits). Raises InvalidArgumentError for a negative or non-int count."""
     def seq_len(self, seq_id: int) -> int:
         """Length of ``seq_id`` in tokens. Raises UnknownSequenceError."""
     def seq_ids(self) -> _I64Array:
@@ -554,11 +558,17 @@ class KvCache:
     @property
     def huge_pages(self) -> bool:
         """Whether the OS accepted the transparent-huge-page advice."""
-    def key(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy, writable view of layer ``layer``'s K, shape ``[num_blocks,
-        block_size, num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
-        ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not installed). The
-        view keeps the cache alive. Raises InvalidArgumentError for a bad layer.
+    def key(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
+        """Zero-copy view of layer ``layer``'s K, shape ``[num_blocks, block_size,
+        num_kv_heads, head_dim]`` (strided). dtype float32, float16, or
+        ``ml_dtypes.bfloat16`` (a dependency; if it fails to import, ImportError is raised
+        rather than another dtype handed out). The view keeps the cache alive. Raises
+        InvalidArgumentError for a bad layer.
+
+        Writable by default, like a vLLM KV-cache tensor (and so that
+        ``torch.from_numpy`` accepts it); ``writable=False`` gives a read-only view for
+        inspection. A view (or anything sharing the cache's memory) is refused as the
+        ``out`` of :func:`decode_attention`.
 
         The view aliases the cache's memory: writes through it are seen by the next
         kernel call, and no copy protects a running one. :meth:`write`,
@@ -566,13 +576,13 @@ class KvCache:
         this array (or a torch tensor wrapping it) from one Python thread while one of
         them runs on the same layer in another is a data race with undefined results;
         the caller must order the two (e.g. join the kernel call first)."""
-    def value(self, layer: int) -> npt.NDArray[Any]:
+    def value(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
         """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that
         it must not be written while a kernel call on the same layer runs in another
         thread."""
     def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
         """Store float32 ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]`` or
-        ``[tokens, num_kv_heads * head_dim]``) at ``slot_mapping`` (``tokens`` int
+        ``[tokens, num_kv_heads * head_dim]``, any strides) at ``slot_mapping`` (``tokens`` int
         slots, ``block * block_size + offset``; -1 is padding, skipped), rounding to the
         storage dtype (nearest even).
 
@@ -583,21 +593,23 @@ class KvCache:
     def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]]) -> None:
         """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``
         (``[k, 2]``, e.g. the copy-on-write pairs of :meth:`BlockPool.step`), in every
-        layer, K and V, in row order.
+        layer, K and V, in row order. No pairs (``[]``, ``np.empty((0, 2))``) is a no-op.
 
         Raises:
-            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape;
-                nothing is copied.
+            InvalidArgumentError: a block id outside ``0..num_blocks``, a bad shape or
+                ragged rows; nothing is copied.
         """
 
 # decode_attention(cache, layer, q, block_tables, seq_lens, ...) -> out [n, Hq, d] float32
 #
 # One query token per sequence against its cached K/V in ``cache`` layer ``layer``:
 # ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]``, g = Hq / Hkv.
-# ``q``: float32 [n, Hq, head_dim]; ``block_tables``: int [n, max_blocks] (padding
+# ``q``: float32 [n, Hq, head_dim], any strides (n = 0 gives empty results);
+# ``block_tables``: int [n, max_blocks] (padding
 # entries past ``ceil(seq_lens[i] / block_size)`` are never read); ``seq_lens``: n token
-# counts (0 gives a zero output and LSE -inf). ``scale`` defaults to 1/sqrt(head_dim).
-# ``out``: optional C-contiguous float32 [n, Hq, d] written in place and returned.
+# counts (0 gives a zero output and LSE -inf). ``scale`` (positive and finite) defaults to
+# 1/sqrt(head_dim). ``out``: optional C-contiguous, writeable float32 [n, Hq, d] written in
+# place and returned; it must not share memory with ``q`` or with any KvCache.
 # ``return_lse``: also return float32 [n, Hq] natural-log sum of exp(scale * q.k), to
 # merge partial results. ``split_size``: tokens per FlashDecoding split (None: automatic
 # for sequences longer than a quarter of a thread's share of the batch; 0: never). ``kv_heads_per_item``:
@@ -618,9 +630,10 @@ class KvCache:
 # and the LSE by at most D; on standard-normal data with d = 128 the measured output
 # deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
 # Raises InvalidArgumentError for a block id outside the pool, a length beyond the table,
-# head count or head_dim mismatches, a non-float32 q/out, wrong shapes, an unknown or
-# unsupported path, ``bf16_scores`` with an f32 or f16 cache (``out`` is not written on
-# any error).
+# head count or head_dim mismatches, a non-float32 q/out, wrong shapes, an ``out`` that is
+# not C-contiguous or shares memory with ``q`` or a cache, a bad ``scale``, ``layer``,
+# ``split_size`` or ``kv_heads_per_item``, an unknown or unsupported path, ``bf16_scores``
+# with an f32 or f16 cache (``out`` is not written on any error).
 @overload
 def decode_attention(
     cache: KvCache,

@@ -1,30 +1,47 @@
 //! `KvCache`, `decode_attention`, the probes and the thread/ISA controls for Python.
 
-use std::sync::{RwLock, RwLockReadGuard};
+use std::ops::Range;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use numpy::ndarray::{ArrayView4, ShapeBuilder};
 use numpy::{
     PyArray1, PyArray2, PyArray4, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
 
-use super::convert::{count, int_scalar, int_vec};
+use super::convert::{arg, count, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::kernel::{self, DecodeOptions, Isa, SeqTables};
 use crate::kv_storage::{DType, KvCache, KvShape};
 
+/// `KvCache` for Python. The lock guards the storage only; the shape and dtype never
+/// change, so they are copied out at construction and read without it. Every method
+/// takes the lock inside a scope that touches no Python object (or inside `py.detach`)
+/// and drops it before converting a result or an error.
 #[pyclass(name = "KvCache", module = "pykvpool", frozen)]
 pub struct PyKvCache {
     inner: RwLock<KvCache>,
+    shape: KvShape,
+    dtype: DType,
+    nbytes: usize,
+    huge_pages: bool,
+    /// Addresses of the storage (every layer's K and V): an `out` inside it is refused.
+    storage: Range<usize>,
 }
 
 impl PyKvCache {
     fn read(&self) -> RwLockReadGuard<'_, KvCache> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn write_lock(&self) -> RwLockWriteGuard<'_, KvCache> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
-/// An f32 array argument: its shape and its values (borrowed when C-contiguous).
+/// A float32 array argument: its shape and its values in logical (C) order, whatever
+/// its strides (Fortran order, slices, negative steps are copied element by element).
 fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
     let py = obj.py();
     let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
@@ -36,28 +53,114 @@ fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f
         invalid(py, format!("{name} must be a float32 numpy array, got {got}"))
     })?;
     let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+    // `as_slice` also accepts a Fortran-contiguous array (in memory order): only a
+    // C-contiguous one may be copied as one run.
     let values = match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => ro.as_array().iter().copied().collect(),
+        Ok(s) if arr.is_c_contiguous() => s.to_vec(),
+        _ => ro.as_array().iter().copied().collect(),
     };
     Ok((arr.shape().to_vec(), values))
 }
 
-/// A 2-D integer array (or sequence of rows) with `cols` columns, flattened row-major.
+/// A 2-D integer array, or a sequence of equal-length rows of ints, with `cols` columns
+/// (any number when `None`), flattened row-major, with its row and column counts. Empty
+/// inputs are zero rows, whatever their dtype (`[]`, `np.empty((0, 2))`).
 fn int_matrix(obj: &Bound<'_, PyAny>, name: &str, cols: Option<usize>) -> PyResult<(Vec<i64>, usize, usize)> {
     let py = obj.py();
-    let np = py.import("numpy")?;
-    let arr = np.call_method1("asarray", (obj,))?;
-    let arr = arr.cast::<PyUntypedArray>()?;
-    let shape = arr.shape().to_vec();
-    let (rows, width) = match (shape.as_slice(), cols) {
-        ([r, c], Some(want)) if *c == want || *r == 0 => (*r, want),
-        ([r, c], None) => (*r, *c),
-        ([0], _) => (0, cols.unwrap_or(0)),
-        _ => return Err(invalid(py, format!("{name} must be a 2-D integer array, got shape {shape:?}"))),
+    let fits = |c: usize| cols.is_none_or(|w| w == c);
+    let what = match cols {
+        Some(c) => format!("a [n, {c}] integer array or a sequence of [{c}] rows"),
+        None => "a 2-D integer array or a sequence of equal-length rows".to_string(),
     };
-    let flat = int_vec(&arr.call_method0("ravel")?, name)?;
-    Ok((flat, rows, width))
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let shape = arr.shape().to_vec();
+        return match shape[..] {
+            // No values to misread: any dtype (numpy makes empty arrays float64).
+            [0] => Ok((Vec::new(), 0, cols.unwrap_or(0))),
+            [r, c] if fits(c) && r * c == 0 => Ok((Vec::new(), r, c)),
+            [r, c] if fits(c) => Ok((int_vec(&obj.call_method0("ravel")?, name)?, r, c)),
+            _ => Err(invalid(py, format!("{name} must be {what}, got shape {shape:?}"))),
+        };
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(invalid(py, format!("{name} must be {what}, got a string")));
+    }
+    let rows = obj.try_iter().map_err(|_| invalid(py, format!("{name} must be {what}")))?;
+    let (mut flat, mut n, mut width) = (Vec::new(), 0usize, cols);
+    for row in rows {
+        let row = int_vec(&row?, &format!("{name}[{n}]"))?;
+        match width {
+            Some(w) if w != row.len() => {
+                return Err(invalid(py, format!("{name} must be {what}: row {n} has {} entries, not {w}", row.len())))
+            }
+            _ => width = Some(row.len()),
+        }
+        flat.extend(row);
+        n += 1;
+    }
+    Ok((flat, n, width.unwrap_or(0)))
+}
+
+/// Byte addresses `[lo, hi)` that a float32 array's elements occupy (empty for an empty
+/// array), whatever its strides.
+fn extent(arr: &Bound<'_, PyArrayDyn<f32>>) -> Range<usize> {
+    if arr.shape().contains(&0) {
+        return 0..0;
+    }
+    let data = arr.data() as usize;
+    let (mut lo, mut hi) = (0isize, std::mem::size_of::<f32>() as isize);
+    for (&n, &st) in arr.shape().iter().zip(arr.strides()) {
+        let span = (n as isize - 1) * st;
+        if span < 0 {
+            lo += span;
+        } else {
+            hi += span;
+        }
+    }
+    data.wrapping_add_signed(lo)..data.wrapping_add_signed(hi)
+}
+
+fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// The caller's `out` for an `[n, hq, d]` result: a C-contiguous, writeable float32
+/// array of that shape that shares no memory with `q` or with any `KvCache` (the kernel
+/// reads the one while it writes the other with the GIL released).
+fn checked_out<'py>(
+    cache: &PyKvCache,
+    o: &Bound<'py, PyAny>,
+    q: &Bound<'py, PyAny>,
+    shape: [usize; 3],
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let py = o.py();
+    let arr = o.cast::<PyArrayDyn<f32>>().map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
+    if arr.shape() != shape {
+        return Err(invalid(py, format!("out must have shape {shape:?}, got {:?}", arr.shape())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid(py, "out must be C-contiguous"));
+    }
+    let range = extent(arr);
+    let q_range = q.cast::<PyArrayDyn<f32>>().map(extent).unwrap_or(0..0);
+    if overlaps(&range, &cache.storage) || overlaps(&range, &q_range) {
+        return Err(invalid(py, "out must not share memory with q or with the cache's K/V"));
+    }
+    // A view of another cache would be written while that cache may be written or read
+    // by another thread under its own lock. numpy stops collapsing a view's `base` at a
+    // non-array owner, so the chain of `base` attributes (as_strided's wrapper has one
+    // too) leads to the cache; it is short, the bound only guards against odd objects.
+    let mut base = o.getattr("base")?;
+    for _ in 0..32 {
+        if base.is_instance_of::<PyKvCache>() {
+            return Err(invalid(py, "out must not be a view of a KvCache"));
+        }
+        match base.getattr_opt("base")? {
+            Some(next) if !next.is_none() => base = next,
+            _ => break,
+        }
+    }
+    Ok(arr.clone())
 }
 
 #[pymethods]
@@ -83,45 +186,45 @@ impl PyKvCache {
         };
         let dtype = DType::parse(dtype).py_err(py)?;
         let cache = py.detach(|| KvCache::new(shape, dtype)).py_err(py)?;
-        Ok(Self { inner: RwLock::new(cache) })
+        let storage = cache.address_range();
+        Ok(Self { shape, dtype, nbytes: cache.nbytes(), huge_pages: cache.huge_pages(), storage, inner: RwLock::new(cache) })
     }
 
     #[getter]
     fn num_layers(&self) -> usize {
-        self.read().shape().num_layers
+        self.shape.num_layers
     }
     #[getter]
     fn num_blocks(&self) -> usize {
-        self.read().shape().num_blocks
+        self.shape.num_blocks
     }
     #[getter]
     fn block_size(&self) -> usize {
-        self.read().shape().block_size
+        self.shape.block_size
     }
     #[getter]
     fn num_kv_heads(&self) -> usize {
-        self.read().shape().num_kv_heads
+        self.shape.num_kv_heads
     }
     #[getter]
     fn head_dim(&self) -> usize {
-        self.read().shape().head_dim
+        self.shape.head_dim
     }
     #[getter]
     fn dtype(&self) -> &'static str {
-        self.read().dtype().name()
+        self.dtype.name()
     }
     #[getter]
     fn nbytes(&self) -> usize {
-        self.read().nbytes()
+        self.nbytes
     }
     #[getter]
     fn huge_pages(&self) -> bool {
-        self.read().huge_pages()
+        self.huge_pages
     }
 
     fn __repr__(&self) -> String {
-        let c = self.read();
-        let s = c.shape();
+        let s = self.shape;
         format!(
             "KvCache(num_layers={}, num_blocks={}, block_size={}, num_kv_heads={}, head_dim={}, dtype='{}')",
             s.num_layers,
@@ -129,31 +232,40 @@ impl PyKvCache {
             s.block_size,
             s.num_kv_heads,
             s.head_dim,
-            c.dtype().name()
+            self.dtype.name()
         )
     }
 
-    fn key<'py>(slf: Bound<'py, Self>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, false)
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn key<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(slf, layer, false, writable)
     }
 
-    fn value<'py>(slf: Bound<'py, Self>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, true)
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn value<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(slf, layer, true, writable)
     }
 
     fn write(
         &self,
         py: Python<'_>,
-        layer: i64,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
         slot_mapping: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let layer = count(py, layer, "layer")?;
         let slots = int_vec(slot_mapping, "slot_mapping")?;
         let (ks, kv) = f32_values(k, "k")?;
         let (vs, vv) = f32_values(v, "v")?;
-        let s = self.read().shape();
+        let s = self.shape;
         for (name, shape) in [("k", &ks), ("v", &vs)] {
             let ok = matches!(shape.as_slice(), [n, h, d] if *n == slots.len() && *h == s.num_kv_heads && *d == s.head_dim)
                 || matches!(shape.as_slice(), [n, hd] if *n == slots.len() && *hd == s.num_kv_heads * s.head_dim);
@@ -169,34 +281,52 @@ impl PyKvCache {
                 ));
             }
         }
-        py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).write(layer, &kv, &vv, &slots)).py_err(py)
+        py.detach(|| self.write_lock().write(layer, &kv, &vv, &slots)).py_err(py)
     }
 
     fn copy_blocks(&self, py: Python<'_>, pairs: &Bound<'_, PyAny>) -> PyResult<()> {
         let (flat, rows, _) = int_matrix(pairs, "pairs", Some(2))?;
+        if rows == 0 {
+            return Ok(());
+        }
         let pairs: Vec<(i64, i64)> = (0..rows).map(|r| (flat[2 * r], flat[2 * r + 1])).collect();
-        py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).copy_blocks(&pairs)).py_err(py)
+        py.detach(|| self.write_lock().copy_blocks(&pairs)).py_err(py)
     }
 }
 
 /// A zero-copy numpy view of one layer's K or V in the logical shape
-/// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object.
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object;
+/// read-only unless `writable`.
 ///
 /// The array aliases memory that `write`, `copy_blocks` and the kernels touch with the
 /// GIL released (the `RwLock` guards the cache object, not this array): a Python thread
 /// writing it while a kernel call runs on another is a data race the caller must avoid,
 /// as the stubs document. Handing out views is what the zero-copy contract asks for.
-fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bound<'py, PyAny>> {
+fn view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bool) -> PyResult<Bound<'_, PyAny>> {
     let py = slf.py();
-    let layer = count(py, layer, "layer")?;
-    let (ptr, s, strides, dtype) = {
-        let c = slf.get().read();
-        let st = if value { c.value_strides() } else { c.key_strides() };
-        (c.layer_ptr(layer, value).py_err(py)?, c.shape(), st, c.dtype())
+    let cache = slf.get();
+    let (s, dtype) = (cache.shape, cache.dtype);
+    // A bf16 view needs ml_dtypes' bfloat16: never hand out the raw uint16 bits instead.
+    let target = match dtype {
+        DType::F32 => None,
+        DType::F16 => Some(py.import("numpy")?.getattr("float16")?),
+        DType::BF16 => Some(py.import("ml_dtypes").and_then(|m| m.getattr("bfloat16")).map_err(|e| {
+            let msg = format!(
+                "a view of a bf16 KvCache needs ml_dtypes (a pykvpool dependency: pip install ml_dtypes), \
+                 which failed to import: {e}"
+            );
+            pyo3::exceptions::PyImportError::new_err(msg)
+        })?),
     };
+    // The lock is held for the pointer only, never while a Python object is made.
+    let (ptr, strides) = {
+        let c = cache.read();
+        (c.layer_ptr(layer, value), if value { c.value_strides() } else { c.key_strides() })
+    };
+    let ptr = ptr.py_err(py)?;
     let dims = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim).strides((strides[0], strides[1], strides[2], strides[3]));
-    let owner = slf.into_any();
-    match dtype {
+    let owner = slf.clone().into_any();
+    let raw = match dtype {
         DType::F32 => {
             // SAFETY: ptr addresses this layer's K (or V), shape().layer_span() f32
             // elements inside its region, which the strides above cover exactly (the
@@ -204,63 +334,63 @@ fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bo
             // while the cache object (set as the array's base) is alive.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<f32>()) };
             // SAFETY: as above; `owner` keeps the memory alive.
-            Ok(unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any())
+            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
         }
         DType::F16 | DType::BF16 => {
             // SAFETY: as for f32, with 2-byte elements.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<u16>()) };
             // SAFETY: as above.
-            let raw = unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any();
-            let target = if dtype == DType::F16 {
-                Some(py.import("numpy")?.getattr("float16")?)
-            } else {
-                py.import("ml_dtypes").and_then(|m| m.getattr("bfloat16")).ok()
-            };
-            match target {
-                Some(t) => raw.call_method1("view", (t,)),
-                None => Ok(raw),
-            }
+            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
         }
+    };
+    if !writable {
+        raw.getattr("flags")?.setattr("writeable", false)?;
+    }
+    match target {
+        Some(t) => raw.call_method1("view", (t,)),
+        None => Ok(raw),
     }
 }
 
 /// Options shared by both table forms.
 fn options(
     py: Python<'_>,
-    scale: Option<f64>,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    scale: Option<f32>,
+    split_tokens: Option<usize>,
+    kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<DecodeOptions> {
     Ok(DecodeOptions {
         bf16_scores,
-        scale: scale.map(|s| s as f32),
-        split_tokens: split_size.map(|s| count(py, s, "split_size")).transpose()?,
-        kv_heads_per_item: kv_heads_per_item.map(|s| count(py, s, "kv_heads_per_item")).transpose()?,
+        scale,
+        split_tokens,
+        kv_heads_per_item,
         isa: force_isa.map(Isa::parse).transpose().py_err(py)?,
     })
 }
 
 /// Validate q/out, run the kernel with the GIL released, return `out` (and the LSE).
+///
+/// The cache's read lock is taken inside `py.detach` and dropped before the GIL is
+/// retaken: a reader holding it while waiting for the GIL would deadlock against a
+/// queued writer (`write`, `copy_blocks`) that blocks the reader holding the GIL.
 #[allow(clippy::too_many_arguments)]
 fn attend<'py>(
     py: Python<'py>,
     cache: &PyKvCache,
-    layer: i64,
+    layer: usize,
     q: &Bound<'py, PyAny>,
     tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     opts: DecodeOptions,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let layer = count(py, layer, "layer")?;
     let (qshape, qv) = f32_values(q, "q")?;
     let [n, hq, d] = qshape[..] else {
         return Err(invalid(py, format!("q must be [num_seqs, num_q_heads, head_dim], got shape {qshape:?}")));
     };
-    let guard = cache.read();
-    let s = guard.shape();
+    let s = cache.shape;
     if d != s.head_dim {
         return Err(invalid(py, format!("q has head_dim {d}, the cache {}", s.head_dim)));
     }
@@ -270,35 +400,23 @@ fn attend<'py>(
     }
     let mut lse = if return_lse { vec![0f32; n * hq] } else { Vec::new() };
     // The kernel writes into the caller's `out` or into a new array.
-    let out_arr = match out {
-        Some(o) => {
-            let arr = o
-                .cast::<PyArrayDyn<f32>>()
-                .map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
-            if arr.shape() != [n, hq, d] {
-                return Err(invalid(py, format!("out must have shape [{n}, {hq}, {d}], got {:?}", arr.shape())));
-            }
-            Some(arr.clone())
-        }
-        None => None,
-    };
+    let out_arr = out.map(|o| checked_out(cache, o, q, [n, hq, d])).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { vec![0f32; n * hq * d] } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,
     };
-    py.detach(|| {
+    let done = py.detach(|| {
         let l = return_lse.then_some(&mut lse[..]);
-        kernel::decode_attention(&guard, layer, &qv, hq, &t, o_slice, l, &opts)
-    })
-    .py_err(py)?;
+        kernel::decode_attention(&cache.read(), layer, &qv, hq, &t, o_slice, l, &opts)
+    });
     drop(rw);
+    done.py_err(py)?;
     let out_obj = match out_arr {
         Some(a) => a.into_any(),
         None => PyArray1::from_vec(py, owned).reshape([n, hq, d])?.into_any(),
     };
-    drop(guard);
     if return_lse {
         let l: Bound<'py, PyArray2<f32>> = PyArray1::from_vec(py, lse).reshape([n, hq])?;
         Ok((out_obj, l).into_pyobject(py)?.into_any())
@@ -313,15 +431,15 @@ fn attend<'py>(
 fn decode_attention<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: i64,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     block_tables: &Bound<'py, PyAny>,
     seq_lens: &Bound<'py, PyAny>,
-    scale: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
+    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -341,16 +459,16 @@ fn decode_attention<'py>(
 fn decode_attention_paged<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: i64,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     kv_indptr: &Bound<'py, PyAny>,
     kv_indices: &Bound<'py, PyAny>,
     kv_last_page_len: &Bound<'py, PyAny>,
-    scale: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
+    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -366,14 +484,11 @@ fn decode_attention_paged<'py>(
 #[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None))]
 fn read_bandwidth(
     py: Python<'_>,
-    nbytes: Option<i64>,
-    threads: Option<i64>,
+    #[pyo3(from_py_with = arg::nbytes)] nbytes: Option<usize>,
+    #[pyo3(from_py_with = arg::threads)] threads: Option<usize>,
     cache: Option<&Bound<'_, PyKvCache>>,
-    passes: Option<i64>,
+    #[pyo3(from_py_with = arg::passes)] passes: Option<usize>,
 ) -> PyResult<f64> {
-    let nbytes = nbytes.map(|n| count(py, n, "nbytes")).transpose()?;
-    let threads = threads.map(|n| count(py, n, "threads")).transpose()?;
-    let passes = passes.map(|n| count(py, n, "passes")).transpose()?;
     match cache {
         Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
         Some(c) => {
@@ -386,14 +501,16 @@ fn read_bandwidth(
 
 #[pyfunction]
 #[pyo3(signature = (threads = None))]
-fn peak_flops(py: Python<'_>, threads: Option<i64>) -> PyResult<f64> {
-    let threads = threads.map(|n| count(py, n, "threads")).transpose()?;
+fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Option<usize>) -> PyResult<f64> {
     py.detach(|| crate::probe::peak_flops(threads)).py_err(py)
 }
 
 #[pyfunction]
-fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
-    let n = count(py, n, "n")?;
+fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = arg::n_threads)] n: usize) -> PyResult<()> {
+    let max = crate::threads::MAX_THREADS;
+    if !(1..=max).contains(&n) {
+        return Err(invalid(py, format!("n must be in 1..={max} threads, got {n}")));
+    }
     py.detach(|| crate::threads::set_num_threads(n)).py_err(py)
 }
 

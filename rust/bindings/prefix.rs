@@ -152,6 +152,12 @@ fn opt_uint<T: TryFrom<i64>>(obj: &Bound<'_, PyAny>, name: &str, range: &str) ->
     T::try_from(v).map(Some).map_err(|_| invalid(obj.py(), format!("{name} must be in {range}, got {v}")))
 }
 
+/// `hash_bits` of `BlockPool(...)`: `None` or an int (its range, 1..=128, is checked
+/// with the other cache options).
+pub(crate) fn hash_bits(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+    opt_uint(obj, "hash_bits", "1..=128")
+}
+
 fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     // int_scalar stops at int64; extra keys above 2**63 are not needed from Python.
     opt_uint(obj, "extra_key", "0..2**63")
@@ -180,7 +186,7 @@ type Pairs<'py> = Bound<'py, PyArray2<i64>>;
 impl PyBlockPool {
     #[getter]
     fn prefix_caching(&self) -> bool {
-        self.pool().prefix_cache().is_some()
+        self.with(|p| p.prefix_cache().is_some())
     }
 
     #[pyo3(signature = (seq_id, token_ids, extra_key = None))]
@@ -215,7 +221,7 @@ impl PyBlockPool {
         let (cached, slots) = py
             .detach(|| {
                 let mut slots = Vec::new();
-                let c = self.pool().add_sequence_block_keys(seq, &keys, len, &mut slots)?;
+                let c = self.with(|p| p.add_sequence_block_keys(seq, &keys, len, &mut slots))?;
                 Ok((c, slots))
             })
             .py_err(py)?;
@@ -233,7 +239,7 @@ impl PyBlockPool {
         let (slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.pool().append_tokens(seq, &tokens, &mut slots, &mut cow).map(|_| (slots, cow))
+                self.with(|p| p.append_tokens(seq, &tokens, &mut slots, &mut cow)).map(|_| (slots, cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
@@ -248,7 +254,7 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray2<u64>>> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
         let extra = extra_key;
-        let keys = py.detach(|| self.pool().block_keys(&tokens, extra)).py_err(py)?;
+        let keys = self.detached(py, |p| p.block_keys(&tokens, extra)).py_err(py)?;
         keys_array(py, keys.into_iter())
     }
 
@@ -261,7 +267,7 @@ impl PyBlockPool {
     ) -> PyResult<usize> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
         let extra = extra_key;
-        py.detach(|| self.pool().cached_prefix_len(&tokens, extra)).py_err(py)
+        self.detached(py, |p| p.cached_prefix_len(&tokens, extra)).py_err(py)
     }
 
     #[pyo3(signature = (token_ids, extra_key = None, *, priority = None, expires_at = None))]
@@ -274,7 +280,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        py.detach(|| self.pool().pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
+        self.detached(py, |p| p.pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
     }
 
     #[pyo3(signature = (block_keys, *, priority = None, expires_at = None))]
@@ -286,24 +292,24 @@ impl PyBlockPool {
         #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let keys = self::block_keys(block_keys, "block_keys")?;
-        py.detach(|| self.pool().pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
+        self.detached(py, |p| p.pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
     }
 
     fn unpin(&self, py: Python<'_>, #[pyo3(from_py_with = pin_id)] pin_id: u64) -> PyResult<()> {
-        self.pool().unpin(pin_id).py_err(py)
+        self.with(|p| p.unpin(pin_id)).py_err(py)
     }
 
     fn set_clock(&self, py: Python<'_>, #[pyo3(from_py_with = clock)] t: u64) -> PyResult<()> {
-        self.pool().set_clock(t).py_err(py)
+        self.with(|p| p.set_clock(t)).py_err(py)
     }
 
     fn cache_stats(&self, py: Python<'_>) -> PyResult<PyCacheStats> {
-        self.pool().cache_stats().py_err(py).map(PyCacheStats)
+        self.with(|p| p.cache_stats()).py_err(py).map(PyCacheStats)
     }
 
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut ev: Vec<CacheEvent> = Vec::new();
-        self.pool().drain_events(&mut ev).py_err(py)?;
+        self.with(|p| p.drain_events(&mut ev)).py_err(py)?;
         let d = PyDict::new(py);
         d.set_item("kind", PyArray1::from_iter(py, ev.iter().map(|e| e.kind as u8)))?;
         d.set_item("block", PyArray1::from_iter(py, ev.iter().map(|e| e.block.map_or(-1, |b| b.0 as i64))))?;
@@ -315,7 +321,7 @@ impl PyBlockPool {
     }
 
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
-        py.detach(|| self.pool().reset_prefix_cache()).py_err(py)
+        self.detached(py, |p| p.reset_prefix_cache()).py_err(py)
     }
 }
 
