@@ -370,7 +370,7 @@ impl KvCache {
     pub fn copy_blocks(&mut self, pairs: &[(i64, i64)]) -> Result<()> {
         let nb = self.shape.num_blocks as i64;
         if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
-            return Err(invalid!("copy pair {p:?} outside block range 0..{nb}"));
+            return Err(invalid!("pairs: copy pair {p:?} outside block range 0..{nb}"));
         }
         // K and V of a block are one run of `block_stride` elements.
         let block_bytes = self.shape.block_stride() * self.dtype.size();

@@ -173,7 +173,7 @@ impl BlockPool {
 
     pub fn refcount(&self, b: BlockId) -> Result<u32> {
         if b.index() >= self.num_blocks() {
-            return Err(invalid!("{b} is outside the pool of {} blocks", self.num_blocks()));
+            return Err(invalid!("block_id: {b} is outside the pool of {} blocks", self.num_blocks()));
         }
         Ok(self.alloc.refcount(b))
     }
@@ -665,7 +665,7 @@ impl BlockPool {
         }
         let need = self.max_table_len(seqs)?;
         if need > width {
-            return Err(invalid!("a table of {need} blocks does not fit in {width} columns"));
+            return Err(invalid!("max_blocks: a table of {need} blocks does not fit in {width} columns"));
         }
         for (row, s) in out.chunks_exact_mut(width.max(1)).zip(seqs) {
             let blocks = self.seqs[s].table.blocks();

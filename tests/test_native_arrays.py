@@ -14,7 +14,6 @@ hands out or writes are never trusted blindly.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import textwrap
@@ -26,15 +25,7 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import pykvpool as kv
-from poolcheck import snapshot
-
-
-def checksum(cache: kv.KvCache) -> str:
-    h = hashlib.sha256()
-    for layer in range(cache.num_layers):
-        for view in (cache.key(layer), cache.value(layer)):
-            h.update(np.ascontiguousarray(view).view(np.uint8).tobytes())
-    return h.hexdigest()
+from poolcheck import checksum, snapshot
 
 
 def run_child(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -361,13 +361,11 @@ fn options(
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<DecodeOptions> {
-    Ok(DecodeOptions {
-        bf16_scores,
-        scale,
-        split_tokens,
-        kv_heads_per_item,
-        isa: force_isa.map(Isa::parse).transpose().py_err(py)?,
-    })
+    let isa = force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
+    if let Some(i) = isa.filter(|i| !i.supported()) {
+        return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
+    }
+    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa })
 }
 
 /// Validate q/out, run the kernel with the GIL released, return `out` (and the LSE).
@@ -393,6 +391,12 @@ fn attend<'py>(
     let s = cache.shape;
     if d != s.head_dim {
         return Err(invalid(py, format!("q has head_dim {d}, the cache {}", s.head_dim)));
+    }
+    if hq == 0 || !hq.is_multiple_of(s.num_kv_heads) {
+        return Err(invalid(
+            py,
+            format!("q has {hq} query heads, not a positive multiple of the cache's {} KV heads", s.num_kv_heads),
+        ));
     }
     let t = tables(s.block_size, s.num_blocks).py_err(py)?;
     if t.len() != n {
