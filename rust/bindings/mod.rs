@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 
+pub mod arrays;
 pub mod convert;
 pub mod errors;
 pub mod kv;
