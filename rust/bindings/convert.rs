@@ -238,6 +238,8 @@ pub fn int32(py: Python<'_>, v: i64, name: &str) -> PyResult<i32> {
 pub mod arg {
     use pyo3::prelude::*;
 
+    use numpy::PyUntypedArray;
+
     use super::{count, int32, int_scalar};
     use crate::types::SeqId;
 
@@ -305,7 +307,9 @@ pub mod arg {
         }
         let ty = obj.get_type().name()?.to_string();
         let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
-        let v = if is_bool { None } else { obj.extract::<f64>().ok() };
+        // An array is refused even with one element (older numpy converts it silently).
+        let is_array = obj.cast::<PyUntypedArray>().is_ok();
+        let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
         let Some(v) = v else {
             return Err(super::invalid(py, format!("scale must be a float, got {ty}")));
         };
