@@ -358,6 +358,20 @@ class BlockPool:
             UnknownSequenceError: ``seq_id`` is not live.
             InvalidArgumentError: a negative id or count.
         """
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
+        blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without prefix-cache
+        hits). Changes nothing.
+
+        Args:
+            num_tokens: tokens, >= 0.
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            InvalidArgumentError: a negative, non-integer or bool count.
+        """
     def seq_len(self, seq_id: int) -> int:
         """Length of ``seq_id``, in tokens.
 
@@ -909,8 +923,13 @@ class KvCache:
     @property
     def huge_pages(self) -> bool:
         """Whether the OS accepted the transparent-huge-page advice."""
-    def key(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy, writable view of layer ``layer``'s K. The view keeps the cache alive.
+    def key(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
+        """Zero-copy view of layer ``layer``'s K. The view keeps the cache alive.
+
+        Writable by default, like a vLLM KV-cache tensor (and so that ``torch.from_numpy``
+        accepts it); ``writable=False`` gives a read-only view for inspection. A view (or
+        anything sharing the cache's memory) is refused as the ``out`` of
+        :func:`decode_attention`.
 
         The view aliases the cache's memory: writes through it are seen by the next kernel
         call, and no copy protects a running one. :meth:`write`, :meth:`copy_blocks` and
@@ -921,21 +940,24 @@ class KvCache:
 
         Args:
             layer: ``0..num_layers``.
+            writable: False for a read-only view.
 
         Returns:
             Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
-            float16, or ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not
-            installed).
+            float16, or ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
+            out).
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
         """
-    def value(self, layer: int) -> npt.NDArray[Any]:
+    def value(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
         """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
         not be written while a kernel call on the same layer runs in another thread.
 
         Args:
             layer: ``0..num_layers``.
+            writable: False for a read-only view.
 
         Returns:
             Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), the dtype of
@@ -943,6 +965,7 @@ class KvCache:
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
         """
     def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
         """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
@@ -951,7 +974,7 @@ class KvCache:
         Args:
             layer: ``0..num_layers``.
             k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
-                head_dim]``.
+                head_dim]``, any strides (read in logical order).
             v: float32, the shape of ``k``.
             slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
                 skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
@@ -964,12 +987,14 @@ class KvCache:
         """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
         layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
 
+        No pairs (``[]``, ``np.empty((0, 2))``) is a no-op.
+
         Args:
             pairs: int ``[k, 2]`` block ids.
 
         Raises:
-            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape; nothing
-                is copied.
+            InvalidArgumentError: a block id outside ``0..num_blocks``, a bad shape or ragged
+                rows; nothing is copied.
         """
 
 @overload
@@ -999,13 +1024,15 @@ def decode_attention(
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
-        q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads.
+        q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
+            strides; ``n = 0`` gives empty results.
         block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
             past ``ceil(seq_lens[i] / block_size)`` are never read.
         seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
-        scale: the softmax scale (default ``1 / sqrt(head_dim)``).
-        out: C-contiguous float32 ``[n, Hq, head_dim]`` written in place and returned
-            (default: a new array).
+        scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
+        out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
+            returned (default: a new array); it must not share memory with ``q`` or with any
+            KvCache.
         return_lse: also return the log-sum-exp, to merge partial results.
         split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
             than a quarter of a thread's share of the batch; 0: never split).
@@ -1032,7 +1059,8 @@ def decode_attention(
     Raises:
         InvalidArgumentError: a block id outside the pool, a length beyond its table, head
             count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-            ``out`` that is not C-contiguous or not writable, an unknown path or one this
+            ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
+            cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
             CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
             an f32 or f16 cache. ``out`` is not written on any error.
     """
