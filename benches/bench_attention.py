@@ -114,9 +114,9 @@ def build(shape: dict[str, Any], dtypes: list[str], seed: int) -> tuple[dict[str
         k, v = (rng.standard_normal((nb * BS, shape["hkv"], shape["d"]), dtype=np.float32) for _ in range(2))
         slots = np.arange(b0 * BS, (b0 + nb) * BS, dtype=np.int64)
         for c in caches.values():
-            # The cache's own write kernel rounds to the storage dtype (nearest even);
-            # assigning floats to a bf16 view would need ml_dtypes (without it the view
-            # is uint16 and numpy would store float-to-integer casts, not bf16 values).
+            # The cache's own write kernel rounds to the storage dtype (nearest even).
+            # (Before bf16 views required ml_dtypes, a view without it was uint16 and
+            # assigning floats to it stored float-to-integer casts, not bf16 values.)
             c.write(0, k, v, slots)
     q = rng.standard_normal((len(lens), shape["hq"], shape["d"]), dtype=np.float32)
     return caches, table, q

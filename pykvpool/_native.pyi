@@ -54,6 +54,9 @@ __all__ = [
     "set_num_threads",
     "run_simulation",
     "synthesize_workload",
+    "SIM_MAX_REQUESTS",
+    "SIM_MAX_REQUEST_TOKENS",
+    "SIM_MAX_STEP_TOKENS",
 ]
 
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
@@ -356,6 +359,20 @@ class BlockPool:
         Raises:
             UnknownSequenceError: ``seq_id`` is not live.
             InvalidArgumentError: a negative id or count.
+        """
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
+        blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without prefix-cache
+        hits). Changes nothing.
+
+        Args:
+            num_tokens: tokens, >= 0.
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            InvalidArgumentError: a negative, non-integer or bool count.
         """
     def seq_len(self, seq_id: int) -> int:
         """Length of ``seq_id``, in tokens.
@@ -687,6 +704,13 @@ class BlockTableBuffer:
 
 # ---- serving simulator (rust/bindings/sim.rs; facade: pykvpool.simulate) ----------------
 
+SIM_MAX_REQUESTS: Final[int]
+"""Most requests in one simulator workload (2**24)."""
+SIM_MAX_REQUEST_TOKENS: Final[int]
+"""Most tokens in one prompt, and in one output, of a simulated request (2**24)."""
+SIM_MAX_STEP_TOKENS: Final[int]
+"""Most tokens one simulator step computes (2**24): the largest ``max_batched_tokens``."""
+
 def synthesize_workload(
     num_requests: int,
     *,
@@ -704,21 +728,23 @@ def synthesize_workload(
     """A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
 
     Args:
-        num_requests: requests to draw.
+        num_requests: requests to draw, 0 to ``SIM_MAX_REQUESTS`` (0: empty columns).
         arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
             ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
-        rate: mean arrival rate, requests/s (> 0).
-        cv: coefficient of variation of the gamma gaps (> 0; above 1 is bursty).
+        rate: mean arrival rate, requests/s (finite, > 0).
+        cv: coefficient of variation of the gamma gaps (finite, > 0; above 1 is bursty).
         prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
             ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
             ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
-        prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to.
+        prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to, with
+            ``1 <= min <= max <= SIM_MAX_REQUEST_TOKENS`` (default: that whole range).
         output: output lengths, as ``prompt``.
         output_clamp: as ``prompt_clamp``, for output lengths.
         priority_levels: priorities drawn uniformly from ``0..priority_levels``.
         shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
-            starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens.
-        seed: the random seed.
+            starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens
+            (at most 2**28 prefix token ids, and 2**28 prompt token ids in all).
+        seed: the random seed, any int in ``0..2**64``.
 
     Returns:
         ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
@@ -727,9 +753,11 @@ def synthesize_workload(
         ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
 
     Raises:
-        InvalidArgumentError: a negative count, an unknown arrival process or length
-            distribution, a rate or cv that is not finite and positive, missing
-            distribution parameters, a bad clamp or shared-prefix shape.
+        InvalidArgumentError: any argument out of range, naming it: a negative count or
+            one above its limit, a bool where a count or a number is meant, an unknown
+            arrival process or length distribution, a rate or cv that is not finite and
+            positive, a wrong number of distribution parameters, a bad clamp or
+            shared-prefix shape, a seed outside ``0..2**64``.
     """
 
 def run_simulation(
@@ -768,12 +796,16 @@ def run_simulation(
     The facade :func:`pykvpool.simulate.run` builds these arguments from a
     :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
     docs describe each policy. The GIL is released while the engine runs, except around
-    calls to a Python ``time_model``.
+    calls to a Python ``time_model``. A request that can never run (longer than the pool,
+    than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
+    error: it gets outcome 1 (rejected) and is counted.
 
     Args:
-        arrival: float64 arrival time of each request, seconds (finite, >= 0).
-        prompt_len: prompt length of each request, tokens (>= 1).
-        output_len: generated tokens of each request (>= 1).
+        arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
+            or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
+            empty result).
+        prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
+        output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
         priority: int32 priority of each request (lower first under ``queue="priority"``).
         num_blocks: device blocks of the pool.
         block_size: tokens per block.
@@ -785,14 +817,18 @@ def run_simulation(
         key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
         tokens_per_key: prompt tokens per block key.
         max_running: requests in flight at most.
-        max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+        max_batched_tokens: tokens computed per step across the batch, at most
+            ``SIM_MAX_STEP_TOKENS`` (None: that limit).
         chunked_prefill: split prompts that exceed the remaining token budget.
         watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
         queue: ``"fcfs"`` or ``"priority"``.
-        allocation: ``"paged"`` (blocks on demand) or ``"reserve"`` (a reservation at
-            admission of ``reserve_tokens`` tokens, or of each request's own ``prompt +
-            output - 1`` tokens when None).
-        reserve_tokens: tokens reserved per request under ``allocation="reserve"``.
+        allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
+            reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
+            output exceeds them is rejected) or ``"oracle"`` (each request reserves its
+            own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
+            output`` under ``"decode_first"``).
+        reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+            (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
         preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
         host_blocks: host blocks for swapping.
         victim: ``"newest"`` or ``"lowest_priority"``.
@@ -812,12 +848,16 @@ def run_simulation(
 
     Returns:
         ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
-        number}}``; the columns are those of :class:`pykvpool.simulate.SimulationResult`.
+        int | float | None}}``; the columns are those of
+        :class:`pykvpool.simulate.SimulationResult`. A summary statistic over an empty set
+        (no finished request, no step) is None, never NaN.
 
     Raises:
-        InvalidArgumentError: bad columns (lengths that differ, a zero or out-of-range
-            length, a bad arrival time or offsets), an unknown policy name, a size out of
-            range, token ids mixed with block keys, or a bad time model.
+        InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
+            out-of-range length, a bad arrival time or offsets, more than
+            ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
+            ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
+            with block keys, or a bad time model or step time; each names the argument.
         InvariantError: the engine broke an invariant (a pykvpool bug).
         Exception: whatever a Python ``time_model`` raises, unchanged.
     """
@@ -885,8 +925,13 @@ class KvCache:
     @property
     def huge_pages(self) -> bool:
         """Whether the OS accepted the transparent-huge-page advice."""
-    def key(self, layer: int) -> npt.NDArray[Any]:
-        """Zero-copy, writable view of layer ``layer``'s K. The view keeps the cache alive.
+    def key(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
+        """Zero-copy view of layer ``layer``'s K. The view keeps the cache alive.
+
+        Writable by default, like a vLLM KV-cache tensor (and so that ``torch.from_numpy``
+        accepts it); ``writable=False`` gives a read-only view for inspection. A view (or
+        anything sharing the cache's memory) is refused as the ``out`` of
+        :func:`decode_attention`.
 
         The view aliases the cache's memory: writes through it are seen by the next kernel
         call, and no copy protects a running one. :meth:`write`, :meth:`copy_blocks` and
@@ -897,21 +942,24 @@ class KvCache:
 
         Args:
             layer: ``0..num_layers``.
+            writable: False for a read-only view.
 
         Returns:
             Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
-            float16, or ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not
-            installed).
+            float16, or ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
+            out).
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
         """
-    def value(self, layer: int) -> npt.NDArray[Any]:
+    def value(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
         """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
         not be written while a kernel call on the same layer runs in another thread.
 
         Args:
             layer: ``0..num_layers``.
+            writable: False for a read-only view.
 
         Returns:
             Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), the dtype of
@@ -919,6 +967,7 @@ class KvCache:
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
         """
     def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
         """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
@@ -927,7 +976,7 @@ class KvCache:
         Args:
             layer: ``0..num_layers``.
             k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
-                head_dim]``.
+                head_dim]``, any strides (read in logical order).
             v: float32, the shape of ``k``.
             slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
                 skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
@@ -940,12 +989,14 @@ class KvCache:
         """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
         layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
 
+        No pairs (``[]``, ``np.empty((0, 2))``) is a no-op.
+
         Args:
             pairs: int ``[k, 2]`` block ids.
 
         Raises:
-            InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape; nothing
-                is copied.
+            InvalidArgumentError: a block id outside ``0..num_blocks``, a bad shape or ragged
+                rows; nothing is copied.
         """
 
 @overload
@@ -975,13 +1026,15 @@ def decode_attention(
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
-        q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads.
+        q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
+            strides; ``n = 0`` gives empty results.
         block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
             past ``ceil(seq_lens[i] / block_size)`` are never read.
         seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
-        scale: the softmax scale (default ``1 / sqrt(head_dim)``).
-        out: C-contiguous float32 ``[n, Hq, head_dim]`` written in place and returned
-            (default: a new array).
+        scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
+        out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
+            returned (default: a new array); it must not share memory with ``q`` or with any
+            KvCache.
         return_lse: also return the log-sum-exp, to merge partial results.
         split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
             than a quarter of a thread's share of the batch; 0: never split).
@@ -1008,7 +1061,8 @@ def decode_attention(
     Raises:
         InvalidArgumentError: a block id outside the pool, a length beyond its table, head
             count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-            ``out`` that is not C-contiguous or not writable, an unknown path or one this
+            ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
+            cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
             CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
             an f32 or f16 cache. ``out`` is not written on any error.
     """

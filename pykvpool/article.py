@@ -72,18 +72,18 @@ def reproduce(progress: Callable[[int, int], None] | None = None) -> ArticleRun:
         rows.append(Reproduced(what, article, fmt.format(value), float(value)))
 
     add("Llama-3-8B BF16 KV bytes per token", "131072", "{:.0f}", gqa.bytes_per_token)
-    add("one 8192-token sequence (GiB)", "1.00", "{:.2f}", gqa.kv_bytes(8192) / GIB)
+    add("one 8192-token sequence (GiB)", "1.00", "{:.2f}", gqa.kv_bytes(seq_len=8192) / GIB)
     add("weights, 8.03e9 params BF16 (GiB)", "14.96", "{:.2f}", gqa.weight_bytes / GIB)
-    add("batch 32 x 8192 KV (GiB)", "32.00", "{:.2f}", gqa.row(32, 8192).kv_bytes / GIB)
-    add("KV / weights at batch 32", "2.14x", "{:.2f}x", gqa.row(32, 8192).kv_over_weights)
+    add("batch 32 x 8192 KV (GiB)", "32.00", "{:.2f}", gqa.row(batch=32, seq_len=8192).kv_bytes / GIB)
+    add("KV / weights at batch 32", "2.14x", "{:.2f}x", gqa.row(batch=32, seq_len=8192).kv_over_weights)
     add("weights + KV at batch 64 (GiB)", "78.96", "{:.2f}",
-        gqa.row(64, 8192).weights_plus_kv_bytes / GIB)
+        gqa.row(batch=64, seq_len=8192).weights_plus_kv_bytes / GIB)
     add("MHA (n_kv=32) KV per token (KiB)", "512", "{:.0f}", mha.bytes_per_token / 1024)
-    add("MHA batch 32 x 8192 KV (GiB)", "128", "{:.0f}", mha.kv_bytes(8192, 32) / GIB)
+    add("MHA batch 32 x 8192 KV (GiB)", "128", "{:.0f}", mha.kv_bytes(seq_len=8192, batch=32) / GIB)
     for video, article in zip(article_videos(), ("52.73", "105.47", "316.41")):
         add(f"video {video.name} KV (GiB), {video.tokens} tokens", article, "{:.2f}",
             video.kv_bytes(gqa.bytes_per_token) / GIB)
-    bound = gqa.decode_bound(a100, 8192, 1)
+    bound = gqa.decode_bound(a100, seq_len=8192, batch=1)
     add("decode step lower bound, batch 1, 8192 tok, A100 (ms)", "8.4", "{:.1f}",
         bound.step_time * 1e3)
     add("single-stream upper bound (tokens/s)", "119", "{:.0f}", bound.tokens_per_s)

@@ -1,28 +1,50 @@
-"""The ``pykvpool`` command line: ``ledger``, ``sweep``, ``report`` and ``replay`` (prefix-cache
-hit rates of a block-id trace, see :mod:`pykvpool.prefix_replay`).
+"""The ``pykvpool`` command line: ``ledger``, ``sweep``, ``report``, ``replay`` (prefix-cache
+hit rates of a block-id trace, see :mod:`pykvpool.prefix_replay`) and ``simulate`` (the
+serving simulator, see :mod:`pykvpool.sim_sweep`).
 
 Every subcommand takes ``--out DIR`` (it writes its tables there as Markdown and JSON) and
 draws progress bars on stderr for the steps that can take more than a second
-(``--quiet`` silences them). Bad input (unknown preset, a non-positive size, a budget below
-the weights, an empty workload, a malformed trace file) prints ``pykvpool: error: ...``
-on stderr and exits with status 2.
+(``--quiet`` silences them). ``ledger``, ``sweep`` and ``simulate`` share one memory
+budget, :func:`pykvpool.ledger.default_budget` unless ``--memory-gib`` / ``--fraction`` /
+``--reserve-gib`` say otherwise, and print it.
+
+Exit status (:func:`main`): 0 on success; 1 when the report does not reproduce every
+number; 2 on bad input of any kind -- an unknown preset, a value out of range, a budget
+below the weights, a file that cannot be read, is not UTF-8 text or is malformed -- with
+one line ``pykvpool: error: <file>:<line>: <what>`` (or ``pykvpool: error: <what>``) on
+stderr and never a traceback; 70 (``EX_SOFTWARE``) when pykvpool itself fails (an
+``InvariantError`` or any unexpected exception: a bug, please report it; set
+``PYKVPOOL_TRACEBACK=1`` to see the traceback); 130 on Ctrl-C; 141 (as if killed by
+SIGPIPE) when stdout is closed early, e.g. ``pykvpool ledger | head -1``, quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pykvpool._native import KvPoolError
-from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
-from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger
-from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool import prefix_replay
+from pykvpool._native import InvalidArgumentError, InvariantError, KvPoolError
+from pykvpool.cli_types import (
+    MAX_BLOCK_SIZE,
+    CliParser,
+    add_budget_args,
+    budget_from_args,
+    count,
+    count_list,
+    number,
+    trace_columns,
+)
+from pykvpool.errors import TraceFormatError
+from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
+from pykvpool.ledger import GIB, MIB, MemoryLedger
+from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.sim_sweep import add_subcommand as add_simulate
 from pykvpool.sweeps import (
@@ -33,6 +55,7 @@ from pykvpool.sweeps import (
     paged_shared_prefix,
     waste_decomposition,
 )
+from pykvpool.tracefile import read_text
 from pykvpool.workloads import (
     ARTICLE_MAX_LEN,
     Workload,
@@ -42,40 +65,18 @@ from pykvpool.workloads import (
     read_trace,
 )
 
-__all__ = ["main"]
+__all__ = ["EX_BUG", "EX_PIPE", "EX_USAGE", "main"]
 
 WORKLOADS = ("uniform", "heavy", "azure-code", "azure-conv")
+DEFAULT_HARDWARE = "a100-80gb-sxm"
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _nonneg_float(text: str) -> float:
-    value = float(text) if text.replace(".", "", 1).isdigit() else -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    return [_positive_int(t) for t in text.split(",") if t.strip()]
+EX_USAGE = 2
+"""Exit status of every user error."""
+EX_BUG = 70
+"""Exit status when pykvpool itself fails (``EX_SOFTWARE`` of sysexits.h)."""
+EX_PIPE = 141
+"""Exit status when stdout is closed early (128 + SIGPIPE, as a killed C tool)."""
+EX_INTERRUPTED = 130
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -83,35 +84,38 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="llama-3-8b",
                    help=f"model preset: {', '.join(MODELS)} (default llama-3-8b)")
     g.add_argument("--hf-config", metavar="FILE",
-                   help="a Hugging Face config.json instead of a preset")
+                   help="a Hugging Face config.json instead of a preset (dense decoders with "
+                        "full attention; others are refused)")
     g.add_argument("--dtype", default="bf16",
                    help=f"KV storage dtype: {', '.join(DTYPES)}; 8-bit ones take :head (default), "
                         ":gN or :tensor scale granularity")
-    g.add_argument("--weight-bytes", type=_positive_float, metavar="BYTES",
+    g.add_argument("--weight-bytes", type=number(0.0, 64.0), metavar="BYTES",
                    help="bytes per weight parameter (default 2 = bf16; 1 = fp8/int8, 0.5 = int4)")
     g.add_argument("--hardware", help=f"device preset for memory and bandwidth: {', '.join(HARDWARE)}, or 'this' "
-                        "(measure this machine with the kernel's probes)")
-    g.add_argument("--memory-gib", type=_positive_float,
-                   help="device memory in GiB (default 80, the article's; or the --hardware's)")
-    g.add_argument("--fraction", type=_positive_float, default=1.0,
-                   help="usable share of device memory, in (0, 1] (default 1.0)")
-    g.add_argument("--reserve-gib", type=_nonneg_float, default=4.0,
-                   help="reserve for activations and framework, GiB (default 4, the article's)")
+                        "(measure this machine with the kernel's probes); default the A100")
+    add_budget_args(g)
     p.add_argument("--out", metavar="DIR", help="also write the results into DIR (Markdown + JSON)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _hf_config(path: str) -> ModelConfig:
+    text = read_text(path)
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(path, e.lineno, f"not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:
+        raise TraceFormatError(path, 0, f"not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise TraceFormatError(path, 0, "expected a JSON object")
+    try:
+        return ModelConfig.from_hf_config(cfg, name=Path(path).stem)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{path}: {e}") from None
+
+
 def _model(args: argparse.Namespace) -> ModelConfig:
-    if args.hf_config:
-        try:
-            cfg = json.loads(Path(args.hf_config).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise KvPoolError(f"{args.hf_config}:{e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(cfg, dict):
-            raise KvPoolError(f"{args.hf_config}: expected a JSON object")
-        model = ModelConfig.from_hf_config(cfg, name=Path(args.hf_config).stem)
-    else:
-        model = model_preset(args.model)
+    model = _hf_config(args.hf_config) if args.hf_config else model_preset(args.model)
     if args.weight_bytes:
         model = replace(model, weight_bytes_per_param=args.weight_bytes)
     return model
@@ -130,12 +134,21 @@ def _hardware(args: argparse.Namespace) -> Hardware | None:
 
 
 def _ledger(args: argparse.Namespace) -> MemoryLedger:
-    hw = _hardware(args)
-    memory = args.memory_gib * GIB if args.memory_gib else (hw.memory_bytes if hw else 80 * GIB)
-    if args.fraction > 1:
-        raise KvPoolError(f"--fraction must be in (0, 1], got {args.fraction}")
-    budget = Budget(memory, args.fraction, args.reserve_gib * GIB)
-    return MemoryLedger(_model(args), budget, storage_dtype(args.dtype))
+    hw = _hardware(args) or hardware_preset(DEFAULT_HARDWARE)
+    return MemoryLedger(_model(args), budget_from_args(args, hw), storage_dtype(args.dtype))
+
+
+def _budget_lines(led: MemoryLedger) -> list[str]:
+    return [f"budget           {led.budget.describe()}",
+            f"KV budget        {led.budget.available_bytes / GIB:.2f} GiB - {led.weight_bytes / GIB:.2f} GiB "
+            f"weights = {led.kv_budget_bytes / GIB:.2f} GiB = {led.token_capacity:,} tokens "
+            f"x {led.bytes_per_token} B"]
+
+
+def _budget_data(led: MemoryLedger) -> dict[str, Any]:
+    b = led.budget
+    return {"device_bytes": b.device_bytes, "fraction": b.fraction, "reserve_bytes": b.reserve_bytes,
+            "text": b.describe()}
 
 
 def _write(out: str | None, stem: str, markdown: str, data: Any) -> None:
@@ -151,37 +164,40 @@ def _write(out: str | None, stem: str, markdown: str, data: Any) -> None:
 def _cmd_ledger(args: argparse.Namespace) -> int:
     led = _ledger(args)
     m = led.model
+    if args.seq_len > m.max_context:
+        print(f"pykvpool: warning: --seq-len {args.seq_len:,} exceeds {m.name}'s context window "
+              f"(max_position_embeddings = {m.max_context:,})", file=sys.stderr)
+    s, bsz = args.seq_len, args.batch
     lines = [
         f"model            {m.name}: L={m.num_layers}, n_q={m.num_q_heads}, "
         f"n_kv={m.num_kv_heads}, d={m.head_dim}, {m.num_params / 1e9:.2f}e9 params",
         f"KV dtype         {led.dtype.name} (scales: {led.dtype.granularity})",
         f"KV per token     {led.bytes_per_token} B ({led.bytes_per_token / 1024:.2f} KiB)",
-        f"KV per sequence  {led.kv_bytes(args.seq_len) / GIB:.2f} GiB at {args.seq_len} tokens",
+        f"KV per sequence  {led.kv_bytes(seq_len=s) / GIB:.2f} GiB at {s} tokens",
         f"weights          {led.weight_bytes / GIB:.2f} GiB",
-        f"budget           {led.budget.usable_bytes / GIB:.2f} GiB usable - weights - "
-        f"{led.budget.reserve_bytes / GIB:.2f} GiB reserve = {led.kv_budget_bytes / GIB:.2f} GiB KV",
+        *_budget_lines(led),
         f"KV capacity      {led.token_capacity:,} tokens",
-        f"max batch        {led.max_batch(args.seq_len)} at {args.seq_len} tokens",
-        f"max length       {led.max_seq_len(args.batch):,} tokens at batch {args.batch}",
+        f"max batch        {led.max_batch(seq_len=s)} at {s} tokens",
+        f"max length       {led.max_seq_len(batch=bsz):,} tokens at batch {bsz}",
     ]
-    row = led.row(args.batch, args.seq_len)
-    lines.append(f"batch {args.batch} x {args.seq_len}: KV {row.kv_bytes / GIB:.2f} GiB = "
+    row = led.row(batch=bsz, seq_len=s)
+    lines.append(f"batch {bsz} x {s}: KV {row.kv_bytes / GIB:.2f} GiB = "
                  f"{row.kv_over_weights:.2f}x weights; weights + KV {row.weights_plus_kv_bytes / GIB:.2f} GiB"
                  + ("" if row.kv_bytes <= led.kv_budget_bytes else " -- EXCEEDS the KV budget"))
     data: dict[str, Any] = {"model": m.name, "dtype": led.dtype.name,
-                            "bytes_per_token": led.bytes_per_token,
+                            "bytes_per_token": led.bytes_per_token, "budget": _budget_data(led),
                             "weight_bytes": led.weight_bytes, "kv_budget_bytes": led.kv_budget_bytes,
                             "token_capacity": led.token_capacity,
-                            "max_batch": led.max_batch(args.seq_len),
-                            "max_seq_len": led.max_seq_len(args.batch)}
-    for hw in [_hardware(args) or hardware_preset("a100-80gb-sxm")]:
-        cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
-        b = led.decode_bound(hw, args.seq_len, args.batch, compute_dtype=cd)
-        lines.append(f"decode on {hw.name}: step >= {b.step_time * 1e3:.2f} ms "
-                     f"({'memory' if b.memory_bound else 'compute'} bound), "
-                     f"<= {b.tokens_per_s:.0f} tokens/s at batch {args.batch}")
-        data["decode"] = {"hardware": hw.name, "step_s": b.step_time,
-                          "tokens_per_s": b.tokens_per_s, "bytes": b.bytes_moved, "flops": b.flops}
+                            "max_batch": led.max_batch(seq_len=s),
+                            "max_seq_len": led.max_seq_len(batch=bsz)}
+    hw = _hardware(args) or hardware_preset(DEFAULT_HARDWARE)
+    cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
+    b = led.decode_bound(hw, seq_len=s, batch=bsz, compute_dtype=cd)
+    lines.append(f"decode on {hw.name}: step >= {b.step_time * 1e3:.2f} ms "
+                 f"({'memory' if b.memory_bound else 'compute'} bound), "
+                 f"<= {b.tokens_per_s:.0f} tokens/s at batch {bsz}")
+    data["decode"] = {"hardware": hw.name, "step_s": b.step_time,
+                      "tokens_per_s": b.tokens_per_s, "bytes": b.bytes_moved, "flops": b.flops}
     text = "\n".join(lines)
     print(text)
     _write(args.out, "ledger", "```\n" + text + "\n```\n", data)
@@ -190,11 +206,26 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 def _workload(args: argparse.Namespace) -> Workload:
     if args.trace:
-        return read_trace(args.trace)
+        return read_trace(args.trace, args.columns)
     loaders: dict[str, Callable[[], Workload]] = {
         "uniform": article_uniform, "heavy": article_heavy_tail,
         "azure-code": lambda: azure_trace("code"), "azure-conv": lambda: azure_trace("conv")}
     return loaders[args.workload]()
+
+
+def _check_sweep(args: argparse.Namespace, wl: Workload, cap: int, max_len: int) -> None:
+    """Refuse before any progress bar what the sweeps would refuse half-way."""
+    shortest = int(wl.lengths.min())
+    if args.prefix is not None and args.prefix > shortest:
+        raise InvalidArgumentError(f"--prefix {args.prefix} exceeds the shortest request ({shortest} tokens)")
+    if max_len > MAX_BLOCK_SIZE:
+        raise InvalidArgumentError(
+            f"the contiguous policy reserves --max-len = {max_len:,} tokens as one block, above the "
+            f"pool's largest block ({MAX_BLOCK_SIZE:,} tokens): give a smaller --max-len")
+    for name, size in [("--max-len", max_len), ("--block-size", args.block_size),
+                       *(("--block-sizes", b) for b in args.block_sizes)]:
+        if size > cap:
+            raise InvalidArgumentError(f"{name} {size:,} exceeds the KV capacity of {cap:,} tokens")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -202,8 +233,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     wl = _workload(args)
     max_len = args.max_len or (ARTICLE_MAX_LEN if args.workload in ("uniform", "heavy")
                                and not args.trace else led.model.max_context)
+    if int(wl.lengths.min()) > max_len:
+        raise InvalidArgumentError(f"every request of {wl.name} is longer than --max-len {max_len:,} tokens")
     wl = wl.clipped(max_len)
     cap, bpt = led.token_capacity, led.bytes_per_token
+    _check_sweep(args, wl, cap, max_len)
     with ProgressBar("sweep", 3 + len(args.block_sizes), enabled=not args.quiet) as bar:
         results = [contiguous(wl, cap, max_len, bpt), paged(wl, cap, args.block_size, bpt)]
         bar(1)
@@ -214,9 +248,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         bar(3)
         rows = block_size_sweep(wl, args.block_sizes, cap,
                                 progress=lambda d, t: bar(3 + d, 3 + t))
-    lines = [f"workload {wl.name}: {len(wl)} requests (mean {wl.mean_length:.1f} tokens, "
-             f"{wl.dropped} longer than {max_len} dropped); KV capacity {cap:,} tokens "
-             f"x {bpt} B",
+    lines = [*_budget_lines(led),
+             f"workload {wl.name}: {len(wl)} requests (mean {wl.mean_length:.1f} tokens, "
+             f"{wl.dropped} longer than {max_len} dropped)",
              "", "| policy | block | admitted | reserved GiB | used GiB | utilization | gain |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -232,7 +266,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     text = "\n".join(lines)
     print(text)
     data = {"workload": wl.name, "requests": len(wl), "dropped": wl.dropped,
-            "capacity_tokens": cap, "bytes_per_token": bpt,
+            "budget": _budget_data(led), "capacity_tokens": cap, "bytes_per_token": bpt,
             "policies": [{**r.__dict__, "utilization": r.utilization} for r in results],
             "waste": waste.__dict__, "block_sizes": [b.__dict__ for b in rows]}
     _write(args.out, "sweep", text + "\n", data)
@@ -248,20 +282,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0 if res.matched == res.reproduced else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
-    p = argparse.ArgumentParser(
-        prog="pykvpool",
-        description="KV-cache capacity planning: memory ledger, static capacity sweeps "
-                    "through pykvpool's block pool, and the full report.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{ledger,sweep,report,replay,simulate}")
+def _add_ledger(sub: Any) -> None:
     pl = sub.add_parser("ledger", help="memory ledger of one model on one budget",
-                        description="KV bytes per token, weights, KV capacity, largest batch, "
-                                    "longest length and the decode-step bound.")
+                        description="KV bytes per token, weights, the budget, KV capacity, largest "
+                                    "batch, longest length and the decode-step bound.")
     _add_common(pl)
-    pl.add_argument("--seq-len", type=_positive_int, default=8192, help="tokens per sequence")
-    pl.add_argument("--batch", type=_positive_int, default=1, help="sequences")
+    pl.add_argument("--seq-len", type=count(), default=8192, help="tokens per sequence")
+    pl.add_argument("--batch", type=count(), default=1, help="sequences")
     pl.set_defaults(func=_cmd_ledger)
+
+
+def _add_sweep(sub: Any) -> None:
     ps = sub.add_parser("sweep", help="static capacity: contiguous vs paged through BlockPool",
                         description="Greedy admission of a workload into the KV budget under "
                                     "each policy, the waste decomposition and a block-size sweep.")
@@ -269,18 +300,24 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--workload", choices=WORKLOADS, default="uniform",
                     help="built-in workload (default: the article's uniform one)")
     ps.add_argument("--trace", metavar="FILE",
-                    help="a trace file instead: Azure CSV (ContextTokens, GeneratedTokens) or "
-                         "one length per line")
-    ps.add_argument("--max-len", type=_positive_int,
+                    help="a trace file instead: a CSV (Azure columns ContextTokens, GeneratedTokens "
+                         "by default), a JSONL file (Mooncake columns by default) or one length "
+                         "per line")
+    ps.add_argument("--columns", type=trace_columns, metavar="prompt=NAME,output=NAME",
+                    help="the CSV/JSONL fields holding prompt and output tokens")
+    ps.add_argument("--max-len", type=count(),
                     help="contiguous reservation per request, tokens (default 4096 for the "
                          "article's workloads, else the model's context window); longer "
                          "requests are dropped")
-    ps.add_argument("--block-size", type=_positive_int, default=16, help="paged block size, tokens")
-    ps.add_argument("--block-sizes", type=_int_list, default=list(BLOCK_SIZES),
+    ps.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=16, help="paged block size, tokens")
+    ps.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), default=list(BLOCK_SIZES),
                     help="comma-separated block sizes to sweep (default 1,2,4,...,256)")
-    ps.add_argument("--prefix", type=int, default=None,
+    ps.add_argument("--prefix", type=count(0), default=None,
                     help="also run paged with a shared prefix of this many tokens")
     ps.set_defaults(func=_cmd_sweep)
+
+
+def _add_report(sub: Any) -> None:
     pr = sub.add_parser("report", help="the full capacity-planning report (Markdown + figures)",
                         description="Reproduce every number of the article through pykvpool, "
                                     "measure this machine, draw the figures and write one "
@@ -291,31 +328,83 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip measuring this machine and the decode kernel")
     pr.add_argument("--quiet", action="store_true", help="no progress bars")
     pr.set_defaults(func=_cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    p = CliParser(
+        prog="pykvpool",
+        description="KV-cache capacity planning: memory ledger, static capacity sweeps "
+                    "through pykvpool's block pool, the serving simulator, prefix-cache "
+                    "replay and the full report.")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{ledger,sweep,report,replay,simulate}")
+    _add_ledger(sub)
+    _add_sweep(sub)
+    _add_report(sub)
     prefix_replay.add_subcommand(sub)
     add_simulate(sub)
     return p
 
 
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    if isinstance(e, UnicodeError):
+        return f"not UTF-8 text ({e})"
+    if isinstance(e, MemoryError) and not str(e):
+        return "out of memory"
+    return str(e) or type(e).__name__
+
+
+def _report_error(e: Exception) -> int:
+    """Print one line for ``e`` on stderr; returns the exit status."""
+    if isinstance(e, InvariantError) or not isinstance(e, (KvPoolError, OSError, UnicodeError, MemoryError)):
+        if os.environ.get("PYKVPOOL_TRACEBACK"):
+            raise e
+        print(f"pykvpool: internal error: {type(e).__name__}: {_message(e)}\n"
+              "This is a bug in pykvpool: please report it with the command line that triggered it "
+              "(PYKVPOOL_TRACEBACK=1 shows the traceback).", file=sys.stderr)
+        return EX_BUG
+    print(f"pykvpool: error: {_message(e)}", file=sys.stderr)
+    return EX_USAGE
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pykvpool`` command. Returns the exit status: 0 on success, 2 on
-    bad input (message on stderr), 1 when the report does not reproduce every number.
+    """Entry point of the ``pykvpool`` command. Returns the exit status (see the module
+    docstring): 0 on success, 2 on bad input (one ``pykvpool: error: ...`` line on stderr),
+    70 on a pykvpool bug, 1 when the report does not reproduce every number.
 
     Args:
         argv: the arguments after the program name (None: ``sys.argv[1:]``).
 
     Raises:
         SystemExit: from argparse, for ``--help`` (status 0) or a usage error such as an
-            unknown option or a malformed number (status 2, usage on stderr).
+            unknown option or a malformed number (status 2, one error line on stderr).
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         status: int = args.func(args)
-    except (KvPoolError, OSError) as e:
-        msg = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.filename}: {e.strerror}"
-        print(f"pykvpool: error: {msg}", file=sys.stderr)
-        return 2
-    return status
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EX_PIPE
+    except KeyboardInterrupt:
+        print("pykvpool: interrupted", file=sys.stderr)
+        return EX_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the one place every error becomes a status
+        return _report_error(e)
 
 
 if __name__ == "__main__":

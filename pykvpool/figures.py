@@ -53,7 +53,12 @@ HALO = [pe.withStroke(linewidth=2.2, foreground="white")]
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
-    """A figure attached to its own Agg canvas (no pyplot, no global backend)."""
+    """A figure of ``figsize`` (width, height) inches attached to its own Agg canvas (no
+    pyplot, no global backend).
+
+    Raises:
+        ValueError: a negative, NaN or infinite size (matplotlib).
+    """
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig
@@ -82,7 +87,13 @@ def _label_boxes(fig: Figure) -> list[tuple[str, Any]]:
 
 def overlapping_labels(fig: Figure, tolerance_px: float = 1.0) -> list[tuple[str, str]]:
     """Pairs of labels of ``fig`` (texts, annotations, titles, axis labels, legends) whose
-    drawn boxes overlap by more than ``tolerance_px`` pixels both ways."""
+    drawn boxes overlap by more than ``tolerance_px`` pixels both ways. Lays the figure
+    out by drawing it without rendering.
+
+    Raises:
+        ValueError: a label holds mathtext (``$...$``) that matplotlib cannot parse.
+        MemoryError: the figure is too large for the Agg canvas to allocate.
+    """
     out = []
     for (na, a), (nb, b) in combinations(_label_boxes(fig), 2):
         w = min(a.x1, b.x1) - max(a.x0, b.x0)
@@ -94,7 +105,14 @@ def overlapping_labels(fig: Figure, tolerance_px: float = 1.0) -> list[tuple[str
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> list[tuple[str, str]]:
     """Lay ``fig`` out, write it to ``path`` (format from the suffix) and return its
-    overlapping labels (see :func:`overlapping_labels`)."""
+    overlapping labels (see :func:`overlapping_labels`). ``dpi``: pixels per inch.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+        ValueError: matplotlib cannot write the format of ``path``'s suffix, or as
+            :func:`overlapping_labels`.
+        MemoryError: as :func:`overlapping_labels`.
+    """
     fig.tight_layout()
     overlaps = overlapping_labels(fig)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -119,15 +137,15 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
         ValueError: matplotlib cannot write the format of ``path``'s suffix.
     """
     w = gqa.weight_bytes / GIB
-    kv = [gqa.kv_bytes(seq_len, b) / GIB for b in batches]
+    kv = [gqa.kv_bytes(seq_len=seq_len, batch=b) / GIB for b in batches]
     reserve = gqa.budget.reserve_bytes / GIB
     device = gqa.budget.usable_bytes / GIB
     kv_budget = gqa.kv_budget_bytes / GIB
     totals = [w + k + reserve for k in kv]
     curves = {
-        "GQA batch 1": [gqa.kv_bytes(s, 1) / GIB for s in seq_lens],
-        "GQA batch 8": [gqa.kv_bytes(s, 8) / GIB for s in seq_lens],
-        "MHA batch 8": [mha.kv_bytes(s, 8) / GIB for s in seq_lens],
+        "GQA batch 1": [gqa.kv_bytes(seq_len=s, batch=1) / GIB for s in seq_lens],
+        "GQA batch 8": [gqa.kv_bytes(seq_len=s, batch=8) / GIB for s in seq_lens],
+        "MHA batch 8": [mha.kv_bytes(seq_len=s, batch=8) / GIB for s in seq_lens],
     }
     fig = new_figure((12.5, 4.8))
     a1, a2 = fig.subplots(1, 2)

@@ -9,18 +9,26 @@ weights holds the KV cache.
 The decode-step bound follows the roofline: a step reads the weights once (shared by the
 batch) and every sequence's whole KV, so ``T >= max(bytes / bandwidth, FLOPs / peak)`` and
 tokens/s <= batch / T.
+
+One budget everywhere: :func:`default_budget` (the device's memory, all of it usable,
+4 GiB reserved: the article's budget) is what ``pykvpool ledger``, ``sweep``,
+``simulate`` (:func:`pykvpool.simulate.kv_blocks_for_memory`) and the report use unless
+told otherwise, and each prints :meth:`Budget.describe`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.errors import BudgetError
-from pykvpool.hardware import Hardware
+from pykvpool.hardware import Hardware, hardware_preset
 from pykvpool.models import ModelConfig, StorageDtype, storage_dtype
 
 __all__ = [
+    "DEFAULT_FRACTION",
+    "DEFAULT_RESERVE_BYTES",
     "GIB",
     "MIB",
     "Budget",
@@ -28,12 +36,20 @@ __all__ = [
     "LedgerRow",
     "MemoryLedger",
     "article_budget",
+    "default_budget",
 ]
 
 GIB = float(1 << 30)
 """Bytes per GiB."""
 MIB = float(1 << 20)
 """Bytes per MiB."""
+
+
+DEFAULT_FRACTION = 1.0
+"""Share of device memory a budget uses unless told otherwise."""
+DEFAULT_RESERVE_BYTES = 4 * GIB
+"""Bytes a budget keeps for activations, workspace and the framework unless told
+otherwise (the article's 4 GiB)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +62,8 @@ class Budget:
         reserve_bytes: bytes kept for activations, workspace and the framework.
 
     Raises:
-        InvalidArgumentError: ``device_bytes`` <= 0, ``fraction`` not in (0, 1], or a
-            negative reserve.
+        InvalidArgumentError: ``device_bytes`` not a finite number > 0, ``fraction`` not
+            in (0, 1], or a reserve that is negative or not finite.
     """
 
     device_bytes: float
@@ -55,22 +71,47 @@ class Budget:
     reserve_bytes: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.device_bytes > 0:
-            raise InvalidArgumentError(f"device memory must be > 0 bytes, got {self.device_bytes}")
+        if not (math.isfinite(self.device_bytes) and self.device_bytes > 0):
+            raise InvalidArgumentError(f"device memory must be a finite number > 0 bytes, got {self.device_bytes}")
         if not 0 < self.fraction <= 1:
             raise InvalidArgumentError(f"fraction must be in (0, 1], got {self.fraction}")
-        if not self.reserve_bytes >= 0:
-            raise InvalidArgumentError(f"reserve must be >= 0 bytes, got {self.reserve_bytes}")
+        if not (math.isfinite(self.reserve_bytes) and self.reserve_bytes >= 0):
+            raise InvalidArgumentError(f"reserve must be a finite number >= 0 bytes, got {self.reserve_bytes}")
 
     @property
     def usable_bytes(self) -> float:
         """``device_bytes x fraction``, bytes."""
         return self.device_bytes * self.fraction
 
+    @property
+    def available_bytes(self) -> float:
+        """``usable_bytes - reserve_bytes``: what weights and KV share, bytes (negative
+        when the reserve exceeds the usable memory)."""
+        return self.usable_bytes - self.reserve_bytes
+
+    def describe(self) -> str:
+        """One line, in GiB: ``"80.00 GiB x 1.00 - 4.00 GiB reserve = 76.00 GiB"``."""
+        return (f"{self.device_bytes / GIB:.2f} GiB x {self.fraction:.2f} - "
+                f"{self.reserve_bytes / GIB:.2f} GiB reserve = {self.available_bytes / GIB:.2f} GiB")
+
+
+def default_budget(hardware: Hardware) -> Budget:
+    """The budget every pykvpool output uses unless told otherwise: all of
+    ``hardware``'s memory (fraction :data:`DEFAULT_FRACTION`) minus
+    :data:`DEFAULT_RESERVE_BYTES`. On the A100-80GB: 80 GiB - 4 GiB, the article's budget
+    (Llama-3-8B BF16: 80 - 14.96 - 4 GiB = 500,063 KV tokens).
+
+    Raises:
+        InvalidArgumentError: the device's memory is not a finite number > 0 (e.g. a
+            machine whose memory could not be read).
+    """
+    return Budget(hardware.memory_bytes, DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES)
+
 
 def article_budget() -> Budget:
-    """The article's budget: 80 GiB total, 4 GiB for activations, framework and slack."""
-    return Budget(80 * GIB, 1.0, 4 * GIB)
+    """The article's budget: :func:`default_budget` of the A100-80GB (80 GiB total,
+    4 GiB for activations, framework and slack)."""
+    return default_budget(hardware_preset("a100-80gb-sxm"))
 
 
 @dataclass(frozen=True)
@@ -134,9 +175,9 @@ class DecodeBound:
         return self.memory_time >= self.compute_time
 
 
-def _positive_int(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+def _count(name: str, value: int, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise InvalidArgumentError(f"{name} must be an integer >= {lo}, got {value!r}")
     return value
 
 
@@ -183,45 +224,52 @@ class MemoryLedger:
         """Whole tokens of KV that fit in the KV budget."""
         return int(self.kv_budget_bytes // self.bytes_per_token)
 
-    def kv_bytes(self, seq_len: int, batch: int = 1) -> float:
-        """KV bytes of ``batch`` sequences of ``seq_len`` tokens."""
+    def kv_bytes(self, *, seq_len: int, batch: int = 1) -> float:
+        """KV bytes of ``batch`` sequences of ``seq_len`` tokens (keyword-only, so the two
+        counts cannot be swapped).
+
+        Raises:
+            InvalidArgumentError: seq_len or batch not an integer >= 0.
+        """
+        _count("seq_len", seq_len, 0)
+        _count("batch", batch, 0)
         return float(self.bytes_per_token) * seq_len * batch
 
-    def row(self, batch: int, seq_len: int) -> LedgerRow:
-        """Weights, KV and reserve at (batch, seq_len), bytes.
+    def row(self, *, batch: int, seq_len: int) -> LedgerRow:
+        """Weights, KV and reserve at (batch, seq_len), bytes (keyword-only).
 
         Raises:
             InvalidArgumentError: batch or seq_len < 1.
         """
-        _positive_int("batch", batch)
-        _positive_int("seq_len", seq_len)
-        return LedgerRow(batch, seq_len, self.weight_bytes, self.kv_bytes(seq_len, batch),
-                         self.budget.reserve_bytes)
+        _count("batch", batch)
+        _count("seq_len", seq_len)
+        return LedgerRow(batch, seq_len, self.weight_bytes,
+                         self.kv_bytes(seq_len=seq_len, batch=batch), self.budget.reserve_bytes)
 
-    def max_batch(self, seq_len: int, block_size: int = 1) -> int:
+    def max_batch(self, *, seq_len: int, block_size: int = 1) -> int:
         """Largest batch of ``seq_len``-token sequences whose KV fits, each rounded up to
         whole blocks of ``block_size`` tokens.
 
         Raises:
             InvalidArgumentError: seq_len or block_size < 1.
         """
-        _positive_int("seq_len", seq_len)
-        _positive_int("block_size", block_size)
+        _count("seq_len", seq_len)
+        _count("block_size", block_size)
         blocks = -(-seq_len // block_size)
         return (self.token_capacity // block_size) // blocks
 
-    def max_seq_len(self, batch: int, block_size: int = 1) -> int:
+    def max_seq_len(self, *, batch: int, block_size: int = 1) -> int:
         """Longest length (tokens, a multiple of ``block_size``) that ``batch`` sequences can
         each reach with their KV in the budget; 0 if not even one block each fits.
 
         Raises:
             InvalidArgumentError: batch or block_size < 1.
         """
-        _positive_int("batch", batch)
-        _positive_int("block_size", block_size)
+        _count("batch", batch)
+        _count("block_size", block_size)
         return (self.token_capacity // block_size // batch) * block_size
 
-    def decode_bound(self, hardware: Hardware, seq_len: int, batch: int = 1,
+    def decode_bound(self, hardware: Hardware, *, seq_len: int, batch: int = 1,
                      compute_dtype: str = "bf16") -> DecodeBound:
         """Lower bound of one decode step at ``batch`` sequences of ``seq_len`` cached
         tokens on ``hardware``, and the tokens/s upper bound.
@@ -230,10 +278,10 @@ class MemoryLedger:
             InvalidArgumentError: batch or seq_len < 1.
             UnknownPresetError: ``hardware`` has no peak for ``compute_dtype``.
         """
-        _positive_int("batch", batch)
-        _positive_int("seq_len", seq_len)
+        _count("batch", batch)
+        _count("seq_len", seq_len)
         m = self.model
-        moved = self.weight_bytes + self.kv_bytes(seq_len, batch)
+        moved = self.weight_bytes + self.kv_bytes(seq_len=seq_len, batch=batch)
         flops = (2.0 * m.num_params * batch
                  + 4.0 * m.num_q_heads * m.head_dim * seq_len * m.num_layers * batch)
         return DecodeBound(batch, seq_len, moved, flops, moved / hardware.bandwidth,

@@ -141,8 +141,10 @@ class ModelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{field} must be an integer >= 1, got {value!r}")
-        if self.num_params <= 0 or self.weight_bytes_per_param <= 0:
-            raise InvalidArgumentError("num_params and weight_bytes_per_param must be > 0")
+        if not (math.isfinite(self.num_params) and self.num_params > 0
+                and math.isfinite(self.weight_bytes_per_param) and self.weight_bytes_per_param > 0):
+            raise InvalidArgumentError("num_params and weight_bytes_per_param must be finite numbers > 0, "
+                                       f"got {self.num_params!r} and {self.weight_bytes_per_param!r}")
         if self.num_q_heads % self.num_kv_heads:
             raise InvalidArgumentError(
                 f"num_q_heads ({self.num_q_heads}) must be a multiple of "
@@ -199,16 +201,30 @@ class ModelConfig:
         ``vocab_size``, ``hidden_size``, ``intermediate_size`` and
         ``tie_word_embeddings`` (attention projections, gated MLP, norms, embeddings).
 
+        Only dense decoders whose every layer attends to the whole context are modelled:
+        a config with a sliding window (``sliding_window`` set, unless
+        ``use_sliding_window`` is false or the window covers ``max_position_embeddings``),
+        per-layer attention kinds (``layer_types`` other than all ``"full_attention"``),
+        multi-head latent attention (``kv_lora_rank``) or experts (``n_routed_experts``,
+        ``num_local_experts``, ``num_experts`` above 1, when ``num_params`` is estimated)
+        is refused rather than given a wrong KV or weight size.
+
         Raises:
-            InvalidArgumentError: a missing or non-integer key, or inconsistent sizes.
+            InvalidArgumentError: a missing or non-integer key, a size above 2**31 - 1,
+                inconsistent sizes, or one of the unmodelled features above (the message
+                names the key).
         """
+        _refuse_unmodelled(config, estimate_params=num_params is None)
 
         def get_int(key: str, default: int | None = None) -> int:
-            value = config.get(key, default)
+            value = config.get(key)
+            value = default if value is None else value
             if value is None:
                 raise InvalidArgumentError(f"config.json has no {key!r}")
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgumentError(f"config.json {key!r} must be an integer, got {value!r}")
+            if not 0 <= value <= _MAX_CONFIG_INT:
+                raise InvalidArgumentError(f"config.json {key!r} must be in 0 .. {_MAX_CONFIG_INT}, got {value}")
             return value
 
         layers = get_int("num_hidden_layers")
@@ -233,6 +249,37 @@ class ModelConfig:
             weight_bytes_per_param=weight_bytes_per_param,
             max_context=get_int("max_position_embeddings", 8192),
         )
+
+
+_MAX_CONFIG_INT = 2**31 - 1
+_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+
+
+def _refuse_unmodelled(config: Mapping[str, Any], estimate_params: bool) -> None:
+    """InvalidArgumentError naming the first key of a feature the ledger does not model."""
+
+    def refuse(key: str, what: str) -> None:
+        shown = repr(config[key])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise InvalidArgumentError(
+            f"config.json {key!r} = {shown}: {what} is not modelled yet; "
+            "the KV or weight size would be wrong")
+
+    window = config.get("sliding_window")
+    ctx = config.get("max_position_embeddings")
+    covers = isinstance(window, int) and isinstance(ctx, int) and window >= ctx
+    if window is not None and config.get("use_sliding_window") is not False and not covers:
+        refuse("sliding_window", "sliding-window attention")
+    types = config.get("layer_types")
+    if types is not None and (not isinstance(types, list)
+                              or any(t != "full_attention" for t in types)):
+        refuse("layer_types", "attention that differs by layer")
+    if config.get("kv_lora_rank") is not None:
+        refuse("kv_lora_rank", "multi-head latent attention (MLA)")
+    for key in _EXPERT_KEYS if estimate_params else ():
+        n = config.get(key)
+        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n <= 1):
+            refuse(key, "a mixture of experts (its weights)")
 
 
 _LLAMA3_8B = ModelConfig("Llama-3-8B", 32, 32, 8, 128, 8.03e9, 2.0, 8192)

@@ -28,10 +28,12 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from importlib import resources
 from typing import Any
 
 from pykvpool._native import BlockPool, InvalidArgumentError
+from pykvpool.cli_types import MAX_BLOCK_SIZE, count, count_list
+from pykvpool.errors import TraceFormatError
+from pykvpool.tracefile import MAX_KEY, MAX_TOKENS, jsonl_records, named_trace_path, read_text, to_count
 
 __all__ = [
     "POLICIES",
@@ -76,37 +78,37 @@ def load_mooncake_trace(path: str | os.PathLike[str] | None = None) -> list[Trac
 
     Raises:
         OSError: the file cannot be read.
-        InvalidArgumentError: a malformed row (not JSON, a missing or negative field, or
-            ``len(hash_ids) != ceil(input_length / 512)``), named by line number.
+        TraceFormatError: (an InvalidArgumentError) a file that is not UTF-8 text or holds
+            no request, or a malformed row (not a JSON object, a missing, non-integer or
+            negative field, a length above ``tracefile.MAX_TOKENS``, a key above 2**63 - 1,
+            or ``len(hash_ids) != ceil(input_length / 512)``), named by file and line.
     """
-    if path is None:
-        ref = resources.files("pykvpool").joinpath("data/mooncake_fast25/synthetic_trace.jsonl")
-        text = ref.read_text(encoding="utf-8")
-    else:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+    p = os.fspath(named_trace_path("mooncake") if path is None else path)
+    text = read_text(p)
     out: list[TraceRequest] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            req = TraceRequest(
-                timestamp_ms=int(row["timestamp"]),
-                input_length=int(row["input_length"]),
-                output_length=int(row["output_length"]),
-                hash_ids=tuple(int(h) for h in row["hash_ids"]),
-            )
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidArgumentError(f"line {lineno}: not a trace row ({e})") from None
-        if req.input_length < 0 or req.output_length < 0 or any(h < 0 for h in req.hash_ids):
-            raise InvalidArgumentError(f"line {lineno}: negative length or block id")
+    for lineno, row in jsonl_records(p, text):
+        def count(key: str, limit: int = MAX_TOKENS) -> int:
+            if key not in row:
+                raise TraceFormatError(p, lineno, f"no {key!r} field")
+            return to_count(row[key], p, lineno, key, limit)
+
+        ids = row.get("hash_ids")
+        if not isinstance(ids, list):
+            raise TraceFormatError(p, lineno, "hash_ids must be a list of integers")
+        req = TraceRequest(
+            timestamp_ms=count("timestamp", MAX_KEY),
+            input_length=count("input_length"),
+            output_length=count("output_length"),
+            hash_ids=tuple(to_count(h, p, lineno, "hash_ids entry", MAX_KEY) for h in ids),
+        )
         if len(req.hash_ids) != math.ceil(req.input_length / TRACE_BLOCK_SIZE):
-            raise InvalidArgumentError(
-                f"line {lineno}: {len(req.hash_ids)} block ids for {req.input_length} tokens, "
+            raise TraceFormatError(
+                p, lineno, f"{len(req.hash_ids)} block ids for {req.input_length} tokens, "
                 f"expected ceil({req.input_length}/{TRACE_BLOCK_SIZE})"
             )
         out.append(req)
+    if not out:
+        raise TraceFormatError(p, 0, "the file holds no request")
     return out
 
 
@@ -368,16 +370,6 @@ def _table(results: Sequence[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
-def _int_list(s: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return vals
-
-
 def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
     :func:`main_replay`.
@@ -393,15 +385,16 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "print hit rates; --sweep covers capacities x policies x block sizes and can plot "
         "hit rate vs capacity.",
     )
-    p.add_argument("--trace", metavar="FILE", help="Mooncake JSONL trace (default: the shipped FAST'25 synthetic trace)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="Mooncake JSONL trace, or 'mooncake' (default: the shipped FAST'25 synthetic trace)")
     p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="eviction policy (default all)")
-    p.add_argument("--capacity", type=int, metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
-    p.add_argument("--block-size", type=int, default=TRACE_BLOCK_SIZE, help="tokens per block, a multiple of 512")
+    p.add_argument("--capacity", type=count(), metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
+    p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=TRACE_BLOCK_SIZE, help="tokens per block, a multiple of 512")
     p.add_argument("--sweep", action="store_true", help="sweep capacities x policies x block sizes")
-    p.add_argument("--capacities", type=_int_list, metavar="TOKENS,...", help="sweep capacities in tokens")
-    p.add_argument("--block-sizes", type=_int_list, metavar="TOKENS,...", help="sweep block sizes (default 512)")
+    p.add_argument("--capacities", type=count_list(), metavar="TOKENS,...", help="sweep capacities in tokens")
+    p.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), metavar="TOKENS,...", help="sweep block sizes (default 512)")
     p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
-    p.add_argument("--retain-hits-for", type=int, metavar="OPS",
+    p.add_argument("--retain-hits-for", type=count(), metavar="OPS",
                    help="priority policy: soft-pin each reused prefix for OPS pool operations")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
@@ -414,11 +407,19 @@ def main_replay(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; prints a Markdown table. Returns 0.
 
     Raises:
-        InvalidArgumentError: a malformed trace, a bad capacity, policy or block size, or
-            ``--plot`` without ``--sweep``.
-        OSError: the trace cannot be read or an output cannot be written.
+        InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
+            below the trace's largest request or above the pool's limit (2**30 blocks); a
+            block size (tokens) that is not a multiple of 512. (A sweep skips the
+            capacities below the largest request and always replays the unbounded pool.)
+        TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
+            line (see :func:`load_mooncake_trace`).
+        OSError: the trace cannot be read, or ``--out``, ``--json`` or ``--plot`` cannot
+            be written.
+        ValueError: matplotlib cannot write the format of a ``--plot`` file's suffix.
     """
-    trace = load_mooncake_trace(args.trace)
+    if args.plot and not args.sweep:
+        raise InvalidArgumentError("--plot needs --sweep")
+    trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.sweep:
         results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
@@ -432,8 +433,6 @@ def main_replay(args: argparse.Namespace) -> int:
           f"longest previously seen prefix: {hits:,} blocks = {hits / max(total, 1):.4f}")
     print(_table(results))
     if args.plot:
-        if not args.sweep:
-            raise InvalidArgumentError("--plot needs --sweep")
         plot_sweep(results, args.plot)
         print(f"wrote {args.plot}")
     json_paths = [args.json] if args.json else []
@@ -457,19 +456,17 @@ def main_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own.
+    """``python -m pykvpool.prefix_replay [replay options]``: the subcommand on its own,
+    with the ``pykvpool`` command's error handling and exit statuses: every other error
+    is reported on stderr and becomes the returned status (see :func:`pykvpool.cli.main`).
 
     Raises:
-        SystemExit: from argparse, for ``--help`` (status 0) or a usage error (status 2).
-        InvalidArgumentError: as :func:`main_replay`.
-        OSError: as :func:`main_replay`.
+        SystemExit: from argparse, for ``--help`` (status 0) or a usage error such as an
+            unknown option or a malformed number (status 2, one error line on stderr).
     """
-    parser = argparse.ArgumentParser(prog="python -m pykvpool.prefix_replay")
-    sub = parser.add_subparsers(dest="command")
-    add_subcommand(sub)
-    args = parser.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)])
-    status: int = args.func(args)
-    return status
+    from pykvpool import cli
+
+    return cli.main(["replay", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -139,16 +139,16 @@ def _presets_table() -> tuple[str, list[dict[str, Any]]]:
                                  "-", "-", "-"])
                     data.append({"hardware": hw_key, "model": key, "dtype": dt, "error": str(e)})
                     continue
-                b = led.decode_bound(hw, 8192, 1, compute_dtype=dt)
+                b = led.decode_bound(hw, seq_len=8192, batch=1, compute_dtype=dt)
                 rows.append([hw.name, model.name, weights, dt, led.bytes_per_token,
                              f"{led.weight_bytes / GIB:.2f}", f"{led.token_capacity:,}",
-                             led.max_batch(8192), f"{b.step_time * 1e3:.2f}",
+                             led.max_batch(seq_len=8192), f"{b.step_time * 1e3:.2f}",
                              f"{b.tokens_per_s:.0f}"])
                 data.append({"hardware": hw_key, "model": key, "dtype": dt, "weights": weights,
                              "budget": budget.describe(), "weight_bytes": led.weight_bytes,
                              "bytes_per_token": led.bytes_per_token,
                              "token_capacity": led.token_capacity,
-                             "max_batch_8192": led.max_batch(8192),
+                             "max_batch_8192": led.max_batch(seq_len=8192),
                              "decode_step_s": b.step_time, "tokens_per_s": b.tokens_per_s})
     table = markdown_table(
         ["hardware", "model", "weights", "KV dtype", "KV B/token", "weights GiB",
@@ -321,15 +321,15 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
     s.append(f"![memory ledger]({figs['fig1_memory_ledger'].name})\n")
     rows: list[list[object]] = []
     for b in (1, 8, 16, 32, 64, 128):
-        r = gqa.row(b, 8192)
+        r = gqa.row(batch=b, seq_len=8192)
         fits = "yes" if r.total_bytes <= gqa.budget.usable_bytes else "**no**"
         rows.append([b, f"{r.kv_bytes / GIB:.2f}", f"{r.kv_over_weights:.2f}x",
                      f"{r.weights_plus_kv_bytes / GIB:.2f}", f"{r.total_bytes / GIB:.2f}", fits])
     s.append(markdown_table(["batch (x 8192 tokens)", "KV GiB", "KV / weights",
                              "weights + KV GiB", "+ reserve GiB",
                              f"fits {gqa.budget.usable_bytes / GIB:.0f} GiB"], rows) + "\n")
-    s.append(f"Largest batch at 8192 tokens: {gqa.max_batch(8192)}; longest length at batch "
-             f"32: {gqa.max_seq_len(32):,} tokens (at block size 16: {gqa.max_seq_len(32, 16):,}).\n")
+    s.append(f"Largest batch at 8192 tokens: {gqa.max_batch(seq_len=8192)}; longest length at batch "
+             f"32: {gqa.max_seq_len(batch=32):,} tokens (at block size 16: {gqa.max_seq_len(batch=32, block_size=16):,}).\n")
     s.append("Presets on each accelerator (budget: `default_budget` of each device: "
              + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
              + ". KV fp8 counts one fp32 scale per token, layer, K/V and KV head; the decode "
@@ -424,7 +424,7 @@ def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) 
          f"{machine.flops('fp32') / 1e9:.2f} GFLOP/s fp32 (`pykvpool.peak_flops`, best of two), "
          f"ridge {machine.ridge_point('fp32'):.1f} FLOP/byte. The article's machine: 71.89 GB/s, "
          "1201.61 GFLOP/s (a different machine: not a reproduced number).\n"]
-    local = gqa.decode_bound(machine, 8192, 1, compute_dtype="fp32")
+    local = gqa.decode_bound(machine, seq_len=8192, batch=1, compute_dtype="fp32")
     s.append(f"{gqa.model.name} decode on this machine (same ledger, fp32 peak): step >= "
              f"{local.step_time * 1e3:.1f} ms at batch 1 and 8192 cached tokens, <= "
              f"{local.tokens_per_s:.2f} tokens/s "

@@ -73,6 +73,12 @@ def _save(fig: Any, path: PathLike) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _number(value: Any) -> float:
+    """A summary statistic as a float; a statistic over no request (None) is NaN, which
+    matplotlib leaves out of the drawing."""
+    return float("nan") if value is None else float(value)
+
+
 def utilization_over_time(
     result: SimulationResult,
     path: Optional[PathLike] = None,
@@ -109,7 +115,16 @@ def utilization_over_time(
 
 def plot_utilization(data: Mapping[str, np.ndarray], *, num_blocks: Optional[int] = None,
                      title: str = "") -> Any:
-    """The figure of :func:`utilization_over_time`'s data."""
+    """The figure of :func:`utilization_over_time`'s data.
+
+    Raises:
+        KeyError: ``data`` lacks ``time``, ``running``, ``waiting``, or ``utilization``
+            (without ``token_utilization``), or ``blocks_used`` / ``blocks_reserved``
+            (with ``occupancy``).
+        TypeError: ``data`` holds ``occupancy`` but ``num_blocks`` (the pool's blocks,
+            named in its label) is None.
+        ValueError: series of different lengths (matplotlib).
+    """
     fig, (a, b) = _figure(2, 4.2)
     t = data["time"]
     if "occupancy" in data:
@@ -163,7 +178,11 @@ def latency_cdf(
 
 def plot_latency_cdf(data: Mapping[str, tuple[np.ndarray, np.ndarray]], metric: str = "ttft", *,
                      title: str = "", log_x: bool = True) -> Any:
-    """The figure of :func:`latency_cdf`'s data."""
+    """The figure of :func:`latency_cdf`'s data.
+
+    Raises:
+        IndexError: a run's values and fractions differ in length.
+    """
     fig, (ax,) = _figure(1, 4.4)
     for i, (name, (x, y)) in enumerate(data.items()):
         st = line_style(name, i)
@@ -191,7 +210,7 @@ def policy_comparison(
         KeyError: a metric is not in a run's summary.
         OSError: ``path`` cannot be written.
     """
-    data = {name: {m: float(r.summary[m]) for m in metrics} for name, r in results.items()}
+    data = {name: {m: _number(r.summary[m]) for m in metrics} for name, r in results.items()}
     if path is not None:
         fig, ax = _figure(len(metrics))
         names = list(data)
@@ -216,7 +235,7 @@ def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLik
     for label in dict.fromkeys(str(r["label"]) for r in rows):
         sel = sorted((r for r in rows if r["label"] == label), key=lambda r: float(r["rate"]))
         data[label] = {
-            k: np.array([float(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
+            k: np.array([_number(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
         }
     if path is not None:
         _save(plot_throughput_vs_rate(data), path)
@@ -224,7 +243,12 @@ def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLik
 
 
 def plot_throughput_vs_rate(data: Mapping[str, Mapping[str, np.ndarray]]) -> Any:
-    """The figure of :func:`throughput_vs_rate`'s data."""
+    """The figure of :func:`throughput_vs_rate`'s data.
+
+    Raises:
+        KeyError: a label lacks ``rate``, ``output_throughput`` or ``ttft_p99``.
+        ValueError: a label's arrays differ in length (matplotlib).
+    """
     fig, (a, b) = _figure(2)
     for i, (label, d) in enumerate(data.items()):
         st = line_style(label, i)

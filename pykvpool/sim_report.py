@@ -40,6 +40,7 @@ __all__ = ["BLOCK_SIZE", "RATE_FACTORS", "dynamic_section", "policies", "pool_bl
 
 #: Multiples of the trace's own mean arrival rate that the section replays.
 RATE_FACTORS = (0.5, 1.0, 1.5, 2.0)
+#: Tokens per block of the section's pool (vLLM's default block size).
 BLOCK_SIZE = 16
 MODEL, HARDWARE = "llama-3-8b", "a100-80gb-sxm"
 
@@ -57,7 +58,12 @@ def policies(context_tokens: int) -> dict[str, SchedulerConfig]:
 def pool_blocks(roof: Roofline, budget: Budget) -> int:
     """Device blocks of :data:`BLOCK_SIZE` tokens that ``budget`` leaves for KV after the
     weights of ``roof.model`` (what ``pykvpool simulate`` uses for the same model and
-    hardware)."""
+    hardware).
+
+    Raises:
+        BudgetError: (an InvalidArgumentError) the weights plus the reserve leave no room
+            for one block of KV.
+    """
     return kv_blocks_for_memory(roof.model, roof.hardware, BLOCK_SIZE, budget=budget)
 
 

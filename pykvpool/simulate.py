@@ -18,15 +18,29 @@ Typical use::
 Trace loading lives in :mod:`pykvpool.sim_traces`, figures in :mod:`pykvpool.sim_plots`,
 sweeps and the ``pykvpool simulate`` subcommand in :mod:`pykvpool.sim_sweep`.
 
-Errors: :class:`pykvpool.InvalidArgumentError` for any rejected workload column or
-configuration value (nothing runs); exceptions raised by a Python step-time callable
-propagate unchanged; :class:`pykvpool.InvariantError` only for an engine bug.
+Limits: a workload holds at most :data:`MAX_REQUESTS` requests, each prompt and each
+output at most :data:`MAX_REQUEST_TOKENS` tokens, and a step computes at most
+:data:`MAX_STEP_TOKENS` tokens (the budget when ``max_batched_tokens`` is None). Larger
+values raise; a request that fits these limits but never fits the pool (or the
+reservation) is not an error: it gets outcome 1 (rejected) and is counted.
+
+An empty workload is normal: it simulates to empty columns and a summary whose counts
+are 0 and whose statistics are None (a statistic over no request is None, never NaN).
+
+Errors: :class:`pykvpool.InvalidArgumentError` (a ValueError) naming the argument for
+any rejected workload column or configuration value, including wrong shapes (2-D or
+ragged columns), bools where a count or a number is meant, NaN and infinite floats and
+out-of-range integers (nothing runs); ``TypeError`` for a string where a flag is meant;
+exceptions raised by a Python step-time callable propagate unchanged;
+:class:`pykvpool.InvariantError` only for an engine bug.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
@@ -36,7 +50,9 @@ import numpy.typing as npt
 
 from pykvpool import _native
 from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.models import ModelConfig, model_preset
+from pykvpool.errors import BudgetError
+from pykvpool.ledger import Budget, MemoryLedger, default_budget
+from pykvpool.models import ModelConfig, model_preset, storage_dtype
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -47,7 +63,19 @@ IntArray = npt.NDArray[np.integer[Any]]
 #: swapped_blocks) -> seconds``: a user step-time model.
 StepTimeFn = Callable[[int, int, int, int, int, int], float]
 
+#: Most requests in one workload (16 Mi); split larger traces into several runs.
+MAX_REQUESTS: int = _native.SIM_MAX_REQUESTS
+#: Most tokens in one prompt, and in one output (16 Mi each).
+MAX_REQUEST_TOKENS: int = _native.SIM_MAX_REQUEST_TOKENS
+#: Most tokens one engine step computes (16 Mi): the largest ``max_batched_tokens``, and
+#: the budget when it is None.
+MAX_STEP_TOKENS: int = _native.SIM_MAX_STEP_TOKENS
+
+
 __all__ = [
+    "MAX_REQUESTS",
+    "MAX_REQUEST_TOKENS",
+    "MAX_STEP_TOKENS",
     "Roofline",
     "SchedulerConfig",
     "SimConfig",
@@ -60,6 +88,32 @@ __all__ = [
     "run",
     "synthetic_workload",
 ]
+
+
+def _invalid(msg: str) -> _native.InvalidArgumentError:
+    return _native.InvalidArgumentError(msg)
+
+
+def _count(v: object, name: str, lo: int = 0) -> int:
+    """An int (not a bool) >= ``lo``, else InvalidArgumentError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise _invalid(f"{name} must be an int, got {type(v).__name__}")
+    if v < lo:
+        raise _invalid(f"{name} must be >= {lo}, got {v}")
+    return int(v)
+
+
+def _positive(v: object, name: str, *, zero: bool = False, most: float = math.inf) -> float:
+    """A finite real number > 0 (>= 0 with ``zero``) and <= ``most``, else
+    InvalidArgumentError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise _invalid(f"{name} must be a number, got {type(v).__name__}")
+    f = float(v)
+    if not (math.isfinite(f) and (f >= 0 if zero else f > 0) and f <= most):
+        bound = ">= 0" if zero else "> 0"
+        top = "" if most == math.inf else f" and <= {most:g}"
+        raise _invalid(f"{name} must be finite and {bound}{top}, got {v}")
+    return f
 
 
 @dataclass(frozen=True)
@@ -83,7 +137,7 @@ class Workload:
     tokens_per_key: int = 0
 
     def __len__(self) -> int:
-        return int(self.arrival.shape[0])
+        return len(self.arrival)
 
     def scaled(self, time: float = 1.0, prompt: float = 1.0, output: float = 1.0) -> Workload:
         """A copy with arrival times multiplied by ``time`` (2.0 halves the rate) and
@@ -91,25 +145,30 @@ class Workload:
 
         Raises:
             InvalidArgumentError: ``prompt`` != 1.0 for prompts given as token ids or block
-                keys (they cannot be length-scaled).
+                keys (they cannot be length-scaled); a factor that is not a finite number
+                > 0, or a scaled length above :data:`MAX_REQUEST_TOKENS` (each named).
         """
+        time = _positive(time, "time")
+        prompt = _positive(prompt, "prompt")
+        output = _positive(output, "output")
         if prompt != 1.0 and (self.token_ids is not None or self.block_keys is not None):
-            raise _native.InvalidArgumentError("prompts given as token ids or block keys cannot be length-scaled")
+            raise _invalid("prompt: prompts given as token ids or block keys cannot be length-scaled")
         return dataclasses.replace(
             self,
-            arrival=self.arrival * time,
-            prompt_len=_scale(self.prompt_len, prompt),
-            output_len=_scale(self.output_len, output),
+            arrival=_column(self.arrival, "arrival", np.float64) * time,
+            prompt_len=_scale(self.prompt_len, prompt, "prompt_len"),
+            output_len=_scale(self.output_len, output, "output_len"),
         )
 
     def head(self, n: int) -> Workload:
-        """The first ``n`` requests (in column order).
+        """The first ``n`` requests (in column order); all of them when ``n >= len(self)``.
 
         Raises:
             IndexError: ``token_offsets`` or ``key_offsets`` has fewer than ``n + 1``
                 entries (an inconsistent workload, which :func:`run` would reject).
+            InvalidArgumentError: ``n`` is not an int >= 0.
         """
-        n = min(n, len(self))
+        n = min(_count(n, "n"), len(self))
         tok = key = None
         if self.token_ids is not None and self.token_offsets is not None:
             tok = (self.token_ids[: self.token_offsets[n]], self.token_offsets[: n + 1])
@@ -128,8 +187,23 @@ class Workload:
         )
 
 
-def _scale(v: I64, f: float) -> I64:
-    out: I64 = np.maximum(1, np.rint(v * f)).astype(np.int64)
+def _column(v: object, name: str, dtype: type[np.generic]) -> Any:
+    """``v`` as a 1-D array of ``dtype``, or InvalidArgumentError naming ``name``."""
+    try:
+        a = np.asarray(v)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iuf"):
+            raise ValueError(f"shape {a.shape}, dtype {a.dtype}")
+        return a.astype(dtype, copy=False)
+    except (ValueError, TypeError) as e:
+        raise _invalid(f"{name} must be a 1-D numeric column: {e}") from None
+
+
+def _scale(v: I64, f: float, name: str) -> I64:
+    scaled = np.maximum(1.0, np.rint(_column(v, name, np.float64) * f))
+    if scaled.size and scaled.max() > MAX_REQUEST_TOKENS:
+        i = int(np.argmax(scaled > MAX_REQUEST_TOKENS))
+        raise _invalid(f"{name}[{i}] scaled by {f} exceeds {MAX_REQUEST_TOKENS} tokens")
+    out: I64 = scaled.astype(np.int64)
     return out
 
 
@@ -144,8 +218,8 @@ def synthetic_workload(
     cv: float = 1.0,
     prompt: LengthDist = ("uniform", [256, 4096]),
     output: LengthDist = ("uniform", [128, 384]),
-    prompt_clamp: tuple[int, int] = (1, 2**32 - 1),
-    output_clamp: tuple[int, int] = (1, 2**32 - 1),
+    prompt_clamp: tuple[int, int] = (1, MAX_REQUEST_TOKENS),
+    output_clamp: tuple[int, int] = (1, MAX_REQUEST_TOKENS),
     priority_levels: int = 1,
     shared_prefixes: Optional[tuple[int, int, int]] = None,
     seed: int = 0,
@@ -153,26 +227,34 @@ def synthetic_workload(
     """A seeded synthetic workload (same arguments: identical arrays, bit for bit).
 
     Args:
+        num_requests: requests, 0 to :data:`MAX_REQUESTS` (0 gives an empty workload).
         arrivals: ``poisson`` (exponential gaps at ``rate`` requests/s), ``gamma`` (mean gap
-            ``1/rate``, coefficient of variation ``cv``: > 1 is bursty) or ``burst`` (all at 0).
-        prompt, output: ``(kind, params)`` with kind ``fixed [n]``, ``uniform [lo, hi]``
-            (inclusive), ``lognormal [median, sigma]``, ``pareto [scale, shape]`` (heavy
-            tail) or ``empirical [values...]`` (resampled, e.g. a trace column); draws are
-            rounded and clamped to ``*_clamp``.
+            ``1/rate`` s, coefficient of variation ``cv``: > 1 is bursty) or ``burst`` (all
+            at 0). ``rate`` and ``cv`` must be finite and > 0.
+        prompt, output: ``(kind, params)`` in tokens, with kind ``fixed [n]``, ``uniform
+            [lo, hi]`` (inclusive), ``lognormal [median, sigma]``, ``pareto [scale, shape]``
+            (heavy tail) or ``empirical [values...]`` (resampled, e.g. a trace column);
+            draws are rounded and clamped to ``*_clamp``.
+        prompt_clamp, output_clamp: ``(min, max)`` tokens, ``1 <= min <= max <=``
+            :data:`MAX_REQUEST_TOKENS`.
         priority_levels: priorities drawn uniformly from ``0..priority_levels``.
         shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token
-            ids starting with one of ``num_prefixes`` random prefixes.
+            ids starting with one of ``num_prefixes`` random prefixes of ``prefix_len``
+            tokens (at most 2**28 prefix tokens, and 2**28 prompt tokens in all).
+        seed: any int in ``0..2**64``.
 
     Raises:
-        InvalidArgumentError: a bad rate, distribution or clamp.
+        InvalidArgumentError: any argument out of range (named): a count above its limit
+            or negative, a bool where a count or number is meant, a NaN or infinite rate,
+            an unknown or malformed distribution, a bad clamp, a negative seed.
     """
     d = _native.synthesize_workload(
         num_requests,
         arrivals=arrivals,
         rate=rate,
         cv=cv,
-        prompt=(prompt[0], [float(x) for x in prompt[1]]),
-        output=(output[0], [float(x) for x in output[1]]),
+        prompt=prompt,
+        output=output,
         prompt_clamp=prompt_clamp,
         output_clamp=output_clamp,
         priority_levels=priority_levels,
@@ -199,9 +281,22 @@ class SchedulerConfig:
         chunked_prefill: split prompts that exceed the remaining budget.
         watermark: fraction of the pool admission leaves free.
         queue: ``fcfs`` or ``priority`` (lower value first).
-        allocation: ``paged`` (blocks on demand) or ``reserve`` (Orca: the maximum length
-            at admission, ``reserve_tokens`` per request or each request's own
-            ``prompt + output - 1`` when None).
+        allocation: how admission claims KV memory.
+
+            - ``paged``: blocks on demand as tokens are computed (vLLM).
+            - ``reserve``: Orca-style max-length reservation: every request reserves the
+              blocks of ``reserve_tokens`` tokens at admission (pass the model's
+              context, ``ModelConfig.max_context``). ``reserve_tokens`` is required
+              (InvalidArgumentError naming it when None). A request whose
+              ``prompt + output`` exceeds ``reserve_tokens`` can never be served: it gets
+              outcome 1 (rejected) and is counted in ``summary["rejected"]``.
+            - ``oracle``: each request reserves its own final length (``prompt + output
+              - 1`` tokens under ``vllm``, ``prompt + output`` under ``decode_first``): an
+              oracle that knows output lengths, the most favourable reservation.
+
+            Neither reservation ever preempts.
+        reserve_tokens: tokens reserved per request under ``reserve`` (1 to 2**32 - 1);
+            ignored by ``paged`` and ``oracle``.
         preemption: ``recompute`` (free, requeue at the front) or ``swap`` (to a host pool
             of ``host_blocks`` blocks; recompute when it is full).
         victim: ``newest`` or ``lowest_priority``.
@@ -217,7 +312,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     watermark: float = 0.0
     queue: Literal["fcfs", "priority"] = "fcfs"
-    allocation: Literal["paged", "reserve"] = "paged"
+    allocation: Literal["paged", "reserve", "oracle"] = "paged"
     reserve_tokens: Optional[int] = None
     preemption: Literal["recompute", "swap"] = "recompute"
     host_blocks: int = 0
@@ -230,7 +325,8 @@ class SimConfig:
     """Pool shape, scheduler, and run options.
 
     Attributes:
-        num_blocks: device blocks; block_size: tokens per block.
+        num_blocks: device blocks; block_size: tokens per block (the pool's limits apply:
+            at most 2**30 blocks of at most 65,536 tokens).
         prefix_caching: cache prompt blocks of workloads given as token ids or block keys
             (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
             to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``. A cached admission
@@ -286,8 +382,16 @@ class Roofline:
         Raises:
             UnknownPresetError: ``compute_dtype`` has no peak on the device, or
                 ``kv_dtype`` is not a storage dtype.
-            InvalidArgumentError: a malformed ``kv_dtype`` granularity.
+            InvalidArgumentError: a malformed ``kv_dtype`` granularity; an efficiency
+                outside (0, 1], a host link bandwidth that is not finite and > 0, a
+                ``block_size`` that is not an int >= 1, an ``overhead`` that is not finite
+                and >= 0 (each named).
         """
+        _count(self.block_size, "block_size", 1)
+        _positive(self.overhead, "overhead", zero=True)
+        _positive(self.flops_efficiency, "flops_efficiency", most=1.0)
+        _positive(self.bandwidth_efficiency, "bandwidth_efficiency", most=1.0)
+        _positive(self.host_link_bandwidth, "host_link_bandwidth")
         m, h = self.model, self.hardware
         kv = float(m.kv_bytes_per_token(self.kv_dtype))
         return [
@@ -310,28 +414,40 @@ def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 
 
     Raises:
         UnknownPresetError: an unknown model or hardware name.
+        InvalidArgumentError: a ``block_size`` that is not an int >= 1, an ``overhead``
+            that is not a finite number >= 0.
     """
-    return Roofline(model_preset(model), hardware_preset(hardware), block_size, overhead)
+    return Roofline(model_preset(model), hardware_preset(hardware), _count(block_size, "block_size", 1),
+                    _positive(overhead, "overhead", zero=True))
 
 
 def kv_blocks_for_memory(
-    model: ModelConfig, hardware: Hardware, block_size: int = 16, memory_fraction: float = 0.9, kv_dtype: str = "bf16"
+    model: ModelConfig,
+    hardware: Hardware,
+    block_size: int = 16,
+    *,
+    budget: Optional[Budget] = None,
+    kv_dtype: str = "bf16",
 ) -> int:
-    """Device blocks left for KV: ``memory_fraction`` of device memory minus the weights,
-    in blocks of ``block_size`` tokens.
+    """Device blocks of ``block_size`` tokens left for KV by ``budget`` (default:
+    :func:`pykvpool.ledger.default_budget` of ``hardware``, the budget ``pykvpool ledger``
+    uses): exactly ``MemoryLedger(model, budget, kv_dtype).token_capacity // block_size``
+    (Llama-3-8B BF16 on the A100-80GB: 500,063 tokens = 31,253 blocks of 16).
 
     Raises:
-        InvalidArgumentError: the weights do not fit, or a malformed ``kv_dtype``
-            granularity.
-        UnknownPresetError: ``kv_dtype`` is not a storage dtype.
+        BudgetError: (an InvalidArgumentError) the weights plus the reserve leave no room
+            for one block of KV.
+        InvalidArgumentError: ``block_size`` < 1, a bad dtype or budget.
     """
-    free = hardware.memory_bytes * memory_fraction - model.weight_bytes
-    if free <= 0:
-        raise _native.InvalidArgumentError(
-            f"the weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit in {memory_fraction:.0%} of "
-            f"{hardware.memory_bytes / 2**30:.0f} GiB"
-        )
-    return int(free // (block_size * model.kv_bytes_per_token(kv_dtype)))
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise _native.InvalidArgumentError(f"block_size must be an integer >= 1, got {block_size!r}")
+    ledger = MemoryLedger(model, default_budget(hardware) if budget is None else budget, storage_dtype(kv_dtype))
+    blocks = ledger.token_capacity // block_size
+    if blocks < 1:
+        raise BudgetError(f"the KV budget ({ledger.kv_budget_bytes / 2**30:.2f} GiB) holds no block of "
+                          f"{block_size} tokens", needed_bytes=block_size * ledger.bytes_per_token,
+                          available_bytes=ledger.kv_budget_bytes)
+    return blocks
 
 
 #: seconds per step (constant), a :class:`Roofline`, or a Python callable.
@@ -353,18 +469,24 @@ class SimulationResult:
             filled and reserved blocks count as waste), cache_query_tokens,
             cache_hit_tokens, prefix_hit_rate (NaN without a cached admission), preemptions,
             swapped_blocks.
-        summary: scalars: counts, makespan, throughput (tokens/s, requests/s), peak
-            running and blocks, mean utilization, prefix hit rate, and
-            ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` over finished requests.
+        summary: scalars: counts (int), makespan (s), throughput (tokens/s, requests/s),
+            peak running and blocks, mean utilization, prefix hit rate (0 when nothing was
+            looked up), and ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` (s) over
+            finished requests. A statistic over an empty set is None, never NaN: the
+            latencies without a finished request (TPOT: without a finished request of 2 or
+            more output tokens), makespan without a finished request, throughputs
+            without a positive makespan, mean utilization without a recorded step.
     """
 
     requests: dict[str, Array]
     steps: dict[str, Array]
-    summary: dict[str, float]
+    #: int, float, or None (see above).
+    summary: dict[str, Any]
 
     def to_csv(self, directory: Union[str, os.PathLike[str]], prefix: str = "") -> list[str]:
         """Write ``requests.csv``, ``steps.csv`` and ``summary.csv`` into ``directory``
-        (created if needed), each name after ``prefix``; returns the paths written.
+        (created if needed), each name after ``prefix``; returns the paths written. A None
+        summary value is an empty cell.
 
         Raises:
             OSError: ``directory`` cannot be created or a file cannot be written.
@@ -398,14 +520,20 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
     """Simulate ``workload`` under ``config``; steps last ``time_model`` seconds.
 
     A constant 0.0 counts steps only (every time is 0). A Python callable is called once
-    per step with the GIL held; its exceptions propagate.
+    per step with the GIL held; its exceptions propagate. An empty workload gives empty
+    columns and a summary of zero counts and None statistics.
 
     Raises:
-        InvalidArgumentError: bad columns or configuration.
+        InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, lengths outside
+            ``1..=MAX_REQUEST_TOKENS``, more than :data:`MAX_REQUESTS` requests, NaN or
+            negative arrivals) or configuration (unknown policy names, ``reserve``
+            without ``reserve_tokens``, counts out of range, bools as counts), each
+            naming the argument; a step-time callable returning something other than
+            seconds.
     """
     s = config.scheduler
     d = _native.run_simulation(
-        np.ascontiguousarray(workload.arrival, dtype=np.float64),
+        workload.arrival,
         workload.prompt_len,
         workload.output_len,
         workload.priority,

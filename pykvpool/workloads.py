@@ -5,7 +5,8 @@
   are identical element by element.
 - :func:`azure_trace`: the Azure LLM inference traces 2023 (code, conversation), shipped in
   ``pykvpool/data/azure_llm_2023`` (CC-BY 4.0, Patel et al., ISCA 2024).
-- :func:`read_trace`: an Azure-format CSV or a file of one length per line.
+- :func:`read_trace`: a CSV or JSONL trace (Azure or Mooncake columns, or named ones) or a
+  file of one length per line.
 - :meth:`Workload.from_lengths`: any array of lengths.
 
 A request's length is its final KV length in tokens: prompt + generated tokens.
@@ -14,9 +15,7 @@ A request's length is its final KV length in tokens: prompt + generated tokens.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy.typing as npt
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.errors import TraceFormatError, UnknownPresetError
+from pykvpool.tracefile import TraceColumns, named_trace_path, read_table
 
 __all__ = [
     "ARTICLE_MAX_LEN",
@@ -47,7 +47,7 @@ AZURE_ATTRIBUTION = (
     "ISCA 2024"
 )
 """The citation to print with any result computed from the Azure traces."""
-_AZURE_FILES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
+_AZURE_KINDS = ("code", "conv")
 
 
 @dataclass(frozen=True)
@@ -149,25 +149,15 @@ def article_heavy_tail(n: int = ARTICLE_REQUESTS, seed: int = ARTICLE_SEED) -> W
 
 
 def azure_trace_path(kind: str) -> Path:
-    """Path of the shipped Azure trace ``kind`` (``"code"`` or ``"conv"``); falls back to
-    ``../shared/data/azure_llm_2023`` beside a source checkout when the package data is
-    missing.
+    """Path of the Azure trace ``kind`` (``"code"`` or ``"conv"``) shipped in the package.
 
     Raises:
         UnknownPresetError: another kind.
-        FileNotFoundError: neither copy exists.
+        FileNotFoundError: the package was installed without its data files.
     """
-    if kind not in _AZURE_FILES:
-        raise UnknownPresetError("Azure trace", kind, sorted(_AZURE_FILES))
-    fname = _AZURE_FILES[kind]
-    packaged = Path(str(resources.files("pykvpool") / "data" / "azure_llm_2023" / fname))
-    if packaged.is_file():
-        return packaged
-    repo_root = Path(__file__).resolve().parent.parent
-    shared = repo_root.parent / "shared" / "data" / "azure_llm_2023" / fname
-    if shared.is_file():
-        return shared
-    raise FileNotFoundError(f"{fname} is neither in the package data nor in ../shared/data")
+    if kind not in _AZURE_KINDS:
+        raise UnknownPresetError("Azure trace", kind, sorted(_AZURE_KINDS))
+    return named_trace_path(f"azure-{kind}")
 
 
 def azure_trace(kind: str) -> Workload:
@@ -181,72 +171,26 @@ def azure_trace(kind: str) -> Workload:
     return Workload(f"Azure {kind} trace", wl.lengths, wl.prompt_lengths, AZURE_ATTRIBUTION)
 
 
-def _parse_int(text: str, path: str, line: int, what: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise TraceFormatError(path, line, f"{what} {text.strip()!r} is not an integer") from None
-    if value < 0:
-        raise TraceFormatError(path, line, f"{what} {value} is negative")
-    return value
+def read_trace(path: str | os.PathLike[str], columns: TraceColumns | None = None) -> Workload:
+    """Read a trace file with :func:`pykvpool.tracefile.read_table` (the same reader as
+    the simulator's): a CSV with a header (by default the Azure columns
+    ``ContextTokens`` and ``GeneratedTokens``; other columns are ignored), a JSONL file
+    (by default Mooncake's ``input_length`` and ``output_length``), or a plain file of one
+    positive integer length per line (blank lines and ``#`` comments are skipped). A
+    request's length is prompt + output tokens.
 
-
-def read_trace(path: str | os.PathLike[str]) -> Workload:
-    """Read a trace file.
-
-    Two formats: a CSV whose header names ``ContextTokens`` and ``GeneratedTokens`` (the
-    Azure format; other columns are ignored), or a plain file of one positive integer
-    length per line (blank lines and ``#`` comments are skipped).
+    Args:
+        columns: the prompt and output fields of a CSV/JSONL trace (times are ignored).
 
     Raises:
-        TraceFormatError: the file is empty, or a line has a missing or non-integer field,
-            a negative count or a zero total length; ``line`` is 1-based.
+        TraceFormatError: not UTF-8 text, the file is empty, or a line has a missing or
+            non-integer field, a negative count, a count above ``tracefile.MAX_TOKENS``
+            or a zero total length; ``line`` is 1-based.
         FileNotFoundError / OSError: the file cannot be read.
     """
-    p = str(path)
-    with open(p, encoding="utf-8-sig") as f:
-        lines = f.read().splitlines()
-    first = next((i for i, t in enumerate(lines) if t.strip() and not t.lstrip().startswith("#")), None)
-    if first is None:
-        raise TraceFormatError(p, 0, "the file holds no request")
-    header = [c.strip() for c in lines[first].split(",")]
-    if "ContextTokens" in header or "GeneratedTokens" in header:
-        return _read_csv(p, lines, first, header)
-    lengths: list[int] = []
-    for i in range(first, len(lines)):
-        text = lines[i].split("#", 1)[0]
-        if not text.strip():
-            continue
-        value = _parse_int(text, p, i + 1, "length")
-        if value == 0:
-            raise TraceFormatError(p, i + 1, "length 0: every request holds at least one token")
-        lengths.append(value)
-    return Workload(Path(p).name, np.asarray(lengths, dtype=np.int64), None, p)
-
-
-def _read_csv(p: str, lines: Sequence[str], first: int, header: list[str]) -> Workload:
-    for col in ("ContextTokens", "GeneratedTokens"):
-        if col not in header:
-            raise TraceFormatError(p, first + 1, f"header has no {col!r} column")
-    ci, gi = header.index("ContextTokens"), header.index("GeneratedTokens")
-    width = len(header)
-    prompts: list[int] = []
-    outputs: list[int] = []
-    for i in range(first + 1, len(lines)):
-        if not lines[i].strip():
-            continue
-        cells = lines[i].split(",")
-        if len(cells) != width:
-            raise TraceFormatError(p, i + 1, f"expected {width} fields, found {len(cells)}")
-        c = _parse_int(cells[ci], p, i + 1, "ContextTokens")
-        g = _parse_int(cells[gi], p, i + 1, "GeneratedTokens")
-        if c + g == 0:
-            raise TraceFormatError(p, i + 1, "a request with 0 tokens")
-        prompts.append(c)
-        outputs.append(g)
-    if not prompts:
-        raise TraceFormatError(p, 0, "the file holds a header but no request")
-    pr = np.asarray(prompts, dtype=np.int64)
-    return Workload(Path(p).name, pr + np.asarray(outputs, dtype=np.int64), pr, p)
-
-
+    p = os.fspath(path)
+    t = read_table(p, columns, want_time=False)
+    zero = np.flatnonzero(t.lengths == 0)
+    if zero.size:
+        raise TraceFormatError(p, int(t.lines[zero[0]]), "a request with 0 tokens")
+    return Workload(Path(p).name, t.lengths, t.prompt, p)

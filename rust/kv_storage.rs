@@ -66,7 +66,12 @@ impl DType {
 }
 
 /// A storage element: converts from f32 with round-to-nearest-even and back exactly.
-pub trait Elem: Copy + Send + Sync + 'static {
+///
+/// Sealed: implemented for exactly `f32`, `half::f16` and `half::bf16`, and no other
+/// crate can add a type. Unsafe code relies on it ([`cast`] and the kernels' raw SIMD
+/// loads): every implementor is plain old data (any bit pattern is a value, no padding)
+/// of `DTYPE.size()` bytes, and `DTYPE` names its layout.
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {
     const DTYPE: DType;
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
@@ -106,6 +111,14 @@ impl Elem for half::bf16 {
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
     }
+}
+
+mod sealed {
+    /// The private supertrait of [`super::Elem`]: only this module can implement it.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
 }
 
 /// Call `$body` with `$E` bound to the element type of `$dtype`.
@@ -236,6 +249,13 @@ impl KvCache {
         self.buf.huge_pages()
     }
 
+    /// Addresses of the whole allocation (every layer, padding included): fixed for the
+    /// cache's life, so a caller can tell whether another buffer aliases it.
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.buf.as_ptr() as usize;
+        start..start + self.buf.len()
+    }
+
     /// Element strides of the logical `[num_blocks, block_size, num_kv_heads, head_dim]`
     /// view of K (dimension-major tiles), from the first element of [`Self::layer`]'s K.
     pub fn key_strides(&self) -> [usize; 4] {
@@ -350,7 +370,7 @@ impl KvCache {
     pub fn copy_blocks(&mut self, pairs: &[(i64, i64)]) -> Result<()> {
         let nb = self.shape.num_blocks as i64;
         if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
-            return Err(invalid!("copy pair {p:?} outside block range 0..{nb}"));
+            return Err(invalid!("pairs: copy pair {p:?} outside block range 0..{nb}"));
         }
         // K and V of a block are one run of `block_stride` elements.
         let block_bytes = self.shape.block_stride() * self.dtype.size();
@@ -366,7 +386,8 @@ impl KvCache {
     }
 }
 
-fn check_cast<E>(bytes: &[u8]) {
+fn check_cast<E: Elem>(bytes: &[u8]) {
+    assert_eq!(std::mem::size_of::<E>(), E::DTYPE.size(), "Elem {:?} has the wrong size", E::DTYPE);
     // Regions start REGION_ALIGN-aligned in a 2 MiB-aligned buffer and hold whole elements.
     assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<E>()) && bytes.len().is_multiple_of(std::mem::size_of::<E>()));
 }

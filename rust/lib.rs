@@ -12,6 +12,12 @@
 //! Prefix caching plugs into the pool: [`block_hash`] (chained block keys) ->
 //! [`prefix_cache`] (key <-> block, idle blocks, metrics, events) with [`eviction`] and
 //! [`pins`] -> [`pool_prefix`] (admission by token ids or block keys, on `BlockPool`).
+//!
+//! Every `unsafe` block states why it is sound (`// SAFETY:`), and an `unsafe fn` body
+//! is not one implicit unsafe block: both lints below are errors.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod aligned;
 pub mod allocator;

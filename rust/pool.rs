@@ -173,7 +173,7 @@ impl BlockPool {
 
     pub fn refcount(&self, b: BlockId) -> Result<u32> {
         if b.index() >= self.num_blocks() {
-            return Err(invalid!("{b} is outside the pool of {} blocks", self.num_blocks()));
+            return Err(invalid!("block_id: {b} is outside the pool of {} blocks", self.num_blocks()));
         }
         Ok(self.alloc.refcount(b))
     }
@@ -209,7 +209,7 @@ impl BlockPool {
         match len.checked_add(n) {
             Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
             _ => Err(invalid!(
-                "a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
+                "num_tokens: a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
             )),
         }
     }
@@ -597,7 +597,7 @@ impl BlockPool {
     pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
         let len = self.seq_len(seq)?;
         if n > len {
-            return Err(invalid!("cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
+            return Err(invalid!("num_tokens: cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
         }
         let new_len = len - n;
         let keep = blocks_for(new_len, self.block_size);
@@ -665,7 +665,7 @@ impl BlockPool {
         }
         let need = self.max_table_len(seqs)?;
         if need > width {
-            return Err(invalid!("a table of {need} blocks does not fit in {width} columns"));
+            return Err(invalid!("max_blocks: a table of {need} blocks does not fit in {width} columns"));
         }
         for (row, s) in out.chunks_exact_mut(width.max(1)).zip(seqs) {
             let blocks = self.seqs[s].table.blocks();

@@ -100,8 +100,11 @@ const MAX_PASSES: usize = 1000;
 /// `passes` (default 7) sweeps.
 pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
     let nbytes = nbytes.unwrap_or(DEFAULT_PROBE_BYTES);
-    if !(1 << 20..=1 << 40).contains(&nbytes) {
-        return Err(invalid!("probe size must be in 1 MiB..=1 TiB, got {nbytes} bytes"));
+    // Every byte is touched: a size beyond the machine's memory would get the process
+    // killed instead of an error.
+    let max = max_probe_bytes();
+    if !(1 << 20..=max).contains(&nbytes) {
+        return Err(invalid!("nbytes must be in 1 MiB..={max} bytes (half the physical memory, at most 1 TiB), got {nbytes}"));
     }
     let passes = check_passes(passes)?;
     let pool = crate::threads::pool_with(threads)?;
@@ -115,12 +118,24 @@ pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Opt
     Ok(time_reads(&buf.as_slice()[..nbytes], &pool, share, passes))
 }
 
+/// Largest fresh probe buffer: half the physical memory, at most 1 TiB (1 TiB when the
+/// memory size is unknown).
+fn max_probe_bytes() -> usize {
+    #[cfg(unix)]
+    // SAFETY: sysconf only reads system configuration; any argument is allowed.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    #[cfg(not(unix))]
+    let (pages, page) = (-1i64, -1i64);
+    let phys = usize::try_from(pages).ok().zip(usize::try_from(page).ok()).and_then(|(n, p)| n.checked_mul(p));
+    phys.filter(|&b| b > 0).map_or(1 << 40, |b| (b / 2).min(1 << 40))
+}
+
 /// Read bandwidth in bytes/s over memory that already exists (a KV cache's own buffer:
 /// the same pages the kernel reads, which on a virtual machine need not stream as fast
 /// as a fresh allocation), best of `passes` (default 7) sweeps with `threads` threads.
 pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
     if bytes.len() < 1 << 20 {
-        return Err(invalid!("probe size must be at least 1 MiB, got {} bytes", bytes.len()));
+        return Err(invalid!("the cache must hold at least 1 MiB to be probed, got {} bytes", bytes.len()));
     }
     let passes = check_passes(passes)?;
     let pool = crate::threads::pool_with(threads)?;

@@ -64,11 +64,11 @@ impl TableSync {
             ));
         }
         if seqs.len() > self.rows.len() {
-            return Err(invalid!("{} sequences do not fit in {} rows", seqs.len(), self.rows.len()));
+            return Err(invalid!("seq_ids: {} sequences do not fit in {} rows", seqs.len(), self.rows.len()));
         }
         let need = pool.max_table_len(seqs)?;
         if need > self.width {
-            return Err(invalid!("a table of {need} blocks does not fit in {} columns", self.width));
+            return Err(invalid!("seq_ids: a table of {need} blocks does not fit in {} columns", self.width));
         }
         let mut written = 0;
         for (i, &seq) in seqs.iter().enumerate() {

@@ -21,7 +21,7 @@ static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
 
 fn build(n: usize) -> Result<Arc<ThreadPool>> {
     if n == 0 || n > MAX_THREADS {
-        return Err(invalid!("thread count must be in 1..={MAX_THREADS}, got {n}"));
+        return Err(invalid!("threads must be in 1..={MAX_THREADS}, got {n}"));
     }
     ThreadPoolBuilder::new()
         .num_threads(n)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import numpy as np
 
 import pykvpool as kv
 
@@ -18,6 +21,15 @@ def snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
         [pool.seq_len(s) for s in ids],
         [pool.refcount(b) for b in range(pool.num_blocks)],
     )
+
+
+def checksum(cache: kv.KvCache) -> str:
+    """A digest of every K and V byte of ``cache``: equal digests mean unchanged storage."""
+    h = hashlib.sha256()
+    for layer in range(cache.num_layers):
+        for view in (cache.key(layer), cache.value(layer)):
+            h.update(np.ascontiguousarray(view).view(np.uint8).tobytes())
+    return h.hexdigest()
 
 
 def table_slots(pool: kv.BlockPool, seq: int) -> list[int]:

@@ -9,7 +9,7 @@ use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedP
 use pykvpool::sim::*;
 
 fn uniform(lo: u32, hi: u32) -> LengthSpec {
-    LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: u32::MAX }
+    LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: MAX_REQUEST_TOKENS }
 }
 
 fn workload(n: usize, arrivals: Arrivals, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
@@ -160,13 +160,88 @@ fn paged_admits_more_than_reservation() {
     let w = workload(400, Arrivals::Burst, (100, 300), (50, 1000), 4);
     let mut cfg = SimConfig::new(1500, 16);
     let paged = run(&w, &cfg, 0.01);
-    cfg.scheduler.allocation = Allocation::Reserve { max_tokens: Some(2048) };
+    cfg.scheduler.allocation = Allocation::Reserve { tokens: 2048 };
     let orca = run(&w, &cfg, 0.01);
     assert!(paged.summary.peak_running > orca.summary.peak_running);
     assert_eq!(orca.summary.preemptions, 0);
-    assert!(paged.summary.mean_utilization > orca.summary.mean_utilization);
-    assert!(paged.summary.makespan < orca.summary.makespan);
+    assert!(paged.summary.mean_utilization.unwrap() > orca.summary.mean_utilization.unwrap());
+    assert!(paged.summary.makespan.unwrap() < orca.summary.makespan.unwrap());
     assert_conserved(&w, &orca, Convention::Vllm);
+}
+
+#[test]
+fn reserve_rejects_what_exceeds_the_reservation_and_holds_it_whole() {
+    // prompt + output: 100 fits a 100-token reservation, 101 never can.
+    let w = Workload::new(vec![0.0; 4], vec![60, 61, 10, 30], vec![40, 40, 5, 70], None).unwrap();
+    let mut cfg = SimConfig::new(100, 16);
+    cfg.scheduler.allocation = Allocation::Reserve { tokens: 100 };
+    cfg.check_invariants = true;
+    let r = run(&w, &cfg, 1.0);
+    let (ok, no) = (Outcome::Finished as u8, Outcome::Rejected as u8);
+    assert_eq!(r.requests.outcome, vec![ok, no, ok, ok]);
+    // Each running request holds ceil(100 / 16) = 7 blocks, allocated or promised.
+    for (i, &running) in r.steps.running.iter().enumerate() {
+        assert_eq!(r.steps.blocks_used[i] + r.steps.blocks_reserved[i], 7 * running, "step {i}");
+    }
+    assert_conserved(&w, &r, Convention::Vllm);
+    cfg.scheduler.allocation = Allocation::Reserve { tokens: 0 };
+    assert!(simulate(&w, &cfg, &mut ConstantTime(1.0)).is_err());
+}
+
+#[test]
+fn oracle_reserves_each_request_own_final_length() {
+    for (conv, longest) in [(Convention::Vllm, 70 + 41 - 1), (Convention::DecodeFirst, 70 + 41)] {
+        let w = workload(200, Arrivals::Burst, (70, 70), (41, 41), 9);
+        let mut cfg = SimConfig::new(120, 16);
+        cfg.scheduler.allocation = Allocation::Oracle;
+        cfg.scheduler.convention = conv;
+        cfg.check_invariants = true;
+        let r = run(&w, &cfg, 1.0);
+        let per_request = (longest as u32).div_ceil(16);
+        for (i, &running) in r.steps.running.iter().enumerate() {
+            assert_eq!(r.steps.blocks_used[i] + r.steps.blocks_reserved[i], per_request * running, "{conv:?} step {i}");
+        }
+        assert_eq!(r.summary.peak_running, (120 / per_request) as u64);
+        assert_eq!(r.summary.preemptions, 0);
+        assert_conserved(&w, &r, conv);
+    }
+}
+
+#[test]
+fn limits_are_errors_and_an_empty_run_has_no_statistics() {
+    let too_long = Workload::new(vec![0.0], vec![MAX_REQUEST_TOKENS + 1], vec![1], None);
+    assert!(matches!(too_long, Err(pykvpool::KvError::InvalidArgument(m)) if m.contains("prompt_len[0]")));
+    let spec = |n| SyntheticSpec {
+        num_requests: n,
+        arrivals: Arrivals::Burst,
+        prompt: uniform(1, 10),
+        output: uniform(1, 10),
+        priority_levels: 1,
+        shared_prefixes: None,
+        seed: 0,
+    };
+    assert!(synthesize(&spec(MAX_REQUESTS + 1)).is_err());
+    assert!(synthesize(&spec(usize::MAX)).is_err());
+    let mut cfg = SimConfig::new(10, 16);
+    cfg.scheduler.max_batched_tokens = Some(MAX_STEP_TOKENS as usize + 1);
+    assert!(simulate(&synthesize(&spec(3)).unwrap(), &cfg, &mut ConstantTime(0.0)).is_err());
+    let empty = run(&synthesize(&spec(0)).unwrap(), &SimConfig::new(10, 16), 1.0);
+    let s = &empty.summary;
+    assert_eq!((s.num_requests, s.steps, s.finished), (0, 0, 0));
+    assert!(s.ttft.is_none() && s.makespan.is_none() && s.output_throughput.is_none() && s.mean_utilization.is_none());
+}
+
+#[test]
+fn the_longest_requests_keep_their_arithmetic_in_range() {
+    // 2^24 + 2^24 - 1 tokens of KV: rejected by a pool of 2^24 + 2^16 tokens; a 2^24-token
+    // prompt with one output token fits it and runs.
+    let big = MAX_REQUEST_TOKENS;
+    let w = Workload::new(vec![0.0, 0.0], vec![big, big], vec![big, 1], None).unwrap();
+    let mut cfg = SimConfig::new(257, 1 << 16);
+    cfg.max_steps = Some(4);
+    let r = run(&w, &cfg, 1.0);
+    assert_eq!(r.requests.outcome, vec![Outcome::Rejected as u8, Outcome::Unfinished as u8]);
+    assert_eq!(r.steps.prefill_tokens, vec![8192; 4]);
 }
 
 #[test]
@@ -209,7 +284,8 @@ fn prefix_caching_lowers_ttft_on_shared_prefixes() {
     cfg.check_invariants = true;
     let on = t(&cfg);
     assert!(on.summary.prefix_hit_rate > 0.4, "hit rate {}", on.summary.prefix_hit_rate);
-    assert!(on.summary.ttft.mean < 0.8 * off.summary.ttft.mean, "{} vs {}", on.summary.ttft.mean, off.summary.ttft.mean);
+    let (on_ttft, off_ttft) = (on.summary.ttft.unwrap().mean, off.summary.ttft.unwrap().mean);
+    assert!(on_ttft < 0.8 * off_ttft, "{on_ttft} vs {off_ttft}");
     assert_eq!(off.summary.cached_tokens, 0);
     assert_conserved(&w, &on, Convention::Vllm);
 }
@@ -242,7 +318,7 @@ fn policy() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         prop_oneof![Just(0.0), Just(0.05)],
         any::<bool>(),
-        prop_oneof![Just(Allocation::Paged), Just(Allocation::Reserve { max_tokens: None })],
+        prop_oneof![Just(Allocation::Paged), Just(Allocation::Oracle), (20u32..150).prop_map(|tokens| Allocation::Reserve { tokens })],
         prop_oneof![Just(Preemption::Recompute), (0usize..30).prop_map(|h| Preemption::Swap { host_blocks: h })],
         any::<bool>(),
         prop_oneof![Just(Convention::Vllm), Just(Convention::DecodeFirst)],

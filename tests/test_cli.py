@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +13,13 @@ from pathlib import Path
 import pytest
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "pykvpool.cli", *args], capture_output=True,
-                          text=True, check=False, cwd=cwd, timeout=120)
+                          text=True, check=False, cwd=cwd, timeout=300, env=env)
 
 
 @pytest.mark.parametrize("sub", [[], ["ledger"], ["sweep"], ["report"]])
@@ -114,18 +121,19 @@ def test_report_without_measurement(tmp_path: Path) -> None:
      (["ledger", "--seq-len", "0"], "must be >= 1"),
      (["ledger", "--batch", "-3"], "must be >= 1"),
      (["ledger", "--memory-gib", "-80"], "must be > 0"),
-     (["ledger", "--reserve-gib", "-1"], "must be a number >= 0"),
+     (["ledger", "--reserve-gib", "-1"], "--reserve-gib: must be >= 0, got -1"),
      (["ledger", "--fraction", "1.5"], "fraction"),
      (["ledger", "--memory-gib", "12"], "exceed the usable"),
      (["ledger", "--model", "llama-3-70b", "--hardware", "a100-80gb-sxm"], "exceed the usable"),
      (["sweep", "--block-size", "0"], "must be >= 1"),
-     (["sweep", "--prefix", "9999"], "prefix_len"),
+     (["sweep", "--prefix", "9999"], "--prefix 9999 exceeds the shortest request (512 tokens)"),
      (["sweep", "--workload", "nope"], "invalid choice"),
      (["sweep", "--trace", "/nonexistent/trace.csv"], "No such file")],
 )
 def test_bad_input(args: list[str], message: str) -> None:
     r = run(*args)
     assert r.returncode == 2
+    assert r.stderr.startswith("pykvpool: error: ")
     assert message in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -146,7 +154,7 @@ def test_empty_workload(tmp_path: Path) -> None:
     g = tmp_path / "long.txt"
     g.write_text("9000\n")
     r = run("sweep", "--trace", str(g), "--max-len", "4096")
-    assert r.returncode == 2 and "empty" in r.stderr
+    assert r.returncode == 2 and "every request of long.txt is longer than --max-len 4,096 tokens" in r.stderr
 
 
 def test_bad_hf_config(tmp_path: Path) -> None:
@@ -166,3 +174,31 @@ def test_ledger_on_this_machine() -> None:
     else:  # the kernel module is not in this build: a clear error, not a traceback
         assert r.returncode == 2
         assert "decode-kernel module" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_readme_cli_examples_run_from_any_folder(tmp_path: Path) -> None:
+    """Every ``pykvpool`` line of the README runs (the report and the machine measurement
+    have their own tests), from a folder outside the checkout, and none points outside
+    the package."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "../" not in readme
+    commands = re.findall(r"^pykvpool (\S.*?)(?:\s+#.*)?$", readme, re.M)
+    assert len(commands) >= 9
+    (tmp_path / "my_lengths.txt").write_text("\n".join(str(n) for n in range(600, 8600, 400)))
+    (tmp_path / "my.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    (tmp_path / "path" / "to" / "config.json").write_text(json.dumps(
+        {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}))
+    ran = 0
+    for cmd in commands:
+        args = shlex.split(cmd)
+        if args[0] == "report" or "this" in args:
+            continue
+        r = run(*args, cwd=tmp_path)
+        assert r.returncode == 0, (cmd, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr
+        ran += 1
+    assert ran >= 8
+    assert (tmp_path / "sim-out" / "requests.csv").is_file()

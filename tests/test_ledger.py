@@ -28,18 +28,18 @@ LLAMA3_8B_HF: dict[str, Any] = {
 def test_llama3_8b_bytes_per_token_and_sequence() -> None:
     gqa, _ = article_ledgers()
     assert gqa.bytes_per_token == 131072 == 2 * 32 * 8 * 128 * 2
-    assert gqa.kv_bytes(8192) == 1 * GIB
-    assert f"{gqa.kv_bytes(8192) / GIB:.2f}" == "1.00"
+    assert gqa.kv_bytes(seq_len=8192) == 1 * GIB
+    assert f"{gqa.kv_bytes(seq_len=8192) / GIB:.2f}" == "1.00"
 
 
 def test_weights_batch32_batch64() -> None:
     gqa, _ = article_ledgers()
     assert gqa.weight_bytes == 8.03e9 * 2
     assert f"{gqa.weight_bytes / GIB:.2f}" == "14.96"
-    r32 = gqa.row(32, 8192)
+    r32 = gqa.row(batch=32, seq_len=8192)
     assert r32.kv_bytes == 32 * GIB
     assert f"{r32.kv_over_weights:.2f}" == "2.14"
-    r64 = gqa.row(64, 8192)
+    r64 = gqa.row(batch=64, seq_len=8192)
     assert f"{r64.weights_plus_kv_bytes / GIB:.2f}" == "78.96"
     assert r64.total_bytes == r64.weights_plus_kv_bytes + 4 * GIB
     assert r64.total_bytes > gqa.budget.usable_bytes  # the article: batch 64 exceeds 80 GiB
@@ -48,7 +48,7 @@ def test_weights_batch32_batch64() -> None:
 def test_mha_variant() -> None:
     _, mha = article_ledgers()
     assert mha.bytes_per_token == 512 * 1024
-    assert mha.kv_bytes(8192, 32) == 128 * GIB
+    assert mha.kv_bytes(seq_len=8192, batch=32) == 128 * GIB
 
 
 def test_videos() -> None:
@@ -82,27 +82,27 @@ def test_block_causal_mask() -> None:
 
 def test_decode_bound_a100() -> None:
     gqa, _ = article_ledgers()
-    b = gqa.decode_bound(hardware_preset("a100-80gb-sxm"), 8192, 1)
+    b = gqa.decode_bound(hardware_preset("a100-80gb-sxm"), seq_len=8192, batch=1)
     assert b.memory_bound
     assert f"{b.step_time * 1e3:.1f}" == "8.4"
     assert round(b.tokens_per_s) == 119
     assert b.bytes_moved == 8.03e9 * 2 + GIB
-    big = gqa.decode_bound(hardware_preset("a100-80gb-sxm"), 8192, 32)
+    big = gqa.decode_bound(hardware_preset("a100-80gb-sxm"), seq_len=8192, batch=32)
     assert big.tokens_per_s > b.tokens_per_s  # the batch shares the weight reads
 
 
 def test_capacity_batch_and_length() -> None:
     gqa, _ = article_ledgers()
     assert gqa.token_capacity == 500063
-    assert gqa.max_batch(8192) == 61
-    assert gqa.max_batch(4096, block_size=4096) == 122
-    assert gqa.max_seq_len(32) == 500063 // 32
-    assert gqa.max_seq_len(32, block_size=16) % 16 == 0
-    assert gqa.max_seq_len(32, block_size=16) * 32 <= gqa.token_capacity
+    assert gqa.max_batch(seq_len=8192) == 61
+    assert gqa.max_batch(seq_len=4096, block_size=4096) == 122
+    assert gqa.max_seq_len(batch=32) == 500063 // 32
+    assert gqa.max_seq_len(batch=32, block_size=16) % 16 == 0
+    assert gqa.max_seq_len(batch=32, block_size=16) * 32 <= gqa.token_capacity
     with pytest.raises(pykvpool.InvalidArgumentError):
-        gqa.max_batch(0)
+        gqa.max_batch(seq_len=0)
     with pytest.raises(pykvpool.InvalidArgumentError):
-        gqa.row(-1, 8192)
+        gqa.row(batch=-1, seq_len=8192)
 
 
 def test_weights_exceed_budget() -> None:

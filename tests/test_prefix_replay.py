@@ -135,8 +135,9 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert pr.main(["--trace", str(path), "--sweep", "--capacities", "2048,4096",
                     "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").is_file()
-    with pytest.raises(kv.InvalidArgumentError, match="--sweep"):
-        pr.main(["--trace", str(path), "--plot", str(tmp_path / "q.png")])
+    capsys.readouterr()
+    assert pr.main(["--trace", str(path), "--plot", str(tmp_path / "q.png")]) == 2
+    assert capsys.readouterr().err == "pykvpool: error: --plot needs --sweep\n"
     # Wired into the pykvpool command, with its error convention (status 2).
     from pykvpool import cli
 
@@ -149,10 +150,12 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     "row,match",
     [
-        ("not json", "line 1"),
-        ('{"timestamp": 0, "input_length": 10}', "line 1"),
+        ("not json", "bad.jsonl:1: not JSON"),
+        ('{"timestamp": 0, "input_length": 10, "hash_ids": [1]}', "bad.jsonl:1: no 'output_length'"),
         ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', "expected ceil"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}', "negative"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [99999999999999999999]}',
+         "exceeds the limit"),
     ],
 )
 def test_malformed_trace_rows(tmp_path: Path, row: str, match: str) -> None:

@@ -6,6 +6,7 @@ figures, sweeps, the CLI subcommand, and rejected input."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import sys
@@ -121,7 +122,9 @@ policies = st.builds(
     chunked_prefill=st.booleans(),
     watermark=st.sampled_from([0.0, 0.05]),
     queue=st.sampled_from(["fcfs", "priority"]),
-    allocation=st.sampled_from(["paged", "reserve"]),
+    allocation=st.sampled_from(["paged", "reserve", "oracle"]),
+    # Used by "reserve" only; below some workloads' longest request, so some are rejected.
+    reserve_tokens=st.integers(1, 150),
     preemption=st.sampled_from(["recompute", "swap"]),
     host_blocks=st.integers(0, 40),
     victim=st.sampled_from(["newest", "lowest_priority"]),
@@ -292,6 +295,60 @@ def test_paged_admits_more_than_reservation() -> None:
     assert data["paged"]["mean_utilization"] > data["reserve"]["mean_utilization"]
 
 
+def test_reserve_at_max_context_admits_fewer_than_paged() -> None:
+    """Orca reserves the model's context for every request: on requests much shorter than
+    the context, it holds at most num_blocks // ceil(context / block_size) of them."""
+    ctx = ROOF.model.max_context
+    w = sim.synthetic_workload(400, arrivals="burst", prompt=("uniform", [100, 800]), output=("uniform", [20, 300]), seed=14)
+    assert int((w.prompt_len + w.output_len).max()) < ctx // 4
+    res = {
+        alloc: sim.run(w, sim.SimConfig(num_blocks=3000, scheduler=sim.SchedulerConfig(allocation=alloc, reserve_tokens=ctx)), ROOF)
+        for alloc in ("paged", "reserve", "oracle")
+    }
+    per_request = -(-ctx // 16)
+    orca = res["reserve"]
+    assert orca.summary["finished"] == 400 and orca.summary["rejected"] == 0 and orca.summary["preemptions"] == 0
+    # Every running request holds exactly its reservation, allocated or still promised.
+    held = orca.steps["blocks_used"] + orca.steps["blocks_reserved"]
+    np.testing.assert_array_equal(held, orca.steps["running"].astype(np.int64) * per_request)
+    assert orca.summary["peak_running"] == 3000 // per_request
+    assert res["paged"].summary["peak_running"] > 5 * orca.summary["peak_running"]
+    assert res["oracle"].summary["peak_running"] > 5 * orca.summary["peak_running"]
+    assert res["paged"].summary["output_throughput"] > res["reserve"].summary["output_throughput"]
+
+
+def test_reserve_rejects_requests_longer_than_reserve_tokens() -> None:
+    w = sim.Workload(arrival=np.zeros(4), prompt_len=np.array([60, 61, 10, 100]), output_len=np.array([40, 40, 5, 1]))
+    r = sim.run(w, sim.SimConfig(num_blocks=100, scheduler=sim.SchedulerConfig(allocation="reserve", reserve_tokens=100)))
+    # prompt + output: 100 fits the reservation exactly, 101 never can.
+    assert r.requests["outcome"].tolist() == [0, 1, 0, 1]
+    assert r.summary["rejected"] == 2 and r.summary["finished"] == 2 and r.summary["leaked_blocks"] == 0
+    paged = sim.run(w, sim.SimConfig(num_blocks=100))
+    assert paged.summary["rejected"] == 0
+    with pytest.raises(pykvpool.InvalidArgumentError, match="reserve_tokens"):
+        sim.run(w, sim.SimConfig(num_blocks=100, scheduler=sim.SchedulerConfig(allocation="reserve")))
+
+
+@pytest.mark.parametrize("convention", ["vllm", "decode_first"])
+def test_oracle_reserves_each_request_final_length(convention: Any) -> None:
+    """``oracle`` is the former ``reserve`` without ``reserve_tokens``: each request holds
+    the blocks of its own longest KV (prompt + output - 1 under vllm, prompt + output
+    under decode_first) from admission to finish, and nothing is preempted."""
+    w = sim.synthetic_workload(300, arrivals="burst", prompt=("fixed", [70]), output=("fixed", [41]), seed=2)
+    cfg = sim.SimConfig(num_blocks=120, block_size=16, scheduler=sim.SchedulerConfig(allocation="oracle", convention=convention))
+    r = sim.run(w, cfg)
+    longest = 70 + 41 - (1 if convention == "vllm" else 0)
+    held = r.steps["blocks_used"] + r.steps["blocks_reserved"]
+    np.testing.assert_array_equal(held, r.steps["running"].astype(np.int64) * -(-longest // 16))
+    assert r.summary["preemptions"] == 0 and r.summary["finished"] == 300
+    assert r.summary["peak_running"] == 120 // -(-longest // 16)
+    # With equal lengths, the oracle is Orca at exactly that length (decode_first, or
+    # vllm whose longest KV needs as many blocks as prompt + output).
+    orca = sim.run(w, dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, allocation="reserve", reserve_tokens=111)))
+    for k, v in r.steps.items():
+        assert v.tobytes() == orca.steps[k].tobytes(), k
+
+
 def test_swap_keeps_kv_and_recompute_recomputes() -> None:
     w = sim.synthetic_workload(300, arrivals="burst", prompt=("uniform", [50, 300]), output=("uniform", [200, 600]), seed=5)
     base = dict(num_blocks=900, check_invariants=True)
@@ -380,7 +437,7 @@ def test_generic_csv_and_jsonl_with_a_column_mapping(tmp_path: Path) -> None:
     assert k.output_len.tolist() == [4, 1]
     assert k.block_keys is not None and k.block_keys.tolist() == [9, 7, 8]
     assert k.key_offsets is not None and k.key_offsets.tolist() == [0, 1, 3]
-    with pytest.raises(KeyError):
+    with pytest.raises(pykvpool.TraceFormatError, match="no 'nope' column"):
         sim_traces.load_trace(csv_path, arrival="nope", prompt_len="in", output_len="out")
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b,c\n0,x,1\n")
@@ -407,7 +464,7 @@ def test_csv_export_and_figures_return_their_data(tmp_path: Path) -> None:
 
 def test_sweep_covers_the_grid_in_order_and_throughput_rises_with_rate(tmp_path: Path) -> None:
     base = sim.synthetic_workload(300, rate=5.0, prompt=("uniform", [100, 600]), output=("uniform", [20, 100]), seed=9)
-    policies = {"paged": sim.SchedulerConfig(), "reserve": sim.SchedulerConfig(allocation="reserve")}
+    policies = {"paged": sim.SchedulerConfig(), "reserve": sim.SchedulerConfig(allocation="reserve", reserve_tokens=8192)}
     bar = io.StringIO()
     rows = sim_sweep.sweep(base, [2.0, 8.0], policies, [16, 32], 60_000, ROOF, workers=2, progress=bar)
     assert [(r["rate"], r["label"], r["block_size"]) for r in rows] == [
@@ -447,7 +504,7 @@ def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown hardware" in capsys.readouterr().err
     assert main(["simulate", "--requests", "10", "--model", "llama-3-70b", "--hardware", "a100-80gb-sxm",
                  "--block-size", "16"]) == 2
-    assert "do not fit" in capsys.readouterr().err
+    assert "exceed the usable" in capsys.readouterr().err
 
 
 # ---- time models and bad input --------------------------------------------------------
@@ -548,6 +605,47 @@ def test_requests_that_can_never_fit_are_rejected_not_stalled() -> None:
     r = sim.run(w, sim.SimConfig(num_blocks=64))
     assert r.requests["outcome"].tolist() == [0, 1, 0]
     assert np.isnan(r.requests["ttft"][1]) and r.summary["rejected"] == 1
+
+
+def test_the_longest_requests_run_or_are_rejected_without_overflow() -> None:
+    """Lengths at the limit go through the engine's token arithmetic (no u32 overflow,
+    no InvariantError): admitted when the pool holds them, rejected when it cannot."""
+    big = sim.MAX_REQUEST_TOKENS
+    w = sim.Workload(arrival=np.zeros(3), prompt_len=np.array([big, big, 5]), output_len=np.array([1, big, 3]))
+    # 2**24 + 2**16 tokens of pool: the first request fits, the second (2**25 - 1) never does.
+    cfg = sim.SimConfig(num_blocks=257, block_size=2**16, max_steps=3, check_invariants=True)
+    r = sim.run(w, cfg)
+    assert r.requests["outcome"].tolist() == [2, 1, 2]
+    assert r.summary["rejected"] == 1 and r.summary["steps"] == 3
+    assert r.steps["prefill_tokens"].tolist() == [8192, 8192, 8192]
+    for o in ([big, 5], [5, big]):
+        w = sim.Workload(arrival=np.zeros(2), prompt_len=np.array(o), output_len=np.array(o[::-1]))
+        assert sim.run(w, sim.SimConfig(num_blocks=1000)).requests["outcome"].tolist() == [1, 1]
+
+
+def test_an_empty_workload_simulates_to_an_empty_result(tmp_path: Path) -> None:
+    for w in (sim.synthetic_workload(0), sim.Workload(arrival=np.zeros(0), prompt_len=np.array([]), output_len=np.array([]))):
+        assert len(w) == 0
+        r = sim.run(w, sim.SimConfig(num_blocks=10), ROOF)
+        assert all(v.size == 0 for v in (*r.requests.values(), *r.steps.values()))
+        counts = {k: v for k, v in r.summary.items() if isinstance(v, int)}
+        assert counts and all(v == 0 for v in counts.values())
+        assert r.summary["ttft_p99"] is None and r.summary["output_throughput"] is None
+        assert r.summary["mean_utilization"] is None and r.summary["makespan"] is None
+        assert not any(isinstance(v, float) and np.isnan(v) for v in r.summary.values())
+        r.to_csv(tmp_path)
+        rows = dict(line.split(",") for line in (tmp_path / "summary.csv").read_text().splitlines()[1:])
+        assert rows["ttft_p99"] == "" and rows["num_requests"] == "0"
+
+
+def test_statistics_over_no_finished_request_are_none() -> None:
+    w = sim.synthetic_workload(10, arrivals="burst", prompt=("fixed", [10]), output=("fixed", [1]), seed=1)
+    r = sim.run(w, sim.SimConfig(num_blocks=500), 1.0)
+    # Single-token outputs: TPOT is undefined, the rest is measured.
+    assert r.summary["tpot_p50"] is None and r.summary["ttft_p50"] == 1.0
+    stopped = sim.run(w, sim.SimConfig(num_blocks=500, max_steps=0), 1.0)
+    assert stopped.summary["steps"] == 0 and stopped.summary["finished"] == 0
+    assert stopped.summary["e2e_max"] is None and stopped.summary["makespan"] is None
 
 
 def test_max_steps_stops_early_with_unfinished_requests() -> None:

@@ -33,6 +33,10 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
         if arr.ndim() != 1 {
             return Err(invalid(py, format!("{name} must be 1-D, got shape {:?}", arr.shape())));
         }
+        if arr.len() == 0 {
+            // No values to misread, whatever the dtype (numpy makes `np.array([])` float64).
+            return Ok(Vec::new());
+        }
         let kind = arr.dtype().kind();
         if kind != b'i' && kind != b'u' {
             return Err(invalid(
@@ -234,6 +238,8 @@ pub fn int32(py: Python<'_>, v: i64, name: &str) -> PyResult<i32> {
 pub mod arg {
     use pyo3::prelude::*;
 
+    use numpy::PyUntypedArray;
+
     use super::{count, int32, int_scalar};
     use crate::types::SeqId;
 
@@ -257,6 +263,62 @@ pub mod arg {
         max_blocks("max_blocks") -> usize = count,
         pad("pad") -> i32 = int32,
     );
+
+    /// A layer index; its range is checked against the cache.
+    pub fn layer(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        count(obj.py(), int_scalar(obj, "layer")?, "layer")
+    }
+
+    /// A non-negative int named `name`, or `None`.
+    fn opt_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<usize>> {
+        if obj.is_none() {
+            return Ok(None);
+        }
+        count(obj.py(), int_scalar(obj, name)?, name).map(Some)
+    }
+
+    macro_rules! opt_count_args {
+        ($($f:ident($name:literal)),* $(,)?) => {$(
+            pub fn $f(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+                opt_count(obj, $name)
+            }
+        )*};
+    }
+
+    opt_count_args!(
+        split_size("split_size"),
+        kv_heads_per_item("kv_heads_per_item"),
+        nbytes("nbytes"),
+        threads("threads"),
+        passes("passes"),
+    );
+
+    /// `set_num_threads(n)`: a non-negative int (the range is the thread pool's).
+    pub fn n_threads(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        count(obj.py(), int_scalar(obj, "n")?, "n")
+    }
+
+    /// A softmax scale: `None`, or a real number (not a bool) that is positive and finite
+    /// in float32.
+    pub fn scale(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
+        let py = obj.py();
+        if obj.is_none() {
+            return Ok(None);
+        }
+        let ty = obj.get_type().name()?.to_string();
+        let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
+        // An array is refused even with one element (older numpy converts it silently).
+        let is_array = obj.cast::<PyUntypedArray>().is_ok();
+        let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
+        let Some(v) = v else {
+            return Err(super::invalid(py, format!("scale must be a float, got {ty}")));
+        };
+        let s = v as f32;
+        if !(s.is_finite() && s > 0.0) {
+            return Err(super::invalid(py, format!("scale must be positive and finite in float32, got {v}")));
+        }
+        Ok(Some(s))
+    }
 
     /// `block_id` is range-checked against the pool by the core; only the int is checked here.
     pub fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<i64> {

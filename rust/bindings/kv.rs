@@ -1,14 +1,14 @@
 //! `KvCache`, `decode_attention`, the probes and the thread/ISA controls for Python.
 
-use std::sync::{RwLock, RwLockReadGuard};
+use std::ops::Range;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use numpy::ndarray::{ArrayView4, ShapeBuilder};
-use numpy::{
-    PyArray1, PyArray2, PyArray4, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyArray2, PyArray4, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::convert::{count, int_scalar, int_vec};
+use super::arrays::{checked_out, f32_values, int_matrix};
+use super::convert::{arg, count, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::kernel::{self, DecodeOptions, Isa, SeqTables};
 use crate::kv_storage::{DType, KvCache, KvShape};
@@ -37,48 +37,22 @@ use crate::kv_storage::{DType, KvCache, KvShape};
 #[pyclass(name = "KvCache", module = "pykvpool", frozen)]
 pub struct PyKvCache {
     inner: RwLock<KvCache>,
+    shape: KvShape,
+    dtype: DType,
+    nbytes: usize,
+    huge_pages: bool,
+    /// Addresses of the storage (every layer's K and V): an `out` inside it is refused.
+    storage: Range<usize>,
 }
 
 impl PyKvCache {
     pub(super) fn read(&self) -> RwLockReadGuard<'_, KvCache> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-/// An f32 array argument: its shape and its values (borrowed when C-contiguous).
-fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
-    let py = obj.py();
-    let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        let got = obj
-            .cast::<PyUntypedArray>()
-            .ok()
-            .and_then(|a| a.dtype().str().ok().map(|s| s.to_string()))
-            .unwrap_or_else(|| obj.get_type().name().map(|n| n.to_string()).unwrap_or_default());
-        invalid(py, format!("{name} must be a float32 numpy array, got {got}"))
-    })?;
-    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
-    let values = match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => ro.as_array().iter().copied().collect(),
-    };
-    Ok((arr.shape().to_vec(), values))
-}
-
-/// A 2-D integer array (or sequence of rows) with `cols` columns, flattened row-major.
-fn int_matrix(obj: &Bound<'_, PyAny>, name: &str, cols: Option<usize>) -> PyResult<(Vec<i64>, usize, usize)> {
-    let py = obj.py();
-    let np = py.import("numpy")?;
-    let arr = np.call_method1("asarray", (obj,))?;
-    let arr = arr.cast::<PyUntypedArray>()?;
-    let shape = arr.shape().to_vec();
-    let (rows, width) = match (shape.as_slice(), cols) {
-        ([r, c], Some(want)) if *c == want || *r == 0 => (*r, want),
-        ([r, c], None) => (*r, *c),
-        ([0], _) => (0, cols.unwrap_or(0)),
-        _ => return Err(invalid(py, format!("{name} must be a 2-D integer array, got shape {shape:?}"))),
-    };
-    let flat = int_vec(&arr.call_method0("ravel")?, name)?;
-    Ok((flat, rows, width))
+    fn write_lock(&self) -> RwLockWriteGuard<'_, KvCache> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 #[pymethods]
@@ -104,53 +78,53 @@ impl PyKvCache {
         };
         let dtype = DType::parse(dtype).py_err(py)?;
         let cache = py.detach(|| KvCache::new(shape, dtype)).py_err(py)?;
-        Ok(Self { inner: RwLock::new(cache) })
+        let storage = cache.address_range();
+        Ok(Self { shape, dtype, nbytes: cache.nbytes(), huge_pages: cache.huge_pages(), storage, inner: RwLock::new(cache) })
     }
 
     /// Layers.
     #[getter]
     fn num_layers(&self) -> usize {
-        self.read().shape().num_layers
+        self.shape.num_layers
     }
     /// Blocks per layer.
     #[getter]
     fn num_blocks(&self) -> usize {
-        self.read().shape().num_blocks
+        self.shape.num_blocks
     }
     /// Token slots per block (tokens).
     #[getter]
     fn block_size(&self) -> usize {
-        self.read().shape().block_size
+        self.shape.block_size
     }
     /// KV heads.
     #[getter]
     fn num_kv_heads(&self) -> usize {
-        self.read().shape().num_kv_heads
+        self.shape.num_kv_heads
     }
     /// Elements per head.
     #[getter]
     fn head_dim(&self) -> usize {
-        self.read().shape().head_dim
+        self.shape.head_dim
     }
     /// The storage dtype: "f32", "f16" or "bf16".
     #[getter]
     fn dtype(&self) -> &'static str {
-        self.read().dtype().name()
+        self.dtype.name()
     }
     /// Bytes of K plus V over all layers.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.read().nbytes()
+        self.nbytes
     }
     /// Whether the OS accepted the transparent-huge-page advice.
     #[getter]
     fn huge_pages(&self) -> bool {
-        self.read().huge_pages()
+        self.huge_pages
     }
 
     fn __repr__(&self) -> String {
-        let c = self.read();
-        let s = c.shape();
+        let s = self.shape;
         format!(
             "KvCache(num_layers={}, num_blocks={}, block_size={}, num_kv_heads={}, head_dim={}, dtype='{}')",
             s.num_layers,
@@ -158,11 +132,16 @@ impl PyKvCache {
             s.block_size,
             s.num_kv_heads,
             s.head_dim,
-            c.dtype().name()
+            self.dtype.name()
         )
     }
 
-    /// Zero-copy, writable view of layer ``layer``'s K. The view keeps the cache alive.
+    /// Zero-copy view of layer ``layer``'s K. The view keeps the cache alive.
+    ///
+    /// Writable by default, like a vLLM KV-cache tensor (and so that ``torch.from_numpy``
+    /// accepts it); ``writable=False`` gives a read-only view for inspection. A view (or
+    /// anything sharing the cache's memory) is refused as the ``out`` of
+    /// :func:`decode_attention`.
     ///
     /// The view aliases the cache's memory: writes through it are seen by the next kernel
     /// call, and no copy protects a running one. :meth:`write`, :meth:`copy_blocks` and
@@ -173,16 +152,23 @@ impl PyKvCache {
     ///
     /// Args:
     ///     layer: ``0..num_layers``.
+    ///     writable: False for a read-only view.
     ///
     /// Returns:
     ///     Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
-    ///     float16, or ``ml_dtypes.bfloat16`` (raw uint16 bits when ml_dtypes is not
-    ///     installed).
+    ///     float16, or ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
+    ///     out).
     ///
     /// Raises:
     ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-    fn key<'py>(slf: Bound<'py, Self>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, false)
+    ///     ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn key<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(slf, layer, false, writable)
     }
 
     /// Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
@@ -190,6 +176,7 @@ impl PyKvCache {
     ///
     /// Args:
     ///     layer: ``0..num_layers``.
+    ///     writable: False for a read-only view.
     ///
     /// Returns:
     ///     Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), the dtype of
@@ -197,8 +184,14 @@ impl PyKvCache {
     ///
     /// Raises:
     ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-    fn value<'py>(slf: Bound<'py, Self>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, true)
+    ///     ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn value<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(slf, layer, true, writable)
     }
 
     /// Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
@@ -207,7 +200,7 @@ impl PyKvCache {
     /// Args:
     ///     layer: ``0..num_layers``.
     ///     k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
-    ///         head_dim]``.
+    ///         head_dim]``, any strides (read in logical order).
     ///     v: float32, the shape of ``k``.
     ///     slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
     ///         skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
@@ -218,16 +211,15 @@ impl PyKvCache {
     fn write(
         &self,
         py: Python<'_>,
-        layer: i64,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
         slot_mapping: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let layer = count(py, layer, "layer")?;
         let slots = int_vec(slot_mapping, "slot_mapping")?;
         let (ks, kv) = f32_values(k, "k")?;
         let (vs, vv) = f32_values(v, "v")?;
-        let s = self.read().shape();
+        let s = self.shape;
         for (name, shape) in [("k", &ks), ("v", &vs)] {
             let ok = matches!(shape.as_slice(), [n, h, d] if *n == slots.len() && *h == s.num_kv_heads && *d == s.head_dim)
                 || matches!(shape.as_slice(), [n, hd] if *n == slots.len() && *hd == s.num_kv_heads * s.head_dim);
@@ -243,43 +235,63 @@ impl PyKvCache {
                 ));
             }
         }
-        py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).write(layer, &kv, &vv, &slots)).py_err(py)
+        py.detach(|| self.write_lock().write(layer, &kv, &vv, &slots)).py_err(py)
     }
 
     /// Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
     /// layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
     ///
+    /// No pairs (``[]``, ``np.empty((0, 2))``) is a no-op.
+    ///
     /// Args:
     ///     pairs: int ``[k, 2]`` block ids.
     ///
     /// Raises:
-    ///     InvalidArgumentError: a block id outside ``0..num_blocks`` or a bad shape; nothing
-    ///         is copied.
+    ///     InvalidArgumentError: a block id outside ``0..num_blocks``, a bad shape or ragged
+    ///         rows; nothing is copied.
     fn copy_blocks(&self, py: Python<'_>, pairs: &Bound<'_, PyAny>) -> PyResult<()> {
         let (flat, rows, _) = int_matrix(pairs, "pairs", Some(2))?;
+        if rows == 0 {
+            return Ok(());
+        }
         let pairs: Vec<(i64, i64)> = (0..rows).map(|r| (flat[2 * r], flat[2 * r + 1])).collect();
-        py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).copy_blocks(&pairs)).py_err(py)
+        py.detach(|| self.write_lock().copy_blocks(&pairs)).py_err(py)
     }
 }
 
 /// A zero-copy numpy view of one layer's K or V in the logical shape
-/// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object.
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object;
+/// read-only unless `writable`.
 ///
 /// The array aliases memory that `write`, `copy_blocks` and the kernels touch with the
 /// GIL released (the `RwLock` guards the cache object, not this array): a Python thread
 /// writing it while a kernel call runs on another is a data race the caller must avoid,
 /// as the stubs document. Handing out views is what the zero-copy contract asks for.
-fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bound<'py, PyAny>> {
+fn view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bool) -> PyResult<Bound<'_, PyAny>> {
     let py = slf.py();
-    let layer = count(py, layer, "layer")?;
-    let (ptr, s, strides, dtype) = {
-        let c = slf.get().read();
-        let st = if value { c.value_strides() } else { c.key_strides() };
-        (c.layer_ptr(layer, value).py_err(py)?, c.shape(), st, c.dtype())
+    let cache = slf.get();
+    let (s, dtype) = (cache.shape, cache.dtype);
+    // A bf16 view needs ml_dtypes' bfloat16: never hand out the raw uint16 bits instead.
+    let target = match dtype {
+        DType::F32 => None,
+        DType::F16 => Some(py.import("numpy")?.getattr("float16")?),
+        DType::BF16 => Some(py.import("ml_dtypes").and_then(|m| m.getattr("bfloat16")).map_err(|e| {
+            let msg = format!(
+                "a view of a bf16 KvCache needs ml_dtypes (a pykvpool dependency: pip install ml_dtypes), \
+                 which failed to import: {e}"
+            );
+            pyo3::exceptions::PyImportError::new_err(msg)
+        })?),
     };
+    // The lock is held for the pointer only, never while a Python object is made.
+    let (ptr, strides) = {
+        let c = cache.read();
+        (c.layer_ptr(layer, value), if value { c.value_strides() } else { c.key_strides() })
+    };
+    let ptr = ptr.py_err(py)?;
     let dims = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim).strides((strides[0], strides[1], strides[2], strides[3]));
-    let owner = slf.into_any();
-    match dtype {
+    let owner = slf.clone().into_any();
+    let raw = match dtype {
         DType::F32 => {
             // SAFETY: ptr addresses this layer's K (or V), shape().layer_span() f32
             // elements inside its region, which the strides above cover exactly (the
@@ -287,65 +299,69 @@ fn view<'py>(slf: Bound<'py, PyKvCache>, layer: i64, value: bool) -> PyResult<Bo
             // while the cache object (set as the array's base) is alive.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<f32>()) };
             // SAFETY: as above; `owner` keeps the memory alive.
-            Ok(unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any())
+            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
         }
         DType::F16 | DType::BF16 => {
             // SAFETY: as for f32, with 2-byte elements.
             let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<u16>()) };
             // SAFETY: as above.
-            let raw = unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any();
-            let target = if dtype == DType::F16 {
-                Some(py.import("numpy")?.getattr("float16")?)
-            } else {
-                py.import("ml_dtypes").and_then(|m| m.getattr("bfloat16")).ok()
-            };
-            match target {
-                Some(t) => raw.call_method1("view", (t,)),
-                None => Ok(raw),
-            }
+            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
         }
+    };
+    if !writable {
+        raw.getattr("flags")?.setattr("writeable", false)?;
+    }
+    match target {
+        Some(t) => raw.call_method1("view", (t,)),
+        None => Ok(raw),
     }
 }
 
 /// Options shared by both table forms.
 fn options(
     py: Python<'_>,
-    scale: Option<f64>,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    scale: Option<f32>,
+    split_tokens: Option<usize>,
+    kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<DecodeOptions> {
-    Ok(DecodeOptions {
-        bf16_scores,
-        scale: scale.map(|s| s as f32),
-        split_tokens: split_size.map(|s| count(py, s, "split_size")).transpose()?,
-        kv_heads_per_item: kv_heads_per_item.map(|s| count(py, s, "kv_heads_per_item")).transpose()?,
-        isa: force_isa.map(Isa::parse).transpose().py_err(py)?,
-    })
+    let isa = force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
+    if let Some(i) = isa.filter(|i| !i.supported()) {
+        return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
+    }
+    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa })
 }
 
 /// Validate q/out, run the kernel with the GIL released, return `out` (and the LSE).
+///
+/// The cache's read lock is taken inside `py.detach` and dropped before the GIL is
+/// retaken: a reader holding it while waiting for the GIL would deadlock against a
+/// queued writer (`write`, `copy_blocks`) that blocks the reader holding the GIL.
 #[allow(clippy::too_many_arguments)]
 fn attend<'py>(
     py: Python<'py>,
     cache: &PyKvCache,
-    layer: i64,
+    layer: usize,
     q: &Bound<'py, PyAny>,
     tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     opts: DecodeOptions,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let layer = count(py, layer, "layer")?;
     let (qshape, qv) = f32_values(q, "q")?;
     let [n, hq, d] = qshape[..] else {
         return Err(invalid(py, format!("q must be [num_seqs, num_q_heads, head_dim], got shape {qshape:?}")));
     };
-    let guard = cache.read();
-    let s = guard.shape();
+    let s = cache.shape;
     if d != s.head_dim {
         return Err(invalid(py, format!("q has head_dim {d}, the cache {}", s.head_dim)));
+    }
+    if hq == 0 || !hq.is_multiple_of(s.num_kv_heads) {
+        return Err(invalid(
+            py,
+            format!("q has {hq} query heads, not a positive multiple of the cache's {} KV heads", s.num_kv_heads),
+        ));
     }
     let t = tables(s.block_size, s.num_blocks).py_err(py)?;
     if t.len() != n {
@@ -353,35 +369,23 @@ fn attend<'py>(
     }
     let mut lse = if return_lse { vec![0f32; n * hq] } else { Vec::new() };
     // The kernel writes into the caller's `out` or into a new array.
-    let out_arr = match out {
-        Some(o) => {
-            let arr = o
-                .cast::<PyArrayDyn<f32>>()
-                .map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
-            if arr.shape() != [n, hq, d] {
-                return Err(invalid(py, format!("out must have shape [{n}, {hq}, {d}], got {:?}", arr.shape())));
-            }
-            Some(arr.clone())
-        }
-        None => None,
-    };
+    let out_arr = out.map(|o| checked_out(o, q, [n, hq, d], &cache.storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { vec![0f32; n * hq * d] } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,
     };
-    py.detach(|| {
+    let done = py.detach(|| {
         let l = return_lse.then_some(&mut lse[..]);
-        kernel::decode_attention(&guard, layer, &qv, hq, &t, o_slice, l, &opts)
-    })
-    .py_err(py)?;
+        kernel::decode_attention(&cache.read(), layer, &qv, hq, &t, o_slice, l, &opts)
+    });
     drop(rw);
+    done.py_err(py)?;
     let out_obj = match out_arr {
         Some(a) => a.into_any(),
         None => PyArray1::from_vec(py, owned).reshape([n, hq, d])?.into_any(),
     };
-    drop(guard);
     if return_lse {
         let l: Bound<'py, PyArray2<f32>> = PyArray1::from_vec(py, lse).reshape([n, hq])?;
         Ok((out_obj, l).into_pyobject(py)?.into_any())
@@ -401,13 +405,15 @@ fn attend<'py>(
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
-///     q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads.
+///     q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
+///         strides; ``n = 0`` gives empty results.
 ///     block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
 ///         past ``ceil(seq_lens[i] / block_size)`` are never read.
 ///     seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
-///     scale: the softmax scale (default ``1 / sqrt(head_dim)``).
-///     out: C-contiguous float32 ``[n, Hq, head_dim]`` written in place and returned
-///         (default: a new array).
+///     scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
+///     out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
+///         returned (default: a new array); it must not share memory with ``q`` or with any
+///         KvCache.
 ///     return_lse: also return the log-sum-exp, to merge partial results.
 ///     split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
 ///         than a quarter of a thread's share of the batch; 0: never split).
@@ -434,7 +440,8 @@ fn attend<'py>(
 /// Raises:
 ///     InvalidArgumentError: a block id outside the pool, a length beyond its table, head
 ///         count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-///         ``out`` that is not C-contiguous or not writable, an unknown path or one this
+///         ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
+///         cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
 ///         CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
 ///         an f32 or f16 cache. ``out`` is not written on any error.
 #[pyfunction]
@@ -443,15 +450,15 @@ fn attend<'py>(
 fn decode_attention<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: i64,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     block_tables: &Bound<'py, PyAny>,
     seq_lens: &Bound<'py, PyAny>,
-    scale: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
+    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -496,16 +503,16 @@ fn decode_attention<'py>(
 fn decode_attention_paged<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: i64,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     kv_indptr: &Bound<'py, PyAny>,
     kv_indices: &Bound<'py, PyAny>,
     kv_last_page_len: &Bound<'py, PyAny>,
-    scale: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    split_size: Option<i64>,
-    kv_heads_per_item: Option<i64>,
+    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
+    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -542,14 +549,11 @@ fn decode_attention_paged<'py>(
 #[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None))]
 fn read_bandwidth(
     py: Python<'_>,
-    nbytes: Option<i64>,
-    threads: Option<i64>,
+    #[pyo3(from_py_with = arg::nbytes)] nbytes: Option<usize>,
+    #[pyo3(from_py_with = arg::threads)] threads: Option<usize>,
     cache: Option<&Bound<'_, PyKvCache>>,
-    passes: Option<i64>,
+    #[pyo3(from_py_with = arg::passes)] passes: Option<usize>,
 ) -> PyResult<f64> {
-    let nbytes = nbytes.map(|n| count(py, n, "nbytes")).transpose()?;
-    let threads = threads.map(|n| count(py, n, "threads")).transpose()?;
-    let passes = passes.map(|n| count(py, n, "passes")).transpose()?;
     match cache {
         Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
         Some(c) => {
@@ -569,8 +573,7 @@ fn read_bandwidth(
 ///     InvalidArgumentError: a thread count outside ``1..=1024``.
 #[pyfunction]
 #[pyo3(signature = (threads = None))]
-fn peak_flops(py: Python<'_>, threads: Option<i64>) -> PyResult<f64> {
-    let threads = threads.map(|n| count(py, n, "threads")).transpose()?;
+fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Option<usize>) -> PyResult<f64> {
     py.detach(|| crate::probe::peak_flops(threads)).py_err(py)
 }
 
@@ -583,8 +586,11 @@ fn peak_flops(py: Python<'_>, threads: Option<i64>) -> PyResult<f64> {
 /// Raises:
 ///     InvalidArgumentError: ``n`` outside ``1..=1024``, or the OS refused the threads.
 #[pyfunction]
-fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
-    let n = count(py, n, "n")?;
+fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = arg::n_threads)] n: usize) -> PyResult<()> {
+    let max = crate::threads::MAX_THREADS;
+    if !(1..=max).contains(&n) {
+        return Err(invalid(py, format!("n must be in 1..={max} threads, got {n}")));
+    }
     py.detach(|| crate::threads::set_num_threads(n)).py_err(py)
 }
 

@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 
+pub mod arrays;
 pub mod convert;
 pub mod errors;
 mod exception_docs;
@@ -16,7 +17,11 @@ pub mod prefill;
 pub mod prefix;
 pub mod sim;
 
-#[pymodule]
+// `gil_used = true`: on a free-threaded CPython, importing the module turns the GIL back
+// on. The bindings are not audited for running without it: `exact_int_at` reads list
+// items through borrowed references, numpy borrows and the kernels' unlocked reads of
+// the cache views assume the GIL orders Python threads. Lift this only after that audit.
+#[pymodule(gil_used = true)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;

@@ -3,7 +3,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
@@ -129,11 +131,23 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
 pub struct PyBlockPool {
     inner: Mutex<BlockPool>,
+    /// Fixed at construction: read by getters without the lock.
+    num_blocks: usize,
+    block_size: usize,
 }
 
 impl PyBlockPool {
-    pub(crate) fn pool(&self) -> MutexGuard<'_, BlockPool> {
-        lock(&self.inner)
+    /// `f` on the locked pool, under the GIL. The guard lives inside this call only, so
+    /// whatever the caller does with the result (build an exception, allocate arrays)
+    /// runs without the lock: a thread blocked on the pool while holding the GIL can
+    /// never wait on one that needs the GIL back. `f` itself must not touch Python.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
+        f(&mut lock(&self.inner))
+    }
+
+    /// [`Self::with`] with the GIL released (the lock is taken and dropped inside).
+    pub(crate) fn detached<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
+        py.detach(|| f(&mut lock(&self.inner)))
     }
 
     /// [`with_pool`] on this pool.
@@ -157,7 +171,7 @@ impl PyBlockPool {
         verify_tokens: Option<bool>,
         cow_partial_hit: Option<bool>,
         record_events: Option<bool>,
-        hash_bits: Option<u32>,
+        #[pyo3(from_py_with = super::prefix::hash_bits)] hash_bits: Option<u32>,
     ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
@@ -169,63 +183,70 @@ impl PyBlockPool {
                 None => BlockPool::new(nb, bs),
             })
             .py_err(py)?;
-        Ok(Self { inner: Mutex::new(pool) })
+        Ok(Self { num_blocks: pool.num_blocks(), block_size: pool.block_size(), inner: Mutex::new(pool) })
     }
 
     /// Blocks in the pool.
     #[getter]
     fn num_blocks(&self) -> usize {
-        self.pool().num_blocks()
+        self.num_blocks
     }
 
     /// Token slots per block (tokens).
     #[getter]
     fn block_size(&self) -> usize {
-        self.pool().block_size()
+        self.block_size
     }
 
     /// Blocks an allocation can take now: free blocks plus idle cached blocks that may be
     /// evicted (not hard-pinned).
     #[getter]
     fn num_free_blocks(&self) -> usize {
-        self.pool().num_free_blocks()
+        self.with(|p| p.num_free_blocks())
     }
 
     /// Blocks held by at least one sequence (idle cached blocks are not used).
     #[getter]
     fn num_used_blocks(&self) -> usize {
-        self.pool().num_used_blocks()
+        self.with(|p| p.num_used_blocks())
     }
 
     /// Live sequences.
     #[getter]
     fn num_seqs(&self) -> usize {
-        self.pool().num_seqs()
+        self.with(|p| p.num_seqs())
     }
 
     fn __len__(&self) -> usize {
-        self.pool().num_seqs()
+        self.with(|p| p.num_seqs())
     }
 
-    fn __contains__(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> bool {
+    fn __contains__(&self, seq: &Bound<'_, PyAny>) -> bool {
         match int_scalar(seq, "seq_id") {
-            Ok(v) if v >= 0 => self.pool().contains(SeqId(v as u64)),
-            _ => {
-                let _ = py;
-                false
-            }
+            Ok(v) if v >= 0 => self.with(|p| p.contains(SeqId(v as u64))),
+            _ => false,
         }
     }
 
     fn __repr__(&self) -> String {
-        let p = self.pool();
-        format!(
-            "BlockPool(num_blocks={}, block_size={}, free={}, seqs={})",
-            p.num_blocks(),
-            p.block_size(),
-            p.num_free_blocks(),
-            p.num_seqs()
-        )
+        let (free, seqs) = self.with(|p| (p.num_free_blocks(), p.num_seqs()));
+        format!("BlockPool(num_blocks={}, block_size={}, free={free}, seqs={seqs})", self.num_blocks, self.block_size)
+    }
+
+    /// Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
+    /// blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without prefix-cache
+    /// hits). Changes nothing.
+    ///
+    /// Args:
+    ///     num_tokens: tokens, >= 0.
+    ///
+    /// Returns:
+    ///     A number of blocks.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: a negative, non-integer or bool count.
+    fn blocks_for_tokens(&self, #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
     }
 
     /// Add sequence ``seq_id`` holding ``prompt_len`` tokens, in ``ceil(prompt_len /
@@ -289,7 +310,7 @@ impl PyBlockPool {
         let (slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.pool().append(seq_id, num_tokens, &mut slots, &mut cow).map(|_| (slots, cow))
+                self.with(|p| p.append(seq_id, num_tokens, &mut slots, &mut cow)).map(|_| (slots, cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
@@ -374,7 +395,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::parent)] parent: SeqId,
         #[pyo3(from_py_with = arg::child)] child: SeqId,
     ) -> PyResult<()> {
-        py.detach(|| self.pool().fork(parent, child)).py_err(py)
+        self.detached(py, |p| p.fork(parent, child)).py_err(py)
     }
 
     /// Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
@@ -393,7 +414,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
     ) -> PyResult<()> {
-        py.detach(|| self.pool().truncate(seq_id, num_tokens)).py_err(py)
+        self.detached(py, |p| p.truncate(seq_id, num_tokens)).py_err(py)
     }
 
     /// Remove ``seq_id``; each of its blocks loses a reference and is freed at zero (with
@@ -407,14 +428,16 @@ impl PyBlockPool {
     ///     InvalidArgumentError: a negative id.
     fn free(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<()> {
         // The work is the sequence's table; an unknown id is reported by `free` itself.
-        // One lock for the usual short table; a long one is freed without the GIL.
-        {
-            let mut pool = self.pool();
-            if pool.table(seq_id).map_or(0, |t| t.blocks().len()) < INLINE_WORK {
-                return pool.free(seq_id).py_err(py);
-            }
+        // One lock for the usual short table (`None`: not freed, too long to hold the
+        // GIL for); a long one is freed without the GIL.
+        let done = self.with(|pool| {
+            let short = pool.table(seq_id).map_or(0, |t| t.blocks().len()) < INLINE_WORK;
+            short.then(|| pool.free(seq_id))
+        });
+        match done {
+            Some(r) => r.py_err(py),
+            None => self.detached(py, |p| p.free(seq_id)).py_err(py),
         }
-        py.detach(|| self.pool().free(seq_id)).py_err(py)
     }
 
     /// Free several sequences atomically: all ids are checked before any is freed.
@@ -432,8 +455,7 @@ impl PyBlockPool {
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
             return Err(invalid(py, format!("sequence id {} appears twice", w[0])));
         }
-        py.detach(|| {
-            let mut pool = self.pool();
+        self.detached(py, |pool| {
             pool.check_known(&ids)?;
             ids.iter().try_for_each(|&s| pool.free(s))
         })
@@ -460,7 +482,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::num_tokens)] num_tokens: usize,
     ) -> PyResult<usize> {
-        self.pool().blocks_needed(seq_id, num_tokens).py_err(py)
+        self.with(|p| p.blocks_needed(seq_id, num_tokens)).py_err(py)
     }
 
     /// Length of ``seq_id``, in tokens.
@@ -469,7 +491,7 @@ impl PyBlockPool {
     ///     UnknownSequenceError: ``seq_id`` is not live.
     ///     InvalidArgumentError: a negative id.
     fn seq_len(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<usize> {
-        self.pool().seq_len(seq_id).py_err(py)
+        self.with(|p| p.seq_len(seq_id)).py_err(py)
     }
 
     /// Live sequence ids.
@@ -477,7 +499,7 @@ impl PyBlockPool {
     /// Returns:
     ///     int64 ``[num_seqs]``, ascending.
     fn seq_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        let ids: Vec<i64> = self.pool().seq_ids().into_iter().map(|s| s.0 as i64).collect();
+        let ids: Vec<i64> = self.with(|p| p.seq_ids()).into_iter().map(|s| s.0 as i64).collect();
         PyArray1::from_vec(py, ids)
     }
 
@@ -494,7 +516,8 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
     ) -> PyResult<I32Array<'py>> {
-        let v: Vec<i32> = self.pool().table(seq_id).py_err(py)?.blocks().iter().map(|b| b.as_i32()).collect();
+        let v = self.with(|p| p.table(seq_id).map(|t| t.blocks().iter().map(|b| b.as_i32()).collect::<Vec<i32>>()));
+        let v = v.py_err(py)?;
         Ok(PyArray1::from_vec(py, v))
     }
 
@@ -505,7 +528,7 @@ impl PyBlockPool {
     ///     InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
     fn refcount(&self, py: Python<'_>, #[pyo3(from_py_with = arg::block_id)] block_id: i64) -> PyResult<u32> {
         let b = u32::try_from(block_id).map_err(|_| invalid(py, format!("block_id {block_id} is out of range")))?;
-        self.pool().refcount(BlockId(b)).py_err(py)
+        self.with(|p| p.refcount(BlockId(b))).py_err(py)
     }
 
     /// Block tables of ``seq_ids`` as one padded matrix.
@@ -531,14 +554,13 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::pad)] pad: i32,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
-        let (flat, width) = py
-            .detach(|| {
-                let pool = self.pool();
+        let (flat, width) = self
+            .detached(py, |pool| {
                 // Unknown ids are reported before anything is allocated.
                 let width = max_blocks.unwrap_or(pool.max_table_len(&ids)?);
                 let size = ids.len().checked_mul(width).filter(|&s| s <= MAX_TABLE_ENTRIES).ok_or_else(|| {
                     crate::invalid!(
-                        "a {} x {width} table exceeds the limit of {MAX_TABLE_ENTRIES} entries",
+                        "seq_ids x max_blocks: a {} x {width} table exceeds the limit of {MAX_TABLE_ENTRIES} entries",
                         ids.len()
                     )
                 })?;
@@ -568,7 +590,7 @@ impl PyBlockPool {
         seq_ids: &Bound<'py, PyAny>,
     ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
-        let (indptr, indices, last) = py.detach(|| self.pool().flashinfer_tables(&ids)).py_err(py)?;
+        let (indptr, indices, last) = self.detached(py, |p| p.flashinfer_tables(&ids)).py_err(py)?;
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
     }
 
@@ -577,7 +599,7 @@ impl PyBlockPool {
     /// Returns:
     ///     A :class:`PoolStats`.
     fn stats(&self, py: Python<'_>) -> PyPoolStats {
-        PyPoolStats(py.detach(|| self.pool().stats()))
+        PyPoolStats(self.detached(py, |p| p.stats()))
     }
 
     /// Verify the bookkeeping, changing nothing: refcounts against tables, the free list, block
@@ -588,7 +610,7 @@ impl PyBlockPool {
     /// Raises:
     ///     InvariantError: the first broken invariant, named (a pykvpool bug).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.pool().check_invariants()).py_err(py)
+        self.detached(py, |p| p.check_invariants()).py_err(py)
     }
 }
 
@@ -705,8 +727,41 @@ impl PyPoolStats {
 ///         int32.
 #[pyclass(name = "BlockTableBuffer", module = "pykvpool", frozen)]
 pub struct PyBlockTableBuffer {
+    /// The matrix, Python-visible: its dtype, shape and memory can be changed from
+    /// Python (`array.dtype = ...`, `array.resize(...)`), so `sync` re-checks all of them
+    /// against the fields below before writing.
     array: Py<PyArray2<i32>>,
+    /// Address of the int32 `[rows, width]` data allocated in `new`.
+    data: usize,
+    rows: usize,
+    width: usize,
+    pad: i32,
     sync: Mutex<TableSync>,
+}
+
+impl PyBlockTableBuffer {
+    /// `array` if it still is the C-contiguous, writeable int32 `[rows, width]` matrix
+    /// at the address allocated in `new`; else an `InvalidArgumentError`.
+    fn checked_array<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let bad = |what: String| invalid(py, format!("BlockTableBuffer.array {what}; make a new BlockTableBuffer"));
+        let any = self.array.bind(py).as_any();
+        let untyped = any.cast::<PyUntypedArray>().map_err(|_| bad("is no longer an array".into()))?;
+        let dtype = untyped.dtype();
+        if !dtype.is_equiv_to(&numpy::dtype::<i32>(py)) {
+            return Err(bad(format!("has dtype {}, not int32", dtype.str()?.to_cow()?)));
+        }
+        if untyped.shape() != [self.rows, self.width] {
+            return Err(bad(format!("has shape {:?}, not [{}, {}]", untyped.shape(), self.rows, self.width)));
+        }
+        if !untyped.is_c_contiguous() {
+            return Err(bad("is not C-contiguous".into()));
+        }
+        let arr = any.cast::<PyArray2<i32>>().map_err(|_| bad("is not a 2-D int32 array".into()))?;
+        if arr.data() as usize != self.data {
+            return Err(bad("no longer holds the memory it was allocated with (resized or replaced)".into()));
+        }
+        Ok(arr.clone())
+    }
 }
 
 #[pymethods]
@@ -723,12 +778,16 @@ impl PyBlockTableBuffer {
         if rows == 0 || width == 0 || rows.saturating_mul(width) > MAX_TABLE_ENTRIES {
             return Err(invalid(
                 py,
-                format!("a {rows} x {width} table buffer must be non-empty and hold at most {MAX_TABLE_ENTRIES} entries"),
+                format!(
+                    "max_seqs x max_blocks: a {rows} x {width} table buffer must be non-empty and hold at most \
+                     {MAX_TABLE_ENTRIES} entries"
+                ),
             ));
         }
         let array = PyArray2::<i32>::zeros(py, [rows, width], false);
         array.readwrite().as_slice_mut().map_err(|e| invalid(py, e.to_string()))?.fill(pad);
-        Ok(Self { array: array.unbind(), sync: Mutex::new(TableSync::new(rows, width, pad)) })
+        let data = array.data() as usize;
+        Ok(Self { array: array.unbind(), data, rows, width, pad, sync: Mutex::new(TableSync::new(rows, width, pad)) })
     }
 
     /// The int32 ``[max_seqs, max_blocks]`` matrix, padded with :attr:`pad`.
@@ -740,7 +799,7 @@ impl PyBlockTableBuffer {
     /// The padding value of unused entries.
     #[getter]
     fn pad(&self) -> i32 {
-        lock(&self.sync).pad()
+        self.pad
     }
 
     /// Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
@@ -763,13 +822,14 @@ impl PyBlockTableBuffer {
             invalid(py, format!("pool must be a BlockPool, got {ty}"))
         })?;
         let ids = super::convert::seq_ids(seq_ids, "seq_ids")?;
-        let arr = self.array.bind(py);
+        let arr = self.checked_array(py)?;
         let mut rw = arr
             .try_readwrite()
             .map_err(|e| invalid(py, format!("table buffer array is not writable or is borrowed: {e}")))?;
         let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
-        let pool = pool.get().pool();
-        lock(&self.sync).sync(&pool, &ids, out).py_err(py)
+        // Lock order: the pool, then the buffer's state (the only place taking both).
+        let done = pool.get().with(|p| lock(&self.sync).sync(p, &ids, out));
+        done.py_err(py)
     }
 
     /// Forget the matrix contents: the next sync rewrites every row it touches.

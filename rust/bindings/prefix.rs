@@ -152,6 +152,12 @@ fn opt_uint<T: TryFrom<i64>>(obj: &Bound<'_, PyAny>, name: &str, range: &str) ->
     T::try_from(v).map(Some).map_err(|_| invalid(obj.py(), format!("{name} must be in {range}, got {v}")))
 }
 
+/// `hash_bits` of `BlockPool(...)`: `None` or an int (its range, 1..=128, is checked
+/// with the other cache options).
+pub(crate) fn hash_bits(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+    opt_uint(obj, "hash_bits", "1..=128")
+}
+
 fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     // int_scalar stops at int64; extra keys above 2**63 are not needed from Python.
     opt_uint(obj, "extra_key", "0..2**63")
@@ -181,7 +187,7 @@ impl PyBlockPool {
     /// Whether this pool caches prefixes (``prefix_caching=True``).
     #[getter]
     fn prefix_caching(&self) -> bool {
-        self.pool().prefix_cache().is_some()
+        self.with(|p| p.prefix_cache().is_some())
     }
 
     /// Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix of full
@@ -262,7 +268,7 @@ impl PyBlockPool {
         let (cached, slots) = py
             .detach(|| {
                 let mut slots = Vec::new();
-                let c = self.pool().add_sequence_block_keys(seq, &keys, len, &mut slots)?;
+                let c = self.with(|p| p.add_sequence_block_keys(seq, &keys, len, &mut slots))?;
                 Ok((c, slots))
             })
             .py_err(py)?;
@@ -296,7 +302,7 @@ impl PyBlockPool {
         let (slots, cow) = py
             .detach(|| {
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.pool().append_tokens(seq, &tokens, &mut slots, &mut cow).map(|_| (slots, cow))
+                self.with(|p| p.append_tokens(seq, &tokens, &mut slots, &mut cow)).map(|_| (slots, cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
@@ -327,7 +333,7 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray2<u64>>> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
         let extra = extra_key;
-        let keys = py.detach(|| self.pool().block_keys(&tokens, extra)).py_err(py)?;
+        let keys = self.detached(py, |p| p.block_keys(&tokens, extra)).py_err(py)?;
         keys_array(py, keys.into_iter())
     }
 
@@ -353,7 +359,7 @@ impl PyBlockPool {
     ) -> PyResult<usize> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
         let extra = extra_key;
-        py.detach(|| self.pool().cached_prefix_len(&tokens, extra)).py_err(py)
+        self.detached(py, |p| p.cached_prefix_len(&tokens, extra)).py_err(py)
     }
 
     /// Pin the cached full blocks of ``token_ids`` and return a pin id for :meth:`unpin`.
@@ -386,7 +392,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let tokens = self::token_ids(token_ids, "token_ids")?;
-        py.detach(|| self.pool().pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
+        self.detached(py, |p| p.pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
     }
 
     /// :meth:`pin_prefix` for a prefix given as block keys.
@@ -411,7 +417,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
     ) -> PyResult<u64> {
         let keys = self::block_keys(block_keys, "block_keys")?;
-        py.detach(|| self.pool().pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
+        self.detached(py, |p| p.pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
     }
 
     /// Release a pin; its blocks become evictable again once no other pin holds them.
@@ -419,7 +425,7 @@ impl PyBlockPool {
     /// Raises:
     ///     InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
     fn unpin(&self, py: Python<'_>, #[pyo3(from_py_with = pin_id)] pin_id: u64) -> PyResult<()> {
-        self.pool().unpin(pin_id).py_err(py)
+        self.with(|p| p.unpin(pin_id)).py_err(py)
     }
 
     /// Drive the logical clock from the caller's step counter from now on (by default it counts
@@ -432,7 +438,7 @@ impl PyBlockPool {
     /// Raises:
     ///     InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
     fn set_clock(&self, py: Python<'_>, #[pyo3(from_py_with = clock)] t: u64) -> PyResult<()> {
-        self.pool().set_clock(t).py_err(py)
+        self.with(|p| p.set_clock(t)).py_err(py)
     }
 
     /// Hit metrics and occupancy of the prefix cache.
@@ -443,7 +449,7 @@ impl PyBlockPool {
     /// Raises:
     ///     InvalidArgumentError: caching off.
     fn cache_stats(&self, py: Python<'_>) -> PyResult<PyCacheStats> {
-        self.pool().cache_stats().py_err(py).map(PyCacheStats)
+        self.with(|p| p.cache_stats()).py_err(py).map(PyCacheStats)
     }
 
     /// Take the recorded cache events (``record_events=True``; none otherwise), oldest first.
@@ -458,7 +464,7 @@ impl PyBlockPool {
     ///     InvalidArgumentError: caching off.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut ev: Vec<CacheEvent> = Vec::new();
-        self.pool().drain_events(&mut ev).py_err(py)?;
+        self.with(|p| p.drain_events(&mut ev)).py_err(py)?;
         let d = PyDict::new(py);
         d.set_item("kind", PyArray1::from_iter(py, ev.iter().map(|e| e.kind as u8)))?;
         d.set_item("block", PyArray1::from_iter(py, ev.iter().map(|e| e.block.map_or(-1, |b| b.0 as i64))))?;
@@ -478,7 +484,7 @@ impl PyBlockPool {
     /// Raises:
     ///     InvalidArgumentError: pins are held, or caching off.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
-        py.detach(|| self.pool().reset_prefix_cache()).py_err(py)
+        self.detached(py, |p| p.reset_prefix_cache()).py_err(py)
     }
 }
 

@@ -1,20 +1,24 @@
 //! The serving simulator for Python: `synthesize_workload` and `run_simulation`, both
 //! returning dicts of numpy arrays (columnar). The run releases the GIL, except while a
 //! Python step-time callable is being called. `pykvpool.simulate` is the typed facade.
+//! Every argument is converted by [`args`], which names it in each error.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+mod args;
+mod result;
+
+use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyInt};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
 
-use super::convert::{count, int_vec};
+use self::args::named;
 use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
 use crate::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
-use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
+use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, Prompts, SharedPrefixes, SyntheticSpec};
 use crate::sim::{
-    simulate, Allocation, ConstantTime, Convention, Preemption, QueuePolicy, Roofline, SimConfig, SimResult, StepShape, StepTimer,
-    Victim, Workload,
+    simulate, Allocation, ConstantTime, Convention, Preemption, QueuePolicy, Roofline, SimConfig,
+    StepShape, StepTimer, Victim, Workload, MAX_REQUEST_TOKENS,
 };
 
 /// A Python callable as step timer: `f(prefill_tokens, decode_tokens, num_seqs,
@@ -29,13 +33,18 @@ impl StepTimer for PyTimer {
     fn step_time(&mut self, s: &StepShape) -> Result<f64> {
         Python::attach(|py| {
             let args = (s.prefill_tokens, s.decode_tokens, s.num_seqs, s.context_tokens, s.attention_pairs, s.swapped_blocks);
-            match self.f.bind(py).call1(args).and_then(|v| v.extract::<f64>()) {
-                Ok(t) => Ok(t),
-                Err(e) => {
-                    self.err = Some(e);
-                    Err(KvError::InvalidArgument("the step-time callable raised".into()))
+            // The callable's own exception propagates unchanged; a return value that is not
+            // a number of seconds is an InvalidArgumentError naming time_model.
+            let seconds = self.f.bind(py).call1(args).and_then(|v| {
+                if v.is_instance_of::<PyBool>() {
+                    return Err(invalid(py, "time_model returned a bool, not seconds"));
                 }
-            }
+                v.extract::<f64>().map_err(|_| invalid(py, format!("time_model returned {}, not seconds", v.get_type())))
+            });
+            seconds.map_err(|e| {
+                self.err = Some(e);
+                KvError::InvalidArgument("the step-time callable failed".into())
+            })
         })
     }
 }
@@ -48,23 +57,26 @@ enum Timer {
 
 fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
     let py = obj.py();
+    if obj.is_instance_of::<PyBool>() {
+        return Err(invalid(py, "time_model must be seconds per step, a callable, or the 9 roofline figures, got a bool"));
+    }
     if obj.is_instance_of::<PyFloat>() || obj.is_instance_of::<PyInt>() {
-        let t: f64 = obj.extract()?;
+        let t = args::real(obj, "time_model")?;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(invalid(py, format!("a constant step time must be finite and >= 0 s, got {t}")));
+            return Err(invalid(py, format!("time_model: a constant step time must be finite and >= 0 s, got {t}")));
         }
         return Ok(Timer::Constant(ConstantTime(t)));
     }
     if obj.is_callable() {
         return Ok(Timer::Python(PyTimer { f: obj.clone().unbind(), err: None }));
     }
-    let v: Vec<f64> = obj.extract().map_err(|_| {
+    let v: Vec<f64> = args::floats(obj, "time_model").map_err(|_| {
         invalid(py, "time_model must be seconds per step, a callable, or the 9 roofline figures")
     })?;
     let [num_params, bytes_per_param, num_layers, q_dim, kv_bytes_per_token, flops, bandwidth, overhead, swap_time_per_block] =
         v[..]
     else {
-        return Err(invalid(py, format!("a roofline needs 9 figures, got {}", v.len())));
+        return Err(invalid(py, format!("time_model: a roofline needs 9 figures, got {}", v.len())));
     };
     let r = Roofline {
         num_params,
@@ -77,57 +89,73 @@ fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
         overhead,
         swap_time_per_block,
     };
-    r.validate().py_err(py)?;
+    r.validate().map_err(|e| invalid(py, format!("time_model: {e}")))?;
     Ok(Timer::Roofline(r))
 }
 
-fn u32_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
-    let py = obj.py();
-    int_vec(obj, name)?
-        .into_iter()
-        .map(|v| u32::try_from(v).map_err(|_| invalid(py, format!("{name}: {v} is outside 0..2^32"))))
-        .collect()
-}
-
 fn offsets(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
-    let py = obj.py();
-    int_vec(obj, name)?.into_iter().map(|v| count(py, v, name)).collect()
+    args::typed(obj, name, "offsets must be >= 0")
 }
 
-fn length_spec(py: Python<'_>, kind: &str, params: &[f64], clamp: (i64, i64), what: &str) -> PyResult<LengthSpec> {
-    let p = |i: usize| params.get(i).copied().ok_or_else(|| invalid(py, format!("{what}: '{kind}' needs more parameters")));
-    let as_u32 = |x: f64| if (0.0..=u32::MAX as f64).contains(&x) { Ok(x.round() as u32) } else { Err(invalid(py, format!("{what}: {x} is not a token count"))) };
-    let dist = match kind {
-        "fixed" => Lengths::Fixed(as_u32(p(0)?)?),
-        "uniform" => Lengths::Uniform { lo: as_u32(p(0)?)?, hi: as_u32(p(1)?)? },
-        "lognormal" => Lengths::LogNormal { median: p(0)?, sigma: p(1)? },
-        "pareto" => Lengths::Pareto { scale: p(0)?, shape: p(1)? },
-        "empirical" => Lengths::Empirical(params.iter().map(|&x| as_u32(x)).collect::<PyResult<_>>()?),
-        _ => return Err(invalid(py, format!("{what}: unknown distribution '{kind}' (fixed, uniform, lognormal, pareto, empirical)"))),
+fn length_spec(py: Python<'_>, (kind, params): (String, Vec<f64>), (min, max): (u32, u32), what: &str) -> PyResult<LengthSpec> {
+    let want = |n: usize| -> PyResult<()> {
+        if params.len() == n {
+            return Ok(());
+        }
+        Err(invalid(py, format!("{what}: '{kind}' takes {n} parameters, got {}", params.len())))
     };
-    let min = u32::try_from(clamp.0).map_err(|_| invalid(py, format!("{what}: bad clamp minimum {}", clamp.0)))?;
-    let max = u32::try_from(clamp.1).map_err(|_| invalid(py, format!("{what}: bad clamp maximum {}", clamp.1)))?;
+    let tokens = |x: f64| {
+        if (0.0..=u32::MAX as f64).contains(&x) {
+            Ok(x.round() as u32)
+        } else {
+            Err(invalid(py, format!("{what}: {x} is not a token count")))
+        }
+    };
+    let dist = match kind.as_str() {
+        "fixed" => {
+            want(1)?;
+            Lengths::Fixed(tokens(params[0])?)
+        }
+        "uniform" => {
+            want(2)?;
+            Lengths::Uniform { lo: tokens(params[0])?, hi: tokens(params[1])? }
+        }
+        "lognormal" => {
+            want(2)?;
+            Lengths::LogNormal { median: params[0], sigma: params[1] }
+        }
+        "pareto" => {
+            want(2)?;
+            Lengths::Pareto { scale: params[0], shape: params[1] }
+        }
+        "empirical" => Lengths::Empirical(params.iter().map(|&x| tokens(x)).collect::<PyResult<_>>()?),
+        _ => {
+            return Err(invalid(py, format!("{what}: unknown distribution '{kind}' (fixed, uniform, lognormal, pareto, empirical)")))
+        }
+    };
     Ok(LengthSpec { dist, min, max })
 }
 
 /// A seeded synthetic workload as columns; same arguments, identical arrays (bit for bit).
 ///
 /// Args:
-///     num_requests: requests to draw.
+///     num_requests: requests to draw, 0 to ``SIM_MAX_REQUESTS`` (0: empty columns).
 ///     arrivals: ``"burst"`` (all at 0 s), ``"poisson"`` (exponential gaps at ``rate``) or
 ///         ``"gamma"`` (mean gap ``1 / rate``, coefficient of variation ``cv``).
-///     rate: mean arrival rate, requests/s (> 0).
-///     cv: coefficient of variation of the gamma gaps (> 0; above 1 is bursty).
+///     rate: mean arrival rate, requests/s (finite, > 0).
+///     cv: coefficient of variation of the gamma gaps (finite, > 0; above 1 is bursty).
 ///     prompt: prompt lengths as ``(kind, params)``, in tokens: ``("fixed", [n])``,
 ///         ``("uniform", [lo, hi])`` (inclusive), ``("lognormal", [median, sigma])``,
 ///         ``("pareto", [scale, shape])`` or ``("empirical", [values...])`` (resampled).
-///     prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to.
+///     prompt_clamp: ``(min, max)`` tokens each drawn prompt length is clamped to, with
+///         ``1 <= min <= max <= SIM_MAX_REQUEST_TOKENS`` (default: that whole range).
 ///     output: output lengths, as ``prompt``.
 ///     output_clamp: as ``prompt_clamp``, for output lengths.
 ///     priority_levels: priorities drawn uniformly from ``0..priority_levels``.
 ///     shared_prefixes: ``(num_prefixes, prefix_len, vocab_size)``: prompts become token ids
-///         starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens.
-///     seed: the random seed.
+///         starting with one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens
+///         (at most 2**28 prefix token ids, and 2**28 prompt token ids in all).
+///     seed: the random seed, any int in ``0..2**64``.
 ///
 /// Returns:
 ///     ``{column: array}`` with ``arrival`` float64 (seconds), ``prompt_len``,
@@ -136,39 +164,46 @@ fn length_spec(py: Python<'_>, kind: &str, params: &[f64], clamp: (i64, i64), wh
 ///     ``token_offsets`` int64 (``num_requests + 1`` offsets into ``token_ids``).
 ///
 /// Raises:
-///     InvalidArgumentError: a negative count, an unknown arrival process or length
-///         distribution, a rate or cv that is not finite and positive, missing
-///         distribution parameters, a bad clamp or shared-prefix shape.
+///     InvalidArgumentError: any argument out of range, naming it: a negative count or
+///         one above its limit, a bool where a count or a number is meant, an unknown
+///         arrival process or length distribution, a rate or cv that is not finite and
+///         positive, a wrong number of distribution parameters, a bad clamp or
+///         shared-prefix shape, a seed outside ``0..2**64``.
 #[pyfunction]
 #[pyo3(signature = (num_requests, *, arrivals="poisson", rate=1.0, cv=1.0, prompt=("uniform".to_string(), vec![256.0, 4096.0]),
-    prompt_clamp=(1, u32::MAX as i64), output=("uniform".to_string(), vec![128.0, 384.0]), output_clamp=(1, u32::MAX as i64),
+    prompt_clamp=(1, MAX_REQUEST_TOKENS), output=("uniform".to_string(), vec![128.0, 384.0]), output_clamp=(1, MAX_REQUEST_TOKENS),
     priority_levels=1, shared_prefixes=None, seed=0))]
 #[allow(clippy::too_many_arguments)]
 fn synthesize_workload<'py>(
     py: Python<'py>,
-    num_requests: i64,
+    #[pyo3(from_py_with = named::num_requests)] num_requests: usize,
     arrivals: &str,
-    rate: f64,
-    cv: f64,
-    prompt: (String, Vec<f64>),
-    prompt_clamp: (i64, i64),
-    output: (String, Vec<f64>),
-    output_clamp: (i64, i64),
-    priority_levels: u32,
-    shared_prefixes: Option<(usize, u32, u32)>,
-    seed: u64,
+    #[pyo3(from_py_with = named::rate)] rate: f64,
+    #[pyo3(from_py_with = named::cv)] cv: f64,
+    #[pyo3(from_py_with = named::prompt)] prompt: (String, Vec<f64>),
+    #[pyo3(from_py_with = named::prompt_clamp)] prompt_clamp: (u32, u32),
+    #[pyo3(from_py_with = named::output)] output: (String, Vec<f64>),
+    #[pyo3(from_py_with = named::output_clamp)] output_clamp: (u32, u32),
+    #[pyo3(from_py_with = named::priority_levels)] priority_levels: u32,
+    #[pyo3(from_py_with = args::shared_prefixes)] shared_prefixes: Option<(usize, u32, u32)>,
+    #[pyo3(from_py_with = args::seed)] seed: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
+    for (name, v) in [("rate", rate), ("cv", cv)] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(invalid(py, format!("{name} must be finite and > 0, got {v}")));
+        }
+    }
     let arrivals = match arrivals {
         "burst" => Arrivals::Burst,
         "poisson" => Arrivals::Poisson { rate },
         "gamma" => Arrivals::Gamma { rate, cv },
-        _ => return Err(invalid(py, format!("unknown arrival process '{arrivals}' (burst, poisson, gamma)"))),
+        _ => return Err(invalid(py, format!("unknown arrival process arrivals='{arrivals}' (burst, poisson, gamma)"))),
     };
     let spec = SyntheticSpec {
-        num_requests: count(py, num_requests, "num_requests")?,
+        num_requests,
         arrivals,
-        prompt: length_spec(py, &prompt.0, &prompt.1, prompt_clamp, "prompt")?,
-        output: length_spec(py, &output.0, &output.1, output_clamp, "output")?,
+        prompt: length_spec(py, prompt, prompt_clamp, "prompt")?,
+        output: length_spec(py, output, output_clamp, "output")?,
         priority_levels,
         shared_prefixes: shared_prefixes.map(|(num_prefixes, prefix_len, vocab_size)| SharedPrefixes { num_prefixes, prefix_len, vocab_size }),
         seed,
@@ -179,90 +214,10 @@ fn synthesize_workload<'py>(
     d.set_item("prompt_len", PyArray1::from_iter(py, w.prompt_len.iter().map(|&x| x as i64)))?;
     d.set_item("output_len", PyArray1::from_iter(py, w.output_len.iter().map(|&x| x as i64)))?;
     d.set_item("priority", PyArray1::from_iter(py, w.priority.iter().map(|&x| x as i64)))?;
-    if let crate::sim::workload::Prompts::Tokens { ids, offsets } = w.prompts {
+    if let Prompts::Tokens { ids, offsets } = w.prompts {
         d.set_item("token_ids", PyArray1::from_vec(py, ids))?;
         d.set_item("token_offsets", PyArray1::from_iter(py, offsets.into_iter().map(|x| x as i64)))?;
     }
-    Ok(d)
-}
-
-fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bound<'py, PyDict>> {
-    let q = &r.requests;
-    let req = PyDict::new(py);
-    req.set_item("prompt_len", PyArray1::from_iter(py, w.prompt_len.iter().map(|&x| x as i64)))?;
-    req.set_item("output_len", PyArray1::from_iter(py, w.output_len.iter().map(|&x| x as i64)))?;
-    req.set_item("priority", PyArray1::from_iter(py, w.priority.iter().map(|&x| x as i64)))?;
-    req.set_item("ttft", PyArray1::from_vec(py, q.ttft()))?;
-    req.set_item("tpot", PyArray1::from_vec(py, q.tpot(&w.output_len)))?;
-    req.set_item("e2e", PyArray1::from_vec(py, q.e2e()))?;
-    req.set_item("queueing", PyArray1::from_vec(py, q.queueing()))?;
-    let q = r.requests;
-    req.set_item("arrival", PyArray1::from_vec(py, q.arrival))?;
-    req.set_item("first_scheduled", PyArray1::from_vec(py, q.first_scheduled))?;
-    req.set_item("first_token", PyArray1::from_vec(py, q.first_token))?;
-    req.set_item("finish", PyArray1::from_vec(py, q.finish))?;
-    req.set_item("preemptions", PyArray1::from_vec(py, q.preemptions))?;
-    req.set_item("swaps", PyArray1::from_vec(py, q.swaps))?;
-    req.set_item("recomputed_tokens", PyArray1::from_vec(py, q.recomputed_tokens))?;
-    req.set_item("cached_tokens", PyArray1::from_vec(py, q.cached_tokens))?;
-    req.set_item("outcome", PyArray1::from_vec(py, q.outcome))?;
-    let s = r.steps;
-    let st = PyDict::new(py);
-    st.set_item("time", PyArray1::from_vec(py, s.time))?;
-    st.set_item("duration", PyArray1::from_vec(py, s.duration))?;
-    st.set_item("running", PyArray1::from_vec(py, s.running))?;
-    st.set_item("batch", PyArray1::from_vec(py, s.batch))?;
-    st.set_item("waiting", PyArray1::from_vec(py, s.waiting))?;
-    st.set_item("swapped", PyArray1::from_vec(py, s.swapped))?;
-    st.set_item("prefill_tokens", PyArray1::from_vec(py, s.prefill_tokens))?;
-    st.set_item("decode_tokens", PyArray1::from_vec(py, s.decode_tokens))?;
-    st.set_item("blocks_used", PyArray1::from_vec(py, s.blocks_used))?;
-    st.set_item("blocks_reserved", PyArray1::from_vec(py, s.blocks_reserved))?;
-    st.set_item("kv_tokens", PyArray1::from_vec(py, s.kv_tokens))?;
-    st.set_item("utilization", PyArray1::from_vec(py, s.utilization))?;
-    st.set_item("cache_query_tokens", PyArray1::from_vec(py, s.cache_query_tokens))?;
-    st.set_item("cache_hit_tokens", PyArray1::from_vec(py, s.cache_hit_tokens))?;
-    st.set_item("prefix_hit_rate", PyArray1::from_vec(py, s.prefix_hit_rate))?;
-    st.set_item("preemptions", PyArray1::from_vec(py, s.preemptions))?;
-    st.set_item("swapped_blocks", PyArray1::from_vec(py, s.swapped_blocks))?;
-    let m = r.summary;
-    let sum = PyDict::new(py);
-    for (k, v) in [
-        ("num_requests", m.num_requests),
-        ("finished", m.finished),
-        ("rejected", m.rejected),
-        ("steps", m.steps),
-        ("preemptions", m.preemptions),
-        ("swaps", m.swaps),
-        ("prompt_tokens", m.prompt_tokens),
-        ("output_tokens", m.output_tokens),
-        ("recomputed_tokens", m.recomputed_tokens),
-        ("cached_tokens", m.cached_tokens),
-        ("peak_running", m.peak_running),
-        ("peak_blocks_used", m.peak_blocks_used),
-        ("leaked_blocks", r.leaked_blocks as u64),
-    ] {
-        sum.set_item(k, v)?;
-    }
-    for (k, v) in [
-        ("makespan", m.makespan),
-        ("output_throughput", m.output_throughput),
-        ("total_throughput", m.total_throughput),
-        ("request_throughput", m.request_throughput),
-        ("mean_utilization", m.mean_utilization),
-        ("prefix_hit_rate", m.prefix_hit_rate),
-    ] {
-        sum.set_item(k, v)?;
-    }
-    for (name, p) in [("ttft", m.ttft), ("tpot", m.tpot), ("e2e", m.e2e), ("queueing", m.queueing)] {
-        for (stat, v) in [("mean", p.mean), ("p50", p.p50), ("p90", p.p90), ("p99", p.p99), ("max", p.max)] {
-            sum.set_item(format!("{name}_{stat}"), v)?;
-        }
-    }
-    let d = PyDict::new(py);
-    d.set_item("requests", req)?;
-    d.set_item("steps", st)?;
-    d.set_item("summary", sum)?;
     Ok(d)
 }
 
@@ -271,12 +226,16 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
 /// The facade :func:`pykvpool.simulate.run` builds these arguments from a
 /// :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
 /// docs describe each policy. The GIL is released while the engine runs, except around
-/// calls to a Python ``time_model``.
+/// calls to a Python ``time_model``. A request that can never run (longer than the pool,
+/// than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
+/// error: it gets outcome 1 (rejected) and is counted.
 ///
 /// Args:
-///     arrival: float64 arrival time of each request, seconds (finite, >= 0).
-///     prompt_len: prompt length of each request, tokens (>= 1).
-///     output_len: generated tokens of each request (>= 1).
+///     arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
+///         or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
+///         empty result).
+///     prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
+///     output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
 ///     priority: int32 priority of each request (lower first under ``queue="priority"``).
 ///     num_blocks: device blocks of the pool.
 ///     block_size: tokens per block.
@@ -288,14 +247,18 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
 ///     key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
 ///     tokens_per_key: prompt tokens per block key.
 ///     max_running: requests in flight at most.
-///     max_batched_tokens: tokens computed per step across the batch (None: unlimited).
+///     max_batched_tokens: tokens computed per step across the batch, at most
+///         ``SIM_MAX_STEP_TOKENS`` (None: that limit).
 ///     chunked_prefill: split prompts that exceed the remaining token budget.
 ///     watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
 ///     queue: ``"fcfs"`` or ``"priority"``.
-///     allocation: ``"paged"`` (blocks on demand) or ``"reserve"`` (a reservation at
-///         admission of ``reserve_tokens`` tokens, or of each request's own ``prompt +
-///         output - 1`` tokens when None).
-///     reserve_tokens: tokens reserved per request under ``allocation="reserve"``.
+///     allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
+///         reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
+///         output exceeds them is rejected) or ``"oracle"`` (each request reserves its
+///         own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
+///         output`` under ``"decode_first"``).
+///     reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+///         (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
 ///     preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
 ///     host_blocks: host blocks for swapping.
 ///     victim: ``"newest"`` or ``"lowest_priority"``.
@@ -315,12 +278,16 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
 ///
 /// Returns:
 ///     ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
-///     number}}``; the columns are those of :class:`pykvpool.simulate.SimulationResult`.
+///     int | float | None}}``; the columns are those of
+///     :class:`pykvpool.simulate.SimulationResult`. A summary statistic over an empty set
+///     (no finished request, no step) is None, never NaN.
 ///
 /// Raises:
-///     InvalidArgumentError: bad columns (lengths that differ, a zero or out-of-range
-///         length, a bad arrival time or offsets), an unknown policy name, a size out of
-///         range, token ids mixed with block keys, or a bad time model.
+///     InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
+///         out-of-range length, a bad arrival time or offsets, more than
+///         ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
+///         ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
+///         with block keys, or a bad time model or step time; each names the argument.
 ///     InvariantError: the engine broke an invariant (a pykvpool bug).
 ///     Exception: whatever a Python ``time_model`` raises, unchanged.
 #[pyfunction]
@@ -333,95 +300,76 @@ fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bou
 #[allow(clippy::too_many_arguments)]
 fn run_simulation<'py>(
     py: Python<'py>,
-    arrival: PyReadonlyArray1<'py, f64>,
+    arrival: &Bound<'py, PyAny>,
     prompt_len: &Bound<'py, PyAny>,
     output_len: &Bound<'py, PyAny>,
     priority: Option<&Bound<'py, PyAny>>,
-    num_blocks: i64,
-    block_size: i64,
+    #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
+    #[pyo3(from_py_with = named::block_size)] block_size: usize,
     token_ids: Option<&Bound<'py, PyAny>>,
     token_offsets: Option<&Bound<'py, PyAny>>,
     block_keys: Option<&Bound<'py, PyAny>>,
     key_offsets: Option<&Bound<'py, PyAny>>,
-    tokens_per_key: i64,
-    max_running: i64,
-    max_batched_tokens: Option<i64>,
+    #[pyo3(from_py_with = named::tokens_per_key)] tokens_per_key: usize,
+    #[pyo3(from_py_with = named::max_running)] max_running: usize,
+    #[pyo3(from_py_with = named::max_batched_tokens)] max_batched_tokens: Option<usize>,
     chunked_prefill: bool,
-    watermark: f64,
+    #[pyo3(from_py_with = named::watermark)] watermark: f64,
     queue: &str,
     allocation: &str,
-    reserve_tokens: Option<i64>,
+    #[pyo3(from_py_with = named::reserve_tokens)] reserve_tokens: Option<u32>,
     preemption: &str,
-    host_blocks: i64,
+    #[pyo3(from_py_with = named::host_blocks)] host_blocks: usize,
     victim: &str,
     convention: &str,
     prefix_caching: bool,
     eviction: &str,
     time_model: Option<&Bound<'py, PyAny>>,
     check_invariants: bool,
-    max_steps: Option<i64>,
+    #[pyo3(from_py_with = named::max_steps)] max_steps: Option<usize>,
     record_steps: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let arrival = arrival.as_slice().map(|s| s.to_vec()).unwrap_or_else(|_| arrival.as_array().to_vec());
-    let priority = match priority {
-        Some(p) => Some(
-            int_vec(p, "priority")?
-                .into_iter()
-                .map(|v| i32::try_from(v).map_err(|_| invalid(py, format!("priority {v} does not fit in int32"))))
-                .collect::<PyResult<Vec<i32>>>()?,
-        ),
-        None => None,
-    };
-    let mut w = Workload::new(arrival, u32_vec(prompt_len, "prompt_len")?, u32_vec(output_len, "output_len")?, priority)
-        .py_err(py)?;
-    match (token_ids, token_offsets, block_keys, key_offsets) {
-        (Some(ids), Some(off), None, None) => w = w.with_tokens(u32_vec(ids, "token_ids")?, offsets(off, "token_offsets")?).py_err(py)?,
-        (None, None, Some(keys), Some(off)) => {
-            let keys: Vec<u64> = int_vec(keys, "block_keys")?.into_iter().map(|k| k as u64).collect();
-            w = w.with_block_keys(keys, offsets(off, "key_offsets")?, count(py, tokens_per_key, "tokens_per_key")?).py_err(py)?;
-        }
-        (None, None, None, None) => {}
-        _ => return Err(invalid(py, "give token_ids with token_offsets, or block_keys with key_offsets, not a mix")),
-    }
-
-    let mut cfg = SimConfig::new(count(py, num_blocks, "num_blocks")?, count(py, block_size, "block_size")?);
+    let w = workload(arrival, prompt_len, output_len, priority, (token_ids, token_offsets), (block_keys, key_offsets), tokens_per_key)?;
+    let mut cfg = SimConfig::new(num_blocks, block_size);
     let s = &mut cfg.scheduler;
-    s.max_running = count(py, max_running, "max_running")?;
-    s.max_batched_tokens = max_batched_tokens.map(|b| count(py, b, "max_batched_tokens")).transpose()?;
+    s.max_running = max_running;
+    s.max_batched_tokens = max_batched_tokens;
     s.chunked_prefill = chunked_prefill;
     s.watermark = watermark;
     s.queue = match queue {
         "fcfs" => QueuePolicy::Fcfs,
         "priority" => QueuePolicy::Priority,
-        _ => return Err(invalid(py, format!("unknown queue policy '{queue}' (fcfs, priority)"))),
+        _ => return Err(invalid(py, format!("unknown queue policy queue='{queue}' (fcfs, priority)"))),
     };
-    let reserve_tokens = reserve_tokens
-        .map(|t| u32::try_from(t).map_err(|_| invalid(py, format!("reserve_tokens {t} is outside 1..2^32"))))
-        .transpose()?;
     s.allocation = match allocation {
         "paged" => Allocation::Paged,
-        "reserve" => Allocation::Reserve { max_tokens: reserve_tokens },
-        _ => return Err(invalid(py, format!("unknown allocation '{allocation}' (paged, reserve)"))),
+        "reserve" => Allocation::Reserve {
+            tokens: reserve_tokens.ok_or_else(|| {
+                invalid(py, "allocation='reserve' needs reserve_tokens: the tokens reserved per request (the model's context)")
+            })?,
+        },
+        "oracle" => Allocation::Oracle,
+        _ => return Err(invalid(py, format!("unknown allocation='{allocation}' (paged, reserve, oracle)"))),
     };
     s.preemption = match preemption {
         "recompute" => Preemption::Recompute,
-        "swap" => Preemption::Swap { host_blocks: count(py, host_blocks, "host_blocks")? },
-        _ => return Err(invalid(py, format!("unknown preemption '{preemption}' (recompute, swap)"))),
+        "swap" => Preemption::Swap { host_blocks },
+        _ => return Err(invalid(py, format!("unknown preemption='{preemption}' (recompute, swap)"))),
     };
     s.victim = match victim {
         "newest" => Victim::Newest,
         "lowest_priority" => Victim::LowestPriority,
-        _ => return Err(invalid(py, format!("unknown victim policy '{victim}' (newest, lowest_priority)"))),
+        _ => return Err(invalid(py, format!("unknown victim policy victim='{victim}' (newest, lowest_priority)"))),
     };
     s.convention = match convention {
         "vllm" => Convention::Vllm,
         "decode_first" => Convention::DecodeFirst,
-        _ => return Err(invalid(py, format!("unknown convention '{convention}' (vllm, decode_first)"))),
+        _ => return Err(invalid(py, format!("unknown convention='{convention}' (vllm, decode_first)"))),
     };
-    let policy: EvictionPolicy = eviction.parse().py_err(py)?;
+    let policy: EvictionPolicy = eviction.parse().map_err(|e| invalid(py, format!("eviction: {e}")))?;
     cfg.prefix_cache = prefix_caching.then(|| CacheConfig { policy, ..CacheConfig::default() });
     cfg.check_invariants = check_invariants;
-    cfg.max_steps = max_steps.map(|m| count(py, m, "max_steps").map(|m| m as u64)).transpose()?;
+    cfg.max_steps = max_steps.map(|m| m as u64);
     cfg.record_steps = record_steps;
 
     let mut timer = match time_model {
@@ -439,10 +387,47 @@ fn run_simulation<'py>(
             r
         }
     };
-    result_dict(py, out.py_err(py)?, &w)
+    result::result_dict(py, out.py_err(py)?, &w)
+}
+
+type Column<'a, 'py> = Option<&'a Bound<'py, PyAny>>;
+
+/// The workload of `run_simulation` from its columns, every one checked and named.
+fn workload(
+    arrival: &Bound<'_, PyAny>,
+    prompt_len: &Bound<'_, PyAny>,
+    output_len: &Bound<'_, PyAny>,
+    priority: Column<'_, '_>,
+    tokens: (Column<'_, '_>, Column<'_, '_>),
+    keys: (Column<'_, '_>, Column<'_, '_>),
+    tokens_per_key: usize,
+) -> PyResult<Workload> {
+    let py = arrival.py();
+    args::num_requests(arrival, "arrival")?;
+    let arrival = args::floats(arrival, "arrival")?;
+    let priority = priority.map(|p| args::typed::<i32>(p, "priority", "priorities must fit in int32")).transpose()?;
+    let mut w = Workload::new(arrival, args::lengths(prompt_len, "prompt_len")?, args::lengths(output_len, "output_len")?, priority)
+        .py_err(py)?;
+    match (tokens, keys) {
+        ((Some(ids), Some(off)), (None, None)) => {
+            let ids = args::typed(ids, "token_ids", "token ids must be in 0..2**32")?;
+            w = w.with_tokens(ids, offsets(off, "token_offsets")?).py_err(py)?;
+        }
+        ((None, None), (Some(keys), Some(off))) => {
+            // Keys are opaque ids: an int64 key is reinterpreted as its u64 bit pattern.
+            let keys: Vec<u64> = args::ints(keys, "block_keys")?.into_iter().map(|k| k as u64).collect();
+            w = w.with_block_keys(keys, offsets(off, "key_offsets")?, tokens_per_key).py_err(py)?;
+        }
+        ((None, None), (None, None)) => {}
+        _ => return Err(invalid(py, "give token_ids with token_offsets, or block_keys with key_offsets, not a mix")),
+    }
+    Ok(w)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("SIM_MAX_REQUESTS", crate::sim::MAX_REQUESTS)?;
+    m.add("SIM_MAX_REQUEST_TOKENS", MAX_REQUEST_TOKENS)?;
+    m.add("SIM_MAX_STEP_TOKENS", crate::sim::MAX_STEP_TOKENS)?;
     m.add_function(wrap_pyfunction!(synthesize_workload, m)?)?;
     m.add_function(wrap_pyfunction!(run_simulation, m)?)?;
     Ok(())

@@ -152,12 +152,16 @@ impl<E: Elem> Scores<E> for Exact<'_> {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
-    match E::DTYPE {
-        DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
-        DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
-        DType::BF16 => {
-            let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+    // SAFETY: the caller guarantees every unmasked lane is in bounds; `E::DTYPE` is the
+    // element type of `p` (a sealed `Elem`), so the lanes read are whole elements.
+    unsafe {
+        match E::DTYPE {
+            DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
+            DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
+            DType::BF16 => {
+                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+            }
         }
     }
 }

@@ -310,9 +310,9 @@ pub fn decode_attention(
         return Err(invalid!("scale must be finite, got {scale}"));
     }
     let isa = opts.isa.unwrap_or_else(Isa::best);
-    if !isa.supported() {
+    let Some(isa) = Supported::check(isa) else {
         return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
-    }
+    };
     let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
     if kpi == 0 || !hkv.is_multiple_of(kpi) {
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
@@ -388,14 +388,39 @@ fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<
     (qs, pairs)
 }
 
-fn run_item<E: Elem>(isa: Isa, w: &Work<E>, p: &mut Partial) {
-    match isa {
+pub(crate) use supported::Supported;
+
+mod supported {
+    use super::Isa;
+
+    /// A kernel path this CPU runs: only [`Supported::check`] makes one (the field is
+    /// private to this module), so holding one proves the check that the `unsafe`
+    /// dispatch of [`super::run_item`] relies on.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Supported(Isa);
+
+    impl Supported {
+        /// `isa` if this CPU has every feature its path is compiled for.
+        pub(crate) fn check(isa: Isa) -> Option<Self> {
+            isa.supported().then_some(Self(isa))
+        }
+
+        pub(crate) fn isa(self) -> Isa {
+            self.0
+        }
+    }
+}
+
+/// Run one work item on the path `isa`; safe for any input because [`Supported`] can
+/// only hold a path this CPU runs.
+fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
+    match isa.isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512_bf16::supported()` is this CPU having avx512_bf16 on top of
-        // the AVX-512 path's features (`isa.supported()`, checked by the caller).
+        // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
         Isa::Avx512 if w.q_bf16.is_some() && avx512_bf16::supported() => unsafe { avx512_bf16::run(w, p) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `decode_attention` checked `isa.supported()`, i.e. the CPU has every
+        // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
         // feature the path is compiled for.
         Isa::Avx512 => unsafe { avx512::run(w, p) },
         #[cfg(target_arch = "x86_64")]

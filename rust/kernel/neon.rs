@@ -278,10 +278,11 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         pf.step();
         macro_rules! row {
             ($r:literal) => {
-                // SAFETY: row i + r < d; vector v reads tokens c0 + 4v .. c0 + 4v +
-                // width[v] <= c0 + lanes of that row: inside kt (assert above).
-                let k: [float32x4_t; NV] =
-                    std::array::from_fn(|v| unsafe { load_n(kp.add((i + $r) * bs + v * W), width[v]) });
+                let k: [float32x4_t; NV] = std::array::from_fn(|v| {
+                    // SAFETY: row i + r < d; vector v reads tokens c0 + 4v .. c0 + 4v +
+                    // width[v] <= c0 + lanes of that row: inside kt (assert above).
+                    unsafe { load_n(kp.add((i + $r) * bs + v * W), width[v]) }
+                });
                 let set = if two { $r % 2 } else { 0 };
                 for j in 0..H {
                     for v in 0..NV {

@@ -18,9 +18,10 @@ pub struct SeqTables {
     lens: Vec<usize>,
 }
 
-fn block_id(x: i64, num_blocks: usize, seq: usize) -> Result<u32> {
+/// `x` as a block id; `what` names the argument that holds it.
+fn block_id(x: i64, num_blocks: usize, seq: usize, what: &str) -> Result<u32> {
     if x < 0 || x as u64 >= num_blocks as u64 {
-        return Err(invalid!("block table of sequence {seq} holds block {x}, outside 0..{num_blocks}"));
+        return Err(invalid!("{what} of sequence {seq} holds block {x}, outside 0..{num_blocks}"));
     }
     Ok(x as u32)
 }
@@ -34,7 +35,7 @@ impl SeqTables {
     pub fn padded(table: &[i64], width: usize, seq_lens: &[i64], block_size: usize, num_blocks: usize) -> Result<Self> {
         let n = seq_lens.len();
         if n.checked_mul(width) != Some(table.len()) {
-            return Err(invalid!("block table has {} entries, expected {n} x {width}", table.len()));
+            return Err(invalid!("block_tables has {} entries, expected {n} x {width}", table.len()));
         }
         let mut out = Self { offsets: vec![0], ..Self::default() };
         for (i, &len) in seq_lens.iter().enumerate() {
@@ -46,7 +47,7 @@ impl SeqTables {
                 ));
             }
             for &x in &table[i * width..i * width + need] {
-                out.blocks.push(block_id(x, num_blocks, i)?);
+                out.blocks.push(block_id(x, num_blocks, i, "block_tables row")?);
             }
             out.offsets.push(out.blocks.len());
             out.lens.push(len);
@@ -82,14 +83,14 @@ impl SeqTables {
             let last = last_page_len[i];
             let len = match pages {
                 0 if last == 0 => 0,
-                0 => return Err(invalid!("sequence {i} has no page but kv_last_page_len {last}")),
+                0 => return Err(invalid!("kv_last_page_len[{i}] = {last} for a sequence with no page")),
                 _ if last < 1 || last as u64 > block_size as u64 => {
                     return Err(invalid!("kv_last_page_len[{i}] = {last} outside 1..={block_size}"))
                 }
                 _ => (pages - 1) * block_size + last as usize,
             };
             for &x in &indices[a as usize..b as usize] {
-                out.blocks.push(block_id(x, num_blocks, i)?);
+                out.blocks.push(block_id(x, num_blocks, i, "kv_indices")?);
             }
             out.offsets.push(out.blocks.len());
             out.lens.push(len);

@@ -182,7 +182,7 @@ impl Kv {
     #[inline]
     pub fn promise(&mut self, r: &mut ReqState, need: usize) {
         self.committed += need;
-        let take = (need as u32).min(r.reserve_left);
+        let take = u32::try_from(need).unwrap_or(u32::MAX).min(r.reserve_left);
         r.reserve_left -= take;
         r.reserve_taken = take;
         self.reserved -= take as usize;
@@ -223,7 +223,8 @@ impl Kv {
         r.kv_len = plan.kv_len;
         r.computed = plan.cached;
         self.hold(r.kv_len);
-        r.reserve_left = (r.reserve_blocks as usize).saturating_sub(blocks(r.kv_len, self.block_size)) as u32;
+        // At most `reserve_blocks`, a u32.
+        r.reserve_left = r.reserve_blocks.saturating_sub(blocks(r.kv_len, self.block_size).try_into().unwrap_or(u32::MAX));
         self.reserved += r.reserve_left as usize;
         Ok(plan.cached)
     }

@@ -89,15 +89,18 @@ pub struct StepMetrics {
     /// (without prefix sharing this is `kv_tokens / capacity`); 1.0 when nothing is held.
     pub utilization: Vec<f64>,
     /// Prompt tokens looked up / found in the prefix cache at admissions of this step.
-    pub cache_query_tokens: Vec<u32>,
-    pub cache_hit_tokens: Vec<u32>,
+    pub cache_query_tokens: Vec<u64>,
+    pub cache_hit_tokens: Vec<u64>,
     /// `cache_hit_tokens / cache_query_tokens`; NaN in steps without a cached admission.
     pub prefix_hit_rate: Vec<f64>,
     pub preemptions: Vec<u32>,
     pub swapped_blocks: Vec<u32>,
 }
 
-/// Whole-run figures.
+/// Whole-run figures. A statistic over an empty set is `None`, never NaN: the latency
+/// percentiles without a finished request (TPOT: without a finished multi-token output),
+/// the makespan without a finished request, throughputs without a positive makespan, the
+/// mean utilization without a recorded step.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
     pub num_requests: u64,
@@ -106,30 +109,32 @@ pub struct Summary {
     pub steps: u64,
     pub preemptions: u64,
     pub swaps: u64,
-    /// First arrival to last finish, seconds.
-    pub makespan: f64,
+    /// First arrival to last finish of the finished requests, seconds.
+    pub makespan: Option<f64>,
     pub prompt_tokens: u64,
     pub output_tokens: u64,
     pub recomputed_tokens: u64,
     pub cached_tokens: u64,
     /// Output tokens / makespan.
-    pub output_throughput: f64,
+    pub output_throughput: Option<f64>,
     /// (Prompt + output tokens) / makespan.
-    pub total_throughput: f64,
-    pub request_throughput: f64,
+    pub total_throughput: Option<f64>,
+    pub request_throughput: Option<f64>,
     pub peak_running: u64,
     pub peak_blocks_used: u64,
     /// Step-duration-weighted mean utilization (steps of zero duration weigh 1 each when
     /// every step has zero duration).
-    pub mean_utilization: f64,
+    pub mean_utilization: Option<f64>,
+    /// Prompt tokens served from the cache / prompt tokens looked up; 0 when nothing was
+    /// looked up (caching off, or prompts given as lengths only).
     pub prefix_hit_rate: f64,
-    pub ttft: Percentiles,
-    pub tpot: Percentiles,
-    pub e2e: Percentiles,
-    pub queueing: Percentiles,
+    pub ttft: Option<Percentiles>,
+    pub tpot: Option<Percentiles>,
+    pub e2e: Option<Percentiles>,
+    pub queueing: Option<Percentiles>,
 }
 
-/// Mean and percentiles over finished requests (NaN when there are none).
+/// Mean and percentiles over finished requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Percentiles {
     pub mean: f64,
@@ -140,11 +145,12 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// Linear interpolation between order statistics (numpy's default), ignoring NaN.
-    pub fn of(values: &[f64]) -> Self {
+    /// Linear interpolation between order statistics (numpy's default), ignoring NaN;
+    /// `None` when no value is left.
+    pub fn of(values: &[f64]) -> Option<Self> {
         let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
         if v.is_empty() {
-            return Self { mean: f64::NAN, p50: f64::NAN, p90: f64::NAN, p99: f64::NAN, max: f64::NAN };
+            return None;
         }
         v.sort_by(f64::total_cmp);
         let q = |p: f64| {
@@ -152,7 +158,7 @@ impl Percentiles {
             let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
             v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
         };
-        Self { mean: v.iter().sum::<f64>() / v.len() as f64, p50: q(0.5), p90: q(0.9), p99: q(0.99), max: v[v.len() - 1] }
+        Some(Self { mean: v.iter().sum::<f64>() / v.len() as f64, p50: q(0.5), p90: q(0.9), p99: q(0.99), max: v[v.len() - 1] })
     }
 }
 
@@ -162,20 +168,20 @@ impl Summary {
         let pick = |col: &[f64]| done.iter().map(|&i| col[i]).collect::<Vec<f64>>();
         let first = done.iter().map(|&i| req.arrival[i]).fold(f64::INFINITY, f64::min);
         let last = done.iter().map(|&i| req.finish[i]).fold(f64::NEG_INFINITY, f64::max);
-        let makespan = if done.is_empty() { 0.0 } else { last - first };
+        let makespan = (!done.is_empty()).then_some(last - first);
         let prompt_tokens: u64 = done.iter().map(|&i| prompt_len[i] as u64).sum();
         let output_tokens: u64 = done.iter().map(|&i| output_len[i] as u64).sum();
-        let per_s = |x: f64| if makespan > 0.0 { x / makespan } else { f64::NAN };
+        let per_s = |x: f64| makespan.filter(|&m| m > 0.0).map(|m| x / m);
         let total_dur: f64 = steps.duration.iter().sum();
         let mean_utilization = if steps.utilization.is_empty() {
-            f64::NAN
+            None
         } else if total_dur > 0.0 {
-            steps.utilization.iter().zip(&steps.duration).map(|(u, d)| u * d).sum::<f64>() / total_dur
+            Some(steps.utilization.iter().zip(&steps.duration).map(|(u, d)| u * d).sum::<f64>() / total_dur)
         } else {
-            steps.utilization.iter().sum::<f64>() / steps.utilization.len() as f64
+            Some(steps.utilization.iter().sum::<f64>() / steps.utilization.len() as f64)
         };
-        let queried: u64 = steps.cache_query_tokens.iter().map(|&x| x as u64).sum();
-        let hit: u64 = steps.cache_hit_tokens.iter().map(|&x| x as u64).sum();
+        let queried: u64 = steps.cache_query_tokens.iter().sum();
+        let hit: u64 = steps.cache_hit_tokens.iter().sum();
         Self {
             num_requests: req.arrival.len() as u64,
             finished: done.len() as u64,
@@ -209,11 +215,12 @@ mod tests {
 
     #[test]
     fn percentiles_match_numpy_linear() {
-        let p = Percentiles::of(&[4.0, 1.0, f64::NAN, 3.0, 2.0]);
+        let p = Percentiles::of(&[4.0, 1.0, f64::NAN, 3.0, 2.0]).unwrap();
         assert_eq!(p.p50, 2.5);
         assert!((p.p90 - 3.7).abs() < 1e-12);
         assert_eq!(p.max, 4.0);
         assert_eq!(p.mean, 2.5);
-        assert!(Percentiles::of(&[]).p50.is_nan());
+        assert!(Percentiles::of(&[]).is_none());
+        assert!(Percentiles::of(&[f64::NAN]).is_none());
     }
 }

@@ -12,6 +12,7 @@
 //! same result bit for bit.
 
 pub mod kv;
+pub mod limits;
 pub mod metrics;
 pub mod request;
 pub mod scheduler;
@@ -21,8 +22,10 @@ pub mod workload;
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::CacheConfig;
+use limits::{collect_n, filled, vec_for};
 
 pub use kv::Kv;
+pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS, MAX_TOKEN_IDS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use request::{Convention, ReqState, Status};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
@@ -69,21 +72,28 @@ pub struct SimResult {
     pub leaked_blocks: usize,
 }
 
-fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) {
+/// A step column entry: every one is bounded by a validated input (requests by
+/// `MAX_REQUESTS`, tokens by the step budget, blocks by the pool's `MAX_BLOCKS`), so a
+/// value beyond `u32` is an engine bug.
+fn narrow<T: TryInto<u32> + Copy + std::fmt::Display>(v: T, what: &str) -> Result<u32> {
+    v.try_into().map_err(|_| KvError::Invariant(format!("step column {what}: {v} does not fit in u32")))
+}
+
+fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) -> Result<()> {
     let used = kv.used_blocks();
     let capacity = ((used + kv.reserved) * kv.block_size) as f64;
     // Empty slots of last blocks and reserved-but-unallocated blocks are the waste.
     let waste = kv.empty_slots as f64 + (kv.reserved * kv.block_size) as f64;
     m.time.push(t);
     m.duration.push(dt);
-    m.running.push(sched.running.len() as u32);
-    m.batch.push(batch.items.len() as u32);
-    m.waiting.push(sched.num_waiting() as u32);
-    m.swapped.push(sched.num_swapped() as u32);
-    m.prefill_tokens.push(shape.prefill_tokens as u32);
-    m.decode_tokens.push(shape.decode_tokens as u32);
-    m.blocks_used.push(used as u32);
-    m.blocks_reserved.push(kv.reserved as u32);
+    m.running.push(narrow(sched.running.len(), "running")?);
+    m.batch.push(narrow(batch.items.len(), "batch")?);
+    m.waiting.push(narrow(sched.num_waiting(), "waiting")?);
+    m.swapped.push(narrow(sched.num_swapped(), "swapped")?);
+    m.prefill_tokens.push(narrow(shape.prefill_tokens, "prefill_tokens")?);
+    m.decode_tokens.push(narrow(shape.decode_tokens, "decode_tokens")?);
+    m.blocks_used.push(narrow(used, "blocks_used")?);
+    m.blocks_reserved.push(narrow(kv.reserved, "blocks_reserved")?);
     m.kv_tokens.push(kv.kv_tokens);
     m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
     m.cache_query_tokens.push(batch.cache_query_tokens);
@@ -91,7 +101,8 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     let (q, h) = (batch.cache_query_tokens, batch.cache_hit_tokens);
     m.prefix_hit_rate.push(if q > 0 { h as f64 / q as f64 } else { f64::NAN });
     m.preemptions.push(batch.preemptions);
-    m.swapped_blocks.push(batch.swapped_blocks as u32);
+    m.swapped_blocks.push(narrow(batch.swapped_blocks, "swapped_blocks")?);
+    Ok(())
 }
 
 fn add_shape(s: &mut StepShape, items: &[(u32, u32)], reqs: &[ReqState], conv: Convention) {
@@ -128,36 +139,42 @@ fn advance(items: &[(u32, u32)], reqs: &mut [ReqState], kv: &mut Kv, conv: Conve
 
 /// Run `workload` to completion (or `max_steps`) and collect its metrics.
 pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer) -> Result<SimResult> {
+    workload.validate()?;
     let n = workload.len();
-    if n > u32::MAX as usize {
-        return Err(invalid!("at most {} requests per run", u32::MAX));
-    }
     let host_blocks = match cfg.scheduler.preemption {
         Preemption::Swap { host_blocks } => host_blocks,
         Preemption::Recompute => 0,
     };
+    // The configuration is checked before the pools are allocated.
+    let mut sched = Scheduler::new(cfg.scheduler.clone())?;
     let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
     let mut kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
-    let mut sched = Scheduler::new(cfg.scheduler.clone())?;
 
-    let mut order: Vec<u32> = (0..n as u32).collect();
+    // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
+    let mut order: Vec<u32> = collect_n(n, "requests", |i| i as u32)?;
     order.sort_by(|&a, &b| workload.arrival[a as usize].total_cmp(&workload.arrival[b as usize]).then(a.cmp(&b)));
-    let mut reqs: Vec<ReqState> = (0..n)
-        .map(|i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))
-        .collect();
+    let mut reqs: Vec<ReqState> =
+        collect_n(n, "requests", |i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))?;
     for (rank, &i) in order.iter().enumerate() {
         reqs[i as usize].ordinal = rank as u32;
     }
-    let nan = vec![f64::NAN; n];
+    let nan = || filled(f64::NAN, n, "requests");
+    let mut arrival = vec_for(n, "requests")?;
+    arrival.extend_from_slice(&workload.arrival);
     let mut rm = RequestMetrics {
-        arrival: workload.arrival.clone(),
-        first_scheduled: nan.clone(),
-        first_token: nan.clone(),
-        finish: nan,
-        outcome: vec![Outcome::Unfinished as u8; n],
+        arrival,
+        first_scheduled: nan()?,
+        first_token: nan()?,
+        finish: nan()?,
+        outcome: filled(Outcome::Unfinished as u8, n, "requests")?,
         ..Default::default()
     };
-    let mut ctr = Counters { preemptions: vec![0; n], swaps: vec![0; n], recomputed: vec![0; n], cached: vec![0; n] };
+    let mut ctr = Counters {
+        preemptions: filled(0, n, "requests")?,
+        swaps: filled(0, n, "requests")?,
+        recomputed: filled(0, n, "requests")?,
+        cached: filled(0, n, "requests")?,
+    };
     let mut sm = StepMetrics::default();
     let mut batch = Batch::default();
     let mut now = 0.0f64;
@@ -218,13 +235,16 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         kv.commit(rest, &mut reqs)?;
         let dt = timer.step_time(&shape)?;
         if !(dt.is_finite() && dt >= 0.0) {
-            return Err(invalid!("step {steps}: the timer returned {dt} s; durations must be finite and >= 0"));
+            return Err(invalid!("time_model returned {dt} s at step {steps}; step durations must be finite and >= 0"));
+        }
+        let end = now + dt;
+        if !end.is_finite() {
+            return Err(invalid!("step {steps}: the simulated clock overflowed ({now} s + {dt} s); time_model durations are too large"));
         }
         if cfg.record_steps {
-            record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt);
+            record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt)?;
         }
         advance(rest, &mut reqs, &mut kv, conv, &mut events)?;
-        let end = now + dt;
         for &(i, _) in &batch.items {
             if rm.first_scheduled[i as usize].is_nan() {
                 rm.first_scheduled[i as usize] = now;

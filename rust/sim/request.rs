@@ -35,6 +35,10 @@ pub enum Status {
     Rejected,
 }
 
+/// A request's state. Its token counts stay in `u32` because a validated workload bounds
+/// them: `num_tokens() <= prompt_len + output_len <= 2 * MAX_REQUEST_TOKENS` (see
+/// [`super::limits`]); [`ReqState::max_kv`] is widened anyway, as admission checks it
+/// before anything else.
 #[derive(Clone, Debug)]
 pub struct ReqState {
     pub prompt_len: u32,
@@ -90,11 +94,19 @@ impl ReqState {
 
     /// The longest KV this request ever holds, in tokens.
     #[inline]
-    pub fn max_kv(&self, c: Convention) -> u32 {
+    pub fn max_kv(&self, c: Convention) -> u64 {
+        let total = self.total_len();
         match c {
-            Convention::Vllm => self.prompt_len + self.output_len - 1,
-            Convention::DecodeFirst => self.prompt_len + self.output_len,
+            Convention::Vllm => total.saturating_sub(1),
+            Convention::DecodeFirst => total,
         }
+    }
+
+    /// `prompt_len + output_len`: the context length the request needs (vLLM's
+    /// `max_model_len` check), in tokens.
+    #[inline]
+    pub fn total_len(&self) -> u64 {
+        self.prompt_len as u64 + self.output_len as u64
     }
 
     /// A one-token decode (as opposed to a prompt or recompute prefill).

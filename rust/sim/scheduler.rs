@@ -6,7 +6,8 @@
 //! When a running request cannot get a block, a victim (the newest running request, or
 //! the lowest-priority one) is preempted until it can: recompute frees its KV and puts
 //! it back at the front of the queue; swap parks its KV in a host pool. Admission can
-//! instead reserve each request's maximum length up front (Orca), which never preempts.
+//! instead reserve a fixed maximum length per request up front (Orca), or each request's
+//! own final length (an oracle that knows output lengths); neither ever preempts.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -14,8 +15,10 @@ use std::collections::{BinaryHeap, VecDeque};
 use crate::block_table::blocks_for;
 use crate::error::{KvError, Result};
 use crate::invalid;
+use crate::pool::MAX_SEQ_TOKENS;
 
 use super::kv::Kv;
+use super::limits::MAX_STEP_TOKENS;
 use super::request::{Convention, ReqState, Status};
 use super::workload::Workload;
 
@@ -33,10 +36,14 @@ pub enum QueuePolicy {
 pub enum Allocation {
     /// Blocks on demand as tokens are computed (vLLM).
     Paged,
-    /// Reserve blocks for the maximum length at admission (Orca): `max_tokens` per request,
-    /// or each request's own `prompt + output - 1` when `None` (an oracle that knows
-    /// output lengths).
-    Reserve { max_tokens: Option<u32> },
+    /// Orca's max-length reservation: every request reserves the blocks of `tokens` tokens
+    /// (the model's context) at admission. A request whose `prompt + output` exceeds
+    /// `tokens` can never be served and is rejected.
+    Reserve { tokens: u32 },
+    /// Each request reserves its own final length at admission (`prompt + output - 1`
+    /// tokens under [`Convention::Vllm`], `prompt + output` under `DecodeFirst`): an
+    /// oracle that knows output lengths, the most favourable reservation.
+    Oracle,
 }
 
 /// What happens to a preempted request's KV.
@@ -94,20 +101,23 @@ impl SchedulerConfig {
         if self.max_running == 0 {
             return Err(invalid!("max_running must be >= 1"));
         }
-        if self.max_batched_tokens == Some(0) {
-            return Err(invalid!("max_batched_tokens must be >= 1 (or unlimited)"));
+        if let Some(b) = self.max_batched_tokens {
+            if b == 0 || b > MAX_STEP_TOKENS as usize {
+                return Err(invalid!("max_batched_tokens must be in 1..={MAX_STEP_TOKENS} tokens (None: that limit), got {b}"));
+            }
         }
         if !(self.watermark.is_finite() && (0.0..1.0).contains(&self.watermark)) {
             return Err(invalid!("watermark must be a fraction in [0, 1), got {}", self.watermark));
         }
-        if self.allocation == (Allocation::Reserve { max_tokens: Some(0) }) {
-            return Err(invalid!("reservation max_tokens must be >= 1"));
+        if self.allocation == (Allocation::Reserve { tokens: 0 }) {
+            return Err(invalid!("reserve_tokens must be >= 1"));
         }
         Ok(())
     }
 
+    /// Tokens one step computes at most (`validate` bounds it by [`MAX_STEP_TOKENS`]).
     fn budget(&self) -> u32 {
-        self.max_batched_tokens.map_or(u32::MAX, |b| b.min(u32::MAX as usize) as u32)
+        self.max_batched_tokens.map_or(MAX_STEP_TOKENS, |b| b.min(MAX_STEP_TOKENS as usize) as u32)
     }
 }
 
@@ -123,8 +133,8 @@ pub struct Batch {
     pub items: Vec<(u32, u32)>,
     pub preemptions: u32,
     pub swapped_blocks: u64,
-    pub cache_query_tokens: u32,
-    pub cache_hit_tokens: u32,
+    pub cache_query_tokens: u64,
+    pub cache_hit_tokens: u64,
     /// Token budget left for the rest of the step.
     pub budget: u32,
 }
@@ -193,27 +203,28 @@ impl Scheduler {
     pub fn reservation(&self, r: &ReqState, bs: usize) -> Option<usize> {
         match self.cfg.allocation {
             Allocation::Paged => None,
-            Allocation::Reserve { max_tokens } => {
-                let own = r.max_kv(self.cfg.convention);
-                Some(blocks_for(max_tokens.unwrap_or(own).max(own) as usize, bs))
-            }
+            Allocation::Reserve { tokens } => Some(blocks_for(tokens as usize, bs)),
+            Allocation::Oracle => Some(blocks_for(r.max_kv(self.cfg.convention) as usize, bs)),
         }
     }
 
     /// Whether a request can ever run alone; `Err(reason)` when it cannot.
     pub fn admissible_alone(&self, r: &ReqState, kv: &Kv) -> std::result::Result<(), String> {
         let longest = r.max_kv(self.cfg.convention);
+        if longest > MAX_SEQ_TOKENS as u64 {
+            return Err(format!("{longest} tokens exceed a pool sequence ({MAX_SEQ_TOKENS})"));
+        }
+        if let Allocation::Reserve { tokens } = self.cfg.allocation {
+            if r.total_len() > tokens as u64 {
+                return Err(format!("prompt + output = {} tokens exceed the reservation of {tokens}", r.total_len()));
+            }
+        }
         let cap = kv.device.num_blocks().saturating_sub(kv.watermark);
         let need = self.reservation(r, kv.block_size).unwrap_or_else(|| blocks_for(longest as usize, kv.block_size));
         if need > cap {
             return Err(format!("needs {need} blocks, the pool admits {cap}"));
         }
-        if let Allocation::Reserve { max_tokens: Some(m) } = self.cfg.allocation {
-            if longest > m {
-                return Err(format!("{longest} tokens exceed the reservation length {m}"));
-            }
-        }
-        if !self.cfg.chunked_prefill && longest > self.cfg.budget() {
+        if !self.cfg.chunked_prefill && longest > self.cfg.budget() as u64 {
             return Err(format!("a {longest}-token recompute exceeds the token budget without chunked prefill"));
         }
         Ok(())
@@ -234,18 +245,19 @@ impl Scheduler {
 
     fn preempt(&mut self, v: u32, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch, stats: &mut Counters) -> Result<()> {
         let r = &mut reqs[v as usize];
-        stats.preemptions[v as usize] += 1;
+        // Counters saturate: a pathological run cannot wrap them around.
+        stats.preemptions[v as usize] = stats.preemptions[v as usize].saturating_add(1);
         batch.preemptions += 1;
         if matches!(self.cfg.preemption, Preemption::Swap { .. }) && r.generated > 0 {
             if let Some(moved) = kv.swap_out(v as usize, r)? {
                 r.status = Status::Swapped;
-                stats.swaps[v as usize] += 1;
+                stats.swaps[v as usize] = stats.swaps[v as usize].saturating_add(1);
                 batch.swapped_blocks += moved as u64;
                 self.swapped.push_back(v);
                 return Ok(());
             }
         }
-        stats.recomputed[v as usize] += r.computed as u64;
+        stats.recomputed[v as usize] = stats.recomputed[v as usize].saturating_add(r.computed as u64);
         kv.release(v as usize, r)?;
         r.computed = 0;
         r.status = Status::Waiting;
@@ -354,11 +366,12 @@ impl Scheduler {
             }
             self.pop_waiting();
             let r = &mut reqs[idx as usize];
-            r.reserve_blocks = reserve.unwrap_or(0) as u32;
+            // At most the pool's block count (admissible_alone), so it fits.
+            r.reserve_blocks = u32::try_from(reserve.unwrap_or(0)).map_err(|_| KvError::Invariant("reservation beyond u32".into()))?;
             let cached = kv.admit(idx as usize, r, w, plan)?;
             if plan.kv_len > 0 {
-                batch.cache_query_tokens += r.prompt_len;
-                batch.cache_hit_tokens += cached;
+                batch.cache_query_tokens += r.prompt_len as u64;
+                batch.cache_hit_tokens += cached as u64;
                 stats.cached[idx as usize] += cached as u64;
             }
             self.start(idx, r, n, kv, batch)?;

@@ -14,6 +14,7 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma, LogNormal, Pareto};
 use rand_pcg::Pcg64Mcg;
 
+use super::limits::{collect_n, filled, vec_for, MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_TOKEN_IDS};
 use crate::error::Result;
 use crate::invalid;
 
@@ -43,10 +44,10 @@ pub struct Workload {
 
 fn check_offsets(offsets: &[usize], total: usize, n: usize, what: &str) -> Result<()> {
     if offsets.len() != n + 1 || offsets.first() != Some(&0) || offsets.last() != Some(&total) {
-        return Err(invalid!("{what} offsets must have {} entries from 0 to {total}", n + 1));
+        return Err(invalid!("{what} must have {} entries (one per request, plus 1) from 0 to {total}", n + 1));
     }
     if offsets.windows(2).any(|w| w[1] < w[0]) {
-        return Err(invalid!("{what} offsets must be non-decreasing"));
+        return Err(invalid!("{what} must be non-decreasing"));
     }
     Ok(())
 }
@@ -54,56 +55,85 @@ fn check_offsets(offsets: &[usize], total: usize, n: usize, what: &str) -> Resul
 impl Workload {
     /// A workload from columns; `priority` defaults to 0 for every request.
     pub fn new(arrival: Vec<f64>, prompt_len: Vec<u32>, output_len: Vec<u32>, priority: Option<Vec<i32>>) -> Result<Self> {
-        let n = arrival.len();
-        let priority = priority.unwrap_or_else(|| vec![0; n]);
-        if prompt_len.len() != n || output_len.len() != n || priority.len() != n {
+        let priority = match priority {
+            Some(p) => p,
+            None => filled(0, arrival.len(), "priority")?,
+        };
+        let w = Self { arrival, prompt_len, output_len, priority, prompts: Prompts::Lengths };
+        w.validate()?;
+        Ok(w)
+    }
+
+    /// Check every column: equal lengths, at most [`MAX_REQUESTS`] requests, arrival times
+    /// finite and >= 0, lengths in `1..=MAX_REQUEST_TOKENS`, prompt ids or keys matching
+    /// the lengths. [`crate::sim::simulate`] runs it on every workload (the fields are
+    /// public), so the engine's token arithmetic never leaves `u32`.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.arrival.len();
+        if n > MAX_REQUESTS {
+            return Err(invalid!("arrival: {n} requests exceed the limit of {MAX_REQUESTS} per workload; split the trace"));
+        }
+        if self.prompt_len.len() != n || self.output_len.len() != n || self.priority.len() != n {
             return Err(invalid!(
                 "workload columns differ in length: arrival {n}, prompt_len {}, output_len {}, priority {}",
-                prompt_len.len(),
-                output_len.len(),
-                priority.len()
+                self.prompt_len.len(),
+                self.output_len.len(),
+                self.priority.len()
             ));
         }
-        if let Some((i, t)) = arrival.iter().enumerate().find(|(_, t)| !t.is_finite() || **t < 0.0) {
+        if let Some((i, t)) = self.arrival.iter().enumerate().find(|(_, t)| !t.is_finite() || **t < 0.0) {
             return Err(invalid!("arrival[{i}] = {t}: arrival times must be finite and >= 0 seconds"));
         }
-        if let Some(i) = prompt_len.iter().position(|&p| p == 0) {
-            return Err(invalid!("prompt_len[{i}] = 0: every prompt needs at least one token"));
+        for (name, col) in [("prompt_len", &self.prompt_len), ("output_len", &self.output_len)] {
+            if let Some(i) = col.iter().position(|&v| v == 0 || v > MAX_REQUEST_TOKENS) {
+                return Err(invalid!("{name}[{i}] = {}: lengths must be in 1..={MAX_REQUEST_TOKENS} tokens", col[i]));
+            }
         }
-        if let Some(i) = output_len.iter().position(|&o| o == 0) {
-            return Err(invalid!("output_len[{i}] = 0: every request generates at least one token"));
+        match &self.prompts {
+            Prompts::Lengths => Ok(()),
+            Prompts::Tokens { ids, offsets } => self.check_tokens(ids, offsets),
+            Prompts::BlockKeys { keys, offsets, tokens_per_key } => self.check_block_keys(keys, offsets, *tokens_per_key),
         }
-        Ok(Self { arrival, prompt_len, output_len, priority, prompts: Prompts::Lengths })
+    }
+
+    fn check_tokens(&self, ids: &[u32], offsets: &[usize]) -> Result<()> {
+        check_offsets(offsets, ids.len(), self.len(), "token_offsets")?;
+        for (i, w) in offsets.windows(2).enumerate() {
+            if w[1] - w[0] != self.prompt_len[i] as usize {
+                return Err(invalid!("token_offsets: request {i} has {} token_ids but prompt_len {}", w[1] - w[0], self.prompt_len[i]));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block_keys(&self, keys: &[u64], offsets: &[usize], tokens_per_key: usize) -> Result<()> {
+        if tokens_per_key == 0 {
+            return Err(invalid!("tokens_per_key must be >= 1"));
+        }
+        check_offsets(offsets, keys.len(), self.len(), "key_offsets")?;
+        for (i, w) in offsets.windows(2).enumerate() {
+            let want = (self.prompt_len[i] as usize).div_ceil(tokens_per_key);
+            if w[1] - w[0] != want {
+                return Err(invalid!(
+                    "key_offsets: request {i} has {} block_keys, expected ceil(prompt_len {} / tokens_per_key {tokens_per_key}) = {want}",
+                    w[1] - w[0],
+                    self.prompt_len[i]
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Attach prompt token ids; `offsets[i+1] - offsets[i]` must equal `prompt_len[i]`.
     pub fn with_tokens(mut self, ids: Vec<u32>, offsets: Vec<usize>) -> Result<Self> {
-        check_offsets(&offsets, ids.len(), self.len(), "token")?;
-        for (i, w) in offsets.windows(2).enumerate() {
-            if w[1] - w[0] != self.prompt_len[i] as usize {
-                return Err(invalid!("request {i} has {} token ids but prompt_len {}", w[1] - w[0], self.prompt_len[i]));
-            }
-        }
+        self.check_tokens(&ids, &offsets)?;
         self.prompts = Prompts::Tokens { ids, offsets };
         Ok(self)
     }
 
     /// Attach block keys; request `i` must have `ceil(prompt_len[i] / tokens_per_key)` keys.
     pub fn with_block_keys(mut self, keys: Vec<u64>, offsets: Vec<usize>, tokens_per_key: usize) -> Result<Self> {
-        if tokens_per_key == 0 {
-            return Err(invalid!("tokens_per_key must be >= 1"));
-        }
-        check_offsets(&offsets, keys.len(), self.len(), "block key")?;
-        for (i, w) in offsets.windows(2).enumerate() {
-            let want = (self.prompt_len[i] as usize).div_ceil(tokens_per_key);
-            if w[1] - w[0] != want {
-                return Err(invalid!(
-                    "request {i} has {} block keys, expected ceil({} / {tokens_per_key}) = {want}",
-                    w[1] - w[0],
-                    self.prompt_len[i]
-                ));
-            }
-        }
+        self.check_block_keys(&keys, &offsets, tokens_per_key)?;
         self.prompts = Prompts::BlockKeys { keys, offsets, tokens_per_key };
         Ok(self)
     }
@@ -142,7 +172,8 @@ impl Workload {
     }
 
     /// Scale prompt and output lengths (rounded, at least 1 token). Prompts given as token
-    /// ids or block keys keep their length: their content cannot be scaled.
+    /// ids or block keys keep their length: their content cannot be scaled. A scaled
+    /// length above `MAX_REQUEST_TOKENS` is an error (nothing changes).
     pub fn scale_lengths(&mut self, prompt: f64, output: f64) -> Result<()> {
         for f in [prompt, output] {
             if !(f.is_finite() && f > 0.0) {
@@ -152,7 +183,13 @@ impl Workload {
         if prompt != 1.0 && !matches!(self.prompts, Prompts::Lengths) {
             return Err(invalid!("prompts given as token ids or block keys cannot be length-scaled"));
         }
-        let scale = |v: &mut u32, f: f64| *v = ((*v as f64 * f).round()).clamp(1.0, u32::MAX as f64) as u32;
+        let scaled = |v: u32, f: f64| (v as f64 * f).round().max(1.0);
+        for (name, col, f) in [("prompt_len", &self.prompt_len, prompt), ("output_len", &self.output_len, output)] {
+            if let Some(i) = col.iter().position(|&v| scaled(v, f) > MAX_REQUEST_TOKENS as f64) {
+                return Err(invalid!("{name}[{i}] = {} scaled by {f} exceeds {MAX_REQUEST_TOKENS} tokens", col[i]));
+            }
+        }
+        let scale = |v: &mut u32, f: f64| *v = scaled(*v, f) as u32;
         self.prompt_len.iter_mut().for_each(|v| scale(v, prompt));
         self.output_len.iter_mut().for_each(|v| scale(v, output));
         Ok(())
@@ -230,89 +267,121 @@ fn positive(v: f64, what: &str) -> Result<f64> {
 }
 
 fn draw_lengths(spec: &LengthSpec, n: usize, rng: &mut Pcg64Mcg, what: &str) -> Result<Vec<u32>> {
-    if spec.min == 0 || spec.min > spec.max {
-        return Err(invalid!("{what}: clamp must satisfy 1 <= min <= max, got {}..{}", spec.min, spec.max));
+    if spec.min == 0 || spec.min > spec.max || spec.max > MAX_REQUEST_TOKENS {
+        return Err(invalid!(
+            "{what}_clamp must satisfy 1 <= min <= max <= {MAX_REQUEST_TOKENS} tokens, got ({}, {})",
+            spec.min,
+            spec.max
+        ));
     }
-    let clamp = |x: f64| x.round().clamp(spec.min as f64, spec.max as f64) as u32;
-    let out = match &spec.dist {
-        Lengths::Fixed(v) => vec![(*v).clamp(spec.min, spec.max); n],
+    let (lo_clamp, hi_clamp) = (spec.min, spec.max);
+    let clamp = move |x: f64| x.round().clamp(lo_clamp as f64, hi_clamp as f64) as u32;
+    let col = format!("{what} lengths");
+    match &spec.dist {
+        Lengths::Fixed(v) => filled((*v).clamp(spec.min, spec.max), n, &col),
         Lengths::Uniform { lo, hi } => {
             if lo > hi {
                 return Err(invalid!("{what}: uniform range {lo}..={hi} is empty"));
             }
-            (0..n).map(|_| rng.random_range(*lo..=*hi).clamp(spec.min, spec.max)).collect()
+            collect_n(n, &col, |_| rng.random_range(*lo..=*hi).clamp(spec.min, spec.max))
         }
         Lengths::LogNormal { median, sigma } => {
-            let d = LogNormal::new(positive(*median, "median")?.ln(), *sigma)
-                .map_err(|e| invalid!("{what}: lognormal: {e}"))?;
-            (0..n).map(|_| clamp(d.sample(rng))).collect()
+            let median = positive(*median, &format!("{what}: lognormal median"))?;
+            if !(sigma.is_finite() && *sigma >= 0.0) {
+                return Err(invalid!("{what}: lognormal sigma must be finite and >= 0, got {sigma}"));
+            }
+            let d = LogNormal::new(median.ln(), *sigma).map_err(|e| invalid!("{what}: lognormal: {e}"))?;
+            collect_n(n, &col, |_| clamp(d.sample(rng)))
         }
         Lengths::Pareto { scale, shape } => {
-            let d = Pareto::new(positive(*scale, "scale")?, positive(*shape, "shape")?)
+            let d = Pareto::new(positive(*scale, &format!("{what}: pareto scale"))?, positive(*shape, &format!("{what}: pareto shape"))?)
                 .map_err(|e| invalid!("{what}: pareto: {e}"))?;
-            (0..n).map(|_| clamp(d.sample(rng))).collect()
+            collect_n(n, &col, |_| clamp(d.sample(rng)))
         }
         Lengths::Empirical(values) => {
             if values.is_empty() {
                 return Err(invalid!("{what}: empirical distribution needs at least one value"));
             }
-            (0..n).map(|_| values[rng.random_range(0..values.len())].clamp(spec.min, spec.max)).collect()
+            collect_n(n, &col, |_| values[rng.random_range(0..values.len())].clamp(spec.min, spec.max))
         }
-    };
-    Ok(out)
+    }
 }
 
 fn draw_arrivals(a: &Arrivals, n: usize, rng: &mut Pcg64Mcg) -> Result<Vec<f64>> {
-    let gaps: Box<dyn FnMut(&mut Pcg64Mcg) -> f64> = match a {
+    let mut gaps: Box<dyn FnMut(&mut Pcg64Mcg) -> f64> = match a {
         Arrivals::Burst => Box::new(|_| 0.0),
         Arrivals::Poisson { rate } => {
-            let d = Exp::new(positive(*rate, "rate")?).map_err(|e| invalid!("poisson: {e}"))?;
+            let d = Exp::new(positive(*rate, "rate")?).map_err(|e| invalid!("rate: poisson: {e}"))?;
             Box::new(move |r| d.sample(r))
         }
         Arrivals::Gamma { rate, cv } => {
             let (rate, cv) = (positive(*rate, "rate")?, positive(*cv, "cv")?);
             let shape = 1.0 / (cv * cv);
-            let d = Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid!("gamma: {e}"))?;
+            let d = Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid!("rate, cv: gamma: {e}"))?;
             Box::new(move |r| d.sample(r))
         }
     };
-    let mut gaps = gaps;
     let mut t = 0.0;
-    Ok((0..n)
-        .map(|i| {
-            // The first request arrives at 0 so that a run starts with work.
-            if i > 0 {
-                t += gaps(rng);
-            }
-            t
-        })
-        .collect())
+    let out = collect_n(n, "arrival", |i| {
+        // The first request arrives at 0 so that a run starts with work.
+        if i > 0 {
+            t += gaps(rng);
+        }
+        t
+    })?;
+    if !t.is_finite() {
+        return Err(invalid!("rate is too small for {n} requests: arrival times overflow"));
+    }
+    Ok(out)
 }
 
-/// Generate a synthetic workload.
+/// Generate a synthetic workload: at most [`MAX_REQUESTS`] requests, lengths clamped to at
+/// most [`MAX_REQUEST_TOKENS`], and with shared prefixes at most [`MAX_TOKEN_IDS`] prompt
+/// token ids (prefixes included).
 pub fn synthesize(spec: &SyntheticSpec) -> Result<Workload> {
     let n = spec.num_requests;
+    if n > MAX_REQUESTS {
+        return Err(invalid!("num_requests must be at most {MAX_REQUESTS}, got {n}"));
+    }
     let arrival = draw_arrivals(&spec.arrivals, n, &mut stream(spec.seed, 1))?;
     let prompt_len = draw_lengths(&spec.prompt, n, &mut stream(spec.seed, 2), "prompt")?;
     let output_len = draw_lengths(&spec.output, n, &mut stream(spec.seed, 3), "output")?;
     let levels = spec.priority_levels.max(1);
     let mut prng = stream(spec.seed, 4);
-    let priority = (0..n).map(|_| prng.random_range(0..levels) as i32).collect();
+    let priority = collect_n(n, "priority", |_| prng.random_range(0..levels) as i32)?;
     let w = Workload::new(arrival, prompt_len, output_len, Some(priority))?;
-    let Some(sp) = &spec.shared_prefixes else { return Ok(w) };
-    if sp.num_prefixes == 0 || sp.vocab_size == 0 {
-        return Err(invalid!("shared prefixes need num_prefixes >= 1 and vocab_size >= 1"));
+    match &spec.shared_prefixes {
+        Some(sp) => shared_prefix_ids(w, sp, spec.seed),
+        None => Ok(w),
     }
-    let mut trng = stream(spec.seed, 5);
-    let prefixes: Vec<Vec<u32>> = (0..sp.num_prefixes)
-        .map(|_| (0..sp.prefix_len).map(|_| trng.random_range(0..sp.vocab_size)).collect())
-        .collect();
-    let total: usize = w.prompt_len.iter().map(|&p| p as usize).sum();
-    let mut ids = Vec::with_capacity(total);
-    let mut offsets = Vec::with_capacity(n + 1);
+}
+
+/// Give `w`'s prompts token ids: one of `sp.num_prefixes` random prefixes, then random tokens.
+fn shared_prefix_ids(w: Workload, sp: &SharedPrefixes, seed: u64) -> Result<Workload> {
+    if sp.num_prefixes == 0 || sp.num_prefixes > MAX_REQUESTS || sp.vocab_size == 0 {
+        return Err(invalid!(
+            "shared_prefixes needs 1 <= num_prefixes <= {MAX_REQUESTS} and vocab_size >= 1, got {} and {}",
+            sp.num_prefixes,
+            sp.vocab_size
+        ));
+    }
+    let prefix_ids = (sp.num_prefixes as u128) * sp.prefix_len as u128;
+    let total: u64 = w.prompt_len.iter().map(|&p| p as u64).sum();
+    if prefix_ids > MAX_TOKEN_IDS as u128 || total > MAX_TOKEN_IDS as u64 {
+        return Err(invalid!(
+            "shared_prefixes: {prefix_ids} prefix and {total} prompt token ids exceed the limit of {MAX_TOKEN_IDS} each"
+        ));
+    }
+    let mut trng = stream(seed, 5);
+    let mut prefixes = vec_for(sp.num_prefixes, "shared_prefixes")?;
+    for _ in 0..sp.num_prefixes {
+        prefixes.push(collect_n(sp.prefix_len as usize, "shared_prefixes", |_| trng.random_range(0..sp.vocab_size))?);
+    }
+    let mut ids = vec_for(total as usize, "token ids")?;
+    let mut offsets = vec_for(w.len() + 1, "token offsets")?;
     offsets.push(0);
     for &p in &w.prompt_len {
-        let prefix = &prefixes[trng.random_range(0..sp.num_prefixes)];
+        let prefix: &Vec<u32> = &prefixes[trng.random_range(0..sp.num_prefixes)];
         let k = prefix.len().min(p as usize);
         ids.extend_from_slice(&prefix[..k]);
         ids.extend((k..p as usize).map(|_| trng.random_range(0..sp.vocab_size)));

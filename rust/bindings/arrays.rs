@@ -1,0 +1,137 @@
+//! Array arguments of the KV-cache calls: float32 inputs read in logical order whatever
+//! their strides, 2-D integer matrices (arrays or sequences of rows, ragged ones refused,
+//! empty ones of any dtype accepted), and the checks on a caller's `out`.
+
+use std::ops::Range;
+
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use super::convert::int_vec;
+use super::errors::invalid;
+use super::kv::PyKvCache;
+
+/// A float32 array argument: its shape and its values in logical (C) order, whatever
+/// its strides (Fortran order, slices, negative steps are copied element by element).
+pub fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
+    let py = obj.py();
+    let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
+        let got = obj
+            .cast::<PyUntypedArray>()
+            .ok()
+            .and_then(|a| a.dtype().str().ok().map(|s| s.to_string()))
+            .unwrap_or_else(|| obj.get_type().name().map(|n| n.to_string()).unwrap_or_default());
+        invalid(py, format!("{name} must be a float32 numpy array, got {got}"))
+    })?;
+    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+    // `as_slice` also accepts a Fortran-contiguous array (in memory order): only a
+    // C-contiguous one may be copied as one run.
+    let values = match ro.as_slice() {
+        Ok(s) if arr.is_c_contiguous() => s.to_vec(),
+        _ => ro.as_array().iter().copied().collect(),
+    };
+    Ok((arr.shape().to_vec(), values))
+}
+
+/// A 2-D integer array, or a sequence of equal-length rows of ints, with `cols` columns
+/// (any number when `None`), flattened row-major, with its row and column counts. Empty
+/// inputs are zero rows, whatever their dtype (`[]`, `np.empty((0, 2))`).
+pub fn int_matrix(obj: &Bound<'_, PyAny>, name: &str, cols: Option<usize>) -> PyResult<(Vec<i64>, usize, usize)> {
+    let py = obj.py();
+    let fits = |c: usize| cols.is_none_or(|w| w == c);
+    let what = match cols {
+        Some(c) => format!("a [n, {c}] integer array or a sequence of [{c}] rows"),
+        None => "a 2-D integer array or a sequence of equal-length rows".to_string(),
+    };
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let shape = arr.shape().to_vec();
+        return match shape[..] {
+            // No values to misread: any dtype (numpy makes empty arrays float64).
+            [0] => Ok((Vec::new(), 0, cols.unwrap_or(0))),
+            [r, c] if fits(c) && r * c == 0 => Ok((Vec::new(), r, c)),
+            [r, c] if fits(c) => Ok((int_vec(&obj.call_method0("ravel")?, name)?, r, c)),
+            _ => Err(invalid(py, format!("{name} must be {what}, got shape {shape:?}"))),
+        };
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(invalid(py, format!("{name} must be {what}, got a string")));
+    }
+    let rows = obj.try_iter().map_err(|_| invalid(py, format!("{name} must be {what}")))?;
+    let (mut flat, mut n, mut width) = (Vec::new(), 0usize, cols);
+    for row in rows {
+        let row = int_vec(&row?, &format!("{name}[{n}]"))?;
+        match width {
+            Some(w) if w != row.len() => {
+                return Err(invalid(py, format!("{name} must be {what}: row {n} has {} entries, not {w}", row.len())))
+            }
+            _ => width = Some(row.len()),
+        }
+        flat.extend(row);
+        n += 1;
+    }
+    Ok((flat, n, width.unwrap_or(0)))
+}
+
+/// Byte addresses `[lo, hi)` that a float32 array's elements occupy (empty for an empty
+/// array), whatever its strides.
+fn extent(arr: &Bound<'_, PyArrayDyn<f32>>) -> Range<usize> {
+    if arr.shape().contains(&0) {
+        return 0..0;
+    }
+    let data = arr.data() as usize;
+    let (mut lo, mut hi) = (0isize, std::mem::size_of::<f32>() as isize);
+    for (&n, &st) in arr.shape().iter().zip(arr.strides()) {
+        let span = (n as isize - 1) * st;
+        if span < 0 {
+            lo += span;
+        } else {
+            hi += span;
+        }
+    }
+    data.wrapping_add_signed(lo)..data.wrapping_add_signed(hi)
+}
+
+fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// The caller's `out` for an `[n, hq, d]` result: a C-contiguous, writeable float32
+/// array of that shape that shares no memory with `q`, with the cache's `storage` or with
+/// any other `KvCache` (the kernel reads the one while it writes the other with the GIL
+/// released).
+pub fn checked_out<'py>(
+    o: &Bound<'py, PyAny>,
+    q: &Bound<'py, PyAny>,
+    shape: [usize; 3],
+    storage: &Range<usize>,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let py = o.py();
+    let arr = o.cast::<PyArrayDyn<f32>>().map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
+    if arr.shape() != shape {
+        return Err(invalid(py, format!("out must have shape {shape:?}, got {:?}", arr.shape())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid(py, "out must be C-contiguous"));
+    }
+    let range = extent(arr);
+    let q_range = q.cast::<PyArrayDyn<f32>>().map(extent).unwrap_or(0..0);
+    if overlaps(&range, storage) || overlaps(&range, &q_range) {
+        return Err(invalid(py, "out must not share memory with q or with the cache's K/V"));
+    }
+    // A view of another cache would be written while that cache may be written or read
+    // by another thread under its own lock. numpy stops collapsing a view's `base` at a
+    // non-array owner, so the chain of `base` attributes (as_strided's wrapper has one
+    // too) leads to the cache; it is short, the bound only guards against odd objects.
+    let mut base = o.getattr("base")?;
+    for _ in 0..32 {
+        if base.is_instance_of::<PyKvCache>() {
+            return Err(invalid(py, "out must not be a view of a KvCache"));
+        }
+        match base.getattr_opt("base")? {
+            Some(next) if !next.is_none() => base = next,
+            _ => break,
+        }
+    }
+    Ok(arr.clone())
+}

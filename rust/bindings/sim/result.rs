@@ -1,0 +1,95 @@
+//! The result of `run_simulation` as nested dicts of numpy columns and summary scalars
+//! (`None` for a statistic over an empty set).
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::sim::{Percentiles, SimResult, Workload};
+
+pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bound<'py, PyDict>> {
+    let q = &r.requests;
+    let req = PyDict::new(py);
+    req.set_item("prompt_len", PyArray1::from_iter(py, w.prompt_len.iter().map(|&x| x as i64)))?;
+    req.set_item("output_len", PyArray1::from_iter(py, w.output_len.iter().map(|&x| x as i64)))?;
+    req.set_item("priority", PyArray1::from_iter(py, w.priority.iter().map(|&x| x as i64)))?;
+    req.set_item("ttft", PyArray1::from_vec(py, q.ttft()))?;
+    req.set_item("tpot", PyArray1::from_vec(py, q.tpot(&w.output_len)))?;
+    req.set_item("e2e", PyArray1::from_vec(py, q.e2e()))?;
+    req.set_item("queueing", PyArray1::from_vec(py, q.queueing()))?;
+    let q = r.requests;
+    req.set_item("arrival", PyArray1::from_vec(py, q.arrival))?;
+    req.set_item("first_scheduled", PyArray1::from_vec(py, q.first_scheduled))?;
+    req.set_item("first_token", PyArray1::from_vec(py, q.first_token))?;
+    req.set_item("finish", PyArray1::from_vec(py, q.finish))?;
+    req.set_item("preemptions", PyArray1::from_vec(py, q.preemptions))?;
+    req.set_item("swaps", PyArray1::from_vec(py, q.swaps))?;
+    req.set_item("recomputed_tokens", PyArray1::from_vec(py, q.recomputed_tokens))?;
+    req.set_item("cached_tokens", PyArray1::from_vec(py, q.cached_tokens))?;
+    req.set_item("outcome", PyArray1::from_vec(py, q.outcome))?;
+    let s = r.steps;
+    let st = PyDict::new(py);
+    st.set_item("time", PyArray1::from_vec(py, s.time))?;
+    st.set_item("duration", PyArray1::from_vec(py, s.duration))?;
+    st.set_item("running", PyArray1::from_vec(py, s.running))?;
+    st.set_item("batch", PyArray1::from_vec(py, s.batch))?;
+    st.set_item("waiting", PyArray1::from_vec(py, s.waiting))?;
+    st.set_item("swapped", PyArray1::from_vec(py, s.swapped))?;
+    st.set_item("prefill_tokens", PyArray1::from_vec(py, s.prefill_tokens))?;
+    st.set_item("decode_tokens", PyArray1::from_vec(py, s.decode_tokens))?;
+    st.set_item("blocks_used", PyArray1::from_vec(py, s.blocks_used))?;
+    st.set_item("blocks_reserved", PyArray1::from_vec(py, s.blocks_reserved))?;
+    st.set_item("kv_tokens", PyArray1::from_vec(py, s.kv_tokens))?;
+    st.set_item("utilization", PyArray1::from_vec(py, s.utilization))?;
+    st.set_item("cache_query_tokens", PyArray1::from_vec(py, s.cache_query_tokens))?;
+    st.set_item("cache_hit_tokens", PyArray1::from_vec(py, s.cache_hit_tokens))?;
+    st.set_item("prefix_hit_rate", PyArray1::from_vec(py, s.prefix_hit_rate))?;
+    st.set_item("preemptions", PyArray1::from_vec(py, s.preemptions))?;
+    st.set_item("swapped_blocks", PyArray1::from_vec(py, s.swapped_blocks))?;
+    let m = r.summary;
+    let sum = PyDict::new(py);
+    for (k, v) in [
+        ("num_requests", m.num_requests),
+        ("finished", m.finished),
+        ("rejected", m.rejected),
+        ("steps", m.steps),
+        ("preemptions", m.preemptions),
+        ("swaps", m.swaps),
+        ("prompt_tokens", m.prompt_tokens),
+        ("output_tokens", m.output_tokens),
+        ("recomputed_tokens", m.recomputed_tokens),
+        ("cached_tokens", m.cached_tokens),
+        ("peak_running", m.peak_running),
+        ("peak_blocks_used", m.peak_blocks_used),
+        ("leaked_blocks", r.leaked_blocks as u64),
+    ] {
+        sum.set_item(k, v)?;
+    }
+    for (k, v) in [
+        ("makespan", m.makespan),
+        ("output_throughput", m.output_throughput),
+        ("total_throughput", m.total_throughput),
+        ("request_throughput", m.request_throughput),
+        ("mean_utilization", m.mean_utilization),
+        ("prefix_hit_rate", Some(m.prefix_hit_rate)),
+    ] {
+        sum.set_item(k, v)?;
+    }
+    for (name, p) in [("ttft", m.ttft), ("tpot", m.tpot), ("e2e", m.e2e), ("queueing", m.queueing)] {
+        let stats = |f: fn(&Percentiles) -> f64| p.as_ref().map(f);
+        for (stat, v) in [
+            ("mean", stats(|p| p.mean)),
+            ("p50", stats(|p| p.p50)),
+            ("p90", stats(|p| p.p90)),
+            ("p99", stats(|p| p.p99)),
+            ("max", stats(|p| p.max)),
+        ] {
+            sum.set_item(format!("{name}_{stat}"), v)?;
+        }
+    }
+    let d = PyDict::new(py);
+    d.set_item("requests", req)?;
+    d.set_item("steps", st)?;
+    d.set_item("summary", sum)?;
+    Ok(d)
+}

@@ -1,0 +1,133 @@
+"""Threads: no pattern of concurrent calls may deadlock the process.
+
+Each reproducer of issue 10 runs in a subprocess for a bounded time (``SECONDS`` per
+thread, a switch interval of 1 us so the GIL changes hands as often as possible) and
+must exit 0 well within ``TIMEOUT``; a deadlock hangs the child and fails the test by
+timeout instead of freezing the run.
+
+The deadlocks these guard against: a thread holding a Rust lock (the pool mutex, the
+cache's read lock) while it builds a Python exception, allocates a Python object or
+takes the GIL back, while another thread holds the GIL and waits for that lock.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SECONDS = 1.5
+TIMEOUT = 60
+
+PRELUDE = f"""
+import sys, threading, time
+import numpy as np
+import pykvpool as kv
+
+sys.setswitchinterval(1e-6)
+STOP = time.monotonic() + {SECONDS}
+errors = []
+
+def loop(f, *catch):
+    def run():
+        try:
+            while time.monotonic() < STOP:
+                try:
+                    f()
+                except catch:
+                    pass
+        except BaseException as e:  # reported by the parent through the exit code
+            errors.append(repr(e))
+    return threading.Thread(target=run)
+
+def run_all(threads):
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    print("ok")
+"""
+
+
+def run_pattern(body: str) -> None:
+    code = PRELUDE + textwrap.dedent(body)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"deadlock: the pattern did not finish within {TIMEOUT} s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+# Calls that raise UnknownSequenceError (a KeyError) for the never-added id 7.
+UNKNOWN_ID_CALLS = {
+    "free": "pool.free(7)",
+    "seq_len": "pool.seq_len(7)",
+    "block_table": "pool.block_table(7)",
+    "blocks_needed": "pool.blocks_needed(7, 1)",
+    "sync": "buf.sync(pool, [7])",
+}
+
+
+@pytest.mark.parametrize("call", sorted(UNKNOWN_ID_CALLS))
+def test_pool_error_path_against_a_getter(call: str) -> None:
+    """Thread A raises for an unknown id in a loop; B reads ``num_free_blocks``."""
+    run_pattern(f"""
+        pool = kv.BlockPool(64, 16)
+        pool.add_sequence(1, 40)
+        buf = kv.BlockTableBuffer(4, 8)
+        a = loop(lambda: {UNKNOWN_ID_CALLS[call]}, KeyError)
+        b = loop(lambda: pool.num_free_blocks)
+        c = loop(lambda: pool.seq_len(1))
+        run_all([a, b, c])
+    """)
+
+
+def test_prefix_cache_error_paths_against_a_getter() -> None:
+    """Prefix-cache calls that raise (a bad pin id, a clock going back) against getters."""
+    run_pattern("""
+        pool = kv.BlockPool(64, 16, prefix_caching=True)
+        pool.set_clock(10)
+        a = loop(lambda: pool.unpin(12345), ValueError)
+        b = loop(lambda: pool.set_clock(1), ValueError)
+        c = loop(lambda: (pool.num_free_blocks, pool.cache_stats(), pool.drain_events()))
+        run_all([a, b, c])
+    """)
+
+
+KV_WRITERS = {
+    "copy_blocks": "cache.copy_blocks([[1, 2]])",
+    "write": "cache.write(0, kw, kw, [3, 4])",
+    "num_blocks": "cache.num_blocks",
+    "key": "cache.key(0)",
+}
+
+
+@pytest.mark.parametrize("third", sorted(KV_WRITERS))
+def test_decode_attention_against_writers_and_getters(third: str) -> None:
+    """Two threads run ``decode_attention``; a third writes the cache or reads it."""
+    run_pattern(f"""
+        cache = kv.KvCache(1, 8, 16, 2, 64)
+        rng = np.random.default_rng(0)
+        kw = rng.standard_normal((2, 2, 64)).astype(np.float32)
+        cache.write(0, rng.standard_normal((128, 2, 64)).astype(np.float32),
+                    rng.standard_normal((128, 2, 64)).astype(np.float32), np.arange(128))
+        q = rng.standard_normal((4, 4, 64)).astype(np.float32)
+        tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 2, 4, 6], [1, 3, 5, 7]])
+        lens = [64, 50, 33, 1]
+        attend = lambda: kv.decode_attention(cache, 0, q, tables, lens)
+        run_all([loop(attend), loop(attend), loop(lambda: {KV_WRITERS[third]})])
+    """)
+
+
+def test_decode_attention_errors_against_a_writer() -> None:
+    """Calls that fail after the tables are checked, against a writer thread."""
+    run_pattern("""
+        cache = kv.KvCache(1, 8, 16, 2, 64)
+        q = np.zeros((1, 4, 64), np.float32)
+        bad = lambda: kv.decode_attention(cache, 0, q, [[0, 9]], [20])
+        run_all([loop(bad, ValueError), loop(bad, ValueError), loop(lambda: cache.copy_blocks([[1, 2]]))])
+    """)
