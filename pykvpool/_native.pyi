@@ -1197,10 +1197,11 @@ def prefill_attention(
         chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
         window_left: keys at most this many positions behind the query are visible.
         sink_tokens: the first positions always visible under the window (tokens).
-        scale: the softmax scale (default ``1 / sqrt(head_dim)``).
+        scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
         logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
         out: C-contiguous float32 ``[total_q, Hq, head_dim]`` written in place and
-            returned (default: a new array); must not overlap ``q`` or the cache.
+            returned (default: a new array); must not share memory with ``q`` or with any
+            KvCache.
         return_lse: also return the log-sum-exp, to merge partial results.
         force_isa: one of :func:`kernel_paths`; default the fastest.
         bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
@@ -1228,7 +1229,7 @@ def prefill_attention(
             positioned queries than keys, a negative position, a block id outside the
             pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
             a negative ``window_left``/``sink_tokens``, a bool or float where an int is
-            meant, a non-finite ``scale`` or a soft cap that is not finite and positive,
+            meant, a ``scale`` or soft cap that is not positive and finite in float32,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
             cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
             without a bf16 cache. ``out`` is not written on any error.

@@ -50,6 +50,12 @@ impl PyKvCache {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The immutable facts other binding modules check against: shape and storage
+    /// addresses (no lock needed).
+    pub(super) fn facts(&self) -> (KvShape, &Range<usize>) {
+        (self.shape, &self.storage)
+    }
+
     fn write_lock(&self) -> RwLockWriteGuard<'_, KvCache> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
     }

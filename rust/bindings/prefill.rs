@@ -7,48 +7,15 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use numpy::{PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::convert::{int_scalar, int_vec};
+use super::arrays::{checked_out, f32_values, int_matrix};
+use super::convert::{arg, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
 use crate::kernel::prefill::{self, Mask, PrefillOptions, Queries};
 use crate::kernel::{Isa, SeqTables};
-
-/// A float32 array argument: its shape and a C-ordered copy of its values.
-fn f32_array(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
-    let py = obj.py();
-    let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        let got = obj
-            .cast::<PyUntypedArray>()
-            .ok()
-            .and_then(|a| a.dtype().str().ok().map(|s| s.to_string()))
-            .unwrap_or_else(|| obj.get_type().name().map(|n| n.to_string()).unwrap_or_default());
-        invalid(py, format!("{name} must be a float32 numpy array, got {got}"))
-    })?;
-    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
-    // `as_slice` also accepts Fortran order, whose memory order is not the logical one.
-    let values = match ro.as_slice() {
-        Ok(s) if arr.is_c_contiguous() => s.to_vec(),
-        _ => ro.as_array().iter().copied().collect(),
-    };
-    Ok((arr.shape().to_vec(), values))
-}
-
-/// A 2-D integer table (array or sequence of rows), row-major, with its row count and width.
-fn int_table(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<i64>, usize, usize)> {
-    let py = obj.py();
-    let arr = py.import("numpy")?.call_method1("asarray", (obj,))?;
-    let arr = arr.cast::<PyUntypedArray>().map_err(|_| invalid(py, format!("{name} must be a 2-D integer array")))?;
-    let shape = arr.shape().to_vec();
-    let (rows, width) = match shape.as_slice() {
-        [r, c] => (*r, *c),
-        [0] => (0, 0),
-        _ => return Err(invalid(py, format!("{name} must be a 2-D integer array, got shape {shape:?}"))),
-    };
-    Ok((int_vec(&arr.call_method0("ravel")?, name)?, rows, width))
-}
 
 /// An optional non-negative int keyword (None allowed), naming `name` in errors.
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
@@ -61,6 +28,27 @@ fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usiz
     }
 }
 
+/// `logits_soft_cap`: `None`, or a real number (not a bool, not an array) that is
+/// positive and finite in float32.
+fn soft_cap(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let ty = obj.get_type().name()?.to_string();
+    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
+    let is_array = obj.cast::<PyUntypedArray>().is_ok();
+    let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
+    let Some(v) = v else {
+        return Err(invalid(py, format!("logits_soft_cap must be a float, got {ty}")));
+    };
+    let c = v as f32;
+    if !(c.is_finite() && c > 0.0) {
+        return Err(invalid(py, format!("logits_soft_cap must be positive and finite in float32, got {v}")));
+    }
+    Ok(Some(c))
+}
+
 /// The keyword options shared by both table forms.
 struct Kw<'a, 'py> {
     q_positions: Option<&'a Bound<'py, PyAny>>,
@@ -68,8 +56,8 @@ struct Kw<'a, 'py> {
     chunk_size: Option<&'a Bound<'py, PyAny>>,
     window_left: Option<&'a Bound<'py, PyAny>>,
     sink_tokens: Option<&'a Bound<'py, PyAny>>,
-    scale: Option<f64>,
-    logits_soft_cap: Option<f64>,
+    scale: Option<f32>,
+    logits_soft_cap: Option<f32>,
     out: Option<&'a Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&'a str>,
@@ -86,15 +74,9 @@ impl Kw<'_, '_> {
         if chunk_size.is_some() && !self.causal {
             return Err(invalid(py, "chunk_size (block-causal) needs causal=True"));
         }
-        let finite = |x: Option<f64>, name: &str| -> PyResult<Option<f32>> {
-            match x {
-                Some(v) if !(v as f32).is_finite() => Err(invalid(py, format!("{name} must be finite in float32, got {v}"))),
-                _ => Ok(x.map(|v| v as f32)),
-            }
-        };
-        let cap = finite(self.logits_soft_cap, "logits_soft_cap")?;
-        if cap.is_some_and(|c| c <= 0.0) {
-            return Err(invalid(py, "logits_soft_cap must be > 0"));
+        let isa = self.force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
+        if let Some(i) = isa.filter(|i| !i.supported()) {
+            return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
         }
         Ok(PrefillOptions {
             mask: Mask {
@@ -103,9 +85,9 @@ impl Kw<'_, '_> {
                 window_left: opt_count(self.window_left, "window_left")?,
                 sink_tokens: opt_count(self.sink_tokens, "sink_tokens")?.unwrap_or(0),
             },
-            scale: finite(self.scale, "scale")?,
-            logits_soft_cap: cap,
-            isa: self.force_isa.map(Isa::parse).transpose().map_err(|e| invalid(py, format!("force_isa: {e}")))?,
+            scale: self.scale,
+            logits_soft_cap: self.logits_soft_cap,
+            isa,
             bf16_scores: self.bf16_scores,
             bf16_pv: self.bf16_pv,
             split_tokens: None,
@@ -114,54 +96,31 @@ impl Kw<'_, '_> {
     }
 }
 
-/// Whether the memory of `a` and `b` may overlap (numpy's bounds test).
-fn may_share(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
-    a.py().import("numpy")?.call_method1("may_share_memory", (a, b))?.extract()
-}
-
 /// Validate everything, run the kernel with the GIL released, return `out` (and the LSE).
 fn run<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: &Bound<'py, PyAny>,
+    layer: usize,
     q: &Bound<'py, PyAny>,
     qo_indptr: &Bound<'py, PyAny>,
     tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables> + Send,
     kw: Kw<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let layer = int_scalar(layer, "layer")?;
-    let layer = usize::try_from(layer).map_err(|_| invalid(py, format!("layer must be >= 0, got {layer}")))?;
     let opts = kw.options(py)?;
     let indptr = int_vec(qo_indptr, "qo_indptr")?;
     let positions = kw.q_positions.filter(|p| !p.is_none()).map(|p| int_vec(p, "q_positions")).transpose()?;
-    let (qshape, qv) = f32_array(q, "q")?;
+    let (qshape, qv) = f32_values(q, "q")?;
     let [total_q, hq, d] = qshape[..] else {
         return Err(invalid(py, format!("q must be [total_q, num_q_heads, head_dim], got shape {qshape:?}")));
     };
-    // The shape of a cache never changes: read it and let the guard go at once.
-    let shape = cache.get().read().shape();
+    let (shape, storage) = cache.get().facts();
     if d != shape.head_dim {
         return Err(invalid(py, format!("q has head_dim {d}, the cache {}", shape.head_dim)));
     }
     if let Some(&end) = indptr.last().filter(|&&x| x != total_q as i64) {
         return Err(invalid(py, format!("qo_indptr ends at {end}, q has {total_q} rows")));
     }
-    let out_arr = match kw.out {
-        Some(o) if !o.is_none() => {
-            let arr = o.cast::<PyArrayDyn<f32>>().map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
-            if arr.shape() != [total_q, hq, d] {
-                return Err(invalid(py, format!("out must have shape [{total_q}, {hq}, {d}], got {:?}", arr.shape())));
-            }
-            if !arr.is_c_contiguous() {
-                return Err(invalid(py, "out must be C-contiguous"));
-            }
-            if may_share(o, q)? {
-                return Err(invalid(py, "out must not share memory with q"));
-            }
-            Some(arr.clone())
-        }
-        _ => None,
-    };
+    let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out(o, q, [total_q, hq, d], storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { vec![0f32; total_q * hq * d] } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
@@ -169,22 +128,16 @@ fn run<'py>(
         None => &mut owned,
     };
     let mut lse = if kw.return_lse { vec![0f32; total_q * hq] } else { Vec::new() };
-    let (o_ptr, o_len) = (o_slice.as_ptr() as usize, std::mem::size_of_val(o_slice));
     let (c, return_lse) = (cache.get(), kw.return_lse);
     let result = py.detach(|| {
-        let guard = c.read();
-        let bytes = guard.bytes();
-        let (c0, c1) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
-        if o_len > 0 && o_ptr < c1 && c0 < o_ptr + o_len {
-            return Err(crate::invalid!("out must not share memory with the cache"));
-        }
         let t = tables(shape.block_size, shape.num_blocks)?;
+        let guard = c.read();
         let qs = Queries { q: &qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
         let l = return_lse.then_some(&mut lse[..]);
         prefill::prefill_attention(&guard, layer, &qs, &t, o_slice, l, &opts)
     });
-    result.py_err(py)?;
     drop(rw);
+    result.py_err(py)?;
     let out_obj = match out_arr {
         Some(a) => a.into_any(),
         None => PyArray1::from_vec(py, owned).reshape([total_q, hq, d])?.into_any(),
@@ -230,10 +183,11 @@ fn run<'py>(
 ///     chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
 ///     window_left: keys at most this many positions behind the query are visible.
 ///     sink_tokens: the first positions always visible under the window (tokens).
-///     scale: the softmax scale (default ``1 / sqrt(head_dim)``).
+///     scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
 ///     logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
 ///     out: C-contiguous float32 ``[total_q, Hq, head_dim]`` written in place and
-///         returned (default: a new array); must not overlap ``q`` or the cache.
+///         returned (default: a new array); must not share memory with ``q`` or with any
+///         KvCache.
 ///     return_lse: also return the log-sum-exp, to merge partial results.
 ///     force_isa: one of :func:`kernel_paths`; default the fastest.
 ///     bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
@@ -261,7 +215,7 @@ fn run<'py>(
 ///         positioned queries than keys, a negative position, a block id outside the
 ///         pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
 ///         a negative ``window_left``/``sink_tokens``, a bool or float where an int is
-///         meant, a non-finite ``scale`` or a soft cap that is not finite and positive,
+///         meant, a ``scale`` or soft cap that is not positive and finite in float32,
 ///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
 ///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
 ///         without a bf16 cache. ``out`` is not written on any error.
@@ -271,7 +225,7 @@ fn run<'py>(
 fn prefill_attention<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: &Bound<'py, PyAny>,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     qo_indptr: &Bound<'py, PyAny>,
     block_tables: &Bound<'py, PyAny>,
@@ -281,8 +235,8 @@ fn prefill_attention<'py>(
     chunk_size: Option<&Bound<'py, PyAny>>,
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
-    scale: Option<f64>,
-    logits_soft_cap: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
+    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
@@ -291,7 +245,7 @@ fn prefill_attention<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
     let lens = int_vec(seq_lens, "seq_lens")?;
-    let (table, rows, width) = int_table(block_tables, "block_tables")?;
+    let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
     if rows != lens.len() {
         return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
     }
@@ -336,7 +290,7 @@ fn prefill_attention<'py>(
 fn prefill_attention_paged<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyKvCache>,
-    layer: &Bound<'py, PyAny>,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
     q: &Bound<'py, PyAny>,
     qo_indptr: &Bound<'py, PyAny>,
     kv_indptr: &Bound<'py, PyAny>,
@@ -347,8 +301,8 @@ fn prefill_attention_paged<'py>(
     chunk_size: Option<&Bound<'py, PyAny>>,
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
-    scale: Option<f64>,
-    logits_soft_cap: Option<f64>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
+    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
