@@ -1,11 +1,11 @@
 """The ``pykvpool`` command line: ``ledger``, ``sweep``, ``report``, ``replay`` (prefix-cache
-hit rates of a block-id trace, see :mod:`pykvpool.prefix_replay`) and ``simulate`` (the
-serving simulator, see :mod:`pykvpool.sim_sweep`).
+hit rates of a block-id trace, see :mod:`pykvpool.prefix.replay`) and ``simulate`` (the
+serving simulator, see :mod:`pykvpool.simulate.sweep`).
 
 Every subcommand takes ``--out DIR`` (it writes its tables there as Markdown and JSON) and
 draws progress bars on stderr for the steps that can take more than a second
 (``--quiet`` silences them). ``ledger``, ``sweep`` and ``simulate`` share one memory
-budget, :func:`pykvpool.ledger.default_budget` unless ``--memory-gib`` / ``--fraction`` /
+budget, :func:`pykvpool.planning.ledger.default_budget` unless ``--memory-gib`` / ``--fraction`` /
 ``--reserve-gib`` say otherwise, and print it.
 
 Exit status (:func:`main`): 0 on success; 1 when the report does not reproduce every
@@ -29,9 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pykvpool import prefix_replay
 from pykvpool._native import InvalidArgumentError, InvariantError, KvPoolError
-from pykvpool.cli_types import (
+from pykvpool.cli.argtypes import (
     MAX_BLOCK_SIZE,
     CliParser,
     add_budget_args,
@@ -42,12 +41,12 @@ from pykvpool.cli_types import (
     trace_columns,
 )
 from pykvpool.errors import TraceFormatError
-from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
-from pykvpool.ledger import GIB, MIB, MemoryLedger
-from pykvpool.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
+from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
+from pykvpool.planning.ledger import GIB, MIB, MemoryLedger
+from pykvpool.planning.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool.progress import ProgressBar
-from pykvpool.sim_sweep import add_subcommand as add_simulate
-from pykvpool.sweeps import (
+from pykvpool.cli import replay as replay_cmd, simulate as simulate_cmd
+from pykvpool.planning.sweeps import (
     BLOCK_SIZES,
     block_size_sweep,
     contiguous,
@@ -56,7 +55,7 @@ from pykvpool.sweeps import (
     waste_decomposition,
 )
 from pykvpool.tracefile import read_text
-from pykvpool.workloads import (
+from pykvpool.planning.workloads import (
     ARTICLE_MAX_LEN,
     Workload,
     article_heavy_tail,
@@ -274,7 +273,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pykvpool.report import build_report
+    from pykvpool.report.build import build_report
 
     res = build_report(args.out, measure=not args.no_measure, progress=not args.quiet)
     print(f"wrote {res.markdown} ({len(res.figures)} figures) in {res.seconds:.1f} s; "
@@ -342,8 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger(sub)
     _add_sweep(sub)
     _add_report(sub)
-    prefix_replay.add_subcommand(sub)
-    add_simulate(sub)
+    replay_cmd.add_subcommand(sub)
+    simulate_cmd.add_subcommand(sub)
     return p
 
 

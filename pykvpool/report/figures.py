@@ -26,11 +26,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pykvpool._native import BlockPool
-from pykvpool.hardware import Hardware
-from pykvpool.ledger import GIB, MemoryLedger
-from pykvpool.roofline import KernelPoint
-from pykvpool.sweeps import BlockSizeRow, SweepResult
-from pykvpool.video import VideoSpec, block_causal_mask
+from pykvpool.planning.hardware import Hardware
+from pykvpool.planning.ledger import GIB, MemoryLedger
+from pykvpool.planning.roofline import KernelPoint
+from pykvpool.planning.sweeps import BlockSizeRow, SweepResult
+from pykvpool.planning.video import VideoSpec, block_causal_mask
 
 __all__ = [
     "PoolPicture",

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from pykvpool.simulate import SimulationResult
+from pykvpool.simulate.engine import SimulationResult
 
 __all__ = [
     "latency_cdf",
