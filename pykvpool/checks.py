@@ -17,7 +17,12 @@ def invalid(msg: str) -> InvalidArgumentError:
 
 
 def check_count(v: object, name: str, lo: int = 0) -> int:
-    """An int (not a bool) >= ``lo``, else InvalidArgumentError naming ``name``."""
+    """``v`` as an int.
+
+    Raises:
+        InvalidArgumentError: ``v`` is not an int (a bool is not) or is < ``lo`` (the
+            message names ``name``).
+    """
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise invalid(f"{name} must be an int, got {type(v).__name__}")
     if v < lo:
@@ -27,7 +32,11 @@ def check_count(v: object, name: str, lo: int = 0) -> int:
 
 def check_positive(v: object, name: str, *, zero: bool = False, most: float = math.inf) -> float:
     """A finite real number > 0 (>= 0 with ``zero``) and <= ``most``, else
-    InvalidArgumentError naming ``name``."""
+    InvalidArgumentError naming ``name``.
+
+    Raises:
+        InvalidArgumentError: ``v`` is not a real number, not finite or out of range.
+    """
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise invalid(f"{name} must be a number, got {type(v).__name__}")
     f = float(v)
