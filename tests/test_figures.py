@@ -108,7 +108,8 @@ def test_roofline_figure_without_machine(tmp_path: Path) -> None:
 
 
 def test_overlap_detector_sees_overlapping_labels() -> None:
-    from pykvpool.report.figures import new_figure, overlapping_labels
+    from pykvpool.plotting import new_figure
+    from pykvpool.report.figures import overlapping_labels
 
     fig = new_figure((4, 3))
     ax = fig.subplots()
@@ -328,6 +329,10 @@ from pykvpool.report.article import article_ledgers
 from pykvpool.report.figures import fig_memory_ledger
 fig_memory_ledger({str(tmp_path / "f.png")!r}, *article_ledgers())
 sim_plots.plot_throughput_vs_rate({{}}).savefig({str(tmp_path / "g.png")!r})
+from pykvpool.prefix import replay as pr
+trace = pr.load_mooncake_trace()[:20]
+pr.plot_sweep(pr.sweep(trace, [pr.unbounded_capacity(trace) * pr.TRACE_BLOCK_SIZE], ("lru",)),
+              {str(tmp_path / "h.png")!r})
 assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
 print(matplotlib.rcParams._get_backend_or_none())
 """

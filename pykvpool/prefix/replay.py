@@ -29,6 +29,7 @@ from typing import Any
 
 from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.errors import TraceFormatError
+from pykvpool.plotting import save, subplots
 from pykvpool.tracefile import MAX_KEY, MAX_TOKENS, jsonl_records, named_trace_path, read_text, to_count
 
 __all__ = [
@@ -312,17 +313,12 @@ def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) ->
         OSError: ``path`` cannot be written.
         ValueError: matplotlib cannot write the format of ``path``'s suffix.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     data: dict[str, Any] = {"block_size": {}}
     sizes = sorted({r.block_size for r in results})
     if not sizes:
         raise InvalidArgumentError("no results to plot")
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2), squeeze=False)
-    for ax, bs in zip(axes[0], sizes):
+    fig, axes = subplots(len(sizes), (5.5 * len(sizes), 4.2))
+    for ax, bs in zip(axes, sizes):
         rows = [r for r in results if r.block_size == bs]
         panel: dict[str, Any] = {"policy": {}, "unbounded": None}
         for pol in [p for p in POLICIES if any(r.policy == p for r in rows)]:
@@ -345,7 +341,5 @@ def plot_sweep(results: Sequence[ReplayResult], path: str | os.PathLike[str]) ->
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         data["block_size"][bs] = panel
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
     return data
