@@ -49,4 +49,4 @@ def save(fig: Figure, path: str | os.PathLike[str], dpi: int = 120, tight_bbox: 
         ValueError: matplotlib cannot write the format of ``path``'s suffix.
     """
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, **({"bbox_inches": "tight"} if tight_bbox else {}))
+    fig.savefig(path, dpi=dpi, bbox_inches="tight" if tight_bbox else None)
