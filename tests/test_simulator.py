@@ -19,13 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pykvpool  # noqa: E402
-from benches.scheduler_loop import make_workload, run_loop  # noqa: E402
-from pykvpool.simulate import plots as sim_plots, sweep as sim_sweep, traces as sim_traces  # noqa: E402
-from pykvpool import simulate as sim  # noqa: E402
-from pykvpool.cli import simulate as cli_simulate  # noqa: E402
+import pykvpool
+from benches.scheduler_loop import make_workload, run_loop
+from pykvpool.simulate import plots as sim_plots, sweep as sim_sweep, traces as sim_traces
+from pykvpool import simulate as sim
+from pykvpool.cli import simulate as cli_simulate
 
 # The traces ship inside the package (with their licenses), so these tests never skip.
 DATA = Path(pykvpool.__file__).resolve().parent / "data"
