@@ -39,9 +39,11 @@ from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, meas
 from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
 from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
+from pykvpool.report.dynamic import dynamic_section
 from pykvpool.report.tables import jsonable, markdown_table
 from pykvpool.planning.roofline import KernelPoint, decode_intensity, measure_decode_kernel, prefill_intensity
 from pykvpool.planning.sweeps import (
+    BlockSizeRow,
     SweepResult,
     block_size_sweep,
     contiguous,
@@ -170,6 +172,38 @@ def _measure(progress_on: bool) -> Measured:
     return Measured(machine, kernel, fresh.bandwidth)
 
 
+def _article_sweeps(run: ArticleRun, cap: int, bpt: int,
+                    progress: bool) -> tuple[list[list[SweepResult]], list[BlockSizeRow]]:
+    """Contiguous, paged and shared-prefix results of each article workload, and the
+    block-size sweep of the uniform one (capacity ``cap`` tokens of ``bpt`` bytes)."""
+    with ProgressBar("sweeps (article workloads)", 2, enabled=progress) as bar:
+        comparisons = []
+        for j, wl in enumerate(run.workloads.values()):
+            c, p = run.sweeps[list(run.workloads)[j]]
+            s = paged_shared_prefix(wl, cap, SHARED_PREFIX, 16, bpt)
+            comparisons.append([c, p, s])
+            bar(j + 1)
+        bsz_rows = block_size_sweep(run.workloads["uniform"], ARTICLE_BLOCK_SIZES, cap)
+    return comparisons, bsz_rows
+
+
+def _trace_sweeps(cap: int, bpt: int, progress: bool) -> tuple[
+        list[Workload], list[list[SweepResult]], dict[str, list[BlockSizeRow]]]:
+    """The Azure traces (clipped to the model's context), their contiguous and paged
+    results and their block-size sweeps."""
+    with ProgressBar("sweeps (Azure traces)", 2, enabled=progress) as bar:
+        traces: list[Workload] = []
+        trace_results = []
+        for j, kind in enumerate(("code", "conv")):
+            wl = azure_trace(kind).clipped(TRACE_MAX_LEN)
+            traces.append(wl)
+            c = contiguous(wl, cap, TRACE_MAX_LEN, bpt)
+            trace_results.append([c, paged(wl, cap, 16, bpt)])
+            bar(j + 1)
+        trace_bsz = {wl.name: block_size_sweep(wl, (8, 16, 32, 64, 128), cap) for wl in traces}
+    return traces, trace_results, trace_bsz
+
+
 def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
                  progress: bool = True) -> ReportResult:
     """Compute everything and write ``report.md``, ``fig*.png`` and ``report.json`` into
@@ -199,24 +233,8 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     if gqa.budget != budget:  # the article's budget is the A100's default one
         raise AssertionError(f"article budget {gqa.budget} != default budget {budget}")
 
-    with ProgressBar("sweeps (article workloads)", 2, enabled=progress) as bar:
-        comparisons = []
-        for j, wl in enumerate(run.workloads.values()):
-            c, p = run.sweeps[list(run.workloads)[j]]
-            s = paged_shared_prefix(wl, cap, SHARED_PREFIX, 16, bpt)
-            comparisons.append([c, p, s])
-            bar(j + 1)
-        bsz_rows = block_size_sweep(run.workloads["uniform"], ARTICLE_BLOCK_SIZES, cap)
-    with ProgressBar("sweeps (Azure traces)", 2, enabled=progress) as bar:
-        traces: list[Workload] = []
-        trace_results = []
-        for j, kind in enumerate(("code", "conv")):
-            wl = azure_trace(kind).clipped(TRACE_MAX_LEN)
-            traces.append(wl)
-            c = contiguous(wl, cap, TRACE_MAX_LEN, bpt)
-            trace_results.append([c, paged(wl, cap, 16, bpt)])
-            bar(j + 1)
-        trace_bsz = {wl.name: block_size_sweep(wl, (8, 16, 32, 64, 128), cap) for wl in traces}
+    comparisons, bsz_rows = _article_sweeps(run, cap, bpt, progress)
+    traces, trace_results, trace_bsz = _trace_sweeps(cap, bpt, progress)
 
     measured: Measured | None = None
     reason = "measurement skipped (--no-measure)"
@@ -244,8 +262,6 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
             figs["fig5_block_size_traces"], bsz_rows, run.workloads["uniform"].name,
             trace_results, [(wl.name, wl.lengths) for wl in traces])
         bar(5)
-
-    from pykvpool.report.dynamic import dynamic_section
 
     dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, budget, progress)
     figs.update(dynamic_figs)
