@@ -323,10 +323,13 @@ class BlockPool:
     ) -> tuple[int, _I64Array]:
         """Admit ``seq_id`` from a trace giving block ids instead of tokens (Mooncake's
         ``hash_ids``): exactly ``ceil(prompt_len / block_size)`` keys, each standing for
-        one block's chained content (equal keys = equal content and prefix). Keys are a
-        1-D array of ints in ``0..2**64`` or a uint64 ``[n, 2]`` array of 128-bit keys as
-        ``(high, low)`` halves. The last key may stand for a partly filled block: it is
-        cached too, so the sequence's first append copies that block (copy-on-write).
+        one block's chained content (equal keys = equal content, prefix and fill). Keys
+        are a 1-D array of ints in ``0..2**64`` or a uint64 ``[n, 2]`` array of 128-bit
+        keys as ``(high, low)`` halves. The last key may stand for a partly filled block
+        (``prompt_len % block_size`` tokens): it is cached with its fill, matches only a
+        later prompt's partly filled last block of the same key and fill (never a full
+        block: a lookup never reuses more tokens than were written), and the sequence's
+        first append copies it (copy-on-write). A fill mismatch counts as a collision.
 
         Returns:
             ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
@@ -376,7 +379,8 @@ class BlockPool:
     def pin_block_keys(
         self, block_keys: _KeysLike, *, priority: int | None = None, expires_at: int | None = None
     ) -> int:
-        """:meth:`pin_prefix` for a prefix given as block keys."""
+        """:meth:`pin_prefix` for a prefix given as block keys, each standing for a full
+        block (a partly filled keyed block cannot be pinned)."""
     def unpin(self, pin_id: int) -> None:
         """Release a pin. Raises InvalidArgumentError for an unknown or lapsed pin id."""
     def set_clock(self, t: int) -> None:
@@ -757,7 +761,8 @@ class CacheStats:
         """Idle cached blocks reclaimed by allocations so far."""
     @property
     def collisions(self) -> int:
-        """Lookups that found a key whose block failed verification (a miss)."""
+        """Lookups that found a key whose block failed verification: parent, extra key,
+        token ids or fill (a miss)."""
     @property
     def cow_hits(self) -> int:
         """Admissions that took a copy-on-write partial hit."""

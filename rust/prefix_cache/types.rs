@@ -50,7 +50,8 @@ pub struct CacheStats {
     pub stored_blocks: u64,
     /// Idle cached blocks reclaimed by allocations.
     pub evictions: u64,
-    /// Lookups that found the key but failed verification (parent, extra key, tokens).
+    /// Lookups that found the key but failed verification (parent, extra key, tokens,
+    /// fill).
     pub collisions: u64,
     /// Admissions that took a copy-on-write partial hit.
     pub cow_hits: u64,
