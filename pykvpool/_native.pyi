@@ -148,12 +148,17 @@ class BlockPool:
       last token, copy its last block (a copy-on-write pair) instead of recomputing it;
     - ``record_events`` (default False): record stored/removed/cleared events for
       :meth:`drain_events`;
+    - ``max_events`` (default 100,000; needs ``record_events=True``): capacity of the event
+      queue, in events (about 80 bytes each). When it is full a new event drops the oldest
+      undrained one and counts it in :attr:`CacheStats.dropped_events`, so memory stays
+      bounded however long nobody drains;
     - ``hash_bits`` (default 128): keep only the low bits of each key (tests force
       collisions with it).
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
             ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+            ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
             cache options given without ``prefix_caching=True``.
     """
 
@@ -168,6 +173,7 @@ class BlockPool:
         cow_partial_hit: bool | None = None,
         record_events: bool | None = None,
         hash_bits: int | None = None,
+        max_events: int | None = None,
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:
@@ -390,11 +396,16 @@ class BlockPool:
     def cache_stats(self) -> CacheStats:
         """Hit metrics and cache occupancy."""
     def drain_events(self) -> dict[str, npt.NDArray[Any]]:
-        """Take the recorded cache events (``record_events=True``), oldest first, as
+        """Take the queued cache events (``record_events=True``), oldest first, as
         arrays of equal length: ``kind`` uint8 (:data:`EVENT_STORED`,
         :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a
         clear), ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent``
-        bool, ``clock`` uint64."""
+        bool, ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a
+        keyed prompt's partly filled last block, 0 for a clear), ``clock`` uint64.
+
+        The queue keeps the newest ``max_events`` events: when
+        :attr:`CacheStats.dropped_events` grew since the last drain, older events were
+        lost and a consumer mirroring the cache must resynchronise."""
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (idle ones become free; live ones stay with their
         sequences, uncached) and return how many. Raises InvalidArgumentError while pins
@@ -784,6 +795,12 @@ class CacheStats:
     @property
     def clock(self) -> int:
         """Current logical time."""
+    @property
+    def pending_events(self) -> int:
+        """Events recorded and not drained yet (at most ``max_events``)."""
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped so far, oldest first, because the queue was full."""
     @property
     def hit_rate(self) -> float:
         """``hit_tokens / query_tokens`` (0.0 before any query)."""

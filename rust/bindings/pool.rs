@@ -109,7 +109,7 @@ impl PyBlockPool {
 impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, *, prefix_caching = false, eviction = None,
-        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None))]
+        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -121,10 +121,12 @@ impl PyBlockPool {
         cow_partial_hit: Option<bool>,
         record_events: Option<bool>,
         hash_bits: Option<u32>,
+        max_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
-        let opts = super::prefix::CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits };
+        let opts =
+            super::prefix::CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits, max_events };
         let cfg = opts.config(py, prefix_caching)?;
         let pool = py
             .detach(|| match cfg {

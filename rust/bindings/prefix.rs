@@ -10,7 +10,7 @@ use super::errors::{invalid, IntoPyResult};
 use super::pool::PyBlockPool;
 use crate::block_hash::{BlockHasher, BlockKey};
 use crate::eviction::EvictionPolicy;
-use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats};
+use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats, MAX_EVENTS_LIMIT};
 use crate::types::{BlockId, SeqId};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -20,6 +20,7 @@ pub struct CacheOptions<'a> {
     pub cow_partial_hit: Option<bool>,
     pub record_events: Option<bool>,
     pub hash_bits: Option<u32>,
+    pub max_events: Option<&'a Bound<'a, PyAny>>,
 }
 
 impl CacheOptions<'_> {
@@ -30,7 +31,8 @@ impl CacheOptions<'_> {
             || self.verify_tokens.is_some()
             || self.cow_partial_hit.is_some()
             || self.record_events.is_some()
-            || self.hash_bits.is_some();
+            || self.hash_bits.is_some()
+            || self.max_events.is_some();
         if !enabled {
             if given {
                 return Err(invalid(py, "prefix-cache options need prefix_caching=True"));
@@ -47,12 +49,25 @@ impl CacheOptions<'_> {
             Some(b @ 1..=127) => BlockHasher::Truncated { bits: b as u8 },
             Some(b) => return Err(invalid(py, format!("hash_bits must be in 1..=128, got {b}"))),
         };
+        let record_events = self.record_events.unwrap_or(d.record_events);
+        let max_events = match self.max_events {
+            None => d.max_events,
+            Some(_) if !record_events => return Err(invalid(py, "max_events needs record_events=True")),
+            Some(obj) => {
+                let v = int_scalar(obj, "max_events")?;
+                usize::try_from(v)
+                    .ok()
+                    .filter(|n| (1..=MAX_EVENTS_LIMIT).contains(n))
+                    .ok_or_else(|| invalid(py, format!("max_events must be in 1..={MAX_EVENTS_LIMIT} events, got {v}")))?
+            }
+        };
         Ok(Some(CacheConfig {
             policy,
             verify_tokens: self.verify_tokens.unwrap_or(d.verify_tokens),
             cow_partial_hit: self.cow_partial_hit.unwrap_or(d.cow_partial_hit),
             hasher,
-            record_events: self.record_events.unwrap_or(d.record_events),
+            record_events,
+            max_events,
         }))
     }
 }
@@ -310,6 +325,7 @@ impl PyBlockPool {
         d.set_item("key", keys_array(py, ev.iter().map(|e| e.key))?)?;
         d.set_item("parent_key", keys_array(py, ev.iter().map(|e| e.parent_key.unwrap_or(0)))?)?;
         d.set_item("has_parent", PyArray1::from_iter(py, ev.iter().map(|e| e.parent_key.is_some())))?;
+        d.set_item("tokens", PyArray1::from_iter(py, ev.iter().map(|e| e.tokens)))?;
         d.set_item("clock", PyArray1::from_iter(py, ev.iter().map(|e| e.clock)))?;
         Ok(d)
     }
@@ -377,6 +393,8 @@ stat_getters!(
     pinned_blocks: usize,
     num_pins: usize,
     clock: u64,
+    pending_events: usize,
+    dropped_events: u64,
 );
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -21,6 +21,7 @@
 
 
 mod check;
+mod events;
 mod meta;
 mod pinning;
 mod types;
@@ -36,7 +37,10 @@ use crate::pins::PinTable;
 use crate::types::BlockId;
 
 use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
+pub use events::{DEFAULT_MAX_EVENTS, MAX_EVENTS_LIMIT};
 pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
+
+use events::EventQueue;
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -74,7 +78,7 @@ pub struct PrefixCache {
     clock: u64,
     manual_clock: bool,
     stats: CacheStats,
-    events: Vec<CacheEvent>,
+    events: EventQueue,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -93,6 +97,9 @@ fn low(key: BlockKey) -> u64 {
 impl PrefixCache {
     pub fn new(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
         cfg.hasher.validate()?;
+        if !(1..=MAX_EVENTS_LIMIT).contains(&cfg.max_events) {
+            return Err(invalid!("max_events must be in 1..={MAX_EVENTS_LIMIT}, got {}", cfg.max_events));
+        }
         let mut tokens = Vec::new();
         if cfg.verify_tokens {
             let n = num_blocks
@@ -144,8 +151,10 @@ impl PrefixCache {
                 pinned_blocks: 0,
                 num_pins: 0,
                 clock: 0,
+                pending_events: 0,
+                dropped_events: 0,
             },
-            events: Vec::new(),
+            events: EventQueue::new(cfg.max_events),
         })
     }
 
@@ -515,17 +524,25 @@ impl PrefixCache {
         s.pinned_blocks = self.cached_blocks().filter(|b| self.meta[b.index()].hard_pins > 0).count();
         s.num_pins = self.pins.len();
         s.clock = self.clock;
+        s.pending_events = self.events.len();
+        s.dropped_events = self.events.dropped();
         s
     }
 
-    /// Move every recorded event into `out` (oldest first).
+    /// Move every queued event into `out`, oldest first. The queue holds the newest
+    /// `max_events` events; older undrained ones were dropped (`dropped_events`).
     pub fn drain_events(&mut self, out: &mut Vec<CacheEvent>) {
-        out.append(&mut self.events);
+        self.events.drain_into(out);
     }
 
     fn push_event(&mut self, kind: CacheEventKind, block: Option<BlockId>, key: BlockKey, parent_key: Option<BlockKey>, clock: u64) {
         if self.cfg.record_events {
-            self.events.push(CacheEvent { kind, block, key, parent_key, clock });
+            // Read from the meta, which an eviction leaves in place.
+            let tokens = block.map_or(0, |b| match self.meta[b.index()].partial {
+                0 => self.block_size as u32,
+                p => p as u32,
+            });
+            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock });
         }
     }
 }
