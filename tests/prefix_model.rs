@@ -39,14 +39,15 @@ enum Op {
     Fork { pick: usize },
     Truncate { pick: usize, n: usize },
     Free { pick: usize },
-    Pin { family: u32, blocks: usize, soft: bool, ttl: Option<u64>, by_keys: bool },
+    Pin { family: u32, blocks: usize, soft: Option<u32>, ttl: Option<u64>, by_keys: bool },
     Unpin { pick: usize },
     Clock { step: u64 },
     Reset,
     Drain,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// One operation; `pins` weighs pins and unpins (the priority policy's programs pin more).
+fn op(pins: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u32..3, 0usize..13, 0usize..6, any::<bool>())
             .prop_map(|(family, shared, tail, extra)| Op::Admit { family, shared, tail, extra }),
@@ -58,9 +59,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Fork { pick }),
         1 => (any::<usize>(), 0usize..7).prop_map(|(pick, n)| Op::Truncate { pick, n }),
         3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        1 => (0u32..3, 0usize..3, any::<bool>(), prop::option::of(1u64..6), any::<bool>())
+        pins => (0u32..3, 0usize..4, prop::option::of(prop::sample::select(vec![1u32, 5])), prop::option::of(1u64..6), any::<bool>())
             .prop_map(|(family, blocks, soft, ttl, by_keys)| Op::Pin { family, blocks, soft, ttl, by_keys }),
-        1 => any::<usize>().prop_map(|pick| Op::Unpin { pick }),
+        pins => any::<usize>().prop_map(|pick| Op::Unpin { pick }),
         1 => (0u64..3).prop_map(|step| Op::Clock { step }),
         1 => Just(Op::Reset),
         1 => Just(Op::Drain),
@@ -289,7 +290,7 @@ impl World {
             Op::Pin { family, blocks, soft, ttl, by_keys } => {
                 let now = self.pool.cache_stats().unwrap().clock;
                 let tokens = prompt(family, blocks * BS, 0, 0);
-                let (priority, expires) = (soft.then_some(3), ttl.map(|t| now + t));
+                let (priority, expires) = (soft, ttl.map(|t| now + t));
                 let r = if by_keys {
                     let keys = family_keys(family, blocks, 0, blocks * BS);
                     let want = self.model.pin(&keys, None, priority, expires);
@@ -424,12 +425,18 @@ fn policy() -> impl Strategy<Value = EvictionPolicy> {
 // prefix_model` for a soak.
 proptest! {
     #[test]
-    fn pool_matches_the_model(ops in prop::collection::vec(op(), 1..60), policy in policy(), cow in any::<bool>()) {
+    fn pool_matches_the_model(ops in prop::collection::vec(op(1), 1..60), policy in policy(), cow in any::<bool>()) {
         run(&ops, CacheConfig { policy, cow_partial_hit: cow, ..CacheConfig::default() });
     }
 
+    /// Soft pins decide the priority policy's order: programs that pin often.
     #[test]
-    fn pool_matches_the_model_under_collisions(ops in prop::collection::vec(op(), 1..60), policy in policy(), cow in any::<bool>()) {
+    fn priority_policy_matches_the_model(ops in prop::collection::vec(op(4), 1..60), cow in any::<bool>()) {
+        run(&ops, CacheConfig { policy: EvictionPolicy::Priority, cow_partial_hit: cow, ..CacheConfig::default() });
+    }
+
+    #[test]
+    fn pool_matches_the_model_under_collisions(ops in prop::collection::vec(op(1), 1..60), policy in policy(), cow in any::<bool>()) {
         let hasher = BlockHasher::Truncated { bits: 2 };
         run(&ops, CacheConfig { policy, cow_partial_hit: cow, hasher, ..CacheConfig::default() });
     }
