@@ -162,7 +162,9 @@ mod tests {
     /// long-input path); the largest token id and extra key with a partial tail.
     #[test]
     fn known_answers_from_an_independent_implementation() {
-        let cases: [(Vec<u32>, usize, Option<u64>, Vec<BlockKey>); 4] = [
+        // (tokens, block size, extra key, expected keys)
+        type Case = (Vec<u32>, usize, Option<u64>, Vec<BlockKey>);
+        let cases: [Case; 4] = [
             (vec![1, 2, 3, 4], 4, None, vec![0x0a7b2856bd016172aed92d8c21087734]),
             (
                 (0..12).collect(),

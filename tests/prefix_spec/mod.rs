@@ -304,7 +304,7 @@ impl Spec {
         let bs = self.bs;
         let s = &self.seqs[&seq];
         let last = s.table.last().copied();
-        let copy = n > 0 && s.ntokens % bs != 0 && last.is_some_and(|b| self.blocks[b].refs > 1 || self.blocks[b].cached);
+        let copy = n > 0 && !s.ntokens.is_multiple_of(bs) && last.is_some_and(|b| self.blocks[b].refs > 1 || self.blocks[b].cached);
         let need = (s.ntokens + n).div_ceil(bs) - s.table.len() + copy as usize;
         if need > self.num_free() {
             return None;
