@@ -140,7 +140,13 @@ class BlockPool:
     With ``prefix_caching=True`` the pool caches full blocks by content (see the
     prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix_replay`):
 
-    - ``eviction``: ``"lru"`` (default), ``"fifo"``, ``"lfu"`` or ``"priority"``;
+    - ``eviction``: which idle cached block an allocation reclaims once no never-cached
+      block is free (only leaves of the cache tree: a sequence's tail before its head):
+      ``"lru"`` (default) the least recently used, where a block is used when it is
+      stored, when an admission's lookup hits it and when its last holder releases it;
+      ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
+      recently used; ``"priority"`` the lowest soft-pin priority (0 without), then the
+      least recently used;
     - ``verify_tokens`` (default True): keep each cached block's token ids
       (``4 * block_size`` bytes per block) and compare them on a hit, so a hash collision
       is a miss, never wrong KV;
