@@ -23,6 +23,9 @@ pub(super) struct Meta {
     pub(super) flags: u8,
 }
 
+// One cache line, as the comment above says.
+const _: () = assert!(std::mem::size_of::<Meta>() == 64);
+
 /// Cached with refcount 0 (mirrors the allocator, so the forest can be updated without it).
 pub(super) const IDLE: u8 = 1;
 pub(super) const HAS_TOKENS: u8 = 2;
