@@ -15,6 +15,7 @@ import xxhash
 
 import pykvpool as kv
 from pykvpool import _native
+from isolation import isolated
 
 BS = 4
 
@@ -229,6 +230,7 @@ def test_every_name_is_exported() -> None:
     assert {"EVENT_STORED", "EVENT_REMOVED", "EVENT_ALL_CLEARED"} <= set(kv.__all__)
 
 
+@isolated(timeout=180)
 def test_two_threads_share_a_caching_pool() -> None:
     import threading
 

@@ -25,6 +25,7 @@ from benches.scheduler_loop import make_workload, run_loop
 from pykvpool.simulate import plots as sim_plots, sweep as sim_sweep, traces as sim_traces
 from pykvpool import simulate as sim
 from pykvpool.cli import simulate as cli_simulate
+from isolation import isolated
 
 # The traces ship inside the package (with their licenses), so these tests never skip.
 DATA = Path(pykvpool.__file__).resolve().parent / "data"
@@ -510,6 +511,7 @@ def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> No
 # ---- time models and bad input --------------------------------------------------------
 
 
+@isolated(timeout=180)
 def test_a_run_releases_the_gil() -> None:
     """Another Python thread keeps running while a simulation runs (sweeps rely on it)."""
     import threading
