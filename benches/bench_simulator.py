@@ -42,7 +42,7 @@ import numpy as np
 import pykvpool
 from benches.py_allocator import PyBlockPool
 from benches.scheduler_loop import make_workload, run_loop
-from pykvpool import sim_sweep, sim_traces
+from pykvpool.simulate import sweep as sim_sweep, traces as sim_traces
 from pykvpool import simulate as sim
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,15 +48,14 @@ from pykvpool import simulate
 # importing pykvpool does not import matplotlib).
 from pykvpool.errors import (
     BudgetError,
-    KernelUnavailableError,
     TraceFormatError,
     UnknownPresetError,
 )
-from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.ledger import Budget, MemoryLedger
-from pykvpool.models import ModelConfig, StorageDtype, model_preset, storage_dtype
-from pykvpool.video import VideoSpec
-from pykvpool.workloads import Workload
+from pykvpool.planning.hardware import Hardware, hardware_preset
+from pykvpool.planning.ledger import Budget, MemoryLedger
+from pykvpool.planning.models import ModelConfig, StorageDtype, model_preset, storage_dtype
+from pykvpool.planning.video import VideoSpec
+from pykvpool.planning.workloads import Workload
 
 __all__ = [
     "BlockPool",
@@ -88,7 +87,6 @@ __all__ = [
     "Budget",
     "BudgetError",
     "Hardware",
-    "KernelUnavailableError",
     "MemoryLedger",
     "ModelConfig",
     "StorageDtype",

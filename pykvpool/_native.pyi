@@ -178,16 +178,20 @@ class BlockPool:
     where releasing and retaking the GIL would add a sizeable share.
 
     With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
-    methods below; trace replay lives in :mod:`pykvpool.prefix_replay`); the other keyword
+    methods below; trace replay lives in :mod:`pykvpool.prefix.replay`); the other keyword
     options configure that cache and need it.
 
     Args:
         num_blocks: blocks in the pool, ``1..=2**30``.
         block_size: token slots per block, ``1..=65536`` tokens.
         prefix_caching: cache full blocks by content (default False).
-        eviction: the idle cached block an allocation reclaims first: ``"lru"`` (default),
-            ``"fifo"``, ``"lfu"`` or ``"priority"`` (lowest soft-pin priority first, see
-            :meth:`pin_prefix`).
+        eviction: which idle cached block an allocation reclaims once no never-cached block
+            is free (only leaves of the cache tree: a sequence's tail before its head):
+            ``"lru"`` (default) the least recently used, where a block is used when it is
+            stored, when an admission's lookup hits it and when its last holder releases it;
+            ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
+            recently used; ``"priority"`` the lowest soft-pin priority (0 without, see
+            :meth:`pin_prefix`), then the least recently used.
         verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
             block) and compare them on a hit, so a hash collision is a miss, never wrong KV
             (default True).
@@ -197,10 +201,16 @@ class BlockPool:
             (default False).
         hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
             128; tests force collisions with it).
+        max_events: capacity of the event queue, in events (about 80 bytes each),
+            ``1..=2**24`` (default 100,000; needs ``record_events=True``). When it is full a
+            new event drops the oldest undrained one and counts it in
+            :attr:`CacheStats.dropped_events`, so memory stays bounded however long nobody
+            drains.
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
             ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+            ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
             cache options given without ``prefix_caching=True``.
     """
 
@@ -215,6 +225,7 @@ class BlockPool:
         cow_partial_hit: bool | None = None,
         record_events: bool | None = None,
         hash_bits: int | None = None,
+        max_events: int | None = None,
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:
@@ -491,9 +502,12 @@ class BlockPool:
         """Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
         ``hash_ids``), reusing the longest cached prefix.
 
-        Each key stands for one block's chained content (equal keys = equal content and
-        prefix). The last key may stand for a partly filled block: it is cached too, so the
-        sequence's first append copies that block (copy-on-write).
+        Each key stands for one block's chained content (equal keys = equal content, prefix
+        and fill). The last key may stand for a partly filled block (``prompt_len %
+        block_size`` tokens): it is cached with its fill, matches only a later prompt's
+        partly filled last block of the same key and fill (never a full block: a lookup
+        never reuses more tokens than were written), and the sequence's first append copies
+        it (copy-on-write). A fill mismatch counts as a collision.
 
         Args:
             seq_id: the new sequence's id, a non-negative int64.
@@ -594,10 +608,11 @@ class BlockPool:
     def pin_block_keys(
         self, block_keys: _KeysLike, *, priority: int | None = None, expires_at: int | None = None
     ) -> int:
-        """:meth:`pin_prefix` for a prefix given as block keys.
+        """:meth:`pin_prefix` for a prefix given as block keys, each standing for a full block
+        (a partly filled keyed block cannot be pinned).
 
         Args:
-            block_keys: as for :meth:`add_sequence_block_keys`, one key per block to pin.
+            block_keys: as for :meth:`add_sequence_block_keys`, one key per full block to pin.
             priority: as for :meth:`pin_prefix`.
             expires_at: as for :meth:`pin_prefix`.
 
@@ -605,8 +620,9 @@ class BlockPool:
             The pin id.
 
         Raises:
-            InvalidArgumentError: no key, a key that is not cached, a wrong key width or a
-                negative key; ``expires_at`` is not after the current clock; caching off.
+            InvalidArgumentError: no key, a key that is not cached as a full block, a wrong key
+                width or a negative key; ``expires_at`` is not after the current clock;
+                caching off.
         """
     def unpin(self, pin_id: int) -> None:
         """Release a pin; its blocks become evictable again once no other pin holds them.
@@ -635,13 +651,19 @@ class BlockPool:
             InvalidArgumentError: caching off.
         """
     def drain_events(self) -> dict[str, npt.NDArray[Any]]:
-        """Take the recorded cache events (``record_events=True``; none otherwise), oldest first.
+        """Take the queued cache events (``record_events=True``; none otherwise), oldest first.
+
+        The queue keeps the newest ``max_events`` events: when
+        :attr:`CacheStats.dropped_events` grew since the last drain, older events were lost
+        and a consumer mirroring the cache must resynchronise.
 
         Returns:
             A dict of arrays of equal length ``n``: ``kind`` uint8 (:data:`EVENT_STORED`,
             :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a clear),
             ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
-            ``clock`` uint64 (logical time).
+            ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a keyed
+            prompt's partly filled last block, 0 for a clear), ``clock`` uint64 (logical
+            time).
 
         Raises:
             InvalidArgumentError: caching off.
@@ -1440,7 +1462,8 @@ class CacheStats:
         """Idle cached blocks reclaimed by allocations so far."""
     @property
     def collisions(self) -> int:
-        """Lookups that found a key whose block failed verification (a miss)."""
+        """Lookups that found a key whose block failed verification: parent, extra key,
+        token ids or fill (a miss)."""
     @property
     def cow_hits(self) -> int:
         """Admissions that took a copy-on-write partial hit."""
@@ -1462,6 +1485,12 @@ class CacheStats:
     @property
     def clock(self) -> int:
         """Current logical time (see :meth:`BlockPool.set_clock`)."""
+    @property
+    def pending_events(self) -> int:
+        """Events recorded and not drained yet (at most ``max_events``)."""
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped so far, oldest first, because the queue was full."""
     @property
     def hit_rate(self) -> float:
         """``hit_tokens / query_tokens`` (0.0 before any query)."""

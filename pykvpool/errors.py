@@ -15,7 +15,6 @@ _T = TypeVar("_T")
 
 __all__ = [
     "BudgetError",
-    "KernelUnavailableError",
     "TraceFormatError",
     "UnknownPresetError",
     "lookup_preset",
@@ -69,8 +68,3 @@ class TraceFormatError(InvalidArgumentError):
         self.line = line
         where = f"{path}:{line}" if line > 0 else path
         super().__init__(f"{where}: {reason}")
-
-
-class KernelUnavailableError(KvPoolError, RuntimeError):
-    """The compiled extension lacks the decode kernel or the machine probes
-    (``read_bandwidth``, ``peak_flops``, ``KvCache``, ``decode_attention``)."""

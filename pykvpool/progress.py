@@ -18,7 +18,7 @@ class ProgressBar:
     """``with ProgressBar("sweep", total=9) as bar: bar(3, 9)`` draws ``done / total``.
 
     The bar is also a ``(done, total) -> None`` callable, the progress hook that
-    :mod:`pykvpool.sweeps` and :mod:`pykvpool.roofline` accept.
+    :mod:`pykvpool.planning.sweeps` and :mod:`pykvpool.planning.roofline` accept.
     """
 
     WIDTH = 28

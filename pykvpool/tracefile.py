@@ -1,6 +1,6 @@
 """Reading trace files: one text decoder, one CSV/JSONL reader and one integer parser,
-shared by the static sweeps (:func:`pykvpool.workloads.read_trace`), the simulator
-(:mod:`pykvpool.sim_traces`), the prefix-cache replay (:mod:`pykvpool.prefix_replay`) and
+shared by the static sweeps (:func:`pykvpool.planning.workloads.read_trace`), the simulator
+(:mod:`pykvpool.simulate.traces`), the prefix-cache replay (:mod:`pykvpool.prefix.replay`) and
 the command line. Every problem is a :class:`~pykvpool.TraceFormatError` (an
 ``InvalidArgumentError``) whose message starts with ``file:line:``.
 

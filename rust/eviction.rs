@@ -4,17 +4,49 @@
 //! not hard-pinned and has no cached child. A parent therefore always outlives its
 //! children, which gives "within a sequence the tail is evicted before the head" for every
 //! policy, and guarantees that a cached block's parent is cached (lookups need the chain).
+//! An allocation takes never-cached free blocks first and evicts only when there are none.
 //!
-//! Time is logical: `touch` is a counter the cache bumps on every access (hit, store,
-//! release), never the wall clock, so a run is exactly reproducible. The order is total
-//! (the touch counter is unique per access), hence deterministic:
+//! # Specification
 //!
-//! | policy     | evicted first                                          |
-//! |------------|--------------------------------------------------------|
-//! | `Lru`      | least recently touched                                 |
-//! | `Fifo`     | earliest stored                                        |
-//! | `Lfu`      | fewest hits, then least recently touched               |
-//! | `Priority` | lowest retention priority (see pins), then LRU         |
+//! A cached block is *used* (the event LRU orders by, and LFU and priority break ties by)
+//! when, and only when:
+//!
+//! 1. it is **stored**: registered in the cache by an admission or an append that filled it;
+//! 2. it is **hit**: an admission's lookup matches it, whether the admission takes it or
+//!    the last-token rule leaves it to be recomputed (or copied, `cow_partial_hit`);
+//! 3. it is **released**: its last holder drops it and it becomes idle (`free`,
+//!    `truncate`, a copy-on-write away from it, the end of a copy-on-write hit).
+//!
+//! Nothing else uses a block: not `cached_prefix_len`, pins and unpins, forks, appends or
+//! decode steps by sequences that already hold it, nor a call that fails (it changes
+//! nothing). Uses are totally ordered: calls in the order they are made, and within one
+//! call
+//!
+//! - an admission: its hits, root first; then the allocation of the blocks it computes
+//!   (evicting as needed); then, with a copy-on-write hit, the release of the copied
+//!   block (held during the allocation); then its stores, root first;
+//! - an append (`append`, `append_tokens`, `step`): the copy of a shared or cached partly
+//!   filled last block first (a block for the copy is taken, then the original
+//!   released), then the new blocks, then (`append_tokens`) the stores of the blocks it
+//!   filled, in order; a `step` does this sequence by sequence, in the order given;
+//! - `free` and `free_batch` release each sequence's blocks head first, sequences in the
+//!   order given; `truncate` releases the dropped blocks tail first. (The blocks one
+//!   sequence releases form one chain, where a child is always evicted before its parent,
+//!   so their order among themselves is never observable.)
+//!
+//! `hits` counts rule 2 since the block was stored. The *retention priority* of a block is
+//! the largest priority among its live soft pins, 0 without. The policies evict, among the
+//! idle, not hard-pinned leaves:
+//!
+//! | policy     | evicted first                                            |
+//! |------------|----------------------------------------------------------|
+//! | `Lru`      | least recently used                                      |
+//! | `Fifo`     | earliest stored                                          |
+//! | `Lfu`      | fewest hits, then least recently used                    |
+//! | `Priority` | lowest retention priority, then least recently used      |
+//!
+//! Time is logical: uses are numbered by a counter (`touch`), never the wall clock, so
+//! the order is total and a run is exactly reproducible.
 
 use std::collections::BTreeSet;
 use std::fmt;

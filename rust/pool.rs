@@ -767,11 +767,19 @@ impl BlockPool {
                     t.blocks().last()
                 )));
             }
-            for &b in t.blocks() {
+            for (i, &b) in t.blocks().iter().enumerate() {
                 if b.index() >= n {
                     return Err(KvError::Invariant(format!("sequence {} maps to {b}, outside the pool of {n}", seq.0)));
                 }
                 expected[b.index()] += 1;
+                // A sequence never reads more tokens of a cached block than it holds.
+                let reads = bs.min(t.num_tokens() - i * bs);
+                if let Some(held) = self.cache.as_ref().and_then(|c| c.filled(b)).filter(|&h| h < reads) {
+                    return Err(KvError::Invariant(format!(
+                        "sequence {} reads {reads} tokens of cached {b}, which holds {held}",
+                        seq.0
+                    )));
+                }
             }
         }
         for (i, (&want, &have)) in expected.iter().zip(self.alloc.refcounts()).enumerate() {

@@ -14,6 +14,12 @@
 //!   chain is intact) and its key is not taken; otherwise it simply stays uncached.
 //! - Cached blocks are immutable: writing into a partly valid cached block (after a
 //!   truncation) copies it first (a copy-on-write pair).
+//! - A cached block records how many tokens of KV it holds: `block_size`, or fewer for a
+//!   block-key prompt's partly filled last block. A lookup matches a block only with the
+//!   fill it asks for, so a partial block never satisfies a full-block lookup (as in
+//!   vLLM, which caches full blocks only); it can match only the partial last block of a
+//!   keyed prompt of the same key chain and length, where the last-token rule recomputes
+//!   it. A partial block is never a parent, never a copy-on-write source and never pinned.
 //! - Sequences added or grown without token ids (`add_sequence`, `append`, `step`) work as
 //!   without caching; blocks whose token ids the pool never saw are never cached.
 //!
@@ -129,9 +135,10 @@ impl BlockPool {
     /// Admit `seq` from a trace that gives block keys instead of tokens (Mooncake's
     /// `hash_ids`): one key per block of the `prompt_len`-token prompt, the last one
     /// possibly for a partial block. Keys are trusted as chained content ids: equal keys
-    /// mean equal content and prefix. Returns the number of cached tokens. A keyed partial
-    /// last block is cached like the others, so the sequence's first append copies it
-    /// (cached blocks are immutable).
+    /// mean equal content, prefix and fill. Returns the number of cached tokens. A keyed
+    /// partial last block is cached with its fill: it matches only a later partial last
+    /// block of the same fill (never a full-block lookup), and the sequence's first append
+    /// copies it (cached blocks are immutable).
     pub fn add_sequence_block_keys(
         &mut self,
         seq: SeqId,
@@ -173,7 +180,10 @@ impl BlockPool {
         };
         let tokens = owned.as_deref();
         Self::checked_len(0, len)?;
-        let found = cache.lookup(&keys, tokens, extra);
+        // Token ids key their full blocks only; a keyed prompt's last key stands for its
+        // last block, full or not.
+        let last_fill = if tokens.is_some() { bs } else { len - blocks_for(len, bs).saturating_sub(1) * bs };
+        let found = cache.lookup_filled(&keys, tokens, extra, last_fill);
         let h = found.blocks.len();
         // Leave at least one token to compute.
         let max_cached = len.saturating_sub(1);
@@ -232,9 +242,9 @@ impl BlockPool {
             self.release_block(src);
         }
         // Register the prompt's blocks past the hit (full ones for token ids; every keyed
-        // block for block keys).
+        // block for block keys, the last one with its fill).
         let registrable = if tokens.is_some() { keys.len() } else { keys.len().min(table.blocks().len()) };
-        self.register_chain(&table, &keys, used, registrable, tokens, extra);
+        self.register_chain(&table, &keys, used, registrable, tokens, extra, len);
         if let Some(c) = self.cache.as_deref_mut() {
             c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
         }
@@ -245,7 +255,9 @@ impl BlockPool {
     }
 
     /// Register blocks `from..to` of `table` under `keys`, each as the child of the one
-    /// before, stopping at the first that cannot be (broken chain, key taken).
+    /// before, stopping at the first that cannot be (broken chain, key taken). `len` is
+    /// the sequence's token count: block `i` holds `min(block_size, len - i * block_size)`.
+    #[allow(clippy::too_many_arguments)]
     fn register_chain(
         &mut self,
         table: &BlockTable,
@@ -254,6 +266,7 @@ impl BlockPool {
         to: usize,
         tokens: Option<&[u32]>,
         extra: Option<u64>,
+        len: usize,
     ) {
         let bs = self.block_size;
         let Some(cache) = self.cache.as_deref_mut() else { return };
@@ -264,21 +277,26 @@ impl BlockPool {
             } else {
                 let p = blocks[i - 1];
                 // Past the first block the parent is the one registered just before.
-                if i == from && cache.key_of(p) != Some(keys[i - 1]) {
+                if i == from && (cache.key_of(p) != Some(keys[i - 1]) || cache.filled(p) != Some(bs)) {
                     return;
                 }
                 Some(p)
             };
             let b = blocks[i];
+            let filled = bs.min(len - i * bs);
             if cache.is_cached(b) {
-                // Already the cached block for this key: the chain goes on through it.
-                if cache.key_of(b) == Some(keys[i]) {
+                // Already the cached block for this key (and fill): the chain goes on
+                // through it.
+                if cache.key_of(b) == Some(keys[i]) && cache.filled(b) == Some(filled) {
                     continue;
                 }
                 return;
             }
-            let tok = tokens.map(|t| &t[i * bs..(i + 1) * bs]);
-            if !cache.register(b, keys[i], parent, extra, tok) {
+            if filled < bs && i + 1 < to {
+                return; // only a last block may be partly filled (a parent is full)
+            }
+            let tok = tokens.map(|t| &t[i * bs..i * bs + filled]);
+            if !cache.register(b, keys[i], parent, extra, tok, filled) {
                 return;
             }
         }
@@ -311,7 +329,8 @@ impl BlockPool {
                     cur.keys.push(k);
                 }
                 let to = cur.keys.len();
-                self.register_chain(&entry.table, &cur.keys, first, to, Some(&cur.tokens), cur.extra);
+                let len = cur.tokens.len();
+                self.register_chain(&entry.table, &cur.keys, first, to, Some(&cur.tokens), cur.extra, len);
             }
         }
         self.seqs.insert(seq, entry);
@@ -334,7 +353,8 @@ impl BlockPool {
         self.pin_chain(&keys, Some(tokens), extra_key, priority, expires_at)
     }
 
-    /// [`Self::pin_prefix_tokens`] for a prefix given as block keys.
+    /// [`Self::pin_prefix_tokens`] for a prefix given as block keys, each standing for a
+    /// full block (a partly filled keyed block cannot be pinned).
     pub fn pin_prefix_keys(&mut self, keys: &[BlockKey], priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
         self.pin_chain(keys, None, None, priority, expires_at)
     }

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benches.bench_prefix_cache import ENGINES, PrefixLoop, cache_counts, main, request_tokens  # noqa: E402
-from benches.scheduler_loop import make_workload  # noqa: E402
+from benches.bench_prefix_cache import ENGINES, PrefixLoop, cache_counts, main, request_tokens
+from benches.scheduler_loop import make_workload
 
 
 def trace(name: str, num_blocks: int) -> tuple[Any, list[Any], dict[str, int]]:

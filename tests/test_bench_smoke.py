@@ -4,18 +4,16 @@ same slots; every request finishes with exactly its output length; the pool ends
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pykvpool  # noqa: E402
-from benches.py_allocator import PyBlockPool  # noqa: E402
-from benches.scheduler_loop import LoopResult, Workload, make_workload, run_loop  # noqa: E402
+import pykvpool
+from benches.py_allocator import PyBlockPool
+from benches.scheduler_loop import LoopResult, Workload, make_workload, run_loop
 
 Event = tuple[str, int, list[int], list[int] | None, list[int] | None]
 

@@ -17,9 +17,9 @@ import pytest
 import pykvpool
 from pykvpool import simulate as sim
 from pykvpool.errors import BudgetError
-from pykvpool.hardware import HARDWARE, hardware_preset
-from pykvpool.ledger import GIB, Budget, MemoryLedger, article_budget, default_budget
-from pykvpool.models import ModelConfig, model_preset, storage_dtype
+from pykvpool.planning.hardware import HARDWARE, hardware_preset
+from pykvpool.planning.ledger import GIB, Budget, MemoryLedger, article_budget, default_budget
+from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 

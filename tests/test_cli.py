@@ -103,7 +103,7 @@ def test_report(tmp_path: Path) -> None:
 
 
 def test_report_without_measurement(tmp_path: Path) -> None:
-    from pykvpool.report import build_report
+    from pykvpool.report.build import build_report
 
     res = build_report(tmp_path, measure=False, progress=False)
     assert res.matched == res.reproduced >= 30

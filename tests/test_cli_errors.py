@@ -269,11 +269,12 @@ def test_dense_full_attention_configs_are_still_accepted(tmp_path: Path) -> None
 
 
 def test_a_bug_exits_70_and_asks_for_a_report() -> None:
-    code = ("import sys, pykvpool.cli as c\n"
+    code = ("import sys, pykvpool.cli.ledger as c\n"
             "from pykvpool import InvariantError\n"
+            "from pykvpool.cli import main\n"
             "def boom(args): raise InvariantError('pool accounting is off by one')\n"
-            "c._cmd_ledger = boom\n"
-            "sys.exit(c.main(['ledger']))\n")
+            "c.main_ledger = boom\n"
+            "sys.exit(main(['ledger']))\n")
     r = run(code=code)
     assert r.returncode == 70
     assert r.stderr.startswith("pykvpool: internal error: InvariantError: pool accounting is off by one")
@@ -283,10 +284,11 @@ def test_a_bug_exits_70_and_asks_for_a_report() -> None:
 
 
 def test_a_bug_shows_its_traceback_on_request() -> None:
-    code = ("import sys, pykvpool.cli as c\n"
+    code = ("import sys, pykvpool.cli.ledger as c\n"
+            "from pykvpool.cli import main\n"
             "def boom(args): raise RuntimeError('x')\n"
-            "c._cmd_ledger = boom\n"
-            "sys.exit(c.main(['ledger']))\n")
+            "c.main_ledger = boom\n"
+            "sys.exit(main(['ledger']))\n")
     env_code = "import os; os.environ['PYKVPOOL_TRACEBACK'] = '1'\n" + code
     r = run(code=env_code)
     assert r.returncode == 1 and "Traceback" in r.stderr and "RuntimeError: x" in r.stderr

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pykvpool
-from pykvpool import sim_traces
+from pykvpool.simulate import traces as sim_traces
 from pykvpool import simulate as sim
 from pykvpool.tracefile import (
     AZURE_COLUMNS,
@@ -25,7 +25,7 @@ from pykvpool.tracefile import (
     parse_columns,
     read_table,
 )
-from pykvpool.workloads import azure_trace, read_trace
+from pykvpool.planning.workloads import azure_trace, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -194,64 +194,66 @@ _STORES = "__init__ only stores its arguments (and formats the exception message
 #: convention and does not count. Names are relative to the ``pykvpool`` package.
 NOTHING_RAISES: dict[str, str] = {
     **dict.fromkeys([
-        "article.Reproduced.match",
-        "ledger.Budget.usable_bytes",
-        "ledger.Budget.available_bytes",
-        "ledger.Budget.describe",
-        "ledger.DecodeBound.step_time",
-        "ledger.DecodeBound.tokens_per_s",
-        "ledger.DecodeBound.memory_bound",
-        "ledger.LedgerRow.weights_plus_kv_bytes",
-        "ledger.LedgerRow.total_bytes",
-        "ledger.LedgerRow.kv_over_weights",
-        "ledger.MemoryLedger.bytes_per_token",
-        "ledger.MemoryLedger.weight_bytes",
-        "ledger.MemoryLedger.kv_budget_bytes",
-        "ledger.MemoryLedger.token_capacity",
-        "models.ModelConfig.group_size",
-        "models.ModelConfig.weight_bytes",
-        "prefix_replay.ReplayResult.capacity_tokens",
-        "prefix_replay.ReplayResult.as_dict",
-        "roofline.KernelPoint.intensity",
-        "roofline.KernelPoint.flops_per_s",
-        "roofline.KernelPoint.bytes_per_s",
-        "roofline.KernelPoint.fraction_of_roof",
-        "sweeps.BlockSizeRow.empty_fraction",
-        "sweeps.BlockSizeRow.empty_over_length",
-        "sweeps.SweepResult.reserved_bytes",
-        "sweeps.SweepResult.used_bytes",
-        "sweeps.SweepResult.utilization",
-        "sweeps.SweepResult.logical_per_reserved",
-        "sweeps.WasteDecomposition.reservation_waste_bytes",
-        "sweeps.WasteDecomposition.last_block_waste_bytes",
-        "sweeps.WasteDecomposition.ratio",
+        "report.article.Reproduced.match",
+        "planning.ledger.Budget.usable_bytes",
+        "planning.ledger.Budget.available_bytes",
+        "planning.ledger.Budget.describe",
+        "planning.ledger.DecodeBound.step_time",
+        "planning.ledger.DecodeBound.tokens_per_s",
+        "planning.ledger.DecodeBound.memory_bound",
+        "planning.ledger.LedgerRow.weights_plus_kv_bytes",
+        "planning.ledger.LedgerRow.total_bytes",
+        "planning.ledger.LedgerRow.kv_over_weights",
+        "planning.ledger.MemoryLedger.bytes_per_token",
+        "planning.ledger.MemoryLedger.weight_bytes",
+        "planning.ledger.MemoryLedger.kv_budget_bytes",
+        "planning.ledger.MemoryLedger.token_capacity",
+        "planning.models.ModelConfig.group_size",
+        "planning.models.ModelConfig.weight_bytes",
+        "prefix.replay.ReplayResult.capacity_tokens",
+        "prefix.replay.ReplayResult.as_dict",
+        "planning.roofline.KernelPoint.intensity",
+        "planning.roofline.KernelPoint.flops_per_s",
+        "planning.roofline.KernelPoint.bytes_per_s",
+        "planning.roofline.KernelPoint.fraction_of_roof",
+        "planning.sweeps.BlockSizeRow.empty_fraction",
+        "planning.sweeps.BlockSizeRow.empty_over_length",
+        "planning.sweeps.SweepResult.reserved_bytes",
+        "planning.sweeps.SweepResult.used_bytes",
+        "planning.sweeps.SweepResult.utilization",
+        "planning.sweeps.SweepResult.logical_per_reserved",
+        "planning.sweeps.WasteDecomposition.reservation_waste_bytes",
+        "planning.sweeps.WasteDecomposition.last_block_waste_bytes",
+        "planning.sweeps.WasteDecomposition.ratio",
         "toy_decoder.ToyConfig.d_model",
         "toy_decoder.ToyConfig.d_kv",
         "toy_decoder.ToyConfig.d_ffn",
-        "video.VideoSpec.frames",
-        "video.VideoSpec.latent_frames",
-        "video.VideoSpec.tokens_per_latent_frame",
-        "video.VideoSpec.tokens",
-        "workloads.Workload.mean_length",
+        "planning.video.VideoSpec.frames",
+        "planning.video.VideoSpec.latent_frames",
+        "planning.video.VideoSpec.tokens_per_latent_frame",
+        "planning.video.VideoSpec.tokens",
+        "planning.workloads.Workload.mean_length",
     ], _FIELDS),
     **dict.fromkeys([
-        "article.article_ledgers",
-        "ledger.article_budget",
-        "prefix_replay.default_capacities_tokens",
-        "video.article_videos",
+        "report.article.article_ledgers",
+        "planning.ledger.article_budget",
+        "prefix.replay.default_capacities_tokens",
+        "planning.video.article_videos",
     ], _FIXED),
     **dict.fromkeys([
-        "prefix_replay.seen_prefix_hits",
-        "report.markdown_table",
-        "sim_plots.line_style",
-        "sim_report.policies",
-        "sim_traces.empirical",
+        "prefix.replay.seen_prefix_hits",
+        "report.tables.markdown_table",
+        "report.tables.jsonable",
+        "checks.invalid",
+        "simulate.plots.line_style",
+        "report.dynamic.policies",
+        "simulate.traces.empirical",
         "toy_decoder.flops_full",
         "toy_decoder.flops_step",
         "toy_decoder.flops_recompute",
         "toy_decoder.flops_cached",
         "tracefile.file_kind",
-        "video.VideoSpec.kv_bytes",
+        "planning.video.VideoSpec.kv_bytes",
     ], _PURE),
     **dict.fromkeys([
         "errors.BudgetError",
@@ -261,7 +263,8 @@ NOTHING_RAISES: dict[str, str] = {
     ], _STORES),
 }
 
-PYTHON_MODULES = sorted(m.name for m in pkgutil.iter_modules(pykvpool.__path__) if not m.name.startswith("_"))
+PYTHON_MODULES = sorted(m.name[len("pykvpool."):] for m in pkgutil.walk_packages(pykvpool.__path__, "pykvpool.")
+                         if not any(p.startswith("_") for p in m.name.split(".")[1:]))
 
 
 def _relative(qualname: str) -> str:
@@ -331,6 +334,12 @@ def _constructor_can_raise(cls: type) -> bool:
                for n in body.body)
 
 
+def _imported_names(mod: Any) -> set[str]:
+    """Names ``mod`` imports (re-exports are documented where they are defined)."""
+    tree = ast.parse(inspect.getsource(mod))
+    return {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
 def _facade_items() -> list[tuple[str, Any, bool]]:
     """``(qualified name, object, must document Raises)`` for every public name."""
     items: list[tuple[str, Any, bool]] = []
@@ -349,7 +358,7 @@ def _facade_items() -> list[tuple[str, Any, bool]]:
             elif inspect.isfunction(obj):
                 if obj.__module__ == mod.__name__:
                     items.append((qual, obj, True))
-            elif not inspect.ismodule(obj):
+            elif not inspect.ismodule(obj) and name not in _imported_names(mod):
                 items.append((qual, "attribute docstring" if name in documented else "", False))
     return items
 

@@ -12,8 +12,8 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from pykvpool.article import article_ledgers
-from pykvpool.figures import (
+from pykvpool.report.article import article_ledgers
+from pykvpool.report.figures import (
     fig_block_size_and_traces,
     fig_memory_ledger,
     fig_paging,
@@ -21,12 +21,12 @@ from pykvpool.figures import (
     fig_video,
     paging_demo,
 )
-from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.ledger import GIB, default_budget
-from pykvpool.roofline import KernelPoint, decode_intensity
-from pykvpool.sweeps import block_size_sweep, contiguous, paged, paged_shared_prefix
-from pykvpool.video import article_videos
-from pykvpool.workloads import Workload, article_heavy_tail, article_uniform
+from pykvpool.planning.hardware import Hardware, hardware_preset
+from pykvpool.planning.ledger import GIB, default_budget
+from pykvpool.planning.roofline import KernelPoint, decode_intensity
+from pykvpool.planning.sweeps import block_size_sweep, contiguous, paged, paged_shared_prefix
+from pykvpool.planning.video import article_videos
+from pykvpool.planning.workloads import Workload, article_heavy_tail, article_uniform
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CAP, BPT = 500063, 131072
@@ -108,7 +108,8 @@ def test_roofline_figure_without_machine(tmp_path: Path) -> None:
 
 
 def test_overlap_detector_sees_overlapping_labels() -> None:
-    from pykvpool.figures import new_figure, overlapping_labels
+    from pykvpool.plotting import new_figure
+    from pykvpool.report.figures import overlapping_labels
 
     fig = new_figure((4, 3))
     ax = fig.subplots()
@@ -205,7 +206,7 @@ def _fake_decode(cache: _FakeCache, layer: int, q: np.ndarray, block_tables: np.
 
 def test_measure_decode_kernel_against_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     from pykvpool import _native
-    from pykvpool.roofline import measure_decode_kernel
+    from pykvpool.planning.roofline import measure_decode_kernel
 
     calls: list[tuple[str, object]] = []
     probes = iter([3e9, 7e9, 5e9, 2e9, 4e9, 6e9])
@@ -246,7 +247,7 @@ def test_measure_decode_kernel_against_the_contract(monkeypatch: pytest.MonkeyPa
 
 def test_measure_decode_kernel_names_a_bad_size() -> None:
     from pykvpool import InvalidArgumentError
-    from pykvpool.roofline import measure_decode_kernel
+    from pykvpool.planning.roofline import measure_decode_kernel
 
     with pytest.raises(InvalidArgumentError, match="bandwidth_passes"):
         measure_decode_kernel(bandwidth_passes=0)
@@ -270,7 +271,7 @@ def _sim_runs() -> dict[str, Any]:
 
 
 def test_utilization_figure_shows_occupancy_and_token_utilization(tmp_path: Path) -> None:
-    from pykvpool import sim_plots
+    from pykvpool.simulate import plots as sim_plots
 
     r = _sim_runs()["paged"]
     p = tmp_path / "f6.png"
@@ -290,7 +291,7 @@ def test_utilization_figure_shows_occupancy_and_token_utilization(tmp_path: Path
 
 
 def test_oracle_stays_visible_over_paged(tmp_path: Path) -> None:
-    from pykvpool import sim_plots
+    from pykvpool.simulate import plots as sim_plots
 
     runs = _sim_runs()
     rows = [{"rate": rate, "label": k, **r.summary} for rate in (1.0, 2.0) for k, r in runs.items()]
@@ -308,7 +309,7 @@ def test_oracle_stays_visible_over_paged(tmp_path: Path) -> None:
 
 
 def test_ttft_cdf_names_its_rate_and_uses_a_log_axis(tmp_path: Path) -> None:
-    from pykvpool import sim_plots
+    from pykvpool.simulate import plots as sim_plots
 
     runs = _sim_runs()
     title = "TTFT CDF at 40.00 req/s"
@@ -323,11 +324,15 @@ def test_ttft_cdf_names_its_rate_and_uses_a_log_axis(tmp_path: Path) -> None:
 def test_plotting_never_selects_a_backend_nor_imports_pyplot(tmp_path: Path) -> None:
     code = f"""
 import sys, matplotlib
-from pykvpool import sim_plots
-from pykvpool.article import article_ledgers
-from pykvpool.figures import fig_memory_ledger
+from pykvpool.simulate import plots as sim_plots
+from pykvpool.report.article import article_ledgers
+from pykvpool.report.figures import fig_memory_ledger
 fig_memory_ledger({str(tmp_path / "f.png")!r}, *article_ledgers())
 sim_plots.plot_throughput_vs_rate({{}}).savefig({str(tmp_path / "g.png")!r})
+from pykvpool.prefix import replay as pr
+trace = pr.load_mooncake_trace()[:20]
+pr.plot_sweep(pr.sweep(trace, [pr.unbounded_capacity(trace) * pr.TRACE_BLOCK_SIZE], ("lru",)),
+              {str(tmp_path / "h.png")!r})
 assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
 print(matplotlib.rcParams._get_backend_or_none())
 """
@@ -340,8 +345,8 @@ print(matplotlib.rcParams._get_backend_or_none())
 
 
 def test_presets_store_70b_weights_in_fp8_only_where_bf16_does_not_fit() -> None:
-    from pykvpool.models import model_preset
-    from pykvpool.report import preset_ledger
+    from pykvpool.planning.models import model_preset
+    from pykvpool.report.build import preset_ledger
 
     m = model_preset("llama-3-70b")
     a100 = default_budget(hardware_preset("a100-80gb-sxm"))
@@ -357,7 +362,7 @@ def test_presets_store_70b_weights_in_fp8_only_where_bf16_does_not_fit() -> None
 
 def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
     from pykvpool import simulate as sim
-    from pykvpool.report import build_report
+    from pykvpool.report.build import build_report
 
     res = build_report(tmp_path / "r", measure=False, progress=False)
     md = res.markdown.read_text()
@@ -385,6 +390,6 @@ def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
 
 
 def model_preset_8b() -> Any:
-    from pykvpool.models import model_preset
+    from pykvpool.planning.models import model_preset
 
     return model_preset("llama-3-8b")

@@ -14,6 +14,7 @@ import pytest
 from poolcheck import table_slots
 
 import pykvpool as kv
+from isolation import isolated
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
@@ -425,6 +426,7 @@ def test_numpy_scalars_are_accepted() -> None:
 # ------------------------------------------------------------------------- threads
 
 
+@isolated(timeout=180)
 def test_two_threads_share_one_pool() -> None:
     """Two threads, each on its own sequences, thousands of operations each (the GIL is
     released inside the pool, so calls interleave). Afterwards the invariants hold, each

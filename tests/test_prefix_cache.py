@@ -15,6 +15,7 @@ import xxhash
 
 import pykvpool as kv
 from pykvpool import _native
+from isolation import isolated
 
 BS = 4
 
@@ -29,14 +30,15 @@ def state(pool: kv.BlockPool) -> Any:
     return (pool.stats().as_dict(), cache, [(s, pool.block_table(s).tolist(), pool.seq_len(s)) for s in seqs])
 
 
-def reference_keys(tokens: list[int], extra: int | None = None) -> list[int]:
-    """The encoding documented in block_hash.rs, written independently."""
+def reference_keys(tokens: list[int], extra: int | None = None, bs: int = BS) -> list[int]:
+    """The encoding documented in block_hash.rs, written independently (the reference C
+    xxHash through the ``xxhash`` package)."""
     seed = int.from_bytes(b"pkvpool1", "little")
     parent, out = 0, []
-    for i in range(len(tokens) // BS):
+    for i in range(len(tokens) // bs):
         data = parent.to_bytes(16, "little")
         data += b"\x00" if extra is None else b"\x01" + struct.pack("<Q", extra)
-        data += struct.pack(f"<{BS}I", *tokens[i * BS : (i + 1) * BS])
+        data += struct.pack(f"<{bs}I", *tokens[i * bs : (i + 1) * bs])
         parent = xxhash.xxh3_128_intdigest(data, seed=seed)
         out.append(parent)
     return out
@@ -56,6 +58,17 @@ def test_keys_follow_the_documented_encoding_and_are_stable_across_processes() -
     code = "import pykvpool as kv; print(kv.BlockPool(4, 4, prefix_caching=True).block_keys([3,1,4,1]).tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert eval(out) == pool.block_keys([3, 1, 4, 1]).tolist()  # noqa: S307 - our own output
+
+
+@pytest.mark.parametrize("bs", [1, 16, 64, 100])
+def test_keys_match_the_independent_encoding_on_the_long_input_path(bs: int) -> None:
+    """Blocks of 17 + 4 * bs bytes: up to 417 bytes, past XXH3's 240-byte short path."""
+    pool = kv.BlockPool(4, bs, prefix_caching=True)
+    rng = np.random.default_rng(bs)
+    tokens = rng.integers(0, 2**32, size=3 * bs + 1, dtype=np.uint64)
+    tokens[:2] = [0, 2**32 - 1]
+    for extra in (None, 2**63 - 1):
+        assert as_int(pool.block_keys(tokens, extra)) == reference_keys(tokens.tolist(), extra, bs)
 
 
 def test_admission_hits_stats_and_events() -> None:
@@ -217,6 +230,7 @@ def test_every_name_is_exported() -> None:
     assert {"EVENT_STORED", "EVENT_REMOVED", "EVENT_ALL_CLEARED"} <= set(kv.__all__)
 
 
+@isolated(timeout=180)
 def test_two_threads_share_a_caching_pool() -> None:
     import threading
 

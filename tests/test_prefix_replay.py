@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import pykvpool as kv
-from pykvpool import prefix_replay as pr
+from pykvpool.cli import main as cli_main
+from pykvpool.prefix import replay as pr
 
 SHA256 = "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mooncake_fast25" / "synthetic_trace.jsonl"
@@ -126,17 +127,17 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(rows))
     out_json = tmp_path / "r.json"
-    assert pr.main(["--trace", str(path), "--policy", "lru", "--json", str(out_json)]) == 0
+    assert cli_main(["replay", "--trace", str(path), "--policy", "lru", "--json", str(out_json)]) == 0
     printed = capsys.readouterr().out
     assert "6 requests" in printed and "| 512 | lru |" in printed
     (res,) = json.loads(out_json.read_text())
     # Requests alternate keys [0,1] and [0,2]: hits 0, 1, 2, 2, 2, 2 blocks.
     assert (res["hit_blocks"], res["query_blocks"]) == (9, 12)
-    assert pr.main(["--trace", str(path), "--sweep", "--capacities", "2048,4096",
+    assert cli_main(["replay", "--trace", str(path), "--sweep", "--capacities", "2048,4096",
                     "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").is_file()
     capsys.readouterr()
-    assert pr.main(["--trace", str(path), "--plot", str(tmp_path / "q.png")]) == 2
+    assert cli_main(["replay", "--trace", str(path), "--plot", str(tmp_path / "q.png")]) == 2
     assert capsys.readouterr().err == "pykvpool: error: --plot needs --sweep\n"
     # Wired into the pykvpool command, with its error convention (status 2).
     from pykvpool import cli

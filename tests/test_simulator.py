@@ -19,12 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pykvpool  # noqa: E402
-from benches.scheduler_loop import make_workload, run_loop  # noqa: E402
-from pykvpool import sim_plots, sim_sweep, sim_traces  # noqa: E402
-from pykvpool import simulate as sim  # noqa: E402
+import pykvpool
+from benches.scheduler_loop import make_workload, run_loop
+from pykvpool.simulate import plots as sim_plots, sweep as sim_sweep, traces as sim_traces
+from pykvpool import simulate as sim
+from pykvpool.cli import simulate as cli_simulate
+from isolation import isolated
 
 # The traces ship inside the package (with their licenses), so these tests never skip.
 DATA = Path(pykvpool.__file__).resolve().parent / "data"
@@ -484,7 +485,7 @@ def test_sweep_covers_the_grid_in_order_and_throughput_rises_with_rate(tmp_path:
 
 def test_cli_subcommand_runs_and_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser(prog="pykvpool")
-    sim_sweep.add_subcommand(parser.add_subparsers(dest="command"))
+    cli_simulate.add_subcommand(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["simulate", "--requests", "200", "--rate", "5", "--num-blocks", "5000", "--out", str(tmp_path)])
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -510,6 +511,7 @@ def test_pykvpool_simulate_entry_point(capsys: pytest.CaptureFixture[str]) -> No
 # ---- time models and bad input --------------------------------------------------------
 
 
+@isolated(timeout=180)
 def test_a_run_releases_the_gil() -> None:
     """Another Python thread keeps running while a simulation runs (sweeps rely on it)."""
     import threading

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 
 import pykvpool
-from pykvpool.article import article_ledgers
+from pykvpool.report.article import article_ledgers
 from pykvpool.errors import TraceFormatError, UnknownPresetError
-from pykvpool.ledger import GIB, MIB
-from pykvpool.sweeps import (
+from pykvpool.planning.ledger import GIB, MIB
+from pykvpool.planning.sweeps import (
     block_size_sweep,
     contiguous,
     paged,
     paged_shared_prefix,
     waste_decomposition,
 )
-from pykvpool.workloads import (
+from pykvpool.planning.workloads import (
     Workload,
     article_heavy_tail,
     article_uniform,

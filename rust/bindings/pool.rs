@@ -104,16 +104,20 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 /// where releasing and retaking the GIL would add a sizeable share.
 ///
 /// With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
-/// methods below; trace replay lives in :mod:`pykvpool.prefix_replay`); the other keyword
+/// methods below; trace replay lives in :mod:`pykvpool.prefix.replay`); the other keyword
 /// options configure that cache and need it.
 ///
 /// Args:
 ///     num_blocks: blocks in the pool, ``1..=2**30``.
 ///     block_size: token slots per block, ``1..=65536`` tokens.
 ///     prefix_caching: cache full blocks by content (default False).
-///     eviction: the idle cached block an allocation reclaims first: ``"lru"`` (default),
-///         ``"fifo"``, ``"lfu"`` or ``"priority"`` (lowest soft-pin priority first, see
-///         :meth:`pin_prefix`).
+///     eviction: which idle cached block an allocation reclaims once no never-cached block
+///         is free (only leaves of the cache tree: a sequence's tail before its head):
+///         ``"lru"`` (default) the least recently used, where a block is used when it is
+///         stored, when an admission's lookup hits it and when its last holder releases it;
+///         ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
+///         recently used; ``"priority"`` the lowest soft-pin priority (0 without, see
+///         :meth:`pin_prefix`), then the least recently used.
 ///     verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
 ///         block) and compare them on a hit, so a hash collision is a miss, never wrong KV
 ///         (default True).
@@ -123,10 +127,16 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 ///         (default False).
 ///     hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
 ///         128; tests force collisions with it).
+///     max_events: capacity of the event queue, in events (about 80 bytes each),
+///         ``1..=2**24`` (default 100,000; needs ``record_events=True``). When it is full a
+///         new event drops the oldest undrained one and counts it in
+///         :attr:`CacheStats.dropped_events`, so memory stays bounded however long nobody
+///         drains.
 ///
 /// Raises:
 ///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
 ///         ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+///         ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
 ///         cache options given without ``prefix_caching=True``.
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
 pub struct PyBlockPool {
@@ -160,7 +170,7 @@ impl PyBlockPool {
 impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, *, prefix_caching = false, eviction = None,
-        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None))]
+        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -172,10 +182,12 @@ impl PyBlockPool {
         cow_partial_hit: Option<bool>,
         record_events: Option<bool>,
         #[pyo3(from_py_with = super::prefix::hash_bits)] hash_bits: Option<u32>,
+        max_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
-        let opts = super::prefix::CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits };
+        let opts =
+            super::prefix::CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits, max_events };
         let cfg = opts.config(py, prefix_caching)?;
         let pool = py
             .detach(|| match cfg {

@@ -10,7 +10,7 @@ use super::errors::{invalid, IntoPyResult};
 use super::pool::PyBlockPool;
 use crate::block_hash::{BlockHasher, BlockKey};
 use crate::eviction::EvictionPolicy;
-use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats};
+use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats, MAX_EVENTS_LIMIT};
 use crate::types::{BlockId, SeqId};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -20,6 +20,7 @@ pub struct CacheOptions<'a> {
     pub cow_partial_hit: Option<bool>,
     pub record_events: Option<bool>,
     pub hash_bits: Option<u32>,
+    pub max_events: Option<&'a Bound<'a, PyAny>>,
 }
 
 impl CacheOptions<'_> {
@@ -30,7 +31,8 @@ impl CacheOptions<'_> {
             || self.verify_tokens.is_some()
             || self.cow_partial_hit.is_some()
             || self.record_events.is_some()
-            || self.hash_bits.is_some();
+            || self.hash_bits.is_some()
+            || self.max_events.is_some();
         if !enabled {
             if given {
                 return Err(invalid(py, "prefix-cache options need prefix_caching=True"));
@@ -47,12 +49,25 @@ impl CacheOptions<'_> {
             Some(b @ 1..=127) => BlockHasher::Truncated { bits: b as u8 },
             Some(b) => return Err(invalid(py, format!("hash_bits must be in 1..=128, got {b}"))),
         };
+        let record_events = self.record_events.unwrap_or(d.record_events);
+        let max_events = match self.max_events {
+            None => d.max_events,
+            Some(_) if !record_events => return Err(invalid(py, "max_events needs record_events=True")),
+            Some(obj) => {
+                let v = int_scalar(obj, "max_events")?;
+                usize::try_from(v)
+                    .ok()
+                    .filter(|n| (1..=MAX_EVENTS_LIMIT).contains(n))
+                    .ok_or_else(|| invalid(py, format!("max_events must be in 1..={MAX_EVENTS_LIMIT} events, got {v}")))?
+            }
+        };
         Ok(Some(CacheConfig {
             policy,
             verify_tokens: self.verify_tokens.unwrap_or(d.verify_tokens),
             cow_partial_hit: self.cow_partial_hit.unwrap_or(d.cow_partial_hit),
             hasher,
-            record_events: self.record_events.unwrap_or(d.record_events),
+            record_events,
+            max_events,
         }))
     }
 }
@@ -237,9 +252,12 @@ impl PyBlockPool {
     /// Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
     /// ``hash_ids``), reusing the longest cached prefix.
     ///
-    /// Each key stands for one block's chained content (equal keys = equal content and
-    /// prefix). The last key may stand for a partly filled block: it is cached too, so the
-    /// sequence's first append copies that block (copy-on-write).
+    /// Each key stands for one block's chained content (equal keys = equal content, prefix
+    /// and fill). The last key may stand for a partly filled block (``prompt_len %
+    /// block_size`` tokens): it is cached with its fill, matches only a later prompt's
+    /// partly filled last block of the same key and fill (never a full block: a lookup
+    /// never reuses more tokens than were written), and the sequence's first append copies
+    /// it (copy-on-write). A fill mismatch counts as a collision.
     ///
     /// Args:
     ///     seq_id: the new sequence's id, a non-negative int64.
@@ -395,10 +413,11 @@ impl PyBlockPool {
         self.detached(py, |p| p.pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
     }
 
-    /// :meth:`pin_prefix` for a prefix given as block keys.
+    /// :meth:`pin_prefix` for a prefix given as block keys, each standing for a full block
+    /// (a partly filled keyed block cannot be pinned).
     ///
     /// Args:
-    ///     block_keys: as for :meth:`add_sequence_block_keys`, one key per block to pin.
+    ///     block_keys: as for :meth:`add_sequence_block_keys`, one key per full block to pin.
     ///     priority: as for :meth:`pin_prefix`.
     ///     expires_at: as for :meth:`pin_prefix`.
     ///
@@ -406,8 +425,9 @@ impl PyBlockPool {
     ///     The pin id.
     ///
     /// Raises:
-    ///     InvalidArgumentError: no key, a key that is not cached, a wrong key width or a
-    ///         negative key; ``expires_at`` is not after the current clock; caching off.
+    ///     InvalidArgumentError: no key, a key that is not cached as a full block, a wrong key
+    ///         width or a negative key; ``expires_at`` is not after the current clock;
+    ///         caching off.
     #[pyo3(signature = (block_keys, *, priority = None, expires_at = None))]
     fn pin_block_keys(
         &self,
@@ -452,13 +472,19 @@ impl PyBlockPool {
         self.with(|p| p.cache_stats()).py_err(py).map(PyCacheStats)
     }
 
-    /// Take the recorded cache events (``record_events=True``; none otherwise), oldest first.
+    /// Take the queued cache events (``record_events=True``; none otherwise), oldest first.
+    ///
+    /// The queue keeps the newest ``max_events`` events: when
+    /// :attr:`CacheStats.dropped_events` grew since the last drain, older events were lost
+    /// and a consumer mirroring the cache must resynchronise.
     ///
     /// Returns:
     ///     A dict of arrays of equal length ``n``: ``kind`` uint8 (:data:`EVENT_STORED`,
     ///     :data:`EVENT_REMOVED`, :data:`EVENT_ALL_CLEARED`), ``block`` int64 (-1 for a clear),
     ///     ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
-    ///     ``clock`` uint64 (logical time).
+    ///     ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a keyed
+    ///     prompt's partly filled last block, 0 for a clear), ``clock`` uint64 (logical
+    ///     time).
     ///
     /// Raises:
     ///     InvalidArgumentError: caching off.
@@ -471,6 +497,7 @@ impl PyBlockPool {
         d.set_item("key", keys_array(py, ev.iter().map(|e| e.key))?)?;
         d.set_item("parent_key", keys_array(py, ev.iter().map(|e| e.parent_key.unwrap_or(0)))?)?;
         d.set_item("has_parent", PyArray1::from_iter(py, ev.iter().map(|e| e.parent_key.is_some())))?;
+        d.set_item("tokens", PyArray1::from_iter(py, ev.iter().map(|e| e.tokens)))?;
         d.set_item("clock", PyArray1::from_iter(py, ev.iter().map(|e| e.clock)))?;
         Ok(d)
     }
@@ -556,7 +583,8 @@ stat_getters!(
     stored_blocks: u64,
     /// Idle cached blocks reclaimed by allocations so far.
     evictions: u64,
-    /// Lookups that found a key whose block failed verification (a miss).
+    /// Lookups that found a key whose block failed verification: parent, extra key,
+    /// token ids or fill (a miss).
     collisions: u64,
     /// Admissions that took a copy-on-write partial hit.
     cow_hits: u64,
@@ -572,6 +600,10 @@ stat_getters!(
     num_pins: usize,
     /// Current logical time (see :meth:`BlockPool.set_clock`).
     clock: u64,
+    /// Events recorded and not drained yet (at most ``max_events``).
+    pending_events: usize,
+    /// Events dropped so far, oldest first, because the queue was full.
+    dropped_events: u64,
 );
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -2,8 +2,18 @@
 //! bounds the unsafe loads rely on: last block of the pool, partial chunks (block sizes
 //! not multiple of the vector width, lengths ending mid-block), head dims with a tail.
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
 use super::*;
 use crate::kv_storage::{DType, KvCache, KvShape};
+
+/// Say on the terminal, past the test harness's output capture, that `what` was not
+/// tested on this CPU: `cargo test` has no "skipped" state, and a silent early return
+/// would read as a pass.
+fn skip_loudly(what: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {what}: {why}");
+}
 
 struct Lcg(u64);
 impl Lcg {
@@ -190,6 +200,30 @@ fn empty_batch_is_a_no_op() {
     }
 }
 
+/// The x86 paths are offered exactly when the CPU has their features; where it lacks
+/// AVX-512 (or `vdpbf16ps`), every test here ran the other paths only, and this test says
+/// so on the terminal.
+#[test]
+fn x86_paths_follow_the_cpu_features_and_missing_ones_are_reported() {
+    let has = |fs: &[&str]| fs.iter().all(|f| cpu_features().contains(f));
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert_eq!(Isa::Avx2.supported(), has(&["avx2", "fma", "f16c"]));
+        assert_eq!(Isa::Avx512.supported(), has(&["avx512f", "avx512bw", "avx512vl", "fma", "f16c"]));
+        assert_eq!(Isa::available().contains(&Isa::Avx512), Isa::Avx512.supported());
+        if !Isa::Avx512.supported() {
+            skip_loudly("AVX-512 kernel path", "this CPU lacks avx512f/avx512bw/avx512vl; the kernel tests ran the other paths");
+        } else if !has(&["avx512bf16"]) {
+            skip_loudly("vdpbf16ps scores (bf16_scores on AVX-512)", "this CPU lacks avx512_bf16; tested as on such CPUs");
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        assert!(!has(&["avx512f"]));
+        skip_loudly("AVX2 and AVX-512 kernel paths", "not an x86-64 CPU");
+    }
+}
+
 /// On aarch64 the NEON path is supported and chosen (`tests/aarch64.sh` requires this test
 /// to pass, so an emulated run that never reached NEON fails); elsewhere it is reported as
 /// unsupported, never silently replaced.
@@ -312,9 +346,19 @@ fn rising_scores_move_the_lazy_maximum() {
 }
 
 /// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
-/// CPU without avx512_bf16. Tests running meanwhile may take that path too, which is
-/// harmless: it computes the same thing.
+/// CPU without avx512_bf16. A process-wide switch: only
+/// [`bf16_scores_on_avx512_without_bf16_use_the_rounded_query`] turns it on, holding
+/// [`BF16_SWITCH`] exclusively, and turns it off again even when it fails.
 pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Held shared by every test that runs a `bf16_scores` kernel, exclusively by the one that
+/// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run
+/// while the switch is on (it would silently test the other path).
+static BF16_SWITCH: RwLock<()> = RwLock::new(());
+
+fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
+    BF16_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The AVX-512 path without `vdpbf16ps` (a CPU with AVX-512 F/BW/VL but no BF16) keeps
 /// the `bf16_scores` semantics: its exact kernel on the rounded query.
@@ -322,13 +366,23 @@ pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync
 fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
     use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {
+        skip_loudly("bf16_scores on AVX-512 without vdpbf16ps", "this CPU lacks AVX-512");
         return;
     }
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            AVX512_WITHOUT_BF16.store(false, Relaxed);
+        }
+    }
+    let _exclusive = BF16_SWITCH.write().unwrap_or_else(PoisonError::into_inner);
     AVX512_WITHOUT_BF16.store(true, Relaxed);
+    let _off = Off; // dropped before the lock: the switch is off when others run again
+    #[cfg(target_arch = "x86_64")]
+    assert!(!avx512_bf16::supported(), "the switch hides vdpbf16ps");
     for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
         check_mode(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], None, None, true);
     }
-    AVX512_WITHOUT_BF16.store(false, Relaxed);
 }
 
 /// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
@@ -336,6 +390,7 @@ fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
 /// bf16-rounded query, over the issue's grid, unsplit and one block per split.
 #[test]
 fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
+    let _shared = bf16_switch_shared();
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
     let mut k = 0;
     for d in [64, 80, 96, 128, 256, 7, 65] {
@@ -355,6 +410,7 @@ fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
 /// (the last row paired with zero) and even ones, partial chunks.
 #[test]
 fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
+    let _shared = bf16_switch_shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 7, 64, 65, 128] {
             let nb = 3;
@@ -372,6 +428,7 @@ fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
 
 #[test]
 fn bf16_scores_need_a_bf16_cache_and_stay_finite_on_large_logits() {
+    let _shared = bf16_switch_shared();
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
     let opts = |isa| DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };

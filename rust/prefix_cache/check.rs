@@ -34,6 +34,9 @@ impl PrefixCache {
                 continue;
             }
             cached += 1;
+            if m.partial as usize >= self.block_size {
+                return bad(format!("cached {b} is marked partly filled with {} tokens of {}", m.partial, self.block_size));
+            }
             if self.index_get(m.key) != Some(b) {
                 return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
             }
@@ -44,6 +47,9 @@ impl PrefixCache {
                 let p = &self.meta[m.parent as usize];
                 if !self.is_cached(BlockId(m.parent)) || p.depth + 1 != m.depth {
                     return bad(format!("cached {b} has a parent that is not cached one level up"));
+                }
+                if p.partial != 0 {
+                    return bad(format!("cached {b} has a partly filled parent block {}", m.parent));
                 }
                 if alloc.refcount(BlockId(m.parent)) < rc {
                     return bad(format!("{b} has more holders than its parent block {}", m.parent));

@@ -17,8 +17,14 @@ pub(super) struct Meta {
     pub(super) children: u32,
     pub(super) hard_pins: u32,
     pub(super) hits: u32,
+    /// Tokens the block holds when it is partly filled (`1..block_size`: a keyed prompt's
+    /// last block), 0 when it is full. Only a lookup for a block of the same fill matches.
+    pub(super) partial: u16,
     pub(super) flags: u8,
 }
+
+// One cache line, as the comment above says.
+const _: () = assert!(std::mem::size_of::<Meta>() == 64);
 
 /// Cached with refcount 0 (mirrors the allocator, so the forest can be updated without it).
 pub(super) const IDLE: u8 = 1;
@@ -37,6 +43,16 @@ impl Meta {
             self.flags |= f
         } else {
             self.flags &= !f
+        }
+    }
+    /// `partial` for a block of `filled` tokens out of `block_size`.
+    #[inline]
+    pub(super) fn partial_of(filled: usize, block_size: usize) -> u16 {
+        debug_assert!(filled >= 1 && filled <= block_size && block_size <= 1 << 16);
+        if filled >= block_size {
+            0
+        } else {
+            filled as u16
         }
     }
     #[inline]

@@ -21,6 +21,7 @@
 
 
 mod check;
+mod events;
 mod meta;
 mod pinning;
 mod types;
@@ -36,7 +37,10 @@ use crate::pins::PinTable;
 use crate::types::BlockId;
 
 use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
+pub use events::{DEFAULT_MAX_EVENTS, MAX_EVENTS_LIMIT};
 pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
+
+use events::EventQueue;
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -74,7 +78,7 @@ pub struct PrefixCache {
     clock: u64,
     manual_clock: bool,
     stats: CacheStats,
-    events: Vec<CacheEvent>,
+    events: EventQueue,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -93,6 +97,9 @@ fn low(key: BlockKey) -> u64 {
 impl PrefixCache {
     pub fn new(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
         cfg.hasher.validate()?;
+        if !(1..=MAX_EVENTS_LIMIT).contains(&cfg.max_events) {
+            return Err(invalid!("max_events must be in 1..={MAX_EVENTS_LIMIT}, got {}", cfg.max_events));
+        }
         let mut tokens = Vec::new();
         if cfg.verify_tokens {
             let n = num_blocks
@@ -144,8 +151,10 @@ impl PrefixCache {
                 pinned_blocks: 0,
                 num_pins: 0,
                 clock: 0,
+                pending_events: 0,
+                dropped_events: 0,
             },
-            events: Vec::new(),
+            events: EventQueue::new(cfg.max_events),
         })
     }
 
@@ -187,6 +196,15 @@ impl PrefixCache {
         self.is_cached(b).then(|| self.meta[b.index()].key)
     }
 
+    /// Tokens a cached block holds (`block_size` unless it is a keyed prompt's partly
+    /// filled last block).
+    pub fn filled(&self, b: BlockId) -> Option<usize> {
+        self.is_cached(b).then(|| match self.meta[b.index()].partial {
+            0 => self.block_size,
+            p => p as usize,
+        })
+    }
+
     /// Idle cached blocks (refcount 0), pinned or not.
     #[inline]
     pub fn idle_count(&self) -> usize {
@@ -211,21 +229,33 @@ impl PrefixCache {
         self.clock
     }
 
-    /// Longest verified cached chain for `keys`. `tokens` (the prompt, at least
-    /// `keys.len()` full blocks) enables token verification when the cache keeps tokens.
-    /// Pure: nothing is touched.
+    /// Longest verified cached chain for `keys`, each standing for a *full* block.
+    /// `tokens` (the prompt, at least `keys.len()` full blocks) enables token verification
+    /// when the cache keeps tokens. Pure: nothing is touched.
     pub fn lookup(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>) -> Lookup {
+        self.lookup_filled(keys, tokens, extra, self.block_size)
+    }
+
+    /// [`Self::lookup`] where the last key stands for a block of `last_fill` tokens
+    /// (`1..=block_size`; a keyed prompt's partly filled last block), the others for full
+    /// blocks. A cached block matches only a block of the same fill: a partly filled one
+    /// never satisfies a full-block lookup (it holds fewer tokens of KV), and a full one
+    /// never stands for a partial block. A fill mismatch on a key counts as a collision.
+    pub fn lookup_filled(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
         let mut out = Lookup { blocks: Vec::with_capacity(keys.len()), collision: false };
         let bs = self.block_size;
+        let last_partial = if keys.is_empty() { 0 } else { Meta::partial_of(last_fill, bs) };
         let mut prev = NO_PARENT;
         for (i, &key) in keys.iter().enumerate() {
             let Some(b) = self.index_get(key) else { break };
             let m = &self.meta[b.index()];
-            let mut ok = m.key == key && m.parent == prev && m.extra() == extra;
+            let want_partial = if i + 1 == keys.len() { last_partial } else { 0 };
+            let mut ok = m.key == key && m.parent == prev && m.extra() == extra && m.partial == want_partial;
             if ok && self.cfg.verify_tokens {
                 if let Some(t) = tokens {
                     let start = b.index() * bs;
-                    ok = m.has(HAS_TOKENS) && self.tokens[start..start + bs] == t[i * bs..(i + 1) * bs];
+                    let fill = if want_partial == 0 { bs } else { want_partial as usize };
+                    ok = m.has(HAS_TOKENS) && self.tokens[start..start + fill] == t[i * bs..i * bs + fill];
                 }
             }
             if !ok {
@@ -377,9 +407,10 @@ impl PrefixCache {
         }
     }
 
-    /// Register live block `b` under `key` as the child of `parent` (a cached block held
-    /// by the same sequence). Returns false, changing nothing, when the key is taken: the
-    /// block then stays uncached (a duplicate or a collision).
+    /// Register live block `b`, holding `filled` tokens (`1..=block_size`), under `key` as
+    /// the child of `parent` (a full cached block held by the same sequence). Returns
+    /// false, changing nothing, when the key is taken: the block then stays uncached (a
+    /// duplicate or a collision). `tokens`, when given, are the block's `filled` token ids.
     pub fn register(
         &mut self,
         b: BlockId,
@@ -387,6 +418,7 @@ impl PrefixCache {
         parent: Option<BlockId>,
         extra: Option<u64>,
         tokens: Option<&[u32]>,
+        filled: usize,
     ) -> bool {
         self.flush_unmapped();
         let slot = match self.map.entry(low(key)) {
@@ -400,16 +432,17 @@ impl PrefixCache {
         let (parent, depth, parent_key) = match parent {
             Some(p) => {
                 let pm = &mut self.meta[p.index()];
-                debug_assert!(!pm.has(IDLE));
+                debug_assert!(!pm.has(IDLE) && pm.partial == 0);
                 pm.children += 1;
                 (p.0, pm.depth + 1, Some(pm.key))
             }
             None => (NO_PARENT, 0, None),
         };
+        debug_assert!(tokens.is_none_or(|t| t.len() == filled));
         let has_tokens = match tokens {
             Some(tok) if self.cfg.verify_tokens => {
                 let start = b.index() * self.block_size;
-                self.tokens[start..start + self.block_size].copy_from_slice(tok);
+                self.tokens[start..start + tok.len()].copy_from_slice(tok);
                 true
             }
             _ => false,
@@ -425,6 +458,7 @@ impl PrefixCache {
             children: 0,
             hard_pins,
             hits: 0,
+            partial: Meta::partial_of(filled, self.block_size),
             flags: 0,
         };
         m.set(HAS_TOKENS, has_tokens);
@@ -490,17 +524,25 @@ impl PrefixCache {
         s.pinned_blocks = self.cached_blocks().filter(|b| self.meta[b.index()].hard_pins > 0).count();
         s.num_pins = self.pins.len();
         s.clock = self.clock;
+        s.pending_events = self.events.len();
+        s.dropped_events = self.events.dropped();
         s
     }
 
-    /// Move every recorded event into `out` (oldest first).
+    /// Move every queued event into `out`, oldest first. The queue holds the newest
+    /// `max_events` events; older undrained ones were dropped (`dropped_events`).
     pub fn drain_events(&mut self, out: &mut Vec<CacheEvent>) {
-        out.append(&mut self.events);
+        self.events.drain_into(out);
     }
 
     fn push_event(&mut self, kind: CacheEventKind, block: Option<BlockId>, key: BlockKey, parent_key: Option<BlockKey>, clock: u64) {
         if self.cfg.record_events {
-            self.events.push(CacheEvent { kind, block, key, parent_key, clock });
+            // Read from the meta, which an eviction leaves in place.
+            let tokens = block.map_or(0, |b| match self.meta[b.index()].partial {
+                0 => self.block_size as u32,
+                p => p as u32,
+            });
+            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock });
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What a prefix cache is configured with and what it reports: [`CacheConfig`],
 //! [`CacheStats`] (hit metrics and occupancy) and [`CacheEvent`]s (vLLM's KV events).
 
+use super::events::DEFAULT_MAX_EVENTS;
 use crate::block_hash::{BlockHasher, BlockKey};
 use crate::eviction::EvictionPolicy;
 use crate::types::BlockId;
@@ -18,6 +19,9 @@ pub struct CacheConfig {
     pub hasher: BlockHasher,
     /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`].
     pub record_events: bool,
+    /// Capacity of the event queue (`1..=MAX_EVENTS_LIMIT`): past it the oldest undrained
+    /// event is dropped and counted in [`CacheStats::dropped_events`].
+    pub max_events: usize,
 }
 
 impl Default for CacheConfig {
@@ -28,6 +32,7 @@ impl Default for CacheConfig {
             cow_partial_hit: false,
             hasher: BlockHasher::Xxh3,
             record_events: false,
+            max_events: DEFAULT_MAX_EVENTS,
         }
     }
 }
@@ -50,7 +55,8 @@ pub struct CacheStats {
     pub stored_blocks: u64,
     /// Idle cached blocks reclaimed by allocations.
     pub evictions: u64,
-    /// Lookups that found the key but failed verification (parent, extra key, tokens).
+    /// Lookups that found the key but failed verification (parent, extra key, tokens,
+    /// fill).
     pub collisions: u64,
     /// Admissions that took a copy-on-write partial hit.
     pub cow_hits: u64,
@@ -63,6 +69,10 @@ pub struct CacheStats {
     pub pinned_blocks: usize,
     pub num_pins: usize,
     pub clock: u64,
+    /// Events recorded and not drained yet (at most `max_events`).
+    pub pending_events: usize,
+    /// Events dropped, oldest first, because the queue was full when a new one came.
+    pub dropped_events: u64,
 }
 
 impl CacheStats {
@@ -101,5 +111,8 @@ pub struct CacheEvent {
     pub key: BlockKey,
     /// Key of the parent block; `None` for a root block or `AllCleared`.
     pub parent_key: Option<BlockKey>,
+    /// Tokens of KV the block holds (`block_size`, fewer for a keyed prompt's partly
+    /// filled last block); 0 for `AllCleared`.
+    pub tokens: u32,
     pub clock: u64,
 }

@@ -15,8 +15,8 @@ Typical use::
     res = sim.run(w, cfg, sim.roofline("llama-3-8b", "a100-80gb-sxm"))
     print(res.summary["ttft_p99"], res.summary["output_throughput"])
 
-Trace loading lives in :mod:`pykvpool.sim_traces`, figures in :mod:`pykvpool.sim_plots`,
-sweeps and the ``pykvpool simulate`` subcommand in :mod:`pykvpool.sim_sweep`.
+Trace loading lives in :mod:`pykvpool.simulate.traces`, figures in :mod:`pykvpool.simulate.plots`,
+sweeps and the ``pykvpool simulate`` subcommand in :mod:`pykvpool.simulate.sweep`.
 
 Limits: a workload holds at most :data:`MAX_REQUESTS` requests, each prompt and each
 output at most :data:`MAX_REQUEST_TOKENS` tokens, and a step computes at most
@@ -49,10 +49,12 @@ import numpy as np
 import numpy.typing as npt
 
 from pykvpool import _native
-from pykvpool.hardware import Hardware, hardware_preset
+from pykvpool.planning.hardware import Hardware, hardware_preset
 from pykvpool.errors import BudgetError
-from pykvpool.ledger import Budget, MemoryLedger, default_budget
-from pykvpool.models import ModelConfig, model_preset, storage_dtype
+from pykvpool.planning.ledger import Budget, MemoryLedger, default_budget
+from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
+from pykvpool.planning.roofline import Roofline
+from pykvpool.checks import check_count as _count, check_positive as _positive, invalid as _invalid
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -76,7 +78,6 @@ __all__ = [
     "MAX_REQUESTS",
     "MAX_REQUEST_TOKENS",
     "MAX_STEP_TOKENS",
-    "Roofline",
     "SchedulerConfig",
     "SimConfig",
     "SimulationResult",
@@ -84,36 +85,9 @@ __all__ = [
     "TimeModel",
     "Workload",
     "kv_blocks_for_memory",
-    "roofline",
     "run",
     "synthetic_workload",
 ]
-
-
-def _invalid(msg: str) -> _native.InvalidArgumentError:
-    return _native.InvalidArgumentError(msg)
-
-
-def _count(v: object, name: str, lo: int = 0) -> int:
-    """An int (not a bool) >= ``lo``, else InvalidArgumentError naming ``name``."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise _invalid(f"{name} must be an int, got {type(v).__name__}")
-    if v < lo:
-        raise _invalid(f"{name} must be >= {lo}, got {v}")
-    return int(v)
-
-
-def _positive(v: object, name: str, *, zero: bool = False, most: float = math.inf) -> float:
-    """A finite real number > 0 (>= 0 with ``zero``) and <= ``most``, else
-    InvalidArgumentError naming ``name``."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise _invalid(f"{name} must be a number, got {type(v).__name__}")
-    f = float(v)
-    if not (math.isfinite(f) and (f >= 0 if zero else f > 0) and f <= most):
-        bound = ">= 0" if zero else "> 0"
-        top = "" if most == math.inf else f" and <= {most:g}"
-        raise _invalid(f"{name} must be finite and {bound}{top}, got {v}")
-    return f
 
 
 @dataclass(frozen=True)
@@ -349,78 +323,6 @@ class SimConfig:
     record_steps: bool = True
 
 
-@dataclass(frozen=True)
-class Roofline:
-    """Step time = max(FLOPs / reachable FLOP/s, bytes / reachable bandwidth) + overhead,
-    with FLOPs = 2 x params x tokens + 4 x layers x q width x attention pairs and bytes =
-    weights + KV bytes of every attended token; swapped blocks add their transfer time
-    over the host link. Models and devices are the capacity planner's
-    (:data:`pykvpool.models.MODELS`, :data:`pykvpool.hardware.HARDWARE`).
-
-    Attributes:
-        compute_dtype: the dtype of the FLOP roof; kv_dtype: the KV storage dtype.
-        flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
-        host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
-        overhead: fixed seconds per step (launches, scheduling, sampling).
-    """
-
-    model: ModelConfig
-    hardware: Hardware
-    block_size: int = 16
-    overhead: float = 2e-3
-    compute_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    flops_efficiency: float = 0.6
-    bandwidth_efficiency: float = 0.8
-    host_link_bandwidth: float = 25e9
-
-    def figures(self) -> list[float]:
-        """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
-        param, layers, query width, KV bytes per token, reachable FLOP/s, reachable
-        bytes/s, overhead (s) and swap time per block (s).
-
-        Raises:
-            UnknownPresetError: ``compute_dtype`` has no peak on the device, or
-                ``kv_dtype`` is not a storage dtype.
-            InvalidArgumentError: a malformed ``kv_dtype`` granularity; an efficiency
-                outside (0, 1], a host link bandwidth that is not finite and > 0, a
-                ``block_size`` that is not an int >= 1, an ``overhead`` that is not finite
-                and >= 0 (each named).
-        """
-        _count(self.block_size, "block_size", 1)
-        _positive(self.overhead, "overhead", zero=True)
-        _positive(self.flops_efficiency, "flops_efficiency", most=1.0)
-        _positive(self.bandwidth_efficiency, "bandwidth_efficiency", most=1.0)
-        _positive(self.host_link_bandwidth, "host_link_bandwidth")
-        m, h = self.model, self.hardware
-        kv = float(m.kv_bytes_per_token(self.kv_dtype))
-        return [
-            m.num_params,
-            m.weight_bytes_per_param,
-            float(m.num_layers),
-            float(m.num_q_heads * m.head_dim),
-            kv,
-            h.flops(self.compute_dtype) * self.flops_efficiency,
-            h.bandwidth * self.bandwidth_efficiency,
-            self.overhead,
-            self.block_size * kv / self.host_link_bandwidth,
-        ]
-
-
-def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
-    """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
-    "a100-80gb-sxm")``, with ``block_size`` tokens per block and ``overhead`` seconds
-    per step.
-
-    Raises:
-        UnknownPresetError: an unknown model or hardware name.
-        InvalidArgumentError: a ``block_size`` that is not an int >= 1, an ``overhead``
-            that is not a finite number >= 0.
-    """
-    return Roofline(model_preset(model), hardware_preset(hardware), _count(block_size, "block_size", 1),
-                    _positive(overhead, "overhead", zero=True))
-
-
 def kv_blocks_for_memory(
     model: ModelConfig,
     hardware: Hardware,
@@ -430,7 +332,7 @@ def kv_blocks_for_memory(
     kv_dtype: str = "bf16",
 ) -> int:
     """Device blocks of ``block_size`` tokens left for KV by ``budget`` (default:
-    :func:`pykvpool.ledger.default_budget` of ``hardware``, the budget ``pykvpool ledger``
+    :func:`pykvpool.planning.ledger.default_budget` of ``hardware``, the budget ``pykvpool ledger``
     uses): exactly ``MemoryLedger(model, budget, kv_dtype).token_capacity // block_size``
     (Llama-3-8B BF16 on the A100-80GB: 500,063 tokens = 31,253 blocks of 16).
 

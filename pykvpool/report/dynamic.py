@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from pykvpool import sim_plots, sim_traces
-from pykvpool.ledger import Budget
-from pykvpool.report import markdown_table
-from pykvpool.sim_sweep import sweep
+from pykvpool.simulate import plots as sim_plots, traces as sim_traces
+from pykvpool.planning.ledger import Budget
+from pykvpool.report.tables import markdown_table
+from pykvpool.simulate.sweep import sweep
 from pykvpool.simulate import (
     Roofline,
     SchedulerConfig,
@@ -34,7 +34,7 @@ from pykvpool.simulate import (
     roofline,
     run,
 )
-from pykvpool.workloads import azure_trace_path
+from pykvpool.planning.workloads import azure_trace_path
 
 __all__ = ["BLOCK_SIZE", "RATE_FACTORS", "dynamic_section", "policies", "pool_blocks"]
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
 
-from pykvpool.errors import KernelUnavailableError, UnknownPresetError, lookup_preset
+from pykvpool import _native
+from pykvpool.errors import UnknownPresetError, lookup_preset
 
 __all__ = [
     "HARDWARE",
     "Hardware",
-    "KernelApi",
     "hardware_preset",
-    "kernel_api",
     "measure_this_machine",
 ]
 
@@ -94,61 +92,6 @@ def hardware_preset(name: str) -> Hardware:
     return lookup_preset("hardware", HARDWARE, name)
 
 
-class KernelApi(Protocol):
-    """The compiled kernel module's surface that the measurements use."""
-
-    def read_bandwidth(self, nbytes: int | None = None, threads: int | None = None) -> float:
-        """Read bandwidth, bytes/s: :func:`pykvpool.read_bandwidth`.
-
-        Raises:
-            InvalidArgumentError: ``nbytes`` outside 1 MiB..1 TiB or a bad thread count.
-        """
-    def peak_flops(self, threads: int | None = None) -> float:
-        """Peak f32 FLOP/s: :func:`pykvpool.peak_flops`.
-
-        Raises:
-            InvalidArgumentError: a bad thread count.
-        """
-    def KvCache(  # noqa: N802 - a class in the compiled module
-        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-        head_dim: int, dtype: str = "f32",
-    ) -> Any:
-        """A KV cache: :class:`pykvpool.KvCache`.
-
-        Raises:
-            InvalidArgumentError: a zero or too large dimension, or an unknown dtype.
-        """
-    def decode_attention(
-        self, cache: Any, layer: int, q: Any, block_tables: Any, seq_lens: Any
-    ) -> Any:
-        """Decode attention: :func:`pykvpool.decode_attention`.
-
-        Raises:
-            InvalidArgumentError: bad shapes, dtypes, block ids or lengths.
-        """
-
-
-_KERNEL_NAMES = ("read_bandwidth", "peak_flops", "KvCache", "decode_attention")
-
-
-def kernel_api() -> KernelApi:
-    """The compiled module, if it has the kernel and probes.
-
-    Raises:
-        KernelUnavailableError: this build of ``pykvpool._native`` lacks one of
-            ``read_bandwidth``, ``peak_flops``, ``KvCache``, ``decode_attention``.
-    """
-    from pykvpool import _native
-
-    missing = [n for n in _KERNEL_NAMES if not hasattr(_native, n)]
-    if missing:
-        raise KernelUnavailableError(
-            "this pykvpool build has no " + ", ".join(missing)
-            + " (the decode-kernel module); the machine cannot be measured"
-        )
-    return cast(KernelApi, _native)
-
-
 def _physical_memory_bytes() -> float:
     try:
         return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
@@ -165,11 +108,10 @@ def measure_this_machine(nbytes: int | None = None, threads: int | None = None) 
         threads: threads the probes use (None: all cores).
 
     Raises:
-        KernelUnavailableError: the extension has no probes.
+        InvalidArgumentError: ``nbytes`` or ``threads`` out of the probes' range.
     """
-    api = kernel_api()
-    bandwidth = float(api.read_bandwidth(nbytes=nbytes, threads=threads))
-    flops = float(api.peak_flops(threads=threads))
+    bandwidth = float(_native.read_bandwidth(nbytes=nbytes, threads=threads))
+    flops = float(_native.peak_flops(threads=threads))
     return Hardware(
         name="this machine (CPU)",
         memory_bytes=_physical_memory_bytes(),

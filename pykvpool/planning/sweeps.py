@@ -14,7 +14,7 @@ Every policy runs through the real :class:`pykvpool.BlockPool`, never a formula:
 
 Admission is greedy in request order until the pool raises :class:`PoolExhaustedError`,
 as in the article. The budget is a KV token capacity (see
-:attr:`pykvpool.ledger.MemoryLedger.token_capacity`); bytes are tokens x ``bytes_per_token``.
+:attr:`pykvpool.planning.ledger.MemoryLedger.token_capacity`); bytes are tokens x ``bytes_per_token``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 
 from pykvpool._native import BlockPool, InvalidArgumentError, PoolExhaustedError
-from pykvpool.workloads import Workload
+from pykvpool.planning.workloads import Workload
 
 __all__ = [
     "BLOCK_SIZES",

@@ -1,7 +1,7 @@
 """The article's published numbers beside pykvpool's own, computed by pykvpool.
 
-Every pykvpool value here comes from :mod:`pykvpool.ledger`, :mod:`pykvpool.video` and the
-pool-backed :mod:`pykvpool.sweeps`; it is formatted with the precision the article prints,
+Every pykvpool value here comes from :mod:`pykvpool.planning.ledger`, :mod:`pykvpool.planning.video` and the
+pool-backed :mod:`pykvpool.planning.sweeps`; it is formatted with the precision the article prints,
 so "match" means the two printed values are identical.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pykvpool.hardware import hardware_preset
-from pykvpool.ledger import GIB, MIB, MemoryLedger, article_budget
-from pykvpool.models import model_preset
-from pykvpool.roofline import decode_intensity, prefill_intensity
-from pykvpool.sweeps import SweepResult, block_size_sweep, contiguous, paged, waste_decomposition
-from pykvpool.video import article_videos
-from pykvpool.workloads import ARTICLE_MAX_LEN, Workload, article_heavy_tail, article_uniform
+from pykvpool.planning.hardware import hardware_preset
+from pykvpool.planning.ledger import GIB, MIB, MemoryLedger, article_budget
+from pykvpool.planning.models import model_preset
+from pykvpool.planning.roofline import decode_intensity, prefill_intensity
+from pykvpool.planning.sweeps import SweepResult, block_size_sweep, contiguous, paged, waste_decomposition
+from pykvpool.planning.video import article_videos
+from pykvpool.planning.workloads import ARTICLE_MAX_LEN, Workload, article_heavy_tail, article_uniform
 
 __all__ = ["ArticleRun", "Reproduced", "article_ledgers", "reproduce"]
 

@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from pykvpool.simulate import SimulationResult
+from pykvpool.plotting import save, subplots
+from pykvpool.simulate.engine import SimulationResult
 
 __all__ = [
     "latency_cdf",
@@ -59,18 +60,7 @@ def line_style(label: str, index: int = 0) -> dict[str, Any]:
 
 
 def _figure(ncols: int = 1, height: float = 4.0) -> tuple[Any, list[Any]]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6 * ncols, height))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols, squeeze=False)
-    return fig, list(axes[0])
-
-
-def _save(fig: Any, path: PathLike) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return subplots(ncols, (6 * ncols, height))
 
 
 def _number(value: Any) -> float:
@@ -109,7 +99,7 @@ def utilization_over_time(
         tokens = np.asarray(s["kv_tokens"], dtype=np.float64)
         data["token_utilization"] = np.divide(tokens, slots, out=np.ones_like(slots), where=slots > 0)
     if path is not None:
-        _save(plot_utilization(data, num_blocks=num_blocks, title=title), path)
+        save(plot_utilization(data, num_blocks=num_blocks, title=title), path)
     return data
 
 
@@ -172,7 +162,7 @@ def latency_cdf(
         v = v[~np.isnan(v)]
         data[name] = (v, np.arange(1, v.size + 1) / max(v.size, 1))
     if path is not None:
-        _save(plot_latency_cdf(data, metric, title=title, log_x=log_x), path)
+        save(plot_latency_cdf(data, metric, title=title, log_x=log_x), path)
     return data
 
 
@@ -218,7 +208,7 @@ def policy_comparison(
             a.bar(names, [data[n][m] for n in names])
             a.set(title=m)
             a.tick_params(axis="x", rotation=30)
-        _save(fig, path)
+        save(fig, path)
     return data
 
 
@@ -238,7 +228,7 @@ def throughput_vs_rate(rows: Sequence[Mapping[str, Any]], path: Optional[PathLik
             k: np.array([_number(r[k]) for r in sel]) for k in ("rate", "output_throughput", "request_throughput", "ttft_p99")
         }
     if path is not None:
-        _save(plot_throughput_vs_rate(data), path)
+        save(plot_throughput_vs_rate(data), path)
     return data
 
 

@@ -1,5 +1,6 @@
-"""Arithmetic intensity of decode and prefill, and pykvpool's decode kernel measured on
-this machine.
+"""Rooflines: the arithmetic intensity of decode and prefill, pykvpool's decode kernel
+measured on this machine, and :class:`Roofline`, the simulator's step-time model (a preset
+model on a preset device).
 
 Units: FLOP, bytes, FLOP/byte, FLOP/s, bytes/s, seconds.
 
@@ -24,14 +25,17 @@ import numpy as np
 
 from pykvpool import _native
 from pykvpool._native import BlockPool, InvalidArgumentError
-from pykvpool.hardware import kernel_api
-from pykvpool.models import ModelConfig
+from pykvpool.checks import check_count as _count, check_positive as _positive
+from pykvpool.planning.hardware import Hardware, hardware_preset
+from pykvpool.planning.models import ModelConfig, model_preset
 
 __all__ = [
     "KernelPoint",
+    "Roofline",
     "decode_intensity",
     "measure_decode_kernel",
     "prefill_intensity",
+    "roofline",
 ]
 
 
@@ -137,7 +141,6 @@ def measure_decode_kernel(
     shared machine, is not the kernel's ceiling.
 
     Raises:
-        KernelUnavailableError: the extension has no decode kernel.
         InvalidArgumentError: a size < 1 (the message names it), or ``groups`` empty.
     """
     sizes = {"batch": batch, "seq_len": seq_len, "num_kv_heads": num_kv_heads,
@@ -148,12 +151,11 @@ def measure_decode_kernel(
             raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
     if not groups:
         raise InvalidArgumentError("groups must not be empty")
-    api = kernel_api()
     rng = np.random.default_rng(seed)
     blocks_per_seq = -(-seq_len // block_size)
     num_blocks = batch * blocks_per_seq
     pool = BlockPool(num_blocks, block_size)
-    cache = api.KvCache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype="f32")
+    cache = _native.KvCache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype="f32")
     # Values do not change the timing: one K and one V for every sequence.
     k = rng.standard_normal((seq_len, num_kv_heads, head_dim), dtype=np.float32)
     v = rng.standard_normal((seq_len, num_kv_heads, head_dim), dtype=np.float32)
@@ -167,11 +169,11 @@ def measure_decode_kernel(
     for j, g in enumerate(groups):
         n_q = g * num_kv_heads
         q = rng.standard_normal((batch, n_q, head_dim), dtype=np.float32)
-        api.decode_attention(cache, 0, q, tables, lens)
+        _native.decode_attention(cache, 0, q, tables, lens)
         best, roof = float("inf"), 0.0
         for _ in range(repeats):
             t0 = time.perf_counter()
-            api.decode_attention(cache, 0, q, tables, lens)
+            _native.decode_attention(cache, 0, q, tables, lens)
             best = min(best, time.perf_counter() - t0)
             roof = max(roof, float(_native.read_bandwidth(cache=cache, passes=bandwidth_passes)))
         flops = 4.0 * n_q * head_dim * seq_len * batch
@@ -181,3 +183,75 @@ def measure_decode_kernel(
         if progress is not None:
             progress(j + 1, len(groups))
     return points
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Step time = max(FLOPs / reachable FLOP/s, bytes / reachable bandwidth) + overhead,
+    with FLOPs = 2 x params x tokens + 4 x layers x q width x attention pairs and bytes =
+    weights + KV bytes of every attended token; swapped blocks add their transfer time
+    over the host link. Models and devices are the capacity planner's
+    (:data:`pykvpool.planning.models.MODELS`, :data:`pykvpool.planning.hardware.HARDWARE`).
+
+    Attributes:
+        compute_dtype: the dtype of the FLOP roof; kv_dtype: the KV storage dtype.
+        flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
+        host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
+        overhead: fixed seconds per step (launches, scheduling, sampling).
+    """
+
+    model: ModelConfig
+    hardware: Hardware
+    block_size: int = 16
+    overhead: float = 2e-3
+    compute_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    flops_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    host_link_bandwidth: float = 25e9
+
+    def figures(self) -> list[float]:
+        """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
+        param, layers, query width, KV bytes per token, reachable FLOP/s, reachable
+        bytes/s, overhead (s) and swap time per block (s).
+
+        Raises:
+            UnknownPresetError: ``compute_dtype`` has no peak on the device, or
+                ``kv_dtype`` is not a storage dtype.
+            InvalidArgumentError: a malformed ``kv_dtype`` granularity; an efficiency
+                outside (0, 1], a host link bandwidth that is not finite and > 0, a
+                ``block_size`` that is not an int >= 1, an ``overhead`` that is not finite
+                and >= 0 (each named).
+        """
+        _count(self.block_size, "block_size", 1)
+        _positive(self.overhead, "overhead", zero=True)
+        _positive(self.flops_efficiency, "flops_efficiency", most=1.0)
+        _positive(self.bandwidth_efficiency, "bandwidth_efficiency", most=1.0)
+        _positive(self.host_link_bandwidth, "host_link_bandwidth")
+        m, h = self.model, self.hardware
+        kv = float(m.kv_bytes_per_token(self.kv_dtype))
+        return [
+            m.num_params,
+            m.weight_bytes_per_param,
+            float(m.num_layers),
+            float(m.num_q_heads * m.head_dim),
+            kv,
+            h.flops(self.compute_dtype) * self.flops_efficiency,
+            h.bandwidth * self.bandwidth_efficiency,
+            self.overhead,
+            self.block_size * kv / self.host_link_bandwidth,
+        ]
+
+
+def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:
+    """The roofline of a preset model on a preset device, e.g. ``roofline("llama-3-8b",
+    "a100-80gb-sxm")``, with ``block_size`` tokens per block and ``overhead`` seconds
+    per step.
+
+    Raises:
+        UnknownPresetError: an unknown model or hardware name.
+        InvalidArgumentError: a ``block_size`` that is not an int >= 1, an ``overhead``
+            that is not a finite number >= 0.
+    """
+    return Roofline(model_preset(model), hardware_preset(hardware), _count(block_size, "block_size", 1),
+                    _positive(overhead, "overhead", zero=True))

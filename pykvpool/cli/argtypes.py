@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.hardware import Hardware
-from pykvpool.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, GIB, Budget, default_budget
+from pykvpool.planning.hardware import Hardware
+from pykvpool.planning.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, GIB, Budget, default_budget
 from pykvpool.tracefile import TraceColumns, parse_columns
 
 __all__ = [
@@ -193,7 +193,7 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 def add_budget_args(p: argparse.ArgumentParser | Any) -> None:
     """The budget options: ``--memory-gib``, ``--fraction``, ``--reserve-gib``. Left
-    out, each takes :func:`pykvpool.ledger.default_budget`'s value for the device.
+    out, each takes :func:`pykvpool.planning.ledger.default_budget`'s value for the device.
     Sizes are GiB (2**30 bytes) on the command line; :func:`budget_from_args` turns them
     into a budget in bytes.
 
@@ -210,10 +210,10 @@ def add_budget_args(p: argparse.ArgumentParser | Any) -> None:
 
 
 def budget_from_args(args: argparse.Namespace, hardware: Hardware) -> Budget:
-    """:func:`pykvpool.ledger.default_budget` of ``hardware`` with the options given.
+    """:func:`pykvpool.planning.ledger.default_budget` of ``hardware`` with the options given.
 
     Raises:
-        InvalidArgumentError: a budget :class:`~pykvpool.ledger.Budget` refuses (e.g.
+        InvalidArgumentError: a budget :class:`~pykvpool.planning.ledger.Budget` refuses (e.g.
             the memory of a machine that could not be read, without ``--memory-gib``).
     """
     memory: Optional[float] = args.memory_gib

@@ -22,15 +22,15 @@ import matplotlib.patches as mpatches
 import matplotlib.patheffects as pe
 import numpy as np
 import numpy.typing as npt
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pykvpool._native import BlockPool
-from pykvpool.hardware import Hardware
-from pykvpool.ledger import GIB, MemoryLedger
-from pykvpool.roofline import KernelPoint
-from pykvpool.sweeps import BlockSizeRow, SweepResult
-from pykvpool.video import VideoSpec, block_causal_mask
+from pykvpool.planning.hardware import Hardware
+from pykvpool.planning.ledger import GIB, MemoryLedger
+from pykvpool.planning.roofline import KernelPoint
+from pykvpool.planning.sweeps import BlockSizeRow, SweepResult
+from pykvpool.planning.video import VideoSpec, block_causal_mask
+from pykvpool.plotting import new_figure, save
 
 __all__ = [
     "PoolPicture",
@@ -39,7 +39,6 @@ __all__ = [
     "fig_paging",
     "fig_roofline",
     "fig_video",
-    "new_figure",
     "overlapping_labels",
     "paging_demo",
     "save_figure",
@@ -50,18 +49,6 @@ BLUE, ORANGE, GREEN, PURPLE, GRAY, LIGHT, RED = (
 SEQ_COLORS = (BLUE, ORANGE, GREEN, PURPLE, "#00838f", "#6d4c41")
 HALO = [pe.withStroke(linewidth=2.2, foreground="white")]
 """White outline that keeps dark text readable on any fill."""
-
-
-def new_figure(figsize: tuple[float, float]) -> Figure:
-    """A figure of ``figsize`` (width, height) inches attached to its own Agg canvas (no
-    pyplot, no global backend).
-
-    Raises:
-        ValueError: a negative, NaN or infinite size (matplotlib).
-    """
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _label_boxes(fig: Figure) -> list[tuple[str, Any]]:
@@ -115,7 +102,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> li
     """
     fig.tight_layout()
     overlaps = overlapping_labels(fig)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    save(fig, path, dpi=dpi, tight_bbox=True)
     return overlaps
 
 

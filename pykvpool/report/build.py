@@ -6,7 +6,7 @@ machine measured (figure 2), static capacity through the pool (figure 3), video 
 block size and real traces (figure 5), the simulator under the same budget (figures 6-8),
 and a closing table of the article's value beside pykvpool's for every reproduced number.
 
-One budget (:func:`pykvpool.ledger.default_budget`: the device's memory, a 4 GiB reserve)
+One budget (:func:`pykvpool.planning.ledger.default_budget`: the device's memory, a 4 GiB reserve)
 serves every section, and the report prints it.
 """
 
@@ -17,16 +17,17 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, is_dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pykvpool._native import __version__
-from pykvpool.article import ArticleRun, article_ledgers, reproduce
-from pykvpool.errors import BudgetError, KernelUnavailableError
-from pykvpool.figures import (
+from pykvpool.report.article import ArticleRun, article_ledgers, reproduce
+from pykvpool import _native
+from pykvpool.errors import BudgetError
+from pykvpool.report.figures import (
     fig_block_size_and_traces,
     fig_memory_ledger,
     fig_paging,
@@ -34,12 +35,15 @@ from pykvpool.figures import (
     fig_video,
     paging_demo,
 )
-from pykvpool.hardware import HARDWARE, Hardware, hardware_preset, kernel_api, measure_this_machine
-from pykvpool.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
-from pykvpool.models import MODELS, ModelConfig, storage_dtype
+from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
+from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
+from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
-from pykvpool.roofline import KernelPoint, decode_intensity, measure_decode_kernel, prefill_intensity
-from pykvpool.sweeps import (
+from pykvpool.report.dynamic import dynamic_section
+from pykvpool.report.tables import jsonable, markdown_table
+from pykvpool.planning.roofline import KernelPoint, decode_intensity, measure_decode_kernel, prefill_intensity
+from pykvpool.planning.sweeps import (
+    BlockSizeRow,
     SweepResult,
     block_size_sweep,
     contiguous,
@@ -47,10 +51,10 @@ from pykvpool.sweeps import (
     paged_shared_prefix,
     waste_decomposition,
 )
-from pykvpool.video import VideoSpec, article_videos
-from pykvpool.workloads import ARTICLE_MAX_LEN, AZURE_ATTRIBUTION, Workload, azure_trace
+from pykvpool.planning.video import VideoSpec, article_videos
+from pykvpool.planning.workloads import ARTICLE_MAX_LEN, AZURE_ATTRIBUTION, Workload, azure_trace
 
-__all__ = ["ReportResult", "build_report", "markdown_table"]
+__all__ = ["ReportResult", "build_report"]
 
 ARTICLE_BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
 SHARED_PREFIX = 256
@@ -72,27 +76,6 @@ class ReportResult:
     matched: int
     seconds: float
     data: dict[str, Any]
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _jsonable(obj: Any) -> Any:
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (np.integer, np.floating, np.bool_)):
-        return obj.item()
-    return obj
 
 
 def _sweep_row(r: SweepResult, base: SweepResult) -> list[object]:
@@ -175,21 +158,50 @@ class Measured:
     fresh_bandwidth: float
 
 
-def _measure(progress_on: bool) -> tuple[Measured | None, str]:
-    try:
-        with ProgressBar("measuring this machine", 3, enabled=progress_on) as bar:
-            fresh = measure_this_machine()
-            bar(1)
-            kernel = measure_decode_kernel(progress=None)
-            bar(2)
-            flops = max(fresh.flops("fp32"), float(kernel_api().peak_flops()))
-            bar(3)
-    except KernelUnavailableError as e:
-        return None, str(e)
+def _measure(progress_on: bool) -> Measured:
+    with ProgressBar("measuring this machine", 3, enabled=progress_on) as bar:
+        fresh = measure_this_machine()
+        bar(1)
+        kernel = measure_decode_kernel(progress=None)
+        bar(2)
+        flops = max(fresh.flops("fp32"), float(_native.peak_flops()))
+        bar(3)
     machine = replace(
         fresh, bandwidth=max(k.roof_bandwidth for k in kernel), peak_flops={"fp32": flops},
         source="roof: read_bandwidth of the kernel's own cache, back to back with it")
-    return Measured(machine, kernel, fresh.bandwidth), ""
+    return Measured(machine, kernel, fresh.bandwidth)
+
+
+def _article_sweeps(run: ArticleRun, cap: int, bpt: int,
+                    progress: bool) -> tuple[list[list[SweepResult]], list[BlockSizeRow]]:
+    """Contiguous, paged and shared-prefix results of each article workload, and the
+    block-size sweep of the uniform one (capacity ``cap`` tokens of ``bpt`` bytes)."""
+    with ProgressBar("sweeps (article workloads)", 2, enabled=progress) as bar:
+        comparisons = []
+        for j, wl in enumerate(run.workloads.values()):
+            c, p = run.sweeps[list(run.workloads)[j]]
+            s = paged_shared_prefix(wl, cap, SHARED_PREFIX, 16, bpt)
+            comparisons.append([c, p, s])
+            bar(j + 1)
+        bsz_rows = block_size_sweep(run.workloads["uniform"], ARTICLE_BLOCK_SIZES, cap)
+    return comparisons, bsz_rows
+
+
+def _trace_sweeps(cap: int, bpt: int, progress: bool) -> tuple[
+        list[Workload], list[list[SweepResult]], dict[str, list[BlockSizeRow]]]:
+    """The Azure traces (clipped to the model's context), their contiguous and paged
+    results and their block-size sweeps."""
+    with ProgressBar("sweeps (Azure traces)", 2, enabled=progress) as bar:
+        traces: list[Workload] = []
+        trace_results = []
+        for j, kind in enumerate(("code", "conv")):
+            wl = azure_trace(kind).clipped(TRACE_MAX_LEN)
+            traces.append(wl)
+            c = contiguous(wl, cap, TRACE_MAX_LEN, bpt)
+            trace_results.append([c, paged(wl, cap, 16, bpt)])
+            bar(j + 1)
+        trace_bsz = {wl.name: block_size_sweep(wl, (8, 16, 32, 64, 128), cap) for wl in traces}
+    return traces, trace_results, trace_bsz
 
 
 def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
@@ -221,29 +233,13 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     if gqa.budget != budget:  # the article's budget is the A100's default one
         raise AssertionError(f"article budget {gqa.budget} != default budget {budget}")
 
-    with ProgressBar("sweeps (article workloads)", 2, enabled=progress) as bar:
-        comparisons = []
-        for j, wl in enumerate(run.workloads.values()):
-            c, p = run.sweeps[list(run.workloads)[j]]
-            s = paged_shared_prefix(wl, cap, SHARED_PREFIX, 16, bpt)
-            comparisons.append([c, p, s])
-            bar(j + 1)
-        bsz_rows = block_size_sweep(run.workloads["uniform"], ARTICLE_BLOCK_SIZES, cap)
-    with ProgressBar("sweeps (Azure traces)", 2, enabled=progress) as bar:
-        traces: list[Workload] = []
-        trace_results = []
-        for j, kind in enumerate(("code", "conv")):
-            wl = azure_trace(kind).clipped(TRACE_MAX_LEN)
-            traces.append(wl)
-            c = contiguous(wl, cap, TRACE_MAX_LEN, bpt)
-            trace_results.append([c, paged(wl, cap, 16, bpt)])
-            bar(j + 1)
-        trace_bsz = {wl.name: block_size_sweep(wl, (8, 16, 32, 64, 128), cap) for wl in traces}
+    comparisons, bsz_rows = _article_sweeps(run, cap, bpt, progress)
+    traces, trace_results, trace_bsz = _trace_sweeps(cap, bpt, progress)
 
     measured: Measured | None = None
     reason = "measurement skipped (--no-measure)"
     if measure:
-        measured, reason = _measure(progress)
+        measured, reason = _measure(progress), ""
     machine = measured.machine if measured is not None else None
     kernel = measured.kernel if measured is not None else []
 
@@ -267,8 +263,6 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
             trace_results, [(wl.name, wl.lengths) for wl in traces])
         bar(5)
 
-    from pykvpool.sim_report import dynamic_section
-
     dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, budget, progress)
     figs.update(dynamic_figs)
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
@@ -286,7 +280,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     data["machine"] = machine
     data["kernel"] = kernel
     data["fresh_bandwidth"] = measured.fresh_bandwidth if measured is not None else None
-    (out / "report.json").write_text(json.dumps(_jsonable(data), indent=1, default=str),
+    (out / "report.json").write_text(json.dumps(jsonable(data), indent=1, default=str),
                                      encoding="utf-8")
     matched = sum(r.match for r in run.rows)
     return ReportResult(out, path, figs, len(run.rows), matched, seconds, data)
@@ -297,6 +291,14 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
               trace_results: list[list[SweepResult]], trace_bsz: dict[str, list[Any]],
               measured: Measured | None, fig2: dict[str, Any], reason: str,
               videos: list[VideoSpec], figs: dict[str, Path]) -> str:
+    """The report's Markdown, one section after another."""
+    s = _intro(run, gqa) + _ledger_section(gqa, figs) + _roofline_section(gqa, measured, fig2, reason, figs)
+    s += _static_section(run, gqa, comparisons, figs) + _video_section(gqa, videos, figs)
+    s += _traces_section(bsz_rows, traces, trace_results, trace_bsz, figs) + _closing(run)
+    return "\n".join(s)
+
+
+def _intro(run: ArticleRun, gqa: MemoryLedger) -> list[str]:
     cap, bpt = gqa.token_capacity, gqa.bytes_per_token
     matched = sum(r.match for r in run.rows)
     s: list[str] = []
@@ -312,11 +314,15 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
              f"- weights {gqa.weight_bytes / GIB:.2f} GiB - reserve "
              f"{gqa.budget.reserve_bytes / GIB:.0f} GiB = {gqa.kv_budget_bytes / GIB:.2f} GiB "
              f"= {cap:,} KV tokens.\n")
-    s.append(f"**Budget, the same in every section** (`pykvpool.ledger.default_budget`, also "
+    s.append(f"**Budget, the same in every section** (`pykvpool.planning.ledger.default_budget`, also "
              f"used by `pykvpool ledger` and `pykvpool simulate`): {gqa.budget.describe()} on "
              "the A100; each accelerator of the presets table gets its own memory with the "
              "same fraction and reserve.\n")
+    return s
 
+
+def _ledger_section(gqa: MemoryLedger, figs: dict[str, Path]) -> list[str]:
+    s: list[str] = []
     s.append("## 1. Memory ledger\n")
     s.append(f"![memory ledger]({figs['fig1_memory_ledger'].name})\n")
     rows: list[list[object]] = []
@@ -338,7 +344,12 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
              "parameter, and says so in the weights column):\n")
     table, _ = _presets_table()
     s.append(table + "\n")
+    return s
 
+
+def _roofline_section(gqa: MemoryLedger, measured: Measured | None, fig2: dict[str, Any], reason: str,
+                      figs: dict[str, Path]) -> list[str]:
+    s: list[str] = []
     s.append("## 2. Roofline\n")
     s.append(f"![roofline]({figs['fig2_roofline'].name})\n")
     if measured is None:
@@ -346,6 +357,13 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
                  "and the ideal points are complete.\n")
     else:
         s += _roofline_text(gqa, measured, fig2)
+    return s
+
+
+def _static_section(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepResult]],
+                    figs: dict[str, Path]) -> list[str]:
+    bpt = gqa.bytes_per_token
+    s: list[str] = []
     s.append("## 3. Static capacity: contiguous reservation vs paging, through the pool\n")
     s.append(f"![paging]({figs['fig3_paging'].name})\n")
     rows = [_sweep_row(r, comp[0]) for comp in comparisons for r in comp]
@@ -364,7 +382,12 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
         ["partly filled last block (paged, b=16)", f"{w.last_block_waste_tokens:.2f}",
          f"{w.last_block_waste_bytes / MIB:.2f}"],
         ["ratio", "", f"{w.ratio:.1f}x"]]) + "\n")
+    return s
 
+
+def _video_section(gqa: MemoryLedger, videos: list[VideoSpec], figs: dict[str, Path]) -> list[str]:
+    bpt = gqa.bytes_per_token
+    s: list[str] = []
     s.append("## 4. Video\n")
     s.append(f"![video]({figs['fig4_video'].name})\n")
     variants = videos + [VideoSpec("5 s 720p, 2x2 patch", 5, 24, 1280, 720, patch=2),
@@ -375,7 +398,12 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
         [[v.name, v.latent_frames, f"{v.tokens_per_latent_frame:,}", f"{v.tokens:,}",
           f"{v.kv_bytes(bpt) / GIB:.2f}", "yes" if v.kv_bytes(bpt) <= gqa.kv_budget_bytes else "no"]
          for v in variants]) + "\n")
+    return s
 
+
+def _traces_section(bsz_rows: Sequence[Any], traces: list[Workload], trace_results: list[list[SweepResult]],
+                    trace_bsz: dict[str, list[Any]], figs: dict[str, Path]) -> list[str]:
+    s: list[str] = []
     s.append("## 5. Block size and real traces (beyond the article)\n")
     s.append(f"![block size and traces]({figs['fig5_block_size_traces'].name})\n")
     s.append("Block-size sweep on the uniform workload (all 4,000 requests in a pool sized to "
@@ -402,7 +430,11 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
         [[name, r.block_size, f"{r.empty_slots_per_request:.1f}", f"{r.utilization:.2%}",
           f"{r.table_entries_per_request:.1f}", r.admitted]
          for name, rs in trace_bsz.items() for r in rs]) + "\n")
+    return s
 
+
+def _closing(run: ArticleRun) -> list[str]:
+    s: list[str] = []
     s.append("## Closing note: the article's values beside pykvpool's\n")
     s.append("pykvpool's value is printed with the article's precision; `match` means the "
              "two printed values are identical.\n")
@@ -412,7 +444,7 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
     s.append("Not reproduced here on purpose: the article's own machine measurements "
              "(71.89 GB/s, 1201.61 GFLOP/s) and its toy-decoder timings depend on its machine; "
              "section 2 measures this one instead.\n")
-    return "\n".join(s)
+    return s
 
 
 def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) -> list[str]:

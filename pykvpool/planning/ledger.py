@@ -2,7 +2,7 @@
 
 Units: bytes (``GiB`` = 2**30), tokens, requests, seconds. The KV cache of a batch is
 ``B_tok x S x batch`` with ``B_tok = 2 (K,V) x L x n_kv x d x p`` (p includes the scales of
-8-bit formats, see :mod:`pykvpool.models`). A :class:`Budget` is device memory times a
+8-bit formats, see :mod:`pykvpool.planning.models`). A :class:`Budget` is device memory times a
 usable fraction minus a reserve for activations and the framework; what remains after the
 weights holds the KV cache.
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.errors import BudgetError
-from pykvpool.hardware import Hardware, hardware_preset
-from pykvpool.models import ModelConfig, StorageDtype, storage_dtype
+from pykvpool.planning.hardware import Hardware, hardware_preset
+from pykvpool.planning.models import ModelConfig, StorageDtype, storage_dtype
 
 __all__ = [
     "DEFAULT_FRACTION",

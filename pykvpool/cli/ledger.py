@@ -1,0 +1,90 @@
+"""The ``pykvpool ledger`` subcommand: the memory ledger of one model on one budget."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pykvpool.cli.argtypes import count
+from pykvpool.cli._common import (
+    DEFAULT_HARDWARE,
+    add_common,
+    budget_data,
+    budget_lines,
+    hardware_from_args,
+    ledger_from_args,
+    write_outputs,
+)
+from pykvpool.planning.hardware import hardware_preset
+from pykvpool.planning.ledger import GIB
+
+__all__ = ["add_subcommand", "main_ledger"]
+
+
+def main_ledger(args: argparse.Namespace) -> int:
+    """Run ``pykvpool ledger``: print the ledger (and write it under ``--out``). Returns 0.
+
+    Raises:
+        UnknownPresetError: an unknown model, hardware or dtype preset.
+        InvalidArgumentError: a malformed ``--hf-config`` or dtype, a budget the weights fill
+            (BudgetError).
+        OSError: ``--hf-config`` cannot be read or ``--out`` cannot be written.
+    """
+    led = ledger_from_args(args)
+    m = led.model
+    if args.seq_len > m.max_context:
+        print(f"pykvpool: warning: --seq-len {args.seq_len:,} exceeds {m.name}'s context window "
+              f"(max_position_embeddings = {m.max_context:,})", file=sys.stderr)
+    s, bsz = args.seq_len, args.batch
+    lines = [
+        f"model            {m.name}: L={m.num_layers}, n_q={m.num_q_heads}, "
+        f"n_kv={m.num_kv_heads}, d={m.head_dim}, {m.num_params / 1e9:.2f}e9 params",
+        f"KV dtype         {led.dtype.name} (scales: {led.dtype.granularity})",
+        f"KV per token     {led.bytes_per_token} B ({led.bytes_per_token / 1024:.2f} KiB)",
+        f"KV per sequence  {led.kv_bytes(seq_len=s) / GIB:.2f} GiB at {s} tokens",
+        f"weights          {led.weight_bytes / GIB:.2f} GiB",
+        *budget_lines(led),
+        f"KV capacity      {led.token_capacity:,} tokens",
+        f"max batch        {led.max_batch(seq_len=s)} at {s} tokens",
+        f"max length       {led.max_seq_len(batch=bsz):,} tokens at batch {bsz}",
+    ]
+    row = led.row(batch=bsz, seq_len=s)
+    lines.append(f"batch {bsz} x {s}: KV {row.kv_bytes / GIB:.2f} GiB = "
+                 f"{row.kv_over_weights:.2f}x weights; weights + KV {row.weights_plus_kv_bytes / GIB:.2f} GiB"
+                 + ("" if row.kv_bytes <= led.kv_budget_bytes else " -- EXCEEDS the KV budget"))
+    data: dict[str, Any] = {"model": m.name, "dtype": led.dtype.name,
+                            "bytes_per_token": led.bytes_per_token, "budget": budget_data(led),
+                            "weight_bytes": led.weight_bytes, "kv_budget_bytes": led.kv_budget_bytes,
+                            "token_capacity": led.token_capacity,
+                            "max_batch": led.max_batch(seq_len=s),
+                            "max_seq_len": led.max_seq_len(batch=bsz)}
+    hw = hardware_from_args(args) or hardware_preset(DEFAULT_HARDWARE)
+    cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
+    b = led.decode_bound(hw, seq_len=s, batch=bsz, compute_dtype=cd)
+    lines.append(f"decode on {hw.name}: step >= {b.step_time * 1e3:.2f} ms "
+                 f"({'memory' if b.memory_bound else 'compute'} bound), "
+                 f"<= {b.tokens_per_s:.0f} tokens/s at batch {bsz}")
+    data["decode"] = {"hardware": hw.name, "step_s": b.step_time,
+                      "tokens_per_s": b.tokens_per_s, "bytes": b.bytes_moved, "flops": b.flops}
+    text = "\n".join(lines)
+    print(text)
+    write_outputs(args.out, "ledger", "```\n" + text + "\n```\n", data)
+    return 0
+
+
+def add_subcommand(sub: Any) -> None:
+    """Add the ``ledger`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
+    :func:`main_ledger`.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
+    pl = sub.add_parser("ledger", help="memory ledger of one model on one budget",
+                        description="KV bytes per token, weights, the budget, KV capacity, largest "
+                                    "batch, longest length and the decode-step bound.")
+    add_common(pl)
+    pl.add_argument("--seq-len", type=count(), default=8192, help="tokens per sequence")
+    pl.add_argument("--batch", type=count(), default=1, help="sequences")
+    pl.set_defaults(func=main_ledger)

@@ -1,0 +1,122 @@
+"""The ``pykvpool replay`` subcommand: replay a Mooncake trace through the prefix cache
+(:mod:`pykvpool.prefix.replay`) and print, save or plot the hit rates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from pykvpool._native import InvalidArgumentError
+from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, count, count_list
+from pykvpool.prefix.replay import (
+    POLICIES,
+    TRACE_BLOCK_SIZE,
+    ReplayResult,
+    load_mooncake_trace,
+    plot_sweep,
+    replay,
+    seen_prefix_hits,
+    sweep,
+)
+
+__all__ = ["add_subcommand", "main_replay"]
+
+
+def _table(results: Sequence[ReplayResult]) -> str:
+    lines = ["| block size | policy | capacity (blocks) | capacity (tokens) | block hit rate | token hit rate | evictions |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        cap = f"{r.capacity_blocks} (unbounded)" if r.unbounded else str(r.capacity_blocks)
+        lines.append(
+            f"| {r.block_size} | {r.policy} | {cap} | {r.capacity_tokens:,} | {r.block_hit_rate:.4f} "
+            f"| {r.token_hit_rate:.4f} | {r.evictions:,} |"
+        )
+    return "\n".join(lines)
+
+
+def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``replay`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
+    :func:`main_replay`.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="prefix-cache hit rates of a block-id trace (Mooncake format)",
+        description="Replay a trace of chained block ids through a prefix-caching pool and "
+        "print hit rates; --sweep covers capacities x policies x block sizes and can plot "
+        "hit rate vs capacity.",
+    )
+    p.add_argument("--trace", metavar="FILE",
+                   help="Mooncake JSONL trace, or 'mooncake' (default: the shipped FAST'25 synthetic trace)")
+    p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="eviction policy (default all)")
+    p.add_argument("--capacity", type=count(), metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
+    p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=TRACE_BLOCK_SIZE, help="tokens per block, a multiple of 512")
+    p.add_argument("--sweep", action="store_true", help="sweep capacities x policies x block sizes")
+    p.add_argument("--capacities", type=count_list(), metavar="TOKENS,...", help="sweep capacities in tokens")
+    p.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), metavar="TOKENS,...", help="sweep block sizes (default 512)")
+    p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
+    p.add_argument("--retain-hits-for", type=count(), metavar="OPS",
+                   help="priority policy: soft-pin each reused prefix for OPS pool operations")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--out", metavar="DIR",
+                   help="write replay.md and replay.json there (and replay.png with --sweep)")
+    p.set_defaults(func=main_replay)
+    return p
+
+
+def main_replay(args: argparse.Namespace) -> int:
+    """Run the ``replay`` subcommand; prints a Markdown table. Returns 0.
+
+    Raises:
+        InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
+            below the trace's largest request or above the pool's limit (2**30 blocks); a
+            block size (tokens) that is not a multiple of 512. (A sweep skips the
+            capacities below the largest request and always replays the unbounded pool.)
+        TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
+            line (see :func:`load_mooncake_trace`).
+        OSError: the trace cannot be read, or ``--out``, ``--json`` or ``--plot`` cannot
+            be written.
+        ValueError: matplotlib cannot write the format of a ``--plot`` file's suffix.
+    """
+    if args.plot and not args.sweep:
+        raise InvalidArgumentError("--plot needs --sweep")
+    trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
+    policies = POLICIES if args.policy == "all" else (args.policy,)
+    if args.sweep:
+        results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
+                        retain_hits_for=args.retain_hits_for)
+    else:
+        results = [replay(trace, args.capacity, policy=p, block_size=args.block_size,
+                          retain_hits_for=args.retain_hits_for if p == "priority" else None)
+                   for p in policies]
+    hits, total = seen_prefix_hits(trace)
+    print(f"{len(trace)} requests, {total:,} blocks of {TRACE_BLOCK_SIZE} tokens; "
+          f"longest previously seen prefix: {hits:,} blocks = {hits / max(total, 1):.4f}")
+    print(_table(results))
+    if args.plot:
+        plot_sweep(results, args.plot)
+        print(f"wrote {args.plot}")
+    json_paths = [args.json] if args.json else []
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        md = os.path.join(args.out, "replay.md")
+        with open(md, "w", encoding="utf-8") as f:
+            f.write(f"# Prefix-cache replay\n\n{len(trace)} requests; unbounded rule: {hits:,} of "
+                    f"{total:,} blocks ({hits / max(total, 1):.4f})\n\n{_table(results)}\n")
+        json_paths.append(os.path.join(args.out, "replay.json"))
+        print(f"wrote {md}")
+        if args.sweep:
+            png = os.path.join(args.out, "replay.png")
+            plot_sweep(results, png)
+            print(f"wrote {png}")
+    for path in json_paths:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump([r.as_dict() for r in results], f, indent=1)
+        print(f"wrote {path}")
+    return 0

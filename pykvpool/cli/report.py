@@ -1,0 +1,44 @@
+"""The ``pykvpool report`` subcommand: the whole capacity-planning report in one folder."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_subcommand", "main_report"]
+
+
+def main_report(args: argparse.Namespace) -> int:
+    """Run ``pykvpool report`` (:func:`pykvpool.report.build.build_report`). Returns 0 when
+    every article number is reproduced, else 1.
+
+    Raises:
+        OSError: ``--out`` cannot be written.
+        BudgetError: a preset model's weights fill its budget (a bug in the presets).
+    """
+    from pykvpool.report.build import build_report
+
+    res = build_report(args.out, measure=not args.no_measure, progress=not args.quiet)
+    print(f"wrote {res.markdown} ({len(res.figures)} figures) in {res.seconds:.1f} s; "
+          f"{res.matched}/{res.reproduced} article numbers reproduced exactly")
+    return 0 if res.matched == res.reproduced else 1
+
+
+def add_subcommand(sub: Any) -> None:
+    """Add the ``report`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
+    :func:`main_report`.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
+    pr = sub.add_parser("report", help="the full capacity-planning report (Markdown + figures)",
+                        description="Reproduce every number of the article through pykvpool, "
+                                    "measure this machine, draw the figures and write one "
+                                    "folder with report.md, PNG figures and report.json.")
+    pr.add_argument("--out", metavar="DIR", default="pykvpool-report",
+                    help="output folder (default pykvpool-report)")
+    pr.add_argument("--no-measure", action="store_true",
+                    help="skip measuring this machine and the decode kernel")
+    pr.add_argument("--quiet", action="store_true", help="no progress bars")
+    pr.set_defaults(func=main_report)

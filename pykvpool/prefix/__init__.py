@@ -1,0 +1,1 @@
+"""Prefix-cache trace replay (:mod:`pykvpool.prefix.replay`)."""
