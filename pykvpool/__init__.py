@@ -37,6 +37,8 @@ from pykvpool._native import (
     get_num_threads,
     kernel_paths,
     peak_flops,
+    prefill_attention,
+    prefill_attention_paged,
     read_bandwidth,
     set_num_threads,
 )
@@ -77,6 +79,8 @@ __all__ = [
     "get_num_threads",
     "kernel_paths",
     "peak_flops",
+    "prefill_attention",
+    "prefill_attention_paged",
     "read_bandwidth",
     "set_num_threads",
     # capacity planning

@@ -48,6 +48,8 @@ __all__ = [
     "get_num_threads",
     "kernel_paths",
     "peak_flops",
+    "prefill_attention",
+    "prefill_attention_paged",
     "read_bandwidth",
     "set_num_threads",
     "run_simulation",
@@ -1161,6 +1163,198 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+) -> tuple[_F32Array, _F32Array]: ...
+@overload
+def prefill_attention(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    qo_indptr: _IntArrayLike,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    seq_lens: _IntArrayLike,
+    *,
+    q_positions: _IntArrayLike | None = None,
+    causal: bool = True,
+    chunk_size: int | None = None,
+    window_left: int | None = None,
+    sink_tokens: int | None = None,
+    scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[False] = False,
+    force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
+    bf16_pv: bool = False,
+) -> _F32Array:
+    """Multi-query attention over the paged cache: prefill, chunked prefill, speculative
+    verification, video chunks.
+
+    Sequence ``i`` owns query rows ``qo_indptr[i]:qo_indptr[i + 1]`` of ``q`` and attends
+    over its ``seq_lens[i]`` cached tokens of layer ``layer``
+    (``out = softmax(scale * q K^T + mask) V`` per query head, ``K``/``V`` of KV head
+    ``h // g``, ``g = Hq / Hkv``). Positions are logical: key ``j`` of a sequence (the
+    token in slot ``j`` of its block table) has position ``j``; query rows take the
+    positions of the last ``n_q`` keys (chunked prefill after writing the chunk's K/V)
+    unless ``q_positions`` gives them. The masks combine (a key is visible when every
+    rule allows it): ``causal`` (``k <= p``), block-causal with ``chunk_size`` ``c``
+    (``k // c <= p // c``, replaces the token-causal rule), ``window_left`` ``w``
+    (``p - k <= w``) with ``sink_tokens`` ``s`` (keys ``k < s`` visible whatever the
+    window, still subject to the causal or block-causal rule); ``causal=False`` without
+    chunks is bidirectional. The GIL is released while it runs, on the threads of
+    :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+    for ``layer`` must not be written from another thread meanwhile.
+
+    Args:
+        cache: the KV cache.
+        layer: ``0..cache.num_layers``.
+        q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
+            (any strides: copied).
+        qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
+        block_tables: int ``[n, max_blocks]``; entries past ``ceil(seq_lens[i] /
+            block_size)`` are never read.
+        seq_lens: ``n`` cached lengths in tokens (keys of each sequence).
+        q_positions: ``total_q`` int logical positions (>= 0) of the query rows; default
+            the last ``n_q`` of ``seq_lens[i]``, which then needs ``n_q <= seq_lens[i]``.
+        causal: the causal rule (default True).
+        chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
+        window_left: keys at most this many positions behind the query are visible.
+        sink_tokens: the first positions always visible under the window (tokens).
+        scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
+        logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
+        out: C-contiguous float32 ``[total_q, Hq, head_dim]`` written in place and
+            returned (default: a new array); must not share memory with ``q`` or with any
+            KvCache.
+        return_lse: also return the log-sum-exp, to merge partial results.
+        force_isa: one of :func:`kernel_paths`; default the fastest.
+        bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
+            ``vdpbf16ps`` on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on
+            the rounded ``q`` elsewhere); softmax and ``P V`` stay f32. Same rule and
+            bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
+            most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
+            ``(exp(2 D) - 1) * max|V|``.
+        bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
+            for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
+            on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
+            probabilities elsewhere); the softmax sum stays f32, so each output moves by
+            at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
+            the second half of the bf16 fast path, opt-in.
+
+    Returns:
+        float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
+        gets zeros); with ``return_lse=True`` the pair ``(out, lse)``, ``lse`` float32
+        ``[total_q, Hq]``, the natural-log sum of ``exp(logit)`` over the visible keys
+        (``-inf`` for a row that sees none).
+
+    Raises:
+        InvalidArgumentError: naming the argument: wrong dtypes or shapes, head counts or
+            head_dim not matching the cache, bad ``qo_indptr`` offsets, more default-
+            positioned queries than keys, a negative position, a block id outside the
+            pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
+            a negative ``window_left``/``sink_tokens``, a bool or float where an int is
+            meant, a ``scale`` or soft cap that is not positive and finite in float32,
+            an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
+            cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
+            without a bf16 cache. ``out`` is not written on any error.
+    """
+@overload
+def prefill_attention(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    qo_indptr: _IntArrayLike,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    seq_lens: _IntArrayLike,
+    *,
+    q_positions: _IntArrayLike | None = None,
+    causal: bool = True,
+    chunk_size: int | None = None,
+    window_left: int | None = None,
+    sink_tokens: int | None = None,
+    scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[True],
+    force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
+    bf16_pv: bool = False,
+) -> tuple[_F32Array, _F32Array]: ...
+@overload
+def prefill_attention_paged(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    qo_indptr: _IntArrayLike,
+    kv_indptr: _IntArrayLike,
+    kv_indices: _IntArrayLike,
+    kv_last_page_len: _IntArrayLike,
+    *,
+    q_positions: _IntArrayLike | None = None,
+    causal: bool = True,
+    chunk_size: int | None = None,
+    window_left: int | None = None,
+    sink_tokens: int | None = None,
+    scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[False] = False,
+    force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
+    bf16_pv: bool = False,
+) -> _F32Array:
+    """:func:`prefill_attention` with the tables in FlashInfer's paged layout, as
+    :meth:`BlockPool.flashinfer_tables` exports them.
+
+    Args:
+        cache: the KV cache.
+        layer: ``0..cache.num_layers``.
+        q: as for :func:`prefill_attention`.
+        qo_indptr: as for :func:`prefill_attention`.
+        kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
+        kv_indices: the block ids of all sequences, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last block, in
+            ``1..=block_size`` (0 for a sequence without blocks).
+        q_positions: as for :func:`prefill_attention`.
+        causal: as for :func:`prefill_attention`.
+        chunk_size: as for :func:`prefill_attention`.
+        window_left: as for :func:`prefill_attention`.
+        sink_tokens: as for :func:`prefill_attention`.
+        scale: as for :func:`prefill_attention`.
+        logits_soft_cap: as for :func:`prefill_attention`.
+        out: as for :func:`prefill_attention`.
+        return_lse: as for :func:`prefill_attention`.
+        force_isa: as for :func:`prefill_attention`.
+        bf16_scores: as for :func:`prefill_attention`.
+        bf16_pv: as for :func:`prefill_attention`.
+
+    Returns:
+        As :func:`prefill_attention`.
+
+    Raises:
+        InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
+            range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+    """
+@overload
+def prefill_attention_paged(
+    cache: KvCache,
+    layer: int,
+    q: _F32Array,
+    qo_indptr: _IntArrayLike,
+    kv_indptr: _IntArrayLike,
+    kv_indices: _IntArrayLike,
+    kv_last_page_len: _IntArrayLike,
+    *,
+    q_positions: _IntArrayLike | None = None,
+    causal: bool = True,
+    chunk_size: int | None = None,
+    window_left: int | None = None,
+    sink_tokens: int | None = None,
+    scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    out: _F32Array | None = None,
+    return_lse: Literal[True],
+    force_isa: _KernelPath | None = None,
+    bf16_scores: bool = False,
+    bf16_pv: bool = False,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(
     nbytes: int | None = None,

@@ -6,10 +6,11 @@ tokens greedily after a 16-token prompt, two ways:
 
 - **recompute**: every step runs the full causal forward over the whole prefix and keeps
   the last position's logits (no cache at all);
-- **cached**: one prefill forward writes the prompt's K/V into a :class:`pykvpool.KvCache`
-  through the slots of :meth:`pykvpool.BlockPool.add_sequence`; each later step gets its
-  slot and table from :meth:`pykvpool.BlockPool.step`, stores the new token's K/V with
-  :meth:`KvCache.write` and attends with :func:`pykvpool.decode_attention`.
+- **cached**: the prefill writes each layer's prompt K/V into a :class:`pykvpool.KvCache`
+  through the slots of :meth:`pykvpool.BlockPool.add_sequence` and attends over it with
+  :func:`pykvpool.prefill_attention` (causal; no numpy attention on this route); each
+  later step gets its slot and table from :meth:`pykvpool.BlockPool.step`, stores the new
+  token's K/V with :meth:`KvCache.write` and attends with :func:`pykvpool.decode_attention`.
 
 Both must give the same tokens, and the cached route's last logits must match a fresh
 full forward over the same tokens within ``1e-5 * max(max|logit|, 1)``.
@@ -44,7 +45,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from pykvpool._native import BlockPool, KvCache, decode_attention
+from pykvpool._native import BlockPool, KvCache, decode_attention, prefill_attention
 
 F32 = npt.NDArray[np.float32]
 _T = TypeVar("_T")
@@ -195,11 +196,7 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tupl
     blocks = -(-total // cfg.block_size)
     pool = BlockPool(blocks, cfg.block_size)
     cache = KvCache(cfg.n_layer, blocks, cfg.block_size, cfg.n_kv_head, cfg.d_head, dtype)
-    kvs: list[tuple[F32, F32]] = []
-    logits = forward(model, prompt, kvs)
-    slots = pool.add_sequence(0, len(prompt))
-    for layer, (k, v) in enumerate(kvs):
-        cache.write(layer, k, v, slots)
+    logits = _prefill_cached(model, prompt, pool, cache)
     out = [int(np.argmax(logits))]
     while len(out) < cfg.gen:
         slots, cow, seq_lens = pool.step([0])
@@ -216,6 +213,32 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tupl
         logits = x[0] @ model.head
         out.append(int(np.argmax(logits)))
     return out, logits
+
+
+def _prefill_cached(model: Model, prompt: list[int], pool: BlockPool, cache: KvCache) -> F32:
+    """The prompt's forward through the cache: per layer, write its K/V at the slots of a
+    new sequence 0, then causal :func:`prefill_attention` over them; returns the last
+    position's logits.
+
+    Raises:
+        IndexError: a prompt token >= ``vocab``, or an empty prompt.
+    """
+    cfg = model.cfg
+    s = len(prompt)
+    x: F32 = model.embed[np.asarray(prompt)]
+    if s == 0:
+        raise IndexError("empty prompt")
+    slots = pool.add_sequence(0, s)
+    tables = pool.block_tables([0])
+    for layer, lay in enumerate(model.layers):
+        h = _rmsnorm(x)
+        q = (h @ lay.wq).reshape(s, cfg.n_q_head, cfg.d_head)
+        cache.write(layer, (h @ lay.wk).reshape(s, cfg.n_kv_head, cfg.d_head),
+                    (h @ lay.wv).reshape(s, cfg.n_kv_head, cfg.d_head), slots)
+        o = prefill_attention(cache, layer, q, [0, s], tables, [s])
+        x = _mlp(lay, x + o.reshape(s, cfg.d_model) @ lay.wo)
+    logits: F32 = x[-1] @ model.head
+    return logits
 
 
 def flops_full(cfg: ToyConfig, s: int) -> int:

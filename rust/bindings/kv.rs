@@ -46,8 +46,14 @@ pub struct PyKvCache {
 }
 
 impl PyKvCache {
-    fn read(&self) -> RwLockReadGuard<'_, KvCache> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, KvCache> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The immutable facts other binding modules check against: shape and storage
+    /// addresses (no lock needed).
+    pub(super) fn facts(&self) -> (KvShape, &Range<usize>) {
+        (self.shape, &self.storage)
     }
 
     fn write_lock(&self) -> RwLockWriteGuard<'_, KvCache> {

@@ -13,6 +13,7 @@ pub mod errors;
 mod exception_docs;
 pub mod kv;
 pub mod pool;
+pub mod prefill;
 pub mod prefix;
 pub mod sim;
 
@@ -28,5 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     prefix::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
+    prefill::register(m)?;
     Ok(())
 }

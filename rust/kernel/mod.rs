@@ -45,6 +45,7 @@ pub mod avx512;
 pub mod avx512_bf16;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+pub mod prefill;
 pub mod scalar;
 pub mod tables;
 

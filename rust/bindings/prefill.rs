@@ -1,0 +1,324 @@
+//! `prefill_attention` and `prefill_attention_paged` for Python.
+//!
+//! Every argument is converted and checked with the GIL held and no Rust lock taken;
+//! the cache's read lock is taken only inside `py.detach` (the GIL released), around
+//! the table validation and the kernel, and any error is turned into a Python exception
+//! after the guard is gone.
+
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray};
+use pyo3::prelude::*;
+
+use super::arrays::{checked_out, f32_values, int_matrix};
+use super::convert::{arg, int_scalar, int_vec};
+use super::errors::{invalid, IntoPyResult};
+use super::kv::PyKvCache;
+use crate::kernel::prefill::{self, Mask, PrefillOptions, Queries};
+use crate::kernel::{Isa, SeqTables};
+
+/// An optional non-negative int keyword (None allowed), naming `name` in errors.
+fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
+    match obj {
+        Some(o) if !o.is_none() => {
+            let v = int_scalar(o, name)?;
+            usize::try_from(v).map(Some).map_err(|_| invalid(o.py(), format!("{name} must be >= 0, got {v}")))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `logits_soft_cap`: `None`, or a real number (not a bool, not an array) that is
+/// positive and finite in float32.
+fn soft_cap(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let ty = obj.get_type().name()?.to_string();
+    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
+    let is_array = obj.cast::<PyUntypedArray>().is_ok();
+    let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
+    let Some(v) = v else {
+        return Err(invalid(py, format!("logits_soft_cap must be a float, got {ty}")));
+    };
+    let c = v as f32;
+    if !(c.is_finite() && c > 0.0) {
+        return Err(invalid(py, format!("logits_soft_cap must be positive and finite in float32, got {v}")));
+    }
+    Ok(Some(c))
+}
+
+/// The keyword options shared by both table forms.
+struct Kw<'a, 'py> {
+    q_positions: Option<&'a Bound<'py, PyAny>>,
+    causal: bool,
+    chunk_size: Option<&'a Bound<'py, PyAny>>,
+    window_left: Option<&'a Bound<'py, PyAny>>,
+    sink_tokens: Option<&'a Bound<'py, PyAny>>,
+    scale: Option<f32>,
+    logits_soft_cap: Option<f32>,
+    out: Option<&'a Bound<'py, PyAny>>,
+    return_lse: bool,
+    force_isa: Option<&'a str>,
+    bf16_scores: bool,
+    bf16_pv: bool,
+}
+
+impl Kw<'_, '_> {
+    fn options(&self, py: Python<'_>) -> PyResult<PrefillOptions> {
+        let chunk_size = opt_count(self.chunk_size, "chunk_size")?;
+        if chunk_size == Some(0) {
+            return Err(invalid(py, "chunk_size must be >= 1, got 0"));
+        }
+        if chunk_size.is_some() && !self.causal {
+            return Err(invalid(py, "chunk_size (block-causal) needs causal=True"));
+        }
+        let isa = self.force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
+        if let Some(i) = isa.filter(|i| !i.supported()) {
+            return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
+        }
+        Ok(PrefillOptions {
+            mask: Mask {
+                causal: self.causal,
+                chunk_size,
+                window_left: opt_count(self.window_left, "window_left")?,
+                sink_tokens: opt_count(self.sink_tokens, "sink_tokens")?.unwrap_or(0),
+            },
+            scale: self.scale,
+            logits_soft_cap: self.logits_soft_cap,
+            isa,
+            bf16_scores: self.bf16_scores,
+            bf16_pv: self.bf16_pv,
+            split_tokens: None,
+            rows_per_item: None,
+        })
+    }
+}
+
+/// Validate everything, run the kernel with the GIL released, return `out` (and the LSE).
+fn run<'py>(
+    py: Python<'py>,
+    cache: &Bound<'py, PyKvCache>,
+    layer: usize,
+    q: &Bound<'py, PyAny>,
+    qo_indptr: &Bound<'py, PyAny>,
+    tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables> + Send,
+    kw: Kw<'_, 'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let opts = kw.options(py)?;
+    let indptr = int_vec(qo_indptr, "qo_indptr")?;
+    let positions = kw.q_positions.filter(|p| !p.is_none()).map(|p| int_vec(p, "q_positions")).transpose()?;
+    let (qshape, qv) = f32_values(q, "q")?;
+    let [total_q, hq, d] = qshape[..] else {
+        return Err(invalid(py, format!("q must be [total_q, num_q_heads, head_dim], got shape {qshape:?}")));
+    };
+    let (shape, storage) = cache.get().facts();
+    if d != shape.head_dim {
+        return Err(invalid(py, format!("q has head_dim {d}, the cache {}", shape.head_dim)));
+    }
+    if let Some(&end) = indptr.last().filter(|&&x| x != total_q as i64) {
+        return Err(invalid(py, format!("qo_indptr ends at {end}, q has {total_q} rows")));
+    }
+    let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out(o, q, [total_q, hq, d], storage)).transpose()?;
+    let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
+    let mut owned = if rw.is_none() { vec![0f32; total_q * hq * d] } else { Vec::new() };
+    let o_slice: &mut [f32] = match rw.as_mut() {
+        Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
+        None => &mut owned,
+    };
+    let mut lse = if kw.return_lse { vec![0f32; total_q * hq] } else { Vec::new() };
+    let (c, return_lse) = (cache.get(), kw.return_lse);
+    let result = py.detach(|| {
+        let t = tables(shape.block_size, shape.num_blocks)?;
+        let guard = c.read();
+        let qs = Queries { q: &qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
+        let l = return_lse.then_some(&mut lse[..]);
+        prefill::prefill_attention(&guard, layer, &qs, &t, o_slice, l, &opts)
+    });
+    drop(rw);
+    result.py_err(py)?;
+    let out_obj = match out_arr {
+        Some(a) => a.into_any(),
+        None => PyArray1::from_vec(py, owned).reshape([total_q, hq, d])?.into_any(),
+    };
+    if kw.return_lse {
+        let l: Bound<'py, PyArray2<f32>> = PyArray1::from_vec(py, lse).reshape([total_q, hq])?;
+        Ok((out_obj, l).into_pyobject(py)?.into_any())
+    } else {
+        Ok(out_obj)
+    }
+}
+
+/// Multi-query attention over the paged cache: prefill, chunked prefill, speculative
+/// verification, video chunks.
+///
+/// Sequence ``i`` owns query rows ``qo_indptr[i]:qo_indptr[i + 1]`` of ``q`` and attends
+/// over its ``seq_lens[i]`` cached tokens of layer ``layer``
+/// (``out = softmax(scale * q K^T + mask) V`` per query head, ``K``/``V`` of KV head
+/// ``h // g``, ``g = Hq / Hkv``). Positions are logical: key ``j`` of a sequence (the
+/// token in slot ``j`` of its block table) has position ``j``; query rows take the
+/// positions of the last ``n_q`` keys (chunked prefill after writing the chunk's K/V)
+/// unless ``q_positions`` gives them. The masks combine (a key is visible when every
+/// rule allows it): ``causal`` (``k <= p``), block-causal with ``chunk_size`` ``c``
+/// (``k // c <= p // c``, replaces the token-causal rule), ``window_left`` ``w``
+/// (``p - k <= w``) with ``sink_tokens`` ``s`` (keys ``k < s`` visible whatever the
+/// window, still subject to the causal or block-causal rule); ``causal=False`` without
+/// chunks is bidirectional. The GIL is released while it runs, on the threads of
+/// :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+/// for ``layer`` must not be written from another thread meanwhile.
+///
+/// Args:
+///     cache: the KV cache.
+///     layer: ``0..cache.num_layers``.
+///     q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
+///         (any strides: copied).
+///     qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
+///     block_tables: int ``[n, max_blocks]``; entries past ``ceil(seq_lens[i] /
+///         block_size)`` are never read.
+///     seq_lens: ``n`` cached lengths in tokens (keys of each sequence).
+///     q_positions: ``total_q`` int logical positions (>= 0) of the query rows; default
+///         the last ``n_q`` of ``seq_lens[i]``, which then needs ``n_q <= seq_lens[i]``.
+///     causal: the causal rule (default True).
+///     chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
+///     window_left: keys at most this many positions behind the query are visible.
+///     sink_tokens: the first positions always visible under the window (tokens).
+///     scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
+///     logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
+///     out: C-contiguous float32 ``[total_q, Hq, head_dim]`` written in place and
+///         returned (default: a new array); must not share memory with ``q`` or with any
+///         KvCache.
+///     return_lse: also return the log-sum-exp, to merge partial results.
+///     force_isa: one of :func:`kernel_paths`; default the fastest.
+///     bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
+///         ``vdpbf16ps`` on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on
+///         the rounded ``q`` elsewhere); softmax and ``P V`` stay f32. Same rule and
+///         bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
+///         most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
+///         ``(exp(2 D) - 1) * max|V|``.
+///     bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
+///         for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
+///         on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
+///         probabilities elsewhere); the softmax sum stays f32, so each output moves by
+///         at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
+///         the second half of the bf16 fast path, opt-in.
+///
+/// Returns:
+///     float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
+///     gets zeros); with ``return_lse=True`` the pair ``(out, lse)``, ``lse`` float32
+///     ``[total_q, Hq]``, the natural-log sum of ``exp(logit)`` over the visible keys
+///     (``-inf`` for a row that sees none).
+///
+/// Raises:
+///     InvalidArgumentError: naming the argument: wrong dtypes or shapes, head counts or
+///         head_dim not matching the cache, bad ``qo_indptr`` offsets, more default-
+///         positioned queries than keys, a negative position, a block id outside the
+///         pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
+///         a negative ``window_left``/``sink_tokens``, a bool or float where an int is
+///         meant, a ``scale`` or soft cap that is not positive and finite in float32,
+///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
+///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
+///         without a bf16 cache. ``out`` is not written on any error.
+#[pyfunction]
+#[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
+#[allow(clippy::too_many_arguments)]
+fn prefill_attention<'py>(
+    py: Python<'py>,
+    cache: &Bound<'py, PyKvCache>,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
+    q: &Bound<'py, PyAny>,
+    qo_indptr: &Bound<'py, PyAny>,
+    block_tables: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    q_positions: Option<&Bound<'py, PyAny>>,
+    causal: bool,
+    chunk_size: Option<&Bound<'py, PyAny>>,
+    window_left: Option<&Bound<'py, PyAny>>,
+    sink_tokens: Option<&Bound<'py, PyAny>>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
+    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    out: Option<&Bound<'py, PyAny>>,
+    return_lse: bool,
+    force_isa: Option<&str>,
+    bf16_scores: bool,
+    bf16_pv: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
+    let lens = int_vec(seq_lens, "seq_lens")?;
+    let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
+    if rows != lens.len() {
+        return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
+    }
+    let tables = move |bs, nb| SeqTables::padded(&table, width, &lens, bs, nb);
+    run(py, cache, layer, q, qo_indptr, tables, kw)
+}
+
+/// :func:`prefill_attention` with the tables in FlashInfer's paged layout, as
+/// :meth:`BlockPool.flashinfer_tables` exports them.
+///
+/// Args:
+///     cache: the KV cache.
+///     layer: ``0..cache.num_layers``.
+///     q: as for :func:`prefill_attention`.
+///     qo_indptr: as for :func:`prefill_attention`.
+///     kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
+///     kv_indices: the block ids of all sequences, concatenated.
+///     kv_last_page_len: ``n`` token counts of each sequence's last block, in
+///         ``1..=block_size`` (0 for a sequence without blocks).
+///     q_positions: as for :func:`prefill_attention`.
+///     causal: as for :func:`prefill_attention`.
+///     chunk_size: as for :func:`prefill_attention`.
+///     window_left: as for :func:`prefill_attention`.
+///     sink_tokens: as for :func:`prefill_attention`.
+///     scale: as for :func:`prefill_attention`.
+///     logits_soft_cap: as for :func:`prefill_attention`.
+///     out: as for :func:`prefill_attention`.
+///     return_lse: as for :func:`prefill_attention`.
+///     force_isa: as for :func:`prefill_attention`.
+///     bf16_scores: as for :func:`prefill_attention`.
+///     bf16_pv: as for :func:`prefill_attention`.
+///
+/// Returns:
+///     As :func:`prefill_attention`.
+///
+/// Raises:
+///     InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
+///         range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+#[pyfunction]
+#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
+#[allow(clippy::too_many_arguments)]
+fn prefill_attention_paged<'py>(
+    py: Python<'py>,
+    cache: &Bound<'py, PyKvCache>,
+    #[pyo3(from_py_with = arg::layer)] layer: usize,
+    q: &Bound<'py, PyAny>,
+    qo_indptr: &Bound<'py, PyAny>,
+    kv_indptr: &Bound<'py, PyAny>,
+    kv_indices: &Bound<'py, PyAny>,
+    kv_last_page_len: &Bound<'py, PyAny>,
+    q_positions: Option<&Bound<'py, PyAny>>,
+    causal: bool,
+    chunk_size: Option<&Bound<'py, PyAny>>,
+    window_left: Option<&Bound<'py, PyAny>>,
+    sink_tokens: Option<&Bound<'py, PyAny>>,
+    #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
+    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    out: Option<&Bound<'py, PyAny>>,
+    return_lse: bool,
+    force_isa: Option<&str>,
+    bf16_scores: bool,
+    bf16_pv: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
+    let indptr = int_vec(kv_indptr, "kv_indptr")?;
+    let indices = int_vec(kv_indices, "kv_indices")?;
+    let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
+    let tables = move |bs, nb| SeqTables::flashinfer(&indptr, &indices, &last, bs, nb);
+    run(py, cache, layer, q, qo_indptr, tables, kw)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(prefill_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(prefill_attention_paged, m)?)?;
+    Ok(())
+}
