@@ -98,6 +98,13 @@ def test_report(tmp_path: Path) -> None:
         assert [k["group_size"] for k in data["kernel"]] == [1, 4, 8]
         assert [k["group_size"] for k in data["fig2"]["kernel"]] == [1, 4, 8]
         assert "pykvpool's decode kernel" in md
+    if hasattr(_native, "prefill_attention"):
+        names = ["text prefill", "video chunk"]
+        assert [p["shape"]["name"] for p in data["prefill_kernel"]] == names
+        assert [p["name"] for p in data["fig2"]["prefill"]] == names
+        ridge = data["machine"]["peak_flops"]["fp32"] / data["machine"]["bandwidth"]
+        assert all(p["intensity"] > ridge and p["compute_bound"] for p in data["fig2"]["prefill"])
+        assert "pykvpool's multi-query kernel" in md and "| video chunk | 1 | 1560 over 6240 |" in md
     else:
         assert "This machine was not measured" in md
 
@@ -108,6 +115,7 @@ def test_report_without_measurement(tmp_path: Path) -> None:
     res = build_report(tmp_path, measure=False, progress=False)
     assert res.matched == res.reproduced >= 30
     assert res.data["machine"] is None and res.data["fig2"]["machine"] is None
+    assert res.data["fig2"]["prefill"] == [] and res.data["prefill_kernel"] == []
     assert "This machine was not measured" in res.markdown.read_text()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         f"{name}.png" for name in res.figures)

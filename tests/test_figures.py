@@ -23,7 +23,14 @@ from pykvpool.report.figures import (
 )
 from pykvpool.planning.hardware import Hardware, hardware_preset
 from pykvpool.planning.ledger import GIB, default_budget
-from pykvpool.planning.roofline import KernelPoint, decode_intensity
+from pykvpool.planning.roofline import (
+    PREFILL_SHAPES,
+    REPORT_PREFILL_SHAPES,
+    KernelPoint,
+    PrefillPoint,
+    PrefillShape,
+    decode_intensity,
+)
 from pykvpool.planning.sweeps import block_size_sweep, contiguous, paged, paged_shared_prefix
 from pykvpool.planning.video import article_videos
 from pykvpool.planning.workloads import Workload, article_heavy_tail, article_uniform
@@ -253,6 +260,121 @@ def test_measure_decode_kernel_names_a_bad_size() -> None:
         measure_decode_kernel(bandwidth_passes=0)
     with pytest.raises(InvalidArgumentError, match="groups"):
         measure_decode_kernel(groups=())
+
+
+def _mask_pairs(sh: PrefillShape) -> int:
+    """Visible (query, key) pairs of one sequence and head, from the explicit mask."""
+    pos = np.arange(sh.cached_tokens, sh.seq_len)[:, None]
+    keys = np.arange(sh.seq_len)[None, :]
+    c = sh.chunk_size
+    visible = keys <= pos if c is None else keys // c <= pos // c
+    return int(visible.sum())
+
+
+@pytest.mark.parametrize("sh", [
+    PrefillShape("causal", 2, 37, 11, 4, 2, 8),
+    PrefillShape("no cache", 1, 0, 9, 2, 2, 8),
+    PrefillShape("chunks", 1, 30, 20, 3, 1, 8, chunk_size=7),
+    PrefillShape("frame", 1, 12, 6, 2, 2, 8, chunk_size=6),
+])
+def test_prefill_shape_counts_the_mask_exactly(sh: PrefillShape) -> None:
+    assert sh.visible_pairs() == _mask_pairs(sh)
+    assert sh.flops() == 4.0 * sh.head_dim * _mask_pairs(sh) * sh.num_q_heads * sh.batch
+    kv = 2.0 * sh.num_kv_heads * sh.head_dim * sh.seq_len * sh.batch * 4
+    q_and_out = 2.0 * sh.batch * sh.new_tokens * sh.num_q_heads * sh.head_dim * 4
+    assert sh.bytes_moved() == kv + q_and_out
+    assert sh.intensity() == sh.flops() / (kv + q_and_out)
+
+
+def test_prefill_shapes_sit_right_of_every_ridge() -> None:
+    from pykvpool.planning.hardware import HARDWARE
+
+    # Issue 12's full shapes: the same intensity in the report's smaller runs.
+    text, video = PREFILL_SHAPES
+    assert (text.batch, text.cached_tokens, text.new_tokens, text.num_q_heads) == (8, 4096, 512, 32)
+    assert (video.cached_tokens, video.new_tokens, video.chunk_size) == (6240, 1560, 1560)
+    assert text.visible_pairs() == 512 * 4096 + 512 * 513 // 2
+    assert video.visible_pairs() == 1560 * 7800  # the frame sees every key
+    for full, small in zip(PREFILL_SHAPES, REPORT_PREFILL_SHAPES):
+        assert small.flops() < full.flops()
+        assert small.intensity() == pytest.approx(full.intensity(), rel=1e-12)
+        assert (small.seq_len, small.chunk_size) == (full.seq_len, full.chunk_size)
+        ridges = [hw.ridge_point(d) for hw in HARDWARE.values() for d in ("fp32", "bf16")]
+        assert full.intensity() > 2 * max(ridges)  # compute-bound on every preset roof
+
+
+def test_measure_prefill_kernel_against_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykvpool import _native
+    from pykvpool.planning.roofline import measure_prefill_kernel
+
+    real = _native.prefill_attention
+    calls: list[tuple[object, dict[str, object]]] = []
+    outs: list[np.ndarray] = []
+
+    def prefill(cache: object, *args: object, **kw: object) -> np.ndarray:
+        calls.append((cache, kw))
+        out = real(cache, *args, **kw)  # type: ignore[arg-type]
+        outs.append(np.asarray(out))
+        return out  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(_native, "prefill_attention", prefill)
+    shapes = [PrefillShape("tiny text", 2, 21, 5, 4, 2, 8),
+              PrefillShape("tiny video", 1, 12, 6, 2, 2, 8, chunk_size=6)]
+    seen: list[tuple[int, int]] = []
+    pts = measure_prefill_kernel(shapes, block_size=4, repeats=3, progress=lambda i, n: seen.append((i, n)))
+    assert seen == [(1, 2), (2, 2)]
+    assert [p.shape for p in pts] == shapes
+    # One warm-up call and 3 timed calls per shape, each shape on its own cache, its mask.
+    assert len(calls) == 8
+    assert calls[0][0] is calls[3][0] and calls[4][0] is calls[7][0] and calls[0][0] is not calls[4][0]
+    assert [kw["chunk_size"] for _, kw in calls] == [None] * 4 + [6] * 4
+    assert all(kw["causal"] is True for _, kw in calls)
+    assert outs[0].shape == (10, 4, 8) and outs[4].shape == (6, 2, 8)
+    assert all(np.isfinite(o).all() and np.abs(o).max() > 0 for o in outs)
+    for p, sh in zip(pts, shapes):
+        assert p.flops == 4.0 * sh.head_dim * _mask_pairs(sh) * sh.num_q_heads * sh.batch
+        assert p.bytes_moved == sh.bytes_moved()
+        assert p.intensity == p.flops / p.bytes_moved
+        assert p.seconds > 0 and p.flops_per_s == p.flops / p.seconds
+
+
+def test_measure_prefill_kernel_names_a_bad_size() -> None:
+    from pykvpool import InvalidArgumentError
+    from pykvpool.planning.roofline import measure_prefill_kernel
+
+    with pytest.raises(InvalidArgumentError, match="repeats"):
+        measure_prefill_kernel(repeats=0)
+    with pytest.raises(InvalidArgumentError, match="shapes"):
+        measure_prefill_kernel(shapes=())
+    with pytest.raises(InvalidArgumentError, match="new_tokens"):
+        measure_prefill_kernel(shapes=[PrefillShape("x", 1, 4, 0, 2, 2, 8)])
+    with pytest.raises(InvalidArgumentError, match="chunk_size"):
+        PrefillShape("x", 1, 4, 2, 2, 2, 8, chunk_size=0).flops()
+    with pytest.raises(InvalidArgumentError, match="num_q_heads"):
+        PrefillShape("x", 1, 4, 2, 3, 2, 8).intensity()
+
+
+def test_roofline_figure_plots_prefill_points(tmp_path: Path) -> None:
+    machine = Hardware("this machine (CPU)", 16 * GIB, 20e9, {"fp32": 400e9}, "measured (synthetic)")
+    text, video = PREFILL_SHAPES
+    pre = [PrefillPoint(text, text.flops(), text.bytes_moved(), text.flops() / 200e9),
+           PrefillPoint(video, video.flops(), video.bytes_moved(), video.flops() / 500e9)]
+    p = tmp_path / "f2p.png"
+    d = fig_roofline(p, hardware_preset("a100-80gb-sxm"), [("decode g=1", 1.0)], machine,
+                     [_kernel(1, 5e-3)], prefill=pre)
+    assert_png(p)
+    assert [pt["name"] for pt in d["prefill"]] == ["text prefill", "video chunk"]
+    for pt, pp in zip(d["prefill"], pre):
+        assert pt["intensity"] == pp.intensity > 400e9 / 20e9  # right of the ridge
+        assert pt["compute_bound"] is True and pt["roof_flops"] == 400e9
+        assert pt["flops_per_s"] == pytest.approx(pp.flops_per_s)
+    assert d["prefill"][0]["share_of_roof"] == pytest.approx(0.5)
+    assert [pt["above_roof"] for pt in d["prefill"]] == [False, True]  # 500 over a 400 roof
+    assert d["overlapping_labels"] == []
+    # Without a machine there is no roof to put them on: no points.
+    d = fig_roofline(tmp_path / "n.png", hardware_preset("h100-sxm"), [("decode g=4", 4.0)],
+                     None, None, "no kernel", prefill=pre)
+    assert d["prefill"] == []
 
 
 # ---- simulator figures ------------------------------------------------------------------

@@ -12,6 +12,9 @@ Units: FLOP, bytes, FLOP/byte, FLOP/s, bytes/s, seconds.
   several g and reports the FLOP/s and bytes/s it reached, with the read bandwidth of that
   cache's own pages measured back to back with the kernel: the roof the kernel is compared
   with.
+- :func:`measure_prefill_kernel` times ``pykvpool.prefill_attention`` on the shapes of
+  :data:`PREFILL_SHAPES` (text prefill, video chunk): FLOPs ``4 d Hq x visible (query,
+  key) pairs``, counted exactly from the mask; bytes: K and V read once plus q and output.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,9 +34,14 @@ from pykvpool.planning.models import ModelConfig, model_preset
 
 __all__ = [
     "KernelPoint",
+    "PREFILL_SHAPES",
+    "PrefillPoint",
+    "PrefillShape",
+    "REPORT_PREFILL_SHAPES",
     "Roofline",
     "decode_intensity",
     "measure_decode_kernel",
+    "measure_prefill_kernel",
     "prefill_intensity",
     "roofline",
 ]
@@ -182,6 +190,189 @@ def measure_decode_kernel(
                                   max(best, 1e-9), roof))
         if progress is not None:
             progress(j + 1, len(groups))
+    return points
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """One multi-query attention shape: ``batch`` sequences, each with ``new_tokens`` query
+    rows at the last positions of ``cached_tokens + new_tokens`` keys (tokens), f32.
+
+    Attributes:
+        name: the label of the figure and the table.
+        batch: sequences per call.
+        cached_tokens: keys before the new ones, tokens per sequence.
+        new_tokens: query rows (and their keys) per sequence, tokens.
+        num_q_heads, num_kv_heads, head_dim: the attention heads and their width.
+        chunk_size: tokens per chunk of the block-causal mask; None: token-causal.
+    """
+
+    name: str
+    batch: int
+    cached_tokens: int
+    new_tokens: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    chunk_size: int | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Keys per sequence, tokens (cached plus new)."""
+        return self.cached_tokens + self.new_tokens
+
+    def visible_pairs(self) -> int:
+        """Visible (query, key) pairs of one sequence and one query head under the mask:
+        ``sum(p + 1)`` causal, ``sum(min((p // c + 1) c, seq_len))`` block-causal, over
+        the query positions ``p``.
+
+        Raises:
+            InvalidArgumentError: a size < 1 or a chunk_size < 1 (named).
+        """
+        self._check()
+        pos = np.arange(self.cached_tokens, self.seq_len, dtype=np.int64)
+        if self.chunk_size is None:
+            return int((pos + 1).sum())
+        c = self.chunk_size
+        return int(np.minimum((pos // c + 1) * c, self.seq_len).sum())
+
+    def flops(self) -> float:
+        """FLOPs of one call: ``4 x head_dim x visible pairs x num_q_heads x batch``
+        (``Q K^T`` and ``P V``, 2 per multiply-add).
+
+        Raises:
+            InvalidArgumentError: as :meth:`visible_pairs`.
+        """
+        return 4.0 * self.head_dim * self.visible_pairs() * self.num_q_heads * self.batch
+
+    def bytes_moved(self) -> float:
+        """Bytes of one call: f32 K and V read once, plus q read and the output written.
+
+        Raises:
+            InvalidArgumentError: as :meth:`visible_pairs`.
+        """
+        self._check()
+        kv = 2.0 * self.num_kv_heads * self.head_dim * self.seq_len * self.batch * 4
+        return kv + 2.0 * self.batch * self.new_tokens * self.num_q_heads * self.head_dim * 4
+
+    def intensity(self) -> float:
+        """FLOP/byte of the shape: :meth:`flops` / :meth:`bytes_moved` (independent of
+        ``batch``, and of the head counts when their ratio is kept).
+
+        Raises:
+            InvalidArgumentError: as :meth:`visible_pairs`.
+        """
+        return self.flops() / self.bytes_moved()
+
+    def _check(self) -> None:
+        if self.cached_tokens < 0:
+            raise InvalidArgumentError(f"cached_tokens must be >= 0, got {self.cached_tokens}")
+        sizes = {"batch": self.batch, "new_tokens": self.new_tokens,
+                 "num_q_heads": self.num_q_heads, "num_kv_heads": self.num_kv_heads,
+                 "head_dim": self.head_dim,
+                 "chunk_size": 1 if self.chunk_size is None else self.chunk_size}
+        for name, value in sizes.items():
+            if value < 1:
+                raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise InvalidArgumentError(f"num_q_heads ({self.num_q_heads}) must be a multiple of "
+                                       f"num_kv_heads ({self.num_kv_heads})")
+
+
+#: Issue 12's shapes as the report measures them, full size: (a) text prefill, 8 x 512 new
+#: tokens over 4,096 cached, 32/8 heads, causal; (b) video chunk, a 1,560-token frame over
+#: 6,240 cached, 12/12 heads, block-causal with chunk 1,560. The report runs them smaller
+#: (:data:`REPORT_PREFILL_SHAPES`).
+PREFILL_SHAPES: tuple[PrefillShape, ...] = (
+    PrefillShape("text prefill", 8, 4096, 512, 32, 8, 128),
+    PrefillShape("video chunk", 1, 6240, 1560, 12, 12, 128, chunk_size=1560),
+)
+
+#: The report's sizes: the same sequence lengths, masks, head_dim and head ratios (so the
+#: same FLOP/byte), with 1 sequence instead of 8 for (a) and 4/4 heads instead of 12/12
+#: for (b): about 0.3-0.5 s per call on 2 cores instead of 3.6 s and 0.9 s.
+REPORT_PREFILL_SHAPES: tuple[PrefillShape, ...] = (
+    replace(PREFILL_SHAPES[0], batch=1),
+    replace(PREFILL_SHAPES[1], num_q_heads=4, num_kv_heads=4),
+)
+
+
+@dataclass(frozen=True)
+class PrefillPoint:
+    """One measured multi-query attention call.
+
+    Attributes:
+        shape: what was run.
+        flops: FLOPs of one call (:meth:`PrefillShape.flops`).
+        bytes_moved: K and V read once plus q and output, bytes.
+        seconds: best time of one call.
+    """
+
+    shape: PrefillShape
+    flops: float
+    bytes_moved: float
+    seconds: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOP/byte of the call."""
+        return self.flops / self.bytes_moved
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s."""
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achieved bytes/s."""
+        return self.bytes_moved / self.seconds
+
+
+def measure_prefill_kernel(
+    shapes: Sequence[PrefillShape] = REPORT_PREFILL_SHAPES,
+    block_size: int = 16,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[PrefillPoint]:
+    """Time ``pykvpool.prefill_attention`` (f32 paged cache) on each shape: the cache is
+    filled through a real :class:`BlockPool` and ``KvCache.write``, one warm-up call, then
+    the best of ``repeats`` calls. The defaults take about 3 s on 2 cores.
+
+    Raises:
+        InvalidArgumentError: a size < 1 (the message names it), ``shapes`` empty, or
+            ``num_q_heads`` not a multiple of ``num_kv_heads``.
+    """
+    for name, value in {"block_size": block_size, "repeats": repeats}.items():
+        if value < 1:
+            raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
+    if not shapes:
+        raise InvalidArgumentError("shapes must not be empty")
+    for sh in shapes:
+        sh._check()
+    rng = np.random.default_rng(seed)
+    points = []
+    for j, sh in enumerate(shapes):
+        n, length = sh.batch, sh.seq_len
+        num_blocks = n * -(-length // block_size)
+        pool = BlockPool(num_blocks, block_size)
+        cache = _native.KvCache(1, num_blocks, block_size, sh.num_kv_heads, sh.head_dim, dtype="f32")
+        k = rng.standard_normal((length, sh.num_kv_heads, sh.head_dim), dtype=np.float32)
+        for i in range(n):  # one K (and V) for every sequence: values do not change timing
+            cache.write(0, k, k, pool.add_sequence(i, length))
+        tables = pool.block_tables(np.arange(n))
+        q = rng.standard_normal((n * sh.new_tokens, sh.num_q_heads, sh.head_dim), dtype=np.float32)
+        indptr, lens = np.arange(n + 1) * sh.new_tokens, np.full(n, length)
+        best = float("inf")
+        for r in range(repeats + 1):  # the first call warms up
+            t0 = time.perf_counter()
+            _native.prefill_attention(cache, 0, q, indptr, tables, lens, causal=True,
+                                      chunk_size=sh.chunk_size)
+            best = best if r == 0 else min(best, time.perf_counter() - t0)
+        points.append(PrefillPoint(sh, sh.flops(), sh.bytes_moved(), max(best, 1e-9)))
+        if progress is not None:
+            progress(j + 1, len(shapes))
     return points
 
 

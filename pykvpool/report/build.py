@@ -41,7 +41,15 @@ from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
 from pykvpool.report.tables import jsonable, markdown_table
-from pykvpool.planning.roofline import KernelPoint, decode_intensity, measure_decode_kernel, prefill_intensity
+from pykvpool.planning.roofline import (
+    PREFILL_SHAPES,
+    KernelPoint,
+    PrefillPoint,
+    decode_intensity,
+    measure_decode_kernel,
+    measure_prefill_kernel,
+    prefill_intensity,
+)
 from pykvpool.planning.sweeps import (
     BlockSizeRow,
     SweepResult,
@@ -149,27 +157,32 @@ class Measured:
             decode kernel's own cache, taken back to back with the kernel calls (bytes/s);
             ``peak_flops["fp32"]`` the best of two FMA probes (FLOP/s).
         kernel: the decode kernel's points.
+        prefill: the multi-query (prefill) kernel's points, one per shape of
+            :data:`pykvpool.planning.roofline.REPORT_PREFILL_SHAPES`.
         fresh_bandwidth: a fresh 256 MiB buffer's read bandwidth in the same run (bytes/s),
             for comparison only.
     """
 
     machine: Hardware
     kernel: list[KernelPoint]
+    prefill: list[PrefillPoint]
     fresh_bandwidth: float
 
 
 def _measure(progress_on: bool) -> Measured:
-    with ProgressBar("measuring this machine", 3, enabled=progress_on) as bar:
+    with ProgressBar("measuring this machine", 4, enabled=progress_on) as bar:
         fresh = measure_this_machine()
         bar(1)
         kernel = measure_decode_kernel(progress=None)
         bar(2)
-        flops = max(fresh.flops("fp32"), float(_native.peak_flops()))
+        prefill = measure_prefill_kernel()
         bar(3)
+        flops = max(fresh.flops("fp32"), float(_native.peak_flops()))
+        bar(4)
     machine = replace(
         fresh, bandwidth=max(k.roof_bandwidth for k in kernel), peak_flops={"fp32": flops},
         source="roof: read_bandwidth of the kernel's own cache, back to back with it")
-    return Measured(machine, kernel, fresh.bandwidth)
+    return Measured(machine, kernel, prefill, fresh.bandwidth)
 
 
 def _article_sweeps(run: ArticleRun, cap: int, bpt: int,
@@ -210,7 +223,8 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     ``out_dir`` (created if needed).
 
     Args:
-        measure: measure this machine and the decode kernel (needs the kernel module);
+        measure: measure this machine and the decode and prefill kernels (needs the
+            kernel module);
             False skips it and says so in the report.
         progress: draw progress bars on stderr.
 
@@ -242,6 +256,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
         measured, reason = _measure(progress), ""
     machine = measured.machine if measured is not None else None
     kernel = measured.kernel if measured is not None else []
+    prefill = measured.prefill if measured is not None else []
 
     with ProgressBar("figures", 5, enabled=progress) as bar:
         data["fig1"] = fig_memory_ledger(figs["fig1_memory_ledger"], gqa, mha)
@@ -249,7 +264,8 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
         ideal = [("decode g=1", decode_intensity(1, 2)), ("decode g=4", decode_intensity(4, 2)),
                  ("decode g=8", decode_intensity(8, 2)),
                  ("prefill S=8192", prefill_intensity(gqa.model, 8192))]
-        data["fig2"] = fig_roofline(figs["fig2_roofline"], a100, ideal, machine, kernel, reason)
+        data["fig2"] = fig_roofline(figs["fig2_roofline"], a100, ideal, machine, kernel, reason,
+                                    prefill=prefill)
         bar(2)
         picture = paging_demo()
         data["fig3"] = fig_paging(figs["fig3_paging"], picture, comparisons)
@@ -279,6 +295,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     data["budget"] = budget.describe()
     data["machine"] = machine
     data["kernel"] = kernel
+    data["prefill_kernel"] = prefill
     data["fresh_bandwidth"] = measured.fresh_bandwidth if measured is not None else None
     (out / "report.json").write_text(json.dumps(jsonable(data), indent=1, default=str),
                                      encoding="utf-8")
@@ -484,4 +501,52 @@ def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) 
             "here is a lower bound.\n")
     else:
         s.append("Every kernel point lies at or below the roof measured on its own cache.\n")
+    return s + _prefill_text(measured, fig2)
+
+
+def _shrunk(points: Sequence[PrefillPoint]) -> str:
+    """How each measured shape differs from issue 12's full one (sequences, heads)."""
+    full = {sh.name: sh for sh in PREFILL_SHAPES}
+    parts = []
+    for p in points:
+        sh, f = p.shape, full.get(p.shape.name)
+        if f is None:
+            continue
+        diff = []
+        if sh.batch != f.batch:
+            diff.append(f"{sh.batch} sequence{'s' * (sh.batch != 1)} instead of {f.batch}")
+        if (sh.num_q_heads, sh.num_kv_heads) != (f.num_q_heads, f.num_kv_heads):
+            diff.append(f"{sh.num_q_heads}/{sh.num_kv_heads} heads instead of "
+                        f"{f.num_q_heads}/{f.num_kv_heads}")
+        parts.append(f"{sh.name}: " + (", ".join(diff) or "full size"))
+    return "; ".join(parts)
+
+
+def _prefill_text(measured: Measured, fig2: dict[str, Any]) -> list[str]:
+    """Section 2's prefill table: the multi-query kernel on issue 12's two shapes, beside
+    decode (same roof)."""
+    peak = measured.machine.flops("fp32")
+    rows = []
+    for p, pt in zip(measured.prefill, fig2["prefill"]):
+        sh = p.shape
+        mask = "causal" if sh.chunk_size is None else f"block-causal, chunk {sh.chunk_size}"
+        rows.append([sh.name, sh.batch, f"{sh.new_tokens} over {sh.cached_tokens}",
+                     f"{sh.num_q_heads}/{sh.num_kv_heads}", mask, f"{p.intensity:.0f}",
+                     f"{p.seconds * 1e3:.1f}", f"{p.flops_per_s / 1e9:.1f}",
+                     f"{pt['share_of_roof']:.0%}" + (" (above)" if pt["above_roof"] else "")])
+    s = ["pykvpool's multi-query kernel (`pykvpool.prefill_attention`, f32 paged cache "
+         "filled through a `BlockPool`, d=128, block 16, best of 3 calls after a warm-up) on "
+         "issue 12's shapes, beside decode on the same roof, run smaller than "
+         f"issue 12's ({_shrunk(measured.prefill)}): sequence lengths, masks and head ratios "
+         "are the full shapes', so the FLOP/byte is theirs. "
+         "FLOPs count the visible (query, key) pairs of the mask exactly "
+         "(`4 x d x pairs x Hq`), bytes are K and V read once plus q and the output. "
+         f"Right of the ridge ({measured.machine.ridge_point('fp32'):.1f} FLOP/byte) the roof "
+         f"is the compute peak, {peak / 1e9:.2f} GFLOP/s:\n"]
+    s.append(markdown_table(["shape", "sequences", "new over cached tokens", "heads q/kv",
+                             "mask", "FLOP/byte", "ms / call", "GFLOP/s", "of the roof"],
+                            rows) + "\n")
+    if any(pt["above_roof"] for pt in fig2["prefill"]):
+        s.append("A prefill point above the compute roof means the FMA probe undershot the "
+                 "peak during this run (the machine is shared): the roof is a lower bound.\n")
     return s

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from pykvpool._native import BlockPool
 from pykvpool.planning.hardware import Hardware
 from pykvpool.planning.ledger import GIB, MemoryLedger
-from pykvpool.planning.roofline import KernelPoint
+from pykvpool.planning.roofline import KernelPoint, PrefillPoint
 from pykvpool.planning.sweeps import BlockSizeRow, SweepResult
 from pykvpool.planning.video import VideoSpec, block_causal_mask
 from pykvpool.plotting import new_figure, save
@@ -226,14 +226,39 @@ def _kernel_points(ax: Any, machine: Hardware, kernel: Sequence[KernelPoint]) ->
     return out
 
 
+def _prefill_points(ax: Any, machine: Hardware, prefill: Sequence[PrefillPoint]) -> list[dict[str, Any]]:
+    """pykvpool's measured multi-query kernel on the machine's roof (diamonds), each
+    labelled with its share of the roof at its intensity: the compute roof, right of the
+    ridge; flagged when above it."""
+    peak, bw = machine.flops("fp32"), machine.bandwidth
+    out = []
+    for pp, c in zip(prefill, (ORANGE, "#00838f", GRAY, PURPLE)):
+        roof = min(peak, pp.intensity * bw)
+        share = pp.flops_per_s / roof
+        above = share > 1.0
+        bound = "compute" if pp.intensity >= peak / bw else "memory"
+        label = (f"prefill kernel, {pp.shape.name}: I={pp.intensity:.0f}, "
+                 f"{pp.flops_per_s / 1e9:.1f} GFLOP/s, {share:.0%} of the {bound} roof"
+                 + (" (ABOVE the measured roof)" if above else ""))
+        ax.plot([pp.intensity], [pp.flops_per_s / 1e9], "D", ms=9, color=c, mec="black",
+                zorder=6, label=label)
+        out.append({"name": pp.shape.name, "intensity": pp.intensity,
+                    "flops_per_s": pp.flops_per_s, "bytes_per_s": pp.bytes_per_s,
+                    "roof_flops": roof, "share_of_roof": share, "compute_bound": bound == "compute",
+                    "above_roof": above})
+    return out
+
+
 def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
                  ideal_points: Sequence[tuple[str, float]], machine: Hardware | None,
                  kernel: Sequence[KernelPoint] | None, unavailable_reason: str = "",
-                 accelerator_dtype: str = "bf16") -> dict[str, Any]:
+                 accelerator_dtype: str = "bf16",
+                 prefill: Sequence[PrefillPoint] | None = None) -> dict[str, Any]:
     """Figure 2. Left: this machine's measured fp32 roof with the ideal decode/prefill
-    points at fp32 (I halves: 4-byte elements) and pykvpool's decode kernel measured at
-    those g, each labelled with its share of the roof at its intensity. Right: the
-    accelerator's datasheet roof with the same points at bf16.
+    points at fp32 (I halves: 4-byte elements), pykvpool's decode kernel measured at
+    those g (stars) and its multi-query kernel measured on ``prefill``'s shapes
+    (diamonds), each labelled with its share of the roof at its intensity. Right: the
+    accelerator's datasheet roof with the same ideal points at bf16.
 
     The left roof is ``machine.bandwidth``: pass the bandwidth measured on the kernel's own
     cache (:attr:`KernelPoint.roof_bandwidth`), the measurement the kernel is compared
@@ -253,14 +278,16 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
     """
     fig = new_figure((13.0, 6.6))
     a1, a2 = fig.subplots(1, 2)
-    data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": []}
+    data: dict[str, Any] = {"accelerator": accelerator.name, "machine": None, "kernel": [],
+                            "prefill": []}
     if machine is not None:
         local = [(label, i / 2) for label, i in ideal_points]
         data["machine"] = {"peak_flops": machine.flops("fp32"), "bandwidth": machine.bandwidth,
                            "points": _roof_panel(a1, machine, "fp32", local, 1e9, "GFLOP/s", BLUE)}
         data["kernel"] = _kernel_points(a1, machine, kernel or [])
+        data["prefill"] = _prefill_points(a1, machine, prefill or [])
         _finish_roof_panel(a1, machine.flops("fp32") / 1e9,
-                           "ideal bounds (o) and pykvpool's decode kernel, measured (*)")
+                           "ideal bounds (o); pykvpool measured: decode (*), prefill (D)")
     else:
         a1.axis("off")
         a1.text(0.5, 0.5, "this machine was not measured:\n" + unavailable_reason,
