@@ -10,8 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Chunk, Partial, Work};
-use crate::kv_storage::{DType, Elem};
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
 
 const W: usize = 8;
 const HT: usize = 4;
@@ -90,7 +90,7 @@ pub(crate) fn exp2(x: __m256) -> __m256 {
     let x = _mm256_max_ps(x, _mm256_set1_ps(-126.0));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm256_sub_ps(x, n);
-    const C: [f32; 8] = super::EXP2_TAYLOR;
+    const C: [f32; 8] = super::work::EXP2_TAYLOR;
     let mut r = _mm256_set1_ps(C[7]);
     for &c in C[..7].iter().rev() {
         r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(c));

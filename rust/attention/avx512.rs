@@ -33,8 +33,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Chunk, Partial, Work};
-use crate::kv_storage::{DType, Elem};
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
 
 const W: usize = 16;
 /// Query heads per register tile.
@@ -284,7 +284,7 @@ pub(crate) fn exp2(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
-    const C: [f32; 8] = super::EXP2_TAYLOR;
+    const C: [f32; 8] = super::work::EXP2_TAYLOR;
     let mut r = _mm512_set1_ps(C[7]);
     for &c in C[..7].iter().rev() {
         r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(c));

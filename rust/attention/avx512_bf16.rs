@@ -25,14 +25,22 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, Prefetcher, Scores};
-use super::Chunk;
-use super::{cpu_features, Partial, Work};
-use crate::kv_storage::{DType, Elem};
+use super::isa::cpu_features;
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
+
+/// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
+/// CPU without avx512_bf16. A process-wide switch: only
+/// the test `bf16_scores_on_avx512_without_bf16_use_the_rounded_query` turns it on, holding
+/// its `BF16_SWITCH` exclusively, and turns it off again even when it fails.
+#[cfg(test)]
+pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 
 /// Whether this CPU has `vdpbf16ps` (the AVX-512 path's features are checked apart).
 pub(crate) fn supported() -> bool {
     #[cfg(test)]
-    if super::tests::AVX512_WITHOUT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
+    if AVX512_WITHOUT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
     }
     cpu_features().contains(&"avx512bf16")

@@ -42,8 +42,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::{Chunk, Partial, Work};
-use crate::kv_storage::{DType, Elem};
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
 
 /// f32 lanes per vector.
 const W: usize = 4;
@@ -234,7 +234,7 @@ pub(crate) fn exp2(x: float32x4_t) -> float32x4_t {
     let x = vmaxq_f32(x, vdupq_n_f32(-126.0));
     let n = vrndnq_f32(x);
     let f = vsubq_f32(x, n);
-    let c = super::EXP2_TAYLOR;
+    let c = super::work::EXP2_TAYLOR;
     let mut r = vdupq_n_f32(c[7]);
     for &ci in c[..7].iter().rev() {
         r = vfmaq_f32(vdupq_n_f32(ci), r, f);

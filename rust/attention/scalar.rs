@@ -3,8 +3,8 @@
 //! its maximum lazily, which changes the reference point, not the result), so it doubles
 //! as their oracle in the Rust tests.
 
-use super::{Partial, Work};
-use crate::kv_storage::Elem;
+use super::work::{Partial, Work};
+use crate::kv::Elem;
 
 pub(crate) fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);

@@ -4,8 +4,12 @@
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
-use super::*;
-use crate::kv_storage::{DType, KvCache, KvShape};
+use super::decode::*;
+use super::isa::*;
+use super::tables::*;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_bf16::{self, AVX512_WITHOUT_BF16};
+use crate::kv::{DType, Elem, KvCache, KvShape};
 
 /// Say on the terminal, past the test harness's output capture, that `what` was not
 /// tested on this CPU: `cargo test` has no "skipped" state, and a silent early return
@@ -345,11 +349,6 @@ fn rising_scores_move_the_lazy_maximum() {
     }
 }
 
-/// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
-/// CPU without avx512_bf16. A process-wide switch: only
-/// [`bf16_scores_on_avx512_without_bf16_use_the_rounded_query`] turns it on, holding
-/// [`BF16_SWITCH`] exclusively, and turns it off again even when it fails.
-pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Held shared by every test that runs a `bf16_scores` kernel, exclusively by the one that
 /// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run

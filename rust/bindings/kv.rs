@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use super::arrays::{checked_out, f32_values, int_matrix};
 use super::convert::{arg, count, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
-use crate::kernel::{self, DecodeOptions, Isa, SeqTables};
-use crate::kv_storage::{DType, KvCache, KvShape};
+use crate::attention::{self, DecodeOptions, Isa, SeqTables};
+use crate::kv::{DType, KvCache, KvShape};
 
 /// KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
 /// ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype``, in one
@@ -344,7 +344,7 @@ fn attend<'py>(
     cache: &PyKvCache,
     layer: usize,
     q: &Bound<'py, PyAny>,
-    tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables>,
+    tables: impl FnOnce(usize, usize) -> crate::error::Result<SeqTables>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     opts: DecodeOptions,
@@ -369,7 +369,7 @@ fn attend<'py>(
     }
     let mut lse = if return_lse { vec![0f32; n * hq] } else { Vec::new() };
     // The kernel writes into the caller's `out` or into a new array.
-    let out_arr = out.map(|o| checked_out(o, q, [n, hq, d], &cache.storage)).transpose()?;
+    let out_arr = out.map(|o| checked_out::<PyKvCache>(o, q, [n, hq, d], &cache.storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { vec![0f32; n * hq * d] } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
@@ -378,7 +378,7 @@ fn attend<'py>(
     };
     let done = py.detach(|| {
         let l = return_lse.then_some(&mut lse[..]);
-        kernel::decode_attention(&cache.read(), layer, &qv, hq, &t, o_slice, l, &opts)
+        attention::decode_attention(&cache.read(), layer, &qv, hq, &t, o_slice, l, &opts)
     });
     drop(rw);
     done.py_err(py)?;
@@ -558,9 +558,9 @@ fn read_bandwidth(
         Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
         Some(c) => {
             let c = c.get();
-            py.detach(|| crate::probe::read_bandwidth_of(c.read().bytes(), threads, passes)).py_err(py)
+            py.detach(|| crate::runtime::probe::read_bandwidth_of(c.read().bytes(), threads, passes)).py_err(py)
         }
-        None => py.detach(|| crate::probe::read_bandwidth(nbytes, threads, passes)).py_err(py),
+        None => py.detach(|| crate::runtime::probe::read_bandwidth(nbytes, threads, passes)).py_err(py),
     }
 }
 
@@ -574,7 +574,7 @@ fn read_bandwidth(
 #[pyfunction]
 #[pyo3(signature = (threads = None))]
 fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Option<usize>) -> PyResult<f64> {
-    py.detach(|| crate::probe::peak_flops(threads)).py_err(py)
+    py.detach(|| crate::runtime::probe::peak_flops(threads)).py_err(py)
 }
 
 /// Set the threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs);
@@ -587,11 +587,11 @@ fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Opti
 ///     InvalidArgumentError: ``n`` outside ``1..=1024``, or the OS refused the threads.
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = arg::n_threads)] n: usize) -> PyResult<()> {
-    let max = crate::threads::MAX_THREADS;
+    let max = crate::runtime::threads::MAX_THREADS;
     if !(1..=max).contains(&n) {
         return Err(invalid(py, format!("n must be in 1..={max} threads, got {n}")));
     }
-    py.detach(|| crate::threads::set_num_threads(n)).py_err(py)
+    py.detach(|| crate::runtime::threads::set_num_threads(n)).py_err(py)
 }
 
 /// Threads of the kernel pool.
@@ -600,7 +600,7 @@ fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = arg::n_threads)] n: usi
 ///     InvalidArgumentError: the pool could not be started (the OS refused the threads).
 #[pyfunction]
 fn get_num_threads(py: Python<'_>) -> PyResult<usize> {
-    py.detach(crate::threads::num_threads).py_err(py)
+    py.detach(crate::runtime::threads::num_threads).py_err(py)
 }
 
 /// SIMD features of this CPU relevant to the kernels.
@@ -609,7 +609,7 @@ fn get_num_threads(py: Python<'_>) -> PyResult<usize> {
 ///     Feature names, e.g. ``["avx2", "fma", "avx512bf16"]`` or ``["neon"]``.
 #[pyfunction]
 fn cpu_features() -> Vec<&'static str> {
-    kernel::cpu_features().to_vec()
+    attention::cpu_features().to_vec()
 }
 
 /// Decode-attention paths this CPU supports, fastest last: ``"scalar"`` always, then

@@ -13,7 +13,6 @@ pub mod errors;
 mod exception_docs;
 pub mod kv;
 pub mod pool;
-pub mod prefix;
 pub mod sim;
 
 // `gil_used = true`: on a free-threaded CPython, importing the module turns the GIL back
@@ -25,7 +24,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
-    prefix::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
     Ok(())

@@ -18,7 +18,7 @@
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::{BlockPool, SeqEntry, StepOutput, MAX_SEQ_TOKENS};
-use crate::seq_map::SeqMap;
+use crate::pool::seq_map::SeqMap;
 use crate::types::SeqId;
 
 impl BlockPool {

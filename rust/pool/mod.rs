@@ -9,14 +9,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 
-use crate::allocator::BlockAllocator;
-use crate::block_table::{blocks_for, BlockTable};
-use crate::pool_prefix::TokenCursor;
-use crate::prefix_cache::PrefixCache;
-use crate::seq_map::SeqMap;
 use crate::error::{KvError, Result};
 use crate::invalid;
+use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::PrefixCache;
 use crate::types::{BlockId, SeqId};
+use allocator::BlockAllocator;
+use block_table::{blocks_for, BlockTable};
+use seq_map::SeqMap;
+
+pub mod allocator;
+pub mod block_table;
+mod decode;
+pub mod prefix;
+pub mod seq_map;
+pub mod table_sync;
 
 /// Largest block size accepted, in tokens.
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
@@ -93,7 +100,7 @@ pub struct BlockPool {
     slot_scratch: Vec<u32>,
     /// Counts of `step_decode`: ones, as many as its largest batch.
     ones: Vec<usize>,
-    /// Automatic prefix caching, when enabled (see `pool_prefix`).
+    /// Automatic prefix caching, when enabled (see [`prefix`]).
     pub(crate) cache: Option<Box<PrefixCache>>,
 }
 

@@ -27,28 +27,14 @@
 
 use std::borrow::Cow;
 
-use crate::block_hash::{BlockKey, ROOT_PARENT};
-use crate::block_table::{blocks_for, BlockTable};
+use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
+use crate::prefix_cache::cursor::TokenCursor;
+use crate::pool::block_table::{blocks_for, BlockTable};
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::{BlockPool, SeqEntry};
 use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats, PrefixCache};
 use crate::types::{BlockId, SeqId};
-
-/// The token ids of a cacheable sequence and the keys of its full blocks.
-#[derive(Clone, Debug, Default)]
-pub struct TokenCursor {
-    pub tokens: Vec<u32>,
-    pub keys: Vec<BlockKey>,
-    pub extra: Option<u64>,
-}
-
-impl TokenCursor {
-    pub fn truncate(&mut self, len: usize, block_size: usize) {
-        self.tokens.truncate(len);
-        self.keys.truncate(len / block_size);
-    }
-}
 
 /// What an admission looks up: token ids (keys computed here; owned ids become the
 /// sequence's cursor without a copy) or block keys.

@@ -50,7 +50,7 @@ pub enum BlockHasher {
 
 impl BlockHasher {
     /// Reject a truncation width outside `1..=128`.
-    pub fn validate(&self) -> crate::Result<()> {
+    pub fn validate(&self) -> crate::error::Result<()> {
         match *self {
             BlockHasher::Truncated { bits } if bits == 0 || bits > 128 => {
                 Err(crate::invalid!("hash bits must be in 1..=128, got {bits}"))

@@ -2,13 +2,13 @@
 //!
 //! A *hard* pin (no priority) keeps every block of the prefix out of eviction under every
 //! policy: a system prompt stays resident. A *soft* pin with a priority only matters
-//! under [`crate::eviction::EvictionPolicy::Priority`], where idle blocks with a lower
+//! under [`crate::prefix_cache::eviction::EvictionPolicy::Priority`], where idle blocks with a lower
 //! priority go first (a block's priority is the highest of its live soft pins). Either kind
 //! lapses when the pool's clock reaches `expires_at`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::block_hash::BlockKey;
+use crate::prefix_cache::block_hash::BlockKey;
 use crate::types::BlockId;
 
 /// One pin: the blocks it covers (root first) and their keys at pin time.

@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::aligned::AlignedBuf;
+use crate::kv::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::invalid;
 #[cfg(target_arch = "x86_64")]
-use crate::kernel::Isa;
+use crate::attention::Isa;
 
 /// Default probe buffer: 8x a 32 MiB L3, so the sum streams from DRAM.
 pub const DEFAULT_PROBE_BYTES: usize = 256 << 20;
@@ -107,7 +107,7 @@ pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Opt
         return Err(invalid!("nbytes must be in 1 MiB..={max} bytes (half the physical memory, at most 1 TiB), got {nbytes}"));
     }
     let passes = check_passes(passes)?;
-    let pool = crate::threads::pool_with(threads)?;
+    let pool = crate::runtime::threads::pool_with(threads)?;
     let mut buf = AlignedBuf::zeroed(nbytes)?;
     let share = share_of(nbytes, pool.current_num_threads());
     {
@@ -138,7 +138,7 @@ pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<us
         return Err(invalid!("the cache must hold at least 1 MiB to be probed, got {} bytes", bytes.len()));
     }
     let passes = check_passes(passes)?;
-    let pool = crate::threads::pool_with(threads)?;
+    let pool = crate::runtime::threads::pool_with(threads)?;
     let share = share_of(bytes.len(), pool.current_num_threads());
     Ok(time_reads(bytes, &pool, share, passes))
 }
@@ -168,7 +168,7 @@ fn time_reads(x: &[u8], pool: &rayon::ThreadPool, share: usize, passes: usize) -
 
 /// Peak f32 FLOP/s (2 per FMA lane) with `threads` threads (default: the kernel's pool).
 pub fn peak_flops(threads: Option<usize>) -> Result<f64> {
-    let pool = crate::threads::pool_with(threads)?;
+    let pool = crate::runtime::threads::pool_with(threads)?;
     let nt = pool.current_num_threads();
     const ITERS: u64 = 20_000_000;
     let mut best = f64::INFINITY;

@@ -13,7 +13,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
 use self::args::named;
 use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
-use crate::eviction::EvictionPolicy;
+use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
 use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, Prompts, SharedPrefixes, SyntheticSpec};
 use crate::sim::{
@@ -415,7 +415,7 @@ fn workload(
         }
         ((None, None), (Some(keys), Some(off))) => {
             // Keys are opaque ids: an int64 key is reinterpreted as its u64 bit pattern.
-            let keys: Vec<u64> = args::ints(keys, "block_keys")?.into_iter().map(|k| k as u64).collect();
+            let keys = super::convert::u64_keys(keys, "block_keys")?;
             w = w.with_block_keys(keys, offsets(off, "key_offsets")?, tokens_per_key).py_err(py)?;
         }
         ((None, None), (None, None)) => {}
