@@ -26,10 +26,6 @@ pub struct BlockTable {
 }
 
 impl BlockTable {
-    pub fn new(stamp: u64) -> Self {
-        Self { blocks: Vec::new(), num_tokens: 0, stamp, last: None }
-    }
-
     pub fn with_blocks(blocks: Vec<BlockId>, num_tokens: usize, stamp: u64) -> Self {
         let last = blocks.last().copied();
         Self { blocks, num_tokens, stamp, last }

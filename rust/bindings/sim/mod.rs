@@ -4,6 +4,7 @@
 //! Every argument is converted by [`args`], which names it in each error.
 
 mod args;
+mod options;
 mod result;
 
 use numpy::PyArray1;
@@ -13,13 +14,8 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
 use self::args::named;
 use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
-use crate::prefix_cache::eviction::EvictionPolicy;
-use crate::prefix_cache::CacheConfig;
 use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, Prompts, SharedPrefixes, SyntheticSpec};
-use crate::sim::{
-    simulate, Allocation, ConstantTime, Convention, Preemption, QueuePolicy, Roofline, SimConfig,
-    StepShape, StepTimer, Victim, Workload, MAX_REQUEST_TOKENS,
-};
+use crate::sim::{simulate, ConstantTime, Roofline, StepShape, StepTimer, MAX_REQUEST_TOKENS};
 
 /// A Python callable as step timer: `f(prefill_tokens, decode_tokens, num_seqs,
 /// context_tokens, attention_pairs, swapped_blocks) -> seconds`. Its first exception is
@@ -91,10 +87,6 @@ fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
     };
     r.validate().map_err(|e| invalid(py, format!("time_model: {e}")))?;
     Ok(Timer::Roofline(r))
-}
-
-fn offsets(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
-    args::typed(obj, name, "offsets must be >= 0")
 }
 
 fn length_spec(py: Python<'_>, (kind, params): (String, Vec<f64>), (min, max): (u32, u32), what: &str) -> PyResult<LengthSpec> {
@@ -223,58 +215,69 @@ fn synthesize_workload<'py>(
 
 /// Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
 ///
-/// The facade :func:`pykvpool.simulate.run` builds these arguments from a
+/// The facade :func:`pykvpool.simulate.run` builds both dicts from a
 /// :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
 /// docs describe each policy. The GIL is released while the engine runs, except around
 /// calls to a Python ``time_model``. A request that can never run (longer than the pool,
 /// than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
-/// error: it gets outcome 1 (rejected) and is counted.
+/// error: it gets outcome 1 (rejected) and is counted. A key missing from a dict takes
+/// its default; an unknown key is an error.
 ///
 /// Args:
-///     arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
-///         or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
-///         empty result).
-///     prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
-///     output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
-///     priority: int32 priority of each request (lower first under ``queue="priority"``).
-///     num_blocks: device blocks of the pool.
-///     block_size: tokens per block.
-///     token_ids: all prompts' token ids concatenated (with ``token_offsets``), for prefix
-///         caching.
-///     token_offsets: ``len(arrival) + 1`` offsets into ``token_ids``.
-///     block_keys: all prompts' block keys concatenated (with ``key_offsets``), one key per
-///         ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``).
-///     key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
-///     tokens_per_key: prompt tokens per block key.
-///     max_running: requests in flight at most.
-///     max_batched_tokens: tokens computed per step across the batch, at most
-///         ``SIM_MAX_STEP_TOKENS`` (None: that limit).
-///     chunked_prefill: split prompts that exceed the remaining token budget.
-///     watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
-///     queue: ``"fcfs"`` or ``"priority"``.
-///     allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
-///         reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
-///         output exceeds them is rejected) or ``"oracle"`` (each request reserves its
-///         own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
-///         output`` under ``"decode_first"``).
-///     reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+///     workload: the requests' columns, by key:
+///         ``arrival`` (required): arrival time of each request, seconds (finite, >= 0):
+///         a 1-D float array or a sequence of numbers; at most ``SIM_MAX_REQUESTS``
+///         requests (empty: an empty result).
+///         ``prompt_len`` (required): prompt length of each request, tokens (1 to
+///         ``SIM_MAX_REQUEST_TOKENS``).
+///         ``output_len`` (required): generated tokens of each request (1 to
+///         ``SIM_MAX_REQUEST_TOKENS``).
+///         ``priority``: int32 priority of each request (lower first under
+///         ``queue="priority"``; default all 0).
+///         ``token_ids``: all prompts' token ids concatenated (with ``token_offsets``),
+///         for prefix caching.
+///         ``token_offsets``: ``len(arrival) + 1`` offsets into ``token_ids``.
+///         ``block_keys``: all prompts' block keys concatenated (with ``key_offsets``),
+///         one key per ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``), each in
+///         ``0..2**64`` (a negative key is an error, as for :class:`BlockPool`).
+///         ``key_offsets``: ``len(arrival) + 1`` offsets into ``block_keys``.
+///         ``tokens_per_key``: prompt tokens per block key (default 0).
+///     config: the pool and the scheduler, by key:
+///         ``num_blocks`` (required): device blocks of the pool.
+///         ``block_size`` (required): tokens per block.
+///         ``max_running``: requests in flight at most (default 256).
+///         ``max_batched_tokens``: tokens computed per step across the batch, at most
+///         ``SIM_MAX_STEP_TOKENS`` (default 8192; None: that limit).
+///         ``chunked_prefill``: split prompts that exceed the remaining token budget
+///         (default True).
+///         ``watermark``: fraction of the pool admission leaves free, in ``[0, 1)``
+///         (default 0.0).
+///         ``queue``: ``"fcfs"`` (default) or ``"priority"``.
+///         ``allocation``: ``"paged"`` (default: blocks on demand), ``"reserve"`` (Orca:
+///         every request reserves ``reserve_tokens`` tokens at admission; a request whose
+///         prompt + output exceeds them is rejected) or ``"oracle"`` (each request
+///         reserves its own final length: ``prompt + output - 1`` tokens under
+///         ``"vllm"``, ``prompt + output`` under ``"decode_first"``).
+///         ``reserve_tokens``: tokens reserved per request under ``allocation="reserve"``
 ///         (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
-///     preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
-///     host_blocks: host blocks for swapping.
-///     victim: ``"newest"`` or ``"lowest_priority"``.
-///     convention: ``"vllm"`` or ``"decode_first"``.
-///     prefix_caching: cache prompts given as ``token_ids`` or ``block_keys`` (prompts
-///         given as lengths only never hit).
-///     eviction: idle cached blocks to reclaim first: ``"lru"``, ``"fifo"``, ``"lfu"`` or
-///         ``"priority"``.
+///         ``preemption``: ``"recompute"`` (default) or ``"swap"`` (to a host pool of
+///         ``host_blocks`` blocks).
+///         ``host_blocks``: host blocks for swapping (default 0).
+///         ``victim``: ``"newest"`` (default) or ``"lowest_priority"``.
+///         ``convention``: ``"vllm"`` (default) or ``"decode_first"``.
+///         ``prefix_caching``: cache prompts given as ``token_ids`` or ``block_keys``
+///         (prompts given as lengths only never hit; default False).
+///         ``eviction``: idle cached blocks to reclaim first: ``"lru"`` (default),
+///         ``"fifo"``, ``"lfu"`` or ``"priority"``.
+///         ``check_invariants``: check the pool's invariants after every step (slow;
+///         default False).
+///         ``max_steps``: stop after this many steps (default None: run to the end).
+///         ``record_steps``: keep the per-step columns (default True).
 ///     time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
 ///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
 ///         overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
 ///         num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
 ///         with the GIL held.
-///     check_invariants: check the pool's invariants after every step (slow).
-///     max_steps: stop after this many steps (None: run to the end).
-///     record_steps: keep the per-step columns.
 ///
 /// Returns:
 ///     ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
@@ -283,95 +286,26 @@ fn synthesize_workload<'py>(
 ///     (no finished request, no step) is None, never NaN.
 ///
 /// Raises:
-///     InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
-///         out-of-range length, a bad arrival time or offsets, more than
-///         ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
-///         ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
-///         with block keys, or a bad time model or step time; each names the argument.
+///     InvalidArgumentError: an unknown or missing required key; bad columns (2-D or
+///         ragged, lengths that differ, a zero or out-of-range length, a bad arrival time
+///         or offsets, a negative block key, more than ``SIM_MAX_REQUESTS`` requests), an
+///         unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
+///         range or a bool as a count, token ids mixed with block keys, or a bad time
+///         model or step time; each names the key.
+///     TypeError: a dict that is not a dict, a flag that is not a bool or a policy name
+///         that is not a str (naming the key).
 ///     InvariantError: the engine broke an invariant (a pykvpool bug).
 ///     Exception: whatever a Python ``time_model`` raises, unchanged.
 #[pyfunction]
-#[pyo3(signature = (arrival, prompt_len, output_len, priority=None, *, num_blocks, block_size,
-    token_ids=None, token_offsets=None, block_keys=None, key_offsets=None, tokens_per_key=0,
-    max_running=256, max_batched_tokens=Some(8192), chunked_prefill=true, watermark=0.0,
-    queue="fcfs", allocation="paged", reserve_tokens=None, preemption="recompute", host_blocks=0,
-    victim="newest", convention="vllm", prefix_caching=false, eviction="lru", time_model=None,
-    check_invariants=false, max_steps=None, record_steps=true))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (workload, config, time_model=None))]
 fn run_simulation<'py>(
     py: Python<'py>,
-    arrival: &Bound<'py, PyAny>,
-    prompt_len: &Bound<'py, PyAny>,
-    output_len: &Bound<'py, PyAny>,
-    priority: Option<&Bound<'py, PyAny>>,
-    #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
-    #[pyo3(from_py_with = named::block_size)] block_size: usize,
-    token_ids: Option<&Bound<'py, PyAny>>,
-    token_offsets: Option<&Bound<'py, PyAny>>,
-    block_keys: Option<&Bound<'py, PyAny>>,
-    key_offsets: Option<&Bound<'py, PyAny>>,
-    #[pyo3(from_py_with = named::tokens_per_key)] tokens_per_key: usize,
-    #[pyo3(from_py_with = named::max_running)] max_running: usize,
-    #[pyo3(from_py_with = named::max_batched_tokens)] max_batched_tokens: Option<usize>,
-    chunked_prefill: bool,
-    #[pyo3(from_py_with = named::watermark)] watermark: f64,
-    queue: &str,
-    allocation: &str,
-    #[pyo3(from_py_with = named::reserve_tokens)] reserve_tokens: Option<u32>,
-    preemption: &str,
-    #[pyo3(from_py_with = named::host_blocks)] host_blocks: usize,
-    victim: &str,
-    convention: &str,
-    prefix_caching: bool,
-    eviction: &str,
+    workload: &Bound<'py, PyDict>,
+    config: &Bound<'py, PyDict>,
     time_model: Option<&Bound<'py, PyAny>>,
-    check_invariants: bool,
-    #[pyo3(from_py_with = named::max_steps)] max_steps: Option<usize>,
-    record_steps: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let w = workload(arrival, prompt_len, output_len, priority, (token_ids, token_offsets), (block_keys, key_offsets), tokens_per_key)?;
-    let mut cfg = SimConfig::new(num_blocks, block_size);
-    let s = &mut cfg.scheduler;
-    s.max_running = max_running;
-    s.max_batched_tokens = max_batched_tokens;
-    s.chunked_prefill = chunked_prefill;
-    s.watermark = watermark;
-    s.queue = match queue {
-        "fcfs" => QueuePolicy::Fcfs,
-        "priority" => QueuePolicy::Priority,
-        _ => return Err(invalid(py, format!("unknown queue policy queue='{queue}' (fcfs, priority)"))),
-    };
-    s.allocation = match allocation {
-        "paged" => Allocation::Paged,
-        "reserve" => Allocation::Reserve {
-            tokens: reserve_tokens.ok_or_else(|| {
-                invalid(py, "allocation='reserve' needs reserve_tokens: the tokens reserved per request (the model's context)")
-            })?,
-        },
-        "oracle" => Allocation::Oracle,
-        _ => return Err(invalid(py, format!("unknown allocation='{allocation}' (paged, reserve, oracle)"))),
-    };
-    s.preemption = match preemption {
-        "recompute" => Preemption::Recompute,
-        "swap" => Preemption::Swap { host_blocks },
-        _ => return Err(invalid(py, format!("unknown preemption='{preemption}' (recompute, swap)"))),
-    };
-    s.victim = match victim {
-        "newest" => Victim::Newest,
-        "lowest_priority" => Victim::LowestPriority,
-        _ => return Err(invalid(py, format!("unknown victim policy victim='{victim}' (newest, lowest_priority)"))),
-    };
-    s.convention = match convention {
-        "vllm" => Convention::Vllm,
-        "decode_first" => Convention::DecodeFirst,
-        _ => return Err(invalid(py, format!("unknown convention='{convention}' (vllm, decode_first)"))),
-    };
-    let policy: EvictionPolicy = eviction.parse().map_err(|e| invalid(py, format!("eviction: {e}")))?;
-    cfg.prefix_cache = prefix_caching.then(|| CacheConfig { policy, ..CacheConfig::default() });
-    cfg.check_invariants = check_invariants;
-    cfg.max_steps = max_steps.map(|m| m as u64);
-    cfg.record_steps = record_steps;
-
+    let cfg = options::sim_config(config)?;
+    let w = options::workload(workload)?;
     let mut timer = match time_model {
         Some(t) => parse_timer(t)?,
         None => Timer::Constant(ConstantTime(0.0)),
@@ -388,40 +322,6 @@ fn run_simulation<'py>(
         }
     };
     result::result_dict(py, out.py_err(py)?, &w)
-}
-
-type Column<'a, 'py> = Option<&'a Bound<'py, PyAny>>;
-
-/// The workload of `run_simulation` from its columns, every one checked and named.
-fn workload(
-    arrival: &Bound<'_, PyAny>,
-    prompt_len: &Bound<'_, PyAny>,
-    output_len: &Bound<'_, PyAny>,
-    priority: Column<'_, '_>,
-    tokens: (Column<'_, '_>, Column<'_, '_>),
-    keys: (Column<'_, '_>, Column<'_, '_>),
-    tokens_per_key: usize,
-) -> PyResult<Workload> {
-    let py = arrival.py();
-    args::num_requests(arrival, "arrival")?;
-    let arrival = args::floats(arrival, "arrival")?;
-    let priority = priority.map(|p| args::typed::<i32>(p, "priority", "priorities must fit in int32")).transpose()?;
-    let mut w = Workload::new(arrival, args::lengths(prompt_len, "prompt_len")?, args::lengths(output_len, "output_len")?, priority)
-        .py_err(py)?;
-    match (tokens, keys) {
-        ((Some(ids), Some(off)), (None, None)) => {
-            let ids = args::typed(ids, "token_ids", "token ids must be in 0..2**32")?;
-            w = w.with_tokens(ids, offsets(off, "token_offsets")?).py_err(py)?;
-        }
-        ((None, None), (Some(keys), Some(off))) => {
-            // Keys are opaque ids: an int64 key is reinterpreted as its u64 bit pattern.
-            let keys = super::convert::u64_keys(keys, "block_keys")?;
-            w = w.with_block_keys(keys, offsets(off, "key_offsets")?, tokens_per_key).py_err(py)?;
-        }
-        ((None, None), (None, None)) => {}
-        _ => return Err(invalid(py, "give token_ids with token_offsets, or block_keys with key_offsets, not a mix")),
-    }
-    Ok(w)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
