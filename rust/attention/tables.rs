@@ -111,11 +111,6 @@ impl SeqTables {
     pub fn seq(&self, i: usize) -> (&[u32], usize) {
         (&self.blocks[self.offsets[i]..self.offsets[i + 1]], self.lens[i])
     }
-
-    /// Total tokens over all sequences.
-    pub fn total_tokens(&self) -> usize {
-        self.lens.iter().sum()
-    }
 }
 
 #[cfg(test)]
@@ -140,7 +135,6 @@ mod tests {
         assert_eq!(t.seq(0), (&[1u32, 2][..], 7));
         assert_eq!(t.seq(1).1, 0);
         assert_eq!(t.seq(2), (&[0u32][..], 4));
-        assert_eq!(t.total_tokens(), 11);
         assert!(SeqTables::flashinfer(&[0, 1], &[0], &[5], 4, 3).is_err());
         assert!(SeqTables::flashinfer(&[0, 1], &[0], &[0], 4, 3).is_err());
         assert!(SeqTables::flashinfer(&[0, 0], &[], &[1], 4, 3).is_err());

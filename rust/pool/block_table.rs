@@ -93,17 +93,6 @@ impl BlockTable {
         std::mem::take(&mut self.blocks)
     }
 
-    /// The last block when it is partly filled: `(index, block, filled_slots)`.
-    #[inline]
-    pub fn partial_last(&self, block_size: usize) -> Option<(usize, BlockId, usize)> {
-        let filled = self.num_tokens % block_size;
-        if filled == 0 {
-            return None;
-        }
-        let idx = self.blocks.len() - 1;
-        Some((idx, self.blocks[idx], filled))
-    }
-
     /// Slot of token position `pos` (must be `< num_tokens`).
     #[inline]
     pub fn slot_of(&self, pos: usize, block_size: usize) -> i64 {
@@ -131,14 +120,11 @@ mod tests {
     }
 
     #[test]
-    fn partial_last_and_slots() {
+    fn slots_and_fill() {
         let t = BlockTable::with_blocks(vec![BlockId(7), BlockId(2)], 20, 0);
-        assert_eq!(t.partial_last(16), Some((1, BlockId(2), 4)));
         assert_eq!(t.slot_of(0, 16), 7 * 16);
         assert_eq!(t.slot_of(17, 16), 2 * 16 + 1);
         assert_eq!(t.filled_in_block(0, 16), 16);
         assert_eq!(t.filled_in_block(1, 16), 4);
-        let full = BlockTable::with_blocks(vec![BlockId(1)], 16, 0);
-        assert_eq!(full.partial_last(16), None);
     }
 }

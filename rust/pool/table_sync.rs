@@ -34,16 +34,8 @@ impl TableSync {
         Self { width, pad, rows: vec![None; rows] }
     }
 
-    pub fn num_rows(&self) -> usize {
-        self.rows.len()
-    }
-
     pub fn width(&self) -> usize {
         self.width
-    }
-
-    pub fn pad(&self) -> i32 {
-        self.pad
     }
 
     /// Forget what the matrix holds: the next sync rewrites every row it touches.

@@ -41,7 +41,7 @@ use crate::prefix_cache::pins::PinTable;
 use crate::types::BlockId;
 
 use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
-pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, DEFAULT_MAX_EVENTS, MAX_EVENTS_LIMIT};
+pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, MAX_EVENTS_LIMIT};
 
 use events::EventQueue;
 
@@ -225,11 +225,6 @@ impl PrefixCache {
     #[inline]
     pub fn is_evictable(&self, b: BlockId, alloc: &BlockAllocator) -> bool {
         self.is_cached(b) && self.meta[b.index()].hard_pins == 0 && alloc.refcount(b) == 0
-    }
-
-    #[inline]
-    pub fn now(&self) -> u64 {
-        self.clock
     }
 
     /// Longest verified cached chain for `keys`, each standing for a *full* block.

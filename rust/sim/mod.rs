@@ -25,7 +25,7 @@ use crate::prefix_cache::CacheConfig;
 use limits::{collect_n, filled, vec_for};
 
 pub use kv::Kv;
-pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS, MAX_TOKEN_IDS};
+pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use request::{Convention, ReqState, Status};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};

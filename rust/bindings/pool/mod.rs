@@ -12,8 +12,6 @@ mod methods;
 pub mod stats;
 pub mod table_buffer;
 
-pub use class::PyBlockPool;
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<class::PyBlockPool>()?;
     m.add_class::<stats::PyPoolStats>()?;
