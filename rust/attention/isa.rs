@@ -1,5 +1,5 @@
 //! The kernel paths ([`Isa`]), what this CPU supports ([`cpu_features`]), and
-//! [`Supported`], the proof of that check the `unsafe` dispatch relies on.
+//! `Supported`, the proof of that check the `unsafe` dispatch relies on.
 
 use crate::error::Result;
 use crate::invalid;

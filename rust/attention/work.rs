@@ -1,5 +1,5 @@
-//! What the instruction-set paths share: the work item they read ([`Work`], walked in
-//! [`Chunk`]s), the online-softmax state they write ([`Partial`]) and their constants.
+//! What the instruction-set paths share: the work item they read (`Work`, walked in
+//! `Chunk`s), the online-softmax state they write (`Partial`) and their constants.
 
 use std::ops::Range;
 

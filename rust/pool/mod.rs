@@ -1,13 +1,17 @@
-//! The block pool: live sequences, their block tables, slot mapping, copy-on-write forks,
-//! table exports and statistics, over a [`BlockAllocator`].
+//! The block pool: live sequences, their block tables, slot mapping and copy-on-write
+//! forks, over a [`BlockAllocator`].
+//!
+//! Files: the leaves this module builds on ([`allocator`], [`block_table`], [`seq_map`]),
+//! and the parts of `BlockPool` that build on it (each an `impl BlockPool` block that
+//! reads this module, never read by it): `decode` (the one-pass decode step),
+//! [`prefix`] (admission by token ids or block keys), `exports` (tables and
+//! statistics), [`table_sync`] (incremental table export) and `check` (invariants).
 //!
 //! Every public operation validates and counts everything it needs first and mutates only
 //! when it is sure to succeed, so an error leaves the pool bit-for-bit as it was. Batched
 //! calls ([`BlockPool::step`]) are atomic over the whole batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use rustc_hash::FxHashMap;
 
 use crate::error::{KvError, Result};
 use crate::invalid;
@@ -20,7 +24,9 @@ use seq_map::SeqMap;
 
 pub mod allocator;
 pub mod block_table;
+mod check;
 mod decode;
+mod exports;
 pub mod prefix;
 pub mod seq_map;
 pub mod table_sync;
@@ -643,190 +649,5 @@ impl BlockPool {
         }
         self.end_op();
         Ok(())
-    }
-
-    /// Validate a batch of ids without changing anything.
-    pub fn check_known(&self, seqs: &[SeqId]) -> Result<()> {
-        for s in seqs {
-            if !self.seqs.contains_key(s) {
-                return Err(KvError::UnknownSequence(s.0));
-            }
-        }
-        Ok(())
-    }
-
-    /// Longest table among `seqs`, in blocks.
-    pub fn max_table_len(&self, seqs: &[SeqId]) -> Result<usize> {
-        let mut m = 0;
-        for s in seqs {
-            m = m.max(self.table(*s)?.blocks().len());
-        }
-        Ok(m)
-    }
-
-    /// Write the tables of `seqs` as rows of a row-major `[seqs.len(), width]` int32
-    /// matrix, padding unused entries with `pad`.
-    pub fn padded_tables_into(&self, seqs: &[SeqId], width: usize, pad: i32, out: &mut [i32]) -> Result<()> {
-        if out.len() != seqs.len() * width {
-            return Err(invalid!("output holds {} entries, expected {} x {}", out.len(), seqs.len(), width));
-        }
-        let need = self.max_table_len(seqs)?;
-        if need > width {
-            return Err(invalid!("max_blocks: a table of {need} blocks does not fit in {width} columns"));
-        }
-        for (row, s) in out.chunks_exact_mut(width.max(1)).zip(seqs) {
-            let blocks = self.seqs[s].table.blocks();
-            for (dst, b) in row.iter_mut().zip(blocks) {
-                *dst = b.as_i32();
-            }
-            row[blocks.len()..].fill(pad);
-        }
-        Ok(())
-    }
-
-    /// FlashInfer's paged layout for `seqs`: `(kv_indptr [n+1], kv_indices [nnz],
-    /// kv_last_page_len [n])`. The last page length is in `1..=block_size`, or 0 for an
-    /// empty sequence.
-    pub fn flashinfer_tables(&self, seqs: &[SeqId]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
-        let mut nnz = 0usize;
-        for s in seqs {
-            nnz += self.table(*s)?.blocks().len();
-        }
-        if nnz > i32::MAX as usize {
-            return Err(invalid!("{nnz} table entries overflow int32 kv_indptr"));
-        }
-        let mut indptr = Vec::with_capacity(seqs.len() + 1);
-        let mut indices = Vec::with_capacity(nnz);
-        let mut last = Vec::with_capacity(seqs.len());
-        indptr.push(0);
-        for s in seqs {
-            let t = &self.seqs[s].table;
-            indices.extend(t.blocks().iter().map(|b| b.as_i32()));
-            indptr.push(indices.len() as i32);
-            let n = t.num_tokens();
-            last.push(if n == 0 { 0 } else { (n - 1) % self.block_size + 1 } as i32);
-        }
-        Ok((indptr, indices, last))
-    }
-
-    /// Occupancy statistics. O(table entries).
-    pub fn stats(&self) -> PoolStats {
-        let bs = self.block_size;
-        let mut logical = 0u64;
-        let mut stored = 0u64;
-        // Filled slots of shared blocks: the fullest holder decides.
-        let mut shared_fill: FxHashMap<BlockId, usize> = FxHashMap::default();
-        for e in self.seqs.values() {
-            let t = &e.table;
-            logical += t.num_tokens() as u64;
-            for (i, &b) in t.blocks().iter().enumerate() {
-                let filled = t.filled_in_block(i, bs);
-                if self.alloc.refcount(b) > 1 {
-                    let f = shared_fill.entry(b).or_insert(0);
-                    *f = (*f).max(filled);
-                } else {
-                    stored += filled as u64;
-                }
-            }
-        }
-        stored += shared_fill.values().map(|&f| f as u64).sum::<u64>();
-        let total = self.num_blocks();
-        let free = self.num_free_blocks();
-        let used = self.num_used_blocks();
-        let capacity = (used * bs) as u64;
-        PoolStats {
-            block_size: bs,
-            total_blocks: total,
-            free_blocks: free,
-            used_blocks: used,
-            num_seqs: self.seqs.len(),
-            logical_tokens: logical,
-            stored_tokens: stored,
-            shared_blocks: shared_fill.len(),
-            cow_copies: self.cow_copies,
-            empty_slots: capacity - stored,
-            utilization: if capacity == 0 { 1.0 } else { stored as f64 / capacity as f64 },
-        }
-    }
-
-    /// Check every structural invariant; the error names the first one broken.
-    pub fn check_invariants(&self) -> Result<()> {
-        let n = self.num_blocks();
-        let bs = self.block_size;
-        let mut expected = vec![0u32; n];
-        for (seq, e) in &self.seqs {
-            let t = &e.table;
-            let want = blocks_for(t.num_tokens(), bs);
-            if t.blocks().len() != want {
-                return Err(KvError::Invariant(format!(
-                    "sequence {} holds {} tokens in {} blocks, expected ceil({}/{bs}) = {want}",
-                    seq.0,
-                    t.num_tokens(),
-                    t.blocks().len(),
-                    t.num_tokens()
-                )));
-            }
-            if t.last() != t.blocks().last().copied() {
-                return Err(KvError::Invariant(format!(
-                    "sequence {} caches {:?} as its last block but its table ends with {:?}",
-                    seq.0,
-                    t.last(),
-                    t.blocks().last()
-                )));
-            }
-            for (i, &b) in t.blocks().iter().enumerate() {
-                if b.index() >= n {
-                    return Err(KvError::Invariant(format!("sequence {} maps to {b}, outside the pool of {n}", seq.0)));
-                }
-                expected[b.index()] += 1;
-                // A sequence never reads more tokens of a cached block than it holds.
-                let reads = bs.min(t.num_tokens() - i * bs);
-                if let Some(held) = self.cache.as_ref().and_then(|c| c.filled(b)).filter(|&h| h < reads) {
-                    return Err(KvError::Invariant(format!(
-                        "sequence {} reads {reads} tokens of cached {b}, which holds {held}",
-                        seq.0
-                    )));
-                }
-            }
-        }
-        for (i, (&want, &have)) in expected.iter().zip(self.alloc.refcounts()).enumerate() {
-            if want != have {
-                return Err(KvError::Invariant(format!(
-                    "block {i} has refcount {have} but {want} table references"
-                )));
-            }
-        }
-        let mut on_free = vec![false; n];
-        for &b in self.alloc.free_list() {
-            if b.index() >= n {
-                return Err(KvError::Invariant(format!("free list holds {b}, outside the pool of {n}")));
-            }
-            if on_free[b.index()] {
-                return Err(KvError::Invariant(format!("{b} is on the free list twice")));
-            }
-            on_free[b.index()] = true;
-            if expected[b.index()] != 0 {
-                return Err(KvError::Invariant(format!("{b} is free but referenced {} times", expected[b.index()])));
-            }
-        }
-        let shared = expected.iter().filter(|&&c| c > 1).count();
-        if shared != self.alloc.num_shared() {
-            return Err(KvError::Invariant(format!(
-                "{shared} blocks are shared but the allocator counts {}",
-                self.alloc.num_shared()
-            )));
-        }
-        let used = expected.iter().filter(|&&c| c > 0).count();
-        let idle = self.cache.as_ref().map_or(0, |c| c.idle_count());
-        if used + self.alloc.num_free() + idle != n {
-            return Err(KvError::Invariant(format!(
-                "{used} used + {} free + {idle} idle cached blocks != {n} total (a block leaked)",
-                self.alloc.num_free()
-            )));
-        }
-        match &self.cache {
-            Some(c) => c.check(&self.alloc),
-            None => Ok(()),
-        }
     }
 }
