@@ -206,8 +206,8 @@ def cycles(g: dict[tuple[str, ...], set[tuple[str, ...]]]) -> list[list[str]]:
 
 
 def test_no_module_cycles():
-    found = cycles(graph())
     g = graph()
+    found = cycles(g)
     detail = []
     for comp in found:
         members = {tuple(c.split("::")[1:]) for c in comp}
