@@ -72,38 +72,7 @@ pub fn decode_attention(
 ) -> Result<()> {
     let shape = cache.shape();
     let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
-    if num_q_heads == 0 || !num_q_heads.is_multiple_of(hkv) {
-        return Err(invalid!("{num_q_heads} query heads is not a positive multiple of {hkv} KV heads"));
-    }
-    let g = num_q_heads / hkv;
-    let want = n * num_q_heads * d;
-    if q.len() != want || out.len() != want {
-        return Err(invalid!(
-            "q and out must be [{n}, {num_q_heads}, {d}] ({want} values), got {} and {}",
-            q.len(),
-            out.len()
-        ));
-    }
-    if let Some(l) = &lse {
-        if l.len() != n * num_q_heads {
-            return Err(invalid!("lse must be [{n}, {num_q_heads}], got {} values", l.len()));
-        }
-    }
-    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    if !scale.is_finite() {
-        return Err(invalid!("scale must be finite, got {scale}"));
-    }
-    let isa = opts.isa.unwrap_or_else(Isa::best);
-    let Some(isa) = Supported::check(isa) else {
-        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
-    };
-    let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
-    if kpi == 0 || !hkv.is_multiple_of(kpi) {
-        return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
-    }
-    if opts.bf16_scores && cache.dtype() != DType::BF16 {
-        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
-    }
+    let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts)?;
     let pool = crate::runtime::threads::pool()?;
     let (qs, q_bf16) = scaled_query(q, d, scale * std::f32::consts::LOG2_E, opts.bf16_scores);
     let items = plan(tables, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
@@ -155,6 +124,57 @@ pub fn decode_attention(
     });
     merge(&items, &acc, &m, &l, per_item, d, out, lse, &pool);
     Ok(())
+}
+
+/// What a checked call runs with: query heads per KV head, the softmax scale, the path
+/// and the KV heads per work item.
+struct Checked {
+    g: usize,
+    scale: f32,
+    isa: Supported,
+    kpi: usize,
+}
+
+/// Every check of [`decode_attention`] on its arguments (`n` sequences), before any work.
+fn check_call(
+    cache: &KvCache,
+    n: usize,
+    q_len: usize,
+    out_len: usize,
+    lse_len: Option<usize>,
+    num_q_heads: usize,
+    opts: &DecodeOptions,
+) -> Result<Checked> {
+    let shape = cache.shape();
+    let (d, hkv) = (shape.head_dim, shape.num_kv_heads);
+    if num_q_heads == 0 || !num_q_heads.is_multiple_of(hkv) {
+        return Err(invalid!("{num_q_heads} query heads is not a positive multiple of {hkv} KV heads"));
+    }
+    let want = n * num_q_heads * d;
+    if q_len != want || out_len != want {
+        return Err(invalid!("q and out must be [{n}, {num_q_heads}, {d}] ({want} values), got {q_len} and {out_len}"));
+    }
+    if let Some(l) = lse_len {
+        if l != n * num_q_heads {
+            return Err(invalid!("lse must be [{n}, {num_q_heads}], got {l} values"));
+        }
+    }
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(invalid!("scale must be finite, got {scale}"));
+    }
+    let isa = opts.isa.unwrap_or_else(Isa::best);
+    let Some(isa) = Supported::check(isa) else {
+        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
+    };
+    let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
+    if kpi == 0 || !hkv.is_multiple_of(kpi) {
+        return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
+    }
+    if opts.bf16_scores && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
+    Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
 /// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first

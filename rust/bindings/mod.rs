@@ -8,11 +8,13 @@
 use pyo3::prelude::*;
 
 pub mod arrays;
+pub mod attention;
 pub mod convert;
 pub mod errors;
 mod exception_docs;
 pub mod kv;
 pub mod pool;
+pub mod runtime;
 pub mod sim;
 
 // `gil_used = true`: on a free-threaded CPython, importing the module turns the GIL back
@@ -26,5 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
+    attention::register(m)?;
+    runtime::register(m)?;
     Ok(())
 }
