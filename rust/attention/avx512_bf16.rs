@@ -26,16 +26,10 @@ use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, Prefetcher, Scores};
 use super::isa::cpu_features;
+#[cfg(test)]
+use super::isa::AVX512_WITHOUT_BF16;
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
-
-/// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
-/// CPU without avx512_bf16. A process-wide switch: only
-/// the test `bf16_scores_on_avx512_without_bf16_use_the_rounded_query` turns it on, holding
-/// its `BF16_SWITCH` exclusively, and turns it off again even when it fails.
-#[cfg(test)]
-pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 
 /// Whether this CPU has `vdpbf16ps` (the AVX-512 path's features are checked apart).
 pub(crate) fn supported() -> bool {

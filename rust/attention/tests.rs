@@ -8,7 +8,7 @@ use super::decode::*;
 use super::isa::*;
 use super::tables::*;
 #[cfg(target_arch = "x86_64")]
-use super::avx512_bf16::{self, AVX512_WITHOUT_BF16};
+use super::avx512_bf16;
 use crate::kv::{DType, Elem, KvCache, KvShape};
 
 /// Say on the terminal, past the test harness's output capture, that `what` was not
