@@ -783,90 +783,75 @@ def synthesize_workload(
     """
 
 def run_simulation(
-    arrival: npt.NDArray[np.float64],
-    prompt_len: _IntArrayLike,
-    output_len: _IntArrayLike,
-    priority: _IntArrayLike | None = ...,
-    *,
-    num_blocks: int,
-    block_size: int,
-    token_ids: _IntArrayLike | None = ...,
-    token_offsets: _IntArrayLike | None = ...,
-    block_keys: _IntArrayLike | None = ...,
-    key_offsets: _IntArrayLike | None = ...,
-    tokens_per_key: int = ...,
-    max_running: int = ...,
-    max_batched_tokens: int | None = ...,
-    chunked_prefill: bool = ...,
-    watermark: float = ...,
-    queue: str = ...,
-    allocation: str = ...,
-    reserve_tokens: int | None = ...,
-    preemption: str = ...,
-    host_blocks: int = ...,
-    victim: str = ...,
-    convention: str = ...,
-    prefix_caching: bool = ...,
-    eviction: str = ...,
+    workload: dict[str, Any],
+    config: dict[str, Any],
     time_model: object = ...,
-    check_invariants: bool = ...,
-    max_steps: int | None = ...,
-    record_steps: bool = ...,
 ) -> dict[str, Any]:
     """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
 
-    The facade :func:`pykvpool.simulate.run` builds these arguments from a
+    The facade :func:`pykvpool.simulate.run` builds both dicts from a
     :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
     docs describe each policy. The GIL is released while the engine runs, except around
     calls to a Python ``time_model``. A request that can never run (longer than the pool,
     than ``reserve_tokens``, or than the token budget without chunked prefill) is not an
-    error: it gets outcome 1 (rejected) and is counted.
+    error: it gets outcome 1 (rejected) and is counted. A key missing from a dict takes
+    its default; an unknown key is an error.
 
     Args:
-        arrival: arrival time of each request, seconds (finite, >= 0): a 1-D float array
-            or a sequence of numbers; at most ``SIM_MAX_REQUESTS`` requests (empty: an
-            empty result).
-        prompt_len: prompt length of each request, tokens (1 to ``SIM_MAX_REQUEST_TOKENS``).
-        output_len: generated tokens of each request (1 to ``SIM_MAX_REQUEST_TOKENS``).
-        priority: int32 priority of each request (lower first under ``queue="priority"``).
-        num_blocks: device blocks of the pool.
-        block_size: tokens per block.
-        token_ids: all prompts' token ids concatenated (with ``token_offsets``), for prefix
-            caching.
-        token_offsets: ``len(arrival) + 1`` offsets into ``token_ids``.
-        block_keys: all prompts' block keys concatenated (with ``key_offsets``), one key per
-            ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``).
-        key_offsets: ``len(arrival) + 1`` offsets into ``block_keys``.
-        tokens_per_key: prompt tokens per block key.
-        max_running: requests in flight at most.
-        max_batched_tokens: tokens computed per step across the batch, at most
-            ``SIM_MAX_STEP_TOKENS`` (None: that limit).
-        chunked_prefill: split prompts that exceed the remaining token budget.
-        watermark: fraction of the pool admission leaves free, in ``[0, 1)``.
-        queue: ``"fcfs"`` or ``"priority"``.
-        allocation: ``"paged"`` (blocks on demand), ``"reserve"`` (Orca: every request
-            reserves ``reserve_tokens`` tokens at admission; a request whose prompt +
-            output exceeds them is rejected) or ``"oracle"`` (each request reserves its
-            own final length: ``prompt + output - 1`` tokens under ``"vllm"``, ``prompt +
-            output`` under ``"decode_first"``).
-        reserve_tokens: tokens reserved per request under ``allocation="reserve"``
+        workload: the requests' columns, by key:
+            ``arrival`` (required): arrival time of each request, seconds (finite, >= 0):
+            a 1-D float array or a sequence of numbers; at most ``SIM_MAX_REQUESTS``
+            requests (empty: an empty result).
+            ``prompt_len`` (required): prompt length of each request, tokens (1 to
+            ``SIM_MAX_REQUEST_TOKENS``).
+            ``output_len`` (required): generated tokens of each request (1 to
+            ``SIM_MAX_REQUEST_TOKENS``).
+            ``priority``: int32 priority of each request (lower first under
+            ``queue="priority"``; default all 0).
+            ``token_ids``: all prompts' token ids concatenated (with ``token_offsets``),
+            for prefix caching.
+            ``token_offsets``: ``len(arrival) + 1`` offsets into ``token_ids``.
+            ``block_keys``: all prompts' block keys concatenated (with ``key_offsets``),
+            one key per ``tokens_per_key`` prompt tokens (a trace's ``hash_ids``), each in
+            ``0..2**64`` (a negative key is an error, as for :class:`BlockPool`).
+            ``key_offsets``: ``len(arrival) + 1`` offsets into ``block_keys``.
+            ``tokens_per_key``: prompt tokens per block key (default 0).
+        config: the pool and the scheduler, by key:
+            ``num_blocks`` (required): device blocks of the pool.
+            ``block_size`` (required): tokens per block.
+            ``max_running``: requests in flight at most (default 256).
+            ``max_batched_tokens``: tokens computed per step across the batch, at most
+            ``SIM_MAX_STEP_TOKENS`` (default 8192; None: that limit).
+            ``chunked_prefill``: split prompts that exceed the remaining token budget
+            (default True).
+            ``watermark``: fraction of the pool admission leaves free, in ``[0, 1)``
+            (default 0.0).
+            ``queue``: ``"fcfs"`` (default) or ``"priority"``.
+            ``allocation``: ``"paged"`` (default: blocks on demand), ``"reserve"`` (Orca:
+            every request reserves ``reserve_tokens`` tokens at admission; a request whose
+            prompt + output exceeds them is rejected) or ``"oracle"`` (each request
+            reserves its own final length: ``prompt + output - 1`` tokens under
+            ``"vllm"``, ``prompt + output`` under ``"decode_first"``).
+            ``reserve_tokens``: tokens reserved per request under ``allocation="reserve"``
             (required there, 1 to 2**32 - 1; the model's context); ignored otherwise.
-        preemption: ``"recompute"`` or ``"swap"`` (to a host pool of ``host_blocks`` blocks).
-        host_blocks: host blocks for swapping.
-        victim: ``"newest"`` or ``"lowest_priority"``.
-        convention: ``"vllm"`` or ``"decode_first"``.
-        prefix_caching: cache prompts given as ``token_ids`` or ``block_keys`` (prompts
-            given as lengths only never hit).
-        eviction: idle cached blocks to reclaim first: ``"lru"``, ``"fifo"``, ``"lfu"`` or
-            ``"priority"``.
+            ``preemption``: ``"recompute"`` (default) or ``"swap"`` (to a host pool of
+            ``host_blocks`` blocks).
+            ``host_blocks``: host blocks for swapping (default 0).
+            ``victim``: ``"newest"`` (default) or ``"lowest_priority"``.
+            ``convention``: ``"vllm"`` (default) or ``"decode_first"``.
+            ``prefix_caching``: cache prompts given as ``token_ids`` or ``block_keys``
+            (prompts given as lengths only never hit; default False).
+            ``eviction``: idle cached blocks to reclaim first: ``"lru"`` (default),
+            ``"fifo"``, ``"lfu"`` or ``"priority"``.
+            ``check_invariants``: check the pool's invariants after every step (slow;
+            default False).
+            ``max_steps``: stop after this many steps (default None: run to the end).
+            ``record_steps``: keep the per-step columns (default True).
         time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
             overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
             num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
             with the GIL held.
-        check_invariants: check the pool's invariants after every step (slow).
-        max_steps: stop after this many steps (None: run to the end).
-        record_steps: keep the per-step columns.
 
     Returns:
         ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
@@ -875,11 +860,14 @@ def run_simulation(
         (no finished request, no step) is None, never NaN.
 
     Raises:
-        InvalidArgumentError: bad columns (2-D or ragged, lengths that differ, a zero or
-            out-of-range length, a bad arrival time or offsets, more than
-            ``SIM_MAX_REQUESTS`` requests), an unknown policy name, ``"reserve"`` without
-            ``reserve_tokens``, a size out of range or a bool as a count, token ids mixed
-            with block keys, or a bad time model or step time; each names the argument.
+        InvalidArgumentError: an unknown or missing required key; bad columns (2-D or
+            ragged, lengths that differ, a zero or out-of-range length, a bad arrival time
+            or offsets, a negative block key, more than ``SIM_MAX_REQUESTS`` requests), an
+            unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
+            range or a bool as a count, token ids mixed with block keys, or a bad time
+            model or step time; each names the key.
+        TypeError: a dict that is not a dict, a flag that is not a bool or a policy name
+            that is not a str (naming the key).
         InvariantError: the engine broke an invariant (a pykvpool bug).
         Exception: whatever a Python ``time_model`` raises, unchanged.
     """

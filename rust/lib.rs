@@ -5,13 +5,21 @@
 //! tested with `cargo test`. The `python` feature adds the PyO3 bindings that build the
 //! private extension module `pykvpool._native`.
 //!
-//! Data flows one way: [`allocator`] (free list and refcounts) -> [`block_table`]
-//! (one sequence's logical -> physical map) -> [`pool`] (sequences, slot mapping,
-//! copy-on-write, exports, statistics) -> bindings -> the Python facade.
+//! One folder per concept; dependencies point one way, down this list (`tests/
+//! test_layout_rust.py` fails on any import cycle):
 //!
-//! Prefix caching plugs into the pool: [`block_hash`] (chained block keys) ->
-//! [`prefix_cache`] (key <-> block, idle blocks, metrics, events) with [`eviction`] and
-//! [`pins`] -> [`pool_prefix`] (admission by token ids or block keys, on `BlockPool`).
+//! - [`error`], [`types`]: the crate-wide error and the block and sequence ids;
+//! - [`runtime`]: the kernels' thread pool and the machine probes;
+//! - [`prefix_cache`]: chained block keys, the key <-> block cache, eviction policies,
+//!   pins, events and the token cursor of a cacheable sequence;
+//! - [`pool`]: the allocator (free list and refcounts), block tables, the sequence map,
+//!   `BlockPool` (step and decode paths, admission by token ids or block keys, exports
+//!   and incremental table sync);
+//! - [`kv`]: aligned memory, the element types and the paged KV storage;
+//! - [`attention`]: the decode-attention kernel (one file per instruction set, the
+//!   dispatch, the block tables it reads);
+//! - [`sim`]: the serving simulator over a real `BlockPool`;
+//! - `bindings` (feature `python`): the Python classes and functions.
 //!
 //! Every `unsafe` block states why it is sound (`// SAFETY:`), and an `unsafe fn` body
 //! is not one implicit unsafe block: both lints below are errors.
@@ -19,33 +27,22 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod aligned;
-pub mod allocator;
-pub mod block_hash;
-pub mod block_table;
+pub mod attention;
 pub mod error;
-pub mod eviction;
-pub mod kernel;
-pub mod kv_storage;
-pub mod pins;
+pub mod kv;
 pub mod pool;
-mod pool_decode;
-pub mod pool_prefix;
 pub mod prefix_cache;
-pub mod probe;
-pub mod seq_map;
+pub mod runtime;
 pub mod sim;
-pub mod table_sync;
-pub mod threads;
 pub mod types;
 
 #[cfg(feature = "python")]
 pub mod bindings;
 
 pub use error::{KvError, Result};
-pub use block_hash::{BlockHasher, BlockKey};
-pub use eviction::EvictionPolicy;
+pub use kv::{DType, KvCache, KvShape};
 pub use pool::{BlockPool, PoolStats};
+pub use prefix_cache::block_hash::{BlockHasher, BlockKey};
+pub use prefix_cache::eviction::EvictionPolicy;
 pub use prefix_cache::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
-pub use kv_storage::{DType, KvCache, KvShape};
 pub use types::{BlockId, SeqId};

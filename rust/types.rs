@@ -1,5 +1,5 @@
-//! Newtypes for the identifiers that flow through the pool, so that a physical block id,
-//! a sequence id and a token slot can never be mixed up by accident.
+//! Newtypes for the identifiers that flow through the pool, so that a physical block id
+//! and a sequence id can never be mixed up by accident.
 
 use std::fmt;
 
@@ -44,14 +44,4 @@ impl fmt::Display for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "sequence {}", self.0)
     }
-}
-
-/// A token slot in the flat KV storage: `block_id * block_size + offset_in_block`.
-/// `-1` is reserved for padding in slot mappings, so slots are signed like vLLM's.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct Slot(pub i64);
-
-impl Slot {
-    /// The padding slot that write kernels skip.
-    pub const PAD: Slot = Slot(-1);
 }

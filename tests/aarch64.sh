@@ -53,11 +53,11 @@ cargo test --locked --quiet --target "$TARGET" --lib -- --format pretty 2>&1 | t
 
 # A run that never reached the NEON path (feature not detected, test filtered out or
 # renamed) must fail, not pass with the scalar path alone.
-neon_check="test kernel::tests::neon_is_the_best_path_on_aarch64_only ... ok"
+neon_check="test attention::tests::neon_is_the_best_path_on_aarch64_only ... ok"
 grep -qxF "$neon_check" "$log" || fail "'$neon_check' missing: the NEON path was not exercised"
 # The prefill kernel's NEON micro-kernels run in these (every available path is compared).
-prefill_check="test kernel::prefill::tests::all_paths_match_reference_over_masks_shapes_and_dtypes ... ok"
+prefill_check="test attention::prefill::tests::all_paths_match_reference_over_masks_shapes_and_dtypes ... ok"
 grep -qxF "$prefill_check" "$log" || fail "'$prefill_check' missing: the NEON prefill path was not exercised"
-passed=$(grep -cE '^test kernel::.* \.\.\. ok$' "$log" || true)
+passed=$(grep -cE '^test attention::.* \.\.\. ok$' "$log" || true)
 ((passed >= 10)) || fail "only $passed kernel tests passed under qemu"
 echo "tests/aarch64.sh: $passed kernel tests passed on $TARGET under qemu, NEON path included"

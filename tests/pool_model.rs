@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use pykvpool::pool::StepOutput;
-use pykvpool::table_sync::TableSync;
+use pykvpool::pool::table_sync::TableSync;
 use pykvpool::{BlockId, BlockPool, KvError, PoolStats, SeqId};
 
 /// Sequence ids are drawn from `0..ID_RANGE`, small enough for unknown and duplicate ids.

@@ -2,7 +2,7 @@
 //! hits, eviction order per policy, pins and expiry, forced collisions, block-key replay,
 //! atomic failures. `check_invariants` runs after every mutation.
 
-use pykvpool::block_hash::BlockHasher;
+use pykvpool::prefix_cache::block_hash::BlockHasher;
 use pykvpool::{BlockId, BlockPool, CacheConfig, CacheEventKind, EvictionPolicy, KvError, SeqId};
 
 fn pool(blocks: usize, bs: usize, cfg: CacheConfig) -> BlockPool {

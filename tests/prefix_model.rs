@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 
 use prefix_spec::{Key, Prompt, Spec};
 use proptest::prelude::*;
-use pykvpool::block_hash::BlockHasher;
+use pykvpool::prefix_cache::block_hash::BlockHasher;
 use pykvpool::{BlockId, BlockPool, CacheConfig, CacheEventKind, EvictionPolicy, SeqId};
 
 const BS: usize = 4;

@@ -1,6 +1,6 @@
 """A reference model of a prefix-caching BlockPool, written from the documentation (not a
 test module): the rules of ``BlockPool``'s docstrings in ``pykvpool/_native.pyi``, the
-README's prefix-caching section and the eviction specification in ``rust/eviction.rs``
+README's prefix-caching section and the eviction specification in ``rust/prefix_cache/eviction.rs``
 (what *uses* a block, in which order, and what each policy evicts first).
 
 Keys come from an independent implementation of the documented encoding (the ``xxhash``

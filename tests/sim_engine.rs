@@ -3,7 +3,7 @@
 //! checked after every step.
 
 use proptest::prelude::*;
-use pykvpool::eviction::EvictionPolicy;
+use pykvpool::prefix_cache::eviction::EvictionPolicy;
 use pykvpool::prefix_cache::CacheConfig;
 use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
 use pykvpool::sim::*;

@@ -126,8 +126,8 @@ def test_rust_doc_comments_match_the_stub() -> None:
 
 
 def _non_doc_lines(folder: Path) -> dict[str, list[str]]:
-    return {p.name: [x for x in p.read_text().splitlines() if not x.lstrip().startswith("///")]
-            for p in sorted(folder.glob("*.rs"))}
+    return {str(p.relative_to(folder)): [x for x in p.read_text().splitlines() if not x.lstrip().startswith("///")]
+            for p in sorted(folder.rglob("*.rs"))}
 
 
 def test_docsync_writes_only_doc_lines_is_idempotent_and_reports_strays(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_docsync_writes_only_doc_lines_is_idempotent_and_reports_strays(tmp_path
     # Rust counterpart; the sync must place the one, report the other and touch no code.
     bindings = tmp_path / "bindings"
     shutil.copytree(ROOT / "rust" / "bindings", bindings)
-    pool = bindings / "pool.rs"
+    pool = bindings / "pool" / "methods.rs"
     code = pool.read_text()
     anchor = "    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {"
     assert anchor in code
@@ -162,14 +162,14 @@ def test_docsync_writes_only_doc_lines_is_idempotent_and_reports_strays(tmp_path
     assert "renamed" not in first.stdout
     assert _non_doc_lines(bindings) == before
     assert "    /// Added.\n    ///\n    /// Raises:\n" in pool.read_text()
-    written = {p.name: p.read_text() for p in bindings.glob("*.rs")}
+    written = {str(p): p.read_text() for p in bindings.rglob("*.rs")}
 
     check = _docsync("--check", *args)
     assert check.returncode == 1
     assert [line for line in check.stdout.splitlines() if line] == [
         line for line in first.stdout.splitlines() if "ghost" in line]
     again = _docsync("--write", *args)
-    assert {p.name: p.read_text() for p in bindings.glob("*.rs")} == written
+    assert {str(p): p.read_text() for p in bindings.rglob("*.rs")} == written
     assert "wrote" not in again.stdout
 
 

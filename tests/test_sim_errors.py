@@ -157,6 +157,9 @@ WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
     ("tokens_per_key 0", cols(block_keys=np.arange(3), key_offsets=np.array([0, 1, 2, 3])), "tokens_per_key"),
     ("tokens_per_key -1", cols(block_keys=np.arange(3), key_offsets=np.array([0, 1, 2, 3]), tokens_per_key=-1),
      "tokens_per_key"),
+    # One rule for block keys, the pool's: a negative key is refused, never wrapped to u64.
+    ("block_keys -1", cols(block_keys=np.array([0, -1, 2]), key_offsets=np.array([0, 1, 2, 3]), tokens_per_key=8),
+     "block_keys"),
     ("ids and keys mixed", cols(token_ids=np.arange(18), key_offsets=np.array([0, 1, 2, 3])), "token_ids"),
     # Zero-stride views: the limit is checked before anything is copied.
     ("too many requests", cols(arrival=np.broadcast_to(0.0, (MAX_REQ + 1,)),
@@ -167,11 +170,8 @@ WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize("columns,name", [c[1:] for c in WORKLOADS], ids=[c[0] for c in WORKLOADS])
 def test_run_simulation_names_the_bad_column(columns: dict[str, Any], name: str) -> None:
-    c = dict(columns)
-    a, p, o = c.pop("arrival"), c.pop("prompt_len"), c.pop("output_len")
-    raises_naming(lambda: _native.run_simulation(a, p, o, num_blocks=100, block_size=16, **c), name)
-    raises_naming(lambda: sim.run(sim.Workload(arrival=a, prompt_len=p, output_len=o, **c), sim.SimConfig(num_blocks=100)),
-                  name)
+    raises_naming(lambda: _native.run_simulation(dict(columns), {"num_blocks": 100, "block_size": 16}), name)
+    raises_naming(lambda: sim.run(sim.Workload(**columns), sim.SimConfig(num_blocks=100)), name)
 
 
 def sched(**kw: Any) -> dict[str, Any]:
@@ -245,8 +245,19 @@ def test_run_names_the_bad_setting(change: dict[str, Any], time_model: Any, name
 @pytest.mark.parametrize("change", [dict(chunked_prefill="yes"), dict(queue=5), dict(prefix_caching=1)])
 def test_a_wrong_type_for_a_flag_or_a_name_is_a_type_error_at_worst(change: dict[str, Any]) -> None:
     w = sim.Workload(arrival=Z3, prompt_len=L3, output_len=L3)
-    raises_naming(lambda: _native.run_simulation(w.arrival, L3, L3, num_blocks=100, block_size=16, **change),
-                  next(iter(change)), type_error_ok=True)
+    cfg = {"num_blocks": 100, "block_size": 16, **change}
+    raises_naming(lambda: _native.run_simulation(cols(arrival=w.arrival), cfg), next(iter(change)), type_error_ok=True)
+
+
+@pytest.mark.parametrize("workload,config,name", [
+    (cols(arival=Z3), {"num_blocks": 100, "block_size": 16}, "arival"),
+    (cols(), {"num_blocks": 100, "block_size": 16, "max_runing": 4}, "max_runing"),
+    (cols(), {"block_size": 16}, "num_blocks"),
+    ({"prompt_len": L3, "output_len": L3}, {"num_blocks": 100, "block_size": 16}, "arrival"),
+])
+def test_run_simulation_refuses_unknown_and_missing_keys(workload: dict[str, Any], config: dict[str, Any],
+                                                          name: str) -> None:
+    raises_naming(lambda: _native.run_simulation(workload, config), name)
 
 
 # ---- the other public functions of pykvpool.simulate -----------------------------------
@@ -290,7 +301,8 @@ def test_the_limits_are_exact() -> None:
 
 def test_empty_columns_of_any_kind_are_an_empty_workload() -> None:
     for empty in ([], np.array([]), np.zeros(0, dtype=np.int32)):
-        d = _native.run_simulation(empty, empty, empty, num_blocks=10, block_size=16)
+        d = _native.run_simulation({"arrival": empty, "prompt_len": empty, "output_len": empty},
+                                   {"num_blocks": 10, "block_size": 16})
         assert d["summary"]["num_requests"] == 0 and d["summary"]["ttft_p50"] is None
         assert all(v.size == 0 for v in d["requests"].values())
 

@@ -418,6 +418,26 @@ def _time_arg(time_model: TimeModel) -> object:
     return time_model
 
 
+def _columns(workload: Workload) -> dict[str, object]:
+    """The workload dict of :func:`pykvpool._native.run_simulation`."""
+    w = workload
+    return {"arrival": w.arrival, "prompt_len": w.prompt_len, "output_len": w.output_len, "priority": w.priority,
+            "token_ids": w.token_ids, "token_offsets": w.token_offsets, "block_keys": w.block_keys,
+            "key_offsets": w.key_offsets, "tokens_per_key": w.tokens_per_key}
+
+
+def _options(config: SimConfig) -> dict[str, object]:
+    """The configuration dict of :func:`pykvpool._native.run_simulation`."""
+    s = config.scheduler
+    return {"num_blocks": config.num_blocks, "block_size": config.block_size, "max_running": s.max_running,
+            "max_batched_tokens": s.max_batched_tokens, "chunked_prefill": s.chunked_prefill,
+            "watermark": s.watermark, "queue": s.queue, "allocation": s.allocation,
+            "reserve_tokens": s.reserve_tokens, "preemption": s.preemption, "host_blocks": s.host_blocks,
+            "victim": s.victim, "convention": s.convention, "prefix_caching": config.prefix_caching,
+            "eviction": config.eviction, "check_invariants": config.check_invariants,
+            "max_steps": config.max_steps, "record_steps": config.record_steps}
+
+
 def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:
     """Simulate ``workload`` under ``config``; steps last ``time_model`` seconds.
 
@@ -433,35 +453,5 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
             naming the argument; a step-time callable returning something other than
             seconds.
     """
-    s = config.scheduler
-    d = _native.run_simulation(
-        workload.arrival,
-        workload.prompt_len,
-        workload.output_len,
-        workload.priority,
-        num_blocks=config.num_blocks,
-        block_size=config.block_size,
-        token_ids=workload.token_ids,
-        token_offsets=workload.token_offsets,
-        block_keys=workload.block_keys,
-        key_offsets=workload.key_offsets,
-        tokens_per_key=workload.tokens_per_key,
-        max_running=s.max_running,
-        max_batched_tokens=s.max_batched_tokens,
-        chunked_prefill=s.chunked_prefill,
-        watermark=s.watermark,
-        queue=s.queue,
-        allocation=s.allocation,
-        reserve_tokens=s.reserve_tokens,
-        preemption=s.preemption,
-        host_blocks=s.host_blocks,
-        victim=s.victim,
-        convention=s.convention,
-        prefix_caching=config.prefix_caching,
-        eviction=config.eviction,
-        time_model=_time_arg(time_model),
-        check_invariants=config.check_invariants,
-        max_steps=config.max_steps,
-        record_steps=config.record_steps,
-    )
+    d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model))
     return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

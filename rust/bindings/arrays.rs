@@ -6,11 +6,11 @@ use std::ops::Range;
 
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBytes, PyString};
 
 use super::convert::int_vec;
 use super::errors::invalid;
-use super::kv::PyKvCache;
 
 /// A float32 array argument: its shape and its values in logical (C) order, whatever
 /// its strides (Fortran order, slices, negative steps are copied element by element).
@@ -98,9 +98,9 @@ fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
 
 /// The caller's `out` for an `[n, hq, d]` result: a C-contiguous, writeable float32
 /// array of that shape that shares no memory with `q`, with the cache's `storage` or with
-/// any other `KvCache` (the kernel reads the one while it writes the other with the GIL
-/// released).
-pub fn checked_out<'py>(
+/// any view of a `Cache` object (the `KvCache` class: the kernel reads the one while it
+/// writes the other with the GIL released). Generic so this module needs no class.
+pub fn checked_out<'py, Cache: PyTypeInfo>(
     o: &Bound<'py, PyAny>,
     q: &Bound<'py, PyAny>,
     shape: [usize; 3],
@@ -125,8 +125,8 @@ pub fn checked_out<'py>(
     // too) leads to the cache; it is short, the bound only guards against odd objects.
     let mut base = o.getattr("base")?;
     for _ in 0..32 {
-        if base.is_instance_of::<PyKvCache>() {
-            return Err(invalid(py, "out must not be a view of a KvCache"));
+        if base.is_instance_of::<Cache>() {
+            return Err(invalid(py, format!("out must not be a view of a {}", Cache::type_object(py).name()?)));
         }
         match base.getattr_opt("base")? {
             Some(next) if !next.is_none() => base = next,

@@ -2,11 +2,12 @@
 //! Python sequences of ints, into the core's typed vectors. Every failure is an
 //! `InvalidArgumentError` naming the argument.
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PyString};
 
 use super::errors::invalid;
+use crate::prefix_cache::block_hash::BlockKey;
 use crate::types::SeqId;
 
 macro_rules! try_dtype {
@@ -229,6 +230,43 @@ pub fn counts_into(obj: &Bound<'_, PyAny>, n: usize, name: &str, buf: &mut Vec<u
 /// An int that must fit in int32 (padding values).
 pub fn int32(py: Python<'_>, v: i64, name: &str) -> PyResult<i32> {
     i32::try_from(v).map_err(|_| invalid(py, format!("{name} must fit in int32, got {v}")))
+}
+
+/// Block keys as 64-bit ints: a 1-D uint64 array (the whole range) or any integer array
+/// or sequence of non-negative ints. A negative key is an error (keys are unsigned); it is
+/// never wrapped. The one rule for block keys, shared by `BlockPool` and the simulator.
+pub fn u64_keys(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u64>> {
+    if let Ok(a) = obj.cast::<PyArray1<u64>>() {
+        let ro = a.try_readonly().map_err(|e| invalid(obj.py(), format!("{name}: {e}")))?;
+        return Ok(ro.as_array().to_vec());
+    }
+    int_vec(obj, name)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            u64::try_from(v).map_err(|_| invalid(obj.py(), format!("{name}[{i}] = {v} is negative: keys are unsigned")))
+        })
+        .collect()
+}
+
+/// Block keys: a 1-D array of non-negative ints below 2**64 (see [`u64_keys`]), or an
+/// `[n, 2]` uint64 array of `(high, low)` 64-bit halves of 128-bit keys.
+pub fn block_keys(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<BlockKey>> {
+    let py = obj.py();
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        if arr.ndim() == 2 {
+            let a = obj.cast::<PyArray2<u64>>().map_err(|_| {
+                invalid(py, format!("{name}: a 2-D key array must be uint64 of shape [n, 2] (high, low)"))
+            })?;
+            if arr.shape()[1] != 2 {
+                return Err(invalid(py, format!("{name}: 2-D keys must have 2 columns (high, low), got shape {:?}", arr.shape())));
+            }
+            let ro = a.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+            let view = ro.as_array();
+            return Ok(view.rows().into_iter().map(|r| ((r[0] as u128) << 64) | r[1] as u128).collect());
+        }
+    }
+    Ok(u64_keys(obj, name)?.into_iter().map(|k| k as u128).collect())
 }
 
 /// `#[pyo3(from_py_with = ...)]` converters for scalar arguments, one per argument name so

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-use crate::KvError;
+use crate::error::KvError;
 
 pub struct Exceptions {
     pub base: Py<PyType>,
@@ -94,7 +94,7 @@ pub trait IntoPyResult<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;
 }
 
-impl<T> IntoPyResult<T> for crate::Result<T> {
+impl<T> IntoPyResult<T> for crate::error::Result<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T> {
         self.map_err(|e| to_py(py, e))
     }

@@ -8,13 +8,14 @@
 use pyo3::prelude::*;
 
 pub mod arrays;
+pub mod attention;
 pub mod convert;
 pub mod errors;
 mod exception_docs;
 pub mod kv;
 pub mod pool;
 pub mod prefill;
-pub mod prefix;
+pub mod runtime;
 pub mod sim;
 
 // `gil_used = true`: on a free-threaded CPython, importing the module turns the GIL back
@@ -26,9 +27,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
-    prefix::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
+    attention::register(m)?;
     prefill::register(m)?;
+    runtime::register(m)?;
     Ok(())
 }

@@ -14,8 +14,8 @@ use super::arrays::{checked_out, f32_values, int_matrix};
 use super::convert::{arg, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
-use crate::kernel::prefill::{self, Mask, PrefillOptions, Queries};
-use crate::kernel::{Isa, SeqTables};
+use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
+use crate::attention::{isa::Isa, tables::SeqTables};
 
 /// An optional non-negative int keyword (None allowed), naming `name` in errors.
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
@@ -120,7 +120,7 @@ fn run<'py>(
     if let Some(&end) = indptr.last().filter(|&&x| x != total_q as i64) {
         return Err(invalid(py, format!("qo_indptr ends at {end}, q has {total_q} rows")));
     }
-    let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out(o, q, [total_q, hq, d], storage)).transpose()?;
+    let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out::<PyKvCache>(o, q, [total_q, hq, d], storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { vec![0f32; total_q * hq * d] } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {

@@ -2,7 +2,7 @@
 //! `BlockPool::check_invariants`.
 
 use super::{low, PrefixCache, IDLE, NO_PARENT, QUEUED};
-use crate::allocator::BlockAllocator;
+use crate::pool::allocator::BlockAllocator;
 use crate::error::{KvError, Result};
 use crate::types::BlockId;
 

@@ -13,12 +13,6 @@ use std::collections::VecDeque;
 
 use super::types::CacheEvent;
 
-/// Default capacity: 100,000 events, about 8 MB (vLLM's publisher queue holds 100,000).
-pub const DEFAULT_MAX_EVENTS: usize = 100_000;
-
-/// Largest capacity accepted (about 1.3 GB of events).
-pub const MAX_EVENTS_LIMIT: usize = 1 << 24;
-
 #[derive(Clone, Debug)]
 pub(super) struct EventQueue {
     buf: VecDeque<CacheEvent>,
@@ -57,7 +51,7 @@ impl EventQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prefix_cache::CacheEventKind;
+    use crate::prefix_cache::types::CacheEventKind;
 
     fn ev(clock: u64) -> CacheEvent {
         CacheEvent { kind: CacheEventKind::Stored, block: None, key: clock as u128, parent_key: None, tokens: 1, clock }

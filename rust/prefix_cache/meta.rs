@@ -1,6 +1,6 @@
 //! The per-block record of the prefix cache.
 
-use crate::block_hash::BlockKey;
+use crate::prefix_cache::block_hash::BlockKey;
 
 /// Per-block cache state, one cache line: eviction and lookup touch it for random blocks,
 /// so its size is what an eviction costs. Rarely used data (soft pins) lives aside.

@@ -7,7 +7,7 @@
 //! - *live*: refcount > 0 (held by sequences), cached or not;
 //! - *idle*: refcount 0 but cached: its KV stays reusable until it is evicted. Idle
 //!   blocks count as free for allocation unless hard-pinned; an allocation takes free
-//!   blocks first and only then evicts (see [`crate::eviction`]).
+//!   blocks first and only then evicts (see [`crate::prefix_cache::eviction`]).
 //!
 //! Cached blocks form a forest: each one records its parent (the cached block before it
 //! in the sequence that stored it). Every holder of a cached block holds its parent too,
@@ -20,25 +20,28 @@
 //! caller sets. It stamps events and expires pins; it never reads the wall clock.
 
 
+pub mod block_hash;
 mod check;
+pub mod cursor;
 mod events;
+pub mod eviction;
 mod meta;
 mod pinning;
+pub mod pins;
 mod types;
 
 use rustc_hash::FxHashMap;
 
-use crate::allocator::BlockAllocator;
-use crate::block_hash::{BlockHasher, BlockKey};
+use crate::pool::allocator::BlockAllocator;
+use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::error::Result;
-use crate::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
+use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::invalid;
-use crate::pins::PinTable;
+use crate::prefix_cache::pins::PinTable;
 use crate::types::BlockId;
 
 use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
-pub use events::{DEFAULT_MAX_EVENTS, MAX_EVENTS_LIMIT};
-pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};
+pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, MAX_EVENTS_LIMIT};
 
 use events::EventQueue;
 
@@ -222,11 +225,6 @@ impl PrefixCache {
     #[inline]
     pub fn is_evictable(&self, b: BlockId, alloc: &BlockAllocator) -> bool {
         self.is_cached(b) && self.meta[b.index()].hard_pins == 0 && alloc.refcount(b) == 0
-    }
-
-    #[inline]
-    pub fn now(&self) -> u64 {
-        self.clock
     }
 
     /// Longest verified cached chain for `keys`, each standing for a *full* block.

@@ -3,10 +3,10 @@
 //! clock reaches their expiry.
 
 use super::{PrefixCache, IDLE};
-use crate::block_hash::BlockKey;
+use crate::prefix_cache::block_hash::BlockKey;
 use crate::error::Result;
 use crate::invalid;
-use crate::pins::Pin;
+use crate::prefix_cache::pins::Pin;
 use crate::types::BlockId;
 
 impl PrefixCache {

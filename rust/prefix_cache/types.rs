@@ -1,10 +1,16 @@
 //! What a prefix cache is configured with and what it reports: [`CacheConfig`],
 //! [`CacheStats`] (hit metrics and occupancy) and [`CacheEvent`]s (vLLM's KV events).
 
-use super::events::DEFAULT_MAX_EVENTS;
-use crate::block_hash::{BlockHasher, BlockKey};
-use crate::eviction::EvictionPolicy;
+use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
+use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::types::BlockId;
+
+/// Default capacity of the event queue: 100,000 events, about 8 MB (vLLM's publisher
+/// queue holds 100,000).
+pub const DEFAULT_MAX_EVENTS: usize = 100_000;
+
+/// Largest event-queue capacity accepted (about 1.3 GB of events).
+pub const MAX_EVENTS_LIMIT: usize = 1 << 24;
 
 /// How a pool caches prefixes.
 #[derive(Clone, Copy, Debug)]

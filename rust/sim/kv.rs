@@ -14,8 +14,8 @@
 //! through the batched step. Admission is planned first (a lookup, no state change) so the
 //! scheduler can refuse it before touching the pool.
 
-use crate::block_hash::BlockKey;
-use crate::block_table::blocks_for;
+use crate::prefix_cache::block_hash::BlockKey;
+use crate::pool::block_table::blocks_for;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, StepOutput};
 use crate::prefix_cache::CacheConfig;

@@ -25,7 +25,7 @@ use crate::prefix_cache::CacheConfig;
 use limits::{collect_n, filled, vec_for};
 
 pub use kv::Kv;
-pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS, MAX_TOKEN_IDS};
+pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use request::{Convention, ReqState, Status};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
@@ -139,100 +139,152 @@ fn advance(items: &[(u32, u32)], reqs: &mut [ReqState], kv: &mut Kv, conv: Conve
 
 /// Run `workload` to completion (or `max_steps`) and collect its metrics.
 pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer) -> Result<SimResult> {
-    workload.validate()?;
-    let n = workload.len();
-    let host_blocks = match cfg.scheduler.preemption {
-        Preemption::Swap { host_blocks } => host_blocks,
-        Preemption::Recompute => 0,
-    };
-    // The configuration is checked before the pools are allocated.
-    let mut sched = Scheduler::new(cfg.scheduler.clone())?;
-    let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
-    let mut kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
-
-    // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
-    let mut order: Vec<u32> = collect_n(n, "requests", |i| i as u32)?;
-    order.sort_by(|&a, &b| workload.arrival[a as usize].total_cmp(&workload.arrival[b as usize]).then(a.cmp(&b)));
-    let mut reqs: Vec<ReqState> =
-        collect_n(n, "requests", |i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))?;
-    for (rank, &i) in order.iter().enumerate() {
-        reqs[i as usize].ordinal = rank as u32;
-    }
-    let nan = || filled(f64::NAN, n, "requests");
-    let mut arrival = vec_for(n, "requests")?;
-    arrival.extend_from_slice(&workload.arrival);
-    let mut rm = RequestMetrics {
-        arrival,
-        first_scheduled: nan()?,
-        first_token: nan()?,
-        finish: nan()?,
-        outcome: filled(Outcome::Unfinished as u8, n, "requests")?,
-        ..Default::default()
-    };
-    let mut ctr = Counters {
-        preemptions: filled(0, n, "requests")?,
-        swaps: filled(0, n, "requests")?,
-        recomputed: filled(0, n, "requests")?,
-        cached: filled(0, n, "requests")?,
-    };
-    let mut sm = StepMetrics::default();
-    let mut batch = Batch::default();
-    let mut now = 0.0f64;
-    let mut next = 0usize;
-    let mut steps = 0u64;
-    let mut events: Vec<(u32, bool, bool)> = Vec::new();
-    let conv = cfg.scheduler.convention;
-
+    let mut run = Run::new(workload, cfg)?;
     loop {
-        while next < n && workload.arrival[order[next] as usize] <= now {
-            let i = order[next];
-            next += 1;
-            let r = &mut reqs[i as usize];
-            if sched.admissible_alone(r, &kv).is_err() {
-                r.status = Status::Rejected;
-                rm.outcome[i as usize] = Outcome::Rejected as u8;
-            } else {
-                r.status = Status::Waiting;
-                sched.enqueue(i, r, false);
-            }
-        }
-        if sched.is_idle() {
-            if next == n {
+        run.admit_arrivals();
+        if run.sched.is_idle() {
+            if run.next == run.order.len() {
                 break;
             }
-            now = now.max(workload.arrival[order[next] as usize]);
+            run.now = run.now.max(workload.arrival[run.order[run.next] as usize]);
             continue;
         }
-        if cfg.max_steps.is_some_and(|m| steps >= m) {
+        if cfg.max_steps.is_some_and(|m| run.steps >= m) {
             break;
         }
+        run.step(timer)?;
+        if cfg.check_invariants {
+            run.check()?;
+        }
+    }
+    Ok(run.finish())
+}
+
+/// The state of one simulation run: the scheduler, the pools, every request and the
+/// metrics collected so far.
+struct Run<'a> {
+    workload: &'a Workload,
+    cfg: &'a SimConfig,
+    sched: Scheduler,
+    kv: Kv,
+    /// Request indices by arrival time (ties by index).
+    order: Vec<u32>,
+    reqs: Vec<ReqState>,
+    rm: RequestMetrics,
+    ctr: Counters,
+    sm: StepMetrics,
+    batch: Batch,
+    /// `(request, first output token, finished)` of the current step.
+    events: Vec<(u32, bool, bool)>,
+    now: f64,
+    /// Next request of `order` to arrive.
+    next: usize,
+    steps: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(workload: &'a Workload, cfg: &'a SimConfig) -> Result<Self> {
+        workload.validate()?;
+        let n = workload.len();
+        let host_blocks = match cfg.scheduler.preemption {
+            Preemption::Swap { host_blocks } => host_blocks,
+            Preemption::Recompute => 0,
+        };
+        // The configuration is checked before the pools are allocated.
+        let sched = Scheduler::new(cfg.scheduler.clone())?;
+        let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
+        let kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
+
+        // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
+        let mut order: Vec<u32> = collect_n(n, "requests", |i| i as u32)?;
+        order.sort_by(|&a, &b| workload.arrival[a as usize].total_cmp(&workload.arrival[b as usize]).then(a.cmp(&b)));
+        let mut reqs: Vec<ReqState> =
+            collect_n(n, "requests", |i| ReqState::new(workload.prompt_len[i], workload.output_len[i], workload.priority[i]))?;
+        for (rank, &i) in order.iter().enumerate() {
+            reqs[i as usize].ordinal = rank as u32;
+        }
+        let nan = || filled(f64::NAN, n, "requests");
+        let mut arrival = vec_for(n, "requests")?;
+        arrival.extend_from_slice(&workload.arrival);
+        let rm = RequestMetrics {
+            arrival,
+            first_scheduled: nan()?,
+            first_token: nan()?,
+            finish: nan()?,
+            outcome: filled(Outcome::Unfinished as u8, n, "requests")?,
+            ..Default::default()
+        };
+        let ctr = Counters {
+            preemptions: filled(0, n, "requests")?,
+            swaps: filled(0, n, "requests")?,
+            recomputed: filled(0, n, "requests")?,
+            cached: filled(0, n, "requests")?,
+        };
+        Ok(Self {
+            workload,
+            cfg,
+            sched,
+            kv,
+            order,
+            reqs,
+            rm,
+            ctr,
+            sm: StepMetrics::default(),
+            batch: Batch::default(),
+            events: Vec::new(),
+            now: 0.0,
+            next: 0,
+            steps: 0,
+        })
+    }
+
+    /// Queue every request that has arrived by `now`, or reject it if it can never run.
+    fn admit_arrivals(&mut self) {
+        let n = self.order.len();
+        while self.next < n && self.workload.arrival[self.order[self.next] as usize] <= self.now {
+            let i = self.order[self.next];
+            self.next += 1;
+            let r = &mut self.reqs[i as usize];
+            if self.sched.admissible_alone(r, &self.kv).is_err() {
+                r.status = Status::Rejected;
+                self.rm.outcome[i as usize] = Outcome::Rejected as u8;
+            } else {
+                r.status = Status::Waiting;
+                self.sched.enqueue(i, r, false);
+            }
+        }
+    }
+
+    /// Schedule, time and commit one step.
+    fn step(&mut self, timer: &mut dyn StepTimer) -> Result<()> {
+        let (conv, steps, now) = (self.cfg.scheduler.convention, self.steps, self.now);
         // vLLM: running, then admissions, one batch, finishes after the step. DecodeFirst:
         // the running batch decodes and frees its finished requests before admission.
-        sched.schedule_running(&mut reqs, &mut kv, &mut batch, &mut ctr)?;
+        self.sched.schedule_running(&mut self.reqs, &mut self.kv, &mut self.batch, &mut self.ctr)?;
         let mut shape = StepShape::default();
-        events.clear();
+        self.events.clear();
         let split = if conv == Convention::DecodeFirst {
-            add_shape(&mut shape, &batch.items, &reqs, conv);
-            kv.commit(&batch.items, &mut reqs)?;
-            advance(&batch.items, &mut reqs, &mut kv, conv, &mut events)?;
-            sched.retire(&reqs);
-            batch.items.len()
+            add_shape(&mut shape, &self.batch.items, &self.reqs, conv);
+            self.kv.commit(&self.batch.items, &mut self.reqs)?;
+            advance(&self.batch.items, &mut self.reqs, &mut self.kv, conv, &mut self.events)?;
+            self.sched.retire(&self.reqs);
+            self.batch.items.len()
         } else {
             0
         };
-        sched.schedule_admissions(&mut reqs, &mut kv, workload, &mut batch, &mut ctr)?;
-        if batch.items.is_empty() && batch.preemptions == 0 {
+        self.sched.schedule_admissions(&mut self.reqs, &mut self.kv, self.workload, &mut self.batch, &mut self.ctr)?;
+        if self.batch.items.is_empty() && self.batch.preemptions == 0 {
             return Err(KvError::Invariant(format!(
                 "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
-                sched.num_waiting(),
-                sched.num_swapped()
+                self.sched.num_waiting(),
+                self.sched.num_swapped()
             )));
         }
-        let rest = &batch.items[split..];
-        add_shape(&mut shape, rest, &reqs, conv);
-        shape.num_seqs = batch.items.len() as u64;
-        shape.swapped_blocks = batch.swapped_blocks;
-        kv.commit(rest, &mut reqs)?;
+        let rest = &self.batch.items[split..];
+        add_shape(&mut shape, rest, &self.reqs, conv);
+        shape.num_seqs = self.batch.items.len() as u64;
+        shape.swapped_blocks = self.batch.swapped_blocks;
+        self.kv.commit(rest, &mut self.reqs)?;
         let dt = timer.step_time(&shape)?;
         if !(dt.is_finite() && dt >= 0.0) {
             return Err(invalid!("time_model returned {dt} s at step {steps}; step durations must be finite and >= 0"));
@@ -241,16 +293,26 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
         if !end.is_finite() {
             return Err(invalid!("step {steps}: the simulated clock overflowed ({now} s + {dt} s); time_model durations are too large"));
         }
-        if cfg.record_steps {
-            record_step(&mut sm, &sched, &kv, &batch, &shape, now, dt)?;
+        if self.cfg.record_steps {
+            record_step(&mut self.sm, &self.sched, &self.kv, &self.batch, &shape, now, dt)?;
         }
-        advance(rest, &mut reqs, &mut kv, conv, &mut events)?;
-        for &(i, _) in &batch.items {
+        advance(&self.batch.items[split..], &mut self.reqs, &mut self.kv, conv, &mut self.events)?;
+        self.record_events(end);
+        self.sched.retire(&self.reqs);
+        self.now = end;
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Per-request times of the step that ran from `self.now` to `end`.
+    fn record_events(&mut self, end: f64) {
+        let rm = &mut self.rm;
+        for &(i, _) in &self.batch.items {
             if rm.first_scheduled[i as usize].is_nan() {
-                rm.first_scheduled[i as usize] = now;
+                rm.first_scheduled[i as usize] = self.now;
             }
         }
-        for &(i, first, finished) in &events {
+        for &(i, first, finished) in &self.events {
             if first {
                 rm.first_token[i as usize] = end;
             }
@@ -259,23 +321,27 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
                 rm.outcome[i as usize] = Outcome::Finished as u8;
             }
         }
-        sched.retire(&reqs);
-        now = end;
-        steps += 1;
-        if cfg.check_invariants {
-            kv.device.check_invariants()?;
-            if let Some(h) = &kv.host {
-                h.check_invariants()?;
-            }
-            check_accounting(&kv, &reqs)?;
-        }
     }
-    rm.preemptions = ctr.preemptions;
-    rm.swaps = ctr.swaps;
-    rm.recomputed_tokens = ctr.recomputed;
-    rm.cached_tokens = ctr.cached;
-    let summary = Summary::compute(&rm, &sm, &workload.prompt_len, &workload.output_len, steps);
-    Ok(SimResult { requests: rm, steps: sm, summary, leaked_blocks: kv.used_blocks() })
+
+    /// Both pools' invariants and the engine's accounting, after a step.
+    fn check(&self) -> Result<()> {
+        self.kv.device.check_invariants()?;
+        if let Some(h) = &self.kv.host {
+            h.check_invariants()?;
+        }
+        check_accounting(&self.kv, &self.reqs)
+    }
+
+    fn finish(self) -> SimResult {
+        let mut rm = self.rm;
+        rm.preemptions = self.ctr.preemptions;
+        rm.swaps = self.ctr.swaps;
+        rm.recomputed_tokens = self.ctr.recomputed;
+        rm.cached_tokens = self.ctr.cached;
+        let w = self.workload;
+        let summary = Summary::compute(&rm, &self.sm, &w.prompt_len, &w.output_len, self.steps);
+        SimResult { requests: rm, steps: self.sm, summary, leaked_blocks: self.kv.used_blocks() }
+    }
 }
 
 /// The engine's mirror of the pool agrees with the pool.

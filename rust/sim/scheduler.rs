@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::block_table::blocks_for;
+use crate::pool::block_table::blocks_for;
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::MAX_SEQ_TOKENS;

@@ -161,39 +161,6 @@ impl Workload {
             _ => None,
         }
     }
-
-    /// Stretch inter-arrival times by `factor` (2.0 = half the request rate).
-    pub fn scale_time(&mut self, factor: f64) -> Result<()> {
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(invalid!("time scale must be finite and > 0, got {factor}"));
-        }
-        self.arrival.iter_mut().for_each(|t| *t *= factor);
-        Ok(())
-    }
-
-    /// Scale prompt and output lengths (rounded, at least 1 token). Prompts given as token
-    /// ids or block keys keep their length: their content cannot be scaled. A scaled
-    /// length above `MAX_REQUEST_TOKENS` is an error (nothing changes).
-    pub fn scale_lengths(&mut self, prompt: f64, output: f64) -> Result<()> {
-        for f in [prompt, output] {
-            if !(f.is_finite() && f > 0.0) {
-                return Err(invalid!("length scale must be finite and > 0, got {f}"));
-            }
-        }
-        if prompt != 1.0 && !matches!(self.prompts, Prompts::Lengths) {
-            return Err(invalid!("prompts given as token ids or block keys cannot be length-scaled"));
-        }
-        let scaled = |v: u32, f: f64| (v as f64 * f).round().max(1.0);
-        for (name, col, f) in [("prompt_len", &self.prompt_len, prompt), ("output_len", &self.output_len, output)] {
-            if let Some(i) = col.iter().position(|&v| scaled(v, f) > MAX_REQUEST_TOKENS as f64) {
-                return Err(invalid!("{name}[{i}] = {} scaled by {f} exceeds {MAX_REQUEST_TOKENS} tokens", col[i]));
-            }
-        }
-        let scale = |v: &mut u32, f: f64| *v = scaled(*v, f) as u32;
-        self.prompt_len.iter_mut().for_each(|v| scale(v, prompt));
-        self.output_len.iter_mut().for_each(|v| scale(v, output));
-        Ok(())
-    }
 }
 
 /// Arrival process of a synthetic workload.
@@ -426,20 +393,6 @@ mod tests {
         assert!(w.prompt_len.iter().all(|&p| (1..=8192).contains(&p)));
         assert!(w.priority.iter().all(|&p| (0..3).contains(&p)));
         assert_eq!(w.tokens(3).unwrap().len(), w.prompt_len[3] as usize);
-    }
-
-    #[test]
-    fn scaling_stretches_time_and_lengths() {
-        let mut w = Workload::new(vec![0.0, 2.0], vec![10, 3], vec![4, 1], None).unwrap();
-        w.scale_time(0.5).unwrap();
-        w.scale_lengths(0.5, 2.0).unwrap();
-        assert_eq!(w.arrival, vec![0.0, 1.0]);
-        assert_eq!(w.prompt_len, vec![5, 2]);
-        assert_eq!(w.output_len, vec![8, 2]);
-        assert!(w.scale_time(0.0).is_err());
-        let mut t = w.with_tokens(vec![1; 7], vec![0, 5, 7]).unwrap();
-        assert!(t.scale_lengths(2.0, 1.0).is_err());
-        assert!(t.scale_lengths(1.0, 2.0).is_ok());
     }
 
     #[test]

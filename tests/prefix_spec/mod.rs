@@ -1,6 +1,6 @@
 //! A reference model of a prefix-caching pool, written from the documentation: the rules
-//! in `rust/pool_prefix.rs`'s module doc and the eviction specification in
-//! `rust/eviction.rs` (what *uses* a block, in which order, what each policy evicts
+//! in `rust/pool/prefix.rs`'s module doc and the eviction specification in
+//! `rust/prefix_cache/eviction.rs` (what *uses* a block, in which order, what each policy evicts
 //! first). Plain data and linear scans; no code shared with the implementation. Block
 //! keys are inputs (the caller computes them with the pool's hasher, whose encoding
 //! `block_hash.rs` tests against independent vectors). Blocks live in an arena and are

@@ -200,7 +200,7 @@ pub mod named {
     use pyo3::prelude::*;
 
     use super::{clamp, count, dist, opt_size, real, size};
-    use crate::allocator::MAX_BLOCKS;
+    use crate::pool::allocator::MAX_BLOCKS;
 
     macro_rules! converters {
         ($($f:ident -> $t:ty = $conv:ident),* $(,)?) => {$(

@@ -5,10 +5,19 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::sim::{Percentiles, SimResult, Workload};
+use crate::sim::{Percentiles, RequestMetrics, SimResult, StepMetrics, Workload};
 
 pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bound<'py, PyDict>> {
-    let q = &r.requests;
+    let summary = summary_dict(py, &r)?;
+    let d = PyDict::new(py);
+    d.set_item("requests", requests_dict(py, r.requests, w)?)?;
+    d.set_item("steps", steps_dict(py, r.steps)?)?;
+    d.set_item("summary", summary)?;
+    Ok(d)
+}
+
+/// One column per request: the workload's, the computed latencies, the engine's records.
+fn requests_dict<'py>(py: Python<'py>, q: RequestMetrics, w: &Workload) -> PyResult<Bound<'py, PyDict>> {
     let req = PyDict::new(py);
     req.set_item("prompt_len", PyArray1::from_iter(py, w.prompt_len.iter().map(|&x| x as i64)))?;
     req.set_item("output_len", PyArray1::from_iter(py, w.output_len.iter().map(|&x| x as i64)))?;
@@ -17,7 +26,6 @@ pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult
     req.set_item("tpot", PyArray1::from_vec(py, q.tpot(&w.output_len)))?;
     req.set_item("e2e", PyArray1::from_vec(py, q.e2e()))?;
     req.set_item("queueing", PyArray1::from_vec(py, q.queueing()))?;
-    let q = r.requests;
     req.set_item("arrival", PyArray1::from_vec(py, q.arrival))?;
     req.set_item("first_scheduled", PyArray1::from_vec(py, q.first_scheduled))?;
     req.set_item("first_token", PyArray1::from_vec(py, q.first_token))?;
@@ -27,7 +35,11 @@ pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult
     req.set_item("recomputed_tokens", PyArray1::from_vec(py, q.recomputed_tokens))?;
     req.set_item("cached_tokens", PyArray1::from_vec(py, q.cached_tokens))?;
     req.set_item("outcome", PyArray1::from_vec(py, q.outcome))?;
-    let s = r.steps;
+    Ok(req)
+}
+
+/// One column per step.
+fn steps_dict<'py>(py: Python<'py>, s: StepMetrics) -> PyResult<Bound<'py, PyDict>> {
     let st = PyDict::new(py);
     st.set_item("time", PyArray1::from_vec(py, s.time))?;
     st.set_item("duration", PyArray1::from_vec(py, s.duration))?;
@@ -46,7 +58,12 @@ pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult
     st.set_item("prefix_hit_rate", PyArray1::from_vec(py, s.prefix_hit_rate))?;
     st.set_item("preemptions", PyArray1::from_vec(py, s.preemptions))?;
     st.set_item("swapped_blocks", PyArray1::from_vec(py, s.swapped_blocks))?;
-    let m = r.summary;
+    Ok(st)
+}
+
+/// The run's totals and statistics; a statistic over an empty set is None.
+fn summary_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDict>> {
+    let m = &r.summary;
     let sum = PyDict::new(py);
     for (k, v) in [
         ("num_requests", m.num_requests),
@@ -75,7 +92,7 @@ pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult
     ] {
         sum.set_item(k, v)?;
     }
-    for (name, p) in [("ttft", m.ttft), ("tpot", m.tpot), ("e2e", m.e2e), ("queueing", m.queueing)] {
+    for (name, p) in [("ttft", &m.ttft), ("tpot", &m.tpot), ("e2e", &m.e2e), ("queueing", &m.queueing)] {
         let stats = |f: fn(&Percentiles) -> f64| p.as_ref().map(f);
         for (stat, v) in [
             ("mean", stats(|p| p.mean)),
@@ -87,9 +104,5 @@ pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult
             sum.set_item(format!("{name}_{stat}"), v)?;
         }
     }
-    let d = PyDict::new(py);
-    d.set_item("requests", req)?;
-    d.set_item("steps", st)?;
-    d.set_item("summary", sum)?;
-    Ok(d)
+    Ok(sum)
 }

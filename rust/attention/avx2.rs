@@ -1,0 +1,207 @@
+//! AVX2 + FMA + F16C kernel: 8 tokens per register, same structure as [`super::avx512`]
+//! (head tiles of 4 with two partial sums each, online softmax in registers, V
+//! accumulators of 4 heads x 32 dimensions held across the chunk, next-tile prefetch).
+//!
+//! AVX2 has no masked 16-bit load, so a partial chunk (fewer than 8 tokens, or a
+//! `head_dim` tail) is staged through a zeroed stack buffer; full chunks load directly.
+
+// Register tiles are small fixed arrays indexed by head and vector: index loops read best.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
+
+const W: usize = 8;
+const HT: usize = 4;
+const VT: usize = 4;
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    let g = w.g;
+    let mut probs = [[0f32; W]; HT];
+    w.for_each_chunk(W, |hi, chunk, pf| {
+        let mut j0 = 0;
+        while j0 < g {
+            let qh = hi * g + j0;
+            let pf = if j0 == 0 { pf } else { None };
+            match g - j0 {
+                1 => head_tile::<E, 1>(chunk, w.q, qh, p, &mut probs, pf),
+                2 => head_tile::<E, 2>(chunk, w.q, qh, p, &mut probs, pf),
+                3 => head_tile::<E, 3>(chunk, w.q, qh, p, &mut probs, pf),
+                _ => head_tile::<E, 4>(chunk, w.q, qh, p, &mut probs, pf),
+            }
+            j0 += HT;
+        }
+    });
+}
+
+/// Load `min(n, 8)` elements of `x` starting at `at` as f32 (missing lanes are 0).
+/// Safe: the slice bounds are checked; only the full-width case uses a raw load.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
+    if n >= W {
+        let s = &x[at..at + W];
+        // SAFETY: `s` holds exactly 8 elements (checked slice).
+        unsafe {
+            match E::DTYPE {
+                DType::F32 => _mm256_loadu_ps(s.as_ptr().cast()),
+                DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
+                DType::BF16 => {
+                    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+                }
+            }
+        }
+    } else {
+        let mut buf = [0f32; W];
+        for (b, e) in buf.iter_mut().zip(&x[at..at + n]) {
+            *b = e.to_f32();
+        }
+        // SAFETY: buf holds 8 f32.
+        unsafe { _mm256_loadu_ps(buf.as_ptr()) }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hmax(x: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(x: __m256) -> f32 {
+    let m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+}
+
+/// `2^x` for `x <= 0` (inputs below -126 give about 1e-38).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn exp2(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(x, _mm256_set1_ps(-126.0));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm256_sub_ps(x, n);
+    const C: [f32; 8] = super::work::EXP2_TAYLOR;
+    let mut r = _mm256_set1_ps(C[7]);
+    for &c in C[..7].iter().rev() {
+        r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(c));
+    }
+    // 2^n with n in -126..=0 built in the exponent field: always a normal float.
+    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(r, _mm256_castsi256_ps(e))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn head_tile<E: Elem, const H: usize>(
+    c: &Chunk<E>,
+    q: &[f32],
+    qh: usize,
+    p: &mut Partial,
+    probs: &mut [[f32; W]; HT],
+    prefetch: Option<(&[E], &[E])>,
+) {
+    let (d, bs, n) = (c.d, c.bs, c.lanes);
+    // One slice of exactly d per head lets the compiler drop the index checks below.
+    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
+    let (pf_k, pf_v, pf_row) = match prefetch {
+        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
+        None => (std::ptr::null(), std::ptr::null(), 0),
+    };
+    let mut s0 = [_mm256_setzero_ps(); H];
+    let mut s1 = [_mm256_setzero_ps(); H];
+    let mut i = 0;
+    while i + 2 <= d {
+        let k0 = load(c.kt, i * bs + c.c0, n);
+        let k1 = load(c.kt, (i + 1) * bs + c.c0, n);
+        if !pf_k.is_null() {
+            // Prefetches never fault; the addresses stay inside the next tile.
+            // Two rows per iteration: cover their share of both next tiles, whole lines.
+            let mut off = i * pf_row;
+            while off < (i + 2) * pf_row {
+                _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
+                off += 64;
+            }
+        }
+        for j in 0..H {
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
+            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i + 1]), k1, s1[j]);
+        }
+        i += 2;
+    }
+    if i < d {
+        let k0 = load(c.kt, i * bs + c.c0, n);
+        for j in 0..H {
+            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
+        }
+    }
+
+    // Lanes >= n hold no token: force their score to -inf, hence probability 0.
+    let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    let valid = _mm256_castsi256_ps(valid);
+    let mut alpha = [0f32; H];
+    for j in 0..H {
+        let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), _mm256_add_ps(s0[j], s1[j]), valid);
+        let m_old = p.m[qh + j];
+        let m_new = m_old.max(hmax(s));
+        let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(m_new))), valid);
+        // exp2 of the vector unit, not libm's: a call would spill every register.
+        alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
+        p.m[qh + j] = m_new;
+        p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
+        // SAFETY: probs[j] holds exactly 8 f32.
+        unsafe { _mm256_storeu_ps(probs[j].as_mut_ptr(), e) };
+    }
+
+    let acc = &mut p.acc[qh * d..(qh + H) * d];
+    let mut u0 = 0;
+    while u0 < d {
+        let w: [usize; VT] = std::array::from_fn(|u| d.saturating_sub(u0 + u * W).min(W));
+        let mut a = [[_mm256_setzero_ps(); VT]; H];
+        for j in 0..H {
+            let al = _mm256_set1_ps(alpha[j]);
+            for u in 0..VT {
+                if w[u] > 0 {
+                    a[j][u] = _mm256_mul_ps(al, load(acc, j * d + u0 + u * W, w[u]));
+                }
+            }
+        }
+        for t in 0..c.lanes {
+            let row = (c.c0 + t) * d + u0;
+            let v: [__m256; VT] =
+                std::array::from_fn(|u| if w[u] > 0 { load(c.vt, row + u * W, w[u]) } else { _mm256_setzero_ps() });
+            for j in 0..H {
+                let pj = _mm256_set1_ps(probs[j][t]);
+                for u in 0..VT {
+                    a[j][u] = _mm256_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+        }
+        for j in 0..H {
+            for u in 0..VT {
+                let at = j * d + u0 + u * W;
+                if w[u] == W {
+                    let dst = &mut acc[at..at + W];
+                    // SAFETY: dst holds exactly 8 f32 (checked slice).
+                    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), a[j][u]) };
+                } else if w[u] > 0 {
+                    let mut buf = [0f32; W];
+                    // SAFETY: buf holds 8 f32.
+                    unsafe { _mm256_storeu_ps(buf.as_mut_ptr(), a[j][u]) };
+                    acc[at..at + w[u]].copy_from_slice(&buf[..w[u]]);
+                }
+            }
+        }
+        u0 += VT * W;
+    }
+}

@@ -1,0 +1,382 @@
+//! AVX-512 (F, BW, VL) kernel: 16 tokens per register.
+//!
+//! Per (block, KV head) tile and chunk of up to 16 tokens:
+//! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
+//!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
+//!    broadcast query element of every head, with two partial sums per head to hide FMA
+//!    latency; no horizontal sums;
+//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`), with
+//!    a lazy running maximum (moved only when a score exceeds it by 2^8);
+//! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
+//!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
+//!
+//! The next tile (next head of the block, or first head of the next block) is prefetched
+//! line by line by a `Prefetcher`: its K lines spread over the score loop, its V lines
+//! over the V loop, so the jump between scattered blocks does not stall the stream and
+//! the misses do not arrive in one burst. The hot loops index through raw pointers
+//! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
+//! version cost 15-20% of the cache-resident time).
+//!
+//! f16 uses `vcvtph2ps`; bf16 is widened exactly by a 16-bit shift (K rows) or by one
+//! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
+//! accumulators then keep the unpack order until the end of the item). Queries stay f32
+//! (rounding them to bf16 for `vdpbf16ps` costs about 3 significant digits of the
+//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in
+//! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
+//! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]).
+//!
+//! Every memory access is a (masked) load or store inside a slice obtained with checked
+//! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
+
+// Register tiles are small fixed arrays indexed by head and vector: index loops read best.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::work::{Chunk, Partial, Work};
+use crate::kv::{DType, Elem};
+
+const W: usize = 16;
+/// Query heads per register tile.
+const HT: usize = 4;
+/// V accumulator vectors per head in registers (64 dimensions).
+const VT: usize = 4;
+
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    // SAFETY: the caller's features are those `Exact` is compiled for.
+    unsafe { run_with(w, p, &Exact { q: w.q }) }
+}
+
+/// The tile loop of [`run`] with the scores computed by `sc`.
+///
+/// # Safety
+/// The CPU must support the features of `run` and of `S`'s implementation.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
+    let (d, g) = (w.shape.head_dim, w.g);
+    let mut probs = [[0f32; W]; HT];
+    w.for_each_chunk(W, |hi, chunk, pf| {
+        let mut j0 = 0;
+        while j0 < g {
+            let qh = hi * g + j0;
+            let pf = if j0 == 0 { pf } else { None };
+            match g - j0 {
+                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, &mut probs, pf),
+                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, &mut probs, pf),
+                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, &mut probs, pf),
+                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, &mut probs, pf),
+            }
+            j0 += HT;
+        }
+    });
+    if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
+        unpermute_bf16(p.acc, d);
+    }
+}
+
+/// The lanes of a chunk's tokens.
+#[inline]
+pub(crate) fn chunk_mask<E>(c: &Chunk<E>) -> __mmask16 {
+    lane_mask(0, c.lanes)
+}
+
+/// How a head tile gets its scores: [`Exact`] (f32 query, K widened exactly) or
+/// `vdpbf16ps` on the bf16-rounded query ([`super::avx512_bf16`]).
+pub(crate) trait Scores<E> {
+    /// Scores in log2 units (the query's `scale * log2(e)` applied) of query heads
+    /// `qh .. qh + H` for the chunk's tokens (lanes beyond `c.lanes` are don't-care),
+    /// prefetching the lines of `next_k` (the next K tile) over the loop.
+    ///
+    /// # Safety
+    /// The CPU must support the features the implementation is compiled for.
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H];
+}
+
+/// f32 scores from the pre-scaled f32 query rows of the item.
+pub(crate) struct Exact<'a> {
+    pub q: &'a [f32],
+}
+
+impl<E: Elem> Scores<E> for Exact<'_> {
+    /// Each K row (one dimension, 16 tokens) is widened once and FMA'd with the
+    /// broadcast query element of every head, two partial sums per head.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+        let (d, bs, q, mask) = (c.d, c.bs, self.q, chunk_mask(c));
+        // K rows are bs elements apart; the last unmasked lane of the last row is
+        // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
+        assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
+        let qp = q[qh * d..].as_ptr();
+        let kp = c.kt.as_ptr().wrapping_add(c.c0);
+        // The next K tile is prefetched over this loop, the next V tile over the V loop,
+        // so the misses overlap FMAs instead of arriving in one burst.
+        let mut pf = Prefetcher::new(next_k, d / 2);
+        let mut s0 = [_mm512_setzero_ps(); H];
+        let mut s1 = [_mm512_setzero_ps(); H];
+        let mut i = 0;
+        while i + 2 <= d {
+            // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
+            // j * d + i + 1 < H * d past qp (assert above).
+            unsafe {
+                let (k0, k1) = (load(kp.add(i * bs), mask), load(kp.add((i + 1) * bs), mask));
+                pf.step();
+                for j in 0..H {
+                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                    s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + 1)), k1, s1[j]);
+                }
+            }
+            i += 2;
+        }
+        if i < d {
+            // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+            unsafe {
+                let k0 = load(kp.add(i * bs), mask);
+                for j in 0..H {
+                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                }
+            }
+        }
+        std::array::from_fn(|j| _mm512_add_ps(s0[j], s1[j]))
+    }
+}
+
+/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
+///
+/// # Safety
+/// Every unmasked lane `i` must satisfy `p.add(i)` inside one live allocation.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
+    // SAFETY: the caller guarantees every unmasked lane is in bounds; `E::DTYPE` is the
+    // element type of `p` (a sealed `Elem`), so the lanes read are whole elements.
+    unsafe {
+        match E::DTYPE {
+            DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
+            DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
+            DType::BF16 => {
+                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+            }
+        }
+    }
+}
+
+/// Prefetches one tile (K or V) that comes next, `per` lines per `step`, so the
+/// misses are spread over a loop instead of arriving in one burst.
+pub(crate) struct Prefetcher {
+    p: *const i8,
+    /// Bytes left to prefetch, and bytes per step.
+    left: usize,
+    per: usize,
+}
+
+impl Prefetcher {
+    /// Spread `tile`'s lines over `iters` steps.
+    #[inline]
+    pub(crate) fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
+        match tile {
+            Some(t) => {
+                let len = std::mem::size_of_val(t);
+                let lines = len.div_ceil(64);
+                Self { p: t.as_ptr().cast(), left: len, per: 64 * lines.div_ceil(iters.max(1)) }
+            }
+            None => Self { p: std::ptr::null(), left: 0, per: 0 },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) fn step(&mut self) {
+        if self.left == 0 {
+            return;
+        }
+        let mut off = 0;
+        while off < self.per && off < self.left {
+            // Prefetches never fault; the address stays inside the next tile.
+            _mm_prefetch::<_MM_HINT_T0>(self.p.wrapping_add(off));
+            off += 64;
+        }
+        self.p = self.p.wrapping_add(off);
+        self.left -= off.min(self.left);
+    }
+}
+
+/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
+/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
+/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
+/// [`unpermute_bf16`] restores it at the end of the item.
+///
+/// # Safety
+/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
+/// after `p` must lie inside one allocation (zero masks access nothing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
+    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
+    let zero = _mm512_setzero_si512();
+    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
+    // SAFETY: forwarded to the caller.
+    let (x, y) = unsafe {
+        (
+            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
+            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
+        )
+    };
+    [
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
+    ]
+}
+
+/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
+/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
+const BF16_ORDER: [usize; 32] = {
+    let mut o = [0; 32];
+    let mut s = 0;
+    while s < 32 {
+        let (half, r) = (s / 16, s % 16);
+        o[s] = (r / 4) * 8 + half * 4 + r % 4;
+        s += 1;
+    }
+    o
+};
+
+/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
+pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
+    for group in acc.chunks_exact_mut(2 * W) {
+        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
+        for (s, &dim) in BF16_ORDER.iter().enumerate() {
+            group[dim] = stored[s];
+        }
+    }
+    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
+}
+
+/// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
+#[inline]
+fn lane_mask(i: usize, n: usize) -> __mmask16 {
+    let r = n.saturating_sub(i);
+    if r >= W {
+        0xffff
+    } else {
+        (1u16 << r) - 1
+    }
+}
+
+/// How far (log2 units) a score may exceed the running maximum before the maximum
+/// moves: probabilities stay below 2^8, far from f32 overflow even summed over 2^32
+/// tokens, and relative rounding is unchanged.
+const LAZY_MAX: f32 = 8.0;
+
+/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
+/// underflowing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn exp2(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
+    const C: [f32; 8] = super::work::EXP2_TAYLOR;
+    let mut r = _mm512_set1_ps(C[7]);
+    for &c in C[..7].iter().rev() {
+        r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(r, n)
+}
+
+/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
+    c: &Chunk<E>,
+    sc: &S,
+    qh: usize,
+    p: &mut Partial,
+    probs: &mut [[f32; W]; HT],
+    prefetch: Option<(&[E], &[E])>,
+) {
+    let (d, mask) = (c.d, chunk_mask(c));
+    assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
+    // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
+    let scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
+
+    // Online softmax per head; masked-off lanes get probability 0. The running maximum
+    // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
+    // probabilities (up to 2^LAZY_MAX) do not wait for a horizontal max and the
+    // accumulators are rarely rescaled. `l` and `acc` share the reference point, so the
+    // quotient and the LSE are those of the exact maximum.
+    let mut alpha = [1f32; H];
+    let mut rescale = false;
+    for j in 0..H {
+        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores[j]);
+        let m_old = p.m[qh + j];
+        // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
+        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
+            let m_new = _mm512_reduce_max_ps(s);
+            // exp2 of the vector unit, not libm's: a call would spill every register.
+            alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            p.m[qh + j] = m_new;
+            rescale = true;
+        }
+        let e = _mm512_maskz_mov_ps(mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
+        p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
+        // SAFETY: probs[j] holds exactly 16 f32.
+        unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
+    }
+
+    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
+    let acc = &mut p.acc[qh * d..(qh + H) * d];
+    let ap = acc.as_mut_ptr();
+    let vp = c.vt.as_ptr();
+    let mut pf = Prefetcher::new(prefetch.map(|t| t.1), d.div_ceil(VT * W) * c.lanes);
+    let mut u0 = 0;
+    while u0 < d {
+        let m: [__mmask16; VT] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
+        let mut a = [[_mm512_setzero_ps(); VT]; H];
+        for j in 0..H {
+            let al = _mm512_set1_ps(alpha[j]);
+            for u in 0..VT {
+                // SAFETY: unmasked lanes lie in row j of acc (j * d + u0 + u*16 + lane <
+                // (j + 1) * d); the address is formed with wrapping_add because a fully
+                // masked vector may point past the end, where nothing is accessed.
+                a[j][u] = unsafe { _mm512_maskz_loadu_ps(m[u], ap.wrapping_add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
+                }
+            }
+        }
+        for t in 0..c.lanes {
+            pf.step();
+            let row = (c.c0 + t) * d + u0;
+            let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
+                // SAFETY: as below; each 32-element load is all in or all out of the row
+                // (d is a multiple of 32), its mask taken from the vector pair it fills.
+                unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
+            } else {
+                // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+                std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) })
+            };
+            for j in 0..H {
+                let pj = _mm512_set1_ps(probs[j][t]);
+                for u in 0..VT {
+                    a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+        }
+        for j in 0..H {
+            for u in 0..VT {
+                // SAFETY: same range as the load above.
+                unsafe { _mm512_mask_storeu_ps(ap.wrapping_add(j * d + u0 + u * W), m[u], a[j][u]) };
+            }
+        }
+        u0 += VT * W;
+    }
+}

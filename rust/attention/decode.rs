@@ -1,0 +1,304 @@
+//! Decode attention over a batch: check the call, cut it into work items (`plan`), run
+//! each on the chosen instruction-set path (`run_item`, the dispatch) on the kernels'
+//! thread pool, and merge split sequences by log-sum-exp (`merge`).
+
+use std::ops::Range;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::isa::{Isa, Supported};
+use super::scalar;
+use super::tables::SeqTables;
+use super::work::{Partial, Work};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512, avx512_bf16};
+#[cfg(target_arch = "aarch64")]
+use super::neon;
+use crate::error::Result;
+use crate::invalid;
+use crate::kv::{DType, Elem, KvCache};
+
+/// Per-call options; `Default` is what Python gets without keywords.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeOptions {
+    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Tokens per split (rounded up to whole blocks); `Some(0)` never splits, `None`
+    /// splits sequences longer than a quarter of a thread's share of the batch (at least
+    /// 256 tokens per split).
+    pub split_tokens: Option<usize>,
+    /// KV heads per work item (must divide the KV head count); `None` is all of them,
+    /// which reads each block as one contiguous run (see `benches/RESULTS.md`).
+    pub kv_heads_per_item: Option<usize>,
+    /// Kernel path; `None` is [`Isa::best`].
+    pub isa: Option<Isa>,
+    /// bf16 caches only: round the query to bf16 (nearest even) and compute the scores
+    /// from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 they are
+    /// computed by `vdpbf16ps` ([`avx512_bf16`]), elsewhere by f32 FMAs on the rounded
+    /// query (the same products, exact in f32, summed in another order). Softmax and
+    /// `P V` are unchanged (f32, V widened exactly).
+    pub bf16_scores: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Item {
+    pub(super) seq: usize,
+    pub(super) group: usize,
+    pub(super) blocks: Range<usize>,
+    pub(super) ntok: usize,
+}
+
+/// Decode attention over `layer` of `cache`.
+///
+/// `q`: f32 `[n, num_q_heads, head_dim]`; `out`: the same shape; `lse` (optional):
+/// `[n, num_q_heads]` natural-log sum of `exp(scale * q.k)` (`-inf` for an empty
+/// sequence, whose output is 0).
+///
+/// Errors: shapes or head counts that do not match the cache, an unsupported or unknown
+/// path, a non-finite scale, a KV head split that does not divide the KV heads.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    num_q_heads: usize,
+    tables: &SeqTables,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    opts: &DecodeOptions,
+) -> Result<()> {
+    let shape = cache.shape();
+    let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
+    let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts)?;
+    let pool = crate::runtime::threads::pool()?;
+    let (qs, q_bf16) = scaled_query(q, d, scale * std::f32::consts::LOG2_E, opts.bf16_scores);
+    let items = plan(tables, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
+
+    let per_item = kpi * g;
+    let mut acc = vec![0f32; items.len() * per_item * d];
+    let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
+    let mut l = vec![0f32; items.len() * per_item];
+    crate::with_elem!(cache.dtype(), E => {
+        let (k, v) = cache.layer::<E>(layer)?;
+        // Longest item first, each thread taking the next item as it frees up (greedy
+        // LPT list scheduling): with a few uneven items, rayon's halving of the item list
+        // can leave one core waiting on the other's last long item.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(items[i].ntok));
+        let parts: Vec<Mutex<Partial>> = acc
+            .chunks_mut(per_item * d)
+            .zip(m.chunks_mut(per_item))
+            .zip(l.chunks_mut(per_item))
+            .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l }))
+            .collect();
+        let next = AtomicUsize::new(0);
+        pool.broadcast(|_| {
+            while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let it = &items[i];
+                let (blocks, _) = tables.seq(it.seq);
+                let heads = it.group * kpi..(it.group + 1) * kpi;
+                let qrow = (it.seq * num_q_heads + heads.start * g) * d;
+                let work = Work {
+                    k,
+                    v,
+                    shape,
+                    g,
+                    blocks: &blocks[it.blocks.clone()],
+                    ntok: it.ntok,
+                    heads,
+                    q: &qs[qrow..qrow + per_item * d],
+                    q_bf16: opts.bf16_scores.then(|| {
+                        let pairs = d.div_ceil(2);
+                        let at = qrow / d * pairs;
+                        (&q_bf16[at..at + per_item * pairs], scale * std::f32::consts::LOG2_E)
+                    }),
+                };
+                // Each index is handed out once, so the lock is never contended.
+                let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+                run_item(isa, &work, &mut p);
+            }
+        });
+    });
+    merge(&items, &acc, &m, &l, per_item, d, out, lse, &pool);
+    Ok(())
+}
+
+/// What a checked call runs with: query heads per KV head, the softmax scale, the path
+/// and the KV heads per work item.
+struct Checked {
+    g: usize,
+    scale: f32,
+    isa: Supported,
+    kpi: usize,
+}
+
+/// Every check of [`decode_attention`] on its arguments (`n` sequences), before any work.
+fn check_call(
+    cache: &KvCache,
+    n: usize,
+    q_len: usize,
+    out_len: usize,
+    lse_len: Option<usize>,
+    num_q_heads: usize,
+    opts: &DecodeOptions,
+) -> Result<Checked> {
+    let shape = cache.shape();
+    let (d, hkv) = (shape.head_dim, shape.num_kv_heads);
+    if num_q_heads == 0 || !num_q_heads.is_multiple_of(hkv) {
+        return Err(invalid!("{num_q_heads} query heads is not a positive multiple of {hkv} KV heads"));
+    }
+    let want = n * num_q_heads * d;
+    if q_len != want || out_len != want {
+        return Err(invalid!("q and out must be [{n}, {num_q_heads}, {d}] ({want} values), got {q_len} and {out_len}"));
+    }
+    if let Some(l) = lse_len {
+        if l != n * num_q_heads {
+            return Err(invalid!("lse must be [{n}, {num_q_heads}], got {l} values"));
+        }
+    }
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(invalid!("scale must be finite, got {scale}"));
+    }
+    let isa = opts.isa.unwrap_or_else(Isa::best);
+    let Some(isa) = Supported::check(isa) else {
+        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
+    };
+    let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
+    if kpi == 0 || !hkv.is_multiple_of(kpi) {
+        return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
+    }
+    if opts.bf16_scores && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
+    Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
+}
+
+/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
+/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (empty without `bf16`).
+pub(super) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
+    if !bf16 {
+        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
+    }
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
+    let pairs = q
+        .chunks(d.max(1))
+        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
+        .collect();
+    (qs, pairs)
+}
+
+/// Run one work item on the path `isa`; safe for any input because [`Supported`] can
+/// only hold a path this CPU runs.
+fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
+    match isa.isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `avx512_bf16::supported()` is this CPU having avx512_bf16 on top of
+        // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
+        Isa::Avx512 if w.q_bf16.is_some() && avx512_bf16::supported() => unsafe { avx512_bf16::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
+        // feature the path is compiled for.
+        Isa::Avx512 => unsafe { avx512::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::run(w, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::run(w, p) },
+        _ => scalar::run(w, p),
+    }
+}
+
+/// Cut every (sequence, head group) into runs of whole blocks.
+pub(super) fn plan(tables: &SeqTables, bs: usize, groups: usize, threads: usize, split: Option<usize>) -> Vec<Item> {
+    let n = tables.len();
+    let chunk_blocks = match split {
+        Some(0) => usize::MAX,
+        Some(t) => t.div_ceil(bs).max(1),
+        None => {
+            // About four items per thread, so that uneven lengths still balance; only
+            // sequences longer than that share are split, and never below 256 tokens:
+            // smaller chunks cost more in merging and lost streaming than they gain.
+            let blocks: usize = (0..n).map(|i| tables.seq(i).0.len()).sum::<usize>() * groups;
+            blocks.div_ceil(4 * threads).max(256usize.div_ceil(bs)).max(1)
+        }
+    };
+    let mut items = Vec::new();
+    for seq in 0..n {
+        let (blocks, len) = tables.seq(seq);
+        for group in 0..groups {
+            let mut b0 = 0usize;
+            loop {
+                let b1 = blocks.len().min(b0.saturating_add(chunk_blocks));
+                let ntok = len.min(b1 * bs) - (b0 * bs).min(len);
+                items.push(Item { seq, group, blocks: b0..b1, ntok });
+                b0 = b1;
+                if b0 >= blocks.len() {
+                    break;
+                }
+            }
+        }
+    }
+    items
+}
+
+/// Combine the partials of each (sequence, head group) into `out` (and `lse`).
+#[allow(clippy::too_many_arguments)]
+fn merge(
+    items: &[Item],
+    acc: &[f32],
+    m: &[f32],
+    l: &[f32],
+    per_item: usize,
+    d: usize,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    pool: &rayon::ThreadPool,
+) {
+    // Items are ordered by (seq, group): consecutive runs belong to one output chunk.
+    let mut starts = vec![0];
+    for i in 1..items.len() {
+        if (items[i].seq, items[i].group) != (items[i - 1].seq, items[i - 1].group) {
+            starts.push(i);
+        }
+    }
+    starts.push(items.len());
+    let mut lse_buf;
+    let lse = match lse {
+        Some(x) => x,
+        None => {
+            lse_buf = vec![0f32; out.len() / d.max(1)];
+            &mut lse_buf[..]
+        }
+    };
+    pool.install(|| {
+        out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(|(c, (o, ls))| {
+            let parts = starts[c]..starts[c + 1];
+            for h in 0..per_item {
+                let mx = parts.clone().map(|i| m[i * per_item + h]).fold(f32::NEG_INFINITY, f32::max);
+                let row = &mut o[h * d..(h + 1) * d];
+                row.fill(0.0);
+                if mx == f32::NEG_INFINITY {
+                    ls[h] = f32::NEG_INFINITY;
+                    continue;
+                }
+                let mut total = 0f32;
+                for i in parts.clone() {
+                    let w = (m[i * per_item + h] - mx).exp2();
+                    total += w * l[i * per_item + h];
+                    for (x, &a) in row.iter_mut().zip(&acc[(i * per_item + h) * d..][..d]) {
+                        *x += w * a;
+                    }
+                }
+                let inv = 1.0 / total;
+                row.iter_mut().for_each(|x| *x *= inv);
+                ls[h] = (mx + total.log2()) * std::f32::consts::LN_2;
+            }
+        })
+    });
+}

@@ -1,0 +1,56 @@
+//! Paged decode attention: one query token per sequence against its cached K/V.
+//!
+//! `out[s, hq] = softmax(scale * q[s, hq] . K[s, hkv]^T) V[s, hkv]` with
+//! `hkv = hq / g`, `g = Hq / Hkv` (GQA), K/V read through the sequence's block table.
+//!
+//! # How the work is cut
+//!
+//! A *work item* is (sequence, group of KV heads, run of whole blocks). Each item reads
+//! every K/V byte of its range once for all `g` query heads of each KV head, keeps an
+//! online softmax (running max `m`, sum `l`, unnormalised `acc`, all f32) and writes a
+//! partial result. Sequences longer than a quarter of a thread's share of the batch are
+//! split along their blocks (FlashDecoding: one long sequence still uses every core, and
+//! uneven lengths balance); partials are merged by log-sum-exp in `merge`. Items run on
+//! the [`crate::runtime::threads`] rayon pool.
+//!
+//! Queries are pre-multiplied by `scale * log2(e)` so the kernels use `exp2`; `m` is
+//! therefore in log2 units and the returned LSE is converted back to natural log.
+//!
+//! # Instruction sets
+//!
+//! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
+//! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
+//! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
+//! unsupported). With the opt-in `bf16_scores` (bf16 caches), the AVX-512 path computes
+//! the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16; every
+//! path then uses the bf16-rounded query, so the option means the same math everywhere. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! only: no aarch64 hardware timed it.
+//!
+//! # Files
+//!
+//! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
+//! one file per instruction set, [`tables`] (the block tables a call reads) and
+//! [`decode`] (plan, dispatch, merge). The paths depend on `work` only; `decode` depends on
+//! the paths. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_bf16;
+pub mod decode;
+pub mod isa;
+pub mod prefill;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+pub mod scalar;
+pub mod tables;
+pub mod work;
+
+pub use decode::{decode_attention, DecodeOptions};
+pub use isa::{cpu_features, Isa};
+pub use tables::SeqTables;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,307 @@
+//! Paged multi-query attention: prefill, chunked prefill, speculative verification and
+//! video chunks, over the same paged cache as [`super::decode_attention`].
+//!
+//! Sequence `i` owns query rows `qo_indptr[i]..qo_indptr[i + 1]` of `q` (`[total_q, Hq,
+//! d]`, as FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` and vLLM's `cu_seqlens_q`)
+//! and attends over its `len_i` cached keys under a [`Mask`] on logical positions (key
+//! `j` is at position `j`; queries default to the positions of the last `n_q` keys).
+//!
+//! # How the work is cut
+//!
+//! A *work item* is (sequence, KV head, tile of about [`ROWS`]` / g` queries, key range).
+//! Its rows (every query of the tile times the `g` query heads of the KV head) walk the
+//! key range in tiles of [`TW`] keys ([`tile`]): each key tile is gathered from its blocks
+//! into a contiguous f32 pack once and reused by every row (FlashAttention-style), tiles
+//! that no row sees are skipped, tiles every row sees fully skip the mask. The micro-
+//! kernels (`Q K^T`, online softmax, `P V`) are per instruction set: [`scalar`], `avx2`,
+//! `avx512` (and `vdpbf16ps` scores for `bf16_scores`), `neon`. When the batch has fewer
+//! query tiles than about four per thread, key ranges are split and the partial results
+//! merged by log-sum-exp, as decode does; items run longest first on the kernel pool.
+//!
+//! Softmax state is f32 in log2 units (queries pre-multiplied by `scale * log2(e)`,
+//! `exp2` by the same Taylor polynomial as decode); the LSE is returned in natural log.
+
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::isa::Isa;
+use super::tables::SeqTables;
+use crate::error::Result;
+use crate::invalid;
+use crate::kv::{DType, KvCache};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod mask;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod plan;
+mod scalar;
+mod tile;
+
+pub use mask::{Mask, Span};
+use tile::{Ctx, PvMode};
+
+/// Target rows (queries x heads of a group) per work item. Each item reads its keys'
+/// K/V from the cache once, so more rows read less memory per FLOP: on shape (a) of
+/// `benches/bench_prefill.py` (one thread, `tests::timing_rows_per_item`, five alternating
+/// rounds) 60 rows gave a median 49 GFLOP/s, 120 rows 54-58, 192-384 rows 58-62.
+pub(crate) const ROWS: usize = 192;
+
+/// Per-call options; `Default` is bidirectional with no cap (the Python default is
+/// causal).
+#[derive(Clone, Debug, Default)]
+pub struct PrefillOptions {
+    pub mask: Mask,
+    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Gemma-2 logit soft cap: logits become `cap * tanh(logit / cap)`.
+    pub logits_soft_cap: Option<f32>,
+    /// Kernel path; `None` is [`Isa::best`].
+    pub isa: Option<Isa>,
+    /// bf16 caches only: the scores use the query rounded to bf16 (as decode's
+    /// `bf16_scores`); on AVX-512 with avx512_bf16 they are computed by `vdpbf16ps`.
+    pub bf16_scores: bool,
+    /// bf16 caches only: round the probabilities to bf16 (nearest even) for `P V` (V is
+    /// exact in bf16); on AVX-512 with avx512_bf16 `P V` is then computed by `vdpbf16ps`
+    /// over token pairs, elsewhere by f32 FMAs on the rounded probabilities. The softmax
+    /// sum stays f32 on the unrounded ones, so each output moves by at most
+    /// `2^-9 * max|V|` (each weight by at most 2^-9 of itself).
+    pub bf16_pv: bool,
+    /// Keys per split of a query tile's key range (rounded up to [`TW`]); `Some(0)`
+    /// never splits, `None` splits only when there are too few query tiles.
+    pub split_tokens: Option<usize>,
+    /// Rows (queries x heads of a group) per work item; `None` is [`ROWS`].
+    pub rows_per_item: Option<usize>,
+}
+
+/// The queries of a call: `q` `[total_q, num_q_heads, d]`, `qo_indptr` `n + 1` row
+/// offsets, optional logical positions per row.
+pub struct Queries<'a> {
+    pub q: &'a [f32],
+    pub num_q_heads: usize,
+    pub qo_indptr: &'a [i64],
+    pub positions: Option<&'a [i64]>,
+}
+
+/// Multi-query attention over `layer` of `cache`.
+///
+/// `out`: `[total_q, Hq, d]`; `lse` (optional): `[total_q, Hq]`, natural log of the sum
+/// of `exp(logit)` over the visible keys (`-inf`, with a zero output, for a row that sees
+/// none).
+///
+/// Errors: shapes or head counts that do not match, offsets that are not a
+/// non-decreasing cover of the rows, more default-positioned queries than keys, negative
+/// positions, `chunk_size` without `causal` or of 0, a non-finite scale, a soft cap that
+/// is not finite and positive, an unsupported path, `bf16_scores` without a bf16 cache.
+pub fn prefill_attention(
+    cache: &KvCache,
+    layer: usize,
+    qs: &Queries,
+    tables: &SeqTables,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    opts: &PrefillOptions,
+) -> Result<()> {
+    let shape = cache.shape();
+    let (d, hkv, hq) = (shape.head_dim, shape.num_kv_heads, qs.num_q_heads);
+    if hq == 0 || !hq.is_multiple_of(hkv) {
+        return Err(invalid!("{hq} query heads is not a positive multiple of {hkv} KV heads"));
+    }
+    let total_q = check_indptr(qs.qo_indptr, tables.len())?;
+    let want = total_q.checked_mul(hq * d).ok_or_else(|| invalid!("qo_indptr: too many query rows"))?;
+    if qs.q.len() != want || out.len() != want {
+        return Err(invalid!(
+            "q and out must be [{total_q}, {hq}, {d}] ({want} values), got {} and {}",
+            qs.q.len(),
+            out.len()
+        ));
+    }
+    if lse.as_ref().is_some_and(|l| l.len() != total_q * hq) {
+        return Err(invalid!("lse must be [{total_q}, {hq}]"));
+    }
+    let (scale, factor) = check_options(cache, opts, d)?;
+    if opts.rows_per_item == Some(0) {
+        return Err(invalid!("rows_per_item must be >= 1"));
+    }
+    let spans = spans(qs, tables, &opts.mask, total_q)?;
+    let isa = opts.isa.unwrap_or_else(Isa::best);
+    let pool = crate::runtime::threads::pool()?;
+    let (qv, q_bf16) = scaled_query(qs.q, d, factor, opts.bf16_scores);
+    let use_dot = opts.bf16_scores && isa == Isa::Avx512 && tile::dot_supported();
+    let g = hq / hkv;
+    let item_rows = opts.rows_per_item.unwrap_or(ROWS);
+    let plan = plan::plan(qs.qo_indptr, &spans, hkv, g, pool.current_num_threads(), opts.split_tokens, item_rows);
+    let items = &plan.items;
+    let offsets: Vec<usize> = std::iter::once(0)
+        .chain(items.iter().scan(0, |acc, it| {
+            *acc += (it.q1 - it.q0) * g;
+            Some(*acc)
+        }))
+        .collect();
+    let rows = *offsets.last().unwrap_or(&0);
+    let mut acc = vec![0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    crate::with_elem!(cache.dtype(), E => {
+        let (k, v) = cache.layer::<E>(layer)?;
+        let ctx = Ctx {
+            k, v, shape, tables, hq, g, qs: &qv, spans: &spans, isa,
+            q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
+            soft_cap: opts.logits_soft_cap,
+            pv: match (opts.bf16_pv, isa == Isa::Avx512 && tile::dot_supported()) {
+                (false, _) => PvMode::F32,
+                (true, false) => PvMode::RoundedF32,
+                (true, true) => PvMode::Dot,
+            },
+        };
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(items[i].cost));
+        let mut parts: Vec<Mutex<tile::Partial>> = Vec::with_capacity(items.len());
+        let (mut a_rest, mut m_rest, mut l_rest) = (&mut acc[..], &mut m[..], &mut l[..]);
+        for i in 0..items.len() {
+            let r = offsets[i + 1] - offsets[i];
+            let (a, a2) = std::mem::take(&mut a_rest).split_at_mut(r * d);
+            let (mm, m2) = std::mem::take(&mut m_rest).split_at_mut(r);
+            let (ll, l2) = std::mem::take(&mut l_rest).split_at_mut(r);
+            (a_rest, m_rest, l_rest) = (a2, m2, l2);
+            parts.push(Mutex::new(tile::Partial { acc: a, m: mm, l: ll }));
+        }
+        let next = AtomicUsize::new(0);
+        pool.broadcast(|_| {
+            let mut scratch = tile::Scratch::new(d);
+            while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                // Each index is handed out once, so the lock is never contended.
+                let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+                tile::run_item(&ctx, &items[i], &mut p, &mut scratch);
+            }
+        });
+    });
+    let parts = plan::Parts { plan: &plan, offsets: &offsets, acc: &acc, m: &m, l: &l, g, d };
+    merge(&parts, total_q, hq, out, lse, &pool);
+    Ok(())
+}
+
+/// Validate `qo_indptr` for `n` sequences; returns the total query rows.
+fn check_indptr(indptr: &[i64], n: usize) -> Result<usize> {
+    if indptr.len() != n + 1 {
+        return Err(invalid!("qo_indptr has {} entries for {n} sequences (expected n + 1)", indptr.len()));
+    }
+    if indptr[0] != 0 {
+        return Err(invalid!("qo_indptr[0] must be 0, got {}", indptr[0]));
+    }
+    if let Some(i) = (0..n).find(|&i| indptr[i + 1] < indptr[i]) {
+        return Err(invalid!("qo_indptr must be non-decreasing: qo_indptr[{}] = {} < {}", i + 1, indptr[i + 1], indptr[i]));
+    }
+    Ok(indptr[n] as usize)
+}
+
+/// Validate the options; returns `(scale, factor)`, the factor the query is multiplied by
+/// (`scale * log2(e)`, or `scale` alone with a soft cap, applied after the cap).
+fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f32, f32)> {
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(invalid!("scale must be finite, got {scale}"));
+    }
+    if let Some(c) = opts.logits_soft_cap {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(invalid!("logits_soft_cap must be finite and > 0, got {c}"));
+        }
+    }
+    let mk = &opts.mask;
+    if mk.chunk_size == Some(0) {
+        return Err(invalid!("chunk_size must be >= 1"));
+    }
+    if mk.chunk_size.is_some() && !mk.causal {
+        return Err(invalid!("chunk_size (block-causal) needs causal=True; causal=False with chunks is contradictory"));
+    }
+    let isa = opts.isa.unwrap_or_else(Isa::best);
+    if !isa.supported() {
+        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
+    }
+    if opts.bf16_scores && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
+    if opts.bf16_pv && cache.dtype() != DType::BF16 {
+        return Err(invalid!("bf16_pv needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    }
+    let factor = if opts.logits_soft_cap.is_some() { scale } else { scale * std::f32::consts::LOG2_E };
+    Ok((scale, factor))
+}
+
+/// The visible keys of every query row.
+fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Result<Vec<Span>> {
+    if let Some(p) = qs.positions {
+        if p.len() != total_q {
+            return Err(invalid!("q_positions has {} entries for {total_q} query rows", p.len()));
+        }
+        if let Some(i) = p.iter().position(|&x| x < 0) {
+            return Err(invalid!("q_positions[{i}] = {} is negative", p[i]));
+        }
+    }
+    let mut out = Vec::with_capacity(total_q);
+    for i in 0..tables.len() {
+        let len = tables.seq(i).1;
+        let (a, b) = (qs.qo_indptr[i] as usize, qs.qo_indptr[i + 1] as usize);
+        if qs.positions.is_none() && b - a > len {
+            return Err(invalid!(
+                "sequence {i} has {} queries but only {len} keys (seq_lens): default positions \
+                 are those of the last n_q keys; pass q_positions",
+                b - a
+            ));
+        }
+        for r in a..b {
+            let p = match qs.positions {
+                Some(p) => p[r] as u64,
+                None => (len - (b - a) + (r - a)) as u64,
+            };
+            out.push(mask.span(p, len));
+        }
+    }
+    Ok(out)
+}
+
+/// The query times `factor` and, with `bf16`, first rounded to bf16, plus its bf16 pairs
+/// (two dimensions per `u32`, even one low, an odd `d` padded by +0) for `vdpbf16ps`.
+pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
+    if !bf16 {
+        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
+    }
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
+    let pairs = q
+        .chunks(d.max(1))
+        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
+        .collect();
+    (qs, pairs)
+}
+
+/// Combine the partials of every (query tile, KV head) into `out` and `lse`.
+fn merge(parts: &plan::Parts, total_q: usize, hq: usize, out: &mut [f32], lse: Option<&mut [f32]>, pool: &rayon::ThreadPool) {
+    let d = parts.d;
+    let mut lse_buf;
+    let lse = match lse {
+        Some(x) => x,
+        None => {
+            lse_buf = vec![0f32; total_q * hq];
+            &mut lse_buf[..]
+        }
+    };
+    if d == 0 || total_q == 0 {
+        return;
+    }
+    pool.install(|| {
+        out.par_chunks_mut(hq * d).zip(lse.par_chunks_mut(hq)).enumerate().for_each(|(qi, (o, ls))| {
+            parts.merge_row(qi, o, ls);
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests;

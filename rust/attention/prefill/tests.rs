@@ -1,0 +1,309 @@
+//! Every supported path of the prefill kernel against an f64 reference computed from the
+//! stored values, over masks, block sizes, head dims with tails, GQA ratios, splits, and
+//! the unsafe loads' bounds (the last block of the pool, read through its last KV head).
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::attention::decode::{decode_attention, DecodeOptions};
+use crate::kv::{Elem, KvShape};
+
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
+    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
+}
+
+fn filled(shape: KvShape, dtype: DType, seed: u64) -> KvCache {
+    let mut c = KvCache::new(shape, dtype).unwrap();
+    let mut r = Lcg(seed);
+    let n = shape.num_blocks * shape.block_size;
+    let row = shape.num_kv_heads * shape.head_dim;
+    let k: Vec<f32> = (0..n * row).map(|_| 2.0 * r.next()).collect();
+    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    c.write(0, &k, &v, &slots).unwrap();
+    c
+}
+
+/// The layer's stored K and V as f64, and a function giving the index of element `x` of
+/// KV head `h` of token `tok` of a sequence (K strides, V strides).
+fn stored(c: &KvCache) -> (Vec<f64>, Vec<f64>) {
+    crate::with_elem!(c.dtype(), E => {
+        let (k, v) = c.layer::<E>(0).unwrap();
+        (k.iter().map(|x| x.to_f32() as f64).collect(), v.iter().map(|x| x.to_f32() as f64).collect())
+    })
+}
+
+fn at(c: &KvCache, value: bool, blocks: &[u32], tok: usize, h: usize, x: usize) -> usize {
+    let bs = c.shape().block_size;
+    let st = if value { c.value_strides() } else { c.key_strides() };
+    blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
+}
+
+struct Call<'a> {
+    q: &'a [f32],
+    hq: usize,
+    indptr: &'a [i64],
+    positions: Option<&'a [i64]>,
+}
+
+/// f64 attention under the mask by its rule ([`Mask::visible`]).
+fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> (Vec<f64>, Vec<f64>, f64) {
+    let s = c.shape();
+    let (d, g) = (s.head_dim, call.hq / s.num_kv_heads);
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt()) as f64;
+    let mut out = vec![0f64; call.q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; call.q.len() / d.max(1)];
+    let mut lmax = 0f64;
+    let (kf, vf) = stored(c);
+    for i in 0..t.len() {
+        let (blocks, len) = t.seq(i);
+        let (a, b) = (call.indptr[i] as usize, call.indptr[i + 1] as usize);
+        for r in a..b {
+            let p = call.positions.map_or((len - (b - a) + r - a) as u64, |p| p[r] as u64);
+            let keys: Vec<usize> = (0..len).filter(|&k| opts.mask.visible(p, k as u64)).collect();
+            for h in 0..call.hq {
+                let row = r * call.hq + h;
+                let q = &call.q[row * d..][..d];
+                let q: Vec<f64> = if opts.bf16_scores {
+                    q.iter().map(|&x| half::bf16::from_f32(x).to_f32() as f64).collect()
+                } else {
+                    q.iter().map(|&x| x as f64).collect()
+                };
+                let logits: Vec<f64> = keys
+                    .iter()
+                    .map(|&k| {
+                        let x = (0..d).map(|x| q[x] * kf[at(c, false, blocks, k, h / g, x)]).sum::<f64>() * scale;
+                        opts.logits_soft_cap.map_or(x, |cap| cap as f64 * (x / cap as f64).tanh())
+                    })
+                    .collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                lmax = lmax.max(logits.iter().map(|x| x.abs()).fold(0.0, f64::max));
+                let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+                lse[row] = mx + z.ln();
+                for (&k, l) in keys.iter().zip(&logits) {
+                    let w = (l - mx).exp() / z;
+                    for x in 0..d {
+                        out[row * d + x] += w * vf[at(c, true, blocks, k, h / g, x)];
+                    }
+                }
+            }
+        }
+    }
+    (out, lse, lmax)
+}
+
+/// Every available path (and the `vdpbf16ps` one switched off) against the reference.
+fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
+    let (want, want_lse, lmax) = reference(c, call, t, opts);
+    let oscale = want.iter().fold(1e-30f64, |a, x| a.max(x.abs()));
+    // f32 arithmetic: 1e-5 of the output scale plus the rounding of large logits.
+    let mut tol = oscale * (1e-5 + 4e-7 * lmax) * if opts.bf16_scores { 4.0 } else { 1.0 };
+    if opts.bf16_pv {
+        // Each probability rounded to bf16: the output moves by at most 2^-9 max|V|
+        // (the cache's V values are in -1..1).
+        tol += 2f64.powi(-9);
+    }
+    for isa in Isa::available() {
+        for no_dot in [false, true] {
+            if no_dot && !((opts.bf16_scores || opts.bf16_pv) && isa == Isa::Avx512) {
+                continue;
+            }
+            super::tile::NO_DOT.store(no_dot, Ordering::Relaxed);
+            let o = PrefillOptions { isa: Some(isa), ..opts.clone() };
+            let mut out = vec![f32::NAN; call.q.len()];
+            let mut lse = vec![f32::NAN; want_lse.len()];
+            let qs = Queries { q: call.q, num_q_heads: call.hq, qo_indptr: call.indptr, positions: call.positions };
+            prefill_attention(c, 0, &qs, t, &mut out, Some(&mut lse), &o).unwrap();
+            super::tile::NO_DOT.store(false, Ordering::Relaxed);
+            for (i, (&got, &w)) in out.iter().zip(&want).enumerate() {
+                assert!((got as f64 - w).abs() <= tol, "{isa:?} {opts:?} out[{i}] = {got} vs {w} (tol {tol:e})");
+            }
+            for (i, (&got, &w)) in lse.iter().zip(&want_lse).enumerate() {
+                let ok = if w == f64::NEG_INFINITY { got == f32::NEG_INFINITY } else { (got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()) };
+                assert!(ok, "{isa:?} {opts:?} lse[{i}] = {got} vs {w}");
+            }
+        }
+    }
+}
+
+fn masks() -> Vec<Mask> {
+    vec![
+        Mask { causal: true, ..Mask::default() },
+        Mask { causal: false, ..Mask::default() },
+        Mask { causal: true, chunk_size: Some(7), ..Mask::default() },
+        Mask { causal: true, window_left: Some(9), sink_tokens: 3, ..Mask::default() },
+        Mask { causal: true, chunk_size: Some(20), window_left: Some(30), sink_tokens: 2 },
+    ]
+}
+
+fn random_q(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Lcg(seed);
+    (0..n).map(|_| r.next()).collect()
+}
+
+#[test]
+fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, hkv, g, d) in [(16, 2, 4, 64), (5, 1, 3, 13), (1, 2, 1, 8), (64, 1, 8, 32), (7, 3, 2, 20)] {
+            let nb = 40usize.div_ceil(bs) * 3 + 2;
+            let c = filled(shape(bs, hkv, d, nb), dtype, (bs * 31 + d) as u64);
+            let per = 40usize.div_ceil(bs);
+            // Ragged lengths on and off block boundaries, a fork sharing sequence 0's
+            // blocks (with no query), a sequence with as many queries as keys.
+            let len1 = (2 * bs).min(per * bs);
+            let lens = [40i64, len1 as i64, 40, 3];
+            let table: Vec<i64> = (0..per)
+                .chain(per..2 * per)
+                .chain(0..per)
+                .chain(2 * per..3 * per)
+                .map(|b| b as i64)
+                .collect();
+            let t = SeqTables::padded(&table, per, &lens, bs, nb).unwrap();
+            let counts = [17i64, (len1 / 2) as i64, 0, 3];
+            let indptr: Vec<i64> = std::iter::once(0).chain(counts.iter().scan(0, |a, &x| { *a += x; Some(*a) })).collect();
+            let hq = hkv * g;
+            let q = random_q(indptr[4] as usize * hq * d, 7 + bs as u64);
+            let call = Call { q: &q, hq, indptr: &indptr, positions: None };
+            for mask in masks() {
+                for split in [None, Some(64)] {
+                    compare(&c, &call, &t, &PrefillOptions { mask, split_tokens: split, ..Default::default() });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn soft_cap_positions_and_bf16_scores() {
+    let c = filled(shape(16, 2, 64, 12), DType::BF16, 3);
+    let t = SeqTables::padded(&(0..12).collect::<Vec<i64>>(), 6, &[90, 50], 16, 12).unwrap();
+    let indptr = [0i64, 5, 9];
+    let pos = [3i64, 0, 89, 1000, 40, 7, 7, 49, 0];
+    let q = random_q(9 * 4 * 64, 11);
+    let call = Call { q: &q, hq: 4, indptr: &indptr, positions: Some(&pos) };
+    for mask in masks() {
+        for (cap, bf16, pv) in [(None, true, false), (Some(2.5), false, false), (Some(30.0), true, false), (None, false, true), (None, true, true)] {
+            let opts = PrefillOptions { mask, logits_soft_cap: cap, bf16_scores: bf16, bf16_pv: pv, scale: Some(0.3), ..Default::default() };
+            compare(&c, &call, &t, &opts);
+        }
+    }
+}
+
+/// The unsafe loads at their bounds: sequences ending on the last token of the pool's
+/// last block, read through the last KV head, with tiles and head dims ending mid-vector.
+#[test]
+fn last_token_of_the_pools_last_block_is_read() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, d) in [(5, 7), (17, 13), (16, 64), (33, 6), (1, 1), (64, 130)] {
+            let nb = 3;
+            let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64);
+            let last = nb as i64 - 1;
+            let table = [0, last, last, -1, 1, last];
+            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            let nq = [lens[0].min(3), lens[1].min(2), lens[2]];
+            let indptr = [0, nq[0], nq[0] + nq[1], nq[0] + nq[1] + nq[2]];
+            let q = random_q(indptr[3] as usize * 6 * d, 5);
+            let call = Call { q: &q, hq: 6, indptr: &indptr, positions: None };
+            for mask in masks() {
+                for bf16 in [false, dtype == DType::BF16] {
+                    compare(&c, &call, &t, &PrefillOptions { mask, bf16_scores: bf16, bf16_pv: bf16, ..Default::default() });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_query_per_sequence_is_decode() {
+    let c = filled(shape(16, 2, 64, 64), DType::F32, 9);
+    let table: Vec<i64> = (0..80).map(|i| i % 64).collect();
+    let q = random_q(3 * 8 * 64, 2);
+    let (mut o1, mut o2) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+    let (mut l1, mut l2) = (vec![0f32; 3 * 8], vec![0f32; 3 * 8]);
+    for isa in Isa::available() {
+        // Decode: one row per sequence. Prefill: the same plus an empty sequence between.
+        let t3 = SeqTables::padded(&table[..60], 20, &[300, 17, 64], 16, 64).unwrap();
+        let table4: Vec<i64> = table[..40].iter().chain(&table[..20]).chain(&table[40..60]).copied().collect();
+        let t4 = SeqTables::padded(&table4, 20, &[300, 17, 0, 64], 16, 64).unwrap();
+        let dopts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &q, 8, &t3, &mut o1, Some(&mut l1), &dopts).unwrap();
+        let qs = Queries { q: &q, num_q_heads: 8, qo_indptr: &[0, 1, 2, 2, 3], positions: None };
+        let opts = PrefillOptions { mask: Mask { causal: true, ..Mask::default() }, isa: Some(isa), ..Default::default() };
+        prefill_attention(&c, 0, &qs, &t4, &mut o2, Some(&mut l2), &opts).unwrap();
+        for (a, b) in o1.iter().zip(&o2).chain(l1.iter().zip(&l2)) {
+            assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{isa:?}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn empty_and_invalid_calls() {
+    let c = filled(shape(16, 2, 8, 4), DType::F32, 5);
+    let t = SeqTables::padded(&[0, 1], 2, &[20], 16, 4).unwrap();
+    let ok = PrefillOptions::default();
+    let run = |indptr: &[i64], q: &[f32], pos: Option<&[i64]>, opts: &PrefillOptions| {
+        let mut out = vec![0f32; q.len()];
+        let qs = Queries { q, num_q_heads: 4, qo_indptr: indptr, positions: pos };
+        prefill_attention(&c, 0, &qs, &t, &mut out, None, opts)
+    };
+    run(&[0, 0], &[], None, &ok).unwrap();
+    let q = vec![0.5f32; 2 * 4 * 8];
+    run(&[0, 2], &q, None, &ok).unwrap();
+    assert!(run(&[0, 3], &q, None, &ok).is_err()); // rows do not match q
+    assert!(run(&[1, 2], &q, None, &ok).is_err()); // does not start at 0
+    assert!(run(&[0, 2, 2], &q, None, &ok).is_err()); // two sequences, one table
+    assert!(run(&[0, 2], &q, Some(&[0]), &ok).is_err());
+    assert!(run(&[0, 2], &q, Some(&[0, -1]), &ok).is_err());
+    let bad = [
+        PrefillOptions { scale: Some(f32::NAN), ..Default::default() },
+        PrefillOptions { logits_soft_cap: Some(0.0), ..Default::default() },
+        PrefillOptions { mask: Mask { causal: true, chunk_size: Some(0), ..Mask::default() }, ..Default::default() },
+        PrefillOptions { mask: Mask { causal: false, chunk_size: Some(4), ..Mask::default() }, ..Default::default() },
+        PrefillOptions { bf16_scores: true, ..Default::default() },
+        PrefillOptions { bf16_pv: true, ..Default::default() },
+    ];
+    for o in bad {
+        assert!(run(&[0, 2], &q, None, &o).is_err(), "{o:?}");
+    }
+    let q21 = vec![0.5f32; 21 * 4 * 8];
+    assert!(run(&[0, 21], &q21, None, &ok).is_err()); // more default queries than keys
+    run(&[0, 21], &q21, Some(&[5; 21]), &ok).unwrap();
+}
+
+/// Timing of work-item sizes and paths on shape (a) of `benches/bench_prefill.py` (one
+/// sequence): `cargo test --release --lib prefill::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing_rows_per_item() {
+    let (bs, hkv, d, len, nq) = (16, 8, 128, 4608, 512);
+    let nb = len / bs;
+    let c = filled(shape(bs, hkv, d, nb), DType::F32, 1);
+    let t = SeqTables::padded(&(0..nb as i64).collect::<Vec<_>>(), nb, &[len as i64], bs, nb).unwrap();
+    let q = random_q(nq * 32 * d, 3);
+    let indptr = [0i64, nq as i64];
+    let mut out = vec![0f32; q.len()];
+    let qs = Queries { q: &q, num_q_heads: 32, qo_indptr: &indptr, positions: None };
+    let flops = 4.0 * d as f64 * 32.0 * (len - nq..len).map(|p| p as f64 + 1.0).sum::<f64>();
+    for round in 0..5 {
+        for rows in [120, 192, 288, 384] {
+            let opts = PrefillOptions { mask: Mask { causal: true, ..Mask::default() }, rows_per_item: Some(rows), ..Default::default() };
+            let t0 = std::time::Instant::now();
+            prefill_attention(&c, 0, &qs, &t, &mut out, None, &opts).unwrap();
+            let s = t0.elapsed().as_secs_f64();
+            println!("round {round} rows {rows}: {s:.3} s, {:.1} GFLOP/s", flops / s / 1e9);
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! One work item: gather its query rows, walk its keys in tiles of [`TW`], pack each tile
+//! of K and V into contiguous f32 (or bf16 pairs for `vdpbf16ps`), and run the path's
+//! micro-kernels: scores, mask (partial tiles only), online softmax, `P V`.
+//!
+//! The pack is what makes the micro-kernels independent of the block size and dtype:
+//! each K/V element of the tile is read from the cache once per item and reused by all
+//! of its rows (64 by default), so the copy costs a few percent of the arithmetic.
+
+use std::any::TypeId;
+
+use super::mask::{cover, Cover};
+use super::plan::Item;
+use super::plan::TW;
+use crate::attention::isa::Isa;
+use crate::attention::tables::SeqTables;
+use super::mask::Span;
+use crate::kv::Elem;
+
+/// Everything an item needs, shared by all threads.
+pub(crate) struct Ctx<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    pub shape: crate::kv::KvShape,
+    pub tables: &'a SeqTables,
+    pub hq: usize,
+    pub g: usize,
+    /// Query rows pre-scaled (see [`scaled_query`]).
+    pub qs: &'a [f32],
+    /// bf16 query pairs for `vdpbf16ps` and the factor to apply to their dot products.
+    pub q_bf16: Option<(&'a [u32], f32)>,
+    /// Per query row, the keys it sees.
+    pub spans: &'a [Span],
+    pub isa: Isa,
+    pub soft_cap: Option<f32>,
+    /// How `P V` runs: f32, f32 on bf16-rounded probabilities, or `vdpbf16ps`.
+    pub pv: PvMode,
+}
+
+/// How `P V` is computed (see [`PrefillOptions::bf16_pv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PvMode {
+    F32,
+    RoundedF32,
+    Dot,
+}
+
+/// Test-only switch: run the bf16 dot-product paths as if the CPU lacked `vdpbf16ps`.
+#[cfg(test)]
+pub(crate) static NO_DOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+
+/// The online-softmax state of an item's rows: `acc` rows of `d`, `m` (log2 units), `l`.
+pub(crate) struct Partial<'a> {
+    pub acc: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+}
+
+/// Per-thread buffers, reused across items.
+pub(crate) struct Scratch {
+    /// The item's query rows `[rows][d]` (pre-scaled).
+    q: Vec<f32>,
+    /// Its bf16 query pairs `[rows][ceil(d / 2)]` (`vdpbf16ps` path only).
+    qb: Vec<u32>,
+    /// K tile `[d][TW]` f32.
+    kp: Vec<f32>,
+    /// K tile as bf16 pairs `[ceil(d / 2)][TW]` (`vdpbf16ps` path only).
+    kpb: Vec<u32>,
+    /// V tile `[TW][d]` f32.
+    vp: Vec<f32>,
+    /// V tile as bf16 token pairs `[TW / 2][d]` (`vdpbf16ps` `P V` only).
+    vpb: Vec<u32>,
+    /// Scores, then probabilities, `[rows][TW]`.
+    s: Vec<f32>,
+    alpha: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new(d: usize) -> Self {
+        Self {
+            q: Vec::new(),
+            qb: Vec::new(),
+            kp: vec![0.0; d * TW],
+            kpb: vec![0; d.div_ceil(2) * TW],
+            vp: vec![0.0; d * TW],
+            vpb: vec![0; d * TW / 2],
+            s: Vec::new(),
+            alpha: Vec::new(),
+        }
+    }
+}
+
+/// Whether the `vdpbf16ps` scores can run (on top of the AVX-512 path's features).
+pub(crate) fn dot_supported() -> bool {
+    #[cfg(test)]
+    if NO_DOT.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    crate::attention::isa::cpu_features().contains(&"avx512bf16")
+}
+
+pub(crate) fn run_item<E: Elem>(ctx: &Ctx<E>, it: &Item, p: &mut Partial, sc: &mut Scratch) {
+    let (d, g, hq) = (ctx.shape.head_dim, ctx.g, ctx.hq);
+    let rows = (it.q1 - it.q0) * g;
+    let dp = d.div_ceil(2);
+    sc.q.clear();
+    sc.qb.clear();
+    for qi in it.q0..it.q1 {
+        let at = qi * hq + it.head * g;
+        sc.q.extend_from_slice(&ctx.qs[at * d..(at + g) * d]);
+        if let Some((qb, _)) = ctx.q_bf16 {
+            sc.qb.extend_from_slice(&qb[at * dp..(at + g) * dp]);
+        }
+    }
+    sc.s.resize(rows * TW, 0.0);
+    sc.alpha.resize(rows, 1.0);
+    p.acc.fill(0.0);
+    p.m.fill(f32::NEG_INFINITY);
+    p.l.fill(0.0);
+    let spans = &ctx.spans[it.q0..it.q1];
+    let mut t0 = it.k0;
+    while t0 < it.k1 {
+        let t1 = it.k1.min(t0 + TW);
+        let how = cover(spans, t0, t1);
+        if how != Cover::Empty {
+            pack(ctx, it, t0, t1, sc);
+            let ntok = t1 - t0;
+            scores(ctx, sc, rows, ntok);
+            if let Some(cap) = ctx.soft_cap {
+                for row in sc.s.chunks_mut(TW) {
+                    row[..ntok].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh() * std::f32::consts::LOG2_E);
+                }
+            }
+            if how == Cover::Partial {
+                for (span, rs) in spans.iter().zip(sc.s.chunks_mut(g * TW)) {
+                    for row in rs.chunks_mut(TW) {
+                        for (t, x) in row[..ntok].iter_mut().enumerate() {
+                            if !span.contains(t0 + t) {
+                                *x = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                }
+            }
+            softmax_pv(ctx, sc, rows, ntok, d, p);
+        }
+        t0 = t1;
+    }
+}
+
+/// Gather keys `t0..t1` of the item's sequence and head into the packs.
+fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch) {
+    let s = &ctx.shape;
+    let (bs, d, tile) = (s.block_size, s.head_dim, s.tile());
+    let (blocks, _) = ctx.tables.seq(it.seq);
+    let dot = ctx.q_bf16.is_some();
+    let mut vrows: [&[E]; TW] = [&[]; TW];
+    let mut t = t0;
+    while t < t1 {
+        let (b, c0) = (t / bs, t % bs);
+        let n = (bs - c0).min(t1 - t);
+        let o = t - t0;
+        // Block ids were validated against the pool by `SeqTables`; slicing is checked.
+        let at = blocks[b] as usize * s.block_stride() + it.head * tile;
+        let (kt, vt) = (&ctx.k[at..at + tile], &ctx.v[at..at + tile]);
+        if dot {
+            pack_pairs(kt, bs, c0, n, d, &mut sc.kpb[o..]);
+        } else {
+            for i in 0..d {
+                widen(&kt[i * bs + c0..i * bs + c0 + n], &mut sc.kp[i * TW + o..i * TW + o + n]);
+            }
+        }
+        if ctx.pv == PvMode::Dot {
+            for (i, r) in vrows[o..o + n].iter_mut().enumerate() {
+                *r = &vt[(c0 + i) * d..(c0 + i + 1) * d];
+            }
+        } else {
+            widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+        }
+        t += n;
+    }
+    if ctx.pv == PvMode::Dot {
+        pack_token_pairs(&vrows[..t1 - t0], d, &mut sc.vpb);
+    }
+}
+
+/// Pack V rows (`d` bf16 each) as token pairs: `dst[u * d + i]` holds dimension `i` of
+/// token `2u` in its low half and of token `2u + 1` in its high half (+0 past an odd
+/// count). Only called for bf16 caches (`bf16_pv`).
+fn pack_token_pairs<E: Elem>(rows: &[&[E]], d: usize, dst: &mut [u32]) {
+    for (u, pair) in rows.chunks(2).enumerate() {
+        let Some(a) = same::<E, half::bf16>(pair[0]) else {
+            unreachable!("bf16_pv is refused for caches other than bf16");
+        };
+        let out = &mut dst[u * d..(u + 1) * d];
+        let a = &a[..d];
+        match pair.get(1).and_then(|b| same::<E, half::bf16>(b)) {
+            Some(b) => {
+                let b = &b[..d];
+                for i in 0..d {
+                    out[i] = a[i].to_bits() as u32 | (b[i].to_bits() as u32) << 16;
+                }
+            }
+            None => {
+                for i in 0..d {
+                    out[i] = a[i].to_bits() as u32;
+                }
+            }
+        }
+    }
+}
+
+/// `src` as a slice of `T` when `E` is `T`.
+#[inline(always)]
+fn same<E: 'static, T: 'static>(src: &[E]) -> Option<&[T]> {
+    // SAFETY: the type ids are equal, so E and T are the same type.
+    (TypeId::of::<E>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<T>(), src.len()) })
+}
+
+/// Widen `src` to f32 into `dst` (same length): a copy for f32, half's SIMD conversions
+/// for f16 and bf16.
+fn widen<E: Elem>(src: &[E], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    if let Some(x) = same::<E, f32>(src) {
+        dst.copy_from_slice(x);
+    } else if let Some(x) = same::<E, half::f16>(src) {
+        x.convert_to_f32_slice(dst);
+    } else if let Some(x) = same::<E, half::bf16>(src) {
+        x.convert_to_f32_slice(dst);
+    } else {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
+}
+
+/// Pack tokens `c0..c0 + n` of a bf16 K tile (`[d][bs]`) as dimension pairs: `dst[p * TW
+/// + t]` holds dimension `2p` of token `t` in its low half and `2p + 1` in its high half
+/// (+0 past an odd `d`). Only called for bf16 caches (`bf16_scores`).
+fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: &mut [u32]) {
+    let Some(k) = same::<E, half::bf16>(kt) else {
+        unreachable!("bf16_scores is refused for caches other than bf16");
+    };
+    // Plain index loops over slices of length n: the bounds checks fold away and the
+    // loops vectorise (iterator adapters here were out-of-line calls per row).
+    for p in 0..d.div_ceil(2) {
+        let a = &k[2 * p * bs + c0..2 * p * bs + c0 + n];
+        let out = &mut dst[p * TW..p * TW + n];
+        if 2 * p + 1 < d {
+            let b = &k[(2 * p + 1) * bs + c0..(2 * p + 1) * bs + c0 + n];
+            for t in 0..n {
+                out[t] = a[t].to_bits() as u32 | (b[t].to_bits() as u32) << 16;
+            }
+        } else {
+            for t in 0..n {
+                out[t] = a[t].to_bits() as u32;
+            }
+        }
+    }
+}
+
+/// Scores of every row for the tile's `ntok` keys into `sc.s` (log2 units, or natural
+/// units before the soft cap).
+fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
+    let d = ctx.shape.head_dim;
+    match ctx.isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `q_bf16` is set only when `dot_supported()` and the path is AVX-512,
+        // whose features `prefill_attention` checked.
+        Isa::Avx512 if ctx.q_bf16.is_some() => unsafe {
+            super::avx512::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `prefill_attention` checked `isa.supported()`.
+        Isa::Avx512 => unsafe { super::avx512::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { super::avx2::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { super::neon::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        _ => super::scalar::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s),
+    }
+}
+
+/// Online softmax of the tile's scores and `acc = alpha * acc + P V`.
+fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: usize, p: &mut Partial) {
+    let (s, alpha, vp) = (&mut sc.s, &mut sc.alpha, &sc.vp);
+    match ctx.isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `prefill_attention` checked `isa.supported()`; `PvMode::Dot` is set only
+        // on the AVX-512 path of a CPU with avx512_bf16.
+        Isa::Avx512 => unsafe {
+            super::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
+            if ctx.pv == PvMode::Dot {
+                super::avx512::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc);
+                return;
+            }
+            round_probs(ctx.pv, s, rows, ntok);
+            super::avx512::pv(s, rows, ntok, d, vp, alpha, p.acc);
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe {
+            super::avx2::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
+            super::avx2::pv(s, rows, ntok, d, vp, alpha, p.acc);
+        },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe {
+            super::neon::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
+            super::neon::pv(s, rows, ntok, d, vp, alpha, p.acc);
+        },
+        _ => {
+            super::scalar::softmax(s, rows, ntok, p.m, p.l, alpha);
+            round_probs(ctx.pv, s, rows, ntok);
+            super::scalar::pv(s, rows, ntok, d, vp, alpha, p.acc);
+        }
+    }
+}
+
+/// With `bf16_pv` off the `vdpbf16ps` path: round the probabilities to bf16 in place.
+fn round_probs(pv: PvMode, s: &mut [f32], rows: usize, ntok: usize) {
+    if pv == PvMode::RoundedF32 {
+        for row in s[..rows * TW].chunks_mut(TW) {
+            row[..ntok].iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! Every supported path against an f64 reference computed from the stored values, at the
+//! bounds the unsafe loads rely on: last block of the pool, partial chunks (block sizes
+//! not multiple of the vector width, lengths ending mid-block), head dims with a tail.
+
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use super::decode::*;
+use super::isa::*;
+use super::tables::*;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_bf16;
+use crate::kv::{DType, Elem, KvCache, KvShape};
+
+/// Say on the terminal, past the test harness's output capture, that `what` was not
+/// tested on this CPU: `cargo test` has no "skipped" state, and a silent early return
+/// would read as a pass.
+fn skip_loudly(what: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {what}: {why}");
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Fill every slot of `layer` with random K/V.
+fn filled(shape: KvShape, dtype: DType, seed: u64) -> KvCache {
+    let mut c = KvCache::new(shape, dtype).unwrap();
+    let mut r = Lcg(seed);
+    let n = shape.num_blocks * shape.block_size;
+    let row = shape.num_kv_heads * shape.head_dim;
+    let k: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    c.write(0, &k, &v, &slots).unwrap();
+    c
+}
+
+fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let s = c.shape();
+    let (d, g, bs) = (s.head_dim, hq / s.num_kv_heads, s.block_size);
+    let (ks, vs) = c.layer::<f32>(0).map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap_or_else(|_| {
+        crate::with_elem!(c.dtype(), E => {
+            let (k, v) = c.layer::<E>(0).unwrap();
+            (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect())
+        })
+    });
+    let (kst, vst) = (c.key_strides(), c.value_strides());
+    let mut out = vec![0f64; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; t.len() * hq];
+    for i in 0..t.len() {
+        let (blocks, len) = t.seq(i);
+        for h in 0..hq {
+            let kv = h / g;
+            let qv = &q[(i * hq + h) * d..][..d];
+            let at = |st: [usize; 4], tok: usize, x: usize| {
+                blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + kv * st[2] + x * st[3]
+            };
+            let logits: Vec<f64> = (0..len)
+                .map(|tok| (0..d).map(|x| qv[x] as f64 * ks[at(kst, tok, x)] as f64).sum::<f64>() * scale)
+                .collect();
+            if len == 0 {
+                continue;
+            }
+            let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+            lse[i * hq + h] = mx + z.ln();
+            for (tok, l) in logits.iter().enumerate() {
+                let p = (l - mx).exp() / z;
+                for x in 0..d {
+                    out[(i * hq + h) * d + x] += p * vs[at(vst, tok, x)] as f64;
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>) {
+    check_mode(shape, dtype, hq, lens, split, kpi, false)
+}
+
+fn check_mode(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
+    let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64);
+    let bs = shape.block_size;
+    // Tables run backwards from the pool's last block, so the last block is always read.
+    let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+    let mut table = vec![-1i64; lens.len() * width];
+    let mut next = shape.num_blocks as i64 - 1;
+    for (i, l) in lens.iter().enumerate() {
+        for b in 0..l.div_ceil(bs) {
+            table[i * width + b] = next;
+            next = (next - 1).rem_euclid(shape.num_blocks as i64);
+        }
+    }
+    let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    let t = SeqTables::padded(&table, width, &seq_lens, bs, shape.num_blocks).unwrap();
+    compare_mode(&c, hq, &t, split, kpi, bf16_scores);
+}
+
+/// Every supported path on `c` and tables `t` against the f64 reference.
+fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>) {
+    compare_mode(c, hq, t, split, kpi, false)
+}
+
+/// The query rounded to bf16 (nearest even), as `bf16_scores` uses it.
+fn bf16_rounded(q: &[f32]) -> Vec<f32> {
+    q.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
+/// As [`compare`]; with `bf16_scores` the reference uses the bf16-rounded query (the
+/// option's semantics) and must still be met within 1e-5 of the output scale.
+fn compare_mode(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
+    let (shape, dtype) = (c.shape(), c.dtype());
+    let mut r = Lcg(7);
+    let q: Vec<f32> = (0..t.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
+    let qr = if bf16_scores { bf16_rounded(&q) } else { q.clone() };
+    let (want, want_lse) = reference(c, &qr, hq, t, 1.0 / (shape.head_dim as f64).sqrt());
+    let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; q.len()];
+        let mut lse = vec![f32::NAN; t.len() * hq];
+        let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), bf16_scores, ..Default::default() };
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+            assert!(
+                (o as f64 - w).abs() <= 1e-5 * scale_out,
+                "{isa:?} {dtype:?} {shape:?} hq={hq} split={split:?} bf16_scores={bf16_scores} at {i}: {o} vs {w}"
+            );
+        }
+        for (&o, &w) in lse.iter().zip(&want_lse) {
+            assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{isa:?} lse {o} vs {w}");
+        }
+    }
+}
+
+fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
+    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
+}
+
+#[test]
+fn all_paths_match_reference_over_shapes() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 1, 64), (8, 4, 4, 80), (32, 1, 8, 96), (5, 2, 6, 7), (17, 1, 3, 256)] {
+            let s = shape(bs, hkv, d, 40);
+            check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], None, None);
+        }
+    }
+}
+
+/// The issue's grid: every head dim and block size, GQA ratios 1 to 8 with 1 to 8 KV
+/// heads, f32/f16/bf16, lengths 1, one block, one past it and two blocks, unsplit and one
+/// block per split (then merged by log-sum-exp).
+#[test]
+fn all_paths_match_reference_over_the_issue_grid() {
+    let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
+    let mut k = 0;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for d in [64, 80, 96, 128, 256] {
+            for bs in [1, 8, 16, 32] {
+                let (hkv, hq) = heads[k % heads.len()];
+                k += 1;
+                let s = shape(bs, hkv, d, 24);
+                let lens = [1, bs, bs + 1, 2 * bs];
+                check(s, dtype, hq, &lens, None, None);
+                check(s, dtype, hq, &lens, Some(bs), Some(1));
+            }
+        }
+    }
+}
+
+/// The unsafe loads at their bounds: a sequence ends on the last token of the pool's last
+/// block, read through the last KV head (whose V tile ends the layer's slice), with token
+/// chunks and head dims that end mid-vector; others end one token before the end of that
+/// block or one token into it.
+#[test]
+fn last_token_of_the_pools_last_block_is_read() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
+            let nb = 3;
+            let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64);
+            let last = nb as i64 - 1;
+            let table = [0, last, last, -1, 1, last];
+            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            for (split, kpi) in [(None, None), (Some(1), Some(1))] {
+                compare(&c, 6, &t, split, kpi);
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_batch_is_a_no_op() {
+    let c = filled(shape(16, 2, 64, 4), DType::F32, 5);
+    let t = SeqTables::padded(&[], 0, &[], 16, 4).unwrap();
+    for isa in Isa::available() {
+        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &[], 4, &t, &mut [], Some(&mut []), &opts).unwrap();
+    }
+}
+
+/// The x86 paths are offered exactly when the CPU has their features; where it lacks
+/// AVX-512 (or `vdpbf16ps`), every test here ran the other paths only, and this test says
+/// so on the terminal.
+#[test]
+fn x86_paths_follow_the_cpu_features_and_missing_ones_are_reported() {
+    let has = |fs: &[&str]| fs.iter().all(|f| cpu_features().contains(f));
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert_eq!(Isa::Avx2.supported(), has(&["avx2", "fma", "f16c"]));
+        assert_eq!(Isa::Avx512.supported(), has(&["avx512f", "avx512bw", "avx512vl", "fma", "f16c"]));
+        assert_eq!(Isa::available().contains(&Isa::Avx512), Isa::Avx512.supported());
+        if !Isa::Avx512.supported() {
+            skip_loudly("AVX-512 kernel path", "this CPU lacks avx512f/avx512bw/avx512vl; the kernel tests ran the other paths");
+        } else if !has(&["avx512bf16"]) {
+            skip_loudly("vdpbf16ps scores (bf16_scores on AVX-512)", "this CPU lacks avx512_bf16; tested as on such CPUs");
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        assert!(!has(&["avx512f"]));
+        skip_loudly("AVX2 and AVX-512 kernel paths", "not an x86-64 CPU");
+    }
+}
+
+/// On aarch64 the NEON path is supported and chosen (`tests/aarch64.sh` requires this test
+/// to pass, so an emulated run that never reached NEON fails); elsewhere it is reported as
+/// unsupported, never silently replaced.
+#[test]
+fn neon_is_the_best_path_on_aarch64_only() {
+    assert_eq!(Isa::available().first(), Some(&Isa::Scalar));
+    assert_eq!(Isa::Neon.supported(), cfg!(target_arch = "aarch64"), "{:?}", cpu_features());
+    if cfg!(target_arch = "aarch64") {
+        assert_eq!(Isa::best(), Isa::Neon);
+    }
+}
+
+#[test]
+fn split_and_head_grouping_agree() {
+    let s = shape(16, 4, 64, 64);
+    for (split, kpi) in [(Some(0), Some(1)), (Some(16), Some(2)), (Some(40), None), (None, Some(4))] {
+        check(s, DType::F32, 8, &[300, 1, 17, 0], split, kpi);
+    }
+}
+
+#[test]
+fn invalid_arguments_are_errors() {
+    let c = filled(shape(4, 2, 8, 4), DType::F32, 1);
+    let t = SeqTables::padded(&[0, 1], 2, &[5], 4, 4).unwrap();
+    let q = vec![0f32; 4 * 8];
+    let mut out = vec![0f32; 4 * 8];
+    let ok = DecodeOptions::default();
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &ok).is_ok());
+    assert!(decode_attention(&c, 1, &q, 4, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q, 3, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q[1..], 4, &t, &mut out, None, &ok).is_err());
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, Some(&mut [0.0; 3]), &ok).is_err());
+    let bad = DecodeOptions { scale: Some(f32::NAN), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
+    let bad = DecodeOptions { kv_heads_per_item: Some(3), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
+    assert!(Isa::parse("sve").is_err());
+    assert_eq!(Isa::ALL.map(|i| Isa::parse(i.name()).ok()), Isa::ALL.map(Some));
+    // A path of the other architecture is an error, not a fallback.
+    let foreign = if cfg!(target_arch = "aarch64") { Isa::Avx2 } else { Isa::Neon };
+    let bad = DecodeOptions { isa: Some(foreign), ..Default::default() };
+    assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
+}
+
+#[test]
+fn large_logits_stay_finite() {
+    let c = filled(shape(16, 1, 64, 8), DType::F32, 3);
+    let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
+    let q = vec![500f32; 64];
+    for isa in Isa::available() {
+        let mut out = vec![0f32; 64];
+        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap();
+        assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
+    }
+}
+
+#[test]
+fn plan_splits_long_sequences_only() {
+    let bs = 16;
+    let table = |lens: &[usize]| {
+        let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+        let t: Vec<i64> = (0..lens.len() * width).map(|i| (i % 4096) as i64).collect();
+        let l: Vec<i64> = lens.iter().map(|&x| x as i64).collect();
+        SeqTables::padded(&t, width, &l, bs, 4096).unwrap()
+    };
+    // One 32768-token sequence on 2 threads: 8 splits of 256 blocks, covering it exactly.
+    let items = plan(&table(&[32768]), bs, 1, 2, None);
+    assert_eq!(items.len(), 8);
+    assert_eq!(items.iter().map(|i| i.ntok).sum::<usize>(), 32768);
+    // Eight equal sequences: each is already a quarter of a thread's share.
+    assert_eq!(plan(&table(&[4096; 8]), bs, 1, 2, None).len(), 8);
+    // Uneven lengths: the long ones are cut, the short ones are not.
+    let items = plan(&table(&[4096, 300, 300, 300]), bs, 1, 2, None);
+    assert!(items.iter().filter(|i| i.seq == 0).count() > 1);
+    assert_eq!(items.iter().filter(|i| i.seq == 1).count(), 1);
+    // Never split; explicit split size; empty sequence gets one empty item.
+    assert_eq!(plan(&table(&[32768, 0]), bs, 2, 2, Some(0)).len(), 4);
+    assert_eq!(plan(&table(&[100]), bs, 1, 1, Some(32)).len(), 4);
+    assert_eq!(plan(&table(&[0]), bs, 1, 1, None)[0].ntok, 0);
+}
+
+/// The AVX-512 path moves its running maximum lazily (only when a score passes it by
+/// more than 8 in log2 units): block maxima that rise by just under and just over that
+/// step, fall, and jump by 100 must all give the reference result.
+#[test]
+fn rising_scores_move_the_lazy_maximum() {
+    let (bs, d, nb) = (16, 16, 8);
+    let s = shape(bs, 1, d, nb);
+    let mut c = KvCache::new(s, DType::F32).unwrap();
+    // With q = 1 and scale 1/4, token t's logit in log2 units is 4 a log2(e) for K = a.
+    let block_max = [0.0f64, 7.9, 16.1, 16.0, 23.9, 20.0, 120.0, 119.0];
+    let n = nb * bs;
+    let mut k = vec![0f32; n * d];
+    let mut v = vec![0f32; n * d];
+    for t in 0..n {
+        let a = (block_max[t / bs] - 0.37 * (t % bs) as f64) / (4.0 * std::f64::consts::LOG2_E);
+        k[t * d..(t + 1) * d].fill(a as f32);
+        for x in 0..d {
+            v[t * d + x] = ((t * 7 + x * 3) as f32 * 0.1).sin();
+        }
+    }
+    c.write(0, &k, &v, &(0..n as i64).collect::<Vec<_>>()).unwrap();
+    let table: Vec<i64> = (0..nb as i64).collect();
+    for len in [n, n - 5, 3 * bs + 1, 2 * bs] {
+        let t = SeqTables::padded(&table, nb, &[len as i64], bs, nb).unwrap();
+        let q = vec![1f32; d];
+        let (want, want_lse) = reference(&c, &q, 1, &t, 0.25);
+        let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+        for isa in Isa::available() {
+            let (mut out, mut lse) = (vec![f32::NAN; d], vec![f32::NAN; 1]);
+            let opts = DecodeOptions { isa: Some(isa), scale: Some(0.25), ..Default::default() };
+            decode_attention(&c, 0, &q, 1, &t, &mut out, Some(&mut lse), &opts).unwrap();
+            for (&o, &w) in out.iter().zip(&want) {
+                assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} len {len}: {o} vs {w}");
+            }
+            assert!((lse[0] as f64 - want_lse[0]).abs() <= 1e-5 * want_lse[0].abs().max(1.0), "{isa:?} len {len} lse");
+        }
+    }
+}
+
+
+/// Held shared by every test that runs a `bf16_scores` kernel, exclusively by the one that
+/// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run
+/// while the switch is on (it would silently test the other path).
+static BF16_SWITCH: RwLock<()> = RwLock::new(());
+
+fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
+    BF16_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The AVX-512 path without `vdpbf16ps` (a CPU with AVX-512 F/BW/VL but no BF16) keeps
+/// the `bf16_scores` semantics: its exact kernel on the rounded query.
+#[test]
+fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !Isa::Avx512.supported() {
+        skip_loudly("bf16_scores on AVX-512 without vdpbf16ps", "this CPU lacks AVX-512");
+        return;
+    }
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            AVX512_WITHOUT_BF16.store(false, Relaxed);
+        }
+    }
+    let _exclusive = BF16_SWITCH.write().unwrap_or_else(PoisonError::into_inner);
+    AVX512_WITHOUT_BF16.store(true, Relaxed);
+    let _off = Off; // dropped before the lock: the switch is off when others run again
+    #[cfg(target_arch = "x86_64")]
+    assert!(!avx512_bf16::supported(), "the switch hides vdpbf16ps");
+    for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
+        check_mode(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], None, None, true);
+    }
+}
+
+/// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
+/// the others with f32 FMAs on the rounded query) against the f64 reference of the
+/// bf16-rounded query, over the issue's grid, unsplit and one block per split.
+#[test]
+fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
+    let _shared = bf16_switch_shared();
+    let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
+    let mut k = 0;
+    for d in [64, 80, 96, 128, 256, 7, 65] {
+        for bs in [1, 8, 16, 32] {
+            let (hkv, hq) = heads[k % heads.len()];
+            k += 1;
+            let s = shape(bs, hkv, d, 24);
+            let lens = [1, bs, bs + 1, 2 * bs, 2 * bs - 1];
+            check_mode(s, DType::BF16, hq, &lens, None, None, true);
+            check_mode(s, DType::BF16, hq, &lens, Some(bs), Some(1), true);
+        }
+    }
+}
+
+/// The `vdpbf16ps` loads at their bounds: the last token of the pool's last block through
+/// the last KV head, block sizes 1, 8, 16 (the one-load pair path) and 32, odd head dims
+/// (the last row paired with zero) and even ones, partial chunks.
+#[test]
+fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
+    let _shared = bf16_switch_shared();
+    for bs in [1, 8, 16, 32] {
+        for d in [1, 2, 3, 7, 64, 65, 128] {
+            let nb = 3;
+            let c = filled(shape(bs, 3, d, nb), DType::BF16, (bs * 7 + d) as u64);
+            let last = nb as i64 - 1;
+            let table = [0, last, last, -1, 1, last];
+            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            for (split, kpi) in [(None, None), (Some(1), Some(1))] {
+                compare_mode(&c, 6, &t, split, kpi, true);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_scores_need_a_bf16_cache_and_stay_finite_on_large_logits() {
+    let _shared = bf16_switch_shared();
+    let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
+    let q = vec![500f32; 64];
+    let opts = |isa| DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };
+    for dtype in [DType::F32, DType::F16] {
+        let c = filled(shape(16, 1, 64, 8), dtype, 3);
+        let mut out = vec![7f32; 64];
+        for isa in Isa::available() {
+            assert!(decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).is_err());
+        }
+        assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
+    }
+    let c = filled(shape(16, 1, 64, 8), DType::BF16, 3);
+    for isa in Isa::available() {
+        let mut out = vec![0f32; 64];
+        decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap();
+        assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
+    }
+}
+
+/// The two query forms the paths read agree: `q_bf16` pairs are the rounded query's bits
+/// (odd `head_dim`: last pair completed by +0), `q` is the rounded query times the factor.
+#[test]
+fn bf16_query_pairs_hold_the_rounded_query() {
+    let q = [1.0f32, -2.5, 3.0e-3, 1.0 + 1.0 / 256.0, 7.0, 1.0 + 3.0 / 256.0];
+    let (qs, pairs) = scaled_query(&q, 3, 0.5, true);
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits() as u32;
+    assert_eq!(pairs, [bits(1.0) | bits(-2.5) << 16, bits(3.0e-3), bits(1.0) | bits(7.0) << 16, bits(1.0 + 4.0 / 256.0)]);
+    // 1 + 1/256 is a tie between 1 and 1 + 1/128: nearest even is 1; 1 + 3/256 rounds up.
+    assert_eq!(qs[3], 0.5);
+    assert_eq!(qs[5], 0.5 * (1.0 + 4.0 / 256.0));
+    let (qs, pairs) = scaled_query(&q, 3, 0.5, false);
+    assert!(pairs.is_empty() && qs[3] == 0.5 * (1.0 + 1.0 / 256.0));
+}

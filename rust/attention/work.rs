@@ -1,0 +1,113 @@
+//! What the instruction-set paths share: the work item they read (`Work`, walked in
+//! `Chunk`s), the online-softmax state they write (`Partial`) and their constants.
+
+use std::ops::Range;
+
+use crate::kv::{Elem, KvShape};
+
+/// What one work item reads. `q` holds the item's query heads (`heads.len() * g` rows of
+/// `head_dim`), pre-scaled by `scale * log2(e)`.
+pub(crate) struct Work<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    pub shape: KvShape,
+    pub g: usize,
+    pub blocks: &'a [u32],
+    pub ntok: usize,
+    pub heads: Range<usize>,
+    pub q: &'a [f32],
+    /// With `bf16_scores`: the same query rows rounded to bf16, unscaled, two dimensions
+    /// per `u32` (`d.div_ceil(2)` per row, even dimension in the low half, an odd
+    /// `head_dim`'s last pair completed by +0), and the factor `scale * log2(e)` that
+    /// `q` carries. The `vdpbf16ps` path reads these; the others read `q`, which then
+    /// holds the rounded query times that factor.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub q_bf16: Option<(&'a [u32], f32)>,
+}
+
+/// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
+/// Starts as `acc = 0, m = -inf, l = 0`.
+pub(crate) struct Partial<'a> {
+    pub acc: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+}
+
+impl<E: Elem> Work<'_, E> {
+    /// Tokens of block `bi` of this item that hold data.
+    #[inline]
+    pub fn tokens_in(&self, bi: usize) -> usize {
+        (self.ntok - bi * self.shape.block_size).min(self.shape.block_size)
+    }
+
+    /// K and V tiles (`head_dim * block_size` elements each) of KV head `h` in block
+    /// `bi`. Slicing is checked: block ids were validated against the pool.
+    #[inline]
+    pub fn tiles(&self, bi: usize, h: usize) -> (&[E], &[E]) {
+        let tile = self.shape.tile();
+        let at = self.blocks[bi] as usize * self.shape.block_stride() + h * tile;
+        (&self.k[at..at + tile], &self.v[at..at + tile])
+    }
+
+    /// The tiles `dist` steps after (block `bi`, head index `hi`) in the item's reading
+    /// order (heads within a block, then the next block), if any.
+    #[inline]
+    pub fn tiles_ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(&[E], &[E])> {
+        let nh = self.heads.len();
+        let idx = bi * nh + hi + dist;
+        (dist > 0 && idx / nh < self.blocks.len()).then(|| self.tiles(idx / nh, self.heads.start + idx % nh))
+    }
+
+    /// The item's tiles in reading order (heads within a block, then the next block), cut
+    /// into chunks of at most `width` tokens: `f(hi, chunk, next)` with `hi` the head's
+    /// index in `heads` and `next` the tile to prefetch, given with a tile's first chunk
+    /// only. The walk every SIMD path shares; `#[inline(always)]` so that `f` is compiled
+    /// with the calling kernel's target features.
+    #[inline(always)]
+    pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<(&'s [E], &'s [E])>)) {
+        let (bs, d) = (self.shape.block_size, self.shape.head_dim);
+        for bi in 0..self.blocks.len() {
+            let nt = self.tokens_in(bi);
+            for (hi, h) in self.heads.clone().enumerate() {
+                let (kt, vt) = self.tiles(bi, h);
+                let mut next = self.tiles_ahead(bi, hi, PREFETCH_TILES);
+                let mut c0 = 0;
+                while c0 < nt {
+                    f(hi, &Chunk { kt, vt, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
+                    c0 += width;
+                }
+            }
+        }
+    }
+}
+
+/// Tokens `c0 .. c0 + lanes` of one (block, head) tile: the K tile (`d` rows of `bs`
+/// tokens) and the V tile (`bs` rows of `d`).
+pub(crate) struct Chunk<'a, E> {
+    pub kt: &'a [E],
+    pub vt: &'a [E],
+    pub bs: usize,
+    pub d: usize,
+    pub c0: usize,
+    pub lanes: usize,
+}
+
+/// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
+/// `benches/bench_attention.py` (f32 and bf16): distances 1, 2, 3 and 4 are within noise of
+/// each other, the L2 hint (T1) is slightly slower, and no prefetch is 3-5x slower (the
+/// hardware prefetchers do not follow jumps between scattered blocks).
+pub(crate) const PREFETCH_TILES: usize = 1;
+
+/// Taylor coefficients of `2^f = e^(f ln 2)` on `[-0.5, 0.5]` up to degree 7 (the
+/// degree-8 term is below 6e-9), for every SIMD path's polynomial `exp2`.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) const EXP2_TAYLOR: [f32; 8] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    0.000_015_252_734,
+];

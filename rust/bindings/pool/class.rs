@@ -1,0 +1,164 @@
+//! The `BlockPool` Python class: its state, how a call reaches the core (the lock, the
+//! GIL rule) and the array helpers its methods share. Its one `#[pymethods]` block is in
+//! [`super::methods`].
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pyo3::prelude::*;
+
+use crate::bindings::errors::invalid;
+use crate::pool::{BlockPool, StepOutput};
+use crate::types::{BlockId, SeqId};
+
+/// Largest padded table `block_tables` returns or `BlockTableBuffer` holds, in entries
+/// (1 GiB of int32). Anything larger is a caller error, and allocating it would take the
+/// process down (the OS kills it when the pages are touched) instead of raising.
+pub(super) const MAX_TABLE_ENTRIES: usize = 1 << 28;
+
+/// Buffers of `step`, reused by the next call on the same thread: a decode step otherwise
+/// allocates and frees its counts, slots and lengths every time (measured: ~0.1 us of a
+/// 211-sequence step from Python).
+#[derive(Default)]
+pub(super) struct StepScratch {
+    pub(super) out: StepOutput,
+    pub(super) counts: Vec<usize>,
+    pub(super) ids: Vec<SeqId>,
+}
+
+/// Largest scratch buffer kept between calls, in entries: a long prefill's buffers are
+/// dropped rather than held by the thread for good.
+pub(super) const SCRATCH_KEEP: usize = 1 << 16;
+
+thread_local! {
+    pub(super) static STEP_SCRATCH: std::cell::Cell<StepScratch> = const {
+        std::cell::Cell::new(StepScratch {
+            out: StepOutput { slots: Vec::new(), cow: Vec::new(), seq_lens: Vec::new() },
+            counts: Vec::new(),
+            ids: Vec::new(),
+        })
+    };
+}
+
+pub(super) type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+pub(super) type I32Array<'py> = Bound<'py, PyArray1<i32>>;
+pub(super) type PairArray<'py> = Bound<'py, PyArray2<i64>>;
+
+/// Lock a mutex, recovering from poisoning: core operations never panic half-way, and a
+/// poisoned lock would otherwise make the pool unusable from Python forever.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Work (sequences + new tokens, or blocks) below which a call keeps the GIL. Releasing
+/// and retaking it costs ~0.2 us, a sixth of a whole 211-sequence decode step in the core,
+/// while a call this small finishes within ~10 us (the slowest: a 2,176-token prompt
+/// admitted with prefix caching that evicts 136 blocks, ~8 us); anything larger (a long
+/// prefill, a batch of thousands) releases it so other Python threads run meanwhile.
+pub(crate) const INLINE_WORK: usize = 4096;
+
+/// Run `f` on the pool: under the GIL when `work` is below [`INLINE_WORK`], else with
+/// the GIL released. The lock is always dropped before the GIL is retaken, so a thread
+/// waiting for the pool under the GIL cannot deadlock against one returning from `detach`.
+pub(super) fn with_pool<R: Send>(
+    py: Python<'_>,
+    m: &Mutex<BlockPool>,
+    work: usize,
+    f: impl FnOnce(&mut BlockPool) -> R + Send,
+) -> R {
+    if work < INLINE_WORK {
+        f(&mut lock(m))
+    } else {
+        py.detach(|| f(&mut lock(m)))
+    }
+}
+
+pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    if pairs.is_empty() {
+        // The usual case: no reshape, no data buffer to build. (A shared read-only
+        // empty array would save ~0.07 us, but numpy lets a caller reshape or resize an
+        // array in place, which would change what every later call returns.)
+        return Ok(PyArray2::zeros(py, [0, 2], false));
+    }
+    let flat: Vec<i64> = pairs.iter().flat_map(|(s, d)| [s.0 as i64, d.0 as i64]).collect();
+    // Built in its final shape: a numpy reshape call costs more than the whole decode
+    // bookkeeping of a small batch.
+    let arr = Array2::from_shape_vec((pairs.len(), 2), flat).map_err(|e| invalid(py, e.to_string()))?;
+    Ok(arr.into_pyarray(py))
+}
+
+/// A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots.
+///
+/// Each live sequence (a caller-chosen non-negative int64 id) owns a block table mapping
+/// logical block ``i`` to a physical block id. Token ``t`` of a sequence lives at slot
+/// ``table[t // block_size] * block_size + t % block_size``.
+///
+/// Thread-safe: calls from several Python threads are serialized by an internal lock,
+/// and the GIL is released while the core works, except for ``add_sequence``,
+/// ``add_sequence_tokens``, ``step`` and ``free`` calls whose work (sequences plus new
+/// tokens, or blocks freed) is below 4,096: those finish within about 10 microseconds,
+/// where releasing and retaking the GIL would add a sizeable share.
+///
+/// With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
+/// methods below; trace replay lives in :mod:`pykvpool.prefix.replay`); the other keyword
+/// options configure that cache and need it.
+///
+/// Args:
+///     num_blocks: blocks in the pool, ``1..=2**30``.
+///     block_size: token slots per block, ``1..=65536`` tokens.
+///     prefix_caching: cache full blocks by content (default False).
+///     eviction: which idle cached block an allocation reclaims once no never-cached block
+///         is free (only leaves of the cache tree: a sequence's tail before its head):
+///         ``"lru"`` (default) the least recently used, where a block is used when it is
+///         stored, when an admission's lookup hits it and when its last holder releases it;
+///         ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
+///         recently used; ``"priority"`` the lowest soft-pin priority (0 without, see
+///         :meth:`pin_prefix`), then the least recently used.
+///     verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
+///         block) and compare them on a hit, so a hash collision is a miss, never wrong KV
+///         (default True).
+///     cow_partial_hit: when a fully cached prompt must recompute its last token, copy its
+///         last block (a copy-on-write pair) instead of recomputing it (default False).
+///     record_events: record stored/removed/cleared events for :meth:`drain_events`
+///         (default False).
+///     hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
+///         128; tests force collisions with it).
+///     max_events: capacity of the event queue, in events (about 80 bytes each),
+///         ``1..=2**24`` (default 100,000; needs ``record_events=True``). When it is full a
+///         new event drops the oldest undrained one and counts it in
+///         :attr:`CacheStats.dropped_events`, so memory stays bounded however long nobody
+///         drains.
+///
+/// Raises:
+///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
+///         ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
+///         ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
+///         cache options given without ``prefix_caching=True``.
+#[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
+pub struct PyBlockPool {
+    pub(super) inner: Mutex<BlockPool>,
+    /// Fixed at construction: read by getters without the lock.
+    pub(super) num_blocks: usize,
+    pub(super) block_size: usize,
+}
+
+impl PyBlockPool {
+    /// `f` on the locked pool, under the GIL. The guard lives inside this call only, so
+    /// whatever the caller does with the result (build an exception, allocate arrays)
+    /// runs without the lock: a thread blocked on the pool while holding the GIL can
+    /// never wait on one that needs the GIL back. `f` itself must not touch Python.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
+        f(&mut lock(&self.inner))
+    }
+
+    /// [`Self::with`] with the GIL released (the lock is taken and dropped inside).
+    pub(crate) fn detached<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
+        py.detach(|| f(&mut lock(&self.inner)))
+    }
+
+    /// [`with_pool`] on this pool.
+    pub(crate) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
+        with_pool(py, &self.inner, work, f)
+    }
+}

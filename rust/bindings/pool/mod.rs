@@ -1,0 +1,24 @@
+//! `BlockPool`, `PoolStats`, `CacheStats` and `BlockTableBuffer` for Python.
+//!
+//! [`class`] holds the `BlockPool` state and call helpers, [`methods`] its one
+//! `#[pymethods]` block, [`cache_args`] the prefix-caching argument checks, [`stats`] the
+//! two snapshot classes and [`table_buffer`] the incremental table matrix.
+
+use pyo3::prelude::*;
+
+pub mod cache_args;
+pub mod class;
+mod methods;
+pub mod stats;
+pub mod table_buffer;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<class::PyBlockPool>()?;
+    m.add_class::<stats::PyPoolStats>()?;
+    m.add_class::<stats::PyCacheStats>()?;
+    m.add_class::<table_buffer::PyBlockTableBuffer>()?;
+    m.add("EVENT_STORED", 0u8)?;
+    m.add("EVENT_REMOVED", 1u8)?;
+    m.add("EVENT_ALL_CLEARED", 2u8)?;
+    Ok(())
+}

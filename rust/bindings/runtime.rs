@@ -1,0 +1,114 @@
+//! The machine for Python: bandwidth and FLOP/s probes, the kernels' thread count, the
+//! CPU's SIMD features and the kernel paths it runs.
+
+use pyo3::prelude::*;
+
+use super::convert::arg;
+use super::errors::{invalid, IntoPyResult};
+use super::kv::PyKvCache;
+use crate::attention::{self, Isa};
+
+/// Read bandwidth in bytes/s: the best of ``passes`` multi-accumulator SIMD sweeps with
+/// ``threads`` threads, each thread streaming one contiguous share.
+///
+/// Without ``cache`` the sweep reads a fresh ``nbytes`` buffer of 2 MiB-aligned,
+/// huge-page-advised memory, allocated like a KV cache. With ``cache`` it reads that
+/// cache's own storage (``cache.nbytes`` bytes, every layer's K and V): the pages the
+/// kernel reads, the fair ceiling for :func:`decode_attention` on a machine (a VM) where
+/// the read rate depends on where pages landed.
+///
+/// Args:
+///     nbytes: bytes of the fresh buffer, 1 MiB..1 TiB (default 256 MiB); not with
+///         ``cache``.
+///     threads: threads, ``1..=1024`` (default: the kernel pool's, see
+///         :func:`set_num_threads`).
+///     cache: a :class:`KvCache` of at least 1 MiB to read instead.
+///     passes: sweeps, ``1..=1000`` (default 7); the best is kept.
+///
+/// Raises:
+///     InvalidArgumentError: both ``nbytes`` and ``cache``, ``nbytes`` outside
+///         1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, or a
+///         thread count outside ``1..=1024``.
+#[pyfunction]
+#[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None))]
+fn read_bandwidth(
+    py: Python<'_>,
+    #[pyo3(from_py_with = arg::nbytes)] nbytes: Option<usize>,
+    #[pyo3(from_py_with = arg::threads)] threads: Option<usize>,
+    cache: Option<&Bound<'_, PyKvCache>>,
+    #[pyo3(from_py_with = arg::passes)] passes: Option<usize>,
+) -> PyResult<f64> {
+    match cache {
+        Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
+        Some(c) => {
+            let c = c.get();
+            py.detach(|| crate::runtime::probe::read_bandwidth_of(c.read().bytes(), threads, passes)).py_err(py)
+        }
+        None => py.detach(|| crate::runtime::probe::read_bandwidth(nbytes, threads, passes)).py_err(py),
+    }
+}
+
+/// Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA), best of 3 runs.
+///
+/// Args:
+///     threads: threads, ``1..=1024`` (default: the kernel pool's).
+///
+/// Raises:
+///     InvalidArgumentError: a thread count outside ``1..=1024``.
+#[pyfunction]
+#[pyo3(signature = (threads = None))]
+fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Option<usize>) -> PyResult<f64> {
+    py.detach(|| crate::runtime::probe::peak_flops(threads)).py_err(py)
+}
+
+/// Set the threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs);
+/// calls already running keep their pool.
+///
+/// Args:
+///     n: threads, ``1..=1024``.
+///
+/// Raises:
+///     InvalidArgumentError: ``n`` outside ``1..=1024``, or the OS refused the threads.
+#[pyfunction]
+fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = arg::n_threads)] n: usize) -> PyResult<()> {
+    let max = crate::runtime::threads::MAX_THREADS;
+    if !(1..=max).contains(&n) {
+        return Err(invalid(py, format!("n must be in 1..={max} threads, got {n}")));
+    }
+    py.detach(|| crate::runtime::threads::set_num_threads(n)).py_err(py)
+}
+
+/// Threads of the kernel pool.
+///
+/// Raises:
+///     InvalidArgumentError: the pool could not be started (the OS refused the threads).
+#[pyfunction]
+fn get_num_threads(py: Python<'_>) -> PyResult<usize> {
+    py.detach(crate::runtime::threads::num_threads).py_err(py)
+}
+
+/// SIMD features of this CPU relevant to the kernels.
+///
+/// Returns:
+///     Feature names, e.g. ``["avx2", "fma", "avx512bf16"]`` or ``["neon"]``.
+#[pyfunction]
+fn cpu_features() -> Vec<&'static str> {
+    attention::cpu_features().to_vec()
+}
+
+/// Decode-attention paths this CPU supports, fastest last: ``"scalar"`` always, then
+/// ``"avx2"`` and ``"avx512"`` on x86-64 or ``"neon"`` on aarch64 when the CPU has them.
+#[pyfunction]
+fn kernel_paths() -> Vec<&'static str> {
+    Isa::available().into_iter().map(Isa::name).collect()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(peak_flops, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_features, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_paths, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The two dicts `run_simulation` takes: the workload's columns and the configuration.
+//! Each key is converted by [`super::args`], whose errors name it; an unknown key is an
+//! error too (a misspelt option would otherwise be silently ignored).
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use super::args::{self, named};
+use crate::bindings::convert::u64_keys;
+use crate::bindings::errors::{invalid, IntoPyResult};
+use crate::prefix_cache::eviction::EvictionPolicy;
+use crate::prefix_cache::CacheConfig;
+use crate::sim::{Allocation, Convention, Preemption, QueuePolicy, SchedulerConfig, SimConfig, Victim, Workload};
+
+/// Keys of the workload dict.
+const WORKLOAD_KEYS: &[&str] = &[
+    "arrival", "prompt_len", "output_len", "priority", "token_ids", "token_offsets", "block_keys", "key_offsets",
+    "tokens_per_key",
+];
+
+/// Keys of the configuration dict.
+const CONFIG_KEYS: &[&str] = &[
+    "num_blocks", "block_size", "max_running", "max_batched_tokens", "chunked_prefill", "watermark", "queue",
+    "allocation", "reserve_tokens", "preemption", "host_blocks", "victim", "convention", "prefix_caching", "eviction",
+    "check_invariants", "max_steps", "record_steps",
+];
+
+/// A dict of named arguments, each read once by its converter.
+struct Keys<'a, 'py> {
+    dict: &'a Bound<'py, PyDict>,
+    what: &'static str,
+}
+
+impl<'a, 'py> Keys<'a, 'py> {
+    /// `dict` after checking that every key is a known name.
+    fn new(dict: &'a Bound<'py, PyDict>, what: &'static str, known: &[&str]) -> PyResult<Self> {
+        for k in dict.keys() {
+            let name = k.cast::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned));
+            if !name.as_deref().is_some_and(|n| known.contains(&n)) {
+                return Err(invalid(dict.py(), format!("{what}: unknown key {k} (known: {})", known.join(", "))));
+            }
+        }
+        Ok(Self { dict, what })
+    }
+
+    /// The value under `key`; None when absent.
+    fn get(&self, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.dict.get_item(key)
+    }
+
+    /// The value under `key`; absent or None is None.
+    fn column(&self, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(self.get(key)?.filter(|v| !v.is_none()))
+    }
+
+    fn required(&self, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.get(key)?.ok_or_else(|| invalid(self.dict.py(), format!("{}: {key} is required", self.what)))
+    }
+
+    /// `conv` of the value under `key`, or `default` when absent.
+    fn with<T>(&self, key: &str, conv: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<T>, default: T) -> PyResult<T> {
+        self.get(key)?.map_or(Ok(default), |v| conv(&v))
+    }
+
+    /// A flag: a bool (a `TypeError` naming `key` otherwise).
+    fn flag(&self, key: &str, default: bool) -> PyResult<bool> {
+        self.with(key, |v| v.extract::<bool>().map_err(|_| type_error(key, "a bool", v)), default)
+    }
+
+    /// A policy name: a str (a `TypeError` naming `key` otherwise).
+    fn name(&self, key: &str, default: &str) -> PyResult<String> {
+        self.with(key, |v| v.extract::<String>().map_err(|_| type_error(key, "a str", v)), default.to_owned())
+    }
+}
+
+fn type_error(key: &str, want: &str, v: &Bound<'_, PyAny>) -> PyErr {
+    let got = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!("{key} must be {want}, got {got}"))
+}
+
+/// The workload from its columns, every one checked and named.
+pub(super) fn workload(dict: &Bound<'_, PyDict>) -> PyResult<Workload> {
+    let py = dict.py();
+    let k = Keys::new(dict, "workload", WORKLOAD_KEYS)?;
+    let arrival = k.required("arrival")?;
+    args::num_requests(&arrival, "arrival")?;
+    let arrival = args::floats(&arrival, "arrival")?;
+    let priority = k.column("priority")?;
+    let priority = priority.map(|p| args::typed::<i32>(&p, "priority", "priorities must fit in int32")).transpose()?;
+    let prompt = args::lengths(&k.required("prompt_len")?, "prompt_len")?;
+    let output = args::lengths(&k.required("output_len")?, "output_len")?;
+    let mut w = Workload::new(arrival, prompt, output, priority).py_err(py)?;
+    let tokens = (k.column("token_ids")?, k.column("token_offsets")?);
+    let keys = (k.column("block_keys")?, k.column("key_offsets")?);
+    let per_key = k.with("tokens_per_key", named::tokens_per_key, 0)?;
+    match (tokens, keys) {
+        ((Some(ids), Some(off)), (None, None)) => {
+            let ids = args::typed(&ids, "token_ids", "token ids must be in 0..2**32")?;
+            w = w.with_tokens(ids, offsets(&off, "token_offsets")?).py_err(py)?;
+        }
+        ((None, None), (Some(keys), Some(off))) => {
+            let keys = u64_keys(&keys, "block_keys")?;
+            w = w.with_block_keys(keys, offsets(&off, "key_offsets")?, per_key).py_err(py)?;
+        }
+        ((None, None), (None, None)) => {}
+        _ => return Err(invalid(py, "give token_ids with token_offsets, or block_keys with key_offsets, not a mix")),
+    }
+    Ok(w)
+}
+
+fn offsets(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    args::typed(obj, name, "offsets must be >= 0")
+}
+
+/// The run's configuration, every key checked and named.
+pub(super) fn sim_config(dict: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
+    let py = dict.py();
+    let k = Keys::new(dict, "config", CONFIG_KEYS)?;
+    let mut cfg = SimConfig::new(named::num_blocks(&k.required("num_blocks")?)?, named::block_size(&k.required("block_size")?)?);
+    scheduler(&k, &mut cfg.scheduler)?;
+    let eviction = k.name("eviction", "lru")?;
+    let policy: EvictionPolicy = eviction.parse().map_err(|e| invalid(py, format!("eviction: {e}")))?;
+    cfg.prefix_cache = k.flag("prefix_caching", false)?.then(|| CacheConfig { policy, ..CacheConfig::default() });
+    cfg.check_invariants = k.flag("check_invariants", false)?;
+    cfg.max_steps = k.with("max_steps", named::max_steps, None)?.map(|m| m as u64);
+    cfg.record_steps = k.flag("record_steps", true)?;
+    Ok(cfg)
+}
+
+/// The scheduler's limits and policies.
+fn scheduler(k: &Keys<'_, '_>, s: &mut SchedulerConfig) -> PyResult<()> {
+    let py = k.dict.py();
+    s.max_running = k.with("max_running", named::max_running, 256)?;
+    s.max_batched_tokens = k.with("max_batched_tokens", named::max_batched_tokens, Some(8192))?;
+    s.chunked_prefill = k.flag("chunked_prefill", true)?;
+    s.watermark = k.with("watermark", named::watermark, 0.0)?;
+    let unknown = |key: &str, v: &str, known: &str| invalid(py, format!("unknown {key}='{v}' ({known})"));
+    s.queue = match k.name("queue", "fcfs")?.as_str() {
+        "fcfs" => QueuePolicy::Fcfs,
+        "priority" => QueuePolicy::Priority,
+        q => return Err(unknown("queue policy queue", q, "fcfs, priority")),
+    };
+    let reserve_tokens = k.with("reserve_tokens", named::reserve_tokens, None)?;
+    s.allocation = match k.name("allocation", "paged")?.as_str() {
+        "paged" => Allocation::Paged,
+        "reserve" => Allocation::Reserve {
+            tokens: reserve_tokens.ok_or_else(|| {
+                invalid(py, "allocation='reserve' needs reserve_tokens: the tokens reserved per request (the model's context)")
+            })?,
+        },
+        "oracle" => Allocation::Oracle,
+        a => return Err(unknown("allocation", a, "paged, reserve, oracle")),
+    };
+    let host_blocks = k.with("host_blocks", named::host_blocks, 0)?;
+    s.preemption = match k.name("preemption", "recompute")?.as_str() {
+        "recompute" => Preemption::Recompute,
+        "swap" => Preemption::Swap { host_blocks },
+        p => return Err(unknown("preemption", p, "recompute, swap")),
+    };
+    s.victim = match k.name("victim", "newest")?.as_str() {
+        "newest" => Victim::Newest,
+        "lowest_priority" => Victim::LowestPriority,
+        v => return Err(unknown("victim policy victim", v, "newest, lowest_priority")),
+    };
+    s.convention = match k.name("convention", "vllm")?.as_str() {
+        "vllm" => Convention::Vllm,
+        "decode_first" => Convention::DecodeFirst,
+        c => return Err(unknown("convention", c, "vllm, decode_first")),
+    };
+    Ok(())
+}

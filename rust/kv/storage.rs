@@ -1,0 +1,371 @@
+//! KV storage owned by Rust: per layer K and V for `num_blocks` blocks of `block_size`
+//! token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16 or bf16, in one
+//! huge-page-advised allocation ([`crate::kv::aligned`]).
+//!
+//! # Physical layout (what the kernel reads)
+//!
+//! Per layer, block-major: block `b`'s K (all heads) then its V (all heads), then block
+//! `b + 1`, so a work item that reads every head of a block reads one contiguous run of
+//! `2 * num_kv_heads * block_size * head_dim` elements (128 KiB in f32 for 8 heads of
+//! 16 x 128), not two half-length streams: runs of 32, 64 and 128 KiB read at 61-63%,
+//! 67-68% and 75% of the probe (`benches/RESULTS.md`). Inside a block, KV head-major;
+//! inside a (block, head) tile:
+//!
+//! - K is **dimension-major**, `[head_dim][block_size]`: one load gives consecutive tokens
+//!   of one dimension, so a SIMD lane holds a token and `q . k` is a chain of
+//!   broadcast-FMAs with no per-token horizontal sum;
+//! - V is **token-major**, `[block_size][head_dim]`: `acc += p_t * v_t` runs along `d`.
+//!
+//! `benches/bench_layout.py` measured the alternatives; see `benches/RESULTS.md`.
+//!
+//! # Logical view
+//!
+//! Both arrays are exposed with the logical shape `[num_blocks, block_size, num_kv_heads,
+//! head_dim]` (element strides from [`KvCache::key_strides`] / [`KvCache::value_strides`]),
+//! so `key[b, t, h, i]` is dimension `i` of head `h` of the token in slot
+//! `b * block_size + t`, whatever the physical order.
+
+use super::aligned::AlignedBuf;
+use super::elem::{DType, Elem};
+use crate::error::Result;
+use crate::invalid;
+use crate::pool::MAX_BLOCK_SIZE;
+
+/// Shape of a cache; every index computation goes through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Elements of one (block, head) tile: `head_dim * block_size`.
+    #[inline]
+    pub fn tile(&self) -> usize {
+        self.head_dim * self.block_size
+    }
+
+    /// Elements of one block (all heads).
+    #[inline]
+    pub fn block(&self) -> usize {
+        self.num_kv_heads * self.tile()
+    }
+
+    /// Elements from one block's K (or V) to the next block's: K and V alternate.
+    #[inline]
+    pub fn block_stride(&self) -> usize {
+        2 * self.block()
+    }
+
+    /// Elements of one layer's K (or V).
+    #[inline]
+    pub fn layer(&self) -> usize {
+        self.num_blocks * self.block()
+    }
+
+    /// Elements a layer's K (or V) slice spans from its first element: every block
+    /// but the last takes a block stride, the last one block.
+    #[inline]
+    pub fn layer_span(&self) -> usize {
+        (2 * self.num_blocks - 1) * self.block()
+    }
+}
+
+/// Rounding of each K or V region, in bytes, so every region starts cache-line and page
+/// aligned inside the 2 MiB-aligned buffer.
+const REGION_ALIGN: usize = 4096;
+
+/// The KV cache: `num_layers` regions (blocks of K then V, alternating) in one aligned
+/// buffer.
+#[derive(Debug)]
+pub struct KvCache {
+    shape: KvShape,
+    dtype: DType,
+    region_bytes: usize,
+    buf: AlignedBuf,
+}
+
+impl KvCache {
+    /// Allocate a zeroed cache.
+    ///
+    /// Errors: any size of zero, `block_size > 65536`, or a total beyond the address space.
+    pub fn new(shape: KvShape, dtype: DType) -> Result<Self> {
+        let KvShape { num_layers, num_blocks, block_size, num_kv_heads, head_dim } = shape;
+        if num_layers == 0 || num_blocks == 0 || block_size == 0 || num_kv_heads == 0 || head_dim == 0 {
+            return Err(invalid!("every KvCache dimension must be >= 1, got {shape:?}"));
+        }
+        if block_size > MAX_BLOCK_SIZE || head_dim > 1 << 16 || num_kv_heads > 1 << 16 {
+            return Err(invalid!("block_size, head_dim and num_kv_heads must be <= 65536"));
+        }
+        let region = [2, num_blocks, block_size, num_kv_heads, head_dim, dtype.size()]
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .and_then(|b| b.checked_next_multiple_of(REGION_ALIGN));
+        let total = region.and_then(|r| r.checked_mul(num_layers));
+        let (Some(region_bytes), Some(total)) = (region, total) else {
+            return Err(invalid!("KvCache of {shape:?} does not fit in memory"));
+        };
+        // Elements must stay addressable as i64 slots and by numpy's signed strides.
+        if num_blocks.checked_mul(block_size).is_none_or(|s| s > i64::MAX as usize / 2) {
+            return Err(invalid!("num_blocks * block_size is too large"));
+        }
+        let buf = AlignedBuf::zeroed(total)?;
+        Ok(Self { shape, dtype, region_bytes, buf })
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Bytes of K plus V over all layers (the payload, without alignment padding).
+    pub fn nbytes(&self) -> usize {
+        2 * self.shape.num_layers * self.shape.layer() * self.dtype.size()
+    }
+
+    /// The cache's storage: every layer's K and V, `nbytes()` bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf.as_slice()[..self.nbytes()]
+    }
+
+    pub fn huge_pages(&self) -> bool {
+        self.buf.huge_pages()
+    }
+
+    /// Addresses of the whole allocation (every layer, padding included): fixed for the
+    /// cache's life, so a caller can tell whether another buffer aliases it.
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.buf.as_ptr() as usize;
+        start..start + self.buf.len()
+    }
+
+    /// Element strides of the logical `[num_blocks, block_size, num_kv_heads, head_dim]`
+    /// view of K (dimension-major tiles), from the first element of [`Self::layer`]'s K.
+    pub fn key_strides(&self) -> [usize; 4] {
+        let s = &self.shape;
+        [s.block_stride(), 1, s.tile(), s.block_size]
+    }
+
+    /// Element strides of the logical view of V (token-major tiles).
+    pub fn value_strides(&self) -> [usize; 4] {
+        let s = &self.shape;
+        [s.block_stride(), s.head_dim, s.tile(), 1]
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.shape.num_layers {
+            return Err(invalid!("layer {layer} out of range 0..{}", self.shape.num_layers));
+        }
+        Ok(())
+    }
+
+    /// Byte offset of the first element of `layer`'s K (`which = 0`) or V (`which = 1`).
+    fn region(&self, layer: usize, which: usize) -> usize {
+        layer * self.region_bytes + which * self.shape.block() * self.dtype.size()
+    }
+
+    /// Raw pointer to the first element of K (`value = false`) or V of `layer`, for
+    /// building zero-copy views. Valid while `self` lives; the buffer never moves.
+    pub fn layer_ptr(&self, layer: usize, value: bool) -> Result<*const u8> {
+        self.check_layer(layer)?;
+        Ok(self.buf.as_slice()[self.region(layer, value as usize)..].as_ptr())
+    }
+
+    /// K and V of `layer` as typed slices of `shape.layer_span()` elements, to be indexed
+    /// with [`KvShape::block_stride`] between blocks (each slice also covers the other's
+    /// blocks, which sit in between).
+    pub fn layer<E: Elem>(&self, layer: usize) -> Result<(&[E], &[E])> {
+        self.check_layer(layer)?;
+        if E::DTYPE != self.dtype {
+            return Err(invalid!("cache holds {}, not {}", self.dtype.name(), E::DTYPE.name()));
+        }
+        let n = self.shape.layer_span();
+        let bytes = self.buf.as_slice();
+        let k = &bytes[self.region(layer, 0)..][..n * self.dtype.size()];
+        let v = &bytes[self.region(layer, 1)..][..n * self.dtype.size()];
+        Ok((cast(k), cast(v)))
+    }
+
+    /// The whole of `layer` (K and V blocks alternating), `2 * shape.layer()` elements.
+    fn layer_mut<E: Elem>(&mut self, layer: usize) -> &mut [E] {
+        let n = 2 * self.shape.layer() * self.dtype.size();
+        let at = self.region(layer, 0);
+        cast_mut(&mut self.buf.as_mut_slice()[at..][..n])
+    }
+
+    /// Store the K and V of `slots.len()` tokens (`k`, `v`: f32 `[tokens, num_kv_heads,
+    /// head_dim]`, row-major) at their slots in `layer`, rounding to the storage dtype
+    /// (round to nearest even). Slot -1 is padding and skipped.
+    ///
+    /// Errors (nothing written): bad layer, length mismatch, a slot outside
+    /// `-1..num_blocks * block_size`.
+    pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) -> Result<()> {
+        self.check_layer(layer)?;
+        let s = self.shape;
+        let row = s.num_kv_heads * s.head_dim;
+        let want = slots.len().checked_mul(row).ok_or_else(|| invalid!("too many slots"))?;
+        if k.len() != want || v.len() != want {
+            return Err(invalid!(
+                "k and v must hold {} tokens x {} heads x {} dims = {want} values, got {} and {}",
+                slots.len(),
+                s.num_kv_heads,
+                s.head_dim,
+                k.len(),
+                v.len()
+            ));
+        }
+        let capacity = (s.num_blocks * s.block_size) as i64;
+        if let Some(&bad) = slots.iter().find(|&&x| x < -1 || x >= capacity) {
+            return Err(invalid!("slot {bad} outside -1..{capacity}"));
+        }
+        crate::with_elem!(self.dtype, E => self.write_typed::<E>(layer, k, v, slots));
+        Ok(())
+    }
+
+    fn write_typed<E: Elem>(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) {
+        let s = self.shape;
+        let row = s.num_kv_heads * s.head_dim;
+        let all = self.layer_mut::<E>(layer);
+        for (n, &slot) in slots.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            let (b, t) = (slot as usize / s.block_size, slot as usize % s.block_size);
+            let (kb, vb) = all[b * s.block_stride()..][..s.block_stride()].split_at_mut(s.block());
+            for h in 0..s.num_kv_heads {
+                let tile = h * s.tile();
+                let src = n * row + h * s.head_dim;
+                let (kt, vt) = (&mut kb[tile..][..s.tile()], &mut vb[tile..][..s.tile()]);
+                for i in 0..s.head_dim {
+                    kt[i * s.block_size + t] = E::from_f32(k[src + i]);
+                }
+                for (dst, &x) in vt[t * s.head_dim..][..s.head_dim].iter_mut().zip(&v[src..src + s.head_dim]) {
+                    *dst = E::from_f32(x);
+                }
+            }
+        }
+    }
+
+    /// Copy whole blocks `src -> dst` in every layer, K and V, pair by pair in order
+    /// (the copy-on-write pairs of `BlockPool.step`).
+    ///
+    /// Errors (nothing copied): a block id outside `0..num_blocks`.
+    pub fn copy_blocks(&mut self, pairs: &[(i64, i64)]) -> Result<()> {
+        let nb = self.shape.num_blocks as i64;
+        if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
+            return Err(invalid!("pairs: copy pair {p:?} outside block range 0..{nb}"));
+        }
+        // K and V of a block are one run of `block_stride` elements.
+        let block_bytes = self.shape.block_stride() * self.dtype.size();
+        for layer in 0..self.shape.num_layers {
+            let base = self.region(layer, 0);
+            let region = &mut self.buf.as_mut_slice()[base..base + self.shape.num_blocks * block_bytes];
+            for &(s, d) in pairs {
+                let (s, d) = (s as usize * block_bytes, d as usize * block_bytes);
+                region.copy_within(s..s + block_bytes, d);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_cast<E: Elem>(bytes: &[u8]) {
+    assert_eq!(std::mem::size_of::<E>(), E::DTYPE.size(), "Elem {:?} has the wrong size", E::DTYPE);
+    // Regions start REGION_ALIGN-aligned in a 2 MiB-aligned buffer and hold whole elements.
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<E>()) && bytes.len().is_multiple_of(std::mem::size_of::<E>()));
+}
+
+fn cast<E: Elem>(bytes: &[u8]) -> &[E] {
+    check_cast::<E>(bytes);
+    // SAFETY: alignment and length checked above; every Elem (f32, f16, bf16) is plain
+    // old data for which any bit pattern is a valid value; the lifetime is the input's.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / std::mem::size_of::<E>()) }
+}
+
+fn cast_mut<E: Elem>(bytes: &mut [u8]) -> &mut [E] {
+    check_cast::<E>(bytes);
+    // SAFETY: as in `cast`, with the exclusive borrow carried over.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / std::mem::size_of::<E>()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvShape {
+        KvShape { num_layers: 2, num_blocks: 5, block_size: 3, num_kv_heads: 2, head_dim: 4 }
+    }
+
+    /// Logical read through the documented strides.
+    fn at<E: Elem>(x: &[E], st: [usize; 4], b: usize, t: usize, h: usize, i: usize) -> f32 {
+        x[b * st[0] + t * st[1] + h * st[2] + i * st[3]].to_f32()
+    }
+
+    #[test]
+    fn write_reads_back_through_strides_in_every_dtype() {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let mut c = KvCache::new(shape(), dt).unwrap();
+            let s = c.shape();
+            // Last slot of the pool (the bound of the unsafe cast) and a padding slot.
+            let slots = [0i64, -1, (s.num_blocks * s.block_size - 1) as i64, 7];
+            let row = s.num_kv_heads * s.head_dim;
+            let k: Vec<f32> = (0..slots.len() * row).map(|x| x as f32 * 0.5).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            c.write(1, &k, &v, &slots).unwrap();
+            crate::with_elem!(dt, E => {
+                let (ks, vs) = c.layer::<E>(1).unwrap();
+                for (n, &slot) in slots.iter().enumerate().filter(|(_, &x)| x >= 0) {
+                    let (b, t) = (slot as usize / 3, slot as usize % 3);
+                    for h in 0..2 {
+                        for i in 0..4 {
+                            let want = E::from_f32(k[n * row + h * 4 + i]).to_f32();
+                            assert_eq!(at(ks, c.key_strides(), b, t, h, i), want);
+                            assert_eq!(at(vs, c.value_strides(), b, t, h, i), -want);
+                        }
+                    }
+                }
+                // Layer 0 untouched.
+                assert!(c.layer::<E>(0).unwrap().0.iter().all(|x| x.to_f32() == 0.0));
+            });
+        }
+    }
+
+    #[test]
+    fn bad_input_is_rejected_before_any_write() {
+        let mut c = KvCache::new(shape(), DType::F32).unwrap();
+        let k = vec![1.0f32; 8];
+        assert!(c.write(0, &k, &k, &[15]).is_err());
+        assert!(c.write(0, &k, &k, &[-2]).is_err());
+        assert!(c.write(2, &k, &k, &[0]).is_err());
+        assert!(c.write(0, &k[..7], &k, &[0]).is_err());
+        assert!(c.layer::<half::f16>(0).is_err());
+        assert!(c.layer::<f32>(0).unwrap().0.iter().all(|&x| x == 0.0));
+        assert!(c.copy_blocks(&[(0, 5)]).is_err());
+        assert!(KvCache::new(KvShape { head_dim: 0, ..shape() }, DType::F32).is_err());
+        assert!(KvCache::new(KvShape { num_blocks: usize::MAX / 2, ..shape() }, DType::F32).is_err());
+    }
+
+    #[test]
+    fn copy_blocks_copies_all_layers_k_and_v() {
+        let mut c = KvCache::new(shape(), DType::BF16).unwrap();
+        let k: Vec<f32> = (0..24).map(|x| x as f32).collect();
+        for layer in 0..2 {
+            c.write(layer, &k, &k, &[12, 13, 14]).unwrap(); // block 4, the last one
+        }
+        c.copy_blocks(&[(4, 0), (0, 2)]).unwrap();
+        for layer in 0..2 {
+            let (ks, vs) = c.layer::<half::bf16>(layer).unwrap();
+            let (blk, stride) = (c.shape().block(), c.shape().block_stride());
+            for b in [0, 2] {
+                assert_eq!(&ks[b * stride..][..blk], &ks[4 * stride..][..blk]);
+                assert_eq!(&vs[b * stride..][..blk], &vs[4 * stride..][..blk]);
+            }
+        }
+    }
+}

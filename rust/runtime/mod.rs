@@ -1,0 +1,5 @@
+//! What the kernels run on: the rayon thread pool they share ([`threads`]) and the
+//! machine probes (memory bandwidth, peak FLOP/s) that calibrate the rooflines ([`probe`]).
+
+pub mod probe;
+pub mod threads;
