@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::SeqTables;
-use super::work::{Partial, Work};
+use super::work::{scaled_query, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16};
 #[cfg(target_arch = "aarch64")]
@@ -175,21 +175,6 @@ fn check_call(
         return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
     }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
-}
-
-/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
-/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (empty without `bf16`).
-pub(super) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
-    if !bf16 {
-        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
-    }
-    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
-    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
-    let pairs = q
-        .chunks(d.max(1))
-        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
-        .collect();
-    (qs, pairs)
 }
 
 /// Run one work item on the path `isa`; safe for any input because [`Supported`] can
