@@ -7,46 +7,19 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
 use super::arrays::{checked_out, f32_values, int_matrix};
-use super::convert::{arg, int_scalar, int_vec};
+use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
 use crate::attention::{isa::Isa, tables::SeqTables};
 
-/// An optional non-negative int keyword (None allowed), naming `name` in errors.
+/// An optional non-negative int keyword (absent or None is `None`), naming `name` in errors.
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
-    match obj {
-        Some(o) if !o.is_none() => {
-            let v = int_scalar(o, name)?;
-            usize::try_from(v).map(Some).map_err(|_| invalid(o.py(), format!("{name} must be >= 0, got {v}")))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// `logits_soft_cap`: `None`, or a real number (not a bool, not an array) that is
-/// positive and finite in float32.
-fn soft_cap(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
-    let py = obj.py();
-    if obj.is_none() {
-        return Ok(None);
-    }
-    let ty = obj.get_type().name()?.to_string();
-    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
-    let is_array = obj.cast::<PyUntypedArray>().is_ok();
-    let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
-    let Some(v) = v else {
-        return Err(invalid(py, format!("logits_soft_cap must be a float, got {ty}")));
-    };
-    let c = v as f32;
-    if !(c.is_finite() && c > 0.0) {
-        return Err(invalid(py, format!("logits_soft_cap must be positive and finite in float32, got {v}")));
-    }
-    Ok(Some(c))
+    obj.map_or(Ok(None), |o| arg::opt_count(o, name))
 }
 
 /// The keyword options shared by both table forms.
@@ -236,7 +209,7 @@ fn prefill_attention<'py>(
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
-    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
@@ -302,7 +275,7 @@ fn prefill_attention_paged<'py>(
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
-    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
