@@ -10,12 +10,13 @@
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_values, int_matrix};
+use super::arrays::{checked_out, f32_values};
+use super::attention::{forced_isa, Tables};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
-use crate::attention::{isa::Isa, tables::SeqTables};
+use crate::attention::tables::SeqTables;
 
 /// An optional non-negative int keyword (absent or None is `None`), naming `name` in errors.
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
@@ -47,10 +48,7 @@ impl Kw<'_, '_> {
         if chunk_size.is_some() && !self.causal {
             return Err(invalid(py, "chunk_size (block-causal) needs causal=True"));
         }
-        let isa = self.force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
-        if let Some(i) = isa.filter(|i| !i.supported()) {
-            return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
-        }
+        let isa = forced_isa(py, self.force_isa)?;
         Ok(PrefillOptions {
             mask: Mask {
                 causal: self.causal,
@@ -217,13 +215,8 @@ fn prefill_attention<'py>(
     bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
-    let lens = int_vec(seq_lens, "seq_lens")?;
-    let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
-    if rows != lens.len() {
-        return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
-    }
-    let tables = move |bs, nb| SeqTables::padded(&table, width, &lens, bs, nb);
-    run(py, cache, layer, q, qo_indptr, tables, kw)
+    let t = Tables::padded(py, block_tables, seq_lens)?;
+    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
 }
 
 /// :func:`prefill_attention` with the tables in FlashInfer's paged layout, as
@@ -283,11 +276,8 @@ fn prefill_attention_paged<'py>(
     bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
-    let indptr = int_vec(kv_indptr, "kv_indptr")?;
-    let indices = int_vec(kv_indices, "kv_indices")?;
-    let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
-    let tables = move |bs, nb| SeqTables::flashinfer(&indptr, &indices, &last, bs, nb);
-    run(py, cache, layer, q, qo_indptr, tables, kw)
+    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len)?;
+    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
