@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::SeqTables;
-use super::work::{scaled_query, Partial, Work};
+use super::work::{merge_row, scaled_query, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16};
 #[cfg(target_arch = "aarch64")]
@@ -265,24 +265,8 @@ fn merge(
         out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(|(c, (o, ls))| {
             let parts = starts[c]..starts[c + 1];
             for h in 0..per_item {
-                let mx = parts.clone().map(|i| m[i * per_item + h]).fold(f32::NEG_INFINITY, f32::max);
-                let row = &mut o[h * d..(h + 1) * d];
-                row.fill(0.0);
-                if mx == f32::NEG_INFINITY {
-                    ls[h] = f32::NEG_INFINITY;
-                    continue;
-                }
-                let mut total = 0f32;
-                for i in parts.clone() {
-                    let w = (m[i * per_item + h] - mx).exp2();
-                    total += w * l[i * per_item + h];
-                    for (x, &a) in row.iter_mut().zip(&acc[(i * per_item + h) * d..][..d]) {
-                        *x += w * a;
-                    }
-                }
-                let inv = 1.0 / total;
-                row.iter_mut().for_each(|x| *x *= inv);
-                ls[h] = (mx + total.log2()) * std::f32::consts::LN_2;
+                let rows = parts.clone().map(|i| i * per_item + h);
+                ls[h] = merge_row(rows, acc, m, l, &mut o[h * d..(h + 1) * d]);
             }
         })
     });

@@ -1,6 +1,6 @@
 //! What the instruction-set paths share: the work item they read (`Work`, walked in
 //! `Chunk`s), the online-softmax state they write (`Partial`), the query preparation
-//! (`scaled_query`) and their constants.
+//! (`scaled_query`), the merge of split results (`merge_row`) and their constants.
 
 use std::ops::Range;
 
@@ -108,6 +108,30 @@ pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec
         .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
         .collect();
     (qs, pairs)
+}
+
+/// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
+/// in `m`, `l` and `acc` (`out.len()` values per row of `acc`, unnormalised). Writes the
+/// normalised row to `out` (zeros when no partial saw a key) and returns its LSE in
+/// natural log (`-inf` then). Decode and prefill merge their splits with it.
+pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], m: &[f32], l: &[f32], out: &mut [f32]) -> f32 {
+    let d = out.len();
+    out.fill(0.0);
+    let mx = rows.clone().map(|r| m[r]).fold(f32::NEG_INFINITY, f32::max);
+    if mx == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let mut total = 0f32;
+    for r in rows {
+        let w = (m[r] - mx).exp2();
+        total += w * l[r];
+        for (x, &a) in out.iter_mut().zip(&acc[r * d..][..d]) {
+            *x += w * a;
+        }
+    }
+    let inv = 1.0 / total;
+    out.iter_mut().for_each(|x| *x *= inv);
+    (mx + total.log2()) * std::f32::consts::LN_2
 }
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
