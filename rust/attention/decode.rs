@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::SeqTables;
-use super::work::{Partial, Work};
+use super::work::{merge_row, scaled_query, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16};
 #[cfg(target_arch = "aarch64")]
@@ -177,21 +177,6 @@ fn check_call(
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
-/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
-/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (empty without `bf16`).
-pub(super) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
-    if !bf16 {
-        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
-    }
-    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
-    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
-    let pairs = q
-        .chunks(d.max(1))
-        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
-        .collect();
-    (qs, pairs)
-}
-
 /// Run one work item on the path `isa`; safe for any input because [`Supported`] can
 /// only hold a path this CPU runs.
 fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
@@ -280,24 +265,8 @@ fn merge(
         out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(|(c, (o, ls))| {
             let parts = starts[c]..starts[c + 1];
             for h in 0..per_item {
-                let mx = parts.clone().map(|i| m[i * per_item + h]).fold(f32::NEG_INFINITY, f32::max);
-                let row = &mut o[h * d..(h + 1) * d];
-                row.fill(0.0);
-                if mx == f32::NEG_INFINITY {
-                    ls[h] = f32::NEG_INFINITY;
-                    continue;
-                }
-                let mut total = 0f32;
-                for i in parts.clone() {
-                    let w = (m[i * per_item + h] - mx).exp2();
-                    total += w * l[i * per_item + h];
-                    for (x, &a) in row.iter_mut().zip(&acc[(i * per_item + h) * d..][..d]) {
-                        *x += w * a;
-                    }
-                }
-                let inv = 1.0 / total;
-                row.iter_mut().for_each(|x| *x *= inv);
-                ls[h] = (mx + total.log2()) * std::f32::consts::LN_2;
+                let rows = parts.clone().map(|i| i * per_item + h);
+                ls[h] = merge_row(rows, acc, m, l, &mut o[h * d..(h + 1) * d]);
             }
         })
     });

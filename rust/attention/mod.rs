@@ -31,7 +31,7 @@
 //! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
 //! one file per instruction set, [`tables`] (the block tables a call reads) and
 //! [`decode`] (plan, dispatch, merge). The paths depend on `work` only; `decode` depends on
-//! the paths. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
+//! the paths; the decode and prefill tests share `test_util`. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -52,5 +52,7 @@ pub use decode::{decode_attention, DecodeOptions};
 pub use isa::{cpu_features, Isa};
 pub use tables::SeqTables;
 
+#[cfg(test)]
+mod test_util;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use super::decode::*;
 use super::isa::*;
 use super::tables::*;
+use super::test_util::{filled, last_block_case, shape, Lcg};
+use super::work::scaled_query;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use crate::kv::{DType, Elem, KvCache, KvShape};
@@ -17,27 +19,6 @@ use crate::kv::{DType, Elem, KvCache, KvShape};
 fn skip_loudly(what: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {what}: {why}");
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-/// Fill every slot of `layer` with random K/V.
-fn filled(shape: KvShape, dtype: DType, seed: u64) -> KvCache {
-    let mut c = KvCache::new(shape, dtype).unwrap();
-    let mut r = Lcg(seed);
-    let n = shape.num_blocks * shape.block_size;
-    let row = shape.num_kv_heads * shape.head_dim;
-    let k: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
-    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
-    let slots: Vec<i64> = (0..n as i64).collect();
-    c.write(0, &k, &v, &slots).unwrap();
-    c
 }
 
 fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (Vec<f64>, Vec<f64>) {
@@ -85,7 +66,7 @@ fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<
 }
 
 fn check_mode(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
-    let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64);
+    let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64, 1.0);
     let bs = shape.block_size;
     // Tables run backwards from the pool's last block, so the last block is always read.
     let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
@@ -138,10 +119,6 @@ fn compare_mode(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi
     }
 }
 
-fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
-    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
-}
-
 #[test]
 fn all_paths_match_reference_over_shapes() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -181,12 +158,7 @@ fn all_paths_match_reference_over_the_issue_grid() {
 fn last_token_of_the_pools_last_block_is_read() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
-            let nb = 3;
-            let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64);
-            let last = nb as i64 - 1;
-            let table = [0, last, last, -1, 1, last];
-            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
-            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            let (c, t, _) = last_block_case(dtype, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {
                 compare(&c, 6, &t, split, kpi);
             }
@@ -196,7 +168,7 @@ fn last_token_of_the_pools_last_block_is_read() {
 
 #[test]
 fn empty_batch_is_a_no_op() {
-    let c = filled(shape(16, 2, 64, 4), DType::F32, 5);
+    let c = filled(shape(16, 2, 64, 4), DType::F32, 5, 1.0);
     let t = SeqTables::padded(&[], 0, &[], 16, 4).unwrap();
     for isa in Isa::available() {
         let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
@@ -250,7 +222,7 @@ fn split_and_head_grouping_agree() {
 
 #[test]
 fn invalid_arguments_are_errors() {
-    let c = filled(shape(4, 2, 8, 4), DType::F32, 1);
+    let c = filled(shape(4, 2, 8, 4), DType::F32, 1, 1.0);
     let t = SeqTables::padded(&[0, 1], 2, &[5], 4, 4).unwrap();
     let q = vec![0f32; 4 * 8];
     let mut out = vec![0f32; 4 * 8];
@@ -274,7 +246,7 @@ fn invalid_arguments_are_errors() {
 
 #[test]
 fn large_logits_stay_finite() {
-    let c = filled(shape(16, 1, 64, 8), DType::F32, 3);
+    let c = filled(shape(16, 1, 64, 8), DType::F32, 3, 1.0);
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
     for isa in Isa::available() {
@@ -412,12 +384,7 @@ fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
     let _shared = bf16_switch_shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 7, 64, 65, 128] {
-            let nb = 3;
-            let c = filled(shape(bs, 3, d, nb), DType::BF16, (bs * 7 + d) as u64);
-            let last = nb as i64 - 1;
-            let table = [0, last, last, -1, 1, last];
-            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
-            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            let (c, t, _) = last_block_case(DType::BF16, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {
                 compare_mode(&c, 6, &t, split, kpi, true);
             }
@@ -432,14 +399,14 @@ fn bf16_scores_need_a_bf16_cache_and_stay_finite_on_large_logits() {
     let q = vec![500f32; 64];
     let opts = |isa| DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };
     for dtype in [DType::F32, DType::F16] {
-        let c = filled(shape(16, 1, 64, 8), dtype, 3);
+        let c = filled(shape(16, 1, 64, 8), dtype, 3, 1.0);
         let mut out = vec![7f32; 64];
         for isa in Isa::available() {
             assert!(decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).is_err());
         }
         assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
     }
-    let c = filled(shape(16, 1, 64, 8), DType::BF16, 3);
+    let c = filled(shape(16, 1, 64, 8), DType::BF16, 3, 1.0);
     for isa in Isa::available() {
         let mut out = vec![0f32; 64];
         decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap();

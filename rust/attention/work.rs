@@ -1,5 +1,6 @@
 //! What the instruction-set paths share: the work item they read (`Work`, walked in
-//! `Chunk`s), the online-softmax state they write (`Partial`) and their constants.
+//! `Chunk`s), the online-softmax state they write (`Partial`), the query preparation
+//! (`scaled_query`), the merge of split results (`merge_row`) and their constants.
 
 use std::ops::Range;
 
@@ -90,6 +91,47 @@ pub(crate) struct Chunk<'a, E> {
     pub d: usize,
     pub c0: usize,
     pub lanes: usize,
+}
+
+/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
+/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (two dimensions per
+/// `u32`, even one low, an odd `d` padded by +0; empty without `bf16`). Decode and
+/// prefill both prepare their queries with it.
+pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
+    if !bf16 {
+        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
+    }
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
+    let pairs = q
+        .chunks(d.max(1))
+        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
+        .collect();
+    (qs, pairs)
+}
+
+/// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
+/// in `m`, `l` and `acc` (`out.len()` values per row of `acc`, unnormalised). Writes the
+/// normalised row to `out` (zeros when no partial saw a key) and returns its LSE in
+/// natural log (`-inf` then). Decode and prefill merge their splits with it.
+pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], m: &[f32], l: &[f32], out: &mut [f32]) -> f32 {
+    let d = out.len();
+    out.fill(0.0);
+    let mx = rows.clone().map(|r| m[r]).fold(f32::NEG_INFINITY, f32::max);
+    if mx == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let mut total = 0f32;
+    for r in rows {
+        let w = (m[r] - mx).exp2();
+        total += w * l[r];
+        for (x, &a) in out.iter_mut().zip(&acc[r * d..][..d]) {
+            *x += w * a;
+        }
+    }
+    let inv = 1.0 / total;
+    out.iter_mut().for_each(|x| *x *= inv);
+    (mx + total.log2()) * std::f32::consts::LN_2
 }
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of

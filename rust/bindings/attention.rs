@@ -19,11 +19,57 @@ fn options(
     force_isa: Option<&str>,
     bf16_scores: bool,
 ) -> PyResult<DecodeOptions> {
+    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa: forced_isa(py, force_isa)? })
+}
+
+/// `force_isa`: `None`, or the name of a kernel path this CPU runs. Decode and prefill.
+pub(super) fn forced_isa(py: Python<'_>, force_isa: Option<&str>) -> PyResult<Option<Isa>> {
     let isa = force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
     if let Some(i) = isa.filter(|i| !i.supported()) {
         return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
     }
-    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa })
+    Ok(isa)
+}
+
+/// The block tables of a kernel call in either form Python gives them, converted with
+/// the GIL held; [`Tables::build`] checks them against the cache. Decode and prefill.
+pub(super) enum Tables {
+    /// `block_tables` `[n, width]` rows and `seq_lens`.
+    Padded { table: Vec<i64>, width: usize, lens: Vec<i64> },
+    /// FlashInfer's `kv_indptr`, `kv_indices`, `kv_last_page_len`.
+    FlashInfer { indptr: Vec<i64>, indices: Vec<i64>, last: Vec<i64> },
+}
+
+impl Tables {
+    pub(super) fn padded(py: Python<'_>, block_tables: &Bound<'_, PyAny>, seq_lens: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let lens = int_vec(seq_lens, "seq_lens")?;
+        let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
+        if rows != lens.len() {
+            return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
+        }
+        Ok(Tables::Padded { table, width, lens })
+    }
+
+    pub(super) fn flashinfer(
+        kv_indptr: &Bound<'_, PyAny>,
+        kv_indices: &Bound<'_, PyAny>,
+        kv_last_page_len: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let indptr = int_vec(kv_indptr, "kv_indptr")?;
+        let indices = int_vec(kv_indices, "kv_indices")?;
+        let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
+        Ok(Tables::FlashInfer { indptr, indices, last })
+    }
+
+    /// The checked tables for a cache of `num_blocks` blocks of `block_size` tokens.
+    pub(super) fn build(&self, block_size: usize, num_blocks: usize) -> crate::error::Result<SeqTables> {
+        match self {
+            Tables::Padded { table, width, lens } => SeqTables::padded(table, *width, lens, block_size, num_blocks),
+            Tables::FlashInfer { indptr, indices, last } => {
+                SeqTables::flashinfer(indptr, indices, last, block_size, num_blocks)
+            }
+        }
+    }
 }
 
 /// Validate q/out, run the kernel with the GIL released, return `out` (and the LSE).
@@ -156,13 +202,8 @@ fn decode_attention<'py>(
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
-    let lens = int_vec(seq_lens, "seq_lens")?;
-    let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
-    if rows != lens.len() {
-        return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
-    }
-    let tables = |bs, nb| SeqTables::padded(&table, width, &lens, bs, nb);
-    attend(py, cache.get(), layer, q, tables, out, return_lse, opts)
+    let t = Tables::padded(py, block_tables, seq_lens)?;
+    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb), out, return_lse, opts)
 }
 
 /// :func:`decode_attention` with the tables in FlashInfer's paged layout, as
@@ -210,11 +251,8 @@ fn decode_attention_paged<'py>(
     bf16_scores: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
-    let indptr = int_vec(kv_indptr, "kv_indptr")?;
-    let indices = int_vec(kv_indices, "kv_indices")?;
-    let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
-    let tables = |bs, nb| SeqTables::flashinfer(&indptr, &indices, &last, bs, nb);
-    attend(py, cache.get(), layer, q, tables, out, return_lse, opts)
+    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len)?;
+    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb), out, return_lse, opts)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

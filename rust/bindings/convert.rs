@@ -308,7 +308,7 @@ pub mod arg {
     }
 
     /// A non-negative int named `name`, or `None`.
-    fn opt_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<usize>> {
+    pub fn opt_count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<usize>> {
         if obj.is_none() {
             return Ok(None);
         }
@@ -336,9 +336,19 @@ pub mod arg {
         count(obj.py(), int_scalar(obj, "n")?, "n")
     }
 
-    /// A softmax scale: `None`, or a real number (not a bool) that is positive and finite
-    /// in float32.
+    /// A softmax scale: `None`, or a positive finite float32 (see [`positive_f32`]).
     pub fn scale(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
+        positive_f32(obj, "scale")
+    }
+
+    /// Gemma-2's `logits_soft_cap`: `None`, or a positive finite float32.
+    pub fn logits_soft_cap(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
+        positive_f32(obj, "logits_soft_cap")
+    }
+
+    /// `None`, or a real number (not a bool, not an array) that is positive and finite in
+    /// float32, named `name` in errors.
+    pub fn positive_f32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<f32>> {
         let py = obj.py();
         if obj.is_none() {
             return Ok(None);
@@ -349,11 +359,11 @@ pub mod arg {
         let is_array = obj.cast::<PyUntypedArray>().is_ok();
         let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
         let Some(v) = v else {
-            return Err(super::invalid(py, format!("scale must be a float, got {ty}")));
+            return Err(super::invalid(py, format!("{name} must be a float, got {ty}")));
         };
         let s = v as f32;
         if !(s.is_finite() && s > 0.0) {
-            return Err(super::invalid(py, format!("scale must be positive and finite in float32, got {v}")));
+            return Err(super::invalid(py, format!("{name} must be positive and finite in float32, got {v}")));
         }
         Ok(Some(s))
     }

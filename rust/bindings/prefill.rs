@@ -7,46 +7,20 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_values, int_matrix};
-use super::convert::{arg, int_scalar, int_vec};
+use super::arrays::{checked_out, f32_values};
+use super::attention::{forced_isa, Tables};
+use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
-use crate::attention::{isa::Isa, tables::SeqTables};
+use crate::attention::tables::SeqTables;
 
-/// An optional non-negative int keyword (None allowed), naming `name` in errors.
+/// An optional non-negative int keyword (absent or None is `None`), naming `name` in errors.
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
-    match obj {
-        Some(o) if !o.is_none() => {
-            let v = int_scalar(o, name)?;
-            usize::try_from(v).map(Some).map_err(|_| invalid(o.py(), format!("{name} must be >= 0, got {v}")))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// `logits_soft_cap`: `None`, or a real number (not a bool, not an array) that is
-/// positive and finite in float32.
-fn soft_cap(obj: &Bound<'_, PyAny>) -> PyResult<Option<f32>> {
-    let py = obj.py();
-    if obj.is_none() {
-        return Ok(None);
-    }
-    let ty = obj.get_type().name()?.to_string();
-    let is_bool = obj.is_instance_of::<pyo3::types::PyBool>() || ty == "bool" || ty == "bool_";
-    let is_array = obj.cast::<PyUntypedArray>().is_ok();
-    let v = if is_bool || is_array { None } else { obj.extract::<f64>().ok() };
-    let Some(v) = v else {
-        return Err(invalid(py, format!("logits_soft_cap must be a float, got {ty}")));
-    };
-    let c = v as f32;
-    if !(c.is_finite() && c > 0.0) {
-        return Err(invalid(py, format!("logits_soft_cap must be positive and finite in float32, got {v}")));
-    }
-    Ok(Some(c))
+    obj.map_or(Ok(None), |o| arg::opt_count(o, name))
 }
 
 /// The keyword options shared by both table forms.
@@ -74,10 +48,7 @@ impl Kw<'_, '_> {
         if chunk_size.is_some() && !self.causal {
             return Err(invalid(py, "chunk_size (block-causal) needs causal=True"));
         }
-        let isa = self.force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
-        if let Some(i) = isa.filter(|i| !i.supported()) {
-            return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
-        }
+        let isa = forced_isa(py, self.force_isa)?;
         Ok(PrefillOptions {
             mask: Mask {
                 causal: self.causal,
@@ -236,7 +207,7 @@ fn prefill_attention<'py>(
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
-    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
@@ -244,13 +215,8 @@ fn prefill_attention<'py>(
     bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
-    let lens = int_vec(seq_lens, "seq_lens")?;
-    let (table, rows, width) = int_matrix(block_tables, "block_tables", None)?;
-    if rows != lens.len() {
-        return Err(invalid(py, format!("block_tables has {rows} rows for {} seq_lens", lens.len())));
-    }
-    let tables = move |bs, nb| SeqTables::padded(&table, width, &lens, bs, nb);
-    run(py, cache, layer, q, qo_indptr, tables, kw)
+    let t = Tables::padded(py, block_tables, seq_lens)?;
+    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
 }
 
 /// :func:`prefill_attention` with the tables in FlashInfer's paged layout, as
@@ -302,7 +268,7 @@ fn prefill_attention_paged<'py>(
     window_left: Option<&Bound<'py, PyAny>>,
     sink_tokens: Option<&Bound<'py, PyAny>>,
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
-    #[pyo3(from_py_with = soft_cap)] logits_soft_cap: Option<f32>,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
     force_isa: Option<&str>,
@@ -310,11 +276,8 @@ fn prefill_attention_paged<'py>(
     bf16_pv: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
-    let indptr = int_vec(kv_indptr, "kv_indptr")?;
-    let indices = int_vec(kv_indices, "kv_indices")?;
-    let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
-    let tables = move |bs, nb| SeqTables::flashinfer(&indptr, &indices, &last, bs, nb);
-    run(py, cache, layer, q, qo_indptr, tables, kw)
+    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len)?;
+    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

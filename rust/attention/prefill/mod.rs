@@ -30,6 +30,7 @@ use rayon::prelude::*;
 
 use super::isa::Isa;
 use super::tables::SeqTables;
+use super::work::scaled_query;
 use crate::error::Result;
 use crate::invalid;
 use crate::kv::{DType, KvCache};
@@ -265,21 +266,6 @@ fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Resul
         }
     }
     Ok(out)
-}
-
-/// The query times `factor` and, with `bf16`, first rounded to bf16, plus its bf16 pairs
-/// (two dimensions per `u32`, even one low, an odd `d` padded by +0) for `vdpbf16ps`.
-pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
-    if !bf16 {
-        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
-    }
-    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
-    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
-    let pairs = q
-        .chunks(d.max(1))
-        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
-        .collect();
-    (qs, pairs)
 }
 
 /// Combine the partials of every (query tile, KV head) into `out` and `lse`.

@@ -1,6 +1,7 @@
 //! Work items of a prefill call, and the log-sum-exp merge of their partial results.
 
 use super::mask::Span;
+use crate::attention::work::merge_row;
 
 /// Keys per tile (the pack width every path shares).
 pub(crate) const TW: usize = 64;
@@ -108,25 +109,8 @@ impl Parts<'_> {
         for (h, (orow, lrow)) in o.chunks_mut(g * d).zip(ls.chunks_mut(g)).enumerate() {
             let pieces = first + h * np..first + (h + 1) * np;
             for j in 0..g {
-                let r = |i: usize| self.offsets[i] + (qi - q0) * g + j;
-                let row = &mut orow[j * d..(j + 1) * d];
-                row.fill(0.0);
-                let mx = pieces.clone().map(|i| self.m[r(i)]).fold(f32::NEG_INFINITY, f32::max);
-                if mx == f32::NEG_INFINITY {
-                    lrow[j] = f32::NEG_INFINITY;
-                    continue;
-                }
-                let mut total = 0f32;
-                for i in pieces.clone() {
-                    let w = (self.m[r(i)] - mx).exp2();
-                    total += w * self.l[r(i)];
-                    for (x, &a) in row.iter_mut().zip(&self.acc[r(i) * d..][..d]) {
-                        *x += w * a;
-                    }
-                }
-                let inv = 1.0 / total;
-                row.iter_mut().for_each(|x| *x *= inv);
-                lrow[j] = (mx + total.log2()) * std::f32::consts::LN_2;
+                let rows = pieces.clone().map(|i| self.offsets[i] + (qi - q0) * g + j);
+                lrow[j] = merge_row(rows, self.acc, self.m, self.l, &mut orow[j * d..(j + 1) * d]);
             }
         }
     }

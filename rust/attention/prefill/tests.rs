@@ -6,32 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::attention::decode::{decode_attention, DecodeOptions};
-use crate::kv::{Elem, KvShape};
-
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
-    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
-}
-
-fn filled(shape: KvShape, dtype: DType, seed: u64) -> KvCache {
-    let mut c = KvCache::new(shape, dtype).unwrap();
-    let mut r = Lcg(seed);
-    let n = shape.num_blocks * shape.block_size;
-    let row = shape.num_kv_heads * shape.head_dim;
-    let k: Vec<f32> = (0..n * row).map(|_| 2.0 * r.next()).collect();
-    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
-    let slots: Vec<i64> = (0..n as i64).collect();
-    c.write(0, &k, &v, &slots).unwrap();
-    c
-}
+use crate::attention::test_util::{filled, last_block_case, shape, Lcg};
+use crate::kv::Elem;
 
 /// The layer's stored K and V as f64, and a function giving the index of element `x` of
 /// KV head `h` of token `tok` of a sequence (K strides, V strides).
@@ -158,7 +134,7 @@ fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (bs, hkv, g, d) in [(16, 2, 4, 64), (5, 1, 3, 13), (1, 2, 1, 8), (64, 1, 8, 32), (7, 3, 2, 20)] {
             let nb = 40usize.div_ceil(bs) * 3 + 2;
-            let c = filled(shape(bs, hkv, d, nb), dtype, (bs * 31 + d) as u64);
+            let c = filled(shape(bs, hkv, d, nb), dtype, (bs * 31 + d) as u64, 2.0);
             let per = 40usize.div_ceil(bs);
             // Ragged lengths on and off block boundaries, a fork sharing sequence 0's
             // blocks (with no query), a sequence with as many queries as keys.
@@ -187,7 +163,7 @@ fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
 
 #[test]
 fn soft_cap_positions_and_bf16_scores() {
-    let c = filled(shape(16, 2, 64, 12), DType::BF16, 3);
+    let c = filled(shape(16, 2, 64, 12), DType::BF16, 3, 2.0);
     let t = SeqTables::padded(&(0..12).collect::<Vec<i64>>(), 6, &[90, 50], 16, 12).unwrap();
     let indptr = [0i64, 5, 9];
     let pos = [3i64, 0, 89, 1000, 40, 7, 7, 49, 0];
@@ -207,12 +183,7 @@ fn soft_cap_positions_and_bf16_scores() {
 fn last_token_of_the_pools_last_block_is_read() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (bs, d) in [(5, 7), (17, 13), (16, 64), (33, 6), (1, 1), (64, 130)] {
-            let nb = 3;
-            let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64);
-            let last = nb as i64 - 1;
-            let table = [0, last, last, -1, 1, last];
-            let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
-            let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+            let (c, t, lens) = last_block_case(dtype, bs, d, 2.0);
             let nq = [lens[0].min(3), lens[1].min(2), lens[2]];
             let indptr = [0, nq[0], nq[0] + nq[1], nq[0] + nq[1] + nq[2]];
             let q = random_q(indptr[3] as usize * 6 * d, 5);
@@ -228,7 +199,7 @@ fn last_token_of_the_pools_last_block_is_read() {
 
 #[test]
 fn one_query_per_sequence_is_decode() {
-    let c = filled(shape(16, 2, 64, 64), DType::F32, 9);
+    let c = filled(shape(16, 2, 64, 64), DType::F32, 9, 2.0);
     let table: Vec<i64> = (0..80).map(|i| i % 64).collect();
     let q = random_q(3 * 8 * 64, 2);
     let (mut o1, mut o2) = (vec![0f32; q.len()], vec![0f32; q.len()]);
@@ -251,7 +222,7 @@ fn one_query_per_sequence_is_decode() {
 
 #[test]
 fn empty_and_invalid_calls() {
-    let c = filled(shape(16, 2, 8, 4), DType::F32, 5);
+    let c = filled(shape(16, 2, 8, 4), DType::F32, 5, 2.0);
     let t = SeqTables::padded(&[0, 1], 2, &[20], 16, 4).unwrap();
     let ok = PrefillOptions::default();
     let run = |indptr: &[i64], q: &[f32], pos: Option<&[i64]>, opts: &PrefillOptions| {
@@ -290,7 +261,7 @@ fn empty_and_invalid_calls() {
 fn timing_rows_per_item() {
     let (bs, hkv, d, len, nq) = (16, 8, 128, 4608, 512);
     let nb = len / bs;
-    let c = filled(shape(bs, hkv, d, nb), DType::F32, 1);
+    let c = filled(shape(bs, hkv, d, nb), DType::F32, 1, 2.0);
     let t = SeqTables::padded(&(0..nb as i64).collect::<Vec<_>>(), nb, &[len as i64], bs, nb).unwrap();
     let q = random_q(nq * 32 * d, 3);
     let indptr = [0i64, nq as i64];

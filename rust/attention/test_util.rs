@@ -1,0 +1,46 @@
+//! What the decode and prefill tests share: a seeded generator, cache shapes, caches filled
+//! with random K/V, and the tables that put a read on the last token of the pool.
+
+use super::tables::SeqTables;
+use crate::kv::{DType, KvCache, KvShape};
+
+/// A linear congruential generator of floats in `[-1, 1)`: the same data on every run.
+pub(crate) struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// A one-layer cache shape.
+pub(crate) fn shape(bs: usize, hkv: usize, d: usize, nb: usize) -> KvShape {
+    KvShape { num_layers: 1, num_blocks: nb, block_size: bs, num_kv_heads: hkv, head_dim: d }
+}
+
+/// A cache with every slot of layer 0 holding random K (times `k_gain`) and V in `[-1, 1)`.
+pub(crate) fn filled(shape: KvShape, dtype: DType, seed: u64, k_gain: f32) -> KvCache {
+    let mut c = KvCache::new(shape, dtype).unwrap();
+    let mut r = Lcg(seed);
+    let n = shape.num_blocks * shape.block_size;
+    let row = shape.num_kv_heads * shape.head_dim;
+    let k: Vec<f32> = (0..n * row).map(|_| k_gain * r.next()).collect();
+    let v: Vec<f32> = (0..n * row).map(|_| r.next()).collect();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    c.write(0, &k, &v, &slots).unwrap();
+    c
+}
+
+/// A filled cache of 3 blocks of `bs` tokens, 3 KV heads of `d`, and tables of three
+/// sequences: the first ends on the last token of the pool's last block, the second one
+/// token before the end of that block, the third one token into it. Returns their lengths.
+pub(crate) fn last_block_case(dtype: DType, bs: usize, d: usize, k_gain: f32) -> (KvCache, SeqTables, [i64; 3]) {
+    let nb = 3;
+    let c = filled(shape(bs, 3, d, nb), dtype, (bs * 7 + d) as u64, k_gain);
+    let last = nb as i64 - 1;
+    let table = [0, last, last, -1, 1, last];
+    let lens = [2 * bs as i64, bs as i64 - 1, bs as i64 + 1];
+    let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
+    (c, t, lens)
+}
