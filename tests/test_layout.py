@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from graphcheck import cycles
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pykvpool"
 
@@ -56,41 +57,6 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     mods = modules(root)
     return {m: imports(m, p, set(mods)) for m, p in mods.items() if p.suffix == ".py"}
-
-
-def cycles(g: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in g.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return out
 
 
 def layer(module: str) -> int | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+import graphcheck
 
 RUST = Path(__file__).resolve().parents[1] / "rust"
 
@@ -169,40 +170,8 @@ def graph(root: Path = RUST) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
 
 
 def cycles(g: dict[tuple[str, ...], set[tuple[str, ...]]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict = {}
-    low: dict = {}
-    stack: list = []
-    on: set = set()
-    out: list[list[str]] = []
-    counter = [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in g.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted("::".join(("crate",) + c) for c in comp))
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return out
+    """Module cycles of ``g``, each as its sorted ``crate::...`` paths."""
+    return graphcheck.cycles(g, lambda c: "::".join(("crate",) + c))
 
 
 def test_no_module_cycles():
