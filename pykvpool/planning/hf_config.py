@@ -101,7 +101,7 @@ def layer_groups(c: Mapping[str, Any], r: _Reader, layers: int, context: int) ->
         kinds = ["full" if k == "sliding" else k for k in kinds]
     if all(k == "full" for k in kinds):
         return ()
-    sizes = {"full": None, "sliding": None, "chunked": None}
+    sizes: dict[str, int | None] = {"full": None, "sliding": None, "chunked": None}
     if "sliding" in kinds:
         sizes["sliding"] = r.int("sliding_window", lo=1)
     if "chunked" in kinds:

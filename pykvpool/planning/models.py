@@ -274,7 +274,13 @@ class ModelConfig:
                        name=name or f"{self.name} (n_kv={num_kv_heads})")
 
     def all_global(self, name: str | None = None) -> ModelConfig:
-        """The same model with every layer full attention (windows removed)."""
+        """The same model with every layer full attention (windows removed).
+
+        Raises:
+            InvalidArgumentError: ``name`` is not a string (the model itself is valid).
+        """
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"name must be a string, got {name!r}")
         return replace(self, layer_groups=(), name=name or f"{self.name} (all global)")
 
     @classmethod
