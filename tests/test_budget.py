@@ -140,7 +140,8 @@ def test_ledger_json_records_the_budget(tmp_path: Path) -> None:
     assert data["token_capacity"] == 500_063
 
 
-# ---- Hugging Face configs the ledger cannot model ----------------------------------------
+# ---- Hugging Face configs the ledger still cannot model ----------------------------------
+# (windows, MLA and experts are modelled since issue 13: tests/test_ledger_hybrid.py)
 
 LLAMA = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
          "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
@@ -148,18 +149,31 @@ LLAMA = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads":
 
 
 @pytest.mark.parametrize(("extra", "key"), [
-    ({"sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window"),
-    ({"sliding_window": 4096, "use_sliding_window": True}, "sliding_window"),
-    ({"layer_types": ["sliding_attention"] + ["full_attention"] * 31}, "layer_types"),
+    ({"layer_types": ["linear_attention"] + ["full_attention"] * 31}, "layer_types"),
+    ({"layer_types": ["full_attention"] * 31}, "layer_types"),
     ({"layer_types": "full_attention"}, "layer_types"),
-    ({"kv_lora_rank": 512}, "kv_lora_rank"),
-    ({"n_routed_experts": 256}, "n_routed_experts"),
-    ({"num_local_experts": 8}, "num_local_experts"),
-    ({"num_experts": 128}, "num_experts"),
-    ({"num_experts": "many"}, "num_experts"),
+    ({"attention_chunk_size": 8192}, "attention_chunk_size"),
+    ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "attention_chunk_size"),
+    ({"layers_block_type": ["mamba"] * 32}, "layers_block_type"),
+    ({"attn_layer_period": 8}, "attn_layer_period"),
+    ({"hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern"),
+    ({"num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ({"num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": [3]}, "mlp_only_layers"),
 ])
 def test_from_hf_config_refuses_what_it_cannot_model(extra: dict[str, object], key: str) -> None:
     with pytest.raises(pykvpool.InvalidArgumentError, match=f"'{key}' = .* not modelled"):
+        ModelConfig.from_hf_config({**LLAMA, **extra})
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"num_experts": "many"}, "'num_experts' must be an integer"),
+    ({"num_local_experts": 8}, "has no 'num_experts_per_tok'"),
+    ({"kv_lora_rank": 512}, "has no 'qk_rope_head_dim'"),
+    ({"layer_types": ["sliding_attention"] * 32}, "has no 'sliding_window'"),
+    ({"sliding_window": 0}, "'sliding_window' must be in 1 .."),
+])
+def test_from_hf_config_names_a_missing_or_bad_key(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(pykvpool.InvalidArgumentError, match=re.escape(message)):
         ModelConfig.from_hf_config({**LLAMA, **extra})
 
 

@@ -29,8 +29,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="llama-3-8b",
                    help=f"model preset: {', '.join(MODELS)} (default llama-3-8b)")
     g.add_argument("--hf-config", metavar="FILE",
-                   help="a Hugging Face config.json instead of a preset (dense decoders with "
-                        "full attention; others are refused)")
+                   help="a Hugging Face config.json instead of a preset (full, sliding-window and "
+                        "chunked attention, MLA, experts; other layer kinds are refused)")
     g.add_argument("--dtype", default="bf16",
                    help=f"KV storage dtype: {', '.join(DTYPES)}; 8-bit ones take :head (default), "
                         ":gN or :tensor scale granularity")

@@ -17,7 +17,8 @@ from pykvpool.cli._common import (
     write_outputs,
 )
 from pykvpool.planning.hardware import hardware_preset
-from pykvpool.planning.ledger import GIB
+from pykvpool.planning.ledger import GIB, MAX_SEQ_LEN, MemoryLedger
+from pykvpool.planning.models import ModelConfig
 
 __all__ = ["add_subcommand", "main_ledger"]
 
@@ -37,17 +38,24 @@ def main_ledger(args: argparse.Namespace) -> int:
         print(f"pykvpool: warning: --seq-len {args.seq_len:,} exceeds {m.name}'s context window "
               f"(max_position_embeddings = {m.max_context:,})", file=sys.stderr)
     s, bsz = args.seq_len, args.batch
+    win = m.windowed
     lines = [
         f"model            {m.name}: L={m.num_layers}, n_q={m.num_q_heads}, "
         f"n_kv={m.num_kv_heads}, d={m.head_dim}, {m.num_params / 1e9:.2f}e9 params",
+        *_shape_lines(m),
         f"KV dtype         {led.dtype.name} (scales: {led.dtype.granularity})",
-        f"KV per token     {led.bytes_per_token} B ({led.bytes_per_token / 1024:.2f} KiB)",
+        f"KV per token     {led.bytes_per_token} B ({led.bytes_per_token / 1024:.2f} KiB)"
+        + (" if every layer kept every token (full history)" if win else ""),
         f"KV per sequence  {led.kv_bytes(seq_len=s) / GIB:.2f} GiB at {s} tokens",
+        *(_length_table(led, s) if win else []),
         f"weights          {led.weight_bytes / GIB:.2f} GiB",
         *budget_lines(led),
-        f"KV capacity      {led.token_capacity:,} tokens",
+        f"KV capacity      {led.token_capacity:,} tokens"
+        + (f" of full history; {led.tokens_at(seq_len=s):,} tokens as sequences of {s}" if win else ""),
         f"max batch        {led.max_batch(seq_len=s)} at {s} tokens",
-        f"max length       {led.max_seq_len(batch=bsz):,} tokens at batch {bsz}",
+        f"max length       {led.max_seq_len(batch=bsz):,} tokens at batch {bsz}"
+        + (" (the limit of the ledger: every layer is windowed)"
+           if win and led.max_seq_len(batch=bsz) == MAX_SEQ_LEN else ""),
     ]
     row = led.row(batch=bsz, seq_len=s)
     lines.append(f"batch {bsz} x {s}: KV {row.kv_bytes / GIB:.2f} GiB = "
@@ -58,7 +66,14 @@ def main_ledger(args: argparse.Namespace) -> int:
                             "weight_bytes": led.weight_bytes, "kv_budget_bytes": led.kv_budget_bytes,
                             "token_capacity": led.token_capacity,
                             "max_batch": led.max_batch(seq_len=s),
-                            "max_seq_len": led.max_seq_len(batch=bsz)}
+                            "max_seq_len": led.max_seq_len(batch=bsz),
+                            "layer_groups": [vars(g) for g in m.groups],
+                            "kv_latent_dim": m.kv_latent_dim, "num_params": m.num_params,
+                            "active_params": m.active_num_params,
+                            "kv_bytes_at": {str(n): led.kv_bytes(seq_len=n)
+                                            for n in sorted({*TABLE_LENGTHS, s})},
+                            "max_batch_at": {str(n): led.max_batch(seq_len=n)
+                                             for n in sorted({*TABLE_LENGTHS, s})}}
     hw = hardware_from_args(args) or hardware_preset(DEFAULT_HARDWARE)
     cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
     b = led.decode_bound(hw, seq_len=s, batch=bsz, compute_dtype=cd)
@@ -71,6 +86,35 @@ def main_ledger(args: argparse.Namespace) -> int:
     print(text)
     write_outputs(args.out, "ledger", "```\n" + text + "\n```\n", data)
     return 0
+
+
+TABLE_LENGTHS = (8192, 32768, 131072)
+"""Sequence lengths (tokens) of the per-length table printed for a windowed model."""
+
+
+def _shape_lines(m: ModelConfig) -> list[str]:
+    lines = []
+    if m.windowed:
+        lines.append("layers           " + " + ".join(g.describe() for g in m.groups))
+    if m.kv_latent_dim:
+        lines.append(f"attention        MLA: {m.kv_latent_dim} elements per token per layer "
+                     "(kv_lora_rank + rope), one latent for K and V")
+    if m.active_params is not None:
+        lines.append(f"experts          {m.active_params / 1e9:.2f}e9 of {m.num_params / 1e9:.2f}e9 "
+                     "params active per token")
+    return lines
+
+
+def _length_table(led: MemoryLedger, seq_len: int) -> list[str]:
+    """KV per sequence at each length, per token, against the same model all global."""
+    glob = MemoryLedger(led.model.all_global(), led.budget, led.dtype)
+    rows = ["  length    KV/sequence   B/token  all-global KV   window saves   max batch"]
+    for n in sorted({*TABLE_LENGTHS, seq_len}):
+        kv, full = led.kv_bytes(seq_len=n), glob.kv_bytes(seq_len=n)
+        rows.append(f"  {n:>7,}  {kv / GIB:>8.3f} GiB  {kv / n:>8,.0f}  {full / GIB:>9.3f} GiB"
+                    f"  {full / kv:>12.2f}x  {led.max_batch(seq_len=n):>10,}"
+                    + ("  beyond max_position_embeddings" if n > led.model.max_context else ""))
+    return rows
 
 
 def add_subcommand(sub: Any) -> None:

@@ -2,7 +2,10 @@
 
 Units: bytes (``GiB`` = 2**30), tokens, requests, seconds. The KV cache of a batch is
 ``B_tok x S x batch`` with ``B_tok = 2 (K,V) x L x n_kv x d x p`` (p includes the scales of
-8-bit formats, see :mod:`pykvpool.planning.models`). A :class:`Budget` is device memory times a
+8-bit formats, see :mod:`pykvpool.planning.models`) for a model whose every layer is full
+attention; a windowed model (sliding or chunked layer groups) caps the tokens its windowed
+layers hold, so its KV is :meth:`pykvpool.planning.models.ModelConfig.kv_bytes` of the
+length, per sequence, and its capacity is stated in sequences at a length. A :class:`Budget` is device memory times a
 usable fraction minus a reserve for activations and the framework; what remains after the
 weights holds the KV cache.
 
@@ -30,6 +33,7 @@ __all__ = [
     "DEFAULT_FRACTION",
     "DEFAULT_RESERVE_BYTES",
     "GIB",
+    "MAX_SEQ_LEN",
     "MIB",
     "Budget",
     "DecodeBound",
@@ -44,6 +48,9 @@ GIB = float(1 << 30)
 MIB = float(1 << 20)
 """Bytes per MiB."""
 
+
+MAX_SEQ_LEN = 2**31 - 1
+"""Longest length :meth:`MemoryLedger.max_seq_len` reports, tokens."""
 
 DEFAULT_FRACTION = 1.0
 """Share of device memory a budget uses unless told otherwise."""
@@ -145,9 +152,10 @@ class DecodeBound:
     """Lower bound of one decode step and the throughput bound it implies.
 
     Attributes:
-        bytes_moved: weights + all KV read once, bytes.
-        flops: ``2 x params x batch`` (projections, MLP) + ``4 x n_q x d x S x L x batch``
-            (attention), FLOP.
+        bytes_moved: weights (all experts of a MoE model: an upper bound) + all cached KV
+            read once, bytes.
+        flops: ``2 x active params x batch`` (projections, MLP) + ``4 x n_q x d x S x L x
+            batch`` (attention; a windowed layer attends to its window only), FLOP.
         memory_time: ``bytes_moved / bandwidth``, seconds.
         compute_time: ``flops / peak``, seconds.
     """
@@ -205,7 +213,9 @@ class MemoryLedger:
 
     @property
     def bytes_per_token(self) -> int:
-        """KV bytes per token over all layers (``2 x L x n_kv x d x p`` + scales)."""
+        """KV bytes per token over all layers (``2 x L x n_kv x d x p`` + scales; MLA: the
+        latent). For a windowed model, the full-history figure (every layer keeping every
+        token): an upper bound, see :meth:`kv_bytes`."""
         return self.model.kv_bytes_per_token(self.dtype)
 
     @property
@@ -221,19 +231,30 @@ class MemoryLedger:
 
     @property
     def token_capacity(self) -> int:
-        """Whole tokens of KV that fit in the KV budget."""
+        """Whole tokens of full-history KV (:attr:`bytes_per_token` each) that fit in the KV
+        budget. For a windowed model this is not how many tokens can be served: use
+        :meth:`max_batch` or :meth:`tokens_at`, which depend on the length."""
         return int(self.kv_budget_bytes // self.bytes_per_token)
+
+    def tokens_at(self, *, seq_len: int, block_size: int = 1) -> int:
+        """Logical tokens the budget serves as sequences of ``seq_len`` tokens:
+        ``max_batch(seq_len) x seq_len`` (for a windowed model it grows with the length).
+
+        Raises:
+            InvalidArgumentError: seq_len or block_size < 1.
+        """
+        return self.max_batch(seq_len=seq_len, block_size=block_size) * seq_len
 
     def kv_bytes(self, *, seq_len: int, batch: int = 1) -> float:
         """KV bytes of ``batch`` sequences of ``seq_len`` tokens (keyword-only, so the two
-        counts cannot be swapped).
+        counts cannot be swapped); a window caps the tokens its layers hold.
 
         Raises:
             InvalidArgumentError: seq_len or batch not an integer >= 0.
         """
         _count("seq_len", seq_len, 0)
         _count("batch", batch, 0)
-        return float(self.bytes_per_token) * seq_len * batch
+        return float(self.model.kv_bytes(seq_len, self.dtype)) * batch
 
     def row(self, *, batch: int, seq_len: int) -> LedgerRow:
         """Weights, KV and reserve at (batch, seq_len), bytes (keyword-only).
@@ -248,26 +269,41 @@ class MemoryLedger:
 
     def max_batch(self, *, seq_len: int, block_size: int = 1) -> int:
         """Largest batch of ``seq_len``-token sequences whose KV fits, each rounded up to
-        whole blocks of ``block_size`` tokens.
+        whole blocks of ``block_size`` tokens (per layer group for a windowed model).
 
         Raises:
             InvalidArgumentError: seq_len or block_size < 1.
         """
         _count("seq_len", seq_len)
         _count("block_size", block_size)
+        if self.model.windowed:
+            return int(self.kv_budget_bytes // self.model.kv_bytes(seq_len, self.dtype, block_size))
         blocks = -(-seq_len // block_size)
         return (self.token_capacity // block_size) // blocks
 
     def max_seq_len(self, *, batch: int, block_size: int = 1) -> int:
         """Longest length (tokens, a multiple of ``block_size``) that ``batch`` sequences can
-        each reach with their KV in the budget; 0 if not even one block each fits.
+        each reach with their KV in the budget; 0 if not even one block each fits. A model
+        whose every layer is windowed needs no more memory past its windows: the answer is
+        then capped at :data:`MAX_SEQ_LEN`.
 
         Raises:
             InvalidArgumentError: batch or block_size < 1.
         """
         _count("batch", batch)
         _count("block_size", block_size)
-        return (self.token_capacity // block_size // batch) * block_size
+        if not self.model.windowed:
+            return (self.token_capacity // block_size // batch) * block_size
+        lo, hi = 0, MAX_SEQ_LEN // block_size  # lo blocks fit; find the largest
+        if self._fits(hi * block_size, batch, block_size):
+            return hi * block_size
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._fits(mid * block_size, batch, block_size) else (lo, mid)
+        return lo * block_size
+
+    def _fits(self, seq_len: int, batch: int, block_size: int) -> bool:
+        return self.model.kv_bytes(seq_len, self.dtype, block_size) * batch <= self.kv_budget_bytes
 
     def decode_bound(self, hardware: Hardware, *, seq_len: int, batch: int = 1,
                      compute_dtype: str = "bf16") -> DecodeBound:
@@ -282,7 +318,7 @@ class MemoryLedger:
         _count("seq_len", seq_len)
         m = self.model
         moved = self.weight_bytes + self.kv_bytes(seq_len=seq_len, batch=batch)
-        flops = (2.0 * m.num_params * batch
-                 + 4.0 * m.num_q_heads * m.head_dim * seq_len * m.num_layers * batch)
+        flops = (2.0 * m.active_num_params * batch
+                 + 4.0 * m.num_q_heads * m.head_dim * m.attended_tokens(seq_len) * batch)
         return DecodeBound(batch, seq_len, moved, flops, moved / hardware.bandwidth,
                            flops / hardware.flops(compute_dtype))

@@ -22,10 +22,13 @@ from typing import Any
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.errors import UnknownPresetError, lookup_preset
+from pykvpool.planning.hf_config import parse_hf_config
+from pykvpool.planning.layers import LayerGroup
 
 __all__ = [
     "DTYPES",
     "MODELS",
+    "LayerGroup",
     "ModelConfig",
     "StorageDtype",
     "model_preset",
@@ -116,15 +119,23 @@ class ModelConfig:
         name: display name.
         num_layers: decoder layers (L).
         num_q_heads: query heads (n_q).
-        num_kv_heads: key/value heads (n_kv); ``n_q / n_kv`` is the GQA group size g.
-        head_dim: elements per head (d).
-        num_params: parameters (count, not bytes).
+        num_kv_heads: key/value heads (n_kv); ``n_q / n_kv`` is the GQA group size g. 1 for
+            multi-head latent attention (one latent shared by every head).
+        head_dim: elements per head (d); for MLA the query-key width (nope + rope).
+        num_params: parameters (count, not bytes); all experts of a MoE model.
         weight_bytes_per_param: bytes per stored weight (2 for bf16).
         max_context: the model's context window, in tokens.
+        layer_groups: the layers by attention kind (:class:`LayerGroup`); empty means every
+            layer is full attention.
+        kv_latent_dim: MLA: elements cached per token per layer, ``kv_lora_rank +
+            qk_rope_head_dim``, one vector shared by K and V; 0 for K/V heads.
+        active_params: parameters one token uses (MoE: the routed experts it visits plus
+            the shared ones); ``None`` for a dense model (all of ``num_params``).
 
     Raises:
-        InvalidArgumentError: any size < 1, or ``num_q_heads`` not a multiple of
-            ``num_kv_heads``.
+        InvalidArgumentError: any size < 1, ``num_q_heads`` not a multiple of
+            ``num_kv_heads``, layer groups whose layers do not add up to ``num_layers``, a
+            negative latent width, or active parameters above the total.
     """
 
     name: str
@@ -135,6 +146,9 @@ class ModelConfig:
     num_params: float
     weight_bytes_per_param: float = 2.0
     max_context: int = 8192
+    layer_groups: tuple[LayerGroup, ...] = ()
+    kv_latent_dim: int = 0
+    active_params: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim", "max_context"):
@@ -150,15 +164,61 @@ class ModelConfig:
                 f"num_q_heads ({self.num_q_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        if not isinstance(self.layer_groups, tuple) or not all(
+                isinstance(g, LayerGroup) for g in self.layer_groups):
+            raise InvalidArgumentError(f"layer_groups must be a tuple of LayerGroup, got {self.layer_groups!r}")
+        if self.layer_groups and sum(g.layers for g in self.layer_groups) != self.num_layers:
+            raise InvalidArgumentError(
+                f"layer_groups have {sum(g.layers for g in self.layer_groups)} layers, "
+                f"num_layers is {self.num_layers}")
+        if isinstance(self.kv_latent_dim, bool) or not isinstance(self.kv_latent_dim, int) \
+                or self.kv_latent_dim < 0:
+            raise InvalidArgumentError(f"kv_latent_dim must be an integer >= 0, got {self.kv_latent_dim!r}")
+        a = self.active_params
+        if a is not None and not (math.isfinite(a) and 0 < a <= self.num_params):
+            raise InvalidArgumentError(f"active_params must be in (0, num_params], got {a!r}")
 
     @property
     def group_size(self) -> int:
         """GQA group size g = n_q / n_kv (1 for MHA)."""
         return self.num_q_heads // self.num_kv_heads
 
+    @property
+    def groups(self) -> tuple[LayerGroup, ...]:
+        """:attr:`layer_groups`, or one full group of every layer when it is empty."""
+        return self.layer_groups or (LayerGroup("full", self.num_layers),)
+
+    @property
+    def windowed(self) -> bool:
+        """True when some layer keeps fewer than all tokens (a sliding or chunked group)."""
+        return any(g.kind != "full" for g in self.groups)
+
+    @property
+    def active_num_params(self) -> float:
+        """Parameters one token uses: :attr:`active_params`, or all of them when dense."""
+        return self.num_params if self.active_params is None else self.active_params
+
+    def kv_layer_bytes(self, dtype: StorageDtype | str = "bf16") -> int:
+        """KV bytes one layer caches per token: ``2 (K,V) x n_kv x (bytes of one d-element
+        vector)``, or for MLA one latent vector of ``kv_latent_dim`` elements; scales included.
+
+        Raises:
+            UnknownPresetError: an unknown dtype name.
+            InvalidArgumentError: a malformed granularity suffix.
+        """
+        dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
+        if self.kv_latent_dim:
+            return dt.vector_bytes(self.kv_latent_dim)
+        return 2 * self.num_kv_heads * dt.vector_bytes(self.head_dim)
+
     def kv_bytes_per_token(self, dtype: StorageDtype | str = "bf16") -> int:
-        """KV bytes per token: ``2 (K,V) x L x n_kv x (bytes of one d-element vector)``,
-        scales included.
+        """KV bytes per token when every layer keeps every token: ``L x``
+        :meth:`kv_layer_bytes` (``2 x L x n_kv x d x p`` + scales; MLA: ``L x (kv_lora_rank +
+        rope) x p``). For a windowed model (:attr:`windowed`) this is the full-history
+        figure, an upper bound: use :meth:`kv_bytes` for the bytes of a sequence.
 
         Args:
             dtype: a :class:`StorageDtype` or a spelling :func:`storage_dtype` accepts.
@@ -167,12 +227,41 @@ class ModelConfig:
             UnknownPresetError: an unknown dtype name.
             InvalidArgumentError: a malformed granularity suffix.
         """
-        dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
-        return 2 * self.num_layers * self.num_kv_heads * dt.vector_bytes(self.head_dim)
+        return self.num_layers * self.kv_layer_bytes(dtype)
+
+    def kv_bytes(self, seq_len: int, dtype: StorageDtype | str = "bf16", block_size: int = 1) -> int:
+        """KV bytes of one sequence of ``seq_len`` tokens: over the layer groups,
+        ``layers x tokens held x`` :meth:`kv_layer_bytes`, the tokens a group holds
+        (:meth:`LayerGroup.tokens_held`: a window caps them) rounded up to whole blocks of
+        ``block_size`` tokens. Equals ``seq_len x`` :meth:`kv_bytes_per_token` for a model
+        without windows and ``block_size`` 1.
+
+        Raises:
+            InvalidArgumentError: ``seq_len`` < 0 or ``block_size`` < 1 (or not integers);
+                a malformed dtype granularity.
+            UnknownPresetError: an unknown dtype name.
+        """
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise InvalidArgumentError(f"block_size must be an integer >= 1, got {block_size!r}")
+        per_layer = self.kv_layer_bytes(dtype)
+        total = 0
+        for g in self.groups:
+            held = -(-g.tokens_held(seq_len) // block_size) * block_size
+            total += g.layers * held
+        return total * per_layer
+
+    def attended_tokens(self, seq_len: int) -> int:
+        """Sum over layers of the tokens a query at position ``seq_len`` attends to
+        (``L x seq_len`` without windows), for attention FLOPs.
+
+        Raises:
+            InvalidArgumentError: ``seq_len`` not an integer >= 0.
+        """
+        return sum(g.layers * g.tokens_held(seq_len) for g in self.groups)
 
     @property
     def weight_bytes(self) -> float:
-        """Weights in bytes: ``num_params x weight_bytes_per_param``."""
+        """Weights in bytes: ``num_params x weight_bytes_per_param`` (all experts)."""
         return self.num_params * self.weight_bytes_per_param
 
     def with_kv_heads(self, num_kv_heads: int, name: str | None = None) -> ModelConfig:
@@ -183,6 +272,16 @@ class ModelConfig:
         """
         return replace(self, num_kv_heads=num_kv_heads,
                        name=name or f"{self.name} (n_kv={num_kv_heads})")
+
+    def all_global(self, name: str | None = None) -> ModelConfig:
+        """The same model with every layer full attention (windows removed).
+
+        Raises:
+            InvalidArgumentError: ``name`` is not a string (the model itself is valid).
+        """
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"name must be a string, got {name!r}")
+        return replace(self, layer_groups=(), name=name or f"{self.name} (all global)")
 
     @classmethod
     def from_hf_config(
@@ -196,105 +295,101 @@ class ModelConfig:
 
         Reads ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``
         (default: the attention heads, i.e. MHA), ``head_dim`` (default
-        ``hidden_size / num_attention_heads``) and ``max_position_embeddings``. When
-        ``num_params`` is not given it is estimated for a Llama-style decoder from
-        ``vocab_size``, ``hidden_size``, ``intermediate_size`` and
-        ``tie_word_embeddings`` (attention projections, gated MLP, norms, embeddings).
+        ``hidden_size / num_attention_heads``) and ``max_position_embeddings``; the layer
+        kinds (``layer_types``, ``sliding_window`` and ``use_sliding_window``,
+        ``sliding_window_pattern``, Gemma 2's alternation, ``attention_chunk_size`` with
+        ``no_rope_layers``, ``max_window_layers``); multi-head latent attention
+        (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer); a nested
+        ``text_config``. When ``num_params`` is not given it is estimated (attention
+        projections, MLA's low-rank ones, gated MLP or experts with their router and shared
+        experts, norms, embeddings), with the active count of a mixture of experts
+        (``num_experts_per_tok`` routed plus the shared ones; ``first_k_dense_replace``
+        dense layers). See :mod:`pykvpool.planning.hf_config` for the exact rules.
 
-        Only dense decoders whose every layer attends to the whole context are modelled:
-        a config with a sliding window (``sliding_window`` set, unless
-        ``use_sliding_window`` is false or the window covers ``max_position_embeddings``),
-        per-layer attention kinds (``layer_types`` other than all ``"full_attention"``),
-        multi-head latent attention (``kv_lora_rank``) or experts (``n_routed_experts``,
-        ``num_local_experts``, ``num_experts`` above 1, when ``num_params`` is estimated)
-        is refused rather than given a wrong KV or weight size.
+        What is still not modelled is refused rather than given a wrong size: layer kinds
+        other than full, sliding and chunked attention (``layer_types``,
+        ``layers_block_type``, ``attn_layer_period``, ``hybrid_override_pattern``),
+        ``attention_chunk_size`` without ``layer_types`` or ``no_rope_layers``, and when the
+        parameters are estimated, experts on only some layers (``decoder_sparse_step``,
+        ``mlp_only_layers``).
 
         Raises:
             InvalidArgumentError: a missing or non-integer key, a size above 2**31 - 1,
                 inconsistent sizes, or one of the unmodelled features above (the message
                 names the key).
         """
-        _refuse_unmodelled(config, estimate_params=num_params is None)
-
-        def get_int(key: str, default: int | None = None) -> int:
-            value = config.get(key)
-            value = default if value is None else value
-            if value is None:
-                raise InvalidArgumentError(f"config.json has no {key!r}")
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgumentError(f"config.json {key!r} must be an integer, got {value!r}")
-            if not 0 <= value <= _MAX_CONFIG_INT:
-                raise InvalidArgumentError(f"config.json {key!r} must be in 0 .. {_MAX_CONFIG_INT}, got {value}")
-            return value
-
-        layers = get_int("num_hidden_layers")
-        n_q = get_int("num_attention_heads")
-        n_kv = get_int("num_key_value_heads", n_q)
-        hidden = get_int("hidden_size")
-        head_dim = get_int("head_dim", hidden // n_q if n_q else 0)
-        if num_params is None:
-            vocab = get_int("vocab_size")
-            inter = get_int("intermediate_size")
-            attn = hidden * n_q * head_dim * 2 + hidden * n_kv * head_dim * 2
-            mlp = 3 * hidden * inter
-            embed = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
-            num_params = float(layers * (attn + mlp + 2 * hidden) + hidden + embed)
-        return cls(
-            name=name or str(config.get("_name_or_path") or config.get("model_type") or "custom"),
-            num_layers=layers,
-            num_q_heads=n_q,
-            num_kv_heads=n_kv,
-            head_dim=head_dim,
-            num_params=num_params,
-            weight_bytes_per_param=weight_bytes_per_param,
-            max_context=get_int("max_position_embeddings", 8192),
-        )
-
-
-_MAX_CONFIG_INT = 2**31 - 1
-_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
-
-
-def _refuse_unmodelled(config: Mapping[str, Any], estimate_params: bool) -> None:
-    """InvalidArgumentError naming the first key of a feature the ledger does not model."""
-
-    def refuse(key: str, what: str) -> None:
-        shown = repr(config[key])
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise InvalidArgumentError(
-            f"config.json {key!r} = {shown}: {what} is not modelled yet; "
-            "the KV or weight size would be wrong")
-
-    window = config.get("sliding_window")
-    ctx = config.get("max_position_embeddings")
-    covers = isinstance(window, int) and isinstance(ctx, int) and window >= ctx
-    if window is not None and config.get("use_sliding_window") is not False and not covers:
-        refuse("sliding_window", "sliding-window attention")
-    types = config.get("layer_types")
-    if types is not None and (not isinstance(types, list)
-                              or any(t != "full_attention" for t in types)):
-        refuse("layer_types", "attention that differs by layer")
-    if config.get("kv_lora_rank") is not None:
-        refuse("kv_lora_rank", "multi-head latent attention (MLA)")
-    for key in _EXPERT_KEYS if estimate_params else ():
-        n = config.get(key)
-        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n <= 1):
-            refuse(key, "a mixture of experts (its weights)")
+        fields = parse_hf_config(config, num_params)
+        default_name = fields.pop("_name")
+        return cls(name=name or default_name, weight_bytes_per_param=weight_bytes_per_param, **fields)
 
 
 _LLAMA3_8B = ModelConfig("Llama-3-8B", 32, 32, 8, 128, 8.03e9, 2.0, 8192)
+
+# The presets below carry the values of each model's published Hugging Face config.json,
+# written from knowledge of those public files (they were not downloaded here); parameter
+# counts are the ones the authors publish. Weights are counted at 2 bytes per parameter
+# (bf16) for every preset; pass --weight-bytes for another storage.
+
+# mistralai/Mistral-7B-v0.1: num_hidden_layers 32, num_attention_heads 32,
+# num_key_value_heads 8, hidden_size 4096 (head_dim 128), sliding_window 4096 on every
+# layer, max_position_embeddings 32768; 7.24e9 parameters.
+_MISTRAL_7B = ModelConfig("Mistral-7B-v0.1", 32, 32, 8, 128, 7.24e9, 2.0, 32768,
+                          layer_groups=(LayerGroup("sliding", 32, 4096),))
+
+# google/gemma-2-9b: model_type gemma2, num_hidden_layers 42, num_attention_heads 16,
+# num_key_value_heads 8, head_dim 256, sliding_window 4096 on the even layers (local and
+# global alternate, local first), max_position_embeddings 8192; 9.24e9 parameters.
+_GEMMA2_9B = ModelConfig("Gemma-2-9B", 42, 16, 8, 256, 9.24e9, 2.0, 8192,
+                         layer_groups=(LayerGroup("sliding", 21, 4096), LayerGroup("full", 21)))
+
+# google/gemma-3-12b (text_config): num_hidden_layers 48, num_attention_heads 16,
+# num_key_value_heads 8, head_dim 256, sliding_window 1024, sliding_window_pattern 6
+# (5 local : 1 global, so 40 local + 8 global), max_position_embeddings 131072;
+# 12.2e9 parameters (vision tower included).
+_GEMMA3_12B = ModelConfig("Gemma-3-12B", 48, 16, 8, 256, 12.2e9, 2.0, 131072,
+                          layer_groups=(LayerGroup("sliding", 40, 1024), LayerGroup("full", 8)))
+
+# deepseek-ai/DeepSeek-V2-Lite: num_hidden_layers 27, num_attention_heads 16, MLA with
+# kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, q_lora_rank
+# null (cached per token per layer: 512 + 64 elements, one latent for K and V, so
+# (512 + 64) x 27 x 2 = 31,104 B/token in bf16); n_routed_experts 64, n_shared_experts 2,
+# num_experts_per_tok 6, moe_intermediate_size 1408, first_k_dense_replace 1;
+# max_position_embeddings 163840; 15.7e9 parameters, 2.4e9 active.
+_DEEPSEEK_V2_LITE = ModelConfig("DeepSeek-V2-Lite", 27, 16, 1, 192, 15.7e9, 2.0, 163840,
+                                kv_latent_dim=576, active_params=2.4e9)
+
+# openai/gpt-oss-20b: num_hidden_layers 24, layer_types alternating sliding_attention /
+# full_attention (sliding first), sliding_window 128, num_attention_heads 64,
+# num_key_value_heads 8, head_dim 64, num_local_experts 32, num_experts_per_tok 4,
+# max_position_embeddings 131072; 20.9e9 parameters, 3.6e9 active. (Its learned attention
+# sinks are per-head logits, not cached tokens: no KV. The release stores the experts in
+# MXFP4; counted here at 2 bytes like the others.)
+_GPT_OSS_20B = ModelConfig("gpt-oss-20b", 24, 64, 8, 64, 20.9e9, 2.0, 131072,
+                           layer_groups=(LayerGroup("sliding", 12, 128), LayerGroup("full", 12)),
+                           active_params=3.6e9)
+
+# Qwen/Qwen3-30B-A3B: num_hidden_layers 48, num_attention_heads 32, num_key_value_heads 4,
+# head_dim 128, num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768,
+# use_sliding_window false, max_position_embeddings 40960; 30.5e9 parameters, 3.3e9 active.
+_QWEN3_30B_A3B = ModelConfig("Qwen3-30B-A3B", 48, 32, 4, 128, 30.5e9, 2.0, 40960,
+                             active_params=3.3e9)
 
 MODELS: dict[str, ModelConfig] = {
     # Published configurations (Hugging Face config.json of each model card); parameter
     # counts as published by the model authors.
     "llama-3-8b": _LLAMA3_8B,
     "llama-3-70b": ModelConfig("Llama-3-70B", 80, 64, 8, 128, 70.6e9, 2.0, 8192),
-    "mistral-7b": ModelConfig("Mistral-7B-v0.1", 32, 32, 8, 128, 7.24e9, 2.0, 32768),
+    "mistral-7b": _MISTRAL_7B,
     "qwen2.5-7b": ModelConfig("Qwen2.5-7B", 28, 28, 4, 128, 7.62e9, 2.0, 131072),
     # The article's MHA variant: Llama-3-8B with one KV head per query head.
     "llama-3-8b-mha": _LLAMA3_8B.with_kv_heads(32, "Llama-3-8B MHA variant (n_kv=32)"),
     # A real MHA model, for comparison.
     "llama-2-7b": ModelConfig("Llama-2-7B (MHA)", 32, 32, 32, 128, 6.74e9, 2.0, 4096),
+    "gemma-2-9b": _GEMMA2_9B,
+    "gemma-3-12b": _GEMMA3_12B,
+    "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
+    "gpt-oss-20b": _GPT_OSS_20B,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
 }
 """Model presets by lower-case name (published configurations); see :func:`model_preset`."""
 
