@@ -15,6 +15,7 @@
 //! - [`pool`]: the allocator (free list and refcounts), block tables, the sequence map,
 //!   `BlockPool` (step and decode paths, admission by token ids or block keys, exports
 //!   and incremental table sync);
+//! - [`hybrid`]: layer groups (full, sliding window with sinks, chunked) in one pool;
 //! - [`kv`]: aligned memory, the element types and the paged KV storage;
 //! - [`attention`]: the decode-attention kernel (one file per instruction set, the
 //!   dispatch, the block tables it reads);
@@ -29,6 +30,7 @@
 
 pub mod attention;
 pub mod error;
+pub mod hybrid;
 pub mod kv;
 pub mod pool;
 pub mod prefix_cache;
