@@ -18,7 +18,7 @@
 //! and an error undoes the visits already made, in reverse, from a log of what they did,
 //! which leaves the allocator's free-list stack exactly as it was.
 
-use super::table::GroupTable;
+use super::table::{GroupTable, GroupTables};
 use super::{DecodeScratch, HybridEntry, HybridPool, HybridStepOutput, Undo};
 use crate::error::{KvError, Result};
 use crate::invalid;
@@ -37,7 +37,8 @@ impl HybridPool {
         let nb = prompt_len.div_ceil(self.block_size);
         self.ensure_available(nb * self.groups.len(), 0)?;
         let tables = self.grow_new(prompt_len, out)?;
-        let entry = HybridEntry { len: prompt_len, frontier: 0, mark: 0, tables, cursor: None };
+        let tables = GroupTables::from_vec(tables);
+        let entry = HybridEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
         self.seqs.insert(seq, entry);
         out.seq_lens.push(prompt_len as i32);
         Ok(())
@@ -166,7 +167,7 @@ impl HybridPool {
             }
             total += n;
             let hole_last = self.offset_in_block(e.len) != 0;
-            for t in &e.tables {
+            for t in e.tables.iter() {
                 let k = t.releasable_count(e.len);
                 if plain {
                     gained += k;
@@ -207,7 +208,7 @@ impl HybridPool {
             if n == 0 || self.offset_in_block(e.len) == 0 {
                 continue;
             }
-            for t in &e.tables {
+            for t in e.tables.iter() {
                 let Some(b) = t.last() else {
                     need += 1;
                     continue;
@@ -244,7 +245,7 @@ impl HybridPool {
                 continue;
             }
             let len = e.len;
-            for t in &mut e.tables {
+            for t in e.tables.iter_mut() {
                 let k = t.releasable_count(len);
                 t.release_front(k, |b| self.release_block(b));
             }
@@ -362,12 +363,11 @@ impl HybridPool {
         let bs = self.block_size;
         let mut sc = std::mem::take(&mut self.decode);
         sc.log.clear();
-        sc.frontiers.clear();
-        sc.frontiers.reserve(n);
         out.slots.resize(self.groups.len() * n, 0);
         out.total_tokens = n;
         out.seq_lens.reserve(n);
         let mut result = Ok(true);
+        let mut done = 0;
         'seqs: for (i, &seq) in seqs.iter().enumerate() {
             let e = match map.slot(&seq).and_then(|s| map.at_mut(s)) {
                 None => Err(KvError::UnknownSequence(seq.0)),
@@ -411,13 +411,14 @@ impl HybridPool {
                 };
                 out.slots[g * n + i] = b.first_slot(bs) + off as i64;
             }
-            sc.frontiers.push(e.frontier);
+            e.prev_frontier = e.frontier;
             e.frontier = len;
             e.len = len + 1;
             out.seq_lens.push((len + 1) as i32);
+            done = i + 1;
         }
         if !matches!(result, Ok(true)) {
-            self.undo_decode(map, seqs, &sc);
+            self.undo_decode(map, &seqs[..done], seqs, &sc);
             out.clear();
         }
         self.decode = sc;
@@ -425,7 +426,8 @@ impl HybridPool {
     }
 
     /// Undo the visits of a failed one-pass decode, last first.
-    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, seqs: &[SeqId], sc: &DecodeScratch) {
+    /// `done`: the sequences whose visit completed (a prefix of `seqs`).
+    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, done: &[SeqId], seqs: &[SeqId], sc: &DecodeScratch) {
         for u in sc.log.iter().rev() {
             let (i, g) = match *u {
                 Undo::Release(i, g, _) | Undo::Push(i, g) | Undo::Fill(i, g) => (i as usize, g as usize),
@@ -447,10 +449,10 @@ impl HybridPool {
                 }
             }
         }
-        for (i, &f) in sc.frontiers.iter().enumerate().rev() {
-            if let Some(e) = map.get_mut(&seqs[i]) {
+        for seq in done.iter().rev() {
+            if let Some(e) = map.get_mut(seq) {
                 e.len -= 1;
-                e.frontier = f;
+                e.frontier = e.prev_frontier;
             }
         }
     }
