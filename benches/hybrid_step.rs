@@ -72,6 +72,12 @@ fn hybrid(groups: &[GroupSpec]) -> (f64, f64) {
 }
 
 fn main() {
+    if std::env::var("HYBRID_STEP_ONLY").is_ok_and(|v| v == "two") {
+        // Profiling aid: only the two-group pool.
+        let two = hybrid(&[GroupSpec::Full, GroupSpec::sliding_window(4096, 0).expect("window")]);
+        println!("HybridPool [Full, SlidingWindow(4096)]: min {:.2}, median {:.2} ns/token", two.0, two.1);
+        return;
+    }
     let one = block_pool();
     let full = hybrid(&[GroupSpec::Full]);
     let two = hybrid(&[GroupSpec::Full, GroupSpec::sliding_window(4096, 0).expect("window")]);
