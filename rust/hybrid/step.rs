@@ -79,7 +79,11 @@ impl HybridPool {
 
     /// [`Self::step`] with one token for every sequence (a decode step).
     pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut HybridStepOutput) -> Result<()> {
-        out.clear();
+        // `slots` keeps its length: the one-pass decode overwrites every entry, so a batch
+        // as long as the last one writes its slots without zero-filling them first.
+        out.total_tokens = 0;
+        out.cow.clear();
+        out.seq_lens.clear();
         let mut ones = std::mem::take(&mut self.decode.ones);
         if ones.len() < seqs.len() {
             ones.resize(seqs.len(), 1);
@@ -117,6 +121,7 @@ impl HybridPool {
             out.clear();
             self.batch_mark += 1;
         }
+        out.slots.clear();
         let mut slots = std::mem::take(&mut self.slot_scratch);
         let planned = self.plan(map, seqs, counts, &mut slots);
         let r = planned.and_then(|(need, gained, total)| {
