@@ -349,7 +349,7 @@ impl HybridPool {
     /// Whether the one-pass decode is worth trying: nothing shared, no cache, and free
     /// blocks for the whole batch or twice what uniformly spread lengths need.
     #[inline]
-    fn one_pass_fits(&self, len: usize) -> bool {
+    pub(crate) fn one_pass_fits(&self, len: usize) -> bool {
         let g = self.groups.len();
         self.alloc.num_shared() == 0
             && self.cache.is_none()
