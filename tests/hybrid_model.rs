@@ -231,7 +231,7 @@ impl Model {
             let s = &self.seqs[&id];
             for t in &s.tables {
                 need += (s.len + n).div_ceil(self.bs) - t.len();
-                if s.len % self.bs != 0 {
+                if !s.len.is_multiple_of(self.bs) {
                     match t[s.len / self.bs] {
                         None => need += 1,
                         Some(b) if rc[&b] > 1 => {
@@ -272,7 +272,7 @@ impl Model {
                 let l = s.len;
                 for (g, t) in s.tables.iter_mut().enumerate() {
                     let got: Entries = pool.table(SeqId(id), g).unwrap().entries().collect();
-                    if l % bs != 0 {
+                    if !l.is_multiple_of(bs) {
                         let i = l / bs;
                         match t[i] {
                             Some(b) if rc[&b] > 1 => {
