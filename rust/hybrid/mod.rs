@@ -2,6 +2,7 @@
 //! chunked) sharing one physical block space, one block table per (sequence, group).
 
 pub mod cache;
+pub mod prefix;
 pub mod spec;
 
 pub use spec::GroupSpec;
