@@ -285,6 +285,11 @@ impl GroupTable {
         self.refresh();
     }
 
+    /// Entries the table's buffers can hold without reallocating (its memory, in entries).
+    pub fn capacity(&self) -> usize {
+        self.head.capacity() + self.run.capacity()
+    }
+
     /// Whether the shape invariants hold (see the module doc); the reason if not.
     pub fn shape_error(&self) -> Option<String> {
         let want_head = self.len_blocks.min(self.sink_blocks);
