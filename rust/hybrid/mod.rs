@@ -30,6 +30,7 @@ use table::{GroupTable, GroupTables};
 pub mod cache;
 mod check;
 mod exports;
+pub mod prefix;
 pub mod spec;
 mod step;
 pub mod table;
