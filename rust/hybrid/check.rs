@@ -56,7 +56,8 @@ impl HybridPool {
                 }
             }
         }
-        self.check_counts(&refs)
+        self.check_counts(&refs)?;
+        self.check_cache()
     }
 
     /// One table against its sequence's length and frontier.
