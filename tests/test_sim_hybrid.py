@@ -65,9 +65,11 @@ def test_gemma_groups_split_the_blocks_and_the_window_stays_small(tmp_path: Path
         assert r.summary[f"peak_blocks_used_g{j}"] == int(cols[j].max())
     # The full group holds whole sequences, the 4,096-token window far less.
     assert r.summary[f"peak_blocks_used_g{g_win}"] * 1.5 < r.summary[f"peak_blocks_used_g{g_full}"]
-    # Stored tokens over all groups: more than one group's worth, less than two full copies.
+    # Stored tokens over all groups fit in the slots held, and the window's blocks hold
+    # tokens too: more than the full group's blocks alone could.
     lens = r.steps["kv_tokens"]
     assert np.all(lens <= 16 * r.steps["blocks_used"])
+    assert np.any(lens > 16 * cols[g_full])
     paths = r.to_csv(tmp_path)
     with open(paths[1]) as f:
         header = next(csv.reader(f))

@@ -351,7 +351,8 @@ class SimConfig:
         groups: the model's layer groups (:data:`GroupSpec` each, e.g.
             ``ModelConfig.groups``): the device is then a ``HybridPool`` whose ``num_blocks``
             blocks all groups share (one block table per request and group; a block holds
-            ``block_size`` tokens of one group's layers). A sliding or chunked group frees
+            ``block_size`` tokens of one group's layers, so with G groups of equal layer
+            counts the memory of N whole-model blocks holds G x N of them). A sliding or chunked group frees
             the blocks no later query needs at the start of each growth, and the scheduler
             counts them free. ``None`` (default): one full group, today's ``BlockPool``.
             Not supported yet with ``prefix_caching`` or ``preemption="swap"``
