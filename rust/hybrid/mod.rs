@@ -33,6 +33,8 @@ mod exports;
 pub mod spec;
 mod step;
 pub mod table;
+#[cfg(test)]
+mod tests;
 
 pub use spec::GroupSpec;
 
