@@ -787,7 +787,8 @@ def run_simulation(
     config: dict[str, Any],
     time_model: object = ...,
 ) -> dict[str, Any]:
-    """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``.
+    """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``
+    (with ``groups``: a ``HybridPool`` of those layer groups).
 
     The facade :func:`pykvpool.simulate.run` builds both dicts from a
     :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
@@ -847,6 +848,18 @@ def run_simulation(
             default False).
             ``max_steps``: stop after this many steps (default None: run to the end).
             ``record_steps``: keep the per-step columns (default True).
+            ``groups``: the model's layer groups (default None: one full-attention group,
+            a ``BlockPool``): a list of 1 to 64 tuples ``("full",)``, ``("sliding",
+            window)``, ``("sliding", window, sink_tokens)`` or ``("chunked", chunk_size)``
+            (tokens; window and chunk >= 1), sharing the ``num_blocks`` blocks. A
+            windowed group releases the blocks no later query needs at the start of each
+            growth and the scheduler counts them free; a reservation counts every logical
+            block of every group. The steps then gain a column ``blocks_used_g{j}`` per
+            group (blocks it holds; they add up to ``blocks_used``), the summary
+            ``peak_blocks_used_g{j}``, and ``kv_tokens`` counts the tokens stored over all
+            groups (utilization: stored tokens over held and reserved slots). Not
+            supported with ``prefix_caching`` or ``preemption="swap"`` (an error naming
+            them).
         time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
             overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
@@ -864,8 +877,9 @@ def run_simulation(
             ragged, lengths that differ, a zero or out-of-range length, a bad arrival time
             or offsets, a negative block key, more than ``SIM_MAX_REQUESTS`` requests), an
             unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
-            range or a bool as a count, token ids mixed with block keys, or a bad time
-            model or step time; each names the key.
+            range or a bool as a count, token ids mixed with block keys, a malformed
+            ``groups`` entry (naming ``groups[i]``), ``groups`` with ``prefix_caching`` or
+            ``preemption="swap"``, or a bad time model or step time; each names the key.
         TypeError: a dict that is not a dict, a flag that is not a bool or a policy name
             that is not a str (naming the key).
         InvariantError: the engine broke an invariant (a pykvpool bug).

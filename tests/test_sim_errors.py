@@ -215,6 +215,8 @@ CONFIGS: list[tuple[str, dict[str, Any], Any, str]] = [
     ("victim", sched(victim="oldest"), 0.0, "victim"),
     ("convention", sched(convention="sglang"), 0.0, "convention"),
     ("eviction", dict(prefix_caching=True, eviction="mru"), 0.0, "eviction"),
+    ("groups with prefix_caching", dict(groups=(("sliding", 64),), prefix_caching=True), 0.0, "prefix_caching"),
+    ("groups with swap", dict(groups=(("full",),), **sched(preemption="swap", host_blocks=10)), 0.0, "preemption"),
     ("max_steps -1", dict(max_steps=-1), 0.0, "max_steps"),
     ("max_steps bool", dict(max_steps=True), 0.0, "max_steps"),
     ("time_model -1", {}, -1.0, "time_model"),
@@ -247,6 +249,26 @@ def test_a_wrong_type_for_a_flag_or_a_name_is_a_type_error_at_worst(change: dict
     w = sim.Workload(arrival=Z3, prompt_len=L3, output_len=L3)
     cfg = {"num_blocks": 100, "block_size": 16, **change}
     raises_naming(lambda: _native.run_simulation(cols(arrival=w.arrival), cfg), next(iter(change)), type_error_ok=True)
+
+
+GROUPS: list[tuple[str, Any, str]] = [
+    ("groups empty", [], "groups"),
+    ("groups int", 3, "groups"),
+    ("groups kind", [("global",)], "groups[0]"),
+    ("groups window 0", [("full",), ("sliding", 0)], "groups[1] window"),
+    ("groups window -1", [("sliding", -1)], "groups[0] window"),
+    ("groups window bool", [("sliding", True)], "groups[0] window"),
+    ("groups window 2**31", [("sliding", 2**31)], "groups[0] window"),
+    ("groups sinks -1", [("sliding", 8, -1)], "groups[0] sink_tokens"),
+    ("groups chunk 0", [("chunked", 0)], "groups[0] chunk_size"),
+    ("groups 65", [("full",)] * 65, "groups"),
+]
+
+
+@pytest.mark.parametrize("groups,name", [g[1:] for g in GROUPS], ids=[g[0] for g in GROUPS])
+def test_run_simulation_names_the_bad_group(groups: Any, name: str) -> None:
+    raises_naming(lambda: _native.run_simulation(cols(), {"num_blocks": 100, "block_size": 16, "groups": groups}), name)
+    raises_naming(lambda: sim.SimConfig(num_blocks=100, groups=groups), name.split(" ")[0])
 
 
 @pytest.mark.parametrize("workload,config,name", [

@@ -50,6 +50,7 @@ import numpy.typing as npt
 
 from pykvpool import _native
 from pykvpool.planning.hardware import Hardware, hardware_preset
+from pykvpool.planning.layers import LayerGroup
 from pykvpool.errors import BudgetError
 from pykvpool.planning.ledger import Budget, MemoryLedger, default_budget
 from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
@@ -82,6 +83,7 @@ __all__ = [
     "SimConfig",
     "SimulationResult",
     "StepTimeFn",
+    "GroupSpec",
     "TimeModel",
     "Workload",
     "kv_blocks_for_memory",
@@ -294,6 +296,41 @@ class SchedulerConfig:
     convention: Literal["vllm", "decode_first"] = "vllm"
 
 
+#: A layer group of the device pool: a :class:`pykvpool.planning.layers.LayerGroup` (its
+#: ``layers`` count does not matter to the pool), or a tuple ``("full",)``,
+#: ``("sliding", window)``, ``("sliding", window, sink_tokens)`` or ``("chunked",
+#: chunk_size)`` (tokens).
+GroupSpec = Union[LayerGroup, tuple[Any, ...]]
+
+_GROUP_FORMS = "a LayerGroup or ('full',), ('sliding', window[, sink_tokens]), ('chunked', chunk_size)"
+
+
+def _group_spec(g: object, i: int) -> tuple[Any, ...]:
+    """One group as the tuple ``run_simulation`` takes, or InvalidArgumentError naming it."""
+    if isinstance(g, LayerGroup):
+        g = (g.kind,) if g.window is None else (g.kind, g.window, g.sink_tokens) if g.kind == "sliding" \
+            else (g.kind, g.window)
+    if not isinstance(g, (tuple, list)) or not g or not isinstance(g[0], str):
+        raise _invalid(f"groups[{i}] must be {_GROUP_FORMS}, got {g!r}")
+    sizes = {"full": (0, 0), "sliding": (1, 2), "chunked": (1, 1)}.get(g[0])
+    if sizes is None or not sizes[0] <= len(g) - 1 <= sizes[1]:
+        raise _invalid(f"groups[{i}] must be {_GROUP_FORMS}, got {tuple(g)!r}")
+    for j, v in enumerate(g[1:]):
+        what, lo = ("sink_tokens", 0) if j == 1 else ("chunk_size" if g[0] == "chunked" else "window", 1)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= 2**31 - 1:
+            raise _invalid(f"groups[{i}] {what} must be an integer in {lo}..=2**31-1 tokens, got {v!r}")
+    return (g[0], *(int(v) for v in g[1:]))
+
+
+def _group_specs(groups: object) -> Optional[list[tuple[Any, ...]]]:
+    """``groups`` as ``run_simulation``'s list of tuples (None stays None)."""
+    if groups is None:
+        return None
+    if not isinstance(groups, (tuple, list)) or not 1 <= len(groups) <= 64:
+        raise _invalid(f"groups must be None or a tuple of 1 to 64 layer groups, got {groups!r}")
+    return [_group_spec(g, i) for i, g in enumerate(groups)]
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Pool shape, scheduler, and run options.
@@ -311,6 +348,22 @@ class SimConfig:
         max_steps: stop early (unfinished requests get outcome 2).
         record_steps: keep per-step columns (the utilization figures and the summary's
             peak and utilization figures need them).
+        groups: the model's layer groups (:data:`GroupSpec` each, e.g.
+            ``ModelConfig.groups``): the device is then a ``HybridPool`` whose ``num_blocks``
+            blocks all groups share (one block table per request and group; a block holds
+            ``block_size`` tokens of one group's layers, so with G groups of equal layer
+            counts the memory of N whole-model blocks holds G x N of them). A sliding or chunked group frees
+            the blocks no later query needs at the start of each growth, and the scheduler
+            counts them free. ``None`` (default): one full group, today's ``BlockPool``.
+            Not supported yet with ``prefix_caching`` or ``preemption="swap"``
+            (InvalidArgumentError naming them at :func:`run`). With groups the steps gain
+            ``blocks_used_g0..`` and the summary ``peak_blocks_used_g0..``, ``kv_tokens`` counts
+            the tokens stored over all groups, and a reservation (``reserve``, ``oracle``)
+            counts every logical block of every group.
+
+    Raises:
+        InvalidArgumentError: ``groups`` not None or a tuple/list of 1 to 64 groups, an
+            unknown kind, a window or chunk < 1, negative sinks (naming ``groups[i]``).
     """
 
     num_blocks: int
@@ -321,6 +374,10 @@ class SimConfig:
     check_invariants: bool = False
     max_steps: Optional[int] = None
     record_steps: bool = True
+    groups: Optional[tuple[GroupSpec, ...]] = None
+
+    def __post_init__(self) -> None:
+        _group_specs(self.groups)
 
 
 def kv_blocks_for_memory(
@@ -370,10 +427,13 @@ class SimulationResult:
             decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
             filled and reserved blocks count as waste), cache_query_tokens,
             cache_hit_tokens, prefix_hit_rate (NaN without a cached admission), preemptions,
-            swapped_blocks.
+            swapped_blocks; with ``SimConfig.groups``, ``blocks_used_g{j}`` per group ``j``
+            (they add up to blocks_used), and kv_tokens counts the tokens stored over all
+            groups (a window stores its sinks and window only; utilization is stored
+            tokens over held and reserved slots).
         summary: scalars: counts (int), makespan (s), throughput (tokens/s, requests/s),
-            peak running and blocks, mean utilization, prefix hit rate (0 when nothing was
-            looked up), and ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` (s) over
+            peak running and blocks (with groups also ``peak_blocks_used_g{j}``), mean
+            utilization, prefix hit rate (0 when nothing was looked up), and ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` (s) over
             finished requests. A statistic over an empty set is None, never NaN: the
             latencies without a finished request (TPOT: without a finished request of 2 or
             more output tokens), makespan without a finished request, throughputs
@@ -435,7 +495,8 @@ def _options(config: SimConfig) -> dict[str, object]:
             "reserve_tokens": s.reserve_tokens, "preemption": s.preemption, "host_blocks": s.host_blocks,
             "victim": s.victim, "convention": s.convention, "prefix_caching": config.prefix_caching,
             "eviction": config.eviction, "check_invariants": config.check_invariants,
-            "max_steps": config.max_steps, "record_steps": config.record_steps}
+            "max_steps": config.max_steps, "record_steps": config.record_steps,
+            "groups": _group_specs(config.groups)}
 
 
 def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:
@@ -449,9 +510,9 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
         InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, lengths outside
             ``1..=MAX_REQUEST_TOKENS``, more than :data:`MAX_REQUESTS` requests, NaN or
             negative arrivals) or configuration (unknown policy names, ``reserve``
-            without ``reserve_tokens``, counts out of range, bools as counts), each
-            naming the argument; a step-time callable returning something other than
-            seconds.
+            without ``reserve_tokens``, counts out of range, bools as counts, ``groups``
+            with ``prefix_caching`` or ``preemption="swap"``), each naming the argument;
+            a step-time callable returning something other than seconds.
     """
     d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model))
     return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

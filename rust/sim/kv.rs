@@ -1,11 +1,23 @@
-//! The simulator's KV memory: the real device [`BlockPool`], an optional host pool for
-//! swapping, and the bookkeeping the scheduler decides with (blocks promised to this
-//! step's batch, blocks reserved for admitted requests, tokens held).
+//! The simulator's KV memory: the real device pool (a [`BlockPool`], or a `HybridPool`
+//! with layer groups, see [`super::device`]), an optional host pool for swapping, and the
+//! bookkeeping the scheduler decides with (blocks promised to this step's batch, blocks
+//! its growths release, blocks reserved for admitted requests, tokens held).
 //!
 //! Every allocation goes through the pool that users import: admissions add sequences,
-//! a step grows the whole batch with one atomic [`BlockPool::step`], finishing and
-//! preemption free sequences, swapping moves a sequence between the two pools. Request
-//! index `i` is sequence id `i` in both pools.
+//! a step grows the whole batch with one atomic `step`, finishing and preemption free
+//! sequences, swapping moves a sequence between the two pools. Request index `i` is
+//! sequence id `i` in both pools.
+//!
+//! With layer groups a growth of a sequence first releases the blocks its windowed groups
+//! no longer need (the pool does it at the start of the growth, and the same step may
+//! reuse them): a growth's [`Need`] is what it allocates in every group (new blocks and
+//! copies) and what it releases, and the scheduler counts the releases of the batch so
+//! far as free. `kv_tokens` then counts the tokens *stored* over all groups (a full group
+//! stores the whole sequence, a windowed one its sinks and window), and the empty slots
+//! are the unfilled slots of the blocks held: utilization is stored tokens over held
+//! (and reserved) slots. Without groups (or with one full group) both are the logical
+//! tokens and the empty slots of last blocks, as before. Layer groups are refused with
+//! prefix caching and with swapping (the engine cannot mirror them exactly yet).
 //!
 //! With prefix caching the device pool caches prompt blocks: a prompt given as token ids
 //! is admitted with [`BlockPool::add_sequence_tokens`], one given as trace block keys
@@ -15,12 +27,15 @@
 //! scheduler can refuse it before touching the pool.
 
 use crate::prefix_cache::block_hash::BlockKey;
-use crate::pool::block_table::blocks_for;
 use crate::error::{KvError, Result};
-use crate::pool::{BlockPool, StepOutput};
+use crate::pool::block_table::blocks_for;
+use crate::hybrid::GroupSpec;
+use crate::invalid;
+use crate::pool::BlockPool;
 use crate::prefix_cache::CacheConfig;
 use crate::types::SeqId;
 
+use super::device::{held, holes, peak_alone, Device};
 use super::request::ReqState;
 use super::workload::Workload;
 
@@ -63,25 +78,42 @@ pub fn pool_keys(trace: &[u64], per_key: usize, len: usize, bs: usize, out: &mut
     }
 }
 
+/// What growing a request takes: blocks allocated in every group (new blocks and copies)
+/// and blocks its windowed groups release first (0 without windowed groups).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Need {
+    pub alloc: usize,
+    pub release: usize,
+}
+
 pub struct Kv {
-    pub device: BlockPool,
+    pub device: Device,
     pub host: Option<BlockPool>,
     pub block_size: usize,
     /// Blocks admission must leave free (vLLM v0's watermark).
     pub watermark: usize,
     /// Blocks promised to the batch being scheduled, not allocated until `commit`.
     pub committed: usize,
+    /// Blocks the promised growths release (windowed groups) at `commit`, free for the batch.
+    pub releasing: usize,
     /// Blocks promised to running requests under the reservation policy and not allocated.
     pub reserved: usize,
-    /// KV tokens held on the device.
+    /// KV tokens stored on the device, over all groups (the logical tokens without groups).
     pub kv_tokens: u64,
-    /// Unfilled slots in the last blocks of device sequences.
+    /// Unfilled slots of the blocks device sequences hold (of their last blocks without groups).
     pub empty_slots: u64,
+    /// Device blocks held per group, mirrored from the requests' lengths and frontiers.
+    pub group_blocks: Vec<usize>,
+    /// The device's groups (`[Full]` for a `BlockPool`).
+    pub specs: Vec<GroupSpec>,
+    /// Whether the device is a `HybridPool` (a run configured with groups).
+    pub hybrid: bool,
     pub caching: bool,
     keys: Vec<BlockKey>,
     ids: Vec<SeqId>,
     counts: Vec<usize>,
-    out: StepOutput,
+    /// Slots of a swap-out (discarded; kept to reuse the buffer).
+    host_slots: Vec<i64>,
 }
 
 #[inline]
@@ -90,51 +122,114 @@ fn blocks(tokens: u32, bs: usize) -> usize {
 }
 
 impl Kv {
-    /// The device pool (`num_blocks` x `block_size`, caching with `cache`), a host pool of
-    /// `host_blocks` (none when 0), and the admission watermark in blocks.
-    pub fn new(num_blocks: usize, block_size: usize, cache: Option<CacheConfig>, host_blocks: usize, watermark: usize) -> Result<Self> {
-        let device = match cache {
-            Some(c) => BlockPool::with_prefix_cache(num_blocks, block_size, c)?,
-            None => BlockPool::new(num_blocks, block_size)?,
-        };
+    /// The device pool (`num_blocks` x `block_size`, caching with `cache`; a `HybridPool`
+    /// of `groups` when given), a host pool of `host_blocks` (none when 0), and the
+    /// admission watermark in blocks. Groups with caching or a host pool are refused.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        cache: Option<CacheConfig>,
+        groups: Option<&[GroupSpec]>,
+        host_blocks: usize,
+        watermark: usize,
+    ) -> Result<Self> {
+        if groups.is_some() && cache.is_some() {
+            return Err(invalid!("prefix_caching is not supported with layer groups in the simulator yet"));
+        }
+        if groups.is_some() && host_blocks > 0 {
+            return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
+        }
+        let device = Device::new(num_blocks, block_size, cache, groups)?;
         let host = if host_blocks > 0 { Some(BlockPool::new(host_blocks, block_size)?) } else { None };
+        let specs = groups.map_or_else(|| vec![GroupSpec::Full], <[GroupSpec]>::to_vec);
         Ok(Self {
             device,
             host,
             block_size,
             watermark,
             committed: 0,
+            releasing: 0,
             reserved: 0,
             kv_tokens: 0,
             empty_slots: 0,
+            group_blocks: vec![0; specs.len()],
+            specs,
+            hybrid: groups.is_some(),
             caching: cache.is_some(),
             keys: Vec::new(),
             ids: Vec::new(),
             counts: Vec::new(),
-            out: StepOutput::default(),
+            host_slots: Vec::new(),
         })
     }
 
+    /// Groups of the device pool (1 without groups).
     #[inline]
-    fn waste(&self, kv: u32) -> u64 {
-        (blocks(kv, self.block_size) * self.block_size) as u64 - kv as u64
+    pub fn num_groups(&self) -> usize {
+        self.specs.len()
     }
 
-    /// Start holding `kv` tokens of a request on the device (admission, swap-in).
-    fn hold(&mut self, kv: u32) {
-        self.kv_tokens += kv as u64;
-        self.empty_slots += self.waste(kv);
+    /// Add (`sign` true) or remove the blocks and tokens a sequence of `len` tokens whose
+    /// latest growth started at `frontier` holds in every group.
+    fn account(&mut self, len: u32, frontier: u32, add: bool) {
+        let bs = self.block_size;
+        for (g, spec) in self.specs.iter().enumerate() {
+            let (b, t) = held(spec, bs, len as usize, frontier as usize);
+            let (t, e) = (t as u64, (b * bs - t) as u64);
+            if add {
+                self.group_blocks[g] += b;
+                self.kv_tokens += t;
+                self.empty_slots += e;
+            } else {
+                self.group_blocks[g] -= b;
+                self.kv_tokens -= t;
+                self.empty_slots -= e;
+            }
+        }
     }
 
-    fn unhold(&mut self, kv: u32) {
-        self.kv_tokens -= kv as u64;
-        self.empty_slots -= self.waste(kv);
+    /// Start holding request `r`'s `kv_len` tokens on the device (admission, swap-in).
+    fn hold(&mut self, r: &ReqState) {
+        self.account(r.kv_len, r.frontier, true);
     }
 
-    /// Blocks the rest of this step can still take for growth.
+    fn unhold(&mut self, r: &ReqState) {
+        self.account(r.kv_len, r.frontier, false);
+    }
+
+    /// Blocks the rest of this step can still take for growth (the batch's releases count).
     #[inline]
     pub fn free_now(&self) -> usize {
-        self.device.num_free_blocks() - self.committed
+        self.device.num_free_blocks() + self.releasing - self.committed
+    }
+
+    /// Whether a growth taking `need` fits what the step has left.
+    #[inline]
+    pub fn fits(&self, need: Need) -> bool {
+        need.alloc <= self.free_now() + need.release
+    }
+
+    /// Blocks one request needs at most to run alone (its longest KV `longest`, growths of
+    /// at most `chunk` tokens): the admission check of requests that can never fit.
+    pub fn peak_alone(&self, longest: usize, chunk: usize) -> usize {
+        self.specs.iter().map(|s| peak_alone(s, self.block_size, longest, chunk)).sum()
+    }
+
+    /// Blocks a reservation of `tokens` tokens takes: every logical block of every group
+    /// (a windowed group's released blocks go back to the free pool, not to the reservation).
+    #[inline]
+    pub fn reserve_blocks(&self, tokens: usize) -> usize {
+        blocks_for(tokens, self.block_size) * self.num_groups()
+    }
+
+    /// Allocatable blocks the first growth of a newly admitted request (to `end` tokens)
+    /// takes, the admission's own included.
+    pub fn admission_need(&self, plan: Plan, end: usize) -> usize {
+        let bs = self.block_size;
+        let len = plan.kv_len as usize;
+        // Writing past a cached partial last block copies it first: one more block.
+        let cow = (!len.is_multiple_of(bs) && end > len) as usize;
+        plan.blocks + (blocks_for(end, bs) - blocks_for(len, bs) + cow) * self.num_groups()
     }
 
     /// Blocks an admission can take: growth headroom minus reservations and the watermark.
@@ -143,15 +238,27 @@ impl Kv {
         self.free_now().saturating_sub(self.reserved + self.watermark)
     }
 
-    /// Allocatable blocks computing `n` more tokens of request `idx` takes. With caching,
-    /// the pool decides (a cached partial last block is copied before it is written).
+    /// What computing `n` more tokens of request `idx` takes. With caching or groups the
+    /// pool counts the allocation (a cached partial last block is copied before it is
+    /// written); windowed groups release the blocks no query from `kv_len` on needs.
     #[inline]
-    pub fn grow_need(&self, idx: u32, r: &ReqState, n: u32) -> Result<usize> {
+    pub fn grow_need(&self, idx: u32, r: &ReqState, n: u32) -> Result<Need> {
         let end = r.kv_len.max(r.computed + n);
-        if self.caching && end > r.kv_len {
-            return self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize);
+        if !self.hybrid {
+            let alloc = if self.caching && end > r.kv_len {
+                self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize)?
+            } else {
+                blocks(end, self.block_size) - blocks(r.kv_len, self.block_size)
+            };
+            return Ok(Need { alloc, release: 0 });
         }
-        Ok(blocks(end, self.block_size) - blocks(r.kv_len, self.block_size))
+        if end == r.kv_len {
+            return Ok(Need::default());
+        }
+        let alloc = self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize)?;
+        let (bs, len, f) = (self.block_size, r.kv_len as usize, r.frontier as usize);
+        let release = self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum();
+        Ok(Need { alloc, release })
     }
 
     /// Plan the admission of request `idx`: a cache lookup when caching is on and the
@@ -162,9 +269,10 @@ impl Kv {
         }
         let bs = self.block_size;
         let len = r.prompt_len as usize;
-        let cache = self.device.prefix_cache().ok_or_else(|| KvError::Invariant("caching without a cache".into()))?;
+        let device = self.device.block_pool().ok_or_else(|| KvError::Invariant("caching with layer groups".into()))?;
+        let cache = device.prefix_cache().ok_or_else(|| KvError::Invariant("caching without a cache".into()))?;
         let found = if let Some(tokens) = w.tokens(idx) {
-            let keys = self.device.block_keys(tokens, None)?;
+            let keys = device.block_keys(tokens, None)?;
             cache.lookup(&keys, Some(tokens), None)
         } else if let Some((trace, per_key)) = w.block_keys(idx) {
             pool_keys(trace, per_key, len, bs, &mut self.keys);
@@ -174,15 +282,16 @@ impl Kv {
         };
         // The pool's rule: at least one prompt token is left to compute.
         let used = found.blocks.len().min((len - 1) / bs);
-        let revived = found.blocks[..used].iter().filter(|&&b| cache.is_evictable(b, &self.device.alloc)).count();
+        let revived = found.blocks[..used].iter().filter(|&&b| cache.is_evictable(b, &device.alloc)).count();
         Ok(Plan { cached: (used * bs) as u32, kv_len: len as u32, blocks: blocks_for(len, bs) - used + revived })
     }
 
-    /// Promise `need` blocks to `r` for this step, drawn from its reservation first.
+    /// Promise `need` to `r` for this step, its allocation drawn from its reservation first.
     #[inline]
-    pub fn promise(&mut self, r: &mut ReqState, need: usize) {
-        self.committed += need;
-        let take = u32::try_from(need).unwrap_or(u32::MAX).min(r.reserve_left);
+    pub fn promise(&mut self, r: &mut ReqState, need: Need) {
+        self.committed += need.alloc;
+        self.releasing += need.release;
+        let take = u32::try_from(need.alloc).unwrap_or(u32::MAX).min(r.reserve_left);
         r.reserve_left -= take;
         r.reserve_taken = take;
         self.reserved -= take as usize;
@@ -190,8 +299,9 @@ impl Kv {
 
     /// Undo `promise` for a request taken out of the batch again.
     #[inline]
-    pub fn unpromise(&mut self, r: &mut ReqState, need: usize) {
-        self.committed -= need;
+    pub fn unpromise(&mut self, r: &mut ReqState, need: Need) {
+        self.committed -= need.alloc;
+        self.releasing -= need.release;
         r.reserve_left += r.reserve_taken;
         self.reserved += r.reserve_taken as usize;
         r.reserve_taken = 0;
@@ -202,17 +312,21 @@ impl Kv {
     pub fn admit(&mut self, idx: usize, r: &mut ReqState, w: &Workload, plan: Plan) -> Result<u32> {
         let seq = SeqId(idx as u64);
         let free_before = self.device.num_free_blocks();
-        self.out.slots.clear();
         let cached = if plan.kv_len == 0 {
-            self.device.add_sequence(seq, 0, &mut self.out.slots)?;
+            self.device.add_sequence(seq, 0)?;
             0
-        } else if let Some(tokens) = w.tokens(idx) {
-            self.device.add_sequence_tokens(seq, tokens, None, &mut self.out.slots)?
         } else {
-            // `plan` left this request's pool keys in `self.keys`.
-            self.device.add_sequence_block_keys(seq, &self.keys, plan.kv_len as usize, &mut self.out.slots)?
+            let (device, out) = self.device.block_pool_mut().ok_or_else(|| KvError::Invariant("caching with layer groups".into()))?;
+            out.slots.clear();
+            let cached = if let Some(tokens) = w.tokens(idx) {
+                device.add_sequence_tokens(seq, tokens, None, &mut out.slots)?
+            } else {
+                // `plan` left this request's pool keys in `self.keys`.
+                device.add_sequence_block_keys(seq, &self.keys, plan.kv_len as usize, &mut out.slots)?
+            };
+            out.slots.clear();
+            cached
         };
-        self.out.slots.clear();
         let took = free_before - self.device.num_free_blocks();
         if cached != plan.cached as usize || took != plan.blocks {
             return Err(KvError::Invariant(format!(
@@ -222,7 +336,9 @@ impl Kv {
         }
         r.kv_len = plan.kv_len;
         r.computed = plan.cached;
-        self.hold(r.kv_len);
+        // A cache hit's frontier is the hit length (the pool's rule).
+        r.frontier = plan.cached;
+        self.hold(r);
         // At most `reserve_blocks`, a u32.
         r.reserve_left = r.reserve_blocks.saturating_sub(blocks(r.kv_len, self.block_size).try_into().unwrap_or(u32::MAX));
         self.reserved += r.reserve_left as usize;
@@ -234,8 +350,9 @@ impl Kv {
         self.device.free(SeqId(idx as u64))?;
         self.reserved -= r.reserve_left as usize;
         r.reserve_left = 0;
-        self.unhold(r.kv_len);
+        self.unhold(r);
         r.kv_len = 0;
+        r.frontier = 0;
         Ok(())
     }
 
@@ -247,8 +364,8 @@ impl Kv {
         if r.kv_len != r.computed || moved > host.num_free_blocks() {
             return Ok(None);
         }
-        host.add_sequence(SeqId(idx as u64), r.kv_len as usize, &mut self.out.slots)?;
-        self.out.slots.clear();
+        host.add_sequence(SeqId(idx as u64), r.kv_len as usize, &mut self.host_slots)?;
+        self.host_slots.clear();
         let kv = r.kv_len;
         self.release(idx, r)?;
         r.kv_len = kv;
@@ -259,9 +376,8 @@ impl Kv {
     pub fn swap_in(&mut self, idx: usize, r: &mut ReqState) -> Result<usize> {
         let host = self.host.as_mut().ok_or_else(|| KvError::Invariant("swap-in without a host pool".into()))?;
         host.free(SeqId(idx as u64))?;
-        self.device.add_sequence(SeqId(idx as u64), r.kv_len as usize, &mut self.out.slots)?;
-        self.out.slots.clear();
-        self.hold(r.kv_len);
+        self.device.add_sequence(SeqId(idx as u64), r.kv_len as usize)?;
+        self.hold(r);
         Ok(blocks(r.kv_len, self.block_size))
     }
 
@@ -276,14 +392,27 @@ impl Kv {
             self.ids.push(SeqId(i as u64));
             self.counts.push((end - r.kv_len) as usize);
         }
-        self.device.step(&self.ids, &self.counts, &mut self.out)?;
+        let free_before = self.device.num_free_blocks();
+        self.device.step(&self.ids, &self.counts)?;
+        let (taken, released) = (self.committed, self.releasing);
         self.committed = 0;
-        for (&(i, _), &c) in batch.iter().zip(&self.counts) {
-            let r = &mut reqs[i as usize];
-            let old = r.kv_len;
+        self.releasing = 0;
+        for (k, &(i, _)) in batch.iter().enumerate() {
+            let (r, c) = (&mut reqs[i as usize], self.counts[k]);
+            if c == 0 {
+                continue;
+            }
+            self.unhold(r);
+            r.frontier = r.kv_len;
             r.kv_len += c as u32;
-            self.kv_tokens += c as u64;
-            self.empty_slots = self.empty_slots + self.waste(r.kv_len) - self.waste(old);
+            self.hold(r);
+        }
+        // The promises are what the pool did: a wrong mirror fails here, not later.
+        if self.hybrid && self.device.num_free_blocks() + taken != free_before + released {
+            return Err(KvError::Invariant(format!(
+                "step took {} blocks net, the engine promised {taken} and counted {released} released",
+                free_before as i64 - self.device.num_free_blocks() as i64
+            )));
         }
         Ok(())
     }

@@ -82,12 +82,17 @@ pub struct StepMetrics {
     pub blocks_used: Vec<u32>,
     /// Blocks promised to running requests but not allocated yet (reservation policy).
     pub blocks_reserved: Vec<u32>,
-    /// KV tokens held on the device.
+    /// KV tokens held on the device; with layer groups, the tokens stored over all groups
+    /// (a windowed group stores its sinks and window only).
     pub kv_tokens: Vec<u64>,
     /// `1 - waste / ((blocks_used + blocks_reserved) x block_size)`, the waste being the
-    /// empty slots of partly filled last blocks plus reserved-but-unallocated blocks
-    /// (without prefix sharing this is `kv_tokens / capacity`); 1.0 when nothing is held.
+    /// empty slots of the blocks held (partly filled last blocks) plus
+    /// reserved-but-unallocated blocks (without prefix sharing this is
+    /// `kv_tokens / capacity`); 1.0 when nothing is held.
     pub utilization: Vec<f64>,
+    /// With layer groups, one column per group: device blocks the group holds after the
+    /// step's allocation (they add up to `blocks_used`); empty without groups.
+    pub group_blocks: Vec<Vec<u32>>,
     /// Prompt tokens looked up / found in the prefix cache at admissions of this step.
     pub cache_query_tokens: Vec<u64>,
     pub cache_hit_tokens: Vec<u64>,
@@ -122,6 +127,8 @@ pub struct Summary {
     pub request_throughput: Option<f64>,
     pub peak_running: u64,
     pub peak_blocks_used: u64,
+    /// Per group, the most blocks it held at once (empty without groups).
+    pub peak_group_blocks: Vec<u64>,
     /// Step-duration-weighted mean utilization (steps of zero duration weigh 1 each when
     /// every step has zero duration).
     pub mean_utilization: Option<f64>,
@@ -199,6 +206,7 @@ impl Summary {
             request_throughput: per_s(done.len() as f64),
             peak_running: steps.running.iter().copied().max().unwrap_or(0) as u64,
             peak_blocks_used: steps.blocks_used.iter().copied().max().unwrap_or(0) as u64,
+            peak_group_blocks: steps.group_blocks.iter().map(|c| c.iter().copied().max().unwrap_or(0) as u64).collect(),
             mean_utilization,
             prefix_hit_rate: if queried > 0 { hit as f64 / queried as f64 } else { 0.0 },
             ttft: Percentiles::of(&pick(&req.ttft())),

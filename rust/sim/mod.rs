@@ -1,4 +1,5 @@
-//! A deterministic step-level serving simulator over the real [`BlockPool`].
+//! A deterministic step-level serving simulator over the real [`BlockPool`] (or, for a
+//! model with layer groups, the real [`crate::hybrid::HybridPool`]).
 //!
 //! [`simulate`] replays a [`Workload`] through a [`Scheduler`] (continuous batching) whose
 //! every allocation goes through the pool users import. Each engine step: requests that
@@ -11,6 +12,7 @@
 //! Time is logical (the timer's seconds); the same workload and configuration give the
 //! same result bit for bit.
 
+pub mod device;
 pub mod kv;
 pub mod limits;
 pub mod metrics;
@@ -20,11 +22,12 @@ pub mod timing;
 pub mod workload;
 
 use crate::error::{KvError, Result};
+use crate::hybrid::GroupSpec;
 use crate::invalid;
 use crate::prefix_cache::CacheConfig;
 use limits::{collect_n, filled, vec_for};
 
-pub use kv::Kv;
+pub use kv::{Kv, Need};
 pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use request::{Convention, ReqState, Status};
@@ -40,6 +43,9 @@ pub struct SimConfig {
     pub scheduler: SchedulerConfig,
     /// Automatic prefix caching of prompts given as token ids or block keys (None: off).
     pub prefix_cache: Option<CacheConfig>,
+    /// The model's layer groups: the device is a `HybridPool` of them (None: a
+    /// `BlockPool`, one full-attention group). Refused with prefix caching or swapping.
+    pub groups: Option<Vec<GroupSpec>>,
     /// Run `check_invariants` on both pools after every step (slow; for tests).
     pub check_invariants: bool,
     /// Stop after this many steps (requests still in flight are reported `Unfinished`).
@@ -55,6 +61,7 @@ impl SimConfig {
             block_size,
             scheduler: SchedulerConfig::default(),
             prefix_cache: None,
+            groups: None,
             check_invariants: false,
             max_steps: None,
             record_steps: true,
@@ -95,6 +102,11 @@ fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, s
     m.blocks_used.push(narrow(used, "blocks_used")?);
     m.blocks_reserved.push(narrow(kv.reserved, "blocks_reserved")?);
     m.kv_tokens.push(kv.kv_tokens);
+    if kv.hybrid {
+        for (col, &b) in m.group_blocks.iter_mut().zip(&kv.group_blocks) {
+            col.push(narrow(b, "group_blocks")?);
+        }
+    }
     m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
     m.cache_query_tokens.push(batch.cache_query_tokens);
     m.cache_hit_tokens.push(batch.cache_hit_tokens);
@@ -192,8 +204,11 @@ impl<'a> Run<'a> {
         };
         // The configuration is checked before the pools are allocated.
         let sched = Scheduler::new(cfg.scheduler.clone())?;
+        if cfg.groups.is_some() && matches!(cfg.scheduler.preemption, Preemption::Swap { .. }) {
+            return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
+        }
         let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
-        let kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, host_blocks, watermark)?;
+        let kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, cfg.groups.as_deref(), host_blocks, watermark)?;
 
         // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
         let mut order: Vec<u32> = collect_n(n, "requests", |i| i as u32)?;
@@ -214,6 +229,8 @@ impl<'a> Run<'a> {
             outcome: filled(Outcome::Unfinished as u8, n, "requests")?,
             ..Default::default()
         };
+        // One block column per group, in runs with groups only.
+        let sm = StepMetrics { group_blocks: vec![Vec::new(); if kv.hybrid { kv.num_groups() } else { 0 }], ..Default::default() };
         let ctr = Counters {
             preemptions: filled(0, n, "requests")?,
             swaps: filled(0, n, "requests")?,
@@ -229,7 +246,7 @@ impl<'a> Run<'a> {
             reqs,
             rm,
             ctr,
-            sm: StepMetrics::default(),
+            sm,
             batch: Batch::default(),
             events: Vec::new(),
             now: 0.0,
@@ -349,7 +366,8 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     let mut tokens = 0u64;
     let mut empty = 0u64;
     let mut reserved = 0usize;
-    let bs = kv.block_size as u64;
+    let mut groups = vec![0usize; kv.num_groups()];
+    let bs = kv.block_size;
     for (i, r) in reqs.iter().enumerate() {
         let seq = crate::types::SeqId(i as u64);
         match r.status {
@@ -358,8 +376,12 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
                 if len != r.kv_len as usize {
                     return Err(KvError::Invariant(format!("request {i}: pool holds {len} tokens, engine {}", r.kv_len)));
                 }
-                tokens += len as u64;
-                empty += (len as u64).div_ceil(bs) * bs - len as u64;
+                for (g, spec) in kv.specs.iter().enumerate() {
+                    let (b, t) = device::held(spec, bs, len, r.frontier as usize);
+                    groups[g] += b;
+                    tokens += t as u64;
+                    empty += (b * bs - t) as u64;
+                }
                 reserved += r.reserve_left as usize;
             }
             Status::Swapped => {
@@ -383,8 +405,11 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     if empty != kv.empty_slots {
         return Err(KvError::Invariant(format!("engine counts {} empty slots, requests hold {empty}", kv.empty_slots)));
     }
-    if kv.committed != 0 {
-        return Err(KvError::Invariant(format!("{} blocks promised after commit", kv.committed)));
+    if groups != kv.group_blocks {
+        return Err(KvError::Invariant(format!("engine counts {:?} blocks per group, requests hold {groups:?}", kv.group_blocks)));
     }
-    Ok(())
+    if kv.committed != 0 || kv.releasing != 0 {
+        return Err(KvError::Invariant(format!("{} blocks promised, {} to release after commit", kv.committed, kv.releasing)));
+    }
+    kv.device.check_mirror(reqs.iter().enumerate().filter(|(_, r)| r.status == Status::Running).map(|(i, r)| (i, r.frontier)), &kv.group_blocks, kv.kv_tokens)
 }

@@ -52,6 +52,10 @@ pub struct ReqState {
     /// Tokens allocated in the device pool (>= computed when a cached prompt was admitted
     /// whole; == computed otherwise between steps).
     pub kv_len: u32,
+    /// `kv_len` before the latest growth on the device (the hit length after a cached
+    /// admission, 0 when nothing is held): a windowed group holds no block that no query
+    /// from there on needs.
+    pub frontier: u32,
     pub generated: u32,
     /// Blocks promised at admission under the reservation policy (0 when paged).
     pub reserve_blocks: u32,
@@ -71,6 +75,7 @@ impl ReqState {
             status: Status::Pending,
             computed: 0,
             kv_len: 0,
+            frontier: 0,
             generated: 0,
             reserve_blocks: 0,
             reserve_left: 0,

@@ -199,12 +199,13 @@ impl Scheduler {
         }
     }
 
-    /// Blocks admission promises a request for its whole life, or `None` when paged.
-    pub fn reservation(&self, r: &ReqState, bs: usize) -> Option<usize> {
+    /// Blocks admission promises a request for its whole life, or `None` when paged: with
+    /// layer groups, every logical block of every group ([`Kv::reserve_blocks`]).
+    pub fn reservation(&self, r: &ReqState, kv: &Kv) -> Option<usize> {
         match self.cfg.allocation {
             Allocation::Paged => None,
-            Allocation::Reserve { tokens } => Some(blocks_for(tokens as usize, bs)),
-            Allocation::Oracle => Some(blocks_for(r.max_kv(self.cfg.convention) as usize, bs)),
+            Allocation::Reserve { tokens } => Some(kv.reserve_blocks(tokens as usize)),
+            Allocation::Oracle => Some(kv.reserve_blocks(r.max_kv(self.cfg.convention) as usize)),
         }
     }
 
@@ -220,7 +221,10 @@ impl Scheduler {
             }
         }
         let cap = kv.device.num_blocks().saturating_sub(kv.watermark);
-        let need = self.reservation(r, kv.block_size).unwrap_or_else(|| blocks_for(longest as usize, kv.block_size));
+        // A growth computes at most the token budget with chunked prefill, else a whole
+        // (re)computed prompt.
+        let chunk = if self.cfg.chunked_prefill { longest.min(self.cfg.budget() as u64) } else { longest };
+        let need = self.reservation(r, kv).unwrap_or_else(|| kv.peak_alone(longest as usize, chunk as usize));
         if need > cap {
             return Err(format!("needs {need} blocks, the pool admits {cap}"));
         }
@@ -281,7 +285,7 @@ impl Scheduler {
             let r = self.running[i];
             let n = reqs[r as usize].to_compute(conv).min(budget);
             let need = kv.grow_need(r, &reqs[r as usize], n)?;
-            while need > kv.free_now() {
+            while !kv.fits(need) {
                 let pos = self.pick_victim(reqs);
                 let v = self.running.remove(pos);
                 if pos < i {
@@ -356,11 +360,8 @@ impl Scheduler {
             }
             let n = want.min(budget);
             let end = plan.kv_len.max(plan.cached + n) as usize;
-            let bs = kv.block_size;
-            // Writing past a cached partial last block copies it first: one more block.
-            let cow = (!(plan.kv_len as usize).is_multiple_of(bs) && end > plan.kv_len as usize) as usize;
-            let first = plan.blocks + blocks_for(end, bs) - blocks_for(plan.kv_len as usize, bs) + cow;
-            let reserve = self.reservation(r, bs);
+            let first = kv.admission_need(plan, end);
+            let reserve = self.reservation(r, kv);
             if reserve.unwrap_or(first) > kv.admissible() {
                 break;
             }

@@ -242,3 +242,46 @@ pub mod named {
         Ok(Some(count(obj, "reserve_tokens", u32::MAX as u64)? as u32))
     }
 }
+
+/// A span of a layer group spec, in tokens (`1..=MAX_SPAN`; sinks may be 0).
+fn span(obj: &Bound<'_, PyAny>, name: &str, lo: u64) -> PyResult<usize> {
+    let v = count(obj, name, crate::hybrid::spec::MAX_SPAN as u64)?;
+    if v < lo {
+        return Err(invalid(obj.py(), format!("{name} must be >= {lo} tokens, got {v}")));
+    }
+    Ok(v as usize)
+}
+
+/// The `groups` option: None, or a list of 1..=MAX_GROUPS layer group specs, each
+/// `("full",)`, `("sliding", window)`, `("sliding", window, sink_tokens)` or
+/// `("chunked", chunk_size)` (tokens).
+pub fn groups(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<crate::hybrid::GroupSpec>>> {
+    use crate::hybrid::{GroupSpec, MAX_GROUPS};
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let specs = items(obj, "groups", "a list of layer group specs")?;
+    if specs.is_empty() || specs.len() > MAX_GROUPS {
+        return Err(invalid(py, format!("groups: expected 1..={MAX_GROUPS} layer groups, got {}", specs.len())));
+    }
+    let what = "a tuple ('full',), ('sliding', window[, sink_tokens]) or ('chunked', chunk_size)";
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, g) in specs.iter().enumerate() {
+        let name = format!("groups[{i}]");
+        let v = items(g, &name, what)?;
+        let kind: Option<String> = v.first().and_then(|k| k.extract().ok());
+        let spec = match (kind.as_deref(), &v[..]) {
+            (Some("full"), [_]) => GroupSpec::Full,
+            (Some("sliding"), [_, w]) => GroupSpec::SlidingWindow { window: span(w, &format!("{name} window"), 1)?, sink_tokens: 0 },
+            (Some("sliding"), [_, w, s]) => GroupSpec::SlidingWindow {
+                window: span(w, &format!("{name} window"), 1)?,
+                sink_tokens: span(s, &format!("{name} sink_tokens"), 0)?,
+            },
+            (Some("chunked"), [_, c]) => GroupSpec::Chunked { chunk: span(c, &format!("{name} chunk_size"), 1)? },
+            _ => return Err(invalid(py, format!("{name} must be {what}, got {}", g.repr().map(|r| r.to_string()).unwrap_or_default()))),
+        };
+        out.push(spec);
+    }
+    Ok(Some(out))
+}

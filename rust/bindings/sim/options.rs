@@ -23,7 +23,7 @@ const WORKLOAD_KEYS: &[&str] = &[
 const CONFIG_KEYS: &[&str] = &[
     "num_blocks", "block_size", "max_running", "max_batched_tokens", "chunked_prefill", "watermark", "queue",
     "allocation", "reserve_tokens", "preemption", "host_blocks", "victim", "convention", "prefix_caching", "eviction",
-    "check_invariants", "max_steps", "record_steps",
+    "check_invariants", "max_steps", "record_steps", "groups",
 ];
 
 /// A dict of named arguments, each read once by its converter.
@@ -122,6 +122,7 @@ pub(super) fn sim_config(dict: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
     let eviction = k.name("eviction", "lru")?;
     let policy: EvictionPolicy = eviction.parse().map_err(|e| invalid(py, format!("eviction: {e}")))?;
     cfg.prefix_cache = k.flag("prefix_caching", false)?.then(|| CacheConfig { policy, ..CacheConfig::default() });
+    cfg.groups = k.with("groups", args::groups, None)?;
     cfg.check_invariants = k.flag("check_invariants", false)?;
     cfg.max_steps = k.with("max_steps", named::max_steps, None)?.map(|m| m as u64);
     cfg.record_steps = k.flag("record_steps", true)?;

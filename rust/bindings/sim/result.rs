@@ -58,6 +58,10 @@ fn steps_dict<'py>(py: Python<'py>, s: StepMetrics) -> PyResult<Bound<'py, PyDic
     st.set_item("prefix_hit_rate", PyArray1::from_vec(py, s.prefix_hit_rate))?;
     st.set_item("preemptions", PyArray1::from_vec(py, s.preemptions))?;
     st.set_item("swapped_blocks", PyArray1::from_vec(py, s.swapped_blocks))?;
+    // Runs with layer groups only: one column per group, in the configured order.
+    for (g, col) in s.group_blocks.into_iter().enumerate() {
+        st.set_item(format!("blocks_used_g{g}"), PyArray1::from_vec(py, col))?;
+    }
     Ok(st)
 }
 
@@ -81,6 +85,9 @@ fn summary_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDi
         ("leaked_blocks", r.leaked_blocks as u64),
     ] {
         sum.set_item(k, v)?;
+    }
+    for (g, &peak) in m.peak_group_blocks.iter().enumerate() {
+        sum.set_item(format!("peak_blocks_used_g{g}"), peak)?;
     }
     for (k, v) in [
         ("makespan", m.makespan),

@@ -1,0 +1,209 @@
+//! The simulator over a `HybridPool` (models with layer groups): a windowed group holds at
+//! most its window's blocks per request, one full group reproduces the `BlockPool` run
+//! exactly, runs are deterministic, and the pool's invariants and the engine's mirror of
+//! it hold after every step (proptest over groups, block sizes and policies).
+
+use proptest::prelude::*;
+use pykvpool::error::KvError;
+use pykvpool::hybrid::GroupSpec;
+use pykvpool::prefix_cache::CacheConfig;
+use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
+use pykvpool::sim::*;
+
+fn uniform(lo: u32, hi: u32) -> LengthSpec {
+    LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: MAX_REQUEST_TOKENS }
+}
+
+fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
+    synthesize(&SyntheticSpec {
+        num_requests: n,
+        arrivals: Arrivals::Poisson { rate },
+        prompt: uniform(prompt.0, prompt.1),
+        output: uniform(output.0, output.1),
+        priority_levels: 3,
+        shared_prefixes: None,
+        seed,
+    })
+    .unwrap()
+}
+
+fn config(num_blocks: usize, bs: usize, groups: Option<Vec<GroupSpec>>) -> SimConfig {
+    let mut cfg = SimConfig::new(num_blocks, bs);
+    cfg.groups = groups;
+    cfg.check_invariants = true;
+    cfg
+}
+
+fn run(w: &Workload, cfg: &SimConfig) -> SimResult {
+    simulate(w, cfg, &mut ConstantTime(0.01)).unwrap()
+}
+
+fn sliding(window: usize, sinks: usize) -> GroupSpec {
+    GroupSpec::sliding_window(window, sinks).unwrap()
+}
+
+/// Float columns equal bit for bit (NaN included).
+fn same(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn assert_same_requests(a: &RequestMetrics, b: &RequestMetrics) {
+    assert!(same(&a.arrival, &b.arrival) && same(&a.first_scheduled, &b.first_scheduled));
+    assert!(same(&a.first_token, &b.first_token) && same(&a.finish, &b.finish));
+    assert_eq!((&a.preemptions, &a.swaps, &a.outcome), (&b.preemptions, &b.swaps, &b.outcome));
+    assert_eq!((&a.recomputed_tokens, &a.cached_tokens), (&b.recomputed_tokens, &b.cached_tokens));
+}
+
+/// Blocks a windowed group holds at most per request during a growth of `n` tokens
+/// (the spec's bound).
+fn window_bound(window: usize, sinks: usize, bs: usize, n: usize) -> usize {
+    sinks.div_ceil(bs) + (window - 1).div_ceil(bs) + 1 + n.div_ceil(bs)
+}
+
+#[test]
+fn a_windowed_group_holds_at_most_its_window_per_request() {
+    let (bs, window, sinks, budget) = (16, 256, 4, 128);
+    let w = workload(60, 4.0, (300, 2000), (50, 400), 7);
+    let mut cfg = config(4000, bs, Some(vec![GroupSpec::Full, sliding(window, sinks)]));
+    cfg.scheduler.max_batched_tokens = Some(budget);
+    let r = run(&w, &cfg);
+    assert_eq!(r.summary.finished, 60);
+    assert_eq!(r.leaked_blocks, 0);
+    let (full, win) = (&r.steps.group_blocks[0], &r.steps.group_blocks[1]);
+    let bound = window_bound(window, sinks, bs, budget);
+    let mut longest_full = 0;
+    for s in 0..r.steps.running.len() {
+        assert_eq!(full[s] + win[s], r.steps.blocks_used[s], "step {s}: groups add up to the pool");
+        assert!(win[s] as usize <= bound * r.steps.running[s] as usize, "step {s}: {} blocks for {} requests", win[s], r.steps.running[s]);
+        longest_full = longest_full.max(full[s]);
+    }
+    assert_eq!(r.summary.peak_group_blocks, vec![longest_full as u64, *win.iter().max().unwrap() as u64]);
+    // Long requests: the full group holds far more than the window.
+    assert!(r.summary.peak_group_blocks[1] * 2 < r.summary.peak_group_blocks[0], "{:?}", r.summary.peak_group_blocks);
+}
+
+#[test]
+fn one_full_group_is_the_block_pool_run_exactly() {
+    let w = workload(120, 30.0, (20, 700), (1, 300), 3);
+    let mut policies = vec![];
+    for conv in [Convention::Vllm, Convention::DecodeFirst] {
+        for alloc in [Allocation::Paged, Allocation::Oracle, Allocation::Reserve { tokens: 1100 }] {
+            let mut s = SchedulerConfig { convention: conv, allocation: alloc, max_running: 40, ..Default::default() };
+            s.max_batched_tokens = Some(512);
+            s.watermark = 0.01;
+            policies.push(s);
+        }
+    }
+    let mut preempted = 0;
+    for s in policies {
+        let mut plain = config(700, 16, None);
+        plain.scheduler = s.clone();
+        let mut full = plain.clone();
+        full.groups = Some(vec![GroupSpec::Full]);
+        let (a, b) = (run(&w, &plain), run(&w, &full));
+        assert_same_requests(&a.requests, &b.requests);
+        assert_eq!((&a.steps.blocks_used, &a.steps.kv_tokens, &a.steps.running), (&b.steps.blocks_used, &b.steps.kv_tokens, &b.steps.running));
+        assert!(same(&a.steps.utilization, &b.steps.utilization));
+        assert_eq!(b.steps.group_blocks, vec![b.steps.blocks_used.clone()]);
+        assert!(a.steps.group_blocks.is_empty() && a.summary.peak_group_blocks.is_empty());
+        let mut sb = b.summary.clone();
+        assert_eq!(sb.peak_group_blocks, vec![sb.peak_blocks_used]);
+        sb.peak_group_blocks.clear();
+        assert_eq!(a.summary, sb);
+        preempted += a.summary.preemptions;
+    }
+    assert!(preempted > 0, "the comparison must cover preemption");
+}
+
+#[test]
+fn same_input_same_result_bit_for_bit() {
+    let w = workload(80, 20.0, (50, 900), (1, 200), 11);
+    let groups = vec![sliding(128, 0), GroupSpec::chunked(200).unwrap(), GroupSpec::Full];
+    let mut cfg = config(600, 8, Some(groups));
+    cfg.scheduler.max_batched_tokens = Some(300);
+    let (a, b) = (run(&w, &cfg), run(&w, &cfg));
+    assert_same_requests(&a.requests, &b.requests);
+    assert_eq!(a.steps.group_blocks, b.steps.group_blocks);
+    assert_eq!(a.steps.kv_tokens, b.steps.kv_tokens);
+    assert_eq!(a.summary, b.summary);
+    assert!(a.summary.preemptions > 0 && a.summary.finished == 80);
+}
+
+#[test]
+fn a_window_sustains_more_concurrency_than_full_attention_at_the_same_blocks() {
+    // Mistral-7B-like: every layer slides over 4096 tokens; 16k-token requests.
+    let w = workload(40, 1000.0, (12_000, 16_000), (200, 400), 5);
+    let mut full = config(8_000, 16, None);
+    full.check_invariants = false;
+    let mut win = full.clone();
+    win.groups = Some(vec![sliding(4096, 0)]);
+    let (a, b) = (run(&w, &full), run(&w, &win));
+    assert_eq!((a.summary.finished, b.summary.finished), (40, 40));
+    assert!(b.summary.peak_running >= 2 * a.summary.peak_running, "{} vs {}", b.summary.peak_running, a.summary.peak_running);
+    assert!(b.summary.makespan.unwrap() < a.summary.makespan.unwrap());
+    // Stored tokens over held slots: the window stores what it holds.
+    assert!(b.summary.mean_utilization.unwrap() > 0.9);
+}
+
+#[test]
+fn caching_and_swapping_with_groups_are_refused_by_name() {
+    let w = workload(3, 1.0, (10, 20), (1, 5), 1);
+    let mut cfg = config(100, 16, Some(vec![sliding(32, 0)]));
+    cfg.prefix_cache = Some(CacheConfig::default());
+    let e = simulate(&w, &cfg, &mut ConstantTime(0.0)).unwrap_err();
+    assert!(matches!(&e, KvError::InvalidArgument(m) if m.contains("prefix_caching")), "{e}");
+    let mut cfg = config(100, 16, Some(vec![sliding(32, 0)]));
+    cfg.scheduler.preemption = Preemption::Swap { host_blocks: 50 };
+    let e = simulate(&w, &cfg, &mut ConstantTime(0.0)).unwrap_err();
+    assert!(matches!(&e, KvError::InvalidArgument(m) if m.contains("preemption")), "{e}");
+}
+
+#[test]
+fn a_request_longer_than_the_pool_but_within_the_window_runs() {
+    // 2,000 tokens in 30 blocks of 16 cannot be held whole; a 64-token window can.
+    let w = workload(4, 1.0, (1_500, 1_500), (500, 500), 2);
+    let mut cfg = config(30, 16, Some(vec![sliding(64, 0)]));
+    cfg.scheduler.max_batched_tokens = Some(64);
+    let r = run(&w, &cfg);
+    assert_eq!(r.summary.finished, 4);
+    let mut plain = config(30, 16, None);
+    plain.scheduler.max_batched_tokens = Some(64);
+    assert_eq!(run(&w, &plain).summary.rejected, 4);
+}
+
+fn group() -> impl Strategy<Value = GroupSpec> {
+    prop_oneof![
+        Just(GroupSpec::Full),
+        (1usize..80, 0usize..20).prop_map(|(w, s)| GroupSpec::sliding_window(w, s).unwrap()),
+        (1usize..80).prop_map(|c| GroupSpec::chunked(c).unwrap()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Any groups, block size and policy: the run completes, frees everything, and the
+    /// pool's invariants and the engine's mirror (frontiers, blocks per group, stored
+    /// tokens, net blocks of each step) hold at every step.
+    #[test]
+    fn invariants_hold_at_every_step(
+        groups in prop::collection::vec(group(), 1..4),
+        bs in prop::sample::select(vec![1usize, 4, 16]),
+        blocks in 60usize..400,
+        budget in 8usize..200,
+        conv in prop::sample::select(vec![Convention::Vllm, Convention::DecodeFirst]),
+        alloc in prop::sample::select(vec![Allocation::Paged, Allocation::Oracle]),
+        seed in 0u64..1000,
+    ) {
+        let w = workload(25, 50.0, (1, 120), (1, 60), seed);
+        let mut cfg = config(blocks, bs, Some(groups));
+        cfg.scheduler = SchedulerConfig { convention: conv, allocation: alloc, max_running: 12, max_batched_tokens: Some(budget), ..Default::default() };
+        let r = run(&w, &cfg);
+        prop_assert_eq!(r.leaked_blocks, 0);
+        prop_assert_eq!(r.summary.finished + r.summary.rejected, 25);
+        for s in 0..r.steps.blocks_used.len() {
+            let sum: u32 = r.steps.group_blocks.iter().map(|c| c[s]).sum();
+            prop_assert_eq!(sum, r.steps.blocks_used[s]);
+        }
+    }
+}
