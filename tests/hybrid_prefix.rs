@@ -96,15 +96,15 @@ fn hybrid_hit_is_the_largest_valid_for_every_group() {
     let mut p = pool(30, groups.clone());
     let a = tokens(2, 40);
     admit(&mut p, 1, &a);
-    p.free(SeqId(1)).unwrap(); // group 0 tail first, then group 1: group 0 is evicted first
-    fill(&mut p, 2, 4 * 7); // 2 x 7 blocks: 10 free + 4 evicted, full blocks 9, 8, 7, 6
+    p.free(SeqId(1)).unwrap(); // tail first, block by block: 9 (full), 9 (window), 8, 8, ...
+    fill(&mut p, 2, 4 * 7); // 2 x 7 blocks: 10 free + 4 evicted: blocks 9 and 8 of both groups
     assert_eq!(p.cache_stats().unwrap().evictions, 4);
     p.free(SeqId(2)).unwrap();
     let mut b = a.clone();
     b.push(1);
-    assert_eq!(admit(&mut p, 3, &b), 24, "the full group keeps blocks 0..6; the window needs 4, 5");
-    assert_eq!(stored(&p, 3, 1), (0..11).map(|i| i >= 4).collect::<Vec<_>>());
-    assert_eq!(p.cache_stats().unwrap().group_hit_blocks, [6, 2]);
+    assert_eq!(admit(&mut p, 3, &b), 32, "the full group keeps blocks 0..8; the window needs 6, 7");
+    assert_eq!(stored(&p, 3, 1), (0..11).map(|i| i >= 6).collect::<Vec<_>>());
+    assert_eq!(p.cache_stats().unwrap().group_hit_blocks, [8, 2]);
     // Window blocks missing while the full group holds the whole prefix: the hit drops to
     // the largest point both can serve, here none.
     let mut p = pool(30, groups);

@@ -399,8 +399,22 @@ impl HybridPool {
     /// Free `seq`: every stored block of every group drops one reference, tail first.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
         let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        for t in e.tables.iter_mut() {
-            t.truncate(0, |b| self.release_block(b));
+        if self.cache.is_none() {
+            for t in e.tables.iter_mut() {
+                t.truncate(0, |b| self.release_block(b));
+            }
+            return Ok(());
+        }
+        // Cached blocks go idle in release order, and the least recently used idle block
+        // is evicted first. Releasing logical block by logical block, tail first, across
+        // all groups keeps every group's head (the prefix other prompts share) longest;
+        // group after group would let the first group's head go before the last group's
+        // tail, and a hit needs every group.
+        let n = e.tables.iter().map(|t| t.len_blocks()).max().unwrap_or(0);
+        for keep in (0..n).rev() {
+            for t in e.tables.iter_mut() {
+                t.truncate(keep, |b| self.release_block(b));
+            }
         }
         Ok(())
     }

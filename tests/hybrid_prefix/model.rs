@@ -328,9 +328,13 @@ impl Model {
 
     pub fn free_seq(&mut self, seq: u64) -> Result<(), Err> {
         let e = self.seqs.remove(&seq).ok_or(Err::Unknown)?;
-        for t in &e.tables {
-            for m in t.iter().rev().flatten() {
-                self.release(*m);
+        // Logical block by logical block, tail first; within a block, group by group.
+        let n = e.tables.iter().map(|t| t.len()).max().unwrap_or(0);
+        for i in (0..n).rev() {
+            for t in &e.tables {
+                if let Some(Some(m)) = t.get(i) {
+                    self.release(*m);
+                }
             }
         }
         Ok(())

@@ -103,8 +103,11 @@ fn mooncake_hit_rates_gemma3_like() {
     let full = vec![GroupSpec::Full; GROUPS];
     println!("{} requests, largest prompt {largest} blocks of {BS} tokens, {} distinct trace ids", trace.len(), distinct.len());
     println!("mode   | S (whole-model blocks) | gemma3-like hybrid | all-full hybrid | BlockPool | evictions (gemma, full, BlockPool)");
-    for decode in [false, true] {
-        for s in [largest + 1, 2 * largest, 4 * largest, 8 * largest, 16 * largest, unbounded] {
+    // PYKVPOOL_TRACE_QUICK=1: the admit mode at two sizes only.
+    let quick = std::env::var_os("PYKVPOOL_TRACE_QUICK").is_some();
+    let sizes = if quick { vec![4 * largest, 16 * largest] } else { vec![largest + 1, 2 * largest, 4 * largest, 8 * largest, 16 * largest, unbounded] };
+    for decode in if quick { vec![false] } else { vec![false, true] } {
+        for &s in &sizes {
             let g = replay_hybrid(&trace, GROUPS * s, gemma.clone(), decode);
             let f = replay_hybrid(&trace, GROUPS * s, full.clone(), decode);
             let b = replay_block_pool(&trace, s, decode);
