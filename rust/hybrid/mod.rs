@@ -30,6 +30,7 @@ use table::GroupTable;
 pub mod cache;
 mod check;
 mod exports;
+pub mod prefix;
 pub mod spec;
 mod step;
 pub mod table;
