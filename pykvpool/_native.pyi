@@ -37,6 +37,7 @@ __all__ = [
     "EVENT_REMOVED",
     "EVENT_STORED",
     "FullAttention",
+    "HybridCacheStats",
     "HybridPool",
     "HybridPoolStats",
     "InvalidArgumentError",
@@ -1151,6 +1152,151 @@ class HybridPool:
 
         Raises:
             InvariantError: the first broken invariant, named (a pykvpool bug).
+        """
+
+    # -- prefix caching (pools built with prefix_caching=True; others raise
+    # -- InvalidArgumentError from every method below)
+    def add_sequence_tokens(
+        self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
+    ) -> tuple[int, _I64Array]:
+        """Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix valid for
+        every group: a full-attention group needs every block before the hit, a sliding window
+        its sink blocks and the window before the hit, a chunked group the hit's chunk.
+
+        At least one prompt token is always left to compute. The other logical blocks before
+        the hit are holes; the frontier is the hit length.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``), at
+                most ``2**27``.
+            extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
+                prompts with different extra keys never share blocks (default: none).
+
+        Returns:
+            ``(cached_tokens, slots)``: the leading prompt tokens whose KV is reused (a multiple
+            of ``block_size``), and int64 ``[num_groups, len(token_ids) - cached_tokens]`` slots
+            of the remaining tokens, row ``g`` for group ``g``.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+                ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, more than
+                ``2**27`` tokens, or caching off.
+        """
+    def add_sequence_block_keys(
+        self, seq_id: int, block_keys: _KeysLike, prompt_len: int
+    ) -> tuple[int, _I64Array]:
+        """Admit ``seq_id`` from a trace that gives block keys instead of tokens (Mooncake's
+        ``hash_ids``), reusing the longest cached prefix valid for every group (as
+        :meth:`add_sequence_tokens`).
+
+        Each key stands for one block's chained content (equal keys = equal content and
+        prefix). A partly filled last block's key is never cached.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
+                ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
+                halves.
+            prompt_len: the prompt's length, in tokens (at most ``2**27``).
+
+        Returns:
+            ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
+                length, or caching off.
+        """
+    def append_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> tuple[_I64Array, _I64Array]:
+        """Append token ids to ``seq_id`` (as :meth:`append`), registering in each group every
+        block that fills, when the sequence was admitted with token ids and the pool has seen
+        every id since.
+
+        Args:
+            seq_id: a live sequence.
+            token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``), at most
+                ``2**27``.
+
+        Returns:
+            ``(slots, cow)`` as for :meth:`append`.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
+                array, more than ``2**27`` tokens, or caching off.
+        """
+    def cached_prefix_len(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
+        """Tokens of ``token_ids`` an admission would reuse now: the longest cached prefix valid
+        for every group (before the last-token rule of :meth:`add_sequence_tokens`). Changes
+        nothing and touches nothing.
+
+        Args:
+            token_ids: token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+
+        Returns:
+            A number of tokens, a multiple of ``block_size``.
+
+        Raises:
+            InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+                ``0..2**63``, or caching off.
+        """
+    def cache_stats(self) -> HybridCacheStats:
+        """Hit metrics and occupancy of the prefix cache, totals and per group.
+
+        Returns:
+            A :class:`HybridCacheStats` snapshot.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
+
+@final
+class HybridCacheStats:
+    """Prefix-cache metrics of a :class:`HybridPool`, taken by :meth:`HybridPool.cache_stats`.
+
+    Counts are in admissions, tokens and blocks: totals, and per-group lists with one entry
+    per group in group order.
+    """
+
+    @property
+    def queries(self) -> int:
+        """Admissions that looked the cache up."""
+    @property
+    def query_tokens(self) -> int:
+        """Prompt tokens admitted."""
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens returned as cached (after the last-token rule)."""
+    @property
+    def stored_blocks(self) -> int:
+        """Blocks registered in the cache so far, all groups."""
+    @property
+    def evictions(self) -> int:
+        """Idle cached blocks reclaimed by allocations so far."""
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks in the cache now (held or idle), all groups."""
+    @property
+    def idle_blocks(self) -> int:
+        """Cached blocks no sequence holds (evictable)."""
+    @property
+    def group_hit_blocks(self) -> list[int]:
+        """Per group: cached blocks that admissions took (blocks)."""
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / query_tokens`` (0.0 before any query)."""
+    def as_dict(self) -> dict[str, int | float | list[int]]:
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, ``hit_rate`` a
+            float, ``group_hit_blocks`` a list of ints.
         """
 
 @final

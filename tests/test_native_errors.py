@@ -30,6 +30,7 @@ class World:
     buf: kv.BlockTableBuffer
     q: np.ndarray
     hpool: kv.HybridPool
+    hppool: kv.HybridPool
 
 
 def world() -> World:
@@ -53,12 +54,15 @@ def world() -> World:
     hpool.fork(1, 2)
     hpool.add_sequence(3, 19)
     hpool.append(3)
-    return World(pool, ppool, cache, buf, np.ones((1, 4, 8), np.float32), hpool)
+    hppool = kv.HybridPool(16, 4, GROUPS, prefix_caching=True)
+    hppool.add_sequence_tokens(1, list(range(10)))
+    return World(pool, ppool, cache, buf, np.ones((1, 4, 8), np.float32), hpool, hppool)
 
 
 def state(w: World) -> tuple[Any, ...]:
     return (snapshot(w.pool), snapshot(w.ppool), w.ppool.cache_stats().as_dict(), checksum(w.cache),
-            w.buf.array.tolist(), w.q.tolist(), hybrid_snapshot(w.hpool))
+            w.buf.array.tolist(), w.q.tolist(), hybrid_snapshot(w.hpool),
+            hybrid_snapshot(w.hppool), w.hppool.cache_stats().as_dict())
 
 
 Call = Callable[[World, Any], Any]
@@ -172,6 +176,18 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("HybridPool.stored_ranges", "seq_id", lambda w, x: w.hpool.stored_ranges(x, 0), INT_BAD + REQUIRED + NEG),
     ("HybridPool.stored_ranges", "group", lambda w, x: w.hpool.stored_ranges(1, x), INT_BAD + REQUIRED + NEG + [3]),
     ("HybridPool.refcount", "block_id", lambda w, x: w.hpool.refcount(x), INT_BAD + REQUIRED + NEG + [64, 2**40]),
+    ("HybridPool.add_sequence_tokens", "token_ids", lambda w, x: w.hppool.add_sequence_tokens(9, x),
+     ARRAY_BAD + [[-1], [2**32], None]),
+    ("HybridPool.add_sequence_tokens", "extra_key", lambda w, x: w.hppool.add_sequence_tokens(9, [1], x),
+     INT_BAD + NEG),
+    ("HybridPool.add_sequence_block_keys", "block_keys", lambda w, x: w.hppool.add_sequence_block_keys(9, x, 4),
+     ARRAY_BAD + [[-1], np.zeros((1, 3), np.uint64), None]),
+    ("HybridPool.add_sequence_block_keys", "prompt_len", lambda w, x: w.hppool.add_sequence_block_keys(9, [1], x),
+     INT_BAD + REQUIRED + NEG + [2**40]),
+    ("HybridPool.append_tokens", "token_ids", lambda w, x: w.hppool.append_tokens(1, x),
+     ARRAY_BAD + [[-1], [2**32], None]),
+    ("HybridPool.cached_prefix_len", "token_ids", lambda w, x: w.hppool.cached_prefix_len(x), ARRAY_BAD + [[-1], None]),
+    ("HybridPool.cached_prefix_len", "extra_key", lambda w, x: w.hppool.cached_prefix_len([1], x), INT_BAD + NEG),
     ("KvCache", "num_layers", lambda w, x: kv.KvCache(x, 8, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "num_blocks", lambda w, x: kv.KvCache(1, x, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "block_size", lambda w, x: kv.KvCache(1, 8, x, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**17]),

@@ -12,11 +12,13 @@ use pyo3::types::{PyInt, PyTuple};
 
 use super::class::{slots_array, PyHybridPool};
 use super::specs::{group_arg, groups_arg, kind_object};
-use super::stats::PyHybridPoolStats;
+use super::stats::{PyHybridCacheStats, PyHybridPoolStats};
 use crate::bindings::convert::{self, arg, count, counts_into, int_scalar};
 use crate::bindings::errors::{invalid, IntoPyResult};
+use crate::bindings::pool::cache_args::{self, extra_key};
 use crate::bindings::pool::class::{cow_array, MAX_TABLE_ENTRIES};
 use crate::hybrid::{HybridPool, HybridStepOutput};
+use crate::prefix_cache::block_hash::BlockHasher;
 use crate::types::{BlockId, SeqId};
 
 type I64Array<'py> = Bound<'py, PyArray1<i64>>;
@@ -40,7 +42,7 @@ impl PyHybridPool {
         let g = specs.clone();
         let pool = py
             .detach(move || match prefix_caching {
-                true => Err(crate::invalid!("prefix_caching: not available yet")),
+                true => HybridPool::with_prefix_cache(nb, bs, g, BlockHasher::Xxh3),
                 false => HybridPool::new(nb, bs, g),
             })
             .py_err(py)?;
@@ -516,6 +518,157 @@ impl PyHybridPool {
     /// Raises:
     ///     InvariantError: the first broken invariant, named (a pykvpool bug).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.detached(py, |p| p.check_invariants()).py_err(py)
+        // The core keeps the cache's own check apart (`check_cache`); Python gets both.
+        self.detached(py, |p| p.check_invariants().and_then(|_| p.check_cache())).py_err(py)
+    }
+
+    // Prefix caching.
+
+    /// Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix valid for
+    /// every group: a full-attention group needs every block before the hit, a sliding window
+    /// its sink blocks and the window before the hit, a chunked group the hit's chunk.
+    ///
+    /// At least one prompt token is always left to compute. The other logical blocks before
+    /// the hit are holes; the frontier is the hit length.
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``), at
+    ///         most ``2**27``.
+    ///     extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
+    ///         prompts with different extra keys never share blocks (default: none).
+    ///
+    /// Returns:
+    ///     ``(cached_tokens, slots)``: the leading prompt tokens whose KV is reused (a multiple
+    ///     of ``block_size``), and int64 ``[num_groups, len(token_ids) - cached_tokens]`` slots
+    ///     of the remaining tokens, row ``g`` for group ``g``.
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+    ///     InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+    ///         ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, more than
+    ///         ``2**27`` tokens, or caching off.
+    #[pyo3(signature = (seq_id, token_ids, extra_key = None))]
+    fn add_sequence_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        token_ids: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+    ) -> PyResult<(usize, Slots<'py>)> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        convert::new_tokens(py, tokens.len() as i64, "token_ids")?;
+        let mut out = HybridStepOutput::default();
+        let cached = self
+            .run(py, self.work(1, tokens.len()), |p| p.add_sequence_tokens(seq_id, &tokens, extra_key, &mut out))
+            .py_err(py)?;
+        Ok((cached, slots_array(py, self.groups.len(), &mut out)?))
+    }
+
+    /// Admit ``seq_id`` from a trace that gives block keys instead of tokens (Mooncake's
+    /// ``hash_ids``), reusing the longest cached prefix valid for every group (as
+    /// :meth:`add_sequence_tokens`).
+    ///
+    /// Each key stands for one block's chained content (equal keys = equal content and
+    /// prefix). A partly filled last block's key is never cached.
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
+    ///         ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
+    ///         halves.
+    ///     prompt_len: the prompt's length, in tokens (at most ``2**27``).
+    ///
+    /// Returns:
+    ///     ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+    ///     InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
+    ///         length, or caching off.
+    fn add_sequence_block_keys<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        block_keys: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+    ) -> PyResult<(usize, Slots<'py>)> {
+        let keys = convert::block_keys(block_keys, "block_keys")?;
+        let mut out = HybridStepOutput::default();
+        let cached = self
+            .run(py, self.work(1, prompt_len), |p| p.add_sequence_block_keys(seq_id, &keys, prompt_len, &mut out))
+            .py_err(py)?;
+        Ok((cached, slots_array(py, self.groups.len(), &mut out)?))
+    }
+
+    /// Append token ids to ``seq_id`` (as :meth:`append`), registering in each group every
+    /// block that fills, when the sequence was admitted with token ids and the pool has seen
+    /// every id since.
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``), at most
+    ///         ``2**27``.
+    ///
+    /// Returns:
+    ///     ``(slots, cow)`` as for :meth:`append`.
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+    ///     InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
+    ///         array, more than ``2**27`` tokens, or caching off.
+    fn append_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        token_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<(Slots<'py>, Bound<'py, PyArray2<i64>>)> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        convert::new_tokens(py, tokens.len() as i64, "token_ids")?;
+        let mut out = HybridStepOutput::default();
+        self.run(py, self.work(1, tokens.len()), |p| p.append_tokens(seq_id, &tokens, &mut out)).py_err(py)?;
+        Ok((slots_array(py, self.groups.len(), &mut out)?, cow_array(py, &out.cow)?))
+    }
+
+    /// Tokens of ``token_ids`` an admission would reuse now: the longest cached prefix valid
+    /// for every group (before the last-token rule of :meth:`add_sequence_tokens`). Changes
+    /// nothing and touches nothing.
+    ///
+    /// Args:
+    ///     token_ids: token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///
+    /// Returns:
+    ///     A number of tokens, a multiple of ``block_size``.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+    ///         ``0..2**63``, or caching off.
+    #[pyo3(signature = (token_ids, extra_key = None))]
+    fn cached_prefix_len(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+    ) -> PyResult<usize> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        self.detached(py, |p| p.cached_prefix_len(&tokens, extra_key)).py_err(py)
+    }
+
+    /// Hit metrics and occupancy of the prefix cache, totals and per group.
+    ///
+    /// Returns:
+    ///     A :class:`HybridCacheStats` snapshot.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
+    fn cache_stats(&self, py: Python<'_>) -> PyResult<PyHybridCacheStats> {
+        match self.with(|p| p.cache_stats()) {
+            Some(s) => Ok(PyHybridCacheStats(s)),
+            None => Err(invalid(py, "cache_stats: this pool was built without prefix_caching=True")),
+        }
     }
 }
