@@ -89,22 +89,23 @@ class Model:
     # -- operations (the caller checks their preconditions and compares with the pool)
 
     def grow(self, plan: list[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:
-        """Apply a step ``[(seq, n)]`` (distinct live ids): release, copy-on-write, allocate.
-        Returns whether it fits and the copy-on-write pairs as (old, new) model ids; a growth
-        that does not fit changes nothing."""
+        """Apply a step ``[(seq, n)]`` (distinct live ids): per sequence growing by ``n > 0``
+        tokens, release, copy-on-write, allocate (a count of 0 is no growth). Returns whether
+        it fits and the copy-on-write pairs as (old, new) model ids; a step that does not fit
+        changes nothing."""
         saved = {k: Seq(s.length, s.frontier, [dict(t) for t in s.tables]) for k, s in self.seqs.items()}
         refs = self.refs()
         cow: list[tuple[int, int]] = []
         for seq, n in plan:
             s = self.seqs[seq]
             length = s.length
+            if n == 0:
+                continue  # no token, no growth: nothing released, the frontier stays
             for g, kind in enumerate(self.groups):
                 t = s.tables[g]
                 for i in [i for i in t if releasable(kind, i, self.bs, length)]:
                     refs[t[i]] -= 1
                     del t[i]
-                if n == 0:
-                    continue
                 last = length // self.bs
                 if length % self.bs:
                     if last not in t:  # a hole at the write position: a fresh block
@@ -220,6 +221,9 @@ def check_flashinfer(model: Model, pool: kv.HybridPool, ids: list[int], g: int) 
         logical = [j if j < sink_pages else start[r] + (j - sink_pages) for j in range(len(pages))]
         assert [table[i] for i in logical] == pages, (seq, g, start[r])
         length = model.seqs[seq].length
-        assert last[r] == (0 if not pages else length - (length - 1) // bs * bs)
+        # FlashInfer's last page length: the tokens of the last page. That page is the last
+        # logical block except when a table ends in holes (a window of one token or a chunk
+        # boundary, after a truncation).
+        assert last[r] == (0 if not pages else min(bs, length - logical[-1] * bs)), (seq, g)
         if isinstance(kind, kv.FullAttention):
             assert start[r] == 0
