@@ -25,7 +25,7 @@ use crate::pool::{MAX_BLOCK_SIZE, MAX_SEQ_TOKENS};
 use crate::prefix_cache::cursor::TokenCursor;
 use crate::types::{BlockId, SeqId};
 use cache::GroupCache;
-use table::GroupTable;
+use table::{GroupTable, GroupTables};
 
 pub mod cache;
 mod check;
@@ -34,14 +34,18 @@ pub mod prefix;
 pub mod spec;
 mod step;
 pub mod table;
+#[cfg(test)]
+mod tests;
 
 pub use spec::GroupSpec;
 
 /// Most groups a pool accepts.
 pub const MAX_GROUPS: usize = 64;
 
-/// One live sequence: its logical length, frontier and one table per group.
+/// One live sequence: its logical length, frontier and one table per group. `repr(C)`:
+/// what a decode step reads (length, mark, the first group's hot fields) shares a line.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub(crate) struct HybridEntry {
     /// Logical length in tokens.
     pub(crate) len: usize,
@@ -49,8 +53,10 @@ pub(crate) struct HybridEntry {
     pub(crate) frontier: usize,
     /// Last batch this sequence appeared in (duplicate ids in one batch).
     pub(crate) mark: u64,
+    /// The frontier before the latest one-pass decode (to undo it).
+    pub(crate) prev_frontier: usize,
     /// One table per group, in group order.
-    pub(crate) tables: Vec<GroupTable>,
+    pub(crate) tables: GroupTables,
     /// Token ids and block keys of a sequence admitted by tokens (prefix caching); dropped
     /// when it grows by tokens the pool does not see.
     pub(crate) cursor: Option<Box<TokenCursor>>,
@@ -115,7 +121,6 @@ pub(crate) enum Undo {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DecodeScratch {
     pub(crate) log: Vec<Undo>,
-    pub(crate) frontiers: Vec<usize>,
     pub(crate) ones: Vec<usize>,
 }
 
@@ -342,11 +347,12 @@ impl HybridPool {
         let entry = HybridEntry {
             len: src.len,
             frontier: src.frontier,
+            prev_frontier: src.frontier,
             mark: 0,
             tables: src.tables.clone(),
             cursor: src.cursor.clone(),
         };
-        for t in &entry.tables {
+        for t in entry.tables.iter() {
             for (_, b) in t.stored() {
                 self.alloc.incref(b);
             }
@@ -364,7 +370,7 @@ impl HybridPool {
             return Err(invalid!("num_tokens: cannot truncate {n} tokens from sequence {} of {} tokens", seq.0, e.len));
         }
         let l2 = e.len - n;
-        for (g, (spec, t)) in self.groups.iter().zip(&e.tables).enumerate() {
+        for (g, (spec, t)) in self.groups.iter().zip(e.tables.iter()).enumerate() {
             let [sinks, window] = spec.needed_before(l2, bs);
             if let Some(i) = sinks.chain(window).find(|&i| t.get(i).is_none()) {
                 return Err(invalid!(
@@ -375,28 +381,25 @@ impl HybridPool {
             }
         }
         let keep = l2.div_ceil(bs);
-        let mut tables = match self.seqs.get_mut(&seq) {
-            Some(e) => std::mem::take(&mut e.tables),
-            None => return Err(KvError::UnknownSequence(seq.0)),
-        };
-        for t in &mut tables {
+        let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        for t in e.tables.iter_mut() {
             t.truncate(keep, |b| self.release_block(b));
         }
-        if let Some(e) = self.seqs.get_mut(&seq) {
-            e.tables = tables;
+        {
             e.len = l2;
             e.frontier = e.frontier.min(l2);
             if let Some(c) = e.cursor.as_mut() {
                 c.truncate(l2, bs);
             }
         }
+        self.seqs.insert(seq, e);
         Ok(())
     }
 
     /// Free `seq`: every stored block of every group drops one reference, tail first.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
         let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        for t in &mut e.tables {
+        for t in e.tables.iter_mut() {
             t.truncate(0, |b| self.release_block(b));
         }
         Ok(())

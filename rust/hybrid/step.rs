@@ -18,10 +18,11 @@
 //! and an error undoes the visits already made, in reverse, from a log of what they did,
 //! which leaves the allocator's free-list stack exactly as it was.
 
-use super::table::GroupTable;
-use super::{DecodeScratch, HybridEntry, HybridPool, HybridStepOutput, Undo};
+use super::table::{GroupTable, GroupTables};
+use super::{HybridEntry, HybridPool, HybridStepOutput, Undo};
 use crate::error::{KvError, Result};
 use crate::invalid;
+use crate::pool::MAX_SEQ_TOKENS;
 use crate::pool::seq_map::SeqMap;
 use crate::types::{BlockId, SeqId};
 
@@ -37,7 +38,8 @@ impl HybridPool {
         let nb = prompt_len.div_ceil(self.block_size);
         self.ensure_available(nb * self.groups.len(), 0)?;
         let tables = self.grow_new(prompt_len, out)?;
-        let entry = HybridEntry { len: prompt_len, frontier: 0, mark: 0, tables, cursor: None };
+        let tables = GroupTables::from_vec(tables);
+        let entry = HybridEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
         self.seqs.insert(seq, entry);
         out.seq_lens.push(prompt_len as i32);
         Ok(())
@@ -77,7 +79,11 @@ impl HybridPool {
 
     /// [`Self::step`] with one token for every sequence (a decode step).
     pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut HybridStepOutput) -> Result<()> {
-        out.clear();
+        // `slots` keeps its length: the one-pass decode overwrites every entry, so a batch
+        // as long as the last one writes its slots without zero-filling them first.
+        out.total_tokens = 0;
+        out.cow.clear();
+        out.seq_lens.clear();
         let mut ones = std::mem::take(&mut self.decode.ones);
         if ones.len() < seqs.len() {
             ones.resize(seqs.len(), 1);
@@ -115,6 +121,7 @@ impl HybridPool {
             out.clear();
             self.batch_mark += 1;
         }
+        out.slots.clear();
         let mut slots = std::mem::take(&mut self.slot_scratch);
         let planned = self.plan(map, seqs, counts, &mut slots);
         let r = planned.and_then(|(need, gained, total)| {
@@ -166,7 +173,7 @@ impl HybridPool {
             }
             total += n;
             let hole_last = self.offset_in_block(e.len) != 0;
-            for t in &e.tables {
+            for t in e.tables.iter() {
                 let k = t.releasable_count(e.len);
                 if plain {
                     gained += k;
@@ -207,7 +214,7 @@ impl HybridPool {
             if n == 0 || self.offset_in_block(e.len) == 0 {
                 continue;
             }
-            for t in &e.tables {
+            for t in e.tables.iter() {
                 let Some(b) = t.last() else {
                     need += 1;
                     continue;
@@ -244,7 +251,7 @@ impl HybridPool {
                 continue;
             }
             let len = e.len;
-            for t in &mut e.tables {
+            for t in e.tables.iter_mut() {
                 let k = t.releasable_count(len);
                 t.release_front(k, |b| self.release_block(b));
             }
@@ -342,7 +349,7 @@ impl HybridPool {
     /// Whether the one-pass decode is worth trying: nothing shared, no cache, and free
     /// blocks for the whole batch or twice what uniformly spread lengths need.
     #[inline]
-    fn one_pass_fits(&self, len: usize) -> bool {
+    pub(crate) fn one_pass_fits(&self, len: usize) -> bool {
         let g = self.groups.len();
         self.alloc.num_shared() == 0
             && self.cache.is_none()
@@ -350,7 +357,9 @@ impl HybridPool {
     }
 
     /// One token for each of `seqs`, resolved, released and grown in one visit per id.
-    /// `Ok(false)` (everything undone) when the free list runs dry part-way.
+    /// `Ok(false)` (everything undone) when the free list runs dry part-way. The rare
+    /// paths (a release, a new block, an error) are out of line so that the common visit
+    /// (a length check and one slot per group) stays in registers.
     fn decode_one_pass(
         &mut self,
         map: &mut SeqMap<HybridEntry>,
@@ -360,73 +369,89 @@ impl HybridPool {
     ) -> Result<bool> {
         let n = seqs.len();
         let bs = self.block_size;
-        let mut sc = std::mem::take(&mut self.decode);
-        sc.log.clear();
-        sc.frontiers.clear();
-        sc.frontiers.reserve(n);
+        let mut log = std::mem::take(&mut self.decode.log);
+        log.clear();
         out.slots.resize(self.groups.len() * n, 0);
         out.total_tokens = n;
         out.seq_lens.reserve(n);
-        let mut result = Ok(true);
+        let slots = &mut out.slots[..];
+        let mut stop = None;
+        let mut done = 0;
         'seqs: for (i, &seq) in seqs.iter().enumerate() {
-            let e = match map.slot(&seq).and_then(|s| map.at_mut(s)) {
-                None => Err(KvError::UnknownSequence(seq.0)),
-                Some(e) if e.mark == mark => Err(invalid!("seq_ids: sequence id {} appears twice in one step", seq.0)),
-                Some(e) => Self::checked_len(e.len, 1).map(|_| e),
+            let Some(e) = map.slot(&seq).and_then(|s| map.at_mut(s)) else {
+                stop = Some(Stop::Unknown);
+                break;
             };
-            let e = match e {
-                Ok(e) => e,
-                Err(err) => {
-                    result = Err(err);
-                    break;
-                }
-            };
+            if e.mark == mark || e.len >= MAX_SEQ_TOKENS {
+                stop = Some(if e.mark == mark { Stop::Twice } else { Stop::Overflow(e.len) });
+                break;
+            }
             e.mark = mark;
             let len = e.len;
             let off = self.offset_in_block(len);
             for (g, t) in e.tables.iter_mut().enumerate() {
                 if len >= t.release_at() {
-                    let k = t.releasable_count(len);
-                    t.release_front(k, |b| self.alloc.release(b));
-                    sc.log.push(Undo::Release(i as u32, g as u32, k as u32));
+                    self.decode_release(t, len, (i, g), &mut log);
                 }
                 let b = match t.last() {
                     Some(b) if off != 0 => b,
-                    _ => match self.alloc.allocate() {
-                        Some(b) => {
-                            if off == 0 {
-                                t.push(b);
-                                sc.log.push(Undo::Push(i as u32, g as u32));
-                            } else {
-                                t.set_last(b);
-                                sc.log.push(Undo::Fill(i as u32, g as u32));
-                            }
-                            b
-                        }
+                    _ => match self.decode_open(t, off, (i, g), &mut log) {
+                        Some(b) => b,
                         None => {
-                            result = Ok(false);
+                            stop = Some(Stop::Dry);
                             break 'seqs;
                         }
                     },
                 };
-                out.slots[g * n + i] = b.first_slot(bs) + off as i64;
+                slots[g * n + i] = b.first_slot(bs) + off as i64;
             }
-            sc.frontiers.push(e.frontier);
+            e.prev_frontier = e.frontier;
             e.frontier = len;
             e.len = len + 1;
             out.seq_lens.push((len + 1) as i32);
+            done = i + 1;
         }
-        if !matches!(result, Ok(true)) {
-            self.undo_decode(map, seqs, &sc);
-            out.clear();
+        let r = match stop {
+            None => Ok(true),
+            Some(stop) => {
+                self.undo_decode(map, &seqs[..done], seqs, &log);
+                out.clear();
+                stop.into_result(seqs[done])
+            }
+        };
+        self.decode.log = log;
+        r
+    }
+
+    /// The window rule's releases of one decode visit (nothing is shared: each released
+    /// block drops from 1 to 0, a store without a read of its refcount).
+    #[inline(never)]
+    fn decode_release(&mut self, t: &mut GroupTable, len: usize, (i, g): (usize, usize), log: &mut Vec<Undo>) {
+        let k = t.releasable_count(len);
+        t.release_front(k, |b| self.alloc.release_unshared(std::slice::from_ref(&b)));
+        log.push(Undo::Release(i as u32, g as u32, k as u32));
+    }
+
+    /// A new block for a decode token at offset `off`: appended at a block boundary, else
+    /// filling a trailing hole. None when the free list is empty.
+    #[inline(never)]
+    fn decode_open(&mut self, t: &mut GroupTable, off: usize, (i, g): (usize, usize), log: &mut Vec<Undo>) -> Option<BlockId> {
+        let b = self.alloc.allocate()?;
+        if off == 0 {
+            t.push(b);
+            log.push(Undo::Push(i as u32, g as u32));
+        } else {
+            t.set_last(b);
+            log.push(Undo::Fill(i as u32, g as u32));
         }
-        self.decode = sc;
-        result
+        Some(b)
     }
 
     /// Undo the visits of a failed one-pass decode, last first.
-    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, seqs: &[SeqId], sc: &DecodeScratch) {
-        for u in sc.log.iter().rev() {
+    /// `done`: the sequences whose visit completed (a prefix of `seqs`).
+    #[cold]
+    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, done: &[SeqId], seqs: &[SeqId], log: &[Undo]) {
+        for u in log.iter().rev() {
             let (i, g) = match *u {
                 Undo::Release(i, g, _) | Undo::Push(i, g) | Undo::Fill(i, g) => (i as usize, g as usize),
             };
@@ -447,11 +472,33 @@ impl HybridPool {
                 }
             }
         }
-        for (i, &f) in sc.frontiers.iter().enumerate().rev() {
-            if let Some(e) = map.get_mut(&seqs[i]) {
+        for seq in done.iter().rev() {
+            if let Some(e) = map.get_mut(seq) {
                 e.len -= 1;
-                e.frontier = f;
+                e.frontier = e.prev_frontier;
             }
+        }
+    }
+}
+
+/// Why a one-pass decode stopped at a sequence.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Unknown,
+    Twice,
+    Overflow(usize),
+    /// The free list ran dry: the general path decides.
+    Dry,
+}
+
+impl Stop {
+    #[cold]
+    fn into_result(self, seq: SeqId) -> Result<bool> {
+        match self {
+            Self::Unknown => Err(KvError::UnknownSequence(seq.0)),
+            Self::Twice => Err(invalid!("seq_ids: sequence id {} appears twice in one step", seq.0)),
+            Self::Overflow(len) => HybridPool::checked_len(len, 1).map(|_| false),
+            Self::Dry => Ok(false),
         }
     }
 }

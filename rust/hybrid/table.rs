@@ -40,14 +40,24 @@ pub fn release_len(spec: &GroupSpec, i: usize, bs: usize) -> usize {
     }
 }
 
-/// The logical block table of one sequence in one group.
+/// No block: a hole, or an empty table.
+const NIL: u32 = u32::MAX;
+
+/// The logical block table of one sequence in one group: the two fields a decode step
+/// reads inline (8 bytes, next to the sequence's length), the rest behind a box, touched
+/// only when a block is added or released (about once per `block_size` tokens).
 #[derive(Clone, Debug)]
 pub struct GroupTable {
-    /// The last entry when it is stored (the block a decode token writes unless it is full).
-    last: Option<BlockId>,
-    /// `release_len(run_start)` while the run is not empty, else `usize::MAX`: a decode
-    /// step compares the length against it and is done.
-    release_at: usize,
+    /// The last entry when it is stored, else `NIL`.
+    last: u32,
+    /// `release_len(run_start)` while the run is not empty and that length is reachable
+    /// (`<= i32::MAX`), else `u32::MAX`: a decode step compares the length against it.
+    release_at: u32,
+    b: Box<Body>,
+}
+
+#[derive(Clone, Debug)]
+struct Body {
     len_blocks: usize,
     run_start: usize,
     sink_blocks: usize,
@@ -57,93 +67,105 @@ pub struct GroupTable {
     run: VecDeque<BlockId>,
 }
 
+#[inline]
+fn pack(b: Option<BlockId>) -> u32 {
+    b.map_or(NIL, |b| b.0)
+}
+
+#[inline]
+fn clamp(len: usize) -> u32 {
+    len.min(u32::MAX as usize) as u32
+}
+
 impl GroupTable {
     /// An empty table for a group of kind `spec` with blocks of `block_size` tokens.
     pub fn new(spec: GroupSpec, block_size: usize) -> Self {
         Self {
-            last: None,
-            release_at: usize::MAX,
-            len_blocks: 0,
-            run_start: 0,
-            sink_blocks: spec.sink_tokens().div_ceil(block_size),
-            block_size,
-            spec,
-            head: Vec::new(),
-            run: VecDeque::new(),
+            last: NIL,
+            release_at: u32::MAX,
+            b: Box::new(Body {
+                len_blocks: 0,
+                run_start: 0,
+                sink_blocks: spec.sink_tokens().div_ceil(block_size),
+                block_size,
+                spec,
+                head: Vec::new(),
+                run: VecDeque::new(),
+            }),
         }
     }
 
     /// An empty table with room for `blocks` entries appended without reallocation.
     pub fn with_capacity(spec: GroupSpec, block_size: usize, blocks: usize) -> Self {
         let mut t = Self::new(spec, block_size);
-        let sinks = blocks.min(t.sink_blocks);
-        t.head.reserve_exact(sinks);
-        t.run.reserve_exact(blocks - sinks);
+        let sinks = blocks.min(t.b.sink_blocks);
+        t.b.head.reserve_exact(sinks);
+        t.b.run.reserve_exact(blocks - sinks);
         t
     }
 
     /// Logical blocks: `ceil(len / block_size)` of the sequence.
     #[inline]
     pub fn len_blocks(&self) -> usize {
-        self.len_blocks
+        self.b.len_blocks
     }
 
     /// Entries stored (not holes).
     #[inline]
     pub fn num_stored(&self) -> usize {
-        self.head.len() + self.run.len()
+        self.b.head.len() + self.b.run.len()
     }
 
     /// Hole entries.
     #[inline]
     pub fn num_holes(&self) -> usize {
-        self.len_blocks - self.num_stored()
+        self.b.len_blocks - self.num_stored()
     }
 
     /// The last entry if it is stored.
     #[inline]
     pub fn last(&self) -> Option<BlockId> {
-        self.last
+        (self.last != NIL).then_some(BlockId(self.last))
     }
 
     /// The sequence length at which the next growth releases the run's first block.
     #[inline]
     pub fn release_at(&self) -> usize {
-        self.release_at
+        self.release_at as usize
     }
 
     /// Blocks `0 .. sink_blocks` hold a sink position and are never released.
     #[inline]
     pub fn sink_blocks(&self) -> usize {
-        self.sink_blocks
+        self.b.sink_blocks
     }
 
     /// Logical index of the run's first entry (`len_blocks` when the run is empty): the
     /// `kv_page_start` of FlashInfer's export.
     #[inline]
     pub fn run_start(&self) -> usize {
-        self.run_start
+        self.b.run_start
     }
 
     /// The stored sink entries, logical blocks `0 .. head().len()`.
     #[inline]
     pub fn head(&self) -> &[BlockId] {
-        &self.head
+        &self.b.head
     }
 
     /// The stored window entries, logical blocks `run_start() ..`.
     #[inline]
     pub fn run(&self) -> &VecDeque<BlockId> {
-        &self.run
+        &self.b.run
     }
 
     /// Entry `i` (None for a hole or past the end).
     #[inline]
     pub fn get(&self, i: usize) -> Option<BlockId> {
-        if i < self.head.len() {
-            Some(self.head[i])
-        } else if i >= self.run_start {
-            self.run.get(i - self.run_start).copied()
+        if i < self.b.head.len() {
+            Some(self.b.head[i])
+        } else if i >= self.b.run_start {
+            self.b.run.get(i - self.b.run_start).copied()
         } else {
             None
         }
@@ -151,63 +173,63 @@ impl GroupTable {
 
     /// Every logical entry in order: a block or `None` for a hole.
     pub fn entries(&self) -> impl Iterator<Item = Option<BlockId>> + '_ {
-        let holes = self.run_start - self.head.len();
-        let tail = self.len_blocks - self.run_start - self.run.len();
-        self.head
+        let holes = self.b.run_start - self.b.head.len();
+        let tail = self.b.len_blocks - self.b.run_start - self.b.run.len();
+        self.b.head
             .iter()
             .map(|&b| Some(b))
             .chain(std::iter::repeat_n(None, holes))
-            .chain(self.run.iter().map(|&b| Some(b)))
+            .chain(self.b.run.iter().map(|&b| Some(b)))
             .chain(std::iter::repeat_n(None, tail))
     }
 
     /// `(logical index, block)` of every stored entry, in logical order.
     pub fn stored(&self) -> impl Iterator<Item = (usize, BlockId)> + '_ {
-        let rs = self.run_start;
-        self.head.iter().copied().enumerate().chain(self.run.iter().enumerate().map(move |(k, &b)| (rs + k, b)))
+        let rs = self.b.run_start;
+        self.b.head.iter().copied().enumerate().chain(self.b.run.iter().enumerate().map(move |(k, &b)| (rs + k, b)))
     }
 
     fn refresh(&mut self) {
-        if self.run.is_empty() {
-            self.run_start = self.len_blocks;
-            self.release_at = usize::MAX;
-            self.last = if self.head.len() == self.len_blocks { self.head.last().copied() } else { None };
+        if self.b.run.is_empty() {
+            self.b.run_start = self.b.len_blocks;
+            self.release_at = u32::MAX;
+            self.last = pack(if self.b.head.len() == self.b.len_blocks { self.b.head.last().copied() } else { None });
         } else {
-            self.release_at = release_len(&self.spec, self.run_start, self.block_size);
-            self.last = self.run.back().copied();
+            self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
+            self.last = pack(self.b.run.back().copied());
         }
     }
 
     /// Append a stored entry at logical index `len_blocks()`.
     #[inline]
     pub fn push(&mut self, b: BlockId) {
-        if self.len_blocks < self.sink_blocks {
-            self.head.push(b);
-            self.len_blocks += 1;
-            self.run_start = self.len_blocks;
+        if self.b.len_blocks < self.b.sink_blocks {
+            self.b.head.push(b);
+            self.b.len_blocks += 1;
+            self.b.run_start = self.b.len_blocks;
         } else {
-            let was_empty = self.run.is_empty();
-            self.run.push_back(b);
-            self.len_blocks += 1;
+            let was_empty = self.b.run.is_empty();
+            self.b.run.push_back(b);
+            self.b.len_blocks += 1;
             if was_empty {
-                self.release_at = release_len(&self.spec, self.run_start, self.block_size);
+                self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
             }
         }
-        self.last = Some(b);
+        self.last = b.0;
     }
 
     /// Append a hole at logical index `len_blocks()` (a prefix-cache hit's skipped blocks).
     /// Only past the sinks and before any stored window entry.
     pub fn push_hole(&mut self) -> Result<()> {
-        if self.len_blocks < self.sink_blocks || !self.run.is_empty() {
+        if self.b.len_blocks < self.b.sink_blocks || !self.b.run.is_empty() {
             return Err(KvError::Invariant(format!(
                 "a hole at logical block {} of a table with {} sink blocks and {} window blocks",
-                self.len_blocks,
-                self.sink_blocks,
-                self.run.len()
+                self.b.len_blocks,
+                self.b.sink_blocks,
+                self.b.run.len()
             )));
         }
-        self.len_blocks += 1;
+        self.b.len_blocks += 1;
         self.refresh();
         Ok(())
     }
@@ -215,29 +237,29 @@ impl GroupTable {
     /// Put `b` in the last entry (a copy-on-write copy, or a new block for a last entry
     /// that is a hole); returns the block it replaces, if any.
     pub fn set_last(&mut self, b: BlockId) -> Option<BlockId> {
-        let old = if let Some(x) = self.run.back_mut() {
+        let old = if let Some(x) = self.b.run.back_mut() {
             Some(std::mem::replace(x, b))
-        } else if self.head.len() == self.len_blocks && !self.head.is_empty() {
-            self.head.last_mut().map(|x| std::mem::replace(x, b))
+        } else if self.b.head.len() == self.b.len_blocks && !self.b.head.is_empty() {
+            self.b.head.last_mut().map(|x| std::mem::replace(x, b))
         } else {
             // A trailing hole (the run is empty and the last entry lies past the sinks).
-            self.run_start = self.len_blocks - 1;
-            self.run.push_back(b);
-            self.release_at = release_len(&self.spec, self.run_start, self.block_size);
+            self.b.run_start = self.b.len_blocks - 1;
+            self.b.run.push_back(b);
+            self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
             None
         };
-        self.last = Some(b);
+        self.last = b.0;
         old
     }
 
     /// Window blocks the rule releases at the start of a growth from length `len`: a
     /// prefix of the run.
     pub fn releasable_count(&self, len: usize) -> usize {
-        if len < self.release_at {
+        if len < self.release_at as usize {
             return 0;
         }
         let mut k = 1;
-        while k < self.run.len() && release_len(&self.spec, self.run_start + k, self.block_size) <= len {
+        while k < self.b.run.len() && release_len(&self.b.spec, self.b.run_start + k, self.b.block_size) <= len {
             k += 1;
         }
         k
@@ -245,14 +267,14 @@ impl GroupTable {
 
     /// The first `k` blocks of the run (those [`Self::releasable_count`] counted).
     pub fn run_front(&self, k: usize) -> impl Iterator<Item = BlockId> + '_ {
-        self.run.iter().take(k).copied()
+        self.b.run.iter().take(k).copied()
     }
 
     /// Release the first `k` run entries (they become holes), first one first.
     pub fn release_front(&mut self, k: usize, mut f: impl FnMut(BlockId)) {
         for _ in 0..k {
-            if let Some(b) = self.run.pop_front() {
-                self.run_start += 1;
+            if let Some(b) = self.b.run.pop_front() {
+                self.b.run_start += 1;
                 f(b);
             }
         }
@@ -261,60 +283,112 @@ impl GroupTable {
 
     /// Undo one release of [`Self::release_front`]: the hole before the run gets `b` back.
     pub fn unrelease_front(&mut self, b: BlockId) {
-        self.run_start -= 1;
-        self.run.push_front(b);
+        self.b.run_start -= 1;
+        self.b.run.push_front(b);
         self.refresh();
     }
 
     /// Drop every entry from logical index `keep` on, handing the stored ones to `f`, last
     /// one first.
     pub fn truncate(&mut self, keep: usize, mut f: impl FnMut(BlockId)) {
-        while self.len_blocks > keep {
-            let i = self.len_blocks - 1;
-            if !self.run.is_empty() && i >= self.run_start {
-                if let Some(b) = self.run.pop_back() {
+        while self.b.len_blocks > keep {
+            let i = self.b.len_blocks - 1;
+            if !self.b.run.is_empty() && i >= self.b.run_start {
+                if let Some(b) = self.b.run.pop_back() {
                     f(b);
                 }
-            } else if i < self.head.len() {
-                if let Some(b) = self.head.pop() {
+            } else if i < self.b.head.len() {
+                if let Some(b) = self.b.head.pop() {
                     f(b);
                 }
             }
-            self.len_blocks -= 1;
+            self.b.len_blocks -= 1;
         }
         self.refresh();
     }
 
+    /// Entries the table's buffers can hold without reallocating (its memory, in entries).
+    pub fn capacity(&self) -> usize {
+        self.b.head.capacity() + self.b.run.capacity()
+    }
+
     /// Whether the shape invariants hold (see the module doc); the reason if not.
     pub fn shape_error(&self) -> Option<String> {
-        let want_head = self.len_blocks.min(self.sink_blocks);
-        if self.head.len() != want_head {
-            return Some(format!("{} sink entries stored, expected {want_head}", self.head.len()));
+        let want_head = self.b.len_blocks.min(self.b.sink_blocks);
+        if self.b.head.len() != want_head {
+            return Some(format!("{} sink entries stored, expected {want_head}", self.b.head.len()));
         }
-        if self.run_start < self.head.len() || self.run_start + self.run.len() > self.len_blocks {
+        if self.b.run_start < self.b.head.len() || self.b.run_start + self.b.run.len() > self.b.len_blocks {
             return Some(format!(
                 "window run at {}..{} outside {}..{}",
-                self.run_start,
-                self.run_start + self.run.len(),
-                self.head.len(),
-                self.len_blocks
+                self.b.run_start,
+                self.b.run_start + self.b.run.len(),
+                self.b.head.len(),
+                self.b.len_blocks
             ));
         }
-        if !self.run.is_empty() && self.run_start + self.run.len() != self.len_blocks {
+        if !self.b.run.is_empty() && self.b.run_start + self.b.run.len() != self.b.len_blocks {
             return Some("the window run does not end at the last entry".into());
         }
-        if self.run.is_empty() && self.run_start != self.len_blocks {
-            return Some(format!("empty run starts at {}, not at {}", self.run_start, self.len_blocks));
+        if self.b.run.is_empty() && self.b.run_start != self.b.len_blocks {
+            return Some(format!("empty run starts at {}, not at {}", self.b.run_start, self.b.len_blocks));
         }
-        let last = self.get(self.len_blocks.wrapping_sub(1));
-        if self.last != last {
-            return Some(format!("caches {:?} as its last entry, which is {last:?}", self.last));
+        let last = self.get(self.b.len_blocks.wrapping_sub(1));
+        if self.last() != last {
+            return Some(format!("caches {:?} as its last entry, which is {last:?}", self.last()));
         }
-        let want = if self.run.is_empty() { usize::MAX } else { release_len(&self.spec, self.run_start, self.block_size) };
+        let want = if self.b.run.is_empty() { u32::MAX } else { clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size)) };
         if self.release_at != want {
             return Some(format!("release point {} instead of {want}", self.release_at));
         }
         None
+    }
+}
+
+/// The tables of one sequence, one per group. Up to two are stored inline, so that a
+/// decode step over a typical hybrid model (full + sliding window) reads them next to the
+/// sequence's length instead of behind a pointer.
+#[derive(Clone, Debug)]
+pub enum GroupTables {
+    One(GroupTable),
+    Two([GroupTable; 2]),
+    Many(Vec<GroupTable>),
+}
+
+impl GroupTables {
+    pub fn from_vec(mut v: Vec<GroupTable>) -> Self {
+        match v.len() {
+            1 => Self::One(v.remove(0)),
+            2 => {
+                let b = v.remove(1);
+                Self::Two([v.remove(0), b])
+            }
+            _ => Self::Many(v),
+        }
+    }
+}
+
+impl std::ops::Deref for GroupTables {
+    type Target = [GroupTable];
+
+    #[inline]
+    fn deref(&self) -> &[GroupTable] {
+        match self {
+            Self::One(t) => std::slice::from_ref(t),
+            Self::Two(ts) => ts,
+            Self::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for GroupTables {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [GroupTable] {
+        match self {
+            Self::One(t) => std::slice::from_mut(t),
+            Self::Two(ts) => ts,
+            Self::Many(v) => v,
+        }
     }
 }
 
@@ -353,7 +427,8 @@ mod tests {
             t.push(BlockId(b));
         }
         assert_eq!(t.release_at(), 3 * 2 + 3);
-        assert_eq!(t.releasable_count(12), 3, "blocks 2, 3, 4: (i+1)*2 <= 12 + 1 - 4");
+        assert_eq!(t.releasable_count(12), 2, "blocks 2, 3: (i+1)*2 <= 12 + 1 - 4");
+        assert_eq!(t.releasable_count(13), 3, "blocks 2, 3, 4");
         let mut gone = Vec::new();
         t.release_front(3, |b| gone.push(b));
         assert_eq!(gone, [BlockId(2), BlockId(3), BlockId(4)]);
