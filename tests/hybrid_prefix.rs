@@ -5,6 +5,13 @@
 //! and, ignored by default, the hit rates on the Mooncake trace (`hybrid_trace`).
 
 
+#[path = "hybrid_prefix/model.rs"]
+mod model;
+#[path = "hybrid_prefix/props.rs"]
+mod props;
+#[path = "hybrid_prefix/trace.rs"]
+mod trace;
+
 use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
 use pykvpool::{BlockHasher, KvError, SeqId};
 

@@ -23,7 +23,7 @@
 
 use super::cache::{GroupCache, HybridCacheStats};
 use super::spec::GroupSpec;
-use super::table::GroupTable;
+use super::table::{GroupTable, GroupTables};
 use super::{HybridEntry, HybridPool, HybridStepOutput};
 use crate::error::{KvError, Result};
 use crate::invalid;
@@ -215,7 +215,9 @@ impl HybridPool {
             self.grow_table(t, hb * bs, n, &mut out.slots[g * n..(g + 1) * n], &mut out.cow)?;
         }
         out.seq_lens.push(len as i32);
-        self.register(&tables, keys, hb, len / bs);
+        if let Some(c) = self.cache.as_deref_mut() {
+            register(c, &tables, keys, hb, len / bs);
+        }
         let mut per_group = vec![0usize; self.groups.len()];
         for h in &held {
             per_group[h.0] += 1;
@@ -223,7 +225,8 @@ impl HybridPool {
         if let Some(c) = self.cache.as_deref_mut() {
             c.record_query(len, hb * bs, &per_group);
         }
-        self.seqs.insert(seq, HybridEntry { len, frontier: hb * bs, mark: 0, tables, cursor });
+        let tables = GroupTables::from_vec(tables);
+        self.seqs.insert(seq, HybridEntry { len, frontier: hb * bs, prev_frontier: hb * bs, mark: 0, tables, cursor });
         Ok(hb * bs)
     }
 
@@ -268,19 +271,6 @@ impl HybridPool {
         tables
     }
 
-    /// Register stored blocks `from..to` of `tables` under `keys` in every group whose
-    /// index lacks the key.
-    fn register(&mut self, tables: &[GroupTable], keys: &[BlockKey], from: usize, to: usize) {
-        let Some(cache) = self.cache.as_deref_mut() else { return };
-        for (g, t) in tables.iter().enumerate() {
-            for (i, &k) in keys.iter().enumerate().take(to).skip(from) {
-                if let Some(b) = t.get(i) {
-                    cache.insert(g, k, b);
-                }
-            }
-        }
-    }
-
     /// Append token ids to `seq` (a growth as [`Self::step`] of one sequence; `out` as
     /// there). Each block that fills is registered in every group whose index lacks its
     /// key, when the sequence was admitted by token ids and has seen every id since.
@@ -301,13 +291,23 @@ impl HybridPool {
             let k = hasher.block_key(parent, &cur.tokens[i * bs..(i + 1) * bs], cur.extra, &mut scratch);
             cur.keys.push(k);
         }
-        let tables = std::mem::take(&mut e.tables);
-        self.register(&tables, &cur.keys, first, cur.keys.len());
-        if let Some(e) = self.seqs.get_mut(&seq) {
-            e.tables = tables;
-            e.cursor = Some(cur);
+        if let Some(c) = self.cache.as_deref_mut() {
+            register(c, &e.tables, &cur.keys, first, cur.keys.len());
         }
+        e.cursor = Some(cur);
         Ok(())
+    }
+}
+
+/// Register stored blocks `from..to` of `tables` under `keys` in every group whose index
+/// lacks the key.
+fn register(cache: &mut GroupCache, tables: &[GroupTable], keys: &[BlockKey], from: usize, to: usize) {
+    for (g, t) in tables.iter().enumerate() {
+        for (i, &k) in keys.iter().enumerate().take(to).skip(from) {
+            if let Some(b) = t.get(i) {
+                cache.insert(g, k, b);
+            }
+        }
     }
 }
 

@@ -1,0 +1,338 @@
+//! A model of prefix caching on layer groups, written from the contract: abstract blocks
+//! with refcounts and a (group, key) each, the per-group index, the free count and the LRU
+//! queue of idle blocks; sequences as per-group lists of `Option<block>`. The hit is
+//! found by brute force over every hit length (not by `longest_hit`). Steps are applied
+//! the way the contract orders them (every release of the batch first, then every growth;
+//! a copy-on-write takes its copy, then drops the source) on a copy of the model; a take
+//! with nothing free or idle refuses the whole call.
+
+use std::collections::{HashMap, VecDeque};
+
+use pykvpool::hybrid::GroupSpec;
+use pykvpool::prefix_cache::block_hash::ROOT_PARENT;
+use pykvpool::{BlockHasher, BlockKey, KvError};
+
+pub const BS: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Err {
+    Exhausted,
+    Unknown,
+    Duplicate,
+    Invalid,
+}
+
+pub fn kind(e: &KvError) -> Err {
+    match e {
+        KvError::PoolExhausted { .. } => Err::Exhausted,
+        KvError::UnknownSequence(_) => Err::Unknown,
+        KvError::DuplicateSequence(_) => Err::Duplicate,
+        KvError::InvalidArgument(_) => Err::Invalid,
+        KvError::Invariant(m) => panic!("invariant: {m}"),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MBlock {
+    pub rc: u32,
+    pub key: Option<(usize, BlockKey)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct MSeq {
+    pub len: usize,
+    pub frontier: usize,
+    pub tables: Vec<Vec<Option<usize>>>,
+    pub cursor: Option<(Vec<u32>, Vec<BlockKey>)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MStats {
+    pub queries: u64,
+    pub query_tokens: u64,
+    pub hit_tokens: u64,
+    pub group_hit_blocks: Vec<u64>,
+    pub stored: u64,
+    pub evictions: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub specs: Vec<GroupSpec>,
+    pub blocks: Vec<MBlock>,
+    pub free: usize,
+    pub index: HashMap<(usize, BlockKey), usize>,
+    pub idle: VecDeque<usize>,
+    pub seqs: HashMap<u64, MSeq>,
+    pub stats: MStats,
+}
+
+pub fn keys_of(tokens: &[u32]) -> Vec<BlockKey> {
+    let mut keys = Vec::new();
+    BlockHasher::Xxh3.chain_keys(ROOT_PARENT, tokens, BS, None, &mut keys, &mut Vec::new());
+    keys
+}
+
+impl Model {
+    pub fn new(specs: Vec<GroupSpec>, num_blocks: usize) -> Self {
+        let g = specs.len();
+        Self {
+            specs,
+            blocks: Vec::new(),
+            free: num_blocks,
+            index: HashMap::new(),
+            idle: VecDeque::new(),
+            seqs: HashMap::new(),
+            stats: MStats { group_hit_blocks: vec![0; g], ..MStats::default() },
+        }
+    }
+
+    fn take(&mut self) -> Result<usize, Err> {
+        if self.free > 0 {
+            self.free -= 1;
+        } else {
+            let v = self.idle.pop_front().ok_or(Err::Exhausted)?;
+            let k = self.blocks[v].key.take().expect("idle blocks are cached");
+            self.index.remove(&k);
+            self.stats.evictions += 1;
+        }
+        self.blocks.push(MBlock { rc: 1, key: None });
+        Ok(self.blocks.len() - 1)
+    }
+
+    fn release(&mut self, m: usize) {
+        let b = &mut self.blocks[m];
+        b.rc -= 1;
+        if b.rc == 0 {
+            if b.key.is_some() {
+                self.idle.push_back(m);
+            } else {
+                self.free += 1;
+            }
+        }
+    }
+
+    fn hold(&mut self, m: usize) {
+        if self.blocks[m].rc == 0 {
+            let at = self.idle.iter().position(|&x| x == m).expect("refcount 0 cached block is idle");
+            self.idle.remove(at);
+        }
+        self.blocks[m].rc += 1;
+    }
+
+    fn register(&mut self, g: usize, key: BlockKey, m: usize) {
+        if !self.index.contains_key(&(g, key)) && self.blocks[m].key.is_none() {
+            self.index.insert((g, key), m);
+            self.blocks[m].key = Some((g, key));
+            self.stats.stored += 1;
+        }
+    }
+
+    fn needed(&self, g: usize, h: usize) -> Vec<usize> {
+        self.specs[g].needed_before(h * BS, BS).into_iter().flatten().collect()
+    }
+
+    /// The largest hit in blocks, by trying every length.
+    pub fn hit(&self, keys: &[BlockKey], len: usize) -> usize {
+        let max = (len.saturating_sub(1) / BS).min(keys.len());
+        (0..=max)
+            .rev()
+            .find(|&h| (0..self.specs.len()).all(|g| self.needed(g, h).iter().all(|&i| self.index.contains_key(&(g, keys[i])))))
+            .unwrap_or(0)
+    }
+
+    pub fn admit(&mut self, seq: u64, tokens: &[u32]) -> Result<usize, Err> {
+        if self.seqs.contains_key(&seq) {
+            return Err(Err::Duplicate);
+        }
+        let len = tokens.len();
+        let keys = keys_of(tokens);
+        let hb = self.hit(&keys, len);
+        let g_count = self.specs.len();
+        let mut held = Vec::new();
+        for g in 0..g_count {
+            for i in self.needed(g, hb) {
+                held.push((g, i, self.index[&(g, keys[i])]));
+            }
+        }
+        let mut revived: Vec<usize> = held.iter().map(|h| h.2).filter(|&m| self.blocks[m].rc == 0).collect();
+        revived.sort_unstable();
+        revived.dedup();
+        let need = g_count * (len.div_ceil(BS) - hb);
+        if need > self.free + self.idle.len() - revived.len() {
+            return Err(Err::Exhausted);
+        }
+        let mut tables = vec![vec![None; hb]; g_count];
+        for &(g, i, m) in &held {
+            self.hold(m);
+            tables[g][i] = Some(m);
+            self.stats.group_hit_blocks[g] += 1;
+        }
+        for t in &mut tables {
+            self.grow(t, hb * BS, len - hb * BS).expect("checked");
+        }
+        for (g, t) in tables.iter().enumerate() {
+            for (i, &k) in keys.iter().enumerate().skip(hb) {
+                if let Some(m) = t[i] {
+                    self.register(g, k, m);
+                }
+            }
+        }
+        self.stats.queries += 1;
+        self.stats.query_tokens += len as u64;
+        self.stats.hit_tokens += (hb * BS) as u64;
+        self.seqs.insert(seq, MSeq { len, frontier: hb * BS, tables, cursor: Some((tokens.to_vec(), keys)) });
+        Ok(hb * BS)
+    }
+
+    fn grow(&mut self, t: &mut Vec<Option<usize>>, len: usize, n: usize) -> Result<(), Err> {
+        let off = len % BS;
+        let mut w = 0;
+        if off != 0 && n > 0 {
+            let last = t.len() - 1;
+            match t[last] {
+                Some(b) if self.blocks[b].rc > 1 || self.blocks[b].key.is_some() => {
+                    let dst = self.take()?;
+                    self.release(b);
+                    t[last] = Some(dst);
+                }
+                Some(_) => {}
+                None => t[last] = Some(self.take()?),
+            }
+            w = (BS - off).min(n);
+        }
+        while w < n {
+            t.push(Some(self.take()?));
+            w += BS.min(n - w);
+        }
+        Ok(())
+    }
+
+    /// A batched growth (the cursor is dropped unless `keep_cursor`). The capacity rule:
+    /// the blocks the growths take (new blocks, copies, filled holes) are at most the free
+    /// and idle blocks plus those the batch's window releases drop to zero references (a
+    /// copy's source dropped after its copy is not counted, as in `BlockPool`).
+    pub fn step(&mut self, seqs: &[u64], counts: &[usize], keep_cursor: bool) -> Result<(), Err> {
+        let mut seen = Vec::new();
+        for &s in seqs {
+            if !self.seqs.contains_key(&s) {
+                return Err(Err::Unknown);
+            }
+            if seen.contains(&s) {
+                return Err(Err::Invalid);
+            }
+            seen.push(s);
+        }
+        let mut m = self.clone();
+        let mut gained = 0;
+        for (&s, &n) in seqs.iter().zip(counts) {
+            if n == 0 {
+                continue;
+            }
+            let mut e = m.seqs.remove(&s).unwrap();
+            for (g, t) in e.tables.iter_mut().enumerate() {
+                for (i, x) in t.iter_mut().enumerate() {
+                    if let Some(b) = *x {
+                        if m.specs[g].releasable(i, BS, e.len) {
+                            m.release(b);
+                            gained += (m.blocks[b].rc == 0) as usize;
+                            *x = None;
+                        }
+                    }
+                }
+            }
+            m.seqs.insert(s, e);
+        }
+        for (&s, &n) in seqs.iter().zip(counts) {
+            if n == 0 {
+                continue;
+            }
+            let mut e = m.seqs.remove(&s).unwrap();
+            for t in &mut e.tables {
+                m.grow(t, e.len, n)?;
+            }
+            e.frontier = e.len;
+            e.len += n;
+            if !keep_cursor {
+                e.cursor = None;
+            }
+            m.seqs.insert(s, e);
+        }
+        if m.blocks.len() - self.blocks.len() > self.free + self.idle.len() + gained {
+            return Err(Err::Exhausted);
+        }
+        *self = m;
+        Ok(())
+    }
+
+    pub fn append_tokens(&mut self, seq: u64, tokens: &[u32]) -> Result<(), Err> {
+        self.step(&[seq], &[tokens.len()], true)?;
+        let e = self.seqs.get_mut(&seq).unwrap();
+        let Some((mut toks, mut keys)) = e.cursor.take() else { return Ok(()) };
+        let first = keys.len();
+        toks.extend_from_slice(tokens);
+        keys = keys_of(&toks);
+        let tables = e.tables.clone();
+        for (g, t) in tables.iter().enumerate() {
+            for (i, &k) in keys.iter().enumerate().skip(first) {
+                if let Some(m) = t[i] {
+                    self.register(g, k, m);
+                }
+            }
+        }
+        self.seqs.get_mut(&seq).unwrap().cursor = Some((toks, keys));
+        Ok(())
+    }
+
+    pub fn fork(&mut self, parent: u64, child: u64) -> Result<(), Err> {
+        if self.seqs.contains_key(&child) {
+            return Err(Err::Duplicate);
+        }
+        let e = self.seqs.get(&parent).ok_or(Err::Unknown)?.clone();
+        for m in e.tables.iter().flatten().flatten() {
+            self.blocks[*m].rc += 1;
+        }
+        self.seqs.insert(child, e);
+        Ok(())
+    }
+
+    pub fn truncate(&mut self, seq: u64, n: usize) -> Result<(), Err> {
+        let e = self.seqs.get(&seq).ok_or(Err::Unknown)?;
+        if n > e.len {
+            return Err(Err::Invalid);
+        }
+        let l2 = e.len - n;
+        for (g, t) in e.tables.iter().enumerate() {
+            let [a, b] = self.specs[g].needed_before(l2, BS);
+            if a.chain(b).any(|i| t[i].is_none()) {
+                return Err(Err::Invalid);
+            }
+        }
+        let mut e = self.seqs.remove(&seq).unwrap();
+        for t in &mut e.tables {
+            while t.len() > l2.div_ceil(BS) {
+                if let Some(m) = t.pop().unwrap() {
+                    self.release(m);
+                }
+            }
+        }
+        e.len = l2;
+        e.frontier = e.frontier.min(l2);
+        if let Some((toks, keys)) = e.cursor.as_mut() {
+            toks.truncate(l2);
+            keys.truncate(l2 / BS);
+        }
+        self.seqs.insert(seq, e);
+        Ok(())
+    }
+
+    pub fn free_seq(&mut self, seq: u64) -> Result<(), Err> {
+        let e = self.seqs.remove(&seq).ok_or(Err::Unknown)?;
+        for t in &e.tables {
+            for m in t.iter().rev().flatten() {
+                self.release(*m);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! The property test: random programs (admissions of prompts sharing prefixes, re-admissions,
+//! batched steps and decode steps, appends by token ids, forks, truncations, frees) on a
+//! small pool under pressure, with several group mixes. After every operation the pool
+//! agrees with [`super::model::Model`]: the call's result (cached tokens, or the kind of
+//! refusal), the free + idle count, every sequence's length, frontier and per-group table
+//! (stored or hole; refcount and (group, key) of every stored block), the cached keys, the
+//! idle blocks in LRU order, the statistics, `cached_prefix_len` of every prompt seen; and
+//! `check_invariants` and `check_cache` pass.
+
+use proptest::prelude::*;
+use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use pykvpool::{BlockHasher, SeqId};
+
+use super::model::{kind, Model, BS};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit { family: u32, shared: usize, tail: usize },
+    Readmit { pick: usize },
+    Step { picks: Vec<usize>, counts: Vec<usize> },
+    Decode { picks: Vec<usize> },
+    Append { pick: usize, family: u32, n: usize },
+    Fork { pick: usize },
+    Truncate { pick: usize, n: usize },
+    Free { pick: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..3, 0usize..30, 0usize..6).prop_map(|(family, shared, tail)| Op::Admit { family, shared, tail }),
+        3 => any::<usize>().prop_map(|pick| Op::Readmit { pick }),
+        2 => (prop::collection::vec(any::<usize>(), 1..4), prop::collection::vec(0usize..7, 3))
+            .prop_map(|(picks, counts)| Op::Step { picks, counts }),
+        3 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::Decode { picks }),
+        2 => (any::<usize>(), 0u32..3, 0usize..7).prop_map(|(pick, family, n)| Op::Append { pick, family, n }),
+        1 => any::<usize>().prop_map(|pick| Op::Fork { pick }),
+        1 => (any::<usize>(), 0usize..7).prop_map(|(pick, n)| Op::Truncate { pick, n }),
+        2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+    ]
+}
+
+fn mixes() -> Vec<Vec<GroupSpec>> {
+    let sw = |w, s| GroupSpec::sliding_window(w, s).unwrap();
+    vec![
+        vec![GroupSpec::Full],
+        vec![sw(6, 0)],
+        vec![GroupSpec::Full, sw(5, 2)],
+        vec![GroupSpec::Full, GroupSpec::chunked(8).unwrap()],
+        vec![sw(4, 0), GroupSpec::chunked(6).unwrap(), GroupSpec::Full],
+        vec![sw(9, 5), sw(3, 0)],
+    ]
+}
+
+/// Token `pos` of family `f`'s stream: prompts of one family share their prefixes.
+fn stream(f: u32, pos: usize) -> u32 {
+    f * 10_000 + pos as u32
+}
+
+struct Run {
+    pool: HybridPool,
+    model: Model,
+    prompts: Vec<Vec<u32>>,
+    next_id: u64,
+    fresh: u32,
+}
+
+impl Run {
+    /// The live id at `pick`, or an id never used (error paths) one time in `n + 1`.
+    fn pick(&self, pick: usize) -> u64 {
+        let mut ids: Vec<u64> = self.model.seqs.keys().copied().collect();
+        ids.sort_unstable();
+        if pick % (ids.len() + 1) == ids.len() {
+            10_000
+        } else {
+            ids[pick % (ids.len() + 1)]
+        }
+    }
+
+    fn admit(&mut self, tokens: Vec<u32>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = HybridStepOutput::default();
+        let got = self.pool.add_sequence_tokens(SeqId(id), &tokens, None, &mut out).map_err(|e| kind(&e));
+        let want = self.model.admit(id, &tokens);
+        assert_eq!(got, want, "admission of {tokens:?}");
+        if let Ok(hit) = got {
+            assert_eq!((out.total_tokens, out.slots.len()), (tokens.len() - hit, self.model.specs.len() * (tokens.len() - hit)));
+        }
+        self.prompts.push(tokens);
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let mut out = HybridStepOutput::default();
+        match op {
+            Op::Admit { family, shared, tail } => {
+                self.fresh += 1;
+                let mut t: Vec<u32> = (0..*shared).map(|p| stream(*family, p)).collect();
+                t.extend((0..*tail).map(|k| 900_000 + self.fresh * 10 + k as u32));
+                self.admit(t);
+            }
+            Op::Readmit { pick } => {
+                if !self.prompts.is_empty() {
+                    let t = self.prompts[pick % self.prompts.len()].clone();
+                    self.admit(t);
+                }
+            }
+            Op::Step { picks, counts } => {
+                let ids: Vec<u64> = picks.iter().map(|&p| self.pick(p)).collect();
+                let counts = &counts[..ids.len()];
+                let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+                let got = self.pool.step(&sids, counts, &mut out).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.step(&ids, counts, false), "step {ids:?} {counts:?}");
+            }
+            Op::Decode { picks } => {
+                let ids: Vec<u64> = picks.iter().map(|&p| self.pick(p)).collect();
+                let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+                let got = self.pool.step_decode(&sids, &mut out).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.step(&ids, &vec![1; ids.len()], false), "decode {ids:?}");
+            }
+            Op::Append { pick, family, n } => {
+                let id = self.pick(*pick);
+                let len = self.model.seqs.get(&id).map_or(0, |e| e.len);
+                let t: Vec<u32> = (len..len + n).map(|p| stream(*family, p)).collect();
+                let got = self.pool.append_tokens(SeqId(id), &t, &mut out).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.append_tokens(id, &t), "append {t:?} to {id}");
+            }
+            Op::Fork { pick } => {
+                let (parent, child) = (self.pick(*pick), self.next_id);
+                self.next_id += 1;
+                let got = self.pool.fork(SeqId(parent), SeqId(child)).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.fork(parent, child));
+            }
+            Op::Truncate { pick, n } => {
+                let id = self.pick(*pick);
+                let got = self.pool.truncate(SeqId(id), *n).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.truncate(id, *n), "truncate {n} of {id}");
+            }
+            Op::Free { pick } => {
+                let id = self.pick(*pick);
+                let got = self.pool.free(SeqId(id)).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.free_seq(id));
+            }
+        }
+    }
+
+    fn compare(&self) {
+        let (p, m) = (&self.pool, &self.model);
+        p.check_invariants().unwrap();
+        p.check_cache().unwrap();
+        let c = p.prefix_cache().unwrap();
+        assert_eq!(p.num_free_blocks(), m.free + m.idle.len(), "free + idle");
+        let mut ids: Vec<u64> = m.seqs.keys().copied().collect();
+        ids.sort_unstable();
+        assert_eq!(p.seq_ids(), ids.iter().map(|&i| SeqId(i)).collect::<Vec<_>>());
+        for (&id, e) in &m.seqs {
+            let s = SeqId(id);
+            assert_eq!((p.seq_len(s).unwrap(), p.frontier(s).unwrap()), (e.len, e.frontier), "sequence {id}");
+            for (g, mt) in e.tables.iter().enumerate() {
+                let pt: Vec<_> = p.table(s, g).unwrap().entries().collect();
+                assert_eq!(pt.len(), mt.len(), "sequence {id} group {g}");
+                for (i, (pb, mb)) in pt.iter().zip(mt).enumerate() {
+                    match (pb, mb) {
+                        (None, None) => {}
+                        (Some(b), Some(x)) => {
+                            let mb = &m.blocks[*x];
+                            assert_eq!((p.refcount(*b).unwrap(), c.key_of(*b)), (mb.rc, mb.key), "sequence {id} group {g} block {i}");
+                        }
+                        _ => panic!("sequence {id} group {g} block {i}: pool {pb:?}, model {mb:?}"),
+                    }
+                }
+            }
+        }
+        let idle: Vec<_> = c.idle_blocks().into_iter().map(|b| c.key_of(b)).collect();
+        let want: Vec<_> = m.idle.iter().map(|&x| m.blocks[x].key).collect();
+        assert_eq!(idle, want, "idle blocks in LRU order");
+        assert_eq!(c.num_cached(), m.index.len());
+        for &(g, k) in m.index.keys() {
+            assert!(c.lookup(g, k).is_some(), "group {g} key {k:#x} cached in the model");
+        }
+        let s = p.cache_stats().unwrap();
+        let ms = &m.stats;
+        assert_eq!(
+            (s.queries, s.query_tokens, s.hit_tokens, &s.group_hit_blocks, s.stored_blocks, s.evictions, s.idle_blocks),
+            (ms.queries, ms.query_tokens, ms.hit_tokens, &ms.group_hit_blocks, ms.stored, ms.evictions, m.idle.len())
+        );
+        for t in &self.prompts {
+            let want = m.hit(&super::model::keys_of(t), t.len()) * BS;
+            assert_eq!(p.cached_prefix_len(t, None).unwrap(), want, "cached_prefix_len({t:?})");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pool_follows_the_model(mix in 0usize..6, blocks in 10usize..40, ops in prop::collection::vec(op(), 1..60)) {
+        let specs = mixes()[mix].clone();
+        let pool = HybridPool::with_prefix_cache(blocks, BS, specs.clone(), BlockHasher::Xxh3).unwrap();
+        let mut run = Run { pool, model: Model::new(specs, blocks), prompts: Vec::new(), next_id: 0, fresh: 0 };
+        for op in &ops {
+            run.apply(op);
+            run.compare();
+        }
+        // Free everything: every block ends free or idle, still cached.
+        for id in run.model.seqs.keys().copied().collect::<Vec<_>>() {
+            run.pool.free(SeqId(id)).unwrap();
+            run.model.free_seq(id).unwrap();
+        }
+        run.compare();
+        prop_assert_eq!(run.pool.num_free_blocks(), blocks);
+    }
+}
+
+#[test]
+fn model_matches_a_hand_checked_case() {
+    // Sanity of the model itself: a window hit holds sinks + window, holes between.
+    let specs = vec![GroupSpec::sliding_window(8, 4).unwrap()];
+    let mut m = Model::new(specs, 30);
+    let a: Vec<u32> = (0..40).collect();
+    assert_eq!(m.admit(0, &a), Ok(0));
+    assert_eq!(m.admit(1, &[&a[..], &[1]].concat()), Ok(40));
+    let held: Vec<bool> = m.seqs[&1].tables[0].iter().map(|x| x.is_some()).collect();
+    assert_eq!(held, (0..11).map(|i| i == 0 || i >= 8).collect::<Vec<_>>());
+}
