@@ -557,7 +557,8 @@ proptest! {
         let specs = vec![GroupSpec::SlidingWindow { window, sink_tokens: sink }, GroupSpec::Full];
         let mut pool = HybridPool::new(100_000, bs, specs).unwrap();
         let mut out = HybridStepOutput::default();
-        pool.add_sequence(SeqId(1), 3, &mut out).unwrap();
+        // A prompt of 20 windows: the growths after it give its table memory back.
+        pool.add_sequence(SeqId(1), 20 * window, &mut out).unwrap();
         let bound = |n: usize| sink.div_ceil(bs) + (window - 1).div_ceil(bs) + 1 + n.div_ceil(bs);
         let target = 100 * window;
         let mut i = 0;
@@ -571,7 +572,7 @@ proptest! {
             }
             let t = pool.table(SeqId(1), 0).unwrap();
             prop_assert!(t.num_stored() <= bound(n), "{} blocks after a growth of {} at length {}", t.num_stored(), n, pool.seq_len(SeqId(1)).unwrap());
-            prop_assert!(t.capacity() <= 2 * bound(80) + 8, "table memory {} entries", t.capacity());
+            prop_assert!(t.capacity() <= 4 * bound(80) + 64, "table memory {} entries", t.capacity());
             prop_assert_eq!(pool.stats().group_blocks[0], t.num_stored());
         }
         pool.check_invariants().unwrap();

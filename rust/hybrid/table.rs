@@ -278,6 +278,11 @@ impl GroupTable {
                 f(b);
             }
         }
+        // A long prompt filled the run once; the window keeps a few blocks of it.
+        let len = self.b.run.len();
+        if self.b.run.capacity() > 4 * len + 64 {
+            self.b.run.shrink_to(2 * len + 16);
+        }
         self.refresh();
     }
 
