@@ -18,10 +18,12 @@ fn stored(c: &KvCache) -> (Vec<f64>, Vec<f64>) {
     })
 }
 
-fn at(c: &KvCache, value: bool, blocks: &[u32], tok: usize, h: usize, x: usize) -> usize {
+/// Index of element `x` of KV head `h` of token `tok` of sequence `i` (its block's entry
+/// checked), in the K or V layer.
+fn at(c: &KvCache, value: bool, t: &SeqTables, i: usize, tok: usize, h: usize, x: usize) -> usize {
     let bs = c.shape().block_size;
     let st = if value { c.value_strides() } else { c.key_strides() };
-    blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
+    t.block(i, tok / bs).unwrap() as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
 }
 
 struct Call<'a> {
@@ -41,7 +43,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
     let mut lmax = 0f64;
     let (kf, vf) = stored(c);
     for i in 0..t.len() {
-        let (blocks, len) = t.seq(i);
+        let len = t.seq_len(i);
         let (a, b) = (call.indptr[i] as usize, call.indptr[i + 1] as usize);
         for r in a..b {
             let p = call.positions.map_or((len - (b - a) + r - a) as u64, |p| p[r] as u64);
@@ -57,7 +59,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
                 let logits: Vec<f64> = keys
                     .iter()
                     .map(|&k| {
-                        let x = (0..d).map(|x| q[x] * kf[at(c, false, blocks, k, h / g, x)]).sum::<f64>() * scale;
+                        let x = (0..d).map(|x| q[x] * kf[at(c, false, t, i, k, h / g, x)]).sum::<f64>() * scale;
                         opts.logits_soft_cap.map_or(x, |cap| cap as f64 * (x / cap as f64).tanh())
                     })
                     .collect();
@@ -71,7 +73,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
                 for (&k, l) in keys.iter().zip(&logits) {
                     let w = (l - mx).exp() / z;
                     for x in 0..d {
-                        out[row * d + x] += w * vf[at(c, true, blocks, k, h / g, x)];
+                        out[row * d + x] += w * vf[at(c, true, t, i, k, h / g, x)];
                     }
                 }
             }
