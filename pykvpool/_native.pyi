@@ -1644,23 +1644,32 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
 ) -> _F32Array:
     """Decode attention over the paged cache: one query token per sequence against its cached
     K/V in ``cache`` layer ``layer``.
 
     ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]`` with
-    ``g = Hq / Hkv``. The GIL is released while it runs, on the threads of
-    :func:`set_num_threads`. Meanwhile the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
-    for ``layer`` must not be written from another thread (they alias the cache).
+    ``g = Hq / Hkv``, over the keys the query sees. Positions are logical: key ``k`` is the
+    token in slot ``k`` of the sequence's table, the query sits at ``p = seq_lens[i] - 1``;
+    with ``window_left`` it sees keys ``p - k <= window_left`` and the sinks ``k <
+    sink_tokens``. Only blocks holding a visible key are read, and only their table entries
+    are checked: the other entries (a pad such as -1, a released block's stale id) are
+    never read, so the time does not grow with the logical length. The GIL is released
+    while it runs, on the threads of :func:`set_num_threads`. Meanwhile the arrays of
+    :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
+    another thread (they alias the cache).
 
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
         q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
             strides; ``n = 0`` gives empty results.
-        block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
-            past ``ceil(seq_lens[i] / block_size)`` are never read.
-        seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
+        block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b`` (e.g.
+            :meth:`BlockPool.block_tables`); only the entries of blocks holding a visible key
+            are read (entries past ``ceil(seq_lens[i] / block_size)`` never are).
+        seq_lens: ``n`` logical lengths in tokens (0 gives a zero output and an LSE of -inf).
         scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
         out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
             returned (default: a new array); it must not share memory with ``q`` or with any
@@ -1682,19 +1691,28 @@ def decode_attention(
             significant bits), each output by at most ``(exp(2 D) - 1) * max|V|`` and the
             LSE by at most D; on standard-normal data with d = 128 the measured output
             deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
+        window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
+            window_left`` (``window_left = window - 1`` for a window of ``window`` positions
+            including the query's own; FlashInfer's ``window_left``); None (default): every
+            key. An int >= 0.
+        sink_tokens: attention sinks in tokens: keys ``k < sink_tokens`` are visible
+            whatever the window (default 0). An int >= 0.
 
     Returns:
         float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
         ``(out, lse)``, ``lse`` float32 ``[n, Hq]``, the natural-log sum of
-        ``exp(scale * q.k)``.
+        ``exp(scale * q.k)`` over the visible keys.
 
     Raises:
-        InvalidArgumentError: a block id outside the pool, a length beyond its table, head
-            count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-            ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
-            cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
-            CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
-            an f32 or f16 cache. ``out`` is not written on any error.
+        InvalidArgumentError: a block holding a visible key whose entry is not a block of
+            the pool (a pad or a released block inside the window or the sinks: the message
+            names ``block_tables[i, b]``), a length beyond its table, head count or head_dim
+            mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an ``out`` that is not
+            C-contiguous, not writable or shares memory with ``q`` or a cache, a bad
+            ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
+            negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
+            one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
+            ``bf16_scores`` with an f32 or f16 cache. ``out`` is not written on any error.
     """
 @overload
 def decode_attention(
@@ -1711,6 +1729,8 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def decode_attention_paged(
@@ -1728,18 +1748,33 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`decode_attention` with the tables in FlashInfer's paged layout, as
-    :meth:`BlockPool.flashinfer_tables` exports them.
+    :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+    export them.
+
+    A windowed sequence lists only its stored pages: with ``ps = kv_page_start[i]``,
+    ``P`` pages and ``sp = min(ceil(sink_tokens / block_size), ps, P)``, page ``j`` is
+    logical block ``j`` when ``j < sp`` (the sink pages) and ``ps + j - sp`` after (the
+    window run). The logical length is ``(ps + P - sp - 1) * block_size +
+    kv_last_page_len[i]`` when the window run is non-empty (``P > sp``); when every page is
+    a sink page the sequence ends inside its sinks: ``(P - 1) * block_size +
+    kv_last_page_len[i]`` (``ps`` only bounds ``sp``); 0 without pages. With
+    ``kv_page_start`` all zeros (the default) this is FlashInfer's plain layout. Only the
+    pages of blocks holding a visible key are read and checked; a visible key in a block
+    that is not among the pages (before ``ps``, past the sinks) is an error.
 
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
         q: float32 ``[n, Hq, head_dim]``.
         kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-        kv_indices: the block ids of all sequences, concatenated.
-        kv_last_page_len: ``n`` token counts of each sequence's last block, in
-            ``1..=block_size`` (0 for a sequence without blocks).
+        kv_indices: the block ids of all sequences' stored pages, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last page, in
+            ``1..=block_size`` (0 for a sequence without pages).
         scale: as for :func:`decode_attention`.
         out: as for :func:`decode_attention`.
         return_lse: as for :func:`decode_attention`.
@@ -1747,13 +1782,20 @@ def decode_attention_paged(
         kv_heads_per_item: as for :func:`decode_attention`.
         force_isa: as for :func:`decode_attention`.
         bf16_scores: as for :func:`decode_attention`.
+        window_left: as for :func:`decode_attention`.
+        sink_tokens: as for :func:`decode_attention`; also places the sink pages.
+        kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+            after its sink pages (default None: zeros).
 
     Returns:
         As :func:`decode_attention`.
 
     Raises:
         InvalidArgumentError: as :func:`decode_attention`, and offsets that are not a range
-            inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+            inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+            ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+            overflows, a visible key whose block is not among the pages (named
+            ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
     """
 @overload
 def decode_attention_paged(
@@ -1771,6 +1813,9 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def prefill_attention(
@@ -1808,8 +1853,10 @@ def prefill_attention(
     (``k // c <= p // c``, replaces the token-causal rule), ``window_left`` ``w``
     (``p - k <= w``) with ``sink_tokens`` ``s`` (keys ``k < s`` visible whatever the
     window, still subject to the causal or block-causal rule); ``causal=False`` without
-    chunks is bidirectional. The GIL is released while it runs, on the threads of
-    :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+    chunks is bidirectional. Only the blocks holding a key that some query of the sequence
+    sees are read, and only their table entries are checked: blocks a window left behind
+    may be pads (e.g. -1) or stale ids. The GIL is released while it runs, on the threads
+    of :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
     for ``layer`` must not be written from another thread meanwhile.
 
     Args:
@@ -1818,14 +1865,16 @@ def prefill_attention(
         q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
             (any strides: copied).
         qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
-        block_tables: int ``[n, max_blocks]``; entries past ``ceil(seq_lens[i] /
-            block_size)`` are never read.
-        seq_lens: ``n`` cached lengths in tokens (keys of each sequence).
+        block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b``; only
+            the entries of blocks holding a visible key are read (entries past
+            ``ceil(seq_lens[i] / block_size)`` never are).
+        seq_lens: ``n`` logical lengths in tokens (keys of each sequence).
         q_positions: ``total_q`` int logical positions (>= 0) of the query rows; default
             the last ``n_q`` of ``seq_lens[i]``, which then needs ``n_q <= seq_lens[i]``.
         causal: the causal rule (default True).
         chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
-        window_left: keys at most this many positions behind the query are visible.
+        window_left: keys at most this many positions (tokens) behind the query are
+            visible (``window - 1``; FlashInfer's ``window_left``); None: no window.
         sink_tokens: the first positions always visible under the window (tokens).
         scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
         logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
@@ -1856,8 +1905,10 @@ def prefill_attention(
     Raises:
         InvalidArgumentError: naming the argument: wrong dtypes or shapes, head counts or
             head_dim not matching the cache, bad ``qo_indptr`` offsets, more default-
-            positioned queries than keys, a negative position, a block id outside the
-            pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
+            positioned queries than keys, a negative position, a block holding a visible
+            key whose entry is not a block of the pool (a pad or a released block inside
+            a window, named ``block_tables[i, b]``) or a length beyond its table,
+            ``chunk_size`` of 0 or without ``causal``,
             a negative ``window_left``/``sink_tokens``, a bool or float where an int is
             meant, a ``scale`` or soft cap that is not positive and finite in float32,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
@@ -1908,9 +1959,13 @@ def prefill_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     bf16_pv: bool = False,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`prefill_attention` with the tables in FlashInfer's paged layout, as
-    :meth:`BlockPool.flashinfer_tables` exports them.
+    :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+    export them. Pages map to logical blocks, and give the logical length, as for
+    :func:`decode_attention_paged` (``sink_tokens`` places the sink pages); only the pages
+    of blocks holding a key some query sees are read and checked.
 
     Args:
         cache: the KV cache.
@@ -1918,9 +1973,9 @@ def prefill_attention_paged(
         q: as for :func:`prefill_attention`.
         qo_indptr: as for :func:`prefill_attention`.
         kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-        kv_indices: the block ids of all sequences, concatenated.
-        kv_last_page_len: ``n`` token counts of each sequence's last block, in
-            ``1..=block_size`` (0 for a sequence without blocks).
+        kv_indices: the block ids of all sequences' stored pages, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last page, in
+            ``1..=block_size`` (0 for a sequence without pages).
         q_positions: as for :func:`prefill_attention`.
         causal: as for :func:`prefill_attention`.
         chunk_size: as for :func:`prefill_attention`.
@@ -1933,13 +1988,19 @@ def prefill_attention_paged(
         force_isa: as for :func:`prefill_attention`.
         bf16_scores: as for :func:`prefill_attention`.
         bf16_pv: as for :func:`prefill_attention`.
+        kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+            after its sink pages (default None: zeros), as for
+            :func:`decode_attention_paged`.
 
     Returns:
         As :func:`prefill_attention`.
 
     Raises:
         InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
-            range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+            range inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+            ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+            overflows, a visible key whose block is not among the pages (named
+            ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
     """
 @overload
 def prefill_attention_paged(
@@ -1963,6 +2024,7 @@ def prefill_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     bf16_pv: bool = False,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(
     nbytes: int | None = None,
