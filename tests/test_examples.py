@@ -9,8 +9,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pytest
+
+import pykvpool as kv
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -75,17 +76,12 @@ def test_hybrid_decode_detects_a_wrong_window(monkeypatch: pytest.MonkeyPatch) -
     """The numpy check can fail: local layers that miss the window's oldest key are caught."""
     ex = _load("hybrid_decode")
 
-    def short_window(cache: Any, j: int, q: Any, tables: Any, lens: Any) -> Any:
-        key, value = cache.key(j, writable=False), cache.value(j, writable=False)
-        out = []
-        for r, n in enumerate(lens):
-            pos = np.arange(max(0, n - ex.WINDOW + 1), n)
-            blocks = tables[r, pos // ex.BLOCK_SIZE]
-            out.append(ex.reference(q[r], key[blocks, pos % ex.BLOCK_SIZE], value[blocks, pos % ex.BLOCK_SIZE], 0))
-        return np.stack(out)
+    def short_window(pool: Any, cache: Any, j: int, q: Any, ids: list[int]) -> Any:
+        indptr, indices, last, start = pool.flashinfer_tables(ids, 1)
+        return kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=ex.SCALE,
+                                         window_left=ex.WINDOW - 2, kv_page_start=start)
 
-    monkeypatch.setattr(ex, "window_kernel", lambda: False)
-    monkeypatch.setattr(ex, "gather_window", short_window)
+    monkeypatch.setattr(ex, "local_attention", short_window)
     assert ex.run(steps=4).max_error > 1e-3
 
 

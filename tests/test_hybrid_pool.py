@@ -19,9 +19,10 @@ from poolcheck import hybrid_snapshot
 import pykvpool as kv
 
 FULL = kv.FullAttention()
+Kind = kv.FullAttention | kv.SlidingWindow | kv.ChunkedAttention
 
 
-def gemma(window: int = 8, sinks: int = 0) -> list[object]:
+def gemma(window: int = 8, sinks: int = 0) -> list[Kind]:
     return [FULL, kv.SlidingWindow(window, sink_tokens=sinks)]
 
 
@@ -52,7 +53,7 @@ def test_kinds_are_frozen_values() -> None:
 
 
 def test_pool_reports_its_groups() -> None:
-    groups = [FULL, kv.SlidingWindow(8, sink_tokens=2), kv.ChunkedAttention(16)]
+    groups: list[Kind] = [FULL, kv.SlidingWindow(8, sink_tokens=2), kv.ChunkedAttention(16)]
     pool = kv.HybridPool(32, 4, groups)
     assert pool.groups == tuple(groups) and pool.num_groups == 3
     assert (pool.num_blocks, pool.block_size, pool.num_free_blocks, pool.num_used_blocks) == (32, 4, 32, 0)
@@ -181,7 +182,7 @@ def test_truncate_rolls_back_within_the_window_only() -> None:
 
 @pytest.mark.parametrize("kind", [FULL, kv.SlidingWindow(7), kv.SlidingWindow(9, sink_tokens=6),
                                   kv.ChunkedAttention(8), kv.SlidingWindow(1)])
-def test_exports_follow_the_spec(kind: object) -> None:
+def test_exports_follow_the_spec(kind: Kind) -> None:
     bs = 4
     pool = kv.HybridPool(128, bs, [kind, FULL])
     model = Model([kind, FULL], bs, 128)
@@ -282,19 +283,15 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.nda
     return out
 
 
-def _window_kernel() -> bool:
-    return "window_left" in (kv.decode_attention.__text_signature__ or "")
-
-
 def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
-    """Model layers 0-1 are global (group 0), 2-3 local (group 1, window 6): both groups'
-    layer j live in cache layer j, at their own blocks. Sequences grow past the window; each
-    decode step writes every model layer through its group's slots, then decode attention
-    per group over that group's tables must equal numpy over the keys the layer's kind
-    sees, taken from the K/V written (not from the cache)."""
-    bs, hkv, hq, dim, window = 4, 2, 4, 8, 6
+    """Model layers 0-1 are global (group 0), 2-3 local (group 1, window 6 with 2 sinks):
+    both groups' layer j live in cache layer j, at their own blocks. Sequences grow past the
+    window; each decode step writes every model layer through its group's slots, then decode
+    attention per group, over the padded tables and over the FlashInfer tables, must equal
+    numpy over the keys the layer's kind sees, taken from the K/V written (not the cache)."""
+    bs, hkv, hq, dim, window, sinks = 4, 2, 4, 8, 6, 2
     layers = [(0, 0), (0, 1), (1, 0), (1, 1)]  # model layer -> (group, cache layer)
-    kinds = [FULL, kv.SlidingWindow(window)]
+    kinds: list[Kind] = [FULL, kv.SlidingWindow(window, sink_tokens=sinks)]
     pool = kv.HybridPool(64, bs, kinds)
     cache = kv.KvCache(2, 64, bs, hkv, dim)
     rng = np.random.default_rng(5)
@@ -324,10 +321,12 @@ def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
         q = rng.standard_normal((len(ids), hq, dim)).astype(np.float32)
         for layer, (g, j) in enumerate(layers):
             kind = kinds[g]
-            want = np.stack([
-                _attend(q[r], *(np.stack(x)[[k for k in range(lens[r]) if sees(kind, lens[r] - 1, k)]]
-                                for x in written[(layer, s)]), scale)
-                for r, s in enumerate(ids)])
+            rows = []
+            for r, s in enumerate(ids):
+                seen = [k for k in range(lens[r]) if sees(kind, lens[r] - 1, k)]
+                ks, vs = (np.stack(x)[seen] for x in written[(layer, s)])
+                rows.append(_attend(q[r], ks, vs, scale))
+            want = np.stack(rows)
             # The cache read through the group's slots holds exactly what was written.
             kc, vc = cache.key(j, writable=False), cache.value(j, writable=False)
             for r, s in enumerate(ids):
@@ -336,17 +335,15 @@ def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
                         b = slot_of(pool, s, g, p)
                         np.testing.assert_array_equal(kc[b // bs, b % bs], written[(layer, s)][0][p])
                         np.testing.assert_array_equal(vc[b // bs, b % bs], written[(layer, s)][1][p])
-            tables = pool.block_tables(ids, g)
-            if g == 0:
-                got = kv.decode_attention(cache, j, q, tables, lens, scale=scale)
-            elif _window_kernel():
-                got = kv.decode_attention(cache, j, q, tables, lens, scale=scale,  # type: ignore[call-arg]
-                                          window_left=kind.window_left, sink_tokens=kind.sink_tokens)
-            else:
-                continue  # the numpy check above covers what the kernel would read
+            got = kv.decode_attention(cache, j, q, pool.block_tables(ids, g), lens, scale=scale,
+                                      window_left=kind.window_left, sink_tokens=kind.sink_tokens)
             np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+            indptr, indices, last, start = pool.flashinfer_tables(ids, g)
+            paged = kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=scale, kv_page_start=start,
+                                              window_left=kind.window_left, sink_tokens=kind.sink_tokens)
+            np.testing.assert_allclose(paged, want, atol=2e-5, rtol=1e-4)
     held = pool.stats().group_blocks
-    assert held[1] <= len(ids) * (-(-(window - 1) // bs) + 2) < held[0]
+    assert held[1] <= len(ids) * (-(-sinks // bs) + -(-(window - 1) // bs) + 1) < held[0]
     pool.check_invariants()
 
 
