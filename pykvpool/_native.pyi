@@ -31,15 +31,21 @@ __all__ = [
     "BlockPool",
     "BlockTableBuffer",
     "CacheStats",
+    "ChunkedAttention",
     "DuplicateSequenceError",
     "EVENT_ALL_CLEARED",
     "EVENT_REMOVED",
     "EVENT_STORED",
+    "FullAttention",
+    "HybridCacheStats",
+    "HybridPool",
+    "HybridPoolStats",
     "InvalidArgumentError",
     "InvariantError",
     "KvPoolError",
     "PoolExhaustedError",
     "PoolStats",
+    "SlidingWindow",
     "UnknownSequenceError",
     "KvCache",
     "cpu_features",
@@ -679,6 +685,620 @@ class BlockPool:
             InvalidArgumentError: pins are held, or caching off.
         """
 
+# ------------------------------------------------------------------- layer groups (hybrid)
+
+@final
+class FullAttention:
+    """Full (global) attention: a query at position ``p`` sees every key ``0..=p``.
+
+    Its blocks are never released: the group's table grows with the sequence.
+
+    Raises:
+        TypeError: any argument (it takes none).
+    """
+
+    def __new__(cls) -> FullAttention: ...
+    @property
+    def window(self) -> None:
+        """None: full attention has no window (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """0: full attention has no sinks (tokens)."""
+    @property
+    def chunk_size(self) -> None:
+        """None: full attention is not chunked (tokens)."""
+    @property
+    def window_left(self) -> None:
+        """None: the kernels' ``window_left`` for full attention (no window)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class SlidingWindow:
+    """Sliding-window attention with optional attention sinks: a query at position ``p`` sees
+    the keys ``k`` with ``p - k < window`` (the ``window`` most recent positions, its own
+    included; Hugging Face's ``sliding_window``), plus the sinks ``k < sink_tokens``.
+
+    A pool releases the group's blocks that no later query sees, so a sequence holds about
+    ``ceil(sink_tokens / block_size) + ceil((window - 1) / block_size) + 1`` blocks of this
+    group whatever its length.
+
+    Args:
+        window: visible positions, the query's own included, ``1..=2**31 - 1`` tokens
+            (a kernel's ``window_left`` is ``window - 1``).
+        sink_tokens: leading positions every query sees, ``0..=2**31 - 1`` tokens
+            (default 0).
+
+    Raises:
+        InvalidArgumentError: ``window`` or ``sink_tokens`` out of range, a bool or a
+            non-integer.
+    """
+
+    def __new__(cls, window: int, sink_tokens: int | None = None) -> SlidingWindow: ...
+    @property
+    def window(self) -> int:
+        """Visible positions, the query's own included (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """Leading positions every query sees (tokens)."""
+    @property
+    def chunk_size(self) -> None:
+        """None: a sliding window is not chunked (tokens)."""
+    @property
+    def window_left(self) -> int:
+        """``window - 1``: the kernels' ``window_left`` (keys with ``p - k <= window_left`` are
+        visible), in tokens.
+        """
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class ChunkedAttention:
+    """Chunked (block-local) attention, Llama 4's ``attention_chunk_size``: a query at
+    position ``p`` sees the keys of its own chunk, ``k // chunk_size == p // chunk_size``.
+
+    A pool releases the group's blocks of finished chunks.
+
+    Args:
+        chunk_size: positions per chunk, ``1..=2**31 - 1`` tokens.
+
+    Raises:
+        InvalidArgumentError: ``chunk_size`` out of range, a bool or a non-integer.
+    """
+
+    def __new__(cls, chunk_size: int) -> ChunkedAttention: ...
+    @property
+    def window(self) -> None:
+        """None: chunked attention has no sliding window (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """0: chunked attention has no sinks (tokens)."""
+    @property
+    def chunk_size(self) -> int:
+        """Positions per chunk (tokens)."""
+    @property
+    def window_left(self) -> None:
+        """None: chunked attention is not a sliding window (the kernels take ``chunk_size``)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_GroupKind: TypeAlias = FullAttention | SlidingWindow | ChunkedAttention
+
+@final
+class HybridPoolStats:
+    """Occupancy snapshot of a :class:`HybridPool`, taken by :meth:`HybridPool.stats`.
+
+    Counts are in blocks and tokens: totals over the pool, and per-group lists with one
+    entry per group in group order. The snapshot does not follow later changes of the pool.
+    """
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block (tokens)."""
+    @property
+    def total_blocks(self) -> int:
+        """Blocks in the pool, shared by all groups."""
+    @property
+    def free_blocks(self) -> int:
+        """Blocks an allocation can take now (free plus idle cached)."""
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by at least one sequence, in any group."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    @property
+    def logical_tokens(self) -> int:
+        """Sum of logical sequence lengths, in tokens (released tokens included; a forked
+        token counts once per sequence).
+        """
+    @property
+    def cow_copies(self) -> int:
+        """Copy-on-write block copies since the pool was created, all groups (blocks)."""
+    @property
+    def idle_cached_blocks(self) -> int:
+        """Cached blocks no sequence holds (evictable; counted in ``free_blocks``)."""
+    @property
+    def group_blocks(self) -> list[int]:
+        """Per group: distinct blocks its tables hold (blocks)."""
+    @property
+    def group_stored_tokens(self) -> list[int]:
+        """Per group: distinct filled token slots of those blocks (tokens; a shared token
+        counts once).
+        """
+    @property
+    def group_holes(self) -> list[int]:
+        """Per group: hole entries (released or never stored logical blocks) summed over
+        sequences (blocks).
+        """
+    def as_dict(self) -> dict[str, int | list[int]]:
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, and the per-group
+            fields lists of ints.
+        """
+
+@final
+class HybridPool:
+    """A block pool whose sequences have one block table per layer group (attention kind),
+    all groups sharing ``num_blocks`` blocks of ``block_size`` token slots.
+
+    Positions are logical: a sequence has one length, and in every group logical block
+    ``i`` holds positions ``i * block_size .. (i + 1) * block_size``. At the start of each
+    growth (:meth:`add_sequence`, :meth:`append`, :meth:`step`) a sliding-window or chunked
+    group releases the blocks no query of that growth or a later one sees; their table
+    entries become *holes* (``pad`` in :meth:`block_tables`, absent from
+    :meth:`flashinfer_tables`), so such a group holds a bounded number of blocks whatever
+    the length. Token ``t`` of a sequence lives, in group ``g``, at slot
+    ``table_g[t // block_size] * block_size + t % block_size``; the slots of new tokens come
+    back as int64 ``[num_groups, n]`` arrays, one row per group.
+
+    With tensor sharing, one :class:`KvCache` of ``num_blocks`` blocks serves every group:
+    a block belongs to one group at a time, so the layers of group ``g`` read and write the
+    cache's layers at the blocks of group ``g``'s tables.
+
+    Thread-safe: calls from several Python threads are serialized by an internal lock, and
+    the GIL is released while the core works, except for calls whose work (sequences plus
+    new tokens, or blocks) is below 4,096.
+
+    Args:
+        num_blocks: blocks in the pool, shared by all groups, ``1..=2**30``.
+        block_size: token slots per block, ``1..=65536`` tokens.
+        groups: the attention kind of each layer group, in group order: 1 to 64
+            :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
+            objects.
+        prefix_caching: cache full blocks by content, per group (default False).
+
+    Raises:
+        InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
+            ``1..=65536``, no group or more than 64.
+        TypeError: ``groups`` is not a sequence of attention kinds, or ``prefix_caching``
+            not a bool.
+    """
+
+    def __new__(
+        cls, num_blocks: int, block_size: int, groups: Sequence[_GroupKind], *, prefix_caching: bool = False
+    ) -> HybridPool: ...
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool, shared by all groups."""
+    @property
+    def block_size(self) -> int:
+        """Token slots per block (tokens)."""
+    @property
+    def groups(self) -> tuple[_GroupKind, ...]:
+        """The attention kind of each group, in group order."""
+    @property
+    def num_groups(self) -> int:
+        """Layer groups (attention kinds) of the pool."""
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether this pool caches prefixes (``prefix_caching=True``)."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: free blocks plus idle cached blocks."""
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence, in any group (idle cached blocks are not used)."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    def __len__(self) -> int: ...
+    def __contains__(self, seq: object, /) -> bool: ...
+    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
+        """Add sequence ``seq_id`` holding ``prompt_len`` tokens, in every group.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            prompt_len: tokens it holds now (default 0: an empty sequence), at most ``2**27`` in
+                one call (add longer prompts in chunks with :meth:`append`).
+
+        Returns:
+            int64 ``[num_groups, prompt_len]``: row ``g`` holds the slot of each prompt token
+            in group ``g``, in order.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: fewer free blocks than the prompt needs in all groups together
+                (nothing changed).
+            InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
+        """
+    def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
+        """Append ``num_tokens`` tokens to ``seq_id`` in every group: windowed groups first
+        release the blocks no query from now on sees, then each group allocates as needed.
+
+        A partly filled last block that is shared (after :meth:`fork`) or cached is copied
+        first (copy-on-write), in each group where that holds.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to add (default 1), at most ``2**27`` in one call.
+
+        Returns:
+            ``(slots, cow)``: int64 ``[num_groups, num_tokens]`` slots of the new tokens (row
+            ``g`` for group ``g``), and an int64 ``[k, 2]`` array of ``(src, dst)`` block pairs
+            whose filled slots the caller must copy before writing (at most one per group; a
+            block belongs to one group, so :meth:`KvCache.copy_blocks` copies exactly it).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free blocks, counting the blocks this growth
+                releases (nothing changed, nothing released).
+            InvalidArgumentError: a negative id or count, or more than ``2**27`` tokens.
+        """
+    def step(
+        self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
+    ) -> tuple[_I64Array, _I64Array, _I32Array]:
+        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i, in
+        every group, atomically.
+
+        Args:
+            seq_ids: ``n`` distinct live sequence ids.
+            num_tokens: tokens to append to each sequence: ``n`` counts, one int for all, or
+                None for 1 token each (a decode step); at most ``2**27`` tokens in total.
+
+        Returns:
+            ``(slot_mapping, cow_pairs, seq_lens)``: int64 ``[num_groups, sum(num_tokens)]``
+            slots of all new tokens in batch order, row ``g`` for group ``g``; int64 ``[k, 2]``
+            copy-on-write ``(src, dst)`` block pairs of all groups, to copy before writing;
+            int32 ``[n]`` length of each sequence after the step, in tokens.
+
+        Raises:
+            PoolExhaustedError: the whole step needs more blocks than are free, counting the
+                blocks it releases (nothing changed in any sequence or group).
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: duplicate ids, negative counts, ``num_tokens`` of another
+                length than ``seq_ids``, non-integer or non-1-D arrays, more than ``2**27``
+                tokens in total.
+        """
+    def fork(self, parent: int, child: int) -> None:
+        """Create ``child`` sharing every stored block of every group of ``parent`` (refcounts go
+        up; nothing is copied; holes stay holes), with the same length and frontier.
+
+        Args:
+            parent: a live sequence.
+            child: the new sequence's id, a non-negative int64.
+
+        Raises:
+            UnknownSequenceError: ``parent`` is not live.
+            DuplicateSequenceError: ``child`` is live.
+            InvalidArgumentError: a negative id.
+        """
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` tokens of ``seq_id`` (a rollback within the window):
+        table entries past the new end lose this sequence's reference; the frontier becomes at
+        most the new length.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to drop, at most the sequence's length.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length, or some group
+                already released a block the query at the new length sees (nothing changed).
+        """
+    def free(self, seq_id: int) -> None:
+        """Remove ``seq_id``; each stored block of each group loses a reference and is freed at
+        zero (with prefix caching, a cached block stays cached, idle, until evicted).
+
+        Args:
+            seq_id: a live sequence.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def free_batch(self, seq_ids: _IntArrayLike) -> None:
+        """Free several sequences atomically: all ids are checked before any is freed.
+
+        Args:
+            seq_ids: distinct live sequence ids.
+
+        Raises:
+            UnknownSequenceError: an id is not live (nothing was freed).
+            InvalidArgumentError: an id appears twice, or a negative or non-integer id.
+        """
+    def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now in all
+        groups together (new blocks and copy-on-write copies), before the blocks the growth
+        releases are counted back. Changes nothing.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens that would be appended (default 1).
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id or count.
+        """
+    def seq_len(self, seq_id: int) -> int:
+        """Logical length of ``seq_id``, in tokens (released tokens included).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def frontier(self, seq_id: int) -> int:
+        """Position of the first query of the latest growth of ``seq_id`` (its length before that
+        growth), in tokens: 0 for a new sequence, the cached length after a prefix-cache hit.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def seq_ids(self) -> _I64Array:
+        """Live sequence ids.
+
+        Returns:
+            int64 ``[num_seqs]``, ascending.
+        """
+    def block_table(self, seq_id: int, group: int) -> _I32Array:
+        """The block table of ``seq_id`` in ``group`` (a copy).
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            int32 ``[ceil(seq_len / block_size)]``: the physical block of each logical block,
+            -1 for a hole (a block the group released or never stored).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id, ``group`` out of range.
+        """
+    def block_tables(
+        self, seq_ids: _IntArrayLike, group: int, max_blocks: int | None = None, pad: int = ...
+    ) -> _I32Array:
+        """Block tables of ``seq_ids`` in ``group`` as one padded matrix.
+
+        Args:
+            seq_ids: live sequence ids, one row each.
+            group: a group index, ``0..num_groups``.
+            max_blocks: columns (blocks); default the longest table.
+            pad: the value of holes and past each table's end, an int32 (default -1).
+
+        Returns:
+            int32 ``[len(seq_ids), max_blocks]``: logical block ``i`` of ``seq_ids[r]`` in row
+            ``r``, column ``i``.
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: ``group`` out of range, a table longer than ``max_blocks``,
+                more than ``2**28`` entries, or ``pad`` outside int32.
+        """
+    def flashinfer_tables(
+        self, seq_ids: _IntArrayLike, group: int
+    ) -> tuple[_I32Array, _I32Array, _I32Array, _I32Array]:
+        """The tables of ``seq_ids`` in ``group`` in FlashInfer's paged layout: each sequence's
+        stored pages in logical order, the sink pages first, then the contiguous window run.
+
+        Page ``j`` of sequence ``i`` is logical block ``j`` when ``j < s_i``, else
+        ``kv_page_start[i] + j - s_i``, with ``s_i = min(ceil(sink_tokens / block_size),
+        kv_page_start[i])``. A full-attention group has no holes: its ``kv_page_start`` is 0
+        and the rest equals :meth:`BlockPool.flashinfer_tables`.
+
+        Args:
+            seq_ids: live sequence ids.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            ``(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)``, all int32:
+            ``kv_indptr`` ``[n + 1]`` offsets into ``kv_indices`` ``[nnz]``, the stored block
+            ids; ``kv_last_page_len`` ``[n]``, the tokens of each sequence's last logical block,
+            in ``1..=block_size`` (0 for a sequence without pages); ``kv_page_start`` ``[n]``,
+            the logical block of the first page after the sink pages (blocks).
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: a negative or non-integer id, ``group`` out of range.
+        """
+    def stored_ranges(self, seq_id: int, group: int) -> list[tuple[int, int]]:
+        """The logical token ranges of ``seq_id`` whose K/V ``group`` stores.
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            ``[(start, end), ...]``: sorted, merged half-open ranges of positions (tokens).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id, ``group`` out of range.
+        """
+    def refcount(self, block_id: int) -> int:
+        """References to physical block ``block_id``: the sequences holding it, in whichever
+        group it belongs to (0 for a free or an idle cached block).
+
+        Raises:
+            InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
+        """
+    def stats(self) -> HybridPoolStats:
+        """Occupancy snapshot in blocks and tokens, totals and per group; O(table entries).
+
+        Returns:
+            A :class:`HybridPoolStats`.
+        """
+    def check_invariants(self) -> None:
+        """Verify the bookkeeping, changing nothing: refcounts against the tables of every group,
+        the free list, block accounting, each block in one group, the hole pattern of each
+        table against the release rule; with prefix caching also the per-group index.
+
+        Raises:
+            InvariantError: the first broken invariant, named (a pykvpool bug).
+        """
+
+    # -- prefix caching (pools built with prefix_caching=True; others raise
+    # -- InvalidArgumentError from every method below)
+    def add_sequence_tokens(
+        self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
+    ) -> tuple[int, _I64Array]:
+        """Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix valid for
+        every group: a full-attention group needs every block before the hit, a sliding window
+        its sink blocks and the window before the hit, a chunked group the hit's chunk.
+
+        At least one prompt token is always left to compute. The other logical blocks before
+        the hit are holes; the frontier is the hit length.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``), at
+                most ``2**27``.
+            extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
+                prompts with different extra keys never share blocks (default: none).
+
+        Returns:
+            ``(cached_tokens, slots)``: the leading prompt tokens whose KV is reused (a multiple
+            of ``block_size``), and int64 ``[num_groups, len(token_ids) - cached_tokens]`` slots
+            of the remaining tokens, row ``g`` for group ``g``.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+                ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, more than
+                ``2**27`` tokens, or caching off.
+        """
+    def add_sequence_block_keys(
+        self, seq_id: int, block_keys: _KeysLike, prompt_len: int
+    ) -> tuple[int, _I64Array]:
+        """Admit ``seq_id`` from a trace that gives block keys instead of tokens (Mooncake's
+        ``hash_ids``), reusing the longest cached prefix valid for every group (as
+        :meth:`add_sequence_tokens`).
+
+        Each key stands for one block's chained content (equal keys = equal content and
+        prefix). A partly filled last block's key is never cached.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
+                ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
+                halves.
+            prompt_len: the prompt's length, in tokens (at most ``2**27``).
+
+        Returns:
+            ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
+                length, or caching off.
+        """
+    def append_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> tuple[_I64Array, _I64Array]:
+        """Append token ids to ``seq_id`` (as :meth:`append`), registering in each group every
+        block that fills, when the sequence was admitted with token ids and the pool has seen
+        every id since.
+
+        Args:
+            seq_id: a live sequence.
+            token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``), at most
+                ``2**27``.
+
+        Returns:
+            ``(slots, cow)`` as for :meth:`append`.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
+            InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
+                array, more than ``2**27`` tokens, or caching off.
+        """
+    def cached_prefix_len(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
+        """Tokens of ``token_ids`` an admission would reuse now: the longest cached prefix valid
+        for every group (before the last-token rule of :meth:`add_sequence_tokens`). Changes
+        nothing and touches nothing.
+
+        Args:
+            token_ids: token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+
+        Returns:
+            A number of tokens, a multiple of ``block_size``.
+
+        Raises:
+            InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
+                ``0..2**63``, or caching off.
+        """
+    def cache_stats(self) -> HybridCacheStats:
+        """Hit metrics and occupancy of the prefix cache, totals and per group.
+
+        Returns:
+            A :class:`HybridCacheStats` snapshot.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
+
+@final
+class HybridCacheStats:
+    """Prefix-cache metrics of a :class:`HybridPool`, taken by :meth:`HybridPool.cache_stats`.
+
+    Counts are in admissions, tokens and blocks: totals, and per-group lists with one entry
+    per group in group order.
+    """
+
+    @property
+    def queries(self) -> int:
+        """Admissions that looked the cache up."""
+    @property
+    def query_tokens(self) -> int:
+        """Prompt tokens admitted."""
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens returned as cached (after the last-token rule)."""
+    @property
+    def stored_blocks(self) -> int:
+        """Blocks registered in the cache so far, all groups."""
+    @property
+    def evictions(self) -> int:
+        """Idle cached blocks reclaimed by allocations so far."""
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks in the cache now (held or idle), all groups."""
+    @property
+    def idle_blocks(self) -> int:
+        """Cached blocks no sequence holds (evictable)."""
+    @property
+    def group_hit_blocks(self) -> list[int]:
+        """Per group: cached blocks that admissions took (blocks)."""
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / query_tokens`` (0.0 before any query)."""
+    def as_dict(self) -> dict[str, int | float | list[int]]:
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, ``hit_rate`` a
+            float, ``group_hit_blocks`` a list of ints.
+        """
+
 @final
 class BlockTableBuffer:
     """A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that :meth:`sync`
@@ -1038,23 +1658,32 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
 ) -> _F32Array:
     """Decode attention over the paged cache: one query token per sequence against its cached
     K/V in ``cache`` layer ``layer``.
 
     ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]`` with
-    ``g = Hq / Hkv``. The GIL is released while it runs, on the threads of
-    :func:`set_num_threads`. Meanwhile the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
-    for ``layer`` must not be written from another thread (they alias the cache).
+    ``g = Hq / Hkv``, over the keys the query sees. Positions are logical: key ``k`` is the
+    token in slot ``k`` of the sequence's table, the query sits at ``p = seq_lens[i] - 1``;
+    with ``window_left`` it sees keys ``p - k <= window_left`` and the sinks ``k <
+    sink_tokens``. Only blocks holding a visible key are read, and only their table entries
+    are checked: the other entries (a pad such as -1, a released block's stale id) are
+    never read, so the time does not grow with the logical length. The GIL is released
+    while it runs, on the threads of :func:`set_num_threads`. Meanwhile the arrays of
+    :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
+    another thread (they alias the cache).
 
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
         q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
             strides; ``n = 0`` gives empty results.
-        block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
-            past ``ceil(seq_lens[i] / block_size)`` are never read.
-        seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
+        block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b`` (e.g.
+            :meth:`BlockPool.block_tables`); only the entries of blocks holding a visible key
+            are read (entries past ``ceil(seq_lens[i] / block_size)`` never are).
+        seq_lens: ``n`` logical lengths in tokens (0 gives a zero output and an LSE of -inf).
         scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
         out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
             returned (default: a new array); it must not share memory with ``q`` or with any
@@ -1076,19 +1705,28 @@ def decode_attention(
             significant bits), each output by at most ``(exp(2 D) - 1) * max|V|`` and the
             LSE by at most D; on standard-normal data with d = 128 the measured output
             deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
+        window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
+            window_left`` (``window_left = window - 1`` for a window of ``window`` positions
+            including the query's own; FlashInfer's ``window_left``); None (default): every
+            key. An int >= 0.
+        sink_tokens: attention sinks in tokens: keys ``k < sink_tokens`` are visible
+            whatever the window (default 0). An int >= 0.
 
     Returns:
         float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
         ``(out, lse)``, ``lse`` float32 ``[n, Hq]``, the natural-log sum of
-        ``exp(scale * q.k)``.
+        ``exp(scale * q.k)`` over the visible keys.
 
     Raises:
-        InvalidArgumentError: a block id outside the pool, a length beyond its table, head
-            count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-            ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
-            cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
-            CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
-            an f32 or f16 cache. ``out`` is not written on any error.
+        InvalidArgumentError: a block holding a visible key whose entry is not a block of
+            the pool (a pad or a released block inside the window or the sinks: the message
+            names ``block_tables[i, b]``), a length beyond its table, head count or head_dim
+            mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an ``out`` that is not
+            C-contiguous, not writable or shares memory with ``q`` or a cache, a bad
+            ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
+            negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
+            one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
+            ``bf16_scores`` with an f32 or f16 cache. ``out`` is not written on any error.
     """
 @overload
 def decode_attention(
@@ -1105,6 +1743,8 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def decode_attention_paged(
@@ -1122,18 +1762,33 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`decode_attention` with the tables in FlashInfer's paged layout, as
-    :meth:`BlockPool.flashinfer_tables` exports them.
+    :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+    export them.
+
+    A windowed sequence lists only its stored pages: with ``ps = kv_page_start[i]``,
+    ``P`` pages and ``sp = min(ceil(sink_tokens / block_size), ps, P)``, page ``j`` is
+    logical block ``j`` when ``j < sp`` (the sink pages) and ``ps + j - sp`` after (the
+    window run). The logical length is ``(ps + P - sp - 1) * block_size +
+    kv_last_page_len[i]`` when the window run is non-empty (``P > sp``); when every page is
+    a sink page the sequence ends inside its sinks: ``(P - 1) * block_size +
+    kv_last_page_len[i]`` (``ps`` only bounds ``sp``); 0 without pages. With
+    ``kv_page_start`` all zeros (the default) this is FlashInfer's plain layout. Only the
+    pages of blocks holding a visible key are read and checked; a visible key in a block
+    that is not among the pages (before ``ps``, past the sinks) is an error.
 
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
         q: float32 ``[n, Hq, head_dim]``.
         kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-        kv_indices: the block ids of all sequences, concatenated.
-        kv_last_page_len: ``n`` token counts of each sequence's last block, in
-            ``1..=block_size`` (0 for a sequence without blocks).
+        kv_indices: the block ids of all sequences' stored pages, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last page, in
+            ``1..=block_size`` (0 for a sequence without pages).
         scale: as for :func:`decode_attention`.
         out: as for :func:`decode_attention`.
         return_lse: as for :func:`decode_attention`.
@@ -1141,13 +1796,20 @@ def decode_attention_paged(
         kv_heads_per_item: as for :func:`decode_attention`.
         force_isa: as for :func:`decode_attention`.
         bf16_scores: as for :func:`decode_attention`.
+        window_left: as for :func:`decode_attention`.
+        sink_tokens: as for :func:`decode_attention`; also places the sink pages.
+        kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+            after its sink pages (default None: zeros).
 
     Returns:
         As :func:`decode_attention`.
 
     Raises:
         InvalidArgumentError: as :func:`decode_attention`, and offsets that are not a range
-            inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+            inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+            ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+            overflows, a visible key whose block is not among the pages (named
+            ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
     """
 @overload
 def decode_attention_paged(
@@ -1165,6 +1827,9 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    window_left: int | None = None,
+    sink_tokens: int = 0,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def prefill_attention(
@@ -1202,8 +1867,10 @@ def prefill_attention(
     (``k // c <= p // c``, replaces the token-causal rule), ``window_left`` ``w``
     (``p - k <= w``) with ``sink_tokens`` ``s`` (keys ``k < s`` visible whatever the
     window, still subject to the causal or block-causal rule); ``causal=False`` without
-    chunks is bidirectional. The GIL is released while it runs, on the threads of
-    :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+    chunks is bidirectional. Only the blocks holding a key that some query of the sequence
+    sees are read, and only their table entries are checked: blocks a window left behind
+    may be pads (e.g. -1) or stale ids. The GIL is released while it runs, on the threads
+    of :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
     for ``layer`` must not be written from another thread meanwhile.
 
     Args:
@@ -1212,14 +1879,16 @@ def prefill_attention(
         q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
             (any strides: copied).
         qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
-        block_tables: int ``[n, max_blocks]``; entries past ``ceil(seq_lens[i] /
-            block_size)`` are never read.
-        seq_lens: ``n`` cached lengths in tokens (keys of each sequence).
+        block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b``; only
+            the entries of blocks holding a visible key are read (entries past
+            ``ceil(seq_lens[i] / block_size)`` never are).
+        seq_lens: ``n`` logical lengths in tokens (keys of each sequence).
         q_positions: ``total_q`` int logical positions (>= 0) of the query rows; default
             the last ``n_q`` of ``seq_lens[i]``, which then needs ``n_q <= seq_lens[i]``.
         causal: the causal rule (default True).
         chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
-        window_left: keys at most this many positions behind the query are visible.
+        window_left: keys at most this many positions (tokens) behind the query are
+            visible (``window - 1``; FlashInfer's ``window_left``); None: no window.
         sink_tokens: the first positions always visible under the window (tokens).
         scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
         logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
@@ -1250,8 +1919,10 @@ def prefill_attention(
     Raises:
         InvalidArgumentError: naming the argument: wrong dtypes or shapes, head counts or
             head_dim not matching the cache, bad ``qo_indptr`` offsets, more default-
-            positioned queries than keys, a negative position, a block id outside the
-            pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
+            positioned queries than keys, a negative position, a block holding a visible
+            key whose entry is not a block of the pool (a pad or a released block inside
+            a window, named ``block_tables[i, b]``) or a length beyond its table,
+            ``chunk_size`` of 0 or without ``causal``,
             a negative ``window_left``/``sink_tokens``, a bool or float where an int is
             meant, a ``scale`` or soft cap that is not positive and finite in float32,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
@@ -1302,9 +1973,13 @@ def prefill_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     bf16_pv: bool = False,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`prefill_attention` with the tables in FlashInfer's paged layout, as
-    :meth:`BlockPool.flashinfer_tables` exports them.
+    :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+    export them. Pages map to logical blocks, and give the logical length, as for
+    :func:`decode_attention_paged` (``sink_tokens`` places the sink pages); only the pages
+    of blocks holding a key some query sees are read and checked.
 
     Args:
         cache: the KV cache.
@@ -1312,9 +1987,9 @@ def prefill_attention_paged(
         q: as for :func:`prefill_attention`.
         qo_indptr: as for :func:`prefill_attention`.
         kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-        kv_indices: the block ids of all sequences, concatenated.
-        kv_last_page_len: ``n`` token counts of each sequence's last block, in
-            ``1..=block_size`` (0 for a sequence without blocks).
+        kv_indices: the block ids of all sequences' stored pages, concatenated.
+        kv_last_page_len: ``n`` token counts of each sequence's last page, in
+            ``1..=block_size`` (0 for a sequence without pages).
         q_positions: as for :func:`prefill_attention`.
         causal: as for :func:`prefill_attention`.
         chunk_size: as for :func:`prefill_attention`.
@@ -1327,13 +2002,19 @@ def prefill_attention_paged(
         force_isa: as for :func:`prefill_attention`.
         bf16_scores: as for :func:`prefill_attention`.
         bf16_pv: as for :func:`prefill_attention`.
+        kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+            after its sink pages (default None: zeros), as for
+            :func:`decode_attention_paged`.
 
     Returns:
         As :func:`prefill_attention`.
 
     Raises:
         InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
-            range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+            range inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+            ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+            overflows, a visible key whose block is not among the pages (named
+            ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
     """
 @overload
 def prefill_attention_paged(
@@ -1357,6 +2038,7 @@ def prefill_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     bf16_pv: bool = False,
+    kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(
     nbytes: int | None = None,

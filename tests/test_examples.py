@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import pykvpool as kv
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -54,3 +56,37 @@ def test_serving_loop_runs_as_a_script() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "6 requests finished" in proc.stdout and "0 blocks still used" in proc.stdout
+
+
+def test_hybrid_decode_matches_numpy_and_keeps_the_local_group_flat() -> None:
+    ex = _load("hybrid_decode")
+    res = ex.run(steps=3 * ex.WINDOW)
+    assert res.max_error < 1e-4
+    full = [h[0] for h in res.held]
+    local = [h[1] for h in res.held]
+    # The global group grows with the sequences; the local one stops at the window's
+    # blocks (sinks none; ceil((WINDOW - 1) / BLOCK_SIZE) + 1 per sequence, +1 while growing).
+    bound = len(ex.PROMPTS) * (-(-(ex.WINDOW - 1) // ex.BLOCK_SIZE) + 2)
+    assert full[-1] > 2 * full[0] and max(local) <= bound
+    assert max(local[len(local) // 2:]) == max(local[: len(local) // 2 + 1])
+    res.pool.check_invariants()
+
+
+def test_hybrid_decode_detects_a_wrong_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy check can fail: local layers that miss the window's oldest key are caught."""
+    ex = _load("hybrid_decode")
+
+    def short_window(pool: Any, cache: Any, j: int, q: Any, ids: list[int]) -> Any:
+        indptr, indices, last, start = pool.flashinfer_tables(ids, 1)
+        return kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=ex.SCALE,
+                                         window_left=ex.WINDOW - 2, kv_page_start=start)
+
+    monkeypatch.setattr(ex, "local_attention", short_window)
+    assert ex.run(steps=4).max_error > 1e-3
+
+
+def test_hybrid_decode_runs_as_a_script() -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "hybrid_decode.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 sequences decoded" in proc.stdout and "0 blocks still used" in proc.stdout

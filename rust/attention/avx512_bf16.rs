@@ -102,8 +102,10 @@ impl<E: Elem> Scores<E> for Dot<'_> {
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && self.q.len() >= (qh + H) * pairs);
         let qp = self.q[qh * pairs..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0).cast::<i16>();
-        // One 64-byte load covers rows i and i + 1 when they are adjacent and the chunk
-        // is the whole row (block size 16: c0 = 0); its mask repeats the lane mask.
+        // One 64-byte load covers rows i and i + 1 when they are adjacent (block size 16):
+        // word t is token c0 + t of row i, word 16 + t the same token of row i + 1, for
+        // any c0 (a window's first chunk starts inside its block); the mask repeats the
+        // lane mask.
         let adjacent = bs == 16;
         let mask2 = mask as u32 | (mask as u32) << 16;
         // SAFETY: both tables hold exactly 32 i16.

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::isa::{Isa, Supported};
 use super::scalar;
-use super::tables::SeqTables;
+use super::tables::{SeqTables, Visible};
 use super::work::{merge_row, scaled_query, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16};
@@ -35,6 +35,11 @@ pub struct DecodeOptions {
     pub kv_heads_per_item: Option<usize>,
     /// Kernel path; `None` is [`Isa::best`].
     pub isa: Option<Isa>,
+    /// Sliding window: the query at `p = len - 1` sees keys `k` with `p - k <= w`
+    /// (`None`: every key).
+    pub window_left: Option<usize>,
+    /// Keys `k < sink_tokens` are visible whatever the window.
+    pub sink_tokens: usize,
     /// bf16 caches only: round the query to bf16 (nearest even) and compute the scores
     /// from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 they are
     /// computed by `vdpbf16ps` ([`avx512_bf16`]), elsewhere by f32 FMAs on the rounded
@@ -43,12 +48,25 @@ pub struct DecodeOptions {
     pub bf16_scores: bool,
 }
 
+/// One work item: KV head group `group` of sequence `seq`, the blocks `blocks` of
+/// [`Visible::blocks`], tokens `start..ntok` counted from the first block's first token.
 #[derive(Clone, Debug)]
 pub(super) struct Item {
     pub(super) seq: usize,
     pub(super) group: usize,
     pub(super) blocks: Range<usize>,
+    pub(super) start: usize,
     pub(super) ntok: usize,
+}
+
+/// The keys the decode query of a sequence of `len` tokens sees (at `p = len - 1`): the
+/// window `max(0, p - w)..len` and the sinks `0..min(sinks, len)`.
+pub(super) fn visible_keys(len: usize, window_left: Option<usize>, sinks: usize, out: &mut Vec<Range<usize>>) {
+    if len == 0 {
+        return;
+    }
+    out.push(window_left.map_or(0, |w| (len - 1).saturating_sub(w))..len);
+    out.push(0..sinks.min(len));
 }
 
 /// Decode attention over `layer` of `cache`.
@@ -57,8 +75,12 @@ pub(super) struct Item {
 /// `[n, num_q_heads]` natural-log sum of `exp(scale * q.k)` (`-inf` for an empty
 /// sequence, whose output is 0).
 ///
+/// Only the blocks holding a key the query sees (window and sinks of `opts`, on logical
+/// positions) are read, and only their table entries are checked.
+///
 /// Errors: shapes or head counts that do not match the cache, an unsupported or unknown
-/// path, a non-finite scale, a KV head split that does not divide the KV heads.
+/// path, a non-finite scale, a KV head split that does not divide the KV heads, a block
+/// holding visible keys that is not a block of the pool (a pad, a released page).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_attention(
     cache: &KvCache,
@@ -74,8 +96,9 @@ pub fn decode_attention(
     let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
     let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts)?;
     let pool = crate::runtime::threads::pool()?;
+    let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
     let (qs, q_bf16) = scaled_query(q, d, scale * std::f32::consts::LOG2_E, opts.bf16_scores);
-    let items = plan(tables, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
+    let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;
     let mut acc = vec![0f32; items.len() * per_item * d];
@@ -87,7 +110,7 @@ pub fn decode_attention(
         // LPT list scheduling): with a few uneven items, rayon's halving of the item list
         // can leave one core waiting on the other's last long item.
         let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(items[i].ntok));
+        order.sort_by_key(|&i| std::cmp::Reverse(items[i].ntok - items[i].start));
         let parts: Vec<Mutex<Partial>> = acc
             .chunks_mut(per_item * d)
             .zip(m.chunks_mut(per_item))
@@ -98,7 +121,6 @@ pub fn decode_attention(
         pool.broadcast(|_| {
             while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let it = &items[i];
-                let (blocks, _) = tables.seq(it.seq);
                 let heads = it.group * kpi..(it.group + 1) * kpi;
                 let qrow = (it.seq * num_q_heads + heads.start * g) * d;
                 let work = Work {
@@ -106,7 +128,8 @@ pub fn decode_attention(
                     v,
                     shape,
                     g,
-                    blocks: &blocks[it.blocks.clone()],
+                    blocks: &vis.blocks()[it.blocks.clone()],
+                    start: it.start,
                     ntok: it.ntok,
                     heads,
                     q: &qs[qrow..qrow + per_item * d],
@@ -199,9 +222,9 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
     }
 }
 
-/// Cut every (sequence, head group) into runs of whole blocks.
-pub(super) fn plan(tables: &SeqTables, bs: usize, groups: usize, threads: usize, split: Option<usize>) -> Vec<Item> {
-    let n = tables.len();
+/// Cut every (sequence, head group)'s visible runs into items of whole blocks (at least
+/// one item per pair, empty for a sequence without keys, so that the merge sees it).
+pub(super) fn plan(vis: &Visible, n: usize, bs: usize, groups: usize, threads: usize, split: Option<usize>) -> Vec<Item> {
     let chunk_blocks = match split {
         Some(0) => usize::MAX,
         Some(t) => t.div_ceil(bs).max(1),
@@ -209,23 +232,27 @@ pub(super) fn plan(tables: &SeqTables, bs: usize, groups: usize, threads: usize,
             // About four items per thread, so that uneven lengths still balance; only
             // sequences longer than that share are split, and never below 256 tokens:
             // smaller chunks cost more in merging and lost streaming than they gain.
-            let blocks: usize = (0..n).map(|i| tables.seq(i).0.len()).sum::<usize>() * groups;
+            let blocks: usize = (0..n).flat_map(|i| vis.runs(i)).map(|r| r.num_blocks(bs)).sum::<usize>() * groups;
             blocks.div_ceil(4 * threads).max(256usize.div_ceil(bs)).max(1)
         }
     };
     let mut items = Vec::new();
     for seq in 0..n {
-        let (blocks, len) = tables.seq(seq);
         for group in 0..groups {
-            let mut b0 = 0usize;
-            loop {
-                let b1 = blocks.len().min(b0.saturating_add(chunk_blocks));
-                let ntok = len.min(b1 * bs) - (b0 * bs).min(len);
-                items.push(Item { seq, group, blocks: b0..b1, ntok });
-                b0 = b1;
-                if b0 >= blocks.len() {
-                    break;
+            let first = items.len();
+            for run in vis.runs(seq) {
+                let (b0, nb) = (run.first_block(bs), run.num_blocks(bs));
+                let mut c = 0;
+                while c < nb {
+                    let c1 = nb.min(c.saturating_add(chunk_blocks));
+                    let base = (b0 + c) * bs;
+                    let (lo, hi) = (run.tok0.max(base), run.tok1.min((b0 + c1) * bs));
+                    items.push(Item { seq, group, blocks: run.at + c..run.at + c1, start: lo - base, ntok: hi - base });
+                    c = c1;
                 }
+            }
+            if items.len() == first {
+                items.push(Item { seq, group, blocks: 0..0, start: 0, ntok: 0 });
             }
         }
     }

@@ -56,3 +56,5 @@ pub use tables::SeqTables;
 mod test_util;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_window;

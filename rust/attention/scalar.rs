@@ -10,17 +10,18 @@ pub(crate) fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (bs, d, g) = (w.shape.block_size, w.shape.head_dim, w.g);
     let mut scores = vec![0f32; bs];
     for bi in 0..w.blocks.len() {
-        let nt = w.tokens_in(bi);
+        let span = w.span_in(bi);
+        let n = span.len();
         for (hi, h) in w.heads.clone().enumerate() {
             let (kt, vt) = w.tiles(bi, h);
             for j in 0..g {
                 let qh = hi * g + j;
                 let q = &w.q[qh * d..(qh + 1) * d];
-                for (t, s) in scores[..nt].iter_mut().enumerate() {
+                for (t, s) in span.clone().zip(scores.iter_mut()) {
                     *s = q.iter().enumerate().map(|(i, &x)| x * kt[i * bs + t].to_f32()).sum();
                 }
                 let acc = &mut p.acc[qh * d..(qh + 1) * d];
-                update(&scores[..nt], &mut p.m[qh], &mut p.l[qh], acc, vt, d);
+                update(&scores[..n], &mut p.m[qh], &mut p.l[qh], acc, &vt[span.start * d..], d);
             }
         }
     }

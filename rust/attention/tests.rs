@@ -22,6 +22,20 @@ fn skip_loudly(what: &str, why: &str) {
 }
 
 fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    reference_window(c, q, hq, t, scale, None, 0)
+}
+
+/// f64 decode attention over the keys the query at `len - 1` sees (`p - k <= window_left`
+/// or `k < sinks`), K/V read through the checked entries of their blocks only.
+pub(super) fn reference_window(
+    c: &KvCache,
+    q: &[f32],
+    hq: usize,
+    t: &SeqTables,
+    scale: f64,
+    window_left: Option<usize>,
+    sinks: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let s = c.shape();
     let (d, g, bs) = (s.head_dim, hq / s.num_kv_heads, s.block_size);
     let (ks, vs) = c.layer::<f32>(0).map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap_or_else(|_| {
@@ -34,15 +48,18 @@ fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (V
     let mut out = vec![0f64; q.len()];
     let mut lse = vec![f64::NEG_INFINITY; t.len() * hq];
     for i in 0..t.len() {
-        let (blocks, len) = t.seq(i);
+        let len = t.seq_len(i);
+        let keys: Vec<usize> =
+            (0..len).filter(|&k| k < sinks || window_left.is_none_or(|w| len - 1 - k <= w)).collect();
         for h in 0..hq {
             let kv = h / g;
             let qv = &q[(i * hq + h) * d..][..d];
             let at = |st: [usize; 4], tok: usize, x: usize| {
-                blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + kv * st[2] + x * st[3]
+                t.block(i, tok / bs).unwrap() as usize * st[0] + (tok % bs) * st[1] + kv * st[2] + x * st[3]
             };
-            let logits: Vec<f64> = (0..len)
-                .map(|tok| (0..d).map(|x| qv[x] as f64 * ks[at(kst, tok, x)] as f64).sum::<f64>() * scale)
+            let logits: Vec<f64> = keys
+                .iter()
+                .map(|&tok| (0..d).map(|x| qv[x] as f64 * ks[at(kst, tok, x)] as f64).sum::<f64>() * scale)
                 .collect();
             if len == 0 {
                 continue;
@@ -50,7 +67,7 @@ fn reference(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, scale: f64) -> (V
             let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
             lse[i * hq + h] = mx + z.ln();
-            for (tok, l) in logits.iter().enumerate() {
+            for (&tok, l) in keys.iter().zip(&logits) {
                 let p = (l - mx).exp() / z;
                 for x in 0..d {
                     out[(i * hq + h) * d + x] += p * vs[at(vst, tok, x)] as f64;
@@ -264,22 +281,24 @@ fn plan_splits_long_sequences_only() {
         let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
         let t: Vec<i64> = (0..lens.len() * width).map(|i| (i % 4096) as i64).collect();
         let l: Vec<i64> = lens.iter().map(|&x| x as i64).collect();
-        SeqTables::padded(&t, width, &l, bs, 4096).unwrap()
+        let t = SeqTables::padded(&t, width, &l, bs, 4096).unwrap();
+        (t.select_all().unwrap(), lens.len())
     };
+    let plan = |(v, n): (super::tables::Visible, usize), groups, threads, split| plan(&v, n, bs, groups, threads, split);
     // One 32768-token sequence on 2 threads: 8 splits of 256 blocks, covering it exactly.
-    let items = plan(&table(&[32768]), bs, 1, 2, None);
+    let items = plan(table(&[32768]), 1, 2, None);
     assert_eq!(items.len(), 8);
     assert_eq!(items.iter().map(|i| i.ntok).sum::<usize>(), 32768);
     // Eight equal sequences: each is already a quarter of a thread's share.
-    assert_eq!(plan(&table(&[4096; 8]), bs, 1, 2, None).len(), 8);
+    assert_eq!(plan(table(&[4096; 8]), 1, 2, None).len(), 8);
     // Uneven lengths: the long ones are cut, the short ones are not.
-    let items = plan(&table(&[4096, 300, 300, 300]), bs, 1, 2, None);
+    let items = plan(table(&[4096, 300, 300, 300]), 1, 2, None);
     assert!(items.iter().filter(|i| i.seq == 0).count() > 1);
     assert_eq!(items.iter().filter(|i| i.seq == 1).count(), 1);
     // Never split; explicit split size; empty sequence gets one empty item.
-    assert_eq!(plan(&table(&[32768, 0]), bs, 2, 2, Some(0)).len(), 4);
-    assert_eq!(plan(&table(&[100]), bs, 1, 1, Some(32)).len(), 4);
-    assert_eq!(plan(&table(&[0]), bs, 1, 1, None)[0].ntok, 0);
+    assert_eq!(plan(table(&[32768, 0]), 2, 2, Some(0)).len(), 4);
+    assert_eq!(plan(table(&[100]), 1, 1, Some(32)).len(), 4);
+    assert_eq!(plan(table(&[0]), 1, 1, None)[0].ntok, 0);
 }
 
 /// The AVX-512 path moves its running maximum lazily (only when a score passes it by

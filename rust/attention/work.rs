@@ -6,14 +6,18 @@ use std::ops::Range;
 
 use crate::kv::{Elem, KvShape};
 
-/// What one work item reads. `q` holds the item's query heads (`heads.len() * g` rows of
-/// `head_dim`), pre-scaled by `scale * log2(e)`.
+/// What one work item reads: tokens `start..ntok` counted from the first token of
+/// `blocks[0]` (a window or a run of sinks may begin inside its first block; the tokens
+/// before `start` are never read). `q` holds the item's query heads (`heads.len() * g`
+/// rows of `head_dim`), pre-scaled by `scale * log2(e)`.
 pub(crate) struct Work<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
     pub shape: KvShape,
     pub g: usize,
     pub blocks: &'a [u32],
+    /// First token read of `blocks[0]` (`< block_size`).
+    pub start: usize,
     pub ntok: usize,
     pub heads: Range<usize>,
     pub q: &'a [f32],
@@ -41,6 +45,13 @@ impl<E: Elem> Work<'_, E> {
         (self.ntok - bi * self.shape.block_size).min(self.shape.block_size)
     }
 
+    /// The tokens of block `bi` the item reads: `start..` in the first block, all the
+    /// others from 0.
+    #[inline]
+    pub fn span_in(&self, bi: usize) -> std::ops::Range<usize> {
+        (if bi == 0 { self.start } else { 0 })..self.tokens_in(bi)
+    }
+
     /// K and V tiles (`head_dim * block_size` elements each) of KV head `h` in block
     /// `bi`. Slicing is checked: block ids were validated against the pool.
     #[inline]
@@ -60,7 +71,8 @@ impl<E: Elem> Work<'_, E> {
     }
 
     /// The item's tiles in reading order (heads within a block, then the next block), cut
-    /// into chunks of at most `width` tokens: `f(hi, chunk, next)` with `hi` the head's
+    /// into chunks of at most `width` tokens (the first block's from `start`, so a chunk
+    /// may begin at any token of its tile): `f(hi, chunk, next)` with `hi` the head's
     /// index in `heads` and `next` the tile to prefetch, given with a tile's first chunk
     /// only. The walk every SIMD path shares; `#[inline(always)]` so that `f` is compiled
     /// with the calling kernel's target features.
@@ -68,11 +80,12 @@ impl<E: Elem> Work<'_, E> {
     pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<(&'s [E], &'s [E])>)) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
         for bi in 0..self.blocks.len() {
-            let nt = self.tokens_in(bi);
+            let span = self.span_in(bi);
+            let nt = span.end;
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
                 let mut next = self.tiles_ahead(bi, hi, PREFETCH_TILES);
-                let mut c0 = 0;
+                let mut c0 = span.start;
                 while c0 < nt {
                     f(hi, &Chunk { kt, vt, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
                     c0 += width;

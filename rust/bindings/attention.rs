@@ -11,6 +11,7 @@ use super::kv::PyKvCache;
 use crate::attention::{self, DecodeOptions, Isa, SeqTables};
 
 /// Options shared by both table forms.
+#[allow(clippy::too_many_arguments)]
 fn options(
     py: Python<'_>,
     scale: Option<f32>,
@@ -18,8 +19,24 @@ fn options(
     kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    window_left: Option<usize>,
+    sink_tokens: usize,
 ) -> PyResult<DecodeOptions> {
-    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa: forced_isa(py, force_isa)? })
+    let isa = forced_isa(py, force_isa)?;
+    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
+}
+
+/// `window_left`: `None` or an int >= 0.
+fn window_left(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    arg::opt_count(obj, "window_left")
+}
+
+/// `sink_tokens`: an int >= 0 (not None).
+fn sink_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    match arg::opt_count(obj, "sink_tokens")? {
+        Some(n) => Ok(n),
+        None => Err(invalid(obj.py(), "sink_tokens must be an int >= 0, got None")),
+    }
 }
 
 /// `force_isa`: `None`, or the name of a kernel path this CPU runs. Decode and prefill.
@@ -36,8 +53,9 @@ pub(super) fn forced_isa(py: Python<'_>, force_isa: Option<&str>) -> PyResult<Op
 pub(super) enum Tables {
     /// `block_tables` `[n, width]` rows and `seq_lens`.
     Padded { table: Vec<i64>, width: usize, lens: Vec<i64> },
-    /// FlashInfer's `kv_indptr`, `kv_indices`, `kv_last_page_len`.
-    FlashInfer { indptr: Vec<i64>, indices: Vec<i64>, last: Vec<i64> },
+    /// FlashInfer's `kv_indptr`, `kv_indices`, `kv_last_page_len`, and the optional
+    /// `kv_page_start` of windowed sequences.
+    FlashInfer { indptr: Vec<i64>, indices: Vec<i64>, last: Vec<i64>, page_start: Option<Vec<i64>> },
 }
 
 impl Tables {
@@ -54,19 +72,23 @@ impl Tables {
         kv_indptr: &Bound<'_, PyAny>,
         kv_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
+        kv_page_start: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let indptr = int_vec(kv_indptr, "kv_indptr")?;
         let indices = int_vec(kv_indices, "kv_indices")?;
         let last = int_vec(kv_last_page_len, "kv_last_page_len")?;
-        Ok(Tables::FlashInfer { indptr, indices, last })
+        let page_start = kv_page_start.filter(|p| !p.is_none()).map(|p| int_vec(p, "kv_page_start")).transpose()?;
+        Ok(Tables::FlashInfer { indptr, indices, last, page_start })
     }
 
-    /// The checked tables for a cache of `num_blocks` blocks of `block_size` tokens.
-    pub(super) fn build(&self, block_size: usize, num_blocks: usize) -> crate::error::Result<SeqTables> {
+    /// The tables for a cache of `num_blocks` blocks of `block_size` tokens and a call
+    /// with `sink_tokens` sinks (which place FlashInfer pages before `kv_page_start`);
+    /// entries are checked when the kernel selects the visible ones.
+    pub(super) fn build(self, block_size: usize, num_blocks: usize, sink_tokens: usize) -> crate::error::Result<SeqTables> {
         match self {
-            Tables::Padded { table, width, lens } => SeqTables::padded(table, *width, lens, block_size, num_blocks),
-            Tables::FlashInfer { indptr, indices, last } => {
-                SeqTables::flashinfer(indptr, indices, last, block_size, num_blocks)
+            Tables::Padded { table, width, lens } => SeqTables::padded_owned(table, width, &lens, block_size, num_blocks),
+            Tables::FlashInfer { indptr, indices, last, page_start } => {
+                SeqTables::flashinfer_windowed(&indptr, &indices, &last, page_start.as_deref(), sink_tokens, block_size, num_blocks)
             }
         }
     }
@@ -137,18 +159,25 @@ fn attend<'py>(
 /// K/V in ``cache`` layer ``layer``.
 ///
 /// ``out[s, h] = softmax(scale * q[s, h] . K[s, h // g]^T) V[s, h // g]`` with
-/// ``g = Hq / Hkv``. The GIL is released while it runs, on the threads of
-/// :func:`set_num_threads`. Meanwhile the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
-/// for ``layer`` must not be written from another thread (they alias the cache).
+/// ``g = Hq / Hkv``, over the keys the query sees. Positions are logical: key ``k`` is the
+/// token in slot ``k`` of the sequence's table, the query sits at ``p = seq_lens[i] - 1``;
+/// with ``window_left`` it sees keys ``p - k <= window_left`` and the sinks ``k <
+/// sink_tokens``. Only blocks holding a visible key are read, and only their table entries
+/// are checked: the other entries (a pad such as -1, a released block's stale id) are
+/// never read, so the time does not grow with the logical length. The GIL is released
+/// while it runs, on the threads of :func:`set_num_threads`. Meanwhile the arrays of
+/// :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
+/// another thread (they alias the cache).
 ///
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
 ///     q: float32 ``[n, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads, any
 ///         strides; ``n = 0`` gives empty results.
-///     block_tables: int ``[n, max_blocks]`` (e.g. :meth:`BlockPool.block_tables`); entries
-///         past ``ceil(seq_lens[i] / block_size)`` are never read.
-///     seq_lens: ``n`` lengths in tokens (0 gives a zero output and an LSE of -inf).
+///     block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b`` (e.g.
+///         :meth:`BlockPool.block_tables`); only the entries of blocks holding a visible key
+///         are read (entries past ``ceil(seq_lens[i] / block_size)`` never are).
+///     seq_lens: ``n`` logical lengths in tokens (0 gives a zero output and an LSE of -inf).
 ///     scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
 ///     out: C-contiguous, writeable float32 ``[n, Hq, head_dim]`` written in place and
 ///         returned (default: a new array); it must not share memory with ``q`` or with any
@@ -170,21 +199,30 @@ fn attend<'py>(
 ///         significant bits), each output by at most ``(exp(2 D) - 1) * max|V|`` and the
 ///         LSE by at most D; on standard-normal data with d = 128 the measured output
 ///         deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
+///     window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
+///         window_left`` (``window_left = window - 1`` for a window of ``window`` positions
+///         including the query's own; FlashInfer's ``window_left``); None (default): every
+///         key. An int >= 0.
+///     sink_tokens: attention sinks in tokens: keys ``k < sink_tokens`` are visible
+///         whatever the window (default 0). An int >= 0.
 ///
 /// Returns:
 ///     float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
 ///     ``(out, lse)``, ``lse`` float32 ``[n, Hq]``, the natural-log sum of
-///     ``exp(scale * q.k)``.
+///     ``exp(scale * q.k)`` over the visible keys.
 ///
 /// Raises:
-///     InvalidArgumentError: a block id outside the pool, a length beyond its table, head
-///         count or head_dim mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an
-///         ``out`` that is not C-contiguous, not writable or shares memory with ``q`` or a
-///         cache, a bad ``scale``, ``layer`` or ``split_size``, an unknown path or one this
-///         CPU lacks, ``kv_heads_per_item`` not dividing the KV heads, ``bf16_scores`` with
-///         an f32 or f16 cache. ``out`` is not written on any error.
+///     InvalidArgumentError: a block holding a visible key whose entry is not a block of
+///         the pool (a pad or a released block inside the window or the sinks: the message
+///         names ``block_tables[i, b]``), a length beyond its table, head count or head_dim
+///         mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an ``out`` that is not
+///         C-contiguous, not writable or shares memory with ``q`` or a cache, a bad
+///         ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
+///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
+///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
+///         ``bf16_scores`` with an f32 or f16 cache. ``out`` is not written on any error.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false))]
+#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention<'py>(
     py: Python<'py>,
@@ -200,23 +238,37 @@ fn decode_attention<'py>(
     #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
+    #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores, window_left, sink_tokens)?;
     let t = Tables::padded(py, block_tables, seq_lens)?;
-    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb), out, return_lse, opts)
+    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
 
 /// :func:`decode_attention` with the tables in FlashInfer's paged layout, as
-/// :meth:`BlockPool.flashinfer_tables` exports them.
+/// :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+/// export them.
+///
+/// A windowed sequence lists only its stored pages: with ``ps = kv_page_start[i]``,
+/// ``P`` pages and ``sp = min(ceil(sink_tokens / block_size), ps, P)``, page ``j`` is
+/// logical block ``j`` when ``j < sp`` (the sink pages) and ``ps + j - sp`` after (the
+/// window run). The logical length is ``(ps + P - sp - 1) * block_size +
+/// kv_last_page_len[i]`` when the window run is non-empty (``P > sp``); when every page is
+/// a sink page the sequence ends inside its sinks: ``(P - 1) * block_size +
+/// kv_last_page_len[i]`` (``ps`` only bounds ``sp``); 0 without pages. With
+/// ``kv_page_start`` all zeros (the default) this is FlashInfer's plain layout. Only the
+/// pages of blocks holding a visible key are read and checked; a visible key in a block
+/// that is not among the pages (before ``ps``, past the sinks) is an error.
 ///
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
 ///     q: float32 ``[n, Hq, head_dim]``.
 ///     kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-///     kv_indices: the block ids of all sequences, concatenated.
-///     kv_last_page_len: ``n`` token counts of each sequence's last block, in
-///         ``1..=block_size`` (0 for a sequence without blocks).
+///     kv_indices: the block ids of all sequences' stored pages, concatenated.
+///     kv_last_page_len: ``n`` token counts of each sequence's last page, in
+///         ``1..=block_size`` (0 for a sequence without pages).
 ///     scale: as for :func:`decode_attention`.
 ///     out: as for :func:`decode_attention`.
 ///     return_lse: as for :func:`decode_attention`.
@@ -224,15 +276,22 @@ fn decode_attention<'py>(
 ///     kv_heads_per_item: as for :func:`decode_attention`.
 ///     force_isa: as for :func:`decode_attention`.
 ///     bf16_scores: as for :func:`decode_attention`.
+///     window_left: as for :func:`decode_attention`.
+///     sink_tokens: as for :func:`decode_attention`; also places the sink pages.
+///     kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+///         after its sink pages (default None: zeros).
 ///
 /// Returns:
 ///     As :func:`decode_attention`.
 ///
 /// Raises:
 ///     InvalidArgumentError: as :func:`decode_attention`, and offsets that are not a range
-///         inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+///         inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+///         ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+///         overflows, a visible key whose block is not among the pages (named
+///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false))]
+#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention_paged<'py>(
     py: Python<'py>,
@@ -249,10 +308,13 @@ fn decode_attention_paged<'py>(
     #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
+    #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
+    kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores)?;
-    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len)?;
-    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb), out, return_lse, opts)
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores, window_left, sink_tokens)?;
+    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
+    attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -74,7 +74,7 @@ fn run<'py>(
     layer: usize,
     q: &Bound<'py, PyAny>,
     qo_indptr: &Bound<'py, PyAny>,
-    tables: impl FnOnce(usize, usize) -> crate::Result<SeqTables> + Send,
+    tables: impl FnOnce(usize, usize, usize) -> crate::Result<SeqTables> + Send,
     kw: Kw<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let opts = kw.options(py)?;
@@ -99,9 +99,9 @@ fn run<'py>(
         None => &mut owned,
     };
     let mut lse = if kw.return_lse { vec![0f32; total_q * hq] } else { Vec::new() };
-    let (c, return_lse) = (cache.get(), kw.return_lse);
+    let (c, return_lse, sinks) = (cache.get(), kw.return_lse, opts.mask.sink_tokens);
     let result = py.detach(|| {
-        let t = tables(shape.block_size, shape.num_blocks)?;
+        let t = tables(shape.block_size, shape.num_blocks, sinks)?;
         let guard = c.read();
         let qs = Queries { q: &qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
         let l = return_lse.then_some(&mut lse[..]);
@@ -135,8 +135,10 @@ fn run<'py>(
 /// (``k // c <= p // c``, replaces the token-causal rule), ``window_left`` ``w``
 /// (``p - k <= w``) with ``sink_tokens`` ``s`` (keys ``k < s`` visible whatever the
 /// window, still subject to the causal or block-causal rule); ``causal=False`` without
-/// chunks is bidirectional. The GIL is released while it runs, on the threads of
-/// :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
+/// chunks is bidirectional. Only the blocks holding a key that some query of the sequence
+/// sees are read, and only their table entries are checked: blocks a window left behind
+/// may be pads (e.g. -1) or stale ids. The GIL is released while it runs, on the threads
+/// of :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
 /// for ``layer`` must not be written from another thread meanwhile.
 ///
 /// Args:
@@ -145,14 +147,16 @@ fn run<'py>(
 ///     q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
 ///         (any strides: copied).
 ///     qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
-///     block_tables: int ``[n, max_blocks]``; entries past ``ceil(seq_lens[i] /
-///         block_size)`` are never read.
-///     seq_lens: ``n`` cached lengths in tokens (keys of each sequence).
+///     block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b``; only
+///         the entries of blocks holding a visible key are read (entries past
+///         ``ceil(seq_lens[i] / block_size)`` never are).
+///     seq_lens: ``n`` logical lengths in tokens (keys of each sequence).
 ///     q_positions: ``total_q`` int logical positions (>= 0) of the query rows; default
 ///         the last ``n_q`` of ``seq_lens[i]``, which then needs ``n_q <= seq_lens[i]``.
 ///     causal: the causal rule (default True).
 ///     chunk_size: tokens per chunk of the block-causal rule (>= 1; needs ``causal``).
-///     window_left: keys at most this many positions behind the query are visible.
+///     window_left: keys at most this many positions (tokens) behind the query are
+///         visible (``window - 1``; FlashInfer's ``window_left``); None: no window.
 ///     sink_tokens: the first positions always visible under the window (tokens).
 ///     scale: the softmax scale, positive and finite (default ``1 / sqrt(head_dim)``).
 ///     logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``.
@@ -183,8 +187,10 @@ fn run<'py>(
 /// Raises:
 ///     InvalidArgumentError: naming the argument: wrong dtypes or shapes, head counts or
 ///         head_dim not matching the cache, bad ``qo_indptr`` offsets, more default-
-///         positioned queries than keys, a negative position, a block id outside the
-///         pool or a length beyond its table, ``chunk_size`` of 0 or without ``causal``,
+///         positioned queries than keys, a negative position, a block holding a visible
+///         key whose entry is not a block of the pool (a pad or a released block inside
+///         a window, named ``block_tables[i, b]``) or a length beyond its table,
+///         ``chunk_size`` of 0 or without ``causal``,
 ///         a negative ``window_left``/``sink_tokens``, a bool or float where an int is
 ///         meant, a ``scale`` or soft cap that is not positive and finite in float32,
 ///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
@@ -216,11 +222,14 @@ fn prefill_attention<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
     let t = Tables::padded(py, block_tables, seq_lens)?;
-    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
+    run(py, cache, layer, q, qo_indptr, move |bs, nb, sinks| t.build(bs, nb, sinks), kw)
 }
 
 /// :func:`prefill_attention` with the tables in FlashInfer's paged layout, as
-/// :meth:`BlockPool.flashinfer_tables` exports them.
+/// :meth:`BlockPool.flashinfer_tables` (and the hybrid pool's, with ``kv_page_start``)
+/// export them. Pages map to logical blocks, and give the logical length, as for
+/// :func:`decode_attention_paged` (``sink_tokens`` places the sink pages); only the pages
+/// of blocks holding a key some query sees are read and checked.
 ///
 /// Args:
 ///     cache: the KV cache.
@@ -228,9 +237,9 @@ fn prefill_attention<'py>(
 ///     q: as for :func:`prefill_attention`.
 ///     qo_indptr: as for :func:`prefill_attention`.
 ///     kv_indptr: ``n + 1`` non-decreasing offsets into ``kv_indices``.
-///     kv_indices: the block ids of all sequences, concatenated.
-///     kv_last_page_len: ``n`` token counts of each sequence's last block, in
-///         ``1..=block_size`` (0 for a sequence without blocks).
+///     kv_indices: the block ids of all sequences' stored pages, concatenated.
+///     kv_last_page_len: ``n`` token counts of each sequence's last page, in
+///         ``1..=block_size`` (0 for a sequence without pages).
 ///     q_positions: as for :func:`prefill_attention`.
 ///     causal: as for :func:`prefill_attention`.
 ///     chunk_size: as for :func:`prefill_attention`.
@@ -243,15 +252,21 @@ fn prefill_attention<'py>(
 ///     force_isa: as for :func:`prefill_attention`.
 ///     bf16_scores: as for :func:`prefill_attention`.
 ///     bf16_pv: as for :func:`prefill_attention`.
+///     kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
+///         after its sink pages (default None: zeros), as for
+///         :func:`decode_attention_paged`.
 ///
 /// Returns:
 ///     As :func:`prefill_attention`.
 ///
 /// Raises:
 ///     InvalidArgumentError: as :func:`prefill_attention`, and offsets that are not a
-///         range inside ``kv_indices`` or a last-page length outside ``1..=block_size``.
+///         range inside ``kv_indices``, a last-page length outside ``1..=block_size``, a
+///         ``kv_page_start`` that is not ``n`` ints >= 0 or whose logical length
+///         overflows, a visible key whose block is not among the pages (named
+///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
+#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn prefill_attention_paged<'py>(
     py: Python<'py>,
@@ -274,10 +289,11 @@ fn prefill_attention_paged<'py>(
     force_isa: Option<&str>,
     bf16_scores: bool,
     bf16_pv: bool,
+    kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
-    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len)?;
-    run(py, cache, layer, q, qo_indptr, move |bs, nb| t.build(bs, nb), kw)
+    let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
+    run(py, cache, layer, q, qo_indptr, move |bs, nb, sinks| t.build(bs, nb, sinks), kw)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

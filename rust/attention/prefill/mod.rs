@@ -33,7 +33,7 @@ use super::tables::SeqTables;
 use super::work::scaled_query;
 use crate::error::Result;
 use crate::invalid;
-use crate::kv::{DType, KvCache};
+use crate::kv::{DType, Elem, KvCache};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -97,10 +97,14 @@ pub struct Queries<'a> {
 /// of `exp(logit)` over the visible keys (`-inf`, with a zero output, for a row that sees
 /// none).
 ///
+/// Only the blocks holding a key some query sees are read, and only their table entries
+/// are checked (a window's released blocks may be pads or stale ids).
+///
 /// Errors: shapes or head counts that do not match, offsets that are not a
 /// non-decreasing cover of the rows, more default-positioned queries than keys, negative
 /// positions, `chunk_size` without `causal` or of 0, a non-finite scale, a soft cap that
-/// is not finite and positive, an unsupported path, `bf16_scores` without a bf16 cache.
+/// is not finite and positive, an unsupported path, `bf16_scores` without a bf16 cache,
+/// a block holding visible keys that is not a block of the pool.
 pub fn prefill_attention(
     cache: &KvCache,
     layer: usize,
@@ -132,6 +136,13 @@ pub fn prefill_attention(
         return Err(invalid!("rows_per_item must be >= 1"));
     }
     let spans = spans(qs, tables, &opts.mask, total_q)?;
+    // Only the keys some query sees are looked up, checked and read (a window's released
+    // blocks, a pad, never); `tile::pack` zero-fills the others.
+    let vis = tables.select(|i, _, r| {
+        for s in &spans[qs.qo_indptr[i] as usize..qs.qo_indptr[i + 1] as usize] {
+            r.extend([0..s.sink_end, s.lo..s.hi]);
+        }
+    })?;
     let isa = opts.isa.unwrap_or_else(Isa::best);
     let pool = crate::runtime::threads::pool()?;
     let (qv, q_bf16) = scaled_query(qs.q, d, factor, opts.bf16_scores);
@@ -152,8 +163,9 @@ pub fn prefill_attention(
     let mut l = vec![0f32; rows];
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
+        let zeros = vec![E::from_f32(0.0); d];
         let ctx = Ctx {
-            k, v, shape, tables, hq, g, qs: &qv, spans: &spans, isa,
+            k, v, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, isa,
             q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
             soft_cap: opts.logits_soft_cap,
             pv: match (opts.bf16_pv, isa == Isa::Avx512 && tile::dot_supported()) {
@@ -248,7 +260,7 @@ fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Resul
     }
     let mut out = Vec::with_capacity(total_q);
     for i in 0..tables.len() {
-        let len = tables.seq(i).1;
+        let len = tables.seq_len(i);
         let (a, b) = (qs.qo_indptr[i] as usize, qs.qo_indptr[i + 1] as usize);
         if qs.positions.is_none() && b - a > len {
             return Err(invalid!(

@@ -18,10 +18,12 @@ fn stored(c: &KvCache) -> (Vec<f64>, Vec<f64>) {
     })
 }
 
-fn at(c: &KvCache, value: bool, blocks: &[u32], tok: usize, h: usize, x: usize) -> usize {
+/// Index of element `x` of KV head `h` of token `tok` of sequence `i` (its block's entry
+/// checked), in the K or V layer.
+fn at(c: &KvCache, value: bool, t: &SeqTables, i: usize, tok: usize, h: usize, x: usize) -> usize {
     let bs = c.shape().block_size;
     let st = if value { c.value_strides() } else { c.key_strides() };
-    blocks[tok / bs] as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
+    t.block(i, tok / bs).unwrap() as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
 }
 
 struct Call<'a> {
@@ -41,7 +43,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
     let mut lmax = 0f64;
     let (kf, vf) = stored(c);
     for i in 0..t.len() {
-        let (blocks, len) = t.seq(i);
+        let len = t.seq_len(i);
         let (a, b) = (call.indptr[i] as usize, call.indptr[i + 1] as usize);
         for r in a..b {
             let p = call.positions.map_or((len - (b - a) + r - a) as u64, |p| p[r] as u64);
@@ -57,7 +59,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
                 let logits: Vec<f64> = keys
                     .iter()
                     .map(|&k| {
-                        let x = (0..d).map(|x| q[x] * kf[at(c, false, blocks, k, h / g, x)]).sum::<f64>() * scale;
+                        let x = (0..d).map(|x| q[x] * kf[at(c, false, t, i, k, h / g, x)]).sum::<f64>() * scale;
                         opts.logits_soft_cap.map_or(x, |cap| cap as f64 * (x / cap as f64).tanh())
                     })
                     .collect();
@@ -71,7 +73,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
                 for (&k, l) in keys.iter().zip(&logits) {
                     let w = (l - mx).exp() / z;
                     for x in 0..d {
-                        out[row * d + x] += w * vf[at(c, true, blocks, k, h / g, x)];
+                        out[row * d + x] += w * vf[at(c, true, t, i, k, h / g, x)];
                     }
                 }
             }
@@ -173,6 +175,80 @@ fn soft_cap_positions_and_bf16_scores() {
         for (cap, bf16, pv) in [(None, true, false), (Some(2.5), false, false), (Some(30.0), true, false), (None, false, true), (None, true, true)] {
             let opts = PrefillOptions { mask, logits_soft_cap: cap, bf16_scores: bf16, bf16_pv: pv, scale: Some(0.3), ..Default::default() };
             compare(&c, &call, &t, &opts);
+        }
+    }
+}
+
+/// A cache where only the keys some query sees hold data (K times 2, V in -1..1) and every
+/// other slot is NaN (a released block reused elsewhere), and the padded table: blocks
+/// without such a key are holes, `-1` or (`poison`) the ids of NaN blocks.
+fn poisoned(dtype: DType, (bs, hkv, d): (usize, usize, usize), lens: &[usize], call: &Call, mask: &Mask, poison: bool) -> (KvCache, SeqTables) {
+    let seen = |i: usize, k: usize| (call.indptr[i]..call.indptr[i + 1]).any(|r| mask.visible(call.positions.unwrap()[r as usize] as u64, k as u64));
+    let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+    let mut table = vec![-1i64; lens.len() * width];
+    let (mut slots, mut next) = (Vec::new(), 0i64);
+    let mut holes = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        for b in 0..len.div_ceil(bs) {
+            let keys: Vec<usize> = (b * bs..((b + 1) * bs).min(len)).filter(|&k| seen(i, k)).collect();
+            if keys.is_empty() {
+                holes.push(i * width + b);
+                continue;
+            }
+            slots.extend(keys.iter().map(|k| next * bs as i64 + (k % bs) as i64));
+            table[i * width + b] = next;
+            next += 1;
+        }
+    }
+    let nb = next as usize + 3;
+    for (j, &h) in holes.iter().enumerate() {
+        table[h] = if poison { next + (j % 3) as i64 } else { -1 };
+    }
+    let mut c = KvCache::new(shape(bs, hkv, d, nb), dtype).unwrap();
+    let all: Vec<i64> = (0..(nb * bs) as i64).collect();
+    let nan = vec![f32::NAN; all.len() * hkv * d];
+    c.write(0, &nan, &nan, &all).unwrap();
+    let (k, v) = (random_q(slots.len() * hkv * d, 5), random_q(slots.len() * hkv * d, 6));
+    c.write(0, &k.iter().map(|x| 2.0 * x).collect::<Vec<_>>(), &v, &slots).unwrap();
+    let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    (c, SeqTables::padded(&table, width, &seq_lens, bs, nb).unwrap())
+}
+
+/// Windows and sinks over sparse tables: every path (with the bf16 packs, `vdpbf16ps` on
+/// and off), splits, a chunk of queries and queries far apart (the keys between their
+/// windows are holes too) give the reference, so no slot outside the visible keys was
+/// read; a hole a query needs is an error.
+#[test]
+fn windows_read_only_keys_some_query_sees() {
+    let masks = [
+        (Mask { causal: true, window_left: Some(9), sink_tokens: 3, ..Mask::default() }, false),
+        (Mask { causal: true, window_left: Some(0), ..Mask::default() }, true),
+        (Mask { causal: true, chunk_size: Some(20), window_left: Some(30), sink_tokens: 2 }, true),
+        (Mask { causal: false, window_left: Some(12), sink_tokens: 17, ..Mask::default() }, false),
+    ];
+    let lens = [300usize, 90];
+    let pos: Vec<i64> = (280..300).chain([4, 60, 89]).collect();
+    let indptr = [0i64, 20, 23];
+    for dtype in [DType::F32, DType::BF16] {
+        for (bs, d) in [(1, 8), (5, 13), (16, 64), (64, 32)] {
+            let q = random_q(23 * 4 * d, 3);
+            let call = Call { q: &q, hq: 4, indptr: &indptr, positions: Some(&pos) };
+            for (mask, poison) in masks {
+                let (c, t) = poisoned(dtype, (bs, 2, d), &lens, &call, &mask, poison);
+                for split in [None, Some(64)] {
+                    for bf16 in [false, dtype == DType::BF16] {
+                        compare(&c, &call, &t, &PrefillOptions { mask, split_tokens: split, bf16_scores: bf16, bf16_pv: bf16, ..Default::default() });
+                    }
+                }
+                if poison {
+                    continue; // a stale id is a block of the pool: only a pad is refused
+                }
+                let wider = Mask { window_left: mask.window_left.map(|w| w + bs + 1), ..mask };
+                let mut out = vec![7f32; q.len()];
+                let qs = Queries { q: &q, num_q_heads: 4, qo_indptr: &indptr, positions: Some(&pos) };
+                let e = prefill_attention(&c, 0, &qs, &t, &mut out, None, &PrefillOptions { mask: wider, ..Default::default() });
+                assert!(e.is_err_and(|e| e.to_string().contains("block_tables")) && out.iter().all(|&x| x == 7.0), "{mask:?} bs {bs}");
+            }
         }
     }
 }

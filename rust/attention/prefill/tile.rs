@@ -12,7 +12,7 @@ use super::mask::{cover, Cover};
 use super::plan::Item;
 use super::plan::TW;
 use crate::attention::isa::Isa;
-use crate::attention::tables::SeqTables;
+use crate::attention::tables::Visible;
 use super::mask::Span;
 use crate::kv::Elem;
 
@@ -21,7 +21,10 @@ pub(crate) struct Ctx<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
     pub shape: crate::kv::KvShape,
-    pub tables: &'a SeqTables,
+    /// The keys some query of each sequence sees, with their checked blocks.
+    pub vis: &'a Visible,
+    /// `head_dim` zeros: the V row packed for a key no query sees (`bf16_pv` path).
+    pub zeros: &'a [E],
     pub hq: usize,
     pub g: usize,
     /// Query rows pre-scaled (see [`crate::attention::work::scaled_query`]).
@@ -148,39 +151,78 @@ pub(crate) fn run_item<E: Elem>(ctx: &Ctx<E>, it: &Item, p: &mut Partial, sc: &m
     }
 }
 
-/// Gather keys `t0..t1` of the item's sequence and head into the packs.
+/// Gather keys `t0..t1` of the item's sequence and head into the packs. Keys no query of
+/// the sequence sees are not read (their block may be released): packed as zeros, so
+/// their masked scores and probabilities stay exactly 0.
 fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch) {
     let s = &ctx.shape;
-    let (bs, d, tile) = (s.block_size, s.head_dim, s.tile());
-    let (blocks, _) = ctx.tables.seq(it.seq);
-    let dot = ctx.q_bf16.is_some();
+    let (bs, tile) = (s.block_size, s.tile());
+    let runs = ctx.vis.runs(it.seq);
     let mut vrows: [&[E]; TW] = [&[]; TW];
     let mut t = t0;
+    let mut r = runs.partition_point(|x| x.tok1 <= t0);
     while t < t1 {
-        let (b, c0) = (t / bs, t % bs);
-        let n = (bs - c0).min(t1 - t);
-        let o = t - t0;
-        // Block ids were validated against the pool by `SeqTables`; slicing is checked.
-        let at = blocks[b] as usize * s.block_stride() + it.head * tile;
-        let (kt, vt) = (&ctx.k[at..at + tile], &ctx.v[at..at + tile]);
-        if dot {
-            pack_pairs(kt, bs, c0, n, d, &mut sc.kpb[o..]);
-        } else {
-            for i in 0..d {
-                widen(&kt[i * bs + c0..i * bs + c0 + n], &mut sc.kp[i * TW + o..i * TW + o + n]);
-            }
+        let (a, b) = match runs.get(r) {
+            Some(run) if run.tok0 < t1 => (run.tok0.max(t), run.tok1.min(t1)),
+            _ => (t1, t1),
+        };
+        if t < a {
+            pack_zeros(ctx, t - t0, a - t, sc, &mut vrows);
         }
-        if ctx.pv == PvMode::Dot {
-            for (i, r) in vrows[o..o + n].iter_mut().enumerate() {
-                *r = &vt[(c0 + i) * d..(c0 + i + 1) * d];
-            }
-        } else {
-            widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+        t = a;
+        while t < b {
+            let run = runs[r];
+            let (c0, lb) = (t % bs, t / bs);
+            let n = (bs - c0).min(b - t);
+            // Blocks of visible keys were checked against the pool by `SeqTables::select`;
+            // slicing is checked.
+            let at = ctx.vis.blocks()[run.at + lb - run.first_block(bs)] as usize * s.block_stride() + it.head * tile;
+            pack_keys(ctx, &ctx.k[at..at + tile], &ctx.v[at..at + tile], c0, n, t - t0, sc, &mut vrows);
+            t += n;
         }
-        t += n;
+        r += 1;
     }
     if ctx.pv == PvMode::Dot {
-        pack_token_pairs(&vrows[..t1 - t0], d, &mut sc.vpb);
+        pack_token_pairs(&vrows[..t1 - t0], ctx.shape.head_dim, &mut sc.vpb);
+    }
+}
+
+/// Tokens `c0..c0 + n` of one (block, head) K/V tile into the packs at key `o`.
+#[allow(clippy::too_many_arguments)]
+fn pack_keys<'a, E: Elem>(ctx: &Ctx<'a, E>, kt: &'a [E], vt: &'a [E], c0: usize, n: usize, o: usize, sc: &mut Scratch, vrows: &mut [&'a [E]; TW]) {
+    let (bs, d) = (ctx.shape.block_size, ctx.shape.head_dim);
+    if ctx.q_bf16.is_some() {
+        pack_pairs(kt, bs, c0, n, d, &mut sc.kpb[o..]);
+    } else {
+        for i in 0..d {
+            widen(&kt[i * bs + c0..i * bs + c0 + n], &mut sc.kp[i * TW + o..i * TW + o + n]);
+        }
+    }
+    if ctx.pv == PvMode::Dot {
+        for (i, r) in vrows[o..o + n].iter_mut().enumerate() {
+            *r = &vt[(c0 + i) * d..(c0 + i + 1) * d];
+        }
+    } else {
+        widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+    }
+}
+
+/// Zeros for keys `o..o + n` of the packs (keys no query sees).
+fn pack_zeros<'a, E: Elem>(ctx: &Ctx<'a, E>, o: usize, n: usize, sc: &mut Scratch, vrows: &mut [&'a [E]; TW]) {
+    let d = ctx.shape.head_dim;
+    if ctx.q_bf16.is_some() {
+        for p in 0..d.div_ceil(2) {
+            sc.kpb[p * TW + o..p * TW + o + n].fill(0);
+        }
+    } else {
+        for i in 0..d {
+            sc.kp[i * TW + o..i * TW + o + n].fill(0.0);
+        }
+    }
+    if ctx.pv == PvMode::Dot {
+        vrows[o..o + n].fill(ctx.zeros);
+    } else {
+        sc.vp[o * d..(o + n) * d].fill(0.0);
     }
 }
 
