@@ -4,6 +4,12 @@ hand here."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import pykvpool
@@ -13,6 +19,7 @@ from pykvpool.planning.ledger import GIB, Budget, MemoryLedger, article_budget
 from pykvpool.planning.models import MODELS, LayerGroup, ModelConfig, model_preset
 from pykvpool.planning.pool_groups import PoolGroup, layers_per_group, pool_layout
 
+ROOT = Path(__file__).resolve().parents[1]
 GEMMA_LAYER = 2 * 8 * 256 * 2  # K+V bytes of one token in one Gemma layer (bf16)
 
 
@@ -119,3 +126,39 @@ def test_simulator_pool_is_the_grouped_pool() -> None:
     for key in ("llama-3-8b", "mistral-7b", "deepseek-v2-lite", "qwen3-30b-a3b"):
         led = MemoryLedger(model_preset(key), budget)
         assert sim.kv_blocks_for_memory(model_preset(key), hw, 16, budget=budget) == led.token_capacity // 16
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pykvpool.cli", *args], capture_output=True, text=True,
+                          check=False, timeout=120, env=env)
+
+
+def test_cli_ledger_groups(tmp_path: Path) -> None:
+    cfg = {"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "num_hidden_layers": 48, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 256, "hidden_size": 3840, "intermediate_size": 15360,
+        "vocab_size": 262208, "sliding_window": 1024, "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072}}
+    f = tmp_path / "gemma3.json"
+    f.write_text(json.dumps(cfg))
+    r = cli("ledger", "--hf-config", str(f), "--groups", "--block-size", "32", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    # 8 layers x 32 tokens x 8,192 B = 2 MiB per block
+    assert "pool groups      6 groups of 8 layers: 5 x 8 sliding (1,024) + 1 x 8 full; " \
+           "block 32 tokens = 2.00 MiB" in lines
+    pool = json.loads((tmp_path / "ledger.json").read_text())["pool"]
+    kv_budget = json.loads((tmp_path / "ledger.json").read_text())["kv_budget_bytes"]
+    blocks = int(kv_budget // (8 * GEMMA_LAYER)) // 32
+    assert pool["num_blocks"] == blocks and pool["block_bytes"] == 2**21
+    per_seq = 5 * 32 + 32768 // 32  # 32k: five windows of 1024 / 32 blocks, the full group 1024
+    assert pool["blocks_per_sequence_at"]["32768"] == per_seq
+    assert pool["sequences_at"]["32768"] == blocks // per_seq
+    row = next(line for line in lines if line.strip().startswith("32,768") and len(line.split()) == 3)
+    assert row.split() == ["32,768", f"{per_seq:,}", f"{blocks // per_seq:,}"]
+    bad = cli("ledger", "--block-size", "16")
+    assert bad.returncode == 2 and bad.stderr.startswith("pykvpool: error: ")
+    assert "--block-size applies to --groups only" in bad.stderr and "Traceback" not in bad.stderr
+    bad = cli("ledger", "--groups", "--block-size", "0")
+    assert bad.returncode == 2 and bad.stderr.startswith("pykvpool: error: ") and "--block-size" in bad.stderr
