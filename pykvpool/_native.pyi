@@ -31,15 +31,20 @@ __all__ = [
     "BlockPool",
     "BlockTableBuffer",
     "CacheStats",
+    "ChunkedAttention",
     "DuplicateSequenceError",
     "EVENT_ALL_CLEARED",
     "EVENT_REMOVED",
     "EVENT_STORED",
+    "FullAttention",
+    "HybridPool",
+    "HybridPoolStats",
     "InvalidArgumentError",
     "InvariantError",
     "KvPoolError",
     "PoolExhaustedError",
     "PoolStats",
+    "SlidingWindow",
     "UnknownSequenceError",
     "KvCache",
     "cpu_features",
@@ -677,6 +682,475 @@ class BlockPool:
 
         Raises:
             InvalidArgumentError: pins are held, or caching off.
+        """
+
+# ------------------------------------------------------------------- layer groups (hybrid)
+
+@final
+class FullAttention:
+    """Full (global) attention: a query at position ``p`` sees every key ``0..=p``.
+
+    Its blocks are never released: the group's table grows with the sequence.
+
+    Raises:
+        TypeError: any argument (it takes none).
+    """
+
+    def __new__(cls) -> FullAttention: ...
+    @property
+    def window(self) -> None:
+        """None: full attention has no window (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """0: full attention has no sinks (tokens)."""
+    @property
+    def chunk_size(self) -> None:
+        """None: full attention is not chunked (tokens)."""
+    @property
+    def window_left(self) -> None:
+        """None: the kernels' ``window_left`` for full attention (no window)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class SlidingWindow:
+    """Sliding-window attention with optional attention sinks: a query at position ``p`` sees
+    the keys ``k`` with ``p - k < window`` (the ``window`` most recent positions, its own
+    included; Hugging Face's ``sliding_window``), plus the sinks ``k < sink_tokens``.
+
+    A pool releases the group's blocks that no later query sees, so a sequence holds about
+    ``ceil(sink_tokens / block_size) + ceil((window - 1) / block_size) + 1`` blocks of this
+    group whatever its length.
+
+    Args:
+        window: visible positions, the query's own included, ``1..=2**31 - 1`` tokens
+            (a kernel's ``window_left`` is ``window - 1``).
+        sink_tokens: leading positions every query sees, ``0..=2**31 - 1`` tokens
+            (default 0).
+
+    Raises:
+        InvalidArgumentError: ``window`` or ``sink_tokens`` out of range, a bool or a
+            non-integer.
+    """
+
+    def __new__(cls, window: int, sink_tokens: int | None = None) -> SlidingWindow: ...
+    @property
+    def window(self) -> int:
+        """Visible positions, the query's own included (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """Leading positions every query sees (tokens)."""
+    @property
+    def chunk_size(self) -> None:
+        """None: a sliding window is not chunked (tokens)."""
+    @property
+    def window_left(self) -> int:
+        """``window - 1``: the kernels' ``window_left`` (keys with ``p - k <= window_left`` are
+        visible), in tokens.
+        """
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class ChunkedAttention:
+    """Chunked (block-local) attention, Llama 4's ``attention_chunk_size``: a query at
+    position ``p`` sees the keys of its own chunk, ``k // chunk_size == p // chunk_size``.
+
+    A pool releases the group's blocks of finished chunks.
+
+    Args:
+        chunk_size: positions per chunk, ``1..=2**31 - 1`` tokens.
+
+    Raises:
+        InvalidArgumentError: ``chunk_size`` out of range, a bool or a non-integer.
+    """
+
+    def __new__(cls, chunk_size: int) -> ChunkedAttention: ...
+    @property
+    def window(self) -> None:
+        """None: chunked attention has no sliding window (tokens)."""
+    @property
+    def sink_tokens(self) -> int:
+        """0: chunked attention has no sinks (tokens)."""
+    @property
+    def chunk_size(self) -> int:
+        """Positions per chunk (tokens)."""
+    @property
+    def window_left(self) -> None:
+        """None: chunked attention is not a sliding window (the kernels take ``chunk_size``)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_GroupKind: TypeAlias = FullAttention | SlidingWindow | ChunkedAttention
+
+@final
+class HybridPoolStats:
+    """Occupancy snapshot of a :class:`HybridPool`, taken by :meth:`HybridPool.stats`.
+
+    Counts are in blocks and tokens: totals over the pool, and per-group lists with one
+    entry per group in group order. The snapshot does not follow later changes of the pool.
+    """
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block (tokens)."""
+    @property
+    def total_blocks(self) -> int:
+        """Blocks in the pool, shared by all groups."""
+    @property
+    def free_blocks(self) -> int:
+        """Blocks an allocation can take now (free plus idle cached)."""
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by at least one sequence, in any group."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    @property
+    def logical_tokens(self) -> int:
+        """Sum of logical sequence lengths, in tokens (released tokens included; a forked
+        token counts once per sequence).
+        """
+    @property
+    def cow_copies(self) -> int:
+        """Copy-on-write block copies since the pool was created, all groups (blocks)."""
+    @property
+    def idle_cached_blocks(self) -> int:
+        """Cached blocks no sequence holds (evictable; counted in ``free_blocks``)."""
+    @property
+    def group_blocks(self) -> list[int]:
+        """Per group: distinct blocks its tables hold (blocks)."""
+    @property
+    def group_stored_tokens(self) -> list[int]:
+        """Per group: distinct filled token slots of those blocks (tokens; a shared token
+        counts once).
+        """
+    @property
+    def group_holes(self) -> list[int]:
+        """Per group: hole entries (released or never stored logical blocks) summed over
+        sequences (blocks).
+        """
+    def as_dict(self) -> dict[str, int | list[int]]:
+        """All fields as a dict.
+
+        Returns:
+            ``{name: value}`` for every property of this class: ints, and the per-group
+            fields lists of ints.
+        """
+
+@final
+class HybridPool:
+    """A block pool whose sequences have one block table per layer group (attention kind),
+    all groups sharing ``num_blocks`` blocks of ``block_size`` token slots.
+
+    Positions are logical: a sequence has one length, and in every group logical block
+    ``i`` holds positions ``i * block_size .. (i + 1) * block_size``. At the start of each
+    growth (:meth:`add_sequence`, :meth:`append`, :meth:`step`) a sliding-window or chunked
+    group releases the blocks no query of that growth or a later one sees; their table
+    entries become *holes* (``pad`` in :meth:`block_tables`, absent from
+    :meth:`flashinfer_tables`), so such a group holds a bounded number of blocks whatever
+    the length. Token ``t`` of a sequence lives, in group ``g``, at slot
+    ``table_g[t // block_size] * block_size + t % block_size``; the slots of new tokens come
+    back as int64 ``[num_groups, n]`` arrays, one row per group.
+
+    With tensor sharing, one :class:`KvCache` of ``num_blocks`` blocks serves every group:
+    a block belongs to one group at a time, so the layers of group ``g`` read and write the
+    cache's layers at the blocks of group ``g``'s tables.
+
+    Thread-safe: calls from several Python threads are serialized by an internal lock, and
+    the GIL is released while the core works, except for calls whose work (sequences plus
+    new tokens, or blocks) is below 4,096.
+
+    Args:
+        num_blocks: blocks in the pool, shared by all groups, ``1..=2**30``.
+        block_size: token slots per block, ``1..=65536`` tokens.
+        groups: the attention kind of each layer group, in group order: 1 to 64
+            :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
+            objects.
+        prefix_caching: cache full blocks by content, per group (default False).
+
+    Raises:
+        InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
+            ``1..=65536``, no group or more than 64.
+        TypeError: ``groups`` is not a sequence of attention kinds, or ``prefix_caching``
+            not a bool.
+    """
+
+    def __new__(
+        cls, num_blocks: int, block_size: int, groups: Sequence[_GroupKind], *, prefix_caching: bool = False
+    ) -> HybridPool: ...
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool, shared by all groups."""
+    @property
+    def block_size(self) -> int:
+        """Token slots per block (tokens)."""
+    @property
+    def groups(self) -> tuple[_GroupKind, ...]:
+        """The attention kind of each group, in group order."""
+    @property
+    def num_groups(self) -> int:
+        """Layer groups (attention kinds) of the pool."""
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether this pool caches prefixes (``prefix_caching=True``)."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: free blocks plus idle cached blocks."""
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence, in any group (idle cached blocks are not used)."""
+    @property
+    def num_seqs(self) -> int:
+        """Live sequences."""
+    def __len__(self) -> int: ...
+    def __contains__(self, seq: object, /) -> bool: ...
+    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
+        """Add sequence ``seq_id`` holding ``prompt_len`` tokens, in every group.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            prompt_len: tokens it holds now (default 0: an empty sequence), at most ``2**27`` in
+                one call (add longer prompts in chunks with :meth:`append`).
+
+        Returns:
+            int64 ``[num_groups, prompt_len]``: row ``g`` holds the slot of each prompt token
+            in group ``g``, in order.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            PoolExhaustedError: fewer free blocks than the prompt needs in all groups together
+                (nothing changed).
+            InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
+        """
+    def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
+        """Append ``num_tokens`` tokens to ``seq_id`` in every group: windowed groups first
+        release the blocks no query from now on sees, then each group allocates as needed.
+
+        A partly filled last block that is shared (after :meth:`fork`) or cached is copied
+        first (copy-on-write), in each group where that holds.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to add (default 1), at most ``2**27`` in one call.
+
+        Returns:
+            ``(slots, cow)``: int64 ``[num_groups, num_tokens]`` slots of the new tokens (row
+            ``g`` for group ``g``), and an int64 ``[k, 2]`` array of ``(src, dst)`` block pairs
+            whose filled slots the caller must copy before writing (at most one per group; a
+            block belongs to one group, so :meth:`KvCache.copy_blocks` copies exactly it).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            PoolExhaustedError: not enough free blocks, counting the blocks this growth
+                releases (nothing changed, nothing released).
+            InvalidArgumentError: a negative id or count, or more than ``2**27`` tokens.
+        """
+    def step(
+        self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
+    ) -> tuple[_I64Array, _I64Array, _I32Array]:
+        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i, in
+        every group, atomically.
+
+        Args:
+            seq_ids: ``n`` distinct live sequence ids.
+            num_tokens: tokens to append to each sequence: ``n`` counts, one int for all, or
+                None for 1 token each (a decode step); at most ``2**27`` tokens in total.
+
+        Returns:
+            ``(slot_mapping, cow_pairs, seq_lens)``: int64 ``[num_groups, sum(num_tokens)]``
+            slots of all new tokens in batch order, row ``g`` for group ``g``; int64 ``[k, 2]``
+            copy-on-write ``(src, dst)`` block pairs of all groups, to copy before writing;
+            int32 ``[n]`` length of each sequence after the step, in tokens.
+
+        Raises:
+            PoolExhaustedError: the whole step needs more blocks than are free, counting the
+                blocks it releases (nothing changed in any sequence or group).
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: duplicate ids, negative counts, ``num_tokens`` of another
+                length than ``seq_ids``, non-integer or non-1-D arrays, more than ``2**27``
+                tokens in total.
+        """
+    def fork(self, parent: int, child: int) -> None:
+        """Create ``child`` sharing every stored block of every group of ``parent`` (refcounts go
+        up; nothing is copied; holes stay holes), with the same length and frontier.
+
+        Args:
+            parent: a live sequence.
+            child: the new sequence's id, a non-negative int64.
+
+        Raises:
+            UnknownSequenceError: ``parent`` is not live.
+            DuplicateSequenceError: ``child`` is live.
+            InvalidArgumentError: a negative id.
+        """
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` tokens of ``seq_id`` (a rollback within the window):
+        table entries past the new end lose this sequence's reference; the frontier becomes at
+        most the new length.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens to drop, at most the sequence's length.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length, or some group
+                already released a block the query at the new length sees (nothing changed).
+        """
+    def free(self, seq_id: int) -> None:
+        """Remove ``seq_id``; each stored block of each group loses a reference and is freed at
+        zero (with prefix caching, a cached block stays cached, idle, until evicted).
+
+        Args:
+            seq_id: a live sequence.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def free_batch(self, seq_ids: _IntArrayLike) -> None:
+        """Free several sequences atomically: all ids are checked before any is freed.
+
+        Args:
+            seq_ids: distinct live sequence ids.
+
+        Raises:
+            UnknownSequenceError: an id is not live (nothing was freed).
+            InvalidArgumentError: an id appears twice, or a negative or non-integer id.
+        """
+    def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now in all
+        groups together (new blocks and copy-on-write copies), before the blocks the growth
+        releases are counted back. Changes nothing.
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: tokens that would be appended (default 1).
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id or count.
+        """
+    def seq_len(self, seq_id: int) -> int:
+        """Logical length of ``seq_id``, in tokens (released tokens included).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def frontier(self, seq_id: int) -> int:
+        """Position of the first query of the latest growth of ``seq_id`` (its length before that
+        growth), in tokens: 0 for a new sequence, the cached length after a prefix-cache hit.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def seq_ids(self) -> _I64Array:
+        """Live sequence ids.
+
+        Returns:
+            int64 ``[num_seqs]``, ascending.
+        """
+    def block_table(self, seq_id: int, group: int) -> _I32Array:
+        """The block table of ``seq_id`` in ``group`` (a copy).
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            int32 ``[ceil(seq_len / block_size)]``: the physical block of each logical block,
+            -1 for a hole (a block the group released or never stored).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id, ``group`` out of range.
+        """
+    def block_tables(
+        self, seq_ids: _IntArrayLike, group: int, max_blocks: int | None = None, pad: int = ...
+    ) -> _I32Array:
+        """Block tables of ``seq_ids`` in ``group`` as one padded matrix.
+
+        Args:
+            seq_ids: live sequence ids, one row each.
+            group: a group index, ``0..num_groups``.
+            max_blocks: columns (blocks); default the longest table.
+            pad: the value of holes and past each table's end, an int32 (default -1).
+
+        Returns:
+            int32 ``[len(seq_ids), max_blocks]``: logical block ``i`` of ``seq_ids[r]`` in row
+            ``r``, column ``i``.
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: ``group`` out of range, a table longer than ``max_blocks``,
+                more than ``2**28`` entries, or ``pad`` outside int32.
+        """
+    def flashinfer_tables(
+        self, seq_ids: _IntArrayLike, group: int
+    ) -> tuple[_I32Array, _I32Array, _I32Array, _I32Array]:
+        """The tables of ``seq_ids`` in ``group`` in FlashInfer's paged layout: each sequence's
+        stored pages in logical order, the sink pages first, then the contiguous window run.
+
+        Page ``j`` of sequence ``i`` is logical block ``j`` when ``j < s_i``, else
+        ``kv_page_start[i] + j - s_i``, with ``s_i = min(ceil(sink_tokens / block_size),
+        kv_page_start[i])``. A full-attention group has no holes: its ``kv_page_start`` is 0
+        and the rest equals :meth:`BlockPool.flashinfer_tables`.
+
+        Args:
+            seq_ids: live sequence ids.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            ``(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)``, all int32:
+            ``kv_indptr`` ``[n + 1]`` offsets into ``kv_indices`` ``[nnz]``, the stored block
+            ids; ``kv_last_page_len`` ``[n]``, the tokens of each sequence's last logical block,
+            in ``1..=block_size`` (0 for a sequence without pages); ``kv_page_start`` ``[n]``,
+            the logical block of the first page after the sink pages (blocks).
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: a negative or non-integer id, ``group`` out of range.
+        """
+    def stored_ranges(self, seq_id: int, group: int) -> list[tuple[int, int]]:
+        """The logical token ranges of ``seq_id`` whose K/V ``group`` stores.
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``.
+
+        Returns:
+            ``[(start, end), ...]``: sorted, merged half-open ranges of positions (tokens).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id, ``group`` out of range.
+        """
+    def refcount(self, block_id: int) -> int:
+        """References to physical block ``block_id``: the sequences holding it, in whichever
+        group it belongs to (0 for a free or an idle cached block).
+
+        Raises:
+            InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
+        """
+    def stats(self) -> HybridPoolStats:
+        """Occupancy snapshot in blocks and tokens, totals and per group; O(table entries).
+
+        Returns:
+            A :class:`HybridPoolStats`.
+        """
+    def check_invariants(self) -> None:
+        """Verify the bookkeeping, changing nothing: refcounts against the tables of every group,
+        the free list, block accounting, each block in one group, the hole pattern of each
+        table against the release rule; with prefix caching also the per-group index.
+
+        Raises:
+            InvariantError: the first broken invariant, named (a pykvpool bug).
         """
 
 @final

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from poolcheck import checksum, snapshot
+from poolcheck import checksum, hybrid_snapshot, snapshot
 
 import pykvpool as kv
 
@@ -29,6 +29,7 @@ class World:
     cache: kv.KvCache
     buf: kv.BlockTableBuffer
     q: np.ndarray
+    hpool: kv.HybridPool
 
 
 def world() -> World:
@@ -46,12 +47,18 @@ def world() -> World:
         cache.write(layer, x, -x, np.arange(32))
     buf = kv.BlockTableBuffer(4, 8)
     buf.sync(pool, [1, 2])
-    return World(pool, ppool, cache, buf, np.ones((1, 4, 8), np.float32))
+    # Seq 3 has released blocks in its sliding-window group: truncating it back is refused.
+    hpool = kv.HybridPool(64, 4, [kv.FullAttention(), kv.SlidingWindow(4, sink_tokens=2), kv.ChunkedAttention(8)])
+    hpool.add_sequence(1, 5)
+    hpool.fork(1, 2)
+    hpool.add_sequence(3, 19)
+    hpool.append(3)
+    return World(pool, ppool, cache, buf, np.ones((1, 4, 8), np.float32), hpool)
 
 
 def state(w: World) -> tuple[Any, ...]:
     return (snapshot(w.pool), snapshot(w.ppool), w.ppool.cache_stats().as_dict(), checksum(w.cache),
-            w.buf.array.tolist(), w.q.tolist())
+            w.buf.array.tolist(), w.q.tolist(), hybrid_snapshot(w.hpool))
 
 
 Call = Callable[[World, Any], Any]
@@ -74,6 +81,7 @@ KV_BAD: list[Any] = [np.ones((2, 2, 8), np.float64), np.ones((2, 3, 8), np.float
                      "k", np.ones((2, 16, 1), np.float32)]
 
 K = np.ones((2, 2, 8), np.float32)
+GROUPS = [kv.FullAttention(), kv.SlidingWindow(8)]
 Q_ARGS = ([[0, 1]], [5])
 P_ARGS = ([0, 1], [[0, 1]], [5])
 
@@ -125,6 +133,45 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("pin_block_keys", "block_keys", lambda w, x: w.ppool.pin_block_keys(x), ARRAY_BAD + [[-1], None]),
     ("unpin", "pin_id", lambda w, x: w.ppool.unpin(x), INT_BAD + REQUIRED + NEG),
     ("set_clock", "t", lambda w, x: w.ppool.set_clock(x), INT_BAD + REQUIRED + NEG),
+    ("SlidingWindow", "window", lambda w, x: kv.SlidingWindow(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
+    ("SlidingWindow", "sink_tokens", lambda w, x: kv.SlidingWindow(4, x), INT_BAD + NEG + [2**31]),
+    ("ChunkedAttention", "chunk_size", lambda w, x: kv.ChunkedAttention(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
+    ("HybridPool", "num_blocks", lambda w, x: kv.HybridPool(x, 4, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
+    ("HybridPool", "block_size", lambda w, x: kv.HybridPool(16, x, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
+    ("HybridPool", "groups", lambda w, x: kv.HybridPool(16, 4, x), [[], (), [kv.FullAttention()] * 65]),
+    ("HybridPool.add_sequence", "seq_id", lambda w, x: w.hpool.add_sequence(x, 1), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.add_sequence", "prompt_len", lambda w, x: w.hpool.add_sequence(9, x), INT_BAD + NEG + [2**40]),
+    ("HybridPool.append", "seq_id", lambda w, x: w.hpool.append(x), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.append", "num_tokens", lambda w, x: w.hpool.append(1, x), INT_BAD + NEG + [2**40]),
+    ("HybridPool.step", "seq_ids", lambda w, x: w.hpool.step(x), ARRAY_BAD + [[-1], [1, 1], None]),
+    ("HybridPool.step", "num_tokens", lambda w, x: w.hpool.step([1], x), NOT_INT + NEG + [2**40, [1.5], [1, 1]]),
+    ("HybridPool.fork", "parent", lambda w, x: w.hpool.fork(x, 9), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.fork", "child", lambda w, x: w.hpool.fork(1, x), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.truncate", "seq_id", lambda w, x: w.hpool.truncate(x, 1), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
+    # Past the window: group 1 released logical block 1, which a query at 20 - 15 = 5 sees.
+    ("HybridPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(3, x), [15, 19]),
+    ("HybridPool.free", "seq_id", lambda w, x: w.hpool.free(x), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.free_batch", "seq_ids", lambda w, x: w.hpool.free_batch(x), ARRAY_BAD + [[-1], [1, 1], None]),
+    ("HybridPool.blocks_needed", "seq_id", lambda w, x: w.hpool.blocks_needed(x, 1), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.blocks_needed", "num_tokens", lambda w, x: w.hpool.blocks_needed(1, x),
+     INT_BAD + REQUIRED + NEG + [2**62]),
+    ("HybridPool.seq_len", "seq_id", lambda w, x: w.hpool.seq_len(x), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.frontier", "seq_id", lambda w, x: w.hpool.frontier(x), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.block_table", "seq_id", lambda w, x: w.hpool.block_table(x, 0), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.block_table", "group", lambda w, x: w.hpool.block_table(1, x), INT_BAD + REQUIRED + NEG + [3, 2**40]),
+    ("HybridPool.block_tables", "seq_ids", lambda w, x: w.hpool.block_tables(x, 0), ARRAY_BAD + [[-1], None]),
+    ("HybridPool.block_tables", "group", lambda w, x: w.hpool.block_tables([1], x), INT_BAD + REQUIRED + NEG + [3]),
+    ("HybridPool.block_tables", "max_blocks", lambda w, x: w.hpool.block_tables([1], 0, x),
+     INT_BAD + NEG + [1, 2**40]),
+    ("HybridPool.block_tables", "pad", lambda w, x: w.hpool.block_tables([1], 0, 4, x), INT_BAD + REQUIRED + [2**31]),
+    ("HybridPool.flashinfer_tables", "seq_ids", lambda w, x: w.hpool.flashinfer_tables(x, 0),
+     ARRAY_BAD + [[-1], None]),
+    ("HybridPool.flashinfer_tables", "group", lambda w, x: w.hpool.flashinfer_tables([1], x),
+     INT_BAD + REQUIRED + NEG + [3]),
+    ("HybridPool.stored_ranges", "seq_id", lambda w, x: w.hpool.stored_ranges(x, 0), INT_BAD + REQUIRED + NEG),
+    ("HybridPool.stored_ranges", "group", lambda w, x: w.hpool.stored_ranges(1, x), INT_BAD + REQUIRED + NEG + [3]),
+    ("HybridPool.refcount", "block_id", lambda w, x: w.hpool.refcount(x), INT_BAD + REQUIRED + NEG + [64, 2**40]),
     ("KvCache", "num_layers", lambda w, x: kv.KvCache(x, 8, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "num_blocks", lambda w, x: kv.KvCache(1, x, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "block_size", lambda w, x: kv.KvCache(1, 8, x, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**17]),
@@ -211,6 +258,9 @@ TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("BlockPool", "prefix_caching", lambda w, x: kv.BlockPool(16, 4, prefix_caching=x), [1, "yes", None]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), [1, b"lru"]),
     ("BlockPool", "verify_tokens", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, verify_tokens=x), [1, "no"]),
+    ("HybridPool", "groups", lambda w, x: kv.HybridPool(16, 4, x),
+     [1, None, "ab", b"ab", kv.FullAttention(), [1], [None], [kv.FullAttention(), "full"], [GROUPS]]),
+    ("HybridPool", "prefix_caching", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=x), [1, "yes", None]),
     ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), [1, None, np.float32]),
     ("key", "writable", lambda w, x: w.cache.key(0, writable=x), [1, "no", None]),
     ("decode_attention", "cache", lambda w, x: kv.decode_attention(x, 0, w.q, *Q_ARGS), [None, 1, "cache"]),
@@ -271,6 +321,7 @@ def test_every_native_callable_is_in_a_table() -> None:
                "run_simulation", "synthesize_workload"}  # the simulator's own tests cover these two
     covered = {row.split(".")[-1] for row, *_ in INVALID + TYPE_ERRORS} | no_args
     native = {n for n in dir(kv._native) if callable(getattr(kv._native, n)) and not n[0].isupper()}
-    for cls in (kv.BlockPool, kv.KvCache, kv.BlockTableBuffer):
+    for cls in (kv.BlockPool, kv.KvCache, kv.BlockTableBuffer, kv.HybridPool, kv.HybridPoolStats,
+                kv.FullAttention, kv.SlidingWindow, kv.ChunkedAttention):
         native |= {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
     assert native - covered == set()

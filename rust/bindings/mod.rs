@@ -12,6 +12,7 @@ pub mod attention;
 pub mod convert;
 pub mod errors;
 mod exception_docs;
+pub mod hybrid;
 pub mod kv;
 pub mod pool;
 pub mod prefill;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
+    hybrid::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
     attention::register(m)?;

@@ -12,7 +12,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::prefix_cache::block_hash::BlockKey;
+use crate::error::{KvError, Result};
+use crate::pool::allocator::BlockAllocator;
+use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::types::BlockId;
 
 const NIL: u32 = u32::MAX;
@@ -36,6 +38,38 @@ pub struct GroupCache {
     tail: u32,
     idle: usize,
     pub(crate) evictions: u64,
+    /// How token ids become keys.
+    pub(crate) hasher: BlockHasher,
+    /// Admissions that looked the cache up, their prompt tokens, and the tokens reused.
+    pub(crate) queries: u64,
+    pub(crate) query_tokens: u64,
+    pub(crate) hit_tokens: u64,
+    /// Blocks each group's hits took (held by the admitted sequence), per group.
+    pub(crate) group_hit_blocks: Vec<u64>,
+    /// Blocks ever registered.
+    pub(crate) stored_blocks: u64,
+}
+
+/// Counters of a pool's group cache (all cumulative except `cached_blocks` and
+/// `idle_blocks`, which are the state now).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HybridCacheStats {
+    /// Admissions through the cache (by token ids or block keys).
+    pub queries: u64,
+    /// Prompt tokens of those admissions.
+    pub query_tokens: u64,
+    /// Prompt tokens reused (not computed) by them.
+    pub hit_tokens: u64,
+    /// Blocks the hits took in each group (a window group takes only its sinks and window).
+    pub group_hit_blocks: Vec<u64>,
+    /// Blocks registered (one per (group, key) stored).
+    pub stored_blocks: u64,
+    /// Idle cached blocks evicted to make room.
+    pub evictions: u64,
+    /// Blocks cached now, live or idle.
+    pub cached_blocks: usize,
+    /// Cached blocks no sequence holds (evictable, counted as free).
+    pub idle_blocks: usize,
 }
 
 impl GroupCache {
@@ -49,6 +83,52 @@ impl GroupCache {
             tail: NIL,
             idle: 0,
             evictions: 0,
+            hasher: BlockHasher::default(),
+            queries: 0,
+            query_tokens: 0,
+            hit_tokens: 0,
+            group_hit_blocks: Vec::new(),
+            stored_blocks: 0,
+        }
+    }
+
+    /// The same cache keying token ids with `hasher`.
+    pub fn with_hasher(mut self, hasher: BlockHasher) -> Self {
+        self.hasher = hasher;
+        self
+    }
+
+    pub fn hasher(&self) -> BlockHasher {
+        self.hasher
+    }
+
+    /// Count one admission: `len` prompt tokens, `hit` tokens reused, `held[g]` blocks
+    /// taken in group `g`.
+    pub fn record_query(&mut self, len: usize, hit: usize, held: &[usize]) {
+        self.queries += 1;
+        self.query_tokens += len as u64;
+        self.hit_tokens += hit as u64;
+        if self.group_hit_blocks.len() < held.len() {
+            self.group_hit_blocks.resize(held.len(), 0);
+        }
+        for (c, &n) in self.group_hit_blocks.iter_mut().zip(held) {
+            *c += n as u64;
+        }
+    }
+
+    /// The counters, with `num_groups` entries per group.
+    pub fn stats(&self, num_groups: usize) -> HybridCacheStats {
+        let mut group_hit_blocks = self.group_hit_blocks.clone();
+        group_hit_blocks.resize(num_groups, 0);
+        HybridCacheStats {
+            queries: self.queries,
+            query_tokens: self.query_tokens,
+            hit_tokens: self.hit_tokens,
+            group_hit_blocks,
+            stored_blocks: self.stored_blocks,
+            evictions: self.evictions,
+            cached_blocks: self.num_cached(),
+            idle_blocks: self.idle,
         }
     }
 
@@ -82,6 +162,7 @@ impl GroupCache {
         }
         self.map.insert((group as u32, key), b);
         self.entry[b.index()] = Some(Entry { group: group as u32, key });
+        self.stored_blocks += 1;
         true
     }
 
@@ -156,6 +237,65 @@ impl GroupCache {
     }
 }
 
+impl GroupCache {
+    /// The index against the allocator: the map and the per-block entries agree, idle
+    /// blocks are exactly the cached blocks with refcount 0, the LRU list is well linked
+    /// and counted, and no free block is cached. `holders` lists `(group, block)` for
+    /// every stored table entry: a cached block is held only in its own group.
+    pub fn check(&self, alloc: &BlockAllocator, holders: impl Iterator<Item = (usize, BlockId)>) -> Result<()> {
+        let bad = |m: String| Err(KvError::Invariant(m));
+        if self.entry.len() != alloc.num_blocks() {
+            return bad(format!("cache sized for {} blocks, pool has {}", self.entry.len(), alloc.num_blocks()));
+        }
+        for (&(g, k), &b) in &self.map {
+            if self.entry[b.index()] != Some(Entry { group: g, key: k }) {
+                return bad(format!("{b} is indexed under group {g} key {k:#x} but records {:?}", self.entry[b.index()]));
+            }
+        }
+        let entries = self.entry.iter().filter(|e| e.is_some()).count();
+        if entries != self.map.len() {
+            return bad(format!("{entries} blocks record a key, the index has {}", self.map.len()));
+        }
+        let idle = self.idle_blocks();
+        if idle.len() != self.idle {
+            return bad(format!("idle list holds {} blocks, counted {}", idle.len(), self.idle));
+        }
+        let mut on_list = vec![false; self.entry.len()];
+        let mut prev = NIL;
+        for &b in &idle {
+            if on_list[b.index()] || self.prev[b.index()] != prev {
+                return bad(format!("idle list is not a simple doubly linked list at {b}"));
+            }
+            on_list[b.index()] = true;
+            prev = b.0;
+        }
+        if self.tail != prev {
+            return bad("idle list tail is not its last block".into());
+        }
+        for (i, e) in self.entry.iter().enumerate() {
+            let b = BlockId(i as u32);
+            let rc = alloc.refcount(b);
+            if on_list[i] != (e.is_some() && rc == 0) {
+                return bad(format!("{b}: cached {}, refcount {rc}, on the idle list {}", e.is_some(), on_list[i]));
+            }
+            if !on_list[i] && (self.prev[i] != NIL || self.next[i] != NIL) {
+                return bad(format!("{b} is linked but not on the idle list"));
+            }
+        }
+        if let Some(b) = alloc.free_list().iter().find(|b| self.is_cached(**b)) {
+            return bad(format!("{b} is on the free list and cached"));
+        }
+        for (g, b) in holders {
+            if let Some(e) = self.entry[b.index()] {
+                if e.group as usize != g {
+                    return bad(format!("{b} is cached in group {} but held in group {g}", e.group));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +320,29 @@ mod tests {
         assert_eq!(c.evict(), Some(BlockId(3)));
         assert_eq!(c.evict(), Some(BlockId(1)));
         assert_eq!(c.evict(), None);
+    }
+
+    #[test]
+    fn check_accepts_consistent_states_and_names_what_breaks() {
+        let mut a = BlockAllocator::new(4).unwrap();
+        let mut c = GroupCache::new(4);
+        let (b0, b1) = (a.allocate().unwrap(), a.allocate().unwrap());
+        assert!(c.insert(0, 7, b0) && c.insert(1, 7, b1));
+        assert_eq!(c.stats(2).stored_blocks, 2);
+        let held = [(0usize, b0), (1, b1)];
+        c.check(&a, held.into_iter()).unwrap();
+        let err = c.check(&a, [(1usize, b0)].into_iter()).unwrap_err();
+        assert!(err.to_string().contains("cached in group 0 but held in group 1"), "{err}");
+        // Refcount 0 but not idle: a leak the check reports.
+        a.decref(b0);
+        assert!(c.check(&a, std::iter::empty()).is_err());
+        c.on_idle(b0);
+        c.check(&a, std::iter::empty()).unwrap();
+        c.record_query(40, 16, &[2, 1]);
+        c.record_query(8, 0, &[0, 0]);
+        let s = c.stats(3);
+        assert_eq!((s.queries, s.query_tokens, s.hit_tokens), (2, 48, 16));
+        assert_eq!(s.group_hit_blocks, [2, 1, 0]);
+        assert_eq!((s.cached_blocks, s.idle_blocks, s.evictions), (2, 1, 0));
     }
 }

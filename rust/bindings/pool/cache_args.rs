@@ -140,7 +140,7 @@ pub(crate) fn hash_bits(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
     opt_uint(obj, "hash_bits", "1..=128")
 }
 
-pub(super) fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+pub(crate) fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     // int_scalar stops at int64; extra keys above 2**63 are not needed from Python.
     opt_uint(obj, "extra_key", "0..2**63")
 }

@@ -15,7 +15,7 @@ use crate::types::{BlockId, SeqId};
 /// Largest padded table `block_tables` returns or `BlockTableBuffer` holds, in entries
 /// (1 GiB of int32). Anything larger is a caller error, and allocating it would take the
 /// process down (the OS kills it when the pages are touched) instead of raising.
-pub(super) const MAX_TABLE_ENTRIES: usize = 1 << 28;
+pub(crate) const MAX_TABLE_ENTRIES: usize = 1 << 28;
 
 /// Buffers of `step`, reused by the next call on the same thread: a decode step otherwise
 /// allocates and frees its counts, slots and lengths every time (measured: ~0.1 us of a

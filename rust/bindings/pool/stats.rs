@@ -35,6 +35,9 @@ macro_rules! stats_class {
     };
 }
 
+// `HybridPoolStats` and `HybridCacheStats` (`bindings/hybrid/stats.rs`) use it too.
+pub(crate) use stats_class;
+
 /// Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
 ///
 /// Counts are in blocks and tokens; the snapshot does not follow later changes of the pool.

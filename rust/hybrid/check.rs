@@ -1,0 +1,140 @@
+//! The structural invariants of a pool with layer groups, checked from scratch (tests,
+//! the simulator, `check_invariants` from Python).
+
+use super::HybridPool;
+use crate::error::{KvError, Result};
+use crate::types::BlockId;
+
+const NO_GROUP: u32 = u32::MAX;
+
+fn broken(msg: String) -> KvError {
+    KvError::Invariant(msg)
+}
+
+impl HybridPool {
+    /// Check every invariant; the error names the first one broken:
+    /// - each table has `ceil(len / block_size)` entries and its shape (sinks stored, one
+    ///   run of window blocks, holes between);
+    /// - every block a query at or after the frontier needs is stored (the sinks and the
+    ///   blocks meeting `[first_needed(frontier), len)`), every stored block is one the
+    ///   release rule keeps for the frontier;
+    /// - refcounts equal the references from tables (idle cached blocks at 0), each block
+    ///   belongs to one group, the free list is disjoint from held and idle blocks, and
+    ///   used + free + idle is the pool.
+    pub fn check_invariants(&self) -> Result<()> {
+        let n = self.num_blocks();
+        let mut refs = vec![0u32; n];
+        let mut owner = vec![NO_GROUP; n];
+        for (seq, e) in &self.seqs {
+            if e.tables.len() != self.groups.len() || e.frontier > e.len {
+                return Err(broken(format!(
+                    "sequence {} has {} tables for {} groups, frontier {} of length {}",
+                    seq.0,
+                    e.tables.len(),
+                    self.groups.len(),
+                    e.frontier,
+                    e.len
+                )));
+            }
+            for (g, t) in e.tables.iter().enumerate() {
+                let at = |msg: String| broken(format!("sequence {} group {g}: {msg}", seq.0));
+                self.check_table(e.len, e.frontier, g, t).map_err(at)?;
+                for (i, b) in t.stored() {
+                    if b.index() >= n {
+                        return Err(at(format!("logical block {i} maps to {b}, outside the pool of {n}")));
+                    }
+                    refs[b.index()] += 1;
+                    if owner[b.index()] != NO_GROUP && owner[b.index()] != g as u32 {
+                        return Err(at(format!("{b} is also held by group {}", owner[b.index()])));
+                    }
+                    owner[b.index()] = g as u32;
+                    if let Some((cg, _)) = self.cache.as_ref().and_then(|c| c.key_of(b)) {
+                        if cg != g {
+                            return Err(at(format!("{b} is cached in group {cg}")));
+                        }
+                    }
+                }
+            }
+        }
+        self.check_counts(&refs)
+    }
+
+    /// One table against its sequence's length and frontier.
+    fn check_table(&self, len: usize, frontier: usize, g: usize, t: &super::table::GroupTable) -> Result<(), String> {
+        let bs = self.block_size;
+        let spec = self.groups[g];
+        if t.len_blocks() != len.div_ceil(bs) {
+            return Err(format!("{} entries for {len} tokens, expected {}", t.len_blocks(), len.div_ceil(bs)));
+        }
+        if let Some(msg) = t.shape_error() {
+            return Err(msg);
+        }
+        let sinks = spec.sink_tokens().min(len);
+        let first = spec.first_needed(frontier);
+        for (i, b) in t.entries().enumerate() {
+            let (lo, hi) = (i * bs, ((i + 1) * bs).min(len));
+            let needed = lo < sinks || lo.max(first) < hi;
+            match b {
+                None if needed => {
+                    return Err(format!("logical block {i} is a hole but a query at or after {frontier} needs it"))
+                }
+                Some(b) if spec.releasable(i, bs, frontier) => {
+                    return Err(format!("logical block {i} ({b}) is stored but released for frontier {frontier}"))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn check_counts(&self, refs: &[u32]) -> Result<()> {
+        let n = refs.len();
+        for (i, (&want, &have)) in refs.iter().zip(self.alloc.refcounts()).enumerate() {
+            if want != have {
+                return Err(broken(format!("block {i} has refcount {have} but {want} table references")));
+            }
+        }
+        let mut state = vec![0u8; n];
+        for &b in self.alloc.free_list() {
+            if b.index() >= n || state[b.index()] != 0 {
+                return Err(broken(format!("{b} is on the free list twice or outside the pool")));
+            }
+            state[b.index()] = 1;
+            if refs[b.index()] != 0 || self.is_cached(b) {
+                return Err(broken(format!("{b} is free but held {} times or cached", refs[b.index()])));
+            }
+        }
+        let idle = match &self.cache {
+            Some(c) => {
+                let idle = c.idle_blocks();
+                for &b in &idle {
+                    if state[b.index()] != 0 || refs[b.index()] != 0 || !c.is_cached(b) {
+                        return Err(broken(format!("idle {b} is free, held or not cached")));
+                    }
+                    state[b.index()] = 2;
+                }
+                if idle.len() != c.idle_count() {
+                    return Err(broken(format!("{} idle blocks listed, {} counted", idle.len(), c.idle_count())));
+                }
+                let lost = (0..n as u32).map(BlockId).find(|&b| c.is_cached(b) && refs[b.index()] == 0 && state[b.index()] != 2);
+                if let Some(b) = lost {
+                    return Err(broken(format!("cached {b} is held by no sequence and not idle")));
+                }
+                idle.len()
+            }
+            None => 0,
+        };
+        let used = refs.iter().filter(|&&c| c > 0).count();
+        if used + self.alloc.num_free() + idle != n {
+            return Err(broken(format!(
+                "{used} used + {} free + {idle} idle blocks != {n} total (a block leaked)",
+                self.alloc.num_free()
+            )));
+        }
+        let shared = refs.iter().filter(|&&c| c > 1).count();
+        if shared != self.alloc.num_shared() {
+            return Err(broken(format!("{shared} blocks are shared but the allocator counts {}", self.alloc.num_shared())));
+        }
+        Ok(())
+    }
+}

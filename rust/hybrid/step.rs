@@ -1,0 +1,457 @@
+//! Growth of sequences in every group: admission, batched steps and the one-pass decode.
+//!
+//! A growth of a sequence of length `L` by `n > 0` tokens first releases, in each
+//! windowed group, the stored blocks the window rule releases for `L` (a prefix of the
+//! table's window run), then appends `n` slots in every group: the rest of a partly filled
+//! last block (copied first when it is shared or cached; a fresh block when that entry is
+//! a hole, which happens only after a truncation), then new blocks. A growth by 0 tokens
+//! is no growth: nothing is released and the frontier stays.
+//!
+//! A batch runs in three phases: plan (resolve every id, catch duplicates and overflow,
+//! count releases, new blocks and copies as the apply will see them), check (the blocks
+//! needed against free + idle cached + what the batch's releases free), apply (every
+//! release of the batch first, then every growth in batch order). Nothing is mutated
+//! before the check passes, so an error leaves the pool as it was.
+//!
+//! The all-ones decode step on a pool with no shared and no cached block takes a one-pass
+//! path (as `pool/decode.rs`): each sequence is resolved, released and grown in one visit,
+//! and an error undoes the visits already made, in reverse, from a log of what they did,
+//! which leaves the allocator's free-list stack exactly as it was.
+
+use super::table::GroupTable;
+use super::{DecodeScratch, HybridEntry, HybridPool, HybridStepOutput, Undo};
+use crate::error::{KvError, Result};
+use crate::invalid;
+use crate::pool::seq_map::SeqMap;
+use crate::types::{BlockId, SeqId};
+
+impl HybridPool {
+    /// Add `seq` holding `prompt_len` tokens in every group (a growth from 0: nothing to
+    /// release). `out` gets the slots `[G, prompt_len]` and `seq_lens = [prompt_len]`.
+    pub fn add_sequence(&mut self, seq: SeqId, prompt_len: usize, out: &mut HybridStepOutput) -> Result<()> {
+        out.clear();
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::DuplicateSequence(seq.0));
+        }
+        Self::checked_len(0, prompt_len)?;
+        let nb = prompt_len.div_ceil(self.block_size);
+        self.ensure_available(nb * self.groups.len(), 0)?;
+        let tables = self.grow_new(prompt_len, out)?;
+        let entry = HybridEntry { len: prompt_len, frontier: 0, mark: 0, tables, cursor: None };
+        self.seqs.insert(seq, entry);
+        out.seq_lens.push(prompt_len as i32);
+        Ok(())
+    }
+
+    /// New tables of `len` tokens in every group, their slots in `out` (blocks checked by
+    /// the caller). Also the admission path of prefix caching for the computed part.
+    pub(crate) fn grow_new(&mut self, len: usize, out: &mut HybridStepOutput) -> Result<Vec<GroupTable>> {
+        let nb = len.div_ceil(self.block_size);
+        let g_count = self.groups.len();
+        out.slots.resize(g_count * len, 0);
+        out.total_tokens = len;
+        let mut tables = Vec::with_capacity(g_count);
+        for g in 0..g_count {
+            let mut t = GroupTable::with_capacity(self.groups[g], self.block_size, nb);
+            let r = self.grow_table(&mut t, 0, len, &mut out.slots[g * len..(g + 1) * len], &mut out.cow);
+            tables.push(t);
+            if let Err(e) = r {
+                for mut t in tables {
+                    t.truncate(0, |b| self.release_block(b));
+                }
+                out.clear();
+                return Err(e);
+            }
+        }
+        Ok(tables)
+    }
+
+    /// Grow every sequence `seqs[i]` by `counts[i]` tokens, atomically over the batch.
+    pub fn step(&mut self, seqs: &[SeqId], counts: &[usize], out: &mut HybridStepOutput) -> Result<()> {
+        out.clear();
+        if seqs.len() != counts.len() {
+            return Err(invalid!("counts: {} sequence ids but {} token counts", seqs.len(), counts.len()));
+        }
+        self.step_run(seqs, counts, false, out)
+    }
+
+    /// [`Self::step`] with one token for every sequence (a decode step).
+    pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut HybridStepOutput) -> Result<()> {
+        out.clear();
+        let mut ones = std::mem::take(&mut self.decode.ones);
+        if ones.len() < seqs.len() {
+            ones.resize(seqs.len(), 1);
+        }
+        let r = self.step_run(seqs, &ones[..seqs.len()], true, out);
+        self.decode.ones = ones;
+        r
+    }
+
+    fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut HybridStepOutput) -> Result<()> {
+        // The map is moved out so that tables can be borrowed next to the allocator.
+        let mut map = std::mem::take(&mut self.seqs);
+        let r = self.step_in(&mut map, seqs, counts, all_ones, out);
+        self.seqs = map;
+        if r.is_err() {
+            out.clear();
+        }
+        r
+    }
+
+    fn step_in(
+        &mut self,
+        map: &mut SeqMap<HybridEntry>,
+        seqs: &[SeqId],
+        counts: &[usize],
+        all_ones: bool,
+        out: &mut HybridStepOutput,
+    ) -> Result<()> {
+        self.batch_mark += 1;
+        if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
+            if self.decode_one_pass(map, seqs, self.batch_mark, out)? {
+                return Ok(());
+            }
+            // Ran dry part-way (undone): the general path reports it.
+            out.clear();
+            self.batch_mark += 1;
+        }
+        let mut slots = std::mem::take(&mut self.slot_scratch);
+        let planned = self.plan(map, seqs, counts, &mut slots);
+        let r = planned.and_then(|(need, gained, total)| {
+            self.ensure_available(need, gained)?;
+            self.apply(map, &slots, counts, total, out)
+        });
+        self.slot_scratch = slots;
+        r
+    }
+
+    /// Plan a batch: `(blocks needed, blocks the releases make available, new tokens)`.
+    /// Marks entries (a later duplicate is an error) but changes nothing else.
+    fn plan(
+        &mut self,
+        map: &mut SeqMap<HybridEntry>,
+        seqs: &[SeqId],
+        counts: &[usize],
+        slots: &mut Vec<u32>,
+    ) -> Result<(usize, usize, usize)> {
+        let mark = self.batch_mark;
+        let plain = self.alloc.num_shared() == 0 && self.cache.is_none();
+        let bs = self.block_size;
+        let mut releases = std::mem::take(&mut self.release_scratch);
+        releases.clear();
+        slots.clear();
+        slots.reserve(seqs.len());
+        let (mut need, mut gained, mut total) = (0usize, 0usize, 0usize);
+        let mut result = Ok(());
+        for (&seq, &n) in seqs.iter().zip(counts) {
+            let Some((slot, e)) = map.slot(&seq).and_then(|s| Some((s, map.at_mut(s)?))) else {
+                result = Err(KvError::UnknownSequence(seq.0));
+                break;
+            };
+            if e.mark == mark {
+                result = Err(invalid!("seq_ids: sequence id {} appears twice in one step", seq.0));
+                break;
+            }
+            e.mark = mark;
+            slots.push(slot);
+            let end = match Self::checked_len(e.len, n) {
+                Ok(end) => end,
+                Err(err) => {
+                    result = Err(err);
+                    break;
+                }
+            };
+            if n == 0 {
+                continue;
+            }
+            total += n;
+            let hole_last = self.offset_in_block(e.len) != 0;
+            for t in &e.tables {
+                let k = t.releasable_count(e.len);
+                if plain {
+                    gained += k;
+                    need += (hole_last && t.last().is_none()) as usize;
+                } else {
+                    releases.extend(t.run_front(k));
+                }
+                need += end.div_ceil(bs) - t.len_blocks();
+            }
+        }
+        if result.is_ok() && !plain {
+            releases.sort_unstable();
+            gained = self.released_to_zero(&releases);
+            need += self.plan_copies(map, slots, counts, &releases);
+        }
+        self.release_scratch = releases;
+        result.map(|()| (need, gained, total))
+    }
+
+    /// Blocks whose every reference the sorted `releases` drop (they become available).
+    fn released_to_zero(&self, releases: &[BlockId]) -> usize {
+        let mut gained = 0;
+        for run in releases.chunk_by(|a, b| a == b) {
+            gained += (self.alloc.refcount(run[0]) as usize == run.len()) as usize;
+        }
+        gained
+    }
+
+    /// Blocks the partly filled last entries of a planned batch take: a copy of a shared or
+    /// cached block (as the apply will see it: after every release of the batch and the
+    /// copies earlier in it), or a fresh block for a trailing hole.
+    fn plan_copies(&mut self, map: &mut SeqMap<HybridEntry>, slots: &[u32], counts: &[usize], releases: &[BlockId]) -> usize {
+        let mut copies = std::mem::take(&mut self.cow_scratch);
+        copies.clear();
+        let mut need = 0;
+        for (&slot, &n) in slots.iter().zip(counts) {
+            let Some(e) = map.at_mut(slot) else { continue };
+            if n == 0 || self.offset_in_block(e.len) == 0 {
+                continue;
+            }
+            for t in &e.tables {
+                let Some(b) = t.last() else {
+                    need += 1;
+                    continue;
+                };
+                let released = releases.partition_point(|&x| x < b);
+                let released = (releases[released..].partition_point(|&x| x == b)) as u32;
+                let copied = copies.iter().find(|(x, _)| *x == b).map_or(0, |c| c.1);
+                if self.must_copy(b, copied, released) {
+                    need += 1;
+                    match copies.iter_mut().find(|(x, _)| *x == b) {
+                        Some(c) => c.1 += 1,
+                        None => copies.push((b, 1)),
+                    }
+                }
+            }
+        }
+        self.cow_scratch = copies;
+        need
+    }
+
+    /// Apply a planned, checked batch: every release first, then every growth.
+    fn apply(
+        &mut self,
+        map: &mut SeqMap<HybridEntry>,
+        slots: &[u32],
+        counts: &[usize],
+        total: usize,
+        out: &mut HybridStepOutput,
+    ) -> Result<()> {
+        let lost = || KvError::Invariant("batch entry lost between plan and apply".into());
+        for (&slot, &n) in slots.iter().zip(counts) {
+            let e = map.at_mut(slot).ok_or_else(lost)?;
+            if n == 0 {
+                continue;
+            }
+            let len = e.len;
+            for t in &mut e.tables {
+                let k = t.releasable_count(len);
+                t.release_front(k, |b| self.release_block(b));
+            }
+        }
+        let g_count = self.groups.len();
+        out.slots.resize(g_count * total, 0);
+        out.total_tokens = total;
+        out.seq_lens.reserve(slots.len());
+        let mut at = 0;
+        for (&slot, &n) in slots.iter().zip(counts) {
+            let e = map.at_mut(slot).ok_or_else(lost)?;
+            if n > 0 {
+                for (g, t) in e.tables.iter_mut().enumerate() {
+                    let dst = &mut out.slots[g * total + at..g * total + at + n];
+                    self.grow_table(t, e.len, n, dst, &mut out.cow)?;
+                }
+                e.frontier = e.len;
+                e.len += n;
+                e.cursor = None;
+                at += n;
+            }
+            out.seq_lens.push(e.len as i32);
+        }
+        Ok(())
+    }
+
+    /// Append `slots.len()` tokens to table `t` of a sequence of `len` tokens (releases
+    /// done, blocks checked by the caller): copy-on-write or fill of the last entry, then
+    /// new blocks.
+    pub(crate) fn grow_table(
+        &mut self,
+        t: &mut GroupTable,
+        len: usize,
+        n: usize,
+        slots: &mut [i64],
+        cow: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<()> {
+        let bs = self.block_size;
+        let off = self.offset_in_block(len);
+        let mut w = 0;
+        if off != 0 && n > 0 {
+            let b = match t.last() {
+                Some(src) if self.must_copy(src, 0, 0) => {
+                    let dst = self.take_block()?;
+                    self.release_block(src);
+                    t.set_last(dst);
+                    cow.push((src, dst));
+                    self.cow_copies += 1;
+                    dst
+                }
+                Some(b) => b,
+                None => {
+                    let dst = self.take_block()?;
+                    t.set_last(dst);
+                    dst
+                }
+            };
+            w = (bs - off).min(n);
+            let first = b.first_slot(bs) + off as i64;
+            for (k, s) in slots[..w].iter_mut().enumerate() {
+                *s = first + k as i64;
+            }
+        }
+        while w < n {
+            let b = self.take_block()?;
+            t.push(b);
+            let run = bs.min(n - w);
+            let first = b.first_slot(bs);
+            for (k, s) in slots[w..w + run].iter_mut().enumerate() {
+                *s = first + k as i64;
+            }
+            w += run;
+        }
+        Ok(())
+    }
+
+    /// Blocks growing `seq` by `n` tokens would allocate (new blocks, copies and filled
+    /// holes, every group), before releases.
+    pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
+        let e = self.entry(seq)?;
+        let end = Self::checked_len(e.len, n)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let partial = self.offset_in_block(e.len) != 0;
+        Ok(e.tables
+            .iter()
+            .map(|t| {
+                let fill = partial && t.last().is_none_or(|b| self.must_copy(b, 0, 0));
+                end.div_ceil(self.block_size) - t.len_blocks() + fill as usize
+            })
+            .sum())
+    }
+
+    /// Whether the one-pass decode is worth trying: nothing shared, no cache, and free
+    /// blocks for the whole batch or twice what uniformly spread lengths need.
+    #[inline]
+    fn one_pass_fits(&self, len: usize) -> bool {
+        let g = self.groups.len();
+        self.alloc.num_shared() == 0
+            && self.cache.is_none()
+            && self.alloc.num_free() >= (g * len).min(2 * g * len.div_ceil(self.block_size))
+    }
+
+    /// One token for each of `seqs`, resolved, released and grown in one visit per id.
+    /// `Ok(false)` (everything undone) when the free list runs dry part-way.
+    fn decode_one_pass(
+        &mut self,
+        map: &mut SeqMap<HybridEntry>,
+        seqs: &[SeqId],
+        mark: u64,
+        out: &mut HybridStepOutput,
+    ) -> Result<bool> {
+        let n = seqs.len();
+        let bs = self.block_size;
+        let mut sc = std::mem::take(&mut self.decode);
+        sc.log.clear();
+        sc.frontiers.clear();
+        sc.frontiers.reserve(n);
+        out.slots.resize(self.groups.len() * n, 0);
+        out.total_tokens = n;
+        out.seq_lens.reserve(n);
+        let mut result = Ok(true);
+        'seqs: for (i, &seq) in seqs.iter().enumerate() {
+            let e = match map.slot(&seq).and_then(|s| map.at_mut(s)) {
+                None => Err(KvError::UnknownSequence(seq.0)),
+                Some(e) if e.mark == mark => Err(invalid!("seq_ids: sequence id {} appears twice in one step", seq.0)),
+                Some(e) => Self::checked_len(e.len, 1).map(|_| e),
+            };
+            let e = match e {
+                Ok(e) => e,
+                Err(err) => {
+                    result = Err(err);
+                    break;
+                }
+            };
+            e.mark = mark;
+            let len = e.len;
+            let off = self.offset_in_block(len);
+            for (g, t) in e.tables.iter_mut().enumerate() {
+                if len >= t.release_at() {
+                    let k = t.releasable_count(len);
+                    t.release_front(k, |b| self.alloc.release(b));
+                    sc.log.push(Undo::Release(i as u32, g as u32, k as u32));
+                }
+                let b = match t.last() {
+                    Some(b) if off != 0 => b,
+                    _ => match self.alloc.allocate() {
+                        Some(b) => {
+                            if off == 0 {
+                                t.push(b);
+                                sc.log.push(Undo::Push(i as u32, g as u32));
+                            } else {
+                                t.set_last(b);
+                                sc.log.push(Undo::Fill(i as u32, g as u32));
+                            }
+                            b
+                        }
+                        None => {
+                            result = Ok(false);
+                            break 'seqs;
+                        }
+                    },
+                };
+                out.slots[g * n + i] = b.first_slot(bs) + off as i64;
+            }
+            sc.frontiers.push(e.frontier);
+            e.frontier = len;
+            e.len = len + 1;
+            out.seq_lens.push((len + 1) as i32);
+        }
+        if !matches!(result, Ok(true)) {
+            self.undo_decode(map, seqs, &sc);
+            out.clear();
+        }
+        self.decode = sc;
+        result
+    }
+
+    /// Undo the visits of a failed one-pass decode, last first.
+    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, seqs: &[SeqId], sc: &DecodeScratch) {
+        for u in sc.log.iter().rev() {
+            let (i, g) = match *u {
+                Undo::Release(i, g, _) | Undo::Push(i, g) | Undo::Fill(i, g) => (i as usize, g as usize),
+            };
+            let Some(t) = map.get_mut(&seqs[i]).map(|e| &mut e.tables[g]) else { continue };
+            match *u {
+                Undo::Push(..) => t.truncate(t.len_blocks() - 1, |b| self.alloc.release(b)),
+                Undo::Fill(..) => {
+                    t.truncate(t.len_blocks() - 1, |b| self.alloc.release(b));
+                    // The entry was a trailing hole past the sinks: it is one again.
+                    let _ = t.push_hole();
+                }
+                Undo::Release(_, _, k) => {
+                    for _ in 0..k {
+                        if let Some(b) = self.alloc.allocate() {
+                            t.unrelease_front(b);
+                        }
+                    }
+                }
+            }
+        }
+        for (i, &f) in sc.frontiers.iter().enumerate().rev() {
+            if let Some(e) = map.get_mut(&seqs[i]) {
+                e.len -= 1;
+                e.frontier = f;
+            }
+        }
+    }
+}

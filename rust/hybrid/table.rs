@@ -1,0 +1,375 @@
+//! One (sequence, group) block table: logical block `i` (positions `i*bs .. (i+1)*bs`) ->
+//! a physical block, or a *hole* (released by the window rule, or never stored by a
+//! prefix-cache hit).
+//!
+//! Layout, bounded by the window whatever the sequence's length: the sink blocks
+//! (`0 .. min(len_blocks, sink_blocks)`, never released, so always stored) in `head`, then
+//! holes, then the contiguous *run* of stored window blocks in a `VecDeque` with the
+//! logical index of its first entry. The window rule releases from the front of the run
+//! only (a block's release point grows with its index), and growth appends at the back, so
+//! a table of a sequence 100x its window holds the same few entries as at 1x. A full
+//! attention group has no sinks and never releases: its run is the whole table.
+//!
+//! Shape invariants (checked by `HybridPool::check_invariants`): `head.len() ==
+//! min(len_blocks, sink_blocks)`; holes are exactly `head.len() .. run_start`; the run ends
+//! at `len_blocks`, and an empty run has `run_start == len_blocks` (a table may end in
+//! holes only when its run is empty: a window of one token, or a chunk boundary, after a
+//! truncation).
+
+use std::collections::VecDeque;
+
+use super::spec::GroupSpec;
+use crate::error::{KvError, Result};
+use crate::types::BlockId;
+
+/// The smallest growth start (sequence length) at which the window rule releases logical
+/// block `i`: `releasable(i, bs, p)` holds exactly for `p >= release_len(i)`
+/// (`usize::MAX`: never, for full attention and sink blocks).
+pub fn release_len(spec: &GroupSpec, i: usize, bs: usize) -> usize {
+    let end = (i.saturating_add(1)).saturating_mul(bs);
+    match *spec {
+        GroupSpec::Full => usize::MAX,
+        GroupSpec::SlidingWindow { window, sink_tokens } => {
+            if i.saturating_mul(bs) < sink_tokens {
+                usize::MAX
+            } else {
+                end.saturating_add(window - 1)
+            }
+        }
+        GroupSpec::Chunked { chunk } => end.div_ceil(chunk).saturating_mul(chunk),
+    }
+}
+
+/// The logical block table of one sequence in one group.
+#[derive(Clone, Debug)]
+pub struct GroupTable {
+    /// The last entry when it is stored (the block a decode token writes unless it is full).
+    last: Option<BlockId>,
+    /// `release_len(run_start)` while the run is not empty, else `usize::MAX`: a decode
+    /// step compares the length against it and is done.
+    release_at: usize,
+    len_blocks: usize,
+    run_start: usize,
+    sink_blocks: usize,
+    block_size: usize,
+    spec: GroupSpec,
+    head: Vec<BlockId>,
+    run: VecDeque<BlockId>,
+}
+
+impl GroupTable {
+    /// An empty table for a group of kind `spec` with blocks of `block_size` tokens.
+    pub fn new(spec: GroupSpec, block_size: usize) -> Self {
+        Self {
+            last: None,
+            release_at: usize::MAX,
+            len_blocks: 0,
+            run_start: 0,
+            sink_blocks: spec.sink_tokens().div_ceil(block_size),
+            block_size,
+            spec,
+            head: Vec::new(),
+            run: VecDeque::new(),
+        }
+    }
+
+    /// An empty table with room for `blocks` entries appended without reallocation.
+    pub fn with_capacity(spec: GroupSpec, block_size: usize, blocks: usize) -> Self {
+        let mut t = Self::new(spec, block_size);
+        let sinks = blocks.min(t.sink_blocks);
+        t.head.reserve_exact(sinks);
+        t.run.reserve_exact(blocks - sinks);
+        t
+    }
+
+    /// Logical blocks: `ceil(len / block_size)` of the sequence.
+    #[inline]
+    pub fn len_blocks(&self) -> usize {
+        self.len_blocks
+    }
+
+    /// Entries stored (not holes).
+    #[inline]
+    pub fn num_stored(&self) -> usize {
+        self.head.len() + self.run.len()
+    }
+
+    /// Hole entries.
+    #[inline]
+    pub fn num_holes(&self) -> usize {
+        self.len_blocks - self.num_stored()
+    }
+
+    /// The last entry if it is stored.
+    #[inline]
+    pub fn last(&self) -> Option<BlockId> {
+        self.last
+    }
+
+    /// The sequence length at which the next growth releases the run's first block.
+    #[inline]
+    pub fn release_at(&self) -> usize {
+        self.release_at
+    }
+
+    /// Blocks `0 .. sink_blocks` hold a sink position and are never released.
+    #[inline]
+    pub fn sink_blocks(&self) -> usize {
+        self.sink_blocks
+    }
+
+    /// Logical index of the run's first entry (`len_blocks` when the run is empty): the
+    /// `kv_page_start` of FlashInfer's export.
+    #[inline]
+    pub fn run_start(&self) -> usize {
+        self.run_start
+    }
+
+    /// The stored sink entries, logical blocks `0 .. head().len()`.
+    #[inline]
+    pub fn head(&self) -> &[BlockId] {
+        &self.head
+    }
+
+    /// The stored window entries, logical blocks `run_start() ..`.
+    #[inline]
+    pub fn run(&self) -> &VecDeque<BlockId> {
+        &self.run
+    }
+
+    /// Entry `i` (None for a hole or past the end).
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<BlockId> {
+        if i < self.head.len() {
+            Some(self.head[i])
+        } else if i >= self.run_start {
+            self.run.get(i - self.run_start).copied()
+        } else {
+            None
+        }
+    }
+
+    /// Every logical entry in order: a block or `None` for a hole.
+    pub fn entries(&self) -> impl Iterator<Item = Option<BlockId>> + '_ {
+        let holes = self.run_start - self.head.len();
+        let tail = self.len_blocks - self.run_start - self.run.len();
+        self.head
+            .iter()
+            .map(|&b| Some(b))
+            .chain(std::iter::repeat_n(None, holes))
+            .chain(self.run.iter().map(|&b| Some(b)))
+            .chain(std::iter::repeat_n(None, tail))
+    }
+
+    /// `(logical index, block)` of every stored entry, in logical order.
+    pub fn stored(&self) -> impl Iterator<Item = (usize, BlockId)> + '_ {
+        let rs = self.run_start;
+        self.head.iter().copied().enumerate().chain(self.run.iter().enumerate().map(move |(k, &b)| (rs + k, b)))
+    }
+
+    fn refresh(&mut self) {
+        if self.run.is_empty() {
+            self.run_start = self.len_blocks;
+            self.release_at = usize::MAX;
+            self.last = if self.head.len() == self.len_blocks { self.head.last().copied() } else { None };
+        } else {
+            self.release_at = release_len(&self.spec, self.run_start, self.block_size);
+            self.last = self.run.back().copied();
+        }
+    }
+
+    /// Append a stored entry at logical index `len_blocks()`.
+    #[inline]
+    pub fn push(&mut self, b: BlockId) {
+        if self.len_blocks < self.sink_blocks {
+            self.head.push(b);
+            self.len_blocks += 1;
+            self.run_start = self.len_blocks;
+        } else {
+            let was_empty = self.run.is_empty();
+            self.run.push_back(b);
+            self.len_blocks += 1;
+            if was_empty {
+                self.release_at = release_len(&self.spec, self.run_start, self.block_size);
+            }
+        }
+        self.last = Some(b);
+    }
+
+    /// Append a hole at logical index `len_blocks()` (a prefix-cache hit's skipped blocks).
+    /// Only past the sinks and before any stored window entry.
+    pub fn push_hole(&mut self) -> Result<()> {
+        if self.len_blocks < self.sink_blocks || !self.run.is_empty() {
+            return Err(KvError::Invariant(format!(
+                "a hole at logical block {} of a table with {} sink blocks and {} window blocks",
+                self.len_blocks,
+                self.sink_blocks,
+                self.run.len()
+            )));
+        }
+        self.len_blocks += 1;
+        self.refresh();
+        Ok(())
+    }
+
+    /// Put `b` in the last entry (a copy-on-write copy, or a new block for a last entry
+    /// that is a hole); returns the block it replaces, if any.
+    pub fn set_last(&mut self, b: BlockId) -> Option<BlockId> {
+        let old = if let Some(x) = self.run.back_mut() {
+            Some(std::mem::replace(x, b))
+        } else if self.head.len() == self.len_blocks && !self.head.is_empty() {
+            self.head.last_mut().map(|x| std::mem::replace(x, b))
+        } else {
+            // A trailing hole (the run is empty and the last entry lies past the sinks).
+            self.run_start = self.len_blocks - 1;
+            self.run.push_back(b);
+            self.release_at = release_len(&self.spec, self.run_start, self.block_size);
+            None
+        };
+        self.last = Some(b);
+        old
+    }
+
+    /// Window blocks the rule releases at the start of a growth from length `len`: a
+    /// prefix of the run.
+    pub fn releasable_count(&self, len: usize) -> usize {
+        if len < self.release_at {
+            return 0;
+        }
+        let mut k = 1;
+        while k < self.run.len() && release_len(&self.spec, self.run_start + k, self.block_size) <= len {
+            k += 1;
+        }
+        k
+    }
+
+    /// The first `k` blocks of the run (those [`Self::releasable_count`] counted).
+    pub fn run_front(&self, k: usize) -> impl Iterator<Item = BlockId> + '_ {
+        self.run.iter().take(k).copied()
+    }
+
+    /// Release the first `k` run entries (they become holes), first one first.
+    pub fn release_front(&mut self, k: usize, mut f: impl FnMut(BlockId)) {
+        for _ in 0..k {
+            if let Some(b) = self.run.pop_front() {
+                self.run_start += 1;
+                f(b);
+            }
+        }
+        self.refresh();
+    }
+
+    /// Undo one release of [`Self::release_front`]: the hole before the run gets `b` back.
+    pub fn unrelease_front(&mut self, b: BlockId) {
+        self.run_start -= 1;
+        self.run.push_front(b);
+        self.refresh();
+    }
+
+    /// Drop every entry from logical index `keep` on, handing the stored ones to `f`, last
+    /// one first.
+    pub fn truncate(&mut self, keep: usize, mut f: impl FnMut(BlockId)) {
+        while self.len_blocks > keep {
+            let i = self.len_blocks - 1;
+            if !self.run.is_empty() && i >= self.run_start {
+                if let Some(b) = self.run.pop_back() {
+                    f(b);
+                }
+            } else if i < self.head.len() {
+                if let Some(b) = self.head.pop() {
+                    f(b);
+                }
+            }
+            self.len_blocks -= 1;
+        }
+        self.refresh();
+    }
+
+    /// Whether the shape invariants hold (see the module doc); the reason if not.
+    pub fn shape_error(&self) -> Option<String> {
+        let want_head = self.len_blocks.min(self.sink_blocks);
+        if self.head.len() != want_head {
+            return Some(format!("{} sink entries stored, expected {want_head}", self.head.len()));
+        }
+        if self.run_start < self.head.len() || self.run_start + self.run.len() > self.len_blocks {
+            return Some(format!(
+                "window run at {}..{} outside {}..{}",
+                self.run_start,
+                self.run_start + self.run.len(),
+                self.head.len(),
+                self.len_blocks
+            ));
+        }
+        if !self.run.is_empty() && self.run_start + self.run.len() != self.len_blocks {
+            return Some("the window run does not end at the last entry".into());
+        }
+        if self.run.is_empty() && self.run_start != self.len_blocks {
+            return Some(format!("empty run starts at {}, not at {}", self.run_start, self.len_blocks));
+        }
+        let last = self.get(self.len_blocks.wrapping_sub(1));
+        if self.last != last {
+            return Some(format!("caches {:?} as its last entry, which is {last:?}", self.last));
+        }
+        let want = if self.run.is_empty() { usize::MAX } else { release_len(&self.spec, self.run_start, self.block_size) };
+        if self.release_at != want {
+            return Some(format!("release point {} instead of {want}", self.release_at));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_len_is_the_first_length_that_releases() {
+        let specs = [
+            GroupSpec::Full,
+            GroupSpec::sliding_window(1, 0).unwrap(),
+            GroupSpec::sliding_window(6, 0).unwrap(),
+            GroupSpec::sliding_window(5, 7).unwrap(),
+            GroupSpec::chunked(4).unwrap(),
+            GroupSpec::chunked(6).unwrap(),
+        ];
+        for s in specs {
+            for bs in [1usize, 3, 4] {
+                for i in 0..12 {
+                    let r = release_len(&s, i, bs);
+                    for p in 0..80 {
+                        assert_eq!(s.releasable(i, bs, p), p >= r, "{s} bs {bs} block {i} p {p}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sinks_holes_and_run_stay_in_shape() {
+        let s = GroupSpec::sliding_window(4, 3).unwrap();
+        let mut t = GroupTable::new(s, 2);
+        assert_eq!(t.sink_blocks(), 2);
+        for b in 0..6 {
+            t.push(BlockId(b));
+        }
+        assert_eq!(t.release_at(), 3 * 2 + 3);
+        assert_eq!(t.releasable_count(12), 3, "blocks 2, 3, 4: (i+1)*2 <= 12 + 1 - 4");
+        let mut gone = Vec::new();
+        t.release_front(3, |b| gone.push(b));
+        assert_eq!(gone, [BlockId(2), BlockId(3), BlockId(4)]);
+        let e: Vec<_> = t.entries().collect();
+        assert_eq!(e, [Some(BlockId(0)), Some(BlockId(1)), None, None, None, Some(BlockId(5))]);
+        assert_eq!((t.run_start(), t.num_holes(), t.get(3), t.get(5)), (5, 3, None, Some(BlockId(5))));
+        t.unrelease_front(BlockId(4));
+        assert_eq!(t.get(4), Some(BlockId(4)));
+        t.truncate(4, |b| gone.push(b));
+        assert_eq!(gone.last(), Some(&BlockId(4)));
+        assert_eq!((t.len_blocks(), t.run_start(), t.last()), (4, 4, None));
+        assert_eq!(t.set_last(BlockId(9)), None, "trailing hole filled");
+        assert_eq!(t.entries().last(), Some(Some(BlockId(9))));
+        assert!(t.shape_error().is_none(), "{:?}", t.shape_error());
+        assert!(t.push_hole().is_err(), "a hole after a stored window entry");
+        let stored: Vec<_> = t.stored().collect();
+        assert_eq!(stored, [(0, BlockId(0)), (1, BlockId(1)), (3, BlockId(9))]);
+    }
+}
