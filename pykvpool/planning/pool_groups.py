@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import groupby
 
-from pykvpool._native import InvalidArgumentError
+from pykvpool._native import ChunkedAttention, FullAttention, InvalidArgumentError, SlidingWindow
 from pykvpool.planning.layers import LayerGroup
 from pykvpool.planning.models import ModelConfig, StorageDtype, storage_dtype
 
@@ -86,6 +86,20 @@ class PoolGroup:
         """
         _positive("block_size", block_size)
         return -(-self.tokens_held(seq_len) // block_size)
+
+    def spec(self) -> FullAttention | SlidingWindow | ChunkedAttention:
+        """The attention kind of the group for :class:`pykvpool.HybridPool`:
+        ``FullAttention()``, ``SlidingWindow(window, sink_tokens)`` or
+        ``ChunkedAttention(window)``.
+
+        Raises:
+            InvalidArgumentError: a window above what the pool accepts (``2**31 - 1`` tokens).
+        """
+        if self.window is None:
+            return FullAttention()
+        if self.kind == "sliding":
+            return SlidingWindow(self.window, self.sink_tokens)
+        return ChunkedAttention(self.window)
 
     def describe(self) -> str:
         """``"8 sliding (1,024)"``, ``"2 sliding (5,000) + 3 padding"``."""
@@ -177,6 +191,15 @@ class PoolLayout:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise InvalidArgumentError(f"num_blocks must be an integer >= 0, got {num_blocks!r}")
         return num_blocks // self.blocks_per_sequence(seq_len)
+
+    def specs(self) -> list[FullAttention | SlidingWindow | ChunkedAttention]:
+        """The attention kinds of the groups, in order (see :meth:`PoolGroup.spec`): the
+        ``groups`` argument of ``HybridPool(num_blocks, block_size, groups)``.
+
+        Raises:
+            InvalidArgumentError: a window the pool refuses.
+        """
+        return [g.spec() for g in self.groups]
 
     def describe(self) -> str:
         """``"6 groups of 8 layers: 5 x 8 sliding (1,024) + 1 x 8 full; block 16 tokens =

@@ -4,7 +4,7 @@ PNG figures and ``report.json`` (every number of every table).
 Sections: the memory ledger (figure 1, presets on each accelerator), the roofline with this
 machine measured (figure 2), static capacity through the pool (figure 3), video (figure 4),
 block size and real traces (figure 5), the simulator under the same budget (figures 6-8),
-and a closing table of the article's value beside pykvpool's for every reproduced number.
+windows, sinks and hybrid layers through the hybrid pool (figure 9), and a closing table of the article's value beside pykvpool's for every reproduced number.
 
 One budget (:func:`pykvpool.planning.ledger.default_budget`: the device's memory, a 4 GiB reserve)
 serves every section, and the report prints it.
@@ -40,6 +40,7 @@ from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_bud
 from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
+from pykvpool.report.windows import windows_section
 from pykvpool.report.tables import jsonable, markdown_table
 from pykvpool.planning.roofline import (
     PREFILL_SHAPES,
@@ -115,6 +116,10 @@ def preset_ledger(model: ModelConfig, budget: Budget, kv_dtype: str) -> tuple[Me
     return MemoryLedger(fp8, budget, dt), f"fp8, 1 B/param ({native} exceeds the budget)"
 
 
+PRESET_LENGTH = 8192
+"""Context length (tokens) at which the presets table states a windowed model's capacity."""
+
+
 def _presets_table() -> tuple[str, list[dict[str, Any]]]:
     rows: list[list[object]] = []
     data: list[dict[str, Any]] = []
@@ -131,14 +136,19 @@ def _presets_table() -> tuple[str, list[dict[str, Any]]]:
                     data.append({"hardware": hw_key, "model": key, "dtype": dt, "error": str(e)})
                     continue
                 b = led.decode_bound(hw, seq_len=8192, batch=1, compute_dtype=dt)
+                win = model.windowed
+                capacity = (f"{led.tokens_at(seq_len=PRESET_LENGTH):,} @ {PRESET_LENGTH}" if win
+                            else f"{led.token_capacity:,}")
                 rows.append([hw.name, model.name, weights, dt, led.bytes_per_token,
-                             f"{led.weight_bytes / GIB:.2f}", f"{led.token_capacity:,}",
+                             f"{led.weight_bytes / GIB:.2f}", capacity,
                              led.max_batch(seq_len=8192), f"{b.step_time * 1e3:.2f}",
                              f"{b.tokens_per_s:.0f}"])
                 data.append({"hardware": hw_key, "model": key, "dtype": dt, "weights": weights,
                              "budget": budget.describe(), "weight_bytes": led.weight_bytes,
-                             "bytes_per_token": led.bytes_per_token,
-                             "token_capacity": led.token_capacity,
+                             "bytes_per_token": led.bytes_per_token, "windowed": win,
+                             "token_capacity": None if win else led.token_capacity,
+                             "full_history_token_capacity": led.token_capacity,
+                             f"tokens_at_{PRESET_LENGTH}": led.tokens_at(seq_len=PRESET_LENGTH),
                              "max_batch_8192": led.max_batch(seq_len=8192),
                              "decode_step_s": b.step_time, "tokens_per_s": b.tokens_per_s})
     table = markdown_table(
@@ -281,9 +291,11 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
 
     dynamic_md, data["dynamic"], dynamic_figs = dynamic_section(out, budget, progress)
     figs.update(dynamic_figs)
+    windows_md, data["windows"], windows_figs = windows_section(out, budget, progress)
+    figs.update(windows_figs)
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
                    data["fig2"], reason, videos, figs)
-    md = md.replace("## Closing note", dynamic_md + "\n## Closing note", 1)
+    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n## Closing note", 1)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
     path = out / "report.md"
@@ -355,7 +367,12 @@ def _ledger_section(gqa: MemoryLedger, figs: dict[str, Path]) -> list[str]:
              f"32: {gqa.max_seq_len(batch=32):,} tokens (at block size 16: {gqa.max_seq_len(batch=32, block_size=16):,}).\n")
     s.append("Presets on each accelerator (budget: `default_budget` of each device: "
              + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
-             + ". KV fp8 counts one fp32 scale per token, layer, K/V and KV head; the decode "
+             + ". KV B/token is the full history (every layer keeps every token). A model "
+             "with sliding or chunked layers (Mistral, Gemma, gpt-oss) needs less per token the "
+             "longer its sequences, so its capacity is stated at a length: `N @ 8192` is the "
+             f"tokens served as sequences of {PRESET_LENGTH} (max batch x {PRESET_LENGTH}; "
+             "section 7 gives 8k / 32k / 128k). KV fp8 counts one fp32 scale per token, "
+             "layer, K/V and KV head; the decode "
              "bound reads the weights and the whole KV once per step. Where the preset's bf16 "
              "weights leave no room for KV, the row stores the weights in fp8, 1 byte per "
              "parameter, and says so in the weights column):\n")
