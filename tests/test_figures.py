@@ -507,6 +507,7 @@ def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
     assert dyn["peak_blocks_held"] < blocks
     assert dyn["oracle_vs_paged_max_rel_gap"] < 0.01 and "coincide with `paged`" in md
     assert "measurement skipped" in md
+    assert res.data["windows"]["budget"] == budget.describe() and "## 7. Windows, sinks" in md
     for name, f in res.figures.items():
         assert_png(f)
 

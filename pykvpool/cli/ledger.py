@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from pykvpool.cli.argtypes import count
+from pykvpool._native import InvalidArgumentError
+from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, count
 from pykvpool.cli._common import (
     DEFAULT_HARDWARE,
     add_common,
@@ -19,6 +20,7 @@ from pykvpool.cli._common import (
 from pykvpool.planning.hardware import hardware_preset
 from pykvpool.planning.ledger import GIB, MAX_SEQ_LEN, MemoryLedger
 from pykvpool.planning.models import ModelConfig
+from pykvpool.planning.pool_groups import pool_layout
 
 __all__ = ["add_subcommand", "main_ledger"]
 
@@ -29,9 +31,11 @@ def main_ledger(args: argparse.Namespace) -> int:
     Raises:
         UnknownPresetError: an unknown model, hardware or dtype preset.
         InvalidArgumentError: a malformed ``--hf-config`` or dtype, a budget the weights fill
-            (BudgetError).
+            (BudgetError), ``--block-size`` without ``--groups``.
         OSError: ``--hf-config`` cannot be read or ``--out`` cannot be written.
     """
+    if args.block_size is not None and not args.groups:
+        raise InvalidArgumentError("--block-size applies to --groups only")
     led = ledger_from_args(args)
     m = led.model
     if args.seq_len > m.max_context:
@@ -82,6 +86,8 @@ def main_ledger(args: argparse.Namespace) -> int:
                  f"<= {b.tokens_per_s:.0f} tokens/s at batch {bsz}")
     data["decode"] = {"hardware": hw.name, "step_s": b.step_time,
                       "tokens_per_s": b.tokens_per_s, "bytes": b.bytes_moved, "flops": b.flops}
+    if args.groups:
+        lines += _group_lines(led, args.block_size or 16, s, data)
     text = "\n".join(lines)
     print(text)
     write_outputs(args.out, "ledger", "```\n" + text + "\n```\n", data)
@@ -117,6 +123,27 @@ def _length_table(led: MemoryLedger, seq_len: int) -> list[str]:
     return rows
 
 
+def _group_lines(led: MemoryLedger, block_size: int, seq_len: int, data: dict[str, Any]) -> list[str]:
+    """The model's hybrid pool (vLLM's grouping), its blocks in the KV budget and the
+    sequences it holds at each length; records them in ``data["pool"]``."""
+    lay = pool_layout(led.model, led.dtype, block_size)
+    blocks = lay.num_blocks(led.kv_budget_bytes)
+    lengths = sorted({*TABLE_LENGTHS, seq_len})
+    lines = [f"pool groups      {lay.describe()}",
+             f"pool blocks      {blocks:,} blocks of {block_size} tokens x {lay.layers_per_group} layers "
+             f"in the KV budget",
+             "  length   blocks/sequence   sequences"]
+    lines += [f"  {n:>7,}  {lay.blocks_per_sequence(n):>16,}  {lay.max_sequences(n, blocks):>10,}"
+              for n in lengths]
+    data["pool"] = {"block_size": block_size, "layers_per_group": lay.layers_per_group,
+                    "block_bytes": lay.block_bytes, "num_blocks": blocks,
+                    "padding_layers": lay.padding_layers,
+                    "groups": [vars(g) for g in lay.groups],
+                    "blocks_per_sequence_at": {str(n): lay.blocks_per_sequence(n) for n in lengths},
+                    "sequences_at": {str(n): lay.max_sequences(n, blocks) for n in lengths}}
+    return lines
+
+
 def add_subcommand(sub: Any) -> None:
     """Add the ``ledger`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
     :func:`main_ledger`.
@@ -131,4 +158,10 @@ def add_subcommand(sub: Any) -> None:
     add_common(pl)
     pl.add_argument("--seq-len", type=count(), default=8192, help="tokens per sequence")
     pl.add_argument("--batch", type=count(), default=1, help="sequences")
+    pl.add_argument("--groups", action="store_true",
+                    help="also print the model's hybrid pool: its layer groups as vLLM's hybrid "
+                         "allocator forms them, the bytes of one block, the blocks in the KV "
+                         "budget and the sequences they hold at each length")
+    pl.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), metavar="TOKENS",
+                    help="tokens per block of --groups' pool (default 16)")
     pl.set_defaults(func=main_ledger)

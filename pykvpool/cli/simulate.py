@@ -24,6 +24,7 @@ from pykvpool.cli.argtypes import (
 )
 from pykvpool.planning.ledger import GIB, MemoryLedger
 from pykvpool.planning.models import storage_dtype
+from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline, roofline
 from pykvpool.simulate.engine import (
     SchedulerConfig,
@@ -163,7 +164,11 @@ def _pool(args: argparse.Namespace, tm: Roofline) -> tuple[int, list[str]]:
         f"budget           {budget.describe()} on {tm.hardware.name}",
         f"KV budget        {budget.available_bytes / GIB:.2f} GiB - {led.weight_bytes / GIB:.2f} GiB weights "
         f"({tm.model.name}) = {led.kv_budget_bytes / GIB:.2f} GiB = {led.token_capacity:,} tokens "
-        f"= {blocks:,} blocks of {bs} tokens",
+        f"= {led.token_capacity // bs:,} blocks of {bs} tokens",
+        *([] if blocks == led.token_capacity // bs else [
+            f"                 (the simulator's pool keeps every layer's full history; "
+            f"{tm.model.name}'s hybrid pool would have {blocks:,} blocks of {bs} tokens x "
+            f"{pool_layout(tm.model, led.dtype, bs).layers_per_group} layers)"]),
     ]
 
 

@@ -11,6 +11,10 @@ Every policy runs through the real :class:`pykvpool.BlockPool`, never a formula:
   ``prefix_len``-token prefix (a system prompt) held once by a parent sequence and shared
   through :meth:`BlockPool.fork`; each request appends only its own tokens (copy-on-write
   of a partly filled shared block included).
+- **hybrid concurrency** (issue 13, :func:`hybrid_concurrency`): sequences of one context
+  length in a :class:`pykvpool.HybridPool` of the model's groups
+  (:func:`pykvpool.planning.pool_groups.pool_layout`), each grown by chunked prefill so
+  that sliding windows release their blocks as the pool's release rule says.
 
 Admission is greedy in request order until the pool raises :class:`PoolExhaustedError`,
 as in the article. The budget is a KV token capacity (see
@@ -23,16 +27,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
-from pykvpool._native import BlockPool, InvalidArgumentError, PoolExhaustedError
+from pykvpool._native import BlockPool, HybridPool, InvalidArgumentError, PoolExhaustedError
+from pykvpool.planning.pool_groups import PoolLayout
 from pykvpool.planning.workloads import Workload
 
 __all__ = [
     "BLOCK_SIZES",
+    "MAX_SWEEP_CALLS",
     "BlockSizeRow",
+    "Concurrency",
     "SweepResult",
     "WasteDecomposition",
     "block_size_sweep",
     "contiguous",
+    "hybrid_concurrency",
     "paged",
     "paged_shared_prefix",
     "waste_decomposition",
@@ -333,3 +341,100 @@ def block_size_sweep(workload: Workload, block_sizes: Sequence[int] = BLOCK_SIZE
     return rows
 
 
+MAX_SWEEP_CALLS = 1 << 20
+"""Most pool calls :func:`hybrid_concurrency` makes (sequences x chunks per sequence, by
+the ledger's count): a bound on its run time."""
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """Sequences of one context length a hybrid pool holds (:func:`hybrid_concurrency`).
+
+    Attributes:
+        model: the model's name.
+        seq_len: each sequence's length, tokens.
+        chunk_tokens: prefill chunk, tokens.
+        block_size: tokens per block.
+        num_blocks: blocks of the pool.
+        admitted: sequences grown to ``seq_len`` through the real pool before it raised
+            :class:`PoolExhaustedError`.
+        ledger: the ledger's count, ``num_blocks // blocks_per_sequence``.
+        blocks_per_sequence: blocks one sequence holds in the ledger's count (every group).
+        held_per_sequence: the most blocks one admitted sequence held in the pool at
+            ``seq_len`` (0 when none was admitted).
+        peak_per_sequence: the most blocks one sequence held during its prefill (the
+            one-chunk transient of its windowed groups included).
+    """
+
+    model: str
+    seq_len: int
+    chunk_tokens: int
+    block_size: int
+    num_blocks: int
+    admitted: int
+    ledger: int
+    blocks_per_sequence: int
+    held_per_sequence: int
+    peak_per_sequence: int
+
+
+def _grow(p: HybridPool, seq: int, seq_len: int, chunk: int) -> tuple[int, int]:
+    """Prefill ``seq`` to ``seq_len - 1`` tokens in chunks of ``chunk``, then one decode
+    token; return (peak blocks held during the prefill, blocks held at ``seq_len``).
+    Raises PoolExhaustedError with the sequence freed (the pool as before)."""
+    base = p.num_used_blocks
+    peak = 0
+    try:
+        done = min(chunk, seq_len - 1) or 1
+        p.add_sequence(seq, done)
+        peak = p.num_used_blocks - base
+        while done < seq_len - 1:
+            n = min(chunk, seq_len - 1 - done)
+            p.append(seq, n)
+            done += n
+            peak = max(peak, p.num_used_blocks - base)
+        if done < seq_len:
+            p.append(seq, 1)
+    except PoolExhaustedError:
+        if seq in p:
+            p.free(seq)
+        raise
+    return peak, p.num_used_blocks - base
+
+
+def hybrid_concurrency(layout: PoolLayout, num_blocks: int, seq_len: int,
+                       chunk_tokens: int = 2048) -> Concurrency:
+    """How many sequences of ``seq_len`` tokens a :class:`pykvpool.HybridPool` of
+    ``layout``'s groups and ``num_blocks`` blocks holds: sequences are admitted one after
+    the other, each prefilled to ``seq_len - 1`` tokens in chunks of ``chunk_tokens``
+    (``add_sequence`` then ``append``: every growth first releases the blocks its window no
+    longer needs) and given one decode token (``append(seq, 1)``, which releases down to the
+    window), until the pool raises :class:`PoolExhaustedError`. A sequence holds its
+    window's blocks after the decode token, but needs about one chunk more per windowed
+    group while it is prefilled: the count is the ledger's, or a little less when that
+    transient does not fit beside the others.
+
+    Raises:
+        InvalidArgumentError: ``seq_len``, ``chunk_tokens`` or ``num_blocks`` < 1, or a
+            sweep that would take more than :data:`MAX_SWEEP_CALLS` pool calls.
+    """
+    for name, value in (("seq_len", seq_len), ("chunk_tokens", chunk_tokens), ("num_blocks", num_blocks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+    per_seq = layout.blocks_per_sequence(seq_len)
+    ledger = num_blocks // per_seq
+    calls = (ledger + 1) * (-(-seq_len // chunk_tokens) + 1)
+    if calls > MAX_SWEEP_CALLS:
+        raise InvalidArgumentError(
+            f"seq_len {seq_len} in chunks of chunk_tokens {chunk_tokens} with {num_blocks} blocks "
+            f"would take about {calls:,} pool calls (more than {MAX_SWEEP_CALLS:,})")
+    pool = HybridPool(num_blocks, layout.block_size, layout.specs())
+    admitted = held = peak = 0
+    while True:
+        try:
+            p, h = _grow(pool, admitted, seq_len, chunk_tokens)
+        except PoolExhaustedError:
+            break
+        admitted, held, peak = admitted + 1, max(held, h), max(peak, p, h)
+    return Concurrency(layout.model, seq_len, chunk_tokens, layout.block_size, num_blocks,
+                       admitted, ledger, per_seq, held, peak)

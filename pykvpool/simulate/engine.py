@@ -54,6 +54,7 @@ from pykvpool.planning.layers import LayerGroup
 from pykvpool.errors import BudgetError
 from pykvpool.planning.ledger import Budget, MemoryLedger, default_budget
 from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
+from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
 from pykvpool.checks import check_count as _count, check_positive as _positive, invalid as _invalid
 
@@ -388,10 +389,16 @@ def kv_blocks_for_memory(
     budget: Optional[Budget] = None,
     kv_dtype: str = "bf16",
 ) -> int:
-    """Device blocks of ``block_size`` tokens left for KV by ``budget`` (default:
+    """Blocks of ``block_size`` tokens left for KV by ``budget`` (default:
     :func:`pykvpool.planning.ledger.default_budget` of ``hardware``, the budget ``pykvpool ledger``
-    uses): exactly ``MemoryLedger(model, budget, kv_dtype).token_capacity // block_size``
-    (Llama-3-8B BF16 on the A100-80GB: 500,063 tokens = 31,253 blocks of 16).
+    uses) in the model's hybrid pool (:func:`pykvpool.planning.pool_groups.pool_layout`: one
+    block holds ``block_size`` tokens of ``layers_per_group`` layers):
+    ``floor(floor(kv_budget / (layers_per_group x layer bytes)) / block_size)``. A model of one
+    attention kind (every full-attention model, Mistral's all-sliding one) has one group of
+    all its layers, so this is ``MemoryLedger(model, budget, kv_dtype).token_capacity //
+    block_size`` (Llama-3-8B BF16 on the A100-80GB: 500,063 tokens = 31,253 blocks of 16);
+    a hybrid model's blocks are smaller (Gemma-3-12B: 8 of its 48 layers, six groups) and a
+    sequence holds blocks in every group, windowed groups only their window's.
 
     Raises:
         BudgetError: (an InvalidArgumentError) the weights plus the reserve leave no room
@@ -401,10 +408,11 @@ def kv_blocks_for_memory(
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise _native.InvalidArgumentError(f"block_size must be an integer >= 1, got {block_size!r}")
     ledger = MemoryLedger(model, default_budget(hardware) if budget is None else budget, storage_dtype(kv_dtype))
-    blocks = ledger.token_capacity // block_size
+    layout = pool_layout(model, ledger.dtype, block_size)
+    blocks = layout.num_blocks(ledger.kv_budget_bytes)
     if blocks < 1:
         raise BudgetError(f"the KV budget ({ledger.kv_budget_bytes / 2**30:.2f} GiB) holds no block of "
-                          f"{block_size} tokens", needed_bytes=block_size * ledger.bytes_per_token,
+                          f"{block_size} tokens", needed_bytes=layout.block_bytes,
                           available_bytes=ledger.kv_budget_bytes)
     return blocks
 
