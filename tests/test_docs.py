@@ -220,6 +220,7 @@ NOTHING_RAISES: dict[str, str] = {
         "planning.pool_groups.PoolLayout.describe",
         "prefix.replay.ReplayResult.capacity_tokens",
         "prefix.replay.ReplayResult.as_dict",
+        "prefix.groups_replay.GroupReplayResult.as_dict",
         "planning.roofline.KernelPoint.intensity",
         "planning.roofline.KernelPoint.flops_per_s",
         "planning.roofline.KernelPoint.bytes_per_s",

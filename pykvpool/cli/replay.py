@@ -11,6 +11,8 @@ from typing import Any
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, count, count_list
+from pykvpool.planning.models import MODELS, model_preset
+from pykvpool.prefix.groups_replay import GroupReplayResult, compare_layouts
 from pykvpool.prefix.replay import (
     POLICIES,
     TRACE_BLOCK_SIZE,
@@ -56,18 +58,57 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="Mooncake JSONL trace, or 'mooncake' (default: the shipped FAST'25 synthetic trace)")
     p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="eviction policy (default all)")
     p.add_argument("--capacity", type=count(), metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
-    p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=TRACE_BLOCK_SIZE, help="tokens per block, a multiple of 512")
+    p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE),
+                   help="tokens per block, a multiple of 512 (default 512; with --model: 16, or any divisor of 512)")
     p.add_argument("--sweep", action="store_true", help="sweep capacities x policies x block sizes")
     p.add_argument("--capacities", type=count_list(), metavar="TOKENS,...", help="sweep capacities in tokens")
     p.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), metavar="TOKENS,...", help="sweep block sizes (default 512)")
     p.add_argument("--plot", metavar="FILE", help="with --sweep: write the hit-rate-vs-capacity figure")
     p.add_argument("--retain-hits-for", type=count(), metavar="OPS",
                    help="priority policy: soft-pin each reused prefix for OPS pool operations")
+    p.add_argument("--model", choices=MODELS, metavar="MODEL",
+                   help="replay through a HybridPool laid out for MODEL's layer kinds (windows reuse only "
+                   "the window before a hit) against the same model with every layer global, at equal "
+                   "bytes; --capacities in whole-model tokens (default 1,000,000 and 3,000,000)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
     p.set_defaults(func=main_replay)
     return p
+
+
+def _groups_table(pairs: Sequence[tuple[GroupReplayResult, GroupReplayResult]]) -> str:
+    lines = ["| capacity (GiB) | layout | blocks | token hit rate | evictions |", "|---:|---|---:|---:|---:|"]
+    for pair in pairs:
+        for r in pair:
+            lines.append(f"| {r.capacity_bytes / 2**30:.2f} | {r.layout} | {r.num_blocks:,} | "
+                         f"{r.token_hit_rate:.4f} | {r.evictions:,} |")
+    return "\n".join(lines)
+
+
+def _main_groups(args: argparse.Namespace, trace: Sequence[Any]) -> int:
+    """``replay --model``: the model's hybrid layout against all-global layers."""
+    if args.sweep or args.capacity is not None or args.retain_hits_for is not None or args.block_sizes:
+        raise InvalidArgumentError("--model takes --capacities (whole-model tokens) and --block-size only")
+    model = model_preset(args.model)
+    per_token = model.all_global().kv_bytes_per_token()
+    tokens = args.capacities or [1_000_000, 3_000_000]
+    pairs = compare_layouts(trace, model, [t * per_token for t in tokens], args.block_size or 16)
+    table = _groups_table(pairs)
+    print(f"{len(trace)} requests; {model.name} (windows) vs every layer global, equal bytes")
+    print(table)
+    data = [r.as_dict() for pair in pairs for r in pair]
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        md = os.path.join(args.out, "replay.md")
+        with open(md, "w", encoding="utf-8") as f:
+            f.write(f"# Prefix reuse with layer groups\n\n{len(trace)} requests\n\n{table}\n")
+        print(f"wrote {md}")
+    for path in ([args.json] if args.json else []) + ([os.path.join(args.out, "replay.json")] if args.out else []):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        print(f"wrote {path}")
+    return 0
 
 
 def main_replay(args: argparse.Namespace) -> int:
@@ -76,7 +117,8 @@ def main_replay(args: argparse.Namespace) -> int:
     Raises:
         InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
             below the trace's largest request or above the pool's limit (2**30 blocks); a
-            block size (tokens) that is not a multiple of 512. (A sweep skips the
+            block size (tokens) that is not a multiple of 512 (with ``--model``: neither a
+            divisor nor a multiple); ``--model`` with a sweep option. (A sweep skips the
             capacities below the largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).
@@ -87,6 +129,9 @@ def main_replay(args: argparse.Namespace) -> int:
     if args.plot and not args.sweep:
         raise InvalidArgumentError("--plot needs --sweep")
     trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
+    if args.model:
+        return _main_groups(args, trace)
+    args.block_size = args.block_size or TRACE_BLOCK_SIZE
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.sweep:
         results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
