@@ -237,3 +237,21 @@ def test_read_text_refuses_what_is_not_utf8_text(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(tracefile, "MAX_FILE_BYTES", 1_000_000)
     with pytest.raises(pykvpool.TraceFormatError, match="larger than"):
         tracefile.read_text(f)
+
+
+def test_layer_groups_hold_only_the_window_and_serve_more() -> None:
+    """Gemma-3-12B (5 sliding groups of 1,024 + 1 full, 8 layers each) on the A100 default
+    budget: --layer-groups simulates the hybrid pool (six times the blocks, each a sixth of
+    the bytes); a windowed group's peak stays within its window per running request while
+    the full group grows, and more requests run at once than with full history."""
+    args = ["simulate", "--model", "gemma-3-12b", "--requests", "60", "--prompt", "4000", "12000", "--seed", "3"]
+    full, hybrid = cli(*args), cli(*args, "--layer-groups")
+    assert full.returncode == 0 and hybrid.returncode == 0, full.stderr + hybrid.stderr
+    f, h = summary(full.stdout), summary(hybrid.stdout)
+    blocks = int(re.search(r"(\d[\d,]*) group blocks", hybrid.stdout).group(1).replace(",", ""))
+    assert blocks == 6 * 9092 + 2  # 53.28 GiB // 1 MiB, against 9,092 six-MiB blocks
+    window = [h[f"peak_blocks_used_g{j}"] for j in range(5)]
+    assert h["peak_blocks_used_g5"] > max(window)
+    # a request holds at most 1,024 / 16 + 1 window blocks plus its prefill chunk (8,192 tokens)
+    assert max(window) <= h["peak_running"] * (64 + 1 + 8192 // 16 + 1)
+    assert h["peak_running"] > f["peak_running"] and h["finished"] == f["finished"] == 60

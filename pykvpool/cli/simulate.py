@@ -112,6 +112,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     m.add_argument("--num-blocks", type=count(1, MAX_BLOCKS),
                    help=f"device blocks, at most {MAX_BLOCKS:,} (default: the budget's KV in blocks)")
     m.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=16, help="tokens per block")
+    m.add_argument("--layer-groups", action="store_true",
+                   help="one HybridPool group per attention kind of the model (vLLM's hybrid layout: "
+                        "windowed layers keep only their window), blocks of one group's layers")
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-running", type=count(), default=256)
     s.add_argument("--max-batched-tokens", type=count(), default=8192)
@@ -166,8 +169,8 @@ def _pool(args: argparse.Namespace, tm: Roofline) -> tuple[int, list[str]]:
         f"({tm.model.name}) = {led.kv_budget_bytes / GIB:.2f} GiB = {led.token_capacity:,} tokens "
         f"= {led.token_capacity // bs:,} blocks of {bs} tokens",
         *([] if blocks == led.token_capacity // bs else [
-            f"                 (the simulator's pool keeps every layer's full history; "
-            f"{tm.model.name}'s hybrid pool would have {blocks:,} blocks of {bs} tokens x "
+            f"                 (without --layer-groups the simulator's pool keeps every layer's full "
+            f"history; {tm.model.name}'s hybrid pool has {blocks:,} blocks of {bs} tokens x "
             f"{pool_layout(tm.model, led.dtype, bs).layers_per_group} layers)"]),
     ]
 
@@ -193,6 +196,8 @@ def main_simulate(args: argparse.Namespace) -> int:
     Raises:
         InvalidArgumentError and its subclasses (bad options, trace or budget), OSError.
     """
+    if args.layer_groups and args.sweep_rates:
+        raise InvalidArgumentError("--layer-groups does not combine with --sweep-rates")
     tm = roofline(args.model, args.hardware, args.block_size)
     rt = _reserve_tokens(args, tm)
     capacity, lines = _pool(args, tm)
@@ -204,12 +209,22 @@ def main_simulate(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.sweep_rates:
         return _run_sweep(args, w, tm, capacity, rt)
+    groups = None
+    num_blocks = capacity // args.block_size
+    if args.layer_groups:
+        layout = pool_layout(tm.model, tm.kv_dtype, args.block_size)
+        groups = tuple(layout.specs())
+        if args.num_blocks is None:
+            num_blocks = kv_blocks_for_memory(tm.model, tm.hardware, args.block_size,
+                                              budget=budget_from_args(args, tm.hardware), kv_dtype=tm.kv_dtype)
+        print(f"layer groups     {layout.describe()}: {num_blocks:,} group blocks")
     cfg = SimConfig(
-        num_blocks=capacity // args.block_size,
+        num_blocks=num_blocks,
         block_size=args.block_size,
         scheduler=_config(args, args.allocation, rt),
         prefix_caching=args.prefix_caching,
         eviction=args.eviction,
+        groups=groups,
     )
     if cfg.num_blocks < 1:
         raise InvalidArgumentError(f"--block-size {args.block_size} exceeds the pool of {capacity} tokens")

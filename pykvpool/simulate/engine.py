@@ -298,16 +298,26 @@ class SchedulerConfig:
 
 
 #: A layer group of the device pool: a :class:`pykvpool.planning.layers.LayerGroup` (its
-#: ``layers`` count does not matter to the pool), or a tuple ``("full",)``,
+#: ``layers`` count does not matter to the pool), a :class:`pykvpool.FullAttention`,
+#: :class:`pykvpool.SlidingWindow` or :class:`pykvpool.ChunkedAttention` (what
+#: ``PoolLayout.specs()`` gives), or a tuple ``("full",)``,
 #: ``("sliding", window)``, ``("sliding", window, sink_tokens)`` or ``("chunked",
 #: chunk_size)`` (tokens).
-GroupSpec = Union[LayerGroup, tuple[Any, ...]]
+GroupSpec = Union[LayerGroup, "_native.FullAttention", "_native.SlidingWindow", "_native.ChunkedAttention",
+                  tuple[Any, ...]]
 
-_GROUP_FORMS = "a LayerGroup or ('full',), ('sliding', window[, sink_tokens]), ('chunked', chunk_size)"
+_GROUP_FORMS = ("a LayerGroup, FullAttention, SlidingWindow, ChunkedAttention or ('full',), "
+                "('sliding', window[, sink_tokens]), ('chunked', chunk_size)")
 
 
 def _group_spec(g: object, i: int) -> tuple[Any, ...]:
     """One group as the tuple ``run_simulation`` takes, or InvalidArgumentError naming it."""
+    if isinstance(g, _native.FullAttention):
+        g = ("full",)
+    elif isinstance(g, _native.SlidingWindow):
+        g = ("sliding", g.window, g.sink_tokens)
+    elif isinstance(g, _native.ChunkedAttention):
+        g = ("chunked", g.chunk_size)
     if isinstance(g, LayerGroup):
         g = (g.kind,) if g.window is None else (g.kind, g.window, g.sink_tokens) if g.kind == "sliding" \
             else (g.kind, g.window)
