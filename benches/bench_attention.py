@@ -26,6 +26,22 @@ importable (an optional dependency), in f32 and bf16 at 1 and 2 threads.
 
 Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
 and prints a markdown table). ``--quick`` shrinks every shape 8x for a smoke run.
+
+``--window`` runs the sliding-window case instead: 8 sequences, 32 query / 8 KV heads,
+head_dim 128, bf16, ``window_left`` 4095 (a 4096-token window) and 16 sink tokens, at
+logical lengths 8k to 512k. Only the blocks a windowed pool keeps are stored (the sink
+block and the window's 256 blocks per sequence, scattered; the pool does not grow with
+the length), and the tables are the hybrid pool's exports: FlashInfer pages with
+``kv_page_start`` (only stored pages) and a padded ``[8, L / 16]`` table whose released
+columns are -1. The
+kernel reads the same keys at every length (the outputs are bitwise equal), so its time
+must not grow with the logical length; the padded form still converts its whole table
+(``L / 16`` entries per row) in the binding. Lengths are timed in interleaved rounds.
+
+``--ab DIR`` compares this build's decode (no window) with another build's extension
+(``DIR/_native*.so``, e.g. an older commit built with ``maturin build`` and unpacked) in
+one process, calls alternating, on shapes (a) and (c) in f32 and bf16 (``--resident 16``:
+from cache); prints the median of the per-pair time ratios this/other with its IQR.
 ``--resident N`` makes every sequence read only N distinct blocks (table entries modulo
 N): the data stays in cache, so the rate is the kernel's compute ceiling, not DRAM's.
 """
@@ -189,14 +205,129 @@ def torch_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndar
         return best_time(step, reps)[0]
 
 
+WINDOW, SINKS, WIN_LENGTHS = 4096, 16, [8 << 10, 32 << 10, 128 << 10, 512 << 10]
+
+
+def window_case(reps: int, out: Path) -> None:
+    """Decode time with a 4096-token window at logical lengths 8k..512k (see the module
+    docstring). One cache serves every length (the same physical blocks and data; only the
+    tables' logical places change); the lengths and table forms are timed in interleaved
+    rounds, so a shared machine's drift moves them together, and each figure's ratio to
+    8k is the median of the per-round ratios. Prints a markdown table and writes ``out``."""
+    n, hq, hkv, d = 8, 32, 8, 128
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((n, hq, d), dtype=np.float32)
+    sink_blocks = -(-SINKS // BS)
+    stored = sink_blocks + WINDOW // BS  # the sink block and the window's (lengths are multiples of 16)
+    perm = rng.permutation(n * stored).astype(np.int32).reshape(n, stored)
+    cache = kv.KvCache(1, n * stored, BS, hkv, d, "bf16")
+    for b0 in range(0, n * stored, 256):
+        nb = min(256, n * stored - b0)
+        k, v = (rng.standard_normal((nb * BS, hkv, d), dtype=np.float32) for _ in range(2))
+        cache.write(0, k, v, np.arange(b0 * BS, (b0 + nb) * BS))
+    kw: dict[str, Any] = dict(window_left=WINDOW - 1, sink_tokens=SINKS)
+    calls: dict[tuple[int, str], Callable[[], Any]] = {}
+    for length in WIN_LENGTHS:
+        nblk = -(-length // BS)
+        first = (length - WINDOW) // BS  # the block holding the window's first key
+        assert sink_blocks + nblk - first == stored
+        table = np.full((n, nblk), -1, np.int32)
+        table[:, list(range(sink_blocks)) + list(range(first, nblk))] = perm
+        indptr = np.arange(n + 1, dtype=np.int32) * stored
+        last = np.full(n, (length - 1) % BS + 1, np.int32)
+        start = np.full(n, first, np.int32)
+        calls[length, "paged"] = lambda indptr=indptr, last=last, start=start: kv.decode_attention_paged(
+            cache, 0, q, indptr, perm.ravel(), last, kv_page_start=start, **kw)
+        calls[length, "padded"] = lambda table=table, length=length: kv.decode_attention(
+            cache, 0, q, table, [length] * n, **kw)
+    ref = calls[WIN_LENGTHS[0], "paged"]()
+    assert all(np.array_equal(fn(), ref) for fn in calls.values()), "the same keys at every length"
+    times: dict[tuple[int, str], list[float]] = {key: [] for key in calls}
+    for r in range(reps):
+        for key in (list(calls) if r % 2 else list(calls)[::-1]):
+            t = time.perf_counter()
+            calls[key]()
+            times[key].append(time.perf_counter() - t)
+    rows = []
+    for (length, form), ts in times.items():
+        ratio = np.array(ts) / np.array(times[WIN_LENGTHS[0], form])
+        rows.append(dict(length=length, form=form, stored_blocks=n * stored, seconds=min(ts), median=float(np.median(ts)),
+                         ratio_median=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
+                         ratio_q3=float(np.quantile(ratio, 0.75))))
+    print(f"window {WINDOW} (window_left {WINDOW - 1}), {SINKS} sinks, {n} x {hq}/{hkv} heads, d {d}, bf16, "
+          f"{kv.get_num_threads()} threads, {reps} interleaved rounds; load {os.getloadavg()}")
+    print("| logical length | tables | stored blocks | best ms | median ms | time / time at 8k, per-round median [IQR] |")
+    print("|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["form"], r["length"])):
+        print(f"| {r['length']} | {r['form']} | {r['stored_blocks']} | {r['seconds'] * 1e3:.2f} | {r['median'] * 1e3:.2f} | "
+              f"{r['ratio_median']:.2f} [{r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}] |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(window=WINDOW, sinks=SINKS, threads=kv.get_num_threads(), rows=rows), indent=2))
+
+
+def ab_case(other_dir: str, reps: int, resident: int) -> None:
+    """This build's decode against another build's, alternating calls (see the module
+    docstring): a shared machine's drift moves both halves of a pair together."""
+    import glob
+    import importlib.util
+
+    so = glob.glob(os.path.join(other_dir, "_native*.so"))
+    if not so:
+        raise SystemExit(f"bench_attention: error: no _native*.so in {other_dir}")
+    spec = importlib.util.spec_from_file_location("pykvpool_other._native", so[0])
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    mods = {"this": kv._native, "other": other}
+    print(f"{kv.get_num_threads()} threads, {reps} pairs, resident {resident}; load {os.getloadavg()}")
+    print("| shape | dtype | this best ms | other best ms | this/other, per-pair median [IQR] |")
+    print("|---|---|---|---|---|")
+    for name, shape in shapes(1).items():
+        if name not in "ac":
+            continue
+        for dt in ("f32", "bf16"):
+            caches, table, q = build(shape, [dt], seed=ord(name))
+            if resident:
+                table = np.where(table >= 0, table % resident, -1).astype(np.int32)
+            lens = shape["lens"]
+            src = caches[dt]
+            cs = {}
+            for tag, m in mods.items():
+                m.set_num_threads(kv.get_num_threads())
+                c = m.KvCache(1, src.num_blocks, BS, shape["hkv"], shape["d"], dt)
+                c.key(0, writable=True)[...] = src.key(0)
+                c.value(0, writable=True)[...] = src.value(0)
+                cs[tag] = c
+            outs = [mods[t].decode_attention(cs[t], 0, q, table, lens) for t in mods]
+            assert np.array_equal(outs[0], outs[1]), "both builds compute the same thing"
+            ts: dict[str, list[float]] = {"this": [], "other": []}
+            for r in range(reps):
+                for tag in (("this", "other") if r % 2 else ("other", "this")):
+                    t = time.perf_counter()
+                    mods[tag].decode_attention(cs[tag], 0, q, table, lens)
+                    ts[tag].append(time.perf_counter() - t)
+            ratio = np.array(ts["this"]) / np.array(ts["other"])
+            print(f"| {name} | {dt} | {min(ts['this']) * 1e3:.2f} | {min(ts['other']) * 1e3:.2f} | "
+                  f"{np.median(ratio):.3f} [{np.quantile(ratio, 0.25):.3f}-{np.quantile(ratio, 0.75):.3f}] |")
+            del caches, cs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--shapes", default="abcd")
     ap.add_argument("--resident", type=int, default=0, help="blocks actually read (0: all; e.g. 16 for cache-resident)")
+    ap.add_argument("--window", action="store_true", help="only the sliding-window case (logical lengths 8k..512k)")
+    ap.add_argument("--ab", metavar="DIR", help="only: this build's decode against DIR/_native*.so, alternating")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_attention.json"))
     args = ap.parse_args()
+    if args.window:
+        window_case(args.reps, Path(args.out).with_name("bench_attention_window.json"))
+        return
+    if args.ab:
+        ab_case(args.ab, args.reps, args.resident)
+        return
     scale = 8 if args.quick else 1
     dtypes = ["f32", "f16", "bf16"]
     threads = [1, 2]

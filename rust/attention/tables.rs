@@ -184,10 +184,11 @@ impl SeqTables {
                     return Err(invalid!("kv_last_page_len[{i}] = {last} outside 1..={block_size}"))
                 }
                 _ => {
+                    // The end of the last block must fit too: the kernels compute it.
                     let last_block = if pages > sp { ps.checked_add(pages - 1 - sp) } else { Some(pages - 1) };
                     last_block
-                        .and_then(|lb| lb.checked_mul(block_size))
-                        .and_then(|t| t.checked_add(last as usize))
+                        .and_then(|lb| lb.checked_add(1)?.checked_mul(block_size)?.checked_sub(block_size))
+                        .map(|t| t + last as usize)
                         .ok_or_else(|| invalid!("kv_page_start[{i}] = {ps}: the logical length overflows"))?
                 }
             };
@@ -363,6 +364,9 @@ mod tests {
         assert!(SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[]), 0, 4, 9).is_err());
         assert!(SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[-1]), 0, 4, 9).is_err());
         assert!(SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[i64::MAX]), 0, 4, 9).is_err());
+        let edge = (usize::MAX / 4) as i64; // block `edge` ends past usize::MAX
+        assert!(SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[edge]), 0, 4, 9).is_err());
+        assert!(SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[edge - 1]), 0, 4, 9).is_ok());
         let t = SeqTables::flashinfer_windowed(&[0, 1], &[7], &[1], Some(&[1 << 40]), 0, 4, 9).unwrap();
         assert!(t.select_all().is_err()); // every block before it is a hole: the first fails
     }
