@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +62,12 @@ class VideoRoofline:
         flops_efficiency, bandwidth_efficiency: fractions of the roofs reached (the
             simulator's :class:`pykvpool.planning.roofline.Roofline` defaults).
         overhead: seconds per pass (launches, scheduling).
+
+    Raises:
+        InvalidArgumentError: an efficiency outside (0, 1], a negative or non-finite
+            ``overhead``, a malformed ``kv_dtype``.
+        UnknownPresetError: an unknown ``kv_dtype``, or no peak for ``compute_dtype`` on the
+            device.
     """
 
     model: VideoModel
@@ -78,29 +85,34 @@ class VideoRoofline:
         self.model.kv_bytes_per_token(self.kv_dtype)
         self.hardware.flops(self.compute_dtype)
 
-    def pass_flops(self, history_tokens: Sequence[int]) -> float:
-        """FLOPs of one pass over streams with these visible history tokens (chunk excluded)."""
+    @cached_property
+    def _terms(self) -> tuple[float, float, float, float, float, float]:
+        """FLOPs per stream, FLOPs per history token, weight bytes, KV bytes per token, chunk
+        tokens, and the two reachable roofs (FLOP/s, bytes/s) folded in as reciprocals."""
         m = self.model
         c, qw = m.chunk_tokens, m.num_q_heads * m.head_dim
         per = 2.0 * m.num_params * c + 4.0 * m.num_layers * qw * c * (c + m.text_tokens)
-        return len(history_tokens) * per + 4.0 * m.num_layers * qw * c * float(sum(history_tokens))
+        return (per, 4.0 * m.num_layers * qw * c, m.weight_bytes,
+                float(m.kv_bytes_per_token(self.kv_dtype)),
+                1.0 / (self.hardware.flops(self.compute_dtype) * self.flops_efficiency),
+                1.0 / (self.hardware.bandwidth * self.bandwidth_efficiency))
+
+    def pass_flops(self, history_tokens: Sequence[int]) -> float:
+        """FLOPs of one pass over streams with these visible history tokens (chunk excluded)."""
+        per, per_hist = self._terms[:2]
+        return len(history_tokens) * per + per_hist * float(sum(history_tokens))
 
     def pass_bytes(self, history_tokens: Sequence[int]) -> float:
         """Bytes one pass reads: the weights once, each stream's visible K/V (chunk included)."""
-        kv = self.model.kv_bytes_per_token(self.kv_dtype)
+        weights, kv = self._terms[2:4]
         tokens = float(sum(history_tokens)) + len(history_tokens) * self.model.chunk_tokens
-        return self.model.weight_bytes + kv * tokens
+        return weights + kv * tokens
 
     def pass_time(self, history_tokens: Sequence[int]) -> float:
-        """Seconds of one pass batched over streams with these visible history tokens.
-
-        Raises:
-            UnknownPresetError: the device has no peak for ``compute_dtype``.
-        """
-        flops = self.pass_flops(history_tokens) / (self.hardware.flops(self.compute_dtype)
-                                                   * self.flops_efficiency)
-        mem = self.pass_bytes(history_tokens) / (self.hardware.bandwidth * self.bandwidth_efficiency)
-        return max(flops, mem) + self.overhead
+        """Seconds of one pass batched over streams with these visible history tokens."""
+        inv_flops, inv_bw = self._terms[4:]
+        return max(self.pass_flops(history_tokens) * inv_flops,
+                   self.pass_bytes(history_tokens) * inv_bw) + self.overhead
 
 
 @dataclass(frozen=True)
@@ -249,9 +261,15 @@ class _Run:
         self.chunk = [0] * len(self.recs)
         self.pas = [0] * len(self.recs)
         self.held = [0] * len(self.recs)
+        self.hist = [0] * len(self.recs)
         self.t = 0.0
+        self.changed = True
 
     def admit(self) -> None:
+        if not self.changed and (self.next >= len(self.order)
+                                 or self.recs[self.order[self.next]].arrival > self.t):
+            return  # nothing finished and nobody arrived since the last look
+        self.changed = False
         outstanding = sum(self.recs[i].peak_blocks - self.held[i] for i in self.running)
         while self.next < len(self.order):
             i = self.order[self.next]
@@ -278,15 +296,16 @@ class _Run:
         for i in starting:
             self.held[i] = int(np.count_nonzero(self.pool.block_table(i, 0) >= 0))
             self.recs[i].memory.append((self.t, self.held[i]))
+            before = self.m.visible_frames(self.chunk[i]) - self.m.frames_per_chunk
+            self.hist[i] = before * self.m.tokens_per_frame
 
-    def history(self, i: int) -> int:
-        return (self.m.visible_frames(self.chunk[i]) - self.m.frames_per_chunk) * self.m.tokens_per_frame
-
-    def finish_pass(self) -> None:
+    def finish_passes(self, k: int) -> None:
+        """Every running stream ran ``k`` more passes, ending at ``self.t``."""
         still = []
+        per_chunk = self.m.passes_per_chunk
         for i in self.running:
-            self.pas[i] += 1
-            if self.pas[i] < self.m.passes_per_chunk:
+            self.pas[i] += k
+            if self.pas[i] < per_chunk:
                 still.append(i)
                 continue
             self.pas[i] = 0
@@ -296,9 +315,18 @@ class _Run:
                 still.append(i)
             else:
                 self.pool.free(i)
+                self.changed = True
                 self.held[i] = 0
                 self.recs[i].memory.append((self.t, 0))
         self.running = still
+
+    def next_arrival(self) -> float:
+        """The next request's arrival if it lies after now, else infinity."""
+        if self.next < len(self.order):
+            a = self.recs[self.order[self.next]].arrival
+            if a > self.t:
+                return a
+        return math.inf
 
 
 def simulate_video(requests: Sequence[VideoRequest], roof: VideoRoofline, num_blocks: int,
@@ -313,7 +341,8 @@ def simulate_video(requests: Sequence[VideoRequest], roof: VideoRoofline, num_bl
             :data:`MAX_PASSES` passes.
     """
     if not 1 <= len(requests) <= MAX_STREAMS:
-        raise _native.InvalidArgumentError(f"requests must hold 1..={MAX_STREAMS:,} requests, got {len(requests)}")
+        raise _native.InvalidArgumentError(
+            f"requests must hold 1..={MAX_STREAMS:,} requests, got {len(requests)}")
     if max_streams is not None:
         check_count(max_streams, "max_streams", 1)
     run = _Run(requests, roof, check_count(num_blocks, "num_blocks", 1),
@@ -328,14 +357,22 @@ def simulate_video(requests: Sequence[VideoRequest], roof: VideoRoofline, num_bl
                 break
             run.t = max(run.t, run.recs[run.order[run.next]].arrival)
             continue
-        if len(times) >= MAX_PASSES:
-            raise _native.InvalidArgumentError(f"the run exceeds {MAX_PASSES:,} passes")
         run.begin_chunks()
-        times.append(run.t)
-        used.append(run.pool.num_used_blocks)
-        running.append(len(run.running))
-        run.t += roof.pass_time([run.history(i) for i in run.running])
-        run.finish_pass()
+        # Until a chunk ends or a request arrives, every pass has the same batch and time.
+        dt = roof.pass_time([run.hist[i] for i in run.running])
+        k = min(run.m.passes_per_chunk - run.pas[i] for i in run.running)
+        arrival, state, done = run.next_arrival(), (run.pool.num_used_blocks, len(run.running)), 0
+        while done < k:
+            if len(times) >= MAX_PASSES:
+                raise _native.InvalidArgumentError(f"the run exceeds {MAX_PASSES:,} passes")
+            times.append(run.t)
+            used.append(state[0])
+            running.append(state[1])
+            run.t += dt
+            done += 1
+            if run.t >= arrival:
+                break
+        run.finish_passes(done)
     return VideoSimResult(run.m, run.recs, block_size, block_size * run.m.kv_bytes_per_token(roof.kv_dtype),
                           np.array(times), np.array(used, dtype=np.int64),
                           np.array(running, dtype=np.int64), len(times), run.t)
@@ -385,7 +422,8 @@ def streams_at_real_time(roof: VideoRoofline, duration_s: float, num_blocks: int
     # Chunk 0 (no history) is the fastest: more streams than its passes fit in one chunk's
     # video time can never keep real time; bisect below that.
     top = 1
-    while top < mem and roof.model.passes_per_chunk * roof.pass_time([0] * (top + 1)) <= roof.model.chunk_seconds:
+    m = roof.model
+    while top < mem and m.passes_per_chunk * roof.pass_time([0] * (top + 1)) <= m.chunk_seconds:
         top += 1
     lo, hi = (1, top) if good else (0, 0)
     while lo < hi:
