@@ -22,7 +22,7 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
                           text=True, check=False, cwd=cwd, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("sub", [[], ["ledger"], ["sweep"], ["report"]])
+@pytest.mark.parametrize("sub", [[], ["ledger"], ["sweep"], ["report"], ["video"]])
 def test_help(sub: list[str]) -> None:
     r = run(*sub, "--help")
     assert r.returncode == 0, r.stderr
@@ -50,6 +50,23 @@ def test_ledger_hf_config_and_fp8(tmp_path: Path) -> None:
     r = run("ledger", "--hf-config", str(f), "--dtype", "fp8", "--hardware", "h100-sxm")
     assert r.returncode == 0, r.stderr
     assert "67584 B" in r.stdout and "H100 SXM" in r.stdout
+
+
+def test_video(tmp_path: Path) -> None:
+    r = run("video", "--models", "longlive", "--hardware", "h100-sxm", "--seconds", "30",
+            "--quiet", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    # LongLive keeps 3 sinks + 6 frames + the 3-frame chunk: 12 x 1,560 x 184,320 B = 3.21 GiB;
+    # 30 s of full history = 120 latent frames = 32.14 GiB (8-bit: 2 x 30 x 12 x 132 B/token).
+    assert "| longlive | 3 sinks + 6 frames + chunk 3 | 184,320 / 95,040 | 3.21 | 1.66 |" in r.stdout
+    assert "| longlive | full history | 184,320 / 95,040 | 32.14 | 16.57 |" in r.stdout
+    data = json.loads((tmp_path / "video.json").read_text())
+    assert data["kv"][1]["bytes"]["bf16"] == 12 * 1560 * 184_320
+    caps = {row["cache"]: row["capacity"] for row in data["streams"]}
+    assert caps["3 sinks + 6 frames + chunk 3"]["streams"] == 3  # tests/test_video_report.py
+    r = run("video", "--models", "longlive", "--hardware", "h100-sxm", "--window", "0",
+            "--sinks", "0", "--quiet")
+    assert "| longlive | 0 sinks + 0 frames + chunk 3 |" in r.stdout
 
 
 def test_sweep(tmp_path: Path) -> None:

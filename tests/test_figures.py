@@ -508,6 +508,8 @@ def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
     assert dyn["oracle_vs_paged_max_rel_gap"] < 0.01 and "coincide with `paged`" in md
     assert "measurement skipped" in md
     assert res.data["windows"]["budget"] == budget.describe() and "## 7. Windows, sinks" in md
+    assert "## 8. Video generation" in md and md.index("## 8.") < md.index("## Closing note")
+    assert res.data["video_serving"]["budgets"]["a100-80gb-sxm"] == budget.describe()
     for name, f in res.figures.items():
         assert_png(f)
 

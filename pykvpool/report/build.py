@@ -4,7 +4,8 @@ PNG figures and ``report.json`` (every number of every table).
 Sections: the memory ledger (figure 1, presets on each accelerator), the roofline with this
 machine measured (figure 2), static capacity through the pool (figure 3), video (figure 4),
 block size and real traces (figure 5), the simulator under the same budget (figures 6-8),
-windows, sinks and hybrid layers through the hybrid pool (figure 9), and a closing table of the article's value beside pykvpool's for every reproduced number.
+windows, sinks and hybrid layers through the hybrid pool (figure 9), video generation
+serving (figure 10), and a closing table of the article's value beside pykvpool's for every reproduced number.
 
 One budget (:func:`pykvpool.planning.ledger.default_budget`: the device's memory, a 4 GiB reserve)
 serves every section, and the report prints it.
@@ -40,6 +41,7 @@ from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_bud
 from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
+from pykvpool.report.video_serving import video_serving_section
 from pykvpool.report.windows import windows_section
 from pykvpool.report.tables import jsonable, markdown_table
 from pykvpool.planning.roofline import (
@@ -293,9 +295,12 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     figs.update(dynamic_figs)
     windows_md, data["windows"], windows_figs = windows_section(out, budget, progress)
     figs.update(windows_figs)
+    video_md, data["video_serving"], video_figs = video_serving_section(out, progress)
+    figs.update(video_figs)
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
                    data["fig2"], reason, videos, figs)
-    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n## Closing note", 1)
+    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n" + video_md
+                    + "\n## Closing note", 1)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
     path = out / "report.md"
@@ -337,7 +342,8 @@ def _intro(run: ArticleRun, gqa: MemoryLedger) -> list[str]:
              f"**{matched} of {len(run.rows)} article numbers reproduced exactly** "
              "(closing table at the end). Every capacity number of sections 3, 5 and 7 comes "
              "from admitting requests into a real `pykvpool.BlockPool` (section 7: a "
-             "`pykvpool.HybridPool`) until it raises `PoolExhaustedError`.\n")
+             "`pykvpool.HybridPool`) until it raises `PoolExhaustedError`; section 8 admits "
+             "video streams into a `pykvpool.HybridPool` by their peak.\n")
     s.append(f"Baseline (the article's): {gqa.model.name} ({gqa.model.num_layers} layers, "
              f"{gqa.model.num_kv_heads} KV heads, d={gqa.model.head_dim}), KV in "
              f"{gqa.dtype.name} = {bpt} B/token; budget {gqa.budget.usable_bytes / GIB:.0f} GiB "

@@ -1,0 +1,126 @@
+"""The ``pykvpool video`` subcommand: KV per stream of the video generator presets (full
+history vs sinks + window, bf16 vs 8-bit) and the streams per GPU that keep real time,
+simulated through a real ``HybridPool`` (:mod:`pykvpool.simulate.video`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pykvpool.cli._common import write_outputs
+from pykvpool.cli.argtypes import (
+    MAX_BLOCK_SIZE,
+    add_budget_args,
+    budget_from_args,
+    choice_list,
+    count,
+    number,
+)
+from pykvpool.planning.hardware import HARDWARE
+from pykvpool.planning.ledger import GIB
+from pykvpool.planning.video import VIDEO_MODELS, VideoModel
+from pykvpool.progress import ProgressBar
+from pykvpool.report.tables import markdown_table
+from pykvpool.simulate.video import VideoRoofline, kv_pool_blocks, streams_at_real_time
+
+__all__ = ["MAX_SECONDS", "add_subcommand", "main_video"]
+
+MAX_SECONDS = 3600.0
+"""Longest video ``--seconds`` accepts (one hour)."""
+MAX_FRAMES = 100_000
+"""Largest ``--window`` / ``--sinks``, latent frames."""
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, VideoModel]]:
+    out = []
+    for key in args.models:
+        m = VIDEO_MODELS[key]
+        if args.window is not None or args.sinks is not None:
+            m = m.with_window(m.window_frames if args.window is None else args.window, args.sinks)
+        out += [(key, m.variant(False)), (key, m)]
+    return out
+
+
+def _cache(m: VideoModel) -> str:
+    if m.window_frames is None:
+        return "full history"
+    return f"{m.sink_frames} sinks + {m.window_frames} frames + chunk {m.frames_per_chunk}"
+
+
+def main_video(args: argparse.Namespace) -> int:
+    """Run ``pykvpool video``: print the KV table and the streams-per-GPU table (and write
+    them under ``--out``). Returns 0.
+
+    Raises:
+        InvalidArgumentError: a budget the options make invalid, or one whose weights leave
+            no room for KV (BudgetError).
+        OSError: ``--out`` cannot be written.
+    """
+    variants = _variants(args)
+    s = args.seconds
+    hws = {k: HARDWARE[k] for k in args.hardware}
+    budgets = {k: budget_from_args(args, hw) for k, hw in hws.items()}
+    # Refused budgets fail here, before any progress bar.
+    pool_blocks = {(i, hk): kv_pool_blocks(m, budgets[hk], args.block_size)
+                   for i, (_, m) in enumerate(variants) for hk in hws}
+    kv_rows = [[key, _cache(m), f"{m.kv_bytes_per_token('bf16'):,} / {m.kv_bytes_per_token('fp8'):,}",
+                f"{m.kv_stream_bytes(s, 'bf16') / GIB:.2f}", f"{m.kv_stream_bytes(s, 'fp8') / GIB:.2f}"]
+               for key, m in variants]
+    serve_rows: list[list[object]] = []
+    data: dict[str, Any] = {"seconds": s, "block_size": args.block_size,
+                            "budgets": {k: b.describe() for k, b in budgets.items()}, "kv": [], "streams": []}
+    for key, m in variants:
+        data["kv"].append({"preset": key, "cache": _cache(m),
+                           "bytes": {d: m.kv_stream_bytes(s, d) for d in ("bf16", "fp8")}})
+    with ProgressBar("simulating streams", len(variants) * len(hws), enabled=not args.quiet) as bar:
+        for i, (key, m) in enumerate(variants):
+            for hk, hw in hws.items():
+                blocks = pool_blocks[(i, hk)]
+                cap = streams_at_real_time(VideoRoofline(m, hw), s, blocks, args.block_size)
+                serve_rows.append([key, _cache(m), hw.name, f"{blocks:,}", cap.memory_streams,
+                                   cap.streams, cap.limit if cap.memory_streams else "memory (does not fit)",
+                                   f"{cap.single_fps:.1f}" if cap.memory_streams else "-"])
+                data["streams"].append({"preset": key, "cache": _cache(m), "hardware": hk,
+                                        "capacity": vars(cap)})
+                bar(len(serve_rows))
+    kv_md = markdown_table(["preset", "cache", "KV B/token bf16 / 8-bit", f"GiB / stream @ {s:g} s bf16",
+                            "8-bit"], kv_rows)
+    serve_md = markdown_table(["preset", "cache", "GPU", "KV blocks", "streams in memory",
+                               "streams at real time", "limit", "one stream alone (fps)"], serve_rows)
+    print(f"KV per stream at {s:g} s of video (8-bit: 1 B per element + one fp32 scale per token, "
+          "layer, K/V and KV head):\n" + kv_md + "\n")
+    print(f"Streams of {s:g} s per GPU at real time (bf16 KV, pages of {args.block_size} tokens; "
+          "budgets: " + "; ".join(f"{hws[k].name} {b}" for k, b in data["budgets"].items()) + "):\n"
+          + serve_md)
+    write_outputs(args.out, "video", kv_md + "\n\n" + serve_md + "\n", data)
+    return 0
+
+
+def add_subcommand(sub: Any) -> None:
+    """Add the ``video`` subcommand to a ``pykvpool`` CLI's subparsers; it calls
+    :func:`main_video`.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
+    pv = sub.add_parser("video", help="video generation: KV per stream and streams per GPU",
+                        description="KV per stream of autoregressive video generators (full "
+                                    "history vs sinks + window, bf16 vs 8-bit) and the streams "
+                                    "each GPU keeps at real time, simulated through a HybridPool.")
+    pv.add_argument("--models", type=choice_list(tuple(VIDEO_MODELS)), default=list(VIDEO_MODELS),
+                    metavar="NAMES", help=f"comma-separated presets (default all: {', '.join(VIDEO_MODELS)})")
+    pv.add_argument("--hardware", type=choice_list(tuple(HARDWARE)), default=list(HARDWARE),
+                    metavar="NAMES", help=f"comma-separated devices (default all: {', '.join(HARDWARE)})")
+    pv.add_argument("--seconds", type=number(0.0, MAX_SECONDS), default=60.0,
+                    help="seconds of video per stream (default 60)")
+    pv.add_argument("--window", type=count(0, MAX_FRAMES), metavar="FRAMES",
+                    help="latent frames before the chunk each query sees (default: each preset's)")
+    pv.add_argument("--sinks", type=count(0, MAX_FRAMES), metavar="FRAMES",
+                    help="sink frames (default: each preset's)")
+    pv.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=16,
+                    help="tokens per page (default 16)")
+    add_budget_args(pv.add_argument_group("budget (each device's default unless given)"))
+    pv.add_argument("--out", metavar="DIR", help="also write the results into DIR (Markdown + JSON)")
+    pv.add_argument("--quiet", action="store_true", help="no progress bars")
+    pv.set_defaults(func=main_video)
