@@ -61,19 +61,24 @@ class VideoCache:
     ``num_layers`` layers. Use them read-only (``pool``, ``kv``): a stream changed behind
     the cache's back breaks its bookkeeping.
 
-    Pages vs frames (``benches/bench_video.py``, ``benches/RESULTS.md``): a page holds
-    ``block_size`` tokens whatever the frames; when ``block_size`` does not divide
-    ``tokens_per_frame`` a page may hold the end of one frame and the start of the next and
-    stays until both leave the window. The waste at steady state, per stream, is then at
-    most ``block_size - 1`` tokens at the sink boundary, ``block_size - 1`` at the window's
-    start and ``block_size - 1`` unused slots after the chunk: with Wan2.1's 1,560-token
-    frames, 3-frame chunks and 16-token pages (1,560 % 16 = 8; 4,680 % 16 = 8), 8 tokens at
-    the sinks, 0 or 8 at the window start and 0 or 8 slots after the chunk, i.e. at most
-    24 tokens (4.3 MiB at Wan2.1-1.3B's 184,320 bytes per bf16 token) per stream, 0.07% of
-    a LongLive stream (3 sink + 12 window + 3 chunk frames = 28,080 tokens). A block size
-    dividing ``tokens_per_frame`` and the chunk (8, 24, 40, 120 for 1,560) wastes nothing.
-    The default, 16, keeps the kernel's fastest tile and costs that bounded waste; the
-    bench measures both.
+    Pages vs frames (measured by ``benches/bench_video.py``, table in
+    ``benches/RESULTS.md``): a page holds ``block_size`` tokens whatever the frames. When
+    ``block_size`` does not divide ``tokens_per_frame``, a page may hold the end of one
+    frame and the start of the next, and it stays until both leave the window. The waste
+    per stream at steady state is then at most ``block_size - 1`` tokens at the end of the
+    sinks (kept for ever), ``block_size - 1`` at the window's start and ``block_size - 1``
+    unused slots after the last chunk. With Wan2.1's 1,560-token frames, 3-frame chunks and
+    the default 16-token pages (1,560 % 16 = 8, 4,680 % 16 = 8), a LongLive stream (3 sink
+    + 12 window frames, 23,400 visible tokens) wastes 8 to 24 tokens after a commit and 16
+    with a chunk open: at most 24 tokens, 4.2 MiB at Wan2.1-1.3B's 184,320 bytes per bf16
+    token (30 layers), 0.10% of the stream's 4.0 GiB. A block size dividing
+    ``tokens_per_frame`` and the chunk (8, 24, 40, 120 for 1,560) wastes nothing; 32 and 64
+    waste up to 56 and 152 tokens. The chunk attention reads the same keys either way
+    (bit-identical outputs); larger pages were somewhat faster (120-token pages 1.10x and
+    1.30x of 16-token ones in two runs, 24 and 40 within noise of 1.0x, 8 0.97-0.98x; not
+    profiled, probably fewer page boundaries per packed key tile). The default stays 16, the contract's page and the
+    pool's usual one, because its cost is at most 0.1% of a stream; for Wan-like 1,560-token
+    frames pass ``block_size=120`` (frame-aligned: no waste, and the faster attention).
 
     Args:
         num_layers: model layers (one cache layer each).
