@@ -74,7 +74,8 @@ def steady_chunk(bs: int, heads: int, seed: int = 0) -> tuple[VideoCache, Any, n
     """A cache whose one stream has its steady-state chunk open (sinks 1, window 3), K/V
     written; returns (cache, batch, q)."""
     rng = np.random.default_rng(seed)
-    vc = VideoCache(num_layers=1, num_kv_heads=heads, head_dim=128, tokens_per_frame=TPF, grid=GRID, frames_per_chunk=FPC, sink_frames=1, window_frames=3,
+    vc = VideoCache(num_layers=1, num_kv_heads=heads, head_dim=128, tokens_per_frame=TPF, grid=GRID,
+                    frames_per_chunk=FPC, sink_frames=1, window_frames=3,
                     num_blocks=-(-(1 + 3 + 2 * FPC) * TPF // bs) + 4, block_size=bs, dtype="bf16")
     vc.add_stream(0)
     for _ in range(3):
@@ -129,7 +130,8 @@ def main() -> None:
           " | waste tokens, chunk open | max waste, Wan2.1 bf16 | max waste % |")
     print("|---|---|---|---|---|---|---|---|")
     for m in mem:
-        print(f"| {m['block_size']} | {'yes' if m['frame_aligned'] else 'no'} | {m['pages_held'][0]}-{m['pages_held'][1]} "
+        aligned = "yes" if m["frame_aligned"] else "no"
+        print(f"| {m['block_size']} | {aligned} | {m['pages_held'][0]}-{m['pages_held'][1]} "
               f"| {m['pages_peak']} | {m['waste_tokens'][0]}-{m['waste_tokens'][1]} "
               f"| {m['waste_tokens_open'][0]}-{m['waste_tokens_open'][1]} "
               f"| {m['waste_bytes_max'] / 2**20:.2f} MiB | {m['waste_pct_max']:.3f}% |")

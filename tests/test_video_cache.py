@@ -296,7 +296,8 @@ INVALID: list[tuple[str, Call, list[Any]]] = [
     ("layer", lambda vc, b, x: vc.attention(x, Q_OK, b), NOT_INT + [2]),
     ("q", lambda vc, b, x: vc.attention(0, x, b), ARR_BAD[:2] + [np.zeros((24, 3, D), np.float32)]),
     ("scale", lambda vc, b, x: vc.attention(0, Q_OK, b, scale=x), [-1.0, 0.0, float("nan")]),
-    ("out", lambda vc, b, x: vc.attention(0, Q_OK, b, out=x), [np.zeros((24, HQ, D)), np.zeros((2, HQ, D), np.float32)]),
+    ("out", lambda vc, b, x: vc.attention(0, Q_OK, b, out=x),
+     [np.zeros((24, HQ, D)), np.zeros((2, HQ, D), np.float32)]),
 ]
 CTOR: dict[str, Any] = dict(num_layers=1, num_kv_heads=1, head_dim=4, tokens_per_frame=6, grid=(2, 3),
                             frames_per_chunk=1, num_blocks=8)
@@ -355,3 +356,25 @@ def test_unknown_streams_and_foreign_batches() -> None:
     with pytest.raises(kv.InvalidArgumentError, match="another VideoCache"):
         other.write(0, K_OK, K_OK, b)
     assert state(vc) == before
+
+
+def test_default_bf16_cache_matches_the_reference_on_rounded_kv() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    vc = VideoCache(num_layers=1, num_kv_heads=HKV, head_dim=D, tokens_per_frame=6, grid=(2, 3), frames_per_chunk=2,
+                    sink_frames=1, window_frames=2, num_blocks=64)
+    assert vc.dtype == "bf16" and vc.block_size == 16
+    geo = Geometry(6, 3, 2, 1, 2, 16)
+    rng = np.random.default_rng(9)
+    vc.add_stream(0)
+    ks, vs = [], []
+    for c in range(5):
+        b = vc.begin_chunk([0])
+        k, v = (rng.standard_normal((12, HKV, D)).astype(np.float32) for _ in range(2))
+        q = rng.standard_normal((12, HQ, D)).astype(np.float32)
+        vc.write(0, k, v, b)
+        ks.append(k.astype(ml_dtypes.bfloat16).astype(np.float32))
+        vs.append(v.astype(ml_dtypes.bfloat16).astype(np.float32))
+        sees = geo.chunk_sees(c)
+        want = reference_attention(q, np.concatenate(ks)[sees], np.concatenate(vs)[sees])
+        np.testing.assert_allclose(vc.attention(0, q, b), want, atol=2e-5, rtol=1e-5)
+        vc.commit_chunk([0])
