@@ -1020,6 +1020,24 @@ class HybridPool:
             UnknownSequenceError: an id is not live (nothing was freed).
             InvalidArgumentError: an id appears twice, or a negative or non-integer id.
         """
+    def mark_computed(self, seq_ids: _IntArrayLike) -> None:
+        """Record that every query up to the current length of each of ``seq_ids`` has been
+        computed: each sequence's frontier becomes its length, and every windowed or chunked
+        group releases now the blocks the release rule releases for a next query at that
+        length (the blocks the next growth would release first; never the sinks). A video
+        chunk committed as history gives back at once the frames that left the window.
+
+        Atomic and idempotent: all ids are checked before anything changes, and a second
+        call (or an id listed twice) releases nothing more. A later :meth:`truncate` may not
+        roll back into what it released.
+
+        Args:
+            seq_ids: live sequence ids (an empty list is a no-op).
+
+        Raises:
+            UnknownSequenceError: an id is not live (nothing changed).
+            InvalidArgumentError: a negative or non-integer id, or not a 1-D list or array.
+        """
     def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
         """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now in all
         groups together (new blocks and copy-on-write copies), before the blocks the growth

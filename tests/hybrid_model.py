@@ -155,6 +155,17 @@ class Model:
     def free(self, seq: int) -> None:
         del self.seqs[seq]
 
+    def mark_computed(self, ids: list[int]) -> None:
+        """Every query up to each length computed (live ids): the frontier becomes the length
+        and the release rule runs for a next query at the length."""
+        for seq in ids:
+            s = self.seqs[seq]
+            for g, kind in enumerate(self.groups):
+                t = s.tables[g]
+                for i in [i for i in t if releasable(kind, i, self.bs, s.length)]:
+                    del t[i]
+            s.frontier = s.length
+
     # -- learning physical ids
 
     def learn(self, pool: kv.HybridPool) -> None:

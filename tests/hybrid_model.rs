@@ -1,5 +1,5 @@
 //! Model-based property test of [`HybridPool`]: random programs (add, step with random
-//! counts, step_decode, fork, truncate, free; failing operations included) over random
+//! counts, step_decode, fork, truncate, free, mark_computed; failing operations included) over random
 //! lists of layer groups (full, sliding windows with and without sinks, chunked; block
 //! sizes 1..8), checked after every operation against a model written from issue 13's
 //! contract.
@@ -79,6 +79,7 @@ enum Gen {
     Fork(Pick, Pick),
     Truncate(Pick, usize),
     Free(Pick),
+    Mark(Vec<Pick>),
 }
 
 #[derive(Clone, Debug)]
@@ -89,6 +90,7 @@ enum Op {
     Fork(u64, u64),
     Truncate(u64, usize),
     Free(u64),
+    Mark(Vec<u64>),
 }
 
 fn pick(live: u32, other: u32) -> impl Strategy<Value = Pick> + Clone {
@@ -106,7 +108,8 @@ fn gen_op() -> impl Strategy<Value = Gen> {
         6 => proptest::collection::vec(live.clone(), 0..6).prop_map(Gen::Decode),
         2 => (live.clone(), fresh).prop_map(|(p, c)| Gen::Fork(p, c)),
         2 => (live.clone(), prop_oneof![4 => 0..=6usize, 1 => 0..=40usize]).prop_map(|(p, n)| Gen::Truncate(p, n)),
-        1 => live.prop_map(Gen::Free),
+        1 => live.clone().prop_map(Gen::Free),
+        2 => proptest::collection::vec(live, 0..4).prop_map(Gen::Mark),
     ]
 }
 
@@ -129,6 +132,7 @@ fn resolve(g: &Gen, live: &[u64]) -> Op {
         Gen::Fork(p, c) => Op::Fork(id(p), id(c)),
         Gen::Truncate(p, n) => Op::Truncate(id(p), *n),
         Gen::Free(p) => Op::Free(id(p)),
+        Gen::Mark(v) => Op::Mark(v.iter().map(id).collect()),
     }
 }
 
@@ -335,6 +339,23 @@ impl Model {
         Ok(())
     }
 
+    /// `mark_computed`: the frontier becomes the length and the release rule runs for a
+    /// next query at the length (an id listed twice changes nothing more).
+    fn apply_mark(&mut self, ids: &[u64]) {
+        let bs = self.bs;
+        for id in ids {
+            let s = self.seqs.get_mut(id).unwrap();
+            for (spec, t) in self.specs.iter().zip(s.tables.iter_mut()) {
+                for (i, e) in t.iter_mut().enumerate() {
+                    if released(spec, bs, i, s.len) {
+                        *e = None;
+                    }
+                }
+            }
+            s.frontier = s.len;
+        }
+    }
+
     fn predict_truncate(&self, id: u64, n: usize) -> Option<Want> {
         let Some(s) = self.seqs.get(&id) else { return Some(Want::Unknown(id)) };
         if n > s.len {
@@ -484,6 +505,10 @@ fn run_op(model: &mut Model, pool: &mut HybridPool, op: &Op, out: &mut HybridSte
         }
         Op::Truncate(id, n) => (model.predict_truncate(*id, *n), pool.truncate(SeqId(*id), *n)),
         Op::Free(id) => ((!model.seqs.contains_key(id)).then_some(Want::Unknown(*id)), pool.free(SeqId(*id))),
+        Op::Mark(v) => {
+            let want = v.iter().find(|i| !model.seqs.contains_key(i)).map(|&i| Want::Unknown(i));
+            (want, pool.mark_computed(&ids(v)))
+        }
     };
     match (want, got) {
         (Some(w), Err(e)) => check_error(&e, &w).map(|()| true),
@@ -504,6 +529,10 @@ fn run_op(model: &mut Model, pool: &mut HybridPool, op: &Op, out: &mut HybridSte
             }
             Op::Free(id) => {
                 model.seqs.remove(id);
+                Ok(())
+            }
+            Op::Mark(v) => {
+                model.apply_mark(v);
                 Ok(())
             }
         })
@@ -649,5 +678,38 @@ fn truncation_stays_within_the_window() {
     assert_eq!(snapshot(&pool), before);
     pool.truncate(SeqId(1), 1).unwrap();
     assert_eq!((pool.seq_len(SeqId(1)).unwrap(), pool.frontier(SeqId(1)).unwrap()), (15, 15));
+    pool.check_invariants().unwrap();
+}
+
+/// `mark_computed` releases at once what the next growth would release first, idempotently;
+/// the next growth then releases nothing more, and an unknown id anywhere in the list
+/// changes nothing (not even the frontiers of the known ids before it).
+#[test]
+fn mark_computed_releases_now_and_is_idempotent() {
+    let specs = vec![GroupSpec::Full, GroupSpec::SlidingWindow { window: 5, sink_tokens: 2 }];
+    let mut pool = HybridPool::new(64, 2, specs).unwrap();
+    let mut out = HybridStepOutput::default();
+    pool.add_sequence(SeqId(1), 4, &mut out).unwrap();
+    pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
+    pool.step(&ids(&[1]), &[8], &mut out).unwrap();
+    // Length 12, frontier 4: first_needed(4) = 0, nothing released yet.
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 12)]);
+    let before = snapshot(&pool);
+    assert_eq!(pool.mark_computed(&ids(&[1, 2, 7])), Err(KvError::UnknownSequence(7)));
+    assert_eq!(snapshot(&pool), before);
+    let free = pool.num_free_blocks();
+    pool.mark_computed(&ids(&[1, 1])).unwrap();
+    // first_needed(12) = 8: blocks 1..=3 (positions 2..8) go; the sink block 0 stays.
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (8, 12)]);
+    assert_eq!((pool.frontier(SeqId(1)).unwrap(), pool.num_free_blocks()), (12, free + 3));
+    pool.check_invariants().unwrap();
+    let after = snapshot(&pool);
+    pool.mark_computed(&ids(&[1])).unwrap();
+    assert_eq!(snapshot(&pool), after);
+    // The next growth starts at 12 too: it releases nothing more.
+    pool.step(&ids(&[1]), &[1], &mut out).unwrap();
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (8, 13)]);
+    // Rollback into the released part is refused after a mark.
+    assert!(matches!(pool.truncate(SeqId(1), 4), Err(KvError::InvalidArgument(_))));
     pool.check_invariants().unwrap();
 }

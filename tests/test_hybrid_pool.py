@@ -255,6 +255,28 @@ def test_free_batch_is_atomic() -> None:
     assert pool.num_free_blocks == 32 and len(pool) == 0
 
 
+def test_mark_computed_releases_now_atomically_and_idempotently() -> None:
+    pool = kv.HybridPool(64, 2, [kv.FullAttention(), kv.SlidingWindow(5, sink_tokens=2)])
+    pool.add_sequence(1, 4)
+    pool.add_sequence(2, 3)
+    pool.append(1, 8)  # length 12, frontier 4: nothing released yet
+    assert pool.stored_ranges(1, 1) == [(0, 12)]
+    before = hybrid_snapshot(pool)
+    with pytest.raises(kv.UnknownSequenceError):
+        pool.mark_computed([1, 2, 9])
+    assert hybrid_snapshot(pool) == before
+    free = pool.num_free_blocks
+    pool.mark_computed(np.array([1, 1]))
+    # A next query at 12 needs 8..12 and the sinks 0..2: blocks 1, 2, 3 go at once.
+    assert pool.stored_ranges(1, 1) == [(0, 2), (8, 12)]
+    assert (pool.frontier(1), pool.num_free_blocks) == (12, free + 3)
+    after = hybrid_snapshot(pool)
+    pool.mark_computed([1])
+    pool.mark_computed([])
+    assert hybrid_snapshot(pool) == after
+    pool.check_invariants()
+
+
 def test_blocks_needed_counts_all_groups() -> None:
     pool = kv.HybridPool(32, 4, [FULL, kv.SlidingWindow(4), kv.ChunkedAttention(8)])
     pool.add_sequence(1, 6)

@@ -3,9 +3,9 @@
 
 Each example draws a pool (block size, 8 to 40 blocks, one to three groups of full,
 sliding-window-with-sinks and chunked attention) and runs random programs of add, append,
-step (decode and counted), fork, truncate, free and free_batch, failing calls included:
-exhaustion, unknown and duplicate ids, truncation past the length or past the window,
-malformed counts. After every rule the pool must equal the model: per sequence the logical
+step (decode and counted), fork, truncate, free, free_batch and mark_computed, failing calls
+included: exhaustion, unknown and duplicate ids, truncation past the length or past the
+window, malformed counts. After every rule the pool must equal the model: per sequence the logical
 length and frontier, per group the stored logical blocks (the tables' hole pattern, the
 padded and FlashInfer exports, stored ranges), refcounts, block counts, statistics, and
 ``check_invariants()``. A successful growth's slots must be the slots of its positions in
@@ -187,6 +187,15 @@ class HybridMachine(RuleBasedStateMachine):
             self.pool.free_batch(ids)
             for s in ids:
                 self.model.free(s)
+
+    @rule(ps=st.lists(picks, max_size=3))
+    def mark_computed(self, ps: list[tuple[str, int]]) -> None:
+        ids = [self.pick(p) for p in ps]
+        if any(s not in self.model.seqs for s in ids):
+            self.fails(kv.UnknownSequenceError, lambda: self.pool.mark_computed(ids))
+            return
+        self.pool.mark_computed(ids)
+        self.model.mark_computed(ids)
 
     @rule(p=picks, bad=st.sampled_from([True, -1, 1.5, np.array([1.0]), "2", 2**70]))
     def malformed(self, p: tuple[str, int], bad: Any) -> None:

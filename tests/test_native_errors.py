@@ -157,6 +157,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("HybridPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(3, x), [15, 19]),
     ("HybridPool.free", "seq_id", lambda w, x: w.hpool.free(x), INT_BAD + REQUIRED + NEG),
     ("HybridPool.free_batch", "seq_ids", lambda w, x: w.hpool.free_batch(x), ARRAY_BAD + [[-1], [1, 1], None]),
+    ("HybridPool.mark_computed", "seq_ids", lambda w, x: w.hpool.mark_computed(x), ARRAY_BAD + [[-1], None]),
     ("HybridPool.blocks_needed", "seq_id", lambda w, x: w.hpool.blocks_needed(x, 1), INT_BAD + REQUIRED + NEG),
     ("HybridPool.blocks_needed", "num_tokens", lambda w, x: w.hpool.blocks_needed(1, x),
      INT_BAD + REQUIRED + NEG + [2**62]),

@@ -5,7 +5,9 @@
 //! table's window run), then appends `n` slots in every group: the rest of a partly filled
 //! last block (copied first when it is shared or cached; a fresh block when that entry is
 //! a hole, which happens only after a truncation), then new blocks. A growth by 0 tokens
-//! is no growth: nothing is released and the frontier stays.
+//! is no growth: nothing is released and the frontier stays. `mark_computed` applies the
+//! same release for a next query at the current length without growing (a chunk whose
+//! queries are all computed gives back at once what left the window).
 //!
 //! A batch runs in three phases: plan (resolve every id, catch duplicates and overflow,
 //! count releases, new blocks and copies as the apply will see them), check (the blocks
@@ -247,13 +249,8 @@ impl HybridPool {
         let lost = || KvError::Invariant("batch entry lost between plan and apply".into());
         for (&slot, &n) in slots.iter().zip(counts) {
             let e = map.at_mut(slot).ok_or_else(lost)?;
-            if n == 0 {
-                continue;
-            }
-            let len = e.len;
-            for t in e.tables.iter_mut() {
-                let k = t.releasable_count(len);
-                t.release_front(k, |b| self.release_block(b));
+            if n > 0 {
+                self.release_for(&mut e.tables, e.len);
             }
         }
         let g_count = self.groups.len();
@@ -275,6 +272,36 @@ impl HybridPool {
             }
             out.seq_lens.push(e.len as i32);
         }
+        Ok(())
+    }
+
+    /// The release rule for a next query at `len`, in every group of one sequence: each
+    /// table drops the front of its window run that no query at or after `len` needs.
+    fn release_for(&mut self, tables: &mut GroupTables, len: usize) {
+        for t in tables.iter_mut() {
+            let k = t.releasable_count(len);
+            t.release_front(k, |b| self.release_block(b));
+        }
+    }
+
+    /// Every query up to the current length of each of `seqs` has been computed: the
+    /// frontier becomes the length and every windowed group releases now what the release
+    /// rule releases for a next query at the length (what the next growth would release
+    /// first). Atomic: an unknown id fails before anything changes. Idempotent: a second
+    /// call, or an id listed twice, releases nothing more.
+    pub fn mark_computed(&mut self, seqs: &[SeqId]) -> Result<()> {
+        if let Some(s) = seqs.iter().find(|s| !self.seqs.contains_key(s)) {
+            return Err(KvError::UnknownSequence(s.0));
+        }
+        let mut map = std::mem::take(&mut self.seqs);
+        for s in seqs {
+            if let Some(e) = map.get_mut(s) {
+                e.frontier = e.len;
+                e.prev_frontier = e.len;
+                self.release_for(&mut e.tables, e.len);
+            }
+        }
+        self.seqs = map;
         Ok(())
     }
 
