@@ -36,7 +36,10 @@ window the cached side stops growing while the recompute keeps growing. The exac
 come from :func:`flops_recompute` and :func:`flops_cached`; the tests check them against
 the FLOPs the model counts as it runs.
 
-Run ``python -m pykvpool.video.exact`` for the figures and the wall-clock ratio.
+Run ``python -m pykvpool.video.exact`` for the figures and the wall-clock ratio (on a
+shared machine with ``OPENBLAS_NUM_THREADS=1``: these matrices are small, and BLAS threads
+competing for busy cores slow numpy down several times). The recompute route runs in numpy,
+the cached route's chunk attention in the Rust kernel (on its own threads).
 """
 
 from __future__ import annotations
@@ -94,7 +97,11 @@ def _history(cfg: VideoToyConfig, win: Window, spec: StreamSpec, c: int) -> tupl
 
 
 def flops_recompute(cfg: VideoToyConfig, win: Window, specs: list[StreamSpec]) -> int:
-    """Matmul FLOPs of the recompute route for ``specs`` (the module doc's formula)."""
+    """Matmul FLOPs of the recompute route for ``specs`` (the module doc's formula).
+
+    Raises:
+        Nothing.
+    """
     n, steps, total = cfg.chunk_tokens, len(cfg.sigmas), 0
     for spec in specs:
         for c in range(spec.frames // cfg.frames_per_chunk):
@@ -105,7 +112,11 @@ def flops_recompute(cfg: VideoToyConfig, win: Window, specs: list[StreamSpec]) -
 
 def flops_cached(cfg: VideoToyConfig, win: Window, specs: list[StreamSpec]) -> int:
     """Matmul FLOPs of the cached route for ``specs`` (the module doc's formula); the
-    kernel's attention counts the visible (query, key) pairs."""
+    kernel's attention counts the visible (query, key) pairs.
+
+    Raises:
+        Nothing.
+    """
     n, steps, total = cfg.chunk_tokens, len(cfg.sigmas), 0
     for spec in specs:
         for c in range(spec.frames // cfg.frames_per_chunk):
@@ -121,7 +132,8 @@ class ExactResult:
     """One scenario: streams and frames, the largest difference between the routes' clean
     frames and its scale (largest ``|value|`` of the recomputed frames), matmul FLOPs
     counted while running and by formula, the FLOP ratio, wall-clock seconds of each route
-    (best of the repeats) and their ratio, and the most tokens a stream kept stored."""
+    (best of the repeats) and their ratio, the most tokens a stream kept stored after a
+    commit, and the pool's blocks in use once every stream was released."""
 
     scenario: str
     streams: int
@@ -141,7 +153,11 @@ class ExactResult:
 
     @property
     def agrees(self) -> bool:
-        """Every frame within ``1e-5 * scale``."""
+        """Every frame within ``1e-5 * scale``.
+
+        Raises:
+            Nothing.
+        """
         return self.max_abs_diff <= 1e-5 * self.scale
 
 

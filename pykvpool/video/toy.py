@@ -60,32 +60,56 @@ class VideoToyConfig:
 
     @property
     def d_model(self) -> int:
-        """Model width D = query heads x head dimension (elements)."""
+        """Model width D = query heads x head dimension (elements).
+
+        Raises:
+            Nothing.
+        """
         return self.n_q_head * self.d_head
 
     @property
     def d_kv(self) -> int:
-        """K (or V) width = KV heads x head dimension (elements)."""
+        """K (or V) width = KV heads x head dimension (elements).
+
+        Raises:
+            Nothing.
+        """
         return self.n_kv_head * self.d_head
 
     @property
     def d_ffn(self) -> int:
-        """MLP width = ``ffn_mult`` x D (elements)."""
+        """MLP width = ``ffn_mult`` x D (elements).
+
+        Raises:
+            Nothing.
+        """
         return self.ffn_mult * self.d_model
 
     @property
     def tokens_per_frame(self) -> int:
-        """Tokens of one latent frame, ``h * w``."""
+        """Tokens of one latent frame, ``h * w``.
+
+        Raises:
+            Nothing.
+        """
         return self.grid[0] * self.grid[1]
 
     @property
     def chunk_tokens(self) -> int:
-        """Tokens of one chunk, ``frames_per_chunk * tokens_per_frame``."""
+        """Tokens of one chunk, ``frames_per_chunk * tokens_per_frame``.
+
+        Raises:
+            Nothing.
+        """
         return self.frames_per_chunk * self.tokens_per_frame
 
     @property
     def rope_sections(self) -> tuple[int, int, int]:
-        """Rotary dimensions of ``t``, ``h`` and ``w`` (Wan's split of the head dimension)."""
+        """Rotary dimensions of ``t``, ``h`` and ``w`` (Wan's split of the head dimension).
+
+        Raises:
+            Nothing.
+        """
         s = self.d_head // 6
         return self.d_head - 4 * s, 2 * s, 2 * s
 
@@ -163,19 +187,31 @@ class FlopCounter:
     by_kind: dict[str, int] = field(default_factory=dict)
 
     def add(self, kind: str, flops: int) -> None:
-        """Add ``flops`` under ``kind`` (e.g. ``"proj"``, ``"attn"``)."""
+        """Add ``flops`` under ``kind`` (e.g. ``"proj"``, ``"attn"``).
+
+        Raises:
+            Nothing.
+        """
         self.total += flops
         self.by_kind[kind] = self.by_kind.get(kind, 0) + flops
 
     def mm(self, a: F32, b: F32, kind: str = "proj") -> F32:
-        """``a @ b`` for ``a`` ``[..., k]`` and ``b`` ``[k, n]``, counted."""
-        self.add(kind, 2 * int(np.prod(a.shape[:-1])) * a.shape[-1] * b.shape[-1])
+        """``a @ b`` for ``a`` ``[..., k]`` and ``b`` ``[k, n]``, counted.
+
+        Raises:
+            ValueError: shapes that do not multiply (numpy).
+        """
         out: F32 = a @ b
+        self.add(kind, 2 * int(np.prod(a.shape[:-1])) * a.shape[-1] * b.shape[-1])
         return out
 
 
 def token_thw(frames: I64, cfg: VideoToyConfig) -> I64:
-    """``(t, h, w)`` int64 ``[len(frames) * tpf, 3]`` of every token of the given frames."""
+    """``(t, h, w)`` int64 ``[len(frames) * tpf, 3]`` of every token of the given frames.
+
+    Raises:
+        Nothing.
+    """
     j = np.arange(cfg.tokens_per_frame, dtype=np.int64)
     t = np.repeat(np.asarray(frames, np.int64), cfg.tokens_per_frame)
     jj = np.tile(j, len(frames))
@@ -183,7 +219,11 @@ def token_thw(frames: I64, cfg: VideoToyConfig) -> I64:
 
 
 def rope_tables(cfg: VideoToyConfig, pos: I64) -> tuple[F32, F32]:
-    """cos and sin ``[N, 1, d/2]`` of the 3D rotary angles of positions ``pos`` ``[N, 3]``."""
+    """cos and sin ``[N, 1, d/2]`` of the 3D rotary angles of positions ``pos`` ``[N, 3]``.
+
+    Raises:
+        IndexError: ``pos`` not ``[N, 3]``.
+    """
     parts = []
     for axis, dim in enumerate(cfg.rope_sections):
         inv = 1.0 / (10000.0 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
@@ -207,17 +247,22 @@ def _rms(x: F32) -> F32:
 
 def _gelu(x: F32) -> F32:
     c = np.float32(np.sqrt(2 / np.pi))
-    out: F32 = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    y = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    out: F32 = y.astype(np.float32, copy=False)
     return out
 
 
 def _silu(x: F32) -> F32:
-    out: F32 = x / (np.float32(1) + np.exp(-x))
+    out: F32 = (x / (np.float32(1) + np.exp(-x))).astype(np.float32, copy=False)
     return out
 
 
 def prompt_vector(model: VideoModel, prompt: int) -> F32:
-    """The text condition of prompt id ``prompt``: a seeded Gaussian ``[D]``."""
+    """The text condition of prompt id ``prompt``: a seeded Gaussian ``[D]``.
+
+    Raises:
+        ValueError: a negative prompt id (numpy seeding).
+    """
     rng = np.random.default_rng([model.cfg.seed, 1, prompt])
     out: F32 = rng.standard_normal(model.cfg.d_model).astype(np.float32)
     return out
@@ -225,7 +270,11 @@ def prompt_vector(model: VideoModel, prompt: int) -> F32:
 
 def conditions(model: VideoModel, sigmas: list[float], prompts: list[int], fc: FlopCounter) -> F32:
     """Condition vectors ``[K, D]``: the timestep MLP of the sinusoidal embedding of
-    ``1000 sigma`` plus the prompt vector, for each ``(sigmas[i], prompts[i])``."""
+    ``1000 sigma`` plus the prompt vector, for each ``(sigmas[i], prompts[i])``.
+
+    Raises:
+        ValueError: ``sigmas`` and ``prompts`` of different lengths, or a negative prompt id.
+    """
     half = model.cfg.freq_dim // 2
     freqs = np.exp(-np.log(10000.0) * np.arange(half) / half)
     arg = 1000.0 * np.asarray(sigmas, np.float64)[:, None] * freqs[None, :]
@@ -241,6 +290,9 @@ def forward(model: VideoModel, lat: F32, cond: F32, cid: I64, pos: I64, attend: 
     by ``cond[cid[i]]`` and rotated by ``pos[i]`` ``(t, h, w)``; ``attend`` does each layer's
     attention. Returns the velocity ``[rows, C]`` of ``head_rows`` (None: no output head,
     the clean K/V pass).
+
+    Raises:
+        ValueError: arrays whose shapes do not match the model (numpy); and whatever ``attend`` raises.
     """
     cfg = model.cfg
     n = lat.shape[0]
@@ -266,7 +318,11 @@ def forward(model: VideoModel, lat: F32, cond: F32, cid: I64, pos: I64, attend: 
 
 def visible_mask(cfg: VideoToyConfig, win: Window, q_frames: I64, k_frames: I64) -> npt.NDArray[np.bool_]:
     """``[Nq, Nk]``: query frame ``q`` sees key frame ``k`` (same chunk or earlier; within the
-    window before the query's chunk, or a sink)."""
+    window before the query's chunk, or a sink).
+
+    Raises:
+        Nothing.
+    """
     start = (q_frames // cfg.frames_per_chunk * cfg.frames_per_chunk)[:, None]
     kf = k_frames[None, :]
     seen = kf < start + cfg.frames_per_chunk
@@ -277,7 +333,11 @@ def visible_mask(cfg: VideoToyConfig, win: Window, q_frames: I64, k_frames: I64)
 
 
 def mask_bias(mask: npt.NDArray[np.bool_]) -> F32:
-    """The additive form of a visibility mask: 0 where visible, ``-inf`` elsewhere."""
+    """The additive form of a visibility mask: 0 where visible, ``-inf`` elsewhere.
+
+    Raises:
+        Nothing.
+    """
     out: F32 = np.where(mask, np.float32(0), np.float32(-np.inf)).astype(np.float32)
     return out
 
@@ -285,7 +345,11 @@ def mask_bias(mask: npt.NDArray[np.bool_]) -> F32:
 def dense_attention(cfg: VideoToyConfig, q: F32, k: F32, v: F32, bias: F32, fc: FlopCounter) -> F32:
     """Masked grouped attention, dense (the full ``Nq x Nk`` products, then the mask as the
     additive ``bias`` of :func:`mask_bias`): q ``[Nq, Hq, d]``, k/v ``[Nk, Hkv, d]`` ->
-    ``[Nq, Hq, d]``; counts ``4 Hq d Nq Nk``. Every query must see a key."""
+    ``[Nq, Hq, d]``; counts ``4 Hq d Nq Nk``. Every query must see a key.
+
+    Raises:
+        ValueError: arrays whose shapes do not match ``cfg`` (numpy).
+    """
     nq, nk, g = q.shape[0], k.shape[0], cfg.n_q_head // cfg.n_kv_head
     fc.add("attn", 4 * cfg.n_q_head * cfg.d_head * nq * nk)
     hk, d = cfg.n_kv_head, cfg.d_head
@@ -315,14 +379,22 @@ class StreamSpec:
 
 
 def chunk_noise(cfg: VideoToyConfig, spec: StreamSpec, chunk: int) -> F32:
-    """The chunk's starting noise ``[chunk_tokens, C]``, seeded by (model, stream, chunk)."""
+    """The chunk's starting noise ``[chunk_tokens, C]``, seeded by (model, stream, chunk).
+
+    Raises:
+        ValueError: a negative seed or chunk (numpy seeding).
+    """
     rng = np.random.default_rng([cfg.seed, 2, spec.seed, chunk])
     out: F32 = rng.standard_normal((cfg.chunk_tokens, cfg.channels)).astype(np.float32)
     return out
 
 
 def prompt_at(spec: StreamSpec, chunk: int) -> int:
-    """The prompt in force for ``chunk``."""
+    """The prompt in force for ``chunk``.
+
+    Raises:
+        Nothing.
+    """
     return spec.switch[1] if spec.switch is not None and chunk >= spec.switch[0] else spec.prompt
 
 
@@ -330,7 +402,11 @@ def present_frames(cfg: VideoToyConfig, win: Window, spec: StreamSpec, chunk: in
     """The clean frames the recompute route runs before ``chunk``: every earlier frame; after
     a prompt switch at chunk ``s``, only those the cache keeps from then on (the sinks and
     the window visible at ``s``, then every frame since: the dependency chain of the cached
-    route restarts at the rewritten window)."""
+    route restarts at the rewritten window).
+
+    Raises:
+        Nothing.
+    """
     end = chunk * cfg.frames_per_chunk
     if spec.switch is None or chunk < spec.switch[0] or win.window_frames is None:
         return list(range(end))
@@ -339,7 +415,11 @@ def present_frames(cfg: VideoToyConfig, win: Window, spec: StreamSpec, chunk: in
 
 
 def visible_frames(cfg: VideoToyConfig, win: Window, chunk: int) -> list[int]:
-    """The earlier frames ``chunk``'s queries see: the sinks and the window (all without one)."""
+    """The earlier frames ``chunk``'s queries see: the sinks and the window (all without one).
+
+    Raises:
+        Nothing.
+    """
     end = chunk * cfg.frames_per_chunk
     if win.window_frames is None:
         return list(range(end))

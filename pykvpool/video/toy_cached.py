@@ -45,8 +45,9 @@ __all__ = ["CachedRun", "generate_cached"]
 @dataclass
 class CachedRun:
     """What the cached route produced: clean frames ``[frames, tpf, C]`` per stream, the most
-    tokens each stream held stored at once, the pool's blocks in use at the end (0: every
-    page came back) and the number of rounds (batched chunk steps)."""
+    tokens each stream held stored after a commit (frames that left the window are gone),
+    the pool's blocks in use at the end (0: every page came back) and the number of rounds
+    (batched chunk steps)."""
 
     frames: list[F32]
     max_stored_tokens: list[int]
