@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pykvpool.video import exact
+from pykvpool.video import VideoCache, exact
 from pykvpool.video import toy as tv
 from pykvpool.video.toy_cached import generate_cached
 
@@ -64,6 +64,9 @@ def test_counted_flops_equal_the_formula(results: dict[str, dict[str, Any]]) -> 
         assert r["flops_cached"] == r["formula_cached"]
         assert r["flops_ratio"] == pytest.approx(r["flops_recompute"] / r["flops_cached"])
         assert r["flops_ratio"] > 1.0 and r["seconds_cached"] > 0 and r["seconds_recompute"] > 0
+    # The window caps the cached side only: a long windowed video gains far more.
+    cfg = tv.VideoToyConfig()
+    assert exact.formula_ratio(cfg, tv.Window(1, 4), 64) > 2 * exact.formula_ratio(cfg, tv.Window(), 64)
 
 
 def test_formula_matches_counts_on_another_configuration() -> None:
@@ -93,6 +96,32 @@ def test_formula_grows_as_derived() -> None:
     per_chunk = [exact.flops_cached(cfg, windowed, [tv.StreamSpec(0, 0, f + 2)]) -
                  exact.flops_cached(cfg, windowed, [tv.StreamSpec(0, 0, f)]) for f in (12, 20, 40)]
     assert per_chunk[0] == per_chunk[1] == per_chunk[2]  # the window caps the cached cost
+
+
+def test_one_attention_call_per_layer_and_pass_for_all_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = VideoCache.attention
+
+    def counted(self: VideoCache, layer: int, q: Any, batch: Any, **kw: Any) -> Any:
+        calls.append(batch.num_streams)
+        return real(self, layer, q, batch, **kw)
+
+    monkeypatch.setattr(VideoCache, "attention", counted)
+    run = generate_cached(tv.make_model(TINY), TINY_SPECS, TINY_WIN, tv.FlopCounter())
+    passes = len(TINY.sigmas) + 1  # denoising steps and the clean pass
+    assert len(calls) == run.rounds * passes * TINY.n_layer
+    # Both streams share the calls of every round where both are active.
+    both = min(s.start + s.frames // TINY.frames_per_chunk for s in TINY_SPECS) - max(s.start for s in TINY_SPECS)
+    assert calls.count(2) == both * passes * TINY.n_layer
+
+
+def test_bf16_storage_changes_the_numbers_not_the_mechanics() -> None:
+    model = tv.make_model(TINY)
+    f32 = generate_cached(model, TINY_SPECS, TINY_WIN, tv.FlopCounter()).frames
+    bf16 = generate_cached(model, TINY_SPECS, TINY_WIN, tv.FlopCounter(), dtype="bf16").frames
+    scale = max(float(np.abs(a).max()) for a in f32)
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(f32, bf16))
+    assert 1e-6 * scale < diff < 1e-2 * scale
 
 
 def test_a_stale_window_after_a_prompt_switch_is_caught() -> None:

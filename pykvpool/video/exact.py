@@ -61,7 +61,7 @@ from pykvpool.video.toy import (
 )
 from pykvpool.video.toy_cached import generate_cached
 
-__all__ = ["ExactResult", "SCENARIOS", "flops_cached", "flops_recompute", "main", "run"]
+__all__ = ["ExactResult", "SCENARIOS", "flops_cached", "flops_recompute", "formula_ratio", "main", "run"]
 
 #: The two runs of the proof: (window, streams). Frames, start rounds and switches differ
 #: per stream; the window run evicts several times (1 sink + 4 window frames over 16).
@@ -125,6 +125,16 @@ def flops_cached(cfg: VideoToyConfig, win: Window, specs: list[StreamSpec]) -> i
                 total += _fwd(cfg, v, 1, 0, v * v)
             total += steps * _fwd(cfg, n, 1, n, n * (v + n)) + _fwd(cfg, n, 1, 0, n * (v + n))
     return total
+
+
+def formula_ratio(cfg: VideoToyConfig, win: Window, frames: int) -> float:
+    """FLOP ratio recompute / cached of one stream of ``frames`` frames, by formula.
+
+    Raises:
+        ZeroDivisionError: ``frames`` below one chunk (no work on either side).
+    """
+    spec = [StreamSpec(prompt=0, seed=0, frames=frames)]
+    return flops_recompute(cfg, win, spec) / flops_cached(cfg, win, spec)
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  wall clock          : recompute {r.seconds_recompute:.3f} s, cached {r.seconds_cached:.3f} s, "
               f"ratio {r.wall_ratio:.2f}x")
         print(f"  most tokens stored  : {r.max_stored_tokens} per stream")
+    if not args.json:
+        cfg = VideoToyConfig()
+        for name in SCENARIOS:
+            win = SCENARIOS[name][0]
+            ratios = ", ".join(f"{f} frames {formula_ratio(cfg, win, f):.1f}x" for f in (16, 64, 256))
+            print(f"FLOP ratio by formula, one {name} stream: {ratios}")
     ok = all(r.agrees and r.formula_recompute == r.flops_recompute and r.formula_cached == r.flops_cached
              for r in results)
     return 0 if ok else 1
