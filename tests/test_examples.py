@@ -90,3 +90,39 @@ def test_hybrid_decode_runs_as_a_script() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "3 sequences decoded" in proc.stdout and "0 blocks still used" in proc.stdout
+
+
+def test_video_stream_matches_recompute_and_keeps_the_window_flat() -> None:
+    ex = _load("video_stream")
+    res = ex.run()
+    assert res.max_error <= 1e-5 * res.scale and res.scale > 1.0
+    # A frame is a page here (16 tokens): after each commit a stream keeps its sink and
+    # window frames, so the pages held stop growing once the window is full.
+    per_stream = ex.WIN.sink_frames + ex.WIN.window_frames
+    assert max(res.blocks_held) == res.blocks_held[-1] == len(ex.STREAMS) * per_stream
+    assert res.blocks_held[0] < res.blocks_held[-1] and res.blocks_after == 0
+
+
+def test_video_stream_detects_a_short_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recompute check can fail: attention that misses the window's oldest frame is caught."""
+    ex = _load("video_stream")
+
+    def short_window(vc: Any, batch: Any) -> Any:
+        def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+            vc.write(layer, k, v, batch)
+            return kv.prefill_attention_paged(
+                vc.kv, layer, q, batch.qo_indptr, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
+                q_positions=batch.q_positions, window_left=batch.window_left - ex.CFG.tokens_per_frame,
+                sink_tokens=batch.sink_tokens, scale=ex.SCALE, kv_page_start=batch.kv_page_start)
+        return attend
+
+    monkeypatch.setattr(ex, "chunk_attention", short_window)
+    res = ex.run()
+    assert res.max_error > 1e-3 * res.scale
+
+
+def test_video_stream_runs_as_a_script() -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "video_stream.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 videos of 12 frames generated" in proc.stdout and "0 blocks still used" in proc.stdout

@@ -1,0 +1,157 @@
+"""The cached route of the toy video transformer (:mod:`pykvpool.video.toy`) on a
+:class:`pykvpool.video.VideoCache`.
+
+Several streams share one cache and run in rounds: each round opens the next chunk of every
+active stream in one :meth:`VideoCache.begin_chunk` (slots and ``(t, h, w)`` positions come
+from the cache), runs the denoising steps over the chunks only -- per layer one
+:meth:`VideoCache.write` of the chunks' K/V (the same slots at every step) and one
+:meth:`VideoCache.attention` call for all streams (the paged prefill kernel reads the
+history from the pool) --, then the clean pass at ``sigma = 0`` writes the clean chunks'
+K/V and :meth:`VideoCache.commit_chunk` makes them history (frames leaving the window are
+released). A stream joins at its ``start`` round and is released after its last chunk.
+
+A prompt switch (LongLive) before chunk ``s``: :meth:`VideoCache.rewrite_window` gives the
+slots and positions of the visible history (sinks and window); the caller runs the model
+over those clean frames under the new prompt (dense attention among them, the block-causal
+mask from the positions the cache returned, never inferred from stored counts) and writes
+each layer's K/V back in place with :meth:`KvCache.write`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pykvpool.video.cache import VideoCache
+from pykvpool.video.toy import (
+    F32,
+    FlopCounter,
+    StreamSpec,
+    VideoModel,
+    Window,
+    chunk_noise,
+    conditions,
+    dense_attention,
+    forward,
+    mask_bias,
+    prompt_at,
+    visible_mask,
+)
+
+__all__ = ["CachedRun", "generate_cached"]
+
+
+@dataclass
+class CachedRun:
+    """What the cached route produced: clean frames ``[frames, tpf, C]`` per stream, the most
+    tokens each stream held stored after a commit (frames that left the window are gone),
+    the pool's blocks in use at the end (0: every page came back) and the number of rounds
+    (batched chunk steps)."""
+
+    frames: list[F32]
+    max_stored_tokens: list[int]
+    blocks_used_after: int
+    rounds: int
+
+
+def _cache_for(model: VideoModel, specs: list[StreamSpec], win: Window, dtype: str, block_size: int) -> VideoCache:
+    cfg = model.cfg
+    tokens = sum(s.frames for s in specs) * cfg.tokens_per_frame
+    blocks = -(-tokens // block_size) + 2 * len(specs)
+    return VideoCache(num_layers=cfg.n_layer, num_kv_heads=cfg.n_kv_head, head_dim=cfg.d_head,
+                      tokens_per_frame=cfg.tokens_per_frame, grid=cfg.grid, frames_per_chunk=cfg.frames_per_chunk,
+                      sink_frames=win.sink_frames, window_frames=win.window_frames, num_blocks=blocks,
+                      block_size=block_size, dtype=dtype)
+
+
+def rewrite_prompt(model: VideoModel, vc: VideoCache, sid: int, clean: F32, prompt: int, win: Window,
+                   fc: FlopCounter) -> None:
+    """Recompute stream ``sid``'s visible history K/V under ``prompt`` and write it in place.
+
+    Raises:
+        UnknownSequenceError: ``sid`` is not a stream of ``vc``.
+    """
+    cfg = model.cfg
+    slots, pos = vc.rewrite_window(sid)
+    if slots.size == 0:
+        return
+    frames = pos[:, 0]
+    lat = clean[frames, pos[:, 1] * cfg.grid[1] + pos[:, 2]]
+    bias = mask_bias(visible_mask(cfg, win, frames, frames))
+
+    def attend(layer: int, q: F32, k: F32, v: F32) -> F32:
+        vc.kv.write(layer, k, v, slots)
+        return dense_attention(cfg, q, k, v, bias, fc)
+
+    cond = conditions(model, [0.0], [prompt], fc)
+    forward(model, lat, cond, np.zeros(len(slots), np.int64), pos, attend, fc, None)
+
+
+def _round(model: VideoModel, vc: VideoCache, ids: list[int], specs: list[StreamSpec], clean: list[F32],
+           fc: FlopCounter) -> None:
+    """One chunk of every stream in ``ids``: denoising steps, the clean pass, the commit."""
+    cfg = model.cfg
+    n, m = cfg.chunk_tokens, len(ids)
+    hist = [len(vc.visible_slots(s)) for s in ids]
+    batch = vc.begin_chunk(ids)
+    chunks = [int(c) for c in batch.chunks]
+    pos = batch.positions.reshape(-1, 3)
+    pairs = sum(n * (h + n) for h in hist)
+    scale = float(1 / np.sqrt(cfg.d_head))
+
+    def attend(layer: int, q: F32, k: F32, v: F32) -> F32:
+        vc.write(layer, k, v, batch)
+        fc.add("attn", 4 * cfg.n_q_head * cfg.d_head * pairs)
+        return vc.attention(layer, q, batch, scale=scale)
+
+    prompts = [prompt_at(specs[s], c) for s, c in zip(ids, chunks)]
+    cid = np.repeat(np.arange(m, dtype=np.int64), n)
+    x = np.concatenate([chunk_noise(cfg, specs[s], c) for s, c in zip(ids, chunks)])
+    sig = list(cfg.sigmas) + [0.0]
+    for i in range(len(cfg.sigmas)):
+        vel = forward(model, x, conditions(model, [sig[i]] * m, prompts, fc), cid, pos, attend, fc, slice(0, m * n))
+        assert vel is not None
+        x = x + np.float32(sig[i + 1] - sig[i]) * vel
+    forward(model, x, conditions(model, [0.0] * m, prompts, fc), cid, pos, attend, fc, None)
+    vc.commit_chunk(ids)
+    fpc = cfg.frames_per_chunk
+    for j, (s, c) in enumerate(zip(ids, chunks)):
+        clean[s][c * fpc:(c + 1) * fpc] = x[j * n:(j + 1) * n].reshape(fpc, cfg.tokens_per_frame, cfg.channels)
+
+
+def generate_cached(model: VideoModel, specs: list[StreamSpec], win: Window, fc: FlopCounter, *,
+                    dtype: str = "f32", block_size: int = 16, rewrite: bool = True) -> CachedRun:
+    """Generate every stream of ``specs`` (stream id = its index) through one VideoCache, in
+    rounds; ``rewrite=False`` skips the prompt switch's K/V rewrite (the history then keeps
+    the old prompt's K/V: a wrong cache, for the tests).
+
+    Raises:
+        ValueError: a stream's ``frames`` not a multiple of ``frames_per_chunk``.
+        InvalidArgumentError: sizes the cache refuses, or an unknown ``dtype``.
+    """
+    cfg = model.cfg
+    fpc = cfg.frames_per_chunk
+    for s in specs:
+        if s.frames % fpc:
+            raise ValueError(f"frames must be a multiple of {fpc}, got {s.frames}")
+    vc = _cache_for(model, specs, win, dtype, block_size)
+    clean = [np.zeros((s.frames, cfg.tokens_per_frame, cfg.channels), np.float32) for s in specs]
+    peak = [0] * len(specs)
+    rounds = max(s.start + s.frames // fpc for s in specs)
+    for r in range(rounds):
+        ids = [i for i, s in enumerate(specs) if s.start <= r < s.start + s.frames // fpc]
+        for i in ids:
+            c, s = r - specs[i].start, specs[i]
+            if c == 0:
+                vc.add_stream(i)
+            if rewrite and s.switch is not None and s.switch[0] == c:
+                rewrite_prompt(model, vc, i, clean[i], s.switch[1], win, fc)
+        if ids:
+            _round(model, vc, ids, specs, clean, fc)
+        st = vc.stats()["streams"]
+        for i in ids:
+            peak[i] = max(peak[i], st[i]["stored_tokens"])
+            if r + 1 == specs[i].start + specs[i].frames // fpc:
+                vc.release(i)
+    return CachedRun(clean, peak, vc.pool.num_used_blocks, rounds)
