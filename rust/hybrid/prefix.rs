@@ -282,15 +282,7 @@ impl HybridPool {
         e.cursor = cursor;
         r?;
         let Some(mut cur) = e.cursor.take() else { return Ok(()) };
-        let bs = self.block_size;
-        let first = cur.keys.len();
-        cur.tokens.extend_from_slice(tokens);
-        let mut scratch = Vec::new();
-        for i in first..cur.tokens.len() / bs {
-            let parent = if i == 0 { ROOT_PARENT } else { cur.keys[i - 1] };
-            let k = hasher.block_key(parent, &cur.tokens[i * bs..(i + 1) * bs], cur.extra, &mut scratch);
-            cur.keys.push(k);
-        }
+        let first = cur.push_tokens(tokens, self.block_size, hasher);
         if let Some(c) = self.cache.as_deref_mut() {
             register(c, &e.tables, &cur.keys, first, cur.keys.len());
         }

@@ -305,15 +305,7 @@ impl BlockPool {
         let r = self.grow(&mut entry.table, tokens.len(), slots, cow);
         if r.is_ok() {
             if let Some(cur) = entry.cursor.as_mut() {
-                let bs = self.block_size;
-                let first = cur.keys.len();
-                cur.tokens.extend_from_slice(tokens);
-                let mut scratch = Vec::new();
-                for i in first..cur.tokens.len() / bs {
-                    let parent = if i == 0 { ROOT_PARENT } else { cur.keys[i - 1] };
-                    let k = hasher.block_key(parent, &cur.tokens[i * bs..(i + 1) * bs], cur.extra, &mut scratch);
-                    cur.keys.push(k);
-                }
+                let first = cur.push_tokens(tokens, self.block_size, hasher);
                 let to = cur.keys.len();
                 let len = cur.tokens.len();
                 self.register_chain(&entry.table, &cur.keys, first, to, Some(&cur.tokens), cur.extra, len);
