@@ -24,6 +24,8 @@ from typing_extensions import final
 import numpy as np
 import numpy.typing as npt
 
+from pykvpool._dlpack import DLPackArray
+
 __version__: Final[str]
 """The package version, e.g. ``"0.1.0"``."""
 __all__ = [
@@ -65,7 +67,11 @@ __all__ = [
     "SIM_MAX_STEP_TOKENS",
 ]
 
-_IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex]
+# An array of another library exporting DLPack (a CPU torch tensor): read through a numpy
+# view of its memory, without a copy; another device is refused.
+_DLPack: TypeAlias = DLPackArray
+
+_IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex] | _DLPack
 _I32Array: TypeAlias = npt.NDArray[np.int32]
 _I64Array: TypeAlias = npt.NDArray[np.int64]
 _U64Array: TypeAlias = npt.NDArray[np.uint64]
@@ -1527,6 +1533,7 @@ def run_simulation(
 # ------------------------------------------------------- KV storage and decode attention
 
 _F32Array: TypeAlias = npt.NDArray[np.float32]
+_F32In: TypeAlias = npt.NDArray[np.float32] | _DLPack
 _KernelPath: TypeAlias = Literal["scalar", "neon", "avx2", "avx512"]
 
 @final
@@ -1631,7 +1638,7 @@ class KvCache:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
             ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
         """
-    def write(self, layer: int, k: _F32Array, v: _F32Array, slot_mapping: _IntArrayLike) -> None:
+    def write(self, layer: int, k: _F32In, v: _F32In, slot_mapping: _IntArrayLike) -> None:
         """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
         storage dtype (nearest even). The GIL is released while it copies.
 
@@ -1647,7 +1654,7 @@ class KvCache:
             InvalidArgumentError: a bad layer, dtype or shape, or a slot outside
                 ``-1..num_blocks * block_size``. Nothing is written on error.
         """
-    def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]]) -> None:
+    def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack) -> None:
         """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
         layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
 
@@ -1665,11 +1672,11 @@ class KvCache:
 def decode_attention(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
-    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    q: _F32In,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack,
     seq_lens: _IntArrayLike,
     scale: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[False] = False,
     *,
     split_size: int | None = None,
@@ -1750,11 +1757,11 @@ def decode_attention(
 def decode_attention(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
-    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    q: _F32In,
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack,
     seq_lens: _IntArrayLike,
     scale: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     *,
     return_lse: Literal[True],
     split_size: int | None = None,
@@ -1768,12 +1775,12 @@ def decode_attention(
 def decode_attention_paged(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     kv_indptr: _IntArrayLike,
     kv_indices: _IntArrayLike,
     kv_last_page_len: _IntArrayLike,
     scale: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[False] = False,
     *,
     split_size: int | None = None,
@@ -1833,12 +1840,12 @@ def decode_attention_paged(
 def decode_attention_paged(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     kv_indptr: _IntArrayLike,
     kv_indices: _IntArrayLike,
     kv_last_page_len: _IntArrayLike,
     scale: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     *,
     return_lse: Literal[True],
     split_size: int | None = None,
@@ -1853,9 +1860,9 @@ def decode_attention_paged(
 def prefill_attention(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     qo_indptr: _IntArrayLike,
-    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack,
     seq_lens: _IntArrayLike,
     *,
     q_positions: _IntArrayLike | None = None,
@@ -1865,7 +1872,7 @@ def prefill_attention(
     sink_tokens: int | None = None,
     scale: float | None = None,
     logits_soft_cap: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[False] = False,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
@@ -1951,9 +1958,9 @@ def prefill_attention(
 def prefill_attention(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     qo_indptr: _IntArrayLike,
-    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]],
+    block_tables: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack,
     seq_lens: _IntArrayLike,
     *,
     q_positions: _IntArrayLike | None = None,
@@ -1963,7 +1970,7 @@ def prefill_attention(
     sink_tokens: int | None = None,
     scale: float | None = None,
     logits_soft_cap: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[True],
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
@@ -1973,7 +1980,7 @@ def prefill_attention(
 def prefill_attention_paged(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     qo_indptr: _IntArrayLike,
     kv_indptr: _IntArrayLike,
     kv_indices: _IntArrayLike,
@@ -1986,7 +1993,7 @@ def prefill_attention_paged(
     sink_tokens: int | None = None,
     scale: float | None = None,
     logits_soft_cap: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[False] = False,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
@@ -2038,7 +2045,7 @@ def prefill_attention_paged(
 def prefill_attention_paged(
     cache: KvCache,
     layer: int,
-    q: _F32Array,
+    q: _F32In,
     qo_indptr: _IntArrayLike,
     kv_indptr: _IntArrayLike,
     kv_indices: _IntArrayLike,
@@ -2051,7 +2058,7 @@ def prefill_attention_paged(
     sink_tokens: int | None = None,
     scale: float | None = None,
     logits_soft_cap: float | None = None,
-    out: _F32Array | None = None,
+    out: _F32In | None = None,
     return_lse: Literal[True],
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,

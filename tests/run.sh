@@ -10,7 +10,11 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # Editable install: pip runs maturin (the build backend) and builds the extension in release.
-python -m pip install --quiet -e '.[test]'
+# With the torch and transformers extras, so tests/test_torch.py and tests/test_hf.py run (they
+# skip without them). PyPI's torch wheel pulls its CUDA runtime wheels (~5.6 GB installed;
+# about 3 minutes on a fresh venv without a pip cache, measured): CPU-only torch wheels live
+# only on download.pytorch.org, and the PyPI wheel does not import without those libraries.
+python -m pip install --quiet -e '.[test,torch,hf]'
 
 cargo test --locked --quiet
 cargo clippy --locked --quiet --all-targets --features python -- -D warnings

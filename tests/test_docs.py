@@ -290,8 +290,11 @@ NOTHING_RAISES: dict[str, str] = {
     ], _STORES),
 }
 
+#: pykvpool.hf imports torch and transformers (an optional extra): checked when they are installed.
+_HF_DEPS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 PYTHON_MODULES = sorted(m.name[len("pykvpool."):] for m in pkgutil.walk_packages(pykvpool.__path__, "pykvpool.")
-                         if not any(p.startswith("_") for p in m.name.split(".")[1:]))
+                         if not any(p.startswith("_") for p in m.name.split(".")[1:])
+                         and (_HF_DEPS or not m.name.startswith("pykvpool.hf")))
 
 
 def _relative(qualname: str) -> str:

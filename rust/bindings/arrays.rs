@@ -1,8 +1,11 @@
 //! Array arguments of the KV-cache calls: float32 inputs read in logical order whatever
 //! their strides, 2-D integer matrices (arrays or sequences of rows, ragged ones refused,
-//! empty ones of any dtype accepted), and the checks on a caller's `out`.
+//! empty ones of any dtype accepted), and the checks on a caller's `out`. Objects that
+//! export DLPack (CPU torch tensors) are read through a numpy view of their memory
+//! (`dlpack.rs`), so they get the same checks, without a copy.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -10,11 +13,38 @@ use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBytes, PyString};
 
 use super::convert::int_vec;
+use super::dlpack::numpy_view;
 use super::errors::invalid;
+
+/// The address ranges of every live `KvCache`'s storage (registered at creation, removed
+/// when the cache is dropped): an `out` reaching any of them is refused even when no
+/// `base` chain leads to the cache (a torch tensor over a view). Held only for the scan,
+/// never across Python.
+static CACHE_STORAGES: Mutex<Vec<Range<usize>>> = Mutex::new(Vec::new());
+
+/// Record a cache's storage addresses (`KvCache` creation).
+pub fn register_storage(r: Range<usize>) {
+    CACHE_STORAGES.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+}
+
+/// Forget a cache's storage addresses (`KvCache` drop).
+pub fn release_storage(r: &Range<usize>) {
+    let mut v = CACHE_STORAGES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = v.iter().position(|x| x == r) {
+        v.swap_remove(i);
+    }
+}
+
+fn overlaps_a_cache(r: &Range<usize>) -> bool {
+    CACHE_STORAGES.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|s| overlaps(r, s))
+}
 
 /// A float32 array argument: its shape and its values in logical (C) order, whatever
 /// its strides (Fortran order, slices, negative steps are copied element by element).
 pub fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
+    if let Some(view) = numpy_view(obj, name)? {
+        return f32_values(&view, name);
+    }
     let py = obj.py();
     let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
         let got = obj
@@ -44,6 +74,9 @@ pub fn int_matrix(obj: &Bound<'_, PyAny>, name: &str, cols: Option<usize>) -> Py
         Some(c) => format!("a [n, {c}] integer array or a sequence of [{c}] rows"),
         None => "a 2-D integer array or a sequence of equal-length rows".to_string(),
     };
+    if let Some(view) = numpy_view(obj, name)? {
+        return int_matrix(&view, name, cols);
+    }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let shape = arr.shape().to_vec();
         return match shape[..] {
@@ -107,6 +140,10 @@ pub fn checked_out<'py, Cache: PyTypeInfo>(
     storage: &Range<usize>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let py = o.py();
+    if let Some(view) = numpy_view(o, "out")? {
+        let q = numpy_view(q, "q")?.unwrap_or_else(|| q.clone());
+        return checked_out::<Cache>(&view, &q, shape, storage);
+    }
     let arr = o.cast::<PyArrayDyn<f32>>().map_err(|_| invalid(py, "out must be a float32 numpy array"))?;
     if arr.shape() != shape {
         return Err(invalid(py, format!("out must have shape {shape:?}, got {:?}", arr.shape())));
@@ -132,6 +169,9 @@ pub fn checked_out<'py, Cache: PyTypeInfo>(
             Some(next) if !next.is_none() => base = next,
             _ => break,
         }
+    }
+    if overlaps_a_cache(&range) {
+        return Err(invalid(py, format!("out must not share memory with a {}", Cache::type_object(py).name()?)));
     }
     Ok(arr.clone())
 }

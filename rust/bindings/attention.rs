@@ -143,8 +143,9 @@ fn attend<'py>(
     });
     drop(rw);
     done.py_err(py)?;
-    let out_obj = match out_arr {
-        Some(a) => a.into_any(),
+    // The caller's own `out` object: a torch tensor is returned as itself.
+    let out_obj = match out_arr.and(out) {
+        Some(o) => o.clone(),
         None => PyArray1::from_vec(py, owned).reshape([n, hq, d])?.into_any(),
     };
     if return_lse {

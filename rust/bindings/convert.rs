@@ -6,6 +6,7 @@ use numpy::{PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedAr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PyString};
 
+use super::dlpack::numpy_view;
 use super::errors::invalid;
 use crate::prefix_cache::block_hash::BlockKey;
 use crate::types::SeqId;
@@ -66,6 +67,9 @@ pub fn int_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
             });
         }
         return Ok(out);
+    }
+    if let Some(view) = numpy_view(obj, name)? {
+        return int_vec(&view, name);
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(invalid(py, format!("{name} must be a sequence of ints, got a string")));

@@ -7,7 +7,7 @@ use numpy::ndarray::{ArrayView4, ShapeBuilder};
 use numpy::PyArray4;
 use pyo3::prelude::*;
 
-use super::arrays::{f32_values, int_matrix};
+use super::arrays::{f32_values, int_matrix, register_storage, release_storage};
 use super::convert::{arg, count, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::kv::{DType, KvCache, KvShape};
@@ -60,6 +60,12 @@ impl PyKvCache {
     }
 }
 
+impl Drop for PyKvCache {
+    fn drop(&mut self) {
+        release_storage(&self.storage);
+    }
+}
+
 #[pymethods]
 impl PyKvCache {
     #[new]
@@ -84,6 +90,7 @@ impl PyKvCache {
         let dtype = DType::parse(dtype).py_err(py)?;
         let cache = py.detach(|| KvCache::new(shape, dtype)).py_err(py)?;
         let storage = cache.address_range();
+        register_storage(storage.clone());
         Ok(Self { shape, dtype, nbytes: cache.nbytes(), huge_pages: cache.huge_pages(), storage, inner: RwLock::new(cache) })
     }
 

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 pub mod arrays;
 pub mod attention;
 pub mod convert;
+pub mod dlpack;
 pub mod errors;
 mod exception_docs;
 pub mod hybrid;

@@ -109,8 +109,9 @@ fn run<'py>(
     });
     drop(rw);
     result.py_err(py)?;
-    let out_obj = match out_arr {
-        Some(a) => a.into_any(),
+    // The caller's own `out` object: a torch tensor is returned as itself.
+    let out_obj = match out_arr.and(kw.out) {
+        Some(o) => o.clone(),
         None => PyArray1::from_vec(py, owned).reshape([total_q, hq, d])?.into_any(),
     };
     if kw.return_lse {

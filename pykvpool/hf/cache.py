@@ -1,0 +1,268 @@
+"""``PagedKvCache``: a transformers ``Cache`` whose K/V live in pykvpool's pages.
+
+One :class:`HybridPool` (one group per attention kind of the model) holds every row of the
+batch as a sequence, and one :class:`KvCache` holds every layer's K/V. transformers calls
+``update`` before each layer's attention; the K/V are written, and read back, by the
+``"pykvpool"`` attention function (:mod:`pykvpool.hf.attention`), which knows from the
+padding mask which tokens are real: left padding is never stored, so a row's positions in
+the pool are its real tokens' (0, 1, ...), while ``get_seq_length`` keeps transformers'
+padded count.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from pykvpool._native import HybridPool, KvCache
+from pykvpool.checks import check_count, invalid
+from pykvpool.hf.layout import ModelLayout, model_layout
+
+__all__ = ["PagedKvCache"]
+
+#: The cache and layer whose ``update`` ran last on this thread: the attention function
+#: that follows reads its K/V from there (transformers hands it no cache).
+_ACTIVE = threading.local()
+
+
+def active(layer_idx: int) -> PagedKvCache | None:
+    """The cache that has just been updated for ``layer_idx`` on this thread, if any."""
+    entry = getattr(_ACTIVE, "entry", None)
+    if entry is None or entry[1] != layer_idx:
+        return None
+    cache: PagedKvCache = entry[0]
+    return cache
+
+
+class _Step:
+    """One forward pass's bookkeeping, shared by all layers: slots of the ``[B, T]`` grid
+    per group (-1 for padding), query positions, lengths, block tables per group."""
+
+    def __init__(self, slots: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
+                 seq_lens: npt.NDArray[np.int64], tables: list[npt.NDArray[np.int32]], tokens: int,
+                 decode: bool) -> None:
+        self.slots, self.positions, self.seq_lens, self.tables = slots, positions, seq_lens, tables
+        self.tokens, self.decode = tokens, decode
+        rows = len(seq_lens)
+        self.qo_indptr = np.arange(0, rows * tokens + 1, tokens, dtype=np.int64)
+
+
+class _PagedLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+    """One model layer's face of the cache: every call goes to the owning cache."""
+
+    is_croppable = True
+
+    def __init__(self, owner: PagedKvCache, layer_idx: int, sliding: bool) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.owner, self.layer_idx, self.is_sliding = owner, layer_idx, sliding
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the pool and the cache exist from the start."""
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hand this layer's new K/V to the cache (see :meth:`PagedKvCache.update`)."""
+        self.is_initialized = True
+        return self.owner.stage(self.layer_idx, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` in transformers' padded positions."""
+        return self.owner.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Padded tokens seen by the batch (transformers' convention)."""
+        return self.owner.seen
+
+    def get_max_length(self) -> int:
+        """No maximum but the pool's blocks: -1."""
+        return -1
+
+    def reset(self) -> None:
+        """Done once by :meth:`PagedKvCache.reset`."""
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Done once by :meth:`PagedKvCache.reorder_cache`."""
+
+
+class PagedKvCache(Cache):
+    """A transformers ``Cache`` backed by one pykvpool pool and one paged KV cache, for
+    models run with ``attn_implementation="pykvpool"`` (:func:`pykvpool.hf.register`).
+
+    Use: ``model.generate(input_ids, attention_mask=mask, cache=PagedKvCache(model.config,
+    num_blocks=...), ...)``. Rows of the batch are sequences of the pool (ids from
+    ``first_seq_id``); padding tokens (zeros of the attention mask, on the left of the
+    prompt) are not stored. Windowed layers (Mistral, Gemma-2/3 local layers) free the
+    blocks their window left behind as the rows grow. ``reorder_cache`` (beam search),
+    ``batch_repeat_interleave`` and ``batch_select_indices`` fork and free sequences:
+    rows that share a history share its blocks (copy-on-write); ``crop`` truncates.
+
+    Args:
+        config: the model's transformers config (its decoder's layer kinds, KV heads,
+            head_dim).
+        num_blocks: blocks of the pool (shared by all groups and rows), >= 1.
+        block_size: tokens per block (default 16), 1..=65536.
+        dtype: the K/V storage: ``"f32"`` (default, exact), ``"f16"`` or ``"bf16"``.
+        first_seq_id: the pool id of row 0 (default 0); later rows and forks count up.
+
+    Raises:
+        InvalidArgumentError: a bad count or dtype, a layer kind the pool does not store.
+    """
+
+    def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
+                 first_seq_id: int = 0) -> None:
+        num_blocks = check_count(num_blocks, "num_blocks", 1)
+        block_size = check_count(block_size, "block_size", 1)
+        self.layout: ModelLayout = model_layout(config)
+        lay = self.layout
+        self.pool = HybridPool(num_blocks, block_size, list(lay.groups))
+        self.kv = KvCache(lay.cache_layers, num_blocks, block_size, lay.num_kv_heads, lay.head_dim, dtype)
+        layers: list[Any] = [_PagedLayer(self, i, lay.window[i] is not None) for i in range(lay.num_layers)]
+        super().__init__(layers=layers)
+        self.seqs: list[int] = []
+        self.seen = 0
+        self._next_id = check_count(first_seq_id, "first_seq_id")
+        self._new_forward = False
+        self._step: _Step | None = None
+
+    # -- transformers' Cache interface ------------------------------------------------
+
+    def stage(self, layer_idx: int, key_states: torch.Tensor,
+              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Called by each layer's ``update``: marks the layer as the one the next attention
+        call reads (layer 0 starts a forward pass and counts its tokens); returns the new
+        K/V unchanged (the attention function writes them to the pages).
+
+        Raises:
+            Nothing.
+        """
+        if layer_idx == 0:
+            self._new_forward = True
+            self.seen += int(key_states.shape[-2])
+        _ACTIVE.entry = (self, layer_idx)
+        return key_states, value_states
+
+    def reset(self) -> None:
+        """Free every row's sequence; the cache is empty again.
+
+        Raises:
+            Nothing (the rows are live sequences of the pool).
+        """
+        for s in self.seqs:
+            self.pool.free(s)
+        self.seqs, self.seen, self._step = [], 0, None
+
+    def _rebuild(self, parents: list[int]) -> None:
+        """New rows: row ``i`` continues ``self.seqs[parents[i]]`` (forks share blocks)."""
+        new = []
+        for p in parents:
+            child = self._next_id
+            self._next_id += 1
+            self.pool.fork(self.seqs[p], child)
+            new.append(child)
+        for s in self.seqs:
+            self.pool.free(s)
+        self.seqs = new
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row ``i`` becomes old row ``beam_idx[i]`` (beam search), by forks: no K/V copied.
+
+        Raises:
+            IndexError: an index outside the rows.
+        """
+        if self.seqs:
+            self._rebuild([int(i) for i in beam_idx.tolist()])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row ``repeats`` times in a row (shared blocks).
+
+        Raises:
+            Nothing.
+        """
+        if self.seqs:
+            self._rebuild([i for i in range(len(self.seqs)) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` (in that order).
+
+        Raises:
+            IndexError: an index outside the rows.
+        """
+        if self.seqs:
+            self._rebuild([int(i) for i in indices.tolist()])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens of every row (a negative count, as
+        transformers passes it; a positive one is the length to keep), through
+        :meth:`HybridPool.truncate`.
+
+        Raises:
+            InvalidArgumentError: a row would lose a token the window already released
+                (nothing changed in that row and after), or a length beyond the rows'.
+        """
+        n = -tokens_to_remove if tokens_to_remove <= 0 else self.seen - tokens_to_remove
+        if n < 0 or n > self.seen:
+            raise invalid(f"tokens_to_remove: {tokens_to_remove} is outside the cache's {self.seen} tokens")
+        if n == 0:
+            return
+        for s in self.seqs:
+            self.pool.truncate(s, min(n, self.pool.seq_len(s)))
+        self.seen -= n
+
+    # -- the attention side -----------------------------------------------------------
+
+    def begin_forward(self, mask: torch.Tensor | None, rows: int, tokens: int) -> _Step:
+        """The step of the forward pass that layer 0's update started: allocate the slots of
+        its real tokens (a prompt: the mask's ones, after left padding; later passes: every
+        token), copy shared blocks first, and build the block tables once for all layers.
+
+        Raises:
+            InvalidArgumentError: padding other than on the left of a prompt, or a later
+                pass that does not add one token per row to every row.
+            PoolExhaustedError: the pool lacks the blocks (nothing allocated).
+        """
+        if not self._new_forward and self._step is not None:
+            return self._step
+        valid = np.ones((rows, tokens), dtype=bool) if mask is None else mask[:, -tokens:].cpu().numpy().astype(bool)
+        counts = valid.sum(axis=1)
+        pads = tokens - counts
+        if any(not valid[i, pads[i]:].all() for i in range(rows)):
+            raise invalid("attention_mask: only left padding is supported (zeros before a row's tokens)")
+        groups = self.pool.num_groups
+        if not self.seqs:
+            self.seqs = list(range(self._next_id, self._next_id + rows))
+            self._next_id += rows
+            before = np.zeros(rows, dtype=np.int64)
+            new = [self.pool.add_sequence(s, int(c)) for s, c in zip(self.seqs, counts)]
+            real = np.concatenate(new, axis=1) if new else np.empty((groups, 0), dtype=np.int64)
+        else:
+            if len(self.seqs) != rows or (pads != 0).any():
+                raise invalid("attention_mask: a later pass must add a token to every row, without padding")
+            before = np.array([self.pool.seq_len(s) for s in self.seqs], dtype=np.int64)
+            real, cow, _ = self.pool.step(self.seqs, [tokens] * rows)
+            self.kv.copy_blocks(cow)
+        slots = np.full((groups, rows * tokens), -1, dtype=np.int64)
+        flat = valid.reshape(-1)
+        slots[:, flat] = real
+        t = np.arange(tokens, dtype=np.int64)[None, :]
+        positions = np.maximum(before[:, None] + t - pads[:, None], 0).reshape(-1)
+        seq_lens = before + counts
+        tables = [self.pool.block_tables(self.seqs, g) for g in range(groups)]
+        self._step = _Step(slots, positions, seq_lens, tables, tokens, decode=tokens == 1 and bool(valid.all()))
+        self._new_forward = False
+        return self._step
+
+    def nbytes_held(self) -> int:
+        """Bytes of K/V storage the rows hold now: used blocks x the bytes of one block id in
+        the :class:`KvCache` (K and V of every cache layer; a block serves one group, whose
+        layers use it).
+
+        Raises:
+            Nothing.
+        """
+        return self.pool.num_used_blocks * (self.kv.nbytes // self.kv.num_blocks)

@@ -1,0 +1,119 @@
+"""pykvpool.hf: transformers models (random weights from small configs, nothing
+downloaded) generating through PagedKvCache and attn_implementation="pykvpool" give the
+tokens and logits of DynamicCache + sdpa (eager for Gemma-2, which has no sdpa)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import pykvpool  # noqa: E402
+import pykvpool.hf as phf  # noqa: E402
+
+SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=None)
+#: model type -> config overrides; windows of 8 tokens so that prompts + 64 tokens leave them.
+MODELS = {
+    "llama": dict(num_hidden_layers=2),
+    "qwen2": dict(num_hidden_layers=2),
+    "mistral": dict(num_hidden_layers=2, sliding_window=8),
+    "gemma2": dict(num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=16),
+}
+PROMPT_LENS = (5, 11, 3, 17)
+#: The reference attention: sdpa, or eager where transformers has no sdpa (Gemma-2's soft cap).
+REFERENCE = {"gemma2": "eager"}
+
+
+def build(model_type: str, impl: str) -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **MODELS[model_type]})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    return model.eval()
+
+
+def batch(lens: tuple[int, ...] = PROMPT_LENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of random tokens (2..96) and their mask."""
+    g = torch.Generator().manual_seed(1)
+    width = max(lens)
+    ids = torch.zeros((len(lens), width), dtype=torch.long)
+    mask = torch.zeros((len(lens), width), dtype=torch.long)
+    for i, n in enumerate(lens):
+        ids[i, width - n:] = torch.randint(2, 97, (n,), generator=g)
+        mask[i, width - n:] = 1
+    return ids, mask
+
+
+def generate(model: torch.nn.Module, cache: object | None, new: int = 64, **kw: object) -> object:
+    ids, mask = batch()
+    extra = {} if cache is None else {"cache": cache}
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              return_dict_in_generate=True, output_logits=True, **extra, **kw)
+
+
+@pytest.mark.parametrize("model_type", sorted(MODELS))
+def test_greedy_matches_dynamic_cache_sdpa(model_type: str) -> None:
+    ref = generate(build(model_type, REFERENCE.get(model_type, "sdpa")), None)
+    model = build(model_type, phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=256, block_size=4)
+    got = generate(model, cache)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert len(got.logits) == len(ref.logits) == 64
+    diff = max(float((a - b).abs().max()) for a, b in zip(got.logits, ref.logits))
+    assert diff < 1e-4, diff
+    # Every row is a sequence of the pool holding its real tokens only (no padding).
+    lens = [cache.pool.seq_len(s) for s in cache.seqs]
+    assert lens == [n + 64 - 1 for n in PROMPT_LENS]
+    cache.pool.check_invariants()
+
+
+def test_windowed_layers_free_their_blocks() -> None:
+    model = build("gemma2", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=256, block_size=4)
+    generate(model, cache)
+    stats = cache.pool.stats()
+    window, full = stats.group_blocks  # layer 0 is local: group 0 is the window
+    # A window of 8 tokens holds at most ceil(7/4) + 1 + 1 blocks per row; the full group every block.
+    assert window <= 4 * 4
+    assert full == sum(-(-(n + 63) // 4) for n in PROMPT_LENS)
+    assert cache.nbytes_held() == stats.used_blocks * cache.kv.nbytes // cache.kv.num_blocks
+
+
+def test_attention_without_paged_cache_is_refused() -> None:
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    ids, mask = batch()
+    with pytest.raises(pykvpool.InvalidArgumentError, match="PagedKvCache"):
+        with torch.no_grad():
+            model(ids, attention_mask=mask)
+
+
+def test_right_padding_is_refused() -> None:
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=64)
+    ids, mask = batch((3, 5))
+    with pytest.raises(pykvpool.InvalidArgumentError, match="left padding"):
+        with torch.no_grad():
+            model(ids, attention_mask=mask.flip(1), cache=cache)
+
+
+def test_layout_of_gemma2_shares_cache_layers() -> None:
+    model = build("gemma2", phf.ATTN_IMPLEMENTATION)
+    lay = phf.model_layout(model.config)
+    assert lay.groups == (pykvpool.SlidingWindow(8), pykvpool.FullAttention())
+    assert lay.group_of == (0, 1, 0, 1) and lay.cache_layer == (0, 0, 1, 1) and lay.cache_layers == 2
+    assert lay.window == (8, None, 8, None)
+
+
+def test_bad_arguments() -> None:
+    cfg = build("llama", "sdpa").config
+    with pytest.raises(pykvpool.InvalidArgumentError, match="num_blocks"):
+        phf.PagedKvCache(cfg, num_blocks=0)
+    with pytest.raises(pykvpool.InvalidArgumentError, match="block_size"):
+        phf.PagedKvCache(cfg, num_blocks=4, block_size=True)
+    assert np.asarray(phf.PagedKvCache(cfg, num_blocks=4).kv.key(0)).shape == (4, 16, 2, 16)

@@ -1,0 +1,178 @@
+"""CPU torch tensors wherever the kernels and KvCache take numpy arrays: read through
+DLPack without a copy, the same results and the same errors; the cache's views and the
+pools' outputs as tensors without copies; ``import pykvpool`` never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pykvpool as kv
+
+torch = pytest.importorskip("torch")
+
+HKV, D, BS, NB = 2, 8, 4, 16
+
+
+def test_import_pykvpool_does_not_import_torch_or_transformers() -> None:
+    code = ("import sys, pykvpool, pykvpool.simulate, pykvpool.video, pykvpool.planning\n"
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def filled() -> tuple[kv.BlockPool, kv.KvCache, list[int]]:
+    """Three sequences of 5, 9 and 1 tokens of random K/V in a one-layer cache."""
+    pool, cache = kv.BlockPool(NB, BS), kv.KvCache(1, NB, BS, HKV, D)
+    rng = np.random.default_rng(0)
+    for s, n in enumerate([5, 9, 1]):
+        slots = pool.add_sequence(s, n)
+        cache.write(0, rng.standard_normal((n, HKV, D), np.float32), rng.standard_normal((n, HKV, D), np.float32),
+                    slots)
+    return pool, cache, [0, 1, 2]
+
+
+def lens_of(pool: kv.BlockPool, seqs: list[int]) -> Any:
+    return np.array([pool.seq_len(s) for s in seqs], dtype=np.int64)
+
+
+def q_of(rows: int, hq: int = 4) -> Any:
+    return np.random.default_rng(1).standard_normal((rows, hq, D), np.float32)
+
+
+def test_cache_views_are_tensors_without_copies() -> None:
+    _, cache, _ = filled()
+    view = cache.key(0)
+    t = torch.from_numpy(view)
+    assert t.data_ptr() == view.ctypes.data and t.stride() == tuple(s // 4 for s in view.strides)
+    t[3, 1, 0, 2] = 42.0  # a write through the tensor is seen by numpy and the kernels
+    assert view[3, 1, 0, 2] == 42.0
+    cache.write(0, np.full((1, HKV, D), 7.0, np.float32), np.zeros((1, HKV, D), np.float32), [3 * BS + 1])
+    assert float(t[3, 1, 0, 2]) == 7.0  # and a write through the cache by the tensor
+
+
+def test_pool_outputs_are_tensors_without_copies() -> None:
+    pool = kv.BlockPool(NB, BS)
+    slots = pool.add_sequence(0, 6)
+    slot_mapping, cow, lens = pool.step([0], [3])
+    tables = pool.block_tables([0])
+    hyb = kv.HybridPool(NB, BS, [kv.FullAttention(), kv.SlidingWindow(4)])
+    hslots = hyb.add_sequence(0, 5)
+    for arr in (slots, slot_mapping, cow, lens, tables, *pool.flashinfer_tables([0]), hslots,
+                hyb.block_tables([0], 1)):
+        t = torch.from_numpy(arr)  # no warning: the outputs are writable
+        assert t.data_ptr() == arr.ctypes.data or arr.size == 0
+        assert t.dtype in (torch.int32, torch.int64)
+
+
+def test_decode_kernels_take_tensors() -> None:
+    pool, cache, seqs = filled()
+    q = q_of(3)
+    tables, lens = pool.block_tables(seqs), lens_of(pool, seqs)
+    want = kv.decode_attention(cache, 0, q, tables, lens, window_left=3)
+    out = torch.empty((3, 4, D))
+    got = kv.decode_attention(cache, 0, torch.from_numpy(q), torch.from_numpy(tables), torch.from_numpy(lens),
+                              out=out, window_left=3)
+    assert got is out and np.array_equal(out.numpy(), want)
+    fi = pool.flashinfer_tables(seqs)
+    want = kv.decode_attention_paged(cache, 0, q, *fi)
+    got = kv.decode_attention_paged(cache, 0, torch.from_numpy(q), *(torch.from_numpy(a) for a in fi))
+    assert np.array_equal(got, want)
+
+
+def test_prefill_kernels_take_tensors() -> None:
+    pool, cache, seqs = filled()
+    q = q_of(6)
+    qo = np.array([0, 2, 5, 6])
+    tables, lens = pool.block_tables(seqs), lens_of(pool, seqs)
+    want = kv.prefill_attention(cache, 0, q, qo, tables, lens, logits_soft_cap=5.0)
+    out = torch.zeros((6, 4, D))
+    got = kv.prefill_attention(cache, 0, torch.from_numpy(q), torch.from_numpy(qo), torch.from_numpy(tables),
+                               torch.from_numpy(lens), logits_soft_cap=5.0, out=out)
+    assert got is out and np.array_equal(out.numpy(), want)
+    fi = pool.flashinfer_tables(seqs)
+    want = kv.prefill_attention_paged(cache, 0, q, qo, *fi)
+    got = kv.prefill_attention_paged(cache, 0, torch.from_numpy(q), torch.from_numpy(qo),
+                                     *(torch.from_numpy(a) for a in fi))
+    assert np.array_equal(got, want)
+
+
+def test_write_and_copy_blocks_take_tensors() -> None:
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((3, HKV * D), np.float32)
+    v = rng.standard_normal((3, HKV, D), np.float32)
+    a, b = kv.KvCache(1, NB, BS, HKV, D), kv.KvCache(1, NB, BS, HKV, D)
+    a.write(0, k, v, [0, 5, -1])
+    a.copy_blocks([[1, 7]])
+    # A strided (transposed back) tensor is read in logical order, like a strided array.
+    kt = torch.from_numpy(np.ascontiguousarray(k.T)).T
+    b.write(0, kt, torch.from_numpy(v), torch.tensor([0, 5, -1]))
+    b.copy_blocks(torch.tensor([[1, 7]]))
+    assert np.array_equal(a.key(0), b.key(0)) and np.array_equal(a.value(0), b.value(0))
+
+
+class FakeDevice:
+    """A DLPack exporter on another device (a CUDA tensor's face without a GPU)."""
+
+    def __init__(self, t: Any, device: tuple[int, int]) -> None:
+        self.t, self.device = t, device
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        return self.t.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+
+def bad_tensor_cases() -> list[tuple[str, Any, str]]:
+    q = torch.from_numpy(q_of(3))
+    cases = [("float64", q.double(), "q must be a float32"), ("bfloat16", q.bfloat16(), "q: a Tensor of dtype"),
+             ("shape", q[:, :, :4], "head_dim"), ("requires_grad", q.clone().requires_grad_(), "q: a Tensor"),
+             ("cuda", FakeDevice(q, (2, 0)), "q must be in CPU memory")]
+    if torch.cuda.is_available():
+        cases.append(("real cuda", q.cuda(), "q must be in CPU memory"))
+    return cases
+
+
+@pytest.mark.parametrize("name,q,match", bad_tensor_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_bad_tensors_raise_like_numpy(name: str, q: Any, match: str) -> None:
+    pool, cache, seqs = filled()
+    with pytest.raises(kv.InvalidArgumentError, match=match):
+        kv.decode_attention(cache, 0, q, pool.block_tables(seqs), lens_of(pool, seqs))
+
+
+def test_bad_int_tensors_and_write_errors() -> None:
+    pool, cache, seqs = filled()
+    q = torch.from_numpy(q_of(3))
+    with pytest.raises(kv.InvalidArgumentError, match="seq_lens must have an integer dtype"):
+        kv.decode_attention(cache, 0, q, pool.block_tables(seqs), torch.tensor([1.0, 2.0, 1.0]))
+    with pytest.raises(kv.InvalidArgumentError, match="block_tables must be"):
+        kv.decode_attention(cache, 0, q, torch.zeros((3, 2, 1), dtype=torch.int32), lens_of(pool, seqs))
+    before = cache.key(0).copy()
+    with pytest.raises(kv.InvalidArgumentError, match="k must have shape"):
+        cache.write(0, torch.zeros((2, HKV, D)), torch.zeros((1, HKV, D)), [0])
+    with pytest.raises(kv.InvalidArgumentError, match="slot_mapping must be in CPU memory"):
+        cache.write(0, torch.zeros((1, HKV, D)), torch.zeros((1, HKV, D)), FakeDevice(torch.tensor([0]), (2, 0)))
+    assert np.array_equal(cache.key(0), before)
+
+
+def test_out_tensor_aliasing_is_refused() -> None:
+    pool, cache, seqs = filled()
+    q = torch.from_numpy(q_of(3))
+    args = (pool.block_tables(seqs), lens_of(pool, seqs))
+    with pytest.raises(kv.InvalidArgumentError, match="share memory with q"):
+        kv.decode_attention(cache, 0, q, *args, out=q)
+    # A tensor over any cache's memory, reached through no numpy `base`, is refused too.
+    other = kv.KvCache(1, NB, BS, HKV, D)
+    inside = torch.as_strided(torch.from_numpy(other.value(0)), (3, 4, D), (4 * D, D, 1))
+    with pytest.raises(kv.InvalidArgumentError, match="share memory with a KvCache"):
+        kv.decode_attention(cache, 0, q, *args, out=inside)
+    with pytest.raises(kv.InvalidArgumentError, match="out must be C-contiguous"):
+        kv.decode_attention(cache, 0, q, *args, out=torch.empty((3, D, 4)).transpose(1, 2))
+    with pytest.raises(kv.InvalidArgumentError, match="out must be a float32"):
+        kv.decode_attention(cache, 0, q, *args, out=torch.empty((3, 4, D), dtype=torch.float64))
