@@ -117,3 +117,39 @@ def test_bad_arguments() -> None:
     with pytest.raises(pykvpool.InvalidArgumentError, match="block_size"):
         phf.PagedKvCache(cfg, num_blocks=4, block_size=True)
     assert np.asarray(phf.PagedKvCache(cfg, num_blocks=4).kv.key(0)).shape == (4, 16, 2, 16)
+
+
+def test_exhausted_pool_adds_no_row() -> None:
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=8, block_size=4)  # 8 blocks: not 4 rows of up to 17 tokens
+    ids, mask = batch()
+    with pytest.raises(pykvpool.PoolExhaustedError), torch.no_grad():
+        model(ids, attention_mask=mask, cache=cache)
+    assert cache.pool.num_used_blocks == 0 and cache.seqs == []
+
+
+def test_beam_search_matches_dynamic_cache_and_forks_share_blocks() -> None:
+    ref = generate(build("llama", "sdpa"), None, new=16, num_beams=3)
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=512, block_size=4)
+    got = generate(model, cache, new=16, num_beams=3)
+    assert torch.equal(got.sequences, ref.sequences)
+    # 4 prompts x 3 beams: the beams of a prompt share its prompt's full blocks.
+    assert len(cache.seqs) == 12
+    blocks = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, 0)}
+    held = sum(-(-cache.pool.seq_len(s) // 4) for s in cache.seqs)
+    assert len(blocks) < held
+    cache.pool.check_invariants()
+
+
+def test_crop_truncates_every_row() -> None:
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=256, block_size=4)
+    generate(model, cache, new=8)
+    lens = [cache.pool.seq_len(s) for s in cache.seqs]
+    seen = cache.get_seq_length()
+    cache.crop(-3)
+    assert [cache.pool.seq_len(s) for s in cache.seqs] == [n - 3 for n in lens]
+    assert cache.get_seq_length() == seen - 3
+    with pytest.raises(pykvpool.InvalidArgumentError, match="tokens_to_remove"):
+        cache.crop(-(seen + 1))

@@ -235,11 +235,8 @@ class PagedKvCache(Cache):
             raise invalid("attention_mask: only left padding is supported (zeros before a row's tokens)")
         groups = self.pool.num_groups
         if not self.seqs:
-            self.seqs = list(range(self._next_id, self._next_id + rows))
-            self._next_id += rows
+            real = self._add_rows(counts)
             before = np.zeros(rows, dtype=np.int64)
-            new = [self.pool.add_sequence(s, int(c)) for s, c in zip(self.seqs, counts)]
-            real = np.concatenate(new, axis=1) if new else np.empty((groups, 0), dtype=np.int64)
         else:
             if len(self.seqs) != rows or (pads != 0).any():
                 raise invalid("attention_mask: a later pass must add a token to every row, without padding")
@@ -256,6 +253,19 @@ class PagedKvCache(Cache):
         self._step = _Step(slots, positions, seq_lens, tables, tokens, decode=tokens == 1 and bool(valid.all()))
         self._new_forward = False
         return self._step
+
+    def _add_rows(self, counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Add one sequence per row holding its prompt's real tokens; all rows or none."""
+        ids = list(range(self._next_id, self._next_id + len(counts)))
+        new: list[npt.NDArray[np.int64]] = []
+        try:
+            for s, c in zip(ids, counts):
+                new.append(self.pool.add_sequence(s, int(c)))
+        except BaseException:
+            self.pool.free_batch(ids[: len(new)])
+            raise
+        self.seqs, self._next_id = ids, self._next_id + len(counts)
+        return np.concatenate(new, axis=1) if new else np.empty((self.pool.num_groups, 0), dtype=np.int64)
 
     def nbytes_held(self) -> int:
         """Bytes of K/V storage the rows hold now: used blocks x the bytes of one block id in
