@@ -52,9 +52,10 @@ def batch(lens: tuple[int, ...] = PROMPT_LENS) -> tuple[torch.Tensor, torch.Tens
 def generate(model: torch.nn.Module, cache: object | None, new: int = 64, **kw: object) -> object:
     ids, mask = batch()
     extra = {} if cache is None else {"cache": cache}
+    opts = {"do_sample": False, **kw}
     with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              return_dict_in_generate=True, output_logits=True, **extra, **kw)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                              return_dict_in_generate=True, output_logits=True, **extra, **opts)
 
 
 @pytest.mark.parametrize("model_type", sorted(MODELS))
@@ -153,3 +154,20 @@ def test_crop_truncates_every_row() -> None:
     assert cache.get_seq_length() == seen - 3
     with pytest.raises(pykvpool.InvalidArgumentError, match="tokens_to_remove"):
         cache.crop(-(seen + 1))
+
+
+def test_num_return_sequences_share_the_prompt_blocks() -> None:
+    def sample(model: torch.nn.Module, cache: object | None) -> object:
+        torch.manual_seed(3)
+        return generate(model, cache, new=16, do_sample=True, num_return_sequences=3, top_k=0, top_p=1.0)
+
+    ref = sample(build("qwen2", "sdpa"), None)
+    model = build("qwen2", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=512, block_size=4)
+    got = sample(model, cache)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert len(cache.seqs) == 12
+    # The 3 samples of a prompt hold its full prompt blocks once (refcount 3), not 3 copies.
+    shared = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, 0) if cache.pool.refcount(int(b)) == 3}
+    assert len(shared) == sum(n // 4 for n in PROMPT_LENS)
+    cache.pool.check_invariants()

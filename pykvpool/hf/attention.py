@@ -57,7 +57,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if sliding_window != lay.window[layer]:
         raise invalid(f"sliding_window: layer {layer} passes {sliding_window}, its cache group has {lay.window[layer]}")
     rows, hq, tokens, dim = query.shape
-    step = cache.begin_forward(attention_mask, rows, tokens)
+    step = cache.begin_forward(attention_mask, rows, tokens, key)
     g, j = lay.group_of[layer], lay.cache_layer[layer]
     hkv = key.shape[1]
     k = key.detach().transpose(1, 2).reshape(rows * tokens, hkv, dim).float()

@@ -216,10 +216,14 @@ class PagedKvCache(Cache):
 
     # -- the attention side -----------------------------------------------------------
 
-    def begin_forward(self, mask: torch.Tensor | None, rows: int, tokens: int) -> _Step:
+    def begin_forward(self, mask: torch.Tensor | None, rows: int, tokens: int,
+                      key: torch.Tensor | None = None) -> _Step:
         """The step of the forward pass that layer 0's update started: allocate the slots of
         its real tokens (a prompt: the mask's ones, after left padding; later passes: every
         token), copy shared blocks first, and build the block tables once for all layers.
+        On a prompt, a row whose padding and first-layer keys ``key`` (``[B, Hkv, T, D]``)
+        equal an earlier row's (``num_return_sequences`` repeats each prompt) is a fork of
+        it: the rows share the prompt's blocks until they diverge (copy-on-write).
 
         Raises:
             InvalidArgumentError: padding other than on the left of a prompt, or a later
@@ -235,7 +239,7 @@ class PagedKvCache(Cache):
             raise invalid("attention_mask: only left padding is supported (zeros before a row's tokens)")
         groups = self.pool.num_groups
         if not self.seqs:
-            real = self._add_rows(counts)
+            real = self._add_rows(counts, self._twins(valid, key))
             before = np.zeros(rows, dtype=np.int64)
         else:
             if len(self.seqs) != rows or (pads != 0).any():
@@ -254,13 +258,27 @@ class PagedKvCache(Cache):
         self._new_forward = False
         return self._step
 
-    def _add_rows(self, counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Add one sequence per row holding its prompt's real tokens; all rows or none."""
+    @staticmethod
+    def _twins(valid: npt.NDArray[np.bool_], key: torch.Tensor | None) -> list[int]:
+        """Per row, the first row with the same padding and bitwise-equal keys (itself if none)."""
+        if key is None:
+            return list(range(len(valid)))
+        first: dict[bytes, int] = {}
+        k = key.detach().float().cpu().numpy()
+        return [first.setdefault(valid[i].tobytes() + k[i].tobytes(), i) for i in range(len(valid))]
+
+    def _add_rows(self, counts: npt.NDArray[np.int64], twins: list[int]) -> npt.NDArray[np.int64]:
+        """Add one sequence per row holding its prompt's real tokens (a fork of its twin when
+        it has one: same slots); all rows or none."""
         ids = list(range(self._next_id, self._next_id + len(counts)))
         new: list[npt.NDArray[np.int64]] = []
         try:
-            for s, c in zip(ids, counts):
-                new.append(self.pool.add_sequence(s, int(c)))
+            for i, (s, c) in enumerate(zip(ids, counts)):
+                if twins[i] == i:
+                    new.append(self.pool.add_sequence(s, int(c)))
+                else:
+                    self.pool.fork(ids[twins[i]], s)
+                    new.append(new[twins[i]])
         except BaseException:
             self.pool.free_batch(ids[: len(new)])
             raise
