@@ -24,6 +24,8 @@ MODELS = {
     "qwen2": dict(num_hidden_layers=2),
     "mistral": dict(num_hidden_layers=2, sliding_window=8),
     "gemma2": dict(num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=16),
+    "qwen3": dict(num_hidden_layers=2),
+    "gemma3_text": dict(num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16),
 }
 PROMPT_LENS = (5, 11, 3, 17)
 #: The reference attention: sdpa, or eager where transformers has no sdpa (Gemma-2's soft cap).
