@@ -105,6 +105,15 @@ def test_right_padding_is_refused() -> None:
             model(ids, attention_mask=mask.flip(1), cache=cache)
 
 
+def test_four_d_mask_is_refused() -> None:
+    model = build("llama", phf.ATTN_IMPLEMENTATION)
+    cache = phf.PagedKvCache(model.config, num_blocks=64)
+    ids, _ = batch((3, 5))
+    mask = torch.ones((2, 1, 5, 5), dtype=torch.bool).tril()
+    with pytest.raises(pykvpool.InvalidArgumentError, match="padding mask"), torch.no_grad():
+        model(ids, attention_mask=mask, cache=cache)
+
+
 def test_layout_of_gemma2_shares_cache_layers() -> None:
     model = build("gemma2", phf.ATTN_IMPLEMENTATION)
     lay = phf.model_layout(model.config)

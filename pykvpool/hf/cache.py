@@ -100,7 +100,8 @@ class PagedKvCache(Cache):
     prompt) are not stored. Windowed layers (Mistral, Gemma-2/3 local layers) free the
     blocks their window left behind as the rows grow. ``reorder_cache`` (beam search),
     ``batch_repeat_interleave`` and ``batch_select_indices`` fork and free sequences:
-    rows that share a history share its blocks (copy-on-write); ``crop`` truncates.
+    rows that share a history share its blocks (copy-on-write); ``crop`` truncates. One
+    batch per cache: a new batch of prompts needs :meth:`reset` (or a new cache).
 
     Args:
         config: the model's transformers config (its decoder's layer kinds, KV heads,
@@ -226,12 +227,15 @@ class PagedKvCache(Cache):
         it: the rows share the prompt's blocks until they diverge (copy-on-write).
 
         Raises:
-            InvalidArgumentError: padding other than on the left of a prompt, or a later
-                pass that does not add one token per row to every row.
+            InvalidArgumentError: a mask that is not a 2-D padding mask, padding other than
+                on the left of a prompt, or a later pass that does not add the same tokens to
+                every row without padding (a new batch needs :meth:`reset` or a new cache).
             PoolExhaustedError: the pool lacks the blocks (nothing allocated).
         """
         if not self._new_forward and self._step is not None:
             return self._step
+        if mask is not None and (mask.ndim != 2 or mask.shape[0] != rows or mask.shape[1] < tokens):
+            raise invalid(f"attention_mask: a [batch, tokens] padding mask is needed, got shape {tuple(mask.shape)}")
         valid = np.ones((rows, tokens), dtype=bool) if mask is None else mask[:, -tokens:].cpu().numpy().astype(bool)
         counts = valid.sum(axis=1)
         pads = tokens - counts
