@@ -151,7 +151,10 @@ impl<E: Elem> Scores<E> for Exact<'_> {
                 }
             }
         }
-        std::array::from_fn(|j| _mm512_add_ps(s0[j], s1[j]))
+        for j in 0..H {
+            s0[j] = _mm512_add_ps(s0[j], s1[j]);
+        }
+        s0
     }
 }
 
@@ -172,12 +175,15 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
                 let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
             }
-            DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, p.cast()))),
-            DType::E5M2 => {
-                let w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, p.cast()));
-                _mm512_cvtph_ps(_mm256_slli_epi16::<8>(w))
+            // A full mask takes a plain load, which folds into the widening instruction.
+            DType::I8 | DType::E4M3 | DType::E5M2 => {
+                let x = if mask == 0xffff { _mm_loadu_si128(p.cast()) } else { _mm_maskz_loadu_epi8(mask, p.cast()) };
+                match E::DTYPE {
+                    DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)),
+                    DType::E5M2 => _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(x))),
+                    _ => e4m3_over_256(_mm256_cvtepu8_epi16(x)),
+                }
             }
-            DType::E4M3 => e4m3_over_256(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, p.cast()))),
         }
     }
 }
@@ -424,8 +430,14 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
                 // (d is a multiple of 32), its mask taken from the vector pair it fills.
                 unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
             } else {
-                // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
-                std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) })
+                // A loop, not `array::from_fn`: a closure does not inherit the target
+                // features, so `load` would be an out-of-line call per vector.
+                let mut v = [_mm512_setzero_ps(); VT];
+                for u in 0..VT {
+                    // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+                    v[u] = unsafe { load(vp.wrapping_add(row + u * W), m[u]) };
+                }
+                v
             };
             for j in 0..H {
                 let pj = _mm512_set1_ps(probs[j][t]);
