@@ -11,7 +11,7 @@ per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-rou
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
 over the probe). The compute roof is the FMA roof: ``4 Hq d`` FLOP per token (q.k and
 p.v, 2 per FMA) at ``pykvpool.peak_flops``; it ignores the conversions (int8: 2 uops per
-16 codes, fp8 3-5), so it is an upper bound of the path's compute roof.
+16 codes, e5m2 3, e4m3 about 8), so it is an upper bound of the path's compute roof.
 
 Write: ``KvCache.write`` of 4096 tokens x 8 heads x 128 (f32 input), GB/s of input.
 
