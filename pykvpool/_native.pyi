@@ -1548,13 +1548,29 @@ class KvCache:
     ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
     logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided views).
 
+    8-bit dtypes store one-byte codes in that same layout, and f32 scales after each
+    layer's codes (value = code x scale):
+
+    - ``"int8"``: symmetric, one scale per (token, KV head) for K and for V, computed by
+      every :meth:`write` (``max|x| / 127`` over the token's ``head_dim`` values; codes
+      ``round_half_even(x / scale)`` clamped to +-127; an all-zero row has scale 0). Per
+      layer the scales are ``[num_blocks][2][num_kv_heads][block_size]`` (each block's K
+      scales, then its V scales), so :meth:`copy_blocks` carries them with the block.
+    - ``"fp8_e4m3"`` (``float8_e4m3fn``, largest 448) and ``"fp8_e5m2"`` (largest 57344):
+      one scale per (layer, KV head) for K and for V (``[2][num_kv_heads]`` per layer),
+      set by :meth:`set_fp8_scales` or, while still 0, calibrated by the first write to
+      the layer holding a non-zero value of that head (``max|x| / largest``); later
+      values beyond the calibrated range saturate. Conversion is saturating, round to
+      nearest even.
+
     Args:
         num_layers: layers.
         num_blocks: blocks per layer (a :class:`BlockPool`'s ``num_blocks``).
         block_size: token slots per block, at most 65536.
         num_kv_heads: KV heads, at most 65536.
         head_dim: elements per head, at most 65536.
-        dtype: the storage dtype: ``"f32"`` (default), ``"f16"`` or ``"bf16"``.
+        dtype: the storage dtype: ``"f32"`` (default), ``"f16"``, ``"bf16"``, ``"int8"``,
+            ``"fp8_e4m3"`` or ``"fp8_e5m2"``.
 
     Raises:
         InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/
@@ -1587,10 +1603,12 @@ class KvCache:
         """Elements per head."""
     @property
     def dtype(self) -> str:
-        """The storage dtype: "f32", "f16" or "bf16"."""
+        """The storage dtype: "f32", "f16", "bf16", "int8", "fp8_e4m3" or "fp8_e5m2"."""
     @property
     def nbytes(self) -> int:
-        """Bytes of K plus V over all layers."""
+        """Bytes of K plus V over all layers: codes, the padding before each layer's scales
+        (to 64 bytes) and the scales; ``num_layers * num_blocks * block_size *``
+        :meth:`bytes_per_token` plus, per layer, that padding and the fp8 per-head scales."""
     @property
     def huge_pages(self) -> bool:
         """Whether the OS accepted the transparent-huge-page advice."""
@@ -1615,12 +1633,14 @@ class KvCache:
 
         Returns:
             Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
-            float16, or ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
-            out).
+            float16, ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
+            out); for 8-bit caches the raw codes: int8, ``ml_dtypes.float8_e4m3fn`` or
+            ``ml_dtypes.float8_e5m2`` (unscaled: see :meth:`key_scales`,
+            :meth:`dequantized`).
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+            ImportError: a bf16 or fp8 cache and ``ml_dtypes`` cannot be imported.
         """
     def value(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
         """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
@@ -1636,11 +1656,94 @@ class KvCache:
 
         Raises:
             InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-            ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+            ImportError: a bf16 or fp8 cache and ``ml_dtypes`` cannot be imported.
+        """
+    def key_scales(self, layer: int, *, writable: bool = True) -> _F32Array:
+        """Zero-copy float32 view of layer ``layer``'s K scales (8-bit caches), aliasing the
+        cache as :meth:`key` does (same threading rule). Writing it rescales the codes it
+        covers.
+
+        Args:
+            layer: ``0..num_layers``.
+            writable: False for a read-only view.
+
+        Returns:
+            int8: ``[num_blocks, block_size, num_kv_heads]`` (strided), the scale of each
+            token slot's K row of each head; fp8: ``[num_kv_heads]``, the layer's scales.
+
+        Raises:
+            InvalidArgumentError: ``layer`` outside ``0..num_layers``, or a cache without
+                scales (f32, f16, bf16).
+        """
+    def value_scales(self, layer: int, *, writable: bool = True) -> _F32Array:
+        """Zero-copy float32 view of layer ``layer``'s V scales; as :meth:`key_scales`.
+
+        Args:
+            layer: ``0..num_layers``.
+            writable: False for a read-only view.
+
+        Returns:
+            The shape of :meth:`key_scales`.
+
+        Raises:
+            InvalidArgumentError: ``layer`` outside ``0..num_layers``, or a cache without
+                scales (f32, f16, bf16).
+        """
+    def set_fp8_scales(self, layer: int, k_scales: _F32Array, v_scales: _F32Array) -> None:
+        """Set layer ``layer``'s fp8 scales, one per KV head for K and for V (e.g. a model's
+        calibrated ``k_scale``/``v_scale``). Codes already stored are not converted: they
+        are read with the new scales. A scale of 0 means "not set": the next write with a
+        non-zero value of that head calibrates it.
+
+        Args:
+            layer: ``0..num_layers``.
+            k_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+            v_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+
+        Raises:
+            InvalidArgumentError: not an fp8 cache, a bad ``layer``, a scale array that is not
+                float32 of shape ``[num_kv_heads]``, a negative or non-finite scale (the
+                message names ``k_scales`` or ``v_scales``). Nothing is set on error.
+        """
+    def dequantized(self, layer: int) -> tuple[_F32Array, _F32Array]:
+        """Float32 copies of layer ``layer``'s K and V: codes times their scales (8-bit
+        caches) or the elements widened, the values every kernel attends over. The GIL is
+        released while it copies.
+
+        Args:
+            layer: ``0..num_layers``.
+
+        Returns:
+            ``(k, v)``, each float32 ``[num_blocks, block_size, num_kv_heads, head_dim]``
+            (C-contiguous, new arrays).
+
+        Raises:
+            InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+        """
+    @staticmethod
+    def bytes_per_token(num_kv_heads: int, head_dim: int, dtype: str) -> int:
+        """Bytes one token slot takes in one layer of a cache, K and V: codes plus the
+        per-token scales, ``2 * num_kv_heads * (head_dim * element bytes + 4 if int8)``
+        (the per-layer fp8 scales and the region padding are not per token; see
+        :attr:`nbytes`). The ledger's 8-bit and 16/32-bit storage formats use this.
+
+        Args:
+            num_kv_heads: KV heads, 1..65536.
+            head_dim: elements per head, 1..65536.
+            dtype: a storage dtype as :class:`KvCache` accepts.
+
+        Returns:
+            Bytes per token slot per layer.
+
+        Raises:
+            InvalidArgumentError: ``num_kv_heads`` or ``head_dim`` outside 1..65536 (or not
+                an int), an unknown dtype.
         """
     def write(self, layer: int, k: _F32In, v: _F32In, slot_mapping: _IntArrayLike) -> None:
         """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
-        storage dtype (nearest even). The GIL is released while it copies.
+        storage dtype (nearest even); 8-bit caches quantize (int8: a scale per token and
+        head; fp8: the layer's scales, calibrated by this write where still 0; see
+        :class:`KvCache`). The GIL is released while it copies.
 
         Args:
             layer: ``0..num_layers``.
@@ -1651,8 +1754,9 @@ class KvCache:
                 skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
 
         Raises:
-            InvalidArgumentError: a bad layer, dtype or shape, or a slot outside
-                ``-1..num_blocks * block_size``. Nothing is written on error.
+            InvalidArgumentError: a bad layer, dtype or shape, a slot outside
+                ``-1..num_blocks * block_size``, or (8-bit caches) a non-finite value in
+                ``k`` or ``v``. Nothing is written on error.
         """
     def copy_blocks(self, pairs: npt.NDArray[np.integer[Any]] | Sequence[Sequence[int]] | _DLPack) -> None:
         """Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
@@ -1699,6 +1803,25 @@ def decode_attention(
     while it runs, on the threads of :func:`set_num_threads`. Meanwhile the arrays of
     :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
     another thread (they alias the cache).
+
+    8-bit caches (``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``) attend over the dequantized
+    values (:meth:`KvCache.dequantized`) with f32 arithmetic on every path, within 1e-5
+    of the output scale of an f64 reference on those values. The ``"avx512"`` path reads
+    the one-byte codes and dequantizes in registers (int8: ``vpmovsxbd`` + convert; fp8:
+    bit moves into an f16 and ``vcvtph2ps``), folding the K scales into the scores and
+    the V scales into the probabilities; ``"avx2"`` and ``"neon"`` run the ``"scalar"``
+    path for 8-bit caches in this version (correct, not faster). Against the same
+    attention over the unquantized f32 values, write ``e_K`` / ``e_V`` for the largest
+    error of one stored K / V element: int8 ``0.5 * max|x| / 127`` of its row (its
+    token's ``head_dim`` values); e4m3 ``2^-4 |x| + 2^-10 s``, e5m2 ``2^-3 |x| + 2^-17
+    s`` (3 and 2 mantissa bits; the second term is half the subnormal step, ``s`` the
+    head's scale), assuming no value beyond the calibrated range (those saturate).
+    Each logit then moves by at most ``D = scale * max_t sum_i |q_i| e_K(t, i)``, each
+    softmax weight by at most a factor ``exp(+-2 D)``, so each output moves by at most
+    ``(exp(2 D) - 1) * max|V'| + max e_V`` (``V'`` the dequantized values; ``max|V'| <=
+    max|V|`` for int8, ``<= (1 + 2^-4) max|V| + 2^-10 s_V`` for e4m3); the LSE by at most D.
+    ``tests/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
+    errors (well below it).
 
     Args:
         cache: the KV cache.
@@ -1751,7 +1874,8 @@ def decode_attention(
             ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
             negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
             one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-            ``bf16_scores`` with an f32 or f16 cache. ``out`` is not written on any error.
+            ``bf16_scores`` with a cache that is not bf16 (f32, f16, int8, fp8). ``out`` is
+            not written on any error.
     """
 @overload
 def decode_attention(
@@ -1898,6 +2022,10 @@ def prefill_attention(
     of :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
     for ``layer`` must not be written from another thread meanwhile.
 
+    8-bit caches are dequantized (code x scale, f32) as each key tile is packed, so every
+    path computes on the values of :meth:`KvCache.dequantized`; the error against an
+    unquantized cache follows :func:`decode_attention`'s bound, row by row.
+
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
@@ -1952,7 +2080,8 @@ def prefill_attention(
             meant, a ``scale`` or soft cap that is not positive and finite in float32,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
             cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
-            without a bf16 cache. ``out`` is not written on any error.
+            without a bf16 cache (8-bit caches included). ``out`` is not written on any
+            error.
     """
 @overload
 def prefill_attention(

@@ -45,7 +45,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from pykvpool._native import BlockPool, KvCache, decode_attention, prefill_attention
+from pykvpool._native import BlockPool, InvalidArgumentError, KvCache, decode_attention, prefill_attention
 
 F32 = npt.NDArray[np.float32]
 _T = TypeVar("_T")
@@ -185,20 +185,48 @@ def generate_recompute(model: Model, prompt: list[int]) -> tuple[list[int], F32]
 def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tuple[list[int], F32]:
     """Greedy generation through pykvpool: prefill into the cache, then one
     ``step -> write -> decode_attention`` per layer per token, in a ``dtype`` cache
-    (``"f32"``, ``"f16"`` or ``"bf16"``).
+    (any :class:`pykvpool.KvCache` dtype: ``"f32"``, ``"f16"``, ``"bf16"``, ``"int8"``,
+    ``"fp8_e4m3"``, ``"fp8_e5m2"``).
 
     Raises:
         IndexError: a prompt token >= ``vocab``, or an empty prompt.
         InvalidArgumentError: an unknown ``dtype``, or sizes the pool or cache refuse.
     """
+    out, logits = _run_cached(model, prompt, dtype, None)
+    return out, logits[-1]
+
+
+def cached_logits(model: Model, prompt: list[int], tokens: list[int], dtype: str = "f32") -> F32:
+    """Teacher-forced logits through a ``dtype`` cache: the logits after the prompt and
+    after each of ``tokens[:-1]`` fed in turn (whatever the model would have chosen), so
+    two dtypes can be compared step by step on the same sequence.
+
+    Returns:
+        float32 ``[len(tokens), vocab]``.
+
+    Raises:
+        IndexError: a token >= ``vocab``, or an empty prompt.
+        InvalidArgumentError: an unknown ``dtype``, more than ``cfg.gen`` tokens, or sizes
+            the pool or cache refuse.
+    """
+    if not 1 <= len(tokens) <= model.cfg.gen:
+        raise InvalidArgumentError(f"tokens must hold 1..{model.cfg.gen} tokens, got {len(tokens)}")
+    return _run_cached(model, prompt, dtype, tokens)[1]
+
+
+def _run_cached(model: Model, prompt: list[int], dtype: str, forced: list[int] | None) -> tuple[list[int], F32]:
+    """The cached route: greedy, or fed ``forced``; returns the tokens and every step's
+    logits ``[steps, vocab]``."""
     cfg = model.cfg
     total = cfg.prompt + cfg.gen
     blocks = -(-total // cfg.block_size)
     pool = BlockPool(blocks, cfg.block_size)
     cache = KvCache(cfg.n_layer, blocks, cfg.block_size, cfg.n_kv_head, cfg.d_head, dtype)
     logits = _prefill_cached(model, prompt, pool, cache)
-    out = [int(np.argmax(logits))]
-    while len(out) < cfg.gen:
+    steps = [logits]
+    n = cfg.gen if forced is None else len(forced)
+    out = [int(np.argmax(logits)) if forced is None else forced[0]]
+    while len(out) < n:
         slots, cow, seq_lens = pool.step([0])
         cache.copy_blocks(cow)
         tables = pool.block_tables([0])
@@ -211,8 +239,9 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tupl
             o = decode_attention(cache, layer, q, tables, seq_lens)
             x = _mlp(lay, x + o.reshape(1, cfg.d_model) @ lay.wo)
         logits = x[0] @ model.head
-        out.append(int(np.argmax(logits)))
-    return out, logits
+        steps.append(logits)
+        out.append(int(np.argmax(logits)) if forced is None else forced[len(out)])
+    return out, np.stack(steps)
 
 
 def _prefill_cached(model: Model, prompt: list[int], pool: BlockPool, cache: KvCache) -> F32:

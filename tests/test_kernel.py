@@ -339,7 +339,7 @@ def test_invalid_arguments_raise_and_change_nothing() -> None:
         lambda: c.write(0, np.zeros((1, 2, 8), np.float64), np.zeros((1, 2, 8), np.float32), [0]),
         lambda: c.write(0, np.zeros((2, 2, 8), np.float32), np.zeros((2, 2, 8), np.float32), [0]),
         lambda: c.key(1),
-        lambda: kv.KvCache(1, 4, 4, 2, 8, "int8"),
+        lambda: kv.KvCache(1, 4, 4, 2, 8, "int4"),
         lambda: kv.KvCache(1, 0, 4, 2, 8),
         lambda: kv.set_num_threads(0),
     ]

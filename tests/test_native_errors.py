@@ -27,6 +27,7 @@ class World:
     pool: kv.BlockPool
     ppool: kv.BlockPool
     cache: kv.KvCache
+    fcache: kv.KvCache
     buf: kv.BlockTableBuffer
     q: np.ndarray
     hpool: kv.HybridPool
@@ -46,6 +47,8 @@ def world() -> World:
     for layer in range(2):
         x = rng.standard_normal((32, 2, 8)).astype(np.float32)
         cache.write(layer, x, -x, np.arange(32))
+    fcache = kv.KvCache(2, 8, 4, 2, 8, "fp8_e4m3")
+    fcache.write(0, np.ones((3, 2, 8), np.float32), -np.ones((3, 2, 8), np.float32), [0, 1, 5])
     buf = kv.BlockTableBuffer(4, 8)
     buf.sync(pool, [1, 2])
     # Seq 3 has released blocks in its sliding-window group: truncating it back is refused.
@@ -56,11 +59,12 @@ def world() -> World:
     hpool.append(3)
     hppool = kv.HybridPool(16, 4, GROUPS, prefix_caching=True)
     hppool.add_sequence_tokens(1, list(range(10)))
-    return World(pool, ppool, cache, buf, np.ones((1, 4, 8), np.float32), hpool, hppool)
+    return World(pool, ppool, cache, fcache, buf, np.ones((1, 4, 8), np.float32), hpool, hppool)
 
 
 def state(w: World) -> tuple[Any, ...]:
-    return (snapshot(w.pool), snapshot(w.ppool), w.ppool.cache_stats().as_dict(), checksum(w.cache),
+    fp8 = [a.tobytes() for layer in range(2) for a in (*w.fcache.dequantized(layer), w.fcache.key_scales(layer))]
+    return (snapshot(w.pool), snapshot(w.ppool), w.ppool.cache_stats().as_dict(), checksum(w.cache), fp8,
             w.buf.array.tolist(), w.q.tolist(), hybrid_snapshot(w.hpool),
             hybrid_snapshot(w.hppool), w.hppool.cache_stats().as_dict())
 
@@ -85,6 +89,11 @@ KV_BAD: list[Any] = [np.ones((2, 2, 8), np.float64), np.ones((2, 3, 8), np.float
                      "k", np.ones((2, 16, 1), np.float32)]
 
 K = np.ones((2, 2, 8), np.float32)
+S = np.ones(2, np.float32)
+# Wrong for every fp8 scale argument ([num_kv_heads] = [2] float32, finite, >= 0).
+SCALE_BAD: list[Any] = [np.ones(2, np.float64), np.ones(3, np.float32), np.ones((2, 1), np.float32), [1.0, 1.0], "s",
+                        None, np.array([1, -1], np.float32), np.array([np.nan, 1], np.float32),
+                        np.array([1, np.inf], np.float32)]
 GROUPS = [kv.FullAttention(), kv.SlidingWindow(8)]
 Q_ARGS = ([[0, 1]], [5])
 P_ARGS = ([0, 1], [[0, 1]], [5])
@@ -194,12 +203,26 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("KvCache", "block_size", lambda w, x: kv.KvCache(1, 8, x, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**17]),
     ("KvCache", "num_kv_heads", lambda w, x: kv.KvCache(1, 8, 4, x, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "head_dim", lambda w, x: kv.KvCache(1, 8, 4, 2, x), INT_BAD + REQUIRED + NEG + [0, 2**62]),
-    ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), ["int8", "", "float64"]),
+    ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), ["int4", "", "float64", "fp8"]),
+    ("key_scales", "layer", lambda w, x: w.fcache.key_scales(x), INT_BAD + REQUIRED + NEG + [2, 2**62]),
+    ("value_scales", "layer", lambda w, x: w.fcache.value_scales(x), INT_BAD + REQUIRED + NEG + [2]),
+    ("set_fp8_scales", "layer", lambda w, x: w.fcache.set_fp8_scales(x, S, S), INT_BAD + REQUIRED + NEG + [2]),
+    ("set_fp8_scales", "k_scales", lambda w, x: w.fcache.set_fp8_scales(0, x, S), SCALE_BAD),
+    ("set_fp8_scales", "v_scales", lambda w, x: w.fcache.set_fp8_scales(0, S, x), SCALE_BAD),
+    ("dequantized", "layer", lambda w, x: w.fcache.dequantized(x), INT_BAD + REQUIRED + NEG + [2]),
+    ("bytes_per_token", "num_kv_heads", lambda w, x: kv.KvCache.bytes_per_token(x, 8, "int8"),
+     INT_BAD + REQUIRED + NEG + [0, 2**17]),
+    ("bytes_per_token", "head_dim", lambda w, x: kv.KvCache.bytes_per_token(2, x, "int8"),
+     INT_BAD + REQUIRED + NEG + [0, 2**17]),
+    ("bytes_per_token", "dtype", lambda w, x: kv.KvCache.bytes_per_token(2, 8, x), ["int4", "", "fp8"]),
     ("key", "layer", lambda w, x: w.cache.key(x), INT_BAD + REQUIRED + NEG + [2, 2**62]),
     ("value", "layer", lambda w, x: w.cache.value(x), INT_BAD + REQUIRED + NEG + [2, 2**62]),
     ("write", "layer", lambda w, x: w.cache.write(x, K, K, [0, 1]), INT_BAD + REQUIRED + NEG + [2]),
     ("write", "k", lambda w, x: w.cache.write(0, x, K, [0, 1]), KV_BAD),
     ("write", "v", lambda w, x: w.cache.write(0, K, x, [0, 1]), KV_BAD),
+    ("write", "k", lambda w, x: w.fcache.write(0, x, K, [0, 1]),
+     KV_BAD + [np.full((2, 2, 8), np.nan, np.float32), np.full((2, 2, 8), -np.inf, np.float32)]),
+    ("write", "v", lambda w, x: w.fcache.write(1, K, x, [0, -1]), [np.full((2, 2, 8), np.inf, np.float32)]),
     ("write", "slot", lambda w, x: w.cache.write(0, K, K, x), ARRAY_BAD[1:] + [[0, 32], [0, -2]]),
     ("copy_blocks", "pairs", lambda w, x: w.cache.copy_blocks(x),
      MATRIX_BAD + [[[1, 2, 3]], np.zeros((2, 3), np.int64), [1, 2], [[0, 8]], [[-1, 0]]]),
@@ -275,6 +298,11 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("prefill_attention", "bf16_scores", lambda w, x: kv.prefill_attention(w.cache, 0, w.q, *P_ARGS, bf16_scores=x),
      [True]),
     ("prefill_attention", "bf16_pv", lambda w, x: kv.prefill_attention(w.cache, 0, w.q, *P_ARGS, bf16_pv=x), [True]),
+    ("prefill_attention", "bf16_pv", lambda w, x: kv.prefill_attention(w.fcache, 0, w.q, *P_ARGS, bf16_pv=x), [True]),
+    ("prefill_attention", "bf16_scores",
+     lambda w, x: kv.prefill_attention(w.fcache, 0, w.q, *P_ARGS, bf16_scores=x), [True]),
+    ("decode_attention", "bf16_scores", lambda w, x: kv.decode_attention(w.fcache, 0, w.q, *Q_ARGS, bf16_scores=x),
+     [True]),
     ("prefill_attention_paged", "kv_indptr",
      lambda w, x: kv.prefill_attention_paged(w.cache, 0, w.q, [0, 1], x, [0], [1]), ARRAY_BAD + [[0], [1, 0], None]),
     ("prefill_attention_paged", "kv_indices",
@@ -300,6 +328,8 @@ TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("HybridPool", "prefix_caching", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=x), [1, "yes", None]),
     ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), [1, None, np.float32]),
     ("key", "writable", lambda w, x: w.cache.key(0, writable=x), [1, "no", None]),
+    ("key_scales", "writable", lambda w, x: w.fcache.key_scales(0, writable=x), [1, "no", None]),
+    ("bytes_per_token", "dtype", lambda w, x: kv.KvCache.bytes_per_token(2, 8, x), [1, None, np.int8]),
     ("decode_attention", "cache", lambda w, x: kv.decode_attention(x, 0, w.q, *Q_ARGS), [None, 1, "cache"]),
     ("decode_attention", "return_lse", lambda w, x: kv.decode_attention(w.cache, 0, w.q, *Q_ARGS, return_lse=x),
      [1, "yes", None]),

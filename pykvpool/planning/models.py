@@ -11,6 +11,12 @@ count their scale overhead at a stated granularity: by default one fp32 scale pe
 (token, layer, K or V, KV head) vector of ``head_dim`` elements (``"fp8"`` = ``"fp8:head"``);
 ``"int8:g32"`` is one scale per 32 elements; ``"fp8:tensor"`` is one scale per tensor, which
 costs nothing per token.
+
+The formats :class:`pykvpool.KvCache` stores take their bytes from the storage itself
+(:meth:`pykvpool.KvCache.bytes_per_token`): ``fp32``, ``bf16``, ``fp16``, ``int8`` (one
+scale per token and KV head, as ``"int8"`` above) and ``fp8_e4m3`` / ``fp8_e5m2`` (one
+scale per layer and KV head: no per-token cost). ``"fp8"`` stays the per-token-scaled
+planning format (vLLM's per-token-head fp8), which KvCache does not store.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pykvpool._native import InvalidArgumentError
+from pykvpool._native import InvalidArgumentError, KvCache
 from pykvpool.errors import UnknownPresetError, lookup_preset
 from pykvpool.planning.hf_config import parse_hf_config
 from pykvpool.planning.layers import LayerGroup
@@ -47,6 +53,9 @@ class StorageDtype:
         scale_group: elements covered by one scale along ``head_dim``; ``None`` means one
             scale per whole vector of ``head_dim`` elements; ignored when ``scale_bytes`` is 0.
         granularity: a human-readable statement of the scale granularity.
+        native: the :class:`pykvpool.KvCache` dtype this format is stored as, whose
+            :meth:`pykvpool.KvCache.bytes_per_token` gives :meth:`vector_bytes`; ``None``
+            for a planning-only format (counted from the fields above).
     """
 
     name: str
@@ -54,15 +63,19 @@ class StorageDtype:
     scale_bytes: int = 0
     scale_group: int | None = None
     granularity: str = "none (no scales)"
+    native: str | None = None
 
     def vector_bytes(self, head_dim: int) -> int:
-        """Bytes to store one K (or V) vector of ``head_dim`` elements, scales included.
+        """Bytes to store one K (or V) vector of ``head_dim`` elements, scales included
+        (per-token ones; the storage's own count for a :attr:`native` format).
 
         Raises:
-            InvalidArgumentError: ``head_dim`` < 1.
+            InvalidArgumentError: ``head_dim`` < 1 (or beyond 65536 for a native format).
         """
         if head_dim < 1:
             raise InvalidArgumentError(f"head_dim must be >= 1, got {head_dim}")
+        if self.native is not None:
+            return KvCache.bytes_per_token(1, head_dim, self.native) // 2
         scales = 0
         if self.scale_bytes:
             group = head_dim if self.scale_group is None else self.scale_group
@@ -71,25 +84,30 @@ class StorageDtype:
 
 
 _BASE_DTYPES: dict[str, StorageDtype] = {
-    "fp32": StorageDtype("fp32", 4),
-    "bf16": StorageDtype("bf16", 2),
-    "fp16": StorageDtype("fp16", 2),
+    "fp32": StorageDtype("fp32", 4, native="f32"),
+    "bf16": StorageDtype("bf16", 2, native="bf16"),
+    "fp16": StorageDtype("fp16", 2, native="f16"),
     "fp8": StorageDtype("fp8", 1, 4, None, "one fp32 scale per (token, layer, K/V, kv head)"),
-    "int8": StorageDtype("int8", 1, 4, None, "one fp32 scale per (token, layer, K/V, kv head)"),
+    "int8": StorageDtype("int8", 1, 4, None, "one fp32 scale per (token, layer, K/V, kv head)", native="int8"),
+    "fp8_e4m3": StorageDtype("fp8_e4m3", 1, 0, None, "one fp32 scale per (layer, K/V, kv head): none per token",
+                             native="fp8_e4m3"),
+    "fp8_e5m2": StorageDtype("fp8_e5m2", 1, 0, None, "one fp32 scale per (layer, K/V, kv head): none per token",
+                             native="fp8_e5m2"),
 }
 DTYPES: tuple[str, ...] = tuple(_BASE_DTYPES)
 """Base dtype names; 8-bit ones accept a ``:head``, ``:gN`` or ``:tensor`` suffix."""
 
 
 def storage_dtype(name: str) -> StorageDtype:
-    """Parse a dtype spelling: ``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, and for the
-    8-bit ones a granularity suffix ``:head`` (default), ``:gN`` (one scale per N elements)
-    or ``:tensor`` (per-tensor scale, no per-token cost).
+    """Parse a dtype spelling: ``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, ``fp8_e4m3``,
+    ``fp8_e5m2``, and for ``fp8`` / ``int8`` a granularity suffix ``:head`` (default),
+    ``:gN`` (one scale per N elements) or ``:tensor`` (per-tensor scale, no per-token cost);
+    a suffixed ``int8`` is a planning format, counted from its fields, not KvCache's.
 
     Raises:
         UnknownPresetError: unknown base name.
-        InvalidArgumentError: a suffix on a 16/32-bit dtype, or a malformed or non-positive
-            group size.
+        InvalidArgumentError: a suffix on a 16/32-bit or an ``fp8_e4m3``/``fp8_e5m2`` dtype,
+            or a malformed or non-positive group size.
     """
     base, _, suffix = name.strip().lower().partition(":")
     if base not in _BASE_DTYPES:
@@ -98,13 +116,13 @@ def storage_dtype(name: str) -> StorageDtype:
     if not suffix or suffix == "head":
         return dt
     if dt.scale_bytes == 0:
-        raise InvalidArgumentError(f"dtype {base} has no scales; {name!r} is not valid")
+        raise InvalidArgumentError(f"dtype {base} has no per-token scales; {name!r} is not valid")
     if suffix == "tensor":
-        return replace(dt, name=f"{base}:tensor", scale_bytes=0,
+        return replace(dt, name=f"{base}:tensor", scale_bytes=0, native=None,
                        granularity="one scale per tensor (no per-token cost)")
     if suffix.startswith("g") and suffix[1:].isdigit() and int(suffix[1:]) > 0:
         group = int(suffix[1:])
-        return replace(dt, name=f"{base}:g{group}", scale_group=group,
+        return replace(dt, name=f"{base}:g{group}", scale_group=group, native=None,
                        granularity=f"one fp32 scale per {group} elements")
     raise InvalidArgumentError(
         f"bad dtype granularity in {name!r}: use :head, :tensor or :gN with N >= 1"

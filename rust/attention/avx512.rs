@@ -25,6 +25,15 @@
 //! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
 //! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]).
 //!
+//! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
+//! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
+//! shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign << 8, the other
+//! seven bits << 7: exact for normals and subnormals, the value divided by 2^8, its two
+//! NaN codes set to NaN) and widened by `vcvtph2ps`. The scales never touch the codes:
+//! the K scales (a vector of 16 per-token scales for int8, one broadcast per head for
+//! fp8, times 2^8 for e4m3) multiply the scores, the V scales the probabilities after the
+//! softmax sum took them, so `P V` runs on the codes ([`scale_vector`]).
+//!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
 
@@ -34,6 +43,7 @@
 use std::arch::x86_64::*;
 
 use super::work::{Chunk, Partial, Work};
+use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
@@ -141,7 +151,10 @@ impl<E: Elem> Scores<E> for Exact<'_> {
                 }
             }
         }
-        std::array::from_fn(|j| _mm512_add_ps(s0[j], s1[j]))
+        for j in 0..H {
+            s0[j] = _mm512_add_ps(s0[j], s1[j]);
+        }
+        s0
     }
 }
 
@@ -162,6 +175,56 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
                 let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
             }
+            // A full mask takes a plain load, which folds into the widening instruction.
+            DType::I8 | DType::E4M3 | DType::E5M2 => {
+                let x = if mask == 0xffff { _mm_loadu_si128(p.cast()) } else { _mm_maskz_loadu_epi8(mask, p.cast()) };
+                match E::DTYPE {
+                    DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)),
+                    DType::E5M2 => _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(x))),
+                    _ => e4m3_over_256(_mm256_cvtepu8_epi16(x)),
+                }
+            }
+        }
+    }
+}
+
+/// 16 e4m3 codes (one per 16-bit lane) as f32 values divided by 2^8: the sign to bit 15,
+/// exponent and mantissa to bits 7..14 of an f16 (whose bias is 8 more), NaN codes
+/// (`0x7f`, `0xff`) to NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn e4m3_over_256(w: __m256i) -> __m512 {
+    let mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+    let h = _mm256_or_si256(sign, _mm256_slli_epi16::<7>(mag));
+    let nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+    _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(f32::NAN))
+}
+
+/// The factor [`load`]'s values miss: 2^8 for e4m3 (see [`e4m3_over_256`]), else 1.
+const fn load_factor(dt: DType) -> f32 {
+    if matches!(dt, DType::E4M3) {
+        256.0
+    } else {
+        1.0
+    }
+}
+
+/// The scales of a chunk's 16 token lanes (masked-off lanes 0) times `load_factor`, or
+/// `None` for an unquantized cache (scale 1, nothing to multiply).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, mask: __mmask16) -> Option<__m512> {
+    let f = load_factor(E::DTYPE);
+    match ts {
+        TileScale::One => None,
+        TileScale::Head(s) => Some(_mm512_set1_ps(s * f)),
+        TileScale::Token(s) => {
+            assert!(c0 + (16 - mask.leading_zeros() as usize) <= s.len());
+            // SAFETY: the unmasked lanes are tokens c0.. c0 + lanes, inside the tile's
+            // block_size scales (assert above).
+            let v = unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr().wrapping_add(c0)) };
+            Some(if f == 1.0 { v } else { _mm512_mul_ps(v, _mm512_set1_ps(f)) })
         }
     }
 }
@@ -306,7 +369,11 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     let (d, mask) = (c.d, chunk_mask(c));
     assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
-    let scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
+    let mut scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
+    if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
+        scores.iter_mut().for_each(|s| *s = _mm512_mul_ps(*s, ks));
+    }
+    let vscale = scale_vector::<E>(&c.vs, c.c0, mask);
 
     // Online softmax per head; masked-off lanes get probability 0. The running maximum
     // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
@@ -328,6 +395,8 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         }
         let e = _mm512_maskz_mov_ps(mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
         p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
+        // 8-bit V: the probabilities carry the V scales, `P V` reads the codes.
+        let e = vscale.map_or(e, |vs| _mm512_mul_ps(e, vs));
         // SAFETY: probs[j] holds exactly 16 f32.
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
     }
@@ -361,8 +430,14 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
                 // (d is a multiple of 32), its mask taken from the vector pair it fills.
                 unsafe { load_bf16_permuted(vp.wrapping_add(row), [m[0], m[2]]) }
             } else {
-                // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
-                std::array::from_fn(|u| unsafe { load(vp.wrapping_add(row + u * W), m[u]) })
+                // A loop, not `array::from_fn`: a closure does not inherit the target
+                // features, so `load` would be an out-of-line call per vector.
+                let mut v = [_mm512_setzero_ps(); VT];
+                for u in 0..VT {
+                    // SAFETY: token c0 + t < bs, lanes masked to the row's d elements: inside vt.
+                    v[u] = unsafe { load(vp.wrapping_add(row + u * W), m[u]) };
+                }
+                v
             };
             for j in 0..H {
                 let pj = _mm512_set1_ps(probs[j][t]);
@@ -378,5 +453,43 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
             }
         }
         u0 += VT * W;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::elem::{E4M3, E5M2};
+
+    /// The in-register conversions of [`load`] against `Elem::to_f32` on all 256 codes
+    /// (NaN codes included), 16 at a time, and with a partial mask.
+    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
+        if !crate::attention::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED AVX-512 fp8/int8 conversions: no AVX-512 on this CPU");
+            return;
+        }
+        let codes: Vec<E> = (0..=255u8).map(code).collect();
+        let f = load_factor(E::DTYPE);
+        for at in (0..256).step_by(16) {
+            let mut got = [0f32; 16];
+            for mask in [0xffffu16, 0x00ff] {
+                // SAFETY: the CPU check above; lanes at..at + 16 lie inside `codes`.
+                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(codes.as_ptr().add(at), mask)) };
+                for (i, &g) in got.iter().enumerate() {
+                    let want = if mask >> i & 1 == 1 { codes[at + i].to_f32() } else { 0.0 };
+                    let g = g * f;
+                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
+                    // -0 stays -0 (a NaN's sign carries no value).
+                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn register_dequantization_is_exact_on_every_code() {
+        all_codes(|c| c as i8);
+        all_codes(E4M3);
+        all_codes(E5M2);
     }
 }

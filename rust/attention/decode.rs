@@ -106,6 +106,7 @@ pub fn decode_attention(
     let mut l = vec![0f32; items.len() * per_item];
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
+        let scales = cache.scales(layer)?;
         // Longest item first, each thread taking the next item as it frees up (greedy
         // LPT list scheduling): with a few uneven items, rayon's halving of the item list
         // can leave one core waiting on the other's last long item.
@@ -126,6 +127,7 @@ pub fn decode_attention(
                 let work = Work {
                     k,
                     v,
+                    scales,
                     shape,
                     g,
                     blocks: &vis.blocks()[it.blocks.clone()],
@@ -195,6 +197,7 @@ fn check_call(
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
     }
     if opts.bf16_scores && cache.dtype() != DType::BF16 {
+        // 8-bit caches included: their scores are exact f32 (or, next, int8/fp8 dots).
         return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
     }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
@@ -213,11 +216,11 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // feature the path is compiled for.
         Isa::Avx512 => unsafe { avx512::run(w, p) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::run(w, p) },
+        // SAFETY: as above. 8-bit caches take the scalar path on AVX2 (for now).
+        Isa::Avx2 if !E::DTYPE.is_quantized() => unsafe { avx2::run(w, p) },
         #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above.
-        Isa::Neon => unsafe { neon::run(w, p) },
+        // SAFETY: as above. 8-bit caches take the scalar path on NEON (for now).
+        Isa::Neon if !E::DTYPE.is_quantized() => unsafe { neon::run(w, p) },
         _ => scalar::run(w, p),
     }
 }

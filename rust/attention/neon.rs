@@ -93,7 +93,8 @@ unsafe fn load4<E: Elem>(p: *const E) -> float32x4_t {
     unsafe {
         match E::DTYPE {
             DType::F32 => vld1q_f32(p.cast()),
-            _ => widen::<E>(vld1_u16(p.cast())),
+            DType::F16 | DType::BF16 => widen::<E>(vld1_u16(p.cast())),
+            DType::I8 | DType::E4M3 | DType::E5M2 => unreachable!("8-bit caches run the scalar path"),
         }
     }
 }

@@ -2,6 +2,11 @@
 //! paths (per block: scores, running max, rescale, accumulate; the AVX-512 path moves
 //! its maximum lazily, which changes the reference point, not the result), so it doubles
 //! as their oracle in the Rust tests.
+//!
+//! 8-bit caches: every K and V value is dequantized (code as f32 times its scale, one f32
+//! multiply, exact up to that rounding) before it enters the same f32 arithmetic, so this
+//! path is the exact reference on the dequantized values. The AVX2 and NEON paths run it
+//! for 8-bit caches in this version.
 
 use super::work::{Partial, Work};
 use crate::kv::Elem;
@@ -14,21 +19,24 @@ pub(crate) fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
         let n = span.len();
         for (hi, h) in w.heads.clone().enumerate() {
             let (kt, vt) = w.tiles(bi, h);
+            let (ks, vs) = w.tile_scales(bi, h);
             for j in 0..g {
                 let qh = hi * g + j;
                 let q = &w.q[qh * d..(qh + 1) * d];
                 for (t, s) in span.clone().zip(scores.iter_mut()) {
-                    *s = q.iter().enumerate().map(|(i, &x)| x * kt[i * bs + t].to_f32()).sum();
+                    let st = ks.at(t);
+                    *s = q.iter().enumerate().map(|(i, &x)| x * (kt[i * bs + t].to_f32() * st)).sum();
                 }
                 let acc = &mut p.acc[qh * d..(qh + 1) * d];
-                update(&scores[..n], &mut p.m[qh], &mut p.l[qh], acc, &vt[span.start * d..], d);
+                let vscale = |t: usize| vs.at(span.start + t);
+                update(&scores[..n], &mut p.m[qh], &mut p.l[qh], acc, &vt[span.start * d..], d, vscale);
             }
         }
     }
 }
 
 /// One online-softmax step over a block's scores (log2 units) and its V tile.
-fn update<E: Elem>(scores: &[f32], m: &mut f32, l: &mut f32, acc: &mut [f32], vt: &[E], d: usize) {
+fn update<E: Elem>(scores: &[f32], m: &mut f32, l: &mut f32, acc: &mut [f32], vt: &[E], d: usize, vscale: impl Fn(usize) -> f32) {
     let mx = scores.iter().copied().fold(*m, f32::max);
     let alpha = (*m - mx).exp2();
     *m = mx;
@@ -37,8 +45,9 @@ fn update<E: Elem>(scores: &[f32], m: &mut f32, l: &mut f32, acc: &mut [f32], vt
     for (t, &s) in scores.iter().enumerate() {
         let p = (s - mx).exp2();
         *l += p;
+        let st = vscale(t);
         for (a, v) in acc.iter_mut().zip(&vt[t * d..(t + 1) * d]) {
-            *a += p * v.to_f32();
+            *a += p * (v.to_f32() * st);
         }
     }
 }

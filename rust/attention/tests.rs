@@ -11,7 +11,10 @@ use super::test_util::{filled, last_block_case, shape, Lcg};
 use super::work::scaled_query;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
-use crate::kv::{DType, Elem, KvCache, KvShape};
+use crate::kv::{DType, KvCache, KvShape};
+
+/// Every storage dtype: the kernels' references run on the dequantized values.
+pub(super) const ALL_DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I8, DType::E4M3, DType::E5M2];
 
 /// Say on the terminal, past the test harness's output capture, that `what` was not
 /// tested on this CPU: `cargo test` has no "skipped" state, and a silent early return
@@ -38,13 +41,10 @@ pub(super) fn reference_window(
 ) -> (Vec<f64>, Vec<f64>) {
     let s = c.shape();
     let (d, g, bs) = (s.head_dim, hq / s.num_kv_heads, s.block_size);
-    let (ks, vs) = c.layer::<f32>(0).map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap_or_else(|_| {
-        crate::with_elem!(c.dtype(), E => {
-            let (k, v) = c.layer::<E>(0).unwrap();
-            (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect())
-        })
-    });
-    let (kst, vst) = (c.key_strides(), c.value_strides());
+    // The stored values (8-bit: codes times scales) in the logical order.
+    let (ks, vs) = c.dequantize(0).unwrap();
+    let logical = [bs * s.num_kv_heads * d, s.num_kv_heads * d, d, 1];
+    let (kst, vst) = (logical, logical);
     let mut out = vec![0f64; q.len()];
     let mut lse = vec![f64::NEG_INFINITY; t.len() * hq];
     for i in 0..t.len() {
@@ -138,7 +138,7 @@ fn compare_mode(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi
 
 #[test]
 fn all_paths_match_reference_over_shapes() {
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in ALL_DTYPES {
         for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 1, 64), (8, 4, 4, 80), (32, 1, 8, 96), (5, 2, 6, 7), (17, 1, 3, 256)] {
             let s = shape(bs, hkv, d, 40);
             check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], None, None);
@@ -153,7 +153,7 @@ fn all_paths_match_reference_over_shapes() {
 fn all_paths_match_reference_over_the_issue_grid() {
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
     let mut k = 0;
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in ALL_DTYPES {
         for d in [64, 80, 96, 128, 256] {
             for bs in [1, 8, 16, 32] {
                 let (hkv, hq) = heads[k % heads.len()];
@@ -173,7 +173,7 @@ fn all_paths_match_reference_over_the_issue_grid() {
 /// block or one token into it.
 #[test]
 fn last_token_of_the_pools_last_block_is_read() {
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in ALL_DTYPES {
         for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
             let (c, t, _) = last_block_case(dtype, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {

@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use crate::kv::quant::{Scales, TileScale};
 use crate::kv::{Elem, KvShape};
 
 /// What one work item reads: tokens `start..ntok` counted from the first token of
@@ -13,6 +14,9 @@ use crate::kv::{Elem, KvShape};
 pub(crate) struct Work<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
+    /// The layer's scales (8-bit caches; `ScaleKind::None` otherwise): a value is its
+    /// element's `to_f32()` times the tile's [`TileScale`] at its token.
+    pub scales: Scales<'a>,
     pub shape: KvShape,
     pub g: usize,
     pub blocks: &'a [u32],
@@ -61,6 +65,12 @@ impl<E: Elem> Work<'_, E> {
         (&self.k[at..at + tile], &self.v[at..at + tile])
     }
 
+    /// K and V scales of KV head `h` in block `bi` (`TileScale::One` when unquantized).
+    #[inline]
+    pub fn tile_scales(&self, bi: usize, h: usize) -> (TileScale<'_>, TileScale<'_>) {
+        self.scales.tile(self.blocks[bi] as usize, h)
+    }
+
     /// The tiles `dist` steps after (block `bi`, head index `hi`) in the item's reading
     /// order (heads within a block, then the next block), if any.
     #[inline]
@@ -84,10 +94,11 @@ impl<E: Elem> Work<'_, E> {
             let nt = span.end;
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
+                let (ks, vs) = self.tile_scales(bi, h);
                 let mut next = self.tiles_ahead(bi, hi, PREFETCH_TILES);
                 let mut c0 = span.start;
                 while c0 < nt {
-                    f(hi, &Chunk { kt, vt, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
+                    f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
                     c0 += width;
                 }
             }
@@ -96,10 +107,14 @@ impl<E: Elem> Work<'_, E> {
 }
 
 /// Tokens `c0 .. c0 + lanes` of one (block, head) tile: the K tile (`d` rows of `bs`
-/// tokens) and the V tile (`bs` rows of `d`).
+/// tokens) and the V tile (`bs` rows of `d`), with their scales (by token slot).
 pub(crate) struct Chunk<'a, E> {
     pub kt: &'a [E],
     pub vt: &'a [E],
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub ks: TileScale<'a>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub vs: TileScale<'a>,
     pub bs: usize,
     pub d: usize,
     pub c0: usize,

@@ -170,6 +170,25 @@ fn attend<'py>(
 /// :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
 /// another thread (they alias the cache).
 ///
+/// 8-bit caches (``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``) attend over the dequantized
+/// values (:meth:`KvCache.dequantized`) with f32 arithmetic on every path, within 1e-5
+/// of the output scale of an f64 reference on those values. The ``"avx512"`` path reads
+/// the one-byte codes and dequantizes in registers (int8: ``vpmovsxbd`` + convert; fp8:
+/// bit moves into an f16 and ``vcvtph2ps``), folding the K scales into the scores and
+/// the V scales into the probabilities; ``"avx2"`` and ``"neon"`` run the ``"scalar"``
+/// path for 8-bit caches in this version (correct, not faster). Against the same
+/// attention over the unquantized f32 values, write ``e_K`` / ``e_V`` for the largest
+/// error of one stored K / V element: int8 ``0.5 * max|x| / 127`` of its row (its
+/// token's ``head_dim`` values); e4m3 ``2^-4 |x| + 2^-10 s``, e5m2 ``2^-3 |x| + 2^-17
+/// s`` (3 and 2 mantissa bits; the second term is half the subnormal step, ``s`` the
+/// head's scale), assuming no value beyond the calibrated range (those saturate).
+/// Each logit then moves by at most ``D = scale * max_t sum_i |q_i| e_K(t, i)``, each
+/// softmax weight by at most a factor ``exp(+-2 D)``, so each output moves by at most
+/// ``(exp(2 D) - 1) * max|V'| + max e_V`` (``V'`` the dequantized values; ``max|V'| <=
+/// max|V|`` for int8, ``<= (1 + 2^-4) max|V| + 2^-10 s_V`` for e4m3); the LSE by at most D.
+/// ``tests/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
+/// errors (well below it).
+///
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
@@ -221,7 +240,8 @@ fn attend<'py>(
 ///         ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
 ///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
 ///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-///         ``bf16_scores`` with an f32 or f16 cache. ``out`` is not written on any error.
+///         ``bf16_scores`` with a cache that is not bf16 (f32, f16, int8, fp8). ``out`` is
+///         not written on any error.
 #[pyfunction]
 #[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]

@@ -3,13 +3,12 @@
 use std::ops::Range;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use numpy::ndarray::{ArrayView4, ShapeBuilder};
-use numpy::PyArray4;
 use pyo3::prelude::*;
 
 use super::arrays::{f32_values, int_matrix, register_storage, release_storage};
 use super::convert::{arg, count, int_scalar, int_vec};
 use super::errors::{invalid, IntoPyResult};
+use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
 
 /// KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
@@ -22,13 +21,29 @@ use crate::kv::{DType, KvCache, KvShape};
 /// ``[block_size][head_dim]``. :meth:`key` and :meth:`value` hide this behind the
 /// logical shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided views).
 ///
+/// 8-bit dtypes store one-byte codes in that same layout, and f32 scales after each
+/// layer's codes (value = code x scale):
+///
+/// - ``"int8"``: symmetric, one scale per (token, KV head) for K and for V, computed by
+///   every :meth:`write` (``max|x| / 127`` over the token's ``head_dim`` values; codes
+///   ``round_half_even(x / scale)`` clamped to +-127; an all-zero row has scale 0). Per
+///   layer the scales are ``[num_blocks][2][num_kv_heads][block_size]`` (each block's K
+///   scales, then its V scales), so :meth:`copy_blocks` carries them with the block.
+/// - ``"fp8_e4m3"`` (``float8_e4m3fn``, largest 448) and ``"fp8_e5m2"`` (largest 57344):
+///   one scale per (layer, KV head) for K and for V (``[2][num_kv_heads]`` per layer),
+///   set by :meth:`set_fp8_scales` or, while still 0, calibrated by the first write to
+///   the layer holding a non-zero value of that head (``max|x| / largest``); later
+///   values beyond the calibrated range saturate. Conversion is saturating, round to
+///   nearest even.
+///
 /// Args:
 ///     num_layers: layers.
 ///     num_blocks: blocks per layer (a :class:`BlockPool`'s ``num_blocks``).
 ///     block_size: token slots per block, at most 65536.
 ///     num_kv_heads: KV heads, at most 65536.
 ///     head_dim: elements per head, at most 65536.
-///     dtype: the storage dtype: ``"f32"`` (default), ``"f16"`` or ``"bf16"``.
+///     dtype: the storage dtype: ``"f32"`` (default), ``"f16"``, ``"bf16"``, ``"int8"``,
+///         ``"fp8_e4m3"`` or ``"fp8_e5m2"``.
 ///
 /// Raises:
 ///     InvalidArgumentError: a zero dimension, ``block_size``/``head_dim``/
@@ -37,7 +52,7 @@ use crate::kv::{DType, KvCache, KvShape};
 pub struct PyKvCache {
     inner: RwLock<KvCache>,
     pub(super) shape: KvShape,
-    dtype: DType,
+    pub(super) dtype: DType,
     nbytes: usize,
     huge_pages: bool,
     /// Addresses of the storage (every layer's K and V): an `out` inside it is refused.
@@ -119,12 +134,14 @@ impl PyKvCache {
     fn head_dim(&self) -> usize {
         self.shape.head_dim
     }
-    /// The storage dtype: "f32", "f16" or "bf16".
+    /// The storage dtype: "f32", "f16", "bf16", "int8", "fp8_e4m3" or "fp8_e5m2".
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype.name()
     }
-    /// Bytes of K plus V over all layers.
+    /// Bytes of K plus V over all layers: codes, the padding before each layer's scales
+    /// (to 64 bytes) and the scales; ``num_layers * num_blocks * block_size *``
+    /// :meth:`bytes_per_token` plus, per layer, that padding and the fp8 per-head scales.
     #[getter]
     fn nbytes(&self) -> usize {
         self.nbytes
@@ -168,19 +185,21 @@ impl PyKvCache {
     ///
     /// Returns:
     ///     Shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (strided), dtype float32,
-    ///     float16, or ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
-    ///     out).
+    ///     float16, ``ml_dtypes.bfloat16`` (a dependency: another dtype is never handed
+    ///     out); for 8-bit caches the raw codes: int8, ``ml_dtypes.float8_e4m3fn`` or
+    ///     ``ml_dtypes.float8_e5m2`` (unscaled: see :meth:`key_scales`,
+    ///     :meth:`dequantized`).
     ///
     /// Raises:
     ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-    ///     ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+    ///     ImportError: a bf16 or fp8 cache and ``ml_dtypes`` cannot be imported.
     #[pyo3(signature = (layer, *, writable = true))]
     fn key<'py>(
         slf: Bound<'py, Self>,
         #[pyo3(from_py_with = arg::layer)] layer: usize,
         writable: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, false, writable)
+        layer_view(slf, layer, false, writable)
     }
 
     /// Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
@@ -196,18 +215,20 @@ impl PyKvCache {
     ///
     /// Raises:
     ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``.
-    ///     ImportError: a bf16 cache and ``ml_dtypes`` cannot be imported.
+    ///     ImportError: a bf16 or fp8 cache and ``ml_dtypes`` cannot be imported.
     #[pyo3(signature = (layer, *, writable = true))]
     fn value<'py>(
         slf: Bound<'py, Self>,
         #[pyo3(from_py_with = arg::layer)] layer: usize,
         writable: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        view(slf, layer, true, writable)
+        layer_view(slf, layer, true, writable)
     }
 
     /// Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
-    /// storage dtype (nearest even). The GIL is released while it copies.
+    /// storage dtype (nearest even); 8-bit caches quantize (int8: a scale per token and
+    /// head; fp8: the layer's scales, calibrated by this write where still 0; see
+    /// :class:`KvCache`). The GIL is released while it copies.
     ///
     /// Args:
     ///     layer: ``0..num_layers``.
@@ -218,8 +239,9 @@ impl PyKvCache {
     ///         skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
     ///
     /// Raises:
-    ///     InvalidArgumentError: a bad layer, dtype or shape, or a slot outside
-    ///         ``-1..num_blocks * block_size``. Nothing is written on error.
+    ///     InvalidArgumentError: a bad layer, dtype or shape, a slot outside
+    ///         ``-1..num_blocks * block_size``, or (8-bit caches) a non-finite value in
+    ///         ``k`` or ``v``. Nothing is written on error.
     fn write(
         &self,
         py: Python<'_>,
@@ -250,6 +272,137 @@ impl PyKvCache {
         py.detach(|| self.write_lock().write(layer, &kv, &vv, &slots)).py_err(py)
     }
 
+    /// Zero-copy float32 view of layer ``layer``'s K scales (8-bit caches), aliasing the
+    /// cache as :meth:`key` does (same threading rule). Writing it rescales the codes it
+    /// covers.
+    ///
+    /// Args:
+    ///     layer: ``0..num_layers``.
+    ///     writable: False for a read-only view.
+    ///
+    /// Returns:
+    ///     int8: ``[num_blocks, block_size, num_kv_heads]`` (strided), the scale of each
+    ///     token slot's K row of each head; fp8: ``[num_kv_heads]``, the layer's scales.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``, or a cache without
+    ///         scales (f32, f16, bf16).
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn key_scales<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let r = region(slf, |c| c.scales_ptr(layer))?;
+        scale_view(r, false, writable)
+    }
+
+    /// Zero-copy float32 view of layer ``layer``'s V scales; as :meth:`key_scales`.
+    ///
+    /// Args:
+    ///     layer: ``0..num_layers``.
+    ///     writable: False for a read-only view.
+    ///
+    /// Returns:
+    ///     The shape of :meth:`key_scales`.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``, or a cache without
+    ///         scales (f32, f16, bf16).
+    #[pyo3(signature = (layer, *, writable = true))]
+    fn value_scales<'py>(
+        slf: Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let r = region(slf, |c| c.scales_ptr(layer))?;
+        scale_view(r, true, writable)
+    }
+
+    /// Set layer ``layer``'s fp8 scales, one per KV head for K and for V (e.g. a model's
+    /// calibrated ``k_scale``/``v_scale``). Codes already stored are not converted: they
+    /// are read with the new scales. A scale of 0 means "not set": the next write with a
+    /// non-zero value of that head calibrates it.
+    ///
+    /// Args:
+    ///     layer: ``0..num_layers``.
+    ///     k_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+    ///     v_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: not an fp8 cache, a bad ``layer``, a scale array that is not
+    ///         float32 of shape ``[num_kv_heads]``, a negative or non-finite scale (the
+    ///         message names ``k_scales`` or ``v_scales``). Nothing is set on error.
+    fn set_fp8_scales(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+        k_scales: &Bound<'_, PyAny>,
+        v_scales: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let hk = self.shape.num_kv_heads;
+        let mut vals = Vec::with_capacity(2);
+        for (name, x) in [("k_scales", k_scales), ("v_scales", v_scales)] {
+            let (shape, v) = f32_values(x, name)?;
+            if shape.as_slice() != [hk] {
+                return Err(invalid(py, format!("{name} must have shape [{hk}] (one scale per KV head), got {shape:?}")));
+            }
+            vals.push(v);
+        }
+        let r = self.write_lock().set_fp8_scales(layer, &vals[0], &vals[1]);
+        r.py_err(py)
+    }
+
+    /// Float32 copies of layer ``layer``'s K and V: codes times their scales (8-bit
+    /// caches) or the elements widened, the values every kernel attends over. The GIL is
+    /// released while it copies.
+    ///
+    /// Args:
+    ///     layer: ``0..num_layers``.
+    ///
+    /// Returns:
+    ///     ``(k, v)``, each float32 ``[num_blocks, block_size, num_kv_heads, head_dim]``
+    ///     (C-contiguous, new arrays).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``layer`` outside ``0..num_layers``.
+    fn dequantized<'py>(
+        slf: &Bound<'py, Self>,
+        #[pyo3(from_py_with = arg::layer)] layer: usize,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let py = slf.py();
+        let this = slf.get();
+        let kv = py.detach(|| this.read().dequantize(layer)).py_err(py)?;
+        dequantized(py, this.shape, kv)
+    }
+
+    /// Bytes one token slot takes in one layer of a cache, K and V: codes plus the
+    /// per-token scales, ``2 * num_kv_heads * (head_dim * element bytes + 4 if int8)``
+    /// (the per-layer fp8 scales and the region padding are not per token; see
+    /// :attr:`nbytes`). The ledger's 8-bit and 16/32-bit storage formats use this.
+    ///
+    /// Args:
+    ///     num_kv_heads: KV heads, 1..65536.
+    ///     head_dim: elements per head, 1..65536.
+    ///     dtype: a storage dtype as :class:`KvCache` accepts.
+    ///
+    /// Returns:
+    ///     Bytes per token slot per layer.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``num_kv_heads`` or ``head_dim`` outside 1..65536 (or not
+    ///         an int), an unknown dtype.
+    #[staticmethod]
+    fn bytes_per_token(py: Python<'_>, num_kv_heads: &Bound<'_, PyAny>, head_dim: &Bound<'_, PyAny>, dtype: &str) -> PyResult<usize> {
+        let hk = count(py, int_scalar(num_kv_heads, "num_kv_heads")?, "num_kv_heads")?;
+        let d = count(py, int_scalar(head_dim, "head_dim")?, "head_dim")?;
+        if hk == 0 || d == 0 || hk > 1 << 16 || d > 1 << 16 {
+            return Err(invalid(py, format!("num_kv_heads and head_dim must be in 1..=65536, got {hk} and {d}")));
+        }
+        let dtype = DType::parse(dtype).py_err(py)?;
+        Ok(crate::kv::quant::bytes_per_token(hk, d, dtype).unwrap_or(usize::MAX))
+    }
+
     /// Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every
     /// layer, K and V, in row order (e.g. the copy-on-write pairs of :meth:`BlockPool.step`).
     ///
@@ -271,62 +424,23 @@ impl PyKvCache {
     }
 }
 
-/// A zero-copy numpy view of one layer's K or V in the logical shape
-/// `[num_blocks, block_size, num_kv_heads, head_dim]`, kept alive by the cache object;
-/// read-only unless `writable`.
-///
-/// The array aliases memory that `write`, `copy_blocks` and the kernels touch with the
-/// GIL released (the `RwLock` guards the cache object, not this array): a Python thread
-/// writing it while a kernel call runs on another is a data race the caller must avoid,
-/// as the stubs document. Handing out views is what the zero-copy contract asks for.
-fn view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bool) -> PyResult<Bound<'_, PyAny>> {
+/// The cache object and the pointer `f` takes from the cache, read under the lock (held
+/// for the pointer only, never while a Python object is made).
+fn region<'py>(slf: Bound<'py, PyKvCache>, f: impl FnOnce(&KvCache) -> crate::error::Result<*const u8>) -> PyResult<Region<'py>> {
     let py = slf.py();
-    let cache = slf.get();
-    let (s, dtype) = (cache.shape, cache.dtype);
-    // A bf16 view needs ml_dtypes' bfloat16: never hand out the raw uint16 bits instead.
-    let target = match dtype {
-        DType::F32 => None,
-        DType::F16 => Some(py.import("numpy")?.getattr("float16")?),
-        DType::BF16 => Some(py.import("ml_dtypes").and_then(|m| m.getattr("bfloat16")).map_err(|e| {
-            let msg = format!(
-                "a view of a bf16 KvCache needs ml_dtypes (a pykvpool dependency: pip install ml_dtypes), \
-                 which failed to import: {e}"
-            );
-            pyo3::exceptions::PyImportError::new_err(msg)
-        })?),
-    };
-    // The lock is held for the pointer only, never while a Python object is made.
-    let (ptr, strides) = {
-        let c = cache.read();
-        (c.layer_ptr(layer, value), if value { c.value_strides() } else { c.key_strides() })
-    };
-    let ptr = ptr.py_err(py)?;
-    let dims = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim).strides((strides[0], strides[1], strides[2], strides[3]));
-    let owner = slf.clone().into_any();
-    let raw = match dtype {
-        DType::F32 => {
-            // SAFETY: ptr addresses this layer's K (or V), shape().layer_span() f32
-            // elements inside its region, which the strides above cover exactly (the
-            // last block ends the span); the buffer never moves or shrinks
-            // while the cache object (set as the array's base) is alive.
-            let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<f32>()) };
-            // SAFETY: as above; `owner` keeps the memory alive.
-            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
-        }
-        DType::F16 | DType::BF16 => {
-            // SAFETY: as for f32, with 2-byte elements.
-            let a = unsafe { ArrayView4::from_shape_ptr(dims, ptr.cast::<u16>()) };
-            // SAFETY: as above.
-            unsafe { PyArray4::borrow_from_array(&a, owner) }.into_any()
-        }
-    };
-    if !writable {
-        raw.getattr("flags")?.setattr("writeable", false)?;
-    }
-    match target {
-        Some(t) => raw.call_method1("view", (t,)),
-        None => Ok(raw),
-    }
+    let (s, dtype) = (slf.get().shape, slf.get().dtype);
+    let ptr = f(&slf.get().read());
+    Ok(Region { ptr: ptr.py_err(py)?, s, dtype, owner: slf.into_any() })
+}
+
+/// [`view`] of `layer`'s K (or V).
+fn layer_view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bool) -> PyResult<Bound<'_, PyAny>> {
+    let mut strides = [0; 4];
+    let r = region(slf, |c| {
+        strides = if value { c.value_strides() } else { c.key_strides() };
+        c.layer_ptr(layer, value)
+    })?;
+    view(r, strides, writable)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

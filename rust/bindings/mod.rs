@@ -15,6 +15,7 @@ pub mod errors;
 mod exception_docs;
 pub mod hybrid;
 pub mod kv;
+mod kv_views;
 pub mod pool;
 pub mod prefill;
 pub mod runtime;

@@ -142,6 +142,10 @@ fn run<'py>(
 /// of :func:`set_num_threads`; the arrays of :meth:`KvCache.key` / :meth:`KvCache.value`
 /// for ``layer`` must not be written from another thread meanwhile.
 ///
+/// 8-bit caches are dequantized (code x scale, f32) as each key tile is packed, so every
+/// path computes on the values of :meth:`KvCache.dequantized`; the error against an
+/// unquantized cache follows :func:`decode_attention`'s bound, row by row.
+///
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
@@ -196,7 +200,8 @@ fn run<'py>(
 ///         meant, a ``scale`` or soft cap that is not positive and finite in float32,
 ///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
 ///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
-///         without a bf16 cache. ``out`` is not written on any error.
+///         without a bf16 cache (8-bit caches included). ``out`` is not written on any
+///         error.
 #[pyfunction]
 #[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
 #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,7 @@
 //! KV storage owned by Rust: per layer K and V for `num_blocks` blocks of `block_size`
-//! token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16 or bf16, in one
-//! huge-page-advised allocation ([`crate::kv::aligned`]).
+//! token slots x `num_kv_heads` heads x `head_dim` elements, in f32, f16, bf16 or 8-bit
+//! codes (int8, fp8 e4m3/e5m2) with f32 scales, in one huge-page-advised allocation
+//! ([`crate::kv::aligned`]).
 //!
 //! # Physical layout (what the kernel reads)
 //!
@@ -18,6 +19,9 @@
 //!
 //! `benches/bench_layout.py` measured the alternatives; see `benches/RESULTS.md`.
 //!
+//! The 8-bit dtypes keep this layout for their one-byte codes; each layer's scales follow
+//! its codes in the same region ([`super::quant`] documents where and in what order).
+//! A layer's region is `ScaleLayout::layer_bytes` rounded up to 4 KiB.//!
 //! # Logical view
 //!
 //! Both arrays are exposed with the logical shape `[num_blocks, block_size, num_kv_heads,
@@ -26,7 +30,8 @@
 //! `b * block_size + t`, whatever the physical order.
 
 use super::aligned::AlignedBuf;
-use super::elem::{DType, Elem};
+use super::elem::{DType, Elem, ScaleKind};
+use super::quant::{ScaleLayout, Scales};
 use crate::error::Result;
 use crate::invalid;
 use crate::pool::MAX_BLOCK_SIZE;
@@ -84,6 +89,7 @@ const REGION_ALIGN: usize = 4096;
 pub struct KvCache {
     shape: KvShape,
     dtype: DType,
+    scales: ScaleLayout,
     region_bytes: usize,
     buf: AlignedBuf,
 }
@@ -100,12 +106,10 @@ impl KvCache {
         if block_size > MAX_BLOCK_SIZE || head_dim > 1 << 16 || num_kv_heads > 1 << 16 {
             return Err(invalid!("block_size, head_dim and num_kv_heads must be <= 65536"));
         }
-        let region = [2, num_blocks, block_size, num_kv_heads, head_dim, dtype.size()]
-            .iter()
-            .try_fold(1usize, |a, &x| a.checked_mul(x))
-            .and_then(|b| b.checked_next_multiple_of(REGION_ALIGN));
+        let scales = ScaleLayout::new(num_blocks, block_size, num_kv_heads, head_dim, dtype);
+        let region = scales.and_then(|l| l.layer_bytes().checked_next_multiple_of(REGION_ALIGN));
         let total = region.and_then(|r| r.checked_mul(num_layers));
-        let (Some(region_bytes), Some(total)) = (region, total) else {
+        let (Some(scales), Some(region_bytes), Some(total)) = (scales, region, total) else {
             return Err(invalid!("KvCache of {shape:?} does not fit in memory"));
         };
         // Elements must stay addressable as i64 slots and by numpy's signed strides.
@@ -113,7 +117,7 @@ impl KvCache {
             return Err(invalid!("num_blocks * block_size is too large"));
         }
         let buf = AlignedBuf::zeroed(total)?;
-        Ok(Self { shape, dtype, region_bytes, buf })
+        Ok(Self { shape, dtype, scales, region_bytes, buf })
     }
 
     pub fn shape(&self) -> KvShape {
@@ -124,9 +128,16 @@ impl KvCache {
         self.dtype
     }
 
-    /// Bytes of K plus V over all layers (the payload, without alignment padding).
+    /// Bytes of K plus V over all layers: codes, the padding before a layer's scales and
+    /// the scales (`num_layers * ScaleLayout::layer_bytes`; without the padding of each
+    /// layer's region to 4 KiB). Unquantized: exactly the elements' bytes.
     pub fn nbytes(&self) -> usize {
-        2 * self.shape.num_layers * self.shape.layer() * self.dtype.size()
+        self.shape.num_layers * self.scales.layer_bytes()
+    }
+
+    /// Where each layer's scales sit.
+    pub fn scale_layout(&self) -> ScaleLayout {
+        self.scales
     }
 
     /// The cache's storage: every layer's K and V, `nbytes()` bytes.
@@ -158,7 +169,7 @@ impl KvCache {
         [s.block_stride(), s.head_dim, s.tile(), 1]
     }
 
-    fn check_layer(&self, layer: usize) -> Result<()> {
+    pub(super) fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.shape.num_layers {
             return Err(invalid!("layer {layer} out of range 0..{}", self.shape.num_layers));
         }
@@ -192,19 +203,36 @@ impl KvCache {
         Ok((cast(k), cast(v)))
     }
 
-    /// The whole of `layer` (K and V blocks alternating), `2 * shape.layer()` elements.
-    fn layer_mut<E: Elem>(&mut self, layer: usize) -> &mut [E] {
+    /// `layer`'s scales as the kernels read them (empty data when unquantized).
+    pub fn scales(&self, layer: usize) -> Result<Scales<'_>> {
+        self.check_layer(layer)?;
+        let at = self.region(layer, 0) + self.scales.offset;
+        let data = cast::<f32>(&self.buf.as_slice()[at..][..4 * self.scales.count]);
+        Ok(Scales { kind: self.scales.kind, data, num_kv_heads: self.shape.num_kv_heads, block_size: self.shape.block_size })
+    }
+
+    /// Raw pointer to `layer`'s first scale (see [`super::quant`]), for zero-copy views.
+    pub fn scales_ptr(&self, layer: usize) -> Result<*const u8> {
+        self.check_layer(layer)?;
+        Ok(self.buf.as_slice()[self.region(layer, 0) + self.scales.offset..].as_ptr())
+    }
+
+    /// The whole of `layer` (K and V blocks alternating), `2 * shape.layer()` elements,
+    /// and its `ScaleLayout::count` scales.
+    pub(super) fn layer_mut<E: Elem>(&mut self, layer: usize) -> (&mut [E], &mut [f32]) {
         let n = 2 * self.shape.layer() * self.dtype.size();
         let at = self.region(layer, 0);
-        cast_mut(&mut self.buf.as_mut_slice()[at..][..n])
+        let (codes, rest) = self.buf.as_mut_slice()[at..].split_at_mut(self.scales.offset);
+        (cast_mut(&mut codes[..n]), cast_mut(&mut rest[..4 * self.scales.count]))
     }
 
     /// Store the K and V of `slots.len()` tokens (`k`, `v`: f32 `[tokens, num_kv_heads,
     /// head_dim]`, row-major) at their slots in `layer`, rounding to the storage dtype
-    /// (round to nearest even). Slot -1 is padding and skipped.
+    /// (round to nearest even); 8-bit dtypes quantize as [`super::quant`] describes.
+    /// Slot -1 is padding and skipped.
     ///
     /// Errors (nothing written): bad layer, length mismatch, a slot outside
-    /// `-1..num_blocks * block_size`.
+    /// `-1..num_blocks * block_size`, a non-finite value for an 8-bit dtype.
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) -> Result<()> {
         self.check_layer(layer)?;
         let s = self.shape;
@@ -224,14 +252,26 @@ impl KvCache {
         if let Some(&bad) = slots.iter().find(|&&x| x < -1 || x >= capacity) {
             return Err(invalid!("slot {bad} outside -1..{capacity}"));
         }
-        crate::with_elem!(self.dtype, E => self.write_typed::<E>(layer, k, v, slots));
+        if self.dtype.is_quantized() {
+            for (name, x) in [("k", k), ("v", v)] {
+                if let Some(i) = x.iter().position(|x| !x.is_finite()) {
+                    return Err(invalid!("{name}[{i}] = {} is not finite: a {} cache stores finite values only", x[i], self.dtype.name()));
+                }
+            }
+        }
+        match self.dtype {
+            DType::I8 => self.write_i8(layer, k, v, slots),
+            DType::E4M3 => self.write_fp8::<super::elem::E4M3>(layer, k, v, slots),
+            DType::E5M2 => self.write_fp8::<super::elem::E5M2>(layer, k, v, slots),
+            _ => crate::with_elem!(self.dtype, E => self.write_typed::<E>(layer, k, v, slots)),
+        }
         Ok(())
     }
 
     fn write_typed<E: Elem>(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[i64]) {
         let s = self.shape;
         let row = s.num_kv_heads * s.head_dim;
-        let all = self.layer_mut::<E>(layer);
+        let (all, _) = self.layer_mut::<E>(layer);
         for (n, &slot) in slots.iter().enumerate() {
             if slot < 0 {
                 continue;
@@ -261,14 +301,18 @@ impl KvCache {
         if let Some(p) = pairs.iter().find(|(s, d)| !(0..nb).contains(s) || !(0..nb).contains(d)) {
             return Err(invalid!("pairs: copy pair {p:?} outside block range 0..{nb}"));
         }
-        // K and V of a block are one run of `block_stride` elements.
+        // K and V of a block are one run of `block_stride` elements; an int8 block's
+        // scales one run of `2 * num_kv_heads * block_size` f32.
         let block_bytes = self.shape.block_stride() * self.dtype.size();
+        let scale_bytes = if self.scales.kind == ScaleKind::PerToken { 8 * self.shape.num_kv_heads * self.shape.block_size } else { 0 };
         for layer in 0..self.shape.num_layers {
             let base = self.region(layer, 0);
-            let region = &mut self.buf.as_mut_slice()[base..base + self.shape.num_blocks * block_bytes];
+            let region = &mut self.buf.as_mut_slice()[base..base + self.scales.layer_bytes()];
             for &(s, d) in pairs {
-                let (s, d) = (s as usize * block_bytes, d as usize * block_bytes);
-                region.copy_within(s..s + block_bytes, d);
+                let (s, d) = (s as usize, d as usize);
+                region.copy_within(s * block_bytes..(s + 1) * block_bytes, d * block_bytes);
+                let at = self.scales.offset;
+                region.copy_within(at + s * scale_bytes..at + (s + 1) * scale_bytes, at + d * scale_bytes);
             }
         }
         Ok(())
@@ -283,8 +327,9 @@ fn check_cast<E: Elem>(bytes: &[u8]) {
 
 fn cast<E: Elem>(bytes: &[u8]) -> &[E] {
     check_cast::<E>(bytes);
-    // SAFETY: alignment and length checked above; every Elem (f32, f16, bf16) is plain
-    // old data for which any bit pattern is a valid value; the lifetime is the input's.
+    // SAFETY: alignment and length checked above; every Elem (f32, f16, bf16, i8 and the
+    // fp8 codes) is plain old data for which any bit pattern is a valid value; the
+    // lifetime is the input's.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / std::mem::size_of::<E>()) }
 }
 

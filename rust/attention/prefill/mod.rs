@@ -165,7 +165,7 @@ pub fn prefill_attention(
         let (k, v) = cache.layer::<E>(layer)?;
         let zeros = vec![E::from_f32(0.0); d];
         let ctx = Ctx {
-            k, v, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, isa,
+            k, v, scales: cache.scales(layer)?, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, isa,
             q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
             soft_cap: opts.logits_soft_cap,
             pv: match (opts.bf16_pv, isa == Isa::Avx512 && tile::dot_supported()) {

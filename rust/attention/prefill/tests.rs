@@ -7,23 +7,21 @@ use std::sync::atomic::Ordering;
 use super::*;
 use crate::attention::decode::{decode_attention, DecodeOptions};
 use crate::attention::test_util::{filled, last_block_case, shape, Lcg};
-use crate::kv::Elem;
+use crate::attention::tests::ALL_DTYPES;
 
-/// The layer's stored K and V as f64, and a function giving the index of element `x` of
-/// KV head `h` of token `tok` of a sequence (K strides, V strides).
+/// The layer's stored K and V as f64 (8-bit: codes times scales), in the logical order
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`.
 fn stored(c: &KvCache) -> (Vec<f64>, Vec<f64>) {
-    crate::with_elem!(c.dtype(), E => {
-        let (k, v) = c.layer::<E>(0).unwrap();
-        (k.iter().map(|x| x.to_f32() as f64).collect(), v.iter().map(|x| x.to_f32() as f64).collect())
-    })
+    let (k, v) = c.dequantize(0).unwrap();
+    (k.iter().map(|&x| x as f64).collect(), v.iter().map(|&x| x as f64).collect())
 }
 
 /// Index of element `x` of KV head `h` of token `tok` of sequence `i` (its block's entry
-/// checked), in the K or V layer.
-fn at(c: &KvCache, value: bool, t: &SeqTables, i: usize, tok: usize, h: usize, x: usize) -> usize {
-    let bs = c.shape().block_size;
-    let st = if value { c.value_strides() } else { c.key_strides() };
-    t.block(i, tok / bs).unwrap() as usize * st[0] + (tok % bs) * st[1] + h * st[2] + x * st[3]
+/// checked), in [`stored`]'s K or V.
+fn at(c: &KvCache, _value: bool, t: &SeqTables, i: usize, tok: usize, h: usize, x: usize) -> usize {
+    let s = c.shape();
+    let (bs, hk, d) = (s.block_size, s.num_kv_heads, s.head_dim);
+    ((t.block(i, tok / bs).unwrap() as usize * bs + tok % bs) * hk + h) * d + x
 }
 
 struct Call<'a> {
@@ -133,7 +131,7 @@ fn random_q(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in ALL_DTYPES {
         for (bs, hkv, g, d) in [(16, 2, 4, 64), (5, 1, 3, 13), (1, 2, 1, 8), (64, 1, 8, 32), (7, 3, 2, 20)] {
             let nb = 40usize.div_ceil(bs) * 3 + 2;
             let c = filled(shape(bs, hkv, d, nb), dtype, (bs * 31 + d) as u64, 2.0);
@@ -257,7 +255,7 @@ fn windows_read_only_keys_some_query_sees() {
 /// last block, read through the last KV head, with tiles and head dims ending mid-vector.
 #[test]
 fn last_token_of_the_pools_last_block_is_read() {
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in ALL_DTYPES {
         for (bs, d) in [(5, 7), (17, 13), (16, 64), (33, 6), (1, 1), (64, 130)] {
             let (c, t, lens) = last_block_case(dtype, bs, d, 2.0);
             let nq = [lens[0].min(3), lens[1].min(2), lens[2]];

@@ -2,6 +2,10 @@
 //! of K and V into contiguous f32 (or bf16 pairs for `vdpbf16ps`), and run the path's
 //! micro-kernels: scores, mask (partial tiles only), online softmax, `P V`.
 //!
+//! 8-bit caches are dequantized in the pack (code as f32 times its scale, one f32
+//! multiply per element, read once per item), so every path's micro-kernels run on the
+//! same f32 values as the scalar reference.
+//!
 //! The pack is what makes the micro-kernels independent of the block size and dtype:
 //! each K/V element of the tile is read from the cache once per item and reused by all
 //! of its rows (64 by default), so the copy costs a few percent of the arithmetic.
@@ -14,12 +18,15 @@ use super::plan::TW;
 use crate::attention::isa::Isa;
 use crate::attention::tables::Visible;
 use super::mask::Span;
+use crate::kv::quant::{Scales, TileScale};
 use crate::kv::Elem;
 
 /// Everything an item needs, shared by all threads.
 pub(crate) struct Ctx<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
+    /// The layer's scales (8-bit caches), applied by the pack.
+    pub scales: Scales<'a>,
     pub shape: crate::kv::KvShape,
     /// The keys some query of each sequence sees, with their checked blocks.
     pub vis: &'a Visible,
@@ -185,8 +192,10 @@ fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch
             let n = (bs - c0).min(b - t);
             // Blocks of visible keys were checked against the pool by `SeqTables::select`;
             // slicing is checked.
-            let at = ctx.vis.blocks()[run.at + lb - run.first_block(bs)] as usize * s.block_stride() + it.head * tile;
-            pack_keys(ctx, &ctx.k[at..at + tile], &ctx.v[at..at + tile], c0, n, t - t0, sc, &mut vrows);
+            let block = ctx.vis.blocks()[run.at + lb - run.first_block(bs)] as usize;
+            let at = block * s.block_stride() + it.head * tile;
+            let tiles = (&ctx.k[at..at + tile], &ctx.v[at..at + tile]);
+            pack_keys(ctx, tiles, ctx.scales.tile(block, it.head), c0, n, t - t0, sc, &mut vrows);
             t += n;
         }
         r += 1;
@@ -198,7 +207,16 @@ fn pack<E: Elem>(ctx: &Ctx<E>, it: &Item, t0: usize, t1: usize, sc: &mut Scratch
 
 /// Tokens `c0..c0 + n` of one (block, head) K/V tile into the packs at key `o`.
 #[allow(clippy::too_many_arguments)]
-fn pack_keys<'a, E: Elem>(ctx: &Ctx<'a, E>, kt: &'a [E], vt: &'a [E], c0: usize, n: usize, o: usize, sc: &mut Scratch, vrows: &mut [&'a [E]; TW]) {
+fn pack_keys<'a, E: Elem>(
+    ctx: &Ctx<'a, E>,
+    (kt, vt): (&'a [E], &'a [E]),
+    (ks, vs): (TileScale, TileScale),
+    c0: usize,
+    n: usize,
+    o: usize,
+    sc: &mut Scratch,
+    vrows: &mut [&'a [E]; TW],
+) {
     let (bs, d) = (ctx.shape.block_size, ctx.shape.head_dim);
     if ctx.q_bf16.is_some() {
         pack_pairs(kt, bs, c0, n, d, &mut sc.kpb[o..]);
@@ -213,6 +231,17 @@ fn pack_keys<'a, E: Elem>(ctx: &Ctx<'a, E>, kt: &'a [E], vt: &'a [E], c0: usize,
         }
     } else {
         widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
+    }
+    if !matches!(ks, TileScale::One) {
+        // 8-bit (bf16_scores and bf16_pv are refused for them): scale the widened codes.
+        for i in 0..d {
+            let row = &mut sc.kp[i * TW + o..i * TW + o + n];
+            row.iter_mut().enumerate().for_each(|(j, x)| *x *= ks.at(c0 + j));
+        }
+        for (j, row) in sc.vp[o * d..(o + n) * d].chunks_exact_mut(d).enumerate() {
+            let s = vs.at(c0 + j);
+            row.iter_mut().for_each(|x| *x *= s);
+        }
     }
 }
 

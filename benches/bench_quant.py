@@ -1,0 +1,243 @@
+"""8-bit KV caches (issue 15): decode speed against bf16, their roofs, the write path,
+and accuracy against the unquantized f32 result (kernel and toy decoder).
+
+Speed: the issue's decode shapes, 8 sequences x 4096 tokens, head_dim 128, block size
+16, blocks scattered by a random permutation, (a) 32 query / 8 KV heads and (d) 32 / 32,
+in bf16, int8, fp8_e4m3 and fp8_e5m2, at 1 and 2 threads. ``--reps`` rounds; in each,
+every dtype (in a rotating order) gets a read-bandwidth probe of its own cache's pages
+(``pykvpool.read_bandwidth(cache=...)``) then its kernel, best of 3 calls. Reported per
+dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
+per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-round
+"% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
+over the probe). The compute roof is the FMA roof: ``4 Hq d`` FLOP per token (q.k and
+p.v, 2 per FMA) at ``pykvpool.peak_flops``; it ignores the conversions (int8: 2 uops per
+16 codes, e5m2 3, e4m3 about 8), so it is an upper bound of the path's compute roof.
+
+Write: ``KvCache.write`` of 4096 tokens x 8 heads x 128 (f32 input), GB/s of input.
+
+Accuracy: shape (a) at 8 x 1024 tokens, K and V standard normal ("normal") or with a
+quarter of the K channels 20x larger ("outliers"); per dtype the largest and median
+|out - out_f32| over the output scale, and the largest error over the documented bound.
+Toy decoder: tokens equal to the f32 run's over 192 greedy steps (and the first
+divergence), and the largest |logit - logit_f32| of the teacher-forced run on the f32
+tokens, against the logit scale.
+
+Run: ``python benches/bench_quant.py [--reps 7] [--quick]``; writes
+``benches/out/bench_quant.json`` and prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import pykvpool as kv
+from pykvpool import toy_decoder
+
+BS = 16
+DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
+FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
+
+
+def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: int,
+          outliers: bool = False) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray]:
+    """Caches of each dtype holding the same values (fp8 scales set for the data's range
+    first, so no chunk saturates), a scattered table, q."""
+    nblk = [-(-n // BS) for n in lens]
+    total = sum(nblk)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(total)
+    table = np.full((len(lens), max(nblk)), -1, np.int64)
+    at = 0
+    for i, nb in enumerate(nblk):
+        table[i, :nb] = perm[at:at + nb]
+        at += nb
+    caches = {dt: kv.KvCache(1, total, BS, hkv, d, dt) for dt in dtypes}
+    chunks = []
+    for b0 in range(0, total, 256):
+        nb = min(256, total - b0)
+        k, v = (rng.standard_normal((nb * BS, hkv, d), dtype=np.float32) for _ in range(2))
+        if outliers:
+            k[..., ::4] *= 20
+        chunks.append((k, v, np.arange(b0 * BS, (b0 + nb) * BS)))
+    for dt, c in caches.items():
+        if dt.startswith("fp8"):
+            top = 448.0 if dt == "fp8_e4m3" else 57344.0
+            amax = [np.abs(np.concatenate([x[i][:, h] for x in chunks])).max() / top for i in (0, 1) for h in range(hkv)]
+            c.set_fp8_scales(0, np.array(amax[:hkv], np.float32), np.array(amax[hkv:], np.float32))
+        for k, v, slots in chunks:
+            c.write(0, k, v, slots)
+    q = rng.standard_normal((len(lens), hq, d), dtype=np.float32)
+    return caches, table, q
+
+
+def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> list[dict[str, Any]]:
+    caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    sl = np.array(lens)
+    read = {dt: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, dt) for dt in DTYPES}
+    flops = 4 * hq * d * sum(lens)
+    rows = []
+    for t in (1, 2):
+        kv.set_num_threads(t)
+        peak = kv.peak_flops(t)
+        out = np.empty_like(q)
+        rounds: dict[str, list[tuple[float, float, float]]] = {dt: [] for dt in DTYPES}
+        for r in range(reps):
+            for dt in DTYPES[r % 4:] + DTYPES[:r % 4]:
+                c = caches[dt]
+
+                def call(c: kv.KvCache = c) -> None:
+                    kv.decode_attention(c, 0, q, table, sl, out=out)
+
+                call()
+                probe = kv.read_bandwidth(cache=c, threads=t, passes=3)
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    call()
+                    best = min(best, time.perf_counter() - t0)
+                rounds[dt].append((len(lens) / best, probe, read[dt] / best / probe))
+        base = [x[0] for x in rounds["bf16"]]
+        for dt in DTYPES:
+            tps = [x[0] for x in rounds[dt]]
+            ratio = [a / b for a, b in zip(tps, base)]
+            probe = float(np.median([x[1] for x in rounds[dt]]))
+            bw_roof = probe / read[dt] * len(lens)
+            fma_roof = peak / flops * len(lens)
+            rows.append(dict(shape=shape, threads=t, dtype=dt, tokens_per_s=max(tps),
+                             ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
+                             ratio_q3=float(np.quantile(ratio, 0.75)),
+                             pct_bw=float(np.median([x[2] for x in rounds[dt]])),
+                             bw_roof=bw_roof, fma_roof=fma_roof, roof=min(bw_roof, fma_roof),
+                             pct_roof=max(tps) / min(bw_roof, fma_roof), probe_gbs=probe / 1e9,
+                             read_mb=read[dt] / 1e6))
+    del caches
+    return rows
+
+
+def write_speed(reps: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(2)
+    n, hkv, d = 4096, 8, 128
+    k, v = (rng.standard_normal((n, hkv, d), dtype=np.float32) for _ in range(2))
+    rows = []
+    for dt in ["f32", "bf16", *DTYPES[1:]]:
+        c = kv.KvCache(1, n // BS, BS, hkv, d, dt)
+        slots = np.arange(n)
+        c.write(0, k, v, slots)
+        best = min(_timed(lambda: c.write(0, k, v, slots)) for _ in range(reps))
+        rows.append(dict(dtype=dt, seconds=best, input_gbs=2 * k.nbytes / best / 1e9))
+    return rows
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def accuracy(seq: int) -> list[dict[str, Any]]:
+    hq, hkv, d = 32, 8, 128
+    lens = [seq] * 8
+    rows = []
+    for outliers in (False, True):
+        caches, table, q = build(lens, hq, hkv, d, ["f32", *DTYPES[1:]], seed=3, outliers=outliers)
+        sl = np.array(lens)
+        exact = kv.decode_attention(caches["f32"], 0, q, table, sl).astype(np.float64)
+        scale_out = np.abs(exact).max()
+        kf, vf = (x.reshape(-1, hkv, d).astype(np.float64) for x in caches["f32"].dequantized(0))
+        for dt in DTYPES[1:]:
+            got = kv.decode_attention(caches[dt], 0, q, table, sl).astype(np.float64)
+            err = np.abs(got - exact).max(axis=2)
+            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv)
+            rows.append(dict(data="outliers" if outliers else "normal", dtype=dt,
+                             max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
+                             max_err_over_bound=float((err / bound).max()),
+                             median_bound=float(np.median(bound) / scale_out)))
+    return rows
+
+
+def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
+           lens: list[int], g: int) -> np.ndarray:
+    """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head)."""
+    n, hq, d = q.shape
+    vd = np.abs(c.dequantized(0)[1].reshape(-1, vf.shape[1], d))
+    out = np.zeros((n, hq))
+    for i, ln in enumerate(lens):
+        rows = (table[i, np.arange(ln) // BS] * BS + np.arange(ln) % BS)
+        ka, va = np.abs(kf[rows]), np.abs(vf[rows])
+        for h in range(hq):
+            kh, qa = h // g, np.abs(q[i, h]).astype(np.float64)
+            if dt == "int8":
+                dmax = (0.5 * ka[:, kh].max(axis=1) / 127 * qa.sum()).max()
+                ev = 0.5 * va[:, kh].max() / 127
+            else:
+                rel, sub = FP8_ERR[dt]
+                ks, vs = float(c.key_scales(0)[kh]), float(c.value_scales(0)[kh])
+                dmax = (rel * ka[:, kh] @ qa + sub * ks * qa.sum()).max()
+                ev = rel * va[:, kh].max() + sub * vs
+            out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
+    return out
+
+
+def toy() -> list[dict[str, Any]]:
+    cfg = toy_decoder.ToyConfig()
+    model = toy_decoder.make_model(cfg)
+    prompt = [int(t) for t in np.random.default_rng(cfg.seed + 1).integers(0, cfg.vocab, cfg.prompt)]
+    ref, _ = toy_decoder.generate_cached(model, prompt, "f32")
+    ref_logits = toy_decoder.cached_logits(model, prompt, ref, "f32")
+    rows = []
+    for dt in ["bf16", *DTYPES[1:]]:
+        toks, _ = toy_decoder.generate_cached(model, prompt, dt)
+        same = [a == b for a, b in zip(toks, ref)]
+        first = same.index(False) if False in same else None
+        logits = toy_decoder.cached_logits(model, prompt, ref, dt)
+        diff = np.abs(logits - ref_logits)
+        top2 = np.sort(ref_logits, axis=1)[:, -2:]
+        rows.append(dict(dtype=dt, same_tokens=sum(same), first_divergence=first, max_logit_err=float(diff.max()),
+                         logit_scale=float(np.abs(ref_logits).max()),
+                         min_top2_gap=float((top2[:, 1] - top2[:, 0]).min())))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="8x smaller shapes, 3 rounds")
+    args = ap.parse_args()
+    div, reps = (8, 3) if args.quick else (1, args.reps)
+    res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths()}
+    res["speed"] = speed("a", [4096 // div] * 8, 32, 8, 128, reps) + speed("d", [4096 // div] * 8, 32, 32, 128, reps)
+    res["write"] = write_speed(reps)
+    res["accuracy"] = accuracy(1024 // div)
+    res["toy"] = toy()
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / "bench_quant.json").write_text(json.dumps(res, indent=1))
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA roof | % min roof |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in res["speed"]:
+        print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "
+              f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | {r['bw_roof']:,.0f} | "
+              f"{r['fma_roof']:,.0f} | {100 * r['pct_roof']:.0f}% |")
+    print("\n| write dtype | ms | GB/s of f32 input |\n|---|---|---|")
+    for r in res["write"]:
+        print(f"| {r['dtype']} | {1e3 * r['seconds']:.2f} | {r['input_gbs']:.2f} |")
+    print("\n| data | dtype | max err / out scale | median | max err / bound | median bound / out scale |")
+    print("|---|---|---|---|---|---|")
+    for r in res["accuracy"]:
+        print(f"| {r['data']} | {r['dtype']} | {r['max_err']:.2e} | {r['median_err']:.2e} | "
+              f"{r['max_err_over_bound']:.3f} | {r['median_bound']:.2e} |")
+    print("\n| toy KV dtype | tokens = f32 (of 192) | first divergence | max logit err | logit scale | "
+          "min top-2 gap |\n|---|---|---|---|---|---|")
+    for r in res["toy"]:
+        print(f"| {r['dtype']} | {r['same_tokens']} | {r['first_divergence']} | {r['max_logit_err']:.2e} | "
+              f"{r['logit_scale']:.2f} | {r['min_top2_gap']:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
