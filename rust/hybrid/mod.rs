@@ -21,7 +21,8 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::allocator::BlockAllocator;
 use crate::pool::seq_map::SeqMap;
-use crate::pool::{MAX_BLOCK_SIZE, MAX_SEQ_TOKENS};
+use crate::pool::block_table;
+use crate::pool::MAX_BLOCK_SIZE;
 use crate::prefix_cache::cursor::TokenCursor;
 use crate::types::{BlockId, SeqId};
 use cache::GroupCache;
@@ -263,24 +264,14 @@ impl HybridPool {
         Ok(self.alloc.refcount(b))
     }
 
-    /// `tokens % block_size`, by mask for power-of-two block sizes.
+    /// `tokens % block_size` ([`block_table::offset_in_block`]).
     #[inline]
     pub(crate) fn offset_in_block(&self, tokens: usize) -> usize {
-        let bs = self.block_size;
-        if bs.is_power_of_two() {
-            tokens & (bs - 1)
-        } else {
-            tokens % bs
-        }
+        block_table::offset_in_block(tokens, self.block_size)
     }
 
     pub(crate) fn checked_len(len: usize, n: usize) -> Result<usize> {
-        match len.checked_add(n) {
-            Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
-            _ => Err(invalid!(
-                "num_tokens: a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
-            )),
-        }
+        block_table::checked_len(len, n)
     }
 
     pub(crate) fn ensure_available(&self, requested: usize, gained: usize) -> Result<()> {

@@ -33,8 +33,7 @@ pub mod table_sync;
 
 /// Largest block size accepted, in tokens.
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
-/// Longest sequence, in tokens: lengths are exported as int32.
-pub const MAX_SEQ_TOKENS: usize = i32::MAX as usize;
+pub use block_table::MAX_SEQ_TOKENS;
 
 /// Distinguishes pools, so a table mirror synced from one pool is never trusted for another.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -191,18 +190,10 @@ impl BlockPool {
         Ok(self.alloc.refcount(b))
     }
 
-    /// `tokens % block_size`: the filled slots of the last block of a sequence of `tokens`
-    /// tokens (0 when it is full). Block sizes are almost always powers of two, and a mask
-    /// is far cheaper than the division the decode hot path would otherwise do twice per
-    /// sequence.
+    /// `tokens % block_size` ([`block_table::offset_in_block`]).
     #[inline]
     pub(crate) fn offset_in_block(&self, tokens: usize) -> usize {
-        let bs = self.block_size;
-        if bs.is_power_of_two() {
-            tokens & (bs - 1)
-        } else {
-            tokens % bs
-        }
+        block_table::offset_in_block(tokens, self.block_size)
     }
 
     pub(crate) fn stamp(&mut self) -> u64 {
@@ -219,12 +210,7 @@ impl BlockPool {
     }
 
     pub(crate) fn checked_len(len: usize, n: usize) -> Result<usize> {
-        match len.checked_add(n) {
-            Some(total) if total <= MAX_SEQ_TOKENS => Ok(total),
-            _ => Err(invalid!(
-                "num_tokens: a sequence of {len} tokens cannot grow by {n}: the limit is {MAX_SEQ_TOKENS} tokens"
-            )),
-        }
+        block_table::checked_len(len, n)
     }
 
     /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, and the
