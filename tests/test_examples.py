@@ -126,3 +126,22 @@ def test_video_stream_runs_as_a_script() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "2 videos of 12 frames generated" in proc.stdout and "0 blocks still used" in proc.stdout
+
+
+def test_hf_generate_matches_dynamic_cache_and_frees_the_window() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+
+    ex = _load("hf_generate")
+    out = ex.run()
+    assert torch.equal(out["reference"], out["paged"])
+    cache = out["cache"]
+    bs = 4
+    held = dict(zip((type(g).__name__ for g in cache.pool.groups), cache.pool.stats().group_blocks))
+    # The global layers keep every cached token of every row (prompt + new tokens - 1, the
+    # last token is never fed back); the window layers at most the window's blocks plus one.
+    lens = [len(p) + ex.NEW_TOKENS - 1 for p in ex.PROMPTS]
+    assert held["FullAttention"] == sum(-(-n // bs) for n in lens)
+    window = ex.CONFIG["sliding_window"]
+    assert held["SlidingWindow"] <= len(lens) * (-(-(window - 1) // bs) + 2)
