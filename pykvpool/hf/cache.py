@@ -109,7 +109,9 @@ class PagedKvCache(Cache):
     blocks their window left behind as the rows grow. ``reorder_cache`` (beam search),
     ``batch_repeat_interleave`` and ``batch_select_indices`` fork and free sequences:
     rows that share a history share its blocks (copy-on-write); ``crop`` truncates. One
-    batch per cache: a new batch of prompts needs :meth:`reset` (or a new cache).
+    batch per cache: a new batch of prompts needs :meth:`reset` (or a new cache). The
+    ragged batch of continuous batching (:meth:`schedule`, :meth:`free_sequence`) is the
+    other use, not mixed with rows: sequences join and leave at any step.
 
     Args:
         config: the model's transformers config (its decoder's layer kinds, KV heads,
@@ -241,7 +243,8 @@ class PagedKvCache(Cache):
         Raises:
             InvalidArgumentError: a mask that is not a 2-D padding mask, padding other than
                 on the left of a prompt, or a later pass that does not add the same tokens to
-                every row without padding (a new batch needs :meth:`reset` or a new cache).
+                every row without padding (a new batch needs :meth:`reset` or a new cache);
+                with scheduled sequences, a pass other than the one :meth:`schedule` set.
             PoolExhaustedError: the pool lacks the blocks (nothing allocated).
         """
         if not self._new_forward and self._step is not None:
