@@ -188,8 +188,13 @@ def test_bad_run_arguments_are_refused() -> None:
     b = phf.ContinuousBatcher(build("llama", phf.ATTN_IMPLEMENTATION), num_blocks=8)
     with pytest.raises(pykvpool.InvalidArgumentError, match="prompts"):
         b.run([[3, 4], []], 4)
+    for bad in (97, -1, 2.0, True):
+        with pytest.raises(pykvpool.InvalidArgumentError, match="prompt 1 holds"):
+            b.run([[3, 4], [5, bad]], 4)
     with pytest.raises(pykvpool.InvalidArgumentError, match="max_new_tokens"):
         b.run([[3, 4]], 0)
+    with pytest.raises(pykvpool.InvalidArgumentError, match="eos_token_id"):
+        b.run([[3, 4]], 2, eos_token_id=[5, -2])
     with pytest.raises(pykvpool.InvalidArgumentError, match="temperature"):
         b.run([[3, 4]], 2, temperature=-1.0)
     with pytest.raises(pykvpool.InvalidArgumentError, match="pykvpool"):

@@ -16,6 +16,7 @@ Gemma-2/3).
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,17 @@ class _Request:
         return len(self.tokens) - self.computed
 
 
+def _checked(prompt: Sequence[int], i: int, vocab: int) -> list[int]:
+    """Prompt ``i``'s token ids as ints in ``0..vocab``."""
+    ids = list(prompt)
+    if not ids:
+        raise invalid(f"prompts: prompt {i} is empty")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
+            raise invalid(f"prompts: prompt {i} holds {t!r}, not a token id in 0..{vocab}")
+    return [int(t) for t in ids]
+
+
 class ContinuousBatcher:
     """Serves prompts on ``model`` (a transformers causal LM built or loaded with
     ``attn_implementation="pykvpool"``) with continuous batching over one
@@ -125,18 +137,18 @@ class ContinuousBatcher:
             this run did.
 
         Raises:
-            InvalidArgumentError: an empty prompt, a bad count or temperature.
-            PoolExhaustedError: one sequence alone needs more blocks than the pool has.
+            InvalidArgumentError: an empty prompt, a token id that is no int in
+                ``0..vocab_size``, a bad count, temperature or ``eos_token_id`` (nothing ran).
+            PoolExhaustedError: one sequence alone needs more blocks than the pool has (the
+                cache keeps the sequences of the run until the next run resets it).
         """
         max_new = check_count(max_new_tokens, "max_new_tokens", 1)
         temp = check_positive(temperature, "temperature", zero=True)
-        eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        waiting: deque[_Request] = deque()
-        for i, p in enumerate(prompts):
-            ids = [int(t) for t in p]
-            if not ids:
-                raise invalid(f"prompts: prompt {i} is empty")
-            waiting.append(_Request(i, ids, len(ids)))
+        eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        eos = {check_count(t, "eos_token_id") for t in eos_ids}
+        vocab = int(self.model.config.get_text_config(decoder=True).vocab_size)
+        checked = [_checked(p, i, vocab) for i, p in enumerate(prompts)]
+        waiting = deque(_Request(i, ids, len(ids)) for i, ids in enumerate(checked))
         self.cache.reset()
         self.stats = BatcherStats()
         running: list[_Request] = []
