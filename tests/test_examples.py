@@ -145,3 +145,25 @@ def test_hf_generate_matches_dynamic_cache_and_frees_the_window() -> None:
     assert held["FullAttention"] == sum(-(-n // bs) for n in lens)
     window = ex.CONFIG["sliding_window"]
     assert held["SlidingWindow"] <= len(lens) * (-(-(window - 1) // bs) + 2)
+
+
+def test_hf_continuous_batching_matches_generate_with_preemptions() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+
+    ex = _load("hf_continuous_batching")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model gains nothing from more; OpenMP spinning on a loaded machine costs
+    try:
+        out = ex.run()
+    finally:
+        torch.set_num_threads(threads)
+    assert out["served"] == out["reference"]
+    b = out["batcher"]
+    st = b.stats
+    # The pool holds 20 blocks: too few for all 10 sequences at once, so some were recomputed.
+    assert st.preemptions >= 1 and st.peak_used_blocks <= ex.LIMITS["num_blocks"]
+    assert st.prefill_chunks >= 1 and st.mixed_steps >= 1 and st.max_running <= ex.LIMITS["max_running"]
+    assert st.generated_tokens == len(ex.PROMPT_LENS) * ex.NEW_TOKENS
+    assert b.cache.pool.num_used_blocks == 0 and b.cache.pool.num_seqs == 0

@@ -35,7 +35,9 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention call on a :class:`PagedKvCache`: writes this layer's new
     K/V (``key``/``value`` ``[B, Hkv, T, D]``) to their slots and attends ``query`` ``[B,
-    Hq, T, D]`` over the pages.
+    Hq, T, D]`` over the pages. A scheduled ragged pass (:meth:`PagedKvCache.schedule`)
+    has ``B = 1`` and its sequences' tokens packed along ``T``: one kernel call covers them
+    all (``decode_attention`` when each has one token, else ``prefill_attention``).
 
     Returns:
         ``(out, None)``: ``out`` ``[B, T, Hq, D]`` in ``query``'s dtype (rows of padding
@@ -44,7 +46,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     Raises:
         InvalidArgumentError: no :class:`PagedKvCache` was updated for this layer (the
             model must get one as ``cache``), a window differing from the cache's layout,
-            dropout during training, padding other than on the left of a prompt.
+            dropout during training, padding other than on the left of a prompt, a
+            pass of a ragged batch other than the scheduled one.
     """
     layer = int(getattr(module, "layer_idx", -1))
     cache = active(layer)

@@ -7,6 +7,13 @@ batch as a sequence, and one :class:`KvCache` holds every layer's K/V. transform
 padding mask which tokens are real: left padding is never stored, so a row's positions in
 the pool are its real tokens' (0, 1, ...), while ``get_seq_length`` keeps transformers'
 padded count.
+
+Besides those rows (one batch per cache, as ``generate`` uses it), the cache serves a
+*ragged* batch whose sequences join and leave at any step (:meth:`PagedKvCache.schedule`,
+:meth:`PagedKvCache.free_sequence`): the continuous-batching driver
+(:mod:`pykvpool.hf.serve`) packs every scheduled sequence's new tokens into one row
+``[1, total]`` and the attention function reads the per-sequence query offsets, slots,
+positions and tables of the scheduled step.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy.typing as npt
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from pykvpool._native import HybridPool, KvCache
+from pykvpool._native import HybridPool, KvCache, UnknownSequenceError
 from pykvpool.checks import check_count, invalid
 from pykvpool.hf.layout import ModelLayout, model_layout
 
@@ -45,11 +52,12 @@ class _Step:
 
     def __init__(self, slots: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
                  seq_lens: npt.NDArray[np.int64], tables: list[npt.NDArray[np.int32]], tokens: int,
-                 decode: bool) -> None:
+                 decode: bool, qo_indptr: npt.NDArray[np.int64] | None = None) -> None:
         self.slots, self.positions, self.seq_lens, self.tables = slots, positions, seq_lens, tables
         self.tokens, self.decode = tokens, decode
         rows = len(seq_lens)
-        self.qo_indptr = np.arange(0, rows * tokens + 1, tokens, dtype=np.int64)
+        self.qo_indptr = (np.arange(0, rows * tokens + 1, tokens, dtype=np.int64) if qo_indptr is None
+                          else qo_indptr)
 
 
 class _PagedLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
@@ -101,7 +109,9 @@ class PagedKvCache(Cache):
     blocks their window left behind as the rows grow. ``reorder_cache`` (beam search),
     ``batch_repeat_interleave`` and ``batch_select_indices`` fork and free sequences:
     rows that share a history share its blocks (copy-on-write); ``crop`` truncates. One
-    batch per cache: a new batch of prompts needs :meth:`reset` (or a new cache).
+    batch per cache: a new batch of prompts needs :meth:`reset` (or a new cache). The
+    ragged batch of continuous batching (:meth:`schedule`, :meth:`free_sequence`) is the
+    other use, not mixed with rows: sequences join and leave at any step.
 
     Args:
         config: the model's transformers config (its decoder's layer kinds, KV heads,
@@ -130,6 +140,9 @@ class PagedKvCache(Cache):
         self._next_id = check_count(first_seq_id, "first_seq_id")
         self._new_forward = False
         self._step: _Step | None = None
+        #: Sequences of the ragged batch (:meth:`schedule`), and its scheduled step.
+        self.ragged: set[int] = set()
+        self._scheduled: _Step | None = None
 
     # -- transformers' Cache interface ------------------------------------------------
 
@@ -154,9 +167,10 @@ class PagedKvCache(Cache):
         Raises:
             Nothing (the rows are live sequences of the pool).
         """
-        for s in self.seqs:
+        for s in [*self.seqs, *sorted(self.ragged)]:
             self.pool.free(s)
         self.seqs, self.seen, self._step = [], 0, None
+        self.ragged, self._scheduled = set(), None
 
     def _rebuild(self, parents: list[int]) -> None:
         """New rows: row ``i`` continues ``self.seqs[parents[i]]`` (forks share blocks)."""
@@ -229,11 +243,14 @@ class PagedKvCache(Cache):
         Raises:
             InvalidArgumentError: a mask that is not a 2-D padding mask, padding other than
                 on the left of a prompt, or a later pass that does not add the same tokens to
-                every row without padding (a new batch needs :meth:`reset` or a new cache).
+                every row without padding (a new batch needs :meth:`reset` or a new cache);
+                with scheduled sequences, a pass other than the one :meth:`schedule` set.
             PoolExhaustedError: the pool lacks the blocks (nothing allocated).
         """
         if not self._new_forward and self._step is not None:
             return self._step
+        if self.ragged:
+            return self._take_scheduled(rows, tokens)
         if mask is not None and (mask.ndim != 2 or mask.shape[0] != rows or mask.shape[1] < tokens):
             raise invalid(f"attention_mask: a [batch, tokens] padding mask is needed, got shape {tuple(mask.shape)}")
         valid = np.ones((rows, tokens), dtype=bool) if mask is None else mask[:, -tokens:].cpu().numpy().astype(bool)
@@ -288,6 +305,98 @@ class PagedKvCache(Cache):
             raise
         self.seqs, self._next_id = ids, self._next_id + len(counts)
         return np.concatenate(new, axis=1) if new else np.empty((self.pool.num_groups, 0), dtype=np.int64)
+
+    # -- the ragged batch (continuous batching) -----------------------------------------
+
+    def schedule(self, seq_ids: list[int], num_tokens: list[int]) -> None:
+        """Allocate the next forward pass of the ragged batch: ``num_tokens[i]`` new tokens
+        (a prompt chunk, or 1 to decode) for sequence ``seq_ids[i]``, which joins the batch
+        (an empty sequence of the pool) if it is not in it. The next forward pass must be one
+        row holding these tokens packed in this order (``input_ids`` ``[1, sum(num_tokens)]``,
+        ``position_ids`` their positions, :meth:`positions`); its attention reads the
+        sequences' pages, the earlier tokens and the new ones (causal, windows per layer).
+
+        Atomic: on any error no sequence joined and none grew.
+
+        Args:
+            seq_ids: distinct non-negative sequence ids.
+            num_tokens: tokens per sequence, each >= 1.
+
+        Raises:
+            InvalidArgumentError: lengths differ, a count below 1, a duplicate or negative id,
+                or the cache holds rows of a ``generate`` batch (:meth:`reset` first).
+            PoolExhaustedError: the pool lacks the blocks (nothing allocated).
+        """
+        if self.seqs:
+            raise invalid("seq_ids: the cache holds a generate() batch; reset() it before scheduling sequences")
+        if len(seq_ids) != len(num_tokens) or not seq_ids:
+            raise invalid(f"num_tokens: {len(num_tokens)} counts for {len(seq_ids)} sequences (and at least one)")
+        counts = np.array([check_count(n, "num_tokens", 1) for n in num_tokens], dtype=np.int64)
+        ids = [check_count(s, "seq_ids") for s in seq_ids]
+        if len(set(ids)) != len(ids):
+            raise invalid("seq_ids: an id appears twice")
+        joining = [s for s in ids if s not in self.ragged]
+        for k, s in enumerate(joining):
+            try:
+                self.pool.add_sequence(s, 0)
+            except BaseException:
+                self.pool.free_batch(joining[:k])
+                raise
+        try:
+            before = np.array([self.pool.seq_len(s) for s in ids], dtype=np.int64)
+            slots, cow, _ = self.pool.step(ids, counts)
+        except BaseException:
+            self.pool.free_batch(joining)
+            raise
+        self.kv.copy_blocks(cow)
+        self.ragged.update(joining)
+        self._scheduled = self._ragged_step(ids, before, counts, slots)
+
+    def _ragged_step(self, ids: list[int], before: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
+                     slots: npt.NDArray[np.int64]) -> _Step:
+        """The packed step: query offsets, per-token positions, lengths and tables."""
+        indptr = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        total = int(indptr[-1])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - before, counts)
+        tables = [self.pool.block_tables(ids, g) for g in range(self.pool.num_groups)]
+        return _Step(slots, positions, before + counts, tables, total, decode=bool((counts == 1).all()),
+                     qo_indptr=indptr)
+
+    def positions(self) -> torch.Tensor:
+        """The ``position_ids`` (``[1, tokens]``, int64) of the scheduled pass: each new
+        token's logical position in its sequence.
+
+        Raises:
+            InvalidArgumentError: nothing is scheduled.
+        """
+        if self._scheduled is None:
+            raise invalid("schedule(): no forward pass is scheduled")
+        return torch.from_numpy(self._scheduled.positions.copy()).unsqueeze(0)
+
+    def _take_scheduled(self, rows: int, tokens: int) -> _Step:
+        """The scheduled ragged step, for a forward pass of one row of its tokens (used once)."""
+        step = self._scheduled
+        if step is None:
+            raise invalid("schedule(): the cache serves scheduled sequences; schedule a pass before running one")
+        if rows != 1 or tokens != step.tokens:
+            raise invalid(f"input_ids: the scheduled pass packs {step.tokens} tokens in one row, "
+                          f"the model got [{rows}, {tokens}]")
+        self._step, self._scheduled, self._new_forward = step, None, False
+        return step
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Remove ``seq_id`` from the ragged batch and free its blocks (a finished or
+        preempted sequence). A scheduled pass not run yet is dropped.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not in the ragged batch.
+        """
+        if seq_id not in self.ragged:
+            raise UnknownSequenceError(f"seq_id: {seq_id} is not a scheduled sequence of this cache")
+        self.pool.free(seq_id)
+        self.ragged.discard(seq_id)
+        self._scheduled = None
 
     def nbytes_held(self) -> int:
         """Bytes of K/V storage the rows hold now: used blocks x the bytes of one block id in

@@ -1,0 +1,282 @@
+"""Continuous batching of a transformers causal LM on pykvpool (issue 16).
+
+:class:`ContinuousBatcher` serves a list of prompts the way a serving engine does, on one
+:class:`PagedKvCache`: every step packs the new tokens of all running sequences into one
+forward pass (``input_ids`` ``[1, total]``, a position per token, no padding): a prompt
+chunk of each sequence still in prefill (chunked prefill) beside one token of each
+sequence decoding. Waiting prompts are admitted in order while the step has room (running
+slots, tokens) and the pool has the blocks; when the pool runs out, the most recently
+admitted running sequence is preempted by recompute (its blocks freed, its prompt and
+generated tokens queued again in front); a sequence that ends (EOS or ``max_new_tokens``)
+frees its blocks at once. Attention runs on pykvpool's kernels through
+``attn_implementation="pykvpool"`` (``prefill_attention`` on the ragged pass,
+``decode_attention`` when every sequence decodes), windows per layer group (Mistral,
+Gemma-2/3).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pykvpool._native import PoolExhaustedError
+from pykvpool.checks import check_count, check_positive, invalid
+from pykvpool.hf.attention import ATTN_IMPLEMENTATION
+from pykvpool.hf.cache import PagedKvCache
+
+__all__ = ["BatcherStats", "ContinuousBatcher", "generate_continuous"]
+
+
+@dataclass
+class BatcherStats:
+    """What a :meth:`ContinuousBatcher.run` did.
+
+    Attributes:
+        steps: forward passes.
+        forward_tokens: tokens fed to the model over all passes (recomputed ones included).
+        generated_tokens: tokens sampled (the outputs' total length).
+        prefill_chunks: prompt chunks fed that did not reach the end of their prompt (each a
+            split of a prompt by ``chunk_size`` or ``max_batched_tokens``).
+        mixed_steps: passes holding both prompt tokens and decode tokens.
+        preemptions: sequences preempted by recompute (blocks freed, requeued).
+        max_running: most sequences in one pass.
+        peak_used_blocks: most pool blocks in use after a pass was allocated.
+    """
+
+    steps: int = 0
+    forward_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_chunks: int = 0
+    mixed_steps: int = 0
+    preemptions: int = 0
+    max_running: int = 0
+    peak_used_blocks: int = 0
+
+
+@dataclass
+class _Request:
+    """One prompt's state: its tokens so far (prompt + generated) and how many are cached."""
+
+    index: int
+    tokens: list[int]
+    prompt_len: int
+    computed: int = 0
+    out: list[int] = field(default_factory=list)
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.computed
+
+
+def _checked(prompt: Sequence[int], i: int, vocab: int) -> list[int]:
+    """Prompt ``i``'s token ids as ints in ``0..vocab``."""
+    ids = list(prompt)
+    if not ids:
+        raise invalid(f"prompts: prompt {i} is empty")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
+            raise invalid(f"prompts: prompt {i} holds {t!r}, not a token id in 0..{vocab}")
+    return [int(t) for t in ids]
+
+
+class ContinuousBatcher:
+    """Serves prompts on ``model`` (a transformers causal LM built or loaded with
+    ``attn_implementation="pykvpool"``) with continuous batching over one
+    :class:`PagedKvCache` (``num_blocks`` blocks of ``block_size`` tokens).
+
+    Args:
+        model: the causal LM (its forward takes ``input_ids``, ``position_ids``, ``cache``
+            and ``logits_to_keep``, as transformers' decoder models do).
+        num_blocks: blocks of the pool, >= 1.
+        block_size: tokens per block, >= 1 (default 16).
+        max_running: sequences in one pass at most (default 64), >= 1.
+        max_batched_tokens: tokens in one pass at most (default 512), >= 1.
+        chunk_size: prompt tokens of one sequence in one pass at most (default 256), >= 1.
+        kv_dtype: the cache's storage, ``"f32"``, ``"f16"`` or ``"bf16"``; default ``"bf16"``
+            for a bf16 model, else ``"f32"``.
+
+    Raises:
+        InvalidArgumentError: a bad count, a model not run with
+            ``attn_implementation="pykvpool"``, a layer kind the pool does not store.
+    """
+
+    def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
+                 max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None) -> None:
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl != ATTN_IMPLEMENTATION:
+            raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
+        self.max_running = check_count(max_running, "max_running", 1)
+        self.max_batched_tokens = check_count(max_batched_tokens, "max_batched_tokens", 1)
+        self.chunk_size = check_count(chunk_size, "chunk_size", 1)
+        if kv_dtype is None:
+            kv_dtype = "bf16" if model.dtype == torch.bfloat16 else "f32"
+        self.model = model
+        self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
+        self.stats = BatcherStats()
+
+    def run(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+            eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
+            generator: torch.Generator | None = None) -> list[list[int]]:
+        """Generate up to ``max_new_tokens`` tokens for every prompt.
+
+        Args:
+            prompts: token ids per prompt, each at least 1 token.
+            max_new_tokens: tokens to generate per prompt, >= 1.
+            eos_token_id: token(s) that end a sequence (kept in its output); None: none.
+            temperature: 0 (default) for greedy decoding, else sampling from
+                ``softmax(logits / temperature)`` with ``generator``.
+            generator: the torch generator of the samples (sampling only).
+
+        Returns:
+            The generated tokens of each prompt, in prompt order. :attr:`stats` holds what
+            this run did.
+
+        Raises:
+            InvalidArgumentError: an empty prompt, a token id that is no int in
+                ``0..vocab_size``, a bad count, temperature or ``eos_token_id`` (nothing ran).
+            PoolExhaustedError: one sequence alone needs more blocks than the pool has (the
+                cache keeps the sequences of the run until the next run resets it).
+        """
+        max_new = check_count(max_new_tokens, "max_new_tokens", 1)
+        temp = check_positive(temperature, "temperature", zero=True)
+        eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        eos = {check_count(t, "eos_token_id") for t in eos_ids}
+        vocab = int(self.model.config.get_text_config(decoder=True).vocab_size)
+        checked = [_checked(p, i, vocab) for i, p in enumerate(prompts)]
+        waiting = deque(_Request(i, ids, len(ids)) for i, ids in enumerate(checked))
+        self.cache.reset()
+        self.stats = BatcherStats()
+        running: list[_Request] = []
+        outputs: list[list[int]] = [[] for _ in waiting]
+        with torch.inference_mode():
+            while waiting or running:
+                plan = self._plan(running, waiting)
+                logits = self._forward(plan)
+                for r in self._advance(plan, running, logits, temp, generator):
+                    if r.out[-1] in eos or len(r.out) >= max_new:
+                        outputs[r.index] = r.out
+                        running.remove(r)
+                        self.cache.free_sequence(r.index)
+        return outputs
+
+    def _plan(self, running: list[_Request], waiting: deque[_Request]) -> list[tuple[_Request, int]]:
+        """This pass's ``(request, tokens)``: running sequences first (in admission order),
+        then admissions; allocated in the cache, preempting the latest admitted when the
+        pool is short."""
+        while True:
+            budget = self.max_batched_tokens
+            plan: list[tuple[_Request, int]] = []
+            for r in running:
+                n = min(r.pending, self.chunk_size, budget)
+                if n:
+                    plan.append((r, n))
+                    budget -= n
+            admitted = 0
+            while admitted < len(waiting) and budget and len(running) + admitted < self.max_running:
+                w = waiting[admitted]
+                n = min(w.pending, self.chunk_size, budget)
+                plan.append((w, n))
+                budget -= n
+                admitted += 1
+            scheduled = self._allocate(plan, running, waiting, admitted)
+            if scheduled is not None:
+                return scheduled
+
+    def _allocate(self, plan: list[tuple[_Request, int]], running: list[_Request], waiting: deque[_Request],
+                  admitted: int) -> list[tuple[_Request, int]] | None:
+        """Schedule ``plan`` (its last ``admitted`` entries new requests) in the cache; on a
+        short pool drop admissions from the end, then preempt the latest running sequence
+        and report None (plan again). Returns the plan scheduled."""
+        while True:
+            try:
+                self.cache.schedule([r.index for r, _ in plan], [n for _, n in plan])
+                break
+            except PoolExhaustedError:
+                if admitted and len(plan) > 1:
+                    plan, admitted = plan[:-1], admitted - 1
+                    continue
+                if len(running) > 1:
+                    self._preempt(running, waiting)
+                    return None
+                raise
+        for _ in range(admitted):
+            running.append(waiting.popleft())
+        return plan
+
+    def _preempt(self, running: list[_Request], waiting: deque[_Request]) -> None:
+        """Preempt by recompute the latest admitted running sequence: free its blocks and queue
+        it first, its prompt and generated tokens to be prefilled again."""
+        victim = running.pop()
+        self.cache.free_sequence(victim.index)
+        victim.computed = 0
+        waiting.appendleft(victim)
+        self.stats.preemptions += 1
+
+    def _forward(self, plan: list[tuple[_Request, int]]) -> torch.Tensor:
+        """Run the model on the plan's packed tokens; the logits of each sequence whose pass
+        reaches its last known token, ``[k, vocab]`` float32, in plan order."""
+        ids: list[int] = []
+        last: list[int] = []
+        for r, n in plan:
+            ids += r.tokens[r.computed:r.computed + n]
+            if r.computed + n == len(r.tokens):
+                last.append(len(ids) - 1)
+        st = self.stats
+        st.steps += 1
+        st.forward_tokens += len(ids)
+        st.max_running = max(st.max_running, len(plan))
+        st.peak_used_blocks = max(st.peak_used_blocks, self.cache.pool.num_used_blocks)
+        prompt = [r.computed < r.prompt_len or r.pending > 1 for r, _ in plan]
+        st.mixed_steps += int(any(prompt) and not all(prompt))
+        st.prefill_chunks += sum(r.computed + n < len(r.tokens) for r, n in plan)
+        out = self.model(input_ids=torch.tensor([ids], dtype=torch.long), position_ids=self.cache.positions(),
+                         cache=self.cache, use_cache=True, logits_to_keep=torch.tensor(last, dtype=torch.long))
+        self.cache.pool.mark_computed([r.index for r, _ in plan])
+        logits: torch.Tensor = out.logits[0].float()
+        return logits
+
+    def _advance(self, plan: list[tuple[_Request, int]], running: list[_Request], logits: torch.Tensor,
+                 temp: float, generator: torch.Generator | None) -> list[_Request]:
+        """Count the pass's tokens as cached; sample the next token of each sequence the pass
+        completed. Returns those sequences."""
+        done = []
+        for r, n in plan:
+            r.computed += n
+            if r.computed == len(r.tokens):
+                done.append(r)
+        if temp == 0.0:
+            new = logits.argmax(dim=-1).tolist()
+        else:
+            probs = torch.softmax(logits / temp, dim=-1)
+            new = torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()
+        for r, t in zip(done, new):
+            r.tokens.append(int(t))
+            r.out.append(int(t))
+        self.stats.generated_tokens += len(done)
+        return done
+
+
+def generate_continuous(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, num_blocks: int,
+                        block_size: int = 16, max_running: int = 64, max_batched_tokens: int = 512,
+                        chunk_size: int = 256, eos_token_id: int | Sequence[int] | None = None,
+                        kv_dtype: str | None = None) -> tuple[list[list[int]], BatcherStats]:
+    """Greedy generation of ``max_new_tokens`` tokens (fewer at ``eos_token_id``) for each
+    prompt with a :class:`ContinuousBatcher` (see it for the arguments).
+
+    Returns:
+        ``(outputs, stats)``: the generated tokens per prompt, in prompt order, and the
+        run's :class:`BatcherStats`.
+
+    Raises:
+        InvalidArgumentError: as :class:`ContinuousBatcher` and :meth:`ContinuousBatcher.run`.
+        PoolExhaustedError: one sequence alone needs more blocks than the pool has.
+    """
+    batcher = ContinuousBatcher(model, num_blocks=num_blocks, block_size=block_size, max_running=max_running,
+                                max_batched_tokens=max_batched_tokens, chunk_size=chunk_size, kv_dtype=kv_dtype)
+    outputs = batcher.run(prompts, max_new_tokens, eos_token_id=eos_token_id)
+    return outputs, batcher.stats
