@@ -118,14 +118,13 @@ def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
     """The Pareto frontier of cost against sustained rate for ``slo``: rows that sustain a
     rate > 0 and that no row of lower or equal cost beats, by increasing cost (ties: the
     first row in order)."""
-    ok = [r for r in rows if r.get(f"{slo}_state") == "ok"]
-    ok.sort(key=lambda r: r["cost"])
+    ok = [(r["cost"], -r[f"{slo}_rate"], i, r) for i, r in enumerate(rows) if r.get(f"{slo}_state") == "ok"]
     out: list[Row] = []
     best = 0.0
-    for r in ok:
-        if r[f"{slo}_rate"] > best and not (out and out[-1]["cost"] == r["cost"]):
+    for _, neg_rate, _, r in sorted(ok, key=lambda t: t[:3]):
+        if -neg_rate > best:
             out.append(r)
-            best = r[f"{slo}_rate"]
+            best = -neg_rate
     return out
 
 
