@@ -132,7 +132,8 @@ def main() -> None:
         ratios.append(t["r"] / t["p"])
     q1, q3 = np.percentile(ratios, [25, 75]) if ratios else (float("nan"), float("nan"))
     out.update({"ray_over_process_ratios": ratios, "ray_over_process_median": statistics.median(ratios),
-                "ray_over_process_iqr": [float(q1), float(q3)], "ray_over_process_1000": out["ray2_s"] / out["process2_s"]})
+                "ray_over_process_iqr": [float(q1), float(q3)],
+                "ray_over_process_1000": out["ray2_s"] / out["process2_s"]})
     Path("benches/out").mkdir(parents=True, exist_ok=True)
     Path("benches/out/bench_search.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))

@@ -5,6 +5,8 @@ tests/test_search_backends.py, the command line in tests/test_search_cli.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pykvpool import InvalidArgumentError
@@ -27,7 +29,8 @@ def azure(n: int) -> sim.Workload:
 
 
 def go(w: sim.Workload, space: ds.SearchSpace, slos: list[ds.SLO], **kw: object) -> ds.SearchResult:
-    return ds.search(w, kw.pop("model", LLAMA), space, slos, backend=INLINE, progress=None, **kw)  # type: ignore[arg-type]
+    model: Any = kw.pop("model", LLAMA)
+    return ds.search(w, model, space, slos, backend=INLINE, progress=None, **kw)  # type: ignore[arg-type]
 
 
 def test_slo_meets_each_bound_and_needs_every_request_finished() -> None:

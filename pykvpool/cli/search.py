@@ -142,7 +142,8 @@ def _workload(args: argparse.Namespace) -> Workload:
     if not os.path.exists(path):
         raise InvalidArgumentError(f"{path}: no such file, nor a trace shipped with pykvpool "
                                    f"({', '.join(sorted(NAMED_TRACES))})")
-    return traces.load_file(path, args.columns, limit=args.limit, seed=args.seed, output=(args.output[0], args.output[1]))
+    return traces.load_file(path, args.columns, limit=args.limit, seed=args.seed,
+                            output=(args.output[0], args.output[1]))
 
 
 def _slos(args: argparse.Namespace) -> list[SLO]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from pykvpool.checks import invalid
-from pykvpool.search.evaluate import SearchSpec, evaluate_batch
+from pykvpool.search.evaluate import SearchSpec, evaluate_batch, make_batches
 from pykvpool.search.space import Point
 
-__all__ = ["BACKENDS", "Backend", "make_batches", "run_chains"]
+__all__ = ["BACKENDS", "Backend", "run_chains"]
 
 #: Backend kinds.
 BACKENDS = ("inline", "process", "ray")
@@ -62,7 +62,11 @@ class Backend:
             raise invalid("ray_address needs the ray backend")
 
     def parallelism(self) -> int:
-        """Workers this backend runs at once on this machine (a joined cluster: unknown, 1)."""
+        """Workers this backend runs at once on this machine (None: every core).
+
+        Raises:
+            Nothing: ``workers`` was checked at construction.
+        """
         return self.workers or os.cpu_count() or 1
 
 
@@ -115,22 +119,3 @@ def _run_process(spec: SearchSpec, batches: list[Batch], backend: Backend, on_ro
         finally:
             for f in pending:
                 f.cancel()
-
-
-def make_batches(chains: list[list[Point]], parallelism: int, max_points: int = 64) -> list[Batch]:
-    """Chains grouped into batches: about four batches per worker (so the load balances),
-    each of at most ``max_points`` points unless one chain is longer; order kept."""
-    total = sum(len(c) for c in chains)
-    per = max(1, min(max_points, -(-total // max(4 * parallelism, 1))))
-    out: list[Batch] = []
-    cur: Batch = []
-    size = 0
-    for c in chains:
-        if cur and size + len(c) > per:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(c)
-        size += len(c)
-    if cur:
-        out.append(cur)
-    return out

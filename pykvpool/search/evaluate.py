@@ -27,7 +27,7 @@ from pykvpool.search.space import Point
 from pykvpool.simulate.engine import SchedulerConfig, SimConfig, Workload, kv_blocks_for_memory, run
 from pykvpool.simulate.sweep import at_rate
 
-__all__ = ["METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_chain", "evaluate_batch"]
+__all__ = ["METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch", "evaluate_chain", "make_batches"]
 
 #: Strategies: every rung of every point, or the pruned search.
 STRATEGIES = ("grid", "pruned")
@@ -55,7 +55,11 @@ class SearchSpec:
 
 def replica_hardware(hw: Hardware, devices: int) -> Hardware:
     """``devices`` devices as one tensor-parallel replica: memory, bandwidth and FLOP/s
-    multiplied (ideal scaling, no communication time)."""
+    multiplied (ideal scaling, no communication time).
+
+    Raises:
+        Nothing: arithmetic on a validated preset.
+    """
     if devices == 1:
         return hw
     return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * devices, hw.bandwidth * devices,
@@ -82,8 +86,9 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
         if blocks < 1:
             raise BudgetError(f"{point.devices} x {point.hardware} leaves no KV block of {bs} tokens for "
                               f"{model.name}", needed_bytes=0, available_bytes=max(led.kv_budget_bytes, 0))
+    preemption: Any = point.preemption
     sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
-                            chunked_prefill=point.chunked_prefill, preemption=point.preemption,  # type: ignore[arg-type]
+                            chunked_prefill=point.chunked_prefill, preemption=preemption,
                             host_blocks=blocks if point.preemption == "swap" else 0)
     cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
                     eviction=point.eviction, record_steps=False, groups=groups)  # type: ignore[arg-type]
@@ -93,7 +98,11 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
 def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint: Optional[int]) -> int:
     """The highest rung below the first failing one (-1: the lowest fails). ``grid`` tries
     every rung; ``pruned`` bisects (first probing ``hint``), exact when meeting the SLO
-    is monotone in the rate."""
+    is monotone in the rate.
+
+    Raises:
+        Whatever ``meets`` raises.
+    """
     if strategy == "grid":
         ok = [meets(i) for i in range(rungs)]
         k = -1
@@ -141,7 +150,13 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point]) -> list[dict[str, Any]]
     ``num_blocks``, ``status`` (``ok`` or why it cannot run), ``sims`` (runs made) and per
     SLO ``<slo>_state`` (``ok``; ``none``: not even the lowest rung; ``dominated``: pruned,
     not simulated; ``infeasible``), ``<slo>_rate`` (sustained, req/s), ``<slo>_objective``
-    and the :data:`METRICS` at that rate."""
+    and the :data:`METRICS` at that rate. A point whose weights do not fit is a row
+    with ``status`` ``infeasible: ...`` and no run.
+
+    Raises:
+        InvalidArgumentError: a configuration the simulator refuses, a hardware without a
+            price under ``per_dollar``.
+    """
     rows: list[dict[str, Any]] = []
     hints: dict[str, Optional[int]] = {s.name: None for s in spec.slos}
     best: dict[str, float] = {s.name: 0.0 for s in spec.slos}
@@ -172,10 +187,41 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point]) -> list[dict[str, Any]]
 
 
 def evaluate_batch(spec: SearchSpec, chains: list[list[Point]]) -> list[dict[str, Any]]:
-    """Rows of several chains (one backend task), chain after chain."""
+    """Rows of several chains (one backend task), chain after chain.
+
+    Raises:
+        InvalidArgumentError: as :func:`evaluate_chain`.
+    """
     return [row for chain in chains for row in evaluate_chain(spec, chain)]
 
 
+def make_batches(chains: list[list[Point]], parallelism: int, max_points: int = 64) -> list[list[list[Point]]]:
+    """Chains grouped into batches: about four batches per worker (so the load balances),
+    each of at most ``max_points`` points unless one chain is longer; order kept.
+
+    Raises:
+        Nothing: plain bookkeeping on lists.
+    """
+    total = sum(len(c) for c in chains)
+    per = max(1, min(max_points, -(-total // max(4 * parallelism, 1))))
+    out: list[list[list[Point]]] = []
+    cur: list[list[Point]] = []
+    size = 0
+    for c in chains:
+        if cur and size + len(c) > per:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(c)
+        size += len(c)
+    if cur:
+        out.append(cur)
+    return out
+
+
 def with_strategy(spec: SearchSpec, strategy: str) -> SearchSpec:
-    """``spec`` with another strategy."""
+    """``spec`` with another strategy.
+
+    Raises:
+        Nothing: a dataclass copy.
+    """
     return dataclasses.replace(spec, strategy=strategy)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -33,7 +34,11 @@ Row = dict[str, Any]
 
 
 def fingerprint(spec: SearchSpec) -> str:
-    """A SHA-256 over everything a row depends on except the point (hex)."""
+    """A SHA-256 over everything a row depends on except the point (hex).
+
+    Raises:
+        Nothing: hashing of validated inputs.
+    """
     h = hashlib.sha256()
     w = spec.workload
     for name in ("arrival", "prompt_len", "output_len", "priority", "token_ids", "token_offsets", "block_keys",
@@ -95,7 +100,11 @@ class ResultStore:
                 f.truncate(good)
 
     def append(self, rows: Sequence[Row]) -> None:
-        """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS."""
+        """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS.
+
+        Raises:
+            OSError: the log cannot be written.
+        """
         with open(self.log, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(_plain(r)) + "\n" for r in rows))
         for r in rows:
@@ -117,7 +126,11 @@ def _plain(row: Row) -> Row:
 def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
     """The Pareto frontier of cost against sustained rate for ``slo``: rows that sustain a
     rate > 0 and that no row of lower or equal cost beats, by increasing cost (ties: the
-    first row in order)."""
+    first row in order).
+
+    Raises:
+        KeyError: a row without ``cost`` or the SLO's columns.
+    """
     ok = [(r["cost"], -r[f"{slo}_rate"], i, r) for i, r in enumerate(rows) if r.get(f"{slo}_state") == "ok"]
     out: list[Row] = []
     best = 0.0
@@ -130,7 +143,11 @@ def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
 
 def best_points(rows: Sequence[Row], slos: Sequence[str]) -> dict[str, Optional[Row]]:
     """Per SLO, the row of highest objective (ties: lower cost, then the first in order),
-    or None when no row sustains any rate."""
+    or None when no row sustains any rate.
+
+    Raises:
+        KeyError: a row without ``cost`` or an SLO's columns.
+    """
     out: dict[str, Optional[Row]] = {}
     for s in slos:
         cands = [(r[f"{s}_objective"], -r["cost"], -i, r) for i, r in enumerate(rows)
@@ -158,9 +175,9 @@ def write_tables(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
     _csv(paths[2], ["slo", *cols], front)
     best = {"best": best_points(rows, slos), **(extra or {})}
     paths[3].write_text(json.dumps(best, indent=1), encoding="utf-8")
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    try:  # optional (the ray extra), untyped: through importlib
+        pa: Any = importlib.import_module("pyarrow")
+        pq: Any = importlib.import_module("pyarrow.parquet")
     except ImportError:
         return paths
     table = pa.Table.from_pylist(rows) if rows else pa.table({"key": pa.array([], pa.string())})

@@ -9,9 +9,11 @@ disconnects). Workers of a joined cluster must have the same pykvpool installed.
 
 from __future__ import annotations
 
+import importlib
+import logging
 from typing import Any, Callable, Optional
 
-from pykvpool.search.evaluate import SearchSpec, evaluate_batch
+from pykvpool.search.evaluate import SearchSpec, evaluate_batch, make_batches
 from pykvpool.search.space import Point
 
 __all__ = ["run_ray"]
@@ -32,16 +34,14 @@ def run_ray(spec: SearchSpec, chains: list[list[Point]], workers: Optional[int],
         ImportError: Ray is not installed (``pip install pykvpool[ray]``).
         ConnectionError: no cluster at ``address`` (from Ray).
     """
-    import ray
-
-    from pykvpool.search.backends import make_batches
+    ray: Any = importlib.import_module("ray")  # optional (the ray extra), untyped
 
     started = not ray.is_initialized()
     if started:
         if address is None:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         else:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         remote = ray.remote(num_cpus=1)(_ray_batch)

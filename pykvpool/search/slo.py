@@ -61,7 +61,11 @@ class SLO:
 
     def meets(self, summary: Mapping[str, Any], num_requests: int) -> bool:
         """Whether a run's summary (:attr:`pykvpool.simulate.SimulationResult.summary`) of a
-        workload of ``num_requests`` requests meets every bound (a missing statistic fails)."""
+        workload of ``num_requests`` requests meets every bound (a missing statistic fails).
+
+        Raises:
+            TypeError: a statistic that is not a number.
+        """
         if summary.get("finished") != num_requests:
             return False
         for key, bound in (("ttft_p99", self.ttft_p99), ("tpot_p50", self.tpot_p50), ("tpot_p99", self.tpot_p99)):
@@ -95,7 +99,11 @@ class RateLadder:
             raise invalid(f"steps must be <= 1000, got {self.steps}")
 
     def rates(self) -> tuple[float, ...]:
-        """The rungs, requests/s, increasing."""
+        """The rungs, requests/s, increasing.
+
+        Raises:
+            Nothing: the fields were checked at construction.
+        """
         if self.steps == 1:
             return (float(self.lo),)
         r = math.log(self.hi / self.lo) / (self.steps - 1)
@@ -140,10 +148,18 @@ class Objective:
         return devices * self.prices[hardware]
 
     def value(self, rate: float, cost: float) -> float:
-        """The objective of a sustained ``rate`` (requests/s) at ``cost``."""
+        """The objective of a sustained ``rate`` (requests/s) at ``cost``.
+
+        Raises:
+            ZeroDivisionError: ``cost`` 0 (:meth:`cost` never returns it).
+        """
         return rate / cost if self.kind == "per_device" else rate * 3600.0 / cost
 
     @property
     def unit(self) -> str:
-        """The objective's unit, for tables and axes."""
+        """The objective's unit, for tables and axes.
+
+        Raises:
+            Nothing: one of two strings.
+        """
         return "req/s per device" if self.kind == "per_device" else "requests per $"

@@ -61,7 +61,12 @@ class Point:
     layer_groups: bool
 
     def key(self) -> str:
-        """A stable, readable identity, e.g. ``a100-80gb-sxm|x1|bf16|b16|r256|t8192|chunked|recompute|-|flat``."""
+        """A stable, readable identity, e.g.
+        ``a100-80gb-sxm|x1|bf16|b16|r256|t8192|chunked|recompute|-|flat``.
+
+        Raises:
+            Nothing: string formatting.
+        """
         cache = f"cache-{self.eviction}" if self.prefix_caching else "-"
         return "|".join([self.hardware, f"x{self.devices}", self.kv_dtype, f"b{self.block_size}",
                          f"r{self.max_running}", f"t{self.max_batched_tokens}",
@@ -69,11 +74,19 @@ class Point:
                          "groups" if self.layer_groups else "flat"])
 
     def chain_key(self) -> str:
-        """The key without the device count: points differing only in devices form one chain."""
+        """The key without the device count: points differing only in devices form one chain.
+
+        Raises:
+            Nothing: string formatting.
+        """
         return self.key().replace(f"|x{self.devices}|", "|", 1)
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (column name -> value)."""
+        """The fields as a plain dict (column name -> value).
+
+        Raises:
+            Nothing: a copy of the fields.
+        """
         return asdict(self)
 
 
@@ -166,7 +179,11 @@ class SearchSpace:
             raise invalid(f"the space holds {self.size():,} points, more than {MAX_POINTS:,}")
 
     def size(self) -> int:
-        """Points of the full product, before the rules of :meth:`points` drop any."""
+        """Points of the full product, before the rules of :meth:`points` drop any.
+
+        Raises:
+            Nothing: arithmetic on checked axes.
+        """
         return math.prod(len(getattr(self, f.name)) for f in fields(self))
 
     def points(self, model: ModelConfig, prefix_workload: bool) -> list[Point]:
@@ -177,6 +194,9 @@ class SearchSpace:
         prefix caching (``eviction[0]`` otherwise); layer groups only for a windowed model
         (``model.windowed``: otherwise one group, the same pool) and never with prefix
         caching or swap (the simulator refuses the pairs).
+
+        Raises:
+            Nothing: the axes were checked at construction.
         """
         out: list[Point] = []
         for hw in self.hardware:

@@ -58,7 +58,11 @@ class SearchResult:
 
 
 def chains_of(points: Sequence[Point]) -> list[list[Point]]:
-    """Points grouped by :meth:`Point.chain_key` (first-seen order), each chain by devices."""
+    """Points grouped by :meth:`Point.chain_key` (first-seen order), each chain by devices.
+
+    Raises:
+        Nothing: bookkeeping on a list.
+    """
     groups: dict[str, list[Point]] = {}
     for p in points:
         groups.setdefault(p.chain_key(), []).append(p)
