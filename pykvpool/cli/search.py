@@ -222,7 +222,10 @@ def main_search(args: argparse.Namespace) -> int:
         print(f"SLO {s.name}: best {b['key']}: {b[s.name + '_rate']:.3g} req/s sustained, "
               f"{b[s.name + '_objective']:.4g} {objective.unit}; ttft p99 {_fmt(b[s.name + '_ttft_p99'])} s, "
               f"tpot p50/p99 {_fmt(b[s.name + '_tpot_p50'])}/{_fmt(b[s.name + '_tpot_p99'])} s, "
-              f"{_fmt(b[s.name + '_output_throughput'], 4)} tok/s; frontier of {len(res.frontier[s.name])} points")
+              f"{_fmt(b[s.name + '_output_throughput'], 4)} tok/s; frontier: {len(res.frontier[s.name])} points")
+        if b[s.name + "_rate"] >= args.rates.rates()[-1]:
+            print(f"pykvpool: warning: SLO {s.name}: the best point sustains the top rate ({args.rates.hi:g} req/s); "
+                  "raise --rates HI to tell the best ones apart", file=sys.stderr)
     if not args.no_figures:
         from pykvpool.search.figures import draw_figures
 

@@ -27,7 +27,7 @@ def _frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str, p
         ax.set_xlabel(cost_unit)
         ax.set_ylabel("sustained rate (req/s)")
         ax.set_title(f"SLO {s}")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     save(fig, path)
 
 
