@@ -14,8 +14,9 @@ from pykvpool import search as ds
 from pykvpool import simulate as sim
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.models import model_preset
-from pykvpool.search.evaluate import sustained_rung
+from pykvpool.search.evaluate import make_batches, sustained_rung
 from pykvpool.search.output import best_points, frontier
+from pykvpool.search.strategies import chains_of
 from pykvpool.simulate import traces
 from pykvpool.simulate.sweep import at_rate
 from pykvpool.tracefile import named_trace_path
@@ -218,3 +219,14 @@ def test_argument_errors() -> None:
         go(w.head(0), ds.SearchSpace(), [ds.SLO()])
     with pytest.raises(InvalidArgumentError, match="no price for hardware"):
         go(w, ds.SearchSpace(), [ds.SLO()], objective=ds.Objective("per_dollar", {"h100-sxm": 1.0}))
+
+
+def test_batches_keep_chains_whole_and_in_order() -> None:
+    points = ds.SearchSpace(devices=(1, 2, 4), max_running=tuple(range(1, 31))).points(LLAMA, False)
+    chains = chains_of(points)
+    assert len(chains) == 30 and all([p.devices for p in c] == [1, 2, 4] for c in chains)
+    for workers, cap in ((1, 64), (2, 64), (64, 64), (1, 5)):
+        batches = make_batches(chains, workers, cap)
+        assert [c for b in batches for c in b] == chains
+        assert all(sum(len(c) for c in b) <= max(cap, 3) for b in batches)
+        assert len(batches) >= min(4 * workers, 30) or cap * len(batches) >= 90
