@@ -12,7 +12,6 @@ row is the same on every backend and in every run.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -217,11 +216,3 @@ def make_batches(chains: list[list[Point]], parallelism: int, max_points: int = 
         out.append(cur)
     return out
 
-
-def with_strategy(spec: SearchSpec, strategy: str) -> SearchSpec:
-    """``spec`` with another strategy.
-
-    Raises:
-        Nothing: a dataclass copy.
-    """
-    return dataclasses.replace(spec, strategy=strategy)

@@ -35,7 +35,7 @@ def _rates_figure(rows: Sequence[Row], slos: Sequence[str], path: Path) -> None:
     fig, axes = subplots(len(slos), (5.0 * len(slos), 4.0))
     for ax, s in zip(axes, slos):
         rates = sorted((r[f"{s}_rate"] for r in rows if r.get(f"{s}_state") in ("ok", "none")), reverse=True)
-        ax.bar(range(len(rates)), rates, width=1.0, color="#1f4e79")
+        ax.bar(range(len(rates)), rates, width=0.9 if len(rates) <= 100 else 1.0, color="#1f4e79")
         ax.set_xlabel("configurations, by sustained rate")
         ax.set_ylabel("sustained rate (req/s)")
         ax.set_title(f"SLO {s}: {len(rates)} simulated configurations")
