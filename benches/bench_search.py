@@ -7,16 +7,18 @@ The space (1,000 points, one chain per 2 device counts): A100-80GB and H100 SXM 
 devices x KV bf16 or fp8 x block sizes 8..128 x ``max_running`` 32..512 x
 ``max_batched_tokens`` 1,024..16,384. SLO: p99 TTFT 2 s, p99 TPOT 0.1 s; rates 0.5..64
 req/s in 22 log-spaced rungs; the pruned strategy (bisection per point, hints along
-devices). ``--limit`` requests of the trace (default 500: the first 500 of 19,366; the
-full trace costs about 40x more per simulation, measured by ``sim_seconds`` below).
+devices). ``--limit`` requests of the trace (default 1000: the first 1,000 of 19,366; the
+full trace costs about 15x more per simulation, measured by ``sim_seconds`` below).
 
 Each search runs end to end (``pykvpool.search.search``: pool or Ray start included, Ray's
 ``init`` also timed alone). The overhead ratio is measured in ``--rounds`` extra rounds
 of a ``--ratio-configs`` slice, process pool (2 workers) and Ray (2 CPUs) back to back in
 alternating order: the median of the per-round ratios and their IQR.
 
-Run: ``python benches/bench_search.py [--configs 1000] [--limit 500] [--rounds 3]``;
-writes ``benches/out/bench_search.json`` and prints the figures.
+Run: ``python benches/bench_search.py [--configs 1000] [--limit 1000] [--rounds 3]``, or
+``--ratios-only --warm [--ratio-configs 400]`` for the overhead rounds alone on a Ray
+started before the timer (its start timed apart); writes ``benches/out/bench_search.json``
+(``bench_search_warm.json``) and prints the figures.
 """
 
 from __future__ import annotations
@@ -100,17 +102,8 @@ def sim_seconds(w: Any, full: Any, reps: int = 3) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", type=int, default=1000)
-    ap.add_argument("--limit", type=int, default=500)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ratio-configs", type=int, default=200)
-    args = ap.parse_args()
-    full = traces.load_file(named_trace_path("azure-conv"))
-    w = full.head(args.limit)
-    space = sliced(args.configs)
-    out: dict[str, Any] = {"requests": len(w), "points": len(space.points(model_preset("llama-3-8b"), False))}
+def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> None:
+    """The search on the process pool (1, 2 workers) and a local Ray (2 CPUs), end to end."""
     out.update(sim_seconds(w, full))
     out.update(sizes(w, full))
     out.update(ray_task_rate(2000))
@@ -124,18 +117,53 @@ def main() -> None:
         print(f"{name}: {secs:.1f} s", flush=True)
     out["identical_rows"] = runs["process1"] == runs["process2"] == runs["ray2"]
     out["speedup_2_workers"] = out["process1_s"] / out["process2_s"]
-    small = sliced(args.ratio_configs)
+    out["ray_over_process_1000"] = out["ray2_s"] / out["process2_s"]
+
+
+def overhead_rounds(w: Any, space: ds.SearchSpace, rounds: int, warm: bool) -> dict[str, Any]:
+    """Per round: process pool (2 workers) and Ray (2 CPUs) back to back, alternating which
+    goes first; the ratio of their times. ``warm``: Ray is started before the rounds."""
+    import ray
+
+    init = None
+    if warm:
+        t0 = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        init = time.perf_counter() - t0
     ratios = []
-    for i in range(args.rounds):
-        order = [("p", ds.Backend("process", 2)), ("r", ds.Backend("ray", 2))]
-        t = {k: timed_search(w, small, b)[0] for k, b in (order if i % 2 == 0 else order[::-1])}
+    order = [("p", ds.Backend("process", 2)), ("r", ds.Backend("ray", 2))]
+    for i in range(rounds):
+        t = {k: timed_search(w, space, b)[0] for k, b in (order if i % 2 == 0 else order[::-1])}
         ratios.append(t["r"] / t["p"])
+        print(f"round {i}: process {t['p']:.1f} s, ray {t['r']:.1f} s", flush=True)
+    if warm:
+        ray.shutdown()
     q1, q3 = np.percentile(ratios, [25, 75]) if ratios else (float("nan"), float("nan"))
-    out.update({"ray_over_process_ratios": ratios, "ray_over_process_median": statistics.median(ratios),
-                "ray_over_process_iqr": [float(q1), float(q3)],
-                "ray_over_process_1000": out["ray2_s"] / out["process2_s"]})
+    return {"ratio_points": len(space.points(model_preset("llama-3-8b"), False)), "warm": warm, "warm_init_s": init,
+            "ray_over_process_ratios": ratios, "ray_over_process_median": statistics.median(ratios),
+            "ray_over_process_iqr": [float(q1), float(q3)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", type=int, default=1000)
+    ap.add_argument("--limit", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ratio-configs", type=int, default=200)
+    ap.add_argument("--ratios-only", action="store_true", help="only the overhead rounds")
+    ap.add_argument("--warm", action="store_true",
+                    help="overhead rounds on a Ray started before the timer (its init timed apart)")
+    args = ap.parse_args()
+    full = traces.load_file(named_trace_path("azure-conv"))
+    w = full.head(args.limit)
+    space = sliced(args.configs)
+    out: dict[str, Any] = {"requests": len(w), "points": len(space.points(model_preset("llama-3-8b"), False))}
+    if not args.ratios_only:
+        main_runs(w, full, space, out)
+    out.update(overhead_rounds(w, sliced(args.ratio_configs), args.rounds, args.warm))
     Path("benches/out").mkdir(parents=True, exist_ok=True)
-    Path("benches/out/bench_search.json").write_text(json.dumps(out, indent=1))
+    name = "bench_search_warm.json" if args.warm else "bench_search.json"
+    Path("benches/out", name).write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
 
