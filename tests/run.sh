@@ -14,7 +14,8 @@ python -m pip install --quiet --upgrade pip
 # skip without them). PyPI's torch wheel pulls its CUDA runtime wheels (~5.6 GB installed;
 # about 3 minutes on a fresh venv without a pip cache, measured): CPU-only torch wheels live
 # only on download.pytorch.org, and the PyPI wheel does not import without those libraries.
-python -m pip install --quiet -e '.[test,torch,hf]'
+# With the ray extra, tests/test_search_backends.py starts and stops its own local Ray.
+python -m pip install --quiet -e '.[test,torch,hf,ray]'
 
 cargo test --locked --quiet
 cargo clippy --locked --quiet --all-targets --features python -- -D warnings

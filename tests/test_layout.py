@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pykvpool"
 
 #: Layer of each top-level part of the package; a module may import its own layer or lower.
 LAYERS = {"_native": 0, "errors": 0, "progress": 0, "checks": 0, "plotting": 0, "tracefile": 0, "toy_decoder": 0, "_dlpack": 0,
-          "planning": 1, "video": 1, "hf": 1, "simulate": 2, "prefix": 2, "report": 3, "cli": 4}
+          "planning": 1, "video": 1, "hf": 1, "simulate": 2, "prefix": 2, "search": 3, "report": 3, "cli": 4}
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:

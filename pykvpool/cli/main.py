@@ -1,7 +1,8 @@
 """The ``pykvpool`` command line: ``ledger``, ``sweep``, ``report``, ``replay`` (prefix-cache
 hit rates of a block-id trace, see :mod:`pykvpool.prefix.replay`) and ``simulate`` (the
 serving simulator, see :mod:`pykvpool.simulate.sweep`) and ``video`` (video generation streams,
-see :mod:`pykvpool.simulate.video`).
+see :mod:`pykvpool.simulate.video`) and ``search`` (the best deployment for a workload and
+its SLOs, see :mod:`pykvpool.search`).
 
 Every subcommand takes ``--out DIR`` (it writes its tables there as Markdown and JSON) and
 draws progress bars on stderr for the steps that can take more than a second
@@ -31,6 +32,7 @@ from pykvpool.cli import (
     ledger as ledger_cmd,
     replay as replay_cmd,
     report as report_cmd,
+    search as search_cmd,
     simulate as simulate_cmd,
     sweep as sweep_cmd,
     video as video_cmd,
@@ -56,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "through pykvpool's block pool, the serving simulator, prefix-cache "
                     "replay and the full report.")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{ledger,sweep,report,replay,simulate,video}")
-    for command in (ledger_cmd, sweep_cmd, report_cmd, replay_cmd, simulate_cmd, video_cmd):
+                           metavar="{ledger,sweep,report,replay,simulate,video,search}")
+    for command in (ledger_cmd, sweep_cmd, report_cmd, replay_cmd, simulate_cmd, video_cmd, search_cmd):
         command.add_subcommand(sub)
     return p
 

@@ -1,0 +1,171 @@
+"""Deployment search at scale (issue 17): 1,000 configurations on the Azure conversation
+trace, each evaluated at the rate it sustains within the SLO, on the process pool (1 and 2
+workers) and on a local Ray (2 CPUs); Ray's overhead over the process pool; Ray's task
+rate and the object-store sizes the on-paper scaling to a cluster needs.
+
+The space (1,000 points, one chain per 2 device counts): A100-80GB and H100 SXM x 1 or 2
+devices x KV bf16 or fp8 x block sizes 8..128 x ``max_running`` 32..512 x
+``max_batched_tokens`` 1,024..16,384. SLO: p99 TTFT 2 s, p99 TPOT 0.1 s; rates 0.5..64
+req/s in 22 log-spaced rungs; the pruned strategy (bisection per point, hints along
+devices). ``--limit`` requests of the trace (default 1000: the first 1,000 of 19,366; the
+full trace costs about 15x more per simulation, measured by ``sim_seconds`` below).
+
+Each search runs end to end (``pykvpool.search.search``: pool or Ray start included, Ray's
+``init`` also timed alone). The overhead ratio is measured in ``--rounds`` extra rounds
+of a ``--ratio-configs`` slice, process pool (2 workers) and Ray (2 CPUs) back to back in
+alternating order: the median of the per-round ratios and their IQR.
+
+Run: ``python benches/bench_search.py [--configs 1000] [--limit 1000] [--rounds 3]``, or
+``--ratios-only --warm [--ratio-configs 400]`` for the overhead rounds alone on a Ray
+started before the timer (its start timed apart); writes ``benches/out/bench_search.json``
+(``bench_search_warm.json``) and prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pykvpool import search as ds
+from pykvpool.planning.models import model_preset
+from pykvpool.search.evaluate import SearchSpec, evaluate_batch
+from pykvpool.search.strategies import chains_of
+from pykvpool.simulate import run, traces
+from pykvpool.simulate.sweep import at_rate
+from pykvpool.tracefile import named_trace_path
+
+SPACE = ds.SearchSpace(hardware=("a100-80gb-sxm", "h100-sxm"), devices=(1, 2), kv_dtypes=("bf16", "fp8"),
+                       block_sizes=(8, 16, 32, 64, 128), max_running=(32, 64, 128, 256, 512),
+                       max_batched_tokens=(1024, 2048, 4096, 8192, 16384))
+SLOS = (ds.SLO("chat", ttft_p99=2.0, tpot_p99=0.1),)
+LADDER = ds.RateLadder(0.5, 64.0, 22)
+
+
+def timed_search(w: Any, space: ds.SearchSpace, backend: ds.Backend) -> tuple[float, ds.SearchResult]:
+    t = time.perf_counter()
+    res = ds.search(w, model_preset("llama-3-8b"), space, SLOS, ladder=LADDER, backend=backend, progress=None)
+    return time.perf_counter() - t, res
+
+
+def sliced(n: int) -> ds.SearchSpace:
+    """The first points of SPACE: the bench's space cut to ``n`` points (whole chains)."""
+    mr = SPACE.max_running[: max(1, min(5, -(-n // 200)))]
+    return ds.SearchSpace(SPACE.hardware, SPACE.devices, SPACE.kv_dtypes, SPACE.block_sizes, mr,
+                          SPACE.max_batched_tokens)
+
+
+def ray_task_rate(n: int) -> dict[str, float]:
+    """Tasks/s a local Ray (2 CPUs) sustains on empty tasks, and its init time."""
+    import ray
+
+    t = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    init = time.perf_counter() - t
+    noop = ray.remote(num_cpus=1)(lambda x: x)
+    ray.get([noop.remote(i) for i in range(50)])
+    t = time.perf_counter()
+    ray.get([noop.remote(i) for i in range(n)])
+    rate = n / (time.perf_counter() - t)
+    ray.shutdown()
+    return {"init_s": init, "noop_tasks_per_s": rate, "noop_tasks": n}
+
+
+def sizes(w: Any, full: Any) -> dict[str, float]:
+    """Bytes crossing to workers: the pickled spec (limited and full trace), a row."""
+    model = model_preset("llama-3-8b")
+    spec = SearchSpec(w, model, SLOS, LADDER, ds.Objective())
+    full_spec = SearchSpec(full, model, SLOS, LADDER, ds.Objective())
+    chain = chains_of(SPACE.points(model, False))[0]
+    rows = evaluate_batch(spec, [chain])
+    return {"spec_bytes": len(pickle.dumps(spec)), "full_trace_spec_bytes": len(pickle.dumps(full_spec)),
+            "row_bytes": len(pickle.dumps(rows)) / len(rows), "point_bytes": len(pickle.dumps(chain)) / len(chain)}
+
+
+def sim_seconds(w: Any, full: Any, reps: int = 3) -> dict[str, float]:
+    """Median seconds of one simulation (default point, 8 req/s) on the limited and full trace."""
+    cfg, tm = ds.deploy(SPACE.points(model_preset("llama-3-8b"), False)[0], model_preset("llama-3-8b"))
+    out = {}
+    for name, wl in (("limited", w), ("full", full)):
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            run(at_rate(wl, 8.0), cfg, tm)
+            ts.append(time.perf_counter() - t)
+        out[f"sim_s_{name}"] = statistics.median(ts)
+    return out
+
+
+def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> None:
+    """The search on the process pool (1, 2 workers) and a local Ray (2 CPUs), end to end."""
+    out.update(sim_seconds(w, full))
+    out.update(sizes(w, full))
+    out.update(ray_task_rate(2000))
+    runs = {}
+    for name, b in (("process1", ds.Backend("process", 1)), ("process2", ds.Backend("process", 2)),
+                    ("ray2", ds.Backend("ray", 2))):
+        secs, res = timed_search(w, space, b)
+        runs[name] = res.rows
+        out[f"{name}_s"] = secs
+        out["simulations"] = sum(r["sims"] for r in res.rows)
+        print(f"{name}: {secs:.1f} s", flush=True)
+    out["identical_rows"] = runs["process1"] == runs["process2"] == runs["ray2"]
+    out["speedup_2_workers"] = out["process1_s"] / out["process2_s"]
+    out["ray_over_process_1000"] = out["ray2_s"] / out["process2_s"]
+
+
+def overhead_rounds(w: Any, space: ds.SearchSpace, rounds: int, warm: bool) -> dict[str, Any]:
+    """Per round: process pool (2 workers) and Ray (2 CPUs) back to back, alternating which
+    goes first; the ratio of their times. ``warm``: Ray is started before the rounds."""
+    import ray
+
+    init = None
+    if warm:
+        t0 = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        init = time.perf_counter() - t0
+    ratios = []
+    order = [("p", ds.Backend("process", 2)), ("r", ds.Backend("ray", 2))]
+    for i in range(rounds):
+        t = {k: timed_search(w, space, b)[0] for k, b in (order if i % 2 == 0 else order[::-1])}
+        ratios.append(t["r"] / t["p"])
+        print(f"round {i}: process {t['p']:.1f} s, ray {t['r']:.1f} s", flush=True)
+    if warm:
+        ray.shutdown()
+    q1, q3 = np.percentile(ratios, [25, 75]) if ratios else (float("nan"), float("nan"))
+    return {"ratio_points": len(space.points(model_preset("llama-3-8b"), False)), "warm": warm, "warm_init_s": init,
+            "ray_over_process_ratios": ratios, "ray_over_process_median": statistics.median(ratios),
+            "ray_over_process_iqr": [float(q1), float(q3)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", type=int, default=1000)
+    ap.add_argument("--limit", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ratio-configs", type=int, default=200)
+    ap.add_argument("--ratios-only", action="store_true", help="only the overhead rounds")
+    ap.add_argument("--warm", action="store_true",
+                    help="overhead rounds on a Ray started before the timer (its init timed apart)")
+    args = ap.parse_args()
+    full = traces.load_file(named_trace_path("azure-conv"))
+    w = full.head(args.limit)
+    space = sliced(args.configs)
+    out: dict[str, Any] = {"requests": len(w), "points": len(space.points(model_preset("llama-3-8b"), False))}
+    if not args.ratios_only:
+        main_runs(w, full, space, out)
+    out.update(overhead_rounds(w, sliced(args.ratio_configs), args.rounds, args.warm))
+    Path("benches/out").mkdir(parents=True, exist_ok=True)
+    name = "bench_search_warm.json" if args.warm else "bench_search.json"
+    Path("benches/out", name).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The ``pykvpool search`` subcommand: a deployment search (:mod:`pykvpool.search`) over
+hardware, device counts, KV dtypes, block sizes, scheduler limits and policies, for a
+trace or a synthetic workload under latency SLOs, on a process pool or Ray."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional
+
+from pykvpool._native import InvalidArgumentError
+from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, choice_list, count, count_list, number, trace_columns
+from pykvpool.planning.hardware import HARDWARE
+from pykvpool.planning.models import model_preset
+from pykvpool.search import (
+    DEFAULT_PRICES,
+    PRICES_SOURCE,
+    SLO,
+    Backend,
+    Objective,
+    RateLadder,
+    SearchSpace,
+    search,
+)
+from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS
+from pykvpool.simulate.engine import MAX_STEP_TOKENS, Workload, synthetic_workload
+
+__all__ = ["add_subcommand", "main_search"]
+
+_SLO_KEYS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput")
+
+
+def _onoff(text: str) -> list[bool]:
+    vals = choice_list(("on", "off"))(text)
+    return [v == "on" for v in vals]
+
+
+def _slo(text: str) -> SLO:
+    """``NAME:key=value,...`` with keys ttft_p99, tpot_p50, tpot_p99 (s), min_throughput (tok/s)."""
+    name, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise argparse.ArgumentTypeError(f"expected NAME:key=value,..., got {text!r}")
+    bounds: dict[str, float] = {}
+    for part in rest.split(","):
+        key, eq, val = part.partition("=")
+        if not eq or key.strip() not in _SLO_KEYS:
+            raise argparse.ArgumentTypeError(f"{part!r}: keys are {', '.join(_SLO_KEYS)}")
+        bounds[key.strip()] = number()(val.strip())
+    try:
+        return SLO(name.strip(), **bounds)
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ladder(text: str) -> RateLadder:
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected LO,HI,STEPS, got {text!r}")
+    try:
+        return RateLadder(number()(parts[0]), number()(parts[1]), count(1, 1000)(parts[2]))
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``search`` on an argparse subparsers object; returns its parser.
+
+    Raises:
+        argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
+            3.11 and later).
+    """
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "search", help="find the best serving configuration for a workload and its SLOs",
+        description="Simulate every configuration of a search space at a ladder of arrival rates, find "
+                    "the rate each sustains within the SLOs, and rank them by goodput per device or per "
+                    "dollar. Results are appended to OUT/points.jsonl as they finish; rerunning the same "
+                    "search into OUT skips what is done.")
+    w = p.add_argument_group("workload (re-timed to each rate)")
+    w.add_argument("--trace", metavar="NAME|FILE", help="azure-conv, azure-code, mooncake (shipped), or a CSV, "
+                   "JSONL or lengths file (default: synthetic)")
+    w.add_argument("--columns", type=trace_columns, metavar="SPEC", help="CSV/JSONL fields (as `simulate`)")
+    w.add_argument("--limit", type=count(), help="first N requests of the trace")
+    w.add_argument("--requests", type=count(1, 1_000_000), help="synthetic: requests (default 1000)")
+    w.add_argument("--prompt", type=count(), nargs=2, default=(256, 4096), metavar=("LO", "HI"))
+    w.add_argument("--output", type=count(), nargs=2, default=(128, 384), metavar=("LO", "HI"))
+    w.add_argument("--seed", type=count(0, 2**63 - 1), default=0)
+    w.add_argument("--model", default="llama-3-8b", help="model preset (default llama-3-8b)")
+    s = p.add_argument_group("SLOs (seconds; at least one bound)")
+    s.add_argument("--ttft-p99", type=number(), metavar="S")
+    s.add_argument("--tpot-p50", type=number(), metavar="S")
+    s.add_argument("--tpot-p99", type=number(), metavar="S")
+    s.add_argument("--min-throughput", type=number(), metavar="TOK/S", help="output tokens/s")
+    s.add_argument("--slo", type=_slo, action="append", metavar="NAME:K=V,...",
+                   help="a named SLO, repeatable, e.g. chat:ttft_p99=1,tpot_p99=0.05")
+    g = p.add_argument_group("search space (comma-separated lists)")
+    g.add_argument("--hardware", type=choice_list(tuple(HARDWARE)), default=["a100-80gb-sxm"], metavar="H,...")
+    g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...")
+    g.add_argument("--kv-dtypes", type=choice_list(("bf16", "fp16", "fp32", "fp8", "int8")), default=["bf16"])
+    g.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), default=[16])
+    g.add_argument("--max-running", type=count_list(), default=[256])
+    g.add_argument("--max-batched-tokens", type=count_list(1, MAX_STEP_TOKENS), default=[8192])
+    g.add_argument("--chunked-prefill", type=_onoff, default=[True], metavar="on,off")
+    g.add_argument("--preemption", type=choice_list(PREEMPTIONS), default=["recompute"])
+    g.add_argument("--prefix-caching", type=_onoff, default=[False], metavar="on,off")
+    g.add_argument("--eviction", type=choice_list(EVICTIONS), default=["lru"])
+    g.add_argument("--layer-groups", type=_onoff, default=[False], metavar="on,off")
+    r = p.add_argument_group("strategy, objective and backend")
+    r.add_argument("--rates", type=_ladder, default=RateLadder(), metavar="LO,HI,STEPS",
+                   help="arrival rates tried, req/s, log-spaced (default 0.5,64,22)")
+    r.add_argument("--strategy", choices=("pruned", "grid"), default="pruned")
+    r.add_argument("--objective", choices=("per-device", "per-dollar"), default="per-device")
+    r.add_argument("--prices", metavar="FILE", help="JSON {hardware: dollars per device-hour} (default: "
+                   f"{', '.join(f'{k} ${v:.2f}' for k, v in DEFAULT_PRICES.items())}; {PRICES_SOURCE})")
+    r.add_argument("--workers", type=count(1, 4096), help="processes, or local Ray CPUs (default: every core)")
+    r.add_argument("--inline", action="store_true", help="run in this process (no pool)")
+    r.add_argument("--ray", action="store_true", help="start a local Ray for the search")
+    r.add_argument("--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR")
+    p.add_argument("--out", required=True, metavar="DIR", help="results folder (resumable)")
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=main_search)
+    return p
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    from pykvpool.simulate import traces
+    from pykvpool.tracefile import NAMED_TRACES, named_trace_path
+
+    for name, (lo, hi) in {"prompt": args.prompt, "output": args.output}.items():
+        if lo > hi:
+            raise InvalidArgumentError(f"--{name} LO HI: LO ({lo}) must be <= HI ({hi})")
+    if args.trace is None:
+        if args.columns is not None or args.limit is not None:
+            raise InvalidArgumentError("--columns and --limit need --trace")
+        return synthetic_workload(args.requests or 1000, rate=1.0, seed=args.seed,
+                                  prompt=("uniform", list(args.prompt)), output=("uniform", list(args.output)))
+    if args.requests is not None:
+        raise InvalidArgumentError("--requests sizes the synthetic workload; with --trace use --limit")
+    path = named_trace_path(args.trace) if args.trace in NAMED_TRACES else args.trace
+    if not os.path.exists(path):
+        raise InvalidArgumentError(f"{path}: no such file, nor a trace shipped with pykvpool "
+                                   f"({', '.join(sorted(NAMED_TRACES))})")
+    return traces.load_file(path, args.columns, limit=args.limit, seed=args.seed,
+                            output=(args.output[0], args.output[1]))
+
+
+def _slos(args: argparse.Namespace) -> list[SLO]:
+    flat = {k: getattr(args, k) for k in _SLO_KEYS if getattr(args, k) is not None}
+    slos = list(args.slo or [])
+    if flat:
+        slos.insert(0, SLO("slo", **flat))
+    if not slos:
+        raise InvalidArgumentError("give at least one SLO bound (--ttft-p99, --tpot-p50, --tpot-p99, "
+                                   "--min-throughput or --slo)")
+    if len({s.name for s in slos}) != len(slos):
+        raise InvalidArgumentError("--slo: two SLOs of one name")
+    return slos
+
+
+def _objective(args: argparse.Namespace) -> Objective:
+    kind = args.objective.replace("-", "_")
+    if args.prices is None:
+        return Objective(kind)
+    from pykvpool.tracefile import read_text
+
+    try:
+        prices = json.loads(read_text(args.prices))
+    except ValueError as e:
+        raise InvalidArgumentError(f"--prices {args.prices}: not valid JSON ({e})") from None
+    if not isinstance(prices, dict):
+        raise InvalidArgumentError(f"--prices {args.prices}: expected a JSON object {{hardware: $/hour}}")
+    try:
+        return Objective(kind, prices)
+    except TypeError as e:
+        raise InvalidArgumentError(f"--prices {args.prices}: {e}") from None
+
+
+def _backend(args: argparse.Namespace) -> Backend:
+    if sum((args.inline, args.ray, args.ray_address is not None)) > 1:
+        raise InvalidArgumentError("--inline, --ray and --ray-address exclude each other")
+    if args.inline:
+        return Backend("inline")
+    if args.ray or args.ray_address is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise InvalidArgumentError("--ray needs Ray: pip install 'pykvpool[ray]'") from None
+        return Backend("ray", args.workers, args.ray_address)
+    return Backend("process", args.workers)
+
+
+def _fmt(v: Optional[float], digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"
+
+
+def main_search(args: argparse.Namespace) -> int:
+    """Run ``pykvpool search``: print the best point per SLO and write the tables and
+    figures into ``--out``. Returns 0.
+
+    Raises:
+        InvalidArgumentError and its subclasses (bad options, trace, prices or SLOs;
+            ``--out`` holding another search), OSError.
+    """
+    slos, objective, backend = _slos(args), _objective(args), _backend(args)
+    model = model_preset(args.model)
+    space = SearchSpace(tuple(args.hardware), tuple(args.devices), tuple(args.kv_dtypes), tuple(args.block_sizes),
+                        tuple(args.max_running), tuple(args.max_batched_tokens), tuple(args.chunked_prefill),
+                        tuple(args.preemption), tuple(args.prefix_caching), tuple(args.eviction),
+                        tuple(args.layer_groups))
+    w = _workload(args)
+    res = search(w, model, space, slos, ladder=args.rates, objective=objective, strategy=args.strategy,
+                 backend=backend, out=args.out, progress=None if args.quiet else sys.stderr)
+    print(f"{len(res.rows)} configurations of {model.name} on {len(w)} requests ({args.strategy}, {backend.kind}): "
+          f"{res.evaluated} evaluated in {res.seconds:.1f} s, {sum(r.get('sims', 0) for r in res.rows)} simulations")
+    for s in slos:
+        b = res.best[s.name]
+        if b is None:
+            print(f"SLO {s.name}: no configuration sustains {args.rates.lo:g} req/s")
+            continue
+        print(f"SLO {s.name}: best {b['key']}: {b[s.name + '_rate']:.3g} req/s sustained, "
+              f"{b[s.name + '_objective']:.4g} {objective.unit}; ttft p99 {_fmt(b[s.name + '_ttft_p99'])} s, "
+              f"tpot p50/p99 {_fmt(b[s.name + '_tpot_p50'])}/{_fmt(b[s.name + '_tpot_p99'])} s, "
+              f"{_fmt(b[s.name + '_output_throughput'], 4)} tok/s; frontier: {len(res.frontier[s.name])} points")
+        if b[s.name + "_rate"] >= args.rates.rates()[-1]:
+            print(f"pykvpool: warning: SLO {s.name}: the best point sustains the top rate ({args.rates.hi:g} req/s); "
+                  "raise --rates HI to tell the best ones apart", file=sys.stderr)
+    if not args.no_figures:
+        from pykvpool.search.figures import draw_figures
+
+        cost = "devices" if objective.kind == "per_device" else "$ per hour"
+        res.files += [str(p) for p in draw_figures(args.out, res.rows, [s.name for s in slos], cost)]
+    print(f"wrote {', '.join(os.path.basename(f) for f in res.files)} in {args.out}")
+    return 0

@@ -1,0 +1,192 @@
+"""A search's files: the resumable log of rows, the tables, the frontier and the best points.
+
+``points.jsonl`` gets each task's rows appended as the task finishes (flushed, one JSON
+object per line); ``search.json`` holds the search's fingerprint (workload, model, SLOs,
+rates, objective, strategy). A rerun into the same folder reads both, skips the chains
+whose rows are all there, and refuses a folder of another search. A line cut short by an
+interruption is dropped (and its chain run again).
+
+At the end: ``points.csv``, ``points.json`` (and ``points.parquet`` when pyarrow is
+installed) with every point in space order, ``frontier.csv`` (per SLO, the points no
+cheaper point beats on sustained rate) and ``best.json`` (per SLO, the best point with
+its simulated metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from pykvpool.checks import invalid
+from pykvpool.search.evaluate import SearchSpec
+
+__all__ = ["ResultStore", "best_points", "fingerprint", "frontier", "write_tables"]
+
+Row = dict[str, Any]
+
+
+def fingerprint(spec: SearchSpec) -> str:
+    """A SHA-256 over everything a row depends on except the point (hex).
+
+    Raises:
+        Nothing: hashing of validated inputs.
+    """
+    h = hashlib.sha256()
+    w = spec.workload
+    for name in ("arrival", "prompt_len", "output_len", "priority", "token_ids", "token_offsets", "block_keys",
+                 "key_offsets"):
+        col = getattr(w, name)
+        h.update(name.encode())
+        if col is not None:
+            h.update(np.ascontiguousarray(col).tobytes())
+    h.update(repr((w.tokens_per_key, spec.model, spec.slos, spec.ladder, spec.objective.kind,
+                   sorted(spec.objective.prices.items()), spec.strategy)).encode())
+    return h.hexdigest()
+
+
+class ResultStore:
+    """The rows of a search in ``directory``, appended as they come.
+
+    Raises:
+        InvalidArgumentError: ``directory`` holds another search (its fingerprint differs).
+        OSError: the folder or its files cannot be created, read or written.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], spec: SearchSpec) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.dir / "points.jsonl"
+        meta_path = self.dir / "search.json"
+        fp = fingerprint(spec)
+        if meta_path.exists():
+            try:
+                old = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
+            except (ValueError, AttributeError):
+                old = None
+            if old != fp:
+                raise invalid(f"out: {self.dir} holds the results of another search (workload, model, SLOs, "
+                              "rates, objective or strategy differ); use another folder")
+        meta = {"fingerprint": fp, "strategy": spec.strategy, "objective": spec.objective.kind,
+                "slos": [s.name for s in spec.slos], "rates": list(spec.ladder.rates()),
+                "requests": len(spec.workload), "model": spec.model.name}
+        meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        self.rows: dict[str, Row] = {}
+        self._read()
+
+    def _read(self) -> None:
+        if not self.log.exists():
+            return
+        good = 0
+        with open(self.log, "rb") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    break
+                if not line.endswith(b"\n") or not isinstance(row, dict) or "key" not in row:
+                    break
+                self.rows[row["key"]] = row
+                good += len(line)
+        if good != self.log.stat().st_size:
+            with open(self.log, "r+b") as f:
+                f.truncate(good)
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS.
+
+        Raises:
+            OSError: the log cannot be written.
+        """
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(_plain(r)) + "\n" for r in rows))
+        for r in rows:
+            self.rows[r["key"]] = _plain(r)
+
+
+def _plain(row: Row) -> Row:
+    """JSON-ready values: numpy scalars as Python numbers, NaN as None."""
+    out: Row = {}
+    for k, v in row.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
+    """The Pareto frontier of cost against sustained rate for ``slo``: rows that sustain a
+    rate > 0 and that no row of lower or equal cost beats, by increasing cost (ties: the
+    first row in order).
+
+    Raises:
+        KeyError: a row without ``cost`` or the SLO's columns.
+    """
+    ok = [(r["cost"], -r[f"{slo}_rate"], i, r) for i, r in enumerate(rows) if r.get(f"{slo}_state") == "ok"]
+    out: list[Row] = []
+    best = 0.0
+    for _, neg_rate, _, r in sorted(ok, key=lambda t: t[:3]):
+        if -neg_rate > best:
+            out.append(r)
+            best = -neg_rate
+    return out
+
+
+def best_points(rows: Sequence[Row], slos: Sequence[str]) -> dict[str, Optional[Row]]:
+    """Per SLO, the row of highest objective (ties: lower cost, then the first in order),
+    or None when no row sustains any rate.
+
+    Raises:
+        KeyError: a row without ``cost`` or an SLO's columns.
+    """
+    out: dict[str, Optional[Row]] = {}
+    for s in slos:
+        cands = [(r[f"{s}_objective"], -r["cost"], -i, r) for i, r in enumerate(rows)
+                 if r.get(f"{s}_state") == "ok"]
+        out[s] = max(cands, key=lambda c: c[:3])[3] if cands else None
+    return out
+
+
+def write_tables(directory: str | os.PathLike[str], rows: Sequence[Row], slos: Sequence[str],
+                 extra: Optional[dict[str, Any]] = None) -> list[Path]:
+    """Write the points (CSV, JSON, Parquet if pyarrow is importable), the frontier and
+    the best points; returns the paths written.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    rows = [_plain(r) for r in rows]
+    cols = list(rows[0]) if rows else ["key"]
+    paths = [d / "points.csv", d / "points.json", d / "frontier.csv", d / "best.json"]
+    _csv(paths[0], cols, rows)
+    paths[1].write_text(json.dumps(rows, indent=0), encoding="utf-8")
+    front = [{"slo": s, **r} for s in slos for r in frontier(rows, s)]
+    _csv(paths[2], ["slo", *cols], front)
+    best = {"best": best_points(rows, slos), **(extra or {})}
+    paths[3].write_text(json.dumps(best, indent=1), encoding="utf-8")
+    try:  # optional (the ray extra), untyped: through importlib
+        pa: Any = importlib.import_module("pyarrow")
+        pq: Any = importlib.import_module("pyarrow.parquet")
+    except ImportError:
+        return paths
+    table = pa.Table.from_pylist(rows) if rows else pa.table({"key": pa.array([], pa.string())})
+    pq.write_table(table, d / "points.parquet")
+    return [*paths, d / "points.parquet"]
+
+
+def _csv(path: Path, cols: list[str], rows: Sequence[Row]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({k: "" if r.get(k) is None else r[k] for k in cols} for r in rows)

@@ -1,0 +1,165 @@
+"""Service-level objectives, the rate ladder a search climbs, and the objective it ranks by.
+
+Units: latencies in seconds, throughputs in output tokens/s, rates in requests/s, prices
+in dollars per device-hour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from pykvpool.checks import check_count, check_positive, invalid
+
+__all__ = ["DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "Objective", "RateLadder"]
+
+#: On-demand dollars per device-hour: the middle of the "specialty provider" range of
+#: :data:`PRICES_SOURCE` (A100 80GB $1.10-1.50, H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50).
+DEFAULT_PRICES: dict[str, float] = {"a100-80gb-sxm": 1.30, "h100-sxm": 3.00, "h200": 4.00}
+#: Where :data:`DEFAULT_PRICES` come from, and when.
+PRICES_SOURCE = ("Mercatus, 'Cloud GPU pricing' (mercatus-ai.com/blog/cloud-gpu-pricing), on-demand "
+                 "$/GPU-hour of specialty providers, May 2026; read 2026-12-01")
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
+def _bound(v: Optional[float], name: str) -> Optional[float]:
+    return None if v is None else check_positive(v, name)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets a run must meet, all over its finished requests.
+
+    A run meets the SLO when every request finished (none rejected or left unfinished)
+    and each given bound holds; a bound left None is not checked.
+
+    Attributes:
+        name: a label (letters, digits, ``_``, ``-``; at most 32), a column prefix.
+        ttft_p99: 99th-percentile time to first token, seconds.
+        tpot_p50, tpot_p99: median and 99th-percentile time per output token, seconds.
+        min_throughput: output tokens/s the run must reach.
+
+    Raises:
+        InvalidArgumentError: a bad name, or a bound that is not a finite number > 0
+            (naming it).
+    """
+
+    name: str = "slo"
+    ttft_p99: Optional[float] = None
+    tpot_p50: Optional[float] = None
+    tpot_p99: Optional[float] = None
+    min_throughput: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise invalid(f"name must be 1-32 letters, digits, '_' or '-', got {self.name!r}")
+        for f in ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput"):
+            object.__setattr__(self, f, _bound(getattr(self, f), f"{self.name}.{f}"))
+
+    def meets(self, summary: Mapping[str, Any], num_requests: int) -> bool:
+        """Whether a run's summary (:attr:`pykvpool.simulate.SimulationResult.summary`) of a
+        workload of ``num_requests`` requests meets every bound (a missing statistic fails).
+
+        Raises:
+            TypeError: a statistic that is not a number.
+        """
+        if summary.get("finished") != num_requests:
+            return False
+        for key, bound in (("ttft_p99", self.ttft_p99), ("tpot_p50", self.tpot_p50), ("tpot_p99", self.tpot_p99)):
+            if bound is not None and (summary.get(key) is None or summary[key] > bound):
+                return False
+        thr = summary.get("output_throughput")
+        return self.min_throughput is None or (thr is not None and thr >= self.min_throughput)
+
+
+@dataclass(frozen=True)
+class RateLadder:
+    """The arrival rates tried: ``steps`` rates from ``lo`` to ``hi`` requests/s, evenly
+    spaced in log scale (``steps`` = 1: ``lo`` only). A configuration's sustained rate is
+    the highest rung below its first failure.
+
+    Raises:
+        InvalidArgumentError: ``lo`` or ``hi`` not finite and > 0, ``hi`` < ``lo``, ``steps``
+            not an int in 1..=1000 (each named).
+    """
+
+    lo: float = 0.5
+    hi: float = 64.0
+    steps: int = 22
+
+    def __post_init__(self) -> None:
+        check_positive(self.lo, "lo")
+        check_positive(self.hi, "hi")
+        if self.hi < self.lo:
+            raise invalid(f"hi ({self.hi}) must be >= lo ({self.lo}) requests/s")
+        if check_count(self.steps, "steps", 1) > 1000:
+            raise invalid(f"steps must be <= 1000, got {self.steps}")
+
+    def rates(self) -> tuple[float, ...]:
+        """The rungs, requests/s, increasing.
+
+        Raises:
+            Nothing: the fields were checked at construction.
+        """
+        if self.steps == 1:
+            return (float(self.lo),)
+        r = math.log(self.hi / self.lo) / (self.steps - 1)
+        return tuple(float(self.lo * math.exp(r * i)) for i in range(self.steps))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a search maximizes: ``per_device`` (sustained requests/s per device) or
+    ``per_dollar`` (requests served per dollar: sustained rate x 3600 / the replica's
+    $/hour, from ``prices``: dollars per device-hour by hardware preset).
+
+    Raises:
+        InvalidArgumentError: an unknown kind, or a price that is not finite and > 0
+            (naming the preset).
+    """
+
+    kind: str = "per_device"
+    prices: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("per_device", "per_dollar"):
+            raise invalid(f"objective must be per_device or per_dollar, got {self.kind!r}")
+        clean = {}
+        for k, v in dict(self.prices).items():
+            if not isinstance(k, str):
+                raise TypeError(f"prices keys must be preset names, got {type(k).__name__}")
+            clean[k.strip().lower()] = check_positive(v, f"prices[{k!r}]")
+        object.__setattr__(self, "prices", clean)
+
+    def cost(self, hardware: str, devices: int) -> float:
+        """The cost a point's objective divides by: devices (``per_device``), or dollars
+        per hour (``per_dollar``).
+
+        Raises:
+            InvalidArgumentError: ``per_dollar`` and no price for ``hardware``.
+        """
+        if self.kind == "per_device":
+            return float(devices)
+        if hardware not in self.prices:
+            raise invalid(f"prices: no price for hardware {hardware!r} (have {', '.join(sorted(self.prices))})")
+        return devices * self.prices[hardware]
+
+    def value(self, rate: float, cost: float) -> float:
+        """The objective of a sustained ``rate`` (requests/s) at ``cost``.
+
+        Raises:
+            ZeroDivisionError: ``cost`` 0 (:meth:`cost` never returns it).
+        """
+        return rate / cost if self.kind == "per_device" else rate * 3600.0 / cost
+
+    @property
+    def unit(self) -> str:
+        """The objective's unit, for tables and axes.
+
+        Raises:
+            Nothing: one of two strings.
+        """
+        return "req/s per device" if self.kind == "per_device" else "requests per $"

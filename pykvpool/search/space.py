@@ -1,0 +1,223 @@
+"""The search space of a deployment search: one :class:`Point` per serving configuration.
+
+A point is a deployment of one model: a hardware preset and a device count (the devices
+serve one replica with tensor parallelism: memory, bandwidth and FLOP/s add up, the
+memory reserve is per device), the KV storage dtype, the pool's block size (tokens), the
+scheduler's limits (``max_running`` requests, ``max_batched_tokens`` tokens per step,
+chunked prefill), its preemption (recompute, or swap to a host pool as large as the
+device pool), prefix caching and its eviction policy, and layer groups (one
+``HybridPool`` group per attention kind of a windowed model).
+
+:meth:`SearchSpace.points` enumerates the product of the axes in a fixed order and drops
+the combinations that add nothing or that the simulator refuses (each rule in its
+docstring), so every point is a distinct, runnable configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from pykvpool.checks import invalid
+from pykvpool.planning.hardware import hardware_preset
+from pykvpool.planning.models import ModelConfig, storage_dtype
+from pykvpool.simulate.engine import MAX_STEP_TOKENS
+
+__all__ = ["MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "Point", "SearchSpace"]
+
+#: Most devices one point may use.
+MAX_DEVICES = 4096
+#: Most points one space may enumerate (before its rules drop any).
+MAX_POINTS = 10_000_000
+#: Preemption policies of the simulator.
+PREEMPTIONS = ("recompute", "swap")
+#: Eviction policies of the prefix cache.
+EVICTIONS = ("lru", "fifo", "lfu", "priority")
+_MAX_BLOCK_SIZE = 1 << 16
+
+
+@dataclass(frozen=True)
+class Point:
+    """One serving configuration (see the module docstring for each field's meaning).
+
+    Attributes:
+        hardware: a hardware preset name; devices: devices of the replica (tensor parallel).
+        kv_dtype: KV storage dtype; block_size: tokens per block.
+        max_running: requests in flight at most; max_batched_tokens: tokens per step.
+        chunked_prefill, preemption, prefix_caching, eviction, layer_groups: the policies.
+    """
+
+    hardware: str
+    devices: int
+    kv_dtype: str
+    block_size: int
+    max_running: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+    preemption: str
+    prefix_caching: bool
+    eviction: str
+    layer_groups: bool
+
+    def key(self) -> str:
+        """A stable, readable identity, e.g.
+        ``a100-80gb-sxm|x1|bf16|b16|r256|t8192|chunked|recompute|-|flat``.
+
+        Raises:
+            Nothing: string formatting.
+        """
+        cache = f"cache-{self.eviction}" if self.prefix_caching else "-"
+        return "|".join([self.hardware, f"x{self.devices}", self.kv_dtype, f"b{self.block_size}",
+                         f"r{self.max_running}", f"t{self.max_batched_tokens}",
+                         "chunked" if self.chunked_prefill else "whole", self.preemption, cache,
+                         "groups" if self.layer_groups else "flat"])
+
+    def chain_key(self) -> str:
+        """The key without the device count: points differing only in devices form one chain.
+
+        Raises:
+            Nothing: string formatting.
+        """
+        return self.key().replace(f"|x{self.devices}|", "|", 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (column name -> value).
+
+        Raises:
+            Nothing: a copy of the fields.
+        """
+        return asdict(self)
+
+
+def _axis(values: Any, name: str, check: Any) -> tuple[Any, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or not values:
+        raise invalid(f"{name} must be a non-empty list, got {values!r}")
+    out = tuple(check(v, name) for v in values)
+    if len(set(out)) != len(out):
+        raise invalid(f"{name} holds a value twice: {list(values)!r}")
+    return out
+
+
+def _int_in(lo: int, hi: int) -> Any:
+    def check(v: object, name: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise invalid(f"{name} must hold integers in {lo}..={hi}, got {v!r}")
+        return v
+    return check
+
+
+def _flag(v: object, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must hold bools, got {type(v).__name__}")
+    return v
+
+
+def _choice(choices: tuple[str, ...]) -> Any:
+    def check(v: object, name: str) -> str:
+        if not isinstance(v, str) or v not in choices:
+            raise invalid(f"{name} must hold values of {', '.join(choices)}, got {v!r}")
+        return v
+    return check
+
+
+def _hardware(v: object, name: str) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must hold preset names, got {type(v).__name__}")
+    hardware_preset(v)
+    return v.strip().lower()
+
+
+def _dtype(v: object, name: str) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must hold dtype names, got {type(v).__name__}")
+    storage_dtype(v)
+    return v
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The axes of a search; each a non-empty list without repeats (defaults: one value).
+
+    Attributes:
+        hardware: hardware presets (:data:`pykvpool.planning.hardware.HARDWARE`).
+        devices: devices per replica, 1 to :data:`MAX_DEVICES`.
+        kv_dtypes: KV storage dtypes (``bf16``, ``fp8``, ``int8``, ...).
+        block_sizes: tokens per block, 1 to 65,536.
+        max_running: requests in flight at most, >= 1.
+        max_batched_tokens: tokens per step, 1 to :data:`pykvpool.simulate.MAX_STEP_TOKENS`.
+        chunked_prefill, prefix_caching, layer_groups: lists of bools.
+        preemption: ``recompute`` / ``swap``; eviction: ``lru``, ``fifo``, ``lfu``, ``priority``.
+
+    Raises:
+        InvalidArgumentError: an empty axis, a repeated value, a value out of range or an
+            unknown name (naming the axis); TypeError: a non-bool in a bool axis, a
+            non-string name.
+    """
+
+    hardware: tuple[str, ...] = ("a100-80gb-sxm",)
+    devices: tuple[int, ...] = (1,)
+    kv_dtypes: tuple[str, ...] = ("bf16",)
+    block_sizes: tuple[int, ...] = (16,)
+    max_running: tuple[int, ...] = (256,)
+    max_batched_tokens: tuple[int, ...] = (8192,)
+    chunked_prefill: tuple[bool, ...] = (True,)
+    preemption: tuple[str, ...] = ("recompute",)
+    prefix_caching: tuple[bool, ...] = (False,)
+    eviction: tuple[str, ...] = ("lru",)
+    layer_groups: tuple[bool, ...] = (False,)
+
+    def __post_init__(self) -> None:
+        checks = {"hardware": _hardware, "devices": _int_in(1, MAX_DEVICES), "kv_dtypes": _dtype,
+                  "block_sizes": _int_in(1, _MAX_BLOCK_SIZE), "max_running": _int_in(1, 2**31 - 1),
+                  "max_batched_tokens": _int_in(1, MAX_STEP_TOKENS), "chunked_prefill": _flag,
+                  "preemption": _choice(PREEMPTIONS), "prefix_caching": _flag, "eviction": _choice(EVICTIONS),
+                  "layer_groups": _flag}
+        for f in fields(self):
+            object.__setattr__(self, f.name, _axis(getattr(self, f.name), f.name, checks[f.name]))
+        if self.size() > MAX_POINTS:
+            raise invalid(f"the space holds {self.size():,} points, more than {MAX_POINTS:,}")
+
+    def size(self) -> int:
+        """Points of the full product, before the rules of :meth:`points` drop any.
+
+        Raises:
+            Nothing: arithmetic on checked axes.
+        """
+        return math.prod(len(getattr(self, f.name)) for f in fields(self))
+
+    def points(self, model: ModelConfig, prefix_workload: bool) -> list[Point]:
+        """Every distinct runnable point, in axis order (devices vary fastest within a chain).
+
+        Rules: prefix caching only for a ``prefix_workload`` (prompts given as token ids or
+        block keys: otherwise it caches nothing); the eviction policy varies only with
+        prefix caching (``eviction[0]`` otherwise); layer groups only for a windowed model
+        (``model.windowed``: otherwise one group, the same pool) and never with prefix
+        caching or swap (the simulator refuses the pairs).
+
+        Raises:
+            Nothing: the axes were checked at construction.
+        """
+        out: list[Point] = []
+        for hw in self.hardware:
+            for dt in self.kv_dtypes:
+                for bs in self.block_sizes:
+                    for mr in self.max_running:
+                        for mbt in self.max_batched_tokens:
+                            for ch in self.chunked_prefill:
+                                out += self._tail(model, prefix_workload, (hw, dt, bs, mr, mbt, ch))
+        return out
+
+    def _tail(self, model: ModelConfig, prefix_workload: bool, head: tuple[Any, ...]) -> list[Point]:
+        hw, dt, bs, mr, mbt, ch = head
+        out: list[Point] = []
+        for pre in self.preemption:
+            for pc in self.prefix_caching:
+                if pc and not prefix_workload:
+                    continue
+                for ev in self.eviction if pc else self.eviction[:1]:
+                    for lg in self.layer_groups:
+                        if lg and (not model.windowed or pc or pre == "swap"):
+                            continue
+                        out += [Point(hw, n, dt, bs, mr, mbt, ch, pre, pc, ev, lg) for n in self.devices]
+        return out
