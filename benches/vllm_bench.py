@@ -14,7 +14,6 @@ import statistics
 import time
 from typing import Any
 
-from benches import bench_prefix_cache
 from benches.scheduler_loop import LoopResult, Workload, make_workload
 from benches.vllm_peer import Tokens, VllmApi, VllmLoop, VllmPool
 
@@ -71,6 +70,8 @@ def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tu
     Raises:
         AssertionError: an engine's counts or prefix hit tokens differ from pykvpool's.
     """
+    from benches import bench_prefix_cache  # it imports bench_scheduler, which imports this module
+
     wl = make_workload(n_req, seed)
     flat, offsets = bench_prefix_cache.request_tokens(wl, seed)
     tokens = Tokens(flat, offsets.tolist())
