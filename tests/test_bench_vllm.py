@@ -55,10 +55,10 @@ class FakeManager:
         self.slots: dict[str, int] = {}
         self.calls = {"get_computed_blocks": 0, "allocate_slots": 0, "free": 0}
 
-    def get_computed_blocks(self, req: FakeRequest, max_hit: int) -> tuple[tuple[()], int, int]:
+    def get_computed_blocks(self, req: FakeRequest, max_hit: int | None = None) -> tuple[tuple[()], int, int]:
         self.calls["get_computed_blocks"] += 1
         assert req.status in (WAITING, PREEMPTED) and req.num_computed_tokens == 0
-        assert 0 <= max_hit < req.num_tokens
+        assert max_hit is None or 0 <= max_hit < req.num_tokens
         return (), 0, 0
 
     def allocate_slots(self, req: FakeRequest, num_new: int, num_hit: int = 0, blocks: Any = None) -> Any:
@@ -171,6 +171,49 @@ def test_scheduler_bench_without_vllm_says_how_to_install(tmp_path: Path, capsys
     assert "pip install --no-deps vllm" in INSTALL
 
 
+def sim_run(wl: Workload) -> Any:
+    """The simulator's vllm-convention run of ``wl`` (the configuration bench_simulator uses)."""
+    from pykvpool import simulate as sim
+
+    n = wl.num_requests
+    w = sim.Workload(arrival=np.zeros(n), prompt_len=wl.prompt_lens, output_len=wl.output_lens)
+    sched = sim.SchedulerConfig(max_running=wl.max_running, max_batched_tokens=None, chunked_prefill=False)
+    return sim.run(w, sim.SimConfig(num_blocks=wl.num_blocks, block_size=wl.block_size, scheduler=sched))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vllm_convention_loop_on_a_fake_manager_schedules_as_the_simulator(seed: int) -> None:
+    """benches/vllm_sim.py's loop, on the fake manager: the simulator's schedule step by step
+    (batch, preemptions, prefill and decode tokens, blocks used), under preemptions."""
+    from benches import vllm_sim
+
+    wl = small(40, 60, 6, seed)
+    managers: list[FakeManager] = []
+    res = vllm_sim.run(fake_api(managers), wl)
+    r = sim_run(wl)
+    assert res.preemptions == r.summary["preemptions"] > 0
+    assert res.steps == r.summary["steps"]
+    assert vllm_sim.same_schedule(r.steps, res)
+    # Every step that completes a prefill samples a token, recomputes included.
+    assert sum(res.columns["decode_tokens"]) + res.admissions == int(wl.output_lens.sum())
+    assert managers[0].slots == {}
+    # A schedule that differs by one step is seen.
+    res.columns["blocks_used"][len(res.columns["blocks_used"]) // 2] += 1
+    assert not vllm_sim.same_schedule(r.steps, res)
+
+
+def test_simulator_bench_without_vllm_skips_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benches import bench_simulator
+
+    out = tmp_path / "sim.json"
+    assert bench_simulator.main(["--requests", "50", "--repeats", "1", "--no-traces", "--no-vllm",
+                                 "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["vllm"] == "--no-vllm given"
+    assert not any("KVCacheManager" in r["case"] for r in rep["rows"])
+    assert "vLLM manager loop skipped" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def vllm_api() -> VllmApi:
     api, why = try_load_api()
@@ -211,3 +254,16 @@ def test_scheduler_bench_vllm_engine_tiny_run(vllm_api: VllmApi, tmp_path: Path)
     pre = v["prefix"]
     assert pre["hit_tokens"] > 0
     assert set(pre["ratio_over_pykvpool"]) == {"vllm+sha256", "vllm+xxhash"}
+
+
+def test_vllm_convention_loop_on_vllm_schedules_as_the_simulator(vllm_api: VllmApi, tmp_path: Path) -> None:
+    from benches import bench_simulator, vllm_sim
+
+    wl = small(40, 60, 6, 0)
+    res = vllm_sim.run(vllm_api, wl)
+    assert res.preemptions > 0 and vllm_sim.same_schedule(sim_run(wl).steps, res)
+    out = tmp_path / "sim.json"
+    argv = ["--requests", "60", "--repeats", "1", "--no-traces", "--vllm-rounds", "2", "--out", str(out)]
+    assert bench_simulator.main(argv) == 0
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if "KVCacheManager" in r["case"]]
+    assert row["rounds"] == 2 and row["ratio_vs_engine_vllm"] > 0
