@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from benches.scheduler_loop import LoopResult, Workload, make_workload
+from benches.scheduler_loop import CallTimes, LoopResult, Workload, make_workload
 from benches.vllm_peer import Tokens, VllmApi, VllmLoop, VllmPool
 
 #: Kinds of call compared per run: what the loop's figure divides by.
@@ -42,7 +42,7 @@ def run_vllm(api: VllmApi, wl: Workload, hash_name: str | None = None,
 
 def per_unit_ns(r: LoopResult, kind: str) -> float:
     """Nanoseconds per decode token, per admission or per free of one run."""
-    t = getattr(r, kind)
+    t: CallTimes = getattr(r, kind)
     return t.ns / (r.decode_tokens if kind == "decode" else t.calls)
 
 

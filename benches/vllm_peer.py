@@ -155,7 +155,8 @@ class Tokens:
             return [0] * (stop - start)
         off = self.offsets[rid]
         end = min(off + stop, self.offsets[rid + 1])
-        return self.flat[off + start : end].tolist() + [0] * (off + stop - end)
+        head: list[int] = self.flat[off + start : end].tolist()
+        return head + [0] * (off + stop - end)
 
 
 class VllmPool:
@@ -190,9 +191,11 @@ class VllmPool:
         return int(self._get_free())
 
     # ---- timed by the loop: the manager's calls -------------------------------------
-    def add_sequence(self, rid: int, num_tokens: int) -> Any:
-        """Admit ``rid`` with ``num_tokens`` tokens computed now (prompt plus, after a
-        preemption, its generated tokens); the new blocks, or None when they do not fit."""
+    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> Any:
+        """Admit request ``seq_id`` with ``prompt_len`` tokens computed now (its prompt plus,
+        after a preemption, its generated tokens); the new blocks, or None when they do
+        not fit."""
+        rid, num_tokens = seq_id, prompt_len
         req = self.requests[rid]
         mgr = self.manager
         self.admit_queries += 1
