@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="loop runs per engine (default 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--micro-reps", type=int, default=None, help="repetitions per microbenchmark")
-    ap.add_argument("--check-slots", action="store_true", help="also compare every slot mapping")
+    ap.add_argument("--check-slots", action="store_true",
+                    help="also compare every slot mapping (vllm: the blocks in use after every event)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vllm engine")
     ap.add_argument("--vllm-repeats", type=int, default=None, help="vllm loop runs (default 3, 1 with --quick)")
@@ -355,7 +356,10 @@ def main(argv: list[str] | None = None) -> int:
 
     all_ratios = {base: ratios(base) for base in runs if base != "pykvpool"}
     prefix_requests = args.prefix_requests if args.prefix_requests is not None else (300 if args.quick else 2_000)
-    vllm_rep = vllm_section(api, vllm_note, runs, vllm_pools, prefix_requests, args.seed, vllm_repeats, hashes)
+    vllm_rep = vllm_section(api, vllm_note, runs, vllm_pools, prefix_requests, args.seed, vllm_repeats, hashes,
+                            args.check_slots)
+    if api is not None and args.check_slots:
+        vllm_rep["blocks_in_use_checked_events"] = vllm_bench.check_used_blocks(api, wl)
     head = headline(runs)
     targets = {
         "decode_us_per_token": (fast["decode_us_per_token"], TARGET_DECODE_TOKEN_US, False),
@@ -412,9 +416,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def vllm_section(api: VllmApi | None, note: str, runs: dict[str, list[LoopResult]], pools: list[Any],
-                 prefix_requests: int, seed: int, repeats: int, hashes: tuple[str, ...]) -> dict[str, Any]:
+                 prefix_requests: int, seed: int, repeats: int, hashes: tuple[str, ...],
+                 check_blocks: bool) -> dict[str, Any]:
     """The vllm engine's figures: its version, per-run ratios by kind of call over pykvpool,
-    the untimed bookkeeping, and the prefix-caching comparison; or why it was skipped."""
+    the untimed bookkeeping, and the prefix-caching comparison (with ``check_blocks``, the
+    blocks in use after every event checked equal too); or why it was skipped."""
     if api is None:
         return {"skipped": note}
     out: dict[str, Any] = {
@@ -424,7 +430,7 @@ def vllm_section(api: VllmApi | None, note: str, runs: dict[str, list[LoopResult
         "bookkeeping": vllm_bench.bookkeeping(pools),
     }
     if prefix_requests > 0 and hashes:
-        out["prefix"] = vllm_bench.prefix_section(api, prefix_requests, seed, repeats, hashes)
+        out["prefix"] = vllm_bench.prefix_section(api, prefix_requests, seed, repeats, hashes, check_blocks)
     return out
 
 

@@ -14,7 +14,9 @@ import statistics
 import time
 from typing import Any
 
-from benches.scheduler_loop import CallTimes, LoopResult, Workload, make_workload
+import numpy as np
+
+from benches.scheduler_loop import CallTimes, LoopResult, SchedulerLoop, Workload, make_workload
 from benches.vllm_peer import Tokens, VllmApi, VllmLoop, VllmPool
 
 #: Kinds of call compared per run: what the loop's figure divides by.
@@ -62,13 +64,16 @@ def bookkeeping(pools: list[VllmPool]) -> dict[str, float]:
     }
 
 
-def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tuple[str, ...]) -> dict[str, Any]:
+def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tuple[str, ...],
+                   check_blocks: bool = False) -> dict[str, Any]:
     """The loop with prefix caching on: ``benches/bench_prefix_cache.py``'s token ids (32
     shared 1,024-token prefixes) on pykvpool's caching pool and on vLLM's manager with each
-    hash in ``hashes``, alternating per repeat.
+    hash in ``hashes``, alternating per repeat; with ``check_blocks``, an untimed run per
+    hash checks the blocks in use after every event (:func:`check_used_blocks`).
 
     Raises:
-        AssertionError: an engine's counts or prefix hit tokens differ from pykvpool's.
+        AssertionError: an engine's counts, prefix hit tokens or blocks in use differ from
+            pykvpool's.
     """
     from benches import bench_prefix_cache  # it imports bench_scheduler, which imports this module
 
@@ -91,9 +96,11 @@ def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tu
                 raise AssertionError(f"vllm+{h} hit {pool.hit_tokens} tokens, pykvpool {hits}")
             slow[h].append(r)
             pools[h].append(pool)
+    checked = {h: check_used_blocks(api, wl, tokens, h) for h in hashes} if check_blocks else {}
     return {
         "requests": n_req,
         "repeats": repeats,
+        "blocks_in_use_checked_events": checked,
         "counts": fast[0].counts(),
         "hit_tokens": hits,
         "prefill_tokens": fast[0].prefill_tokens,
@@ -187,3 +194,45 @@ def print_vllm(rep: dict[str, Any]) -> None:
             print(f"  {name:<20}{u['decode']:>16.3f}{u['admit']:>14.2f}{u['free']:>10.2f}")
         for name, ks in pre["ratio_over_pykvpool"].items():
             print(f"  {name} / pykvpool: " + ", ".join(f"{k} {fmt_ratio(s)}" for k, s in ks.items()))
+
+
+def used_blocks_trace(loop: SchedulerLoop) -> list[int]:
+    """Blocks in use (``num_blocks - num_free_blocks``) after every admission, decode step
+    and finish of one untimed run of ``loop`` (its observer is replaced). Not after a
+    preemption: there vLLM still holds the slots its failed step gave the requests before
+    the one that did not fit (it cannot undo them; the retry then skips them), where an
+    atomic step holds none yet."""
+    pool = loop.pool
+    trace: list[int] = []
+
+    def observe(kind: str, step: int, ids: Any, slots: Any, lens: Any) -> None:
+        if kind != "preempt":
+            trace.append(pool.num_blocks - pool.num_free_blocks)
+
+    loop.observer = observe
+    loop.run()
+    return trace
+
+
+def check_used_blocks(api: VllmApi, wl: Workload, tokens: Tokens | None = None, hash_name: str | None = None) -> int:
+    """Assert that vLLM's manager holds as many blocks as pykvpool's pool after every event
+    of the loop (caching off, or on with ``tokens`` and ``hash_name``); the events compared.
+
+    Raises:
+        AssertionError: the traces differ.
+    """
+    import pykvpool
+    from benches import bench_prefix_cache
+
+    if tokens is None:
+        ref = used_blocks_trace(SchedulerLoop(pykvpool.BlockPool(wl.num_blocks, wl.block_size), wl))
+    else:
+        assert tokens.flat is not None
+        offsets = np.asarray(tokens.offsets, dtype=np.int64)
+        pool = bench_prefix_cache.cached_pool(wl.num_blocks, wl.block_size)
+        ref = used_blocks_trace(bench_prefix_cache.PrefixLoop(pool, wl, tokens.flat, offsets))
+    got = used_blocks_trace(VllmLoop(VllmPool(api, wl.num_blocks, wl.block_size, hash_name, tokens), wl))
+    if got != ref:
+        at = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+        raise AssertionError(f"blocks in use differ at event {at}: vllm {got[at:at + 1]}, pykvpool {ref[at:at + 1]}")
+    return len(ref)

@@ -18,6 +18,7 @@ import pytest
 
 import pykvpool
 from benches.scheduler_loop import Workload, make_workload, run_loop
+from benches.vllm_bench import check_used_blocks
 from benches.vllm_peer import INSTALL, Tokens, VllmApi, VllmLoop, VllmPool, try_load_api
 
 WAITING, RUNNING, PREEMPTED = "waiting", "running", "preempted"
@@ -125,6 +126,26 @@ def test_adapter_on_a_fake_manager_reproduces_pykvpool_loop(seed: int) -> None:
                                            + res.decode_refused.calls)
     assert mgr.calls["free"] == res.free.calls == wl.num_requests + res.preemptions
     assert pool.request_init.calls == wl.num_requests
+    # Blocks in use equal pykvpool's after every admission, decode and finish.
+    assert check_used_blocks(fake_api([]), wl) == sum(1 for e in log if e[0] != "preempt")
+
+
+class LeakyManager(FakeManager):
+    """Keeps one block of the 5th request admitted after that request is freed."""
+
+    def free(self, req: FakeRequest) -> None:
+        super().free(req)
+        if req.request_id == "4" and not getattr(self, "leaked", False):
+            self.leaked = True
+            self.block_pool.free -= 1
+
+
+def test_used_blocks_check_sees_a_manager_holding_one_block_too_many() -> None:
+    wl = small(40, 60, 6, 0)
+    base = fake_api([])
+    leaky = VllmApi("leaky", lambda nb, bs, h: LeakyManager(nb, bs), base.make_request, RUNNING, PREEMPTED)
+    with pytest.raises(AssertionError, match="blocks in use differ"):
+        check_used_blocks(leaky, wl)
 
 
 def test_adapter_step_resumes_after_a_failure_without_reallocating() -> None:
@@ -242,7 +263,7 @@ def test_scheduler_bench_vllm_engine_tiny_run(vllm_api: VllmApi, tmp_path: Path)
     from benches import bench_scheduler
 
     out = tmp_path / "s.json"
-    argv = ["--requests", "60", "--repeats", "2", "--vllm-repeats", "2", "--micro-reps", "5",
+    argv = ["--requests", "60", "--repeats", "2", "--vllm-repeats", "2", "--micro-reps", "5", "--check-slots",
             "--prefix-requests", "40", "--vllm-hashes", "sha256,xxhash", "--out", str(out)]
     assert bench_scheduler.main(argv) == 0
     rep = json.loads(out.read_text())
@@ -253,6 +274,8 @@ def test_scheduler_bench_vllm_engine_tiny_run(vllm_api: VllmApi, tmp_path: Path)
         assert s["runs"] == 2 and all(math.isfinite(s[k]) and s[k] > 0 for k in ("q1", "median", "q3"))
     pre = v["prefix"]
     assert pre["hit_tokens"] > 0
+    assert v["blocks_in_use_checked_events"] > 0
+    assert set(pre["blocks_in_use_checked_events"]) == {"sha256", "xxhash"}
     assert set(pre["ratio_over_pykvpool"]) == {"vllm+sha256", "vllm+xxhash"}
 
 
