@@ -163,9 +163,9 @@ class VllmPool:
     """The loop's pool interface (``add_sequence``, ``step``, ``free``, ``num_free_blocks``)
     over a vLLM ``KVCacheManager``; see the module doc for the calls and conventions.
 
-    Counts: :attr:`hit_tokens` / :attr:`hit_blocks` summed over successful admissions
-    (the prefix-cache hits, comparable to pykvpool's ``cache_stats()``),
-    :attr:`admit_queries` the admission attempts that reached the manager.
+    Counts: :attr:`hit_tokens`, the prefix-cache hits summed over successful admissions
+    (pykvpool's ``cache_stats().hit_tokens``), :attr:`admit_queries` the admission attempts
+    that reached the manager.
     """
 
     def __init__(self, api: VllmApi, num_blocks: int, block_size: int, hash_name: str | None = None,
@@ -181,7 +181,6 @@ class VllmPool:
         self._resume = 0  # requests of the current batch already given their slot
         self._admitting: tuple[int, int] = (-1, 0)
         self.hit_tokens = 0
-        self.hit_blocks = 0
         self.admit_queries = 0
         self.bookkeeping = CallTimes()
         self.request_init = CallTimes()
@@ -204,7 +203,6 @@ class VllmPool:
         if new is None:
             return None
         self.hit_tokens += hit
-        self.hit_blocks += hit // self.block_size
         self._admitting = (rid, num_tokens)
         return new
 
