@@ -11,10 +11,22 @@ and (with ``--check-slots``) identical slot mappings.
 Microbenchmarks, same process, both engines: admission of a 2,000-token prompt, free of
 that sequence (125 blocks), and a 256-sequence decode step.
 
+A real peer, the ``vllm`` engine: vLLM's own v1 ``KVCacheManager`` and ``BlockPool`` driven
+through the same loop (``benches/vllm_peer.py`` says which calls, with which conventions,
+and what is timed), its counts asserted identical to pykvpool's, in ``--vllm-repeats`` of
+the runs (default 3: one run of 10,000 requests takes vLLM about a minute). It is reported
+per decode token, per admission and per free as per-run ratios over pykvpool (median and
+IQR), and then again with prefix caching on (``--prefix-requests`` requests of the
+prefix-cache benchmark's token ids, vLLM with each of ``--vllm-hashes``, pykvpool's
+caching pool, the prefix hit tokens asserted equal). vLLM is not installed by
+``tests/run.sh``; without it (or with ``--no-vllm``) the engine is skipped with a message
+saying how to install it.
+
 Usage, from the repository root::
 
     python -m benches.bench_scheduler            # 10,000 requests, 5 runs per engine
     python -m benches.bench_scheduler --quick    # 1,000 requests, 1 repeat (smoke run)
+    python -m benches.bench_scheduler --no-vllm  # without the vllm engine
 
 Writes ``benches/out/scheduler.json`` (``scheduler_quick.json`` with ``--quick``).
 
@@ -55,8 +67,10 @@ from typing import Any
 import numpy as np
 
 import pykvpool
+from benches import vllm_bench
 from benches.py_allocator import PyBlockPool, PyBlockPoolNumpy
 from benches.scheduler_loop import CallTimes, LoopResult, Pool, Workload, make_workload, run_loop
+from benches.vllm_peer import HASHES, VllmApi, try_load_api
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -276,19 +290,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="loop runs per engine (default 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--micro-reps", type=int, default=None, help="repetitions per microbenchmark")
-    ap.add_argument("--check-slots", action="store_true", help="also compare every slot mapping")
+    ap.add_argument("--check-slots", action="store_true",
+                    help="also compare every slot mapping (vllm: the blocks in use after every event)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vllm engine")
+    ap.add_argument("--vllm-repeats", type=int, default=None, help="vllm loop runs (default 3, 1 with --quick)")
+    ap.add_argument("--prefix-requests", type=int, default=None,
+                    help="requests of the prefix-caching comparison (default 2,000, 300 with --quick; 0: none)")
+    ap.add_argument("--vllm-hashes", default="sha256,xxhash,sha256_cbor",
+                    help=f"vLLM block hashes for the prefix-caching runs, comma-separated, of {', '.join(HASHES)}")
     args = ap.parse_args(argv)
+    hashes = tuple(h for h in args.vllm_hashes.split(",") if h)
+    if any(h not in HASHES for h in hashes):
+        ap.error(f"--vllm-hashes: each of {', '.join(HASHES)}")
+    api, vllm_note = (None, "--no-vllm given") if args.no_vllm else try_load_api()
+    if api is None:
+        print(f"note: vllm engine skipped: {vllm_note}", file=sys.stderr)
 
     n_req = args.requests if args.requests is not None else (1_000 if args.quick else 10_000)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     micro_reps = args.micro_reps if args.micro_reps is not None else (300 if args.quick else 3000)
     wl = make_workload(n_req, args.seed)
 
+    vllm_repeats = args.vllm_repeats if args.vllm_repeats is not None else (1 if args.quick else 3)
     runs: dict[str, list[LoopResult]] = {name: [] for name in ENGINES}
-    for _ in range(repeats):
+    vllm_pools = []
+    if api is not None:
+        runs["vllm"] = []
+    for rep in range(repeats):
         for name in ENGINES:
             runs[name].append(run_engine(name, wl))
+        if api is not None and rep < vllm_repeats:
+            res, vpool = vllm_bench.run_vllm(api, wl)
+            runs["vllm"].append(res)
+            vllm_pools.append(vpool)
     ref = runs["pykvpool"][0]
     for name, rs in runs.items():
         for r in rs:
@@ -303,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     figs = {name: loop_figures(per_call_min(rs)) for name, rs in runs.items()}
     best_run = {name: loop_figures(r) for name, r in best.items()}
     micros = {name: micro(name, micro_reps) for name in ENGINES}
+    if api is not None:
+        micros["vllm"] = vllm_bench.micro(api, micro_reps)
 
     fast = figs["pykvpool"]
 
@@ -317,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             "cpu": slow["cpu_ms"] / fast["cpu_ms"],
         }
 
-    all_ratios = {base: ratios(base) for base in ENGINES if base != "pykvpool"}
+    all_ratios = {base: ratios(base) for base in runs if base != "pykvpool"}
+    prefix_requests = args.prefix_requests if args.prefix_requests is not None else (300 if args.quick else 2_000)
+    vllm_rep = vllm_section(api, vllm_note, runs, vllm_pools, prefix_requests, args.seed, vllm_repeats, hashes,
+                            args.check_slots)
+    if api is not None and args.check_slots:
+        vllm_rep["blocks_in_use_checked_events"] = vllm_bench.check_used_blocks(api, wl)
     head = headline(runs)
     targets = {
         "decode_us_per_token": (fast["decode_us_per_token"], TARGET_DECODE_TOKEN_US, False),
@@ -358,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "loop_best_single_run": best_run,
         "micro": micros,
         "ratios_over_pykvpool": all_ratios,
+        "vllm": vllm_rep,
         "targets": {
             k: {"value": v, "limit": lim, "result": verdict(v, lim, hib)} for k, (v, lim, hib) in targets.items()
         },
@@ -367,8 +410,28 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
+    vllm_bench.print_vllm(report)
     print(f"\nwrote {out}")
     return 0
+
+
+def vllm_section(api: VllmApi | None, note: str, runs: dict[str, list[LoopResult]], pools: list[Any],
+                 prefix_requests: int, seed: int, repeats: int, hashes: tuple[str, ...],
+                 check_blocks: bool) -> dict[str, Any]:
+    """The vllm engine's figures: its version, per-run ratios by kind of call over pykvpool,
+    the untimed bookkeeping, and the prefix-caching comparison (with ``check_blocks``, the
+    blocks in use after every event checked equal too); or why it was skipped."""
+    if api is None:
+        return {"skipped": note}
+    out: dict[str, Any] = {
+        "version": api.version,
+        "runs": len(runs["vllm"]),
+        "ratio_over_pykvpool": vllm_bench.kind_ratios(runs["vllm"], runs["pykvpool"]),
+        "bookkeeping": vllm_bench.bookkeeping(pools),
+    }
+    if prefix_requests > 0 and hashes:
+        out["prefix"] = vllm_bench.prefix_section(api, prefix_requests, seed, repeats, hashes, check_blocks)
+    return out
 
 
 def print_table(rep: dict[str, Any]) -> None:
@@ -381,7 +444,7 @@ def print_table(rep: dict[str, Any]) -> None:
     print(
         f"steps {c['steps']}, decode steps {c['decode_steps']}, preemptions {c['preemptions']}, "
         f"admissions {c['admissions']}, recomputed tokens {c['recomputed_tokens']}, "
-        f"peak running {c['peak_running']} (identical on both engines"
+        f"peak running {c['peak_running']} (identical on every engine"
         + (", slot mappings too)" if rep["slots_checked"] else ")")
     )
     print_headline(rep["headline"])

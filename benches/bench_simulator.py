@@ -5,7 +5,12 @@
    model), in the engine's ``decode_first`` convention, beside the in-run baseline: the
    Python-driven loop of ``benches/scheduler_loop.py`` over the same ``pykvpool.BlockPool``
    (and over the pure-Python allocator). The engine's steps and preemptions must equal the
-   loop's (asserted). The same workload in vLLM's convention is timed too.
+   loop's (asserted). The same workload in vLLM's convention is timed too, against a
+   real peer: the same scheduling decisions made in Python over vLLM's own v1
+   ``KVCacheManager`` (``benches/vllm_sim.py``), its per-step schedule asserted equal to
+   the engine's; time ratio per round (median, IQR) over ``--vllm-rounds`` rounds. vLLM is
+   not installed by ``tests/run.sh``: without it (or with ``--no-vllm``) that row is
+   skipped with a message saying how to install it (``benches/vllm_peer.py``).
 2. the full Azure conversation trace (19,366 requests), prefix caching off, Llama-3-8B on
    an A100 roofline, pool sized from the device memory;
 3. the Mooncake synthetic trace (3,993 requests, ``hash_ids``) with prefix caching on, at
@@ -41,7 +46,9 @@ import numpy as np
 
 import pykvpool
 from benches.py_allocator import PyBlockPool
+from benches import vllm_sim
 from benches.scheduler_loop import make_workload, run_loop
+from benches.vllm_peer import try_load_api
 from pykvpool.simulate import sweep as sim_sweep, traces as sim_traces
 from pykvpool import simulate as sim
 
@@ -73,12 +80,17 @@ def cpu(result: Any) -> float:
     return CPU[id(result)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    n = 1_000 if args.quick else 10_000
+    ap.add_argument("--requests", type=int, default=None, help="loop workload requests (default 10,000)")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM manager loop")
+    ap.add_argument("--no-traces", action="store_true", help="skip the trace cases and the sweep")
+    ap.add_argument("--vllm-rounds", type=int, default=None, help="rounds of the vLLM comparison (default 3)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON output path")
+    args = ap.parse_args(argv)
+    n = args.requests if args.requests is not None else (1_000 if args.quick else 10_000)
     repeats = 1 if args.quick else args.repeats
     rows: list[dict[str, Any]] = []
 
@@ -112,12 +124,21 @@ def main() -> int:
          "steps": loop_py.steps, "preemptions": loop_py.preemptions, "ratio_vs_engine": t_py / t_sim},
     ]
 
+    api, note = (None, "--no-vllm given") if args.no_vllm else try_load_api()
+    if api is None:
+        print(f"note: vLLM manager loop skipped: {note}", file=sys.stderr)
+    else:
+        rounds = args.vllm_rounds if args.vllm_rounds is not None else (1 if args.quick else 3)
+        rows.append(vllm_sim.compare(api, wl, lambda: sim.run(w, vllm), rounds))
+
     # 2. and 3. Real traces.
     roof = sim.roofline("llama-3-8b", "a100-80gb-sxm")
     blocks16 = sim.kv_blocks_for_memory(roof.model, roof.hardware, 16)
     conv = DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
     moon = DATA / "mooncake_fast25" / "synthetic_trace.jsonl"
-    if conv.exists() and moon.exists():
+    if args.no_traces:
+        pass
+    elif conv.exists() and moon.exists():
         az = sim_traces.load_azure(conv)
         t, r = best(lambda: sim.run(az, sim.SimConfig(num_blocks=blocks16), roof), repeats)
         rows.append({"case": f"Azure conv trace, {len(az)} req, caching off", "seconds": t, "cpu_s": cpu(r), "target_s": 1.0,
@@ -134,7 +155,7 @@ def main() -> int:
         print(f"note: {DATA} not found, trace cases skipped", file=sys.stderr)
 
     # 4. Sweep on one thread vs every core.
-    if not args.quick:
+    if not args.quick and not args.no_traces:
         base = sim.synthetic_workload(2000, rate=10.0, prompt=("lognormal", [1000, 0.8]), prompt_clamp=(1, 8000),
                                       output=("lognormal", [150, 1.0]), output_clamp=(1, 2000), seed=1)
         pols = {"paged": sim.SchedulerConfig(), "reserve": sim.SchedulerConfig(allocation="reserve", reserve_tokens=10_000)}
@@ -148,12 +169,13 @@ def main() -> int:
     print(f"{'case':<72} {'seconds':>8}  notes")
     for r in rows:
         notes = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-                          if k not in ("case", "seconds") and v is not None)
+                          if k not in ("case", "seconds") and v is not None and not isinstance(v, list))
         print(f"{r['case']:<72} {r['seconds']:8.3f}  {notes}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    out = OUT_DIR / ("simulator_quick.json" if args.quick else "simulator.json")
-    out.write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    out = args.out or OUT_DIR / ("simulator_quick.json" if args.quick else "simulator.json")
+    out.write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                               "vllm": api.version if api else note}, indent=2))
+    print(f"wrote {out}")
     return 0
 
 

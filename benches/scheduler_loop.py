@@ -83,7 +83,12 @@ and so is the release of each call's result (a baseline's list of slots would ot
 be freed inside the next timed call). An admission's time covers
 :meth:`SchedulerLoop.admit`, i.e. the fit check and ``add_sequence``.
 To change what admission does (a prefix cache), subclass and override
-:meth:`SchedulerLoop.admit`.
+:meth:`SchedulerLoop.admit`. An engine whose requests carry state outside the allocator
+(vLLM's ``Request``: tokens, block hashes, computed-token counts) keeps it up to date in
+:meth:`SchedulerLoop.before_admit` and :meth:`SchedulerLoop.settle`, which run outside
+the timers: that work is the engine's, done in vLLM by the engine core and
+``update_from_output``, not by its KV-cache manager (``benches/vllm_peer.py`` times it
+apart).
 """
 
 from __future__ import annotations
@@ -267,8 +272,19 @@ class SchedulerLoop:
             return None
         return pool.add_sequence(rid, num_tokens)
 
+    #: Set by a subclass that overrides :meth:`before_admit` and :meth:`settle`; the
+    #: loop calls them only then (nothing extra runs for a plain pool).
+    bookkeeping = False
+
+    def before_admit(self, rid: int, num_tokens: int) -> None:
+        """Untimed, before each admission attempt of ``rid`` with ``num_tokens`` tokens."""
+
+    def settle(self, kind: str, seq_ids: Sequence[int]) -> None:
+        """Untimed, after each event (``kind`` as for :data:`Observer`) and before the observer."""
+
     def run(self) -> LoopResult:
         wl, pool, observe = self.workload, self.pool, self.observer
+        settle = self.settle if self.bookkeeping else None
         prompts = [int(x) for x in wl.prompt_lens]
         outputs = [int(x) for x in wl.output_lens]
         n = len(prompts)
@@ -314,6 +330,8 @@ class SchedulerLoop:
                     waiting.appendleft(victim)
                     res.preemptions += 1
                     preempted = True
+                    if settle is not None:
+                        settle("preempt", [victim])
                     if observe is not None:
                         observe("preempt", step_index, [victim], None, None)
                     continue
@@ -324,6 +342,8 @@ class SchedulerLoop:
                     full_batch.append(dt)
                 decode_steps += 1
                 res.decode_tokens += batch
+                if settle is not None:
+                    settle("decode", running)
                 if observe is not None:
                     observe("decode", step_index, running, out[0], out[2])
                 out = None
@@ -343,6 +363,8 @@ class SchedulerLoop:
                             t_free.add(clock() - t0)
                             generated[rid] = outputs[rid]
                             epoch[rid] += 1
+                            if settle is not None:
+                                settle("finish", [rid])
                             if observe is not None:
                                 observe("finish", step_index, [rid], None, None)
                         running = [rid for rid in running if rid not in gone]
@@ -352,6 +374,8 @@ class SchedulerLoop:
                 while waiting and len(running) < max_running:
                     rid = waiting[0]
                     tokens = prompts[rid] + generated[rid]
+                    if settle is not None:
+                        self.before_admit(rid, tokens)
                     t0 = clock()
                     try:
                         slots = self.admit(rid, tokens)
@@ -371,6 +395,8 @@ class SchedulerLoop:
                     base[rid] = generated[rid] - decode_steps
                     epoch[rid] += 1
                     due.setdefault(decode_steps + outputs[rid] - generated[rid], []).append((rid, epoch[rid]))
+                    if settle is not None:
+                        settle("admit", [rid])
                     if observe is not None:
                         observe("admit", step_index, [rid], slots, None)
                     # Drop the result here, not at the next timed assignment: freeing a

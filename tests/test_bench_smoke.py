@@ -248,7 +248,8 @@ def test_bench_script_runs_and_reports_finite_figures(tmp_path: Path) -> None:
     from benches import bench_scheduler
 
     out = tmp_path / "scheduler.json"
-    argv = ["--requests", "120", "--repeats", "3", "--micro-reps", "20", "--check-slots", "--out", str(out)]
+    argv = ["--requests", "120", "--repeats", "3", "--micro-reps", "20", "--check-slots", "--no-vllm",
+            "--out", str(out)]
     assert bench_scheduler.main(argv) == 0
     rep = json.loads(out.read_text())
     assert rep["slots_checked"] is True
