@@ -5,6 +5,7 @@ tokens and logits of DynamicCache + sdpa (eager for Gemma-2, which has no sdpa).
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -30,6 +31,17 @@ MODELS = {
 PROMPT_LENS = (5, 11, 3, 17)
 #: The reference attention: sdpa, or eager where transformers has no sdpa (Gemma-2's soft cap).
 REFERENCE = {"gemma2": "eager"}
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """torch's OpenMP threads spin beside pykvpool's on a shared machine (this file once took
+    14 minutes on a loaded one at torch's default threads): one thread keeps the tiny models
+    fast; results do not depend on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def build(model_type: str, impl: str) -> torch.nn.Module:
