@@ -346,7 +346,7 @@ fn rising_scores_move_the_lazy_maximum() {
 /// while the switch is on (it would silently test the other path).
 static BF16_SWITCH: RwLock<()> = RwLock::new(());
 
-fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
+pub(super) fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
     BF16_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
 }
 
