@@ -23,7 +23,8 @@
 //! (3 or 2 mantissa bits, 4 or 5 exponent bits, subnormals included, become bf16
 //! normals), so the codes are widened to bf16 in registers ([`Fp8Dot`]: two `vpermi2b`
 //! 128-entry byte tables, low and high byte of the bf16, indexed by the code's 7 low bits,
-//! plus its sign bit) and the only rounding is the query's, as for bf16. The K scale
+//! the sign or'ed in, one `vpermt2b` to interleave two rows into pairs: 4 instructions
+//! per 32 codes) and the only rounding is the query's, as for bf16. The K scale
 //! multiplies the finished scores (the tile loop's), so the bound of `bf16_scores`
 //! carries over to the dequantized keys. The byte permutes need `avx512vbmi`; without
 //! it the exact AVX-512 kernel runs on the rounded query.
@@ -195,8 +196,14 @@ impl<E: Elem> Scores<E> for Dot<'_> {
                 s1[j] = _mm512_dpbf16_ps(s1[j], k0, qpair(j, i));
             }
         }
+        // A loop, not `array::from_fn`: its closure does not inherit the target features,
+        // so each element was an out-of-line call.
         let f = _mm512_set1_ps(self.factor);
-        std::array::from_fn(|j| _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), f))
+        let mut r = [_mm512_setzero_ps(); H];
+        for j in 0..H {
+            r[j] = _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), f);
+        }
+        r
     }
 }
 
@@ -267,21 +274,18 @@ pub(crate) const fn fp8_bf16_bits(code: u8, ebits: u32, mbits: u32) -> u16 {
 }
 
 /// Byte `b` of the pair vector: lane `t = b / 4` holds (bf16 of row i's code t, bf16 of
-/// row i + 1's code t), each bf16 two bytes, both indexed by its code. Row i + 1's codes
-/// start at byte `second` of the permute's input (16: the same 32-byte load, 64: the
-/// second operand of a two-source permute).
-const DUP_ADJACENT: [u8; 64] = dup_index(16);
-const DUP_TWO: [u8; 64] = dup_index(64);
-
-const fn dup_index(second: u8) -> [u8; 64] {
+/// row i + 1's code t), low byte first; the bytes come from the low-byte lookup (index
+/// `< 64`) and the high-byte lookup (`64 +`) of the 32 codes, row i's at 0..16, row i +
+/// 1's at 16..32.
+const INTERLEAVE: [u8; 64] = {
     let mut x = [0u8; 64];
     let mut b = 0;
     while b < 64 {
-        x[b] = (b / 4) as u8 + if b % 4 >= 2 { second } else { 0 };
+        x[b] = (b / 4) as u8 + if b % 4 >= 2 { 16 } else { 0 } + if b % 2 == 1 { 64 } else { 0 };
         b += 1;
     }
     x
-}
+};
 
 /// `vdpbf16ps` scores of an fp8 cache: the codes widened to bf16 pairs in registers.
 pub(crate) struct Fp8Dot<'a> {
@@ -291,14 +295,13 @@ pub(crate) struct Fp8Dot<'a> {
     tables: &'static Fp8Tables,
 }
 
-/// The registers of the widening: the two tables' halves, the permute indices and the
+/// The registers of the widening: the two tables' halves, the interleave index and the
 /// sign mask.
 #[derive(Clone, Copy)]
 struct Widen {
     lo: [__m512i; 2],
     hi: [__m512i; 2],
-    dup_adjacent: __m512i,
-    dup_two: __m512i,
+    interleave: __m512i,
     sign: __m512i,
 }
 
@@ -306,31 +309,30 @@ impl Widen {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     fn new(t: &Fp8Tables) -> Self {
-        // SAFETY: each load reads 64 of the 128 bytes of a table, or a 64-byte index.
+        // SAFETY: each load reads 64 of the 128 bytes of a table, or the 64-byte index.
         unsafe {
             let ld = |p: *const u8| _mm512_loadu_si512(p.cast());
             Widen {
                 lo: [ld(t.lo.as_ptr()), ld(t.lo.as_ptr().add(64))],
                 hi: [ld(t.hi.as_ptr()), ld(t.hi.as_ptr().add(64))],
-                dup_adjacent: ld(DUP_ADJACENT.as_ptr()),
-                dup_two: ld(DUP_TWO.as_ptr()),
-                sign: _mm512_set1_epi16(i16::MIN),
+                interleave: ld(INTERLEAVE.as_ptr()),
+                sign: _mm512_set1_epi8(i8::MIN),
             }
         }
     }
 
-    /// The bf16 pairs of `y`, whose bytes `4t, 4t + 1` hold the code of row i's token t
-    /// and bytes `4t + 2, 4t + 3` row i + 1's: each byte becomes the low (even byte) or
-    /// high (odd byte) byte of its code's bf16, the sign (bit 7 of the code, ignored by
-    /// the 7-bit table index) or'ed into bit 15.
+    /// The bf16 pairs of the 32 codes in bytes 0..32 of `x` (row i at 0..16, row i + 1
+    /// at 16..32; the other bytes are don't-care): four instructions, the low and high
+    /// bytes of each code's bf16 looked up (the 7-bit index ignores the sign), the sign
+    /// or'ed into the high bytes, both interleaved into pairs.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-    fn bf16(&self, y: __m512i) -> __m512i {
-        let lo = _mm512_permutex2var_epi8(self.lo[0], y, self.lo[1]);
-        let hi = _mm512_permutex2var_epi8(self.hi[0], y, self.hi[1]);
-        let r = _mm512_mask_blend_epi8(0xaaaa_aaaa_aaaa_aaaa, lo, hi);
-        // r | (y & sign)
-        _mm512_ternarylogic_epi32::<0xf8>(r, y, self.sign)
+    fn bf16(&self, x: __m512i) -> __m512i {
+        let lo = _mm512_permutex2var_epi8(self.lo[0], x, self.lo[1]);
+        let hi = _mm512_permutex2var_epi8(self.hi[0], x, self.hi[1]);
+        // hi | (x & sign)
+        let hi = _mm512_ternarylogic_epi32::<0xf8>(hi, x, self.sign);
+        _mm512_permutex2var_epi8(lo, self.interleave, hi)
     }
 
     /// Rows i and i + 1 of 16 codes each, adjacent (row i + 1 at byte 16 of one load).
@@ -341,25 +343,24 @@ impl Widen {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     unsafe fn adjacent(&self, p: *const u8, mask: __mmask16) -> __m512i {
         let mask2 = mask as u32 | (mask as u32) << 16;
-        // SAFETY: forwarded to the caller; masked-off bytes are not accessed. Only bytes
-        // 0..32 are selected, so the undefined upper half of the cast never reaches a lane.
-        let x = _mm512_castsi256_si512(unsafe { _mm256_maskz_loadu_epi8(mask2, p.cast()) });
-        self.bf16(_mm512_permutexvar_epi8(self.dup_adjacent, x))
+        // SAFETY: forwarded to the caller; masked-off bytes are not accessed. The
+        // undefined upper half of the cast is don't-care for `bf16`.
+        self.bf16(_mm512_castsi256_si512(unsafe { _mm256_maskz_loadu_epi8(mask2, p.cast()) }))
     }
 
-    /// Rows i (at `a`) and i + 1 (at `b`, or none: +0) of 16 codes each.
+    /// Rows i (at `a`) and i + 1 (at `b`, or none: code 0, +0) of 16 codes each.
     ///
     /// # Safety
     /// Unmasked bytes `a .. a + 16` and `b .. b + 16` inside one allocation each.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     unsafe fn two(&self, a: *const u8, b: Option<*const u8>, mask: __mmask16) -> __m512i {
-        // SAFETY: forwarded to the caller; masked-off bytes are not accessed. Bytes 0..16
-        // and 64..80 are selected only, never the undefined upper parts of the casts.
+        // SAFETY: forwarded to the caller; masked-off bytes are not accessed. The
+        // undefined upper half of the last cast is don't-care for `bf16`.
         unsafe {
-            let x = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(mask, a.cast()));
-            let y = b.map_or(_mm512_setzero_si512(), |b| _mm512_castsi128_si512(_mm_maskz_loadu_epi8(mask, b.cast())));
-            self.bf16(_mm512_permutex2var_epi8(x, self.dup_two, y))
+            let x = _mm_maskz_loadu_epi8(mask, a.cast());
+            let y = b.map_or(_mm_setzero_si128(), |b| _mm_maskz_loadu_epi8(mask, b.cast()));
+            self.bf16(_mm512_castsi256_si512(_mm256_set_m128i(y, x)))
         }
     }
 }
@@ -424,11 +425,14 @@ impl<E: Elem> Scores<E> for Fp8Dot<'_> {
                 s1[j] = _mm512_dpbf16_ps(s1[j], k, qpair(j, i));
             }
         }
+        // A new array, not s0 updated and returned: with the latter LLVM kept s0 in the
+        // return slot and stored every accumulator to memory on every iteration.
         let f = _mm512_set1_ps(self.factor);
+        let mut r = [_mm512_setzero_ps(); H];
         for j in 0..H {
-            s0[j] = _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), f);
+            r[j] = _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), f);
         }
-        s0
+        r
     }
 }
 
