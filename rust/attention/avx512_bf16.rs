@@ -52,8 +52,19 @@ pub(crate) fn supported() -> bool {
 
 /// Whether this CPU also has the byte permutes of the fp8 widening (`avx512vbmi`).
 fn supported_fp8() -> bool {
+    #[cfg(test)]
+    if WITHOUT_VBMI.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     supported() && cpu_features().contains(&"avx512vbmi")
 }
+
+/// Makes [`run`] take its fallback for fp8 caches (the exact kernel on the rounded query),
+/// as on a CPU with avx512_bf16 but no avx512vbmi. A process-wide switch: only the test
+/// `fp8_bf16_scores_without_vbmi_use_the_exact_kernel_on_the_rounded_query` turns it on,
+/// holding `BF16_SWITCH` exclusively.
+#[cfg(test)]
+pub(crate) static WITHOUT_VBMI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512bf16, fma and f16c.

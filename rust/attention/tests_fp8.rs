@@ -134,6 +134,31 @@ fn fp8_bf16_scores_with_windows_and_sinks() {
     }
 }
 
+/// On a CPU with avx512_bf16 but no avx512vbmi (no byte permutes) the AVX-512 path runs
+/// its exact kernel on the rounded query: the same semantics, checked the same way.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn fp8_bf16_scores_without_vbmi_use_the_exact_kernel_on_the_rounded_query() {
+    use super::avx512_bf16::WITHOUT_VBMI;
+    use std::sync::atomic::Ordering::Relaxed;
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            WITHOUT_VBMI.store(false, Relaxed);
+        }
+    }
+    let _exclusive = super::tests::BF16_SWITCH.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    WITHOUT_VBMI.store(true, Relaxed);
+    let _off = Off; // dropped before the lock: the switch is off when others run again
+    for dt in FP8 {
+        for (bs, d) in [(16, 128), (8, 65), (1, 3)] {
+            let (c, t, _) = last_block_case(dt, bs, d, 1.0);
+            compare(&c, 6, &t, Mode::default(), 9);
+            compare(&c, 6, &t, Mode { split: Some(1), kpi: Some(1), ..Default::default() }, 10);
+        }
+    }
+}
+
 #[test]
 fn bf16_scores_refuse_f32_f16_and_int8_caches_and_leave_out_untouched() {
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
