@@ -11,7 +11,9 @@ per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-rou
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
 over the probe). The compute roof is the FMA roof: ``4 Hq d`` FLOP per token (q.k and
 p.v, 2 per FMA) at ``pykvpool.peak_flops``; it ignores the conversions (int8: 2 uops per
-16 codes, e5m2 3, e4m3 about 8), so it is an upper bound of the path's compute roof.
+16 codes, e5m2 3, e4m3 5), so it is an upper bound of the path's compute roof. Rows
+"+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
+for their roof).
 
 Write: ``KvCache.write`` of 4096 tokens x 8 heads x 128 (f32 input), GB/s of input.
 
@@ -41,6 +43,13 @@ from pykvpool import toy_decoder
 
 BS = 16
 DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
+#: Opt-in fast paths timed beside the exact ones: row -> (cache dtype, decode keywords,
+#: compute-roof FLOP per token over ``Hq d``). ``bf16_scores``: q.k by ``vdpbf16ps`` (fp8
+#: codes widened to bf16 in registers), counted at twice the FMA rate (one instruction,
+#: 32 products and 32 sums, assumed to issue at the FMA rate; not probed), p.v by FMAs:
+#: ``2 Hq d / 2 + 2 Hq d`` FMA-equivalent FLOP, a roof 4/3 the FMA roof.
+FAST = {f"{dt}+bf16_scores": (dt, {"bf16_scores": True}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
+ROWS = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
 
@@ -79,20 +88,22 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
 def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> list[dict[str, Any]]:
     caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
     sl = np.array(lens)
-    read = {dt: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, dt) for dt in DTYPES}
-    flops = 4 * hq * d * sum(lens)
+    read = {name: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, ROWS[name][0]) for name in ROWS}
+    names = list(ROWS)
     rows = []
     for t in (1, 2):
         kv.set_num_threads(t)
         peak = kv.peak_flops(t)
         out = np.empty_like(q)
-        rounds: dict[str, list[tuple[float, float, float]]] = {dt: [] for dt in DTYPES}
+        rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
         for r in range(reps):
-            for dt in DTYPES[r % 4:] + DTYPES[:r % 4]:
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                dt, kw, _ = ROWS[name]
                 c = caches[dt]
 
-                def call(c: kv.KvCache = c) -> None:
-                    kv.decode_attention(c, 0, q, table, sl, out=out)
+                def call(c: kv.KvCache = c, kw: dict[str, Any] = kw) -> None:
+                    kv.decode_attention(c, 0, q, table, sl, out=out, **kw)
 
                 call()
                 probe = kv.read_bandwidth(cache=c, threads=t, passes=3)
@@ -101,21 +112,22 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> 
                     t0 = time.perf_counter()
                     call()
                     best = min(best, time.perf_counter() - t0)
-                rounds[dt].append((len(lens) / best, probe, read[dt] / best / probe))
+                rounds[name].append((len(lens) / best, probe, read[name] / best / probe))
         base = [x[0] for x in rounds["bf16"]]
-        for dt in DTYPES:
-            tps = [x[0] for x in rounds[dt]]
+        for name in names:
+            tps = [x[0] for x in rounds[name]]
             ratio = [a / b for a, b in zip(tps, base)]
-            probe = float(np.median([x[1] for x in rounds[dt]]))
-            bw_roof = probe / read[dt] * len(lens)
-            fma_roof = peak / flops * len(lens)
-            rows.append(dict(shape=shape, threads=t, dtype=dt, tokens_per_s=max(tps),
+            probe = float(np.median([x[1] for x in rounds[name]]))
+            bw_roof = probe / read[name] * len(lens)
+            fma_roof = peak / (ROWS[name][2] * hq * d * sum(lens)) * len(lens)
+            rows.append(dict(shape=shape, threads=t, dtype=name, tokens_per_s=max(tps),
+                             roof_instr="FMA" if name in DTYPES else "vdpbf16ps + FMA",
                              ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
                              ratio_q3=float(np.quantile(ratio, 0.75)),
-                             pct_bw=float(np.median([x[2] for x in rounds[dt]])),
+                             pct_bw=float(np.median([x[2] for x in rounds[name]])),
                              bw_roof=bw_roof, fma_roof=fma_roof, roof=min(bw_roof, fma_roof),
                              pct_roof=max(tps) / min(bw_roof, fma_roof), probe_gbs=probe / 1e9,
-                             read_mb=read[dt] / 1e6))
+                             read_mb=read[name] / 1e6))
     del caches
     return rows
 
@@ -218,12 +230,13 @@ def main() -> None:
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "bench_quant.json").write_text(json.dumps(res, indent=1))
-    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA roof | % min roof |")
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | compute roof (instr) "
+          "| % min roof |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in res["speed"]:
         print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "
               f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | {r['bw_roof']:,.0f} | "
-              f"{r['fma_roof']:,.0f} | {100 * r['pct_roof']:.0f}% |")
+              f"{r['fma_roof']:,.0f} ({r['roof_instr']}) | {100 * r['pct_roof']:.0f}% |")
     print("\n| write dtype | ms | GB/s of f32 input |\n|---|---|---|")
     for r in res["write"]:
         print(f"| {r['dtype']} | {1e3 * r['seconds']:.2f} | {r['input_gbs']:.2f} |")

@@ -27,12 +27,13 @@
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
-//! shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign << 8, the other
-//! seven bits << 7: exact for normals and subnormals, the value divided by 2^8, its two
-//! NaN codes set to NaN) and widened by `vcvtph2ps`. The scales never touch the codes:
-//! the K scales (a vector of 16 per-token scales for int8, one broadcast per head for
-//! fp8, times 2^8 for e4m3) multiply the scores, the V scales the probabilities after the
-//! softmax sum took them, so `P V` runs on the codes ([`scale_vector`]).
+//! shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
+//! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
+//! widened by `vcvtph2ps`, masked to give its two NaN codes NaN ([`e4m3_over_256`]).
+//! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
+//! int8, one broadcast per head for fp8, times 2^8 for e4m3) multiply the scores, the V
+//! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
+//! ([`scale_vector`]).
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
@@ -181,28 +182,30 @@ unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
                 match E::DTYPE {
                     DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)),
                     DType::E5M2 => _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(x))),
-                    _ => e4m3_over_256(_mm256_cvtepu8_epi16(x)),
+                    _ => e4m3_over_256(x),
                 }
             }
         }
     }
 }
 
-/// 16 e4m3 codes (one per 16-bit lane) as f32 values divided by 2^8: the sign to bit 15,
-/// exponent and mantissa to bits 7..14 of an f16 (whose bias is 8 more), NaN codes
-/// (`0x7f`, `0xff`) to NaN.
+/// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 5 instructions
+/// (the first version's 8): sign-extended to 16 bits and shifted left by 7, a code's
+/// exponent and mantissa land in bits 7..14 of an f16 (whose bias is 8 more: exact for
+/// normals and subnormals) and its sign in bits 15 and 14, bit 14 cleared by one `and`;
+/// `vcvtph2ps` widens, masked so that the two NaN codes (`0x7f`, `0xff`, the codes whose
+/// 7 low bits are all set: adding 1 clears them) take NaN.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub(crate) fn e4m3_over_256(w: __m256i) -> __m512 {
-    let mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(w, _mm256_set1_epi16(0x80)));
-    let h = _mm256_or_si256(sign, _mm256_slli_epi16::<7>(mag));
-    let nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
-    _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(f32::NAN))
+pub(crate) fn e4m3_over_256(x: __m128i) -> __m512 {
+    let s = _mm256_cvtepi8_epi16(x);
+    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
+    let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
+    _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
 }
 
 /// The factor [`load`]'s values miss: 2^8 for e4m3 (see [`e4m3_over_256`]), else 1.
-const fn load_factor(dt: DType) -> f32 {
+pub(crate) const fn load_factor(dt: DType) -> f32 {
     if matches!(dt, DType::E4M3) {
         256.0
     } else {

@@ -40,11 +40,11 @@ pub struct DecodeOptions {
     pub window_left: Option<usize>,
     /// Keys `k < sink_tokens` are visible whatever the window.
     pub sink_tokens: usize,
-    /// bf16 caches only: round the query to bf16 (nearest even) and compute the scores
-    /// from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 they are
-    /// computed by `vdpbf16ps` ([`avx512_bf16`]), elsewhere by f32 FMAs on the rounded
-    /// query (the same products, exact in f32, summed in another order). Softmax and
-    /// `P V` are unchanged (f32, V widened exactly).
+    /// bf16 and fp8 caches only: round the query to bf16 (nearest even) and compute the
+    /// scores from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 (and
+    /// avx512vbmi for fp8) they are computed by `vdpbf16ps` ([`avx512_bf16`]),
+    /// elsewhere by f32 FMAs on the rounded query (the same products, exact in f32,
+    /// summed in another order). Softmax and `P V` are unchanged (f32, V widened exactly).
     pub bf16_scores: bool,
 }
 
@@ -196,9 +196,9 @@ fn check_call(
     if kpi == 0 || !hkv.is_multiple_of(kpi) {
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
     }
-    if opts.bf16_scores && cache.dtype() != DType::BF16 {
-        // 8-bit caches included: their scores are exact f32 (or, next, int8/fp8 dots).
-        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
+    if opts.bf16_scores && !matches!(cache.dtype(), DType::BF16 | DType::E4M3 | DType::E5M2) {
+        // fp8 codes are exact bf16s; f32, f16 and int8 values are not.
+        return Err(invalid!("bf16_scores needs a bf16 cache or an fp8 one, this one stores {}", cache.dtype().name()));
     }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }

@@ -21,8 +21,9 @@
 //! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
 //! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
-//! unsupported). With the opt-in `bf16_scores` (bf16 caches), the AVX-512 path computes
-//! the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16; every
+//! unsupported). With the opt-in `bf16_scores` (bf16 and fp8 caches), the AVX-512 path
+//! computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16
+//! (fp8: and avx512vbmi, for the byte tables that widen the codes to bf16); every
 //! path then uses the bf16-rounded query, so the option means the same math everywhere. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 //!
@@ -56,5 +57,7 @@ pub use tables::SeqTables;
 mod test_util;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fp8;
 #[cfg(test)]
 mod tests_window;

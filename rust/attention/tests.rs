@@ -344,9 +344,9 @@ fn rising_scores_move_the_lazy_maximum() {
 /// Held shared by every test that runs a `bf16_scores` kernel, exclusively by the one that
 /// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run
 /// while the switch is on (it would silently test the other path).
-static BF16_SWITCH: RwLock<()> = RwLock::new(());
+pub(super) static BF16_SWITCH: RwLock<()> = RwLock::new(());
 
-fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
+pub(super) fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
     BF16_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
 }
 

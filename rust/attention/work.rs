@@ -129,13 +129,30 @@ pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec
     if !bf16 {
         return (q.iter().map(|&x| x * factor).collect(), Vec::new());
     }
-    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
-    let qs = q.iter().map(|&x| half::bf16::from_bits(bits(x)).to_f32() * factor).collect();
-    let pairs = q
-        .chunks(d.max(1))
-        .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
-        .collect();
+    let b: Vec<u16> = q.iter().map(|&x| bf16_bits(x)).collect();
+    let qs = b.iter().map(|&x| f32::from_bits((x as u32) << 16) * factor).collect();
+    let pair = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
+    let pairs = if d.is_multiple_of(2) {
+        // Rows hold whole pairs: one flat pass (vectorised; the per-row form was not).
+        b.chunks_exact(2).map(|p| pair(p[0], p[1])).collect()
+    } else {
+        b.chunks(d.max(1)).flat_map(|row| row.chunks(2).map(|p| pair(p[0], p.get(1).map_or(0, |&x| x)))).collect()
+    };
     (qs, pairs)
+}
+
+/// `half::bf16::from_f32(x).to_bits()` (nearest even; a NaN keeps its upper bits, made
+/// quiet), branch-free so that the query loop vectorises: the `half` call cost about 90
+/// us per decode call of 8 x 32 x 128 query values, a third of a short call.
+#[inline]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        (b >> 16) as u16 | 0x40
+    } else {
+        rounded
+    }
 }
 
 /// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
@@ -181,3 +198,18 @@ pub(crate) const EXP2_TAYLOR: [f32; 8] = [
     0.000_154_035_3,
     0.000_015_252_734,
 ];
+
+#[cfg(test)]
+mod tests {
+    /// The branch-free rounding is `half`'s on boundaries (ties, the largest finite,
+    /// infinities, NaNs, subnormals, both signs) and a dense sample of all f32.
+    #[test]
+    fn bf16_bits_is_halfs_rounding() {
+        let edges = [0u32, 1, 0x7fff, 0x8000, 0x8001, 0x1_8000, 0x7f7f_ffff, 0x7f80_0000, 0x7f80_0001, 0x7fc0_0000, 0x7fff_ffff];
+        let sample = (0..=u32::MAX).step_by(9973).chain(edges.iter().flat_map(|&b| [b, b | 0x8000_0000]));
+        for b in sample {
+            let x = f32::from_bits(b);
+            assert_eq!(super::bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{b:#010x}");
+        }
+    }
+}

@@ -209,16 +209,22 @@ fn attend<'py>(
 ///         cache's KV heads).
 ///     force_isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
 ///         x86-64; ``"neon"`` on aarch64); default the fastest.
-///     bf16_scores: bf16 caches only (default False = exact): round q to bf16 (nearest
-///         even) and compute the scores q.K from the rounded q; softmax and P.V are
-///         unchanged (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_bf16
-///         the scores use ``vdpbf16ps`` (bf16 products exact, f32 sums); every other path
-///         computes the same thing with f32 FMAs on the rounded q, so results agree across
-///         paths within f32 rounding, not bitwise. Against the exact-q result each logit
-///         moves by at most ``D = scale * 2^-8 * sum_i |q_i K_i|`` (bf16 keeps 8
-///         significant bits), each output by at most ``(exp(2 D) - 1) * max|V|`` and the
-///         LSE by at most D; on standard-normal data with d = 128 the measured output
-///         deviation is about 2e-3 of the output scale (see benches/RESULTS.md).
+///     bf16_scores: bf16 and fp8 caches only (default False = exact): round q to bf16
+///         (nearest even) and compute the scores q.K from the rounded q; softmax and P.V
+///         are unchanged (f32, V exact). On the ``"avx512"`` path of a CPU with
+///         avx512_bf16 the scores use ``vdpbf16ps`` (bf16 products exact, f32 sums); for
+///         fp8 caches (``"fp8_e4m3"``, ``"fp8_e5m2"``) the codes are widened to bf16 in
+///         registers first, which is exact (every fp8 value, subnormals included, is a
+///         bf16; this needs avx512vbmi too), and the K scale multiplies the finished
+///         scores. Every other path computes the same thing with f32 FMAs on the rounded
+///         q, so results agree across paths within f32 rounding, not bitwise. Against the
+///         exact-q result (for fp8: the exact path on the same codes) each logit moves by
+///         at most ``D = scale * 2^-8 * sum_i |q_i K_i|`` (bf16 keeps 8 significant bits;
+///         ``K`` the dequantized keys, code times K scale), each output by at most
+///         ``(exp(2 D) - 1) * max|V|`` (``V`` dequantized) and the LSE by at most D; on
+///         standard-normal data with d = 128 the measured output deviation is about 2e-3
+///         of the output scale (see benches/RESULTS.md). f32, f16 and int8 caches are
+///         refused.
 ///     window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
 ///         window_left`` (``window_left = window - 1`` for a window of ``window`` positions
 ///         including the query's own; FlashInfer's ``window_left``); None (default): every
@@ -240,8 +246,8 @@ fn attend<'py>(
 ///         ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
 ///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
 ///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-///         ``bf16_scores`` with a cache that is not bf16 (f32, f16, int8, fp8). ``out`` is
-///         not written on any error.
+///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8). ``out``
+///         is not written on any error.
 #[pyfunction]
 #[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]

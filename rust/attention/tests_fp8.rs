@@ -1,0 +1,176 @@
+//! `bf16_scores` on fp8 caches (e4m3, e5m2): every path (AVX-512 with `vdpbf16ps` on the
+//! codes widened to bf16 where the CPU has avx512_bf16 and avx512vbmi, the others with
+//! f32 FMAs on the rounded query) against the f64 reference of the bf16-rounded query on
+//! the dequantized values, within 1e-5 of the output scale: fp8 codes are exact in bf16,
+//! so the query's rounding is the option's only one. At the bounds of the loads: tail
+//! lengths 1..16, odd head dims and ones that are not a multiple of 32 or 64, g = 1, 2,
+//! 4, 8, block sizes 1, 8, 16 (the one-load pair path) and 32, splits, windows and sinks.
+
+use super::decode::{decode_attention, DecodeOptions};
+use super::isa::Isa;
+use super::tables::SeqTables;
+use super::test_util::{filled, last_block_case, shape, Lcg};
+use super::tests::{bf16_switch_shared, reference_window};
+use crate::kv::{DType, KvCache};
+
+const FP8: [DType; 2] = [DType::E4M3, DType::E5M2];
+
+/// The options of one call (path set per path).
+#[derive(Clone, Copy, Default)]
+struct Mode {
+    split: Option<usize>,
+    kpi: Option<usize>,
+    window_left: Option<usize>,
+    sinks: usize,
+}
+
+/// Every path with `bf16_scores` on `c` and `t` against the f64 reference of the rounded
+/// query over the keys each query sees.
+fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode, seed: u64) {
+    let d = c.shape().head_dim;
+    let mut r = Lcg(seed);
+    let q: Vec<f32> = (0..t.len() * hq * d).map(|_| r.next() * 3.0).collect();
+    let qr: Vec<f32> = q.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+    let (want, want_lse) = reference_window(c, &qr, hq, t, 1.0 / (d as f64).sqrt(), m.window_left, m.sinks);
+    let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+    for isa in Isa::available() {
+        let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; t.len() * hq]);
+        let opts = DecodeOptions {
+            split_tokens: m.split,
+            kv_heads_per_item: m.kpi,
+            isa: Some(isa),
+            bf16_scores: true,
+            window_left: m.window_left,
+            sink_tokens: m.sinks,
+            ..Default::default()
+        };
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        let what = format!("{isa:?} {:?} {:?} hq={hq} split={:?} window={:?}", c.dtype(), c.shape(), m.split, m.window_left);
+        for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+            assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
+        }
+        for (&o, &w) in lse.iter().zip(&want_lse) {
+            assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{what} lse {o} vs {w}");
+        }
+    }
+}
+
+/// Tables of `lens` running backwards from the pool's last block (always read).
+fn tables(nb: usize, bs: usize, lens: &[usize]) -> SeqTables {
+    let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+    let mut table = vec![-1i64; lens.len() * width];
+    let mut next = nb as i64 - 1;
+    for (i, l) in lens.iter().enumerate() {
+        for b in 0..l.div_ceil(bs) {
+            table[i * width + b] = next;
+            next = (next - 1).rem_euclid(nb as i64);
+        }
+    }
+    let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    SeqTables::padded(&table, width, &seq_lens, bs, nb).unwrap()
+}
+
+#[test]
+fn fp8_bf16_scores_match_the_rounded_query_reference_at_every_tail() {
+    let _shared = bf16_switch_shared();
+    let lens: Vec<usize> = (1..=16).chain([31, 33, 40]).collect();
+    let mut k = 0;
+    for dt in FP8 {
+        for d in [1, 2, 3, 7, 33, 64, 65, 96, 128, 130] {
+            for bs in [1, 8, 16, 32] {
+                let (hkv, g) = [(1, 1), (2, 2), (1, 4), (2, 8)][k % 4];
+                k += 1;
+                let c = filled(shape(bs, hkv, d, 40usize.div_ceil(bs) * lens.len()), dt, (d * 7 + bs) as u64, 1.0);
+                let t = tables(c.shape().num_blocks, bs, &lens);
+                compare(&c, hkv * g, &t, Mode::default(), 3);
+                compare(&c, hkv * g, &t, Mode { split: Some(bs), kpi: Some(1), ..Default::default() }, 4);
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_bf16_scores_over_every_head_group_and_larger_keys() {
+    let _shared = bf16_switch_shared();
+    for dt in FP8 {
+        for g in [1, 2, 3, 4, 5, 8] {
+            // Keys 3x larger: logits up to about 100 (f32 keeps 1e-5 of the output scale),
+            // far enough from 0 that the lazy maximum moves.
+            let c = filled(shape(16, 2, 128, 24), dt, g as u64, 3.0);
+            let t = tables(24, 16, &[1, 17, 100, 190]);
+            compare(&c, 2 * g, &t, Mode::default(), g as u64);
+        }
+    }
+}
+
+#[test]
+fn fp8_bf16_scores_read_the_last_token_of_the_pools_last_block() {
+    let _shared = bf16_switch_shared();
+    for dt in FP8 {
+        for bs in [1, 8, 16, 32] {
+            for d in [1, 2, 3, 7, 64, 65, 128] {
+                let (c, t, _) = last_block_case(dt, bs, d, 1.0);
+                compare(&c, 6, &t, Mode::default(), 5);
+                compare(&c, 6, &t, Mode { split: Some(1), kpi: Some(1), ..Default::default() }, 6);
+            }
+        }
+    }
+}
+
+/// Windows start inside their first block (the chunk's first token at any lane), sinks add
+/// a second run.
+#[test]
+fn fp8_bf16_scores_with_windows_and_sinks() {
+    let _shared = bf16_switch_shared();
+    for dt in FP8 {
+        for (bs, wl, sinks) in [(16, 5, 0), (16, 20, 3), (8, 0, 1), (32, 40, 17), (1, 3, 2)] {
+            let lens = [1, 7, 16, 37, 90];
+            let c = filled(shape(bs, 2, 72, 100usize.div_ceil(bs) * lens.len()), dt, bs as u64, 1.0);
+            let t = tables(c.shape().num_blocks, bs, &lens);
+            for split in [None, Some(bs)] {
+                compare(&c, 8, &t, Mode { split, window_left: Some(wl), sinks, ..Default::default() }, 7);
+            }
+        }
+    }
+}
+
+/// On a CPU with avx512_bf16 but no avx512vbmi (no byte permutes) the AVX-512 path runs
+/// its exact kernel on the rounded query: the same semantics, checked the same way.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn fp8_bf16_scores_without_vbmi_use_the_exact_kernel_on_the_rounded_query() {
+    use super::avx512_bf16::WITHOUT_VBMI;
+    use std::sync::atomic::Ordering::Relaxed;
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            WITHOUT_VBMI.store(false, Relaxed);
+        }
+    }
+    let _exclusive = super::tests::BF16_SWITCH.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    WITHOUT_VBMI.store(true, Relaxed);
+    let _off = Off; // dropped before the lock: the switch is off when others run again
+    for dt in FP8 {
+        for (bs, d) in [(16, 128), (8, 65), (1, 3)] {
+            let (c, t, _) = last_block_case(dt, bs, d, 1.0);
+            compare(&c, 6, &t, Mode::default(), 9);
+            compare(&c, 6, &t, Mode { split: Some(1), kpi: Some(1), ..Default::default() }, 10);
+        }
+    }
+}
+
+#[test]
+fn bf16_scores_refuse_f32_f16_and_int8_caches_and_leave_out_untouched() {
+    let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
+    let q = vec![0.5f32; 64];
+    for dtype in [DType::F32, DType::F16, DType::I8] {
+        let c = filled(shape(16, 1, 64, 8), dtype, 3, 1.0);
+        let mut out = vec![7f32; 64];
+        for isa in Isa::available() {
+            let opts = DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };
+            let e = decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap_err();
+            assert!(e.to_string().contains("bf16_scores needs a bf16 cache or an fp8 one"), "{e}");
+        }
+        assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
+    }
+}
