@@ -216,6 +216,12 @@ def test_inputs_in_any_layout_read_as_the_contiguous_array() -> None:
         c = kv.KvCache(1, NB, BS, HKV, D)
         c.write(0, kk, vv, torch.from_numpy(slots) if "torch" in name else slots)
         assert np.array_equal(c.key(0), ref.key(0)) and np.array_equal(c.value(0), ref.value(0)), name
+    # Zero strides (a broadcast row) read as their contiguous copy.
+    row = np.broadcast_to(k[:1], k.shape)
+    c, want = kv.KvCache(1, NB, BS, HKV, D), kv.KvCache(1, NB, BS, HKV, D)
+    c.write(0, row, torch.from_numpy(v).permute(2, 1, 0).contiguous().permute(2, 1, 0), slots)
+    want.write(0, np.ascontiguousarray(row), v, slots)
+    assert np.array_equal(c.key(0), want.key(0)) and np.array_equal(c.value(0), want.value(0))
 
 
 def test_an_input_inside_a_cache_is_read_before_the_write() -> None:
