@@ -48,7 +48,7 @@ import bench_prefill  # noqa: E402
 
 def torch_or_none() -> Any:
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch
     except ImportError:
         return None
     return torch

@@ -99,12 +99,17 @@ def paths(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, 
         tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
         typed = [(qb, k.to(tdt).contiguous(), v.to(tdt).contiguous()) for qb, k, v in bats]  # shared by the kinds
         for kind in KINDS:
-            calls = [one_path(kind, *bt) for bt in typed]
-            if len(calls) == 1:
-                out[kind, dt] = lambda c=calls[0]: c().float()
-            else:
-                out[kind, dt] = lambda cs=calls: torch.cat([c() for c in cs]).float()
+            out[kind, dt] = step([one_path(kind, *bt) for bt in typed])
     return out
+
+
+def step(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """One decode step: every batch's call, the outputs as one float32 ``[n, Hq, d]``."""
+    import torch
+
+    if len(calls) == 1:
+        return lambda: calls[0]().float()
+    return lambda: torch.cat([c() for c in calls]).float()
 
 
 def best_of(fn: Callable[[], Any], n: int = 3) -> float:
@@ -144,11 +149,15 @@ def versus(mine: dict[str, Callable[[], Any]], theirs: dict[tuple[str, str], Cal
         x = t[torch_name] / t[mine_name]
         return dict(median=float(np.median(x)), q1=float(np.quantile(x, 0.25)), q3=float(np.quantile(x, 0.75)))
 
-    rows = {name: dict(best=float(ts.min()), median=float(np.median(ts))) for name, ts in t.items()}
+    rows: dict[str, dict[str, Any]] = {name: dict(best=float(ts.min()), median=float(np.median(ts)))
+                                       for name, ts in t.items()}
     for (kind, dt) in theirs:
         rows[f"torch {kind} {dt}"]["pykvpool_speedup"] = ratio(f"torch {kind} {dt}", f"pykvpool {dt}")
-    fastest = lambda names: min(names, key=lambda n: rows[n]["median"])  # noqa: E731
-    head = {}
+
+    def fastest(names: list[str]) -> str:
+        return min(names, key=lambda n: float(rows[n]["median"]))
+
+    head: dict[str, dict[str, Any]] = {}
     for dt in mine:
         best_torch = fastest([f"torch {k} {d}" for (k, d) in theirs if d == dt])
         head[dt] = dict(torch=best_torch, **ratio(best_torch, f"pykvpool {dt}"))
