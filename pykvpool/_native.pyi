@@ -17,9 +17,11 @@ call leaves the pool, the cache and the caller's arrays unchanged.
 
 Float32 inputs (``q``, ``k``, ``v``; numpy arrays or CPU tensors through DLPack) are read
 in place when C-contiguous (no copy, the GIL released while the call reads them); other
-layouts, and memory inside a :class:`KvCache`, are copied in logical order first. Like the
-cache's views, an input read in place must not be written by another thread while the call
-runs.
+layouts, and memory inside a :class:`KvCache`, are copied in logical order first (a
+broadcast, zero-stride input only up to ``2**26`` elements: beyond, the copy would be the
+one allocation the caller's memory does not bound, and :class:`InvalidArgumentError`
+names the argument). Like the cache's views, an input read in place must not be written by
+another thread while the call runs.
 """
 
 from collections.abc import Sequence

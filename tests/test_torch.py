@@ -4,6 +4,7 @@ pools' outputs as tensors without copies; ``import pykvpool`` never imports torc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -224,6 +225,23 @@ def test_inputs_in_any_layout_read_as_the_contiguous_array() -> None:
     assert np.array_equal(c.key(0), want.key(0)) and np.array_equal(c.value(0), want.value(0))
 
 
+def test_a_huge_broadcast_input_is_refused_before_its_copy() -> None:
+    """A zero-stride array of 2**27 rows takes no memory; its copy would take GBs: refused,
+    naming the argument, before anything is allocated or written (numpy and torch)."""
+    pool, cache, seqs = filled()
+    before = cache.key(0).copy()
+    huge = np.broadcast_to(np.float32(1), (1 << 27, HKV, D))
+    with pytest.raises(kv.InvalidArgumentError, match="k: a broadcast"):
+        cache.write(0, huge, huge, [0])
+    q = np.broadcast_to(np.float32(1), (3, 1 << 23, D))
+    with pytest.raises(kv.InvalidArgumentError, match="q: a broadcast"):
+        kv.decode_attention(cache, 0, torch.ones((3, 1, D)).expand(3, 1 << 23, D),
+                            pool.block_tables(seqs), lens_of(pool, seqs))
+    with pytest.raises(kv.InvalidArgumentError, match="q: a broadcast"):
+        kv.prefill_attention(cache, 0, q, [0, 1, 2, 3], pool.block_tables(seqs), lens_of(pool, seqs))
+    assert np.array_equal(cache.key(0), before)
+
+
 def test_an_input_inside_a_cache_is_read_before_the_write() -> None:
     """k/v that are a view of the cache being written (C-contiguous: V rows of one block
     with one KV head) are copied first, so the write equals one from a copy."""
@@ -256,7 +274,7 @@ def test_out_overlapping_an_input_read_in_place_is_refused(kernel: str) -> None:
 
 
 CHILD_RSS = """
-import resource, sys, numpy as np, pykvpool as kv, torch
+import numpy as np, pykvpool as kv, torch
 n, h, d = 16384, 8, 128  # 64 MiB each for k and v
 cache = kv.KvCache(1, n // 16, 16, h, d)
 cache.key(0)[...] = 0  # touch the cache's pages before measuring
@@ -264,10 +282,15 @@ cache.value(0)[...] = 0
 k = np.ones((n, h, d), np.float32)
 v = np.full((n, h, d), 2.0, np.float32)
 slots = np.arange(n)
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 def grown(f):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as c:
+        c.write("5")  # the peak (VmHWM) restarts at the current RSS
+    before = status("VmRSS")
     f()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return (status("VmHWM") - before) / 1024
 inplace = grown(lambda: cache.write(0, k, v, slots))
 tensors = grown(lambda: cache.write(0, torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(slots)))
 kf, vf = np.asfortranarray(k), np.asfortranarray(v)
@@ -277,11 +300,12 @@ print(inplace, tensors, copied)
 
 
 def test_contiguous_write_inputs_are_not_copied() -> None:
-    """Peak memory (RSS) in a fresh process: a write of 2 x 64 MiB C-contiguous inputs
+    """Peak memory (RSS, its high-water mark reset before each call through Linux's
+    ``/proc/self/clear_refs``) in a fresh process: a write of 2 x 64 MiB C-contiguous inputs
     (numpy, then torch) adds nothing to the peak; Fortran-order inputs (copied in logical
-    order) add their 128 MiB, which shows the measurement sees a copy. The peak only
-    shows a first copy of a size: the copied case comes last, and the in-place cases fail
-    on their own if either copies."""
+    order) add their 128 MiB, which shows the measurement sees a copy."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak RSS")
     r = subprocess.run([sys.executable, "-c", CHILD_RSS], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     inplace, tensors, copied = map(float, r.stdout.split())

@@ -73,7 +73,11 @@ impl F32Input<'_> {
     }
 }
 
-/// Read `arr` in place when C-contiguous and outside every cache, else copy it in logical order.
+/// Elements a broadcast input may expand to when copied (256 MiB of f32).
+const MAX_BROADCAST_ELEMS: usize = 1 << 26;
+
+/// Read `arr` in place when C-contiguous and outside every cache, else copy it in logical
+/// order (a broadcast array only up to [`MAX_BROADCAST_ELEMS`]).
 fn hold<'py, T: Element + Copy>(arr: &Bound<'py, PyArrayDyn<T>>, name: &str) -> PyResult<Held<'py, T>> {
     let py = arr.py();
     let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
@@ -81,6 +85,18 @@ fn hold<'py, T: Element + Copy>(arr: &Bound<'py, PyArrayDyn<T>>, name: &str) -> 
     // C-contiguous one may be read as one run.
     if arr.is_c_contiguous() && ro.as_slice().is_ok() && !overlaps_a_cache(&extent(arr)) {
         return Ok(Held::Borrowed(ro));
+    }
+    // A self-overlapping array (a zero stride: `broadcast_to`) holds more elements than its
+    // memory: its copy is the one allocation its caller's memory does not bound.
+    let span = extent(arr);
+    if arr.len() > (span.end - span.start) / std::mem::size_of::<T>() && arr.len() > MAX_BROADCAST_ELEMS {
+        return Err(invalid(
+            py,
+            format!(
+                "{name}: a broadcast (zero-stride) array of {} elements would be copied; at most {MAX_BROADCAST_ELEMS} are",
+                arr.len()
+            ),
+        ));
     }
     // numpy's own copy into a new C-order array (`PyArray_CopyInto`, no Python method a
     // subclass could override): it walks the strides in blocks, 10-20x faster than an
