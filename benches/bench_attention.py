@@ -21,8 +21,17 @@ its pages landed and swings with the other tenants (fresh 128 MiB buffers at 2 t
 against the best kernel call, mostly measures luck; "best / best probe" is printed too.
 torch and numpy read gathered tensors in fresh memory, so their % is against a fresh-buffer
 probe (256 MiB, same thread count). "GB/s per CPU-s" divides by process CPU time /
-threads instead (what the code does while it runs). torch SDPA is measured when torch is
-importable (an optional dependency), in f32 and bf16 at 1 and 2 threads.
+threads instead (what the code does while it runs).
+
+torch at its best (when importable; ``--no-torch`` skips it): ``torch_decode.py``'s paths
+on K/V gathered contiguous beforehand (pre-expanded to all query heads through ``matmul``;
+grouped ``matmul`` reading each K/V row once; ``scaled_dot_product_attention`` with
+``enable_gqa``), each in f32 and bf16, with ``torch.set_num_threads`` equal to pykvpool's
+(1 and 2). They run in interleaved rounds with pykvpool's f32 and bf16 decode (best of 3
+calls each per round); each torch row's "pykvpool ..x" is the median of the per-round
+ratios torch time / pykvpool time (same dtype) with its IQR, and the headline table
+compares pykvpool with the fastest torch path (lowest median) of each dtype, and of any
+dtype against pykvpool's fastest dtype.
 
 Run: ``python benches/bench_attention.py`` (writes ``benches/out/bench_attention.json``
 and prints a markdown table). ``--quick`` shrinks every shape 8x for a smoke run.
@@ -52,6 +61,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -59,6 +69,9 @@ from typing import Any, Callable
 import numpy as np
 
 import pykvpool as kv
+
+sys.path.insert(0, str(Path(__file__).parent))
+import torch_decode  # noqa: E402
 
 BS = 16
 ESIZE = {"f32": 4, "f16": 2, "bf16": 2}
@@ -164,45 +177,37 @@ def numpy_reference_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], 
     return best_time(step, max(2, reps // 3))[0]
 
 
-def torch_time(cache: kv.KvCache, table: np.ndarray, lens: list[int], q: np.ndarray, reps: int,
-               dtype: str, threads: int) -> float | None:
-    """torch SDPA (``enable_gqa=True``) on K/V gathered from the pages into contiguous
-    ``[1, Hkv, S, d]`` tensors beforehand (gathering is not timed), ``dtype`` "f32" or
-    "bf16", with ``threads`` intra-op threads; one batched call when every length is equal,
-    else one call per sequence, all timed together. None when torch is not importable."""
+def torch_rows(name: str, shape: dict[str, Any], caches: dict[str, kv.KvCache], table: np.ndarray, q: np.ndarray,
+               threads: list[int], reps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """torch's fastest CPU decode paths (``torch_decode.py``: pre-expanded and grouped
+    matmul, SDPA with ``enable_gqa``; f32 and bf16) against pykvpool's f32 and bf16 caches
+    in interleaved rounds, torch's thread count set to pykvpool's. Returns the per-path rows
+    and the headline rows (pykvpool vs the fastest torch path); both empty without torch."""
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        return None
-    torch.set_num_threads(threads)
-    tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    kview, vview = cache.key(0), cache.value(0)
-
-    def gathered(i: int, n: int) -> tuple[Any, Any]:
-        t = np.arange(n)
-        blocks = table[i][t // BS]
-        k = torch.from_numpy(np.ascontiguousarray(kview[blocks, t % BS].transpose(1, 0, 2)))
-        v = torch.from_numpy(np.ascontiguousarray(vview[blocks, t % BS].transpose(1, 0, 2)))
-        return k.to(tdt), v.to(tdt)
-
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    with torch.inference_mode():
-        if len(set(lens)) == 1:
-            kv_pairs = [gathered(i, n) for i, n in enumerate(lens)]
-            k = torch.stack([p[0] for p in kv_pairs])
-            v = torch.stack([p[1] for p in kv_pairs])
-            qt = torch.from_numpy(q).to(tdt)[:, :, None, :]
-            return best_time(lambda: sdpa(qt, k, v, enable_gqa=True), reps)[0]
-        # One call per sequence, all of them timed together as one decode step: timing
-        # each sequence alone would re-read a K/V that fits the 32 MiB L3 (shape (b):
-        # 3-29 MiB per sequence) and measure cache, not memory.
-        per_seq = [(torch.from_numpy(q[i]).to(tdt)[None, :, None, :], *gathered(i, n)) for i, n in enumerate(lens)]
-
-        def step() -> None:
-            for qi, k, v in per_seq:
-                sdpa(qi, k[None], v[None], enable_gqa=True)
-
-        return best_time(step, reps)[0]
+        return [], []
+    lens = shape["lens"]
+    theirs = torch_decode.paths(caches["f32"], table, lens, q, BS)
+    mine = {dt: (lambda c=caches[dt]: kv.decode_attention(c, 0, q, table, lens)) for dt in ("f32", "bf16")}
+    rows, heads = [], []
+    for t in threads:
+        res = torch_decode.versus(mine, theirs, t, reps)
+        for (kind, dt) in theirs:
+            r = res["rows"][f"torch {kind} {dt}"]
+            tbytes = sum(lens) * shape["hkv"] * shape["d"] * 2 * ESIZE[dt]
+            sp = r["pykvpool_speedup"]
+            rows.append(dict(shape=name, dtype=dt, threads=t, impl=f"torch-{kind}", seconds=r["best"], median=r["median"],
+                             bytes=tbytes, gbps=tbytes / r["best"] / 1e9, pykvpool_speedup=sp["median"],
+                             pykvpool_speedup_q1=sp["q1"], pykvpool_speedup_q3=sp["q3"]))
+        for dt, h in res["headline"].items():
+            mine_name = h.get("pykvpool", f"pykvpool {dt}")
+            heads.append(dict(shape=name, threads=t, dtype=dt, torch=h["torch"], pykvpool=mine_name,
+                              torch_median_ms=res["rows"][h["torch"]]["median"] * 1e3,
+                              pykvpool_median_ms=res["rows"][mine_name]["median"] * 1e3,
+                              speedup=h["median"], q1=h["q1"], q3=h["q3"]))
+    torch.set_num_threads(max(threads))
+    return rows, heads
 
 
 WINDOW, SINKS, WIN_LENGTHS = 4096, 16, [8 << 10, 32 << 10, 128 << 10, 512 << 10]
@@ -312,6 +317,15 @@ def ab_case(other_dir: str, reps: int, resident: int) -> None:
             del caches, cs
 
 
+def print_headline(heads: list[dict[str, Any]]) -> None:
+    print("\npykvpool vs torch at its best (same run, same threads; time torch / time pykvpool, per-round median [IQR]):")
+    print("| shape | threads | dtype | fastest torch path | torch median ms | pykvpool | pykvpool median ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|")
+    for h in heads:
+        print(f"| {h['shape']} | {h['threads']} | {h['dtype']} | {h['torch']} | {h['torch_median_ms']:.2f} | "
+              f"{h['pykvpool']} | {h['pykvpool_median_ms']:.2f} | {h['speedup']:.2f}x [{h['q1']:.2f}-{h['q3']:.2f}] |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -320,6 +334,7 @@ def main() -> None:
     ap.add_argument("--resident", type=int, default=0, help="blocks actually read (0: all; e.g. 16 for cache-resident)")
     ap.add_argument("--window", action="store_true", help="only the sliding-window case (logical lengths 8k..512k)")
     ap.add_argument("--ab", metavar="DIR", help="only: this build's decode against DIR/_native*.so, alternating")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_attention.json"))
     args = ap.parse_args()
     if args.window:
@@ -340,6 +355,7 @@ def main() -> None:
     measure_probe()
     flops = {t: kv.peak_flops(threads=t) for t in threads}
     rows: list[dict[str, Any]] = []
+    headline: list[dict[str, Any]] = []  # pykvpool vs torch's fastest path, per shape and threads
     huge_pages: dict[str, bool] = {}  # whether the OS took the THP advice for every cache of a shape
     for name, shape in shapes(scale).items():
         if name not in args.shapes:
@@ -373,16 +389,10 @@ def main() -> None:
         nbytes = tokens * shape["hkv"] * shape["d"] * 8
         tn = numpy_reference_time(f32, table, lens, q, args.reps)
         rows.append(dict(shape=name, dtype="f32", threads=0, impl="numpy", seconds=tn, bytes=nbytes, gbps=nbytes / tn / 1e9))
-        for t in threads:
-            for dt in ("f32", "bf16"):
-                tt = torch_time(f32, table, lens, q, args.reps, dt, t)
-                if tt is None:
-                    break
-                tbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE[dt]
-                mine = next(x for x in rows if x["impl"] == "pykvpool" and x["shape"] == name
-                            and x["threads"] == t and x["dtype"] == dt)
-                rows.append(dict(shape=name, dtype=dt, threads=t, impl="torch", seconds=tt, bytes=tbytes,
-                                 gbps=tbytes / tt / 1e9, pykvpool_speedup=tt / mine["seconds"]))
+        if not args.no_torch:
+            trows, theads = torch_rows(name, shape, caches, table, q, threads, args.reps)
+            rows += trows
+            headline += theads
         del caches
     for r in rows:
         if r["impl"].startswith("pykvpool"):
@@ -401,7 +411,7 @@ def main() -> None:
         load_average=os.getloadavg(), huge_pages=huge_pages, resident_blocks=args.resident, quick=args.quick, reps=args.reps, block_size=BS,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, vs_torch=headline), indent=2))
     print(f"probe GB/s: {', '.join(f'{t} thr {p / 1e9:.1f}' for t, p in probe.items())}; "
           f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}; "
           f"huge pages: {huge_pages}")
@@ -411,7 +421,8 @@ def main() -> None:
         thr = r["threads"] or "BLAS"
         sp = f"{r['speed_vs_f32']:.2f}x" if "speed_vs_f32" in r else ""
         if "pykvpool_speedup" in r:
-            sp = f"pykvpool {r['pykvpool_speedup']:.1f}x faster"
+            sp = (f"pykvpool {r['pykvpool_speedup']:.2f}x [{r['pykvpool_speedup_q1']:.2f}-"
+                  f"{r['pykvpool_speedup_q3']:.2f}]")
         cpu = f"{r['cpu_gbps']:.1f}" if "cpu_gbps" in r else ""
         if r["impl"].startswith("pykvpool"):
             pr = f"{r['probe_median'] / 1e9:.1f} (own pages)"
@@ -421,6 +432,8 @@ def main() -> None:
             pr, pct, bb = f"{probe[max(1, r['threads'])] / 1e9:.1f} (fresh)", f"{r['pct_probe']:.0f}%", ""
         print(f"| {r['shape']} | {r['impl']} | {r['dtype']} | {thr} | {r['seconds'] * 1e3:.2f} | {r['gbps']:.1f} | {pr} | "
               f"{pct} | {bb} | {sp} | {cpu} |")
+    if headline:
+        print_headline(headline)
     dp = [r for r in rows if "err_vs_exact" in r]
     if dp:
         print("pykvpool-dp (bf16_scores=True) max |out - exact bf16 out| / max |exact out|: "

@@ -14,6 +14,14 @@ as do arrays of those. Every rejected value raises :class:`InvalidArgumentError`
 the argument; an object of another type where a non-integer is expected (a ``cache`` that
 is not a :class:`KvCache`, a ``dtype`` that is not a str) raises ``TypeError``. A failed
 call leaves the pool, the cache and the caller's arrays unchanged.
+
+Float32 inputs (``q``, ``k``, ``v``; numpy arrays or CPU tensors through DLPack) are read
+in place when C-contiguous (no copy, the GIL released while the call reads them); other
+layouts, and memory inside a :class:`KvCache`, are copied in logical order first (a
+broadcast, zero-stride input only up to ``2**26`` elements: beyond, the copy would be the
+one allocation the caller's memory does not bound, and :class:`InvalidArgumentError`
+names the argument). Like the cache's views, an input read in place must not be written by
+another thread while the call runs.
 """
 
 from collections.abc import Sequence
@@ -1743,12 +1751,15 @@ class KvCache:
         """Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
         storage dtype (nearest even); 8-bit caches quantize (int8: a scale per token and
         head; fp8: the layer's scales, calibrated by this write where still 0; see
-        :class:`KvCache`). The GIL is released while it copies.
+        :class:`KvCache`). The GIL is released while it copies; C-contiguous ``k``,
+        ``v`` (and an int64 ``slot_mapping``) are read in place, without a copy, and must
+        not be written by another thread meanwhile.
 
         Args:
             layer: ``0..num_layers``.
             k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
-                head_dim]``, any strides (read in logical order).
+                head_dim]``, any strides (read in logical order: any other layout than
+                C-contiguous, or a view of a cache, is copied first).
             v: float32, the shape of ``k``.
             slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
                 skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
@@ -2036,7 +2047,7 @@ def prefill_attention(
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
         q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
-            (any strides: copied).
+            (any strides: read in place when C-contiguous, else copied).
         qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
         block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b``; only
             the entries of blocks holding a visible key are read (entries past

@@ -4,6 +4,7 @@ pools' outputs as tensors without copies; ``import pykvpool`` never imports torc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -63,11 +64,17 @@ def test_pool_outputs_are_tensors_without_copies() -> None:
     tables = pool.block_tables([0])
     hyb = kv.HybridPool(NB, BS, [kv.FullAttention(), kv.SlidingWindow(4)])
     hslots = hyb.add_sequence(0, 5)
-    for arr in (slots, slot_mapping, cow, lens, tables, *pool.flashinfer_tables([0]), hslots,
-                hyb.block_tables([0], 1)):
+    happend = hyb.append(0, 2)
+    hstep = hyb.step([0], [1])
+    outputs = (slots, slot_mapping, cow, lens, tables, *pool.flashinfer_tables([0]), hslots, *happend, *hstep,
+               hyb.block_tables([0], 1), *hyb.flashinfer_tables([0], 1), hyb.seq_ids())
+    for arr in outputs:
         t = torch.from_numpy(arr)  # no warning: the outputs are writable
         assert t.data_ptr() == arr.ctypes.data or arr.size == 0
         assert t.dtype in (torch.int32, torch.int64)
+        if arr.size:  # one memory: a write through the tensor is the array's
+            t.view(-1)[0] = 12345
+            assert arr.reshape(-1)[0] == 12345
 
 
 def test_decode_kernels_take_tensors() -> None:
@@ -176,3 +183,165 @@ def test_out_tensor_aliasing_is_refused() -> None:
         kv.decode_attention(cache, 0, q, *args, out=torch.empty((3, D, 4)).transpose(1, 2))
     with pytest.raises(kv.InvalidArgumentError, match="out must be a float32"):
         kv.decode_attention(cache, 0, q, *args, out=torch.empty((3, 4, D), dtype=torch.float64))
+
+
+# --- inputs read in place (no copy for C-contiguous float32), the GIL released -------------
+
+def layouts(a: np.ndarray) -> dict[str, Any]:
+    """``a``'s values in other memory layouts, numpy and torch: each must read as ``a``."""
+    big = np.zeros((2 * a.shape[0],) + a.shape[1:], np.float32)
+    big[::2] = a
+    rev = np.ascontiguousarray(a[::-1])[::-1]
+    fortran = np.asfortranarray(a)
+    return {"numpy": a, "fortran": fortran, "sliced": big[::2], "negative": rev,
+            "torch": torch.from_numpy(a), "torch-fortran": torch.from_numpy(fortran),
+            "torch-sliced": torch.from_numpy(big)[::2]}
+
+
+def test_inputs_in_any_layout_read_as_the_contiguous_array() -> None:
+    pool, cache, seqs = filled()
+    tables, lens = pool.block_tables(seqs), lens_of(pool, seqs)
+    q3, q6, qo = q_of(3), q_of(6), np.array([0, 2, 5, 6])
+    dec = kv.decode_attention(cache, 0, q3, tables, lens)
+    pre = kv.prefill_attention(cache, 0, q6, qo, tables, lens)
+    rng = np.random.default_rng(5)
+    k, v = (rng.standard_normal((6, HKV, D), np.float32) for _ in range(2))
+    slots = np.array([0, 1, 9, 10, 11, -1])
+    ref = kv.KvCache(1, NB, BS, HKV, D)
+    ref.write(0, k, v, slots)
+    for name, q in layouts(q3).items():
+        assert np.array_equal(kv.decode_attention(cache, 0, q, tables, lens), dec), name
+    for name, q in layouts(q6).items():
+        assert np.array_equal(kv.prefill_attention(cache, 0, q, qo, tables, lens), pre), name
+    for (name, kk), vv in zip(layouts(k).items(), layouts(v).values()):
+        c = kv.KvCache(1, NB, BS, HKV, D)
+        c.write(0, kk, vv, torch.from_numpy(slots) if "torch" in name else slots)
+        assert np.array_equal(c.key(0), ref.key(0)) and np.array_equal(c.value(0), ref.value(0)), name
+    # Zero strides (a broadcast row) read as their contiguous copy.
+    row = np.broadcast_to(k[:1], k.shape)
+    c, want = kv.KvCache(1, NB, BS, HKV, D), kv.KvCache(1, NB, BS, HKV, D)
+    c.write(0, row, torch.from_numpy(v).permute(2, 1, 0).contiguous().permute(2, 1, 0), slots)
+    want.write(0, np.ascontiguousarray(row), v, slots)
+    assert np.array_equal(c.key(0), want.key(0)) and np.array_equal(c.value(0), want.value(0))
+
+
+def test_a_huge_broadcast_input_is_refused_before_its_copy() -> None:
+    """A zero-stride array of 2**27 rows takes no memory; its copy would take GBs: refused,
+    naming the argument, before anything is allocated or written (numpy and torch)."""
+    pool, cache, seqs = filled()
+    before = cache.key(0).copy()
+    huge = np.broadcast_to(np.float32(1), (1 << 27, HKV, D))
+    with pytest.raises(kv.InvalidArgumentError, match="k: a broadcast"):
+        cache.write(0, huge, huge, [0])
+    q = np.broadcast_to(np.float32(1), (3, 1 << 23, D))
+    with pytest.raises(kv.InvalidArgumentError, match="q: a broadcast"):
+        kv.decode_attention(cache, 0, torch.ones((3, 1, D)).expand(3, 1 << 23, D),
+                            pool.block_tables(seqs), lens_of(pool, seqs))
+    with pytest.raises(kv.InvalidArgumentError, match="q: a broadcast"):
+        kv.prefill_attention(cache, 0, q, [0, 1, 2, 3], pool.block_tables(seqs), lens_of(pool, seqs))
+    assert np.array_equal(cache.key(0), before)
+
+
+def test_an_input_inside_a_cache_is_read_before_the_write() -> None:
+    """k/v that are a view of the cache being written (C-contiguous: V rows of one block
+    with one KV head) are copied first, so the write equals one from a copy."""
+    a, b = kv.KvCache(1, NB, 1, 1, D), kv.KvCache(1, NB, 1, 1, D)
+    rng = np.random.default_rng(6)
+    k, v = (rng.standard_normal((NB, 1, D), np.float32) for _ in range(2))
+    a.write(0, k, v, np.arange(NB))
+    b.write(0, k, v, np.arange(NB))
+    inside = a.value(0)[3]  # [1, 1, D]: block 3's V, contiguous in the cache's memory
+    assert inside.flags.c_contiguous
+    b.write(0, inside.copy(), inside.copy(), [3])
+    a.write(0, inside, torch.from_numpy(inside), [3])
+    assert np.array_equal(a.key(0), b.key(0)) and np.array_equal(a.value(0), b.value(0))
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_out_overlapping_an_input_read_in_place_is_refused(kernel: str) -> None:
+    pool, cache, seqs = filled()
+    tables, lens = pool.block_tables(seqs), lens_of(pool, seqs)
+    buf = np.random.default_rng(7).standard_normal((4, 4, D), np.float32)
+    q, out = buf[:3], buf[1:]  # partial overlap: rows 1-2 are both q and out
+    for qq, oo in [(q, out), (torch.from_numpy(buf)[:3], torch.from_numpy(buf)[1:]), (q, torch.from_numpy(buf)[1:])]:
+        before = buf.copy()
+        with pytest.raises(kv.InvalidArgumentError, match="out must not share memory with q"):
+            if kernel == "decode":
+                kv.decode_attention(cache, 0, qq, tables, lens, out=oo)
+            else:
+                kv.prefill_attention(cache, 0, qq, [0, 1, 2, 3], tables, lens, out=oo)
+        assert np.array_equal(buf, before)
+
+
+CHILD_RSS = """
+import numpy as np, pykvpool as kv, torch
+n, h, d = 16384, 8, 128  # 64 MiB each for k and v
+cache = kv.KvCache(1, n // 16, 16, h, d)
+cache.key(0)[...] = 0  # touch the cache's pages before measuring
+cache.value(0)[...] = 0
+k = np.ones((n, h, d), np.float32)
+v = np.full((n, h, d), 2.0, np.float32)
+slots = np.arange(n)
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+def grown(f):
+    with open("/proc/self/clear_refs", "w") as c:
+        c.write("5")  # the peak (VmHWM) restarts at the current RSS
+    before = status("VmRSS")
+    f()
+    return (status("VmHWM") - before) / 1024
+inplace = grown(lambda: cache.write(0, k, v, slots))
+tensors = grown(lambda: cache.write(0, torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(slots)))
+kf, vf = np.asfortranarray(k), np.asfortranarray(v)
+copied = grown(lambda: cache.write(0, kf, vf, slots))
+print(inplace, tensors, copied)
+"""
+
+
+def test_contiguous_write_inputs_are_not_copied() -> None:
+    """Peak memory (RSS, its high-water mark reset before each call through Linux's
+    ``/proc/self/clear_refs``) in a fresh process: a write of 2 x 64 MiB C-contiguous inputs
+    (numpy, then torch) adds nothing to the peak; Fortran-order inputs (copied in logical
+    order) add their 128 MiB, which shows the measurement sees a copy."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak RSS")
+    r = subprocess.run([sys.executable, "-c", CHILD_RSS], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    inplace, tensors, copied = map(float, r.stdout.split())
+    assert inplace < 8 and tensors < 8, r.stdout
+    assert copied > 100, r.stdout
+
+
+CHILD_GIL = """
+import sys, threading, time, numpy as np, pykvpool as kv, torch
+n, h, d = 16384, 8, 128
+cache = kv.KvCache(1, n // 16, 16, h, d)
+k, v = torch.ones((n, h, d)), torch.full((n, h, d), 2.0)
+slots = torch.arange(n)
+ticks, spans, done = [], [], threading.Event()
+def count():
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.0002)  # needs the GIL back to continue
+t = threading.Thread(target=count)
+t.start()
+for _ in range(20):
+    t0 = time.perf_counter()
+    cache.write(0, k, v, slots)
+    spans.append((t0, time.perf_counter()))
+done.set()
+t.join()
+per_span = sorted(sum(1 for x in ticks if a < x < b) for a, b in spans)
+print(per_span[len(per_span) // 2], len(spans))
+"""
+
+
+def test_a_large_write_releases_the_gil() -> None:
+    """Another Python thread runs while a large write of torch tensors (2 x 64 MiB) runs:
+    it ticks several times inside a typical write (the median over 20 writes). A call that
+    held the GIL would allow at most one tick (a switch between the clock read and the call)."""
+    r = subprocess.run([sys.executable, "-c", CHILD_GIL], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    median_ticks, _ = map(int, r.stdout.split())
+    assert median_ticks >= 3, r.stdout

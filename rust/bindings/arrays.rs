@@ -7,7 +7,7 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{Element, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBytes, PyString};
@@ -39,11 +39,82 @@ fn overlaps_a_cache(r: &Range<usize>) -> bool {
     CACHE_STORAGES.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|s| overlaps(r, s))
 }
 
-/// A float32 array argument: its shape and its values in logical (C) order, whatever
-/// its strides (Fortran order, slices, negative steps are copied element by element).
-pub fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<f32>)> {
+/// A float32 array argument read for one call: its shape and its values in logical (C)
+/// order. A C-contiguous array outside every cache is read in place (the numpy borrow is
+/// held for the call, the slice goes into `py.detach`); any other layout (Fortran order,
+/// slices, negative steps) and memory inside a `KvCache` (written under that cache's
+/// lock, by the very call that reads it in `write`) are copied into a new C-order array.
+pub struct F32Input<'py> {
+    pub shape: Vec<usize>,
+    data: Held<'py, f32>,
+}
+
+/// Values borrowed from a numpy array, or copied out of it.
+enum Held<'py, T: Element> {
+    Borrowed(PyReadonlyArrayDyn<'py, T>),
+    Owned(Vec<T>),
+}
+
+impl<T: Element> Held<'_, T> {
+    /// The values. A borrowed array was checked C-contiguous; should `as_slice` still
+    /// refuse it, the empty slice fails the callee's length check (no panic, no misread).
+    fn values(&self) -> &[T] {
+        match self {
+            Held::Borrowed(ro) => ro.as_slice().unwrap_or(&[]),
+            Held::Owned(v) => v,
+        }
+    }
+}
+
+impl F32Input<'_> {
+    /// The values in logical order, `shape.iter().product()` of them.
+    pub fn values(&self) -> &[f32] {
+        self.data.values()
+    }
+}
+
+/// Elements a broadcast input may expand to when copied (256 MiB of f32).
+const MAX_BROADCAST_ELEMS: usize = 1 << 26;
+
+/// Read `arr` in place when C-contiguous and outside every cache, else copy it in logical
+/// order (a broadcast array only up to [`MAX_BROADCAST_ELEMS`]).
+fn hold<'py, T: Element + Copy>(arr: &Bound<'py, PyArrayDyn<T>>, name: &str) -> PyResult<Held<'py, T>> {
+    let py = arr.py();
+    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+    // `as_slice` also accepts a Fortran-contiguous array (in memory order): only a
+    // C-contiguous one may be read as one run.
+    if arr.is_c_contiguous() && ro.as_slice().is_ok() && !overlaps_a_cache(&extent(arr)) {
+        return Ok(Held::Borrowed(ro));
+    }
+    // A self-overlapping array (a zero stride: `broadcast_to`) holds more elements than its
+    // memory: its copy is the one allocation its caller's memory does not bound.
+    let span = extent(arr);
+    if arr.len() > (span.end - span.start) / std::mem::size_of::<T>() && arr.len() > MAX_BROADCAST_ELEMS {
+        return Err(invalid(
+            py,
+            format!(
+                "{name}: a broadcast (zero-stride) array of {} elements would be copied; at most {MAX_BROADCAST_ELEMS} are",
+                arr.len()
+            ),
+        ));
+    }
+    // numpy's own copy into a new C-order array (`PyArray_CopyInto`, no Python method a
+    // subclass could override): it walks the strides in blocks, 10-20x faster than an
+    // element-by-element walk on a transposed array. The copy is ours alone.
+    let copy = PyArrayDyn::<T>::zeros(py, arr.shape(), false);
+    arr.copy_to(&copy)?;
+    let held = copy.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+    if held.as_slice().is_ok() {
+        return Ok(Held::Borrowed(held));
+    }
+    Ok(Held::Owned(ro.as_array().iter().copied().collect()))
+}
+
+/// A float32 array argument ([`F32Input`]): a numpy array or a DLPack exporter (a CPU
+/// torch tensor), any strides.
+pub fn f32_input<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<F32Input<'py>> {
     if let Some(view) = numpy_view(obj, name)? {
-        return f32_values(&view, name);
+        return f32_input(&view, name);
     }
     let py = obj.py();
     let arr = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
@@ -54,14 +125,28 @@ pub fn f32_values(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, V
             .unwrap_or_else(|| obj.get_type().name().map(|n| n.to_string()).unwrap_or_default());
         invalid(py, format!("{name} must be a float32 numpy array, got {got}"))
     })?;
-    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
-    // `as_slice` also accepts a Fortran-contiguous array (in memory order): only a
-    // C-contiguous one may be copied as one run.
-    let values = match ro.as_slice() {
-        Ok(s) if arr.is_c_contiguous() => s.to_vec(),
-        _ => ro.as_array().iter().copied().collect(),
-    };
-    Ok((arr.shape().to_vec(), values))
+    Ok(F32Input { shape: arr.shape().to_vec(), data: hold(arr, name)? })
+}
+
+/// A 1-D int argument (`slot_mapping`): a C-contiguous native int64 array (or tensor) is
+/// read in place as [`f32_input`] reads floats; everything else goes through
+/// [`int_vec`] (other widths, lists, strides: converted, with its checks and errors).
+pub struct IntInput<'py>(Held<'py, i64>);
+
+impl IntInput<'_> {
+    pub fn values(&self) -> &[i64] {
+        self.0.values()
+    }
+}
+
+pub fn int_input<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<IntInput<'py>> {
+    if let Some(view) = numpy_view(obj, name)? {
+        return int_input(&view, name);
+    }
+    match obj.cast::<PyArrayDyn<i64>>() {
+        Ok(arr) if arr.ndim() == 1 => Ok(IntInput(hold(arr, name)?)),
+        _ => Ok(IntInput(Held::Owned(int_vec(obj, name)?))),
+    }
 }
 
 /// A 2-D integer array, or a sequence of equal-length rows of ints, with `cols` columns
@@ -106,14 +191,14 @@ pub fn int_matrix(obj: &Bound<'_, PyAny>, name: &str, cols: Option<usize>) -> Py
     Ok((flat, n, width.unwrap_or(0)))
 }
 
-/// Byte addresses `[lo, hi)` that a float32 array's elements occupy (empty for an empty
-/// array), whatever its strides.
-fn extent(arr: &Bound<'_, PyArrayDyn<f32>>) -> Range<usize> {
+/// Byte addresses `[lo, hi)` that an array's elements occupy (empty for an empty array),
+/// whatever its strides.
+fn extent<T: Element>(arr: &Bound<'_, PyArrayDyn<T>>) -> Range<usize> {
     if arr.shape().contains(&0) {
         return 0..0;
     }
     let data = arr.data() as usize;
-    let (mut lo, mut hi) = (0isize, std::mem::size_of::<f32>() as isize);
+    let (mut lo, mut hi) = (0isize, std::mem::size_of::<T>() as isize);
     for (&n, &st) in arr.shape().iter().zip(arr.strides()) {
         let span = (n as isize - 1) * st;
         if span < 0 {

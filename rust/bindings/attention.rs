@@ -4,7 +4,7 @@
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_values, int_matrix};
+use super::arrays::{checked_out, f32_input, int_matrix};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
@@ -110,9 +110,9 @@ fn attend<'py>(
     return_lse: bool,
     opts: DecodeOptions,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (qshape, qv) = f32_values(q, "q")?;
-    let [n, hq, d] = qshape[..] else {
-        return Err(invalid(py, format!("q must be [num_seqs, num_q_heads, head_dim], got shape {qshape:?}")));
+    let qin = f32_input(q, "q")?;
+    let [n, hq, d] = qin.shape[..] else {
+        return Err(invalid(py, format!("q must be [num_seqs, num_q_heads, head_dim], got shape {:?}", qin.shape)));
     };
     let s = cache.shape;
     if d != s.head_dim {
@@ -137,9 +137,10 @@ fn attend<'py>(
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,
     };
+    let qv = qin.values();
     let done = py.detach(|| {
         let l = return_lse.then_some(&mut lse[..]);
-        attention::decode_attention(&cache.read(), layer, &qv, hq, &t, o_slice, l, &opts)
+        attention::decode_attention(&cache.read(), layer, qv, hq, &t, o_slice, l, &opts)
     });
     drop(rw);
     done.py_err(py)?;

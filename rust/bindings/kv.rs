@@ -5,8 +5,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use pyo3::prelude::*;
 
-use super::arrays::{f32_values, int_matrix, register_storage, release_storage};
-use super::convert::{arg, count, int_scalar, int_vec};
+use super::arrays::{f32_input, int_input, int_matrix, register_storage, release_storage};
+use super::convert::{arg, count, int_scalar};
 use super::errors::{invalid, IntoPyResult};
 use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
@@ -228,12 +228,15 @@ impl PyKvCache {
     /// Store K and V of ``tokens`` tokens of layer ``layer`` at their slots, rounding to the
     /// storage dtype (nearest even); 8-bit caches quantize (int8: a scale per token and
     /// head; fp8: the layer's scales, calibrated by this write where still 0; see
-    /// :class:`KvCache`). The GIL is released while it copies.
+    /// :class:`KvCache`). The GIL is released while it copies; C-contiguous ``k``,
+    /// ``v`` (and an int64 ``slot_mapping``) are read in place, without a copy, and must
+    /// not be written by another thread meanwhile.
     ///
     /// Args:
     ///     layer: ``0..num_layers``.
     ///     k: float32 ``[tokens, num_kv_heads, head_dim]`` or ``[tokens, num_kv_heads *
-    ///         head_dim]``, any strides (read in logical order).
+    ///         head_dim]``, any strides (read in logical order: any other layout than
+    ///         C-contiguous, or a view of a cache, is copied first).
     ///     v: float32, the shape of ``k``.
     ///     slot_mapping: ``tokens`` int slots, ``block * block_size + offset``; -1 is padding,
     ///         skipped (e.g. the ``slot_mapping`` of :meth:`BlockPool.step`).
@@ -250,11 +253,11 @@ impl PyKvCache {
         v: &Bound<'_, PyAny>,
         slot_mapping: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let slots = int_vec(slot_mapping, "slot_mapping")?;
-        let (ks, kv) = f32_values(k, "k")?;
-        let (vs, vv) = f32_values(v, "v")?;
+        let slots = int_input(slot_mapping, "slot_mapping")?;
+        let slots = slots.values();
+        let (k, v) = (f32_input(k, "k")?, f32_input(v, "v")?);
         let s = self.shape;
-        for (name, shape) in [("k", &ks), ("v", &vs)] {
+        for (name, shape) in [("k", &k.shape), ("v", &v.shape)] {
             let ok = matches!(shape.as_slice(), [n, h, d] if *n == slots.len() && *h == s.num_kv_heads && *d == s.head_dim)
                 || matches!(shape.as_slice(), [n, hd] if *n == slots.len() && *hd == s.num_kv_heads * s.head_dim);
             if !ok {
@@ -269,7 +272,8 @@ impl PyKvCache {
                 ));
             }
         }
-        py.detach(|| self.write_lock().write(layer, &kv, &vv, &slots)).py_err(py)
+        let (kv, vv) = (k.values(), v.values());
+        py.detach(|| self.write_lock().write(layer, kv, vv, slots)).py_err(py)
     }
 
     /// Zero-copy float32 view of layer ``layer``'s K scales (8-bit caches), aliasing the
@@ -343,13 +347,13 @@ impl PyKvCache {
         let hk = self.shape.num_kv_heads;
         let mut vals = Vec::with_capacity(2);
         for (name, x) in [("k_scales", k_scales), ("v_scales", v_scales)] {
-            let (shape, v) = f32_values(x, name)?;
-            if shape.as_slice() != [hk] {
-                return Err(invalid(py, format!("{name} must have shape [{hk}] (one scale per KV head), got {shape:?}")));
+            let v = f32_input(x, name)?;
+            if v.shape.as_slice() != [hk] {
+                return Err(invalid(py, format!("{name} must have shape [{hk}] (one scale per KV head), got {:?}", v.shape)));
             }
             vals.push(v);
         }
-        let r = self.write_lock().set_fp8_scales(layer, &vals[0], &vals[1]);
+        let r = self.write_lock().set_fp8_scales(layer, vals[0].values(), vals[1].values());
         r.py_err(py)
     }
 

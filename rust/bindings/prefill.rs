@@ -10,7 +10,7 @@
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_values};
+use super::arrays::{checked_out, f32_input};
 use super::attention::{forced_isa, Tables};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
@@ -80,9 +80,9 @@ fn run<'py>(
     let opts = kw.options(py)?;
     let indptr = int_vec(qo_indptr, "qo_indptr")?;
     let positions = kw.q_positions.filter(|p| !p.is_none()).map(|p| int_vec(p, "q_positions")).transpose()?;
-    let (qshape, qv) = f32_values(q, "q")?;
-    let [total_q, hq, d] = qshape[..] else {
-        return Err(invalid(py, format!("q must be [total_q, num_q_heads, head_dim], got shape {qshape:?}")));
+    let qin = f32_input(q, "q")?;
+    let [total_q, hq, d] = qin.shape[..] else {
+        return Err(invalid(py, format!("q must be [total_q, num_q_heads, head_dim], got shape {:?}", qin.shape)));
     };
     let (shape, storage) = cache.get().facts();
     if d != shape.head_dim {
@@ -99,11 +99,11 @@ fn run<'py>(
         None => &mut owned,
     };
     let mut lse = if kw.return_lse { vec![0f32; total_q * hq] } else { Vec::new() };
-    let (c, return_lse, sinks) = (cache.get(), kw.return_lse, opts.mask.sink_tokens);
+    let (c, return_lse, sinks, qv) = (cache.get(), kw.return_lse, opts.mask.sink_tokens, qin.values());
     let result = py.detach(|| {
         let t = tables(shape.block_size, shape.num_blocks, sinks)?;
         let guard = c.read();
-        let qs = Queries { q: &qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
+        let qs = Queries { q: qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
         let l = return_lse.then_some(&mut lse[..]);
         prefill::prefill_attention(&guard, layer, &qs, &t, o_slice, l, &opts)
     });
@@ -150,7 +150,7 @@ fn run<'py>(
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
 ///     q: float32 ``[total_q, Hq, head_dim]``, ``Hq`` a multiple of the cache's KV heads
-///         (any strides: copied).
+///         (any strides: read in place when C-contiguous, else copied).
 ///     qo_indptr: ``n + 1`` int row offsets, from 0, non-decreasing, ending at ``total_q``.
 ///     block_tables: int ``[n, max_blocks]``, logical block ``b`` in column ``b``; only
 ///         the entries of blocks holding a visible key are read (entries past
