@@ -39,6 +39,8 @@ pub mod avx2;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_vnni;
 pub mod decode;
 pub mod isa;
 pub mod prefill;
@@ -56,5 +58,7 @@ pub use tables::SeqTables;
 mod test_util;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_int8;
 #[cfg(test)]
 mod tests_window;

@@ -32,6 +32,25 @@ pub(crate) struct Work<'a, E> {
     /// holds the rounded query times that factor.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_bf16: Option<(&'a [u32], f32)>,
+    /// With `int8_scores` (int8 caches): the item's query rows quantized to int8
+    /// ([`QueryI8`]); `q` then holds the dequantized quantized query (code times the row's
+    /// factor), which the paths without `vpdpbusd` read.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub q_i8: Option<QueryI8<'a>>,
+}
+
+/// A query quantized to int8 per row (one row per (sequence, query head)): symmetric,
+/// `s_q = max|q| / 127`, codes `round_half_even(q / s_q)` in `-127..=127`.
+#[derive(Clone, Copy)]
+pub(crate) struct QueryI8<'a> {
+    /// Four codes per `u32` (`d.div_ceil(4)` per row; dimension `4k + r` in byte `r`; a
+    /// `head_dim` that is not a multiple of 4 padded by code 0).
+    pub codes: &'a [u32],
+    /// Per row: `s_q * scale * log2(e)` (the factor from an exact integer dot product
+    /// `sum_i code_i K_i` to the score in log2 units; NaN for a row with a non-finite
+    /// value) and `128 * sum_i code_i` (what `vpdpbusd` adds when the K codes are biased
+    /// by 128 to make them unsigned).
+    pub rows: &'a [(f32, i32)],
 }
 
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
@@ -136,6 +155,51 @@ pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec
         .flat_map(|row| row.chunks(2).map(|p| bits(p[0]) as u32 | (p.get(1).map_or(0, |&x| bits(x)) as u32) << 16))
         .collect();
     (qs, pairs)
+}
+
+/// The int8 query of `int8_scores`, owned: see [`QueryI8`].
+pub(crate) struct QueryI8Buf {
+    pub codes: Vec<u32>,
+    pub rows: Vec<(f32, i32)>,
+}
+
+impl QueryI8Buf {
+    /// Rows `r0 .. r0 + n` (each `d.div_ceil(4)` packed codes).
+    pub fn rows(&self, r0: usize, n: usize, d: usize) -> QueryI8<'_> {
+        let w = d.div_ceil(4);
+        QueryI8 { codes: &self.codes[r0 * w..(r0 + n) * w], rows: &self.rows[r0..r0 + n] }
+    }
+}
+
+/// `q` (rows of `d`) quantized per row to int8 for `int8_scores`, and the f32 query the
+/// paths without `vpdpbusd` read: each code times its row's factor `s_q * factor`, so
+/// every path computes the scores of the same quantized query. A row of zeros has
+/// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so
+/// its output is NaN, as the exact path's is.
+pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
+    let mut qs = Vec::with_capacity(q.len());
+    let mut codes = Vec::with_capacity(q.len().div_ceil(4) + 1);
+    let mut rows = Vec::with_capacity(q.len() / d.max(1));
+    for row in q.chunks(d.max(1)) {
+        let amax = row.iter().fold(0f32, |a, &x| a.max(x.abs()));
+        let s = amax / 127.0;
+        let finite = row.iter().all(|x| x.is_finite());
+        let code = |x: f32| if finite && s > 0.0 { (x / s).round_ties_even().clamp(-127.0, 127.0) as i8 } else { 0 };
+        let f = if finite { s * factor } else { f32::NAN };
+        let mut sum = 0i32;
+        for four in row.chunks(4) {
+            let mut w = 0u32;
+            for (r, &x) in four.iter().enumerate() {
+                let c = code(x);
+                sum += c as i32;
+                w |= (c as u8 as u32) << (8 * r);
+                qs.push(c as f32 * f);
+            }
+            codes.push(w);
+        }
+        rows.push((f, 128 * sum));
+    }
+    (qs, QueryI8Buf { codes, rows })
 }
 
 /// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
