@@ -23,7 +23,10 @@
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
 //! unsupported). With the opt-in `bf16_scores` (bf16 caches), the AVX-512 path computes
 //! the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16; every
-//! path then uses the bf16-rounded query, so the option means the same math everywhere. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! path then uses the bf16-rounded query, so the option means the same math everywhere.
+//! Likewise `int8_scores` (int8 caches): the query quantized to int8 per row, scores by
+//! `vpdpbusd` ([`avx512_vnni`]) on AVX-512 with avx512_vnni, by f32 FMAs on the
+//! dequantized quantized query on every other path. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 //!
 //! # Files
