@@ -95,6 +95,27 @@ impl<E: Elem> Scores<E> for Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+        // One loop per load form, so the quad loop does not test it per quad.
+        // SAFETY: this function's features are `dot`'s.
+        unsafe {
+            if c.bs == 16 {
+                self.dot::<E, H, true>(c, qh, next_k)
+            } else {
+                self.dot::<E, H, false>(c, qh, next_k)
+            }
+        }
+    }
+}
+
+impl Dot<'_> {
+    /// [`Scores::scores`] with `ADJACENT` = (block size 16: four K rows are one 64-byte
+    /// run).
+    ///
+    /// # Safety
+    /// The CPU must support the features below.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    unsafe fn dot<E: Elem, const H: usize, const ADJACENT: bool>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let quads = d.div_ceil(4);
         // Rows are bs codes apart, the chunk's tokens c0 .. c0 + lanes of each: the last
@@ -104,22 +125,22 @@ impl<E: Elem> Scores<E> for Dot<'_> {
         assert!(self.q.codes.len() >= (qh + H) * quads && self.q.rows.len() >= qh + H);
         let qp = self.q.codes[qh * quads..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0).cast::<i8>();
-        let adjacent = bs == 16;
+        assert!(!ADJACENT || bs == 16);
         let m = mask as u64;
         let mask4 = m | m << 16 | m << 32 | m << 48;
         // SAFETY: both tables hold exactly 64 bytes.
         let (gather, transpose) =
             unsafe { (_mm512_loadu_si512(GATHER.as_ptr().cast()), _mm512_loadu_si512(TRANSPOSE.as_ptr().cast())) };
         let bias = _mm512_set1_epi8(-128);
-        // Rows i .. i + 4 (those < d; the others read as 0 and meet query code 0), lane
-        // t = the four codes of token c0 + t, plus 128 each.
-        let quad = |i: usize| -> __m512i {
-            let rows = d - i;
+        // Rows i .. i + rows (rows = min(4, d - i); past them, up to 4, rows read as 0 and meet
+        // query code 0), lane t = the four codes of token c0 + t, plus 128 each.
+        let quad = |i: usize, rows: usize| -> __m512i {
+            debug_assert_eq!(rows, (d - i).min(4));
             // SAFETY: rows i + r < d only, lanes masked to the chunk's tokens of each
             // (adjacent: bytes 16 r .. 16 r + 16 are row i + r itself, as bs == 16),
             // inside kt by the assert above; masked-off bytes are not accessed.
             let x = unsafe {
-                if adjacent {
+                if ADJACENT {
                     let rmask = if rows >= 4 { u64::MAX } else { (1u64 << (16 * rows)) - 1 };
                     _mm512_maskz_loadu_epi8(mask4 & rmask, kp.wrapping_add(i * 16))
                 } else {
@@ -143,9 +164,11 @@ impl<E: Elem> Scores<E> for Dot<'_> {
         // Two partial sums per head (alternate quads) to hide the instruction's latency.
         let mut s0 = [_mm512_setzero_si512(); H];
         let mut s1 = [_mm512_setzero_si512(); H];
+        // Pairs of whole quads (their row mask a constant), then at most one whole and one
+        // partial quad.
         let mut k = 0;
-        while k + 2 <= quads {
-            let (k0, k1) = (quad(4 * k), quad(4 * k + 4));
+        while k + 2 <= d / 4 {
+            let (k0, k1) = (quad(4 * k, 4), quad(4 * k + 4, 4));
             pf.step();
             for j in 0..H {
                 s0[j] = _mm512_dpbusd_epi32(s0[j], k0, qword(j, k));
@@ -153,11 +176,12 @@ impl<E: Elem> Scores<E> for Dot<'_> {
             }
             k += 2;
         }
-        if k < quads {
-            let k0 = quad(4 * k);
+        while k < quads {
+            let k0 = quad(4 * k, (d - 4 * k).min(4));
             for j in 0..H {
                 s0[j] = _mm512_dpbusd_epi32(s0[j], k0, qword(j, k));
             }
+            k += 1;
         }
         // A loop, not `array::from_fn`: its closure would be an out-of-line call (closures
         // take the target features, `from_fn` does not).
