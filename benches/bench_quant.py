@@ -15,6 +15,16 @@ p.v, 2 per FMA) at ``pykvpool.peak_flops``; it ignores the conversions (int8: 2 
 "+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
 for their roof).
 
+Row ``int8_scores``: the int8 cache with ``int8_scores=True`` (query quantized to int8,
+scores by ``vpdpbusd`` where the CPU has avx512_vnni). Its compute roof is that of the
+instructions it uses: per token and query head ``d / 64`` ``vpdpbusd`` (64 multiply-adds
+each) for q.k and ``d / 16`` FMAs for p.v, issued at the FMA instruction rate
+(``peak_flops / 32`` per second: 16 lanes x 2 FLOP), i.e. ``peak / (2.5 Hq d)`` tokens/s
+against the FMA roof's ``peak / (4 Hq d)``. That ``vpdpbusd`` issues at the rate of
+``vfmadd231ps``, on the same pipes (mixed 1:4 they share one instruction per cycle), is
+measured by ``cargo bench --bench dot_rates`` (``benches/dot_rates.rs``: thread CPU time,
+same run), not by this script.
+
 Write: ``KvCache.write`` of 4096 tokens x 8 heads x 128 (f32 input), GB/s of input.
 
 Accuracy: shape (a) at 8 x 1024 tokens, K and V standard normal ("normal") or with a
@@ -24,7 +34,13 @@ Toy decoder: tokens equal to the f32 run's over 192 greedy steps (and the first
 divergence), and the largest |logit - logit_f32| of the teacher-forced run on the f32
 tokens, against the logit scale.
 
-Run: ``python benches/bench_quant.py [--reps 7] [--quick]``; writes
+``--cpu-time`` times the calls by the process's CPU time (``time.process_time``) instead
+of the wall clock: on a shared, loaded machine it leaves out the time the process waits
+for a core (not the time it waits for memory). At 2 threads it sums both threads'
+seconds; and the probe and ``peak_flops`` stay wall-clock, so with it only the "x bf16"
+ratios are meaningful (the % and roof columns mix clocks).
+
+Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time]``; writes
 ``benches/out/bench_quant.json`` and prints markdown.
 """
 
@@ -42,6 +58,8 @@ import pykvpool as kv
 from pykvpool import toy_decoder
 
 BS = 16
+#: The clock of the speed rounds (``--cpu-time`` switches it to ``time.process_time``).
+CLOCK = time.perf_counter
 DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
 #: Opt-in fast paths timed beside the exact ones: row -> (cache dtype, decode keywords,
 #: compute-roof FLOP per token over ``Hq d``). ``bf16_scores``: q.k by ``vdpbf16ps`` (fp8
@@ -49,6 +67,12 @@ DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
 #: 32 products and 32 sums, assumed to issue at the FMA rate; not probed), p.v by FMAs:
 #: ``2 Hq d / 2 + 2 Hq d`` FMA-equivalent FLOP, a roof 4/3 the FMA roof.
 FAST = {f"{dt}+bf16_scores": (dt, {"bf16_scores": True}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
+#: ``int8_scores``: q.k by ``vpdpbusd`` (64 products per instruction, issuing at the FMA
+#: rate: measured by ``cargo bench --bench dot_rates``), p.v by FMAs: ``d/64 + d/16`` FMA
+#: slots per token and query head against the exact ``d/16 + d/16``, a factor 2.5.
+FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
+#: The instructions behind each row's compute roof.
+ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
 ROWS = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
@@ -109,9 +133,9 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> 
                 probe = kv.read_bandwidth(cache=c, threads=t, passes=3)
                 best = float("inf")
                 for _ in range(3):
-                    t0 = time.perf_counter()
+                    t0 = CLOCK()
                     call()
-                    best = min(best, time.perf_counter() - t0)
+                    best = min(best, CLOCK() - t0)
                 rounds[name].append((len(lens) / best, probe, read[name] / best / probe))
         base = [x[0] for x in rounds["bf16"]]
         for name in names:
@@ -121,7 +145,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> 
             bw_roof = probe / read[name] * len(lens)
             fma_roof = peak / (ROWS[name][2] * hq * d * sum(lens)) * len(lens)
             rows.append(dict(shape=shape, threads=t, dtype=name, tokens_per_s=max(tps),
-                             roof_instr="FMA" if name in DTYPES else "vdpbf16ps + FMA",
+                             roof_instr=ROOF_INSTR.get(name, "FMA"), peak_gflops=peak / 1e9,
                              ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
                              ratio_q3=float(np.quantile(ratio, 0.75)),
                              pct_bw=float(np.median([x[2] for x in rounds[name]])),
@@ -162,11 +186,13 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
         exact = kv.decode_attention(caches["f32"], 0, q, table, sl).astype(np.float64)
         scale_out = np.abs(exact).max()
         kf, vf = (x.reshape(-1, hkv, d).astype(np.float64) for x in caches["f32"].dequantized(0))
-        for dt in DTYPES[1:]:
-            got = kv.decode_attention(caches[dt], 0, q, table, sl).astype(np.float64)
+        for name, (dt, kw, _) in ROWS.items():
+            if dt == "bf16" or "bf16_scores" in kw:  # the bound below is the 8-bit exact / int8_scores one
+                continue
+            got = kv.decode_attention(caches[dt], 0, q, table, sl, **kw).astype(np.float64)
             err = np.abs(got - exact).max(axis=2)
-            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv)
-            rows.append(dict(data="outliers" if outliers else "normal", dtype=dt,
+            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, bool(kw))
+            rows.append(dict(data="outliers" if outliers else "normal", dtype=name,
                              max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
                              max_err_over_bound=float((err / bound).max()),
                              median_bound=float(np.median(bound) / scale_out)))
@@ -174,10 +200,13 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
 
 
 def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
-           lens: list[int], g: int) -> np.ndarray:
-    """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head)."""
+           lens: list[int], g: int, int8_scores: bool = False) -> np.ndarray:
+    """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head);
+    with ``int8_scores`` the query's rounding (``s_q / 2`` per element, times the L1 norm
+    of the dequantized key) adds to the logit deviation."""
     n, hq, d = q.shape
     vd = np.abs(c.dequantized(0)[1].reshape(-1, vf.shape[1], d))
+    kd = np.abs(c.dequantized(0)[0].reshape(-1, vf.shape[1], d)).astype(np.float64)
     out = np.zeros((n, hq))
     for i, ln in enumerate(lens):
         rows = (table[i, np.arange(ln) // BS] * BS + np.arange(ln) % BS)
@@ -192,6 +221,8 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
                 ks, vs = float(c.key_scales(0)[kh]), float(c.value_scales(0)[kh])
                 dmax = (rel * ka[:, kh] @ qa + sub * ks * qa.sum()).max()
                 ev = rel * va[:, kh].max() + sub * vs
+            if int8_scores:
+                dmax += np.abs(q[i, h]).max() / 127 / 2 * kd[rows, kh].sum(axis=1).max()
             out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
     return out
 
@@ -220,9 +251,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="8x smaller shapes, 3 rounds")
+    ap.add_argument("--cpu-time", action="store_true", help="time calls by process CPU time (shared machines)")
     args = ap.parse_args()
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
     div, reps = (8, 3) if args.quick else (1, args.reps)
-    res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths()}
+    res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths(),
+                           "clock": "process_time" if args.cpu_time else "perf_counter"}
     res["speed"] = speed("a", [4096 // div] * 8, 32, 8, 128, reps) + speed("d", [4096 // div] * 8, 32, 32, 128, reps)
     res["write"] = write_speed(reps)
     res["accuracy"] = accuracy(1024 // div)
@@ -230,8 +266,17 @@ def main() -> None:
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "bench_quant.json").write_text(json.dumps(res, indent=1))
-    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | compute roof (instr) "
-          "| % min roof |")
+    for t in (1, 2):
+        r = next(x for x in res["speed"] if x["threads"] == t)
+        print(f"Roofs at {t} thread(s): vfmadd231ps zmm (16 FMA = 32 FLOP per instruction) "
+              f"{r['peak_gflops']:.0f} GFLOP/s measured (pykvpool.peak_flops), {r['peak_gflops'] / 32:.2f} G instr/s; "
+              f"vpdpbusd zmm (64 int8 MAC per instruction) at the same instruction rate, sharing the pipes "
+              f"(cargo bench --bench dot_rates): "
+              f"{2 * r['peak_gflops']:.0f} G MAC/s. Compute roof per row: exact paths d/16 FMAs for q.k + "
+              f"d/16 for p.v per token and query head; int8_scores d/64 vpdpbusd + d/16 FMAs; "
+              f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
+    print(f"\nCall times by {res['clock']}.\n")
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | compute roof (instr) | % min roof |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in res["speed"]:
         print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "

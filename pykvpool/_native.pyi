@@ -1798,6 +1798,7 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    int8_scores: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> _F32Array:
@@ -1870,6 +1871,19 @@ def decode_attention(
             standard-normal data with d = 128 the measured output deviation is about 2e-3
             of the output scale (see benches/RESULTS.md). f32, f16 and int8 caches are
             refused.
+        int8_scores: int8 caches only (default False = exact): quantize q per (sequence,
+            query head) to int8 (symmetric, ``s_q = max|q| / 127``, round half to even)
+            and compute the scores from the quantized q; softmax and P.V are unchanged
+            (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_vnni the scores
+            are exact integer dot products of the query codes with the K codes by
+            ``vpdpbusd`` (64 multiply-adds per instruction), times ``s_q`` and each
+            token's K scale; every other path computes the same thing with f32 FMAs on
+            the dequantized quantized q, so results agree across paths within f32
+            rounding, not bitwise. Against the exact-q result on the same cache each
+            query element moves by at most ``s_q / 2``, so each logit moves by at most
+            ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
+            keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
+            most D; measured errors are far below it (benches/bench_quant.py).
         window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
             window_left`` (``window_left = window - 1`` for a window of ``window`` positions
             including the query's own; FlashInfer's ``window_left``); None (default): every
@@ -1891,8 +1905,9 @@ def decode_attention(
             ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
             negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
             one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-            ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8). ``out``
-            is not written on any error.
+            ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
+            ``int8_scores`` with a cache that is not int8. ``out`` is not written on any
+            error.
     """
 @overload
 def decode_attention(
@@ -1909,6 +1924,7 @@ def decode_attention(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    int8_scores: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> tuple[_F32Array, _F32Array]: ...
@@ -1928,6 +1944,7 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    int8_scores: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,
@@ -1962,6 +1979,7 @@ def decode_attention_paged(
         kv_heads_per_item: as for :func:`decode_attention`.
         force_isa: as for :func:`decode_attention`.
         bf16_scores: as for :func:`decode_attention`.
+        int8_scores: as for :func:`decode_attention`.
         window_left: as for :func:`decode_attention`.
         sink_tokens: as for :func:`decode_attention`; also places the sink pages.
         kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
@@ -1993,6 +2011,7 @@ def decode_attention_paged(
     kv_heads_per_item: int | None = None,
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
+    int8_scores: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,

@@ -4,14 +4,16 @@
 //! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head, with two partial sums per head to hide FMA
-//!    latency; no horizontal sums;
+//!    latency (four for an 8-bit cache with 1-2 heads per tile: see [`chains`]); no
+//!    horizontal sums;
 //! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`), with
 //!    a lazy running maximum (moved only when a score exceeds it by 2^8);
 //! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
-//! The next tile (next head of the block, or first head of the next block) is prefetched
-//! line by line by a `Prefetcher`: its K lines spread over the score loop, its V lines
+//! A tile ahead (the next head of the block, or the first head of the next block; two
+//! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
+//! [`super::work::prefetch_tiles`]) is prefetched line by line by a `Prefetcher`: its K lines spread over the score loop, its V lines
 //! over the V loop, so the jump between scattered blocks does not stall the stream and
 //! the misses do not arrive in one burst. The hot loops index through raw pointers
 //! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
@@ -23,7 +25,8 @@
 //! (rounding them to bf16 for `vdpbf16ps` costs about 3 significant digits of the
 //! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in
 //! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
-//! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]).
+//! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]), as the
+//! opt-in `int8_scores` does with the `vpdpbusd` scores of [`super::avx512_vnni`].
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
@@ -114,7 +117,7 @@ pub(crate) struct Exact<'a> {
 
 impl<E: Elem> Scores<E> for Exact<'_> {
     /// Each K row (one dimension, 16 tokens) is widened once and FMA'd with the
-    /// broadcast query element of every head, two partial sums per head.
+    /// broadcast query element of every head, with [`chains`] partial sums per head.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
@@ -124,38 +127,59 @@ impl<E: Elem> Scores<E> for Exact<'_> {
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
         let qp = q[qh * d..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0);
+        let n = chains::<E>(H);
         // The next K tile is prefetched over this loop, the next V tile over the V loop,
         // so the misses overlap FMAs instead of arriving in one burst.
-        let mut pf = Prefetcher::new(next_k, d / 2);
-        let mut s0 = [_mm512_setzero_ps(); H];
-        let mut s1 = [_mm512_setzero_ps(); H];
+        let mut pf = Prefetcher::new(next_k, d / n);
+        let mut s = [[_mm512_setzero_ps(); H]; 4];
         let mut i = 0;
-        while i + 2 <= d {
-            // SAFETY: rows i and i + 1 < d, lanes masked to the tile; query elements
-            // j * d + i + 1 < H * d past qp (assert above).
+        while i + n <= d {
+            // SAFETY: rows i .. i + n <= d, lanes masked to the tile; query elements
+            // j * d + i + r < H * d past qp (assert above).
             unsafe {
-                let (k0, k1) = (load(kp.add(i * bs), mask), load(kp.add((i + 1) * bs), mask));
+                let mut k = [_mm512_setzero_ps(); 4];
+                for r in 0..n {
+                    k[r] = load(kp.add((i + r) * bs), mask);
+                }
                 pf.step();
                 for j in 0..H {
-                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
-                    s1[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + 1)), k1, s1[j]);
+                    for r in 0..n {
+                        s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + r)), k[r], s[r][j]);
+                    }
                 }
             }
-            i += 2;
+            i += n;
         }
-        if i < d {
+        while i < d {
             // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
             unsafe {
                 let k0 = load(kp.add(i * bs), mask);
                 for j in 0..H {
-                    s0[j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s0[j]);
+                    s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
                 }
             }
+            i += 1;
         }
         for j in 0..H {
-            s0[j] = _mm512_add_ps(s0[j], s1[j]);
+            for r in 1..n {
+                s[0][j] = _mm512_add_ps(s[0][j], s[r][j]);
+            }
         }
-        s0
+        s[0]
+    }
+}
+
+/// Independent partial sums per head in [`Exact`]'s score loop: the FMA latency (4
+/// cycles) needs about 4 chains in flight. With 1-2 heads per tile an 8-bit cache takes 4
+/// (its rows cost a quarter of f32's bytes, so a latency-bound loop is what limits an
+/// MHA decode: 2 chains held it near 8 bytes per cycle); 3-4 heads already give 6-8 chains
+/// with 2, and the unquantized dtypes keep the 2 they were measured with.
+#[inline(always)]
+fn chains<E: Elem>(heads: usize) -> usize {
+    if heads <= 2 && E::DTYPE.is_quantized() {
+        4
+    } else {
+        2
     }
 }
 

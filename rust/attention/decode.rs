@@ -12,9 +12,9 @@ use rayon::prelude::*;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
-use super::work::{merge_row, scaled_query, Partial, Work};
+use super::work::{int8_query, merge_row, scaled_query, Partial, Work};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, avx512_bf16};
+use super::{avx2, avx512, avx512_bf16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 use crate::error::Result;
@@ -46,6 +46,13 @@ pub struct DecodeOptions {
     /// elsewhere by f32 FMAs on the rounded query (the same products, exact in f32,
     /// summed in another order). Softmax and `P V` are unchanged (f32, V widened exactly).
     pub bf16_scores: bool,
+    /// int8 caches only: quantize the query per (sequence, query head) to int8
+    /// (symmetric, `max|q| / 127`, round half to even) and compute the scores from the
+    /// quantized query; with the AVX-512 path on a CPU with avx512_vnni they are exact
+    /// integer dot products by `vpdpbusd` ([`avx512_vnni`]), elsewhere f32 FMAs on the
+    /// dequantized quantized query (the same scores within f32 rounding). Softmax and
+    /// `P V` are unchanged.
+    pub int8_scores: bool,
 }
 
 /// One work item: KV head group `group` of sequence `seq`, the blocks `blocks` of
@@ -97,7 +104,13 @@ pub fn decode_attention(
     let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts)?;
     let pool = crate::runtime::threads::pool()?;
     let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
-    let (qs, q_bf16) = scaled_query(q, d, scale * std::f32::consts::LOG2_E, opts.bf16_scores);
+    let factor = scale * std::f32::consts::LOG2_E;
+    let (mut qs, q_bf16) = scaled_query(q, d, factor, opts.bf16_scores);
+    let q_i8 = opts.int8_scores.then(|| {
+        let (deq, buf) = int8_query(q, d, factor);
+        qs = deq;
+        buf
+    });
     let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;
@@ -138,8 +151,9 @@ pub fn decode_attention(
                     q_bf16: opts.bf16_scores.then(|| {
                         let pairs = d.div_ceil(2);
                         let at = qrow / d * pairs;
-                        (&q_bf16[at..at + per_item * pairs], scale * std::f32::consts::LOG2_E)
+                        (&q_bf16[at..at + per_item * pairs], factor)
                     }),
+                    q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
                 };
                 // Each index is handed out once, so the lock is never contended.
                 let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -200,6 +214,9 @@ fn check_call(
         // fp8 codes are exact bf16s; f32, f16 and int8 values are not.
         return Err(invalid!("bf16_scores needs a bf16 cache or an fp8 one, this one stores {}", cache.dtype().name()));
     }
+    if opts.int8_scores && cache.dtype() != DType::I8 {
+        return Err(invalid!("int8_scores needs an int8 cache, this one stores {}", cache.dtype().name()));
+    }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
@@ -211,6 +228,10 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // SAFETY: `avx512_bf16::supported()` is this CPU having avx512_bf16 on top of
         // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
         Isa::Avx512 if w.q_bf16.is_some() && avx512_bf16::supported() => unsafe { avx512_bf16::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
+        // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
+        Isa::Avx512 if w.q_i8.is_some() && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
         // feature the path is compiled for.

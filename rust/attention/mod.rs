@@ -24,7 +24,10 @@
 //! unsupported). With the opt-in `bf16_scores` (bf16 and fp8 caches), the AVX-512 path
 //! computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16
 //! (fp8: and avx512vbmi, for the byte tables that widen the codes to bf16); every
-//! path then uses the bf16-rounded query, so the option means the same math everywhere. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! path then uses the bf16-rounded query, so the option means the same math everywhere.
+//! Likewise `int8_scores` (int8 caches): the query quantized to int8 per row, scores by
+//! `vpdpbusd` ([`avx512_vnni`]) on AVX-512 with avx512_vnni, by f32 FMAs on the
+//! dequantized quantized query on every other path. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 //!
 //! # Files
@@ -40,6 +43,8 @@ pub mod avx2;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_vnni;
 pub mod decode;
 pub mod isa;
 pub mod prefill;
@@ -59,5 +64,7 @@ mod test_util;
 mod tests;
 #[cfg(test)]
 mod tests_fp8;
+#[cfg(test)]
+mod tests_int8;
 #[cfg(test)]
 mod tests_window;

@@ -32,6 +32,25 @@ pub(crate) struct Work<'a, E> {
     /// holds the rounded query times that factor.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_bf16: Option<(&'a [u32], f32)>,
+    /// With `int8_scores` (int8 caches): the item's query rows quantized to int8
+    /// ([`QueryI8`]); `q` then holds the dequantized quantized query (code times the row's
+    /// factor), which the paths without `vpdpbusd` read.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub q_i8: Option<QueryI8<'a>>,
+}
+
+/// A query quantized to int8 per row (one row per (sequence, query head)): symmetric,
+/// `s_q = max|q| / 127`, codes `round_half_even(q / s_q)` in `-127..=127`.
+#[derive(Clone, Copy)]
+pub(crate) struct QueryI8<'a> {
+    /// Four codes per `u32` (`d.div_ceil(4)` per row; dimension `4k + r` in byte `r`; a
+    /// `head_dim` that is not a multiple of 4 padded by code 0).
+    pub codes: &'a [u32],
+    /// Per row: `s_q * scale * log2(e)` (the factor from an exact integer dot product
+    /// `sum_i code_i K_i` to the score in log2 units; NaN for a row with a non-finite
+    /// value) and `128 * sum_i code_i` (what `vpdpbusd` adds when the K codes are biased
+    /// by 128 to make them unsigned).
+    pub rows: &'a [(f32, i32)],
 }
 
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
@@ -89,13 +108,14 @@ impl<E: Elem> Work<'_, E> {
     #[inline(always)]
     pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<(&'s [E], &'s [E])>)) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
+        let ahead = prefetch_tiles(2 * self.shape.tile() * std::mem::size_of::<E>());
         for bi in 0..self.blocks.len() {
             let span = self.span_in(bi);
             let nt = span.end;
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
                 let (ks, vs) = self.tile_scales(bi, h);
-                let mut next = self.tiles_ahead(bi, hi, PREFETCH_TILES);
+                let mut next = self.tiles_ahead(bi, hi, ahead);
                 let mut c0 = span.start;
                 while c0 < nt {
                     f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
@@ -155,6 +175,53 @@ fn bf16_bits(x: f32) -> u16 {
     }
 }
 
+/// The int8 query of `int8_scores`, owned: see [`QueryI8`].
+pub(crate) struct QueryI8Buf {
+    pub codes: Vec<u32>,
+    pub rows: Vec<(f32, i32)>,
+}
+
+impl QueryI8Buf {
+    /// Rows `r0 .. r0 + n` (each `d.div_ceil(4)` packed codes).
+    pub fn rows(&self, r0: usize, n: usize, d: usize) -> QueryI8<'_> {
+        let w = d.div_ceil(4);
+        QueryI8 { codes: &self.codes[r0 * w..(r0 + n) * w], rows: &self.rows[r0..r0 + n] }
+    }
+}
+
+/// `q` (rows of `d`) quantized per row to int8 for `int8_scores`, and the f32 query the
+/// paths without `vpdpbusd` read: each code times its row's factor `s_q * factor`, so
+/// every path computes the scores of the same quantized query. A row of zeros has
+/// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so
+/// its scores are NaN, as the exact path's are.
+pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
+    let (d, w) = (d.max(1), d.div_ceil(4));
+    let n = q.len() / d;
+    // Plain loops over preallocated rows, no per-element push: this runs per call.
+    let mut qs = vec![0f32; n * d];
+    let mut codes = vec![0u32; n * w];
+    let mut rows = vec![(0f32, 0i32); n];
+    let mut c = vec![0i8; 4 * w];
+    for (((row, qs), words), r) in q.chunks_exact(d).zip(qs.chunks_exact_mut(d)).zip(codes.chunks_exact_mut(w)).zip(&mut rows) {
+        // The cache's own int8 quantizer (vectorised): max|q| / 127, half to even.
+        // A fold, not `all`: no early exit, so it vectorises.
+        let f = if row.iter().fold(true, |a, x| a & x.is_finite()) {
+            crate::kv::quant::quantize_row_i8(row, &mut c[..d]) * factor
+        } else {
+            c.fill(0);
+            f32::NAN
+        };
+        for (x, &k) in qs.iter_mut().zip(&c[..d]) {
+            *x = k as f32 * f;
+        }
+        for (word, b) in words.iter_mut().zip(c.chunks_exact(4)) {
+            *word = u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8]);
+        }
+        *r = (f, 128 * c.iter().map(|&k| k as i32).sum::<i32>());
+    }
+    (qs, QueryI8Buf { codes, rows })
+}
+
 /// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
 /// in `m`, `l` and `acc` (`out.len()` values per row of `acc`, unnormalised). Writes the
 /// normalised row to `out` (zeros when no partial saw a key) and returns its LSE in
@@ -184,6 +251,16 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
 /// each other, the L2 hint (T1) is slightly slower, and no prefetch is 3-5x slower (the
 /// hardware prefetchers do not follow jumps between scattered blocks).
 pub(crate) const PREFETCH_TILES: usize = 1;
+
+/// Bytes (K + V) the prefetch runs ahead of the tile being read, at least: a bf16 tile
+/// pair at head_dim 128 and block size 16. Smaller tiles (8-bit codes: half as many bytes
+/// per tile, so half the time to hide a miss in) prefetch more tiles ahead.
+const PREFETCH_BYTES: usize = 8 << 10;
+
+/// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
+pub(crate) fn prefetch_tiles(tile_bytes: usize) -> usize {
+    PREFETCH_TILES.max(PREFETCH_BYTES.div_ceil(tile_bytes.max(1)))
+}
 
 /// Taylor coefficients of `2^f = e^(f ln 2)` on `[-0.5, 0.5]` up to degree 7 (the
 /// degree-8 term is below 6e-9), for every SIMD path's polynomial `exp2`.

@@ -18,12 +18,12 @@ fn options(
     split_tokens: Option<usize>,
     kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
-    bf16_scores: bool,
+    [bf16_scores, int8_scores]: [bool; 2],
     window_left: Option<usize>,
     sink_tokens: usize,
 ) -> PyResult<DecodeOptions> {
     let isa = forced_isa(py, force_isa)?;
-    Ok(DecodeOptions { bf16_scores, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
+    Ok(DecodeOptions { bf16_scores, int8_scores, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
 }
 
 /// `window_left`: `None` or an int >= 0.
@@ -226,6 +226,19 @@ fn attend<'py>(
 ///         standard-normal data with d = 128 the measured output deviation is about 2e-3
 ///         of the output scale (see benches/RESULTS.md). f32, f16 and int8 caches are
 ///         refused.
+///     int8_scores: int8 caches only (default False = exact): quantize q per (sequence,
+///         query head) to int8 (symmetric, ``s_q = max|q| / 127``, round half to even)
+///         and compute the scores from the quantized q; softmax and P.V are unchanged
+///         (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_vnni the scores
+///         are exact integer dot products of the query codes with the K codes by
+///         ``vpdpbusd`` (64 multiply-adds per instruction), times ``s_q`` and each
+///         token's K scale; every other path computes the same thing with f32 FMAs on
+///         the dequantized quantized q, so results agree across paths within f32
+///         rounding, not bitwise. Against the exact-q result on the same cache each
+///         query element moves by at most ``s_q / 2``, so each logit moves by at most
+///         ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
+///         keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
+///         most D; measured errors are far below it (benches/bench_quant.py).
 ///     window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
 ///         window_left`` (``window_left = window - 1`` for a window of ``window`` positions
 ///         including the query's own; FlashInfer's ``window_left``); None (default): every
@@ -247,10 +260,11 @@ fn attend<'py>(
 ///         ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
 ///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
 ///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8). ``out``
-///         is not written on any error.
+///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
+///         ``int8_scores`` with a cache that is not int8. ``out`` is not written on any
+///         error.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0))]
+#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention<'py>(
     py: Python<'py>,
@@ -266,10 +280,11 @@ fn decode_attention<'py>(
     #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    int8_scores: bool,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores, window_left, sink_tokens)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores], window_left, sink_tokens)?;
     let t = Tables::padded(py, block_tables, seq_lens)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
@@ -304,6 +319,7 @@ fn decode_attention<'py>(
 ///     kv_heads_per_item: as for :func:`decode_attention`.
 ///     force_isa: as for :func:`decode_attention`.
 ///     bf16_scores: as for :func:`decode_attention`.
+///     int8_scores: as for :func:`decode_attention`.
 ///     window_left: as for :func:`decode_attention`.
 ///     sink_tokens: as for :func:`decode_attention`; also places the sink pages.
 ///     kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
@@ -319,7 +335,7 @@ fn decode_attention<'py>(
 ///         overflows, a visible key whose block is not among the pages (named
 ///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
+#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention_paged<'py>(
     py: Python<'py>,
@@ -336,11 +352,12 @@ fn decode_attention_paged<'py>(
     #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
     bf16_scores: bool,
+    int8_scores: bool,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
     kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, bf16_scores, window_left, sink_tokens)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores], window_left, sink_tokens)?;
     let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
