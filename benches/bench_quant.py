@@ -66,14 +66,14 @@ DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
 #: codes widened to bf16 in registers), counted at twice the FMA rate (one instruction,
 #: 32 products and 32 sums, assumed to issue at the FMA rate; not probed), p.v by FMAs:
 #: ``2 Hq d / 2 + 2 Hq d`` FMA-equivalent FLOP, a roof 4/3 the FMA roof.
-FAST = {f"{dt}+bf16_scores": (dt, {"bf16_scores": True}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
+FAST: dict[str, tuple[str, dict[str, Any], float]] = {f"{dt}+bf16_scores": (dt, {"bf16_scores": True}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
 #: ``int8_scores``: q.k by ``vpdpbusd`` (64 products per instruction, issuing at the FMA
 #: rate: measured by ``cargo bench --bench dot_rates``), p.v by FMAs: ``d/64 + d/16`` FMA
 #: slots per token and query head against the exact ``d/16 + d/16``, a factor 2.5.
 FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
 #: The instructions behind each row's compute roof.
 ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
-ROWS = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
+ROWS: dict[str, tuple[str, dict[str, Any], float]] = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
 
