@@ -5,6 +5,7 @@ trace or a synthetic workload under latency SLOs, on a process pool or Ray."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -183,10 +184,8 @@ def _backend(args: argparse.Namespace) -> Backend:
     if args.inline:
         return Backend("inline")
     if args.ray or args.ray_address is not None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise InvalidArgumentError("--ray needs Ray: pip install 'pykvpool[ray]'") from None
+        if importlib.util.find_spec("ray") is None:  # optional (the ray extra), untyped
+            raise InvalidArgumentError("--ray needs Ray: pip install 'pykvpool[ray]'")
         return Backend("ray", args.workers, args.ray_address)
     return Backend("process", args.workers)
 
