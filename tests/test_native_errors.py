@@ -301,7 +301,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("prefill_attention", "bf16_pv", lambda w, x: kv.prefill_attention(w.fcache, 0, w.q, *P_ARGS, bf16_pv=x), [True]),
     ("prefill_attention", "bf16_scores",
      lambda w, x: kv.prefill_attention(w.fcache, 0, w.q, *P_ARGS, bf16_scores=x), [True]),
-    ("decode_attention", "bf16_scores", lambda w, x: kv.decode_attention(w.fcache, 0, w.q, *Q_ARGS, bf16_scores=x),
+    ("decode_attention", "bf16_scores", lambda w, x: kv.decode_attention(w.cache, 0, w.q, *Q_ARGS, bf16_scores=x),
      [True]),
     ("decode_attention", "int8_scores", lambda w, x: kv.decode_attention(w.cache, 0, w.q, *Q_ARGS, int8_scores=x),
      [True]),
