@@ -57,4 +57,6 @@ mod test_util;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_q8;
+#[cfg(test)]
 mod tests_window;
