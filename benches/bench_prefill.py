@@ -34,7 +34,8 @@ absolute times.
 
 Run: ``python benches/bench_prefill.py`` (writes ``benches/out/bench_prefill.json`` and
 prints a markdown table); ``--quick`` divides the batch/lengths by 4; ``--isa avx2``
-forces every pykvpool row onto one kernel path; ``--no-torch`` leaves torch out.
+forces every pykvpool row onto one kernel path; ``--no-torch`` leaves torch out;
+``--only bf16,int8`` runs those pykvpool rows (and f32) only.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int, dtypes: tuple[str, ...] = (),
-              isa: str | None = None, torch: bool = True) -> dict[str, Any]:
+              isa: str | None = None, torch: bool = True, only: tuple[str, ...] = ()) -> dict[str, Any]:
     data = build(sh, dtypes=dtypes)
     flops = 4 * sh["d"] * sh["hq"] * sh["n"] * visible_pairs(sh)
     c32, c16 = data["caches"]["f32"], data["caches"]["bf16"]
@@ -146,6 +147,8 @@ def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int, dtypes: tu
         impls["pykvpool-bf16"] = lambda: kv.prefill_attention(c16, 0, *args, **kw)
         for dt in dtypes:
             impls[f"pykvpool-{dt}"] = lambda c=data["caches"][dt]: kv.prefill_attention(c, 0, *args, **kw)
+    if only:
+        impls = {k: f for k, f in impls.items() if k == "pykvpool-f32" or k.removeprefix("pykvpool-") in only}
     tfns = torch_fns(sh, data) if torch else {}
     kv.set_num_threads(threads)
     if tfns:
@@ -194,6 +197,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="int8,fp8_e4m3,fp8_e5m2", help="8-bit caches to add ('' for none)")
     ap.add_argument("--isa", default=None, help="force one kernel path (scalar, avx2, avx512, neon)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--only", default="", help="pykvpool rows to run besides f32, e.g. 'bf16,int8' ('': all)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_prefill.json"))
     a = ap.parse_args()
     dtypes = tuple(x for x in a.dtypes.split(",") if x)
@@ -201,7 +205,8 @@ def main() -> None:
     for name in a.shapes:
         sh = shapes(a.quick)[name]
         for t in [int(x) for x in a.threads.split(",")]:
-            r = run_shape(name, sh, t, a.reps, dtypes, a.isa, not a.no_torch)
+            only = tuple(x for x in a.only.split(",") if x)
+            r = run_shape(name, sh, t, a.reps, dtypes, a.isa, not a.no_torch, only)
             results.append(r)
             print(f"\n({name}) path {r['isa']} threads={t} peak {r['peak_gflops']:.1f} GFLOP/s (FMA probe), "
                   f"{r['flops'] / 1e9:.1f} GFLOP per call, pykvpool vs torch max rel diff {r['torch_rel_err']:.1e}")
