@@ -44,6 +44,8 @@ pub mod isa;
 pub mod prefill;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_cvt;
 pub mod scalar;
 pub mod tables;
 pub mod work;
