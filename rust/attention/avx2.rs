@@ -267,8 +267,14 @@ fn head_tile<E: Elem, const H: usize>(
         }
         for t in 0..c.lanes {
             let row = (c.c0 + t) * d + u0;
-            let v: [__m256; VT] =
-                std::array::from_fn(|u| if w[u] > 0 { load(c.vt, row + u * W, w[u]) } else { _mm256_setzero_ps() });
+            // A loop, not `array::from_fn`: a closure does not inherit the target
+            // features, so `load` would be an out-of-line call per vector.
+            let mut v = [_mm256_setzero_ps(); VT];
+            for u in 0..VT {
+                if w[u] > 0 {
+                    v[u] = load(c.vt, row + u * W, w[u]);
+                }
+            }
             for j in 0..H {
                 let pj = _mm256_set1_ps(probs[j][t]);
                 for u in 0..VT {
