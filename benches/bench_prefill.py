@@ -16,6 +16,11 @@ FLOPs count only the visible (query, key) pairs: ``4 * head_dim * Hq * sum(visib
   the CPU has avx512_bf16; ``P V`` exact f32, decode's rule);
 - ``pykvpool-bf16dp+pv``: the same plus ``bf16_pv=True`` (probabilities rounded to bf16,
   ``P V`` by ``vdpbf16ps`` too: the whole bf16 fast path);
+- ``pykvpool-bf16`` and, with ``--dtypes`` (default ``int8,fp8_e4m3,fp8_e5m2``),
+  ``pykvpool-int8`` / ``-fp8_e4m3`` / ``-fp8_e5m2``: caches of those dtypes holding the
+  same values, exact f32 arithmetic (the 8-bit ones dequantized in the key-tile pack);
+  each 8-bit row also reports the median of its per-round ratio to ``pykvpool-bf16``
+  with the IQR (issue 15: multi-query no slower than bf16 per query token);
 - ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` in f32 on the same K/V
   gathered into contiguous ``[B, H, S, d]`` tensors (gathering not timed), its fastest
   of: GQA by ``enable_gqa`` or by expanded K/V, with the mask as a boolean tensor (the
@@ -28,7 +33,9 @@ with the best time of each implementation. The machine is shared: read ratios, n
 absolute times.
 
 Run: ``python benches/bench_prefill.py`` (writes ``benches/out/bench_prefill.json`` and
-prints a markdown table); ``--quick`` divides the batch/lengths by 4.
+prints a markdown table); ``--quick`` divides the batch/lengths by 4; ``--isa avx2``
+forces every pykvpool row onto one kernel path; ``--no-torch`` leaves torch out;
+``--only bf16,int8`` runs those pykvpool rows (and f32) only.
 """
 
 from __future__ import annotations
@@ -66,12 +73,12 @@ def visible_pairs(sh: dict[str, Any]) -> int:
     return int(np.minimum((pos // c + 1) * c, L).sum())
 
 
-def build(sh: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+def build(sh: dict[str, Any], seed: int = 0, dtypes: tuple[str, ...] = ()) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     n, hkv, d, L = sh["n"], sh["hkv"], sh["d"], sh["cached"] + sh["new"]
     per = -(-L // BS)
     nb = n * per + 1
-    caches = {dt: kv.KvCache(1, nb, BS, hkv, d, dt) for dt in ["f32", "bf16"]}
+    caches = {dt: kv.KvCache(1, nb, BS, hkv, d, dt) for dt in ["f32", "bf16", *dtypes]}
     k = rng.standard_normal((nb * BS, hkv, d), dtype=np.float32)
     v = rng.standard_normal((nb * BS, hkv, d), dtype=np.float32)
     for c in caches.values():
@@ -124,18 +131,25 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int) -> dict[str, Any]:
-    data = build(sh)
+def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int, dtypes: tuple[str, ...] = (),
+              isa: str | None = None, torch: bool = True, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    data = build(sh, dtypes=dtypes)
     flops = 4 * sh["d"] * sh["hq"] * sh["n"] * visible_pairs(sh)
     c32, c16 = data["caches"]["f32"], data["caches"]["bf16"]
     args = (data["q"], data["indptr"], data["table"], data["lens"])
-    kw: dict[str, Any] = {"causal": True, "chunk_size": sh["chunk"]}
+    kw: dict[str, Any] = {"causal": True, "chunk_size": sh["chunk"], "force_isa": isa}
     impls: dict[str, Callable[[], object]] = {
         "pykvpool-f32": lambda: kv.prefill_attention(c32, 0, *args, **kw),
         "pykvpool-bf16dp": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, **kw),
         "pykvpool-bf16dp+pv": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, bf16_pv=True, **kw),
     }
-    tfns = torch_fns(sh, data)
+    if dtypes:
+        impls["pykvpool-bf16"] = lambda: kv.prefill_attention(c16, 0, *args, **kw)
+        for dt in dtypes:
+            impls[f"pykvpool-{dt}"] = lambda c=data["caches"][dt]: kv.prefill_attention(c, 0, *args, **kw)
+    if only:
+        impls = {k: f for k, f in impls.items() if k == "pykvpool-f32" or k.removeprefix("pykvpool-") in only}
+    tfns = torch_fns(sh, data) if torch else {}
     kv.set_num_threads(threads)
     if tfns:
         import torch
@@ -166,8 +180,12 @@ def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int) -> dict[st
             pct_peak=statistics.median(flops / t / p * 100 for t, p in zip(ts, peaks)),
             speedup_vs_f32=statistics.median(b / t for b, t in zip(base, ts)),
         )
-    return dict(shape=name, threads=threads, flops=flops, peak_gflops=statistics.median(peaks) / 1e9,
-                torch_rel_err=err, impls=rows)
+        if k.removeprefix("pykvpool-") in dtypes:
+            # Per query token, 8-bit over bf16 (both exact f32 arithmetic): >= 1 is no slower.
+            r = [b / t for b, t in zip(times["pykvpool-bf16"], ts)]
+            rows[k]["x_bf16"] = [float(np.median(r)), float(np.quantile(r, 0.25)), float(np.quantile(r, 0.75))]
+    return dict(shape=name, threads=threads, isa=isa or kv.kernel_paths()[-1], flops=flops,
+                peak_gflops=statistics.median(peaks) / 1e9, torch_rel_err=err, impls=rows)
 
 
 def main() -> None:
@@ -176,21 +194,28 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shapes", default="ab")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--dtypes", default="int8,fp8_e4m3,fp8_e5m2", help="8-bit caches to add ('' for none)")
+    ap.add_argument("--isa", default=None, help="force one kernel path (scalar, avx2, avx512, neon)")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--only", default="", help="pykvpool rows to run besides f32, e.g. 'bf16,int8' ('': all)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_prefill.json"))
     a = ap.parse_args()
+    dtypes = tuple(x for x in a.dtypes.split(",") if x)
     results = []
     for name in a.shapes:
         sh = shapes(a.quick)[name]
         for t in [int(x) for x in a.threads.split(",")]:
-            r = run_shape(name, sh, t, a.reps)
+            only = tuple(x for x in a.only.split(",") if x)
+            r = run_shape(name, sh, t, a.reps, dtypes, a.isa, not a.no_torch, only)
             results.append(r)
-            print(f"\n({name}) threads={t} peak {r['peak_gflops']:.1f} GFLOP/s, {r['flops'] / 1e9:.1f} GFLOP per call, "
-                  f"pykvpool vs torch max rel diff {r['torch_rel_err']:.1e}")
-            print("| impl | best s | GFLOP/s | % peak (median) | x pykvpool-f32 (median) |")
-            print("|---|---|---|---|---|")
+            print(f"\n({name}) path {r['isa']} threads={t} peak {r['peak_gflops']:.1f} GFLOP/s (FMA probe), "
+                  f"{r['flops'] / 1e9:.1f} GFLOP per call, pykvpool vs torch max rel diff {r['torch_rel_err']:.1e}")
+            print("| impl | best s | GFLOP/s | % peak (median) | x pykvpool-f32 (median) | x bf16 per query token (IQR) |")
+            print("|---|---|---|---|---|---|")
             for k, row in r["impls"].items():
+                xb = "{:.2f} ({:.2f}-{:.2f})".format(*row["x_bf16"]) if "x_bf16" in row else "-"
                 print(f"| {k} | {row['best_s']:.3f} | {row['gflops']:.1f} | {row['pct_peak']:.0f}% | "
-                      f"{row['speedup_vs_f32']:.2f} |")
+                      f"{row['speedup_vs_f32']:.2f} | {xb} |")
     meta = dict(machine=platform.machine(), cpu_features=kv.cpu_features(), paths=kv.kernel_paths())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))

@@ -40,7 +40,13 @@ for a core (not the time it waits for memory). At 2 threads it sums both threads
 seconds; and the probe and ``peak_flops`` stay wall-clock, so with it only the "x bf16"
 ratios are meaningful (the % and roof columns mix clocks).
 
-Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time]``; writes
+Portable paths (AVX2 on x86-64, NEON on aarch64, when the CPU has them): the same shapes
+with ``force_isa`` set to that path, each 8-bit dtype against bf16 on the same path and
+against the scalar path (what the portable paths ran for 8-bit caches before they
+dequantized in registers), per-round ratios (median and IQR), rotating order, best of 3
+(``--isa-only`` runs just this section; ``--isa avx2`` picks the path).
+
+Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time] [--isa avx2] [--isa-only]``; writes
 ``benches/out/bench_quant.json`` and prints markdown.
 """
 
@@ -156,6 +162,60 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> 
     return rows
 
 
+def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int, isa: str) -> list[dict[str, Any]]:
+    """Decode on the portable path ``isa``: every dtype there, 8-bit also on the scalar path."""
+    caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    sl = np.array(lens)
+    read = {dt: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, dt) for dt in DTYPES}
+    impls = [(dt, isa) for dt in DTYPES] + [(dt, "scalar") for dt in DTYPES[1:]]
+    rows = []
+    for t in (1, 2):
+        kv.set_num_threads(t)
+        peak = kv.peak_flops(t)
+        out = np.empty_like(q)
+        tps: dict[tuple[str, str], list[float]] = {i: [] for i in impls}
+        probes: dict[str, list[float]] = {dt: [] for dt in DTYPES}
+        for r in range(reps):
+            for dt in DTYPES:
+                probes[dt].append(kv.read_bandwidth(cache=caches[dt], threads=t, passes=3))
+            for dt, path in impls[r % len(impls):] + impls[:r % len(impls)]:
+                def call(c: kv.KvCache = caches[dt], path: str = path) -> None:
+                    kv.decode_attention(c, 0, q, table, sl, out=out, force_isa=path)
+
+                call()
+                tps[(dt, path)].append(len(lens) / min(_timed(call) for _ in range(3)))
+        for dt in DTYPES:
+            mine = tps[(dt, isa)]
+            vs_bf16 = [a / b for a, b in zip(mine, tps[("bf16", isa)])]
+            vs_scalar = [a / b for a, b in zip(mine, tps[(dt, "scalar")])] if dt != "bf16" else [float("nan")]
+            probe = float(np.median(probes[dt]))
+            rows.append(dict(shape=shape, threads=t, isa=isa, dtype=dt, tokens_per_s=max(mine),
+                             scalar_tokens_per_s=max(tps[(dt, "scalar")]) if dt != "bf16" else None,
+                             x_bf16=_iqr(vs_bf16), x_scalar=_iqr(vs_scalar),
+                             pct_bw=float(np.median([read[dt] * x / len(lens) / p for x, p in zip(mine, probes[dt])])),
+                             bw_roof=probe / read[dt] * len(lens), fma_roof=peak / (4 * hq * d * sum(lens)) * len(lens)))
+    del caches
+    return rows
+
+
+def _iqr(x: list[float]) -> tuple[float, float, float]:
+    """Median, first and third quartile."""
+    return float(np.median(x)), float(np.quantile(x, 0.25)), float(np.quantile(x, 0.75))
+
+
+def print_isa(rows: list[dict[str, Any]]) -> None:
+    print("\n| path | shape | thr | dtype | tokens/s | x bf16 same path (IQR) | x scalar path (IQR) | % bw probe | "
+          "bw roof | FMA roof |\n|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fmt = "{:.2f} ({:.2f}-{:.2f})".format
+        print(f"| {r['isa']} | {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | "
+              f"{fmt(*r['x_bf16'])} | {fmt(*r['x_scalar']) if r['dtype'] != 'bf16' else '-'} | "
+              f"{100 * r['pct_bw']:.0f}% | {r['bw_roof']:,.0f} | {r['fma_roof']:,.0f} |")
+    print("bw roof: tokens/s if the call read its codes + scales at the cache's read-bandwidth probe; FMA roof: "
+          "4 Hq d FLOP per token at pykvpool.peak_flops (the AVX-512 FMA probe: an upper bound of the AVX2 "
+          "path's FMA roof, equal to it where 512-bit FMAs run as two 256-bit halves)")
+
+
 def write_speed(reps: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(2)
     n, hkv, d = 4096, 8, 128
@@ -252,6 +312,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="8x smaller shapes, 3 rounds")
     ap.add_argument("--cpu-time", action="store_true", help="time calls by process CPU time (shared machines)")
+    ap.add_argument("--isa", choices=["avx2", "neon"], help="the portable path to measure (default: the CPU's)")
+    ap.add_argument("--isa-only", action="store_true", help="only the portable-path section")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -259,6 +321,12 @@ def main() -> None:
     div, reps = (8, 3) if args.quick else (1, args.reps)
     res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths(),
                            "clock": "process_time" if args.cpu_time else "perf_counter"}
+    isas = [args.isa] if args.isa else [p for p in kv.kernel_paths() if p in ("avx2", "neon")]
+    res["isa_speed"] = [r for isa in isas for sh, hk in (("a", 8), ("d", 32))
+                        for r in isa_speed(sh, [4096 // div] * 8, 32, hk, 128, reps, isa)]
+    if args.isa_only:
+        print_isa(res["isa_speed"])
+        return
     res["speed"] = speed("a", [4096 // div] * 8, 32, 8, 128, reps) + speed("d", [4096 // div] * 8, 32, 32, 128, reps)
     res["write"] = write_speed(reps)
     res["accuracy"] = accuracy(1024 // div)
@@ -295,6 +363,7 @@ def main() -> None:
     for r in res["toy"]:
         print(f"| {r['dtype']} | {r['same_tokens']} | {r['first_divergence']} | {r['max_logit_err']:.2e} | "
               f"{r['logit_scale']:.2f} | {r['min_top2_gap']:.2e} |")
+    print_isa(res["isa_speed"])
 
 
 if __name__ == "__main__":

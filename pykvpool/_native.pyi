@@ -1818,11 +1818,11 @@ def decode_attention(
 
     8-bit caches (``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``) attend over the dequantized
     values (:meth:`KvCache.dequantized`) with f32 arithmetic on every path, within 1e-5
-    of the output scale of an f64 reference on those values. The ``"avx512"`` path reads
-    the one-byte codes and dequantizes in registers (int8: ``vpmovsxbd`` + convert; fp8:
-    bit moves into an f16 and ``vcvtph2ps``), folding the K scales into the scores and
-    the V scales into the probabilities; ``"avx2"`` and ``"neon"`` run the ``"scalar"``
-    path for 8-bit caches in this version (correct, not faster). Against the same
+    of the output scale of an f64 reference on those values. The ``"avx512"``,
+    ``"avx2"`` and ``"neon"`` paths read the one-byte codes and dequantize in registers
+    (int8: sign extension + convert; fp8: bit moves into an f16 and ``vcvtph2ps`` /
+    ``fcvtl``), folding the K scales into the scores and the V scales into the
+    probabilities. Against the same
     attention over the unquantized f32 values, write ``e_K`` / ``e_V`` for the largest
     error of one stored K / V element: int8 ``0.5 * max|x| / 127`` of its row (its
     token's ``head_dim`` values); e4m3 ``2^-4 |x| + 2^-10 s``, e5m2 ``2^-3 |x| + 2^-17

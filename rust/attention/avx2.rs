@@ -4,6 +4,16 @@
 //!
 //! AVX2 has no masked 16-bit load, so a partial chunk (fewer than 8 tokens, or a
 //! `head_dim` tail) is staged through a zeroed stack buffer; full chunks load directly.
+//!
+//! 8-bit caches read 8 one-byte codes per load (`vmovq`) and dequantize in registers as
+//! the AVX-512 path does: int8 by `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of
+//! an f16 (`vpmovzxbw`, a 16-bit shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit
+//! positions (sign << 8, the other seven bits << 7: exact, the value divided by 2^8; its
+//! NaN codes OR'd to an f16 NaN) and widened by `vcvtph2ps`. A partial load stages the
+//! codes (not their values) so that both go through one conversion. The scales never
+//! touch the codes: the K scales (8 per-token scales for int8, one per head for fp8,
+//! times 2^8 for e4m3) multiply the scores, the V scales the probabilities after the
+//! softmax sum took them, so `P V` runs on the codes ([`scale_vector`]).
 
 // Register tiles are small fixed arrays indexed by head and vector: index loops read best.
 #![allow(clippy::needless_range_loop)]
@@ -11,6 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::work::{Chunk, Partial, Work};
+use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
 const W: usize = 8;
@@ -39,11 +50,15 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     });
 }
 
-/// Load `min(n, 8)` elements of `x` starting at `at` as f32 (missing lanes are 0).
+/// Load `min(n, 8)` elements of `x` starting at `at` as f32 (missing lanes are 0; 8-bit
+/// codes as [`widen8`] gives them, e4m3 divided by 2^8).
 /// Safe: the slice bounds are checked; only the full-width case uses a raw load.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn load<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
+    if E::DTYPE.is_quantized() {
+        return load8(x, at, n);
+    }
     if n >= W {
         let s = &x[at..at + W];
         // SAFETY: `s` holds exactly 8 elements (checked slice).
@@ -51,11 +66,10 @@ fn load<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
             match E::DTYPE {
                 DType::F32 => _mm256_loadu_ps(s.as_ptr().cast()),
                 DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
-                DType::BF16 => {
+                _ => {
                     let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
                     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
                 }
-                DType::I8 | DType::E4M3 | DType::E5M2 => unreachable!("8-bit caches run the scalar path"),
             }
         }
     } else {
@@ -65,6 +79,74 @@ fn load<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
         }
         // SAFETY: buf holds 8 f32.
         unsafe { _mm256_loadu_ps(buf.as_ptr()) }
+    }
+}
+
+/// [`load`] for one-byte codes: 8 codes in one 64-bit load (fewer staged as codes, the
+/// missing ones 0), widened by [`widen8`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load8<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
+    debug_assert!(std::mem::size_of::<E>() == 1);
+    let s = &x[at..at + n.min(W)];
+    let bits = if n >= W {
+        // SAFETY: `s` holds exactly 8 one-byte elements (checked slice, `E` is a sealed
+        // one-byte plain-data code for the 8-bit dtypes).
+        unsafe { std::ptr::read_unaligned(s.as_ptr().cast::<u64>()) }
+    } else {
+        let mut b = [0u8; W];
+        for (i, e) in s.iter().enumerate() {
+            // SAFETY: `e` is one byte of plain data (as above).
+            b[i] = unsafe { *(e as *const E).cast::<u8>() };
+        }
+        u64::from_le_bytes(b)
+    };
+    widen8::<E>(_mm_cvtsi64_si128(bits as i64))
+}
+
+/// The 8 codes in the low 64 bits of `x` as f32: int8 and e5m2 exactly, e4m3 divided by
+/// 2^8 (see [`load_factor`]), NaN codes as NaN.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn widen8<E: Elem>(x: __m128i) -> __m256 {
+    match E::DTYPE {
+        DType::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)),
+        DType::E5M2 => _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(x))),
+        _ => {
+            // e4m3: sign to bit 15, exponent and mantissa to bits 7..14 of an f16 (whose
+            // bias is 8 more); the NaN codes (0x7f, 0xff) become 0xffff, an f16 NaN.
+            let w = _mm_cvtepu8_epi16(x);
+            let mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+            let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
+            let h = _mm_or_si128(sign, _mm_slli_epi16::<7>(mag));
+            let nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
+            _mm256_cvtph_ps(_mm_or_si128(h, nan))
+        }
+    }
+}
+
+/// The factor [`widen8`]'s values miss: 2^8 for e4m3, else 1.
+const fn load_factor(dt: DType) -> f32 {
+    if matches!(dt, DType::E4M3) {
+        256.0
+    } else {
+        1.0
+    }
+}
+
+/// The scales of tokens `c0..c0 + n` (at most 8; missing lanes 0) times [`load_factor`],
+/// or `None` for an unquantized cache (scale 1, nothing to multiply).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, n: usize) -> Option<__m256> {
+    let f = load_factor(E::DTYPE);
+    match ts {
+        TileScale::One => None,
+        TileScale::Head(s) => Some(_mm256_set1_ps(s * f)),
+        TileScale::Token(s) => {
+            let v = load(s, c0, n);
+            Some(if f == 1.0 { v } else { _mm256_mul_ps(v, _mm256_set1_ps(f)) })
+        }
     }
 }
 
@@ -147,12 +229,17 @@ fn head_tile<E: Elem, const H: usize>(
         }
     }
 
+    // 8-bit K: the scores carry the K scales; V: the probabilities carry the V scales.
+    let kscale = scale_vector::<E>(&c.ks, c.c0, n);
+    let vscale = scale_vector::<E>(&c.vs, c.c0, n);
     // Lanes >= n hold no token: force their score to -inf, hence probability 0.
     let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let valid = _mm256_castsi256_ps(valid);
     let mut alpha = [0f32; H];
     for j in 0..H {
-        let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), _mm256_add_ps(s0[j], s1[j]), valid);
+        let s = _mm256_add_ps(s0[j], s1[j]);
+        let s = kscale.map_or(s, |ks| _mm256_mul_ps(s, ks));
+        let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, valid);
         let m_old = p.m[qh + j];
         let m_new = m_old.max(hmax(s));
         let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(m_new))), valid);
@@ -160,6 +247,7 @@ fn head_tile<E: Elem, const H: usize>(
         alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
         p.m[qh + j] = m_new;
         p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
+        let e = vscale.map_or(e, |vs| _mm256_mul_ps(e, vs));
         // SAFETY: probs[j] holds exactly 8 f32.
         unsafe { _mm256_storeu_ps(probs[j].as_mut_ptr(), e) };
     }
@@ -179,8 +267,14 @@ fn head_tile<E: Elem, const H: usize>(
         }
         for t in 0..c.lanes {
             let row = (c.c0 + t) * d + u0;
-            let v: [__m256; VT] =
-                std::array::from_fn(|u| if w[u] > 0 { load(c.vt, row + u * W, w[u]) } else { _mm256_setzero_ps() });
+            // A loop, not `array::from_fn`: a closure does not inherit the target
+            // features, so `load` would be an out-of-line call per vector.
+            let mut v = [_mm256_setzero_ps(); VT];
+            for u in 0..VT {
+                if w[u] > 0 {
+                    v[u] = load(c.vt, row + u * W, w[u]);
+                }
+            }
             for j in 0..H {
                 let pj = _mm256_set1_ps(probs[j][t]);
                 for u in 0..VT {
@@ -204,5 +298,42 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         u0 += VT * W;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::elem::{E4M3, E5M2};
+
+    /// [`load8`]'s in-register conversions against `Elem::to_f32` on all 256 codes (NaN
+    /// codes included), 8 at a time at full width and staged (1..7 codes, the rest 0).
+    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
+        if !crate::attention::isa::Isa::Avx2.supported() {
+            eprintln!("SKIPPED AVX2 fp8/int8 conversions: no AVX2 on this CPU");
+            return;
+        }
+        let codes: Vec<E> = (0..=255u8).map(code).collect();
+        let f = load_factor(E::DTYPE);
+        for at in (0..256).step_by(W) {
+            for n in 1..=W {
+                let mut got = [0f32; W];
+                // SAFETY: the CPU check above; got holds 8 f32.
+                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), load(&codes, at, n)) };
+                for (i, &g) in got.iter().enumerate() {
+                    let want = if i < n { codes[at + i].to_f32() } else { 0.0 };
+                    let g = g * f;
+                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
+                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn register_dequantization_is_exact_on_every_code() {
+        all_codes(|c| c as i8);
+        all_codes(E4M3);
+        all_codes(E5M2);
     }
 }

@@ -237,11 +237,11 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // feature the path is compiled for.
         Isa::Avx512 => unsafe { avx512::run(w, p) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above. 8-bit caches take the scalar path on AVX2 (for now).
-        Isa::Avx2 if !E::DTYPE.is_quantized() => unsafe { avx2::run(w, p) },
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::run(w, p) },
         #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above. 8-bit caches take the scalar path on NEON (for now).
-        Isa::Neon if !E::DTYPE.is_quantized() => unsafe { neon::run(w, p) },
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::run(w, p) },
         _ => scalar::run(w, p),
     }
 }

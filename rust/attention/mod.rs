@@ -50,6 +50,8 @@ pub mod isa;
 pub mod prefill;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_cvt;
 pub mod scalar;
 pub mod tables;
 pub mod work;
@@ -66,5 +68,7 @@ mod tests;
 mod tests_fp8;
 #[cfg(test)]
 mod tests_int8;
+#[cfg(test)]
+mod tests_q8;
 #[cfg(test)]
 mod tests_window;

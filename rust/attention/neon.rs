@@ -22,7 +22,9 @@
 //! Storage: f32 loads directly; bf16 is widened exactly by a 16-bit shift
 //! (`vshll_n_u16`); f16 by `fcvtl` through `asm!` (the intrinsic `vcvt_f32_f16` is stable
 //! only since Rust 1.94, after this crate's MSRV 1.89), checked against `half` on all
-//! 65536 bit patterns. An exact integer-NEON conversion was tried first: its constants
+//! 65536 bit patterns; the 8-bit codes are dequantized in registers
+//! ([`super::neon_cvt`]), the K scales multiplying the scores and the V scales the
+//! probabilities after the softmax sum took them, so `P V` runs on the codes. An exact integer-NEON conversion was tried first: its constants
 //! and temporaries made LLVM spill the f16 loops (about 1700 stack vector accesses in the
 //! f16 kernel against about 450 for f32, bf16 and `fcvtl`, in the release assembly).
 //!
@@ -42,7 +44,9 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+use super::neon_cvt::{f16_to_f32, load_codes, load_factor};
 use super::work::{Chunk, Partial, Work};
+use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
 /// f32 lanes per vector.
@@ -94,7 +98,7 @@ unsafe fn load4<E: Elem>(p: *const E) -> float32x4_t {
         match E::DTYPE {
             DType::F32 => vld1q_f32(p.cast()),
             DType::F16 | DType::BF16 => widen::<E>(vld1_u16(p.cast())),
-            DType::I8 | DType::E4M3 | DType::E5M2 => unreachable!("8-bit caches run the scalar path"),
+            DType::I8 | DType::E4M3 | DType::E5M2 => load_codes(p, W),
         }
     }
 }
@@ -120,6 +124,9 @@ fn widen<E: Elem>(x: uint16x4_t) -> float32x4_t {
 unsafe fn load_n<E: Elem>(p: *const E, n: usize) -> float32x4_t {
     // SAFETY: forwarded to the caller: lane k is loaded only when k < n.
     unsafe {
+        if E::DTYPE.is_quantized() {
+            return load_codes(p, n);
+        }
         if n >= W {
             return load4(p);
         }
@@ -171,20 +178,6 @@ unsafe fn store_n(p: *mut f32, x: float32x4_t, n: usize) {
             vst1q_lane_f32::<2>(p.add(2), x);
         }
     }
-}
-
-/// IEEE binary16 -> binary32 of 4 lanes with `fcvtl`, exact (a conversion ignores
-/// FPCR.FZ16, so subnormals survive). Through `asm!` because the intrinsic
-/// `vcvt_f32_f16` is stable only since Rust 1.94, after this crate's MSRV.
-#[inline]
-#[target_feature(enable = "neon")]
-pub(crate) fn f16_to_f32(h: uint16x4_t) -> float32x4_t {
-    let r: float32x4_t;
-    // SAFETY: fcvtl reads and writes vector registers only (no memory, flags or stack).
-    unsafe {
-        asm!("fcvtl {0:v}.4s, {1:v}.4h", lateout(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags))
-    };
-    r
 }
 
 /// Prefetches one tile (K or V) that comes next, `per` bytes per `step`, so the misses
@@ -319,6 +312,9 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         vcltq_u32(vld1q_u32_arr(&[0, 1, 2, 3]), vdupq_n_u32(width[v] as u32))
     });
     let neg_inf = vdupq_n_f32(f32::NEG_INFINITY);
+    // 8-bit K: the scores carry the K scales; V: the probabilities carry the V scales.
+    let kscale = scale_vectors::<E, NV>(&c.ks, c.c0, &width);
+    let vscale = scale_vectors::<E, NV>(&c.vs, c.c0, &width);
     let mut probs = [[vdupq_n_f32(0.0); NV]; H];
     let mut alpha = [1f32; H];
     let mut rescale = false;
@@ -326,6 +322,7 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         let mut mx = neg_inf;
         for v in 0..NV {
             let sum = if two { vaddq_f32(s[0][j][v], s[1][j][v]) } else { s[0][j][v] };
+            let sum = kscale.map_or(sum, |ks| vmulq_f32(sum, ks[v]));
             s[0][j][v] = vbslq_f32(valid[v], sum, neg_inf);
             mx = vmaxq_f32(mx, s[0][j][v]);
         }
@@ -345,6 +342,11 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
             total = vaddq_f32(total, probs[j][v]);
         }
         p.l[qh + j] = p.l[qh + j] * alpha[j] + vaddvq_f32(total);
+        if let Some(vs) = vscale {
+            for v in 0..NV {
+                probs[j][v] = vmulq_f32(probs[j][v], vs[v]);
+            }
+        }
     }
 
     // acc[qh + j][u0 .. u0 + 16] in registers over the chunk's tokens.
@@ -403,6 +405,25 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
     }
 }
 
+/// The scales of the chunk's token vectors (`width[v]` lanes each, the others 0) times
+/// [`load_factor`], or `None` for an unquantized cache (scale 1, nothing to multiply).
+#[inline]
+#[target_feature(enable = "neon")]
+fn scale_vectors<E: Elem, const NV: usize>(ts: &TileScale, c0: usize, width: &[usize; NV]) -> Option<[float32x4_t; NV]> {
+    let f = load_factor(E::DTYPE);
+    match ts {
+        TileScale::One => None,
+        TileScale::Head(s) => Some([vdupq_n_f32(s * f); NV]),
+        TileScale::Token(s) => {
+            assert!(c0 + (NV - 1) * W + width[NV - 1] <= s.len());
+            let p = s.as_ptr();
+            // SAFETY: vector v reads scales c0 + 4v .. c0 + 4v + width[v], inside the
+            // tile's block_size scales (assert above).
+            Some(std::array::from_fn(|v| unsafe { vmulq_n_f32(load_n(p.add(c0 + v * W), width[v]), f) }))
+        }
+    }
+}
+
 /// A `uint32x4_t` from 4 constants.
 #[inline]
 #[target_feature(enable = "neon")]
@@ -414,26 +435,6 @@ fn vld1q_u32_arr(x: &[u32; 4]) -> uint32x4_t {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every binary16 bit pattern widens to the value `half` gives (NaN to a NaN of the
-    /// same sign).
-    #[test]
-    fn f16_widening_is_exact_for_every_bit_pattern() {
-        for b in (0u32..=0xffff).step_by(4) {
-            let h: [u16; 4] = std::array::from_fn(|i| (b + i as u32) as u16);
-            let mut got = [0f32; 4];
-            // SAFETY: h and got hold exactly 4 elements.
-            unsafe { vst1q_f32(got.as_mut_ptr(), f16_to_f32(vld1_u16(h.as_ptr()))) };
-            for (&x, &y) in h.iter().zip(&got) {
-                let want = half::f16::from_bits(x).to_f32();
-                if want.is_nan() {
-                    assert!(y.is_nan() && y.is_sign_negative() == want.is_sign_negative(), "{x:#06x}");
-                } else {
-                    assert_eq!(y.to_bits(), want.to_bits(), "{x:#06x}: {y} vs {want}");
-                }
-            }
-        }
-    }
 
     /// The vector `exp2` stays within 2 ulp-ish (2e-7 relative) of libm over its range.
     #[test]

@@ -5,8 +5,8 @@
 //!
 //! 8-bit caches: every K and V value is dequantized (code as f32 times its scale, one f32
 //! multiply, exact up to that rounding) before it enters the same f32 arithmetic, so this
-//! path is the exact reference on the dequantized values. The AVX2 and NEON paths run it
-//! for 8-bit caches in this version.
+//! path is the exact reference on the dequantized values (the SIMD paths dequantize in
+//! registers and are tested against it).
 
 use super::work::{Partial, Work};
 use crate::kv::Elem;

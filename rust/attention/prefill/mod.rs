@@ -42,6 +42,7 @@ mod avx512;
 mod mask;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod pack_q8;
 mod plan;
 mod scalar;
 mod tile;

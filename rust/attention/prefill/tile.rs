@@ -3,8 +3,8 @@
 //! micro-kernels: scores, mask (partial tiles only), online softmax, `P V`.
 //!
 //! 8-bit caches are dequantized in the pack (code as f32 times its scale, one f32
-//! multiply per element, read once per item), so every path's micro-kernels run on the
-//! same f32 values as the scalar reference.
+//! multiply per element, read once per item; [`super::pack_q8`]), so every path's
+//! micro-kernels run on the same f32 values as the scalar reference.
 //!
 //! The pack is what makes the micro-kernels independent of the block size and dtype:
 //! each K/V element of the tile is read from the cache once per item and reused by all
@@ -13,11 +13,13 @@
 use std::any::TypeId;
 
 use super::mask::{cover, Cover};
+use super::pack_q8::{self, Dst, Lut};
 use super::plan::Item;
 use super::plan::TW;
 use crate::attention::isa::Isa;
 use crate::attention::tables::Visible;
 use super::mask::Span;
+use crate::kv::elem::{E4M3, E5M2};
 use crate::kv::quant::{Scales, TileScale};
 use crate::kv::Elem;
 
@@ -83,6 +85,8 @@ pub(crate) struct Scratch {
     /// Scores, then probabilities, `[rows][TW]`.
     s: Vec<f32>,
     alpha: Vec<f32>,
+    /// fp8: the code values times the head's scales.
+    lut: Lut,
 }
 
 impl Scratch {
@@ -96,6 +100,7 @@ impl Scratch {
             vpb: vec![0; d * TW / 2],
             s: Vec::new(),
             alpha: Vec::new(),
+            lut: Lut::new(),
         }
     }
 }
@@ -218,6 +223,11 @@ fn pack_keys<'a, E: Elem>(
     vrows: &mut [&'a [E]; TW],
 ) {
     let (bs, d) = (ctx.shape.block_size, ctx.shape.head_dim);
+    if E::DTYPE.is_quantized() {
+        // 8-bit (bf16_scores and bf16_pv are refused for them): codes times scales.
+        pack_codes(kt, vt, (ks, vs), Dst { kp: &mut sc.kp, vp: &mut sc.vp, o, c0, n, bs, d }, &mut sc.lut);
+        return;
+    }
     if ctx.q_bf16.is_some() {
         pack_pairs(kt, bs, c0, n, d, &mut sc.kpb[o..]);
     } else {
@@ -232,16 +242,25 @@ fn pack_keys<'a, E: Elem>(
     } else {
         widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
     }
-    if !matches!(ks, TileScale::One) {
-        // 8-bit (bf16_scores and bf16_pv are refused for them): scale the widened codes.
-        for i in 0..d {
-            let row = &mut sc.kp[i * TW + o..i * TW + o + n];
-            row.iter_mut().enumerate().for_each(|(j, x)| *x *= ks.at(c0 + j));
+}
+
+/// An 8-bit tile's tokens into the f32 packs, by its type ([`pack_q8`]).
+fn pack_codes<E: Elem>(kt: &[E], vt: &[E], (ks, vs): (TileScale, TileScale), t: Dst, lut: &mut Lut) {
+    match (ks, vs) {
+        (TileScale::Token(a), TileScale::Token(b)) => match (same::<E, i8>(kt), same::<E, i8>(vt)) {
+            (Some(k), Some(v)) => pack_q8::int8(k, v, a, b, t),
+            _ => unreachable!("per-token scales belong to int8"),
+        },
+        (TileScale::Head(a), TileScale::Head(b)) => {
+            if let (Some(k), Some(v)) = (same::<E, E4M3>(kt), same::<E, E4M3>(vt)) {
+                pack_q8::fp8(k, v, |c| c.0, E4M3, (a, b), lut, t)
+            } else if let (Some(k), Some(v)) = (same::<E, E5M2>(kt), same::<E, E5M2>(vt)) {
+                pack_q8::fp8(k, v, |c| c.0, E5M2, (a, b), lut, t)
+            } else {
+                unreachable!("per-head scales belong to fp8")
+            }
         }
-        for (j, row) in sc.vp[o * d..(o + n) * d].chunks_exact_mut(d).enumerate() {
-            let s = vs.at(c0 + j);
-            row.iter_mut().for_each(|x| *x *= s);
-        }
+        _ => unreachable!("8-bit tiles have scales"),
     }
 }
 

@@ -1,0 +1,142 @@
+//! NEON conversions to f32 that the NEON decode path shares: binary16 by `fcvtl`
+//! ([`f16_to_f32`]) and the one-byte codes of the 8-bit caches ([`load_codes`]), each
+//! checked here on every bit pattern (under qemu, `tests/aarch64.sh`).
+//!
+//! The 8-bit codes are dequantized in registers as on the x86 paths: int8 by `sxtl` twice
+//! and `scvtf`; fp8 e5m2 is the high byte of an f16 (`uxtl`, a 16-bit shift, `fcvtl`);
+//! fp8 e4m3 is moved into f16 bit positions (sign << 8, the other seven bits << 7: exact,
+//! the value divided by 2^8; the NaN codes OR'd to an f16 NaN) and widened by `fcvtl`.
+//! The scales never touch the codes (the kernel multiplies the scores by the K scales
+//! and the probabilities by the V scales, times [`load_factor`]).
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use crate::kv::{DType, Elem};
+
+/// IEEE binary16 -> binary32 of 4 lanes with `fcvtl`, exact (a conversion ignores
+/// FPCR.FZ16, so subnormals survive). Through `asm!` because the intrinsic
+/// `vcvt_f32_f16` is stable only since Rust 1.94, after this crate's MSRV.
+#[inline]
+#[target_feature(enable = "neon")]
+pub(crate) fn f16_to_f32(h: uint16x4_t) -> float32x4_t {
+    let r: float32x4_t;
+    // SAFETY: fcvtl reads and writes vector registers only (no memory, flags or stack).
+    unsafe {
+        asm!("fcvtl {0:v}.4s, {1:v}.4h", lateout(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags))
+    };
+    r
+}
+
+/// The factor [`load_codes`]' values miss: 2^8 for e4m3, else 1.
+pub(crate) const fn load_factor(dt: DType) -> f32 {
+    if matches!(dt, DType::E4M3) {
+        256.0
+    } else {
+        1.0
+    }
+}
+
+/// The first `n` (0..=4) of 4 one-byte codes at `p` as f32 (the other lanes 0): int8 and
+/// e5m2 exactly, e4m3 divided by 2^8, NaN codes as NaN. Four codes are one 32-bit load;
+/// fewer are read byte by byte (unrolled: no call in the kernel's loops).
+///
+/// # Safety
+/// `p .. p + n` must lie inside one live allocation of `E`, a one-byte 8-bit code.
+#[inline]
+#[target_feature(enable = "neon")]
+pub(crate) unsafe fn load_codes<E: Elem>(p: *const E, n: usize) -> float32x4_t {
+    debug_assert!(std::mem::size_of::<E>() == 1 && E::DTYPE.is_quantized());
+    let b = p.cast::<u8>();
+    // SAFETY: forwarded to the caller: byte k is read only when k < n.
+    let bits = unsafe {
+        if n >= 4 {
+            std::ptr::read_unaligned(b.cast::<u32>())
+        } else {
+            let mut x = 0u32;
+            if n > 0 {
+                x |= *b as u32;
+            }
+            if n > 1 {
+                x |= (*b.add(1) as u32) << 8;
+            }
+            if n > 2 {
+                x |= (*b.add(2) as u32) << 16;
+            }
+            x
+        }
+    };
+    widen_codes::<E>(vreinterpret_u8_u32(vdup_n_u32(bits)))
+}
+
+/// Codes in lanes 0..4 of `x` as f32 (see [`load_codes`]).
+#[inline]
+#[target_feature(enable = "neon")]
+fn widen_codes<E: Elem>(x: uint8x8_t) -> float32x4_t {
+    match E::DTYPE {
+        DType::I8 => vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(x))))),
+        DType::E5M2 => f16_to_f32(vshl_n_u16::<8>(vget_low_u16(vmovl_u8(x)))),
+        _ => {
+            // e4m3: sign to bit 15, exponent and mantissa to bits 7..14 of an f16 (whose
+            // bias is 8 more); the NaN codes (0x7f, 0xff) become 0xffff, an f16 NaN.
+            let w = vget_low_u16(vmovl_u8(x));
+            let mag = vand_u16(w, vdup_n_u16(0x7f));
+            let sign = vshl_n_u16::<8>(vand_u16(w, vdup_n_u16(0x80)));
+            let h = vorr_u16(sign, vshl_n_u16::<7>(mag));
+            f16_to_f32(vorr_u16(h, vceq_u16(mag, vdup_n_u16(0x7f))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::elem::{E4M3, E5M2};
+
+    /// Every binary16 bit pattern widens to the value `half` gives (NaN to a NaN of the
+    /// same sign).
+    #[test]
+    fn f16_widening_is_exact_for_every_bit_pattern() {
+        for b in (0u32..=0xffff).step_by(4) {
+            let h: [u16; 4] = std::array::from_fn(|i| (b + i as u32) as u16);
+            let mut got = [0f32; 4];
+            // SAFETY: h and got hold exactly 4 elements.
+            unsafe { vst1q_f32(got.as_mut_ptr(), f16_to_f32(vld1_u16(h.as_ptr()))) };
+            for (&x, &y) in h.iter().zip(&got) {
+                let want = half::f16::from_bits(x).to_f32();
+                if want.is_nan() {
+                    assert!(y.is_nan() && y.is_sign_negative() == want.is_sign_negative(), "{x:#06x}");
+                } else {
+                    assert_eq!(y.to_bits(), want.to_bits(), "{x:#06x}: {y} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// [`load_codes`] against `Elem::to_f32` on all 256 codes (NaN codes included), 4 at
+    /// a time and 1..3 (the other lanes 0).
+    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
+        let codes: Vec<E> = (0..=255u8).map(code).collect();
+        let f = load_factor(E::DTYPE);
+        for at in (0..256).step_by(4) {
+            for n in 0..=4 {
+                let mut got = [0f32; 4];
+                // SAFETY: codes at..at + n lie inside `codes`; got holds 4 f32.
+                unsafe { vst1q_f32(got.as_mut_ptr(), load_codes(codes.as_ptr().add(at), n)) };
+                for (i, &g) in got.iter().enumerate() {
+                    let want = if i < n { codes[at + i].to_f32() } else { 0.0 };
+                    let g = g * f;
+                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
+                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn register_dequantization_is_exact_on_every_code() {
+        all_codes(|c| c as i8);
+        all_codes(E4M3);
+        all_codes(E5M2);
+    }
+}

@@ -1,0 +1,118 @@
+//! The 8-bit caches (int8, fp8 e4m3, fp8 e5m2) on every path (scalar, AVX2, AVX-512,
+//! NEON under qemu) against the f64 reference on the dequantized values, within 1e-5 of
+//! the output scale: every tail length 1..16 of a chunk, GQA ratios 1, 2, 4 and 8, block
+//! sizes 1 to 64, unsplit and split, and windows with sinks whose first visible key sits
+//! inside a block (a chunk that starts mid-tile reads the scales of its own tokens). The
+//! keys no query sees hold large values, so reading one would move the output.
+
+use super::decode::{decode_attention, DecodeOptions};
+use super::isa::Isa;
+use super::tables::SeqTables;
+use super::test_util::{shape, Lcg};
+use super::tests::reference_window;
+use crate::kv::{DType, KvCache, KvShape};
+
+const Q8: [DType; 3] = [DType::I8, DType::E4M3, DType::E5M2];
+
+/// Whether the decode query of a sequence of `len` tokens sees key `k`.
+fn visible(len: usize, k: usize, wl: Option<usize>, sinks: usize) -> bool {
+    k < sinks || wl.is_none_or(|w| len - 1 - k <= w)
+}
+
+/// A cache of `dtype` holding sequences of `lens` tokens on consecutive blocks counted
+/// down from the pool's last, visible keys random in [-1, 1), the others (and every
+/// slot past a sequence's end) 40; returns the cache and its tables.
+fn case(s: KvShape, dtype: DType, lens: &[usize], wl: Option<usize>, sinks: usize, seed: u64) -> (KvCache, SeqTables) {
+    let bs = s.block_size;
+    let width = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0);
+    let mut table = vec![-1i64; lens.len() * width];
+    let row = s.num_kv_heads * s.head_dim;
+    let nslots = s.num_blocks * bs;
+    let mut k = vec![40f32; nslots * row];
+    let mut v = vec![40f32; nslots * row];
+    let mut r = Lcg(seed);
+    let mut next = s.num_blocks;
+    for (i, &len) in lens.iter().enumerate() {
+        for b in 0..len.div_ceil(bs) {
+            next -= 1;
+            table[i * width + b] = next as i64;
+            for key in (b * bs..((b + 1) * bs).min(len)).filter(|&key| visible(len, key, wl, sinks)) {
+                let slot = next * bs + key % bs;
+                for x in 0..row {
+                    k[slot * row + x] = 2.0 * r.next();
+                    v[slot * row + x] = r.next();
+                }
+            }
+        }
+    }
+    let mut c = KvCache::new(s, dtype).unwrap();
+    c.write(0, &k, &v, &(0..nslots as i64).collect::<Vec<_>>()).unwrap();
+    let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    (c, SeqTables::padded(&table, width, &seq_lens, bs, s.num_blocks).unwrap())
+}
+
+/// Every available path, with `splits` (split tokens, KV heads per item), against the
+/// f64 reference over the visible keys.
+fn compare(c: &KvCache, t: &SeqTables, hq: usize, wl: Option<usize>, sinks: usize, splits: &[(Option<usize>, Option<usize>)]) {
+    let s = c.shape();
+    let n = t.len();
+    let mut r = Lcg(17);
+    let q: Vec<f32> = (0..n * hq * s.head_dim).map(|_| r.next() * 2.0).collect();
+    let (want, want_lse) = reference_window(c, &q, hq, t, 1.0 / (s.head_dim as f64).sqrt(), wl, sinks);
+    let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+    for isa in Isa::available() {
+        for &(split, kpi) in splits {
+            let opts = DecodeOptions { isa: Some(isa), split_tokens: split, kv_heads_per_item: kpi, window_left: wl, sink_tokens: sinks, ..Default::default() };
+            let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; n * hq]);
+            decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+            let what = format!("{isa:?} {:?} {s:?} hq={hq} wl={wl:?} sinks={sinks} split={split:?} kpi={kpi:?}", c.dtype());
+            for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
+            }
+            for (&o, &w) in lse.iter().zip(&want_lse) {
+                assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{what} lse {o} vs {w}");
+            }
+        }
+    }
+}
+
+/// Every chunk tail (lengths 1..=16, so the last chunk of 4, 8 or 16 lanes holds 1..16
+/// tokens) at GQA ratios 1, 2, 4 and 8 and block sizes 1 to 64, head dims with and
+/// without a vector tail, unsplit, one block per split and one KV head per item.
+#[test]
+fn every_tail_and_gqa_ratio_match_the_dequantized_reference() {
+    let splits = [(None, None), (Some(1), Some(1))];
+    let mut k = 0;
+    for dtype in Q8 {
+        for g in [1, 2, 4, 8] {
+            for bs in [1, 3, 8, 16, 17, 64] {
+                let d = [64, 7, 128, 40][k % 4];
+                let hkv = 1 + k % 2;
+                k += 1;
+                let lens: Vec<usize> = (1..=16).chain([bs + 1, 2 * bs + 5]).collect();
+                let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+                let (c, t) = case(shape(bs, hkv, d, nb), dtype, &lens, None, 0, (bs * 13 + g) as u64);
+                compare(&c, &t, hkv * g, None, 0, &splits);
+            }
+        }
+    }
+}
+
+/// Windows on and off block boundaries and sinks: the first visible key of a window
+/// starts a chunk inside its block, whose int8 scales are read from that token on.
+#[test]
+fn windows_and_sinks_read_the_scales_of_their_own_tokens() {
+    let splits = [(None, None), (Some(1), Some(1)), (Some(37), None)];
+    for dtype in Q8 {
+        for (bs, hkv, g, d) in [(1, 1, 3, 7), (5, 2, 2, 16), (16, 2, 4, 64), (64, 1, 8, 33)] {
+            for wl in [Some(0), Some(1), Some(bs - 1), Some(bs + 2), Some(3 * bs + 7)] {
+                for sinks in [0, 1, bs + 3] {
+                    let lens: [usize; 6] = [1, 2, bs, 3 * bs + 2, 7 * bs + 5, 70];
+                    let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+                    let (c, t) = case(shape(bs, hkv, d, nb), dtype, &lens, wl, sinks, (bs * 7 + d) as u64);
+                    compare(&c, &t, hkv * g, wl, sinks, &splits);
+                }
+            }
+        }
+    }
+}
