@@ -146,6 +146,7 @@ fn int8_scores_read_the_last_token_of_the_pools_last_block() {
 /// The AVX-512 path without `vpdpbusd` keeps the `int8_scores` semantics: its exact
 /// kernel on the dequantized quantized query.
 #[test]
+#[cfg(target_arch = "x86_64")]
 fn int8_scores_on_avx512_without_vnni_use_the_quantized_query() {
     use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {

@@ -45,11 +45,13 @@ pub(crate) struct Work<'a, E> {
 pub(crate) struct QueryI8<'a> {
     /// Four codes per `u32` (`d.div_ceil(4)` per row; dimension `4k + r` in byte `r`; a
     /// `head_dim` that is not a multiple of 4 padded by code 0).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub codes: &'a [u32],
     /// Per row: `s_q * scale * log2(e)` (the factor from an exact integer dot product
     /// `sum_i code_i K_i` to the score in log2 units; NaN for a row with a non-finite
     /// value) and `128 * sum_i code_i` (what `vpdpbusd` adds when the K codes are biased
-    /// by 128 to make them unsigned).
+    /// by 128 to make them unsigned). Read only by the VNNI kernel (x86-64).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub rows: &'a [(f32, i32)],
 }
 
