@@ -358,7 +358,9 @@ class SimConfig:
         check_invariants: run the pool's ``check_invariants`` after every step (slow).
         max_steps: stop early (unfinished requests get outcome 2).
         record_steps: keep per-step columns (the utilization figures and the summary's
-            peak and utilization figures need them).
+            peak, utilization and ``prefix_hit_rate`` figures need them: without them the
+            peaks and ``prefix_hit_rate`` read 0 and ``mean_utilization`` is None;
+            ``cached_tokens`` and the latency percentiles do not need them).
         groups: the model's layer groups (:data:`GroupSpec` each, e.g.
             ``ModelConfig.groups``): the device is then a ``HybridPool`` whose ``num_blocks``
             blocks all groups share (one block table per request and group; a block holds
