@@ -1,7 +1,7 @@
 """The Ray backend (the ``ray`` extra): imported only when a search runs on Ray.
 
 The search's :class:`SearchSpec` is put in the object store once and every task gets it
-by reference; tasks are batches of chains (:func:`pykvpool.search.backends.make_batches`
+by reference; tasks are batches of families of chains (:func:`pykvpool.search.backends.make_batches`
 for the cluster's CPUs), collected with ``ray.wait`` as they finish. A local Ray started
 here is shut down at the end; a joined cluster is left running (only this driver
 disconnects). Workers of a joined cluster must have the same pykvpool installed.
@@ -21,13 +21,13 @@ __all__ = ["run_ray"]
 Rows = list[dict[str, Any]]
 
 
-def _ray_batch(spec: SearchSpec, batch: list[list[Point]]) -> Rows:
+def _ray_batch(spec: SearchSpec, batch: list[list[list[Point]]]) -> Rows:
     return evaluate_batch(spec, batch)
 
 
-def run_ray(spec: SearchSpec, chains: list[list[Point]], workers: Optional[int], address: Optional[str],
+def run_ray(spec: SearchSpec, chains: list[list[list[Point]]], workers: Optional[int], address: Optional[str],
             on_rows: Callable[[Rows], None]) -> None:
-    """Evaluate ``chains`` on Ray: a local Ray of ``workers`` CPUs (None: every core), or
+    """Evaluate ``chains`` (families of chains) on Ray: a local Ray of ``workers`` CPUs (None: every core), or
     the cluster at ``address``; an already initialized Ray is used as it is.
 
     Raises:
