@@ -145,8 +145,8 @@ def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> 
     out.update(sizes(w, full))
     out.update(ray_task_rate(2000))
     runs = {}
-    for name, b in (("process2", ds.Backend("process", 2)), ("process1", ds.Backend("process", 1)),
-                    ("ray2", ds.Backend("ray", 2))):
+    for name, b in (("process2", ds.Backend("process", 2)), ("ray2", ds.Backend("ray", 2)),
+                    ("process1", ds.Backend("process", 1))):
         c0 = children_cpu()
         secs, res = timed_search(w, space, b)
         runs[name] = res.rows
@@ -155,8 +155,12 @@ def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> 
         out["sims_per_config"] = sims / len(res.rows)
         if name.startswith("process"):
             out[f"{name}_cpu_s_per_sim"] = (children_cpu() - c0) / sims
-        print(f"{name}: {secs:.1f} s ({sims / len(res.rows):.2f} sims/config)", flush=True)
+        print(f"{name}: {secs:.1f} s ({sims / len(res.rows):.2f} sims/config), load {os.getloadavg()}", flush=True)
+        print(json.dumps(out), flush=True)  # what is measured so far
     out["identical_rows"] = runs["process1"] == runs["process2"] == runs["ray2"]
+    Path("benches/out").mkdir(parents=True, exist_ok=True)
+    Path("benches/out/bench_search_rows.json").write_text(json.dumps(
+        [{k: r[k] for k in ("key", "chat_state", "chat_rate", "sims")} for r in runs["process2"]]))
     out["speedup_2_workers"] = out["process1_s"] / out["process2_s"]
     out["ray_over_process_1000"] = out["ray2_s"] / out["process2_s"]
 

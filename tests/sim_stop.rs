@@ -118,7 +118,7 @@ fn an_overloaded_run_stops_early_and_says_why() {
     let cut = run(&w, &cfg);
     assert_eq!(cut.summary.stopped, Some("ttft_p99"));
     assert!(cut.summary.steps * 10 < full.summary.steps, "{} of {} steps", cut.summary.steps, full.summary.steps);
-    assert!(cut.requests.outcome.iter().any(|&o| o == Outcome::Unfinished as u8));
+    assert!(cut.requests.outcome.contains(&(Outcome::Unfinished as u8)));
     // Light load: no stop, the complete run.
     let light = workload(200, 2.0, (100, 2000), (50, 300), 7);
     cfg.stop_when = Some(StopWhen { ttft_p99: Some(5.0), ..Default::default() });

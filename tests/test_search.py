@@ -123,6 +123,7 @@ def test_sustained_rung_search_matches_the_scan_on_monotone_answers() -> None:
                 assert len(calls) == len(set(calls))  # no rung twice
                 if hint == want:  # a right guess: it and the rung above (none above the top)
                     assert len(calls) == (1 if want in (-1, n - 1) else 2)
+                assert sustained_rung(meets, n, "pruned", hint, gallop=False) == want
 
 
 def test_space_rules_drop_what_adds_nothing_or_cannot_run() -> None:

@@ -51,8 +51,9 @@ class SearchSpec:
         objective: what ranks points; strategy: ``grid`` or ``pruned``.
         early_stop: runs stop as soon as no SLO can be met (exact: the same rows; off
             only to measure what it saves).
-        neighbour_hints: the pruned search starts from a neighbouring chain's answer
-            (exact under monotonicity: the same rates; off only to measure it).
+        neighbour_hints: the pruned search starts from a neighbouring chain's answer and
+            gallops (exact under monotonicity: the same rates); off: the search before
+            it (the fewer-devices hint probed, then bisection), only to measure it.
     """
 
     workload: Workload
@@ -128,12 +129,14 @@ def _gallop(meets: Callable[[int], bool], rungs: int, hint: int) -> tuple[int, i
     return lo, hi
 
 
-def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint: Optional[int]) -> int:
+def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint: Optional[int],
+                   gallop: bool = True) -> int:
     """The highest rung below the first failing one (-1: the lowest fails). ``grid`` tries
     every rung; ``pruned`` gallops from ``hint`` (-1 to ``rungs - 1``: probe it, then
     hint +- 1, 2, 4, ... until the answer flips; a right guess costs 2 runs) and bisects
     what is left, or bisects the whole ladder without a hint: exact when meeting the SLO
-    is monotone in the rate.
+    is monotone in the rate. Without ``gallop``: probe ``hint`` (0 to ``rungs - 1``),
+    then bisect (the search before galloping, kept to measure it).
 
     Raises:
         Whatever ``meets`` raises.
@@ -145,8 +148,10 @@ def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint
             k += 1
         return k
     lo, hi = -1, rungs
-    if hint is not None and -1 <= hint < rungs:
+    if hint is not None and -1 <= hint < rungs and gallop:
         lo, hi = _gallop(meets, rungs, hint)
+    elif hint is not None and 0 <= hint < rungs:
+        lo, hi = (hint, hi) if meets(hint) else (lo, hint)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if meets(mid) else (lo, mid)
@@ -264,7 +269,8 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
                 row[f"{s}_state"] = "dominated"
                 continue
             near = hints.neighbour(point.devices, s) if spec.neighbour_hints else None
-            k = sustained_rung(p.meets(slo), len(p.rates), spec.strategy, prev[s] if near is None else near)
+            k = sustained_rung(p.meets(slo), len(p.rates), spec.strategy, prev[s] if near is None else near,
+                               spec.neighbour_hints)
             prev[s] = mine[(point.devices, s)] = k
             rate = p.rates[k] if k >= 0 else 0.0
             obj = spec.objective.value(rate, row["cost"])

@@ -99,9 +99,11 @@ def search(
     ``ladder``, requests/s) under each SLO.
 
     With ``out`` (a folder) rows are appended to ``out/points.jsonl`` as tasks finish and a
-    rerun skips the families (:func:`pykvpool.search.evaluate.families_of`) already there; the tables and ``best.json`` are written at the
-    end (:mod:`pykvpool.search.output`). ``progress`` gets a bar counting points (None:
-    no bar).
+    rerun skips the families (:func:`pykvpool.search.evaluate.families_of`) already
+    there (a family with a missing row is evaluated again whole, so its rows are what an
+    uninterrupted run gives); the tables and ``best.json`` are written at the end
+    (:mod:`pykvpool.search.output`). ``progress`` gets a bar counting points (None: no
+    bar).
 
     Raises:
         InvalidArgumentError: an unknown strategy, no SLO or two of one name, an empty
