@@ -231,7 +231,8 @@ class _Hints:
         cur = self.found[-1][0]
         for fields, ks in reversed(self.found[:-1]):
             if sum(a != b for a, b in zip(fields, cur)) == 1 and (devices, slo) in ks:
-                return ks[(devices, slo)]
+                k: int = ks[(devices, slo)]
+                return k
         return None
 
 
