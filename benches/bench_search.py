@@ -139,6 +139,49 @@ def sim_seconds(w: Any, full: Any, reps: int = 3) -> dict[str, float]:
     return out
 
 
+def replay(rows_file: str) -> dict[str, float]:
+    """Simulations per configuration of other hint rules, without simulating: the
+    search replayed on the sustained rungs of a finished run (``bench_search_rows.json``),
+    meeting the SLO being ``rung <= sustained`` (the monotonicity the search assumes).
+    Family rules (fields a family may vary in) x where a second device count's guess
+    comes from (the neighbour chain's same devices, or the same chain's fewer devices)."""
+    from pykvpool.search import evaluate as ev
+
+    rows = {r["key"]: r for r in json.loads(Path(rows_file).read_text())}
+    rates = LADDER.rates()
+    sustained = {k: rates.index(r["chat_rate"]) if r["chat_rate"] else -1 for k, r in rows.items()
+                 if r["chat_state"] in ("ok", "none")}
+    chains = chains_of([p for p in SPACE.points(model_preset("llama-3-8b"), False) if p.key() in rows])
+    saved = ev.FAMILY_FREE
+
+    def per_config(free: tuple[str, ...], neighbour_first: bool, hints: bool) -> float:
+        ev.FAMILY_FREE = free
+        total = n = 0
+        for fam in ev.families_of(chains):
+            h = ev._Hints()
+            for chain in fam:
+                mine, prev, best = h.start(chain), None, 0.0
+                for p in chain:
+                    n += 1
+                    if best >= rates[-1] / p.devices:
+                        continue  # dominated
+                    k, calls = sustained[p.key()], set()
+                    near = h.neighbour(p.devices, "chat") if hints else None
+                    guess = prev if near is None or (not neighbour_first and prev is not None) else near
+                    ev.sustained_rung(lambda i: calls.add(i) or i <= k, len(rates), "pruned", guess, hints)
+                    total += len(calls | ({k} if k >= 0 else set()))
+                    prev = mine[(p.devices, "chat")] = k
+                    best = max(best, (rates[k] if k >= 0 else 0.0) / p.devices)
+        return total / n
+
+    out = {"previous search": per_config(saved, True, False)}
+    for free in (("max_batched_tokens",), saved, ("block_size", *saved), ("kv_dtype", "block_size", *saved)):
+        for first in (True, False):
+            out[f"{'+'.join(free)} / {'neighbour' if first else 'fewer devices'} first"] = per_config(free, first, True)
+    ev.FAMILY_FREE = saved
+    return out
+
+
 def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> None:
     """The search on the process pool (1, 2 workers) and a local Ray (2 CPUs), end to end."""
     out.update(sim_seconds(w, full))
@@ -195,12 +238,16 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=1000, help="requests of the trace (0: all)")
     ap.add_argument("--levers", type=int, default=0, help="configurations of the levers' comparison (0: none)")
     ap.add_argument("--no-main", action="store_true", help="skip the 1,000-configuration runs")
+    ap.add_argument("--replay", metavar="ROWS_JSON", help="only replay other hint rules on a run's rows")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ratio-configs", type=int, default=200)
     ap.add_argument("--ratios-only", action="store_true", help="only the overhead rounds")
     ap.add_argument("--warm", action="store_true",
                     help="overhead rounds on a Ray started before the timer (its init timed apart)")
     args = ap.parse_args()
+    if args.replay:
+        print(json.dumps(replay(args.replay), indent=1))
+        return
     full = traces.load_file(named_trace_path("azure-conv"))
     w = full.head(args.limit) if args.limit > 0 else full
     space = sliced(args.configs)
