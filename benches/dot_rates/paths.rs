@@ -21,8 +21,9 @@
 //!
 //! The query elements are broadcast from memory per FMA, as in the kernel (128 of them
 //! per head do not fit in registers); the accumulators are enough independent chains
-//! (at least 8 per loop) that latency does not bound the loop. Code values are normal
-//! numbers (no subnormal or NaN inputs).
+//! (at least 8 per loop) that latency does not bound the loop. Each tile's K chains are
+//! summed and stored once per head (the kernel's scores before its softmax), so none is
+//! live across the V loop. Code values are normal numbers (no subnormal or NaN inputs).
 
 // Register tiles are small fixed arrays indexed by head and row: index loops read best.
 #![allow(clippy::needless_range_loop)]
@@ -46,6 +47,9 @@ pub struct Tile {
     qw: Vec<u32>,
     p: Vec<f32>,
     acc: Vec<f32>,
+    /// Each tile's scores, 16 per head (the K loop's chains summed, as the kernel does
+    /// before the softmax: no K accumulator stays live across the V loop).
+    sc: Vec<Line>,
 }
 
 impl Tile {
@@ -67,6 +71,7 @@ impl Tile {
             qw: (0..4 * D).map(|i| 0x3a83_0102u32.wrapping_add(i as u32 % 3)).collect(),
             p: (0..4 * T).map(|i| 1e-3 * (1 + i % 3) as f32).collect(),
             acc: vec![0.0; 4 * D],
+            sc: vec![Line([0; 64]); 4],
         }
     }
 
@@ -75,6 +80,7 @@ impl Tile {
     fn check(&self, bytes: usize) {
         assert!(self.k.len() * 64 == D * T * bytes && self.v.len() == self.k.len());
         assert!(self.q.len() == 4 * D && self.qw.len() == 4 * D && self.p.len() == 4 * T && self.acc.len() == 4 * D);
+        assert!(self.sc.len() == 4);
     }
 
     fn kp(&self) -> *const u8 {
@@ -240,6 +246,32 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
     }
 }
 
+/// Sum the N chains of each of G heads and store the scores (f32 lanes).
+#[inline(always)]
+unsafe fn store_f32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512; G]; N]) {
+    for j in 0..G {
+        let mut x = s[0][j];
+        for r in 1..N {
+            x = _mm512_add_ps(x, s[r][j]);
+        }
+        // SAFETY: head j < G <= 4 of the 4 score lines.
+        unsafe { _mm512_storeu_ps(t.sc.as_mut_ptr().add(j).cast(), x) };
+    }
+}
+
+/// Sum the N chains of each of G heads and store the scores (i32 lanes).
+#[inline(always)]
+unsafe fn store_i32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512i; G]; N]) {
+    for j in 0..G {
+        let mut x = s[0][j];
+        for r in 1..N {
+            x = _mm512_add_epi32(x, s[r][j]);
+        }
+        // SAFETY: head j < G <= 4 of the 4 score lines.
+        unsafe { _mm512_storeu_si512(t.sc.as_mut_ptr().add(j).cast(), x) };
+    }
+}
+
 /// `n` tiles of an exact path (part `P`): K by f32 FMAs on the widened rows, V as [`v_loop`].
 ///
 /// # Safety
@@ -248,21 +280,21 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
 pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
     const { assert!(G <= 4 && D.is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
     t.check(W::BYTES);
-    let mut s = [[_mm512_setzero_ps(); G]; N];
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
         // SAFETY: the features are this function's; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
+                let mut s = [[_mm512_setzero_ps(); G]; N];
                 k_exact::<W, G, N>(t, &mut s);
+                store_f32(t, s);
             }
             if P & V != 0 {
                 v_loop::<W, G, VT>(t);
             }
         }
     }
-    std::hint::black_box(s);
 }
 
 /// `vpermd` indices of the 4 x 4 transpose: dword `4 L + r` takes dword `4 r + L`.
@@ -303,11 +335,11 @@ pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const
     // SAFETY: both tables hold 64 bytes.
     let (gi, ti) = unsafe { (_mm512_loadu_si512(GATHER.as_ptr().cast()), _mm512_loadu_si512(TRANSPOSE.as_ptr().cast())) };
     let bias = _mm512_set1_epi8(-128);
-    let mut s = [[_mm512_setzero_si512(); G]; N];
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
         if P & K != 0 {
+            let mut s = [[_mm512_setzero_si512(); G]; N];
             let (kp, qp) = (t.kp(), t.qw.as_ptr());
             let mut k = 0;
             while k < D / 4 {
@@ -328,13 +360,14 @@ pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const
                 }
                 k += N;
             }
+            // SAFETY: the features are this function's.
+            unsafe { store_i32(t, s) };
         }
         if P & V != 0 {
             // SAFETY: the features are this function's; the loop stays inside the tile.
             unsafe { v_loop::<I8, G, VT>(t) };
         }
     }
-    std::hint::black_box(s);
 }
 
 /// The 512-bit bf16-pair type of `vdpbf16ps`, from integer lanes.
@@ -388,11 +421,11 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
     let sign = _mm512_set1_epi8(i8::MIN);
     // SAFETY: each table holds 64 bytes.
     let (pair, inter) = unsafe { (_mm512_loadu_si512(PAIR.as_ptr().cast()), _mm512_loadu_si512(INTERLEAVE.as_ptr().cast())) };
-    let mut s = [[_mm512_setzero_ps(); G]; N];
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
         if P & K != 0 {
+            let mut s = [[_mm512_setzero_ps(); G]; N];
             let (kp, qp) = (t.kp(), t.qw.as_ptr());
             let mut i = 0;
             while i < D / 2 {
@@ -419,13 +452,14 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
                 }
                 i += N;
             }
+            // SAFETY: the features are this function's.
+            unsafe { store_f32(t, s) };
         }
         if P & V != 0 {
             // SAFETY: the features are this function's; the loop stays inside the tile.
             unsafe { v_loop::<W, G, VT>(t) };
         }
     }
-    std::hint::black_box(s);
 }
 
 /// The kernel's `exp2` instruction sequence (clamp, round, subtract, 7 FMAs of the
