@@ -10,6 +10,8 @@ type Run = unsafe fn(&mut Tile, u64);
 /// Query heads per KV head measured, and the parts of a tile (K, V, both).
 const GS: [usize; 2] = [1, 4];
 const PARTS: [&str; 3] = ["k", "v", "kv"];
+/// A K+V rate below this fraction of the harmonic mean of K's and V's is measured again.
+const RETRY_BELOW: f64 = 0.85;
 
 /// A decode path: `bench_quant.py`'s row name, bytes per code, the CPU features its
 /// sequence is compiled for, the codes per FMA instruction time the FMA-only count
@@ -76,26 +78,34 @@ pub fn run(o: &Opts) {
         for p in &paths {
             for (gi, &g) in GS.iter().enumerate() {
                 let codes = |part: usize| (if part == 2 { 2 } else { 1 } * paths::D * paths::T) as f64;
-                let r: Vec<f64> = (0..3)
-                    .map(|part| {
-                        let f = p.runs[gi][part];
-                        // SAFETY: see above; `f` reads only inside its tile.
-                        rate(o, t, codes(part), || Tile::new(p.bytes, |i| 0x3c + (i % 8) as u8), |tile, n| unsafe { f(tile, n) })
-                    })
-                    .collect();
+                let measure = |part: usize| {
+                    let f = p.runs[gi][part];
+                    // SAFETY: see above; `f` reads only inside its tile.
+                    rate(o, t, codes(part), || Tile::new(p.bytes, |i| 0x3c + (i % 8) as u8), |tile, n| unsafe { f(tile, n) })
+                };
+                let mut r: Vec<f64> = (0..3).map(measure).collect();
+                // K then V per tile runs at about the harmonic mean of K alone and V alone;
+                // far below it, every round was disturbed (another process on the cores):
+                // measure again, up to twice, keeping the best.
+                let mut retries = 0;
+                while r[2] < RETRY_BELOW * 2.0 / (1.0 / r[0] + 1.0 / r[1]) && retries < 2 {
+                    r[2] = r[2].max(measure(2));
+                    retries += 1;
+                }
                 let (cpf, nominal) = (r[2] / fma, p.nominal / g as f64);
-                println!("| {} | {g} | {:.2} | {:.2} | {:.2} | {cpf:.2} | {nominal:.2} | {:.2} |", p.name, r[0] / 1e9,
-                         r[1] / 1e9, r[2] / 1e9, cpf / nominal);
+                println!("| {} | {g} | {:.2} | {:.2} | {:.2}{} | {cpf:.2} | {nominal:.2} | {:.2} |", p.name, r[0] / 1e9,
+                         r[1] / 1e9, r[2] / 1e9, "*".repeat(retries), cpf / nominal);
                 let parts: Vec<String> = PARTS.iter().zip(&r).map(|(k, v)| format!("\"{k}\": {v:.6e}")).collect();
                 json.push(format!("{{\"threads\": {t}, \"path\": \"{}\", \"g\": {g}, {}, \"codes_per_fma\": {cpf:.4}, \
-                                   \"nominal_codes_per_fma\": {nominal:.4}}}", p.name, parts.join(", ")));
+                                   \"nominal_codes_per_fma\": {nominal:.4}, \"retries\": {retries}}}", p.name, parts.join(", ")));
             }
         }
         fmas.push(format!("{{\"threads\": {t}, \"instr_per_s\": {fma:.6e}}}"));
         exps.push(format!("{{\"threads\": {t}, \"scores_per_s\": {exp:.6e}}}"));
     }
     println!("\nratio: K+V codes per FMA time over the FMA-only count's (1 = the sequence runs at the \
-              FMA-only roof; below 1 the conversions cost issue slots)");
+              FMA-only roof; below 1 the conversions cost issue slots); *: K+V measured again (once per *), \
+              its first rate under {RETRY_BELOW} of the harmonic mean of K's and V's");
     println!("{{\"dot_rates\": 1, \"d\": {}, \"tile_tokens\": {}, \"quick\": {}, \"clock\": \"thread_cpu\", \
               \"exp2_instr_per_16_scores\": {}, \"fma\": [{}], \"exp2\": [{}], \"rates\": [{}]}}",
              paths::D, paths::T, o.quick, paths::EXP2_INSTR, fmas.join(", "), exps.join(", "), json.join(", "));
