@@ -20,7 +20,8 @@
 //! threads run the same loop at once (a barrier starts each round), each timed by its
 //! own thread CPU time (`CLOCK_THREAD_CPUTIME_ID`: time a shared machine's other
 //! processes take is not counted), the rates summed; best of 5 rounds (2 with `--quick`)
-//! of about 40 ms (10 ms) each.
+//! of about 40 ms (10 ms) each. A path's K+V rate far under the harmonic mean of its K
+//! and V rates (every round disturbed) is measured again, up to twice (`*` in the table).
 //!
 //! Prints tables and one machine-readable JSON line (starting `{"dot_rates"`), which
 //! `benches/bench_quant.py` reads for its instruction-mix roofs.
