@@ -33,6 +33,9 @@ use std::sync::Barrier;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/paths.rs"]
 mod paths;
+#[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/widen.rs"]
+mod widen;
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn thread_cpu_s() -> f64 {

@@ -2,7 +2,8 @@
 //! ([`super::paths`]) timed at g = 1 and 4 and every thread count, printed as a table
 //! and as one JSON line.
 
-use super::paths::{self, Tile, E4m3, E5m2, Bf16, F32, I8};
+use super::paths::{self, Tile};
+use super::widen::{Bf16, E4m3, E5m2, F32, I8};
 use super::{rate, Opts};
 
 type Run = unsafe fn(&mut Tile, u64);
