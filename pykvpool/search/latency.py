@@ -302,7 +302,7 @@ def reference_latency(
     todo = [(p, r) for p, r in todo if entry_key(p.key(), r) not in done]
     entries.update(done)
     t0 = time.perf_counter()
-    with ProgressBar("latency at the reference rate", len(todo) + len(done), stream=progress,
+    with ProgressBar("reference-rate latency", len(todo) + len(done), stream=progress,
                      enabled=progress is not None) as bar:
         bar(len(done))
 
