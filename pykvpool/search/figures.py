@@ -46,17 +46,17 @@ def _rates_figure(rows: Sequence[Row], slos: Sequence[str], path: Path) -> None:
 
 
 def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: Sequence[str],
-                 cost_unit: str) -> list[Path]:
-    """Write ``frontier.png`` (cost in ``cost_unit`` against sustained rate, every point
-    and the frontier) and ``sustained_rate.png`` (each simulated configuration's
-    sustained rate, sorted) into ``directory``; returns their paths.
+                 cost_unit: str, names: tuple[str, str] = ("frontier.png", "sustained_rate.png")) -> list[Path]:
+    """Write ``names[0]`` (cost in ``cost_unit`` against sustained rate, every point and
+    the frontier) and ``names[1]`` (each simulated configuration's sustained rate,
+    sorted) into ``directory``; returns their paths.
 
     Raises:
         OSError: a file cannot be written.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    paths = [d / "frontier.png", d / "sustained_rate.png"]
+    paths = [d / names[0], d / names[1]]
     _frontier_figure(rows, slos, cost_unit, paths[0])
     _rates_figure(rows, slos, paths[1])
     return paths
@@ -69,29 +69,35 @@ def _latency_panel(ax: Any, rows: Sequence[Row], entries: dict[str, Row], slo: S
                    n: int, metric: str, best: Optional[Row]) -> None:
     ref = candidates(rows, entries, slo, "reference", rate, n)
     front = latency_frontier(ref, metric)
-    where = f" at {rate:.3g} req/s" if rate is not None else ""
-    ax.set_title(f"SLO {slo.name}: {_LABELS[metric]}{where}\n{len(ref)} configurations meet the SLO there, "
-                 f"{len(front)} on the frontier", fontsize=9)
+    sub = ("no runs at a reference rate" if rate is None else
+           f"at {rate:.3g} req/s: {len(ref)} configurations meet the SLO, {len(front)} on the frontier")
+    ax.set_title(f"SLO {slo.name}: {_LABELS[metric]}\n{sub}", fontsize=9)
     ax.set_ylabel(f"{_LABELS[metric]} (s)")
+    own = latency_frontier(candidates(rows, entries, slo, "sustained", None, n), metric)
+    if own:
+        ax.step([c["cost"] for c in own], [c[metric] for c in own], where="post", color="#1f4e79",
+                linestyle="--", marker=".", alpha=0.8, label="frontier at each point's own sustained rate")
     if not ref:
-        ax.text(0.5, 0.5, "no configuration meets the SLO\nat a reference rate", ha="center", va="center",
-                transform=ax.transAxes, color="#555555")
-        return
+        why = "no run at a reference rate" if rate is None else "no configuration meets the SLO there"
+        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#555555")
+    else:
+        _reference(ax, ref, front, metric, best)
+    bound = getattr(slo, metric)
+    if bound is not None:
+        ax.axhline(bound, color="#555555", linestyle=":", linewidth=1, label="SLO bound")
+    if own or ref:
+        ax.set_yscale("log")
+
+
+def _reference(ax: Any, ref: list[Row], front: list[Row], metric: str, best: Optional[Row]) -> None:
     ax.scatter([c["cost"] for c in ref], [c[metric] for c in ref], s=12, color="#9e9e9e",
                label="configurations meeting the SLO at the reference rate")
     ax.step([c["cost"] for c in front], [c[metric] for c in front], where="post", color="#c1440e", marker="o",
             label="frontier at the reference rate")
-    own = latency_frontier(candidates(rows, entries, slo, "sustained", None, n), metric)
-    ax.step([c["cost"] for c in own], [c[metric] for c in own], where="post", color="#1f4e79", linestyle="--",
-            marker=".", alpha=0.8, label="frontier at each point's own sustained rate")
     b = next((c for c in ref if best is not None and c["key"] == best["key"]), None)
     if b is not None:
         ax.scatter([b["cost"]], [b[metric]], s=140, marker="*", color="#e0a100", zorder=5, edgecolors="black",
                    linewidths=0.5, label="best point (objective)")
-    bound = getattr(slo, metric)
-    if bound is not None:
-        ax.axhline(bound, color="#555555", linestyle=":", linewidth=1, label="SLO bound")
-    ax.set_yscale("log")
 
 
 def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], entries: dict[str, Row],
