@@ -214,8 +214,9 @@ def _print_latency(lat: LatencyResult, slos: list[SLO], cost_unit: str) -> None:
         parts = []
         for m, label in (("ttft_p99", "p99 TTFT"), ("tpot_p99", "p99 TPOT")):
             pts = [f for f in lat.frontier if (f["slo"], f["basis"], f["metric"]) == (s.name, "reference", m)]
-            ends = [f"{_fmt(f['latency'])} s at {f['cost']:g} {cost_unit}" for f in pts[:1] + pts[1:][-1:]]
-            parts.append(f"{label} {' down to '.join(ends) or '-'} ({len(pts)} frontier points)")
+            ends = [f"{_fmt(f['latency'])} s at {f['cost']:g} {cost_unit.rstrip('s') if f['cost'] == 1 else cost_unit}"
+                    for f in pts[:1] + pts[1:][-1:]]
+            parts.append(f"{label} {' down to '.join(ends) or '-'} ({len(pts)} frontier point{'s' * (len(pts) != 1)})")
         print(f"SLO {s.name} at {rate:.3g} req/s: " + "; ".join(parts))
 
 

@@ -102,7 +102,7 @@ def read_search(directory: str | os.PathLike[str]) -> SearchFolder:
     """
     d = Path(directory)
     if not d.is_dir():
-        raise invalid(f"search folder {d}: no such folder")
+        raise invalid(f"search folder {d}: {'not a folder' if d.exists() else 'no such folder'}")
     if not (d / "search.json").is_file():
         raise invalid(f"search folder {d}: not the output of `pykvpool search` (no search.json)")
     meta = _load(d, "search.json", dict)
