@@ -18,6 +18,13 @@ __all__ = ["draw_figures", "draw_latency_figure"]
 Row = dict[str, Any]
 
 
+def _integer_devices(ax: Any, cost_unit: str) -> None:
+    if cost_unit == "devices":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str, path: Path) -> None:
     fig, axes = subplots(len(slos), (5.0 * len(slos), 4.0))
     for ax, s in zip(axes, slos):
@@ -28,6 +35,7 @@ def _frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str, p
         ax.step([r["cost"] for r in front], [r[f"{s}_rate"] for r in front], where="post", color="#c1440e",
                 marker="o", label=f"frontier ({len(front)})")
         ax.set_xlabel(cost_unit)
+        _integer_devices(ax, cost_unit)
         ax.set_ylabel("sustained rate (req/s)")
         ax.set_title(f"SLO {s}")
         ax.legend(loc="best", fontsize=8)
@@ -113,8 +121,6 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
     Raises:
         OSError: the file cannot be written.
     """
-    from matplotlib.ticker import MaxNLocator
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     fig = new_figure((11.0, 0.6 + 3.8 * len(slos)))
@@ -125,8 +131,7 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
         for ax, metric in zip(row_axes, LATENCY_METRICS):
             _latency_panel(ax, rows, entries, slo, rates.get(slo.name), n, metric, best[slo.name])
             ax.set_xlabel(cost_unit)
-            if cost_unit == "devices":
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _integer_devices(ax, cost_unit)
             for h, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, h)
     fig.tight_layout(rect=(0.0, 0.6 / (0.6 + 3.8 * len(slos)), 1.0, 1.0))

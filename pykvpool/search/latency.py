@@ -303,7 +303,7 @@ def reference_latency(
     entries.update(done)
     t0 = time.perf_counter()
     with ProgressBar("reference-rate latency", len(todo) + len(done), stream=progress,
-                     enabled=progress is not None) as bar:
+                     enabled=progress is not None and bool(todo or done)) as bar:
         bar(len(done))
 
         def on_rows(rows: list[Row]) -> None:
