@@ -142,8 +142,8 @@ def test_reference_runs_equal_direct_runs_and_skipped_points_fail() -> None:
         rate = lat.rates[slo.name]
         assert res.best[slo.name] is not None and rate == res.best[slo.name][f"{slo.name}_rate"]  # type: ignore[index]
         for row in res.rows:
-            summary = sim.run(at_rate(w, rate), *ds.deploy(ds.Point(**{k: row[k] for k in ds.Point.__dataclass_fields__}),
-                                                             LLAMA)).summary
+            point = ds.Point(**{k: row[k] for k in ds.Point.__dataclass_fields__})
+            summary = sim.run(at_rate(w, rate), *ds.deploy(point, LLAMA)).summary
             e = lat.entries.get(entry_key(row["key"], rate))
             if e is None:
                 assert not slo.meets(summary, len(w)), row["key"]

@@ -10,6 +10,9 @@ At the end: ``points.csv``, ``points.json`` (and ``points.parquet`` when pyarrow
 installed) with every point in space order, ``frontier.csv`` (per SLO, the points no
 cheaper point beats on sustained rate) and ``best.json`` (per SLO, the best point with
 its simulated metrics).
+
+:class:`JsonLog` is the append-and-resume file under both ``points.jsonl`` and the
+reference-rate runs' ``latency.jsonl`` (:mod:`pykvpool.search.latency`).
 """
 
 from __future__ import annotations
