@@ -295,12 +295,12 @@ fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, mask: __mmask16) -> Option<_
     }
 }
 
-/// Prefetches one tile (K or V) that comes next, `per` bytes (whole lines) per `step`,
-/// so the misses are spread over a loop instead of arriving in one burst.
+/// Prefetches one tile (K or V) that comes next, `per` lines per `step`, so the
+/// misses are spread over a loop instead of arriving in one burst.
 pub(crate) struct Prefetcher {
     p: *const i8,
-    /// One past the tile's last byte (`p >= end`: nothing left, or no tile).
-    end: *const i8,
+    /// Bytes left to prefetch, and bytes per step.
+    left: usize,
     per: usize,
 }
 
@@ -311,31 +311,27 @@ impl Prefetcher {
         match tile {
             Some(t) => {
                 let len = std::mem::size_of_val(t);
-                let p: *const i8 = t.as_ptr().cast();
-                Self { p, end: p.wrapping_add(len), per: 64 * len.div_ceil(64).div_ceil(iters.max(1)) }
+                let lines = len.div_ceil(64);
+                Self { p: t.as_ptr().cast(), left: len, per: 64 * lines.div_ceil(iters.max(1)) }
             }
-            None => Self { p: std::ptr::null(), end: std::ptr::null(), per: 64 },
+            None => Self { p: std::ptr::null(), left: 0, per: 0 },
         }
     }
 
-    /// Prefetch the next `per` bytes. One compare and one prefetch in the common case of
-    /// a line per step (the first version's inner loop and bookkeeping cost about 10
-    /// instructions per step of the 8-bit loops).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     pub(crate) fn step(&mut self) {
-        if self.p >= self.end {
+        if self.left == 0 {
             return;
         }
-        // Prefetches never fault; every address is inside the tile (p < end, and the
-        // inner lines are checked against end).
-        _mm_prefetch::<_MM_HINT_T0>(self.p);
-        let mut off = 64;
-        while off < self.per && self.p.wrapping_add(off) < self.end {
+        let mut off = 0;
+        while off < self.per && off < self.left {
+            // Prefetches never fault; the address stays inside the next tile.
             _mm_prefetch::<_MM_HINT_T0>(self.p.wrapping_add(off));
             off += 64;
         }
-        self.p = self.p.wrapping_add(self.per);
+        self.p = self.p.wrapping_add(off);
+        self.left -= off.min(self.left);
     }
 }
 
