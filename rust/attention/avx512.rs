@@ -38,12 +38,13 @@
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
 //! ([`scale_vector`]).
 //!
-//! 8-bit caches take leaner loops where the shape allows (what one core issues limits
-//! an 8-bit decode, not the bytes it reads): a full chunk's K rows are plain loads folded
-//! into the widening instruction ([`exact_scores`]), and `P V` over rows whose length is a
-//! multiple of 64 runs on whole vectors with no mask or per-vector branch, 128 dimensions
-//! per pass for 1-2 heads per tile ([`pv_full`]); the score and V loops step pointers
-//! instead of recomputing addresses, and the prefetcher takes one compare per step.
+//! 8-bit caches take leaner loops where the shape allows (on one core an 8-bit decode
+//! is held back by the instructions it issues per code, widening and converting, more
+//! than by the bytes it reads): a full chunk's K rows are plain loads folded into the
+//! widening instruction ([`exact_scores`]), and `P V` over rows whose length is a multiple
+//! of 64 runs on whole vectors with no mask or per-vector branch, 128 dimensions per pass
+//! for 1-2 heads per tile ([`pv_full`]); the score and V loops step pointers instead of
+//! recomputing addresses.
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
