@@ -38,6 +38,14 @@
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
 //! ([`scale_vector`]).
 //!
+//! 8-bit caches take leaner loops where the shape allows (on one core an 8-bit decode
+//! is held back by the instructions it issues per code, widening and converting, more
+//! than by the bytes it reads): a full chunk's K rows are plain loads folded into the
+//! widening instruction ([`exact_scores`]), and `P V` over rows whose length is a multiple
+//! of 64 runs on whole vectors with no mask or per-vector branch, 128 dimensions per pass
+//! for 1-2 heads per tile ([`pv_full`]); the score and V loops step pointers instead of
+//! recomputing addresses.
+//!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
 
@@ -127,46 +135,78 @@ impl<E: Elem> Scores<E> for Exact<'_> {
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
         let qp = q[qh * d..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0);
-        let n = chains::<E>(H);
-        // The next K tile is prefetched over this loop, the next V tile over the V loop,
-        // so the misses overlap FMAs instead of arriving in one burst.
-        let mut pf = Prefetcher::new(next_k, d / n);
-        let mut s = [[_mm512_setzero_ps(); H]; 4];
-        let mut i = 0;
-        while i + n <= d {
-            // SAFETY: rows i .. i + n <= d, lanes masked to the tile; query elements
-            // j * d + i + r < H * d past qp (assert above).
-            unsafe {
-                let mut k = [_mm512_setzero_ps(); 4];
-                for r in 0..n {
-                    k[r] = load(kp.add((i + r) * bs), mask);
-                }
-                pf.step();
-                for j in 0..H {
-                    for r in 0..n {
-                        s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + r)), k[r], s[r][j]);
-                    }
-                }
-            }
-            i += n;
-        }
-        while i < d {
-            // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
-            unsafe {
-                let k0 = load(kp.add(i * bs), mask);
-                for j in 0..H {
-                    s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
-                }
-            }
-            i += 1;
-        }
-        for j in 0..H {
-            for r in 1..n {
-                s[0][j] = _mm512_add_ps(s[0][j], s[r][j]);
+        // A full chunk of an 8-bit cache takes plain loads that fold into the widening
+        // instruction (the masked form is a separate load).
+        // SAFETY: the assert above is `exact_scores`'s contract.
+        unsafe {
+            if E::DTYPE.is_quantized() && mask == 0xffff {
+                exact_scores::<E, H, true>(kp, qp, d, bs, mask, next_k)
+            } else {
+                exact_scores::<E, H, false>(kp, qp, d, bs, mask, next_k)
             }
         }
-        s[0]
     }
+}
+
+/// [`Exact`]'s score loop: K rows `kp + i * bs` (16 lanes, `mask`, or all 16 with
+/// `FULL`), query rows `qp + j * d`. Pointers are stepped, not recomputed per row.
+///
+/// # Safety
+/// Rows `0..d` of `kp` (stride `bs`) are readable at the unmasked lanes (all with `FULL`),
+/// `qp` holds `H * d` f32; the CPU has the features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
+    kp: *const E,
+    qp: *const f32,
+    d: usize,
+    bs: usize,
+    mask: __mmask16,
+    next_k: Option<&[E]>,
+) -> [__m512; H] {
+    let mask = if FULL { 0xffff } else { mask };
+    let n = chains::<E>(H);
+    // The next K tile is prefetched over this loop, the next V tile over the V loop,
+    // so the misses overlap FMAs instead of arriving in one burst.
+    let mut pf = Prefetcher::new(next_k, d / n);
+    let mut s = [[_mm512_setzero_ps(); H]; 4];
+    let (mut kr, mut qr) = (kp, qp);
+    let mut i = 0;
+    while i + n <= d {
+        // SAFETY: rows i .. i + n <= d (kr = kp + i * bs), lanes masked to the tile;
+        // query elements j * d + i + r < H * d past qp (qr = qp + i).
+        unsafe {
+            let mut k = [_mm512_setzero_ps(); 4];
+            for r in 0..n {
+                k[r] = load(kr.wrapping_add(r * bs), mask);
+            }
+            pf.step();
+            for j in 0..H {
+                for r in 0..n {
+                    s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(j * d + r)), k[r], s[r][j]);
+                }
+            }
+        }
+        kr = kr.wrapping_add(n * bs);
+        qr = qr.wrapping_add(n);
+        i += n;
+    }
+    while i < d {
+        // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+        unsafe {
+            let k0 = load(kp.wrapping_add(i * bs), mask);
+            for j in 0..H {
+                s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
+            }
+        }
+        i += 1;
+    }
+    for j in 0..H {
+        for r in 1..n {
+            s[0][j] = _mm512_add_ps(s[0][j], s[r][j]);
+        }
+    }
+    s[0]
 }
 
 /// Independent partial sums per head in [`Exact`]'s score loop: the FMA latency (4
@@ -395,10 +435,17 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
 ) {
     let (d, mask) = (c.d, chunk_mask(c));
     assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
+    // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
+    let (next_k, next_v) = match prefetch {
+        Some((k, v)) => (Some(k), Some(v)),
+        None => (None, None),
+    };
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
-    let mut scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
+    let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };
     if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
-        scores.iter_mut().for_each(|s| *s = _mm512_mul_ps(*s, ks));
+        for s in scores.iter_mut() {
+            *s = _mm512_mul_ps(*s, ks);
+        }
     }
     let vscale = scale_vector::<E>(&c.vs, c.c0, mask);
 
@@ -428,14 +475,34 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
     }
 
-    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let acc = &mut p.acc[qh * d..(qh + H) * d];
+    // 8-bit V rows whose length is a multiple of 64: whole vectors, unmasked loads
+    // folded into the widening, pointers stepped; 128 dimensions per pass for 1-2 heads.
+    if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {
+        let wide = H <= 2 && d.is_multiple_of(2 * VT * W);
+        let passes = d / if wide { 2 * VT * W } else { VT * W };
+        let mut pf = Prefetcher::new(next_v, passes * c.lanes);
+        // SAFETY: `pv_full`'s contract is checked by its asserts; the features are ours.
+        unsafe {
+            if wide {
+                pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, &mut pf);
+            } else {
+                pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, &mut pf);
+            }
+        }
+        return;
+    }
+    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
-    let mut pf = Prefetcher::new(prefetch.map(|t| t.1), d.div_ceil(VT * W) * c.lanes);
+    let mut pf = Prefetcher::new(next_v, d.div_ceil(VT * W) * c.lanes);
     let mut u0 = 0;
     while u0 < d {
-        let m: [__mmask16; VT] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
+        // A loop, not `array::from_fn`, whose closure became an out-of-line call.
+        let mut m = [0 as __mmask16; VT];
+        for u in 0..VT {
+            m[u] = lane_mask(u0 + u * W, d);
+        }
         let mut a = [[_mm512_setzero_ps(); VT]; H];
         for j in 0..H {
             let al = _mm512_set1_ps(alpha[j]);
@@ -480,6 +547,68 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
             }
         }
         u0 += VT * W;
+    }
+}
+
+/// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (if `rescale`, else without
+/// `alpha`) for the chunk's token rows `v_t` of `d` elements (a multiple of `U * 16`),
+/// `U` vectors of each of the `H` heads' accumulator rows in registers per pass: every
+/// load whole (no masks, no per-vector branch), the V row pointer stepped by `d`.
+///
+/// # Safety
+/// The CPU must support the features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
+    c: &Chunk<E>,
+    acc: &mut [f32],
+    probs: &[[f32; W]; HT],
+    alpha: &[f32; H],
+    rescale: bool,
+    pf: &mut Prefetcher,
+) {
+    let d = c.d;
+    assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
+    assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    let ap = acc.as_mut_ptr();
+    let mut u0 = 0;
+    while u0 < d {
+        let mut a = [[_mm512_setzero_ps(); U]; H];
+        for j in 0..H {
+            let al = _mm512_set1_ps(alpha[j]);
+            for u in 0..U {
+                // SAFETY: j * d + u0 + u * 16 + 16 <= H * d = acc.len() (d a multiple of U * 16).
+                a[j][u] = unsafe { _mm512_loadu_ps(ap.add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
+                }
+            }
+        }
+        let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
+        for t in 0..c.lanes {
+            pf.step();
+            let mut v = [_mm512_setzero_ps(); U];
+            for u in 0..U {
+                // SAFETY: vr is row c0 + t < c0 + lanes of the V tile (asserted inside
+                // vt), elements u0 + u * 16 .. + 16 <= d of it.
+                v[u] = unsafe { load(vr.add(u * W), 0xffff) };
+            }
+            for j in 0..H {
+                // SAFETY: j < H <= HT, t < lanes <= 16.
+                let pj = _mm512_set1_ps(unsafe { *probs.get_unchecked(j).get_unchecked(t) });
+                for u in 0..U {
+                    a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+            vr = vr.wrapping_add(d);
+        }
+        for j in 0..H {
+            for u in 0..U {
+                // SAFETY: as the load above.
+                unsafe { _mm512_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]) };
+            }
+        }
+        u0 += U * W;
     }
 }
 
