@@ -9,11 +9,19 @@ every dtype (in a rotating order) gets a read-bandwidth probe of its own cache's
 dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
 per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-round
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
-over the probe). The compute roof is the FMA roof: ``4 Hq d`` FLOP per token (q.k and
-p.v, 2 per FMA) at ``pykvpool.peak_flops``; it ignores the conversions (int8: 2 uops per
-16 codes, e5m2 3, e4m3 5), so it is an upper bound of the path's compute roof. Rows
+over the probe). Two compute roofs per row: the FMA-only roof, ``4 Hq d`` FLOP per token
+(q.k and p.v, 2 per FMA) at ``pykvpool.peak_flops``, which ignores the conversions; and
+the instruction-mix roof of ``benches/quant_roofs.py``: the codes/s of the minimal
+instruction sequence the path issues per cached code (widening + dot products, K and V,
+at the shape's g and thread count), measured by ``cargo bench --bench dot_rates`` (run
+by this script first, its output kept in ``benches/out/dot_rates.txt``; ``--dot-rates
+FILE`` reads a saved output instead; with ``--quick`` it runs ``dot_rates --quick``),
+over the codes per sequence. "% min roof" is tokens/s over min(bandwidth roof,
+instruction-mix roof); a second table gives per row which roof binds, the check that
+the instruction-mix roof is at most the FMA-only one, the softmax exp2's cost (apart,
+not in the roof) and whether the issue's target is within the roofs. Rows
 "+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
-for their roof).
+for their FMA-only roof).
 
 Row ``int8_scores``: the int8 cache with ``int8_scores=True`` (query quantized to int8,
 scores by ``vpdpbusd`` where the CPU has avx512_vnni). Its compute roof is that of the
@@ -46,7 +54,8 @@ against the scalar path (what the portable paths ran for 8-bit caches before the
 dequantized in registers), per-round ratios (median and IQR), rotating order, best of 3
 (``--isa-only`` runs just this section; ``--isa avx2`` picks the path).
 
-Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time] [--isa avx2] [--isa-only]``; writes
+Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time] [--isa avx2] [--isa-only]
+[--dot-rates FILE]``; writes
 ``benches/out/bench_quant.json`` and prints markdown.
 """
 
@@ -61,6 +70,7 @@ from typing import Any
 import numpy as np
 
 import pykvpool as kv
+from benches.quant_roofs import instr_roof, load_dot_rates, print_roofs, sane
 from pykvpool import toy_decoder
 
 BS = 16
@@ -115,7 +125,8 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
     return caches, table, q
 
 
-def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> list[dict[str, Any]]:
+def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
+          rates: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
     sl = np.array(lens)
     read = {name: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, ROWS[name][0]) for name in ROWS}
@@ -150,13 +161,16 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int) -> 
             probe = float(np.median([x[1] for x in rounds[name]]))
             bw_roof = probe / read[name] * len(lens)
             fma_roof = peak / (ROWS[name][2] * hq * d * sum(lens)) * len(lens)
+            mix = instr_roof(rates, name, hq // hkv, t, 2 * hkv * d * sum(lens) / len(lens))
+            roof = min(bw_roof, fma_roof if mix is None else mix["roof"])
             rows.append(dict(shape=shape, threads=t, dtype=name, tokens_per_s=max(tps),
                              roof_instr=ROOF_INSTR.get(name, "FMA"), peak_gflops=peak / 1e9,
                              ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
                              ratio_q3=float(np.quantile(ratio, 0.75)),
                              pct_bw=float(np.median([x[2] for x in rounds[name]])),
-                             bw_roof=bw_roof, fma_roof=fma_roof, roof=min(bw_roof, fma_roof),
-                             pct_roof=max(tps) / min(bw_roof, fma_roof), probe_gbs=probe / 1e9,
+                             bw_roof=bw_roof, fma_roof=fma_roof, mix=mix, roof=roof,
+                             binds="bw" if roof == bw_roof else ("instr" if mix is not None else "FMA"),
+                             pct_roof=max(tps) / roof, probe_gbs=probe / 1e9, g=hq // hkv,
                              read_mb=read[name] / 1e6))
     del caches
     return rows
@@ -314,6 +328,8 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true", help="time calls by process CPU time (shared machines)")
     ap.add_argument("--isa", choices=["avx2", "neon"], help="the portable path to measure (default: the CPU's)")
     ap.add_argument("--isa-only", action="store_true", help="only the portable-path section")
+    ap.add_argument("--dot-rates", metavar="FILE", help="a saved `cargo bench --bench dot_rates` output to take the "
+                    "instruction-mix roofs from (default: run it first)")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -327,11 +343,15 @@ def main() -> None:
     if args.isa_only:
         print_isa(res["isa_speed"])
         return
-    res["speed"] = speed("a", [4096 // div] * 8, 32, 8, 128, reps) + speed("d", [4096 // div] * 8, 32, 32, 128, reps)
+    out = Path(__file__).parent / "out"
+    rates = load_dot_rates(args.dot_rates, args.quick, out)
+    res["dot_rates"] = rates
+    res["speed"] = (speed("a", [4096 // div] * 8, 32, 8, 128, reps, rates)
+                    + speed("d", [4096 // div] * 8, 32, 32, 128, reps, rates))
+    res["roofs_sane"] = all(sane(r) for r in res["speed"])
     res["write"] = write_speed(reps)
     res["accuracy"] = accuracy(1024 // div)
     res["toy"] = toy()
-    out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "bench_quant.json").write_text(json.dumps(res, indent=1))
     for t in (1, 2):
@@ -344,12 +364,18 @@ def main() -> None:
               f"d/16 for p.v per token and query head; int8_scores d/64 vpdpbusd + d/16 FMAs; "
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
     print(f"\nCall times by {res['clock']}.\n")
-    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | compute roof (instr) | % min roof |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA-only roof (instr) | "
+          "compute roof (instr mix) | binds | % min roof |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["speed"]:
+        mix = "-" if r["mix"] is None else f"{r['mix']['roof']:,.0f}"
         print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "
               f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | {r['bw_roof']:,.0f} | "
-              f"{r['fma_roof']:,.0f} ({r['roof_instr']}) | {100 * r['pct_roof']:.0f}% |")
+              f"{r['fma_roof']:,.0f} ({r['roof_instr']}) | {mix} | {r['binds']} | {100 * r['pct_roof']:.0f}% |")
+    print("compute roof (instr mix): the codes/s of the path's minimal per-code instruction sequence "
+          "(cargo bench --bench dot_rates, thread CPU time) over the codes per sequence (K and V); "
+          "% min roof: tokens/s over min(bw roof, instr-mix roof) (the FMA-only roof if dot_rates did not run)")
+    print_roofs(res["speed"], rates)
     print("\n| write dtype | ms | GB/s of f32 input |\n|---|---|---|")
     for r in res["write"]:
         print(f"| {r['dtype']} | {1e3 * r['seconds']:.2f} | {r['input_gbs']:.2f} |")

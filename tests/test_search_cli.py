@@ -34,8 +34,9 @@ def test_a_search_writes_tables_figures_and_the_best_point(tmp_path: Path) -> No
     assert "deployment search" in r.stderr
     assert "4 configurations of Llama-3-8B on 60 requests" in r.stdout
     assert "SLO slo: best a100-80gb-sxm|x1|" in r.stdout and "SLO loose: best" in r.stdout
+    assert "latency at the reference rate (best point)" in r.stdout and "SLO loose at " in r.stdout
     for name in ("points.csv", "points.json", "points.jsonl", "frontier.csv", "best.json", "frontier.png",
-                 "sustained_rate.png", "search.json"):
+                 "sustained_rate.png", "search.json", "frontier_latency.csv", "frontier_latency.png", "latency.json"):
         assert (out / name).stat().st_size > 0, name
     with open(out / "points.csv") as f:
         table = list(csv.DictReader(f))

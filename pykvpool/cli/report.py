@@ -13,12 +13,18 @@ def main_report(args: argparse.Namespace) -> int:
     every article number is reproduced, else 1.
 
     Raises:
+        InvalidArgumentError: ``--search`` is not the folder of a finished search, or is
+            given with ``--no-search``.
         OSError: ``--out`` cannot be written.
         BudgetError: a preset model's weights fill its budget (a bug in the presets).
     """
+    from pykvpool._native import InvalidArgumentError
     from pykvpool.report.build import build_report
 
-    res = build_report(args.out, measure=not args.no_measure, progress=not args.quiet)
+    if args.search is not None and args.no_search:
+        raise InvalidArgumentError("--search and --no-search exclude each other")
+    res = build_report(args.out, measure=not args.no_measure, progress=not args.quiet, search=args.search,
+                       run_search=not args.no_search)
     print(f"wrote {res.markdown} ({len(res.figures)} figures) in {res.seconds:.1f} s; "
           f"{res.matched}/{res.reproduced} article numbers reproduced exactly")
     return 0 if res.matched == res.reproduced else 1
@@ -40,5 +46,9 @@ def add_subcommand(sub: Any) -> None:
                     help="output folder (default pykvpool-report)")
     pr.add_argument("--no-measure", action="store_true",
                     help="skip measuring this machine and the decode kernel")
+    pr.add_argument("--search", metavar="DIR",
+                    help="show the finished `pykvpool search` in DIR in the deployment-search section "
+                         "(default: the report runs a small search of its own, a few seconds)")
+    pr.add_argument("--no-search", action="store_true", help="leave the deployment-search section out")
     pr.add_argument("--quiet", action="store_true", help="no progress bars")
     pr.set_defaults(func=main_report)

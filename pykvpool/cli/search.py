@@ -1,6 +1,7 @@
 """The ``pykvpool search`` subcommand: a deployment search (:mod:`pykvpool.search`) over
 hardware, device counts, KV dtypes, block sizes, scheduler limits and policies, for a
-trace or a synthetic workload under latency SLOs, on a process pool or Ray."""
+trace or a synthetic workload under latency SLOs, on a process pool or Ray; then the cost
+vs latency frontiers at a reference rate (:mod:`pykvpool.search.latency`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pykvpool.search import (
     SearchSpace,
     search,
 )
+from pykvpool.search.backends import session
+from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS
 from pykvpool.simulate.engine import MAX_STEP_TOKENS, Workload, synthetic_workload
 
@@ -76,8 +79,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "search", help="find the best serving configuration for a workload and its SLOs",
         description="Simulate every configuration of a search space at a ladder of arrival rates, find "
                     "the rate each sustains within the SLOs, and rank them by goodput per device or per "
-                    "dollar. Results are appended to OUT/points.jsonl as they finish; rerunning the same "
-                    "search into OUT skips what is done.")
+                    "dollar; then run every configuration at one reference rate per SLO for the cost vs "
+                    "latency frontier. Results are appended to OUT/points.jsonl and OUT/latency.jsonl as "
+                    "they finish; rerunning the same search into OUT skips what is done.")
     w = p.add_argument_group("workload (re-timed to each rate)")
     w.add_argument("--trace", metavar="NAME|FILE", help="azure-conv, azure-code, mooncake (shipped), or a CSV, "
                    "JSONL or lengths file (default: synthetic)")
@@ -118,6 +122,11 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--inline", action="store_true", help="run in this process (no pool)")
     r.add_argument("--ray", action="store_true", help="start a local Ray for the search")
     r.add_argument("--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR")
+    r.add_argument("--latency-rate", type=number(), metavar="REQ/S",
+                   help="the reference rate of the cost vs latency frontier: every configuration's p99 TTFT "
+                        "and TPOT at this arrival rate (default: each SLO's best point's sustained rate)")
+    r.add_argument("--no-latency", action="store_true",
+                   help="skip the runs at the reference rate (no frontier_latency.csv / .png)")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder (resumable)")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -194,9 +203,26 @@ def _fmt(v: Optional[float], digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
 
+def _print_latency(lat: LatencyResult, slos: list[SLO], cost_unit: str) -> None:
+    print(f"latency at the reference rate ({lat.source}): {len(lat.entries)} configurations, "
+          f"{lat.evaluated} simulated in {lat.seconds:.1f} s")
+    for s in slos:
+        rate = lat.rates[s.name]
+        if rate is None:
+            print(f"SLO {s.name}: no reference rate (no configuration sustains any rate)")
+            continue
+        parts = []
+        for m, label in (("ttft_p99", "p99 TTFT"), ("tpot_p99", "p99 TPOT")):
+            pts = [f for f in lat.frontier if (f["slo"], f["basis"], f["metric"]) == (s.name, "reference", m)]
+            ends = [f"{_fmt(f['latency'])} s at {f['cost']:g} {cost_unit.rstrip('s') if f['cost'] == 1 else cost_unit}"
+                    for f in pts[:1] + pts[1:][-1:]]
+            parts.append(f"{label} {' down to '.join(ends) or '-'} ({len(pts)} frontier point{'s' * (len(pts) != 1)})")
+        print(f"SLO {s.name} at {rate:.3g} req/s: " + "; ".join(parts))
+
+
 def main_search(args: argparse.Namespace) -> int:
-    """Run ``pykvpool search``: print the best point per SLO and write the tables and
-    figures into ``--out``. Returns 0.
+    """Run ``pykvpool search``: print the best point per SLO and the ends of each cost vs
+    latency frontier, and write the tables and figures into ``--out``. Returns 0.
 
     Raises:
         InvalidArgumentError and its subclasses (bad options, trace, prices or SLOs;
@@ -208,9 +234,16 @@ def main_search(args: argparse.Namespace) -> int:
                         tuple(args.max_running), tuple(args.max_batched_tokens), tuple(args.chunked_prefill),
                         tuple(args.preemption), tuple(args.prefix_caching), tuple(args.eviction),
                         tuple(args.layer_groups))
+    if args.no_latency and args.latency_rate is not None:
+        raise InvalidArgumentError("--latency-rate and --no-latency exclude each other")
     w = _workload(args)
-    res = search(w, model, space, slos, ladder=args.rates, objective=objective, strategy=args.strategy,
-                 backend=backend, out=args.out, progress=None if args.quiet else sys.stderr)
+    progress = None if args.quiet else sys.stderr
+    lat: Optional[LatencyResult] = None
+    with session(backend):
+        res = search(w, model, space, slos, ladder=args.rates, objective=objective, strategy=args.strategy,
+                     backend=backend, out=args.out, progress=progress)
+        if not args.no_latency:
+            lat = reference_latency(res, rate=args.latency_rate, backend=backend, out=args.out, progress=progress)
     print(f"{len(res.rows)} configurations of {model.name} on {len(w)} requests ({args.strategy}, {backend.kind}): "
           f"{res.evaluated} evaluated in {res.seconds:.1f} s, {sum(r.get('sims', 0) for r in res.rows)} simulations")
     for s in slos:
@@ -225,10 +258,15 @@ def main_search(args: argparse.Namespace) -> int:
         if b[s.name + "_rate"] >= args.rates.rates()[-1]:
             print(f"pykvpool: warning: SLO {s.name}: the best point sustains the top rate ({args.rates.hi:g} req/s); "
                   "raise --rates HI to tell the best ones apart", file=sys.stderr)
+    cost = "devices" if objective.kind == "per_device" else "$ per hour"
+    if lat is not None:
+        _print_latency(lat, slos, cost)
+        res.files += lat.files
     if not args.no_figures:
-        from pykvpool.search.figures import draw_figures
+        from pykvpool.search.figures import draw_figures, draw_latency_figure
 
-        cost = "devices" if objective.kind == "per_device" else "$ per hour"
         res.files += [str(p) for p in draw_figures(args.out, res.rows, [s.name for s in slos], cost)]
+        if lat is not None:
+            res.files.append(str(draw_latency_figure(args.out, res.rows, lat.entries, slos, lat.rates, len(w), cost)))
     print(f"wrote {', '.join(os.path.basename(f) for f in res.files)} in {args.out}")
     return 0

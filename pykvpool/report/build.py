@@ -5,7 +5,8 @@ Sections: the memory ledger (figure 1, presets on each accelerator), the rooflin
 machine measured (figure 2), static capacity through the pool (figure 3), video (figure 4),
 block size and real traces (figure 5), the simulator under the same budget (figures 6-8),
 windows, sinks and hybrid layers through the hybrid pool (figure 9), video generation
-serving (figure 10), and a closing table of the article's value beside pykvpool's for every reproduced number.
+serving (figure 10), a deployment search (figures 11-13: a small one the report runs, or a
+finished one given by ``search``), and a closing table of the article's value beside pykvpool's for every reproduced number.
 
 One budget (:func:`pykvpool.planning.ledger.default_budget`: the device's memory, a 4 GiB reserve)
 serves every section, and the report prints it.
@@ -41,6 +42,8 @@ from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_bud
 from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
+from pykvpool.report.search_section import search_section
+from pykvpool.search.folder import read_search
 from pykvpool.report.video_serving import video_serving_section
 from pykvpool.report.windows import windows_section
 from pykvpool.report.tables import jsonable, markdown_table
@@ -230,7 +233,8 @@ def _trace_sweeps(cap: int, bpt: int, progress: bool) -> tuple[
 
 
 def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
-                 progress: bool = True) -> ReportResult:
+                 progress: bool = True, search: str | os.PathLike[str] | None = None,
+                 run_search: bool = True) -> ReportResult:
     """Compute everything and write ``report.md``, ``fig*.png`` and ``report.json`` into
     ``out_dir`` (created if needed).
 
@@ -239,11 +243,18 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
             kernel module);
             False skips it and says so in the report.
         progress: draw progress bars on stderr.
+        search: the folder of a finished ``pykvpool search`` to show in the search
+            section (read before anything else is computed).
+        run_search: without ``search``, run the report's own small search into
+            ``out_dir/search`` (:mod:`pykvpool.report.search_section`); False leaves the
+            section out.
 
     Raises:
+        InvalidArgumentError: ``search`` is not the folder of a finished search.
         OSError: ``out_dir`` cannot be created or written.
     """
     t0 = time.perf_counter()
+    folder = read_search(search) if search is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs: dict[str, Path] = {name: out / f"{name}.png" for name in
@@ -297,10 +308,14 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     figs.update(windows_figs)
     video_md, data["video_serving"], video_figs = video_serving_section(out, progress)
     figs.update(video_figs)
+    search_md = ""
+    if folder is not None or run_search:
+        search_md, data["search"], search_figs = search_section(out, folder, progress)
+        figs.update(search_figs)
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
                    data["fig2"], reason, videos, figs)
-    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n" + video_md
-                    + "\n## Closing note", 1)
+    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n" + video_md + "\n"
+                    + (search_md + "\n" if search_md else "") + "## Closing note", 1)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
     path = out / "report.md"

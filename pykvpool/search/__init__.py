@@ -6,8 +6,10 @@ scheduler limits and policies, prefix caching, layer groups) is simulated by
 sustains within each :class:`SLO`; points are ranked by an :class:`Objective` (sustained
 requests/s per device, or requests per dollar). Strategies, backends (in-process, process
 pool, Ray) and files: :mod:`pykvpool.search.strategies`, :mod:`pykvpool.search.backends`,
-:mod:`pykvpool.search.output`; figures: :mod:`pykvpool.search.figures`; the command line:
-``pykvpool search``.
+:mod:`pykvpool.search.output`; the cost vs latency frontiers at a reference rate:
+:func:`reference_latency` (:mod:`pykvpool.search.latency`); a finished search read back
+from its folder: :func:`read_search`; figures: :mod:`pykvpool.search.figures`; the command
+line: ``pykvpool search``.
 
 Typical use::
 
@@ -17,6 +19,8 @@ Typical use::
     space = ds.SearchSpace(hardware=("a100-80gb-sxm", "h100-sxm"), max_running=(64, 256))
     res = ds.search(w, model_preset("llama-3-8b"), space, [ds.SLO("chat", ttft_p99=2.0, tpot_p99=0.1)])
     print(res.best["chat"])
+    lat = ds.reference_latency(res)     # every point at the best point's sustained rate
+    print(lat.frontier)                 # cost vs p99 TTFT / TPOT, per SLO
 
 Units: latencies in seconds, rates in requests/s, throughput in output tokens/s, memory
 in blocks of ``block_size`` tokens, prices in dollars per device-hour.
@@ -24,6 +28,8 @@ in blocks of ``block_size`` tokens, prices in dollars per device-hour.
 
 from pykvpool.search.backends import BACKENDS, Backend
 from pykvpool.search.evaluate import METRICS, STRATEGIES, SearchSpec, deploy
+from pykvpool.search.folder import SearchFolder, read_search
+from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.slo import DEFAULT_PRICES, PRICES_SOURCE, SLO, Objective, RateLadder
 from pykvpool.search.space import Point, SearchSpace
 from pykvpool.search.strategies import SearchResult, search
@@ -36,12 +42,16 @@ __all__ = [
     "STRATEGIES",
     "SLO",
     "Backend",
+    "LatencyResult",
     "Objective",
     "Point",
     "RateLadder",
+    "SearchFolder",
     "SearchResult",
     "SearchSpace",
     "SearchSpec",
     "deploy",
+    "read_search",
+    "reference_latency",
     "search",
 ]

@@ -1,7 +1,8 @@
 """Where a search's tasks run: in this process, on a local process pool (the default), or
 on Ray (a local Ray started for the search, or a running cluster joined by address).
 
-A task is a batch of families of chains (:func:`pykvpool.search.evaluate.evaluate_batch`); batches
+A task is a batch of families of chains (:func:`pykvpool.search.evaluate.evaluate_batch`), or of
+(point, rate) pairs run at a reference rate (:mod:`pykvpool.search.latency`); batches
 keep the scheduling overhead per simulation small. The shared :class:`SearchSpec` (the
 workload above all) crosses to each worker once: as the process pool's initializer
 argument, or put in Ray's object store once and passed to every task by reference.
@@ -9,21 +10,23 @@ Results come back as tasks finish and are handed to ``on_rows`` in completion or
 their content does not depend on the backend.
 
 Ray is imported only when a Ray backend runs (the ``ray`` extra): ``import pykvpool``
-never imports it.
+never imports it. :func:`session` keeps one Ray up across several calls (the search and
+its latency phase).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from pykvpool.checks import invalid
 from pykvpool.search.evaluate import SearchSpec, evaluate_batch, make_batches
 from pykvpool.search.space import Point
 
-__all__ = ["BACKENDS", "Backend", "run_chains"]
+__all__ = ["BACKENDS", "Backend", "run_chains", "run_tasks", "session"]
 
 #: Backend kinds.
 BACKENDS = ("inline", "process", "ray")
@@ -72,15 +75,18 @@ class Backend:
 
 _SPEC: Optional[SearchSpec] = None
 
+#: A task: a module-level function of the shared spec and one batch (picklable by name).
+Task = Callable[[SearchSpec, Any], Rows]
+
 
 def _init_worker(spec: SearchSpec) -> None:
     global _SPEC
     _SPEC = spec
 
 
-def _worker_batch(batch: Batch) -> Rows:
+def _worker_task(task: Task, batch: Any) -> Rows:
     assert _SPEC is not None, "worker not initialized"
-    return evaluate_batch(_SPEC, batch)
+    return task(_SPEC, batch)
 
 
 def run_chains(spec: SearchSpec, chains: list[list[list[Point]]], backend: Backend,
@@ -95,23 +101,58 @@ def run_chains(spec: SearchSpec, chains: list[list[list[Point]]], backend: Backe
         InvalidArgumentError: what an evaluation raises (a bad price, a configuration the
             simulator refuses); pending tasks are cancelled first.
     """
-    if not chains:
-        return
+    if chains:
+        run_tasks(spec, lambda workers: make_batches(chains, workers), evaluate_batch, backend, on_rows)
+
+
+def run_tasks(spec: SearchSpec, batches_for: Callable[[int], list[Any]], task: Task, backend: Backend,
+              on_rows: Callable[[Rows], None]) -> None:
+    """Run ``task(spec, batch)`` for every batch of ``batches_for(parallelism)`` (the
+    backend's workers; a joined Ray cluster: its CPUs) on ``backend``, calling ``on_rows``
+    with each task's rows as it finishes (in the calling thread). ``task`` must be a
+    module-level function (it crosses to the workers by name).
+
+    Raises:
+        ImportError: the ray backend without Ray installed (``pip install pykvpool[ray]``).
+        InvalidArgumentError: what a task raises; pending tasks are cancelled first.
+    """
     if backend.kind == "inline":
-        for b in make_batches(chains, 1):
-            on_rows(evaluate_batch(spec, b))
+        for b in batches_for(1):
+            on_rows(task(spec, b))
     elif backend.kind == "process":
-        _run_process(spec, make_batches(chains, backend.parallelism()), backend, on_rows)
+        _run_process(spec, batches_for(backend.parallelism()), task, backend, on_rows)
     else:
         from pykvpool.search.ray_backend import run_ray
 
-        run_ray(spec, chains, backend.workers, backend.ray_address, on_rows)
+        run_ray(spec, batches_for, task, backend.workers, backend.ray_address, on_rows)
 
 
-def _run_process(spec: SearchSpec, batches: list[Batch], backend: Backend, on_rows: Callable[[Rows], None]) -> None:
+@contextmanager
+def session(backend: Backend) -> Iterator[None]:
+    """Keep one Ray running for every search call inside the block (a local Ray started
+    here and stopped at the end, or the cluster at ``backend.ray_address`` joined and
+    left); nothing for the other backends, or when Ray is already initialized.
+
+    Raises:
+        ImportError: the ray backend without Ray installed.
+        ConnectionError: no cluster at ``backend.ray_address`` (from Ray).
+    """
+    if backend.kind != "ray":
+        yield
+        return
+    from pykvpool.search.ray_backend import ray_session
+
+    with ray_session(backend.workers, backend.ray_address):
+        yield
+
+
+def _run_process(spec: SearchSpec, batches: list[Any], task: Task, backend: Backend,
+                 on_rows: Callable[[Rows], None]) -> None:
+    if not batches:
+        return
     workers = min(backend.parallelism(), len(batches))
     with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(spec,)) as ex:
-        pending: set[Future[Rows]] = {ex.submit(_worker_batch, b) for b in batches}
+        pending: set[Future[Rows]] = {ex.submit(_worker_task, task, b) for b in batches}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -10,6 +10,9 @@ At the end: ``points.csv``, ``points.json`` (and ``points.parquet`` when pyarrow
 installed) with every point in space order, ``frontier.csv`` (per SLO, the points no
 cheaper point beats on sustained rate) and ``best.json`` (per SLO, the best point with
 its simulated metrics).
+
+:class:`JsonLog` is the append-and-resume file under both ``points.jsonl`` and the
+reference-rate runs' ``latency.jsonl`` (:mod:`pykvpool.search.latency`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 from pykvpool.checks import invalid
 from pykvpool.search.evaluate import SearchSpec
 
-__all__ = ["ResultStore", "best_points", "fingerprint", "frontier", "write_tables"]
+__all__ = ["JsonLog", "ResultStore", "best_points", "check_same_search", "fingerprint", "frontier", "write_tables"]
 
 Row = dict[str, Any]
 
@@ -52,6 +55,25 @@ def fingerprint(spec: SearchSpec) -> str:
     return h.hexdigest()
 
 
+def check_same_search(directory: str | os.PathLike[str], spec: SearchSpec) -> None:
+    """Refuse a ``directory`` whose ``search.json`` is missing or records another search.
+
+    Raises:
+        InvalidArgumentError: no ``search.json``, or its fingerprint is not ``spec``'s.
+        OSError: ``search.json`` cannot be read.
+    """
+    meta_path = Path(directory) / "search.json"
+    if not meta_path.exists():
+        raise invalid(f"out: {directory} holds no search (no search.json); run the search into it first")
+    try:
+        old = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
+    except (ValueError, AttributeError):
+        old = None
+    if old != fingerprint(spec):
+        raise invalid(f"out: {directory} holds the results of another search (workload, model, SLOs, "
+                      "rates, objective or strategy differ); use another folder")
+
+
 class ResultStore:
     """The rows of a search in ``directory``, appended as they come.
 
@@ -67,25 +89,39 @@ class ResultStore:
         meta_path = self.dir / "search.json"
         fp = fingerprint(spec)
         if meta_path.exists():
-            try:
-                old = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
-            except (ValueError, AttributeError):
-                old = None
-            if old != fp:
-                raise invalid(f"out: {self.dir} holds the results of another search (workload, model, SLOs, "
-                              "rates, objective or strategy differ); use another folder")
+            check_same_search(self.dir, spec)
         meta = {"fingerprint": fp, "strategy": spec.strategy, "objective": spec.objective.kind,
                 "slos": [s.name for s in spec.slos], "rates": list(spec.ladder.rates()),
                 "requests": len(spec.workload), "model": spec.model.name}
         meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        self.rows: dict[str, Row] = {}
-        self._read()
+        self._log = JsonLog(self.log)
+        self.rows = self._log.rows
 
-    def _read(self) -> None:
-        if not self.log.exists():
+    def append(self, rows: Sequence[Row]) -> None:
+        """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS.
+
+        Raises:
+            OSError: the log cannot be written.
+        """
+        self._log.append(rows)
+
+
+class JsonLog:
+    """Rows appended to a JSON-lines file as they come, each with a unique ``key``; what an
+    earlier run left is read back (``rows``, by key), and a last line cut short by an
+    interruption is dropped from the file.
+
+    Raises:
+        OSError: the file cannot be read or truncated.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.rows: dict[str, Row] = {}
+        if not self.path.exists():
             return
         good = 0
-        with open(self.log, "rb") as f:
+        with open(self.path, "rb") as f:
             for line in f:
                 try:
                     row = json.loads(line)
@@ -95,20 +131,21 @@ class ResultStore:
                     break
                 self.rows[row["key"]] = row
                 good += len(line)
-        if good != self.log.stat().st_size:
-            with open(self.log, "r+b") as f:
+        if good != self.path.stat().st_size:
+            with open(self.path, "r+b") as f:
                 f.truncate(good)
 
     def append(self, rows: Sequence[Row]) -> None:
-        """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS.
+        """Write ``rows`` at the end of the file (one JSON object a line, NaN as null),
+        flushed to the OS, and remember them.
 
         Raises:
-            OSError: the log cannot be written.
+            OSError: the file cannot be written.
         """
-        with open(self.log, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(_plain(r)) + "\n" for r in rows))
-        for r in rows:
-            self.rows[r["key"]] = _plain(r)
+        plain = [_plain(r) for r in rows]
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in plain))
+        self.rows.update((r["key"], r) for r in plain)
 
 
 def _plain(row: Row) -> Row:

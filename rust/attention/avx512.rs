@@ -32,11 +32,19 @@
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
 //! shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
 //! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
-//! widened by `vcvtph2ps`, masked to give its two NaN codes NaN ([`e4m3_over_256`]).
+//! widened by `vcvtph2ps`, masked to give its two NaN codes NaN ([`super::avx512_cvt::e4m3_over_256`]).
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
 //! int8, one broadcast per head for fp8, times 2^8 for e4m3) multiply the scores, the V
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
 //! ([`scale_vector`]).
+//!
+//! 8-bit caches take leaner loops where the shape allows (on one core an 8-bit decode
+//! is held back by the instructions it issues per code, widening and converting, more
+//! than by the bytes it reads): a full chunk's K rows are plain loads folded into the
+//! widening instruction ([`exact_scores`]), and `P V` over rows whose length is a multiple
+//! of 64 runs on whole vectors with no mask or per-vector branch, 128 dimensions per pass
+//! for 1-2 heads per tile ([`pv_full`]); the score and V loops step pointers instead of
+//! recomputing addresses.
 //!
 //! Every memory access is a (masked) load or store inside a slice obtained with checked
 //! indexing; masked-off lanes are never accessed (AVX-512 fault suppression).
@@ -46,15 +54,16 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16};
+pub(crate) use super::avx512_cvt::load_factor;
 use super::work::{Chunk, Partial, Work};
-use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
 /// Query heads per register tile.
 const HT: usize = 4;
 /// V accumulator vectors per head in registers (64 dimensions).
-const VT: usize = 4;
+pub(crate) const VT: usize = 4;
 
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
@@ -127,46 +136,78 @@ impl<E: Elem> Scores<E> for Exact<'_> {
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
         let qp = q[qh * d..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0);
-        let n = chains::<E>(H);
-        // The next K tile is prefetched over this loop, the next V tile over the V loop,
-        // so the misses overlap FMAs instead of arriving in one burst.
-        let mut pf = Prefetcher::new(next_k, d / n);
-        let mut s = [[_mm512_setzero_ps(); H]; 4];
-        let mut i = 0;
-        while i + n <= d {
-            // SAFETY: rows i .. i + n <= d, lanes masked to the tile; query elements
-            // j * d + i + r < H * d past qp (assert above).
-            unsafe {
-                let mut k = [_mm512_setzero_ps(); 4];
-                for r in 0..n {
-                    k[r] = load(kp.add((i + r) * bs), mask);
-                }
-                pf.step();
-                for j in 0..H {
-                    for r in 0..n {
-                        s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i + r)), k[r], s[r][j]);
-                    }
-                }
-            }
-            i += n;
-        }
-        while i < d {
-            // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
-            unsafe {
-                let k0 = load(kp.add(i * bs), mask);
-                for j in 0..H {
-                    s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
-                }
-            }
-            i += 1;
-        }
-        for j in 0..H {
-            for r in 1..n {
-                s[0][j] = _mm512_add_ps(s[0][j], s[r][j]);
+        // A full chunk of an 8-bit cache takes plain loads that fold into the widening
+        // instruction (the masked form is a separate load).
+        // SAFETY: the assert above is `exact_scores`'s contract.
+        unsafe {
+            if E::DTYPE.is_quantized() && mask == 0xffff {
+                exact_scores::<E, H, true>(kp, qp, d, bs, mask, next_k)
+            } else {
+                exact_scores::<E, H, false>(kp, qp, d, bs, mask, next_k)
             }
         }
-        s[0]
     }
+}
+
+/// [`Exact`]'s score loop: K rows `kp + i * bs` (16 lanes, `mask`, or all 16 with
+/// `FULL`), query rows `qp + j * d`. Pointers are stepped, not recomputed per row.
+///
+/// # Safety
+/// Rows `0..d` of `kp` (stride `bs`) are readable at the unmasked lanes (all with `FULL`),
+/// `qp` holds `H * d` f32; the CPU has the features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
+    kp: *const E,
+    qp: *const f32,
+    d: usize,
+    bs: usize,
+    mask: __mmask16,
+    next_k: Option<&[E]>,
+) -> [__m512; H] {
+    let mask = if FULL { 0xffff } else { mask };
+    let n = chains::<E>(H);
+    // The next K tile is prefetched over this loop, the next V tile over the V loop,
+    // so the misses overlap FMAs instead of arriving in one burst.
+    let mut pf = Prefetcher::new(next_k, d / n);
+    let mut s = [[_mm512_setzero_ps(); H]; 4];
+    let (mut kr, mut qr) = (kp, qp);
+    let mut i = 0;
+    while i + n <= d {
+        // SAFETY: rows i .. i + n <= d (kr = kp + i * bs), lanes masked to the tile;
+        // query elements j * d + i + r < H * d past qp (qr = qp + i).
+        unsafe {
+            let mut k = [_mm512_setzero_ps(); 4];
+            for r in 0..n {
+                k[r] = load(kr.wrapping_add(r * bs), mask);
+            }
+            pf.step();
+            for j in 0..H {
+                for r in 0..n {
+                    s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(j * d + r)), k[r], s[r][j]);
+                }
+            }
+        }
+        kr = kr.wrapping_add(n * bs);
+        qr = qr.wrapping_add(n);
+        i += n;
+    }
+    while i < d {
+        // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+        unsafe {
+            let k0 = load(kp.wrapping_add(i * bs), mask);
+            for j in 0..H {
+                s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
+            }
+        }
+        i += 1;
+    }
+    for j in 0..H {
+        for r in 1..n {
+            s[0][j] = _mm512_add_ps(s[0][j], s[r][j]);
+        }
+    }
+    s[0]
 }
 
 /// Independent partial sums per head in [`Exact`]'s score loop: the FMA latency (4
@@ -180,79 +221,6 @@ fn chains<E: Elem>(heads: usize) -> usize {
         4
     } else {
         2
-    }
-}
-
-/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
-///
-/// # Safety
-/// Every unmasked lane `i` must satisfy `p.add(i)` inside one live allocation.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
-    // SAFETY: the caller guarantees every unmasked lane is in bounds; `E::DTYPE` is the
-    // element type of `p` (a sealed `Elem`), so the lanes read are whole elements.
-    unsafe {
-        match E::DTYPE {
-            DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
-            DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
-            DType::BF16 => {
-                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
-            }
-            // A full mask takes a plain load, which folds into the widening instruction.
-            DType::I8 | DType::E4M3 | DType::E5M2 => {
-                let x = if mask == 0xffff { _mm_loadu_si128(p.cast()) } else { _mm_maskz_loadu_epi8(mask, p.cast()) };
-                match E::DTYPE {
-                    DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)),
-                    DType::E5M2 => _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(x))),
-                    _ => e4m3_over_256(x),
-                }
-            }
-        }
-    }
-}
-
-/// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 5 instructions
-/// (the first version's 8): sign-extended to 16 bits and shifted left by 7, a code's
-/// exponent and mantissa land in bits 7..14 of an f16 (whose bias is 8 more: exact for
-/// normals and subnormals) and its sign in bits 15 and 14, bit 14 cleared by one `and`;
-/// `vcvtph2ps` widens, masked so that the two NaN codes (`0x7f`, `0xff`, the codes whose
-/// 7 low bits are all set: adding 1 clears them) take NaN.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub(crate) fn e4m3_over_256(x: __m128i) -> __m512 {
-    let s = _mm256_cvtepi8_epi16(x);
-    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
-    let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
-    _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
-}
-
-/// The factor [`load`]'s values miss: 2^8 for e4m3 (see [`e4m3_over_256`]), else 1.
-pub(crate) const fn load_factor(dt: DType) -> f32 {
-    if matches!(dt, DType::E4M3) {
-        256.0
-    } else {
-        1.0
-    }
-}
-
-/// The scales of a chunk's 16 token lanes (masked-off lanes 0) times `load_factor`, or
-/// `None` for an unquantized cache (scale 1, nothing to multiply).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, mask: __mmask16) -> Option<__m512> {
-    let f = load_factor(E::DTYPE);
-    match ts {
-        TileScale::One => None,
-        TileScale::Head(s) => Some(_mm512_set1_ps(s * f)),
-        TileScale::Token(s) => {
-            assert!(c0 + (16 - mask.leading_zeros() as usize) <= s.len());
-            // SAFETY: the unmasked lanes are tokens c0.. c0 + lanes, inside the tile's
-            // block_size scales (assert above).
-            let v = unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr().wrapping_add(c0)) };
-            Some(if f == 1.0 { v } else { _mm512_mul_ps(v, _mm512_set1_ps(f)) })
-        }
     }
 }
 
@@ -296,70 +264,6 @@ impl Prefetcher {
     }
 }
 
-/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
-/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
-/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
-/// [`unpermute_bf16`] restores it at the end of the item.
-///
-/// # Safety
-/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
-/// after `p` must lie inside one allocation (zero masks access nothing).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
-    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
-    let zero = _mm512_setzero_si512();
-    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
-    // SAFETY: forwarded to the caller.
-    let (x, y) = unsafe {
-        (
-            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
-            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
-        )
-    };
-    [
-        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
-        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
-        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
-        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
-    ]
-}
-
-/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
-/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
-const BF16_ORDER: [usize; 32] = {
-    let mut o = [0; 32];
-    let mut s = 0;
-    while s < 32 {
-        let (half, r) = (s / 16, s % 16);
-        o[s] = (r / 4) * 8 + half * 4 + r % 4;
-        s += 1;
-    }
-    o
-};
-
-/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
-pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
-    for group in acc.chunks_exact_mut(2 * W) {
-        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
-        for (s, &dim) in BF16_ORDER.iter().enumerate() {
-            group[dim] = stored[s];
-        }
-    }
-    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
-}
-
-/// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
-#[inline]
-fn lane_mask(i: usize, n: usize) -> __mmask16 {
-    let r = n.saturating_sub(i);
-    if r >= W {
-        0xffff
-    } else {
-        (1u16 << r) - 1
-    }
-}
-
 /// How far (log2 units) a score may exceed the running maximum before the maximum
 /// moves: probabilities stay below 2^8, far from f32 overflow even summed over 2^32
 /// tokens, and relative rounding is unchanged.
@@ -395,10 +299,17 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
 ) {
     let (d, mask) = (c.d, chunk_mask(c));
     assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
+    // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
+    let (next_k, next_v) = match prefetch {
+        Some((k, v)) => (Some(k), Some(v)),
+        None => (None, None),
+    };
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
-    let mut scores = unsafe { sc.scores::<H>(c, qh, prefetch.map(|t| t.0)) };
+    let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };
     if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
-        scores.iter_mut().for_each(|s| *s = _mm512_mul_ps(*s, ks));
+        for s in scores.iter_mut() {
+            *s = _mm512_mul_ps(*s, ks);
+        }
     }
     let vscale = scale_vector::<E>(&c.vs, c.c0, mask);
 
@@ -428,14 +339,34 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
     }
 
-    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let acc = &mut p.acc[qh * d..(qh + H) * d];
+    // 8-bit V rows whose length is a multiple of 64: whole vectors, unmasked loads
+    // folded into the widening, pointers stepped; 128 dimensions per pass for 1-2 heads.
+    if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {
+        let wide = H <= 2 && d.is_multiple_of(2 * VT * W);
+        let passes = d / if wide { 2 * VT * W } else { VT * W };
+        let mut pf = Prefetcher::new(next_v, passes * c.lanes);
+        // SAFETY: `pv_full`'s contract is checked by its asserts; the features are ours.
+        unsafe {
+            if wide {
+                pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, &mut pf);
+            } else {
+                pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, &mut pf);
+            }
+        }
+        return;
+    }
+    // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
-    let mut pf = Prefetcher::new(prefetch.map(|t| t.1), d.div_ceil(VT * W) * c.lanes);
+    let mut pf = Prefetcher::new(next_v, d.div_ceil(VT * W) * c.lanes);
     let mut u0 = 0;
     while u0 < d {
-        let m: [__mmask16; VT] = std::array::from_fn(|u| lane_mask(u0 + u * W, d));
+        // A loop, not `array::from_fn`, whose closure became an out-of-line call.
+        let mut m = [0 as __mmask16; VT];
+        for u in 0..VT {
+            m[u] = lane_mask(u0 + u * W, d);
+        }
         let mut a = [[_mm512_setzero_ps(); VT]; H];
         for j in 0..H {
             let al = _mm512_set1_ps(alpha[j]);
@@ -483,40 +414,64 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kv::elem::{E4M3, E5M2};
-
-    /// The in-register conversions of [`load`] against `Elem::to_f32` on all 256 codes
-    /// (NaN codes included), 16 at a time, and with a partial mask.
-    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
-        if !crate::attention::isa::Isa::Avx512.supported() {
-            eprintln!("SKIPPED AVX-512 fp8/int8 conversions: no AVX-512 on this CPU");
-            return;
-        }
-        let codes: Vec<E> = (0..=255u8).map(code).collect();
-        let f = load_factor(E::DTYPE);
-        for at in (0..256).step_by(16) {
-            let mut got = [0f32; 16];
-            for mask in [0xffffu16, 0x00ff] {
-                // SAFETY: the CPU check above; lanes at..at + 16 lie inside `codes`.
-                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(codes.as_ptr().add(at), mask)) };
-                for (i, &g) in got.iter().enumerate() {
-                    let want = if mask >> i & 1 == 1 { codes[at + i].to_f32() } else { 0.0 };
-                    let g = g * f;
-                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
-                    // -0 stays -0 (a NaN's sign carries no value).
-                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+/// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (if `rescale`, else without
+/// `alpha`) for the chunk's token rows `v_t` of `d` elements (a multiple of `U * 16`),
+/// `U` vectors of each of the `H` heads' accumulator rows in registers per pass: every
+/// load whole (no masks, no per-vector branch), the V row pointer stepped by `d`.
+///
+/// # Safety
+/// The CPU must support the features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
+    c: &Chunk<E>,
+    acc: &mut [f32],
+    probs: &[[f32; W]; HT],
+    alpha: &[f32; H],
+    rescale: bool,
+    pf: &mut Prefetcher,
+) {
+    let d = c.d;
+    assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
+    assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    let ap = acc.as_mut_ptr();
+    let mut u0 = 0;
+    while u0 < d {
+        let mut a = [[_mm512_setzero_ps(); U]; H];
+        for j in 0..H {
+            let al = _mm512_set1_ps(alpha[j]);
+            for u in 0..U {
+                // SAFETY: j * d + u0 + u * 16 + 16 <= H * d = acc.len() (d a multiple of U * 16).
+                a[j][u] = unsafe { _mm512_loadu_ps(ap.add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
                 }
             }
         }
-    }
-
-    #[test]
-    fn register_dequantization_is_exact_on_every_code() {
-        all_codes(|c| c as i8);
-        all_codes(E4M3);
-        all_codes(E5M2);
+        let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
+        for t in 0..c.lanes {
+            pf.step();
+            let mut v = [_mm512_setzero_ps(); U];
+            for u in 0..U {
+                // SAFETY: vr is row c0 + t < c0 + lanes of the V tile (asserted inside
+                // vt), elements u0 + u * 16 .. + 16 <= d of it.
+                v[u] = unsafe { load(vr.add(u * W), 0xffff) };
+            }
+            for j in 0..H {
+                // SAFETY: j < H <= HT, t < lanes <= 16.
+                let pj = _mm512_set1_ps(unsafe { *probs.get_unchecked(j).get_unchecked(t) });
+                for u in 0..U {
+                    a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+            vr = vr.wrapping_add(d);
+        }
+        for j in 0..H {
+            for u in 0..U {
+                // SAFETY: as the load above.
+                unsafe { _mm512_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]) };
+            }
+        }
+        u0 += U * W;
     }
 }

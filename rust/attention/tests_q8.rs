@@ -116,3 +116,28 @@ fn windows_and_sinks_read_the_scales_of_their_own_tokens() {
         }
     }
 }
+
+/// The AVX-512 8-bit fast paths at their bounds: whole-vector `P V` (head_dim a multiple
+/// of 64; 128 dimensions per pass for 1-2 heads per tile) and full-chunk K loads (16
+/// lanes), for every head count per tile (GQA ratios 1..=8: tiles of 1-4 heads), lengths
+/// 1..=33 (a full chunk, a partial one, both), block sizes around 16, with windows
+/// starting inside a block; head_dim 48 and 80 take the masked fallback beside them.
+#[test]
+fn whole_vector_and_full_chunk_paths_match_at_their_bounds() {
+    let splits = [(None, None), (Some(1), Some(1))];
+    for dtype in Q8 {
+        for g in 1..=8 {
+            for (bs, d) in [(16, 128), (16, 64), (5, 128), (32, 192), (16, 48), (64, 80)] {
+                let lens: Vec<usize> = (1..=33).collect();
+                let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+                let seed = (g * 31 + bs * 7 + d) as u64;
+                let (c, t) = case(shape(bs, 1, d, nb), dtype, &lens, None, 0, seed);
+                compare(&c, &t, g, None, 0, &splits);
+                if g % 3 == 1 {
+                    let (c, t) = case(shape(bs, 1, d, nb), dtype, &lens, Some(bs + 2), 1, seed + 1);
+                    compare(&c, &t, g, Some(bs + 2), 1, &splits);
+                }
+            }
+        }
+    }
+}

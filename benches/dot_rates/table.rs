@@ -1,0 +1,113 @@
+//! The per-path table of `dot_rates`: each decode path's minimal instruction sequence
+//! ([`super::paths`]) timed at g = 1 and 4 and every thread count, printed as a table
+//! and as one JSON line.
+
+use super::paths::{self, Tile};
+use super::widen::{Bf16, E4m3, E5m2, F32, I8};
+use super::{rate, Opts};
+
+type Run = unsafe fn(&mut Tile, u64);
+
+/// Query heads per KV head measured, and the parts of a tile (K, V, both).
+const GS: [usize; 2] = [1, 4];
+const PARTS: [&str; 3] = ["k", "v", "kv"];
+/// A K+V rate below this fraction of the harmonic mean of K's and V's is measured again.
+const RETRY_BELOW: f64 = 0.85;
+
+/// A decode path: `bench_quant.py`'s row name, bytes per code, the CPU features its
+/// sequence is compiled for, the codes per FMA instruction time the FMA-only count
+/// assumes at g = 1 (over g at g heads), and its runs per g and part.
+struct Path {
+    name: &'static str,
+    bytes: usize,
+    needs: &'static [&'static str],
+    nominal: f64,
+    runs: [[Run; 3]; 2],
+}
+
+/// The runs of `paths::$f` (with leading generic arguments `$pre`) for g = 1 (8 K
+/// chains, 8 V vectors per block) and g = 4 (2 x 4 K chains, 4 V vectors x 4 heads).
+macro_rules! runs {
+    ($f:ident $(, $pre:tt)*) => {
+        [
+            [runs!(@one $f [$($pre),*] 1 8 8 K), runs!(@one $f [$($pre),*] 1 8 8 V), runs!(@one $f [$($pre),*] 1 8 8 KV)],
+            [runs!(@one $f [$($pre),*] 4 2 4 K), runs!(@one $f [$($pre),*] 4 2 4 V), runs!(@one $f [$($pre),*] 4 2 4 KV)],
+        ]
+    };
+    (@one $f:ident [$($pre:tt),*] $g:literal $n:literal $vt:literal $p:ident) => {
+        paths::$f::<$($pre,)* $g, $n, $vt, { paths::$p }> as Run
+    };
+}
+
+const BASE: &[&str] = &["avx512f", "avx512bw", "avx512vl", "fma", "f16c"];
+const VNNI: &[&str] = &["avx512vnni"];
+const BF16: &[&str] = &["avx512bf16", "avx512vbmi"];
+
+fn all_paths() -> Vec<Path> {
+    // FMA-only count per token and query head: exact d/16 + d/16 FMAs; int8_scores d/64
+    // vpdpbusd + d/16 FMAs; bf16_scores d/32 vdpbf16ps + d/16 FMAs; for 2 d codes.
+    let (exact, vnni, bf16) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0);
+    vec![
+        Path { name: "f32", bytes: 4, needs: BASE, nominal: exact, runs: runs!(exact, F32) },
+        Path { name: "bf16", bytes: 2, needs: BASE, nominal: exact, runs: runs!(exact, Bf16) },
+        Path { name: "int8", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, I8) },
+        Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, E4m3) },
+        Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, E5m2) },
+        Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: vnni, runs: runs!(int8_scores) },
+        Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, Bf16, false) },
+        Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, E4m3, true) },
+        Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, E5m2, true) },
+    ]
+}
+
+/// Measure and print every path at every thread count of `o`.
+pub fn run(o: &Opts) {
+    let has = |f: &str| pykvpool::attention::cpu_features().contains(&f);
+    let paths: Vec<Path> = all_paths().into_iter().filter(|p| p.needs.iter().all(|f| has(f))).collect();
+    let mut json = Vec::new();
+    let (mut fmas, mut exps) = (Vec::new(), Vec::new());
+    for &t in &o.threads {
+        // SAFETY (every call below): the base features were checked by `main`, each
+        // path's own ones by the filter above.
+        let fma = rate(o, t, 12.0, || (), |_, n| unsafe { super::imp::fma(n) });
+        let x: [f32; 128] = std::array::from_fn(|i| -(i as f32) * 0.37);
+        let exp = rate(o, t, 128.0, || x, |x, n| unsafe { paths::exp2(x, n) });
+        println!("\n{t} thread(s): vfmadd231ps zmm {:.2} G instr/s; exp2 ({} instr per 16 scores) {:.2} G scores/s \
+                  = {:.2} FMA times per 16 scores", fma / 1e9, paths::EXP2_INSTR, exp / 1e9, 16.0 * fma / exp);
+        println!("| path | g | K G codes/s | V G codes/s | K+V G codes/s | K+V codes per FMA time | FMA-only count | ratio |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for p in &paths {
+            for (gi, &g) in GS.iter().enumerate() {
+                let codes = |part: usize| (if part == 2 { 2 } else { 1 } * paths::D * paths::T) as f64;
+                let measure = |part: usize| {
+                    let f = p.runs[gi][part];
+                    // SAFETY: see above; `f` reads only inside its tile.
+                    rate(o, t, codes(part), || Tile::new(p.bytes, |i| 0x3c + (i % 8) as u8), |tile, n| unsafe { f(tile, n) })
+                };
+                let mut r: Vec<f64> = (0..3).map(measure).collect();
+                // K then V per tile runs at about the harmonic mean of K alone and V alone;
+                // far below it, every round was disturbed (another process on the cores):
+                // measure again, up to twice, keeping the best.
+                let mut retries = 0;
+                while r[2] < RETRY_BELOW * 2.0 / (1.0 / r[0] + 1.0 / r[1]) && retries < 2 {
+                    r[2] = r[2].max(measure(2));
+                    retries += 1;
+                }
+                let (cpf, nominal) = (r[2] / fma, p.nominal / g as f64);
+                println!("| {} | {g} | {:.2} | {:.2} | {:.2}{} | {cpf:.2} | {nominal:.2} | {:.2} |", p.name, r[0] / 1e9,
+                         r[1] / 1e9, r[2] / 1e9, "*".repeat(retries), cpf / nominal);
+                let parts: Vec<String> = PARTS.iter().zip(&r).map(|(k, v)| format!("\"{k}\": {v:.6e}")).collect();
+                json.push(format!("{{\"threads\": {t}, \"path\": \"{}\", \"g\": {g}, {}, \"codes_per_fma\": {cpf:.4}, \
+                                   \"nominal_codes_per_fma\": {nominal:.4}, \"retries\": {retries}}}", p.name, parts.join(", ")));
+            }
+        }
+        fmas.push(format!("{{\"threads\": {t}, \"instr_per_s\": {fma:.6e}}}"));
+        exps.push(format!("{{\"threads\": {t}, \"scores_per_s\": {exp:.6e}}}"));
+    }
+    println!("\nratio: K+V codes per FMA time over the FMA-only count's (1 = the sequence runs at the \
+              FMA-only roof; below 1 the conversions cost issue slots); *: K+V measured again (once per *), \
+              its first rate under {RETRY_BELOW} of the harmonic mean of K's and V's");
+    println!("{{\"dot_rates\": 1, \"d\": {}, \"tile_tokens\": {}, \"quick\": {}, \"clock\": \"thread_cpu\", \
+              \"exp2_instr_per_16_scores\": {}, \"fma\": [{}], \"exp2\": [{}], \"rates\": [{}]}}",
+             paths::D, paths::T, o.quick, paths::EXP2_INSTR, fmas.join(", "), exps.join(", "), json.join(", "));
+}

@@ -1,0 +1,91 @@
+//! The widening of each dtype's codes to f32 in the decode paths' instruction sequences
+//! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
+//! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 `vpmovzxbw` + `vpsllw` +
+//! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions.
+
+use std::arch::x86_64::*;
+
+/// A dtype's widening of codes to f32 (values, unscaled).
+pub trait Widen {
+    /// Bytes per element.
+    const BYTES: usize;
+    /// 16 elements of a K row as f32.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL, FMA and F16C; `16 * BYTES` readable bytes at `p`.
+    unsafe fn k16(p: *const u8) -> __m512;
+    /// 32 elements of a V row as two f32 vectors (in any fixed order).
+    ///
+    /// # Safety
+    /// As `k16`, `32 * BYTES` readable bytes.
+    #[inline(always)]
+    unsafe fn v32(p: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded to the caller.
+        unsafe { [Self::k16(p), Self::k16(p.add(16 * Self::BYTES))] }
+    }
+}
+
+pub struct F32;
+pub struct Bf16;
+pub struct I8;
+pub struct E5m2;
+pub struct E4m3;
+
+impl Widen for F32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn k16(p: *const u8) -> __m512 {
+        // SAFETY: 64 readable bytes (caller).
+        unsafe { _mm512_loadu_ps(p.cast()) }
+    }
+}
+
+impl Widen for Bf16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn k16(p: *const u8) -> __m512 {
+        // SAFETY: 32 readable bytes (caller); the features are the caller's.
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
+    }
+    #[inline(always)]
+    unsafe fn v32(p: *const u8) -> [__m512; 2] {
+        // SAFETY: 64 readable bytes (caller); the features are the caller's.
+        unsafe {
+            let (z, x) = (_mm512_setzero_si512(), _mm512_loadu_si512(p.cast()));
+            [_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, x)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, x))]
+        }
+    }
+}
+
+impl Widen for I8 {
+    const BYTES: usize = 1;
+    #[inline(always)]
+    unsafe fn k16(p: *const u8) -> __m512 {
+        // SAFETY: 16 readable bytes (caller); the features are the caller's.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+}
+
+impl Widen for E5m2 {
+    const BYTES: usize = 1;
+    #[inline(always)]
+    unsafe fn k16(p: *const u8) -> __m512 {
+        // SAFETY: 16 readable bytes (caller); the features are the caller's.
+        unsafe { _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast())))) }
+    }
+}
+
+impl Widen for E4m3 {
+    const BYTES: usize = 1;
+    /// The instruction sequence of the kernel's e4m3 widening (value / 2^8, NaN codes NaN).
+    #[inline(always)]
+    unsafe fn k16(p: *const u8) -> __m512 {
+        // SAFETY: 16 readable bytes (caller); the features are the caller's.
+        unsafe {
+            let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()));
+            let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
+            let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
+            _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
+        }
+    }
+}

@@ -1,0 +1,157 @@
+"""Instruction-mix compute roofs of the AVX-512 decode paths for ``bench_quant.py``,
+from ``cargo bench --bench dot_rates`` (``benches/dot_rates.rs``).
+
+``dot_rates`` times, per decode path and g (query heads per KV head, 1 and 4), the
+minimal instruction sequence the path issues per cached code (the widening of the codes
+and the g dot products, K and V, from an L1-resident tile: no memory traffic, no
+softmax) at 1 and 2 threads at once, by thread CPU time, and prints one JSON line. A
+row's instruction-mix roof (sequences per second of a decode call, the unit of the
+bench's tokens/s) is that path's codes/s at the shape's g and the row's thread count
+over the codes per sequence (K and V, all KV heads, head_dim, every cached token). Thread
+CPU time leaves out the time other processes hold the core, so on a loaded machine this
+roof stays the core's capability while the wall-clock figures (decode, bandwidth probe,
+``peak_flops``) drop; the table prints both FMA rates so the load shows.
+
+The FMA-only roof counts only the dot-product instructions; the instruction-mix roof is at
+most that at the same clock (checked per row, within ``SANITY_TOL`` for timing noise)
+and lower by what the conversions and loads cost in issue slots. The softmax's ``exp2``
+(11 instructions per 16 scores in the kernel) is reported apart as a fraction of the
+instruction-mix time (per KV head and token, g scores against 2 d codes), not folded
+into the roof: the roof is the irreducible per-code work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+#: An instruction-mix roof may exceed the FMA-only roof by this fraction (two timings).
+SANITY_TOL = 0.03
+#: The issue's targets: memory-bound rows >= 1.8x bf16 and >= 75% of the bandwidth
+#: probe; compute-bound rows >= 80% of the compute roof.
+X_BF16, PCT_BW, PCT_COMPUTE = 1.8, 0.75, 0.80
+
+
+def load_dot_rates(path: str | None, quick: bool, out_dir: Path) -> dict[str, Any] | None:
+    """The JSON line of a ``dot_rates`` run: read from ``path`` (a saved output, or the
+    line itself), else run ``cargo bench --bench dot_rates`` (``-- --quick`` if
+    ``quick``) in the repository and keep its output in ``out_dir/dot_rates.txt``.
+    ``None`` (with a note) when cargo or the bench fails."""
+    if path is not None:
+        text = Path(path).read_text()
+    else:
+        cmd = ["cargo", "bench", "--locked", "--bench", "dot_rates", "--"] + (["--quick"] if quick else [])
+        try:
+            run = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                                 check=False)
+        except OSError as e:
+            print(f"note: `{' '.join(cmd)}` could not run ({e}): instruction-mix roofs left out")
+            return None
+        if run.returncode != 0:
+            print(f"note: `{' '.join(cmd)}` failed ({run.stderr.strip()[-300:]}): instruction-mix roofs left out")
+            return None
+        text = run.stdout
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "dot_rates.txt").write_text(text)
+    for line in text.splitlines():
+        if line.startswith('{"dot_rates"'):
+            res: dict[str, Any] = json.loads(line)
+            return res
+    print("note: no dot_rates JSON line (a CPU without AVX-512?): instruction-mix roofs left out")
+    return None
+
+
+def _entry(rates: dict[str, Any], name: str, g: int, threads: int) -> dict[str, Any] | None:
+    for r in rates["rates"]:
+        if r["path"] == name and r["g"] == g and r["threads"] == threads:
+            return dict(r)
+    return None
+
+
+def instr_roof(rates: dict[str, Any] | None, name: str, g: int, threads: int, codes_per_seq: float
+               ) -> dict[str, Any] | None:
+    """The instruction-mix roof of row ``name`` at ``g`` and ``threads``: ``roof``
+    (sequences/s: the dot_rates codes/s over ``codes_per_seq``), ``fma_roof_same_clock``
+    (the FMA-only roof at dot_rates' own FMA rate, for the sanity check), ``codes_per_s``,
+    ``codes_per_fma`` and ``nominal_codes_per_fma`` (the FMA-only count's), the FMA rate
+    and ``exp2_frac`` (the softmax exp2's time over the per-code time, per KV head and
+    token: g scores against 2 d codes). ``None`` if the run has no such entry."""
+    if rates is None:
+        return None
+    e = _entry(rates, name, g, threads)
+    fma = next((f["instr_per_s"] for f in rates["fma"] if f["threads"] == threads), None)
+    exp = next((x["scores_per_s"] for x in rates["exp2"] if x["threads"] == threads), None)
+    if e is None or fma is None or exp is None:
+        return None
+    d = rates["d"]
+    return dict(roof=e["kv"] / codes_per_seq, fma_roof_same_clock=fma * e["nominal_codes_per_fma"] / codes_per_seq,
+                codes_per_s=e["kv"], codes_per_fma=e["codes_per_fma"],
+                nominal_codes_per_fma=e["nominal_codes_per_fma"], fma_instr_per_s=fma,
+                exp2_frac=(g / exp) / (2 * d / e["kv"]))
+
+
+def sane(row: dict[str, Any]) -> bool:
+    """The row's instruction-mix roof is at most its FMA-only roof, both at dot_rates'
+    clock (within ``SANITY_TOL``)."""
+    m = row["mix"]
+    return m is None or bool(m["roof"] <= m["fma_roof_same_clock"] * (1 + SANITY_TOL))
+
+
+def verdict(row: dict[str, Any], bf16_tps: float, bf16_roof: float) -> str:
+    """Whether the issue's targets for this row are within the roofs of the instructions
+    it uses. Memory-bound target (MHA rows, g = 1, and any row the bandwidth roof binds):
+    >= 75% of the bandwidth probe needs an instruction-mix roof of at least 75% of the
+    bandwidth roof, and >= 1.8x bf16 a min roof of at least 1.8x bf16's measured tokens/s
+    (also shown: the min roof over bf16's min roof, the ratio were both at their roofs).
+    Compute-bound target (the instruction-mix roof binds): 80% of that roof, with the
+    row's share of it now."""
+    if row["dtype"].startswith("bf16"):
+        return "- (baseline)"
+    if row["mix"] is None:
+        return "? (no dot_rates)"
+    mix, bw = row["mix"]["roof"], row["bw_roof"]
+    out = []
+    if row["g"] == 1 or row["binds"] == "bw":
+        x_max = row["roof"] / bf16_tps
+        bw_ok, x_ok = mix >= PCT_BW * bw, x_max >= X_BF16
+        out.append(("memory target reachable" if bw_ok and x_ok else "memory target OUT OF REACH")
+                   + f" (75% bw: {'yes' if bw_ok else 'no'}, instr roof {100 * mix / bw:.0f}% of bw; "
+                   f"1.8x bf16: {'yes' if x_ok else 'no'}, roof {x_max:.2f}x bf16's tokens/s, "
+                   f"{row['roof'] / bf16_roof:.2f}x its roof)")
+    if row["binds"] == "instr":
+        out.append(f"compute-bound: 80% of instr roof needed, {100 * row['pct_roof']:.0f}% now")
+    return "; ".join(out)
+
+
+def print_roofs(rows: list[dict[str, Any]], rates: dict[str, Any] | None) -> None:
+    """The roofs table (one line per shape, threads and dtype) and the sanity check."""
+    if rates is not None:
+        src = "dot_rates --quick" if rates.get("quick") else "dot_rates"
+        load = ", ".join(f"{t} thr: dot_rates {f['instr_per_s'] / 1e9:.2f}, this run's peak_flops / 32 "
+                         f"{next(r['peak_gflops'] for r in rows if r['threads'] == t) / 32:.2f}"
+                         for f in rates["fma"] for t in [f["threads"]] if any(r["threads"] == t for r in rows))
+        print(f"\nInstruction-mix roofs from `cargo bench --bench {src}` (thread CPU time). FMA rates, G instr/s "
+              f"({load}): where this run's is lower, the machine was busier during its probe. exp2: "
+              f"{rates['exp2_instr_per_16_scores']} instructions per 16 scores, not in the roof.")
+    print("\n| shape | g | thr | dtype | bw roof | FMA-only roof | instr-mix roof | codes per FMA time "
+          "(FMA-only count) | binds | % min roof | exp2 / mix time | target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        base = next(x for x in rows if x["shape"] == r["shape"] and x["threads"] == r["threads"]
+                    and x["dtype"] == "bf16")
+        m = r["mix"]
+        mix = "-" if m is None else f"{m['roof']:,.0f}"
+        cpf = "-" if m is None else f"{m['codes_per_fma']:.2f} ({m['nominal_codes_per_fma']:.2f})"
+        exp = "-" if m is None else f"{100 * m['exp2_frac']:.1f}%"
+        print(f"| {r['shape']} | {r['g']} | {r['threads']} | {r['dtype']} | {r['bw_roof']:,.0f} | "
+              f"{r['fma_roof']:,.0f} | {mix} | {cpf} | {r['binds']} | {100 * r['pct_roof']:.0f}% | {exp} | "
+              f"{verdict(r, base['tokens_per_s'], base['roof'])} |")
+    print("bw roof, FMA-only roof, instr-mix roof: tokens/s (sequences per second) if the call ran at that roof; "
+          "binds: the lower of bw and instr-mix; codes per FMA time: the path's codes/s over the FMA's instr/s "
+          "(dot_rates); exp2 / mix time: the softmax exp2 per score against the per-code work (not in the roof)")
+    bad = [f"{r['shape']}/{r['threads']}/{r['dtype']}" for r in rows if not sane(r)]
+    print("sanity: " + ("every instruction-mix roof <= its FMA-only roof at the same clock (within "
+                        f"{100 * SANITY_TOL:.0f}%)" if not bad else "FAILED, instruction-mix roof above the "
+                        "FMA-only roof: " + ", ".join(bad)))

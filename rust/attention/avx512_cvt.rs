@@ -1,0 +1,188 @@
+//! Element loads of the AVX-512 decode kernel ([`super::avx512`]): 16 cached values of
+//! any storage dtype widened to f32 in registers (f16 by `vcvtph2ps`, bf16 by a 16-bit
+//! shift or one unpack per 16 values, int8 by `vpmovsxbd` + `vcvtdq2ps`, fp8 through f16
+//! bits), the per-token or per-head scales of a chunk, and the lane masks of a row.
+//! The AVX2 and NEON kernels keep theirs in `avx2.rs` and [`super::neon_cvt`].
+
+use std::arch::x86_64::*;
+
+use crate::kv::quant::TileScale;
+use crate::kv::{DType, Elem};
+
+const W: usize = 16;
+/// V accumulator vectors per head (the kernel's `VT`).
+const VT: usize = super::avx512::VT;
+/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
+///
+/// # Safety
+/// Every unmasked lane `i` must satisfy `p.add(i)` inside one live allocation.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
+    // SAFETY: the caller guarantees every unmasked lane is in bounds; `E::DTYPE` is the
+    // element type of `p` (a sealed `Elem`), so the lanes read are whole elements.
+    unsafe {
+        match E::DTYPE {
+            DType::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
+            DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
+            DType::BF16 => {
+                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p.cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+            }
+            // A full mask takes a plain load, which folds into the widening instruction.
+            DType::I8 | DType::E4M3 | DType::E5M2 => {
+                let x = if mask == 0xffff { _mm_loadu_si128(p.cast()) } else { _mm_maskz_loadu_epi8(mask, p.cast()) };
+                match E::DTYPE {
+                    DType::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)),
+                    DType::E5M2 => _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(x))),
+                    _ => e4m3_over_256(x),
+                }
+            }
+        }
+    }
+}
+
+/// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 5 instructions
+/// (the first version's 8): sign-extended to 16 bits and shifted left by 7, a code's
+/// exponent and mantissa land in bits 7..14 of an f16 (whose bias is 8 more: exact for
+/// normals and subnormals) and its sign in bits 15 and 14, bit 14 cleared by one `and`;
+/// `vcvtph2ps` widens, masked so that the two NaN codes (`0x7f`, `0xff`, the codes whose
+/// 7 low bits are all set: adding 1 clears them) take NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn e4m3_over_256(x: __m128i) -> __m512 {
+    let s = _mm256_cvtepi8_epi16(x);
+    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
+    let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
+    _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
+}
+
+/// The factor [`load`]'s values miss: 2^8 for e4m3 (see [`e4m3_over_256`]), else 1.
+pub(crate) const fn load_factor(dt: DType) -> f32 {
+    if matches!(dt, DType::E4M3) {
+        256.0
+    } else {
+        1.0
+    }
+}
+
+/// The scales of a chunk's 16 token lanes (masked-off lanes 0) times `load_factor`, or
+/// `None` for an unquantized cache (scale 1, nothing to multiply).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, mask: __mmask16) -> Option<__m512> {
+    let f = load_factor(E::DTYPE);
+    match ts {
+        TileScale::One => None,
+        TileScale::Head(s) => Some(_mm512_set1_ps(s * f)),
+        TileScale::Token(s) => {
+            assert!(c0 + (16 - mask.leading_zeros() as usize) <= s.len());
+            // SAFETY: the unmasked lanes are tokens c0.. c0 + lanes, inside the tile's
+            // block_size scales (assert above).
+            let v = unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr().wrapping_add(c0)) };
+            Some(if f == 1.0 { v } else { _mm512_mul_ps(v, _mm512_set1_ps(f)) })
+        }
+    }
+}
+
+/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
+/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
+/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
+/// [`unpermute_bf16`] restores it at the end of the item.
+///
+/// # Safety
+/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
+/// after `p` must lie inside one allocation (zero masks access nothing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
+    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
+    let zero = _mm512_setzero_si512();
+    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
+    // SAFETY: forwarded to the caller.
+    let (x, y) = unsafe {
+        (
+            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
+            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
+        )
+    };
+    [
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
+        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
+        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
+    ]
+}
+
+/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
+/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
+pub(crate) const BF16_ORDER: [usize; 32] = {
+    let mut o = [0; 32];
+    let mut s = 0;
+    while s < 32 {
+        let (half, r) = (s / 16, s % 16);
+        o[s] = (r / 4) * 8 + half * 4 + r % 4;
+        s += 1;
+    }
+    o
+};
+
+/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
+pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
+    for group in acc.chunks_exact_mut(2 * W) {
+        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
+        for (s, &dim) in BF16_ORDER.iter().enumerate() {
+            group[dim] = stored[s];
+        }
+    }
+    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
+}
+
+/// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.
+#[inline]
+pub(crate) fn lane_mask(i: usize, n: usize) -> __mmask16 {
+    let r = n.saturating_sub(i);
+    if r >= W {
+        0xffff
+    } else {
+        (1u16 << r) - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::elem::{E4M3, E5M2};
+
+    /// The in-register conversions of [`load`] against `Elem::to_f32` on all 256 codes
+    /// (NaN codes included), 16 at a time, and with a partial mask.
+    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
+        if !crate::attention::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED AVX-512 fp8/int8 conversions: no AVX-512 on this CPU");
+            return;
+        }
+        let codes: Vec<E> = (0..=255u8).map(code).collect();
+        let f = load_factor(E::DTYPE);
+        for at in (0..256).step_by(16) {
+            let mut got = [0f32; 16];
+            for mask in [0xffffu16, 0x00ff] {
+                // SAFETY: the CPU check above; lanes at..at + 16 lie inside `codes`.
+                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(codes.as_ptr().add(at), mask)) };
+                for (i, &g) in got.iter().enumerate() {
+                    let want = if mask >> i & 1 == 1 { codes[at + i].to_f32() } else { 0.0 };
+                    let g = g * f;
+                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
+                    // -0 stays -0 (a NaN's sign carries no value).
+                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn register_dequantization_is_exact_on_every_code() {
+        all_codes(|c| c as i8);
+        all_codes(E4M3);
+        all_codes(E5M2);
+    }
+}

@@ -1,0 +1,84 @@
+"""The instruction-mix roofs of ``benches/bench_quant.py`` (``benches/quant_roofs.py``):
+the roof is the dot_rates codes/s over the codes per sequence, the sanity check and the
+binding roof follow the figures, the targets' verdicts follow the roofs, and a saved
+``dot_rates`` output is read from among its other lines. No timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benches.quant_roofs import instr_roof, load_dot_rates, sane, verdict
+
+
+def rates(kv: float, codes_per_fma: float, nominal: float, fma: float = 3.5e9) -> dict[str, Any]:
+    """A dot_rates result with one path ("int8", g 4, 1 thread)."""
+    return {"dot_rates": 1, "d": 128, "quick": True, "exp2_instr_per_16_scores": 11,
+            "fma": [{"threads": 1, "instr_per_s": fma}], "exp2": [{"threads": 1, "scores_per_s": 7e9}],
+            "rates": [{"threads": 1, "path": "int8", "g": 4, "k": kv, "v": kv, "kv": kv,
+                       "codes_per_fma": codes_per_fma, "nominal_codes_per_fma": nominal}]}
+
+
+def test_roof_is_codes_per_second_over_codes_per_sequence() -> None:
+    r = rates(kv=12e9, codes_per_fma=12e9 / 3.5e9, nominal=4.0)
+    m = instr_roof(r, "int8", 4, 1, codes_per_seq=2 * 8 * 128 * 4096)
+    assert m is not None
+    assert m["roof"] == pytest.approx(12e9 / (2 * 8 * 128 * 4096))
+    # The FMA-only roof at the same clock: 4 codes per FMA time at 3.5 G FMA/s.
+    assert m["fma_roof_same_clock"] == pytest.approx(4 * 3.5e9 / (2 * 8 * 128 * 4096))
+    # exp2: g = 4 scores per 2 d = 256 codes.
+    assert m["exp2_frac"] == pytest.approx((4 / 7e9) / (256 / 12e9))
+
+
+def test_missing_entries_give_no_roof() -> None:
+    r = rates(kv=12e9, codes_per_fma=3.4, nominal=4.0)
+    assert instr_roof(None, "int8", 4, 1, 1.0) is None
+    assert instr_roof(r, "int8", 1, 1, 1.0) is None  # no g = 1 entry
+    assert instr_roof(r, "int8", 4, 2, 1.0) is None  # no 2-thread FMA rate
+    assert instr_roof(r, "fp8_e4m3", 4, 1, 1.0) is None
+
+
+def row(dtype: str, g: int, tps: float, bw_roof: float, mix: dict[str, Any] | None) -> dict[str, Any]:
+    """A speed row as ``bench_quant.speed`` builds it (the fields the roofs use)."""
+    roof = bw_roof if mix is None else min(bw_roof, mix["roof"])
+    return dict(dtype=dtype, g=g, tokens_per_s=tps, bw_roof=bw_roof, mix=mix, roof=roof,
+                binds="bw" if roof == bw_roof else "instr", pct_roof=tps / roof)
+
+
+@pytest.mark.parametrize("kv, ok", [(3.9e9, True), (4.3e9, False)])
+def test_sanity_check_compares_at_the_same_clock(kv: float, ok: bool) -> None:
+    # FMA-only at 1 G FMA/s x 4 codes = 4 G codes/s; 3% tolerance.
+    m = instr_roof(rates(kv=kv, codes_per_fma=kv / 1e9, nominal=4.0, fma=1e9), "int8", 4, 1, 1e6)
+    assert sane(row("int8", 4, 1.0, 1e9, m)) is ok
+    assert sane(row("int8", 4, 1.0, 1e9, None))
+
+
+def test_verdicts_follow_the_roofs() -> None:
+    mix = {"roof": 900.0}
+    # MHA, instruction roof 90% of the bandwidth roof and 900 / 400 = 2.25x bf16: reachable,
+    # and it is instruction-bound, so the compute-bound share is reported too.
+    v = verdict(row("int8", 1, 500.0, 1000.0, mix), bf16_tps=400.0, bf16_roof=450.0)
+    assert v.startswith("memory target reachable") and "90% of bw" in v and "compute-bound" in v
+    # Instruction roof 50% of the bandwidth roof: the 75% target is out of reach.
+    v = verdict(row("int8", 1, 400.0, 1800.0, mix), bf16_tps=400.0, bf16_roof=450.0)
+    assert v.startswith("memory target OUT OF REACH") and "75% bw: no" in v
+    # Enough instructions but under 1.8x bf16.
+    v = verdict(row("int8", 1, 400.0, 1000.0, mix), bf16_tps=600.0, bf16_roof=650.0)
+    assert v.startswith("memory target OUT OF REACH") and "1.8x bf16: no" in v
+    # GQA, compute-bound: only the compute target, with the row's share of the roof.
+    v = verdict(row("fp8_e5m2", 4, 720.0, 5000.0, mix), bf16_tps=400.0, bf16_roof=450.0)
+    assert v == "compute-bound: 80% of instr roof needed, 80% now"
+    assert verdict(row("bf16", 1, 400.0, 1000.0, mix), 400.0, 450.0).startswith("-")
+    assert verdict(row("int8", 1, 400.0, 1000.0, None), 400.0, 450.0).startswith("?")
+
+
+def test_saved_output_is_read_from_its_json_line(tmp_path: Path) -> None:
+    r = rates(kv=1e9, codes_per_fma=1.0, nominal=4.0)
+    f = tmp_path / "dot_rates.txt"
+    f.write_text("vfmadd231ps zmm: 3.6 instr/ns\n| path | g |\n" + json.dumps(r) + "\n")
+    assert load_dot_rates(str(f), quick=True, out_dir=tmp_path) == r
+    f.write_text("SKIPPED: this CPU lacks AVX-512 F/BW/VL, FMA or F16C\n")
+    assert load_dot_rates(str(f), quick=True, out_dir=tmp_path) is None
