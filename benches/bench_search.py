@@ -7,15 +7,21 @@ The space (1,000 points, one chain per 2 device counts): A100-80GB and H100 SXM 
 devices x KV bf16 or fp8 x block sizes 8..128 x ``max_running`` 32..512 x
 ``max_batched_tokens`` 1,024..16,384. SLO: p99 TTFT 2 s, p99 TPOT 0.1 s; rates 0.5..64
 req/s in 22 log-spaced rungs; the pruned strategy (bisection per point, hints along
-devices). ``--limit`` requests of the trace (default 1000: the first 1,000 of 19,366; the
-full trace costs about 15x more per simulation, measured by ``sim_seconds`` below).
+devices). ``--limit`` requests of the trace (default 1000: the first 1,000 of 19,366; 0:
+the whole trace, which costs about 15x more per simulation, measured by ``sim_seconds``
+below).
+
+Load-independent figures beside the times: simulations per configuration, and CPU
+seconds per simulation (the pool's workers' CPU time over the simulations they ran).
+``--levers N`` measures each lever of the search on the first N configurations (process
+pool, 2 workers): neither, the neighbour hints alone, the early stop alone, both.
 
 Each search runs end to end (``pykvpool.search.search``: pool or Ray start included, Ray's
 ``init`` also timed alone). The overhead ratio is measured in ``--rounds`` extra rounds
 of a ``--ratio-configs`` slice, process pool (2 workers) and Ray (2 CPUs) back to back in
 alternating order: the median of the per-round ratios and their IQR.
 
-Run: ``python benches/bench_search.py [--configs 1000] [--limit 1000] [--rounds 3]``, or
+Run: ``python benches/bench_search.py [--configs 1000] [--limit 1000] [--rounds 3] [--levers 200]``, or
 ``--ratios-only --warm [--ratio-configs 400]`` for the overhead rounds alone on a Ray
 started before the timer (its start timed apart); writes ``benches/out/bench_search.json``
 (``bench_search_warm.json``) and prints the figures.
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -35,7 +43,8 @@ import numpy as np
 
 from pykvpool import search as ds
 from pykvpool.planning.models import model_preset
-from pykvpool.search.evaluate import SearchSpec, evaluate_batch
+from pykvpool.search.backends import run_chains
+from pykvpool.search.evaluate import SearchSpec, evaluate_batch, families_of
 from pykvpool.search.strategies import chains_of
 from pykvpool.simulate import run, traces
 from pykvpool.simulate.sweep import at_rate
@@ -48,10 +57,38 @@ SLOS = (ds.SLO("chat", ttft_p99=2.0, tpot_p99=0.1),)
 LADDER = ds.RateLadder(0.5, 64.0, 22)
 
 
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def timed_search(w: Any, space: ds.SearchSpace, backend: ds.Backend) -> tuple[float, ds.SearchResult]:
     t = time.perf_counter()
     res = ds.search(w, model_preset("llama-3-8b"), space, SLOS, ladder=LADDER, backend=backend, progress=None)
     return time.perf_counter() - t, res
+
+
+def levers(w: Any, space: ds.SearchSpace) -> dict[str, Any]:
+    """Each lever alone and both (process pool, 2 workers): wall s, simulations per
+    configuration, worker CPU s per simulation; the rates equal in every variant."""
+    model = model_preset("llama-3-8b")
+    fams = families_of(chains_of(space.points(model, False)))
+    out: dict[str, Any] = {}
+    rates = {}
+    for name, stop, hints in (("neither", False, False), ("hints", False, True), ("stop", True, False),
+                              ("both", True, True)):
+        spec = SearchSpec(w, model, SLOS, LADDER, ds.Objective(), early_stop=stop, neighbour_hints=hints)
+        rows: list[dict[str, Any]] = []
+        c0, t0 = children_cpu(), time.perf_counter()
+        run_chains(spec, fams, ds.Backend("process", 2), rows.extend)
+        wall, cpu = time.perf_counter() - t0, children_cpu() - c0
+        sims = sum(r["sims"] for r in rows)
+        rates[name] = sorted((r["key"], r["chat_rate"]) for r in rows)
+        out[name] = {"wall_s": wall, "sims_per_config": sims / len(rows), "cpu_s_per_sim": cpu / sims,
+                     "cpu_s_per_config": cpu / len(rows)}
+        print(f"lever {name}: {wall:.1f} s, {sims / len(rows):.2f} sims/config, {cpu / sims:.3f} CPU s/sim", flush=True)
+    out["same_rates"] = all(r == rates["neither"] for r in rates.values())
+    return out
 
 
 def sliced(n: int) -> ds.SearchSpace:
@@ -83,7 +120,7 @@ def sizes(w: Any, full: Any) -> dict[str, float]:
     spec = SearchSpec(w, model, SLOS, LADDER, ds.Objective())
     full_spec = SearchSpec(full, model, SLOS, LADDER, ds.Objective())
     chain = chains_of(SPACE.points(model, False))[0]
-    rows = evaluate_batch(spec, [chain])
+    rows = evaluate_batch(spec, [[chain]])
     return {"spec_bytes": len(pickle.dumps(spec)), "full_trace_spec_bytes": len(pickle.dumps(full_spec)),
             "row_bytes": len(pickle.dumps(rows)) / len(rows), "point_bytes": len(pickle.dumps(chain)) / len(chain)}
 
@@ -102,20 +139,71 @@ def sim_seconds(w: Any, full: Any, reps: int = 3) -> dict[str, float]:
     return out
 
 
+def replay(rows_file: str) -> dict[str, float]:
+    """Simulations per configuration of other hint rules, without simulating: the
+    search replayed on the sustained rungs of a finished run (``bench_search_rows.json``),
+    meeting the SLO being ``rung <= sustained`` (the monotonicity the search assumes).
+    Family rules (fields a family may vary in) x where a second device count's guess
+    comes from (the neighbour chain's same devices, or the same chain's fewer devices)."""
+    from pykvpool.search import evaluate as ev
+
+    rows = {r["key"]: r for r in json.loads(Path(rows_file).read_text())}
+    rates = LADDER.rates()
+    sustained = {k: rates.index(r["chat_rate"]) if r["chat_rate"] else -1 for k, r in rows.items()
+                 if r["chat_state"] in ("ok", "none")}
+    chains = chains_of([p for p in SPACE.points(model_preset("llama-3-8b"), False) if p.key() in rows])
+    saved = ev.FAMILY_FREE
+
+    def per_config(free: tuple[str, ...], neighbour_first: bool, hints: bool) -> float:
+        ev.FAMILY_FREE = free
+        total = n = 0
+        for fam in ev.families_of(chains):
+            h = ev._Hints()
+            for chain in fam:
+                mine, prev, best = h.start(chain), None, 0.0
+                for p in chain:
+                    n += 1
+                    if best >= rates[-1] / p.devices:
+                        continue  # dominated
+                    k, calls = sustained[p.key()], set()
+                    near = h.neighbour(p.devices, "chat") if hints else None
+                    guess = prev if near is None or (not neighbour_first and prev is not None) else near
+                    ev.sustained_rung(lambda i: calls.add(i) or i <= k, len(rates), "pruned", guess, hints)
+                    total += len(calls | ({k} if k >= 0 else set()))
+                    prev = mine[(p.devices, "chat")] = k
+                    best = max(best, (rates[k] if k >= 0 else 0.0) / p.devices)
+        return total / n
+
+    out = {"previous search": per_config(saved, True, False)}
+    for free in (("max_batched_tokens",), saved, ("block_size", *saved), ("kv_dtype", "block_size", *saved)):
+        for first in (True, False):
+            out[f"{'+'.join(free)} / {'neighbour' if first else 'fewer devices'} first"] = per_config(free, first, True)
+    ev.FAMILY_FREE = saved
+    return out
+
+
 def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> None:
     """The search on the process pool (1, 2 workers) and a local Ray (2 CPUs), end to end."""
     out.update(sim_seconds(w, full))
     out.update(sizes(w, full))
     out.update(ray_task_rate(2000))
     runs = {}
-    for name, b in (("process1", ds.Backend("process", 1)), ("process2", ds.Backend("process", 2)),
-                    ("ray2", ds.Backend("ray", 2))):
+    for name, b in (("process2", ds.Backend("process", 2)), ("ray2", ds.Backend("ray", 2)),
+                    ("process1", ds.Backend("process", 1))):
+        c0 = children_cpu()
         secs, res = timed_search(w, space, b)
         runs[name] = res.rows
         out[f"{name}_s"] = secs
-        out["simulations"] = sum(r["sims"] for r in res.rows)
-        print(f"{name}: {secs:.1f} s", flush=True)
+        out["simulations"] = sims = sum(r["sims"] for r in res.rows)
+        out["sims_per_config"] = sims / len(res.rows)
+        if name.startswith("process"):
+            out[f"{name}_cpu_s_per_sim"] = (children_cpu() - c0) / sims
+        print(f"{name}: {secs:.1f} s ({sims / len(res.rows):.2f} sims/config), load {os.getloadavg()}", flush=True)
+        print(json.dumps(out), flush=True)  # what is measured so far
     out["identical_rows"] = runs["process1"] == runs["process2"] == runs["ray2"]
+    Path("benches/out").mkdir(parents=True, exist_ok=True)
+    Path("benches/out/bench_search_rows.json").write_text(json.dumps(
+        [{k: r[k] for k in ("key", "chat_state", "chat_rate", "sims")} for r in runs["process2"]]))
     out["speedup_2_workers"] = out["process1_s"] / out["process2_s"]
     out["ray_over_process_1000"] = out["ray2_s"] / out["process2_s"]
 
@@ -147,21 +235,32 @@ def overhead_rounds(w: Any, space: ds.SearchSpace, rounds: int, warm: bool) -> d
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", type=int, default=1000)
-    ap.add_argument("--limit", type=int, default=1000)
+    ap.add_argument("--limit", type=int, default=1000, help="requests of the trace (0: all)")
+    ap.add_argument("--levers", type=int, default=0, help="configurations of the levers' comparison (0: none)")
+    ap.add_argument("--no-main", action="store_true", help="skip the 1,000-configuration runs")
+    ap.add_argument("--replay", metavar="ROWS_JSON", help="only replay other hint rules on a run's rows")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ratio-configs", type=int, default=200)
     ap.add_argument("--ratios-only", action="store_true", help="only the overhead rounds")
     ap.add_argument("--warm", action="store_true",
                     help="overhead rounds on a Ray started before the timer (its init timed apart)")
     args = ap.parse_args()
+    if args.replay:
+        print(json.dumps(replay(args.replay), indent=1))
+        return
     full = traces.load_file(named_trace_path("azure-conv"))
-    w = full.head(args.limit)
+    w = full.head(args.limit) if args.limit > 0 else full
     space = sliced(args.configs)
     out: dict[str, Any] = {"requests": len(w), "points": len(space.points(model_preset("llama-3-8b"), False))}
-    if not args.ratios_only:
+    out["load_before"] = list(os.getloadavg())
+    if args.levers:
+        out["levers"] = levers(w, sliced(args.levers))
+    if not args.ratios_only and not args.no_main:
         main_runs(w, full, space, out)
-    out.update(overhead_rounds(w, sliced(args.ratio_configs), args.rounds, args.warm))
+    if args.rounds:
+        out.update(overhead_rounds(w, sliced(args.ratio_configs), args.rounds, args.warm))
     Path("benches/out").mkdir(parents=True, exist_ok=True)
+    out["load_after"] = list(os.getloadavg())
     name = "bench_search_warm.json" if args.warm else "bench_search.json"
     Path("benches/out", name).write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))

@@ -1512,6 +1512,15 @@ def run_simulation(
             groups (utilization: stored tokens over held and reserved slots). Not
             supported with ``prefix_caching`` or ``preemption="swap"`` (an error naming
             them).
+            ``stop_when``: None (default: run to the end) or a dict of SLO targets, each
+            None or a number finite and > 0: ``ttft_p99``, ``tpot_p50``, ``tpot_p99``
+            (seconds) and ``min_output_throughput`` (output tokens/s). The run stops as
+            soon as its complete version certainly misses them (a request rejected, or
+            enough latencies above a bound that the percentile of the complete run is
+            above it: :mod:`pykvpool.simulate.stop`); the summary's ``stopped`` names
+            the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
+            ``throughput``), None when the run went to the end (then it is the run
+            without the rule, bit for bit).
         time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
             overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
@@ -1522,7 +1531,8 @@ def run_simulation(
         ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
         int | float | None}}``; the columns are those of
         :class:`pykvpool.simulate.SimulationResult`. A summary statistic over an empty set
-        (no finished request, no step) is None, never NaN.
+        (no finished request, no step) is None, never NaN; ``summary["stopped"]`` is None
+        or the ``stop_when`` target that ended the run early.
 
     Raises:
         InvalidArgumentError: an unknown or missing required key; bad columns (2-D or
@@ -1531,8 +1541,10 @@ def run_simulation(
             unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
             range or a bool as a count, token ids mixed with block keys, a malformed
             ``groups`` entry (naming ``groups[i]``), ``groups`` with ``prefix_caching`` or
-            ``preemption="swap"``, or a bad time model or step time; each names the key.
-        TypeError: a dict that is not a dict, a flag that is not a bool or a policy name
+            ``preemption="swap"``, a ``stop_when`` bound that is not a number finite and
+            > 0 (naming ``stop_when.<key>``), or a bad time model or step time; each names
+            the key.
+        TypeError: a dict that is not a dict (``stop_when`` included), a flag that is not a bool or a policy name
             that is not a str (naming the key).
         InvariantError: the engine broke an invariant (a pykvpool bug).
         Exception: whatever a Python ``time_model`` raises, unchanged.

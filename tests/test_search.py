@@ -14,7 +14,7 @@ from pykvpool import search as ds
 from pykvpool import simulate as sim
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.models import model_preset
-from pykvpool.search.evaluate import make_batches, sustained_rung
+from pykvpool.search.evaluate import FAMILY_CHAINS, families_of, make_batches, sustained_rung
 from pykvpool.search.output import best_points, frontier
 from pykvpool.search.strategies import chains_of
 from pykvpool.simulate import traces
@@ -106,15 +106,24 @@ def test_points_that_cannot_beat_a_cheaper_point_of_their_chain_are_not_simulate
     assert [(b["key"], b["loose_rate"], b["loose_objective"]) for b in best] == [(grid.rows[0]["key"], 1.0, 1.0)] * 2
 
 
-def test_sustained_rung_bisection_matches_the_scan_on_monotone_answers() -> None:
+def test_sustained_rung_search_matches_the_scan_on_monotone_answers() -> None:
     for n in range(1, 9):
         for first_fail in range(n + 1):
             def meets(i: int) -> bool:
                 return i < first_fail
             want = first_fail - 1
             assert sustained_rung(meets, n, "grid", None) == want
-            for hint in (None, *range(n)):
-                assert sustained_rung(meets, n, "pruned", hint) == want
+            for hint in (None, -1, *range(n)):
+                calls: list[int] = []
+
+                def counted(i: int) -> bool:
+                    calls.append(i)
+                    return meets(i)
+                assert sustained_rung(counted, n, "pruned", hint) == want
+                assert len(calls) == len(set(calls))  # no rung twice
+                if hint == want:  # a right guess: it and the rung above (none above the top)
+                    assert len(calls) == (1 if want in (-1, n - 1) else 2)
+                assert sustained_rung(meets, n, "pruned", hint, gallop=False) == want
 
 
 def test_space_rules_drop_what_adds_nothing_or_cannot_run() -> None:
@@ -221,12 +230,18 @@ def test_argument_errors() -> None:
         go(w, ds.SearchSpace(), [ds.SLO()], objective=ds.Objective("per_dollar", {"h100-sxm": 1.0}))
 
 
-def test_batches_keep_chains_whole_and_in_order() -> None:
-    points = ds.SearchSpace(devices=(1, 2, 4), max_running=tuple(range(1, 31))).points(LLAMA, False)
+def test_batches_keep_families_whole_and_in_order() -> None:
+    points = ds.SearchSpace(devices=(1, 2, 4), max_running=tuple(range(1, 31)),
+                            chunked_prefill=(True, False)).points(LLAMA, False)
     chains = chains_of(points)
-    assert len(chains) == 30 and all([p.devices for p in c] == [1, 2, 4] for c in chains)
+    assert len(chains) == 60 and all([p.devices for p in c] == [1, 2, 4] for c in chains)
+    fams = families_of(chains)
+    # One family per chunked_prefill value (interleaved in space order), cut at FAMILY_CHAINS.
+    sizes = [FAMILY_CHAINS, 30 - FAMILY_CHAINS] if FAMILY_CHAINS < 30 else [30]
+    assert [len(f) for f in fams] == sizes * 2
+    assert sorted(c[0].key() for f in fams for c in f) == sorted(c[0].key() for c in chains)
+    assert all(len({c[0].chunked_prefill for c in f}) == 1 for f in fams)
     for workers, cap in ((1, 64), (2, 64), (64, 64), (1, 5)):
-        batches = make_batches(chains, workers, cap)
-        assert [c for b in batches for c in b] == chains
-        assert all(sum(len(c) for c in b) <= max(cap, 3) for b in batches)
-        assert len(batches) >= min(4 * workers, 30) or cap * len(batches) >= 90
+        batches = make_batches(fams, workers, cap)
+        assert [f for b in batches for f in b] == fams
+        assert all(len(b) == 1 or sum(len(c) for f in b for c in f) <= cap for b in batches)

@@ -1,7 +1,7 @@
 """Where a search's tasks run: in this process, on a local process pool (the default), or
 on Ray (a local Ray started for the search, or a running cluster joined by address).
 
-A task is a batch of chains (:func:`pykvpool.search.evaluate.evaluate_batch`), or of
+A task is a batch of families of chains (:func:`pykvpool.search.evaluate.evaluate_batch`), or of
 (point, rate) pairs run at a reference rate (:mod:`pykvpool.search.latency`); batches
 keep the scheduling overhead per simulation small. The shared :class:`SearchSpec` (the
 workload above all) crosses to each worker once: as the process pool's initializer
@@ -32,7 +32,7 @@ __all__ = ["BACKENDS", "Backend", "run_chains", "run_tasks", "session"]
 BACKENDS = ("inline", "process", "ray")
 
 Rows = list[dict[str, Any]]
-Batch = list[list[Point]]
+Batch = list[list[list[Point]]]
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,10 @@ def _worker_task(task: Task, batch: Any) -> Rows:
     return task(_SPEC, batch)
 
 
-def run_chains(spec: SearchSpec, chains: list[list[Point]], backend: Backend,
+def run_chains(spec: SearchSpec, chains: list[list[list[Point]]], backend: Backend,
                on_rows: Callable[[Rows], None]) -> None:
-    """Evaluate every chain on ``backend`` in batches (:func:`make_batches` for the
+    """Evaluate every family of chains (:func:`pykvpool.search.evaluate.families_of`) on
+    ``backend`` in batches (:func:`make_batches` for the
     backend's parallelism; a joined Ray cluster: its CPUs), calling ``on_rows`` with each
     batch's rows as it finishes (in the calling thread).
 

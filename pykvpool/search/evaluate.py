@@ -1,17 +1,23 @@
 """Evaluating points: a point's deployment (pool and step-time model), its sustained rate
 per SLO on the rate ladder, and the row a search records for it.
 
-A chain is the points that differ only in their device count, in increasing order: more
-devices mean more memory and faster steps, so the pruned strategy starts each point's
-search at the rung the previous point sustained and skips a point no rate can make
-better than the chain's best (its objective at the top rung is no higher).
+A chain is the points that differ only in their device count, in increasing order; a
+family (:func:`families_of`) is the chains that differ only in the scheduler's limits,
+evaluated in one task. The pruned strategy starts each point's search at the rung a
+neighbour sustained (the same devices in the latest chain of its family that differs in
+one field, else the same chain's fewer devices) and gallops from there, and skips a
+point no rate can make better than its chain's best (its objective at the top rung is
+no higher). Every run stops as soon as it certainly cannot meet any SLO
+(:func:`pykvpool.search.slo.stop_rule`), which leaves every decision unchanged.
 
-Everything here is a pure function of its inputs (the simulator is deterministic), so a
-row is the same on every backend and in every run.
+Everything here is a pure function of its inputs (the simulator is deterministic, and a
+hint comes only from the same family, in a fixed order), so a row is the same on every
+backend, with any batching, and in every run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -21,12 +27,13 @@ from pykvpool.planning.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, Bu
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
-from pykvpool.search.slo import SLO, Objective, RateLadder
+from pykvpool.search.slo import SLO, Objective, RateLadder, stop_rule
 from pykvpool.search.space import Point
 from pykvpool.simulate.engine import SchedulerConfig, SimConfig, Workload, kv_blocks_for_memory, run
 from pykvpool.simulate.sweep import at_rate
 
-__all__ = ["METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch", "evaluate_chain", "make_batches"]
+__all__ = ["FAMILY_CHAINS", "FAMILY_FREE", "METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch",
+           "evaluate_chain", "families_of", "make_batches"]
 
 #: Strategies: every rung of every point, or the pruned search.
 STRATEGIES = ("grid", "pruned")
@@ -42,6 +49,11 @@ class SearchSpec:
         workload: the request stream, re-timed to each rung (its arrival span scaled).
         model: the served model; slos: the targets; ladder: the rates tried.
         objective: what ranks points; strategy: ``grid`` or ``pruned``.
+        early_stop: runs stop as soon as no SLO can be met (exact: the same rows; off
+            only to measure what it saves).
+        neighbour_hints: the pruned search starts from a neighbouring chain's answer and
+            gallops (exact under monotonicity: the same rates); off: the search before
+            it (the fewer-devices hint probed, then bisection), only to measure it.
     """
 
     workload: Workload
@@ -50,6 +62,8 @@ class SearchSpec:
     ladder: RateLadder
     objective: Objective
     strategy: str = "pruned"
+    early_stop: bool = True
+    neighbour_hints: bool = True
 
 
 def replica_hardware(hw: Hardware, devices: int) -> Hardware:
@@ -94,10 +108,35 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
     return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype)
 
 
-def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint: Optional[int]) -> int:
+def _gallop(meets: Callable[[int], bool], rungs: int, hint: int) -> tuple[int, int]:
+    """A bracket ``(lo, hi)`` (``lo`` meets or is -1, ``hi`` fails or is ``rungs``) around
+    the answer, from ``hint``: probe it, then hint +- 1, 2, 4, ... until the answer flips."""
+    h = min(max(hint, 0), rungs - 1)
+    if meets(h):
+        lo, hi, off = h, rungs, 1
+        while lo < rungs - 1:
+            probe = min(h + off, rungs - 1)
+            if not meets(probe):
+                return lo, probe
+            lo, off = probe, off * 2
+        return lo, hi
+    lo, hi, off = -1, h, 1
+    while hi > 0:
+        probe = max(h - off, 0)
+        if meets(probe):
+            return probe, hi
+        hi, off = probe, off * 2
+    return lo, hi
+
+
+def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint: Optional[int],
+                   gallop: bool = True) -> int:
     """The highest rung below the first failing one (-1: the lowest fails). ``grid`` tries
-    every rung; ``pruned`` bisects (first probing ``hint``), exact when meeting the SLO
-    is monotone in the rate.
+    every rung; ``pruned`` gallops from ``hint`` (-1 to ``rungs - 1``: probe it, then
+    hint +- 1, 2, 4, ... until the answer flips; a right guess costs 2 runs) and bisects
+    what is left, or bisects the whole ladder without a hint: exact when meeting the SLO
+    is monotone in the rate. Without ``gallop``: probe ``hint`` (0 to ``rungs - 1``),
+    then bisect (the search before galloping, kept to measure it).
 
     Raises:
         Whatever ``meets`` raises.
@@ -109,7 +148,9 @@ def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint
             k += 1
         return k
     lo, hi = -1, rungs
-    if hint is not None and 0 <= hint < rungs:
+    if hint is not None and -1 <= hint < rungs and gallop:
+        lo, hi = _gallop(meets, rungs, hint)
+    elif hint is not None and 0 <= hint < rungs:
         lo, hi = (hint, hi) if meets(hint) else (lo, hint)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -118,10 +159,12 @@ def sustained_rung(meets: Callable[[int], bool], rungs: int, strategy: str, hint
 
 
 class _Point:
-    """One point's simulations, memoized by rung and shared by its SLOs."""
+    """One point's simulations, memoized by rung and shared by its SLOs (each run stops
+    early, exactly, once no SLO can be met: :func:`pykvpool.search.slo.stop_rule`)."""
 
     def __init__(self, spec: SearchSpec, cfg: SimConfig, tm: Roofline) -> None:
-        self.spec, self.cfg, self.tm = spec, cfg, tm
+        self.spec, self.tm = spec, tm
+        self.cfg = dataclasses.replace(cfg, stop_when=stop_rule(spec.slos)) if spec.early_stop else cfg
         self.rates = spec.ladder.rates()
         self.runs: dict[int, dict[str, Any]] = {}
 
@@ -144,20 +187,73 @@ def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:
     return row
 
 
-def evaluate_chain(spec: SearchSpec, chain: list[Point]) -> list[dict[str, Any]]:
+#: Fields the chains of one family may differ in (besides devices): the scheduler's
+#: limits, which move a point's sustained rate by a rung or two at most.
+FAMILY_FREE = ("max_running", "max_batched_tokens")
+#: Most chains in one family (a larger group is cut, in order).
+FAMILY_CHAINS = 32
+_FIELDS = tuple(f for f in Point.__dataclass_fields__ if f != "devices")
+
+
+def _family_key(p: Point) -> tuple[Any, ...]:
+    return tuple(getattr(p, f) for f in _FIELDS if f not in FAMILY_FREE)
+
+
+def families_of(chains: list[list[Point]]) -> list[list[list[Point]]]:
+    """Chains grouped into families: equal in every field but :data:`FAMILY_FREE` (and
+    devices), in first-seen order, cut into pieces of at most :data:`FAMILY_CHAINS`. A
+    family is evaluated in one task, each point starting from a neighbour's answer, so
+    its rows depend only on the family, never on the backend or the batching.
+
+    Raises:
+        Nothing: bookkeeping on lists.
+    """
+    groups: dict[tuple[Any, ...], list[list[Point]]] = {}
+    for c in chains:
+        groups.setdefault(_family_key(c[0]), []).append(c)
+    return [g[i:i + FAMILY_CHAINS] for g in groups.values() for i in range(0, len(g), FAMILY_CHAINS)]
+
+
+class _Hints:
+    """Sustained rungs found so far in a family, by chain fields, devices and SLO."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[tuple[Any, ...], dict[tuple[int, str], int]]] = []
+
+    def start(self, chain: list[Point]) -> dict[tuple[int, str], int]:
+        fields = tuple(getattr(chain[0], f) for f in _FIELDS)
+        self.found.append((fields, {}))
+        return self.found[-1][1]
+
+    def neighbour(self, devices: int, slo: str) -> Optional[int]:
+        """The answer, for the same devices and SLO, of the latest earlier chain that
+        differs from the current one in one field."""
+        cur = self.found[-1][0]
+        for fields, ks in reversed(self.found[:-1]):
+            if sum(a != b for a, b in zip(fields, cur)) == 1 and (devices, slo) in ks:
+                k: int = ks[(devices, slo)]
+                return k
+        return None
+
+
+def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints] = None) -> list[dict[str, Any]]:
     """Rows of a chain's points, in order: ``key``, the point's fields, ``cost``,
     ``num_blocks``, ``status`` (``ok`` or why it cannot run), ``sims`` (runs made) and per
     SLO ``<slo>_state`` (``ok``; ``none``: not even the lowest rung; ``dominated``: pruned,
     not simulated; ``infeasible``), ``<slo>_rate`` (sustained, req/s), ``<slo>_objective``
     and the :data:`METRICS` at that rate. A point whose weights do not fit is a row
-    with ``status`` ``infeasible: ...`` and no run.
+    with ``status`` ``infeasible: ...`` and no run. The pruned search starts each point
+    from the answer of the same devices in a neighbouring chain of ``hints`` (its
+    family), else from the same chain's fewer devices.
 
     Raises:
         InvalidArgumentError: a configuration the simulator refuses, a hardware without a
             price under ``per_dollar``.
     """
     rows: list[dict[str, Any]] = []
-    hints: dict[str, Optional[int]] = {s.name: None for s in spec.slos}
+    hints = hints or _Hints()
+    mine = hints.start(chain)
+    prev: dict[str, Optional[int]] = {s.name: None for s in spec.slos}
     best: dict[str, float] = {s.name: 0.0 for s in spec.slos}
     top = spec.ladder.rates()[-1]
     for point in chain:
@@ -173,8 +269,10 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point]) -> list[dict[str, Any]]
             if spec.strategy == "pruned" and best[s] > 0 and best[s] >= spec.objective.value(top, row["cost"]):
                 row[f"{s}_state"] = "dominated"
                 continue
-            k = sustained_rung(p.meets(slo), len(p.rates), spec.strategy, hints[s])
-            hints[s] = k if k >= 0 else None
+            near = hints.neighbour(point.devices, s) if spec.neighbour_hints else None
+            k = sustained_rung(p.meets(slo), len(p.rates), spec.strategy, prev[s] if near is None else near,
+                               spec.neighbour_hints)
+            prev[s] = mine[(point.devices, s)] = k
             rate = p.rates[k] if k >= 0 else 0.0
             obj = spec.objective.value(rate, row["cost"])
             best[s] = max(best[s], obj)
@@ -185,34 +283,44 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point]) -> list[dict[str, Any]]
     return rows
 
 
-def evaluate_batch(spec: SearchSpec, chains: list[list[Point]]) -> list[dict[str, Any]]:
-    """Rows of several chains (one backend task), chain after chain.
+def evaluate_batch(spec: SearchSpec, families: list[list[list[Point]]]) -> list[dict[str, Any]]:
+    """Rows of several families (one backend task), family after family, chain after
+    chain (the hints flow within a family only).
 
     Raises:
         InvalidArgumentError: as :func:`evaluate_chain`.
     """
-    return [row for chain in chains for row in evaluate_chain(spec, chain)]
+    rows: list[dict[str, Any]] = []
+    for fam in families:
+        hints = _Hints()
+        for chain in fam:
+            rows += evaluate_chain(spec, chain, hints)
+    return rows
 
 
-def make_batches(chains: list[list[Point]], parallelism: int, max_points: int = 64) -> list[list[list[Point]]]:
-    """Chains grouped into batches: about four batches per worker (so the load balances),
-    each of at most ``max_points`` points unless one chain is longer; order kept.
+def make_batches(families: list[list[list[Point]]], parallelism: int,
+                 max_points: int = 64) -> list[list[list[list[Point]]]]:
+    """Families (:func:`families_of`) grouped into batches: about four batches per worker
+    (so the load balances), each of at most ``max_points`` points unless one family is
+    larger; order kept, families whole.
 
     Raises:
         Nothing: plain bookkeeping on lists.
     """
-    total = sum(len(c) for c in chains)
+    def size(f: list[list[Point]]) -> int:
+        return sum(len(c) for c in f)
+
+    total = sum(size(f) for f in families)
     per = max(1, min(max_points, -(-total // max(4 * parallelism, 1))))
-    out: list[list[list[Point]]] = []
-    cur: list[list[Point]] = []
-    size = 0
-    for c in chains:
-        if cur and size + len(c) > per:
+    out: list[list[list[list[Point]]]] = []
+    cur: list[list[list[Point]]] = []
+    n = 0
+    for f in families:
+        if cur and n + size(f) > per:
             out.append(cur)
-            cur, size = [], 0
-        cur.append(c)
-        size += len(c)
+            cur, n = [], 0
+        cur.append(f)
+        n += size(f)
     if cur:
         out.append(cur)
     return out
-

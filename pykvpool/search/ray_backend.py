@@ -1,8 +1,8 @@
 """The Ray backend (the ``ray`` extra): imported only when a search runs on Ray.
 
 The search's :class:`SearchSpec` is put in the object store once per call and every task
-gets it by reference; tasks are batches sized for the cluster's CPUs (of chains, or of
-points at a reference rate), collected with ``ray.wait`` as they finish. A local Ray
+gets it by reference; tasks are batches sized for the cluster's CPUs (of families of
+chains, or of points at a reference rate), collected with ``ray.wait`` as they finish. A local Ray
 started here is shut down at the end; a joined cluster is left running (only this driver
 disconnects); :func:`ray_session` keeps one Ray up across calls. Workers of a joined
 cluster must have the same pykvpool installed.

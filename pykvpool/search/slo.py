@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from pykvpool.checks import check_count, check_positive, invalid
+from pykvpool.simulate.stop import StopWhen
 
-__all__ = ["DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "Objective", "RateLadder"]
+__all__ = ["DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "Objective", "RateLadder", "stop_rule"]
 
 #: On-demand dollars per device-hour: the middle of the "specialty provider" range of
 #: :data:`PRICES_SOURCE` (A100 80GB $1.10-1.50, H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50).
@@ -61,12 +62,13 @@ class SLO:
 
     def meets(self, summary: Mapping[str, Any], num_requests: int) -> bool:
         """Whether a run's summary (:attr:`pykvpool.simulate.SimulationResult.summary`) of a
-        workload of ``num_requests`` requests meets every bound (a missing statistic fails).
+        workload of ``num_requests`` requests meets every bound (a missing statistic fails;
+        a run stopped early by :func:`stop_rule`'s targets fails: it could not meet them).
 
         Raises:
             TypeError: a statistic that is not a number.
         """
-        if summary.get("finished") != num_requests:
+        if summary.get("stopped") is not None or summary.get("finished") != num_requests:
             return False
         for key, bound in (("ttft_p99", self.ttft_p99), ("tpot_p50", self.tpot_p50), ("tpot_p99", self.tpot_p99)):
             if bound is not None and (summary.get(key) is None or summary[key] > bound):
@@ -163,3 +165,20 @@ class Objective:
             Nothing: one of two strings.
         """
         return "req/s per device" if self.kind == "per_device" else "requests per $"
+
+
+def stop_rule(slos: Sequence[SLO]) -> StopWhen:
+    """The simulator's early stop for a search under ``slos``: a run stopped by it meets
+    none of them, so runs can be shared by all. Each bound is the loosest of the SLOs'
+    (None when one SLO leaves it free); rejected requests always stop (every SLO needs
+    every request finished).
+
+    Raises:
+        Nothing: the SLOs' bounds were checked at construction.
+    """
+    def loosest(name: str, pick: Any) -> Optional[float]:
+        vals = [getattr(s, name) for s in slos]
+        return None if not vals or any(v is None for v in vals) else pick(vals)
+
+    return StopWhen(ttft_p99=loosest("ttft_p99", max), tpot_p50=loosest("tpot_p50", max),
+                    tpot_p99=loosest("tpot_p99", max), min_output_throughput=loosest("min_throughput", min))

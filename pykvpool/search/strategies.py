@@ -4,11 +4,13 @@ Two strategies (:data:`pykvpool.search.evaluate.STRATEGIES`):
 
 - ``grid``: every point at every rung of the rate ladder; a point's sustained rate is
   the highest rung below its first failure.
-- ``pruned``: per point and SLO a bisection on the ladder (about log2(rungs) runs
-  instead of all), started at the rung the same configuration with fewer devices
-  sustained (monotone along memory), and no run at all for a point whose objective even
-  at the top rung cannot beat a cheaper point of its chain (dominated; its row says
-  ``dominated``). Equal to the grid on the optimum whenever meeting an SLO is monotone in
+- ``pruned``: per point and SLO a search on the ladder started at a neighbour's answer
+  (a configuration of its family with one field changed, or the same one with fewer
+  devices) and galloping from there (2 runs when the guess is right; a bisection of the
+  ladder, about log2(rungs) runs, without a neighbour), and no run at all for a point
+  whose objective even at the top rung cannot beat a cheaper point of its chain
+  (dominated; its row says ``dominated``). Runs stop early, exactly, once they cannot
+  meet any SLO. Equal to the grid on the optimum whenever meeting an SLO is monotone in
   the arrival rate (``tests/test_search.py`` checks it on real spaces).
 """
 
@@ -23,7 +25,7 @@ from pykvpool.checks import invalid
 from pykvpool.planning.models import ModelConfig
 from pykvpool.progress import ProgressBar
 from pykvpool.search.backends import Backend, run_chains
-from pykvpool.search.evaluate import STRATEGIES, SearchSpec
+from pykvpool.search.evaluate import STRATEGIES, SearchSpec, families_of
 from pykvpool.search.output import ResultStore, best_points, frontier, write_tables
 from pykvpool.search.slo import SLO, Objective, RateLadder
 from pykvpool.search.space import Point, SearchSpace
@@ -97,9 +99,11 @@ def search(
     ``ladder``, requests/s) under each SLO.
 
     With ``out`` (a folder) rows are appended to ``out/points.jsonl`` as tasks finish and a
-    rerun skips the chains already there; the tables and ``best.json`` are written at the
-    end (:mod:`pykvpool.search.output`). ``progress`` gets a bar counting points (None:
-    no bar).
+    rerun skips the families (:func:`pykvpool.search.evaluate.families_of`) already
+    there (a family with a missing row is evaluated again whole, so its rows are what an
+    uninterrupted run gives); the tables and ``best.json`` are written at the end
+    (:mod:`pykvpool.search.output`). ``progress`` gets a bar counting points (None: no
+    bar).
 
     Raises:
         InvalidArgumentError: an unknown strategy, no SLO or two of one name, an empty
@@ -113,8 +117,8 @@ def search(
     spec = SearchSpec(workload, model, tuple(slos), ladder, objective, strategy)
     store = ResultStore(out, spec) if out is not None else None
     have: dict[str, Row] = dict(store.rows) if store else {}
-    todo = [c for c in chains_of(points) if not all(p.key() in have for p in c)]
-    done = len(points) - sum(len(c) for c in todo)
+    todo = [f for f in families_of(chains_of(points)) if not all(p.key() in have for c in f for p in c)]
+    done = len(points) - sum(len(c) for f in todo for c in f)
     t0 = time.perf_counter()
     with ProgressBar("deployment search", len(points), stream=progress, enabled=progress is not None) as bar:
         bar(done)
@@ -131,7 +135,7 @@ def search(
     rows = [have[p.key()] for p in points]
     names = [s.name for s in slos]
     result = SearchResult(rows, best_points(rows, names), {s: frontier(rows, s) for s in names},
-                          sum(len(c) for c in todo), time.perf_counter() - t0, spec)
+                          sum(len(c) for f in todo for c in f), time.perf_counter() - t0, spec)
     if out is not None:
         extra = {"objective": objective.kind, "unit": objective.unit, "strategy": strategy,
                  "rates": list(ladder.rates()), "slos": [vars(s) for s in slos]}

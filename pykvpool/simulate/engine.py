@@ -56,6 +56,7 @@ from pykvpool.planning.ledger import Budget, MemoryLedger, default_budget
 from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
+from pykvpool.simulate.stop import StopWhen
 from pykvpool.checks import check_count as _count, check_positive as _positive, invalid as _invalid
 
 F64 = npt.NDArray[np.float64]
@@ -84,6 +85,7 @@ __all__ = [
     "SimConfig",
     "SimulationResult",
     "StepTimeFn",
+    "StopWhen",
     "GroupSpec",
     "TimeModel",
     "Workload",
@@ -373,6 +375,9 @@ class SimConfig:
             ``blocks_used_g0..`` and the summary ``peak_blocks_used_g0..``, ``kv_tokens`` counts
             the tokens stored over all groups, and a reservation (``reserve``, ``oracle``)
             counts every logical block of every group.
+        stop_when: a :class:`pykvpool.simulate.stop.StopWhen` (SLO targets): stop as soon
+            as the run certainly cannot meet them; ``summary["stopped"]`` names the target
+            (None: the run went to the end, the same as without the rule). Default None.
 
     Raises:
         InvalidArgumentError: ``groups`` not None or a tuple/list of 1 to 64 groups, an
@@ -388,9 +393,12 @@ class SimConfig:
     max_steps: Optional[int] = None
     record_steps: bool = True
     groups: Optional[tuple[GroupSpec, ...]] = None
+    stop_when: Optional[StopWhen] = None
 
     def __post_init__(self) -> None:
         _group_specs(self.groups)
+        if self.stop_when is not None and not isinstance(self.stop_when, StopWhen):
+            raise TypeError(f"stop_when must be a StopWhen or None, got {type(self.stop_when).__name__}")
 
 
 def kv_blocks_for_memory(
@@ -458,6 +466,9 @@ class SimulationResult:
             latencies without a finished request (TPOT: without a finished request of 2 or
             more output tokens), makespan without a finished request, throughputs
             without a positive makespan, mean utilization without a recorded step.
+            ``stopped``: None, or the target of ``SimConfig.stop_when`` that stopped the
+            run early (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
+            ``throughput``).
     """
 
     requests: dict[str, Array]
@@ -516,7 +527,8 @@ def _options(config: SimConfig) -> dict[str, object]:
             "victim": s.victim, "convention": s.convention, "prefix_caching": config.prefix_caching,
             "eviction": config.eviction, "check_invariants": config.check_invariants,
             "max_steps": config.max_steps, "record_steps": config.record_steps,
-            "groups": _group_specs(config.groups)}
+            "groups": _group_specs(config.groups),
+            "stop_when": None if config.stop_when is None else config.stop_when.as_dict()}
 
 
 def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:

@@ -10,7 +10,7 @@ pub enum Outcome {
     /// Could never fit: its longest KV exceeds the pool (or the reservation limit, or the
     /// token budget without chunked prefill).
     Rejected = 1,
-    /// The run stopped (`max_steps`) before it finished.
+    /// The run stopped (`max_steps`, or the stop rule `stop_when`) before it finished.
     Unfinished = 2,
 }
 
@@ -139,6 +139,9 @@ pub struct Summary {
     pub tpot: Option<Percentiles>,
     pub e2e: Option<Percentiles>,
     pub queueing: Option<Percentiles>,
+    /// Why the run was stopped early under [`super::StopWhen`] (None: it ran to the end,
+    /// or to `max_steps`); the statistics then cover what happened before the stop.
+    pub stopped: Option<&'static str>,
 }
 
 /// Mean and percentiles over finished requests.
@@ -161,11 +164,30 @@ impl Percentiles {
         }
         v.sort_by(f64::total_cmp);
         let q = |p: f64| {
-            let pos = p * (v.len() - 1) as f64;
-            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+            let (lo, hi, frac) = Self::rank(p, v.len());
+            v[lo] + (v[hi] - v[lo]) * frac
         };
         Some(Self { mean: v.iter().sum::<f64>() / v.len() as f64, p50: q(0.5), p90: q(0.9), p99: q(0.99), max: v[v.len() - 1] })
+    }
+}
+
+impl Percentiles {
+    /// The order statistics the `p` quantile of `n >= 1` sorted values interpolates
+    /// between, and the weight of the upper one: `pos = p * (n - 1)`, `(floor(pos),
+    /// ceil(pos), pos - floor(pos))`.
+    fn rank(p: f64, n: usize) -> (usize, usize, f64) {
+        let pos = p * (n - 1) as f64;
+        let lo = pos.floor() as usize;
+        (lo, pos.ceil() as usize, pos - lo as f64)
+    }
+
+    /// How many of `n >= 1` values above a bound make their `p` quantile (as [`Self::of`]
+    /// computes it) certainly above the bound: `n - floor(p * (n - 1))`. With that many,
+    /// the lower order statistic of the interpolation is above the bound, and the
+    /// interpolation never goes below it (the upper one is no smaller, and rounding keeps
+    /// `a + (b - a) * f >= a` for `b >= a`, `f >= 0`).
+    pub fn certainly_above(p: f64, n: usize) -> usize {
+        n - Self::rank(p, n).0
     }
 }
 
@@ -213,6 +235,7 @@ impl Summary {
             tpot: Percentiles::of(&pick(&req.tpot(output_len))),
             e2e: Percentiles::of(&pick(&req.e2e())),
             queueing: Percentiles::of(&pick(&req.queueing())),
+            stopped: None,
         }
     }
 }

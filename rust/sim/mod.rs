@@ -18,6 +18,7 @@ pub mod limits;
 pub mod metrics;
 pub mod request;
 pub mod scheduler;
+pub mod stop;
 pub mod timing;
 pub mod workload;
 
@@ -31,6 +32,7 @@ pub use kv::{Kv, Need};
 pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use request::{Convention, ReqState, Status};
+pub use stop::{StopWhen, Stopped};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
 pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
 pub use workload::Workload;
@@ -52,6 +54,9 @@ pub struct SimConfig {
     pub max_steps: Option<u64>,
     /// Record per-step columns (the summary's utilization needs them).
     pub record_steps: bool,
+    /// Stop as soon as the run certainly cannot meet these targets (see [`stop`]); the
+    /// summary's `stopped` says why. None: run to the end.
+    pub stop_when: Option<StopWhen>,
 }
 
 impl SimConfig {
@@ -65,6 +70,7 @@ impl SimConfig {
             check_invariants: false,
             max_steps: None,
             record_steps: true,
+            stop_when: None,
         }
     }
 }
@@ -154,6 +160,9 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer)
     let mut run = Run::new(workload, cfg)?;
     loop {
         run.admit_arrivals();
+        if run.should_stop() {
+            break;
+        }
         if run.sched.is_idle() {
             if run.next == run.order.len() {
                 break;
@@ -192,6 +201,8 @@ struct Run<'a> {
     /// Next request of `order` to arrive.
     next: usize,
     steps: u64,
+    stop: Option<stop::StopState>,
+    stopped: Option<Stopped>,
 }
 
 impl<'a> Run<'a> {
@@ -208,6 +219,9 @@ impl<'a> Run<'a> {
             return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
         }
         let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
+        if let Some(s) = &cfg.stop_when {
+            s.validate()?;
+        }
         let kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, cfg.groups.as_deref(), host_blocks, watermark)?;
 
         // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
@@ -252,6 +266,8 @@ impl<'a> Run<'a> {
             now: 0.0,
             next: 0,
             steps: 0,
+            stop: cfg.stop_when.as_ref().map(|s| stop::StopState::new(s, &workload.arrival, &workload.output_len)),
+            stopped: None,
         })
     }
 
@@ -265,6 +281,9 @@ impl<'a> Run<'a> {
             if self.sched.admissible_alone(r, &self.kv).is_err() {
                 r.status = Status::Rejected;
                 self.rm.outcome[i as usize] = Outcome::Rejected as u8;
+                if let Some(s) = &mut self.stop {
+                    s.on_reject();
+                }
             } else {
                 r.status = Status::Waiting;
                 self.sched.enqueue(i, r, false);
@@ -330,14 +349,30 @@ impl<'a> Run<'a> {
             }
         }
         for &(i, first, finished) in &self.events {
+            let i = i as usize;
             if first {
-                rm.first_token[i as usize] = end;
+                rm.first_token[i] = end;
+                if let Some(s) = &mut self.stop {
+                    s.on_first_token(i, end - rm.arrival[i]);
+                }
             }
             if finished {
-                rm.finish[i as usize] = end;
-                rm.outcome[i as usize] = Outcome::Finished as u8;
+                rm.finish[i] = end;
+                rm.outcome[i] = Outcome::Finished as u8;
+                if let Some(s) = &mut self.stop {
+                    // As `RequestMetrics::tpot` computes it.
+                    let out = self.workload.output_len[i];
+                    s.on_finish(if out > 1 { (end - rm.first_token[i]) / (out - 1) as f64 } else { f64::NAN });
+                }
             }
         }
+    }
+
+    /// Whether the stop rule ends the run here (recording why).
+    fn should_stop(&mut self) -> bool {
+        let Some(s) = &mut self.stop else { return false };
+        self.stopped = s.check(self.now, &self.order, &self.workload.arrival, &self.rm.first_token);
+        self.stopped.is_some()
     }
 
     /// Both pools' invariants and the engine's accounting, after a step.
@@ -356,7 +391,8 @@ impl<'a> Run<'a> {
         rm.recomputed_tokens = self.ctr.recomputed;
         rm.cached_tokens = self.ctr.cached;
         let w = self.workload;
-        let summary = Summary::compute(&rm, &self.sm, &w.prompt_len, &w.output_len, self.steps);
+        let mut summary = Summary::compute(&rm, &self.sm, &w.prompt_len, &w.output_len, self.steps);
+        summary.stopped = self.stopped.map(Stopped::name);
         SimResult { requests: rm, steps: self.sm, summary, leaked_blocks: self.kv.used_blocks() }
     }
 }

@@ -11,7 +11,7 @@ use crate::bindings::convert::u64_keys;
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
-use crate::sim::{Allocation, Convention, Preemption, QueuePolicy, SchedulerConfig, SimConfig, Victim, Workload};
+use crate::sim::{Allocation, Convention, Preemption, QueuePolicy, SchedulerConfig, SimConfig, StopWhen, Victim, Workload};
 
 /// Keys of the workload dict.
 const WORKLOAD_KEYS: &[&str] = &[
@@ -23,8 +23,11 @@ const WORKLOAD_KEYS: &[&str] = &[
 const CONFIG_KEYS: &[&str] = &[
     "num_blocks", "block_size", "max_running", "max_batched_tokens", "chunked_prefill", "watermark", "queue",
     "allocation", "reserve_tokens", "preemption", "host_blocks", "victim", "convention", "prefix_caching", "eviction",
-    "check_invariants", "max_steps", "record_steps", "groups",
+    "check_invariants", "max_steps", "record_steps", "groups", "stop_when",
 ];
+
+/// Keys of the `stop_when` dict.
+const STOP_KEYS: &[&str] = &["ttft_p99", "tpot_p50", "tpot_p99", "min_output_throughput"];
 
 /// A dict of named arguments, each read once by its converter.
 struct Keys<'a, 'py> {
@@ -126,7 +129,28 @@ pub(super) fn sim_config(dict: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
     cfg.check_invariants = k.flag("check_invariants", false)?;
     cfg.max_steps = k.with("max_steps", named::max_steps, None)?.map(|m| m as u64);
     cfg.record_steps = k.flag("record_steps", true)?;
+    cfg.stop_when = k.column("stop_when")?.map(|v| stop_when(&v)).transpose()?;
     Ok(cfg)
+}
+
+/// The stop rule: a dict of bounds, each None or a number finite and > 0 (seconds;
+/// output tokens/s for `min_output_throughput`).
+fn stop_when(obj: &Bound<'_, PyAny>) -> PyResult<StopWhen> {
+    let py = obj.py();
+    let dict = obj.cast::<PyDict>().map_err(|_| type_error("stop_when", "a dict or None", obj))?;
+    let k = Keys::new(dict, "stop_when", STOP_KEYS)?;
+    let bound = |key: &str| -> PyResult<Option<f64>> {
+        let name = format!("stop_when.{key}");
+        k.column(key)?.map(|v| args::real(&v, &name)).transpose()
+    };
+    let s = StopWhen {
+        ttft_p99: bound("ttft_p99")?,
+        tpot_p50: bound("tpot_p50")?,
+        tpot_p99: bound("tpot_p99")?,
+        min_output_throughput: bound("min_output_throughput")?,
+    };
+    s.validate().py_err(py)?;
+    Ok(s)
 }
 
 /// The scheduler's limits and policies.

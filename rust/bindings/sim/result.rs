@@ -99,6 +99,7 @@ fn summary_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDi
     ] {
         sum.set_item(k, v)?;
     }
+    sum.set_item("stopped", m.stopped)?;
     for (name, p) in [("ttft", &m.ttft), ("tpot", &m.tpot), ("e2e", &m.e2e), ("queueing", &m.queueing)] {
         let stats = |f: fn(&Percentiles) -> f64| p.as_ref().map(f);
         for (stat, v) in [

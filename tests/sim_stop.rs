@@ -1,0 +1,151 @@
+//! The simulator's early stop (`SimConfig::stop_when`): a run it does not stop is the
+//! complete run bit for bit, a run it stops misses the targets in its complete version
+//! too (a proptest over random workloads, pools, policies and bounds placed around the
+//! complete run's own percentiles), and it really shortens overloaded runs.
+
+use proptest::prelude::*;
+use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
+use pykvpool::sim::*;
+
+fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
+    let uniform = |(lo, hi)| LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: MAX_REQUEST_TOKENS };
+    let spec = SyntheticSpec {
+        num_requests: n,
+        arrivals: Arrivals::Gamma { rate, cv: 2.0 },
+        prompt: uniform(prompt),
+        output: uniform(output),
+        priority_levels: 1,
+        shared_prefixes: None,
+        seed,
+    };
+    synthesize(&spec).unwrap()
+}
+
+fn timer() -> Roofline {
+    Roofline {
+        num_params: 1e9,
+        bytes_per_param: 2.0,
+        num_layers: 16.0,
+        q_dim: 2048.0,
+        kv_bytes_per_token: 65536.0,
+        flops: 1e13,
+        bandwidth: 2e11,
+        overhead: 1e-3,
+        swap_time_per_block: 1e-5,
+    }
+}
+
+/// What a search's SLO asks of a summary (`pykvpool.search.SLO.meets`).
+fn meets(s: &Summary, n: u64, rule: &StopWhen) -> bool {
+    let le = |v: Option<f64>, b: Option<f64>| b.is_none_or(|b| v.is_some_and(|v| v <= b));
+    s.stopped.is_none()
+        && s.finished == n
+        && le(s.ttft.map(|p| p.p99), rule.ttft_p99)
+        && le(s.tpot.map(|p| p.p50), rule.tpot_p50)
+        && le(s.tpot.map(|p| p.p99), rule.tpot_p99)
+        && rule.min_output_throughput.is_none_or(|m| s.output_throughput.is_some_and(|t| t >= m))
+}
+
+fn run(w: &Workload, cfg: &SimConfig) -> SimResult {
+    simulate(w, cfg, &mut timer()).unwrap()
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A bound `f` times the complete run's own statistic (exactly it when `f` is 1).
+fn around(v: Option<f64>, f: Option<f64>) -> Option<f64> {
+    match (v, f) {
+        (Some(v), Some(f)) if v * f > 0.0 => Some(v * f),
+        (None, Some(f)) => Some(f),
+        _ => None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn a_stopped_run_misses_the_targets_and_an_unstopped_one_is_the_complete_run(
+        n in 1usize..80,
+        rate in 1.0f64..400.0,
+        seed in any::<u64>(),
+        blocks in 6usize..200,
+        max_running in 1usize..64,
+        chunked in any::<bool>(),
+        swap in any::<bool>(),
+        f in prop::array::uniform4(prop::option::of(prop_oneof![Just(1.0f64), 0.3f64..1.7])),
+    ) {
+        let w = workload(n, rate, (1, 300), (1, 60), seed);
+        let mut cfg = SimConfig::new(blocks, 16);
+        cfg.scheduler.max_running = max_running;
+        cfg.scheduler.max_batched_tokens = Some(256);
+        cfg.scheduler.chunked_prefill = chunked;
+        if swap {
+            cfg.scheduler.preemption = Preemption::Swap { host_blocks: blocks / 2 };
+        }
+        let full = run(&w, &cfg);
+        let s = &full.summary;
+        let rule = StopWhen {
+            ttft_p99: around(s.ttft.map(|p| p.p99), f[0]),
+            tpot_p50: around(s.tpot.map(|p| p.p50), f[1]),
+            tpot_p99: around(s.tpot.map(|p| p.p99), f[2]),
+            min_output_throughput: around(s.output_throughput, f[3]),
+        };
+        cfg.stop_when = Some(rule);
+        let cut = run(&w, &cfg);
+        let n = w.len() as u64;
+        prop_assert_eq!(meets(&cut.summary, n, &rule), meets(s, n, &rule));
+        if cut.summary.stopped.is_none() {
+            prop_assert_eq!(&cut.summary, s);
+            prop_assert_eq!(bits(&cut.requests.finish), bits(&full.requests.finish));
+            prop_assert_eq!(bits(&cut.requests.first_token), bits(&full.requests.first_token));
+        } else {
+            prop_assert!(!meets(s, n, &rule));
+            prop_assert!(cut.summary.steps <= s.steps);
+        }
+    }
+}
+
+#[test]
+fn an_overloaded_run_stops_early_and_says_why() {
+    let w = workload(2000, 400.0, (100, 2000), (50, 300), 7);
+    let mut cfg = SimConfig::new(4000, 16);
+    let full = run(&w, &cfg);
+    let rule = StopWhen { ttft_p99: Some(0.5), tpot_p99: Some(0.05), ..Default::default() };
+    assert!(!meets(&full.summary, 2000, &rule) && full.summary.stopped.is_none());
+    cfg.stop_when = Some(rule);
+    let cut = run(&w, &cfg);
+    assert_eq!(cut.summary.stopped, Some("ttft_p99"));
+    assert!(cut.summary.steps * 10 < full.summary.steps, "{} of {} steps", cut.summary.steps, full.summary.steps);
+    assert!(cut.requests.outcome.contains(&(Outcome::Unfinished as u8)));
+    // Light load: no stop, the complete run.
+    let light = workload(200, 2.0, (100, 2000), (50, 300), 7);
+    cfg.stop_when = Some(StopWhen { ttft_p99: Some(5.0), ..Default::default() });
+    let a = run(&light, &cfg);
+    cfg.stop_when = None;
+    assert_eq!(a.summary, run(&light, &cfg).summary);
+}
+
+#[test]
+fn each_trigger_names_itself() {
+    let w = workload(300, 50.0, (100, 600), (20, 80), 3);
+    let mut cfg = SimConfig::new(3000, 16);
+    let cases = [
+        (StopWhen { tpot_p50: Some(1e-6), ..Default::default() }, "tpot_p50"),
+        (StopWhen { tpot_p99: Some(1e-6), ..Default::default() }, "tpot_p99"),
+        (StopWhen { min_output_throughput: Some(1e12), ..Default::default() }, "throughput"),
+        (StopWhen { ttft_p99: Some(1e-6), ..Default::default() }, "ttft_p99"),
+    ];
+    for (rule, why) in cases {
+        cfg.stop_when = Some(rule);
+        assert_eq!(run(&w, &cfg).summary.stopped, Some(why));
+    }
+    // A request longer than the pool is rejected: the run stops at once.
+    let mut tiny = SimConfig::new(4, 16);
+    tiny.stop_when = Some(StopWhen::default());
+    assert_eq!(run(&w, &tiny).summary.stopped, Some("rejected"));
+    tiny.stop_when = Some(StopWhen { ttft_p99: Some(f64::NAN), ..Default::default() });
+    let e = simulate(&w, &tiny, &mut timer()).unwrap_err().to_string();
+    assert!(e.contains("stop_when.ttft_p99"), "{e}");
+}
