@@ -54,7 +54,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16};
+// V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
+use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::avx512_cvt::load_factor;
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
@@ -62,8 +63,6 @@ use crate::kv::{DType, Elem};
 const W: usize = 16;
 /// Query heads per register tile.
 const HT: usize = 4;
-/// V accumulator vectors per head in registers (64 dimensions).
-pub(crate) const VT: usize = 4;
 
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.

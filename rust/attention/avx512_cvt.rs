@@ -10,8 +10,8 @@ use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
-/// V accumulator vectors per head (the kernel's `VT`).
-const VT: usize = super::avx512::VT;
+/// Vectors of 16 a bf16 V load fills: 64 dimensions, the kernel's V accumulators per head.
+pub(crate) const VT: usize = 4;
 /// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
 ///
 /// # Safety
