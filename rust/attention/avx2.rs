@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::work::{Chunk, Partial, Work};
+use super::work::{load_factor, Chunk, Partial, Work};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -122,15 +122,6 @@ pub(crate) fn widen8<E: Elem>(x: __m128i) -> __m256 {
             let nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
             _mm256_cvtph_ps(_mm_or_si128(h, nan))
         }
-    }
-}
-
-/// The factor [`widen8`]'s values miss: 2^8 for e4m3, else 1.
-const fn load_factor(dt: DType) -> f32 {
-    if matches!(dt, DType::E4M3) {
-        256.0
-    } else {
-        1.0
     }
 }
 
@@ -304,30 +295,23 @@ fn head_tile<E: Elem, const H: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::check_every_code;
     use crate::kv::elem::{E4M3, E5M2};
 
-    /// [`load8`]'s in-register conversions against `Elem::to_f32` on all 256 codes (NaN
-    /// codes included), 8 at a time at full width and staged (1..7 codes, the rest 0).
+    /// [`load8`]'s in-register conversions on all 256 codes, 8 at a time at full width and
+    /// staged (1..7 codes, the rest 0).
     fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
         if !crate::attention::isa::Isa::Avx2.supported() {
             eprintln!("SKIPPED AVX2 fp8/int8 conversions: no AVX2 on this CPU");
             return;
         }
-        let codes: Vec<E> = (0..=255u8).map(code).collect();
-        let f = load_factor(E::DTYPE);
-        for at in (0..256).step_by(W) {
-            for n in 1..=W {
-                let mut got = [0f32; W];
-                // SAFETY: the CPU check above; got holds 8 f32.
-                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), load(&codes, at, n)) };
-                for (i, &g) in got.iter().enumerate() {
-                    let want = if i < n { codes[at + i].to_f32() } else { 0.0 };
-                    let g = g * f;
-                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
-                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
-                }
-            }
-        }
+        let counts: Vec<usize> = (1..=W).collect();
+        check_every_code(code, W, &counts, load_factor(E::DTYPE), |codes, at, n| {
+            let mut got = [0f32; W];
+            // SAFETY: the CPU check above; got holds 8 f32.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), load(codes, at, n)) };
+            got.to_vec()
+        });
     }
 
     #[test]

@@ -56,7 +56,7 @@ use std::arch::x86_64::*;
 
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
-pub(crate) use super::avx512_cvt::load_factor;
+pub(crate) use super::work::load_factor;
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
 

@@ -6,6 +6,7 @@
 
 use std::arch::x86_64::*;
 
+use super::work::load_factor;
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -55,15 +56,6 @@ pub(crate) fn e4m3_over_256(x: __m128i) -> __m512 {
     let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
     let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
     _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
-}
-
-/// The factor [`load`]'s values miss: 2^8 for e4m3 (see [`e4m3_over_256`]), else 1.
-pub(crate) const fn load_factor(dt: DType) -> f32 {
-    if matches!(dt, DType::E4M3) {
-        256.0
-    } else {
-        1.0
-    }
 }
 
 /// The scales of a chunk's 16 token lanes (masked-off lanes 0) times `load_factor`, or
@@ -152,31 +144,22 @@ pub(crate) fn lane_mask(i: usize, n: usize) -> __mmask16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::check_every_code;
     use crate::kv::elem::{E4M3, E5M2};
 
-    /// The in-register conversions of [`load`] against `Elem::to_f32` on all 256 codes
-    /// (NaN codes included), 16 at a time, and with a partial mask.
+    /// The in-register conversions of [`load`] on all 256 codes, 16 at a time, and with a
+    /// partial mask.
     fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
         if !crate::attention::isa::Isa::Avx512.supported() {
             eprintln!("SKIPPED AVX-512 fp8/int8 conversions: no AVX-512 on this CPU");
             return;
         }
-        let codes: Vec<E> = (0..=255u8).map(code).collect();
-        let f = load_factor(E::DTYPE);
-        for at in (0..256).step_by(16) {
+        check_every_code(code, 16, &[16, 8], load_factor(E::DTYPE), |codes, at, n| {
             let mut got = [0f32; 16];
-            for mask in [0xffffu16, 0x00ff] {
-                // SAFETY: the CPU check above; lanes at..at + 16 lie inside `codes`.
-                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(codes.as_ptr().add(at), mask)) };
-                for (i, &g) in got.iter().enumerate() {
-                    let want = if mask >> i & 1 == 1 { codes[at + i].to_f32() } else { 0.0 };
-                    let g = g * f;
-                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
-                    // -0 stays -0 (a NaN's sign carries no value).
-                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
-                }
-            }
-        }
+            // SAFETY: the CPU check above; the n lanes at..at + n lie inside `codes`.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(codes.as_ptr().add(at), ((1u32 << n) - 1) as u16)) };
+            got.to_vec()
+        });
     }
 
     #[test]

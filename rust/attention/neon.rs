@@ -44,8 +44,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::neon_cvt::{f16_to_f32, load_codes, load_factor};
-use super::work::{Chunk, Partial, Work};
+use super::neon_cvt::{f16_to_f32, load_codes};
+use super::work::{load_factor, Chunk, Partial, Work};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 

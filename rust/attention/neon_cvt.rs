@@ -7,7 +7,7 @@
 //! fp8 e4m3 is moved into f16 bit positions (sign << 8, the other seven bits << 7: exact,
 //! the value divided by 2^8; the NaN codes OR'd to an f16 NaN) and widened by `fcvtl`.
 //! The scales never touch the codes (the kernel multiplies the scores by the K scales
-//! and the probabilities by the V scales, times [`load_factor`]).
+//! and the probabilities by the V scales, times [`super::work::load_factor`]).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -26,15 +26,6 @@ pub(crate) fn f16_to_f32(h: uint16x4_t) -> float32x4_t {
         asm!("fcvtl {0:v}.4s, {1:v}.4h", lateout(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags))
     };
     r
-}
-
-/// The factor [`load_codes`]' values miss: 2^8 for e4m3, else 1.
-pub(crate) const fn load_factor(dt: DType) -> f32 {
-    if matches!(dt, DType::E4M3) {
-        256.0
-    } else {
-        1.0
-    }
 }
 
 /// The first `n` (0..=4) of 4 one-byte codes at `p` as f32 (the other lanes 0): int8 and
@@ -91,6 +82,8 @@ fn widen_codes<E: Elem>(x: uint8x8_t) -> float32x4_t {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::check_every_code;
+    use crate::attention::work::load_factor;
     use crate::kv::elem::{E4M3, E5M2};
 
     /// Every binary16 bit pattern widens to the value `half` gives (NaN to a NaN of the
@@ -116,21 +109,12 @@ mod tests {
     /// [`load_codes`] against `Elem::to_f32` on all 256 codes (NaN codes included), 4 at
     /// a time and 1..3 (the other lanes 0).
     fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
-        let codes: Vec<E> = (0..=255u8).map(code).collect();
-        let f = load_factor(E::DTYPE);
-        for at in (0..256).step_by(4) {
-            for n in 0..=4 {
-                let mut got = [0f32; 4];
-                // SAFETY: codes at..at + n lie inside `codes`; got holds 4 f32.
-                unsafe { vst1q_f32(got.as_mut_ptr(), load_codes(codes.as_ptr().add(at), n)) };
-                for (i, &g) in got.iter().enumerate() {
-                    let want = if i < n { codes[at + i].to_f32() } else { 0.0 };
-                    let g = g * f;
-                    assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
-                    assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
-                }
-            }
-        }
+        check_every_code(code, 4, &[0, 1, 2, 3, 4], load_factor(E::DTYPE), |codes, at, n| {
+            let mut got = [0f32; 4];
+            // SAFETY: codes at..at + n lie inside `codes`; got holds 4 f32.
+            unsafe { vst1q_f32(got.as_mut_ptr(), load_codes(codes.as_ptr().add(at), n)) };
+            got.to_vec()
+        });
     }
 
     #[test]

@@ -44,3 +44,29 @@ pub(crate) fn last_block_case(dtype: DType, bs: usize, d: usize, k_gain: f32) ->
     let t = SeqTables::padded(&table, 2, &lens, bs, nb).unwrap();
     (c, t, lens)
 }
+
+/// A kernel's in-register conversion of 8-bit codes against `Elem::to_f32` on all 256
+/// codes (NaN codes included): `load(codes, at, n)` returns `width` lanes, the first `n`
+/// the codes `at..at + n` divided by `factor` (the kernel's `load_factor`), the rest 0;
+/// checked for every `n` in `counts`. -0 must stay -0 (a NaN's sign carries no value).
+pub(crate) fn check_every_code<E: crate::kv::Elem>(
+    code: impl Fn(u8) -> E,
+    width: usize,
+    counts: &[usize],
+    factor: f32,
+    load: impl Fn(&[E], usize, usize) -> Vec<f32>,
+) {
+    let codes: Vec<E> = (0..=255u8).map(code).collect();
+    for at in (0..256).step_by(width) {
+        for &n in counts {
+            let got = load(&codes, at, n);
+            assert_eq!(got.len(), width);
+            for (i, &g) in got.iter().enumerate() {
+                let want = if i < n { codes[at + i].to_f32() } else { 0.0 };
+                let g = g * factor;
+                assert!(g == want || (g.is_nan() && want.is_nan()), "{:?} code {}: {g} vs {want}", E::DTYPE, at + i);
+                assert!(want.is_nan() || g.is_sign_negative() == want.is_sign_negative(), "sign of code {}", at + i);
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use crate::kv::quant::{Scales, TileScale};
-use crate::kv::{Elem, KvShape};
+use crate::kv::{DType, Elem, KvShape};
 
 /// What one work item reads: tokens `start..ntok` counted from the first token of
 /// `blocks[0]` (a window or a run of sinks may begin inside its first block; the tokens
@@ -277,6 +277,17 @@ pub(crate) const EXP2_TAYLOR: [f32; 8] = [
     0.000_154_035_3,
     0.000_015_252_734,
 ];
+
+/// The factor the SIMD kernels' loads of 8-bit codes leave out, which they fold into the
+/// scales: e4m3 codes are widened through f16 bit positions as their value divided by
+/// 2^8 (exact for normals and subnormals), so 2^8 for e4m3, else 1.
+pub(crate) const fn load_factor(dt: DType) -> f32 {
+    if matches!(dt, DType::E4M3) {
+        256.0
+    } else {
+        1.0
+    }
+}
 
 #[cfg(test)]
 mod tests {
