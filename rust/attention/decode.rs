@@ -19,6 +19,7 @@ use super::{avx2, avx512, avx512_bf16, avx512_vnni};
 use super::neon;
 use crate::error::Result;
 use crate::invalid;
+use crate::runtime::threads::{inline, run_workers};
 use crate::kv::{DType, Elem, KvCache};
 
 /// Per-call options; `Default` is what Python gets without keywords.
@@ -132,7 +133,7 @@ pub fn decode_attention(
             .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l }))
             .collect();
         let next = AtomicUsize::new(0);
-        pool.broadcast(|_| {
+        run_workers(&pool, items.len(), || {
             while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let it = &items[i];
                 let heads = it.group * kpi..(it.group + 1) * kpi;
@@ -312,13 +313,17 @@ fn merge(
             &mut lse_buf[..]
         }
     };
-    pool.install(|| {
-        out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(|(c, (o, ls))| {
-            let parts = starts[c]..starts[c + 1];
-            for h in 0..per_item {
-                let rows = parts.clone().map(|i| i * per_item + h);
-                ls[h] = merge_row(rows, acc, m, l, &mut o[h * d..(h + 1) * d]);
-            }
-        })
-    });
+    let body = |(c, (o, ls)): (usize, (&mut [f32], &mut [f32]))| {
+        let parts = starts[c]..starts[c + 1];
+        for h in 0..per_item {
+            let rows = parts.clone().map(|i| i * per_item + h);
+            ls[h] = merge_row(rows, acc, m, l, &mut o[h * d..(h + 1) * d]);
+        }
+    };
+    // One output chunk, or one thread: merged on the calling thread.
+    if inline(pool, starts.len() - 1) {
+        out.chunks_mut(per_item * d).zip(lse.chunks_mut(per_item)).enumerate().for_each(body);
+    } else {
+        pool.install(|| out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(body));
+    }
 }

@@ -33,6 +33,7 @@ use super::tables::SeqTables;
 use super::work::scaled_query;
 use crate::error::Result;
 use crate::invalid;
+use crate::runtime::threads::{inline, run_workers};
 use crate::kv::{DType, Elem, KvCache};
 
 #[cfg(target_arch = "x86_64")]
@@ -188,7 +189,7 @@ pub fn prefill_attention(
             parts.push(Mutex::new(tile::Partial { acc: a, m: mm, l: ll }));
         }
         let next = AtomicUsize::new(0);
-        pool.broadcast(|_| {
+        run_workers(&pool, items.len(), || {
             let mut scratch = tile::Scratch::new(d);
             while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                 // Each index is handed out once, so the lock is never contended.
@@ -295,11 +296,13 @@ fn merge(parts: &plan::Parts, total_q: usize, hq: usize, out: &mut [f32], lse: O
     if d == 0 || total_q == 0 {
         return;
     }
-    pool.install(|| {
-        out.par_chunks_mut(hq * d).zip(lse.par_chunks_mut(hq)).enumerate().for_each(|(qi, (o, ls))| {
-            parts.merge_row(qi, o, ls);
-        })
-    });
+    let body = |(qi, (o, ls)): (usize, (&mut [f32], &mut [f32]))| parts.merge_row(qi, o, ls);
+    // One query row, or one thread: merged on the calling thread.
+    if inline(pool, total_q) {
+        out.chunks_mut(hq * d).zip(lse.chunks_mut(hq)).enumerate().for_each(body);
+    } else {
+        pool.install(|| out.par_chunks_mut(hq * d).zip(lse.par_chunks_mut(hq)).enumerate().for_each(body));
+    }
 }
 
 #[cfg(test)]
