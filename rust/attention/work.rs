@@ -101,6 +101,31 @@ impl<E: Elem> Work<'_, E> {
         (dist > 0 && idx / nh < self.blocks.len()).then(|| self.tiles(idx / nh, self.heads.start + idx % nh))
     }
 
+    /// Prefetch the per-token scales (int8) of the tile `dist` steps ahead: they live
+    /// apart from the codes, so the codes' prefetch does not bring them, and the first
+    /// chunk of a tile needs its K scales right after its scores (a demand miss there
+    /// stalls the softmax and `P V` behind it).
+    #[inline(always)]
+    fn prefetch_scales_ahead(&self, bi: usize, hi: usize, dist: usize) {
+        let nh = self.heads.len();
+        let idx = bi * nh + hi + dist;
+        if dist == 0 || idx / nh >= self.blocks.len() {
+            return;
+        }
+        if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(idx / nh, self.heads.start + idx % nh) {
+            // One address per 64-byte line (16 scales).
+            for line in ks.chunks(16).chain(vs.chunks(16)) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast())
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = line;
+            }
+        }
+    }
+
     /// The item's tiles in reading order (heads within a block, then the next block), cut
     /// into chunks of at most `width` tokens (the first block's from `start`, so a chunk
     /// may begin at any token of its tile): `f(hi, chunk, next)` with `hi` the head's
@@ -118,6 +143,11 @@ impl<E: Elem> Work<'_, E> {
                 let (kt, vt) = self.tiles(bi, h);
                 let (ks, vs) = self.tile_scales(bi, h);
                 let mut next = self.tiles_ahead(bi, hi, ahead);
+                self.prefetch_scales_ahead(bi, hi, ahead);
+                if let Some((fk, fv)) = self.tiles_ahead(bi, hi, ahead + PREFETCH_L2_TILES) {
+                    prefetch_l2(fk);
+                    prefetch_l2(fv);
+                }
                 let mut c0 = span.start;
                 while c0 < nt {
                     f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
@@ -258,6 +288,31 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 /// pair at head_dim 128 and block size 16. Smaller tiles (8-bit codes: half as many bytes
 /// per tile, so half the time to hide a miss in) prefetch more tiles ahead.
 const PREFETCH_BYTES: usize = 8 << 10;
+
+/// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
+/// L2 when a tile starts, so a tile's misses are already on their way from memory when
+/// its L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
+/// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
+/// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,
+/// tokens/s): MHA int8 513-537 -> 616-623, int8_scores 542-567 -> 626-697, e5m2 464-480
+/// -> 499-506; GQA bf16 634-746 -> 976-1,024, int8 898-980 -> 1,194-1,206, int8_scores
+/// 1,085-1,121 -> 1,468-1,609; distances 3, 4 and 6 were no better than 2.
+pub(crate) const PREFETCH_L2_TILES: usize = 2;
+
+/// Prefetch every line of `t` into L2 (x86-64; elsewhere nothing).
+#[inline(always)]
+fn prefetch_l2<E>(t: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = t.as_ptr().cast::<i8>();
+        for off in (0..std::mem::size_of_val(t)).step_by(64) {
+            // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = t;
+}
 
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
 pub(crate) fn prefetch_tiles(tile_bytes: usize) -> usize {
