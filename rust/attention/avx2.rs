@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::work::{load_factor, Chunk, Partial, Work};
+use super::work::{load_factor, prefetch_l2, Ahead, Chunk, Partial, Work};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -182,13 +182,18 @@ fn head_tile<E: Elem, const H: usize>(
     qh: usize,
     p: &mut Partial,
     probs: &mut [[f32; W]; HT],
-    prefetch: Option<(&[E], &[E])>,
+    prefetch: Option<Ahead<E>>,
 ) {
     let (d, bs, n) = (c.d, c.bs, c.lanes);
+    // The far tiles go to L2 at once; the next ones to L1 over the score loop.
+    if let Some((fk, fv)) = prefetch.and_then(|a| a.far) {
+        prefetch_l2(fk);
+        prefetch_l2(fv);
+    }
     // One slice of exactly d per head lets the compiler drop the index checks below.
     let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
     let (pf_k, pf_v, pf_row) = match prefetch {
-        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
+        Some(Ahead { k, v, .. }) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
         None => (std::ptr::null(), std::ptr::null(), 0),
     };
     let mut s0 = [_mm256_setzero_ps(); H];

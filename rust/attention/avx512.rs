@@ -60,7 +60,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::work::{Chunk, Partial, Work};
+use super::work::{Ahead, Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
@@ -114,11 +114,11 @@ pub(crate) fn chunk_mask<E>(c: &Chunk<E>) -> __mmask16 {
 pub(crate) trait Scores<E> {
     /// Scores in log2 units (the query's `scale * log2(e)` applied) of query heads
     /// `qh .. qh + H` for the chunk's tokens (lanes beyond `c.lanes` are don't-care),
-    /// prefetching the lines of `next_k` (the next K tile) over the loop.
+    /// prefetching the lines of `next_k` (the next K tiles) over the loop.
     ///
     /// # Safety
     /// The CPU must support the features the implementation is compiled for.
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H];
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H];
 }
 
 /// f32 scores from the pre-scaled f32 query rows of the item.
@@ -131,7 +131,7 @@ impl<E: Elem> Scores<E> for Exact<'_> {
     /// broadcast query element of every head, with [`chains`] partial sums per head.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, q, mask) = (c.d, c.bs, self.q, chunk_mask(c));
         // K rows are bs elements apart; the last unmasked lane of the last row is
         // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
@@ -165,7 +165,7 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
     d: usize,
     bs: usize,
     mask: __mmask16,
-    next_k: Option<&[E]>,
+    next_k: Stream<E>,
 ) -> [__m512; H] {
     let mask = if FULL { 0xffff } else { mask };
     let n = chains::<E>(H);
@@ -226,19 +226,45 @@ fn chains<E: Elem>(heads: usize) -> usize {
     }
 }
 
-/// Prefetches one tile (K or V) that comes next, `per` lines per `step`, so the
-/// misses are spread over a loop instead of arriving in one burst.
+/// The K or the V tiles a loop prefetches: the next one into L1, a farther one into L2
+/// ([`Ahead`]).
+pub(crate) struct Stream<'a, E> {
+    pub l1: Option<&'a [E]>,
+    pub l2: Option<&'a [E]>,
+}
+
+// By hand: a derive would ask `E: Copy`, and these are only slices.
+impl<E> Clone for Stream<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Stream<'_, E> {}
+
+impl<E> Stream<'_, E> {
+    /// Nothing to prefetch.
+    pub(crate) const NONE: Self = Stream { l1: None, l2: None };
+}
+
+/// Prefetches the tiles of a [`Stream`], `per` lines of each per `step`, so the misses
+/// are spread over a loop instead of arriving in one burst (a burst of L2 prefetches at
+/// a tile's start stalled on the core's miss buffers).
 pub(crate) struct Prefetcher {
+    near: Lines,
+    far: Lines,
+}
+
+/// The lines of one tile left to prefetch.
+struct Lines {
     p: *const i8,
     /// Bytes left to prefetch, and bytes per step.
     left: usize,
     per: usize,
 }
 
-impl Prefetcher {
-    /// Spread `tile`'s lines over `iters` steps.
-    #[inline]
-    pub(crate) fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
+impl Lines {
+    fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
         match tile {
             Some(t) => {
                 let len = std::mem::size_of_val(t);
@@ -249,20 +275,36 @@ impl Prefetcher {
         }
     }
 
+    /// Prefetch the next `per` bytes with hint `HINT`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    pub(crate) fn step(&mut self) {
+    fn step<const HINT: i32>(&mut self) {
         if self.left == 0 {
             return;
         }
         let mut off = 0;
         while off < self.per && off < self.left {
-            // Prefetches never fault; the address stays inside the next tile.
-            _mm_prefetch::<_MM_HINT_T0>(self.p.wrapping_add(off));
+            // Prefetches never fault; the address stays inside the tile.
+            _mm_prefetch::<HINT>(self.p.wrapping_add(off));
             off += 64;
         }
         self.p = self.p.wrapping_add(off);
         self.left -= off.min(self.left);
+    }
+}
+
+impl Prefetcher {
+    /// Spread `s`'s tiles' lines over `iters` steps.
+    #[inline]
+    pub(crate) fn new<E>(s: Stream<E>, iters: usize) -> Self {
+        Self { near: Lines::new(s.l1, iters), far: Lines::new(s.l2, iters) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) fn step(&mut self) {
+        self.near.step::<_MM_HINT_T0>();
+        self.far.step::<_MM_HINT_T1>();
     }
 }
 
@@ -297,14 +339,15 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     qh: usize,
     p: &mut Partial,
     probs: &mut [[f32; W]; HT],
-    prefetch: Option<(&[E], &[E])>,
+    prefetch: Option<Ahead<E>>,
 ) {
     let (d, mask) = (c.d, chunk_mask(c));
     assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
     // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
     let (next_k, next_v) = match prefetch {
-        Some((k, v)) => (Some(k), Some(v)),
-        None => (None, None),
+        Some(Ahead { k, v, far: Some((fk, fv)) }) => (Stream { l1: Some(k), l2: Some(fk) }, Stream { l1: Some(v), l2: Some(fv) }),
+        Some(Ahead { k, v, far: None }) => (Stream { l1: Some(k), l2: None }, Stream { l1: Some(v), l2: None }),
+        None => (Stream::NONE, Stream::NONE),
     };
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
     let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };

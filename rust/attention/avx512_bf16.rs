@@ -34,7 +34,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, load_factor, run_with, Prefetcher, Scores};
+use super::avx512::{chunk_mask, load_factor, run_with, Prefetcher, Scores, Stream};
 use super::isa::cpu_features;
 #[cfg(test)]
 use super::isa::AVX512_WITHOUT_BF16;
@@ -139,7 +139,7 @@ fn bh(x: __m512i) -> __m512bh {
 impl<E: Elem> Scores<E> for Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let pairs = d.div_ceil(2);
         // Rows are bs elements apart, the chunk's tokens c0 .. c0 + lanes of each: the
@@ -379,7 +379,7 @@ impl Widen {
 impl<E: Elem> Scores<E> for Fp8Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let pairs = d.div_ceil(2);
         // One-byte codes, rows bs apart: the last unmasked byte read is (d - 1) * bs + c0

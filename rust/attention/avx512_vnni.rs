@@ -28,7 +28,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, run_with, Prefetcher, Scores};
+use super::avx512::{chunk_mask, run_with, Prefetcher, Scores, Stream};
 use super::isa::cpu_features;
 use super::work::{Chunk, Partial, QueryI8, Work};
 use crate::kv::{DType, Elem};
@@ -94,7 +94,7 @@ const TRANSPOSE: [i8; 64] = {
 impl<E: Elem> Scores<E> for Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         // One loop per load form, so the quad loop does not test it per quad.
         // SAFETY: this function's features are `dot`'s.
         unsafe {
@@ -115,7 +115,7 @@ impl Dot<'_> {
     /// The CPU must support the features below.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    unsafe fn dot<E: Elem, const H: usize, const ADJACENT: bool>(&self, c: &Chunk<E>, qh: usize, next_k: Option<&[E]>) -> [__m512; H] {
+    unsafe fn dot<E: Elem, const H: usize, const ADJACENT: bool>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let quads = d.div_ceil(4);
         // Rows are bs codes apart, the chunk's tokens c0 .. c0 + lanes of each: the last

@@ -45,7 +45,7 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::neon_cvt::{f16_to_f32, load_codes};
-use super::work::{load_factor, Chunk, Partial, Work};
+use super::work::{load_factor, Ahead, Chunk, Partial, Work};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -247,7 +247,7 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
     q: &[f32],
     qh: usize,
     p: &mut Partial,
-    prefetch: Option<(&[E], &[E])>,
+    prefetch: Option<Ahead<E>>,
 ) {
     let (d, bs) = (c.d, c.bs);
     // K rows are bs elements apart; the last loaded lane of the last row is
@@ -260,7 +260,7 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
     let width: [usize; NV] = std::array::from_fn(|v| if v + 1 < NV { W } else { last });
     let qp = q[qh * d..].as_ptr();
     let kp = c.kt[c.c0..].as_ptr();
-    let mut pf = Prefetcher::new(prefetch.map(|t| t.0), d / W);
+    let mut pf = Prefetcher::new(prefetch.map(|t| t.k), d / W);
 
     // Two partial sums (even and odd dimensions) unless the tile already has 16 chains.
     let two = H * NV <= 8;
@@ -353,7 +353,7 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
     let acc = &mut p.acc[qh * d..(qh + H) * d];
     let ap = acc.as_mut_ptr();
     let vp = c.vt[c.c0 * d..].as_ptr();
-    let mut pf = Prefetcher::new(prefetch.map(|t| t.1), d.div_ceil(VT * W) * c.lanes);
+    let mut pf = Prefetcher::new(prefetch.map(|t| t.v), d.div_ceil(VT * W) * c.lanes);
     let mut u0 = 0;
     while u0 < d {
         // Dimensions of each accumulator vector inside the row (4 but at a tail).

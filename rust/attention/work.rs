@@ -129,11 +129,11 @@ impl<E: Elem> Work<'_, E> {
     /// The item's tiles in reading order (heads within a block, then the next block), cut
     /// into chunks of at most `width` tokens (the first block's from `start`, so a chunk
     /// may begin at any token of its tile): `f(hi, chunk, next)` with `hi` the head's
-    /// index in `heads` and `next` the tile to prefetch, given with a tile's first chunk
-    /// only. The walk every SIMD path shares; `#[inline(always)]` so that `f` is compiled
-    /// with the calling kernel's target features.
+    /// index in `heads` and `next` the tiles to prefetch ([`Ahead`]), given with a tile's
+    /// first chunk only. The walk every SIMD path shares; `#[inline(always)]` so that `f`
+    /// is compiled with the calling kernel's target features.
     #[inline(always)]
-    pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<(&'s [E], &'s [E])>)) {
+    pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<Ahead<'s, E>>)) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
         let ahead = prefetch_tiles(2 * self.shape.tile() * std::mem::size_of::<E>());
         for bi in 0..self.blocks.len() {
@@ -142,12 +142,9 @@ impl<E: Elem> Work<'_, E> {
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
                 let (ks, vs) = self.tile_scales(bi, h);
-                let mut next = self.tiles_ahead(bi, hi, ahead);
+                let far = self.tiles_ahead(bi, hi, ahead + PREFETCH_L2_TILES);
+                let mut next = self.tiles_ahead(bi, hi, ahead).map(|(k, v)| Ahead { k, v, far });
                 self.prefetch_scales_ahead(bi, hi, ahead);
-                if let Some((fk, fv)) = self.tiles_ahead(bi, hi, ahead + PREFETCH_L2_TILES) {
-                    prefetch_l2(fk);
-                    prefetch_l2(fv);
-                }
                 let mut c0 = span.start;
                 while c0 < nt {
                     f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
@@ -157,6 +154,27 @@ impl<E: Elem> Work<'_, E> {
         }
     }
 }
+
+/// The tiles a path prefetches while it reads one: the K and V tiles [`prefetch_tiles`]
+/// ahead into L1, and those [`PREFETCH_L2_TILES`] further on into L2 (`None` past the
+/// item's last tile). The path spreads the lines over its loops (AVX-512) or issues them
+/// when the tile starts.
+pub(crate) struct Ahead<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    // NEON has no L2 prefetch here (it issues L1 ones only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub far: Option<(&'a [E], &'a [E])>,
+}
+
+// By hand: a derive would ask `E: Copy`, and these are only slices.
+impl<E> Clone for Ahead<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Ahead<'_, E> {}
 
 /// Tokens `c0 .. c0 + lanes` of one (block, head) tile: the K tile (`d` rows of `bs`
 /// tokens) and the V tile (`bs` rows of `d`), with their scales (by token slot).
@@ -290,8 +308,8 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 const PREFETCH_BYTES: usize = 8 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
-/// L2 when a tile starts, so a tile's misses are already on their way from memory when
-/// its L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
+/// L2 ([`Ahead::far`]), so a tile's misses are already on their way from memory when its
+/// L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
 /// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
 /// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,
 /// tokens/s): MHA int8 513-537 -> 616-623, int8_scores 542-567 -> 626-697, e5m2 464-480
@@ -301,7 +319,8 @@ pub(crate) const PREFETCH_L2_TILES: usize = 2;
 
 /// Prefetch every line of `t` into L2 (x86-64; elsewhere nothing).
 #[inline(always)]
-fn prefetch_l2<E>(t: &[E]) {
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn prefetch_l2<E>(t: &[E]) {
     #[cfg(target_arch = "x86_64")]
     {
         let p = t.as_ptr().cast::<i8>();
