@@ -123,6 +123,40 @@ def test_decode_attention_against_writers_and_getters(third: str) -> None:
     """)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_calls_from_many_threads_give_the_results_of_one(threads: int) -> None:
+    """With a one-thread pool a decode or prefill call runs on its caller's thread (no
+    hand-over to the pool); with two, on the pool. Either way, three Python threads
+    calling decode (one sequence: one work item, also run on the caller) and prefill at
+    once get exactly the results of one thread calling alone."""
+    run_pattern(f"""
+        kv.set_num_threads({threads})
+        cache = kv.KvCache(1, 8, 16, 2, 64, "int8")
+        rng = np.random.default_rng(1)
+        cache.write(0, rng.standard_normal((128, 2, 64)).astype(np.float32),
+                    rng.standard_normal((128, 2, 64)).astype(np.float32), np.arange(128))
+        q = rng.standard_normal((4, 4, 64)).astype(np.float32)
+        tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 2, 4, 6], [1, 3, 5, 7]])
+        lens = np.array([64, 50, 33, 1])
+        qp = rng.standard_normal((10, 4, 64)).astype(np.float32)
+        indptr = np.array([0, 4, 10])
+        calls = [
+            lambda: kv.decode_attention(cache, 0, q, tables, lens),
+            lambda: kv.decode_attention(cache, 0, q[:1], tables[:1], lens[:1]),
+            lambda: kv.prefill_attention(cache, 0, qp, indptr, tables[:2], lens[:2]),
+        ]
+        want = [c() for c in calls]
+
+        def check(i):
+            def f():
+                got = calls[i]()
+                if not np.array_equal(got, want[i]):
+                    errors.append(f"call {{i}} differs")
+            return f
+        run_all([loop(check(i)) for i in range(3)])
+    """)
+
+
 def test_decode_attention_errors_against_a_writer() -> None:
     """Calls that fail after the tables are checked, against a writer thread."""
     run_pattern("""

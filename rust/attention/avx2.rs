@@ -1,6 +1,6 @@
 //! AVX2 + FMA + F16C kernel: 8 tokens per register, same structure as [`super::avx512`]
 //! (head tiles of 4 with two partial sums each, online softmax in registers, V
-//! accumulators of 4 heads x 32 dimensions held across the chunk, next-tile prefetch).
+//! accumulators of 4 heads x 16 dimensions held across the chunk, next-tile prefetch).
 //!
 //! AVX2 has no masked 16-bit load, so a partial chunk (fewer than 8 tokens, or a
 //! `head_dim` tail) is staged through a zeroed stack buffer; full chunks load directly.
@@ -26,7 +26,11 @@ use crate::kv::{DType, Elem};
 
 const W: usize = 8;
 const HT: usize = 4;
-const VT: usize = 4;
+/// V accumulator vectors per head per pass: 4 heads x 2 (16 dimensions each) = 8 of the
+/// 16 ymm registers, with the V row and the broadcast probability beside them (4 per
+/// head spilled accumulators to the stack in the token loop: 8-bit decode 18-22% slower,
+/// bf16 8%, at shape (a) of `benches/bench_quant.py`).
+const VT: usize = 2;
 
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
