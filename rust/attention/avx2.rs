@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::work::{load_factor, prefetch_l2, Ahead, Chunk, Partial, Work};
+use super::work::{load_factor, Ahead, Chunk, Partial, Work, LAZY_MAX};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -161,7 +161,7 @@ fn hsum(x: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
 }
 
-/// `2^x` for `x <= 0` (inputs below -126 give about 1e-38).
+/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn exp2(x: __m256) -> __m256 {
@@ -173,7 +173,7 @@ pub(crate) fn exp2(x: __m256) -> __m256 {
     for &c in C[..7].iter().rev() {
         r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(c));
     }
-    // 2^n with n in -126..=0 built in the exponent field: always a normal float.
+    // 2^n with n in -126..=LAZY_MAX built in the exponent field: always a normal float.
     let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
     _mm256_mul_ps(r, _mm256_castsi256_ps(e))
 }
@@ -189,16 +189,17 @@ fn head_tile<E: Elem, const H: usize>(
     prefetch: Option<Ahead<E>>,
 ) {
     let (d, bs, n) = (c.d, c.bs, c.lanes);
-    // The far tiles go to L2 at once; the next ones to L1 over the score loop.
-    if let Some((fk, fv)) = prefetch.and_then(|a| a.far) {
-        prefetch_l2(fk);
-        prefetch_l2(fv);
-    }
     // One slice of exactly d per head lets the compiler drop the index checks below.
     let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
+    // The next tiles into L1 and the far ones into L2, spread over the score loop (a
+    // burst of L2 prefetches at the tile's start stalls on the miss buffers).
     let (pf_k, pf_v, pf_row) = match prefetch {
         Some(Ahead { k, v, .. }) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
         None => (std::ptr::null(), std::ptr::null(), 0),
+    };
+    let (far_k, far_v) = match prefetch.and_then(|a| a.far) {
+        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>()),
+        None => (std::ptr::null(), std::ptr::null()),
     };
     let mut s0 = [_mm256_setzero_ps(); H];
     let mut s1 = [_mm256_setzero_ps(); H];
@@ -213,6 +214,11 @@ fn head_tile<E: Elem, const H: usize>(
             while off < (i + 2) * pf_row {
                 _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
                 _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
+                if !far_k.is_null() {
+                    // The far tiles have the next ones' size (every tile of a cache does).
+                    _mm_prefetch::<_MM_HINT_T1>(far_k.wrapping_add(off));
+                    _mm_prefetch::<_MM_HINT_T1>(far_v.wrapping_add(off));
+                }
                 off += 64;
             }
         }
@@ -235,17 +241,24 @@ fn head_tile<E: Elem, const H: usize>(
     // Lanes >= n hold no token: force their score to -inf, hence probability 0.
     let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let valid = _mm256_castsi256_ps(valid);
-    let mut alpha = [0f32; H];
+    // The lazy maximum of `LAZY_MAX`: moved (and the accumulators rescaled) only when a
+    // score exceeds it by more than that, as on the AVX-512 path.
+    let mut alpha = [1f32; H];
+    let mut rescale = false;
     for j in 0..H {
         let s = _mm256_add_ps(s0[j], s1[j]);
         let s = kscale.map_or(s, |ks| _mm256_mul_ps(s, ks));
         let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, valid);
         let m_old = p.m[qh + j];
-        let m_new = m_old.max(hmax(s));
-        let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(m_new))), valid);
-        // exp2 of the vector unit, not libm's: a call would spill every register.
-        alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
-        p.m[qh + j] = m_new;
+        // Always taken on the first chunk (m = -inf); lanes without a token are -inf.
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(s, _mm256_set1_ps(m_old + LAZY_MAX))) != 0 {
+            let m_new = hmax(s);
+            // exp2 of the vector unit, not libm's: a call would spill every register.
+            alpha[j] = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
+            p.m[qh + j] = m_new;
+            rescale = true;
+        }
+        let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(p.m[qh + j]))), valid);
         p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
         let e = vscale.map_or(e, |vs| _mm256_mul_ps(e, vs));
         // SAFETY: probs[j] holds exactly 8 f32.
@@ -261,7 +274,10 @@ fn head_tile<E: Elem, const H: usize>(
             let al = _mm256_set1_ps(alpha[j]);
             for u in 0..VT {
                 if w[u] > 0 {
-                    a[j][u] = _mm256_mul_ps(al, load(acc, j * d + u0 + u * W, w[u]));
+                    a[j][u] = load(acc, j * d + u0 + u * W, w[u]);
+                    if rescale {
+                        a[j][u] = _mm256_mul_ps(al, a[j][u]);
+                    }
                 }
             }
         }

@@ -60,7 +60,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::work::{Ahead, Chunk, Partial, Work};
+use super::work::{Ahead, Chunk, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
@@ -307,11 +307,6 @@ impl Prefetcher {
         self.far.step::<_MM_HINT_T1>();
     }
 }
-
-/// How far (log2 units) a score may exceed the running maximum before the maximum
-/// moves: probabilities stay below 2^8, far from f32 overflow even summed over 2^32
-/// tokens, and relative rounding is unchanged.
-const LAZY_MAX: f32 = 8.0;
 
 /// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
 /// underflowing).

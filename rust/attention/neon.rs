@@ -45,7 +45,7 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::neon_cvt::{f16_to_f32, load_codes};
-use super::work::{load_factor, Ahead, Chunk, Partial, Work};
+use super::work::{load_factor, Ahead, Chunk, Partial, Work, LAZY_MAX};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -215,10 +215,6 @@ impl Prefetcher {
         self.left -= off.min(self.left);
     }
 }
-
-/// How far (log2 units) a score may exceed the running maximum before the maximum
-/// moves (see [`super::avx512`]): probabilities stay below 2^8.
-const LAZY_MAX: f32 = 8.0;
 
 /// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
 /// underflowing).

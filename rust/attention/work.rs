@@ -317,26 +317,18 @@ const PREFETCH_BYTES: usize = 8 << 10;
 /// 1,085-1,121 -> 1,468-1,609; distances 3, 4 and 6 were no better than 2.
 pub(crate) const PREFETCH_L2_TILES: usize = 2;
 
-/// Prefetch every line of `t` into L2 (x86-64; elsewhere nothing).
-#[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn prefetch_l2<E>(t: &[E]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let p = t.as_ptr().cast::<i8>();
-        for off in (0..std::mem::size_of_val(t)).step_by(64) {
-            // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(off)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = t;
-}
-
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
 pub(crate) fn prefetch_tiles(tile_bytes: usize) -> usize {
     PREFETCH_TILES.max(PREFETCH_BYTES.div_ceil(tile_bytes.max(1)))
 }
+
+/// How far (log2 units) a score may exceed the running maximum before the SIMD paths
+/// move the maximum (a lazy maximum: no horizontal max and no rescale of the
+/// accumulators per chunk): probabilities stay below 2^8, far from f32 overflow even
+/// summed over 2^32 tokens, and relative rounding is unchanged. `l` and `acc` share the
+/// reference point, so the quotient and the LSE are those of the exact maximum.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) const LAZY_MAX: f32 = 8.0;
 
 /// Taylor coefficients of `2^f = e^(f ln 2)` on `[-0.5, 0.5]` up to degree 7 (the
 /// degree-8 term is below 6e-9), for every SIMD path's polynomial `exp2`.
