@@ -11,8 +11,11 @@
 //! Printed in G codes/s and in codes per FMA instruction time (the FMA's rate measured
 //! here the same way), the unit of `dot_rates`' "K+V codes per FMA time" column: their
 //! quotient is the share of its instruction roof the kernel reaches with memory out of
-//! the picture. Best of 7 rounds; in each, per length, the fastest of 9 batches of 20 calls (wall
-//! clock: the least disturbed by a shared machine's other work).
+//! the picture. The median of 7 rounds; in each, per length, the fastest of 9 batches of
+//! 20 calls, timed by this thread's CPU time (the one-thread pool runs each call on the
+//! calling thread; time a shared machine's other processes take is not counted). A
+//! difference of two timings is noisy: a round whose short call was disturbed reads
+//! too fast, hence the median, not the best.
 //!
 //! Run: `cargo bench --bench decode_rate [-- --quick]`.
 
@@ -73,22 +76,30 @@ fn case(dtype: DType, len: usize) -> (KvCache, SeqTables) {
     (c, t)
 }
 
-/// Least over `reps` batches of the seconds per call of `CALLS` calls of `f`.
+/// This thread's CPU seconds (a one-thread pool runs the call on this thread).
+fn thread_cpu_s() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// Least over `reps` batches of the CPU seconds per call of `CALLS` calls of `f`.
 fn least_s(reps: usize, mut f: impl FnMut()) -> f64 {
     let mut t: Vec<f64> = (0..reps)
         .map(|_| {
-            let t0 = Instant::now();
+            let t0 = thread_cpu_s();
             for _ in 0..CALLS {
                 f();
             }
-            t0.elapsed().as_secs_f64() / CALLS as f64
+            (thread_cpu_s() - t0) / CALLS as f64
         })
         .collect();
     t.sort_by(f64::total_cmp);
     t[0]
 }
 
-/// Marginal K+V codes per second of `p` at `g` query heads: best over `rounds` of the
+/// Marginal K+V codes per second of `p` at `g` query heads: the median over `rounds` of the
 /// codes between `SHORT` and `LONG` tokens over the time between their calls.
 fn kernel_rate(p: &Path, g: usize, rounds: usize) -> f64 {
     let opts = DecodeOptions { split_tokens: Some(0), bf16_scores: p.bf16_scores, int8_scores: p.int8_scores, ..Default::default() };
@@ -100,12 +111,14 @@ fn kernel_rate(p: &Path, g: usize, rounds: usize) -> f64 {
         decode_attention(c, 0, &q, g, t, &mut out, None, &opts).expect("decode");
         black_box(&out);
     };
-    (0..rounds)
+    let mut rates = (0..rounds)
         .map(|_| {
             let (a, b) = (least_s(9, || call(&short)), least_s(9, || call(&long)));
             ((LONG - SHORT) * 2 * D) as f64 / (b - a).max(1e-9)
         })
-        .fold(0.0, f64::max)
+        .collect::<Vec<f64>>();
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
 }
 
 #[cfg(target_arch = "x86_64")]
