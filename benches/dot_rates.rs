@@ -120,21 +120,13 @@ fn rate<S>(o: &Opts, threads: usize, units: f64, make: impl Fn() -> S + Sync, f:
 }
 
 #[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/fma.rs"]
+mod fma;
+
+#[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
     use std::hint::black_box;
-
-    #[target_feature(enable = "avx512f,fma")]
-    pub fn fma(n: u64) {
-        let (m, c) = (_mm512_set1_ps(black_box(0.999_999)), _mm512_set1_ps(black_box(1e-7)));
-        let mut a = [_mm512_set1_ps(1.0); 12];
-        for _ in 0..n {
-            for x in a.iter_mut() {
-                *x = _mm512_fmadd_ps(*x, m, c);
-            }
-        }
-        black_box(a);
-    }
 
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub fn dpbusd(n: u64) {
@@ -195,7 +187,7 @@ fn main() {
         }
         // SAFETY (every call below): the features each function is compiled for were
         // checked on this CPU just before.
-        let fma = rate(&o, 1, 12e-9, || (), |_, n| unsafe { imp::fma(n) });
+        let fma = rate(&o, 1, 12e-9, || (), |_, n| unsafe { fma::fma(n) });
         println!("vfmadd231ps zmm: {fma:.2} instr/ns (16 FMA each: {:.1} G FMA/s)", fma * 16.0);
         if has("avx512vnni") {
             let d = rate(&o, 1, 12e-9, || (), |_, n| unsafe { imp::dpbusd(n) });

@@ -69,7 +69,7 @@ pub fn run(o: &Opts) {
     for &t in &o.threads {
         // SAFETY (every call below): the base features were checked by `main`, each
         // path's own ones by the filter above.
-        let fma = rate(o, t, 12.0, || (), |_, n| unsafe { super::imp::fma(n) });
+        let fma = rate(o, t, 12.0, || (), |_, n| unsafe { super::fma::fma(n) });
         let x: [f32; 128] = std::array::from_fn(|i| -(i as f32) * 0.37);
         let exp = rate(o, t, 128.0, || x, |x, n| unsafe { paths::exp2(x, n) });
         println!("\n{t} thread(s): vfmadd231ps zmm {:.2} G instr/s; exp2 ({} instr per 16 scores) {:.2} G scores/s \
