@@ -96,9 +96,16 @@ impl<E: Elem> Work<'_, E> {
     /// order (heads within a block, then the next block), if any.
     #[inline]
     pub fn tiles_ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(&[E], &[E])> {
+        self.ahead(bi, hi, dist).map(|(b, h)| self.tiles(b, h))
+    }
+
+    /// The (block, KV head) `dist > 0` steps after (block `bi`, head index `hi`) in the
+    /// item's reading order, if any.
+    #[inline]
+    fn ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(usize, usize)> {
         let nh = self.heads.len();
         let idx = bi * nh + hi + dist;
-        (dist > 0 && idx / nh < self.blocks.len()).then(|| self.tiles(idx / nh, self.heads.start + idx % nh))
+        (dist > 0 && idx / nh < self.blocks.len()).then(|| (idx / nh, self.heads.start + idx % nh))
     }
 
     /// Prefetch the per-token scales (int8) of the tile `dist` steps ahead: they live
@@ -107,12 +114,10 @@ impl<E: Elem> Work<'_, E> {
     /// stalls the softmax and `P V` behind it).
     #[inline(always)]
     fn prefetch_scales_ahead(&self, bi: usize, hi: usize, dist: usize) {
-        let nh = self.heads.len();
-        let idx = bi * nh + hi + dist;
-        if dist == 0 || idx / nh >= self.blocks.len() {
+        let Some((b, h)) = self.ahead(bi, hi, dist) else {
             return;
-        }
-        if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(idx / nh, self.heads.start + idx % nh) {
+        };
+        if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, h) {
             // One address per 64-byte line (16 scales).
             for line in ks.chunks(16).chain(vs.chunks(16)) {
                 #[cfg(target_arch = "x86_64")]
@@ -312,9 +317,11 @@ const PREFETCH_BYTES: usize = 8 << 10;
 /// L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
 /// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
 /// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,
-/// tokens/s): MHA int8 513-537 -> 616-623, int8_scores 542-567 -> 626-697, e5m2 464-480
-/// -> 499-506; GQA bf16 634-746 -> 976-1,024, int8 898-980 -> 1,194-1,206, int8_scores
-/// 1,085-1,121 -> 1,468-1,609; distances 3, 4 and 6 were no better than 2.
+/// tokens/s, the L2 lines issued at each tile's start): MHA int8 513-537 -> 616-623,
+/// int8_scores 542-567 -> 626-697, e5m2 464-480 -> 499-506; GQA bf16 634-746 -> 976-1,024,
+/// int8 898-980 -> 1,194-1,206, int8_scores 1,085-1,121 -> 1,468-1,609; distances 3, 4
+/// and 6 were no better than 2. Spread over the loops instead (AVX-512), bf16 gained
+/// another 20% (GQA) and 42% (MHA); see `benches/RESULTS.md`, issue 15 wave 4.
 pub(crate) const PREFETCH_L2_TILES: usize = 2;
 
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
