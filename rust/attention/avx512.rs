@@ -13,7 +13,7 @@
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; two
 //! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
-//! [`super::work::prefetch_tiles`]) is prefetched line by line by a `Prefetcher`: its K lines spread over the score loop, its V lines
+//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`] (`avx512_prefetch.rs`): its K lines spread over the score loop, its V lines
 //! over the V loop, so the jump between scattered blocks does not stall the stream and
 //! the misses do not arrive in one burst. Two tiles further on, each tile is prefetched
 //! into L2 (and an int8 tile's per-token scales into L1) by the walk itself
@@ -60,6 +60,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
+use super::avx512_prefetch::{Prefetcher, Stream};
 use super::work::{Ahead, Chunk, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
@@ -223,88 +224,6 @@ fn chains<E: Elem>(heads: usize) -> usize {
         4
     } else {
         2
-    }
-}
-
-/// The K or the V tiles a loop prefetches: the next one into L1, a farther one into L2
-/// ([`Ahead`]).
-pub(crate) struct Stream<'a, E> {
-    pub l1: Option<&'a [E]>,
-    pub l2: Option<&'a [E]>,
-}
-
-// By hand: a derive would ask `E: Copy`, and these are only slices.
-impl<E> Clone for Stream<'_, E> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<E> Copy for Stream<'_, E> {}
-
-impl<E> Stream<'_, E> {
-    /// Nothing to prefetch.
-    pub(crate) const NONE: Self = Stream { l1: None, l2: None };
-}
-
-/// Prefetches the tiles of a [`Stream`], `per` lines of each per `step`, so the misses
-/// are spread over a loop instead of arriving in one burst (a burst of L2 prefetches at
-/// a tile's start stalled on the core's miss buffers).
-pub(crate) struct Prefetcher {
-    near: Lines,
-    far: Lines,
-}
-
-/// The lines of one tile left to prefetch.
-struct Lines {
-    p: *const i8,
-    /// Bytes left to prefetch, and bytes per step.
-    left: usize,
-    per: usize,
-}
-
-impl Lines {
-    fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
-        match tile {
-            Some(t) => {
-                let len = std::mem::size_of_val(t);
-                let lines = len.div_ceil(64);
-                Self { p: t.as_ptr().cast(), left: len, per: 64 * lines.div_ceil(iters.max(1)) }
-            }
-            None => Self { p: std::ptr::null(), left: 0, per: 0 },
-        }
-    }
-
-    /// Prefetch the next `per` bytes with hint `HINT`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    fn step<const HINT: i32>(&mut self) {
-        if self.left == 0 {
-            return;
-        }
-        let mut off = 0;
-        while off < self.per && off < self.left {
-            // Prefetches never fault; the address stays inside the tile.
-            _mm_prefetch::<HINT>(self.p.wrapping_add(off));
-            off += 64;
-        }
-        self.p = self.p.wrapping_add(off);
-        self.left -= off.min(self.left);
-    }
-}
-
-impl Prefetcher {
-    /// Spread `s`'s tiles' lines over `iters` steps.
-    #[inline]
-    pub(crate) fn new<E>(s: Stream<E>, iters: usize) -> Self {
-        Self { near: Lines::new(s.l1, iters), far: Lines::new(s.l2, iters) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    pub(crate) fn step(&mut self) {
-        self.near.step::<_MM_HINT_T0>();
-        self.far.step::<_MM_HINT_T1>();
     }
 }
 

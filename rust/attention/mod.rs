@@ -46,6 +46,8 @@ pub mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_cvt;
 #[cfg(target_arch = "x86_64")]
+mod avx512_prefetch;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
 pub mod decode;
 pub mod isa;
