@@ -27,63 +27,52 @@ impl<E> Stream<'_, E> {
     pub(crate) const NONE: Self = Stream { l1: None, l2: None };
 }
 
-/// Prefetches the tiles of a [`Stream`], `per` lines of each per `step`, so the misses
+/// Prefetches the tiles of a [`Stream`], `per` bytes of each per `step`, so the misses
 /// are spread over a loop instead of arriving in one burst (a burst of L2 prefetches at
-/// a tile's start stalled on the core's miss buffers).
+/// a tile's start stalled on the core's miss buffers). The far tile's lines go at the
+/// same offsets as the near one's (tiles of one shape), so a step is one test and its
+/// prefetches: the hot loops have few spare registers and decode slots (a first version
+/// with a bounded loop per stream spilled the score loop's strides to the stack).
 pub(crate) struct Prefetcher {
-    near: Lines,
-    far: Lines,
-}
-
-/// The lines of one tile left to prefetch.
-struct Lines {
-    p: *const i8,
-    /// Bytes left to prefetch, and bytes per step.
-    left: usize,
+    near: *const i8,
+    /// The far tile, or the near one again when there is none (its lines then hit the
+    /// fill buffers: cheaper than a test per step).
+    far: *const i8,
+    /// Steps left that prefetch, and bytes per step (a multiple of 64).
+    steps: usize,
     per: usize,
-}
-
-impl Lines {
-    fn new<E>(tile: Option<&[E]>, iters: usize) -> Self {
-        match tile {
-            Some(t) => {
-                let len = std::mem::size_of_val(t);
-                let lines = len.div_ceil(64);
-                Self { p: t.as_ptr().cast(), left: len, per: 64 * lines.div_ceil(iters.max(1)) }
-            }
-            None => Self { p: std::ptr::null(), left: 0, per: 0 },
-        }
-    }
-
-    /// Prefetch the next `per` bytes with hint `HINT`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    fn step<const HINT: i32>(&mut self) {
-        if self.left == 0 {
-            return;
-        }
-        let mut off = 0;
-        while off < self.per && off < self.left {
-            // Prefetches never fault; the address stays inside the tile.
-            _mm_prefetch::<HINT>(self.p.wrapping_add(off));
-            off += 64;
-        }
-        self.p = self.p.wrapping_add(off);
-        self.left -= off.min(self.left);
-    }
 }
 
 impl Prefetcher {
     /// Spread `s`'s tiles' lines over `iters` steps.
     #[inline]
     pub(crate) fn new<E>(s: Stream<E>, iters: usize) -> Self {
-        Self { near: Lines::new(s.l1, iters), far: Lines::new(s.l2, iters) }
+        let Some(t) = s.l1 else {
+            return Self { near: std::ptr::null(), far: std::ptr::null(), steps: 0, per: 0 };
+        };
+        let lines = std::mem::size_of_val(t).div_ceil(64);
+        let per_lines = lines.div_ceil(iters.max(1));
+        // A far tile of another length (never, as tiles share a shape) is not prefetched.
+        let far = s.l2.filter(|f| f.len() == t.len()).unwrap_or(t);
+        Self { near: t.as_ptr().cast(), far: far.as_ptr().cast(), steps: lines.div_ceil(per_lines.max(1)), per: 64 * per_lines }
     }
 
+    /// Prefetch the next `per` bytes of the near tile into L1 and of the far one into L2
+    /// (the last step may reach up to `per - 64` bytes past a tile: prefetches never fault).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     pub(crate) fn step(&mut self) {
-        self.near.step::<_MM_HINT_T0>();
-        self.far.step::<_MM_HINT_T1>();
+        if self.steps == 0 {
+            return;
+        }
+        let mut off = 0;
+        while off < self.per {
+            _mm_prefetch::<_MM_HINT_T0>(self.near.wrapping_add(off));
+            _mm_prefetch::<_MM_HINT_T1>(self.far.wrapping_add(off));
+            off += 64;
+        }
+        self.near = self.near.wrapping_add(self.per);
+        self.far = self.far.wrapping_add(self.per);
+        self.steps -= 1;
     }
 }
