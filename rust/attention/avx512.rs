@@ -3,11 +3,13 @@
 //! Per (block, KV head) tile and chunk of up to 16 tokens:
 //! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
-//!    broadcast query element of every head, with two partial sums per head to hide FMA
-//!    latency (four for an 8-bit cache with 1-2 heads per tile: see [`chains`]); no
-//!    horizontal sums;
-//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`), with
-//!    a lazy running maximum (moved only when a score exceeds it by 2^8);
+//!    broadcast query element of every head (the tile's query rows interleaved so that
+//!    one pointer reaches them all: [`interleave_query`]), with two partial sums per head
+//!    to hide FMA latency (four for an 8-bit cache with 1-2 heads per tile: see
+//!    [`chains`]); no horizontal sums;
+//! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`, the
+//!    heads' polynomials interleaved), with a lazy running maximum (moved only when a
+//!    score exceeds it by 2^8) and the sums kept per lane until the item ends;
 //! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
@@ -72,8 +74,35 @@ const HT: usize = 4;
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    let q = interleave_query(w.q, w.shape.head_dim, w.g);
     // SAFETY: the caller's features are those `Exact` is compiled for.
-    unsafe { run_with(w, p, &Exact { q: w.q }) }
+    unsafe { run_with(w, p, &Exact { q: &q }) }
+}
+
+/// The query rows (`q.len() / d` rows of `d`, `g` per KV head) with each head tile's
+/// rows interleaved as [`run_with`] tiles them (`H = min(4, g - j0)` heads from `j0`):
+/// tile `qh .. qh + H` occupies `q[qh * d .. (qh + H) * d]` as `d` groups of `H`
+/// (dimension `i` of head `qh + j` at `qh * d + i * H + j`). The score loop then reads
+/// every head's element at a constant offset from one pointer: with a pointer per head
+/// the loop ran out of registers and reloaded the strides from the stack.
+fn interleave_query(q: &[f32], d: usize, g: usize) -> Vec<f32> {
+    let mut out = vec![0f32; q.len()];
+    if d == 0 || g == 0 {
+        return out;
+    }
+    for (kv, group) in q.chunks_exact(g * d).enumerate() {
+        let base = kv * g * d;
+        for j0 in (0..g).step_by(HT) {
+            let h = (g - j0).min(HT);
+            let tile = &mut out[base + j0 * d..base + (j0 + h) * d];
+            for j in 0..h {
+                for (i, &x) in group[(j0 + j) * d..(j0 + j + 1) * d].iter().enumerate() {
+                    tile[i * h + j] = x;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The tile loop of [`run`] with the scores computed by `sc`.
@@ -85,20 +114,26 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
+    // The softmax sums per lane, summed across lanes once per item (a horizontal sum per
+    // head and chunk cost as much as the rest of the softmax); the incoming `l` in lane 0.
+    let mut l: Vec<[f32; W]> = p.l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect();
     w.for_each_chunk(W, |hi, chunk, pf| {
         let mut j0 = 0;
         while j0 < g {
             let qh = hi * g + j0;
             let pf = if j0 == 0 { pf } else { None };
             match g - j0 {
-                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, &mut probs, pf),
-                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, &mut probs, pf),
-                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, &mut probs, pf),
-                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, &mut probs, pf),
+                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, &mut l, &mut probs, pf),
+                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, &mut l, &mut probs, pf),
+                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, &mut l, &mut probs, pf),
+                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, &mut l, &mut probs, pf),
             }
             j0 += HT;
         }
     });
+    for (dst, lanes) in p.l.iter_mut().zip(&l) {
+        *dst = lanes.iter().sum();
+    }
     if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
@@ -122,7 +157,8 @@ pub(crate) trait Scores<E> {
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H];
 }
 
-/// f32 scores from the pre-scaled f32 query rows of the item.
+/// f32 scores from the pre-scaled f32 query rows of the item, each head tile's rows
+/// interleaved ([`interleave_query`]).
 pub(crate) struct Exact<'a> {
     pub q: &'a [f32],
 }
@@ -135,7 +171,8 @@ impl<E: Elem> Scores<E> for Exact<'_> {
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, q, mask) = (c.d, c.bs, self.q, chunk_mask(c));
         // K rows are bs elements apart; the last unmasked lane of the last row is
-        // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist.
+        // (d - 1) * bs + c0 + lanes - 1 < d * bs <= kt.len(). Query rows qh..qh + H exist
+        // (interleaved: the tile's H * d elements from qh * d).
         assert!(c.kt.len() >= d * bs && c.c0 + c.lanes <= bs && q.len() >= (qh + H) * d);
         let qp = q[qh * d..].as_ptr();
         let kp = c.kt.as_ptr().wrapping_add(c.c0);
@@ -153,7 +190,8 @@ impl<E: Elem> Scores<E> for Exact<'_> {
 }
 
 /// [`Exact`]'s score loop: K rows `kp + i * bs` (16 lanes, `mask`, or all 16 with
-/// `FULL`), query rows `qp + j * d`. Pointers are stepped, not recomputed per row.
+/// `FULL`), query element `i` of head `j` at `qp + i * H + j` (interleaved). Pointers
+/// are stepped, not recomputed per row.
 ///
 /// # Safety
 /// Rows `0..d` of `kp` (stride `bs`) are readable at the unmasked lanes (all with `FULL`),
@@ -178,7 +216,7 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
     let mut i = 0;
     while i + n <= d {
         // SAFETY: rows i .. i + n <= d (kr = kp + i * bs), lanes masked to the tile;
-        // query elements j * d + i + r < H * d past qp (qr = qp + i).
+        // query elements (i + r) * H + j < H * d past qp (qr = qp + i * H).
         unsafe {
             let mut k = [_mm512_setzero_ps(); 4];
             for r in 0..n {
@@ -187,20 +225,20 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
             pf.step();
             for j in 0..H {
                 for r in 0..n {
-                    s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(j * d + r)), k[r], s[r][j]);
+                    s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(r * H + j)), k[r], s[r][j]);
                 }
             }
         }
         kr = kr.wrapping_add(n * bs);
-        qr = qr.wrapping_add(n);
+        qr = qr.wrapping_add(n * H);
         i += n;
     }
     while i < d {
-        // SAFETY: row i < d, masked as above; query element j * d + i < H * d.
+        // SAFETY: row i < d, masked as above; query element i * H + j < H * d.
         unsafe {
             let k0 = load(kp.wrapping_add(i * bs), mask);
             for j in 0..H {
-                s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(j * d + i)), k0, s[0][j]);
+                s[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(i * H + j)), k0, s[0][j]);
             }
         }
         i += 1;
@@ -232,19 +270,36 @@ fn chains<E: Elem>(heads: usize) -> usize {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) fn exp2(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
-    // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
-    const C: [f32; 8] = super::work::EXP2_TAYLOR;
-    let mut r = _mm512_set1_ps(C[7]);
-    for &c in C[..7].iter().rev() {
-        r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(c));
-    }
-    _mm512_scalef_ps(r, n)
+    exp2_each([x])[0]
 }
 
-/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk.
+/// [`exp2`] of each vector, the polynomial's steps interleaved across them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
+    // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
+    const C: [f32; 8] = super::work::EXP2_TAYLOR;
+    let mut n = [_mm512_setzero_ps(); H];
+    let mut f = [_mm512_setzero_ps(); H];
+    let mut r = [_mm512_set1_ps(C[7]); H];
+    for j in 0..H {
+        let xj = _mm512_max_ps(x[j], _mm512_set1_ps(-126.0));
+        n[j] = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(xj);
+        f[j] = _mm512_sub_ps(xj, n[j]);
+    }
+    for &c in C[..7].iter().rev() {
+        for j in 0..H {
+            r[j] = _mm512_fmadd_ps(r[j], f[j], _mm512_set1_ps(c));
+        }
+    }
+    for j in 0..H {
+        r[j] = _mm512_scalef_ps(r[j], n[j]);
+    }
+    r
+}
+
+/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk;
+/// `l` holds each head's softmax sum per lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
@@ -252,11 +307,12 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     sc: &S,
     qh: usize,
     p: &mut Partial,
+    l: &mut [[f32; W]],
     probs: &mut [[f32; W]; HT],
     prefetch: Option<Ahead<E>>,
 ) {
     let (d, mask) = (c.d, chunk_mask(c));
-    assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
+    assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs && l.len() >= qh + H);
     // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
     let (next_k, next_v) = match prefetch {
         Some(Ahead { k, v, far: Some((fk, fv)) }) => (Stream { l1: Some(k), l2: Some(fk) }, Stream { l1: Some(v), l2: Some(fv) }),
@@ -279,6 +335,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     // quotient and the LSE are those of the exact maximum.
     let mut alpha = [1f32; H];
     let mut rescale = false;
+    let mut x = [_mm512_setzero_ps(); H];
     for j in 0..H {
         let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores[j]);
         let m_old = p.m[qh + j];
@@ -290,12 +347,24 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
             p.m[qh + j] = m_new;
             rescale = true;
         }
-        let e = _mm512_maskz_mov_ps(mask, exp2(_mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]))));
-        p.l[qh + j] = p.l[qh + j] * alpha[j] + _mm512_reduce_add_ps(e);
-        // 8-bit V: the probabilities carry the V scales, `P V` reads the codes.
-        let e = vscale.map_or(e, |vs| _mm512_mul_ps(e, vs));
-        // SAFETY: probs[j] holds exactly 16 f32.
-        unsafe { _mm512_storeu_ps(probs[j].as_mut_ptr(), e) };
+        x[j] = _mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]));
+    }
+    // The heads' polynomials step together: one head's is a chain of dependent FMAs.
+    let e = exp2_each(x);
+    for j in 0..H {
+        let e = _mm512_maskz_mov_ps(mask, e[j]);
+        // SAFETY: l[qh + j] (asserted to exist) and probs[j] hold exactly 16 f32.
+        unsafe {
+            let lp = l.as_mut_ptr().add(qh + j).cast::<f32>();
+            let mut lv = _mm512_loadu_ps(lp);
+            if rescale {
+                lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[j]));
+            }
+            _mm512_storeu_ps(lp, _mm512_add_ps(lv, e));
+            // 8-bit V: the probabilities carry the V scales, `P V` reads the codes.
+            let e = vscale.map_or(e, |vs| _mm512_mul_ps(e, vs));
+            _mm512_storeu_ps(probs[j].as_mut_ptr(), e);
+        }
     }
 
     let acc = &mut p.acc[qh * d..(qh + H) * d];
