@@ -51,10 +51,17 @@ impl Prefetcher {
             return Self { near: std::ptr::null(), far: std::ptr::null(), steps: 0, per: 0 };
         };
         let lines = std::mem::size_of_val(t).div_ceil(64);
-        let per_lines = lines.div_ceil(iters.max(1));
+        // One line a step when the loop has steps enough (the common case; no division,
+        // as this runs per tile and loop).
+        let (per_lines, steps) = if lines <= iters {
+            (1, lines)
+        } else {
+            let per = lines.div_ceil(iters.max(1));
+            (per, lines.div_ceil(per))
+        };
         // A far tile of another length (never, as tiles share a shape) is not prefetched.
         let far = s.l2.filter(|f| f.len() == t.len()).unwrap_or(t);
-        Self { near: t.as_ptr().cast(), far: far.as_ptr().cast(), steps: lines.div_ceil(per_lines.max(1)), per: 64 * per_lines }
+        Self { near: t.as_ptr().cast(), far: far.as_ptr().cast(), steps, per: 64 * per_lines }
     }
 
     /// Prefetch the next `per` bytes of the near tile into L1 and of the far one into L2
