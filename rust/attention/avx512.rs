@@ -4,7 +4,7 @@
 //! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head (the tile's query rows interleaved so that
-//!    one pointer reaches them all: [`interleave_query`]), with two partial sums per head
+//!    one pointer reaches them all: [`interleave_query`](super::work::interleave_query)), with two partial sums per head
 //!    to hide FMA latency (four for an 8-bit cache with 1-2 heads per tile: see
 //!    [`chains`]); no horizontal sums;
 //! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`, the
@@ -15,7 +15,7 @@
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; two
 //! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
-//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`] (`avx512_prefetch.rs`): its K lines spread over the score loop, its V lines
+//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`] (`x86_prefetch.rs`): its K lines spread over the score loop, its V lines
 //! over the V loop, so the jump between scattered blocks does not stall the stream and
 //! the misses do not arrive in one burst. Two tiles further on, each tile is prefetched
 //! into L2 (and an int8 tile's per-token scales into L1) by the walk itself
@@ -62,8 +62,8 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::avx512_prefetch::{Prefetcher, Stream};
-use super::work::{Ahead, Chunk, Partial, Work, LAZY_MAX};
+use super::x86_prefetch::{Prefetcher, Stream};
+use super::work::{interleave_query, Ahead, Chunk, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
@@ -74,35 +74,9 @@ const HT: usize = 4;
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    let q = interleave_query(w.q, w.shape.head_dim, w.g);
+    let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
     // SAFETY: the caller's features are those `Exact` is compiled for.
     unsafe { run_with(w, p, &Exact { q: &q }) }
-}
-
-/// The query rows (`q.len() / d` rows of `d`, `g` per KV head) with each head tile's
-/// rows interleaved as [`run_with`] tiles them (`H = min(4, g - j0)` heads from `j0`):
-/// tile `qh .. qh + H` occupies `q[qh * d .. (qh + H) * d]` as `d` groups of `H`
-/// (dimension `i` of head `qh + j` at `qh * d + i * H + j`). The score loop then reads
-/// every head's element at a constant offset from one pointer: with a pointer per head
-/// the loop ran out of registers and reloaded the strides from the stack.
-fn interleave_query(q: &[f32], d: usize, g: usize) -> Vec<f32> {
-    let mut out = vec![0f32; q.len()];
-    if d == 0 || g == 0 {
-        return out;
-    }
-    for (kv, group) in q.chunks_exact(g * d).enumerate() {
-        let base = kv * g * d;
-        for j0 in (0..g).step_by(HT) {
-            let h = (g - j0).min(HT);
-            let tile = &mut out[base + j0 * d..base + (j0 + h) * d];
-            for j in 0..h {
-                for (i, &x) in group[(j0 + j) * d..(j0 + j + 1) * d].iter().enumerate() {
-                    tile[i * h + j] = x;
-                }
-            }
-        }
-    }
-    out
 }
 
 /// The tile loop of [`run`] with the scores computed by `sc`.

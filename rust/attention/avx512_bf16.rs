@@ -35,7 +35,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, Scores};
-use super::avx512_prefetch::{Prefetcher, Stream};
+use super::x86_prefetch::{Prefetcher, Stream};
 use super::isa::cpu_features;
 #[cfg(test)]
 use super::isa::AVX512_WITHOUT_BF16;

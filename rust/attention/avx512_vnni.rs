@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, Scores};
-use super::avx512_prefetch::{Prefetcher, Stream};
+use super::x86_prefetch::{Prefetcher, Stream};
 use super::isa::cpu_features;
 use super::work::{Chunk, Partial, QueryI8, Work};
 use crate::kv::{DType, Elem};

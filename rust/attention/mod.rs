@@ -46,9 +46,9 @@ pub mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_cvt;
 #[cfg(target_arch = "x86_64")]
-mod avx512_prefetch;
-#[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_prefetch;
 pub mod decode;
 pub mod isa;
 pub mod prefill;

@@ -55,6 +55,33 @@ pub(crate) struct QueryI8<'a> {
     pub rows: &'a [(f32, i32)],
 }
 
+/// The query rows (`q.len() / d` rows of `d`, `g` per KV head) with each head tile's
+/// rows interleaved as the SIMD paths tile them (`H = min(tile, g - j0)` heads from
+/// `j0`): tile `qh .. qh + H` occupies `q[qh * d .. (qh + H) * d]` as `d` groups of `H`
+/// (dimension `i` of head `qh + j` at `qh * d + i * H + j`). The score loops then read
+/// every head's element at a constant offset from one pointer: with a pointer per head
+/// the AVX-512 loop ran out of registers and reloaded the strides from the stack.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn interleave_query(q: &[f32], d: usize, g: usize, tile: usize) -> Vec<f32> {
+    let mut out = vec![0f32; q.len()];
+    if d == 0 || g == 0 || tile == 0 {
+        return out;
+    }
+    for (kv, group) in q.chunks_exact(g * d).enumerate() {
+        let base = kv * g * d;
+        for j0 in (0..g).step_by(tile) {
+            let h = (g - j0).min(tile);
+            let out_tile = &mut out[base + j0 * d..base + (j0 + h) * d];
+            for j in 0..h {
+                for (i, &x) in group[(j0 + j) * d..(j0 + j + 1) * d].iter().enumerate() {
+                    out_tile[i * h + j] = x;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
 /// Starts as `acc = 0, m = -inf, l = 0`.
 pub(crate) struct Partial<'a> {
@@ -373,6 +400,27 @@ mod tests {
         for b in sample {
             let x = f32::from_bits(b);
             assert_eq!(super::bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{b:#010x}");
+        }
+    }
+
+    /// Every query element lands where the tiles read it: element `i` of head `qh + j`
+    /// of a tile starting at `qh` with `H` heads at `qh * d + i * H + j`, with a last
+    /// tile of fewer heads (g = 6 in tiles of 4: heads 0..4 and 4..6) and two KV heads.
+    #[test]
+    fn interleaved_query_puts_each_element_at_its_tile_offset() {
+        let (d, g, tile, kv) = (3, 6, 4, 2);
+        let q: Vec<f32> = (0..kv * g * d).map(|x| x as f32).collect();
+        let out = super::interleave_query(&q, d, g, tile);
+        assert_eq!(out.len(), q.len());
+        for k in 0..kv {
+            for (j0, h) in [(0, 4), (4, 2)] {
+                let qh = k * g + j0;
+                for j in 0..h {
+                    for i in 0..d {
+                        assert_eq!(out[qh * d + i * h + j], q[(qh + j) * d + i], "kv {k} head {} dim {i}", j0 + j);
+                    }
+                }
+            }
         }
     }
 }

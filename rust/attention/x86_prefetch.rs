@@ -1,4 +1,4 @@
-//! The AVX-512 paths' prefetcher: the lines of the tiles a loop reads next, spread over
+//! The x86 paths' prefetcher (AVX-512 and AVX2): the lines of the tiles a loop reads next, spread over
 //! its steps, the next tile into L1 (T0) and a farther one into L2 (T1)
 //! ([`super::work::Ahead`]). A burst of L2 lines at a tile's start stalled on the core's
 //! miss buffers (3.7-4.7% of a profile's samples on `prefetcht1`); spread, bf16 decode
@@ -66,8 +66,9 @@ impl Prefetcher {
 
     /// Prefetch the next `per` bytes of the near tile into L1 and of the far one into L2
     /// (the last step may reach up to `per - 64` bytes past a tile: prefetches never fault).
+    /// (`prefetcht0/1` are SSE, so every x86 path's loop inlines this.)
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    #[target_feature(enable = "sse")]
     pub(crate) fn step(&mut self) {
         if self.steps == 0 {
             return;
