@@ -1,28 +1,30 @@
 //! AVX2 + FMA + F16C kernel: 8 tokens per register, same structure as [`super::avx512`]
-//! (head tiles of 4 with two partial sums each, online softmax in registers, V
-//! accumulators of 4 heads x 16 dimensions held across the chunk, next-tile prefetch).
+//! (head tiles of 4 with two partial sums each, their query rows interleaved; online
+//! softmax in registers with the heads' `exp2` interleaved and the sums kept per lane;
+//! V accumulators of 4 heads x 16 dimensions held across the chunk; the next tiles
+//! prefetched into L1 and the far ones into L2, spread over the loops by the x86
+//! [`Prefetcher`]).
 //!
 //! AVX2 has no masked 16-bit load, so a partial chunk (fewer than 8 tokens, or a
-//! `head_dim` tail) is staged through a zeroed stack buffer; full chunks load directly.
+//! `head_dim` tail) is staged through a zeroed stack buffer by checked loads; a full
+//! chunk's K rows and the V rows of a `head_dim` that is a multiple of 16 take raw loads
+//! with stepped pointers, checked once per chunk (the checked loads of the first version
+//! held bf16 and 8-bit decode near 1x of each other and far under the FMA roof).
 //!
-//! 8-bit caches read 8 one-byte codes per load (`vmovq`) and dequantize in registers as
-//! the AVX-512 path does: int8 by `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of
-//! an f16 (`vpmovzxbw`, a 16-bit shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit
-//! positions (sign << 8, the other seven bits << 7: exact, the value divided by 2^8; its
-//! NaN codes OR'd to an f16 NaN) and widened by `vcvtph2ps`. A partial load stages the
-//! codes (not their values) so that both go through one conversion. The scales never
-//! touch the codes: the K scales (8 per-token scales for int8, one per head for fp8,
-//! times 2^8 for e4m3) multiply the scores, the V scales the probabilities after the
-//! softmax sum took them, so `P V` runs on the codes ([`scale_vector`]).
+//! 8-bit caches dequantize in registers ([`super::avx2_cvt`]); the scales never touch the
+//! codes: the K scales (8 per-token scales for int8, one per head for fp8, times 2^8 for
+//! e4m3) multiply the scores, the V scales the probabilities after the softmax sum took
+//! them, so `P V` runs on the codes.
 
 // Register tiles are small fixed arrays indexed by head and vector: index loops read best.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use super::work::{load_factor, Ahead, Chunk, Partial, Work, LAZY_MAX};
-use crate::kv::quant::TileScale;
-use crate::kv::{DType, Elem};
+use super::avx2_cvt::{exp2, exp2_each, hmax, load, load_full, scale_vector};
+use super::work::{interleave_query, Ahead, Chunk, Partial, Work, LAZY_MAX};
+use super::x86_prefetch::{Prefetcher, Stream};
+use crate::kv::Elem;
 
 const W: usize = 8;
 const HT: usize = 4;
@@ -37,147 +39,33 @@ const VT: usize = 2;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let g = w.g;
+    let q = interleave_query(w.q, w.shape.head_dim, g, HT);
     let mut probs = [[0f32; W]; HT];
+    // The softmax sums per lane until the item ends (the incoming `l` in lane 0), as on
+    // the AVX-512 path: no horizontal sum per head and chunk.
+    let mut l: Vec<[f32; W]> = p.l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect();
     w.for_each_chunk(W, |hi, chunk, pf| {
         let mut j0 = 0;
         while j0 < g {
             let qh = hi * g + j0;
             let pf = if j0 == 0 { pf } else { None };
             match g - j0 {
-                1 => head_tile::<E, 1>(chunk, w.q, qh, p, &mut probs, pf),
-                2 => head_tile::<E, 2>(chunk, w.q, qh, p, &mut probs, pf),
-                3 => head_tile::<E, 3>(chunk, w.q, qh, p, &mut probs, pf),
-                _ => head_tile::<E, 4>(chunk, w.q, qh, p, &mut probs, pf),
+                1 => head_tile::<E, 1>(chunk, &q, qh, p, &mut l, &mut probs, pf),
+                2 => head_tile::<E, 2>(chunk, &q, qh, p, &mut l, &mut probs, pf),
+                3 => head_tile::<E, 3>(chunk, &q, qh, p, &mut l, &mut probs, pf),
+                _ => head_tile::<E, 4>(chunk, &q, qh, p, &mut l, &mut probs, pf),
             }
             j0 += HT;
         }
     });
-}
-
-/// Load `min(n, 8)` elements of `x` starting at `at` as f32 (missing lanes are 0; 8-bit
-/// codes as [`widen8`] gives them, e4m3 divided by 2^8).
-/// Safe: the slice bounds are checked; only the full-width case uses a raw load.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn load<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
-    if E::DTYPE.is_quantized() {
-        return load8(x, at, n);
-    }
-    if n >= W {
-        let s = &x[at..at + W];
-        // SAFETY: `s` holds exactly 8 elements (checked slice).
-        unsafe {
-            match E::DTYPE {
-                DType::F32 => _mm256_loadu_ps(s.as_ptr().cast()),
-                DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
-                _ => {
-                    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
-                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
-                }
-            }
-        }
-    } else {
-        let mut buf = [0f32; W];
-        for (b, e) in buf.iter_mut().zip(&x[at..at + n]) {
-            *b = e.to_f32();
-        }
-        // SAFETY: buf holds 8 f32.
-        unsafe { _mm256_loadu_ps(buf.as_ptr()) }
+    for (dst, lanes) in p.l.iter_mut().zip(&l) {
+        *dst = lanes.iter().sum();
     }
 }
 
-/// [`load`] for one-byte codes: 8 codes in one 64-bit load (fewer staged as codes, the
-/// missing ones 0), widened by [`widen8`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn load8<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
-    debug_assert!(std::mem::size_of::<E>() == 1);
-    let s = &x[at..at + n.min(W)];
-    let bits = if n >= W {
-        // SAFETY: `s` holds exactly 8 one-byte elements (checked slice, `E` is a sealed
-        // one-byte plain-data code for the 8-bit dtypes).
-        unsafe { std::ptr::read_unaligned(s.as_ptr().cast::<u64>()) }
-    } else {
-        let mut b = [0u8; W];
-        for (i, e) in s.iter().enumerate() {
-            // SAFETY: `e` is one byte of plain data (as above).
-            b[i] = unsafe { *(e as *const E).cast::<u8>() };
-        }
-        u64::from_le_bytes(b)
-    };
-    widen8::<E>(_mm_cvtsi64_si128(bits as i64))
-}
-
-/// The 8 codes in the low 64 bits of `x` as f32: int8 and e5m2 exactly, e4m3 divided by
-/// 2^8 (see [`load_factor`]), NaN codes as NaN.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn widen8<E: Elem>(x: __m128i) -> __m256 {
-    match E::DTYPE {
-        DType::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)),
-        DType::E5M2 => _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(x))),
-        _ => {
-            // e4m3: sign to bit 15, exponent and mantissa to bits 7..14 of an f16 (whose
-            // bias is 8 more); the NaN codes (0x7f, 0xff) become 0xffff, an f16 NaN.
-            let w = _mm_cvtepu8_epi16(x);
-            let mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-            let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
-            let h = _mm_or_si128(sign, _mm_slli_epi16::<7>(mag));
-            let nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
-            _mm256_cvtph_ps(_mm_or_si128(h, nan))
-        }
-    }
-}
-
-/// The scales of tokens `c0..c0 + n` (at most 8; missing lanes 0) times [`load_factor`],
-/// or `None` for an unquantized cache (scale 1, nothing to multiply).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, n: usize) -> Option<__m256> {
-    let f = load_factor(E::DTYPE);
-    match ts {
-        TileScale::One => None,
-        TileScale::Head(s) => Some(_mm256_set1_ps(s * f)),
-        TileScale::Token(s) => {
-            let v = load(s, c0, n);
-            Some(if f == 1.0 { v } else { _mm256_mul_ps(v, _mm256_set1_ps(f)) })
-        }
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hmax(x: __m256) -> f32 {
-    let m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(x: __m256) -> f32 {
-    let m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
-}
-
-/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn exp2(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-126.0));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm256_sub_ps(x, n);
-    const C: [f32; 8] = super::work::EXP2_TAYLOR;
-    let mut r = _mm256_set1_ps(C[7]);
-    for &c in C[..7].iter().rev() {
-        r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(c));
-    }
-    // 2^n with n in -126..=LAZY_MAX built in the exponent field: always a normal float.
-    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    _mm256_mul_ps(r, _mm256_castsi256_ps(e))
-}
-
+/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk of
+/// up to 8 tokens; `q` holds the item's query rows interleaved per head tile, `l` each
+/// head's softmax sum per lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn head_tile<E: Elem, const H: usize>(
@@ -185,55 +73,33 @@ fn head_tile<E: Elem, const H: usize>(
     q: &[f32],
     qh: usize,
     p: &mut Partial,
+    l: &mut [[f32; W]],
     probs: &mut [[f32; W]; HT],
     prefetch: Option<Ahead<E>>,
 ) {
     let (d, bs, n) = (c.d, c.bs, c.lanes);
-    // One slice of exactly d per head lets the compiler drop the index checks below.
-    let qr: [&[f32]; H] = std::array::from_fn(|j| &q[(qh + j) * d..(qh + j + 1) * d]);
-    // The next tiles into L1 and the far ones into L2, spread over the score loop (a
-    // burst of L2 prefetches at the tile's start stalls on the miss buffers).
-    let (pf_k, pf_v, pf_row) = match prefetch {
-        Some(Ahead { k, v, .. }) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>(), std::mem::size_of_val(k) / d),
-        None => (std::ptr::null(), std::ptr::null(), 0),
+    // K rows are bs apart (the last token read: (d - 1) * bs + c0 + n - 1 < d * bs), V
+    // rows d apart (c0 + n <= bs rows); the tile's query rows qh .. qh + H exist.
+    assert!(c.kt.len() >= d * bs && c.vt.len() >= d * bs && n <= W && c.c0 + n <= bs);
+    assert!(q.len() >= (qh + H) * d && l.len() >= qh + H && p.acc.len() >= (qh + H) * d);
+    // The next tiles into L1, the far ones into L2, spread over the loops (a burst of L2
+    // prefetches at the tile's start stalls on the miss buffers).
+    let (next_k, next_v) = match prefetch {
+        Some(Ahead { k, v, far }) => {
+            (Stream { l1: Some(k), l2: far.map(|f| f.0) }, Stream { l1: Some(v), l2: far.map(|f| f.1) })
+        }
+        None => (Stream::NONE, Stream::NONE),
     };
-    let (far_k, far_v) = match prefetch.and_then(|a| a.far) {
-        Some((k, v)) => (k.as_ptr().cast::<i8>(), v.as_ptr().cast::<i8>()),
-        None => (std::ptr::null(), std::ptr::null()),
+    let qp = q[qh * d..].as_ptr();
+    // SAFETY: the asserts above are `scores`' contract.
+    let scores = unsafe {
+        match (n == W, H <= 2) {
+            (true, true) => scores::<E, H, true, 4>(c, qp, next_k),
+            (true, false) => scores::<E, H, true, 2>(c, qp, next_k),
+            (false, true) => scores::<E, H, false, 4>(c, qp, next_k),
+            (false, false) => scores::<E, H, false, 2>(c, qp, next_k),
+        }
     };
-    let mut s0 = [_mm256_setzero_ps(); H];
-    let mut s1 = [_mm256_setzero_ps(); H];
-    let mut i = 0;
-    while i + 2 <= d {
-        let k0 = load(c.kt, i * bs + c.c0, n);
-        let k1 = load(c.kt, (i + 1) * bs + c.c0, n);
-        if !pf_k.is_null() {
-            // Prefetches never fault; the addresses stay inside the next tile.
-            // Two rows per iteration: cover their share of both next tiles, whole lines.
-            let mut off = i * pf_row;
-            while off < (i + 2) * pf_row {
-                _mm_prefetch::<_MM_HINT_T0>(pf_k.wrapping_add(off));
-                _mm_prefetch::<_MM_HINT_T0>(pf_v.wrapping_add(off));
-                if !far_k.is_null() {
-                    // The far tiles have the next ones' size (every tile of a cache does).
-                    _mm_prefetch::<_MM_HINT_T1>(far_k.wrapping_add(off));
-                    _mm_prefetch::<_MM_HINT_T1>(far_v.wrapping_add(off));
-                }
-                off += 64;
-            }
-        }
-        for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
-            s1[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i + 1]), k1, s1[j]);
-        }
-        i += 2;
-    }
-    if i < d {
-        let k0 = load(c.kt, i * bs + c.c0, n);
-        for j in 0..H {
-            s0[j] = _mm256_fmadd_ps(_mm256_set1_ps(qr[j][i]), k0, s0[j]);
-        }
-    }
 
     // 8-bit K: the scores carry the K scales; V: the probabilities carry the V scales.
     let kscale = scale_vector::<E>(&c.ks, c.c0, n);
@@ -245,9 +111,9 @@ fn head_tile<E: Elem, const H: usize>(
     // score exceeds it by more than that, as on the AVX-512 path.
     let mut alpha = [1f32; H];
     let mut rescale = false;
+    let mut x = [_mm256_setzero_ps(); H];
     for j in 0..H {
-        let s = _mm256_add_ps(s0[j], s1[j]);
-        let s = kscale.map_or(s, |ks| _mm256_mul_ps(s, ks));
+        let s = kscale.map_or(scores[j], |ks| _mm256_mul_ps(scores[j], ks));
         let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, valid);
         let m_old = p.m[qh + j];
         // Always taken on the first chunk (m = -inf); lanes without a token are -inf.
@@ -258,14 +124,178 @@ fn head_tile<E: Elem, const H: usize>(
             p.m[qh + j] = m_new;
             rescale = true;
         }
-        let e = _mm256_and_ps(exp2(_mm256_sub_ps(s, _mm256_set1_ps(p.m[qh + j]))), valid);
-        p.l[qh + j] = p.l[qh + j] * alpha[j] + hsum(e);
-        let e = vscale.map_or(e, |vs| _mm256_mul_ps(e, vs));
-        // SAFETY: probs[j] holds exactly 8 f32.
-        unsafe { _mm256_storeu_ps(probs[j].as_mut_ptr(), e) };
+        x[j] = _mm256_sub_ps(s, _mm256_set1_ps(p.m[qh + j]));
+    }
+    let e = exp2_each(x);
+    for j in 0..H {
+        let e = _mm256_and_ps(e[j], valid);
+        // SAFETY: l[qh + j] (asserted to exist) and probs[j] hold exactly 8 f32.
+        unsafe {
+            let lp = l.as_mut_ptr().add(qh + j).cast::<f32>();
+            let mut lv = _mm256_loadu_ps(lp);
+            if rescale {
+                lv = _mm256_mul_ps(lv, _mm256_set1_ps(alpha[j]));
+            }
+            _mm256_storeu_ps(lp, _mm256_add_ps(lv, e));
+            let e = vscale.map_or(e, |vs| _mm256_mul_ps(e, vs));
+            _mm256_storeu_ps(probs[j].as_mut_ptr(), e);
+        }
     }
 
     let acc = &mut p.acc[qh * d..(qh + H) * d];
+    let passes = d.div_ceil(if H <= 2 { 2 * VT * W } else { VT * W });
+    let mut pf = Prefetcher::new(next_v, passes * n);
+    if H <= 2 && d.is_multiple_of(2 * VT * W) {
+        // 1-2 heads: 32 dimensions per pass, so that 4-8 accumulator chains hide the FMA
+        // latency. SAFETY: the asserts above and d a multiple of 32 are `pv_full`'s contract.
+        unsafe { pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, &mut pf) };
+    } else if d.is_multiple_of(VT * W) {
+        // SAFETY: the asserts above and d a multiple of 16 are `pv_full`'s contract.
+        unsafe { pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, &mut pf) };
+    } else {
+        pv_checked::<E, H>(c, acc, probs, &alpha, rescale, &mut pf);
+    }
+}
+
+/// Scores in log2 units of the tile's `H` heads for the chunk's tokens: K rows `i` at
+/// `kt[i * bs + c0..]`, FMA'd with the broadcast query element `qp[i * H + j]` (the
+/// tile's rows interleaved), `R` rows and partial sums per head per step (two FMA
+/// pipes of 4 cycles' latency want 8 sums in flight: 1-2 heads take 4 rows, 3-4 heads
+/// 2). `FULL` (8 tokens): raw loads, pointers stepped; else each row through the
+/// checked, staged [`load`].
+///
+/// # Safety
+/// `c.kt` holds `d * bs` elements with `c0 + lanes <= bs` (and `lanes == 8` with
+/// `FULL`); `qp` holds `H * d` f32; the CPU has the features below.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores<E: Elem, const H: usize, const FULL: bool, const R: usize>(
+    c: &Chunk<E>,
+    qp: *const f32,
+    next_k: Stream<E>,
+) -> [__m256; H] {
+    let (d, bs, n) = (c.d, c.bs, c.lanes);
+    // Row i of the chunk: `kr` (stepped with i) + r * bs with `FULL`, else checked.
+    let row = |kr: *const E, i: usize, r: usize| -> __m256 {
+        if FULL {
+            // SAFETY: row i + r < d, tokens c0 .. c0 + 8 <= bs of it (kr = kt + i * bs +
+            // c0): inside kt.
+            unsafe { load_full(kr.add(r * bs)) }
+        } else {
+            load(c.kt, (i + r) * bs + c.c0, n)
+        }
+    };
+    let mut pf = Prefetcher::new(next_k, d / R);
+    let mut s = [[_mm256_setzero_ps(); H]; R];
+    let (mut kr, mut qr) = (c.kt.as_ptr().wrapping_add(c.c0), qp);
+    let mut i = 0;
+    while i + R <= d {
+        let mut k = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            k[r] = row(kr, i, r);
+        }
+        pf.step();
+        for r in 0..R {
+            for j in 0..H {
+                // SAFETY: query element (i + r) * H + j < H * d (qr = qp + i * H).
+                s[r][j] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *qr.add(r * H + j) }), k[r], s[r][j]);
+            }
+        }
+        kr = kr.wrapping_add(R * bs);
+        qr = qr.wrapping_add(R * H);
+        i += R;
+    }
+    while i < d {
+        let k0 = row(kr, i, 0);
+        for j in 0..H {
+            // SAFETY: query element i * H + j < H * d.
+            s[0][j] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *qr.add(j) }), k0, s[0][j]);
+        }
+        kr = kr.wrapping_add(bs);
+        qr = qr.wrapping_add(H);
+        i += 1;
+    }
+    for j in 0..H {
+        for r in 1..R {
+            s[0][j] = _mm256_add_ps(s[0][j], s[r][j]);
+        }
+    }
+    s[0]
+}
+
+/// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (without `alpha` unless
+/// `rescale`) for the chunk's V rows, `U` vectors of the `H` heads' accumulators in
+/// registers per pass, `d` a multiple of `8 U`: raw loads and stores, the V row pointer
+/// stepped by `d`.
+///
+/// # Safety
+/// `c.vt` holds rows `c0 .. c0 + lanes` of `d` elements, `acc` is `H * d` long, `d` is a
+/// multiple of `8 U`; the CPU has the features below.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
+    c: &Chunk<E>,
+    acc: &mut [f32],
+    probs: &[[f32; W]; HT],
+    alpha: &[f32; H],
+    rescale: bool,
+    pf: &mut Prefetcher,
+) {
+    let d = c.d;
+    assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
+    assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    let ap = acc.as_mut_ptr();
+    let mut u0 = 0;
+    while u0 < d {
+        let mut a = [[_mm256_setzero_ps(); U]; H];
+        for j in 0..H {
+            for u in 0..U {
+                // SAFETY: j * d + u0 + u * 8 + 8 <= H * d = acc.len() (d a multiple of 8 U).
+                a[j][u] = unsafe { _mm256_loadu_ps(ap.add(j * d + u0 + u * W)) };
+                if rescale {
+                    a[j][u] = _mm256_mul_ps(_mm256_set1_ps(alpha[j]), a[j][u]);
+                }
+            }
+        }
+        let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
+        for t in 0..c.lanes {
+            pf.step();
+            let mut v = [_mm256_setzero_ps(); U];
+            for u in 0..U {
+                // SAFETY: vr is row c0 + t of the V tile (inside vt, asserted), elements
+                // u0 + u * 8 .. + 8 <= d of it.
+                v[u] = unsafe { load_full(vr.add(u * W)) };
+            }
+            for j in 0..H {
+                let pj = _mm256_set1_ps(probs[j][t]);
+                for u in 0..U {
+                    a[j][u] = _mm256_fmadd_ps(pj, v[u], a[j][u]);
+                }
+            }
+            vr = vr.wrapping_add(d);
+        }
+        for j in 0..H {
+            for u in 0..U {
+                // SAFETY: as the load above.
+                unsafe { _mm256_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]) };
+            }
+        }
+        u0 += U * W;
+    }
+}
+
+/// [`pv_full`] for any `d`: checked, staged loads and stores of a last partial vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pv_checked<E: Elem, const H: usize>(
+    c: &Chunk<E>,
+    acc: &mut [f32],
+    probs: &[[f32; W]; HT],
+    alpha: &[f32; H],
+    rescale: bool,
+    pf: &mut Prefetcher,
+) {
+    let d = c.d;
     let mut u0 = 0;
     while u0 < d {
         let w: [usize; VT] = std::array::from_fn(|u| d.saturating_sub(u0 + u * W).min(W));
@@ -282,6 +312,7 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         for t in 0..c.lanes {
+            pf.step();
             let row = (c.c0 + t) * d + u0;
             // A loop, not `array::from_fn`: a closure does not inherit the target
             // features, so `load` would be an out-of-line call per vector.
@@ -314,35 +345,5 @@ fn head_tile<E: Elem, const H: usize>(
             }
         }
         u0 += VT * W;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::attention::test_util::check_every_code;
-    use crate::kv::elem::{E4M3, E5M2};
-
-    /// [`load8`]'s in-register conversions on all 256 codes, 8 at a time at full width and
-    /// staged (1..7 codes, the rest 0).
-    fn all_codes<E: Elem>(code: impl Fn(u8) -> E) {
-        if !crate::attention::isa::Isa::Avx2.supported() {
-            eprintln!("SKIPPED AVX2 fp8/int8 conversions: no AVX2 on this CPU");
-            return;
-        }
-        let counts: Vec<usize> = (1..=W).collect();
-        check_every_code(code, W, &counts, load_factor(E::DTYPE), |codes, at, n| {
-            let mut got = [0f32; W];
-            // SAFETY: the CPU check above; got holds 8 f32.
-            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), load(codes, at, n)) };
-            got.to_vec()
-        });
-    }
-
-    #[test]
-    fn register_dequantization_is_exact_on_every_code() {
-        all_codes(|c| c as i8);
-        all_codes(E4M3);
-        all_codes(E5M2);
     }
 }

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::plan::TW;
-use crate::attention::avx2::exp2;
+use crate::attention::avx2_cvt::exp2;
 
 const W: usize = 8;
 const R: usize = 4;
