@@ -145,15 +145,17 @@ fn head_tile<E: Elem, const H: usize>(
     let acc = &mut p.acc[qh * d..(qh + H) * d];
     let passes = d.div_ceil(if H <= 2 { 2 * VT * W } else { VT * W });
     let mut pf = Prefetcher::new(next_v, passes * n);
-    if H <= 2 && d.is_multiple_of(2 * VT * W) {
-        // 1-2 heads: 32 dimensions per pass, so that 4-8 accumulator chains hide the FMA
-        // latency. SAFETY: the asserts above and d a multiple of 32 are `pv_full`'s contract.
-        unsafe { pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, &mut pf) };
-    } else if d.is_multiple_of(VT * W) {
-        // SAFETY: the asserts above and d a multiple of 16 are `pv_full`'s contract.
-        unsafe { pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, &mut pf) };
-    } else {
-        pv_checked::<E, H>(c, acc, probs, &alpha, rescale, &mut pf);
+    // SAFETY: `pv` asserts its contract; the features are ours.
+    unsafe {
+        if H <= 2 && d.is_multiple_of(2 * VT * W) {
+            // 1-2 heads: 32 dimensions per pass, so that 4-8 accumulator chains hide the
+            // FMA latency.
+            pv::<E, H, { 2 * VT }, true>(c, acc, probs, &alpha, rescale, &mut pf);
+        } else if d.is_multiple_of(VT * W) {
+            pv::<E, H, VT, true>(c, acc, probs, &alpha, rescale, &mut pf);
+        } else {
+            pv::<E, H, VT, false>(c, acc, probs, &alpha, rescale, &mut pf);
+        }
     }
 }
 
@@ -225,15 +227,15 @@ unsafe fn scores<E: Elem, const H: usize, const FULL: bool, const R: usize>(
 
 /// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (without `alpha` unless
 /// `rescale`) for the chunk's V rows, `U` vectors of the `H` heads' accumulators in
-/// registers per pass, `d` a multiple of `8 U`: raw loads and stores, the V row pointer
-/// stepped by `d`.
+/// registers per pass. `FULL` (`d` a multiple of `8 U`): raw loads and stores, the V row
+/// pointer stepped by `d`; else checked loads and stores, a last partial vector staged.
 ///
 /// # Safety
-/// `c.vt` holds rows `c0 .. c0 + lanes` of `d` elements, `acc` is `H * d` long, `d` is a
-/// multiple of `8 U`; the CPU has the features below.
+/// `c.vt` holds rows `c0 .. c0 + lanes` of `d` elements (asserted); with `FULL`, `d` is a
+/// multiple of `8 U` (asserted); the CPU has the features below.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
+unsafe fn pv<E: Elem, const H: usize, const U: usize, const FULL: bool>(
     c: &Chunk<E>,
     acc: &mut [f32],
     probs: &[[f32; W]; HT],
@@ -242,16 +244,29 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
     pf: &mut Prefetcher,
 ) {
     let d = c.d;
-    assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
+    assert!(H <= HT && acc.len() == H * d && (!FULL || d.is_multiple_of(U * W)));
     assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    // Only the `FULL` branches use `ap`, and they use nothing else of `acc`.
     let ap = acc.as_mut_ptr();
     let mut u0 = 0;
     while u0 < d {
+        // Elements of each vector inside the row (all 8 with `FULL`; 0: past the row).
+        let mut w = [W; U];
+        if !FULL {
+            for u in 0..U {
+                w[u] = d.saturating_sub(u0 + u * W).min(W);
+            }
+        }
         let mut a = [[_mm256_setzero_ps(); U]; H];
         for j in 0..H {
             for u in 0..U {
-                // SAFETY: j * d + u0 + u * 8 + 8 <= H * d = acc.len() (d a multiple of 8 U).
-                a[j][u] = unsafe { _mm256_loadu_ps(ap.add(j * d + u0 + u * W)) };
+                let at = j * d + u0 + u * W;
+                if FULL {
+                    // SAFETY: at + 8 <= H * d = acc.len() (d a multiple of 8 U).
+                    a[j][u] = unsafe { _mm256_loadu_ps(ap.add(at)) };
+                } else if w[u] > 0 {
+                    a[j][u] = load(acc, at, w[u]);
+                }
                 if rescale {
                     a[j][u] = _mm256_mul_ps(_mm256_set1_ps(alpha[j]), a[j][u]);
                 }
@@ -260,11 +275,17 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
         let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
         for t in 0..c.lanes {
             pf.step();
+            // A loop, not `array::from_fn`: a closure does not inherit the target
+            // features, so `load` would be an out-of-line call per vector.
             let mut v = [_mm256_setzero_ps(); U];
             for u in 0..U {
-                // SAFETY: vr is row c0 + t of the V tile (inside vt, asserted), elements
-                // u0 + u * 8 .. + 8 <= d of it.
-                v[u] = unsafe { load_full(vr.add(u * W)) };
+                if FULL {
+                    // SAFETY: vr is row c0 + t of the V tile (inside vt, asserted),
+                    // elements u0 + u * 8 .. + 8 <= d of it.
+                    v[u] = unsafe { load_full(vr.add(u * W)) };
+                } else if w[u] > 0 {
+                    v[u] = load(c.vt, (c.c0 + t) * d + u0 + u * W, w[u]);
+                }
             }
             for j in 0..H {
                 let pj = _mm256_set1_ps(probs[j][t]);
@@ -276,63 +297,11 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
         }
         for j in 0..H {
             for u in 0..U {
-                // SAFETY: as the load above.
-                unsafe { _mm256_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]) };
-            }
-        }
-        u0 += U * W;
-    }
-}
-
-/// [`pv_full`] for any `d`: checked, staged loads and stores of a last partial vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn pv_checked<E: Elem, const H: usize>(
-    c: &Chunk<E>,
-    acc: &mut [f32],
-    probs: &[[f32; W]; HT],
-    alpha: &[f32; H],
-    rescale: bool,
-    pf: &mut Prefetcher,
-) {
-    let d = c.d;
-    let mut u0 = 0;
-    while u0 < d {
-        let w: [usize; VT] = std::array::from_fn(|u| d.saturating_sub(u0 + u * W).min(W));
-        let mut a = [[_mm256_setzero_ps(); VT]; H];
-        for j in 0..H {
-            let al = _mm256_set1_ps(alpha[j]);
-            for u in 0..VT {
-                if w[u] > 0 {
-                    a[j][u] = load(acc, j * d + u0 + u * W, w[u]);
-                    if rescale {
-                        a[j][u] = _mm256_mul_ps(al, a[j][u]);
-                    }
-                }
-            }
-        }
-        for t in 0..c.lanes {
-            pf.step();
-            let row = (c.c0 + t) * d + u0;
-            // A loop, not `array::from_fn`: a closure does not inherit the target
-            // features, so `load` would be an out-of-line call per vector.
-            let mut v = [_mm256_setzero_ps(); VT];
-            for u in 0..VT {
-                if w[u] > 0 {
-                    v[u] = load(c.vt, row + u * W, w[u]);
-                }
-            }
-            for j in 0..H {
-                let pj = _mm256_set1_ps(probs[j][t]);
-                for u in 0..VT {
-                    a[j][u] = _mm256_fmadd_ps(pj, v[u], a[j][u]);
-                }
-            }
-        }
-        for j in 0..H {
-            for u in 0..VT {
                 let at = j * d + u0 + u * W;
-                if w[u] == W {
+                if FULL {
+                    // SAFETY: as the load above.
+                    unsafe { _mm256_storeu_ps(ap.add(at), a[j][u]) };
+                } else if w[u] == W {
                     let dst = &mut acc[at..at + W];
                     // SAFETY: dst holds exactly 8 f32 (checked slice).
                     unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), a[j][u]) };
@@ -344,6 +313,6 @@ fn pv_checked<E: Elem, const H: usize>(
                 }
             }
         }
-        u0 += VT * W;
+        u0 += U * W;
     }
 }
