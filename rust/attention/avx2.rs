@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_cvt::{exp2, exp2_each, hmax, load, load_full, scale_vector};
-use super::work::{interleave_query, Ahead, Chunk, Partial, Work, LAZY_MAX};
+use super::work::{interleave_query, Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::Elem;
 
@@ -41,26 +41,22 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let g = w.g;
     let q = interleave_query(w.q, w.shape.head_dim, g, HT);
     let mut probs = [[0f32; W]; HT];
-    // The softmax sums per lane until the item ends (the incoming `l` in lane 0), as on
-    // the AVX-512 path: no horizontal sum per head and chunk.
-    let mut l: Vec<[f32; W]> = p.l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect();
+    let mut l = LaneSums::<W>::new(p.l);
     w.for_each_chunk(W, |hi, chunk, pf| {
         let mut j0 = 0;
         while j0 < g {
             let qh = hi * g + j0;
             let pf = if j0 == 0 { pf } else { None };
             match g - j0 {
-                1 => head_tile::<E, 1>(chunk, &q, qh, p, &mut l, &mut probs, pf),
-                2 => head_tile::<E, 2>(chunk, &q, qh, p, &mut l, &mut probs, pf),
-                3 => head_tile::<E, 3>(chunk, &q, qh, p, &mut l, &mut probs, pf),
-                _ => head_tile::<E, 4>(chunk, &q, qh, p, &mut l, &mut probs, pf),
+                1 => head_tile::<E, 1>(chunk, &q, qh, p, l.rows(), &mut probs, pf),
+                2 => head_tile::<E, 2>(chunk, &q, qh, p, l.rows(), &mut probs, pf),
+                3 => head_tile::<E, 3>(chunk, &q, qh, p, l.rows(), &mut probs, pf),
+                _ => head_tile::<E, 4>(chunk, &q, qh, p, l.rows(), &mut probs, pf),
             }
             j0 += HT;
         }
     });
-    for (dst, lanes) in p.l.iter_mut().zip(&l) {
-        *dst = lanes.iter().sum();
-    }
+    l.finish(p.l);
 }
 
 /// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk of

@@ -63,7 +63,7 @@ use std::arch::x86_64::*;
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{Prefetcher, Stream};
-use super::work::{interleave_query, Ahead, Chunk, Partial, Work, LAZY_MAX};
+use super::work::{interleave_query, Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;
@@ -88,26 +88,22 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
-    // The softmax sums per lane, summed across lanes once per item (a horizontal sum per
-    // head and chunk cost as much as the rest of the softmax); the incoming `l` in lane 0.
-    let mut l: Vec<[f32; W]> = p.l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect();
+    let mut l = LaneSums::<W>::new(p.l);
     w.for_each_chunk(W, |hi, chunk, pf| {
         let mut j0 = 0;
         while j0 < g {
             let qh = hi * g + j0;
             let pf = if j0 == 0 { pf } else { None };
             match g - j0 {
-                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, &mut l, &mut probs, pf),
-                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, &mut l, &mut probs, pf),
-                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, &mut l, &mut probs, pf),
-                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, &mut l, &mut probs, pf),
+                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
+                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
+                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
+                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
             }
             j0 += HT;
         }
     });
-    for (dst, lanes) in p.l.iter_mut().zip(&l) {
-        *dst = lanes.iter().sum();
-    }
+    l.finish(p.l);
     if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }

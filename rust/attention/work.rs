@@ -82,6 +82,32 @@ pub(crate) fn interleave_query(q: &[f32], d: usize, g: usize, tile: usize) -> Ve
     out
 }
 
+/// An item's softmax sums kept per lane of a `W`-lane register, one row per query head,
+/// across its chunks (the x86 paths add each chunk's probabilities as a vector: a
+/// horizontal sum per head and chunk cost as much as the rest of the softmax). Starts
+/// from the incoming sums (in lane 0); [`LaneSums::finish`] adds the lanes up.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct LaneSums<const W: usize>(Vec<[f32; W]>);
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl<const W: usize> LaneSums<W> {
+    pub fn new(l: &[f32]) -> Self {
+        Self(l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect())
+    }
+
+    /// The rows, one per query head of the item.
+    pub fn rows(&mut self) -> &mut [[f32; W]] {
+        &mut self.0
+    }
+
+    /// Each head's sum into `l`.
+    pub fn finish(&self, l: &mut [f32]) {
+        for (dst, lanes) in l.iter_mut().zip(&self.0) {
+            *dst = lanes.iter().sum();
+        }
+    }
+}
+
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
 /// Starts as `acc = 0, m = -inf, l = 0`.
 pub(crate) struct Partial<'a> {
@@ -189,8 +215,8 @@ impl<E: Elem> Work<'_, E> {
 
 /// The tiles a path prefetches while it reads one: the K and V tiles [`prefetch_tiles`]
 /// ahead into L1, and those [`PREFETCH_L2_TILES`] further on into L2 (`None` past the
-/// item's last tile). The path spreads the lines over its loops (AVX-512) or issues them
-/// when the tile starts.
+/// item's last tile). The path spreads the lines over its loops (AVX-512 and AVX2 both
+/// streams, NEON its L1 lines only).
 pub(crate) struct Ahead<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
