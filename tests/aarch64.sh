@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The aarch64 build and its NEON kernel path, cross-compiled and run under qemu-aarch64
-# user-mode emulation: clippy -D warnings for the target, then every Rust unit test of
+# user-mode emulation: clippy -D warnings for the target (library, tests and benches), then every Rust unit test of
 # the library (the kernel's paths against an f64 reference among them). Correctness
 # only: emulated timing says nothing about hardware. Called by tests/run.sh.
 #
@@ -45,7 +45,7 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT"
 
-cargo clippy --locked --quiet --target "$TARGET" --lib --tests -- -D warnings
+cargo clippy --locked --quiet --target "$TARGET" --all-targets -- -D warnings
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
