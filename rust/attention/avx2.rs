@@ -22,7 +22,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2_cvt::{exp2, exp2_each, hmax, load, load_full, scale_vector};
-use super::work::{interleave_query, Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
+use super::query::interleave_query;
+use super::work::{Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::Elem;
 

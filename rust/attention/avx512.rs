@@ -4,7 +4,7 @@
 //! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head (the tile's query rows interleaved so that
-//!    one pointer reaches them all: [`interleave_query`](super::work::interleave_query)), with two partial sums per head
+//!    one pointer reaches them all: [`interleave_query`](super::query::interleave_query)), with two partial sums per head
 //!    to hide FMA latency (four for an 8-bit cache with 1-2 heads per tile: see
 //!    [`chains`]); no horizontal sums;
 //! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`, the
@@ -63,7 +63,8 @@ use std::arch::x86_64::*;
 use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{Prefetcher, Stream};
-use super::work::{interleave_query, Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
+use super::query::interleave_query;
+use super::work::{Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
 const W: usize = 16;

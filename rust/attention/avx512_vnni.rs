@@ -1,5 +1,5 @@
 //! AVX-512 VNNI scores (`int8_scores=True` on an int8 cache): exact integer dot products
-//! of the int8 query ([`super::work::QueryI8`]) with the K codes by `vpdpbusd`, plugged
+//! of the int8 query ([`super::query::QueryI8`]) with the K codes by `vpdpbusd`, plugged
 //! into the tile loop of [`super::avx512`] (softmax, `P V` and prefetch are that path's,
 //! unchanged).
 //!
@@ -31,7 +31,8 @@ use std::arch::x86_64::*;
 use super::avx512::{chunk_mask, run_with, Scores};
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::isa::cpu_features;
-use super::work::{Chunk, Partial, QueryI8, Work};
+use super::query::QueryI8;
+use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
 
 /// Makes [`supported`] false, so the AVX-512 path runs `int8_scores` with f32 FMAs on

@@ -12,7 +12,8 @@ use rayon::prelude::*;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
-use super::work::{int8_query, merge_row, scaled_query, Partial, Work};
+use super::query::{int8_query, scaled_query};
+use super::work::{merge_row, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]

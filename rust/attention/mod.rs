@@ -54,6 +54,7 @@ mod x86_prefetch;
 pub mod decode;
 pub mod isa;
 pub mod prefill;
+mod query;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 #[cfg(target_arch = "aarch64")]

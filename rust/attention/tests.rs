@@ -8,7 +8,7 @@ use super::decode::*;
 use super::isa::*;
 use super::tables::*;
 use super::test_util::{filled, last_block_case, shape, Lcg};
-use super::work::scaled_query;
+use super::query::scaled_query;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use crate::kv::{DType, KvCache, KvShape};

@@ -12,7 +12,7 @@ use super::isa::*;
 use super::tables::*;
 use super::test_util::{filled, last_block_case, shape, Lcg};
 use super::tests::reference_window;
-use super::work::int8_query;
+use super::query::int8_query;
 use crate::kv::{DType, KvCache};
 
 /// Held shared by every test that runs an `int8_scores` kernel, exclusively by the one

@@ -1,9 +1,11 @@
 //! What the instruction-set paths share: the work item they read (`Work`, walked in
-//! `Chunk`s), the online-softmax state they write (`Partial`), the query preparation
-//! (`scaled_query`), the merge of split results (`merge_row`) and their constants.
+//! `Chunk`s), the online-softmax state they write (`Partial`, and `LaneSums` on x86),
+//! the merge of split results (`merge_row`) and their constants. The query they read is
+//! prepared in `query.rs`.
 
 use std::ops::Range;
 
+use super::query::QueryI8;
 use crate::kv::quant::{Scales, TileScale};
 use crate::kv::{DType, Elem, KvShape};
 
@@ -37,49 +39,6 @@ pub(crate) struct Work<'a, E> {
     /// factor), which the paths without `vpdpbusd` read.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_i8: Option<QueryI8<'a>>,
-}
-
-/// A query quantized to int8 per row (one row per (sequence, query head)): symmetric,
-/// `s_q = max|q| / 127`, codes `round_half_even(q / s_q)` in `-127..=127`.
-#[derive(Clone, Copy)]
-pub(crate) struct QueryI8<'a> {
-    /// Four codes per `u32` (`d.div_ceil(4)` per row; dimension `4k + r` in byte `r`; a
-    /// `head_dim` that is not a multiple of 4 padded by code 0).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub codes: &'a [u32],
-    /// Per row: `s_q * scale * log2(e)` (the factor from an exact integer dot product
-    /// `sum_i code_i K_i` to the score in log2 units; NaN for a row with a non-finite
-    /// value) and `128 * sum_i code_i` (what `vpdpbusd` adds when the K codes are biased
-    /// by 128 to make them unsigned). Read only by the VNNI kernel (x86-64).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub rows: &'a [(f32, i32)],
-}
-
-/// The query rows (`q.len() / d` rows of `d`, `g` per KV head) with each head tile's
-/// rows interleaved as the SIMD paths tile them (`H = min(tile, g - j0)` heads from
-/// `j0`): tile `qh .. qh + H` occupies `q[qh * d .. (qh + H) * d]` as `d` groups of `H`
-/// (dimension `i` of head `qh + j` at `qh * d + i * H + j`). The score loops then read
-/// every head's element at a constant offset from one pointer: with a pointer per head
-/// the AVX-512 loop ran out of registers and reloaded the strides from the stack.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn interleave_query(q: &[f32], d: usize, g: usize, tile: usize) -> Vec<f32> {
-    let mut out = vec![0f32; q.len()];
-    if d == 0 || g == 0 || tile == 0 {
-        return out;
-    }
-    for (kv, group) in q.chunks_exact(g * d).enumerate() {
-        let base = kv * g * d;
-        for j0 in (0..g).step_by(tile) {
-            let h = (g - j0).min(tile);
-            let out_tile = &mut out[base + j0 * d..base + (j0 + h) * d];
-            for j in 0..h {
-                for (i, &x) in group[(j0 + j) * d..(j0 + j + 1) * d].iter().enumerate() {
-                    out_tile[i * h + j] = x;
-                }
-            }
-        }
-    }
-    out
 }
 
 /// An item's softmax sums kept per lane of a `W`-lane register, one row per query head,
@@ -249,87 +208,6 @@ pub(crate) struct Chunk<'a, E> {
     pub lanes: usize,
 }
 
-/// The query times `factor` (`scale * log2(e)`) for the kernels and, with `bf16`, first
-/// rounded to bf16, plus its bf16 pairs for the `vdpbf16ps` path (two dimensions per
-/// `u32`, even one low, an odd `d` padded by +0; empty without `bf16`). Decode and
-/// prefill both prepare their queries with it.
-pub(crate) fn scaled_query(q: &[f32], d: usize, factor: f32, bf16: bool) -> (Vec<f32>, Vec<u32>) {
-    if !bf16 {
-        return (q.iter().map(|&x| x * factor).collect(), Vec::new());
-    }
-    let b: Vec<u16> = q.iter().map(|&x| bf16_bits(x)).collect();
-    let qs = b.iter().map(|&x| f32::from_bits((x as u32) << 16) * factor).collect();
-    let pair = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
-    let pairs = if d.is_multiple_of(2) {
-        // Rows hold whole pairs: one flat pass (vectorised; the per-row form was not).
-        b.chunks_exact(2).map(|p| pair(p[0], p[1])).collect()
-    } else {
-        b.chunks(d.max(1)).flat_map(|row| row.chunks(2).map(|p| pair(p[0], p.get(1).map_or(0, |&x| x)))).collect()
-    };
-    (qs, pairs)
-}
-
-/// `half::bf16::from_f32(x).to_bits()` (nearest even; a NaN keeps its upper bits, made
-/// quiet), branch-free so that the query loop vectorises: the `half` call cost about 90
-/// us per decode call of 8 x 32 x 128 query values, a third of a short call.
-#[inline]
-fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    if b & 0x7fff_ffff > 0x7f80_0000 {
-        (b >> 16) as u16 | 0x40
-    } else {
-        rounded
-    }
-}
-
-/// The int8 query of `int8_scores`, owned: see [`QueryI8`].
-pub(crate) struct QueryI8Buf {
-    pub codes: Vec<u32>,
-    pub rows: Vec<(f32, i32)>,
-}
-
-impl QueryI8Buf {
-    /// Rows `r0 .. r0 + n` (each `d.div_ceil(4)` packed codes).
-    pub fn rows(&self, r0: usize, n: usize, d: usize) -> QueryI8<'_> {
-        let w = d.div_ceil(4);
-        QueryI8 { codes: &self.codes[r0 * w..(r0 + n) * w], rows: &self.rows[r0..r0 + n] }
-    }
-}
-
-/// `q` (rows of `d`) quantized per row to int8 for `int8_scores`, and the f32 query the
-/// paths without `vpdpbusd` read: each code times its row's factor `s_q * factor`, so
-/// every path computes the scores of the same quantized query. A row of zeros has
-/// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so
-/// its scores are NaN, as the exact path's are.
-pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
-    let (d, w) = (d.max(1), d.div_ceil(4));
-    let n = q.len() / d;
-    // Plain loops over preallocated rows, no per-element push: this runs per call.
-    let mut qs = vec![0f32; n * d];
-    let mut codes = vec![0u32; n * w];
-    let mut rows = vec![(0f32, 0i32); n];
-    let mut c = vec![0i8; 4 * w];
-    for (((row, qs), words), r) in q.chunks_exact(d).zip(qs.chunks_exact_mut(d)).zip(codes.chunks_exact_mut(w)).zip(&mut rows) {
-        // The cache's own int8 quantizer (vectorised): max|q| / 127, half to even.
-        // A fold, not `all`: no early exit, so it vectorises.
-        let f = if row.iter().fold(true, |a, x| a & x.is_finite()) {
-            crate::kv::quant::quantize_row_i8(row, &mut c[..d]) * factor
-        } else {
-            c.fill(0);
-            f32::NAN
-        };
-        for (x, &k) in qs.iter_mut().zip(&c[..d]) {
-            *x = k as f32 * f;
-        }
-        for (word, b) in words.iter_mut().zip(c.chunks_exact(4)) {
-            *word = u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8]);
-        }
-        *r = (f, 128 * c.iter().map(|&k| k as i32).sum::<i32>());
-    }
-    (qs, QueryI8Buf { codes, rows })
-}
-
 /// Merge the partial results of one output row by log-sum-exp: `rows` index its partials
 /// in `m`, `l` and `acc` (`out.len()` values per row of `acc`, unnormalised). Writes the
 /// normalised row to `out` (zeros when no partial saw a key) and returns its LSE in
@@ -412,41 +290,5 @@ pub(crate) const fn load_factor(dt: DType) -> f32 {
         256.0
     } else {
         1.0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The branch-free rounding is `half`'s on boundaries (ties, the largest finite,
-    /// infinities, NaNs, subnormals, both signs) and a dense sample of all f32.
-    #[test]
-    fn bf16_bits_is_halfs_rounding() {
-        let edges = [0u32, 1, 0x7fff, 0x8000, 0x8001, 0x1_8000, 0x7f7f_ffff, 0x7f80_0000, 0x7f80_0001, 0x7fc0_0000, 0x7fff_ffff];
-        let sample = (0..=u32::MAX).step_by(9973).chain(edges.iter().flat_map(|&b| [b, b | 0x8000_0000]));
-        for b in sample {
-            let x = f32::from_bits(b);
-            assert_eq!(super::bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{b:#010x}");
-        }
-    }
-
-    /// Every query element lands where the tiles read it: element `i` of head `qh + j`
-    /// of a tile starting at `qh` with `H` heads at `qh * d + i * H + j`, with a last
-    /// tile of fewer heads (g = 6 in tiles of 4: heads 0..4 and 4..6) and two KV heads.
-    #[test]
-    fn interleaved_query_puts_each_element_at_its_tile_offset() {
-        let (d, g, tile, kv) = (3, 6, 4, 2);
-        let q: Vec<f32> = (0..kv * g * d).map(|x| x as f32).collect();
-        let out = super::interleave_query(&q, d, g, tile);
-        assert_eq!(out.len(), q.len());
-        for k in 0..kv {
-            for (j0, h) in [(0, 4), (4, 2)] {
-                let qh = k * g + j0;
-                for j in 0..h {
-                    for i in 0..d {
-                        assert_eq!(out[qh * d + i * h + j], q[(qh + j) * d + i], "kv {k} head {} dim {i}", j0 + j);
-                    }
-                }
-            }
-        }
     }
 }

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::isa::Isa;
 use super::tables::SeqTables;
-use super::work::scaled_query;
+use super::query::scaled_query;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::{inline, run_workers};

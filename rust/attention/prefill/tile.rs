@@ -36,7 +36,7 @@ pub(crate) struct Ctx<'a, E> {
     pub zeros: &'a [E],
     pub hq: usize,
     pub g: usize,
-    /// Query rows pre-scaled (see [`crate::attention::work::scaled_query`]).
+    /// Query rows pre-scaled (see [`crate::attention::query::scaled_query`]).
     pub qs: &'a [f32],
     /// bf16 query pairs for `vdpbf16ps` and the factor to apply to their dot products.
     pub q_bf16: Option<(&'a [u32], f32)>,
