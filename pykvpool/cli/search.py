@@ -29,7 +29,8 @@ from pykvpool.search import (
 from pykvpool.search.backends import session
 from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS
-from pykvpool.simulate.engine import MAX_STEP_TOKENS, Workload, synthetic_workload
+from pykvpool.simulate.engine import MAX_STEP_TOKENS
+from pykvpool.simulate.workload import Workload, synthetic_workload
 
 __all__ = ["add_subcommand", "main_search"]
 

@@ -29,7 +29,8 @@ from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
 from pykvpool.search.slo import SLO, Objective, RateLadder, stop_rule
 from pykvpool.search.space import Point
-from pykvpool.simulate.engine import SchedulerConfig, SimConfig, Workload, kv_blocks_for_memory, run
+from pykvpool.simulate.engine import SchedulerConfig, SimConfig, kv_blocks_for_memory, run
+from pykvpool.simulate.workload import Workload
 from pykvpool.simulate.sweep import at_rate
 
 __all__ = ["FAMILY_CHAINS", "FAMILY_FREE", "METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch",

@@ -29,7 +29,7 @@ from pykvpool.search.evaluate import STRATEGIES, SearchSpec, families_of
 from pykvpool.search.output import ResultStore, best_points, frontier, write_tables
 from pykvpool.search.slo import SLO, Objective, RateLadder
 from pykvpool.search.space import Point, SearchSpace
-from pykvpool.simulate.engine import Workload
+from pykvpool.simulate.workload import Workload
 
 __all__ = ["SearchResult", "chains_of", "search"]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from pykvpool._native import InvalidArgumentError
 from pykvpool.errors import TraceFormatError
-from pykvpool.simulate.engine import LengthDist, Workload
+from pykvpool.simulate.workload import LengthDist, Workload
 from pykvpool.tracefile import AZURE_COLUMNS, MOONCAKE_COLUMNS, TraceColumns, TraceTable, read_table
 
 __all__ = ["empirical", "from_table", "load_azure", "load_file", "load_mooncake", "load_trace"]
