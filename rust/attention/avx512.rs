@@ -119,6 +119,14 @@ pub(crate) fn chunk_mask<E>(c: &Chunk<E>) -> __mmask16 {
 /// How a head tile gets its scores: [`Exact`] (f32 query, K widened exactly) or
 /// `vdpbf16ps` on the bf16-rounded query ([`super::avx512_bf16`]).
 pub(crate) trait Scores<E> {
+    /// Whether the next K tiles are prefetched over the score loop ([`Self::scores`]'s
+    /// `next_k`) or, when false, over `P V` with the V tiles. A prefetcher spreads its
+    /// lines over the loop it is given; the dot-product score loops (`vpdpbusd`,
+    /// `vdpbf16ps`) take a quarter to a half of `P V`'s time, so their K lines came in
+    /// bursts that stalled on the core's miss buffers (7.5% of an `int8_scores` profile
+    /// on `prefetcht1`).
+    const K_IN_SCORES: bool = true;
+
     /// Scores in log2 units (the query's `scale * log2(e)` applied) of query heads
     /// `qh .. qh + H` for the chunk's tokens (lanes beyond `c.lanes` are don't-care),
     /// prefetching the lines of `next_k` (the next K tiles) over the loop.
@@ -290,6 +298,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         Some(Ahead { k, v, far: None }) => (Stream { l1: Some(k), l2: None }, Stream { l1: Some(v), l2: None }),
         None => (Stream::NONE, Stream::NONE),
     };
+    let (next_k, pv_k) = if S::K_IN_SCORES { (next_k, Stream::NONE) } else { (Stream::NONE, next_k) };
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
     let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };
     if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
@@ -344,13 +353,13 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {
         let wide = H <= 2 && d.is_multiple_of(2 * VT * W);
         let passes = d / if wide { 2 * VT * W } else { VT * W };
-        let mut pf = Prefetcher::new(next_v, passes * c.lanes);
+        let pf = &mut [Prefetcher::new(next_v, passes * c.lanes), Prefetcher::new(pv_k, passes * c.lanes)];
         // SAFETY: `pv_full`'s contract is checked by its asserts; the features are ours.
         unsafe {
             if wide {
-                pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, &mut pf);
+                pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, pf);
             } else {
-                pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, &mut pf);
+                pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, pf);
             }
         }
         return;
@@ -358,7 +367,8 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
-    let mut pf = Prefetcher::new(next_v, d.div_ceil(VT * W) * c.lanes);
+    let steps = d.div_ceil(VT * W) * c.lanes;
+    let (mut pf, mut pfk) = (Prefetcher::new(next_v, steps), Prefetcher::new(pv_k, steps));
     let mut u0 = 0;
     while u0 < d {
         // A loop, not `array::from_fn`, whose closure became an out-of-line call.
@@ -381,6 +391,7 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         }
         for t in 0..c.lanes {
             pf.step();
+            pfk.step();
             let row = (c.c0 + t) * d + u0;
             let v: [__m512; VT] = if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
                 // SAFETY: as below; each 32-element load is all in or all out of the row
@@ -416,7 +427,9 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
 /// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (if `rescale`, else without
 /// `alpha`) for the chunk's token rows `v_t` of `d` elements (a multiple of `U * 16`),
 /// `U` vectors of each of the `H` heads' accumulator rows in registers per pass: every
-/// load whole (no masks, no per-vector branch), the V row pointer stepped by `d`.
+/// load whole (no masks, no per-vector branch), the V row pointer stepped by `d`. `pf`:
+/// the next V tiles' prefetcher and the next K tiles' (idle unless
+/// [`Scores::K_IN_SCORES`] is false), one step each per row.
 ///
 /// # Safety
 /// The CPU must support the features below.
@@ -428,7 +441,7 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
     probs: &[[f32; W]; HT],
     alpha: &[f32; H],
     rescale: bool,
-    pf: &mut Prefetcher,
+    pf: &mut [Prefetcher; 2],
 ) {
     let d = c.d;
     assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
@@ -449,7 +462,8 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
         }
         let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
         for t in 0..c.lanes {
-            pf.step();
+            pf[0].step();
+            pf[1].step();
             let mut v = [_mm512_setzero_ps(); U];
             for u in 0..U {
                 // SAFETY: vr is row c0 + t < c0 + lanes of the V tile (asserted inside
