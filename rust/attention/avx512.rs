@@ -15,12 +15,15 @@
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; two
 //! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
-//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`] (`x86_prefetch.rs`): its K lines spread over the score loop, its V lines
-//! over the V loop, so the jump between scattered blocks does not stall the stream and
-//! the misses do not arrive in one burst. Two tiles further on, each tile is prefetched
-//! into L2 (and an int8 tile's per-token scales into L1) by the walk itself
-//! ([`super::work::PREFETCH_L2_TILES`]): one core's L1 misses in flight are too few to
-//! cover memory's latency at an 8-bit decode's rate. The hot loops index through raw pointers
+//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`]
+//! (`x86_prefetch.rs`): its K lines spread over the score loop (over `P V` for the
+//! dot-product score paths on 8-bit caches, whose score loops are short:
+//! [`Scores::K_IN_SCORES`]), its V lines over the V loop, so the jump between scattered
+//! blocks does not stall the stream and the misses do not arrive in one burst. The tile
+//! two further on is prefetched into L2 at the same steps
+//! ([`super::work::PREFETCH_L2_TILES`]: one core's L1 misses in flight are too few to
+//! cover memory's latency at an 8-bit decode's rate), and the next int8 tile's per-token
+//! scales into L1 by the walk itself. The hot loops index through raw pointers
 //! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
 //! version cost 15-20% of the cache-resident time).
 //!
