@@ -23,6 +23,10 @@ not in the roof) and whether the issue's target is within the roofs. Rows
 "+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
 for their FMA-only roof).
 
+Rows ``int8_pv`` and ``int8_scores+int8_pv``: the int8 cache with ``int8_pv=True`` (p.v by
+``vpdpbusd`` on the probabilities quantized to 8 bits per 16-token chunk and head), alone and
+with ``int8_scores``; their instruction-mix roofs are ``dot_rates``' (``benches/dot_rates/int_pv.rs``).
+
 Row ``int8_scores``: the int8 cache with ``int8_scores=True`` (query quantized to int8,
 scores by ``vpdpbusd`` where the CPU has avx512_vnni). Its compute roof is that of the
 instructions it uses: per token and query head ``d / 64`` ``vpdpbusd`` (64 multiply-adds
@@ -87,8 +91,13 @@ FAST: dict[str, tuple[str, dict[str, Any], float]] = {f"{dt}+bf16_scores": (dt, 
 #: rate: measured by ``cargo bench --bench dot_rates``), p.v by FMAs: ``d/64 + d/16`` FMA
 #: slots per token and query head against the exact ``d/16 + d/16``, a factor 2.5.
 FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
+#: ``int8_pv``: p.v by ``vpdpbusd`` on 8-bit probabilities (where the CPU has avx512_vnni),
+#: q.k by FMAs: the same count as ``int8_scores``; with both, ``d/64 + d/64``, a factor 1.
+FAST["int8_pv"] = ("int8", {"int8_pv": True}, 2.5)
+FAST["int8_scores+int8_pv"] = ("int8", {"int8_scores": True, "int8_pv": True}, 1.0)
 #: The instructions behind each row's compute roof.
-ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
+ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", "int8_pv": "FMA + vpdpbusd", "int8_scores+int8_pv": "vpdpbusd",
+              **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
 ROWS: dict[str, tuple[str, dict[str, Any], float]] = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
@@ -265,7 +274,8 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
                 continue
             got = kv.decode_attention(caches[dt], 0, q, table, sl, **kw).astype(np.float64)
             err = np.abs(got - exact).max(axis=2)
-            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, bool(kw))
+            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, kw.get("int8_scores", False),
+                           kw.get("int8_pv", False))
             rows.append(dict(data="outliers" if outliers else "normal", dtype=name,
                              max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
                              max_err_over_bound=float((err / bound).max()),
@@ -274,10 +284,11 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
 
 
 def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
-           lens: list[int], g: int, int8_scores: bool = False) -> np.ndarray:
+           lens: list[int], g: int, int8_scores: bool = False, int8_pv: bool = False) -> np.ndarray:
     """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head);
     with ``int8_scores`` the query's rounding (``s_q / 2`` per element, times the L1 norm
-    of the dequantized key) adds to the logit deviation."""
+    of the dequantized key) adds to the logit deviation; ``int8_pv`` adds ``(16 / 510)
+    max|V'|`` of the head (the 8-bit probabilities)."""
     n, hq, d = q.shape
     vd = np.abs(c.dequantized(0)[1].reshape(-1, vf.shape[1], d))
     kd = np.abs(c.dequantized(0)[0].reshape(-1, vf.shape[1], d)).astype(np.float64)
@@ -298,6 +309,8 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
             if int8_scores:
                 dmax += np.abs(q[i, h]).max() / 127 / 2 * kd[rows, kh].sum(axis=1).max()
             out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
+            if int8_pv:
+                out[i, h] += 16 / 510 * vd[rows, kh].max()
     return out
 
 
@@ -361,7 +374,7 @@ def main() -> None:
               f"vpdpbusd zmm (64 int8 MAC per instruction) at the same instruction rate, sharing the pipes "
               f"(cargo bench --bench dot_rates): "
               f"{2 * r['peak_gflops']:.0f} G MAC/s. Compute roof per row: exact paths d/16 FMAs for q.k + "
-              f"d/16 for p.v per token and query head; int8_scores d/64 vpdpbusd + d/16 FMAs; "
+              f"d/16 for p.v per token and query head; int8_scores and int8_pv d/64 vpdpbusd + d/16 FMAs, both 2 d/64 vpdpbusd; "
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
     print(f"\nCall times by {res['clock']}.\n")
     print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA-only roof (instr) | "

@@ -4,15 +4,16 @@
 //!    `vpdpbusd` (64 int8 multiply-adds, VNNI) and `vdpbf16ps` (32 bf16 multiply-adds),
 //!    each as 12 independent chains, and `vpdpbusd` : FMA mixed 1:4.
 //! 2. For each decode path (`f32`, `bf16`, `int8`, `fp8_e4m3`, `fp8_e5m2`, `int8_scores`,
-//!    `bf16_scores` on bf16 and fp8) and g = 1 and 4 query heads per KV head: codes per
+//!    `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8) and g = 1 and 4 query heads per KV head: codes per
 //!    second of the minimal instruction sequence the path issues per cached code (the
-//!    widening of the codes and the g dot products, see `dot_rates/paths.rs`), on one
+//!    widening of the codes and the g dot products, see `dot_rates/paths.rs` and
+//!    `dot_rates/int_pv.rs`), on one
 //!    L1-resident tile (16 tokens x head_dim 128 of K and of V, at most 16 KiB), so memory
 //!    is out of the picture: K alone, V alone and both per tile (`kv`, the path's roof),
 //!    and the same `kv` rate in codes per FMA instruction time (codes/s over the FMA's
 //!    instr/s measured the same way), against the codes per FMA time the FMA-only count
-//!    assumes (16 / g for the exact paths, 128 / (5 g) for `int8_scores`, 64 / (3 g) for
-//!    `bf16_scores`).
+//!    assumes (16 / g for the exact paths, 128 / (5 g) for `int8_scores` and `int8_pv`,
+//!    64 / g for both, 64 / (3 g) for `bf16_scores`).
 //! 3. The softmax's `exp2` (the kernel's 11-instruction sequence per 16 scores), reported
 //!    apart: it is per score, not per code, and not part of the roof.
 //!
@@ -30,6 +31,9 @@
 
 use std::sync::Barrier;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/int_pv.rs"]
+mod int_pv;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/paths.rs"]
 mod paths;

@@ -1811,6 +1811,7 @@ def decode_attention(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
+    int8_pv: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> _F32Array:
@@ -1896,6 +1897,17 @@ def decode_attention(
             ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
             keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
             most D; measured errors are far below it (benches/bench_quant.py).
+        int8_pv: int8 caches only (default False = exact): allow P.V on 8-bit
+            probabilities. On the ``"avx512"`` path of a CPU with avx512_vnni, for a
+            head_dim that is a multiple of 64, each chunk of up to 16 tokens of a block
+            has its probabilities (times the tokens' V scales) quantized per query head to
+            ``0..255`` by their largest, ``M`` (round half to even), and their products
+            with the V codes summed exactly in integers by ``vpdpbusd``, times ``M / 255``;
+            every other path and head_dim computes P.V in f32 as without it. The softmax
+            sum, hence the LSE, is unchanged. Against the f32 P.V on the same scores each
+            output moves by at most ``(16 / 510) * max|V'|`` (``V'`` the dequantized
+            values of the sequence's KV head); measured errors are far below it
+            (benches/bench_quant.py). Combines with ``int8_scores``.
         window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
             window_left`` (``window_left = window - 1`` for a window of ``window`` positions
             including the query's own; FlashInfer's ``window_left``); None (default): every
@@ -1918,8 +1930,8 @@ def decode_attention(
             negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
             one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
             ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-            ``int8_scores`` with a cache that is not int8. ``out`` is not written on any
-            error.
+            ``int8_scores`` or ``int8_pv`` with a cache that is not int8. ``out`` is not
+            written on any error.
     """
 @overload
 def decode_attention(
@@ -1937,6 +1949,7 @@ def decode_attention(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
+    int8_pv: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> tuple[_F32Array, _F32Array]: ...
@@ -1957,6 +1970,7 @@ def decode_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
+    int8_pv: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,
@@ -1992,6 +2006,7 @@ def decode_attention_paged(
         force_isa: as for :func:`decode_attention`.
         bf16_scores: as for :func:`decode_attention`.
         int8_scores: as for :func:`decode_attention`.
+        int8_pv: as for :func:`decode_attention`.
         window_left: as for :func:`decode_attention`.
         sink_tokens: as for :func:`decode_attention`; also places the sink pages.
         kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
@@ -2024,6 +2039,7 @@ def decode_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
+    int8_pv: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,

@@ -46,9 +46,9 @@ pub struct Tile {
     k: Vec<Line>,
     v: Vec<Line>,
     q: Vec<f32>,
-    qw: Vec<u32>,
-    p: Vec<f32>,
-    acc: Vec<f32>,
+    pub(super) qw: Vec<u32>,
+    pub(super) p: Vec<f32>,
+    pub(super) acc: Vec<f32>,
     /// Each tile's scores, 16 per head (the K loop's chains summed, as the kernel does
     /// before the softmax: no K accumulator stays live across the V loop).
     sc: Vec<Line>,
@@ -79,17 +79,17 @@ impl Tile {
 
     /// The loops' bounds: K and V hold `D x T` elements of `bytes`, the queries,
     /// probabilities and accumulators 4 heads' worth (the runs take g <= 4).
-    fn check(&self, bytes: usize) {
+    pub(super) fn check(&self, bytes: usize) {
         assert!(self.k.len() * 64 == D * T * bytes && self.v.len() == self.k.len());
         assert!(self.q.len() == 4 * D && self.qw.len() == 4 * D && self.p.len() == 4 * T && self.acc.len() == 4 * D);
         assert!(self.sc.len() == 4);
     }
 
-    fn kp(&self) -> *const u8 {
+    pub(super) fn kp(&self) -> *const u8 {
         self.k.as_ptr().cast()
     }
 
-    fn vp(&self) -> *const u8 {
+    pub(super) fn vp(&self) -> *const u8 {
         self.v.as_ptr().cast()
     }
 }
@@ -101,7 +101,7 @@ pub const KV: u8 = 3;
 
 /// The exact paths' K loop: N rows widened, then G x N FMAs (N x G chains).
 #[inline(always)]
-unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile, s: &mut [[__m512; G]; N]) {
+pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile, s: &mut [[__m512; G]; N]) {
     let (kp, qp) = (t.kp(), t.q.as_ptr());
     let mut i = 0;
     while i < D {
@@ -165,7 +165,7 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
 
 /// Sum the N chains of each of G heads and store the scores (f32 lanes).
 #[inline(always)]
-unsafe fn store_f32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512; G]; N]) {
+pub(super) unsafe fn store_f32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512; G]; N]) {
     for j in 0..G {
         let mut x = s[0][j];
         for r in 1..N {
@@ -249,42 +249,54 @@ static TRANSPOSE: [i8; 64] = transpose();
 pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
     const { assert!(G <= 4 && (D / 4).is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
     t.check(1);
-    // SAFETY: both tables hold 64 bytes.
-    let (gi, ti) = unsafe { (_mm512_loadu_si512(GATHER.as_ptr().cast()), _mm512_loadu_si512(TRANSPOSE.as_ptr().cast())) };
-    let bias = _mm512_set1_epi8(-128);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
-        if P & K != 0 {
-            let mut s = [[_mm512_setzero_si512(); G]; N];
-            let (kp, qp) = (t.kp(), t.qw.as_ptr());
-            let mut k = 0;
-            while k < D / 4 {
-                // SAFETY: quads k + r < D / 4 of 64 bytes inside k; query words
-                // j * D / 4 + k + r < 4 D.
-                unsafe {
-                    let mut x = [_mm512_setzero_si512(); N];
-                    for r in 0..N {
-                        let raw = _mm512_loadu_si512(kp.add(64 * (k + r)).cast());
-                        x[r] = _mm512_xor_si512(_mm512_shuffle_epi8(_mm512_permutexvar_epi32(gi, raw), ti), bias);
-                    }
-                    for j in 0..G {
-                        for r in 0..N {
-                            let qw = _mm512_set1_epi32(*qp.add(j * D / 4 + k + r) as i32);
-                            s[r][j] = _mm512_dpbusd_epi32(s[r][j], x[r], qw);
-                        }
-                    }
-                }
-                k += N;
+        // SAFETY: the features are this function's; the loops stay inside the tile.
+        unsafe {
+            if P & K != 0 {
+                k_dot::<G, N>(t);
             }
-            // SAFETY: the features are this function's.
-            unsafe { store_i32(t, s) };
-        }
-        if P & V != 0 {
-            // SAFETY: the features are this function's; the loop stays inside the tile.
-            unsafe { v_loop::<I8, G, VT>(t) };
+            if P & V != 0 {
+                v_loop::<I8, G, VT>(t);
+            }
         }
     }
+}
+
+/// `int8_scores`' K loop: per 4 K rows one 64-byte load, `vpermd` + `vpshufb` + `vpxord`,
+/// then G `vpdpbusd`; N quads per step (N x G chains); the scores stored per head.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI (the caller's features; inlined).
+#[inline(always)]
+pub(super) unsafe fn k_dot<const G: usize, const N: usize>(t: &mut Tile) {
+    // SAFETY: both tables hold 64 bytes.
+    let (gi, ti) = unsafe { (_mm512_loadu_si512(GATHER.as_ptr().cast()), _mm512_loadu_si512(TRANSPOSE.as_ptr().cast())) };
+    let bias = _mm512_set1_epi8(-128);
+    let mut s = [[_mm512_setzero_si512(); G]; N];
+    let (kp, qp) = (t.kp(), t.qw.as_ptr());
+    let mut k = 0;
+    while k < D / 4 {
+        // SAFETY: quads k + r < D / 4 of 64 bytes inside k; query words
+        // j * D / 4 + k + r < 4 D.
+        unsafe {
+            let mut x = [_mm512_setzero_si512(); N];
+            for r in 0..N {
+                let raw = _mm512_loadu_si512(kp.add(64 * (k + r)).cast());
+                x[r] = _mm512_xor_si512(_mm512_shuffle_epi8(_mm512_permutexvar_epi32(gi, raw), ti), bias);
+            }
+            for j in 0..G {
+                for r in 0..N {
+                    let qw = _mm512_set1_epi32(*qp.add(j * D / 4 + k + r) as i32);
+                    s[r][j] = _mm512_dpbusd_epi32(s[r][j], x[r], qw);
+                }
+            }
+        }
+        k += N;
+    }
+    // SAFETY: the caller's features.
+    unsafe { store_i32(t, s) };
 }
 
 /// The 512-bit bf16-pair type of `vdpbf16ps`, from integer lanes.

@@ -2,7 +2,8 @@
 //! ([`super::paths`]) timed at g = 1 and 4 and every thread count, printed as a table
 //! and as one JSON line.
 
-use super::paths::{self, Tile};
+use super::int_pv::int8_pv;
+use super::paths::{self, bf16_scores, exact, int8_scores, Tile};
 use super::widen::{Bf16, E4m3, E5m2, F32, I8};
 use super::{rate, Opts};
 
@@ -25,7 +26,7 @@ struct Path {
     runs: [[Run; 3]; 2],
 }
 
-/// The runs of `paths::$f` (with leading generic arguments `$pre`) for g = 1 (8 K
+/// The runs of `$f` (with leading generic arguments `$pre`) for g = 1 (8 K
 /// chains, 8 V vectors per block) and g = 4 (2 x 4 K chains, 4 V vectors x 4 heads).
 macro_rules! runs {
     ($f:ident $(, $pre:tt)*) => {
@@ -35,7 +36,7 @@ macro_rules! runs {
         ]
     };
     (@one $f:ident [$($pre:tt),*] $g:literal $n:literal $vt:literal $p:ident) => {
-        paths::$f::<$($pre,)* $g, $n, $vt, { paths::$p }> as Run
+        $f::<$($pre,)* $g, $n, $vt, { paths::$p }> as Run
     };
 }
 
@@ -46,17 +47,20 @@ const BF16: &[&str] = &["avx512bf16", "avx512vbmi"];
 fn all_paths() -> Vec<Path> {
     // FMA-only count per token and query head: exact d/16 + d/16 FMAs; int8_scores d/64
     // vpdpbusd + d/16 FMAs; bf16_scores d/32 vdpbf16ps + d/16 FMAs; for 2 d codes.
-    let (exact, vnni, bf16) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0);
+    // int8_pv d/16 FMAs + d/64 vpdpbusd (as int8_scores); int8_scores+int8_pv 2 d/64.
+    let (n_exact, n_vnni, n_bf16, n_both) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0, 64.0);
     vec![
-        Path { name: "f32", bytes: 4, needs: BASE, nominal: exact, runs: runs!(exact, F32) },
-        Path { name: "bf16", bytes: 2, needs: BASE, nominal: exact, runs: runs!(exact, Bf16) },
-        Path { name: "int8", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, I8) },
-        Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, E4m3) },
-        Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: exact, runs: runs!(exact, E5m2) },
-        Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: vnni, runs: runs!(int8_scores) },
-        Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, Bf16, false) },
-        Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, E4m3, true) },
-        Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: bf16, runs: runs!(bf16_scores, E5m2, true) },
+        Path { name: "f32", bytes: 4, needs: BASE, nominal: n_exact, runs: runs!(exact, F32) },
+        Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16) },
+        Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8) },
+        Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3) },
+        Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2) },
+        Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores) },
+        Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false) },
+        Path { name: "int8_scores+int8_pv", bytes: 1, needs: VNNI, nominal: n_both, runs: runs!(int8_pv, true) },
+        Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, Bf16, false) },
+        Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E4m3, true) },
+        Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E5m2, true) },
     ]
 }
 

@@ -34,7 +34,9 @@
 //! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in
 //! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
 //! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]), as the
-//! opt-in `int8_scores` does with the `vpdpbusd` scores of [`super::avx512_vnni`].
+//! opt-in `int8_scores` does with the `vpdpbusd` scores of [`super::avx512_vnni`]; the
+//! opt-in `int8_pv` replaces the f32 `P V` by `vpdpbusd` on 8-bit probabilities
+//! ([`Pv`], [`super::avx512_vnni_pv`]).
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
@@ -70,9 +72,9 @@ use super::query::interleave_query;
 use super::work::{Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
-const W: usize = 16;
+pub(crate) const W: usize = 16;
 /// Query heads per register tile.
-const HT: usize = 4;
+pub(crate) const HT: usize = 4;
 
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
@@ -80,16 +82,17 @@ const HT: usize = 4;
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
     // SAFETY: the caller's features are those `Exact` is compiled for.
-    unsafe { run_with(w, p, &Exact { q: &q }) }
+    unsafe { run_with(w, p, &Exact { q: &q }, &FloatPv) }
 }
 
-/// The tile loop of [`run`] with the scores computed by `sc`.
+/// The tile loop of [`run`] with the scores computed by `sc` and `P V` by `pv` where it
+/// takes the head_dim (else by this file's f32 loops).
 ///
 /// # Safety
-/// The CPU must support the features of `run` and of `S`'s implementation.
+/// The CPU must support the features of `run` and of `S`'s and `P`'s implementations.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partial, sc: &S) {
+pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &mut Partial, sc: &S, pv: &P) {
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[0f32; W]; HT];
     let mut l = LaneSums::<W>::new(p.l);
@@ -99,16 +102,18 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>>(w: &Work<E>, p: &mut Partia
             let qh = hi * g + j0;
             let pf = if j0 == 0 { pf } else { None };
             match g - j0 {
-                1 => head_tile::<E, S, 1>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
-                2 => head_tile::<E, S, 2>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
-                3 => head_tile::<E, S, 3>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
-                _ => head_tile::<E, S, 4>(chunk, sc, qh, p, l.rows(), &mut probs, pf),
+                1 => head_tile::<E, S, P, 1>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
+                2 => head_tile::<E, S, P, 2>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
+                3 => head_tile::<E, S, P, 3>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
+                _ => head_tile::<E, S, P, 4>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
             }
             j0 += HT;
         }
     });
     l.finish(p.l);
-    if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
+    if pv.takes(d) {
+        pv.finish(p.acc, d);
+    } else if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
 }
@@ -137,6 +142,52 @@ pub(crate) trait Scores<E> {
     /// # Safety
     /// The CPU must support the features the implementation is compiled for.
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H];
+}
+
+/// How a head tile's `P V` runs when not by this file's f32 loops: `vpdpbusd` on the
+/// probabilities quantized to 8 bits, for the opt-in `int8_pv`
+/// ([`super::avx512_vnni_pv`]); [`FloatPv`] takes nothing.
+pub(crate) trait Pv<E> {
+    /// Whether [`Self::pv`] takes every chunk of an item of head_dim `d` (then
+    /// [`Self::finish`] ends the item).
+    fn takes(&self, d: usize) -> bool;
+
+    /// `acc[j] = alpha[j] * acc[j] + P_j V` (without `alpha` unless `rescale`) for the
+    /// chunk's tokens and the `H` heads' probabilities `probs[j][t]` (V scales folded
+    /// in, 0 past `c.lanes`), `acc` the heads' `H` rows of `d` in the implementation's
+    /// order; the lines of `next` (the next V tiles, then the next K tiles) are
+    /// prefetched over the loop.
+    ///
+    /// # Safety
+    /// The CPU must support the features the implementation is compiled for.
+    unsafe fn pv<const H: usize>(
+        &self,
+        c: &Chunk<E>,
+        acc: &mut [f32],
+        probs: &[[f32; W]; HT],
+        alpha: &[f32; H],
+        rescale: bool,
+        next: [Stream<E>; 2],
+    );
+
+    /// Puts an item's accumulator rows (of `d`) back in dimension order.
+    fn finish(&self, acc: &mut [f32], d: usize);
+}
+
+/// `P V` by this file's f32 loops (V widened exactly).
+pub(crate) struct FloatPv;
+
+impl<E> Pv<E> for FloatPv {
+    #[inline(always)]
+    fn takes(&self, _: usize) -> bool {
+        false
+    }
+
+    unsafe fn pv<const H: usize>(&self, _: &Chunk<E>, _: &mut [f32], _: &[[f32; W]; HT], _: &[f32; H], _: bool, _: [Stream<E>; 2]) {
+        unreachable!("FloatPv takes no chunk")
+    }
+
+    fn finish(&self, _: &mut [f32], _: usize) {}
 }
 
 /// f32 scores from the pre-scaled f32 query rows of the item, each head tile's rows
@@ -284,9 +335,11 @@ fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
 /// `l` holds each head's softmax sum per lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
+#[allow(clippy::too_many_arguments)]
+fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize>(
     c: &Chunk<E>,
     sc: &S,
+    pv: &P,
     qh: usize,
     p: &mut Partial,
     l: &mut [[f32; W]],
@@ -301,7 +354,8 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
         Some(Ahead { k, v, far: None }) => (Stream { l1: Some(k), l2: None }, Stream { l1: Some(v), l2: None }),
         None => (Stream::NONE, Stream::NONE),
     };
-    let (next_k, pv_k) = if S::K_IN_SCORES { (next_k, Stream::NONE) } else { (Stream::NONE, next_k) };
+    // The integer `P V` is as short as the dot-product score loops: K stays with the scores.
+    let (next_k, pv_k) = if S::K_IN_SCORES || pv.takes(d) { (next_k, Stream::NONE) } else { (Stream::NONE, next_k) };
     // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
     let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };
     if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
@@ -351,6 +405,11 @@ fn head_tile<E: Elem, S: Scores<E>, const H: usize>(
     }
 
     let acc = &mut p.acc[qh * d..(qh + H) * d];
+    if pv.takes(d) {
+        // SAFETY: `run_with`'s caller guarantees the features of `P`'s implementation.
+        unsafe { pv.pv::<H>(c, acc, probs, &alpha, rescale, [next_v, pv_k]) };
+        return;
+    }
     // 8-bit V rows whose length is a multiple of 64: whole vectors, unmasked loads
     // folded into the widening, pointers stepped; 128 dimensions per pass for 1-2 heads.
     if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {

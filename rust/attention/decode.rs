@@ -55,6 +55,14 @@ pub struct DecodeOptions {
     /// dequantized quantized query (the same scores within f32 rounding). Softmax and
     /// `P V` are unchanged.
     pub int8_scores: bool,
+    /// int8 caches only: allow `P V` on 8-bit probabilities. The AVX-512 path on a CPU
+    /// with avx512_vnni, for a head_dim that is a multiple of 64, quantizes each chunk's
+    /// probabilities (times the V scales) per query head to `0..=255` by their maximum
+    /// and sums their products with the V codes exactly by `vpdpbusd`
+    /// ([`avx512_vnni_pv`](super::avx512_vnni_pv), which derives the bound: each output
+    /// within `(16 / 510) * max|V|` of the f32 `P V` on the same scores); every other
+    /// path and head_dim keeps the f32 `P V`. Combines with `int8_scores`.
+    pub int8_pv: bool,
 }
 
 /// One work item: KV head group `group` of sequence `seq`, the blocks `blocks` of
@@ -156,6 +164,7 @@ pub fn decode_attention(
                         (&q_bf16[at..at + per_item * pairs], factor)
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
+                    int8_pv: opts.int8_pv,
                 };
                 // Each index is handed out once, so the lock is never contended.
                 let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -219,6 +228,9 @@ fn check_call(
     if opts.int8_scores && cache.dtype() != DType::I8 {
         return Err(invalid!("int8_scores needs an int8 cache, this one stores {}", cache.dtype().name()));
     }
+    if opts.int8_pv && cache.dtype() != DType::I8 {
+        return Err(invalid!("int8_pv needs an int8 cache, this one stores {}", cache.dtype().name()));
+    }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
@@ -233,7 +245,7 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
         // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
-        Isa::Avx512 if w.q_i8.is_some() && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
+        Isa::Avx512 if (w.q_i8.is_some() || w.int8_pv) && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
         // feature the path is compiled for.

@@ -27,7 +27,10 @@
 //! path then uses the bf16-rounded query, so the option means the same math everywhere.
 //! Likewise `int8_scores` (int8 caches): the query quantized to int8 per row, scores by
 //! `vpdpbusd` ([`avx512_vnni`]) on AVX-512 with avx512_vnni, by f32 FMAs on the
-//! dequantized quantized query on every other path. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! dequantized quantized query on every other path. The opt-in `int8_pv` (int8 caches)
+//! allows `P V` on 8-bit probabilities: the AVX-512 path with avx512_vnni runs it by
+//! `vpdpbusd` ([`avx512_vnni_pv`], head_dim a multiple of 64) within a documented bound;
+//! every other path keeps the f32 `P V`. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 //!
 //! # Files
@@ -49,6 +52,8 @@ pub mod avx512_bf16;
 mod avx512_cvt;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
+#[cfg(target_arch = "x86_64")]
+mod avx512_vnni_pv;
 #[cfg(target_arch = "x86_64")]
 mod x86_prefetch;
 pub mod decode;
@@ -75,6 +80,8 @@ mod tests;
 mod tests_fp8;
 #[cfg(test)]
 mod tests_int8;
+#[cfg(test)]
+mod tests_int8_pv;
 #[cfg(test)]
 mod tests_q8;
 #[cfg(test)]

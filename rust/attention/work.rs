@@ -39,6 +39,10 @@ pub(crate) struct Work<'a, E> {
     /// factor), which the paths without `vpdpbusd` read.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_i8: Option<QueryI8<'a>>,
+    /// With `int8_pv` (int8 caches): the AVX-512 path with `vpdpbusd` may run `P V` on
+    /// 8-bit probabilities ([`super::avx512_vnni_pv`]); the others ignore it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub int8_pv: bool,
 }
 
 /// An item's softmax sums kept per lane of a `W`-lane register, one row per query head,

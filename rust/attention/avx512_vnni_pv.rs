@@ -1,0 +1,246 @@
+//! AVX-512 VNNI `P V` (`int8_pv=True` on an int8 cache, head_dim a multiple of 64): the
+//! probabilities quantized to 8 bits per (chunk, query head) and multiplied with the V
+//! codes by `vpdpbusd`, plugged into the tile loop of [`super::avx512`] as its
+//! [`Pv`] (scores, softmax and prefetch are that path's).
+//!
+//! Per chunk of up to 16 tokens and query head `j`: the probabilities carry the tokens'
+//! V scales (`P'_t = p_t * s_t`, as the f32 loops read them), so `M = max_t P'_t` and
+//! `code_t = round_half_even(P'_t * 255 / M)` in `0..=255`; then
+//! `acc_j += (M / 255) * sum_t code_t * V_t` with the sum exact in i32 (at most
+//! `16 * 255 * 127 < 2^31`) and one f32 rounding for its conversion. `vpdpbusd` takes
+//! four tokens per 32-bit lane: the P codes are its unsigned operand (four tokens'
+//! codes broadcast), the V codes its signed one, so four V rows of 64 codes are
+//! transposed into 4 x 4 byte blocks by two rounds of unpacks (8 instructions per 256
+//! codes, shared by the tile's heads). One instruction then does 64 multiply-adds of up
+//! to 4 heads' worth of V reads, against 16 FMAs plus 2 widening instructions per 16
+//! codes on the f32 loops.
+//!
+//! The unpacks work within 128-bit lanes, so accumulator vector `k` of a 64-dimension
+//! segment holds dimension `16 L + 4 k + i` at lane `4 L + i`: the f32 accumulators keep
+//! that order across the item and [`IntPv::finish`] puts them back ([`segment_position`]).
+//!
+//! Bound (against the f32 `P V` on the same scores): `|P'_t - code_t * M / 255| <= M / 510`
+//! per token, `|V code| <= 127` and `M * 127 <= max_t p_t * max|V'|` (`V'` dequantized:
+//! code times scale, whose largest magnitude per row is `127 * s_t`); the softmax sum
+//! holds each chunk's largest `p_t`, so each output moves by at most
+//! `(16 / 510) * max|V'|` (about 3% of the largest V magnitude of the sequence's head,
+//! reached only when every chunk has one dominant token and 15 others just under half a
+//! code), plus f32 rounding. Measured errors on normal data are far below it
+//! (`benches/bench_quant.py`).
+
+// Register tiles are small fixed arrays indexed by head and vector: index loops read best.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::avx512::{Pv, HT, W};
+use super::work::Chunk;
+use super::x86_prefetch::{Prefetcher, Stream};
+use crate::kv::{DType, Elem};
+
+/// Dimensions per transposed segment: 4 V rows of 64 codes become 4 vectors, each 16
+/// dimensions x 4 tokens.
+const SEG: usize = 64;
+
+/// Where dimension `dim` (`< 64`) of a segment sits in [`IntPv`]'s accumulator order
+/// (an involution: lane `4 L + i` of vector `k` holds dimension `16 L + 4 k + i`).
+pub(crate) const fn segment_position(dim: usize) -> usize {
+    let (l, k, i) = (dim / 16, (dim % 16) / 4, dim % 4);
+    16 * k + 4 * l + i
+}
+
+/// `P V` by `vpdpbusd` on 8-bit probabilities (see the module doc).
+pub(crate) struct IntPv;
+
+impl<E: Elem> Pv<E> for IntPv {
+    #[inline(always)]
+    fn takes(&self, d: usize) -> bool {
+        E::DTYPE == DType::I8 && d.is_multiple_of(SEG)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    unsafe fn pv<const H: usize>(
+        &self,
+        c: &Chunk<E>,
+        acc: &mut [f32],
+        probs: &[[f32; W]; HT],
+        alpha: &[f32; H],
+        rescale: bool,
+        next: [Stream<E>; 2],
+    ) {
+        let d = c.d;
+        assert!(E::DTYPE == DType::I8 && d.is_multiple_of(SEG) && H <= HT);
+        let (codes, cs) = quantize::<H>(probs);
+        // One MHA head's two segments per pass (8 accumulators); 4 heads' one.
+        let wide = H == 1 && d.is_multiple_of(2 * SEG);
+        // One step per group of 4 rows and segment.
+        let steps = d / SEG * c.lanes.div_ceil(4);
+        let pf = &mut [Prefetcher::new(next[0], steps), Prefetcher::new(next[1], steps)];
+        // SAFETY: the features are ours; `pass`'s asserts check the rest.
+        unsafe {
+            if wide {
+                pass::<E, H, 2>(c, acc, &codes, &cs, alpha, rescale, pf);
+            } else {
+                pass::<E, H, 1>(c, acc, &codes, &cs, alpha, rescale, pf);
+            }
+        }
+    }
+
+    fn finish(&self, acc: &mut [f32], d: usize) {
+        // Rows of d, a multiple of 64 (`takes`): every 64 floats are one segment.
+        debug_assert!(d.is_multiple_of(SEG) && acc.len().is_multiple_of(d));
+        let mut seg = [0f32; SEG];
+        for s in acc.chunks_exact_mut(SEG) {
+            seg.copy_from_slice(s);
+            for (dim, x) in s.iter_mut().enumerate() {
+                *x = seg[segment_position(dim)];
+            }
+        }
+    }
+}
+
+/// Each head's 16 probabilities as 8-bit codes (four tokens per `u32`, token `4 w + b` in
+/// byte `b` of word `w`) and their step `M / 255`. A chunk whose largest probability is
+/// 0 (or too small for `255 / M` in f32) gets codes of at most `M * f32::MAX`; a NaN
+/// probability makes the step NaN, so the output is NaN as on the f32 loops.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H]) {
+    let mut codes = [[0u32; 4]; H];
+    let mut step = [0f32; H];
+    for j in 0..H {
+        // SAFETY: probs[j] holds exactly 16 f32, codes[j] 16 bytes.
+        unsafe {
+            let x = _mm512_loadu_ps(probs[j].as_ptr());
+            let m = _mm512_reduce_max_ps(x);
+            let r = (255.0 / m).min(f32::MAX);
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) != 0;
+            step[j] = if nan { f32::NAN } else { 1.0 / r };
+            // MXCSR's rounding: nearest, ties to even; lanes at or below M give at most 255.
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(r)));
+            _mm_storeu_si128(codes[j].as_mut_ptr().cast(), _mm512_cvtusepi32_epi8(q));
+        }
+    }
+    (codes, step)
+}
+
+/// Four V rows (64 codes each, from `rows[r]`) as the 4 accumulator-order vectors of
+/// their segment: lane `4 L + i` of vector `k` holds the four rows' codes of dimension
+/// `16 L + 4 k + i`, row `r` in byte `r`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn transpose(r: [__m512i; 4]) -> [__m512i; 4] {
+    let (a, b) = (_mm512_unpacklo_epi8(r[0], r[1]), _mm512_unpackhi_epi8(r[0], r[1]));
+    let (c, e) = (_mm512_unpacklo_epi8(r[2], r[3]), _mm512_unpackhi_epi8(r[2], r[3]));
+    [_mm512_unpacklo_epi16(a, c), _mm512_unpackhi_epi16(a, c), _mm512_unpacklo_epi16(b, e), _mm512_unpackhi_epi16(b, e)]
+}
+
+/// [`IntPv::pv`] with `S` segments of each head's row per pass (`4 * S` i32
+/// accumulators per head in registers over the chunk).
+///
+/// # Safety
+/// The CPU must support the features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn pass<E: Elem, const H: usize, const S: usize>(
+    c: &Chunk<E>,
+    acc: &mut [f32],
+    codes: &[[u32; 4]; H],
+    step: &[f32; H],
+    alpha: &[f32; H],
+    rescale: bool,
+    pf: &mut [Prefetcher; 2],
+) {
+    let d = c.d;
+    assert!(d.is_multiple_of(S * SEG) && acc.len() == H * d);
+    assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    let (full, rest) = (c.lanes / 4, c.lanes % 4);
+    let ap = acc.as_mut_ptr();
+    let mut u0 = 0;
+    while u0 < d {
+        let mut a = [[_mm512_setzero_si512(); 8]; H];
+        let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0).cast::<i8>();
+        let mut g = 0;
+        while g < full + usize::from(rest > 0) {
+            // Rows past the chunk's tokens read as 0 (their P codes are 0 too).
+            let live = if g < full { 4 } else { rest };
+            for s in 0..S {
+                pf[0].step();
+                pf[1].step();
+                let mut r = [_mm512_setzero_si512(); 4];
+                for t in 0..4 {
+                    // SAFETY: row c0 + 4 g + t < c0 + lanes of the V tile (asserted inside vt)
+                    // when t < live, codes u0 + 64 s .. + 64 <= d of it; masked-off rows are
+                    // not accessed.
+                    r[t] = unsafe {
+                        let p = vr.wrapping_add(t * d + s * SEG);
+                        if g < full {
+                            _mm512_loadu_si512(p.cast())
+                        } else {
+                            _mm512_maskz_loadu_epi8(if t < live { u64::MAX } else { 0 }, p)
+                        }
+                    };
+                }
+                let x = transpose(r);
+                for j in 0..H {
+                    let pj = _mm512_set1_epi32(codes[j][g] as i32);
+                    // Unsigned operand: the P codes; signed: the V codes.
+                    for k in 0..4 {
+                        a[j][4 * s + k] = _mm512_dpbusd_epi32(a[j][4 * s + k], pj, x[k]);
+                    }
+                }
+            }
+            vr = vr.wrapping_add(4 * d);
+            g += 1;
+        }
+        for j in 0..H {
+            let (al, st) = (_mm512_set1_ps(alpha[j]), _mm512_set1_ps(step[j]));
+            for k in 0..4 * S {
+                // SAFETY: j * d + u0 + 16 k + 16 <= H * d = acc.len() (d a multiple of S * 64).
+                unsafe {
+                    let at = ap.add(j * d + u0 + k * W);
+                    let mut f = _mm512_loadu_ps(at);
+                    if rescale {
+                        f = _mm512_mul_ps(al, f);
+                    }
+                    _mm512_storeu_ps(at, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[j][k]), st, f));
+                }
+            }
+        }
+        u0 += S * SEG;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unpacks' order, checked on the instructions: row r's code of dimension `dim`
+    /// lands in byte r of the dword at [`segment_position`]`(dim)`.
+    #[test]
+    fn transpose_puts_each_dimensions_four_rows_in_its_segment_position() {
+        if !super::super::avx512_vnni::supported() {
+            eprintln!("SKIPPED the int8_pv transpose check: this CPU lacks avx512_vnni");
+            return;
+        }
+        let rows: [[i8; 64]; 4] = std::array::from_fn(|r| std::array::from_fn(|dim| (r * 64 + dim) as i8));
+        let mut out = [[0i8; 64]; 4];
+        // SAFETY: the CPU has avx512bw (the AVX-512 path's features come with vnni's
+        // check in its tests' CPUs; `Isa::Avx512` is checked too); each array holds 64 bytes.
+        unsafe {
+            assert!(crate::attention::Isa::Avx512.supported());
+            let r = std::array::from_fn(|t| _mm512_loadu_si512(rows[t].as_ptr().cast()));
+            for (o, x) in out.iter_mut().zip(transpose(r)) {
+                _mm512_storeu_si512(o.as_mut_ptr().cast(), x);
+            }
+        }
+        for dim in 0..64 {
+            let p = segment_position(dim);
+            for r in 0..4 {
+                assert_eq!(out[p / 16][4 * (p % 16) + r], rows[r][dim], "dimension {dim} row {r}");
+            }
+        }
+        assert!((0..64).all(|dim| segment_position(segment_position(dim)) == dim));
+    }
+}
