@@ -41,17 +41,20 @@ struct Path {
     dtype: DType,
     bf16_scores: bool,
     int8_scores: bool,
+    int8_pv: bool,
 }
 
-const PATHS: [Path; 8] = [
-    Path { name: "bf16", dtype: DType::BF16, bf16_scores: false, int8_scores: false },
-    Path { name: "int8", dtype: DType::I8, bf16_scores: false, int8_scores: false },
-    Path { name: "fp8_e4m3", dtype: DType::E4M3, bf16_scores: false, int8_scores: false },
-    Path { name: "fp8_e5m2", dtype: DType::E5M2, bf16_scores: false, int8_scores: false },
-    Path { name: "bf16+bf16_scores", dtype: DType::BF16, bf16_scores: true, int8_scores: false },
-    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, bf16_scores: true, int8_scores: false },
-    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, bf16_scores: true, int8_scores: false },
-    Path { name: "int8_scores", dtype: DType::I8, bf16_scores: false, int8_scores: true },
+const PATHS: [Path; 10] = [
+    Path { name: "bf16", dtype: DType::BF16, bf16_scores: false, int8_scores: false, int8_pv: false },
+    Path { name: "int8", dtype: DType::I8, bf16_scores: false, int8_scores: false, int8_pv: false },
+    Path { name: "fp8_e4m3", dtype: DType::E4M3, bf16_scores: false, int8_scores: false, int8_pv: false },
+    Path { name: "fp8_e5m2", dtype: DType::E5M2, bf16_scores: false, int8_scores: false, int8_pv: false },
+    Path { name: "bf16+bf16_scores", dtype: DType::BF16, bf16_scores: true, int8_scores: false, int8_pv: false },
+    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, bf16_scores: true, int8_scores: false, int8_pv: false },
+    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, bf16_scores: true, int8_scores: false, int8_pv: false },
+    Path { name: "int8_scores", dtype: DType::I8, bf16_scores: false, int8_scores: true, int8_pv: false },
+    Path { name: "int8_pv", dtype: DType::I8, bf16_scores: false, int8_scores: false, int8_pv: true },
+    Path { name: "int8_scores+int8_pv", dtype: DType::I8, bf16_scores: false, int8_scores: true, int8_pv: true },
 ];
 
 /// A deterministic generator of floats in [-1, 1).
@@ -105,7 +108,13 @@ fn least_s(reps: usize, mut f: impl FnMut()) -> f64 {
 /// Marginal K+V codes per second of `p` at `g` query heads: the median over `rounds` of the
 /// codes between `SHORT` and `LONG` tokens over the time between their calls.
 fn kernel_rate(p: &Path, g: usize, rounds: usize) -> f64 {
-    let opts = DecodeOptions { split_tokens: Some(0), bf16_scores: p.bf16_scores, int8_scores: p.int8_scores, ..Default::default() };
+    let opts = DecodeOptions {
+        split_tokens: Some(0),
+        bf16_scores: p.bf16_scores,
+        int8_scores: p.int8_scores,
+        int8_pv: p.int8_pv,
+        ..Default::default()
+    };
     let mut r = Lcg(11);
     let q: Vec<f32> = (0..g * D).map(|_| r.next()).collect();
     let mut out = vec![0f32; g * D];
@@ -154,7 +163,7 @@ fn main() {
         println!("|---|---|---|---|");
         let mut json = Vec::new();
         for p in &PATHS {
-            let needs: &[&str] = match (p.bf16_scores, p.int8_scores) {
+            let needs: &[&str] = match (p.bf16_scores, p.int8_scores || p.int8_pv) {
                 (true, _) => &["avx512bf16", "avx512vbmi"],
                 (_, true) => &["avx512vnni"],
                 _ => &[],

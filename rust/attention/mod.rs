@@ -53,7 +53,7 @@ mod avx512_cvt;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
 #[cfg(target_arch = "x86_64")]
-mod avx512_vnni_pv;
+pub mod avx512_vnni_pv;
 #[cfg(target_arch = "x86_64")]
 mod x86_prefetch;
 pub mod decode;
