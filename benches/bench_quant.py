@@ -315,20 +315,32 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
 
 
 def toy() -> list[dict[str, Any]]:
-    cfg = toy_decoder.ToyConfig()
+    """The toy decoder's greedy tokens and teacher-forced logits against its f32 run: every
+    dtype at head_dim 32; int8 with the opt-in fast paths at head_dim 64 (``int8_pv``
+    takes head_dims that are multiples of 64), against that model's own f32 run."""
+    rows = _toy_rows(toy_decoder.ToyConfig(), [(dt, None) for dt in ["bf16", *DTYPES[1:]]])
+    fast: list[tuple[str, toy_decoder.DecodeSwitches | None]] = [
+        ("int8", None), ("int8", {"int8_scores": True}), ("int8", {"int8_pv": True}),
+        ("int8", {"int8_scores": True, "int8_pv": True})]
+    return rows + _toy_rows(toy_decoder.ToyConfig(d_head=64), fast)
+
+
+def _toy_rows(cfg: toy_decoder.ToyConfig, runs: list[tuple[str, toy_decoder.DecodeSwitches | None]]
+              ) -> list[dict[str, Any]]:
     model = toy_decoder.make_model(cfg)
     prompt = [int(t) for t in np.random.default_rng(cfg.seed + 1).integers(0, cfg.vocab, cfg.prompt)]
     ref, _ = toy_decoder.generate_cached(model, prompt, "f32")
     ref_logits = toy_decoder.cached_logits(model, prompt, ref, "f32")
     rows = []
-    for dt in ["bf16", *DTYPES[1:]]:
-        toks, _ = toy_decoder.generate_cached(model, prompt, dt)
+    for dt, opts in runs:
+        toks, _ = toy_decoder.generate_cached(model, prompt, dt, decode_options=opts)
         same = [a == b for a, b in zip(toks, ref)]
         first = same.index(False) if False in same else None
-        logits = toy_decoder.cached_logits(model, prompt, ref, dt)
+        logits = toy_decoder.cached_logits(model, prompt, ref, dt, decode_options=opts)
         diff = np.abs(logits - ref_logits)
         top2 = np.sort(ref_logits, axis=1)[:, -2:]
-        rows.append(dict(dtype=dt, same_tokens=sum(same), first_divergence=first, max_logit_err=float(diff.max()),
+        name = "+".join([dt, *(k for k, v in (opts or {}).items() if v)]) + f" (d {cfg.d_head})"
+        rows.append(dict(dtype=name, same_tokens=sum(same), first_divergence=first, max_logit_err=float(diff.max()),
                          logit_scale=float(np.abs(ref_logits).max()),
                          min_top2_gap=float((top2[:, 1] - top2[:, 0]).min())))
     return rows

@@ -40,7 +40,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, TypeVar
+from typing import Callable, TypedDict, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -182,39 +182,56 @@ def generate_recompute(model: Model, prompt: list[int]) -> tuple[list[int], F32]
     return out, logits
 
 
-def generate_cached(model: Model, prompt: list[int], dtype: str = "f32") -> tuple[list[int], F32]:
+class DecodeSwitches(TypedDict, total=False):
+    """The opt-in fast paths of :func:`pykvpool.decode_attention` (each False by default)."""
+
+    bf16_scores: bool
+    int8_scores: bool
+    int8_pv: bool
+
+
+def generate_cached(model: Model, prompt: list[int], dtype: str = "f32", *,
+                    decode_options: DecodeSwitches | None = None) -> tuple[list[int], F32]:
     """Greedy generation through pykvpool: prefill into the cache, then one
     ``step -> write -> decode_attention`` per layer per token, in a ``dtype`` cache
     (any :class:`pykvpool.KvCache` dtype: ``"f32"``, ``"f16"``, ``"bf16"``, ``"int8"``,
-    ``"fp8_e4m3"``, ``"fp8_e5m2"``).
+    ``"fp8_e4m3"``, ``"fp8_e5m2"``). ``decode_options``: keyword switches passed to every
+    :func:`pykvpool.decode_attention` call, e.g. ``{"int8_scores": True, "int8_pv": True}``
+    on an int8 cache (None: the exact path).
 
     Raises:
         IndexError: a prompt token >= ``vocab``, or an empty prompt.
-        InvalidArgumentError: an unknown ``dtype``, or sizes the pool or cache refuse.
+        InvalidArgumentError: an unknown ``dtype``, sizes the pool or cache refuse, or a
+            decode option the cache's dtype refuses.
+        TypeError: a ``decode_options`` key :func:`pykvpool.decode_attention` does not take.
     """
-    out, logits = _run_cached(model, prompt, dtype, None)
+    out, logits = _run_cached(model, prompt, dtype, None, decode_options or {})
     return out, logits[-1]
 
 
-def cached_logits(model: Model, prompt: list[int], tokens: list[int], dtype: str = "f32") -> F32:
+def cached_logits(model: Model, prompt: list[int], tokens: list[int], dtype: str = "f32", *,
+                  decode_options: DecodeSwitches | None = None) -> F32:
     """Teacher-forced logits through a ``dtype`` cache: the logits after the prompt and
     after each of ``tokens[:-1]`` fed in turn (whatever the model would have chosen), so
-    two dtypes can be compared step by step on the same sequence.
+    two dtypes (or decode options, as for :func:`generate_cached`) can be compared step by
+    step on the same sequence.
 
     Returns:
         float32 ``[len(tokens), vocab]``.
 
     Raises:
         IndexError: a token >= ``vocab``, or an empty prompt.
-        InvalidArgumentError: an unknown ``dtype``, more than ``cfg.gen`` tokens, or sizes
-            the pool or cache refuse.
+        InvalidArgumentError: an unknown ``dtype``, more than ``cfg.gen`` tokens, sizes
+            the pool or cache refuse, or a decode option the cache's dtype refuses.
+        TypeError: a ``decode_options`` key :func:`pykvpool.decode_attention` does not take.
     """
     if not 1 <= len(tokens) <= model.cfg.gen:
         raise InvalidArgumentError(f"tokens must hold 1..{model.cfg.gen} tokens, got {len(tokens)}")
-    return _run_cached(model, prompt, dtype, tokens)[1]
+    return _run_cached(model, prompt, dtype, tokens, decode_options or {})[1]
 
 
-def _run_cached(model: Model, prompt: list[int], dtype: str, forced: list[int] | None) -> tuple[list[int], F32]:
+def _run_cached(model: Model, prompt: list[int], dtype: str, forced: list[int] | None,
+                opts: DecodeSwitches) -> tuple[list[int], F32]:
     """The cached route: greedy, or fed ``forced``; returns the tokens and every step's
     logits ``[steps, vocab]``."""
     cfg = model.cfg
@@ -236,7 +253,7 @@ def _run_cached(model: Model, prompt: list[int], dtype: str, forced: list[int] |
             q = (h @ lay.wq).reshape(1, cfg.n_q_head, cfg.d_head)
             cache.write(layer, (h @ lay.wk).reshape(1, cfg.n_kv_head, cfg.d_head),
                         (h @ lay.wv).reshape(1, cfg.n_kv_head, cfg.d_head), slots)
-            o = decode_attention(cache, layer, q, tables, seq_lens)
+            o = decode_attention(cache, layer, q, tables, seq_lens, **opts)
             x = _mlp(lay, x + o.reshape(1, cfg.d_model) @ lay.wo)
         logits = x[0] @ model.head
         steps.append(logits)
