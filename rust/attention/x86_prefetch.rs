@@ -50,15 +50,7 @@ impl Prefetcher {
         let Some(t) = s.l1 else {
             return Self { near: std::ptr::null(), far: std::ptr::null(), steps: 0, per: 0 };
         };
-        let lines = std::mem::size_of_val(t).div_ceil(64);
-        // One line a step when the loop has steps enough (the common case; no division,
-        // as this runs per tile and loop).
-        let (per_lines, steps) = if lines <= iters {
-            (1, lines)
-        } else {
-            let per = lines.div_ceil(iters.max(1));
-            (per, lines.div_ceil(per))
-        };
+        let (per_lines, steps) = spread(std::mem::size_of_val(t).div_ceil(64), iters);
         // A far tile of another length (never, as tiles share a shape) is not prefetched.
         let far = s.l2.filter(|f| f.len() == t.len()).unwrap_or(t);
         Self { near: t.as_ptr().cast(), far: far.as_ptr().cast(), steps, per: 64 * per_lines }
@@ -82,5 +74,42 @@ impl Prefetcher {
         self.near = self.near.wrapping_add(self.per);
         self.far = self.far.wrapping_add(self.per);
         self.steps -= 1;
+    }
+}
+
+/// Lines per step and steps that cover `lines` in at most `iters` steps (at least one):
+/// one line a step when the loop has steps enough (the common case); else
+/// `ceil(lines / iters)` a step. No division when both are powers of two (tiles of 2^k
+/// lines over loops of 2^j steps, the usual shapes: two divisions per tile and loop were
+/// measurable on the shortest loops, the integer `P V`'s).
+#[inline]
+fn spread(lines: usize, iters: usize) -> (usize, usize) {
+    if lines <= iters {
+        (1, lines)
+    } else if iters.is_power_of_two() && lines.is_power_of_two() {
+        (lines >> iters.trailing_zeros(), iters)
+    } else {
+        let per = lines.div_ceil(iters.max(1));
+        (per, lines.div_ceil(per))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    /// Every line is covered, within the loop's steps, by the fewest lines a step.
+    #[test]
+    fn spread_covers_every_line_within_the_steps() {
+        for lines in 0..300 {
+            for iters in 0..70 {
+                let (per, steps) = spread(lines, iters);
+                assert!(per * steps >= lines, "{lines} over {iters}");
+                let fewest = if iters == 0 { lines.max(1) } else { lines.div_ceil(iters).max(1) };
+                assert_eq!(per, fewest, "{lines} over {iters}");
+                assert!(steps <= iters.max(1) || lines == 0, "{lines} over {iters}: {steps} steps");
+                assert!(per * (steps.max(1) - 1) < lines.max(1), "no idle step: {lines} over {iters}");
+            }
+        }
     }
 }
