@@ -220,6 +220,8 @@ mod tests {
     /// lands in byte r of the dword at [`segment_position`]`(dim)`.
     #[test]
     fn transpose_puts_each_dimensions_four_rows_in_its_segment_position() {
+        // One int8_scores test hides VNNI for the process while it runs.
+        let _shared = super::super::tests_int8::shared();
         if !super::super::avx512_vnni::supported() {
             eprintln!("SKIPPED the int8_pv transpose check: this CPU lacks avx512_vnni");
             return;

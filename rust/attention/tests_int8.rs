@@ -19,7 +19,7 @@ use crate::kv::{DType, KvCache};
 /// that hides VNNI (a process-wide switch: none may run while it is on).
 static VNNI_SWITCH: RwLock<()> = RwLock::new(());
 
-fn shared() -> RwLockReadGuard<'static, ()> {
+pub(super) fn shared() -> RwLockReadGuard<'static, ()> {
     VNNI_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -10,10 +10,12 @@ use super::isa::*;
 use super::query::int8_query;
 use super::tables::*;
 use super::test_util::{filled, shape, Lcg};
+use super::tests_int8::shared;
 use super::tests::reference_window;
 use crate::kv::{DType, KvCache};
 
-/// Whether `isa` runs `int8_pv` on integers (else it keeps the f32 `P V`).
+/// Whether `isa` runs `int8_pv` on integers (else it keeps the f32 `P V`). Every test
+/// here holds [`shared`]: one `int8_scores` test hides VNNI for the process while it runs.
 fn integer_pv(isa: Isa, d: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && super::avx512_vnni::supported() && d.is_multiple_of(64);
@@ -34,6 +36,7 @@ fn opts(isa: Isa, int8_scores: bool) -> DecodeOptions {
 /// `m_t` put `255 m_t / max m` 0.3 or 0.7 past an integer (no tie, nothing near one).
 #[test]
 fn int8_pv_quantizes_each_chunks_probabilities_by_its_largest() {
+    let _shared = shared();
     let (bs, d, nb) = (16, 128, 2);
     let mut r = Lcg(5);
     let u: Vec<f32> = (0..d).map(|i| if i == 3 { -1.0 } else { 0.9 * r.next() }).collect();
@@ -114,12 +117,25 @@ fn within_bound(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, win
     }
 }
 
-/// Head groups 1-5 and 8 (tiles of 1-4 heads, one MHA head's two segments per pass),
-/// block sizes 1, 8, 16 and 32 (chunk tails 1-16, partial groups of 4), head dims 64,
-/// 128 and 256 and, kept on the f32 `P V`, 80; splits of one block; windows and sinks.
+/// Head groups 1-5 and 8 (tiles of 1-4 heads; one head takes two segments per pass when
+/// head_dim is a multiple of 128, one otherwise), block sizes 1, 8, 16 and 32 (chunk
+/// tails 1-16, partial groups of 4), head dims 64, 128, 192 and 256 and, kept on the f32
+/// `P V`, 80; splits of one block; windows and sinks.
 #[test]
 fn int8_pv_stays_within_the_documented_bound_over_the_grid() {
-    for (bs, d, hkv, g) in [(16, 128, 2, 1), (16, 128, 2, 4), (16, 64, 1, 3), (8, 128, 1, 5), (32, 256, 1, 2), (1, 64, 2, 8), (16, 80, 1, 4)] {
+    let _shared = shared();
+    let grid = [
+        (16, 128, 2, 1),
+        (16, 128, 2, 4),
+        (16, 64, 2, 1),
+        (16, 192, 1, 1),
+        (16, 64, 1, 3),
+        (8, 128, 1, 5),
+        (32, 256, 1, 2),
+        (1, 64, 2, 8),
+        (16, 80, 1, 4),
+    ];
+    for (bs, d, hkv, g) in grid {
         let nb = 64usize.div_ceil(bs).max(8) * 2;
         let c = filled(shape(bs, hkv, d, nb), DType::I8, (bs + d + g) as u64, 1.0);
         let lens: Vec<usize> = vec![1, 13, 3 * bs + 5, 60];
@@ -143,6 +159,7 @@ fn int8_pv_stays_within_the_documented_bound_over_the_grid() {
 /// On normal data the error is far inside the bound, yet visible where the path runs.
 #[test]
 fn int8_pv_errors_on_normal_data_are_far_below_the_bound() {
+    let _shared = shared();
     let (bs, hkv, g, d) = (16, 2, 4, 128);
     let c = filled(shape(bs, hkv, d, 32), DType::I8, 9, 1.0);
     let t = SeqTables::padded(&(0..32).collect::<Vec<i64>>(), 16, &[256, 250], bs, 32).unwrap();
@@ -162,6 +179,7 @@ fn int8_pv_errors_on_normal_data_are_far_below_the_bound() {
 
 #[test]
 fn int8_pv_needs_an_int8_cache_and_keeps_nan() {
+    let _shared = shared();
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::E4M3, DType::E5M2] {
