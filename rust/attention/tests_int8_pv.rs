@@ -16,14 +16,15 @@ use crate::kv::{DType, KvCache};
 
 /// Whether `isa` runs `int8_pv` on integers (else it keeps the f32 `P V`). Every test
 /// here holds [`shared`]: one `int8_scores` test hides VNNI for the process while it runs.
+#[cfg(target_arch = "x86_64")]
 fn integer_pv(isa: Isa, d: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return isa == Isa::Avx512 && super::avx512_vnni::supported() && d.is_multiple_of(64);
-    #[cfg(not(target_arch = "x86_64"))]
-    return {
-        let _ = (isa, d);
-        false
-    };
+    isa == Isa::Avx512 && super::avx512_vnni::supported() && d.is_multiple_of(64)
+}
+
+/// No path off x86-64 runs `P V` on integers.
+#[cfg(not(target_arch = "x86_64"))]
+fn integer_pv(_: Isa, _: usize) -> bool {
+    false
 }
 
 fn opts(isa: Isa, int8_scores: bool) -> DecodeOptions {
