@@ -8,7 +8,8 @@ P.V. On every path, both table forms, with and without ``int8_scores``:
   the output scale where the integer P.V runs, within 1e-5 of the output scale elsewhere;
   the LSE (the softmax sum is untouched) within 1e-5;
 - on normal data the error is visible where the integer P.V runs and far inside the bound;
-- refused (naming ``int8_pv``) for any other cache, ``out`` untouched; a bool only.
+- a bool only; refused (naming ``int8_pv``) for any other cache with ``out`` untouched
+  (tests/test_kv_quant_fast.py, with ``int8_scores``'s refusal).
 """
 
 from __future__ import annotations
@@ -74,20 +75,6 @@ def test_int8_pv_errors_on_normal_data_are_visible_and_far_inside_the_bound(path
         assert 0 < err < 16 / 510 * vmax / 5, (err, vmax)
     else:
         assert err <= 1e-6 * max(np.abs(exact).max(), 1e-3)
-
-
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("path", PATHS)
-def test_int8_pv_is_refused_for_other_caches_and_leaves_out_untouched(path: str, dtype: str) -> None:
-    c = kv.KvCache(1, 4, 16, 2, 64, dtype)
-    c.write(0, np.ones((64, 2, 64), np.float32), np.ones((64, 2, 64), np.float32), np.arange(64))
-    q = np.ones((1, 4, 64), np.float32)
-    out = np.full((1, 4, 64), 7.0, np.float32)
-    with pytest.raises(kv.InvalidArgumentError, match="int8_pv needs an int8 cache"):
-        kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, force_isa=path, int8_pv=True)
-    with pytest.raises(kv.InvalidArgumentError, match="int8_pv needs an int8 cache"):
-        kv.decode_attention_paged(c, 0, q, [0, 2], [0, 1], [4], out=out, force_isa=path, int8_pv=True)
-    assert (out == 7.0).all()
 
 
 def test_int8_pv_takes_a_bool_only() -> None:
