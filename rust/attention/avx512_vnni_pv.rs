@@ -11,9 +11,9 @@
 //! four tokens per 32-bit lane: the P codes are its unsigned operand (four tokens'
 //! codes broadcast), the V codes its signed one, so four V rows of 64 codes are
 //! transposed into 4 x 4 byte blocks by two rounds of unpacks (8 instructions per 256
-//! codes, shared by the tile's heads). One instruction then does 64 multiply-adds of up
-//! to 4 heads' worth of V reads, against 16 FMAs plus 2 widening instructions per 16
-//! codes on the f32 loops.
+//! codes, shared by the tile's heads). One instruction then does one head's 64 products
+//! of 4 tokens x 16 dimensions, for which the f32 loops issue 4 FMAs and 8 widening
+//! instructions (`vpmovsxbd` + `vcvtdq2ps` per 16 codes, shared by the heads).
 //!
 //! The unpacks work within 128-bit lanes, so accumulator vector `k` of a 64-dimension
 //! segment holds dimension `16 L + 4 k + i` at lane `4 L + i`: the f32 accumulators keep
