@@ -220,18 +220,15 @@ mod tests {
     /// lands in byte r of the dword at [`segment_position`]`(dim)`.
     #[test]
     fn transpose_puts_each_dimensions_four_rows_in_its_segment_position() {
-        // One int8_scores test hides VNNI for the process while it runs.
-        let _shared = super::super::tests_int8::shared();
-        if !super::super::avx512_vnni::supported() {
-            eprintln!("SKIPPED the int8_pv transpose check: this CPU lacks avx512_vnni");
+        // The unpacks need avx512f and avx512bw only: the AVX-512 path's own check.
+        if !super::super::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED the int8_pv transpose check: this CPU lacks AVX-512");
             return;
         }
         let rows: [[i8; 64]; 4] = std::array::from_fn(|r| std::array::from_fn(|dim| (r * 64 + dim) as i8));
         let mut out = [[0i8; 64]; 4];
-        // SAFETY: the CPU has avx512bw (the AVX-512 path's features come with vnni's
-        // check in its tests' CPUs; `Isa::Avx512` is checked too); each array holds 64 bytes.
+        // SAFETY: the CPU has avx512f and avx512bw (checked above); each array holds 64 bytes.
         unsafe {
-            assert!(crate::attention::Isa::Avx512.supported());
             let r = std::array::from_fn(|t| _mm512_loadu_si512(rows[t].as_ptr().cast()));
             for (o, x) in out.iter_mut().zip(transpose(r)) {
                 _mm512_storeu_si512(o.as_mut_ptr().cast(), x);

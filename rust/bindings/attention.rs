@@ -273,8 +273,7 @@ fn attend<'py>(
 ///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
 ///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
 ///         ``int8_scores`` or ``int8_pv`` with a cache that is not int8. ``out`` is not
-///         written on any
-///         error.
+///         written on any error.
 #[pyfunction]
 #[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, int8_pv = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]
