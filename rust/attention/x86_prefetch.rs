@@ -62,9 +62,11 @@ impl Prefetcher {
     /// Prefetch the next `per` bytes of the near tile into L1 and of the far one into L2
     /// (the last step may reach up to `per - 64` bytes past a tile: prefetches never fault).
     /// One line a step, the common case, takes no loop: a step is a compare, two
-    /// prefetches and two adds (the hot loops have few spare decode slots; a counted
-    /// inner loop cost 4-13% of the cache-resident time). (`prefetcht0/1` are SSE, so
-    /// every x86 path's loop inlines this.)
+    /// prefetches and two adds (the hot loops have few spare issue slots: with the cache
+    /// in L1, where it buys nothing, all the prefetching costs 4-13% of the time; this
+    /// form of the step took 0.94-0.98x the time of a counted loop at full size on GQA,
+    /// `benches/RESULTS.md` issue 15 wave 8). (`prefetcht0/1` are SSE, so every x86
+    /// path's loop inlines this.)
     #[inline]
     #[target_feature(enable = "sse")]
     pub(crate) fn step(&mut self) {
