@@ -64,7 +64,7 @@ impl Prefetcher {
     /// One line a step, the common case, takes no loop: a step is a compare, two
     /// prefetches and two adds (the hot loops have few spare issue slots: with the cache
     /// in L1, where it buys nothing, all the prefetching costs 4-13% of the time; this
-    /// form of the step took 0.94-0.98x the time of a counted loop at full size on GQA,
+    /// form of the step took 0.94-0.98x the time of a counted loop at full size on GQA, fp8 1.00,
     /// `benches/RESULTS.md` issue 15 wave 8). (`prefetcht0/1` are SSE, so every x86
     /// path's loop inlines this.)
     #[inline]
