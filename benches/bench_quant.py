@@ -69,7 +69,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -203,7 +203,9 @@ def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                 probes[dt].append(kv.read_bandwidth(cache=caches[dt], threads=t, passes=3))
             for dt, path in impls[r % len(impls):] + impls[:r % len(impls)]:
                 def call(c: kv.KvCache = caches[dt], path: str = path) -> None:
-                    kv.decode_attention(c, 0, q, table, sl, out=out, force_isa=path)
+                    # `path` is "scalar" or a path of ``kernel_paths()`` / ``--isa``'s choices.
+                    kv.decode_attention(c, 0, q, table, sl, out=out,
+                                        force_isa=cast(Literal["scalar", "neon", "avx2", "avx512"], path))
 
                 call()
                 tps[(dt, path)].append(len(lens) / min(_timed(call) for _ in range(3)))
