@@ -1,0 +1,136 @@
+"""Paired A/B of two builds of pykvpool on decode attention: the figures "paired `.so`
+A/B" of ``benches/RESULTS.md`` (issue 15, waves 6-8) come from this script.
+
+A and B are directories that each hold a ``pykvpool`` package with its built
+``_native*.so`` (for instance ``cp -r pykvpool /tmp/A`` after ``maturin develop --release``
+on one commit, and again into ``/tmp/B`` on the other). Every round runs one process per
+side, in alternating order (A first on even rounds, B first on odd ones), so both builds
+see the same phases of a shared machine; each process builds the same seeded cache and
+times every row, best of ``--calls`` calls, by the thread's CPU time at 1 thread (the
+wall clock at more). Reported per row: the median over rounds of the per-round ratio B / A
+of those times (below 1: B is faster) and its range. The machine's noise is larger than
+most changes: 8 rounds resolve about 3%.
+
+Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
+issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
+32 KV heads; ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
+resident); ``l1`` the same table with every entry block 0 (the codes L1-resident).
+Rows: a dtype, optionally with opt-in switches joined by ``+`` (``int8+int8_scores``).
+
+Usage::
+
+    python benches/ab_decode.py /tmp/A /tmp/B --shape full --rows int8,bf16,int8+int8_scores --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+SHAPES = {
+    "full": ([4096] * 8, 32, 8),
+    "mha": ([4096] * 8, 32, 32),
+    "l2": ([2048], 4, 1),
+    "l1": ([2048], 4, 1),
+}
+
+
+def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
+    """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
+    sys.path.insert(0, package_dir)
+    import numpy as np
+    import pykvpool as kv
+
+    lens, hq, hkv = SHAPES[shape]
+    d = 128
+    rng = np.random.default_rng(0)
+    nblocks = [n // block_size for n in lens]
+    total = sum(nblocks)
+    perm = rng.permutation(total).astype(np.int32)
+    table = np.zeros((len(lens), max(nblocks)), np.int32)
+    at = 0
+    for i, n in enumerate(nblocks):
+        table[i, :n] = perm[at:at + n]
+        at += n
+    if shape == "l1":
+        table[:] = 0
+    seq_lens = np.array(lens, np.int32)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float32)
+    out = np.zeros_like(q)
+    kv.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    caches: dict[str, Any] = {}
+    best = []
+    for row in rows:
+        dtype, *switches = row.split("+")
+        if dtype not in caches:
+            cache = kv.KvCache(1, total, block_size, hkv, d, dtype)
+            k = rng.standard_normal((block_size * total, hkv, d)).astype(np.float32)
+            cache.write(0, k, k[::-1].copy(), np.arange(block_size * total))
+            caches[dtype] = cache
+        unknown = set(switches) - {"bf16_scores", "int8_scores", "int8_pv"}
+        if unknown:
+            raise SystemExit(f"ab_decode: unknown switch {sorted(unknown)} in row {row!r}")
+        on = {s: s in switches for s in ("bf16_scores", "int8_scores", "int8_pv")}
+        times = []
+        for _ in range(calls):
+            t0 = clock()
+            kv.decode_attention(caches[dtype], 0, q, table, seq_lens, out=out, bf16_scores=on["bf16_scores"],
+                                int8_scores=on["int8_scores"], int8_pv=on["int8_pv"])
+            times.append(clock() - t0)
+        best.append(min(times))
+    return best
+
+
+def summarize(a: list[list[float]], b: list[list[float]], rows: list[str]) -> list[dict[str, Any]]:
+    """Per row: the median, lowest and highest of the per-round ratios B / A."""
+    out = []
+    for i, row in enumerate(rows):
+        ratios = sorted(tb[i] / ta[i] for ta, tb in zip(a, b))
+        out.append({"row": row, "median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
+                    "rounds": len(ratios)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a", help="directory holding build A's pykvpool package")
+    ap.add_argument("b", help="directory holding build B's pykvpool package")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="full")
+    ap.add_argument("--rows", default="int8,bf16", help="comma-separated rows, e.g. int8,int8+int8_scores")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--calls", type=int, default=5, help="calls per row and process; the best is kept")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    rows = [r for r in args.rows.split(",") if r]
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size)))
+        return
+    for side in (args.a, args.b):
+        if not os.path.isdir(os.path.join(side, "pykvpool")):
+            ap.error(f"{side} holds no pykvpool package")
+    times: dict[str, list[list[float]]] = {"a": [], "b": []}
+    for r in range(args.rounds):
+        for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
+            cmd = [sys.executable, __file__, args.a, args.b, "--measure", getattr(args, side), "--shape", args.shape,
+                   "--rows", args.rows, "--calls", str(args.calls), "--threads", str(args.threads),
+                   "--block-size", str(args.block_size)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            times[side].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    print(f"B / A time, shape {args.shape}, {args.threads} thread(s), best of {args.calls} calls, "
+          f"{args.rounds} alternating rounds")
+    print("| row | median | range |\n|---|---|---|")
+    for s in summarize(times["a"], times["b"], rows):
+        print(f"| {s['row']} | {s['median']:.3f} | {s['low']:.3f}-{s['high']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

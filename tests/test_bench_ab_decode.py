@@ -1,0 +1,39 @@
+"""Behaviour of the paired A/B script (no timing): the ratios it reports, and one round of
+the installed build against itself end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benches.ab_decode import summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_summarize_gives_the_median_and_range_of_the_per_round_ratios() -> None:
+    a = [[1.0, 2.0], [1.0, 2.0], [2.0, 4.0]]
+    b = [[0.9, 2.0], [1.2, 1.0], [1.0, 4.4]]
+    rows = summarize(a, b, ["x", "y"])
+    assert [r["row"] for r in rows] == ["x", "y"]
+    assert rows[0]["median"] == 0.9 and rows[0]["low"] == 0.5 and rows[0]["high"] == 1.2
+    assert rows[1]["median"] == 1.0 and rows[1]["low"] == 0.5 and abs(rows[1]["high"] - 1.1) < 1e-12
+    assert rows[0]["rounds"] == 3
+
+
+def test_one_round_of_a_build_against_itself_reports_every_row() -> None:
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
+           "--rows", "int8,bf16", "--rounds", "1", "--calls", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    lines = [line for line in out.splitlines() if line.startswith("| int8 ") or line.startswith("| bf16 ")]
+    assert len(lines) == 2
+    for line in lines:
+        median = float(line.split("|")[2])
+        assert median > 0
+
+
+def test_a_directory_without_the_package_is_a_usage_error(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(tmp_path), str(ROOT), "--rounds", "1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "holds no pykvpool package" in res.stderr
