@@ -33,6 +33,9 @@ import sys
 import time
 from typing import Any
 
+SWITCHES = ("bf16_scores", "int8_scores", "int8_pv")
+DTYPES = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
+
 SHAPES = {
     "full": ([4096] * 8, 32, 8),
     "mha": ([4096] * 8, 32, 32),
@@ -74,10 +77,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
             k = rng.standard_normal((block_size * total, hkv, d)).astype(np.float32)
             cache.write(0, k, k[::-1].copy(), np.arange(block_size * total))
             caches[dtype] = cache
-        unknown = set(switches) - {"bf16_scores", "int8_scores", "int8_pv"}
-        if unknown:
-            raise SystemExit(f"ab_decode: unknown switch {sorted(unknown)} in row {row!r}")
-        on = {s: s in switches for s in ("bf16_scores", "int8_scores", "int8_pv")}
+        on = {s: s in switches for s in SWITCHES}
         times = []
         for _ in range(calls):
             t0 = clock()
@@ -114,6 +114,10 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size)))
         return
+    for row in rows:
+        dtype, *switches = row.split("+")
+        if dtype not in DTYPES or not set(switches) <= set(SWITCHES):
+            ap.error(f"row {row!r}: a dtype of {', '.join(DTYPES)}, then switches of {', '.join(SWITCHES)} joined by +")
     for side in (args.a, args.b):
         if not os.path.isdir(os.path.join(side, "pykvpool")):
             ap.error(f"{side} holds no pykvpool package")

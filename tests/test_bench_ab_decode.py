@@ -37,3 +37,10 @@ def test_a_directory_without_the_package_is_a_usage_error(tmp_path: Path) -> Non
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(tmp_path), str(ROOT), "--rounds", "1"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "holds no pykvpool package" in res.stderr
+
+
+def test_an_unknown_row_is_a_usage_error() -> None:
+    for row in ("int9", "int8+fast"):
+        cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--rows", row]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and f"row {row!r}" in res.stderr
