@@ -44,6 +44,12 @@ SHAPES = {
 }
 
 
+def parse_row(row: str) -> tuple[str, list[str]] | None:
+    """A row's dtype and switches, or None when it is not a dtype with known switches."""
+    dtype, *switches = row.split("+")
+    return (dtype, switches) if dtype in DTYPES and set(switches) <= set(SWITCHES) else None
+
+
 def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
     """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
     sys.path.insert(0, package_dir)
@@ -53,7 +59,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
     lens, hq, hkv = SHAPES[shape]
     d = 128
     rng = np.random.default_rng(0)
-    nblocks = [n // block_size for n in lens]
+    nblocks = [-(-n // block_size) for n in lens]
     total = sum(nblocks)
     perm = rng.permutation(total).astype(np.int32)
     table = np.zeros((len(lens), max(nblocks)), np.int32)
@@ -71,7 +77,9 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
     caches: dict[str, Any] = {}
     best = []
     for row in rows:
-        dtype, *switches = row.split("+")
+        parsed = parse_row(row)
+        assert parsed is not None, row  # main() refuses such rows before any process starts
+        dtype, switches = parsed
         if dtype not in caches:
             cache = kv.KvCache(1, total, block_size, hkv, d, dtype)
             k = rng.standard_normal((block_size * total, hkv, d)).astype(np.float32)
@@ -114,9 +122,10 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size)))
         return
+    if args.block_size < 1:
+        ap.error("--block-size must be at least 1")
     for row in rows:
-        dtype, *switches = row.split("+")
-        if dtype not in DTYPES or not set(switches) <= set(SWITCHES):
+        if parse_row(row) is None:
             ap.error(f"row {row!r}: a dtype of {', '.join(DTYPES)}, then switches of {', '.join(SWITCHES)} joined by +")
     for side in (args.a, args.b):
         if not os.path.isdir(os.path.join(side, "pykvpool")):
