@@ -112,7 +112,8 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
     });
     l.finish(p.l);
     if pv.takes(d) {
-        pv.finish(p.acc, d);
+        // SAFETY: `run_with`'s caller guarantees the features of `P`'s implementation.
+        unsafe { pv.finish(p.acc, d) };
     } else if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
@@ -171,7 +172,10 @@ pub(crate) trait Pv<E> {
     );
 
     /// Puts an item's accumulator rows (of `d`) back in dimension order.
-    fn finish(&self, acc: &mut [f32], d: usize);
+    ///
+    /// # Safety
+    /// The CPU must support the features the implementation is compiled for.
+    unsafe fn finish(&self, acc: &mut [f32], d: usize);
 }
 
 /// `P V` by this file's f32 loops (V widened exactly).
@@ -187,7 +191,7 @@ impl<E> Pv<E> for FloatPv {
         unreachable!("FloatPv takes no chunk")
     }
 
-    fn finish(&self, _: &mut [f32], _: usize) {}
+    unsafe fn finish(&self, _: &mut [f32], _: usize) {}
 }
 
 /// f32 scores from the pre-scaled f32 query rows of the item, each head tile's rows
