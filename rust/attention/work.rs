@@ -108,29 +108,12 @@ impl<E: Elem> Work<'_, E> {
         self.scales.tile(self.blocks[bi] as usize, h)
     }
 
-    /// The tiles `dist` steps after (block `bi`, head index `hi`) in the item's reading
-    /// order (heads within a block, then the next block), if any.
-    #[inline]
-    pub fn tiles_ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(&[E], &[E])> {
-        self.ahead(bi, hi, dist).map(|(b, h)| self.tiles(b, h))
-    }
-
-    /// The (block, KV head) `dist > 0` steps after (block `bi`, head index `hi`) in the
-    /// item's reading order, if any.
-    #[inline]
-    fn ahead(&self, bi: usize, hi: usize, dist: usize) -> Option<(usize, usize)> {
-        ahead_in(bi, hi, dist, self.heads.len(), self.blocks.len()).map(|(b, h)| (b, self.heads.start + h))
-    }
-
-    /// Prefetch the per-token scales (int8) of the tile `dist` steps ahead: they live
-    /// apart from the codes, so the codes' prefetch does not bring them, and the first
-    /// chunk of a tile needs its K scales right after its scores (a demand miss there
-    /// stalls the softmax and `P V` behind it).
+    /// Prefetch the per-token scales (int8) of a tile ahead (block `b`, KV head `h`):
+    /// they live apart from the codes, so the codes' prefetch does not bring them, and
+    /// the first chunk of a tile needs its K scales right after its scores (a demand miss
+    /// there stalls the softmax and `P V` behind it).
     #[inline(always)]
-    fn prefetch_scales_ahead(&self, bi: usize, hi: usize, dist: usize) {
-        let Some((b, h)) = self.ahead(bi, hi, dist) else {
-            return;
-        };
+    fn prefetch_scales(&self, b: usize, h: usize) {
         if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, h) {
             // One address per 64-byte line (16 scales).
             for line in ks.chunks(16).chain(vs.chunks(16)) {
@@ -155,15 +138,26 @@ impl<E: Elem> Work<'_, E> {
     pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<Ahead<'s, E>>)) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
         let ahead = prefetch_tiles(2 * self.shape.tile() * std::mem::size_of::<E>());
-        for bi in 0..self.blocks.len() {
+        let (nh, nb, h0) = (self.heads.len(), self.blocks.len(), self.heads.start);
+        // The (block, head index) of the tiles `ahead` and `ahead + PREFETCH_L2_TILES`
+        // steps ahead of the current one, stepped with it (past the last block: none).
+        let mut near = ahead_in(0, 0, ahead, nh, usize::MAX);
+        let mut far = ahead_in(0, 0, ahead + PREFETCH_L2_TILES, nh, usize::MAX);
+        let step = |at: Option<(usize, usize)>| at.map(|(b, h)| if h + 1 == nh { (b + 1, 0) } else { (b, h + 1) });
+        for bi in 0..nb {
             let span = self.span_in(bi);
             let nt = span.end;
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
                 let (ks, vs) = self.tile_scales(bi, h);
-                let far = self.tiles_ahead(bi, hi, ahead + PREFETCH_L2_TILES);
-                let mut next = self.tiles_ahead(bi, hi, ahead).map(|(k, v)| Ahead { k, v, far });
-                self.prefetch_scales_ahead(bi, hi, ahead);
+                let far_tiles = far.filter(|&(b, _)| b < nb).map(|(b, j)| self.tiles(b, h0 + j));
+                let mut next = near.filter(|&(b, _)| b < nb).map(|(b, j)| {
+                    self.prefetch_scales(b, h0 + j);
+                    let (k, v) = self.tiles(b, h0 + j);
+                    Ahead { k, v, far: far_tiles }
+                });
+                (near, far) = (step(near), step(far));
+                debug_assert_eq!(near, ahead_in(bi, hi, ahead + 1, nh, usize::MAX));
                 let mut c0 = span.start;
                 while c0 < nt {
                     f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
@@ -176,8 +170,9 @@ impl<E: Elem> Work<'_, E> {
 
 /// The (block, head index) `dist > 0` steps after (block `bi`, head index `hi < nh`) in
 /// a reading order of `nh` heads per block over `nblocks` blocks, if any. Steps, not a
-/// division: the walk asks for 3 tiles ahead per tile, `dist` is a few tiles and `nh` is
-/// often 1 (a division per call was measurable on the shortest tiles).
+/// division: `dist` is a few tiles and `nh` is often 1. The walk asks it once per item
+/// and steps its answers with the tiles (three of these per tile, as it was, were a
+/// measurable part of the shortest tiles' time).
 #[inline]
 fn ahead_in(bi: usize, hi: usize, dist: usize, nh: usize, nblocks: usize) -> Option<(usize, usize)> {
     let (mut b, mut h) = (bi, hi + dist);
