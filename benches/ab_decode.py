@@ -11,6 +11,14 @@ wall clock at more). Reported per row: the median over rounds of the per-round r
 of those times (below 1: B is faster) and its range. The machine's noise is larger than
 most changes: 8 rounds resolve about 3%.
 
+``--interleave N`` measures in one process instead: both builds' native modules are loaded
+side by side (each ``_native*.so`` by its path), each builds the same cache, and the calls
+alternate A, B, B, A, ... N pairs per row, each pair's two calls within a millisecond or so
+of each other, so a slow phase of the machine slows both. Reported per row: the median and
+the quartiles of the per-pair ratios B / A, and the ratio of the best calls. A build against
+itself reads 1.000 with quartiles within 2-3% where alternating processes spread over
+0.7-1.4 on this project's shared machines.
+
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
 issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
 32 KV heads; ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
@@ -20,11 +28,14 @@ Rows: a dtype, optionally with opt-in switches joined by ``+`` (``int8+int8_scor
 Usage::
 
     python benches/ab_decode.py /tmp/A /tmp/B --shape full --rows int8,bf16,int8+int8_scores --rounds 8
+    python benches/ab_decode.py /tmp/A /tmp/B --shape l2 --rows int8,bf16 --interleave 2000
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib.util
 import json
 import os
 import statistics
@@ -50,11 +61,9 @@ def parse_row(row: str) -> tuple[str, list[str]] | None:
     return (dtype, switches) if dtype in DTYPES and set(switches) <= set(SWITCHES) else None
 
 
-def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
-    """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
-    sys.path.insert(0, package_dir)
+def setup(kv: Any, shape: str, block_size: int) -> tuple[Any, ...]:
+    """The shape's seeded inputs: K rows, query, block table, lengths, output and heads."""
     import numpy as np
-    import pykvpool as kv
 
     lens, hq, hkv = SHAPES[shape]
     d = 128
@@ -71,7 +80,25 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         table[:] = 0
     seq_lens = np.array(lens, np.int32)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float32)
-    out = np.zeros_like(q)
+    k = rng.standard_normal((block_size * total, hkv, d)).astype(np.float32)
+    return k, q, table, seq_lens, np.zeros_like(q), total, hkv, d
+
+
+def make_cache(kv: Any, dtype: str, k: Any, total: int, block_size: int, hkv: int, d: int) -> Any:
+    """A one-layer cache of ``dtype`` holding K rows ``k`` and their reverse as V."""
+    import numpy as np
+
+    cache = kv.KvCache(1, total, block_size, hkv, d, dtype)
+    cache.write(0, k, k[::-1].copy(), np.arange(block_size * total))
+    return cache
+
+
+def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
+    """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
+    sys.path.insert(0, package_dir)
+    import pykvpool as kv
+
+    k, q, table, seq_lens, out, total, hkv, d = setup(kv, shape, block_size)
     kv.set_num_threads(threads)
     clock = time.thread_time if threads == 1 else time.perf_counter
     caches: dict[str, Any] = {}
@@ -81,10 +108,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         assert parsed is not None, row  # main() refuses such rows before any process starts
         dtype, switches = parsed
         if dtype not in caches:
-            cache = kv.KvCache(1, total, block_size, hkv, d, dtype)
-            k = rng.standard_normal((block_size * total, hkv, d)).astype(np.float32)
-            cache.write(0, k, k[::-1].copy(), np.arange(block_size * total))
-            caches[dtype] = cache
+            caches[dtype] = make_cache(kv, dtype, k, total, block_size, hkv, d)
         on = {s: s in switches for s in SWITCHES}
         times = []
         for _ in range(calls):
@@ -94,6 +118,53 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
             times.append(clock() - t0)
         best.append(min(times))
     return best
+
+
+def load_native(package_dir: str) -> Any:
+    """The native module of the ``pykvpool`` package in ``package_dir``, loaded by its path
+    (two builds' modules live side by side: each ``.so`` has its own statics)."""
+    so = sorted(glob.glob(os.path.join(package_dir, "pykvpool", "_native*.so")))
+    if not so:
+        raise FileNotFoundError(f"{package_dir}/pykvpool holds no built _native module")
+    spec = importlib.util.spec_from_file_location("pykvpool._native", so[0])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int, threads: int,
+                block_size: int) -> list[list[tuple[float, float]]]:
+    """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ..."""
+    natives = [load_native(a_dir), load_native(b_dir)]
+    k, q, table, seq_lens, out, total, hkv, d = setup(natives[0], shape, block_size)
+    for m in natives:
+        m.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    result = []
+    for row in rows:
+        parsed = parse_row(row)
+        assert parsed is not None, row
+        dtype, switches = parsed
+        on = {s: s in switches for s in SWITCHES}
+        caches = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
+        got = []
+        for i in range(pairs):
+            t = [0.0, 0.0]
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                t0 = clock()
+                natives[side].decode_attention(caches[side], 0, q, table, seq_lens, out=out, **on)
+                t[side] = clock() - t0
+            got.append((t[0], t[1]))
+        result.append(got)
+    return result
+
+
+def summarize_pairs(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    """The median and quartiles of the per-pair ratios B / A, and the best calls' ratio."""
+    ratios = sorted(b / a for a, b in pairs)
+    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {"median": med, "q1": q1, "q3": q3, "best": min(b for _, b in pairs) / min(a for a, _ in pairs)}
 
 
 def summarize(a: list[list[float]], b: list[list[float]], rows: list[str]) -> list[dict[str, Any]]:
@@ -116,6 +187,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5, help="calls per row and process; the best is kept")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--interleave", type=int, metavar="N",
+                    help="measure in one process, N alternating pairs of calls per row (instead of --rounds)")
     ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
@@ -130,6 +203,19 @@ def main() -> None:
     for side in (args.a, args.b):
         if not os.path.isdir(os.path.join(side, "pykvpool")):
             ap.error(f"{side} holds no pykvpool package")
+    if args.interleave is not None:
+        if args.interleave < 1:
+            ap.error("--interleave must be at least 1")
+        try:
+            got = interleaved(args.a, args.b, args.shape, rows, args.interleave, args.threads, args.block_size)
+        except FileNotFoundError as e:
+            ap.error(str(e))
+        print(f"B / A time, shape {args.shape}, {args.threads} thread(s), {args.interleave} interleaved pairs of calls")
+        print("| row | median | quartiles | best calls |\n|---|---|---|---|")
+        for row, pairs in zip(rows, got):
+            s = summarize_pairs(pairs)
+            print(f"| {row} | {s['median']:.3f} | {s['q1']:.3f}-{s['q3']:.3f} | {s['best']:.3f} |")
+        return
     times: dict[str, list[list[float]]] = {"a": [], "b": []}
     for r in range(args.rounds):
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):

@@ -1,5 +1,5 @@
-"""Behaviour of the paired A/B script (no timing): the ratios it reports, and one round of
-the installed build against itself end to end."""
+"""Behaviour of the paired A/B script (no timing): the ratios it reports, and one round (or a few
+interleaved pairs of calls) of the installed build against itself end to end."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benches.ab_decode import summarize
+from benches.ab_decode import summarize, summarize_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,3 +44,36 @@ def test_an_unknown_row_is_a_usage_error() -> None:
         cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--rows", row]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and f"row {row!r}" in res.stderr
+
+
+def test_summarize_pairs_gives_the_quartiles_of_the_per_pair_ratios_and_the_best_calls() -> None:
+    pairs = [(1.0, 0.5), (1.0, 1.0), (2.0, 3.0), (1.0, 2.0), (4.0, 4.0)]
+    s = summarize_pairs(pairs)
+    # Ratios 0.5, 1.0, 1.5, 2.0, 1.0 -> sorted 0.5, 1.0, 1.0, 1.5, 2.0.
+    assert s["median"] == 1.0
+    assert s["q1"] == 0.75 and s["q3"] == 1.75
+    assert s["best"] == 0.5 / 1.0
+    one = summarize_pairs([(2.0, 1.0)])
+    assert one == {"median": 0.5, "q1": 0.5, "q3": 0.5, "best": 0.5}
+
+
+def test_interleaved_pairs_of_a_build_against_itself_report_every_row() -> None:
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
+           "--rows", "int8,bf16+bf16_scores", "--interleave", "3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    lines = [line for line in out.splitlines() if line.startswith("| int8 ") or line.startswith("| bf16+")]
+    assert len(lines) == 2
+    for line in lines:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        median, (q1, q3), best = float(cells[1]), map(float, cells[2].split("-")), float(cells[3])
+        assert 0 < q1 <= median <= q3 and best > 0
+
+
+def test_interleave_without_a_built_module_or_pairs_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "pykvpool").mkdir()
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(tmp_path), str(ROOT), "--interleave", "2"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "holds no built _native module" in res.stderr
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--interleave", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--interleave must be at least 1" in res.stderr
