@@ -94,22 +94,47 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &mut Partial, sc: &S, pv: &P) {
     let (d, g) = (w.shape.head_dim, w.g);
-    let mut probs = [[0f32; W]; HT];
+    let mut probs = [[[0f32; W]; HT]; 2];
     let mut l = LaneSums::<W>::new(p.l);
-    w.for_each_chunk(W, |hi, chunk, pf| {
-        let mut j0 = 0;
-        while j0 < g {
-            let qh = hi * g + j0;
-            let pf = if j0 == 0 { pf } else { None };
-            match g - j0 {
-                1 => head_tile::<E, S, P, 1>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
-                2 => head_tile::<E, S, P, 2>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
-                3 => head_tile::<E, S, P, 3>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
-                _ => head_tile::<E, S, P, 4>(chunk, sc, pv, qh, p, l.rows(), &mut probs, pf),
+    if pairs_apply::<E, P>(pv, d, w.shape.block_size) {
+        // A tile's chunks two at a time: the per-chunk work is spread over twice the
+        // tokens (`benches/RESULTS.md`, issue 15 wave 9).
+        w.for_each_chunk_pair(W, |hi, a, b, pf| {
+            let mut j0 = 0;
+            while j0 < g {
+                let qh = hi * g + j0;
+                let pf = if j0 == 0 { pf } else { None };
+                let (lr, pr) = (l.rows(), &mut probs);
+                match (b, g - j0) {
+                    (Some(b), 1) => head_tile::<E, S, P, 1, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), 2) => head_tile::<E, S, P, 2, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), 3) => head_tile::<E, S, P, 3, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), _) => head_tile::<E, S, P, 4, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (None, 1) => head_tile::<E, S, P, 1, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, 2) => head_tile::<E, S, P, 2, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, 3) => head_tile::<E, S, P, 3, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, _) => head_tile::<E, S, P, 4, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
+                }
+                j0 += HT;
             }
-            j0 += HT;
-        }
-    });
+        });
+    } else {
+        w.for_each_chunk(W, |hi, chunk, pf| {
+            let mut j0 = 0;
+            while j0 < g {
+                let qh = hi * g + j0;
+                let pf = if j0 == 0 { pf } else { None };
+                let (lr, pr) = (l.rows(), &mut probs);
+                match g - j0 {
+                    1 => head_tile::<E, S, P, 1, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    2 => head_tile::<E, S, P, 2, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    3 => head_tile::<E, S, P, 3, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    _ => head_tile::<E, S, P, 4, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                }
+                j0 += HT;
+            }
+        });
+    }
     l.finish(p.l);
     if pv.takes(d) {
         // SAFETY: `run_with`'s caller guarantees the features of `P`'s implementation.
@@ -117,6 +142,14 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
     } else if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
+}
+
+/// Whether the tile loop takes a tile's chunks two at a time ([`Work::for_each_chunk_pair`]):
+/// where `P V` runs on [`pv_full`] (8-bit codes, rows a multiple of 64, not taken by
+/// `pv`) and a block holds more than one chunk.
+#[inline(always)]
+fn pairs_apply<E: Elem, P: Pv<E>>(pv: &P, d: usize, block_size: usize) -> bool {
+    E::DTYPE.is_quantized() && !pv.takes(d) && d.is_multiple_of(VT * W) && block_size > W
 }
 
 /// The lanes of a chunk's tokens.
@@ -335,83 +368,112 @@ fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
     r
 }
 
-/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk;
-/// `l` holds each head's softmax sum per lane.
+/// Scores, softmax update and V accumulation of query heads `qh..qh + H` over `N` (1 or
+/// 2) chunks of one KV head (two from [`Work::for_each_chunk_pair`], whose `P V` then runs
+/// on [`pv_full`] only); `l` holds each head's softmax sum per lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize>(
-    c: &Chunk<E>,
+fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize>(
+    cs: [&Chunk<E>; N],
     sc: &S,
     pv: &P,
     qh: usize,
     p: &mut Partial,
     l: &mut [[f32; W]],
-    probs: &mut [[f32; W]; HT],
-    prefetch: Option<Ahead<E>>,
+    probs: &mut [[[f32; W]; HT]; 2],
+    prefetch: [Option<Ahead<E>>; N],
 ) {
-    let (d, mask) = (c.d, chunk_mask(c));
-    assert!(c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs && l.len() >= qh + H);
-    // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
-    let (next_k, next_v) = match prefetch {
-        Some(Ahead { k, v, far: Some((fk, fv)) }) => (Stream { l1: Some(k), l2: Some(fk) }, Stream { l1: Some(v), l2: Some(fv) }),
-        Some(Ahead { k, v, far: None }) => (Stream { l1: Some(k), l2: None }, Stream { l1: Some(v), l2: None }),
-        None => (Stream::NONE, Stream::NONE),
-    };
-    // The integer `P V` is as short as the dot-product score loops: K stays with the scores.
-    let (next_k, pv_k) = if S::K_IN_SCORES || pv.takes(d) { (next_k, Stream::NONE) } else { (Stream::NONE, next_k) };
-    // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
-    let mut scores = unsafe { sc.scores::<H>(c, qh, next_k) };
-    if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, mask) {
-        for s in scores.iter_mut() {
-            *s = _mm512_mul_ps(*s, ks);
-        }
+    let d = cs[0].d;
+    assert!(N <= 2 && l.len() >= qh + H);
+    for c in cs {
+        assert!(c.d == d && c.vt.len() >= d * c.bs && c.c0 + c.lanes <= c.bs);
     }
-    let vscale = scale_vector::<E>(&c.vs, c.c0, mask);
+    let mut masks = [0 as __mmask16; N];
+    let mut scores = [[_mm512_setzero_ps(); H]; N];
+    let mut vscale = [None; N];
+    let mut next_v = [Stream::NONE; N];
+    let mut pv_k = [Stream::NONE; N];
+    for n in 0..N {
+        let c = cs[n];
+        // Matches, not `Option::map` closures: an out-of-line call clobbers every zmm register.
+        let (next_k, nv) = match prefetch[n] {
+            Some(Ahead { k, v, far: Some((fk, fv)) }) => (Stream { l1: Some(k), l2: Some(fk) }, Stream { l1: Some(v), l2: Some(fv) }),
+            Some(Ahead { k, v, far: None }) => (Stream { l1: Some(k), l2: None }, Stream { l1: Some(v), l2: None }),
+            None => (Stream::NONE, Stream::NONE),
+        };
+        // The integer `P V` is as short as the dot-product score loops: K stays with the scores.
+        let (next_k, pk) = if S::K_IN_SCORES || pv.takes(d) { (next_k, Stream::NONE) } else { (Stream::NONE, next_k) };
+        (next_v[n], pv_k[n]) = (nv, pk);
+        masks[n] = chunk_mask(c);
+        // SAFETY: `run_with`'s caller guarantees the features of `S`'s implementation.
+        scores[n] = unsafe { sc.scores::<H>(c, qh, next_k) };
+        if let Some(ks) = scale_vector::<E>(&c.ks, c.c0, masks[n]) {
+            for s in scores[n].iter_mut() {
+                *s = _mm512_mul_ps(*s, ks);
+            }
+        }
+        vscale[n] = scale_vector::<E>(&c.vs, c.c0, masks[n]);
+    }
 
     // Online softmax per head; masked-off lanes get probability 0. The running maximum
     // is lazy: it moves only when a score exceeds it by more than `LAZY_MAX`, so the
     // probabilities (up to 2^LAZY_MAX) do not wait for a horizontal max and the
     // accumulators are rarely rescaled. `l` and `acc` share the reference point, so the
-    // quotient and the LSE are those of the exact maximum.
+    // quotient and the LSE are those of the exact maximum. The chunks of a pair share
+    // one reference point (it moves on the larger of their scores).
     let mut alpha = [1f32; H];
     let mut rescale = false;
-    let mut x = [_mm512_setzero_ps(); H];
+    let mut x = [[_mm512_setzero_ps(); H]; N];
     for j in 0..H {
-        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores[j]);
+        let mut top = _mm512_set1_ps(f32::NEG_INFINITY);
+        for n in 0..N {
+            x[n][j] = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), masks[n], scores[n][j]);
+            top = if n == 0 { x[n][j] } else { _mm512_max_ps(top, x[n][j]) };
+        }
         let m_old = p.m[qh + j];
         // Always taken on the first chunk (m = -inf); masked lanes are -inf, never above.
-        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
-            let m_new = _mm512_reduce_max_ps(s);
+        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(m_old + LAZY_MAX)) != 0 {
+            let m_new = _mm512_reduce_max_ps(top);
             // exp2 of the vector unit, not libm's: a call would spill every register.
             alpha[j] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
             p.m[qh + j] = m_new;
             rescale = true;
         }
-        x[j] = _mm512_sub_ps(s, _mm512_set1_ps(p.m[qh + j]));
+        let m = _mm512_set1_ps(p.m[qh + j]);
+        for n in 0..N {
+            x[n][j] = _mm512_sub_ps(x[n][j], m);
+        }
     }
-    // The heads' polynomials step together: one head's is a chain of dependent FMAs.
-    let e = exp2_each(x);
+    for n in 0..N {
+        // The heads' polynomials step together: one head's is a chain of dependent FMAs.
+        let e = exp2_each(x[n]);
+        for j in 0..H {
+            x[n][j] = _mm512_maskz_mov_ps(masks[n], e[j]);
+        }
+    }
     for j in 0..H {
-        let e = _mm512_maskz_mov_ps(mask, e[j]);
-        // SAFETY: l[qh + j] (asserted to exist) and probs[j] hold exactly 16 f32.
+        // SAFETY: l[qh + j] (asserted to exist) and probs[n][j] hold exactly 16 f32.
         unsafe {
             let lp = l.as_mut_ptr().add(qh + j).cast::<f32>();
             let mut lv = _mm512_loadu_ps(lp);
             if rescale {
                 lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[j]));
             }
-            _mm512_storeu_ps(lp, _mm512_add_ps(lv, e));
-            // 8-bit V: the probabilities carry the V scales, `P V` reads the codes.
-            let e = vscale.map_or(e, |vs| _mm512_mul_ps(e, vs));
-            _mm512_storeu_ps(probs[j].as_mut_ptr(), e);
+            for n in 0..N {
+                lv = _mm512_add_ps(lv, x[n][j]);
+                // 8-bit V: the probabilities carry the V scales, `P V` reads the codes.
+                let e = vscale[n].map_or(x[n][j], |vs| _mm512_mul_ps(x[n][j], vs));
+                _mm512_storeu_ps(probs[n][j].as_mut_ptr(), e);
+            }
+            _mm512_storeu_ps(lp, lv);
         }
     }
 
     let acc = &mut p.acc[qh * d..(qh + H) * d];
-    if pv.takes(d) {
+    if N == 1 && pv.takes(d) {
         // SAFETY: `run_with`'s caller guarantees the features of `P`'s implementation.
-        unsafe { pv.pv::<H>(c, acc, probs, &alpha, rescale, [next_v, pv_k]) };
+        unsafe { pv.pv::<H>(cs[0], acc, &probs[0], &alpha, rescale, [next_v[0], pv_k[0]]) };
         return;
     }
     // 8-bit V rows whose length is a multiple of 64: whole vectors, unmasked loads
@@ -419,17 +481,25 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize>(
     if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {
         let wide = H <= 2 && d.is_multiple_of(2 * VT * W);
         let passes = d / if wide { 2 * VT * W } else { VT * W };
-        let pf = &mut [Prefetcher::new(next_v, passes * c.lanes), Prefetcher::new(pv_k, passes * c.lanes)];
+        let idle = || Prefetcher::new(Stream::<E>::NONE, 0);
+        let mut pf = [[idle(), idle()], [idle(), idle()]];
+        for n in 0..N {
+            let steps = passes * cs[n].lanes;
+            pf[n] = [Prefetcher::new(next_v[n], steps), Prefetcher::new(pv_k[n], steps)];
+        }
         // SAFETY: `pv_full`'s contract is checked by its asserts; the features are ours.
         unsafe {
             if wide {
-                pv_full::<E, H, { 2 * VT }>(c, acc, probs, &alpha, rescale, pf);
+                pv_full::<E, H, { 2 * VT }, N>(cs, acc, probs, &alpha, rescale, &mut pf);
             } else {
-                pv_full::<E, H, VT>(c, acc, probs, &alpha, rescale, pf);
+                pv_full::<E, H, VT, N>(cs, acc, probs, &alpha, rescale, &mut pf);
             }
         }
         return;
     }
+    // One chunk from here on (`pairs_apply` pairs chunks only where `pv_full` runs).
+    assert!(N == 1, "pairs of chunks take pv_full");
+    let (c, probs, next_v, pv_k) = (cs[0], &probs[0], next_v[0], pv_k[0]);
     // acc[qh + j][u0 .. u0 + 64] in registers over the chunk's tokens.
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
@@ -490,67 +560,80 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize>(
     }
 }
 
-/// `acc[j] = alpha[j] * acc[j] + sum_t probs[j][t] v_t` (if `rescale`, else without
-/// `alpha`) for the chunk's token rows `v_t` of `d` elements (a multiple of `U * 16`),
-/// `U` vectors of each of the `H` heads' accumulator rows in registers per pass: every
-/// load whole (no masks, no per-vector branch), the V row pointer stepped by `d`. `pf`:
-/// the next V tiles' prefetcher and the next K tiles' (idle unless
-/// [`Scores::K_IN_SCORES`] is false), one step each per row.
+/// `acc[j] = alpha[j] * acc[j] + sum_t probs[n][j][t] v_t` (if `rescale`, else without
+/// `alpha`) for the token rows `v_t` of `d` elements (a multiple of `U * 16`) of the `N`
+/// chunks `cs[n]` (their probabilities `probs[n]`), `U` vectors of each of the `H` heads'
+/// accumulator rows in registers per pass over all the chunks' rows: every load whole (no
+/// masks, no per-vector branch), the V row pointer stepped by `d`. `pf[n]`: chunk `n`'s
+/// prefetchers, the next V tiles' and the next K tiles' (idle unless
+/// [`Scores::K_IN_SCORES`] is false), one step each per row of the chunk.
+///
+/// No target features of its own, so that `#[inline(always)]` may put it into
+/// [`head_tile`] (the two cannot be combined): out of line, with the pairs of chunks'
+/// instances beside the single ones, LLVM kept it and its caller apart and a block size
+/// of 16 lost 2% (`benches/RESULTS.md`, issue 15 wave 9).
 ///
 /// # Safety
-/// The CPU must support the features below.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn pv_full<E: Elem, const H: usize, const U: usize>(
-    c: &Chunk<E>,
+/// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c (the caller is compiled
+/// for them).
+#[inline(always)]
+unsafe fn pv_full<E: Elem, const H: usize, const U: usize, const N: usize>(
+    cs: [&Chunk<E>; N],
     acc: &mut [f32],
-    probs: &[[f32; W]; HT],
+    probs: &[[[f32; W]; HT]; 2],
     alpha: &[f32; H],
     rescale: bool,
-    pf: &mut [Prefetcher; 2],
+    pf: &mut [[Prefetcher; 2]; 2],
 ) {
-    let d = c.d;
-    assert!(H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
-    assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    let d = cs[0].d;
+    assert!(N <= 2 && H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);
+    for c in cs {
+        assert!(c.d == d && c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
+    }
     let ap = acc.as_mut_ptr();
     let mut u0 = 0;
-    while u0 < d {
-        let mut a = [[_mm512_setzero_ps(); U]; H];
-        for j in 0..H {
-            let al = _mm512_set1_ps(alpha[j]);
-            for u in 0..U {
-                // SAFETY: j * d + u0 + u * 16 + 16 <= H * d = acc.len() (d a multiple of U * 16).
-                a[j][u] = unsafe { _mm512_loadu_ps(ap.add(j * d + u0 + u * W)) };
-                if rescale {
-                    a[j][u] = _mm512_mul_ps(al, a[j][u]);
+    // SAFETY: the CPU has this file's features (the contract), for every intrinsic below.
+    // Memory: row j of acc, elements u0 + u * 16 .. + 16 <= d (d a multiple of U * 16),
+    // so j * d + u0 + u * 16 + 16 <= H * d = acc.len(); V row c0 + t < c0 + lanes of each
+    // chunk's tile (asserted inside vt), elements u0 + u * 16 .. + 16 <= d of it; the
+    // probabilities at j < H <= HT, t < lanes <= 16.
+    unsafe {
+        while u0 < d {
+            let mut a = [[_mm512_setzero_ps(); U]; H];
+            for j in 0..H {
+                let al = _mm512_set1_ps(alpha[j]);
+                for u in 0..U {
+                    a[j][u] = _mm512_loadu_ps(ap.add(j * d + u0 + u * W));
+                    if rescale {
+                        a[j][u] = _mm512_mul_ps(al, a[j][u]);
+                    }
                 }
             }
-        }
-        let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
-        for t in 0..c.lanes {
-            pf[0].step();
-            pf[1].step();
-            let mut v = [_mm512_setzero_ps(); U];
-            for u in 0..U {
-                // SAFETY: vr is row c0 + t < c0 + lanes of the V tile (asserted inside
-                // vt), elements u0 + u * 16 .. + 16 <= d of it.
-                v[u] = unsafe { load(vr.add(u * W), 0xffff) };
+            for n in 0..N {
+                let (c, pr, pf) = (cs[n], &probs[n], &mut pf[n]);
+                let mut vr = c.vt.as_ptr().wrapping_add(c.c0 * d + u0);
+                for t in 0..c.lanes {
+                    pf[0].step();
+                    pf[1].step();
+                    let mut v = [_mm512_setzero_ps(); U];
+                    for u in 0..U {
+                        v[u] = load(vr.add(u * W), 0xffff);
+                    }
+                    for j in 0..H {
+                        let pj = _mm512_set1_ps(*pr.get_unchecked(j).get_unchecked(t));
+                        for u in 0..U {
+                            a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                        }
+                    }
+                    vr = vr.wrapping_add(d);
+                }
             }
             for j in 0..H {
-                // SAFETY: j < H <= HT, t < lanes <= 16.
-                let pj = _mm512_set1_ps(unsafe { *probs.get_unchecked(j).get_unchecked(t) });
                 for u in 0..U {
-                    a[j][u] = _mm512_fmadd_ps(pj, v[u], a[j][u]);
+                    _mm512_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]);
                 }
             }
-            vr = vr.wrapping_add(d);
+            u0 += U * W;
         }
-        for j in 0..H {
-            for u in 0..U {
-                // SAFETY: as the load above.
-                unsafe { _mm512_storeu_ps(ap.add(j * d + u0 + u * W), a[j][u]) };
-            }
-        }
-        u0 += U * W;
     }
 }

@@ -141,3 +141,26 @@ fn whole_vector_and_full_chunk_paths_match_at_their_bounds() {
         }
     }
 }
+
+/// Blocks of more than 16 tokens with rows a multiple of 64: the AVX-512 path takes a
+/// tile's chunks two at a time (one softmax reference point and one pass of `P V` over
+/// both), a last odd chunk alone. Block sizes with an even and an odd count of chunks and
+/// a partial one (32, 48, 40), windows and sinks that start a pair anywhere in a tile, tiles
+/// of 1, 2, 4 and 4 + 1 query heads, every length up to three blocks.
+#[test]
+fn pairs_of_chunks_in_a_tile_match_the_dequantized_reference() {
+    let splits = [(None, None), (Some(1), Some(1)), (Some(37), None)];
+    for dtype in Q8 {
+        for (bs, d, g) in [(32, 64, 1), (48, 128, 2), (40, 64, 4), (32, 128, 5)] {
+            let lens: Vec<usize> = (1..=3 * bs).step_by(7).chain([bs, bs + 16, 2 * bs - 1]).collect();
+            let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+            let seed = (bs * 5 + d + g) as u64;
+            let (c, t) = case(shape(bs, 2, d, nb), dtype, &lens, None, 0, seed);
+            compare(&c, &t, 2 * g, None, 0, &splits);
+            for (wl, sinks) in [(Some(5), 0), (Some(bs + 9), 1), (Some(2 * bs - 17), bs / 2 + 3)] {
+                let (c, t) = case(shape(bs, 2, d, nb), dtype, &lens, wl, sinks, seed + 1);
+                compare(&c, &t, 2 * g, wl, sinks, &splits);
+            }
+        }
+    }
+}

@@ -136,35 +136,91 @@ impl<E: Elem> Work<'_, E> {
     /// is compiled with the calling kernel's target features.
     #[inline(always)]
     pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<Ahead<'s, E>>)) {
+        self.walk::<false>(width, |hi, a, _, next| f(hi, a, next));
+    }
+
+    /// [`Self::for_each_chunk`] with a tile's chunks taken two at a time: `f(hi, first,
+    /// second, next)`, `second` the chunk after `first` in the same tile (`None` at the
+    /// tile's end), so a path can spread its per-chunk work (the softmax's set-up, the
+    /// accumulators' loads and stores) over twice the tokens where blocks hold more than
+    /// `width` tokens.
+    #[inline(always)]
+    pub fn for_each_chunk_pair<'s>(
+        &'s self,
+        width: usize,
+        f: impl FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>),
+    ) {
+        self.walk::<true>(width, f);
+    }
+
+    /// The walk of [`Self::for_each_chunk`] (`PAIRS` false: `f`'s second chunk is always
+    /// `None`) and of [`Self::for_each_chunk_pair`].
+    #[inline(always)]
+    fn walk<'s, const PAIRS: bool>(
+        &'s self,
+        width: usize,
+        mut f: impl FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>),
+    ) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
-        let ahead = prefetch_tiles(2 * self.shape.tile() * std::mem::size_of::<E>());
-        let (nh, nb, h0) = (self.heads.len(), self.blocks.len(), self.heads.start);
+        let (nh, nb) = (self.heads.len(), self.blocks.len());
         // The (block, head index) of the tiles `ahead` and `ahead + PREFETCH_L2_TILES`
         // steps ahead of the current one, stepped with it (past the last block: none).
-        let mut near = ahead_in(0, 0, ahead, nh, usize::MAX);
-        let mut far = ahead_in(0, 0, ahead + PREFETCH_L2_TILES, nh, usize::MAX);
-        let step = |at: Option<(usize, usize)>| at.map(|(b, h)| if h + 1 == nh { (b + 1, 0) } else { (b, h + 1) });
+        let step = |(b, h): (usize, usize)| if h + 1 == nh { (b + 1, 0) } else { (b, h + 1) };
+        let (mut near, mut far) = self.ahead_start(step);
         for bi in 0..nb {
             let span = self.span_in(bi);
             let nt = span.end;
             for (hi, h) in self.heads.clone().enumerate() {
                 let (kt, vt) = self.tiles(bi, h);
                 let (ks, vs) = self.tile_scales(bi, h);
-                let far_tiles = far.filter(|&(b, _)| b < nb).map(|(b, j)| self.tiles(b, h0 + j));
-                let mut next = near.filter(|&(b, _)| b < nb).map(|(b, j)| {
-                    self.prefetch_scales(b, h0 + j);
-                    let (k, v) = self.tiles(b, h0 + j);
-                    Ahead { k, v, far: far_tiles }
-                });
+                let mut next = self.ahead_tiles(near, far);
                 (near, far) = (step(near), step(far));
-                debug_assert_eq!(near, ahead_in(bi, hi, ahead + 1, nh, usize::MAX));
+                debug_assert_eq!(Some(near), ahead_in(bi, hi, prefetch_tiles(self.tile_pair_bytes()) + 1, nh, usize::MAX));
+                let chunk = |c0: usize| Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) };
                 let mut c0 = span.start;
                 while c0 < nt {
-                    f(hi, &Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) }, next.take());
-                    c0 += width;
+                    let second = (PAIRS && c0 + width < nt).then(|| chunk(c0 + width));
+                    f(hi, &chunk(c0), second.as_ref(), next.take());
+                    c0 += if second.is_some() { 2 * width } else { width };
                 }
             }
         }
+    }
+
+    /// K + V bytes of one tile pair.
+    #[inline]
+    fn tile_pair_bytes(&self) -> usize {
+        2 * self.shape.tile() * std::mem::size_of::<E>()
+    }
+
+    /// Where the L1 and the L2 prefetch start: the tiles [`prefetch_tiles`] and
+    /// [`PREFETCH_L2_TILES`] further steps of `step` (the walk's reading order) after the
+    /// first tile, as (block, head index).
+    #[inline(always)]
+    fn ahead_start(&self, step: impl Fn((usize, usize)) -> (usize, usize)) -> ((usize, usize), (usize, usize)) {
+        let mut near = (0, 0);
+        for _ in 0..prefetch_tiles(self.tile_pair_bytes()) {
+            near = step(near);
+        }
+        let mut far = near;
+        for _ in 0..PREFETCH_L2_TILES {
+            far = step(far);
+        }
+        (near, far)
+    }
+
+    /// The tiles at `near` (into L1, with its int8 scales) and `far` (into L2), as
+    /// (block, head index); none from a block past the item's last.
+    #[inline(always)]
+    fn ahead_tiles(&self, near: (usize, usize), far: (usize, usize)) -> Option<Ahead<'_, E>> {
+        let (nb, h0) = (self.blocks.len(), self.heads.start);
+        if near.0 >= nb {
+            return None;
+        }
+        self.prefetch_scales(near.0, h0 + near.1);
+        let (k, v) = self.tiles(near.0, h0 + near.1);
+        let far = (far.0 < nb).then(|| self.tiles(far.0, h0 + far.1));
+        Some(Ahead { k, v, far })
     }
 }
 
