@@ -13,6 +13,12 @@
 //! 3. `acc += p_t * v_t` with the accumulators of 4 heads x 64 dimensions in registers
 //!    across the chunk, rescaled by `exp2(m_old - m_new)` as they are loaded.
 //!
+//! 8-bit caches whose blocks hold more than 16 tokens take a tile's chunks two at a time
+//! ([`Work::for_each_chunk_pair`], where the scores prefetch K: [`pairs_apply`]): both
+//! chunks' scores, one reference point for their softmax, one pass of `P V` over both (the
+//! accumulators loaded and stored once per 32 tokens): 0.91-0.93x the time of one chunk
+//! at a time at block size 32 (`benches/RESULTS.md`, issue 15 wave 9).
+//!
 //! A tile ahead (the next head of the block, or the first head of the next block; two
 //! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
 //! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`]
