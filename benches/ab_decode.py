@@ -120,17 +120,26 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
     return best
 
 
-def load_native(package_dir: str) -> Any:
-    """The native module of the ``pykvpool`` package in ``package_dir``, loaded by its path
-    (two builds' modules live side by side: each ``.so`` has its own statics)."""
-    so = sorted(glob.glob(os.path.join(package_dir, "pykvpool", "_native*.so")))
+def load_extension(so_dir: str, name: str = "pykvpool._native") -> Any:
+    """The ``_native*.so`` in ``so_dir`` loaded by its path as module ``name`` (two builds'
+    modules live side by side in one process: each ``.so`` has its own statics).
+
+    Raises:
+        FileNotFoundError: ``so_dir`` holds no ``_native*.so``.
+    """
+    so = sorted(glob.glob(os.path.join(so_dir, "_native*.so")))
     if not so:
-        raise FileNotFoundError(f"{package_dir}/pykvpool holds no built _native module")
-    spec = importlib.util.spec_from_file_location("pykvpool._native", so[0])
+        raise FileNotFoundError(f"{so_dir} holds no built _native module")
+    spec = importlib.util.spec_from_file_location(name, so[0])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_native(package_dir: str) -> Any:
+    """The native module of the ``pykvpool`` package in ``package_dir`` (see ``load_extension``)."""
+    return load_extension(os.path.join(package_dir, "pykvpool"))
 
 
 def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int, threads: int,

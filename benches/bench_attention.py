@@ -71,6 +71,7 @@ import numpy as np
 import pykvpool as kv
 
 sys.path.insert(0, str(Path(__file__).parent))
+import ab_decode  # noqa: E402
 import torch_decode  # noqa: E402
 
 BS = 16
@@ -273,16 +274,10 @@ def window_case(reps: int, out: Path) -> None:
 def ab_case(other_dir: str, reps: int, resident: int) -> None:
     """This build's decode against another build's, alternating calls (see the module
     docstring): a shared machine's drift moves both halves of a pair together."""
-    import glob
-    import importlib.util
-
-    so = glob.glob(os.path.join(other_dir, "_native*.so"))
-    if not so:
-        raise SystemExit(f"bench_attention: error: no _native*.so in {other_dir}")
-    spec = importlib.util.spec_from_file_location("pykvpool_other._native", so[0])
-    assert spec is not None and spec.loader is not None
-    other = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(other)
+    try:
+        other = ab_decode.load_extension(other_dir, "pykvpool_other._native")
+    except FileNotFoundError:
+        raise SystemExit(f"bench_attention: error: no _native*.so in {other_dir}") from None
     mods = {"this": kv._native, "other": other}
     print(f"{kv.get_num_threads()} threads, {reps} pairs, resident {resident}; load {os.getloadavg()}")
     print("| shape | dtype | this best ms | other best ms | this/other, per-pair median [IQR] |")
