@@ -165,8 +165,10 @@ impl<E: Elem> Work<'_, E> {
         let (nh, nb) = (self.heads.len(), self.blocks.len());
         // The (block, head index) of the tiles `ahead` and `ahead + PREFETCH_L2_TILES`
         // steps ahead of the current one, stepped with it (past the last block: none).
+        let ahead = prefetch_tiles(self.kv_tile_bytes());
+        let at = |dist: usize| ahead_in(0, 0, dist, nh, usize::MAX).expect("prefetch distances are at least 1");
+        let (mut near, mut far) = (at(ahead), at(ahead + PREFETCH_L2_TILES));
         let step = |(b, h): (usize, usize)| if h + 1 == nh { (b + 1, 0) } else { (b, h + 1) };
-        let (mut near, mut far) = self.ahead_start(step);
         for bi in 0..nb {
             let span = self.span_in(bi);
             let nt = span.end;
@@ -175,7 +177,7 @@ impl<E: Elem> Work<'_, E> {
                 let (ks, vs) = self.tile_scales(bi, h);
                 let mut next = self.ahead_tiles(near, far);
                 (near, far) = (step(near), step(far));
-                debug_assert_eq!(Some(near), ahead_in(bi, hi, prefetch_tiles(self.tile_pair_bytes()) + 1, nh, usize::MAX));
+                debug_assert_eq!(Some(near), ahead_in(bi, hi, ahead + 1, nh, usize::MAX));
                 let chunk = |c0: usize| Chunk { kt, vt, ks, vs, bs, d, c0, lanes: (nt - c0).min(width) };
                 let mut c0 = span.start;
                 while c0 < nt {
@@ -187,26 +189,10 @@ impl<E: Elem> Work<'_, E> {
         }
     }
 
-    /// K + V bytes of one tile pair.
+    /// Bytes of one K tile and its V tile.
     #[inline]
-    fn tile_pair_bytes(&self) -> usize {
+    fn kv_tile_bytes(&self) -> usize {
         2 * self.shape.tile() * std::mem::size_of::<E>()
-    }
-
-    /// Where the L1 and the L2 prefetch start: the tiles [`prefetch_tiles`] and
-    /// [`PREFETCH_L2_TILES`] further steps of `step` (the walk's reading order) after the
-    /// first tile, as (block, head index).
-    #[inline(always)]
-    fn ahead_start(&self, step: impl Fn((usize, usize)) -> (usize, usize)) -> ((usize, usize), (usize, usize)) {
-        let mut near = (0, 0);
-        for _ in 0..prefetch_tiles(self.tile_pair_bytes()) {
-            near = step(near);
-        }
-        let mut far = near;
-        for _ in 0..PREFETCH_L2_TILES {
-            far = step(far);
-        }
-        (near, far)
     }
 
     /// The tiles at `near` (into L1, with its int8 scales) and `far` (into L2), as
