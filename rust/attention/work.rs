@@ -145,6 +145,7 @@ impl<E: Elem> Work<'_, E> {
     /// accumulators' loads and stores) over twice the tokens where blocks hold more than
     /// `width` tokens.
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn for_each_chunk_pair<'s>(
         &'s self,
         width: usize,
