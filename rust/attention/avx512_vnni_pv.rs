@@ -292,7 +292,7 @@ mod tests {
                 let (seg, dim) = (x / SEG, x % SEG);
                 acc[seg * SEG + segment_position(dim)] = v;
             }
-            if !super::super::avx512_vnni::supported() {
+            if !super::super::isa::cpu_features().contains(&"avx512vnni") {
                 eprintln!("SKIPPED the int8_pv finish check: this CPU lacks AVX-512 VNNI");
                 return;
             }
