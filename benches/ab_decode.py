@@ -61,7 +61,7 @@ def parse_row(row: str) -> tuple[str, list[str]] | None:
     return (dtype, switches) if dtype in DTYPES and set(switches) <= set(SWITCHES) else None
 
 
-def setup(kv: Any, shape: str, block_size: int) -> tuple[Any, ...]:
+def setup(shape: str, block_size: int) -> tuple[Any, ...]:
     """The shape's seeded inputs: K rows, query, block table, lengths, output and heads."""
     import numpy as np
 
@@ -98,7 +98,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
     sys.path.insert(0, package_dir)
     import pykvpool as kv
 
-    k, q, table, seq_lens, out, total, hkv, d = setup(kv, shape, block_size)
+    k, q, table, seq_lens, out, total, hkv, d = setup(shape, block_size)
     kv.set_num_threads(threads)
     clock = time.thread_time if threads == 1 else time.perf_counter
     caches: dict[str, Any] = {}
@@ -146,7 +146,7 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
                 block_size: int) -> list[list[tuple[float, float]]]:
     """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ..."""
     natives = [load_native(a_dir), load_native(b_dir)]
-    k, q, table, seq_lens, out, total, hkv, d = setup(natives[0], shape, block_size)
+    k, q, table, seq_lens, out, total, hkv, d = setup(shape, block_size)
     for m in natives:
         m.set_num_threads(threads)
     clock = time.thread_time if threads == 1 else time.perf_counter
