@@ -2264,6 +2264,7 @@ def read_bandwidth(
     *,
     cache: KvCache | None = None,
     passes: int | None = None,
+    clock: Literal["wall", "cpu"] = "wall",
 ) -> float:
     """Read bandwidth in bytes/s: the best of ``passes`` multi-accumulator SIMD sweeps with
     ``threads`` threads, each thread streaming one contiguous share.
@@ -2281,20 +2282,28 @@ def read_bandwidth(
             :func:`set_num_threads`).
         cache: a :class:`KvCache` of at least 1 MiB to read instead.
         passes: sweeps, ``1..=1000`` (default 7); the best is kept.
+        clock: ``"wall"`` (default) times a sweep from its start to its last thread's end;
+            ``"cpu"`` by the CPU seconds of its busiest thread, which leave out the time a
+            shared virtual machine's CPU was taken away (steal) or given to another
+            process, as kernel calls timed by thread CPU time do.
 
     Raises:
+        TypeError: ``clock`` not a str.
         InvalidArgumentError: both ``nbytes`` and ``cache``, ``nbytes`` outside
-            1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, or a
-            thread count outside ``1..=1024``.
+            1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, a
+            thread count outside ``1..=1024``, or ``clock`` neither ``"wall"`` nor ``"cpu"``.
     """
-def peak_flops(threads: int | None = None) -> float:
+def peak_flops(threads: int | None = None, *, clock: Literal["wall", "cpu"] = "wall") -> float:
     """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA), best of 3 runs.
 
     Args:
         threads: threads, ``1..=1024`` (default: the kernel pool's).
+        clock: ``"wall"`` (default) or ``"cpu"``, as for :func:`read_bandwidth`.
 
     Raises:
-        InvalidArgumentError: a thread count outside ``1..=1024``.
+        TypeError: ``clock`` not a str.
+        InvalidArgumentError: a thread count outside ``1..=1024``, or ``clock`` neither
+            ``"wall"`` nor ``"cpu"``.
     """
 def set_num_threads(n: int) -> None:
     """Set the threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs);

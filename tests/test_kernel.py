@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import textwrap
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -393,6 +394,31 @@ def test_probes_report_positive_rates() -> None:
         kv.read_bandwidth(1000)
     with pytest.raises(kv.InvalidArgumentError):
         kv.read_bandwidth(8 << 20, passes=0)
+
+
+def test_cpu_clock_leaves_out_the_time_the_cpu_ran_something_else() -> None:
+    """Probe and a busy loop pinned to one CPU share it: the wall clock sees about half the
+    machine's rate, the probe thread's CPU time all of it (a clock that ignored ``clock``
+    would read the two alike)."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs sched_setaffinity")
+    code = textwrap.dedent("""
+        import os, subprocess, sys
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            import pykvpool as kv
+            f = [kv.peak_flops(1, clock=c) for c in ("wall", "cpu")]
+            b = [kv.read_bandwidth(256 << 20, 1, passes=2, clock=c) for c in ("wall", "cpu")]
+        finally:
+            hog.kill()
+        print(f[1] / f[0], b[1] / b[0])
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    flops, bandwidth = map(float, res.stdout.split())
+    assert flops > 1.4, res.stdout
+    assert bandwidth > 1.4, res.stdout
 
 
 def test_probe_reads_a_caches_own_memory_and_leaves_it_unchanged() -> None:

@@ -322,6 +322,8 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("read_bandwidth", "threads", lambda w, x: kv.read_bandwidth(1 << 20, x), INT_BAD + NEG + [0, 2**40]),
     ("read_bandwidth", "passes", lambda w, x: kv.read_bandwidth(1 << 20, passes=x), INT_BAD + NEG + [0, 2**40]),
     ("peak_flops", "threads", lambda w, x: kv.peak_flops(x), INT_BAD + NEG + [0, 2**40]),
+    ("peak_flops", "clock", lambda w, x: kv.peak_flops(1, clock=x), ["", "Wall", "thread", "cpu "]),
+    ("read_bandwidth", "clock", lambda w, x: kv.read_bandwidth(1 << 20, clock=x), ["", "CPU", "steal"]),
     ("set_num_threads", "n", lambda w, x: kv.set_num_threads(x), INT_BAD + REQUIRED + NEG + [0, 2**40]),
 ]
 
@@ -359,6 +361,8 @@ TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("prefill_attention", "force_isa", lambda w, x: kv.prefill_attention(w.cache, 0, w.q, *P_ARGS, force_isa=x),
      [1, b"avx2"]),
     ("read_bandwidth", "cache", lambda w, x: kv.read_bandwidth(cache=x), [1, "cache"]),
+    ("read_bandwidth", "clock", lambda w, x: kv.read_bandwidth(1 << 20, clock=x), [1, None, b"cpu"]),
+    ("peak_flops", "clock", lambda w, x: kv.peak_flops(1, clock=x), [0, None, b"wall", ["cpu"]]),
 ]
 
 

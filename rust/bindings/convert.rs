@@ -372,6 +372,17 @@ pub mod arg {
         Ok(Some(s))
     }
 
+    /// A probe's `clock`: the str `"wall"` or `"cpu"` (a `TypeError` for anything but a
+    /// str, an `InvalidArgumentError` for another str).
+    pub fn clock(obj: &Bound<'_, PyAny>) -> PyResult<crate::runtime::clock::Clock> {
+        use super::super::errors::IntoPyResult;
+        let Ok(s) = obj.cast::<pyo3::types::PyString>() else {
+            let ty = obj.get_type().name()?.to_string();
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!("clock must be a str, got {ty}")));
+        };
+        crate::runtime::clock::Clock::parse(s.to_str()?).py_err(obj.py())
+    }
+
     /// `block_id` is range-checked against the pool by the core; only the int is checked here.
     pub fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
         int_scalar(obj, "block_id")

@@ -7,6 +7,7 @@ use super::convert::arg;
 use super::errors::{invalid, IntoPyResult};
 use super::kv::PyKvCache;
 use crate::attention::{self, Isa};
+use crate::runtime::clock::Clock;
 
 /// Read bandwidth in bytes/s: the best of ``passes`` multi-accumulator SIMD sweeps with
 /// ``threads`` threads, each thread streaming one contiguous share.
@@ -24,27 +25,34 @@ use crate::attention::{self, Isa};
 ///         :func:`set_num_threads`).
 ///     cache: a :class:`KvCache` of at least 1 MiB to read instead.
 ///     passes: sweeps, ``1..=1000`` (default 7); the best is kept.
+///     clock: ``"wall"`` (default) times a sweep from its start to its last thread's end;
+///         ``"cpu"`` by the CPU seconds of its busiest thread, which leave out the time a
+///         shared virtual machine's CPU was taken away (steal) or given to another
+///         process, as kernel calls timed by thread CPU time do.
 ///
 /// Raises:
+///     TypeError: ``clock`` not a str.
 ///     InvalidArgumentError: both ``nbytes`` and ``cache``, ``nbytes`` outside
-///         1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, or a
-///         thread count outside ``1..=1024``.
+///         1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, a
+///         thread count outside ``1..=1024``, or ``clock`` neither ``"wall"`` nor ``"cpu"``.
 #[pyfunction]
-#[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None))]
+#[pyo3(signature = (nbytes = None, threads = None, *, cache = None, passes = None, clock = Clock::Wall))]
+#[pyo3(text_signature = "(nbytes=None, threads=None, *, cache=None, passes=None, clock='wall')")]
 fn read_bandwidth(
     py: Python<'_>,
     #[pyo3(from_py_with = arg::nbytes)] nbytes: Option<usize>,
     #[pyo3(from_py_with = arg::threads)] threads: Option<usize>,
     cache: Option<&Bound<'_, PyKvCache>>,
     #[pyo3(from_py_with = arg::passes)] passes: Option<usize>,
+    #[pyo3(from_py_with = arg::clock)] clock: Clock,
 ) -> PyResult<f64> {
     match cache {
         Some(_) if nbytes.is_some() => Err(invalid(py, String::from("give nbytes or cache, not both"))),
         Some(c) => {
             let c = c.get();
-            py.detach(|| crate::runtime::probe::read_bandwidth_of(c.read().bytes(), threads, passes)).py_err(py)
+            py.detach(|| crate::runtime::probe::read_bandwidth_of(c.read().bytes(), threads, passes, clock)).py_err(py)
         }
-        None => py.detach(|| crate::runtime::probe::read_bandwidth(nbytes, threads, passes)).py_err(py),
+        None => py.detach(|| crate::runtime::probe::read_bandwidth(nbytes, threads, passes, clock)).py_err(py),
     }
 }
 
@@ -52,13 +60,21 @@ fn read_bandwidth(
 ///
 /// Args:
 ///     threads: threads, ``1..=1024`` (default: the kernel pool's).
+///     clock: ``"wall"`` (default) or ``"cpu"``, as for :func:`read_bandwidth`.
 ///
 /// Raises:
-///     InvalidArgumentError: a thread count outside ``1..=1024``.
+///     TypeError: ``clock`` not a str.
+///     InvalidArgumentError: a thread count outside ``1..=1024``, or ``clock`` neither
+///         ``"wall"`` nor ``"cpu"``.
 #[pyfunction]
-#[pyo3(signature = (threads = None))]
-fn peak_flops(py: Python<'_>, #[pyo3(from_py_with = arg::threads)] threads: Option<usize>) -> PyResult<f64> {
-    py.detach(|| crate::runtime::probe::peak_flops(threads)).py_err(py)
+#[pyo3(signature = (threads = None, *, clock = Clock::Wall))]
+#[pyo3(text_signature = "(threads=None, *, clock='wall')")]
+fn peak_flops(
+    py: Python<'_>,
+    #[pyo3(from_py_with = arg::threads)] threads: Option<usize>,
+    #[pyo3(from_py_with = arg::clock)] clock: Clock,
+) -> PyResult<f64> {
+    py.detach(|| crate::runtime::probe::peak_flops(threads, clock)).py_err(py)
 }
 
 /// Set the threads of the kernel pool (initially ``PYKVPOOL_NUM_THREADS`` or all CPUs);

@@ -12,13 +12,15 @@
 //!   traffic), per the widest vector unit available.
 //!
 //! Both report the best of several repetitions: interference on a shared machine only
-//! ever slows a run down.
+//! ever slows a run down. Each times its sweeps by a [`Clock`]: the wall clock, or the
+//! slowest thread's CPU time (which leaves out the time a virtual CPU was taken away).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::clock::{slowest_thread, thread_cpu_seconds, Clock};
 use crate::kv::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::invalid;
@@ -97,8 +99,8 @@ const MAX_PASSES: usize = 1000;
 
 /// Read bandwidth in bytes/s over a fresh buffer of `nbytes` (default
 /// [`DEFAULT_PROBE_BYTES`]) with `threads` threads (default: the kernel's pool): best of
-/// `passes` (default 7) sweeps.
-pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
+/// `passes` (default 7) sweeps, timed by `clock`.
+pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Option<usize>, clock: Clock) -> Result<f64> {
     let nbytes = nbytes.unwrap_or(DEFAULT_PROBE_BYTES);
     // Every byte is touched: a size beyond the machine's memory would get the process
     // killed instead of an error.
@@ -115,7 +117,7 @@ pub fn read_bandwidth(nbytes: Option<usize>, threads: Option<usize>, passes: Opt
         // First touch from the threads that will read (fault in pages; NUMA locality).
         pool.install(|| bytes.par_chunks_mut(share).for_each(|c| c.fill(1)));
     }
-    Ok(time_reads(&buf.as_slice()[..nbytes], &pool, share, passes))
+    Ok(time_reads(&buf.as_slice()[..nbytes], &pool, share, passes, clock))
 }
 
 /// Largest fresh probe buffer: half the physical memory, at most 1 TiB (1 TiB when the
@@ -132,15 +134,16 @@ fn max_probe_bytes() -> usize {
 
 /// Read bandwidth in bytes/s over memory that already exists (a KV cache's own buffer:
 /// the same pages the kernel reads, which on a virtual machine need not stream as fast
-/// as a fresh allocation), best of `passes` (default 7) sweeps with `threads` threads.
-pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<usize>) -> Result<f64> {
+/// as a fresh allocation), best of `passes` (default 7) sweeps with `threads` threads,
+/// timed by `clock`.
+pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<usize>, clock: Clock) -> Result<f64> {
     if bytes.len() < 1 << 20 {
         return Err(invalid!("the cache must hold at least 1 MiB to be probed, got {} bytes", bytes.len()));
     }
     let passes = check_passes(passes)?;
     let pool = crate::runtime::threads::pool_with(threads)?;
     let share = share_of(bytes.len(), pool.current_num_threads());
-    Ok(time_reads(bytes, &pool, share, passes))
+    Ok(time_reads(bytes, &pool, share, passes, clock))
 }
 
 fn check_passes(passes: Option<usize>) -> Result<usize> {
@@ -155,31 +158,52 @@ fn share_of(len: usize, threads: usize) -> usize {
     len.div_ceil(threads.max(1)).next_multiple_of(4096)
 }
 
-fn time_reads(x: &[u8], pool: &rayon::ThreadPool, share: usize, passes: usize) -> f64 {
+fn time_reads(x: &[u8], pool: &rayon::ThreadPool, share: usize, passes: usize, clock: Clock) -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..passes {
-        let t = Instant::now();
-        let s: u32 = pool.install(|| x.par_chunks(share).map(sum_words).reduce(|| 0, u32::wrapping_add));
-        black_box(s);
-        best = best.min(t.elapsed().as_secs_f64());
+        let (sums, secs) = timed(pool, clock, || x.par_chunks(share).map(|c| on_clock(clock, || sum_words(c))).collect());
+        black_box(sums.iter().fold(0u32, |a, &s| a.wrapping_add(s)));
+        best = best.min(secs);
     }
     x.len() as f64 / best
 }
 
-/// Peak f32 FLOP/s (2 per FMA lane) with `threads` threads (default: the kernel's pool).
-pub fn peak_flops(threads: Option<usize>) -> Result<f64> {
+/// `f`'s result (`work` run on the pool: each piece's value with its thread and CPU
+/// seconds, see [`on_clock`]) and its seconds by `clock`; never zero.
+fn timed<R: Send>(pool: &rayon::ThreadPool, clock: Clock, work: impl FnOnce() -> Vec<(R, Option<usize>, f64)> + Send) -> (Vec<R>, f64) {
+    let t = Instant::now();
+    let pieces = pool.install(work);
+    let wall = t.elapsed().as_secs_f64();
+    let secs = match clock {
+        Clock::Wall => wall,
+        Clock::Cpu => slowest_thread(pieces.iter().map(|&(_, th, s)| (th, s))),
+    };
+    (pieces.into_iter().map(|(r, _, _)| r).collect(), secs.max(1e-9))
+}
+
+/// A piece of a probe's work: its value, the pool thread that ran it and its CPU seconds
+/// (read only for [`Clock::Cpu`]).
+fn on_clock<R>(clock: Clock, f: impl FnOnce() -> R) -> (R, Option<usize>, f64) {
+    let t0 = if clock == Clock::Cpu { thread_cpu_seconds() } else { 0.0 };
+    let r = f();
+    let secs = if clock == Clock::Cpu { thread_cpu_seconds() - t0 } else { 0.0 };
+    (r, rayon::current_thread_index(), secs)
+}
+
+/// Peak f32 FLOP/s (2 per FMA lane) with `threads` threads (default: the kernel's pool),
+/// best of 3 runs timed by `clock`.
+pub fn peak_flops(threads: Option<usize>, clock: Clock) -> Result<f64> {
     let pool = crate::runtime::threads::pool_with(threads)?;
     let nt = pool.current_num_threads();
     const ITERS: u64 = 20_000_000;
     let mut best = f64::INFINITY;
-    let mut flops_per_thread = 0f64;
+    let mut flops = 0f64;
     for _ in 0..3 {
-        let t = Instant::now();
-        let f: Vec<f64> = pool.install(|| (0..nt).into_par_iter().map(|_| fma_loop(ITERS)).collect());
-        best = best.min(t.elapsed().as_secs_f64());
-        flops_per_thread = f[0];
+        let (f, secs) = timed(&pool, clock, || (0..nt).into_par_iter().map(|_| on_clock(clock, || fma_loop(ITERS))).collect());
+        best = best.min(secs);
+        flops = f.iter().sum();
     }
-    Ok(flops_per_thread * nt as f64 / best)
+    Ok(flops / best)
 }
 
 /// Run `iters` rounds of 12 independent FMA chains; returns the FLOPs done.
@@ -258,12 +282,14 @@ mod tests {
 
     #[test]
     fn probes_return_positive_rates_and_reject_bad_sizes() {
-        assert!(read_bandwidth(Some(4 << 20), Some(1), Some(2)).unwrap() > 0.0);
-        assert!(read_bandwidth(Some(1000), None, None).is_err());
-        assert!(read_bandwidth(Some(4 << 20), None, Some(0)).is_err());
-        let mem = vec![7u8; 3 << 20];
-        assert!(read_bandwidth_of(&mem, Some(2), Some(1)).unwrap() > 0.0);
-        assert!(read_bandwidth_of(&mem[..1000], None, None).is_err());
+        for clock in [Clock::Wall, Clock::Cpu] {
+            assert!(read_bandwidth(Some(4 << 20), Some(1), Some(2), clock).unwrap() > 0.0);
+            assert!(read_bandwidth(Some(1000), None, None, clock).is_err());
+            assert!(read_bandwidth(Some(4 << 20), None, Some(0), clock).is_err());
+            let mem = vec![7u8; 3 << 20];
+            assert!(read_bandwidth_of(&mem, Some(2), Some(1), clock).unwrap() > 0.0);
+            assert!(read_bandwidth_of(&mem[..1000], None, None, clock).is_err());
+        }
         assert!(fma_loop(10) > 0.0);
     }
 }
