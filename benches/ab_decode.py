@@ -17,7 +17,12 @@ alternate A, B, B, A, ... N pairs per row, each pair's two calls within a millis
 of each other, so a slow phase of the machine slows both. Reported per row: the median and
 the quartiles of the per-pair ratios B / A, and the ratio of the best calls. A build against
 itself reads 1.000 with quartiles within 2-3% where alternating processes spread over
-0.7-1.4 on this project's shared machines.
+0.7-1.4 on this project's shared machines (L2-resident). Where the cache streams from memory
+(``full``, ``mha``) each build reads its own allocation, and on a virtual machine the read rate
+depends on where its pages landed: a build against itself read 1.12 (quartiles 1.04-1.20) at
+``mha`` int8 in one run of three, one allocation each. ``--reallocate K`` gives both builds a
+fresh copy of their cache (new pages, the same codes and scales) every K pairs, so the
+ratios mix many placements instead of carrying one.
 
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
 issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
@@ -29,6 +34,7 @@ Usage::
 
     python benches/ab_decode.py /tmp/A /tmp/B --shape full --rows int8,bf16,int8+int8_scores --rounds 8
     python benches/ab_decode.py /tmp/A /tmp/B --shape l2 --rows int8,bf16 --interleave 2000
+    python benches/ab_decode.py /tmp/A /tmp/B --shape mha --rows int8,bf16 --interleave 60 --reallocate 2
 """
 
 from __future__ import annotations
@@ -93,6 +99,18 @@ def make_cache(kv: Any, dtype: str, k: Any, total: int, block_size: int, hkv: in
     return cache
 
 
+def clone_cache(kv: Any, src: Any) -> Any:
+    """A new cache (fresh pages) of ``src``'s shape and dtype holding its codes and scales."""
+    cache = kv.KvCache(src.num_layers, src.num_blocks, src.block_size, src.num_kv_heads, src.head_dim, src.dtype)
+    for layer in range(src.num_layers):
+        cache.key(layer)[...] = src.key(layer, writable=False)
+        cache.value(layer)[...] = src.value(layer, writable=False)
+        if src.dtype in ("int8", "fp8_e4m3", "fp8_e5m2"):
+            cache.key_scales(layer)[...] = src.key_scales(layer, writable=False)
+            cache.value_scales(layer)[...] = src.value_scales(layer, writable=False)
+    return cache
+
+
 def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
     """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
     sys.path.insert(0, package_dir)
@@ -143,8 +161,9 @@ def load_native(package_dir: str) -> Any:
 
 
 def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int, threads: int,
-                block_size: int) -> list[list[tuple[float, float]]]:
-    """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ..."""
+                block_size: int, reallocate: int | None = None) -> list[list[tuple[float, float]]]:
+    """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ...;
+    with ``reallocate`` K, both sides' caches are fresh copies every K pairs."""
     natives = [load_native(a_dir), load_native(b_dir)]
     k, q, table, seq_lens, out, total, hkv, d = setup(shape, block_size)
     for m in natives:
@@ -156,9 +175,13 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
         assert parsed is not None, row
         dtype, switches = parsed
         on = {s: s in switches for s in SWITCHES}
-        caches = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
+        templates = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
+        caches = list(templates)
         got = []
         for i in range(pairs):
+            if reallocate and i % reallocate == 0:
+                caches = []  # the old copies go first: at most one copy per side alive
+                caches = [clone_cache(m, c) for m, c in zip(natives, templates)]
             t = [0.0, 0.0]
             for side in (0, 1) if i % 2 == 0 else (1, 0):
                 t0 = clock()
@@ -198,6 +221,8 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--interleave", type=int, metavar="N",
                     help="measure in one process, N alternating pairs of calls per row (instead of --rounds)")
+    ap.add_argument("--reallocate", type=int, metavar="K",
+                    help="with --interleave: fresh copies of both caches (new pages) every K pairs")
     ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
@@ -215,11 +240,16 @@ def main() -> None:
     if args.interleave is not None:
         if args.interleave < 1:
             ap.error("--interleave must be at least 1")
+        if args.reallocate is not None and args.reallocate < 1:
+            ap.error("--reallocate must be at least 1")
         try:
-            got = interleaved(args.a, args.b, args.shape, rows, args.interleave, args.threads, args.block_size)
+            got = interleaved(args.a, args.b, args.shape, rows, args.interleave, args.threads, args.block_size,
+                              args.reallocate)
         except FileNotFoundError as e:
             ap.error(str(e))
-        print(f"B / A time, shape {args.shape}, {args.threads} thread(s), {args.interleave} interleaved pairs of calls")
+        fresh = f", fresh caches every {args.reallocate} pairs" if args.reallocate else ""
+        print(f"B / A time, shape {args.shape}, {args.threads} thread(s), {args.interleave} interleaved pairs of "
+              f"calls{fresh}")
         print("| row | median | quartiles | best calls |\n|---|---|---|---|")
         for row, pairs in zip(rows, got):
             s = summarize_pairs(pairs)

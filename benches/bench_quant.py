@@ -46,11 +46,14 @@ Toy decoder: tokens equal to the f32 run's over 192 greedy steps (and the first
 divergence), and the largest |logit - logit_f32| of the teacher-forced run on the f32
 tokens, against the logit scale.
 
-``--cpu-time`` times the calls by the process's CPU time (``time.process_time``) instead
-of the wall clock: on a shared, loaded machine it leaves out the time the process waits
-for a core (not the time it waits for memory). At 2 threads it sums both threads'
-seconds; and the probe and ``peak_flops`` stay wall-clock, so with it only the "x bf16"
-ratios are meaningful (the % and roof columns mix clocks).
+Clocks (``--clock``, default ``cpu``): with ``cpu`` a call at 1 thread is timed by the
+calling thread's CPU time (``time.thread_time``: a one-thread pool runs the call on the
+caller), at 2 threads by the process's CPU time over 2 (``time.process_time() / 2``, pool
+threads' idle spin included), and both probes by their busiest thread's CPU time
+(``clock="cpu"``), as ``dot_rates`` times the instruction-mix roofs: time a shared virtual
+machine's hypervisor took the CPU away (steal, seen here at up to a quarter of a probe's
+wall time in busy phases) is left out of calls and roofs alike. ``wall`` times everything by
+``time.perf_counter`` and the wall-clock probes.
 
 Portable paths (AVX2 on x86-64, NEON on aarch64, when the CPU has them): the same shapes
 with ``force_isa`` set to that path, each 8-bit dtype against bf16 on the same path and
@@ -58,7 +61,7 @@ against the scalar path (what the portable paths ran for 8-bit caches before the
 dequantized in registers), per-round ratios (median and IQR), rotating order, best of 3
 (``--isa-only`` runs just this section; ``--isa avx2`` picks the path).
 
-Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--cpu-time] [--isa avx2] [--isa-only]
+Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--clock cpu|wall] [--isa avx2] [--isa-only]
 [--dot-rates FILE]``; writes
 ``benches/out/bench_quant.json`` and prints markdown.
 """
@@ -69,7 +72,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Callable, Literal, cast
 
 import numpy as np
 
@@ -78,8 +81,17 @@ from benches.quant_roofs import instr_roof, load_dot_rates, print_roofs, sane
 from pykvpool import toy_decoder
 
 BS = 16
-#: The clock of the speed rounds (``--cpu-time`` switches it to ``time.process_time``).
-CLOCK = time.perf_counter
+#: The clock of calls and probes (``--clock``): ``"cpu"`` or ``"wall"``.
+CLOCK: Literal["cpu", "wall"] = "cpu"
+
+
+def call_clock(threads: int) -> Callable[[], float]:
+    """Seconds by ``CLOCK`` for a call on ``threads`` threads (see the module docstring)."""
+    if CLOCK == "wall":
+        return time.perf_counter
+    if threads == 1:
+        return time.thread_time
+    return lambda: time.process_time() / threads
 DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
 #: Opt-in fast paths timed beside the exact ones: row -> (cache dtype, decode keywords,
 #: compute-roof FLOP per token over ``Hq d``). ``bf16_scores``: q.k by ``vdpbf16ps`` (fp8
@@ -143,7 +155,8 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
     rows = []
     for t in (1, 2):
         kv.set_num_threads(t)
-        peak = kv.peak_flops(t)
+        peak = kv.peak_flops(t, clock=CLOCK)
+        clock = call_clock(t)
         out = np.empty_like(q)
         rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
         for r in range(reps):
@@ -156,12 +169,8 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                     kv.decode_attention(c, 0, q, table, sl, out=out, **kw)
 
                 call()
-                probe = kv.read_bandwidth(cache=c, threads=t, passes=3)
-                best = float("inf")
-                for _ in range(3):
-                    t0 = CLOCK()
-                    call()
-                    best = min(best, CLOCK() - t0)
+                probe = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK)
+                best = min(_timed(call, clock) for _ in range(3))
                 rounds[name].append((len(lens) / best, probe, read[name] / best / probe))
         base = [x[0] for x in rounds["bf16"]]
         for name in names:
@@ -194,13 +203,14 @@ def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
     rows = []
     for t in (1, 2):
         kv.set_num_threads(t)
-        peak = kv.peak_flops(t)
+        peak = kv.peak_flops(t, clock=CLOCK)
+        clock = call_clock(t)
         out = np.empty_like(q)
         tps: dict[tuple[str, str], list[float]] = {i: [] for i in impls}
         probes: dict[str, list[float]] = {dt: [] for dt in DTYPES}
         for r in range(reps):
             for dt in DTYPES:
-                probes[dt].append(kv.read_bandwidth(cache=caches[dt], threads=t, passes=3))
+                probes[dt].append(kv.read_bandwidth(cache=caches[dt], threads=t, passes=3, clock=CLOCK))
             for dt, path in impls[r % len(impls):] + impls[:r % len(impls)]:
                 def call(c: kv.KvCache = caches[dt], path: str = path) -> None:
                     # `path` is "scalar" or a path of ``kernel_paths()`` / ``--isa``'s choices.
@@ -208,7 +218,7 @@ def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                                         force_isa=cast(Literal["scalar", "neon", "avx2", "avx512"], path))
 
                 call()
-                tps[(dt, path)].append(len(lens) / min(_timed(call) for _ in range(3)))
+                tps[(dt, path)].append(len(lens) / min(_timed(call, clock) for _ in range(3)))
         for dt in DTYPES:
             mine = tps[(dt, isa)]
             vs_bf16 = [a / b for a, b in zip(mine, tps[("bf16", isa)])]
@@ -255,10 +265,10 @@ def write_speed(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Any, clock: Callable[[], float] = time.perf_counter) -> float:
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def accuracy(seq: int) -> list[dict[str, Any]]:
@@ -352,18 +362,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="8x smaller shapes, 3 rounds")
-    ap.add_argument("--cpu-time", action="store_true", help="time calls by process CPU time (shared machines)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="time calls and probes by CPU time (default: leaves out a shared machine's steal) or wall time")
     ap.add_argument("--isa", choices=["avx2", "neon"], help="the portable path to measure (default: the CPU's)")
     ap.add_argument("--isa-only", action="store_true", help="only the portable-path section")
     ap.add_argument("--dot-rates", metavar="FILE", help="a saved `cargo bench --bench dot_rates` output to take the "
                     "instruction-mix roofs from (default: run it first)")
     args = ap.parse_args()
     global CLOCK
-    if args.cpu_time:
-        CLOCK = time.process_time
+    CLOCK = args.clock
     div, reps = (8, 3) if args.quick else (1, args.reps)
     res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths(),
-                           "clock": "process_time" if args.cpu_time else "perf_counter"}
+                           "clock": CLOCK}
     isas = [args.isa] if args.isa else [p for p in kv.kernel_paths() if p in ("avx2", "neon")]
     res["isa_speed"] = [r for isa in isas for sh, hk in (("a", 8), ("d", 32))
                         for r in isa_speed(sh, [4096 // div] * 8, 32, hk, 128, reps, isa)]
@@ -384,13 +394,15 @@ def main() -> None:
     for t in (1, 2):
         r = next(x for x in res["speed"] if x["threads"] == t)
         print(f"Roofs at {t} thread(s): vfmadd231ps zmm (16 FMA = 32 FLOP per instruction) "
-              f"{r['peak_gflops']:.0f} GFLOP/s measured (pykvpool.peak_flops), {r['peak_gflops'] / 32:.2f} G instr/s; "
+              f"{r['peak_gflops']:.0f} GFLOP/s measured (pykvpool.peak_flops, clock {CLOCK!r}), "
+              f"{r['peak_gflops'] / 32:.2f} G instr/s; "
               f"vpdpbusd zmm (64 int8 MAC per instruction) at the same instruction rate, sharing the pipes "
               f"(cargo bench --bench dot_rates): "
               f"{2 * r['peak_gflops']:.0f} G MAC/s. Compute roof per row: exact paths d/16 FMAs for q.k + "
               f"d/16 for p.v per token and query head; int8_scores and int8_pv d/64 vpdpbusd + d/16 FMAs, both 2 d/64 vpdpbusd; "
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
-    print(f"\nCall times by {res['clock']}.\n")
+    print(f"\nCalls and probes timed by the {res['clock']} clock"
+          f"{' (thread CPU time at 1 thread, process CPU time / 2 at 2)' if CLOCK == 'cpu' else ''}.\n")
     print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA-only roof (instr) | "
           "compute roof (instr mix) | binds | % min roof |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benches.ab_decode import summarize, summarize_pairs
+import numpy as np
+import pytest
+
+import pykvpool as kv
+from benches.ab_decode import clone_cache, make_cache, setup, summarize, summarize_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,3 +81,29 @@ def test_interleave_without_a_built_module_or_pairs_is_a_usage_error(tmp_path: P
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--interleave", "0"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--interleave must be at least 1" in res.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"])
+def test_a_clone_holds_the_same_codes_and_scales_in_other_memory(dtype: str) -> None:
+    k, q, table, seq_lens, out, total, hkv, d = setup("l2", 16)
+    src = make_cache(kv, dtype, k, total, 16, hkv, d)
+    copy = clone_cache(kv, src)
+    assert copy.dtype == dtype and copy.nbytes == src.nbytes
+    assert not np.shares_memory(copy.key(0), src.key(0))
+    assert np.array_equal(copy.key(0), src.key(0))
+    assert np.array_equal(copy.value(0), src.value(0))
+    if dtype != "bf16":
+        assert np.array_equal(copy.key_scales(0), src.key_scales(0))
+        assert np.array_equal(copy.value_scales(0), src.value_scales(0))
+    want = kv.decode_attention(src, 0, q, table, seq_lens)
+    assert np.array_equal(kv.decode_attention(copy, 0, q, table, seq_lens), want)
+
+
+def test_reallocated_pairs_report_every_row_and_zero_is_a_usage_error() -> None:
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
+           "--rows", "int8,fp8_e5m2", "--interleave", "3", "--reallocate", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "fresh caches every 2 pairs" in out
+    assert sum(line.startswith(("| int8 ", "| fp8_e5m2 ")) for line in out.splitlines()) == 2
+    res = subprocess.run(cmd[:-1] + ["0"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--reallocate must be at least 1" in res.stderr
