@@ -4,7 +4,8 @@ and accuracy against the unquantized f32 result (kernel and toy decoder).
 Speed: the issue's decode shapes, 8 sequences x 4096 tokens, head_dim 128, block size
 16, blocks scattered by a random permutation, (a) 32 query / 8 KV heads and (d) 32 / 32,
 in bf16, int8, fp8_e4m3 and fp8_e5m2, at 1 and 2 threads. ``--reps`` rounds; in each,
-every dtype (in a rotating order) gets a read-bandwidth probe of its own cache's pages
+every dtype (in a rotating order, each round on fresh copies of the caches: a cache's read
+rate depends on where its pages landed) gets a read-bandwidth probe of its own cache's pages
 (``pykvpool.read_bandwidth(cache=...)``) then its kernel, best of 3 calls. Reported per
 dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
 per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-round
@@ -77,6 +78,7 @@ from typing import Any, Callable, Literal, cast
 import numpy as np
 
 import pykvpool as kv
+from benches.ab_decode import clone_cache
 from benches.quant_roofs import instr_roof, load_dot_rates, print_roofs, sane
 from pykvpool import toy_decoder
 
@@ -148,7 +150,8 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
 
 def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
           rates: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    templates, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    caches: dict[str, kv.KvCache] = {}
     sl = np.array(lens)
     read = {name: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, ROWS[name][0]) for name in ROWS}
     names = list(ROWS)
@@ -161,6 +164,10 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
         rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
         for r in range(reps):
             k = r % len(names)
+            # Fresh copies each round: a cache's read rate depends on where its pages
+            # landed, so the ratios to bf16 mix placements instead of carrying one.
+            caches = {}  # the last round's copies go first
+            caches = {dt: clone_cache(kv, c) for dt, c in templates.items()}
             for name in names[k:] + names[:k]:
                 dt, kw, _ = ROWS[name]
                 c = caches[dt]
@@ -190,7 +197,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              binds="bw" if roof == bw_roof else ("instr" if mix is not None else "FMA"),
                              pct_roof=max(tps) / roof, probe_gbs=probe / 1e9, g=hq // hkv,
                              read_mb=read[name] / 1e6))
-    del caches
+    del caches, templates
     return rows
 
 
