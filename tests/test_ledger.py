@@ -181,12 +181,12 @@ def test_every_article_number_reproduced() -> None:
 def test_measure_this_machine_uses_the_kernel_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, Any]] = []
 
-    def read_bandwidth(nbytes: int | None = None, threads: int | None = None) -> float:
-        calls.append(("bw", (nbytes, threads)))
+    def read_bandwidth(nbytes: int | None = None, threads: int | None = None, clock: str = "wall") -> float:
+        calls.append(("bw", (nbytes, threads, clock)))
         return 12.5e9
 
-    def peak_flops(threads: int | None = None) -> float:
-        calls.append(("flops", threads))
+    def peak_flops(threads: int | None = None, clock: str = "wall") -> float:
+        calls.append(("flops", (threads, clock)))
         return 3.0e11
 
     monkeypatch.setattr(_native, "read_bandwidth", read_bandwidth, raising=False)
@@ -196,8 +196,19 @@ def test_measure_this_machine_uses_the_kernel_probes(monkeypatch: pytest.MonkeyP
     hw = measure_this_machine(nbytes=1 << 20, threads=2)
     assert hw.bandwidth == 12.5e9 and hw.flops("fp32") == 3.0e11
     assert hw.ridge_point("fp32") == 24.0
-    assert calls == [("bw", (1 << 20, 2)), ("flops", 2)]
+    assert calls == [("bw", (1 << 20, 2, "wall")), ("flops", (2, "wall"))]
     assert hw.memory_bytes > 0
+    calls.clear()
+    hw = measure_this_machine(threads=1, clock="cpu")
+    assert calls == [("bw", (None, 1, "cpu")), ("flops", (1, "cpu"))]
+    assert "clock='cpu'" in hw.source
+
+
+def test_measure_this_machine_refuses_an_unknown_clock_before_measuring() -> None:
+    with pytest.raises(pykvpool.InvalidArgumentError, match="clock"):
+        measure_this_machine(nbytes=1 << 20, threads=1, clock="steal")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="clock"):
+        measure_this_machine(nbytes=1 << 20, threads=1, clock=1)  # type: ignore[arg-type]
 
 
 def test_article_budget() -> None:

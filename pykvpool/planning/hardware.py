@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pykvpool import _native
 from pykvpool.errors import UnknownPresetError, lookup_preset
@@ -99,23 +100,30 @@ def _physical_memory_bytes() -> float:
         return float("nan")
 
 
-def measure_this_machine(nbytes: int | None = None, threads: int | None = None) -> Hardware:
+def measure_this_machine(nbytes: int | None = None, threads: int | None = None,
+                         clock: Literal["wall", "cpu"] = "wall") -> Hardware:
     """Measure this machine: streaming read bandwidth (bytes/s) and peak fp32 FLOP/s with
     the compiled probes, physical memory from the OS.
 
     Args:
         nbytes: bytes the bandwidth probe streams (None: the probe's default).
         threads: threads the probes use (None: all cores).
+        clock: ``"wall"`` (default), or ``"cpu"``: the probes' busiest thread's CPU time,
+            which leaves out the time a shared virtual machine's CPUs were taken away
+            (steal): the machine's rates while it runs, not what a caller waited.
 
     Raises:
-        InvalidArgumentError: ``nbytes`` or ``threads`` out of the probes' range.
+        TypeError: ``clock`` not a str.
+        InvalidArgumentError: ``nbytes`` or ``threads`` out of the probes' range, or
+            ``clock`` neither ``"wall"`` nor ``"cpu"``.
     """
-    bandwidth = float(_native.read_bandwidth(nbytes=nbytes, threads=threads))
-    flops = float(_native.peak_flops(threads=threads))
+    bandwidth = float(_native.read_bandwidth(nbytes=nbytes, threads=threads, clock=clock))
+    flops = float(_native.peak_flops(threads=threads, clock=clock))
+    by = "" if clock == "wall" else f", clock={clock!r}"
     return Hardware(
         name="this machine (CPU)",
         memory_bytes=_physical_memory_bytes(),
         bandwidth=bandwidth,
         peak_flops={"fp32": flops},
-        source="measured (pykvpool.read_bandwidth, pykvpool.peak_flops)",
+        source=f"measured (pykvpool.read_bandwidth, pykvpool.peak_flops{by})",
     )
