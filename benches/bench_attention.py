@@ -50,7 +50,9 @@ must not grow with the logical length; the padded form still converts its whole 
 ``--ab DIR`` compares this build's decode (no window) with another build's extension
 (``DIR/_native*.so``, e.g. an older commit built with ``maturin build`` and unpacked) in
 one process, calls alternating, on shapes (a) and (c) in f32 and bf16 (``--resident 16``:
-from cache); prints the median of the per-pair time ratios this/other with its IQR.
+from cache; both builds get fresh copies of the cache every ``REALLOCATE`` pairs, as a
+copy's read rate depends on where its pages landed); prints the median of the per-pair
+time ratios this/other with its IQR.
 ``--resident N`` makes every sequence read only N distinct blocks (table entries modulo
 N): the data stays in cache, so the rate is the kernel's compute ceiling, not DRAM's.
 """
@@ -271,6 +273,13 @@ def window_case(reps: int, out: Path) -> None:
     out.write_text(json.dumps(dict(window=WINDOW, sinks=SINKS, threads=kv.get_num_threads(), rows=rows), indent=2))
 
 
+#: ``--ab``: pairs of calls per allocation. Each build reads its own copy of the cache,
+#: and a copy's read rate depends on where its pages landed (``ab_decode --reallocate``:
+#: a build against itself read 1.12 with one allocation each), so both get fresh copies
+#: every few pairs.
+REALLOCATE = 4
+
+
 def ab_case(other_dir: str, reps: int, resident: int) -> None:
     """This build's decode against another build's, alternating calls (see the module
     docstring): a shared machine's drift moves both halves of a pair together."""
@@ -291,17 +300,16 @@ def ab_case(other_dir: str, reps: int, resident: int) -> None:
                 table = np.where(table >= 0, table % resident, -1).astype(np.int32)
             lens = shape["lens"]
             src = caches[dt]
-            cs = {}
-            for tag, m in mods.items():
+            for m in mods.values():
                 m.set_num_threads(kv.get_num_threads())
-                c = m.KvCache(1, src.num_blocks, BS, shape["hkv"], shape["d"], dt)
-                c.key(0, writable=True)[...] = src.key(0)
-                c.value(0, writable=True)[...] = src.value(0)
-                cs[tag] = c
+            cs = {tag: ab_decode.clone_cache(m, src) for tag, m in mods.items()}
             outs = [mods[t].decode_attention(cs[t], 0, q, table, lens) for t in mods]
             assert np.array_equal(outs[0], outs[1]), "both builds compute the same thing"
             ts: dict[str, list[float]] = {"this": [], "other": []}
             for r in range(reps):
+                if r and r % REALLOCATE == 0:
+                    cs = {}  # fresh pages for both sides (see ab_decode --reallocate)
+                    cs = {tag: ab_decode.clone_cache(m, src) for tag, m in mods.items()}
                 for tag in (("this", "other") if r % 2 else ("other", "this")):
                     t = time.perf_counter()
                     mods[tag].decode_attention(cs[tag], 0, q, table, lens)
