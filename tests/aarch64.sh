@@ -49,7 +49,8 @@ cargo clippy --locked --quiet --target "$TARGET" --all-targets -- -D warnings
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --locked --quiet --target "$TARGET" --lib -- --format pretty 2>&1 | tee "$log"
+# The `qemu` profile: optimised code, debug assertions and overflow checks on (Cargo.toml).
+cargo test --locked --quiet --target "$TARGET" --profile qemu --lib -- --format pretty 2>&1 | tee "$log"
 
 # A run that never reached the NEON path (feature not detected, test filtered out or
 # renamed) must fail, not pass with the scalar path alone.
