@@ -10,7 +10,11 @@ rate depends on where its pages landed) gets a read-bandwidth probe of its own c
 dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
 per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-round
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
-over the probe). Two compute roofs per row: the FMA-only roof, ``4 Hq d`` FLOP per token
+over the probe), and of the same bytes over the table-order probe
+(``read_bandwidth(cache=..., block_tables=..., seq_lens=...)``: exactly the runs this call
+reads, block by block in table order, without the compute; the scattered blocks' short
+runs read slower than the front-to-back stream, "table / bw" the ratio of the two
+probes). Two compute roofs per row: the FMA-only roof, ``4 Hq d`` FLOP per token
 (q.k and p.v, 2 per FMA) at ``pykvpool.peak_flops``, which ignores the conversions; and
 the instruction-mix roof of ``benches/quant_roofs.py``: the codes/s of the minimal
 instruction sequence the path issues per cached code (widening + dot products, K and V,
@@ -161,7 +165,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
         peak = kv.peak_flops(t, clock=CLOCK)
         clock = call_clock(t)
         out = np.empty_like(q)
-        rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+        rounds: dict[str, list[tuple[float, float, float, float, float]]] = {name: [] for name in names}
         for r in range(reps):
             k = r % len(names)
             # Fresh copies each round: a cache's read rate depends on where its pages
@@ -177,8 +181,9 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
 
                 call()
                 probe = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK)
+                tab = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK, block_tables=table, seq_lens=sl)
                 best = min(_timed(call, clock) for _ in range(3))
-                rounds[name].append((len(lens) / best, probe, read[name] / best / probe))
+                rounds[name].append((len(lens) / best, probe, read[name] / best / probe, tab, read[name] / best / tab))
         base = [x[0] for x in rounds["bf16"]]
         for name in names:
             tps = [x[0] for x in rounds[name]]
@@ -193,6 +198,8 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
                              ratio_q3=float(np.quantile(ratio, 0.75)),
                              pct_bw=float(np.median([x[2] for x in rounds[name]])),
+                             pct_table=float(np.median([x[4] for x in rounds[name]])),
+                             table_over_probe=float(np.median([x[3] / x[1] for x in rounds[name]])),
                              bw_roof=bw_roof, fma_roof=fma_roof, mix=mix, roof=roof,
                              binds="bw" if roof == bw_roof else ("instr" if mix is not None else "FMA"),
                              pct_roof=max(tps) / roof, probe_gbs=probe / 1e9, g=hq // hkv,
@@ -375,6 +382,9 @@ def main() -> None:
     ap.add_argument("--isa-only", action="store_true", help="only the portable-path section")
     ap.add_argument("--dot-rates", metavar="FILE", help="a saved `cargo bench --bench dot_rates` output to take the "
                     "instruction-mix roofs from (default: run it first)")
+    ap.add_argument("--speed-only", action="store_true", help="only the decode speed table")
+    ap.add_argument("--shape", choices=["a", "d"], action="append",
+                    help="the speed table's shapes: a (32/8 heads), d (32/32); default both")
     args = ap.parse_args()
     global CLOCK
     CLOCK = args.clock
@@ -382,20 +392,20 @@ def main() -> None:
     res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths(),
                            "clock": CLOCK}
     isas = [args.isa] if args.isa else [p for p in kv.kernel_paths() if p in ("avx2", "neon")]
-    res["isa_speed"] = [r for isa in isas for sh, hk in (("a", 8), ("d", 32))
-                        for r in isa_speed(sh, [4096 // div] * 8, 32, hk, 128, reps, isa)]
+    res["isa_speed"] = [] if args.speed_only else [r for isa in isas for sh, hk in (("a", 8), ("d", 32))
+                                                   for r in isa_speed(sh, [4096 // div] * 8, 32, hk, 128, reps, isa)]
     if args.isa_only:
         print_isa(res["isa_speed"])
         return
     out = Path(__file__).parent / "out"
     rates = load_dot_rates(args.dot_rates, args.quick, out)
     res["dot_rates"] = rates
-    res["speed"] = (speed("a", [4096 // div] * 8, 32, 8, 128, reps, rates)
-                    + speed("d", [4096 // div] * 8, 32, 32, 128, reps, rates))
+    heads = {"a": 8, "d": 32}
+    res["speed"] = [r for sh in args.shape or ["a", "d"] for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, rates)]
     res["roofs_sane"] = all(sane(r) for r in res["speed"])
-    res["write"] = write_speed(reps)
-    res["accuracy"] = accuracy(1024 // div)
-    res["toy"] = toy()
+    res["write"] = [] if args.speed_only else write_speed(reps)
+    res["accuracy"] = [] if args.speed_only else accuracy(1024 // div)
+    res["toy"] = [] if args.speed_only else toy()
     out.mkdir(exist_ok=True)
     (out / "bench_quant.json").write_text(json.dumps(res, indent=1))
     for t in (1, 2):
@@ -410,13 +420,14 @@ def main() -> None:
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
     print(f"\nCalls and probes timed by the {res['clock']} clock"
           f"{' (thread CPU time at 1 thread, process CPU time / 2 at 2)' if CLOCK == 'cpu' else ''}.\n")
-    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | bw roof | FMA-only roof (instr) | "
-          "compute roof (instr mix) | binds | % min roof |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | % table probe (table / bw) | bw roof | "
+          "FMA-only roof (instr) | compute roof (instr mix) | binds | % min roof |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["speed"]:
         mix = "-" if r["mix"] is None else f"{r['mix']['roof']:,.0f}"
         print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "
-              f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | {r['bw_roof']:,.0f} | "
+              f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | "
+              f"{100 * r['pct_table']:.0f}% ({r['table_over_probe']:.2f}) | {r['bw_roof']:,.0f} | "
               f"{r['fma_roof']:,.0f} ({r['roof_instr']}) | {mix} | {r['binds']} | {100 * r['pct_roof']:.0f}% |")
     print("compute roof (instr mix): the codes/s of the path's minimal per-code instruction sequence "
           "(cargo bench --bench dot_rates, thread CPU time) over the codes per sequence (K and V); "

@@ -2265,15 +2265,29 @@ def read_bandwidth(
     cache: KvCache | None = None,
     passes: int | None = None,
     clock: Literal["wall", "cpu"] = "wall",
+    block_tables: _IntArrayLike | None = None,
+    seq_lens: _IntArrayLike | None = None,
+    layer: int = 0,
 ) -> float:
     """Read bandwidth in bytes/s: the best of ``passes`` multi-accumulator SIMD sweeps with
     ``threads`` threads, each thread streaming one contiguous share.
 
     Without ``cache`` the sweep reads a fresh ``nbytes`` buffer of 2 MiB-aligned,
     huge-page-advised memory, allocated like a KV cache. With ``cache`` it reads that
-    cache's own storage (``cache.nbytes`` bytes, every layer's K and V): the pages the
-    kernel reads, the fair ceiling for :func:`decode_attention` on a machine (a VM) where
-    the read rate depends on where pages landed.
+    cache's own storage (every layer's K and V, scales and padding: ``cache.nbytes``
+    bytes plus under 4 KiB per layer) front to back: the pages the kernel reads, the
+    fair ceiling for :func:`decode_attention` on a machine (a VM) where the read rate
+    depends on where pages landed.
+
+    With ``cache``, ``block_tables`` and ``seq_lens`` it reads instead exactly what
+    :func:`decode_attention` on ``layer`` reads for those tables (every key visible),
+    in its order and split into its work items: block by block in table order, each
+    block's K and V tiles of every KV head (one run of ``2 * num_kv_heads *
+    block_size * head_dim`` elements; whole blocks, a last block's unused slots too)
+    and, for int8, its scales.
+    The rate counts those bytes. With a scattered table each block starts at a random
+    address, and a short run (an int8 block of 8 heads of 16 x 128 is 32 KiB) reads
+    slower than a stream: this is the ceiling of that call's access pattern.
 
     Args:
         nbytes: bytes of the fresh buffer, 1 MiB..1 TiB (default 256 MiB); not with
@@ -2286,12 +2300,19 @@ def read_bandwidth(
             ``"cpu"`` by the CPU seconds of its busiest thread, which leave out the time a
             shared virtual machine's CPU was taken away (steal) or given to another
             process, as kernel calls timed by thread CPU time do.
+        block_tables: int ``[n, max_blocks]``, as for :func:`decode_attention`; with
+            ``seq_lens`` and ``cache`` only.
+        seq_lens: ``n`` lengths in tokens, as for :func:`decode_attention`.
+        layer: the cache layer read with ``block_tables`` (default 0).
 
     Raises:
-        TypeError: ``clock`` not a str.
+        TypeError: ``clock`` not a str; a table or length not an integer array.
         InvalidArgumentError: both ``nbytes`` and ``cache``, ``nbytes`` outside
             1 MiB..1 TiB, a cache smaller than 1 MiB, ``passes`` outside ``1..=1000``, a
-            thread count outside ``1..=1024``, or ``clock`` neither ``"wall"`` nor ``"cpu"``.
+            thread count outside ``1..=1024``, ``clock`` neither ``"wall"`` nor ``"cpu"``;
+            ``block_tables`` without ``seq_lens`` (or the reverse), either or ``layer``
+            without ``cache``, ``layer`` out of range or without tables, a table or length
+            :func:`decode_attention` would refuse, or tables that read under 1 MiB.
     """
 def peak_flops(threads: int | None = None, *, clock: Literal["wall", "cpu"] = "wall") -> float:
     """Peak f32 FLOP/s of register-only FMA chains (2 FLOP per lane per FMA), best of 3 runs.

@@ -436,6 +436,32 @@ def test_probe_reads_a_caches_own_memory_and_leaves_it_unchanged() -> None:
         kv.read_bandwidth(cache=small)
 
 
+def test_probe_of_a_block_table_reads_the_calls_blocks_and_refuses_bad_tables() -> None:
+    """With tables, the probe reads what decode reads: a table naming a block outside the
+    cache is refused, as decode refuses it, and a table reading under 1 MiB too."""
+    c = kv.KvCache(2, 80, 16, 8, 128, "int8")  # an int8 block of 8 heads: 32 KiB + 1 KiB scales
+    table = np.random.default_rng(0).permutation(80).reshape(2, 40)
+    lens = np.array([640, 500])
+    for threads in (1, 2):
+        assert kv.read_bandwidth(cache=c, threads=threads, passes=2, block_tables=table, seq_lens=lens, layer=1) > 1e8
+    with pytest.raises(kv.InvalidArgumentError, match="block_tables"):
+        kv.read_bandwidth(cache=c, block_tables=np.where(table == 7, 80, table), seq_lens=lens)
+    # Entries past a sequence's blocks are never read, as in decode.
+    short = table.copy()
+    short[1, 32:] = 99  # the second sequence's 500 tokens fill 32 blocks
+    assert kv.read_bandwidth(cache=c, passes=1, block_tables=short, seq_lens=lens) > 1e8
+    with pytest.raises(kv.InvalidArgumentError, match="1 MiB"):
+        kv.read_bandwidth(cache=c, block_tables=table, seq_lens=[16, 16])
+    with pytest.raises(kv.InvalidArgumentError, match="together"):
+        kv.read_bandwidth(cache=c, block_tables=table)
+    with pytest.raises(kv.InvalidArgumentError, match="need a cache"):
+        kv.read_bandwidth(8 << 20, block_tables=table, seq_lens=lens)
+    with pytest.raises(kv.InvalidArgumentError, match="layer"):
+        kv.read_bandwidth(cache=c, layer=1)
+    with pytest.raises(kv.InvalidArgumentError, match="layer"):
+        kv.read_bandwidth(cache=c, block_tables=table, seq_lens=lens, layer=2)
+
+
 @given(cases())
 def test_bf16_scores_match_the_rounded_query_reference(case: tuple[object, ...]) -> None:
     """``bf16_scores=True`` on every path: within the usual tolerance of the reference

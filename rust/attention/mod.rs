@@ -58,6 +58,7 @@ pub mod avx512_vnni_pv;
 mod x86_prefetch;
 pub mod decode;
 pub mod isa;
+pub mod read_probe;
 pub mod prefill;
 mod query;
 #[cfg(target_arch = "aarch64")]

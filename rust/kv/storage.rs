@@ -140,9 +140,10 @@ impl KvCache {
         self.scales
     }
 
-    /// The cache's storage: every layer's K and V, `nbytes()` bytes.
+    /// The cache's storage: every layer's region (its K and V codes, scales and the
+    /// padding of each to 4 KiB), `nbytes()` plus under 4 KiB per layer.
     pub fn bytes(&self) -> &[u8] {
-        &self.buf.as_slice()[..self.nbytes()]
+        &self.buf.as_slice()[..self.shape.num_layers * self.region_bytes]
     }
 
     pub fn huge_pages(&self) -> bool {
@@ -169,7 +170,7 @@ impl KvCache {
         [s.block_stride(), s.head_dim, s.tile(), 1]
     }
 
-    pub(super) fn check_layer(&self, layer: usize) -> Result<()> {
+    pub(crate) fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.shape.num_layers {
             return Err(invalid!("layer {layer} out of range 0..{}", self.shape.num_layers));
         }
@@ -209,6 +210,27 @@ impl KvCache {
         let at = self.region(layer, 0) + self.scales.offset;
         let data = cast::<f32>(&self.buf.as_slice()[at..][..4 * self.scales.count]);
         Ok(Scales { kind: self.scales.kind, data, num_kv_heads: self.shape.num_kv_heads, block_size: self.shape.block_size })
+    }
+
+    /// Where block `block` of `layer` sits in [`Self::bytes`]: its codes (K tiles of every
+    /// KV head, then V's: one run) and its int8 scales (K's then V's: one run; empty for
+    /// the other dtypes, whose few per-layer scales are not per block).
+    pub fn block_bytes(&self, layer: usize, block: usize) -> Result<[std::ops::Range<usize>; 2]> {
+        self.check_layer(layer)?;
+        if block >= self.shape.num_blocks {
+            return Err(invalid!("block {block} out of range 0..{}", self.shape.num_blocks));
+        }
+        let (s, size) = (&self.shape, self.dtype.size());
+        let codes = self.region(layer, 0) + block * s.block_stride() * size;
+        let codes = codes..codes + 2 * s.block() * size;
+        let scales = if self.scales.kind == ScaleKind::PerToken {
+            let per = 2 * s.num_kv_heads * s.block_size * 4;
+            let at = self.region(layer, 0) + self.scales.offset + block * per;
+            at..at + per
+        } else {
+            0..0
+        };
+        Ok([codes, scales])
     }
 
     /// Raw pointer to `layer`'s first scale (see [`super::quant`]), for zero-copy views.

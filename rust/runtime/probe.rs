@@ -146,7 +146,7 @@ pub fn read_bandwidth_of(bytes: &[u8], threads: Option<usize>, passes: Option<us
     Ok(time_reads(bytes, &pool, share, passes, clock))
 }
 
-fn check_passes(passes: Option<usize>) -> Result<usize> {
+pub(crate) fn check_passes(passes: Option<usize>) -> Result<usize> {
     match passes.unwrap_or(REPS) {
         p @ 1..=MAX_PASSES => Ok(p),
         p => Err(invalid!("passes must be in 1..={MAX_PASSES}, got {p}")),
