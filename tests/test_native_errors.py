@@ -177,7 +177,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("HybridPool.block_tables", "seq_ids", lambda w, x: w.hpool.block_tables(x, 0), ARRAY_BAD + [[-1], None]),
     ("HybridPool.block_tables", "group", lambda w, x: w.hpool.block_tables([1], x), INT_BAD + REQUIRED + NEG + [3]),
     ("HybridPool.block_tables", "max_blocks", lambda w, x: w.hpool.block_tables([1], 0, x),
-     INT_BAD + NEG + [2, 2**40]),
+     INT_BAD + NEG + [1, 2**40]),
     ("HybridPool.block_tables", "pad", lambda w, x: w.hpool.block_tables([1], 0, 4, x), INT_BAD + REQUIRED + [2**31]),
     ("HybridPool.flashinfer_tables", "seq_ids", lambda w, x: w.hpool.flashinfer_tables(x, 0),
      ARRAY_BAD + [[-1], None]),
