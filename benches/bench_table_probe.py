@@ -1,0 +1,55 @@
+"""The read roof of a decode call's access pattern against the front-to-back stream
+(``benches/RESULTS.md``, issue 15 wave 11).
+
+``pykvpool.read_bandwidth(cache=c)`` streams a cache's pages front to back;
+``read_bandwidth(cache=c, block_tables=t, seq_lens=l)`` reads exactly the runs
+``decode_attention`` reads for those tables (one run per block: its K and V tiles of
+every KV head, plus an int8 block's scales), in table order, split into the call's work
+items, with no compute. On ``bench_quant.py``'s caches (8 sequences x 4,096 tokens,
+head_dim 128, block size 16, blocks scattered by a random permutation; ``a``: 8 KV heads,
+``d``: 32), ``--rounds`` rounds alternate the two probes (``passes=3`` each, by the CPU
+clock) on each dtype and thread count; printed: the median GB/s of each and the median
+and quartiles of the per-round ratio table / stream.
+
+    python benches/bench_table_probe.py [--rounds 15] [--shape a|d] [--dtypes int8,bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import pykvpool as kv
+from benches.bench_quant import build
+
+HEADS = {"a": 8, "d": 32}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--shape", choices=sorted(HEADS), default="a")
+    ap.add_argument("--dtypes", default="int8,bf16")
+    args = ap.parse_args()
+    lens = [4096] * 8
+    dtypes = args.dtypes.split(",")
+    caches, table, _ = build(lens, 32, HEADS[args.shape], 128, dtypes, seed=1)
+    sl = np.array(lens)
+    print(f"shape {args.shape}, {args.rounds} rounds, passes=3 each, CPU clock\n")
+    print("| dtype | threads | stream GB/s | table order GB/s | table / stream (IQR) |\n|---|---|---|---|---|")
+    for dt in dtypes:
+        c = caches[dt]
+        for t in (1, 2):
+            seq, tab = [], []
+            for _ in range(args.rounds):
+                seq.append(kv.read_bandwidth(cache=c, threads=t, passes=3, clock="cpu"))
+                tab.append(kv.read_bandwidth(cache=c, threads=t, passes=3, clock="cpu", block_tables=table, seq_lens=sl))
+            r = np.array(tab) / np.array(seq)
+            q1, med, q3 = np.quantile(r, [0.25, 0.5, 0.75])
+            print(f"| {dt} | {t} | {np.median(seq) / 1e9:.1f} | {np.median(tab) / 1e9:.1f} | "
+                  f"{med:.2f} ({q1:.2f}-{q3:.2f}) |")
+
+
+if __name__ == "__main__":
+    main()
