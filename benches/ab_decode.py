@@ -51,6 +51,8 @@ import time
 from typing import Any
 
 SWITCHES = ("bf16_scores", "int8_scores", "int8_pv")
+#: ``--force-isa``: the kernel path every call runs (None: the CPU's best).
+FORCE_ISA: str | None = None
 DTYPES = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
 
 SHAPES = {
@@ -127,7 +129,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         dtype, switches = parsed
         if dtype not in caches:
             caches[dtype] = make_cache(kv, dtype, k, total, block_size, hkv, d)
-        on = {s: s in switches for s in SWITCHES}
+        on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
         times = []
         for _ in range(calls):
             t0 = clock()
@@ -174,7 +176,7 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
         parsed = parse_row(row)
         assert parsed is not None, row
         dtype, switches = parsed
-        on = {s: s in switches for s in SWITCHES}
+        on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
         templates = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
         caches = list(templates)
         got = []
@@ -218,6 +220,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--calls", type=int, default=5, help="calls per row and process; the best is kept")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--force-isa", help="the kernel path of every call (e.g. avx2; default: the CPU's best)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--interleave", type=int, metavar="N",
                     help="measure in one process, N alternating pairs of calls per row (instead of --rounds)")
@@ -226,6 +229,8 @@ def main() -> None:
     ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
+    global FORCE_ISA
+    FORCE_ISA = args.force_isa
     if args.measure:
         print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size)))
         return
@@ -260,7 +265,7 @@ def main() -> None:
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
             cmd = [sys.executable, __file__, args.a, args.b, "--measure", getattr(args, side), "--shape", args.shape,
                    "--rows", args.rows, "--calls", str(args.calls), "--threads", str(args.threads),
-                   "--block-size", str(args.block_size)]
+                   "--block-size", str(args.block_size)] + (["--force-isa", args.force_isa] if args.force_isa else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             times[side].append(json.loads(res.stdout.strip().splitlines()[-1]))
     print(f"B / A time, shape {args.shape}, {args.threads} thread(s), best of {args.calls} calls, "
