@@ -5,7 +5,7 @@
 //! Per 16 codes of a K row (one dimension, 16 tokens) and g query heads:
 //! - `f32`: a load + g FMAs; `bf16`: `vpmovzxwd` + `vpslld` + g FMAs;
 //! - `int8`: `vpmovsxbd` (from memory) + `vcvtdq2ps` + g FMAs;
-//! - `e5m2`: `vpmovzxbw` + `vpsllw` + `vcvtph2ps` + g FMAs;
+//! - `e5m2`: a broadcast load + `vpshufb` + `vcvtph2ps` + g FMAs;
 //! - `e4m3`: the kernel's conversion to f16 bit positions (`vpmovsxbw`, `vpsllw`, `vpand`,
 //!   `vpaddw` + `vptestmw` for the NaN mask, masked `vcvtph2ps`) + g FMAs;
 //! - `int8_scores`: per 64 codes (4 rows), one 64-byte load, the 4 x 4 byte transpose

@@ -1,6 +1,6 @@
 //! The widening of each dtype's codes to f32 in the decode paths' instruction sequences
 //! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
-//! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 `vpmovzxbw` + `vpsllw` +
+//! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 a broadcast load + `vpshufb` +
 //! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions.
 
 use std::arch::x86_64::*;
@@ -66,12 +66,27 @@ impl Widen for I8 {
     }
 }
 
+/// The kernel's e5m2 shuffle indices: in each 128-bit lane `L`, word `i` gets code
+/// `8 L + i` as its high byte and a zero low byte.
+const E5M2_TO_F16: [i8; 32] = {
+    let mut x = [0; 32];
+    let mut j = 0;
+    while j < 32 {
+        x[j] = if j % 2 == 0 { -128 } else { (8 * (j / 16) + (j % 16) / 2) as i8 };
+        j += 1;
+    }
+    x
+};
+
 impl Widen for E5m2 {
     const BYTES: usize = 1;
     #[inline(always)]
     unsafe fn k16(p: *const u8) -> __m512 {
-        // SAFETY: 16 readable bytes (caller); the features are the caller's.
-        unsafe { _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast())))) }
+        // SAFETY: 16 readable bytes (caller); the table holds 32; the features are the caller's.
+        unsafe {
+            let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+            _mm512_cvtph_ps(_mm256_shuffle_epi8(x, _mm256_loadu_si256(E5M2_TO_F16.as_ptr().cast())))
+        }
     }
 }
 

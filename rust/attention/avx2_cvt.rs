@@ -6,7 +6,7 @@
 //!
 //! 8-bit caches read 8 one-byte codes per load (`vmovq`) and dequantize in registers as
 //! the AVX-512 path does: int8 by `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of
-//! an f16 (`vpmovzxbw`, a 16-bit shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit
+//! an f16 (one `vpunpcklbw` against zero, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit
 //! positions (sign << 8, the other seven bits << 7: exact, the value divided by 2^8; its
 //! NaN codes OR'd to an f16 NaN) and widened by `vcvtph2ps`. A partial load stages the
 //! codes (not their values) so that both go through one conversion.
@@ -94,7 +94,8 @@ fn load8<E: Elem>(x: &[E], at: usize, n: usize) -> __m256 {
 pub(crate) fn widen8<E: Elem>(x: __m128i) -> __m256 {
     match E::DTYPE {
         DType::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)),
-        DType::E5M2 => _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(x))),
+        // Each code the high byte of a word whose low byte is 0: one unpack.
+        DType::E5M2 => _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), x)),
         _ => {
             // e4m3: sign to bit 15, exponent and mantissa to bits 7..14 of an f16 (whose
             // bias is 8 more); the NaN codes (0x7f, 0xff) become 0xffff, an f16 NaN.

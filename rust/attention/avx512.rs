@@ -45,8 +45,8 @@
 //! ([`Pv`], [`super::avx512_vnni_pv`]).
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
-//! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (`vpmovzxbw`, a 16-bit
-//! shift, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
+//! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (16 codes broadcast to
+//! both 128-bit lanes, one `vpshufb` into high bytes, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
 //! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
 //! widened by `vcvtph2ps`, masked to give its two NaN codes NaN ([`super::avx512_cvt::e4m3_over_256`]).
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for

@@ -1,7 +1,7 @@
 //! Element loads of the AVX-512 decode kernel ([`super::avx512`]): 16 cached values of
 //! any storage dtype widened to f32 in registers (f16 by `vcvtph2ps`, bf16 by a 16-bit
 //! shift or one unpack per 16 values, int8 by `vpmovsxbd` + `vcvtdq2ps`, fp8 through f16
-//! bits), the per-token or per-head scales of a chunk, and the lane masks of a row.
+//! bits: e5m2 by one in-lane shuffle of its codes broadcast to both lanes), the per-token or per-head scales of a chunk, and the lane masks of a row.
 //! The AVX2 and NEON kernels keep theirs in [`super::avx2_cvt`] and [`super::neon_cvt`].
 
 use std::arch::x86_64::*;
@@ -31,6 +31,7 @@ pub(crate) unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
             }
             // A full mask takes a plain load, which folds into the widening instruction.
+            DType::E5M2 if mask == 0xffff => e5m2_16(p.cast()),
             DType::I8 | DType::E4M3 | DType::E5M2 => {
                 let x = if mask == 0xffff { _mm_loadu_si128(p.cast()) } else { _mm_maskz_loadu_epi8(mask, p.cast()) };
                 match E::DTYPE {
@@ -41,6 +42,35 @@ pub(crate) unsafe fn load<E: Elem>(p: *const E, mask: __mmask16) -> __m512 {
             }
         }
     }
+}
+
+/// `vpshufb` indices of [`e5m2_16`]: in 128-bit lane `L` (0, 1), word `i` takes code
+/// `8 L + i` as its high byte and 0 as its low byte (an index with bit 7 set writes 0).
+const E5M2_TO_F16: [i8; 32] = {
+    let mut x = [0; 32];
+    let mut j = 0;
+    while j < 32 {
+        let (lane, w) = (j / 16, (j % 16) / 2);
+        x[j] = if j % 2 == 0 { -128 } else { (8 * lane + w) as i8 };
+        j += 1;
+    }
+    x
+};
+
+/// 16 e5m2 codes at `p` as f32 (exact, infinities and NaNs included): a code is the high
+/// byte of the f16 of the same value. The 16 bytes are broadcast to both 128-bit lanes (a
+/// load: no shuffle port) and one in-lane `vpshufb` moves each lane's 8 codes into the
+/// high bytes of its words, zeroing the low bytes; `vcvtph2ps` widens. One shuffle-port
+/// instruction instead of `vpmovzxbw` + `vpsllw`.
+///
+/// # Safety
+/// 16 bytes at `p` must be readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn e5m2_16(p: *const u8) -> __m512 {
+    // SAFETY: 16 readable bytes (caller); the table holds 32.
+    let (x, idx) = unsafe { (_mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast())), _mm256_loadu_si256(E5M2_TO_F16.as_ptr().cast())) };
+    _mm512_cvtph_ps(_mm256_shuffle_epi8(x, idx))
 }
 
 /// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 5 instructions
