@@ -95,8 +95,8 @@ fn item_runs(cache: &KvCache, layer: usize, tables: &SeqTables, threads: usize) 
 
 /// The wrapping word sum of one item's blocks, each block's codes run then its scales
 /// run. No software prefetch: prefetching the next block's codes into L2 while summing
-/// one (a step of 4 KiB or 1 KiB of lines per 4 KiB or 1 KiB summed) read 0.87-0.93x the
-/// rate of plain sums at 1 thread and 0.75-0.89x at 2 (`benches/RESULTS.md`, wave 11).
+/// one (1 KiB or 4 KiB of lines per 1 KiB or 4 KiB summed) read 0.96x and 0.90x the rate
+/// of plain sums at 1 thread, 0.89x and 0.85x at 2 (`benches/RESULTS.md`, wave 11).
 fn read_item(bytes: &[u8], blocks: &[[Range<usize>; 2]]) -> u32 {
     blocks.iter().fold(0u32, |sum, [codes, scales]| {
         sum.wrapping_add(sum_words(&bytes[codes.clone()])).wrapping_add(sum_words(&bytes[scales.clone()]))
