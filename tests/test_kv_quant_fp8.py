@@ -183,3 +183,39 @@ def test_bf16_scores_refuse_f32_f16_and_int8_caches_and_leave_out_untouched(path
     with pytest.raises(kv.InvalidArgumentError, match="bf16_scores"):
         kv.decode_attention_paged(c, 0, q, [0, 1], [0], [3], out=out, force_isa=path, bf16_scores=True)
     assert (out == 7.0).all()
+
+
+@pytest.mark.skipif(not {"avx512", "avx2"} <= set(PATHS), reason="needs the AVX-512 and AVX2 paths")
+@pytest.mark.parametrize("bs", [16, 32])
+def test_e4m3_nan_codes_read_on_avx512_as_on_avx2(bs: int) -> None:
+    """The AVX-512 path widens e4m3 codes without a NaN mask and checks each tile for the
+    two NaN codes instead; an item whose tiles hold one runs again on the AVX2 path. So a
+    NaN code anywhere reads as on AVX2 (a NaN key: a zero weight; a NaN value: NaN in that
+    dimension), and one in a slot no query sees changes nothing."""
+    lens = [50, 20]
+    q = np.random.default_rng(3).standard_normal((2, 8, 64)).astype(np.float32)
+
+    def both(c: kv.KvCache, table: npt.NDArray[np.int64]) -> tuple[Any, Any]:
+        return tuple(kv.decode_attention(c, 0, q, table, lens, force_isa=p) for p in ("avx512", "avx2"))
+
+    clean_c, table = make("fp8_e4m3", lens, bs, 2, 64, seed=5)
+    clean = both(clean_c, table)[0]
+    last = table[1, (lens[1] - 1) // bs]
+    cases = {  # (view, block, slot, head, dim, code)
+        "key": ("key", table[1, 0], 3, 1, 5, 0x7F),
+        "value": ("value", table[0, 1], 1, 0, 60, 0xFF),
+        "unread": ("key", last, lens[1] % bs + 1, 1, 0, 0x7F),
+    }
+    for name, (view, b, t, h, i, code) in cases.items():
+        c, _ = make("fp8_e4m3", lens, bs, 2, 64, seed=5)
+        getattr(c, view)(0).view(np.uint8)[b, t, h, i] = code
+        a512, a2 = both(c, table)
+        np.testing.assert_array_equal(np.isnan(a512), np.isnan(a2), err_msg=name)
+        fin = np.isfinite(a2)
+        np.testing.assert_allclose(a512[fin], a2[fin], rtol=0, atol=1e-5 * np.abs(a2[fin]).max(), err_msg=name)
+        if name == "key":  # the NaN key's weight is zero: sequence 1's heads 4-7 move
+            assert np.isfinite(a512).all() and np.abs(a512[1, 4:] - clean[1, 4:]).max() > 1e-3
+        elif name == "value":
+            assert np.isnan(a512[0, :4, 60]).all() and np.isfinite(np.delete(a512, 60, axis=2)).all()
+        else:
+            np.testing.assert_allclose(a512, clean, rtol=0, atol=1e-6 * np.abs(clean).max())

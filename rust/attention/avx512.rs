@@ -48,7 +48,9 @@
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (16 codes broadcast to
 //! both 128-bit lanes, one `vpshufb` into high bytes, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
 //! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
-//! widened by `vcvtph2ps`, masked to give its two NaN codes NaN ([`super::avx512_cvt::e4m3_over_256`]).
+//! widened by `vcvtph2ps` ([`super::avx512_cvt::e4m3_over_256`]); its two NaN codes would
+//! read as numbers, so each tile is checked for them once ([`nan_in_new_tile`]) and an
+//! item that read one runs again on the scalar path ([`Partial::nan_codes`]).
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
 //! int8, one broadcast per head for fp8, times 2^8 for e4m3) multiply the scores, the V
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
@@ -71,7 +73,7 @@
 use std::arch::x86_64::*;
 
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
-use super::avx512_cvt::{lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
+use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::query::interleave_query;
@@ -102,10 +104,12 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[[0f32; W]; HT]; 2];
     let mut l = LaneSums::<W>::new(p.l);
+    let mut checked = std::ptr::null();
     if pairs_apply::<E, S, P>(pv, d, w.shape.block_size) {
         // A tile's chunks two at a time: the per-chunk work is spread over twice the
         // tokens (`benches/RESULTS.md`, issue 15 wave 9).
         w.for_each_chunk_pair(W, |hi, a, b, pf| {
+            p.nan_codes |= nan_in_new_tile(a, &mut checked);
             let mut j0 = 0;
             while j0 < g {
                 let qh = hi * g + j0;
@@ -126,6 +130,7 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
         });
     } else {
         w.for_each_chunk(W, |hi, chunk, pf| {
+            p.nan_codes |= nan_in_new_tile(chunk, &mut checked);
             let mut j0 = 0;
             while j0 < g {
                 let qh = hi * g + j0;
@@ -148,6 +153,23 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
     } else if E::DTYPE == DType::BF16 && d.is_multiple_of(2 * W) {
         unpermute_bf16(p.acc, d);
     }
+}
+
+/// e4m3: whether the tile of `c` (its K and V codes, whole) holds a NaN code, which
+/// [`load`] reads as a number; checked once per tile (`last`: the K tile checked last).
+/// A tile's unread slots count too (a stale NaN code there only costs a rerun). Other
+/// dtypes: never.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn nan_in_new_tile<E: Elem>(c: &Chunk<'_, E>, last: &mut *const E) -> bool {
+    if E::DTYPE != DType::E4M3 || c.kt.as_ptr() == *last {
+        return false;
+    }
+    *last = c.kt.as_ptr();
+    // SAFETY: an e4m3 element is its one-byte code (`E4M3` is a transparent `u8`), so
+    // the tile's elements are `len` readable bytes.
+    let bytes = |t: &[E]| unsafe { std::slice::from_raw_parts(t.as_ptr().cast::<u8>(), t.len()) };
+    e4m3_nan_in(bytes(c.kt)) || e4m3_nan_in(bytes(c.vt))
 }
 
 /// Whether the tile loop takes a tile's chunks two at a time ([`Work::for_each_chunk_pair`]):

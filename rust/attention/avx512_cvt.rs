@@ -13,7 +13,9 @@ use crate::kv::{DType, Elem};
 const W: usize = 16;
 /// Vectors of 16 a bf16 V load fills: 64 dimensions, the kernel's V accumulators per head.
 pub(crate) const VT: usize = 4;
-/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed.
+/// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed. e4m3's
+/// two NaN codes read as +-1.875 / 2^8 ([`e4m3_over_256`]): the caller checks its tiles
+/// for them.
 ///
 /// # Safety
 /// Every unmasked lane `i` must satisfy `p.add(i)` inside one live allocation.
@@ -73,19 +75,42 @@ pub(crate) unsafe fn e5m2_16(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_shuffle_epi8(x, idx))
 }
 
-/// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 5 instructions
-/// (the first version's 8): sign-extended to 16 bits and shifted left by 7, a code's
-/// exponent and mantissa land in bits 7..14 of an f16 (whose bias is 8 more: exact for
+/// 16 e4m3 codes (the bytes of `x`) as f32 values divided by 2^8, in 4 instructions
+/// (the first version's 8, the last one's 6): sign-extended to 16 bits and shifted left
+/// by 7, a code's exponent and mantissa land in bits 7..14 of an f16 (whose bias is 8 more: exact for
 /// normals and subnormals) and its sign in bits 15 and 14, bit 14 cleared by one `and`;
-/// `vcvtph2ps` widens, masked so that the two NaN codes (`0x7f`, `0xff`, the codes whose
-/// 7 low bits are all set: adding 1 clears them) take NaN.
+/// `vcvtph2ps` widens. Exact on every code but the two NaN codes (`0x7f`, `0xff`, whose
+/// 7 low bits are all set), which read as +-1.875 (480 / 2^8): the tile loop checks each
+/// tile for them once ([`e4m3_nan_in`]) and a tile holding one has its item run again by
+/// the AVX2 path, instead of masking every conversion (`vpaddw` + `vptestmw` per 16
+/// codes: `benches/RESULTS.md`, issue 15 wave 12).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) fn e4m3_over_256(x: __m128i) -> __m512 {
     let s = _mm256_cvtepi8_epi16(x);
-    let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
-    let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
-    _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
+    _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16)))
+}
+
+/// Whether `codes` holds an e4m3 NaN code (7 low bits all set), 64 bytes per step: the
+/// largest 7-bit magnitude of the run, one `and` and one `vpmaxub` per 64 codes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn e4m3_nan_in(codes: &[u8]) -> bool {
+    let low = _mm512_set1_epi8(0x7f);
+    let mut top = _mm512_setzero_si512();
+    let mut chunks = codes.chunks_exact(64);
+    for c in &mut chunks {
+        // SAFETY: `c` is 64 readable bytes.
+        let x = unsafe { _mm512_loadu_si512(c.as_ptr().cast()) };
+        top = _mm512_max_epu8(top, _mm512_and_si512(x, low));
+    }
+    let rest = chunks.remainder();
+    let mask = if rest.is_empty() { 0 } else { u64::MAX >> (64 - rest.len()) };
+    // SAFETY: the mask covers the `rest.len() < 64` readable bytes; masked-off bytes
+    // are not accessed (AVX-512 fault suppression) and read as 0.
+    let x = unsafe { _mm512_maskz_loadu_epi8(mask, rest.as_ptr().cast()) };
+    top = _mm512_max_epu8(top, _mm512_and_si512(x, low));
+    _mm512_cmpeq_epi8_mask(top, low) != 0
 }
 
 /// The scales of a chunk's 16 token lanes (masked-off lanes 0) times `load_factor`, or
@@ -195,7 +220,47 @@ mod tests {
     #[test]
     fn register_dequantization_is_exact_on_every_code() {
         all_codes(|c| c as i8);
-        all_codes(E4M3);
+        // e4m3's two NaN codes (checked per tile instead) read as +-480 (+-1.875 before
+        // the load factor); every other code must come out exact.
+        all_codes(|c| E4M3(if c & 0x7f == 0x7f { c - 1 } else { c }));
         all_codes(E5M2);
+        if crate::attention::isa::Isa::Avx512.supported() {
+            for (code, want) in [(0x7fu8, 1.875f32), (0xff, -1.875)] {
+                let x = [code; 16];
+                let mut got = [0f32; 16];
+                // SAFETY: the CPU check above; 16 readable codes.
+                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), load(x.as_ptr().cast::<E4M3>(), 0xffff)) };
+                assert!(got.iter().all(|&g| g == want), "{code:#x}: {got:?}");
+            }
+        }
+    }
+
+    /// The tile check finds a NaN code (0x7f or 0xff) at every position of runs of 0 to
+    /// 200 bytes (whole 64-byte steps and every tail), and nothing in runs of every other
+    /// code, the near misses (0x7e, 0xfe, 0x3f, 0xbf) included.
+    #[test]
+    fn the_tile_check_finds_every_nan_code_and_nothing_else() {
+        if !crate::attention::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED the AVX-512 e4m3 tile check: no AVX-512 on this CPU");
+            return;
+        }
+        // SAFETY: the CPU check above.
+        let has = |x: &[u8]| unsafe { e4m3_nan_in(x) };
+        let others: Vec<u8> = (0..=255u8).filter(|c| c & 0x7f != 0x7f).collect();
+        for n in 0..=200usize {
+            let run: Vec<u8> = (0..n).map(|i| others[(i * 37 + n) % others.len()]).collect();
+            assert!(!has(&run), "n={n}");
+            for at in 0..n {
+                for nan in [0x7f, 0xff] {
+                    let mut x = run.clone();
+                    x[at] = nan;
+                    assert!(has(&x), "n={n} at={at} {nan:#x}");
+                }
+            }
+        }
+        // Past the run's end a NaN code is not read (a slice of a longer buffer).
+        let mut x = vec![0u8; 130];
+        x[129] = 0x7f;
+        assert!(!has(&x[..129]) && has(&x));
     }
 }

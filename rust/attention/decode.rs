@@ -139,7 +139,7 @@ pub fn decode_attention(
             .chunks_mut(per_item * d)
             .zip(m.chunks_mut(per_item))
             .zip(l.chunks_mut(per_item))
-            .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l }))
+            .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l, nan_codes: false }))
             .collect();
         let next = AtomicUsize::new(0);
         run_workers(&pool, items.len(), || {
@@ -257,6 +257,20 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::run(w, p) },
         _ => scalar::run(w, p),
+    }
+    // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
+    // every conversion): the item runs again on the AVX2 path, whose conversion gives
+    // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
+    // weight), else on the scalar one.
+    if p.nan_codes {
+        p.reset();
+        #[cfg(target_arch = "x86_64")]
+        if Supported::check(Isa::Avx2).is_some() {
+            // SAFETY: `Supported::check` found the AVX2 path's features on this CPU.
+            unsafe { avx2::run(w, p) };
+            return;
+        }
+        scalar::run(w, p);
     }
 }
 

@@ -77,6 +77,19 @@ pub(crate) struct Partial<'a> {
     pub acc: &'a mut [f32],
     pub m: &'a mut [f32],
     pub l: &'a mut [f32],
+    /// Set by a path that reads e4m3 codes without honouring their NaN codes (AVX-512)
+    /// when a tile it read holds one: the item must be run again by a path that does.
+    pub nan_codes: bool,
+}
+
+impl Partial<'_> {
+    /// Back to the state of an item not yet run.
+    pub fn reset(&mut self) {
+        self.acc.fill(0.0);
+        self.m.fill(f32::NEG_INFINITY);
+        self.l.fill(0.0);
+        self.nan_codes = false;
+    }
 }
 
 impl<E: Elem> Work<'_, E> {
