@@ -1,7 +1,8 @@
 //! The widening of each dtype's codes to f32 in the decode paths' instruction sequences
 //! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
 //! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 a broadcast load + `vpshufb` +
-//! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions.
+//! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions and its per-tile NaN-code
+//! check.
 
 use std::arch::x86_64::*;
 
@@ -22,6 +23,15 @@ pub trait Widen {
     unsafe fn v32(p: *const u8) -> [__m512; 2] {
         // SAFETY: forwarded to the caller.
         unsafe { [Self::k16(p), Self::k16(p.add(16 * Self::BYTES))] }
+    }
+    /// The per-tile work the kernel does besides widening (e4m3: its NaN-code check over
+    /// the tile's `n` bytes at `p`, which its widening leaves out); none by default.
+    ///
+    /// # Safety
+    /// As `k16`, `n` (a multiple of 64) readable bytes.
+    #[inline(always)]
+    unsafe fn tile_check(_p: *const u8, _n: usize) -> bool {
+        false
     }
 }
 
@@ -92,15 +102,27 @@ impl Widen for E5m2 {
 
 impl Widen for E4m3 {
     const BYTES: usize = 1;
-    /// The instruction sequence of the kernel's e4m3 widening (value / 2^8, NaN codes NaN).
+    /// The instruction sequence of the kernel's e4m3 widening (value / 2^8; the NaN codes
+    /// are left to [`Self::tile_check`]).
     #[inline(always)]
     unsafe fn k16(p: *const u8) -> __m512 {
         // SAFETY: 16 readable bytes (caller); the features are the caller's.
         unsafe {
             let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()));
-            let h = _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16));
-            let finite = _mm256_test_epi16_mask(_mm256_add_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7f));
-            _mm512_mask_cvtph_ps(_mm512_set1_ps(f32::NAN), finite, h)
+            _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16)))
+        }
+    }
+    /// The kernel's check of a tile for NaN codes: the largest 7-bit magnitude, an `and`
+    /// and a `vpmaxub` per 64 codes.
+    #[inline(always)]
+    unsafe fn tile_check(p: *const u8, n: usize) -> bool {
+        // SAFETY: `n` readable bytes, a multiple of 64 (caller); the features are the caller's.
+        unsafe {
+            let (low, mut top) = (_mm512_set1_epi8(0x7f), _mm512_setzero_si512());
+            for i in (0..n).step_by(64) {
+                top = _mm512_max_epu8(top, _mm512_and_si512(_mm512_loadu_si512(p.add(i).cast()), low));
+            }
+            _mm512_cmpeq_epi8_mask(top, low) != 0
         }
     }
 }
