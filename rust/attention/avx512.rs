@@ -50,7 +50,7 @@
 //! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
 //! widened by `vcvtph2ps` ([`super::avx512_cvt::e4m3_over_256`]); its two NaN codes would
 //! read as numbers, so each tile is checked for them once ([`nan_in_new_tile`]) and an
-//! item that read one runs again on the scalar path ([`Partial::nan_codes`]).
+//! item that read one runs again on the AVX2 path ([`Partial::nan_codes`]).
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
 //! int8, one broadcast per head for fp8, times 2^8 for e4m3) multiply the scores, the V
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
