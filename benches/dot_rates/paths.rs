@@ -109,8 +109,14 @@ pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile,
         // SAFETY: rows i + r < D of 16 elements inside k; query elements j * D + i + r < 4 D.
         unsafe {
             let mut k = [_mm512_setzero_ps(); N];
-            for r in 0..N {
+            let mut r = 0;
+            while G <= W::PAIRS_UP_TO_G && r + 1 < N {
+                [k[r], k[r + 1]] = W::k2(kp.add((i + r) * T * W::BYTES), T * W::BYTES);
+                r += 2;
+            }
+            while r < N {
                 k[r] = W::k16(kp.add((i + r) * T * W::BYTES));
+                r += 1;
             }
             for j in 0..G {
                 for r in 0..N {
@@ -143,7 +149,8 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
                 let mut v = [_mm512_setzero_ps(); VT];
                 let mut u = 0;
                 while u < VT {
-                    let x = W::v32(row.add(16 * u * W::BYTES));
+                    let p = row.add(16 * u * W::BYTES);
+                    let x = if G <= W::PAIRS_UP_TO_G { W::v32(p) } else { [W::k16(p), W::k16(p.add(16 * W::BYTES))] };
                     (v[u], v[u + 1]) = (x[0], x[1]);
                     u += 2;
                 }

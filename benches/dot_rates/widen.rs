@@ -1,8 +1,8 @@
 //! The widening of each dtype's codes to f32 in the decode paths' instruction sequences
 //! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
 //! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 a broadcast load + `vpshufb` +
-//! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions and its per-tile NaN-code
-//! check.
+//! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions (32 codes at once, two K
+//! rows or 32 elements of a V row, at g <= 2) and its per-tile NaN-code check.
 
 use std::arch::x86_64::*;
 
@@ -10,6 +10,10 @@ use std::arch::x86_64::*;
 pub trait Widen {
     /// Bytes per element.
     const BYTES: usize;
+    /// The largest number of query heads per KV head at which the kernel widens two K
+    /// rows at once ([`Self::k2`]) and a V row by [`Self::v32`]; above it, 16 elements
+    /// at a time ([`Self::k16`]).
+    const PAIRS_UP_TO_G: usize = usize::MAX;
     /// 16 elements of a K row as f32.
     ///
     /// # Safety
@@ -32,6 +36,15 @@ pub trait Widen {
     #[inline(always)]
     unsafe fn tile_check(_p: *const u8, _n: usize) -> bool {
         false
+    }
+    /// Two K rows of 16 elements, `stride` bytes apart.
+    ///
+    /// # Safety
+    /// As `k16` at `p` and at `p + stride`.
+    #[inline(always)]
+    unsafe fn k2(p: *const u8, stride: usize) -> [__m512; 2] {
+        // SAFETY: forwarded to the caller.
+        unsafe { [Self::k16(p), Self::k16(p.add(stride))] }
     }
 }
 
@@ -102,6 +115,8 @@ impl Widen for E5m2 {
 
 impl Widen for E4m3 {
     const BYTES: usize = 1;
+    /// As the kernel: 32 codes at once only with 1-2 query heads per KV head.
+    const PAIRS_UP_TO_G: usize = 2;
     /// The instruction sequence of the kernel's e4m3 widening (value / 2^8; the NaN codes
     /// are left to [`Self::tile_check`]).
     #[inline(always)]
@@ -110,6 +125,27 @@ impl Widen for E4m3 {
         unsafe {
             let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()));
             _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(0xbfffu16 as i16)))
+        }
+    }
+    /// The kernel's V widening: 32 codes at once, the upper half's f16 words moved down
+    /// for the second `vcvtph2ps`.
+    #[inline(always)]
+    unsafe fn v32(p: *const u8) -> [__m512; 2] {
+        // SAFETY: 32 readable bytes (caller); the features are the caller's.
+        unsafe { e4m3_32(_mm256_loadu_si256(p.cast())) }
+    }
+    /// The kernel's K widening of two rows at once (one 32-byte load where they are
+    /// adjacent, as in a tile of 16 tokens).
+    #[inline(always)]
+    unsafe fn k2(p: *const u8, stride: usize) -> [__m512; 2] {
+        // SAFETY: 16 readable bytes at p and at p + stride (caller); the features are the caller's.
+        unsafe {
+            let x = if stride == 16 {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(p.cast())), _mm_loadu_si128(p.add(stride).cast()))
+            };
+            e4m3_32(x)
         }
     }
     /// The kernel's check of a tile for NaN codes: the largest 7-bit magnitude, an `and`
@@ -124,5 +160,15 @@ impl Widen for E4m3 {
             }
             _mm512_cmpeq_epi8_mask(top, low) != 0
         }
+    }
+}
+
+/// The kernel's `e4m3_32_over_256`: 32 codes to f16 bit positions in one 512-bit register.
+#[inline(always)]
+unsafe fn e4m3_32(x: __m256i) -> [__m512; 2] {
+    // SAFETY: register-only; the features are the caller's.
+    unsafe {
+        let h = _mm512_and_si512(_mm512_slli_epi16::<7>(_mm512_cvtepi8_epi16(x)), _mm512_set1_epi16(0xbfffu16 as i16));
+        [_mm512_cvtph_ps(_mm512_castsi512_si256(h)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h))]
     }
 }

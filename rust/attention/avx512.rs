@@ -48,7 +48,9 @@
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (16 codes broadcast to
 //! both 128-bit lanes, one `vpshufb` into high bytes, `vcvtph2ps`); fp8 e4m3 is moved into f16 bit positions (sign-extended, << 7,
 //! bit 14 cleared: exact for normals and subnormals, the value divided by 2^8) and
-//! widened by `vcvtph2ps` ([`super::avx512_cvt::e4m3_over_256`]); its two NaN codes would
+//! widened by `vcvtph2ps` ([`super::avx512_cvt::e4m3_over_256`]; with 1-2 query heads
+//! per KV head, where the widening rather than the FMAs is the work, 32 codes at once:
+//! [`super::avx512_cvt::load_pair`], two K rows or 32 elements of a V row); its two NaN codes would
 //! read as numbers, so each tile is checked for them once ([`nan_in_new_tile`]) and an
 //! item that read one runs again on the AVX2 path ([`Partial::nan_codes`]).
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
@@ -73,7 +75,7 @@
 use std::arch::x86_64::*;
 
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
-use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, scale_vector, unpermute_bf16, VT};
+use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_pair, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::query::interleave_query;
@@ -308,6 +310,7 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
 ) -> [__m512; H] {
     let mask = if FULL { 0xffff } else { mask };
     let n = chains::<E>(H);
+    let pairs = E::DTYPE == DType::E4M3 && H <= 2;
     // The next K tile is prefetched over this loop, the next V tile over the V loop,
     // so the misses overlap FMAs instead of arriving in one burst.
     let mut pf = Prefetcher::new(next_k, d / n);
@@ -319,8 +322,16 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
         // query elements (i + r) * H + j < H * d past qp (qr = qp + i * H).
         unsafe {
             let mut k = [_mm512_setzero_ps(); 4];
-            for r in 0..n {
+            let mut r = 0;
+            // e4m3 widens two whole rows at once (`load_pair`) where the widening, not
+            // the FMAs, is the work: 1-2 heads per K row (measured, issue 15 wave 13).
+            while FULL && pairs && r + 1 < n {
+                [k[r], k[r + 1]] = load_pair(kr.wrapping_add(r * bs), bs);
+                r += 2;
+            }
+            while r < n {
                 k[r] = load(kr.wrapping_add(r * bs), mask);
+                r += 1;
             }
             pf.step();
             for j in 0..H {
@@ -646,8 +657,15 @@ unsafe fn pv_full<E: Elem, const H: usize, const U: usize, const N: usize>(
                     pf[0].step();
                     pf[1].step();
                     let mut v = [_mm512_setzero_ps(); U];
-                    for u in 0..U {
-                        v[u] = load(vr.add(u * W), 0xffff);
+                    if E::DTYPE == DType::E4M3 && H <= 2 {
+                        // U is even: 32 codes per widening (`load_pair`), as in the K loop.
+                        for u in (0..U).step_by(2) {
+                            [v[u], v[u + 1]] = load_pair(vr.add(u * W), W);
+                        }
+                    } else {
+                        for u in 0..U {
+                            v[u] = load(vr.add(u * W), 0xffff);
+                        }
                     }
                     for j in 0..H {
                         let pj = _mm512_set1_ps(*pr.get_unchecked(j).get_unchecked(t));
