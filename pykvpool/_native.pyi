@@ -1647,6 +1647,12 @@ class KvCache:
         another is a data race with undefined results; the caller must order the two (e.g.
         join the kernel call first).
 
+        A writable view lets the caller store any code, ``fp8_e4m3``'s two NaN codes
+        included (:meth:`write` refuses non-finite values and saturates, so it never makes
+        one). Once a cache has handed one out (K or V, any layer), the AVX-512 decode path
+        checks each e4m3 tile it reads for NaN codes (measured at 4-7% of an MHA call,
+        ``benches/RESULTS.md``); read-only views do not cost it.
+
         Args:
             layer: ``0..num_layers``.
             writable: False for a read-only view.
@@ -1664,7 +1670,8 @@ class KvCache:
         """
     def value(self, layer: int, *, writable: bool = True) -> npt.NDArray[Any]:
         """Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
-        not be written while a kernel call on the same layer runs in another thread.
+        not be written while a kernel call on the same layer runs in another thread, and
+        the e4m3 NaN-code check a writable view turns on.
 
         Args:
             layer: ``0..num_layers``.

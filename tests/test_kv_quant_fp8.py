@@ -185,6 +185,26 @@ def test_bf16_scores_refuse_f32_f16_and_int8_caches_and_leave_out_untouched(path
     assert (out == 7.0).all()
 
 
+def test_only_writable_views_can_store_codes_the_writes_never_make() -> None:
+    """The AVX-512 path checks an e4m3 cache's tiles for NaN codes only once the cache
+    handed out a writable view (``KvCache.key``): ``write`` saturates and refuses
+    non-finite values. So a read-only view must stay read-only, whatever numpy view of it
+    is taken, and a cache read through read-only views decodes as on AVX2."""
+    lens = [40, 17]
+    c, table = make("fp8_e4m3", lens, 16, 2, 64, seed=9)
+    views = [c.key(0, writable=False), c.value(0, writable=False)]
+    for v in views + [v.view(np.uint8) for v in views] + [v[1:, ::2] for v in views]:
+        assert not v.flags.writeable
+        with pytest.raises(ValueError):
+            v.flags.writeable = True
+    assert np.all(np.abs(c.dequantized(0)[0]) <= 448 * c.key_scales(0, writable=False).max())
+    q = np.random.default_rng(1).standard_normal((2, 8, 64)).astype(np.float32)
+    got = {p: kv.decode_attention(c, 0, q, table, lens, force_isa=p) for p in ("avx512", "avx2") if p in PATHS}
+    for p, out in got.items():
+        assert np.isfinite(out).all(), p
+        np.testing.assert_allclose(out, next(iter(got.values())), rtol=0, atol=1e-5 * np.abs(out).max())
+
+
 @pytest.mark.skipif(not {"avx512", "avx2"} <= set(PATHS), reason="needs the AVX-512 and AVX2 paths")
 @pytest.mark.parametrize("bs", [16, 32])
 def test_e4m3_nan_codes_read_on_avx512_as_on_avx2(bs: int) -> None:

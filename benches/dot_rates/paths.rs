@@ -211,13 +211,11 @@ pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, c
         // SAFETY: the features are this function's; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
-                std::hint::black_box(W::tile_check(t.kp(), D * T * W::BYTES));
                 let mut s = [[_mm512_setzero_ps(); G]; N];
                 k_exact::<W, G, N>(t, &mut s);
                 store_f32(t, s);
             }
             if P & V != 0 {
-                std::hint::black_box(W::tile_check(t.vp(), D * T * W::BYTES));
                 v_loop::<W, G, VT>(t);
             }
         }
@@ -364,8 +362,6 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
         if P & K != 0 {
-            // SAFETY: the tile's K bytes; the features are this function's.
-            std::hint::black_box(unsafe { W::tile_check(t.kp(), D * T * W::BYTES) });
             let mut s = [[_mm512_setzero_ps(); G]; N];
             let (kp, qp) = (t.kp(), t.qw.as_ptr());
             let mut i = 0;
@@ -397,12 +393,8 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
             unsafe { store_f32(t, s) };
         }
         if P & V != 0 {
-            // SAFETY: the features are this function's; the check and the loop stay
-            // inside the tile.
-            unsafe {
-                std::hint::black_box(W::tile_check(t.vp(), D * T * W::BYTES));
-                v_loop::<W, G, VT>(t);
-            }
+            // SAFETY: the features are this function's; the loop stays inside the tile.
+            unsafe { v_loop::<W, G, VT>(t) };
         }
     }
 }

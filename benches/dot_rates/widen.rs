@@ -2,7 +2,8 @@
 //! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
 //! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 a broadcast load + `vpshufb` +
 //! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions (32 codes at once, two K
-//! rows or 32 elements of a V row, at g <= 2) and its per-tile NaN-code check.
+//! rows or 32 elements of a V row, at g <= 2), without the per-tile NaN-code check that
+//! the kernel runs only on a cache that handed out a writable view (not the measured calls).
 
 use std::arch::x86_64::*;
 
@@ -27,15 +28,6 @@ pub trait Widen {
     unsafe fn v32(p: *const u8) -> [__m512; 2] {
         // SAFETY: forwarded to the caller.
         unsafe { [Self::k16(p), Self::k16(p.add(16 * Self::BYTES))] }
-    }
-    /// The per-tile work the kernel does besides widening (e4m3: its NaN-code check over
-    /// the tile's `n` bytes at `p`, which its widening leaves out); none by default.
-    ///
-    /// # Safety
-    /// As `k16`, `n` (a multiple of 64) readable bytes.
-    #[inline(always)]
-    unsafe fn tile_check(_p: *const u8, _n: usize) -> bool {
-        false
     }
     /// Two K rows of 16 elements, `stride` bytes apart.
     ///
@@ -117,8 +109,8 @@ impl Widen for E4m3 {
     const BYTES: usize = 1;
     /// As the kernel: 32 codes at once only with 1-2 query heads per KV head.
     const PAIRS_UP_TO_G: usize = 2;
-    /// The instruction sequence of the kernel's e4m3 widening (value / 2^8; the NaN codes
-    /// are left to [`Self::tile_check`]).
+    /// The instruction sequence of the kernel's e4m3 widening (value / 2^8; a NaN code
+    /// reads as +-480, which only a cache that handed out a writable view checks for).
     #[inline(always)]
     unsafe fn k16(p: *const u8) -> __m512 {
         // SAFETY: 16 readable bytes (caller); the features are the caller's.
@@ -146,19 +138,6 @@ impl Widen for E4m3 {
                 _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(p.cast())), _mm_loadu_si128(p.add(stride).cast()))
             };
             e4m3_32(x)
-        }
-    }
-    /// The kernel's check of a tile for NaN codes: the largest 7-bit magnitude, an `and`
-    /// and a `vpmaxub` per 64 codes.
-    #[inline(always)]
-    unsafe fn tile_check(p: *const u8, n: usize) -> bool {
-        // SAFETY: `n` readable bytes, a multiple of 64 (caller); the features are the caller's.
-        unsafe {
-            let (low, mut top) = (_mm512_set1_epi8(0x7f), _mm512_setzero_si512());
-            for i in (0..n).step_by(64) {
-                top = _mm512_max_epu8(top, _mm512_and_si512(_mm512_loadu_si512(p.add(i).cast()), low));
-            }
-            _mm512_cmpeq_epi8_mask(top, low) != 0
         }
     }
 }

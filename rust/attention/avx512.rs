@@ -52,7 +52,10 @@
 //! per KV head, where the widening rather than the FMAs is the work, 32 codes at once:
 //! [`super::avx512_cvt::load_pair`], two K rows or 32 elements of a V row); its two NaN codes would
 //! read as numbers, so each tile is checked for them once ([`nan_in_new_tile`]) and an
-//! item that read one runs again on the AVX2 path ([`Partial::nan_codes`]).
+//! item that read one runs again on the AVX2 path ([`Partial::nan_codes`]). Only a cache
+//! whose codes may hold them is checked: one that handed out a writable view
+//! (`KvCache::raw_writes`, [`Work::nan_check`]); its own writes refuse non-finite values
+//! and saturate, so they never make a NaN code.
 //! The scales never touch the codes: the K scales (a vector of 16 per-token scales for
 //! int8, one broadcast per head for fp8, times 2^8 for e4m3) multiply the scores, the V
 //! scales the probabilities after the softmax sum took them, so `P V` runs on the codes
@@ -107,11 +110,14 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
     let mut probs = [[[0f32; W]; HT]; 2];
     let mut l = LaneSums::<W>::new(p.l);
     let mut checked = std::ptr::null();
+    let nan_check = E::DTYPE == DType::E4M3 && w.nan_check;
     if pairs_apply::<E, S, P>(pv, d, w.shape.block_size) {
         // A tile's chunks two at a time: the per-chunk work is spread over twice the
         // tokens (`benches/RESULTS.md`, issue 15 wave 9).
         w.for_each_chunk_pair(W, |hi, a, b, pf| {
-            p.nan_codes |= nan_in_new_tile(a, &mut checked);
+            if nan_check {
+                p.nan_codes |= nan_in_new_tile(a, &mut checked);
+            }
             let mut j0 = 0;
             while j0 < g {
                 let qh = hi * g + j0;
@@ -132,7 +138,9 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
         });
     } else {
         w.for_each_chunk(W, |hi, chunk, pf| {
-            p.nan_codes |= nan_in_new_tile(chunk, &mut checked);
+            if nan_check {
+                p.nan_codes |= nan_in_new_tile(chunk, &mut checked);
+            }
             let mut j0 = 0;
             while j0 < g {
                 let qh = hi * g + j0;

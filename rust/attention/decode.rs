@@ -124,6 +124,7 @@ pub fn decode_attention(
     let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;
+    let nan_check = cache.raw_writes();
     let mut acc = vec![0f32; items.len() * per_item * d];
     let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
     let mut l = vec![0f32; items.len() * per_item];
@@ -165,6 +166,7 @@ pub fn decode_attention(
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
                     int8_pv: opts.int8_pv,
+                    nan_check,
                 };
                 // Each index is handed out once, so the lock is never contended.
                 let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());

@@ -179,6 +179,12 @@ impl PyKvCache {
     /// another is a data race with undefined results; the caller must order the two (e.g.
     /// join the kernel call first).
     ///
+    /// A writable view lets the caller store any code, ``fp8_e4m3``'s two NaN codes
+    /// included (:meth:`write` refuses non-finite values and saturates, so it never makes
+    /// one). Once a cache has handed one out (K or V, any layer), the AVX-512 decode path
+    /// checks each e4m3 tile it reads for NaN codes (measured at 4-7% of an MHA call,
+    /// ``benches/RESULTS.md``); read-only views do not cost it.
+    ///
     /// Args:
     ///     layer: ``0..num_layers``.
     ///     writable: False for a read-only view.
@@ -203,7 +209,8 @@ impl PyKvCache {
     }
 
     /// Zero-copy view of layer ``layer``'s V; as :meth:`key`, including the rule that it must
-    /// not be written while a kernel call on the same layer runs in another thread.
+    /// not be written while a kernel call on the same layer runs in another thread, and
+    /// the e4m3 NaN-code check a writable view turns on.
     ///
     /// Args:
     ///     layer: ``0..num_layers``.
@@ -442,7 +449,12 @@ fn layer_view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bo
     let mut strides = [0; 4];
     let r = region(slf, |c| {
         strides = if value { c.value_strides() } else { c.key_strides() };
-        c.layer_ptr(layer, value)
+        let ptr = c.layer_ptr(layer, value);
+        if writable && ptr.is_ok() {
+            // The caller may now write any code, e4m3's NaN codes included.
+            c.note_raw_writes();
+        }
+        ptr
     })?;
     view(r, strides, writable)
 }

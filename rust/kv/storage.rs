@@ -29,6 +29,8 @@
 //! so `key[b, t, h, i]` is dimension `i` of head `h` of the token in slot
 //! `b * block_size + t`, whatever the physical order.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::aligned::AlignedBuf;
 use super::elem::{DType, Elem, ScaleKind};
 use super::quant::{ScaleLayout, Scales};
@@ -92,6 +94,9 @@ pub struct KvCache {
     scales: ScaleLayout,
     region_bytes: usize,
     buf: AlignedBuf,
+    /// Whether codes may have been written other than by [`Self::write`] and
+    /// [`Self::copy_blocks`] ([`Self::note_raw_writes`]).
+    raw_writes: AtomicBool,
 }
 
 impl KvCache {
@@ -117,7 +122,7 @@ impl KvCache {
             return Err(invalid!("num_blocks * block_size is too large"));
         }
         let buf = AlignedBuf::zeroed(total)?;
-        Ok(Self { shape, dtype, scales, region_bytes, buf })
+        Ok(Self { shape, dtype, scales, region_bytes, buf, raw_writes: AtomicBool::new(false) })
     }
 
     pub fn shape(&self) -> KvShape {
@@ -183,10 +188,25 @@ impl KvCache {
     }
 
     /// Raw pointer to the first element of K (`value = false`) or V of `layer`, for
-    /// building zero-copy views. Valid while `self` lives; the buffer never moves.
+    /// building zero-copy views. Valid while `self` lives; the buffer never moves. A view
+    /// that may write through it must be preceded by [`Self::note_raw_writes`].
     pub fn layer_ptr(&self, layer: usize, value: bool) -> Result<*const u8> {
         self.check_layer(layer)?;
         Ok(self.buf.as_slice()[self.region(layer, value as usize)..].as_ptr())
+    }
+
+    /// Record that the codes may be written other than by [`Self::write`] and
+    /// [`Self::copy_blocks`] (a writable view on [`Self::layer_ptr`]), and so may hold
+    /// codes those never make: e4m3's NaN codes (writes refuse non-finite input and
+    /// saturate to +-448). The AVX-512 decode path checks an e4m3 cache's tiles for NaN
+    /// codes only once this was called. Sticky for the cache's life.
+    pub fn note_raw_writes(&self) {
+        self.raw_writes.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::note_raw_writes`] was ever called.
+    pub fn raw_writes(&self) -> bool {
+        self.raw_writes.load(Ordering::Acquire)
     }
 
     /// K and V of `layer` as typed slices of `shape.layer_span()` elements, to be indexed
@@ -434,5 +454,23 @@ mod tests {
                 assert_eq!(&vs[b * stride..][..blk], &vs[4 * stride..][..blk]);
             }
         }
+    }
+
+    /// Only `note_raw_writes` marks a cache as possibly holding codes its writes never
+    /// make; its own writes and block copies do not, and the mark stays.
+    #[test]
+    fn raw_writes_are_noted_only_when_told_and_stay() {
+        let mut c = KvCache::new(shape(), DType::E4M3).unwrap();
+        assert!(!c.raw_writes());
+        let row = shape().num_kv_heads * shape().head_dim;
+        let k: Vec<f32> = (0..row).map(|x| x as f32 - 3.0).collect();
+        c.write(0, &k, &k, &[4]).unwrap();
+        c.copy_blocks(&[(1, 2)]).unwrap();
+        let _ = c.layer_ptr(1, true).unwrap();
+        assert!(!c.raw_writes());
+        c.note_raw_writes();
+        assert!(c.raw_writes());
+        c.write(0, &k, &k, &[5]).unwrap();
+        assert!(c.raw_writes());
     }
 }
