@@ -104,6 +104,21 @@ def make_cache(kv: Any, dtype: str, k: Any, total: int, block_size: int, hkv: in
     return cache
 
 
+def clone_cache(kv: Any, src: Any) -> Any:
+    """A new cache of module ``kv`` (fresh pages) of ``src``'s shape and dtype holding its
+    codes and scales, copied through views (``src`` may come from another build). The
+    writable views turn on the e4m3 NaN-code check of the AVX-512 path in the new cache
+    (``KvCache.key``): an e4m3 speed comparison writes its caches instead (``make_cache``)."""
+    cache = kv.KvCache(src.num_layers, src.num_blocks, src.block_size, src.num_kv_heads, src.head_dim, src.dtype)
+    for layer in range(src.num_layers):
+        cache.key(layer)[...] = src.key(layer, writable=False)
+        cache.value(layer)[...] = src.value(layer, writable=False)
+        if src.dtype in ("int8", "fp8_e4m3", "fp8_e5m2"):
+            cache.key_scales(layer)[...] = src.key_scales(layer, writable=False)
+            cache.value_scales(layer)[...] = src.value_scales(layer, writable=False)
+    return cache
+
+
 def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
     """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
     sys.path.insert(0, package_dir)

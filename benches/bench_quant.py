@@ -82,7 +82,6 @@ from typing import Any, Callable, Literal, cast
 import numpy as np
 
 import pykvpool as kv
-from benches.ab_decode import clone_cache
 from benches.quant_roofs import instr_roof, load_dot_rates, print_roofs, sane
 from pykvpool import toy_decoder
 
@@ -121,9 +120,12 @@ FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
 
 def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: int,
-          outliers: bool = False) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray]:
+          outliers: bool = False) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray,
+                                          Callable[[], dict[str, kv.KvCache]]]:
     """Caches of each dtype holding the same values (fp8 scales set for the data's range
-    first, so no chunk saturates), a scattered table, q."""
+    first, so no chunk saturates), a scattered table, q, and a function giving new caches
+    (fresh pages) written from the same values: written, not copied through writable views,
+    which would turn on e4m3's NaN-code check (``KvCache.key``)."""
     nblk = [-(-n // BS) for n in lens]
     total = sum(nblk)
     rng = np.random.default_rng(seed)
@@ -133,7 +135,6 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
     for i, nb in enumerate(nblk):
         table[i, :nb] = perm[at:at + nb]
         at += nb
-    caches = {dt: kv.KvCache(1, total, BS, hkv, d, dt) for dt in dtypes}
     chunks = []
     for b0 in range(0, total, 256):
         nb = min(256, total - b0)
@@ -141,20 +142,25 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
         if outliers:
             k[..., ::4] *= 20
         chunks.append((k, v, np.arange(b0 * BS, (b0 + nb) * BS)))
-    for dt, c in caches.items():
-        if dt.startswith("fp8"):
-            top = 448.0 if dt == "fp8_e4m3" else 57344.0
-            amax = [np.abs(np.concatenate([x[i][:, h] for x in chunks])).max() / top for i in (0, 1) for h in range(hkv)]
-            c.set_fp8_scales(0, np.array(amax[:hkv], np.float32), np.array(amax[hkv:], np.float32))
-        for k, v, slots in chunks:
-            c.write(0, k, v, slots)
+    amax = {i: [float(np.abs(np.concatenate([x[i][:, h] for x in chunks])).max()) for h in range(hkv)] for i in (0, 1)}
+
+    def fresh() -> dict[str, kv.KvCache]:
+        caches = {dt: kv.KvCache(1, total, BS, hkv, d, dt) for dt in dtypes}
+        for dt, c in caches.items():
+            if dt.startswith("fp8"):
+                top = 448.0 if dt == "fp8_e4m3" else 57344.0
+                c.set_fp8_scales(0, np.array(amax[0], np.float32) / top, np.array(amax[1], np.float32) / top)
+            for k, v, slots in chunks:
+                c.write(0, k, v, slots)
+        return caches
+
     q = rng.standard_normal((len(lens), hq, d), dtype=np.float32)
-    return caches, table, q
+    return fresh(), table, q, fresh
 
 
 def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
           rates: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    templates, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    _, table, q, fresh = build(lens, hq, hkv, d, DTYPES, seed=1)
     caches: dict[str, kv.KvCache] = {}
     sl = np.array(lens)
     read = {name: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, ROWS[name][0]) for name in ROWS}
@@ -171,7 +177,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
             # Fresh copies each round: a cache's read rate depends on where its pages
             # landed, so the ratios to bf16 mix placements instead of carrying one.
             caches = {}  # the last round's copies go first
-            caches = {dt: clone_cache(kv, c) for dt, c in templates.items()}
+            caches = fresh()
             for name in names[k:] + names[:k]:
                 dt, kw, _ = ROWS[name]
                 c = caches[dt]
@@ -204,13 +210,13 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              binds="bw" if roof == bw_roof else ("instr" if mix is not None else "FMA"),
                              pct_roof=max(tps) / roof, probe_gbs=probe / 1e9, g=hq // hkv,
                              read_mb=read[name] / 1e6))
-    del caches, templates
+    del caches, fresh
     return rows
 
 
 def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int, isa: str) -> list[dict[str, Any]]:
     """Decode on the portable path ``isa``: every dtype there, 8-bit also on the scalar path."""
-    caches, table, q = build(lens, hq, hkv, d, DTYPES, seed=1)
+    caches, table, q, _ = build(lens, hq, hkv, d, DTYPES, seed=1)
     sl = np.array(lens)
     read = {dt: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, dt) for dt in DTYPES}
     impls = [(dt, isa) for dt in DTYPES] + [(dt, "scalar") for dt in DTYPES[1:]]
@@ -290,7 +296,7 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
     lens = [seq] * 8
     rows = []
     for outliers in (False, True):
-        caches, table, q = build(lens, hq, hkv, d, ["f32", *DTYPES[1:]], seed=3, outliers=outliers)
+        caches, table, q, _ = build(lens, hq, hkv, d, ["f32", *DTYPES[1:]], seed=3, outliers=outliers)
         sl = np.array(lens)
         exact = kv.decode_attention(caches["f32"], 0, q, table, sl).astype(np.float64)
         scale_out = np.abs(exact).max()
