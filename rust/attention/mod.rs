@@ -30,7 +30,9 @@
 //! dequantized quantized query on every other path. The opt-in `int8_pv` (int8 caches)
 //! allows `P V` on 8-bit probabilities: the AVX-512 path with avx512_vnni runs it by
 //! `vpdpbusd` ([`avx512_vnni_pv`], head_dim a multiple of 64) within a documented bound;
-//! every other path keeps the f32 `P V`. The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
+//! every other path keeps the f32 `P V`. e4m3 caches of block size 16 (head_dim a
+//! multiple of 64) take byte tables instead of the f16 route on AVX-512 with avx512vbmi
+//! (`avx512_e4m3`: the same values, the exact path's math). The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
 //!
 //! # Files
@@ -50,6 +52,8 @@ pub mod avx512;
 pub mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_cvt;
+#[cfg(target_arch = "x86_64")]
+mod avx512_e4m3;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
 #[cfg(target_arch = "x86_64")]
