@@ -7,8 +7,9 @@
 //! - `int8`: `vpmovsxbd` (from memory) + `vcvtdq2ps` + g FMAs;
 //! - `e5m2`: a broadcast load + `vpshufb` + `vcvtph2ps` + g FMAs;
 //! - `e4m3`: the kernel's conversion to f16 bit positions (`vpmovsxbw`, `vpsllw`, `vpand`,
-//!   `vcvtph2ps`) + g FMAs, and per tile (K's and V's) its NaN-code check (an `and` and a
-//!   `vpmaxub` per 64 codes);
+//!   `vcvtph2ps`) + g FMAs, or with AVX-512 VBMI (the kernel's choice there) per 64 codes
+//!   (4 rows) its table widening (2 `vpermi2b`, `vpternlogd`, 2 `vpunpck*bw`, 2 `vpslld`,
+//!   2 `vpandd`) + 4 g FMAs with a query vector per head;
 //! - `int8_scores`: per 64 codes (4 rows), one 64-byte load, the 4 x 4 byte transpose
 //!   the dimension-major tile needs (`vpermd`, `vpshufb`), the +128 bias (`vpxord`) and g
 //!   `vpdpbusd` (query words broadcast from memory);
@@ -110,6 +111,23 @@ pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile,
         unsafe {
             let mut k = [_mm512_setzero_ps(); N];
             let mut r = 0;
+            if W::QUADS {
+                // The kernel's K runs (`avx512_e4m3.rs`; N a multiple of 4): four rows per widening, one query
+                // vector per head and run (its lanes' dimensions, read from the buffer:
+                // the values do not matter for the rate), one FMA per vector and head.
+                while r + 3 < N {
+                    let kq = W::k4(kp.add((i + r) * T * W::BYTES));
+                    for j in 0..G {
+                        let qv = _mm512_loadu_ps(qp.add(j * D + (i + r) % 64));
+                        for u in 0..4 {
+                            s[r + u][j] = _mm512_fmadd_ps(qv, kq[u], s[r + u][j]);
+                        }
+                    }
+                    r += 4;
+                }
+                i += N;
+                continue;
+            }
             while G <= W::PAIRS_UP_TO_G && r + 1 < N {
                 [k[r], k[r + 1]] = W::k2(kp.add((i + r) * T * W::BYTES), T * W::BYTES);
                 r += 2;
@@ -148,6 +166,10 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
                 let row = vp.add((tk * D + u0) * W::BYTES);
                 let mut v = [_mm512_setzero_ps(); VT];
                 let mut u = 0;
+                while W::QUADS && u + 3 < VT {
+                    [v[u], v[u + 1], v[u + 2], v[u + 3]] = W::v64(row.add(16 * u * W::BYTES));
+                    u += 4;
+                }
                 while u < VT {
                     let p = row.add(16 * u * W::BYTES);
                     let x = if G <= W::PAIRS_UP_TO_G { W::v32(p) } else { [W::k16(p), W::k16(p.add(16 * W::BYTES))] };
@@ -203,12 +225,23 @@ unsafe fn store_i32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512i; 
 /// AVX-512 F/BW/VL, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+    // SAFETY: the features are this function's.
+    unsafe { exact_body::<W, G, N, VT, P>(t, n) }
+}
+
+/// [`exact`]'s loop, with no target features of its own so that `#[inline(always)]` puts
+/// it into each caller, compiled with that caller's features.
+///
+/// # Safety
+/// The caller's features include `W`'s widening's.
+#[inline(always)]
+unsafe fn exact_body<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
     const { assert!(G <= 4 && D.is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
     t.check(W::BYTES);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
-        // SAFETY: the features are this function's; the loops stay inside the tile.
+        // SAFETY: the caller's features; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
                 let mut s = [[_mm512_setzero_ps(); G]; N];
@@ -220,6 +253,16 @@ pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, c
             }
         }
     }
+}
+
+/// [`exact`] compiled with AVX-512 VBMI too (the e4m3 table widening).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
+pub unsafe fn exact_vbmi<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+    // SAFETY: the features are this function's.
+    unsafe { exact_body::<W, G, N, VT, P>(t, n) }
 }
 
 /// `vpermd` indices of the 4 x 4 transpose: dword `4 L + r` takes dword `4 r + L`.

@@ -3,8 +3,8 @@
 //! and as one JSON line.
 
 use super::int_pv::int8_pv;
-use super::paths::{self, bf16_scores, exact, int8_scores, Tile};
-use super::widen::{Bf16, E4m3, E5m2, F32, I8};
+use super::paths::{self, bf16_scores, exact, exact_vbmi, int8_scores, Tile};
+use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, F32, I8};
 use super::{rate, Opts};
 
 type Run = unsafe fn(&mut Tile, u64);
@@ -40,11 +40,24 @@ macro_rules! runs {
     };
 }
 
+/// The runs of the table widening as the kernel takes it: 4 K chains per head (one per
+/// widened vector) at g = 1 and 4, V as [`runs!`].
+macro_rules! runs_quads {
+    ($f:ident $(, $pre:tt)*) => {
+        [
+            [runs!(@one $f [$($pre),*] 1 4 8 K), runs!(@one $f [$($pre),*] 1 4 8 V), runs!(@one $f [$($pre),*] 1 4 8 KV)],
+            [runs!(@one $f [$($pre),*] 4 4 4 K), runs!(@one $f [$($pre),*] 4 4 4 V), runs!(@one $f [$($pre),*] 4 4 4 KV)],
+        ]
+    };
+}
+
 const BASE: &[&str] = &["avx512f", "avx512bw", "avx512vl", "fma", "f16c"];
 const VNNI: &[&str] = &["avx512vnni"];
 const BF16: &[&str] = &["avx512bf16", "avx512vbmi"];
+const VBMI: &[&str] = &["avx512vbmi"];
 
 fn all_paths() -> Vec<Path> {
+    let vbmi = pykvpool::attention::cpu_features().contains(&"avx512vbmi");
     // FMA-only count per token and query head: exact d/16 + d/16 FMAs; int8_scores d/64
     // vpdpbusd + d/16 FMAs; bf16_scores d/32 vdpbf16ps + d/16 FMAs; for 2 d codes.
     // int8_pv d/16 FMAs + d/64 vpdpbusd (as int8_scores); int8_scores+int8_pv 2 d/64.
@@ -53,7 +66,14 @@ fn all_paths() -> Vec<Path> {
         Path { name: "f32", bytes: 4, needs: BASE, nominal: n_exact, runs: runs!(exact, F32) },
         Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16) },
         Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8) },
-        Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3) },
+        // The kernel's e4m3 sequence is the tables' where the CPU has VBMI (the row
+        // `bench_quant.py` reads), else the f16 route's; the f16 route is measured beside.
+        if vbmi {
+            Path { name: "fp8_e4m3", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs_quads!(exact_vbmi, E4m3Tables) }
+        } else {
+            Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3) }
+        },
+        Path { name: "fp8_e4m3 (f16 route)", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs!(exact, E4m3) },
         Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2) },
         Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores) },
         Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false) },
