@@ -43,8 +43,10 @@ const RUN: usize = 64;
 /// The block size the K runs assume: 4 dimension rows of 16 tokens are 64 adjacent codes.
 const BLOCK: usize = 16;
 
-/// Makes [`applies`] false, so tests can compare the table path with the f16 route on
-/// one CPU. A process-wide switch: only tests holding the `TABLES_SWITCH` lock write it.
+/// Makes [`applies`] false, so the f16 route is tested where the tables would run. A
+/// process-wide switch, but either route gives the same values: only
+/// `tests_q8::e4m3_without_the_byte_tables_matches_the_reference` turns it on, and off
+/// again even when it fails.
 #[cfg(test)]
 pub(crate) static WITHOUT_TABLES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

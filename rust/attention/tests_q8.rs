@@ -164,3 +164,33 @@ fn pairs_of_chunks_in_a_tile_match_the_dequantized_reference() {
         }
     }
 }
+
+/// The AVX-512 e4m3 f16 route (CPUs without avx512vbmi) where this CPU takes the byte
+/// tables: block size 16, head_dim 64 and 128, tiles of 1-4 heads, partial and full
+/// chunks, a window with a sink.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn e4m3_without_the_byte_tables_matches_the_reference() {
+    use super::avx512_e4m3::WITHOUT_TABLES;
+    use std::sync::atomic::Ordering::Relaxed;
+    struct On;
+    impl Drop for On {
+        fn drop(&mut self) {
+            WITHOUT_TABLES.store(false, Relaxed);
+        }
+    }
+    WITHOUT_TABLES.store(true, Relaxed);
+    let _on = On;
+    let splits = [(None, None), (Some(1), Some(1))];
+    for g in [1, 2, 3, 4, 5] {
+        for d in [64, 128] {
+            let lens: Vec<usize> = (1..=33).step_by(4).chain([16, 32, 70]).collect();
+            let nb = lens.iter().map(|l| l.div_ceil(16)).sum::<usize>() + 1;
+            let seed = (g * 17 + d) as u64;
+            let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, None, 0, seed);
+            compare(&c, &t, 2 * g, None, 0, &splits);
+            let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, Some(19), 1, seed + 1);
+            compare(&c, &t, 2 * g, Some(19), 1, &splits);
+        }
+    }
+}
