@@ -96,10 +96,6 @@ pub(crate) const HT: usize = 4;
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    if super::avx512_e4m3::applies(w) {
-        // SAFETY: `applies` checked avx512vbmi on top of this path's features.
-        return unsafe { super::avx512_e4m3::run(w, p) };
-    }
     let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
     // SAFETY: the caller's features are those `Exact` is compiled for.
     unsafe { run_with(w, p, &Exact { q: &q }, &FloatPv) }

@@ -15,7 +15,7 @@ use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
 use super::work::{merge_row, Partial, Work};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, avx512_bf16, avx512_vnni};
+use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 use crate::error::Result;
@@ -248,6 +248,10 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
         // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
         Isa::Avx512 if (w.q_i8.is_some() || w.int8_pv) && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `avx512_e4m3::applies` checked avx512vbmi on top of the AVX-512 path's
+        // features (`Supported` holds only a path this CPU runs) and the item's shape.
+        Isa::Avx512 if avx512_e4m3::applies(w) => unsafe { avx512_e4m3::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
         // feature the path is compiled for.
