@@ -229,15 +229,35 @@ pub(crate) struct Fp8Tables {
 
 impl Fp8Tables {
     const fn new(ebits: u32, mbits: u32) -> Self {
+        let mut bits = [0u16; 128];
+        let mut c = 0;
+        while c < 128 {
+            bits[c] = fp8_bf16_bits(c as u8, ebits, mbits);
+            c += 1;
+        }
+        Self::from_bits(&bits)
+    }
+
+    /// The tables of the 16-bit words `bits` (one per magnitude), low and high bytes apart.
+    pub(crate) const fn from_bits(bits: &[u16; 128]) -> Self {
         let mut t = Fp8Tables { lo: [0; 128], hi: [0; 128] };
         let mut c = 0;
         while c < 128 {
-            let b = fp8_bf16_bits(c as u8, ebits, mbits);
-            t.lo[c] = b as u8;
-            t.hi[c] = (b >> 8) as u8;
+            t.lo[c] = bits[c] as u8;
+            t.hi[c] = (bits[c] >> 8) as u8;
             c += 1;
         }
         t
+    }
+
+    /// The low-byte and the high-byte table, each as the two halves `vpermi2b` takes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn registers(&self) -> ([__m512i; 2], [__m512i; 2]) {
+        // SAFETY: each load reads 64 aligned bytes (the struct is 64-byte aligned) of a
+        // 128-byte table.
+        let ld = |p: *const u8| unsafe { _mm512_load_si512(p.cast()) };
+        ([ld(self.lo.as_ptr()), ld(self.lo[64..].as_ptr())], [ld(self.hi.as_ptr()), ld(self.hi[64..].as_ptr())])
     }
 
     fn of(dt: DType) -> &'static Self {
@@ -321,16 +341,10 @@ impl Widen {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     fn new(t: &Fp8Tables) -> Self {
-        // SAFETY: each load reads 64 of the 128 bytes of a table, or the 64-byte index.
-        unsafe {
-            let ld = |p: *const u8| _mm512_loadu_si512(p.cast());
-            Widen {
-                lo: [ld(t.lo.as_ptr()), ld(t.lo.as_ptr().add(64))],
-                hi: [ld(t.hi.as_ptr()), ld(t.hi.as_ptr().add(64))],
-                interleave: ld(INTERLEAVE.as_ptr()),
-                sign: _mm512_set1_epi8(i8::MIN),
-            }
-        }
+        let (lo, hi) = t.registers();
+        // SAFETY: the load reads the 64-byte index.
+        let interleave = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
+        Widen { lo, hi, interleave, sign: _mm512_set1_epi8(i8::MIN) }
     }
 
     /// The bf16 pairs of the 32 codes in bytes 0..32 of `x` (row i at 0..16, row i + 1

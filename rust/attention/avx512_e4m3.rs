@@ -31,7 +31,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
-use super::avx512_bf16::fp8_bf16_bits;
+use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::isa::cpu_features;
 use super::work::{Chunk, Partial, Work};
@@ -78,28 +78,20 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 
 /// The bf16 bits of `value / 2^8` for the e4m3 magnitudes `0..128`, as the f16 route
 /// reads them ([`super::avx512_cvt::e4m3_over_256`]): the NaN magnitude `0x7f` as 480
-/// (1.875 after the division). Low and high bytes apart, 64-byte aligned halves.
-#[repr(C, align(64))]
-struct Tables {
-    lo: [u8; 128],
-    hi: [u8; 128],
-}
-
-static TABLES: Tables = {
-    let mut t = Tables { lo: [0; 128], hi: [0; 128] };
+/// (1.875 after the division).
+static TABLES: Fp8Tables = Fp8Tables::from_bits(&{
+    let mut bits = [0u16; 128];
     let mut c = 0;
     while c < 128 {
         // 480 = 1.875 * 2^8 is e4m3's 0x7e pattern with the mantissa one step up: the
         // normal formula applied to the NaN code.
         let b = if c == 0x7f { 0x43f0 } else { fp8_bf16_bits(c as u8, 4, 3) };
         // Over 2^8: the exponent field 8 lower (every nonzero magnitude's is >= 118).
-        let b = if b == 0 { 0 } else { b - (8 << 7) };
-        t.lo[c] = b as u8;
-        t.hi[c] = (b >> 8) as u8;
+        bits[c] = if b == 0 { 0 } else { b - (8 << 7) };
         c += 1;
     }
-    t
-};
+    bits
+});
 
 /// The table registers of a widening.
 #[derive(Clone, Copy)]
@@ -114,12 +106,10 @@ impl Regs {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     fn new() -> Self {
-        let t = &TABLES;
-        // SAFETY: each load reads 64 aligned bytes of a 128-byte table.
-        let ld = |p: *const u8| unsafe { _mm512_load_si512(p.cast()) };
+        let (lo, hi) = TABLES.registers();
         Regs {
-            lo: [ld(t.lo.as_ptr()), ld(t.lo[64..].as_ptr())],
-            hi: [ld(t.hi.as_ptr()), ld(t.hi[64..].as_ptr())],
+            lo,
+            hi,
             sign: _mm512_set1_epi8(i8::MIN),
             high_words: _mm512_set1_epi32(0xffff_0000u32 as i32),
         }
