@@ -1,7 +1,8 @@
 """The instruction-mix roofs of ``benches/bench_quant.py`` (``benches/quant_roofs.py``):
 the roof is the dot_rates codes/s over the codes per sequence, the sanity check and the
-binding roof follow the figures, the targets' verdicts follow the roofs, and a saved
-``dot_rates`` output is read from among its other lines. No timing."""
+binding roof follow the figures, the targets' verdicts follow the roofs, repeated runs
+merge into their best rates, and a saved ``dot_rates`` output is read from among its other
+lines. No timing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benches.quant_roofs import instr_roof, load_dot_rates, sane, verdict
+from benches.quant_roofs import instr_roof, load_dot_rates, merge_rates, sane, verdict
 
 
 def rates(kv: float, codes_per_fma: float, nominal: float, fma: float = 3.5e9) -> dict[str, Any]:
@@ -82,3 +83,36 @@ def test_saved_output_is_read_from_its_json_line(tmp_path: Path) -> None:
     assert load_dot_rates(str(f), quick=True, out_dir=tmp_path) == r
     f.write_text("SKIPPED: this CPU lacks AVX-512 F/BW/VL, FMA or F16C\n")
     assert load_dot_rates(str(f), quick=True, out_dir=tmp_path) is None
+
+
+def test_runs_merge_into_the_best_rates_and_keep_every_run() -> None:
+    slow = rates(kv=6e9, codes_per_fma=6e9 / 3e9, nominal=4.0, fma=3e9)
+    fast = rates(kv=10e9, codes_per_fma=10e9 / 4e9, nominal=4.0, fma=4e9)
+    fast["rates"][0]["k"] = 5e9  # K alone was slower in the faster run
+    m = merge_rates(merge_rates(slow, fast), slow)
+    assert m is not None and m["runs"] == 3
+    e = m["rates"][0]
+    assert (e["kv"], e["k"], e["v"]) == (10e9, 6e9, 10e9)
+    assert e["kv_runs"] == [6e9, 10e9, 6e9]
+    assert e["codes_per_fma"] == pytest.approx(10e9 / 4e9)
+    assert m["fma"][0]["instr_per_s"] == 4e9
+    roof = instr_roof(m, "int8", 4, 1, codes_per_seq=1e6)
+    assert roof is not None and roof["roof"] == pytest.approx(1e4) and roof["runs"] == [6e3, 1e4, 6e3]
+    # The inputs are left as they were; a missing run changes nothing.
+    assert slow["rates"][0]["kv"] == 6e9 and "kv_runs" not in slow["rates"][0]
+    assert merge_rates(slow, None) is slow
+    only = merge_rates(None, slow)
+    assert only is not None and only["rates"][0]["kv_runs"] == [6e9]
+    assert merge_rates(None, None) is None
+
+
+def test_a_run_with_a_new_thread_count_adds_its_entries() -> None:
+    one = rates(kv=6e9, codes_per_fma=2.0, nominal=4.0, fma=3e9)
+    two = rates(kv=11e9, codes_per_fma=2.0, nominal=4.0, fma=5.5e9)
+    for key in ("fma", "exp2", "rates"):
+        two[key][0]["threads"] = 2
+    m = merge_rates(one, two)
+    assert m is not None
+    assert sorted((x["threads"], x["kv"]) for x in m["rates"]) == [(1, 6e9), (2, 11e9)]
+    assert sorted(x["threads"] for x in m["fma"]) == [1, 2]
+    assert instr_roof(m, "int8", 4, 2, 1e6) is not None
