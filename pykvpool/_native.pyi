@@ -1819,6 +1819,7 @@ def decode_attention(
     bf16_scores: bool = False,
     int8_scores: bool = False,
     int8_pv: bool = False,
+    fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> _F32Array:
@@ -1915,6 +1916,22 @@ def decode_attention(
             output moves by at most ``(16 / 510) * max|V'|`` (``V'`` the dequantized
             values of the sequence's KV head); measured errors are far below it
             (benches/bench_quant.py). Combines with ``int8_scores``.
+        fp16_reduction: fp8 caches only (default False = exact): allow q.K and P.V in f16
+            arithmetic. On the ``"avx512"`` path of a CPU with avx512_fp16, for block size
+            16 and a head_dim that is a multiple of 64 (and K and V scales within
+            ``[2^-64, 2^64]``), each score is a sum of f16 products of the f16-rounded q
+            (times a power of two per row, so that no f16 sum can overflow) with the codes,
+            ``head_dim / 4`` of them summed in f16 per lane, and each chunk of 16 tokens'
+            P.V a sum of f16 products of the f16-rounded probabilities (times a power of
+            two) with the codes, summed in f16 over the chunk and added to f32
+            accumulators (``vfmadd231ph``: 32 products per instruction at the f32 FMA's
+            rate); every other path, block size and head_dim computes in f32 as without
+            it. Against the exact path on the same codes each logit moves by at most
+            ``D = scale * (head_dim / 4 + 3) * 2^-11 * max_t sum_i |q_i K_i|`` (``K`` the
+            dequantized keys), each output by at most ``(exp(2 D) - 1) * max|V| + 18 *
+            2^-11 * max|V|`` (``V`` the dequantized values of the sequence's KV head) and
+            the LSE by at most D; measured errors are far below it (benches/bench_quant.py).
+            Not with ``bf16_scores``.
         window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
             window_left`` (``window_left = window - 1`` for a window of ``window`` positions
             including the query's own; FlashInfer's ``window_left``); None (default): every
@@ -1937,8 +1954,9 @@ def decode_attention(
             negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
             one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
             ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-            ``int8_scores`` or ``int8_pv`` with a cache that is not int8. ``out`` is not
-            written on any error.
+            ``int8_scores`` or ``int8_pv`` with a cache that is not int8,
+            ``fp16_reduction`` with a cache that is not fp8 or with ``bf16_scores``. ``out``
+            is not written on any error.
     """
 @overload
 def decode_attention(
@@ -1957,6 +1975,7 @@ def decode_attention(
     bf16_scores: bool = False,
     int8_scores: bool = False,
     int8_pv: bool = False,
+    fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
 ) -> tuple[_F32Array, _F32Array]: ...
@@ -1978,6 +1997,7 @@ def decode_attention_paged(
     bf16_scores: bool = False,
     int8_scores: bool = False,
     int8_pv: bool = False,
+    fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,
@@ -2014,6 +2034,7 @@ def decode_attention_paged(
         bf16_scores: as for :func:`decode_attention`.
         int8_scores: as for :func:`decode_attention`.
         int8_pv: as for :func:`decode_attention`.
+        fp16_reduction: as for :func:`decode_attention`.
         window_left: as for :func:`decode_attention`.
         sink_tokens: as for :func:`decode_attention`; also places the sink pages.
         kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
@@ -2047,6 +2068,7 @@ def decode_attention_paged(
     bf16_scores: bool = False,
     int8_scores: bool = False,
     int8_pv: bool = False,
+    fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
     kv_page_start: _IntArrayLike | None = None,

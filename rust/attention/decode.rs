@@ -15,7 +15,7 @@ use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
 use super::work::{merge_row, Partial, Work};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_vnni};
+use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 use crate::error::Result;
@@ -63,6 +63,15 @@ pub struct DecodeOptions {
     /// within `(16 / 510) * max|V|` of the f32 `P V` on the same scores); every other
     /// path and head_dim keeps the f32 `P V`. Combines with `int8_scores`.
     pub int8_pv: bool,
+    /// fp8 caches only: allow the scores and `P V` in f16 arithmetic. The AVX-512 path on
+    /// a CPU with avx512fp16, for block size 16 and a head_dim that is a multiple of 64,
+    /// computes each score as f16 products of the f16-rounded query (scaled by a power of
+    /// two per row) and the codes summed in f16 per 4-dimension lane, and each chunk's
+    /// `P V` as f16 products of the f16-rounded probabilities and the codes summed in f16
+    /// over the chunk's tokens, added to f32 accumulators ([`avx512_fp16`](super::avx512_fp16),
+    /// which derives the bound); every other path, block size and head_dim computes in
+    /// f32 as without it. Not with `bf16_scores`.
+    pub fp16_reduction: bool,
 }
 
 /// One work item: KV head group `group` of sequence `seq`, the blocks `blocks` of
@@ -166,6 +175,7 @@ pub fn decode_attention(
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
                     int8_pv: opts.int8_pv,
+                    fp16: opts.fp16_reduction,
                     nan_check,
                 };
                 // Each index is handed out once, so the lock is never contended.
@@ -233,6 +243,12 @@ fn check_call(
     if opts.int8_pv && cache.dtype() != DType::I8 {
         return Err(invalid!("int8_pv needs an int8 cache, this one stores {}", cache.dtype().name()));
     }
+    if opts.fp16_reduction && !matches!(cache.dtype(), DType::E4M3 | DType::E5M2) {
+        return Err(invalid!("fp16_reduction needs an fp8 cache, this one stores {}", cache.dtype().name()));
+    }
+    if opts.fp16_reduction && opts.bf16_scores {
+        return Err(invalid!("fp16_reduction and bf16_scores cannot be combined: pick one"));
+    }
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
@@ -248,6 +264,10 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
         // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
         Isa::Avx512 if (w.q_i8.is_some() || w.int8_pv) && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `avx512_fp16::applies` checked avx512fp16 on top of the AVX-512 path's
+        // features (`Supported` holds only a path this CPU runs), the item's shape and scales.
+        Isa::Avx512 if avx512_fp16::applies(w) => unsafe { avx512_fp16::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512_e4m3::applies` checked avx512vbmi on top of the AVX-512 path's
         // features (`Supported` holds only a path this CPU runs) and the item's shape.

@@ -55,6 +55,8 @@ mod avx512_cvt;
 #[cfg(target_arch = "x86_64")]
 mod avx512_e4m3;
 #[cfg(target_arch = "x86_64")]
+mod avx512_fp16;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni_pv;
@@ -89,5 +91,7 @@ mod tests_int8;
 mod tests_int8_pv;
 #[cfg(test)]
 mod tests_q8;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_fp16;
 #[cfg(test)]
 mod tests_window;

@@ -43,6 +43,10 @@ pub(crate) struct Work<'a, E> {
     /// 8-bit probabilities ([`super::avx512_vnni_pv`]); the others ignore it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub int8_pv: bool,
+    /// With `fp16_reduction` (fp8 caches): the AVX-512 path on a CPU with avx512fp16 may
+    /// compute the scores and `P V` in f16 ([`super::avx512_fp16`]); the others ignore it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub fp16: bool,
     /// e4m3: the codes may hold NaN codes (`KvCache::raw_writes`: a writable view was
     /// handed out), so the AVX-512 path checks each tile for them; the others ignore it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
