@@ -220,10 +220,13 @@ pub(crate) struct F16Query {
 
 impl F16Query {
     pub(crate) fn new(q: &[f32], d: usize, g: usize, k_max: f32) -> Self {
+        use half::slice::HalfFloatSliceExt;
         assert!(d.is_multiple_of(4) && g > 0 && q.len().is_multiple_of(d));
         let rows = q.len() / d;
         let mut words = vec![0u16; 8 * q.len()];
         let mut inverse = vec![1f32; rows];
+        // One row scaled, then rounded to f16 at once (F16C where the CPU has it).
+        let (mut scaled, mut rounded) = (vec![0f32; d], vec![half::f16::ZERO; d]);
         for (kv, group) in q.chunks_exact(g * d).enumerate() {
             for j0 in (0..g).step_by(HT) {
                 let h = (g - j0).min(HT);
@@ -238,9 +241,11 @@ impl F16Query {
                         1.0
                     };
                     inverse[kv * g + j0 + j] = 1.0 / factor;
-                    for (i, &x) in row.iter().enumerate() {
+                    scaled.iter_mut().zip(row).for_each(|(y, &x)| *y = x * factor);
+                    rounded.convert_from_f32_slice(&scaled);
+                    for (i, x) in rounded.iter().enumerate() {
                         let at = base + ((i / 4) * h + j) * 32 + 8 * (i % 4);
-                        words[at..at + 8].fill(half::f16::from_f32(x * factor).to_bits());
+                        words[at..at + 8].fill(x.to_bits());
                     }
                 }
             }
