@@ -32,6 +32,11 @@ not in the roof) and whether the issue's target is within the roofs. Rows
 "+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
 for their FMA-only roof).
 
+Rows ``fp8_e4m3+fp16_reduction`` and ``fp8_e5m2+fp16_reduction``: the fp8 caches with
+``fp16_reduction=True`` (q.k and p.v as f16 products summed in f16 by ``vfmadd231ph``, 32
+per instruction, where the CPU has avx512_fp16); FMA-only roof ``d/32 + d/32`` instructions
+per token and query head, instruction-mix roof ``dot_rates``' (``benches/dot_rates/f16.rs``).
+
 Rows ``int8_pv`` and ``int8_scores+int8_pv``: the int8 cache with ``int8_pv=True`` (p.v by
 ``vpdpbusd`` on the probabilities quantized to 8 bits per 16-token chunk and head), alone and
 with ``int8_scores``; their instruction-mix roofs are ``dot_rates``' (``benches/dot_rates/int_pv.rs``).
@@ -116,8 +121,14 @@ FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
 #: q.k by FMAs: the same count as ``int8_scores``; with both, ``d/64 + d/64``, a factor 1.
 FAST["int8_pv"] = ("int8", {"int8_pv": True}, 2.5)
 FAST["int8_scores+int8_pv"] = ("int8", {"int8_scores": True, "int8_pv": True}, 1.0)
+#: ``fp16_reduction`` (fp8): q.k and p.v by ``vfmadd231ph`` (32 f16 products per
+#: instruction, issuing at the FMA rate: ``cargo bench --bench dot_rates``): ``d/32 + d/32``
+#: FMA slots per token and query head, half the exact count.
+for _dt in ["fp8_e4m3", "fp8_e5m2"]:
+    FAST[f"{_dt}+fp16_reduction"] = (_dt, {"fp16_reduction": True}, 2.0)
 #: The instructions behind each row's compute roof.
 ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", "int8_pv": "FMA + vpdpbusd", "int8_scores+int8_pv": "vpdpbusd",
+              **{f"{dt}+fp16_reduction": "vfmadd231ph" for dt in ["fp8_e4m3", "fp8_e5m2"]},
               **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
 ROWS: dict[str, tuple[str, dict[str, Any], float]] = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
@@ -321,7 +332,7 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
             got = kv.decode_attention(caches[dt], 0, q, table, sl, **kw).astype(np.float64)
             err = np.abs(got - exact).max(axis=2)
             bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, kw.get("int8_scores", False),
-                           kw.get("int8_pv", False))
+                           kw.get("int8_pv", False), kw.get("fp16_reduction", False))
             rows.append(dict(data="outliers" if outliers else "normal", dtype=name,
                              max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
                              max_err_over_bound=float((err / bound).max()),
@@ -330,11 +341,14 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
 
 
 def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
-           lens: list[int], g: int, int8_scores: bool = False, int8_pv: bool = False) -> np.ndarray:
+           lens: list[int], g: int, int8_scores: bool = False, int8_pv: bool = False,
+           fp16_reduction: bool = False) -> np.ndarray:
     """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head);
     with ``int8_scores`` the query's rounding (``s_q / 2`` per element, times the L1 norm
     of the dequantized key) adds to the logit deviation; ``int8_pv`` adds ``(16 / 510)
-    max|V'|`` of the head (the 8-bit probabilities)."""
+    max|V'|`` of the head (the 8-bit probabilities); ``fp16_reduction`` adds ``(d / 4 + 3)
+    2^-11 max_t sum_i |q_i K'_i|`` to the logit deviation and ``18 2^-11 max|V'|`` (the f16
+    sums), where the f16 path runs (else the bound is looser than needed, not wrong)."""
     n, hq, d = q.shape
     vd = np.abs(c.dequantized(0)[1].reshape(-1, vf.shape[1], d))
     kd = np.abs(c.dequantized(0)[0].reshape(-1, vf.shape[1], d)).astype(np.float64)
@@ -354,20 +368,26 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
                 ev = rel * va[:, kh].max() + sub * vs
             if int8_scores:
                 dmax += np.abs(q[i, h]).max() / 127 / 2 * kd[rows, kh].sum(axis=1).max()
+            if fp16_reduction:
+                dmax += (d / 4 + 3) * 2.0**-11 * (kd[rows, kh] @ qa).max()
             out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
             if int8_pv:
                 out[i, h] += 16 / 510 * vd[rows, kh].max()
+            if fp16_reduction:
+                out[i, h] += 18 * 2.0**-11 * vd[rows, kh].max()
     return out
 
 
 def toy() -> list[dict[str, Any]]:
     """The toy decoder's greedy tokens and teacher-forced logits against its f32 run: every
-    dtype at head_dim 32; int8 with the opt-in fast paths at head_dim 64 (``int8_pv``
-    takes head_dims that are multiples of 64), against that model's own f32 run."""
+    dtype at head_dim 32; int8 and fp8 with the opt-in fast paths at head_dim 64 (``int8_pv``
+    and ``fp16_reduction`` take head_dims that are multiples of 64), against that model's
+    own f32 run."""
     rows = _toy_rows(toy_decoder.ToyConfig(), [(dt, None) for dt in ["bf16", *DTYPES[1:]]])
     fast: list[tuple[str, toy_decoder.DecodeSwitches | None]] = [
         ("int8", None), ("int8", {"int8_scores": True}), ("int8", {"int8_pv": True}),
-        ("int8", {"int8_scores": True, "int8_pv": True})]
+        ("int8", {"int8_scores": True, "int8_pv": True}), ("fp8_e4m3", None), ("fp8_e4m3", {"fp16_reduction": True}),
+        ("fp8_e5m2", None), ("fp8_e5m2", {"fp16_reduction": True})]
     return rows + _toy_rows(toy_decoder.ToyConfig(d_head=64), fast)
 
 

@@ -4,7 +4,7 @@
 //!    `vpdpbusd` (64 int8 multiply-adds, VNNI) and `vdpbf16ps` (32 bf16 multiply-adds),
 //!    each as 12 independent chains, and `vpdpbusd` : FMA mixed 1:4.
 //! 2. For each decode path (`f32`, `bf16`, `int8`, `fp8_e4m3`, `fp8_e5m2`, `int8_scores`,
-//!    `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8) and g = 1 and 4 query heads per KV head: codes per
+//!    `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8, `fp16_reduction` on fp8) and g = 1 and 4 query heads per KV head: codes per
 //!    second of the minimal instruction sequence the path issues per cached code (the
 //!    widening of the codes and the g dot products, see `dot_rates/paths.rs` and
 //!    `dot_rates/int_pv.rs`), on one
@@ -31,6 +31,9 @@
 
 use std::sync::Barrier;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/f16.rs"]
+mod f16;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/int_pv.rs"]
 mod int_pv;

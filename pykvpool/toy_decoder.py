@@ -188,6 +188,7 @@ class DecodeSwitches(TypedDict, total=False):
     bf16_scores: bool
     int8_scores: bool
     int8_pv: bool
+    fp16_reduction: bool
 
 
 def generate_cached(model: Model, prompt: list[int], dtype: str = "f32", *,

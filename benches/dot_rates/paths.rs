@@ -50,6 +50,10 @@ pub struct Tile {
     q: Vec<f32>,
     pub(super) qw: Vec<u32>,
     pub(super) p: Vec<f32>,
+    /// The probabilities as f16 (`fp16_reduction`'s `P V`).
+    pub(super) ph: Vec<u16>,
+    /// The f16 query vectors of `fp16_reduction` (one per 4 dimensions and head).
+    qh: Vec<Line>,
     pub(super) acc: Vec<f32>,
     /// Each tile's scores, 16 per head (the K loop's chains summed, as the kernel does
     /// before the softmax: no K accumulator stays live across the V loop).
@@ -74,6 +78,9 @@ impl Tile {
             q: (0..4 * D).map(|i| 1e-3 * (1 + i % 5) as f32).collect(),
             qw: (0..4 * D).map(|i| 0x3a83_0102u32.wrapping_add(i as u32 % 3)).collect(),
             p: (0..4 * T).map(|i| 1e-3 * (1 + i % 3) as f32).collect(),
+            // f16 1e-3 times 1..3 (0x1419: about 1e-3), and 2^-10 times 1..5 for the query.
+            ph: (0..4 * T).map(|i| 0x1419 + (i % 3) as u16).collect(),
+            qh: (0..D / 4 * 4).map(|i| Line([0x10, 0x10 + (i % 5) as u8].repeat(32).try_into().expect("64 bytes"))).collect(),
             acc: vec![0.0; 4 * D],
             sc: vec![Line([0; 64]); 4],
         }
@@ -84,7 +91,17 @@ impl Tile {
     pub(super) fn check(&self, bytes: usize) {
         assert!(self.k.len() * 64 == D * T * bytes && self.v.len() == self.k.len());
         assert!(self.q.len() == 4 * D && self.qw.len() == 4 * D && self.p.len() == 4 * T && self.acc.len() == 4 * D);
-        assert!(self.sc.len() == 4);
+        assert!(self.sc.len() == 4 && self.ph.len() == 4 * T && self.qh.len() == D);
+    }
+
+    /// The f16 query vectors (`D / 4` per head, 4 heads).
+    pub(super) fn qhp(&self) -> *const u8 {
+        self.qh.as_ptr().cast()
+    }
+
+    /// The tile's score lines (16 f32 per head).
+    pub(super) fn scp(&mut self) -> *mut f32 {
+        self.sc.as_mut_ptr().cast()
     }
 
     pub(super) fn kp(&self) -> *const u8 {

@@ -2,6 +2,7 @@
 //! ([`super::paths`]) timed at g = 1 and 4 and every thread count, printed as a table
 //! and as one JSON line.
 
+use super::f16::fp16;
 use super::int_pv::int8_pv;
 use super::paths::{self, bf16_scores, exact, exact_vbmi, int8_scores, Tile};
 use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, F32, I8};
@@ -55,6 +56,7 @@ const BASE: &[&str] = &["avx512f", "avx512bw", "avx512vl", "fma", "f16c"];
 const VNNI: &[&str] = &["avx512vnni"];
 const BF16: &[&str] = &["avx512bf16", "avx512vbmi"];
 const VBMI: &[&str] = &["avx512vbmi"];
+const FP16: &[&str] = &["avx512fp16"];
 
 fn all_paths() -> Vec<Path> {
     let vbmi = pykvpool::attention::cpu_features().contains(&"avx512vbmi");
@@ -81,6 +83,9 @@ fn all_paths() -> Vec<Path> {
         Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, Bf16, false) },
         Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E4m3, true) },
         Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E5m2, true) },
+        // fp16_reduction: d/32 + d/32 vfmadd231ph (32 products each) per token and head.
+        Path { name: "fp8_e4m3+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, true) },
+        Path { name: "fp8_e5m2+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, false) },
     ]
 }
 
