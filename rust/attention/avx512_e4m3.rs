@@ -34,7 +34,7 @@ use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
 use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::isa::cpu_features;
-use super::work::{Chunk, Partial, Work};
+use super::work::{Chunk, Partial, Work, QUERY_BYTES};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::{DType, Elem};
 
@@ -70,10 +70,15 @@ pub(crate) fn applies<E: Elem>(w: &Work<E>) -> bool {
 /// [`applies`] must hold for `w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    assert!(E::DTYPE == DType::E4M3 && w.shape.block_size == BLOCK && w.shape.head_dim.is_multiple_of(RUN));
-    let q = lane_query(w.q, w.shape.head_dim, w.g, HT);
-    // SAFETY: the caller's features are those the two implementations are compiled for.
-    unsafe { run_with(w, p, &TableScores { q: &q }, &TablePv) }
+    let (d, g) = (w.shape.head_dim, w.g);
+    assert!(E::DTYPE == DType::E4M3 && w.shape.block_size == BLOCK && d.is_multiple_of(RUN));
+    // The lane query takes 16 bytes per element: an item's KV heads run in groups
+    // whose vectors fit in L1 beside the tiles ([`QUERY_BYTES`]).
+    w.in_head_groups(p, (QUERY_BYTES / (16 * g * d)).max(1), |w, p| {
+        let q = lane_query(w.q, d, g, HT);
+        // SAFETY: the caller's features are those the two implementations are compiled for.
+        unsafe { run_with(w, p, &TableScores { q: &q }, &TablePv) }
+    });
 }
 
 /// The bf16 bits of `value / 2^8` for the e4m3 magnitudes `0..128`, as the f16 route

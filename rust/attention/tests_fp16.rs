@@ -1,6 +1,6 @@
 //! `fp16_reduction` (fp8 caches, [`super::avx512_fp16`]) against the f64 reference on the
 //! dequantized values, within the bound the module derives: head_dims 64 to 256, GQA ratios
-//! 1 to 8 (head tiles of 1 to 4), every chunk tail, windows and sinks whose first key sits
+//! 1 to 8 (head tiles of 1 to 4, items run in groups of KV heads), every chunk tail, windows and sinks whose first key sits
 //! inside a block, split items; values at the top of the fp8 range and large queries
 //! (the powers of two that keep the f16 sums finite); and the refusals.
 
@@ -127,7 +127,9 @@ fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, wl: Option<usize>,
 fn fp16_reduction_is_within_its_bound_of_the_reference() {
     let lens = [1, 7, 16, 17, 31, 100];
     for dtype in FP8 {
-        for (d, hkv, g) in [(64, 2, 1), (128, 2, 2), (128, 1, 3), (128, 2, 4), (192, 1, 4), (256, 1, 2), (128, 1, 8)] {
+        // (128, 4, 4) and (64, 3, 8): items of more KV heads than one group of query vectors
+        // (`avx512_fp16::run`), in groups of 2 and of 2 + 1.
+        for (d, hkv, g) in [(64, 2, 1), (128, 2, 2), (128, 1, 3), (128, 2, 4), (192, 1, 4), (256, 1, 2), (128, 1, 8), (128, 4, 4), (64, 3, 8)] {
             let (c, t) = case(dtype, d, hkv, &lens, 1.0, d as u64 + g as u64);
             for split in [None, Some(16)] {
                 compare(&c, &t, hkv * g, 2.0, None, 0, split, 3);

@@ -211,6 +211,33 @@ impl<E: Elem> Work<'_, E> {
         }
     }
 
+    /// Runs `f` on the item's KV heads in groups of at most `per_group` heads: each group a
+    /// work item of its own (its heads' query rows) with the matching rows of `p`; the
+    /// groups' `nan_codes` are or'ed into `p`. For the paths whose query layout outgrows
+    /// L1 when an item holds many KV heads (their vectors are read once per tile).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub fn in_head_groups(&self, p: &mut Partial, per_group: usize, mut f: impl FnMut(&Work<'_, E>, &mut Partial)) {
+        let (d, g, hs) = (self.shape.head_dim, self.g, self.heads.start);
+        assert!(per_group > 0 && self.q.len() == self.heads.len() * g * d && p.acc.len() == self.q.len());
+        assert!(p.m.len() == self.heads.len() * g && p.l.len() == p.m.len());
+        assert!(self.q_bf16.is_none() && self.q_i8.is_none(), "grouped items carry the f32 query only");
+        let mut h0 = hs;
+        while h0 < self.heads.end {
+            let h1 = (h0 + per_group).min(self.heads.end);
+            let (r0, r1) = ((h0 - hs) * g, (h1 - hs) * g);
+            let sub = Work { heads: h0..h1, q: &self.q[r0 * d..r1 * d], ..*self };
+            let mut part = Partial {
+                acc: &mut p.acc[r0 * d..r1 * d],
+                m: &mut p.m[r0..r1],
+                l: &mut p.l[r0..r1],
+                nan_codes: false,
+            };
+            f(&sub, &mut part);
+            p.nan_codes |= part.nan_codes;
+            h0 = h1;
+        }
+    }
+
     /// Bytes of one K tile and its V tile.
     #[inline]
     fn kv_tile_bytes(&self) -> usize {
@@ -306,6 +333,14 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
     out.iter_mut().for_each(|x| *x *= inv);
     (mx + total.log2()) * std::f32::consts::LN_2
 }
+
+/// Bytes of query vectors one group of an item's KV heads may take in the paths that lay
+/// the query out 4x (16 bytes per element: `avx512_e4m3`, `avx512_fp16`), which run an
+/// item in groups ([`Work::in_head_groups`]) so that the vectors stay in L1 beside the
+/// tiles: measured against 8 KV heads (64 KiB of vectors) at once, see
+/// `benches/RESULTS.md`, issue 15 wave 15.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const QUERY_BYTES: usize = 16 << 10;
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
 /// `benches/bench_attention.py` (f32 and bf16): distances 1, 2, 3 and 4 are within noise of
