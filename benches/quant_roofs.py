@@ -42,17 +42,11 @@ def load_dot_rates(path: str | None, quick: bool, out_dir: Path) -> dict[str, An
     if path is not None:
         text = Path(path).read_text()
     else:
-        cmd = ["cargo", "bench", "--locked", "--bench", "dot_rates", "--"] + (["--quick"] if quick else [])
-        try:
-            run = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
-                                 check=False)
-        except OSError as e:
-            print(f"note: `{' '.join(cmd)}` could not run ({e}): instruction-mix roofs left out")
+        ran = _cargo_dot_rates(["--quick"] if quick else [])
+        if ran is None:
+            print("note: instruction-mix roofs left out")
             return None
-        if run.returncode != 0:
-            print(f"note: `{' '.join(cmd)}` failed ({run.stderr.strip()[-300:]}): instruction-mix roofs left out")
-            return None
-        text = run.stdout
+        text = ran
         out_dir.mkdir(exist_ok=True)
         (out_dir / "dot_rates.txt").write_text(text)
     res = _json_line(text)
@@ -65,7 +59,14 @@ def load_dot_rates(path: str | None, quick: bool, out_dir: Path) -> dict[str, An
 def run_dot_rates(threads: int, out_dir: Path) -> dict[str, Any] | None:
     """One ``dot_rates --quick`` run at ``threads`` only (a second of measuring per thread
     count), its JSON line parsed; ``None`` (with a note) when it cannot run."""
-    cmd = ["cargo", "bench", "--locked", "--bench", "dot_rates", "--", "--quick", "--threads", str(threads)]
+    text = _cargo_dot_rates(["--quick", "--threads", str(threads)])
+    return None if text is None else _json_line(text)
+
+
+def _cargo_dot_rates(args: list[str]) -> str | None:
+    """The output of ``cargo bench --bench dot_rates -- ARGS`` in the repository, or
+    ``None`` (with a note) when it cannot run or fails."""
+    cmd = ["cargo", "bench", "--locked", "--bench", "dot_rates", "--", *args]
     try:
         run = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
                              check=False)
@@ -75,7 +76,7 @@ def run_dot_rates(threads: int, out_dir: Path) -> dict[str, Any] | None:
     if run.returncode != 0:
         print(f"note: `{' '.join(cmd)}` failed ({run.stderr.strip()[-300:]})")
         return None
-    return _json_line(run.stdout)
+    return run.stdout
 
 
 def merge_rates(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
