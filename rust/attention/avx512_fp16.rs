@@ -504,6 +504,45 @@ mod tests {
         }
     }
 
+    /// The widening reads every code at every byte position as the f16 of its value (over
+    /// 2^8 for e4m3, whose NaN codes read as +-1.875), in the word [`pv_code`] names
+    /// (vector `u` word `k` at position `32 u + k`).
+    #[test]
+    fn the_widening_reads_every_code_at_its_word() {
+        use crate::kv::fp8::{E4M3, E5M2};
+        if !crate::attention::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED: no AVX-512");
+            return;
+        }
+        for shift in 0..4 {
+            let codes: [u8; RUN] = std::array::from_fn(|i| (i * 4 + shift) as u8);
+            // SAFETY: AVX-512 F/BW checked above; 64 bytes in, 2 x 64 out.
+            let (e4, e5) = unsafe {
+                let x = _mm512_loadu_si512(codes.as_ptr().cast());
+                (widen::<E4M3>(x), widen::<E5M2>(x))
+            };
+            for (e4m3, v) in [(true, e4), (false, e5)] {
+                let mut words = [[0u16; 32]; 2];
+                // SAFETY: 32 words each.
+                unsafe { v.iter().zip(&mut words).for_each(|(x, w)| _mm512_storeu_si512(w.as_mut_ptr().cast(), *x)) };
+                for (u, row) in words.iter().enumerate() {
+                    for (k, &bits) in row.iter().enumerate() {
+                        let c = codes[pv_code(32 * u + k)];
+                        let got = half::f16::from_bits(bits).to_f32();
+                        let want = if e4m3 {
+                            let m = c & 0x7f;
+                            let v = if m == 0x7f { 480.0 } else { E4M3(m).to_f32() } / 256.0;
+                            if c & 0x80 != 0 { -v } else { v }
+                        } else {
+                            E5M2(c).to_f32()
+                        };
+                        assert!(got == want || (got.is_nan() && want.is_nan()), "{e4m3} code {c:#x}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
     /// The query layout: dimension `4 k + L` of head `j` in the 8 words of lane `L` of
     /// vector `(k, j)`, times the row's power of two, which keeps the row's sum of
     /// magnitudes times the code bound at most 2^15.
