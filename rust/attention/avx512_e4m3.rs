@@ -34,7 +34,7 @@ use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
 use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::isa::cpu_features;
-use super::work::{Chunk, Partial, Work, QUERY_BYTES};
+use super::work::{Chunk, Partial, Work};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::{DType, Elem};
 
@@ -73,8 +73,8 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (d, g) = (w.shape.head_dim, w.g);
     assert!(E::DTYPE == DType::E4M3 && w.shape.block_size == BLOCK && d.is_multiple_of(RUN));
     // The lane query takes 16 bytes per element: an item's KV heads run in groups
-    // whose vectors fit in L1 beside the tiles ([`QUERY_BYTES`]).
-    w.in_head_groups(p, (QUERY_BYTES / (16 * g * d)).max(1), |w, p| {
+    // whose vectors fit in L1 beside the tiles (`Work::in_head_groups`).
+    w.in_head_groups(p, |w, p| {
         let q = lane_query(w.q, d, g, HT);
         // SAFETY: the caller's features are those the two implementations are compiled for.
         unsafe { run_with(w, p, &TableScores { q: &q }, &TablePv) }

@@ -45,7 +45,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::isa::cpu_features;
-use super::work::{Chunk, Partial, Work, LAZY_MAX, QUERY_BYTES};
+use super::work::{Chunk, Partial, Work, LAZY_MAX};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
@@ -98,7 +98,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     assert!(matches!(E::DTYPE, DType::E4M3 | DType::E5M2) && w.shape.block_size == BLOCK && d.is_multiple_of(RUN));
     // The query vectors take 16 bytes per element (each repeated over its lane): an
     // item's KV heads run in groups whose vectors fit in L1 beside the tiles.
-    w.in_head_groups(p, (QUERY_BYTES / (16 * g * d)).max(1), |w, p| {
+    w.in_head_groups(p, |w, p| {
         let q = F16Query::new(w.q, d, g, k_max::<E>());
         // SAFETY: the caller's features are those the two implementations are compiled
         // for (the f16 instructions need avx512fp16, which the caller checked).

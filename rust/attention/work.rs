@@ -211,14 +211,16 @@ impl<E: Elem> Work<'_, E> {
         }
     }
 
-    /// Runs `f` on the item's KV heads in groups of at most `per_group` heads: each group a
-    /// work item of its own (its heads' query rows) with the matching rows of `p`; the
-    /// groups' `nan_codes` are or'ed into `p`. For the paths whose query layout outgrows
-    /// L1 when an item holds many KV heads (their vectors are read once per tile).
+    /// Runs `f` on the item's KV heads in groups whose query vectors, laid out 4x (16 bytes
+    /// per element), take at most [`QUERY_BYTES`] (at least one head per group): each group
+    /// a work item of its own (its heads' query rows) with the matching rows of `p`; the
+    /// groups' `nan_codes` are or'ed into `p`. For the paths with that layout, whose
+    /// vectors are read once per tile and outgrow L1 when an item holds many KV heads.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn in_head_groups(&self, p: &mut Partial, per_group: usize, mut f: impl FnMut(&Work<'_, E>, &mut Partial)) {
+    pub fn in_head_groups(&self, p: &mut Partial, mut f: impl FnMut(&Work<'_, E>, &mut Partial)) {
         let (d, g, hs) = (self.shape.head_dim, self.g, self.heads.start);
-        assert!(per_group > 0 && self.q.len() == self.heads.len() * g * d && p.acc.len() == self.q.len());
+        let per_group = (QUERY_BYTES / (16 * g * d).max(1)).max(1);
+        assert!(self.q.len() == self.heads.len() * g * d && p.acc.len() == self.q.len());
         assert!(p.m.len() == self.heads.len() * g && p.l.len() == p.m.len());
         assert!(self.q_bf16.is_none() && self.q_i8.is_none(), "grouped items carry the f32 query only");
         let mut h0 = hs;
@@ -339,8 +341,7 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
 /// item in groups ([`Work::in_head_groups`]) so that the vectors stay in L1 beside the
 /// tiles: measured against 8 KV heads (64 KiB of vectors) at once, see
 /// `benches/RESULTS.md`, issue 15 wave 15.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) const QUERY_BYTES: usize = 16 << 10;
+const QUERY_BYTES: usize = 16 << 10;
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
 /// `benches/bench_attention.py` (f32 and bf16): distances 1, 2, 3 and 4 are within noise of
