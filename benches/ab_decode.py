@@ -139,8 +139,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         times = []
         for _ in range(calls):
             t0 = clock()
-            kv.decode_attention(caches[dtype], 0, q, table, seq_lens, out=out, bf16_scores=on["bf16_scores"],
-                                int8_scores=on["int8_scores"], int8_pv=on["int8_pv"])
+            kv.decode_attention(caches[dtype], 0, q, table, seq_lens, out=out, **on)
             times.append(clock() - t0)
         best.append(min(times))
     return best

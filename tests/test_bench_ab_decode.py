@@ -109,3 +109,14 @@ def test_reallocated_pairs_report_every_row_and_zero_is_a_usage_error() -> None:
     assert sum(line.startswith(("| int8 ", "| fp8_e5m2 ")) for line in out.splitlines()) == 2
     res = subprocess.run(cmd[:-1] + ["0"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--reallocate must be at least 1" in res.stderr
+
+
+def test_every_switch_of_a_row_reaches_the_call_in_rounds_and_interleaved() -> None:
+    # fp16_reduction on an int8 cache is refused by decode_attention: both modes must pass
+    # it on (the rounds mode once dropped it and timed the plain path under its name).
+    from benches.ab_decode import interleaved, measure
+
+    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
+        measure(str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
+    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
+        interleaved(str(ROOT), str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
