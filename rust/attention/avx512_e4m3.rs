@@ -160,9 +160,14 @@ pub(crate) fn lane_query(q: &[f32], d: usize, g: usize, tile: usize) -> Vec<f32>
             let base = 4 * (kv * g + j0) * d;
             for j in 0..h {
                 let row = &group[(j0 + j) * d..(j0 + j + 1) * d];
-                for (i, &x) in row.iter().enumerate() {
-                    let at = base + ((i / 4) * h + j) * W + 4 * (i % 4);
-                    out[at..at + 4].fill(x);
+                // Four elements per vector: whole arrays, so the copies are a broadcast
+                // and a 16-byte store each (not a loop per element).
+                for (k, quad) in row.chunks_exact(4).enumerate() {
+                    let at = base + (k * h + j) * W;
+                    let vector: &mut [f32; W] = (&mut out[at..at + W]).try_into().expect("16 elements");
+                    for (lane, &x) in vector.chunks_exact_mut(4).zip(quad) {
+                        lane.copy_from_slice(&[x; 4]);
+                    }
                 }
             }
         }

@@ -238,7 +238,7 @@ impl F16Query {
                 let base = 8 * (kv * g + j0) * d;
                 for j in 0..h {
                     let row = &group[(j0 + j) * d..(j0 + j + 1) * d];
-                    let sum = row.iter().map(|x| x.abs()).sum::<f32>() * k_max;
+                    let sum = abs_sum(row) * k_max;
                     // Rows of zeros (or NaN / inf, which the result carries anyway) keep 1.
                     let factor = if sum > 0.0 && sum.is_finite() {
                         pow2_floor((SUM_MAX / sum).clamp(f32::MIN_POSITIVE, 2f32.powi(SCALE_EXP)))
@@ -248,15 +248,30 @@ impl F16Query {
                     inverse[kv * g + j0 + j] = 1.0 / factor;
                     scaled.iter_mut().zip(row).for_each(|(y, &x)| *y = x * factor);
                     rounded.convert_from_f32_slice(&scaled);
-                    for (i, x) in rounded.iter().enumerate() {
-                        let at = base + ((i / 4) * h + j) * 32 + 8 * (i % 4);
-                        words[at..at + 8].fill(x.to_bits());
+                    // Four elements per vector: whole arrays, so the copies are a
+                    // broadcast and a 16-byte store each (not a loop per element).
+                    for (k, quad) in rounded.chunks_exact(4).enumerate() {
+                        let at = base + (k * h + j) * 32;
+                        let vector: &mut [u16; 32] = (&mut words[at..at + 32]).try_into().expect("32 words");
+                        for (lane, x) in vector.chunks_exact_mut(8).zip(quad) {
+                            lane.copy_from_slice(&[x.to_bits(); 8]);
+                        }
                     }
                 }
             }
         }
         F16Query { words, inverse }
     }
+}
+
+/// The sum of the magnitudes of `row`, 16 partial sums at a time (vectorized; a plain
+/// sum is one dependent chain of scalar additions).
+fn abs_sum(row: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for part in row.chunks(16) {
+        lanes.iter_mut().zip(part).for_each(|(s, x)| *s += x.abs());
+    }
+    lanes.iter().sum()
 }
 
 /// The 16 tokens of a chunk in order, in f32, from the two f16 sum vectors of a head
