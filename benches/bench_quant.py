@@ -8,7 +8,9 @@ every dtype (in a rotating order, each round on fresh copies of the caches: a ca
 rate depends on where its pages landed) gets a read-bandwidth probe of its own cache's pages
 (``pykvpool.read_bandwidth(cache=...)``) then its kernel, best of 3 calls. Reported per
 dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
-per-round ratio to bf16's tokens/s (with its IQR), and the median of the per-round
+per-round ratio to bf16's tokens/s (with its IQR), the median of the ratios of alternating
+pairs of calls (the row's and bf16's, 6 pairs per round: a phase of a shared machine that
+lasts seconds moves a round's ratios but slows both calls of a pair), and the median of the per-round
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
 over the probe), and of the same bytes over the table-order probe
 (``read_bandwidth(cache=..., block_tables=..., seq_lens=...)``: exactly the runs this call
@@ -173,11 +175,30 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
     return fresh(), table, q, fresh
 
 
+def paired_ratios(base: Callable[[], None], row: Callable[[], None], pairs: int,
+                  clock: Callable[[], float]) -> list[float]:
+    """Per pair of calls, ``base``'s time over ``row``'s (the speedup of ``row``), the calls
+    alternating base, row, row, base, ... so that a slow phase of a shared machine slows
+    both calls of a pair instead of one row of a round."""
+    out = []
+    for i in range(pairs):
+        t = {}
+        for side, fn in (("base", base), ("row", row)) if i % 2 == 0 else (("row", row), ("base", base)):
+            t0 = clock()
+            fn()
+            t[side] = clock() - t0
+        out.append(t["base"] / max(t["row"], 1e-9))
+    return out
+
+
 def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
-          resample: Callable[[int], None] = lambda t: None) -> list[dict[str, Any]]:
+          resample: Callable[[int], None] = lambda t: None, pairs: int = 6) -> list[dict[str, Any]]:
     """The speed rows of one shape at 1 and 2 threads, without their instruction-mix roofs
     (``add_roofs`` puts them in once every round has run); ``resample(threads)`` runs
-    before each round (a ``dot_rates`` run, so that the roofs sample the whole benchmark)."""
+    before each round (a ``dot_rates`` run, so that the roofs sample the whole benchmark).
+    Besides the per-round ratios to bf16 (each row's best call of the round over bf16's),
+    each round times ``pairs`` alternating pairs of a row's call and bf16's
+    (``paired_ratios``): ``paired`` is the median of those ratios over all rounds."""
     _, table, q, fresh = build(lens, hq, hkv, d, DTYPES, seed=1)
     caches: dict[str, kv.KvCache] = {}
     sl = np.array(lens)
@@ -190,6 +211,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
         clock = call_clock(t)
         out = np.empty_like(q)
         rounds: dict[str, list[tuple[float, float, float, float, float]]] = {name: [] for name in names}
+        paired: dict[str, list[float]] = {name: [] for name in names}
         for r in range(reps):
             resample(t)
             k = r % len(names)
@@ -209,6 +231,12 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                 tab = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK, block_tables=table, seq_lens=sl)
                 best = min(_timed(call, clock) for _ in range(3))
                 rounds[name].append((len(lens) / best, probe, read[name] / best / probe, tab, read[name] / best / tab))
+                if name != "bf16":
+
+                    def bf16_call(c: kv.KvCache = caches["bf16"]) -> None:
+                        kv.decode_attention(c, 0, q, table, sl, out=out)
+
+                    paired[name] += paired_ratios(bf16_call, call, pairs, clock)
         base = [x[0] for x in rounds["bf16"]]
         for name in names:
             tps = [x[0] for x in rounds[name]]
@@ -220,6 +248,7 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              roof_instr=ROOF_INSTR.get(name, "FMA"), peak_gflops=peak / 1e9,
                              ratio=float(np.median(ratio)), ratio_q1=float(np.quantile(ratio, 0.25)),
                              ratio_q3=float(np.quantile(ratio, 0.75)),
+                             **_paired_stats(paired[name]),
                              pct_bw=float(np.median([x[2] for x in rounds[name]])),
                              pct_table=float(np.median([x[4] for x in rounds[name]])),
                              table_over_probe=float(np.median([x[3] / x[1] for x in rounds[name]])),
@@ -227,6 +256,14 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              codes_per_seq=2 * hkv * d * sum(lens) / len(lens), read_mb=read[name] / 1e6))
     del caches, fresh
     return rows
+
+
+def _paired_stats(ratios: list[float]) -> dict[str, Any]:
+    """The median and quartiles of a row's paired ratios (bf16: 1, no pairs)."""
+    if not ratios:
+        return dict(paired=1.0, paired_q1=1.0, paired_q3=1.0, pairs=0)
+    return dict(paired=float(np.median(ratios)), paired_q1=float(np.quantile(ratios, 0.25)),
+                paired_q3=float(np.quantile(ratios, 0.75)), pairs=len(ratios))
 
 
 def add_roofs(rows: list[dict[str, Any]], rates: dict[str, Any] | None) -> None:
@@ -447,7 +484,7 @@ def main() -> None:
 
     heads = {"a": 8, "d": 32}
     res["speed"] = [r for sh in args.shape or ["a", "d"]
-                    for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, resample)]
+                    for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, resample, 2 if args.quick else 6)]
     add_roofs(res["speed"], rates)
     res["dot_rates"] = rates
     res["roofs_sane"] = all(sane(r) for r in res["speed"])
@@ -468,15 +505,18 @@ def main() -> None:
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
     print(f"\nCalls and probes timed by the {res['clock']} clock"
           f"{' (thread CPU time at 1 thread, process CPU time / 2 at 2)' if CLOCK == 'cpu' else ''}.\n")
-    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | % bw probe | % table probe (table / bw) | bw roof | "
-          "FMA-only roof (instr) | compute roof (instr mix) | binds | % min roof |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | x bf16 paired (IQR, pairs) | % bw probe | "
+          "% table probe (table / bw) | bw roof | FMA-only roof (instr) | compute roof (instr mix) | binds | % min roof |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["speed"]:
         mix = "-" if r["mix"] is None else f"{r['mix']['roof']:,.0f}"
         print(f"| {r['shape']} | {r['threads']} | {r['dtype']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f} "
-              f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {100 * r['pct_bw']:.0f}% | "
+              f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) | {r['paired']:.2f} ({r['paired_q1']:.2f}-"
+              f"{r['paired_q3']:.2f}, {r['pairs']}) | {100 * r['pct_bw']:.0f}% | "
               f"{100 * r['pct_table']:.0f}% ({r['table_over_probe']:.2f}) | {r['bw_roof']:,.0f} | "
               f"{r['fma_roof']:,.0f} ({r['roof_instr']}) | {mix} | {r['binds']} | {100 * r['pct_roof']:.0f}% |")
+    print("x bf16 (IQR): the median over rounds of each round's best call against bf16's; x bf16 paired: the "
+          "median over alternating pairs of calls (row, bf16) of bf16's time over the row's")
     print("compute roof (instr mix): the codes/s of the path's minimal per-code instruction sequence "
           "(cargo bench --bench dot_rates, thread CPU time) over the codes per sequence (K and V); "
           "% min roof: tokens/s over min(bw roof, instr-mix roof) (the FMA-only roof if dot_rates did not run)")

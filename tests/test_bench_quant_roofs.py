@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -116,3 +116,24 @@ def test_a_run_with_a_new_thread_count_adds_its_entries() -> None:
     assert sorted((x["threads"], x["kv"]) for x in m["rates"]) == [(1, 6e9), (2, 11e9)]
     assert sorted(x["threads"] for x in m["fma"]) == [1, 2]
     assert instr_roof(m, "int8", 4, 2, 1e6) is not None
+
+
+def test_paired_ratios_alternate_the_calls_and_give_the_base_time_over_the_row_time() -> None:
+    from benches.bench_quant import _paired_stats, paired_ratios
+
+    now = [0.0]
+    order: list[str] = []
+
+    def side(name: str, cost: float) -> Callable[[], None]:
+        def call() -> None:
+            order.append(name)
+            now[0] += cost
+
+        return call
+
+    ratios = paired_ratios(side("base", 3.0), side("row", 1.5), 4, lambda: now[0])
+    assert ratios == [2.0] * 4
+    assert order == ["base", "row", "row", "base", "base", "row", "row", "base"]
+    stats = _paired_stats([1.0, 2.0, 3.0, 4.0])
+    assert stats["paired"] == 2.5 and stats["pairs"] == 4 and stats["paired_q1"] == 1.75
+    assert _paired_stats([]) == dict(paired=1.0, paired_q1=1.0, paired_q3=1.0, pairs=0)
