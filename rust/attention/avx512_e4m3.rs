@@ -34,6 +34,7 @@ use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
 use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::isa::cpu_features;
+use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::{DType, Elem};
@@ -160,15 +161,7 @@ pub(crate) fn lane_query(q: &[f32], d: usize, g: usize, tile: usize) -> Vec<f32>
             let base = 4 * (kv * g + j0) * d;
             for j in 0..h {
                 let row = &group[(j0 + j) * d..(j0 + j + 1) * d];
-                // Four elements per vector: whole arrays, so the copies are a broadcast
-                // and a 16-byte store each (not a loop per element).
-                for (k, quad) in row.chunks_exact(4).enumerate() {
-                    let at = base + (k * h + j) * W;
-                    let vector: &mut [f32; W] = (&mut out[at..at + W]).try_into().expect("16 elements");
-                    for (lane, &x) in vector.chunks_exact_mut(4).zip(quad) {
-                        lane.copy_from_slice(&[x; 4]);
-                    }
-                }
+                repeat_in_lanes::<f32, { W / 4 }>(&mut out, base + j * W, h * W, row);
             }
         }
     }

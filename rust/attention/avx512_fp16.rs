@@ -45,6 +45,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::isa::cpu_features;
+use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, LAZY_MAX};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::quant::TileScale;
@@ -248,15 +249,7 @@ impl F16Query {
                     inverse[kv * g + j0 + j] = 1.0 / factor;
                     scaled.iter_mut().zip(row).for_each(|(y, &x)| *y = x * factor);
                     rounded.convert_from_f32_slice(&scaled);
-                    // Four elements per vector: whole arrays, so the copies are a
-                    // broadcast and a 16-byte store each (not a loop per element).
-                    for (k, quad) in rounded.chunks_exact(4).enumerate() {
-                        let at = base + (k * h + j) * 32;
-                        let vector: &mut [u16; 32] = (&mut words[at..at + 32]).try_into().expect("32 words");
-                        for (lane, x) in vector.chunks_exact_mut(8).zip(quad) {
-                            lane.copy_from_slice(&[x.to_bits(); 8]);
-                        }
-                    }
+                    repeat_in_lanes::<u16, 8>(&mut words, base + j * 32, h * 32, rounded.reinterpret_cast());
                 }
             }
         }
