@@ -4,15 +4,15 @@
 //! path's, unchanged).
 //!
 //! Why: `vfmadd231ph` does 32 multiply-adds per instruction at the issue rate of the f32
-//! `vfmadd231ps` (16), and every fp8 value is an f16 after one unpack (e5m2: the code is
-//! an f16's high byte) or three instructions (e4m3 over 2^8: an arithmetic shift and an
+//! `vfmadd231ps` (16), and every fp8 value is an f16 after one shift or `and` (e5m2: the
+//! code is an f16's high byte) or two more (e4m3 over 2^8: an arithmetic shift and an
 //! `and`), where the exact path spends 2-3 micro-ops per 16 codes on the widening to f32
 //! and one FMA per 16 codes and query head. (`vdpbf16ps`, the dot product the issue
 //! names, issues at a quarter of the FMA rate on this project's machine: `cargo bench
 //! --bench dot_rates`.)
 //!
 //! - K (block size 16): a 64-byte run is 4 dimension rows x 16 tokens, one row per
-//!   128-bit lane; the unpacks give tokens 0-7 and 8-15 of each row as f16. The query
+//!   128-bit lane; [`widen`] gives the even and the odd tokens of each row as f16. The query
 //!   becomes one vector per 4 dimensions and head, dimension `4 k + L` repeated in lane
 //!   `L` ([`F16Query`]), scaled by a power of two per query row so that no partial sum can
 //!   pass 2^15 (f16's largest finite value is 65,504): each lane sums `head_dim / 4`
@@ -21,7 +21,7 @@
 //! - V: the probabilities of a chunk (V scales folded in, as in the f32 path) times a power
 //!   of two per chunk ([`prob_factor`]) are rounded to f16 and broadcast from memory into
 //!   `vfmadd231ph`; each chunk's sums (16 tokens) are widened and added to the f32
-//!   accumulators, which keep the unpack order ([`pv_code`]) until the end of the item.
+//!   accumulators, which keep the widening's order ([`pv_code`]) until the end of the item.
 //!   e5m2 values are read times 2^-8 (exact: e5m2's smallest subnormal, 2^-16, becomes f16's,
 //!   2^-24), so that probabilities up to 2^8 fit beside values up to 57,344.
 //!
@@ -173,21 +173,22 @@ unsafe fn mul_ph(a: __m512i, b: __m512i) -> __m512i {
     a
 }
 
-/// The 64 codes of `x` as f16: `[0]` holds bytes `16 L + 0..8` of each 128-bit lane `L`,
-/// `[1]` bytes `16 L + 8..16`. e5m2: the code is the f16's high byte (exact). e4m3: the
-/// code in the high byte, shifted right by one (sign copied) and bit 14 cleared: the value
-/// over 2^8, exact for normals and subnormals (the NaN codes read as +-1.875, as on the
-/// f32 path).
+/// The 64 codes of `x` as f16 without a shuffle: `[0]` the even bytes (word `w` holds byte
+/// `2 w`), `[1]` the odd bytes (byte `2 w + 1`), each in its word's high byte. e5m2: the
+/// code is the f16's high byte (exact): the even bytes shifted up, the odd ones with the
+/// low byte cleared. e4m3: then shifted right by one (sign copied) and bits 14 and 0-6
+/// cleared: the value over 2^8, exact for normals and subnormals (the NaN codes read as
+/// +-1.875, as on the f32 path). Five instructions per 64 e4m3 codes, where unpacking to
+/// the high bytes first took six, two of them on the shuffle port the f16 FMAs also use.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn widen<E: Elem>(x: __m512i) -> [__m512i; 2] {
-    let zero = _mm512_setzero_si512();
-    let (lo, hi) = (_mm512_unpacklo_epi8(zero, x), _mm512_unpackhi_epi8(zero, x));
+    let even = _mm512_slli_epi16::<8>(x);
     if E::DTYPE == DType::E4M3 {
-        let keep = _mm512_set1_epi16(!0x4000u16 as i16);
-        [_mm512_and_si512(_mm512_srai_epi16::<1>(lo), keep), _mm512_and_si512(_mm512_srai_epi16::<1>(hi), keep)]
+        let keep = _mm512_set1_epi16(0xbf80u16 as i16);
+        [_mm512_and_si512(_mm512_srai_epi16::<1>(even), keep), _mm512_and_si512(_mm512_srai_epi16::<1>(x), keep)]
     } else {
-        [lo, hi]
+        [even, _mm512_and_si512(x, _mm512_set1_epi16(0xff00u16 as i16))]
     }
 }
 
@@ -268,14 +269,18 @@ fn abs_sum(row: &[f32]) -> f32 {
 }
 
 /// The 16 tokens of a chunk in order, in f32, from the two f16 sum vectors of a head
-/// (`s[0]`: tokens 0-7 of each lane's dimensions, `s[1]`: tokens 8-15): each half widened,
-/// the lanes summed (four `vcvtph2ps`, two extracts, two shuffles, three adds).
+/// (`s[0]`: the even tokens of each lane's dimensions, `s[1]`: the odd ones): each half
+/// widened, the lanes summed and the tokens interleaved (four `vcvtph2ps`, two extracts,
+/// two two-source permutes, three adds).
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
 fn lanes_to_tokens(s: [__m512i; 2]) -> __m512 {
+    // a, b: [L0 + L2, L1 + L3] of the even (a) and odd (b) tokens, 8 each.
     let (a, b) = (halves_sum(s[0]), halves_sum(s[1]));
-    // [a.0, a.1, b.0, b.1] + [a.2, a.3, b.2, b.3] (128-bit lanes).
-    _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xee>(a, b))
+    // Token 2 i: a[i] + a[8 + i]; token 2 i + 1: b[i] + b[8 + i] (b is 16.. of the pair).
+    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+    _mm512_add_ps(_mm512_permutex2var_ps(a, first, b), _mm512_permutex2var_ps(a, second, b))
 }
 
 /// The two 256-bit halves of 32 f16 widened and added: `[L0 + L2, L1 + L3]` of 8 values
@@ -358,11 +363,10 @@ fn prob_factor<E: Elem>(vs: &TileScale) -> (f32, f32) {
 }
 
 /// The dimension (`0..64`) of a 64-element run that position `pos` of its f32 accumulators
-/// holds: vector `u = pos / 32` of [`widen`] (bytes `16 L + 8 u ..`), its half `h` (lanes
-/// `2 h`, `2 h + 1`) widened to 16 f32.
+/// holds: vector `u = pos / 32` of [`widen`] (bytes `2 w + u`), its words `w = pos % 32` in
+/// order (its two halves widened to 16 f32 each).
 pub(crate) const fn pv_code(pos: usize) -> usize {
-    let (u, h, i) = (pos / 32, (pos / 16) % 2, pos % 16);
-    16 * (2 * h + i / 8) + 8 * u + i % 8
+    2 * (pos % 32) + pos / 32
 }
 
 /// `P V` in f16 per chunk, added to f32 accumulators in the [`pv_code`] order.
@@ -498,17 +502,38 @@ mod tests {
     use super::*;
 
     /// Every position of a run's accumulators names a distinct dimension, and it is the
-    /// one [`widen`] and the half-widening put there: bytes `16 L + 8 u + w` of lane `L`.
+    /// one [`widen`] and the half-widening put there: byte `2 w + u` for vector `u`, word `w`.
     #[test]
-    fn pv_code_is_a_permutation_matching_the_unpacks() {
+    fn pv_code_is_a_permutation_matching_the_widening() {
         let mut seen = [false; RUN];
         for pos in 0..RUN {
             let c = pv_code(pos);
             assert!(!seen[c], "{pos} -> {c} twice");
             seen[c] = true;
-            // Vector u's word k (of 32): lane k / 8, byte 8 u + k % 8 of it.
-            let (u, k) = (pos / 32, pos % 32);
-            assert_eq!(c, 16 * (k / 8) + 8 * u + k % 8, "{pos}");
+            let (u, w) = (pos / 32, pos % 32);
+            assert_eq!(c, 2 * w + u, "{pos}");
+        }
+    }
+
+    /// [`lanes_to_tokens`] sums the four lanes of each token and puts the tokens in order:
+    /// word `8 L + i` of `s[u]` is token `2 i + u` of lane `L`.
+    #[test]
+    fn lanes_to_tokens_sums_the_lanes_of_each_token_in_order() {
+        if !crate::attention::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED: no AVX-512");
+            return;
+        }
+        let value = |lane: usize, token: usize| (lane * 100 + token * 3 + 1) as f32;
+        let words: [[u16; 32]; 2] =
+            std::array::from_fn(|u| std::array::from_fn(|k| half::f16::from_f32(value(k / 8, 2 * (k % 8) + u)).to_bits()));
+        let mut out = [0f32; 16];
+        // SAFETY: AVX-512 F checked above (f16c with it); 2 x 64 bytes in, 64 out.
+        unsafe {
+            let s = words.map(|w| _mm512_loadu_si512(w.as_ptr().cast()));
+            _mm512_storeu_ps(out.as_mut_ptr(), lanes_to_tokens(s));
+        }
+        for (t, &got) in out.iter().enumerate() {
+            assert_eq!(got, (0..4).map(|l| value(l, t)).sum::<f32>(), "token {t}");
         }
     }
 
