@@ -22,7 +22,10 @@ itself reads 1.000 with quartiles within 2-3% where alternating processes spread
 depends on where its pages landed: a build against itself read 1.12 (quartiles 1.04-1.20) at
 ``mha`` int8 in one run of three, one allocation each. ``--reallocate K`` gives both builds a
 fresh cache written from the same rows (new pages, the same codes and scales) every K pairs, so the
-ratios mix many placements instead of carrying one.
+ratios mix many placements instead of carrying one. ``--layers L`` (both modes) gives each cache L
+layers and cycles the calls over them, as a decode step reads each layer once: a host whose
+last-level cache holds one layer of ``full`` (64 MiB at 8 bits, 128 MiB at 16) re-reads it from
+there on repeated calls, and only L layers' worth above that cache make every call read memory.
 
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
 issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
@@ -37,6 +40,7 @@ Usage::
     python benches/ab_decode.py /tmp/A /tmp/B --shape full --rows int8,bf16,int8+int8_scores --rounds 8
     python benches/ab_decode.py /tmp/A /tmp/B --shape l2 --rows int8,bf16 --interleave 2000
     python benches/ab_decode.py /tmp/A /tmp/B --shape mha --rows int8,bf16 --interleave 60 --reallocate 2
+    python benches/ab_decode.py /tmp/A /tmp/B --shape full --rows fp8_e4m3,bf16 --interleave 200 --layers 8
 """
 
 from __future__ import annotations
@@ -95,12 +99,15 @@ def setup(shape: str, block_size: int) -> tuple[Any, ...]:
     return k, q, table, seq_lens, np.zeros_like(q), total, hkv, d
 
 
-def make_cache(kv: Any, dtype: str, k: Any, total: int, block_size: int, hkv: int, d: int) -> Any:
-    """A one-layer cache of ``dtype`` holding K rows ``k`` and their reverse as V."""
+def make_cache(kv: Any, dtype: str, k: Any, total: int, block_size: int, hkv: int, d: int, layers: int = 1) -> Any:
+    """A cache of ``dtype`` with ``layers`` layers, each holding K rows ``k`` and their
+    reverse as V."""
     import numpy as np
 
-    cache = kv.KvCache(1, total, block_size, hkv, d, dtype)
-    cache.write(0, k, k[::-1].copy(), np.arange(block_size * total))
+    cache = kv.KvCache(layers, total, block_size, hkv, d, dtype)
+    v = k[::-1].copy()
+    for layer in range(layers):
+        cache.write(layer, k, v, np.arange(block_size * total))
     return cache
 
 
@@ -119,8 +126,10 @@ def clone_cache(kv: Any, src: Any) -> Any:
     return cache
 
 
-def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int) -> list[float]:
-    """Best call time (seconds) of each row with the pykvpool found in ``package_dir``."""
+def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: int, block_size: int,
+            layers: int = 1) -> list[float]:
+    """Best call time (seconds) of each row with the pykvpool found in ``package_dir``
+    (call ``i`` on layer ``i % layers``)."""
     sys.path.insert(0, package_dir)
     import pykvpool as kv
 
@@ -134,12 +143,12 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         assert parsed is not None, row  # main() refuses such rows before any process starts
         dtype, switches = parsed
         if dtype not in caches:
-            caches[dtype] = make_cache(kv, dtype, k, total, block_size, hkv, d)
+            caches[dtype] = make_cache(kv, dtype, k, total, block_size, hkv, d, layers)
         on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
         times = []
-        for _ in range(calls):
+        for i in range(calls):
             t0 = clock()
-            kv.decode_attention(caches[dtype], 0, q, table, seq_lens, out=out, **on)
+            kv.decode_attention(caches[dtype], i % layers, q, table, seq_lens, out=out, **on)
             times.append(clock() - t0)
         best.append(min(times))
     return best
@@ -168,9 +177,10 @@ def load_native(package_dir: str) -> Any:
 
 
 def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int, threads: int,
-                block_size: int, reallocate: int | None = None) -> list[list[tuple[float, float]]]:
-    """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ...;
-    with ``reallocate`` K, both sides' caches are written anew every K pairs."""
+                block_size: int, reallocate: int | None = None, layers: int = 1) -> list[list[tuple[float, float]]]:
+    """Per row, ``pairs`` pairs (time A, time B) of calls that alternate A, B, B, A, ...,
+    pair ``i`` on layer ``i % layers``; with ``reallocate`` K, both sides' caches are
+    written anew every K pairs."""
     natives = [load_native(a_dir), load_native(b_dir)]
     k, q, table, seq_lens, out, total, hkv, d = setup(shape, block_size)
     for m in natives:
@@ -182,7 +192,7 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
         assert parsed is not None, row
         dtype, switches = parsed
         on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
-        caches = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
+        caches = [make_cache(m, dtype, k, total, block_size, hkv, d, layers) for m in natives]
         got = []
         for i in range(pairs):
             if reallocate and i % reallocate == 0:
@@ -190,11 +200,11 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
                 # same rows (the same codes and scales), not copied through writable views,
                 # which would turn on the e4m3 NaN-code check (`KvCache.key`).
                 caches = []
-                caches = [make_cache(m, dtype, k, total, block_size, hkv, d) for m in natives]
+                caches = [make_cache(m, dtype, k, total, block_size, hkv, d, layers) for m in natives]
             t = [0.0, 0.0]
             for side in (0, 1) if i % 2 == 0 else (1, 0):
                 t0 = clock()
-                natives[side].decode_attention(caches[side], 0, q, table, seq_lens, out=out, **on)
+                natives[side].decode_attention(caches[side], i % layers, q, table, seq_lens, out=out, **on)
                 t[side] = clock() - t0
             got.append((t[0], t[1]))
         result.append(got)
@@ -233,16 +243,22 @@ def main() -> None:
                     help="measure in one process, N alternating pairs of calls per row (instead of --rounds)")
     ap.add_argument("--reallocate", type=int, metavar="K",
                     help="with --interleave: fresh copies of both caches (new pages) every K pairs")
+    ap.add_argument("--layers", type=int, default=1, metavar="L",
+                    help="caches of L layers, the calls cycling over them as a decode step does: with L x the "
+                         "cache's size above the last-level cache, every call reads from memory (default 1)")
     ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
     global FORCE_ISA
     FORCE_ISA = args.force_isa
     if args.measure:
-        print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size)))
+        print(json.dumps(measure(args.measure, args.shape, rows, args.calls, args.threads, args.block_size,
+                                 args.layers)))
         return
     if args.block_size < 1:
         ap.error("--block-size must be at least 1")
+    if args.layers < 1:
+        ap.error("--layers must be at least 1")
     for row in rows:
         if parse_row(row) is None:
             ap.error(f"row {row!r}: a dtype of {', '.join(DTYPES)}, then switches of {', '.join(SWITCHES)} joined by +")
@@ -256,10 +272,11 @@ def main() -> None:
             ap.error("--reallocate must be at least 1")
         try:
             got = interleaved(args.a, args.b, args.shape, rows, args.interleave, args.threads, args.block_size,
-                              args.reallocate)
+                              args.reallocate, args.layers)
         except FileNotFoundError as e:
             ap.error(str(e))
         fresh = f", fresh caches every {args.reallocate} pairs" if args.reallocate else ""
+        fresh += f", {args.layers} layers" if args.layers > 1 else ""
         print(f"B / A time, shape {args.shape}, {args.threads} thread(s), {args.interleave} interleaved pairs of "
               f"calls{fresh}")
         print("| row | median | quartiles | best calls |\n|---|---|---|---|")
@@ -272,11 +289,11 @@ def main() -> None:
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
             cmd = [sys.executable, __file__, args.a, args.b, "--measure", getattr(args, side), "--shape", args.shape,
                    "--rows", args.rows, "--calls", str(args.calls), "--threads", str(args.threads),
-                   "--block-size", str(args.block_size)] + (["--force-isa", args.force_isa] if args.force_isa else [])
+                   "--block-size", str(args.block_size), "--layers", str(args.layers)] + (["--force-isa", args.force_isa] if args.force_isa else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             times[side].append(json.loads(res.stdout.strip().splitlines()[-1]))
     print(f"B / A time, shape {args.shape}, {args.threads} thread(s), best of {args.calls} calls, "
-          f"{args.rounds} alternating rounds")
+          f"{args.rounds} alternating rounds" + (f", {args.layers} layers" if args.layers > 1 else ""))
     print("| row | median | range |\n|---|---|---|")
     for s in summarize(times["a"], times["b"], rows):
         print(f"| {s['row']} | {s['median']:.3f} | {s['low']:.3f}-{s['high']:.3f} |")

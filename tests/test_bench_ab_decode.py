@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -120,3 +121,39 @@ def test_every_switch_of_a_row_reaches_the_call_in_rounds_and_interleaved() -> N
         measure(str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
     with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
         interleaved(str(ROOT), str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
+
+
+def test_layers_cycle_in_rounds_and_interleaved_and_zero_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --layers L: call i (pair i) reads layer i % L of a cache whose every layer holds the rows.
+    import benches.ab_decode as ab
+
+    k, q, table, seq_lens, out, total, hkv, d = setup("l2", 16)
+    cache = make_cache(kv, "int8", k, total, 16, hkv, d, layers=3)
+    assert cache.num_layers == 3
+    for layer in (1, 2):
+        assert np.array_equal(cache.key(layer, writable=False), cache.key(0, writable=False))
+        assert np.array_equal(cache.value_scales(layer, writable=False), cache.value_scales(0, writable=False))
+
+    seen: list[int] = []
+    real: Any = kv.decode_attention
+
+    class Recording:
+        """The module with decode_attention recording its layer."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(kv, name)
+
+        def decode_attention(self, cache: object, layer: int, *args: object, **kw: object) -> object:
+            seen.append(layer)
+            return real(cache, layer, *args, **kw)
+
+    monkeypatch.setattr(kv, "decode_attention", Recording().decode_attention)
+    ab.measure(str(ROOT), "l2", ["int8"], 5, 1, 16, layers=3)
+    assert seen == [0, 1, 2, 0, 1]
+    seen.clear()
+    monkeypatch.setattr(ab, "load_native", lambda _dir: Recording())
+    ab.interleaved(str(ROOT), str(ROOT), "l2", ["int8"], 3, 1, 16, layers=2)
+    assert seen == [0, 0, 1, 1, 0, 0]
+    cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--layers", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--layers must be at least 1" in res.stderr
