@@ -71,6 +71,17 @@ machine's hypervisor took the CPU away (steal, seen here at up to a quarter of a
 wall time in busy phases) is left out of calls and roofs alike. ``wall`` times everything by
 ``time.perf_counter`` and the wall-clock probes.
 
+Layers (``--layers L``, default ``auto``): each cache has L layers holding the same values,
+and every call of the speed table (and of its pairs) reads the next layer of its cache in
+turn, as a decode step reads each layer once. A host whose last-level cache holds a whole
+layer (a 260 MiB L3 holds shape (a)'s 64 MiB 8-bit and 128 MiB bf16 caches) re-reads a
+one-layer cache from that cache on repeated calls: neither memory-bound nor comparable
+across dtypes. ``auto`` takes the fewest layers whose 8-bit cache is at least twice the
+last-level cache (from ``/sys/devices/system/cpu/cpu0/cache``; at most 16; 1 with
+``--quick`` or where the size is unknown). The front-to-back probe reads every layer
+(the whole cache, from memory); the table-order probe is the best of 3 single sweeps, each
+of the next layer.
+
 Portable paths (AVX2 on x86-64, NEON on aarch64, when the CPU has them): the same shapes
 with ``force_isa`` set to that path, each 8-bit dtype against bf16 on the same path and
 against the scalar path (what the portable paths ran for 8-bit caches before they
@@ -78,14 +89,16 @@ dequantized in registers), per-round ratios (median and IQR), rotating order, be
 (``--isa-only`` runs just this section; ``--isa avx2`` picks the path).
 
 Run: ``python benches/bench_quant.py [--reps 7] [--quick] [--clock cpu|wall] [--isa avx2] [--isa-only]
-[--dot-rates FILE]``; writes
+[--dot-rates FILE] [--layers auto|L]``; writes
 ``benches/out/bench_quant.json`` and prints markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, cast
@@ -136,13 +149,40 @@ ROWS: dict[str, tuple[str, dict[str, Any], float]] = {**{dt: (dt, {}, 4.0) for d
 FP8_ERR = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
 
 
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size in bytes of the CPU's highest-level cache as sysfs lists it (``index*/level``
+    and ``size``, e.g. ``266240K``), or None where it is not listed."""
+    best: tuple[int, int] | None = None
+    for index in Path(root).glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        digits = size.rstrip("KMG")
+        if digits.isdigit() and (best is None or level > best[0]):
+            best = (level, int(digits) * unit)
+    return None if best is None else best[1]
+
+
+def auto_layers(layer_bytes: int, llc: int | None, most: int = 16) -> int:
+    """The fewest layers of ``layer_bytes`` each that hold at least twice ``llc`` bytes (so
+    a call cycling over them reads memory, not the last-level cache), at most ``most``;
+    1 when ``llc`` is unknown."""
+    if not llc or layer_bytes <= 0:
+        return 1
+    return max(1, min(most, math.ceil(2 * llc / layer_bytes)))
+
+
 def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: int,
-          outliers: bool = False) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray,
-                                          Callable[[], dict[str, kv.KvCache]]]:
-    """Caches of each dtype holding the same values (fp8 scales set for the data's range
-    first, so no chunk saturates), a scattered table, q, and a function giving new caches
-    (fresh pages) written from the same values: written, not copied through writable views,
-    which would turn on e4m3's NaN-code check (``KvCache.key``)."""
+          outliers: bool = False, layers: int = 1) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray,
+                                                             Callable[[], dict[str, kv.KvCache]]]:
+    """Caches of each dtype with ``layers`` layers holding the same values (fp8 scales set
+    for the data's range first, so no chunk saturates), a scattered table, q, and a
+    function giving new caches (fresh pages) written from the same values: written, not
+    copied through writable views, which would turn on e4m3's NaN-code check
+    (``KvCache.key``)."""
     nblk = [-(-n // BS) for n in lens]
     total = sum(nblk)
     rng = np.random.default_rng(seed)
@@ -162,13 +202,13 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
     amax = {i: [float(np.abs(np.concatenate([x[i][:, h] for x in chunks])).max()) for h in range(hkv)] for i in (0, 1)}
 
     def fresh() -> dict[str, kv.KvCache]:
-        caches = {dt: kv.KvCache(1, total, BS, hkv, d, dt) for dt in dtypes}
-        for dt, c in caches.items():
+        caches = {dt: kv.KvCache(layers, total, BS, hkv, d, dt) for dt in dtypes}
+        for (dt, c), layer in itertools.product(caches.items(), range(layers)):
             if dt.startswith("fp8"):
                 top = 448.0 if dt == "fp8_e4m3" else 57344.0
-                c.set_fp8_scales(0, np.array(amax[0], np.float32) / top, np.array(amax[1], np.float32) / top)
+                c.set_fp8_scales(layer, np.array(amax[0], np.float32) / top, np.array(amax[1], np.float32) / top)
             for k, v, slots in chunks:
-                c.write(0, k, v, slots)
+                c.write(layer, k, v, slots)
         return caches
 
     q = rng.standard_normal((len(lens), hq, d), dtype=np.float32)
@@ -192,14 +232,15 @@ def paired_ratios(base: Callable[[], None], row: Callable[[], None], pairs: int,
 
 
 def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
-          resample: Callable[[int], None] = lambda t: None, pairs: int = 6) -> list[dict[str, Any]]:
+          resample: Callable[[int], None] = lambda t: None, pairs: int = 6, layers: int = 1) -> list[dict[str, Any]]:
     """The speed rows of one shape at 1 and 2 threads, without their instruction-mix roofs
     (``add_roofs`` puts them in once every round has run); ``resample(threads)`` runs
     before each round (a ``dot_rates`` run, so that the roofs sample the whole benchmark).
     Besides the per-round ratios to bf16 (each row's best call of the round over bf16's),
     each round times ``pairs`` alternating pairs of a row's call and bf16's
-    (``paired_ratios``): ``paired`` is the median of those ratios over all rounds."""
-    _, table, q, fresh = build(lens, hq, hkv, d, DTYPES, seed=1)
+    (``paired_ratios``): ``paired`` is the median of those ratios over all rounds. Each
+    cache has ``layers`` layers and each call reads the next one (see the module docstring)."""
+    _, table, q, fresh = build(lens, hq, hkv, d, DTYPES, seed=1, layers=layers)
     caches: dict[str, kv.KvCache] = {}
     sl = np.array(lens)
     read = {name: sum(lens) * kv.KvCache.bytes_per_token(hkv, d, ROWS[name][0]) for name in ROWS}
@@ -219,22 +260,25 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
             # landed, so the ratios to bf16 mix placements instead of carrying one.
             caches = {}  # the last round's copies go first
             caches = fresh()
+            # Each cache's next layer: every call and table sweep reads the one after the last.
+            turn = {dt: itertools.cycle(range(layers)) for dt in caches}
             for name in names[k:] + names[:k]:
                 dt, kw, _ = ROWS[name]
                 c = caches[dt]
 
-                def call(c: kv.KvCache = c, kw: dict[str, Any] = kw) -> None:
-                    kv.decode_attention(c, 0, q, table, sl, out=out, **kw)
+                def call(c: kv.KvCache = c, kw: dict[str, Any] = kw, dt: str = dt) -> None:
+                    kv.decode_attention(c, next(turn[dt]), q, table, sl, out=out, **kw)
 
                 call()
                 probe = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK)
-                tab = kv.read_bandwidth(cache=c, threads=t, passes=3, clock=CLOCK, block_tables=table, seq_lens=sl)
+                tab = max(kv.read_bandwidth(cache=c, threads=t, passes=1, clock=CLOCK, block_tables=table, seq_lens=sl,
+                                            layer=next(turn[dt])) for _ in range(3))
                 best = min(_timed(call, clock) for _ in range(3))
                 rounds[name].append((len(lens) / best, probe, read[name] / best / probe, tab, read[name] / best / tab))
                 if name != "bf16":
 
                     def bf16_call(c: kv.KvCache = caches["bf16"]) -> None:
-                        kv.decode_attention(c, 0, q, table, sl, out=out)
+                        kv.decode_attention(c, next(turn["bf16"]), q, table, sl, out=out)
 
                     paired[name] += paired_ratios(bf16_call, call, pairs, clock)
         base = [x[0] for x in rounds["bf16"]]
@@ -253,7 +297,8 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                              pct_table=float(np.median([x[4] for x in rounds[name]])),
                              table_over_probe=float(np.median([x[3] / x[1] for x in rounds[name]])),
                              bw_roof=bw_roof, fma_roof=fma_roof, probe_gbs=probe / 1e9, g=hq // hkv,
-                             codes_per_seq=2 * hkv * d * sum(lens) / len(lens), read_mb=read[name] / 1e6))
+                             codes_per_seq=2 * hkv * d * sum(lens) / len(lens), read_mb=read[name] / 1e6,
+                             layers=layers))
     del caches, fresh
     return rows
 
@@ -462,7 +507,12 @@ def main() -> None:
     ap.add_argument("--speed-only", action="store_true", help="only the decode speed table")
     ap.add_argument("--shape", choices=["a", "d"], action="append",
                     help="the speed table's shapes: a (32/8 heads), d (32/32); default both")
+    ap.add_argument("--layers", default="auto",
+                    help="layers per cache in the speed table, the calls cycling over them: a number (1-64) or auto "
+                         "(default: 8-bit caches at least twice the last-level cache; 1 with --quick)")
     args = ap.parse_args()
+    if args.layers != "auto" and not (args.layers.isdigit() and 1 <= int(args.layers) <= 64):
+        ap.error(f"--layers: auto or a number of layers from 1 to 64, not {args.layers!r}")
     global CLOCK
     CLOCK = args.clock
     div, reps = (8, 3) if args.quick else (1, args.reps)
@@ -483,8 +533,17 @@ def main() -> None:
             rates = merge_rates(rates, run_dot_rates(threads, out))
 
     heads = {"a": 8, "d": 32}
+    res["llc_bytes"] = llc = last_level_cache_bytes()
+
+    def layers_of(shape: str) -> int:
+        if args.layers != "auto":
+            return int(args.layers)
+        one = 8 * (4096 // div) * kv.KvCache.bytes_per_token(heads[shape], 128, "int8")
+        return 1 if args.quick else auto_layers(one, llc)
+
     res["speed"] = [r for sh in args.shape or ["a", "d"]
-                    for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, resample, 2 if args.quick else 6)]
+                    for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, resample, 2 if args.quick else 6,
+                                   layers_of(sh))]
     add_roofs(res["speed"], rates)
     res["dot_rates"] = rates
     res["roofs_sane"] = all(sane(r) for r in res["speed"])
@@ -503,6 +562,11 @@ def main() -> None:
               f"{2 * r['peak_gflops']:.0f} G MAC/s. Compute roof per row: exact paths d/16 FMAs for q.k + "
               f"d/16 for p.v per token and query head; int8_scores and int8_pv d/64 vpdpbusd + d/16 FMAs, both 2 d/64 vpdpbusd; "
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
+    llc_text = "unknown" if llc is None else f"{llc / 2**20:,.0f} MiB"
+    for sh in args.shape or ["a", "d"]:
+        r = next(x for x in res["speed"] if x["shape"] == sh)
+        print(f"Shape {sh}: caches of {r['layers']} layer(s) ({r['read_mb'] / 1e3 * r['layers']:.2f} GB of "
+              f"{r['dtype']} read per cycle), every call on the next layer; last-level cache {llc_text}.")
     print(f"\nCalls and probes timed by the {res['clock']} clock"
           f"{' (thread CPU time at 1 thread, process CPU time / 2 at 2)' if CLOCK == 'cpu' else ''}.\n")
     print("| shape | thr | dtype | tokens/s | x bf16 (IQR) | x bf16 paired (IQR, pairs) | % bw probe | "

@@ -137,3 +137,64 @@ def test_paired_ratios_alternate_the_calls_and_give_the_base_time_over_the_row_t
     stats = _paired_stats([1.0, 2.0, 3.0, 4.0])
     assert stats["paired"] == 2.5 and stats["pairs"] == 4 and stats["paired_q1"] == 1.75
     assert _paired_stats([]) == dict(paired=1.0, paired_q1=1.0, paired_q3=1.0, pairs=0)
+
+
+def test_the_last_level_cache_is_the_highest_level_listed(tmp_path: Path) -> None:
+    from benches.bench_quant import auto_layers, last_level_cache_bytes
+
+    for i, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "266240K"), (1, "32K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{i}" / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 266240 << 10
+    assert last_level_cache_bytes(str(tmp_path / "none")) is None
+    # Twice 260 MiB over 64 MiB layers: 9 layers; capped; unknown or empty: 1.
+    assert auto_layers(64 << 20, 260 << 20) == 9
+    assert auto_layers(256 << 20, 260 << 20) == 3
+    assert auto_layers(1 << 20, 260 << 20) == 16
+    assert auto_layers(64 << 20, None) == 1 and auto_layers(0, 260 << 20) == 1
+
+
+def test_each_call_and_table_sweep_reads_the_next_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    import benches.bench_quant as bq
+    import pykvpool as kv
+
+    seen: dict[str, list[int]] = {}
+    real = kv.decode_attention
+
+    def decode(cache: Any, layer: int, *args: Any, **kw: Any) -> Any:
+        seen.setdefault(cache.dtype, []).append(layer)
+        return real(cache, layer, *args, **kw)
+
+    def probe(**kw: Any) -> float:
+        if "block_tables" in kw:
+            seen.setdefault(kw["cache"].dtype + " table", []).append(kw["layer"])
+        return 1e9
+
+    monkeypatch.setattr(kv, "decode_attention", decode)
+    monkeypatch.setattr(kv, "read_bandwidth", probe)
+    monkeypatch.setattr(kv, "peak_flops", lambda *a, **k: 1e11)
+    monkeypatch.setattr(bq, "ROWS", {n: bq.ROWS[n] for n in ("bf16", "int8")})
+    rows = bq.speed("a", [32, 48], 4, 1, 128, reps=1, pairs=2, layers=3)
+    assert [(r["threads"], r["dtype"], r["layers"]) for r in rows] == [
+        (t, n, 3) for t in (1, 2) for n in ("bf16", "int8")]
+    # Per thread count, one cycle per cache shared by its calls and table sweeps: a first
+    # call (layer 0), 3 sweeps (1, 2, 0), the best of 3 calls (1, 2, 0), then int8's 2
+    # pairs with bf16 (layers 1, 2 of each).
+    assert seen["int8"] == [0, 1, 2, 0, 1, 2] * 2
+    assert seen["bf16"] == [0, 1, 2, 0, 1, 2] * 2
+    assert seen["int8 table"] == seen["bf16 table"] == [1, 2, 0] * 2
+    assert all(np.isfinite(r["tokens_per_s"]) for r in rows)
+
+
+@pytest.mark.parametrize("bad", ["0", "65", "x", "-1"])
+def test_layers_outside_auto_or_1_to_64_is_a_usage_error(bad: str) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, str(root / "benches" / "bench_quant.py"), f"--layers={bad}"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert res.returncode == 2 and "--layers: auto or a number of layers from 1 to 64" in res.stderr
