@@ -19,9 +19,8 @@
 //! accumulators loaded and stored once per 32 tokens): 0.91-0.93x the time of one chunk
 //! at a time at block size 32 (`benches/RESULTS.md`, issue 15 wave 9).
 //!
-//! A tile ahead (the next head of the block, or the first head of the next block; two
-//! ahead for tiles under 8 KiB such as 8-bit ones at head_dim 128, see
-//! [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`]
+//! A tile ahead (the next head of the block, or the first head of the next block; more
+//! for tiles under 4 KiB, see [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`]
 //! (`x86_prefetch.rs`): its K lines spread over the score loop (over `P V` for the
 //! dot-product score paths on 8-bit caches, whose score loops are short:
 //! [`Scores::K_IN_SCORES`]), its V lines over the V loop, so the jump between scattered

@@ -349,10 +349,16 @@ const QUERY_BYTES: usize = 16 << 10;
 /// hardware prefetchers do not follow jumps between scattered blocks).
 pub(crate) const PREFETCH_TILES: usize = 1;
 
-/// Bytes (K + V) the prefetch runs ahead of the tile being read, at least: a bf16 tile
-/// pair at head_dim 128 and block size 16. Smaller tiles (8-bit codes: half as many bytes
-/// per tile, so half the time to hide a miss in) prefetch more tiles ahead.
-const PREFETCH_BYTES: usize = 8 << 10;
+/// Bytes (K + V) the L1 prefetch runs ahead of the tile being read, at least: an 8-bit
+/// tile pair at head_dim 128 and block size 16 (the next tile of every dtype there;
+/// smaller tiles prefetch more tiles ahead). Twice that (two 8-bit tiles ahead, as
+/// before) took 1.02x the time of one tile on shape `full` read from memory
+/// (`ab_decode.py --layers 8`: e4m3 / e5m2 with `fp16_reduction` 0.978 / 0.982,
+/// `int8_scores+int8_pv` 0.995 with one tile; MHA int8 0.966), 4 tiles 1.05-1.07x, and no
+/// L1 prefetch (the L2 one alone) 1.08-1.14x: an L1 prefetch holds a fill buffer until
+/// its line arrives, so the farther it runs the more buffers wait on memory
+/// (`benches/RESULTS.md`, issue 15 wave 17).
+const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
 /// L2 ([`Ahead::far`]), so a tile's misses are already on their way from memory when its
