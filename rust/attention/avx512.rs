@@ -25,7 +25,7 @@
 //! dot-product score paths on 8-bit caches, whose score loops are short:
 //! [`Scores::K_IN_SCORES`]), its V lines over the V loop, so the jump between scattered
 //! blocks does not stall the stream and the misses do not arrive in one burst. The tile
-//! two further on is prefetched into L2 at the same steps
+//! after it is prefetched into L2 at the same steps
 //! ([`super::work::PREFETCH_L2_TILES`]: one core's L1 misses in flight are too few to
 //! cover memory's latency at an 8-bit decode's rate), and the next int8 tile's per-token
 //! scales into L1 by the walk itself. The hot loops index through raw pointers

@@ -369,8 +369,13 @@ const PREFETCH_BYTES: usize = 4 << 10;
 /// int8_scores 542-567 -> 626-697, e5m2 464-480 -> 499-506; GQA bf16 634-746 -> 976-1,024,
 /// int8 898-980 -> 1,194-1,206, int8_scores 1,085-1,121 -> 1,468-1,609; distances 3, 4
 /// and 6 were no better than 2. Spread over the loops instead (AVX-512), bf16 gained
-/// another 20% (GQA) and 42% (MHA); see `benches/RESULTS.md`, issue 15 wave 4.
-pub(crate) const PREFETCH_L2_TILES: usize = 2;
+/// another 20% (GQA) and 42% (MHA); see `benches/RESULTS.md`, issue 15 wave 4. With the
+/// L1 prefetch one 8-bit tile ahead ([`PREFETCH_BYTES`]), one tile beyond it took
+/// 0.88-0.93x the time of two on shape `full` read from memory (`ab_decode.py --layers
+/// 8`, 1 thread: e4m3 / e5m2 with `fp16_reduction` 0.906 / 0.902, `int8_scores+int8_pv`
+/// 0.881, bf16 0.930; MHA 0.91-0.98, 2 threads 0.95-0.98, L2-resident 0.96-1.00), and no
+/// L2 prefetch at all 0.96-1.03x (wave 17).
+pub(crate) const PREFETCH_L2_TILES: usize = 1;
 
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
 pub(crate) fn prefetch_tiles(tile_bytes: usize) -> usize {
