@@ -351,13 +351,12 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 
 /// Bytes (K + V) the L1 prefetch runs ahead of the tile being read, at least: an 8-bit
 /// tile pair at head_dim 128 and block size 16 (the next tile of every dtype there;
-/// smaller tiles prefetch more tiles ahead). Twice that (two 8-bit tiles ahead, as
-/// before) took 1.02x the time of one tile on shape `full` read from memory
-/// (`ab_decode.py --layers 8`: e4m3 / e5m2 with `fp16_reduction` 0.978 / 0.982,
-/// `int8_scores+int8_pv` 0.995 with one tile; MHA int8 0.966), 4 tiles 1.05-1.07x, and no
-/// L1 prefetch (the L2 one alone) 1.08-1.14x: an L1 prefetch holds a fill buffer until
-/// its line arrives, so the farther it runs the more buffers wait on memory
-/// (`benches/RESULTS.md`, issue 15 wave 17).
+/// smaller tiles prefetch more tiles ahead). With [`PREFETCH_L2_TILES`] 1, against 8 KiB
+/// and 2 (two 8-bit tiles into L1, two more into L2) on shape `full` read from memory
+/// (`ab_decode.py --layers 8 --reallocate 25`, 200 pairs over 8 placements, B / A time):
+/// e5m2 / e4m3 with `fp16_reduction` 0.964 / 0.972, `int8_scores+int8_pv` 0.975, bf16
+/// (one tile ahead into L1 in both) 0.999. The L2 prefetch alone, without the L1 one,
+/// took 1.08-1.14x the time (one placement; `benches/RESULTS.md`, issue 15 wave 17).
 const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
@@ -370,11 +369,8 @@ const PREFETCH_BYTES: usize = 4 << 10;
 /// int8 898-980 -> 1,194-1,206, int8_scores 1,085-1,121 -> 1,468-1,609; distances 3, 4
 /// and 6 were no better than 2. Spread over the loops instead (AVX-512), bf16 gained
 /// another 20% (GQA) and 42% (MHA); see `benches/RESULTS.md`, issue 15 wave 4. With the
-/// L1 prefetch one 8-bit tile ahead ([`PREFETCH_BYTES`]), one tile beyond it took
-/// 0.88-0.93x the time of two on shape `full` read from memory (`ab_decode.py --layers
-/// 8`, 1 thread: e4m3 / e5m2 with `fp16_reduction` 0.906 / 0.902, `int8_scores+int8_pv`
-/// 0.881, bf16 0.930; MHA 0.91-0.98, 2 threads 0.95-0.98, L2-resident 0.96-1.00), and no
-/// L2 prefetch at all 0.96-1.03x (wave 17).
+/// L1 prefetch one 8-bit tile ahead, one L2 tile beyond it: see [`PREFETCH_BYTES`] for the
+/// pair's measurement (wave 17; single placements moved a build against itself by 6%).
 pub(crate) const PREFETCH_L2_TILES: usize = 1;
 
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
