@@ -20,8 +20,8 @@
 //! at a time at block size 32 (`benches/RESULTS.md`, issue 15 wave 9).
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; more
-//! for tiles under 4 KiB, see [`super::work::prefetch_tiles`]) is prefetched line by line by a [`Prefetcher`]
-//! (`x86_prefetch.rs`): its K lines spread over the score loop (over `P V` for the
+//! for tiles under 4 KiB, see [`super::work::prefetch_tiles`]) is prefetched line by
+//! line by a [`Prefetcher`] (`x86_prefetch.rs`): its K lines spread over the score loop (over `P V` for the
 //! dot-product score paths on 8-bit caches, whose score loops are short:
 //! [`Scores::K_IN_SCORES`]), its V lines over the V loop, so the jump between scattered
 //! blocks does not stall the stream and the misses do not arrive in one burst. The tile
