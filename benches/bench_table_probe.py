@@ -7,9 +7,11 @@
 every KV head, plus an int8 block's scales), in table order, split into the call's work
 items, with no compute. On ``bench_quant.py``'s caches (8 sequences x 4,096 tokens,
 head_dim 128, block size 16, blocks scattered by a random permutation; ``a``: 8 KV heads,
-``d``: 32), ``--rounds`` rounds alternate the two probes (``passes=3`` each, by the CPU
-clock) on each dtype and thread count; printed: the median GB/s of each and the median
-and quartiles of the per-round ratio table / stream.
+``d``: 32; as many layers as ``auto_layers`` gives, each table sweep on the next layer, so
+that the sweeps read memory rather than the last-level cache), ``--rounds`` rounds
+alternate the two probes (best of 3 passes or sweeps, by the CPU clock) on each dtype and thread
+count; printed: the median GB/s of each and the median and quartiles of the per-round
+ratio table / stream.
 
     python benches/bench_table_probe.py [--rounds 15] [--shape a|d] [--dtypes int8,bf16]
 """
@@ -17,11 +19,12 @@ and quartiles of the per-round ratio table / stream.
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 
 import pykvpool as kv
-from benches.bench_quant import build
+from benches.bench_quant import auto_layers, build, last_level_cache_bytes
 
 HEADS = {"a": 8, "d": 32}
 
@@ -34,17 +37,22 @@ def main() -> None:
     args = ap.parse_args()
     lens = [4096] * 8
     dtypes = args.dtypes.split(",")
-    caches, table, _ = build(lens, 32, HEADS[args.shape], 128, dtypes, seed=1)
+    layers = auto_layers(sum(lens) * kv.KvCache.bytes_per_token(HEADS[args.shape], 128, "int8"), last_level_cache_bytes())
+    caches, table, _, _ = build(lens, 32, HEADS[args.shape], 128, dtypes, seed=1, layers=layers)
     sl = np.array(lens)
-    print(f"shape {args.shape}, {args.rounds} rounds, passes=3 each, CPU clock\n")
+    print(f"shape {args.shape}, {layers} layer(s), {args.rounds} rounds, best of 3 each, CPU clock\n")
     print("| dtype | threads | stream GB/s | table order GB/s | table / stream (IQR) |\n|---|---|---|---|---|")
     for dt in dtypes:
         c = caches[dt]
+        turn = itertools.cycle(range(layers))
         for t in (1, 2):
             seq, tab = [], []
             for _ in range(args.rounds):
                 seq.append(kv.read_bandwidth(cache=c, threads=t, passes=3, clock="cpu"))
-                tab.append(kv.read_bandwidth(cache=c, threads=t, passes=3, clock="cpu", block_tables=table, seq_lens=sl))
+                # Best of 3 sweeps, each on the next layer (passes over one layer would
+                # re-read it from the last-level cache).
+                tab.append(max(kv.read_bandwidth(cache=c, threads=t, passes=1, clock="cpu", block_tables=table,
+                                                 seq_lens=sl, layer=next(turn)) for _ in range(3)))
             r = np.array(tab) / np.array(seq)
             q1, med, q3 = np.quantile(r, [0.25, 0.5, 0.75])
             print(f"| {dt} | {t} | {np.median(seq) / 1e9:.1f} | {np.median(tab) / 1e9:.1f} | "
