@@ -320,19 +320,26 @@ impl<E: Elem> Scores<E> for F16Scores<'_> {
         let mut pf = Prefetcher::new(next_k, runs);
         // Two sets of sums for 1-2 heads (alternate runs), so 4-8 FMA chains are in flight.
         let mut s = [[[_mm512_setzero_si512(); 2]; H]; 2];
+        // A full chunk's runs are plain loads; the K and query pointers are stepped.
+        let full = mask4 == u64::MAX;
+        let (mut kr, mut qr) = (kp, qp);
         for k in 0..runs {
             let set = if H <= 2 { k % 2 } else { 0 };
             pf.step();
-            // SAFETY: masked bytes are inside kt (above), masked-off ones not accessed;
-            // query vector k * H + j < runs * H past qp. avx512fp16: `applies`.
+            // SAFETY: kr = kp + 64 k: masked bytes are inside kt (above), masked-off ones
+            // not accessed (all 64 inside when full); qr = qp + 32 H k: query vectors
+            // k * H + j < runs * H past qp. avx512fp16: `applies`.
             unsafe {
-                let x = widen::<E>(_mm512_maskz_loadu_epi8(mask4, kp.wrapping_add(RUN * k).cast()));
+                let raw = if full { _mm512_loadu_si512(kr.cast()) } else { _mm512_maskz_loadu_epi8(mask4, kr.cast()) };
+                let x = widen::<E>(raw);
                 for j in 0..H {
-                    let qv = _mm512_loadu_si512(qp.add((k * H + j) * 32).cast());
+                    let qv = _mm512_loadu_si512(qr.add(j * 32).cast());
                     s[set][j][0] = fma_ph(s[set][j][0], qv, x[0]);
                     s[set][j][1] = fma_ph(s[set][j][1], qv, x[1]);
                 }
             }
+            kr = kr.wrapping_add(RUN);
+            qr = qr.wrapping_add(32 * H);
         }
         let mut out = [_mm512_setzero_ps(); H];
         for j in 0..H {
