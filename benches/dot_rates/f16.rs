@@ -45,17 +45,18 @@ unsafe fn mul_ph(a: __m512i, b: __m512i) -> __m512i {
     a
 }
 
-/// 64 codes as two vectors of 32 f16 (the kernel's `widen`).
+/// 64 codes as two vectors of 32 f16, the even bytes and the odd ones, each in its
+/// word's high byte (the kernel's `widen`: a shift for the even codes, an `and` for the
+/// odd ones; e4m3 then an arithmetic shift and an `and` each).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn widen<const E4: bool>(x: __m512i) -> [__m512i; 2] {
-    let zero = _mm512_setzero_si512();
-    let (lo, hi) = (_mm512_unpacklo_epi8(zero, x), _mm512_unpackhi_epi8(zero, x));
+    let even = _mm512_slli_epi16::<8>(x);
     if E4 {
-        let keep = _mm512_set1_epi16(!0x4000u16 as i16);
-        [_mm512_and_si512(_mm512_srai_epi16::<1>(lo), keep), _mm512_and_si512(_mm512_srai_epi16::<1>(hi), keep)]
+        let keep = _mm512_set1_epi16(0xbf80u16 as i16);
+        [_mm512_and_si512(_mm512_srai_epi16::<1>(even), keep), _mm512_and_si512(_mm512_srai_epi16::<1>(x), keep)]
     } else {
-        [lo, hi]
+        [even, _mm512_and_si512(x, _mm512_set1_epi16(0xff00u16 as i16))]
     }
 }
 
