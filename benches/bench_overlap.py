@@ -115,8 +115,10 @@ def main() -> None:
     rows = args.rows.split(",")
     if bad := [r for r in rows if r not in ROWS]:
         ap.error(f"--rows: unknown rows {bad}; known: {', '.join(ROWS)}")
-    if not args.threads.replace(",", "").isdigit() or "0" in args.threads.split(","):
+    if not all(x.isdigit() and int(x) > 0 for x in args.threads.split(",")):
         ap.error(f"--threads: comma-separated positive thread counts, not {args.threads!r}")
+    if args.rounds < 1:
+        ap.error(f"--rounds: at least 1, not {args.rounds}")
     print(f"shape {args.shape}, {args.rounds} rounds, CPU clock; seconds are medians over rounds\n")
     print("| thr | row | compute ms (L2) | read ms (own pages, table order) | memory ms | exposed | x bf16 | "
           "1.8x needs exposed <= |\n|---|---|---|---|---|---|---|---|")

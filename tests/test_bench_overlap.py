@@ -75,8 +75,11 @@ def test_compute_calls_read_the_hot_table_and_memory_calls_the_next_layer(monkey
 
 @pytest.mark.parametrize("args, message", [(["--rows", "int9"], "--rows: unknown rows"),
                                            (["--threads", "0"], "--threads: comma-separated positive"),
-                                           (["--threads", "x"], "--threads: comma-separated positive")])
-def test_bad_rows_or_threads_are_usage_errors(args: list[str], message: str) -> None:
+                                           (["--threads", "x"], "--threads: comma-separated positive"),
+                                           (["--threads", "1,,2"], "--threads: comma-separated positive"),
+                                           (["--threads", "00"], "--threads: comma-separated positive"),
+                                           (["--rounds", "0"], "--rounds: at least 1")])
+def test_bad_rows_threads_or_rounds_are_usage_errors(args: list[str], message: str) -> None:
     res = subprocess.run([sys.executable, str(ROOT / "benches" / "bench_overlap.py"), *args],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2 and message in res.stderr
