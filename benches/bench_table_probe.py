@@ -24,7 +24,7 @@ import itertools
 import numpy as np
 
 import pykvpool as kv
-from benches.bench_quant import auto_layers, build, last_level_cache_bytes
+from benches.bench_quant import DTYPES, auto_layers, build, last_level_cache_bytes
 
 HEADS = {"a": 8, "d": 32}
 
@@ -37,6 +37,10 @@ def main() -> None:
     args = ap.parse_args()
     lens = [4096] * 8
     dtypes = args.dtypes.split(",")
+    if args.rounds < 1:
+        ap.error(f"--rounds: at least 1, not {args.rounds}")
+    if bad := [dt for dt in dtypes if dt not in DTYPES]:
+        ap.error(f"--dtypes: unknown dtypes {bad}; known: {', '.join(DTYPES)}")
     layers = auto_layers(sum(lens) * kv.KvCache.bytes_per_token(HEADS[args.shape], 128, "int8"), last_level_cache_bytes())
     caches, table, _, _ = build(lens, 32, HEADS[args.shape], 128, dtypes, seed=1, layers=layers)
     sl = np.array(lens)
