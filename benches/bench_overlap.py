@@ -34,9 +34,8 @@ from typing import Any, Callable
 import numpy as np
 
 import pykvpool as kv
-from benches.bench_quant import DTYPES, ROWS, auto_layers, build, last_level_cache_bytes
+from benches.bench_quant import DTYPES, ROWS, SHAPE_KV_HEADS, build, streaming_layers
 
-HEADS = {"a": 8, "d": 32}
 DEFAULT_ROWS = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int8_scores+int8_pv",
                 "fp8_e4m3+fp16_reduction", "fp8_e5m2+fp16_reduction"]
 
@@ -66,9 +65,9 @@ def measure(shape: str, rows: list[str], rounds: int, threads: int, clock: Calla
     """Per row, the per-round seconds of ``compute``, ``read`` and ``memory`` (each the best
     of 3 calls or sweeps) on sequences of ``lens`` tokens (default 8 x 4,096) in caches of
     ``layers`` layers (default ``auto_layers``')."""
-    lens, hkv, d = lens or [4096] * 8, HEADS[shape], 128
+    lens, hkv, d = lens or [4096] * 8, SHAPE_KV_HEADS[shape], 128
     if layers is None:
-        layers = auto_layers(sum(lens) * kv.KvCache.bytes_per_token(hkv, d, "int8"), last_level_cache_bytes())
+        layers = streaming_layers(lens, hkv, d)
     dtypes = sorted({ROWS[r][0] for r in rows}, key=DTYPES.index)
     caches, table, q, _ = build(lens, 32, hkv, d, dtypes, seed=1, layers=layers)
     sl, hot, out = np.array(lens), hot_table(table), np.empty_like(q)
@@ -108,7 +107,7 @@ def summary(res: dict[str, dict[str, list[float]]], target: float = 1.8) -> list
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shape", choices=sorted(HEADS), default="a")
+    ap.add_argument("--shape", choices=sorted(SHAPE_KV_HEADS), default="a")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--rows", default=",".join(DEFAULT_ROWS), help="bench_quant.py rows, comma-separated")
     args = ap.parse_args()

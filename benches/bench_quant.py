@@ -175,6 +175,16 @@ def auto_layers(layer_bytes: int, llc: int | None, most: int = 16) -> int:
     return max(1, min(most, math.ceil(2 * llc / layer_bytes)))
 
 
+#: KV heads of the speed table's shapes (32 query heads, head_dim 128): (a) GQA, (d) MHA.
+SHAPE_KV_HEADS = {"a": 8, "d": 32}
+
+
+def streaming_layers(lens: list[int], hkv: int, d: int = 128) -> int:
+    """``auto_layers`` for int8 layers of sequences of ``lens`` tokens with ``hkv`` KV heads
+    of ``d`` dimensions, against this machine's last-level cache."""
+    return auto_layers(sum(lens) * kv.KvCache.bytes_per_token(hkv, d, "int8"), last_level_cache_bytes())
+
+
 def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: int,
           outliers: bool = False, layers: int = 1) -> tuple[dict[str, kv.KvCache], np.ndarray, np.ndarray,
                                                              Callable[[], dict[str, kv.KvCache]]]:
@@ -519,7 +529,7 @@ def main() -> None:
     res: dict[str, Any] = {"cpu_features": kv.cpu_features(), "paths": kv.kernel_paths(),
                            "clock": CLOCK}
     isas = [args.isa] if args.isa else [p for p in kv.kernel_paths() if p in ("avx2", "neon")]
-    res["isa_speed"] = [] if args.speed_only else [r for isa in isas for sh, hk in (("a", 8), ("d", 32))
+    res["isa_speed"] = [] if args.speed_only else [r for isa in isas for sh, hk in SHAPE_KV_HEADS.items()
                                                    for r in isa_speed(sh, [4096 // div] * 8, 32, hk, 128, reps, isa)]
     if args.isa_only:
         print_isa(res["isa_speed"])
@@ -532,14 +542,13 @@ def main() -> None:
         if rates is not None and args.dot_rates is None:
             rates = merge_rates(rates, run_dot_rates(threads, out))
 
-    heads = {"a": 8, "d": 32}
+    heads = SHAPE_KV_HEADS
     res["llc_bytes"] = llc = last_level_cache_bytes()
 
     def layers_of(shape: str) -> int:
         if args.layers != "auto":
             return int(args.layers)
-        one = 8 * (4096 // div) * kv.KvCache.bytes_per_token(heads[shape], 128, "int8")
-        return 1 if args.quick else auto_layers(one, llc)
+        return 1 if args.quick else streaming_layers([4096 // div] * 8, heads[shape])
 
     res["speed"] = [r for sh in args.shape or ["a", "d"]
                     for r in speed(sh, [4096 // div] * 8, 32, heads[sh], 128, reps, resample, 2 if args.quick else 6,

@@ -24,15 +24,13 @@ import itertools
 import numpy as np
 
 import pykvpool as kv
-from benches.bench_quant import DTYPES, auto_layers, build, last_level_cache_bytes
-
-HEADS = {"a": 8, "d": 32}
+from benches.bench_quant import DTYPES, SHAPE_KV_HEADS, build, streaming_layers
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--shape", choices=sorted(HEADS), default="a")
+    ap.add_argument("--shape", choices=sorted(SHAPE_KV_HEADS), default="a")
     ap.add_argument("--dtypes", default="int8,bf16")
     args = ap.parse_args()
     lens = [4096] * 8
@@ -41,8 +39,8 @@ def main() -> None:
         ap.error(f"--rounds: at least 1, not {args.rounds}")
     if bad := [dt for dt in dtypes if dt not in DTYPES]:
         ap.error(f"--dtypes: unknown dtypes {bad}; known: {', '.join(DTYPES)}")
-    layers = auto_layers(sum(lens) * kv.KvCache.bytes_per_token(HEADS[args.shape], 128, "int8"), last_level_cache_bytes())
-    caches, table, _, _ = build(lens, 32, HEADS[args.shape], 128, dtypes, seed=1, layers=layers)
+    layers = streaming_layers(lens, SHAPE_KV_HEADS[args.shape])
+    caches, table, _, _ = build(lens, 32, SHAPE_KV_HEADS[args.shape], 128, dtypes, seed=1, layers=layers)
     sl = np.array(lens)
     print(f"shape {args.shape}, {layers} layer(s), {args.rounds} rounds, best of 3 each, CPU clock\n")
     print("| dtype | threads | stream GB/s | table order GB/s | table / stream (IQR) |\n|---|---|---|---|---|")
