@@ -135,8 +135,9 @@ unsafe fn unpermute_segment(s: &mut [f32; SEG]) {
 
 /// Each head's 16 probabilities as 8-bit codes (four tokens per `u32`, token `4 w + b` in
 /// byte `b` of word `w`) and their step `M / 255`. A chunk whose largest probability is
-/// 0 (or too small for `255 / M` in f32) gets codes of at most `M * f32::MAX`; a NaN
-/// probability makes the step NaN, so the output is NaN as on the f32 loops.
+/// 0 gets codes 0 and step 1 (and one too small for `255 / M` in f32 codes of at most
+/// `M * f32::MAX`); a NaN probability makes the step NaN, so the output is NaN as on the
+/// f32 loops.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H]) {
@@ -147,7 +148,11 @@ fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H])
         unsafe {
             let x = _mm512_loadu_ps(probs[j].as_ptr());
             let m = _mm512_reduce_max_ps(x);
-            let r = (255.0 / m).min(f32::MAX);
+            // All 0 (V rows of zeros have scale 0, so their probabilities carry 0): the codes
+            // are 0 whatever r is, and the clamped 255 / 0 would make the step 1 / f32::MAX,
+            // a subnormal result whose division takes a microcode assist (int8_pv on a
+            // cache of zero V rows took 1.7x the time of random ones; issue 15 wave 19).
+            let r = if m > 0.0 { (255.0 / m).min(f32::MAX) } else { 1.0 };
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) != 0;
             step[j] = if nan { f32::NAN } else { 1.0 / r };
             // MXCSR's rounding: nearest, ties to even; lanes at or below M give at most 255.
@@ -274,6 +279,36 @@ mod tests {
             }
         }
         assert!((0..64).all(|dim| segment_position(segment_position(dim)) == dim));
+    }
+
+    /// `quantize` at its edges: a chunk of zero probabilities gets codes 0 and a normal
+    /// step (not the subnormal `1 / f32::MAX`, whose division takes a microcode assist);
+    /// the largest probability gets code 255 and every code times the step is within half
+    /// a step of its probability; a NaN makes only its own head's step NaN.
+    #[test]
+    fn quantize_codes_zero_chunks_with_a_normal_step_and_keeps_each_heads_nan() {
+        if !super::super::isa::cpu_features().contains(&"avx512vnni") || !super::super::isa::Isa::Avx512.supported() {
+            eprintln!("SKIPPED the int8_pv quantize check: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        let mut probs = [[0f32; W]; HT];
+        // Head 1: 16 probabilities up to 3.5 (V scales folded in); head 2: one NaN.
+        probs[1] = std::array::from_fn(|t| 3.5 * (t as f32 + 1.0) / 16.0);
+        probs[2][5] = f32::NAN;
+        probs[3] = std::array::from_fn(|t| if t % 3 == 0 { 1e-30 } else { 0.0 });
+        // SAFETY: the CPU has the features (checked above).
+        let (codes, step) = unsafe { quantize::<4>(&probs) };
+        let code = |j: usize, t: usize| (codes[j][t / 4] >> (8 * (t % 4))) & 0xff;
+        assert!(step[0].is_normal(), "zero chunk's step {}", step[0]);
+        assert!((0..W).all(|t| code(0, t) == 0));
+        assert!(step[2].is_nan() && !step[1].is_nan() && !step[3].is_nan());
+        for j in [1, 3] {
+            assert_eq!(code(j, W - 1).max(code(j, 0)), 255, "head {j}");
+            for t in 0..W {
+                let back = code(j, t) as f32 * step[j];
+                assert!((back - probs[j][t]).abs() <= 0.5 * step[j] * (1.0 + 1e-5), "head {j} token {t}");
+            }
+        }
     }
 
     /// `finish` moves the accumulator at [`segment_position`]`(dim)` to `dim`, segment by
