@@ -15,7 +15,7 @@ roof stays the core's capability while the wall-clock figures (decode, bandwidth
 The FMA-only roof counts only the dot-product instructions; the instruction-mix roof is at
 most that at the same clock (checked per row, within ``SANITY_TOL`` for timing noise)
 and lower by what the conversions and loads cost in issue slots. The softmax's ``exp2``
-(11 instructions per 16 scores in the kernel) is reported apart as a fraction of the
+(12 instructions per 16 scores in the kernel) is reported apart as a fraction of the
 instruction-mix time (per KV head and token, g scores against 2 d codes), not folded
 into the roof: the roof is the irreducible per-code work.
 """

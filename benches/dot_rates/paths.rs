@@ -459,8 +459,9 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
     }
 }
 
-/// The kernel's `exp2` instruction sequence (clamp, round, subtract, 7 FMAs of the
-/// degree-7 polynomial, `vscalefps`: 11 instructions per 16 scores) on `n` x 8
+/// The kernel's `exp2` instruction sequence (the compare for lanes below
+/// `EXP2_ZERO_BELOW`, clamp, round, subtract, 7 FMAs of the degree-7 polynomial,
+/// `vscalefps` zeroing those lanes: 12 instructions per 16 scores) on `n` x 8
 /// independent vectors of 16 scores read from L1, summed (one add each) so nothing is
 /// dead.
 ///
@@ -479,18 +480,19 @@ pub unsafe fn exp2(x: &[f32; 128], n: u64) {
         for v in 0..8 {
             // SAFETY: vector v < 8 of 16 floats inside x.
             let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * v)) };
-            let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+            let keep = !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-64.0));
+            let x = _mm512_max_ps(x, _mm512_set1_ps(-64.0));
             let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
             let f = _mm512_sub_ps(x, r);
             let mut p = _mm512_set1_ps(c[7]);
             for &ck in c[..7].iter().rev() {
                 p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ck));
             }
-            sum[v] = _mm512_add_ps(sum[v], _mm512_scalef_ps(p, r));
+            sum[v] = _mm512_add_ps(sum[v], _mm512_maskz_scalef_ps(keep, p, r));
         }
     }
     std::hint::black_box(sum);
 }
 
 /// Instructions of the exp2 sequence per 16 scores (see [`exp2`]).
-pub const EXP2_INSTR: u32 = 11;
+pub const EXP2_INSTR: u32 = 12;

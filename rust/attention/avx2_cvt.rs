@@ -148,9 +148,13 @@ pub(crate) fn exp2_each<const H: usize>(x: [__m256; H]) -> [__m256; H] {
     const C: [f32; 8] = super::work::EXP2_TAYLOR;
     let mut n = [_mm256_setzero_ps(); H];
     let mut f = [_mm256_setzero_ps(); H];
+    let low = _mm256_set1_ps(super::work::EXP2_ZERO_BELOW);
     let mut r = [_mm256_set1_ps(C[7]); H];
+    // All ones where x is below the bound (not where it is NaN).
+    let mut zero = [_mm256_setzero_ps(); H];
     for j in 0..H {
-        let xj = _mm256_max_ps(x[j], _mm256_set1_ps(-126.0));
+        zero[j] = _mm256_cmp_ps::<_CMP_LT_OQ>(x[j], low);
+        let xj = _mm256_max_ps(x[j], low);
         n[j] = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(xj);
         f[j] = _mm256_sub_ps(xj, n[j]);
     }
@@ -160,9 +164,9 @@ pub(crate) fn exp2_each<const H: usize>(x: [__m256; H]) -> [__m256; H] {
         }
     }
     for j in 0..H {
-        // 2^n with n in -126..=LAZY_MAX built in the exponent field: always a normal float.
+        // 2^n with n in -64..=LAZY_MAX built in the exponent field: always a normal float.
         let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n[j]), _mm256_set1_epi32(127)));
-        r[j] = _mm256_mul_ps(r[j], _mm256_castsi256_ps(e));
+        r[j] = _mm256_andnot_ps(zero[j], _mm256_mul_ps(r[j], _mm256_castsi256_ps(e)));
     }
     r
 }

@@ -84,7 +84,7 @@ use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_p
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::query::interleave_query;
-use super::work::{Ahead, Chunk, LaneSums, Partial, Work, LAZY_MAX};
+use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX};
 use crate::kv::{DType, Elem};
 
 pub(crate) const W: usize = 16;
@@ -386,8 +386,7 @@ fn chains<E: Elem>(heads: usize) -> usize {
     }
 }
 
-/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
-/// underflowing).
+/// `2^x` for `x <= LAZY_MAX`; exactly 0 below [`EXP2_ZERO_BELOW`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) fn exp2(x: __m512) -> __m512 {
@@ -400,11 +399,15 @@ pub(crate) fn exp2(x: __m512) -> __m512 {
 fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
     // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
     const C: [f32; 8] = super::work::EXP2_TAYLOR;
+    let low = _mm512_set1_ps(EXP2_ZERO_BELOW);
     let mut n = [_mm512_setzero_ps(); H];
     let mut f = [_mm512_setzero_ps(); H];
     let mut r = [_mm512_set1_ps(C[7]); H];
+    let mut keep = [0 as __mmask16; H];
     for j in 0..H {
-        let xj = _mm512_max_ps(x[j], _mm512_set1_ps(-126.0));
+        // Not below the bound, or NaN.
+        keep[j] = !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[j], low);
+        let xj = _mm512_max_ps(x[j], low);
         n[j] = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(xj);
         f[j] = _mm512_sub_ps(xj, n[j]);
     }
@@ -414,7 +417,7 @@ fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
         }
     }
     for j in 0..H {
-        r[j] = _mm512_scalef_ps(r[j], n[j]);
+        r[j] = _mm512_maskz_mov_ps(keep[j], _mm512_scalef_ps(r[j], n[j]));
     }
     r
 }

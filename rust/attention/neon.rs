@@ -45,7 +45,7 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::neon_cvt::{f16_to_f32, load_codes};
-use super::work::{load_factor, Ahead, Chunk, Partial, Work, LAZY_MAX};
+use super::work::{load_factor, Ahead, Chunk, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -216,12 +216,12 @@ impl Prefetcher {
     }
 }
 
-/// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38 instead of
-/// underflowing).
+/// `2^x` for `x <= LAZY_MAX`; exactly 0 below [`EXP2_ZERO_BELOW`].
 #[inline]
 #[target_feature(enable = "neon")]
 pub(crate) fn exp2(x: float32x4_t) -> float32x4_t {
-    let x = vmaxq_f32(x, vdupq_n_f32(-126.0));
+    let zero = vcltq_f32(x, vdupq_n_f32(EXP2_ZERO_BELOW));
+    let x = vmaxq_f32(x, vdupq_n_f32(EXP2_ZERO_BELOW));
     let n = vrndnq_f32(x);
     let f = vsubq_f32(x, n);
     let c = super::work::EXP2_TAYLOR;
@@ -229,9 +229,10 @@ pub(crate) fn exp2(x: float32x4_t) -> float32x4_t {
     for &ci in c[..7].iter().rev() {
         r = vfmaq_f32(vdupq_n_f32(ci), r, f);
     }
-    // 2^n with n in -126..=8 built in the exponent field: always a normal float.
+    // 2^n with n in -64..=8 built in the exponent field: always a normal float.
     let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
-    vmulq_f32(r, vreinterpretq_f32_s32(e))
+    let r = vmulq_f32(r, vreinterpretq_f32_s32(e));
+    vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(r), zero))
 }
 
 /// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk of
@@ -432,10 +433,17 @@ fn vld1q_u32_arr(x: &[u32; 4]) -> uint32x4_t {
 mod tests {
     use super::*;
 
-    /// The vector `exp2` stays within 2 ulp-ish (2e-7 relative) of libm over its range.
+    /// The vector `exp2` stays within 2 ulp-ish (2e-7 relative) of libm over its range and
+    /// is exactly 0 below [`EXP2_ZERO_BELOW`].
     #[test]
     fn exp2_matches_libm() {
-        let mut x = -126.0f32;
+        for x in [-1e30, -200.0, -126.0, EXP2_ZERO_BELOW - 0.01, f32::NEG_INFINITY] {
+            let mut got = [1f32; 4];
+            // SAFETY: got holds 4 f32.
+            unsafe { vst1q_f32(got.as_mut_ptr(), exp2(vdupq_n_f32(x))) };
+            assert_eq!(got[0].to_bits(), 0, "{x}");
+        }
+        let mut x = EXP2_ZERO_BELOW;
         while x <= LAZY_MAX {
             let mut got = [0f32; 4];
             // SAFETY: got holds 4 f32.

@@ -447,3 +447,53 @@ fn bf16_query_pairs_hold_the_rounded_query() {
     let (qs, pairs) = scaled_query(&q, 3, 0.5, false);
     assert!(pairs.is_empty() && qs[3] == 0.5 * (1.0 + 1.0 / 256.0));
 }
+
+/// The x86 paths' vector `exp2` (AVX-512 and AVX2): within 2e-7 of libm from
+/// [`EXP2_ZERO_BELOW`] to `LAZY_MAX`, exactly +0 below it (so no probability is ever
+/// subnormal).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x86_exp2_is_zero_below_its_bound_and_matches_libm_above() {
+    use super::work::{EXP2_ZERO_BELOW, LAZY_MAX};
+    use std::arch::x86_64::*;
+    let mut xs: Vec<f32> = vec![f32::NEG_INFINITY, -1e30, -200.0, -126.0, -64.5, EXP2_ZERO_BELOW - 1e-5];
+    let mut x = EXP2_ZERO_BELOW;
+    while x <= LAZY_MAX {
+        xs.push(x);
+        x += 0.037;
+    }
+    let check = |isa: &str, got: &[f32]| {
+        for (&x, &g) in xs.iter().zip(got) {
+            if x < EXP2_ZERO_BELOW {
+                assert_eq!(g.to_bits(), 0, "{isa} exp2({x})");
+            } else {
+                let want = (x as f64).exp2();
+                assert!(g.is_normal() && ((g as f64) - want).abs() <= 2e-7 * want, "{isa} exp2({x}) = {g}, want {want}");
+            }
+        }
+    };
+    if Isa::Avx512.supported() {
+        let mut got = vec![0f32; xs.len()];
+        for (i, &x) in xs.iter().enumerate() {
+            let mut lane = [0f32; 16];
+            // SAFETY: the CPU has the AVX-512 path's features (checked); lane holds 16 f32.
+            unsafe { _mm512_storeu_ps(lane.as_mut_ptr(), super::avx512::exp2(_mm512_set1_ps(x))) };
+            got[i] = lane[0];
+        }
+        check("AVX-512", &got);
+    } else {
+        skip_loudly("the AVX-512 exp2 check", "this CPU lacks AVX-512");
+    }
+    if Isa::Avx2.supported() {
+        let mut got = vec![0f32; xs.len()];
+        for (i, &x) in xs.iter().enumerate() {
+            let mut lane = [0f32; 8];
+            // SAFETY: the CPU has the AVX2 path's features (checked); lane holds 8 f32.
+            unsafe { _mm256_storeu_ps(lane.as_mut_ptr(), super::avx2_cvt::exp2(_mm256_set1_ps(x))) };
+            got[i] = lane[0];
+        }
+        check("AVX2", &got);
+    } else {
+        skip_loudly("the AVX2 exp2 check", "this CPU lacks AVX2");
+    }
+}

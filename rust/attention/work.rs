@@ -325,7 +325,7 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
     }
     let mut total = 0f32;
     for r in rows {
-        let w = (m[r] - mx).exp2();
+        let w = weight(m[r] - mx);
         total += w * l[r];
         for (x, &a) in out.iter_mut().zip(&acc[r * d..][..d]) {
             *x += w * a;
@@ -386,6 +386,30 @@ pub(crate) fn prefetch_tiles(tile_bytes: usize) -> usize {
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 pub(crate) const LAZY_MAX: f32 = 8.0;
 
+/// Below this (log2 units under the softmax's reference point) every SIMD path's `exp2`
+/// gives exactly 0: a probability under 2^-64 of the reference moves an output by at most
+/// 2^-64 of its largest V per token (2^-32 over 2^32 tokens), while kept, it becomes
+/// subnormal once multiplied by an 8-bit cache's V scale or a value, and a subnormal
+/// operand makes every multiply of the `P V` loop take a microcode assist. With one
+/// token's score 200 nats above the rest (a dominant sink), exact int8 and fp8 e5m2 decode
+/// took 3.8x and 3.5x their time (issue 15 wave 19, `benches/bench_sink.py`).
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) const EXP2_ZERO_BELOW: f32 = -64.0;
+
+/// `2^x` by libm, or exactly 0 below [`EXP2_ZERO_BELOW`]: the weight of a partial result
+/// or the rescale factor of accumulators, which would otherwise be subnormal (2^-126 to
+/// 2^-149) for a gap of 87-103 nats and make every multiply by it take a microcode
+/// assist (decode merging the splits of a sequence with a dominant sink: 1.27-1.39x the
+/// time, issue 15 wave 19).
+#[inline]
+pub(crate) fn weight(x: f32) -> f32 {
+    if x < EXP2_ZERO_BELOW {
+        0.0
+    } else {
+        x.exp2()
+    }
+}
+
 /// Taylor coefficients of `2^f = e^(f ln 2)` on `[-0.5, 0.5]` up to degree 7 (the
 /// degree-8 term is below 6e-9), for every SIMD path's polynomial `exp2`.
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
@@ -413,7 +437,27 @@ pub(crate) const fn load_factor(dt: DType) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::ahead_in;
+    use super::{ahead_in, merge_row, weight, EXP2_ZERO_BELOW};
+
+    /// Weights are libm's `exp2` down to the bound and exactly 0 below it (never
+    /// subnormal); a partial that far below the largest adds nothing to the merge.
+    #[test]
+    fn weights_are_never_subnormal_and_far_partials_merge_to_nothing() {
+        for x in [0.0f32, -1.0, -63.9, EXP2_ZERO_BELOW] {
+            assert_eq!(weight(x), x.exp2(), "{x}");
+            assert!(weight(x).is_normal());
+        }
+        for x in [-64.01f32, -130.0, -144.0, -200.0, f32::NEG_INFINITY] {
+            assert_eq!(weight(x).to_bits(), 0, "{x}");
+        }
+        // Two partials of one row (d = 2): the second 140 log2 units under the first,
+        // where 2^-140 would be a subnormal weight.
+        let (acc, m, l) = ([3.0f32, -6.0, 1e38, 1e38], [5.0f32, -135.0], [1.5f32, 7.0]);
+        let mut out = [0f32; 2];
+        let lse = merge_row(0..2, &acc, &m, &l, &mut out);
+        assert_eq!(out, [2.0, -4.0]);
+        assert_eq!(lse, (5.0 + 1.5f32.log2()) * std::f32::consts::LN_2);
+    }
 
     /// The tile `dist` ahead is the one at position `bi * nh + hi + dist` of the reading
     /// order (heads within a block, then the next block), none past the last block or

@@ -112,7 +112,7 @@ pub(crate) unsafe fn softmax(s: &mut [f32], rows: usize, ntok: usize, m: &mut [f
             alpha[r] = 1.0;
             continue;
         }
-        alpha[r] = (m[r] - mx).exp2();
+        alpha[r] = crate::attention::work::weight(m[r] - mx);
         m[r] = mx;
         let mut sum = vdupq_n_f32(0.0);
         for v in 0..nv {
