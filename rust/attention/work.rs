@@ -391,8 +391,8 @@ pub(crate) const LAZY_MAX: f32 = 8.0;
 /// 2^-64 of its largest V per token (2^-32 over 2^32 tokens), while kept, it becomes
 /// subnormal once multiplied by an 8-bit cache's V scale or a value, and a subnormal
 /// operand makes every multiply of the `P V` loop take a microcode assist. With one
-/// token's score 200 nats above the rest (a dominant sink), exact int8 and fp8 e5m2 decode
-/// took 3.8x and 3.5x their time (issue 15 wave 19, `benches/bench_sink.py`).
+/// token's score 100-200 nats above the rest (a dominant sink), exact int8 and fp8 e5m2
+/// decode took 5.6-6.0x their time (issue 15 wave 19, `benches/bench_sink.py`).
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 pub(crate) const EXP2_ZERO_BELOW: f32 = -64.0;
 
