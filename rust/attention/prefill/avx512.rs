@@ -188,8 +188,8 @@ pub(crate) unsafe fn softmax(s: &mut [f32], rows: usize, ntok: usize, m: &mut [f
             alpha[r] = 1.0;
             continue;
         }
-        // exp2 of the vector unit, not libm's (a call per row and tile); m = -inf gives
-        // about 1e-38 instead of 0, against an accumulator and sum that are still 0.
+        // exp2 of the vector unit, not libm's (a call per row and tile); m = -inf (and any
+        // gap past `EXP2_ZERO_BELOW`) gives exactly 0.
         alpha[r] = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m[r] - mx)));
         m[r] = mx;
         let mut sum = _mm512_setzero_ps();
