@@ -1837,6 +1837,13 @@ def decode_attention(
     :meth:`KvCache.key` / :meth:`KvCache.value` for ``layer`` must not be written from
     another thread (they alias the cache).
 
+    The SIMD paths (``"avx512"``, ``"avx2"``, ``"neon"``) count a key as 0 when its
+    probability is under 2^-64 of their running reference (at most 2^8 under the largest
+    probability, so every such key is under 2^-64 of the largest): scaled, it would be a
+    subnormal number, whose arithmetic costs a microcode assist per multiply (up to 6x the
+    call's time with a dominant sink), and it moves the output by at most 2^-64 of the
+    largest V per key.
+
     8-bit caches (``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``) attend over the dequantized
     values (:meth:`KvCache.dequantized`) with f32 arithmetic on every path, within 1e-5
     of the output scale of an f64 reference on those values. The ``"avx512"``,
