@@ -2124,7 +2124,9 @@ def prefill_attention(
 
     8-bit caches are dequantized (code x scale, f32) as each key tile is packed, so every
     path computes on the values of :meth:`KvCache.dequantized`; the error against an
-    unquantized cache follows :func:`decode_attention`'s bound, row by row.
+    unquantized cache follows :func:`decode_attention`'s bound, row by row. As in
+    :func:`decode_attention`, the SIMD paths count a key under 2^-64 of their running
+    reference probability as 0 (a subnormal operand would cost an assist per multiply).
 
     Args:
         cache: the KV cache.
