@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Callable
 
 import numpy as np
 
 import pykvpool as kv
-from benches.bench_quant import ROWS
+from benches.bench_quant import ROWS, paired_ratios
 
 D, HQ, BS = 128, 4, 16
 DEFAULT_ROWS = ["bf16", "int8", "fp8_e5m2", "int8_scores+int8_pv", "fp8_e5m2+fp16_reduction"]
@@ -56,21 +55,9 @@ def cache_of(dtype: str, k: np.ndarray, v: np.ndarray) -> kv.KvCache:
     return c
 
 
-def ratios(call: Callable[[kv.KvCache], Any], base: kv.KvCache, sink: kv.KvCache, pairs: int) -> list[float]:
-    """Per pair of calls (base, sink, sink, base, ...), the sink call's time over the base's."""
-    out = []
-    for i in range(pairs):
-        t = {}
-        for name, c in (("base", base), ("sink", sink)) if i % 2 == 0 else (("sink", sink), ("base", base)):
-            t0 = time.thread_time()
-            call(c)
-            t[name] = time.thread_time() - t0
-        out.append(t["sink"] / max(t["base"], 1e-9))
-    return out
-
-
 def measure(rows: list[str], gaps: list[float], tokens: int, pairs: int) -> dict[str, dict[float, list[float]]]:
-    """Per row and gap, the per-pair ratios of ``ratios``."""
+    """Per row and gap, the per-pair ratios of the sink call's time over the gap-0 call's
+    (``paired_ratios``' pairs: base, sink, sink, base, ...)."""
     kv.set_num_threads(1)
     nb = tokens // BS
     table = np.random.default_rng(1).permutation(nb).reshape(1, nb).astype(np.int64)
@@ -89,7 +76,8 @@ def measure(rows: list[str], gaps: list[float], tokens: int, pairs: int) -> dict
 
             # The base cache is read with the sink's query too: its keys are random, so
             # its scores are the same N(0, 1) as the sink cache's other tokens.
-            res.setdefault(name, {})[g] = ratios(call, caches[0.0], caches[g], pairs)
+            speedups = paired_ratios(lambda: call(caches[0.0]), lambda: call(caches[g]), pairs, time.thread_time)
+            res.setdefault(name, {})[g] = [1.0 / max(x, 1e-9) for x in speedups]
     return res
 
 
