@@ -124,12 +124,14 @@ pub fn decode_attention(
     let pool = crate::runtime::threads::pool()?;
     let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
     let factor = scale * std::f32::consts::LOG2_E;
-    let (mut qs, q_bf16) = scaled_query(q, d, factor, opts.bf16_scores);
-    let q_i8 = opts.int8_scores.then(|| {
+    // int8_scores (an int8 cache) and bf16_scores (bf16 or fp8) never come together.
+    let (qs, q_bf16, q_i8) = if opts.int8_scores {
         let (deq, buf) = int8_query(q, d, factor);
-        qs = deq;
-        buf
-    });
+        (deq, Vec::new(), Some(buf))
+    } else {
+        let (qs, pairs) = scaled_query(q, d, factor, opts.bf16_scores);
+        (qs, pairs, None)
+    };
     let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;

@@ -3,6 +3,9 @@
 //! `int8_scores` (`int8_query`, `QueryI8`), and each head tile's rows interleaved for the
 //! x86 score loops (`interleave_query`). Decode and prefill prepare their queries here.
 
+#[cfg(target_arch = "x86_64")]
+use super::isa::{Isa, Supported};
+
 /// A query quantized to int8 per row (one row per (sequence, query head)): symmetric,
 /// `s_q = max|q| / 127`, codes `round_half_even(q / s_q)` in `-127..=127`.
 #[derive(Clone, Copy)]
@@ -31,19 +34,40 @@ pub(crate) fn interleave_query(q: &[f32], d: usize, g: usize, tile: usize) -> Ve
     if d == 0 || g == 0 || tile == 0 {
         return out;
     }
-    for (kv, group) in q.chunks_exact(g * d).enumerate() {
-        let base = kv * g * d;
+    for (group, dst) in q.chunks_exact(g * d).zip(out.chunks_exact_mut(g * d)) {
         for j0 in (0..g).step_by(tile) {
             let h = (g - j0).min(tile);
-            let out_tile = &mut out[base + j0 * d..base + (j0 + h) * d];
-            for j in 0..h {
-                for (i, &x) in group[(j0 + j) * d..(j0 + j + 1) * d].iter().enumerate() {
-                    out_tile[i * h + j] = x;
+            let (rows, dst) = (&group[j0 * d..(j0 + h) * d], &mut dst[j0 * d..(j0 + h) * d]);
+            // A fixed head count per tile lets the copy run without index checks (an
+            // index loop took a quarter of a short call's time, `benches/RESULTS.md`).
+            match h {
+                1 => dst.copy_from_slice(rows),
+                2 => interleave_tile::<2>(rows, dst),
+                3 => interleave_tile::<3>(rows, dst),
+                4 => interleave_tile::<4>(rows, dst),
+                _ => {
+                    for (j, row) in rows.chunks_exact(d).enumerate() {
+                        for (i, &x) in row.iter().enumerate() {
+                            dst[i * h + j] = x;
+                        }
+                    }
                 }
             }
         }
     }
     out
+}
+
+/// `H` rows of `d = rows.len() / H` as `d` groups of `H` (`dst[i * H + j] = row j [i]`).
+#[inline]
+fn interleave_tile<const H: usize>(rows: &[f32], dst: &mut [f32]) {
+    let d = rows.len() / H;
+    let rows: [&[f32]; H] = std::array::from_fn(|j| &rows[j * d..(j + 1) * d]);
+    for (i, group) in dst.chunks_exact_mut(H).enumerate().take(d) {
+        for (x, row) in group.iter_mut().zip(rows) {
+            *x = row[i];
+        }
+    }
 }
 
 /// One query row into a 4x layout (the fp16_reduction and e4m3-table paths): vector `k`,
@@ -114,7 +138,31 @@ impl QueryI8Buf {
 /// every path computes the scores of the same quantized query. A row of zeros has
 /// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so
 /// its scores are NaN, as the exact path's are.
+/// Runs as AVX-512 code where the CPU has it (the same arithmetic, 16 lanes instead of
+/// SSE2's 4: the baseline copy took 25 us of an 8-sequence decode call on the calling
+/// thread, `benches/RESULTS.md`, issue 15 wave 20).
 pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
+    #[cfg(target_arch = "x86_64")]
+    if Supported::check(Isa::Avx512).is_some() {
+        // SAFETY: `Supported` found every feature `int8_query_avx512` is compiled for.
+        return unsafe { int8_query_avx512(q, d, factor) };
+    }
+    int8_query_with(q, d, factor)
+}
+
+/// [`int8_query`] compiled for the AVX-512 path's features.
+///
+/// # Safety
+/// The CPU must support them ([`Isa::Avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn int8_query_avx512(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
+    int8_query_with(q, d, factor)
+}
+
+/// What [`int8_query`] computes, inlined into each copy.
+#[inline(always)]
+fn int8_query_with(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
     let (d, w) = (d.max(1), d.div_ceil(4));
     let n = q.len() / d;
     // Plain loops over preallocated rows, no per-element push: this runs per call.
@@ -135,7 +183,8 @@ pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8
             *x = k as f32 * f;
         }
         for (word, b) in words.iter_mut().zip(c.chunks_exact(4)) {
-            *word = u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8]);
+            let b: [i8; 4] = b.try_into().expect("chunks of 4");
+            *word = u32::from_le_bytes(b.map(|x| x as u8));
         }
         *r = (f, 128 * c.iter().map(|&k| k as i32).sum::<i32>());
     }
@@ -156,6 +205,36 @@ mod tests {
         }
     }
 
+
+    /// The AVX-512 copy of the int8 query is the baseline copy bit for bit: head_dims
+    /// around the vector widths and not a multiple of 4 (padded codes), rows of zeros,
+    /// of one non-finite value, of ties, tiny and huge magnitudes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn int8_query_on_avx512_is_the_baseline_copy() {
+        use super::{int8_query_avx512, int8_query_with, Isa, Supported};
+        if Supported::check(Isa::Avx512).is_none() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        for d in [1usize, 3, 4, 15, 16, 17, 63, 64, 65, 128, 130] {
+            let rows = 7;
+            let mut q: Vec<f32> = (0..rows * d).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37).collect();
+            q[d..2 * d].fill(0.0);
+            q[2 * d + d / 2] = f32::NAN;
+            q[3 * d] = f32::INFINITY;
+            q[4 * d..5 * d].iter_mut().enumerate().for_each(|(i, x)| *x = (i as f32 - 3.0) * 0.5);
+            q[5 * d..6 * d].iter_mut().for_each(|x| *x *= 1e-40);
+            q[6 * d..7 * d].iter_mut().for_each(|x| *x *= 6e35);
+            let (a, ab) = int8_query_with(&q, d, 0.3);
+            // SAFETY: the CPU has the AVX-512 path's features (checked above).
+            let (b, bb) = unsafe { int8_query_avx512(&q, d, 0.3) };
+            assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "d {d}");
+            assert_eq!(ab.codes, bb.codes, "d {d}");
+            let bits = |r: &[(f32, i32)]| r.iter().map(|&(f, s)| (f.to_bits(), s)).collect::<Vec<_>>();
+            assert_eq!(bits(&ab.rows), bits(&bb.rows), "d {d}");
+        }
+    }
 
     /// Every query element lands where the tiles read it: element `i` of head `qh + j`
     /// of a tile starting at `qh` with `H` heads at `qh * d + i * H + j`, with a last
