@@ -1,26 +1,23 @@
 //! Decode attention over a batch: check the call, cut it into work items (`plan`), run
 //! each on the chosen instruction-set path (`run_item`, the dispatch) on the kernels'
-//! thread pool, and merge split sequences by log-sum-exp (`merge`).
+//! thread pool; each item's partial becomes the output in [`super::partials`].
 
 use std::ops::Range;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
-use rayon::prelude::*;
-
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
-use super::work::{merge_row, Partial, Work};
+use super::partials::{finish_alone, merge_split, scratch_rows, slots, spans, Rows, Slot};
+use super::work::{Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 use crate::error::Result;
 use crate::invalid;
-use crate::runtime::threads::{inline, run_workers};
+use crate::runtime::threads::run_workers;
 use crate::kv::{DType, Elem, KvCache};
 
 /// Per-call options; `Default` is what Python gets without keywords.
@@ -135,10 +132,21 @@ pub fn decode_attention(
     let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
 
     let per_item = kpi * g;
+    let rows = Rows { per_item, d };
     let nan_check = cache.raw_writes();
-    let mut acc = vec![0f32; items.len() * per_item * d];
+    let spans = spans(items.iter().map(|it| (it.seq, it.group)));
+    let mut lse_buf;
+    let lse = match lse {
+        Some(x) => x,
+        None => {
+            lse_buf = vec![0f32; n * num_q_heads];
+            &mut lse_buf[..]
+        }
+    };
+    let mut acc = vec![0f32; scratch_rows(&spans, rows) * d];
     let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
     let mut l = vec![0f32; items.len() * per_item];
+    let (slots, splits) = slots(&spans, rows, out, lse, &mut acc, &mut m, &mut l);
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
         let scales = cache.scales(layer)?;
@@ -147,12 +155,6 @@ pub fn decode_attention(
         // can leave one core waiting on the other's last long item.
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(items[i].ntok - items[i].start));
-        let parts: Vec<Mutex<Partial>> = acc
-            .chunks_mut(per_item * d)
-            .zip(m.chunks_mut(per_item))
-            .zip(l.chunks_mut(per_item))
-            .map(|((acc, m), l)| Mutex::new(Partial { acc, m, l, nan_codes: false }))
-            .collect();
         let next = AtomicUsize::new(0);
         run_workers(&pool, items.len(), || {
             while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
@@ -181,12 +183,21 @@ pub fn decode_attention(
                     nan_check,
                 };
                 // Each index is handed out once, so the lock is never contended.
-                let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-                run_item(isa, &work, &mut p);
+                let mut slot = slots[i].lock().unwrap_or_else(|e| e.into_inner());
+                let Slot { p, lse } = &mut *slot;
+                if lse.is_some() {
+                    // The caller's output, whatever it held.
+                    p.acc.fill(0.0);
+                }
+                run_item(isa, &work, p);
+                if let Some(lse) = lse {
+                    finish_alone(p, lse, d);
+                }
             }
         });
     });
-    merge(&items, &acc, &m, &l, per_item, d, out, lse, &pool);
+    drop(slots);
+    merge_split(splits, rows, &acc, &m, &l, &pool);
     Ok(())
 }
 
@@ -337,48 +348,4 @@ pub(super) fn plan(vis: &Visible, n: usize, bs: usize, groups: usize, threads: u
         }
     }
     items
-}
-
-/// Combine the partials of each (sequence, head group) into `out` (and `lse`).
-#[allow(clippy::too_many_arguments)]
-fn merge(
-    items: &[Item],
-    acc: &[f32],
-    m: &[f32],
-    l: &[f32],
-    per_item: usize,
-    d: usize,
-    out: &mut [f32],
-    lse: Option<&mut [f32]>,
-    pool: &rayon::ThreadPool,
-) {
-    // Items are ordered by (seq, group): consecutive runs belong to one output chunk.
-    let mut starts = vec![0];
-    for i in 1..items.len() {
-        if (items[i].seq, items[i].group) != (items[i - 1].seq, items[i - 1].group) {
-            starts.push(i);
-        }
-    }
-    starts.push(items.len());
-    let mut lse_buf;
-    let lse = match lse {
-        Some(x) => x,
-        None => {
-            lse_buf = vec![0f32; out.len() / d.max(1)];
-            &mut lse_buf[..]
-        }
-    };
-    let body = |(c, (o, ls)): (usize, (&mut [f32], &mut [f32]))| {
-        let parts = starts[c]..starts[c + 1];
-        for h in 0..per_item {
-            let rows = parts.clone().map(|i| i * per_item + h);
-            ls[h] = merge_row(rows, acc, m, l, &mut o[h * d..(h + 1) * d]);
-        }
-    };
-    // One output chunk, or one thread: merged on the calling thread.
-    if inline(pool, starts.len() - 1) {
-        out.chunks_mut(per_item * d).zip(lse.chunks_mut(per_item)).enumerate().for_each(body);
-    } else {
-        pool.install(|| out.par_chunks_mut(per_item * d).zip(lse.par_chunks_mut(per_item)).enumerate().for_each(body));
-    }
 }

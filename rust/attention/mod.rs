@@ -64,6 +64,7 @@ pub mod avx512_vnni_pv;
 mod x86_prefetch;
 pub mod decode;
 pub mod isa;
+mod partials;
 pub mod read_probe;
 pub mod prefill;
 mod query;

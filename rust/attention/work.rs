@@ -336,6 +336,22 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
     (mx + total.log2()) * std::f32::consts::LN_2
 }
 
+/// [`merge_row`] of a single partial, in place: `row` holds its unnormalised `acc` and
+/// becomes the normalised output (zeros when it saw no key); returns the LSE. The same
+/// operations in the same order, so the same bits.
+pub(crate) fn finish_row(row: &mut [f32], m: f32, l: f32) -> f32 {
+    let mx = f32::NEG_INFINITY.max(m);
+    if mx == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return f32::NEG_INFINITY;
+    }
+    let w = weight(m - mx);
+    let total = 0.0 + w * l;
+    let inv = 1.0 / total;
+    row.iter_mut().for_each(|x| *x = (0.0 + w * *x) * inv);
+    (mx + total.log2()) * std::f32::consts::LN_2
+}
+
 /// Bytes of query vectors one group of an item's KV heads may take in the paths that lay
 /// the query out 4x (16 bytes per element: `avx512_e4m3`, `avx512_fp16`), which run an
 /// item in groups ([`Work::in_head_groups`]) so that the vectors stay in L1 beside the
@@ -437,7 +453,7 @@ pub(crate) const fn load_factor(dt: DType) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{ahead_in, merge_row, weight, EXP2_ZERO_BELOW};
+    use super::{ahead_in, finish_row, merge_row, weight, EXP2_ZERO_BELOW};
 
     /// Weights are libm's `exp2` down to the bound and exactly 0 below it (never
     /// subnormal); a partial that far below the largest adds nothing to the merge.
@@ -457,6 +473,24 @@ mod tests {
         let lse = merge_row(0..2, &acc, &m, &l, &mut out);
         assert_eq!(out, [2.0, -4.0]);
         assert_eq!(lse, (5.0 + 1.5f32.log2()) * std::f32::consts::LN_2);
+    }
+
+    /// One partial normalized in place gives merge_row's bits and LSE, for every kind of
+    /// running max (none seen, NaN, infinite, finite) and sum, and values with signed
+    /// zeros, infinities and NaN.
+    #[test]
+    fn finishing_one_partial_in_place_is_merging_it() {
+        let acc = [3.0f32, -0.0, 0.0, f32::INFINITY, f32::NAN, -7.5e-39, 1e38];
+        for m in [f32::NEG_INFINITY, f32::NAN, f32::INFINITY, -200.0, 0.0, 5.25] {
+            for l in [0.0f32, 1.5, 7e30, f32::INFINITY, f32::NAN] {
+                let mut want = [0f32; 7];
+                let want_lse = merge_row(0..1, &acc, &[m], &[l], &mut want);
+                let mut row = acc;
+                let lse = finish_row(&mut row, m, l);
+                assert_eq!(row.map(f32::to_bits), want.map(f32::to_bits), "m {m}, l {l}");
+                assert_eq!(lse.to_bits(), want_lse.to_bits(), "m {m}, l {l}");
+            }
+        }
     }
 
     /// The tile `dist` ahead is the one at position `bi * nh + hi + dist` of the reading
