@@ -32,7 +32,9 @@ issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the
 32 KV heads; ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
 resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query head per KV
 head, an 8-bit cache of 1 MiB: L2-resident); ``l1`` the same table as ``l2`` with every
-entry block 0 (the codes L1-resident).
+entry block 0 (the codes L1-resident); ``batch`` 64 sequences x 512 tokens, 32 / 8 heads (a serving
+batch: the per-call work on the query and the output grows with the sequences); ``short`` 64 x 16
+tokens (that work dominates).
 Rows: a dtype, optionally with opt-in switches joined by ``+`` (``int8+int8_scores``).
 
 Usage::
@@ -67,6 +69,8 @@ SHAPES = {
     "l2": ([2048], 4, 1),
     "l2mha": ([1024], 4, 4),
     "l1": ([2048], 4, 1),
+    "batch": ([512] * 64, 32, 8),
+    "short": ([16] * 64, 32, 8),
 }
 
 

@@ -157,3 +157,13 @@ def test_layers_cycle_in_rounds_and_interleaved_and_zero_is_a_usage_error(monkey
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--layers", "0"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--layers must be at least 1" in res.stderr
+
+
+def test_the_batch_shapes_hold_64_sequences_on_scattered_blocks() -> None:
+    from benches.ab_decode import SHAPES
+
+    assert SHAPES["batch"] == ([512] * 64, 32, 8)
+    k, q, table, seq_lens, out, total, hkv, d = setup("short", 16)
+    assert seq_lens.tolist() == [16] * 64 and q.shape == out.shape == (64, 32, 128) and hkv == 8
+    assert total == 64 and k.shape == (64 * 16, 8, 128)
+    assert sorted(table[:, 0].tolist()) == list(range(64)) and table[:, 0].tolist() != list(range(64))
