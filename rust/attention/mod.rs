@@ -10,8 +10,9 @@
 //! online softmax (running max `m`, sum `l`, unnormalised `acc`, all f32) and writes a
 //! partial result. Sequences longer than a quarter of a thread's share of the batch are
 //! split along their blocks (FlashDecoding: one long sequence still uses every core, and
-//! uneven lengths balance); partials are merged by log-sum-exp in `merge`. Items run on
-//! the [`crate::runtime::threads`] rayon pool.
+//! uneven lengths balance); an item alone in its (sequence, head group) accumulates in the
+//! output itself, split ones are merged by log-sum-exp (`partials`). Items run on the
+//! [`crate::runtime::threads`] rayon pool.
 //!
 //! Queries are pre-multiplied by `scale * log2(e)` so the kernels use `exp2`; `m` is
 //! therefore in log2 units and the returned LSE is converted back to natural log.
@@ -38,8 +39,8 @@
 //! # Files
 //!
 //! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
-//! one file per instruction set, [`tables`] (the block tables a call reads) and
-//! [`decode`] (plan, dispatch, merge). The paths depend on `work` only; `decode` depends on
+//! one file per instruction set, [`tables`] (the block tables a call reads),
+//! [`decode`] (plan, dispatch) and `partials` (the items' accumulators, the merge). The paths depend on `work` only; `decode` depends on
 //! the paths; the decode and prefill tests share `test_util`. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
 
 #[cfg(target_arch = "x86_64")]
