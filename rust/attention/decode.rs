@@ -10,7 +10,7 @@ use super::scalar;
 use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
 use super::partials::{finish_alone, merge_split, scratch_rows, slots, spans, Rows, Slot};
-use super::work::{Partial, Work};
+use super::work::{lse_or_scratch, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
@@ -135,14 +135,8 @@ pub fn decode_attention(
     let rows = Rows { per_item, d };
     let nan_check = cache.raw_writes();
     let spans = spans(items.iter().map(|it| (it.seq, it.group)));
-    let mut lse_buf;
-    let lse = match lse {
-        Some(x) => x,
-        None => {
-            lse_buf = vec![0f32; n * num_q_heads];
-            &mut lse_buf[..]
-        }
-    };
+    let mut lse_buf = Vec::new();
+    let lse = lse_or_scratch(lse, &mut lse_buf, n * num_q_heads);
     let mut acc = vec![0f32; scratch_rows(&spans, rows) * d];
     let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
     let mut l = vec![0f32; items.len() * per_item];

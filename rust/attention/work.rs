@@ -336,6 +336,17 @@ pub(crate) fn merge_row(rows: impl Iterator<Item = usize> + Clone, acc: &[f32], 
     (mx + total.log2()) * std::f32::consts::LN_2
 }
 
+/// Where a call's LSEs go: the caller's `lse`, else `n` values of scratch kept in `buf`.
+pub(crate) fn lse_or_scratch<'a>(lse: Option<&'a mut [f32]>, buf: &'a mut Vec<f32>, n: usize) -> &'a mut [f32] {
+    match lse {
+        Some(x) => x,
+        None => {
+            *buf = vec![0f32; n];
+            buf
+        }
+    }
+}
+
 /// [`merge_row`] of a single partial, in place: `row` holds its unnormalised `acc` and
 /// becomes the normalised output (zeros when it saw no key); returns the LSE. The same
 /// operations in the same order, so the same bits.

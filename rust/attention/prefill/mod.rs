@@ -31,6 +31,7 @@ use rayon::prelude::*;
 use super::isa::Isa;
 use super::tables::SeqTables;
 use super::query::scaled_query;
+use super::work::lse_or_scratch;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::{inline, run_workers};
@@ -285,14 +286,8 @@ fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Resul
 /// Combine the partials of every (query tile, KV head) into `out` and `lse`.
 fn merge(parts: &plan::Parts, total_q: usize, hq: usize, out: &mut [f32], lse: Option<&mut [f32]>, pool: &rayon::ThreadPool) {
     let d = parts.d;
-    let mut lse_buf;
-    let lse = match lse {
-        Some(x) => x,
-        None => {
-            lse_buf = vec![0f32; total_q * hq];
-            &mut lse_buf[..]
-        }
-    };
+    let mut lse_buf = Vec::new();
+    let lse = lse_or_scratch(lse, &mut lse_buf, total_q * hq);
     if d == 0 || total_q == 0 {
         return;
     }
