@@ -138,6 +138,7 @@ impl QueryI8Buf {
 /// every path computes the scores of the same quantized query. A row of zeros has
 /// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so
 /// its scores are NaN, as the exact path's are.
+///
 /// Runs as AVX-512 code where the CPU has it (the same arithmetic, 16 lanes instead of
 /// SSE2's 4: the baseline copy took 25 us of an 8-sequence decode call on the calling
 /// thread, `benches/RESULTS.md`, issue 15 wave 20).
@@ -238,19 +239,25 @@ mod tests {
 
     /// Every query element lands where the tiles read it: element `i` of head `qh + j`
     /// of a tile starting at `qh` with `H` heads at `qh * d + i * H + j`, with a last
-    /// tile of fewer heads (g = 6 in tiles of 4: heads 0..4 and 4..6) and two KV heads.
+    /// tile of fewer heads and two KV heads: g = 6 in tiles of 4 (heads 0..4, 4..6), of
+    /// 3 (0..3, 3..6), of 5 (0..5 by the loop for any width, 5..6), and g = 7 in tiles of
+    /// 4 (0..4, 4..7).
     #[test]
     fn interleaved_query_puts_each_element_at_its_tile_offset() {
-        let (d, g, tile, kv) = (3, 6, 4, 2);
-        let q: Vec<f32> = (0..kv * g * d).map(|x| x as f32).collect();
-        let out = super::interleave_query(&q, d, g, tile);
-        assert_eq!(out.len(), q.len());
-        for k in 0..kv {
-            for (j0, h) in [(0, 4), (4, 2)] {
-                let qh = k * g + j0;
-                for j in 0..h {
-                    for i in 0..d {
-                        assert_eq!(out[qh * d + i * h + j], q[(qh + j) * d + i], "kv {k} head {} dim {i}", j0 + j);
+        let (d, kv) = (3, 2);
+        // (g, tile, [(first head, heads)] of each tile).
+        let cases = [(6, 4, [(0, 4), (4, 2)]), (6, 3, [(0, 3), (3, 3)]), (6, 5, [(0, 5), (5, 1)]), (7, 4, [(0, 4), (4, 3)])];
+        for (g, tile, tiles) in cases {
+            let q: Vec<f32> = (0..kv * g * d).map(|x| x as f32).collect();
+            let out = super::interleave_query(&q, d, g, tile);
+            assert_eq!(out.len(), q.len());
+            for k in 0..kv {
+                for (j0, h) in tiles {
+                    let qh = k * g + j0;
+                    for j in 0..h {
+                        for i in 0..d {
+                            assert_eq!(out[qh * d + i * h + j], q[(qh + j) * d + i], "g {g} tile {tile} kv {k} head {} dim {i}", j0 + j);
+                        }
                     }
                 }
             }
