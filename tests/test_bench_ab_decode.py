@@ -153,7 +153,8 @@ def test_layers_cycle_in_rounds_and_interleaved_and_zero_is_a_usage_error(monkey
     seen.clear()
     monkeypatch.setattr(ab, "load_native", lambda _dir: Recording())
     ab.interleaved(str(ROOT), str(ROOT), "l2", ["int8"], 3, 1, 16, layers=2)
-    assert seen == [0, 0, 1, 1, 0, 0]
+    # The untimed pass over both sides' layers, then the pairs.
+    assert seen == [0, 0, 1, 1] + [0, 0, 1, 1, 0, 0]
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--layers", "0"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--layers must be at least 1" in res.stderr
@@ -167,3 +168,23 @@ def test_the_batch_shapes_hold_64_sequences_on_scattered_blocks() -> None:
     assert seq_lens.tolist() == [16] * 64 and q.shape == out.shape == (64, 32, 128) and hkv == 8
     assert total == 64 and k.shape == (64 * 16, 8, 128)
     assert sorted(table[:, 0].tolist()) == list(range(64)) and table[:, 0].tolist() != list(range(64))
+
+
+def test_the_side_written_last_alternates_and_the_warm_pass_reads_every_layer_of_both() -> None:
+    """A large last-level cache still holds the pages written last: the side written last
+    alternates between allocations, and the untimed pass reads both sides layer by layer."""
+    from benches.ab_decode import fresh_caches, warm
+
+    written: list[str] = []
+
+    def make(native: str) -> str:
+        written.append(native)
+        return native + "-cache"
+
+    for n, last in [(0, "B"), (1, "A"), (2, "B"), (3, "A")]:
+        written.clear()
+        assert fresh_caches(["A", "B"], n, make) == ["A-cache", "B-cache"]
+        assert written[-1] == last and sorted(written) == ["A", "B"]
+    calls: list[tuple[str, str, int]] = []
+    warm(["A", "B"], ["a", "b"], 3, lambda m, c, layer: calls.append((m, c, layer)))
+    assert calls == [("A", "a", 0), ("B", "b", 0), ("A", "a", 1), ("B", "b", 1), ("A", "a", 2), ("B", "b", 2)]
