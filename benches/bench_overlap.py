@@ -19,7 +19,8 @@ bf16's memory time over the row's; and ``1.8x needs exposed <=``: the exposure a
 this row's compute and read times would give 1.8x bf16's tokens/s (negative: not even
 with all of it hidden, as max(compute, read) exceeds bf16's time / 1.8). A round times
 every row's three figures back to back, so a slow phase of a shared machine moves them
-together.
+together, after one untimed sweep of the row's cache (memory unread for seconds reads
+slower on some hosts: ``bench_quant.paired_ratios``).
 
     python benches/bench_overlap.py [--rounds 5] [--shape a|d] [--threads 1,2]
 """
@@ -79,6 +80,10 @@ def measure(shape: str, rows: list[str], rounds: int, threads: int, clock: Calla
             dt, kw, _ = ROWS[name]
             c = caches[dt]
             nbytes = sum(lens) * kv.KvCache.bytes_per_token(hkv, d, dt)
+            # One untimed sweep of the whole cache first: memory left unread for seconds
+            # reads slower on some hosts (`bench_quant.paired_ratios`), and a cache lies
+            # unread while the other rows run.
+            kv.read_bandwidth(cache=c, threads=threads, passes=1, clock="cpu")
             for part, tab in (("compute", hot), ("memory", table)):
                 best = np.inf
                 for _ in range(3):

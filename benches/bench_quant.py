@@ -9,8 +9,9 @@ rate depends on where its pages landed) gets a read-bandwidth probe of its own c
 (``pykvpool.read_bandwidth(cache=...)``) then its kernel, best of 3 calls. Reported per
 dtype: decode tokens/s (sequences per call / best time), the median over rounds of the
 per-round ratio to bf16's tokens/s (with its IQR), the median of the ratios of alternating
-pairs of calls (the row's and bf16's, 6 pairs per round: a phase of a shared machine that
-lasts seconds moves a round's ratios but slows both calls of a pair), and the median of the per-round
+pairs of calls (the row's and bf16's, 6 pairs per round, after an untimed sweep of bf16's
+cache: a phase of a shared machine that lasts seconds moves a round's ratios but slows both
+calls of a pair), and the median of the per-round
 "% of the bandwidth roof" (bytes the call reads: codes + scales of the visible tokens,
 over the probe), and of the same bytes over the table-order probe
 (``read_bandwidth(cache=..., block_tables=..., seq_lens=...)``: exactly the runs this call
@@ -226,10 +227,15 @@ def build(lens: list[int], hq: int, hkv: int, d: int, dtypes: list[str], seed: i
 
 
 def paired_ratios(base: Callable[[], None], row: Callable[[], None], pairs: int,
-                  clock: Callable[[], float]) -> list[float]:
+                  clock: Callable[[], float], warm: Callable[[], None] = lambda: None) -> list[float]:
     """Per pair of calls, ``base``'s time over ``row``'s (the speedup of ``row``), the calls
     alternating base, row, row, base, ... so that a slow phase of a shared machine slows
-    both calls of a pair instead of one row of a round."""
+    both calls of a pair instead of one row of a round. ``warm`` runs once, untimed, before
+    the first pair: ``speed`` sweeps bf16's cache there, as memory left unread for seconds
+    reads slower on some hosts (a VM whose guest runs DAMON: 7.5-9 GB/s one core, against 13
+    read again within 0.1 s), and bf16's cache lay unread while the other rows ran, which
+    made every pair's bf16 call slower (paired 2.0-2.2x where the warm rounds read 1.5-1.85x)."""
+    warm()
     out = []
     for i in range(pairs):
         t = {}
@@ -290,7 +296,10 @@ def speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
                     def bf16_call(c: kv.KvCache = caches["bf16"]) -> None:
                         kv.decode_attention(c, next(turn["bf16"]), q, table, sl, out=out)
 
-                    paired[name] += paired_ratios(bf16_call, call, pairs, clock)
+                    def warm_bf16(c: kv.KvCache = caches["bf16"]) -> None:
+                        kv.read_bandwidth(cache=c, threads=t, passes=1, clock=CLOCK)
+
+                    paired[name] += paired_ratios(bf16_call, call, pairs, clock, warm_bf16)
         base = [x[0] for x in rounds["bf16"]]
         for name in names:
             tps = [x[0] for x in rounds[name]]

@@ -57,7 +57,7 @@ def test_compute_calls_read_the_hot_table_and_memory_calls_the_next_layer(monkey
         return real(cache, layer, q, table, *args, **kw)
 
     def probe(**kw: Any) -> float:
-        seen.append((kw["cache"].dtype, "sweep", kw["layer"]))
+        seen.append((kw["cache"].dtype, "sweep", kw["layer"]) if "block_tables" in kw else (kw["cache"].dtype, "warm", -1))
         return 1e9
 
     monkeypatch.setattr(kv, "decode_attention", decode)
@@ -65,12 +65,12 @@ def test_compute_calls_read_the_hot_table_and_memory_calls_the_next_layer(monkey
     res = bo.measure("a", ["bf16", "int8_scores+int8_pv"], rounds=1, threads=1, clock=lambda: 0.0,
                      lens=[64, 48], layers=3)
     assert set(res) == {"bf16", "int8_scores+int8_pv"} and all(len(v) == 1 for p in res.values() for v in p.values())
-    # Per row: 3 hot calls on layer 0, 3 scattered calls on the next layers, 3 sweeps
-    # on the layers after those (one cycle per cache).
-    assert seen[:9] == [("bf16", "hot", 0)] * 3 + [("bf16", "scattered", i) for i in (0, 1, 2)] + \
-        [("bf16", "sweep", i) for i in (0, 1, 2)]
-    assert seen[9:] == [("int8", "hot", 0)] * 3 + [("int8", "scattered", i) for i in (0, 1, 2)] + \
-        [("int8", "sweep", i) for i in (0, 1, 2)]
+    # Per row: an untimed sweep of the whole cache, 3 hot calls on layer 0, 3 scattered
+    # calls on the next layers, 3 table sweeps on the layers after those (one cycle per cache).
+    assert seen[:10] == [("bf16", "warm", -1)] + [("bf16", "hot", 0)] * 3 + \
+        [("bf16", "scattered", i) for i in (0, 1, 2)] + [("bf16", "sweep", i) for i in (0, 1, 2)]
+    assert seen[10:] == [("int8", "warm", -1)] + [("int8", "hot", 0)] * 3 + \
+        [("int8", "scattered", i) for i in (0, 1, 2)] + [("int8", "sweep", i) for i in (0, 1, 2)]
 
 
 @pytest.mark.parametrize("args, message", [(["--rows", "int9"], "--rows: unknown rows"),

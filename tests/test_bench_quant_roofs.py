@@ -134,6 +134,10 @@ def test_paired_ratios_alternate_the_calls_and_give_the_base_time_over_the_row_t
     ratios = paired_ratios(side("base", 3.0), side("row", 1.5), 4, lambda: now[0])
     assert ratios == [2.0] * 4
     assert order == ["base", "row", "row", "base", "base", "row", "row", "base"]
+    # The warm-up runs once, first, and its time is in no ratio.
+    order.clear()
+    ratios = paired_ratios(side("base", 3.0), side("row", 1.5), 2, lambda: now[0], warm=side("warm", 100.0))
+    assert ratios == [2.0] * 2 and order == ["warm", "base", "row", "row", "base"]
     stats = _paired_stats([1.0, 2.0, 3.0, 4.0])
     assert stats["paired"] == 2.5 and stats["pairs"] == 4 and stats["paired_q1"] == 1.75
     assert _paired_stats([]) == dict(paired=1.0, paired_q1=1.0, paired_q3=1.0, pairs=0)
