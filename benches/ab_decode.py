@@ -34,7 +34,8 @@ resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query hea
 head, an 8-bit cache of 1 MiB: L2-resident); ``l1`` the same table as ``l2`` with every
 entry block 0 (the codes L1-resident); ``batch`` 64 sequences x 512 tokens, 32 / 8 heads (a serving
 batch: the per-call work on the query and the output grows with the sequences); ``short`` 64 x 16
-tokens (that work dominates).
+tokens (that work dominates); ``tiny`` 8 sequences of 1 token (a call is its dispatch to the
+threads).
 Rows: a dtype, optionally with opt-in switches joined by ``+`` (``int8+int8_scores``).
 
 Usage::
@@ -71,6 +72,7 @@ SHAPES = {
     "l1": ([2048], 4, 1),
     "batch": ([512] * 64, 32, 8),
     "short": ([16] * 64, 32, 8),
+    "tiny": ([1] * 8, 32, 8),
 }
 
 

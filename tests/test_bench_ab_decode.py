@@ -163,7 +163,7 @@ def test_layers_cycle_in_rounds_and_interleaved_and_zero_is_a_usage_error(monkey
 def test_the_batch_shapes_hold_64_sequences_on_scattered_blocks() -> None:
     from benches.ab_decode import SHAPES
 
-    assert SHAPES["batch"] == ([512] * 64, 32, 8)
+    assert SHAPES["batch"] == ([512] * 64, 32, 8) and SHAPES["tiny"] == ([1] * 8, 32, 8)
     k, q, table, seq_lens, out, total, hkv, d = setup("short", 16)
     assert seq_lens.tolist() == [16] * 64 and q.shape == out.shape == (64, 32, 128) and hkv == 8
     assert total == 64 and k.shape == (64 * 16, 8, 128)

@@ -69,16 +69,25 @@ pub fn set_num_threads(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Run `worker` on every thread of `pool` at once (each takes items from a shared
-/// counter until none are left), or once on the calling thread when one worker is
-/// all the work can use (a one-thread pool, or at most one item): handing a call to a
-/// pool thread and waiting for it costs two thread switches, 30-100 us on a shared
-/// machine, more than a small decode's whole kernel time. [`inline`] says which.
+/// Run `worker` as `min(threads, items)` workers at once, the calling thread one of them
+/// and pool threads the others (each takes items from a shared counter until none are
+/// left, so a worker that starts late finds less or nothing to do), or once on the calling thread alone when one worker is all the work can use (a
+/// one-thread pool, or at most one item): handing a call to a pool thread and waiting for
+/// it costs two thread switches, 30-100 us on a shared machine, more than a small decode's
+/// whole kernel time. [`inline`] says which. The caller works while the pool's threads
+/// wake instead of sleeping until they finish: 8 sequences of 1 token at 2 threads took
+/// 70 us where the pool alone took 89 (medians, `benches/RESULTS.md`, issue 15 wave 21).
 pub fn run_workers(pool: &ThreadPool, items: usize, worker: impl Fn() + Sync) {
     if inline(pool, items) {
         worker();
     } else {
-        pool.broadcast(|_| worker());
+        let helpers = pool.current_num_threads().min(items) - 1;
+        pool.in_place_scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|_| worker());
+            }
+            worker();
+        });
     }
 }
 
@@ -106,7 +115,7 @@ mod tests {
     }
 
     #[test]
-    fn run_workers_inline_for_one_thread_or_one_item_else_on_every_pool_thread() {
+    fn run_workers_inline_for_one_thread_or_one_item_else_on_the_caller_and_pool_threads() {
         let caller = std::thread::current().id();
         let one = pool_with(Some(1)).unwrap();
         let ran = Mutex::new(Vec::new());
@@ -117,9 +126,16 @@ mod tests {
         run_workers(&two, 1, || ran.lock().unwrap().push(std::thread::current().id()));
         assert_eq!(*ran.lock().unwrap(), vec![caller]);
         ran.lock().unwrap().clear();
-        run_workers(&two, 2, || ran.lock().unwrap().push(std::thread::current().id()));
-        let ids = ran.lock().unwrap().clone();
-        assert_eq!(ids.len(), 2);
-        assert!(ids.iter().all(|&t| t != caller) && ids[0] != ids[1]);
+        // As many workers as threads (or items, if fewer): the caller once, the others on
+        // pool threads (a pool thread that wakes first may run two of them in turn: the
+        // second then finds the shared counter done, as a late broadcast job would).
+        for (threads, items, workers) in [(2, 2, 2), (2, 5, 2), (3, 2, 2), (3, 9, 3)] {
+            let pool = pool_with(Some(threads)).unwrap();
+            ran.lock().unwrap().clear();
+            run_workers(&pool, items, || ran.lock().unwrap().push(std::thread::current().id()));
+            let ids = ran.lock().unwrap().clone();
+            assert_eq!(ids.len(), workers, "{threads} threads, {items} items");
+            assert_eq!(ids.iter().filter(|&&t| t == caller).count(), 1, "{threads} threads, {items} items");
+        }
     }
 }
