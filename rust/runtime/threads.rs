@@ -71,12 +71,13 @@ pub fn set_num_threads(n: usize) -> Result<()> {
 
 /// Run `worker` as `min(threads, items)` workers at once, the calling thread one of them
 /// and pool threads the others (each takes items from a shared counter until none are
-/// left, so a worker that starts late finds less or nothing to do), or once on the calling thread alone when one worker is all the work can use (a
-/// one-thread pool, or at most one item): handing a call to a pool thread and waiting for
-/// it costs two thread switches, 30-100 us on a shared machine, more than a small decode's
-/// whole kernel time. [`inline`] says which. The caller works while the pool's threads
-/// wake instead of sleeping until they finish: 8 sequences of 1 token at 2 threads took
-/// 70 us where the pool alone took 89 (medians, `benches/RESULTS.md`, issue 15 wave 21).
+/// left, so a worker that starts late finds less or nothing to do), or once on the
+/// calling thread alone when one worker is all the work can use (a one-thread pool, or
+/// at most one item): handing a call to a pool thread and waiting for it costs two thread
+/// switches, 30-100 us on a shared machine, more than a small decode's whole kernel time.
+/// [`inline`] says which. The caller works while the pool's threads wake instead of
+/// sleeping until they finish: 8 sequences of 1 token at 2 threads took 70 us where the
+/// pool alone took 89 (medians, `benches/RESULTS.md`, issue 15 wave 21).
 pub fn run_workers(pool: &ThreadPool, items: usize, worker: impl Fn() + Sync) {
     if inline(pool, items) {
         worker();
