@@ -200,8 +200,14 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
         assert parsed is not None, row
         dtype, switches = parsed
         on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
-        caches = fresh_caches(natives, 0, lambda m: make_cache(m, dtype, k, total, block_size, hkv, d, layers))
-        warm(natives, caches, layers, lambda m, c, layer: m.decode_attention(c, layer, q, table, seq_lens, out=out, **on))
+        def make(m: Any, dtype: str = dtype) -> Any:
+            return make_cache(m, dtype, k, total, block_size, hkv, d, layers)
+
+        def call(m: Any, c: Any, layer: int, on: dict[str, Any] = on) -> None:
+            m.decode_attention(c, layer, q, table, seq_lens, out=out, **on)
+
+        caches = fresh_caches(natives, 0, make)
+        warm(natives, caches, layers, call)
         got = []
         for i in range(pairs):
             if reallocate and i and i % reallocate == 0:
@@ -209,10 +215,8 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
                 # same rows (the same codes and scales), not copied through writable views,
                 # which would turn on the e4m3 NaN-code check (`KvCache.key`).
                 caches = []
-                caches = fresh_caches(natives, i // reallocate,
-                                      lambda m: make_cache(m, dtype, k, total, block_size, hkv, d, layers))
-                warm(natives, caches, layers,
-                     lambda m, c, layer: m.decode_attention(c, layer, q, table, seq_lens, out=out, **on))
+                caches = fresh_caches(natives, i // reallocate, make)
+                warm(natives, caches, layers, call)
             t = [0.0, 0.0]
             for side in (0, 1) if i % 2 == 0 else (1, 0):
                 t0 = clock()
