@@ -27,7 +27,11 @@
 //! Prints tables and one machine-readable JSON line (starting `{"dot_rates"`), which
 //! `benches/bench_quant.py` reads for its instruction-mix roofs.
 //!
-//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2]`.
+//! With `--stream [MiB]` it prints instead the 8-bit and bf16 paths' sequences on tiles
+//! streamed from memory against the L1 rates and a plain read of the same tiles
+//! (`dot_rates/stream.rs`; JSON line `{"stream_rates"`).
+//!
+//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2] [-- --stream [MiB]]`.
 
 use std::sync::Barrier;
 
@@ -37,6 +41,9 @@ mod f16;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/int_pv.rs"]
 mod int_pv;
+#[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/memory.rs"]
+mod memory;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/paths.rs"]
 mod paths;
@@ -56,13 +63,52 @@ fn thread_cpu_s() -> f64 {
 struct Opts {
     quick: bool,
     threads: Vec<usize>,
+    /// `--stream [MiB]`: the streamed table instead ([`stream`]), its buffer's size;
+    /// `--paths a,b`: only those paths; `--prefetch P` (repeated): its policies;
+    /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered.
+    stream: Option<Option<usize>>,
+    paths: Vec<String>,
+    prefetch: Vec<String>,
+    heads: usize,
+    in_order: bool,
 }
 
 impl Opts {
-    /// `--quick`, `--threads 1,2`; other arguments (cargo's `--bench`) are ignored.
+    /// `--quick`, `--threads 1,2`, `--stream [MiB]`; other arguments (cargo's `--bench`)
+    /// are ignored.
     fn parse() -> Self {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let mut o = Opts { quick: args.iter().any(|a| a == "--quick"), threads: vec![1, 2] };
+        let stream = args.iter().position(|a| a == "--stream").map(|i| args.get(i + 1).and_then(|m| m.parse().ok()));
+        if stream == Some(Some(0)) {
+            eprintln!("dot_rates: error: --stream takes a buffer size in MiB >= 1");
+            std::process::exit(2);
+        }
+        let value = |flag: &str| -> Vec<String> {
+            args.iter().enumerate().filter(|(_, a)| *a == flag).filter_map(|(i, _)| args.get(i + 1).cloned()).collect()
+        };
+        let paths = value("--paths").iter().flat_map(|l| l.split(',').map(str::to_string)).collect();
+        let mut prefetch = value("--prefetch");
+        if prefetch.is_empty() {
+            prefetch.push("none".into());
+        }
+        let heads = match value("--heads").first().map(|h| h.parse::<usize>()) {
+            None => 8,
+            Some(Ok(h)) if (1..=64).contains(&h) => h,
+            Some(_) => {
+                eprintln!("dot_rates: error: --heads takes a count in 1..=64");
+                std::process::exit(2);
+            }
+        };
+        let in_order = args.iter().any(|a| a == "--in-order");
+        let mut o = Opts {
+            quick: args.iter().any(|a| a == "--quick"),
+            threads: vec![1, 2],
+            stream,
+            paths,
+            prefetch,
+            heads,
+            in_order,
+        };
         if let Some(i) = args.iter().position(|a| a == "--threads") {
             let list = args.get(i + 1).map(String::as_str).unwrap_or("");
             o.threads = list.split(',').filter_map(|x| x.trim().parse().ok()).filter(|&t| t >= 1).collect();
@@ -183,6 +229,10 @@ mod imp {
 #[path = "dot_rates/table.rs"]
 mod table;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "dot_rates/stream.rs"]
+mod stream;
+
 fn main() {
     let o = Opts::parse();
     #[cfg(target_arch = "x86_64")]
@@ -190,6 +240,10 @@ fn main() {
         let has = |f: &str| pykvpool::attention::cpu_features().contains(&f);
         if !has("avx512f") || !has("avx512bw") || !has("avx512vl") || !has("fma") || !has("f16c") {
             println!("SKIPPED: this CPU lacks AVX-512 F/BW/VL, FMA or F16C");
+            return;
+        }
+        if let Some(mib) = o.stream {
+            stream::run(&o, mib, &o.paths, &o.prefetch, o.heads, !o.in_order);
             return;
         }
         // SAFETY (every call below): the features each function is compiled for were

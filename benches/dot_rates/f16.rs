@@ -74,12 +74,13 @@ fn halves_sum(v: __m512i) -> __m512 {
 /// # Safety
 /// AVX-512 F/BW/VL, FMA, F16C and FP16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     const { assert!(G <= 4 && D.is_multiple_of(128)) };
     t.check(1);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
+        t.next_tile();
         // SAFETY: the features; K runs k < D / 4 of 64 bytes inside k; query vectors
         // (k * G + j) % D < D lines; V rows tk < T of D bytes; probabilities j * T + tk <
         // 4 T; accumulators j * D + 128 < 4 D; score lines j < 4.
@@ -88,6 +89,7 @@ pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usi
                 let (kp, qp) = (t.kp(), t.qhp());
                 let mut s = [[_mm512_setzero_si512(); 2]; G];
                 for k in 0..D / 4 {
+                    t.pump();
                     let x = widen::<E4>(_mm512_loadu_si512(kp.add(64 * k).cast()));
                     for j in 0..G {
                         let qv = _mm512_loadu_si512(qp.add(64 * ((k * G + j) % D)).cast());
@@ -106,6 +108,7 @@ pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usi
                 let f = _mm512_set1_epi16(0x1c00);
                 let mut a = [[_mm512_setzero_si512(); 4]; G];
                 for tk in 0..T {
+                    t.pump();
                     let mut v = [_mm512_setzero_si512(); 4];
                     for r in 0..2 {
                         let [lo, hi] = widen::<E4>(_mm512_loadu_si512(vp.add(tk * D + 64 * r).cast()));

@@ -22,28 +22,29 @@ use super::widen::I8;
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-pub unsafe fn int8_pv<const SC: bool, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+pub unsafe fn int8_pv<const SC: bool, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     const { assert!(G <= 4 && (D / 4).is_multiple_of(N) && D.is_multiple_of(16 * VT)) };
     t.check(1);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
+        t.next_tile();
         // SAFETY: the features are this function's; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
                 if SC {
-                    k_dot::<G, N>(t);
+                    k_dot::<G, N, ST>(t);
                 } else {
                     let mut s = [[_mm512_setzero_ps(); G]; N];
-                    k_exact::<I8, G, N>(t, &mut s);
+                    k_exact::<I8, G, N, ST>(t, &mut s);
                     store_f32(t, s);
                 }
             }
             if P & V != 0 {
                 if G == 1 {
-                    v_int::<G, 2>(t);
+                    v_int::<G, 2, ST>(t);
                 } else {
-                    v_int::<G, 1>(t);
+                    v_int::<G, 1, ST>(t);
                 }
             }
         }
@@ -56,7 +57,7 @@ pub unsafe fn int8_pv<const SC: bool, const G: usize, const N: usize, const VT: 
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI (the caller's features; inlined).
 #[inline(always)]
-unsafe fn v_int<const G: usize, const S: usize>(t: &mut Tile) {
+unsafe fn v_int<const G: usize, const S: usize, const ST: bool>(t: &mut Tile<ST>) {
     let (vp, pp, ap) = (t.vp().cast::<i8>(), t.p.as_ptr(), t.acc.as_mut_ptr());
     // The probabilities' codes and steps (the kernel's quantization per head and chunk).
     let mut codes = [[0u32; 4]; G];
@@ -76,6 +77,7 @@ unsafe fn v_int<const G: usize, const S: usize>(t: &mut Tile) {
         let mut a = [[_mm512_setzero_si512(); 8]; G];
         for grp in 0..T / 4 {
             for s in 0..S {
+                t.pump();
                 // SAFETY: rows 4 grp + r < T of D bytes, codes u0 + 64 s .. + 64 <= D.
                 let x = unsafe {
                     let row = |r: usize| _mm512_loadu_si512(vp.add((4 * grp + r) * D + u0 + 64 * s).cast());

@@ -32,6 +32,7 @@
 
 use std::arch::x86_64::*;
 
+use super::memory::{Ahead, Layout, Stream};
 use super::widen::{Widen, I8};
 
 /// head_dim and tokens of the tile.
@@ -43,8 +44,12 @@ pub const T: usize = 16;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// The L1-resident tile of one path (at most 2 x 8 KiB of f32 codes, 2 KiB of queries).
-pub struct Tile {
+/// The L1-resident tile of one path (at most 2 x 8 KiB of f32 codes, 2 KiB of queries);
+/// with `ST`, its K and V are read from memory instead, the next pair each round
+/// (`dot_rates --stream`: [`Tile::streaming`]). The paths call [`Tile::next_tile`] at
+/// each round's start and [`Tile::pump`] at each loop step; both compile to nothing
+/// without `ST`, so the L1 rates are those of the sequences alone.
+pub struct Tile<const ST: bool = false> {
     k: Vec<Line>,
     v: Vec<Line>,
     q: Vec<f32>,
@@ -58,9 +63,11 @@ pub struct Tile {
     /// Each tile's scores, 16 per head (the K loop's chains summed, as the kernel does
     /// before the softmax: no K accumulator stays live across the V loop).
     sc: Vec<Line>,
+    /// Where K and V come from instead of `k` and `v` when read from memory.
+    stream: Option<Stream>,
 }
 
-impl Tile {
+impl Tile<false> {
     /// A tile of `bytes`-wide elements whose byte `i` is `code(i)` (for 4- and 2-byte
     /// elements: their high byte, the low bytes 0), queries and probabilities small.
     pub fn new(bytes: usize, code: impl Fn(usize) -> u8) -> Self {
@@ -83,6 +90,45 @@ impl Tile {
             qh: (0..D / 4 * 4).map(|i| Line([0x10, 0x10 + (i % 5) as u8].repeat(32).try_into().expect("64 bytes"))).collect(),
             acc: vec![0.0; 4 * D],
             sc: vec![Line([0; 64]); 4],
+            stream: None,
+        }
+    }
+}
+
+impl Tile<true> {
+    /// A tile of `bytes`-wide elements whose K and V come from `buf` laid out as
+    /// `layout`, read from the runs `claim()` names, prefetching as `ahead` says
+    /// ([`Stream`]).
+    pub fn streaming(bytes: usize, buf: &'static [u8], layout: Layout, claim: fn() -> usize, ahead: &'static [Ahead]) -> Self {
+        let t = Tile::new(bytes, |i| 0x3c + (i % 8) as u8);
+        let stream = Some(Stream::new(buf, layout, D * T * bytes, claim, ahead));
+        let mut t = Tile { k: t.k, v: t.v, q: t.q, qw: t.qw, p: t.p, ph: t.ph, qh: t.qh, acc: t.acc, sc: t.sc, stream };
+        t.next_tile();
+        t
+    }
+}
+
+impl<const ST: bool> Tile<ST> {
+    /// Moves a streaming tile to its next K, V pair (nothing for an L1-resident one).
+    #[inline(always)]
+    pub fn next_tile(&mut self) {
+        if !ST {
+            return;
+        }
+        if let Some(s) = &mut self.stream {
+            s.advance();
+        }
+    }
+
+    /// One step of a loop over the tile: the spread prefetches' next lines (nothing for
+    /// an L1-resident tile or without spread prefetches).
+    #[inline(always)]
+    pub fn pump(&self) {
+        if !ST {
+            return;
+        }
+        if let Some(s) = &self.stream {
+            s.pump();
         }
     }
 
@@ -104,12 +150,23 @@ impl Tile {
         self.sc.as_mut_ptr().cast()
     }
 
+    /// Bytes of one K (or V) tile.
+    pub(super) fn tile_bytes(&self) -> usize {
+        self.k.len() * 64
+    }
+
     pub(super) fn kp(&self) -> *const u8 {
-        self.k.as_ptr().cast()
+        match &self.stream {
+            Some(s) if ST => s.kv()[0],
+            _ => self.k.as_ptr().cast(),
+        }
     }
 
     pub(super) fn vp(&self) -> *const u8 {
-        self.v.as_ptr().cast()
+        match &self.stream {
+            Some(s) if ST => s.kv()[1],
+            _ => self.v.as_ptr().cast(),
+        }
     }
 }
 
@@ -120,10 +177,11 @@ pub const KV: u8 = 3;
 
 /// The exact paths' K loop: N rows widened, then G x N FMAs (N x G chains).
 #[inline(always)]
-pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile, s: &mut [[__m512; G]; N]) {
+pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize, const ST: bool>(t: &Tile<ST>, s: &mut [[__m512; G]; N]) {
     let (kp, qp) = (t.kp(), t.q.as_ptr());
     let mut i = 0;
     while i < D {
+        t.pump();
         // SAFETY: rows i + r < D of 16 elements inside k; query elements j * D + i + r < 4 D.
         unsafe {
             let mut k = [_mm512_setzero_ps(); N];
@@ -166,7 +224,7 @@ pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize>(t: &Tile,
 /// The V loop: 16 tokens x VT vectors of 16 dimensions per block, G x VT accumulators
 /// loaded and stored once per block (the kernel's per-chunk accumulators).
 #[inline(always)]
-unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
+unsafe fn v_loop<W: Widen, const G: usize, const VT: usize, const ST: bool>(t: &mut Tile<ST>) {
     let (vp, pp, ap) = (t.vp(), t.p.as_ptr(), t.acc.as_mut_ptr());
     let mut u0 = 0;
     while u0 < D {
@@ -180,6 +238,7 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
                 }
             }
             for tk in 0..T {
+                t.pump();
                 let row = vp.add((tk * D + u0) * W::BYTES);
                 let mut v = [_mm512_setzero_ps(); VT];
                 let mut u = 0;
@@ -212,7 +271,7 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize>(t: &mut Tile) {
 
 /// Sum the N chains of each of G heads and store the scores (f32 lanes).
 #[inline(always)]
-pub(super) unsafe fn store_f32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512; G]; N]) {
+pub(super) unsafe fn store_f32<const G: usize, const N: usize, const ST: bool>(t: &mut Tile<ST>, s: [[__m512; G]; N]) {
     for j in 0..G {
         let mut x = s[0][j];
         for r in 1..N {
@@ -225,7 +284,7 @@ pub(super) unsafe fn store_f32<const G: usize, const N: usize>(t: &mut Tile, s: 
 
 /// Sum the N chains of each of G heads and store the scores (i32 lanes).
 #[inline(always)]
-unsafe fn store_i32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512i; G]; N]) {
+unsafe fn store_i32<const G: usize, const N: usize, const ST: bool>(t: &mut Tile<ST>, s: [[__m512i; G]; N]) {
     for j in 0..G {
         let mut x = s[0][j];
         for r in 1..N {
@@ -241,9 +300,9 @@ unsafe fn store_i32<const G: usize, const N: usize>(t: &mut Tile, s: [[__m512i; 
 /// # Safety
 /// AVX-512 F/BW/VL, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     // SAFETY: the features are this function's.
-    unsafe { exact_body::<W, G, N, VT, P>(t, n) }
+    unsafe { exact_body::<W, G, N, VT, P, ST>(t, n) }
 }
 
 /// [`exact`]'s loop, with no target features of its own so that `#[inline(always)]` puts
@@ -252,21 +311,22 @@ pub unsafe fn exact<W: Widen, const G: usize, const N: usize, const VT: usize, c
 /// # Safety
 /// The caller's features include `W`'s widening's.
 #[inline(always)]
-unsafe fn exact_body<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+unsafe fn exact_body<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     const { assert!(G <= 4 && D.is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
     t.check(W::BYTES);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
+        t.next_tile();
         // SAFETY: the caller's features; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
                 let mut s = [[_mm512_setzero_ps(); G]; N];
-                k_exact::<W, G, N>(t, &mut s);
+                k_exact::<W, G, N, ST>(t, &mut s);
                 store_f32(t, s);
             }
             if P & V != 0 {
-                v_loop::<W, G, VT>(t);
+                v_loop::<W, G, VT, ST>(t);
             }
         }
     }
@@ -277,9 +337,9 @@ unsafe fn exact_body<W: Widen, const G: usize, const N: usize, const VT: usize, 
 /// # Safety
 /// AVX-512 F/BW/VL/VBMI, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
-pub unsafe fn exact_vbmi<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+pub unsafe fn exact_vbmi<W: Widen, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     // SAFETY: the features are this function's.
-    unsafe { exact_body::<W, G, N, VT, P>(t, n) }
+    unsafe { exact_body::<W, G, N, VT, P, ST>(t, n) }
 }
 
 /// `vpermd` indices of the 4 x 4 transpose: dword `4 L + r` takes dword `4 r + L`.
@@ -314,19 +374,20 @@ static TRANSPOSE: [i8; 64] = transpose();
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const P: u8>(t: &mut Tile, n: u64) {
+pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(t: &mut Tile<ST>, n: u64) {
     const { assert!(G <= 4 && (D / 4).is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
     t.check(1);
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
+        t.next_tile();
         // SAFETY: the features are this function's; the loops stay inside the tile.
         unsafe {
             if P & K != 0 {
-                k_dot::<G, N>(t);
+                k_dot::<G, N, ST>(t);
             }
             if P & V != 0 {
-                v_loop::<I8, G, VT>(t);
+                v_loop::<I8, G, VT, ST>(t);
             }
         }
     }
@@ -338,7 +399,7 @@ pub unsafe fn int8_scores<const G: usize, const N: usize, const VT: usize, const
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI (the caller's features; inlined).
 #[inline(always)]
-pub(super) unsafe fn k_dot<const G: usize, const N: usize>(t: &mut Tile) {
+pub(super) unsafe fn k_dot<const G: usize, const N: usize, const ST: bool>(t: &mut Tile<ST>) {
     // SAFETY: both tables hold 64 bytes.
     let (gi, ti) = unsafe { (_mm512_loadu_si512(GATHER.as_ptr().cast()), _mm512_loadu_si512(TRANSPOSE.as_ptr().cast())) };
     let bias = _mm512_set1_epi8(-128);
@@ -346,6 +407,7 @@ pub(super) unsafe fn k_dot<const G: usize, const N: usize>(t: &mut Tile) {
     let (kp, qp) = (t.kp(), t.qw.as_ptr());
     let mut k = 0;
     while k < D / 4 {
+        t.pump();
         // SAFETY: quads k + r < D / 4 of 64 bytes inside k; query words
         // j * D / 4 + k + r < 4 D.
         unsafe {
@@ -406,8 +468,8 @@ static INTERLEAVE: [u8; 64] = {
 /// # Safety
 /// AVX-512 F/BW/VL/BF16/VBMI, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")]
-pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: usize, const VT: usize, const P: u8>(
-    t: &mut Tile,
+pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: usize, const VT: usize, const P: u8, const ST: bool>(
+    t: &mut Tile<ST>,
     n: u64,
 ) {
     const { assert!(G <= 4 && (D / 2).is_multiple_of(N) && D.is_multiple_of(16 * VT) && VT.is_multiple_of(2)) };
@@ -421,11 +483,13 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
     for _ in 0..n {
         // Opaque each round (as if the tile changed), so no load is hoisted out of the loop.
         let t = std::hint::black_box(&mut *t);
+        t.next_tile();
         if P & K != 0 {
             let mut s = [[_mm512_setzero_ps(); G]; N];
             let (kp, qp) = (t.kp(), t.qw.as_ptr());
             let mut i = 0;
             while i < D / 2 {
+                t.pump();
                 // SAFETY: row pairs i + r < D / 2 of 32 elements inside k; query pairs
                 // j * D / 2 + i + r < 4 D.
                 unsafe {
@@ -454,7 +518,7 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
         }
         if P & V != 0 {
             // SAFETY: the features are this function's; the loop stays inside the tile.
-            unsafe { v_loop::<W, G, VT>(t) };
+            unsafe { v_loop::<W, G, VT, ST>(t) };
         }
     }
 }

@@ -8,10 +8,12 @@ use super::paths::{self, bf16_scores, exact, exact_vbmi, int8_scores, Tile};
 use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, F32, I8};
 use super::{rate, Opts};
 
-type Run = unsafe fn(&mut Tile, u64);
+pub(super) type Run = unsafe fn(&mut Tile, u64);
+/// A path's K+V run on streamed tiles (`dot_rates --stream`).
+pub(super) type StreamRun = unsafe fn(&mut Tile<true>, u64);
 
 /// Query heads per KV head measured, and the parts of a tile (K, V, both).
-const GS: [usize; 2] = [1, 4];
+pub(super) const GS: [usize; 2] = [1, 4];
 const PARTS: [&str; 3] = ["k", "v", "kv"];
 /// A K+V rate below this fraction of the harmonic mean of K's and V's is measured again.
 const RETRY_BELOW: f64 = 0.85;
@@ -19,12 +21,14 @@ const RETRY_BELOW: f64 = 0.85;
 /// A decode path: `bench_quant.py`'s row name, bytes per code, the CPU features its
 /// sequence is compiled for, the codes per FMA instruction time the FMA-only count
 /// assumes at g = 1 (over g at g heads), and its runs per g and part.
-struct Path {
-    name: &'static str,
-    bytes: usize,
-    needs: &'static [&'static str],
+pub(super) struct Path {
+    pub(super) name: &'static str,
+    pub(super) bytes: usize,
+    pub(super) needs: &'static [&'static str],
     nominal: f64,
-    runs: [[Run; 3]; 2],
+    pub(super) runs: [[Run; 3]; 2],
+    /// The K+V runs on streamed tiles, g = 1 and 4.
+    pub(super) stream: [StreamRun; 2],
 }
 
 /// The runs of `$f` (with leading generic arguments `$pre`) for g = 1 (8 K
@@ -37,7 +41,10 @@ macro_rules! runs {
         ]
     };
     (@one $f:ident [$($pre:tt),*] $g:literal $n:literal $vt:literal $p:ident) => {
-        $f::<$($pre,)* $g, $n, $vt, { paths::$p }> as Run
+        $f::<$($pre,)* $g, $n, $vt, { paths::$p }, false> as Run
+    };
+    (@stream $f:ident [$($pre:tt),*] $g:literal $n:literal $vt:literal) => {
+        $f::<$($pre,)* $g, $n, $vt, { paths::KV }, true> as StreamRun
     };
 }
 
@@ -52,40 +59,54 @@ macro_rules! runs_quads {
     };
 }
 
+/// The K+V runs of `$f` on streamed tiles, shaped as [`runs!`]'s (g = 1 and 4).
+macro_rules! streams {
+    ($f:ident $(, $pre:tt)*) => {
+        [runs!(@stream $f [$($pre),*] 1 8 8), runs!(@stream $f [$($pre),*] 4 2 4)]
+    };
+}
+
+/// The K+V runs of `$f` on streamed tiles, shaped as [`runs_quads!`]'s.
+macro_rules! streams_quads {
+    ($f:ident $(, $pre:tt)*) => {
+        [runs!(@stream $f [$($pre),*] 1 4 8), runs!(@stream $f [$($pre),*] 4 4 4)]
+    };
+}
+
 const BASE: &[&str] = &["avx512f", "avx512bw", "avx512vl", "fma", "f16c"];
 const VNNI: &[&str] = &["avx512vnni"];
 const BF16: &[&str] = &["avx512bf16", "avx512vbmi"];
 const VBMI: &[&str] = &["avx512vbmi"];
 const FP16: &[&str] = &["avx512fp16"];
 
-fn all_paths() -> Vec<Path> {
+pub(super) fn all_paths() -> Vec<Path> {
     let vbmi = pykvpool::attention::cpu_features().contains(&"avx512vbmi");
     // FMA-only count per token and query head: exact d/16 + d/16 FMAs; int8_scores d/64
     // vpdpbusd + d/16 FMAs; bf16_scores d/32 vdpbf16ps + d/16 FMAs; for 2 d codes.
     // int8_pv d/16 FMAs + d/64 vpdpbusd (as int8_scores); int8_scores+int8_pv 2 d/64.
     let (n_exact, n_vnni, n_bf16, n_both) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0, 64.0);
     vec![
-        Path { name: "f32", bytes: 4, needs: BASE, nominal: n_exact, runs: runs!(exact, F32) },
-        Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16) },
-        Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8) },
+        Path { name: "f32", bytes: 4, needs: BASE, nominal: n_exact, runs: runs!(exact, F32), stream: streams!(exact, F32) },
+        Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16), stream: streams!(exact, Bf16) },
+        Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8), stream: streams!(exact, I8) },
         // The kernel's e4m3 sequence is the tables' where the CPU has VBMI (the row
         // `bench_quant.py` reads), else the f16 route's; the f16 route is measured beside.
         if vbmi {
-            Path { name: "fp8_e4m3", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs_quads!(exact_vbmi, E4m3Tables) }
+            Path { name: "fp8_e4m3", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs_quads!(exact_vbmi, E4m3Tables), stream: streams_quads!(exact_vbmi, E4m3Tables) }
         } else {
-            Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3) }
+            Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3), stream: streams!(exact, E4m3) }
         },
-        Path { name: "fp8_e4m3 (f16 route)", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs!(exact, E4m3) },
-        Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2) },
-        Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores) },
-        Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false) },
-        Path { name: "int8_scores+int8_pv", bytes: 1, needs: VNNI, nominal: n_both, runs: runs!(int8_pv, true) },
-        Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, Bf16, false) },
-        Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E4m3, true) },
-        Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E5m2, true) },
+        Path { name: "fp8_e4m3 (f16 route)", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs!(exact, E4m3), stream: streams!(exact, E4m3) },
+        Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2), stream: streams!(exact, E5m2) },
+        Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores), stream: streams!(int8_scores) },
+        Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false), stream: streams!(int8_pv, false) },
+        Path { name: "int8_scores+int8_pv", bytes: 1, needs: VNNI, nominal: n_both, runs: runs!(int8_pv, true), stream: streams!(int8_pv, true) },
+        Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, Bf16, false), stream: streams!(bf16_scores, Bf16, false) },
+        Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E4m3, true), stream: streams!(bf16_scores, E4m3, true) },
+        Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E5m2, true), stream: streams!(bf16_scores, E5m2, true) },
         // fp16_reduction: d/32 + d/32 vfmadd231ph (32 products each) per token and head.
-        Path { name: "fp8_e4m3+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, true) },
-        Path { name: "fp8_e5m2+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, false) },
+        Path { name: "fp8_e4m3+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, true), stream: streams!(fp16, true) },
+        Path { name: "fp8_e5m2+fp16_reduction", bytes: 1, needs: FP16, nominal: 2.0 * n_exact, runs: runs!(fp16, false), stream: streams!(fp16, false) },
     ]
 }
 
