@@ -89,7 +89,7 @@ pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usi
                 let (kp, qp) = (t.kp(), t.qhp());
                 let mut s = [[_mm512_setzero_si512(); 2]; G];
                 for k in 0..D / 4 {
-                    t.pump();
+                    t.pump::<0>();
                     let x = widen::<E4>(_mm512_loadu_si512(kp.add(64 * k).cast()));
                     for j in 0..G {
                         let qv = _mm512_loadu_si512(qp.add(64 * ((k * G + j) % D)).cast());
@@ -108,7 +108,7 @@ pub unsafe fn fp16<const E4: bool, const G: usize, const N: usize, const VT: usi
                 let f = _mm512_set1_epi16(0x1c00);
                 let mut a = [[_mm512_setzero_si512(); 4]; G];
                 for tk in 0..T {
-                    t.pump();
+                    t.pump::<1>();
                     let mut v = [_mm512_setzero_si512(); 4];
                     for r in 0..2 {
                         let [lo, hi] = widen::<E4>(_mm512_loadu_si512(vp.add(tk * D + 64 * r).cast()));

@@ -77,7 +77,7 @@ unsafe fn v_int<const G: usize, const S: usize, const ST: bool>(t: &mut Tile<ST>
         let mut a = [[_mm512_setzero_si512(); 8]; G];
         for grp in 0..T / 4 {
             for s in 0..S {
-                t.pump();
+                t.pump::<1>();
                 // SAFETY: rows 4 grp + r < T of D bytes, codes u0 + 64 s .. + 64 <= D.
                 let x = unsafe {
                     let row = |r: usize| _mm512_loadu_si512(vp.add((4 * grp + r) * D + u0 + 64 * s).cast());

@@ -19,22 +19,36 @@ pub struct Layout {
 }
 
 /// A software prefetch: the first `lines` lines of the K tile and of the V tile of the
-/// pair `dist` pairs on, with hint `hint` (0: T0, 1: T1, 2: T2, 3: NTA), at each tile's
-/// start or, `spread`, over its loops' steps.
+/// pair `dist` pairs on, with hint `hint` (0: T0, 1: T1, 2: T2, 3: NTA), issued as
+/// `when` says.
 #[derive(Clone, Copy, Debug)]
 pub struct Ahead {
     pub hint: u8,
     pub dist: usize,
     pub lines: usize,
-    pub spread: bool,
+    pub when: When,
 }
 
-/// One spread prefetch: the lines `at .. end` of a tile, `per` lines a step.
+/// When an [`Ahead`]'s lines go out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum When {
+    /// All at the tile's start.
+    Burst,
+    /// Spread over the steps of both loops (K and V lines at once from the first).
+    Spread,
+    /// The K lines over the K loop's steps, the V lines over the V loop's (the kernel's
+    /// spread: its score loop prefetches K tiles, its `P V` loop V tiles).
+    PerLoop,
+}
+
+/// One spread prefetch: the lines `at .. end` of a tile, `per` lines a step of the
+/// loops in `loops` (bit 0: the K loop, bit 1: the V loop).
 struct Pump {
     at: Cell<*const i8>,
     end: *const i8,
     per: usize,
     hint: u8,
+    loops: u8,
 }
 
 #[inline(always)]
@@ -66,9 +80,10 @@ pub struct Stream {
     next: fn() -> usize,
     ahead: &'static [Ahead],
     pumps: Vec<Pump>,
-    /// Pump calls in this tile and in the last one (how far to spread the next).
-    steps: Cell<usize>,
-    last_steps: usize,
+    /// Steps of the K and the V loop in this tile and in the last one (how far to
+    /// spread the next).
+    steps: [Cell<usize>; 2],
+    last_steps: [usize; 2],
 }
 
 impl Stream {
@@ -77,7 +92,8 @@ impl Stream {
         let pairs = layout.order.len() * layout.heads;
         assert!(layout.order.iter().all(|&b| (b as usize + 1) * 2 * layout.heads * tile <= buf.len()));
         assert!(pairs >= RUN && (buf.as_ptr() as usize).is_multiple_of(64), "the stream holds {pairs} tile pairs");
-        Stream { buf, layout, tile, pairs, at: 0, end: 0, next, ahead, pumps: Vec::new(), steps: Cell::new(0), last_steps: 32 }
+        let steps = [Cell::new(0), Cell::new(0)];
+        Stream { buf, layout, tile, pairs, at: 0, end: 0, next, ahead, pumps: Vec::new(), steps, last_steps: [16, 16] }
     }
 
     /// Byte offsets of pair `p`'s K and V tiles.
@@ -107,16 +123,23 @@ impl Stream {
             self.at = (self.next)() % (self.pairs / RUN) * RUN;
             self.end = self.at + RUN;
         }
-        self.last_steps = if self.steps.get() > 0 { self.steps.get() } else { self.last_steps.max(1) };
-        self.steps.set(0);
+        for (last, now) in self.last_steps.iter_mut().zip(&self.steps) {
+            if now.get() > 0 {
+                *last = now.replace(0);
+            }
+        }
         self.pumps.clear();
         let ahead: &'static [Ahead] = self.ahead;
         for a in ahead {
-            for (mut at, end) in self.lines_ahead(a.dist, a.lines) {
-                if a.spread {
-                    let lines = (end as usize - at as usize) / 64;
-                    let per = lines.div_ceil(self.last_steps).max(1);
-                    self.pumps.push(Pump { at: Cell::new(at), end, per, hint: a.hint });
+            for (part, (mut at, end)) in self.lines_ahead(a.dist, a.lines).into_iter().enumerate() {
+                let (loops, steps) = match a.when {
+                    When::Spread => (3, self.last_steps[0] + self.last_steps[1]),
+                    When::PerLoop => (1 << part, self.last_steps[part]),
+                    When::Burst => (0, 0),
+                };
+                if steps > 0 {
+                    let per = ((end as usize - at as usize) / 64).div_ceil(steps).max(1);
+                    self.pumps.push(Pump { at: Cell::new(at), end, per, hint: a.hint, loops });
                 } else {
                     while at < end {
                         prefetch(a.hint, at);
@@ -127,11 +150,12 @@ impl Stream {
         }
     }
 
-    /// One step of a loop over the tile: the spread prefetches' next lines.
+    /// One step of the tile's K loop (`l` 0) or V loop (1): the next lines of the spread
+    /// prefetches that run over it.
     #[inline(always)]
-    pub fn pump(&self) {
-        self.steps.set(self.steps.get() + 1);
-        for p in &self.pumps {
+    pub fn pump(&self, l: usize) {
+        self.steps[l].set(self.steps[l].get() + 1);
+        for p in self.pumps.iter().filter(|p| p.loops & (1 << l) != 0) {
             let mut at = p.at.get();
             for _ in 0..p.per {
                 if at < p.end {

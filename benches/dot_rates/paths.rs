@@ -47,7 +47,7 @@ struct Line([u8; 64]);
 /// The L1-resident tile of one path (at most 2 x 8 KiB of f32 codes, 2 KiB of queries);
 /// with `ST`, its K and V are read from memory instead, the next pair each round
 /// (`dot_rates --stream`: [`Tile::streaming`]). The paths call [`Tile::next_tile`] at
-/// each round's start and [`Tile::pump`] at each loop step; both compile to nothing
+/// each round's start and [`Tile::pump`] at each step of its K and V loops; both compile to nothing
 /// without `ST`, so the L1 rates are those of the sequences alone.
 pub struct Tile<const ST: bool = false> {
     k: Vec<Line>,
@@ -120,15 +120,15 @@ impl<const ST: bool> Tile<ST> {
         }
     }
 
-    /// One step of a loop over the tile: the spread prefetches' next lines (nothing for
-    /// an L1-resident tile or without spread prefetches).
+    /// One step of the tile's K loop (`LOOP` 0) or V loop (1): the spread prefetches'
+    /// next lines (nothing for an L1-resident tile or without spread prefetches).
     #[inline(always)]
-    pub fn pump(&self) {
+    pub fn pump<const LOOP: usize>(&self) {
         if !ST {
             return;
         }
         if let Some(s) = &self.stream {
-            s.pump();
+            s.pump(LOOP);
         }
     }
 
@@ -181,7 +181,7 @@ pub(super) unsafe fn k_exact<W: Widen, const G: usize, const N: usize, const ST:
     let (kp, qp) = (t.kp(), t.q.as_ptr());
     let mut i = 0;
     while i < D {
-        t.pump();
+        t.pump::<0>();
         // SAFETY: rows i + r < D of 16 elements inside k; query elements j * D + i + r < 4 D.
         unsafe {
             let mut k = [_mm512_setzero_ps(); N];
@@ -238,7 +238,7 @@ unsafe fn v_loop<W: Widen, const G: usize, const VT: usize, const ST: bool>(t: &
                 }
             }
             for tk in 0..T {
-                t.pump();
+                t.pump::<1>();
                 let row = vp.add((tk * D + u0) * W::BYTES);
                 let mut v = [_mm512_setzero_ps(); VT];
                 let mut u = 0;
@@ -407,7 +407,7 @@ pub(super) unsafe fn k_dot<const G: usize, const N: usize, const ST: bool>(t: &m
     let (kp, qp) = (t.kp(), t.qw.as_ptr());
     let mut k = 0;
     while k < D / 4 {
-        t.pump();
+        t.pump::<0>();
         // SAFETY: quads k + r < D / 4 of 64 bytes inside k; query words
         // j * D / 4 + k + r < 4 D.
         unsafe {
@@ -489,7 +489,7 @@ pub unsafe fn bf16_scores<W: Widen, const FP8: bool, const G: usize, const N: us
             let (kp, qp) = (t.kp(), t.qw.as_ptr());
             let mut i = 0;
             while i < D / 2 {
-                t.pump();
+                t.pump::<0>();
                 // SAFETY: row pairs i + r < D / 2 of 32 elements inside k; query pairs
                 // j * D / 2 + i + r < 4 D.
                 unsafe {

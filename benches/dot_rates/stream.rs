@@ -15,10 +15,11 @@
 //! last-level cache.
 //!
 //! A policy (`--prefetch`, repeated; `none` by default) is `+`-joined prefetches
-//! `hint:dist:lines[:s]`: the first `lines` lines of the K and of the V tile `dist` pairs
-//! ahead, with hint `t0`, `t1`, `t2` or `nta`, in a burst at each tile's start or (`s`)
-//! spread over the loops' steps, as the kernel spreads its own ([`super::memory::Stream::pump`]).
-//! The kernel's policy at head_dim 128 and 8-bit codes is `t0:1:32:s+t1:2:32:s`.
+//! `hint:dist:lines[:s|:l]`: the first `lines` lines of the K and of the V tile `dist`
+//! pairs ahead, with hint `t0`, `t1`, `t2` or `nta`, in a burst at each tile's start,
+//! spread over both loops' steps (`s`) or the K lines over the K loop and the V lines
+//! over the V loop (`l`), as the kernel spreads its own ([`super::memory::When`]). The
+//! kernel's policy at head_dim 128 and 8-bit codes is `t0:1:32:l+t1:2:32:l`.
 //!
 //! Per path and g, with C, R and M the seconds per code of the L1-resident sequence, of
 //! the plain read of the tiles in the table's order and of the sequence on the streamed
@@ -33,7 +34,7 @@ use std::sync::OnceLock;
 
 use pykvpool::kv::aligned::AlignedBuf;
 
-use super::memory::{Ahead, Layout};
+use super::memory::{Ahead, Layout, When};
 use super::paths::{Tile, D, T};
 use super::table::{all_paths, Path, GS};
 use super::{rate, Opts};
@@ -125,9 +126,10 @@ unsafe fn read(t: &mut Tile<true>, n: u64) {
     std::hint::black_box(acc);
 }
 
-/// A prefetch policy: `none`, or `+`-joined `hint:dist:lines[:s]` ([`Ahead`]: the first
-/// `lines` lines of the K and of the V tile `dist` pairs on; hint `t0`, `t1`, `t2` or
-/// `nta`; `s`: spread over the loops' steps, else a burst at the tile's start).
+/// A prefetch policy: `none`, or `+`-joined `hint:dist:lines[:s|:l]` ([`Ahead`]: the
+/// first `lines` lines of the K and of the V tile `dist` pairs on; hint `t0`, `t1`, `t2`
+/// or `nta`; a burst at the tile's start, `s` spread over both loops' steps, `l` each
+/// tile's lines over its own loop).
 pub fn parse_policy(spec: &str) -> Result<Vec<Ahead>, String> {
     if spec == "none" {
         return Ok(Vec::new());
@@ -136,12 +138,15 @@ pub fn parse_policy(spec: &str) -> Result<Vec<Ahead>, String> {
         .map(|a| {
             let f: Vec<&str> = a.split(':').collect();
             let hint = ["t0", "t1", "t2", "nta"].iter().position(|h| Some(h) == f.first());
-            let spread = f.get(3) == Some(&"s");
-            match (hint, f.get(1).and_then(|x| x.parse().ok()), f.get(2).and_then(|x| x.parse().ok()), f.len()) {
-                (Some(h), Some(dist), Some(lines), n) if n == 3 || (n == 4 && spread) => {
-                    Ok(Ahead { hint: h as u8, dist, lines, spread })
-                }
-                _ => Err(format!("a prefetch is hint:dist:lines[:s] (hint t0, t1, t2 or nta), got {a:?}")),
+            let when = match f.get(3) {
+                None => Some(When::Burst),
+                Some(&"s") => Some(When::Spread),
+                Some(&"l") => Some(When::PerLoop),
+                Some(_) => None,
+            };
+            match (hint, f.get(1).and_then(|x| x.parse().ok()), f.get(2).and_then(|x| x.parse().ok()), when, f.len()) {
+                (Some(h), Some(dist), Some(lines), Some(when), 3 | 4) => Ok(Ahead { hint: h as u8, dist, lines, when }),
+                _ => Err(format!("a prefetch is hint:dist:lines[:s|:l] (hint t0, t1, t2 or nta), got {a:?}")),
             }
         })
         .collect()
