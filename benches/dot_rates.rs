@@ -66,10 +66,15 @@ struct Opts {
     /// `--stream [MiB]`: the streamed table instead ([`stream`]), its buffer's size;
     /// `--paths a,b`: only those paths; `--prefetch P` (repeated): its policies;
     /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     stream: Option<Option<usize>>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     paths: Vec<String>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: Vec<String>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     heads: usize,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     in_order: bool,
 }
 

@@ -105,7 +105,7 @@ fn buffer(mib: Option<usize>) -> &'static [u8] {
 /// # Safety
 /// AVX-512 F.
 #[target_feature(enable = "avx512f")]
-unsafe fn read(t: &mut Tile<true>, n: u64) {
+unsafe fn sum_tiles(t: &mut Tile<true>, n: u64) {
     use std::arch::x86_64::*;
     let mut acc = [_mm512_setzero_si512(); 8];
     for _ in 0..n {
@@ -169,10 +169,10 @@ impl Row {
         let (f, fs) = (p.runs[gi][2], p.stream[gi]);
         let bytes = p.bytes;
         // SAFETY (each run): `main` checked the base features, `run` the path's own; the
-        // sequences and `read` read only inside their tiles.
+        // sequences and `sum_tiles` read only inside their tiles.
         let l1 = rate(o, threads, codes, || Tile::new(bytes, |i| 0x3c + (i % 8) as u8), |t, n| unsafe { f(t, n) });
-        let probe = rate(o, threads, codes, || Tile::streaming(bytes, buf, sweep, claim, &[]), |t, n| unsafe { read(t, n) });
-        let read = rate(o, threads, codes, || Tile::streaming(bytes, buf, layout, claim, &[]), |t, n| unsafe { read(t, n) });
+        let sum = |l: Layout| rate(o, threads, codes, || Tile::streaming(bytes, buf, l, claim, &[]), |t, n| unsafe { sum_tiles(t, n) });
+        let (probe, read) = (sum(sweep), sum(layout));
         let memory = policies
             .iter()
             .map(|a| rate(o, threads, codes, || Tile::streaming(bytes, buf, layout, claim, a), |t, n| unsafe { fs(t, n) }))
@@ -184,6 +184,20 @@ impl Row {
         let (c, r, m) = (1.0 / self.l1, 1.0 / self.read, 1.0 / memory);
         (m - c.max(r)) / c.min(r)
     }
+}
+
+/// Per code width (1 and 2 bytes): the sweep (one tile pair per block, in slot order: the
+/// buffer in address order) and the table's layout (blocks of `heads` K and V tiles, in
+/// a scattered table with `scatter`), over a buffer of `len` bytes.
+fn layouts(len: usize, heads: usize, scatter: bool) -> Vec<(usize, [Layout; 2])> {
+    [1, 2]
+        .iter()
+        .map(|&b| {
+            let pair = 2 * D * T * b;
+            let sweep = Layout { heads: 1, order: table(len, pair, false) };
+            (b, [sweep, Layout { heads, order: table(len, heads * pair, scatter) }])
+        })
+        .collect()
 }
 
 /// Measure and print the 8-bit and bf16 paths named in `only` (all when empty),
@@ -209,17 +223,7 @@ pub fn run(o: &Opts, mib: Option<usize>, only: &[String], policies: &[String], h
         }
     };
     let buf = buffer(mib);
-    // One table per tile size (blocks of `heads` K and V tiles).
-    // Per tile size: the table (blocks of `heads` K and V tiles) and the sweep (one pair
-    // per block, in order: the buffer in address order).
-    let tables: Vec<(usize, [Layout; 2])> = [1, 2]
-        .iter()
-        .map(|&b| {
-            let pair = 2 * D * T * b;
-            let sweep = Layout { heads: 1, order: table(buf.len(), pair, false) };
-            (b, [sweep, Layout { heads, order: table(buf.len(), heads * pair, scatter) }])
-        })
-        .collect();
+    let tables = layouts(buf.len(), heads, scatter);
     let layout = |bytes: usize| tables.iter().find(|t| t.0 == bytes).expect("1 or 2 bytes").1;
     println!("stream buffer: {} MiB (last-level cache {} MiB); blocks of {heads} heads' K and V tiles, {}; \
               prefetch policies: {}", buf.len() >> 20,
@@ -227,8 +231,8 @@ pub fn run(o: &Opts, mib: Option<usize>, only: &[String], policies: &[String], h
              if scatter { "scattered" } else { "in order" }, policies.join(", "));
     let mut json = Vec::new();
     for &t in &o.threads {
-        let heads: String = policies.iter().map(|p| format!(" {p}: memory / probe | / read | exposed |")).collect();
-        println!("\n{t} thread(s):\n| path | g | L1 G codes/s | probe G codes/s | read G codes/s |{heads}\n\
+        let cols: String = policies.iter().map(|p| format!(" {p}: memory / probe | / read | exposed |")).collect();
+        println!("\n{t} thread(s):\n| path | g | L1 G codes/s | probe G codes/s | read G codes/s |{cols}\n\
                   |---|---|---|---|---|{}", "---|---|---|".repeat(policies.len()));
         for p in &paths {
             for (gi, &g) in GS.iter().enumerate() {
