@@ -71,6 +71,25 @@ impl Tile<false> {
     /// A tile of `bytes`-wide elements whose byte `i` is `code(i)` (for 4- and 2-byte
     /// elements: their high byte, the low bytes 0), queries and probabilities small.
     pub fn new(bytes: usize, code: impl Fn(usize) -> u8) -> Self {
+        Self::build(bytes, code, None)
+    }
+}
+
+impl Tile<true> {
+    /// A tile of `bytes`-wide elements whose K and V come from `buf` laid out as
+    /// `layout`, read from the runs `claim()` names, prefetching as `ahead` says
+    /// ([`Stream`]).
+    pub fn streaming(bytes: usize, buf: &'static [u8], layout: Layout, claim: fn() -> usize, ahead: &'static [Ahead]) -> Self {
+        let stream = Stream::new(buf, layout, D * T * bytes, claim, ahead);
+        let mut t = Self::build(bytes, |i| 0x3c + (i % 8) as u8, Some(stream));
+        t.next_tile();
+        t
+    }
+}
+
+impl<const ST: bool> Tile<ST> {
+    /// [`Tile::new`]'s tile, reading K and V from `stream` when there is one.
+    fn build(bytes: usize, code: impl Fn(usize) -> u8, stream: Option<Stream>) -> Self {
         let lines = D * T * bytes / 64;
         let fill = |salt: usize| {
             let mut v = vec![Line([0; 64]); lines];
@@ -90,25 +109,10 @@ impl Tile<false> {
             qh: (0..D / 4 * 4).map(|i| Line([0x10, 0x10 + (i % 5) as u8].repeat(32).try_into().expect("64 bytes"))).collect(),
             acc: vec![0.0; 4 * D],
             sc: vec![Line([0; 64]); 4],
-            stream: None,
+            stream,
         }
     }
-}
 
-impl Tile<true> {
-    /// A tile of `bytes`-wide elements whose K and V come from `buf` laid out as
-    /// `layout`, read from the runs `claim()` names, prefetching as `ahead` says
-    /// ([`Stream`]).
-    pub fn streaming(bytes: usize, buf: &'static [u8], layout: Layout, claim: fn() -> usize, ahead: &'static [Ahead]) -> Self {
-        let t = Tile::new(bytes, |i| 0x3c + (i % 8) as u8);
-        let stream = Some(Stream::new(buf, layout, D * T * bytes, claim, ahead));
-        let mut t = Tile { k: t.k, v: t.v, q: t.q, qw: t.qw, p: t.p, ph: t.ph, qh: t.qh, acc: t.acc, sc: t.sc, stream };
-        t.next_tile();
-        t
-    }
-}
-
-impl<const ST: bool> Tile<ST> {
     /// Moves a streaming tile to its next K, V pair (nothing for an L1-resident one).
     #[inline(always)]
     pub fn next_tile(&mut self) {
