@@ -31,7 +31,7 @@
 //! streamed from memory against the L1 rates and a plain read of the same tiles
 //! (`dot_rates/stream.rs`; JSON line `{"stream_rates"`).
 //!
-//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2] [-- --stream [MiB]]`.
+//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2] [-- --stream [MiB] [--pad N,...]]`.
 
 use std::sync::Barrier;
 
@@ -65,7 +65,8 @@ struct Opts {
     threads: Vec<usize>,
     /// `--stream [MiB]`: the streamed table instead ([`stream`]), its buffer's size;
     /// `--paths a,b`: only those paths; `--prefetch P` (repeated): its policies;
-    /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered.
+    /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered;
+    /// `--pad N[,N...]` below.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     stream: Option<Option<usize>>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -76,6 +77,9 @@ struct Opts {
     heads: usize,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     in_order: bool,
+    /// `--pad N[,N...]`: FMA rounds after each streamed tile pair ([`stream`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pads: Vec<usize>,
 }
 
 impl Opts {
@@ -105,6 +109,13 @@ impl Opts {
             }
         };
         let in_order = args.iter().any(|a| a == "--in-order");
+        let pads: Vec<usize> = match value("--pad").iter().flat_map(|l| l.split(',')).map(|k| k.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>() {
+            Ok(p) if p.iter().all(|&k| k <= 1 << 16) => p,
+            _ => {
+                eprintln!("dot_rates: error: --pad takes a comma-separated list of FMA rounds in 0..=65536");
+                std::process::exit(2);
+            }
+        };
         let mut o = Opts {
             quick: args.iter().any(|a| a == "--quick"),
             threads: vec![1, 2],
@@ -113,6 +124,7 @@ impl Opts {
             prefetch,
             heads,
             in_order,
+            pads,
         };
         if let Some(i) = args.iter().position(|a| a == "--threads") {
             let list = args.get(i + 1).map(String::as_str).unwrap_or("");
@@ -248,7 +260,7 @@ fn main() {
             return;
         }
         if let Some(mib) = o.stream {
-            stream::run(&o, mib, &o.paths, &o.prefetch, o.heads, !o.in_order);
+            stream::run(&o, mib, &o.paths, &o.prefetch, o.heads, !o.in_order, &o.pads);
             return;
         }
         // SAFETY (every call below): the features each function is compiled for were
