@@ -27,7 +27,9 @@
 //! blocks does not stall the stream and the misses do not arrive in one burst. The tile
 //! after it is prefetched into L2 at the same steps
 //! ([`super::work::PREFETCH_L2_TILES`]: one core's L1 misses in flight are too few to
-//! cover memory's latency at an 8-bit decode's rate), and the next int8 tile's per-token
+//! cover memory's latency at an 8-bit decode's rate), or, by [`run`]'s f32 loops on 8-bit
+//! tiles of at most 2 KiB, only its first lines at the loop's start (the L2's stream
+//! prefetcher takes the rest: [`super::x86_prefetch::FAR_START_LINES`]), and the next int8 tile's per-token
 //! scales into L1 by the walk itself. The hot loops index through raw pointers
 //! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
 //! version cost 15-20% of the cache-resident time).
@@ -82,7 +84,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_pair, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::x86_prefetch::{Prefetcher, Stream};
+use super::x86_prefetch::{Prefetcher, Stream, FAR_START_MAX_BYTES};
 use super::query::interleave_query;
 use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX};
 use crate::kv::{DType, Elem};
@@ -96,18 +98,30 @@ pub(crate) const HT: usize = 4;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
-    // SAFETY: the caller's features are those `Exact` is compiled for.
-    unsafe { run_with(w, p, &Exact { q: &q }, &FloatPv) }
+    // 8-bit tiles of at most 2 KiB: only the far tiles' first lines into L2
+    // (`Prefetcher<false>`, `benches/RESULTS.md` issue 15 wave 23).
+    if E::DTYPE.is_quantized() && w.shape.tile() * std::mem::size_of::<E>() <= FAR_START_MAX_BYTES {
+        // SAFETY: the caller's features are those `Exact` is compiled for.
+        unsafe { run_with::<E, _, _, false>(w, p, &Exact::<false> { q: &q }, &FloatPv) }
+    } else {
+        // SAFETY: as above.
+        unsafe { run_with::<E, _, _, true>(w, p, &Exact::<true> { q: &q }, &FloatPv) }
+    }
 }
 
 /// The tile loop of [`run`] with the scores computed by `sc` and `P V` by `pv` where it
-/// takes the head_dim (else by this file's f32 loops).
+/// takes the head_dim (else by this file's f32 loops, prefetching as `Prefetcher<FAR_LINES>`).
 ///
 /// # Safety
 /// The CPU must support the features of `run` and of `S`'s and `P`'s implementations.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &mut Partial, sc: &S, pv: &P) {
+pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: bool>(
+    w: &Work<E>,
+    p: &mut Partial,
+    sc: &S,
+    pv: &P,
+) {
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[[0f32; W]; HT]; 2];
     let mut l = LaneSums::<W>::new(p.l);
@@ -126,14 +140,14 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
                 let pf = if j0 == 0 { pf } else { None };
                 let (lr, pr) = (l.rows(), &mut probs);
                 match (b, g - j0) {
-                    (Some(b), 1) => head_tile::<E, S, P, 1, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), 2) => head_tile::<E, S, P, 2, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), 3) => head_tile::<E, S, P, 3, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), _) => head_tile::<E, S, P, 4, 2>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (None, 1) => head_tile::<E, S, P, 1, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, 2) => head_tile::<E, S, P, 2, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, 3) => head_tile::<E, S, P, 3, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, _) => head_tile::<E, S, P, 4, 1>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (Some(b), 1) => head_tile::<E, S, P, 1, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), 2) => head_tile::<E, S, P, 2, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), 3) => head_tile::<E, S, P, 3, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (Some(b), _) => head_tile::<E, S, P, 4, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
+                    (None, 1) => head_tile::<E, S, P, 1, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, 2) => head_tile::<E, S, P, 2, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, 3) => head_tile::<E, S, P, 3, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (None, _) => head_tile::<E, S, P, 4, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
                 }
                 j0 += HT;
             }
@@ -149,10 +163,10 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>>(w: &Work<E>, p: &
                 let pf = if j0 == 0 { pf } else { None };
                 let (lr, pr) = (l.rows(), &mut probs);
                 match g - j0 {
-                    1 => head_tile::<E, S, P, 1, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    2 => head_tile::<E, S, P, 2, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    3 => head_tile::<E, S, P, 3, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    _ => head_tile::<E, S, P, 4, 1>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    1 => head_tile::<E, S, P, 1, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    2 => head_tile::<E, S, P, 2, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    3 => head_tile::<E, S, P, 3, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    _ => head_tile::<E, S, P, 4, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
                 }
                 j0 += HT;
             }
@@ -270,12 +284,12 @@ impl<E> Pv<E> for FloatPv {
 }
 
 /// f32 scores from the pre-scaled f32 query rows of the item, each head tile's rows
-/// interleaved ([`interleave_query`]).
-pub(crate) struct Exact<'a> {
+/// interleaved ([`interleave_query`]), prefetching as `Prefetcher<FAR_LINES>`.
+pub(crate) struct Exact<'a, const FAR_LINES: bool> {
     pub q: &'a [f32],
 }
 
-impl<E: Elem> Scores<E> for Exact<'_> {
+impl<E: Elem, const FAR_LINES: bool> Scores<E> for Exact<'_, FAR_LINES> {
     /// Each K row (one dimension, 16 tokens) is widened once and FMA'd with the
     /// broadcast query element of every head, with [`chains`] partial sums per head.
     #[inline]
@@ -293,9 +307,9 @@ impl<E: Elem> Scores<E> for Exact<'_> {
         // SAFETY: the assert above is `exact_scores`'s contract.
         unsafe {
             if E::DTYPE.is_quantized() && mask == 0xffff {
-                exact_scores::<E, H, true>(kp, qp, d, bs, mask, next_k)
+                exact_scores::<E, H, true, FAR_LINES>(kp, qp, d, bs, mask, next_k)
             } else {
-                exact_scores::<E, H, false>(kp, qp, d, bs, mask, next_k)
+                exact_scores::<E, H, false, FAR_LINES>(kp, qp, d, bs, mask, next_k)
             }
         }
     }
@@ -310,7 +324,7 @@ impl<E: Elem> Scores<E> for Exact<'_> {
 /// `qp` holds `H * d` f32; the CPU has the features below.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
+unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool, const FAR_LINES: bool>(
     kp: *const E,
     qp: *const f32,
     d: usize,
@@ -323,7 +337,7 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool>(
     let pairs = E::DTYPE == DType::E4M3 && H <= 2;
     // The next K tile is prefetched over this loop, the next V tile over the V loop,
     // so the misses overlap FMAs instead of arriving in one burst.
-    let mut pf = Prefetcher::new(next_k, d / n);
+    let mut pf = Prefetcher::<FAR_LINES>::with(next_k, d / n);
     let mut s = [[_mm512_setzero_ps(); H]; 4];
     let (mut kr, mut qr) = (kp, qp);
     let mut i = 0;
@@ -428,7 +442,7 @@ fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize>(
+fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, const FAR_LINES: bool>(
     cs: [&Chunk<E>; N],
     sc: &S,
     pv: &P,
@@ -535,18 +549,18 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize>(
     if E::DTYPE.is_quantized() && d.is_multiple_of(VT * W) {
         let wide = H <= 2 && d.is_multiple_of(2 * VT * W);
         let passes = d / if wide { 2 * VT * W } else { VT * W };
-        let idle = || Prefetcher::new(Stream::<E>::NONE, 0);
+        let idle = || Prefetcher::<FAR_LINES>::with(Stream::<E>::NONE, 0);
         let mut pf = [[idle(), idle()], [idle(), idle()]];
         for n in 0..N {
             let steps = passes * cs[n].lanes;
-            pf[n] = [Prefetcher::new(next_v[n], steps), Prefetcher::new(pv_k[n], steps)];
+            pf[n] = [Prefetcher::with(next_v[n], steps), Prefetcher::with(pv_k[n], steps)];
         }
         // SAFETY: `pv_full`'s contract is checked by its asserts; the features are ours.
         unsafe {
             if wide {
-                pv_full::<E, H, { 2 * VT }, N>(cs, acc, probs, &alpha, rescale, &mut pf);
+                pv_full::<E, H, { 2 * VT }, N, FAR_LINES>(cs, acc, probs, &alpha, rescale, &mut pf);
             } else {
-                pv_full::<E, H, VT, N>(cs, acc, probs, &alpha, rescale, &mut pf);
+                pv_full::<E, H, VT, N, FAR_LINES>(cs, acc, probs, &alpha, rescale, &mut pf);
             }
         }
         return;
@@ -558,7 +572,7 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize>(
     let ap = acc.as_mut_ptr();
     let vp = c.vt.as_ptr();
     let steps = d.div_ceil(VT * W) * c.lanes;
-    let (mut pf, mut pfk) = (Prefetcher::new(next_v, steps), Prefetcher::new(pv_k, steps));
+    let (mut pf, mut pfk) = (Prefetcher::<FAR_LINES>::with(next_v, steps), Prefetcher::<FAR_LINES>::with(pv_k, steps));
     let mut u0 = 0;
     while u0 < d {
         // A loop, not `array::from_fn`, whose closure became an out-of-line call.
@@ -631,13 +645,13 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize>(
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c (the caller is compiled
 /// for them).
 #[inline(always)]
-unsafe fn pv_full<E: Elem, const H: usize, const U: usize, const N: usize>(
+unsafe fn pv_full<E: Elem, const H: usize, const U: usize, const N: usize, const FAR_LINES: bool>(
     cs: [&Chunk<E>; N],
     acc: &mut [f32],
     probs: &[[[f32; W]; HT]; 2],
     alpha: &[f32; H],
     rescale: bool,
-    pf: &mut [[Prefetcher; 2]; 2],
+    pf: &mut [[Prefetcher<FAR_LINES>; 2]; 2],
 ) {
     let d = cs[0].d;
     assert!(N <= 2 && H <= HT && d.is_multiple_of(U * W) && acc.len() == H * d);

@@ -75,7 +75,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (q, factor) = w.q_bf16.expect("bf16 query pairs");
     match E::DTYPE {
         // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores.
-        DType::BF16 => unsafe { run_with(w, p, &Dot { q, factor }, &FloatPv) },
+        DType::BF16 => unsafe { run_with::<E, _, _, true>(w, p, &Dot { q, factor }, &FloatPv) },
         DType::E4M3 | DType::E5M2 if supported_fp8() => {
             // `load_factor`: the tile loop's K scale carries the exact path's factor
             // (2^8 for e4m3), which these scores of the true code values must not.
@@ -95,7 +95,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")]
 unsafe fn run_fp8<E: Elem>(w: &Work<E>, p: &mut Partial, dot: &Fp8Dot) {
     // SAFETY: this function's features are those of `run_with` and of `Fp8Dot`'s scores.
-    unsafe { run_with(w, p, dot, &FloatPv) }
+    unsafe { run_with::<E, _, _, true>(w, p, dot, &FloatPv) }
 }
 
 /// `vdpbf16ps` scores from the item's bf16 query pairs (`Work::q_bf16`).

@@ -78,7 +78,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     w.in_head_groups(p, |w, p| {
         let q = lane_query(w.q, d, g, HT);
         // SAFETY: the caller's features are those the two implementations are compiled for.
-        unsafe { run_with(w, p, &TableScores { q: &q }, &TablePv) }
+        unsafe { run_with::<E, _, _, true>(w, p, &TableScores { q: &q }, &TablePv) }
     });
 }
 

@@ -103,7 +103,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
         let q = F16Query::new(w.q, d, g, k_max::<E>());
         // SAFETY: the caller's features are those the two implementations are compiled
         // for (the f16 instructions need avx512fp16, which the caller checked).
-        unsafe { run_with(w, p, &F16Scores { q: &q }, &F16Pv) }
+        unsafe { run_with::<E, _, _, true>(w, p, &F16Scores { q: &q }, &F16Pv) }
     });
 }
 

@@ -68,14 +68,14 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
             (Some(q), pv) => {
                 assert!(q.rows.len() * w.shape.head_dim.div_ceil(4) == q.codes.len());
                 if pv {
-                    run_with(w, p, &Dot { q }, &IntPv)
+                    run_with::<E, _, _, true>(w, p, &Dot { q }, &IntPv)
                 } else {
-                    run_with(w, p, &Dot { q }, &FloatPv)
+                    run_with::<E, _, _, true>(w, p, &Dot { q }, &FloatPv)
                 }
             }
             (None, _) => {
                 let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
-                run_with(w, p, &Exact { q: &q }, &IntPv)
+                run_with::<E, _, _, true>(w, p, &Exact::<true> { q: &q }, &IntPv)
             }
         }
     }

@@ -3,6 +3,9 @@
 //! ([`super::work::Ahead`]). A burst of L2 lines at a tile's start stalled on the core's
 //! miss buffers (3.7-4.7% of a profile's samples on `prefetcht1`); spread, bf16 decode
 //! gained 20% (GQA) and 42% (MHA) on one core (`benches/RESULTS.md`, issue 15 wave 4).
+//! A `Prefetcher<false>` takes only the far tile's first lines instead, at once
+//! ([`FAR_START_LINES`]): the exact AVX-512 paths on 8-bit tiles of at most
+//! [`FAR_START_MAX_BYTES`].
 
 use std::arch::x86_64::*;
 
@@ -33,7 +36,12 @@ impl<E> Stream<'_, E> {
 /// same offsets as the near one's (tiles of one shape), so a step is one test and its
 /// prefetches: the hot loops have few spare registers and decode slots (a first version
 /// with a bounded loop per stream spilled the score loop's strides to the stack).
-pub(crate) struct Prefetcher {
+///
+/// `FAR_LINES` false: the far tile's first [`FAR_START_LINES`] lines go into L2 at once,
+/// in [`Prefetcher::with`], and the steps prefetch the near tile only (a choice made at
+/// compile time: a test per step cost what it gained, and an L2 prefetch of lines
+/// already on their way cost more; `benches/RESULTS.md`, issue 15 waves 22 and 23).
+pub(crate) struct Prefetcher<const FAR_LINES: bool = true> {
     near: *const i8,
     /// The far tile, or the near one again when there is none (its lines then hit the
     /// fill buffers: cheaper than a test per step).
@@ -44,22 +52,51 @@ pub(crate) struct Prefetcher {
     per: usize,
 }
 
+/// Lines of the far tile a `Prefetcher<false>` sends into L2, at its start. They set the
+/// L2's own stream prefetcher on the tile's 4 KiB page, which fetches the rest of it (two
+/// 8-bit tiles at head_dim 128 and block size 16), while the core's miss buffers stay
+/// free for the near tile's lines. The wider tiles, and the dot-product paths (whose short
+/// loops gain nothing or lose from it), keep every far line spread over the steps:
+/// `benches/RESULTS.md`, issue 15 waves 22 and 23.
+pub(crate) const FAR_START_LINES: usize = 2;
+
+/// K or V tiles of at most this many bytes may take [`FAR_START_LINES`] (4 KiB tiles, a
+/// page each, read 1-3% slower with them: wave 22's block size 32).
+pub(crate) const FAR_START_MAX_BYTES: usize = 2 << 10;
+
 impl Prefetcher {
-    /// Spread `s`'s tiles' lines over `iters` steps.
+    /// Spread `s`'s tiles' lines over `iters` steps (every far line too).
     #[inline]
     pub(crate) fn new<E>(s: Stream<E>, iters: usize) -> Self {
+        Self::with(s, iters)
+    }
+}
+
+impl<const FAR_LINES: bool> Prefetcher<FAR_LINES> {
+    /// Spread `s`'s near tile's lines over `iters` steps, and its far tile's with them
+    /// (`FAR_LINES`) or its first [`FAR_START_LINES`] now (not `FAR_LINES`).
+    #[inline]
+    pub(crate) fn with<E>(s: Stream<E>, iters: usize) -> Self {
         let Some(t) = s.l1 else {
             return Self { near: std::ptr::null(), far: std::ptr::null(), end: std::ptr::null(), per: 0 };
         };
-        let (per_lines, steps) = spread(std::mem::size_of_val(t).div_ceil(64), iters);
+        let lines = std::mem::size_of_val(t).div_ceil(64);
+        let (per_lines, steps) = spread(lines, iters);
         // A far tile of another length (never, as tiles share a shape) is not prefetched.
-        let far = s.l2.filter(|f| f.len() == t.len()).unwrap_or(t);
+        let far = s.l2.filter(|f| f.len() == t.len());
+        if let (false, Some(f)) = (FAR_LINES, far) {
+            let f: *const i8 = f.as_ptr().cast();
+            for l in 0..FAR_START_LINES.min(lines) {
+                // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(f.wrapping_add(64 * l)) };
+            }
+        }
         let near: *const i8 = t.as_ptr().cast();
         let per = 64 * per_lines;
-        Self { near, far: far.as_ptr().cast(), end: near.wrapping_add(steps * per), per }
+        Self { near, far: far.unwrap_or(t).as_ptr().cast(), end: near.wrapping_add(steps * per), per }
     }
 
-    /// Prefetch the next `per` bytes of the near tile into L1 and of the far one into L2
+    /// Prefetch the next `per` bytes of the near tile into L1 and (`FAR_LINES`) of the far one into L2
     /// (the last step may reach up to `per - 64` bytes past a tile: prefetches never fault).
     /// One line a step, the common case, takes no loop: a step is a compare, two
     /// prefetches and two adds (the hot loops have few spare issue slots: with the cache
@@ -74,11 +111,15 @@ impl Prefetcher {
             return;
         }
         _mm_prefetch::<_MM_HINT_T0>(self.near);
-        _mm_prefetch::<_MM_HINT_T1>(self.far);
+        if FAR_LINES {
+            _mm_prefetch::<_MM_HINT_T1>(self.far);
+        }
         let mut off = 64;
         while off < self.per {
             _mm_prefetch::<_MM_HINT_T0>(self.near.wrapping_add(off));
-            _mm_prefetch::<_MM_HINT_T1>(self.far.wrapping_add(off));
+            if FAR_LINES {
+                _mm_prefetch::<_MM_HINT_T1>(self.far.wrapping_add(off));
+            }
             off += 64;
         }
         self.near = self.near.wrapping_add(self.per);
@@ -134,6 +175,28 @@ mod tests {
         let mut idle = Prefetcher::new(Stream::<u8>::NONE, 8);
         // SAFETY: as above.
         unsafe { idle.step() };
+        assert!(idle.near.is_null() && idle.near == idle.end);
+    }
+
+    /// A `Prefetcher<false>` steps over the near tile exactly as the default one (its far
+    /// tile's first lines went out in `with`; the steps issue no far line, a compile-time
+    /// choice that leaves nothing to observe but the cursor it no longer moves on).
+    #[test]
+    fn first_lines_prefetcher_steps_the_near_tile_as_the_default_one() {
+        let (near, far) = (vec![0u8; 2048], vec![0u8; 2048]);
+        for iters in [1usize, 8, 16, 32, 64] {
+            let s = Stream { l1: Some(&near[..]), l2: Some(&far[..]) };
+            let (mut a, mut b) = (Prefetcher::new(s, iters), Prefetcher::<false>::with(s, iters));
+            assert_eq!((a.near, a.end, a.per), (b.near, b.end, b.per), "{iters} steps");
+            assert_eq!(a.far, far.as_ptr().cast(), "the default one steps over the far tile");
+            for _ in 0..iters + 2 {
+                // SAFETY: sse is part of the x86-64 baseline.
+                unsafe { (a.step(), b.step()) };
+                assert_eq!(a.near, b.near, "{iters} steps");
+            }
+        }
+        // No tile: idle, as the default one.
+        let idle = Prefetcher::<false>::with(Stream::<u8>::NONE, 8);
         assert!(idle.near.is_null() && idle.near == idle.end);
     }
 
