@@ -47,7 +47,7 @@ use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::isa::cpu_features;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, LAZY_MAX};
-use super::x86_prefetch::{Prefetcher, Stream};
+use super::x86_prefetch::{Prefetcher, Stream, FAR_START_MAX_BYTES};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -101,9 +101,15 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     // item's KV heads run in groups whose vectors fit in L1 beside the tiles.
     w.in_head_groups(p, |w, p| {
         let q = F16Query::new(w.q, d, g, k_max::<E>());
-        // SAFETY: the caller's features are those the two implementations are compiled
-        // for (the f16 instructions need avx512fp16, which the caller checked).
-        unsafe { run_with::<E, _, _, true>(w, p, &F16Scores { q: &q }, &F16Pv) }
+        // 8-bit tiles of at most 2 KiB: only the far tiles' first lines (`avx512::run`'s choice).
+        if w.shape.tile() <= FAR_START_MAX_BYTES {
+            // SAFETY: the caller's features are those the two implementations are compiled
+            // for (the f16 instructions need avx512fp16, which the caller checked).
+            unsafe { run_with::<E, _, _, false>(w, p, &F16Scores::<false> { q: &q }, &F16Pv::<false>) }
+        } else {
+            // SAFETY: as above.
+            unsafe { run_with::<E, _, _, true>(w, p, &F16Scores::<true> { q: &q }, &F16Pv::<true>) }
+        }
     });
 }
 
@@ -292,11 +298,11 @@ fn halves_sum(v: __m512i) -> __m512 {
 }
 
 /// Scores from [`F16Query`] on the f16 keys.
-pub(crate) struct F16Scores<'a> {
+pub(crate) struct F16Scores<'a, const FAR_LINES: bool> {
     q: &'a F16Query,
 }
 
-impl<E: Elem> Scores<E> for F16Scores<'_> {
+impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
     /// Per 64-code run: one (masked) load, [`widen`], one `vfmadd231ph` per half and
     /// head. Bound: `q'` rounds each element by at most 2^-11 relative, each product
     /// rounds by 2^-11 relative (or 2^-25 absolute below f16's normal range), and each lane
@@ -317,7 +323,7 @@ impl<E: Elem> Scores<E> for F16Scores<'_> {
         let mask4 = m | m << 16 | m << 32 | m << 48;
         let qp = self.q.words[32 * runs * qh..].as_ptr();
         let kp = c.kt.as_ptr().cast::<u8>().wrapping_add(c.c0);
-        let mut pf = Prefetcher::new(next_k, runs);
+        let mut pf = Prefetcher::<FAR_LINES>::with(next_k, runs);
         // Two sets of sums for 1-2 heads (alternate runs), so 4-8 FMA chains are in flight.
         let mut s = [[[_mm512_setzero_si512(); 2]; H]; 2];
         // A full chunk's runs are plain loads; the K and query pointers are stepped.
@@ -377,9 +383,9 @@ pub(crate) const fn pv_code(pos: usize) -> usize {
 }
 
 /// `P V` in f16 per chunk, added to f32 accumulators in the [`pv_code`] order.
-pub(crate) struct F16Pv;
+pub(crate) struct F16Pv<const FAR_LINES: bool>;
 
-impl<E: Elem> Pv<E> for F16Pv {
+impl<E: Elem, const FAR_LINES: bool> Pv<E> for F16Pv<FAR_LINES> {
     #[inline(always)]
     fn takes(&self, d: usize) -> bool {
         matches!(E::DTYPE, DType::E4M3 | DType::E5M2) && d.is_multiple_of(RUN)
@@ -400,11 +406,11 @@ impl<E: Elem> Pv<E> for F16Pv {
         // SAFETY: the features are ours and avx512fp16 (`applies`); `pass` checks its bounds.
         unsafe {
             if H <= 2 && c.d.is_multiple_of(4 * RUN) {
-                pass::<E, H, 4>(c, acc, probs, alpha, rescale, next);
+                pass::<E, H, 4, FAR_LINES>(c, acc, probs, alpha, rescale, next);
             } else if c.d.is_multiple_of(2 * RUN) {
-                pass::<E, H, 2>(c, acc, probs, alpha, rescale, next);
+                pass::<E, H, 2, FAR_LINES>(c, acc, probs, alpha, rescale, next);
             } else {
-                pass::<E, H, 1>(c, acc, probs, alpha, rescale, next);
+                pass::<E, H, 1, FAR_LINES>(c, acc, probs, alpha, rescale, next);
             }
         }
     }
@@ -434,7 +440,7 @@ impl<E: Elem> Pv<E> for F16Pv {
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512fp16, fma and f16c.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn pass<E: Elem, const H: usize, const R: usize>(
+unsafe fn pass<E: Elem, const H: usize, const R: usize, const FAR_LINES: bool>(
     c: &Chunk<E>,
     acc: &mut [f32],
     probs: &[[f32; W]; HT],
@@ -456,7 +462,7 @@ unsafe fn pass<E: Elem, const H: usize, const R: usize>(
         }
     }
     let steps = d / (R * RUN) * c.lanes;
-    let mut pf = [Prefetcher::new(next[0], steps), Prefetcher::new(next[1], steps)];
+    let mut pf = [Prefetcher::<FAR_LINES>::with(next[0], steps), Prefetcher::<FAR_LINES>::with(next[1], steps)];
     let ap = acc.as_mut_ptr();
     let inv = _mm512_set1_ps(inverse);
     let mut u0 = 0;

@@ -388,8 +388,8 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
-/// L2 ([`Ahead::far`]; the exact AVX-512 path's 8-bit tiles of at most 2 KiB, only their
-/// first lines: `x86_prefetch::FAR_START_LINES`), so a tile's misses are already on their way from memory when its
+/// L2 ([`Ahead::far`]; on the exact AVX-512 path's and `fp16_reduction`'s 8-bit tiles of at
+/// most 2 KiB, only their first lines: `x86_prefetch::FAR_START_LINES`), so a tile's misses are already on their way from memory when its
 /// L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
 /// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
 /// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,

@@ -4,8 +4,8 @@
 //! miss buffers (3.7-4.7% of a profile's samples on `prefetcht1`); spread, bf16 decode
 //! gained 20% (GQA) and 42% (MHA) on one core (`benches/RESULTS.md`, issue 15 wave 4).
 //! A `Prefetcher<false>` takes only the far tile's first lines instead, at once
-//! ([`FAR_START_LINES`]): the exact AVX-512 paths on 8-bit tiles of at most
-//! [`FAR_START_MAX_BYTES`].
+//! ([`FAR_START_LINES`]): the exact AVX-512 path and `fp16_reduction`'s on 8-bit tiles of
+//! at most [`FAR_START_MAX_BYTES`].
 
 use std::arch::x86_64::*;
 
@@ -55,8 +55,9 @@ pub(crate) struct Prefetcher<const FAR_LINES: bool = true> {
 /// Lines of the far tile a `Prefetcher<false>` sends into L2, at its start. They set the
 /// L2's own stream prefetcher on the tile's 4 KiB page, which fetches the rest of it (two
 /// 8-bit tiles at head_dim 128 and block size 16), while the core's miss buffers stay
-/// free for the near tile's lines. The wider tiles, and the dot-product paths (whose short
-/// loops gain nothing or lose from it), keep every far line spread over the steps:
+/// free for the near tile's lines. The wider tiles, the integer dot-product paths (whose
+/// short loops gain nothing or lose from it) and the e4m3 table path (no gain) keep every
+/// far line spread over the steps:
 /// `benches/RESULTS.md`, issue 15 waves 22 and 23.
 pub(crate) const FAR_START_LINES: usize = 2;
 
