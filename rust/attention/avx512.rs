@@ -84,7 +84,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_pair, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::x86_prefetch::{Prefetcher, Stream, FAR_START_MAX_BYTES};
+use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
 use super::query::interleave_query;
 use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX};
 use crate::kv::{DType, Elem};
@@ -100,7 +100,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
     // 8-bit tiles of at most 2 KiB: only the far tiles' first lines into L2
     // (`Prefetcher<false>`, `benches/RESULTS.md` issue 15 wave 23).
-    if E::DTYPE.is_quantized() && w.shape.tile() * std::mem::size_of::<E>() <= FAR_START_MAX_BYTES {
+    if first_far_lines::<E>(w.shape.tile()) {
         // SAFETY: the caller's features are those `Exact` is compiled for.
         unsafe { run_with::<E, _, _, false>(w, p, &Exact::<false> { q: &q }, &FloatPv) }
     } else {

@@ -47,7 +47,7 @@ use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::isa::cpu_features;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, LAZY_MAX};
-use super::x86_prefetch::{Prefetcher, Stream, FAR_START_MAX_BYTES};
+use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
@@ -102,7 +102,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     w.in_head_groups(p, |w, p| {
         let q = F16Query::new(w.q, d, g, k_max::<E>());
         // 8-bit tiles of at most 2 KiB: only the far tiles' first lines (`avx512::run`'s choice).
-        if w.shape.tile() <= FAR_START_MAX_BYTES {
+        if first_far_lines::<E>(w.shape.tile()) {
             // SAFETY: the caller's features are those the two implementations are compiled
             // for (the f16 instructions need avx512fp16, which the caller checked).
             unsafe { run_with::<E, _, _, false>(w, p, &F16Scores::<false> { q: &q }, &F16Pv::<false>) }

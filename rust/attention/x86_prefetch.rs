@@ -65,6 +65,12 @@ pub(crate) const FAR_START_LINES: usize = 2;
 /// page each, read 1-3% slower with them: wave 22's block size 32).
 pub(crate) const FAR_START_MAX_BYTES: usize = 2 << 10;
 
+/// Whether a path's tiles of `tile` elements of `E` take only the far tile's first lines
+/// (`Prefetcher<false>`): 8-bit codes, at most [`FAR_START_MAX_BYTES`] a tile.
+pub(crate) fn first_far_lines<E: crate::kv::Elem>(tile: usize) -> bool {
+    E::DTYPE.is_quantized() && tile * std::mem::size_of::<E>() <= FAR_START_MAX_BYTES
+}
+
 impl Prefetcher {
     /// Spread `s`'s tiles' lines over `iters` steps (every far line too).
     #[inline]
