@@ -338,7 +338,10 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
             unsafe {
                 let raw = if full { _mm512_loadu_si512(kr.cast()) } else { _mm512_maskz_loadu_epi8(mask4, kr.cast()) };
                 let x = widen::<E>(raw);
-                for j in 0..H {
+                if super::FREE_DOTS {
+                    s[set][0] = [_mm512_xor_si512(s[set][0][0], x[0]), _mm512_xor_si512(s[set][0][1], x[1])];
+                }
+                for j in 0..H * usize::from(!super::FREE_DOTS) {
                     let qv = _mm512_loadu_si512(qr.add(j * 32).cast());
                     s[set][j][0] = fma_ph(s[set][j][0], qv, x[0]);
                     s[set][j][1] = fma_ph(s[set][j][1], qv, x[1]);
@@ -481,7 +484,12 @@ unsafe fn pass<E: Elem, const H: usize, const R: usize, const FAR_LINES: bool>(
                 for r in 0..R {
                     v[r] = widen_v::<E>(_mm512_loadu_si512(vr.add(r * RUN).cast()));
                 }
-                for j in 0..H {
+                if super::FREE_DOTS {
+                    for r in 0..R {
+                        a[0][r] = [_mm512_xor_si512(a[0][r][0], v[r][0]), _mm512_xor_si512(a[0][r][1], v[r][1])];
+                    }
+                }
+                for j in 0..H * usize::from(!super::FREE_DOTS) {
                     let pp = pw[j].as_ptr().add(t);
                     for r in 0..R {
                         a[j][r][0] = fma_ph_bcast(a[j][r][0], v[r][0], pp);

@@ -177,6 +177,9 @@ impl Dot<'_> {
                     _mm512_inserti32x4::<3>(x, row(3))
                 }
             };
+            if super::FREE_DOTS {
+                return _mm512_xor_si512(x, bias);
+            }
             let x = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(gather, x), transpose);
             _mm512_xor_si512(x, bias)
         };
@@ -193,9 +196,13 @@ impl Dot<'_> {
         while k + 2 <= d / 4 {
             let (k0, k1) = (quad(4 * k, 4), quad(4 * k + 4, 4));
             pf.step();
-            for j in 0..H {
-                s0[j] = _mm512_dpbusd_epi32(s0[j], k0, qword(j, k));
-                s1[j] = _mm512_dpbusd_epi32(s1[j], k1, qword(j, k + 1));
+            if super::FREE_DOTS {
+                (s0[0], s1[0]) = (_mm512_xor_si512(s0[0], k0), _mm512_xor_si512(s1[0], k1));
+            } else {
+                for j in 0..H {
+                    s0[j] = _mm512_dpbusd_epi32(s0[j], k0, qword(j, k));
+                    s1[j] = _mm512_dpbusd_epi32(s1[j], k1, qword(j, k + 1));
+                }
             }
             k += 2;
         }

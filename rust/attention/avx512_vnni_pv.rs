@@ -169,6 +169,9 @@ fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H])
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn transpose(r: [__m512i; 4]) -> [__m512i; 4] {
+    if super::FREE_DOTS {
+        return r;
+    }
     let (a, b) = (_mm512_unpacklo_epi8(r[0], r[1]), _mm512_unpackhi_epi8(r[0], r[1]));
     let (c, e) = (_mm512_unpacklo_epi8(r[2], r[3]), _mm512_unpackhi_epi8(r[2], r[3]));
     [_mm512_unpacklo_epi16(a, c), _mm512_unpackhi_epi16(a, c), _mm512_unpacklo_epi16(b, e), _mm512_unpackhi_epi16(b, e)]
@@ -221,6 +224,12 @@ unsafe fn pass<E: Elem, const H: usize, const S: usize>(
                     };
                 }
                 let x = transpose(r);
+                if super::FREE_DOTS {
+                    for k in 0..4 {
+                        a[0][4 * s + k] = _mm512_xor_si512(a[0][4 * s + k], x[k]);
+                    }
+                    continue;
+                }
                 for j in 0..H {
                     let pj = _mm512_set1_epi32(codes[j][g] as i32);
                     // Unsigned operand: the P codes; signed: the V codes.
