@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: builds everything from scratch in .venv and
-# runs every test (Rust unit and property tests, clippy, the aarch64/NEON tests under
+# runs every test (Rust unit and property tests, clippy, rustdoc's links, the aarch64/NEON tests under
 # qemu, Python tests, stub check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,8 @@ python -m pip install --quiet -e '.[test,torch,hf,ray]'
 
 cargo test --locked --quiet
 cargo clippy --locked --quiet --all-targets --features python -- -D warnings
+# The developers' docs (private items included) build without a warning: a broken link fails.
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items --features python
 # The aarch64 build and NEON kernel under qemu (PYKVPOOL_SKIP_AARCH64=1 skips it, loudly),
 # beside pytest, at the lowest priority: pytest mostly runs on one core and leaves the
 # other idle (on a 2-core host the two in a row took 19 of CI's 30 minutes), and `nice`

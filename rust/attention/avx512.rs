@@ -4,7 +4,7 @@
 //! 1. scores for up to 4 query heads at once: each K row (one dimension, 16 tokens; the
 //!    dimension-major tile makes it one load) is converted to f32 once and FMA'd with the
 //!    broadcast query element of every head (the tile's query rows interleaved so that
-//!    one pointer reaches them all: [`interleave_query`](super::query::interleave_query)), with two partial sums per head
+//!    one pointer reaches them all: [`interleave_query`]), with two partial sums per head
 //!    to hide FMA latency (four for an 8-bit cache with 1-2 heads per tile: see
 //!    [`chains`]); no horizontal sums;
 //! 2. online softmax in registers (`exp2` by a degree-7 polynomial and `vscalefps`, the

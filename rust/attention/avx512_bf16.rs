@@ -3,10 +3,10 @@
 //! and prefetch are that path's, unchanged).
 //!
 //! `vdpbf16ps` multiplies bf16 pairs and adds both products to an f32 lane. Here lane
-//! `t` of the K operand holds the pair (K[i][t], K[i+1][t]) of two dimension rows of
+//! `t` of the K operand holds the pair (K\[i\]\[t\], K\[i+1\]\[t\]) of two dimension rows of
 //! the dimension-major tile, interleaved by one word permute: from one 64-byte load of
 //! both rows when they are adjacent (block size 16), else from two masked 32-byte loads.
-//! The query operand is the pair (q[i], q[i+1]) of each head, broadcast as one 32-bit
+//! The query operand is the pair (q\[i\], q\[i+1\]) of each head, broadcast as one 32-bit
 //! element. So one instruction does the work of two f32 FMAs and the two K-row
 //! widenings, for up to 4 heads per K pair. An odd `head_dim`'s last row pairs with 0.
 //!

@@ -2,7 +2,7 @@
 //! any storage dtype widened to f32 in registers (f16 by `vcvtph2ps`, bf16 by a 16-bit
 //! shift or one unpack per 16 values, int8 by `vpmovsxbd` + `vcvtdq2ps`, fp8 through f16
 //! bits: e5m2 by one in-lane shuffle of its codes broadcast to both lanes), the per-token or per-head scales of a chunk, and the lane masks of a row.
-//! The AVX2 and NEON kernels keep theirs in [`super::avx2_cvt`] and [`super::neon_cvt`].
+//! The AVX2 and NEON kernels keep theirs in [`super::avx2_cvt`] and `super::neon_cvt`.
 
 use std::arch::x86_64::*;
 

@@ -65,7 +65,7 @@ pub struct DecodeOptions {
     /// computes each score as f16 products of the f16-rounded query (scaled by a power of
     /// two per row) and the codes summed in f16 per 4-dimension lane, and each chunk's
     /// `P V` as f16 products of the f16-rounded probabilities and the codes summed in f16
-    /// over the chunk's tokens, added to f32 accumulators ([`avx512_fp16`](super::avx512_fp16),
+    /// over the chunk's tokens, added to f32 accumulators ([`avx512_fp16`],
     /// which derives the bound); every other path, block size and head_dim computes in
     /// f32 as without it. Not with `bf16_scores`.
     pub fp16_reduction: bool,

@@ -99,7 +99,7 @@ impl DType {
 ///
 /// Sealed: implemented for exactly `f32`, `half::f16`, `half::bf16`, `i8`, [`E4M3`] and
 /// [`E5M2`], and no other
-/// crate can add a type. Unsafe code relies on it ([`cast`] and the kernels' raw SIMD
+/// crate can add a type. Unsafe code relies on it (`cast` and the kernels' raw SIMD
 /// loads): every implementor is plain old data (any bit pattern is a value, no padding)
 /// of `DTYPE.size()` bytes, and `DTYPE` names its layout.
 pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {

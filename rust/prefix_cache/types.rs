@@ -23,7 +23,7 @@ pub struct CacheConfig {
     /// instead, so only the final prompt token is computed.
     pub cow_partial_hit: bool,
     pub hasher: BlockHasher,
-    /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`].
+    /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`](super::PrefixCache::drain_events).
     pub record_events: bool,
     /// Capacity of the event queue (`1..=MAX_EVENTS_LIMIT`): past it the oldest undrained
     /// event is dropped and counted in [`CacheStats::dropped_events`].

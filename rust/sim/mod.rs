@@ -1,4 +1,4 @@
-//! A deterministic step-level serving simulator over the real [`BlockPool`] (or, for a
+//! A deterministic step-level serving simulator over the real [`BlockPool`](crate::BlockPool) (or, for a
 //! model with layer groups, the real [`crate::hybrid::HybridPool`]).
 //!
 //! [`simulate`] replays a [`Workload`] through a [`Scheduler`] (continuous batching) whose

@@ -10,7 +10,7 @@
 //!
 //! A *work item* is (sequence, KV head, tile of about [`ROWS`]` / g` queries, key range).
 //! Its rows (every query of the tile times the `g` query heads of the KV head) walk the
-//! key range in tiles of [`TW`] keys ([`tile`]): each key tile is gathered from its blocks
+//! key range in tiles of `TW` keys ([`tile`]): each key tile is gathered from its blocks
 //! into a contiguous f32 pack once and reused by every row (FlashAttention-style), tiles
 //! that no row sees are skipped, tiles every row sees fully skip the mask. The micro-
 //! kernels (`Q K^T`, online softmax, `P V`) are per instruction set: [`scalar`], `avx2`,
@@ -78,7 +78,7 @@ pub struct PrefillOptions {
     /// sum stays f32 on the unrounded ones, so each output moves by at most
     /// `2^-9 * max|V|` (each weight by at most 2^-9 of itself).
     pub bf16_pv: bool,
-    /// Keys per split of a query tile's key range (rounded up to [`TW`]); `Some(0)`
+    /// Keys per split of a query tile's key range (rounded up to `TW`); `Some(0)`
     /// never splits, `None` splits only when there are too few query tiles.
     pub split_tokens: Option<usize>,
     /// Rows (queries x heads of a group) per work item; `None` is [`ROWS`].

@@ -48,7 +48,7 @@ pub(crate) struct Ctx<'a, E> {
     pub pv: PvMode,
 }
 
-/// How `P V` is computed (see [`PrefillOptions::bf16_pv`]).
+/// How `P V` is computed (see [`PrefillOptions::bf16_pv`](super::PrefillOptions::bf16_pv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PvMode {
     F32,
