@@ -340,11 +340,12 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
                 let x = widen::<E>(raw);
                 if super::FREE_DOTS {
                     s[set][0] = [_mm512_xor_si512(s[set][0][0], x[0]), _mm512_xor_si512(s[set][0][1], x[1])];
-                }
-                for j in 0..H * usize::from(!super::FREE_DOTS) {
-                    let qv = _mm512_loadu_si512(qr.add(j * 32).cast());
-                    s[set][j][0] = fma_ph(s[set][j][0], qv, x[0]);
-                    s[set][j][1] = fma_ph(s[set][j][1], qv, x[1]);
+                } else {
+                    for j in 0..H {
+                        let qv = _mm512_loadu_si512(qr.add(j * 32).cast());
+                        s[set][j][0] = fma_ph(s[set][j][0], qv, x[0]);
+                        s[set][j][1] = fma_ph(s[set][j][1], qv, x[1]);
+                    }
                 }
             }
             kr = kr.wrapping_add(RUN);
@@ -488,12 +489,13 @@ unsafe fn pass<E: Elem, const H: usize, const R: usize, const FAR_LINES: bool>(
                     for r in 0..R {
                         a[0][r] = [_mm512_xor_si512(a[0][r][0], v[r][0]), _mm512_xor_si512(a[0][r][1], v[r][1])];
                     }
-                }
-                for j in 0..H * usize::from(!super::FREE_DOTS) {
-                    let pp = pw[j].as_ptr().add(t);
-                    for r in 0..R {
-                        a[j][r][0] = fma_ph_bcast(a[j][r][0], v[r][0], pp);
-                        a[j][r][1] = fma_ph_bcast(a[j][r][1], v[r][1], pp);
+                } else {
+                    for j in 0..H {
+                        let pp = pw[j].as_ptr().add(t);
+                        for r in 0..R {
+                            a[j][r][0] = fma_ph_bcast(a[j][r][0], v[r][0], pp);
+                            a[j][r][1] = fma_ph_bcast(a[j][r][1], v[r][1], pp);
+                        }
                     }
                 }
                 vr = vr.add(d);

@@ -228,13 +228,13 @@ unsafe fn pass<E: Elem, const H: usize, const S: usize>(
                     for k in 0..4 {
                         a[0][4 * s + k] = _mm512_xor_si512(a[0][4 * s + k], x[k]);
                     }
-                    continue;
-                }
-                for j in 0..H {
-                    let pj = _mm512_set1_epi32(codes[j][g] as i32);
-                    // Unsigned operand: the P codes; signed: the V codes.
-                    for k in 0..4 {
-                        a[j][4 * s + k] = _mm512_dpbusd_epi32(a[j][4 * s + k], pj, x[k]);
+                } else {
+                    for j in 0..H {
+                        let pj = _mm512_set1_epi32(codes[j][g] as i32);
+                        // Unsigned operand: the P codes; signed: the V codes.
+                        for k in 0..4 {
+                            a[j][4 * s + k] = _mm512_dpbusd_epi32(a[j][4 * s + k], pj, x[k]);
+                        }
                     }
                 }
             }
