@@ -46,7 +46,7 @@ use std::arch::x86_64::*;
 use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::isa::cpu_features;
 use super::query::repeat_in_lanes;
-use super::work::{Chunk, Partial, Work, LAZY_MAX};
+use super::work::{Chunk, Partial, Work, FREE_DOTS, LAZY_MAX};
 use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
@@ -338,7 +338,7 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
             unsafe {
                 let raw = if full { _mm512_loadu_si512(kr.cast()) } else { _mm512_maskz_loadu_epi8(mask4, kr.cast()) };
                 let x = widen::<E>(raw);
-                if super::FREE_DOTS {
+                if FREE_DOTS {
                     s[set][0] = [_mm512_xor_si512(s[set][0][0], x[0]), _mm512_xor_si512(s[set][0][1], x[1])];
                 } else {
                     for j in 0..H {
@@ -485,7 +485,7 @@ unsafe fn pass<E: Elem, const H: usize, const R: usize, const FAR_LINES: bool>(
                 for r in 0..R {
                     v[r] = widen_v::<E>(_mm512_loadu_si512(vr.add(r * RUN).cast()));
                 }
-                if super::FREE_DOTS {
+                if FREE_DOTS {
                     for r in 0..R {
                         a[0][r] = [_mm512_xor_si512(a[0][r][0], v[r][0]), _mm512_xor_si512(a[0][r][1], v[r][1])];
                     }

@@ -33,7 +33,7 @@ use super::avx512_vnni_pv::IntPv;
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::isa::cpu_features;
 use super::query::{interleave_query, QueryI8};
-use super::work::{Chunk, Partial, Work};
+use super::work::{Chunk, Partial, Work, FREE_DOTS};
 use crate::kv::{DType, Elem};
 
 /// Makes [`supported`] false, so the AVX-512 path runs `int8_scores` with f32 FMAs on
@@ -177,7 +177,7 @@ impl Dot<'_> {
                     _mm512_inserti32x4::<3>(x, row(3))
                 }
             };
-            if super::FREE_DOTS {
+            if FREE_DOTS {
                 return _mm512_xor_si512(x, bias);
             }
             let x = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(gather, x), transpose);
@@ -196,7 +196,7 @@ impl Dot<'_> {
         while k + 2 <= d / 4 {
             let (k0, k1) = (quad(4 * k, 4), quad(4 * k + 4, 4));
             pf.step();
-            if super::FREE_DOTS {
+            if FREE_DOTS {
                 (s0[0], s1[0]) = (_mm512_xor_si512(s0[0], k0), _mm512_xor_si512(s1[0], k1));
             } else {
                 for j in 0..H {

@@ -34,7 +34,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{Pv, HT, W};
-use super::work::Chunk;
+use super::work::{Chunk, FREE_DOTS};
 use super::x86_prefetch::{Prefetcher, Stream};
 use crate::kv::{DType, Elem};
 
@@ -169,7 +169,7 @@ fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H])
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn transpose(r: [__m512i; 4]) -> [__m512i; 4] {
-    if super::FREE_DOTS {
+    if FREE_DOTS {
         return r;
     }
     let (a, b) = (_mm512_unpacklo_epi8(r[0], r[1]), _mm512_unpackhi_epi8(r[0], r[1]));
@@ -224,7 +224,7 @@ unsafe fn pass<E: Elem, const H: usize, const S: usize>(
                     };
                 }
                 let x = transpose(r);
-                if super::FREE_DOTS {
+                if FREE_DOTS {
                     for k in 0..4 {
                         a[0][4 * s + k] = _mm512_xor_si512(a[0][4 * s + k], x[k]);
                     }

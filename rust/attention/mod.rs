@@ -38,7 +38,7 @@
 //!
 //! # Bound builds
 //!
-//! With the cargo feature `bound-free-dots` ([`FREE_DOTS`]) the `vpdpbusd` and
+//! With the cargo feature `bound-free-dots` ([`work::FREE_DOTS`]) the `vpdpbusd` and
 //! `vfmadd231ph` dot products of the opt-in AVX-512 paths (and the shuffles that feed
 //! them) become one xor per load: every load, prefetch, softmax and accumulator flush
 //! stays, the outputs are wrong. A paired A/B of such a build against a normal one
@@ -86,10 +86,6 @@ pub mod tables;
 pub mod work;
 
 pub use decode::{decode_attention, DecodeOptions};
-
-/// Whether this is a bound build (cargo feature `bound-free-dots`, see the module doc):
-/// the opt-in AVX-512 dot products are skipped and their outputs are wrong.
-pub const FREE_DOTS: bool = cfg!(feature = "bound-free-dots");
 pub use isa::{cpu_features, Isa};
 pub use tables::SeqTables;
 

@@ -364,6 +364,10 @@ pub(crate) fn finish_row(row: &mut [f32], m: f32, l: f32) -> f32 {
     (mx + total.log2()) * std::f32::consts::LN_2
 }
 
+/// Whether this is a bound build (cargo feature `bound-free-dots`, see [`super`]'s module
+/// doc): the opt-in AVX-512 dot products are skipped and their outputs are wrong.
+pub const FREE_DOTS: bool = cfg!(feature = "bound-free-dots");
+
 /// Bytes of query vectors one group of an item's KV heads may take in the paths that lay
 /// the query out 4x (16 bytes per element: `avx512_e4m3`, `avx512_fp16`), which run an
 /// item in groups ([`Work::in_head_groups`]) so that the vectors stay in L1 beside the
