@@ -29,7 +29,7 @@ there on repeated calls, and only L layers' worth above that cache make every ca
 
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
 issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
-32 KV heads; ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
+32 KV heads; ``g2`` with 16 (two query heads per KV head); ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
 resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query head per KV
 head, an 8-bit cache of 1 MiB: L2-resident); ``l1`` the same table as ``l2`` with every
 entry block 0 (the codes L1-resident); ``batch`` 64 sequences x 512 tokens, 32 / 8 heads (a serving
@@ -67,6 +67,7 @@ DTYPES = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
 SHAPES = {
     "full": ([4096] * 8, 32, 8),
     "mha": ([4096] * 8, 32, 32),
+    "g2": ([4096] * 8, 32, 16),
     "l2": ([2048], 4, 1),
     "l2mha": ([1024], 4, 4),
     "l1": ([2048], 4, 1),

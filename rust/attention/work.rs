@@ -216,10 +216,17 @@ impl<E: Elem> Work<'_, E> {
     /// a work item of its own (its heads' query rows) with the matching rows of `p`; the
     /// groups' `nan_codes` are or'ed into `p`. For the paths with that layout, whose
     /// vectors are read once per tile and outgrow L1 when an item holds many KV heads.
+    ///
+    /// Only where a KV head's vectors (`16 g d` bytes) outweigh its K and V tiles: a group
+    /// walks every block for its heads alone, so it reads a block's run in pieces (at 8 KV
+    /// heads of 16 x 128 fp8, 8 KiB of its 32 KiB), and where the tiles are the larger
+    /// stream (g <= 2 at block size 16: MHA) the whole runs pay more than the vectors' trips
+    /// to L2 cost (`benches/RESULTS.md`, issue 15 wave 24).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn in_head_groups(&self, p: &mut Partial, mut f: impl FnMut(&Work<'_, E>, &mut Partial)) {
         let (d, g, hs) = (self.shape.head_dim, self.g, self.heads.start);
-        let per_group = (QUERY_BYTES / (16 * g * d).max(1)).max(1);
+        let query = 16 * g * d;
+        let per_group = if query <= self.kv_tile_bytes() { self.heads.len() } else { (QUERY_BYTES / query.max(1)).max(1) };
         assert!(self.q.len() == self.heads.len() * g * d && p.acc.len() == self.q.len());
         assert!(p.m.len() == self.heads.len() * g && p.l.len() == p.m.len());
         assert!(self.q_bf16.is_none() && self.q_i8.is_none(), "grouped items carry the f32 query only");
