@@ -29,8 +29,8 @@ there on repeated calls, and only L layers' worth above that cache make every ca
 
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
 issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
-32 KV heads; ``g2`` with 16 (two query heads per KV head); ``l2`` 1 sequence x 2,048 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-
-resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query head per KV
+32 KV heads; ``g2`` with 16 (two query heads per KV head); ``l2`` 1 sequence x 2,048
+tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query head per KV
 head, an 8-bit cache of 1 MiB: L2-resident); ``l1`` the same table as ``l2`` with every
 entry block 0 (the codes L1-resident); ``batch`` 64 sequences x 512 tokens, 32 / 8 heads (a serving
 batch: the per-call work on the query and the output grows with the sequences); ``short`` 64 x 16
