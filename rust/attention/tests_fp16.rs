@@ -122,10 +122,10 @@ fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, wl: Option<usize>,
 }
 
 /// Head dims 64 to 256, GQA ratios 1 to 8, chunk tails 1..16 and several chunks, both
-/// fp8 formats, unsplit and split.
+/// fp8 formats, unsplit and split; a sequence of 19 blocks.
 #[test]
 fn fp16_reduction_is_within_its_bound_of_the_reference() {
-    let lens = [1, 7, 16, 17, 31, 100];
+    let lens = [1, 7, 16, 17, 31, 100, 300];
     for dtype in FP8 {
         // (128, 4, 4) and (64, 3, 8): items of more KV heads than one group of query vectors
         // (`avx512_fp16::run`), in groups of 2 and of 2 + 1.
@@ -146,6 +146,12 @@ fn fp16_reduction_honours_windows_and_sinks() {
         let (c, t) = case(dtype, 128, 2, &[90, 61, 33], 1.0, 5);
         for (wl, sinks) in [(Some(20), 0), (Some(37), 3), (Some(5), 16)] {
             compare(&c, &t, 8, 2.0, wl, sinks, None, 7);
+        }
+        // Items in head groups (g = 4, 4 KV heads: `Work::in_head_groups`) whose window's
+        // first key sits inside a block, over 12-16 blocks.
+        let (c, t) = case(dtype, 128, 4, &[400, 61], 1.0, 6);
+        for (wl, sinks) in [(Some(230), 0), (Some(181), 5)] {
+            compare(&c, &t, 16, 2.0, wl, sinks, None, 8);
         }
     }
 }

@@ -198,16 +198,21 @@ fn e4m3_without_the_byte_tables_matches_the_reference() {
 /// e4m3 at block size 16 (the byte tables where the CPU has VBMI) with items of more KV
 /// heads than one group of lane-query vectors (`Work::in_head_groups`: groups of 2 at
 /// g = 4, d = 128, the last one short with 5 heads; of 1 at g = 8; none at g = 2, whose
-/// vectors weigh no more than the tiles), unsplit and one KV head per item, with a window.
+/// vectors weigh no more than the tiles), unsplit and one KV head per item, with windows
+/// (one of 21 keys, one of 150 whose first key sits inside a block) and a sequence of 19
+/// blocks.
 #[test]
 fn e4m3_items_of_many_kv_heads_run_in_groups() {
     let splits = [(None, None), (Some(16), Some(1))];
     for (hkv, g) in [(4, 4), (5, 4), (3, 8), (5, 2)] {
-        let lens: Vec<usize> = vec![1, 16, 33, 70];
+        let lens: Vec<usize> = vec![1, 16, 33, 70, 300];
         let nb = lens.iter().map(|l| l.div_ceil(16)).sum::<usize>() + 1;
         let (c, t) = case(shape(16, hkv, 128, nb), DType::E4M3, &lens, None, 0, (hkv * 7 + g) as u64);
         compare(&c, &t, hkv * g, None, 0, &splits);
-        let (c, t) = case(shape(16, hkv, 128, nb), DType::E4M3, &lens, Some(21), 2, (hkv * 7 + g + 1) as u64);
-        compare(&c, &t, hkv * g, Some(21), 2, &splits);
+        for (i, wl) in [21, 150].into_iter().enumerate() {
+            let seed = (hkv * 7 + g + 1 + i) as u64;
+            let (c, t) = case(shape(16, hkv, 128, nb), DType::E4M3, &lens, Some(wl), 2, seed);
+            compare(&c, &t, hkv * g, Some(wl), 2, &splits);
+        }
     }
 }
