@@ -1,7 +1,7 @@
 //! pykvpool: a KV-cache block allocator, KV storage with a paged decode-attention
 //! kernel, and a deterministic serving simulator.
 //!
-//! The core (everything but [`bindings`]) is plain Rust with no Python dependency; it is
+//! The core (everything but the `bindings` module) is plain Rust with no Python dependency; it is
 //! tested with `cargo test`. The `python` feature adds the PyO3 bindings that build the
 //! private extension module `pykvpool._native`.
 //!

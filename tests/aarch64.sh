@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The aarch64 build and its NEON kernel path, cross-compiled and run under qemu-aarch64
-# user-mode emulation: clippy -D warnings for the target (library, tests and benches), then every Rust unit test of
+# user-mode emulation: clippy -D warnings for the target (library, tests and benches) and its rustdoc, then every Rust unit test of
 # the library (the kernel's paths against an f64 reference among them). Correctness
 # only: emulated timing says nothing about hardware. Called by tests/run.sh.
 #
@@ -46,6 +46,8 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT"
 
 cargo clippy --locked --quiet --target "$TARGET" --all-targets -- -D warnings
+# The developers' docs for the target: its own links (NEON's among them) resolve.
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --target "$TARGET" --no-deps --document-private-items
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -21,6 +21,7 @@ cargo test --locked --quiet
 cargo clippy --locked --quiet --all-targets --features python -- -D warnings
 # The developers' docs (private items included) build without a warning: a broken link fails.
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items --features python
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items
 # The aarch64 build and NEON kernel under qemu (PYKVPOOL_SKIP_AARCH64=1 skips it, loudly),
 # beside pytest, at the lowest priority: pytest mostly runs on one core and leaves the
 # other idle (on a 2-core host the two in a row took 19 of CI's 30 minutes), and `nice`
