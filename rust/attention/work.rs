@@ -149,6 +149,30 @@ impl<E: Elem> Work<'_, E> {
         }
     }
 
+    /// Prefetch into L2 the first lines of block `b`'s K and V scale runs for the item's
+    /// heads (int8), once per block, as its first tile comes near: the L2's stream
+    /// prefetcher takes each run on from there, one line per KV head in the order the
+    /// walk reads them, without the core's miss buffers. For items of at least
+    /// [`SCALE_STREAM_HEADS`] KV heads; fewer take [`Self::prefetch_scales`] per tile.
+    #[inline(always)]
+    fn start_scale_streams(&self, b: usize) {
+        if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, self.heads.start) {
+            for run in [ks, vs] {
+                // The head's line and the next: the run's first two lines (16 scales each).
+                for line in [run.as_ptr(), run.as_ptr().wrapping_add(16)] {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: a prefetch never faults (the second address may lie past the
+                    // scales: no access is made); sse is part of the x86-64 baseline.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.cast())
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = line;
+                }
+            }
+        }
+    }
+
     /// The item's tiles in reading order (heads within a block, then the next block), cut
     /// into chunks of at most `width` tokens (the first block's from `start`, so a chunk
     /// may begin at any token of its tile): `f(hi, chunk, next)` with `hi` the head's
@@ -261,7 +285,11 @@ impl<E: Elem> Work<'_, E> {
         if near.0 >= nb {
             return None;
         }
-        self.prefetch_scales(near.0, h0 + near.1);
+        if self.heads.len() < SCALE_STREAM_HEADS {
+            self.prefetch_scales(near.0, h0 + near.1);
+        } else if near.1 == 0 {
+            self.start_scale_streams(near.0);
+        }
         let (k, v) = self.tiles(near.0, h0 + near.1);
         let far = (far.0 < nb).then(|| self.tiles(far.0, h0 + far.1));
         Some(Ahead { k, v, far })
@@ -381,6 +409,14 @@ pub const FREE_DOTS: bool = cfg!(feature = "bound-free-dots");
 /// tiles: measured against 8 KV heads (64 KiB of vectors) at once, see
 /// `benches/RESULTS.md`, issue 15 wave 15.
 const QUERY_BYTES: usize = 16 << 10;
+
+/// Work items of at least this many KV heads leave their int8 scale lines to the L2's
+/// stream prefetcher after the first two of each run per block
+/// ([`Work::start_scale_streams`]), fewer prefetch each tile's two lines into L1 as they
+/// come near. MHA (32 KV heads, 1 thread, B / A time against a prefetch per tile): exact
+/// int8 0.945, `int8_scores` 0.958; GQA's 8 KV heads read 1.005-1.029 that way (runs of 8
+/// lines), so they keep the prefetch per tile (`benches/RESULTS.md`, issue 15 wave 25).
+const SCALE_STREAM_HEADS: usize = 16;
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
 /// `benches/bench_attention.py` (f32 and bf16): distances 1, 2, 3 and 4 are within noise of
