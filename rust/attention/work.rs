@@ -138,13 +138,7 @@ impl<E: Elem> Work<'_, E> {
         if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, h) {
             // One address per 64-byte line (16 scales).
             for line in ks.chunks(16).chain(vs.chunks(16)) {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast())
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = line;
+                prefetch_line::<{ HINT_L1 }>(line.as_ptr());
             }
         }
     }
@@ -159,15 +153,9 @@ impl<E: Elem> Work<'_, E> {
         if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, self.heads.start) {
             for run in [ks, vs] {
                 // The head's line and the next: the run's first two lines (16 scales each).
+                // The second address may lie past the scales: a prefetch makes no access.
                 for line in [run.as_ptr(), run.as_ptr().wrapping_add(16)] {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: a prefetch never faults (the second address may lie past the
-                    // scales: no access is made); sse is part of the x86-64 baseline.
-                    unsafe {
-                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.cast())
-                    };
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let _ = line;
+                    prefetch_line::<{ HINT_L2 }>(line);
                 }
             }
         }
@@ -294,6 +282,25 @@ impl<E: Elem> Work<'_, E> {
         let far = (far.0 < nb).then(|| self.tiles(far.0, h0 + far.1));
         Some(Ahead { k, v, far })
     }
+}
+
+/// [`prefetch_line`]'s hints: into L1 and into L2 (x86-64's `_MM_HINT_T0` / `_T1`).
+const HINT_L1: i32 = 3;
+const HINT_L2: i32 = 2;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(HINT_L1 == std::arch::x86_64::_MM_HINT_T0 && HINT_L2 == std::arch::x86_64::_MM_HINT_T1);
+
+/// Prefetch the line holding `p` with `HINT` ([`HINT_L1`], [`HINT_L2`]) on x86-64; nothing
+/// elsewhere. Any address: a prefetch never faults and makes no access.
+#[inline(always)]
+fn prefetch_line<const HINT: i32>(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// The (block, head index) `dist > 0` steps after (block `bi`, head index `hi < nh`) in
