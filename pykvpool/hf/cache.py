@@ -139,6 +139,8 @@ class PagedKvCache(Cache):
         self.seen = 0
         self._next_id = check_count(first_seq_id, "first_seq_id")
         self._new_forward = False
+        #: Tokens of the pass layer 0 started: counted in ``seen`` once their slots exist.
+        self._pending = 0
         self._step: _Step | None = None
         #: Sequences of the ragged batch (:meth:`schedule`), and its scheduled step.
         self.ragged: set[int] = set()
@@ -149,15 +151,16 @@ class PagedKvCache(Cache):
     def stage(self, layer_idx: int, key_states: torch.Tensor,
               value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Called by each layer's ``update``: marks the layer as the one the next attention
-        call reads (layer 0 starts a forward pass and counts its tokens); returns the new
-        K/V unchanged (the attention function writes them to the pages).
+        call reads (layer 0 starts a forward pass, whose tokens :meth:`begin_forward` counts
+        once it has their slots); returns the new K/V unchanged (the attention function
+        writes them to the pages).
 
         Raises:
             Nothing.
         """
         if layer_idx == 0:
             self._new_forward = True
-            self.seen += int(key_states.shape[-2])
+            self._pending = int(key_states.shape[-2])
         _ACTIVE.entry = (self, layer_idx)
         return key_states, value_states
 
@@ -169,7 +172,7 @@ class PagedKvCache(Cache):
         """
         for s in [*self.seqs, *sorted(self.ragged)]:
             self.pool.free(s)
-        self.seqs, self.seen, self._step = [], 0, None
+        self.seqs, self.seen, self._pending, self._step = [], 0, 0, None
         self.ragged, self._scheduled = set(), None
 
     def _rebuild(self, parents: list[int]) -> None:
@@ -246,11 +249,19 @@ class PagedKvCache(Cache):
                 every row without padding (a new batch needs :meth:`reset` or a new cache);
                 with scheduled sequences, a pass other than the one :meth:`schedule` set.
             PoolExhaustedError: the pool lacks the blocks (nothing allocated).
+
+        On any error the cache is as it was before the pass: no slot allocated and the
+        pass's tokens not counted in :meth:`get_seq_length`.
         """
         if not self._new_forward and self._step is not None:
             return self._step
-        if self.ragged:
-            return self._take_scheduled(rows, tokens)
+        step = self._take_scheduled(rows, tokens) if self.ragged else self._allocate_rows(mask, rows, tokens, key)
+        self.seen += self._pending
+        self._pending = 0
+        return step
+
+    def _allocate_rows(self, mask: torch.Tensor | None, rows: int, tokens: int, key: torch.Tensor | None) -> _Step:
+        """:meth:`begin_forward` for the rows of a ``generate`` batch."""
         if mask is not None and (mask.ndim != 2 or mask.shape[0] != rows or mask.shape[1] < tokens):
             raise invalid(f"attention_mask: a [batch, tokens] padding mask is needed, got shape {tuple(mask.shape)}")
         valid = np.ones((rows, tokens), dtype=bool) if mask is None else mask[:, -tokens:].cpu().numpy().astype(bool)
