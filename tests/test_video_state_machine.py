@@ -16,6 +16,11 @@ the pool's pages equal the model's count, ``check_invariants()`` holds, and ever
 stream holds is poisoned with NaN through the cache's views, so the next attention (checked
 against a float64 reference over the visible tokens) proves released pages are never read.
 
+It runs on every storage dtype: the model keeps what the format stores of each write
+(``video_model.Storage``, bit for bit: f16/bf16 rounding, int8's per-token scales, fp8's
+per-layer scales calibrated by the first write of each layer, saturation), so the reference
+is exact on any dtype. f32 runs the profile's examples, every other dtype a quarter of them.
+
 ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_video_state_machine.py`` runs longer.
 """
 
@@ -25,11 +30,12 @@ import itertools
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from poolcheck import hybrid_snapshot
-from video_model import Geometry, poison_free_pages, reference_attention
+from video_model import DTYPES, Geometry, Storage, poison_free_pages, reference_attention
 
 import pykvpool as kv
 from pykvpool.video import ChunkBatch, VideoCache
@@ -52,6 +58,7 @@ frames = st.sampled_from([(2, (1, 2)), (3, (3, 1)), (4, (2, 2)), (6, (2, 3))])
 class VideoMachine(RuleBasedStateMachine):
     vc: VideoCache
     geo: Geometry
+    dtype = "f32"
 
     @initialize(frame=frames, fpc=st.integers(1, 2), sinks=st.integers(0, 2),
                 window=st.one_of(st.none(), st.integers(0, 3), st.integers(0, 3)), bs=st.sampled_from([1, 2, 3, 4, 8]),
@@ -63,13 +70,14 @@ class VideoMachine(RuleBasedStateMachine):
         blocks = chunks * -(-fpc * tpf // bs) + extra  # room for about `chunks` chunks
         self.vc = VideoCache(num_layers=layers, num_kv_heads=HKV, head_dim=D, tokens_per_frame=tpf, grid=grid,
                              frames_per_chunk=fpc, sink_frames=sinks, window_frames=window, num_blocks=blocks,
-                             block_size=bs, dtype="f32")
+                             block_size=bs, dtype=self.dtype)
         self.geo = Geometry(tpf, grid[1], fpc, sinks, window, bs)
+        self.st = Storage(self.dtype, layers, HKV)  # what the cache holds of each write
         self.layers, self.rng = layers, np.random.default_rng(seed)
         self.frames: dict[int, int] = {}  # committed frames
         self.open: dict[int, int] = {}  # stream -> index in self.batches of its open chunk's batch
         self.slot: dict[int, dict[int, int]] = {}  # stream -> token -> slot handed out by begin_chunk
-        self.kv: dict[int, np.ndarray] = {}  # stream -> [2, layers, tokens, HKV, D] written K/V
+        self.kv: dict[int, np.ndarray] = {}  # stream -> [2, layers, tokens, HKV, D] K/V held
         self.batches: list[ChunkBatch] = []
         for s in range(streams):
             self.add(("any", s))
@@ -167,6 +175,7 @@ class VideoMachine(RuleBasedStateMachine):
         for layer in range(self.layers):
             k, v = (self.rng.standard_normal((batch.num_tokens, HKV, D)).astype(np.float32) for _ in range(2))
             self.vc.write(layer, k, v, batch)
+            k, v = self.st.store(layer, k, v)
             for i, (s, chunk) in enumerate(zip(ids, batch.chunks.tolist())):
                 rows = slice(i * c, (i + 1) * c)
                 self.record(s, layer, list(range(chunk * c, (chunk + 1) * c)), k[rows], v[rows])
@@ -200,11 +209,12 @@ class VideoMachine(RuleBasedStateMachine):
             return
         for _ in range(steps):
             self.vc.write(layer, k, v, batch)
+            kh, vh = self.st.store(layer, k, v)
             got = self.vc.attention(layer, q, batch)
             assert np.isfinite(got).all()
             for i, (s, chunk) in enumerate(zip(ids, batch.chunks.tolist())):
                 rows = slice(i * c, (i + 1) * c)
-                self.record(s, layer, list(range(chunk * c, (chunk + 1) * c)), k[rows], v[rows])
+                self.record(s, layer, list(range(chunk * c, (chunk + 1) * c)), kh[rows], vh[rows])
                 sees = self.geo.chunk_sees(chunk)
                 want = reference_attention(q[rows], self.kv[s][0, layer, sees], self.kv[s][1, layer, sees])
                 np.testing.assert_allclose(got[rows], want, atol=2e-5, rtol=1e-5)
@@ -250,7 +260,7 @@ class VideoMachine(RuleBasedStateMachine):
             for layer in range(self.layers):
                 k, v = (self.rng.standard_normal((len(tokens), HKV, D)).astype(np.float32) for _ in range(2))
                 self.vc.kv.write(layer, k, v, slots)
-                self.record(s, layer, tokens, k, v)
+                self.record(s, layer, tokens, *self.st.store(layer, k, v))
 
     @rule(p=picks)
     def release(self, p: tuple[str, int]) -> None:
@@ -294,5 +304,8 @@ class VideoMachine(RuleBasedStateMachine):
             assert self.vc.pool.num_free_blocks == self.vc.pool.num_blocks
 
 
-def test_video_state_machine() -> None:
-    run_state_machine_as_test(VideoMachine, settings=settings())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_video_state_machine(dtype: str) -> None:
+    machine = type(f"VideoMachine_{dtype}", (VideoMachine,), {"dtype": dtype})
+    examples = settings().max_examples if dtype == "f32" else max(1, settings().max_examples // 4)
+    run_state_machine_as_test(machine, settings=settings(max_examples=examples))

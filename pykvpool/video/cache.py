@@ -28,7 +28,8 @@ MAX_CALL_TOKENS = 2**27
 #: Longest stream, in tokens (the pool's logical-length limit).
 MAX_STREAM_TOKENS = 2**31 - 1
 
-_DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+#: Largest finite value of each fp8 storage format (where :class:`KvCache` saturates).
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 
 @dataclass
@@ -92,14 +93,38 @@ class VideoCache:
             whole history.
         num_blocks: pages of the pool (blocks), shared by every stream.
         block_size: tokens per page.
-        dtype: KV storage dtype, ``"bf16"`` (default), ``"f16"`` or ``"f32"``.
+        dtype: KV storage dtype, any of :class:`KvCache`'s: ``"bf16"`` (default),
+            ``"f16"``, ``"f32"``, or 8-bit ``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``.
+
+    8-bit storage (what :class:`KvCache` documents): ``"int8"`` keeps one f32 scale per
+    (token, KV head) for K and for V, computed by every write (so each denoising step's
+    write and the prompt-switch rewrite requantize their own tokens), stored with the
+    page. fp8 keeps one scale per (layer, KV head) for K and for V, shared by every stream
+    and page: set them with :meth:`set_fp8_scales` before the first chunk (e.g. a
+    model's calibrated ``k_scale``/``v_scale``, or the largest ``|K|``, ``|V|`` of a
+    calibration run over ``FP8_MAX[dtype]``); a scale still unset is calibrated by the
+    first write to its layer (the first chunk's first denoising step), and later values
+    beyond that range saturate. The chunk attention reads every dtype (values = code x
+    scale, f32 arithmetic); its error against the same attention on unquantized K/V is
+    bounded as :func:`pykvpool.decode_attention` documents, for values within the fp8
+    scales' range. Writes of non-finite values are refused on 8-bit caches.
+
+    Bytes: :attr:`bytes_per_block` is ``num_layers x block_size x``
+    :meth:`KvCache.bytes_per_token` (K and V codes, and int8's per-token scales: ``2 x
+    num_kv_heads x (head_dim + 4)`` bytes per token and layer; ``head_dim`` in 8-bit,
+    ``2 head_dim`` in f16/bf16, ``4 head_dim`` in f32); fp8's per-layer scales (``8 x
+    num_kv_heads`` bytes per layer) and each layer's alignment padding are not in any
+    page (``kv.nbytes`` counts everything).
 
     Raises:
-        TypeError: ``grid`` not a tuple or list, ``dtype`` not a str.
+        TypeError: ``grid`` not a tuple or list, ``dtype`` not a str (a bool included).
         InvalidArgumentError: naming the argument: a count that is not an int or out of
             range, a grid whose product is not ``tokens_per_frame``, a chunk beyond
             ``2**27`` tokens, a window or sinks beyond ``2**31`` tokens, a bad
-            ``block_size``, ``num_blocks`` or ``dtype``, a cache beyond memory.
+            ``block_size`` or ``num_blocks``, ``num_kv_heads`` or ``head_dim`` above
+            65536, an unknown ``dtype``, a cache beyond memory. A refused argument builds
+            nothing (a cache beyond memory is found as it is allocated; the pool built
+            just before is dropped).
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, tokens_per_frame: int,
@@ -116,6 +141,7 @@ class VideoCache:
         self.window_frames = None if window_frames is None else check_count(window_frames, "window_frames")
         if not isinstance(dtype, str):
             raise TypeError(f"dtype must be a str, got {type(dtype).__name__}")
+        per_token = KvCache.bytes_per_token(self.num_kv_heads, self.head_dim, dtype)  # checks dtype
         self.chunk_tokens = self.frames_per_chunk * tpf
         if self.chunk_tokens > MAX_CALL_TOKENS:
             raise invalid(f"frames_per_chunk: a chunk of {self.chunk_tokens} tokens exceeds {MAX_CALL_TOKENS}")
@@ -135,10 +161,10 @@ class VideoCache:
         self.block_size = self._pool.block_size
         self._kv = KvCache(self.num_layers, self._pool.num_blocks, self.block_size, self.num_kv_heads,
                            self.head_dim, dtype)
-        self.dtype = dtype
-        #: Bytes of one page: K and V of ``block_size`` tokens in every layer.
-        self.bytes_per_block = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim \
-            * _DTYPE_BYTES[dtype]
+        self.dtype = self._kv.dtype
+        #: Bytes of one page: K and V of ``block_size`` tokens in every layer (int8's
+        #: per-token scales included).
+        self.bytes_per_block = self.num_layers * self.block_size * per_token
         self._streams: dict[int, _Stream] = {}
         self._serial = 0
         self._token = object()
@@ -160,6 +186,32 @@ class VideoCache:
             Nothing.
         """
         return self._kv
+
+    def set_fp8_scales(self, layer: int, k_scales: npt.NDArray[np.float32], v_scales: npt.NDArray[np.float32]) -> None:
+        """Set layer ``layer``'s fp8 scales, one per KV head for K and for V (value = code
+        x scale; values beyond ``FP8_MAX[dtype] x scale`` saturate), while no stream holds
+        a page: stored codes are never reinterpreted. A scale of 0 is calibrated by the
+        layer's next write (:class:`KvCache`'s rule).
+
+        Args:
+            layer: ``0..num_layers``.
+            k_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+            v_scales: float32 ``[num_kv_heads]``, finite and >= 0.
+
+        Raises:
+            InvalidArgumentError: not an fp8 cache (``dtype``), a bad ``layer``, a scale
+                array that is not float32 ``[num_kv_heads]`` or holds a negative or
+                non-finite scale (naming ``k_scales`` or ``v_scales``), or a stream holds
+                pages (set the scales before the first chunk). Nothing is set on error.
+        """
+        if self.dtype not in FP8_MAX:
+            raise invalid(f"dtype: set_fp8_scales needs an fp8 cache, this one is {self.dtype}")
+        layer = check_layer(layer, self.num_layers)
+        held = self._pool.num_used_blocks
+        if held:
+            raise invalid(f"k_scales, v_scales: streams hold {held} pages of K/V stored with the current "
+                          "scales; set fp8 scales before the first chunk (or once every stream is released)")
+        self._kv.set_fp8_scales(layer, k_scales, v_scales)
 
     # -- streams
 
@@ -283,8 +335,8 @@ class VideoCache:
 
     def write(self, layer: int, k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], batch: ChunkBatch) -> None:
         """Store the chunk's K/V of layer ``layer`` at the batch's slots (rounded to the
-        storage dtype). Every denoising step overwrites the same slots: nothing is
-        allocated.
+        storage dtype; 8-bit dtypes quantize, int8 with a new scale per token and KV
+        head). Every denoising step overwrites the same slots: nothing is allocated.
 
         Args:
             layer: ``0..num_layers``.
@@ -296,7 +348,8 @@ class VideoCache:
         Raises:
             TypeError: ``k`` or ``v`` not a numpy array, ``batch`` not a ChunkBatch.
             InvalidArgumentError: naming the argument: a bad layer, dtype or shape, a batch
-                of another cache or no longer open. Nothing is written on error.
+                of another cache or no longer open, a non-finite value in an 8-bit cache.
+                Nothing is written on error.
         """
         batch = self._check_batch(batch)
         layer = check_layer(layer, self.num_layers)
@@ -445,7 +498,8 @@ class VideoCache:
 
         Returns:
             ``num_blocks``, ``block_size`` (tokens), ``blocks_used``, ``blocks_free``,
-            ``bytes_per_block``, ``bytes_used`` (pages held x bytes per page), and
+            ``bytes_per_block`` (of the dtype, int8's scales included: see the class
+            doc), ``bytes_used`` (pages held x bytes per page), and
             ``streams``: per stream id a dict of ``frames`` (committed, logical),
             ``open_chunk`` (bool), ``blocks`` (pages held), ``bytes``, ``stored_tokens``
             (tokens of the stored pages' filled slots), ``visible_tokens`` (cached tokens
