@@ -20,7 +20,7 @@ from pykvpool.cli._common import (
 from pykvpool.planning.hardware import hardware_preset
 from pykvpool.planning.ledger import GIB, MAX_SEQ_LEN, MemoryLedger
 from pykvpool.planning.models import ModelConfig
-from pykvpool.planning.pool_groups import pool_layout
+from pykvpool.planning.pool_groups import MAX_POOL_GROUPS, pool_layout
 
 __all__ = ["add_subcommand", "main_ledger"]
 
@@ -31,7 +31,8 @@ def main_ledger(args: argparse.Namespace) -> int:
     Raises:
         UnknownPresetError: an unknown model, hardware or dtype preset.
         InvalidArgumentError: a malformed ``--hf-config`` or dtype, a budget the weights fill
-            (BudgetError), ``--block-size`` without ``--groups``.
+            (BudgetError), ``--block-size`` without ``--groups``, ``--groups`` for a model
+            whose grouping needs more than ``MAX_POOL_GROUPS`` (64) groups.
         OSError: ``--hf-config`` cannot be read or ``--out`` cannot be written.
     """
     if args.block_size is not None and not args.groups:
@@ -161,7 +162,9 @@ def add_subcommand(sub: Any) -> None:
     pl.add_argument("--groups", action="store_true",
                     help="also print the model's hybrid pool: its layer groups as vLLM's hybrid "
                          "allocator forms them, the bytes of one block, the blocks in the KV "
-                         "budget and the sequences they hold at each length")
+                         "budget and the sequences they hold at each length (at most "
+                         f"{MAX_POOL_GROUPS} groups, a HybridPool's limit: a model whose layer "
+                         "counts need more is refused)")
     pl.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), metavar="TOKENS",
                     help="tokens per block of --groups' pool (default 16)")
     pl.set_defaults(func=main_ledger)

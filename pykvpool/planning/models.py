@@ -331,10 +331,15 @@ class ModelConfig:
         parameters are estimated, experts on only some layers (``decoder_sparse_step``,
         ``mlp_only_layers``).
 
+        The work is bounded whatever the dict holds: layers are counted by kind, never
+        listed, so ``num_hidden_layers`` up to 2**31 - 1 costs what 32 cost.
+
         Raises:
-            InvalidArgumentError: a missing or non-integer key, a size above 2**31 - 1,
-                inconsistent sizes, or one of the unmodelled features above (the message
-                names the key).
+            TypeError: ``config`` is not a mapping.
+            InvalidArgumentError: a missing key, a count that is no integer (floats and
+                bools are refused) or lies outside ``0 .. 2**31 - 1``, a switch that is no
+                bool, a name that is no string, inconsistent sizes, or one of the unmodelled
+                features above (the message names the key).
         """
         fields = parse_hf_config(config, num_params)
         default_name = fields.pop("_name")

@@ -29,6 +29,10 @@ with 3 padding slots (12 of 15 slots used); 5 + 6 give 6 (one padding slot). A s
 one layer) would waste nothing but is not what vLLM runs; we follow vLLM so the capacity is
 the one it serves, and :attr:`PoolLayout.padding_layers` states the cost.
 
+A layout is the groups of one :class:`pykvpool.HybridPool`, which holds at most
+:data:`MAX_POOL_GROUPS` (64) groups: counts whose grouping needs more (e.g. 65 sliding
+layers beside one full one, 65 groups of one layer) are refused, before any group is built.
+
 Units: layers, tokens, blocks, bytes.
 """
 
@@ -41,11 +45,14 @@ from pykvpool._native import ChunkedAttention, FullAttention, InvalidArgumentErr
 from pykvpool.planning.layers import LayerGroup
 from pykvpool.planning.models import ModelConfig, StorageDtype, storage_dtype
 
-__all__ = ["NEAR_EQUAL_RATIO", "PoolGroup", "PoolLayout", "layers_per_group", "pool_layout"]
+__all__ = ["MAX_POOL_GROUPS", "NEAR_EQUAL_RATIO", "PoolGroup", "PoolLayout", "layers_per_group", "pool_layout"]
 
 NEAR_EQUAL_RATIO = 1.25
 """vLLM's threshold: when the largest layer count is below this times the smallest, the
 group size is the largest count (pad) instead of the smallest (split)."""
+MAX_POOL_GROUPS = 64
+"""The most groups one :class:`pykvpool.HybridPool` holds (its ``groups`` argument takes 1
+to 64), so the most groups a :class:`PoolLayout` has."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +240,8 @@ def pool_layout(model: ModelConfig, dtype: StorageDtype | str = "bf16",
 
     Raises:
         InvalidArgumentError: ``model`` is not a :class:`ModelConfig`, ``block_size`` < 1,
-            a malformed dtype granularity.
+            a malformed dtype granularity, or layer counts whose grouping needs more than
+            :data:`MAX_POOL_GROUPS` groups.
         UnknownPresetError: an unknown dtype name.
     """
     if not isinstance(model, ModelConfig):
@@ -242,6 +250,12 @@ def pool_layout(model: ModelConfig, dtype: StorageDtype | str = "bf16",
     dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
     kinds = _kinds(model)
     size = layers_per_group([n for _, n in kinds])
+    total = sum(-(-n // size) for _, n in kinds)
+    if total > MAX_POOL_GROUPS:
+        counts = " + ".join(f"{n:,} {kind}" for (kind, _, _), n in kinds)
+        raise InvalidArgumentError(
+            f"{model.name}: {counts} layers make {total:,} groups of {size:,} layer{'s' * (size != 1)} "
+            f"(vLLM's grouping); a HybridPool holds at most {MAX_POOL_GROUPS}")
     groups: list[PoolGroup] = []
     for (kind, window, sinks), n in kinds:
         k = -(-n // size)  # vLLM deals the layers round-robin: group i gets layers[i::k]
