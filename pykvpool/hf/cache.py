@@ -27,7 +27,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from pykvpool._native import HybridPool, KvCache, UnknownSequenceError
-from pykvpool.checks import check_count, invalid
+from pykvpool.checks import check_int, invalid
 from pykvpool.hf.layout import ModelLayout, model_layout
 
 __all__ = ["PagedKvCache"]
@@ -122,13 +122,16 @@ class PagedKvCache(Cache):
         first_seq_id: the pool id of row 0 (default 0); later rows and forks count up.
 
     Raises:
-        InvalidArgumentError: a bad count or dtype, a layer kind the pool does not store.
+        InvalidArgumentError: a bad count (a bool, or out of range) or dtype, a layer kind
+            the pool does not store.
+        TypeError: a count that is no integer (ints, numpy integers and 0-d integer
+            tensors are).
     """
 
     def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
                  first_seq_id: int = 0) -> None:
-        num_blocks = check_count(num_blocks, "num_blocks", 1)
-        block_size = check_count(block_size, "block_size", 1)
+        num_blocks = check_int(num_blocks, "num_blocks", 1)
+        block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
         lay = self.layout
         self.pool = HybridPool(num_blocks, block_size, list(lay.groups))
@@ -137,7 +140,7 @@ class PagedKvCache(Cache):
         super().__init__(layers=layers)
         self.seqs: list[int] = []
         self.seen = 0
-        self._next_id = check_count(first_seq_id, "first_seq_id")
+        self._next_id = check_int(first_seq_id, "first_seq_id")
         self._new_forward = False
         #: Tokens of the pass layer 0 started: counted in ``seen`` once their slots exist.
         self._pending = 0
@@ -175,8 +178,17 @@ class PagedKvCache(Cache):
         self.seqs, self.seen, self._pending, self._step = [], 0, 0, None
         self.ragged, self._scheduled = set(), None
 
+    def _parents(self, indices: Any, name: str) -> list[int]:
+        """``indices`` (a tensor, array or list) as row numbers, all checked before any is used."""
+        rows = [check_int(i, name) for i in (indices.tolist() if hasattr(indices, "tolist") else indices)]
+        bad = [i for i in rows if i >= len(self.seqs)]
+        if bad:
+            raise invalid(f"{name}: row {bad[0]} is outside the cache's {len(self.seqs)} rows")
+        return rows
+
     def _rebuild(self, parents: list[int]) -> None:
-        """New rows: row ``i`` continues ``self.seqs[parents[i]]`` (forks share blocks)."""
+        """New rows: row ``i`` continues ``self.seqs[parents[i]]`` (forks share blocks);
+        ``parents`` are rows (checked)."""
         new = []
         for p in parents:
             child = self._next_id
@@ -191,17 +203,20 @@ class PagedKvCache(Cache):
         """Row ``i`` becomes old row ``beam_idx[i]`` (beam search), by forks: no K/V copied.
 
         Raises:
-            IndexError: an index outside the rows.
+            InvalidArgumentError: an index outside the rows (nothing changed).
+            TypeError: an index that is no integer (nothing changed).
         """
         if self.seqs:
-            self._rebuild([int(i) for i in beam_idx.tolist()])
+            self._rebuild(self._parents(beam_idx, "beam_idx"))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Each row ``repeats`` times in a row (shared blocks).
 
         Raises:
-            Nothing.
+            InvalidArgumentError: ``repeats`` below 1 or a bool (nothing changed).
+            TypeError: ``repeats`` is no integer (nothing changed).
         """
+        repeats = check_int(repeats, "repeats", 1)
         if self.seqs:
             self._rebuild([i for i in range(len(self.seqs)) for _ in range(repeats)])
 
@@ -209,10 +224,11 @@ class PagedKvCache(Cache):
         """Keep the rows ``indices`` (in that order).
 
         Raises:
-            IndexError: an index outside the rows.
+            InvalidArgumentError: an index outside the rows (nothing changed).
+            TypeError: an index that is no integer (nothing changed).
         """
         if self.seqs:
-            self._rebuild([int(i) for i in indices.tolist()])
+            self._rebuild(self._parents(indices, "indices"))
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens of every row (a negative count, as
@@ -221,8 +237,11 @@ class PagedKvCache(Cache):
 
         Raises:
             InvalidArgumentError: a row would lose a token the window already released
-                (nothing changed in that row and after), or a length beyond the rows'.
+                (nothing changed in that row and after), a length beyond the rows', or a
+                bool (nothing changed).
+            TypeError: ``tokens_to_remove`` is no integer (nothing changed).
         """
+        tokens_to_remove = check_int(tokens_to_remove, "tokens_to_remove", None)
         n = -tokens_to_remove if tokens_to_remove <= 0 else self.seen - tokens_to_remove
         if n < 0 or n > self.seen:
             raise invalid(f"tokens_to_remove: {tokens_to_remove} is outside the cache's {self.seen} tokens")
@@ -335,15 +354,16 @@ class PagedKvCache(Cache):
 
         Raises:
             InvalidArgumentError: lengths differ, a count below 1, a duplicate or negative id,
-                or the cache holds rows of a ``generate`` batch (:meth:`reset` first).
+                a bool, or the cache holds rows of a ``generate`` batch (:meth:`reset` first).
+            TypeError: an id or count that is no integer.
             PoolExhaustedError: the pool lacks the blocks (nothing allocated).
         """
         if self.seqs:
             raise invalid("seq_ids: the cache holds a generate() batch; reset() it before scheduling sequences")
         if len(seq_ids) != len(num_tokens) or not seq_ids:
             raise invalid(f"num_tokens: {len(num_tokens)} counts for {len(seq_ids)} sequences (and at least one)")
-        counts = np.array([check_count(n, "num_tokens", 1) for n in num_tokens], dtype=np.int64)
-        ids = [check_count(s, "seq_ids") for s in seq_ids]
+        counts = np.array([check_int(n, "num_tokens", 1) for n in num_tokens], dtype=np.int64)
+        ids = [check_int(s, "seq_ids") for s in seq_ids]
         if len(set(ids)) != len(ids):
             raise invalid("seq_ids: an id appears twice")
         joining = [s for s in ids if s not in self.ragged]
@@ -402,7 +422,10 @@ class PagedKvCache(Cache):
 
         Raises:
             UnknownSequenceError: ``seq_id`` is not in the ragged batch.
+            InvalidArgumentError: ``seq_id`` is negative or a bool.
+            TypeError: ``seq_id`` is no integer.
         """
+        seq_id = check_int(seq_id, "seq_id")
         if seq_id not in self.ragged:
             raise UnknownSequenceError(f"seq_id: {seq_id} is not a scheduled sequence of this cache")
         self.pool.free(seq_id)

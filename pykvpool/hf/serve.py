@@ -16,16 +16,15 @@ Gemma-2/3).
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from pykvpool._native import PoolExhaustedError
-from pykvpool.checks import check_count, check_positive, invalid
+from pykvpool.checks import check_int, check_positive, integer_value, invalid
 from pykvpool.hf.attention import ATTN_IMPLEMENTATION
 from pykvpool.hf.cache import PagedKvCache
 
@@ -75,13 +74,22 @@ class _Request:
 
 def _checked(prompt: Sequence[int], i: int, vocab: int) -> list[int]:
     """Prompt ``i``'s token ids as ints in ``0..vocab``."""
-    ids = list(prompt)
+    ids = [check_int(t, f"prompts: a token id of prompt {i}") for t in prompt]
     if not ids:
         raise invalid(f"prompts: prompt {i} is empty")
     for t in ids:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
-            raise invalid(f"prompts: prompt {i} holds {t!r}, not a token id in 0..{vocab}")
-    return [int(t) for t in ids]
+        if t >= vocab:
+            raise invalid(f"prompts: prompt {i} holds {t}, not a token id in 0..{vocab}")
+    return ids
+
+
+def _eos_ids(eos_token_id: object) -> set[int]:
+    """The token ids of ``eos_token_id``: None, one integer, or an iterable of them."""
+    if eos_token_id is None:
+        return set()
+    one = (getattr(eos_token_id, "ndim", None) == 0 or not isinstance(eos_token_id, Iterable)
+           or isinstance(eos_token_id, (str, bytes)))
+    return {check_int(t, "eos_token_id") for t in ([eos_token_id] if one else eos_token_id)}
 
 
 class ContinuousBatcher:
@@ -101,8 +109,10 @@ class ContinuousBatcher:
             for a bf16 model, else ``"f32"``.
 
     Raises:
-        InvalidArgumentError: a bad count, a model not run with
+        InvalidArgumentError: a bad count (a bool, or out of range), a model not run with
             ``attn_implementation="pykvpool"``, a layer kind the pool does not store.
+        TypeError: a count that is no integer (ints, numpy integers and 0-d integer
+            tensors are).
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
@@ -110,9 +120,9 @@ class ContinuousBatcher:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
-        self.max_running = check_count(max_running, "max_running", 1)
-        self.max_batched_tokens = check_count(max_batched_tokens, "max_batched_tokens", 1)
-        self.chunk_size = check_count(chunk_size, "chunk_size", 1)
+        self.max_running = check_int(max_running, "max_running", 1)
+        self.max_batched_tokens = check_int(max_batched_tokens, "max_batched_tokens", 1)
+        self.chunk_size = check_int(chunk_size, "chunk_size", 1)
         if kv_dtype is None:
             kv_dtype = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.model = model
@@ -127,7 +137,8 @@ class ContinuousBatcher:
         Args:
             prompts: token ids per prompt, each at least 1 token.
             max_new_tokens: tokens to generate per prompt, >= 1.
-            eos_token_id: token(s) that end a sequence (kept in its output); None: none.
+            eos_token_id: the token that ends a sequence (kept in its output), or an
+                iterable of them (a list, a 1-D array or tensor); None: none.
             temperature: 0 (default) for greedy decoding, else sampling from
                 ``softmax(logits / temperature)`` with ``generator``.
             generator: the torch generator of the samples (sampling only).
@@ -137,15 +148,17 @@ class ContinuousBatcher:
             this run did.
 
         Raises:
-            InvalidArgumentError: an empty prompt, a token id that is no int in
-                ``0..vocab_size``, a bad count, temperature or ``eos_token_id`` (nothing ran).
+            InvalidArgumentError: an empty prompt, a token id outside ``0..vocab_size`` or a
+                bool, a bad count, temperature or ``eos_token_id`` (negative or a bool)
+                (nothing ran).
+            TypeError: a token id, ``max_new_tokens`` or ``eos_token_id`` that is no integer
+                (ints, numpy integers and 0-d integer tensors are; nothing ran).
             PoolExhaustedError: one sequence alone needs more blocks than the pool has (the
                 cache keeps the sequences of the run until the next run resets it).
         """
-        max_new = check_count(max_new_tokens, "max_new_tokens", 1)
+        max_new = check_int(max_new_tokens, "max_new_tokens", 1)
         temp = check_positive(temperature, "temperature", zero=True)
-        eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
-        eos = {check_count(t, "eos_token_id") for t in eos_ids}
+        eos = _eos_ids(eos_token_id)
         vocab = int(self.model.config.get_text_config(decoder=True).vocab_size)
         checked = [_checked(p, i, vocab) for i, p in enumerate(prompts)]
         waiting = deque(_Request(i, ids, len(ids)) for i, ids in enumerate(checked))
@@ -274,6 +287,7 @@ def generate_continuous(model: Any, prompts: Sequence[Sequence[int]], max_new_to
 
     Raises:
         InvalidArgumentError: as :class:`ContinuousBatcher` and :meth:`ContinuousBatcher.run`.
+        TypeError: as :class:`ContinuousBatcher` and :meth:`ContinuousBatcher.run`.
         PoolExhaustedError: one sequence alone needs more blocks than the pool has.
     """
     batcher = ContinuousBatcher(model, num_blocks=num_blocks, block_size=block_size, max_running=max_running,
