@@ -36,3 +36,32 @@ pub type Result<T, E = KvError> = std::result::Result<T, E>;
 macro_rules! invalid {
     ($($arg:tt)*) => { $crate::error::KvError::InvalidArgument(format!($($arg)*)) };
 }
+
+// Fallible allocation: every buffer whose size a caller chooses (a pool's block count, a
+// workload's length) is made through these, so a host that cannot hold it gets an
+// `InvalidArgument` naming what was asked for instead of an abort.
+
+/// An empty vector with room for `n` entries, or `InvalidArgument` (naming `what`) when
+/// the host cannot provide it: never an abort.
+pub fn vec_for<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        let mib = (n as f64) * (std::mem::size_of::<T>() as f64) / (1u64 << 20) as f64;
+        invalid!("{what}: cannot allocate {n} entries ({mib:.0} MiB)")
+    })?;
+    Ok(v)
+}
+
+/// `vec![value; n]` through [`vec_for`].
+pub fn filled<T: Clone>(value: T, n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = vec_for(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// `(0..n).map(f).collect()` through [`vec_for`].
+pub fn collect_n<T>(n: usize, what: &str, f: impl FnMut(usize) -> T) -> Result<Vec<T>> {
+    let mut v = vec_for(n, what)?;
+    v.extend((0..n).map(f));
+    Ok(v)
+}

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use super::arrays::{checked_out, f32_input, int_matrix};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
+use crate::error::filled;
 use super::kv::PyKvCache;
 use crate::attention::{self, DecodeOptions, Isa, SeqTables};
 
@@ -128,11 +129,11 @@ fn attend<'py>(
     if t.len() != n {
         return Err(invalid(py, format!("q has {n} sequences, the block tables {}", t.len())));
     }
-    let mut lse = if return_lse { vec![0f32; n * hq] } else { Vec::new() };
+    let mut lse = if return_lse { filled(0f32, n * hq, "lse").py_err(py)? } else { Vec::new() };
     // The kernel writes into the caller's `out` or into a new array.
     let out_arr = out.map(|o| checked_out::<PyKvCache>(o, q, [n, hq, d], &cache.storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
-    let mut owned = if rw.is_none() { vec![0f32; n * hq * d] } else { Vec::new() };
+    let mut owned = if rw.is_none() { filled(0f32, n * hq * d, "the output").py_err(py)? } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,

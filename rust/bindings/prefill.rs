@@ -14,6 +14,7 @@ use super::arrays::{checked_out, f32_input};
 use super::attention::{forced_isa, Tables};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
+use crate::error::filled;
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
 use crate::attention::tables::SeqTables;
@@ -93,12 +94,12 @@ fn run<'py>(
     }
     let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out::<PyKvCache>(o, q, [total_q, hq, d], storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
-    let mut owned = if rw.is_none() { vec![0f32; total_q * hq * d] } else { Vec::new() };
+    let mut owned = if rw.is_none() { filled(0f32, total_q * hq * d, "the output").py_err(py)? } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,
     };
-    let mut lse = if kw.return_lse { vec![0f32; total_q * hq] } else { Vec::new() };
+    let mut lse = if kw.return_lse { filled(0f32, total_q * hq, "lse").py_err(py)? } else { Vec::new() };
     let (c, return_lse, sinks, qv) = (cache.get(), kw.return_lse, opts.mask.sink_tokens, qin.values());
     let result = py.detach(|| {
         let t = tables(shape.block_size, shape.num_blocks, sinks)?;

@@ -12,7 +12,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::error::{KvError, Result};
+use crate::error::{filled, KvError, Result};
 use crate::pool::allocator::BlockAllocator;
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::types::BlockId;
@@ -73,12 +73,14 @@ pub struct HybridCacheStats {
 }
 
 impl GroupCache {
-    pub fn new(num_blocks: usize) -> Self {
-        Self {
+    /// An empty cache over `num_blocks` blocks; `InvalidArgument` when the host cannot hold
+    /// its per-block index (never an abort).
+    pub fn new(num_blocks: usize) -> Result<Self> {
+        Ok(Self {
             map: FxHashMap::default(),
-            entry: vec![None; num_blocks],
-            prev: vec![NIL; num_blocks],
-            next: vec![NIL; num_blocks],
+            entry: filled(None, num_blocks, "prefix cache index")?,
+            prev: filled(NIL, num_blocks, "prefix cache LRU list")?,
+            next: filled(NIL, num_blocks, "prefix cache LRU list")?,
             head: NIL,
             tail: NIL,
             idle: 0,
@@ -89,7 +91,7 @@ impl GroupCache {
             hit_tokens: 0,
             group_hit_blocks: Vec::new(),
             stored_blocks: 0,
-        }
+        })
     }
 
     /// The same cache keying token ids with `hasher`.
@@ -260,7 +262,7 @@ impl GroupCache {
         if idle.len() != self.idle {
             return bad(format!("idle list holds {} blocks, counted {}", idle.len(), self.idle));
         }
-        let mut on_list = vec![false; self.entry.len()];
+        let mut on_list = filled(false, self.entry.len(), "check_invariants")?;
         let mut prev = NIL;
         for &b in &idle {
             if on_list[b.index()] || self.prev[b.index()] != prev {
@@ -302,7 +304,7 @@ mod tests {
 
     #[test]
     fn idle_blocks_are_evicted_least_recently_used_first() {
-        let mut c = GroupCache::new(8);
+        let mut c = GroupCache::new(8).unwrap();
         for (i, b) in [3u32, 5, 1, 6].into_iter().enumerate() {
             assert!(c.insert(i % 2, 100 + i as u128, BlockId(b)));
         }
@@ -325,7 +327,7 @@ mod tests {
     #[test]
     fn check_accepts_consistent_states_and_names_what_breaks() {
         let mut a = BlockAllocator::new(4).unwrap();
-        let mut c = GroupCache::new(4);
+        let mut c = GroupCache::new(4).unwrap();
         let (b0, b1) = (a.allocate().unwrap(), a.allocate().unwrap());
         assert!(c.insert(0, 7, b0) && c.insert(1, 7, b1));
         assert_eq!(c.stats(2).stored_blocks, 2);

@@ -2,7 +2,7 @@
 //! the simulator, `check_invariants` from Python).
 
 use super::HybridPool;
-use crate::error::{KvError, Result};
+use crate::error::{filled, KvError, Result};
 use crate::types::BlockId;
 
 const NO_GROUP: u32 = u32::MAX;
@@ -23,8 +23,8 @@ impl HybridPool {
     ///   used + free + idle is the pool.
     pub fn check_invariants(&self) -> Result<()> {
         let n = self.num_blocks();
-        let mut refs = vec![0u32; n];
-        let mut owner = vec![NO_GROUP; n];
+        let mut refs = filled(0u32, n, "check_invariants")?;
+        let mut owner = filled(NO_GROUP, n, "check_invariants")?;
         for (seq, e) in &self.seqs {
             if e.tables.len() != self.groups.len() || e.frontier > e.len {
                 return Err(broken(format!(
@@ -95,7 +95,7 @@ impl HybridPool {
                 return Err(broken(format!("block {i} has refcount {have} but {want} table references")));
             }
         }
-        let mut state = vec![0u8; n];
+        let mut state = filled(0u8, n, "check_invariants")?;
         for &b in self.alloc.free_list() {
             if b.index() >= n || state[b.index()] != 0 {
                 return Err(broken(format!("{b} is on the free list twice or outside the pool")));

@@ -110,7 +110,7 @@ impl HybridPool {
     pub fn with_prefix_cache(num_blocks: usize, block_size: usize, groups: Vec<GroupSpec>, hasher: BlockHasher) -> Result<Self> {
         hasher.validate()?;
         let mut pool = Self::new(num_blocks, block_size, groups)?;
-        pool.cache = Some(Box::new(GroupCache::new(num_blocks).with_hasher(hasher)));
+        pool.cache = Some(Box::new(GroupCache::new(num_blocks)?.with_hasher(hasher)));
         Ok(pool)
     }
 

@@ -3,14 +3,14 @@
 
 use super::block_table::blocks_for;
 use super::BlockPool;
-use crate::error::{KvError, Result};
+use crate::error::{filled, KvError, Result};
 
 impl BlockPool {
     /// Check every structural invariant; the error names the first one broken.
     pub fn check_invariants(&self) -> Result<()> {
         let n = self.num_blocks();
         let bs = self.block_size;
-        let mut expected = vec![0u32; n];
+        let mut expected = filled(0u32, n, "check_invariants")?;
         for (seq, e) in &self.seqs {
             let t = &e.table;
             let want = blocks_for(t.num_tokens(), bs);
@@ -53,7 +53,7 @@ impl BlockPool {
                 )));
             }
         }
-        let mut on_free = vec![false; n];
+        let mut on_free = filled(false, n, "check_invariants")?;
         for &b in self.alloc.free_list() {
             if b.index() >= n {
                 return Err(KvError::Invariant(format!("free list holds {b}, outside the pool of {n}")));

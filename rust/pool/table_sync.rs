@@ -6,7 +6,7 @@
 //! so a sync copies only new entries, and rewrites a row only when its sequence changed or
 //! an existing entry was replaced (copy-on-write) or removed (truncation).
 
-use crate::error::Result;
+use crate::error::{filled, Result};
 use crate::invalid;
 use crate::pool::BlockPool;
 use crate::types::SeqId;
@@ -30,8 +30,9 @@ pub struct TableSync {
 }
 
 impl TableSync {
-    pub fn new(rows: usize, width: usize, pad: i32) -> Self {
-        Self { width, pad, rows: vec![None; rows] }
+    /// `InvalidArgument` when the host cannot hold `rows` rows of bookkeeping.
+    pub fn new(rows: usize, width: usize, pad: i32) -> Result<Self> {
+        Ok(Self { width, pad, rows: filled(None, rows, "max_seqs")? })
     }
 
     pub fn width(&self) -> usize {
@@ -113,7 +114,7 @@ mod tests {
         pool.add_sequence(SeqId(1), 5, &mut slots).unwrap();
         pool.add_sequence(SeqId(2), 3, &mut slots).unwrap();
         let seqs = ids(&[1, 2]);
-        let mut sync = TableSync::new(4, 8, -1);
+        let mut sync = TableSync::new(4, 8, -1).unwrap();
         let mut buf = vec![77; 32];
         assert_eq!(sync.sync(&pool, &seqs, &mut buf).unwrap(), 16);
         assert_eq!(&buf[..16], &expected(&pool, &seqs, 8)[..]);
@@ -140,7 +141,7 @@ mod tests {
     fn rejects_without_writing() {
         let mut pool = BlockPool::new(8, 2).unwrap();
         pool.add_sequence(SeqId(1), 9, &mut Vec::new()).unwrap();
-        let mut sync = TableSync::new(2, 4, -1);
+        let mut sync = TableSync::new(2, 4, -1).unwrap();
         let mut buf = vec![5; 8];
         assert!(sync.sync(&pool, &ids(&[1]), &mut buf).is_err()); // 5 blocks > 4 columns
         assert!(sync.sync(&pool, &ids(&[9]), &mut buf).is_err());

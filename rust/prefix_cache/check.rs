@@ -3,7 +3,7 @@
 
 use super::{low, PrefixCache, IDLE, NO_PARENT, QUEUED};
 use crate::pool::allocator::BlockAllocator;
-use crate::error::{KvError, Result};
+use crate::error::{filled, KvError, Result};
 use crate::types::BlockId;
 
 impl PrefixCache {
@@ -15,8 +15,8 @@ impl PrefixCache {
         if !self.unmapped.is_empty() {
             return bad(format!("{} evicted blocks are still in the index", self.unmapped.len()));
         }
-        let mut children = vec![0u32; n];
-        let mut hard = vec![0u32; n];
+        let mut children = filled(0u32, n, "check_invariants")?;
+        let mut hard = filled(0u32, n, "check_invariants")?;
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
         for (&k, &b) in &self.map {
             if !self.is_cached(b) || low(self.meta[b.index()].key) != k {

@@ -34,7 +34,7 @@ use rustc_hash::FxHashMap;
 
 use crate::pool::allocator::BlockAllocator;
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
-use crate::error::Result;
+use crate::error::{filled, Result};
 use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::invalid;
 use crate::prefix_cache::pins::PinTable;
@@ -126,7 +126,7 @@ impl PrefixCache {
             map: FxHashMap::default(),
             unmapped: Vec::new(),
             num_cached: 0,
-            cached: vec![0; num_blocks.div_ceil(64)],
+            cached: filled(0, num_blocks.div_ceil(64), "prefix cache bitmap")?,
             meta,
             soft: FxHashMap::default(),
             tokens,

@@ -1,14 +1,11 @@
-//! The simulator's documented input limits, and the fallible allocation every buffer sized
-//! by caller input goes through.
+//! The simulator's documented input limits. Every buffer they size goes through the
+//! crate's fallible allocation (`crate::error::vec_for`).
 //!
 //! The limits keep each allocation a run makes proportional to input the caller already
 //! holds, and small enough that the host can refuse it cleanly: a workload column of
 //! [`MAX_REQUESTS`] entries is at most 128 MiB, the slot mapping of one step or one
 //! admission at most 128 MiB. They also keep every per-request token count of the engine
 //! in `u32`: a request holds at most `prompt + output <= 2 * MAX_REQUEST_TOKENS` tokens.
-
-use crate::error::Result;
-use crate::invalid;
 
 /// Most requests in one workload (16 Mi). Larger traces are split into runs.
 pub const MAX_REQUESTS: usize = 1 << 24;
@@ -24,27 +21,3 @@ pub const MAX_STEP_TOKENS: u32 = 1 << 24;
 /// Most prompt token ids a synthesized workload materializes (256 Mi ids, 1 GiB).
 pub const MAX_TOKEN_IDS: usize = 1 << 28;
 
-/// An empty vector with room for `n` entries, or `InvalidArgument` (naming `what`) when
-/// the host cannot provide it: never an abort.
-pub fn vec_for<T>(n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
-        let mib = (n as f64) * (std::mem::size_of::<T>() as f64) / (1u64 << 20) as f64;
-        invalid!("{what}: cannot allocate {n} entries ({mib:.0} MiB)")
-    })?;
-    Ok(v)
-}
-
-/// `vec![value; n]` through [`vec_for`].
-pub fn filled<T: Clone>(value: T, n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = vec_for(n, what)?;
-    v.resize(n, value);
-    Ok(v)
-}
-
-/// `(0..n).map(f).collect()` through [`vec_for`].
-pub fn collect_n<T>(n: usize, what: &str, f: impl FnMut(usize) -> T) -> Result<Vec<T>> {
-    let mut v = vec_for(n, what)?;
-    v.extend((0..n).map(f));
-    Ok(v)
-}

@@ -26,7 +26,7 @@ use crate::error::{KvError, Result};
 use crate::hybrid::GroupSpec;
 use crate::invalid;
 use crate::prefix_cache::CacheConfig;
-use limits::{collect_n, filled, vec_for};
+use crate::error::{collect_n, filled, vec_for};
 
 pub use kv::{Kv, Need};
 pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};

@@ -14,7 +14,8 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma, LogNormal, Pareto};
 use rand_pcg::Pcg64Mcg;
 
-use super::limits::{collect_n, filled, vec_for, MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_TOKEN_IDS};
+use super::limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_TOKEN_IDS};
+use crate::error::{collect_n, filled, vec_for};
 use crate::error::Result;
 use crate::invalid;
 

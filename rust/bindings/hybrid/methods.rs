@@ -448,7 +448,7 @@ impl PyHybridPool {
                         ids.len()
                     )
                 })?;
-                let mut flat = vec![0i32; size];
+                let mut flat = crate::error::filled(0i32, size, "the padded table")?;
                 pool.padded_tables_into(&ids, g, width, pad, &mut flat)?;
                 Ok((flat, width))
             })

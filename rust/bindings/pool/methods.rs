@@ -428,7 +428,7 @@ impl PyBlockPool {
                         ids.len()
                     )
                 })?;
-                let mut flat = vec![0i32; size];
+                let mut flat = crate::error::filled(0i32, size, "the padded table")?;
                 pool.padded_tables_into(&ids, width, pad, &mut flat)?;
                 Ok((flat, width))
             })

@@ -2,12 +2,13 @@
 
 use std::sync::Mutex;
 
-use numpy::{PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use super::class::{lock, PyBlockPool, MAX_TABLE_ENTRIES};
 use crate::bindings::convert::arg;
 use crate::bindings::errors::{invalid, IntoPyResult};
+use crate::error::filled;
 use crate::pool::table_sync::TableSync;
 
 
@@ -85,10 +86,12 @@ impl PyBlockTableBuffer {
                 ),
             ));
         }
-        let array = PyArray2::<i32>::zeros(py, [rows, width], false);
-        array.readwrite().as_slice_mut().map_err(|e| invalid(py, e.to_string()))?.fill(pad);
+        // Both allocations are fallible: a host that cannot hold them refuses, never aborts.
+        let sync = TableSync::new(rows, width, pad).py_err(py)?;
+        let flat = filled(pad, rows * width, "max_seqs x max_blocks").py_err(py)?;
+        let array = PyArray1::from_vec(py, flat).reshape([rows, width])?;
         let data = array.data() as usize;
-        Ok(Self { array: array.unbind(), data, rows, width, pad, sync: Mutex::new(TableSync::new(rows, width, pad)) })
+        Ok(Self { array: array.unbind(), data, rows, width, pad, sync: Mutex::new(sync) })
     }
 
     /// The int32 ``[max_seqs, max_blocks]`` matrix, padded with :attr:`pad`.
