@@ -153,6 +153,37 @@ def test_bad_tensors_raise_like_numpy(name: str, q: Any, match: str) -> None:
         kv.decode_attention(cache, 0, q, pool.block_tables(seqs), lens_of(pool, seqs))
 
 
+def test_negative_and_conjugate_views_are_refused_not_misread() -> None:
+    # DLPack exports the memory, not torch's lazy negative or conjugate bit: read through it,
+    # such a tensor would be taken with the opposite sign. Refused like torch's `.numpy()`.
+    pool, cache, seqs = filled()
+    q = torch.from_numpy(q_of(3))
+    z = torch.complex(q, q)
+    neg_views = {"_neg_view": torch._neg_view(q), "conj().imag": z.conj().imag}
+    tables, lens = pool.block_tables(seqs), lens_of(pool, seqs)
+    before = cache.key(0).copy()
+    for name, t in neg_views.items():
+        assert t.is_neg(), name
+        with pytest.raises(kv.InvalidArgumentError, match="q: .*negative bit.*resolve_neg"):
+            kv.decode_attention(cache, 0, t, tables, lens)
+        # The values torch shows are accepted once resolved.
+        assert np.array_equal(kv.decode_attention(cache, 0, t.resolve_neg(), tables, lens),
+                              kv.decode_attention(cache, 0, -q.numpy(), tables, lens))
+        k = t.reshape(3, -1)[:, : HKV * D]
+        with pytest.raises(kv.InvalidArgumentError, match="k: .*negative bit"):
+            cache.write(0, k, k.resolve_neg(), [0, 1, 2])
+        with pytest.raises(kv.InvalidArgumentError, match="v: .*negative bit"):
+            cache.write(0, k.resolve_neg(), k, [0, 1, 2])
+    assert np.array_equal(cache.key(0), before)
+    out = torch._neg_view(torch.zeros((3, 4, D)))
+    with pytest.raises(kv.InvalidArgumentError, match="out: .*negative bit"):
+        kv.decode_attention(cache, 0, q, tables, lens, out=out)
+    conj = torch.complex(q, q).conj()
+    assert conj.is_conj()
+    with pytest.raises(kv.InvalidArgumentError, match="q: .*conjugate bit"):
+        kv.decode_attention(cache, 0, conj, tables, lens)
+
+
 def test_bad_int_tensors_and_write_errors() -> None:
     pool, cache, seqs = filled()
     q = torch.from_numpy(q_of(3))
