@@ -323,3 +323,18 @@ def test_ledger_counts_the_storage_bytes_of_each_format(dtype: str, native: str)
     assert blocks == pytest.approx(bf16 * ratio, rel=2e-4)
     with pytest.raises(kv.InvalidArgumentError):
         storage_dtype(f"{dtype}:g32" if dtype.startswith("fp8_") else "bf16:g32")
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_largest_finite_values_dequantize_finite(dtype: str) -> None:
+    # float32's largest finite values keep a finite code x scale, within the format's bound.
+    top = np.finfo(np.float32).max
+    c = kv.KvCache(1, 4, 4, 1, 4, dtype)
+    k = np.array([[top, -top, 1.0, 0.0], [-top, top / 3, 0.0, 2.0]], np.float32)
+    c.write(0, k, -k, [0, 1])
+    for got, want in zip(c.dequantized(0), (k, -k)):
+        rows = got.reshape(-1, 4)[:2]
+        assert np.isfinite(rows).all(), rows
+        step = float(np.abs(want).max()) / (127.0 if dtype == "int8" else FP8[dtype][1])
+        rel = FP8_ERR.get(dtype, (0.0, 0.0))[0]
+        assert np.all(np.abs(rows.astype(np.float64) - want) <= step / 2 + rel * np.abs(want.astype(np.float64)))

@@ -119,9 +119,23 @@ impl<'a> Scales<'a> {
     }
 }
 
-/// Quantize one int8 row: `scale = max|x| / 127`, `codes = round_half_even(x / scale)`
-/// clamped to +-127 (0 and scale 0 for an all-zero row). `x` must be finite. Returns the
-/// scale; the loops are plain so the compiler vectorises them.
+/// The scale that maps `amax` to the largest code `code_max`: `amax / code_max`, one ulp
+/// lower where `code_max * scale` would round past `f32::MAX` (an `amax` within a few ulps
+/// of it), so that every code dequantizes to a finite value. The lower scale moves `amax`'s
+/// code by about `code_max * 2^-24`, which the clamp to `code_max` absorbs: the error bound
+/// of half a scale step holds for every finite input.
+#[inline]
+pub fn scale_for(amax: f32, code_max: f32) -> f32 {
+    let mut scale = amax / code_max;
+    while (scale * code_max).is_infinite() {
+        scale = f32::from_bits(scale.to_bits() - 1);
+    }
+    scale
+}
+
+/// Quantize one int8 row: `scale = max|x| / 127` ([`scale_for`]), `codes =
+/// round_half_even(x / scale)` clamped to +-127 (0 and scale 0 for an all-zero row). `x`
+/// must be finite. Returns the scale; the loops are plain so the compiler vectorises them.
 #[inline]
 pub fn quantize_row_i8(x: &[f32], codes: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
@@ -129,7 +143,7 @@ pub fn quantize_row_i8(x: &[f32], codes: &mut [i8]) -> f32 {
         codes.fill(0);
         return 0.0;
     }
-    let scale = amax / 127.0;
+    let scale = scale_for(amax, 127.0);
     if scale == 0.0 {
         // `amax` under 127 times the smallest subnormal: `0 / 0` is NaN, which
         // `from_f32` makes 0 (the bit trick below would not).
@@ -150,10 +164,11 @@ pub fn quantize_row_i8(x: &[f32], codes: &mut [i8]) -> f32 {
     scale
 }
 
-/// The calibrated fp8 scale for values of largest magnitude `amax`: `amax / fp8 max`.
+/// The calibrated fp8 scale for values of largest magnitude `amax`: `amax / fp8 max`
+/// ([`scale_for`]).
 #[inline]
 pub fn calibrate(amax: f32, dtype: DType) -> f32 {
-    amax / dtype.code_max()
+    scale_for(amax, dtype.code_max())
 }
 
 /// Codes of `x / scale` (0 codes for a zero scale, whose values are all 0).
@@ -171,6 +186,23 @@ pub fn quantize_fp8<E: Elem>(x: &[f32], scale: f32, codes: &mut [E]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest finite values keep finite codes times scales (int8 and both fp8
+    /// formats), within half a scale step.
+    #[test]
+    fn largest_finite_values_dequantize_finite() {
+        for x in [f32::MAX, -f32::MAX, f32::from_bits(f32::MAX.to_bits() - 3)] {
+            let mut c = [0i8; 3];
+            let s = quantize_row_i8(&[x, 1.0, x / 2.0], &mut c);
+            let back = c[0] as f32 * s;
+            assert!(back.is_finite() && (back - x).abs() <= s / 2.0, "{x}: {back} scale {s}");
+            for dt in [DType::E4M3, DType::E5M2] {
+                let s = calibrate(x.abs(), dt);
+                assert!((s * dt.code_max()).is_finite() && s > 0.0, "{dt:?} {x}");
+            }
+        }
+        assert_eq!(scale_for(127.0, 127.0), 1.0);
+    }
 
     #[test]
     fn int8_rows_hit_127_and_round_half_even() {
