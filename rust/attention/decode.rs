@@ -5,11 +5,13 @@
 use std::ops::Range;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use super::isa::{Isa, Supported};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
 use super::partials::{finish_alone, merge_split, scratch_rows, slots, spans, Rows, Slot};
+use super::wide::{self, all_finite, Logits};
 use super::work::{lse_or_scratch, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
@@ -141,6 +143,8 @@ pub fn decode_attention(
     let mut m = vec![f32::NEG_INFINITY; items.len() * per_item];
     let mut l = vec![0f32; items.len() * per_item];
     let (slots, splits) = slots(&spans, rows, out, lse, &mut acc, &mut m, &mut l);
+    // Items alone in their chunk whose finished rows are not finite (see `wide`).
+    let overflowed = Mutex::new(Vec::new());
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
         let scales = cache.scales(layer)?;
@@ -186,12 +190,37 @@ pub fn decode_attention(
                 run_item(isa, &work, p);
                 if let Some(lse) = lse {
                     finish_alone(p, lse, d);
+                    if !all_finite(p.acc) {
+                        overflowed.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+                    }
                 }
             }
         });
     });
     drop(slots);
     merge_split(splits, rows, &acc, &m, &l, &pool);
+    // The chunks to compute again: alone items flagged above, split chunks checked here.
+    let mut redo: Vec<usize> = overflowed.into_inner().unwrap_or_else(|e| e.into_inner());
+    redo.extend(spans.iter().filter(|s| s.len() > 1).map(|s| s.start));
+    redo.retain(|&i| {
+        let at = (items[i].seq * num_q_heads + items[i].group * per_item) * d;
+        !all_finite(&out[at..at + per_item * d])
+    });
+    if !redo.is_empty() {
+        crate::with_elem!(cache.dtype(), E => {
+            let (k, v) = cache.layer::<E>(layer)?;
+            let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape };
+            for i in redo {
+                let it = &items[i];
+                for qh in it.group * per_item..(it.group + 1) * per_item {
+                    let at = (it.seq * num_q_heads + qh) * d;
+                    let logits = Logits { scale, soft_cap: None };
+                    let row = &mut out[at..at + d];
+                    lse[it.seq * num_q_heads + qh] = wide::row(&layer, &vis, it.seq, |_| true, &q[at..at + d], qh / g, logits, row);
+                }
+            }
+        });
+    }
     Ok(())
 }
 

@@ -88,6 +88,7 @@ mod neon_cvt;
 pub mod scalar;
 pub mod tables;
 pub mod work;
+mod wide;
 
 pub use decode::{decode_attention, DecodeOptions};
 pub use isa::{cpu_features, Isa};

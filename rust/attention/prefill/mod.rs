@@ -31,6 +31,7 @@ use rayon::prelude::*;
 use super::isa::Isa;
 use super::tables::SeqTables;
 use super::query::scaled_query;
+use super::wide::{self, all_finite, Logits};
 use super::work::lse_or_scratch;
 use crate::error::Result;
 use crate::invalid;
@@ -200,7 +201,26 @@ pub fn prefill_attention(
         });
     });
     let parts = plan::Parts { plan: &plan, offsets: &offsets, acc: &acc, m: &m, l: &l, g, d };
-    merge(&parts, total_q, hq, out, lse, &pool);
+    let mut lse_buf = Vec::new();
+    let lse = lse_or_scratch(lse, &mut lse_buf, total_q * hq);
+    let overflowed = merge(&parts, total_q, hq, out, lse, &pool);
+    if !overflowed.is_empty() {
+        let logits = Logits { scale, soft_cap: opts.logits_soft_cap };
+        crate::with_elem!(cache.dtype(), E => {
+            let (k, v) = cache.layer::<E>(layer)?;
+            let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape };
+            for qi in overflowed {
+                let seq = qs.qo_indptr.partition_point(|&x| x as usize <= qi) - 1;
+                let Span { sink_end, lo, hi } = spans[qi];
+                let sees = |t: usize| t < sink_end || (lo..hi).contains(&t);
+                for h in 0..hq {
+                    let at = (qi * hq + h) * d;
+                    let row = &mut out[at..at + d];
+                    lse[qi * hq + h] = wide::row(&layer, &vis, seq, sees, &qs.q[at..at + d], h / g, logits, row);
+                }
+            }
+        });
+    }
     Ok(())
 }
 
@@ -283,21 +303,27 @@ fn spans(qs: &Queries, tables: &SeqTables, mask: &Mask, total_q: usize) -> Resul
     Ok(out)
 }
 
-/// Combine the partials of every (query tile, KV head) into `out` and `lse`.
-fn merge(parts: &plan::Parts, total_q: usize, hq: usize, out: &mut [f32], lse: Option<&mut [f32]>, pool: &rayon::ThreadPool) {
+/// Combine the partials of every (query tile, KV head) into `out` and `lse`; returns the
+/// query rows whose output is not finite (for [`wide`]).
+fn merge(parts: &plan::Parts, total_q: usize, hq: usize, out: &mut [f32], lse: &mut [f32], pool: &rayon::ThreadPool) -> Vec<usize> {
     let d = parts.d;
-    let mut lse_buf = Vec::new();
-    let lse = lse_or_scratch(lse, &mut lse_buf, total_q * hq);
     if d == 0 || total_q == 0 {
-        return;
+        return Vec::new();
     }
-    let body = |(qi, (o, ls)): (usize, (&mut [f32], &mut [f32]))| parts.merge_row(qi, o, ls);
+    let overflowed = Mutex::new(Vec::new());
+    let body = |(qi, (o, ls)): (usize, (&mut [f32], &mut [f32]))| {
+        parts.merge_row(qi, o, ls);
+        if !all_finite(o) {
+            overflowed.lock().unwrap_or_else(|e| e.into_inner()).push(qi);
+        }
+    };
     // One query row, or one thread: merged on the calling thread.
     if inline(pool, total_q) {
         out.chunks_mut(hq * d).zip(lse.chunks_mut(hq)).enumerate().for_each(body);
     } else {
         pool.install(|| out.par_chunks_mut(hq * d).zip(lse.par_chunks_mut(hq)).enumerate().for_each(body));
     }
+    overflowed.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
