@@ -379,8 +379,8 @@ def test_a_hit_holds_the_window_before_it_and_holes_elsewhere() -> None:
     tokens = list(range(40))
     assert pool.add_sequence_tokens(1, tokens)[0] == 0
     pool.free(1)
-    assert pool.cached_prefix_len(tokens) == 36  # <= 39 tokens: one prompt token computed
-    cached, slots = pool.add_sequence_tokens(2, tokens)
+    assert pool.cached_prefix_len(tokens) == 40  # every full block is cached
+    cached, slots = pool.add_sequence_tokens(2, tokens)  # <= 39 tokens: one prompt token computed
     assert cached == 36 and slots.shape == (2, 4) and pool.frontier(2) == 36 and pool.seq_len(2) == 40
     # Full attention needs the whole prefix, the window group only blocks 29 // 4 .. 9.
     assert -1 not in pool.block_table(2, 0).tolist()
@@ -415,3 +415,18 @@ def test_prefix_methods_need_caching() -> None:
         with pytest.raises(kv.InvalidArgumentError):
             call()
     assert len(pool) == 0 and pool.num_free_blocks == 16
+
+
+def test_cached_prefix_len_means_the_same_number_as_block_pools() -> None:
+    # Both pools report the cached full blocks before admission's last-token rule.
+    bs = 4
+    hybrid = kv.HybridPool(64, bs, [FULL], prefix_caching=True)
+    plain = kv.BlockPool(64, bs, prefix_caching=True)
+    tokens = list(range(16))
+    for pool in (hybrid, plain):
+        pool.add_sequence_tokens(1, tokens)
+        pool.free(1)
+    for probe in (tokens, tokens[:15], tokens[:8], tokens + [99], [7] * 16):
+        assert hybrid.cached_prefix_len(probe) == plain.cached_prefix_len(probe), probe
+    assert hybrid.cached_prefix_len(tokens) == 16
+    assert hybrid.add_sequence_tokens(2, tokens)[0] == plain.add_sequence_tokens(2, tokens)[0] == 12

@@ -146,16 +146,23 @@ impl HybridPool {
 
     /// The hit, in blocks, an admission of a `len`-token prompt keyed by `keys` gets now.
     fn hit_blocks(&self, keys: &[BlockKey], len: usize) -> Result<usize> {
+        // The last-token rule: the last prompt token is always computed.
+        self.longest_cached(keys, (len.saturating_sub(1) / self.block_size).min(keys.len()))
+    }
+
+    /// The longest prefix of at most `max` of `keys` cached validly for every group.
+    fn longest_cached(&self, keys: &[BlockKey], max: usize) -> Result<usize> {
         let cache = self.group_cache()?;
-        let max = (len.saturating_sub(1) / self.block_size).min(keys.len());
         Ok(longest_hit(&self.groups, self.block_size, max, |g, i| cache.lookup(g, keys[i]).is_some()))
     }
 
-    /// Prompt tokens an admission of `tokens` would reuse now (no state change).
+    /// Tokens of `tokens` held by cached full blocks valid for every group now, before the
+    /// last-token rule of admission (as [`crate::pool::BlockPool::cached_prefix_len`]); no
+    /// state change.
     pub fn cached_prefix_len(&self, tokens: &[u32], extra: Option<u64>) -> Result<usize> {
         Self::checked_len(0, tokens.len())?;
         let keys = self.block_keys(tokens, extra)?;
-        Ok(self.hit_blocks(&keys, tokens.len())? * self.block_size)
+        Ok(self.longest_cached(&keys, keys.len())? * self.block_size)
     }
 
     /// Admit `seq` with its prompt token ids: reuse the longest valid hit, allocate the

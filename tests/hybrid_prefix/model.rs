@@ -133,8 +133,13 @@ impl Model {
     }
 
     /// The largest hit in blocks, by trying every length.
+    /// The blocks an admission of a `len`-token prompt reuses: the last token is computed.
     pub fn hit(&self, keys: &[BlockKey], len: usize) -> usize {
-        let max = (len.saturating_sub(1) / BS).min(keys.len());
+        self.longest(keys, (len.saturating_sub(1) / BS).min(keys.len()))
+    }
+
+    /// The longest prefix of at most `max` blocks cached validly for every group.
+    pub fn longest(&self, keys: &[BlockKey], max: usize) -> usize {
         (0..=max)
             .rev()
             .find(|&h| (0..self.specs.len()).all(|g| self.needed(g, h).iter().all(|&i| self.index.contains_key(&(g, keys[i])))))

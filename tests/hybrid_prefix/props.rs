@@ -184,7 +184,8 @@ impl Run {
             (ms.queries, ms.query_tokens, ms.hit_tokens, &ms.group_hit_blocks, ms.stored, ms.evictions, m.idle.len())
         );
         for t in &self.prompts {
-            let want = m.hit(&super::model::keys_of(t), t.len()) * BS;
+            let keys = super::model::keys_of(t);
+            let want = m.longest(&keys, keys.len()) * BS;
             assert_eq!(p.cached_prefix_len(t, None).unwrap(), want, "cached_prefix_len({t:?})");
         }
     }
