@@ -5,6 +5,10 @@ memory over time, streams at real time), against numbers derived by hand."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,3 +257,54 @@ def test_peak_blocks_is_the_most_a_real_pool_ever_holds() -> None:
             pool.step([0], f * tpf)
             most = max(most, pool.num_used_blocks)
         assert m.peak_blocks(seconds, bs) == most, (h, w, f, sinks, window, bs, seconds)
+
+
+def _replayed_blocks(m: VideoModel, chunks: int, streams: int, bs: int) -> list[int]:
+    """Blocks each of ``streams`` streams stepping together holds after each chunk, counted
+    on the entries of its whole block table (the slow, obvious count)."""
+    tpf = m.tokens_per_frame
+    group = (pykvpool.FullAttention() if m.window_frames is None
+             else pykvpool.SlidingWindow(m.window_frames * tpf + 1, sink_tokens=m.sink_frames * tpf))
+    pool = pykvpool.HybridPool(100_000, bs, [group])
+    for i in range(streams):
+        pool.add_sequence(i, 0)
+    held = []
+    for _ in range(chunks):
+        pool.step(list(range(streams)), m.chunk_tokens)
+        counts = {int(np.count_nonzero(pool.block_table(i, 0) >= 0)) for i in range(streams)}
+        assert len(counts) == 1
+        held.append(counts.pop())
+    return held
+
+
+def test_simulated_blocks_are_the_stored_entries_of_the_block_table() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        h, w, f = (int(x) for x in rng.integers(1, 5, 3))
+        window = None if rng.random() < 0.3 else int(rng.integers(0, 6))
+        sinks = 0 if window is None else int(rng.integers(0, 4))
+        bs = int(rng.choice([1, 3, 8, 16, 24]))
+        m = _toy(grid=(h, w), frames_per_chunk=f, sink_frames=sinks, window_frames=window)
+        seconds = float(rng.integers(1, 30))
+        res = simulate_video(video_requests(2, seconds), _roof(m), 100_000, bs)
+        want = _replayed_blocks(m, m.num_chunks(seconds), 2, bs)
+        for s in res.streams:
+            assert [b for _, b in s.memory] == [*want, 0], (h, w, f, sinks, window, bs, seconds)
+
+
+def test_an_hour_of_video_in_pages_of_one_token_ends_in_linear_time() -> None:
+    """One hour of LongLive at block size 1: a windowed stream's logical table (holes
+    included) grows with the video, so a per-chunk count over it takes quadratic time (past
+    5 minutes here); the stored blocks are read in time bounded by the window instead."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    args = ["video", "--quiet", "--block-size", "1", "--models", "longlive", "--hardware", "h200",
+            "--seconds", "3600"]
+    try:
+        r = subprocess.run([sys.executable, "-m", "pykvpool.cli", *args], capture_output=True, text=True,
+                           timeout=150, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("an hour of video at block size 1 did not finish within 150 s")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if "3 sinks + 6 frames" in line and "H200" in line)
+    assert row.split("|")[4:8] == [" 780,489 ", " 41 ", " 3 ", " compute "]

@@ -294,10 +294,20 @@ class _Run:
             return
         self.pool.step(starting, self.m.chunk_tokens)
         for i in starting:
-            self.held[i] = int(np.count_nonzero(self.pool.block_table(i, 0) >= 0))
+            self.held[i] = self.stored_blocks(i)
             self.recs[i].memory.append((self.t, self.held[i]))
             before = self.m.visible_frames(self.chunk[i]) - self.m.frames_per_chunk
             self.hist[i] = before * self.m.tokens_per_frame
+
+    def stored_blocks(self, i: int) -> int:
+        """Blocks stream ``i`` holds in the pool now, read in time bounded by its window, not
+        by its video (its logical table, holes included, grows with the video): a full
+        history stores every logical block (nothing here releases, forks or caches one),
+        ``ceil(length / block_size)``; a window stores its sinks and its window, the few
+        ranges :meth:`HybridPool.stored_ranges` lists (each starts on a block boundary)."""
+        if self.m.window_frames is None:
+            return -(-self.pool.seq_len(i) // self.bs)
+        return sum(-(-(end - start) // self.bs) for start, end in self.pool.stored_ranges(i, 0))
 
     def finish_passes(self, k: int) -> None:
         """Every running stream ran ``k`` more passes, ending at ``self.t``."""
