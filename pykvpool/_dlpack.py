@@ -9,7 +9,8 @@ __all__ = ["DLPackArray"]
 
 class DLPackArray(Protocol):
     """An array exporting DLPack (a CPU torch tensor): the native calls read it through a
-    numpy view of its memory, without a copy, and refuse another device."""
+    numpy view of its memory, without a copy, and refuse (``InvalidArgumentError``) another
+    device, a tensor that requires grad, and one whose negative or conjugate bit is set."""
 
     @property
     def __dlpack__(self) -> Callable[..., Any]:

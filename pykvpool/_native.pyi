@@ -21,7 +21,11 @@ layouts, and memory inside a :class:`KvCache`, are copied in logical order first
 broadcast, zero-stride input only up to ``2**26`` elements: beyond, the copy would be the
 one allocation the caller's memory does not bound, and :class:`InvalidArgumentError`
 names the argument). Like the cache's views, an input read in place must not be written by
-another thread while the call runs.
+another thread while the call runs. A CPU torch tensor is read as torch's own ``.numpy()``
+would read it, and refused where that refuses (:class:`InvalidArgumentError` naming the
+argument): a tensor that requires grad (pass ``t.detach()``), or one whose negative or
+conjugate bit is set (``t.resolve_neg()``, ``t.resolve_conj()``); a tensor on another
+device is refused too.
 """
 
 from collections.abc import Sequence
@@ -76,7 +80,8 @@ __all__ = [
 ]
 
 # An array of another library exporting DLPack (a CPU torch tensor): read through a numpy
-# view of its memory, without a copy; another device is refused.
+# view of its memory, without a copy; another device, a tensor that requires grad and one
+# with its negative or conjugate bit set are refused.
 _DLPack: TypeAlias = DLPackArray
 
 _IntArrayLike: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[SupportsIndex] | _DLPack
