@@ -1,4 +1,5 @@
-"""Reading trace files: one text decoder, one CSV/JSONL reader and one integer parser,
+"""Reading trace files: one text decoder, one CSV/JSONL reader, one JSON-document reader
+(:func:`read_json`: config and price files, a search's files) and one integer parser,
 shared by the static sweeps (:func:`pykvpool.planning.workloads.read_trace`), the simulator
 (:mod:`pykvpool.simulate.traces`), the prefix-cache replay (:mod:`pykvpool.prefix.replay`) and
 the command line. Every problem is a :class:`~pykvpool.TraceFormatError` (an
@@ -48,9 +49,11 @@ __all__ = [
     "TraceTable",
     "csv_records",
     "file_kind",
+    "jsonl_record",
     "jsonl_records",
     "named_trace_path",
     "parse_columns",
+    "read_json",
     "read_table",
     "read_text",
     "to_count",
@@ -111,6 +114,27 @@ def read_text(path: PathLike) -> str:
         raise TraceFormatError(p, line, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None
 
 
+def read_json(path: PathLike) -> Any:
+    """The JSON document in the file at ``path`` (read by :func:`read_text`).
+
+    Raises:
+        TraceFormatError: (an InvalidArgumentError) what :func:`read_text` refuses, or text
+            that is not JSON, naming the line; a document nested deeper than Python's
+            parser goes is refused the same way.
+        OSError: the file cannot be read.
+    """
+    p = os.fspath(path)
+    text = read_text(p)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(p, e.lineno, f"not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise TraceFormatError(p, 0, "not valid JSON (nested deeper than Python's parser goes)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise TraceFormatError(p, 0, f"not valid JSON ({_short(e)})") from None
+
+
 def _read_bytes(p: str) -> bytes:
     """The file's bytes, in chunks (a device or pipe works too), refusing a NUL byte or a
     UTF-16 byte-order mark as soon as it is read and anything above MAX_FILE_BYTES."""
@@ -164,17 +188,25 @@ def jsonl_records(path: PathLike, text: str) -> Iterator[tuple[int, dict[str, An
     Raises:
         TraceFormatError: a line that is not JSON or not a JSON object.
     """
-    p = os.fspath(path)
     for n, line in enumerate(_lines(text), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as e:
-            raise TraceFormatError(p, n, f"not JSON ({_short(e)})") from None
-        if not isinstance(obj, dict):
-            raise TraceFormatError(p, n, f"expected a JSON object, found {type(obj).__name__}")
-        yield n, obj
+        if line.strip():
+            yield n, jsonl_record(path, n, line)
+
+
+def jsonl_record(path: PathLike, line: int, text: Union[str, bytes]) -> dict[str, Any]:
+    """``text``, line ``line`` of the JSONL file ``path``, as the JSON object it holds.
+
+    Raises:
+        TraceFormatError: ``text`` is not JSON (a line nested deeper than Python's parser
+            goes included; bytes that are not UTF-8 too) or not a JSON object.
+    """
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise TraceFormatError(os.fspath(path), line, f"not JSON ({_short(e)})") from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(os.fspath(path), line, f"expected a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 def csv_records(path: PathLike, text: str) -> tuple[int, list[str], Iterator[tuple[int, dict[str, str]]]]:

@@ -115,8 +115,8 @@ def _unfinished(d: Path, full: Path) -> None:
     ("empty", "not the output of `pykvpool search` (no search.json)"),
     ("file", "not a folder"),
     ("unfinished", "the search did not finish (no points.json)"),
-    ("bad-json", "points.json is not valid JSON"),
-    ("not-a-list", "points.json holds a JSON dict, not a list"),
+    ("bad-json", "points.json:1: not valid JSON"),
+    ("not-a-list", "points.json: must be a JSON list of rows, got an object"),
     ("no-best", "no best.json"),
     ("with-no-search", "--search and --no-search exclude each other"),
 ])
@@ -143,7 +143,7 @@ def test_a_folder_that_is_not_a_finished_search_is_refused(folders: dict[str, Pa
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
     assert not out.exists()  # refused before any work
     if case != "with-no-search":
-        with pytest.raises(InvalidArgumentError, match="search folder"):
+        with pytest.raises(InvalidArgumentError, match=case):
             read_search(d)
 
 

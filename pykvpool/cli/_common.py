@@ -16,7 +16,7 @@ from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, meas
 from pykvpool.planning.ledger import GIB, MemoryLedger
 from pykvpool.planning.models import DTYPES, MODELS, ModelConfig, model_preset, storage_dtype
 from pykvpool.progress import ProgressBar
-from pykvpool.tracefile import read_text
+from pykvpool.tracefile import read_json
 
 __all__ = ["DEFAULT_HARDWARE", "add_common", "budget_data", "budget_lines", "hardware_from_args",
            "ledger_from_args", "write_outputs"]
@@ -44,13 +44,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def hf_config(path: str) -> ModelConfig:
-    text = read_text(path)
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(path, e.lineno, f"not valid JSON ({e.msg})") from None
-    except (ValueError, RecursionError) as e:
-        raise TraceFormatError(path, 0, f"not valid JSON ({e})") from None
+    cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise TraceFormatError(path, 0, "expected a JSON object")
     try:

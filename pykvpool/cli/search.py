@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from typing import Any, Optional
@@ -174,12 +173,9 @@ def _objective(args: argparse.Namespace) -> Objective:
     kind = args.objective.replace("-", "_")
     if args.prices is None:
         return Objective(kind)
-    from pykvpool.tracefile import read_text
+    from pykvpool.tracefile import read_json
 
-    try:
-        prices = json.loads(read_text(args.prices))
-    except ValueError as e:
-        raise InvalidArgumentError(f"--prices {args.prices}: not valid JSON ({e})") from None
+    prices = read_json(args.prices)
     if not isinstance(prices, dict):
         raise InvalidArgumentError(f"--prices {args.prices}: expected a JSON object {{hardware: $/hour}}")
     try:

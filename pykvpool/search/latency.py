@@ -48,6 +48,7 @@ from pykvpool.checks import check_positive
 from pykvpool.progress import ProgressBar
 from pykvpool.search.backends import Backend, run_tasks
 from pykvpool.search.evaluate import METRICS, SearchSpec, deploy
+from pykvpool.search.folder import check_entry, entry_key
 from pykvpool.search.output import JsonLog, check_same_search
 from pykvpool.search.slo import SLO
 from pykvpool.search.space import Point
@@ -91,15 +92,6 @@ class LatencyResult:
     evaluated: int
     seconds: float
     files: list[str] = field(default_factory=list)
-
-
-def entry_key(point_key: str, rate: float) -> str:
-    """The identity of ``point_key`` run at ``rate`` requests/s (exact: ``repr`` of the rate).
-
-    Raises:
-        Nothing: string formatting.
-    """
-    return f"{point_key}@{rate!r}"
 
 
 def reference_rates(best: dict[str, Optional[Row]], rate: Optional[float] = None) -> dict[str, Optional[float]]:
@@ -285,7 +277,8 @@ def reference_latency(
 
     Raises:
         InvalidArgumentError: ``rate`` not a finite number > 0; ``out`` holding no search
-            or another one; what the simulator refuses.
+            or another one, or a ``latency.jsonl`` line that is not a run this module
+            writes (naming the file and line); what the simulator refuses.
         ImportError: the ray backend without Ray installed.
         OSError: ``out`` cannot be read or written.
     """
@@ -295,7 +288,7 @@ def reference_latency(
     log = None
     if out is not None:
         check_same_search(out, spec)
-        log = JsonLog(Path(out) / "latency.jsonl")
+        log = JsonLog(Path(out) / "latency.jsonl", check_entry)
     entries, todo = plan_runs(result.rows, rates, spec.ladder.rates(), n)
     logged = log.rows if log is not None else {}
     done = {k: logged[k] for k in (entry_key(p.key(), r) for p, r in todo) if k in logged}

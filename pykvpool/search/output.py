@@ -2,9 +2,11 @@
 
 ``points.jsonl`` gets each task's rows appended as the task finishes (flushed, one JSON
 object per line); ``search.json`` holds the search's fingerprint (workload, model, SLOs,
-rates, objective, strategy). A rerun into the same folder reads both, skips the chains
-whose rows are all there, and refuses a folder of another search. A line cut short by an
-interruption is dropped (and its chain run again).
+rates, objective, strategy, pykvpool's version). A rerun into the same folder reads both,
+skips the chains whose rows are all there, and refuses a folder of another search. A last
+line cut short by an interruption is dropped (and its chain run again); any other line
+that is not a row the search writes (:mod:`pykvpool.search.folder` checks each) is refused
+before any work, naming the file and the line.
 
 At the end: ``points.csv``, ``points.json`` (and ``points.parquet`` when pyarrow is
 installed) with every point in space order, ``frontier.csv`` (per SLO, the points no
@@ -24,12 +26,16 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from pykvpool._native import InvalidArgumentError, __version__
 from pykvpool.checks import invalid
+from pykvpool.errors import TraceFormatError
 from pykvpool.search.evaluate import SearchSpec
+from pykvpool.search.folder import check_entry, read_meta, row_checker
+from pykvpool.tracefile import jsonl_record
 
 __all__ = ["JsonLog", "ResultStore", "best_points", "check_same_search", "fingerprint", "frontier", "write_tables"]
 
@@ -37,7 +43,8 @@ Row = dict[str, Any]
 
 
 def fingerprint(spec: SearchSpec) -> str:
-    """A SHA-256 over everything a row depends on except the point (hex).
+    """A SHA-256 over everything a row depends on except the point (hex), pykvpool's
+    version included (another version's simulator may give other rows).
 
     Raises:
         Nothing: hashing of validated inputs.
@@ -51,7 +58,7 @@ def fingerprint(spec: SearchSpec) -> str:
         if col is not None:
             h.update(np.ascontiguousarray(col).tobytes())
     h.update(repr((w.tokens_per_key, spec.model, spec.slos, spec.ladder, spec.objective.kind,
-                   sorted(spec.objective.prices.items()), spec.strategy)).encode())
+                   sorted(spec.objective.prices.items()), spec.strategy, __version__)).encode())
     return h.hexdigest()
 
 
@@ -59,43 +66,44 @@ def check_same_search(directory: str | os.PathLike[str], spec: SearchSpec) -> No
     """Refuse a ``directory`` whose ``search.json`` is missing or records another search.
 
     Raises:
-        InvalidArgumentError: no ``search.json``, or its fingerprint is not ``spec``'s.
+        InvalidArgumentError: no ``search.json``, one that is not what a search writes
+            (naming the file), or its fingerprint is not ``spec``'s.
         OSError: ``search.json`` cannot be read.
     """
     meta_path = Path(directory) / "search.json"
     if not meta_path.exists():
         raise invalid(f"out: {directory} holds no search (no search.json); run the search into it first")
-    try:
-        old = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
-    except (ValueError, AttributeError):
-        old = None
-    if old != fingerprint(spec):
+    if read_meta(meta_path)["fingerprint"] != fingerprint(spec):
         raise invalid(f"out: {directory} holds the results of another search (workload, model, SLOs, "
-                      "rates, objective or strategy differ); use another folder")
+                      "rates, objective, strategy or pykvpool's version differ); use another folder")
 
 
 class ResultStore:
     """The rows of a search in ``directory``, appended as they come.
 
+    Both logs (``points.jsonl`` and the reference-rate runs' ``latency.jsonl``) are read
+    and checked before anything is written.
+
     Raises:
-        InvalidArgumentError: ``directory`` holds another search (its fingerprint differs).
+        InvalidArgumentError: ``directory`` holds another search (its fingerprint differs),
+            or files that are not what a search writes (naming the file and line).
         OSError: the folder or its files cannot be created, read or written.
     """
 
     def __init__(self, directory: str | os.PathLike[str], spec: SearchSpec) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "points.jsonl"
         meta_path = self.dir / "search.json"
-        fp = fingerprint(spec)
         if meta_path.exists():
             check_same_search(self.dir, spec)
-        meta = {"fingerprint": fp, "strategy": spec.strategy, "objective": spec.objective.kind,
+        self._log = JsonLog(self.log, row_checker([s.name for s in spec.slos]))
+        JsonLog(self.dir / "latency.jsonl", check_entry)
+        self.rows = self._log.rows
+        meta = {"fingerprint": fingerprint(spec), "strategy": spec.strategy, "objective": spec.objective.kind,
                 "slos": [s.name for s in spec.slos], "rates": list(spec.ladder.rates()),
                 "requests": len(spec.workload), "model": spec.model.name}
+        self.dir.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        self._log = JsonLog(self.log)
-        self.rows = self._log.rows
 
     def append(self, rows: Sequence[Row]) -> None:
         """Record ``rows`` (a finished task's) at the end of the log, flushed to the OS.
@@ -108,32 +116,37 @@ class ResultStore:
 
 class JsonLog:
     """Rows appended to a JSON-lines file as they come, each with a unique ``key``; what an
-    earlier run left is read back (``rows``, by key), and a last line cut short by an
-    interruption is dropped from the file.
+    earlier run left is read back (``rows``, by key, each passed to ``check``, which
+    raises InvalidArgumentError saying what is wrong with it), and a last line cut short
+    by an interruption (no newline) is dropped from the file.
 
     Raises:
+        InvalidArgumentError: (a TraceFormatError naming the file and line) a complete
+            line that is not JSON, not an object or not a row ``check`` accepts; the file
+            is left as it is.
         OSError: the file cannot be read or truncated.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], check: Callable[..., Row]) -> None:
         self.path = Path(path)
         self.rows: dict[str, Row] = {}
         if not self.path.exists():
             return
-        good = 0
+        whole = 0
         with open(self.path, "rb") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    break
-                if not line.endswith(b"\n") or not isinstance(row, dict) or "key" not in row:
-                    break
-                self.rows[row["key"]] = row
-                good += len(line)
-        if good != self.path.stat().st_size:
+            for n, line in enumerate(f, 1):
+                if not line.endswith(b"\n"):
+                    break  # the last line, cut short
+                whole += len(line)
+                if line.strip():
+                    row = jsonl_record(self.path, n, line)
+                    try:
+                        self.rows[check(row)["key"]] = row
+                    except InvalidArgumentError as e:
+                        raise TraceFormatError(str(self.path), n, str(e)) from None
+        if whole != self.path.stat().st_size:
             with open(self.path, "r+b") as f:
-                f.truncate(good)
+                f.truncate(whole)
 
     def append(self, rows: Sequence[Row]) -> None:
         """Write ``rows`` at the end of the file (one JSON object a line, NaN as null),

@@ -108,9 +108,10 @@ def search(
     Raises:
         InvalidArgumentError: an unknown strategy, no SLO or two of one name, an empty
             workload, a hardware without a price under ``per_dollar``, ``out`` holding
-            another search; what the simulator refuses.
+            another search or files that are not what a search writes (naming the file;
+            refused before any work); what the simulator refuses.
         ImportError: the ray backend without Ray installed.
-        OSError: ``out`` cannot be written.
+        OSError: ``out`` cannot be read or written.
     """
     points = space.points(model, workload.token_ids is not None or workload.block_keys is not None)
     _check(points, slos, objective, strategy, workload)
