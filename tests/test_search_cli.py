@@ -117,3 +117,12 @@ def test_a_folder_of_another_search_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_trace_is_a_user_error(tmp_path: Path) -> None:
     r = run("search", "--trace", str(tmp_path / "nope.csv"), "--ttft-p99", "1", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "no such file, nor a trace shipped with pykvpool" in r.stderr
+
+
+def test_an_out_folder_named_like_a_uri_is_a_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out a:b`` is the folder ``a:b`` for every file, the Parquet table included."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*BASE, "--ttft-p99", "2", "--no-figures", "--quiet", "--out", "a:b"]) == 0
+    assert (tmp_path / "a:b" / "points.json").is_file()
+    if _has("pyarrow"):
+        assert (tmp_path / "a:b" / "points.parquet").is_file()

@@ -231,7 +231,8 @@ def write_tables(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
     except ImportError:
         return paths
     table = pa.Table.from_pylist(rows) if rows else pa.table({"key": pa.array([], pa.string())})
-    pq.write_table(table, d / "points.parquet")
+    with open(d / "points.parquet", "wb") as f:  # a file, never a path pyarrow could read as a URI
+        pq.write_table(table, f)
     return [*paths, d / "points.parquet"]
 
 
