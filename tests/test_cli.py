@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -239,3 +240,22 @@ def test_readme_cli_examples_run_from_any_folder(tmp_path: Path) -> None:
         ran += 1
     assert ran >= 8
     assert (tmp_path / "sim-out" / "requests.csv").is_file()
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    from pykvpool.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_subcommand_takes_quiet() -> None:
+    """``--quiet`` is accepted by every subcommand the parser has (a new one included), each
+    with its required options given a placeholder."""
+    subcommands = _subcommands()
+    assert {"ledger", "sweep", "report", "replay", "simulate", "video", "search"} <= set(subcommands)
+    for name, p in subcommands.items():
+        required = [x for a in p._actions if a.required and a.option_strings for x in (a.option_strings[0], "x")]
+        args = p.parse_args([*required, "--quiet"])
+        assert args.quiet is True, name
+        assert p.parse_args(required).quiet is False, name

@@ -255,3 +255,11 @@ def test_layer_groups_hold_only_the_window_and_serve_more() -> None:
     # a request holds at most 1,024 / 16 + 1 window blocks plus its prefill chunk (8,192 tokens)
     assert max(window) <= h["peak_running"] * (64 + 1 + 8192 // 16 + 1)
     assert h["peak_running"] > f["peak_running"] and h["finished"] == f["finished"] == 60
+
+
+def test_quiet_silences_the_sweep_progress_bar() -> None:
+    args = ["simulate", "--requests", "30", "--num-blocks", "3000", "--sweep-rates", "2", "--sweep-allocations", "paged"]
+    loud, quiet = cli(*args), cli(*args, "--quiet")
+    assert loud.returncode == quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert "simulation sweep" in loud.stderr and quiet.stderr == ""
+    assert loud.stdout.splitlines()[-1] == quiet.stdout.splitlines()[-1]

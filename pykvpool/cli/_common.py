@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.cli.argtypes import add_budget_args, budget_from_args, number
+from pykvpool.cli.argtypes import add_budget_args, add_quiet, budget_from_args, number
 from pykvpool.errors import TraceFormatError
 from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
 from pykvpool.planning.ledger import GIB, MemoryLedger
@@ -40,7 +40,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "(measure this machine with the kernel's probes); default the A100")
     add_budget_args(g)
     p.add_argument("--out", metavar="DIR", help="also write the results into DIR (Markdown + JSON)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(p)
 
 
 def hf_config(path: str) -> ModelConfig:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_COUNT",
     "CliParser",
     "add_budget_args",
+    "add_quiet",
     "choice_list",
     "budget_from_args",
     "count",
@@ -207,6 +208,16 @@ def add_budget_args(p: argparse.ArgumentParser | Any) -> None:
                    help="usable share of device memory, in (0, 1] (default 1.0)")
     p.add_argument("--reserve-gib", type=number(0.0, MAX_GIB, lo_open=False), metavar="GIB",
                    help="reserve for activations and framework, GiB (default 4, the article's)")
+
+
+def add_quiet(p: argparse.ArgumentParser | Any) -> None:
+    """``--quiet``, which every subcommand takes: no progress bars on stderr (``args.quiet``).
+
+    Raises:
+        argparse.ArgumentError: ``p`` already has the option (argparse's default
+            ``conflict_handler="error"``).
+    """
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def budget_from_args(args: argparse.Namespace, hardware: Hardware) -> Budget:

@@ -5,8 +5,8 @@ see :mod:`pykvpool.simulate.video`) and ``search`` (the best deployment for a wo
 its SLOs, see :mod:`pykvpool.search`).
 
 Every subcommand takes ``--out DIR`` (it writes its tables there as Markdown and JSON) and
-draws progress bars on stderr for the steps that can take more than a second
-(``--quiet`` silences them). ``ledger``, ``sweep`` and ``simulate`` share one memory
+``--quiet`` (:func:`pykvpool.cli.argtypes.add_quiet`): it draws progress bars on stderr for
+the steps that can take more than a second, and ``--quiet`` silences them. ``ledger``, ``sweep`` and ``simulate`` share one memory
 budget, :func:`pykvpool.planning.ledger.default_budget` unless ``--memory-gib`` / ``--fraction`` /
 ``--reserve-gib`` say otherwise, and print it.
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, count, count_list
+from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, add_quiet, count, count_list
 from pykvpool.planning.models import MODELS, model_preset
 from pykvpool.prefix.groups_replay import GroupReplayResult, compare_layouts
 from pykvpool.prefix.replay import (
@@ -73,6 +73,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
+    add_quiet(p)
     p.set_defaults(func=main_replay)
     return p
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pykvpool.cli.argtypes import add_quiet
+
 __all__ = ["add_subcommand", "main_report"]
 
 
@@ -50,5 +52,5 @@ def add_subcommand(sub: Any) -> None:
                     help="show the finished `pykvpool search` in DIR in the deployment-search section "
                          "(default: the report runs a small search of its own, a few seconds)")
     pr.add_argument("--no-search", action="store_true", help="leave the deployment-search section out")
-    pr.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(pr)
     pr.set_defaults(func=main_report)

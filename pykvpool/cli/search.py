@@ -12,7 +12,7 @@ import sys
 from typing import Any, Optional
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, choice_list, count, count_list, number, trace_columns
+from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, add_quiet, choice_list, count, count_list, number, trace_columns
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.models import model_preset
 from pykvpool.search import (
@@ -129,7 +129,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="skip the runs at the reference rate (no frontier_latency.csv / .png)")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder (resumable)")
     p.add_argument("--no-figures", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(p)
     p.set_defaults(func=main_search)
     return p
 

@@ -14,6 +14,7 @@ from pykvpool._native import InvalidArgumentError
 from pykvpool.cli.argtypes import (
     MAX_BLOCK_SIZE,
     add_budget_args,
+    add_quiet,
     budget_from_args,
     choice_list,
     count,
@@ -138,6 +139,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    metavar="A,...", help="allocations for --sweep-rates (default paged,reserve,oracle)")
     g.add_argument("--workers", type=count(1, 1024), help="sweep threads (default: every core)")
     p.add_argument("--out", help="folder for CSVs and figures")
+    add_quiet(p)
     p.set_defaults(func=main_simulate)
     return p
 
@@ -253,7 +255,8 @@ def _run_sweep(args: argparse.Namespace, w: Workload, tm: Roofline, capacity: in
         for a in args.sweep_allocations
     }
     t0 = time.perf_counter()
-    rows = sweep(w, args.sweep_rates, policies, args.sweep_block_sizes, capacity, tm, workers=args.workers)
+    rows = sweep(w, args.sweep_rates, policies, args.sweep_block_sizes, capacity, tm, workers=args.workers,
+                 progress=None if args.quiet else sys.stderr)
     print(f"{len(rows)} runs in {time.perf_counter() - t0:.2f} s wall")
     print(f"{'rate':>8} {'policy':>8} {'bs':>4} {'blocks':>8} {'tok/s':>10} {'req/s':>8} {'ttft p99':>9} {'preempt':>8}")
     for r in rows:
