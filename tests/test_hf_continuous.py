@@ -126,12 +126,16 @@ def test_chunked_prefill_mixed_with_decodes_matches(case: tuple[str, Any, list[l
 
 def test_preemption_by_recompute_matches(case: tuple[str, Any, list[list[int]], list[list[int]]]) -> None:
     name, model, ps, ref = case
-    # 24 blocks of 4 tokens: the longest sequence (30 + 24 tokens) needs 14 per full group.
+    # 16 blocks of 4 tokens: the longest sequence (30 + 24 tokens) needs 14 per full group.
     out, b = serve(model, ps, num_blocks=28 if name == "gemma3_text" else 16, chunk_size=8)
     assert out == ref
-    assert b.stats.preemptions > 0
-    assert b.stats.forward_tokens > sum(PROMPT_LENS) + len(ps) * (NEW - 1)  # recomputed tokens
-    assert b.stats.peak_used_blocks <= b.cache.pool.num_blocks
+    st = b.stats
+    assert st.forward_tokens == sum(PROMPT_LENS) + len(ps) * (NEW - 1) + st.recomputed_tokens
+    if name == "mistral":  # windows bound every sequence's blocks and admission counts the bound
+        assert st.preemptions == 0
+    else:
+        assert st.preemptions > 0 and st.recomputed_tokens > 0
+    assert st.peak_used_blocks <= b.cache.pool.num_blocks
 
 
 def test_windowed_model_holds_only_its_window() -> None:

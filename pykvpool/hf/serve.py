@@ -4,14 +4,33 @@
 :class:`PagedKvCache`: every step packs the new tokens of all running sequences into one
 forward pass (``input_ids`` ``[1, total]``, a position per token, no padding): a prompt
 chunk of each sequence still in prefill (chunked prefill) beside one token of each
-sequence decoding. Waiting prompts are admitted in order while the step has room (running
-slots, tokens) and the pool has the blocks; when the pool runs out, the most recently
-admitted running sequence is preempted by recompute (its blocks freed, its prompt and
-generated tokens queued again in front); a sequence that ends (EOS or ``max_new_tokens``)
-frees its blocks at once. Attention runs on pykvpool's kernels through
-``attn_implementation="pykvpool"`` (``prefill_attention`` on the ragged pass,
-``decode_attention`` when every sequence decodes), windows per layer group (Mistral,
-Gemma-2/3).
+sequence decoding. A sequence that ends (EOS or ``max_new_tokens``) frees its blocks at
+once.
+
+The scheduling policy, in each pass (as vLLM's scheduler does, plus a headroom rule):
+
+- Running sequences first, in admission order. When the pool lacks their blocks, the most
+  recently admitted one is preempted by recompute (its blocks freed, its prompt and
+  generated tokens queued again at the front of the waiting queue), until the rest fit.
+- A pass that preempted admits nothing.
+- Otherwise waiting requests are admitted in queue order while the pass has room (running
+  slots, tokens) and the pool has headroom, stopping at the first that does not fit: the
+  *footprints* of every running sequence and the new one, the blocks each may hold (all
+  the tokens it knows, its prompt or recomputed history and its sampled tokens, at most a
+  window's worth in a window group, and one more block per group to grow), must add up
+  to at most the pool. With nothing running, the head of the queue is admitted regardless.
+
+Footprints only grow as sequences learn tokens, and the running sequences that ran short
+had footprints exceeding the pool; so a preempted sequence is not readmitted before another
+one finishes, and a prompt is admitted only with room for all of its chunks. After an
+admission every running sequence can store a block of tokens past what it knows; when
+``max_new_tokens - 1 <= block_size`` that is all any sequence will store, and nothing is
+ever preempted (every sequence fitting the pool alone). :attr:`ContinuousBatcher.stats`
+counts the preemptions and the tokens they made the model feed again.
+
+Attention runs on pykvpool's kernels through ``attn_implementation="pykvpool"``
+(``prefill_attention`` on the ragged pass, ``decode_attention`` when every sequence
+decodes), windows per layer group (Mistral, Gemma-2/3).
 """
 
 from __future__ import annotations
@@ -19,12 +38,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from pykvpool._native import PoolExhaustedError
-from pykvpool.checks import check_int, check_positive, integer_value, invalid
+from pykvpool.checks import check_int, check_positive, invalid
 from pykvpool.hf.attention import ATTN_IMPLEMENTATION
 from pykvpool.hf.cache import PagedKvCache
 
@@ -43,6 +62,10 @@ class BatcherStats:
             split of a prompt by ``chunk_size`` or ``max_batched_tokens``).
         mixed_steps: passes holding both prompt tokens and decode tokens.
         preemptions: sequences preempted by recompute (blocks freed, requeued).
+        recomputed_tokens: tokens whose K/V a preemption dropped, to be fed again (every
+            token a run feeds is a prompt token, a generated token or one of these:
+            ``forward_tokens`` is the prompts' lengths, plus the generated tokens but each
+            sequence's last, plus ``recomputed_tokens``).
         max_running: most sequences in one pass.
         peak_used_blocks: most pool blocks in use after a pass was allocated.
     """
@@ -53,6 +76,7 @@ class BatcherStats:
     prefill_chunks: int = 0
     mixed_steps: int = 0
     preemptions: int = 0
+    recomputed_tokens: int = 0
     max_running: int = 0
     peak_used_blocks: int = 0
 
@@ -89,7 +113,16 @@ def _eos_ids(eos_token_id: object) -> set[int]:
         return set()
     one = (getattr(eos_token_id, "ndim", None) == 0 or not isinstance(eos_token_id, Iterable)
            or isinstance(eos_token_id, (str, bytes)))
-    return {check_int(t, "eos_token_id") for t in ([eos_token_id] if one else eos_token_id)}
+    return {check_int(t, "eos_token_id") for t in ([eos_token_id] if one else cast(Iterable[object], eos_token_id))}
+
+
+def _group_caps(cache: PagedKvCache, pass_tokens: int) -> list[int]:
+    """Per group of ``cache``, the most blocks one sequence holds there: unbounded (the
+    pool's size) for full attention; for a window of ``w`` tokens, the blocks spanning the
+    ``w - 1`` keys before a pass and its ``pass_tokens`` new ones, as the pool releases
+    the rest at the start of each growth."""
+    bs, total = cache.pool.block_size, cache.pool.num_blocks
+    return [total if g.window is None else -(-(g.window - 1 + pass_tokens) // bs) + 1 for g in cache.pool.groups]
 
 
 class ContinuousBatcher:
@@ -107,6 +140,14 @@ class ContinuousBatcher:
         chunk_size: prompt tokens of one sequence in one pass at most (default 256), >= 1.
         kv_dtype: the cache's storage, ``"f32"``, ``"f16"`` or ``"bf16"``; default ``"bf16"``
             for a bf16 model, else ``"f32"``.
+
+    Attributes:
+        stats: the last :meth:`run`'s :class:`BatcherStats`: passes, tokens fed
+            (``forward_tokens``), preemptions and the tokens they made it feed again
+            (``recomputed_tokens``), ...
+
+    The scheduling policy (admission with headroom, preemption by recompute, no admission
+    in a pass that preempted) is the module's (:mod:`pykvpool.hf.serve`).
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range), a model not run with
@@ -127,6 +168,7 @@ class ContinuousBatcher:
             kv_dtype = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.model = model
         self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
+        self._caps = _group_caps(self.cache, min(self.chunk_size, self.max_batched_tokens))
         self.stats = BatcherStats()
 
     def run(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
@@ -179,8 +221,9 @@ class ContinuousBatcher:
 
     def _plan(self, running: list[_Request], waiting: deque[_Request]) -> list[tuple[_Request, int]]:
         """This pass's ``(request, tokens)``: running sequences first (in admission order),
-        then admissions; allocated in the cache, preempting the latest admitted when the
-        pool is short."""
+        then admissions (:meth:`_admit`); allocated in the cache, preempting the latest
+        admitted when the pool is short, and then admitting nothing in this pass."""
+        preempted = False
         while True:
             budget = self.max_batched_tokens
             plan: list[tuple[_Request, int]] = []
@@ -189,16 +232,39 @@ class ContinuousBatcher:
                 if n:
                     plan.append((r, n))
                     budget -= n
-            admitted = 0
-            while admitted < len(waiting) and budget and len(running) + admitted < self.max_running:
-                w = waiting[admitted]
-                n = min(w.pending, self.chunk_size, budget)
-                plan.append((w, n))
-                budget -= n
-                admitted += 1
+            admitted = 0 if preempted else self._admit(plan, budget, running, waiting)
             scheduled = self._allocate(plan, running, waiting, admitted)
             if scheduled is not None:
                 return scheduled
+            preempted = True
+
+    def _admit(self, plan: list[tuple[_Request, int]], budget: int, running: list[_Request],
+               waiting: deque[_Request]) -> int:
+        """Append to ``plan`` the waiting requests this pass admits, in queue order, stopping
+        at the first that does not fit; returns how many. One fits when the footprints
+        (:meth:`_footprint`) of the running sequences, the ones admitted before it and its
+        own add up to at most the pool's blocks; the head of the queue is admitted without
+        that check when nothing runs."""
+        reserved = sum(self._footprint(r) for r in running)
+        admitted = 0
+        while admitted < len(waiting) and budget and len(running) + admitted < self.max_running:
+            w = waiting[admitted]
+            reserved += self._footprint(w)
+            if (running or admitted) and reserved > self.cache.pool.num_blocks:
+                break
+            n = min(w.pending, self.chunk_size, budget)
+            plan.append((w, n))
+            budget -= n
+            admitted += 1
+        return admitted
+
+    def _footprint(self, r: _Request) -> int:
+        """Blocks ``r`` may hold until it has stored every token it knows (its prompt, or its
+        whole history when preempted, and its sampled tokens) and one block more in each
+        group: per group, the blocks of those tokens, at most a window group's bound (its
+        window and one pass of ``min(chunk_size, max_batched_tokens)`` tokens), plus one."""
+        blocks = -(-len(r.tokens) // self.cache.pool.block_size)
+        return sum(min(blocks, cap) + 1 for cap in self._caps)
 
     def _allocate(self, plan: list[tuple[_Request, int]], running: list[_Request], waiting: deque[_Request],
                   admitted: int) -> list[tuple[_Request, int]] | None:
@@ -226,6 +292,7 @@ class ContinuousBatcher:
         it first, its prompt and generated tokens to be prefilled again."""
         victim = running.pop()
         self.cache.free_sequence(victim.index)
+        self.stats.recomputed_tokens += victim.computed
         victim.computed = 0
         waiting.appendleft(victim)
         self.stats.preemptions += 1
