@@ -59,7 +59,8 @@ def test_eos_token_id_of_numpy_or_torch_integers(model: Any, form: Any) -> None:
 
 @pytest.mark.parametrize("bad, err", [(True, pykvpool.InvalidArgumentError), (np.True_, pykvpool.InvalidArgumentError),
                                       (torch.tensor(True), pykvpool.InvalidArgumentError),
-                                      (-1, pykvpool.InvalidArgumentError), (np.int64(-1), pykvpool.InvalidArgumentError),
+                                      (-1, pykvpool.InvalidArgumentError),
+                                      (np.int64(-1), pykvpool.InvalidArgumentError),
                                       ([5, -2], pykvpool.InvalidArgumentError), (2.5, TypeError),
                                       (torch.tensor(5.0), TypeError), ("5", TypeError), ([5, 2.0], TypeError),
                                       (torch.tensor([[5]]), TypeError)])
@@ -97,7 +98,8 @@ def test_bad_run_counts_and_tokens(model: Any) -> None:
         with pytest.raises(err, match="max_new_tokens"):
             b.run(PROMPTS, bad)
     for bad, err in ((True, pykvpool.InvalidArgumentError), (np.int64(97), pykvpool.InvalidArgumentError),
-                     (torch.tensor(-1), pykvpool.InvalidArgumentError), (2.0, TypeError), (torch.tensor(2.0), TypeError)):
+                     (torch.tensor(-1), pykvpool.InvalidArgumentError), (2.0, TypeError),
+                     (torch.tensor(2.0), TypeError)):
         with pytest.raises(err, match="prompt 1"):
             b.run([[3, 4], [5, bad]], 2)
     assert b.stats.steps == 0 and b.cache.pool.num_seqs == 0
