@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from typing import SupportsIndex, cast
 
 from pykvpool._native import InvalidArgumentError
 
@@ -36,7 +37,7 @@ def integer_value(v: object) -> int | None:
     if getattr(v, "ndim", None) != 0 or not hasattr(type(v), "__index__"):
         return None
     try:
-        return operator.index(v)
+        return operator.index(cast(SupportsIndex, v))
     except TypeError:  # a 0-d float array or tensor
         return None
 
