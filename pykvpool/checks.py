@@ -85,7 +85,10 @@ def check_positive(v: object, name: str, *, zero: bool = False, most: float = ma
     """
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise invalid(f"{name} must be a number, got {type(v).__name__}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int past any float
+        raise invalid(f"{name} must be finite, got an integer too large for a float") from None
     if not (math.isfinite(f) and (f >= 0 if zero else f > 0) and f <= most):
         bound = ">= 0" if zero else "> 0"
         top = "" if most == math.inf else f" and <= {most:g}"

@@ -88,12 +88,13 @@ def test_user_prices_are_read(tmp_path: Path) -> None:
     (["--ttft-p99", "1", "--prices", "NEG"], "prices['h100-sxm'] must be finite and > 0"),
     (["--ttft-p99", "1", "--prices", "missing.json"], "missing.json"),
     (["--ttft-p99", "1", "--prices", "DEEP"], "DEEP: not valid JSON (nested deeper than Python's parser goes)"),
+    (["--ttft-p99", "1", "--prices", "HUGE"], "prices['a100-80gb-sxm'] must be finite, got an integer too large"),
 ])
 def test_user_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                           message: str) -> None:
     """In this process (``main`` is what the ``pykvpool`` script runs), for speed."""
     files = {"PRICES": {"h100-sxm": 3.0}, "BAD": "{", "LIST": [1], "NEG": {"h100-sxm": -1},
-             "DEEP": "[" * 10_000 + "]" * 10_000}
+             "DEEP": "[" * 10_000 + "]" * 10_000, "HUGE": {"a100-80gb-sxm": 10**400}}
     for name, content in files.items():
         (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
     args = [str(tmp_path / a) if a in files else a for a in args]
