@@ -188,11 +188,8 @@ pub fn decode_attention(
                     p.acc.fill(0.0);
                 }
                 run_item(isa, &work, p);
-                if let Some(lse) = lse {
-                    finish_alone(p, lse, d);
-                    if !all_finite(p.acc) {
-                        overflowed.lock().unwrap_or_else(|e| e.into_inner()).push(i);
-                    }
+                if lse.as_deref_mut().is_some_and(|lse| !finish_alone(p, lse, d)) {
+                    overflowed.lock().unwrap_or_else(|e| e.into_inner()).push((it.seq, it.group));
                 }
             }
         });
@@ -200,27 +197,46 @@ pub fn decode_attention(
     drop(slots);
     merge_split(splits, rows, &acc, &m, &l, &pool);
     // The chunks to compute again: alone items flagged above, split chunks checked here.
-    let mut redo: Vec<usize> = overflowed.into_inner().unwrap_or_else(|e| e.into_inner());
-    redo.extend(spans.iter().filter(|s| s.len() > 1).map(|s| s.start));
-    redo.retain(|&i| {
-        let at = (items[i].seq * num_q_heads + items[i].group * per_item) * d;
-        !all_finite(&out[at..at + per_item * d])
-    });
-    if !redo.is_empty() {
-        crate::with_elem!(cache.dtype(), E => {
-            let (k, v) = cache.layer::<E>(layer)?;
-            let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape };
-            for i in redo {
-                let it = &items[i];
-                for qh in it.group * per_item..(it.group + 1) * per_item {
-                    let at = (it.seq * num_q_heads + qh) * d;
-                    let logits = Logits { scale, soft_cap: None };
-                    let row = &mut out[at..at + d];
-                    lse[it.seq * num_q_heads + qh] = wide::row(&layer, &vis, it.seq, |_| true, &q[at..at + d], qh / g, logits, row);
-                }
-            }
-        });
+    let mut redo: Vec<(usize, usize)> = overflowed.into_inner().unwrap_or_else(|e| e.into_inner());
+    if redo.is_empty() && spans.iter().all(|s| s.len() == 1) {
+        return Ok(());
     }
+    redo.extend(spans.iter().filter(|s| s.len() > 1).map(|s| (items[s.start].seq, items[s.start].group)));
+    let call = Call { q, num_q_heads, g, per_item, scale };
+    recompute(cache, layer, &vis, &call, redo, out, lse)
+}
+
+/// The parts of a checked call [`recompute`] reads.
+struct Call<'a> {
+    q: &'a [f32],
+    num_q_heads: usize,
+    g: usize,
+    per_item: usize,
+    scale: f32,
+}
+
+/// Compute again in f64 ([`wide`]) every chunk `(sequence, KV head group)` of `chunks`
+/// whose rows of `out` are not finite. Kept out of line: it runs only after an overflow.
+#[cold]
+#[inline(never)]
+fn recompute(cache: &KvCache, layer: usize, vis: &Visible, c: &Call, mut chunks: Vec<(usize, usize)>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    let d = cache.shape().head_dim;
+    chunks.retain(|&(seq, group)| {
+        let at = (seq * c.num_q_heads + group * c.per_item) * d;
+        !all_finite(&out[at..at + c.per_item * d])
+    });
+    crate::with_elem!(cache.dtype(), E => {
+        let (k, v) = cache.layer::<E>(layer)?;
+        let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape: cache.shape() };
+        let logits = Logits { scale: c.scale, soft_cap: None };
+        for (seq, group) in chunks {
+            for qh in group * c.per_item..(group + 1) * c.per_item {
+                let at = (seq * c.num_q_heads + qh) * d;
+                let row = &mut out[at..at + d];
+                lse[seq * c.num_q_heads + qh] = wide::row(&layer, vis, seq, |_| true, &c.q[at..at + d], qh / c.g, logits, row);
+            }
+        }
+    });
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::work::{finish_row, merge_row, Partial};
+use super::work::{finish_row, lanes_finite, merge_row, Partial, LANES};
 
 /// Rows of `out` per output chunk and their length.
 #[derive(Clone, Copy)]
@@ -103,11 +103,14 @@ where
 }
 
 /// Normalize an alone item's rows in place (its `acc` is its chunk of `out`) and write
-/// their LSEs: what merging its one partial would give.
-pub(super) fn finish_alone(p: &mut Partial, lse: &mut [f32], d: usize) {
+/// their LSEs: what merging its one partial would give. Returns whether every output
+/// value is finite.
+pub(super) fn finish_alone(p: &mut Partial, lse: &mut [f32], d: usize) -> bool {
+    let mut sums = [0f32; LANES];
     for ((row, (&m, &l)), ls) in p.acc.chunks_exact_mut(d.max(1)).zip(p.m.iter().zip(p.l.iter())).zip(lse) {
-        *ls = finish_row(row, m, l);
+        *ls = finish_row(row, m, l, &mut sums);
     }
+    lanes_finite(&sums, p.acc)
 }
 
 /// Merge each split chunk's partials into its rows of `out` (`acc`: the scratch rows;

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::isa::Isa;
-use super::tables::SeqTables;
+use super::tables::{SeqTables, Visible};
 use super::query::scaled_query;
 use super::wide::{self, all_finite, Logits};
 use super::work::lse_or_scratch;
@@ -204,23 +204,45 @@ pub fn prefill_attention(
     let mut lse_buf = Vec::new();
     let lse = lse_or_scratch(lse, &mut lse_buf, total_q * hq);
     let overflowed = merge(&parts, total_q, hq, out, lse, &pool);
-    if !overflowed.is_empty() {
-        let logits = Logits { scale, soft_cap: opts.logits_soft_cap };
-        crate::with_elem!(cache.dtype(), E => {
-            let (k, v) = cache.layer::<E>(layer)?;
-            let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape };
-            for qi in overflowed {
-                let seq = qs.qo_indptr.partition_point(|&x| x as usize <= qi) - 1;
-                let Span { sink_end, lo, hi } = spans[qi];
-                let sees = |t: usize| t < sink_end || (lo..hi).contains(&t);
-                for h in 0..hq {
-                    let at = (qi * hq + h) * d;
-                    let row = &mut out[at..at + d];
-                    lse[qi * hq + h] = wide::row(&layer, &vis, seq, sees, &qs.q[at..at + d], h / g, logits, row);
-                }
-            }
-        });
+    if overflowed.is_empty() {
+        return Ok(());
     }
+    let logits = Logits { scale, soft_cap: opts.logits_soft_cap };
+    recompute(cache, layer, qs, &vis, &spans, logits, overflowed, out, lse)
+}
+
+/// Compute the query rows `rows` again in f64 ([`wide`]): their merged output was not
+/// finite. Kept out of line: it runs only after an overflow.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn recompute(
+    cache: &KvCache,
+    layer: usize,
+    qs: &Queries,
+    vis: &Visible,
+    spans: &[Span],
+    logits: Logits,
+    rows: Vec<usize>,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
+    let (d, hq) = (cache.shape().head_dim, qs.num_q_heads);
+    let g = hq / cache.shape().num_kv_heads;
+    crate::with_elem!(cache.dtype(), E => {
+        let (k, v) = cache.layer::<E>(layer)?;
+        let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape: cache.shape() };
+        for qi in rows {
+            let seq = qs.qo_indptr.partition_point(|&x| x as usize <= qi) - 1;
+            let Span { sink_end, lo, hi } = spans[qi];
+            let sees = |t: usize| t < sink_end || (lo..hi).contains(&t);
+            for h in 0..hq {
+                let at = (qi * hq + h) * d;
+                let row = &mut out[at..at + d];
+                lse[qi * hq + h] = wide::row(&layer, vis, seq, sees, &qs.q[at..at + d], h / g, logits, row);
+            }
+        }
+    });
     Ok(())
 }
 
