@@ -95,18 +95,18 @@ def named_trace_path(name: str) -> Path:
     return path
 
 
-def read_text(path: PathLike) -> str:
-    """The whole file as text (at most :data:`MAX_FILE_BYTES` bytes; a UTF-8 byte-order
-    mark is dropped).
+def read_text(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The whole file as text (at most ``max_bytes`` bytes, :data:`MAX_FILE_BYTES` unless
+    given; a UTF-8 byte-order mark is dropped).
 
     Raises:
         TraceFormatError: (an InvalidArgumentError) a file that is not UTF-8 text
             (binary, UTF-16, Latin-1, ...), naming the line of the first bad byte, or one
-            larger than :data:`MAX_FILE_BYTES`.
+            larger than ``max_bytes``.
         OSError: the file cannot be read.
     """
     p = os.fspath(path)
-    data = _read_bytes(p)
+    data = _read_bytes(p, max_bytes)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -114,8 +114,9 @@ def read_text(path: PathLike) -> str:
         raise TraceFormatError(p, line, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None
 
 
-def read_json(path: PathLike) -> Any:
-    """The JSON document in the file at ``path`` (read by :func:`read_text`).
+def read_json(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """The JSON document in the file at ``path`` (read by :func:`read_text`, at most
+    ``max_bytes`` bytes).
 
     Raises:
         TraceFormatError: (an InvalidArgumentError) what :func:`read_text` refuses, or text
@@ -124,7 +125,7 @@ def read_json(path: PathLike) -> Any:
         OSError: the file cannot be read.
     """
     p = os.fspath(path)
-    text = read_text(p)
+    text = read_text(p, max_bytes)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -135,9 +136,9 @@ def read_json(path: PathLike) -> Any:
         raise TraceFormatError(p, 0, f"not valid JSON ({_short(e)})") from None
 
 
-def _read_bytes(p: str) -> bytes:
+def _read_bytes(p: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
     """The file's bytes, in chunks (a device or pipe works too), refusing a NUL byte or a
-    UTF-16 byte-order mark as soon as it is read and anything above MAX_FILE_BYTES."""
+    UTF-16 byte-order mark as soon as it is read and anything above ``max_bytes``."""
     chunks: list[bytes] = []
     size = lines = 0
     with open(p, "rb") as f:
@@ -152,8 +153,8 @@ def _read_bytes(p: str) -> bytes:
                 line = lines + chunk.count(b"\n", 0, nul) + 1
                 raise TraceFormatError(p, line, "not text: a NUL byte (a binary or UTF-16 file?)")
             size += len(chunk)
-            if size > MAX_FILE_BYTES:
-                raise TraceFormatError(p, 0, f"larger than {MAX_FILE_BYTES:,} bytes")
+            if size > max_bytes:
+                raise TraceFormatError(p, 0, f"larger than {max_bytes:,} bytes")
             lines += chunk.count(b"\n")
             chunks.append(chunk)
     return b"".join(chunks)

@@ -288,3 +288,14 @@ def test_max_pool_groups_is_the_hybrid_pools_limit() -> None:
     pykvpool.HybridPool(1, 1, [pykvpool.FullAttention()] * MAX_POOL_GROUPS)
     with pytest.raises(pykvpool.InvalidArgumentError):
         pykvpool.HybridPool(1, 1, [pykvpool.FullAttention()] * (MAX_POOL_GROUPS + 1))
+
+
+def test_a_config_larger_than_any_real_one_is_refused_before_parsing(tmp_path: Path) -> None:
+    # 17 MiB of layer types: a parse of documents up to the trace reader's 1 GiB limit
+    # would take tens of GiB of Python objects; a config over 16 MiB is refused unread.
+    kinds = ["full_attention"] * ((17 << 20) // len('"full_attention", '))
+    cfg = write(tmp_path, "config.json", json.dumps({**TINY, "num_hidden_layers": len(kinds), "layer_types": kinds}))
+    assert os.path.getsize(cfg) > 16 << 20
+    r = run_cli("ledger", "--hf-config", cfg)
+    assert_clean(r, "17 MiB config")
+    assert r.returncode == 2 and "larger than 16,777,216 bytes" in r.stderr, r.stderr

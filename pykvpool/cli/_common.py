@@ -43,8 +43,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     add_quiet(p)
 
 
+#: Largest ``config.json`` read, bytes: real ones are a few KiB (a config's layer lists
+#: included); a parse of a 1 GiB document would take tens of GiB of Python objects.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def hf_config(path: str) -> ModelConfig:
-    cfg = read_json(path)
+    cfg = read_json(path, MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise TraceFormatError(path, 0, "expected a JSON object")
     try:

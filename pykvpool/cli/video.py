@@ -11,6 +11,7 @@ from pykvpool.cli._common import write_outputs
 from pykvpool.cli.argtypes import (
     MAX_BLOCK_SIZE,
     add_budget_args,
+    add_quiet,
     budget_from_args,
     choice_list,
     count,
@@ -122,5 +123,5 @@ def add_subcommand(sub: Any) -> None:
                     help="tokens per page (default 16)")
     add_budget_args(pv.add_argument_group("budget (each device's default unless given)"))
     pv.add_argument("--out", metavar="DIR", help="also write the results into DIR (Markdown + JSON)")
-    pv.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(pv)
     pv.set_defaults(func=main_video)

@@ -87,11 +87,14 @@ def model_layout(config: Any) -> ModelLayout:
     keys: list[tuple[str, int | None]] = []
     group_of: list[int] = []
     cache_layer: list[int] = []
+    seen: dict[tuple[str, int | None], list[int]] = {}  # kind -> [its group, its layers so far]
     for kind in kinds:
-        if kind not in keys:
+        if kind not in seen:
+            seen[kind] = [len(keys), 0]
             keys.append(kind)
-        g = keys.index(kind)
-        cache_layer.append(group_of.count(g))
+        g, rank = seen[kind]
+        cache_layer.append(rank)
+        seen[kind][1] += 1
         group_of.append(g)
     groups = []
     for name, size in keys:
