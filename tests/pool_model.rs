@@ -432,7 +432,7 @@ struct Mirror {
 impl Mirror {
     fn new(num_blocks: usize) -> Self {
         let rows = ID_RANGE as usize;
-        Self { sync: TableSync::new(rows, num_blocks, -1), buf: vec![-1; rows * num_blocks] }
+        Self { sync: TableSync::new(rows, num_blocks, -1).unwrap(), buf: vec![-1; rows * num_blocks] }
     }
 
     /// Sync, check that the mirror equals the model's tables, return the entries written.
