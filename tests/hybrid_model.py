@@ -1,4 +1,4 @@
-"""A pure-Python model of :class:`pykvpool.HybridPool`, written from issue 13's layer-group
+"""A pure-Python model of :class:`pykvpool.HybridPool`, written from the layer-group
 contract (not from the implementation); shared by the hybrid tests (not a test module).
 
 A sequence has a logical length ``L`` and a frontier; per group, a table of logical blocks

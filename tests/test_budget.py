@@ -141,7 +141,7 @@ def test_ledger_json_records_the_budget(tmp_path: Path) -> None:
 
 
 # ---- Hugging Face configs the ledger still cannot model ----------------------------------
-# (windows, MLA and experts are modelled since issue 13: tests/test_ledger_hybrid.py)
+# (windows, MLA and experts are modelled: tests/test_ledger_hybrid.py)
 
 LLAMA = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
          "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,

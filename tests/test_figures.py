@@ -289,7 +289,7 @@ def test_prefill_shape_counts_the_mask_exactly(sh: PrefillShape) -> None:
 def test_prefill_shapes_sit_right_of_every_ridge() -> None:
     from pykvpool.planning.hardware import HARDWARE
 
-    # Issue 12's full shapes: the same intensity in the report's smaller runs.
+    # The prefill shapes at full size: the same intensity in the report's smaller runs.
     text, video = PREFILL_SHAPES
     assert (text.batch, text.cached_tokens, text.new_tokens, text.num_q_heads) == (8, 4096, 512, 32)
     assert (video.cached_tokens, video.new_tokens, video.chunk_size) == (6240, 1560, 1560)

@@ -1,7 +1,7 @@
 """``pykvpool.HybridPool``: layer groups (full, sliding window with sinks, chunked) in one
 block space, from Python.
 
-Expected tables, holes and exports come from issue 13's contract through
+Expected tables, holes and exports come from the layer-group contract through
 ``tests/hybrid_model.py`` (release rule, logical positions, FlashInfer layout), never from
 the implementation; decode attention per group runs over one :class:`KvCache` shared by the
 groups (tensor sharing) and is checked against numpy.

@@ -1,5 +1,5 @@
 """Stateful property test of ``pykvpool.HybridPool`` against the spec model of
-``tests/hybrid_model.py`` (issue 13's contract, not the implementation).
+``tests/hybrid_model.py`` (the layer-group contract, not the implementation).
 
 Each example draws a pool (block size, 8 to 40 blocks, one to three groups of full,
 sliding-window-with-sinks and chunked attention) and runs random programs of add, append,

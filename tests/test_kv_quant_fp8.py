@@ -1,4 +1,4 @@
-"""``bf16_scores`` on fp8 caches (issue 15): the codes widened to bf16 (exact) and the
+"""``bf16_scores`` on fp8 caches: the codes widened to bf16 (exact) and the
 query rounded to bf16, on every path (``vdpbf16ps`` on AVX-512 with avx512_bf16 and
 avx512vbmi, f32 FMAs on the rounded query elsewhere):
 

@@ -1,4 +1,4 @@
-"""The ledger on sliding windows, chunked attention, sinks, MLA and experts (issue 13): KV per
+"""The ledger on sliding windows, chunked attention, sinks, MLA and experts: KV per
 sequence as a function of the length, computed by hand here from config.json dicts written
 in this file (the published values of each model), the presets, and ``pykvpool ledger``."""
 

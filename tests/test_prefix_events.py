@@ -1,4 +1,4 @@
-"""The bounded KV event queue (issue 10, section 5): ``record_events=True`` without
+"""The bounded KV event queue: ``record_events=True`` without
 draining keeps at most ``max_events`` events, the newest, and counts the dropped ones.
 
 The workload is fully predictable: a pool of 64 one-token blocks admits chains of 64

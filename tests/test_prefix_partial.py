@@ -1,4 +1,4 @@
-"""Partly filled keyed blocks from Python (issue 10, section 3): a block registered under
+"""Partly filled keyed blocks from Python: a block registered under
 a key records how many tokens of KV it holds, and no admission reuses more than that.
 
 Each test tracks what was written: ``written[block]`` is the number of tokens whose KV a

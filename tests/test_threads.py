@@ -1,9 +1,9 @@
 """Threads: no pattern of concurrent calls may deadlock the process.
 
-Each reproducer of issue 10 runs in a subprocess for a bounded time (``SECONDS`` per
-thread, a switch interval of 1 us so the GIL changes hands as often as possible) and
-must exit 0 well within ``TIMEOUT``; a deadlock hangs the child and fails the test by
-timeout instead of freezing the run.
+Each reproducer (a pattern of concurrent calls that once deadlocked) runs in a subprocess
+for a bounded time (``SECONDS`` per thread, a switch interval of 1 us so the GIL changes
+hands as often as possible) and must exit 0 well within ``TIMEOUT``; a deadlock hangs the
+child and fails the test by timeout instead of freezing the run.
 
 The deadlocks these guard against: a thread holding a Rust lock (the pool mutex, the
 cache's read lock) while it builds a Python exception, allocates a Python object or

@@ -1,4 +1,4 @@
-"""Behaviour of :class:`pykvpool.video.VideoCache` against issue 14's contract
+"""Behaviour of :class:`pykvpool.video.VideoCache` against the video cache's contract
 (``tests/video_model.py`` writes it out): slots and (t, h, w) positions, eviction that
 keeps ``t`` counting and never touches the sinks, flat memory over a long stream, the
 batched chunk attention against a float64 reference built from positions and the K/V the

@@ -1,5 +1,5 @@
 """Stateful property test of :class:`pykvpool.video.VideoCache` against a model written from
-issue 14's contract (``tests/video_model.py``), not from the implementation.
+the video cache's contract (``tests/video_model.py``), not from the implementation.
 
 Each example draws a geometry (tokens per frame and grid, frames per chunk, sink frames, a
 window of frames or none, page size, a small pool) and runs random stream programs: add,

@@ -1,4 +1,4 @@
-"""The video cache's contract written out (issue 14's shared spec), for the video tests (not
+"""The video cache's contract written out (the shared spec), for the video tests (not
 a test module): which tokens a chunk sees, their (t, h, w), the pages the release rule
 keeps, a float64 attention reference built from positions and the K/V a test wrote, and
 the poisoning of every page no stream holds.

@@ -1,4 +1,4 @@
-"""pykvpool as a Hugging Face transformers KV cache and attention backend (issue 16).
+"""pykvpool as a Hugging Face transformers KV cache and attention backend.
 
 ``import pykvpool.hf`` imports torch and transformers (``pip install 'pykvpool[hf]'``) and
 registers ``attn_implementation="pykvpool"``; ``import pykvpool`` never does. Usage::

@@ -1,4 +1,4 @@
-"""Continuous batching of a transformers causal LM on pykvpool (issue 16).
+"""Continuous batching of a transformers causal LM on pykvpool.
 
 :class:`ContinuousBatcher` serves a list of prompts the way a serving engine does, on one
 :class:`PagedKvCache`: every step packs the new tokens of all running sequences into one

@@ -279,7 +279,7 @@ class PrefillShape:
                                        f"num_kv_heads ({self.num_kv_heads})")
 
 
-#: Issue 12's shapes as the report measures them, full size: (a) text prefill, 8 x 512 new
+#: The prefill shapes the report measures, at full size: (a) text prefill, 8 x 512 new
 #: tokens over 4,096 cached, 32/8 heads, causal; (b) video chunk, a 1,560-token frame over
 #: 6,240 cached, 12/12 heads, block-causal with chunk 1,560. The report runs them smaller
 #: (:data:`REPORT_PREFILL_SHAPES`).

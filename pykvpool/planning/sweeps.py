@@ -11,7 +11,7 @@ Every policy runs through the real :class:`pykvpool.BlockPool`, never a formula:
   ``prefix_len``-token prefix (a system prompt) held once by a parent sequence and shared
   through :meth:`BlockPool.fork`; each request appends only its own tokens (copy-on-write
   of a partly filled shared block included).
-- **hybrid concurrency** (issue 13, :func:`hybrid_concurrency`): sequences of one context
+- **hybrid concurrency** (:func:`hybrid_concurrency`): sequences of one context
   length in a :class:`pykvpool.HybridPool` of the model's groups
   (:func:`pykvpool.planning.pool_groups.pool_layout`), each grown by chunked prefill so
   that sliding windows release their blocks as the pool's release rule says.

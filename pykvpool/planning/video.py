@@ -12,7 +12,7 @@ chunks.
 
 :class:`VideoModel` is an autoregressive video generator as its KV cache sees it (layers, KV
 heads, tokens per latent frame, chunks, denoising passes, sink and window frames);
-:data:`VIDEO_MODELS` holds the presets of issue 14 (the article's 720p example, Self-Forcing
+:data:`VIDEO_MODELS` holds the video presets (the article's 720p example, Self-Forcing
 and LongLive on Wan2.1-T2V-1.3B, a MAGI-1-like 24B model) and :meth:`VideoModel.kv_stream_bytes`
 the KV one stream holds, full history or sinks + window, for a video length.
 """

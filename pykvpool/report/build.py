@@ -544,7 +544,8 @@ def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) 
 
 
 def _shrunk(points: Sequence[PrefillPoint]) -> str:
-    """How each measured shape differs from issue 12's full one (sequences, heads)."""
+    """How each measured shape differs from its full-size one in ``PREFILL_SHAPES``
+    (sequences, heads)."""
     full = {sh.name: sh for sh in PREFILL_SHAPES}
     parts = []
     for p in points:
@@ -562,7 +563,7 @@ def _shrunk(points: Sequence[PrefillPoint]) -> str:
 
 
 def _prefill_text(measured: Measured, fig2: dict[str, Any]) -> list[str]:
-    """Section 2's prefill table: the multi-query kernel on issue 12's two shapes, beside
+    """Section 2's prefill table: the multi-query kernel on the two prefill shapes, beside
     decode (same roof)."""
     peak = measured.machine.flops("fp32")
     rows = []

@@ -1,4 +1,4 @@
-"""The report's deployment-search section (issue 17): the best configuration per SLO with
+"""The report's deployment-search section: the best configuration per SLO with
 its simulated metrics, the cost vs goodput frontier and the cost vs latency frontiers,
 with their figures.
 

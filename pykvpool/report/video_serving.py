@@ -1,4 +1,4 @@
-"""Section 8 of the report, "Video generation: KV per stream and streams per GPU" (issue 14):
+"""Section 8 of the report, "Video generation: KV per stream and streams per GPU":
 the KV one generation stream holds for the video presets
 (:data:`pykvpool.planning.video.VIDEO_MODELS`), full history against sinks + window, in bf16
 and 8-bit; the concurrent streams each GPU keeps at real time and the time to first chunk,

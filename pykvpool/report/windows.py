@@ -1,4 +1,4 @@
-"""Section 7 of the report, "Windows, sinks and hybrid layers" (issue 13): how many
+"""Section 7 of the report, "Windows, sinks and hybrid layers": how many
 sequences the A100 budget holds at 8k / 32k / 128k tokens of context for models whose
 sliding-window layers keep only their window (Gemma-2-9B, Gemma-3-12B) against the same
 models with every layer global, and for attention sinks plus a window (Llama-3-8B with 4

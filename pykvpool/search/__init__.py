@@ -1,4 +1,4 @@
-"""Deployment search (issue 17): the best serving configuration for a workload and its SLOs.
+"""Deployment search: the best serving configuration for a workload and its SLOs.
 
 Every point of a :class:`SearchSpace` (hardware and device count, KV dtype, block size,
 scheduler limits and policies, prefix caching, layer groups) is simulated by

@@ -1,5 +1,5 @@
 """Cost against latency: the p99 TTFT and p99 TPOT each configuration gives, and their
-Pareto frontiers per SLO (issue 17's "cost vs latency" frontier).
+Pareto frontiers per SLO (the search's "cost vs latency" frontier).
 
 Two bases, both in ``frontier_latency.csv``:
 

@@ -9,7 +9,7 @@ share a pass, as a DiT batches timesteps). A pass's time comes from :class:`Vide
 
 Memory is the pool's: one group, ``FullAttention()`` for full history or
 ``SlidingWindow(window_frames x tpf + 1, sink_tokens=sink_frames x tpf)`` for sinks + window
-(issue 14's contract); each chunk is allocated by one atomic ``HybridPool.step`` over the
+(as in ``VideoCache``); each chunk is allocated by one atomic ``HybridPool.step`` over the
 streams that begin a chunk, which first releases the pages whose frames left the window. A
 stream is admitted (first come, first served) when the pool's free blocks, minus the blocks
 the running streams may still take before their own peaks, hold its peak

@@ -1,4 +1,4 @@
-"""Autoregressive video generation on the pool (issue 14): :class:`VideoCache`, the KV cache
+"""Autoregressive video generation on the pool: :class:`VideoCache`, the KV cache
 of many video streams generated chunk by chunk (block-causal attention over sink frames, a
 window of frames and the chunk; denoising steps overwrite the chunk's slots; committed
 chunks free the frames that leave the window), and :class:`ChunkBatch`, one chunk of

@@ -1,4 +1,4 @@
-"""The video stream cache: many autoregressive video streams in one pool (issue 14)."""
+"""The video stream cache: many autoregressive video streams in one pool."""
 
 from __future__ import annotations
 
