@@ -17,7 +17,8 @@
 //! ([`Work::for_each_chunk_pair`], where the scores prefetch K: [`pairs_apply`]): both
 //! chunks' scores, one reference point for their softmax, one pass of `P V` over both (the
 //! accumulators loaded and stored once per 32 tokens): 0.91-0.93x the time of one chunk
-//! at a time at block size 32 (`benches/RESULTS.md`, issue 15 wave 9).
+//! at a time at block size 32 (`docs/experiments.md`, "Decode attention: work and
+//! scheduling").
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; more
 //! for tiles under 4 KiB, see [`super::work::prefetch_tiles`]) is prefetched line by
@@ -99,7 +100,8 @@ pub(crate) const HT: usize = 4;
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
     // 8-bit tiles of at most 2 KiB: only the far tiles' first lines into L2
-    // (`Prefetcher<false>`, `benches/RESULTS.md` issue 15 wave 23).
+    // (`Prefetcher<false>`: MHA exact int8 0.943x, e5m2 0.933x the time; `docs/experiments.md`,
+    // "Decode attention: prefetch").
     if first_far_lines::<E>(w.shape.tile()) {
         // SAFETY: the caller's features are those `Exact` is compiled for.
         unsafe { run_with::<E, _, _, false>(w, p, &Exact::<false> { q: &q }, &FloatPv) }
@@ -129,7 +131,7 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: 
     let nan_check = E::DTYPE == DType::E4M3 && w.nan_check;
     if pairs_apply::<E, S, P>(pv, d, w.shape.block_size) {
         // A tile's chunks two at a time: the per-chunk work is spread over twice the
-        // tokens (`benches/RESULTS.md`, issue 15 wave 9).
+        // tokens (0.91-0.93x the time at block size 32; `docs/experiments.md`).
         w.for_each_chunk_pair(W, |hi, a, b, pf| {
             if nan_check {
                 p.nan_codes |= nan_in_new_tile(a, &mut checked);
@@ -348,7 +350,8 @@ unsafe fn exact_scores<E: Elem, const H: usize, const FULL: bool, const FAR_LINE
             let mut k = [_mm512_setzero_ps(); 4];
             let mut r = 0;
             // e4m3 widens two whole rows at once (`load_pair`) where the widening, not
-            // the FMAs, is the work: 1-2 heads per K row (measured, issue 15 wave 13).
+            // the FMAs, is the work: 1-2 heads per K row (MHA 0.94-0.97x the time, GQA-4
+            // 1.01-1.03x; `docs/experiments.md`, "Decode attention: conversions").
             while FULL && pairs && r + 1 < n {
                 [k[r], k[r + 1]] = load_pair(kr.wrapping_add(r * bs), bs);
                 r += 2;
@@ -639,7 +642,7 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, co
 /// No target features of its own, so that `#[inline(always)]` may put it into
 /// [`head_tile`] (the two cannot be combined): out of line, with the pairs of chunks'
 /// instances beside the single ones, LLVM kept it and its caller apart and a block size
-/// of 16 lost 2% (`benches/RESULTS.md`, issue 15 wave 9).
+/// of 16 lost 2% (`docs/experiments.md`, "Decode attention: compute").
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, fma and f16c (the caller is compiled

@@ -7,8 +7,8 @@
 //! `vfmadd231ps` (16), and every fp8 value is an f16 after one shift or `and` (e5m2: the
 //! code is an f16's high byte) or two more (e4m3 over 2^8: an arithmetic shift and an
 //! `and`), where the exact path spends 2-3 micro-ops per 16 codes on the widening to f32
-//! and one FMA per 16 codes and query head. (`vdpbf16ps`, the dot product the issue
-//! names, issues at a quarter of the FMA rate on this project's machine: `cargo bench
+//! and one FMA per 16 codes and query head. (`vdpbf16ps`, the dot product first
+//! planned for fp8, issues at a quarter of the FMA rate on this project's machine: `cargo bench
 //! --bench dot_rates`.)
 //!
 //! - K (block size 16): a 64-byte run is 4 dimension rows x 16 tokens, one row per

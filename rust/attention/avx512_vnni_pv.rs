@@ -151,7 +151,8 @@ fn quantize<const H: usize>(probs: &[[f32; W]; HT]) -> ([[u32; 4]; H], [f32; H])
             // All 0 (V rows of zeros have scale 0, so their probabilities carry 0): the codes
             // are 0 whatever r is, and the clamped 255 / 0 would make the step 1 / f32::MAX,
             // a subnormal result whose division takes a microcode assist (int8_pv on a
-            // cache of zero V rows took 1.7x the time of random ones; issue 15 wave 19).
+            // cache of zero V rows took 1.7x the time of random ones; `docs/experiments.md`,
+            // "Subnormals").
             let r = if m > 0.0 { (255.0 / m).min(f32::MAX) } else { 1.0 };
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) != 0;
             step[j] = if nan { f32::NAN } else { 1.0 / r };

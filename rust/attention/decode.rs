@@ -32,7 +32,7 @@ pub struct DecodeOptions {
     /// 256 tokens per split).
     pub split_tokens: Option<usize>,
     /// KV heads per work item (must divide the KV head count); `None` is all of them,
-    /// which reads each block as one contiguous run (see `benches/RESULTS.md`).
+    /// which reads each block as one contiguous run (see `docs/experiments.md`, "Layout").
     pub kv_heads_per_item: Option<usize>,
     /// Kernel path; `None` is [`Isa::best`].
     pub isa: Option<Isa>,

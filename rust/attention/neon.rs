@@ -34,7 +34,7 @@
 //! it); every raw access is inside a tile checked once per chunk.
 //!
 //! Verified for correctness only: the Rust tests of `kernel::tests` (every path against an
-//! f64 reference over the shape grid and at the bounds of the unsafe loads) run
+//! f64 reference over the kernel's test grid and at the bounds of the unsafe loads) run
 //! under `qemu-aarch64` via `tests/aarch64.sh`. No aarch64 hardware was available, so the
 //! path has no speed figure.
 

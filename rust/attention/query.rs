@@ -39,7 +39,7 @@ pub(crate) fn interleave_query(q: &[f32], d: usize, g: usize, tile: usize) -> Ve
             let h = (g - j0).min(tile);
             let (rows, dst) = (&group[j0 * d..(j0 + h) * d], &mut dst[j0 * d..(j0 + h) * d]);
             // A fixed head count per tile lets the copy run without index checks (an
-            // index loop took a quarter of a short call's time, `benches/RESULTS.md`).
+            // index loop took a quarter of a short call's time, `docs/experiments.md`).
             match h {
                 1 => dst.copy_from_slice(rows),
                 2 => interleave_tile::<2>(rows, dst),
@@ -141,7 +141,7 @@ impl QueryI8Buf {
 ///
 /// Runs as AVX-512 code where the CPU has it (the same arithmetic, 16 lanes instead of
 /// SSE2's 4: the baseline copy took 25 us of an 8-sequence decode call on the calling
-/// thread, `benches/RESULTS.md`, issue 15 wave 20).
+/// thread, 12 us as AVX-512 code; `docs/experiments.md`, "Decode attention: compute").
 pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
     #[cfg(target_arch = "x86_64")]
     if Supported::check(Isa::Avx512).is_some() {

@@ -96,7 +96,8 @@ fn item_runs(cache: &KvCache, layer: usize, tables: &SeqTables, threads: usize) 
 /// The wrapping word sum of one item's blocks, each block's codes run then its scales
 /// run. No software prefetch: prefetching the next block's codes into L2 while summing
 /// one (1 KiB or 4 KiB of lines per 1 KiB or 4 KiB summed) read 0.96x and 0.90x the rate
-/// of plain sums at 1 thread, 0.89x and 0.85x at 2 (`benches/RESULTS.md`, wave 11).
+/// of plain sums at 1 thread, 0.89x and 0.85x at 2 (`docs/experiments.md`, "Decode
+/// attention: prefetch").
 fn read_item(bytes: &[u8], blocks: &[[Range<usize>; 2]]) -> u32 {
     blocks.iter().fold(0u32, |sum, [codes, scales]| {
         sum.wrapping_add(sum_words(&bytes[codes.clone()])).wrapping_add(sum_words(&bytes[scales.clone()]))

@@ -146,7 +146,7 @@ fn all_paths_match_reference_over_shapes() {
     }
 }
 
-/// The issue's grid: every head dim and block size, GQA ratios 1 to 8 with 1 to 8 KV
+/// The kernel's test grid: every head dim and block size, GQA ratios 1 to 8 with 1 to 8 KV
 /// heads, f32/f16/bf16, lengths 1, one block, one past it and two blocks, unsplit and one
 /// block per split (then merged by log-sum-exp).
 #[test]
@@ -377,7 +377,7 @@ fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
 
 /// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
 /// the others with f32 FMAs on the rounded query) against the f64 reference of the
-/// bf16-rounded query, over the issue's grid, unsplit and one block per split.
+/// bf16-rounded query, over the kernel's test grid, unsplit and one block per split.
 #[test]
 fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
     let _shared = bf16_switch_shared();

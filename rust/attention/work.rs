@@ -233,7 +233,8 @@ impl<E: Elem> Work<'_, E> {
     /// walks every block for its heads alone, so it reads a block's run in pieces (at 8 KV
     /// heads of 16 x 128 fp8, 8 KiB of its 32 KiB), and where the tiles are the larger
     /// stream (g <= 2 at block size 16: MHA) the whole runs pay more than the vectors' trips
-    /// to L2 cost (`benches/RESULTS.md`, issue 15 wave 24).
+    /// to L2 cost: on MHA, groups of 8 heads had cost the fp8 lane-query paths 10-13%
+    /// (`docs/experiments.md`, "Decode attention: work and scheduling").
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn in_head_groups(&self, p: &mut Partial, mut f: impl FnMut(&Work<'_, E>, &mut Partial)) {
         let (d, g, hs) = (self.shape.head_dim, self.g, self.heads.start);
@@ -450,7 +451,7 @@ pub const FREE_DOTS: bool = cfg!(feature = "bound-free-dots");
 /// the query out 4x (16 bytes per element: `avx512_e4m3`, `avx512_fp16`), which run an
 /// item in groups ([`Work::in_head_groups`]) so that the vectors stay in L1 beside the
 /// tiles: measured against 8 KV heads (64 KiB of vectors) at once, see
-/// `benches/RESULTS.md`, issue 15 wave 15.
+/// `docs/experiments.md`, "Decode attention: work and scheduling".
 const QUERY_BYTES: usize = 16 << 10;
 
 /// Work items of at least this many KV heads leave their int8 scale lines to the L2's
@@ -458,7 +459,8 @@ const QUERY_BYTES: usize = 16 << 10;
 /// ([`Work::start_scale_streams`]), fewer prefetch each tile's two lines into L1 as they
 /// come near. MHA (32 KV heads, 1 thread, B / A time against a prefetch per tile): exact
 /// int8 0.945, `int8_scores` 0.958; GQA's 8 KV heads read 1.005-1.029 that way (runs of 8
-/// lines), so they keep the prefetch per tile (`benches/RESULTS.md`, issue 15 wave 25).
+/// lines), so they keep the prefetch per tile (`docs/experiments.md`, "Decode attention:
+/// int8 scales").
 const SCALE_STREAM_HEADS: usize = 16;
 
 /// Prefetch distance in (block, head) tiles, into L1. Measured on shape (a) of
@@ -474,7 +476,8 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 /// (`ab_decode.py --layers 8 --reallocate 25`, 200 pairs over 8 placements, B / A time):
 /// e5m2 / e4m3 with `fp16_reduction` 0.964 / 0.972, `int8_scores+int8_pv` 0.975, bf16
 /// (one tile ahead into L1 in both) 0.999. The L2 prefetch alone, without the L1 one,
-/// took 1.08-1.14x the time (one placement; `benches/RESULTS.md`, issue 15 wave 17).
+/// took 1.08-1.14x the time (one placement; `docs/experiments.md`, "Decode attention:
+/// prefetch").
 const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
@@ -487,9 +490,10 @@ const PREFETCH_BYTES: usize = 4 << 10;
 /// int8_scores 542-567 -> 626-697, e5m2 464-480 -> 499-506; GQA bf16 634-746 -> 976-1,024,
 /// int8 898-980 -> 1,194-1,206, int8_scores 1,085-1,121 -> 1,468-1,609; distances 3, 4
 /// and 6 were no better than 2. Spread over the loops instead (AVX-512), bf16 gained
-/// another 20% (GQA) and 42% (MHA); see `benches/RESULTS.md`, issue 15 wave 4. With the
-/// L1 prefetch one 8-bit tile ahead, one L2 tile beyond it: see [`PREFETCH_BYTES`] for the
-/// pair's measurement (wave 17; single placements moved a build against itself by 6%).
+/// another 20% (GQA) and 42% (MHA); see `docs/experiments.md`, "Decode attention:
+/// prefetch". With the L1 prefetch one 8-bit tile ahead, one L2 tile beyond it: see
+/// [`PREFETCH_BYTES`] for the pair's measurement (taken over 8 placements of the caches:
+/// single placements moved a build against itself by 6%).
 pub(crate) const PREFETCH_L2_TILES: usize = 1;
 
 /// Prefetch distance in tiles for tiles of `tile_bytes` (K + V).
@@ -511,7 +515,8 @@ pub(crate) const LAZY_MAX: f32 = 8.0;
 /// subnormal once multiplied by an 8-bit cache's V scale or a value, and a subnormal
 /// operand makes every multiply of the `P V` loop take a microcode assist. With one
 /// token's score 100-200 nats above the rest (a dominant sink), exact int8 and fp8 e5m2
-/// decode took 5.6-6.0x their time (issue 15 wave 19, `benches/bench_sink.py`).
+/// decode took 5.6-6.0x their time (`benches/bench_sink.py`; `docs/experiments.md`,
+/// "Subnormals").
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 pub(crate) const EXP2_ZERO_BELOW: f32 = -64.0;
 
@@ -519,7 +524,7 @@ pub(crate) const EXP2_ZERO_BELOW: f32 = -64.0;
 /// or the rescale factor of accumulators, which would otherwise be subnormal (2^-126 to
 /// 2^-149) for a gap of 87-103 nats and make every multiply by it take a microcode
 /// assist (decode merging the splits of a sequence with a dominant sink: 1.27-1.39x the
-/// time, issue 15 wave 19).
+/// time; `docs/experiments.md`, "Subnormals").
 #[inline]
 pub(crate) fn weight(x: f32) -> f32 {
     if x < EXP2_ZERO_BELOW {

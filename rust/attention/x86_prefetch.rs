@@ -2,7 +2,8 @@
 //! its steps, the next tile into L1 (T0) and a farther one into L2 (T1)
 //! ([`super::work::Ahead`]). A burst of L2 lines at a tile's start stalled on the core's
 //! miss buffers (3.7-4.7% of a profile's samples on `prefetcht1`); spread, bf16 decode
-//! gained 20% (GQA) and 42% (MHA) on one core (`benches/RESULTS.md`, issue 15 wave 4).
+//! gained 20% (GQA) and 42% (MHA) on one core (`docs/experiments.md`, "Decode attention:
+//! prefetch").
 //! A `Prefetcher<false>` takes only the far tile's first lines instead, at once
 //! ([`FAR_START_LINES`]): the exact AVX-512 path and `fp16_reduction`'s on 8-bit tiles of
 //! at most [`FAR_START_MAX_BYTES`].
@@ -40,7 +41,7 @@ impl<E> Stream<'_, E> {
 /// `FAR_LINES` false: the far tile's first [`FAR_START_LINES`] lines go into L2 at once,
 /// in [`Prefetcher::with`], and the steps prefetch the near tile only (a choice made at
 /// compile time: a test per step cost what it gained, and an L2 prefetch of lines
-/// already on their way cost more; `benches/RESULTS.md`, issue 15 waves 22 and 23).
+/// already on their way cost more; `docs/experiments.md`, "Decode attention: prefetch").
 pub(crate) struct Prefetcher<const FAR_LINES: bool = true> {
     near: *const i8,
     /// The far tile, or the near one again when there is none (its lines then hit the
@@ -57,12 +58,11 @@ pub(crate) struct Prefetcher<const FAR_LINES: bool = true> {
 /// 8-bit tiles at head_dim 128 and block size 16), while the core's miss buffers stay
 /// free for the near tile's lines. The wider tiles, the integer dot-product paths (whose
 /// short loops gain nothing or lose from it) and the e4m3 table path (no gain) keep every
-/// far line spread over the steps:
-/// `benches/RESULTS.md`, issue 15 waves 22 and 23.
+/// far line spread over the steps: `docs/experiments.md`, "Decode attention: prefetch".
 pub(crate) const FAR_START_LINES: usize = 2;
 
 /// K or V tiles of at most this many bytes may take [`FAR_START_LINES`] (4 KiB tiles, a
-/// page each, read 1-3% slower with them: wave 22's block size 32).
+/// page each, read 1-3% slower with them: 8-bit tiles at block size 32, and bf16).
 pub(crate) const FAR_START_MAX_BYTES: usize = 2 << 10;
 
 /// Whether a path's tiles of `tile` elements of `E` take only the far tile's first lines
@@ -109,7 +109,7 @@ impl<const FAR_LINES: bool> Prefetcher<FAR_LINES> {
     /// prefetches and two adds (the hot loops have few spare issue slots: with the cache
     /// in L1, where it buys nothing, all the prefetching costs 4-13% of the time; this
     /// form of the step took 0.94-0.98x the time of a counted loop at full size on GQA, fp8 1.00,
-    /// `benches/RESULTS.md` issue 15 wave 8). (`prefetcht0/1` are SSE, so every x86
+    /// `docs/experiments.md`, "Decode attention: prefetch"). (`prefetcht0/1` are SSE, so every x86
     /// path's loop inlines this.)
     #[inline]
     #[target_feature(enable = "sse")]

@@ -1,8 +1,7 @@
 //! Layer groups in one pool: several attention kinds (full, sliding window with sinks,
 //! chunked) sharing one physical block space, one block table per (sequence, group).
 //!
-//! The contract (positions, the release rule, holes, exports) is issue 13's shared spec;
-//! in short: a sequence has one logical length; each group's table has
+//! The contract (positions, the release rule, holes, exports), in short: a sequence has one logical length; each group's table has
 //! `ceil(len / block_size)` logical entries, each a block or a hole; at the start of every
 //! growth a windowed group releases the blocks no query of that growth or a later one needs
 //! (those blocks count as available for the same growth); a block belongs to one group.

@@ -1,7 +1,7 @@
 //! Prefix caching on layer groups: the longest hit valid for every group, and admission
 //! by token ids or block keys on top of it.
 //!
-//! Rules (the contract of issue 13, "Prefix caching on groups"):
+//! Rules (the contract of prefix caching on layer groups):
 //!
 //! - A prompt's full blocks are keyed by the chained keys of
 //!   [`crate::prefix_cache::block_hash`]; the same keys serve every group and the index is

@@ -9,7 +9,7 @@
 //! `b + 1`, so a work item that reads every head of a block reads one contiguous run of
 //! `2 * num_kv_heads * block_size * head_dim` elements (128 KiB in f32 for 8 heads of
 //! 16 x 128), not two half-length streams: runs of 32, 64 and 128 KiB read at 61-63%,
-//! 67-68% and 75% of the probe (`benches/RESULTS.md`). Inside a block, KV head-major;
+//! 67-68% and 75% of the probe (`docs/experiments.md`, "Layout"). Inside a block, KV head-major;
 //! inside a (block, head) tile:
 //!
 //! - K is **dimension-major**, `[head_dim][block_size]`: one load gives consecutive tokens
@@ -17,7 +17,7 @@
 //!   broadcast-FMAs with no per-token horizontal sum;
 //! - V is **token-major**, `[block_size][head_dim]`: `acc += p_t * v_t` runs along `d`.
 //!
-//! `benches/bench_layout.py` measured the alternatives; see `benches/RESULTS.md`.
+//! `benches/bench_layout.py` measured the alternatives; see `docs/experiments.md`, "Layout".
 //!
 //! The 8-bit dtypes keep this layout for their one-byte codes; each layer's scales follow
 //! its codes in the same region ([`super::quant`] documents where and in what order).

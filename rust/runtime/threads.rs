@@ -77,7 +77,8 @@ pub fn set_num_threads(n: usize) -> Result<()> {
 /// switches, 30-100 us on a shared machine, more than a small decode's whole kernel time.
 /// [`inline`] says which. The caller works while the pool's threads wake instead of
 /// sleeping until they finish: 8 sequences of 1 token at 2 threads took 70 us where the
-/// pool alone took 89 (medians, `benches/RESULTS.md`, issue 15 wave 21).
+/// pool alone took 89 (medians; `docs/experiments.md`, "Decode attention: work and
+/// scheduling").
 pub fn run_workers(pool: &ThreadPool, items: usize, worker: impl Fn() + Sync) {
     if inline(pool, items) {
         worker();
