@@ -1,5 +1,7 @@
 """Where a search's tasks run: in this process, on a local process pool (the default), or
-on Ray (a local Ray started for the search, or a running cluster joined by address).
+on Ray (a local Ray started for the search, or a running cluster joined by address). The
+first two are the package's one local task runner (:func:`pykvpool.simulate.tasks.run_local`,
+which the simulator's sweeps use too); Ray is this runner's third kind.
 
 A task is a batch of families of chains (:func:`pykvpool.search.evaluate.evaluate_batch`), or of
 (point, rate) pairs run at a reference rate (:mod:`pykvpool.search.latency`); batches
@@ -16,8 +18,6 @@ its latency phase).
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 from pykvpool.checks import invalid
 from pykvpool.search.evaluate import SearchSpec, evaluate_batch, make_batches
 from pykvpool.search.space import Point
+from pykvpool.simulate.tasks import parallelism, run_local
 
 __all__ = ["BACKENDS", "Backend", "run_chains", "run_tasks", "session"]
 
@@ -70,23 +71,11 @@ class Backend:
         Raises:
             Nothing: ``workers`` was checked at construction.
         """
-        return self.workers or os.cpu_count() or 1
+        return parallelism(self.workers)
 
-
-_SPEC: Optional[SearchSpec] = None
 
 #: A task: a module-level function of the shared spec and one batch (picklable by name).
 Task = Callable[[SearchSpec, Any], Rows]
-
-
-def _init_worker(spec: SearchSpec) -> None:
-    global _SPEC
-    _SPEC = spec
-
-
-def _worker_task(task: Task, batch: Any) -> Rows:
-    assert _SPEC is not None, "worker not initialized"
-    return task(_SPEC, batch)
 
 
 def run_chains(spec: SearchSpec, chains: list[list[list[Point]]], backend: Backend,
@@ -116,15 +105,13 @@ def run_tasks(spec: SearchSpec, batches_for: Callable[[int], list[Any]], task: T
         ImportError: the ray backend without Ray installed (``pip install pykvpool[ray]``).
         InvalidArgumentError: what a task raises; pending tasks are cancelled first.
     """
-    if backend.kind == "inline":
-        for b in batches_for(1):
-            on_rows(task(spec, b))
-    elif backend.kind == "process":
-        _run_process(spec, batches_for(backend.parallelism()), task, backend, on_rows)
-    else:
+    if backend.kind == "ray":
         from pykvpool.search.ray_backend import run_ray
 
         run_ray(spec, batches_for, task, backend.workers, backend.ray_address, on_rows)
+    else:
+        batches = batches_for(1 if backend.kind == "inline" else backend.parallelism())
+        run_local(backend.kind, backend.workers, spec, batches, task, on_rows)
 
 
 @contextmanager
@@ -145,19 +132,3 @@ def session(backend: Backend) -> Iterator[None]:
     with ray_session(backend.workers, backend.ray_address):
         yield
 
-
-def _run_process(spec: SearchSpec, batches: list[Any], task: Task, backend: Backend,
-                 on_rows: Callable[[Rows], None]) -> None:
-    if not batches:
-        return
-    workers = min(backend.parallelism(), len(batches))
-    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(spec,)) as ex:
-        pending: set[Future[Rows]] = {ex.submit(_worker_task, task, b) for b in batches}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    on_rows(f.result())
-        finally:
-            for f in pending:
-                f.cancel()
