@@ -1,20 +1,18 @@
 """Sweeps over arrival rates x scheduler policies x block sizes (the ``pykvpool simulate``
 subcommand is :mod:`pykvpool.cli.simulate`).
 
-Runs execute on a thread pool: the engine releases the GIL for the whole run, so every
-core works (a Python step-time callable re-takes the GIL per step and serializes). A
-progress bar goes to stderr. Results come back in a deterministic order whatever the
-completion order.
+Runs go through the package's task runner (:mod:`pykvpool.simulate.tasks`): one run per
+task on a pool of worker processes, the re-timed workloads crossing to each worker once;
+in this process for one worker or one run, or for a Python step-time callable (it holds the
+GIL for every step, so it never ran in parallel anyway, and need not pickle). A progress
+bar goes to stderr. Rows come back in the grid's order whatever the completion order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO, Union
 
 from pykvpool._native import InvalidArgumentError
@@ -27,6 +25,7 @@ from pykvpool.simulate.engine import (
     Workload,
     run,
 )
+from pykvpool.simulate.tasks import run_local
 
 __all__ = ["WorkloadSource", "at_rate", "sweep"]
 
@@ -82,33 +81,50 @@ def sweep(
     eviction policy, ...) whose pool shape the sweep overrides.
 
     ``workload`` is re-timed to each rate when it is a :class:`Workload` (its mean rate is
-    scaled), or called with the rate. ``workers`` defaults to every core; ``progress`` is
-    the stream of the progress bar (None: no bar).
+    scaled), or called with the rate. ``workers`` is the number of worker processes (None:
+    every core; 1: this process, as for a Python step-time callable); ``progress`` is the
+    stream of the progress bar (None: no bar).
 
     Raises:
         InvalidArgumentError: a rate that is not a finite number > 0, a block size larger
             than ``capacity_tokens``, ``workers`` < 1, or a configuration the engine
-            rejects (the first one met).
+            rejects (the first failing run to finish; runs not started are cancelled).
     """
     _check_grid(rates, block_sizes, capacity_tokens, workers)
-    jobs = [(r, name, bs) for r in rates for name in policies for bs in block_sizes]
-    loads = {r: at_rate(workload, r) for r in rates}
+    jobs = list(enumerate((r, name, bs) for r in rates for name in policies for bs in block_sizes))
+    shared = ({r: at_rate(workload, r) for r in rates}, policies, capacity_tokens, time_model)
+    local = workers == 1 or len(jobs) <= 1 or callable(time_model)
+    rows: list[Optional[dict[str, Any]]] = [None] * len(jobs)
+    with ProgressBar("simulation sweep", len(jobs), stream=progress, enabled=progress is not None) as bar:
+        done = 0
 
-    def one(job: tuple[float, str, int]) -> dict[str, Any]:
-        rate, name, bs = job
+        def collect(results: list[tuple[int, dict[str, Any]]]) -> None:
+            nonlocal done
+            for i, row in results:
+                rows[i] = row
+            done += len(results)
+            bar(done)
+
+        run_local("inline" if local else "process", workers, shared, [[j] for j in jobs], _run_jobs, collect)
+    return [r for r in rows if r is not None]
+
+
+#: What every sweep task reads: the workload at each rate, the policies, the capacity in
+#: tokens and the time model.
+_Shared = tuple[dict[float, Workload], Mapping[str, Union[SchedulerConfig, SimConfig]], int, TimeModel]
+
+
+def _run_jobs(shared: _Shared, jobs: list[tuple[int, tuple[float, str, int]]]) -> list[tuple[int, dict[str, Any]]]:
+    """A sweep task (module level: it crosses to the worker processes by name): each job's
+    index and row."""
+    loads, policies, capacity_tokens, time_model = shared
+    out = []
+    for i, (rate, name, bs) in jobs:
         pol = policies[name]
         base = pol if isinstance(pol, SimConfig) else SimConfig(num_blocks=1, scheduler=pol)
         cfg = dataclasses.replace(base, num_blocks=capacity_tokens // bs, block_size=bs)
         # A roofline's swap cost is per block: it follows the block size.
         tm = dataclasses.replace(time_model, block_size=bs) if isinstance(time_model, Roofline) else time_model
         res = run(loads[rate], cfg, tm)
-        return {"rate": rate, "label": name, "block_size": bs, "num_blocks": cfg.num_blocks, **res.summary}
-
-    rows: list[dict[str, Any]] = []
-    with ProgressBar("simulation sweep", len(jobs), stream=progress, enabled=progress is not None) as bar, \
-            ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
-        futures = [ex.submit(one, j) for j in jobs]
-        for f in futures:
-            rows.append(f.result())
-            bar(len(rows))
-    return rows
+        out.append((i, {"rate": rate, "label": name, "block_size": bs, "num_blocks": cfg.num_blocks, **res.summary}))
+    return out
