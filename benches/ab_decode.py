@@ -1,5 +1,5 @@
-"""Paired A/B of two builds of pykvpool on decode attention: the figures "paired `.so`
-A/B" of ``benches/RESULTS.md`` (issue 15, waves 6-8) come from this script.
+"""Paired A/B of two builds of pykvpool on decode attention: the B / A figures of
+``benches/RESULTS.md`` ("Hardening costs") and ``docs/experiments.md`` come from this script.
 
 A and B are directories that each hold a ``pykvpool`` package with its built
 ``_native*.so`` (for instance ``cp -r pykvpool /tmp/A`` after ``maturin develop --release``
@@ -28,7 +28,7 @@ last-level cache holds one layer of ``full`` (64 MiB at 8 bits, 128 MiB at 16) r
 there on repeated calls, and only L layers' worth above that cache make every call read memory.
 
 Shapes (head_dim 128): ``full`` 8 sequences x 4,096 tokens, 32 query / 8 KV heads (the
-issue's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
+benchmark's GQA decode shape, blocks scattered by a random permutation); ``mha`` the same with
 32 KV heads; ``g2`` with 16 (two query heads per KV head); ``l2`` 1 sequence x 2,048
 tokens, 4 / 1 heads (an int8 cache of 512 KiB: L2-resident); ``l2mha`` 1 sequence x 1,024 tokens, 4 / 4 heads (MHA's one query head per KV
 head, an 8-bit cache of 1 MiB: L2-resident); ``l1`` the same table as ``l2`` with every

@@ -1,5 +1,5 @@
 """How fast a KV cache's pages read after they lay unread for a while (``benches/RESULTS.md``,
-issue 15 wave 21): on some hosts memory left unread for seconds reads slower the next time
+"How the figures are taken"): on some hosts memory left unread for seconds reads slower the next time
 (a virtual machine whose guest runs DAMON, for one), so a benchmark that leaves one cache
 unread while it times another compares a cold cache with a warm one.
 

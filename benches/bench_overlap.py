@@ -1,4 +1,4 @@
-"""Where a streaming decode call's time goes (``benches/RESULTS.md``, issue 15 wave 18): the
+"""Where a streaming decode call's time goes (``benches/RESULTS.md``, "Decode attention"): the
 call from memory against its two parts measured apart, per row of ``bench_quant.py``.
 
 - *compute*: the same call (same shape, query and cache) with every block-table entry

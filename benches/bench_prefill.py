@@ -20,7 +20,7 @@ FLOPs count only the visible (query, key) pairs: ``4 * head_dim * Hq * sum(visib
   ``pykvpool-int8`` / ``-fp8_e4m3`` / ``-fp8_e5m2``: caches of those dtypes holding the
   same values, exact f32 arithmetic (the 8-bit ones dequantized in the key-tile pack);
   each 8-bit row also reports the median of its per-round ratio to ``pykvpool-bf16``
-  with the IQR (issue 15: multi-query no slower than bf16 per query token);
+  with the IQR (the 8-bit target: multi-query no slower than bf16 per query token);
 - ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` in f32 on the same K/V
   gathered into contiguous ``[B, H, S, d]`` tensors (gathering not timed), its fastest
   of: GQA by ``enable_gqa`` or by expanded K/V, with the mask as a boolean tensor (the

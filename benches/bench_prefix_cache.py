@@ -1,4 +1,4 @@
-"""Prefix-cache benchmark (issue 5, section 5).
+"""Prefix-cache benchmark.
 
 1. **Admission of a 2,176-token prompt** (136 blocks of 16: hash + lookup + allocate +
    register), called from Python with a numpy int32 array, on a 31,232-block pool:
@@ -7,7 +7,7 @@
    blocks: each admission also evicts 136 of them) and *warm* (the same prompt again: 135
    blocks reused, the last one recomputed). Same calls on the pure-Python baseline
    (:class:`benches.py_prefix_pool.PyPrefixPool`) in the same process.
-2. **The scheduler loop of the core issue with caching on** (:mod:`benches.scheduler_loop`,
+2. **The core scheduler loop with caching on** (:mod:`benches.scheduler_loop`,
    10,000 requests, prompts 256..4096, outputs 128..384, block 16, 31,232 blocks, <= 256
    running), where every prompt starts with one of 32 shared 1,024-token prefixes
    (request ``i`` uses prefix ``i % 32``; a prompt shorter than 1,024 tokens is a prefix

@@ -1,7 +1,7 @@
-"""8-bit KV caches (issue 15): decode speed against bf16, their roofs, the write path,
+"""8-bit KV caches: decode speed against bf16, their roofs, the write path,
 and accuracy against the unquantized f32 result (kernel and toy decoder).
 
-Speed: the issue's decode shapes, 8 sequences x 4096 tokens, head_dim 128, block size
+Speed: the benchmark's decode shapes, 8 sequences x 4096 tokens, head_dim 128, block size
 16, blocks scattered by a random permutation, (a) 32 query / 8 KV heads and (d) 32 / 32,
 in bf16, int8, fp8_e4m3 and fp8_e5m2, at 1 and 2 threads. ``--reps`` rounds; in each,
 every dtype (in a rotating order, each round on fresh copies of the caches: a cache's read
@@ -31,7 +31,7 @@ a roof is the best of all its runs (``quant_roofs.merge_rates``; the lowest run'
 is printed beside it). "% min roof" is tokens/s over min(bandwidth roof,
 instruction-mix roof); a second table gives per row which roof binds, the check that
 the instruction-mix roof is at most the FMA-only one, the softmax exp2's cost (apart,
-not in the roof) and whether the issue's target is within the roofs. Rows
+not in the roof) and whether the 8-bit target is within the roofs. Rows
 "+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
 for their FMA-only roof).
 

@@ -1,4 +1,4 @@
-"""Scheduler-loop benchmark of the core issue (issue 2, section 5).
+"""Scheduler-loop benchmark: the allocator inside a serving engine's scheduler loop.
 
 Runs the loop of :mod:`benches.scheduler_loop` on :class:`pykvpool.BlockPool` and on the
 pure-Python baseline :class:`benches.py_allocator.PyBlockPool`, in the same process,

@@ -1,4 +1,4 @@
-"""Deployment search at scale (issue 17): 1,000 configurations on the Azure conversation
+"""Deployment search at scale: 1,000 configurations on the Azure conversation
 trace, each evaluated at the rate it sustains within the SLO, on the process pool (1 and 2
 workers) and on a local Ray (2 CPUs); Ray's overhead over the process pool; Ray's task
 rate and the object-store sizes the on-paper scaling to a cluster needs.

@@ -1,4 +1,4 @@
-"""What the cost vs latency frontier costs on top of a deployment search (issue 17): the
+"""What the cost vs latency frontier costs on top of a deployment search: the
 runs at each SLO's reference rate (:func:`pykvpool.search.reference_latency`) against the
 search's own simulations, on ``benches/bench_search.py``'s space (1,000 configurations,
 its SLO and rate ladder) and the first ``--limit`` requests of the Azure conversation

@@ -1,4 +1,4 @@
-"""Serving-simulator benchmark (issue 6, section 4): simulated seconds of wall time for
+"""Serving-simulator benchmark: simulated seconds of wall time for
 
 1. the allocator benchmark's workload (10,000 requests, prompts 256..4096, outputs
    128..384, block 16, 31,232 blocks, 256 running, FCFS, preempt the newest, no time

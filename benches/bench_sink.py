@@ -1,4 +1,4 @@
-"""Decode with a dominant sink (``benches/RESULTS.md``, issue 15 wave 19): each row of
+"""Decode with a dominant sink (``docs/experiments.md``, "Subnormals"): each row of
 ``bench_quant.py`` on keys where one token's score exceeds every other's by ``gap`` nats,
 against the same row on the same keys without the sink (gap 0), in one run.
 

@@ -1,5 +1,5 @@
 """The read roof of a decode call's access pattern against the front-to-back stream
-(``benches/RESULTS.md``, issue 15 wave 11).
+(``benches/RESULTS.md``, "How the figures are taken").
 
 ``pykvpool.read_bandwidth(cache=c)`` streams a cache's pages front to back;
 ``read_bandwidth(cache=c, block_tables=t, seq_lens=l)`` reads exactly the runs

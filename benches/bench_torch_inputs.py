@@ -1,8 +1,8 @@
 """What reading float32 inputs in place saves: the same calls with C-contiguous inputs
-(numpy and CPU torch tensors, read in place since issue 16) and with the inputs copied
+(numpy and CPU torch tensors, read in place) and with the inputs copied
 first, in one run.
 
-Until issue 16 the bindings copied every float32 input into a Rust ``Vec`` (one
+Before they were read in place the bindings copied every float32 input into a Rust ``Vec`` (one
 allocation and one ``memcpy``, the GIL held) before the call. A build cannot time its own
 past, so the copy is put back explicitly: ``copied`` passes ``x.copy()`` (numpy's
 allocation and ``memcpy`` of the same bytes, then the in-place read of the fresh array),

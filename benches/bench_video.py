@@ -1,4 +1,4 @@
-"""Pages vs frames for the video stream cache (issue 14): frame-aligned block sizes against
+"""Pages vs frames for the video stream cache: frame-aligned block sizes against
 pages shared by two frames, in memory per stream at steady state and in chunk-attention
 time, on Wan2.1-1.3B's frame geometry (1,560 tokens per latent frame on a 30 x 52 grid,
 3-frame chunks).

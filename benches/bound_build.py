@@ -5,7 +5,7 @@ and f16 dot products of the opt-in paths (``int8_scores``, ``int8_pv``,
 ``fp16_reduction``) and the shuffles that feed them become one xor per load, while every
 load, prefetch, softmax step and accumulator flush stays. Its outputs are wrong; its
 timing, paired against a normal build of the same commit, bounds what any cut of those
-dot products could buy (``benches/RESULTS.md``, issue 15 wave 24). Only the rows that
+dot products could buy (``benches/RESULTS.md``, "Decode attention"). Only the rows that
 take those paths change: the others run the same code in both builds and read about 1.000,
 a check of the pairing.
 

@@ -29,7 +29,7 @@ from typing import Any
 
 #: An instruction-mix roof may exceed the FMA-only roof by this fraction (two timings).
 SANITY_TOL = 0.03
-#: The issue's targets: memory-bound rows >= 1.8x bf16 and >= 75% of the bandwidth
+#: The 8-bit decode targets: memory-bound rows >= 1.8x bf16 and >= 75% of the bandwidth
 #: probe; compute-bound rows >= 80% of the compute roof.
 X_BF16, PCT_BW, PCT_COMPUTE = 1.8, 0.75, 0.80
 
@@ -170,7 +170,7 @@ def sane(row: dict[str, Any]) -> bool:
 
 
 def verdict(row: dict[str, Any], bf16_tps: float, bf16_roof: float) -> str:
-    """Whether the issue's targets for this row are within the roofs of the instructions
+    """Whether the 8-bit targets for this row are within the roofs of the instructions
     it uses. Memory-bound target (MHA rows, g = 1, and any row the bandwidth roof binds):
     >= 75% of the bandwidth probe needs an instruction-mix roof of at least 75% of the
     bandwidth roof, and >= 1.8x bf16 a min roof of at least 1.8x bf16's measured tokens/s

@@ -1,8 +1,8 @@
 """The scheduler loop of a serving engine, driving a KV-cache block pool from Python.
 
-This module is the reference definition of the core benchmark workload (issue 2, section
-5). The simulator (issue 6) must reproduce its steps and preemptions exactly and the
-prefix-cache benchmark (issue 5) reuses it with caching on, so every rule is spelled out
+This module is the reference definition of the core benchmark workload. The simulator
+(``pykvpool.simulate``) must reproduce its steps and preemptions exactly and the
+prefix-cache benchmark (``benches.bench_prefix_cache``) reuses it with caching on, so every rule is spelled out
 here and the code follows it literally.
 
 Workload (:func:`make_workload`)
