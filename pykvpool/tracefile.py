@@ -95,7 +95,7 @@ def named_trace_path(name: str) -> Path:
     return path
 
 
-def read_text(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> str:
+def read_text(path: PathLike, max_bytes: int | None = None) -> str:
     """The whole file as text (at most ``max_bytes`` bytes, :data:`MAX_FILE_BYTES` unless
     given; a UTF-8 byte-order mark is dropped).
 
@@ -114,7 +114,7 @@ def read_text(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> str:
         raise TraceFormatError(p, line, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None
 
 
-def read_json(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> Any:
+def read_json(path: PathLike, max_bytes: int | None = None) -> Any:
     """The JSON document in the file at ``path`` (read by :func:`read_text`, at most
     ``max_bytes`` bytes).
 
@@ -136,9 +136,10 @@ def read_json(path: PathLike, max_bytes: int = MAX_FILE_BYTES) -> Any:
         raise TraceFormatError(p, 0, f"not valid JSON ({_short(e)})") from None
 
 
-def _read_bytes(p: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+def _read_bytes(p: str, max_bytes: int | None = None) -> bytes:
     """The file's bytes, in chunks (a device or pipe works too), refusing a NUL byte or a
     UTF-16 byte-order mark as soon as it is read and anything above ``max_bytes``."""
+    limit = MAX_FILE_BYTES if max_bytes is None else max_bytes
     chunks: list[bytes] = []
     size = lines = 0
     with open(p, "rb") as f:
@@ -153,8 +154,8 @@ def _read_bytes(p: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
                 line = lines + chunk.count(b"\n", 0, nul) + 1
                 raise TraceFormatError(p, line, "not text: a NUL byte (a binary or UTF-16 file?)")
             size += len(chunk)
-            if size > max_bytes:
-                raise TraceFormatError(p, 0, f"larger than {max_bytes:,} bytes")
+            if size > limit:
+                raise TraceFormatError(p, 0, f"larger than {limit:,} bytes")
             lines += chunk.count(b"\n")
             chunks.append(chunk)
     return b"".join(chunks)
