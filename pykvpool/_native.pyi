@@ -50,12 +50,14 @@ __all__ = [
     "EVENT_ALL_CLEARED",
     "EVENT_REMOVED",
     "EVENT_STORED",
+    "EVICTION_POLICIES",
     "FullAttention",
     "HybridCacheStats",
     "HybridPool",
     "HybridPoolStats",
     "InvalidArgumentError",
     "InvariantError",
+    "KV_DTYPES",
     "KvPoolError",
     "PoolExhaustedError",
     "PoolStats",
@@ -1561,6 +1563,11 @@ _F32Array: TypeAlias = npt.NDArray[np.float32]
 _F32In: TypeAlias = npt.NDArray[np.float32] | _DLPack
 _KernelPath: TypeAlias = Literal["scalar", "neon", "avx2", "avx512"]
 
+KV_DTYPES: Final[tuple[str, ...]]
+"""The storage dtype names :class:`KvCache` accepts, each in its one spelling: ``("f32",
+"f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")`` (aliases such as ``"float32"`` or
+``"e4m3"`` are accepted too and read as these). Planning, the CLI and the search read it."""
+
 @final
 class KvCache:
     """KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
@@ -2406,6 +2413,9 @@ EVENT_REMOVED: Final[int]
 """``kind`` of an event: a block left the cache (evicted)."""
 EVENT_ALL_CLEARED: Final[int]
 """``kind`` of an event: :meth:`BlockPool.reset_prefix_cache` cleared the cache."""
+EVICTION_POLICIES: Final[tuple[str, ...]]
+"""The eviction policy names the pools and the simulator accept: ``("lru", "fifo", "lfu",
+"priority")``. The one list: the CLI, replay, search and simulator read it."""
 
 @final
 class CacheStats:

@@ -10,7 +10,7 @@ import time
 from typing import Any, Optional
 
 from pykvpool.simulate import plots as sim_plots
-from pykvpool._native import InvalidArgumentError
+from pykvpool._native import EVICTION_POLICIES, InvalidArgumentError
 from pykvpool.cli.argtypes import (
     MAX_BLOCK_SIZE,
     add_budget_args,
@@ -129,7 +129,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--host-blocks", type=count(0, MAX_BLOCKS), default=0, help="swap: host pool, blocks")
     s.add_argument("--queue", choices=["fcfs", "priority"], default="fcfs")
     s.add_argument("--prefix-caching", action="store_true", help="cache prompts given as block keys (mooncake)")
-    s.add_argument("--eviction", choices=["lru", "fifo", "lfu", "priority"], default="lru")
+    s.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep-rates", type=number_list(), metavar="R,...",
                    help="comma-separated rates: sweep rates x allocations x block sizes")

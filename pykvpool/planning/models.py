@@ -97,10 +97,13 @@ _BASE_DTYPES: dict[str, StorageDtype] = {
 DTYPES: tuple[str, ...] = tuple(_BASE_DTYPES)
 """Base dtype names; 8-bit ones accept a ``:head``, ``:gN`` or ``:tensor`` suffix."""
 
+#: :class:`KvCache`'s spellings of the formats planning names otherwise: read as those.
+_NATIVE_SPELLINGS = {dt.native: name for name, dt in _BASE_DTYPES.items() if dt.native not in (None, name)}
+
 
 def storage_dtype(name: str) -> StorageDtype:
     """Parse a dtype spelling: ``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, ``fp8_e4m3``,
-    ``fp8_e5m2``, and for ``fp8`` / ``int8`` a granularity suffix ``:head`` (default),
+    ``fp8_e5m2`` (:class:`KvCache`'s ``f32`` and ``f16`` read as ``fp32`` and ``fp16``), and for ``fp8`` / ``int8`` a granularity suffix ``:head`` (default),
     ``:gN`` (one scale per N elements) or ``:tensor`` (per-tensor scale, no per-token cost);
     a suffixed ``int8`` is a planning format, counted from its fields, not KvCache's.
 
@@ -110,6 +113,7 @@ def storage_dtype(name: str) -> StorageDtype:
             or a malformed or non-positive group size.
     """
     base, _, suffix = name.strip().lower().partition(":")
+    base = _NATIVE_SPELLINGS.get(base, base)
     if base not in _BASE_DTYPES:
         raise UnknownPresetError("dtype", name, list(DTYPES))
     dt = _BASE_DTYPES[base]

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pykvpool import _native
 from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.errors import TraceFormatError
 from pykvpool.plotting import save, subplots
@@ -50,7 +51,7 @@ __all__ = [
 #: Tokens per block id in Mooncake traces.
 TRACE_BLOCK_SIZE = 512
 #: Eviction policies, in the order figures show them.
-POLICIES: tuple[str, ...] = ("lru", "fifo", "lfu", "priority")
+POLICIES: tuple[str, ...] = _native.EVICTION_POLICIES
 
 
 @dataclass(frozen=True)

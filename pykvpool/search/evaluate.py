@@ -105,7 +105,7 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
                             chunked_prefill=point.chunked_prefill, preemption=preemption,
                             host_blocks=blocks if point.preemption == "swap" else 0)
     cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
-                    eviction=point.eviction, record_steps=False, groups=groups)  # type: ignore[arg-type]
+                    eviction=point.eviction, record_steps=False, groups=groups)
     return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype)
 
 

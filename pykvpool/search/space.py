@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from pykvpool import _native
 from pykvpool.checks import invalid
 from pykvpool.planning.hardware import hardware_preset
 from pykvpool.planning.models import ModelConfig, storage_dtype
@@ -33,7 +34,7 @@ MAX_POINTS = 10_000_000
 #: Preemption policies of the simulator.
 PREEMPTIONS = ("recompute", "swap")
 #: Eviction policies of the prefix cache.
-EVICTIONS = ("lru", "fifo", "lfu", "priority")
+EVICTIONS: tuple[str, ...] = _native.EVICTION_POLICIES
 _MAX_BLOCK_SIZE = 1 << 16
 
 

@@ -193,7 +193,7 @@ class SimConfig:
             at most 2**30 blocks of at most 65,536 tokens).
         prefix_caching: cache prompt blocks of workloads given as token ids or block keys
             (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
-            to reclaim: ``lru``, ``fifo``, ``lfu`` or ``priority``. A cached admission
+            to reclaim: one of :data:`pykvpool.EVICTION_POLICIES` (``lru``, ...). A cached admission
             allocates the whole prompt at once (its full blocks are registered then, even
             when chunked prefill computes them over several steps); output tokens are
             not cached (the workload has no ids for them).
@@ -228,7 +228,7 @@ class SimConfig:
     block_size: int = 16
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_caching: bool = False
-    eviction: Literal["lru", "fifo", "lfu", "priority"] = "lru"
+    eviction: str = "lru"
     check_invariants: bool = False
     max_steps: Optional[int] = None
     record_steps: bool = True

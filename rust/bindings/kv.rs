@@ -461,5 +461,8 @@ fn layer_view(slf: Bound<'_, PyKvCache>, layer: usize, value: bool, writable: bo
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKvCache>()?;
+    // The one list of storage dtype names: every Python module that names a dtype reads it.
+    let names: Vec<&str> = crate::kv::DType::ALL.iter().map(|d| d.name()).collect();
+    m.add("KV_DTYPES", pyo3::types::PyTuple::new(m.py(), names)?)?;
     Ok(())
 }

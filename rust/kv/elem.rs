@@ -38,6 +38,10 @@ pub enum ScaleKind {
 }
 
 impl DType {
+    /// Every storage dtype, in the order their names are listed to users.
+    pub const ALL: [DType; 6] = [Self::F32, Self::F16, Self::BF16, Self::I8, Self::E4M3, Self::E5M2];
+
+    /// A dtype from its name ([`DType::name`]) or an accepted alias, case-insensitively.
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "f32" | "float32" => Ok(Self::F32),
@@ -46,7 +50,10 @@ impl DType {
             "int8" | "i8" => Ok(Self::I8),
             "fp8_e4m3" | "float8_e4m3fn" | "e4m3" => Ok(Self::E4M3),
             "fp8_e5m2" | "float8_e5m2" | "e5m2" => Ok(Self::E5M2),
-            _ => Err(invalid!("dtype must be 'f32', 'f16', 'bf16', 'int8', 'fp8_e4m3' or 'fp8_e5m2', got {s:?}")),
+            _ => {
+                let names: Vec<String> = Self::ALL.iter().map(|d| format!("'{}'", d.name())).collect();
+                Err(invalid!("dtype must be one of {}, got {s:?}", names.join(", ")))
+            }
         }
     }
 

@@ -91,7 +91,10 @@ impl FromStr for EvictionPolicy {
         EvictionPolicy::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| crate::invalid!("unknown eviction policy {s:?}: expected lru, fifo, lfu or priority"))
+            .ok_or_else(|| {
+                let names: Vec<&str> = EvictionPolicy::ALL.iter().map(|p| p.name()).collect();
+                crate::invalid!("unknown eviction policy {s:?}: expected one of {}", names.join(", "))
+            })
     }
 }
 

@@ -20,5 +20,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EVENT_STORED", 0u8)?;
     m.add("EVENT_REMOVED", 1u8)?;
     m.add("EVENT_ALL_CLEARED", 2u8)?;
+    // The one list of eviction policy names: the simulator, replay, search and CLI read it.
+    let names: Vec<&str> = crate::prefix_cache::eviction::EvictionPolicy::ALL.iter().map(|p| p.name()).collect();
+    m.add("EVICTION_POLICIES", pyo3::types::PyTuple::new(m.py(), names)?)?;
     Ok(())
 }
