@@ -1,7 +1,7 @@
 //! Model-based property test of [`HybridPool`]: random programs (add, step with random
 //! counts, step_decode, fork, truncate, free, mark_computed; failing operations included) over random
 //! lists of layer groups (full, sliding windows with and without sinks, chunked; block
-//! sizes 1..8), checked after every operation against a model written from issue 13's
+//! sizes 1..8), checked after every operation against a model written from the layer-group
 //! contract.
 //!
 //! The model never asks the pool what to expect. Per sequence it keeps the length, the

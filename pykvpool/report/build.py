@@ -576,8 +576,9 @@ def _prefill_text(measured: Measured, fig2: dict[str, Any]) -> list[str]:
                      f"{pt['share_of_roof']:.0%}" + (" (above)" if pt["above_roof"] else "")])
     s = ["pykvpool's multi-query kernel (`pykvpool.prefill_attention`, f32 paged cache "
          "filled through a `BlockPool`, d=128, block 16, best of 3 calls after a warm-up) on "
-         "issue 12's shapes, beside decode on the same roof, run smaller than "
-         f"issue 12's ({_shrunk(measured.prefill)}): sequence lengths, masks and head ratios "
+         "the prefill benchmark's shapes (`benches/bench_prefill.py`: text prefill and a video "
+         f"chunk), beside decode on the same roof, run smaller ({_shrunk(measured.prefill)}): "
+         "sequence lengths, masks and head ratios "
          "are the full shapes', so the FLOP/byte is theirs. "
          "FLOPs count the visible (query, key) pairs of the mask exactly "
          "(`4 x d x pairs x Hq`), bytes are K and V read once plus q and the output. "

@@ -187,7 +187,7 @@ def _markdown(folder: SearchFolder, seconds: Optional[float], rates: dict[str, O
            "own sustained rate is drawn. Run the same `pykvpool search` into the folder again without "
            "`--no-latency` to add them (only those runs are made).\n")
     parts = [
-        "## 9. Deployment search: the best configuration per SLO (issue 17)\n",
+        "## 9. Deployment search: the best configuration per SLO\n",
         _intro(folder, seconds),
         _best_table(folder) + "\n",
         f"![cost vs sustained rate]({figs[FIGURES[0]].name})\n",

@@ -231,7 +231,7 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
     h100 = next(r for r in serving if r["preset"] == "longlive" and r["windowed"]
                 and r["hardware"] == "h100-sxm")["bf16"]
     return "\n".join([
-        "## 8. Video generation: KV per stream and streams per GPU (issue 14)\n",
+        "## 8. Video generation: KV per stream and streams per GPU\n",
         "Presets (`pykvpool.planning.video.VIDEO_MODELS`): the article's 720p example (Llama-3-8B's "
         "KV shape, 14,400 tokens per latent frame), Self-Forcing and LongLive on Wan2.1-T2V-1.3B "
         "(1,560 tokens per latent frame, chunks of 3, 4 denoising steps + a clean pass, 16 fps) "

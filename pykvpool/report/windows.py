@@ -157,7 +157,7 @@ def _markdown(rows: list[Row], budget: Budget, figs: dict[str, Path]) -> str:
                       f"{s.num_blocks:,}", gain])
     pools = {r.model: r.pool for r in rows}
     return "\n".join([
-        "## 7. Windows, sinks and hybrid layers (issue 13)\n",
+        "## 7. Windows, sinks and hybrid layers\n",
         f"Sequences of one context length that the report's budget ({budget.describe()}, KV in "
         f"bf16, blocks of {BLOCK_SIZE} tokens) holds when sliding-window layers keep only their "
         "window: Gemma-2-9B and Gemma-3-12B beside the same models with every layer global, and "

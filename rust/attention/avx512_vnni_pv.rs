@@ -12,7 +12,7 @@
 //! codes broadcast), the V codes its signed one, so four V rows of 64 codes are
 //! transposed into 4 x 4 byte blocks by two rounds of unpacks (8 instructions per 256
 //! codes, shared by the tile's heads). One instruction then does one head's 64 products
-//! of 4 tokens x 16 dimensions, for which the f32 loops issue 4 FMAs and 8 widening
+//! of 4 tokens x 16 dimensions, for which the f32 loops run 4 FMAs and 8 widening
 //! instructions (`vpmovsxbd` + `vcvtdq2ps` per 16 codes, shared by the heads).
 //!
 //! The unpacks work within 128-bit lanes, so accumulator vector `k` of a 64-dimension
