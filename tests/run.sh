@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: builds everything from scratch in .venv and
 # runs every test (Rust unit and property tests, clippy, rustdoc's links, the aarch64/NEON tests under
-# qemu, Python tests, stub check).
+# qemu, Python tests, stub check, and the wheel installed in a fresh venv running the main job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,11 +34,14 @@ trap 'kill "$aarch64_pid" 2>/dev/null || true; rm -f "$aarch64_log"' EXIT
 # pytest exits 5 when it collects no test: that fails the run too.
 pytest_rc=0
 python -m pytest -q "$@" || pytest_rc=$?
+# The wheel: built, installed in a fresh venv, the main job run from it without cargo.
+wheel_rc=0
+bash tests/wheel_smoke.sh || wheel_rc=$?
 aarch64_rc=0
 wait "$aarch64_pid" || aarch64_rc=$?
 echo "--- tests/aarch64.sh (ran beside pytest) ---"
 cat "$aarch64_log"
-if ((pytest_rc != 0 || aarch64_rc != 0)); then
-    echo "tests/run.sh: failed (pytest exit $pytest_rc, tests/aarch64.sh exit $aarch64_rc)" >&2
+if ((pytest_rc != 0 || wheel_rc != 0 || aarch64_rc != 0)); then
+    echo "tests/run.sh: failed (pytest exit $pytest_rc, tests/wheel_smoke.sh exit $wheel_rc, tests/aarch64.sh exit $aarch64_rc)" >&2
     exit 1
 fi
