@@ -1662,8 +1662,8 @@ class KvCache:
         A writable view lets the caller store any code, ``fp8_e4m3``'s two NaN codes
         included (:meth:`write` refuses non-finite values and saturates, so it never makes
         one). Once a cache has handed one out (K or V, any layer), the AVX-512 decode path
-        checks each e4m3 tile it reads for NaN codes (measured at 4-7% of an MHA call,
-        ``benches/RESULTS.md``); read-only views do not cost it.
+        checks each e4m3 tile it reads for NaN codes (measured at 4-7% of an MHA call:
+        ``docs/experiments.md``, conversions); read-only views do not cost it.
 
         Args:
             layer: ``0..num_layers``.
