@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 
 import pykvpool
-from benches.scheduler_loop import make_workload, run_loop
+from pykvpool.simulate.reference import make_workload, run_loop
 from pykvpool.simulate import plots as sim_plots, sweep as sim_sweep, traces as sim_traces
 from pykvpool import simulate as sim
 from pykvpool.cli import simulate as cli_simulate
@@ -112,6 +112,22 @@ def test_engine_reproduces_the_allocator_benchmark_loop_exactly() -> None:
 def test_engine_matches_the_loop_under_heavy_preemption(kw: dict[str, Any]) -> None:
     r = assert_same_as_loop(1_500, **kw)
     assert r.summary["preemptions"] > 0
+
+
+@pytest.mark.parametrize("kw", [dict(num_requests=-1), dict(num_requests=True), dict(output_range=(0, 5)),
+                                dict(prompt_range=(9, 3)), dict(block_size=0), dict(max_running=0)])
+def test_the_reference_workload_refuses_bad_values(kw: dict[str, Any]) -> None:
+    with pytest.raises(pykvpool.InvalidArgumentError):
+        make_workload(**kw)
+
+
+def test_the_reference_loop_refuses_a_pool_of_another_shape_and_requests_that_never_fit() -> None:
+    wl = make_workload(4, num_blocks=8, block_size=4, prompt_range=(1, 8), output_range=(1, 8))
+    with pytest.raises(pykvpool.InvalidArgumentError, match="pool is"):
+        run_loop(pykvpool.BlockPool(9, 4), wl)
+    wl = make_workload(4, num_blocks=2, block_size=4, prompt_range=(8, 8), output_range=(1, 1))
+    with pytest.raises(pykvpool.InvalidArgumentError, match="cannot fit"):
+        run_loop(pykvpool.BlockPool(2, 4), wl)
 
 
 # ---- invariants, conservation (hypothesis) --------------------------------------------

@@ -120,8 +120,8 @@ class SchedulerConfig:
             of ``host_blocks`` blocks; recompute when it is full).
         victim: ``newest`` or ``lowest_priority``.
         convention: ``vllm`` (the step completing a prefill samples the first token;
-            finished requests free after the step) or ``decode_first`` (the allocator
-            benchmark's loop, ``benches/scheduler_loop.py``: each step decodes, frees the
+            finished requests free after the step) or ``decode_first`` (the
+            reference loop, :mod:`pykvpool.simulate.reference`: each step decodes, frees the
             finished, then admits; a prefill samples nothing, so a request ends holding
             ``prompt + output`` tokens).
     """
