@@ -62,7 +62,7 @@ def test_simulator_pool_is_the_ledgers_capacity() -> None:
     m, hw = model_preset("llama-3-8b"), hardware_preset("a100-80gb-sxm")
     assert sim.kv_blocks_for_memory(m, hw, 16) == 31_253 == 500_063 // 16
     for budget in (Budget(40 * GIB, 0.9, 2 * GIB), Budget(hw.memory_bytes, 0.5)):
-        for bs, dt in ((16, "bf16"), (32, "fp8"), (1, "fp32")):
+        for bs, dt in ((16, "bf16"), (32, "fp8"), (1, "f32")):
             led = MemoryLedger(m, budget, storage_dtype(dt))
             assert sim.kv_blocks_for_memory(m, hw, bs, budget=budget, kv_dtype=dt) == led.token_capacity // bs
 

@@ -121,8 +121,8 @@ def test_weights_exceed_budget() -> None:
 
 def test_dtypes_and_scale_overhead() -> None:
     m = model_preset("llama-3-8b")
-    assert m.kv_bytes_per_token("fp32") == 2 * 131072
-    assert m.kv_bytes_per_token("fp16") == m.kv_bytes_per_token("bf16") == 131072
+    assert m.kv_bytes_per_token("f32") == 2 * 131072
+    assert m.kv_bytes_per_token("f16") == m.kv_bytes_per_token("bf16") == 131072
     # one fp32 scale per (token, layer, K/V, kv head): 128 + 4 bytes per vector
     assert m.kv_bytes_per_token("fp8") == 2 * 32 * 8 * 132 == 67584
     assert m.kv_bytes_per_token("int8:g32") == 2 * 32 * 8 * (128 + 4 * 4)

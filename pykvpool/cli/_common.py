@@ -32,7 +32,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="a Hugging Face config.json instead of a preset (full, sliding-window and "
                         "chunked attention, MLA, experts; other layer kinds are refused)")
     g.add_argument("--dtype", default="bf16",
-                   help=f"KV storage dtype: {', '.join(DTYPES)}; 8-bit ones take :head (default), "
+                   help=f"KV storage dtype: {', '.join(DTYPES)} (aliases such as fp32 and fp16 read "
+                        "as their one spelling, f32 and f16); fp8 and int8 take :head (default), "
                         ":gN or :tensor scale granularity")
     g.add_argument("--weight-bytes", type=number(0.0, 64.0), metavar="BYTES",
                    help="bytes per weight parameter (default 2 = bf16; 1 = fp8/int8, 0.5 = int4)")

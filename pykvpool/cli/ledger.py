@@ -19,7 +19,7 @@ from pykvpool.cli._common import (
 )
 from pykvpool.planning.hardware import hardware_preset
 from pykvpool.planning.ledger import GIB, MAX_SEQ_LEN, MemoryLedger
-from pykvpool.planning.models import ModelConfig
+from pykvpool.planning.models import ModelConfig, compute_precision
 from pykvpool.planning.pool_groups import MAX_POOL_GROUPS, pool_layout
 
 __all__ = ["add_subcommand", "main_ledger"]
@@ -80,7 +80,7 @@ def main_ledger(args: argparse.Namespace) -> int:
                             "max_batch_at": {str(n): led.max_batch(seq_len=n)
                                              for n in sorted({*TABLE_LENGTHS, s})}}
     hw = hardware_from_args(args) or hardware_preset(DEFAULT_HARDWARE)
-    cd = led.dtype.name.split(":")[0] if args.hardware != "this" else "fp32"
+    cd = compute_precision(led.dtype) if args.hardware != "this" else "fp32"
     b = led.decode_bound(hw, seq_len=s, batch=bsz, compute_dtype=cd)
     lines.append(f"decode on {hw.name}: step >= {b.step_time * 1e3:.2f} ms "
                  f"({'memory' if b.memory_bound else 'compute'} bound), "

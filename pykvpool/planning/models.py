@@ -5,18 +5,26 @@ KV heads, head dimension (elements) and parameter count. Presets carry published
 configurations; :meth:`ModelConfig.from_hf_config` builds one from a Hugging Face
 ``config.json`` dict.
 
-A :class:`StorageDtype` is how one cached K or V element is stored: ``fp32`` (4 bytes),
-``bf16`` / ``fp16`` (2 bytes), ``fp8`` / ``int8`` (1 byte plus scales). The 8-bit formats
-count their scale overhead at a stated granularity: by default one fp32 scale per
-(token, layer, K or V, KV head) vector of ``head_dim`` elements (``"fp8"`` = ``"fp8:head"``);
-``"int8:g32"`` is one scale per 32 elements; ``"fp8:tensor"`` is one scale per tensor, which
-costs nothing per token.
+A :class:`StorageDtype` is how one cached K or V element is stored. Its name is the KV
+dtype's one spelling, the same everywhere in the package (ledger, CLI, search points,
+simulator, report): :class:`pykvpool.KvCache`'s names (:data:`pykvpool.KV_DTYPES`: ``f32``,
+``f16``, ``bf16``, ``int8``, ``fp8_e4m3``, ``fp8_e5m2``), whose bytes come from the storage
+itself (:meth:`pykvpool.KvCache.bytes_per_token`: ``int8`` keeps one fp32 scale per token and
+KV head, ``fp8_e4m3`` / ``fp8_e5m2`` one per layer and KV head, no per-token cost), and the
+planning-only ``fp8`` (vLLM's per-token-head fp8: 1 byte plus one fp32 scale per (token,
+layer, K or V, KV head) vector of ``head_dim`` elements), which KvCache does not store.
+:func:`storage_dtype` also reads the aliases KvCache accepts (``float32``, ``half``,
+``e4m3``, ...) and planning's former ``fp32`` / ``fp16`` (:data:`DTYPE_ALIASES`), each as its
+one spelling.
 
-The formats :class:`pykvpool.KvCache` stores take their bytes from the storage itself
-(:meth:`pykvpool.KvCache.bytes_per_token`): ``fp32``, ``bf16``, ``fp16``, ``int8`` (one
-scale per token and KV head, as ``"int8"`` above) and ``fp8_e4m3`` / ``fp8_e5m2`` (one
-scale per layer and KV head: no per-token cost). ``"fp8"`` stays the per-token-scaled
-planning format (vLLM's per-token-head fp8), which KvCache does not store.
+``fp8`` and ``int8`` count their scale overhead at a stated granularity: by default one
+scale per vector (``"fp8"`` = ``"fp8:head"``); ``"int8:g32"`` is one scale per 32 elements;
+``"fp8:tensor"`` is one scale per tensor, which costs nothing per token (a suffixed
+``int8`` is a planning format, counted from its fields).
+
+A KV dtype is not a compute precision: the hardware tables name their tensor-core
+precisions as the datasheets do (``fp32``, ``fp16``, ``bf16``, ``fp8``, ``int8``), and
+:func:`compute_precision` maps a KV dtype to the one its attention runs at.
 """
 
 from __future__ import annotations
@@ -26,17 +34,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pykvpool._native import InvalidArgumentError, KvCache
+from pykvpool._native import KV_DTYPES, InvalidArgumentError, KvCache
 from pykvpool.errors import UnknownPresetError, lookup_preset
 from pykvpool.planning.hf_config import parse_hf_config
 from pykvpool.planning.layers import LayerGroup
 
 __all__ = [
     "DTYPES",
+    "DTYPE_ALIASES",
     "MODELS",
     "LayerGroup",
     "ModelConfig",
     "StorageDtype",
+    "compute_precision",
     "model_preset",
     "storage_dtype",
 ]
@@ -83,38 +93,68 @@ class StorageDtype:
         return head_dim * self.element_bytes + scales
 
 
+_PER_TOKEN = "one fp32 scale per (token, layer, K/V, kv head)"
+
+
+def _native_dtype(name: str) -> StorageDtype:
+    """KvCache's format ``name``, its element and per-token scale bytes read from the storage."""
+    one, two = (KvCache.bytes_per_token(1, d, name) // 2 for d in (1, 2))
+    element, scale = two - one, 2 * one - two
+    if scale:
+        granularity = _PER_TOKEN
+    elif element == 1:  # 8-bit codes without per-token scales: KvCache's per-layer ones
+        granularity = "one fp32 scale per (layer, K/V, kv head): none per token"
+    else:
+        granularity = "none (no scales)"
+    return StorageDtype(name, element, scale, None, granularity, native=name)
+
+
 _BASE_DTYPES: dict[str, StorageDtype] = {
-    "fp32": StorageDtype("fp32", 4, native="f32"),
-    "bf16": StorageDtype("bf16", 2, native="bf16"),
-    "fp16": StorageDtype("fp16", 2, native="f16"),
-    "fp8": StorageDtype("fp8", 1, 4, None, "one fp32 scale per (token, layer, K/V, kv head)"),
-    "int8": StorageDtype("int8", 1, 4, None, "one fp32 scale per (token, layer, K/V, kv head)", native="int8"),
-    "fp8_e4m3": StorageDtype("fp8_e4m3", 1, 0, None, "one fp32 scale per (layer, K/V, kv head): none per token",
-                             native="fp8_e4m3"),
-    "fp8_e5m2": StorageDtype("fp8_e5m2", 1, 0, None, "one fp32 scale per (layer, K/V, kv head): none per token",
-                             native="fp8_e5m2"),
+    **{name: _native_dtype(name) for name in KV_DTYPES},
+    "fp8": StorageDtype("fp8", 1, 4, None, _PER_TOKEN),
 }
 DTYPES: tuple[str, ...] = tuple(_BASE_DTYPES)
-"""Base dtype names; 8-bit ones accept a ``:head``, ``:gN`` or ``:tensor`` suffix."""
+"""Base dtype names, each the one spelling of its KV dtype: KvCache's
+(:data:`pykvpool.KV_DTYPES`), then the planning-only ``fp8``; ``fp8`` and ``int8`` accept a
+``:head``, ``:gN`` or ``:tensor`` suffix."""
 
-#: :class:`KvCache`'s spellings of the formats planning names otherwise: read as those.
-_NATIVE_SPELLINGS = {dt.native: name for name, dt in _BASE_DTYPES.items() if dt.native not in (None, name)}
+DTYPE_ALIASES: Mapping[str, str] = {"fp32": "f32", "fp16": "f16"}
+"""Planning's former names of two native formats, still read (files, saved searches and
+scripts may hold them) as their one spelling; :func:`storage_dtype` reads KvCache's own
+aliases (``float32``, ``half``, ``e4m3``, ...) through KvCache."""
+
+_COMPUTE_PRECISIONS: Mapping[str, str] = {"f32": "fp32", "f16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+def _one_spelling(base: str) -> str | None:
+    """The one spelling of a lower-case base name, or None when no format has it."""
+    if base in _BASE_DTYPES:
+        return base
+    if base in DTYPE_ALIASES:
+        return DTYPE_ALIASES[base]
+    try:
+        return KvCache(1, 1, 1, 1, 1, base).dtype  # KvCache's own aliases, read by KvCache
+    except InvalidArgumentError:
+        return None
 
 
 def storage_dtype(name: str) -> StorageDtype:
-    """Parse a dtype spelling: ``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, ``fp8_e4m3``,
-    ``fp8_e5m2`` (:class:`KvCache`'s ``f32`` and ``f16`` read as ``fp32`` and ``fp16``), and for ``fp8`` / ``int8`` a granularity suffix ``:head`` (default),
-    ``:gN`` (one scale per N elements) or ``:tensor`` (per-tensor scale, no per-token cost);
-    a suffixed ``int8`` is a planning format, counted from its fields, not KvCache's.
+    """Parse a KV dtype spelling (case-insensitive) into its format, named by its one
+    spelling (:data:`DTYPES`): ``f32``, ``f16``, ``bf16``, ``int8``, ``fp8_e4m3``,
+    ``fp8_e5m2``, ``fp8``, or an alias (:data:`DTYPE_ALIASES`: ``fp32``, ``fp16``; KvCache's:
+    ``float32``, ``half``, ``e4m3``, ...); for ``fp8`` / ``int8`` a granularity suffix
+    ``:head`` (default), ``:gN`` (one scale per N elements) or ``:tensor`` (per-tensor
+    scale, no per-token cost); a suffixed ``int8`` is a planning format, counted from its
+    fields, not KvCache's.
 
     Raises:
         UnknownPresetError: unknown base name.
         InvalidArgumentError: a suffix on a 16/32-bit or an ``fp8_e4m3``/``fp8_e5m2`` dtype,
             or a malformed or non-positive group size.
     """
-    base, _, suffix = name.strip().lower().partition(":")
-    base = _NATIVE_SPELLINGS.get(base, base)
-    if base not in _BASE_DTYPES:
+    spelled, _, suffix = name.strip().lower().partition(":")
+    base = _one_spelling(spelled)
+    if base is None:
         raise UnknownPresetError("dtype", name, list(DTYPES))
     dt = _BASE_DTYPES[base]
     if not suffix or suffix == "head":
@@ -124,13 +164,29 @@ def storage_dtype(name: str) -> StorageDtype:
     if suffix == "tensor":
         return replace(dt, name=f"{base}:tensor", scale_bytes=0, native=None,
                        granularity="one scale per tensor (no per-token cost)")
-    if suffix.startswith("g") and suffix[1:].isdigit() and int(suffix[1:]) > 0:
+    digits = suffix[1:]
+    if suffix.startswith("g") and digits.isascii() and digits.isdigit() and len(digits) <= 9 and int(digits) > 0:
         group = int(suffix[1:])
         return replace(dt, name=f"{base}:g{group}", scale_group=group, native=None,
                        granularity=f"one fp32 scale per {group} elements")
     raise InvalidArgumentError(
         f"bad dtype granularity in {name!r}: use :head, :tensor or :gN with N >= 1"
     )
+
+
+def compute_precision(dtype: StorageDtype | str) -> str:
+    """The compute precision (a key of :attr:`pykvpool.planning.hardware.Hardware.peak_flops`,
+    named as the datasheets name them) that attention over KV in ``dtype`` runs at: ``f32``
+    -> ``fp32``, ``f16`` -> ``fp16``, ``fp8_e4m3`` / ``fp8_e5m2`` / ``fp8`` -> ``fp8``,
+    ``bf16`` and ``int8`` as they are; a granularity suffix does not change it.
+
+    Raises:
+        UnknownPresetError: an unknown dtype name.
+        InvalidArgumentError: a malformed granularity suffix.
+    """
+    dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
+    base = dt.name.split(":")[0]
+    return _COMPUTE_PRECISIONS.get(base, base)
 
 
 @dataclass(frozen=True)

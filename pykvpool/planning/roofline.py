@@ -30,7 +30,7 @@ from pykvpool import _native
 from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.checks import check_count as _count, check_positive as _positive
 from pykvpool.planning.hardware import Hardware, hardware_preset
-from pykvpool.planning.models import ModelConfig, model_preset
+from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 
 __all__ = [
     "KernelPoint",
@@ -385,10 +385,18 @@ class Roofline:
     (:data:`pykvpool.planning.models.MODELS`, :data:`pykvpool.planning.hardware.HARDWARE`).
 
     Attributes:
-        compute_dtype: the dtype of the FLOP roof; kv_dtype: the KV storage dtype.
+        compute_dtype: the compute precision of the FLOP roof (a key of the device's
+            ``peak_flops``); kv_dtype: the KV storage dtype, any spelling
+            :func:`pykvpool.planning.models.storage_dtype` reads, kept as its one spelling
+            (``"fp16"`` becomes ``"f16"``).
         flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
         host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
         overhead: fixed seconds per step (launches, scheduling, sampling).
+
+    Raises:
+        UnknownPresetError: ``kv_dtype`` is not a storage dtype.
+        InvalidArgumentError: a malformed ``kv_dtype`` granularity (the other fields are
+            checked by :meth:`figures`).
     """
 
     model: ModelConfig
@@ -400,6 +408,10 @@ class Roofline:
     flops_efficiency: float = 0.6
     bandwidth_efficiency: float = 0.8
     host_link_bandwidth: float = 25e9
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv_dtype, str):
+            object.__setattr__(self, "kv_dtype", storage_dtype(self.kv_dtype).name)
 
     def figures(self) -> list[float]:
         """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per

@@ -39,7 +39,7 @@ from pykvpool.report.figures import (
 )
 from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
 from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
-from pykvpool.planning.models import MODELS, ModelConfig, storage_dtype
+from pykvpool.planning.models import MODELS, ModelConfig, compute_precision, storage_dtype
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
 from pykvpool.report.search_section import search_section
@@ -140,7 +140,7 @@ def _presets_table() -> tuple[str, list[dict[str, Any]]]:
                                  "-", "-", "-"])
                     data.append({"hardware": hw_key, "model": key, "dtype": dt, "error": str(e)})
                     continue
-                b = led.decode_bound(hw, seq_len=8192, batch=1, compute_dtype=dt)
+                b = led.decode_bound(hw, seq_len=8192, batch=1, compute_dtype=compute_precision(dt))
                 win = model.windowed
                 capacity = (f"{led.tokens_at(seq_len=PRESET_LENGTH):,} @ {PRESET_LENGTH}" if win
                             else f"{led.token_capacity:,}")

@@ -32,6 +32,7 @@ from pykvpool.checks import check_count, check_positive
 from pykvpool.errors import BudgetError
 from pykvpool.planning.hardware import Hardware
 from pykvpool.planning.ledger import Budget
+from pykvpool.planning.models import storage_dtype
 from pykvpool.planning.video import VideoModel
 
 __all__ = ["RealTimeCapacity", "StreamRecord", "VideoRequest", "VideoRoofline", "VideoSimResult",
@@ -58,7 +59,9 @@ class VideoRoofline:
 
     Attributes:
         model: the generator; hardware: the device (its peak for ``compute_dtype``).
-        kv_dtype: KV storage dtype (``"bf16"``, ``"fp8"``...): the bytes per token.
+        kv_dtype: KV storage dtype (``"bf16"``, ``"fp8_e4m3"``...): the bytes per token; any
+            spelling :func:`pykvpool.planning.models.storage_dtype` reads, kept as its one
+            spelling (``"fp16"`` becomes ``"f16"``).
         flops_efficiency, bandwidth_efficiency: fractions of the roofs reached (the
             simulator's :class:`pykvpool.planning.roofline.Roofline` defaults).
         overhead: seconds per pass (launches, scheduling).
@@ -82,6 +85,7 @@ class VideoRoofline:
         check_positive(self.flops_efficiency, "flops_efficiency", most=1.0)
         check_positive(self.bandwidth_efficiency, "bandwidth_efficiency", most=1.0)
         check_positive(self.overhead, "overhead", zero=True)
+        object.__setattr__(self, "kv_dtype", storage_dtype(self.kv_dtype).name)
         self.model.kv_bytes_per_token(self.kv_dtype)
         self.hardware.flops(self.compute_dtype)
 
