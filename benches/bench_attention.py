@@ -60,10 +60,8 @@ N): the data stays in cache, so the rate is the kernel's compute ceiling, not DR
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -71,10 +69,8 @@ from typing import Any, Callable
 import numpy as np
 
 import pykvpool as kv
-
-sys.path.insert(0, str(Path(__file__).parent))
-import ab_decode  # noqa: E402
-import torch_decode  # noqa: E402
+from benches import ab_decode, torch_decode
+from benches.common import write_json
 
 BS = 16
 ESIZE = {"f32": 4, "f16": 2, "bf16": 2}
@@ -269,8 +265,7 @@ def window_case(reps: int, out: Path) -> None:
     for r in sorted(rows, key=lambda r: (r["form"], r["length"])):
         print(f"| {r['length']} | {r['form']} | {r['stored_blocks']} | {r['seconds'] * 1e3:.2f} | {r['median'] * 1e3:.2f} | "
               f"{r['ratio_median']:.2f} [{r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}] |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(window=WINDOW, sinks=SINKS, threads=kv.get_num_threads(), rows=rows), indent=2))
+    write_json(dict(window=WINDOW, sinks=SINKS, threads=kv.get_num_threads(), rows=rows), out)
 
 
 #: ``--ab``: pairs of calls per allocation. Each build reads its own copy of the cache,
@@ -414,7 +409,7 @@ def main() -> None:
         load_average=os.getloadavg(), huge_pages=huge_pages, resident_blocks=args.resident, quick=args.quick, reps=args.reps, block_size=BS,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, vs_torch=headline), indent=2))
+    write_json(dict(meta=meta, rows=rows, vs_torch=headline), args.out)
     print(f"probe GB/s: {', '.join(f'{t} thr {p / 1e9:.1f}' for t, p in probe.items())}; "
           f"peak GFLOP/s: {', '.join(f'{t} thr {f / 1e9:.0f}' for t, f in flops.items())}; load {meta['load_average']}; "
           f"huge pages: {huge_pages}")

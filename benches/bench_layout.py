@@ -11,14 +11,9 @@ blocks scattered. Run: ``python benches/bench_layout.py`` (JSON in benches/out/)
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import pykvpool as kv  # noqa: E402
-from bench_attention import best_time, build, shapes  # noqa: E402
+import pykvpool as kv
+from benches.bench_attention import best_time, build, shapes
+from benches.common import OUT_DIR, write_json
 
 
 def main() -> None:
@@ -36,9 +31,7 @@ def main() -> None:
                 best, _ = best_time(lambda: kv.decode_attention(caches[dt], 0, q, table, lens, kv_heads_per_item=kpi), 15)
                 rows.append(dict(threads=t, dtype=dt, kv_heads_per_item=kpi, gbps=nbytes / best / 1e9,
                                  pct_probe=100 * nbytes / best / probe))
-    out = Path(__file__).parent / "out" / "bench_layout.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    write_json(rows, OUT_DIR / "bench_layout.json")
     print("| threads | dtype | KV heads per item (run length) | GB/s | % probe |")
     print("|---|---|---|---|---|")
     for r in rows:

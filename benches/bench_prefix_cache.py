@@ -7,7 +7,7 @@
    blocks: each admission also evicts 136 of them) and *warm* (the same prompt again: 135
    blocks reused, the last one recomputed). Same calls on the pure-Python baseline
    (:class:`benches.py_prefix_pool.PyPrefixPool`) in the same process.
-2. **The core scheduler loop with caching on** (:mod:`benches.scheduler_loop`,
+2. **The core scheduler loop with caching on** (:mod:`pykvpool.simulate.reference`,
    10,000 requests, prompts 256..4096, outputs 128..384, block 16, 31,232 blocks, <= 256
    running), where every prompt starts with one of 32 shared 1,024-token prefixes
    (request ``i`` uses prefix ``i % 32``; a prompt shorter than 1,024 tokens is a prefix
@@ -38,9 +38,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import datetime
-import gc
-import json
-import platform
 import statistics
 import sys
 import time
@@ -52,11 +49,11 @@ import numpy as np
 import numpy.typing as npt
 
 import pykvpool
-from benches.bench_scheduler import cpu_model, fmt, loop_figures, per_call_min, verdict
+from benches.common import fmt, machine, no_gc, out_path, verdict, write_json
 from benches.py_prefix_pool import PyPrefixPool
-from benches.scheduler_loop import LoopResult, Observer, Pool, SchedulerLoop, Workload, make_workload
+from benches.scheduler_loop import loop_figures, per_call_min
+from pykvpool.simulate.reference import LoopResult, LoopWorkload, Observer, Pool, SchedulerLoop, make_workload
 
-OUT_DIR = Path(__file__).resolve().parent / "out"
 NUM_PREFIXES = 32
 PREFIX_TOKENS = 1024
 VOCAB = 32_000
@@ -72,7 +69,7 @@ def cached_pool(num_blocks: int, block_size: int) -> Any:
 ENGINES: dict[str, Callable[[int, int], Any]] = {"pykvpool": cached_pool, "python": PyPrefixPool}
 
 
-def request_tokens(wl: Workload, seed: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+def request_tokens(wl: LoopWorkload, seed: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     """Token ids of every request (prompt then generated tokens), flattened, and each
     request's offset. Prefix ids are drawn from ``default_rng(seed + 1)`` in
     ``0..32,000``; every other token id is unique (``32,000 +`` its flat position)."""
@@ -90,7 +87,7 @@ class PrefixLoop(SchedulerLoop):
     """The core loop, admitting by token ids (prompt plus, after a preemption, the tokens
     generated so far)."""
 
-    def __init__(self, pool: Pool, workload: Workload, tokens: npt.NDArray[np.int32],
+    def __init__(self, pool: Pool, workload: LoopWorkload, tokens: npt.NDArray[np.int32],
                  offsets: npt.NDArray[np.int64], observer: Observer | None = None) -> None:
         super().__init__(pool, workload, observer)
         self.tokens = tokens
@@ -109,21 +106,17 @@ def cache_counts(pool: Any) -> dict[str, int]:
     return {k: int(getattr(s, k)) for k in keys}
 
 
-def run_engine(name: str, wl: Workload, tokens: Any, offsets: Any,
+def run_engine(name: str, wl: LoopWorkload, tokens: Any, offsets: Any,
                observer: Observer | None = None) -> tuple[LoopResult, dict[str, int]]:
     pool = ENGINES[name](wl.num_blocks, wl.block_size)
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         res = PrefixLoop(pool, wl, tokens, offsets, observer).run()
-    finally:
-        gc.enable()
     assert pool.num_free_blocks == wl.num_blocks, f"{name}: blocks still held after the loop"
     pool.check_invariants()
     return res, cache_counts(pool)
 
 
-def slot_digest(name: str, wl: Workload, tokens: Any, offsets: Any) -> tuple[int, int]:
+def slot_digest(name: str, wl: LoopWorkload, tokens: Any, offsets: Any) -> tuple[int, int]:
     acc = [0, 0]
     mod = (1 << 61) - 1
 
@@ -141,53 +134,54 @@ def slot_digest(name: str, wl: Workload, tokens: Any, offsets: Any) -> tuple[int
 
 
 def micro(name: str, reps: int) -> dict[str, float]:
-    gc.collect()
-    gc.disable()
-    try:
-        make = ENGINES[name]
-        clock = time.perf_counter_ns
-        # Cold: a prompt never seen, on a pool with free blocks (a fresh pool every 200
-        # admissions, untimed): 136 keys, 136 misses, 136 blocks taken and registered.
-        prompts = [(VOCAB + i * ADMIT_TOKENS + np.arange(ADMIT_TOKENS)).astype(np.int32) for i in range(reps)]
-        cold = []
-        for i, p in enumerate(prompts):
-            if i % 200 == 0:
-                pool = make(31_232, 16)
-            t0 = clock()
-            pool.add_sequence_tokens(0, p)
-            cold.append(clock() - t0)
-            pool.free(0)
-        # Cold and evicting: the pool is full of idle cached blocks (230 prompts admitted
-        # and freed first), so each admission also evicts 136 blocks, tail first.
-        pool = make(31_232, 16)
-        for i in range(230):
-            pool.add_sequence_tokens(0, (VOCAB + (reps + i) * ADMIT_TOKENS + np.arange(ADMIT_TOKENS)).astype(np.int32))
-            pool.free(0)
-        evicting = []
-        for p in prompts:
-            t0 = clock()
-            pool.add_sequence_tokens(0, p)
-            evicting.append(clock() - t0)
-            pool.free(0)
-        # Warm: the same prompt again and again (135 of 136 blocks reused).
-        warm = []
-        p = prompts[-1]
-        for _ in range(reps):
-            t0 = clock()
-            pool.add_sequence_tokens(0, p)
-            warm.append(clock() - t0)
-            pool.free(0)
-        pool.check_invariants()
-        return {
-            "admit_cold_us_median": statistics.median(cold) / 1e3,
-            "admit_cold_us_min": min(cold) / 1e3,
-            "admit_cold_evicting_us_median": statistics.median(evicting) / 1e3,
-            "admit_cold_evicting_us_min": min(evicting) / 1e3,
-            "admit_warm_us_median": statistics.median(warm) / 1e3,
-            "admit_warm_us_min": min(warm) / 1e3,
-        }
-    finally:
-        gc.enable()
+    """Admissions of a 2,176-token prompt, cold, cold and evicting, warm (us), GC off."""
+    with no_gc():
+        return _micro(name, reps)
+
+
+def _micro(name: str, reps: int) -> dict[str, float]:
+    make = ENGINES[name]
+    clock = time.perf_counter_ns
+    # Cold: a prompt never seen, on a pool with free blocks (a fresh pool every 200
+    # admissions, untimed): 136 keys, 136 misses, 136 blocks taken and registered.
+    prompts = [(VOCAB + i * ADMIT_TOKENS + np.arange(ADMIT_TOKENS)).astype(np.int32) for i in range(reps)]
+    cold = []
+    for i, p in enumerate(prompts):
+        if i % 200 == 0:
+            pool = make(31_232, 16)
+        t0 = clock()
+        pool.add_sequence_tokens(0, p)
+        cold.append(clock() - t0)
+        pool.free(0)
+    # Cold and evicting: the pool is full of idle cached blocks (230 prompts admitted
+    # and freed first), so each admission also evicts 136 blocks, tail first.
+    pool = make(31_232, 16)
+    for i in range(230):
+        pool.add_sequence_tokens(0, (VOCAB + (reps + i) * ADMIT_TOKENS + np.arange(ADMIT_TOKENS)).astype(np.int32))
+        pool.free(0)
+    evicting = []
+    for p in prompts:
+        t0 = clock()
+        pool.add_sequence_tokens(0, p)
+        evicting.append(clock() - t0)
+        pool.free(0)
+    # Warm: the same prompt again and again (135 of 136 blocks reused).
+    warm = []
+    p = prompts[-1]
+    for _ in range(reps):
+        t0 = clock()
+        pool.add_sequence_tokens(0, p)
+        warm.append(clock() - t0)
+        pool.free(0)
+    pool.check_invariants()
+    return {
+        "admit_cold_us_median": statistics.median(cold) / 1e3,
+        "admit_cold_us_min": min(cold) / 1e3,
+        "admit_cold_evicting_us_median": statistics.median(evicting) / 1e3,
+        "admit_cold_evicting_us_min": min(evicting) / 1e3,
+        "admit_warm_us_median": statistics.median(warm) / 1e3,
+        "admit_warm_us_min": min(warm) / 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benches.bench_prefix_cache" + (" --quick" if args.quick else ""),
         "argv": sys.argv[1:] if argv is None else argv,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "pykvpool": pykvpool.__version__},
+        "machine": machine(),
         "workload": {"requests": n_req, "seed": args.seed, "block_size": wl.block_size,
                      "num_blocks": wl.num_blocks, "max_running": wl.max_running,
                      "shared_prefixes": NUM_PREFIXES, "prefix_tokens": PREFIX_TOKENS},
@@ -266,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios_python_over_pykvpool": ratios,
         "targets": {k: {"value": v, "limit": lim, "result": verdict(v, lim, hib)} for k, (v, lim, hib) in targets.items()},
     }
-    out = args.out or OUT_DIR / ("prefix_cache_quick.json" if args.quick else "prefix_cache.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_json(report, out_path(args.out, "prefix_cache_quick.json" if args.quick else "prefix_cache.json"))
     print_table(report)
     print(f"\nwrote {out}")
     return 0

@@ -1,6 +1,6 @@
 """Scheduler-loop benchmark: the allocator inside a serving engine's scheduler loop.
 
-Runs the loop of :mod:`benches.scheduler_loop` on :class:`pykvpool.BlockPool` and on the
+Runs the reference loop (:mod:`pykvpool.simulate.reference`) on :class:`pykvpool.BlockPool` and on the
 pure-Python baseline :class:`benches.py_allocator.PyBlockPool`, in the same process,
 alternating engines over ``--repeats`` runs, and reports for each engine the time spent
 *inside allocator calls only* (per decode token, per admission, per free, whole loop),
@@ -52,11 +52,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import copy
 import datetime
-import gc
-import json
-import platform
 import statistics
 import sys
 import time
@@ -64,15 +60,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 import pykvpool
 from benches import vllm_bench
+from benches.common import fmt, fmt_spread, machine, no_gc, out_path, spread, verdict, write_json
 from benches.py_allocator import PyBlockPool, PyBlockPoolNumpy
-from benches.scheduler_loop import CallTimes, LoopResult, Pool, Workload, make_workload, run_loop
+from benches.scheduler_loop import loop_figures, per_call_min
 from benches.vllm_peer import HASHES, VllmApi, try_load_api
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
+from pykvpool.simulate.reference import LoopResult, LoopWorkload, Pool, make_workload, run_loop
 
 TARGET_DECODE_TOKEN_US = 0.1
 TARGET_DECODE_STEP_256_US = 25.0
@@ -89,56 +84,6 @@ ENGINES: dict[str, Callable[[int, int], Pool]] = {
 }
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def loop_figures(r: LoopResult) -> dict[str, Any]:
-    full = r.full_batch_decode_ns
-    return {
-        "allocator_ms": r.allocator_ns / 1e6,
-        "wall_ms": r.wall_ns / 1e6,
-        "cpu_ms": r.cpu_ns / 1e6,
-        "decode_us_per_token": r.decode.ns / r.decode_tokens / 1e3 if r.decode_tokens else None,
-        "decode_us_per_step": r.decode.us_per_call,
-        "decode_full_batch_steps": len(full),
-        "decode_full_batch_us_median": statistics.median(full) / 1e3 if full else None,
-        "decode_refused_us_per_call": r.decode_refused.us_per_call if r.decode_refused.calls else None,
-        "admit_us_per_call": r.admit.us_per_call,
-        "admit_tokens_mean": r.prefill_tokens / r.admissions if r.admissions else None,
-        "admit_check_refused_us_per_call": r.admit_refused.us_per_call if r.admit_refused.calls else None,
-        "free_us_per_call": r.free.us_per_call,
-        "allocator_ms_by_kind": {
-            "decode": r.decode.ns / 1e6,
-            "decode_refused": r.decode_refused.ns / 1e6,
-            "admit": r.admit.ns / 1e6,
-            "admit_refused": r.admit_refused.ns / 1e6,
-            "free": r.free.ns / 1e6,
-        },
-        "calls": {
-            "decode": r.decode.calls,
-            "decode_refused": r.decode_refused.calls,
-            "admit": r.admit.calls,
-            "admit_refused": r.admit_refused.calls,
-            "free": r.free.calls,
-        },
-    }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """Median of ``values`` with its spread: quartiles (``q1``, ``q3``), ``min``, ``max``
-    and the number of ``runs``."""
-    q1, med, q3 = (float(x) for x in np.percentile(values, [25, 50, 75]))
-    return {"median": med, "q1": q1, "q3": q3, "min": float(min(values)), "max": float(max(values)),
-            "runs": len(values)}
-
-
 def headline(runs: dict[str, list[LoopResult]], base: str = "pykvpool") -> dict[str, Any]:
     """Per-run figures: each engine's allocator total (ms) and CPU time (ms) per run, and
     each baseline's per-run ratio over ``base`` (run ``i`` of both engines comes from the
@@ -153,42 +98,19 @@ def headline(runs: dict[str, list[LoopResult]], base: str = "pykvpool") -> dict[
     }
 
 
-def per_call_min(rs: list[LoopResult]) -> LoopResult:
-    """A run whose every allocator call takes its minimum over ``rs``.
-
-    The loop is deterministic, so call ``k`` of a kind is the same call (same batch, same
-    pool state) in every run; its minimum over runs drops the time the process spent
-    descheduled on a shared machine. Counts are those of the (identical) runs.
-    """
-    out = copy.copy(rs[0])
-    for kind in ("decode", "decode_refused", "admit", "admit_refused", "free"):
-        stacked = np.array([getattr(r, kind).samples for r in rs], dtype=np.int64)
-        best = stacked.min(axis=0) if stacked.size else np.zeros(0, dtype=np.int64)
-        setattr(out, kind, CallTimes(calls=len(best), ns=int(best.sum()), samples=best.tolist()))
-    if rs[0].full_batch_decode_ns:
-        out.full_batch_decode_ns = np.array([r.full_batch_decode_ns for r in rs]).min(axis=0).tolist()
-    out.wall_ns = min(r.wall_ns for r in rs)
-    out.cpu_ns = min(r.cpu_ns for r in rs)
-    return out
-
-
-def run_engine(name: str, wl: Workload) -> LoopResult:
+def run_engine(name: str, wl: LoopWorkload) -> LoopResult:
     pool = ENGINES[name](wl.num_blocks, wl.block_size)
     # The cyclic GC is off during the loop, as in timeit: a collection triggered by the
     # baseline's list churn would otherwise land inside whichever call is being timed.
     # This makes the baseline look faster, not slower.
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         res = run_loop(pool, wl)
-    finally:
-        gc.enable()
     assert pool.num_free_blocks == wl.num_blocks, f"{name}: blocks still used after the loop"
     pool.check_invariants()  # type: ignore[attr-defined]
     return res
 
 
-def check_same(a: LoopResult, b: LoopResult, wl: Workload) -> None:
+def check_same(a: LoopResult, b: LoopResult, wl: LoopWorkload) -> None:
     if a.counts() != b.counts():
         raise AssertionError(f"engines disagree: {a.counts()} vs {b.counts()}")
     if a.generated != b.generated:
@@ -199,7 +121,7 @@ def check_same(a: LoopResult, b: LoopResult, wl: Workload) -> None:
         raise AssertionError("decode tokens != sum of output lengths")
 
 
-def slot_digest(name: str, wl: Workload) -> tuple[int, int]:
+def slot_digest(name: str, wl: LoopWorkload) -> tuple[int, int]:
     """A digest of every slot mapping the loop receives (admissions and decodes)."""
     acc = [0, 0]
     mod = (1 << 61) - 1
@@ -228,12 +150,8 @@ def time_calls(fn: Callable[[], object], setup: Callable[[], object] | None, rep
 
 
 def micro(name: str, reps: int) -> dict[str, float]:
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         return _micro(name, reps)
-    finally:
-        gc.enable()
 
 
 def _micro(name: str, reps: int) -> dict[str, float]:
@@ -270,17 +188,6 @@ def _micro(name: str, reps: int) -> dict[str, float]:
         "decode_step_256_us_min": min(step_ns) / 1e3,
         "timer_overhead_us_median": statistics.median(timer) / 1e3,
     }
-
-
-def verdict(value: float | None, limit: float, higher_is_better: bool = False) -> str:
-    if value is None:
-        return "n/a"
-    ok = value >= limit if higher_is_better else value <= limit
-    return "PASS" if ok else "FAIL"
-
-
-def fmt(v: float | None, digits: int = 3) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,13 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benches.bench_scheduler" + (" --quick" if args.quick else ""),
         "argv": sys.argv[1:] if argv is None else argv,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "pykvpool": pykvpool.__version__,
-        },
+        "machine": machine(),
         "workload": {
             "requests": n_req,
             "seed": args.seed,
@@ -406,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
 
-    out = args.out or OUT_DIR / ("scheduler_quick.json" if args.quick else "scheduler.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_json(report, out_path(args.out, "scheduler_quick.json" if args.quick else "scheduler.json"))
     print_table(report)
     vllm_bench.print_vllm(report)
     print(f"\nwrote {out}")
@@ -476,11 +375,6 @@ def print_table(rep: dict[str, Any]) -> None:
     for k, t in rep["targets"].items():
         op = ">=" if k.startswith("allocator_ratio") else "<="
         print(f"{k:<30}{fmt(t['value']):>12}{op:>4}{t['limit']:>6}  {t['result']}")
-
-
-def fmt_spread(s: dict[str, float], digits: int = 1) -> str:
-    return (f"{s['median']:.{digits}f} (IQR {s['q1']:.{digits}f}-{s['q3']:.{digits}f}, "
-            f"min-max {s['min']:.{digits}f}-{s['max']:.{digits}f})")
 
 
 def print_headline(head: dict[str, Any]) -> None:

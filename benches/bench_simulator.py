@@ -3,7 +3,7 @@
 1. the allocator benchmark's workload (10,000 requests, prompts 256..4096, outputs
    128..384, block 16, 31,232 blocks, 256 running, FCFS, preempt the newest, no time
    model), in the engine's ``decode_first`` convention, beside the in-run baseline: the
-   Python-driven loop of ``benches/scheduler_loop.py`` over the same ``pykvpool.BlockPool``
+   Python-driven reference loop (:mod:`pykvpool.simulate.reference`) over the same ``pykvpool.BlockPool``
    (and over the pure-Python allocator). The engine's steps and preemptions must equal the
    loop's (asserted). The same workload in vLLM's convention is timed too, against a
    real peer: the same scheduling decisions made in Python over vLLM's own v1
@@ -36,7 +36,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import gc
-import json
 import sys
 import time
 from pathlib import Path
@@ -47,13 +46,13 @@ import numpy as np
 import pykvpool
 from benches.py_allocator import PyBlockPool
 from benches import vllm_sim
-from benches.scheduler_loop import make_workload, run_loop
+from benches.common import machine, out_path, write_json
 from benches.vllm_peer import try_load_api
 from pykvpool.simulate import sweep as sim_sweep, traces as sim_traces
 from pykvpool import simulate as sim
+from pykvpool.simulate.reference import make_workload, run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT_DIR = ROOT / "benches" / "out"
 DATA = ROOT.parent / "shared" / "data"
 
 
@@ -171,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         notes = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
                           if k not in ("case", "seconds") and v is not None and not isinstance(v, list))
         print(f"{r['case']:<72} {r['seconds']:8.3f}  {notes}")
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    out = args.out or OUT_DIR / ("simulator_quick.json" if args.quick else "simulator.json")
-    out.write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                               "vllm": api.version if api else note}, indent=2))
+    out = write_json({"rows": rows, "machine": machine(), "vllm": api.version if api else note},
+                     out_path(args.out, "simulator_quick.json" if args.quick else "simulator.json"))
     print(f"wrote {out}")
     return 0
 

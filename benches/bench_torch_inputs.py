@@ -30,20 +30,15 @@ Run: ``python benches/bench_torch_inputs.py [--reps 15] [--prefill-reps 5] [--qu
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 import pykvpool as kv
-
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_attention  # noqa: E402
-import bench_prefill  # noqa: E402
+from benches import bench_attention, bench_prefill
+from benches.common import OUT_DIR, write_json
 
 
 def torch_or_none() -> Any:
@@ -122,7 +117,7 @@ def main() -> None:
     ap.add_argument("--prefill-reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="bench_prefill's quick shape for prefill")
     ap.add_argument("--threads", type=int, default=None, help="kernel threads (default: pykvpool's)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_torch_inputs.json"))
+    ap.add_argument("--out", default=str(OUT_DIR / "bench_torch_inputs.json"))
     args = ap.parse_args()
     if args.threads:
         kv.set_num_threads(args.threads)
@@ -138,9 +133,7 @@ def main() -> None:
         for name, r in rows.items():
             share = f"{100 * (1 - 1 / r['ratio']):.1f}%" if name == "copied" else ""
             print(f"| {case} | {name} | {r['best_ms']:.2f} | {r['ratio']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}] | {share} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(threads=kv.get_num_threads(), load=os.getloadavg(), results=results),
-                                         indent=2))
+    write_json(dict(threads=kv.get_num_threads(), load=os.getloadavg(), results=results), args.out)
 
 
 if __name__ == "__main__":

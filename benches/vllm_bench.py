@@ -4,26 +4,28 @@ of vLLM's block hashes against pykvpool's prefix-caching pool on the prefix-cach
 benchmark's token ids), the microbenchmarks, and per-run ratios by kind of call.
 
 Ratios are per run: run ``i`` of vLLM over run ``i`` of pykvpool (same repeat, back to
-back), summarized by their median and quartiles (:func:`benches.bench_scheduler.spread`).
+back), summarized by their median and quartiles (:func:`benches.common.spread`).
 """
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from typing import Any
 
 import numpy as np
 
-from benches.scheduler_loop import CallTimes, LoopResult, SchedulerLoop, Workload, make_workload
+import pykvpool
+from benches import bench_prefix_cache
+from benches.common import no_gc, spread
 from benches.vllm_peer import Tokens, VllmApi, VllmLoop, VllmPool
+from pykvpool.simulate.reference import CallTimes, LoopResult, LoopWorkload, SchedulerLoop, make_workload
 
 #: Kinds of call compared per run: what the loop's figure divides by.
 KINDS = ("decode", "admit", "free")
 
 
-def run_vllm(api: VllmApi, wl: Workload, hash_name: str | None = None,
+def run_vllm(api: VllmApi, wl: LoopWorkload, hash_name: str | None = None,
              tokens: Tokens | None = None) -> tuple[LoopResult, VllmPool]:
     """One loop over a fresh manager (cyclic GC off, as for the other engines); the pool is
     returned for its hit counts and bookkeeping times.
@@ -32,12 +34,8 @@ def run_vllm(api: VllmApi, wl: Workload, hash_name: str | None = None,
         AssertionError: blocks or requests are left after the loop.
     """
     pool = VllmPool(api, wl.num_blocks, wl.block_size, hash_name, tokens)
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         res = VllmLoop(pool, wl).run()
-    finally:
-        gc.enable()
     pool.check_invariants()
     return res, pool
 
@@ -50,8 +48,6 @@ def per_unit_ns(r: LoopResult, kind: str) -> float:
 
 def kind_ratios(slow: list[LoopResult], fast: list[LoopResult]) -> dict[str, dict[str, float]]:
     """Per-run ratio ``slow[i] / fast[i]`` per decode token, per admission and per free."""
-    from benches.bench_scheduler import spread
-
     return {k: spread([per_unit_ns(s, k) / per_unit_ns(f, k) for s, f in zip(slow, fast)]) for k in KINDS}
 
 
@@ -75,8 +71,6 @@ def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tu
         AssertionError: an engine's counts, prefix hit tokens or blocks in use differ from
             pykvpool's.
     """
-    from benches import bench_prefix_cache  # it imports bench_scheduler, which imports this module
-
     wl = make_workload(n_req, seed)
     flat, offsets = bench_prefix_cache.request_tokens(wl, seed)
     tokens = Tokens(flat, offsets.tolist())
@@ -117,12 +111,8 @@ def prefix_section(api: VllmApi, n_req: int, seed: int, repeats: int, hashes: tu
 def micro(api: VllmApi, reps: int) -> dict[str, float]:
     """bench_scheduler's microbenchmarks on vLLM's manager (caching off): admission of a
     2,000-token prompt and its free on an empty pool; a 256-request decode step."""
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         return _micro(api, reps)
-    finally:
-        gc.enable()
 
 
 def _micro(api: VllmApi, reps: int) -> dict[str, float]:
@@ -214,16 +204,13 @@ def used_blocks_trace(loop: SchedulerLoop) -> list[int]:
     return trace
 
 
-def check_used_blocks(api: VllmApi, wl: Workload, tokens: Tokens | None = None, hash_name: str | None = None) -> int:
+def check_used_blocks(api: VllmApi, wl: LoopWorkload, tokens: Tokens | None = None, hash_name: str | None = None) -> int:
     """Assert that vLLM's manager holds as many blocks as pykvpool's pool after every event
     of the loop (caching off, or on with ``tokens`` and ``hash_name``); the events compared.
 
     Raises:
         AssertionError: the traces differ.
     """
-    import pykvpool
-    from benches import bench_prefix_cache
-
     if tokens is None:
         ref = used_blocks_trace(SchedulerLoop(pykvpool.BlockPool(wl.num_blocks, wl.block_size), wl))
     else:

@@ -25,7 +25,7 @@ What is driven, and how (:class:`VllmPool`, :class:`VllmLoop`):
   :meth:`VllmPool.step` raises ``PoolExhaustedError`` keeping requests ``0..i-1``'s new
   slots, the loop preempts the newest request and retries, and the adapter resumes at
   request ``i``: vLLM's own preempt-and-retry, which preempts the same requests as an
-  atomic step (the loop's rule, shown in the module doc of ``benches/scheduler_loop.py``);
+  atomic step (the loop's rule, shown in the module doc of :mod:`pykvpool.simulate.reference`);
 - **free**: ``free(request)`` on a finish or a preemption.
 
 Conventions. The loop's (``decode_first``): a sequence of ``L`` tokens holds
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benches.scheduler_loop import CallTimes, Observer, SchedulerLoop, Workload
+from pykvpool.simulate.reference import CallTimes, LoopWorkload, Observer, SchedulerLoop
 from pykvpool import PoolExhaustedError
 
 #: vLLM's version this adapter was written against; newer ones are tried as they come.
@@ -285,7 +285,7 @@ class VllmLoop(SchedulerLoop):
 
     bookkeeping = True
 
-    def __init__(self, pool: VllmPool, workload: Workload, observer: Observer | None = None) -> None:
+    def __init__(self, pool: VllmPool, workload: LoopWorkload, observer: Observer | None = None) -> None:
         super().__init__(pool, workload, observer)
         self.vpool = pool
 

@@ -32,8 +32,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from benches.scheduler_loop import Workload
+from benches.common import no_gc, spread
 from benches.vllm_peer import VllmApi
+from pykvpool.simulate.reference import LoopWorkload
 
 COLUMNS = ("batch", "preemptions", "prefill_tokens", "decode_tokens", "blocks_used")
 
@@ -48,7 +49,7 @@ class SimLoopResult:
     columns: dict[str, list[int]] = field(default_factory=lambda: {c: [] for c in COLUMNS})
 
 
-def run(api: VllmApi, wl: Workload) -> SimLoopResult:
+def run(api: VllmApi, wl: LoopWorkload) -> SimLoopResult:
     """One run of the module doc's loop on a fresh manager (cyclic GC off).
 
     Raises:
@@ -56,21 +57,17 @@ def run(api: VllmApi, wl: Workload) -> SimLoopResult:
         AssertionError: blocks are left after the loop.
     """
     mgr = api.make_manager(wl.num_blocks, wl.block_size, None)
-    gc.collect()
-    gc.disable()
-    try:
+    with no_gc():
         c0, t0 = time.thread_time(), time.perf_counter()
         res = _loop(api, mgr, wl)
         res.seconds = time.perf_counter() - t0
         res.cpu_s = time.thread_time() - c0
-    finally:
-        gc.enable()
     if mgr.block_pool.get_num_free_blocks() != wl.num_blocks:
         raise AssertionError("vllm: blocks still used after the loop")
     return res
 
 
-def _loop(api: VllmApi, mgr: Any, wl: Workload) -> SimLoopResult:
+def _loop(api: VllmApi, mgr: Any, wl: LoopWorkload) -> SimLoopResult:
     prompts = [int(x) for x in wl.prompt_lens]
     outputs = [int(x) for x in wl.output_lens]
     alloc, free, lookup = mgr.allocate_slots, mgr.free, mgr.get_computed_blocks
@@ -150,7 +147,7 @@ def same_schedule(sim_steps: Any, res: SimLoopResult) -> bool:
     return all(list(map(int, sim_steps[c])) == res.columns[c] for c in COLUMNS)
 
 
-def compare(api: VllmApi, wl: Workload, run_sim: Any, rounds: int) -> dict[str, Any]:
+def compare(api: VllmApi, wl: LoopWorkload, run_sim: Any, rounds: int) -> dict[str, Any]:
     """``rounds`` rounds of (the simulator's vllm-convention run, this loop) back to back:
     the per-round time ratio loop / simulator (wall and CPU, median and quartiles) and the
     schedules, asserted equal step by step.
@@ -158,8 +155,6 @@ def compare(api: VllmApi, wl: Workload, run_sim: Any, rounds: int) -> dict[str, 
     Raises:
         AssertionError: the schedules differ.
     """
-    from benches.bench_scheduler import spread
-
     wall, cpu = [], []
     res = None
     for _ in range(rounds):
