@@ -13,7 +13,7 @@ import pytest
 
 from benches.bench_overlap import exposed, exposure_for, hot_table, summary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_exposure_is_zero_when_the_shorter_part_is_hidden_and_one_when_added() -> None:

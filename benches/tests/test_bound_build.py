@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benches" / "bound_build.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "bound_build.py"
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import pytest
 import pykvpool as kv
 from benches.ab_decode import make_cache, setup, summarize, summarize_pairs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_summarize_gives_the_median_and_range_of_the_per_round_ratios() -> None:

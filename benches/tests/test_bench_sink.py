@@ -14,7 +14,7 @@ import pytest
 import pykvpool as kv
 from benches.bench_sink import BS, D, cache_of, sink_inputs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("gap", [0.0, 60.0, 200.0])

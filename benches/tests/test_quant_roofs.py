@@ -198,7 +198,7 @@ def test_layers_outside_auto_or_1_to_64_is_a_usage_error(bad: str) -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, str(root / "benches" / "bench_quant.py"), f"--layers={bad}"],
                          capture_output=True, text=True, timeout=120, cwd=root)
     assert res.returncode == 2 and "--layers: auto or a number of layers from 1 to 64" in res.stderr

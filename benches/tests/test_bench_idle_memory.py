@@ -11,7 +11,7 @@ import pytest
 
 from benches.bench_idle_memory import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_row_per_gap_with_positive_rates_and_the_warm_rate_beside() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pykvpool
-from benches.scheduler_loop import Workload, make_workload, run_loop
+from pykvpool.simulate.reference import LoopWorkload, make_workload, run_loop
 from benches.vllm_bench import check_used_blocks
 from benches.vllm_peer import INSTALL, Tokens, VllmApi, VllmLoop, VllmPool, try_load_api
 
@@ -92,7 +92,7 @@ def fake_api(managers: list[FakeManager]) -> VllmApi:
     return VllmApi("fake", make_manager, lambda rid, prompt, h: FakeRequest(rid, prompt), RUNNING, PREEMPTED)
 
 
-def small(num_requests: int, num_blocks: int, max_running: int, seed: int) -> Workload:
+def small(num_requests: int, num_blocks: int, max_running: int, seed: int) -> LoopWorkload:
     return make_workload(num_requests, seed, prompt_range=(5, 200), output_range=(1, 60), block_size=8,
                          num_blocks=num_blocks, max_running=max_running)
 
@@ -192,7 +192,7 @@ def test_scheduler_bench_without_vllm_says_how_to_install(tmp_path: Path, capsys
     assert "pip install --no-deps vllm" in INSTALL
 
 
-def sim_run(wl: Workload) -> Any:
+def sim_run(wl: LoopWorkload) -> Any:
     """The simulator's vllm-convention run of ``wl`` (the configuration bench_simulator uses)."""
     from pykvpool import simulate as sim
 

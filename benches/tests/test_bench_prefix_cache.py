@@ -12,7 +12,7 @@ from typing import Any
 
 
 from benches.bench_prefix_cache import ENGINES, PrefixLoop, cache_counts, main, request_tokens
-from benches.scheduler_loop import make_workload
+from pykvpool.simulate.reference import make_workload
 
 
 def trace(name: str, num_blocks: int) -> tuple[Any, list[Any], dict[str, int]]:

@@ -1,9 +1,12 @@
-"""Behaviour of the scheduler-loop benchmark (no timing): on small workloads pykvpool and
-the pure-Python baseline take the same steps, preempt the same requests and hand out the
+"""Behaviour of the scheduler-loop benchmark (``benches/bench_scheduler.py``, no timing): on
+small workloads of the reference loop (:mod:`pykvpool.simulate.reference`) pykvpool and the
+pure-Python baseline take the same steps, preempt the same requests and hand out the
 same slots; every request finishes with exactly its output length; the pool ends empty."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +15,14 @@ import pytest
 
 
 import pykvpool
+from benches import bench_scheduler
 from benches.py_allocator import PyBlockPool
-from benches.scheduler_loop import LoopResult, Workload, make_workload, run_loop
+from pykvpool.simulate.reference import LoopResult, LoopWorkload, make_workload, run_loop
 
 Event = tuple[str, int, list[int], list[int] | None, list[int] | None]
 
 
-def record(pool: Any, wl: Workload) -> tuple[LoopResult, list[Event]]:
+def record(pool: Any, wl: LoopWorkload) -> tuple[LoopResult, list[Event]]:
     events: list[Event] = []
 
     def observe(kind: str, step: int, ids: Any, slots: Any, lens: Any) -> None:
@@ -38,7 +42,7 @@ def record(pool: Any, wl: Workload) -> tuple[LoopResult, list[Event]]:
     return run_loop(pool, wl, observe), events
 
 
-def small(num_requests: int, num_blocks: int, max_running: int, seed: int) -> Workload:
+def small(num_requests: int, num_blocks: int, max_running: int, seed: int) -> LoopWorkload:
     return make_workload(
         num_requests,
         seed,
@@ -50,7 +54,7 @@ def small(num_requests: int, num_blocks: int, max_running: int, seed: int) -> Wo
     )
 
 
-def check_run(wl: Workload) -> LoopResult:
+def check_run(wl: LoopWorkload) -> LoopResult:
     engines: dict[str, Any] = {"pykvpool": pykvpool.BlockPool, "python": PyBlockPool}
     out = {}
     for name, make in engines.items():
@@ -72,7 +76,7 @@ def check_run(wl: Workload) -> LoopResult:
     return a
 
 
-def check_lifecycle(wl: Workload, events: list[Event]) -> None:
+def check_lifecycle(wl: LoopWorkload, events: list[Event]) -> None:
     """Replay the events: admissions are FCFS, a finished sequence holds prompt + output
     tokens, each admission prefills prompt + generated-so-far, preemption hits the newest."""
     prompts = [int(x) for x in wl.prompt_lens]
@@ -242,11 +246,6 @@ def test_bench_script_runs_and_reports_finite_figures(tmp_path: Path) -> None:
     """The benchmark script end to end on a tiny run: it checks both engines agree (slot
     mappings included) and reports finite per-run figures of the right shape (their values
     are not checked here: timing belongs to the benchmark, not the tests)."""
-    import json
-    import math
-
-    from benches import bench_scheduler
-
     out = tmp_path / "scheduler.json"
     argv = ["--requests", "120", "--repeats", "3", "--micro-reps", "20", "--check-slots", "--no-vllm",
             "--out", str(out)]
@@ -268,34 +267,3 @@ def test_bench_script_runs_and_reports_finite_figures(tmp_path: Path) -> None:
     for name in engines:
         assert rep["loop"][name]["allocator_ms"] <= head["allocator_ms"][name]["min"] + 1e-9
     assert all(math.isfinite(t["value"]) and t["value"] > 0 for t in rep["targets"].values())
-
-
-def test_spread_summarizes_runs() -> None:
-    from benches.bench_scheduler import spread
-
-    s = spread([5.0, 1.0, 3.0, 2.0, 4.0])
-    assert (s["min"], s["q1"], s["median"], s["q3"], s["max"], s["runs"]) == (1.0, 2.0, 3.0, 4.0, 5.0, 5)
-
-
-@pytest.mark.parametrize("lens", [[40, 40], [17, 40, 5]], ids=["batched", "per-sequence"])
-def test_torch_decode_baselines_agree_with_pykvpool(lens: list[int]) -> None:
-    """bench_attention's torch paths (expanded and grouped matmul, SDPA with enable_gqa)
-    compute pykvpool's decode on a tiny GQA shape: f32 within 1e-4, bf16 (q, scores and P
-    rounded to bf16 by torch) within 3e-2 of pykvpool's bf16 cache; the paired timing
-    gives a positive ratio against the fastest path of each dtype."""
-    pytest.importorskip("torch")
-    from benches import bench_attention, torch_decode
-
-    shape = dict(lens=lens, hq=8, hkv=2, d=32)
-    caches, table, q = bench_attention.build(shape, ["f32", "bf16"], seed=3)
-    mine = {dt: pykvpool.decode_attention(caches[dt], 0, q, table, lens) for dt in ("f32", "bf16")}
-    paths = torch_decode.paths(caches["f32"], table, lens, q, bench_attention.BS)
-    assert {k for k, _ in paths} == set(torch_decode.KINDS) and {d for _, d in paths} == {"f32", "bf16"}
-    for (kind, dt), fn in paths.items():
-        got = fn().numpy()
-        assert got.shape == q.shape
-        assert np.abs(got - mine[dt]).max() <= (1e-4 if dt == "f32" else 3e-2), (kind, dt)
-    calls = {dt: (lambda c=caches[dt]: pykvpool.decode_attention(c, 0, q, table, lens)) for dt in ("f32", "bf16")}
-    res = torch_decode.versus(calls, paths, threads=1, reps=2)
-    assert set(res["headline"]) == {"f32", "bf16", "any"}
-    assert all(h["median"] > 0 and h["torch"].startswith("torch ") for h in res["headline"].values())
