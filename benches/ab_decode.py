@@ -59,6 +59,8 @@ import sys
 import time
 from typing import Any
 
+from benches.common import out_path, write_json
+
 SWITCHES = ("bf16_scores", "int8_scores", "int8_pv", "fp16_reduction")
 #: ``--force-isa``: the kernel path every call runs (None: the CPU's best).
 FORCE_ISA: str | None = None
@@ -285,6 +287,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, metavar="L",
                     help="caches of L layers, the calls cycling over them as a decode step does: with L x the "
                          "cache's size above the last-level cache, every call reads from memory (default 1)")
+    ap.add_argument("--out", help="JSON output path (default benches/out/ab_decode.json)")
     ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
@@ -319,9 +322,10 @@ def main() -> None:
         print(f"B / A time, shape {args.shape}, {args.threads} thread(s), {args.interleave} interleaved pairs of "
               f"calls{fresh}")
         print("| row | median | quartiles | best calls |\n|---|---|---|---|")
-        for row, pairs in zip(rows, got):
-            s = summarize_pairs(pairs)
-            print(f"| {row} | {s['median']:.3f} | {s['q1']:.3f}-{s['q3']:.3f} | {s['best']:.3f} |")
+        summary = [dict(row=row, pairs=len(pairs), **summarize_pairs(pairs)) for row, pairs in zip(rows, got)]
+        for s in summary:
+            print(f"| {s['row']} | {s['median']:.3f} | {s['q1']:.3f}-{s['q3']:.3f} | {s['best']:.3f} |")
+        write_json(dict(args=vars(args), b_over_a=summary), out_path(args.out, "ab_decode.json"))
         return
     times: dict[str, list[list[float]]] = {"a": [], "b": []}
     for r in range(args.rounds):
@@ -334,8 +338,10 @@ def main() -> None:
     print(f"B / A time, shape {args.shape}, {args.threads} thread(s), best of {args.calls} calls, "
           f"{args.rounds} alternating rounds" + (f", {args.layers} layers" if args.layers > 1 else ""))
     print("| row | median | range |\n|---|---|---|")
-    for s in summarize(times["a"], times["b"], rows):
+    summary = summarize(times["a"], times["b"], rows)
+    for s in summary:
         print(f"| {s['row']} | {s['median']:.3f} | {s['low']:.3f}-{s['high']:.3f} |")
+    write_json(dict(args=vars(args), b_over_a=summary), out_path(args.out, "ab_decode.json"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import pykvpool as kv
+from benches.common import out_path, write_json
 
 
 def sweep(cache: kv.KvCache, table: np.ndarray, seq_lens: np.ndarray) -> list[float]:
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--gaps", default="0,0.1,0.3,1,2,4,8,15", help="seconds unread before each sweep, comma-separated")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per sequence (8 sequences)")
+    ap.add_argument("--out", help="JSON output path (default benches/out/bench_idle_memory.json)")
     args = ap.parse_args()
     try:
         gaps = [float(g) for g in args.gaps.split(",")]
@@ -67,9 +69,11 @@ def main() -> None:
     if args.layers < 1 or args.tokens < 1:
         ap.error("--layers and --tokens must be at least 1")
     print("| unread for (s) | GB/s, median (range over layers) | x warm |\n|---|---|---|")
-    for r in run(gaps, args.layers, args.tokens):
+    rows = run(gaps, args.layers, args.tokens)
+    for r in rows:
         print(f"| {r['gap']:g} | {r['median'] / 1e9:.1f} ({r['low'] / 1e9:.1f}-{r['high'] / 1e9:.1f}) | "
               f"{r['median'] / r['warm']:.2f} |")
+    write_json(dict(layers=args.layers, tokens=args.tokens, bytes_per_s=rows), out_path(args.out, "bench_idle_memory.json"))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import numpy as np
 
 import pykvpool as kv
 from benches.bench_quant import DTYPES, ROWS, SHAPE_KV_HEADS, build, streaming_layers
+from benches.common import out_path, write_json
 
 DEFAULT_ROWS = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int8_scores+int8_pv",
                 "fp8_e4m3+fp16_reduction", "fp8_e5m2+fp16_reduction"]
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPE_KV_HEADS), default="a")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--rows", default=",".join(DEFAULT_ROWS), help="bench_quant.py rows, comma-separated")
+    ap.add_argument("--out", help="JSON output path (default benches/out/bench_overlap.json)")
     args = ap.parse_args()
     rows = args.rows.split(",")
     if bad := [r for r in rows if r not in ROWS]:
@@ -127,14 +129,17 @@ def main() -> None:
     print("| thr | row | compute ms (L2) | read ms (own pages, table order) | memory ms | exposed | x bf16 | "
           "1.8x needs exposed <= |\n|---|---|---|---|---|---|---|---|")
     fmt = "{:.2f}".format
+    out = []
     for t in (int(x) for x in args.threads.split(",")):
         clock = time.thread_time if t == 1 else (lambda t=t: time.process_time() / t)
         for r in summary(measure(args.shape, rows, args.rounds, t, clock)):
+            out.append(dict(threads=t, **r))
             print(f"| {t} | {r['row']} | {1e3 * r['compute']:.2f} | {1e3 * r['read']:.2f} | {1e3 * r['memory']:.2f} | "
                   f"{fmt(r['exposed'])} | {'-' if r['x_bf16'] is None else fmt(r['x_bf16'])} | "
                   f"{'-' if r['needs'] is None else fmt(r['needs'])} |")
     print("exposed: (memory - max(compute, read)) / min(compute, read), 0 when the shorter part is all hidden "
           "behind the longer, 1 when none of it is")
+    write_json(dict(shape=args.shape, rounds=args.rounds, seconds_median=out), out_path(args.out, "bench_overlap.json"))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import numpy as np
 
 import pykvpool as kv
 from benches.bench_quant import ROWS, paired_ratios
+from benches.common import out_path, quartiles, write_json
 
 D, HQ, BS = 128, 4, 16
 DEFAULT_ROWS = ["bf16", "int8", "fp8_e5m2", "int8_scores+int8_pv", "fp8_e5m2+fp16_reduction"]
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=2048, help="a multiple of 16")
     ap.add_argument("--rows", default=",".join(DEFAULT_ROWS), help="bench_quant.py rows, comma-separated")
+    ap.add_argument("--out", help="JSON output path (default benches/out/bench_sink.json)")
     args = ap.parse_args()
     rows = args.rows.split(",")
     if bad := [r for r in rows if r not in ROWS]:
@@ -108,9 +110,13 @@ def main() -> None:
     for name, by_gap in res.items():
         cells = []
         for g in gaps:
-            q1, med, q3 = np.percentile(by_gap[g], [25, 50, 75])
+            q1, med, q3 = quartiles(by_gap[g])
             cells.append(f"{med:.3f} ({q1:.3f}-{q3:.3f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    summary = {name: [dict(zip(("gap", "q1", "median", "q3"), (g, *quartiles(by_gap[g])))) for g in gaps]
+               for name, by_gap in res.items()}
+    write_json(dict(tokens=args.tokens, pairs=args.pairs, with_sink_over_without=summary),
+               out_path(args.out, "bench_sink.json"))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import pykvpool as kv
+from benches.common import out_path, write_json
 
 SEQS, TOKENS, HQ, HKV, D, BS = 4, 64, 32, 8, 128, 16
 
@@ -56,12 +57,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--out", help="JSON output path (default benches/out/bench_small_decode.json)")
     a = ap.parse_args()
     print(f"decode_attention, {SEQS} x {TOKENS} tokens, {HQ}/{HKV} heads, d {D}, bf16")
     print("| threads | us per call (fastest round) | median round |")
     print("|---|---|---|")
-    for t, (best, med) in per_call_us(a.rounds, a.calls).items():
+    res = per_call_us(a.rounds, a.calls)
+    for t, (best, med) in res.items():
         print(f"| {t} | {best:.1f} | {med:.1f} |")
+    rows = [dict(threads=t, us_per_call_best_round=best, us_per_call_median_round=med) for t, (best, med) in res.items()]
+    write_json(dict(rounds=a.rounds, calls=a.calls, rows=rows), out_path(a.out, "bench_small_decode.json"))
 
 
 if __name__ == "__main__":

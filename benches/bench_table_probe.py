@@ -25,6 +25,7 @@ import numpy as np
 
 import pykvpool as kv
 from benches.bench_quant import DTYPES, SHAPE_KV_HEADS, build, streaming_layers
+from benches.common import out_path, quartiles, write_json
 
 
 def main() -> None:
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--shape", choices=sorted(SHAPE_KV_HEADS), default="a")
     ap.add_argument("--dtypes", default="int8,bf16")
+    ap.add_argument("--out", help="JSON output path (default benches/out/bench_table_probe.json)")
     args = ap.parse_args()
     lens = [4096] * 8
     dtypes = args.dtypes.split(",")
@@ -44,6 +46,7 @@ def main() -> None:
     sl = np.array(lens)
     print(f"shape {args.shape}, {layers} layer(s), {args.rounds} rounds, best of 3 each, CPU clock\n")
     print("| dtype | threads | stream GB/s | table order GB/s | table / stream (IQR) |\n|---|---|---|---|---|")
+    out = []
     for dt in dtypes:
         c = caches[dt]
         turn = itertools.cycle(range(layers))
@@ -55,10 +58,12 @@ def main() -> None:
                 # re-read it from the last-level cache).
                 tab.append(max(kv.read_bandwidth(cache=c, threads=t, passes=1, clock="cpu", block_tables=table,
                                                  seq_lens=sl, layer=next(turn)) for _ in range(3)))
-            r = np.array(tab) / np.array(seq)
-            q1, med, q3 = np.quantile(r, [0.25, 0.5, 0.75])
+            q1, med, q3 = quartiles(np.array(tab) / np.array(seq))
+            out.append(dict(dtype=dt, threads=t, stream_gbs=np.median(seq) / 1e9, table_gbs=np.median(tab) / 1e9,
+                            ratio=med, ratio_q1=q1, ratio_q3=q3))
             print(f"| {dt} | {t} | {np.median(seq) / 1e9:.1f} | {np.median(tab) / 1e9:.1f} | "
                   f"{med:.2f} ({q1:.2f}-{q3:.2f}) |")
+    write_json(dict(shape=args.shape, layers=layers, rounds=args.rounds, rows=out), out_path(args.out, "bench_table_probe.json"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ interleaved pairs of calls) of the installed build against itself end to end."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,11 @@ def test_summarize_gives_the_median_and_range_of_the_per_round_ratios() -> None:
     assert rows[0]["rounds"] == 3
 
 
-def test_one_round_of_a_build_against_itself_reports_every_row() -> None:
+def test_one_round_of_a_build_against_itself_reports_every_row(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
-           "--rows", "int8,bf16", "--rounds", "1", "--calls", "1"]
+           "--rows", "int8,bf16", "--rounds", "1", "--calls", "1", "--out", str(tmp_path / "ab.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert [r["row"] for r in json.loads((tmp_path / "ab.json").read_text())["b_over_a"]] == ["int8", "bf16"]
     lines = [line for line in out.splitlines() if line.startswith("| int8 ") or line.startswith("| bf16 ")]
     assert len(lines) == 2
     for line in lines:
@@ -62,10 +64,11 @@ def test_summarize_pairs_gives_the_quartiles_of_the_per_pair_ratios_and_the_best
     assert one == {"median": 0.5, "q1": 0.5, "q3": 0.5, "best": 0.5}
 
 
-def test_interleaved_pairs_of_a_build_against_itself_report_every_row() -> None:
+def test_interleaved_pairs_of_a_build_against_itself_report_every_row(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
-           "--rows", "int8,bf16+bf16_scores", "--interleave", "3"]
+           "--rows", "int8,bf16+bf16_scores", "--interleave", "3", "--out", str(tmp_path / "ab.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert [r["pairs"] for r in json.loads((tmp_path / "ab.json").read_text())["b_over_a"]] == [3, 3]
     lines = [line for line in out.splitlines() if line.startswith("| int8 ") or line.startswith("| bf16+")]
     assert len(lines) == 2
     for line in lines:
@@ -102,9 +105,9 @@ def test_a_cache_written_anew_holds_the_same_codes_and_scales_in_other_memory(dt
     assert np.array_equal(kv.decode_attention(copy, 0, q, table, seq_lens), want)
 
 
-def test_reallocated_pairs_report_every_row_and_zero_is_a_usage_error() -> None:
+def test_reallocated_pairs_report_every_row_and_zero_is_a_usage_error(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
-           "--rows", "int8,fp8_e5m2", "--interleave", "3", "--reallocate", "2"]
+           "--rows", "int8,fp8_e5m2", "--interleave", "3", "--out", str(tmp_path / "ab.json"), "--reallocate", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert "fresh caches every 2 pairs" in out
     assert sum(line.startswith(("| int8 ", "| fp8_e5m2 ")) for line in out.splitlines()) == 2

@@ -3,6 +3,7 @@ sink (the tokens far below it contribute nothing) and the usage errors. No timin
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,12 @@ def test_a_dominant_sinks_output_is_its_value(dtype: str, switches: dict[str, An
     np.testing.assert_allclose(out[0], np.tile(v0, (q.shape[1], 1)), atol=tol)
 
 
-def test_a_small_run_prints_one_cell_per_row_and_gap() -> None:
+def test_a_small_run_prints_one_cell_per_row_and_gap_and_writes_them(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "benches/bench_sink.py", "--tokens", "64", "--pairs", "3",
-                        "--gaps", "100,200", "--rows", "int8,bf16"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+                        "--gaps", "100,200", "--rows", "int8,bf16", "--out", str(tmp_path / "sink.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    got = json.loads((tmp_path / "sink.json").read_text())["with_sink_over_without"]
+    assert {k: [c["gap"] for c in v] for k, v in got.items()} == {"int8": [100, 200], "bf16": [100, 200]}
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stdout.splitlines() if x.startswith("| int8 ") or x.startswith("| bf16 ")]
     assert len(lines) == 2 and all(x.count("(") == 2 for x in lines), r.stdout
