@@ -39,12 +39,13 @@ def test_the_python_side_reads_the_native_lists() -> None:
     simulate = sub.choices["simulate"]
     eviction = next(a for a in simulate._actions if a.dest == "eviction")
     assert tuple(eviction.choices) == kv.EVICTION_POLICIES
-    # Planning names every native dtype (fp32 / fp16 for f32 / f16) and reads KvCache's
-    # spellings as its own.
-    natives = {storage_dtype(d).native for d in DTYPES} - {None}
-    assert natives == set(kv.KV_DTYPES)
+    # Planning's dtypes are KvCache's, in its order and spelling, then the planning-only fp8.
+    assert DTYPES[:-1] == kv.KV_DTYPES and DTYPES[-1] == "fp8"
     for d in kv.KV_DTYPES:
-        assert storage_dtype(d).native == d
+        assert storage_dtype(d).native == storage_dtype(d).name == d
+    search = sub.choices["search"]
+    kv_dtypes = next(a for a in search._actions if a.dest == "kv_dtypes")
+    assert kv_dtypes.type("fp16,int8") == ["f16", "int8"]
 
 
 def test_no_module_spells_out_the_eviction_policies() -> None:

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Optional
 from pykvpool._native import InvalidArgumentError
 from pykvpool.planning.hardware import Hardware
 from pykvpool.planning.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, GIB, Budget, default_budget
+from pykvpool.planning.models import storage_dtype
 from pykvpool.tracefile import TraceColumns, parse_columns
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "budget_from_args",
     "count",
     "count_list",
+    "kv_dtype_list",
     "number",
     "number_list",
     "trace_columns",
@@ -180,8 +182,32 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
             raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}")
         return text
 
-    parse = _list(item, "names")
+    return _unique(_list(item, "names"))
 
+
+def kv_dtype_list() -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated KV dtypes, any spelling
+    :func:`pykvpool.planning.models.storage_dtype` reads (aliases such as ``fp16`` and
+    granularity suffixes included), each returned as its one spelling, no dtype twice.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) no item, an empty item, a
+            name that is no KV dtype or one dtype given twice (in any spellings).
+    """
+
+    def item(text: str) -> str:
+        try:
+            return storage_dtype(text).name
+        except InvalidArgumentError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return _unique(_list(item, "dtypes"))
+
+
+def _unique(parse: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
     def unique(text: str) -> list[str]:
         out: list[str] = parse(text)
         if len(set(out)) != len(out):

@@ -12,7 +12,16 @@ import sys
 from typing import Any, Optional
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, add_quiet, choice_list, count, count_list, number, trace_columns
+from pykvpool.cli.argtypes import (
+    MAX_BLOCK_SIZE,
+    add_quiet,
+    choice_list,
+    count,
+    count_list,
+    kv_dtype_list,
+    number,
+    trace_columns,
+)
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.models import DTYPES, model_preset
 from pykvpool.search import (
@@ -102,7 +111,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--hardware", type=choice_list(tuple(HARDWARE)), default=["a100-80gb-sxm"], metavar="H,...")
     g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...")
-    g.add_argument("--kv-dtypes", type=choice_list(DTYPES), default=["bf16"])
+    g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
+                   help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "
+                        "one spelling, f16; fp8 and int8 take :head, :gN or :tensor)")
     g.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), default=[16])
     g.add_argument("--max-running", type=count_list(), default=[256])
     g.add_argument("--max-batched-tokens", type=count_list(1, MAX_STEP_TOKENS), default=[8192])

@@ -16,6 +16,11 @@ same way (:func:`row_checker`, :func:`check_entry`) and ``search.json`` by
 :func:`read_meta`. Anything else is refused with an InvalidArgumentError naming the file
 and what is wrong, before any work is done. Keys a search does not write are allowed in
 a row when they hold a plain value (a string, a number, a bool or null).
+
+A KV dtype is read in any spelling :func:`pykvpool.planning.models.storage_dtype` reads
+and handed back in its one spelling, in ``kv_dtype`` and in the keys that name it (a
+search written when planning spelled ``f16`` as ``fp16`` reads, and resumes, as one
+written today).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from pykvpool._native import InvalidArgumentError
 from pykvpool.checks import invalid
 from pykvpool.errors import TraceFormatError
+from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
 from pykvpool.search.slo import SLO
 from pykvpool.search.space import EVICTIONS, PREEMPTIONS, Point
@@ -153,6 +159,16 @@ def _rates_ok(v: Any) -> bool:
             and all(a <= b for a, b in zip(v, v[1:])))
 
 
+def _kv_dtype_ok(v: Any) -> bool:
+    if not isinstance(v, str) or not 0 < len(v) <= 64:
+        return False
+    try:
+        storage_dtype(v)
+    except InvalidArgumentError:
+        return False
+    return True
+
+
 _FLAG = _Kind(lambda v: isinstance(v, bool), "true or false")
 _NAME = _Kind(lambda v: isinstance(v, str) and 0 < len(v) <= 64 and "|" not in v, "a name without '|'")
 _PLAIN = _Kind(lambda v: v is None or isinstance(v, (str, int, float)), "a string, a number, a bool or null")
@@ -164,7 +180,7 @@ _NAMES = _Kind(lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n
 _STAT = _or_null(_number())  # seconds, tokens/s, requests/s or a count
 
 _POINT: dict[str, _Kind] = {
-    "hardware": _NAME, "devices": _count(1), "kv_dtype": _NAME, "block_size": _count(1), "max_running": _count(1),
+    "hardware": _NAME, "devices": _count(1), "kv_dtype": _Kind(_kv_dtype_ok, "a KV dtype"), "block_size": _count(1), "max_running": _count(1),
     "max_batched_tokens": _count(1), "chunked_prefill": _FLAG, "preemption": _text(PREEMPTIONS),
     "prefix_caching": _FLAG, "eviction": _text(EVICTIONS), "layer_groups": _FLAG}
 _METRICS = {m: _STAT for m in METRICS}
@@ -201,12 +217,35 @@ def _keys(doc: Any, spec: Mapping[str, _Kind], where: str = "", more: Optional[M
 # ---- rows and runs (also the logs' lines) ---------------------------------------------
 
 
+def _spelled_key(key: str) -> str:
+    """A point's key (or a run's, ``<point key>@<rate>``) with its KV dtype field in its one
+    spelling; a key whose third field is no KV dtype is returned as it is."""
+    parts = key.split("|")
+    if len(parts) < 3 or not _kv_dtype_ok(parts[2]):
+        return key
+    parts[2] = storage_dtype(parts[2]).name
+    return "|".join(parts)
+
+
+def _respelled(doc: Row) -> Row:
+    """``doc`` (checked) with its KV dtype in its one spelling wherever it names one:
+    ``kv_dtype``, and the dtype field of ``key`` and ``point``."""
+    out = dict(doc)
+    if "kv_dtype" in out:
+        out["kv_dtype"] = storage_dtype(out["kv_dtype"]).name
+    for k in ("key", "point"):
+        if isinstance(out.get(k), str):
+            out[k] = _spelled_key(out[k])
+    return out
+
+
 def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
     """The check of a search's row under the SLOs named ``slos`` (a line of ``points.jsonl``,
     an element of ``points.json``, a best point): every column of
     :func:`pykvpool.search.evaluate.evaluate_chain` of its kind, a rate and an objective
     for each SLO whose state is ``ok`` or ``none``, and a key that is its fields' key. The
-    check, ``check(row, where="")``, returns the row; ``where`` starts its messages.
+    check, ``check(row, where="")``, returns the row with its KV dtype in its one spelling
+    (in ``kv_dtype`` and ``key``: see the module docstring); ``where`` starts its messages.
 
     Raises:
         Nothing itself; the check raises InvalidArgumentError saying what is wrong.
@@ -227,7 +266,7 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
         key = Point(**{f: row[f] for f in _POINT}).key()
         if row["key"] != key:
             raise invalid(f"{where}key {_shown(row['key'])} is not the key of its fields ({key!r})")
-        return row
+        return _respelled(row)
 
     return check
 
@@ -237,7 +276,7 @@ def check_entry(entry: Any, where: str = "") -> Row:
     writes it (a line of ``latency.jsonl``, an entry of ``latency.json``): ``key`` (its
     point's at its rate: :func:`entry_key`), ``point``, ``rate`` (requests/s),
     ``finished``, ``sims``, the metrics and an optional ``stopped``; ``where`` starts
-    a message.
+    a message. Returned with the KV dtype of ``key`` and ``point`` in its one spelling.
 
     Raises:
         InvalidArgumentError: what is wrong.
@@ -245,7 +284,7 @@ def check_entry(entry: Any, where: str = "") -> Row:
     e = _keys(entry, _ENTRY, where, more={"stopped": _or_null(_text())})
     if e["key"] != entry_key(e["point"], e["rate"]):
         raise invalid(f"{where}key {_shown(e['key'])} is not its point's at its rate")
-    return e
+    return _respelled(e)
 
 
 # ---- the files --------------------------------------------------------------------------
@@ -307,10 +346,12 @@ def _best(doc: Any, meta: Row) -> tuple[tuple[SLO, ...], dict[str, Optional[Row]
     if sorted(doc["best"]) != sorted(names):
         raise invalid(f"best must name each SLO ({', '.join(names)}) once, got {', '.join(map(str, doc['best']))}")
     check = row_checker(names)
+    best: dict[str, Optional[Row]] = {}
     for s, row in doc["best"].items():
-        if row is not None and check(row, f"best[{s!r}]: ")[f"{s}_state"] != "ok":
+        best[s] = None if row is None else check(row, f"best[{s!r}]: ")
+        if row is not None and row[f"{s}_state"] != "ok":
             raise invalid(f"best[{s!r}]: {s}_state must be 'ok'")
-    return slos, doc["best"]
+    return slos, best
 
 
 def _list(doc: Any) -> list[Any]:
@@ -330,11 +371,9 @@ def _latency(doc: Any, names: Sequence[str]) -> Row:
     if sorted(rates) != sorted(names):
         raise invalid(f"reference_rates must name each SLO ({', '.join(names)}) once")
     _keys(rates, {s: _or_null(_number(above=True)) for s in names}, "reference_rates: ")
-    for i, e in enumerate(lat["entries"]):
-        check_entry(e, f"entries[{i}]: ")
-    for i, f in enumerate(lat["frontier"]):
-        _keys(f, _FRONTIER, f"frontier[{i}]: ")
-    return lat
+    entries = [check_entry(e, f"entries[{i}]: ") for i, e in enumerate(lat["entries"])]
+    front = [_respelled(_keys(f, _FRONTIER, f"frontier[{i}]: ")) for i, f in enumerate(lat["frontier"])]
+    return {**lat, "entries": entries, "frontier": front}
 
 
 def read_search(directory: str | os.PathLike[str]) -> SearchFolder:

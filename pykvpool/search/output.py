@@ -116,7 +116,7 @@ class ResultStore:
 
 class JsonLog:
     """Rows appended to a JSON-lines file as they come, each with a unique ``key``; what an
-    earlier run left is read back (``rows``, by key, each passed to ``check``, which
+    earlier run left is read back (``rows``, by key: each as ``check`` returns it, which
     raises InvalidArgumentError saying what is wrong with it), and a last line cut short
     by an interruption (no newline) is dropped from the file.
 
@@ -141,9 +141,10 @@ class JsonLog:
                 if line.strip():
                     row = jsonl_record(self.path, n, line)
                     try:
-                        self.rows[check(row)["key"]] = row
+                        row = check(row)
                     except InvalidArgumentError as e:
                         raise TraceFormatError(str(self.path), n, str(e)) from None
+                    self.rows[row["key"]] = row
         if whole != self.path.stat().st_size:
             with open(self.path, "r+b") as f:
                 f.truncate(whole)

@@ -44,7 +44,8 @@ class Point:
 
     Attributes:
         hardware: a hardware preset name; devices: devices of the replica (tensor parallel).
-        kv_dtype: KV storage dtype; block_size: tokens per block.
+        kv_dtype: KV storage dtype, its one spelling (a
+            :class:`pykvpool.planning.models.StorageDtype`'s name); block_size: tokens per block.
         max_running: requests in flight at most; max_batched_tokens: tokens per step.
         chunked_prefill, preemption, prefix_caching, eviction, layer_groups: the policies.
     """
@@ -132,8 +133,7 @@ def _hardware(v: object, name: str) -> str:
 def _dtype(v: object, name: str) -> str:
     if not isinstance(v, str):
         raise TypeError(f"{name} must hold dtype names, got {type(v).__name__}")
-    storage_dtype(v)
-    return v
+    return storage_dtype(v).name
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,9 @@ class SearchSpace:
     Attributes:
         hardware: hardware presets (:data:`pykvpool.planning.hardware.HARDWARE`).
         devices: devices per replica, 1 to :data:`MAX_DEVICES`.
-        kv_dtypes: KV storage dtypes (``bf16``, ``fp8``, ``int8``, ...).
+        kv_dtypes: KV storage dtypes (``bf16``, ``fp8``, ``int8``, ...), any spelling
+            :func:`pykvpool.planning.models.storage_dtype` reads, kept as its one spelling
+            (``fp16`` becomes ``f16``).
         block_sizes: tokens per block, 1 to 65,536.
         max_running: requests in flight at most, >= 1.
         max_batched_tokens: tokens per step, 1 to :data:`pykvpool.simulate.MAX_STEP_TOKENS`.
@@ -151,8 +153,8 @@ class SearchSpace:
         preemption: ``recompute`` / ``swap``; eviction: ``lru``, ``fifo``, ``lfu``, ``priority``.
 
     Raises:
-        InvalidArgumentError: an empty axis, a repeated value, a value out of range or an
-            unknown name (naming the axis); TypeError: a non-bool in a bool axis, a
+        InvalidArgumentError: an empty axis, a repeated value (two spellings of one dtype
+            included), a value out of range or an unknown name (naming the axis); TypeError: a non-bool in a bool axis, a
             non-string name.
     """
 
