@@ -14,7 +14,7 @@ from pykvpool.report.video_serving import video_serving_section
 
 GIB = 2**30
 WAN_BPT = 2 * 30 * 12 * 128 * 2  # 184,320 B per token, bf16
-WAN_BPT8 = 2 * 30 * 12 * (128 + 4)  # 95,040: one byte per element + an fp32 scale per vector
+WAN_BPT8 = 2 * 30 * 12 * 128  # 92,160 in fp8_e4m3: one byte per element (its scales are per layer)
 TPF = 1560
 WAN_WEIGHTS = 1.3e9 * 2
 
@@ -38,13 +38,13 @@ def test_kv_table(section: tuple[str, dict[str, Any], dict[str, Path]]) -> None:
     art = _kv(data, "article-720p", False)
     assert [f"{art['gib'][5]['bf16']:.2f}"] == ["52.73"]
     ll_full, ll_win = _kv(data, "longlive", False), _kv(data, "longlive", True)
-    assert ll_full["bytes_per_token"] == {"bf16": WAN_BPT, "fp8": WAN_BPT8}
+    assert ll_full["bytes_per_token"] == {"bf16": WAN_BPT, "fp8_e4m3": WAN_BPT8}
     # 240 s at 16 fps = 960 latent frames; LongLive keeps 3 + 6 + 3 = 12 of them.
     assert ll_full["gib"][240]["bf16"] == pytest.approx(960 * TPF * WAN_BPT / GIB)
-    assert ll_full["gib"][240]["fp8"] == pytest.approx(960 * TPF * WAN_BPT8 / GIB)
+    assert ll_full["gib"][240]["fp8_e4m3"] == pytest.approx(960 * TPF * WAN_BPT8 / GIB)
     for s in (5, 60, 240):
         assert ll_win["gib"][s]["bf16"] == pytest.approx(12 * TPF * WAN_BPT / GIB)
-    assert "| longlive | 3 sinks + 6 frames + chunk 3 | 184,320 / 95,040 | 3.21 / 1.66" in md
+    assert "| longlive | 3 sinks + 6 frames + chunk 3 | 184,320 / 92,160 | 3.21 / 1.61" in md
 
 
 def test_streams_at_real_time_by_hand(section: tuple[str, dict[str, Any], dict[str, Path]]) -> None:
@@ -64,8 +64,8 @@ def test_streams_at_real_time_by_hand(section: tuple[str, dict[str, Any], dict[s
     assert row["bf16"].limit == "compute"
     assert row["bf16"].single_fps == pytest.approx(12 / (5 * (per_stream + 2e-3)))
     # 8-bit KV: more pages, the same compute.
-    assert row["fp8"].streams == row["bf16"].streams
-    assert row["fp8"].memory_streams > row["bf16"].memory_streams
+    assert row["fp8_e4m3"].streams == row["bf16"].streams
+    assert row["fp8_e4m3"].memory_streams > row["bf16"].memory_streams
     # Full history: 240 latent frames per 60 s stream, 23,400 pages; the last chunk attends to
     # 237 frames and is far below 16 fps.
     full = _serving(data, "longlive", False, "h100-sxm")["bf16"]

@@ -17,7 +17,7 @@ import pykvpool
 from pykvpool.errors import BudgetError, UnknownPresetError
 from pykvpool.planning.hardware import Hardware, hardware_preset
 from pykvpool.planning.ledger import GIB, Budget, default_budget
-from pykvpool.planning.video import VIDEO_MODELS, VideoModel, video_model_preset
+from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel, video_model_preset
 from pykvpool.simulate.video import (
     VideoRequest,
     VideoRoofline,
@@ -48,6 +48,16 @@ def test_wan_presets_kv_per_token_and_per_stream() -> None:
         assert ll.kv_stream_bytes(seconds, "fp8") == 12 * 1560 * 95_040
     # Full history grows with the video: 240 s = 960 latent frames.
     assert ll.variant(False).kv_stream_bytes(240) == 960 * 1560 * 184_320
+
+
+def test_the_video_plans_8bit_kv_is_the_video_caches() -> None:
+    # The plans' 8-bit KV is KvCache's fp8_e4m3: one byte per element, its scales per layer
+    # and KV head (none per token), as the VideoCache the plan is for stores it.
+    ll = video_model_preset("longlive")
+    assert VIDEO_KV_8BIT == "fp8_e4m3"
+    assert ll.kv_bytes_per_token(VIDEO_KV_8BIT) == 2 * 30 * 12 * 128 == 92_160
+    assert ll.kv_bytes_per_token(VIDEO_KV_8BIT) == 30 * pykvpool.KvCache.bytes_per_token(12, 128, "fp8_e4m3")
+    assert ll.kv_stream_bytes(60, VIDEO_KV_8BIT) == 12 * 1560 * 92_160
 
 
 def test_article_preset_keeps_the_articles_numbers() -> None:

@@ -1,5 +1,5 @@
 """The ``pykvpool video`` subcommand: KV per stream of the video generator presets (full
-history vs sinks + window, bf16 vs 8-bit) and the streams per GPU that keep real time,
+history vs sinks + window, bf16 vs fp8_e4m3) and the streams per GPU that keep real time,
 simulated through a real ``HybridPool`` (:mod:`pykvpool.simulate.video`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pykvpool.cli.argtypes import (
 )
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.ledger import GIB
-from pykvpool.planning.video import VIDEO_MODELS, VideoModel
+from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel
 from pykvpool.progress import ProgressBar
 from pykvpool.report.tables import markdown_table
 from pykvpool.simulate.video import VideoRoofline, kv_pool_blocks, streams_at_real_time
@@ -64,15 +64,15 @@ def main_video(args: argparse.Namespace) -> int:
     # Refused budgets fail here, before any progress bar.
     pool_blocks = {(i, hk): kv_pool_blocks(m, budgets[hk], args.block_size)
                    for i, (_, m) in enumerate(variants) for hk in hws}
-    kv_rows = [[key, _cache(m), f"{m.kv_bytes_per_token('bf16'):,} / {m.kv_bytes_per_token('fp8'):,}",
-                f"{m.kv_stream_bytes(s, 'bf16') / GIB:.2f}", f"{m.kv_stream_bytes(s, 'fp8') / GIB:.2f}"]
+    kv_rows = [[key, _cache(m), f"{m.kv_bytes_per_token('bf16'):,} / {m.kv_bytes_per_token(VIDEO_KV_8BIT):,}",
+                f"{m.kv_stream_bytes(s, 'bf16') / GIB:.2f}", f"{m.kv_stream_bytes(s, VIDEO_KV_8BIT) / GIB:.2f}"]
                for key, m in variants]
     serve_rows: list[list[object]] = []
     data: dict[str, Any] = {"seconds": s, "block_size": args.block_size,
                             "budgets": {k: b.describe() for k, b in budgets.items()}, "kv": [], "streams": []}
     for key, m in variants:
         data["kv"].append({"preset": key, "cache": _cache(m),
-                           "bytes": {d: m.kv_stream_bytes(s, d) for d in ("bf16", "fp8")}})
+                           "bytes": {d: m.kv_stream_bytes(s, d) for d in ("bf16", VIDEO_KV_8BIT)}})
     with ProgressBar("simulating streams", len(variants) * len(hws), enabled=not args.quiet) as bar:
         for i, (key, m) in enumerate(variants):
             for hk, hw in hws.items():
@@ -84,12 +84,12 @@ def main_video(args: argparse.Namespace) -> int:
                 data["streams"].append({"preset": key, "cache": _cache(m), "hardware": hk,
                                         "capacity": vars(cap)})
                 bar(len(serve_rows))
-    kv_md = markdown_table(["preset", "cache", "KV B/token bf16 / 8-bit", f"GiB / stream @ {s:g} s bf16",
-                            "8-bit"], kv_rows)
+    kv_md = markdown_table(["preset", "cache", f"KV B/token bf16 / {VIDEO_KV_8BIT}",
+                            f"GiB / stream @ {s:g} s bf16", VIDEO_KV_8BIT], kv_rows)
     serve_md = markdown_table(["preset", "cache", "GPU", "KV blocks", "streams in memory",
                                "streams at real time", "limit", "one stream alone (fps)"], serve_rows)
-    print(f"KV per stream at {s:g} s of video (8-bit: 1 B per element + one fp32 scale per token, "
-          "layer, K/V and KV head):\n" + kv_md + "\n")
+    print(f"KV per stream at {s:g} s of video ({VIDEO_KV_8BIT}, the 8-bit KV a VideoCache stores: 1 B per "
+          "element, one fp32 scale per layer, K/V and KV head):\n" + kv_md + "\n")
     print(f"Streams of {s:g} s per GPU at real time (bf16 KV, pages of {args.block_size} tokens; "
           "budgets: " + "; ".join(f"{hws[k].name} {b}" for k, b in data["budgets"].items()) + "):\n"
           + serve_md)
@@ -107,7 +107,7 @@ def add_subcommand(sub: Any) -> None:
     """
     pv = sub.add_parser("video", help="video generation: KV per stream and streams per GPU",
                         description="KV per stream of autoregressive video generators (full "
-                                    "history vs sinks + window, bf16 vs 8-bit) and the streams "
+                                    f"history vs sinks + window, bf16 vs {VIDEO_KV_8BIT}) and the streams "
                                     "each GPU keeps at real time, simulated through a HybridPool.")
     pv.add_argument("--models", type=choice_list(tuple(VIDEO_MODELS)), default=list(VIDEO_MODELS),
                     metavar="NAMES", help=f"comma-separated presets (default all: {', '.join(VIDEO_MODELS)})")

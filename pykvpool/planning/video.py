@@ -30,8 +30,14 @@ from pykvpool.checks import check_count, check_positive
 from pykvpool.errors import lookup_preset
 from pykvpool.planning.models import storage_dtype
 
-__all__ = ["VIDEO_MODELS", "VideoModel", "VideoSpec", "article_videos", "block_causal_mask",
+__all__ = ["VIDEO_KV_8BIT", "VIDEO_MODELS", "VideoModel", "VideoSpec", "article_videos", "block_causal_mask",
            "video_model_preset"]
+
+VIDEO_KV_8BIT = "fp8_e4m3"
+"""The 8-bit KV dtype of the video plans (``pykvpool video``, the report's section 8): the
+fp8 a :class:`pykvpool.video.VideoCache` stores, :class:`pykvpool.KvCache`'s ``fp8_e4m3``
+(one fp32 scale per layer, K/V and KV head: none per token), so the plans count the bytes
+the cache holds."""
 
 
 @dataclass(frozen=True)
@@ -227,9 +233,12 @@ class VideoModel:
         return self.num_params * self.weight_bytes_per_param
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
-        """KV bytes of one token over all layers: ``2 x layers x kv_heads x vector`` where a
-        vector of ``head_dim`` elements takes ``head_dim x 2`` bytes in bf16 and ``head_dim x 1
-        + 4`` in ``"fp8"`` / ``"int8"`` (one fp32 scale per token, layer, K/V and KV head).
+        """KV bytes of one token over all layers: ``2 x layers x kv_heads x vector``, a vector
+        of ``head_dim`` elements taking what :meth:`pykvpool.planning.models.StorageDtype.vector_bytes`
+        says: for KvCache's formats the storage's own count (``head_dim x 2`` bytes in bf16,
+        ``head_dim x 1`` in ``"fp8_e4m3"``, whose scales are per layer, ``head_dim x 1 + 4`` in
+        ``"int8"``, one fp32 scale per token, layer, K/V and KV head), for the planning-only
+        ``"fp8"`` ``head_dim x 1 + 4`` (vLLM's per-token scales).
 
         Raises:
             UnknownPresetError: ``dtype`` is not a storage dtype

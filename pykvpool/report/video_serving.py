@@ -1,7 +1,7 @@
 """Section 8 of the report, "Video generation: KV per stream and streams per GPU":
 the KV one generation stream holds for the video presets
 (:data:`pykvpool.planning.video.VIDEO_MODELS`), full history against sinks + window, in bf16
-and 8-bit; the concurrent streams each GPU keeps at real time and the time to first chunk,
+and 8-bit (:data:`pykvpool.planning.video.VIDEO_KV_8BIT`); the concurrent streams each GPU keeps at real time and the time to first chunk,
 from the video serving simulator (:mod:`pykvpool.simulate.video`: roofline passes batched
 over streams, admission through a real :class:`pykvpool.HybridPool`); and figure 10 (streams
 per GPU against the window length; memory per stream over a long video).
@@ -18,7 +18,7 @@ import numpy as np
 
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.ledger import GIB, default_budget
-from pykvpool.planning.video import VIDEO_MODELS, VideoModel
+from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel
 from pykvpool.plotting import new_figure, save
 from pykvpool.progress import ProgressBar
 from pykvpool.report.tables import markdown_table
@@ -50,6 +50,10 @@ LONG_VIDEO = 240
 """Length of figure 10's right panel, seconds (LongLive's longest video)."""
 
 
+_DTYPES = ("bf16", VIDEO_KV_8BIT)
+"""The KV dtypes of the section's tables: bf16 and the video cache's 8-bit one."""
+
+
 def _policy(m: VideoModel) -> str:
     if m.window_frames is None:
         return "full history"
@@ -62,8 +66,8 @@ def _kv_rows() -> list[dict[str, Any]]:
         for windowed in (False, True):
             v = m.variant(windowed)
             rows.append({"preset": key, "policy": _policy(v), "windowed": windowed,
-                         "bytes_per_token": {d: v.kv_bytes_per_token(d) for d in ("bf16", "fp8")},
-                         "gib": {s: {d: v.kv_stream_bytes(s, d) / GIB for d in ("bf16", "fp8")}
+                         "bytes_per_token": {d: v.kv_bytes_per_token(d) for d in _DTYPES},
+                         "gib": {s: {d: v.kv_stream_bytes(s, d) / GIB for d in _DTYPES}
                                  for s in KV_LENGTHS}})
     return rows
 
@@ -76,7 +80,7 @@ def _serving_rows(progress: Callable[[int], None]) -> list[dict[str, Any]]:
             for hw_key, hw in HARDWARE.items():
                 row: dict[str, Any] = {"preset": key, "policy": _policy(v), "windowed": windowed,
                                        "hardware": hw_key}
-                for dt in ("bf16", "fp8"):
+                for dt in _DTYPES:
                     blocks = kv_pool_blocks(v, default_budget(hw), BLOCK_SIZE, dt)
                     cap = streams_at_real_time(VideoRoofline(v, hw, kv_dtype=dt), SERVING_SECONDS,
                                                blocks, BLOCK_SIZE)
@@ -210,15 +214,16 @@ def _cell(cap: Any) -> str:
 def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: list[dict[str, Any]],
               mem: dict[str, Any], figs: dict[str, Path]) -> str:
     kv_table = markdown_table(
-        ["preset", "cache", "KV B/token bf16 / 8-bit"] + [f"{s} s (GiB, bf16 / 8-bit)" for s in KV_LENGTHS],
-        [[r["preset"], r["policy"], f"{r['bytes_per_token']['bf16']:,} / {r['bytes_per_token']['fp8']:,}"]
-         + [f"{r['gib'][s]['bf16']:.2f} / {r['gib'][s]['fp8']:.2f}" for s in KV_LENGTHS] for r in kv])
+        ["preset", "cache", f"KV B/token bf16 / {VIDEO_KV_8BIT}"]
+        + [f"{s} s (GiB, bf16 / {VIDEO_KV_8BIT})" for s in KV_LENGTHS],
+        [[r["preset"], r["policy"], " / ".join(f"{r['bytes_per_token'][d]:,}" for d in _DTYPES)]
+         + [" / ".join(f"{r['gib'][s][d]:.2f}" for d in _DTYPES) for s in KV_LENGTHS] for r in kv])
     serve_table = markdown_table(
         ["preset", "cache", "GPU", "KV blocks (bf16)", "streams in memory (bf16)",
-         "streams at real time, bf16 KV", "streams at real time, 8-bit KV",
+         "streams at real time, bf16 KV", f"streams at real time, {VIDEO_KV_8BIT} KV",
          "one stream alone, slowest chunk (fps)"],
         [[r["preset"], r["policy"], HARDWARE[r["hardware"]].name, f"{r['bf16'].num_blocks:,}",
-          r["bf16"].memory_streams, _cell(r["bf16"]), _cell(r["fp8"]),
+          r["bf16"].memory_streams, _cell(r["bf16"]), _cell(r[VIDEO_KV_8BIT]),
           f"{r['bf16'].single_fps:.1f}" if r["bf16"].memory_streams else "-"] for r in serving])
     ttfc_table = markdown_table(
         ["preset", "GPU", "streams at once", "arrivals (streams/min)", "TTFC p50 (s)",
@@ -239,8 +244,10 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         f"steps). Derived or unverified fields: {derived}. Self-Forcing's 21-frame cache is the "
         "chunk plus 18 frames; LongLive's `local_attn_size: 12` is its whole attended span: 3 "
         "sinks, 6 frames before the chunk and the chunk's 3. KV per token = 2 x layers x KV "
-        "heads x vector, a vector being head_dim x 2 bytes in bf16 and head_dim x 1 + 4 bytes in "
-        "8-bit (one fp32 scale per token, layer, K/V and KV head). A stream's KV is its peak (the "
+        "heads x vector, a vector being head_dim x 2 bytes in bf16 and head_dim x 1 byte in "
+        f"{VIDEO_KV_8BIT}, the 8-bit KV `pykvpool.video.VideoCache` stores (`KvCache`'s fp8: one fp32 "
+        "scale per layer, K/V and KV head, none per token; the bytes are "
+        "`KvCache.bytes_per_token`'s). A stream's KV is its peak (the "
         "last chunk, unpaged); with full history it grows with the video, with sinks + window "
         "it is flat.\n",
         kv_table + "\n",
