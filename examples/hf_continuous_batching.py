@@ -4,9 +4,11 @@ A small Mistral-style model (a sliding window of 8 tokens; random weights from a
 nothing is downloaded) answers 10 prompts of different lengths with
 `pykvpool.hf.ContinuousBatcher`: every forward pass packs the new tokens of all running
 sequences into one row (prompt chunks of at most 8 tokens beside one token per decoding
-sequence), prompts are admitted while the pool has blocks, and the pool is kept so small
-(20 blocks of 4 tokens) that sequences are preempted and recomputed. The greedy tokens must
-equal per-prompt `generate` with transformers' `DynamicCache`.
+sequence), and the pool is kept so small (20 blocks of 4 tokens) that only some prompts run
+at once: a prompt is admitted only while the running sequences' footprints and its own fit
+(in a window group a footprint is the window's blocks, however long the sequence grows), so
+the batcher never has to preempt here. The greedy tokens must equal per-prompt `generate`
+with transformers' `DynamicCache`.
 
 Run: `python examples/hf_continuous_batching.py` (needs `pip install 'pykvpool[hf]'`).
 """

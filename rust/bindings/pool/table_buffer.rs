@@ -2,13 +2,12 @@
 
 use std::sync::Mutex;
 
-use numpy::{PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use super::class::{lock, PyBlockPool, MAX_TABLE_ENTRIES};
 use crate::bindings::convert::arg;
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::error::filled;
 use crate::pool::table_sync::TableSync;
 
 
@@ -86,10 +85,15 @@ impl PyBlockTableBuffer {
                 ),
             ));
         }
-        // Both allocations are fallible: a host that cannot hold them refuses, never aborts.
+        // Both allocations are fallible: a host that cannot hold them refuses, never aborts
+        // (numpy's own allocation raises MemoryError; the matrix owns its data, as any
+        // numpy array a caller may resize, which `checked_array` then refuses).
         let sync = TableSync::new(rows, width, pad).py_err(py)?;
-        let flat = filled(pad, rows * width, "max_seqs x max_blocks").py_err(py)?;
-        let array = PyArray1::from_vec(py, flat).reshape([rows, width])?;
+        let array = py
+            .import("numpy")?
+            .call_method1("full", ((rows, width), pad, "int32"))?
+            .cast_into::<PyArray2<i32>>()
+            .map_err(PyErr::from)?;
         let data = array.data() as usize;
         Ok(Self { array: array.unbind(), data, rows, width, pad, sync: Mutex::new(sync) })
     }
