@@ -8,14 +8,16 @@
 //! The read-pattern side (8 KiB tiles per head vs whole 64 KiB blocks) is measured on the
 //! real kernel by `benches/bench_layout.py`.
 //!
-//! Run: `cargo bench --bench layout`. Prints ns per tile and the ratio.
+//! Run: `cargo bench --bench layout [-- --sample-count N]` (divan). An iteration scores
+//! all 32 tiles once; the item rate is tiles per second. Off x86-64, or without
+//! AVX-512, the benches register no timing (divan warns) and print why.
 
 #![allow(clippy::needless_range_loop)]
-// Off x86-64 only `main`'s skip message is compiled in use.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 use std::hint::black_box;
-use std::time::Instant;
+
+use divan::counter::ItemsCount;
+use divan::Bencher;
 
 const D: usize = 128;
 const BS: usize = 16;
@@ -69,46 +71,56 @@ mod imp {
     }
 }
 
-fn time_ns(f: &mut dyn FnMut()) -> f64 {
-    let mut best = f64::INFINITY;
-    for _ in 0..15 {
-        let t = Instant::now();
-        for _ in 0..200 {
-            f();
-        }
-        best = best.min(t.elapsed().as_secs_f64() * 1e9 / (200 * TILES) as f64);
-    }
-    best
+fn main() {
+    divan::main();
 }
 
-fn main() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            println!("layout bench needs AVX-512; skipped");
-            return;
-        }
-        let k: Vec<f32> = (0..TILES * D * BS).map(|x| ((x * 7919) % 1000) as f32 * 1e-3).collect();
-        let q: Vec<f32> = (0..H * D).map(|x| ((x * 31) % 100) as f32 * 1e-2).collect();
-        let mut out = [0f32; H * BS];
-        // SAFETY (both closures): the CPU supports avx512f (checked above); fma comes with
-        // every AVX-512 CPU.
-        let dm = time_ns(&mut || {
-            for t in 0..TILES {
-                unsafe { imp::dim_major(&k[t * D * BS..], &q, &mut out) };
-                black_box(&out);
-            }
-        });
-        let tm = time_ns(&mut || {
-            for t in 0..TILES {
-                unsafe { imp::token_major(&k[t * D * BS..], &q, &mut out) };
-                black_box(&out);
-            }
-        });
-        println!("scores of 4 heads x 16 tokens x d 128 (f32, L2-resident):");
-        println!("  dimension-major K: {dm:.1} ns/tile");
-        println!("  token-major K:     {tm:.1} ns/tile  ({:.2}x slower)", tm / dm);
+/// The tiles and the query of both layouts (their values differ only in where they sit).
+fn inputs() -> (Vec<f32>, Vec<f32>) {
+    let k: Vec<f32> = (0..TILES * D * BS).map(|x| ((x * 7919) % 1000) as f32 * 1e-3).collect();
+    let q: Vec<f32> = (0..H * D).map(|x| ((x * 31) % 100) as f32 * 1e-2).collect();
+    (k, q)
+}
+
+/// Scores of 4 heads x 16 tokens x d 128 over the 32 tiles, `tile` scoring one.
+#[cfg(target_arch = "x86_64")]
+fn score_tiles(bencher: Bencher, tile: unsafe fn(&[f32], &[f32], &mut [f32; H * BS])) {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("layout: this CPU lacks AVX-512; skipped");
+        return;
     }
+    let (k, q) = inputs();
+    let mut out = [0f32; H * BS];
+    bencher.counter(ItemsCount::new(TILES)).bench_local(|| {
+        for t in 0..TILES {
+            // SAFETY: the CPU supports avx512f (checked above); fma comes with every
+            // AVX-512 CPU.
+            unsafe { tile(&k[t * D * BS..], &q, &mut out) };
+            black_box(&out);
+        }
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn score_tiles(_: Bencher, _: ()) {
+    let _ = inputs();
+    eprintln!("layout: x86_64 only; skipped");
+}
+
+/// Dimension-major K, as `KvCache` stores it.
+#[divan::bench]
+fn dimension_major(bencher: Bencher) {
+    #[cfg(target_arch = "x86_64")]
+    score_tiles(bencher, imp::dim_major);
     #[cfg(not(target_arch = "x86_64"))]
-    println!("layout bench is x86_64 only; skipped");
+    score_tiles(bencher, ());
+}
+
+/// Token-major K.
+#[divan::bench]
+fn token_major(bencher: Bencher) {
+    #[cfg(target_arch = "x86_64")]
+    score_tiles(bencher, imp::token_major);
+    #[cfg(not(target_arch = "x86_64"))]
+    score_tiles(bencher, ());
 }
