@@ -1,30 +1,23 @@
-//! The decode kernel on a cache that stays in L2, against the instruction-mix roofs of
-//! `dot_rates`: how much of an 8-bit decode's loss at full size is the loop's own
-//! (softmax, the score -> V hand-over, bookkeeping) and how much is memory.
+//! The decode kernel on a cache that stays in L2: how fast each path's loop (softmax, the
+//! score -> V hand-over, bookkeeping and the per-code work) runs with memory out of the
+//! picture, to set beside the same path's rate from memory.
 //!
 //! Per decode path and g = 1 and 4 query heads per KV head: one sequence, one KV head,
 //! head_dim 128, blocks of 16 tokens in a scattered order, `decode_attention` on one
-//! thread (the kernels' pool set to 1, no split). The rate is marginal: the time of a
-//! call over `LONG` tokens minus that of a call over `SHORT` tokens, over the codes the
-//! difference reads (K and V, `2 x 128` per token), so the fixed cost of a call (plan,
-//! buffers, merge) drops out; both lengths keep the codes in L2 (at most 1 MiB for bf16).
-//! Printed in G codes/s and in codes per FMA instruction time (the FMA's rate measured
-//! here the same way), the unit of `dot_rates`' "K+V codes per FMA time" column: their
-//! quotient is the share of its instruction roof the kernel reaches with memory out of
-//! the picture. The median of 7 rounds; in each, per length, the fastest of 9 batches of
-//! 20 calls, timed by this thread's CPU time (the one-thread pool runs each call on the
-//! calling thread; time a shared machine's other processes take is not counted). A
-//! difference of two timings is noisy: a round whose short call was disturbed reads
-//! too fast, hence the median, not the best.
+//! thread (the kernels' pool set to 1, no split), over `SHORT` and over `LONG` tokens;
+//! both keep the codes in L2 (at most 1 MiB for bf16). divan counts the K and V codes a
+//! call reads (`2 x 128` per token) as its items. The marginal rate, which leaves out a
+//! call's fixed cost (plan, buffers, merge), is the codes between the two lengths over
+//! the time between their calls: `(LONG - SHORT) x 256 / (t_long - t_short)`, from the
+//! two benches' medians.
 //!
-//! Run: `cargo bench --bench decode_rate [-- --quick]`.
-
-// Off x86-64 only `main`'s skip message is compiled in use.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+//! Run: `cargo bench --bench decode_rate [-- --sample-count N] [-- FILTER]` (divan). A path
+//! whose opt-in instructions this CPU lacks registers no timing (divan warns).
 
 use std::hint::black_box;
-use std::time::Instant;
 
+use divan::counter::ItemsCount;
+use divan::Bencher;
 use pykvpool::attention::{decode_attention, DecodeOptions, SeqTables};
 use pykvpool::{DType, KvCache, KvShape};
 
@@ -32,8 +25,6 @@ const D: usize = 128;
 const BS: usize = 16;
 const SHORT: usize = 1024;
 const LONG: usize = 2048;
-/// Calls per timed batch.
-const CALLS: usize = 20;
 
 /// A decode path: name, cache dtype, options.
 struct Path {
@@ -82,32 +73,24 @@ fn case(dtype: DType, len: usize) -> (KvCache, SeqTables) {
     (c, t)
 }
 
-/// This thread's CPU seconds (a one-thread pool runs the call on this thread).
-fn thread_cpu_s() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+fn main() {
+    pykvpool::runtime::threads::set_num_threads(1).expect("threads");
+    divan::main();
 }
 
-/// Least over `reps` batches of the CPU seconds per call of `CALLS` calls of `f`.
-fn least_s(reps: usize, mut f: impl FnMut()) -> f64 {
-    let mut t: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = thread_cpu_s();
-            for _ in 0..CALLS {
-                f();
-            }
-            (thread_cpu_s() - t0) / CALLS as f64
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[0]
-}
-
-/// Marginal K+V codes per second of `p` at `g` query heads: the median over `rounds` of the
-/// codes between `SHORT` and `LONG` tokens over the time between their calls.
-fn kernel_rate(p: &Path, g: usize, rounds: usize) -> f64 {
+/// The path's options, or `None` (with a note) where this CPU lacks what it needs.
+fn options(name: &str) -> Option<(&'static Path, DecodeOptions)> {
+    let p = PATHS.iter().find(|p| p.name == name).expect("a path of PATHS");
+    let needs: &[&str] = match (p.bf16_scores, p.int8_scores || p.int8_pv) {
+        (true, _) => &["avx512bf16", "avx512vbmi"],
+        (_, true) => &["avx512vnni"],
+        _ => &[],
+    };
+    let feats = pykvpool::attention::cpu_features();
+    if let Some(f) = needs.iter().find(|f| !feats.contains(f)) {
+        eprintln!("decode_rate: {name} needs {f}; skipped");
+        return None;
+    }
     let opts = DecodeOptions {
         split_tokens: Some(0),
         bf16_scores: p.bf16_scores,
@@ -115,73 +98,40 @@ fn kernel_rate(p: &Path, g: usize, rounds: usize) -> f64 {
         int8_pv: p.int8_pv,
         ..Default::default()
     };
+    Some((p, opts))
+}
+
+/// One call of path `name` at `g` query heads over `len` tokens, counted in K+V codes.
+fn decode(bencher: Bencher, name: &str, g: usize, len: usize) {
+    let Some((p, opts)) = options(name) else { return };
     let mut r = Lcg(11);
     let q: Vec<f32> = (0..g * D).map(|_| r.next()).collect();
     let mut out = vec![0f32; g * D];
-    let (short, long) = (case(p.dtype, SHORT), case(p.dtype, LONG));
-    let mut call = |(c, t): &(KvCache, SeqTables)| {
-        decode_attention(c, 0, &q, g, t, &mut out, None, &opts).expect("decode");
+    let (c, t) = case(p.dtype, len);
+    bencher.counter(ItemsCount::new(len * 2 * D)).bench_local(|| {
+        decode_attention(&c, 0, black_box(&q), g, &t, &mut out, None, &opts).expect("decode");
         black_box(&out);
-    };
-    let mut rates = (0..rounds)
-        .map(|_| {
-            let (a, b) = (least_s(9, || call(&short)), least_s(9, || call(&long)));
-            ((LONG - SHORT) * 2 * D) as f64 / (b - a).max(1e-9)
-        })
-        .collect::<Vec<f64>>();
-    rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
+    });
 }
 
-#[cfg(target_arch = "x86_64")]
-#[path = "dot_rates/fma.rs"]
-mod fma;
+const NAMES: [&str; 10] = {
+    let mut n = [""; 10];
+    let mut i = 0;
+    while i < PATHS.len() {
+        n[i] = PATHS[i].name;
+        i += 1;
+    }
+    n
+};
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let rounds = if quick { 2 } else { 7 };
-    #[cfg(target_arch = "x86_64")]
-    {
-        let feats = pykvpool::attention::cpu_features();
-        let has = |f: &str| feats.contains(&f);
-        if !["avx512f", "avx512bw", "avx512vl", "fma", "f16c"].iter().all(|f| has(f)) {
-            println!("SKIPPED: this CPU lacks AVX-512 F/BW/VL, FMA or F16C");
-            return;
-        }
-        pykvpool::runtime::threads::set_num_threads(1).expect("threads");
-        let n = 4_000_000u64;
-        let fma = (0..rounds)
-            .map(|_| {
-                let t0 = Instant::now();
-                // SAFETY: avx512f and fma were checked just above.
-                unsafe { fma::fma(n) };
-                n as f64 * 12.0 / t0.elapsed().as_secs_f64()
-            })
-            .fold(0.0, f64::max);
-        println!("1 thread, wall clock: vfmadd231ps zmm {:.2} G instr/s", fma / 1e9);
-        println!("| path | g | kernel G codes/s (L2) | kernel codes per FMA time |");
-        println!("|---|---|---|---|");
-        let mut json = Vec::new();
-        for p in &PATHS {
-            let needs: &[&str] = match (p.bf16_scores, p.int8_scores || p.int8_pv) {
-                (true, _) => &["avx512bf16", "avx512vbmi"],
-                (_, true) => &["avx512vnni"],
-                _ => &[],
-            };
-            if !needs.iter().all(|f| has(f)) {
-                continue;
-            }
-            for g in [1, 4] {
-                let r = kernel_rate(p, g, rounds);
-                println!("| {} | {g} | {:.2} | {:.2} |", p.name, r / 1e9, r / fma);
-                json.push(format!("{{\"path\": \"{}\", \"g\": {g}, \"codes_per_s\": {r:.6e}, \"codes_per_fma\": {:.4}}}", p.name, r / fma));
-            }
-        }
-        println!("{{\"decode_rate\": 1, \"fma_instr_per_s\": {fma:.6e}, \"rates\": [{}]}}", json.join(", "));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = rounds;
-        println!("SKIPPED: x86-64 only (the roofs it compares with are AVX-512's)");
-    }
+/// `SHORT` (1,024) tokens.
+#[divan::bench(args = NAMES, consts = [1, 4])]
+fn tokens_1024<const G: usize>(bencher: Bencher, name: &str) {
+    decode(bencher, name, G, SHORT);
+}
+
+/// `LONG` (2,048) tokens.
+#[divan::bench(args = NAMES, consts = [1, 4])]
+fn tokens_2048<const G: usize>(bencher: Bencher, name: &str) {
+    decode(bencher, name, G, LONG);
 }
