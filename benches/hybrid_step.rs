@@ -6,7 +6,11 @@
 //!
 //! The three run round-robin, one repeat each in turn, so that they share the machine's
 //! noise (it is shared); the figures are the minimum and the median over repeats, and the
-//! median of the per-round ratios.
+//! median of the per-round ratios. `-- --sample-count N`: N rounds (default 60).
+//!
+//! Timed by hand, not by divan: the figure is the median of per-round ratios of the three
+//! pools measured in alternation, and divan runs one bench's samples after another's and
+//! reports each alone, with no pairing across benches.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -18,6 +22,7 @@ use pykvpool::types::SeqId;
 const BATCH: usize = 256;
 const BLOCK_SIZE: usize = 16;
 const STEPS: usize = 400;
+/// Rounds unless `--sample-count N` says otherwise.
 const REPEATS: usize = 60;
 /// Enough for the prompts and every step in both groups.
 const NUM_BLOCKS: usize = 2 * (BATCH * (6000 + STEPS) / BLOCK_SIZE + BATCH);
@@ -74,16 +79,31 @@ fn min_median(mut v: Vec<f64>) -> (f64, f64) {
     (v[0], v[v.len() / 2])
 }
 
+/// `--sample-count N` (N >= 1), else [`REPEATS`]; other arguments (cargo's `--bench`) are
+/// ignored.
+fn rounds() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--sample-count") else { return REPEATS };
+    match args.get(i + 1).and_then(|n| n.parse::<usize>().ok()) {
+        Some(n) if n >= 1 => n,
+        _ => {
+            eprintln!("hybrid_step: error: --sample-count takes a count >= 1");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
+    let rounds = rounds();
     let two_groups = [GroupSpec::Full, GroupSpec::sliding_window(4096, 0).expect("window")];
     if std::env::var("HYBRID_STEP_ONLY").is_ok_and(|v| v == "two") {
         // Profiling aid: only the two-group pool.
-        let (min, med) = min_median((0..REPEATS).map(|_| hybrid(&two_groups)).collect());
+        let (min, med) = min_median((0..rounds).map(|_| hybrid(&two_groups)).collect());
         println!("HybridPool [Full, SlidingWindow(4096)]: min {min:.2}, median {med:.2} ns/token");
         return;
     }
     let (mut one, mut full, mut two) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..REPEATS {
+    for _ in 0..rounds {
         one.push(block_pool());
         full.push(hybrid(&[GroupSpec::Full]));
         two.push(hybrid(&two_groups));
@@ -91,7 +111,7 @@ fn main() {
     let ratios = |v: &[f64]| min_median(v.iter().zip(&one).map(|(a, b)| a / b).collect()).1;
     let (r_full, r_two) = (ratios(&full), ratios(&two));
     let (one, full, two) = (min_median(one), min_median(full), min_median(two));
-    println!("decode step, {BATCH} sequences, block size {BLOCK_SIZE}, {STEPS} steps x {REPEATS} rounds");
+    println!("decode step, {BATCH} sequences, block size {BLOCK_SIZE}, {STEPS} steps x {rounds} rounds");
     println!("{:<42}{:>14}{:>17}", "pool", "min ns/token", "median ns/token");
     println!("{:<42}{:>14.2}{:>17.2}", "BlockPool::step_decode", one.0, one.1);
     println!("{:<42}{:>14.2}{:>17.2}", "HybridPool [Full]", full.0, full.1);
