@@ -58,11 +58,12 @@ def test_video(tmp_path: Path) -> None:
             "--quiet", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     # LongLive keeps 3 sinks + 6 frames + the 3-frame chunk: 12 x 1,560 x 184,320 B = 3.21 GiB;
-    # 30 s of full history = 120 latent frames = 32.14 GiB (8-bit: 2 x 30 x 12 x 132 B/token).
-    assert "| longlive | 3 sinks + 6 frames + chunk 3 | 184,320 / 95,040 | 3.21 | 1.66 |" in r.stdout
-    assert "| longlive | full history | 184,320 / 95,040 | 32.14 | 16.57 |" in r.stdout
+    # 30 s of full history = 120 latent frames = 32.14 GiB (8-bit, fp8_e4m3 as the video cache
+    # stores it: 2 x 30 x 12 x 128 B/token, its scales per layer).
+    assert "| longlive | 3 sinks + 6 frames + chunk 3 | 184,320 / 92,160 | 3.21 | 1.61 |" in r.stdout
+    assert "| longlive | full history | 184,320 / 92,160 | 32.14 | 16.07 |" in r.stdout
     data = json.loads((tmp_path / "video.json").read_text())
-    assert data["kv"][1]["bytes"]["bf16"] == 12 * 1560 * 184_320
+    assert data["kv"][1]["bytes"] == {"bf16": 12 * 1560 * 184_320, "fp8_e4m3": 12 * 1560 * 92_160}
     caps = {row["cache"]: row["capacity"] for row in data["streams"]}
     assert caps["3 sinks + 6 frames + chunk 3"]["streams"] == 3  # tests/test_video_report.py
     r = run("video", "--models", "longlive", "--hardware", "h100-sxm", "--window", "0",
