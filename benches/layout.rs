@@ -10,7 +10,7 @@
 //!
 //! Run: `cargo bench --bench layout [-- --sample-count N]` (divan). An iteration scores
 //! all 32 tiles once; the item rate is tiles per second. Off x86-64, or without
-//! AVX-512, the benches register no timing (divan warns) and print why.
+//! AVX-512, the benches register no timing (divan warns) and say why.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -82,45 +82,46 @@ fn inputs() -> (Vec<f32>, Vec<f32>) {
     (k, q)
 }
 
-/// Scores of 4 heads x 16 tokens x d 128 over the 32 tiles, `tile` scoring one.
-#[cfg(target_arch = "x86_64")]
-fn score_tiles(bencher: Bencher, tile: unsafe fn(&[f32], &[f32], &mut [f32; H * BS])) {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        eprintln!("layout: this CPU lacks AVX-512; skipped");
-        return;
+/// One tile's scores: `(k, q, out)`.
+type ScoreTile = unsafe fn(&[f32], &[f32], &mut [f32; H * BS]);
+
+/// The two layouts' score functions where this CPU runs them (x86-64 with AVX-512).
+fn layouts() -> Option<[ScoreTile; 2]> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return Some([imp::dim_major, imp::token_major]);
     }
+    None
+}
+
+/// Scores of 4 heads x 16 tokens x d 128 over the 32 tiles in layout `which` (0:
+/// dimension-major, 1: token-major).
+fn score_tiles(bencher: Bencher, which: usize) {
+    let Some(tiles) = layouts() else {
+        eprintln!("layout: needs x86-64 with AVX-512; skipped");
+        return;
+    };
+    let tile = tiles[which];
     let (k, q) = inputs();
     let mut out = [0f32; H * BS];
     bencher.counter(ItemsCount::new(TILES)).bench_local(|| {
         for t in 0..TILES {
-            // SAFETY: the CPU supports avx512f (checked above); fma comes with every
-            // AVX-512 CPU.
+            // SAFETY: `layouts` gave the functions only where the CPU supports avx512f;
+            // fma comes with every AVX-512 CPU.
             unsafe { tile(&k[t * D * BS..], &q, &mut out) };
             black_box(&out);
         }
     });
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn score_tiles(_: Bencher, _: ()) {
-    let _ = inputs();
-    eprintln!("layout: x86_64 only; skipped");
-}
-
 /// Dimension-major K, as `KvCache` stores it.
 #[divan::bench]
 fn dimension_major(bencher: Bencher) {
-    #[cfg(target_arch = "x86_64")]
-    score_tiles(bencher, imp::dim_major);
-    #[cfg(not(target_arch = "x86_64"))]
-    score_tiles(bencher, ());
+    score_tiles(bencher, 0);
 }
 
 /// Token-major K.
 #[divan::bench]
 fn token_major(bencher: Bencher) {
-    #[cfg(target_arch = "x86_64")]
-    score_tiles(bencher, imp::token_major);
-    #[cfg(not(target_arch = "x86_64"))]
-    score_tiles(bencher, ());
+    score_tiles(bencher, 1);
 }
