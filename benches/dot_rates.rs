@@ -1,20 +1,23 @@
-//! The compute roofs of the AVX-512 decode kernels, measured on this machine's cores.
+//! The compute roofs of the AVX-512 decode kernels, measured on this machine's cores:
+//! what `benches/bench_quant.py` (through `benches/quant_roofs.py`) takes for its
+//! instruction-mix roofs, and the probe behind `benches/RESULTS.md`'s streamed sequences.
 //!
-//! 1. Issue rates of the dot-product instructions: 512-bit `vfmadd231ps` (16 FMA),
-//!    `vpdpbusd` (64 int8 multiply-adds, VNNI) and `vdpbf16ps` (32 bf16 multiply-adds),
-//!    each as 12 independent chains, and `vpdpbusd` : FMA mixed 1:4.
-//! 2. For each decode path (`f32`, `bf16`, `int8`, `fp8_e4m3`, `fp8_e5m2`, `int8_scores`,
-//!    `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8, `fp16_reduction` on fp8) and g = 1 and 4 query heads per KV head: codes per
-//!    second of the minimal instruction sequence the path issues per cached code (the
-//!    widening of the codes and the g dot products, see `dot_rates/paths.rs` and
-//!    `dot_rates/int_pv.rs`), on one
-//!    L1-resident tile (16 tokens x head_dim 128 of K and of V, at most 16 KiB), so memory
-//!    is out of the picture: K alone, V alone and both per tile (`kv`, the path's roof),
-//!    and the same `kv` rate in codes per FMA instruction time (codes/s over the FMA's
-//!    instr/s measured the same way), against the codes per FMA time the FMA-only count
-//!    assumes (16 / g for the exact paths, 128 / (5 g) for `int8_scores` and `int8_pv`,
-//!    64 / g for both, 64 / (3 g) for `bf16_scores`).
-//! 3. The softmax's `exp2` (the kernel's 11-instruction sequence per 16 scores), reported
+//! 1. Issue rates: 512-bit `vfmadd231ps` (16 FMA; the unit of every other figure) and
+//!    `vpdpbusd` (64 int8 multiply-adds, VNNI), each as 12 independent chains, and
+//!    `vpdpbusd` : FMA mixed 1:4 (that the two share the FMA's rate is what
+//!    `bench_quant.py`'s FMA-only roofs of the `int8_*` rows assume).
+//! 2. For each decode path `bench_quant.py` times (`bf16`, `int8`, `fp8_e4m3`, `fp8_e5m2`,
+//!    `int8_scores`, `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8,
+//!    `fp16_reduction` on fp8) and g = 1 and 4 query heads per KV head: codes per second
+//!    of the minimal instruction sequence the path issues per cached code (the widening
+//!    of the codes and the g dot products, see `dot_rates/paths.rs` and
+//!    `dot_rates/int_pv.rs`), on one L1-resident tile (16 tokens x head_dim 128 of K and
+//!    of V, at most 8 KiB), so memory is out of the picture: K alone, V alone and both per
+//!    tile (`kv`, the path's roof), and the same `kv` rate in codes per FMA instruction
+//!    time (codes/s over the FMA's instr/s measured the same way), against the codes per
+//!    FMA time the FMA-only count assumes (16 / g for the exact paths, 128 / (5 g) for
+//!    `int8_scores` and `int8_pv`, 64 / g for both, 64 / (3 g) for `bf16_scores`).
+//! 3. The softmax's `exp2` (the kernel's 12-instruction sequence per 16 scores), reported
 //!    apart: it is per score, not per code, and not part of the roof.
 //!
 //! Every figure is measured at each thread count of `--threads` (default 1,2): that many
@@ -31,7 +34,12 @@
 //! streamed from memory against the L1 rates and a plain read of the same tiles
 //! (`dot_rates/stream.rs`; JSON line `{"stream_rates"`).
 //!
-//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2] [-- --stream [MiB] [--pad N,...]]`.
+//! Timed by hand, not by divan: a figure is the sum of N threads' rates running the same
+//! loop at once behind a barrier, each by its own thread CPU time, and the output is the
+//! JSON line `bench_quant.py` parses; divan times one closure by wall clock and prints its
+//! own table.
+//!
+//! Run: `cargo bench --bench dot_rates [-- --quick] [-- --threads 1,2] [-- --stream [MiB]]`.
 
 use std::sync::Barrier;
 
@@ -65,8 +73,7 @@ struct Opts {
     threads: Vec<usize>,
     /// `--stream [MiB]`: the streamed table instead ([`stream`]), its buffer's size;
     /// `--paths a,b`: only those paths; `--prefetch P` (repeated): its policies;
-    /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered;
-    /// `--pad N[,N...]` below.
+    /// `--heads N` (default 8) KV heads per block; `--in-order`: blocks not scattered.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     stream: Option<Option<usize>>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -77,9 +84,6 @@ struct Opts {
     heads: usize,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     in_order: bool,
-    /// `--pad N[,N...]`: FMA rounds after each streamed tile pair ([`stream`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pads: Vec<usize>,
 }
 
 impl Opts {
@@ -109,13 +113,6 @@ impl Opts {
             }
         };
         let in_order = args.iter().any(|a| a == "--in-order");
-        let pads: Vec<usize> = match value("--pad").iter().flat_map(|l| l.split(',')).map(|k| k.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>() {
-            Ok(p) if p.iter().all(|&k| k <= 1 << 16) => p,
-            _ => {
-                eprintln!("dot_rates: error: --pad takes a comma-separated list of FMA rounds in 0..=65536");
-                std::process::exit(2);
-            }
-        };
         let mut o = Opts {
             quick: args.iter().any(|a| a == "--quick"),
             threads: vec![1, 2],
@@ -124,7 +121,6 @@ impl Opts {
             prefetch,
             heads,
             in_order,
-            pads,
         };
         if let Some(i) = args.iter().position(|a| a == "--threads") {
             let list = args.get(i + 1).map(String::as_str).unwrap_or("");
@@ -210,19 +206,6 @@ mod imp {
         black_box(a);
     }
 
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub fn dpbf16(n: u64) {
-        // SAFETY: 64 bytes of plain data either way.
-        let b: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(black_box(0x3f80))) };
-        let mut a = [_mm512_setzero_ps(); 12];
-        for _ in 0..n {
-            for x in a.iter_mut() {
-                *x = _mm512_dpbf16_ps(*x, b, b);
-            }
-        }
-        black_box(a);
-    }
-
     /// 2 `vpdpbusd` + 8 FMAs per round (10 chains in all): `int8_scores`' 1:4 mix.
     #[target_feature(enable = "avx512f,avx512vnni,fma")]
     pub fn mix(n: u64) {
@@ -260,7 +243,7 @@ fn main() {
             return;
         }
         if let Some(mib) = o.stream {
-            stream::run(&o, mib, &o.paths, &o.prefetch, o.heads, !o.in_order, &o.pads);
+            stream::run(&o, mib, &o.paths, &o.prefetch, o.heads, !o.in_order);
             return;
         }
         // SAFETY (every call below): the features each function is compiled for were
@@ -274,10 +257,6 @@ fn main() {
             println!("1 vpdpbusd : 4 vfmadd231ps: {m:.2} instr/ns ({:.2}x the FMA's)", m / fma);
         } else {
             println!("SKIPPED vpdpbusd: no avx512_vnni");
-        }
-        if has("avx512bf16") {
-            let b = rate(&o, 1, 12e-9, || (), |_, n| unsafe { imp::dpbf16(n) });
-            println!("vdpbf16ps zmm:   {b:.2} instr/ns ({:.2}x the FMA's; 32 MAC each)", b / fma);
         }
         table::run(&o);
     }

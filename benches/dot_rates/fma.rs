@@ -1,5 +1,5 @@
-//! The FMA issue-rate loop both `dot_rates` and `decode_rate` divide by: 512-bit
-//! `vfmadd231ps`, 12 independent chains (more than its latency times its throughput).
+//! The FMA issue-rate loop `dot_rates` divides by: 512-bit `vfmadd231ps`, 12 independent
+//! chains (more than its latency times its throughput).
 
 use std::arch::x86_64::*;
 use std::hint::black_box;

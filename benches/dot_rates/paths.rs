@@ -3,7 +3,7 @@
 //! token-major), without the softmax: what the kernel cannot do without, per code.
 //!
 //! Per 16 codes of a K row (one dimension, 16 tokens) and g query heads:
-//! - `f32`: a load + g FMAs; `bf16`: `vpmovzxwd` + `vpslld` + g FMAs;
+//! - `bf16`: `vpmovzxwd` + `vpslld` + g FMAs;
 //! - `int8`: `vpmovsxbd` (from memory) + `vcvtdq2ps` + g FMAs;
 //! - `e5m2`: a broadcast load + `vpshufb` + `vcvtph2ps` + g FMAs;
 //! - `e4m3`: the kernel's conversion to f16 bit positions (`vpmovsxbw`, `vpsllw`, `vpand`,
@@ -44,7 +44,7 @@ pub const T: usize = 16;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// The L1-resident tile of one path (at most 2 x 8 KiB of f32 codes, 2 KiB of queries);
+/// The L1-resident tile of one path (at most 2 x 4 KiB of bf16 codes, 2 KiB of queries);
 /// with `ST`, its K and V are read from memory instead, the next pair each round
 /// (`dot_rates --stream`: [`Tile::streaming`]). The paths call [`Tile::next_tile`] at
 /// each round's start and [`Tile::pump`] at each step of its K and V loops; both compile to nothing

@@ -29,15 +29,6 @@
 //! the share of the shorter part not hidden (above 1: slower than compute and read one
 //! after the other, the reads then having fewer misses in flight than the plain read's).
 //! `C / R` is the compute's share of the read time.
-//!
-//! `--pad N[,N...]` runs each path once per `N`, each tile pair followed by `N` rounds of
-//! 8 independent FMAs on registers (no memory), in the L1 run and the streamed ones alike:
-//! the same reads with more compute beside them, up to a kernel's (the softmax, scales
-//! and accumulators the bare sequence leaves out), to see how much of the probe a given
-//! `C / R` keeps under each policy. The pad is one block of work after each pair's loops,
-//! where a kernel spreads its own among its loads: a model of added compute, not a bound
-//! (the kernel keeps 5-15 points more of its read than a bare sequence padded to its
-//! compute share; `docs/experiments.md`, "Decode attention: prefetch").
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -136,34 +127,6 @@ unsafe fn sum_tiles(t: &mut Tile<true>, n: u64) {
     std::hint::black_box(acc);
 }
 
-/// `n` rounds of 8 independent FMAs on registers: `--pad`'s compute, no memory.
-#[target_feature(enable = "avx512f")]
-fn pad_fmas(n: usize) {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm512_set1_ps(std::hint::black_box(0.999_999)), _mm512_set1_ps(std::hint::black_box(1e-7)));
-    let mut f = [_mm512_set1_ps(1.0); 8];
-    for _ in 0..n {
-        for x in f.iter_mut() {
-            *x = _mm512_fmadd_ps(*x, m, c);
-        }
-    }
-    std::hint::black_box(f);
-}
-
-/// `f(tile, n)`: `n` pairs in one call, or with `pad` one pair a call, each followed by
-/// `pad` FMA rounds ([`pad_fmas`]).
-fn padded<const ST: bool>(f: unsafe fn(&mut Tile<ST>, u64), pad: Option<usize>) -> impl Fn(&mut Tile<ST>, u64) + Sync {
-    // SAFETY (both arms): `main` checked the base features (avx512f: `pad_fmas`), `run`
-    // the path's own; the sequences read only inside their tiles.
-    move |t, n| match pad {
-        None => unsafe { f(t, n) },
-        Some(k) => (0..n).for_each(|_| unsafe {
-            f(t, 1);
-            pad_fmas(k)
-        }),
-    }
-}
-
 /// A prefetch policy: `none`, or `+`-joined `hint:dist:lines[:s|:l]` ([`Ahead`]: the
 /// first `lines` lines of the K and of the V tile `dist` pairs on; hint `t0`, `t1`, `t2`
 /// or `nta`; a burst at the tile's start, `s` spread over both loops' steps, `l` each
@@ -201,19 +164,24 @@ struct Row {
 }
 
 impl Row {
-    /// `pad`: `--pad`'s rounds after each tile pair (`None`: the sequence alone).
-    #[allow(clippy::too_many_arguments)]
     fn measure(o: &Opts, threads: usize, p: &Path, gi: usize, buf: &'static [u8], [sweep, layout]: [Layout; 2],
-               policies: &'static [Vec<Ahead>], pad: Option<usize>) -> Self {
+               policies: &'static [Vec<Ahead>]) -> Self {
         let codes = (2 * D * T) as f64;
         let bytes = p.bytes;
-        let l1 = rate(o, threads, codes, || Tile::new(bytes, |i| 0x3c + (i % 8) as u8), padded(p.runs[gi][2], pad));
+        let kv = p.runs[gi][2];
+        // SAFETY (both sequences): `main` checked the base features, `run` the path's own;
+        // the sequences read only inside their tiles.
+        let l1 = rate(o, threads, codes, || Tile::new(bytes, |i| 0x3c + (i % 8) as u8), |t, n| unsafe { kv(t, n) });
         // SAFETY: `sum_tiles` reads only inside its tiles (`main` checked avx512f).
         let sum = |l: Layout| rate(o, threads, codes, || Tile::streaming(bytes, buf, l, claim, &[]), |t, n| unsafe { sum_tiles(t, n) });
         let (probe, read) = (sum(sweep), sum(layout));
         let memory = policies
             .iter()
-            .map(|a| rate(o, threads, codes, || Tile::streaming(bytes, buf, layout, claim, a), padded(p.stream[gi], pad)))
+            .map(|a| {
+                let f = p.stream[gi];
+                // SAFETY: as above.
+                rate(o, threads, codes, || Tile::streaming(bytes, buf, layout, claim, a), |t, n| unsafe { f(t, n) })
+            })
             .collect();
         Row { l1, probe, read, memory }
     }
@@ -241,7 +209,7 @@ fn layouts(len: usize, heads: usize, scatter: bool) -> Vec<(usize, [Layout; 2])>
 /// Measure and print the 8-bit and bf16 paths named in `only` (all when empty),
 /// streamed under each of `policies` ([`parse_policy`]) from blocks of `heads` KV heads
 /// (`scatter`: in a scattered table), at every thread count of `o`.
-pub fn run(o: &Opts, mib: Option<usize>, only: &[String], policies: &[String], heads: usize, scatter: bool, pads: &[usize]) {
+pub fn run(o: &Opts, mib: Option<usize>, only: &[String], policies: &[String], heads: usize, scatter: bool) {
     let has = |f: &str| pykvpool::attention::cpu_features().contains(&f);
     let paths: Vec<Path> = all_paths()
         .into_iter()
@@ -272,32 +240,26 @@ pub fn run(o: &Opts, mib: Option<usize>, only: &[String], policies: &[String], h
         let cols: String = policies.iter().map(|p| format!(" {p}: memory / probe | / read | exposed |")).collect();
         println!("\n{t} thread(s):\n| path | g | L1 G codes/s | probe G codes/s | read G codes/s | C / R |{cols}\n\
                   |---|---|---|---|---|---|{}", "---|---|---|".repeat(policies.len()));
-        let pads: Vec<Option<usize>> = if pads.is_empty() { vec![None] } else { pads.iter().map(|&k| Some(k)).collect() };
         for p in &paths {
             for (gi, &g) in GS.iter().enumerate() {
-                for &pad in &pads {
-                    let r = Row::measure(o, t, p, gi, buf, layout(p.bytes), parsed, pad);
-                    let cells: String = r
-                        .memory
-                        .iter()
-                        .map(|&m| format!(" {:.0}% | {:.0}% | {:.2} |", 100.0 * m / r.probe, 100.0 * m / r.read, r.exposed(m)))
-                        .collect();
-                    let name = pad.map_or(p.name.to_string(), |k| format!("{} (pad {k})", p.name));
-                    println!("| {name} | {g} | {:.2} | {:.2} | {:.2} | {:.2} |{cells}", r.l1 / 1e9, r.probe / 1e9,
-                             r.read / 1e9, r.read / r.l1);
-                    let mem: Vec<String> = r.memory.iter().map(|m| format!("{m:.6e}")).collect();
-                    let pad = pad.map_or("null".into(), |k| k.to_string());
-                    json.push(format!("{{\"threads\": {t}, \"path\": \"{}\", \"g\": {g}, \"pad\": {pad}, \"l1\": {:.6e}, \
-                                       \"probe\": {:.6e}, \"read\": {:.6e}, \"memory\": [{}]}}", p.name, r.l1, r.probe,
-                                      r.read, mem.join(", ")));
-                }
+                let r = Row::measure(o, t, p, gi, buf, layout(p.bytes), parsed);
+                let cells: String = r
+                    .memory
+                    .iter()
+                    .map(|&m| format!(" {:.0}% | {:.0}% | {:.2} |", 100.0 * m / r.probe, 100.0 * m / r.read, r.exposed(m)))
+                    .collect();
+                println!("| {} | {g} | {:.2} | {:.2} | {:.2} | {:.2} |{cells}", p.name, r.l1 / 1e9, r.probe / 1e9,
+                         r.read / 1e9, r.read / r.l1);
+                let mem: Vec<String> = r.memory.iter().map(|m| format!("{m:.6e}")).collect();
+                json.push(format!("{{\"threads\": {t}, \"path\": \"{}\", \"g\": {g}, \"l1\": {:.6e}, \"probe\": {:.6e}, \
+                                   \"read\": {:.6e}, \"memory\": [{}]}}", p.name, r.l1, r.probe, r.read, mem.join(", ")));
             }
         }
     }
     println!("\nG codes/s of K + V (both tiles' codes); probe: the buffer summed in address order (the stream \
               probe); read: the tiles summed in the table's order, nothing computed; memory / probe, / read: the \
               path streamed over those rates; exposed: (M - max(C, R)) / min(C, R) in seconds per code (C: L1, R: \
-              read, M: streamed); C / R: compute over read time (pad k: k rounds of 8 FMAs after each tile pair)");
+              read, M: streamed); C / R: compute over read time");
     let pol: Vec<String> = policies.iter().map(|p| format!("\"{p}\"")).collect();
     println!("{{\"stream_rates\": 1, \"d\": {D}, \"tile_tokens\": {T}, \"buffer_bytes\": {}, \"heads\": {heads}, \
               \"scatter\": {scatter}, \"quick\": {}, \"clock\": \"thread_cpu\", \"policies\": [{}], \"rates\": [{}]}}",

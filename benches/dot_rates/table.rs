@@ -5,7 +5,7 @@
 use super::f16::fp16;
 use super::int_pv::int8_pv;
 use super::paths::{self, bf16_scores, exact, exact_vbmi, int8_scores, Tile};
-use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, F32, I8};
+use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, I8};
 use super::{rate, Opts};
 
 pub(super) type Run = unsafe fn(&mut Tile, u64);
@@ -18,7 +18,7 @@ const PARTS: [&str; 3] = ["k", "v", "kv"];
 /// A K+V rate below this fraction of the harmonic mean of K's and V's is measured again.
 const RETRY_BELOW: f64 = 0.85;
 
-/// A decode path: `bench_quant.py`'s row name, bytes per code, the CPU features its
+/// A decode path (exactly the rows of `bench_quant.py`, whose names these are), bytes per code, the CPU features its
 /// sequence is compiled for, the codes per FMA instruction time the FMA-only count
 /// assumes at g = 1 (over g at g heads), and its runs per g and part.
 pub(super) struct Path {
@@ -86,17 +86,15 @@ pub(super) fn all_paths() -> Vec<Path> {
     // int8_pv d/16 FMAs + d/64 vpdpbusd (as int8_scores); int8_scores+int8_pv 2 d/64.
     let (n_exact, n_vnni, n_bf16, n_both) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0, 64.0);
     vec![
-        Path { name: "f32", bytes: 4, needs: BASE, nominal: n_exact, runs: runs!(exact, F32), stream: streams!(exact, F32) },
         Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16), stream: streams!(exact, Bf16) },
         Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8), stream: streams!(exact, I8) },
-        // The kernel's e4m3 sequence is the tables' where the CPU has VBMI (the row
-        // `bench_quant.py` reads), else the f16 route's; the f16 route is measured beside.
+        // The kernel's e4m3 sequence: the tables' where the CPU has VBMI, else the f16
+        // route's.
         if vbmi {
             Path { name: "fp8_e4m3", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs_quads!(exact_vbmi, E4m3Tables), stream: streams_quads!(exact_vbmi, E4m3Tables) }
         } else {
             Path { name: "fp8_e4m3", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E4m3), stream: streams!(exact, E4m3) }
         },
-        Path { name: "fp8_e4m3 (f16 route)", bytes: 1, needs: VBMI, nominal: n_exact, runs: runs!(exact, E4m3), stream: streams!(exact, E4m3) },
         Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2), stream: streams!(exact, E5m2) },
         Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores), stream: streams!(int8_scores) },
         Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false), stream: streams!(int8_pv, false) },

@@ -1,5 +1,5 @@
 //! The widening of each dtype's codes to f32 in the decode paths' instruction sequences
-//! ([`super::paths`]): f32 a load; bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
+//! ([`super::paths`]): bf16 `vpmovzxwd` + `vpslld` (K) or one unpack against
 //! zero per 16 (V); int8 `vpmovsxbd` + `vcvtdq2ps`; e5m2 a broadcast load + `vpshufb` +
 //! `vcvtph2ps`; e4m3 the kernel's conversion to f16 bit positions (32 codes at once, two K
 //! rows or 32 elements of a V row, at g <= 2), without the per-tile NaN-code check that
@@ -65,20 +65,10 @@ pub trait Widen {
     }
 }
 
-pub struct F32;
 pub struct Bf16;
 pub struct I8;
 pub struct E5m2;
 pub struct E4m3;
-
-impl Widen for F32 {
-    const BYTES: usize = 4;
-    #[inline(always)]
-    unsafe fn k16(p: *const u8) -> __m512 {
-        // SAFETY: 64 readable bytes (caller).
-        unsafe { _mm512_loadu_ps(p.cast()) }
-    }
-}
 
 impl Widen for Bf16 {
     const BYTES: usize = 2;
