@@ -1,5 +1,5 @@
 """K/V bytes held after a greedy generation: pykvpool.hf.PagedKvCache against transformers'
-DynamicCache, same model (small configs, random weights, from tests/test_hf.py), same
+DynamicCache, same model (small configs, random weights, from tests/hf/test_hf.py), same
 batch (4 left-padded prompts of 3..17 tokens, 64 new tokens).
 
 Run: ``python -m benches.bench_hf_memory [--out FILE]`` (needs the ``hf`` extra; JSON in
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import DynamicCache
 
     import pykvpool.hf as phf
-    from tests import test_hf as t
+    from tests.hf import test_hf as t
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON output path (default benches/out/bench_hf_memory.json)")

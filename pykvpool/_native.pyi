@@ -1,7 +1,7 @@
 # Type stubs of the compiled core, checked against the built module by mypy.stubtest
-# (tests/test_stubs.py). Every docstring here is also the object's run-time __doc__:
+# (tests/package/test_stubs.py). Every docstring here is also the object's run-time __doc__:
 # tests/docsync.py copies it into rust/bindings/*.rs as /// lines. Edit it here, run
-# `python tests/docsync.py --write` and rebuild; tests/test_docs.py checks both.
+# `python tests/docsync.py --write` and rebuild; tests/package/test_docs.py checks both.
 """The compiled core of pykvpool (Rust, PyO3): the block pool and its prefix cache, KV
 storage, the decode-attention kernels and the serving simulator. Everything public is
 re-exported by :mod:`pykvpool`; import it from there.
@@ -1872,7 +1872,7 @@ def decode_attention(
     softmax weight by at most a factor ``exp(+-2 D)``, so each output moves by at most
     ``(exp(2 D) - 1) * max|V'| + max e_V`` (``V'`` the dequantized values; ``max|V'| <=
     max|V|`` for int8, ``<= (1 + 2^-4) max|V| + 2^-10 s_V`` for e4m3); the LSE by at most D.
-    ``tests/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
+    ``tests/attention/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
     errors (well below it).
 
     Args:

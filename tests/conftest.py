@@ -4,7 +4,7 @@
 - ``long``: the soak profile, 30,000 examples x up to 50 steps. Hypothesis runs fewer than
   ``stateful_step_count`` steps in some examples (about 42 on average for the pool state
   machine), so 30,000 examples give well over 1,000,000 steps:
-  ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_pool_state_machine.py``.
+  ``HYPOTHESIS_PROFILE=long python -m pytest tests/pool/test_pool_state_machine.py``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # Editable install: pip runs maturin (the build backend) and builds the extension in release.
-# With the torch and transformers extras, so tests/test_torch.py and tests/test_hf.py run (they
+# With the torch and transformers extras, so tests/attention/test_torch.py and tests/hf/test_hf.py run (they
 # skip without them). PyPI's torch wheel pulls its CUDA runtime wheels (~5.6 GB installed;
 # about 3 minutes on a fresh venv without a pip cache, measured): CPU-only torch wheels live
 # only on download.pytorch.org, and the PyPI wheel does not import without those libraries.
-# With the ray extra, tests/test_search_backends.py starts and stops its own local Ray.
+# With the ray extra, tests/search/test_search_backends.py starts and stops its own local Ray.
 python -m pip install --quiet -e '.[test,torch,hf,ray]'
 
 cargo test --locked --quiet

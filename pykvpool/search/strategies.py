@@ -11,7 +11,7 @@ Two strategies (:data:`pykvpool.search.evaluate.STRATEGIES`):
   whose objective even at the top rung cannot beat a cheaper point of its chain
   (dominated; its row says ``dominated``). Runs stop early, exactly, once they cannot
   meet any SLO. Equal to the grid on the optimum whenever meeting an SLO is monotone in
-  the arrival rate (``tests/test_search.py`` checks it on real spaces).
+  the arrival rate (``tests/search/test_search.py`` checks it on real spaces).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ Python, written out rule by rule.
 
 This module is the executable definition of the simulator's ``convention="decode_first"``
 (:class:`pykvpool.simulate.SchedulerConfig`): the engine must reproduce its steps and
-preemptions exactly, and ``tests/test_simulator.py`` checks it does. The allocator
+preemptions exactly, and ``tests/simulate/test_simulator.py`` checks it does. The allocator
 benchmarks (``benches/bench_scheduler.py``, ``benches/bench_prefix_cache.py``, the vLLM
 peer ``benches/vllm_peer.py``) run this same loop and time the pool calls inside it, so
 every rule is spelled out here and the code follows it literally.

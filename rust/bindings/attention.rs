@@ -195,7 +195,7 @@ fn attend<'py>(
 /// softmax weight by at most a factor ``exp(+-2 D)``, so each output moves by at most
 /// ``(exp(2 D) - 1) * max|V'| + max e_V`` (``V'`` the dequantized values; ``max|V'| <=
 /// max|V|`` for int8, ``<= (1 + 2^-4) max|V| + 2^-10 s_V`` for e4m3); the LSE by at most D.
-/// ``tests/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
+/// ``tests/attention/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
 /// errors (well below it).
 ///
 /// Args:

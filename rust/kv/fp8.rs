@@ -11,7 +11,7 @@
 //! f32 -> fp8 rounds to nearest, ties to even, and **saturates**: every finite or infinite
 //! value beyond the largest finite one becomes it (with its sign); NaN stays NaN. fp8 -> f32
 //! is exact. Both are checked against all 256 codes in the tests here and, in Python,
-//! against `ml_dtypes` (`tests/test_kv_quant.py`).
+//! against `ml_dtypes` (`tests/attention/test_kv_quant.py`).
 
 /// An `float8_e4m3fn` code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
