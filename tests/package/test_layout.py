@@ -3,7 +3,7 @@ core -> planning -> simulate / prefix -> report -> cli (the facade ``pykvpool/__
 re-exports and is imported by no module of the package). The benchmarks' graph
 (``benches/``): no cycle, siblings imported at module level only (never inside a function
 to dodge a cycle); benches import pykvpool, neither the package nor ``tests/`` import
-benches."""
+benches. The tests' own graph (their helpers included): no cycle."""
 
 from __future__ import annotations
 
@@ -149,6 +149,15 @@ def test_benches_import_each_other_at_module_level() -> None:
     mods = bench_modules()
     hidden = {m: deps for m, p in mods.items() if (deps := imports(m, p, set(mods), function_level_imports(p)))}
     assert hidden == {}
+
+
+def test_no_import_cycle_in_tests() -> None:
+    """The tests' helpers (``tests/reference/``, ``isolation``, ``graphcheck``) and the tests
+    that use them form no cycle either."""
+    mods = modules(ROOT / "tests")
+    graph_ = {m: imports(m, p, set(mods)) for m, p in mods.items()}
+    assert any(deps for deps in graph_.values())  # the helpers' imports are seen
+    assert cycles(graph_) == []
 
 
 def test_benches_import_pykvpool_never_the_reverse() -> None:
