@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from pykvpool._native import InvariantError, KvPoolError
+from pykvpool._native import __version__ as pykvpool_version
 from pykvpool.cli import (
     ledger as ledger_cmd,
     replay as replay_cmd,
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="KV-cache capacity planning: memory ledger, static capacity sweeps "
                     "through pykvpool's block pool, the serving simulator, prefix-cache "
                     "replay and the full report.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {pykvpool_version}")
     sub = p.add_subparsers(dest="command", required=True,
                            metavar="{ledger,sweep,report,replay,simulate,video,search}")
     for command in (ledger_cmd, sweep_cmd, report_cmd, replay_cmd, simulate_cmd, video_cmd, search_cmd):
@@ -106,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (None: ``sys.argv[1:]``).
 
     Raises:
-        SystemExit: from argparse, for ``--help`` (status 0) or a usage error such as an
+        SystemExit: from argparse, for ``--help`` or ``--version`` (status 0) or a usage error such as an
             unknown option or a malformed number (status 2, one error line on stderr).
     """
     try:

@@ -250,6 +250,13 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
     return dict(sub.choices)
 
 
+def test_version_prints_the_package_version() -> None:
+    import pykvpool
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"pykvpool {pykvpool.__version__}", r
+
+
 def test_every_subcommand_takes_quiet() -> None:
     """``--quiet`` is accepted by every subcommand the parser has (a new one included), each
     with its required options given a placeholder."""
