@@ -128,7 +128,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
     s.add_argument("--host-blocks", type=count(0, MAX_BLOCKS), default=0, help="swap: host pool, blocks")
     s.add_argument("--queue", choices=["fcfs", "priority"], default="fcfs")
-    s.add_argument("--prefix-caching", action="store_true", help="cache prompts given as block keys (mooncake)")
+    s.add_argument("--prefix-caching", action="store_true",
+                   help="cache prompts given as token ids or block keys (mooncake); refused for a workload of lengths only")
     s.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep-rates", type=number_list(), metavar="R,...",
@@ -204,6 +205,10 @@ def main_simulate(args: argparse.Namespace) -> int:
     rt = _reserve_tokens(args, tm)
     capacity, lines = _pool(args, tm)
     w = _load(args)
+    if args.prefix_caching and w.token_ids is None and w.block_keys is None:
+        raise InvalidArgumentError(
+            "--prefix-caching needs prompts given as token ids or block keys (a trace with "
+            "hash_ids, e.g. --trace mooncake); this workload has neither, so nothing would be cached")
     if args.rate and args.trace is not None:
         w = at_rate(w, args.rate)
     if args.out:

@@ -263,3 +263,12 @@ def test_quiet_silences_the_sweep_progress_bar() -> None:
     assert loud.returncode == quiet.returncode == 0, loud.stderr + quiet.stderr
     assert "simulation sweep" in loud.stderr and quiet.stderr == ""
     assert loud.stdout.splitlines()[-1] == quiet.stdout.splitlines()[-1]
+
+
+def test_prefix_caching_on_a_workload_without_ids_is_refused() -> None:
+    # The Azure traces give lengths only: caching them would silently change nothing.
+    r = subprocess.run([sys.executable, "-m", "pykvpool.cli", "simulate", "--trace", "azure-conv",
+                        "--prefix-caching", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pykvpool: error: --prefix-caching needs"), r.stderr
