@@ -129,7 +129,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--host-blocks", type=count(0, MAX_BLOCKS), default=0, help="swap: host pool, blocks")
     s.add_argument("--queue", choices=["fcfs", "priority"], default="fcfs")
     s.add_argument("--prefix-caching", action="store_true",
-                   help="cache prompts given as token ids or block keys (mooncake); refused for a workload of lengths only")
+                   help="cache prompts given as token ids or block keys (mooncake); "
+                        "refused for a workload of lengths only")
     s.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep-rates", type=number_list(), metavar="R,...",
