@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
 from pykvpool._native import InvalidArgumentError
-from pykvpool.planning.hardware import Hardware
+from pykvpool.planning.hardware import Hardware, hardware_name
 from pykvpool.planning.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, GIB, Budget, default_budget
 from pykvpool.planning.models import storage_dtype
 from pykvpool.tracefile import TraceColumns, parse_columns
@@ -183,6 +183,27 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
         return text
 
     return _unique(_list(item, "names"))
+
+
+def hardware_list() -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated hardware presets, by name or alias (``h100``),
+    each returned as its preset name, no preset twice.
+
+    Returns:
+        The parser argparse calls on the option's text; making it checks nothing.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) no item, an empty item, a
+            name that is no preset nor alias, or one preset given twice (in any spellings).
+    """
+
+    def item(text: str) -> str:
+        try:
+            return hardware_name(text)
+        except InvalidArgumentError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return _unique(_list(item, "presets"))
 
 
 def kv_dtype_list() -> Callable[[str], list[str]]:

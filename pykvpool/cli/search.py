@@ -16,6 +16,7 @@ from pykvpool.cli.argtypes import (
     MAX_BLOCK_SIZE,
     add_quiet,
     choice_list,
+    hardware_list,
     count,
     count_list,
     kv_dtype_list,
@@ -109,7 +110,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--slo", type=_slo, action="append", metavar="NAME:K=V,...",
                    help="a named SLO, repeatable, e.g. chat:ttft_p99=1,tpot_p99=0.05")
     g = p.add_argument_group("search space (comma-separated lists)")
-    g.add_argument("--hardware", type=choice_list(tuple(HARDWARE)), default=["a100-80gb-sxm"], metavar="H,...")
+    g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
+                   help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
     g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...")
     g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
                    help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "

@@ -14,6 +14,7 @@ from pykvpool.cli.argtypes import (
     add_quiet,
     budget_from_args,
     choice_list,
+    hardware_list,
     count,
     number,
 )
@@ -111,7 +112,7 @@ def add_subcommand(sub: Any) -> None:
                                     "each GPU keeps at real time, simulated through a HybridPool.")
     pv.add_argument("--models", type=choice_list(tuple(VIDEO_MODELS)), default=list(VIDEO_MODELS),
                     metavar="NAMES", help=f"comma-separated presets (default all: {', '.join(VIDEO_MODELS)})")
-    pv.add_argument("--hardware", type=choice_list(tuple(HARDWARE)), default=list(HARDWARE),
+    pv.add_argument("--hardware", type=hardware_list(), default=list(HARDWARE),
                     metavar="NAMES", help=f"comma-separated devices (default all: {', '.join(HARDWARE)})")
     pv.add_argument("--seconds", type=number(0.0, MAX_SECONDS), default=60.0,
                     help="seconds of video per stream (default 60)")

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pykvpool import _native
-from pykvpool.errors import UnknownPresetError, lookup_preset
+from pykvpool.errors import UnknownPresetError
 
 __all__ = [
     "HARDWARE",
+    "HARDWARE_ALIASES",
     "Hardware",
+    "hardware_name",
     "hardware_preset",
     "measure_this_machine",
 ]
@@ -83,14 +85,33 @@ HARDWARE: dict[str, Hardware] = {
 }
 """Device presets by lower-case name (datasheet figures); see :func:`hardware_preset`."""
 
+HARDWARE_ALIASES: dict[str, str] = {"a100": "a100-80gb-sxm", "a100-80gb": "a100-80gb-sxm", "h100": "h100-sxm",
+                                    "h200-sxm": "h200"}
+"""Short names users type for a preset, each read as that preset's one name."""
 
-def hardware_preset(name: str) -> Hardware:
-    """Look up a preset by name (case-insensitive), e.g. ``"a100-80gb-sxm"``.
+
+def hardware_name(name: str) -> str:
+    """The preset name ``name`` stands for: a name of :data:`HARDWARE` or an alias of
+    :data:`HARDWARE_ALIASES` (case-insensitive, spaces stripped).
 
     Raises:
-        UnknownPresetError: not one of :data:`HARDWARE`.
+        UnknownPresetError: neither; the message lists the names and the aliases.
     """
-    return lookup_preset("hardware", HARDWARE, name)
+    key = name.strip().lower()
+    key = HARDWARE_ALIASES.get(key, key)
+    if key not in HARDWARE:
+        raise UnknownPresetError("hardware", name, sorted(HARDWARE) + sorted(HARDWARE_ALIASES))
+    return key
+
+
+def hardware_preset(name: str) -> Hardware:
+    """Look up a preset by name (case-insensitive), e.g. ``"a100-80gb-sxm"``, or by an alias
+    such as ``"h100"`` (:data:`HARDWARE_ALIASES`).
+
+    Raises:
+        UnknownPresetError: not a name of :data:`HARDWARE` nor an alias.
+    """
+    return HARDWARE[hardware_name(name)]
 
 
 def _physical_memory_bytes() -> float:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pykvpool import _native
 from pykvpool.checks import invalid
-from pykvpool.planning.hardware import hardware_preset
+from pykvpool.planning.hardware import hardware_name
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 
@@ -126,8 +126,7 @@ def _choice(choices: tuple[str, ...]) -> Any:
 def _hardware(v: object, name: str) -> str:
     if not isinstance(v, str):
         raise TypeError(f"{name} must hold preset names, got {type(v).__name__}")
-    hardware_preset(v)
-    return v.strip().lower()
+    return hardware_name(v)
 
 
 def _dtype(v: object, name: str) -> str:
