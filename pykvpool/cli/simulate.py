@@ -36,6 +36,7 @@ from pykvpool.simulate.engine import (
     synthetic_workload,
 )
 from pykvpool.simulate.sweep import at_rate, sweep
+from pykvpool.simulate.workload import check_prefix_caching
 
 __all__ = ["ALLOCATIONS", "MAX_SYNTHETIC_REQUESTS", "add_subcommand", "main_simulate"]
 
@@ -206,10 +207,8 @@ def main_simulate(args: argparse.Namespace) -> int:
     rt = _reserve_tokens(args, tm)
     capacity, lines = _pool(args, tm)
     w = _load(args)
-    if args.prefix_caching and w.token_ids is None and w.block_keys is None:
-        raise InvalidArgumentError(
-            "--prefix-caching needs prompts given as token ids or block keys (a trace with "
-            "hash_ids, e.g. --trace mooncake); this workload has neither, so nothing would be cached")
+    if args.prefix_caching:
+        check_prefix_caching(w, "--prefix-caching")
     if args.rate and args.trace is not None:
         w = at_rate(w, args.rate)
     if args.out:

@@ -58,7 +58,13 @@ from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
 from pykvpool.simulate.stop import StopWhen
-from pykvpool.simulate.workload import MAX_REQUEST_TOKENS, MAX_REQUESTS, Workload, synthetic_workload
+from pykvpool.simulate.workload import (
+    MAX_REQUEST_TOKENS,
+    MAX_REQUESTS,
+    Workload,
+    check_prefix_caching,
+    synthetic_workload,
+)
 from pykvpool.checks import check_count as _count, check_positive as _positive, invalid as _invalid
 
 Array = npt.NDArray[np.generic]
@@ -192,7 +198,8 @@ class SimConfig:
         num_blocks: device blocks; block_size: tokens per block (the pool's limits apply:
             at most 2**30 blocks of at most 65,536 tokens).
         prefix_caching: cache prompt blocks of workloads given as token ids or block keys
-            (the pool's automatic prefix caching); ``eviction`` picks idle cached blocks
+            (the pool's automatic prefix caching; :func:`run` refuses it for a workload of
+            lengths only, where it would cache nothing); ``eviction`` picks idle cached blocks
             to reclaim: one of :data:`pykvpool.EVICTION_POLICIES` (``lru``, ...). A cached admission
             allocates the whole prompt at once (its full blocks are registered then, even
             when chunked prefill computes them over several steps); output tokens are
@@ -384,7 +391,12 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
             negative arrivals) or configuration (unknown policy names, ``reserve``
             without ``reserve_tokens``, counts out of range, bools as counts, ``groups``
             with ``prefix_caching`` or ``preemption="swap"``), each naming the argument;
-            a step-time callable returning something other than seconds.
+            ``prefix_caching`` on a workload whose prompts are lengths only (neither
+            token ids nor block keys: nothing could be cached; see
+            :func:`pykvpool.simulate.workload.check_prefix_caching`); a step-time callable
+            returning something other than seconds.
     """
+    if config.prefix_caching is True:
+        check_prefix_caching(workload)
     d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model))
     return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

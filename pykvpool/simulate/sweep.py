@@ -25,6 +25,7 @@ from pykvpool.simulate.engine import (
     Workload,
     run,
 )
+from pykvpool.simulate.workload import check_prefix_caching
 from pykvpool.simulate.tasks import run_local
 
 __all__ = ["WorkloadSource", "at_rate", "sweep"]
@@ -87,10 +88,14 @@ def sweep(
 
     Raises:
         InvalidArgumentError: a rate that is not a finite number > 0, a block size larger
-            than ``capacity_tokens``, ``workers`` < 1, or a configuration the engine
+            than ``capacity_tokens``, ``workers`` < 1, a policy with ``prefix_caching`` on a
+            fixed workload of lengths only (before any run), or a configuration the engine
             rejects (the first failing run to finish; runs not started are cancelled).
     """
     _check_grid(rates, block_sizes, capacity_tokens, workers)
+    if isinstance(workload, Workload) and any(isinstance(p, SimConfig) and p.prefix_caching is True
+                                              for p in policies.values()):
+        check_prefix_caching(workload)
     jobs = list(enumerate((r, name, bs) for r in rates for name in policies for bs in block_sizes))
     shared = ({r: at_rate(workload, r) for r in rates}, policies, capacity_tokens, time_model)
     local = workers == 1 or len(jobs) <= 1 or callable(time_model)

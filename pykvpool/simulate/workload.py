@@ -31,7 +31,7 @@ MAX_REQUESTS: int = _native.SIM_MAX_REQUESTS
 #: Most tokens in one prompt, and in one output (16 Mi each).
 MAX_REQUEST_TOKENS: int = _native.SIM_MAX_REQUEST_TOKENS
 
-__all__ = ["MAX_REQUESTS", "MAX_REQUEST_TOKENS", "Workload", "synthetic_workload"]
+__all__ = ["MAX_REQUESTS", "MAX_REQUEST_TOKENS", "Workload", "check_prefix_caching", "synthetic_workload"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,30 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.arrival)
+
+    @property
+    def has_prompt_ids(self) -> bool:
+        """True when prompts are given as token ids or block keys: what prefix caching
+        looks blocks up by (a workload of lengths only gives it nothing to match).
+
+        Raises:
+            Nothing.
+        """
+        return self.token_ids is not None or self.block_keys is not None
+
+    def rate_scaled(self, rate_scale: float) -> Workload:
+        """A copy arriving ``rate_scale`` times as fast: every arrival time divided by
+        ``rate_scale`` (2.0: twice the rate, every gap between two arrivals halved; 1.0:
+        the same times; 0.5: half the rate). Lengths, priorities, ids and keys are shared
+        with this workload. A trace's times start at 0, so its first request still
+        arrives at 0.
+
+        Raises:
+            InvalidArgumentError: ``rate_scale`` is not a finite number > 0 (a bool is not
+                one), naming ``rate_scale``.
+        """
+        f = _positive(rate_scale, "rate_scale")
+        return dataclasses.replace(self, arrival=_column(self.arrival, "arrival", np.float64) / f)
 
     def scaled(self, time: float = 1.0, prompt: float = 1.0, output: float = 1.0) -> Workload:
         """A copy with arrival times multiplied by ``time`` (2.0 halves the rate) and
@@ -103,6 +127,21 @@ class Workload:
             key_offsets=None if key is None else key[1],
             tokens_per_key=self.tokens_per_key,
         )
+
+
+def check_prefix_caching(workload: Workload, name: str = "prefix_caching") -> None:
+    """Refuse prefix caching on ``workload`` when its prompts are lengths only (no token ids,
+    no block keys): the cache would look up nothing and change nothing. ``name`` is the
+    argument as the caller spells it (``prefix_caching``, ``--prefix-caching``).
+
+    Raises:
+        InvalidArgumentError: ``workload`` has neither token ids nor block keys; the one-line
+            message starts with ``name``.
+    """
+    if not workload.has_prompt_ids:
+        raise _invalid(f"{name} needs prompts given as token ids or block keys (a trace with hash_ids "
+                       "such as mooncake, or synthetic_workload(shared_prefixes=...)); this workload "
+                       "has neither, so nothing would be cached")
 
 
 def _column(v: object, name: str, dtype: type[np.generic]) -> Any:

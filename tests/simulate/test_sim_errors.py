@@ -239,7 +239,9 @@ CONFIGS: list[tuple[str, dict[str, Any], Any, str]] = [
 
 @pytest.mark.parametrize("change,time_model,name", [c[1:] for c in CONFIGS], ids=[c[0] for c in CONFIGS])
 def test_run_names_the_bad_setting(change: dict[str, Any], time_model: Any, name: str) -> None:
-    w = sim.Workload(arrival=np.array([0.0, 0.5, 1.0]), prompt_len=L3, output_len=L3)
+    # prompts as token ids, so that prefix caching is not refused for the workload first
+    w = sim.Workload(arrival=np.array([0.0, 0.5, 1.0]), prompt_len=L3, output_len=L3,
+                     token_ids=np.arange(int(L3.sum())), token_offsets=np.concatenate([[0], np.cumsum(L3)]))
     cfg = sim.SimConfig(**{"num_blocks": 100, **change})
     raises_naming(lambda: sim.run(w, cfg, time_model), name)
 
