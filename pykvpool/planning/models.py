@@ -1,30 +1,14 @@
-"""Model configurations and KV storage dtypes: the inputs of every memory ledger.
+"""Model configurations: the inputs of every memory ledger.
 
 A :class:`ModelConfig` holds what the KV cache and the weights depend on: layers, query and
-KV heads, head dimension (elements) and parameter count. Presets carry published
-configurations; :meth:`ModelConfig.from_hf_config` builds one from a Hugging Face
-``config.json`` dict.
+KV heads, head dimension (elements), the layer groups of windowed models, MLA's latent
+width and parameter count. :data:`MODELS` carries published configurations, each naming
+the ``config.json`` it was read from (:attr:`ModelConfig.source`);
+:meth:`ModelConfig.from_hf_config` builds one from a Hugging Face ``config.json`` dict.
 
-A :class:`StorageDtype` is how one cached K or V element is stored. Its name is the KV
-dtype's one spelling, the same everywhere in the package (ledger, CLI, search points,
-simulator, report): :class:`pykvpool.KvCache`'s names (:data:`pykvpool.KV_DTYPES`: ``f32``,
-``f16``, ``bf16``, ``int8``, ``fp8_e4m3``, ``fp8_e5m2``), whose bytes come from the storage
-itself (:meth:`pykvpool.KvCache.bytes_per_token`: ``int8`` keeps one fp32 scale per token and
-KV head, ``fp8_e4m3`` / ``fp8_e5m2`` one per layer and KV head, no per-token cost), and the
-planning-only ``fp8`` (vLLM's per-token-head fp8: 1 byte plus one fp32 scale per (token,
-layer, K or V, KV head) vector of ``head_dim`` elements), which KvCache does not store.
-:func:`storage_dtype` also reads the aliases KvCache accepts (``float32``, ``half``,
-``e4m3``, ...) and planning's former ``fp32`` / ``fp16`` (:data:`DTYPE_ALIASES`), each as its
-one spelling.
-
-``fp8`` and ``int8`` count their scale overhead at a stated granularity: by default one
-scale per vector (``"fp8"`` = ``"fp8:head"``); ``"int8:g32"`` is one scale per 32 elements;
-``"fp8:tensor"`` is one scale per tensor, which costs nothing per token (a suffixed
-``int8`` is a planning format, counted from its fields).
-
-A KV dtype is not a compute precision: the hardware tables name their tensor-core
-precisions as the datasheets do (``fp32``, ``fp16``, ``bf16``, ``fp8``, ``int8``), and
-:func:`compute_precision` maps a KV dtype to the one its attention runs at.
+The KV storage dtypes (:class:`StorageDtype`, :func:`storage_dtype`,
+:func:`compute_precision`, :data:`DTYPES`, :data:`DTYPE_ALIASES`) live in
+:mod:`pykvpool.planning.dtypes` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -34,8 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pykvpool._native import KV_DTYPES, InvalidArgumentError, KvCache
-from pykvpool.errors import UnknownPresetError, lookup_preset
+from pykvpool._native import InvalidArgumentError
+from pykvpool.errors import lookup_preset
+from pykvpool.planning.dtypes import DTYPE_ALIASES, DTYPES, StorageDtype, compute_precision, storage_dtype
 from pykvpool.planning.hf_config import parse_hf_config
 from pykvpool.planning.layers import LayerGroup
 
@@ -50,143 +35,6 @@ __all__ = [
     "model_preset",
     "storage_dtype",
 ]
-
-
-@dataclass(frozen=True)
-class StorageDtype:
-    """Storage format of cached K/V elements.
-
-    Attributes:
-        name: the spelling that :func:`storage_dtype` accepts back, e.g. ``"int8:g32"``.
-        element_bytes: bytes per element (4, 2 or 1).
-        scale_bytes: bytes per quantization scale (0 for unscaled formats).
-        scale_group: elements covered by one scale along ``head_dim``; ``None`` means one
-            scale per whole vector of ``head_dim`` elements; ignored when ``scale_bytes`` is 0.
-        granularity: a human-readable statement of the scale granularity.
-        native: the :class:`pykvpool.KvCache` dtype this format is stored as, whose
-            :meth:`pykvpool.KvCache.bytes_per_token` gives :meth:`vector_bytes`; ``None``
-            for a planning-only format (counted from the fields above).
-    """
-
-    name: str
-    element_bytes: int
-    scale_bytes: int = 0
-    scale_group: int | None = None
-    granularity: str = "none (no scales)"
-    native: str | None = None
-
-    def vector_bytes(self, head_dim: int) -> int:
-        """Bytes to store one K (or V) vector of ``head_dim`` elements, scales included
-        (per-token ones; the storage's own count for a :attr:`native` format).
-
-        Raises:
-            InvalidArgumentError: ``head_dim`` < 1 (or beyond 65536 for a native format).
-        """
-        if head_dim < 1:
-            raise InvalidArgumentError(f"head_dim must be >= 1, got {head_dim}")
-        if self.native is not None:
-            return KvCache.bytes_per_token(1, head_dim, self.native) // 2
-        scales = 0
-        if self.scale_bytes:
-            group = head_dim if self.scale_group is None else self.scale_group
-            scales = math.ceil(head_dim / group) * self.scale_bytes
-        return head_dim * self.element_bytes + scales
-
-
-_PER_TOKEN = "one fp32 scale per (token, layer, K/V, kv head)"
-
-
-def _native_dtype(name: str) -> StorageDtype:
-    """KvCache's format ``name``, its element and per-token scale bytes read from the storage."""
-    one, two = (KvCache.bytes_per_token(1, d, name) // 2 for d in (1, 2))
-    element, scale = two - one, 2 * one - two
-    if scale:
-        granularity = _PER_TOKEN
-    elif element == 1:  # 8-bit codes without per-token scales: KvCache's per-layer ones
-        granularity = "one fp32 scale per (layer, K/V, kv head): none per token"
-    else:
-        granularity = "none (no scales)"
-    return StorageDtype(name, element, scale, None, granularity, native=name)
-
-
-_BASE_DTYPES: dict[str, StorageDtype] = {
-    **{name: _native_dtype(name) for name in KV_DTYPES},
-    "fp8": StorageDtype("fp8", 1, 4, None, _PER_TOKEN),
-}
-DTYPES: tuple[str, ...] = tuple(_BASE_DTYPES)
-"""Base dtype names, each the one spelling of its KV dtype: KvCache's
-(:data:`pykvpool.KV_DTYPES`), then the planning-only ``fp8``; ``fp8`` and ``int8`` accept a
-``:head``, ``:gN`` or ``:tensor`` suffix."""
-
-DTYPE_ALIASES: Mapping[str, str] = {"fp32": "f32", "fp16": "f16"}
-"""Planning's former names of two native formats, still read (files, saved searches and
-scripts may hold them) as their one spelling; :func:`storage_dtype` reads KvCache's own
-aliases (``float32``, ``half``, ``e4m3``, ...) through KvCache."""
-
-_COMPUTE_PRECISIONS: Mapping[str, str] = {"f32": "fp32", "f16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-
-
-def _one_spelling(base: str) -> str | None:
-    """The one spelling of a lower-case base name, or None when no format has it."""
-    if base in _BASE_DTYPES:
-        return base
-    if base in DTYPE_ALIASES:
-        return DTYPE_ALIASES[base]
-    try:
-        return KvCache(1, 1, 1, 1, 1, base).dtype  # KvCache's own aliases, read by KvCache
-    except InvalidArgumentError:
-        return None
-
-
-def storage_dtype(name: str) -> StorageDtype:
-    """Parse a KV dtype spelling (case-insensitive) into its format, named by its one
-    spelling (:data:`DTYPES`): ``f32``, ``f16``, ``bf16``, ``int8``, ``fp8_e4m3``,
-    ``fp8_e5m2``, ``fp8``, or an alias (:data:`DTYPE_ALIASES`: ``fp32``, ``fp16``; KvCache's:
-    ``float32``, ``half``, ``e4m3``, ...); for ``fp8`` / ``int8`` a granularity suffix
-    ``:head`` (default), ``:gN`` (one scale per N elements) or ``:tensor`` (per-tensor
-    scale, no per-token cost); a suffixed ``int8`` is a planning format, counted from its
-    fields, not KvCache's.
-
-    Raises:
-        UnknownPresetError: unknown base name.
-        InvalidArgumentError: a suffix on a 16/32-bit or an ``fp8_e4m3``/``fp8_e5m2`` dtype,
-            or a malformed or non-positive group size.
-    """
-    spelled, _, suffix = name.strip().lower().partition(":")
-    base = _one_spelling(spelled)
-    if base is None:
-        raise UnknownPresetError("dtype", name, list(DTYPES))
-    dt = _BASE_DTYPES[base]
-    if not suffix or suffix == "head":
-        return dt
-    if dt.scale_bytes == 0:
-        raise InvalidArgumentError(f"dtype {base} has no per-token scales; {name!r} is not valid")
-    if suffix == "tensor":
-        return replace(dt, name=f"{base}:tensor", scale_bytes=0, native=None,
-                       granularity="one scale per tensor (no per-token cost)")
-    digits = suffix[1:]
-    if suffix.startswith("g") and digits.isascii() and digits.isdigit() and len(digits) <= 9 and int(digits) > 0:
-        group = int(suffix[1:])
-        return replace(dt, name=f"{base}:g{group}", scale_group=group, native=None,
-                       granularity=f"one fp32 scale per {group} elements")
-    raise InvalidArgumentError(
-        f"bad dtype granularity in {name!r}: use :head, :tensor or :gN with N >= 1"
-    )
-
-
-def compute_precision(dtype: StorageDtype | str) -> str:
-    """The compute precision (a key of :attr:`pykvpool.planning.hardware.Hardware.peak_flops`,
-    named as the datasheets name them) that attention over KV in ``dtype`` runs at: ``f32``
-    -> ``fp32``, ``f16`` -> ``fp16``, ``fp8_e4m3`` / ``fp8_e5m2`` / ``fp8`` -> ``fp8``,
-    ``bf16`` and ``int8`` as they are; a granularity suffix does not change it.
-
-    Raises:
-        UnknownPresetError: an unknown dtype name.
-        InvalidArgumentError: a malformed granularity suffix.
-    """
-    dt = storage_dtype(dtype) if isinstance(dtype, str) else dtype
-    base = dt.name.split(":")[0]
-    return _COMPUTE_PRECISIONS.get(base, base)
 
 
 @dataclass(frozen=True)
@@ -209,11 +57,14 @@ class ModelConfig:
             qk_rope_head_dim``, one vector shared by K and V; 0 for K/V heads.
         active_params: parameters one token uses (MoE: the routed experts it visits plus
             the shared ones); ``None`` for a dense model (all of ``num_params``).
+        source: where the numbers come from, e.g. ``"meta-llama/Llama-3.1-8B config.json"``
+            for a preset; empty when not stated.
 
     Raises:
         InvalidArgumentError: any size < 1, ``num_q_heads`` not a multiple of
             ``num_kv_heads``, layer groups whose layers do not add up to ``num_layers``, a
             negative latent width, or active parameters above the total.
+        TypeError: ``source`` is not a string.
     """
 
     name: str
@@ -227,6 +78,7 @@ class ModelConfig:
     layer_groups: tuple[LayerGroup, ...] = ()
     kv_latent_dim: int = 0
     active_params: float | None = None
+    source: str = ""
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim", "max_context"):
@@ -258,6 +110,8 @@ class ModelConfig:
         a = self.active_params
         if a is not None and not (math.isfinite(a) and 0 < a <= self.num_params):
             raise InvalidArgumentError(f"active_params must be in (0, num_params], got {a!r}")
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a string, got {type(self.source).__name__}")
 
     @property
     def group_size(self) -> int:
@@ -406,79 +260,94 @@ class ModelConfig:
         return cls(name=name or default_name, weight_bytes_per_param=weight_bytes_per_param, **fields)
 
 
-_LLAMA3_8B = ModelConfig("Llama-3-8B", 32, 32, 8, 128, 8.03e9, 2.0, 8192)
 
-# The presets below carry the values of each model's published Hugging Face config.json,
-# written from knowledge of those public files (they were not downloaded here); parameter
-# counts are the ones the authors publish. Weights are counted at 2 bytes per parameter
-# (bf16) for every preset; pass --weight-bytes for another storage.
+# Each preset carries the values of its model's published Hugging Face config.json (the
+# file its `source` names; tests/planning checks each against ModelConfig.from_hf_config
+# of those values) and the parameter count its authors publish (all experts of a mixture
+# of experts: every expert is resident). Weights are counted at 2 bytes per parameter
+# (bf16) for every preset, whatever the release stores (DeepSeek-V3 ships fp8 weights,
+# gpt-oss MXFP4 experts); pass --weight-bytes for another storage.
 
-# mistralai/Mistral-7B-v0.1: num_hidden_layers 32, num_attention_heads 32,
-# num_key_value_heads 8, hidden_size 4096 (head_dim 128), sliding_window 4096 on every
-# layer, max_position_embeddings 32768; 7.24e9 parameters.
-_MISTRAL_7B = ModelConfig("Mistral-7B-v0.1", 32, 32, 8, 128, 7.24e9, 2.0, 32768,
-                          layer_groups=(LayerGroup("sliding", 32, 4096),))
 
-# google/gemma-2-9b: model_type gemma2, num_hidden_layers 42, num_attention_heads 16,
-# num_key_value_heads 8, head_dim 256, sliding_window 4096 on the even layers (local and
-# global alternate, local first), max_position_embeddings 8192; 9.24e9 parameters.
+def _full(name: str, layers: int, q: int, kv: int, d: int, params: float, context: int, source: str,
+          active: float | None = None) -> ModelConfig:
+    """A preset whose every layer is full attention."""
+    return ModelConfig(name, layers, q, kv, d, params, 2.0, context, active_params=active, source=source)
+
+
+def _hf(repo: str) -> str:
+    return f"{repo} config.json"
+
+
+_LLAMA3_8B = _full("Llama-3-8B", 32, 32, 8, 128, 8.03e9, 8192, _hf("meta-llama/Meta-Llama-3-8B"))
+# Llama 3.1 and 3.3: the Llama 3 shapes with rope_scaling llama3 (factor 8) and
+# max_position_embeddings 131072; Llama-3.3-70B has Llama-3.1-70B's architecture.
+_LLAMA31_70B_SHAPE = (80, 64, 8, 128, 70.6e9, 131072)
+
+# Sliding windows (LayerGroup, tokens): mistralai/Mistral-7B-v0.1 windows every layer
+# (sliding_window 4096); Gemma 2 alternates local (4096) and global, local first; Gemma 3
+# has sliding_window_pattern 6 (5 local of 1024 : 1 global): 48 layers = 40 + 8, 62 = 52 +
+# 10; gpt-oss alternates sliding (128) and full, sliding first (its learned attention sinks
+# are per-head logits, not cached tokens: no KV).
+_MISTRAL_7B = ModelConfig("Mistral-7B-v0.1", 32, 32, 8, 128, 7.24e9, 2.0, 32768, (LayerGroup("sliding", 32, 4096),),
+                          source=_hf("mistralai/Mistral-7B-v0.1"))
 _GEMMA2_9B = ModelConfig("Gemma-2-9B", 42, 16, 8, 256, 9.24e9, 2.0, 8192,
-                         layer_groups=(LayerGroup("sliding", 21, 4096), LayerGroup("full", 21)))
-
-# google/gemma-3-12b (text_config): num_hidden_layers 48, num_attention_heads 16,
-# num_key_value_heads 8, head_dim 256, sliding_window 1024, sliding_window_pattern 6
-# (5 local : 1 global, so 40 local + 8 global), max_position_embeddings 131072;
-# 12.2e9 parameters (vision tower included).
-_GEMMA3_12B = ModelConfig("Gemma-3-12B", 48, 16, 8, 256, 12.2e9, 2.0, 131072,
-                          layer_groups=(LayerGroup("sliding", 40, 1024), LayerGroup("full", 8)))
-
-# deepseek-ai/DeepSeek-V2-Lite: num_hidden_layers 27, num_attention_heads 16, MLA with
-# kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, q_lora_rank
-# null (cached per token per layer: 512 + 64 elements, one latent for K and V, so
-# (512 + 64) x 27 x 2 = 31,104 B/token in bf16); n_routed_experts 64, n_shared_experts 2,
-# num_experts_per_tok 6, moe_intermediate_size 1408, first_k_dense_replace 1;
-# max_position_embeddings 163840; 15.7e9 parameters, 2.4e9 active.
-_DEEPSEEK_V2_LITE = ModelConfig("DeepSeek-V2-Lite", 27, 16, 1, 192, 15.7e9, 2.0, 163840,
-                                kv_latent_dim=576, active_params=2.4e9)
-
-# openai/gpt-oss-20b: num_hidden_layers 24, layer_types alternating sliding_attention /
-# full_attention (sliding first), sliding_window 128, num_attention_heads 64,
-# num_key_value_heads 8, head_dim 64, num_local_experts 32, num_experts_per_tok 4,
-# max_position_embeddings 131072; 20.9e9 parameters, 3.6e9 active. (Its learned attention
-# sinks are per-head logits, not cached tokens: no KV. The release stores the experts in
-# MXFP4; counted here at 2 bytes like the others.)
+                         (LayerGroup("sliding", 21, 4096), LayerGroup("full", 21)), source=_hf("google/gemma-2-9b"))
+_GEMMA3_12B = ModelConfig("Gemma-3-12B", 48, 16, 8, 256, 12.2e9, 2.0, 131072,  # vision tower included
+                          (LayerGroup("sliding", 40, 1024), LayerGroup("full", 8)),
+                          source=_hf("google/gemma-3-12b-it") + " (text_config)")
+_GEMMA3_27B = ModelConfig("Gemma-3-27B", 62, 32, 16, 128, 27.4e9, 2.0, 131072,  # vision tower included
+                          (LayerGroup("sliding", 52, 1024), LayerGroup("full", 10)),
+                          source=_hf("google/gemma-3-27b-it") + " (text_config)")
 _GPT_OSS_20B = ModelConfig("gpt-oss-20b", 24, 64, 8, 64, 20.9e9, 2.0, 131072,
-                           layer_groups=(LayerGroup("sliding", 12, 128), LayerGroup("full", 12)),
-                           active_params=3.6e9)
+                           (LayerGroup("sliding", 12, 128), LayerGroup("full", 12)), active_params=3.6e9,
+                           source=_hf("openai/gpt-oss-20b"))
+_GPT_OSS_120B = ModelConfig("gpt-oss-120b", 36, 64, 8, 64, 116.8e9, 2.0, 131072,
+                            (LayerGroup("sliding", 18, 128), LayerGroup("full", 18)), active_params=5.1e9,
+                            source=_hf("openai/gpt-oss-120b"))
 
-# Qwen/Qwen3-30B-A3B: num_hidden_layers 48, num_attention_heads 32, num_key_value_heads 4,
-# head_dim 128, num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768,
-# use_sliding_window false, max_position_embeddings 40960; 30.5e9 parameters, 3.3e9 active.
-_QWEN3_30B_A3B = ModelConfig("Qwen3-30B-A3B", 48, 32, 4, 128, 30.5e9, 2.0, 40960,
-                             active_params=3.3e9)
+# Multi-head latent attention: one latent of kv_lora_rank 512 + qk_rope_head_dim 64 elements
+# per token per layer, shared by K, V and every head (head_dim: qk_nope_head_dim 128 + rope).
+# DeepSeek-V2-Lite: 27 layers (31,104 B/token in bf16); DeepSeek-V3: 61 layers (70,272).
+_DEEPSEEK_V2_LITE = ModelConfig("DeepSeek-V2-Lite", 27, 16, 1, 192, 15.7e9, 2.0, 163840, kv_latent_dim=576,
+                                active_params=2.4e9, source=_hf("deepseek-ai/DeepSeek-V2-Lite"))
+_DEEPSEEK_V3 = ModelConfig("DeepSeek-V3", 61, 128, 1, 192, 671e9, 2.0, 163840, kv_latent_dim=576,
+                           active_params=37e9, source=_hf("deepseek-ai/DeepSeek-V3"))
 
 MODELS: dict[str, ModelConfig] = {
-    # Published configurations (Hugging Face config.json of each model card); parameter
-    # counts as published by the model authors.
     "llama-3-8b": _LLAMA3_8B,
-    "llama-3-70b": ModelConfig("Llama-3-70B", 80, 64, 8, 128, 70.6e9, 2.0, 8192),
-    "mistral-7b": _MISTRAL_7B,
-    "qwen2.5-7b": ModelConfig("Qwen2.5-7B", 28, 28, 4, 128, 7.62e9, 2.0, 131072),
+    "llama-3-70b": _full("Llama-3-70B", 80, 64, 8, 128, 70.6e9, 8192, _hf("meta-llama/Meta-Llama-3-70B")),
+    "llama-3.1-8b": _full("Llama-3.1-8B", 32, 32, 8, 128, 8.03e9, 131072, _hf("meta-llama/Llama-3.1-8B")),
+    "llama-3.1-70b": _full("Llama-3.1-70B", *_LLAMA31_70B_SHAPE, _hf("meta-llama/Llama-3.1-70B")),
+    "llama-3.3-70b": _full("Llama-3.3-70B", *_LLAMA31_70B_SHAPE, _hf("meta-llama/Llama-3.3-70B-Instruct")),
     # The article's MHA variant: Llama-3-8B with one KV head per query head.
-    "llama-3-8b-mha": _LLAMA3_8B.with_kv_heads(32, "Llama-3-8B MHA variant (n_kv=32)"),
+    "llama-3-8b-mha": replace(_LLAMA3_8B.with_kv_heads(32, "Llama-3-8B MHA variant (n_kv=32)"),
+                              source=_LLAMA3_8B.source + " with num_key_value_heads 32 (MHA)"),
     # A real MHA model, for comparison.
-    "llama-2-7b": ModelConfig("Llama-2-7B (MHA)", 32, 32, 32, 128, 6.74e9, 2.0, 4096),
+    "llama-2-7b": _full("Llama-2-7B (MHA)", 32, 32, 32, 128, 6.74e9, 4096, _hf("meta-llama/Llama-2-7b-hf")),
+    "mistral-7b": _MISTRAL_7B,
+    "mistral-small-24b": _full("Mistral-Small-24B", 40, 32, 8, 128, 23.6e9, 32768,
+                               _hf("mistralai/Mistral-Small-24B-Instruct-2501")),
+    "qwen2.5-7b": _full("Qwen2.5-7B", 28, 28, 4, 128, 7.62e9, 131072, _hf("Qwen/Qwen2.5-7B")),
+    # Qwen3: use_sliding_window false; max_position_embeddings 40960 (131072 with YaRN).
+    "qwen3-8b": _full("Qwen3-8B", 36, 32, 8, 128, 8.19e9, 40960, _hf("Qwen/Qwen3-8B")),
+    "qwen3-32b": _full("Qwen3-32B", 64, 64, 8, 128, 32.8e9, 40960, _hf("Qwen/Qwen3-32B")),
+    "qwen3-30b-a3b": _full("Qwen3-30B-A3B", 48, 32, 4, 128, 30.5e9, 40960, _hf("Qwen/Qwen3-30B-A3B"), 3.3e9),
+    "qwen3-235b-a22b": _full("Qwen3-235B-A22B", 94, 64, 4, 128, 235e9, 40960, _hf("Qwen/Qwen3-235B-A22B"), 22e9),
     "gemma-2-9b": _GEMMA2_9B,
     "gemma-3-12b": _GEMMA3_12B,
+    "gemma-3-27b": _GEMMA3_27B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
+    "deepseek-v3": _DEEPSEEK_V3,
     "gpt-oss-20b": _GPT_OSS_20B,
-    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "gpt-oss-120b": _GPT_OSS_120B,
 }
-"""Model presets by lower-case name (published configurations); see :func:`model_preset`."""
+"""Model presets by lower-case name (published configurations, each naming its source in
+:attr:`ModelConfig.source`); see :func:`model_preset`."""
 
 
 def model_preset(name: str) -> ModelConfig:
-    """Look up a preset by name (case-insensitive), e.g. ``"llama-3-8b"``.
+    """Look up a preset by name (case-insensitive), e.g. ``"llama-3.1-8b"``.
 
     Raises:
         UnknownPresetError: not one of :data:`MODELS`.
