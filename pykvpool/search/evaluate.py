@@ -6,8 +6,13 @@ family (:func:`families_of`) is the chains that differ only in the scheduler's l
 evaluated in one task. The pruned strategy starts each point's search at the rung a
 neighbour sustained (the same devices in the latest chain of its family that differs in
 one field, else the same chain's fewer devices) and gallops from there, and skips a
-point no rate can make better than its chain's best (its objective at the top rung is
-no higher). Every run stops as soon as it certainly cannot meet any SLO
+point (``dominated``) only when a cheaper point of its chain sustains the ladder's top
+rung and is not flagged superlinear: no rate on the ladder can then put it on the cost
+vs rate frontier or make it a best point, so the pruned search's frontier and best
+points are the grid's. (A point whose objective at the top rung is below its chain's
+best can still sustain more than every cheaper point: it belongs on the frontier, and
+is simulated.) Every row carries the scaling checks of :mod:`pykvpool.search.scaling`.
+Every run stops as soon as it certainly cannot meet any SLO
 (:func:`pykvpool.search.slo.stop_rule`), which leaves every decision unchanged.
 
 Everything here is a pure function of its inputs (the simulator is deterministic, and a
@@ -27,6 +32,7 @@ from pykvpool.planning.ledger import DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES, Bu
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
+from pykvpool.search.scaling import SCALING_ID, flag_chain_point, scaling_factor
 from pykvpool.search.slo import SLO, Objective, RateLadder, stop_rule
 from pykvpool.search.space import Point
 from pykvpool.simulate.engine import SchedulerConfig, SimConfig, kv_blocks_for_memory, run
@@ -68,16 +74,18 @@ class SearchSpec:
 
 
 def replica_hardware(hw: Hardware, devices: int) -> Hardware:
-    """``devices`` devices as one tensor-parallel replica: memory, bandwidth and FLOP/s
-    multiplied (ideal scaling, no communication time).
+    """``devices`` devices as one tensor-parallel replica under
+    :data:`pykvpool.search.scaling.SCALING_MODEL`: memory, bandwidth and FLOP/s multiplied
+    by :func:`pykvpool.search.scaling.scaling_factor` (ideal scaling, no communication time).
 
     Raises:
         Nothing: arithmetic on a validated preset.
     """
     if devices == 1:
         return hw
-    return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * devices, hw.bandwidth * devices,
-                    {k: v * devices for k, v in hw.peak_flops.items()}, hw.source)
+    f = scaling_factor(devices)
+    return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * f, hw.bandwidth * f,
+                    {k: v * f for k, v in hw.peak_flops.items()}, hw.source)
 
 
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
@@ -181,9 +189,10 @@ class _Point:
 
 def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:
     row: dict[str, Any] = {"key": point.key(), **point.as_dict(),
-                           "cost": spec.objective.cost(point.hardware, point.devices)}
+                           "cost": spec.objective.cost(point.hardware, point.devices), "scaling": SCALING_ID}
     for slo in spec.slos:
-        row.update({f"{slo.name}_state": "infeasible", f"{slo.name}_rate": None, f"{slo.name}_objective": None})
+        row.update({f"{slo.name}_state": "infeasible", f"{slo.name}_rate": None, f"{slo.name}_objective": None,
+                    f"{slo.name}_rate_is_lower_bound": None, f"{slo.name}_superlinear": None})
         row.update({f"{slo.name}_{m}": None for m in METRICS})
     return row
 
@@ -239,10 +248,13 @@ class _Hints:
 
 def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints] = None) -> list[dict[str, Any]]:
     """Rows of a chain's points, in order: ``key``, the point's fields, ``cost``,
-    ``num_blocks``, ``status`` (``ok`` or why it cannot run), ``sims`` (runs made) and per
-    SLO ``<slo>_state`` (``ok``; ``none``: not even the lowest rung; ``dominated``: pruned,
-    not simulated; ``infeasible``), ``<slo>_rate`` (sustained, req/s), ``<slo>_objective``
-    and the :data:`METRICS` at that rate. A point whose weights do not fit is a row
+    ``scaling`` (:data:`pykvpool.search.scaling.SCALING_ID`), ``num_blocks``, ``status``
+    (``ok`` or why it cannot run), ``sims`` (runs made) and per SLO ``<slo>_state``
+    (``ok``; ``none``: not even the lowest rung; ``dominated``: pruned, not simulated;
+    ``infeasible``), ``<slo>_rate`` (sustained, req/s), ``<slo>_objective``,
+    ``<slo>_rate_is_lower_bound`` and ``<slo>_superlinear`` (the scaling checks of
+    :mod:`pykvpool.search.scaling`; None without a rate) and the :data:`METRICS` at that
+    rate. A point whose weights do not fit is a row
     with ``status`` ``infeasible: ...`` and no run. The pruned search starts each point
     from the answer of the same devices in a neighbouring chain of ``hints`` (its
     family), else from the same chain's fewer devices.
@@ -255,7 +267,7 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
     hints = hints or _Hints()
     mine = hints.start(chain)
     prev: dict[str, Optional[int]] = {s.name: None for s in spec.slos}
-    best: dict[str, float] = {s.name: 0.0 for s in spec.slos}
+    done: list[dict[str, Any]] = []
     top = spec.ladder.rates()[-1]
     for point in chain:
         row = _base_row(point, spec)
@@ -265,9 +277,10 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
             rows.append({**row, "num_blocks": 0, "status": f"infeasible: {e}", "sims": 0})
             continue
         p = _Point(spec, cfg, tm)
+        row["num_blocks"] = cfg.num_blocks
         for slo in spec.slos:
             s = slo.name
-            if spec.strategy == "pruned" and best[s] > 0 and best[s] >= spec.objective.value(top, row["cost"]):
+            if spec.strategy == "pruned" and _capped(done, s):
                 row[f"{s}_state"] = "dominated"
                 continue
             near = hints.neighbour(point.devices, s) if spec.neighbour_hints else None
@@ -275,13 +288,23 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
                                spec.neighbour_hints)
             prev[s] = mine[(point.devices, s)] = k
             rate = p.rates[k] if k >= 0 else 0.0
-            obj = spec.objective.value(rate, row["cost"])
-            best[s] = max(best[s], obj)
-            row.update({f"{s}_state": "ok" if k >= 0 else "none", f"{s}_rate": rate, f"{s}_objective": obj})
+            row.update({f"{s}_state": "ok" if k >= 0 else "none", f"{s}_rate": rate,
+                        f"{s}_objective": spec.objective.value(rate, row["cost"])})
             if k >= 0:
                 row.update({f"{s}_{m}": p.summary(k).get(m) for m in METRICS})
-        rows.append({**row, "num_blocks": cfg.num_blocks, "status": "ok", "sims": len(p.runs)})
+            flag_chain_point(row, done, s, top)
+        row.update({"status": "ok", "sims": len(p.runs)})
+        done.append(row)
+        rows.append(row)
     return rows
+
+
+def _capped(done: list[dict[str, Any]], slo: str) -> bool:
+    """Whether a cheaper point of the chain sustains the ladder's top rung for ``slo``
+    and is not flagged superlinear: no rate can then put a costlier one on the frontier
+    or make it a best point (the pruned search skips it)."""
+    return any(r[f"{slo}_state"] == "ok" and r[f"{slo}_rate_is_lower_bound"] and not r[f"{slo}_superlinear"]
+               for r in done)
 
 
 def evaluate_batch(spec: SearchSpec, families: list[list[list[Point]]]) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from pykvpool.checks import invalid
 from pykvpool.errors import TraceFormatError
 from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
+from pykvpool.search.scaling import SCALING_ID
 from pykvpool.search.slo import SLO
 from pykvpool.search.space import EVICTIONS, PREEMPTIONS, Point
 from pykvpool.tracefile import read_json
@@ -188,10 +189,11 @@ _ENTRY = {"key": _text(), "point": _text(), "rate": _number(above=True), "finish
           **_METRICS, "sims": _count()}
 _FRONTIER = {"slo": _text(), "basis": _text(), "metric": _text(), "latency": _number(), "key": _text(),
              "cost": _number(above=True), "rate": _number(above=True), **_METRICS, **_POINT}
+_SCALING = _text((SCALING_ID,))
 _META = {"fingerprint": _text(), "strategy": _text(STRATEGIES), "objective": _text(_OBJECTIVES), "slos": _NAMES,
-         "rates": _RATES, "requests": _count(1), "model": _text()}
+         "rates": _RATES, "requests": _count(1), "model": _text(), "scaling": _SCALING}
 _BEST = {"best": _OBJECT, "objective": _text(_OBJECTIVES), "unit": _text(), "strategy": _text(STRATEGIES),
-         "rates": _RATES, "slos": _LIST}
+         "rates": _RATES, "slos": _LIST, "scaling_model": _text(), "scaling_tolerance": _number()}
 _LATENCY = {"reference_rates": _OBJECT, "source": _text(), "entries": _LIST, "frontier": _LIST}
 
 
@@ -242,25 +244,27 @@ def _respelled(doc: Row) -> Row:
 def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
     """The check of a search's row under the SLOs named ``slos`` (a line of ``points.jsonl``,
     an element of ``points.json``, a best point): every column of
-    :func:`pykvpool.search.evaluate.evaluate_chain` of its kind, a rate and an objective
-    for each SLO whose state is ``ok`` or ``none``, and a key that is its fields' key. The
+    :func:`pykvpool.search.evaluate.evaluate_chain` of its kind, a rate, an objective and
+    the scaling checks (``<slo>_rate_is_lower_bound``, ``<slo>_superlinear``: true or
+    false) for each SLO whose state is ``ok`` or ``none``, and a key that is its fields' key. The
     check, ``check(row, where="")``, returns the row with its KV dtype in its one spelling
     (in ``kv_dtype`` and ``key``: see the module docstring); ``where`` starts its messages.
 
     Raises:
         Nothing itself; the check raises InvalidArgumentError saying what is wrong.
     """
-    spec = {"key": _text(), **_POINT, "cost": _number(above=True), "num_blocks": _count(), "status": _text(),
-            "sims": _count()}
+    spec = {"key": _text(), **_POINT, "cost": _number(above=True), "scaling": _SCALING, "num_blocks": _count(),
+            "status": _text(), "sims": _count()}
     for s in slos:
-        spec.update({f"{s}_state": _text(STATES), f"{s}_rate": _STAT, f"{s}_objective": _STAT})
+        spec.update({f"{s}_state": _text(STATES), f"{s}_rate": _STAT, f"{s}_objective": _STAT,
+                     f"{s}_rate_is_lower_bound": _or_null(_FLAG), f"{s}_superlinear": _or_null(_FLAG)})
         spec.update({f"{s}_{m}": _STAT for m in METRICS})
 
     def check(doc: Any, where: str = "") -> Row:
         row = _keys(doc, spec, where)
         for s in slos:
             state = row[f"{s}_state"]
-            for col in (f"{s}_rate", f"{s}_objective"):
+            for col in (f"{s}_rate", f"{s}_objective", f"{s}_rate_is_lower_bound", f"{s}_superlinear"):
                 if state in ("ok", "none") and row[col] is None:
                     raise invalid(f"{where}{col} is null, but {s}_state is {state!r}")
         key = Point(**{f: row[f] for f in _POINT}).key()
@@ -309,7 +313,9 @@ def _in_file(path: Path, check: Callable[[], Any]) -> Any:
 
 def read_meta(path: str | os.PathLike[str]) -> Row:
     """The ``search.json`` at ``path``, checked: ``fingerprint``, ``strategy``,
-    ``objective``, ``slos`` (names), ``rates`` (requests/s), ``requests``, ``model``.
+    ``objective``, ``slos`` (names), ``rates`` (requests/s), ``requests``, ``model``,
+    ``scaling`` (:data:`pykvpool.search.scaling.SCALING_ID`: a folder written before it
+    was recorded, or under another scaling model, is refused in one line).
 
     Raises:
         InvalidArgumentError: (a TraceFormatError naming the file) not JSON, or not what
@@ -318,6 +324,9 @@ def read_meta(path: str | os.PathLike[str]) -> Row:
     """
     p = Path(path)
     doc = read_json(p)
+    if isinstance(doc, dict) and "fingerprint" in doc and "scaling" not in doc:
+        raise TraceFormatError(str(p), 0, "written by a pykvpool that recorded no scaling model (its pruned rows "
+                                          "may lack frontier points); run the search into a new folder")
     meta: Row = _in_file(p, lambda: _keys(doc, _META))
     return meta
 

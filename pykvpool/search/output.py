@@ -11,7 +11,10 @@ before any work, naming the file and the line.
 At the end: ``points.csv``, ``points.json`` (and ``points.parquet`` when pyarrow is
 installed) with every point in space order, ``frontier.csv`` (per SLO, the points no
 cheaper point beats on sustained rate) and ``best.json`` (per SLO, the best point with
-its simulated metrics).
+its simulated metrics; ``scaling_model`` and ``scaling_tolerance``: the scaling model
+and the superlinear rule's tolerance, :mod:`pykvpool.search.scaling`). Every row says
+``scaling`` (the model's name) and, per SLO, ``<slo>_rate_is_lower_bound`` and
+``<slo>_superlinear``; the frontier and the best points skip flagged rows.
 
 :class:`JsonLog` is the append-and-resume file under both ``points.jsonl`` and the
 reference-rate runs' ``latency.jsonl`` (:mod:`pykvpool.search.latency`).
@@ -35,9 +38,11 @@ from pykvpool.checks import invalid
 from pykvpool.errors import TraceFormatError
 from pykvpool.search.evaluate import SearchSpec
 from pykvpool.search.folder import check_entry, read_meta, row_checker
+from pykvpool.search.scaling import SCALING_ID, SCALING_MODEL, SCALING_TOLERANCE
 from pykvpool.tracefile import jsonl_record
 
-__all__ = ["JsonLog", "ResultStore", "best_points", "check_same_search", "fingerprint", "frontier", "write_tables"]
+__all__ = ["JsonLog", "ResultStore", "best_points", "check_same_search", "fingerprint", "frontier", "ranked",
+           "write_tables"]
 
 Row = dict[str, Any]
 
@@ -101,7 +106,7 @@ class ResultStore:
         self.rows = self._log.rows
         meta = {"fingerprint": fingerprint(spec), "strategy": spec.strategy, "objective": spec.objective.kind,
                 "slos": [s.name for s in spec.slos], "rates": list(spec.ladder.rates()),
-                "requests": len(spec.workload), "model": spec.model.name}
+                "requests": len(spec.workload), "model": spec.model.name, "scaling": SCALING_ID}
         self.dir.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
 
@@ -174,15 +179,26 @@ def _plain(row: Row) -> Row:
     return out
 
 
+def ranked(row: Row, slo: str) -> bool:
+    """Whether ``row`` may be ranked for ``slo`` (a best point, a frontier point): it
+    sustains a rate (state ``ok``) that is not flagged superlinear.
+
+    Raises:
+        Nothing: lookups with defaults.
+    """
+    return row.get(f"{slo}_state") == "ok" and not row.get(f"{slo}_superlinear")
+
+
 def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
     """The Pareto frontier of cost against sustained rate for ``slo``: rows that sustain a
-    rate > 0 and that no row of lower or equal cost beats, by increasing cost (ties: the
-    first row in order).
+    rate > 0, are not flagged ``<slo>_superlinear`` (:mod:`pykvpool.search.scaling`) and
+    that no such row of lower or equal cost beats, by increasing cost (ties: the first
+    row in order).
 
     Raises:
         KeyError: a row without ``cost`` or the SLO's columns.
     """
-    ok = [(r["cost"], -r[f"{slo}_rate"], i, r) for i, r in enumerate(rows) if r.get(f"{slo}_state") == "ok"]
+    ok = [(r["cost"], -r[f"{slo}_rate"], i, r) for i, r in enumerate(rows) if ranked(r, slo)]
     out: list[Row] = []
     best = 0.0
     for _, neg_rate, _, r in sorted(ok, key=lambda t: t[:3]):
@@ -193,16 +209,15 @@ def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
 
 
 def best_points(rows: Sequence[Row], slos: Sequence[str]) -> dict[str, Optional[Row]]:
-    """Per SLO, the row of highest objective (ties: lower cost, then the first in order),
-    or None when no row sustains any rate.
+    """Per SLO, the row of highest objective (ties: lower cost, then the first in order)
+    among the rows :func:`ranked` admits, or None when none sustains any rate.
 
     Raises:
         KeyError: a row without ``cost`` or an SLO's columns.
     """
     out: dict[str, Optional[Row]] = {}
     for s in slos:
-        cands = [(r[f"{s}_objective"], -r["cost"], -i, r) for i, r in enumerate(rows)
-                 if r.get(f"{s}_state") == "ok"]
+        cands = [(r[f"{s}_objective"], -r["cost"], -i, r) for i, r in enumerate(rows) if ranked(r, s)]
         out[s] = max(cands, key=lambda c: c[:3])[3] if cands else None
     return out
 
@@ -224,7 +239,8 @@ def write_tables(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
     paths[1].write_text(json.dumps(rows, indent=0), encoding="utf-8")
     front = [{"slo": s, **r} for s in slos for r in frontier(rows, s)]
     _csv(paths[2], ["slo", *cols], front)
-    best = {"best": best_points(rows, slos), **(extra or {})}
+    best = {"best": best_points(rows, slos), **(extra or {}), "scaling_model": SCALING_MODEL,
+            "scaling_tolerance": SCALING_TOLERANCE}
     paths[3].write_text(json.dumps(best, indent=1), encoding="utf-8")
     try:  # optional (the ray extra), untyped: through importlib
         pa: Any = importlib.import_module("pyarrow")

@@ -8,10 +8,15 @@ Two strategies (:data:`pykvpool.search.evaluate.STRATEGIES`):
   (a configuration of its family with one field changed, or the same one with fewer
   devices) and galloping from there (2 runs when the guess is right; a bisection of the
   ladder, about log2(rungs) runs, without a neighbour), and no run at all for a point
-  whose objective even at the top rung cannot beat a cheaper point of its chain
-  (dominated; its row says ``dominated``). Runs stop early, exactly, once they cannot
-  meet any SLO. Equal to the grid on the optimum whenever meeting an SLO is monotone in
-  the arrival rate (``tests/search/test_search.py`` checks it on real spaces).
+  with a cheaper point in its chain that sustains the ladder's top rung and is not
+  flagged superlinear (dominated; its row says ``dominated``): it can be neither on the
+  frontier nor a best point. Runs stop early, exactly, once they cannot meet any SLO.
+  The same frontier and best points as the grid whenever meeting an SLO is monotone in
+  the arrival rate (``tests/search/test_search.py`` checks it on real spaces,
+  ``tests/search/test_search_scaling.py`` on random ones).
+
+Both rank only the points :mod:`pykvpool.search.scaling` does not flag superlinear
+(devices are modelled with ideal scaling: :data:`pykvpool.search.scaling.SCALING_MODEL`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""The search on random small spaces with a stub simulator (a point's capacity drawn from
+its deployment, so any scaling with devices, superlinear included, shows up): the pruned
+search gives the grid's frontier and best points, and the scaling checks (the rate at the
+ladder's top read as a lower bound, superlinear points flagged and never ranked) hold by
+hand."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import pytest
+
+from pykvpool import search as ds
+from pykvpool import simulate as sim
+from pykvpool.planning.models import model_preset
+from pykvpool.simulate import traces
+from pykvpool.tracefile import named_trace_path
+from pykvpool.search.scaling import SCALING_MODEL, SCALING_TOLERANCE, is_superlinear, rate_text, scaling_note
+
+LLAMA = model_preset("llama-3-8b")
+INLINE = ds.Backend("inline")
+N = 5
+COLS = ("state", "rate", "objective", "rate_is_lower_bound", "superlinear")
+
+
+class _Run:
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+
+
+def stub(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Replace the simulator: a point's capacity (req/s) is log-uniform in 0.1..200 from a
+    hash of its deployment and ``seed``; a run at rate r finishes every request and has
+    p99 TTFT r / capacity."""
+    def capacity(cfg: Any, tm: Any) -> float:
+        what = repr((seed, cfg.num_blocks, cfg.block_size, cfg.scheduler.max_running,
+                     cfg.scheduler.max_batched_tokens, tm.hardware.bandwidth)).encode()
+        u = int.from_bytes(hashlib.sha256(what).digest()[:8], "big") / 2**64
+        return float(0.1 * 2000.0 ** u)
+
+    def run(rate: float, cfg: Any, tm: Any) -> _Run:
+        cap = capacity(cfg, tm)
+        return _Run({"finished": N, "stopped": None, "ttft_p99": rate / cap, "tpot_p50": 0.01, "tpot_p99": 0.01,
+                     "output_throughput": 10.0 * rate, "request_throughput": rate, "preemptions": 0})
+
+    monkeypatch.setattr("pykvpool.search.evaluate.at_rate", lambda w, r: r)
+    monkeypatch.setattr("pykvpool.search.evaluate.run", run)
+
+
+def random_case(rng: random.Random) -> dict[str, Any]:
+    space = ds.SearchSpace(
+        hardware=tuple(rng.sample(["a100-80gb-sxm", "h100-sxm", "h200"], rng.randint(1, 2))),
+        devices=tuple(sorted(rng.sample([1, 2, 3, 4, 8], rng.randint(1, 4)))),
+        kv_dtypes=tuple(rng.sample(["bf16", "fp8"], rng.randint(1, 2))),
+        max_running=tuple(rng.sample([8, 64, 256], rng.randint(1, 2))))
+    lo = rng.choice([0.25, 0.5, 1.0])
+    ladder = ds.RateLadder(lo, lo * rng.choice([4, 16, 64, 256]), rng.randint(2, 12))
+    slos = [ds.SLO("a", ttft_p99=1.0), ds.SLO("b", ttft_p99=rng.choice([0.1, 0.3, 3.0]))]
+    return {"space": space, "ladder": ladder, "slos": slos, "objective": ds.Objective(rng.choice(["per_device", "per_dollar"]))}
+
+
+def run_search(case: dict[str, Any], strategy: str) -> ds.SearchResult:
+    w = sim.synthetic_workload(N, rate=1.0, seed=0)
+    return ds.search(w, LLAMA, case["space"], case["slos"], ladder=case["ladder"], objective=case["objective"],
+                     strategy=strategy, backend=INLINE, progress=None)
+
+
+def test_pruned_and_grid_searches_give_one_frontier_on_random_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {"dominated": 0, "superlinear": 0, "lower bound": 0}
+    for seed in range(200):
+        stub(monkeypatch, seed)
+        case = random_case(random.Random(seed))
+        grid, pruned = run_search(case, "grid"), run_search(case, "pruned")
+        for s in ("a", "b"):
+            assert [(r["key"], r[f"{s}_rate"]) for r in pruned.frontier[s]] == \
+                [(r["key"], r[f"{s}_rate"]) for r in grid.frontier[s]], (seed, s)
+            g, p = grid.best[s], pruned.best[s]
+            assert (p and p["key"]) == (g and g["key"]), (seed, s)
+            for a, b in zip(grid.rows, pruned.rows):
+                if b[f"{s}_state"] != "dominated":
+                    assert [b[f"{s}_{c}"] for c in COLS] == [a[f"{s}_{c}"] for c in COLS], (seed, a["key"])
+            seen["dominated"] += sum(r[f"{s}_state"] == "dominated" for r in pruned.rows)
+            seen["superlinear"] += sum(bool(r[f"{s}_superlinear"]) for r in grid.rows)
+            seen["lower bound"] += sum(bool(r[f"{s}_rate_is_lower_bound"]) for r in grid.rows)
+    assert min(seen.values()) > 20, seen  # every case the rules handle occurs
+
+
+def _row(devices: int, rate: float, blocks: int, state: str = "ok", top: bool = False) -> dict[str, Any]:
+    return {"devices": devices, "num_blocks": blocks, "block_size": 16, "s_state": state, "s_rate": rate,
+            "s_rate_is_lower_bound": top}
+
+
+def test_superlinear_rule_allows_the_kv_gain_and_the_tolerance_by_hand() -> None:
+    one = _row(1, 4.0, 1000)
+    tol = 1.0 + SCALING_TOLERANCE
+    # Equal KV per device: up to 5% more per device passes, more is flagged.
+    assert not is_superlinear(_row(2, 8.0 * tol * 0.999, 2000), [one], "s")
+    assert is_superlinear(_row(2, 8.0 * tol * 1.001, 2000), [one], "s")
+    # 20% more KV per device (the weights stored once): 20% more rate per device passes.
+    assert not is_superlinear(_row(2, 8.0 * 1.2 * tol * 0.999, 2400), [one], "s")
+    assert is_superlinear(_row(2, 8.0 * 1.2 * tol * 1.001, 2400), [one], "s")
+    # Less KV per device never lowers the allowance below linear.
+    assert not is_superlinear(_row(2, 8.0, 1000), [one], "s")
+    # Any fewer-devices point may flag it, not only the previous one.
+    assert is_superlinear(_row(4, 20.0, 4000), [one, _row(2, 16.0, 2000)], "s")
+    # No comparison with a lower bound, a point that sustains nothing, or no rate.
+    for q in (_row(1, 4.0, 1000, top=True), _row(1, 0.0, 1000, "none"), _row(1, 4.0, 1000, "dominated")):
+        assert not is_superlinear(_row(2, 64.0, 2000), [q], "s")
+    assert not is_superlinear(_row(2, 0.0, 2000, "none"), [one], "s")
+
+
+def test_rates_print_as_lower_bounds_at_the_top() -> None:
+    assert rate_text(64.0, True) == ">= 64" and rate_text(8.0, False) == "8" and rate_text(None, None) == "-"
+    assert scaling_note(0) == SCALING_MODEL and "2 superlinear configurations" in scaling_note(2)
+
+
+def test_a_point_with_a_lower_objective_but_a_higher_rate_stays_on_the_frontier() -> None:
+    """One H100 sustains more than half the top rung, so two cannot beat it per device;
+    but two sustain more than one (at least the top rung): the pruned search simulates
+    them and puts them on the frontier, their rate read as a lower bound."""
+    w = traces.load_file(named_trace_path("azure-conv"), limit=1000)
+    space = ds.SearchSpace(hardware=("h100-sxm",), devices=(1, 2), kv_dtypes=("fp8",), max_running=(256,),
+                           max_batched_tokens=(2048,))
+    res = ds.search(w, LLAMA, space, [ds.SLO("batch", ttft_p99=20.0)], backend=INLINE, progress=None)
+    one, two = res.rows
+    top = ds.RateLadder().rates()[-1]
+    assert top / 2 < one["batch_rate"] < top and not one["batch_rate_is_lower_bound"]
+    assert two["batch_state"] == "ok" and two["batch_rate"] == top and two["batch_rate_is_lower_bound"]
+    assert [r["key"] for r in res.frontier["batch"]] == [one["key"], two["key"]]
+    assert res.best["batch"] is not None and res.best["batch"]["key"] == one["key"]
