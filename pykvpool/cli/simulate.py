@@ -50,9 +50,10 @@ MAX_BLOCKS = 1 << 30
 MAX_SYNTHETIC_REQUESTS = 1_000_000
 
 
-def _load(args: argparse.Namespace) -> Workload:
+def _load(args: argparse.Namespace) -> tuple[Workload, bool]:
+    """The workload of the options, and whether its arrival times are a trace's own."""
     from pykvpool.simulate import traces as sim_traces
-    from pykvpool.tracefile import NAMED_TRACES, named_trace_path
+    from pykvpool.tracefile import NAMED_TRACES, named_trace_path, read_table
 
     rate = args.rate or 10.0
     lo_hi = {"prompt": args.prompt, "output": args.output}
@@ -65,15 +66,45 @@ def _load(args: argparse.Namespace) -> Workload:
         return synthetic_workload(
             args.requests or 2000, arrivals="poisson", rate=rate, seed=args.seed,
             prompt=("uniform", list(args.prompt)), output=("uniform", list(args.output)),
-        )
+        ), False
     if args.requests is not None:
         raise InvalidArgumentError("--requests sizes the synthetic workload; with --trace use --limit")
     path = named_trace_path(args.trace) if args.trace in NAMED_TRACES else args.trace
     if not os.path.exists(path):
         raise InvalidArgumentError(f"{path}: no such file, nor a trace shipped with pykvpool "
                                    f"({', '.join(sorted(NAMED_TRACES))})")
-    return sim_traces.load_file(path, args.columns, limit=args.limit, rate=rate, seed=args.seed,
-                                output=(args.output[0], args.output[1]))
+    table = read_table(path, args.columns, limit=args.limit)
+    w = sim_traces.from_table(table, rate=rate, seed=args.seed, output=(args.output[0], args.output[1]))
+    return w, table.time is not None
+
+
+def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
+    """The workload the options describe, at the rate they ask for, and the line that says
+    where its arrival times come from."""
+    if args.rate_scale is not None:
+        if args.rate is not None or args.sweep_rates:
+            raise InvalidArgumentError("--rate-scale multiplies the trace's own rate, --rate and --sweep-rates "
+                                       "set a rate: give one")
+        if args.trace is None:
+            raise InvalidArgumentError("--rate-scale re-times a trace; a synthetic workload's rate is --rate")
+    w, timed = _load(args)
+    if args.prefix_caching:
+        check_prefix_caching(w, "--prefix-caching")
+    if args.rate is not None and args.trace is not None:
+        w = at_rate(w, args.rate)
+    if not timed:
+        source = "synthetic" if args.trace is None else "a trace without times"
+        how = f"{source}: Poisson at {args.rate or 10.0:g} req/s"
+    elif args.rate is not None:
+        how = f"the trace's times re-timed to a mean of {args.rate:g} req/s (--rate)"
+    else:
+        how = "the trace's own times"
+    if args.rate_scale is not None:
+        w = w.rate_scaled(args.rate_scale)
+        how += f", divided by {args.rate_scale:g} (--rate-scale)"
+    span = float(w.arrival.max() - w.arrival.min()) if len(w) > 1 else 0.0
+    mean = f", {(len(w) - 1) / span:.3g} req/s mean" if span > 0 else ""
+    return w, f"arrivals         {len(w):,} requests over {span:,.1f} s{mean} ({how})"
 
 
 def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
@@ -101,7 +132,13 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--limit", type=count(), help="first N requests of the trace")
     w.add_argument("--requests", type=count(1, MAX_SYNTHETIC_REQUESTS),
                    help=f"synthetic: number of requests, at most {MAX_SYNTHETIC_REQUESTS:,} (default 2000)")
-    w.add_argument("--rate", type=number(), help="arrival rate, req/s (re-times a trace; default 10)")
+    w.add_argument("--rate", type=number(), metavar="R",
+                   help="arrival rate, req/s. Synthetic: Poisson at R (default 10); a trace with times "
+                        "replays them (default) or, with --rate, is re-timed to a mean rate of R; a trace "
+                        "without times (a lengths file) arrives as Poisson at R (default 10)")
+    w.add_argument("--rate-scale", type=number(), metavar="X",
+                   help="a trace at X times its own rate: every arrival time divided by X (2: twice "
+                        "the rate, 0.5: half); not with --rate or --sweep-rates, which set the rate")
     w.add_argument("--prompt", type=count(), nargs=2, default=(256, 4096), metavar=("LO", "HI"),
                    help="synthetic prompt tokens, uniform in [LO, HI]")
     w.add_argument("--output", type=count(), nargs=2, default=(128, 384), metavar=("LO", "HI"),
@@ -206,14 +243,10 @@ def main_simulate(args: argparse.Namespace) -> int:
     tm = roofline(args.model, args.hardware, args.block_size)
     rt = _reserve_tokens(args, tm)
     capacity, lines = _pool(args, tm)
-    w = _load(args)
-    if args.prefix_caching:
-        check_prefix_caching(w, "--prefix-caching")
-    if args.rate and args.trace is not None:
-        w = at_rate(w, args.rate)
+    w, arrivals = _workload(args)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-    print("\n".join(lines))
+    print("\n".join([*lines, arrivals]))
     if args.sweep_rates:
         return _run_sweep(args, w, tm, capacity, rt)
     groups = None

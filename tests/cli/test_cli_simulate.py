@@ -272,3 +272,47 @@ def test_prefix_caching_on_a_workload_without_ids_is_refused() -> None:
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pykvpool: error: --prefix-caching needs"), r.stderr
+
+
+# ---- --rate and --rate-scale ------------------------------------------------------------
+
+
+def test_rate_help_says_what_a_trace_does() -> None:
+    r = cli("simulate", "--help")
+    text = " ".join(r.stdout.split())
+    assert "a trace with times replays them" in text and "--rate-scale" in text
+
+
+def test_rate_scale_replays_a_trace_at_a_multiple_of_its_own_rate(tmp_path: Path) -> None:
+    """--rate-scale 2 divides every arrival time by 2 (the trace's own times otherwise)."""
+    args = ["simulate", "--trace", "azure-conv", "--limit", "200", "--num-blocks", "31253"]
+    own, fast = tmp_path / "own", tmp_path / "fast"
+    a, b = cli(*args, "--out", str(own)), cli(*args, "--rate-scale", "2", "--out", str(fast))
+    assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+    t_own, t_fast = (np.genfromtxt(d / "requests.csv", delimiter=",", names=True)["arrival"] for d in (own, fast))
+    trace = sim_traces.load_azure(named_trace_path("azure-conv"), limit=200)
+    np.testing.assert_array_equal(t_own, trace.arrival)
+    np.testing.assert_array_equal(t_fast, trace.arrival / 2)
+    assert "(the trace's own times, divided by 2 (--rate-scale))" in b.stdout
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--rate-scale", "0"], "argument --rate-scale: must be > 0"),
+    (["--rate-scale", "-2"], "argument --rate-scale: must be > 0"),
+    (["--rate-scale", "nan"], "argument --rate-scale: must be a finite number"),
+    (["--rate-scale", "inf"], "argument --rate-scale: must be a finite number"),
+    (["--rate-scale", "true"], "argument --rate-scale: 'true' is not a number"),
+    (["--rate-scale", "2", "--rate", "5"], "--rate-scale multiplies"),
+    (["--rate-scale", "2", "--sweep-rates", "1,2"], "--rate-scale multiplies"),
+])
+def test_rate_scale_refuses_bad_values_in_one_line(extra: list[str], expected: str) -> None:
+    r = cli("simulate", "--trace", "azure-conv", "--limit", "5", "--quiet", *extra)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[0].startswith("pykvpool: error: "), r.stderr
+    assert expected in lines[0] and lines[1:] in ([], ["(see 'pykvpool simulate --help')"]), r.stderr
+
+
+def test_rate_scale_needs_a_trace() -> None:
+    r = cli("simulate", "--requests", "10", "--rate-scale", "2")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--rate-scale re-times a trace" in lines[0], r.stderr
