@@ -149,19 +149,3 @@ def test_section_7_numbers_by_hand(tmp_path: Path) -> None:
     assert figs["fig9_windows"].stat().st_size > 10_000
     assert data["budget"] == article_budget().describe()
 
-
-def test_presets_table_states_windowed_capacity_at_a_length() -> None:
-    from pykvpool.report.build import _presets_table
-
-    table, data = _presets_table()
-    rows = {(d["hardware"], d["model"], d["dtype"]): d for d in data}
-    llama = rows[("a100-80gb-sxm", "llama-3-8b", "bf16")]
-    assert llama["token_capacity"] == 500_063 and not llama["windowed"]  # unchanged
-    assert "| A100-80GB SXM | Llama-3-8B | 2 B/param | bf16 | 131072 | 14.96 | 500,063 | 61 |" in table
-    g3 = rows[("a100-80gb-sxm", "gemma-3-12b", "bf16")]
-    per_seq = (40 * 1024 + 8 * 8192) * 8192  # bytes of one 8,192-token sequence
-    batch = int(KV_BUDGET["gemma-3-12b"] // per_seq)
-    assert g3["windowed"] and g3["token_capacity"] is None and batch == 65
-    assert g3["tokens_at_8192"] == batch * 8192 == 532_480
-    assert g3["full_history_token_capacity"] == int(KV_BUDGET["gemma-3-12b"] // 393216)
-    assert f"| Gemma-3-12B | 2 B/param | bf16 | 393216 | 22.72 | 532,480 @ 8192 | {batch} |" in table
