@@ -35,6 +35,7 @@ from pykvpool.simulate.engine import (
     run,
     synthetic_workload,
 )
+from pykvpool.simulate.metrics import summary_lines
 from pykvpool.simulate.sweep import at_rate, sweep
 from pykvpool.simulate.workload import check_prefix_caching
 
@@ -102,6 +103,8 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
     if args.rate_scale is not None:
         w = w.rate_scaled(args.rate_scale)
         how += f", divided by {args.rate_scale:g} (--rate-scale)"
+    if args.sweep_rates:
+        how += "; the sweep re-times it to each of --sweep-rates"
     span = float(w.arrival.max() - w.arrival.min()) if len(w) > 1 else 0.0
     mean = f", {(len(w) - 1) / span:.3g} req/s mean" if span > 0 else ""
     return w, f"arrivals         {len(w):,} requests over {span:,.1f} s{mean} ({how})"
@@ -273,9 +276,9 @@ def main_simulate(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     print(f"{len(w)} requests, {cfg.num_blocks} blocks of {args.block_size} tokens, {args.allocation} "
           f"allocation, simulated in {wall:.3f} s wall")
-    for k in sorted(res.summary):
-        v = res.summary[k]
-        print(f"  {k:<22} {v:.4g}" if isinstance(v, float) else f"  {k:<22} {v}")
+    block_bytes = (pool_layout(tm.model, tm.kv_dtype, args.block_size).block_bytes if groups
+                   else args.block_size * tm.model.kv_bytes_per_token(storage_dtype(tm.kv_dtype)))
+    print("\n".join(summary_lines(res.summary, block_bytes)))
     if not res.summary.get("finished"):
         print(f"pykvpool: warning: no request finished ({res.summary.get('rejected', 0)} of {len(w)} "
               "rejected: never admissible with this pool and scheduler); latencies are n/a", file=sys.stderr)
@@ -296,12 +299,14 @@ def _run_sweep(args: argparse.Namespace, w: Workload, tm: Roofline, capacity: in
     rows = sweep(w, args.sweep_rates, policies, args.sweep_block_sizes, capacity, tm, workers=args.workers,
                  progress=None if args.quiet else sys.stderr)
     print(f"{len(rows)} runs in {time.perf_counter() - t0:.2f} s wall")
-    print(f"{'rate':>8} {'policy':>8} {'bs':>4} {'blocks':>8} {'tok/s':>10} {'req/s':>8} {'ttft p99':>9} {'preempt':>8}")
+    # units: rate and completed requests req/s, block size tokens, output tokens/s, p99 TTFT s
+    print(f"{'rate req/s':>10} {'policy':>8} {'block':>5} {'blocks':>8} {'out tok/s':>10} {'done req/s':>10} "
+          f"{'p99 TTFT s':>10} {'preempts':>8}")
     for r in rows:
         print(
-            f"{r['rate']:8.2f} {r['label']:>8} {r['block_size']:4d} {r['num_blocks']:8d} "
-            f"{_cell(r['output_throughput'], 10, 1)} {_cell(r['request_throughput'], 8, 2)} "
-            f"{_cell(r['ttft_p99'], 9, 3)} {r['preemptions']:8d}"
+            f"{r['rate']:10.2f} {r['label']:>8} {r['block_size']:5d} {r['num_blocks']:8d} "
+            f"{_cell(r['output_throughput'], 10, 1)} {_cell(r['request_throughput'], 10, 2)} "
+            f"{_cell(r['ttft_p99'], 10, 3)} {r['preemptions']:8d}"
         )
     if args.out:
         sim_plots.throughput_vs_rate(rows, os.path.join(args.out, "throughput_vs_rate.png"))

@@ -37,9 +37,17 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 
 
 def summary(stdout: str) -> dict[str, float | None]:
-    """The summary lines printed by ``simulate``; a statistic over no request prints None."""
-    return {m.group(1): None if m.group(2) == "None" else float(m.group(2))
-            for m in re.finditer(r"^  (\w+)\s+(\S+)$", stdout, re.M)}
+    """The summary printed by ``simulate`` in the summary's own units (seconds, fractions):
+    ``key  value  unit`` lines and the latency table; a statistic over no request prints -."""
+    def num(text: str, scale: float = 1.0) -> float | None:
+        return None if text == "-" else float(text.replace(",", "")) / scale
+
+    out = {m.group(1): num(m.group(2), 100.0 if m.group(3).startswith("%") else 1.0)
+           for m in re.finditer(r"^  (\w+) +(-|[\d,.]+) (\S.*)$", stdout, re.M)}
+    for m in re.finditer(r"^  (ttft|tpot|e2e|queueing) \((m?s)\) +(.*)$", stdout, re.M):
+        for stat, text in zip(("mean", "p50", "p90", "p99", "max"), m.group(3).split()):
+            out[f"{m.group(1)}_{stat}"] = num(text, 1e3 if m.group(2) == "ms" else 1.0)
+    return out
 
 
 # ---- one reader for sweep and simulate --------------------------------------------------
@@ -316,3 +324,23 @@ def test_rate_scale_needs_a_trace() -> None:
     r = cli("simulate", "--requests", "10", "--rate-scale", "2")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "--rate-scale re-times a trace" in lines[0], r.stderr
+
+
+def test_every_printed_metric_has_its_unit_and_matches_summary_csv(tmp_path: Path) -> None:
+    r = cli("simulate", "--trace", "azure-conv", "--limit", "300", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "summary.csv").read_text().splitlines()[1:]
+    csv = {k: v for k, v in (row.split(",", 1) for row in rows)}
+    printed = summary(r.stdout)
+    assert set(printed) == set(csv)
+    for key, text in csv.items():
+        want = None if text == "" else float(text)
+        got = printed[key]
+        assert (got is None) == (want is None), key
+        if want is not None:  # printed to 3 decimals (s), 0.1 ms, 0.1 % or whole counts
+            assert got == pytest.approx(want, rel=2e-3, abs=6e-4), key
+    for group in ("requests", "throughput", "tokens", "memory", "preemption"):
+        assert f"\n{group}\n" in r.stdout
+    assert re.search(r"^  ttft_p99|^  tpot_p50", r.stdout, re.M) is None  # in the latency table
+    assert re.search(r"^  output_throughput +[\d,.]+ tokens/s", r.stdout, re.M)
+    assert re.search(r"^  peak_blocks_used +[\d,]+ blocks = [\d.]+ GiB$", r.stdout, re.M)

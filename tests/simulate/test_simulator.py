@@ -505,7 +505,7 @@ def test_cli_subcommand_runs_and_writes_outputs(tmp_path: Path, capsys: pytest.C
     args = parser.parse_args(["simulate", "--requests", "200", "--rate", "5", "--num-blocks", "5000", "--out", str(tmp_path)])
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert "200 requests" in out and "ttft_p99" in out
+    assert "200 requests" in out and "  ttft (s)  " in out
     assert (tmp_path / "requests.csv").exists() and (tmp_path / "utilization.png").exists()
     args = parser.parse_args(["simulate", "--requests", "100", "--num-blocks", "3000", "--sweep-rates", "1,4", "--workers", "1"])
     assert args.func(args) == 0
