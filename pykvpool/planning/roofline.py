@@ -11,7 +11,8 @@ Units: FLOP, bytes, FLOP/byte, FLOP/s, bytes/s, seconds.
 - :func:`measure_decode_kernel` times ``pykvpool.decode_attention`` on a paged f32 cache for
   several g and reports the FLOP/s and bytes/s it reached, with the read bandwidth of that
   cache's own pages measured back to back with the kernel: the roof the kernel is compared
-  with.
+  with. With a :class:`SettleRule` the probes repeat until their best ``k`` agree
+  (:func:`repeat_until_stable`), and each point keeps the :class:`Spread` of its probes.
 - :func:`measure_prefill_kernel` times ``pykvpool.prefill_attention`` on the shapes of
   :data:`PREFILL_SHAPES` (text prefill, video chunk): FLOPs ``4 d Hq x visible (query,
   key) pairs``, counted exactly from the mask; bytes: K and V read once plus q and output.
@@ -39,12 +40,128 @@ __all__ = [
     "PrefillShape",
     "REPORT_PREFILL_SHAPES",
     "Roofline",
+    "SettleRule",
+    "Spread",
     "decode_intensity",
     "measure_decode_kernel",
     "measure_prefill_kernel",
     "prefill_intensity",
+    "repeat_until_stable",
     "roofline",
 ]
+
+
+@dataclass(frozen=True)
+class SettleRule:
+    """When a repeated measurement of a rate (higher is better: bytes/s, FLOP/s) has
+    settled: its ``k`` best samples lie within ``rel_tol`` of the best one. A shared
+    machine only ever slows a probe down, so the best samples are the machine's rate and
+    their agreement says the load let it show ``k`` times.
+
+    Attributes:
+        k: best samples that must agree (>= 1).
+        rel_tol: largest relative gap between the best and the k-th best sample (> 0).
+        max_rounds: samples taken at most (>= k).
+        max_seconds: wall time after which no new sample starts once ``k`` are taken (> 0).
+
+    Raises:
+        InvalidArgumentError: a field out of its range (the message names it).
+    """
+
+    k: int = 3
+    rel_tol: float = 0.10
+    max_rounds: int = 30
+    max_seconds: float = 20.0
+
+    def __post_init__(self) -> None:
+        _count(self.k, "k", 1)
+        _positive(self.rel_tol, "rel_tol")
+        _count(self.max_rounds, "max_rounds", self.k)
+        _positive(self.max_seconds, "max_seconds")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Samples of one rate and how well their best ones agree.
+
+    Attributes:
+        samples: every sample, in the order taken.
+        k: how many best samples :attr:`value` and :attr:`stable` consider.
+        rel_tol: the agreement :attr:`stable` asks of them.
+    """
+
+    samples: tuple[float, ...]
+    k: int
+    rel_tol: float
+
+    @property
+    def best(self) -> tuple[float, ...]:
+        """The ``k`` largest samples, largest first (fewer while fewer were taken)."""
+        return tuple(sorted(self.samples, reverse=True)[: self.k])
+
+    @property
+    def value(self) -> float:
+        """The median of :attr:`best`: the rate reported (NaN without samples)."""
+        return float(np.median(self.best)) if self.samples else math.nan
+
+    @property
+    def agreement(self) -> float:
+        """Relative gap between the best and the k-th best sample (NaN under ``k``)."""
+        b = self.best
+        return (b[0] - b[-1]) / b[0] if len(b) == self.k and b[0] > 0 else math.nan
+
+    @property
+    def stable(self) -> bool:
+        """The best ``k`` samples agree within ``rel_tol``."""
+        return bool(self.agreement <= self.rel_tol)
+
+    @property
+    def low(self) -> float:
+        """The smallest sample."""
+        return min(self.samples)
+
+    @property
+    def high(self) -> float:
+        """The largest sample."""
+        return max(self.samples)
+
+    @classmethod
+    def pooled(cls, spreads: Sequence[Spread]) -> Spread:
+        """Every sample of ``spreads`` as one spread (the first one's ``k`` and ``rel_tol``).
+
+        Raises:
+            InvalidArgumentError: ``spreads`` is empty.
+        """
+        if not spreads:
+            raise InvalidArgumentError("spreads must not be empty")
+        return cls(tuple(v for s in spreads for v in s.samples), spreads[0].k, spreads[0].rel_tol)
+
+
+def repeat_until_stable(measure: Callable[[], float], rule: SettleRule = SettleRule(),
+                        min_rounds: int = 1,
+                        clock: Callable[[], float] = time.monotonic) -> Spread:
+    """Call ``measure`` (one sample of a rate) until ``rule`` says the samples settled:
+    at least ``max(min_rounds, rule.k)`` samples, then stop as soon as the best ``k``
+    agree within ``rule.rel_tol``, or after ``rule.max_rounds`` samples, or once
+    ``rule.max_seconds`` of ``clock`` (seconds) have passed. An unsettled result says so
+    (:attr:`Spread.stable` False) instead of waiting longer.
+
+    Raises:
+        InvalidArgumentError: ``min_rounds`` < 1 or > ``rule.max_rounds``.
+    """
+    _count(min_rounds, "min_rounds", 1)
+    if min_rounds > rule.max_rounds:
+        raise InvalidArgumentError(f"min_rounds must be <= max_rounds ({rule.max_rounds}), got {min_rounds}")
+    floor = max(min_rounds, rule.k)
+    t0 = clock()
+    samples: list[float] = []
+    while True:
+        samples.append(float(measure()))
+        s = Spread(tuple(samples), rule.k, rule.rel_tol)
+        if len(samples) >= floor and (s.stable or clock() - t0 >= rule.max_seconds):
+            return s
+        if len(samples) >= rule.max_rounds:
+            return s
 
 
 def decode_intensity(group_size: float, element_bytes: float) -> float:
@@ -89,7 +206,11 @@ class KernelPoint:
         seconds: best time of one call.
         roof_bandwidth: read bandwidth of the kernel's own cache pages
             (``pykvpool.read_bandwidth(cache=...)``), measured back to back with the
-            kernel calls, best of the same repeats, bytes/s; NaN when not measured.
+            kernel calls, bytes/s: the best of the same repeats, or with a
+            :class:`SettleRule` the median of the best ``k`` (:attr:`Spread.value`); NaN
+            when not measured.
+        roof: every probe of that bandwidth (bytes/s) when measured under a
+            :class:`SettleRule`, else None.
     """
 
     group_size: int
@@ -101,6 +222,7 @@ class KernelPoint:
     bytes_moved: float
     seconds: float
     roof_bandwidth: float = math.nan
+    roof: Spread | None = None
 
     @property
     def intensity(self) -> float:
@@ -135,6 +257,7 @@ def measure_decode_kernel(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     bandwidth_passes: int = 2,
+    settle: SettleRule | None = None,
 ) -> list[KernelPoint]:
     """Time ``pykvpool.decode_attention`` (f32 paged cache) for each g in ``groups``.
 
@@ -146,7 +269,9 @@ def measure_decode_kernel(
     passes=bandwidth_passes)``: the bandwidth of the very pages the kernel reads, taken
     back to back with it (the best of the ``repeats`` probes is the point's
     ``roof_bandwidth``). A roof measured on other memory, or at another moment of a
-    shared machine, is not the kernel's ceiling.
+    shared machine, is not the kernel's ceiling. With ``settle``, the (kernel call, probe)
+    rounds go on past ``repeats`` until the best probes agree (:func:`repeat_until_stable`):
+    the point's ``roof`` keeps every probe and ``roof_bandwidth`` is their settled value.
 
     Raises:
         InvalidArgumentError: a size < 1 (the message names it), or ``groups`` empty.
@@ -178,16 +303,24 @@ def measure_decode_kernel(
         n_q = g * num_kv_heads
         q = rng.standard_normal((batch, n_q, head_dim), dtype=np.float32)
         _native.decode_attention(cache, 0, q, tables, lens)
-        best, roof = float("inf"), 0.0
-        for _ in range(repeats):
+        times: list[float] = []
+
+        def call_then_probe() -> float:
             t0 = time.perf_counter()
-            _native.decode_attention(cache, 0, q, tables, lens)
-            best = min(best, time.perf_counter() - t0)
-            roof = max(roof, float(_native.read_bandwidth(cache=cache, passes=bandwidth_passes)))
+            _native.decode_attention(cache, 0, q, tables, lens)  # noqa: B023 (called in this loop)
+            times.append(time.perf_counter() - t0)
+            return float(_native.read_bandwidth(cache=cache, passes=bandwidth_passes))
+
+        if settle is None:
+            spread = None
+            roof = max(call_then_probe() for _ in range(repeats))
+        else:
+            spread = repeat_until_stable(call_then_probe, settle, min_rounds=min(repeats, settle.max_rounds))
+            roof = spread.value
         flops = 4.0 * n_q * head_dim * seq_len * batch
         moved = 2.0 * num_kv_heads * head_dim * seq_len * batch * 4 + 2.0 * q.nbytes
         points.append(KernelPoint(g, batch, seq_len, num_kv_heads, head_dim, flops, moved,
-                                  max(best, 1e-9), roof))
+                                  max(min(times), 1e-9), roof, spread))
         if progress is not None:
             progress(j + 1, len(groups))
     return points
