@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: builds everything from scratch in .venv and
 # runs every test (Rust unit and property tests, clippy, rustdoc's links, the aarch64/NEON tests under
-# qemu, Python tests, stub check, and the wheel installed in a fresh venv running the main job).
+# qemu, Python tests (report.html in Debian's headless chromium among them), stub check, and the
+# wheel installed in a fresh venv running the main job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,10 @@ cargo clippy --locked --quiet --all-targets --features python -- -D warnings
 # The developers' docs (private items included) build without a warning: a broken link fails.
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items --features python
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items
+# Debian's chromium for the report.html browser tests (PYKVPOOL_SKIP_BROWSER=1 skips them,
+# loudly): installed now, as tests/aarch64.sh below may run apt-get too and two at once
+# collide on dpkg's lock.
+bash tests/browser.sh
 # The aarch64 build and NEON kernel under qemu (PYKVPOOL_SKIP_AARCH64=1 skips it, loudly),
 # beside pytest, at the lowest priority: pytest mostly runs on one core and leaves the
 # other idle (on a 2-core host the two in a row took 19 of CI's 30 minutes), and `nice`
