@@ -37,6 +37,7 @@ from pykvpool.search import (
 )
 from pykvpool.search.backends import session
 from pykvpool.search.latency import LatencyResult, reference_latency
+from pykvpool.search.scaling import SCALING_MODEL, rate_text, scaling_note
 from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 from pykvpool.simulate.workload import Workload, synthetic_workload
@@ -91,7 +92,10 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                     "the rate each sustains within the SLOs, and rank them by goodput per device or per "
                     "dollar; then run every configuration at one reference rate per SLO for the cost vs "
                     "latency frontier. Results are appended to OUT/points.jsonl and OUT/latency.jsonl as "
-                    "they finish; rerunning the same search into OUT skips what is done.")
+                    "they finish; rerunning the same search into OUT skips what is done. " + SCALING_MODEL
+                    + " A configuration whose rate per device is above what fewer devices give (beyond the KV "
+                    "its sharded weights free) is flagged superlinear and not ranked; a rate at the ladder's "
+                    "top is a lower bound, printed '>= HI'.")
     w = p.add_argument_group("workload (re-timed to each rate)")
     w.add_argument("--trace", metavar="NAME|FILE", help="azure-conv, azure-code, mooncake (shipped), or a CSV, "
                    "JSONL or lengths file (default: synthetic)")
@@ -112,7 +116,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
                    help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
-    g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...")
+    g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...",
+                   help="devices per replica: one tensor-parallel replica, ideal scaling, no communication time")
     g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
                    help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "
                         "one spelling, f16; fp8 and int8 take :head, :gN or :tensor)")
@@ -230,9 +235,32 @@ def _print_latency(lat: LatencyResult, slos: list[SLO], cost_unit: str) -> None:
         print(f"SLO {s.name} at {rate:.3g} req/s: " + "; ".join(parts))
 
 
+def _print_best(rows: list[dict[str, Any]], best: dict[str, Any], slos: list[SLO], ladder: RateLadder, unit: str,
+                front: dict[str, list[dict[str, Any]]]) -> None:
+    """The scaling model in one line, then per SLO its best point (a rate at the ladder's
+    top printed as ``>= top``) and the superlinear points it did not rank."""
+    flagged = {s.name: [r for r in rows if r.get(f"{s.name}_superlinear")] for s in slos}
+    print(scaling_note(len({r["key"] for f in flagged.values() for r in f})))
+    for s in slos:
+        b, n = best[s.name], s.name
+        skipped = (f"; {len(flagged[n])} superlinear configuration{'s' * (len(flagged[n]) != 1)} not ranked"
+                   if flagged[n] else "")
+        if b is None:
+            print(f"SLO {n}: no configuration sustains {ladder.lo:g} req/s{skipped}")
+            continue
+        print(f"SLO {n}: best {b['key']}: {rate_text(b[n + '_rate'], b[n + '_rate_is_lower_bound'])} req/s "
+              f"sustained, {b[n + '_objective']:.4g} {unit}; ttft p99 {_fmt(b[n + '_ttft_p99'])} s, "
+              f"tpot p50/p99 {_fmt(b[n + '_tpot_p50'])}/{_fmt(b[n + '_tpot_p99'])} s, "
+              f"{_fmt(b[n + '_output_throughput'], 4)} tok/s; frontier: {len(front[n])} points{skipped}")
+        if b[n + "_rate_is_lower_bound"]:
+            print(f"pykvpool: warning: SLO {n}: the best point sustains the top rate, so at least "
+                  f"{ladder.hi:g} req/s; raise --rates HI to tell the best ones apart", file=sys.stderr)
+
+
 def main_search(args: argparse.Namespace) -> int:
-    """Run ``pykvpool search``: print the best point per SLO and the ends of each cost vs
-    latency frontier, and write the tables and figures into ``--out``. Returns 0.
+    """Run ``pykvpool search``: print the scaling model, the best point per SLO (points
+    flagged superlinear are not ranked) and the ends of each cost vs latency frontier,
+    and write the tables and figures into ``--out``. Returns 0.
 
     Raises:
         InvalidArgumentError and its subclasses (bad options, trace, prices or SLOs;
@@ -256,18 +284,7 @@ def main_search(args: argparse.Namespace) -> int:
             lat = reference_latency(res, rate=args.latency_rate, backend=backend, out=args.out, progress=progress)
     print(f"{len(res.rows)} configurations of {model.name} on {len(w)} requests ({args.strategy}, {backend.kind}): "
           f"{res.evaluated} evaluated in {res.seconds:.1f} s, {sum(r.get('sims', 0) for r in res.rows)} simulations")
-    for s in slos:
-        b = res.best[s.name]
-        if b is None:
-            print(f"SLO {s.name}: no configuration sustains {args.rates.lo:g} req/s")
-            continue
-        print(f"SLO {s.name}: best {b['key']}: {b[s.name + '_rate']:.3g} req/s sustained, "
-              f"{b[s.name + '_objective']:.4g} {objective.unit}; ttft p99 {_fmt(b[s.name + '_ttft_p99'])} s, "
-              f"tpot p50/p99 {_fmt(b[s.name + '_tpot_p50'])}/{_fmt(b[s.name + '_tpot_p99'])} s, "
-              f"{_fmt(b[s.name + '_output_throughput'], 4)} tok/s; frontier: {len(res.frontier[s.name])} points")
-        if b[s.name + "_rate"] >= args.rates.rates()[-1]:
-            print(f"pykvpool: warning: SLO {s.name}: the best point sustains the top rate ({args.rates.hi:g} req/s); "
-                  "raise --rates HI to tell the best ones apart", file=sys.stderr)
+    _print_best(res.rows, res.best, slos, args.rates, objective.unit, res.frontier)
     cost = "devices" if objective.kind == "per_device" else "$ per hour"
     if lat is not None:
         _print_latency(lat, slos, cost)

@@ -1,6 +1,7 @@
-"""The report's deployment-search section: the best configuration per SLO with
-its simulated metrics, the cost vs goodput frontier and the cost vs latency frontiers,
-with their figures.
+"""The report's deployment-search section: the scaling model the search assumes and the
+configurations it flags superlinear (:mod:`pykvpool.search.scaling`), the best
+configuration per SLO with its simulated metrics, the cost vs goodput frontier and the
+cost vs latency frontiers, with their figures (rates at the ladder's top as ``>= x``).
 
 By default the report runs a small search itself (:data:`SMALL_SEARCH`: 48
 configurations on the first 1,000 requests of the shipped Azure conversation trace,
@@ -25,6 +26,7 @@ from pykvpool.search.figures import draw_figures, draw_latency_figure
 from pykvpool.search.folder import SearchFolder, read_search
 from pykvpool.search.latency import candidates, latency_frontier, reference_latency
 from pykvpool.search.output import frontier
+from pykvpool.search.scaling import SCALING_MODEL, SCALING_TOLERANCE, rate_text
 from pykvpool.simulate import traces
 from pykvpool.tracefile import named_trace_path
 
@@ -122,11 +124,40 @@ def _best_table(folder: SearchFolder) -> str:
         if b is None:
             rows.append([n, _bounds(s), "none sustains the lowest rate", "-", "-", "-", "-", "-", "-"])
             continue
-        rows.append([n, _bounds(s), _key(b), f"{b[n + '_rate']:.3g}", f"{b[n + '_objective']:.4g}",
+        rows.append([n, _bounds(s), _key(b), _rate(b, n), f"{b[n + '_objective']:.4g}",
                      _s(b.get(n + "_ttft_p99")), _ms(b.get(n + "_tpot_p50")), _ms(b.get(n + "_tpot_p99")),
                      _tok(b.get(n + "_output_throughput"))])
     return markdown_table(["SLO", "bounds", "best configuration", "sustained (req/s)", folder.unit,
                            "p99 TTFT (s)", "p50 TPOT (ms)", "p99 TPOT (ms)", "output tok/s"], rows)
+
+
+def _rate(row: dict[str, Any], slo: str) -> str:
+    """A row's sustained rate for ``slo``, ``>= top`` when it is the ladder's top rung."""
+    return rate_text(row[f"{slo}_rate"], row.get(f"{slo}_rate_is_lower_bound"))
+
+
+def _superlinear(folder: SearchFolder) -> dict[str, list[dict[str, Any]]]:
+    return {s.name: [r for r in folder.rows if r.get(f"{s.name}_superlinear")] for s in folder.slos}
+
+
+def _scaling(folder: SearchFolder) -> tuple[str, str]:
+    """The scaling model's paragraph, and the table of the points it flagged."""
+    flagged = _superlinear(folder)
+    count = len({r["key"] for rows in flagged.values() for r in rows})
+    text = (f"{SCALING_MODEL} Until the simulator models communication, more devices look better than they "
+            "are: a configuration whose sustained rate per device is above that of the same configuration on "
+            f"fewer devices by more than its larger KV pool per device explains (plus {SCALING_TOLERANCE:.0%}) "
+            "is flagged superlinear and is neither a best point nor on a frontier. A rate written `>= x` is the "
+            "ladder's top rung: the configuration sustains at least that.\n")
+    if not count:
+        return text, "No configuration of this search is flagged superlinear.\n"
+    rows: list[list[object]] = []
+    for s in folder.slos:
+        rows += [[s.name, _key(r), _rate(r, s.name), f"{r[s.name + '_rate'] / r['devices']:.3g}"]
+                 for r in flagged[s.name]]
+    return text, (f"{count} configuration{'s' * (count != 1)} flagged superlinear under an SLO (not ranked for "
+                  "it):\n\n" + markdown_table(["SLO", "configuration", "sustained (req/s)", "req/s per device"],
+                             _clip(rows, 4, "points.csv")) + "\n")
 
 
 def _clip(rows: list[list[object]], ncols: int, file: str) -> list[list[object]]:
@@ -140,7 +171,7 @@ def _clip(rows: list[list[object]], ncols: int, file: str) -> list[list[object]]
 def _goodput_table(folder: SearchFolder) -> str:
     rows: list[list[object]] = []
     for s in folder.slos:
-        rows += [[s.name, f"{r['cost']:g}", _key(r), f"{r[s.name + '_rate']:.3g}",
+        rows += [[s.name, f"{r['cost']:g}", _key(r), _rate(r, s.name),
                   f"{r[s.name + '_objective']:.4g}"] for r in frontier(folder.rows, s.name)]
     return markdown_table(["SLO", folder.cost_unit, "configuration", "sustained (req/s)", folder.unit],
                           _clip(rows, 5, "frontier.csv"))
@@ -186,13 +217,16 @@ def _markdown(folder: SearchFolder, seconds: Optional[float], rates: dict[str, O
            "This search ran without its reference-rate runs (`--no-latency`): only the frontier at each point's "
            "own sustained rate is drawn. Run the same `pykvpool search` into the folder again without "
            "`--no-latency` to add them (only those runs are made).\n")
+    scaling = _scaling(folder)
     parts = [
         "## 9. Deployment search: the best configuration per SLO\n",
         _intro(folder, seconds),
+        scaling[0],
         _best_table(folder) + "\n",
         f"![cost vs sustained rate]({figs[FIGURES[0]].name})\n",
         "Cost vs goodput frontier (no cheaper configuration sustains as much):\n",
         _goodput_table(folder) + "\n",
+        scaling[1],
         f"![cost vs latency]({figs[FIGURES[1]].name})\n",
         lat,
     ]
@@ -203,6 +237,8 @@ def _markdown(folder: SearchFolder, seconds: Optional[float], rates: dict[str, O
             "configurations": len(folder.rows), "strategy": folder.strategy, "objective": folder.objective,
             "seconds": seconds, "best": folder.best, "reference_rates": rates, "latency_source": source,
             "frontier": {s: [r["key"] for r in frontier(folder.rows, s)] for s in _names(folder.slos)},
+            "scaling_model": SCALING_MODEL,
+            "superlinear": {s: [r["key"] for r in rows] for s, rows in _superlinear(folder).items()},
             "latency_frontier": (folder.latency or {}).get("frontier", [])}
     return "\n".join(parts), data
 

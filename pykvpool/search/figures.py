@@ -8,14 +8,20 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from pykvpool.plotting import new_figure, save, subplots
+from pykvpool.plotting import new_figure, subplots
 from pykvpool.search.latency import LATENCY_METRICS, candidates, latency_frontier
 from pykvpool.search.output import best_points, frontier
+from pykvpool.search.scaling import SCALING_MODEL, rate_text
 from pykvpool.search.slo import SLO
 
-__all__ = ["draw_figures", "draw_latency_figure"]
+__all__ = ["MAX_BARS", "draw_figures", "draw_latency_figure", "short_names"]
 
 Row = dict[str, Any]
+
+
+#: Most bars per SLO in the sustained-rate figure (the highest rates; all are in points.csv).
+MAX_BARS = 50
+_FOOT_IN = 0.3  # inches under the axes for the scaling model's line
 
 
 def _integer_devices(ax: Any, cost_unit: str) -> None:
@@ -25,39 +31,144 @@ def _integer_devices(ax: Any, cost_unit: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def short_names(rows: Sequence[Row]) -> dict[str, str]:
+    """Each row's key cut to the fields that differ between ``rows`` (e.g.
+    ``h100-sxm|x2|fp8|r256``; the whole key when there is one row).
+
+    Raises:
+        KeyError: a row without ``key``.
+    """
+    parts = [str(r["key"]).split("|") for r in rows]
+    if len(parts) < 2:
+        return {str(r["key"]): str(r["key"]) for r in rows}
+    keep = [i for i in range(len(parts[0])) if len({tuple(p[i:i + 1]) for p in parts}) > 1]
+    return {str(r["key"]): "|".join(p[i] for i in keep) or str(r["key"]) for r, p in zip(rows, parts)}
+
+
+def _finish(fig: Any, path: Path, note: str, height: float) -> None:
+    """The scaling model's line under the axes, then the file."""
+    fig.tight_layout(rect=(0.0, _FOOT_IN / height, 1.0, 1.0))
+    fig.text(0.01, 0.08 * _FOOT_IN / height, note, fontsize=7, color="#444444", ha="left", va="bottom")
+    fig.savefig(path, dpi=120)
+
+
+def _flags(rows: Sequence[Row], slo: str) -> tuple[list[Row], list[Row]]:
+    """The rows that sustain a rate for ``slo``: ranked ones, and the superlinear ones."""
+    ok = [r for r in rows if r.get(f"{slo}_state") == "ok"]
+    return [r for r in ok if not r.get(f"{slo}_superlinear")], [r for r in ok if r.get(f"{slo}_superlinear")]
+
+
+def _jitter(rows: Sequence[Row], span: float) -> list[float]:
+    """Costs spread a little where several rows share one cost and rate (so each shows)."""
+    seen: dict[tuple[float, float], int] = {}
+    out = []
+    for r in rows:
+        k = (r["cost"], r["_rate"])
+        n = seen[k] = seen.get(k, 0) + 1
+        out.append(r["cost"] + span * 0.012 * ((n // 2) * (-1) ** n))
+    return out
+
+
+def _scatter(ax: Any, rows: list[Row], s: str, span: float, color: str, what: str, marker: str) -> None:
+    pts = [{**r, "_rate": r[f"{s}_rate"]} for r in rows]
+    xs = _jitter(pts, span)
+    for bound, mk in ((False, marker), (True, "^")):
+        sel = [(x, p["_rate"]) for x, p in zip(xs, pts) if bool(p.get(f"{s}_rate_is_lower_bound")) == bound]
+        if sel:
+            label = f"{what} ({len(rows)})" if not bound or not any(not p.get(f"{s}_rate_is_lower_bound")
+                                                                  for p in pts) else None
+            ax.scatter([x for x, _ in sel], [y for _, y in sel], s=14, color=color, marker=mk, label=label,
+                       zorder=3)
+
+
+def _frontier_panel(ax: Any, rows: Sequence[Row], s: str, cost_unit: str, names: dict[str, str]) -> None:
+    ranked, flagged = _flags(rows, s)
+    costs = [r["cost"] for r in rows] or [1.0]
+    span = max(costs) - min(costs) or 1.0
+    _scatter(ax, ranked, s, span, "#9e9e9e", "configurations", "o")
+    _scatter(ax, flagged, s, span, "#d62728", "superlinear: not ranked", "x")
+    front = frontier(rows, s)
+    ax.step([r["cost"] for r in front], [r[f"{s}_rate"] for r in front], where="post", color="#c1440e",
+            label=f"frontier ({len(front)})", zorder=4)
+    for r in front:
+        ax.annotate(names[r["key"]], (r["cost"], r[f"{s}_rate"]), xytext=(4, -9), textcoords="offset points",
+                    fontsize=6, color="#c1440e", ha="right" if r["cost"] >= max(costs) else "left")
+    tops = [r[f"{s}_rate"] for r in rows if r.get(f"{s}_rate_is_lower_bound")]
+    if tops:
+        ax.axhline(max(tops), color="#555555", linestyle=":", linewidth=1,
+                   label=f"ladder top {max(tops):.3g} req/s: rates there are at least (^)")
+    ax.set_xlabel(cost_unit)
+    _integer_devices(ax, cost_unit)
+    _log_rates(ax)
+    ax.set_title(f"SLO {s}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
+
+
+def _log_rates(ax: Any) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    ax.set_ylabel("sustained rate (req/s, log scale)")
+
+
 def _frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str, path: Path) -> None:
-    fig, axes = subplots(len(slos), (5.0 * len(slos), 4.0))
+    height = 5.0
+    fig, axes = subplots(len(slos), (5.5 * len(slos), height))
+    names = short_names(rows)
     for ax, s in zip(axes, slos):
-        ok = [r for r in rows if r.get(f"{s}_state") == "ok"]
-        ax.scatter([r["cost"] for r in ok], [r[f"{s}_rate"] for r in ok], s=10, color="#9e9e9e",
-                   label=f"{len(ok)} configurations")
-        front = frontier(rows, s)
-        ax.step([r["cost"] for r in front], [r[f"{s}_rate"] for r in front], where="post", color="#c1440e",
-                marker="o", label=f"frontier ({len(front)})")
-        ax.set_xlabel(cost_unit)
-        _integer_devices(ax, cost_unit)
-        ax.set_ylabel("sustained rate (req/s)")
-        ax.set_title(f"SLO {s}")
-        ax.legend(loc="best", fontsize=8)
-    save(fig, path)
+        _frontier_panel(ax, rows, s, cost_unit, names)
+    _finish(fig, path, _note(rows, slos), height)
+
+
+def _note(rows: Sequence[Row], slos: Sequence[str]) -> str:
+    """The figures' footnote: the scaling model (the legends count the flagged points)."""
+    return SCALING_MODEL
+
+
+def _rates_panel(ax: Any, rows: Sequence[Row], s: str, names: dict[str, str]) -> None:
+    sim = sorted((r for r in rows if r.get(f"{s}_state") in ("ok", "none")), key=lambda r: -r[f"{s}_rate"])
+    shown = sim[:MAX_BARS]
+    ys = list(range(len(shown)))
+    colors = ["#d62728" if r.get(f"{s}_superlinear") else "#1f4e79" for r in shown]
+    ax.barh(ys, [r[f"{s}_rate"] for r in shown], height=0.8, color=colors)
+    top = max([r[f"{s}_rate"] for r in shown] or [1.0])
+    for y, r in zip(ys, shown):
+        text = rate_text(r[f"{s}_rate"], r.get(f"{s}_rate_is_lower_bound")) if r[f"{s}_state"] == "ok" else "none"
+        ax.text(r[f"{s}_rate"] + top * 0.01, y, text, va="center", fontsize=6)
+    ax.set_yticks(ys, [names[r["key"]] for r in shown], fontsize=6)
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.set_xlim(0, top * 1.18)
+    ax.set_xlabel("sustained rate (req/s)")
+    more = f", the {len(shown)} highest of {len(sim)} shown" if len(sim) > len(shown) else ""
+    ax.set_title(f"SLO {s}: {len(sim)} simulated configurations{more}", fontsize=9)
+    if any(r.get(f"{s}_superlinear") for r in shown):
+        from matplotlib.patches import Patch
+
+        ax.legend([Patch(color="#1f4e79"), Patch(color="#d62728")], ["ranked", "superlinear: not ranked"],
+                  loc="lower right", fontsize=7)
 
 
 def _rates_figure(rows: Sequence[Row], slos: Sequence[str], path: Path) -> None:
-    fig, axes = subplots(len(slos), (5.0 * len(slos), 4.0))
+    bars = max([sum(r.get(f"{s}_state") in ("ok", "none") for r in rows) for s in slos] or [1])
+    height = 1.3 + 0.16 * min(bars, MAX_BARS)
+    fig, axes = subplots(len(slos), (6.0 * len(slos), height))
+    names = short_names(rows)
     for ax, s in zip(axes, slos):
-        rates = sorted((r[f"{s}_rate"] for r in rows if r.get(f"{s}_state") in ("ok", "none")), reverse=True)
-        ax.bar(range(len(rates)), rates, width=0.9 if len(rates) <= 100 else 1.0, color="#1f4e79")
-        ax.set_xlabel("configurations, by sustained rate")
-        ax.set_ylabel("sustained rate (req/s)")
-        ax.set_title(f"SLO {s}: {len(rates)} simulated configurations")
-    save(fig, path)
+        _rates_panel(ax, rows, s, names)
+    _finish(fig, path, _note(rows, slos), height)
 
 
 def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: Sequence[str],
                  cost_unit: str, names: tuple[str, str] = ("frontier.png", "sustained_rate.png")) -> list[Path]:
-    """Write ``names[0]`` (cost in ``cost_unit`` against sustained rate, every point and
-    the frontier) and ``names[1]`` (each simulated configuration's sustained rate,
-    sorted) into ``directory``; returns their paths.
+    """Write ``names[0]`` (cost in ``cost_unit`` against sustained rate, log scale: every
+    point, superlinear ones marked and not ranked, rates at the ladder's top drawn as
+    lower bounds, and the frontier, its points named) and ``names[1]`` (each simulated
+    configuration's sustained rate, sorted, each bar named and labelled, ``>=`` at the
+    ladder's top; at most :data:`MAX_BARS` per SLO) into ``directory``, each with the
+    scaling model's line (:func:`pykvpool.search.scaling.scaling_note`); returns their paths.
 
     Raises:
         OSError: a file cannot be written.
@@ -116,14 +227,15 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
     reference rate ``rates[slo]`` (requests/s; from ``entries``, see
     :func:`pykvpool.search.latency.candidates`, for a workload of ``n`` requests), their
     cost (``cost_unit``) vs latency frontier, the frontier at each point's own sustained
-    rate, the best point and the SLO's bound; returns the path.
+    rate, the best point and the SLO's bound, and the scaling model's line; returns the path.
 
     Raises:
         OSError: the file cannot be written.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    fig = new_figure((11.0, 0.6 + 3.8 * len(slos)))
+    height = 0.6 + _FOOT_IN + 3.8 * len(slos)
+    fig = new_figure((11.0, height))
     axes = fig.subplots(len(slos), len(LATENCY_METRICS), squeeze=False)
     best = best_points(rows, [s.name for s in slos])
     handles: dict[str, Any] = {}
@@ -134,9 +246,12 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
             _integer_devices(ax, cost_unit)
             for h, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, h)
-    fig.tight_layout(rect=(0.0, 0.6 / (0.6 + 3.8 * len(slos)), 1.0, 1.0))
+    fig.tight_layout(rect=(0.0, (0.6 + _FOOT_IN) / height, 1.0, 1.0))
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False)
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, _FOOT_IN / height))
+    fig.text(0.01, 0.08 * _FOOT_IN / height, _note(rows, [s.name for s in slos]), fontsize=7, color="#444444",
+             ha="left", va="bottom")
     path = d / name
     fig.savefig(path, dpi=120)
     return path

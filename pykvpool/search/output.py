@@ -210,14 +210,18 @@ def frontier(rows: Sequence[Row], slo: str) -> list[Row]:
 
 def best_points(rows: Sequence[Row], slos: Sequence[str]) -> dict[str, Optional[Row]]:
     """Per SLO, the row of highest objective (ties: lower cost, then the first in order)
-    among the rows :func:`ranked` admits, or None when none sustains any rate.
+    among the rows :func:`ranked` admits, or None when none sustains any rate. Objectives
+    are compared to 12 significant digits: rungs are ``lo x exp(r i)`` in floating point,
+    so 4 devices at 64 req/s and 1 at 16 are a tie (won by the cheaper), not a win by a
+    rounding error.
 
     Raises:
         KeyError: a row without ``cost`` or an SLO's columns.
     """
     out: dict[str, Optional[Row]] = {}
     for s in slos:
-        cands = [(r[f"{s}_objective"], -r["cost"], -i, r) for i, r in enumerate(rows) if ranked(r, s)]
+        cands = [(float(f"{r[f'{s}_objective']:.12g}"), -r["cost"], -i, r) for i, r in enumerate(rows)
+                 if ranked(r, s)]
         out[s] = max(cands, key=lambda c: c[:3])[3] if cands else None
     return out
 

@@ -44,7 +44,7 @@ Row = dict[str, Any]
 SCALING_ID = "ideal-tp"
 #: The scaling model in one line, as every output states it.
 SCALING_MODEL = ("Scaling model: N devices are one tensor-parallel replica with N x one device's memory, "
-                 "bandwidth and FLOP/s and no communication time (ideal scaling; weights stored once).")
+                 "bandwidth and FLOP/s, no communication time (ideal scaling).")
 #: How far (a fraction) a point's rate per device may exceed what its KV gain explains
 #: before it is flagged superlinear.
 SCALING_TOLERANCE = 0.05

@@ -15,6 +15,7 @@ import pytest
 from pykvpool import search as ds
 from pykvpool import simulate as sim
 from pykvpool.planning.models import model_preset
+from pykvpool.search.output import best_points
 from pykvpool.simulate import traces
 from pykvpool.tracefile import named_trace_path
 from pykvpool.search.scaling import SCALING_MODEL, SCALING_TOLERANCE, is_superlinear, rate_text, scaling_note
@@ -130,3 +131,11 @@ def test_a_point_with_a_lower_objective_but_a_higher_rate_stays_on_the_frontier(
     assert two["batch_state"] == "ok" and two["batch_rate"] == top and two["batch_rate_is_lower_bound"]
     assert [r["key"] for r in res.frontier["batch"]] == [one["key"], two["key"]]
     assert res.best["batch"] is not None and res.best["batch"]["key"] == one["key"]
+
+
+def test_equal_objectives_up_to_rounding_go_to_the_cheaper_point() -> None:
+    rates = ds.RateLadder().rates()
+    one = {"key": "one", "cost": 1.0, "s_state": "ok", "s_rate": rates[15], "s_objective": rates[15] / 1}
+    four = {"key": "four", "cost": 4.0, "s_state": "ok", "s_rate": rates[21], "s_objective": rates[21] / 4}
+    assert four["s_objective"] > one["s_objective"]  # 16 and 64 / 4, a rounding error apart
+    assert best_points([four, one], ["s"])["s"]["key"] == "one"  # type: ignore[index]
