@@ -24,12 +24,13 @@ from markdown_it.utils import EnvType, OptionsDict
 
 from pykvpool.checks import invalid
 
-__all__ = ["MAX_FIGURE_BYTES", "MAX_MARKDOWN_BYTES", "write_html"]
+__all__ = ["MAX_FIGURES_BYTES", "MAX_MARKDOWN_BYTES", "write_html"]
 
 MAX_MARKDOWN_BYTES = 16 << 20
 """Largest ``report.md`` :func:`write_html` reads, bytes."""
-MAX_FIGURE_BYTES = 32 << 20
-"""Largest PNG figure :func:`write_html` inlines, bytes; a larger one is left out."""
+MAX_FIGURES_BYTES = 256 << 20
+"""Most PNG bytes :func:`write_html` inlines in one page, all figures together (a figure
+shown twice counts twice); a figure beyond it is left out."""
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _TOC_LEVELS = ("h2", "h3")
@@ -131,9 +132,9 @@ def _read_limited(path: Path, limit: int) -> bytes | None:
     return data if len(data) <= limit else None
 
 
-def _figure(folder: Path, src: str) -> tuple[str | None, str]:
-    """The ``data:`` URI of the figure ``src`` names, or None and why it is left out: only
-    a PNG file inside ``folder`` (links followed) of at most :data:`MAX_FIGURE_BYTES`."""
+def _figure(folder: Path, src: str, budget: int) -> tuple[bytes | None, str]:
+    """The bytes of the figure ``src`` names, or None and why it is left out: only a PNG
+    file inside ``folder`` (links followed) of at most ``budget`` bytes."""
     name = unquote(src)
     if not name or ":" in name or name.startswith(("/", "\\")) or "?" in name or "#" in name:
         return None, "not a file of the report's folder"
@@ -143,23 +144,25 @@ def _figure(folder: Path, src: str) -> tuple[str | None, str]:
         return None, "not a PNG file of the report's folder"
     if not path.is_file():
         return None, "file not found"
-    data = _read_limited(path, MAX_FIGURE_BYTES)
-    if data is None or not data.startswith(_PNG_MAGIC):
-        return None, "not a PNG file" if data is not None else "larger than MAX_FIGURE_BYTES"
-    return "data:image/png;base64," + base64.b64encode(data).decode("ascii"), ""
+    data = _read_limited(path, budget)
+    if data is None:
+        return None, "the page's figures would exceed MAX_FIGURES_BYTES"
+    return (data, "") if data.startswith(_PNG_MAGIC) else (None, "not a PNG file")
 
 
 def _inline_figures(tokens: list[Token], folder: Path) -> None:
     """Point every image at its inlined data, or mark it left out (``meta["missing"]``)."""
+    budget = MAX_FIGURES_BYTES
     for tok in tokens:
         for child in tok.children or ():
             if child.type != "image":
                 continue
-            uri, why = _figure(folder, str(child.attrGet("src") or ""))
-            if uri is None:
+            data, why = _figure(folder, str(child.attrGet("src") or ""), budget)
+            if data is None:
                 child.meta["missing"] = why
-            else:
-                child.attrSet("src", uri)
+                continue
+            budget -= len(data)
+            child.attrSet("src", "data:image/png;base64," + base64.b64encode(data).decode("ascii"))
 
 
 def _slug(text: str, taken: set[str]) -> str:
@@ -271,9 +274,9 @@ def write_html(out_dir: str | os.PathLike[str]) -> Path:
     return its path.
 
     The page needs nothing else: each figure the Markdown shows is inlined as a
-    ``data:image/png`` URI when it is a PNG file inside ``out_dir`` of at most
-    :data:`MAX_FIGURE_BYTES` bytes (any other image, e.g. a path leading out of the folder,
-    is never read and is shown as a note saying why); the contents list the ``##`` and
+    ``data:image/png`` URI when it is a PNG file inside ``out_dir`` and the page's figures
+    stay within :data:`MAX_FIGURES_BYTES` bytes (any other image is shown as a note saying
+    why; a path leading out of the folder is never read); the contents list the ``##`` and
     ``###`` headings; a click on a table's header sorts its rows (numbers by value). Raw
     HTML in the Markdown is shown as text, and the page's Content-Security-Policy forbids
     any network request. The file is replaced at once: an error leaves any earlier

@@ -117,6 +117,16 @@ def test_markdown_is_escaped_and_no_file_outside_the_folder_is_read(tmp_path: Pa
     assert "example.com" not in page
 
 
+def test_figures_beyond_the_pages_byte_budget_are_left_out(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    fig = _png(tmp_path / "fig.png", (0, 0, 255))
+    monkeypatch.setattr(report_html, "MAX_FIGURES_BYTES", 2 * len(fig) + 1)
+    (tmp_path / "report.md").write_text("# t\n\n" + "![f](fig.png)\n\n" * 5, encoding="utf-8")
+    page = write_html(tmp_path).read_text(encoding="utf-8")
+    assert page.count(base64.b64encode(fig).decode()) == 2
+    assert page.count("would exceed MAX_FIGURES_BYTES") == 3
+
+
 def test_headings_get_githubs_anchors_so_the_markdowns_links_hold(tmp_path: Path) -> None:
     (tmp_path / "report.md").write_text(
         "# T\n\nSee [closing](#closing-note-the-articles-values-beside-pykvpools), "
