@@ -5,7 +5,8 @@ simulated through a real ``HybridPool`` (:mod:`pykvpool.simulate.video`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+from typing import Any, Optional
 
 from pykvpool.cli._common import write_outputs
 from pykvpool.cli.argtypes import (
@@ -23,7 +24,8 @@ from pykvpool.planning.ledger import GIB
 from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel
 from pykvpool.progress import ProgressBar
 from pykvpool.report.tables import markdown_table
-from pykvpool.simulate.video import VideoRoofline, kv_pool_blocks, streams_at_real_time
+from pykvpool.simulate.video import RealTimeCapacity, VideoRoofline, kv_pool_blocks, streams_at_real_time
+from pykvpool.simulate.video_plots import REPORTED_FPS, plot_kv_over_time, stream_kv_curve
 
 __all__ = ["MAX_SECONDS", "add_subcommand", "main_video"]
 
@@ -47,6 +49,54 @@ def _cache(m: VideoModel) -> str:
     if m.window_frames is None:
         return "full history"
     return f"{m.sink_frames} sinks + {m.window_frames} frames + chunk {m.frames_per_chunk}"
+
+
+def _reported(args: argparse.Namespace, key: str, m: VideoModel, hw_key: str) -> Optional[float]:
+    """The fps the preset's source reports on ``hw_key``, for the preset's own policy."""
+    r = REPORTED_FPS.get(key)
+    own = m == VIDEO_MODELS[key]
+    return r.fps if r is not None and own and r.hardware == hw_key else None
+
+
+def _fps_lines(args: argparse.Namespace, caps: dict[tuple[str, str], RealTimeCapacity]) -> list[str]:
+    """One stream alone: the roofline's fps beside what each selected preset's source reports."""
+    lines = []
+    for key in args.models:
+        r = REPORTED_FPS.get(key)
+        if r is None:
+            continue
+        name, hw = VIDEO_MODELS[key].name, HARDWARE[r.hardware].name
+        cap = caps.get((key, r.hardware))
+        if args.window is not None or args.sinks is not None:
+            lines.append(f"{name}: {r.source} reports {r.fps:g} fps for its own window, not the one asked "
+                         "(--window/--sinks)")
+        elif cap is None:
+            lines.append(f"{name}: {r.source} reports {r.fps:g} fps on the {hw} (add --hardware {r.hardware} "
+                         "to compare)")
+        else:
+            lines.append(f"{name}, one stream alone on the {hw}: {cap.single_fps:.1f} fps estimated by this "
+                         f"roofline (slowest chunk) vs {r.fps:g} fps reported ({r.source}); VAE decoding, text "
+                         "encoding and kernels below 60% of peak are not modelled, so stream counts are upper "
+                         "bounds")
+    return lines
+
+
+def _figure(args: argparse.Namespace, variants: list[tuple[str, VideoModel]],
+            pool_blocks: dict[tuple[int, str], int]) -> Optional[str]:
+    """``kv_over_time.png`` in ``--out``: one panel per preset, its variants' KV over the video."""
+    if not args.out:
+        return None
+    panels: dict[str, list[Any]] = {}
+    budgets: dict[str, dict[str, float]] = {}
+    for i, (key, m) in enumerate(variants):
+        title = f"{VIDEO_MODELS[key].name}, {args.seconds:g} s"
+        panels.setdefault(title, []).append(stream_kv_curve(m, args.seconds, args.block_size))
+        page = args.block_size * m.kv_bytes_per_token()
+        budgets[title] = {HARDWARE[hk].name: pool_blocks[(i, hk)] * page / GIB for hk in args.hardware}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "kv_over_time.png")
+    plot_kv_over_time(panels, path, budgets)
+    return path
 
 
 def main_video(args: argparse.Namespace) -> int:
@@ -74,27 +124,39 @@ def main_video(args: argparse.Namespace) -> int:
     for key, m in variants:
         data["kv"].append({"preset": key, "cache": _cache(m),
                            "bytes": {d: m.kv_stream_bytes(s, d) for d in ("bf16", VIDEO_KV_8BIT)}})
+    caps: dict[tuple[str, str], RealTimeCapacity] = {}
     with ProgressBar("simulating streams", len(variants) * len(hws), enabled=not args.quiet) as bar:
         for i, (key, m) in enumerate(variants):
             for hk, hw in hws.items():
                 blocks = pool_blocks[(i, hk)]
                 cap = streams_at_real_time(VideoRoofline(m, hw), s, blocks, args.block_size)
+                reported = _reported(args, key, m, hk)
+                if reported is not None:
+                    caps[(key, hk)] = cap
                 serve_rows.append([key, _cache(m), hw.name, f"{blocks:,}", cap.memory_streams,
                                    cap.streams, cap.limit if cap.memory_streams else "memory (does not fit)",
-                                   f"{cap.single_fps:.1f}" if cap.memory_streams else "-"])
+                                   f"{cap.single_fps:.1f}" if cap.memory_streams else "-",
+                                   "-" if reported is None else f"{reported:g}"])
                 data["streams"].append({"preset": key, "cache": _cache(m), "hardware": hk,
-                                        "capacity": vars(cap)})
+                                        "capacity": vars(cap), "reported_fps": reported})
                 bar(len(serve_rows))
     kv_md = markdown_table(["preset", "cache", f"KV B/token bf16 / {VIDEO_KV_8BIT}",
                             f"GiB / stream @ {s:g} s bf16", VIDEO_KV_8BIT], kv_rows)
     serve_md = markdown_table(["preset", "cache", "GPU", "KV blocks", "streams in memory",
-                               "streams at real time", "limit", "one stream alone (fps)"], serve_rows)
+                               "streams at real time", "limit", "one stream alone (fps)",
+                               "reported (fps)"], serve_rows)
     print(f"KV per stream at {s:g} s of video ({VIDEO_KV_8BIT}, the 8-bit KV a VideoCache stores: 1 B per "
           "element, one fp32 scale per layer, K/V and KV head):\n" + kv_md + "\n")
     print(f"Streams of {s:g} s per GPU at real time (bf16 KV, pages of {args.block_size} tokens; "
           "budgets: " + "; ".join(f"{hws[k].name} {b}" for k, b in data["budgets"].items()) + "):\n"
           + serve_md)
-    write_outputs(args.out, "video", kv_md + "\n\n" + serve_md + "\n", data)
+    fps = _fps_lines(args, caps)
+    if fps:
+        print("\n" + "\n".join(fps))
+    write_outputs(args.out, "video", kv_md + "\n\n" + serve_md + "\n" + "".join(f"\n{ln}\n" for ln in fps), data)
+    fig = _figure(args, variants, pool_blocks)
+    if fig:
+        print(f"wrote {fig} (KV held by one stream over the video)")
     return 0
 
 
@@ -123,6 +185,7 @@ def add_subcommand(sub: Any) -> None:
     pv.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=16,
                     help="tokens per page (default 16)")
     add_budget_args(pv.add_argument_group("budget (each device's default unless given)"))
-    pv.add_argument("--out", metavar="DIR", help="also write the results into DIR (Markdown + JSON)")
+    pv.add_argument("--out", metavar="DIR", help="also write the results into DIR: video.md, video.json and "
+                    "kv_over_time.png (KV held by one stream over the video, per preset)")
     add_quiet(pv)
     pv.set_defaults(func=main_video)

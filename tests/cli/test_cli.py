@@ -267,3 +267,31 @@ def test_every_subcommand_takes_quiet() -> None:
         args = p.parse_args([*required, "--quiet"])
         assert args.quiet is True, name
         assert p.parse_args(required).quiet is False, name
+
+
+def test_video_prints_the_estimated_fps_beside_the_reported_one_and_draws_kv(tmp_path: Path) -> None:
+    from pykvpool.planning.hardware import HARDWARE
+    from pykvpool.planning.ledger import default_budget
+    from pykvpool.planning.video import VIDEO_MODELS
+    from pykvpool.simulate.video import VideoRoofline, kv_pool_blocks, streams_at_real_time
+
+    r = run("video", "--models", "longlive", "--hardware", "h100-sxm", "--quiet", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    m, hw = VIDEO_MODELS["longlive"], HARDWARE["h100-sxm"]
+    single = streams_at_real_time(VideoRoofline(m, hw), 60.0, kv_pool_blocks(m, default_budget(hw), 16)).single_fps
+    assert f"H100 SXM: {single:.1f} fps estimated by this roofline (slowest chunk) vs 20.7 fps reported" in r.stdout
+    assert "| reported (fps) |" in r.stdout
+    assert f"| longlive | 3 sinks + 6 frames + chunk 3 | H100 SXM | 26,660 | 22 | 3 | compute | {single:.1f} | 20.7 |" \
+        in r.stdout
+    assert "| longlive | full history | H100 SXM |" in r.stdout and "| 4.2 | - |" in r.stdout
+    data = json.loads((tmp_path / "video.json").read_text())
+    assert [s["reported_fps"] for s in data["streams"]] == [None, 20.7]
+    png = tmp_path / "kv_over_time.png"
+    assert f"wrote {png}" in r.stdout and png.read_bytes()[:4] == b"\x89PNG"
+    # another GPU: the reported number, and how to compare; another window: not comparable
+    a100 = run("video", "--models", "longlive", "--hardware", "a100-80gb-sxm", "--quiet")
+    assert "reports 20.7 fps on the H100 SXM (add --hardware h100-sxm to compare)" in a100.stdout
+    assert "kv_over_time" not in a100.stdout  # no --out, no figure
+    other = run("video", "--models", "longlive", "--hardware", "h100-sxm", "--window", "3", "--quiet")
+    assert "reports 20.7 fps for its own window, not the one asked" in other.stdout
+    assert "| 20.7 |" not in other.stdout
