@@ -14,7 +14,7 @@ from pykvpool.search.output import best_points, frontier
 from pykvpool.search.scaling import SCALING_MODEL, rate_text
 from pykvpool.search.slo import SLO
 
-__all__ = ["MAX_BARS", "draw_figures", "draw_latency_figure", "short_names"]
+__all__ = ["MAX_BARS", "draw_figures", "draw_latency_figure", "frontier_figure", "rates_figure", "short_names"]
 
 Row = dict[str, Any]
 
@@ -45,11 +45,12 @@ def short_names(rows: Sequence[Row]) -> dict[str, str]:
     return {str(r["key"]): "|".join(p[i] for i in keep) or str(r["key"]) for r, p in zip(rows, parts)}
 
 
-def _finish(fig: Any, path: Path, note: str, height: float) -> None:
-    """The scaling model's line under the axes, then the file."""
+def _finish(fig: Any, note: str) -> Any:
+    """``fig`` laid out with the scaling model's line under its axes."""
+    height = fig.get_size_inches()[1]
     fig.tight_layout(rect=(0.0, _FOOT_IN / height, 1.0, 1.0))
     fig.text(0.01, 0.08 * _FOOT_IN / height, note, fontsize=7, color="#444444", ha="left", va="bottom")
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def _flags(rows: Sequence[Row], slo: str) -> tuple[list[Row], list[Row]]:
@@ -114,13 +115,17 @@ def _log_rates(ax: Any) -> None:
     ax.set_ylabel("sustained rate (req/s, log scale)")
 
 
-def _frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str, path: Path) -> None:
-    height = 5.0
-    fig, axes = subplots(len(slos), (5.5 * len(slos), height))
+def frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str) -> Any:
+    """The cost vs sustained rate figure of :func:`draw_figures` (a matplotlib Figure).
+
+    Raises:
+        KeyError: a row without the columns of a search's row.
+    """
+    fig, axes = subplots(len(slos), (5.5 * len(slos), 5.0))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _frontier_panel(ax, rows, s, cost_unit, names)
-    _finish(fig, path, _note(rows, slos), height)
+    return _finish(fig, _note(rows, slos))
 
 
 def _note(rows: Sequence[Row], slos: Sequence[str]) -> str:
@@ -151,14 +156,19 @@ def _rates_panel(ax: Any, rows: Sequence[Row], s: str, names: dict[str, str]) ->
                   loc="lower right", fontsize=7)
 
 
-def _rates_figure(rows: Sequence[Row], slos: Sequence[str], path: Path) -> None:
+def rates_figure(rows: Sequence[Row], slos: Sequence[str]) -> Any:
+    """The sustained rate per configuration figure of :func:`draw_figures` (a matplotlib
+    Figure: one panel per SLO, one named bar per simulated configuration).
+
+    Raises:
+        KeyError: a row without the columns of a search's row.
+    """
     bars = max([sum(r.get(f"{s}_state") in ("ok", "none") for r in rows) for s in slos] or [1])
-    height = 1.3 + 0.16 * min(bars, MAX_BARS)
-    fig, axes = subplots(len(slos), (6.0 * len(slos), height))
+    fig, axes = subplots(len(slos), (6.0 * len(slos), 1.3 + 0.16 * max(min(bars, MAX_BARS), 4)))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _rates_panel(ax, rows, s, names)
-    _finish(fig, path, _note(rows, slos), height)
+    return _finish(fig, _note(rows, slos))
 
 
 def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: Sequence[str],
@@ -176,8 +186,8 @@ def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     paths = [d / names[0], d / names[1]]
-    _frontier_figure(rows, slos, cost_unit, paths[0])
-    _rates_figure(rows, slos, paths[1])
+    frontier_figure(rows, slos, cost_unit).savefig(paths[0], dpi=120)
+    rates_figure(rows, slos).savefig(paths[1], dpi=120)
     return paths
 
 

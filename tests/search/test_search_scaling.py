@@ -6,8 +6,14 @@ hand."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +21,21 @@ import pytest
 from pykvpool import search as ds
 from pykvpool import simulate as sim
 from pykvpool.planning.models import model_preset
+from pykvpool.plotting import overlapping_labels
+from pykvpool.report.search_section import search_section
+from pykvpool.search.figures import frontier_figure, rates_figure
+from pykvpool.search.folder import read_search
 from pykvpool.search.output import best_points
+from pykvpool.search.scaling import (
+    SCALING_ID,
+    SCALING_MODEL,
+    SCALING_TOLERANCE,
+    is_superlinear,
+    rate_text,
+    scaling_note,
+)
 from pykvpool.simulate import traces
 from pykvpool.tracefile import named_trace_path
-from pykvpool.search.scaling import SCALING_MODEL, SCALING_TOLERANCE, is_superlinear, rate_text, scaling_note
 
 LLAMA = model_preset("llama-3-8b")
 INLINE = ds.Backend("inline")
@@ -59,7 +76,8 @@ def random_case(rng: random.Random) -> dict[str, Any]:
     lo = rng.choice([0.25, 0.5, 1.0])
     ladder = ds.RateLadder(lo, lo * rng.choice([4, 16, 64, 256]), rng.randint(2, 12))
     slos = [ds.SLO("a", ttft_p99=1.0), ds.SLO("b", ttft_p99=rng.choice([0.1, 0.3, 3.0]))]
-    return {"space": space, "ladder": ladder, "slos": slos, "objective": ds.Objective(rng.choice(["per_device", "per_dollar"]))}
+    objective = ds.Objective(rng.choice(["per_device", "per_dollar"]))
+    return {"space": space, "ladder": ladder, "slos": slos, "objective": objective}
 
 
 def run_search(case: dict[str, Any], strategy: str) -> ds.SearchResult:
@@ -135,7 +153,80 @@ def test_a_point_with_a_lower_objective_but_a_higher_rate_stays_on_the_frontier(
 
 def test_equal_objectives_up_to_rounding_go_to_the_cheaper_point() -> None:
     rates = ds.RateLadder().rates()
-    one = {"key": "one", "cost": 1.0, "s_state": "ok", "s_rate": rates[15], "s_objective": rates[15] / 1}
-    four = {"key": "four", "cost": 4.0, "s_state": "ok", "s_rate": rates[21], "s_objective": rates[21] / 4}
+    one: dict[str, Any] = {"key": "one", "cost": 1.0, "s_state": "ok", "s_rate": rates[15], "s_objective": rates[15]}
+    four: dict[str, Any] = {"key": "four", "cost": 4.0, "s_state": "ok", "s_rate": rates[21],
+                            "s_objective": rates[21] / 4}
     assert four["s_objective"] > one["s_objective"]  # 16 and 64 / 4, a rounding error apart
     assert best_points([four, one], ["s"])["s"]["key"] == "one"  # type: ignore[index]
+
+
+CLI = ["search", "--trace", "azure-conv", "--limit", "300", "--ttft-p99", "1", "--tpot-p99", "0.05", "--slo",
+       "loose:ttft_p99=30", "--devices", "1,2,4", "--inline", "--quiet", "--no-latency"]
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One A100 sustains 3.17 req/s under ``slo``, two and four far more per device (both
+    flagged); under ``loose`` one sustains the ladder's top (and more devices are pruned)."""
+    out = tmp_path_factory.mktemp("scaling") / "s"
+    r = subprocess.run([sys.executable, "-m", "pykvpool.cli", *CLI, "--out", str(out)], capture_output=True,
+                       text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out, r.stdout, r.stderr
+
+
+def test_the_cli_states_the_scaling_model_flags_and_lower_bounds(cli_run: tuple[Path, str, str]) -> None:
+    out, stdout, stderr = cli_run
+    lines = stdout.splitlines()
+    assert lines[1].startswith(SCALING_MODEL) and "2 superlinear configurations" in lines[1]
+    assert "SLO slo: best a100-80gb-sxm|x1|" in stdout and "2 superlinear configurations not ranked" in stdout
+    assert "SLO loose: best a100-80gb-sxm|x1|" in stdout and ">= 64 req/s sustained" in stdout
+    assert "at least 64 req/s" in stderr
+    best = json.loads((out / "best.json").read_text())
+    assert best["scaling_model"] == SCALING_MODEL and best["scaling_tolerance"] == SCALING_TOLERANCE
+    assert json.loads((out / "search.json").read_text())["scaling"] == SCALING_ID
+    with open(out / "points.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["slo_superlinear"], r["loose_rate_is_lower_bound"], r["loose_state"]) for r in table] == [
+        ("False", "True", "ok"), ("True", "", "dominated"), ("True", "", "dominated")]
+    assert {r["scaling"] for r in table} == {SCALING_ID}
+
+
+def test_the_report_section_states_the_scaling_model(cli_run: tuple[Path, str, str], tmp_path: Path) -> None:
+    md, data, _ = search_section(tmp_path, read_search(cli_run[0]), progress=False)
+    assert SCALING_MODEL in md and "| >= 64 |" in md
+    assert "2 configurations flagged superlinear" in md and "a100-80gb-sxm\\|x4" in md
+    assert data["scaling_model"] == SCALING_MODEL and len(data["superlinear"]["slo"]) == 2
+
+
+def test_each_bar_is_named_and_nothing_overlaps(cli_run: tuple[Path, str, str]) -> None:
+    rows = read_search(cli_run[0]).rows
+    fig = rates_figure(rows, ["slo", "loose"])
+    slo, loose = fig.axes[:2]
+    assert [t.get_text() for t in slo.get_yticklabels()] == ["x4", "x2", "x1"]  # by rate, the devices differ
+    assert [t.get_text() for t in loose.get_yticklabels()] == ["x1"]  # the others were not simulated
+    assert ">= 64" in [t.get_text() for t in loose.texts]
+    assert overlapping_labels(fig) == []
+    for fig in (fig, frontier_figure(rows, ["slo", "loose"], "devices")):
+        assert [t.get_text() for t in fig.texts] == [SCALING_MODEL]
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "superlinear: not ranked (2)" in legend and "frontier (1)" in legend
+
+
+def test_a_folder_without_a_scaling_model_is_refused_in_one_line(cli_run: tuple[Path, str, str],
+                                                                tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(cli_run[0], old)
+    meta = json.loads((old / "search.json").read_text())
+    del meta["scaling"]
+    (old / "search.json").write_text(json.dumps(meta))
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    for args in ([*CLI, "--out", str(old)], ["report", "--no-measure", "--quiet", "--search", str(old), "--out",
+                                             str(tmp_path / "rep")]):
+        r = subprocess.run([sys.executable, "-m", "pykvpool.cli", *args], capture_output=True, text=True,
+                           check=False, timeout=300)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("pykvpool: error: ") and "search.json" in r.stderr
+        assert "recorded no scaling model" in r.stderr and "new folder" in r.stderr
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert not (tmp_path / "rep").exists()
