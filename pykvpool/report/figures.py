@@ -3,8 +3,9 @@
 Each ``fig_*`` function draws one figure from data computed elsewhere (ledger, sweeps,
 measurements, a live pool), writes it to ``path`` and returns the data it plotted as a
 plain dict, so tests can compare it with the sweep that produced it. Every returned dict
-also holds ``overlapping_labels``: the pairs of labels (texts, titles, legends) whose boxes
-overlap in the drawn figure, empty for a readable one.
+also holds what the drawn figure hides (:func:`save_figure`): ``collisions`` (labels over
+labels, markers over markers, lines and markers under labels) and ``overlapping_labels``
+(the pairs of labels among them), both empty for a readable figure.
 
 Figures are :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas directly:
 nothing here selects a global backend or touches ``pyplot``'s state.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any
 
 import matplotlib.patches as mpatches
@@ -30,7 +30,7 @@ from pykvpool.planning.ledger import GIB, MemoryLedger
 from pykvpool.planning.roofline import KernelPoint, PrefillPoint
 from pykvpool.planning.sweeps import BlockSizeRow, SweepResult
 from pykvpool.planning.video import VideoSpec, block_causal_mask
-from pykvpool.plotting import new_figure, save
+from pykvpool.plotting import Collision, collisions, new_figure, overlapping_labels, save
 
 __all__ = [
     "PoolPicture",
@@ -51,59 +51,23 @@ HALO = [pe.withStroke(linewidth=2.2, foreground="white")]
 """White outline that keeps dark text readable on any fill."""
 
 
-def _label_boxes(fig: Figure) -> list[tuple[str, Any]]:
-    fig.draw_without_rendering()  # places axis labels and legends where they will be drawn
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-    texts: list[Any] = list(fig.texts)
-    boxes: list[tuple[str, Any]] = []
-    for ax in fig.axes:
-        if not ax.get_visible():
-            continue
-        titles = [getattr(ax, name) for name in ("title", "_left_title", "_right_title")]
-        texts += list(ax.texts) + titles + [ax.xaxis.label, ax.yaxis.label]
-        legend = ax.get_legend()
-        if legend is not None:
-            boxes.append(("legend", legend.get_window_extent(renderer)))
-    seen: set[int] = set()
-    for t in texts:
-        if id(t) not in seen and t.get_visible() and t.get_text().strip():
-            seen.add(id(t))
-            boxes.append((t.get_text().strip(), t.get_window_extent(renderer)))
-    return boxes
-
-
-def overlapping_labels(fig: Figure, tolerance_px: float = 1.0) -> list[tuple[str, str]]:
-    """Pairs of labels of ``fig`` (texts, annotations, titles, axis labels, legends) whose
-    drawn boxes overlap by more than ``tolerance_px`` pixels both ways. Lays the figure
-    out by drawing it without rendering.
-
-    Raises:
-        ValueError: a label holds mathtext (``$...$``) that matplotlib cannot parse.
-        MemoryError: the figure is too large for the Agg canvas to allocate.
-    """
-    out = []
-    for (na, a), (nb, b) in combinations(_label_boxes(fig), 2):
-        w = min(a.x1, b.x1) - max(a.x0, b.x0)
-        h = min(a.y1, b.y1) - max(a.y0, b.y0)
-        if w > tolerance_px and h > tolerance_px:
-            out.append((na, nb))
-    return out
-
-
-def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> list[tuple[str, str]]:
-    """Lay ``fig`` out, write it to ``path`` (format from the suffix) and return its
-    overlapping labels (see :func:`overlapping_labels`). ``dpi``: pixels per inch.
+def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> dict[str, Any]:
+    """Lay ``fig`` out, write it to ``path`` (format from the suffix) and say what it hides:
+    ``collisions``, everything :func:`pykvpool.plotting.collisions` finds (labels over
+    labels, markers over markers, lines and markers under labels), and
+    ``overlapping_labels``, the pairs of labels among them. ``dpi``: pixels per inch.
 
     Raises:
         OSError: ``path`` cannot be written.
         ValueError: matplotlib cannot write the format of ``path``'s suffix, or as
-            :func:`overlapping_labels`.
-        MemoryError: as :func:`overlapping_labels`.
+            :func:`pykvpool.plotting.collisions`.
+        MemoryError: as :func:`pykvpool.plotting.collisions`.
     """
     fig.tight_layout()
-    overlaps = overlapping_labels(fig)
+    found: list[Collision] = collisions(fig)
     save(fig, path, dpi=dpi, tight_bbox=True)
-    return overlaps
+    return {"collisions": found,
+            "overlapping_labels": [(c.first, c.second) for c in found if c.kind == "text/text"]}
 
 
 def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: MemoryLedger,
@@ -163,29 +127,31 @@ def fig_memory_ledger(path: str | os.PathLike[str], gqa: MemoryLedger, mha: Memo
     a2.set_title("KV grows linearly with length and batch")
     a2.grid(alpha=0.25, which="both")
     a2.legend(fontsize=8, loc="lower right")
-    overlaps = save_figure(fig, path)
+    hidden = save_figure(fig, path)
     return {"batches": list(batches), "seq_len": seq_len, "weights_gib": w, "kv_gib": kv,
             "reserve_gib": reserve, "bar_label_gib": totals, "budget_gib": device,
             "kv_budget_gib": kv_budget, "seq_lens": list(seq_lens), "curves_gib": curves,
-            "overlapping_labels": overlaps}
+            **hidden}
 
 
 def _roof_panel(ax: Any, hw: Hardware, dtype: str, points: Sequence[tuple[str, float]],
                 scale: float, unit: str, color: str) -> list[dict[str, Any]]:
-    """The roof of ``hw`` and the ideal points on it; every label goes to the legend (no
-    free-floating annotation to collide), the ridge is labelled above the roof."""
+    """The roof of ``hw`` and the ideal points on it (hollow rings drawn over everything,
+    so a measured point under one still shows); every label goes to the legend (no
+    free-floating annotation to collide), the ridge is labelled above the roof, right of
+    its line."""
     peak, bw = hw.flops(dtype), hw.bandwidth
     xs = np.logspace(-1, 5, 300)
     ax.plot(xs, np.minimum(peak, xs * bw) / scale, color=color, lw=2,
             label=f"roof: {bw / 1e9:.4g} GB/s, {peak / scale:.3g} {unit}")
     ridge = peak / bw
     ax.axvline(ridge, color=color, ls=":", lw=1)
-    ax.text(ridge, peak / scale * 1.6, f"ridge {ridge:.3g} FLOP/B", ha="center", va="bottom",
+    ax.text(ridge * 1.25, peak / scale * 1.6, f"ridge {ridge:.3g} FLOP/B", ha="left", va="bottom",
             color=color, fontsize=8)
     out = []
     for (label, i), c in zip(points, (RED, GREEN, PURPLE, BLUE, ORANGE)):
         y = min(peak, i * bw)
-        ax.plot([i], [y / scale], "o", ms=7, color=c, zorder=5,
+        ax.plot([i], [y / scale], "o", ms=8, mfc="none", mec=c, mew=2.2, zorder=8,
                 label=f"{label}: I={i:.3g}, bound {y / scale:.3g} {unit}")
         out.append({"label": label, "intensity": i, "bound_flops": y})
     ax.set_xscale("log")
@@ -198,11 +164,15 @@ def _roof_panel(ax: Any, hw: Hardware, dtype: str, points: Sequence[tuple[str, f
     return out
 
 
-def _finish_roof_panel(ax: Any, peak: float, title: str) -> None:
-    """Y range holding every drawn point with room for the ridge label above the roof, and
-    the legend under the panel, where it cannot hide a point."""
-    ys = [y for line in ax.get_lines() for y in np.atleast_1d(line.get_ydata()) if y > 0]
-    ax.set_ylim(min(ys) / 2.5, peak * 6)
+def _finish_roof_panel(ax: Any, peak: float, ridge: float, title: str) -> None:
+    """Ranges fitted to the points and the ridge (more pixels per decade keeps markers
+    apart), with room for the ridge label above the roof, and the legend under the panel,
+    where it cannot hide a point."""
+    marked = [ln for ln in ax.get_lines() if ln.get_marker() not in ("None", "", None)]
+    xs = [x for ln in marked for x in np.atleast_1d(ln.get_xdata()) if x > 0] + [ridge]
+    ys = [y for ln in marked for y in np.atleast_1d(ln.get_ydata()) if y > 0] + [peak]
+    ax.set_xlim(min(xs) / 4, max(xs) * 4)
+    ax.set_ylim(min(ys) / 4, peak * 6)
     ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
               title=title, title_fontsize=7.5, frameon=False)
 
@@ -218,7 +188,7 @@ def _kernel_points(ax: Any, machine: Hardware, kernel: Sequence[KernelPoint]) ->
         above = share > 1.0
         label = (f"kernel g={kp.group_size}: {kp.bytes_per_s / 1e9:.1f} GB/s, {share:.0%} of roof"
                  + (" (ABOVE the measured roof)" if above else ""))
-        ax.plot([kp.intensity], [kp.flops_per_s / 1e9], "*", ms=13, color=c, mec="black",
+        ax.plot([kp.intensity], [kp.flops_per_s / 1e9], "*", ms=11, color=c, mec="black",
                 zorder=6, label=label)
         out.append({"group_size": kp.group_size, "intensity": kp.intensity,
                     "flops_per_s": kp.flops_per_s, "bytes_per_s": kp.bytes_per_s,
@@ -227,12 +197,13 @@ def _kernel_points(ax: Any, machine: Hardware, kernel: Sequence[KernelPoint]) ->
 
 
 def _prefill_points(ax: Any, machine: Hardware, prefill: Sequence[PrefillPoint]) -> list[dict[str, Any]]:
-    """pykvpool's measured multi-query kernel on the machine's roof (diamonds), each
-    labelled with its share of the roof at its intensity: the compute roof, right of the
-    ridge; flagged when above it."""
+    """pykvpool's measured multi-query kernel on the machine's roof, each labelled with its
+    share of the roof at its intensity: the compute roof, right of the ridge; flagged when
+    above it. The shapes' intensities are close: each point gets its own hollow marker
+    (diamond, hexagon, pentagon, square), so two measured alike both stay visible."""
     peak, bw = machine.flops("fp32"), machine.bandwidth
     out = []
-    for pp, c in zip(prefill, (ORANGE, "#00838f", GRAY, PURPLE)):
+    for pp, c, m in zip(prefill, (ORANGE, "#00838f", GRAY, PURPLE), "Dhps"):
         roof = min(peak, pp.intensity * bw)
         share = pp.flops_per_s / roof
         above = share > 1.0
@@ -240,8 +211,8 @@ def _prefill_points(ax: Any, machine: Hardware, prefill: Sequence[PrefillPoint])
         label = (f"prefill kernel, {pp.shape.name}: I={pp.intensity:.0f}, "
                  f"{pp.flops_per_s / 1e9:.1f} GFLOP/s, {share:.0%} of the {bound} roof"
                  + (" (ABOVE the measured roof)" if above else ""))
-        ax.plot([pp.intensity], [pp.flops_per_s / 1e9], "D", ms=9, color=c, mec="black",
-                zorder=6, label=label)
+        ax.plot([pp.intensity], [pp.flops_per_s / 1e9], m, ms=9, mfc="none", mec=c, mew=2.2,
+                zorder=7, label=label)
         out.append({"name": pp.shape.name, "intensity": pp.intensity,
                     "flops_per_s": pp.flops_per_s, "bytes_per_s": pp.bytes_per_s,
                     "roof_flops": roof, "share_of_roof": share, "compute_bound": bound == "compute",
@@ -255,10 +226,10 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
                  accelerator_dtype: str = "bf16",
                  prefill: Sequence[PrefillPoint] | None = None) -> dict[str, Any]:
     """Figure 2. Left: this machine's measured fp32 roof with the ideal decode/prefill
-    points at fp32 (I halves: 4-byte elements), pykvpool's decode kernel measured at
-    those g (stars) and its multi-query kernel measured on ``prefill``'s shapes
-    (diamonds), each labelled with its share of the roof at its intensity. Right: the
-    accelerator's datasheet roof with the same ideal points at bf16.
+    points at fp32 (rings; I halves: 4-byte elements), pykvpool's decode kernel measured
+    at those g (stars) and its multi-query kernel measured on ``prefill``'s shapes (one
+    hollow shape each), each labelled with its share of the roof at its intensity. Right:
+    the accelerator's datasheet roof with the same ideal points at bf16.
 
     The left roof is ``machine.bandwidth``: pass the bandwidth measured on the kernel's own
     cache (:attr:`KernelPoint.roof_bandwidth`), the measurement the kernel is compared
@@ -286,22 +257,24 @@ def fig_roofline(path: str | os.PathLike[str], accelerator: Hardware,
                            "points": _roof_panel(a1, machine, "fp32", local, 1e9, "GFLOP/s", BLUE)}
         data["kernel"] = _kernel_points(a1, machine, kernel or [])
         data["prefill"] = _prefill_points(a1, machine, prefill or [])
-        _finish_roof_panel(a1, machine.flops("fp32") / 1e9,
-                           "ideal bounds (o); pykvpool measured: decode (*), prefill (D)")
+        _finish_roof_panel(a1, machine.flops("fp32") / 1e9, machine.ridge_point("fp32"),
+                           "ideal bounds (rings); pykvpool measured: decode (stars), "
+                           "prefill (hollow shapes)")
     else:
         a1.axis("off")
         a1.text(0.5, 0.5, "this machine was not measured:\n" + unavailable_reason,
                 ha="center", va="center", fontsize=10, wrap=True, transform=a1.transAxes)
     data["accelerator_points"] = _roof_panel(a2, accelerator, accelerator_dtype, ideal_points,
                                              1e12, "TFLOP/s", ORANGE)
-    _finish_roof_panel(a2, accelerator.flops(accelerator_dtype) / 1e12, "ideal bounds (o)")
+    _finish_roof_panel(a2, accelerator.flops(accelerator_dtype) / 1e12,
+                       accelerator.ridge_point(accelerator_dtype), "ideal bounds (rings)")
     data["accelerator_peak_flops"] = accelerator.flops(accelerator_dtype)
     data["accelerator_bandwidth"] = accelerator.bandwidth
     fig.suptitle("Roofline: decode attention (I = 2g/p) sits far below the ridge; prefill above it",
                  fontsize=11)
     data["titles"] = [a1.get_title(), a2.get_title()]
     data["ylabels"] = [a1.get_ylabel(), a2.get_ylabel()]
-    data["overlapping_labels"] = save_figure(fig, path)
+    data.update(save_figure(fig, path))
     return data
 
 
@@ -444,17 +417,19 @@ def fig_paging(path: str | os.PathLike[str], picture: PoolPicture,
     ax2.legend(fontsize=8, loc="upper left", title="bar label: admitted, utilization",
                title_fontsize=8)
     ax2.grid(alpha=0.2, axis="y")
-    overlaps = save_figure(fig, path)
+    hidden = save_figure(fig, path)
     return {"picture": picture, "policies": policies,
             "workloads": [c[0].workload for c in comparisons], "admitted": admitted,
-            "utilization": utils, "overlapping_labels": overlaps}
+            "utilization": utils, **hidden}
 
 
 def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_per_token: int,
               device_gib: float, kv_budget_gib: float, mask_chunks: int = 5,
               mask_tokens: int = 12) -> dict[str, Any]:
     """Figure 4. Left: a block-causal mask (bidirectional within a chunk, causal across
-    chunks). Right: KV per video (GiB) against the device and KV budget lines.
+    chunks). Right: KV per video (GiB) against the device and KV budget lines; each bar's
+    GiB and tokens are written under it, the budgets in the legend, so no line crosses a
+    label.
 
     Returns:
         The plotted data: the mask, tokens and GiB per video, and the two budget lines.
@@ -479,25 +454,20 @@ def fig_video(path: str | os.PathLike[str], videos: Sequence[VideoSpec], bytes_p
     a1.set_ylabel("query position")
     a1.set_title("Block-causal mask: bidirectional within a chunk, causal across chunks",
                  fontsize=10)
-    bars = a2.bar([v.name for v in videos], kv, color=[GREEN, ORANGE, RED][: len(videos)] or BLUE,
-                  width=0.55)
-    a2.axhline(device_gib, color=RED, ls="--", lw=1.5)
-    a2.axhline(kv_budget_gib, color=GRAY, ls=":", lw=1.5)
-    a2.text(-0.45, device_gib * 1.02, f"device budget {device_gib:.0f} GiB", color=RED,
-            fontsize=8, ha="left", va="bottom")
-    a2.text(-0.45, kv_budget_gib * 1.02, f"KV budget {kv_budget_gib:.1f} GiB", color=GRAY,
-            fontsize=8, ha="left", va="bottom")
-    for b, v, vid in zip(bars, kv, videos):
-        a2.text(b.get_x() + b.get_width() / 2, v / 2, f"{v:.2f} GiB\n{vid.tokens:,}\ntokens",
-                ha="center", va="center", fontsize=8, color="white")
+    names = [f"{v.name}\n{k:.2f} GiB\n{v.tokens:,} tokens" for v, k in zip(videos, kv)]
+    a2.bar(np.arange(len(kv)), kv, color=[GREEN, ORANGE, RED][: len(videos)] or BLUE, width=0.55)
+    a2.set_xticks(np.arange(len(kv)), names, fontsize=8.5)
+    a2.axhline(device_gib, color=RED, ls="--", lw=1.5, label=f"device budget {device_gib:.0f} GiB")
+    a2.axhline(kv_budget_gib, color=GRAY, ls=":", lw=1.5, label=f"KV budget {kv_budget_gib:.1f} GiB")
+    a2.legend(fontsize=8, loc="upper left")
     a2.set_ylim(0, max(kv + [device_gib]) * 1.25)
     a2.set_ylabel("KV cache per video (GiB)")
     a2.set_title(f"{bytes_per_token // 1024} KiB/token, whole history cached", fontsize=10)
     a2.grid(alpha=0.2, axis="y")
-    overlaps = save_figure(fig, path)
+    hidden = save_figure(fig, path)
     return {"mask": mask, "videos": [v.name for v in videos], "tokens": [v.tokens for v in videos],
             "kv_gib": kv, "device_gib": device_gib, "kv_budget_gib": kv_budget_gib,
-            "overlapping_labels": overlaps}
+            **hidden}
 
 
 def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[BlockSizeRow],
@@ -524,7 +494,8 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     a1.plot(bsz, empty, "-o", color=ORANGE, label="empty slots / request (tokens)")
     a1.plot(bsz, [(b - 1) / 2 for b in bsz], ":", color="black", marker="D", ms=8, mfc="none",
             zorder=4, label="(b-1)/2, expected (drawn on top: it coincides)")
-    a1.plot(bsz, entries, "-s", color=BLUE, label="table entries / request")
+    a1.plot(bsz, entries, "-s", color=BLUE, mfc="none", mew=1.5,
+            label="table entries / request (hollow: the curves cross)")
     a1.set_xscale("log", base=2)
     a1.set_yscale("symlog", linthresh=1.0)
     a1.set_xticks(bsz, [str(b) for b in bsz])
@@ -557,8 +528,8 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     a3.set_ylim(0, max(max(a) for a in admitted) * 1.25)
     a3.legend(fontsize=8, loc="upper left")
     a3.grid(alpha=0.2, axis="y")
-    overlaps = save_figure(fig, path)
+    hidden = save_figure(fig, path)
     return {"block_sizes": bsz, "empty_slots_per_request": empty,
             "table_entries_per_request": entries,
             "trace_workloads": [t[0].workload for t in traces], "policies": policies,
-            "admitted": admitted, "overlapping_labels": overlaps}
+            "admitted": admitted, **hidden}
