@@ -4,13 +4,14 @@ picture; the ``plot_*`` functions build the :class:`matplotlib.figure.Figure` fr
 data (tests inspect it). Figures render on their own Agg canvas: nothing here selects a
 global backend or uses ``pyplot``.
 
-- :func:`utilization_over_time`: pool occupancy, token utilization and concurrency per step;
+- :func:`utilization_over_time`: pool occupancy (blocks held, reserved, tokens stored,
+  preemptions) and concurrency per step;
 - :func:`latency_cdf`: the CDF of a latency column for several runs (log time axis);
 - :func:`policy_comparison`: summary metrics side by side for several runs;
 - :func:`throughput_vs_rate`: throughput and tail latency against arrival rate (a sweep).
 
-Runs are drawn with distinct line styles and markers (:func:`line_style`), so a run whose
-curve coincides with another's stays visible on top of it.
+Runs are drawn with distinct line styles and markers (:func:`line_style`), hollow above
+the first, so a run whose curve coincides with another's stays visible on top of it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: Styles of the simulator's allocations; later entries draw on top of earlier ones.
 _STYLES: dict[str, dict[str, Any]] = {
     "paged": {"color": "#1f4e79", "linestyle": "-", "marker": "o", "lw": 2.4, "ms": 6, "zorder": 3},
-    "reserve": {"color": "#c1440e", "linestyle": "-.", "marker": "^", "lw": 1.6, "ms": 6, "zorder": 4},
+    "reserve": {"color": "#c1440e", "linestyle": "-.", "marker": "^", "lw": 1.6, "ms": 7, "mfc": "none",
+                "mew": 1.6, "zorder": 4},
     "oracle": {"color": "#2e7d32", "linestyle": "--", "marker": "s", "lw": 1.4, "ms": 9,
                "mfc": "none", "mew": 1.6, "zorder": 5},
 }
@@ -50,13 +52,16 @@ _COLORS = ("#1f4e79", "#c1440e", "#2e7d32", "#7b1fa2", "#00838f", "#6d4c41")
 def line_style(label: str, index: int = 0) -> dict[str, Any]:
     """Matplotlib line keywords for run ``label``: the allocation's own style (``paged``,
     ``reserve``, ``oracle``, matched on the label's first word) or, for any other label,
-    the ``index``-th of a cycle of distinct line styles, markers and colors."""
+    the ``index``-th of a cycle of distinct line styles, markers and colors. Every style
+    but the lowest (``paged``, index 0) has hollow markers, drawn above the ones before:
+    a point another run shares stays visible."""
     key = label.split()[0] if label.split() else label
     if key in _STYLES:
         return dict(_STYLES[key])
     ls, marker = _FALLBACK[index % len(_FALLBACK)]
+    hollow = {"mfc": "none", "mew": 1.4} if index else {}
     return {"color": _COLORS[index % len(_COLORS)], "linestyle": ls, "marker": marker,
-            "lw": 1.6, "ms": 5, "zorder": 3 + index}
+            "lw": 1.6, "ms": 6 if index else 5, "zorder": 3 + index, **hollow}
 
 
 def _figure(ncols: int = 1, height: float = 4.0) -> tuple[Any, list[Any]]:
@@ -79,20 +84,24 @@ def utilization_over_time(
 ) -> dict[str, np.ndarray]:
     """Per-step series: ``time`` (s), ``utilization`` (the simulator's: tokens held / slots
     of held and reserved blocks), ``blocks_used``, ``blocks_reserved``, ``running`` and
-    ``waiting`` (requests); with ``num_blocks``, ``occupancy`` (blocks used or reserved /
-    ``num_blocks``); with ``block_size``, ``token_utilization`` (stored tokens / slots of
-    the used blocks, 1.0 for an empty pool). The figure draws occupancy and token
-    utilization (each labelled) beside the concurrency.
+    ``waiting`` (requests), ``preemptions`` (requests preempted in the step),
+    ``token_blocks`` (the stored tokens in blocks' worth: utilization x blocks held, so
+    its gap to the blocks held is the slots held but empty); with ``num_blocks``,
+    ``occupancy`` (blocks used or reserved / ``num_blocks``); with ``block_size``,
+    ``token_utilization`` (stored tokens / slots of the used blocks, 1.0 for an empty
+    pool). The figure (:func:`plot_utilization`) draws the pool's occupancy in blocks
+    beside the concurrency.
 
     Raises:
         KeyError: ``result`` has no such step column.
         OSError: ``path`` cannot be written.
     """
     s = result.steps
-    keys = ("time", "utilization", "blocks_used", "blocks_reserved", "running", "waiting")
+    keys = ("time", "utilization", "blocks_used", "blocks_reserved", "running", "waiting", "preemptions")
     data = {k: np.asarray(s[k]) for k in keys}
+    held = data["blocks_used"].astype(np.float64) + data["blocks_reserved"].astype(np.float64)
+    data["token_blocks"] = data["utilization"].astype(np.float64) * held
     if num_blocks is not None:
-        held = np.asarray(s["blocks_used"], dtype=np.float64) + np.asarray(s["blocks_reserved"], dtype=np.float64)
         data["occupancy"] = held / float(num_blocks)
     if block_size is not None:
         slots = data["blocks_used"].astype(np.float64) * block_size
@@ -103,39 +112,56 @@ def utilization_over_time(
     return data
 
 
+def _pool_panel(a: Any, data: Mapping[str, np.ndarray], num_blocks: Optional[int]) -> None:
+    """Blocks holding KV and blocks reserved (stacked areas), the stored tokens in blocks'
+    worth (a line: the gap above it is empty slots), the pool's size, and the steps that
+    preempted a request (ticks along the top)."""
+    t = data["time"]
+    used = data["blocks_used"].astype(np.float64)
+    reserved = data["blocks_reserved"].astype(np.float64)
+    peak = int(np.max(used + reserved, initial=0))
+    a.fill_between(t, 0, used, color="#9ec3e6", lw=0,
+                   label=f"blocks holding KV (peak {int(used.max(initial=0)):,})")
+    if reserved.max(initial=0) > 0:
+        a.fill_between(t, used, used + reserved, color="#f2b48f", lw=0,
+                       label=f"blocks reserved, not yet written (peak held in all {peak:,})")
+    a.plot(t, data["token_blocks"], lw=0.8, color="#1f4e79",
+           label="tokens stored, in blocks' worth (gap above: empty slots)")
+    top = max(peak, num_blocks or 0, 1)
+    if num_blocks:
+        a.axhline(num_blocks, color="#b71c1c", ls="--", lw=1.2,
+                  label=f"pool: {num_blocks:,} blocks (peak held {peak / num_blocks:.1%})")
+        a.secondary_yaxis("right", functions=(lambda b: b / num_blocks, lambda f: f * num_blocks)
+                          ).set_ylabel("fraction of the pool")
+    pre = data["preemptions"] > 0
+    count = int(data["preemptions"].sum())
+    a.plot(t[pre], np.full(int(pre.sum()), top * 1.06), "|", ms=7, color="#b71c1c",
+           label=f"step that preempted ({count:,} preemptions in all)" if count else "no request preempted")
+    a.set(xlabel="time (s)", ylabel="KV blocks", ylim=(0, top * 1.1))
+    a.grid(alpha=0.25)
+
+
 def plot_utilization(data: Mapping[str, np.ndarray], *, num_blocks: Optional[int] = None,
                      title: str = "") -> Any:
-    """The figure of :func:`utilization_over_time`'s data.
+    """The figure of :func:`utilization_over_time`'s data: left, the pool's occupancy in
+    blocks (held, reserved, the stored tokens in blocks' worth, the pool's size and a
+    fraction-of-the-pool axis when ``num_blocks`` is given, ticks at the steps that
+    preempted); right, running and waiting requests. Legends sit under the panels.
 
     Raises:
-        KeyError: ``data`` lacks ``time``, ``running``, ``waiting``, or ``utilization``
-            (without ``token_utilization``), or ``blocks_used`` / ``blocks_reserved``
-            (with ``occupancy``).
-        TypeError: ``data`` holds ``occupancy`` but ``num_blocks`` (the pool's blocks,
-            named in its label) is None.
+        KeyError: ``data`` lacks ``time``, ``blocks_used``, ``blocks_reserved``,
+            ``token_blocks``, ``preemptions``, ``running`` or ``waiting``.
         ValueError: series of different lengths (matplotlib).
     """
-    fig, (a, b) = _figure(2, 4.2)
-    t = data["time"]
-    if "occupancy" in data:
-        peak = int(np.max(data["blocks_used"] + data["blocks_reserved"], initial=0))
-        a.plot(t, data["occupancy"], lw=0.9, color="#c1440e",
-               label=f"pool occupancy: blocks held / {num_blocks:,} (peak {peak:,})")
-    if "token_utilization" in data:
-        a.plot(t, data["token_utilization"], lw=0.9, color="#1f4e79",
-               label="token utilization: stored tokens / slots of used blocks")
-    else:
-        a.plot(t, data["utilization"], lw=0.9, color="#1f4e79",
-               label="utilization: tokens / slots of held blocks")
-    a.set(xlabel="time (s)", ylabel="fraction", ylim=(0, 1.3), title=title or "KV pool over time")
-    a.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
-    a.legend(fontsize=8, loc="upper left")
-    a.grid(alpha=0.25)
-    b.plot(t, data["running"], lw=0.8, color="#1f4e79", label="running")
-    b.plot(t, data["waiting"], lw=0.8, color="#c1440e", label="waiting")
+    fig, (a, b) = _figure(2, 5.0)
+    _pool_panel(a, data, num_blocks)
+    a.set_title(title or "KV pool over time")
+    b.plot(data["time"], data["running"], lw=0.8, color="#1f4e79", label="running")
+    b.plot(data["time"], data["waiting"], lw=0.8, color="#c1440e", label="waiting")
     b.set(xlabel="time (s)", ylabel="requests", title="Concurrency over time")
-    b.legend(fontsize=8)
     b.grid(alpha=0.25)
+    for ax in (a, b):
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     return fig
 
 

@@ -59,7 +59,7 @@ def test_memory_ledger_figure(tmp_path: Path) -> None:
     # The label on top of a bar is the bar's whole height: weights + KV + reserve.
     assert d["bar_label_gib"] == [d["weights_gib"] + k + d["reserve_gib"] for k in d["kv_gib"]]
     assert f"{d['bar_label_gib'][d['batches'].index(64)]:.1f}" == "83.0"
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
 
 
 def _kernel(g: int, seconds: float, roof: float = float("nan")) -> KernelPoint:
@@ -94,7 +94,7 @@ def test_roofline_figure_with_synthetic_measurements(tmp_path: Path) -> None:
     assert "GFLOP/s" in d["titles"][0] and "GFLOP/s" in d["ylabels"][0]
     assert "TFLOP/s" not in d["titles"][0]
     assert "TFLOP/s" in d["titles"][1] and "TFLOP/s" in d["ylabels"][1]
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
 
 
 def test_roofline_flags_a_kernel_above_its_measured_roof(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_roofline_flags_a_kernel_above_its_measured_roof(tmp_path: Path) -> None
                      machine, [_kernel(1, 1e-3), _kernel(4, 4e-3)])
     assert [k["above_roof"] for k in d["kernel"]] == [True, False]
     assert d["kernel"][0]["share_of_roof"] == pytest.approx(33.55e6 / 1e-3 / 20e9, rel=1e-2)
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
 
 
 def test_roofline_figure_without_machine(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_paging_figure_matches_sweeps(tmp_path: Path) -> None:
     assert d["admitted"] == [[c.admitted for c in comp] for comp in comps]
     assert d["admitted"][0][:2] == [122, 214] and d["admitted"][1][:2] == [122, 405]
     assert d["utilization"][1][0] == comps[1][0].utilization
-    assert d["overlapping_labels"] == []  # block labels, seq labels and pool indices are apart
+    assert d["overlapping_labels"] == [] and d["collisions"] == []  # block labels, seq labels and pool indices are apart
 
 
 def test_video_figure(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_video_figure(tmp_path: Path) -> None:
     assert_png(p)
     assert [f"{v:.2f}" for v in d["kv_gib"]] == ["52.73", "105.47", "316.41"]
     assert d["mask"].shape == (60, 60) and not d["mask"][0, -1] and d["mask"][-1, 0]
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
 
 
 def test_block_size_and_trace_figure(tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_block_size_and_trace_figure(tmp_path: Path) -> None:
     assert d["empty_slots_per_request"] == [r.empty_slots_per_request for r in rows]
     assert d["table_entries_per_request"] == [r.table_entries_per_request for r in rows]
     assert d["admitted"] == [[traces[0][0].admitted, traces[0][1].admitted]]
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
 
 
 class _FakeCache:
@@ -370,7 +370,7 @@ def test_roofline_figure_plots_prefill_points(tmp_path: Path) -> None:
         assert pt["flops_per_s"] == pytest.approx(pp.flops_per_s)
     assert d["prefill"][0]["share_of_roof"] == pytest.approx(0.5)
     assert [pt["above_roof"] for pt in d["prefill"]] == [False, True]  # 500 over a 400 roof
-    assert d["overlapping_labels"] == []
+    assert d["overlapping_labels"] == [] and d["collisions"] == []
     # Without a machine there is no roof to put them on: no points.
     d = fig_roofline(tmp_path / "n.png", hardware_preset("h100-sxm"), [("decode g=4", 4.0)],
                      None, None, "no kernel", prefill=pre)
@@ -407,9 +407,9 @@ def test_utilization_figure_shows_occupancy_and_token_utilization(tmp_path: Path
     assert 0 < d["occupancy"].max() < 1 and d["token_utilization"].min() > 0.5
     fig = sim_plots.plot_utilization(d, num_blocks=3000)
     _, labels = fig.axes[0].get_legend_handles_labels()
-    assert len(labels) == 2
-    assert labels[0].startswith("pool occupancy") and f"peak {int(held.max()):,}" in labels[0]
-    assert labels[1].startswith("token utilization")
+    assert labels[0].startswith("blocks holding KV") and f"peak {int(held.max()):,}" in labels[0]
+    assert labels[1].startswith("tokens stored, in blocks' worth")
+    assert labels[2] == f"pool: 3,000 blocks (peak held {held.max() / 3000:.1%})"
 
 
 def test_oracle_stays_visible_over_paged(tmp_path: Path) -> None:
