@@ -3,8 +3,15 @@
 The engine (:mod:`pykvpool.simulate.engine`) is re-exported here, so ``from pykvpool import
 simulate as sim`` gives ``sim.run``, ``sim.SimConfig``, ``sim.Workload``...; trace loading
 lives in :mod:`pykvpool.simulate.traces`, sweeps in :mod:`pykvpool.simulate.sweep`, figures
-in :mod:`pykvpool.simulate.plots`. The step-time model :class:`Roofline` lives with the
-planner's rooflines (:mod:`pykvpool.planning.roofline`).
+in :mod:`pykvpool.simulate.plots`, the units of a run's summary (and its printed text) in
+:mod:`pykvpool.simulate.metrics`; video streams in :mod:`pykvpool.simulate.video`, one
+stream's KV over time and its figure in :mod:`pykvpool.simulate.video_plots`. The step-time
+model :class:`Roofline` lives with the planner's rooflines (:mod:`pykvpool.planning.roofline`).
+
+A trace replays at its own arrival times; ``Workload.rate_scaled(x)`` replays it ``x`` times
+as fast (each arrival time divided by ``x``). Prefix caching needs prompts given as token ids
+or block keys: :func:`run` refuses it on a workload of lengths only
+(:func:`check_prefix_caching`, the one check the CLI shares).
 """
 
 from pykvpool.planning.roofline import Roofline, roofline
@@ -24,6 +31,7 @@ from pykvpool.simulate.engine import (
     run,
     synthetic_workload,
 )
+from pykvpool.simulate.workload import check_prefix_caching
 
 __all__ = [
     "MAX_REQUESTS",
@@ -38,6 +46,7 @@ __all__ = [
     "StopWhen",
     "TimeModel",
     "Workload",
+    "check_prefix_caching",
     "kv_blocks_for_memory",
     "roofline",
     "run",
