@@ -200,10 +200,12 @@ def _prefill_points(ax: Any, machine: Hardware, prefill: Sequence[PrefillPoint])
     """pykvpool's measured multi-query kernel on the machine's roof, each labelled with its
     share of the roof at its intensity: the compute roof, right of the ridge; flagged when
     above it. The shapes' intensities are close: each point gets its own hollow marker
-    (diamond, hexagon, pentagon, square), so two measured alike both stay visible."""
+    (diamond, hexagon, pentagon, square) of its own size, so two measured alike nest
+    inside each other and both stay visible."""
     peak, bw = machine.flops("fp32"), machine.bandwidth
     out = []
-    for pp, c, m in zip(prefill, (ORANGE, "#00838f", GRAY, PURPLE), "Dhps"):
+    shapes = (("D", 10.0), ("h", 6.0), ("p", 12.0), ("s", 4.0))  # sizes nest when the points meet
+    for pp, c, (m, ms) in zip(prefill, (ORANGE, "#00838f", GRAY, PURPLE), shapes):
         roof = min(peak, pp.intensity * bw)
         share = pp.flops_per_s / roof
         above = share > 1.0
@@ -211,7 +213,7 @@ def _prefill_points(ax: Any, machine: Hardware, prefill: Sequence[PrefillPoint])
         label = (f"prefill kernel, {pp.shape.name}: I={pp.intensity:.0f}, "
                  f"{pp.flops_per_s / 1e9:.1f} GFLOP/s, {share:.0%} of the {bound} roof"
                  + (" (ABOVE the measured roof)" if above else ""))
-        ax.plot([pp.intensity], [pp.flops_per_s / 1e9], m, ms=9, mfc="none", mec=c, mew=2.2,
+        ax.plot([pp.intensity], [pp.flops_per_s / 1e9], m, ms=ms, mfc="none", mec=c, mew=2.0,
                 zorder=7, label=label)
         out.append({"name": pp.shape.name, "intensity": pp.intensity,
                     "flops_per_s": pp.flops_per_s, "bytes_per_s": pp.bytes_per_s,
