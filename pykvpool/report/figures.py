@@ -503,6 +503,7 @@ def fig_block_size_and_traces(path: str | os.PathLike[str], rows: Sequence[Block
     a1.set_xticks(bsz, [str(b) for b in bsz])
     a1.set_ylim(bottom=0)
     a1.set_xlabel("block size b (tokens)")
+    a1.set_ylabel("per request (symlog)")
     a1.set_title(f"Block size: waste vs table length\n({workload})", fontsize=10)
     a1.grid(alpha=0.25, which="both")
     a1.legend(fontsize=8)
