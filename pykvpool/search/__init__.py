@@ -6,7 +6,9 @@ scheduler limits and policies, prefix caching, layer groups) is simulated by
 sustains within each :class:`SLO`; points are ranked by an :class:`Objective` (sustained
 requests/s per device, or requests per dollar). Strategies, backends (in-process, process
 pool, Ray) and files: :mod:`pykvpool.search.strategies`, :mod:`pykvpool.search.backends`,
-:mod:`pykvpool.search.output`; the cost vs latency frontiers at a reference rate:
+:mod:`pykvpool.search.output`; the multi-device scaling model every output states, the
+superlinear configurations it flags (never ranked) and the rates read as lower bounds:
+:mod:`pykvpool.search.scaling` (:data:`SCALING_MODEL`); the cost vs latency frontiers at a reference rate:
 :func:`reference_latency` (:mod:`pykvpool.search.latency`); a finished search read back
 from its folder: :func:`read_search`; figures: :mod:`pykvpool.search.figures`; the command
 line: ``pykvpool search``.
@@ -30,6 +32,7 @@ from pykvpool.search.backends import BACKENDS, Backend
 from pykvpool.search.evaluate import METRICS, STRATEGIES, SearchSpec, deploy
 from pykvpool.search.folder import SearchFolder, read_search
 from pykvpool.search.latency import LatencyResult, reference_latency
+from pykvpool.search.scaling import SCALING_MODEL
 from pykvpool.search.slo import DEFAULT_PRICES, PRICES_SOURCE, SLO, Objective, RateLadder
 from pykvpool.search.space import Point, SearchSpace
 from pykvpool.search.strategies import SearchResult, search
@@ -39,6 +42,7 @@ __all__ = [
     "DEFAULT_PRICES",
     "METRICS",
     "PRICES_SOURCE",
+    "SCALING_MODEL",
     "STRATEGIES",
     "SLO",
     "Backend",

@@ -49,7 +49,7 @@ from pykvpool.progress import ProgressBar
 from pykvpool.search.backends import Backend, run_tasks
 from pykvpool.search.evaluate import METRICS, SearchSpec, deploy
 from pykvpool.search.folder import check_entry, entry_key
-from pykvpool.search.output import JsonLog, check_same_search
+from pykvpool.search.output import JsonLog, check_same_search, ranked
 from pykvpool.search.slo import SLO
 from pykvpool.search.space import Point
 from pykvpool.search.strategies import SearchResult
@@ -184,7 +184,8 @@ def candidates(rows: Sequence[Row], entries: dict[str, Row], slo: SLO, basis: st
                rate: Optional[float], n: int) -> list[Row]:
     """The points a frontier of ``slo`` chooses from, in row order: for ``reference``, the
     entries at ``rate`` that meet ``slo`` (of a workload of ``n`` requests); for
-    ``sustained``, the rows whose ``<slo>_state`` is ``ok``, at their own rate. Each
+    ``sustained``, the rows whose ``<slo>_state`` is ``ok``, at their own rate, but for
+    those flagged superlinear (:func:`pykvpool.search.output.ranked`). Each
     with :data:`COLUMNS` (``rate``: where the latencies were taken, requests/s).
 
     Raises:
@@ -194,7 +195,7 @@ def candidates(rows: Sequence[Row], entries: dict[str, Row], slo: SLO, basis: st
     for row in rows:
         base = {"key": row["key"], "cost": row["cost"], **{f: row.get(f) for f in _POINT_FIELDS}}
         if basis == "sustained":
-            if row.get(f"{slo.name}_state") == "ok":
+            if ranked(row, slo.name):
                 out.append({**base, "rate": row[f"{slo.name}_rate"],
                             **{m: row.get(f"{slo.name}_{m}") for m in METRICS}})
             continue

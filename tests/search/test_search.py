@@ -1,5 +1,5 @@
 """pykvpool.search: SLO filtering checked by hand against the simulator, the pruned search
-equal to the full grid on the optimum, the space's rules and argument errors, the
+equal to the full grid on the optimum and the frontier, the space's rules and argument errors, the
 frontier and the best points (in-process backend; the other backends and resuming are in
 tests/search/test_search_backends.py, the command line in tests/search/test_search_cli.py)."""
 
@@ -83,6 +83,7 @@ def test_pruned_search_equals_the_grid_on_the_optimum(objective: str) -> None:
         g, p = grid.best[s], pruned.best[s]
         assert g is not None and p is not None
         assert (p["key"], p[f"{s}_rate"], p[f"{s}_objective"]) == (g["key"], g[f"{s}_rate"], g[f"{s}_objective"])
+        assert [r["key"] for r in pruned.frontier[s]] == [r["key"] for r in grid.frontier[s]], s
         for a, b in zip(grid.rows, pruned.rows):
             if b[f"{s}_state"] != "dominated":
                 assert b[f"{s}_rate"] == a[f"{s}_rate"], (s, a["key"])
