@@ -18,7 +18,13 @@ from pykvpool.planning.sweeps import SweepResult, block_size_sweep, contiguous, 
 from pykvpool.planning.video import article_videos
 from pykvpool.planning.workloads import ARTICLE_MAX_LEN, Workload, article_heavy_tail, article_uniform
 
-__all__ = ["ArticleRun", "Reproduced", "article_ledgers", "reproduce"]
+__all__ = ["ARTICLE", "ArticleRun", "Reproduced", "article_ledgers", "reproduce"]
+
+ARTICLE = ("\"KV Cache 与自回归视频生成\" (\"KV cache and autoregressive video generation\"), a "
+           "Chinese-language tutorial of an inference-acceleration series (level: advanced); the "
+           "copy pykvpool reproduces names no author, site or publication date, and describes "
+           "transformers' cache code as of 2026-10")
+"""The article the report reproduces, as the report names it where it first mentions it."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pykvpool._native import __version__
-from pykvpool.report.article import ArticleRun, article_ledgers, reproduce
+from pykvpool.report.article import ARTICLE, ArticleRun, article_ledgers, reproduce
 from pykvpool import _native
 from pykvpool.errors import BudgetError
 from pykvpool.report.figures import (
@@ -46,11 +46,14 @@ from pykvpool.report.search_section import search_section
 from pykvpool.search.folder import read_search
 from pykvpool.report.video_serving import video_serving_section
 from pykvpool.report.windows import windows_section
-from pykvpool.report.tables import jsonable, markdown_table
+from pykvpool.report.summary import anchor, summary_section
+from pykvpool.report.tables import fmt_gib, fmt_pct, fmt_x, jsonable, markdown_table
 from pykvpool.planning.roofline import (
     PREFILL_SHAPES,
     KernelPoint,
     PrefillPoint,
+    SettleRule,
+    Spread,
     decode_intensity,
     measure_decode_kernel,
     measure_prefill_kernel,
@@ -77,6 +80,9 @@ TRACE_MAX_LEN = MODELS["llama-3-8b"].max_context
 """Contiguous reservation for the traces: Llama-3-8B's context window, tokens."""
 REPORT_HARDWARE = "a100-80gb-sxm"
 """The article's accelerator: its :func:`default_budget` is the report's budget."""
+ROOF_RULE = SettleRule(k=3, rel_tol=0.10, max_rounds=30, max_seconds=10.0)
+"""When the roof's probes have settled: per kernel point, (call, probe) rounds until the best
+3 probes agree within 10%, at most 30 rounds or 10 s."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +99,17 @@ class ReportResult:
 
 
 def _sweep_row(r: SweepResult, base: SweepResult) -> list[object]:
-    return [r.workload, r.policy, r.block_size, r.admitted, f"{r.reserved_bytes / GIB:.2f}",
-            f"{r.used_bytes / GIB:.2f}", f"{r.utilization:.2%}", f"{r.gain_over(base):.2f}x",
+    return [r.workload, r.policy, r.block_size, r.admitted, fmt_gib(r.reserved_bytes),
+            fmt_gib(r.used_bytes), fmt_pct(r.utilization), fmt_x(r.gain_over(base)),
             f"{r.table_entries / max(r.admitted, 1):.1f}"]
 
 
 _SWEEP_HEADER = ["workload", "policy", "block (tokens)", "admitted", "reserved GiB",
-                 "used GiB", "utilization", "gain", "table entries / request"]
+                 "used GiB", "utilization (admitted)", "gain", "table entries / request (admitted)"]
+_ALL_UTIL = "utilization (all requests)"
+_ALL_ENTRIES = "table entries / request (all requests)"
+"""The block-size sweeps' utilization: every request of the workload in a pool that holds
+them all, not the requests the budget admits (a different set, so a different number)."""
 
 
 def preset_ledger(model: ModelConfig, budget: Budget, kv_dtype: str) -> tuple[MemoryLedger, str]:
@@ -168,9 +178,10 @@ class Measured:
     """This machine as the report measured it.
 
     Attributes:
-        machine: the roof of figure 2: ``bandwidth`` is the best read bandwidth of the
-            decode kernel's own cache, taken back to back with the kernel calls (bytes/s);
+        machine: the roof of figure 2: ``bandwidth`` is ``roof.value`` (bytes/s);
             ``peak_flops["fp32"]`` the best of two FMA probes (FLOP/s).
+        roof: every read-bandwidth probe of the decode kernel's own cache, taken back to
+            back with the kernel calls until they settled (:data:`ROOF_RULE`), bytes/s.
         kernel: the decode kernel's points.
         prefill: the multi-query (prefill) kernel's points, one per shape of
             :data:`pykvpool.planning.roofline.REPORT_PREFILL_SHAPES`.
@@ -182,22 +193,25 @@ class Measured:
     kernel: list[KernelPoint]
     prefill: list[PrefillPoint]
     fresh_bandwidth: float
+    roof: Spread
 
 
 def _measure(progress_on: bool) -> Measured:
     with ProgressBar("measuring this machine", 4, enabled=progress_on) as bar:
         fresh = measure_this_machine()
         bar(1)
-        kernel = measure_decode_kernel(progress=None)
+        kernel = measure_decode_kernel(progress=None, settle=ROOF_RULE)
         bar(2)
         prefill = measure_prefill_kernel()
         bar(3)
         flops = max(fresh.flops("fp32"), float(_native.peak_flops()))
         bar(4)
+    roof = Spread.pooled([k.roof for k in kernel if k.roof is not None])
     machine = replace(
-        fresh, bandwidth=max(k.roof_bandwidth for k in kernel), peak_flops={"fp32": flops},
-        source="roof: read_bandwidth of the kernel's own cache, back to back with it")
-    return Measured(machine, kernel, prefill, fresh.bandwidth)
+        fresh, bandwidth=roof.value, peak_flops={"fp32": flops},
+        source="roof: read_bandwidth of the kernel's own cache, back to back with it, "
+               f"median of the best {roof.k} of {len(roof.samples)} probes")
+    return Measured(machine, kernel, prefill, fresh.bandwidth, roof)
 
 
 def _article_sweeps(run: ArticleRun, cap: int, bpt: int,
@@ -312,10 +326,9 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     if folder is not None or run_search:
         search_md, data["search"], search_figs = search_section(out, folder, progress)
         figs.update(search_figs)
+    extra = [dynamic_md, windows_md, video_md] + ([search_md] if search_md else [])
     md = _markdown(run, gqa, comparisons, bsz_rows, traces, trace_results, trace_bsz, measured,
-                   data["fig2"], reason, videos, figs)
-    md = md.replace("## Closing note", dynamic_md + "\n" + windows_md + "\n" + video_md + "\n"
-                    + (search_md + "\n" if search_md else "") + "## Closing note", 1)
+                   data["fig2"], reason, videos, figs, extra, data)
     seconds = time.perf_counter() - t0
     md = md.replace("@@SECONDS@@", f"{seconds:.1f}")
     path = out / "report.md"
@@ -329,6 +342,10 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     data["kernel"] = kernel
     data["prefill_kernel"] = prefill
     data["fresh_bandwidth"] = measured.fresh_bandwidth if measured is not None else None
+    data["roof"] = None if measured is None else {
+        "samples": measured.roof.samples, "k": measured.roof.k, "value": measured.roof.value,
+        "low": measured.roof.low, "high": measured.roof.high, "stable": measured.roof.stable,
+        "agreement": measured.roof.agreement, "rule": ROOF_RULE}
     (out / "report.json").write_text(json.dumps(jsonable(data), indent=1, default=str),
                                      encoding="utf-8")
     matched = sum(r.match for r in run.rows)
@@ -339,42 +356,74 @@ def _markdown(run: ArticleRun, gqa: MemoryLedger, comparisons: list[list[SweepRe
               bsz_rows: Sequence[Any], traces: list[Workload],
               trace_results: list[list[SweepResult]], trace_bsz: dict[str, list[Any]],
               measured: Measured | None, fig2: dict[str, Any], reason: str,
-              videos: list[VideoSpec], figs: dict[str, Path]) -> str:
-    """The report's Markdown, one section after another."""
-    s = _intro(run, gqa) + _ledger_section(gqa, figs) + _roofline_section(gqa, measured, fig2, reason, figs)
-    s += _static_section(run, gqa, comparisons, figs) + _video_section(gqa, videos, figs)
-    s += _traces_section(bsz_rows, traces, trace_results, trace_bsz, figs) + _closing(run)
-    return "\n".join(s)
+              videos: list[VideoSpec], figs: dict[str, Path], extra: list[str],
+              data: dict[str, Any]) -> str:
+    """The report's Markdown: title and introduction, the summary page (quoting the
+    sections' tables), the sections, the closing note and the appendix."""
+    body = _ledger_section(gqa, figs) + _roofline_section(gqa, measured, fig2, reason, figs)
+    body += _static_section(run, gqa, comparisons, figs) + _video_section(gqa, videos, figs)
+    body += _traces_section(bsz_rows, traces, trace_results, trace_bsz, figs) + extra
+    rest = "\n".join(body + _closing(run) + _appendix(run, data))
+    roof = roof_sentence(measured.roof) if measured is not None else None
+    summary = summary_section(rest, gqa.budget, data, roof)
+    return "\n".join(_intro(run, gqa) + [summary, rest])
 
 
 def _intro(run: ArticleRun, gqa: MemoryLedger) -> list[str]:
-    cap, bpt = gqa.token_capacity, gqa.bytes_per_token
     matched = sum(r.match for r in run.rows)
-    s: list[str] = []
-    s.append("# pykvpool capacity-planning report\n")
-    s.append(f"Generated by `pykvpool report` (pykvpool {__version__}, Python "
-             f"{platform.python_version()}, {platform.machine()}) in @@SECONDS@@ s. "
-             f"**{matched} of {len(run.rows)} article numbers reproduced exactly** "
-             "(closing table at the end). Every capacity number of sections 3, 5 and 7 comes "
-             "from admitting requests into a real `pykvpool.BlockPool` (section 7: a "
-             "`pykvpool.HybridPool`) until it raises `PoolExhaustedError`; section 8 admits "
-             "video streams into a `pykvpool.HybridPool` by their peak.\n")
-    s.append(f"Baseline (the article's): {gqa.model.name} ({gqa.model.num_layers} layers, "
-             f"{gqa.model.num_kv_heads} KV heads, d={gqa.model.head_dim}), KV in "
-             f"{gqa.dtype.name} = {bpt} B/token; budget {gqa.budget.usable_bytes / GIB:.0f} GiB "
-             f"- weights {gqa.weight_bytes / GIB:.2f} GiB - reserve "
-             f"{gqa.budget.reserve_bytes / GIB:.0f} GiB = {gqa.kv_budget_bytes / GIB:.2f} GiB "
-             f"= {cap:,} KV tokens.\n")
-    s.append(f"**Budget, the same in every section** (`pykvpool.planning.ledger.default_budget`, also "
-             f"used by `pykvpool ledger` and `pykvpool simulate`): {gqa.budget.describe()} on "
-             "the A100; each accelerator of the presets table gets its own memory with the "
-             "same fraction and reserve.\n")
+    return ["# pykvpool capacity-planning report\n",
+            f"This report recomputes, with pykvpool's own code, the numbers of the article "
+            f"{ARTICLE}. **{matched} of {len(run.rows)} come out exactly as the article prints "
+            "them** (closing note). The report then goes where the article stops: real traces, "
+            "a serving simulator, windowed "
+            "and hybrid models, video serving and a deployment search. Every capacity number "
+            "comes from admitting requests into a real `pykvpool.BlockPool` or "
+            "`pykvpool.HybridPool` until it raises `PoolExhaustedError`. Generated by "
+            f"`pykvpool report` (pykvpool {__version__}, Python {platform.python_version()}, "
+            f"{platform.machine()}) in @@SECONDS@@ s; every number of every table is also in "
+            "`report.json`.\n"]
+
+
+def _appendix(run: ArticleRun, data: dict[str, Any]) -> list[str]:
+    """The tables a planner looks up rather than reads: every preset on every accelerator,
+    every article number beside pykvpool's, every video preset on every GPU."""
+    table, _ = _presets_table()
+    s = ["## Appendix: every preset model on every accelerator\n",
+         "Budget: `default_budget` of each device: "
+         + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
+         + ". KV B/token is the full history (every layer keeps every token). A model "
+         "with sliding or chunked layers (Mistral, Gemma, gpt-oss) needs less per token the "
+         "longer its sequences, so its capacity is stated at a length: `N @ 8192` is the "
+         f"tokens served as sequences of {PRESET_LENGTH} (max batch x {PRESET_LENGTH}; "
+         "section 7 gives 8k / 32k / 128k). KV fp8 counts one fp32 scale per token, "
+         "layer, K/V and KV head; the decode bound reads the weights and the whole KV once "
+         "per step. Where the preset's bf16 weights leave no room for KV, the row stores "
+         "the weights in fp8, 1 byte per parameter, and says so in the weights column.\n",
+         table + "\n",
+         "## Appendix: the article's values beside pykvpool's\n",
+         "pykvpool's value is printed with the article's precision; `match` means the "
+         "two printed values are identical.\n",
+         markdown_table(["number", "article", "pykvpool", "match"],
+                        [[r.what, r.article, r.pykvpool, "yes" if r.match else "**NO**"]
+                         for r in run.rows]) + "\n"]
+    serve = data.get("video_serving", {}).get("full_history_table")
+    if serve:
+        s += ["## Appendix: video presets with full history\n",
+              "Section 8's streams per GPU at real time, for the presets' full-history caches:\n",
+              markdown_table(serve["header"], serve["rows"]) + "\n"]
     return s
 
 
 def _ledger_section(gqa: MemoryLedger, figs: dict[str, Path]) -> list[str]:
     s: list[str] = []
+    cap, bpt = gqa.token_capacity, gqa.bytes_per_token
     s.append("## 1. Memory ledger\n")
+    s.append(f"The article's baseline: {gqa.model.name} ({gqa.model.num_layers} layers, "
+             f"{gqa.model.num_kv_heads} KV heads, d={gqa.model.head_dim}), KV in "
+             f"{gqa.dtype.name} = {bpt} B/token; budget {gqa.budget.describe()}, minus weights "
+             f"{fmt_gib(gqa.weight_bytes)} GiB = {fmt_gib(gqa.kv_budget_bytes)} GiB of KV = "
+             f"{cap:,} KV tokens. The same budget (`pykvpool.planning.ledger.default_budget`, "
+             "also used by `pykvpool ledger` and `pykvpool simulate`) serves every section.\n")
     s.append(f"![memory ledger]({figs['fig1_memory_ledger'].name})\n")
     rows: list[list[object]] = []
     for b in (1, 8, 16, 32, 64, 128):
@@ -387,19 +436,8 @@ def _ledger_section(gqa: MemoryLedger, figs: dict[str, Path]) -> list[str]:
                              f"fits {gqa.budget.usable_bytes / GIB:.0f} GiB"], rows) + "\n")
     s.append(f"Largest batch at 8192 tokens: {gqa.max_batch(seq_len=8192)}; longest length at batch "
              f"32: {gqa.max_seq_len(batch=32):,} tokens (at block size 16: {gqa.max_seq_len(batch=32, block_size=16):,}).\n")
-    s.append("Presets on each accelerator (budget: `default_budget` of each device: "
-             + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
-             + ". KV B/token is the full history (every layer keeps every token). A model "
-             "with sliding or chunked layers (Mistral, Gemma, gpt-oss) needs less per token the "
-             "longer its sequences, so its capacity is stated at a length: `N @ 8192` is the "
-             f"tokens served as sequences of {PRESET_LENGTH} (max batch x {PRESET_LENGTH}; "
-             "section 7 gives 8k / 32k / 128k). KV fp8 counts one fp32 scale per token, "
-             "layer, K/V and KV head; the decode "
-             "bound reads the weights and the whole KV once per step. Where the preset's bf16 "
-             "weights leave no room for KV, the row stores the weights in fp8, 1 byte per "
-             "parameter, and says so in the weights column):\n")
-    table, _ = _presets_table()
-    s.append(table + "\n")
+    s.append("Every preset model on every accelerator (capacity, largest batch, decode "
+             "bound): the appendix.\n")
     return s
 
 
@@ -462,14 +500,17 @@ def _traces_section(bsz_rows: Sequence[Any], traces: list[Workload], trace_resul
     s: list[str] = []
     s.append("## 5. Block size and real traces (beyond the article)\n")
     s.append(f"![block size and traces]({figs['fig5_block_size_traces'].name})\n")
-    s.append("Block-size sweep on the uniform workload (all 4,000 requests in a pool sized to "
-             "hold them; `admitted` under the KV budget). The article's expectation for the "
-             "empty slots is (b-1)/2 when remainders are uniform:\n")
+    s.append("Block-size sweep on the uniform workload. The `(all requests)` columns count "
+             "all 4,000 requests in a pool sized to hold them; the `(admitted)` ones of "
+             "sections 3 and 5 count only the requests the KV budget admits, another set of "
+             "requests and so a slightly different number; `admitted` is under the KV budget. "
+             "The article's expectation for the empty slots is (b-1)/2 when remainders are "
+             "uniform:\n")
     s.append(markdown_table(
-        ["block size", "empty slots / request", "(b-1)/2", "utilization",
-         "empty / mean length", "table entries / request", "admitted"],
+        ["block size", "empty slots / request", "(b-1)/2", _ALL_UTIL,
+         "empty / mean length", _ALL_ENTRIES, "admitted"],
         [[r.block_size, f"{r.empty_slots_per_request:.1f}", f"{(r.block_size - 1) / 2:.1f}",
-          f"{r.utilization:.3%}", f"{r.empty_over_length:.2%}",
+          fmt_pct(r.utilization), f"{r.empty_over_length:.2%}",
           f"{r.table_entries_per_request:.1f}", r.admitted] for r in bsz_rows]) + "\n")
     s.append(f"Azure LLM inference traces 2023 ({AZURE_ATTRIBUTION}), length = prompt + "
              f"output, requests longer than {TRACE_MAX_LEN} tokens dropped ("
@@ -481,34 +522,48 @@ def _traces_section(bsz_rows: Sequence[Any], traces: list[Workload], trace_resul
         [[wl.name, len(wl), f"{wl.mean_length:.0f}", int(np.percentile(wl.lengths, 50)),
           int(np.percentile(wl.lengths, 99)), int(wl.lengths.max())] for wl in traces]) + "\n")
     s.append(markdown_table(
-        ["trace", "block size", "empty slots / request", "utilization", "table entries / request",
+        ["trace", "block size", "empty slots / request", _ALL_UTIL, _ALL_ENTRIES,
          "admitted"],
-        [[name, r.block_size, f"{r.empty_slots_per_request:.1f}", f"{r.utilization:.2%}",
+        [[name, r.block_size, f"{r.empty_slots_per_request:.1f}", fmt_pct(r.utilization),
           f"{r.table_entries_per_request:.1f}", r.admitted]
          for name, rs in trace_bsz.items() for r in rs]) + "\n")
     return s
 
 
 def _closing(run: ArticleRun) -> list[str]:
-    s: list[str] = []
-    s.append("## Closing note: the article's values beside pykvpool's\n")
-    s.append("pykvpool's value is printed with the article's precision; `match` means the "
-             "two printed values are identical.\n")
-    s.append(markdown_table(["number", "article", "pykvpool", "match"],
-                            [[r.what, r.article, r.pykvpool, "yes" if r.match else "**NO**"]
-                             for r in run.rows]) + "\n")
-    s.append("Not reproduced here on purpose: the article's own machine measurements "
-             "(71.89 GB/s, 1201.61 GFLOP/s) and its toy-decoder timings depend on its machine; "
-             "section 2 measures this one instead.\n")
-    return s
+    matched = sum(r.match for r in run.rows)
+    head = "Appendix: the article's values beside pykvpool's"
+    return ["## Closing note: the article's values beside pykvpool's\n",
+            f"{matched} of {len(run.rows)} of the article's numbers come out of pykvpool's own "
+            "code printed exactly as the article prints them "
+            f"([every one beside the article's]({anchor(head)})). Not reproduced here on "
+            "purpose: the article's own machine measurements (71.89 GB/s, 1201.61 GFLOP/s) "
+            "and its toy-decoder timings depend on its machine; section 2 measures this one "
+            "instead.\n"]
+
+
+def roof_sentence(roof: Spread) -> str:
+    """The measured roof with its spread, as the report states it (section 2 and the
+    summary quote this one string)."""
+    gb = [v / 1e9 for v in (roof.value, roof.low, roof.high)]
+    return (f"{gb[0]:.1f} GB/s (median of the best {roof.k} of {len(roof.samples)} probes; all "
+            f"probes {gb[1]:.1f}-{gb[2]:.1f} GB/s)")
 
 
 def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) -> list[str]:
-    machine, kernel = measured.machine, measured.kernel
-    s = [f"This machine: roof {machine.bandwidth / 1e9:.2f} GB/s, the best read bandwidth of "
-         "the decode kernel's own cache pages (`pykvpool.read_bandwidth(cache=...)`, measured "
-         "right after each timed kernel call, on the memory the kernel reads); a fresh 256 MiB "
-         f"buffer read at {measured.fresh_bandwidth / 1e9:.2f} GB/s in the same run. "
+    machine, kernel, roof = measured.machine, measured.kernel, measured.roof
+    rule = ROOF_RULE
+    settled = (f"the best {roof.k} agree within {roof.agreement:.1%}" if roof.stable else
+               f"**the best {roof.k} did not settle within {rule.rel_tol:.0%}** (they span "
+               f"{roof.agreement:.0%}: the machine was loaded; the roof is that uncertain)")
+    s = [f"This machine: roof {roof_sentence(roof)}: the read bandwidth of the decode kernel's "
+         "own cache pages (`pykvpool.read_bandwidth(cache=...)`), probed right after each timed "
+         "kernel call, on the memory the kernel reads, and repeated until the best "
+         f"{rule.k} probes of a kernel point agree within {rule.rel_tol:.0%} (at most "
+         f"{rule.max_rounds} rounds or {rule.max_seconds:g} s per point); over all points "
+         f"{settled}. A single probe on a shared machine can be several times too low; the "
+         f"spread says how much this run's varied. A fresh 256 MiB buffer read at "
+         f"{measured.fresh_bandwidth / 1e9:.2f} GB/s in the same run (one probe). "
          f"{machine.flops('fp32') / 1e9:.2f} GFLOP/s fp32 (`pykvpool.peak_flops`, best of two), "
          f"ridge {machine.ridge_point('fp32'):.1f} FLOP/byte. The article's machine: 71.89 GB/s, "
          "1201.61 GFLOP/s (a different machine: not a reproduced number).\n"]
@@ -526,9 +581,10 @@ def _roofline_text(gqa: MemoryLedger, measured: Measured, fig2: dict[str, Any]) 
     kv_mib = 2 * k0.num_kv_heads * k0.head_dim * k0.seq_len * k0.batch * 4 / 2**20
     s.append(f"pykvpool's decode kernel (`pykvpool.decode_attention`, f32 paged cache "
              f"filled through a `BlockPool`, {k0.num_kv_heads} KV heads, d={k0.head_dim}, "
-             f"block 16, {kv_mib:.0f} MiB of K and V read per call, best of 5 calls after a "
-             f"warm-up, each followed by a read of the same cache; {os.cpu_count()} CPUs "
-             "visible, timings vary with machine load):\n")
+             f"block 16, {kv_mib:.0f} MiB of K and V read per call, best call of the rounds "
+             f"above after a warm-up, each followed by a read of the same cache; "
+             f"{os.cpu_count()} CPUs visible, timings vary with machine load; `its cache read`: "
+             "the point's settled probe, median of its best 3):\n")
     s.append(markdown_table(["g", "batch", "cached tokens", "FLOP/byte", "ms / call", "GFLOP/s",
                              "GB/s", "its cache read (GB/s)", "of the roof"], krows) + "\n")
     above = [pt for pt in pts if pt["above_roof"]]

@@ -23,8 +23,8 @@ import numpy as np
 
 from pykvpool.simulate import plots as sim_plots, traces as sim_traces
 from pykvpool.planning.ledger import Budget
-from pykvpool.report.tables import markdown_table
-from pykvpool.simulate.sweep import sweep
+from pykvpool.report.tables import Table, fmt_ms, fmt_pct, fmt_s
+from pykvpool.simulate.sweep import at_rate, sweep
 from pykvpool.simulate import (
     Roofline,
     SchedulerConfig,
@@ -36,7 +36,8 @@ from pykvpool.simulate import (
 )
 from pykvpool.planning.workloads import azure_trace_path
 
-__all__ = ["BLOCK_SIZE", "RATE_FACTORS", "dynamic_section", "policies", "pool_blocks"]
+__all__ = ["BLOCK_SIZE", "RATE_FACTORS", "RATE_HEADER", "dynamic_section", "policies", "pool_blocks",
+           "rate_table"]
 
 #: Multiples of the trace's own mean arrival rate that the section replays.
 RATE_FACTORS = (0.5, 1.0, 1.5, 2.0)
@@ -92,27 +93,52 @@ def dynamic_section(
     pols = policies(context)
     rows = sweep(w, rates, pols, [BLOCK_SIZE], num_blocks * BLOCK_SIZE, roof,
                  progress=sys.stderr if progress else None)
+    # The figures' runs are the table's runs at the trace's own rate: the same re-timed
+    # workload (the rate as printed), so the text, the table and figures 6 and 8 agree.
+    own_rate = rates[RATE_FACTORS.index(1.0)]
+    own = at_rate(w, own_rate)
     at_native: dict[str, SimulationResult] = {
-        name: run(w, SimConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE, scheduler=pol), roof)
+        name: run(own, SimConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE, scheduler=pol), roof)
         for name, pol in pols.items()
     }
     figs = {k: out_dir / f"{k}.png" for k in ("fig6_sim_utilization", "fig7_sim_throughput", "fig8_sim_ttft_cdf")}
     util = sim_plots.utilization_over_time(
         at_native["paged"], figs["fig6_sim_utilization"], num_blocks=num_blocks, block_size=BLOCK_SIZE,
-        title=f"paged, {native:.2f} req/s (the trace's own rate)")
+        title=f"paged, {own_rate} req/s (the trace's own rate)")
     thr = sim_plots.throughput_vs_rate(rows, figs["fig7_sim_throughput"])
     cdf = sim_plots.latency_cdf(at_native, "ttft", figs["fig8_sim_ttft_cdf"],
-                                title=f"TTFT CDF at {native:.2f} req/s (the trace's own rate)")
+                                title=f"TTFT CDF at {own_rate} req/s (the trace's own rate)")
     gap = max(_max_rel_gap(thr["oracle"][k], thr["paged"][k]) for k in ("output_throughput", "ttft_p99"))
-    md = _markdown(w, roof, budget, num_blocks, native, rates, rows, at_native, util, gap, figs)
+    table = rate_table(rows)
+    md = _markdown(w, roof, budget, num_blocks, native, rates, table, at_native, util, gap, figs)
     data = {"budget": budget.describe(), "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
             "reserve_tokens": context, "rates": rates, "rows": rows, "throughput_vs_rate": thr,
             "rejected": {k: int(r.summary["rejected"]) for k, r in at_native.items()},
             "peak_blocks_held": int(np.max(util["blocks_used"] + util["blocks_reserved"])),
             "oracle_vs_paged_max_rel_gap": gap,
             "styles": {k: sim_plots.line_style(k) for k in pols},
-            "ttft_cdf_p50": {k: float(np.median(v[0])) for k, v in cdf.items()}}
+            "ttft_cdf_p50": {k: float(np.median(v[0])) for k, v in cdf.items()},
+            "table": {"header": list(table.header), "rows": [list(r) for r in table.rows]}}
     return md, data, figs
+
+
+#: Columns of the section's table (the summary page quotes its cells by these names).
+RATE_HEADER = ("rate (req/s)", "policy", "output tok/s", "req/s", "TTFT p50 (s)", "TTFT p99 (s)",
+               "TPOT p50 (ms)", "preemptions", "rejected", "peak running",
+               "mean utilization (tokens / held slots)")
+
+
+def rate_table(rows: list[dict[str, Any]]) -> Table:
+    """The section's table: one row per (rate, policy) of the sweep, each number formatted
+    once (the text quotes these cells).
+
+    Raises:
+        KeyError: a row lacks a field of :func:`pykvpool.simulate.sweep.sweep`'s rows.
+    """
+    return Table.of(RATE_HEADER, [
+        [r["rate"], r["label"], f"{r['output_throughput']:.0f}", f"{r['request_throughput']:.2f}",
+         fmt_s(r["ttft_p50"]), fmt_s(r["ttft_p99"]), fmt_ms(r["tpot_p50"]), r["preemptions"],
+         r["rejected"], r["peak_running"], fmt_pct(r["mean_utilization"])] for r in rows])
 
 
 def _binding(paged: dict[str, float], peak_blocks: int, num_blocks: int) -> str:
@@ -124,13 +150,18 @@ def _binding(paged: dict[str, float], peak_blocks: int, num_blocks: int) -> str:
 
 
 def _markdown(w: Any, roof: Roofline, budget: Budget, num_blocks: int, native: float,
-              rates: list[float], rows: list[dict[str, Any]], at_native: dict[str, SimulationResult],
+              rates: list[float], table: Table, at_native: dict[str, SimulationResult],
               util: dict[str, np.ndarray], gap: float, figs: dict[str, Path]) -> str:
-    p, res, ora = (at_native[k].summary for k in ("paged", "reserve", "oracle"))
+    rate = str(rates[RATE_FACTORS.index(1.0)])
+
+    def cell(policy: str, column: str) -> str:
+        return table.cell(column, {RATE_HEADER[0]: rate, "policy": policy})
+
+    p = at_native["paged"].summary
     context = roof.model.max_context
     busy = util["blocks_used"] > 0
     held = util["blocks_used"] + util["blocks_reserved"]
-    rejected = int(res["rejected"])
+    rejected = int(at_native["reserve"].summary["rejected"])
     coincide = (f"The `oracle` curves coincide with `paged` (largest relative gap {gap:.2%}): "
                 "they are drawn dashed with hollow squares on top of the solid paged line."
                 if gap < 0.01 else f"`oracle` and `paged` differ by up to {gap:.1%}.")
@@ -150,27 +181,21 @@ def _markdown(w: Any, roof: Roofline, budget: Budget, num_blocks: int, native: f
         "numbers. Reproduce with `pykvpool simulate --trace azure-conv --sweep-rates "
         + ",".join(str(r) for r in rates) + "`.\n",
         f"![utilization over time]({figs['fig6_sim_utilization'].name})\n",
-        f"At the trace's own rate under paging, the pool is at most {int(held.max()):,} of "
-        f"{num_blocks:,} blocks full (peak occupancy {held.max() / num_blocks:.1%}, mean "
-        f"{np.mean(held[busy]) / num_blocks:.1%} while busy), while the used blocks are "
-        f"{np.mean(util['token_utilization'][busy]):.2%} full of tokens on average (token "
-        f"utilization: only the last block of a request is partly empty); up to "
-        f"{int(util['running'].max())} requests run and up to {int(util['waiting'].max())} wait. "
-        f"p99 TTFT {p['ttft_p99']:.2f} s, p50 TPOT {p['tpot_p50'] * 1e3:.1f} ms. Orca's "
-        f"reservation holds at most {res['peak_running']:.0f} requests in the same memory (p99 "
-        f"TTFT {res['ttft_p99']:.0f} s); the oracle peaks at {ora['peak_running']:.0f}. "
-        + _binding(p, int(held.max()), num_blocks) + "\n",
+        f"At the trace's own rate ({rate} req/s) under paging, the pool is at most "
+        f"{int(held.max()):,} of {num_blocks:,} blocks full (peak occupancy "
+        f"{held.max() / num_blocks:.1%}, mean {np.mean(held[busy]) / num_blocks:.1%} while busy), "
+        f"while the blocks held are {cell('paged', RATE_HEADER[10])} full of tokens on average "
+        "(token utilization: only the last block of a request is partly empty); up to "
+        f"{cell('paged', 'peak running')} requests run and up to {int(util['waiting'].max())} wait. "
+        f"p99 TTFT {cell('paged', 'TTFT p99 (s)')} s, p50 TPOT {cell('paged', 'TPOT p50 (ms)')} ms. "
+        f"Orca's reservation holds at most {cell('reserve', 'peak running')} requests in the same "
+        f"memory (p99 TTFT {cell('reserve', 'TTFT p99 (s)')} s); the oracle peaks at "
+        f"{cell('oracle', 'peak running')}. " + _binding(p, int(held.max()), num_blocks) + "\n",
         f"![throughput vs rate]({figs['fig7_sim_throughput'].name})\n",
         coincide + "\n",
-        markdown_table(
-            ["rate (req/s)", "policy", "output tok/s", "req/s", "TTFT p50 (s)", "TTFT p99 (s)",
-             "TPOT p50 (ms)", "preemptions", "rejected", "peak running", "mean utilization (tokens / held slots)"],
-            [[r["rate"], r["label"], f"{r['output_throughput']:.0f}", f"{r['request_throughput']:.2f}",
-              f"{r['ttft_p50']:.2f}", f"{r['ttft_p99']:.2f}", f"{r['tpot_p50'] * 1e3:.1f}", r["preemptions"],
-              r["rejected"], r["peak_running"], f"{r['mean_utilization']:.2%}"] for r in rows],
-        ) + "\n",
+        table.markdown() + "\n",
         f"![TTFT CDF]({figs['fig8_sim_ttft_cdf'].name})\n",
-        f"TTFT of the finished requests at {native:.2f} req/s (the trace's own rate), log time "
-        f"axis: median {p['ttft_p50']:.2f} s paged, {res['ttft_p50']:.1f} s reserve, "
-        f"{ora['ttft_p50']:.2f} s oracle.\n",
+        f"TTFT of the finished requests at {rate} req/s (the trace's own rate), log time "
+        f"axis: median {cell('paged', 'TTFT p50 (s)')} s paged, {cell('reserve', 'TTFT p50 (s)')} s "
+        f"reserve, {cell('oracle', 'TTFT p50 (s)')} s oracle.\n",
     ])

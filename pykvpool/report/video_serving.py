@@ -21,7 +21,7 @@ from pykvpool.planning.ledger import GIB, default_budget
 from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel
 from pykvpool.plotting import new_figure, save
 from pykvpool.progress import ProgressBar
-from pykvpool.report.tables import markdown_table
+from pykvpool.report.tables import Table
 from pykvpool.simulate.video import (
     VideoRoofline,
     kv_pool_blocks,
@@ -30,8 +30,8 @@ from pykvpool.simulate.video import (
     video_requests,
 )
 
-__all__ = ["BLOCK_SIZE", "KV_LENGTHS", "LONG_VIDEO", "SERVING_SECONDS", "TTFC_LOAD",
-           "TTFC_REQUESTS", "WINDOWS", "video_serving_section"]
+__all__ = ["BLOCK_SIZE", "KV_HEADER", "KV_LENGTHS", "LONG_VIDEO", "SERVE_HEADER", "SERVING_SECONDS",
+           "TTFC_LOAD", "TTFC_REQUESTS", "WINDOWS", "kv_table", "serve_table", "video_serving_section"]
 
 BLOCK_SIZE = 16
 """Tokens per block of every pool of the section."""
@@ -144,37 +144,64 @@ def _memory_curves() -> dict[str, Any]:
     return out
 
 
-def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[str, Any]) -> None:
-    fig = new_figure((13.5, 4.8))
-    a1, a2 = fig.subplots(1, 2)
-    xs = list(range(len(WINDOWS)))
-    colors = {"a100-80gb-sxm": "#2e7d32", "h100-sxm": "#1565c0", "h200": "#c62828"}
-    marks = {"a100-80gb-sxm": ("o", 6, None), "h100-sxm": ("s", 10, "none"), "h200": ("^", 5, None)}
-    for hw_key, color in colors.items():
-        name = HARDWARE[hw_key].name
-        mk, ms, mfc = marks[hw_key]
-        a1.plot(xs, [max(v, 0.8) for v in sweep[hw_key]], "-", marker=mk, ms=ms, mfc=mfc,
-                color=color, label=f"{name}: at real time (16 fps)")
-        a1.plot(xs, sweep[f"{hw_key} memory"], ":", color=color, lw=1, label=f"{name}: memory only")
-    a1.set_yscale("log")
-    a1.set_xticks(xs, [str(w) if w is not None else "full" for w in WINDOWS])
-    a1.set_xlabel("window (latent frames before the chunk; 3 sink frames)")
-    a1.set_ylabel("concurrent streams per GPU (0 drawn at 0.8)")
-    a1.set_title(f"LongLive geometry, {SERVING_SECONDS} s videos, bf16 KV", fontsize=10)
-    a1.grid(alpha=0.25, which="both")
-    a1.legend(fontsize=7)
+#: Each GPU's line style in figure 10: colour, marker, line style and a horizontal dodge
+#: (window ticks) so that equal counts of two GPUs stay side by side, never on top.
+_STYLES = {"a100-80gb-sxm": ("#2e7d32", "o", "-", -0.15), "h100-sxm": ("#1565c0", "s", "--", 0.0),
+           "h200": ("#c62828", "^", "-.", 0.15)}
+
+
+def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[str, Any]
+         ) -> list[tuple[int, str, list[float], list[float]]]:
+    """Figure 10: streams at real time and in memory against the window (one panel each,
+    every GPU its own colour, marker, dash and dodge), and one LongLive stream's KV over a
+    long video with each GPU's budget (dashed lines marked at staggered times, so that two
+    nearly equal budgets both show). Returns every drawn line: (panel, label, xs, ys)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator  # matplotlib loads only with a figure
+
+    fig = new_figure((16.5, 4.8))
+    axes = fig.subplots(1, 3)
+    lines: list[tuple[int, str, list[float], list[float]]] = []
+    ticks = list(range(len(WINDOWS)))
+    for i, (suffix, what) in enumerate((("", "at real time (16 fps)"), (" memory", "memory only"))):
+        ax = axes[i]
+        for hw_key, (color, mk, ls, dx) in _STYLES.items():
+            xs = [x + dx for x in ticks]
+            ys = [float(v) if i == 0 else max(v, 0.8) for v in sweep[hw_key + suffix]]
+            ax.plot(xs, ys, ls, marker=mk, ms=6, mfc="none" if hw_key == "h100-sxm" else color,
+                    color=color, label=HARDWARE[hw_key].name)
+            lines.append((i, HARDWARE[hw_key].name, xs, ys))
+        if i == 0:  # a few streams: a linear axis with whole numbers
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        else:  # up to a hundred: a log axis, 0 drawn at 0.8
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xticks(ticks, [str(w) if w is not None else "full" for w in WINDOWS])
+        ax.set_xlabel("window (latent frames before the chunk; 3 sink frames)")
+        ax.set_ylabel("concurrent streams per GPU" + (" (0 drawn at 0.8)" if i else ""))
+        ax.set_title(f"LongLive geometry, {SERVING_SECONDS} s videos, bf16 KV: {what}", fontsize=9)
+        ax.grid(alpha=0.25, which="both")
+        ax.legend(fontsize=7)
+    a2 = axes[2]
     a2.plot(mem["video_s"], mem["full"], "--", color="#e65100", label="full history")
-    a2.plot(mem["video_s"], mem["windowed"], "-", color="#1565c0",
+    a2.plot(mem["video_s"], mem["windowed"], "-", color="#6a1b9a",
             label=f"{_policy(VIDEO_MODELS['longlive'])}")
-    for hw_key, color in colors.items():
-        a2.axhline(mem["kv_budget_gib"][hw_key], color=color, ls=":", lw=1,
-                   label=f"{HARDWARE[hw_key].name} KV budget")
+    lines += [(2, "full history", list(mem["video_s"]), list(mem["full"])),
+              (2, "windowed", list(mem["video_s"]), list(mem["windowed"]))]
+    end = float(mem["video_s"][-1])
+    for j, (hw_key, (color, mk, ls, _)) in enumerate(_STYLES.items()):
+        gib = float(mem["kv_budget_gib"][hw_key])
+        xs = [end * (j + 1 + 3 * n) / 10 for n in range(3) if (j + 1 + 3 * n) < 10]
+        a2.axhline(gib, color=color, ls=ls, lw=1)
+        a2.plot(xs, [gib] * len(xs), mk, color=color, mfc="none" if hw_key == "h100-sxm" else color,
+                label=f"{HARDWARE[hw_key].name} KV budget ({gib:.1f} GiB)")
+        lines.append((2, f"{HARDWARE[hw_key].name} KV budget", xs, [gib] * len(xs)))
     a2.set_xlabel("video generated (s)")
     a2.set_ylabel("KV held by the stream (GiB, bf16, pages of 16)")
     a2.set_title(f"One LongLive stream over {LONG_VIDEO} s", fontsize=10)
     a2.grid(alpha=0.25)
     a2.legend(fontsize=7)
     save(fig, path)
+    return lines
 
 
 def video_serving_section(out_dir: Path, progress: bool = True
@@ -202,6 +229,8 @@ def video_serving_section(out_dir: Path, progress: bool = True
             "serving_seconds": SERVING_SECONDS, "serving": serving, "ttfc": ttfc,
             "windows": [w if w is not None else "full" for w in WINDOWS], "window_sweep": sweep,
             "memory": mem, "budgets": {k: default_budget(h).describe() for k, h in HARDWARE.items()}}
+    full = serve_table([r for r in serving if not r["windowed"]])
+    data["full_history_table"] = {"header": list(full.header), "rows": [list(r) for r in full.rows]}
     return _markdown(kv, serving, ttfc, mem, figs), data, figs
 
 
@@ -211,30 +240,59 @@ def _cell(cap: Any) -> str:
     return f"{cap.streams} ({cap.limit})"
 
 
+KV_HEADER = ("preset", "cache", f"KV B/token bf16 / {VIDEO_KV_8BIT}",
+             *(f"{s} s (GiB, bf16 / {VIDEO_KV_8BIT})" for s in KV_LENGTHS))
+"""Columns of the KV table (the text and the summary page quote its cells)."""
+SERVE_HEADER = ("preset", "cache", "GPU", "KV blocks (bf16)", "streams in memory (bf16)",
+                "streams at real time, bf16 KV", f"streams at real time, {VIDEO_KV_8BIT} KV",
+                "one stream alone, slowest chunk (fps)")
+"""Columns of the streams-per-GPU table."""
+
+
+def kv_table(kv: list[dict[str, Any]]) -> Table:
+    """The KV table: per preset and cache, bytes per token and GiB per stream at each of
+    :data:`KV_LENGTHS`, bf16 / 8-bit in one cell.
+
+    Raises:
+        KeyError: a row lacks a length or dtype of the section.
+    """
+    return Table.of(KV_HEADER, [
+        [r["preset"], r["policy"], " / ".join(f"{r['bytes_per_token'][d]:,}" for d in _DTYPES)]
+        + [" / ".join(f"{r['gib'][s][d]:.2f}" for d in _DTYPES) for s in KV_LENGTHS] for r in kv])
+
+
+def serve_table(serving: list[dict[str, Any]]) -> Table:
+    """The streams-per-GPU table, one row per preset, cache and GPU of ``serving``.
+
+    Raises:
+        KeyError: a row lacks a dtype or hardware of the section.
+    """
+    return Table.of(SERVE_HEADER, [
+        [r["preset"], r["policy"], HARDWARE[r["hardware"]].name, f"{r['bf16'].num_blocks:,}",
+         r["bf16"].memory_streams, _cell(r["bf16"]), _cell(r[VIDEO_KV_8BIT]),
+         f"{r['bf16'].single_fps:.1f}" if r["bf16"].memory_streams else "-"] for r in serving])
+
+
 def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: list[dict[str, Any]],
               mem: dict[str, Any], figs: dict[str, Path]) -> str:
-    kv_table = markdown_table(
-        ["preset", "cache", f"KV B/token bf16 / {VIDEO_KV_8BIT}"]
-        + [f"{s} s (GiB, bf16 / {VIDEO_KV_8BIT})" for s in KV_LENGTHS],
-        [[r["preset"], r["policy"], " / ".join(f"{r['bytes_per_token'][d]:,}" for d in _DTYPES)]
-         + [" / ".join(f"{r['gib'][s][d]:.2f}" for d in _DTYPES) for s in KV_LENGTHS] for r in kv])
-    serve_table = markdown_table(
-        ["preset", "cache", "GPU", "KV blocks (bf16)", "streams in memory (bf16)",
-         "streams at real time, bf16 KV", f"streams at real time, {VIDEO_KV_8BIT} KV",
-         "one stream alone, slowest chunk (fps)"],
-        [[r["preset"], r["policy"], HARDWARE[r["hardware"]].name, f"{r['bf16'].num_blocks:,}",
-          r["bf16"].memory_streams, _cell(r["bf16"]), _cell(r[VIDEO_KV_8BIT]),
-          f"{r['bf16'].single_fps:.1f}" if r["bf16"].memory_streams else "-"] for r in serving])
-    ttfc_table = markdown_table(
+    kvt = kv_table(kv)
+    ttfc_table = Table.of(
         ["preset", "GPU", "streams at once", "arrivals (streams/min)", "TTFC p50 (s)",
          "TTFC p99 (s)", "streams at real time", "peak KV (GiB)"],
         [[r["preset"], HARDWARE[r["hardware"]].name, r["streams"], f"{r['rate'] * 60:.2f}",
           f"{r['ttfc_p50']:.2f}", f"{r['ttfc_p99']:.2f}", f"{r['real_time']:.0%}",
-          f"{r['peak_gib']:.2f}"] for r in ttfc])
+          f"{r['peak_gib']:.2f}"] for r in ttfc]).markdown()
+    windowed = serve_table([r for r in serving if r["windowed"]])
+    kv_table_md, serve_table_md = kvt.markdown(), windowed.markdown()
+    full = [r for r in serving if not r["windowed"]]
+    live = sum(r["bf16"].streams > 0 for r in full)
     derived = "; ".join(f"{k}: {', '.join(m.derived)}" for k, m in VIDEO_MODELS.items() if m.derived)
     ll = VIDEO_MODELS["longlive"]
-    h100 = next(r for r in serving if r["preset"] == "longlive" and r["windowed"]
-                and r["hardware"] == "h100-sxm")["bf16"]
+    h100_fps = windowed.cell(SERVE_HEADER[-1], {"preset": "longlive", "cache": _policy(ll),
+                                            "GPU": HARDWARE["h100-sxm"].name})
+    long_col = f"{LONG_VIDEO} s (GiB, bf16 / {VIDEO_KV_8BIT})"
+    full_gib, win_gib = (kvt.cell(long_col, {"preset": "longlive", "cache": _policy(v)}).split(" / ")[0]
+                         for v in (ll.variant(False), ll))
     return "\n".join([
         "## 8. Video generation: KV per stream and streams per GPU\n",
         "Presets (`pykvpool.planning.video.VIDEO_MODELS`): the article's 720p example (Llama-3-8B's "
@@ -250,7 +308,7 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         "`KvCache.bytes_per_token`'s). A stream's KV is its peak (the "
         "last chunk, unpaged); with full history it grows with the video, with sinks + window "
         "it is flat.\n",
-        kv_table + "\n",
+        kv_table_md + "\n",
         f"Streams per GPU at real time: `n` streams of {SERVING_SECONDS} s arriving together "
         "through the video serving simulator (`pykvpool.simulate.video`); each GPU's budget is "
         "its `default_budget` (" + "; ".join(f"{h.name} {default_budget(h).describe()}"
@@ -266,8 +324,10 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         "the video time it holds (16 fps for the Wan presets); `compute` or `memory` says which "
         "bound stops the count. A bisection over simulations finds it "
         "(`pykvpool.simulate.video.streams_at_real_time`). Reproduce with `pykvpool video`.\n",
-        serve_table + "\n",
-        f"Sanity check: one LongLive stream alone on the H100 runs at {h100.single_fps:.1f} fps "
+        serve_table_md + "\n",
+        f"With full history, {live} of the {len(full)} (preset, GPU) pairs keep a {SERVING_SECONDS} s "
+        "stream at real time (their rows: the appendix).\n",
+        f"Sanity check: one LongLive stream alone on the H100 runs at {h100_fps} fps "
         "on this roofline; LongLive's README reports 20.7 fps on an H100 (VAE decoding, text "
         "encoding and kernels below 60% of peak are not modelled): the counts above are upper "
         "bounds. The chunk attention is compute-bound, so 8-bit KV changes a count only where "
@@ -277,10 +337,12 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         "once (admission control), windowed presets that keep real time:\n",
         ttfc_table + "\n",
         f"![video serving]({figs['fig10_video_serving'].name})\n",
-        f"Left: streams per GPU at real time against the window on LongLive's geometry "
-        f"({ll.sink_frames} sinks, chunks of {ll.frames_per_chunk}, {SERVING_SECONDS} s videos), "
-        "with the memory-only count dotted. Right: KV held by one LongLive stream over "
-        f"{LONG_VIDEO} s through the simulator's pool: {mem['full'][-1]:.1f} GiB at the end with "
-        f"full history, {max(mem['windowed']):.2f} GiB flat with sinks + window; the dotted lines "
+        f"Left and middle: streams per GPU at real time, and in memory only, against the window "
+        f"on LongLive's geometry ({ll.sink_frames} sinks, chunks of {ll.frames_per_chunk}, "
+        f"{SERVING_SECONDS} s videos); each GPU has its own colour, marker and dash, shifted "
+        "a little sideways where two GPUs keep the same count. Right: KV held by one LongLive "
+        f"stream over {LONG_VIDEO} s through the simulator's pool: {full_gib} GiB at {LONG_VIDEO} s "
+        f"with full history, flat at {win_gib} GiB with sinks + window (the KV table's bf16 "
+        "values; the curves count whole pages of 16 tokens, a little more); the marked lines "
         "are each GPU's KV budget after the weights.\n",
     ])
