@@ -104,7 +104,8 @@ def test_points_that_cannot_beat_a_cheaper_point_of_their_chain_are_not_simulate
     assert [r["sims"] for r in pruned.rows][1:] == [0, 0]
     best = [res.best["loose"] for res in (pruned, grid)]
     assert best[0] is not None and best[1] is not None
-    assert [(b["key"], b["loose_rate"], b["loose_objective"]) for b in best if b is not None] == [(grid.rows[0]["key"], 1.0, 1.0)] * 2
+    got = [(b["key"], b["loose_rate"], b["loose_objective"]) for b in best if b is not None]
+    assert got == [(grid.rows[0]["key"], 1.0, 1.0)] * 2
 
 
 def test_sustained_rung_search_matches_the_scan_on_monotone_answers() -> None:
