@@ -83,8 +83,9 @@ def collisions(fig: Figure, tolerance_px: float = 1.0, marker_gap_pt: float = 4.
     included) running through a label; markers under a label. Marker extents are their
     shapes' bounding boxes, edges included. An empty list is a figure that hides nothing.
     Overlaps of labels and lines of at most ``tolerance_px`` pixels are let through. Lays
-    the figure out by drawing it without rendering; at most one collision is listed per
-    pair of artists. Time grows with the number of markers squared and with the line
+    the figure out by drawing it without rendering, at the figure's dpi (set it to the
+    dpi it will be saved at first: a legend placed ``"best"`` moves with it); at most one
+    collision is listed per pair of artists. Time grows with the number of markers squared and with the line
     points times the labels.
 
     Raises:

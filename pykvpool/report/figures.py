@@ -63,6 +63,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> di
             :func:`pykvpool.plotting.collisions`.
         MemoryError: as :func:`pykvpool.plotting.collisions`.
     """
+    fig.set_dpi(dpi)  # a legend placed "best" lands where it will at this resolution
     fig.tight_layout()
     found: list[Collision] = collisions(fig)
     save(fig, path, dpi=dpi, tight_bbox=True)

@@ -25,6 +25,7 @@ def _run(allocation: str, num_blocks: int, **kw: Any) -> sim.SimulationResult:
 
 def _hidden(fig: Any) -> list[Any]:
     """What ``fig`` hides once laid out as :func:`pykvpool.plotting.save` lays it out."""
+    fig.set_dpi(120)
     fig.tight_layout()
     return collisions(fig)
 
