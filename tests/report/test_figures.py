@@ -488,6 +488,7 @@ def test_report_uses_one_budget_everywhere(tmp_path: Path) -> None:
 
     res = build_report(tmp_path / "r", measure=False, progress=False)
     md = res.markdown.read_text()
+    assert all(res.data[f"fig{i}"]["collisions"] == [] for i in range(1, 6))  # hide nothing
     a100 = hardware_preset("a100-80gb-sxm")
     budget = default_budget(a100)
     gqa, _ = article_ledgers()
