@@ -141,11 +141,11 @@ def rate_table(rows: list[dict[str, Any]]) -> Table:
          r["rejected"], r["peak_running"], fmt_pct(r["mean_utilization"])] for r in rows])
 
 
-def _binding(paged: dict[str, float], peak_blocks: int, num_blocks: int) -> str:
+def _binding(paged: dict[str, float], peak_blocks: int, num_blocks: int, occupancy: str) -> str:
     cap = SchedulerConfig().max_running
     if paged["peak_running"] >= cap and peak_blocks < num_blocks:
         return (f"With this budget the {cap}-request cap, not memory, limits paging: the queue "
-                f"builds while the pool is at most {peak_blocks / num_blocks:.0%} occupied.")
+                f"builds while the pool is at most {occupancy} occupied.")
     return "With this budget memory limits paging: the pool fills before the request cap."
 
 
@@ -161,6 +161,7 @@ def _markdown(w: Any, roof: Roofline, budget: Budget, num_blocks: int, native: f
     context = roof.model.max_context
     busy = util["blocks_used"] > 0
     held = util["blocks_used"] + util["blocks_reserved"]
+    peak = fmt_pct(held.max() / num_blocks, 1)
     rejected = int(at_native["reserve"].summary["rejected"])
     coincide = (f"The `oracle` curves coincide with `paged` (largest relative gap {gap:.2%}): "
                 "they are drawn dashed with hollow squares on top of the solid paged line."
@@ -183,14 +184,14 @@ def _markdown(w: Any, roof: Roofline, budget: Budget, num_blocks: int, native: f
         f"![utilization over time]({figs['fig6_sim_utilization'].name})\n",
         f"At the trace's own rate ({rate} req/s) under paging, the pool is at most "
         f"{int(held.max()):,} of {num_blocks:,} blocks full (peak occupancy "
-        f"{held.max() / num_blocks:.1%}, mean {np.mean(held[busy]) / num_blocks:.1%} while busy), "
+        f"{peak}, mean {fmt_pct(np.mean(held[busy]) / num_blocks, 1)} while busy), "
         f"while the blocks held are {cell('paged', RATE_HEADER[10])} full of tokens on average "
         "(token utilization: only the last block of a request is partly empty); up to "
         f"{cell('paged', 'peak running')} requests run and up to {int(util['waiting'].max())} wait. "
         f"p99 TTFT {cell('paged', 'TTFT p99 (s)')} s, p50 TPOT {cell('paged', 'TPOT p50 (ms)')} ms. "
         f"Orca's reservation holds at most {cell('reserve', 'peak running')} requests in the same "
         f"memory (p99 TTFT {cell('reserve', 'TTFT p99 (s)')} s); the oracle peaks at "
-        f"{cell('oracle', 'peak running')}. " + _binding(p, int(held.max()), num_blocks) + "\n",
+        f"{cell('oracle', 'peak running')}. " + _binding(p, int(held.max()), num_blocks, peak) + "\n",
         f"![throughput vs rate]({figs['fig7_sim_throughput'].name})\n",
         coincide + "\n",
         table.markdown() + "\n",

@@ -247,3 +247,12 @@ def test_roof_is_stated_with_its_spread_in_section_2_and_the_summary(stable: boo
     md = "## 2. Roofline\n\n" + text
     summary = summary_section(md, default_budget(hardware_preset("a100-80gb-sxm")), {}, sentence)
     assert sentence in summary
+
+
+def test_a_number_the_text_repeats_is_printed_the_same_way(report: tuple[str, Any]) -> None:
+    """Section 6 states the pool's peak occupancy twice: the same string both times."""
+    md, _ = report
+    prose = _prose(_section(md, "6.")[1])
+    peak = re.search(r"peak occupancy (\S+),", prose).group(1)
+    again = re.search(r"the pool is at most (\S+) occupied", prose)
+    assert again is None or again.group(1) == peak
