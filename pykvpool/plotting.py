@@ -135,7 +135,7 @@ def label_boxes(fig: Figure) -> list[tuple[str, Any]]:
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     texts: list[Any] = list(fig.texts)
     boxes: list[tuple[str, Any]] = []
-    legends = list(fig.legends)
+    legends: list[Any] = list(fig.legends)
     for ax in fig.axes:
         if not ax.get_visible():
             continue
