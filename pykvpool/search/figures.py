@@ -5,6 +5,7 @@ SLO. Drawn with :mod:`pykvpool.plotting` (Agg, no pyplot)."""
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -21,7 +22,7 @@ Row = dict[str, Any]
 
 #: Most bars per SLO in the sustained-rate figure (the highest rates; all are in points.csv).
 MAX_BARS = 50
-_FOOT_IN = 0.3  # inches under the axes for the scaling model's line
+_CHARS_PER_IN = 18  # characters of the 7-point footnote per inch of figure width
 
 
 def _integer_devices(ax: Any, cost_unit: str) -> None:
@@ -45,11 +46,19 @@ def short_names(rows: Sequence[Row]) -> dict[str, str]:
     return {str(r["key"]): "|".join(p[i] for i in keep) or str(r["key"]) for r, p in zip(rows, parts)}
 
 
+def _foot(fig: Any, note: str, above: float = 0.0) -> float:
+    """Write ``note`` at the bottom of ``fig`` (one line, wrapped only when the figure is
+    too narrow for it); returns the inches it takes. ``above``: inches kept free above it."""
+    width, height = fig.get_size_inches()
+    lines = textwrap.wrap(note, max(40, int(width * _CHARS_PER_IN)))
+    fig.text(0.01, 0.06 / height, "\n".join(lines), fontsize=7, color="#444444", ha="left", va="bottom")
+    return 0.12 + 0.13 * len(lines) + above
+
+
 def _finish(fig: Any, note: str) -> Any:
     """``fig`` laid out with the scaling model's line under its axes."""
-    height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0.0, _FOOT_IN / height, 1.0, 1.0))
-    fig.text(0.01, 0.08 * _FOOT_IN / height, note, fontsize=7, color="#444444", ha="left", va="bottom")
+    foot = _foot(fig, note)
+    fig.tight_layout(rect=(0.0, foot / fig.get_size_inches()[1], 1.0, 1.0))
     return fig
 
 
@@ -91,6 +100,10 @@ def _frontier_panel(ax: Any, rows: Sequence[Row], s: str, cost_unit: str, names:
     front = frontier(rows, s)
     ax.step([r["cost"] for r in front], [r[f"{s}_rate"] for r in front], where="post", color="#c1440e",
             label=f"frontier ({len(front)})", zorder=4)
+    for bound, mk in ((False, "o"), (True, "^")):
+        sel = [r for r in front if bool(r.get(f"{s}_rate_is_lower_bound")) == bound]
+        ax.scatter([r["cost"] for r in sel], [r[f"{s}_rate"] for r in sel], s=30, color="#c1440e", marker=mk,
+                   zorder=5)
     for r in front:
         ax.annotate(names[r["key"]], (r["cost"], r[f"{s}_rate"]), xytext=(4, -9), textcoords="offset points",
                     fontsize=6, color="#c1440e", ha="right" if r["cost"] >= max(costs) else "left")
@@ -121,7 +134,7 @@ def frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str) ->
     Raises:
         KeyError: a row without the columns of a search's row.
     """
-    fig, axes = subplots(len(slos), (5.5 * len(slos), 5.0))
+    fig, axes = subplots(len(slos), (max(5.5 * len(slos), 8.5), 5.0))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _frontier_panel(ax, rows, s, cost_unit, names)
@@ -148,7 +161,10 @@ def _rates_panel(ax: Any, rows: Sequence[Row], s: str, names: dict[str, str]) ->
     ax.set_xlim(0, top * 1.18)
     ax.set_xlabel("sustained rate (req/s)")
     more = f", the {len(shown)} highest of {len(sim)} shown" if len(sim) > len(shown) else ""
-    ax.set_title(f"SLO {s}: {len(sim)} simulated configurations{more}", fontsize=9)
+    skipped = sum(r.get(f"{s}_state") == "dominated" for r in rows)
+    why = (f"\n{skipped} not simulated: fewer devices of the same configuration sustain the ladder's top"
+           if skipped else "")
+    ax.set_title(f"SLO {s}: {len(sim)} simulated configurations{more}{why}", fontsize=9)
     if any(r.get(f"{s}_superlinear") for r in shown):
         from matplotlib.patches import Patch
 
@@ -164,7 +180,7 @@ def rates_figure(rows: Sequence[Row], slos: Sequence[str]) -> Any:
         KeyError: a row without the columns of a search's row.
     """
     bars = max([sum(r.get(f"{s}_state") in ("ok", "none") for r in rows) for s in slos] or [1])
-    fig, axes = subplots(len(slos), (6.0 * len(slos), 1.3 + 0.16 * max(min(bars, MAX_BARS), 4)))
+    fig, axes = subplots(len(slos), (max(6.0 * len(slos), 8.5), 1.6 + 0.16 * max(min(bars, MAX_BARS), 4)))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _rates_panel(ax, rows, s, names)
@@ -244,7 +260,7 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    height = 0.6 + _FOOT_IN + 3.8 * len(slos)
+    height = 0.9 + 3.8 * len(slos)
     fig = new_figure((11.0, height))
     axes = fig.subplots(len(slos), len(LATENCY_METRICS), squeeze=False)
     best = best_points(rows, [s.name for s in slos])
@@ -256,12 +272,11 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
             _integer_devices(ax, cost_unit)
             for h, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, h)
-    fig.tight_layout(rect=(0.0, (0.6 + _FOOT_IN) / height, 1.0, 1.0))
+    foot = _foot(fig, _note(rows, [s.name for s in slos]))
+    fig.tight_layout(rect=(0.0, (0.6 + foot) / height, 1.0, 1.0))
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False,
-                   bbox_to_anchor=(0.5, _FOOT_IN / height))
-    fig.text(0.01, 0.08 * _FOOT_IN / height, _note(rows, [s.name for s in slos]), fontsize=7, color="#444444",
-             ha="left", va="bottom")
+                   bbox_to_anchor=(0.5, foot / height))
     path = d / name
     fig.savefig(path, dpi=120)
     return path
