@@ -162,9 +162,8 @@ def _rates_panel(ax: Any, rows: Sequence[Row], s: str, names: dict[str, str]) ->
     ax.set_xlabel("sustained rate (req/s)")
     more = f", the {len(shown)} highest of {len(sim)} shown" if len(sim) > len(shown) else ""
     skipped = sum(r.get(f"{s}_state") == "dominated" for r in rows)
-    why = (f"\n{skipped} not simulated: fewer devices of the same configuration sustain the ladder's top"
-           if skipped else "")
-    ax.set_title(f"SLO {s}: {len(sim)} simulated configurations{more}{why}", fontsize=9)
+    why = f"\n{skipped} not simulated: fewer devices already sustain the top rate" if skipped else ""
+    ax.set_title(f"SLO {s}: {len(sim)} simulated configuration{'s' * (len(sim) != 1)}{more}{why}", fontsize=9)
     if any(r.get(f"{s}_superlinear") for r in shown):
         from matplotlib.patches import Patch
 

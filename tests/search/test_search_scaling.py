@@ -230,3 +230,15 @@ def test_a_folder_without_a_scaling_model_is_refused_in_one_line(cli_run: tuple[
         assert "recorded no scaling model" in r.stderr and "new folder" in r.stderr
     assert {p.name: p.read_bytes() for p in old.iterdir()} == before
     assert not (tmp_path / "rep").exists()
+
+
+def test_the_report_figures_label_nothing_over_anything(cli_run: tuple[Path, str, str]) -> None:
+    """Titles (a second line saying what was not simulated included) stay in the figure."""
+    rows = read_search(cli_run[0]).rows
+    fig = rates_figure(rows, ["slo", "loose"])
+    fig.canvas.draw()
+    box = fig.bbox
+    for ax in fig.axes:
+        title = ax.title.get_window_extent()
+        assert box.x0 <= title.x0 and title.x1 <= box.x1, ax.title.get_text()
+    assert "2 not simulated: fewer devices already sustain the top rate" in fig.axes[1].title.get_text()
