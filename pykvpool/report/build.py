@@ -510,7 +510,7 @@ def _traces_section(bsz_rows: Sequence[Any], traces: list[Workload], trace_resul
         ["block size", "empty slots / request", "(b-1)/2", _ALL_UTIL,
          "empty / mean length", _ALL_ENTRIES, "admitted"],
         [[r.block_size, f"{r.empty_slots_per_request:.1f}", f"{(r.block_size - 1) / 2:.1f}",
-          fmt_pct(r.utilization), f"{r.empty_over_length:.2%}",
+          fmt_pct(r.utilization, 3), f"{r.empty_over_length:.2%}",
           f"{r.table_entries_per_request:.1f}", r.admitted] for r in bsz_rows]) + "\n")
     s.append(f"Azure LLM inference traces 2023 ({AZURE_ATTRIBUTION}), length = prompt + "
              f"output, requests longer than {TRACE_MAX_LEN} tokens dropped ("
@@ -524,7 +524,7 @@ def _traces_section(bsz_rows: Sequence[Any], traces: list[Workload], trace_resul
     s.append(markdown_table(
         ["trace", "block size", "empty slots / request", _ALL_UTIL, _ALL_ENTRIES,
          "admitted"],
-        [[name, r.block_size, f"{r.empty_slots_per_request:.1f}", fmt_pct(r.utilization),
+        [[name, r.block_size, f"{r.empty_slots_per_request:.1f}", fmt_pct(r.utilization, 3),
           f"{r.table_entries_per_request:.1f}", r.admitted]
          for name, rs in trace_bsz.items() for r in rs]) + "\n")
     return s
