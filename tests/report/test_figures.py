@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
+from figcheck import assert_png
 from pykvpool.report.article import article_ledgers
 from pykvpool.report.figures import (
     fig_block_size_and_traces,
@@ -35,15 +35,7 @@ from pykvpool.planning.sweeps import block_size_sweep, contiguous, paged, paged_
 from pykvpool.planning.video import article_videos
 from pykvpool.planning.workloads import Workload, article_heavy_tail, article_uniform
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CAP, BPT = 500063, 131072
-
-
-def assert_png(path: Path) -> None:
-    assert path.read_bytes()[:8] == PNG_MAGIC
-    img = mpimg.imread(path)
-    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
-    assert float(np.asarray(img).std()) > 0.01  # not a blank canvas
 
 
 def test_memory_ledger_figure(tmp_path: Path) -> None:

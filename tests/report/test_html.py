@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from figcheck import PNG_MAGIC
 from pykvpool import InvalidArgumentError
 from pykvpool.report import html as report_html
 from pykvpool.report.html import write_html
 
 WIDTH, HEIGHT = 1280, 4000
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_PNG = "data:image/png;base64,"
 
 

@@ -18,7 +18,7 @@ from pykvpool.report.search_section import FIGURES, search_section
 from pykvpool.search.folder import read_search
 from pykvpool.search.latency import candidates, latency_frontier
 from pykvpool.search.output import frontier
-from test_figures import assert_png
+from figcheck import assert_png
 
 ROOT = Path(__file__).resolve().parents[2]
 SEARCH = ["search", "--trace", "azure-conv", "--limit", "200", "--rates", "0.5,64,8", "--inline", "--quiet",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_figures import assert_png
+from figcheck import assert_png
 
 from pykvpool.report.video_serving import video_serving_section
 
