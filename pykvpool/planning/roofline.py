@@ -117,12 +117,20 @@ class Spread:
 
     @property
     def low(self) -> float:
-        """The smallest sample."""
+        """The smallest sample.
+
+        Raises:
+            ValueError: no samples.
+        """
         return min(self.samples)
 
     @property
     def high(self) -> float:
-        """The largest sample."""
+        """The largest sample.
+
+        Raises:
+            ValueError: no samples.
+        """
         return max(self.samples)
 
     @classmethod

@@ -253,6 +253,10 @@ NOTHING_RAISES: dict[str, str] = {
         "planning.video.VideoModel.windowed",
         "planning.video.VideoModel.weight_bytes",
         "simulate.video.StreamRecord.time_to_first_chunk",
+        "planning.roofline.Spread.best",
+        "planning.roofline.Spread.value",
+        "planning.roofline.Spread.agreement",
+        "planning.roofline.Spread.stable",
     ], _FIELDS),
     **dict.fromkeys([
         "report.article.article_ledgers",
