@@ -27,7 +27,7 @@ def main_report(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--search and --no-search exclude each other")
     res = build_report(args.out, measure=not args.no_measure, progress=not args.quiet, search=args.search,
                        run_search=not args.no_search)
-    print(f"wrote {res.markdown} ({len(res.figures)} figures) in {res.seconds:.1f} s; "
+    print(f"wrote {res.markdown} and report.html ({len(res.figures)} figures) in {res.seconds:.1f} s; "
           f"{res.matched}/{res.reproduced} article numbers reproduced exactly")
     return 0 if res.matched == res.reproduced else 1
 
@@ -40,10 +40,11 @@ def add_subcommand(sub: Any) -> None:
         argparse.ArgumentError: ``subparsers`` already has a command of that name (Python
             3.11 and later).
     """
-    pr = sub.add_parser("report", help="the full capacity-planning report (Markdown + figures)",
+    pr = sub.add_parser("report", help="the full capacity-planning report (Markdown, HTML, figures)",
                         description="Reproduce every number of the article through pykvpool, "
                                     "measure this machine, draw the figures and write one "
-                                    "folder with report.md, PNG figures and report.json.")
+                                    "folder with report.md, PNG figures, report.html (one self-contained "
+                                    "page) and report.json.")
     pr.add_argument("--out", metavar="DIR", default="pykvpool-report",
                     help="output folder (default pykvpool-report)")
     pr.add_argument("--no-measure", action="store_true",

@@ -1,5 +1,6 @@
 """``pykvpool report``: the capacity-planning report, one folder with ``report.md``, its
-PNG figures and ``report.json`` (every number of every table).
+PNG figures, ``report.html`` (the same report in one self-contained page) and
+``report.json`` (every number of every table).
 
 Sections: the memory ledger (figure 1, presets on each accelerator), the roofline with this
 machine measured (figure 2), static capacity through the pool (figure 3), video (figure 4),
@@ -28,7 +29,6 @@ import numpy as np
 from pykvpool._native import __version__
 from pykvpool.report.article import ARTICLE, ArticleRun, article_ledgers, reproduce
 from pykvpool import _native
-from pykvpool.errors import BudgetError
 from pykvpool.report.figures import (
     fig_block_size_and_traces,
     fig_memory_ledger,
@@ -39,9 +39,11 @@ from pykvpool.report.figures import (
 )
 from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset, measure_this_machine
 from pykvpool.planning.ledger import GIB, MIB, Budget, MemoryLedger, default_budget
-from pykvpool.planning.models import MODELS, ModelConfig, compute_precision, storage_dtype
+from pykvpool.planning.models import MODELS
 from pykvpool.progress import ProgressBar
 from pykvpool.report.dynamic import dynamic_section
+from pykvpool.report.html import write_html
+from pykvpool.report.presets import PRESET_LENGTH, preset_ledger, presets_table
 from pykvpool.report.search_section import search_section
 from pykvpool.search.folder import read_search
 from pykvpool.report.video_serving import video_serving_section
@@ -110,67 +112,6 @@ _ALL_UTIL = "utilization (all requests)"
 _ALL_ENTRIES = "table entries / request (all requests)"
 """The block-size sweeps' utilization: every request of the workload in a pool that holds
 them all, not the requests the budget admits (a different set, so a different number)."""
-
-
-def preset_ledger(model: ModelConfig, budget: Budget, kv_dtype: str) -> tuple[MemoryLedger, str]:
-    """The ledger of ``model`` under ``budget`` with KV in ``kv_dtype``, and how its weights
-    are stored: as the preset says, or in fp8 (1 byte/param) when those leave no room for
-    KV (a 70B model on an 80 GB device).
-
-    Raises:
-        BudgetError: even fp8 weights plus the reserve fill the budget.
-    """
-    dt = storage_dtype(kv_dtype)
-    native = f"{model.weight_bytes_per_param:g} B/param"
-    try:
-        return MemoryLedger(model, budget, dt), native
-    except BudgetError:
-        if model.weight_bytes_per_param <= 1.0:
-            raise
-    fp8 = replace(model, weight_bytes_per_param=1.0, name=f"{model.name} (fp8 weights)")
-    return MemoryLedger(fp8, budget, dt), f"fp8, 1 B/param ({native} exceeds the budget)"
-
-
-PRESET_LENGTH = 8192
-"""Context length (tokens) at which the presets table states a windowed model's capacity."""
-
-
-def _presets_table() -> tuple[str, list[dict[str, Any]]]:
-    rows: list[list[object]] = []
-    data: list[dict[str, Any]] = []
-    for hw_key, hw in HARDWARE.items():
-        budget = default_budget(hw)
-        for key, model in MODELS.items():
-            for dt in ("bf16", "fp8"):
-                try:
-                    led, weights = preset_ledger(model, budget, dt)
-                except BudgetError as e:
-                    rows.append([hw.name, model.name, "-", dt, model.kv_bytes_per_token(dt),
-                                 f"{model.weight_bytes / GIB:.2f}", "weights exceed budget",
-                                 "-", "-", "-"])
-                    data.append({"hardware": hw_key, "model": key, "dtype": dt, "error": str(e)})
-                    continue
-                b = led.decode_bound(hw, seq_len=8192, batch=1, compute_dtype=compute_precision(dt))
-                win = model.windowed
-                capacity = (f"{led.tokens_at(seq_len=PRESET_LENGTH):,} @ {PRESET_LENGTH}" if win
-                            else f"{led.token_capacity:,}")
-                rows.append([hw.name, model.name, weights, dt, led.bytes_per_token,
-                             f"{led.weight_bytes / GIB:.2f}", capacity,
-                             led.max_batch(seq_len=8192), f"{b.step_time * 1e3:.2f}",
-                             f"{b.tokens_per_s:.0f}"])
-                data.append({"hardware": hw_key, "model": key, "dtype": dt, "weights": weights,
-                             "budget": budget.describe(), "weight_bytes": led.weight_bytes,
-                             "bytes_per_token": led.bytes_per_token, "windowed": win,
-                             "token_capacity": None if win else led.token_capacity,
-                             "full_history_token_capacity": led.token_capacity,
-                             f"tokens_at_{PRESET_LENGTH}": led.tokens_at(seq_len=PRESET_LENGTH),
-                             "max_batch_8192": led.max_batch(seq_len=8192),
-                             "decode_step_s": b.step_time, "tokens_per_s": b.tokens_per_s})
-    table = markdown_table(
-        ["hardware", "model", "weights", "KV dtype", "KV B/token", "weights GiB",
-         "KV token capacity", "max batch @ 8192", "decode step >= ms (batch 1, 8192)",
-         "tokens/s <="], rows)
-    return table, data
 
 
 @dataclass(frozen=True)
@@ -249,8 +190,8 @@ def _trace_sweeps(cap: int, bpt: int, progress: bool) -> tuple[
 def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
                  progress: bool = True, search: str | os.PathLike[str] | None = None,
                  run_search: bool = True) -> ReportResult:
-    """Compute everything and write ``report.md``, ``fig*.png`` and ``report.json`` into
-    ``out_dir`` (created if needed).
+    """Compute everything and write ``report.md``, ``fig*.png``, ``report.html`` and
+    ``report.json`` into ``out_dir`` (created if needed).
 
     Args:
         measure: measure this machine and the decode and prefill kernels (needs the
@@ -338,6 +279,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
     data["block_size"] = bsz_rows
     data["traces"] = trace_results
     data["budget"] = budget.describe()
+    data["presets"] = presets_table()[1]
     data["machine"] = machine
     data["kernel"] = kernel
     data["prefill_kernel"] = prefill
@@ -348,6 +290,7 @@ def build_report(out_dir: str | os.PathLike[str], measure: bool = True,
         "agreement": measured.roof.agreement, "rule": ROOF_RULE}
     (out / "report.json").write_text(json.dumps(jsonable(data), indent=1, default=str),
                                      encoding="utf-8")
+    write_html(out)
     matched = sum(r.match for r in run.rows)
     return ReportResult(out, path, figs, len(run.rows), matched, seconds, data)
 
@@ -387,7 +330,7 @@ def _intro(run: ArticleRun, gqa: MemoryLedger) -> list[str]:
 def _appendix(run: ArticleRun, data: dict[str, Any]) -> list[str]:
     """The tables a planner looks up rather than reads: every preset on every accelerator,
     every article number beside pykvpool's, every video preset on every GPU."""
-    table, _ = _presets_table()
+    table, _ = presets_table()
     s = ["## Appendix: every preset model on every accelerator\n",
          "Budget: `default_budget` of each device: "
          + "; ".join(f"{hw.name} {default_budget(hw).describe()}" for hw in HARDWARE.values())
@@ -397,8 +340,10 @@ def _appendix(run: ArticleRun, data: dict[str, Any]) -> list[str]:
          f"tokens served as sequences of {PRESET_LENGTH} (max batch x {PRESET_LENGTH}; "
          "section 7 gives 8k / 32k / 128k). KV fp8 counts one fp32 scale per token, "
          "layer, K/V and KV head; the decode bound reads the weights and the whole KV once "
-         "per step. Where the preset's bf16 weights leave no room for KV, the row stores "
-         "the weights in fp8, 1 byte per parameter, and says so in the weights column.\n",
+         "per step. Each model stores its weights in one precision on every device (bf16, else "
+         "fp8 or 4-bit where bf16 does not fit the 80 GB devices; the lines under the table say "
+         "which and why), so a model's rows differ only in the KV each device holds; each row "
+         "gives bf16 / fp8 KV side by side.\n",
          table + "\n",
          "## Appendix: the article's values beside pykvpool's\n",
          "pykvpool's value is printed with the article's precision; `match` means the "
