@@ -48,8 +48,8 @@ from pykvpool.report.search_section import search_section
 from pykvpool.search.folder import read_search
 from pykvpool.report.video_serving import video_serving_section
 from pykvpool.report.windows import windows_section
-from pykvpool.report.summary import anchor, summary_section
-from pykvpool.report.tables import fmt_gib, fmt_pct, fmt_x, jsonable, markdown_table
+from pykvpool.report.summary import summary_section
+from pykvpool.report.tables import anchor, fmt_gib, fmt_pct, fmt_x, jsonable, markdown_table
 from pykvpool.planning.roofline import (
     PREFILL_SHAPES,
     KernelPoint,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import html
 import os
-import re
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote
@@ -23,6 +22,7 @@ from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 
 from pykvpool.checks import invalid
+from pykvpool.report.tables import anchor
 
 __all__ = ["MAX_FIGURES_BYTES", "MAX_MARKDOWN_BYTES", "write_html"]
 
@@ -168,7 +168,7 @@ def _inline_figures(tokens: list[Token], folder: Path) -> None:
 def _slug(text: str, taken: set[str]) -> str:
     """GitHub's anchor of a heading, so the Markdown's ``(#...)`` links hold in the page:
     lower case, punctuation dropped, spaces as hyphens; a repeat gets ``-1``, ``-2``..."""
-    base = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-") or "section"
+    base = anchor(text)[1:] or "section"
     slug, n = base, 1
     while slug in taken:
         slug, n = f"{base}-{n}", n + 1

@@ -12,24 +12,14 @@ from typing import Any
 
 from pykvpool.planning.ledger import Budget
 from pykvpool.report.dynamic import RATE_FACTORS, RATE_HEADER
-from pykvpool.report.tables import Table, parse_tables
+from pykvpool.report.tables import Table, anchor, parse_tables
 
-__all__ = ["SUMMARY_HEADING", "anchor", "sections", "summary_section"]
+__all__ = ["SUMMARY_HEADING", "sections", "summary_section"]
 
 SUMMARY_HEADING = "Summary for capacity planners"
 """The summary page's heading (the report's first section)."""
 SUMMARY_MODEL = "Llama-3-8B"
 """The model of the summary's capacity table (the article's)."""
-
-
-def anchor(heading: str) -> str:
-    """The GitHub anchor of a Markdown heading's text (``#6-dynamic-serving-...``).
-
-    Raises:
-        Nothing: any text has an anchor.
-    """
-    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-    return "#" + slug
 
 
 def sections(markdown: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ sentence (or the summary page) that restates the number quotes the table's cell
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 
 from pykvpool.planning.ledger import GIB
 
-__all__ = ["Table", "fmt_count", "fmt_gib", "fmt_ms", "fmt_pct", "fmt_s", "fmt_x", "jsonable",
+__all__ = ["Table", "anchor", "fmt_count", "fmt_gib", "fmt_ms", "fmt_pct", "fmt_s", "fmt_x", "jsonable",
            "markdown_table", "parse_tables"]
 
 
@@ -199,3 +200,13 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (np.integer, np.floating, np.bool_)):
         return obj.item()
     return obj
+
+
+def anchor(heading: str) -> str:
+    """The GitHub anchor of a Markdown heading's text (``#6-dynamic-serving-...``).
+
+    Raises:
+        Nothing: any text has an anchor.
+    """
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    return "#" + slug

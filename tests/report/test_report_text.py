@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pykvpool.report.summary import SUMMARY_HEADING, anchor, sections
-from pykvpool.report.tables import Table, parse_tables
+from pykvpool.report.summary import SUMMARY_HEADING, sections
+from pykvpool.report.tables import Table, anchor, parse_tables
 
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?%?")
 
