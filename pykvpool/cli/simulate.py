@@ -82,6 +82,8 @@ def _load(args: argparse.Namespace) -> tuple[Workload, bool]:
 def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
     """The workload the options describe, at the rate they ask for, and the line that says
     where its arrival times come from."""
+    if args.rate is not None and args.sweep_rates:
+        raise InvalidArgumentError("--rate and --sweep-rates both set the arrival rate: give one")
     if args.rate_scale is not None:
         if args.rate is not None or args.sweep_rates:
             raise InvalidArgumentError("--rate-scale multiplies the trace's own rate, --rate and --sweep-rates "
@@ -284,7 +286,8 @@ def main_simulate(args: argparse.Namespace) -> int:
               "rejected: never admissible with this pool and scheduler); latencies are n/a", file=sys.stderr)
     if args.out:
         res.to_csv(args.out)
-        sim_plots.utilization_over_time(res, os.path.join(args.out, "utilization.png"))
+        sim_plots.utilization_over_time(res, os.path.join(args.out, "utilization.png"),
+                                        num_blocks=cfg.num_blocks, block_size=args.block_size)
         sim_plots.latency_cdf({"run": res}, "ttft", os.path.join(args.out, "ttft_cdf.png"))
     return 0
 

@@ -344,3 +344,11 @@ def test_every_printed_metric_has_its_unit_and_matches_summary_csv(tmp_path: Pat
     assert re.search(r"^  ttft_p99|^  tpot_p50", r.stdout, re.M) is None  # in the latency table
     assert re.search(r"^  output_throughput +[\d,.]+ tokens/s", r.stdout, re.M)
     assert re.search(r"^  peak_blocks_used +[\d,]+ blocks = [\d.]+ GiB$", r.stdout, re.M)
+
+
+def test_rate_with_sweep_rates_is_refused_not_ignored() -> None:
+    # The sweep re-times the workload to each of its rates, so --rate would do nothing.
+    r = cli("simulate", "--requests", "10", "--rate", "3", "--sweep-rates", "1,2", "--quiet")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == "pykvpool: error: --rate and --sweep-rates both set the arrival rate: give one"
