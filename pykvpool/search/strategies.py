@@ -118,7 +118,7 @@ def search(
         ImportError: the ray backend without Ray installed.
         OSError: ``out`` cannot be read or written.
     """
-    points = space.points(model, workload.token_ids is not None or workload.block_keys is not None)
+    points = space.points(model, workload.has_prompt_ids)
     _check(points, slos, objective, strategy, workload)
     spec = SearchSpec(workload, model, tuple(slos), ladder, objective, strategy)
     store = ResultStore(out, spec) if out is not None else None
