@@ -249,7 +249,7 @@ def _print_best(rows: list[dict[str, Any]], best: dict[str, Any], slos: list[SLO
             print(f"SLO {n}: no configuration sustains {ladder.lo:g} req/s{skipped}")
             continue
         print(f"SLO {n}: best {b['key']}: {rate_text(b[n + '_rate'], b[n + '_rate_is_lower_bound'])} req/s "
-              f"sustained, {b[n + '_objective']:.4g} {unit}; ttft p99 {_fmt(b[n + '_ttft_p99'])} s, "
+              f"sustained, {b[n + '_objective']:.3g} {unit}; ttft p99 {_fmt(b[n + '_ttft_p99'])} s, "
               f"tpot p50/p99 {_fmt(b[n + '_tpot_p50'])}/{_fmt(b[n + '_tpot_p99'])} s, "
               f"{_fmt(b[n + '_output_throughput'], 4)} tok/s; frontier: {len(front[n])} points{skipped}")
         if b[n + "_rate_is_lower_bound"]:
