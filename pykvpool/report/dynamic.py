@@ -23,6 +23,7 @@ import numpy as np
 
 from pykvpool.simulate import plots as sim_plots, traces as sim_traces
 from pykvpool.planning.ledger import Budget
+from pykvpool.report.figures import save_figure
 from pykvpool.report.tables import Table, fmt_ms, fmt_pct, fmt_s
 from pykvpool.simulate.sweep import at_rate, sweep
 from pykvpool.simulate import (
@@ -78,7 +79,8 @@ def dynamic_section(
 ) -> tuple[str, dict[str, Any], dict[str, Path]]:
     """Run the section's simulations under ``budget``, draw ``fig6_sim_utilization.png``,
     ``fig7_sim_throughput.png`` and ``fig8_sim_ttft_cdf.png`` into ``out_dir``, and return
-    the Markdown, the data and the figures.
+    the Markdown, the data (with ``collisions``: figure name -> what the drawn figure hides,
+    see :func:`pykvpool.report.figures.save_figure`) and the figures.
 
     Raises:
         FileNotFoundError: the packaged Azure trace is missing.
@@ -102,16 +104,19 @@ def dynamic_section(
         for name, pol in pols.items()
     }
     figs = {k: out_dir / f"{k}.png" for k in ("fig6_sim_utilization", "fig7_sim_throughput", "fig8_sim_ttft_cdf")}
-    util = sim_plots.utilization_over_time(
-        at_native["paged"], figs["fig6_sim_utilization"], num_blocks=num_blocks, block_size=BLOCK_SIZE,
-        title=f"paged, {own_rate} req/s (the trace's own rate)")
-    thr = sim_plots.throughput_vs_rate(rows, figs["fig7_sim_throughput"])
-    cdf = sim_plots.latency_cdf(at_native, "ttft", figs["fig8_sim_ttft_cdf"],
-                                title=f"TTFT CDF at {own_rate} req/s (the trace's own rate)")
+    util_title = f"paged, {own_rate} req/s (the trace's own rate)"
+    util = sim_plots.utilization_over_time(at_native["paged"], num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    thr = sim_plots.throughput_vs_rate(rows)
+    cdf_title = f"TTFT CDF at {own_rate} req/s (the trace's own rate)"
+    cdf = sim_plots.latency_cdf(at_native, "ttft")
+    drawn = {"fig6_sim_utilization": sim_plots.plot_utilization(util, num_blocks=num_blocks, title=util_title),
+             "fig7_sim_throughput": sim_plots.plot_throughput_vs_rate(thr),
+             "fig8_sim_ttft_cdf": sim_plots.plot_latency_cdf(cdf, "ttft", title=cdf_title)}
+    hidden = {k: save_figure(fig, figs[k])["collisions"] for k, fig in drawn.items()}
     gap = max(_max_rel_gap(thr["oracle"][k], thr["paged"][k]) for k in ("output_throughput", "ttft_p99"))
     table = rate_table(rows)
     md = _markdown(w, roof, budget, num_blocks, native, rates, table, at_native, util, gap, figs)
-    data = {"budget": budget.describe(), "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
+    data = {"collisions": hidden, "budget": budget.describe(), "num_blocks": num_blocks, "block_size": BLOCK_SIZE,
             "reserve_tokens": context, "rates": rates, "rows": rows, "throughput_vs_rate": thr,
             "rejected": {k: int(r.summary["rejected"]) for k, r in at_native.items()},
             "peak_blocks_held": int(np.max(util["blocks_used"] + util["blocks_reserved"])),

@@ -19,8 +19,9 @@ import numpy as np
 from pykvpool.planning.hardware import HARDWARE
 from pykvpool.planning.ledger import GIB, default_budget
 from pykvpool.planning.video import VIDEO_KV_8BIT, VIDEO_MODELS, VideoModel
-from pykvpool.plotting import new_figure, save
+from pykvpool.plotting import Collision, new_figure
 from pykvpool.progress import ProgressBar
+from pykvpool.report.figures import save_figure
 from pykvpool.report.tables import Table
 from pykvpool.simulate.video import (
     VideoRoofline,
@@ -150,17 +151,27 @@ _STYLES = {"a100-80gb-sxm": ("#2e7d32", "o", "-", -0.15), "h100-sxm": ("#1565c0"
            "h200": ("#c62828", "^", "-.", 0.15)}
 
 
-def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[str, Any]
-         ) -> list[tuple[int, str, list[float], list[float]]]:
+_Lines = list[tuple[int, str, list[float], list[float]]]
+
+
+def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[str, Any]) -> _Lines:
+    """:func:`_draw`'s figure 10 written to ``path``; returns its drawn lines."""
+    fig, lines = _draw(sweep, mem)
+    save_figure(fig, path)
+    return lines
+
+
+def _draw(sweep: dict[str, list[int]], mem: dict[str, Any]) -> tuple[Any, _Lines]:
     """Figure 10: streams at real time and in memory against the window (one panel each,
     every GPU its own colour, marker, dash and dodge), and one LongLive stream's KV over a
     long video with each GPU's budget (dashed lines marked at staggered times, so that two
-    nearly equal budgets both show). Returns every drawn line: (panel, label, xs, ys)."""
+    nearly equal budgets both show). Returns the figure and every drawn line: (panel,
+    label, xs, ys)."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator  # matplotlib loads only with a figure
 
     fig = new_figure((16.5, 4.8))
     axes = fig.subplots(1, 3)
-    lines: list[tuple[int, str, list[float], list[float]]] = []
+    lines: _Lines = []
     ticks = list(range(len(WINDOWS)))
     for i, (suffix, what) in enumerate((("", "at real time (16 fps)"), (" memory", "memory only"))):
         ax = axes[i]
@@ -200,14 +211,15 @@ def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[st
     a2.set_title(f"One LongLive stream over {LONG_VIDEO} s", fontsize=10)
     a2.grid(alpha=0.25)
     a2.legend(fontsize=7)
-    save(fig, path)
-    return lines
+    return fig, lines
 
 
 def video_serving_section(out_dir: Path, progress: bool = True
                           ) -> tuple[str, dict[str, Any], dict[str, Path]]:
     """Compute the section's tables and simulations, draw ``fig10_video_serving.png`` into
-    ``out_dir``, and return the Markdown, the data and the figure. Each GPU's budget is its
+    ``out_dir``, and return the Markdown, the data (with ``collisions``: figure name -> what
+    the drawn figure hides, see :func:`pykvpool.report.figures.save_figure`) and the
+    figure. Each GPU's budget is its
     :func:`pykvpool.planning.ledger.default_budget`.
 
     Raises:
@@ -224,8 +236,9 @@ def video_serving_section(out_dir: Path, progress: bool = True
         mem = _memory_curves()
         bar(total)
     figs = {"fig10_video_serving": out_dir / "fig10_video_serving.png"}
-    _fig(figs["fig10_video_serving"], sweep, mem)
-    data = {"block_size": BLOCK_SIZE, "kv_lengths": list(KV_LENGTHS), "kv": kv,
+    fig, _ = _draw(sweep, mem)
+    hidden: list[Collision] = save_figure(fig, figs["fig10_video_serving"])["collisions"]
+    data = {"collisions": {"fig10_video_serving": hidden}, "block_size": BLOCK_SIZE, "kv_lengths": list(KV_LENGTHS), "kv": kv,
             "serving_seconds": SERVING_SECONDS, "serving": serving, "ttfc": ttfc,
             "windows": [w if w is not None else "full" for w in WINDOWS], "window_sweep": sweep,
             "memory": mem, "budgets": {k: default_budget(h).describe() for k, h in HARDWARE.items()}}

@@ -19,8 +19,9 @@ from pykvpool.planning.ledger import Budget, MemoryLedger
 from pykvpool.planning.models import ModelConfig, model_preset
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.sweeps import Concurrency, hybrid_concurrency
-from pykvpool.plotting import new_figure, save
+from pykvpool.plotting import Collision, new_figure
 from pykvpool.progress import ProgressBar
+from pykvpool.report.figures import save_figure
 from pykvpool.report.tables import markdown_table
 
 __all__ = ["BLOCK_SIZE", "CHUNK_TOKENS", "FIGURE_LENGTHS", "LENGTHS", "Row", "sinks_variant",
@@ -101,7 +102,9 @@ def _rows(budget: Budget, progress: bool) -> tuple[list[Row], dict[str, dict[str
     return rows, curves
 
 
-def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[str, list[int]]]) -> None:
+def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[str, list[int]]]
+         ) -> list[Collision]:
+    """Figure 9, written to ``path``; returns what it hides (empty for a readable figure)."""
     fig = new_figure((15.5, 4.6))
     axes = fig.subplots(1, len(curves))
     colors = {True: "#1565c0", False: "#e65100"}
@@ -123,13 +126,16 @@ def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[s
         ax.set_title(f"{names[True]} vs {names[False]}", fontsize=9)
         ax.grid(alpha=0.25, which="both")
         ax.legend(fontsize=7)
-    save(fig, path)
+    hidden: list[Collision] = save_figure(fig, path)["collisions"]
+    return hidden
 
 
 def windows_section(out_dir: Path, budget: Budget, progress: bool = True
                     ) -> tuple[str, dict[str, Any], dict[str, Path]]:
     """Run the section's ledgers and pool sweeps under ``budget``, draw
-    ``fig9_windows.png`` into ``out_dir``, and return the Markdown, the data and the figure.
+    ``fig9_windows.png`` into ``out_dir``, and return the Markdown, the data (with
+    ``collisions``: figure name -> what the drawn figure hides, see
+    :func:`pykvpool.report.figures.save_figure`) and the figure.
 
     Raises:
         BudgetError: (an InvalidArgumentError) the budget leaves no room for KV.
@@ -137,8 +143,8 @@ def windows_section(out_dir: Path, budget: Budget, progress: bool = True
     """
     rows, curves = _rows(budget, progress)
     figs = {"fig9_windows": out_dir / "fig9_windows.png"}
-    _fig(figs["fig9_windows"], rows, curves)
-    data = {"budget": budget.describe(), "block_size": BLOCK_SIZE, "chunk_tokens": CHUNK_TOKENS,
+    hidden = _fig(figs["fig9_windows"], rows, curves)
+    data = {"collisions": {"fig9_windows": hidden}, "budget": budget.describe(), "block_size": BLOCK_SIZE, "chunk_tokens": CHUNK_TOKENS,
             "lengths": list(LENGTHS), "figure_lengths": list(FIGURE_LENGTHS), "ledger_curves": curves,
             "rows": [{"pair": r.pair, "windowed": r.windowed, "model": r.model, "layers": r.layers,
                       "pool": r.pool, "ledger": r.ledger, "sweep": r.sweep} for r in rows]}

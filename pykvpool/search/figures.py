@@ -9,20 +9,31 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from pykvpool.plotting import new_figure, subplots
+from pykvpool.plotting import new_figure
 from pykvpool.search.latency import LATENCY_METRICS, candidates, latency_frontier
 from pykvpool.search.output import best_points, frontier
 from pykvpool.search.scaling import SCALING_MODEL, rate_text
 from pykvpool.search.slo import SLO
 
-__all__ = ["MAX_BARS", "draw_figures", "draw_latency_figure", "frontier_figure", "rates_figure", "short_names"]
+__all__ = ["DPI", "MAX_BARS", "draw_figures", "draw_latency_figure", "frontier_figure", "latency_figure",
+           "rates_figure", "short_names"]
 
 Row = dict[str, Any]
 
 
+#: Pixels per inch of the written figures (each figure is laid out at it).
+DPI = 120
 #: Most bars per SLO in the sustained-rate figure (the highest rates; all are in points.csv).
 MAX_BARS = 50
 _CHARS_PER_IN = 18  # characters of the 7-point footnote per inch of figure width
+
+
+def _new(size: tuple[float, float], ncols: int) -> tuple[Any, list[Any]]:
+    """A figure of ``size`` inches at :data:`DPI` (so it is laid out as it is saved) and
+    its one row of ``ncols`` axes."""
+    fig = new_figure(size)
+    fig.set_dpi(DPI)
+    return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
 
 
 def _integer_devices(ax: Any, cost_unit: str) -> None:
@@ -134,7 +145,7 @@ def frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str) ->
     Raises:
         KeyError: a row without the columns of a search's row.
     """
-    fig, axes = subplots(len(slos), (max(5.5 * len(slos), 8.5), 5.0))
+    fig, axes = _new((max(5.5 * len(slos), 8.5), 5.0), len(slos))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _frontier_panel(ax, rows, s, cost_unit, names)
@@ -179,7 +190,7 @@ def rates_figure(rows: Sequence[Row], slos: Sequence[str]) -> Any:
         KeyError: a row without the columns of a search's row.
     """
     bars = max([sum(r.get(f"{s}_state") in ("ok", "none") for r in rows) for s in slos] or [1])
-    fig, axes = subplots(len(slos), (max(6.0 * len(slos), 8.5), 1.6 + 0.16 * max(min(bars, MAX_BARS), 4)))
+    fig, axes = _new((max(6.0 * len(slos), 8.5), 1.6 + 0.16 * max(min(bars, MAX_BARS), 4)), len(slos))
     names = short_names(rows)
     for ax, s in zip(axes, slos):
         _rates_panel(ax, rows, s, names)
@@ -201,8 +212,8 @@ def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     paths = [d / names[0], d / names[1]]
-    frontier_figure(rows, slos, cost_unit).savefig(paths[0], dpi=120)
-    rates_figure(rows, slos).savefig(paths[1], dpi=120)
+    frontier_figure(rows, slos, cost_unit).savefig(paths[0], dpi=DPI)
+    rates_figure(rows, slos).savefig(paths[1], dpi=DPI)
     return paths
 
 
@@ -244,23 +255,17 @@ def _reference(ax: Any, ref: list[Row], front: list[Row], metric: str, best: Opt
                    linewidths=0.5, label="best point (objective)")
 
 
-def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], entries: dict[str, Row],
-                        slos: Sequence[SLO], rates: dict[str, Optional[float]], n: int, cost_unit: str,
-                        name: str = "frontier_latency.png") -> Path:
-    """Write ``name`` into ``directory``: per SLO (one row of panels) and latency (p99
-    TTFT, p99 TPOT: one column each, log scale), the points meeting the SLO at its
-    reference rate ``rates[slo]`` (requests/s; from ``entries``, see
-    :func:`pykvpool.search.latency.candidates`, for a workload of ``n`` requests), their
-    cost (``cost_unit``) vs latency frontier, the frontier at each point's own sustained
-    rate, the best point and the SLO's bound, and the scaling model's line; returns the path.
+def latency_figure(rows: Sequence[Row], entries: dict[str, Row], slos: Sequence[SLO],
+                   rates: dict[str, Optional[float]], n: int, cost_unit: str) -> Any:
+    """The cost vs latency figure of :func:`draw_latency_figure` (a matplotlib Figure, laid
+    out at the resolution it is saved at).
 
     Raises:
-        OSError: the file cannot be written.
+        KeyError: a row without the columns of a search's row.
     """
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     height = 0.9 + 3.8 * len(slos)
     fig = new_figure((11.0, height))
+    fig.set_dpi(DPI)
     axes = fig.subplots(len(slos), len(LATENCY_METRICS), squeeze=False)
     best = best_points(rows, [s.name for s in slos])
     handles: dict[str, Any] = {}
@@ -276,6 +281,25 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False,
                    bbox_to_anchor=(0.5, foot / height))
+    return fig
+
+
+def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], entries: dict[str, Row],
+                        slos: Sequence[SLO], rates: dict[str, Optional[float]], n: int, cost_unit: str,
+                        name: str = "frontier_latency.png") -> Path:
+    """Write ``name`` into ``directory``: per SLO (one row of panels) and latency (p99
+    TTFT, p99 TPOT: one column each, log scale), the points meeting the SLO at its
+    reference rate ``rates[slo]`` (requests/s; from ``entries``, see
+    :func:`pykvpool.search.latency.candidates`, for a workload of ``n`` requests), their
+    cost (``cost_unit``) vs latency frontier, the frontier at each point's own sustained
+    rate, the best point and the SLO's bound, and the scaling model's line
+    (:func:`latency_figure`); returns the path.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
     path = d / name
-    fig.savefig(path, dpi=120)
+    latency_figure(rows, entries, slos, rates, n, cost_unit).savefig(path, dpi=DPI)
     return path

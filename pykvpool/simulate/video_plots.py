@@ -20,9 +20,12 @@ from pykvpool.checks import check_count, check_positive, invalid
 from pykvpool.planning.video import VideoModel
 from pykvpool.plotting import new_figure, save
 
-__all__ = ["REPORTED_FPS", "KvCurve", "ReportedFps", "plot_kv_over_time", "stream_kv_curve"]
+__all__ = ["DPI", "REPORTED_FPS", "KvCurve", "ReportedFps", "kv_over_time_figure", "plot_kv_over_time",
+           "stream_kv_curve"]
 
 GIB = 2**30
+#: Pixels per inch of the written figure (it is laid out at it).
+DPI = 120
 #: Seconds of video long enough for any window to fill: ``VideoModel.peak_blocks`` reads only
 #: the chunks up to one page period past that, so its answer is the windowed cap.
 _LONG_S = 1e9
@@ -131,16 +134,13 @@ def _merged(budgets: dict[str, float]) -> list[tuple[list[str], list[float]]]:
     return out
 
 
-def plot_kv_over_time(panels: dict[str, list[KvCurve]], path: str | os.PathLike[str],
-                      budgets: Optional[dict[str, dict[str, float]]] = None) -> None:
-    """Draw one panel per entry of ``panels`` (title: its key), KV held (GiB, log scale)
-    against video seconds generated (latent frames on the top axis), each windowed curve
-    with its cap dotted, and ``budgets[title]`` (name -> GiB, e.g. each GPU's KV budget
-    after that generator's weights) as horizontal lines; write it to ``path``.
+def kv_over_time_figure(panels: dict[str, list[KvCurve]],
+                        budgets: Optional[dict[str, dict[str, float]]] = None) -> Any:
+    """The figure :func:`plot_kv_over_time` writes (a matplotlib Figure, laid out at the
+    :data:`DPI` it is saved at).
 
     Raises:
-        InvalidArgumentError: ``panels`` is empty.
-        OSError: ``path`` cannot be written.
+        InvalidArgumentError: ``panels`` is empty, or a panel has no curve.
     """
     if not panels or not all(panels.values()):
         raise invalid("panels: every panel needs at least one curve")
@@ -149,6 +149,7 @@ def plot_kv_over_time(panels: dict[str, list[KvCurve]], path: str | os.PathLike[
     cols = min(2, len(panels))
     rows = -(-len(panels) // cols)
     fig = new_figure((6.4 * cols, 5.6 * rows))
+    fig.set_dpi(DPI)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(panels):]:
         ax.set_visible(False)
@@ -169,4 +170,20 @@ def plot_kv_over_time(panels: dict[str, list[KvCurve]], path: str | os.PathLike[
         ax.grid(alpha=0.25, which="both")
         # below the axes: inside them it would cover the flat windowed curves
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    save(fig, path)
+    fig.tight_layout()
+    return fig
+
+
+def plot_kv_over_time(panels: dict[str, list[KvCurve]], path: str | os.PathLike[str],
+                      budgets: Optional[dict[str, dict[str, float]]] = None) -> None:
+    """Draw one panel per entry of ``panels`` (title: its key), KV held (GiB, log scale)
+    against video seconds generated (latent frames on the top axis), each windowed curve
+    with its cap dotted, and ``budgets[title]`` (name -> GiB, e.g. each GPU's KV budget
+    after that generator's weights) as horizontal lines; write it to ``path`` at
+    :data:`DPI` (:func:`kv_over_time_figure`).
+
+    Raises:
+        InvalidArgumentError: ``panels`` is empty, or a panel has no curve.
+        OSError: ``path`` cannot be written.
+    """
+    save(kv_over_time_figure(panels, budgets), path, dpi=DPI)
