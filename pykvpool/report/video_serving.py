@@ -30,6 +30,7 @@ from pykvpool.simulate.video import (
     streams_at_real_time,
     video_requests,
 )
+from pykvpool.simulate.video_plots import REPORTED_FPS, stream_kv_curve
 
 __all__ = ["BLOCK_SIZE", "KV_HEADER", "KV_LENGTHS", "LONG_VIDEO", "SERVE_HEADER", "SERVING_SECONDS",
            "TTFC_LOAD", "TTFC_REQUESTS", "WINDOWS", "kv_table", "serve_table", "video_serving_section"]
@@ -127,28 +128,25 @@ def _window_sweep() -> dict[str, list[int]]:
 
 
 def _memory_curves() -> dict[str, Any]:
-    """One LongLive stream of :data:`LONG_VIDEO` s through the simulator, full history and
-    sinks + window, in a pool that holds its whole history: GiB held during each chunk."""
-    hw = HARDWARE["h100-sxm"]
+    """One LongLive stream of :data:`LONG_VIDEO` s, full history and sinks + window: GiB of
+    the pages it holds during each chunk (:func:`pykvpool.simulate.video_plots.stream_kv_curve`,
+    the simulator's pool count), and each GPU's KV budget after the weights."""
+    m = VIDEO_MODELS["longlive"]
     out: dict[str, Any] = {}
     for windowed in (False, True):
-        m = VIDEO_MODELS["longlive"].variant(windowed)
-        res = simulate_video(video_requests(1, float(LONG_VIDEO)), VideoRoofline(m, hw),
-                             m.peak_blocks(LONG_VIDEO, BLOCK_SIZE), BLOCK_SIZE)
-        held = [b for _, b in res.streams[0].memory[:-1]]
-        out["full" if not windowed else "windowed"] = [b * res.bytes_per_block / GIB for b in held]
-    n = len(out["full"])
-    m = VIDEO_MODELS["longlive"]
-    out["video_s"] = [(c + 1) * m.chunk_seconds for c in range(n)]
+        curve = stream_kv_curve(m.variant(windowed), float(LONG_VIDEO), BLOCK_SIZE)
+        out["windowed" if windowed else "full"] = [float(b) / GIB for b in curve.kv_bytes]
+    out["video_s"] = [float(t) for t in curve.video_s]
     out["kv_budget_gib"] = {k: kv_pool_blocks(m, default_budget(h), BLOCK_SIZE) * BLOCK_SIZE
                             * m.kv_bytes_per_token() / GIB for k, h in HARDWARE.items()}
     return out
 
 
-#: Each GPU's line style in figure 10: colour, marker, line style and a horizontal dodge
-#: (window ticks) so that equal counts of two GPUs stay side by side, never on top.
-_STYLES = {"a100-80gb-sxm": ("#2e7d32", "o", "-", -0.15), "h100-sxm": ("#1565c0", "s", "--", 0.0),
-           "h200": ("#c62828", "^", "-.", 0.15)}
+#: Each GPU's line style in figure 10: colour, marker, line style, a horizontal dodge
+#: (window ticks) so that equal counts of two GPUs stay side by side, and the marker's face
+#: (only the lowest GPU's is filled: a hollow marker drawn over another hides nothing).
+_STYLES = {"a100-80gb-sxm": ("#2e7d32", "o", "-", -0.2, "#2e7d32"), "h100-sxm": ("#1565c0", "s", "--", 0.0, "none"),
+           "h200": ("#c62828", "^", "-.", 0.2, "none")}
 
 
 _Lines = list[tuple[int, str, list[float], list[float]]]
@@ -175,10 +173,10 @@ def _draw(sweep: dict[str, list[int]], mem: dict[str, Any]) -> tuple[Any, _Lines
     ticks = list(range(len(WINDOWS)))
     for i, (suffix, what) in enumerate((("", "at real time (16 fps)"), (" memory", "memory only"))):
         ax = axes[i]
-        for hw_key, (color, mk, ls, dx) in _STYLES.items():
+        for hw_key, (color, mk, ls, dx, face) in _STYLES.items():
             xs = [x + dx for x in ticks]
             ys = [float(v) if i == 0 else max(v, 0.8) for v in sweep[hw_key + suffix]]
-            ax.plot(xs, ys, ls, marker=mk, ms=6, mfc="none" if hw_key == "h100-sxm" else color,
+            ax.plot(xs, ys, ls, marker=mk, ms=6, mfc=face,
                     color=color, label=HARDWARE[hw_key].name)
             lines.append((i, HARDWARE[hw_key].name, xs, ys))
         if i == 0:  # a few streams: a linear axis with whole numbers
@@ -191,7 +189,7 @@ def _draw(sweep: dict[str, list[int]], mem: dict[str, Any]) -> tuple[Any, _Lines
         ax.set_ylabel("concurrent streams per GPU" + (" (0 drawn at 0.8)" if i else ""))
         ax.set_title(f"LongLive geometry, {SERVING_SECONDS} s videos, bf16 KV: {what}", fontsize=9)
         ax.grid(alpha=0.25, which="both")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")  # counts fall with the window: that corner is free
     a2 = axes[2]
     a2.plot(mem["video_s"], mem["full"], "--", color="#e65100", label="full history")
     a2.plot(mem["video_s"], mem["windowed"], "-", color="#6a1b9a",
@@ -199,18 +197,18 @@ def _draw(sweep: dict[str, list[int]], mem: dict[str, Any]) -> tuple[Any, _Lines
     lines += [(2, "full history", list(mem["video_s"]), list(mem["full"])),
               (2, "windowed", list(mem["video_s"]), list(mem["windowed"]))]
     end = float(mem["video_s"][-1])
-    for j, (hw_key, (color, mk, ls, _)) in enumerate(_STYLES.items()):
+    for j, (hw_key, (color, mk, ls, _, face)) in enumerate(_STYLES.items()):
         gib = float(mem["kv_budget_gib"][hw_key])
         xs = [end * (j + 1 + 3 * n) / 10 for n in range(3) if (j + 1 + 3 * n) < 10]
         a2.axhline(gib, color=color, ls=ls, lw=1)
-        a2.plot(xs, [gib] * len(xs), mk, color=color, mfc="none" if hw_key == "h100-sxm" else color,
+        a2.plot(xs, [gib] * len(xs), mk, color=color, mfc=face,
                 label=f"{HARDWARE[hw_key].name} KV budget ({gib:.1f} GiB)")
         lines.append((2, f"{HARDWARE[hw_key].name} KV budget", xs, [gib] * len(xs)))
     a2.set_xlabel("video generated (s)")
     a2.set_ylabel("KV held by the stream (GiB, bf16, pages of 16)")
     a2.set_title(f"One LongLive stream over {LONG_VIDEO} s", fontsize=10)
     a2.grid(alpha=0.25)
-    a2.legend(fontsize=7)
+    a2.legend(fontsize=7, loc="upper left")  # the full history rises to the right, from zero
     return fig, lines
 
 
@@ -301,8 +299,10 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
     live = sum(r["bf16"].streams > 0 for r in full)
     derived = "; ".join(f"{k}: {', '.join(m.derived)}" for k, m in VIDEO_MODELS.items() if m.derived)
     ll = VIDEO_MODELS["longlive"]
-    h100_fps = windowed.cell(SERVE_HEADER[-1], {"preset": "longlive", "cache": _policy(ll),
-                                            "GPU": HARDWARE["h100-sxm"].name})
+    reported = REPORTED_FPS["longlive"]
+    gpu = HARDWARE[reported.hardware].name
+    family = gpu.split()[0]  # "H100" of "H100 SXM": the model the source names
+    alone_fps = windowed.cell(SERVE_HEADER[-1], {"preset": "longlive", "cache": _policy(ll), "GPU": gpu})
     long_col = f"{LONG_VIDEO} s (GiB, bf16 / {VIDEO_KV_8BIT})"
     full_gib, win_gib = (kvt.cell(long_col, {"preset": "longlive", "cache": _policy(v)}).split(" / ")[0]
                          for v in (ll.variant(False), ll))
@@ -340,8 +340,8 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         serve_table_md + "\n",
         f"With full history, {live} of the {len(full)} (preset, GPU) pairs keep a {SERVING_SECONDS} s "
         "stream at real time (their rows: the appendix).\n",
-        f"Sanity check: one LongLive stream alone on the H100 runs at {h100_fps} fps "
-        "on this roofline; LongLive's README reports 20.7 fps on an H100 (VAE decoding, text "
+        f"Sanity check: one LongLive stream alone on the {family} runs at {alone_fps} fps "
+        f"on this roofline; LongLive's README reports {reported.fps:g} fps on an {family} (VAE decoding, text "
         "encoding and kernels below 60% of peak are not modelled): the counts above are upper "
         "bounds. The chunk attention is compute-bound, so 8-bit KV changes a count only where "
         "memory binds.\n",

@@ -105,7 +105,7 @@ def _rows(budget: Budget, progress: bool) -> tuple[list[Row], dict[str, dict[str
 def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[str, list[int]]]
          ) -> list[Collision]:
     """Figure 9, written to ``path``; returns what it hides (empty for a readable figure)."""
-    fig = new_figure((15.5, 4.6))
+    fig = new_figure((15.5, 5.4))
     axes = fig.subplots(1, len(curves))
     colors = {True: "#1565c0", False: "#e65100"}
     for ax, (pair, cur) in zip(axes, curves.items()):
@@ -125,7 +125,8 @@ def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[s
         ax.set_ylabel("sequences in the KV budget")
         ax.set_title(f"{names[True]} vs {names[False]}", fontsize=9)
         ax.grid(alpha=0.25, which="both")
-        ax.legend(fontsize=7)
+        # under the panel: inside it, a legend covers some curve or sweep point at some size
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     hidden: list[Collision] = save_figure(fig, path)["collisions"]
     return hidden
 

@@ -104,15 +104,16 @@ def _cap_label(m: VideoModel, cap: float) -> str:
 
 def _panel(ax: Any, curves: Sequence[KvCurve], budgets: dict[str, float]) -> None:
     """One preset's curves (full history dashed, windowed solid), its caps and budgets."""
-    # full history first, thick dashed under the windowed curves: both show where they agree
-    styles = [("--", "#e65100", 2.2, 9), ("-", "#1565c0", 1.6, 4), ("-.", "#2e7d32", 1.6, 4)]
+    # full history first, thick dashed under the windowed curves: both show where they agree;
+    # marked points hollow and each curve's smaller, so equal points nest as rings
+    styles = [("--", "#e65100", 2.2, 9.0), ("-", "#1565c0", 1.6, 6.0), ("-.", "#2e7d32", 1.6, 3.5)]
     for i, c in enumerate(curves):
         ls, color, lw, ms = styles[i % len(styles)]
         m = c.model
         label = "full history" if c.cap_bytes is None else f"{m.sink_frames} sinks + {m.window_frames} frames"
         few = len(c.video_s) < 20  # a line through one or two points would not show: mark them
         ax.plot(c.video_s, c.kv_bytes / GIB, ls, color=color, lw=lw, label=label, zorder=3,
-                marker="o" if few else None, ms=ms, mfc="none" if i == 0 else color)
+                marker="o" if few else None, ms=ms, mfc="none")
         if c.cap_bytes is not None:
             ax.axhline(c.cap_bytes / GIB, color=color, ls=":", lw=1, alpha=0.7, zorder=2,
                        label=_cap_label(c.model, c.cap_bytes))
