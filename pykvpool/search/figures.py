@@ -4,12 +4,15 @@ SLO. Drawn with :mod:`pykvpool.plotting` (Agg, no pyplot)."""
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
-from pykvpool.plotting import new_figure
+import numpy as np
+
+from pykvpool.plotting import collisions, new_figure
 from pykvpool.search.latency import LATENCY_METRICS, candidates, latency_frontier
 from pykvpool.search.output import best_points, frontier
 from pykvpool.search.scaling import SCALING_MODEL, rate_text
@@ -25,6 +28,8 @@ Row = dict[str, Any]
 DPI = 120
 #: Most bars per SLO in the sustained-rate figure (the highest rates; all are in points.csv).
 MAX_BARS = 50
+_GAP_PT = 5.0  # points between spread markers (collisions() wants 4)
+_FRONT_HALF = 3.5  # half width of a frontier line's marker (6 points, its edge included), points
 _CHARS_PER_IN = 18  # characters of the 7-point footnote per inch of figure width
 
 
@@ -36,10 +41,14 @@ def _new(size: tuple[float, float], ncols: int) -> tuple[Any, list[Any]]:
     return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
 
 
-def _integer_devices(ax: Any, cost_unit: str) -> None:
-    if cost_unit == "devices":
-        from matplotlib.ticker import MaxNLocator
+def _devices_ticks(ax: Any, costs: Sequence[float]) -> None:
+    """On a device-count axis, ticks at the counts drawn (at most 12), else whole numbers."""
+    from matplotlib.ticker import MaxNLocator
 
+    counts = sorted(set(costs))
+    if len(counts) <= 12:
+        ax.set_xticks(counts, [f"{c:g}" for c in counts])
+    else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -79,54 +88,139 @@ def _flags(rows: Sequence[Row], slo: str) -> tuple[list[Row], list[Row]]:
     return [r for r in ok if not r.get(f"{slo}_superlinear")], [r for r in ok if r.get(f"{slo}_superlinear")]
 
 
-def _jitter(rows: Sequence[Row], span: float) -> list[float]:
-    """Costs spread a little where several rows share one cost and rate (so each shows)."""
-    seen: dict[tuple[float, float], int] = {}
+class _Swarm(NamedTuple):
+    """Markers of one axes to spread sideways once the figure is laid out: every point of
+    the ``free`` scatters moves, the ``fixed`` points (x, y, half width in points) stay."""
+
+    ax: Any
+    free: list[Any]
+    fixed: list[tuple[float, float, float]]
+
+
+def _half(size: float, edge: float = 1.0) -> float:
+    """Half the width (points) of a scatter marker of ``size`` points squared, edge included."""
+    return 0.5 * math.sqrt(size) + edge / 2
+
+
+def _spread(ax: Any, raw: list[np.ndarray], halves: list[float], fixed: list[tuple[float, float, float]]
+            ) -> list[np.ndarray]:
+    """``raw`` points (data) moved sideways in whole steps, the nearest slot first, until
+    each is :data:`_GAP_PT` clear of the fixed points and of those placed before it."""
+    to_px, pt = ax.transData.transform, ax.figure.dpi / 72.0
+    placed = np.array([[*to_px((x, y)), h * pt] for x, y, h in fixed]).reshape(-1, 3)
     out = []
-    for r in rows:
-        k = (r["cost"], r["_rate"])
-        n = seen[k] = seen.get(k, 0) + 1
-        out.append(r["cost"] + span * 0.012 * ((n // 2) * (-1) ** n))
+    for pts, h in zip(raw, halves):
+        px, half = to_px(pts), h * pt
+        step = 2 * half + (_GAP_PT + 0.5) * pt  # a little over the reach: a neighbour's slot is free
+        for i in range(len(px)):
+            reach = placed[:, 2] + half + _GAP_PT * pt
+            near = placed[np.abs(placed[:, 1] - px[i, 1]) < reach]
+            reach = near[:, 2] + half + _GAP_PT * pt
+            for k in range(4 * len(placed) + 1):  # 0, 1, -1, 2, -2, ...: one of them is free
+                x = px[i, 0] + step * ((k + 1) // 2) * (1 if k % 2 else -1)
+                if not np.any(np.abs(near[:, 0] - x) < reach):
+                    break
+            px[i, 0] = x
+            placed = np.vstack([placed, [x, px[i, 1], half]])
+        out.append(ax.transData.inverted().transform(px))
     return out
 
 
-def _scatter(ax: Any, rows: list[Row], s: str, span: float, color: str, what: str, marker: str) -> None:
-    pts = [{**r, "_rate": r[f"{s}_rate"]} for r in rows]
-    xs = _jitter(pts, span)
+def _dodge(sw: _Swarm) -> None:
+    """Spread ``sw``'s free points (:func:`_spread`) on its laid-out axes, widening the x
+    range until every point is inside it (the y range is kept)."""
+    ax = sw.ax
+    ax.set_ylim(ax.get_ylim())
+    ax.set_xlim(ax.get_xlim())
+    raw = [np.asarray(c.get_offsets(), dtype=np.float64).reshape(-1, 2) for c in sw.free]
+    halves = [_half(float(np.max(c.get_sizes(), initial=1.0))) for c in sw.free]
+    for _ in range(6):
+        moved = _spread(ax, raw, halves, sw.fixed)
+        xs = np.concatenate([m[:, 0] for m in moved] + [np.array([x for x, _, _ in sw.fixed])])
+        lo, hi = ax.get_xlim()
+        if xs.size == 0 or (xs.min() > lo and xs.max() < hi):
+            break
+        pad = 0.04 * (max(hi, xs.max()) - min(lo, xs.min()))
+        ax.set_xlim(min(lo, xs.min() - pad), max(hi, xs.max() + pad))
+    for c, m in zip(sw.free, moved):
+        c.set_offsets(m)
+
+
+#: Where a frontier point's name goes (offset in points, alignment), tried in turn until
+#: the name covers no point, line or other label.
+_SPOTS = (((4, -9), "left", "baseline"), ((4, 4), "left", "bottom"), ((-4, 4), "right", "bottom"),
+          ((-4, -9), "right", "baseline"))
+
+
+def _place_names(fig: Any, notes: list[tuple[Any, int]]) -> None:
+    """Move each name of ``notes`` (annotation, index of its spot in :data:`_SPOTS`) that
+    hides something to its next spot, a round at a time, until none does (or every spot
+    was tried)."""
+    spots = {id(a): i for a, i in notes}
+    for _ in range(len(_SPOTS)):
+        hit = {name for c in collisions(fig) for name in (c.first, c.second)}
+        bad = [a for a, _ in notes if a.get_text() in hit]
+        if not bad:
+            return
+        for a in bad:
+            spots[id(a)] = (spots[id(a)] + 1) % len(_SPOTS)
+            (dx, dy), ha, va = _SPOTS[spots[id(a)]]
+            a.xyann = (dx, dy)
+            a.set_ha(ha)
+            a.set_va(va)
+
+
+def _scatter(ax: Any, rows: list[Row], s: str, color: str, what: str, marker: str, count: int) -> list[Any]:
+    """``rows``' points for SLO ``s`` (rates at the ladder's top as ``^``), labelled with
+    ``count`` configurations; returns the scatters drawn."""
+    drawn = []
     for bound, mk in ((False, marker), (True, "^")):
-        sel = [(x, p["_rate"]) for x, p in zip(xs, pts) if bool(p.get(f"{s}_rate_is_lower_bound")) == bound]
+        sel = [r for r in rows if bool(r.get(f"{s}_rate_is_lower_bound")) == bound]
         if sel:
-            label = f"{what} ({len(rows)})" if not bound or not any(not p.get(f"{s}_rate_is_lower_bound")
-                                                                  for p in pts) else None
-            ax.scatter([x for x, _ in sel], [y for _, y in sel], s=14, color=color, marker=mk, label=label,
-                       zorder=3)
+            label = f"{what} ({count})" if not bound or len(sel) == len(rows) else None
+            drawn.append(ax.scatter([r["cost"] for r in sel], [r[f"{s}_rate"] for r in sel], s=14, color=color,
+                                    marker=mk, label=label, zorder=3))
+    if count and not drawn:  # every one of them is on the frontier: still counted in the legend
+        ax.scatter([], [], s=14, color=color, marker=marker, label=f"{what} ({count})")
+    return drawn
 
 
-def _frontier_panel(ax: Any, rows: Sequence[Row], s: str, cost_unit: str, names: dict[str, str]) -> None:
+def _frontier_panel(ax: Any, rows: Sequence[Row], s: str, cost_unit: str, names: dict[str, str]
+                    ) -> tuple[_Swarm, list[tuple[Any, int]]]:
+    """One SLO's panel; returns its points to spread and the frontier's names to place
+    (:func:`_place_names`)."""
     ranked, flagged = _flags(rows, s)
-    costs = [r["cost"] for r in rows] or [1.0]
-    span = max(costs) - min(costs) or 1.0
-    _scatter(ax, ranked, s, span, "#9e9e9e", "configurations", "o")
-    _scatter(ax, flagged, s, span, "#d62728", "superlinear: not ranked", "x")
     front = frontier(rows, s)
+    on_front = {r["key"] for r in front}  # drawn by the frontier, not again under it
+    free = _scatter(ax, [r for r in ranked if r["key"] not in on_front], s, "#9e9e9e", "configurations", "o",
+                    len(ranked))
+    free += _scatter(ax, [r for r in flagged if r["key"] not in on_front], s, "#d62728",
+                     "superlinear: not ranked", "x", len(flagged))
     ax.step([r["cost"] for r in front], [r[f"{s}_rate"] for r in front], where="post", color="#c1440e",
             label=f"frontier ({len(front)})", zorder=4)
     for bound, mk in ((False, "o"), (True, "^")):
         sel = [r for r in front if bool(r.get(f"{s}_rate_is_lower_bound")) == bound]
         ax.scatter([r["cost"] for r in sel], [r[f"{s}_rate"] for r in sel], s=30, color="#c1440e", marker=mk,
                    zorder=5)
+    right = max([r["cost"] for r in rows] or [1.0])
+    notes = []
     for r in front:
-        ax.annotate(names[r["key"]], (r["cost"], r[f"{s}_rate"]), xytext=(4, -9), textcoords="offset points",
-                    fontsize=6, color="#c1440e", ha="right" if r["cost"] >= max(costs) else "left")
+        spot = 3 if r["cost"] >= right else 0  # the last point's name to its left, inside the axes
+        (dx, dy), ha, va = _SPOTS[spot]
+        notes.append((ax.annotate(names[r["key"]], (r["cost"], r[f"{s}_rate"]), xytext=(dx, dy),
+                                  textcoords="offset points", fontsize=6, color="#c1440e", ha=ha, va=va), spot))
     tops = [r[f"{s}_rate"] for r in rows if r.get(f"{s}_rate_is_lower_bound")]
     if tops:
         ax.axhline(max(tops), color="#555555", linestyle=":", linewidth=1,
                    label=f"ladder top {max(tops):.3g} req/s: rates there are at least (^)")
     ax.set_xlabel(cost_unit)
-    _integer_devices(ax, cost_unit)
+    if cost_unit == "devices":
+        _devices_ticks(ax, [r["cost"] for r in ranked + flagged])
     _log_rates(ax)
     ax.set_title(f"SLO {s}")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
+    fixed = [(r["cost"], r[f"{s}_rate"], _half(30)) for r in front]
+    return _Swarm(ax, free, fixed), notes
 
 
 def _log_rates(ax: Any) -> None:
@@ -147,9 +241,12 @@ def frontier_figure(rows: Sequence[Row], slos: Sequence[str], cost_unit: str) ->
     """
     fig, axes = _new((max(5.5 * len(slos), 8.5), 5.0), len(slos))
     names = short_names(rows)
-    for ax, s in zip(axes, slos):
-        _frontier_panel(ax, rows, s, cost_unit, names)
-    return _finish(fig, _note(rows, slos))
+    drawn = [_frontier_panel(ax, rows, s, cost_unit, names) for ax, s in zip(axes, slos)]
+    _finish(fig, _note(rows, slos))
+    for swarm, _ in drawn:
+        _dodge(swarm)
+    _place_names(fig, [a for _, notes in drawn for a in notes])
+    return fig
 
 
 def _note(rows: Sequence[Row], slos: Sequence[str]) -> str:
@@ -201,7 +298,8 @@ def draw_figures(directory: str | os.PathLike[str], rows: Sequence[Row], slos: S
                  cost_unit: str, names: tuple[str, str] = ("frontier.png", "sustained_rate.png")) -> list[Path]:
     """Write ``names[0]`` (cost in ``cost_unit`` against sustained rate, log scale: every
     point, superlinear ones marked and not ranked, rates at the ladder's top drawn as
-    lower bounds, and the frontier, its points named) and ``names[1]`` (each simulated
+    lower bounds, points of one cost spread sideways until none touches another, and the
+    frontier, its points named where the name covers nothing) and ``names[1]`` (each simulated
     configuration's sustained rate, sorted, each bar named and labelled, ``>=`` at the
     ladder's top; at most :data:`MAX_BARS` per SLO) into ``directory``, each with the
     scaling model's line (:func:`pykvpool.search.scaling.scaling_note`); returns their paths.
@@ -221,7 +319,8 @@ _LABELS = {"ttft_p99": "p99 TTFT", "tpot_p99": "p99 TPOT"}
 
 
 def _latency_panel(ax: Any, rows: Sequence[Row], entries: dict[str, Row], slo: SLO, rate: Optional[float],
-                   n: int, metric: str, best: Optional[Row]) -> None:
+                   n: int, metric: str, best: Optional[Row], cost_unit: str) -> Optional[_Swarm]:
+    """One (SLO, latency) panel; returns its points to spread (None: no reference runs)."""
     ref = candidates(rows, entries, slo, "reference", rate, n)
     front = latency_frontier(ref, metric)
     sub = ("no runs at a reference rate" if rate is None else
@@ -229,30 +328,42 @@ def _latency_panel(ax: Any, rows: Sequence[Row], entries: dict[str, Row], slo: S
     ax.set_title(f"SLO {slo.name}: {_LABELS[metric]}\n{sub}", fontsize=9)
     ax.set_ylabel(f"{_LABELS[metric]} (s)")
     own = latency_frontier(candidates(rows, entries, slo, "sustained", None, n), metric)
-    if own:
+    if own:  # hollow and on top: the points under it show through
         ax.step([c["cost"] for c in own], [c[metric] for c in own], where="post", color="#1f4e79",
-                linestyle="--", marker=".", alpha=0.8, label="frontier at each point's own sustained rate")
+                linestyle="--", marker="o", ms=4, mfc="none", alpha=0.8, zorder=6,
+                label="frontier at each point's own sustained rate")
+    swarm = None
     if not ref:
         why = "no run at a reference rate" if rate is None else "no configuration meets the SLO there"
         ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#555555")
     else:
-        _reference(ax, ref, front, metric, best)
+        swarm = _reference(ax, ref, front, metric, best)
     bound = getattr(slo, metric)
     if bound is not None:
         ax.axhline(bound, color="#555555", linestyle=":", linewidth=1, label="SLO bound")
     if own or ref:
         ax.set_yscale("log")
+    ax.set_xlabel(cost_unit)
+    if cost_unit == "devices":
+        _devices_ticks(ax, [c["cost"] for c in ref + own])
+    return swarm
 
 
-def _reference(ax: Any, ref: list[Row], front: list[Row], metric: str, best: Optional[Row]) -> None:
-    ax.scatter([c["cost"] for c in ref], [c[metric] for c in ref], s=12, color="#9e9e9e",
-               label="configurations meeting the SLO at the reference rate")
-    ax.step([c["cost"] for c in front], [c[metric] for c in front], where="post", color="#c1440e", marker="o",
-            label="frontier at the reference rate")
+def _reference(ax: Any, ref: list[Row], front: list[Row], metric: str, best: Optional[Row]) -> _Swarm:
+    """The runs at the reference rate: each configuration once (the frontier's own marker,
+    the best point's star, or a grey dot); returns the dots and the star to spread."""
     b = next((c for c in ref if best is not None and c["key"] == best["key"]), None)
-    if b is not None:
-        ax.scatter([b["cost"]], [b[metric]], s=140, marker="*", color="#e0a100", zorder=5, edgecolors="black",
-                   linewidths=0.5, label="best point (objective)")
+    shown = {c["key"] for c in front} | ({b["key"]} if b is not None else set())
+    others = [c for c in ref if c["key"] not in shown]
+    free = [ax.scatter([c["cost"] for c in others], [c[metric] for c in others], s=12, color="#9e9e9e",
+                       label="configurations meeting the SLO at the reference rate")]
+    marks = [i for i, c in enumerate(front) if b is None or c["key"] != b["key"]]
+    ax.step([c["cost"] for c in front], [c[metric] for c in front], where="post", color="#c1440e",
+            marker="o" if marks else None, markevery=marks or None, label="frontier at the reference rate")
+    if b is not None:  # placed first: it moves aside only for a frontier point
+        free.insert(0, ax.scatter([b["cost"]], [b[metric]], s=140, marker="*", color="#e0a100", zorder=5,
+                                  edgecolors="black", linewidths=0.5, label="best point (objective)"))
+    return _Swarm(ax, free, [(front[i]["cost"], front[i][metric], _FRONT_HALF) for i in marks])
 
 
 def latency_figure(rows: Sequence[Row], entries: dict[str, Row], slos: Sequence[SLO],
@@ -269,11 +380,11 @@ def latency_figure(rows: Sequence[Row], entries: dict[str, Row], slos: Sequence[
     axes = fig.subplots(len(slos), len(LATENCY_METRICS), squeeze=False)
     best = best_points(rows, [s.name for s in slos])
     handles: dict[str, Any] = {}
+    swarms: list[Optional[_Swarm]] = []
     for row_axes, slo in zip(axes, slos):
         for ax, metric in zip(row_axes, LATENCY_METRICS):
-            _latency_panel(ax, rows, entries, slo, rates.get(slo.name), n, metric, best[slo.name])
-            ax.set_xlabel(cost_unit)
-            _integer_devices(ax, cost_unit)
+            swarms.append(_latency_panel(ax, rows, entries, slo, rates.get(slo.name), n, metric, best[slo.name],
+                                         cost_unit))
             for h, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, h)
     foot = _foot(fig, _note(rows, [s.name for s in slos]))
@@ -281,6 +392,9 @@ def latency_figure(rows: Sequence[Row], entries: dict[str, Row], slos: Sequence[
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False,
                    bbox_to_anchor=(0.5, foot / height))
+    for swarm in swarms:
+        if swarm is not None:
+            _dodge(swarm)
     return fig
 
 
@@ -292,7 +406,8 @@ def draw_latency_figure(directory: str | os.PathLike[str], rows: Sequence[Row], 
     reference rate ``rates[slo]`` (requests/s; from ``entries``, see
     :func:`pykvpool.search.latency.candidates`, for a workload of ``n`` requests), their
     cost (``cost_unit``) vs latency frontier, the frontier at each point's own sustained
-    rate, the best point and the SLO's bound, and the scaling model's line
+    rate (hollow markers, on top), the best point and the SLO's bound (the points of one
+    cost spread sideways until none touches another), and the scaling model's line
     (:func:`latency_figure`); returns the path.
 
     Raises:
