@@ -56,3 +56,23 @@ def test_figures_1_to_10_hide_nothing(report: ReportResult) -> None:
 @pytest.mark.parametrize("name", FIGURES)
 def test_the_search_figures_hide_nothing(report: ReportResult, name: str) -> None:
     assert collisions(_search_figure(report.out_dir, name)) == []
+
+
+def test_figure_10_memory_is_the_simulators_and_the_reported_fps_is_quoted(report: ReportResult) -> None:
+    """Figure 10's right panel: the pages one LongLive stream holds in the simulator's pool
+    during each chunk; the text quotes the frame rate LongLive's authors report."""
+    from pykvpool.planning.hardware import HARDWARE
+    from pykvpool.planning.ledger import GIB
+    from pykvpool.planning.video import VIDEO_MODELS
+    from pykvpool.report.video_serving import BLOCK_SIZE, LONG_VIDEO
+    from pykvpool.simulate.video import VideoRoofline, simulate_video, video_requests
+    from pykvpool.simulate.video_plots import REPORTED_FPS
+
+    mem = report.data["video_serving"]["memory"]
+    for windowed, key in ((False, "full"), (True, "windowed")):
+        m = VIDEO_MODELS["longlive"].variant(windowed)
+        res = simulate_video(video_requests(1, float(LONG_VIDEO)), VideoRoofline(m, HARDWARE["h100-sxm"]),
+                             m.peak_blocks(LONG_VIDEO, BLOCK_SIZE), BLOCK_SIZE)
+        assert mem[key] == [b * res.bytes_per_block / GIB for _, b in res.streams[0].memory[:-1]]
+    md = report.markdown.read_text()
+    assert f"LongLive's README reports {REPORTED_FPS['longlive'].fps:g} fps on an H100" in md
