@@ -9,7 +9,6 @@ per GPU against the window length; memory per stream over a long video).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,13 +149,6 @@ _STYLES = {"a100-80gb-sxm": ("#2e7d32", "o", "-", -0.2, "#2e7d32"), "h100-sxm": 
 
 
 _Lines = list[tuple[int, str, list[float], list[float]]]
-
-
-def _fig(path: str | os.PathLike[str], sweep: dict[str, list[int]], mem: dict[str, Any]) -> _Lines:
-    """:func:`_draw`'s figure 10 written to ``path``; returns its drawn lines."""
-    fig, lines = _draw(sweep, mem)
-    save_figure(fig, path)
-    return lines
 
 
 def _draw(sweep: dict[str, list[int]], mem: dict[str, Any]) -> tuple[Any, _Lines]:
