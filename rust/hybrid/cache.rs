@@ -1,5 +1,5 @@
 //! The prefix cache of a pool with layer groups: `(group, block key) -> block`, and the
-//! idle cached blocks in least-recently-used order.
+//! idle cached blocks in the order an eviction policy gives them.
 //!
 //! Keys are the chained 128-bit block keys of [`crate::prefix_cache::block_hash`]: a key
 //! stands for the whole prefix up to the end of its block, so a hit needs no physical
@@ -8,16 +8,32 @@
 //! does not hold here). A block is cached in one group at most.
 //!
 //! States of a physical block: free (on the allocator's free list), live (refcount > 0,
-//! cached or not), idle (refcount 0, cached: on the LRU list, evictable).
+//! cached or not), idle (refcount 0, cached: queued for eviction).
+//!
+//! # Eviction order
+//!
+//! Any idle block may be evicted; the policy orders them as the full-attention cache's
+//! policies do ([`crate::prefix_cache::eviction`]): `Lru` least recently used first,
+//! `Fifo` earliest stored first, `Lfu` fewest hits first, then least recently used. A
+//! cached block is *used* when it is **stored** ([`GroupCache::insert`]), **hit** (an
+//! admission takes it: [`GroupCache::hit`]) and **released** (its last holder drops it:
+//! [`GroupCache::on_idle`]), in the order the pool makes those calls: an admission's hits
+//! group by group, each group's blocks in logical order, then its stores; a growth's window
+//! releases (sequence by sequence, each group's released blocks in logical order, so the
+//! earlier of the blocks one step releases was used first) before its new blocks; `free`
+//! releases logical block by logical block, tail first, across all groups.
+//! Releasing in logical order is least-recently-used by *last attention*: the last query
+//! that attends to a windowed block is at its end plus the window, earlier for an earlier
+//! block. `Priority` needs soft pins, which this cache does not have, and is refused.
 
 use rustc_hash::FxHashMap;
 
 use crate::error::{filled, KvError, Result};
+use crate::invalid;
 use crate::pool::allocator::BlockAllocator;
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
+use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::types::BlockId;
-
-const NIL: u32 = u32::MAX;
 
 /// What a cached block is cached as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,16 +42,19 @@ struct Entry {
     key: BlockKey,
 }
 
-/// The index and the LRU list of idle blocks.
+/// The index and the eviction queue of idle blocks.
 #[derive(Clone, Debug)]
 pub struct GroupCache {
     map: FxHashMap<(u32, BlockKey), BlockId>,
     entry: Vec<Option<Entry>>,
-    /// Doubly linked LRU list of idle blocks (head = least recently used).
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    head: u32,
-    tail: u32,
+    /// What the policy reads of each cached block (stale for a block not cached).
+    rec: Vec<Recency>,
+    /// Idle blocks, ordered by the policy (smallest key evicted first).
+    queue: EvictionQueue,
+    queued: Vec<bool>,
+    policy: EvictionPolicy,
+    /// Use counter: the logical time of the last store, hit or release.
+    touch: u64,
     idle: usize,
     pub(crate) evictions: u64,
     /// How token ids become keys.
@@ -73,16 +92,24 @@ pub struct HybridCacheStats {
 }
 
 impl GroupCache {
-    /// An empty cache over `num_blocks` blocks; `InvalidArgument` when the host cannot hold
-    /// its per-block index (never an abort).
-    pub fn new(num_blocks: usize) -> Result<Self> {
+    /// An empty cache over `num_blocks` blocks evicting by `policy`; `InvalidArgument` when
+    /// the host cannot hold its per-block index (never an abort) or the policy is
+    /// `Priority` (it orders by soft pins, which this cache does not have).
+    pub fn new(num_blocks: usize, policy: EvictionPolicy) -> Result<Self> {
+        if policy == EvictionPolicy::Priority {
+            return Err(invalid!(
+                "eviction \"priority\" orders by soft pins, which a pool with layer groups does not have; \
+                 use lru, fifo or lfu"
+            ));
+        }
         Ok(Self {
             map: FxHashMap::default(),
             entry: filled(None, num_blocks, "prefix cache index")?,
-            prev: filled(NIL, num_blocks, "prefix cache LRU list")?,
-            next: filled(NIL, num_blocks, "prefix cache LRU list")?,
-            head: NIL,
-            tail: NIL,
+            rec: filled(Recency::default(), num_blocks, "prefix cache eviction state")?,
+            queue: EvictionQueue::default(),
+            queued: filled(false, num_blocks, "prefix cache eviction state")?,
+            policy,
+            touch: 0,
             idle: 0,
             evictions: 0,
             hasher: BlockHasher::default(),
@@ -102,6 +129,22 @@ impl GroupCache {
 
     pub fn hasher(&self) -> BlockHasher {
         self.hasher
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    #[inline]
+    fn next_touch(&mut self) -> u64 {
+        self.touch += 1;
+        self.touch
+    }
+
+    #[inline]
+    fn evict_key(&self, b: BlockId) -> EvictKey {
+        self.policy.key(&self.rec[b.index()], b)
     }
 
     /// Count one admission: `len` prompt tokens, `hit` tokens reused, `held[g]` blocks
@@ -164,6 +207,8 @@ impl GroupCache {
         }
         self.map.insert((group as u32, key), b);
         self.entry[b.index()] = Some(Entry { group: group as u32, key });
+        let t = self.next_touch();
+        self.rec[b.index()] = Recency { last_touch: t, stored_at: t, hits: 0, priority: 0 };
         self.stored_blocks += 1;
         true
     }
@@ -175,51 +220,45 @@ impl GroupCache {
 
     #[inline]
     pub fn is_idle(&self, b: BlockId) -> bool {
-        self.prev[b.index()] != NIL || self.head == b.0
+        self.queued[b.index()]
     }
 
-    /// The last holder of cached block `b` released it: it becomes the most recently used
-    /// idle block.
+    /// The last holder of cached block `b` released it (a use): it becomes idle, queued
+    /// for eviction.
     pub fn on_idle(&mut self, b: BlockId) {
-        let i = b.0;
-        self.prev[i as usize] = self.tail;
-        self.next[i as usize] = NIL;
-        if self.tail == NIL {
-            self.head = i;
-        } else {
-            self.next[self.tail as usize] = i;
-        }
-        self.tail = i;
+        debug_assert!(self.is_cached(b) && !self.queued[b.index()]);
+        self.rec[b.index()].last_touch = self.next_touch();
+        self.queue.insert(self.evict_key(b));
+        self.queued[b.index()] = true;
         self.idle += 1;
     }
 
-    /// A hit takes idle block `b` back (the caller sets its refcount to 1).
+    /// A hit takes idle block `b` back (the caller sets its refcount to 1); it leaves the
+    /// queue. The hit itself is counted by [`Self::hit`].
     pub fn revive(&mut self, b: BlockId) {
-        let i = b.index();
-        let (p, n) = (self.prev[i], self.next[i]);
-        if p == NIL {
-            self.head = n;
-        } else {
-            self.next[p as usize] = n;
-        }
-        if n == NIL {
-            self.tail = p;
-        } else {
-            self.prev[n as usize] = p;
-        }
-        self.prev[i] = NIL;
-        self.next[i] = NIL;
+        debug_assert!(self.queued[b.index()]);
+        let found = self.queue.remove(&self.evict_key(b));
+        debug_assert!(found, "queued {b} not found under its key");
+        self.queued[b.index()] = false;
         self.idle -= 1;
     }
 
-    /// Evict the least recently used idle block: it leaves the index and is handed to the
+    /// An admission took cached block `b` as part of its hit (a use), after reviving it if
+    /// it was idle.
+    pub fn hit(&mut self, b: BlockId) {
+        debug_assert!(self.is_cached(b) && !self.queued[b.index()]);
+        let t = self.next_touch();
+        let r = &mut self.rec[b.index()];
+        r.hits += 1;
+        r.last_touch = t;
+    }
+
+    /// Evict the idle block the policy puts first: it leaves the index and is handed to the
     /// caller as a block with refcount 0 holding nothing.
     pub fn evict(&mut self) -> Option<BlockId> {
-        if self.head == NIL {
-            return None;
-        }
-        let b = BlockId(self.head);
-        self.revive(b);
+        let b = self.queue.pop()?;
+        self.queued[b.index()] = false;
+        self.idle -= 1;
         if let Some(e) = self.entry[b.index()].take() {
             self.map.remove(&(e.group, e.key));
         }
@@ -227,22 +266,22 @@ impl GroupCache {
         Some(b)
     }
 
-    /// Idle blocks from least to most recently used.
+    /// Idle blocks in eviction order (the policy's first victim first).
     pub fn idle_blocks(&self) -> Vec<BlockId> {
-        let mut v = Vec::with_capacity(self.idle);
-        let mut i = self.head;
-        while i != NIL {
-            v.push(BlockId(i));
-            i = self.next[i as usize];
-        }
-        v
+        let mut v: Vec<(EvictKey, BlockId)> = (0..self.queued.len() as u32)
+            .map(BlockId)
+            .filter(|b| self.queued[b.index()])
+            .map(|b| (self.evict_key(b), b))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, b)| b).collect()
     }
 }
 
 impl GroupCache {
     /// The index against the allocator: the map and the per-block entries agree, idle
-    /// blocks are exactly the cached blocks with refcount 0, the LRU list is well linked
-    /// and counted, and no free block is cached. `holders` lists `(group, block)` for
+    /// blocks are exactly the cached blocks with refcount 0, each queued under its current
+    /// key and counted, and no free block is cached. `holders` lists `(group, block)` for
     /// every stored table entry: a cached block is held only in its own group.
     pub fn check(&self, alloc: &BlockAllocator, holders: impl Iterator<Item = (usize, BlockId)>) -> Result<()> {
         let bad = |m: String| Err(KvError::Invariant(m));
@@ -259,29 +298,17 @@ impl GroupCache {
             return bad(format!("{entries} blocks record a key, the index has {}", self.map.len()));
         }
         let idle = self.idle_blocks();
-        if idle.len() != self.idle {
-            return bad(format!("idle list holds {} blocks, counted {}", idle.len(), self.idle));
-        }
-        let mut on_list = filled(false, self.entry.len(), "check_invariants")?;
-        let mut prev = NIL;
-        for &b in &idle {
-            if on_list[b.index()] || self.prev[b.index()] != prev {
-                return bad(format!("idle list is not a simple doubly linked list at {b}"));
-            }
-            on_list[b.index()] = true;
-            prev = b.0;
-        }
-        if self.tail != prev {
-            return bad("idle list tail is not its last block".into());
+        if idle.len() != self.idle || self.queue.len() != self.idle {
+            return bad(format!("{} blocks marked idle, {} queued, counted {}", idle.len(), self.queue.len(), self.idle));
         }
         for (i, e) in self.entry.iter().enumerate() {
             let b = BlockId(i as u32);
             let rc = alloc.refcount(b);
-            if on_list[i] != (e.is_some() && rc == 0) {
-                return bad(format!("{b}: cached {}, refcount {rc}, on the idle list {}", e.is_some(), on_list[i]));
+            if self.queued[i] != (e.is_some() && rc == 0) {
+                return bad(format!("{b}: cached {}, refcount {rc}, idle {}", e.is_some(), self.queued[i]));
             }
-            if !on_list[i] && (self.prev[i] != NIL || self.next[i] != NIL) {
-                return bad(format!("{b} is linked but not on the idle list"));
+            if self.queued[i] && !self.queue.contains(&self.evict_key(b)) {
+                return bad(format!("idle {b} is not queued under its key"));
             }
         }
         if let Some(b) = alloc.free_list().iter().find(|b| self.is_cached(**b)) {
@@ -304,7 +331,7 @@ mod tests {
 
     #[test]
     fn idle_blocks_are_evicted_least_recently_used_first() {
-        let mut c = GroupCache::new(8).unwrap();
+        let mut c = GroupCache::new(8, EvictionPolicy::Lru).unwrap();
         for (i, b) in [3u32, 5, 1, 6].into_iter().enumerate() {
             assert!(c.insert(i % 2, 100 + i as u128, BlockId(b)));
         }
@@ -325,9 +352,46 @@ mod tests {
     }
 
     #[test]
+    fn each_policy_evicts_in_its_order_and_priority_is_refused() {
+        assert!(GroupCache::new(4, EvictionPolicy::Priority).is_err());
+        // Blocks 0..4 stored in order; 2 and 0 hit once (2 first); released 3, 1, 0, 2.
+        let order = |policy| {
+            let mut c = GroupCache::new(4, policy).unwrap();
+            for b in 0..4u32 {
+                assert!(c.insert(0, b as u128, BlockId(b)));
+            }
+            c.hit(BlockId(2));
+            c.hit(BlockId(0));
+            for b in [3u32, 1, 0, 2] {
+                c.on_idle(BlockId(b));
+            }
+            let idle = c.idle_blocks();
+            let evicted: Vec<BlockId> = std::iter::from_fn(|| c.evict()).collect();
+            assert_eq!(idle, evicted, "idle_blocks lists the eviction order");
+            evicted.into_iter().map(|b| b.0).collect::<Vec<_>>()
+        };
+        assert_eq!(order(EvictionPolicy::Lru), [3, 1, 0, 2], "release order");
+        assert_eq!(order(EvictionPolicy::Fifo), [0, 1, 2, 3], "store order");
+        assert_eq!(order(EvictionPolicy::Lfu), [3, 1, 0, 2], "unhit first, then by last use");
+    }
+
+    #[test]
+    fn a_revived_block_is_requeued_under_its_new_use() {
+        let mut c = GroupCache::new(3, EvictionPolicy::Lfu).unwrap();
+        for b in 0..3u32 {
+            assert!(c.insert(0, b as u128, BlockId(b)));
+            c.on_idle(BlockId(b));
+        }
+        c.revive(BlockId(0));
+        c.hit(BlockId(0));
+        c.on_idle(BlockId(0));
+        assert_eq!(c.idle_blocks(), [BlockId(1), BlockId(2), BlockId(0)], "the hit block outlives the others");
+    }
+
+    #[test]
     fn check_accepts_consistent_states_and_names_what_breaks() {
         let mut a = BlockAllocator::new(4).unwrap();
-        let mut c = GroupCache::new(4).unwrap();
+        let mut c = GroupCache::new(4, EvictionPolicy::Lru).unwrap();
         let (b0, b1) = (a.allocate().unwrap(), a.allocate().unwrap());
         assert!(c.insert(0, 7, b0) && c.insert(1, 7, b1));
         assert_eq!(c.stats(2).stored_blocks, 2);

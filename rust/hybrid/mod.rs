@@ -395,8 +395,8 @@ impl HybridPool {
             }
             return Ok(());
         }
-        // Cached blocks go idle in release order, and the least recently used idle block
-        // is evicted first. Releasing logical block by logical block, tail first, across
+        // Cached blocks go idle in release order, and under `lru` the least recently used
+        // idle block is evicted first. Releasing logical block by logical block, tail first, across
         // all groups keeps every group's head (the prefix other prompts share) longest;
         // group after group would let the first group's head go before the last group's
         // tail, and a hit needs every group.

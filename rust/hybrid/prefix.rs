@@ -17,7 +17,7 @@
 //!   the rest of the prompt is allocated in every group as by `add_sequence`. Its full
 //!   prompt blocks past the hit are then registered in every group whose index lacks
 //!   their key; blocks filled later by [`HybridPool::append_tokens`] likewise. Blocks
-//!   the window rule releases stay cached, idle, until evicted (least recently used).
+//!   the window rule releases stay cached, idle, until evicted (by the pool's policy).
 //! - Admission is atomic: a refusal (duplicate id, bad arguments, too few blocks counting
 //!   the idle blocks the hit revives) changes nothing, `out` included (left cleared).
 
@@ -29,6 +29,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::types::{BlockId, SeqId};
 
 /// Memo of `cached(group, block)` answers: 0 unknown, 1 cached, 2 not.
@@ -106,11 +107,19 @@ fn group_best<F: Fn(usize, usize) -> bool>(s: &GroupSpec, bs: usize, mut k: usiz
 type Held = Vec<(usize, usize, BlockId)>;
 
 impl HybridPool {
-    /// A pool with prefix caching on its groups, keying token ids with `hasher`.
-    pub fn with_prefix_cache(num_blocks: usize, block_size: usize, groups: Vec<GroupSpec>, hasher: BlockHasher) -> Result<Self> {
+    /// A pool with prefix caching on its groups, keying token ids with `hasher` and
+    /// evicting idle blocks by `policy` ([`GroupCache`]'s module doc: `Priority` refused).
+    pub fn with_prefix_cache(
+        num_blocks: usize,
+        block_size: usize,
+        groups: Vec<GroupSpec>,
+        hasher: BlockHasher,
+        policy: EvictionPolicy,
+    ) -> Result<Self> {
         hasher.validate()?;
+        let cache = GroupCache::new(num_blocks, policy)?.with_hasher(hasher);
         let mut pool = Self::new(num_blocks, block_size, groups)?;
-        pool.cache = Some(Box::new(GroupCache::new(num_blocks)?.with_hasher(hasher)));
+        pool.cache = Some(Box::new(cache));
         Ok(pool)
     }
 
@@ -262,6 +271,9 @@ impl HybridPool {
                 self.alloc.revive(b);
             } else {
                 self.alloc.incref(b);
+            }
+            if let Some(c) = self.cache.as_deref_mut() {
+                c.hit(b);
             }
             let t = &mut tables[g];
             while t.len_blocks() < i {

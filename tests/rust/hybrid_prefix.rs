@@ -13,7 +13,7 @@ mod props;
 mod trace;
 
 use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
-use pykvpool::{BlockHasher, KvError, SeqId};
+use pykvpool::{BlockHasher, EvictionPolicy, KvError, SeqId};
 
 const BS: usize = 4;
 
@@ -22,7 +22,7 @@ fn sw(window: usize, sinks: usize) -> GroupSpec {
 }
 
 fn pool(blocks: usize, groups: Vec<GroupSpec>) -> HybridPool {
-    HybridPool::with_prefix_cache(blocks, BS, groups, BlockHasher::Xxh3).unwrap()
+    HybridPool::with_prefix_cache(blocks, BS, groups, BlockHasher::Xxh3, EvictionPolicy::Lru).unwrap()
 }
 
 fn checked(p: &HybridPool) {
@@ -143,7 +143,7 @@ fn a_key_cached_in_one_group_never_hits_another() {
     fn same(_: &[u8]) -> u128 {
         42
     }
-    let mut p = HybridPool::with_prefix_cache(7, BS, vec![GroupSpec::Full, GroupSpec::Full], BlockHasher::Custom(same)).unwrap();
+    let mut p = HybridPool::with_prefix_cache(7, BS, vec![GroupSpec::Full, GroupSpec::Full], BlockHasher::Custom(same), EvictionPolicy::Lru).unwrap();
     let a = tokens(4, 9);
     admit(&mut p, 1, &a);
     assert_eq!(p.cache_stats().unwrap().stored_blocks, 2, "one key per group: block 0 of each");
@@ -187,7 +187,7 @@ fn refused_admissions_change_nothing() {
     let mut plain = HybridPool::new(4, BS, vec![GroupSpec::Full]).unwrap();
     assert!(plain.add_sequence_tokens(SeqId(0), &a, None, &mut out).is_err());
     assert!(plain.cache_stats().is_none());
-    assert!(HybridPool::with_prefix_cache(4, BS, vec![GroupSpec::Full], BlockHasher::Truncated { bits: 0 }).is_err());
+    assert!(HybridPool::with_prefix_cache(4, BS, vec![GroupSpec::Full], BlockHasher::Truncated { bits: 0 }, EvictionPolicy::Lru).is_err());
 }
 
 #[test]

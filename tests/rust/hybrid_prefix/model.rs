@@ -1,6 +1,7 @@
 //! A model of prefix caching on layer groups, written from the contract: abstract blocks
-//! with refcounts and a (group, key) each, the per-group index, the free count and the LRU
-//! queue of idle blocks; sequences as per-group lists of `Option<block>`. The hit is
+//! with refcounts and a (group, key) each, the per-group index, the free count and the idle
+//! blocks, evicted by the policy's order of their uses (stored, hit, released, numbered by
+//! one clock: `rust/hybrid/cache.rs`); sequences as per-group lists of `Option<block>`. The hit is
 //! found by brute force over every hit length (not by `longest_hit`). Steps are applied
 //! the way the contract orders them (every release of the batch first, then every growth;
 //! a copy-on-write takes its copy, then drops the source) on a copy of the model; a take
@@ -10,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 
 use pykvpool::hybrid::GroupSpec;
 use pykvpool::prefix_cache::block_hash::ROOT_PARENT;
-use pykvpool::{BlockHasher, BlockKey, KvError};
+use pykvpool::{BlockHasher, BlockKey, EvictionPolicy, KvError};
 
 pub const BS: usize = 4;
 
@@ -36,6 +37,10 @@ pub fn kind(e: &KvError) -> Err {
 pub struct MBlock {
     pub rc: u32,
     pub key: Option<(usize, BlockKey)>,
+    /// Clock of the last use, of the store, and hits since the store.
+    pub last_use: u64,
+    pub stored_at: u64,
+    pub hits: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +70,8 @@ pub struct Model {
     pub idle: VecDeque<usize>,
     pub seqs: HashMap<u64, MSeq>,
     pub stats: MStats,
+    pub policy: EvictionPolicy,
+    pub clock: u64,
 }
 
 pub fn keys_of(tokens: &[u32]) -> Vec<BlockKey> {
@@ -74,7 +81,7 @@ pub fn keys_of(tokens: &[u32]) -> Vec<BlockKey> {
 }
 
 impl Model {
-    pub fn new(specs: Vec<GroupSpec>, num_blocks: usize) -> Self {
+    pub fn new(specs: Vec<GroupSpec>, num_blocks: usize, policy: EvictionPolicy) -> Self {
         let g = specs.len();
         Self {
             specs,
@@ -84,27 +91,52 @@ impl Model {
             idle: VecDeque::new(),
             seqs: HashMap::new(),
             stats: MStats { group_hit_blocks: vec![0; g], ..MStats::default() },
+            policy,
+            clock: 0,
         }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The idle blocks in the order the policy evicts them.
+    pub fn eviction_order(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.idle.iter().copied().collect();
+        v.sort_by_key(|&m| {
+            let b = &self.blocks[m];
+            match self.policy {
+                EvictionPolicy::Lru => (b.last_use, 0),
+                EvictionPolicy::Fifo => (b.stored_at, 0),
+                EvictionPolicy::Lfu => (b.hits, b.last_use),
+                EvictionPolicy::Priority => unreachable!("refused with layer groups"),
+            }
+        });
+        v
     }
 
     fn take(&mut self) -> Result<usize, Err> {
         if self.free > 0 {
             self.free -= 1;
         } else {
-            let v = self.idle.pop_front().ok_or(Err::Exhausted)?;
+            let v = *self.eviction_order().first().ok_or(Err::Exhausted)?;
+            self.idle.retain(|&x| x != v);
             let k = self.blocks[v].key.take().expect("idle blocks are cached");
             self.index.remove(&k);
             self.stats.evictions += 1;
         }
-        self.blocks.push(MBlock { rc: 1, key: None });
+        self.blocks.push(MBlock { rc: 1, key: None, last_use: 0, stored_at: 0, hits: 0 });
         Ok(self.blocks.len() - 1)
     }
 
     fn release(&mut self, m: usize) {
+        let t = self.tick();
         let b = &mut self.blocks[m];
         b.rc -= 1;
         if b.rc == 0 {
             if b.key.is_some() {
+                b.last_use = t;
                 self.idle.push_back(m);
             } else {
                 self.free += 1;
@@ -112,18 +144,25 @@ impl Model {
         }
     }
 
+    /// An admission's hit takes cached block `m` (a use).
     fn hold(&mut self, m: usize) {
         if self.blocks[m].rc == 0 {
             let at = self.idle.iter().position(|&x| x == m).expect("refcount 0 cached block is idle");
             self.idle.remove(at);
         }
-        self.blocks[m].rc += 1;
+        let t = self.tick();
+        let b = &mut self.blocks[m];
+        b.rc += 1;
+        b.hits += 1;
+        b.last_use = t;
     }
 
     fn register(&mut self, g: usize, key: BlockKey, m: usize) {
         if !self.index.contains_key(&(g, key)) && self.blocks[m].key.is_none() {
             self.index.insert((g, key), m);
-            self.blocks[m].key = Some((g, key));
+            let t = self.tick();
+            let b = &mut self.blocks[m];
+            (b.key, b.stored_at, b.last_use, b.hits) = (Some((g, key)), t, t, 0);
             self.stats.stored += 1;
         }
     }

@@ -4,12 +4,12 @@
 //! agrees with [`super::model::Model`]: the call's result (cached tokens, or the kind of
 //! refusal), the free + idle count, every sequence's length, frontier and per-group table
 //! (stored or hole; refcount and (group, key) of every stored block), the cached keys, the
-//! idle blocks in LRU order, the statistics, `cached_prefix_len` of every prompt seen; and
+//! idle blocks in the policy's eviction order (LRU, FIFO, LFU), the statistics, `cached_prefix_len` of every prompt seen; and
 //! `check_invariants` and `check_cache` pass.
 
 use proptest::prelude::*;
 use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
-use pykvpool::{BlockHasher, SeqId};
+use pykvpool::{BlockHasher, EvictionPolicy, SeqId};
 
 use super::model::{kind, Model, BS};
 
@@ -171,8 +171,8 @@ impl Run {
             }
         }
         let idle: Vec<_> = c.idle_blocks().into_iter().map(|b| c.key_of(b)).collect();
-        let want: Vec<_> = m.idle.iter().map(|&x| m.blocks[x].key).collect();
-        assert_eq!(idle, want, "idle blocks in LRU order");
+        let want: Vec<_> = m.eviction_order().into_iter().map(|x| m.blocks[x].key).collect();
+        assert_eq!(idle, want, "idle blocks in {} order", m.policy);
         assert_eq!(c.num_cached(), m.index.len());
         for &(g, k) in m.index.keys() {
             assert!(c.lookup(g, k).is_some(), "group {g} key {k:#x} cached in the model");
@@ -195,10 +195,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     #[test]
-    fn pool_follows_the_model(mix in 0usize..6, blocks in 10usize..40, ops in prop::collection::vec(op(), 1..60)) {
+    fn pool_follows_the_model(
+        mix in 0usize..6,
+        policy in prop::sample::select(vec![EvictionPolicy::Lru, EvictionPolicy::Fifo, EvictionPolicy::Lfu]),
+        blocks in 10usize..40,
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
         let specs = mixes()[mix].clone();
-        let pool = HybridPool::with_prefix_cache(blocks, BS, specs.clone(), BlockHasher::Xxh3).unwrap();
-        let mut run = Run { pool, model: Model::new(specs, blocks), prompts: Vec::new(), next_id: 0, fresh: 0 };
+        let pool = HybridPool::with_prefix_cache(blocks, BS, specs.clone(), BlockHasher::Xxh3, policy).unwrap();
+        let mut run = Run { pool, model: Model::new(specs, blocks, policy), prompts: Vec::new(), next_id: 0, fresh: 0 };
         for op in &ops {
             run.apply(op);
             run.compare();
@@ -217,7 +222,7 @@ proptest! {
 fn model_matches_a_hand_checked_case() {
     // Sanity of the model itself: a window hit holds sinks + window, holes between.
     let specs = vec![GroupSpec::sliding_window(8, 4).unwrap()];
-    let mut m = Model::new(specs, 30);
+    let mut m = Model::new(specs, 30, EvictionPolicy::Lru);
     let a: Vec<u32> = (0..40).collect();
     assert_eq!(m.admit(0, &a), Ok(0));
     assert_eq!(m.admit(1, &[&a[..], &[1]].concat()), Ok(40));
