@@ -408,6 +408,34 @@ def test_blocks_released_by_the_window_stay_cached_for_a_later_hit() -> None:
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("policy,survivor", [("lru", "B"), ("fifo", "B"), ("lfu", "A"), (None, "B")])
+def test_eviction_policy_decides_which_idle_block_goes(policy: str | None, survivor: str) -> None:
+    # Full blocks A and B stored in that order; A then taken by two hits, B by one after
+    # them, each released in turn. One allocation then evicts one of them: least recently
+    # used (A), earliest stored (A) or least often hit (B); the default is LRU.
+    extra = {} if policy is None else {"eviction": policy}
+    pool = kv.HybridPool(3, 4, [FULL], prefix_caching=True, **extra)
+    prompts = {"A": [1, 2, 3, 4, 9], "B": [5, 6, 7, 8, 9]}
+    sid = iter(range(100))
+    for name in ("A", "B", "A", "A", "B"):
+        seq = next(sid)
+        pool.add_sequence_tokens(seq, prompts[name])
+        pool.free(seq)
+    assert pool.cache_stats().idle_blocks == 2 and pool.num_free_blocks == 3
+    pool.add_sequence(next(sid), 8)  # two blocks: the never-cached one, then one eviction
+    cached = {name: pool.cached_prefix_len(p) for name, p in prompts.items()}
+    assert cached == {n: 4 if n == survivor else 0 for n in prompts}
+    assert pool.cache_stats().evictions == 1
+    pool.check_invariants()
+
+
+def test_eviction_needs_prefix_caching_and_priority_needs_pins() -> None:
+    with pytest.raises(kv.InvalidArgumentError, match="eviction needs prefix_caching=True"):
+        kv.HybridPool(8, 4, [FULL], eviction="lru")
+    with pytest.raises(kv.InvalidArgumentError, match="soft pins"):
+        kv.HybridPool(8, 4, [FULL], prefix_caching=True, eviction="priority")
+
+
 def test_prefix_methods_need_caching() -> None:
     pool = kv.HybridPool(16, 4, gemma())
     for call in (lambda: pool.add_sequence_tokens(1, [1, 2]), lambda: pool.cached_prefix_len([1]),

@@ -41,12 +41,21 @@ use crate::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
 ///         :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
 ///         objects.
 ///     prefix_caching: cache full blocks by content, per group (default False).
+///     eviction: which idle cached block an allocation reclaims once no never-cached block
+///         is free (needs ``prefix_caching=True``): ``"lru"`` (default) the least recently
+///         used, ``"fifo"`` the earliest stored, ``"lfu"`` the least often hit, then the
+///         least recently used. A block is used when it is stored, taken by a hit and
+///         released by its last holder; the blocks one growth's window releases are
+///         released in logical order, so the earlier one counts as used first (its last
+///         query came first). ``"priority"`` orders by soft pins, which this pool does not
+///         have, and is refused.
 ///
 /// Raises:
 ///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
-///         ``1..=65536``, no group or more than 64.
-///     TypeError: ``groups`` is not a sequence of attention kinds, or ``prefix_caching``
-///         not a bool.
+///         ``1..=65536``, no group or more than 64; an unknown eviction policy,
+///         ``"priority"``, or ``eviction`` without ``prefix_caching=True``.
+///     TypeError: ``groups`` is not a sequence of attention kinds, ``prefix_caching``
+///         not a bool, or ``eviction`` not a str.
 #[pyclass(name = "HybridPool", module = "pykvpool", frozen)]
 pub struct PyHybridPool {
     pub(super) inner: Mutex<HybridPool>,

@@ -19,6 +19,7 @@ use crate::bindings::pool::cache_args::{self, extra_key};
 use crate::bindings::pool::class::{cow_array, MAX_TABLE_ENTRIES};
 use crate::hybrid::{HybridPool, HybridStepOutput};
 use crate::prefix_cache::block_hash::BlockHasher;
+use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::types::{BlockId, SeqId};
 
 type I64Array<'py> = Bound<'py, PyArray1<i64>>;
@@ -28,21 +29,27 @@ type Slots<'py> = Bound<'py, PyArray2<i64>>;
 #[pymethods]
 impl PyHybridPool {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, groups, *, prefix_caching = false))]
+    #[pyo3(signature = (num_blocks, block_size, groups, *, prefix_caching = false, eviction = None))]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         groups: &Bound<'_, PyAny>,
         prefix_caching: bool,
+        eviction: Option<&str>,
     ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
         let specs = groups_arg(groups)?;
+        let policy = match (eviction, prefix_caching) {
+            (Some(_), false) => return Err(invalid(py, "eviction needs prefix_caching=True")),
+            (Some(name), true) => name.parse::<EvictionPolicy>().py_err(py)?,
+            (None, _) => EvictionPolicy::Lru,
+        };
         let g = specs.clone();
         let pool = py
             .detach(move || match prefix_caching {
-                true => HybridPool::with_prefix_cache(nb, bs, g, BlockHasher::Xxh3),
+                true => HybridPool::with_prefix_cache(nb, bs, g, BlockHasher::Xxh3, policy),
                 false => HybridPool::new(nb, bs, g),
             })
             .py_err(py)?;
