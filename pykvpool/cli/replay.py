@@ -56,7 +56,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--trace", metavar="FILE",
                    help="Mooncake JSONL trace, or 'mooncake' (default: the shipped FAST'25 synthetic trace)")
-    p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="eviction policy (default all)")
+    p.add_argument("--policy", choices=(*POLICIES, "all"),
+                   help="eviction policy (default all; with --model one of lru, fifo, lfu, default lru)")
     p.add_argument("--capacity", type=count(), metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
     p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE),
                    help="tokens per block, a multiple of 512 (default 512; with --model: 16, or any divisor of 512)")
@@ -79,10 +80,11 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _groups_table(pairs: Sequence[tuple[GroupReplayResult, GroupReplayResult]]) -> str:
-    lines = ["| capacity (GiB) | layout | blocks | token hit rate | evictions |", "|---:|---|---:|---:|---:|"]
+    lines = ["| capacity (GiB) | layout | policy | blocks | token hit rate | evictions |",
+             "|---:|---|---|---:|---:|---:|"]
     for pair in pairs:
         for r in pair:
-            lines.append(f"| {r.capacity_bytes / 2**30:.2f} | {r.layout} | {r.num_blocks:,} | "
+            lines.append(f"| {r.capacity_bytes / 2**30:.2f} | {r.layout} | {r.policy} | {r.num_blocks:,} | "
                          f"{r.token_hit_rate:.4f} | {r.evictions:,} |")
     return "\n".join(lines)
 
@@ -91,10 +93,13 @@ def _main_groups(args: argparse.Namespace, trace: Sequence[Any]) -> int:
     """``replay --model``: the model's hybrid layout against all-global layers."""
     if args.sweep or args.capacity is not None or args.retain_hits_for is not None or args.block_sizes:
         raise InvalidArgumentError("--model takes --capacities (whole-model tokens) and --block-size only")
+    if args.policy in ("all", "priority"):
+        raise InvalidArgumentError(f"--model replays one eviction policy of lru, fifo, lfu, got {args.policy}")
     model = model_preset(args.model)
     per_token = model.all_global().kv_bytes_per_token()
     tokens = args.capacities or [1_000_000, 3_000_000]
-    pairs = compare_layouts(trace, model, [t * per_token for t in tokens], args.block_size or 16)
+    pairs = compare_layouts(trace, model, [t * per_token for t in tokens], args.block_size or 16,
+                            args.policy or "lru")
     table = _groups_table(pairs)
     print(f"{len(trace)} requests; {model.name} (windows) vs every layer global, equal bytes")
     print(table)
@@ -119,7 +124,8 @@ def main_replay(args: argparse.Namespace) -> int:
         InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
             below the trace's largest request or above the pool's limit (2**30 blocks); a
             block size (tokens) that is not a multiple of 512 (with ``--model``: neither a
-            divisor nor a multiple); ``--model`` with a sweep option. (A sweep skips the
+            divisor nor a multiple); ``--model`` with a sweep option, or with ``--policy all``
+            or ``priority``. (A sweep skips the
             capacities below the largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).
@@ -133,7 +139,7 @@ def main_replay(args: argparse.Namespace) -> int:
     if args.model:
         return _main_groups(args, trace)
     args.block_size = args.block_size or TRACE_BLOCK_SIZE
-    policies = POLICIES if args.policy == "all" else (args.policy,)
+    policies = POLICIES if args.policy in (None, "all") else (args.policy,)
     if args.sweep:
         results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
                         retain_hits_for=args.retain_hits_for)

@@ -42,6 +42,8 @@ class GroupReplayResult:
     model: str
     layout: str
     """A description of the pool's groups (:meth:`PoolLayout.describe`)."""
+    policy: str
+    """The eviction policy."""
     block_size: int
     """Tokens per block."""
     num_blocks: int
@@ -85,7 +87,7 @@ def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64
 
 
 def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_bytes: int,
-                  block_size: int = 16) -> GroupReplayResult:
+                  block_size: int = 16, policy: str = "lru") -> GroupReplayResult:
     """Replay ``trace`` through a prefix-caching :class:`~pykvpool.HybridPool` with
     ``model``'s groups (:func:`pool_layout`) and as many blocks as ``capacity_bytes`` holds.
 
@@ -95,13 +97,15 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
         capacity_bytes: KV bytes of the pool (the blocks are ``capacity_bytes //
             block_bytes``).
         block_size: tokens per block, dividing 512 or a multiple of it.
+        policy: the pool's eviction policy: ``"lru"``, ``"fifo"`` or ``"lfu"``
+            (:class:`~pykvpool.HybridPool`).
 
     Returns:
         A :class:`GroupReplayResult`.
 
     Raises:
-        InvalidArgumentError: a bad block size, a capacity below one block, or a request
-            larger than the pool.
+        InvalidArgumentError: a bad block size, a capacity below one block, a request
+            larger than the pool, or a policy a pool with layer groups does not have.
     """
     layout = pool_layout(model, block_size=block_size)
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
@@ -109,23 +113,24 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
     num_blocks = capacity_bytes // layout.block_bytes
     if num_blocks < 1:
         raise InvalidArgumentError(f"capacity_bytes: {capacity_bytes} B holds no block of {layout.block_bytes} B")
-    pool = HybridPool(num_blocks, block_size, layout.specs(), prefix_caching=True)
+    pool = HybridPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy)
     for i, req in enumerate(trace):
         pool.add_sequence_block_keys(i, pool_block_keys(req, block_size), req.input_length)
         pool.free(i)
     s = pool.cache_stats()
-    return GroupReplayResult(model.name, layout.describe(), block_size, num_blocks,
+    return GroupReplayResult(model.name, layout.describe(), policy, block_size, num_blocks,
                              num_blocks * layout.block_bytes, len(trace), s.query_tokens, s.hit_tokens,
                              s.evictions, s.hit_tokens / s.query_tokens if s.query_tokens else 0.0)
 
 
 def compare_layouts(trace: Sequence[TraceRequest], model: ModelConfig, capacities_bytes: Sequence[int],
-                    block_size: int = 16) -> list[tuple[GroupReplayResult, GroupReplayResult]]:
+                    block_size: int = 16, policy: str = "lru") -> list[tuple[GroupReplayResult, GroupReplayResult]]:
     """``(model, model with every layer global)`` replays at each capacity, equal bytes.
 
     Raises:
         InvalidArgumentError: as :func:`replay_groups`.
     """
     everything_global = model.all_global()
-    return [(replay_groups(trace, model, c, block_size), replay_groups(trace, everything_global, c, block_size))
+    return [(replay_groups(trace, model, c, block_size, policy),
+             replay_groups(trace, everything_global, c, block_size, policy))
             for c in capacities_bytes]

@@ -88,6 +88,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("simulate-caching-no-ids", ["simulate", "--prefix-caching", "--requests", "2"], "--prefix-caching needs"),
     ("replay-model-sweep", ["replay", "--model", "gemma-2-9b", "--sweep"], "--model takes"),
     ("replay-model-block", ["replay", "--model", "gemma-2-9b", "--block-size", "48"], "block_size must divide 512"),
+    ("replay-model-priority", ["replay", "--model", "gemma-2-9b", "--policy", "priority"], "--model replays one"),
+    ("replay-model-all", ["replay", "--model", "gemma-2-9b", "--policy", "all"], "--model replays one"),
     ("simulate-utf16", ["simulate", "--trace", "{utf16.txt}"], "UTF-16"),
     ("hf-config-binary", ["ledger", "--hf-config", "{bin}"], "{bin}:1: not text"),
     ("hf-config-utf16", ["ledger", "--hf-config", "{utf16.json}"], "UTF-16"),

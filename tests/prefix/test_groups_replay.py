@@ -130,3 +130,24 @@ def test_cli_compares_the_layouts(tmp_path) -> None:
     assert rows[0]["capacity_bytes"] <= 20000 * model_preset("gemma-2-9b").all_global().kv_bytes_per_token()
     p = subprocess.run(run + ["--sweep"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("pykvpool: error: --model takes") and "Traceback" not in p.stderr
+
+
+def test_policy_reaches_the_pool_and_the_cli(tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": r.timestamp_ms, "input_length": r.input_length,
+                                         "output_length": 1, "hash_ids": list(r.hash_ids)}) + "\n"
+                             for r in _trace()))
+    model = model_preset("gemma-2-9b")
+    cap = 20000 * model.all_global().kv_bytes_per_token()
+    default = replay_groups(_trace(), model, cap, 16)
+    assert default.policy == "lru" and replay_groups(_trace(), model, cap, 16, "lru") == default
+    fifo = replay_groups(_trace(), model, cap, 16, "fifo")
+    assert fifo.policy == "fifo" and fifo.query_tokens == default.query_tokens
+    with pytest.raises(InvalidArgumentError, match="soft pins"):
+        replay_groups(_trace(), model, cap, 16, "priority")
+    run = [sys.executable, "-m", "pykvpool.cli", "replay", "--trace", str(trace), "--model", "gemma-2-9b",
+           "--capacities", "20000", "--policy", "lfu", "--json", str(tmp_path / "r.json")]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [r["policy"] for r in json.loads((tmp_path / "r.json").read_text())] == ["lfu", "lfu"]
+    assert "| lfu |" in p.stdout
