@@ -32,7 +32,8 @@ use crate::error::{filled, KvError, Result};
 use crate::invalid;
 use crate::pool::allocator::BlockAllocator;
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
-use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
+use super::idle::IdleQueue;
+use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, Recency};
 use crate::types::BlockId;
 
 /// What a cached block is cached as.
@@ -50,7 +51,7 @@ pub struct GroupCache {
     /// What the policy reads of each cached block (stale for a block not cached).
     rec: Vec<Recency>,
     /// Idle blocks, ordered by the policy (smallest key evicted first).
-    queue: EvictionQueue,
+    queue: IdleQueue,
     queued: Vec<bool>,
     policy: EvictionPolicy,
     /// Use counter: the logical time of the last store, hit or release.
@@ -106,7 +107,7 @@ impl GroupCache {
             map: FxHashMap::default(),
             entry: filled(None, num_blocks, "prefix cache index")?,
             rec: filled(Recency::default(), num_blocks, "prefix cache eviction state")?,
-            queue: EvictionQueue::default(),
+            queue: IdleQueue::new(num_blocks, policy)?,
             queued: filled(false, num_blocks, "prefix cache eviction state")?,
             policy,
             touch: 0,
@@ -228,7 +229,7 @@ impl GroupCache {
     pub fn on_idle(&mut self, b: BlockId) {
         debug_assert!(self.is_cached(b) && !self.queued[b.index()]);
         self.rec[b.index()].last_touch = self.next_touch();
-        self.queue.insert(self.evict_key(b));
+        self.queue.push(b, self.evict_key(b));
         self.queued[b.index()] = true;
         self.idle += 1;
     }
@@ -237,7 +238,7 @@ impl GroupCache {
     /// queue. The hit itself is counted by [`Self::hit`].
     pub fn revive(&mut self, b: BlockId) {
         debug_assert!(self.queued[b.index()]);
-        let found = self.queue.remove(&self.evict_key(b));
+        let found = self.queue.remove(b, self.evict_key(b));
         debug_assert!(found, "queued {b} not found under its key");
         self.queued[b.index()] = false;
         self.idle -= 1;
@@ -307,7 +308,7 @@ impl GroupCache {
             if self.queued[i] != (e.is_some() && rc == 0) {
                 return bad(format!("{b}: cached {}, refcount {rc}, idle {}", e.is_some(), self.queued[i]));
             }
-            if self.queued[i] && !self.queue.contains(&self.evict_key(b)) {
+            if self.queued[i] && !self.queue.contains(b, self.evict_key(b)) {
                 return bad(format!("idle {b} is not queued under its key"));
             }
         }

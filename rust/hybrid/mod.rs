@@ -7,8 +7,9 @@
 //! (those blocks count as available for the same growth); a block belongs to one group.
 //!
 //! Files: the leaves ([`spec`] the attention kinds, [`table`] one (sequence, group) table,
-//! [`cache`] the prefix-cache index), this file (`HybridPool`, its block accounting, fork,
-//! truncate, free), and the `impl HybridPool` files that read it and are never read by it:
+//! [`cache`] the prefix-cache index, `idle` its idle blocks in eviction order), this file
+//! (`HybridPool`, its block accounting, fork, truncate, free), and the `impl HybridPool`
+//! files that read it and are never read by it:
 //! `step` (admission and growth: release, plan, check, apply; the one-pass decode),
 //! `exports` (tables, FlashInfer's layout, stored ranges, statistics) and `check`
 //! (invariants).
@@ -30,6 +31,7 @@ use table::{GroupTable, GroupTables};
 pub mod cache;
 mod check;
 mod exports;
+mod idle;
 pub mod prefix;
 pub mod spec;
 mod step;
