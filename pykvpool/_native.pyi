@@ -1309,6 +1309,17 @@ class HybridPool:
         Raises:
             InvalidArgumentError: caching off.
         """
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block of every group: idle ones become free (in eviction order),
+        live ones stay with their sequences, uncached, so no later admission hits what was
+        cached before. Not counted as evictions.
+
+        Returns:
+            The number of blocks that were cached.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
 
 @final
 class HybridCacheStats:

@@ -267,6 +267,21 @@ impl GroupCache {
         Some(b)
     }
 
+    /// Forget every cached block: idle ones go to `alloc`'s free list in eviction order,
+    /// live ones stay with their holders, uncached. Not evictions; returns the blocks that
+    /// were cached.
+    pub fn reset(&mut self, alloc: &mut BlockAllocator) -> usize {
+        let n = self.map.len();
+        while let Some(b) = self.queue.pop() {
+            self.queued[b.index()] = false;
+            alloc.push_free(b);
+        }
+        self.idle = 0;
+        self.map.clear();
+        self.entry.iter_mut().for_each(|e| *e = None);
+        n
+    }
+
     /// Idle blocks in eviction order (the policy's first victim first).
     pub fn idle_blocks(&self) -> Vec<BlockId> {
         let mut v: Vec<(EvictKey, BlockId)> = (0..self.queued.len() as u32)

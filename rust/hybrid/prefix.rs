@@ -141,6 +141,14 @@ impl HybridPool {
     }
 
     /// The cache's counters (None without prefix caching).
+    /// Forget every cached block of every group ([`GroupCache::reset`]): idle ones become
+    /// free, live ones stay with their sequences, uncached; a later admission finds nothing.
+    /// Returns the blocks that were cached; `InvalidArgument` without prefix caching.
+    pub fn reset_prefix_cache(&mut self) -> Result<usize> {
+        let c = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))?;
+        Ok(c.reset(&mut self.alloc))
+    }
+
     pub fn cache_stats(&self) -> Option<HybridCacheStats> {
         self.cache.as_deref().map(|c| c.stats(self.groups.len()))
     }

@@ -429,6 +429,27 @@ def test_eviction_policy_decides_which_idle_block_goes(policy: str | None, survi
     pool.check_invariants()
 
 
+def test_reset_prefix_cache_forgets_every_group_and_keeps_live_sequences() -> None:
+    pool = kv.HybridPool(64, 4, gemma(window=8), prefix_caching=True)
+    tokens = list(range(40))
+    pool.add_sequence_tokens(1, tokens)
+    pool.add_sequence_tokens(2, tokens[:20] + [99] * 4)
+    pool.free(2)
+    before = pool.cache_stats()
+    assert before.idle_blocks > 0 and before.cached_blocks > before.idle_blocks
+    free, table = pool.num_free_blocks, pool.block_table(1, 0).tolist()
+    assert pool.reset_prefix_cache() == before.cached_blocks
+    after = pool.cache_stats()
+    assert (after.cached_blocks, after.idle_blocks, after.evictions) == (0, 0, before.evictions)
+    assert pool.num_free_blocks == free  # idle blocks counted as free before, free now
+    assert pool.block_table(1, 0).tolist() == table and pool.cached_prefix_len(tokens) == 0
+    cached, _ = pool.add_sequence_tokens(3, tokens)
+    assert cached == 0
+    pool.check_invariants()
+    with pytest.raises(kv.InvalidArgumentError):
+        kv.HybridPool(8, 4, [FULL]).reset_prefix_cache()
+
+
 def test_eviction_needs_prefix_caching_and_priority_needs_pins() -> None:
     with pytest.raises(kv.InvalidArgumentError, match="eviction needs prefix_caching=True"):
         kv.HybridPool(8, 4, [FULL], eviction="lru")

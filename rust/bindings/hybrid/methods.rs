@@ -699,4 +699,17 @@ impl PyHybridPool {
             None => Err(invalid(py, "cache_stats: this pool was built without prefix_caching=True")),
         }
     }
+
+    /// Forget every cached block of every group: idle ones become free (in eviction order),
+    /// live ones stay with their sequences, uncached, so no later admission hits what was
+    /// cached before. Not counted as evictions.
+    ///
+    /// Returns:
+    ///     The number of blocks that were cached.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
+        self.detached(py, |p| p.reset_prefix_cache()).py_err(py)
+    }
 }

@@ -370,6 +370,17 @@ impl Model {
         Ok(())
     }
 
+    /// Forget every cached block: idle ones become free, live ones uncached. Returns the
+    /// blocks that were cached.
+    pub fn reset(&mut self) -> usize {
+        let n = self.index.len();
+        self.free += self.idle.len();
+        self.idle.clear();
+        self.index.clear();
+        self.blocks.iter_mut().for_each(|b| b.key = None);
+        n
+    }
+
     pub fn free_seq(&mut self, seq: u64) -> Result<(), Err> {
         let e = self.seqs.remove(&seq).ok_or(Err::Unknown)?;
         // Logical block by logical block, tail first; within a block, group by group.

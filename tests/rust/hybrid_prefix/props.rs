@@ -1,10 +1,11 @@
 //! The property test: random programs (admissions of prompts sharing prefixes, re-admissions,
-//! batched steps and decode steps, appends by token ids, forks, truncations, frees) on a
-//! small pool under pressure, with several group mixes. After every operation the pool
-//! agrees with [`super::model::Model`]: the call's result (cached tokens, or the kind of
-//! refusal), the free + idle count, every sequence's length, frontier and per-group table
-//! (stored or hole; refcount and (group, key) of every stored block), the cached keys, the
-//! idle blocks in the policy's eviction order (LRU, FIFO, LFU), the statistics, `cached_prefix_len` of every prompt seen; and
+//! batched steps and decode steps, appends by token ids, forks, truncations, frees, resets
+//! of the cache) on a small pool under pressure, with several group mixes and every
+//! eviction policy. After every operation the pool agrees with [`super::model::Model`]: the
+//! call's result (cached tokens, or the kind of refusal), the free + idle count, every
+//! sequence's length, frontier and per-group table (stored or hole; refcount and (group,
+//! key) of every stored block), the cached keys, the idle blocks in the policy's eviction
+//! order (LRU, FIFO, LFU), the statistics, `cached_prefix_len` of every prompt seen; and
 //! `check_invariants` and `check_cache` pass.
 
 use proptest::prelude::*;
@@ -23,6 +24,7 @@ enum Op {
     Fork { pick: usize },
     Truncate { pick: usize, n: usize },
     Free { pick: usize },
+    Reset,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Fork { pick }),
         1 => (any::<usize>(), 0usize..7).prop_map(|(pick, n)| Op::Truncate { pick, n }),
         2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => Just(Op::Reset),
     ]
 }
 
@@ -140,6 +143,7 @@ impl Run {
                 let got = self.pool.free(SeqId(id)).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.free_seq(id));
             }
+            Op::Reset => assert_eq!(self.pool.reset_prefix_cache().unwrap(), self.model.reset(), "reset"),
         }
     }
 
