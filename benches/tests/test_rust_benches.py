@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import missing
 from benches.rust_benches import main, parse_divan, parse_hybrid_step, rate, seconds
 
 # Captured from `cargo bench --locked --bench prefix_admit -- --sample-count 3`.
@@ -143,10 +144,11 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
     assert e.value.code == 2
 
 
-@pytest.mark.skipif(shutil.which("cargo") is None, reason="cargo is not installed")
 def test_prefix_admit_end_to_end(tmp_path: Path) -> None:
     """The smallest divan bench (a second or so once built) in a child process; the bound
     leaves room for cargo to rebuild the bench first."""
+    if shutil.which("cargo") is None:
+        missing("cargo is not installed")
     out = tmp_path / "prefix_admit.json"
     script = Path(__file__).resolve().parents[1] / "rust_benches.py"
     cmd = [sys.executable, str(script), "prefix_admit", "--out", str(out), "--", "--sample-count", "3"]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -45,9 +46,9 @@ def test_readme_has_python_blocks() -> None:
 
 @pytest.mark.parametrize(("line", "code"), BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
 def test_readme_python_block_runs(line: int, code: str, tmp_path: Path) -> None:
-    missing = _missing_optional(code)
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+    absent = _missing_optional(code)
+    if absent:
+        missing(f"needs {', '.join(absent)}")
     env = dict(os.environ)
     env.setdefault("PYKVPOOL_NUM_THREADS", "2")
     env["MPLBACKEND"] = "Agg"

@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 
 from figcheck import PNG_MAGIC
+from needs import missing
 from pykvpool import InvalidArgumentError
 from pykvpool.report import html as report_html
 from pykvpool.report.html import write_html
@@ -165,10 +166,9 @@ def _chromium() -> str:
         pytest.skip("!!! PYKVPOOL_SKIP_BROWSER=1: report.html was NOT checked in a browser !!!")
     path = shutil.which("chromium")
     if path is None:
-        how = "install Debian's chromium: sudo apt-get install chromium"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"chromium not found on CI ({how}, or set PYKVPOOL_SKIP_BROWSER=1)")
-        pytest.skip(f"chromium not found; {how}")
+        missing("chromium not found; install Debian's chromium: sudo apt-get install chromium "
+                "(or set PYKVPOOL_SKIP_BROWSER=1)")
+    assert path is not None
     return path
 
 
