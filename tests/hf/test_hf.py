@@ -5,7 +5,6 @@ tokens and logits of DynamicCache + sdpa (eager for Gemma-2, which has no sdpa).
 from __future__ import annotations
 
 import os
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -16,39 +15,11 @@ transformers = pytest.importorskip("transformers")
 
 import pykvpool  # noqa: E402
 import pykvpool.hf as phf  # noqa: E402
+from tiny import MODELS, build  # noqa: E402
 
-SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=None)
-#: model type -> config overrides; windows of 8 tokens so that prompts + 64 tokens leave them.
-MODELS = {
-    "llama": dict(num_hidden_layers=2),
-    "qwen2": dict(num_hidden_layers=2),
-    "mistral": dict(num_hidden_layers=2, sliding_window=8),
-    "gemma2": dict(num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=16),
-    "qwen3": dict(num_hidden_layers=2),
-    "gemma3_text": dict(num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16),
-}
 PROMPT_LENS = (5, 11, 3, 17)
 #: The reference attention: sdpa, or eager where transformers has no sdpa (Gemma-2's soft cap).
 REFERENCE = {"gemma2": "eager"}
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """torch's OpenMP threads spin beside pykvpool's on a shared machine (this file once took
-    14 minutes on a loaded one at torch's default threads): one thread keeps the tiny models
-    fast; results do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def build(model_type: str, impl: str) -> torch.nn.Module:
-    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **MODELS[model_type]})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
-    return model.eval()
 
 
 def batch(lens: tuple[int, ...] = PROMPT_LENS) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,37 +18,13 @@ transformers = pytest.importorskip("transformers")
 
 import pykvpool  # noqa: E402
 import pykvpool.hf as phf  # noqa: E402
+from tiny import build  # noqa: E402
 
-SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=None)
-#: Windows of 8 tokens, so that the longer prompts and every generation leave them.
-MODELS = {
-    "llama": dict(num_hidden_layers=2),
-    "qwen3": dict(num_hidden_layers=2),
-    "mistral": dict(num_hidden_layers=2, sliding_window=8),
-    "gemma3_text": dict(num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16),
-}
-#: Models tested in fewer configurations (Gemma-2: soft-capped attention logits, no sdpa).
-OTHERS = {"gemma2": dict(num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=16)}
+#: The models served in every configuration (Gemma-2, soft-capped logits and no sdpa, in fewer).
+MODELS = ("gemma3_text", "llama", "mistral", "qwen3")
+
 PROMPT_LENS = (5, 11, 3, 17, 30, 2, 9, 14, 21)
 NEW = 24
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """torch's OpenMP threads spin beside pykvpool's on a shared machine: one thread keeps the
-    tiny models fast (results do not depend on it)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def build(model_type: str, impl: str, dtype: Any = None) -> Any:
-    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **{**MODELS, **OTHERS}[model_type]})
-    torch.manual_seed(0)
-    extra = {} if dtype is None else {"dtype": dtype}
-    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, **extra).eval()
 
 
 def prompts(lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:

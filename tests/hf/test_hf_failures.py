@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import pykvpool  # noqa: E402
 import pykvpool.hf as phf  # noqa: E402
-from test_hf import _one_torch_thread, build  # noqa: E402, F401  (the fixture applies here too)
+from tiny import build  # noqa: E402
 
 #: Full attention (Llama, Qwen2), one window group (Mistral), windows beside full layers (Gemma-2).
 ARCHS = ["llama", "mistral", "gemma2", "qwen2"]

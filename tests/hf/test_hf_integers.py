@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 import pykvpool  # noqa: E402
 import pykvpool.hf as phf  # noqa: E402
 from pykvpool.checks import check_count, check_int, integer_value  # noqa: E402
-from test_hf import _one_torch_thread, build  # noqa: E402, F401  (the fixture applies here too)
+from tiny import build  # noqa: E402
 
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9, 10]]
 #: The same integer as int, numpy scalars, 0-d numpy array and 0-d tensors.

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import pykvpool.hf as phf  # noqa: E402
-from test_hf_continuous import _one_torch_thread, build, prompts, reference_generate  # noqa: E402, F401
+from test_hf_continuous import prompts, reference_generate  # noqa: E402
+from tiny import build  # noqa: E402
 
 #: benches/hf_preemption.py's workload at a quarter of its scale: blocks of 4 (16 there),
 #: chunks of 16 (64), prompts of a quarter of its lengths, in the same order.
