@@ -52,7 +52,6 @@ __all__ = [
     "EVENT_STORED",
     "EVICTION_POLICIES",
     "FullAttention",
-    "HybridCacheStats",
     "HybridPool",
     "HybridPoolStats",
     "InvalidArgumentError",
@@ -690,7 +689,7 @@ class BlockPool:
             ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
             ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a keyed
             prompt's partly filled last block, 0 for a clear), ``clock`` uint64 (logical
-            time).
+            time), ``group`` uint32 (the block's layer group: 0 in this pool).
 
         Raises:
             InvalidArgumentError: caching off.
@@ -889,22 +888,35 @@ class HybridPool:
         groups: the attention kind of each layer group, in group order: 1 to 64
             :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
             objects.
-        prefix_caching: cache full blocks by content, per group (default False).
+        prefix_caching: cache full blocks by content, per group (default False), in the
+            same prefix cache as :class:`BlockPool`'s: a full group's blocks form chains, a
+            windowed group's blocks are verified one by one; the other keyword options
+            configure that cache and need it.
         eviction: which idle cached block an allocation reclaims once no never-cached block
-            is free (needs ``prefix_caching=True``): ``"lru"`` (default) the least recently
-            used, ``"fifo"`` the earliest stored, ``"lfu"`` the least often hit, then the
+            is free: ``"lru"`` (default) the least recently used, ``"fifo"`` the earliest
+            stored, ``"lfu"`` the least often hit, then the least recently used,
+            ``"priority"`` the lowest soft-pin priority (see :meth:`pin_prefix`), then the
             least recently used. A block is used when it is stored, taken by a hit and
             released by its last holder; the blocks one growth's window releases are
             released in logical order, so the earlier one counts as used first (its last
-            query came first). ``"priority"`` orders by soft pins, which this pool does not
-            have, and is refused.
+            query came first). A full group's blocks go tail first (only leaves of its
+            chains); any idle windowed block may go.
+        verify_tokens: as for :class:`BlockPool` (default True): a windowed group's block is
+            compared on its own token ids, a full group's on its chain's.
+        record_events: as for :class:`BlockPool` (default False); each event names its
+            group.
+        hash_bits: as for :class:`BlockPool` (default 128).
+        max_events: as for :class:`BlockPool` (default 100,000; needs
+            ``record_events=True``).
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
-            ``1..=65536``, no group or more than 64; an unknown eviction policy,
-            ``"priority"``, or ``eviction`` without ``prefix_caching=True``.
+            ``1..=65536``, no group or more than 64; an unknown eviction policy;
+            ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
+            without ``record_events=True``; cache options given without
+            ``prefix_caching=True``.
         TypeError: ``groups`` is not a sequence of attention kinds, ``prefix_caching``
-            not a bool, or ``eviction`` not a str.
+            or a flag not a bool, or ``eviction`` not a str.
     """
 
     def __new__(
@@ -915,6 +927,10 @@ class HybridPool:
         *,
         prefix_caching: bool = False,
         eviction: str | None = None,
+        verify_tokens: bool | None = None,
+        record_events: bool | None = None,
+        hash_bits: int | None = None,
+        max_events: int | None = None,
     ) -> HybridPool: ...
     @property
     def num_blocks(self) -> int:
@@ -1300,68 +1316,109 @@ class HybridPool:
             InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
                 ``0..2**63``, or caching off.
         """
-    def cache_stats(self) -> HybridCacheStats:
-        """Hit metrics and occupancy of the prefix cache, totals and per group.
+    def cache_stats(self) -> CacheStats:
+        """Hit metrics and occupancy of the prefix cache, totals and per group
+        (:attr:`CacheStats.group_hit_blocks`).
 
         Returns:
-            A :class:`HybridCacheStats` snapshot.
+            A :class:`CacheStats` snapshot.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
+    def pin_prefix(
+        self,
+        token_ids: _IntArrayLike,
+        extra_key: int | None = None,
+        *,
+        priority: int | None = None,
+        expires_at: int | None = None,
+    ) -> int:
+        """Pin what an admission of ``token_ids`` (followed by more tokens) would reuse: every
+        full group's cached chain and each windowed group's sink and window blocks before the
+        prefix's last full block ends, until :meth:`unpin` or until the logical clock reaches
+        ``expires_at``.
+
+        Without ``priority`` the pin is hard: the blocks are never evicted. With a ``priority``
+        the pin is soft: under ``eviction="priority"`` idle blocks with a lower priority go
+        first.
+
+        Args:
+            token_ids: the prefix's token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+            priority: ``0..2**32`` for a soft pin; None (default) for a hard pin.
+            expires_at: the logical time (see :meth:`set_clock`) at which the pin lapses; None
+                (default) for never.
+
+        Returns:
+            The pin id.
+
+        Raises:
+            InvalidArgumentError: the prefix has no full block, or a group lacks a block the
+                hit needs; ``expires_at`` is not after the current clock; a value out of
+                range; caching off.
+        """
+    def pin_block_keys(
+        self,
+        block_keys: _IntArrayLike,
+        *,
+        priority: int | None = None,
+        expires_at: int | None = None,
+    ) -> int:
+        """:meth:`pin_prefix` for a prefix given as block keys, one per full block.
+
+        Args:
+            block_keys: as for :meth:`add_sequence_block_keys`, one key per full block.
+            priority: as for :meth:`pin_prefix`.
+            expires_at: as for :meth:`pin_prefix`.
+
+        Returns:
+            The pin id.
+
+        Raises:
+            InvalidArgumentError: no key, a group lacks a block the hit needs, a wrong key
+                width or a negative key; ``expires_at`` is not after the current clock;
+                caching off.
+        """
+    def unpin(self, pin_id: int) -> None:
+        """Release a pin; its blocks become evictable again once no other pin holds them.
+
+        Raises:
+            InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
+        """
+    def set_clock(self, t: int) -> None:
+        """Drive the logical clock from the caller's step counter from now on (by default it counts
+        completed admissions, steps, appends, forks, truncations, frees and
+        :meth:`mark_computed` calls). Pins whose ``expires_at`` is reached are released.
+
+        Args:
+            t: the new time, ``0..2**63``, not before the current one.
+
+        Raises:
+            InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
+        """
+    def drain_events(self) -> dict[str, npt.NDArray[Any]]:
+        """Take the queued cache events (``record_events=True``; none otherwise), oldest first,
+        as :meth:`BlockPool.drain_events`; ``group`` (uint32) names each block's layer group.
+
+        Returns:
+            A dict of arrays of equal length ``n``: ``kind``, ``block``, ``key``,
+            ``parent_key``, ``has_parent``, ``tokens``, ``clock`` as for
+            :meth:`BlockPool.drain_events`, and ``group`` uint32 (0 for a clear).
 
         Raises:
             InvalidArgumentError: caching off.
         """
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block of every group: idle ones become free (in eviction order),
-        live ones stay with their sequences, uncached, so no later admission hits what was
-        cached before. Not counted as evictions.
+        """Forget every cached block of every group: idle ones become free, live ones stay with
+        their sequences, uncached, so no later admission hits what was cached before. Not
+        counted as evictions.
 
         Returns:
             The number of blocks that were cached.
 
         Raises:
-            InvalidArgumentError: caching off.
-        """
-
-@final
-class HybridCacheStats:
-    """Prefix-cache metrics of a :class:`HybridPool`, taken by :meth:`HybridPool.cache_stats`.
-
-    Counts are in admissions, tokens and blocks: totals, and per-group lists with one entry
-    per group in group order.
-    """
-
-    @property
-    def queries(self) -> int:
-        """Admissions that looked the cache up."""
-    @property
-    def query_tokens(self) -> int:
-        """Prompt tokens admitted."""
-    @property
-    def hit_tokens(self) -> int:
-        """Prompt tokens returned as cached (after the last-token rule)."""
-    @property
-    def stored_blocks(self) -> int:
-        """Blocks registered in the cache so far, all groups."""
-    @property
-    def evictions(self) -> int:
-        """Idle cached blocks reclaimed by allocations so far."""
-    @property
-    def cached_blocks(self) -> int:
-        """Blocks in the cache now (held or idle), all groups."""
-    @property
-    def idle_blocks(self) -> int:
-        """Cached blocks no sequence holds (evictable)."""
-    @property
-    def group_hit_blocks(self) -> list[int]:
-        """Per group: cached blocks that admissions took (blocks)."""
-    @property
-    def hit_rate(self) -> float:
-        """``hit_tokens / query_tokens`` (0.0 before any query)."""
-    def as_dict(self) -> dict[str, int | float | list[int]]:
-        """All fields as a dict.
-
-        Returns:
-            ``{name: value}`` for every property of this class: ints, ``hit_rate`` a
-            float, ``group_hit_blocks`` a list of ints.
+            InvalidArgumentError: pins are held, or caching off.
         """
 
 @final
@@ -2445,13 +2502,19 @@ EVICTION_POLICIES: Final[tuple[str, ...]]
 
 @final
 class CacheStats:
-    """Prefix-cache metrics of a :class:`BlockPool`, taken by :meth:`BlockPool.cache_stats`
+    """Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats` or :meth:`HybridPool.cache_stats`
     (hits count successful admissions). Counts are in blocks, tokens and admissions.
     """
 
     @property
     def policy(self) -> str:
         """Eviction policy name."""
+    @property
+    def group_hit_blocks(self) -> list[int]:
+        """Per layer group, in group order (one entry for a pool without groups): blocks
+        the admissions took from the cache in that group (a windowed group takes only
+        its sinks and window).
+        """
     @property
     def queries(self) -> int:
         """Admissions that looked the cache up."""

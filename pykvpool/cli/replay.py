@@ -91,15 +91,17 @@ def _groups_table(pairs: Sequence[tuple[GroupReplayResult, GroupReplayResult]]) 
 
 def _main_groups(args: argparse.Namespace, trace: Sequence[Any]) -> int:
     """``replay --model``: the model's hybrid layout against all-global layers."""
-    if args.sweep or args.capacity is not None or args.retain_hits_for is not None or args.block_sizes:
-        raise InvalidArgumentError("--model takes --capacities (whole-model tokens) and --block-size only")
-    if args.policy in ("all", "priority"):
-        raise InvalidArgumentError(f"--model replays one eviction policy of lru, fifo, lfu, got {args.policy}")
+    if args.sweep or args.capacity is not None or args.block_sizes:
+        raise InvalidArgumentError("--model takes --capacities (whole-model tokens), --block-size, --policy and "
+                                   "--retain-hits-for only")
+    if args.policy == "all":
+        raise InvalidArgumentError("--model replays one eviction policy, got all")
     model = model_preset(args.model)
     per_token = model.all_global().kv_bytes_per_token()
     tokens = args.capacities or [1_000_000, 3_000_000]
-    pairs = compare_layouts(trace, model, [t * per_token for t in tokens], args.block_size or 16,
-                            args.policy or "lru")
+    policy = args.policy or "lru"
+    pairs = compare_layouts(trace, model, [t * per_token for t in tokens], args.block_size or 16, policy,
+                            args.retain_hits_for)
     table = _groups_table(pairs)
     print(f"{len(trace)} requests; {model.name} (windows) vs every layer global, equal bytes")
     print(table)
@@ -124,8 +126,7 @@ def main_replay(args: argparse.Namespace) -> int:
         InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
             below the trace's largest request or above the pool's limit (2**30 blocks); a
             block size (tokens) that is not a multiple of 512 (with ``--model``: neither a
-            divisor nor a multiple); ``--model`` with a sweep option, or with ``--policy all``
-            or ``priority``. (A sweep skips the
+            divisor nor a multiple); ``--model`` with a sweep option or ``--policy all``. (A sweep skips the
             capacities below the largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).

@@ -87,7 +87,8 @@ def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64
 
 
 def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_bytes: int,
-                  block_size: int = 16, policy: str = "lru") -> GroupReplayResult:
+                  block_size: int = 16, policy: str = "lru",
+                  retain_hits_for: int | None = None) -> GroupReplayResult:
     """Replay ``trace`` through a prefix-caching :class:`~pykvpool.HybridPool` with
     ``model``'s groups (:func:`pool_layout`) and as many blocks as ``capacity_bytes`` holds.
 
@@ -97,25 +98,38 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
         capacity_bytes: KV bytes of the pool (the blocks are ``capacity_bytes //
             block_bytes``).
         block_size: tokens per block, dividing 512 or a multiple of it.
-        policy: the pool's eviction policy: ``"lru"``, ``"fifo"`` or ``"lfu"``
-            (:class:`~pykvpool.HybridPool`).
+        policy: the pool's eviction policy, a name of :data:`pykvpool.EVICTION_POLICIES`
+            (:class:`~pykvpool.HybridPool`); without pins ``"priority"`` orders like
+            ``"lru"``.
+        retain_hits_for: with ``policy="priority"``, soft-pin what each admission reused
+            (every group's blocks of its hit) with priority 1 for that many operations of
+            the pool's clock (each request is two: admit and free), as
+            :func:`pykvpool.prefix.replay.replay` does.
 
     Returns:
         A :class:`GroupReplayResult`.
 
     Raises:
         InvalidArgumentError: a bad block size, a capacity below one block, a request
-            larger than the pool, or a policy a pool with layer groups does not have.
+            larger than the pool, an unknown policy, or ``retain_hits_for`` without the
+            priority policy or below 1.
     """
+    if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
+        raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
     layout = pool_layout(model, block_size=block_size)
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
         raise InvalidArgumentError(f"capacity_bytes must be a positive int, got {capacity_bytes!r}")
     num_blocks = capacity_bytes // layout.block_bytes
     if num_blocks < 1:
         raise InvalidArgumentError(f"capacity_bytes: {capacity_bytes} B holds no block of {layout.block_bytes} B")
-    pool = HybridPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy)
+    pool = HybridPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy,
+                      verify_tokens=False)
     for i, req in enumerate(trace):
-        pool.add_sequence_block_keys(i, pool_block_keys(req, block_size), req.input_length)
+        keys = pool_block_keys(req, block_size)
+        cached, _ = pool.add_sequence_block_keys(i, keys, req.input_length)
+        if retain_hits_for is not None and cached >= block_size:
+            now = pool.cache_stats().clock
+            pool.pin_block_keys(keys[: cached // block_size], priority=1, expires_at=now + retain_hits_for)
         pool.free(i)
     s = pool.cache_stats()
     return GroupReplayResult(model.name, layout.describe(), policy, block_size, num_blocks,
@@ -124,13 +138,14 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
 
 
 def compare_layouts(trace: Sequence[TraceRequest], model: ModelConfig, capacities_bytes: Sequence[int],
-                    block_size: int = 16, policy: str = "lru") -> list[tuple[GroupReplayResult, GroupReplayResult]]:
+                    block_size: int = 16, policy: str = "lru",
+                    retain_hits_for: int | None = None) -> list[tuple[GroupReplayResult, GroupReplayResult]]:
     """``(model, model with every layer global)`` replays at each capacity, equal bytes.
 
     Raises:
         InvalidArgumentError: as :func:`replay_groups`.
     """
     everything_global = model.all_global()
-    return [(replay_groups(trace, model, c, block_size, policy),
-             replay_groups(trace, everything_global, c, block_size, policy))
+    return [(replay_groups(trace, model, c, block_size, policy, retain_hits_for),
+             replay_groups(trace, everything_global, c, block_size, policy, retain_hits_for))
             for c in capacities_bytes]

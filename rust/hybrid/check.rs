@@ -48,7 +48,7 @@ impl HybridPool {
                         return Err(at(format!("{b} is also held by group {}", owner[b.index()])));
                     }
                     owner[b.index()] = g as u32;
-                    if let Some((cg, _)) = self.cache.as_ref().and_then(|c| c.key_of(b)) {
+                    if let Some(cg) = self.cache.as_ref().and_then(|c| c.group_of(b)) {
                         if cg != g {
                             return Err(at(format!("{b} is cached in group {cg}")));
                         }
@@ -107,21 +107,17 @@ impl HybridPool {
         }
         let idle = match &self.cache {
             Some(c) => {
-                let idle = c.idle_blocks();
-                for &b in &idle {
-                    if state[b.index()] != 0 || refs[b.index()] != 0 || !c.is_cached(b) {
-                        return Err(broken(format!("idle {b} is free, held or not cached")));
+                let mut idle = 0;
+                for b in (0..n as u32).map(BlockId).filter(|&b| c.is_cached(b) && refs[b.index()] == 0) {
+                    if state[b.index()] != 0 {
+                        return Err(broken(format!("idle {b} is on the free list")));
                     }
-                    state[b.index()] = 2;
+                    idle += 1;
                 }
-                if idle.len() != c.idle_count() {
-                    return Err(broken(format!("{} idle blocks listed, {} counted", idle.len(), c.idle_count())));
+                if idle != c.idle_count() {
+                    return Err(broken(format!("{idle} cached blocks are held by no sequence, {} counted idle", c.idle_count())));
                 }
-                let lost = (0..n as u32).map(BlockId).find(|&b| c.is_cached(b) && refs[b.index()] == 0 && state[b.index()] != 2);
-                if let Some(b) = lost {
-                    return Err(broken(format!("cached {b} is held by no sequence and not idle")));
-                }
-                idle.len()
+                idle
             }
             None => 0,
         };

@@ -6,11 +6,12 @@
 //! growth a windowed group releases the blocks no query of that growth or a later one needs
 //! (those blocks count as available for the same growth); a block belongs to one group.
 //!
-//! Files: the leaves ([`spec`] the attention kinds, [`table`] one (sequence, group) table,
-//! [`cache`] the prefix-cache index, `idle` its idle blocks in eviction order), this file
+//! Files: the leaves ([`spec`] the attention kinds, [`table`] one (sequence, group) table),
+//! this file
 //! (`HybridPool`, its block accounting, fork, truncate, free), and the `impl HybridPool`
 //! files that read it and are never read by it:
 //! `step` (admission and growth: release, plan, check, apply; the one-pass decode),
+//! [`prefix`] (prefix caching on the groups, on the one [`PrefixCache`]),
 //! `exports` (tables, FlashInfer's layout, stored ranges, statistics) and `check`
 //! (invariants).
 //!
@@ -24,14 +25,12 @@ use crate::pool::seq_map::SeqMap;
 use crate::pool::block_table;
 use crate::pool::MAX_BLOCK_SIZE;
 use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::PrefixCache;
 use crate::types::{BlockId, SeqId};
-use cache::GroupCache;
 use table::{GroupTable, GroupTables};
 
-pub mod cache;
 mod check;
 mod exports;
-mod idle;
 pub mod prefix;
 pub mod spec;
 mod step;
@@ -134,7 +133,7 @@ pub struct HybridPool {
     pub(crate) block_size: usize,
     pub(crate) seqs: SeqMap<HybridEntry>,
     /// Prefix caching (`rust/hybrid/prefix.rs`), when enabled.
-    pub(crate) cache: Option<Box<GroupCache>>,
+    pub(crate) cache: Option<Box<PrefixCache>>,
     pub(crate) cow_copies: u64,
     pub(crate) batch_mark: u64,
     /// Scratch of a step: the slot of each batch entry.
@@ -203,16 +202,32 @@ impl HybridPool {
         self.alloc.num_blocks()
     }
 
-    /// Blocks an allocation can take now: free plus idle cached (evictable) blocks.
+    /// Blocks an allocation can take now: free plus idle cached blocks that may be evicted
+    /// (not hard-pinned).
     #[inline]
     pub fn num_free_blocks(&self) -> usize {
-        self.alloc.num_free() + self.cache.as_ref().map_or(0, |c| c.idle_count())
+        self.alloc.num_free() + self.cache.as_ref().map_or(0, |c| c.evictable_count())
     }
 
-    /// Blocks held by at least one sequence.
+    /// Blocks held by at least one sequence (idle cached blocks are not used).
     #[inline]
     pub fn num_used_blocks(&self) -> usize {
-        self.num_blocks() - self.num_free_blocks()
+        self.num_blocks() - self.alloc.num_free() - self.cache.as_ref().map_or(0, |c| c.idle_count())
+    }
+
+    /// Close a successful mutating call: the cache's clock advances (unless the caller
+    /// drives it), lapsed pins go, evicted keys leave the index.
+    #[inline]
+    pub(crate) fn end_op(&mut self) {
+        if let Some(c) = self.cache.as_mut() {
+            c.end_op();
+        }
+    }
+
+    /// Whether cached block `b` is hard-pinned (idle, it stays unavailable).
+    #[inline]
+    pub(crate) fn is_hard_pinned(&self, b: BlockId) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.is_hard_pinned(b))
     }
 
     #[inline]
@@ -308,13 +323,11 @@ impl HybridPool {
 
     #[cold]
     fn evict_block(&mut self) -> Result<BlockId> {
-        let b = self
-            .cache
+        // The cache hands the victim over with refcount 1.
+        self.cache
             .as_mut()
-            .and_then(|c| c.evict())
-            .ok_or_else(|| KvError::Invariant("allocation after a successful capacity check failed".into()))?;
-        self.alloc.revive(b);
-        Ok(b)
+            .and_then(|c| c.evict(&mut self.alloc))
+            .ok_or_else(|| KvError::Invariant("allocation after a successful capacity check failed".into()))
     }
 
     /// Drop one reference; at zero a cached block goes idle (evictable), any other block
@@ -350,6 +363,7 @@ impl HybridPool {
             }
         }
         self.seqs.insert(child, entry);
+        self.end_op();
         Ok(())
     }
 
@@ -385,6 +399,7 @@ impl HybridPool {
             }
         }
         self.seqs.insert(seq, e);
+        self.end_op();
         Ok(())
     }
 
@@ -408,6 +423,7 @@ impl HybridPool {
                 t.truncate(keep, |b| self.release_block(b));
             }
         }
+        self.end_op();
         Ok(())
     }
 }

@@ -15,21 +15,32 @@
 //! - The admitted sequence holds exactly the blocks its hit needs (refcount + 1, idle ones
 //!   revived); its other logical blocks before the hit are holes; its frontier is the hit;
 //!   the rest of the prompt is allocated in every group as by `add_sequence`. Its full
-//!   prompt blocks past the hit are then registered in every group whose index lacks
-//!   their key; blocks filled later by [`HybridPool::append_tokens`] likewise. Blocks
+//!   prompt blocks past the hit are then stored in the one [`PrefixCache`]: in a full
+//!   group as a chain (a block after the cached block before it in its table, stopping
+//!   where the chain breaks or the key is taken), in a windowed group each block whose key
+//!   its group lacks; blocks filled later by [`HybridPool::append_tokens`] likewise. Blocks
 //!   the window rule releases stay cached, idle, until evicted (by the pool's policy).
+//! - Verification: a full group's hit is the cache's chain lookup (parents, extra key and,
+//!   with `verify_tokens`, token ids); a windowed group's block is checked on its own key,
+//!   extra key and token ids. A failed check is a miss, counted in `collisions`. What a
+//!   windowed block does not check is the prefix before its own tokens, which only its
+//!   128-bit chained key stands for (in a pool with a full group, that group's exact chain
+//!   covers the same prefix).
+//! - The cache's clock advances once per successful mutating call; pins (every block the
+//!   hit of a prefix needs, in every group) lapse on it.
 //! - Admission is atomic: a refusal (duplicate id, bad arguments, too few blocks counting
 //!   the idle blocks the hit revives) changes nothing, `out` included (left cleared).
 
-use super::cache::{GroupCache, HybridCacheStats};
+use std::cell::Cell;
+
 use super::spec::GroupSpec;
 use super::table::{GroupTable, GroupTables};
 use super::{HybridEntry, HybridPool, HybridStepOutput};
 use crate::error::{KvError, Result};
 use crate::invalid;
-use crate::prefix_cache::block_hash::{BlockHasher, BlockKey, ROOT_PARENT};
+use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::eviction::EvictionPolicy;
+use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
 /// Memo of `cached(group, block)` answers: 0 unknown, 1 cached, 2 not.
@@ -106,71 +117,111 @@ fn group_best<F: Fn(usize, usize) -> bool>(s: &GroupSpec, bs: usize, mut k: usiz
 /// The blocks a hit of `hb` blocks makes `seq` hold: `(group, logical block, block)`.
 type Held = Vec<(usize, usize, BlockId)>;
 
+/// What an admission looks up: the prompt's keys, and its token ids and extra key when
+/// admitted by tokens (they verify every block of the hit).
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    keys: &'a [BlockKey],
+    tokens: Option<&'a [u32]>,
+    extra: Option<u64>,
+}
+
+/// Hits found in the cache: each full group's verified chain, every windowed group's
+/// blocks as asked, and whether a verification failed.
+struct Hits {
+    chains: Vec<Vec<BlockId>>,
+    collision: Cell<bool>,
+}
+
 impl HybridPool {
-    /// A pool with prefix caching on its groups, keying token ids with `hasher` and
-    /// evicting idle blocks by `policy` ([`GroupCache`]'s module doc: `Priority` refused).
-    pub fn with_prefix_cache(
-        num_blocks: usize,
-        block_size: usize,
-        groups: Vec<GroupSpec>,
-        hasher: BlockHasher,
-        policy: EvictionPolicy,
-    ) -> Result<Self> {
-        hasher.validate()?;
-        let cache = GroupCache::new(num_blocks, policy)?.with_hasher(hasher);
+    /// A pool with prefix caching on its groups ([`PrefixCache`] with `cfg`: policy,
+    /// verification, events).
+    pub fn with_prefix_cache(num_blocks: usize, block_size: usize, groups: Vec<GroupSpec>, cfg: CacheConfig) -> Result<Self> {
         let mut pool = Self::new(num_blocks, block_size, groups)?;
-        pool.cache = Some(Box::new(cache));
+        let windowed: Vec<bool> = pool.groups.iter().map(|s| s.is_windowed()).collect();
+        pool.cache = Some(Box::new(PrefixCache::with_groups(num_blocks, block_size, cfg, &windowed)?));
         Ok(pool)
     }
 
-    fn group_cache(&self) -> Result<&GroupCache> {
+    fn cache_ref(&self) -> Result<&PrefixCache> {
         self.cache.as_deref().ok_or_else(|| invalid!("prefix caching is off for this pool"))
     }
 
-    /// The group cache (None without prefix caching): its index and idle list, read-only.
-    pub fn prefix_cache(&self) -> Option<&GroupCache> {
+    fn cache_mut(&mut self) -> Result<&mut PrefixCache> {
+        self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))
+    }
+
+    /// The prefix cache (None without prefix caching), read-only.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
         self.cache.as_deref()
     }
 
-    /// The cache's own invariants ([`GroupCache::check`]) against the allocator and every
-    /// stored table entry; `check_invariants` covers the rest.
+    /// The cache's own invariants ([`PrefixCache::check`]) against the allocator;
+    /// `check_invariants` covers the rest (and calls this).
     pub fn check_cache(&self) -> Result<()> {
-        let Some(c) = self.cache.as_deref() else { return Ok(()) };
-        let holders = self.seqs.values().flat_map(|e| e.tables.iter().enumerate().flat_map(|(g, t)| t.stored().map(move |(_, b)| (g, b))));
-        c.check(&self.alloc, holders)
+        self.cache.as_deref().map_or(Ok(()), |c| c.check(&self.alloc))
     }
 
-    /// The cache's counters (None without prefix caching).
-    /// Forget every cached block of every group ([`GroupCache::reset`]): idle ones become
-    /// free, live ones stay with their sequences, uncached; a later admission finds nothing.
+    /// Forget every cached block of every group ([`PrefixCache::reset`]): idle ones become
+    /// free, live ones stay with their sequences, uncached; refused while pins are held.
     /// Returns the blocks that were cached; `InvalidArgument` without prefix caching.
     pub fn reset_prefix_cache(&mut self) -> Result<usize> {
         let c = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))?;
-        Ok(c.reset(&mut self.alloc))
+        c.reset(&mut self.alloc)
     }
 
-    pub fn cache_stats(&self) -> Option<HybridCacheStats> {
-        self.cache.as_deref().map(|c| c.stats(self.groups.len()))
+    /// The cache's counters; `InvalidArgument` without prefix caching.
+    pub fn cache_stats(&self) -> Result<CacheStats> {
+        Ok(self.cache_ref()?.stats())
     }
 
     /// Keys of the full blocks of `tokens` (the same in every group).
     pub fn block_keys(&self, tokens: &[u32], extra: Option<u64>) -> Result<Vec<BlockKey>> {
         let mut keys = Vec::new();
-        let h = self.group_cache()?.hasher();
+        let h = self.cache_ref()?.hasher();
         h.chain_keys(ROOT_PARENT, tokens, self.block_size, extra, &mut keys, &mut Vec::new());
         Ok(keys)
     }
 
-    /// The hit, in blocks, an admission of a `len`-token prompt keyed by `keys` gets now.
-    fn hit_blocks(&self, keys: &[BlockKey], len: usize) -> Result<usize> {
-        // The last-token rule: the last prompt token is always computed.
-        self.longest_cached(keys, (len.saturating_sub(1) / self.block_size).min(keys.len()))
+    /// Each full group's verified cached chain over the first `max` of `q.keys`.
+    fn full_chains(&self, q: Query<'_>, max: usize) -> Result<Hits> {
+        let c = self.cache_ref()?;
+        let mut collision = false;
+        let chains = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, s)| {
+                if s.is_windowed() {
+                    return Vec::new();
+                }
+                let l = c.lookup_in(g, &q.keys[..max], q.tokens, q.extra, self.block_size);
+                collision |= l.collision;
+                l.blocks
+            })
+            .collect();
+        Ok(Hits { chains, collision: Cell::new(collision) })
     }
 
-    /// The longest prefix of at most `max` of `keys` cached validly for every group.
-    fn longest_cached(&self, keys: &[BlockKey], max: usize) -> Result<usize> {
-        let cache = self.group_cache()?;
-        Ok(longest_hit(&self.groups, self.block_size, max, |g, i| cache.lookup(g, keys[i]).is_some()))
+    /// The cached block of logical block `i` in group `g` valid for `q`, if any.
+    fn hit_block(&self, hits: &Hits, q: Query<'_>, g: usize, i: usize) -> Option<BlockId> {
+        if !self.groups[g].is_windowed() {
+            return hits.chains[g].get(i).copied();
+        }
+        match self.cache.as_deref()?.find(g, i, q.keys[i], q.tokens, q.extra) {
+            Found::Hit(b) => Some(b),
+            Found::Miss => None,
+            Found::Collision => {
+                hits.collision.set(true);
+                None
+            }
+        }
+    }
+
+    /// The longest prefix of at most `max` of `q.keys` cached validly for every group, in
+    /// blocks.
+    fn longest_cached(&self, hits: &Hits, q: Query<'_>, max: usize) -> usize {
+        longest_hit(&self.groups, self.block_size, max, |g, i| self.hit_block(hits, q, g, i).is_some())
     }
 
     /// Tokens of `tokens` held by cached full blocks valid for every group now, before the
@@ -179,7 +230,9 @@ impl HybridPool {
     pub fn cached_prefix_len(&self, tokens: &[u32], extra: Option<u64>) -> Result<usize> {
         Self::checked_len(0, tokens.len())?;
         let keys = self.block_keys(tokens, extra)?;
-        Ok(self.longest_cached(&keys, keys.len())? * self.block_size)
+        let q = Query { keys: &keys, tokens: Some(tokens), extra };
+        let hits = self.full_chains(q, keys.len())?;
+        Ok(self.longest_cached(&hits, q, keys.len()) * self.block_size)
     }
 
     /// Admit `seq` with its prompt token ids: reuse the longest valid hit, allocate the
@@ -189,8 +242,8 @@ impl HybridPool {
         out.clear();
         self.admit_checks(seq, tokens.len())?;
         let keys = self.block_keys(tokens, extra)?;
-        let cursor = TokenCursor { tokens: tokens.to_vec(), keys: keys.clone(), extra };
-        self.admit(seq, &keys, tokens.len(), Some(Box::new(cursor)), out)
+        let cursor = TokenCursor { tokens: tokens.to_vec(), keys, extra };
+        self.admit(seq, tokens.len(), cursor.keys.clone(), Some(Box::new(cursor)), out)
     }
 
     /// Admit `seq` from block keys (a trace's chained keys, one per block of the
@@ -206,11 +259,11 @@ impl HybridPool {
                 self.block_size
             ));
         }
-        self.admit(seq, keys, len, None, out)
+        self.admit(seq, len, keys.to_vec(), None, out)
     }
 
     fn admit_checks(&self, seq: SeqId, len: usize) -> Result<()> {
-        self.group_cache()?;
+        self.cache_ref()?;
         if self.seqs.contains_key(&seq) {
             return Err(KvError::DuplicateSequence(seq.0));
         }
@@ -218,11 +271,18 @@ impl HybridPool {
     }
 
     /// The admission proper: `keys` has one key per full block at least.
-    fn admit(&mut self, seq: SeqId, keys: &[BlockKey], len: usize, cursor: Option<Box<TokenCursor>>, out: &mut HybridStepOutput) -> Result<usize> {
+    fn admit(&mut self, seq: SeqId, len: usize, keys: Vec<BlockKey>, cursor: Option<Box<TokenCursor>>, out: &mut HybridStepOutput) -> Result<usize> {
         let bs = self.block_size;
-        let hb = self.hit_blocks(keys, len)?;
-        let held = self.held_blocks(keys, hb)?;
-        let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).filter(|&b| self.alloc.refcount(b) == 0).collect();
+        let q = Query { keys: &keys, tokens: cursor.as_ref().map(|c| &c.tokens[..]), extra: cursor.as_ref().and_then(|c| c.extra) };
+        let full = (len / bs).min(keys.len());
+        let hits = self.full_chains(q, full)?;
+        let found = self.longest_cached(&hits, q, full);
+        // The last-token rule: the last prompt token is always computed.
+        let cap = (len.saturating_sub(1) / bs).min(full);
+        let hb = if found <= cap { found } else { self.longest_cached(&hits, q, cap) };
+        let held = self.held_blocks(&hits, q, hb)?;
+        let c = self.cache_ref()?;
+        let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).filter(|&b| c.is_evictable(b, &self.alloc)).collect();
         revived.sort_unstable();
         revived.dedup();
         let need = self.groups.len() * (len.div_ceil(bs) - hb);
@@ -239,28 +299,27 @@ impl HybridPool {
             self.grow_table(t, hb * bs, n, &mut out.slots[g * n..(g + 1) * n], &mut out.cow)?;
         }
         out.seq_lens.push(len as i32);
-        if let Some(c) = self.cache.as_deref_mut() {
-            register(c, &tables, keys, hb, len / bs);
-        }
+        let q = Query { keys: &keys, tokens: cursor.as_ref().map(|c| &c.tokens[..]), extra: cursor.as_ref().and_then(|c| c.extra) };
+        self.register(&tables, q, hb, len / bs);
         let mut per_group = vec![0usize; self.groups.len()];
         for h in &held {
             per_group[h.0] += 1;
         }
-        if let Some(c) = self.cache.as_deref_mut() {
-            c.record_query(len, hb * bs, &per_group);
-        }
+        let c = self.cache_mut()?;
+        c.record_query(keys.len(), found, len, hb * bs, hits.collision.get(), false);
+        c.record_group_hits(&per_group);
         let tables = GroupTables::from_vec(tables);
         self.seqs.insert(seq, HybridEntry { len, frontier: hb * bs, prev_frontier: hb * bs, mark: 0, tables, cursor });
+        self.end_op();
         Ok(hb * bs)
     }
 
     /// The cached blocks a hit of `hb` blocks needs, per group, in logical order.
-    fn held_blocks(&self, keys: &[BlockKey], hb: usize) -> Result<Held> {
-        let cache = self.group_cache()?;
+    fn held_blocks(&self, hits: &Hits, q: Query<'_>, hb: usize) -> Result<Held> {
         let mut held = Vec::new();
         for (g, s) in self.groups.iter().enumerate() {
             for i in s.needed_before(hb * self.block_size, self.block_size).into_iter().flatten() {
-                let b = cache.lookup(g, keys[i]).ok_or_else(|| KvError::Invariant(format!("hit block {i} of group {g} vanished")))?;
+                let b = self.hit_block(hits, q, g, i).ok_or_else(|| KvError::Invariant(format!("hit block {i} of group {g} vanished")))?;
                 held.push((g, i, b));
             }
         }
@@ -272,16 +331,8 @@ impl HybridPool {
     fn take_hit(&mut self, held: &Held, hb: usize) -> Vec<GroupTable> {
         let mut tables: Vec<GroupTable> = self.groups.iter().map(|&s| GroupTable::new(s, self.block_size)).collect();
         for &(g, i, b) in held {
-            if self.alloc.refcount(b) == 0 {
-                if let Some(c) = self.cache.as_deref_mut() {
-                    c.revive(b);
-                }
-                self.alloc.revive(b);
-            } else {
-                self.alloc.incref(b);
-            }
             if let Some(c) = self.cache.as_deref_mut() {
-                c.hit(b);
+                c.acquire(b, &mut self.alloc);
             }
             let t = &mut tables[g];
             while t.len_blocks() < i {
@@ -302,29 +353,110 @@ impl HybridPool {
     /// there). Each block that fills is registered in every group whose index lacks its
     /// key, when the sequence was admitted by token ids and has seen every id since.
     pub fn append_tokens(&mut self, seq: SeqId, tokens: &[u32], out: &mut HybridStepOutput) -> Result<()> {
-        let hasher = self.group_cache()?.hasher();
+        let hasher = self.cache_ref()?.hasher();
+        out.clear();
         let cursor = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?.cursor.take();
-        let r = self.step(&[seq], &[tokens.len()], out);
-        let Some(e) = self.seqs.get_mut(&seq) else { return r };
-        e.cursor = cursor;
+        let r = self.step_run(&[seq], &[tokens.len()], false, out);
+        let mut map = std::mem::take(&mut self.seqs);
+        let r = match map.get_mut(&seq) {
+            Some(e) => {
+                e.cursor = cursor;
+                if let (Ok(()), Some(cur)) = (&r, e.cursor.as_mut()) {
+                    let first = cur.push_tokens(tokens, self.block_size, hasher);
+                    let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra };
+                    self.register(&e.tables[..], q, first, cur.keys.len());
+                }
+                r
+            }
+            None => r,
+        };
+        self.seqs = map;
         r?;
-        let Some(mut cur) = e.cursor.take() else { return Ok(()) };
-        let first = cur.push_tokens(tokens, self.block_size, hasher);
-        if let Some(c) = self.cache.as_deref_mut() {
-            register(c, &e.tables, &cur.keys, first, cur.keys.len());
-        }
-        e.cursor = Some(cur);
+        self.end_op();
         Ok(())
     }
-}
 
-/// Register stored blocks `from..to` of `tables` under `keys` in every group whose index
-/// lacks the key.
-fn register(cache: &mut GroupCache, tables: &[GroupTable], keys: &[BlockKey], from: usize, to: usize) {
-    for (g, t) in tables.iter().enumerate() {
-        for (i, &k) in keys.iter().enumerate().take(to).skip(from) {
-            if let Some(b) = t.get(i) {
-                cache.insert(g, k, b);
+    /// Hard-pin (`priority` None: never evicted) or soft-pin (retention `priority` under the
+    /// priority policy) every block an admission of `tokens` followed by more tokens needs
+    /// (a hit of all their full blocks: every full group's chain, each windowed group's
+    /// sinks and window), until `unpin` or until the clock reaches `expires_at`.
+    /// `InvalidArgument` when that hit is not cached in every group.
+    pub fn pin_prefix_tokens(&mut self, tokens: &[u32], extra: Option<u64>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
+        let keys = self.block_keys(tokens, extra)?;
+        self.pin_hit(Query { keys: &keys, tokens: Some(tokens), extra }, priority, expires_at)
+    }
+
+    /// [`Self::pin_prefix_tokens`] for a prefix given as block keys, one per full block.
+    pub fn pin_prefix_keys(&mut self, keys: &[BlockKey], priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
+        self.pin_hit(Query { keys, tokens: None, extra: None }, priority, expires_at)
+    }
+
+    fn pin_hit(&mut self, q: Query<'_>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
+        let n = q.keys.len();
+        if n == 0 {
+            return Err(invalid!("a pin needs at least one full block ({} tokens)", self.block_size));
+        }
+        let hits = self.full_chains(q, n)?;
+        let mut blocks = Vec::new();
+        for (g, s) in self.groups.iter().enumerate() {
+            for i in s.needed_before(n * self.block_size, self.block_size).into_iter().flatten() {
+                let b = self.hit_block(&hits, q, g, i).ok_or_else(|| {
+                    invalid!("prefix is not cached: group {g} ({s}) lacks logical block {i} of the {n} a hit needs")
+                })?;
+                blocks.push(b);
+            }
+        }
+        self.cache_mut()?.pin(&blocks, priority, expires_at)
+    }
+
+    /// Drop pin `pin_id`; `InvalidArgument` for an unknown or lapsed pin or without caching.
+    pub fn unpin(&mut self, pin_id: u64) -> Result<()> {
+        self.cache_mut()?.unpin(pin_id)
+    }
+
+    /// Drive the logical clock from the caller's step counter (it never goes back).
+    pub fn set_clock(&mut self, t: u64) -> Result<()> {
+        self.cache_mut()?.set_clock(t)
+    }
+
+    /// Move the recorded cache events into `out`, oldest first (each names its group).
+    pub fn drain_events(&mut self, out: &mut Vec<CacheEvent>) -> Result<()> {
+        self.cache_mut()?.drain_events(out);
+        Ok(())
+    }
+
+    /// Register stored blocks `from..to` of `tables` under `q.keys`: in a full group as a
+    /// chain (each block the child of the one before, stopping where the chain breaks or a
+    /// key is taken), in a windowed group each stored block on its own.
+    fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize) {
+        let bs = self.block_size;
+        let Some(c) = self.cache.as_deref_mut() else { return };
+        for (g, t) in tables.iter().enumerate() {
+            let windowed = self.groups[g].is_windowed();
+            for i in from..to.min(q.keys.len()) {
+                let Some(b) = t.get(i) else { continue };
+                let key = q.keys[i];
+                if c.is_cached(b) {
+                    // Already cached as this block: a chain goes on through it.
+                    if c.key_of(b) == Some(key) && c.group_of(b) == Some(g) && c.filled(b) == Some(bs) {
+                        continue;
+                    }
+                    if windowed {
+                        continue;
+                    }
+                    break;
+                }
+                let parent = match (windowed, i) {
+                    (true, _) | (false, 0) => None,
+                    (false, _) => match t.get(i - 1) {
+                        Some(p) if c.key_of(p) == Some(q.keys[i - 1]) && c.group_of(p) == Some(g) && c.filled(p) == Some(bs) => Some(p),
+                        _ => break,
+                    },
+                };
+                let tok = q.tokens.map(|t| &t[i * bs..(i + 1) * bs]);
+                if !c.register_in(g, b, key, parent, q.extra, tok, bs) && !windowed {
+                    break;
+                }
             }
         }
     }
@@ -333,7 +465,6 @@ fn register(cache: &mut GroupCache, tables: &[GroupTable], keys: &[BlockKey], fr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
 
     /// The definition: `k` is valid when every group has every block it needs cached.
     fn brute(specs: &[GroupSpec], bs: usize, n: usize, cached: &dyn Fn(usize, usize) -> bool) -> usize {

@@ -44,6 +44,7 @@ impl HybridPool {
         let entry = HybridEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
         self.seqs.insert(seq, entry);
         out.seq_lens.push(prompt_len as i32);
+        self.end_op();
         Ok(())
     }
 
@@ -76,7 +77,9 @@ impl HybridPool {
         if seqs.len() != counts.len() {
             return Err(invalid!("counts: {} sequence ids but {} token counts", seqs.len(), counts.len()));
         }
-        self.step_run(seqs, counts, false, out)
+        self.step_run(seqs, counts, false, out)?;
+        self.end_op();
+        Ok(())
     }
 
     /// [`Self::step`] with one token for every sequence (a decode step).
@@ -92,10 +95,13 @@ impl HybridPool {
         }
         let r = self.step_run(seqs, &ones[..seqs.len()], true, out);
         self.decode.ones = ones;
-        r
+        r?;
+        self.end_op();
+        Ok(())
     }
 
-    fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut HybridStepOutput) -> Result<()> {
+    /// A step without closing the call (`append_tokens` registers blocks first).
+    pub(crate) fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut HybridStepOutput) -> Result<()> {
         // The map is moved out so that tables can be borrowed next to the allocator.
         let mut map = std::mem::take(&mut self.seqs);
         let r = self.step_in(&mut map, seqs, counts, all_ones, out);
@@ -195,11 +201,12 @@ impl HybridPool {
         result.map(|()| (need, gained, total))
     }
 
-    /// Blocks whose every reference the sorted `releases` drop (they become available).
+    /// Blocks whose every reference the sorted `releases` drop and that become available
+    /// (free, or idle and not hard-pinned).
     fn released_to_zero(&self, releases: &[BlockId]) -> usize {
         let mut gained = 0;
         for run in releases.chunk_by(|a, b| a == b) {
-            gained += (self.alloc.refcount(run[0]) as usize == run.len()) as usize;
+            gained += (self.alloc.refcount(run[0]) as usize == run.len() && !self.is_hard_pinned(run[0])) as usize;
         }
         gained
     }
@@ -302,6 +309,7 @@ impl HybridPool {
             }
         }
         self.seqs = map;
+        self.end_op();
         Ok(())
     }
 

@@ -233,6 +233,7 @@ impl BlockPool {
         self.register_chain(&table, &keys, used, registrable, tokens, extra, len);
         if let Some(c) = self.cache.as_deref_mut() {
             c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
+            c.record_group_hits(&[used]);
         }
         let cursor = owned.map(|t| Box::new(TokenCursor { tokens: t.into_owned(), keys, extra }));
         self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor });

@@ -1,7 +1,7 @@
 //! The prefix cache's invariants, checked against the allocator by
 //! `BlockPool::check_invariants`.
 
-use super::{low, PrefixCache, IDLE, NO_PARENT, QUEUED};
+use super::{slot, PrefixCache, IDLE, NO_PARENT, QUEUED};
 use crate::pool::allocator::BlockAllocator;
 use crate::error::{filled, KvError, Result};
 use crate::types::BlockId;
@@ -19,7 +19,7 @@ impl PrefixCache {
         let mut hard = filled(0u32, n, "check_invariants")?;
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
         for (&k, &b) in &self.map {
-            if !self.is_cached(b) || low(self.meta[b.index()].key) != k {
+            if !self.is_cached(b) || slot(self.meta[b.index()].group, self.meta[b.index()].key) != k {
                 return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
             }
         }
@@ -37,14 +37,23 @@ impl PrefixCache {
             if m.partial as usize >= self.block_size {
                 return bad(format!("cached {b} is marked partly filled with {} tokens of {}", m.partial, self.block_size));
             }
-            if self.index_get(m.key) != Some(b) {
+            if self.index_get(m.group, m.key) != Some(b) {
                 return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
             }
             if m.has(IDLE) != (rc == 0) {
                 return bad(format!("cached {b} has refcount {rc} but idle = {}", m.has(IDLE)));
             }
+            if m.group as usize >= self.windowed.len() {
+                return bad(format!("cached {b} records group {} of {}", m.group, self.windowed.len()));
+            }
+            if m.parent != NO_PARENT && self.windowed[m.group as usize] {
+                return bad(format!("{b} of windowed group {} has a parent", m.group));
+            }
             if m.parent != NO_PARENT {
                 let p = &self.meta[m.parent as usize];
+                if p.group != m.group {
+                    return bad(format!("{b} of group {} has a parent in group {}", m.group, p.group));
+                }
                 if !self.is_cached(BlockId(m.parent)) || p.depth + 1 != m.depth {
                     return bad(format!("cached {b} has a parent that is not cached one level up"));
                 }

@@ -21,6 +21,8 @@ pub(super) struct Meta {
     /// last block), 0 when it is full. Only a lookup for a block of the same fill matches.
     pub(super) partial: u16,
     pub(super) flags: u8,
+    /// The layer group the block is cached in (`0` in a pool without groups).
+    pub(super) group: u8,
 }
 
 // One cache line, as the comment above says.

@@ -16,6 +16,15 @@
 //! matched at `i - 1`, whose extra key and (with verification) tokens are equal, holds
 //! KV computed from exactly this prefix, even when keys collide.
 //!
+//! Layer groups: a pool whose sequences have one table per attention kind caches each
+//! group's blocks under `(group, key)`; the same chained key names the same prefix in
+//! every group, and a key cached in one group never hits another. A *full* group's blocks
+//! form the forest above (a block's parent is the block before it in the same group). A
+//! *windowed* group (sliding window, chunked) releases a sequence's early blocks long before
+//! its later ones, so its blocks have no parent: each is verified on its own (its key, extra
+//! key, fill and, with verification, its own tokens), is never a parent, and is therefore
+//! always a leaf: any idle windowed block may be evicted, in the policy's order.
+//!
 //! The clock (`now`) is logical: the count of completed pool operations, or a step the
 //! caller sets. It stamps events and expires pins; it never reads the wall clock.
 
@@ -47,14 +56,17 @@ use events::EventQueue;
 
 const NO_PARENT: u32 = u32::MAX;
 
+/// Most layer groups one cache serves (a block records its group in one byte).
+pub const MAX_CACHE_GROUPS: usize = 256;
+
 /// The prefix cache of one pool. The pool owns the allocator and passes it in.
 #[derive(Clone, Debug)]
 pub struct PrefixCache {
     cfg: CacheConfig,
     block_size: usize,
-    /// Low 64 bits of a key -> block; the block's meta holds the full key, checked on
-    /// every hit. Two keys equal in their low 64 bits cannot both be cached (the second
-    /// one is a miss, like any collision). Removed eagerly on eviction: leaving stale
+    /// [`slot`] of (group, key) -> block; the block's meta holds the full key and group,
+    /// checked on every hit. Two entries equal in their slot cannot both be cached (the
+    /// second one is a miss, like any collision). Removed eagerly on eviction: leaving stale
     /// entries for a bulk purge was tried and cost more (and gave millisecond spikes).
     map: FxHashMap<u64, BlockId>,
     /// Index entries of blocks evicted during the current allocation, removed from `map`
@@ -82,6 +94,8 @@ pub struct PrefixCache {
     manual_clock: bool,
     stats: CacheStats,
     events: EventQueue,
+    /// Per layer group: windowed (blocks without parents, always leaves) or full.
+    windowed: Vec<bool>,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -92,14 +106,37 @@ pub struct Lookup {
     pub collision: bool,
 }
 
+/// The index slot of `key` in `group`: its low 64 bits, the high ones folded in (keys
+/// made from trace ids may differ only there) and an offset per group; a key below 2^64
+/// in group 0 is its own slot.
 #[inline]
-fn low(key: BlockKey) -> u64 {
-    key as u64
+fn slot(group: u8, key: BlockKey) -> u64 {
+    let hi = ((key >> 64) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    (key as u64 ^ hi).wrapping_add((group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// What a windowed group's lookup of one block found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    Hit(BlockId),
+    Miss,
+    /// The key is cached but the block failed verification (extra key, fill, tokens).
+    Collision,
 }
 
 impl PrefixCache {
+    /// The cache of a pool without layer groups (one full-attention group).
     pub fn new(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
+        Self::with_groups(num_blocks, block_size, cfg, &[false])
+    }
+
+    /// The cache of a pool with layer groups; `windowed[g]` says whether group `g` releases
+    /// blocks (sliding window, chunked) rather than keeping its whole prefix.
+    pub fn with_groups(num_blocks: usize, block_size: usize, cfg: CacheConfig, windowed: &[bool]) -> Result<Self> {
         cfg.hasher.validate()?;
+        if windowed.is_empty() || windowed.len() > MAX_CACHE_GROUPS {
+            return Err(invalid!("groups: a cache serves 1..={MAX_CACHE_GROUPS} layer groups, got {}", windowed.len()));
+        }
         if !(1..=MAX_EVENTS_LIMIT).contains(&cfg.max_events) {
             return Err(invalid!("max_events must be in 1..={MAX_EVENTS_LIMIT}, got {}", cfg.max_events));
         }
@@ -148,6 +185,7 @@ impl PrefixCache {
                 evictions: 0,
                 collisions: 0,
                 cow_hits: 0,
+                group_hit_blocks: vec![0; windowed.len()],
                 cached_blocks: 0,
                 idle_blocks: 0,
                 evictable_blocks: 0,
@@ -158,6 +196,7 @@ impl PrefixCache {
                 dropped_events: 0,
             },
             events: EventQueue::new(cfg.max_events),
+            windowed: windowed.to_vec(),
         })
     }
 
@@ -187,16 +226,27 @@ impl PrefixCache {
         }
     }
 
-    /// The block cached under `key`'s index (its full key is checked by the caller).
+    /// The block cached under `key`'s slot in `group` (its full key and group are checked
+    /// by the caller).
     #[inline]
-    fn index_get(&self, key: BlockKey) -> Option<BlockId> {
+    fn index_get(&self, group: u8, key: BlockKey) -> Option<BlockId> {
         debug_assert!(self.unmapped.is_empty(), "map read with evictions pending");
-        self.map.get(&low(key)).copied()
+        self.map.get(&slot(group, key)).copied()
     }
 
     /// Key of a cached block.
     pub fn key_of(&self, b: BlockId) -> Option<BlockKey> {
         self.is_cached(b).then(|| self.meta[b.index()].key)
+    }
+
+    /// The layer group a cached block is cached in.
+    pub fn group_of(&self, b: BlockId) -> Option<usize> {
+        self.is_cached(b).then(|| self.meta[b.index()].group as usize)
+    }
+
+    /// Layer groups the cache serves.
+    pub fn num_groups(&self) -> usize {
+        self.windowed.len()
     }
 
     /// Tokens a cached block holds (`block_size` unless it is a keyed prompt's partly
@@ -206,6 +256,25 @@ impl PrefixCache {
             0 => self.block_size,
             p => p as usize,
         })
+    }
+
+    /// The block cached under `key` in `group`, unverified (what the index holds).
+    pub fn block_of(&self, group: usize, key: BlockKey) -> Option<BlockId> {
+        let b = self.index_get(u8::try_from(group).ok()?, key)?;
+        let m = &self.meta[b.index()];
+        (m.key == key && m.group as usize == group).then_some(b)
+    }
+
+    /// The blocks an eviction may take now (idle, not hard-pinned leaves), the next victim
+    /// first. Evicting one may make its parent a leaf, so this is not the whole future
+    /// order.
+    pub fn eviction_candidates(&self) -> Vec<BlockId> {
+        self.queue.iter().collect()
+    }
+
+    /// Blocks cached now, live or idle.
+    pub fn num_cached(&self) -> usize {
+        self.num_cached
     }
 
     /// Idle cached blocks (refcount 0), pinned or not.
@@ -218,6 +287,12 @@ impl PrefixCache {
     #[inline]
     pub fn evictable_count(&self) -> usize {
         self.evictable
+    }
+
+    /// Whether `b` is cached under at least one hard pin.
+    #[inline]
+    pub fn is_hard_pinned(&self, b: BlockId) -> bool {
+        self.is_cached(b) && self.meta[b.index()].hard_pins > 0
     }
 
     /// Whether `b` is idle and not hard-pinned (so reviving it takes one from the
@@ -240,23 +315,23 @@ impl PrefixCache {
     /// never satisfies a full-block lookup (it holds fewer tokens of KV), and a full one
     /// never stands for a partial block. A fill mismatch on a key counts as a collision.
     pub fn lookup_filled(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
+        self.lookup_in(0, keys, tokens, extra, last_fill)
+    }
+
+    /// [`Self::lookup_filled`] in full-attention group `group`.
+    pub fn lookup_in(&self, group: usize, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
+        debug_assert!(!self.windowed[group], "a windowed group is looked up block by block");
+        let g = group as u8;
         let mut out = Lookup { blocks: Vec::with_capacity(keys.len()), collision: false };
         let bs = self.block_size;
         let last_partial = if keys.is_empty() { 0 } else { Meta::partial_of(last_fill, bs) };
         let mut prev = NO_PARENT;
         for (i, &key) in keys.iter().enumerate() {
-            let Some(b) = self.index_get(key) else { break };
+            let Some(b) = self.index_get(g, key) else { break };
             let m = &self.meta[b.index()];
             let want_partial = if i + 1 == keys.len() { last_partial } else { 0 };
-            let mut ok = m.key == key && m.parent == prev && m.extra() == extra && m.partial == want_partial;
-            if ok && self.cfg.verify_tokens {
-                if let Some(t) = tokens {
-                    let start = b.index() * bs;
-                    let fill = if want_partial == 0 { bs } else { want_partial as usize };
-                    ok = m.has(HAS_TOKENS) && self.tokens[start..start + fill] == t[i * bs..i * bs + fill];
-                }
-            }
-            if !ok {
+            let ok = m.key == key && m.group == g && m.parent == prev && m.extra() == extra && m.partial == want_partial;
+            if !(ok && self.tokens_match(b, i, want_partial, tokens)) {
                 out.collision = true;
                 break;
             }
@@ -264,6 +339,31 @@ impl PrefixCache {
             prev = b.0;
         }
         out
+    }
+
+    /// Whether cached block `b` holds logical block `i` of `tokens` (`partial` tokens of
+    /// it, or all when 0); true when not verifying or no tokens are given.
+    #[inline]
+    fn tokens_match(&self, b: BlockId, i: usize, partial: u16, tokens: Option<&[u32]>) -> bool {
+        let (Some(t), true) = (tokens, self.cfg.verify_tokens) else { return true };
+        let bs = self.block_size;
+        let fill = if partial == 0 { bs } else { partial as usize };
+        let start = b.index() * bs;
+        self.meta[b.index()].has(HAS_TOKENS) && self.tokens[start..start + fill] == t[i * bs..i * bs + fill]
+    }
+
+    /// The cached block of windowed group `group` holding full logical block `i` of a
+    /// prompt keyed `key` (with `extra`; `tokens`, the prompt, enables verification). Pure.
+    pub fn find(&self, group: usize, i: usize, key: BlockKey, tokens: Option<&[u32]>, extra: Option<u64>) -> Found {
+        debug_assert!(self.windowed[group], "a full group is looked up as a chain");
+        let Some(b) = self.index_get(group as u8, key) else { return Found::Miss };
+        let m = &self.meta[b.index()];
+        let ok = m.key == key && m.group as usize == group && m.extra() == extra && m.partial == 0;
+        if ok && self.tokens_match(b, i, 0, tokens) {
+            Found::Hit(b)
+        } else {
+            Found::Collision
+        }
     }
 
     #[inline]
@@ -383,7 +483,7 @@ impl PrefixCache {
                 self.evictable -= 1;
             }
         }
-        self.unmapped.push(low(key));
+        self.unmapped.push(slot(m.group, key));
         self.num_cached -= 1;
         let mut parent_key = None;
         if parent != NO_PARENT {
@@ -418,8 +518,24 @@ impl PrefixCache {
         tokens: Option<&[u32]>,
         filled: usize,
     ) -> bool {
+        self.register_in(0, b, key, parent, extra, tokens, filled)
+    }
+
+    /// [`Self::register`] in layer group `group`; a windowed group's block has no parent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_in(
+        &mut self,
+        group: usize,
+        b: BlockId,
+        key: BlockKey,
+        parent: Option<BlockId>,
+        extra: Option<u64>,
+        tokens: Option<&[u32]>,
+        filled: usize,
+    ) -> bool {
+        debug_assert!(parent.is_none() || !self.windowed[group], "a windowed block has no parent");
         self.flush_unmapped();
-        let slot = match self.map.entry(low(key)) {
+        let slot = match self.map.entry(slot(group as u8, key)) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => v,
         };
@@ -458,6 +574,7 @@ impl PrefixCache {
             hits: 0,
             partial: Meta::partial_of(filled, self.block_size),
             flags: 0,
+            group: group as u8,
         };
         m.set(HAS_TOKENS, has_tokens);
         m.set(HAS_EXTRA, extra.is_some());
@@ -480,6 +597,13 @@ impl PrefixCache {
         s.hit_tokens += hit_tokens as u64;
         s.collisions += collision as u64;
         s.cow_hits += cow as u64;
+    }
+
+    /// Count the blocks one successful admission took from the cache, `held[g]` in group `g`.
+    pub fn record_group_hits(&mut self, held: &[usize]) {
+        for (c, &n) in self.stats.group_hit_blocks.iter_mut().zip(held) {
+            *c += n as u64;
+        }
     }
 
     // ----------------------------------------------------------------- reset, metrics
@@ -540,7 +664,8 @@ impl PrefixCache {
                 0 => self.block_size as u32,
                 p => p as u32,
             });
-            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock });
+            let group = block.map_or(0, |b| self.meta[b.index()].group as u32);
+            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock, group });
         }
     }
 }

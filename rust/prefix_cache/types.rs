@@ -66,6 +66,9 @@ pub struct CacheStats {
     pub collisions: u64,
     /// Admissions that took a copy-on-write partial hit.
     pub cow_hits: u64,
+    /// Per layer group (one entry without groups): blocks the admissions took from the
+    /// cache in that group (a windowed group takes only its sinks and window).
+    pub group_hit_blocks: Vec<u64>,
     pub cached_blocks: usize,
     /// Cached blocks with refcount 0.
     pub idle_blocks: usize,
@@ -121,4 +124,6 @@ pub struct CacheEvent {
     /// filled last block); 0 for `AllCleared`.
     pub tokens: u32,
     pub clock: u64,
+    /// The layer group of the block (`0` in a pool without groups and for `AllCleared`).
+    pub group: u32,
 }

@@ -450,11 +450,11 @@ def test_reset_prefix_cache_forgets_every_group_and_keeps_live_sequences() -> No
         kv.HybridPool(8, 4, [FULL]).reset_prefix_cache()
 
 
-def test_eviction_needs_prefix_caching_and_priority_needs_pins() -> None:
-    with pytest.raises(kv.InvalidArgumentError, match="eviction needs prefix_caching=True"):
-        kv.HybridPool(8, 4, [FULL], eviction="lru")
-    with pytest.raises(kv.InvalidArgumentError, match="soft pins"):
-        kv.HybridPool(8, 4, [FULL], prefix_caching=True, eviction="priority")
+def test_cache_options_need_prefix_caching() -> None:
+    for opts in ({"eviction": "lru"}, {"verify_tokens": True}, {"record_events": True}, {"hash_bits": 64}):
+        with pytest.raises(kv.InvalidArgumentError, match="need prefix_caching=True"):
+            kv.HybridPool(8, 4, [FULL], **opts)
+    assert kv.HybridPool(8, 4, [FULL], prefix_caching=True, eviction="priority").cache_stats().policy == "priority"
 
 
 def test_prefix_methods_need_caching() -> None:

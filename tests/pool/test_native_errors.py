@@ -106,7 +106,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
      INT_BAD + NEG + [0, 129, 2**40]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), ["nope", ""]),
     ("HybridPool", "eviction", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=True, eviction=x),
-     ["nope", "", "priority"]),
+     ["nope", ""]),
     ("add_sequence", "seq_id", lambda w, x: w.pool.add_sequence(x, 1), INT_BAD + REQUIRED + NEG),
     ("add_sequence", "prompt_len", lambda w, x: w.pool.add_sequence(9, x), INT_BAD + NEG + [2**40]),
     ("append", "seq_id", lambda w, x: w.pool.append(x), INT_BAD + REQUIRED + NEG),

@@ -143,8 +143,14 @@ def test_policy_reaches_the_pool_and_the_cli(tmp_path) -> None:
     assert default.policy == "lru" and replay_groups(_trace(), model, cap, 16, "lru") == default
     fifo = replay_groups(_trace(), model, cap, 16, "fifo")
     assert fifo.policy == "fifo" and fifo.query_tokens == default.query_tokens
-    with pytest.raises(InvalidArgumentError, match="soft pins"):
-        replay_groups(_trace(), model, cap, 16, "priority")
+    # Without pins the priority policy orders like lru; soft pins on reused prefixes change
+    # which blocks survive.
+    prio = replay_groups(_trace(), model, cap, 16, "priority")
+    assert (prio.policy, prio.hit_tokens, prio.evictions) == ("priority", default.hit_tokens, default.evictions)
+    kept = replay_groups(_trace(), model, cap, 16, "priority", retain_hits_for=50)
+    assert kept.query_tokens == default.query_tokens and kept.policy == "priority"
+    with pytest.raises(InvalidArgumentError, match="retain_hits_for needs policy='priority'"):
+        replay_groups(_trace(), model, cap, 16, "lru", retain_hits_for=5)
     run = [sys.executable, "-m", "pykvpool.cli", "replay", "--trace", str(trace), "--model", "gemma-2-9b",
            "--capacities", "20000", "--policy", "lfu", "--json", str(tmp_path / "r.json")]
     p = subprocess.run(run, capture_output=True, text=True, timeout=120)

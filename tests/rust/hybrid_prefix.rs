@@ -13,7 +13,8 @@ mod props;
 mod trace;
 
 use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
-use pykvpool::{BlockHasher, EvictionPolicy, KvError, SeqId};
+use pykvpool::prefix_cache::CacheConfig;
+use pykvpool::{BlockHasher, KvError, SeqId};
 
 const BS: usize = 4;
 
@@ -22,7 +23,11 @@ fn sw(window: usize, sinks: usize) -> GroupSpec {
 }
 
 fn pool(blocks: usize, groups: Vec<GroupSpec>) -> HybridPool {
-    HybridPool::with_prefix_cache(blocks, BS, groups, BlockHasher::Xxh3, EvictionPolicy::Lru).unwrap()
+    HybridPool::with_prefix_cache(blocks, BS, groups, CacheConfig::default()).unwrap()
+}
+
+fn hashed(hasher: BlockHasher) -> CacheConfig {
+    CacheConfig { hasher, ..CacheConfig::default() }
 }
 
 fn checked(p: &HybridPool) {
@@ -143,7 +148,7 @@ fn a_key_cached_in_one_group_never_hits_another() {
     fn same(_: &[u8]) -> u128 {
         42
     }
-    let mut p = HybridPool::with_prefix_cache(7, BS, vec![GroupSpec::Full, GroupSpec::Full], BlockHasher::Custom(same), EvictionPolicy::Lru).unwrap();
+    let mut p = HybridPool::with_prefix_cache(7, BS, vec![GroupSpec::Full, GroupSpec::Full], hashed(BlockHasher::Custom(same))).unwrap();
     let a = tokens(4, 9);
     admit(&mut p, 1, &a);
     assert_eq!(p.cache_stats().unwrap().stored_blocks, 2, "one key per group: block 0 of each");
@@ -152,12 +157,12 @@ fn a_key_cached_in_one_group_never_hits_another() {
     assert_eq!(p.cache_stats().unwrap().evictions, 1);
     p.free(SeqId(2)).unwrap();
     let c = p.prefix_cache().unwrap();
-    assert!(c.lookup(0, 42).is_none() && c.lookup(1, 42).is_some());
+    assert!(c.block_of(0, 42).is_none() && c.block_of(1, 42).is_some());
     assert_eq!(p.cached_prefix_len(&a, None).unwrap(), 0, "group 1's block never serves group 0");
     assert_eq!(admit(&mut p, 3, &a), 0);
-    let g1 = p.prefix_cache().unwrap().lookup(1, 42).unwrap();
+    let g1 = p.prefix_cache().unwrap().block_of(1, 42).unwrap();
     assert!(p.table(SeqId(3), 1).unwrap().entries().all(|b| b != Some(g1)), "a miss takes fresh blocks");
-    assert!(p.prefix_cache().unwrap().lookup(0, 42).is_some(), "group 0 registers its own");
+    assert!(p.prefix_cache().unwrap().block_of(0, 42).is_some(), "group 0 registers its own");
 }
 
 #[test]
@@ -167,7 +172,7 @@ fn refused_admissions_change_nothing() {
     admit(&mut p, 1, &a);
     p.free(SeqId(1)).unwrap(); // 8 idle blocks, 6 free
     fill(&mut p, 3, 4); // 4 free + 8 idle = 12 available
-    let snap = |p: &HybridPool| (p.stats(), p.cache_stats(), p.prefix_cache().unwrap().idle_blocks(), p.seq_ids());
+    let snap = |p: &HybridPool| (p.stats(), p.cache_stats(), p.prefix_cache().unwrap().eviction_candidates(), p.seq_ids());
     let before = snap(&p);
     let mut out = HybridStepOutput::default();
     // A hit of 16 tokens revives 4 + 1 idle blocks; 32 tokens need 2 x 4 new ones.
@@ -186,8 +191,8 @@ fn refused_admissions_change_nothing() {
     assert_eq!(p.num_free_blocks(), 1);
     let mut plain = HybridPool::new(4, BS, vec![GroupSpec::Full]).unwrap();
     assert!(plain.add_sequence_tokens(SeqId(0), &a, None, &mut out).is_err());
-    assert!(plain.cache_stats().is_none());
-    assert!(HybridPool::with_prefix_cache(4, BS, vec![GroupSpec::Full], BlockHasher::Truncated { bits: 0 }, EvictionPolicy::Lru).is_err());
+    assert!(plain.cache_stats().is_err());
+    assert!(HybridPool::with_prefix_cache(4, BS, vec![GroupSpec::Full], hashed(BlockHasher::Truncated { bits: 0 })).is_err());
 }
 
 #[test]

@@ -40,22 +40,35 @@ use crate::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
 ///     groups: the attention kind of each layer group, in group order: 1 to 64
 ///         :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
 ///         objects.
-///     prefix_caching: cache full blocks by content, per group (default False).
+///     prefix_caching: cache full blocks by content, per group (default False), in the
+///         same prefix cache as :class:`BlockPool`'s: a full group's blocks form chains, a
+///         windowed group's blocks are verified one by one; the other keyword options
+///         configure that cache and need it.
 ///     eviction: which idle cached block an allocation reclaims once no never-cached block
-///         is free (needs ``prefix_caching=True``): ``"lru"`` (default) the least recently
-///         used, ``"fifo"`` the earliest stored, ``"lfu"`` the least often hit, then the
+///         is free: ``"lru"`` (default) the least recently used, ``"fifo"`` the earliest
+///         stored, ``"lfu"`` the least often hit, then the least recently used,
+///         ``"priority"`` the lowest soft-pin priority (see :meth:`pin_prefix`), then the
 ///         least recently used. A block is used when it is stored, taken by a hit and
 ///         released by its last holder; the blocks one growth's window releases are
 ///         released in logical order, so the earlier one counts as used first (its last
-///         query came first). ``"priority"`` orders by soft pins, which this pool does not
-///         have, and is refused.
+///         query came first). A full group's blocks go tail first (only leaves of its
+///         chains); any idle windowed block may go.
+///     verify_tokens: as for :class:`BlockPool` (default True): a windowed group's block is
+///         compared on its own token ids, a full group's on its chain's.
+///     record_events: as for :class:`BlockPool` (default False); each event names its
+///         group.
+///     hash_bits: as for :class:`BlockPool` (default 128).
+///     max_events: as for :class:`BlockPool` (default 100,000; needs
+///         ``record_events=True``).
 ///
 /// Raises:
 ///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
-///         ``1..=65536``, no group or more than 64; an unknown eviction policy,
-///         ``"priority"``, or ``eviction`` without ``prefix_caching=True``.
+///         ``1..=65536``, no group or more than 64; an unknown eviction policy;
+///         ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
+///         without ``record_events=True``; cache options given without
+///         ``prefix_caching=True``.
 ///     TypeError: ``groups`` is not a sequence of attention kinds, ``prefix_caching``
-///         not a bool, or ``eviction`` not a str.
+///         or a flag not a bool, or ``eviction`` not a str.
 #[pyclass(name = "HybridPool", module = "pykvpool", frozen)]
 pub struct PyHybridPool {
     pub(super) inner: Mutex<HybridPool>,

@@ -12,14 +12,14 @@ use pyo3::types::{PyInt, PyTuple};
 
 use super::class::{slots_array, PyHybridPool};
 use super::specs::{group_arg, groups_arg, kind_object};
-use super::stats::{PyHybridCacheStats, PyHybridPoolStats};
+use super::stats::PyHybridPoolStats;
 use crate::bindings::convert::{self, arg, count, counts_into, int_scalar};
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::bindings::pool::cache_args::{self, extra_key};
+use crate::bindings::pool::cache_args::{self, clock, expires_at, extra_key, hash_bits, pin_id, priority, CacheOptions};
+use crate::bindings::pool::stats::PyCacheStats;
 use crate::bindings::pool::class::{cow_array, MAX_TABLE_ENTRIES};
 use crate::hybrid::{HybridPool, HybridStepOutput};
-use crate::prefix_cache::block_hash::BlockHasher;
-use crate::prefix_cache::eviction::EvictionPolicy;
+use crate::prefix_cache::CacheEvent;
 use crate::types::{BlockId, SeqId};
 
 type I64Array<'py> = Bound<'py, PyArray1<i64>>;
@@ -29,7 +29,9 @@ type Slots<'py> = Bound<'py, PyArray2<i64>>;
 #[pymethods]
 impl PyHybridPool {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, groups, *, prefix_caching = false, eviction = None))]
+    #[pyo3(signature = (num_blocks, block_size, groups, *, prefix_caching = false, eviction = None,
+        verify_tokens = None, record_events = None, hash_bits = None, max_events = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
@@ -37,20 +39,21 @@ impl PyHybridPool {
         groups: &Bound<'_, PyAny>,
         prefix_caching: bool,
         eviction: Option<&str>,
+        verify_tokens: Option<bool>,
+        record_events: Option<bool>,
+        #[pyo3(from_py_with = hash_bits)] hash_bits: Option<u32>,
+        max_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
         let specs = groups_arg(groups)?;
-        let policy = match (eviction, prefix_caching) {
-            (Some(_), false) => return Err(invalid(py, "eviction needs prefix_caching=True")),
-            (Some(name), true) => name.parse::<EvictionPolicy>().py_err(py)?,
-            (None, _) => EvictionPolicy::Lru,
-        };
+        let opts = CacheOptions { eviction, verify_tokens, cow_partial_hit: None, record_events, hash_bits, max_events };
+        let cfg = opts.config(py, prefix_caching)?;
         let g = specs.clone();
         let pool = py
-            .detach(move || match prefix_caching {
-                true => HybridPool::with_prefix_cache(nb, bs, g, BlockHasher::Xxh3, policy),
-                false => HybridPool::new(nb, bs, g),
+            .detach(move || match cfg {
+                Some(cfg) => HybridPool::with_prefix_cache(nb, bs, g, cfg),
+                None => HybridPool::new(nb, bs, g),
             })
             .py_err(py)?;
         Ok(Self {
@@ -686,29 +689,126 @@ impl PyHybridPool {
         self.detached(py, |p| p.cached_prefix_len(&tokens, extra_key)).py_err(py)
     }
 
-    /// Hit metrics and occupancy of the prefix cache, totals and per group.
+    /// Hit metrics and occupancy of the prefix cache, totals and per group
+    /// (:attr:`CacheStats.group_hit_blocks`).
     ///
     /// Returns:
-    ///     A :class:`HybridCacheStats` snapshot.
+    ///     A :class:`CacheStats` snapshot.
     ///
     /// Raises:
     ///     InvalidArgumentError: caching off.
-    fn cache_stats(&self, py: Python<'_>) -> PyResult<PyHybridCacheStats> {
-        match self.with(|p| p.cache_stats()) {
-            Some(s) => Ok(PyHybridCacheStats(s)),
-            None => Err(invalid(py, "cache_stats: this pool was built without prefix_caching=True")),
-        }
+    fn cache_stats(&self, py: Python<'_>) -> PyResult<PyCacheStats> {
+        self.with(|p| p.cache_stats()).py_err(py).map(PyCacheStats)
     }
 
-    /// Forget every cached block of every group: idle ones become free (in eviction order),
-    /// live ones stay with their sequences, uncached, so no later admission hits what was
-    /// cached before. Not counted as evictions.
+    /// Pin what an admission of ``token_ids`` (followed by more tokens) would reuse: every
+    /// full group's cached chain and each windowed group's sink and window blocks before the
+    /// prefix's last full block ends, until :meth:`unpin` or until the logical clock reaches
+    /// ``expires_at``.
+    ///
+    /// Without ``priority`` the pin is hard: the blocks are never evicted. With a ``priority``
+    /// the pin is soft: under ``eviction="priority"`` idle blocks with a lower priority go
+    /// first.
+    ///
+    /// Args:
+    ///     token_ids: the prefix's token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///     priority: ``0..2**32`` for a soft pin; None (default) for a hard pin.
+    ///     expires_at: the logical time (see :meth:`set_clock`) at which the pin lapses; None
+    ///         (default) for never.
+    ///
+    /// Returns:
+    ///     The pin id.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: the prefix has no full block, or a group lacks a block the
+    ///         hit needs; ``expires_at`` is not after the current clock; a value out of
+    ///         range; caching off.
+    #[pyo3(signature = (token_ids, extra_key = None, *, priority = None, expires_at = None))]
+    fn pin_prefix(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+        #[pyo3(from_py_with = priority)] priority: Option<u32>,
+        #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
+    ) -> PyResult<u64> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        self.detached(py, |p| p.pin_prefix_tokens(&tokens, extra_key, priority, expires_at)).py_err(py)
+    }
+
+    /// :meth:`pin_prefix` for a prefix given as block keys, one per full block.
+    ///
+    /// Args:
+    ///     block_keys: as for :meth:`add_sequence_block_keys`, one key per full block.
+    ///     priority: as for :meth:`pin_prefix`.
+    ///     expires_at: as for :meth:`pin_prefix`.
+    ///
+    /// Returns:
+    ///     The pin id.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: no key, a group lacks a block the hit needs, a wrong key
+    ///         width or a negative key; ``expires_at`` is not after the current clock;
+    ///         caching off.
+    #[pyo3(signature = (block_keys, *, priority = None, expires_at = None))]
+    fn pin_block_keys(
+        &self,
+        py: Python<'_>,
+        block_keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority)] priority: Option<u32>,
+        #[pyo3(from_py_with = expires_at)] expires_at: Option<u64>,
+    ) -> PyResult<u64> {
+        let keys = convert::block_keys(block_keys, "block_keys")?;
+        self.detached(py, |p| p.pin_prefix_keys(&keys, priority, expires_at)).py_err(py)
+    }
+
+    /// Release a pin; its blocks become evictable again once no other pin holds them.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
+    fn unpin(&self, py: Python<'_>, #[pyo3(from_py_with = pin_id)] pin_id: u64) -> PyResult<()> {
+        self.with(|p| p.unpin(pin_id)).py_err(py)
+    }
+
+    /// Drive the logical clock from the caller's step counter from now on (by default it counts
+    /// completed admissions, steps, appends, forks, truncations, frees and
+    /// :meth:`mark_computed` calls). Pins whose ``expires_at`` is reached are released.
+    ///
+    /// Args:
+    ///     t: the new time, ``0..2**63``, not before the current one.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
+    fn set_clock(&self, py: Python<'_>, #[pyo3(from_py_with = clock)] t: u64) -> PyResult<()> {
+        self.with(|p| p.set_clock(t)).py_err(py)
+    }
+
+    /// Take the queued cache events (``record_events=True``; none otherwise), oldest first,
+    /// as :meth:`BlockPool.drain_events`; ``group`` (uint32) names each block's layer group.
+    ///
+    /// Returns:
+    ///     A dict of arrays of equal length ``n``: ``kind``, ``block``, ``key``,
+    ///     ``parent_key``, ``has_parent``, ``tokens``, ``clock`` as for
+    ///     :meth:`BlockPool.drain_events`, and ``group`` uint32 (0 for a clear).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
+    fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let mut ev: Vec<CacheEvent> = Vec::new();
+        self.with(|p| p.drain_events(&mut ev)).py_err(py)?;
+        cache_args::events_dict(py, &ev)
+    }
+
+    /// Forget every cached block of every group: idle ones become free, live ones stay with
+    /// their sequences, uncached, so no later admission hits what was cached before. Not
+    /// counted as evictions.
     ///
     /// Returns:
     ///     The number of blocks that were cached.
     ///
     /// Raises:
-    ///     InvalidArgumentError: caching off.
+    ///     InvalidArgumentError: pins are held, or caching off.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
         self.detached(py, |p| p.reset_prefix_cache()).py_err(py)
     }

@@ -18,6 +18,5 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<specs::PyChunkedAttention>()?;
     m.add_class::<class::PyHybridPool>()?;
     m.add_class::<stats::PyHybridPoolStats>()?;
-    m.add_class::<stats::PyHybridCacheStats>()?;
     Ok(())
 }

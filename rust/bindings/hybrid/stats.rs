@@ -1,12 +1,11 @@
-//! `HybridPoolStats` and `HybridCacheStats`: frozen snapshots of a `HybridPool`'s
-//! occupancy and of its prefix cache's metrics, totals as properties and per-group lists
-//! (one entry per group, in group order). Built with `BlockPool`'s `stats_class!`.
+//! `HybridPoolStats`: a frozen snapshot of a `HybridPool`'s occupancy, totals as
+//! properties and per-group lists (one entry per group, in group order). Built with
+//! `BlockPool`'s `stats_class!`; its prefix cache reports through `CacheStats`.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::bindings::pool::stats::stats_class;
-use crate::hybrid::cache::HybridCacheStats;
 use crate::hybrid::HybridStats;
 
 /// Occupancy snapshot of a :class:`HybridPool`, taken by :meth:`HybridPool.stats`.
@@ -78,73 +77,6 @@ stats_class! {
             format!(
                 "HybridPoolStats(used_blocks={}/{}, seqs={}, group_blocks={:?}, group_holes={:?}, cow_copies={})",
                 s.used_blocks, s.total_blocks, s.num_seqs, s.group_blocks, s.group_holes, s.cow_copies
-            )
-        }
-    }
-}
-
-/// Prefix-cache metrics of a :class:`HybridPool`, taken by :meth:`HybridPool.cache_stats`.
-///
-/// Counts are in admissions, tokens and blocks: totals, and per-group lists with one entry
-/// per group in group order.
-#[pyclass(name = "HybridCacheStats", module = "pykvpool", frozen)]
-pub struct PyHybridCacheStats(pub HybridCacheStats);
-
-stats_class! {
-    #[pymethods]
-    impl PyHybridCacheStats {
-        fields {
-            /// Admissions that looked the cache up.
-            queries: u64,
-            /// Prompt tokens admitted.
-            query_tokens: u64,
-            /// Prompt tokens returned as cached (after the last-token rule).
-            hit_tokens: u64,
-            /// Blocks registered in the cache so far, all groups.
-            stored_blocks: u64,
-            /// Idle cached blocks reclaimed by allocations so far.
-            evictions: u64,
-            /// Blocks in the cache now (held or idle), all groups.
-            cached_blocks: usize,
-            /// Cached blocks no sequence holds (evictable).
-            idle_blocks: usize,
-        }
-
-        /// Per group: cached blocks that admissions took (blocks).
-        #[getter]
-        fn group_hit_blocks(&self) -> Vec<u64> {
-            self.0.group_hit_blocks.clone()
-        }
-
-        /// ``hit_tokens / query_tokens`` (0.0 before any query).
-        #[getter]
-        fn hit_rate(&self) -> f64 {
-            let s = &self.0;
-            if s.query_tokens == 0 {
-                0.0
-            } else {
-                s.hit_tokens as f64 / s.query_tokens as f64
-            }
-        }
-
-        /// All fields as a dict.
-        ///
-        /// Returns:
-        ///     ``{name: value}`` for every property of this class: ints, ``hit_rate`` a
-        ///     float, ``group_hit_blocks`` a list of ints.
-        fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-            let d = PyDict::new(py);
-            self.fields_into(&d)?;
-            d.set_item("group_hit_blocks", &self.0.group_hit_blocks)?;
-            d.set_item("hit_rate", self.hit_rate())?;
-            Ok(d)
-        }
-
-        fn __repr__(&self) -> String {
-            let s = &self.0;
-            format!(
-                "HybridCacheStats(hit_rate={:.4}, cached_blocks={}, idle_blocks={}, evictions={}, group_hit_blocks={:?})",
-                self.hit_rate(), s.cached_blocks, s.idle_blocks, s.evictions, s.group_hit_blocks
             )
         }
     }

@@ -4,12 +4,13 @@
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::bindings::convert::{int_scalar, int_vec};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
-use crate::prefix_cache::{CacheConfig, MAX_EVENTS_LIMIT};
+use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
 use crate::types::BlockId;
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -114,6 +115,20 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
         .collect()
 }
 
+/// Drained cache events as a dict of equal-length arrays (`drain_events` of both pools).
+pub(crate) fn events_dict<'py>(py: Python<'py>, ev: &[CacheEvent]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kind", PyArray1::from_iter(py, ev.iter().map(|e| e.kind as u8)))?;
+    d.set_item("block", PyArray1::from_iter(py, ev.iter().map(|e| e.block.map_or(-1, |b| b.0 as i64))))?;
+    d.set_item("key", keys_array(py, ev.iter().map(|e| e.key))?)?;
+    d.set_item("parent_key", keys_array(py, ev.iter().map(|e| e.parent_key.unwrap_or(0)))?)?;
+    d.set_item("has_parent", PyArray1::from_iter(py, ev.iter().map(|e| e.parent_key.is_some())))?;
+    d.set_item("tokens", PyArray1::from_iter(py, ev.iter().map(|e| e.tokens)))?;
+    d.set_item("clock", PyArray1::from_iter(py, ev.iter().map(|e| e.clock)))?;
+    d.set_item("group", PyArray1::from_iter(py, ev.iter().map(|e| e.group)))?;
+    Ok(d)
+}
+
 pub(super) fn keys_array<'py>(py: Python<'py>, keys: impl ExactSizeIterator<Item = BlockKey>) -> PyResult<Bound<'py, PyArray2<u64>>> {
     let n = keys.len();
     let flat: Vec<u64> = keys.flat_map(|k| [(k >> 64) as u64, k as u64]).collect();
@@ -145,19 +160,19 @@ pub(crate) fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     opt_uint(obj, "extra_key", "0..2**63")
 }
 
-pub(super) fn priority(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+pub(crate) fn priority(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
     opt_uint(obj, "priority", "0..2**32")
 }
 
-pub(super) fn expires_at(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+pub(crate) fn expires_at(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     opt_uint(obj, "expires_at", "0..2**63")
 }
 
-pub(super) fn clock(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(crate) fn clock(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     opt_uint(obj, "t", "0..2**63")?.ok_or_else(|| invalid(obj.py(), "t must be an int, got None"))
 }
 
-pub(super) fn pin_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(crate) fn pin_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     opt_uint(obj, "pin_id", "issued pin ids")?.ok_or_else(|| invalid(obj.py(), "pin_id must be an int, got None"))
 }
 

@@ -764,22 +764,14 @@ impl PyBlockPool {
     ///     ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
     ///     ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a keyed
     ///     prompt's partly filled last block, 0 for a clear), ``clock`` uint64 (logical
-    ///     time).
+    ///     time), ``group`` uint32 (the block's layer group: 0 in this pool).
     ///
     /// Raises:
     ///     InvalidArgumentError: caching off.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut ev: Vec<CacheEvent> = Vec::new();
         self.with(|p| p.drain_events(&mut ev)).py_err(py)?;
-        let d = PyDict::new(py);
-        d.set_item("kind", PyArray1::from_iter(py, ev.iter().map(|e| e.kind as u8)))?;
-        d.set_item("block", PyArray1::from_iter(py, ev.iter().map(|e| e.block.map_or(-1, |b| b.0 as i64))))?;
-        d.set_item("key", keys_array(py, ev.iter().map(|e| e.key))?)?;
-        d.set_item("parent_key", keys_array(py, ev.iter().map(|e| e.parent_key.unwrap_or(0)))?)?;
-        d.set_item("has_parent", PyArray1::from_iter(py, ev.iter().map(|e| e.parent_key.is_some())))?;
-        d.set_item("tokens", PyArray1::from_iter(py, ev.iter().map(|e| e.tokens)))?;
-        d.set_item("clock", PyArray1::from_iter(py, ev.iter().map(|e| e.clock)))?;
-        Ok(d)
+        cache_args::events_dict(py, &ev)
     }
 
     /// Forget every cached block: idle ones become free, live ones stay with their sequences,

@@ -35,7 +35,7 @@ macro_rules! stats_class {
     };
 }
 
-// `HybridPoolStats` and `HybridCacheStats` (`bindings/hybrid/stats.rs`) use it too.
+// `HybridPoolStats` (`bindings/hybrid/stats.rs`) uses it too.
 pub(crate) use stats_class;
 
 /// Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
@@ -94,7 +94,7 @@ stats_class! {
     }
 }
 
-/// Prefix-cache metrics of a :class:`BlockPool`, taken by :meth:`BlockPool.cache_stats`
+/// Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats` or :meth:`HybridPool.cache_stats`
 /// (hits count successful admissions). Counts are in blocks, tokens and admissions.
 #[pyclass(name = "CacheStats", module = "pykvpool", frozen)]
 pub struct PyCacheStats(pub CacheStats);
@@ -145,6 +145,13 @@ stats_class! {
         fn policy(&self) -> &'static str {
             self.0.policy.name()
         }
+        /// Per layer group, in group order (one entry for a pool without groups): blocks
+        /// the admissions took from the cache in that group (a windowed group takes only
+        /// its sinks and window).
+        #[getter]
+        fn group_hit_blocks(&self) -> Vec<u64> {
+            self.0.group_hit_blocks.clone()
+        }
         /// ``hit_tokens / query_tokens`` (0.0 before any query).
         #[getter]
         fn hit_rate(&self) -> f64 {
@@ -167,6 +174,7 @@ stats_class! {
             self.fields_into(&d)?;
             d.set_item("hit_rate", self.0.hit_rate())?;
             d.set_item("block_hit_rate", self.0.block_hit_rate())?;
+            d.set_item("group_hit_blocks", &self.0.group_hit_blocks)?;
             Ok(d)
         }
 

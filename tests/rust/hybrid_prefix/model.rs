@@ -1,7 +1,12 @@
 //! A model of prefix caching on layer groups, written from the contract: abstract blocks
-//! with refcounts and a (group, key) each, the per-group index, the free count and the idle
-//! blocks, evicted by the policy's order of their uses (stored, hit, released, numbered by
-//! one clock: `rust/hybrid/cache.rs`); sequences as per-group lists of `Option<block>`. The hit is
+//! with refcounts, a (group, key) and a parent each, the per-group index, the free count
+//! and the idle blocks, evicted by the policy's order of their uses (stored, hit, released,
+//! numbered by one clock: `rust/prefix_cache/mod.rs` and `eviction.rs`); sequences as
+//! per-group lists of `Option<block>`. A full group's blocks are stored as chains (a block
+//! only after the block before it in its table, which becomes its parent; a broken chain
+//! or a taken key stops the group's stores for that call) and only leaves are evicted; a
+//! windowed group's blocks are stored one by one, without parents, and any idle one may be
+//! evicted. The hit is
 //! found by brute force over every hit length (not by `longest_hit`). Steps are applied
 //! the way the contract orders them (every release of the batch first, then every growth;
 //! a copy-on-write takes its copy, then drops the source) on a copy of the model; a take
@@ -37,6 +42,8 @@ pub fn kind(e: &KvError) -> Err {
 pub struct MBlock {
     pub rc: u32,
     pub key: Option<(usize, BlockKey)>,
+    /// The cached block before it in a full group's chain.
+    pub parent: Option<usize>,
     /// Clock of the last use, of the store, and hits since the store.
     pub last_use: u64,
     pub stored_at: u64,
@@ -101,16 +108,17 @@ impl Model {
         self.clock
     }
 
-    /// The idle blocks in the order the policy evicts them.
+    /// The idle blocks an eviction may take now (no cached block has them as parent), in
+    /// the order the policy evicts them (without pins, `Priority` orders as `Lru`).
     pub fn eviction_order(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = self.idle.iter().copied().collect();
+        let parents: Vec<usize> = self.blocks.iter().filter(|b| b.key.is_some()).filter_map(|b| b.parent).collect();
+        let mut v: Vec<usize> = self.idle.iter().copied().filter(|m| !parents.contains(m)).collect();
         v.sort_by_key(|&m| {
             let b = &self.blocks[m];
             match self.policy {
-                EvictionPolicy::Lru => (b.last_use, 0),
+                EvictionPolicy::Lru | EvictionPolicy::Priority => (b.last_use, 0),
                 EvictionPolicy::Fifo => (b.stored_at, 0),
                 EvictionPolicy::Lfu => (b.hits, b.last_use),
-                EvictionPolicy::Priority => unreachable!("refused with layer groups"),
             }
         });
         v
@@ -123,10 +131,11 @@ impl Model {
             let v = *self.eviction_order().first().ok_or(Err::Exhausted)?;
             self.idle.retain(|&x| x != v);
             let k = self.blocks[v].key.take().expect("idle blocks are cached");
+            self.blocks[v].parent = None;
             self.index.remove(&k);
             self.stats.evictions += 1;
         }
-        self.blocks.push(MBlock { rc: 1, key: None, last_use: 0, stored_at: 0, hits: 0 });
+        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0 });
         Ok(self.blocks.len() - 1)
     }
 
@@ -157,13 +166,35 @@ impl Model {
         b.last_use = t;
     }
 
-    fn register(&mut self, g: usize, key: BlockKey, m: usize) {
-        if !self.index.contains_key(&(g, key)) && self.blocks[m].key.is_none() {
-            self.index.insert((g, key), m);
-            let t = self.tick();
-            let b = &mut self.blocks[m];
-            (b.key, b.stored_at, b.last_use, b.hits) = (Some((g, key)), t, t, 0);
-            self.stats.stored += 1;
+    /// Store the blocks of `tables` from logical block `from` on under `keys`: in a full
+    /// group as a chain, in a windowed group each block that is not cached yet.
+    fn register(&mut self, tables: &[Vec<Option<usize>>], keys: &[BlockKey], from: usize) {
+        for (g, t) in tables.iter().enumerate() {
+            let windowed = self.specs[g].is_windowed();
+            for (i, &key) in keys.iter().enumerate().skip(from) {
+                let Some(m) = t.get(i).copied().flatten() else { continue };
+                if self.blocks[m].key == Some((g, key)) {
+                    continue;
+                }
+                let parent = match (windowed, i) {
+                    (true, _) | (false, 0) => None,
+                    (false, _) => match t[i - 1] {
+                        Some(p) if self.blocks[p].key == Some((g, keys[i - 1])) => Some(p),
+                        _ => break,
+                    },
+                };
+                if self.blocks[m].key.is_some() || self.index.contains_key(&(g, key)) {
+                    if windowed {
+                        continue;
+                    }
+                    break;
+                }
+                self.index.insert((g, key), m);
+                let t = self.tick();
+                let b = &mut self.blocks[m];
+                (b.key, b.parent, b.stored_at, b.last_use, b.hits) = (Some((g, key)), parent, t, t, 0);
+                self.stats.stored += 1;
+            }
         }
     }
 
@@ -215,13 +246,7 @@ impl Model {
         for t in &mut tables {
             self.grow(t, hb * BS, len - hb * BS).expect("checked");
         }
-        for (g, t) in tables.iter().enumerate() {
-            for (i, &k) in keys.iter().enumerate().skip(hb) {
-                if let Some(m) = t[i] {
-                    self.register(g, k, m);
-                }
-            }
-        }
+        self.register(&tables, &keys, hb);
         self.stats.queries += 1;
         self.stats.query_tokens += len as u64;
         self.stats.hit_tokens += (hb * BS) as u64;
@@ -317,13 +342,7 @@ impl Model {
         toks.extend_from_slice(tokens);
         keys = keys_of(&toks);
         let tables = e.tables.clone();
-        for (g, t) in tables.iter().enumerate() {
-            for (i, &k) in keys.iter().enumerate().skip(first) {
-                if let Some(m) = t[i] {
-                    self.register(g, k, m);
-                }
-            }
-        }
+        self.register(&tables, &keys, first);
         self.seqs.get_mut(&seq).unwrap().cursor = Some((toks, keys));
         Ok(())
     }
@@ -377,7 +396,7 @@ impl Model {
         self.free += self.idle.len();
         self.idle.clear();
         self.index.clear();
-        self.blocks.iter_mut().for_each(|b| b.key = None);
+        self.blocks.iter_mut().for_each(|b| (b.key, b.parent) = (None, None));
         n
     }
 

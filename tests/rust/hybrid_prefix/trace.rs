@@ -18,7 +18,7 @@
 
 use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
 use pykvpool::sim::kv::pool_keys;
-use pykvpool::{BlockHasher, BlockPool, CacheConfig, EvictionPolicy, SeqId};
+use pykvpool::{BlockPool, CacheConfig, SeqId};
 
 const TRACE_BLOCK: usize = 512;
 const BS: usize = 16;
@@ -54,7 +54,7 @@ fn read(path: &str) -> Vec<Req> {
 
 /// (hit tokens, prompt tokens, evictions) of one hybrid replay.
 fn replay_hybrid(trace: &[Req], blocks: usize, groups: Vec<GroupSpec>, decode: bool) -> (u64, u64, u64) {
-    let mut p = HybridPool::with_prefix_cache(blocks, BS, groups, BlockHasher::Xxh3, EvictionPolicy::Lru).unwrap();
+    let mut p = HybridPool::with_prefix_cache(blocks, BS, groups, CacheConfig { verify_tokens: false, ..CacheConfig::default() }).unwrap();
     let (mut out, mut keys) = (HybridStepOutput::default(), Vec::new());
     for (i, r) in trace.iter().enumerate() {
         let s = SeqId(i as u64);
