@@ -1599,9 +1599,12 @@ def run_simulation(
             block of every group. The steps then gain a column ``blocks_used_g{j}`` per
             group (blocks it holds; they add up to ``blocks_used``), the summary
             ``peak_blocks_used_g{j}``, and ``kv_tokens`` counts the tokens stored over all
-            groups (utilization: stored tokens over held and reserved slots). Not
-            supported with ``prefix_caching`` or ``preemption="swap"`` (an error naming
-            them).
+            groups (utilization: stored tokens over held and reserved slots). With
+            ``prefix_caching`` the pool caches every group (:class:`HybridPool`): a hit
+            shares blocks, which ``blocks_used_g{j}`` and ``kv_tokens`` then count once per
+            holder, and an admission allocates its whole prompt in every group at once (a
+            prompt larger than the pool is rejected). Not supported with
+            ``preemption="swap"`` (an error naming it).
             ``stop_when``: None (default: run to the end) or a dict of SLO targets, each
             None or a number finite and > 0: ``ttft_p99``, ``tpot_p50``, ``tpot_p99``
             (seconds) and ``min_output_throughput`` (output tokens/s). The run stops as
@@ -1630,7 +1633,7 @@ def run_simulation(
             or offsets, a negative block key, more than ``SIM_MAX_REQUESTS`` requests), an
             unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
             range or a bool as a count, token ids mixed with block keys, a malformed
-            ``groups`` entry (naming ``groups[i]``), ``groups`` with ``prefix_caching`` or
+            ``groups`` entry (naming ``groups[i]``), ``groups`` with
             ``preemption="swap"``, a ``stop_when`` bound that is not a number finite and
             > 0 (naming ``stop_when.<key>``), or a bad time model or step time; each names
             the key.

@@ -133,6 +133,17 @@ struct Hits {
     collision: Cell<bool>,
 }
 
+/// What an admission would take, found without changing anything.
+struct HitPlan {
+    hits: Hits,
+    /// The longest valid hit before the last-token rule, and the one taken, in blocks.
+    found: usize,
+    hb: usize,
+    held: Held,
+    /// Distinct held blocks that are idle and evictable now (reviving takes them).
+    revived: usize,
+}
+
 impl HybridPool {
     /// A pool with prefix caching on its groups ([`PrefixCache`] with `cfg`: policy,
     /// verification, events).
@@ -270,11 +281,10 @@ impl HybridPool {
         Self::checked_len(0, len).map(|_| ())
     }
 
-    /// The admission proper: `keys` has one key per full block at least.
-    fn admit(&mut self, seq: SeqId, len: usize, keys: Vec<BlockKey>, cursor: Option<Box<TokenCursor>>, out: &mut HybridStepOutput) -> Result<usize> {
+    /// The hit an admission of a `len`-token prompt would take now, and what it revives.
+    fn hit_plan(&self, q: Query<'_>, len: usize) -> Result<HitPlan> {
         let bs = self.block_size;
-        let q = Query { keys: &keys, tokens: cursor.as_ref().map(|c| &c.tokens[..]), extra: cursor.as_ref().and_then(|c| c.extra) };
-        let full = (len / bs).min(keys.len());
+        let full = (len / bs).min(q.keys.len());
         let hits = self.full_chains(q, full)?;
         let found = self.longest_cached(&hits, q, full);
         // The last-token rule: the last prompt token is always computed.
@@ -285,8 +295,27 @@ impl HybridPool {
         let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).filter(|&b| c.is_evictable(b, &self.alloc)).collect();
         revived.sort_unstable();
         revived.dedup();
+        Ok(HitPlan { hits, found, hb, held, revived: revived.len() })
+    }
+
+    /// What admitting a `len`-token prompt would take now, changing nothing: `(cached
+    /// tokens, allocatable blocks consumed)`, the blocks being every group's new blocks
+    /// plus the idle ones the hit revives. `keys` as for the admission (token ids' keys from
+    /// [`Self::block_keys`], or a trace's block keys with `tokens` None).
+    pub fn admission_plan(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, len: usize) -> Result<(usize, usize)> {
+        Self::checked_len(0, len)?;
+        let plan = self.hit_plan(Query { keys, tokens, extra }, len)?;
+        let bs = self.block_size;
+        Ok((plan.hb * bs, self.groups.len() * (len.div_ceil(bs) - plan.hb) + plan.revived))
+    }
+
+    /// The admission proper: `keys` has one key per full block at least.
+    fn admit(&mut self, seq: SeqId, len: usize, keys: Vec<BlockKey>, cursor: Option<Box<TokenCursor>>, out: &mut HybridStepOutput) -> Result<usize> {
+        let bs = self.block_size;
+        let q = Query { keys: &keys, tokens: cursor.as_ref().map(|c| &c.tokens[..]), extra: cursor.as_ref().and_then(|c| c.extra) };
+        let HitPlan { hits, found, hb, held, revived } = self.hit_plan(q, len)?;
         let need = self.groups.len() * (len.div_ceil(bs) - hb);
-        let free = self.num_free_blocks() - revived.len();
+        let free = self.num_free_blocks() - revived;
         if need > free {
             return Err(KvError::PoolExhausted { requested: need, free });
         }

@@ -313,6 +313,15 @@ impl HybridPool {
         Ok(())
     }
 
+    /// Blocks the release rule for a next query at the current length of `seq` would make
+    /// available now (what [`Self::mark_computed`] or the next growth releases, less the
+    /// blocks another sequence still holds or a hard pin keeps).
+    pub fn release_gain(&self, seq: SeqId) -> Result<usize> {
+        let e = self.entry(seq)?;
+        let avail = |b: BlockId| self.alloc.refcount(b) == 1 && !self.is_hard_pinned(b);
+        Ok(e.tables.iter().map(|t| t.run_front(t.releasable_count(e.len)).filter(|&b| avail(b)).count()).sum())
+    }
+
     /// Append `slots.len()` tokens to table `t` of a sequence of `len` tokens (releases
     /// done, blocks checked by the caller): copy-on-write or fill of the last entry, then
     /// new blocks.

@@ -60,10 +60,13 @@ pub enum Device {
 }
 
 impl Device {
-    /// A `BlockPool` (caching with `cache`) without `groups`, else a `HybridPool` of them.
+    /// A `BlockPool` without `groups`, else a `HybridPool` of them; caching with `cache`.
     pub fn new(num_blocks: usize, bs: usize, cache: Option<CacheConfig>, groups: Option<&[GroupSpec]>) -> Result<Self> {
         Ok(match (groups, cache) {
-            (Some(g), _) => Self::Hybrid(HybridPool::new(num_blocks, bs, g.to_vec())?, HybridStepOutput::default()),
+            (Some(g), Some(c)) => {
+                Self::Hybrid(HybridPool::with_prefix_cache(num_blocks, bs, g.to_vec(), c)?, HybridStepOutput::default())
+            }
+            (Some(g), None) => Self::Hybrid(HybridPool::new(num_blocks, bs, g.to_vec())?, HybridStepOutput::default()),
             (None, Some(c)) => Self::Block(BlockPool::with_prefix_cache(num_blocks, bs, c)?, StepOutput::default()),
             (None, None) => Self::Block(BlockPool::new(num_blocks, bs)?, StepOutput::default()),
         })
@@ -75,6 +78,23 @@ impl Device {
         match self {
             Self::Block(p, _) => Some(p),
             Self::Hybrid(..) => None,
+        }
+    }
+
+    /// The pool with layer groups (runs with groups).
+    #[inline]
+    pub fn hybrid_pool(&self) -> Option<&HybridPool> {
+        match self {
+            Self::Block(..) => None,
+            Self::Hybrid(p, _) => Some(p),
+        }
+    }
+
+    #[inline]
+    pub fn hybrid_pool_mut(&mut self) -> Option<(&mut HybridPool, &mut HybridStepOutput)> {
+        match self {
+            Self::Block(..) => None,
+            Self::Hybrid(p, o) => Some((p, o)),
         }
     }
 
@@ -166,8 +186,9 @@ impl Device {
     }
 
     /// A hybrid pool agrees with the engine's mirror: every running `(request, frontier)`,
-    /// the blocks per group and the stored tokens (nothing to compare for a `BlockPool`,
-    /// whose sharing the engine does not mirror).
+    /// and without prefix caching the blocks per group and the stored tokens (nothing more
+    /// to compare for a `BlockPool` or with caching, whose sharing the engine does not
+    /// mirror: there it counts each holder's blocks).
     pub fn check_mirror(&self, running: impl Iterator<Item = (usize, u32)>, group_blocks: &[usize], tokens: u64) -> Result<()> {
         let Self::Hybrid(p, _) = self else { return Ok(()) };
         for (i, f) in running {
@@ -175,6 +196,9 @@ impl Device {
             if got != f as usize {
                 return Err(KvError::Invariant(format!("request {i}: pool frontier {got}, engine {f}")));
             }
+        }
+        if p.prefix_cache().is_some() {
+            return Ok(());
         }
         let st = p.stats();
         let stored: u64 = st.group_stored_tokens.iter().sum();

@@ -17,7 +17,16 @@
 //! are the unfilled slots of the blocks held: utilization is stored tokens over held
 //! (and reserved) slots. Without groups (or with one full group) both are the logical
 //! tokens and the empty slots of last blocks, as before. Layer groups are refused with
-//! prefix caching and with swapping (the engine cannot mirror them exactly yet).
+//! swapping (the engine cannot mirror them exactly yet).
+//!
+//! With layer groups and prefix caching a hit shares blocks between sequences, so a window
+//! release frees only the blocks no other sequence holds: the pool says how many
+//! ([`crate::hybrid::HybridPool::release_gain`]), and a request's releases are applied
+//! when it is scheduled ([`crate::hybrid::HybridPool::mark_computed`], what its growth would
+//! release first), so the free count the rest of the step decides with is the pool's own.
+//! The blocks and tokens per group then count each holder's (as tokens do without groups).
+//! A caching admission allocates the whole prompt in every group at once (its windowed
+//! groups release only from the first growth after it), so a prompt must fit whole.
 //!
 //! With prefix caching the device pool caches prompt blocks: a prompt given as token ids
 //! is admitted with [`BlockPool::add_sequence_tokens`], one given as trace block keys
@@ -84,6 +93,8 @@ pub fn pool_keys(trace: &[u64], per_key: usize, len: usize, bs: usize, out: &mut
 pub struct Need {
     pub alloc: usize,
     pub release: usize,
+    /// Whether the request grows (a growth by 0 tokens releases nothing).
+    pub grows: bool,
 }
 
 pub struct Kv {
@@ -133,9 +144,6 @@ impl Kv {
         host_blocks: usize,
         watermark: usize,
     ) -> Result<Self> {
-        if groups.is_some() && cache.is_some() {
-            return Err(invalid!("prefix_caching is not supported with layer groups in the simulator yet"));
-        }
         if groups.is_some() && host_blocks > 0 {
             return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
         }
@@ -250,15 +258,19 @@ impl Kv {
             } else {
                 blocks(end, self.block_size) - blocks(r.kv_len, self.block_size)
             };
-            return Ok(Need { alloc, release: 0 });
+            return Ok(Need { alloc, release: 0, grows: end > r.kv_len });
         }
         if end == r.kv_len {
             return Ok(Need::default());
         }
         let alloc = self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize)?;
         let (bs, len, f) = (self.block_size, r.kv_len as usize, r.frontier as usize);
-        let release = self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum();
-        Ok(Need { alloc, release })
+        let release = match self.device.hybrid_pool() {
+            // Shared blocks stay held: the pool knows which its releases free.
+            Some(p) if self.caching => p.release_gain(SeqId(idx as u64))?,
+            _ => self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum(),
+        };
+        Ok(Need { alloc, release, grows: true })
     }
 
     /// Plan the admission of request `idx`: a cache lookup when caching is on and the
@@ -269,7 +281,18 @@ impl Kv {
         }
         let bs = self.block_size;
         let len = r.prompt_len as usize;
-        let device = self.device.block_pool().ok_or_else(|| KvError::Invariant("caching with layer groups".into()))?;
+        if let Some(pool) = self.device.hybrid_pool() {
+            let (cached, blocks) = if let Some(tokens) = w.tokens(idx) {
+                pool.admission_plan(&pool.block_keys(tokens, None)?, Some(tokens), None, len)?
+            } else if let Some((trace, per_key)) = w.block_keys(idx) {
+                pool_keys(trace, per_key, len, bs, &mut self.keys);
+                pool.admission_plan(&self.keys, None, None, len)?
+            } else {
+                return Ok(Plan::default());
+            };
+            return Ok(Plan { cached: cached as u32, kv_len: len as u32, blocks });
+        }
+        let device = self.device.block_pool().ok_or_else(|| KvError::Invariant("no device pool".into()))?;
         let cache = device.prefix_cache().ok_or_else(|| KvError::Invariant("caching without a cache".into()))?;
         let found = if let Some(tokens) = w.tokens(idx) {
             let keys = device.block_keys(tokens, None)?;
@@ -286,18 +309,30 @@ impl Kv {
         Ok(Plan { cached: (used * bs) as u32, kv_len: len as u32, blocks: blocks_for(len, bs) - used + revived })
     }
 
-    /// Promise `need` to `r` for this step, its allocation drawn from its reservation first.
+    /// Promise `need` to request `idx` (`r`) for this step, its allocation drawn from its
+    /// reservation first. With layer groups and caching its growth's releases are applied
+    /// now (the module doc), otherwise counted as free for the batch until `commit`.
     #[inline]
-    pub fn promise(&mut self, r: &mut ReqState, need: Need) {
+    pub fn promise(&mut self, idx: u32, r: &mut ReqState, need: Need) -> Result<()> {
         self.committed += need.alloc;
-        self.releasing += need.release;
+        if !(self.hybrid && self.caching) {
+            self.releasing += need.release;
+        } else if need.grows && r.frontier != r.kv_len {
+            let (pool, _) = self.device.hybrid_pool_mut().ok_or_else(|| KvError::Invariant("groups without a hybrid pool".into()))?;
+            pool.mark_computed(&[SeqId(idx as u64)])?;
+            self.unhold(r);
+            r.frontier = r.kv_len;
+            self.hold(r);
+        }
         let take = u32::try_from(need.alloc).unwrap_or(u32::MAX).min(r.reserve_left);
         r.reserve_left -= take;
         r.reserve_taken = take;
         self.reserved -= take as usize;
+        Ok(())
     }
 
-    /// Undo `promise` for a request taken out of the batch again.
+    /// Undo `promise` for a request taken out of the batch again (releases applied at the
+    /// promise stay applied: the request is preempted next).
     #[inline]
     pub fn unpromise(&mut self, r: &mut ReqState, need: Need) {
         self.committed -= need.alloc;
@@ -315,6 +350,13 @@ impl Kv {
         let cached = if plan.kv_len == 0 {
             self.device.add_sequence(seq, 0)?;
             0
+        } else if let Some((pool, out)) = self.device.hybrid_pool_mut() {
+            let cached = match w.tokens(idx) {
+                Some(tokens) => pool.add_sequence_tokens(seq, tokens, None, out)?,
+                None => pool.add_sequence_block_keys(seq, &self.keys, plan.kv_len as usize, out)?,
+            };
+            out.clear();
+            cached
         } else {
             let (device, out) = self.device.block_pool_mut().ok_or_else(|| KvError::Invariant("caching with layer groups".into()))?;
             out.slots.clear();

@@ -278,7 +278,8 @@ impl<'a> Run<'a> {
             let i = self.order[self.next];
             self.next += 1;
             let r = &mut self.reqs[i as usize];
-            if self.sched.admissible_alone(r, &self.kv).is_err() {
+            let keyed = self.workload.tokens(i as usize).is_some() || self.workload.block_keys(i as usize).is_some();
+            if self.sched.admissible_alone(r, &self.kv, keyed).is_err() {
                 r.status = Status::Rejected;
                 self.rm.outcome[i as usize] = Outcome::Rejected as u8;
                 if let Some(s) = &mut self.stop {

@@ -209,8 +209,9 @@ impl Scheduler {
         }
     }
 
-    /// Whether a request can ever run alone; `Err(reason)` when it cannot.
-    pub fn admissible_alone(&self, r: &ReqState, kv: &Kv) -> std::result::Result<(), String> {
+    /// Whether a request can ever run alone; `Err(reason)` when it cannot. `keyed`: its
+    /// prompt has token ids or block keys (a caching admission allocates it whole).
+    pub fn admissible_alone(&self, r: &ReqState, kv: &Kv, keyed: bool) -> std::result::Result<(), String> {
         let longest = r.max_kv(self.cfg.convention);
         if longest > MAX_SEQ_TOKENS as u64 {
             return Err(format!("{longest} tokens exceed a pool sequence ({MAX_SEQ_TOKENS})"));
@@ -224,7 +225,11 @@ impl Scheduler {
         // A growth computes at most the token budget with chunked prefill, else a whole
         // (re)computed prompt.
         let chunk = if self.cfg.chunked_prefill { longest.min(self.cfg.budget() as u64) } else { longest };
-        let need = self.reservation(r, kv).unwrap_or_else(|| kv.peak_alone(longest as usize, chunk as usize));
+        let mut need = self.reservation(r, kv).unwrap_or_else(|| kv.peak_alone(longest as usize, chunk as usize));
+        if kv.caching && keyed {
+            // A caching admission allocates the whole prompt in every group at once.
+            need = need.max(kv.reserve_blocks(r.prompt_len as usize));
+        }
         if need > cap {
             return Err(format!("needs {need} blocks, the pool admits {cap}"));
         }
@@ -304,7 +309,7 @@ impl Scheduler {
                     break 'running;
                 }
             }
-            kv.promise(&mut reqs[r as usize], need);
+            kv.promise(r, &mut reqs[r as usize], need)?;
             batch.items.push((r, n));
             budget -= n;
             i += 1;
@@ -386,7 +391,7 @@ impl Scheduler {
     fn start(&mut self, idx: u32, r: &mut ReqState, n: u32, kv: &mut Kv, batch: &mut Batch) -> Result<()> {
         r.status = Status::Running;
         let need = kv.grow_need(idx, r, n)?;
-        kv.promise(r, need);
+        kv.promise(idx, r, need)?;
         self.running.push(idx);
         batch.items.push((idx, n));
         Ok(())

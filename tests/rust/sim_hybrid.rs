@@ -1,13 +1,15 @@
 //! The simulator over a `HybridPool` (models with layer groups): a windowed group holds at
 //! most its window's blocks per request, one full group reproduces the `BlockPool` run
 //! exactly, runs are deterministic, and the pool's invariants and the engine's mirror of
-//! it hold after every step (proptest over groups, block sizes and policies).
+//! it hold after every step (proptest over groups, block sizes and policies, with and
+//! without prefix caching).
 
 use proptest::prelude::*;
 use pykvpool::error::KvError;
 use pykvpool::hybrid::GroupSpec;
 use pykvpool::prefix_cache::CacheConfig;
-use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
+use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
+use pykvpool::EvictionPolicy;
 use pykvpool::sim::*;
 
 fn uniform(lo: u32, hi: u32) -> LengthSpec {
@@ -15,13 +17,18 @@ fn uniform(lo: u32, hi: u32) -> LengthSpec {
 }
 
 fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
+    shared_workload(n, rate, prompt, output, seed, None)
+}
+
+/// Prompts of token ids opening with one of `prefixes` shared prefixes of `len` tokens.
+fn shared_workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64, shared: Option<(usize, u32)>) -> Workload {
     synthesize(&SyntheticSpec {
         num_requests: n,
         arrivals: Arrivals::Poisson { rate },
         prompt: uniform(prompt.0, prompt.1),
         output: uniform(output.0, output.1),
         priority_levels: 3,
-        shared_prefixes: None,
+        shared_prefixes: shared.map(|(num_prefixes, prefix_len)| SharedPrefixes { num_prefixes, prefix_len, vocab_size: 32_000 }),
         seed,
     })
     .unwrap()
@@ -146,12 +153,40 @@ fn a_window_sustains_more_concurrency_than_full_attention_at_the_same_blocks() {
 }
 
 #[test]
-fn caching_and_swapping_with_groups_are_refused_by_name() {
+fn caching_with_one_full_group_hits_what_the_block_pool_hits() {
+    // A pool that never evicts: every request reuses exactly the cached full blocks of
+    // the prompts admitted before it, through either pool.
+    let w = shared_workload(60, 20.0, (40, 400), (1, 50), 4, Some((3, 200)));
+    let mut plain = config(4000, 16, None);
+    plain.prefix_cache = Some(CacheConfig::default());
+    let mut full = plain.clone();
+    full.groups = Some(vec![GroupSpec::Full]);
+    let (a, b) = (run(&w, &plain), run(&w, &full));
+    assert_eq!(a.requests.cached_tokens, b.requests.cached_tokens);
+    assert!(a.summary.cached_tokens > 0 && a.summary.finished == 60);
+    assert_same_requests(&a.requests, &b.requests);
+}
+
+#[test]
+fn caching_with_windows_reuses_prefixes_under_pressure() {
+    // Gemma-like: a full group and a 64-token window; a small pool evicts and preempts.
+    let w = shared_workload(80, 40.0, (100, 600), (20, 200), 9, Some((4, 300)));
+    for policy in EvictionPolicy::ALL {
+        let mut cfg = config(260, 16, Some(vec![GroupSpec::Full, sliding(64, 4)]));
+        cfg.prefix_cache = Some(CacheConfig { policy, ..CacheConfig::default() });
+        cfg.scheduler.max_batched_tokens = Some(512);
+        let r = run(&w, &cfg);
+        assert_eq!((r.summary.finished, r.leaked_blocks), (80, 0), "{policy}");
+        assert!(r.summary.cached_tokens > 0, "{policy}: shared prefixes are reused");
+        assert!(r.summary.preemptions > 0, "{policy}: the pool is under pressure");
+        let again = run(&w, &cfg);
+        assert_eq!(r.summary, again.summary, "{policy}: deterministic");
+    }
+}
+
+#[test]
+fn swapping_with_groups_is_refused_by_name() {
     let w = workload(3, 1.0, (10, 20), (1, 5), 1);
-    let mut cfg = config(100, 16, Some(vec![sliding(32, 0)]));
-    cfg.prefix_cache = Some(CacheConfig::default());
-    let e = simulate(&w, &cfg, &mut ConstantTime(0.0)).unwrap_err();
-    assert!(matches!(&e, KvError::InvalidArgument(m) if m.contains("prefix_caching")), "{e}");
     let mut cfg = config(100, 16, Some(vec![sliding(32, 0)]));
     cfg.scheduler.preemption = Preemption::Swap { host_blocks: 50 };
     let e = simulate(&w, &cfg, &mut ConstantTime(0.0)).unwrap_err();
@@ -166,6 +201,10 @@ fn a_request_longer_than_the_pool_but_within_the_window_runs() {
     cfg.scheduler.max_batched_tokens = Some(64);
     let r = run(&w, &cfg);
     assert_eq!(r.summary.finished, 4);
+    // With caching too: each growth fits only with the blocks its own window releases.
+    cfg.prefix_cache = Some(CacheConfig::default());
+    let cached = run(&w, &cfg);
+    assert_eq!((cached.summary.finished, cached.summary.preemptions), (4, r.summary.preemptions));
     let mut plain = config(30, 16, None);
     plain.scheduler.max_batched_tokens = Some(64);
     assert_eq!(run(&w, &plain).summary.rejected, 4);
@@ -193,17 +232,24 @@ proptest! {
         budget in 8usize..200,
         conv in prop::sample::select(vec![Convention::Vllm, Convention::DecodeFirst]),
         alloc in prop::sample::select(vec![Allocation::Paged, Allocation::Oracle]),
+        caching in prop::option::of(prop::sample::select(EvictionPolicy::ALL.to_vec())),
         seed in 0u64..1000,
     ) {
-        let w = workload(25, 50.0, (1, 120), (1, 60), seed);
+        let w = shared_workload(25, 50.0, (1, 120), (1, 60), seed, Some((2, 40)));
         let mut cfg = config(blocks, bs, Some(groups));
         cfg.scheduler = SchedulerConfig { convention: conv, allocation: alloc, max_running: 12, max_batched_tokens: Some(budget), ..Default::default() };
+        cfg.prefix_cache = caching.map(|policy| CacheConfig { policy, ..CacheConfig::default() });
         let r = run(&w, &cfg);
         prop_assert_eq!(r.leaked_blocks, 0);
         prop_assert_eq!(r.summary.finished + r.summary.rejected, 25);
         for s in 0..r.steps.blocks_used.len() {
+            // With caching a shared block counts once per holder.
             let sum: u32 = r.steps.group_blocks.iter().map(|c| c[s]).sum();
-            prop_assert_eq!(sum, r.steps.blocks_used[s]);
+            if caching.is_some() {
+                prop_assert!(sum >= r.steps.blocks_used[s]);
+            } else {
+                prop_assert_eq!(sum, r.steps.blocks_used[s]);
+            }
         }
     }
 }

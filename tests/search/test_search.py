@@ -139,20 +139,22 @@ def test_space_rules_drop_what_adds_nothing_or_cannot_run() -> None:
         ("swap", False, "lru"), ("swap", True, "lfu"), ("swap", True, "lru")]
     gemma = space.points(model_preset("gemma-2-9b"), prefix_workload=True)
     groups = [p for p in gemma if p.layer_groups]
-    assert len(groups) == 1 and groups[0].preemption == "recompute" and not groups[0].prefix_caching
-    assert len({p.key() for p in gemma}) == len(gemma) == 7
+    assert sorted((p.preemption, p.prefix_caching, p.eviction) for p in groups) == [
+        ("recompute", False, "lru"), ("recompute", True, "lfu"), ("recompute", True, "lru")]
+    assert len({p.key() for p in gemma}) == len(gemma) == 9
 
 
 def test_layer_groups_and_prefix_caching_points_run() -> None:
     """A windowed model's layer-group point holds more blocks (of fewer layers) than its
-    flat point; prefix caching runs on a keyed trace."""
+    flat point; prefix caching runs on a keyed trace, with layer groups too."""
     w = sim.synthetic_workload(80, rate=2.0, seed=3, shared_prefixes=(4, 512, 1000))
     space = ds.SearchSpace(layer_groups=(False, True), prefix_caching=(False, True))
     res = go(w, space, [ds.SLO("a", ttft_p99=5.0)], model=model_preset("gemma-2-9b"),
              ladder=ds.RateLadder(1.0, 4.0, 3))
     by = {(r["prefix_caching"], r["layer_groups"]): r for r in res.rows}
-    assert set(by) == {(False, False), (True, False), (False, True)}
+    assert set(by) == {(False, False), (True, False), (False, True), (True, True)}
     assert by[(False, True)]["num_blocks"] > by[(False, False)]["num_blocks"]
+    assert by[(True, True)]["num_blocks"] == by[(False, True)]["num_blocks"]
     assert all(r["status"] == "ok" and r["a_state"] in ("ok", "none") for r in res.rows)
 
 

@@ -134,3 +134,25 @@ def test_window_over_the_span_limit_is_refused_by_the_engine() -> None:
     w = {"arrival": np.zeros(1), "prompt_len": np.array([5]), "output_len": np.array([5])}
     with pytest.raises(pykvpool.InvalidArgumentError, match=r"groups\[0\] window"):
         _native.run_simulation(w, {"num_blocks": 100, "block_size": 16, "groups": [("sliding", 2**31)]})
+
+
+@pytest.mark.parametrize("eviction", ["lru", "fifo", "lfu", "priority"])
+def test_prefix_caching_with_layer_groups_reuses_shared_prefixes(eviction: str) -> None:
+    # Gemma-2's layout (a full and a 4,096-token window group) on prompts that open with
+    # one of four 2,048-token prefixes: the cache serves both groups, and a pool too small
+    # for everything evicts and preempts while the run stays exact (checked every step).
+    gemma = model_preset("gemma-2-9b")
+    w = sim.synthetic_workload(60, rate=20.0, prompt=("uniform", [2_500, 6_000]), output=("uniform", [20, 200]),
+                               shared_prefixes=(4, 2_048, 32_000), seed=4)
+    cfg = sim.SimConfig(num_blocks=2_000, block_size=16, groups=gemma.groups, prefix_caching=True,
+                        eviction=eviction, check_invariants=True)
+    r = sim.run(w, cfg, 0.01)
+    assert r.summary["finished"] == 60 and r.summary["leaked_blocks"] == 0
+    assert r.summary["preemptions"] > 0
+    cached = r.requests["cached_tokens"]
+    # Later requests reuse whole prefixes (2,048 tokens = 128 blocks); hits are whole
+    # blocks, summed over a request's admissions (a preempted one is admitted again).
+    assert cached.sum() >= 20 * 2_048 and np.all(cached % 16 == 0)
+    no_cache = sim.run(w, dataclasses.replace(cfg, prefix_caching=False), 0.01)
+    assert r.steps["prefill_tokens"].sum() < no_cache.steps["prefill_tokens"].sum()
+    assert 0 < r.summary["prefix_hit_rate"] < 1
