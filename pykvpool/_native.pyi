@@ -1447,21 +1447,29 @@ class BlockTableBuffer:
     @property
     def pad(self) -> int:
         """The padding value of unused entries."""
-    def sync(self, pool: BlockPool, seq_ids: _IntArrayLike) -> int:
+    def sync(self, pool: BlockPool | HybridPool, seq_ids: _IntArrayLike, group: int | None = None) -> int:
         """Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
         left as they were.
 
+        A :class:`HybridPool` has one table per layer group: a buffer mirrors one group's
+        tables (keep one buffer per group). Its holes (blocks a window released, or a
+        prefix hit never stored) are ``pad``, as in :meth:`HybridPool.block_tables`; the
+        entries a window released since the last sync become ``pad`` in place.
+
         Args:
-            pool: the :class:`BlockPool` the sequences live in.
+            pool: the :class:`BlockPool` or :class:`HybridPool` the sequences live in.
             seq_ids: at most ``max_seqs`` live sequence ids.
+            group: the layer group whose tables to mirror (default 0; a BlockPool has
+                only group 0).
 
         Returns:
             The number of entries written.
 
         Raises:
             UnknownSequenceError: an id is not live.
-            InvalidArgumentError: ``pool`` is not a BlockPool, too many ids, a table longer
-                than ``max_blocks``, or the array is not writable. Nothing is written on error.
+            InvalidArgumentError: ``pool`` is neither pool, ``group`` is not an int or not a
+                group of the pool, too many ids, a table longer than ``max_blocks``, or the
+                array is not writable. Nothing is written on error.
         """
     def invalidate(self) -> None:
         """Forget the matrix contents: the next sync rewrites every row it touches."""

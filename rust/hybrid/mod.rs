@@ -144,6 +144,8 @@ pub struct HybridPool {
     pub(crate) cow_scratch: Vec<(BlockId, u32)>,
     /// Scratch of the one-pass decode.
     pub(crate) decode: DecodeScratch,
+    /// Identity for table mirrors ([`crate::pool::table_sync::TableSync`]).
+    id: u64,
 }
 
 impl HybridPool {
@@ -179,6 +181,7 @@ impl HybridPool {
             release_scratch: Vec::new(),
             cow_scratch: Vec::new(),
             decode: DecodeScratch::default(),
+            id: crate::pool::next_pool_id(),
         })
     }
 
@@ -233,6 +236,12 @@ impl HybridPool {
     #[inline]
     pub fn num_seqs(&self) -> usize {
         self.seqs.len()
+    }
+
+    /// Unique id of this pool instance (for table mirrors).
+    #[inline]
+    pub fn pool_id(&self) -> u64 {
+        self.id
     }
 
     pub fn contains(&self, seq: SeqId) -> bool {

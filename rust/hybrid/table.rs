@@ -17,6 +17,7 @@
 //! truncation).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::spec::GroupSpec;
 use crate::error::{KvError, Result};
@@ -43,6 +44,15 @@ pub fn release_len(spec: &GroupSpec, i: usize, bs: usize) -> usize {
 /// No block: a hole, or an empty table.
 const NIL: u32 = u32::MAX;
 
+/// Stamps of table versions, unique across every table of the process (a table mirror
+/// compares them: an equal stamp means the same table, changed at most by appends and
+/// window releases).
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+fn next_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The logical block table of one sequence in one group: the two fields a decode step
 /// reads inline (8 bytes, next to the sequence's length), the rest behind a box, touched
 /// only when a block is added or released (about once per `block_size` tokens).
@@ -65,6 +75,9 @@ struct Body {
     spec: GroupSpec,
     head: Vec<BlockId>,
     run: VecDeque<BlockId>,
+    /// A new stamp whenever an entry is replaced or removed (not on appends or window
+    /// releases, which only turn the run's front into holes).
+    stamp: u64,
 }
 
 #[inline]
@@ -91,6 +104,7 @@ impl GroupTable {
                 spec,
                 head: Vec::new(),
                 run: VecDeque::new(),
+                stamp: next_stamp(),
             }),
         }
     }
@@ -234,9 +248,16 @@ impl GroupTable {
         Ok(())
     }
 
+    /// The table's version for mirrors (see the field).
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        self.b.stamp
+    }
+
     /// Put `b` in the last entry (a copy-on-write copy, or a new block for a last entry
     /// that is a hole); returns the block it replaces, if any.
     pub fn set_last(&mut self, b: BlockId) -> Option<BlockId> {
+        self.b.stamp = next_stamp();
         let old = if let Some(x) = self.b.run.back_mut() {
             Some(std::mem::replace(x, b))
         } else if self.b.head.len() == self.b.len_blocks && !self.b.head.is_empty() {
@@ -288,6 +309,7 @@ impl GroupTable {
 
     /// Undo one release of [`Self::release_front`]: the hole before the run gets `b` back.
     pub fn unrelease_front(&mut self, b: BlockId) {
+        self.b.stamp = next_stamp();
         self.b.run_start -= 1;
         self.b.run.push_front(b);
         self.refresh();
@@ -296,6 +318,9 @@ impl GroupTable {
     /// Drop every entry from logical index `keep` on, handing the stored ones to `f`, last
     /// one first.
     pub fn truncate(&mut self, keep: usize, mut f: impl FnMut(BlockId)) {
+        if self.b.len_blocks > keep {
+            self.b.stamp = next_stamp();
+        }
         while self.b.len_blocks > keep {
             let i = self.b.len_blocks - 1;
             if !self.b.run.is_empty() && i >= self.b.run_start {

@@ -38,6 +38,11 @@ pub use block_table::MAX_SEQ_TOKENS;
 /// Distinguishes pools, so a table mirror synced from one pool is never trusted for another.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A pool identity no other pool of the process has (for table mirrors).
+pub(crate) fn next_pool_id() -> u64 {
+    NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct SeqEntry {
     pub(crate) table: BlockTable,
@@ -122,7 +127,7 @@ impl BlockPool {
             cow_copies: 0,
             next_stamp: 1,
             batch_mark: 0,
-            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_pool_id(),
             cow_scratch: Vec::new(),
             slot_scratch: Vec::new(),
             ones: Vec::new(),

@@ -4,12 +4,15 @@
 //! steps most rows changed by at most one appended entry. [`TableSync`] remembers what it
 //! wrote into each row (which pool, which sequence, which table stamp, how many entries),
 //! so a sync copies only new entries, and rewrites a row only when its sequence changed or
-//! an existing entry was replaced (copy-on-write) or removed (truncation).
+//! an existing entry was replaced (copy-on-write) or removed (truncation). A pool with
+//! layer groups syncs one group's tables per buffer ([`TableSync::sync_group`]): holes are
+//! padding, and the entries a window released since the last sync become padding in place.
 
 use crate::error::{filled, Result};
 use crate::invalid;
+use crate::hybrid::HybridPool;
 use crate::pool::BlockPool;
-use crate::types::SeqId;
+use crate::types::{BlockId, SeqId};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct RowState {
@@ -18,6 +21,16 @@ struct RowState {
     stamp: u64,
     /// Table entries written; everything after them in the row is padding.
     written: usize,
+    /// Entries before it were holes or padding when written (a window's released front).
+    run_start: usize,
+}
+
+/// What a sync writes into one row: `from..to` of the table, padding up to `pad_to`,
+/// and padding over `released` (entries that became holes).
+struct RowPlan {
+    from: usize,
+    pad_to: usize,
+    released: std::ops::Range<usize>,
 }
 
 /// Remembers the contents of a row-major `[rows, width]` block-table matrix.
@@ -44,10 +57,8 @@ impl TableSync {
         self.rows.fill(None);
     }
 
-    /// Make row `i` of `out` hold the table of `seqs[i]`, padded with `pad`. Rows from
-    /// `seqs.len()` on are left as they are. Returns how many entries were written.
-    /// Fails (writing nothing) on unknown ids, too many sequences or too long tables.
-    pub fn sync(&mut self, pool: &BlockPool, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
+    /// Check the buffer, the batch and the longest table `need` before anything is written.
+    fn check(&self, seqs: &[SeqId], need: usize, out: &[i32]) -> Result<()> {
         if out.len() != self.rows.len() * self.width {
             return Err(invalid!(
                 "table buffer holds {} entries, expected {} x {}",
@@ -59,34 +70,68 @@ impl TableSync {
         if seqs.len() > self.rows.len() {
             return Err(invalid!("seq_ids: {} sequences do not fit in {} rows", seqs.len(), self.rows.len()));
         }
-        let need = pool.max_table_len(seqs)?;
         if need > self.width {
             return Err(invalid!("seq_ids: a table of {need} blocks does not fit in {} columns", self.width));
         }
+        Ok(())
+    }
+
+    /// What row `i` needs to hold `state`'s table, and the row's new record.
+    fn plan(&mut self, i: usize, state: RowState) -> RowPlan {
+        let n = state.written;
+        let plan = match self.rows[i] {
+            Some(old)
+                if (old.pool, old.seq, old.stamp) == (state.pool, state.seq, state.stamp)
+                    && old.written <= n
+                    && old.run_start <= state.run_start =>
+            {
+                RowPlan { from: old.written, pad_to: n, released: old.run_start..state.run_start.min(old.written) }
+            }
+            Some(old) => RowPlan { from: 0, pad_to: old.written.max(n), released: 0..0 },
+            None => RowPlan { from: 0, pad_to: self.width, released: 0..0 },
+        };
+        self.rows[i] = Some(state);
+        plan
+    }
+
+    /// Make row `i` of `out` hold the table of `seqs[i]`, padded with `pad`. Rows from
+    /// `seqs.len()` on are left as they are. Returns how many entries were written.
+    /// Fails (writing nothing) on unknown ids, too many sequences or too long tables.
+    pub fn sync(&mut self, pool: &BlockPool, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
+        self.check(seqs, pool.max_table_len(seqs)?, out)?;
         let mut written = 0;
         for (i, &seq) in seqs.iter().enumerate() {
             let table = pool.table(seq)?;
             let blocks = table.blocks();
+            let state = RowState { pool: pool.pool_id(), seq: seq.0, stamp: table.stamp(), written: blocks.len(), run_start: 0 };
+            let p = self.plan(i, state);
             let row = &mut out[i * self.width..(i + 1) * self.width];
-            let state = RowState { pool: pool.pool_id(), seq: seq.0, stamp: table.stamp(), written: blocks.len() };
-            let (from, pad_to) = match self.rows[i] {
-                Some(old)
-                    if old.pool == state.pool
-                        && old.seq == state.seq
-                        && old.stamp == state.stamp
-                        && old.written <= blocks.len() =>
-                {
-                    (old.written, blocks.len())
-                }
-                Some(old) => (0, old.written.max(blocks.len())),
-                None => (0, self.width),
-            };
-            for (dst, b) in row[from..blocks.len()].iter_mut().zip(&blocks[from..]) {
+            for (dst, b) in row[p.from..blocks.len()].iter_mut().zip(&blocks[p.from..]) {
                 *dst = b.as_i32();
             }
-            row[blocks.len()..pad_to].fill(self.pad);
-            written += pad_to - from;
-            self.rows[i] = Some(state);
+            row[blocks.len()..p.pad_to].fill(self.pad);
+            written += p.pad_to - p.from;
+        }
+        Ok(written)
+    }
+
+    /// [`Self::sync`] for the tables of `group` in a pool with layer groups: a hole is
+    /// `pad`, like the padding after a table.
+    pub fn sync_group(&mut self, pool: &HybridPool, group: usize, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
+        let tables = seqs.iter().map(|&s| pool.table(s, group)).collect::<Result<Vec<_>>>()?;
+        self.check(seqs, tables.iter().map(|t| t.len_blocks()).max().unwrap_or(0), out)?;
+        let mut written = 0;
+        for (i, (&seq, t)) in seqs.iter().zip(&tables).enumerate() {
+            let n = t.len_blocks();
+            let state = RowState { pool: pool.pool_id(), seq: seq.0, stamp: t.stamp(), written: n, run_start: t.run_start() };
+            let p = self.plan(i, state);
+            let row = &mut out[i * self.width..(i + 1) * self.width];
+            row[p.released.clone()].fill(self.pad);
+            for (dst, b) in row[p.from..n].iter_mut().zip(t.entries().skip(p.from)) {
+                *dst = b.map_or(self.pad, BlockId::as_i32);
+            }
+            row[n..p.pad_to].fill(self.pad);
+            written += p.pad_to - p.from + p.released.len();
         }
         Ok(written)
     }
@@ -135,6 +180,61 @@ mod tests {
         sync.sync(&pool, &swapped, &mut buf).unwrap();
         assert_eq!(&buf[..16], &expected(&pool, &swapped, 8)[..]);
         assert_eq!(&buf[16..], &[77; 16]);
+    }
+
+    /// Every group's buffer equals the full export after each change of a pool with
+    /// layer groups: growth, window releases, a copy-on-write, a truncation, a prefix hit
+    /// with holes, an id freed and reused.
+    #[test]
+    fn group_sync_matches_full_export() {
+        use crate::hybrid::{GroupSpec, HybridStepOutput};
+        use crate::prefix_cache::CacheConfig;
+        let groups = vec![GroupSpec::Full, GroupSpec::sliding_window(6, 2).unwrap()];
+        let mut pool = HybridPool::with_prefix_cache(200, 2, groups, CacheConfig::default()).unwrap();
+        let mut out = HybridStepOutput::default();
+        let width = 24;
+        let mut syncs: Vec<TableSync> = (0..2).map(|_| TableSync::new(4, width, -1).unwrap()).collect();
+        let mut bufs = vec![vec![55; 4 * width]; 2];
+        let check = |pool: &HybridPool, syncs: &mut Vec<TableSync>, bufs: &mut Vec<Vec<i32>>, seqs: &[SeqId]| {
+            for g in 0..2 {
+                syncs[g].sync_group(pool, g, seqs, &mut bufs[g]).unwrap();
+                let mut want = vec![0; seqs.len() * width];
+                pool.padded_tables_into(seqs, g, width, -1, &mut want).unwrap();
+                assert_eq!(&bufs[g][..want.len()], &want[..], "group {g}");
+            }
+        };
+        let prompt: Vec<u32> = (0..11).collect();
+        pool.add_sequence_tokens(SeqId(1), &prompt, None, &mut out).unwrap();
+        pool.add_sequence(SeqId(2), 5, &mut out).unwrap();
+        let seqs = ids(&[1, 2]);
+        check(&pool, &mut syncs, &mut bufs, &seqs);
+        for _ in 0..9 {
+            pool.step_decode(&seqs, &mut out).unwrap();
+            check(&pool, &mut syncs, &mut bufs, &seqs);
+        }
+        // Unchanged tables: nothing to write.
+        assert_eq!(syncs[1].sync_group(&pool, 1, &seqs, &mut bufs[1]).unwrap(), 0);
+        pool.fork(SeqId(2), SeqId(3)).unwrap();
+        pool.step(&[SeqId(2)], &[1], &mut out).unwrap(); // copy-on-write of the shared last block
+        check(&pool, &mut syncs, &mut bufs, &ids(&[1, 2, 3]));
+        pool.truncate(SeqId(1), 1).unwrap(); // within the window
+        check(&pool, &mut syncs, &mut bufs, &ids(&[1, 2, 3]));
+        // A hit: the window group's skipped blocks are holes.
+        let long: Vec<u32> = (0..30).collect();
+        pool.add_sequence_tokens(SeqId(4), &long, None, &mut out).unwrap();
+        pool.free(SeqId(4)).unwrap();
+        pool.add_sequence_tokens(SeqId(4), &[&long[..], &[7]].concat(), None, &mut out).unwrap();
+        assert!(pool.table(SeqId(4), 1).unwrap().num_holes() > 0);
+        check(&pool, &mut syncs, &mut bufs, &ids(&[4, 2, 3, 1]));
+        pool.free(SeqId(2)).unwrap();
+        pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
+        check(&pool, &mut syncs, &mut bufs, &ids(&[4, 2, 3, 1]));
+        // Another pool's tables are never trusted for the same ids.
+        let mut other = HybridPool::new(50, 2, vec![GroupSpec::Full, GroupSpec::sliding_window(6, 2).unwrap()]).unwrap();
+        for s in [4u64, 2, 3, 1] {
+            other.add_sequence(SeqId(s), 1, &mut out).unwrap();
+        }
+        check(&other, &mut syncs, &mut bufs, &ids(&[4, 2, 3, 1]));
     }
 
     #[test]

@@ -327,6 +327,54 @@ def test_table_buffer_matches_full_export_under_random_ops() -> None:
     assert p.num_free_blocks == 48
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_table_buffers_mirror_every_group_of_a_hybrid_pool(caching: bool) -> None:
+    # One buffer per group; random growth, window releases, forks (copy-on-write),
+    # truncations within the window, frees and prefix hits with holes.
+    rng = random.Random(99)
+    groups = [kv.FullAttention(), kv.SlidingWindow(6, sink_tokens=2), kv.ChunkedAttention(8)]
+    p = kv.HybridPool(200, 2, groups, prefix_caching=caching)
+    bufs = [kv.BlockTableBuffer(6, 512, pad=-3) for _ in groups]
+    live: list[int] = []
+    next_id = 0
+    prompts = [[7] * 10, [7] * 10 + [8] * 6]
+    for _ in range(300):
+        r = rng.random()
+        try:
+            if r < 0.2 or not live:
+                if caching and rng.random() < 0.5:
+                    p.add_sequence_tokens(next_id, rng.choice(prompts) + [next_id])
+                else:
+                    p.add_sequence(next_id, rng.randint(0, 9))
+                live.append(next_id)
+                next_id += 1
+            elif r < 0.65:
+                p.step(live, [rng.randint(0, 3) for _ in live])
+            elif r < 0.75 and len(live) < 6:
+                p.fork(rng.choice(live), next_id)
+                live.append(next_id)
+                next_id += 1
+            elif r < 0.85:
+                p.truncate(rng.choice(live), rng.randint(0, 2))
+            else:
+                s = rng.choice(live)
+                p.free(s)
+                live.remove(s)
+        except kv.InvalidArgumentError:
+            pass  # a truncation past a released block
+        except kv.PoolExhaustedError:
+            p.free(live.pop(0))
+        for s in live[6:]:
+            p.free(s)
+        live = live[:6]
+        rows = sorted(live, key=lambda _: rng.random())
+        for g, buf in enumerate(bufs):
+            buf.sync(p, rows, group=g)
+            np.testing.assert_array_equal(buf.array[: len(rows)], p.block_tables(rows, g, max_blocks=512, pad=-3))
+            assert buf.sync(p, rows, group=g) == 0
+    p.check_invariants()
+
+
 # ---------------------------------------------------------------------- statistics
 
 

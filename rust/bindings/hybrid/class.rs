@@ -83,7 +83,7 @@ impl PyHybridPool {
     /// `f` on the locked pool, under the GIL. The guard lives inside this call only, so
     /// whatever the caller does with the result (build an exception, allocate arrays) runs
     /// without the lock. `f` itself must not touch Python.
-    pub(super) fn with<R>(&self, f: impl FnOnce(&mut HybridPool) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut HybridPool) -> R) -> R {
         f(&mut lock(&self.inner))
     }
 
