@@ -113,3 +113,25 @@ __all__ = [
     "storage_dtype",
     "simulate",
 ]
+
+#: Names kept for one release after they were merged into another: name -> (object, why).
+_DEPRECATED = {
+    "HybridCacheStats": (CacheStats, "HybridPool.cache_stats() returns CacheStats, the one prefix cache's "
+                                     "metrics (per group in CacheStats.group_hit_blocks)"),
+}
+
+
+def __getattr__(name: str) -> object:
+    """A deprecated name (:data:`_DEPRECATED`): its object, with a ``DeprecationWarning``.
+
+    Raises:
+        AttributeError: any other missing name.
+    """
+    if name in _DEPRECATED:
+        import warnings
+
+        obj, why = _DEPRECATED[name]
+        warnings.warn(f"pykvpool.{name} is deprecated and goes in the next release: {why}", DeprecationWarning,
+                      stacklevel=2)
+        return obj
+    raise AttributeError(f"module 'pykvpool' has no attribute {name!r}")

@@ -183,3 +183,10 @@ def test_stats_count_hits_per_group() -> None:
     bp.add_sequence_tokens(2, a[:12] + [1])
     assert bp.cache_stats().group_hit_blocks == [3]
     assert np.array_equal(bp.drain_events()["group"], np.zeros(0, np.uint32))
+
+
+def test_the_old_stats_name_is_a_deprecated_alias() -> None:
+    with pytest.warns(DeprecationWarning, match="HybridCacheStats is deprecated"):
+        assert kv.HybridCacheStats is kv.CacheStats  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        kv.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
