@@ -194,8 +194,8 @@ class SearchSpace:
         Rules: prefix caching only for a ``prefix_workload`` (prompts given as token ids or
         block keys: otherwise it caches nothing); the eviction policy varies only with
         prefix caching (``eviction[0]`` otherwise); layer groups only for a windowed model
-        (``model.windowed``: otherwise one group, the same pool), with or without prefix
-        caching, and never with swap (the simulator refuses the pair).
+        (``model.windowed``: otherwise one group, the same pool), with every preemption
+        and with or without prefix caching.
 
         Raises:
             Nothing: the axes were checked at construction.
@@ -219,7 +219,7 @@ class SearchSpace:
                     continue
                 for ev in self.eviction if pc else self.eviction[:1]:
                     for lg in self.layer_groups:
-                        if lg and (not model.windowed or pre == "swap"):
+                        if lg and not model.windowed:
                             continue
                         out += [Point(hw, n, dt, bs, mr, mbt, ch, pre, pc, ev, lg) for n in self.devices]
         return out

@@ -220,8 +220,9 @@ class SimConfig:
             With ``prefix_caching`` every group caches (a hit shares blocks, which the
             per-group columns then count once per holder; a windowed group's release frees
             only blocks no other request holds; an admission allocates its whole prompt in
-            every group, so a prompt larger than the pool is rejected). Not supported with
-            ``preemption="swap"`` (InvalidArgumentError naming it at :func:`run`). With groups the steps gain
+            every group, so a prompt larger than the pool is rejected). With
+            ``preemption="swap"`` the host pool has the same groups and a swap moves what
+            each group holds (a window only its sinks and window). With groups the steps gain
             ``blocks_used_g0..`` and the summary ``peak_blocks_used_g0..``, ``kv_tokens`` counts
             the tokens stored over all groups, and a reservation (``reserve``, ``oracle``)
             counts every logical block of every group.
@@ -392,8 +393,8 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
         InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, lengths outside
             ``1..=MAX_REQUEST_TOKENS``, more than :data:`MAX_REQUESTS` requests, NaN or
             negative arrivals) or configuration (unknown policy names, ``reserve``
-            without ``reserve_tokens``, counts out of range, bools as counts, ``groups``
-            with ``preemption="swap"``), each naming the argument;
+            without ``reserve_tokens``, counts out of range, bools as counts), each naming
+            the argument;
             ``prefix_caching`` on a workload whose prompts are lengths only (neither
             token ids nor block keys: nothing could be cached; see
             :func:`pykvpool.simulate.workload.check_prefix_caching`); a step-time callable

@@ -48,6 +48,42 @@ impl HybridPool {
         Ok(())
     }
 
+    /// Add `seq` holding `len` tokens whose latest growth started at `frontier` (`<= len`):
+    /// every group stores what the release rule keeps for that growth, the rest are holes
+    /// (a sequence moved back from another pool, e.g. a swap-in). Its blocks are fresh
+    /// (never cached); the caller writes their K/V. `frontier` 0 is [`Self::add_sequence`]
+    /// without slots.
+    pub fn add_sequence_at(&mut self, seq: SeqId, len: usize, frontier: usize) -> Result<()> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::DuplicateSequence(seq.0));
+        }
+        Self::checked_len(0, len)?;
+        if frontier > len {
+            return Err(invalid!("frontier: {frontier} is past the sequence's {len} tokens"));
+        }
+        let bs = self.block_size;
+        let nb = len.div_ceil(bs);
+        let kept = |s: &super::GroupSpec| (0..nb).filter(|&i| !s.releasable(i, bs, frontier)).count();
+        let need: usize = self.groups.iter().map(kept).sum();
+        self.ensure_available(need, 0)?;
+        let mut tables = Vec::with_capacity(self.groups.len());
+        for spec in self.groups.clone() {
+            let mut t = GroupTable::with_capacity(spec, bs, kept(&spec));
+            for i in 0..nb {
+                if spec.releasable(i, bs, frontier) {
+                    t.push_hole()?;
+                } else {
+                    t.push(self.take_block()?);
+                }
+            }
+            tables.push(t);
+        }
+        let tables = GroupTables::from_vec(tables);
+        self.seqs.insert(seq, HybridEntry { len, frontier, prev_frontier: frontier, mark: 0, tables, cursor: None });
+        self.end_op();
+        Ok(())
+    }
+
     /// New tables of `len` tokens in every group, their slots in `out` (blocks checked by
     /// the caller). Also the admission path of prefix caching for the computed part.
     pub(crate) fn grow_new(&mut self, len: usize, out: &mut HybridStepOutput) -> Result<Vec<GroupTable>> {

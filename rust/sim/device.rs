@@ -170,6 +170,20 @@ impl Device {
         }
     }
 
+    /// Add `seq` holding `len` tokens whose latest growth started at `frontier`: what the
+    /// release rule keeps in every group ([`HybridPool::add_sequence_at`]; a `BlockPool`
+    /// keeps everything). Fresh blocks: a swap moving a sequence between pools.
+    pub fn add_sequence_at(&mut self, seq: SeqId, len: usize, frontier: usize) -> Result<()> {
+        match self {
+            Self::Block(p, o) => {
+                let r = p.add_sequence(seq, len, &mut o.slots);
+                o.slots.clear();
+                r
+            }
+            Self::Hybrid(p, _) => p.add_sequence_at(seq, len, frontier),
+        }
+    }
+
     /// Grow every `seqs[i]` by `counts[i]` tokens in one atomic step.
     pub fn step(&mut self, seqs: &[SeqId], counts: &[usize]) -> Result<()> {
         match self {

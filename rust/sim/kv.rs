@@ -1,4 +1,4 @@
-//! The simulator's KV memory: the real device pool (a [`BlockPool`], or a `HybridPool`
+//! The simulator's KV memory: the real device pool (a [`crate::pool::BlockPool`], or a `HybridPool`
 //! with layer groups, see [`super::device`]), an optional host pool for swapping, and the
 //! bookkeeping the scheduler decides with (blocks promised to this step's batch, blocks
 //! its growths release, blocks reserved for admitted requests, tokens held).
@@ -16,8 +16,9 @@
 //! stores the whole sequence, a windowed one its sinks and window), and the empty slots
 //! are the unfilled slots of the blocks held: utilization is stored tokens over held
 //! (and reserved) slots. Without groups (or with one full group) both are the logical
-//! tokens and the empty slots of last blocks, as before. Layer groups are refused with
-//! swapping (the engine cannot mirror them exactly yet).
+//! tokens and the empty slots of last blocks, as before. Swapping moves what each group
+//! holds (a windowed group only its sinks and window) to a host pool of the same groups,
+//! and back ([`Device::add_sequence_at`]), frontier included.
 //!
 //! With layer groups and prefix caching a hit shares blocks between sequences, so a window
 //! release frees only the blocks no other sequence holds: the pool says how many
@@ -29,8 +30,8 @@
 //! groups release only from the first growth after it), so a prompt must fit whole.
 //!
 //! With prefix caching the device pool caches prompt blocks: a prompt given as token ids
-//! is admitted with [`BlockPool::add_sequence_tokens`], one given as trace block keys
-//! (Mooncake `hash_ids`) with [`BlockPool::add_sequence_block_keys`]; the whole prompt is
+//! is admitted with [`crate::pool::BlockPool::add_sequence_tokens`], one given as trace block keys
+//! (Mooncake `hash_ids`) with [`crate::pool::BlockPool::add_sequence_block_keys`]; the whole prompt is
 //! allocated at admission (its cached part is not computed again), later tokens grow
 //! through the batched step. Admission is planned first (a lookup, no state change) so the
 //! scheduler can refuse it before touching the pool.
@@ -39,8 +40,6 @@ use crate::prefix_cache::block_hash::BlockKey;
 use crate::error::{KvError, Result};
 use crate::pool::block_table::blocks_for;
 use crate::hybrid::GroupSpec;
-use crate::invalid;
-use crate::pool::BlockPool;
 use crate::prefix_cache::CacheConfig;
 use crate::types::SeqId;
 
@@ -99,7 +98,8 @@ pub struct Need {
 
 pub struct Kv {
     pub device: Device,
-    pub host: Option<BlockPool>,
+    /// The host pool for swapping: the device's kind, the same groups.
+    pub host: Option<Device>,
     pub block_size: usize,
     /// Blocks admission must leave free (vLLM v0's watermark).
     pub watermark: usize,
@@ -123,8 +123,6 @@ pub struct Kv {
     keys: Vec<BlockKey>,
     ids: Vec<SeqId>,
     counts: Vec<usize>,
-    /// Slots of a swap-out (discarded; kept to reuse the buffer).
-    host_slots: Vec<i64>,
 }
 
 #[inline]
@@ -134,8 +132,8 @@ fn blocks(tokens: u32, bs: usize) -> usize {
 
 impl Kv {
     /// The device pool (`num_blocks` x `block_size`, caching with `cache`; a `HybridPool`
-    /// of `groups` when given), a host pool of `host_blocks` (none when 0), and the
-    /// admission watermark in blocks. Groups with caching or a host pool are refused.
+    /// of `groups` when given), a host pool of `host_blocks` (none when 0; with `groups`
+    /// it has them too, without caching), and the admission watermark in blocks.
     pub fn new(
         num_blocks: usize,
         block_size: usize,
@@ -144,11 +142,8 @@ impl Kv {
         host_blocks: usize,
         watermark: usize,
     ) -> Result<Self> {
-        if groups.is_some() && host_blocks > 0 {
-            return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
-        }
         let device = Device::new(num_blocks, block_size, cache, groups)?;
-        let host = if host_blocks > 0 { Some(BlockPool::new(host_blocks, block_size)?) } else { None };
+        let host = if host_blocks > 0 { Some(Device::new(host_blocks, block_size, None, groups)?) } else { None };
         let specs = groups.map_or_else(|| vec![GroupSpec::Full], <[GroupSpec]>::to_vec);
         Ok(Self {
             device,
@@ -167,7 +162,6 @@ impl Kv {
             keys: Vec::new(),
             ids: Vec::new(),
             counts: Vec::new(),
-            host_slots: Vec::new(),
         })
     }
 
@@ -398,19 +392,38 @@ impl Kv {
         Ok(())
     }
 
+    /// Blocks a sequence of `len` tokens whose latest growth started at `frontier` holds
+    /// over every group (what a swap moves).
+    fn held_blocks(&self, len: u32, frontier: u32) -> usize {
+        self.specs.iter().map(|s| held(s, self.block_size, len as usize, frontier as usize).0).sum()
+    }
+
+    /// Whether `r` can be swapped in and grow by `n` tokens in this step: what it holds
+    /// plus every group's new blocks (a window's releases not counted) fit what admission
+    /// may take, and what it holds fits the blocks free now (it is allocated at once,
+    /// before the step's releases).
+    pub fn swap_in_fits(&self, r: &ReqState, n: u32) -> bool {
+        let bs = self.block_size;
+        let held = self.held_blocks(r.kv_len, r.frontier);
+        let grow = blocks(r.kv_len + n, bs) - blocks(r.kv_len, bs);
+        held + grow * self.num_groups() <= self.admissible() && held <= self.device.num_free_blocks()
+    }
+
     /// Move `r`'s computed KV to the host pool. Returns the blocks moved, or `None` (and
     /// changes nothing) when there is no host pool or it has no room.
+    /// A swapped sequence has every token computed, so it moves as if its next query were
+    /// at its length: a window group keeps only what that query needs.
     pub fn swap_out(&mut self, idx: usize, r: &mut ReqState) -> Result<Option<usize>> {
+        let (kv, frontier) = (r.kv_len, r.kv_len);
+        let moved = self.held_blocks(kv, frontier);
         let Some(host) = self.host.as_mut() else { return Ok(None) };
-        let moved = blocks(r.kv_len, self.block_size);
         if r.kv_len != r.computed || moved > host.num_free_blocks() {
             return Ok(None);
         }
-        host.add_sequence(SeqId(idx as u64), r.kv_len as usize, &mut self.host_slots)?;
-        self.host_slots.clear();
-        let kv = r.kv_len;
+        host.add_sequence_at(SeqId(idx as u64), kv as usize, frontier as usize)?;
         self.release(idx, r)?;
         r.kv_len = kv;
+        r.frontier = frontier;
         Ok(Some(moved))
     }
 
@@ -418,9 +431,9 @@ impl Kv {
     pub fn swap_in(&mut self, idx: usize, r: &mut ReqState) -> Result<usize> {
         let host = self.host.as_mut().ok_or_else(|| KvError::Invariant("swap-in without a host pool".into()))?;
         host.free(SeqId(idx as u64))?;
-        self.device.add_sequence(SeqId(idx as u64), r.kv_len as usize)?;
+        self.device.add_sequence_at(SeqId(idx as u64), r.kv_len as usize, r.frontier as usize)?;
         self.hold(r);
-        Ok(blocks(r.kv_len, self.block_size))
+        Ok(self.held_blocks(r.kv_len, r.frontier))
     }
 
     /// Grow every request of the batch by its promised tokens, atomically, through the

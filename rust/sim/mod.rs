@@ -215,9 +215,6 @@ impl<'a> Run<'a> {
         };
         // The configuration is checked before the pools are allocated.
         let sched = Scheduler::new(cfg.scheduler.clone())?;
-        if cfg.groups.is_some() && matches!(cfg.scheduler.preemption, Preemption::Swap { .. }) {
-            return Err(invalid!("preemption='swap' is not supported with layer groups in the simulator yet (use 'recompute')"));
-        }
         let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
         if let Some(s) = &cfg.stop_when {
             s.validate()?;

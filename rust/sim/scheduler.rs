@@ -12,7 +12,6 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::pool::block_table::blocks_for;
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::MAX_SEQ_TOKENS;
@@ -339,8 +338,7 @@ impl Scheduler {
             }
             let r = &reqs[s as usize];
             let n = r.to_compute(conv).min(budget);
-            let total = blocks_for((r.kv_len + n) as usize, kv.block_size);
-            if total > kv.admissible() {
+            if !kv.swap_in_fits(r, n) {
                 break;
             }
             self.swapped.pop_front();

@@ -83,8 +83,6 @@ CASES: list[tuple[str, list[str], str]] = [
     ("replay-utf16", ["replay", "--trace", "{utf16.txt}"], "UTF-16"),
     ("simulate-binary", ["simulate", "--trace", "{bin}"], "{bin}:1: not text"),
     ("simulate-groups-sweep", ["simulate", "--layer-groups", "--sweep-rates", "1"], "--layer-groups does not combine"),
-    ("simulate-groups-caching", ["simulate", "--model", "gemma-2-9b", "--layer-groups", "--prefix-caching",
-                                 "--trace", "mooncake", "--limit", "2"], "prefix_caching"),
     ("simulate-caching-no-ids", ["simulate", "--prefix-caching", "--requests", "2"], "--prefix-caching needs"),
     ("replay-model-sweep", ["replay", "--model", "gemma-2-9b", "--sweep"], "--model takes"),
     ("replay-model-block", ["replay", "--model", "gemma-2-9b", "--block-size", "48"], "block_size must divide 512"),

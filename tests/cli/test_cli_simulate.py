@@ -265,6 +265,19 @@ def test_layer_groups_hold_only_the_window_and_serve_more() -> None:
     assert h["peak_running"] > f["peak_running"] and h["finished"] == f["finished"] == 60
 
 
+def test_layer_groups_with_prefix_caching_and_swap_run_from_the_cli() -> None:
+    """A windowed model's hybrid pool with prefix caching on a keyed trace, and with swap
+    preemption: both run to the end and report what they did."""
+    base = ["simulate", "--model", "gemma-2-9b", "--layer-groups", "--trace", "mooncake", "--limit", "200"]
+    cached = cli(*base, "--prefix-caching", "--eviction", "lfu")
+    assert cached.returncode == 0, cached.stderr
+    c = summary(cached.stdout)
+    assert c["finished"] == 200 and c["leaked_blocks"] == 0 and c["cached_tokens"] > 0
+    swapped = cli(*base, "--preemption", "swap")
+    assert swapped.returncode == 0, swapped.stderr
+    assert summary(swapped.stdout)["finished"] == 200
+
+
 def test_quiet_silences_the_sweep_progress_bar() -> None:
     args = ["simulate", "--requests", "30", "--num-blocks", "3000", "--sweep-rates", "2", "--sweep-allocations", "paged"]
     loud, quiet = cli(*args), cli(*args, "--quiet")

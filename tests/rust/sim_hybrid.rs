@@ -5,7 +5,6 @@
 //! without prefix caching).
 
 use proptest::prelude::*;
-use pykvpool::error::KvError;
 use pykvpool::hybrid::GroupSpec;
 use pykvpool::prefix_cache::CacheConfig;
 use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
@@ -185,12 +184,36 @@ fn caching_with_windows_reuses_prefixes_under_pressure() {
 }
 
 #[test]
-fn swapping_with_groups_is_refused_by_name() {
-    let w = workload(3, 1.0, (10, 20), (1, 5), 1);
-    let mut cfg = config(100, 16, Some(vec![sliding(32, 0)]));
-    cfg.scheduler.preemption = Preemption::Swap { host_blocks: 50 };
-    let e = simulate(&w, &cfg, &mut ConstantTime(0.0)).unwrap_err();
-    assert!(matches!(&e, KvError::InvalidArgument(m) if m.contains("preemption")), "{e}");
+fn swapping_with_groups_moves_what_each_group_holds() {
+    // One full group swaps exactly as the BlockPool run does.
+    let w = workload(120, 30.0, (20, 700), (1, 300), 3);
+    let mut plain = config(700, 16, None);
+    plain.scheduler.max_running = 40;
+    plain.scheduler.max_batched_tokens = Some(512);
+    plain.scheduler.preemption = Preemption::Swap { host_blocks: 400 };
+    let mut full = plain.clone();
+    full.groups = Some(vec![GroupSpec::Full]);
+    let (a, b) = (run(&w, &plain), run(&w, &full));
+    assert!(a.summary.swaps > 0, "the comparison must cover swapping");
+    assert_same_requests(&a.requests, &b.requests);
+    assert_eq!(a.steps.swapped_blocks, b.steps.swapped_blocks);
+    // A window moves only its sinks and window: fewer blocks per swap than full attention.
+    let long = workload(60, 50.0, (600, 1500), (50, 400), 8);
+    let mut win = config(500, 16, Some(vec![GroupSpec::Full, sliding(128, 4)]));
+    win.scheduler.max_batched_tokens = Some(512);
+    win.scheduler.preemption = Preemption::Swap { host_blocks: 600 };
+    let r = run(&long, &win);
+    assert_eq!((r.summary.finished, r.leaked_blocks), (60, 0));
+    let swaps: u64 = r.requests.swaps.iter().map(|&s| s as u64).sum();
+    assert!(swaps > 0 && r.summary.swaps > 0);
+    let moved: u64 = r.steps.swapped_blocks.iter().map(|&b| b as u64).sum();
+    let mut flat = win.clone();
+    flat.groups = Some(vec![GroupSpec::Full, GroupSpec::Full]);
+    let f = run(&long, &flat);
+    let flat_moved: u64 = f.steps.swapped_blocks.iter().map(|&b| b as u64).sum();
+    let flat_swaps: u64 = f.requests.swaps.iter().map(|&s| s as u64).sum();
+    assert!(flat_swaps > 0);
+    assert!((moved as f64 / swaps as f64) < (flat_moved as f64 / flat_swaps as f64), "{moved}/{swaps} vs {flat_moved}/{flat_swaps}");
 }
 
 #[test]
@@ -233,12 +256,16 @@ proptest! {
         conv in prop::sample::select(vec![Convention::Vllm, Convention::DecodeFirst]),
         alloc in prop::sample::select(vec![Allocation::Paged, Allocation::Oracle]),
         caching in prop::option::of(prop::sample::select(EvictionPolicy::ALL.to_vec())),
+        swap in prop::option::of(10usize..200),
         seed in 0u64..1000,
     ) {
         let w = shared_workload(25, 50.0, (1, 120), (1, 60), seed, Some((2, 40)));
         let mut cfg = config(blocks, bs, Some(groups));
         cfg.scheduler = SchedulerConfig { convention: conv, allocation: alloc, max_running: 12, max_batched_tokens: Some(budget), ..Default::default() };
         cfg.prefix_cache = caching.map(|policy| CacheConfig { policy, ..CacheConfig::default() });
+        if let Some(host_blocks) = swap {
+            cfg.scheduler.preemption = Preemption::Swap { host_blocks };
+        }
         let r = run(&w, &cfg);
         prop_assert_eq!(r.leaked_blocks, 0);
         prop_assert_eq!(r.summary.finished + r.summary.rejected, 25);

@@ -140,8 +140,9 @@ def test_space_rules_drop_what_adds_nothing_or_cannot_run() -> None:
     gemma = space.points(model_preset("gemma-2-9b"), prefix_workload=True)
     groups = [p for p in gemma if p.layer_groups]
     assert sorted((p.preemption, p.prefix_caching, p.eviction) for p in groups) == [
-        ("recompute", False, "lru"), ("recompute", True, "lfu"), ("recompute", True, "lru")]
-    assert len({p.key() for p in gemma}) == len(gemma) == 9
+        ("recompute", False, "lru"), ("recompute", True, "lfu"), ("recompute", True, "lru"),
+        ("swap", False, "lru"), ("swap", True, "lfu"), ("swap", True, "lru")]
+    assert len({p.key() for p in gemma}) == len(gemma) == 12
 
 
 def test_layer_groups_and_prefix_caching_points_run() -> None:

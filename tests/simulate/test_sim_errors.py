@@ -215,7 +215,6 @@ CONFIGS: list[tuple[str, dict[str, Any], Any, str]] = [
     ("victim", sched(victim="oldest"), 0.0, "victim"),
     ("convention", sched(convention="sglang"), 0.0, "convention"),
     ("eviction", dict(prefix_caching=True, eviction="mru"), 0.0, "eviction"),
-    ("groups with swap", dict(groups=(("full",),), **sched(preemption="swap", host_blocks=10)), 0.0, "preemption"),
     ("max_steps -1", dict(max_steps=-1), 0.0, "max_steps"),
     ("max_steps bool", dict(max_steps=True), 0.0, "max_steps"),
     ("time_model -1", {}, -1.0, "time_model"),

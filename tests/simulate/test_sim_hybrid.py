@@ -156,3 +156,19 @@ def test_prefix_caching_with_layer_groups_reuses_shared_prefixes(eviction: str) 
     no_cache = sim.run(w, dataclasses.replace(cfg, prefix_caching=False), 0.01)
     assert r.steps["prefill_tokens"].sum() < no_cache.steps["prefill_tokens"].sum()
     assert 0 < r.summary["prefix_hit_rate"] < 1
+
+
+def test_swap_with_layer_groups_moves_only_what_each_group_holds() -> None:
+    # Mistral-like: every layer slides over 256 tokens; a swapped request moves its window
+    # (at most 256 / 16 + 1 blocks, one more for the growth after), not its history.
+    w = sim.synthetic_workload(40, rate=50.0, prompt=("uniform", [300, 800]), output=("uniform", [400, 800]), seed=6)
+    cfg = sim.SimConfig(num_blocks=150, block_size=16, groups=(("sliding", 256),), check_invariants=True,
+                        scheduler=sim.SchedulerConfig(preemption="swap", host_blocks=300, max_batched_tokens=2048))
+    r = sim.run(w, cfg, 0.01)
+    assert r.summary["finished"] == 40 and r.summary["leaked_blocks"] == 0
+    assert r.summary["swaps"] > 0
+    moved = int(r.steps["swapped_blocks"].sum())
+    assert moved <= 2 * r.summary["swaps"] * (256 // 16 + 2)  # out and back in
+    full = sim.run(w, dataclasses.replace(cfg, groups=(("full",),)), 0.01)
+    assert full.summary["swaps"] > 0
+    assert moved / r.summary["swaps"] < full.steps["swapped_blocks"].sum() / full.summary["swaps"]

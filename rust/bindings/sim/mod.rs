@@ -287,8 +287,9 @@ fn synthesize_workload<'py>(
 ///         ``prefix_caching`` the pool caches every group (:class:`HybridPool`): a hit
 ///         shares blocks, which ``blocks_used_g{j}`` and ``kv_tokens`` then count once per
 ///         holder, and an admission allocates its whole prompt in every group at once (a
-///         prompt larger than the pool is rejected). Not supported with
-///         ``preemption="swap"`` (an error naming it).
+///         prompt larger than the pool is rejected). With ``preemption="swap"`` the host
+///         pool has the same groups (``host_blocks`` of them) and a swap moves what each
+///         group holds (a window only its sinks and window).
 ///         ``stop_when``: None (default: run to the end) or a dict of SLO targets, each
 ///         None or a number finite and > 0: ``ttft_p99``, ``tpot_p50``, ``tpot_p99``
 ///         (seconds) and ``min_output_throughput`` (output tokens/s). The run stops as
@@ -317,8 +318,7 @@ fn synthesize_workload<'py>(
 ///         or offsets, a negative block key, more than ``SIM_MAX_REQUESTS`` requests), an
 ///         unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
 ///         range or a bool as a count, token ids mixed with block keys, a malformed
-///         ``groups`` entry (naming ``groups[i]``), ``groups`` with
-///         ``preemption="swap"``, a ``stop_when`` bound that is not a number finite and
+///         ``groups`` entry (naming ``groups[i]``), a ``stop_when`` bound that is not a number finite and
 ///         > 0 (naming ``stop_when.<key>``), or a bad time model or step time; each names
 ///         the key.
 ///     TypeError: a dict that is not a dict (``stop_when`` included), a flag that is not a bool or a policy name
