@@ -283,7 +283,7 @@ impl BlockPool {
                 return; // only a last block may be partly filled (a parent is full)
             }
             let tok = tokens.map(|t| &t[i * bs..i * bs + filled]);
-            if !cache.register(b, keys[i], parent, extra, tok, filled) {
+            if !cache.register_in(0, b, keys[i], parent, extra, tok, filled) {
                 return;
             }
         }

@@ -505,23 +505,12 @@ impl PrefixCache {
         }
     }
 
-    /// Register live block `b`, holding `filled` tokens (`1..=block_size`), under `key` as
-    /// the child of `parent` (a full cached block held by the same sequence). Returns
-    /// false, changing nothing, when the key is taken: the block then stays uncached (a
-    /// duplicate or a collision). `tokens`, when given, are the block's `filled` token ids.
-    pub fn register(
-        &mut self,
-        b: BlockId,
-        key: BlockKey,
-        parent: Option<BlockId>,
-        extra: Option<u64>,
-        tokens: Option<&[u32]>,
-        filled: usize,
-    ) -> bool {
-        self.register_in(0, b, key, parent, extra, tokens, filled)
-    }
-
-    /// [`Self::register`] in layer group `group`; a windowed group's block has no parent.
+    /// Register live block `b` of layer group `group` (0 without groups), holding `filled`
+    /// tokens (`1..=block_size`), under `key` as the child of `parent` (a full cached block
+    /// of the same group held by the same sequence; a windowed group's block has none).
+    /// Returns false, changing nothing, when the key is taken: the block then stays
+    /// uncached (a duplicate or a collision). `tokens`, when given, are the block's
+    /// `filled` token ids.
     #[allow(clippy::too_many_arguments)]
     pub fn register_in(
         &mut self,
