@@ -219,3 +219,27 @@ fn appended_blocks_are_registered_and_hit() {
     assert_eq!(p.add_sequence_block_keys(SeqId(4), &[11, 12], 8, &mut out).unwrap(), 4, "one token computed");
     checked(&p);
 }
+
+#[test]
+fn release_gain_counts_only_the_blocks_a_release_frees() {
+    // A 4-token window over blocks of 4: a next query at 16 needs positions 13..16, so
+    // blocks 0..3 (ending at 4, 8, 12) are released.
+    let mut p = pool(40, vec![sw(4, 0)]);
+    let a = tokens(9, 16);
+    admit(&mut p, 1, &a);
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 3);
+    // Shared blocks stay held by the other sequence.
+    p.fork(SeqId(1), SeqId(2)).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 0);
+    p.free(SeqId(2)).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 3);
+    // A hard pin keeps its block: what a hit of 12 tokens needs is block 2 alone.
+    p.pin_prefix_tokens(&a[..12], None, None, None).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 2);
+    let free = p.num_free_blocks();
+    p.mark_computed(&[SeqId(1)]).unwrap();
+    assert_eq!(p.num_free_blocks(), free + 2, "the gain is what the release frees");
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 0);
+    assert!(p.release_gain(SeqId(9)).is_err());
+    checked(&p);
+}
