@@ -42,9 +42,9 @@ impl Decoding {
     fn new(batch: usize) -> Self {
         let ids: Vec<SeqId> = (0..batch as u64).map(SeqId).collect();
         let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE).expect("pool");
-        let mut slots = Vec::new();
+        let mut out = StepOutput::default();
         for (i, &s) in ids.iter().enumerate() {
-            pool.add_sequence(s, 1000 + i, &mut slots).expect("add");
+            pool.add_sequence(s, 1000 + i, &mut out).expect("add");
         }
         Decoding { pool, ids, out: StepOutput::default(), steps: 0 }
     }
@@ -71,7 +71,7 @@ fn decode_step(bencher: Bencher, batch: usize) {
         });
 }
 
-/// Admission of a 2,000-token prompt on an empty pool (the slots vector grows in the call).
+/// Admission of a 2,000-token prompt on an empty pool (the output's slots grow in the call).
 #[divan::bench(sample_size = 1, sample_count = 20_000)]
 fn add_sequence(bencher: Bencher) {
     let pool = RefCell::new(BlockPool::new(NUM_BLOCKS, BLOCK_SIZE).expect("pool"));
@@ -81,9 +81,9 @@ fn add_sequence(bencher: Bencher) {
             if p.contains(SeqId(0)) {
                 p.free(SeqId(0)).expect("free");
             }
-            Vec::new()
+            StepOutput::default()
         })
-        .bench_local_refs(|slots| pool.borrow_mut().add_sequence(SeqId(0), black_box(PROMPT), slots).expect("add"));
+        .bench_local_refs(|out| pool.borrow_mut().add_sequence(SeqId(0), black_box(PROMPT), out).expect("add"));
     pool.borrow().check_invariants().expect("invariants");
 }
 
@@ -95,7 +95,7 @@ fn free(bencher: Bencher) {
         .with_inputs(|| {
             let mut p = pool.borrow_mut();
             if !p.contains(SeqId(0)) {
-                p.add_sequence(SeqId(0), PROMPT, &mut Vec::new()).expect("add");
+                p.add_sequence(SeqId(0), PROMPT, &mut StepOutput::default()).expect("add");
             }
         })
         .bench_local_refs(|()| pool.borrow_mut().free(black_box(SeqId(0))).expect("free"));

@@ -1,5 +1,5 @@
 //! The decode step of a pool with layer groups against the single-group `BlockPool`:
-//! ns per decode token for `BlockPool::step_decode`, `HybridPool` with `[Full]` and with
+//! ns per decode token for `BlockPool::step_decode`, `BlockPool` with `[Full]` and with
 //! `[Full, SlidingWindow(4096)]` (256 sequences of 4,000..5,800 tokens, staggered so that
 //! every step 1/16 of them open a block and, in the window group, 1/16 release one), and
 //! the ratios. `cargo bench --bench hybrid_step`.
@@ -15,8 +15,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
-use pykvpool::pool::{BlockPool, StepOutput};
+use pykvpool::pool::{BlockPool, GroupSpec, StepOutput};
 use pykvpool::types::SeqId;
 
 const BATCH: usize = 256;
@@ -40,9 +39,9 @@ fn ids() -> Vec<SeqId> {
 fn block_pool() -> f64 {
     let ids = ids();
     let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE).expect("pool");
-    let mut slots = Vec::new();
+    let mut out = StepOutput::default();
     for (i, &s) in ids.iter().enumerate() {
-        pool.add_sequence(s, prompt_len(i), &mut slots).expect("add");
+        pool.add_sequence(s, prompt_len(i), &mut out).expect("add");
     }
     let mut out = StepOutput::default();
     pool.step_decode(&ids, &mut out).expect("step");
@@ -55,11 +54,11 @@ fn block_pool() -> f64 {
     ns
 }
 
-/// One repeat of `HybridPool::step_decode` over `groups`: ns per token.
+/// One repeat of `BlockPool::step_decode` over `groups`: ns per token.
 fn hybrid(groups: &[GroupSpec]) -> f64 {
     let ids = ids();
-    let mut pool = HybridPool::new(NUM_BLOCKS, BLOCK_SIZE, groups.to_vec()).expect("pool");
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(NUM_BLOCKS, BLOCK_SIZE, groups.to_vec()).expect("pool");
+    let mut out = StepOutput::default();
     for (i, &s) in ids.iter().enumerate() {
         pool.add_sequence(s, prompt_len(i), &mut out).expect("add");
     }
@@ -99,7 +98,7 @@ fn main() {
     if std::env::var("HYBRID_STEP_ONLY").is_ok_and(|v| v == "two") {
         // Profiling aid: only the two-group pool.
         let (min, med) = min_median((0..rounds).map(|_| hybrid(&two_groups)).collect());
-        println!("HybridPool [Full, SlidingWindow(4096)]: min {min:.2}, median {med:.2} ns/token");
+        println!("BlockPool [Full, SlidingWindow(4096)]: min {min:.2}, median {med:.2} ns/token");
         return;
     }
     let (mut one, mut full, mut two) = (Vec::new(), Vec::new(), Vec::new());
@@ -114,8 +113,8 @@ fn main() {
     println!("decode step, {BATCH} sequences, block size {BLOCK_SIZE}, {STEPS} steps x {rounds} rounds");
     println!("{:<42}{:>14}{:>17}", "pool", "min ns/token", "median ns/token");
     println!("{:<42}{:>14.2}{:>17.2}", "BlockPool::step_decode", one.0, one.1);
-    println!("{:<42}{:>14.2}{:>17.2}", "HybridPool [Full]", full.0, full.1);
-    println!("{:<42}{:>14.2}{:>17.2}", "HybridPool [Full, SlidingWindow(4096)]", two.0, two.1);
+    println!("{:<42}{:>14.2}{:>17.2}", "BlockPool [Full]", full.0, full.1);
+    println!("{:<42}{:>14.2}{:>17.2}", "BlockPool [Full, SlidingWindow(4096)]", two.0, two.1);
     println!("[Full] / BlockPool: {:.2} (of minima), {r_full:.2} (median of per-round ratios)", full.0 / one.0);
     println!(
         "[Full, SlidingWindow(4096)] / BlockPool: {:.2} (of minima), {r_two:.2} (median of per-round ratios); target <= 2",

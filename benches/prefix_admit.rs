@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::sync::OnceLock;
 
 use divan::Bencher;
-use pykvpool::{BlockPool, CacheConfig, SeqId};
+use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 
 const NUM_BLOCKS: usize = 31_232;
 const BLOCK_SIZE: usize = 16;
@@ -40,11 +40,11 @@ fn prompt(i: usize) -> &'static [u32] {
     &all[i % PROMPTS]
 }
 
-/// A pool with prefix caching, the next new prompt's index and a slots buffer.
+/// A pool with prefix caching, the next new prompt's index and an output buffer.
 struct Admitting {
     pool: BlockPool,
     next: usize,
-    slots: Vec<i64>,
+    out: StepOutput,
 }
 
 impl Admitting {
@@ -52,7 +52,7 @@ impl Admitting {
     /// holds only idle cached blocks and every new admission evicts.
     fn new(full: bool) -> Self {
         let pool = BlockPool::with_prefix_cache(NUM_BLOCKS, BLOCK_SIZE, CacheConfig::default()).expect("pool");
-        let mut a = Admitting { pool, next: 0, slots: Vec::new() };
+        let mut a = Admitting { pool, next: 0, out: StepOutput::default() };
         if full {
             while a.next < FITS {
                 let p = a.new_prompt();
@@ -69,8 +69,7 @@ impl Admitting {
     }
 
     fn admit(&mut self, p: &[u32]) {
-        self.slots.clear();
-        self.pool.add_sequence_tokens(SeqId(0), black_box(p), None, &mut self.slots).expect("admit");
+        self.pool.add_sequence_tokens(SeqId(0), black_box(p), None, &mut self.out).expect("admit");
     }
 
     fn free_if_held(&mut self) {
@@ -87,12 +86,11 @@ fn admissions(bencher: Bencher, state: Admitting, mut next: impl FnMut(&mut Admi
         .with_inputs(|| {
             let mut a = state.borrow_mut();
             a.free_if_held();
-            a.slots.clear();
             next(&mut a)
         })
         .bench_local_refs(|p| {
             let a = &mut *state.borrow_mut();
-            a.pool.add_sequence_tokens(SeqId(0), black_box(*p), None, &mut a.slots).expect("admit");
+            a.pool.add_sequence_tokens(SeqId(0), black_box(*p), None, &mut a.out).expect("admit");
         });
     state.borrow().pool.check_invariants().expect("invariants");
 }

@@ -12,10 +12,9 @@
 //! - [`runtime`]: the kernels' thread pool and the machine probes;
 //! - [`prefix_cache`]: chained block keys, the key <-> block cache, eviction policies,
 //!   pins, events and the token cursor of a cacheable sequence;
-//! - [`pool`]: the allocator (free list and refcounts), block tables, the sequence map,
-//!   `BlockPool` (step and decode paths, admission by token ids or block keys, exports
-//!   and incremental table sync);
-//! - [`hybrid`]: layer groups (full, sliding window with sinks, chunked) in one pool;
+//! - [`pool`]: the allocator (free list and refcounts), the sequence map, the attention
+//!   kinds of layer groups and their block tables, `BlockPool` (admission, growth and the
+//!   one-pass decode, prefix caching on every group, exports and incremental table sync);
 //! - [`kv`]: aligned memory, the element types and the paged KV storage;
 //! - [`attention`]: the decode-attention kernel (one file per instruction set, the
 //!   dispatch, the block tables it reads);
@@ -33,7 +32,6 @@
 
 pub mod attention;
 pub mod error;
-pub mod hybrid;
 pub mod kv;
 pub mod pool;
 pub mod prefix_cache;
@@ -46,7 +44,7 @@ pub mod bindings;
 
 pub use error::{KvError, Result};
 pub use kv::{DType, KvCache, KvShape};
-pub use pool::{BlockPool, PoolStats};
+pub use pool::{BlockPool, GroupSpec, PoolStats, StepOutput};
 pub use prefix_cache::block_hash::{BlockHasher, BlockKey};
 pub use prefix_cache::eviction::EvictionPolicy;
 pub use prefix_cache::{CacheConfig, CacheEvent, CacheEventKind, CacheStats};

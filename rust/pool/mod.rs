@@ -1,39 +1,54 @@
-//! The block pool: live sequences, their block tables, slot mapping and copy-on-write
-//! forks, over a [`BlockAllocator`].
+//! The block pool: live sequences of paged KV, one block table per (sequence, layer
+//! group), over one [`BlockAllocator`] and, with prefix caching, one [`PrefixCache`].
 //!
-//! Files: the leaves this module builds on ([`allocator`], [`block_table`], [`seq_map`]),
-//! and the parts of `BlockPool` that build on it (each an `impl BlockPool` block that
-//! reads this module, never read by it): `decode` (the one-pass decode step),
-//! [`prefix`] (admission by token ids or block keys), `exports` (tables and
-//! statistics), [`table_sync`] (incremental table export) and `check` (invariants).
+//! A pool has 1 to 64 layer groups, each an attention kind ([`GroupSpec`]: full, sliding
+//! window with sinks, chunked); the default is one full-attention group. The contract: a
+//! sequence has one logical length; each group's table has `ceil(len / block_size)`
+//! logical entries, each a block or a hole; at the start of every growth a windowed group
+//! releases the blocks no query of that growth or a later one needs (those blocks count as
+//! available for the same growth); a block belongs to one group. A full group never
+//! releases and has no holes, so a one-group pool is a classic paged block pool.
 //!
-//! Every public operation validates and counts everything it needs first and mutates only
-//! when it is sure to succeed, so an error leaves the pool bit-for-bit as it was. Batched
-//! calls ([`BlockPool::step`]) are atomic over the whole batch.
+//! Files: the leaves ([`allocator`], [`seq_map`], [`sizes`], [`spec`] the attention kinds,
+//! [`group_table`] one (sequence, group) table), this file (`BlockPool`, its block
+//! accounting, fork, truncate, free), and the `impl BlockPool` files that read it and are
+//! never read by it: `step` (admission and growth: release, plan, check, apply; the
+//! one-pass decode), [`prefix`] (prefix caching on the groups), `exports` (tables,
+//! FlashInfer's layout, stored ranges, statistics), [`table_sync`] (incremental table
+//! export) and `check` (invariants).
+//!
+//! Every call validates and counts first and mutates only when it will succeed: an error
+//! leaves every group of every sequence as it was; batches are atomic.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::PrefixCache;
+use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::types::{BlockId, SeqId};
 use allocator::BlockAllocator;
-use block_table::{blocks_for, BlockTable};
+use group_table::{GroupTable, GroupTables};
 use seq_map::SeqMap;
 
 pub mod allocator;
-pub mod block_table;
 mod check;
-mod decode;
 mod exports;
+pub mod group_table;
 pub mod prefix;
 pub mod seq_map;
+pub mod sizes;
+pub mod spec;
+mod step;
 pub mod table_sync;
+#[cfg(test)]
+mod tests;
+
+pub use sizes::MAX_SEQ_TOKENS;
+pub use spec::GroupSpec;
 
 /// Largest block size accepted, in tokens.
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
-pub use block_table::MAX_SEQ_TOKENS;
 
 /// Distinguishes pools, so a table mirror synced from one pool is never trusted for another.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -43,30 +58,46 @@ pub(crate) fn next_pool_id() -> u64 {
     NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Most groups a pool accepts.
+pub const MAX_GROUPS: usize = 64;
+
+/// One live sequence: its logical length, frontier and one table per group. `repr(C)`:
+/// what a decode step reads (length, mark, the first group's hot fields) shares a line.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub(crate) struct SeqEntry {
-    pub(crate) table: BlockTable,
-    /// Last batch this sequence appeared in; catches duplicate ids in one batch without
-    /// allocating a set per step.
+    /// Logical length in tokens.
+    pub(crate) len: usize,
+    /// First query position of the latest growth (the length before it).
+    pub(crate) frontier: usize,
+    /// Last batch this sequence appeared in (duplicate ids in one batch).
     pub(crate) mark: u64,
-    /// Token ids and block keys, for sequences whose blocks can enter the prefix cache.
+    /// The frontier before the latest one-pass decode (to undo it).
+    pub(crate) prev_frontier: usize,
+    /// One table per group, in group order.
+    pub(crate) tables: GroupTables,
+    /// Token ids and block keys of a sequence admitted by tokens (prefix caching); dropped
+    /// when it grows by tokens the pool does not see.
     pub(crate) cursor: Option<Box<TokenCursor>>,
 }
 
-/// Output buffers of a batched step, reusable across steps to avoid allocation.
+/// Outputs of an admission or a step, reusable across calls.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
-    /// Slot of every new token, sequence by sequence, in batch order.
+    /// Slot of every new token in every group, group-major: `slots[g * total_tokens + t]`.
     pub slots: Vec<i64>,
-    /// Copy-on-write pairs `(src, dst)`: copy the filled slots of `src` into `dst`.
+    /// New tokens of the call (the width of `slots`).
+    pub total_tokens: usize,
+    /// Copy-on-write pairs `(src, dst)` of every group (a block belongs to one group).
     pub cow: Vec<(BlockId, BlockId)>,
-    /// Length of each sequence after the step, in tokens.
+    /// Length of each sequence after the call, in tokens.
     pub seq_lens: Vec<i32>,
 }
 
 impl StepOutput {
     pub fn clear(&mut self) {
         self.slots.clear();
+        self.total_tokens = 0;
         self.cow.clear();
         self.seq_lens.clear();
     }
@@ -77,14 +108,17 @@ impl StepOutput {
 pub struct PoolStats {
     pub block_size: usize,
     pub total_blocks: usize,
+    /// Free plus idle cached blocks that may be evicted (what an allocation can take).
     pub free_blocks: usize,
+    /// Blocks held by at least one sequence.
     pub used_blocks: usize,
     pub num_seqs: usize,
-    /// Sum of sequence lengths (a token shared by a fork counts once per sequence).
+    /// Sum of logical sequence lengths, in tokens (a token shared by a fork counts once
+    /// per sequence).
     pub logical_tokens: u64,
-    /// Distinct filled slots in used blocks (a shared token counts once).
+    /// Distinct filled slots in used blocks, every group (a shared token counts once).
     pub stored_tokens: u64,
-    /// Used blocks referenced by more than one sequence.
+    /// Used blocks referenced by more than one table.
     pub shared_blocks: usize,
     /// Copy-on-write copies since the pool was created.
     pub cow_copies: u64,
@@ -92,47 +126,125 @@ pub struct PoolStats {
     pub empty_slots: u64,
     /// `stored_tokens / (used_blocks * block_size)`; 1.0 for an empty pool.
     pub utilization: f64,
+    /// Cached blocks no sequence holds.
+    pub idle_cached_blocks: usize,
+    /// Per group: distinct blocks its tables hold.
+    pub group_blocks: Vec<usize>,
+    /// Per group: distinct filled slots of those blocks (a shared token counts once).
+    pub group_stored_tokens: Vec<u64>,
+    /// Per group: hole entries summed over sequences.
+    pub group_holes: Vec<u64>,
 }
 
-/// A paged KV-cache block pool with per-sequence block tables.
+/// What one visit of the one-pass decode did to a table (batch index, group), for undo.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Undo {
+    /// Released this many blocks from the front of the window run.
+    Release(u32, u32, u32),
+    /// Appended a new block.
+    Push(u32, u32),
+    /// Filled a trailing hole with a new block.
+    Fill(u32, u32, u64),
+}
+
+/// Scratch of the one-pass decode, kept by the pool between steps.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DecodeScratch {
+    pub(crate) log: Vec<Undo>,
+    pub(crate) ones: Vec<usize>,
+}
+
+/// A block pool whose sequences have one block table per layer group.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     pub(crate) alloc: BlockAllocator,
+    pub(crate) groups: Vec<GroupSpec>,
     pub(crate) block_size: usize,
     pub(crate) seqs: SeqMap<SeqEntry>,
-    pub(crate) cow_copies: u64,
-    next_stamp: u64,
-    batch_mark: u64,
-    id: u64,
-    /// Scratch for `step`: shared partial blocks already copied away in this batch.
-    cow_scratch: Vec<(BlockId, u32)>,
-    /// Scratch for `step`: the slot of each batch entry, found once by the plan.
-    slot_scratch: Vec<u32>,
-    /// Counts of `step_decode`: ones, as many as its largest batch.
-    ones: Vec<usize>,
-    /// Automatic prefix caching, when enabled (see [`prefix`]).
+    /// Prefix caching (`rust/pool/prefix.rs`), when enabled.
     pub(crate) cache: Option<Box<PrefixCache>>,
+    pub(crate) cow_copies: u64,
+    pub(crate) batch_mark: u64,
+    /// Scratch of a step: the slot of each batch entry.
+    pub(crate) slot_scratch: Vec<u32>,
+    /// Scratch of a step: blocks the window rule releases in this batch.
+    pub(crate) release_scratch: Vec<BlockId>,
+    /// Scratch of a step: shared partial blocks already copied away in this batch.
+    pub(crate) cow_scratch: Vec<(BlockId, u32)>,
+    /// Scratch of the one-pass decode.
+    pub(crate) decode: DecodeScratch,
+    /// Identity for table mirrors ([`crate::pool::table_sync::TableSync`]).
+    id: u64,
 }
 
 impl BlockPool {
-    /// A pool of `num_blocks` blocks of `block_size` token slots each.
+    /// A pool of `num_blocks` blocks of `block_size` tokens with one full-attention group.
     pub fn new(num_blocks: usize, block_size: usize) -> Result<Self> {
+        Self::with_options(num_blocks, block_size, vec![GroupSpec::Full], None)
+    }
+
+    /// A pool whose blocks `groups` (1..=64 attention kinds) share.
+    pub fn with_groups(num_blocks: usize, block_size: usize, groups: Vec<GroupSpec>) -> Result<Self> {
+        Self::with_options(num_blocks, block_size, groups, None)
+    }
+
+    /// A one-group (full attention) pool with prefix caching configured by `cfg`.
+    pub fn with_prefix_cache(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
+        Self::with_options(num_blocks, block_size, vec![GroupSpec::Full], Some(cfg))
+    }
+
+    /// The constructor: `num_blocks` blocks of `block_size` tokens shared by `groups`
+    /// (1..=64), with prefix caching on every group when `cache` is given.
+    pub fn with_options(num_blocks: usize, block_size: usize, groups: Vec<GroupSpec>, cache: Option<CacheConfig>) -> Result<Self> {
         if block_size == 0 || block_size > MAX_BLOCK_SIZE {
             return Err(invalid!("block_size must be in 1..={MAX_BLOCK_SIZE} tokens, got {block_size}"));
         }
+        if groups.is_empty() || groups.len() > MAX_GROUPS {
+            return Err(invalid!("groups: expected 1..={MAX_GROUPS} layer groups, got {}", groups.len()));
+        }
+        for g in &groups {
+            // Re-check what the checked constructors check: the enum's fields are public.
+            match *g {
+                GroupSpec::Full => {}
+                GroupSpec::SlidingWindow { window, sink_tokens } => {
+                    GroupSpec::sliding_window(window, sink_tokens)?;
+                }
+                GroupSpec::Chunked { chunk } => {
+                    GroupSpec::chunked(chunk)?;
+                }
+            }
+        }
+        let cache = match cache {
+            Some(cfg) => {
+                let windowed: Vec<bool> = groups.iter().map(|s| s.is_windowed()).collect();
+                Some(Box::new(PrefixCache::with_groups(num_blocks, block_size, cfg, &windowed)?))
+            }
+            None => None,
+        };
         Ok(Self {
             alloc: BlockAllocator::new(num_blocks)?,
+            groups,
             block_size,
             seqs: SeqMap::default(),
+            cache,
             cow_copies: 0,
-            next_stamp: 1,
             batch_mark: 0,
-            id: next_pool_id(),
-            cow_scratch: Vec::new(),
             slot_scratch: Vec::new(),
-            ones: Vec::new(),
-            cache: None,
+            release_scratch: Vec::new(),
+            cow_scratch: Vec::new(),
+            decode: DecodeScratch::default(),
+            id: next_pool_id(),
         })
+    }
+
+    #[inline]
+    pub fn groups(&self) -> &[GroupSpec] {
+        &self.groups
+    }
+
+    #[inline]
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
     }
 
     #[inline]
@@ -145,8 +257,8 @@ impl BlockPool {
         self.alloc.num_blocks()
     }
 
-    /// Blocks an allocation can take right now: free blocks plus idle cached blocks that
-    /// may be evicted.
+    /// Blocks an allocation can take now: free plus idle cached blocks that may be evicted
+    /// (not hard-pinned).
     #[inline]
     pub fn num_free_blocks(&self) -> usize {
         self.alloc.num_free() + self.cache.as_ref().map_or(0, |c| c.evictable_count())
@@ -156,6 +268,21 @@ impl BlockPool {
     #[inline]
     pub fn num_used_blocks(&self) -> usize {
         self.num_blocks() - self.alloc.num_free() - self.cache.as_ref().map_or(0, |c| c.idle_count())
+    }
+
+    /// Close a successful mutating call: the cache's clock advances (unless the caller
+    /// drives it), lapsed pins go, evicted keys leave the index.
+    #[inline]
+    pub(crate) fn end_op(&mut self) {
+        if let Some(c) = self.cache.as_mut() {
+            c.end_op();
+        }
+    }
+
+    /// Whether cached block `b` is hard-pinned (idle, it stays unavailable).
+    #[inline]
+    pub(crate) fn is_hard_pinned(&self, b: BlockId) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.is_hard_pinned(b))
     }
 
     #[inline]
@@ -180,12 +307,31 @@ impl BlockPool {
         v
     }
 
-    pub fn table(&self, seq: SeqId) -> Result<&BlockTable> {
-        self.seqs.get(&seq).map(|e| &e.table).ok_or(KvError::UnknownSequence(seq.0))
+    pub(crate) fn entry(&self, seq: SeqId) -> Result<&SeqEntry> {
+        self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq.0))
     }
 
+    pub(crate) fn check_group(&self, group: usize) -> Result<()> {
+        if group >= self.groups.len() {
+            return Err(invalid!("group: {group} is not a group of this pool ({} groups)", self.groups.len()));
+        }
+        Ok(())
+    }
+
+    /// Logical length of `seq`, in tokens.
     pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
-        Ok(self.table(seq)?.num_tokens())
+        Ok(self.entry(seq)?.len)
+    }
+
+    /// First query position of the latest growth of `seq` (its length before it).
+    pub fn frontier(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.entry(seq)?.frontier)
+    }
+
+    /// The table of `seq` in `group`.
+    pub fn table(&self, seq: SeqId, group: usize) -> Result<&GroupTable> {
+        self.check_group(group)?;
+        Ok(&self.entry(seq)?.tables[group])
     }
 
     pub fn refcount(&self, b: BlockId) -> Result<u32> {
@@ -195,348 +341,39 @@ impl BlockPool {
         Ok(self.alloc.refcount(b))
     }
 
-    /// `tokens % block_size` ([`block_table::offset_in_block`]).
+    /// `tokens % block_size` ([`sizes::offset_in_block`]).
     #[inline]
     pub(crate) fn offset_in_block(&self, tokens: usize) -> usize {
-        block_table::offset_in_block(tokens, self.block_size)
+        sizes::offset_in_block(tokens, self.block_size)
     }
 
-    pub(crate) fn stamp(&mut self) -> u64 {
-        self.next_stamp += 1;
-        self.next_stamp
+    pub(crate) fn checked_len(len: usize, n: usize) -> Result<usize> {
+        sizes::checked_len(len, n)
     }
 
-    pub(crate) fn ensure_available(&self, requested: usize) -> Result<()> {
-        let free = self.num_free_blocks();
+    pub(crate) fn ensure_available(&self, requested: usize, gained: usize) -> Result<()> {
+        let free = self.num_free_blocks() + gained;
         if requested > free {
             return Err(KvError::PoolExhausted { requested, free });
         }
         Ok(())
     }
 
-    pub(crate) fn checked_len(len: usize, n: usize) -> Result<usize> {
-        block_table::checked_len(len, n)
+    #[inline]
+    pub(crate) fn is_cached(&self, b: BlockId) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.is_cached(b))
     }
 
-    /// Blocks that appending `n` tokens to `table` takes, copy-on-write included, and the
-    /// shared (or cached, hence immutable) partial block it copies away, if any. `copies` lists, per shared partial
-    /// block, how many of its holders copy it away earlier in the same batch.
-    pub(crate) fn blocks_needed_for(
-        &self,
-        table: &BlockTable,
-        n: usize,
-        copies: &[(BlockId, u32)],
-    ) -> Result<(usize, Option<BlockId>)> {
-        if n == 0 {
-            return Ok((0, None));
-        }
-        let len = table.num_tokens();
-        let end = Self::checked_len(len, n)?;
-        let filled = self.offset_in_block(len);
-        // One token (decode) needs a new block exactly at a block boundary: no division.
-        let grow = if n == 1 {
-            (filled == 0) as usize
-        } else {
-            blocks_for(end, self.block_size) - table.blocks().len()
-        };
-        // Without any shared or cached block there is nothing to copy: skip reading the table.
-        if filled == 0 || (self.alloc.num_shared() == 0 && self.cache.is_none()) {
-            return Ok((grow, None));
-        }
-        let Some(&last) = table.blocks().last() else {
-            return Ok((grow, None));
-        };
-        let rc = self.alloc.refcount(last);
-        // Cached blocks are immutable: even their last holder writes into a copy.
-        let cached = self.is_cached(last);
-        if rc <= 1 && !cached {
-            return Ok((grow, None));
-        }
-        let copied = copies.iter().find(|(b, _)| *b == last).map_or(0, |e| e.1);
-        Ok(if rc - copied > 1 || cached { (grow + 1, Some(last)) } else { (grow, None) })
+    /// Whether writing into partly filled stored block `b` copies it first: shared, or
+    /// cached (cached blocks are immutable; only full blocks are cached, so this is a
+    /// block cut by a truncation).
+    #[inline]
+    pub(crate) fn must_copy(&self, b: BlockId, copied_away: u32, released: u32) -> bool {
+        self.alloc.refcount(b) - released - copied_away > 1 || self.is_cached(b)
     }
 
-    /// Blocks appending `n` tokens to `seq` would allocate (copy-on-write included).
-    pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
-        Ok(self.blocks_needed_for(self.table(seq)?, n, &[])?.0)
-    }
-
-    /// Add a new sequence holding `prompt_len` tokens; their slots are appended to `slots`.
-    pub fn add_sequence(&mut self, seq: SeqId, prompt_len: usize, slots: &mut Vec<i64>) -> Result<()> {
-        if self.seqs.contains_key(&seq) {
-            return Err(KvError::DuplicateSequence(seq.0));
-        }
-        Self::checked_len(0, prompt_len)?;
-        self.ensure_available(blocks_for(prompt_len, self.block_size))?;
-        let stamp = self.stamp();
-        // Sized up front: growing the table block by block would reallocate it ~log2(n) times.
-        let mut table = BlockTable::with_blocks(Vec::with_capacity(blocks_for(prompt_len, self.block_size)), 0, stamp);
-        let mut cow = Vec::new();
-        let r = self.grow(&mut table, prompt_len, slots, &mut cow);
-        if r.is_err() {
-            for b in table.take_blocks().into_iter().rev() {
-                self.release_block(b);
-            }
-            return r;
-        }
-        debug_assert!(cow.is_empty());
-        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor: None });
-        self.end_op();
-        Ok(())
-    }
-
-    /// Append `n` tokens to `seq`; new slots go to `slots`, copy-on-write pairs to `cow`.
-    pub fn append(
-        &mut self,
-        seq: SeqId,
-        n: usize,
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<()> {
-        let (need, _) = self.blocks_needed_for(self.table(seq)?, n, &[])?;
-        self.ensure_available(need)?;
-        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        let r = self.grow(&mut entry.table, n, slots, cow);
-        if n > 0 {
-            // Tokens of unknown ids: the sequence's later blocks cannot be cached.
-            entry.cursor = None;
-        }
-        self.seqs.insert(seq, entry);
-        self.end_op();
-        r
-    }
-
-    /// Append `counts[i]` tokens to `seqs[i]` for every i, atomically: either every
-    /// sequence grows or none does. Outputs are appended to `out` (cleared first).
-    pub fn step(&mut self, seqs: &[SeqId], counts: &[usize], out: &mut StepOutput) -> Result<()> {
-        out.clear();
-        if seqs.len() != counts.len() {
-            return Err(invalid!(
-                "{} sequence ids but {} token counts",
-                seqs.len(),
-                counts.len()
-            ));
-        }
-        self.step_run(seqs, counts, false, out)
-    }
-
-    /// [`Self::step`] with one token for every sequence (a decode step), without the
-    /// caller building a slice of ones or the pool scanning it.
-    pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut StepOutput) -> Result<()> {
-        out.clear();
-        let mut ones = std::mem::take(&mut self.ones);
-        if ones.len() < seqs.len() {
-            ones.resize(seqs.len(), 1);
-        }
-        let r = self.step_run(seqs, &ones[..seqs.len()], true, out);
-        self.ones = ones;
-        r
-    }
-
-    /// `step` on counts of the right length; `all_ones` says the caller knows every
-    /// count is 1.
-    fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut StepOutput) -> Result<()> {
-        // The map is moved out for the call so that a table can be borrowed mutably next
-        // to the allocator. It is put back on every path.
-        let mut map = std::mem::take(&mut self.seqs);
-        let mut slots = std::mem::take(&mut self.slot_scratch);
-        let r = self.step_in(&mut map, &mut slots, seqs, counts, all_ones, out);
-        self.seqs = map;
-        self.slot_scratch = slots;
-        if r.is_ok() {
-            self.end_op();
-        }
-        r
-    }
-
-    fn step_in(
-        &mut self,
-        map: &mut SeqMap<SeqEntry>,
-        slots: &mut Vec<u32>,
-        seqs: &[SeqId],
-        counts: &[usize],
-        all_ones: bool,
-        out: &mut StepOutput,
-    ) -> Result<()> {
-        self.batch_mark += 1;
-        if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
-            if self.decode_one_pass(map, seqs, self.batch_mark, out)? {
-                return Ok(());
-            }
-            // Ran out of free blocks part-way (undone): the plan below reports it.
-            self.batch_mark += 1;
-        }
-        let mark = self.batch_mark;
-        let mut need = 0usize;
-        let mut total_tokens = 0usize;
-        let mut scratch = std::mem::take(&mut self.cow_scratch);
-        scratch.clear();
-        slots.clear();
-        slots.reserve(seqs.len());
-        let mut result = Ok(());
-        // With no shared and no cached block nothing can be copied on write, so a one-token
-        // append needs a block exactly at a block boundary, and writes the slot after the
-        // last one or the first slot of that new block. Fixed for the whole step: a
-        // one-token append shares nothing.
-        let plain = self.alloc.num_shared() == 0 && self.cache.is_none();
-        // Plan: one hash lookup per id; the apply pass below reaches entries by slot.
-        for (&seq, &n) in seqs.iter().zip(counts) {
-            let Some(slot) = map.slot(&seq) else {
-                result = Err(KvError::UnknownSequence(seq.0));
-                break;
-            };
-            slots.push(slot);
-            let Some(entry) = map.at_mut(slot) else {
-                result = Err(KvError::Invariant("sequence index points past the entries".into()));
-                break;
-            };
-            if entry.mark == mark {
-                result = Err(invalid!("sequence id {} appears twice in one step", seq.0));
-                break;
-            }
-            entry.mark = mark;
-            if plain && n == 1 && entry.table.num_tokens() < MAX_SEQ_TOKENS {
-                // `blocks_needed_for`'s answer without copy-on-write: a block at a boundary.
-                need += (self.offset_in_block(entry.table.num_tokens()) == 0) as usize;
-                total_tokens += 1;
-                continue;
-            }
-            match self.blocks_needed_for(&entry.table, n, &scratch) {
-                Ok((k, copied)) => {
-                    need += k;
-                    total_tokens += n;
-                    if let Some(b) = copied {
-                        match scratch.iter_mut().find(|(x, _)| *x == b) {
-                            Some(e) => e.1 += 1,
-                            None => scratch.push((b, 1)),
-                        }
-                    }
-                }
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        self.cow_scratch = scratch;
-        result?;
-        self.ensure_available(need)?;
-        out.slots.reserve(total_tokens);
-        out.seq_lens.reserve(seqs.len());
-        for (&slot, &n) in slots.iter().zip(counts) {
-            // Every slot was just found by the plan; a miss would be a bug, reported.
-            let entry =
-                map.at_mut(slot).ok_or_else(|| KvError::Invariant("batch entry lost between plan and apply".into()))?;
-            if plain && n == 1 {
-                let t = &mut entry.table;
-                let len = t.num_tokens();
-                let off = self.offset_in_block(len);
-                let b = match t.last() {
-                    Some(b) if off != 0 => b,
-                    _ => {
-                        let b = self.take_block()?;
-                        t.push(b);
-                        b
-                    }
-                };
-                out.slots.push(b.first_slot(self.block_size) + off as i64);
-                t.set_num_tokens(len + 1);
-                out.seq_lens.push((len + 1) as i32);
-                continue;
-            }
-            self.grow(&mut entry.table, n, &mut out.slots, &mut out.cow)?;
-            out.seq_lens.push(entry.table.num_tokens() as i32);
-            if n > 0 && entry.cursor.is_some() {
-                // Tokens of unknown ids: the sequence's later blocks cannot be cached.
-                entry.cursor = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Grow `table` by `n` tokens. The caller has checked that enough blocks are free,
-    /// so the error path is only reachable through a bug; it reports instead of panicking.
-    pub(crate) fn grow(
-        &mut self,
-        table: &mut BlockTable,
-        n: usize,
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<()> {
-        let r = self.grow_blocks(table, n, slots, cow);
-        // Evictions defer their index removals to here, where they run back to back.
-        if let Some(c) = self.cache.as_mut() {
-            c.flush_unmapped();
-        }
-        r
-    }
-
-    fn grow_blocks(
-        &mut self,
-        table: &mut BlockTable,
-        n: usize,
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let bs = self.block_size;
-        let mut pos = table.num_tokens();
-        let off = self.offset_in_block(pos);
-        // A shared or cached, partly filled last block is copied before anything is
-        // written to it (cached blocks are immutable: even their last holder copies).
-        let may_copy = off != 0 && (self.alloc.num_shared() != 0 || self.cache.is_some());
-        if let Some(&src) =
-            table.blocks().last().filter(|&&b| may_copy && (self.alloc.refcount(b) > 1 || self.is_cached(b)))
-        {
-            let dst = self.take_block()?;
-            self.release_block(src);
-            table.replace(table.blocks().len() - 1, dst);
-            table.restamp(self.stamp());
-            cow.push((src, dst));
-            self.cow_copies += 1;
-        }
-        if n == 1 {
-            // Decode: one slot, in the last block or in a new one at a block boundary.
-            let b = match table.last() {
-                Some(b) if off != 0 => b,
-                _ => {
-                    let b = self.take_block()?;
-                    table.push(b);
-                    b
-                }
-            };
-            slots.push(b.first_slot(bs) + off as i64);
-            table.set_num_tokens(pos + 1);
-            return Ok(());
-        }
-        let end = pos + n;
-        slots.reserve(n);
-        // The table holds ceil(pos / bs) blocks: the rest of a partly filled last block
-        // first, then one new block per bs tokens. No division per block (a runtime `/`
-        // and `%` by bs cost more than the rest of a prefill's per-block work).
-        if off != 0 {
-            let b = table.last().ok_or_else(|| KvError::Invariant("partly filled table without blocks".into()))?;
-            let run = (bs - off).min(n);
-            let first = b.first_slot(bs) + off as i64;
-            slots.extend(first..first + run as i64);
-            pos += run;
-        }
-        while pos < end {
-            let b = self.take_block()?;
-            table.push(b);
-            let run = bs.min(end - pos);
-            let first = b.first_slot(bs);
-            slots.extend(first..first + run as i64);
-            pos += run;
-        }
-        table.set_num_tokens(end);
-        Ok(())
-    }
-
-    /// A free block, or else an evicted idle cached one; only called after
-    /// `ensure_available` reserved it.
+    /// A free block, else an evicted idle cached one; only called after a successful
+    /// capacity check.
     #[inline]
     pub(crate) fn take_block(&mut self) -> Result<BlockId> {
         match self.alloc.allocate() {
@@ -545,18 +382,18 @@ impl BlockPool {
         }
     }
 
-    /// [`Self::take_block`]'s slow path: no free block, so evict an idle cached one.
     #[cold]
     fn evict_block(&mut self) -> Result<BlockId> {
-        let evicted = match self.cache.as_mut() {
-            Some(c) => c.evict(&mut self.alloc),
-            None => None,
-        };
-        evicted.ok_or_else(|| KvError::Invariant("allocation after a successful reservation failed".into()))
+        // The cache hands the victim over with refcount 1.
+        self.cache
+            .as_mut()
+            .and_then(|c| c.evict(&mut self.alloc))
+            .ok_or_else(|| KvError::Invariant("allocation after a successful capacity check failed".into()))
     }
 
-    /// Drop one reference; a block at zero goes back to the free list, or stays in the
-    /// prefix cache as idle (reusable, evictable) when it holds cached content.
+    /// Drop one reference; at zero a cached block goes idle (evictable), any other block
+    /// back to the free list.
+    #[inline]
     pub(crate) fn release_block(&mut self, b: BlockId) {
         if self.alloc.decref(b) == 0 {
             match self.cache.as_mut() {
@@ -566,76 +403,93 @@ impl BlockPool {
         }
     }
 
-    #[inline]
-    pub(crate) fn is_cached(&self, b: BlockId) -> bool {
-        self.cache.as_ref().is_some_and(|c| c.is_cached(b))
-    }
-
-    /// Close a successful mutating operation (advances the cache's operation clock).
-    pub(crate) fn end_op(&mut self) {
-        if let Some(c) = self.cache.as_mut() {
-            c.end_op();
-        }
-    }
-
-    /// A child sharing every block of `parent` (parallel sampling, beam search).
+    /// A child sharing every stored block of every group of `parent` (holes stay holes),
+    /// with the same length and frontier.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
         if self.seqs.contains_key(&child) {
             return Err(KvError::DuplicateSequence(child.0));
         }
-        let src = self.table(parent)?;
-        let blocks = src.blocks().to_vec();
-        let len = src.num_tokens();
-        for &b in &blocks {
-            self.alloc.incref(b);
-        }
-        let cursor = self.seqs[&parent].cursor.clone();
-        let stamp = self.stamp();
-        self.seqs.insert(child, SeqEntry { table: BlockTable::with_blocks(blocks, len, stamp), mark: 0, cursor });
-        self.end_op();
-        Ok(())
-    }
-
-    /// Drop the last `n` tokens of `seq` (speculative-decoding rollback); blocks that
-    /// become empty lose this sequence's reference.
-    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
-        let len = self.seq_len(seq)?;
-        if n > len {
-            return Err(invalid!("num_tokens: cannot truncate {n} tokens from sequence {} of {len} tokens", seq.0));
-        }
-        let new_len = len - n;
-        let keep = blocks_for(new_len, self.block_size);
-        let stamp = self.stamp();
-        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        if keep < entry.table.blocks().len() {
-            let mut dropped = Vec::new();
-            entry.table.truncate_blocks(keep, |b| dropped.push(b));
-            for b in dropped {
-                self.release_block(b);
+        let src = self.entry(parent)?;
+        let mut entry = SeqEntry {
+            len: src.len,
+            frontier: src.frontier,
+            prev_frontier: src.frontier,
+            mark: 0,
+            tables: src.tables.clone(),
+            cursor: src.cursor.clone(),
+        };
+        // Each table's stamp names one table: the copy is a new one.
+        entry.tables.iter_mut().for_each(GroupTable::restamp);
+        for t in entry.tables.iter() {
+            for (_, b) in t.stored() {
+                self.alloc.incref(b);
             }
-            entry.table.restamp(stamp);
         }
-        entry.table.set_num_tokens(new_len);
-        if let Some(c) = entry.cursor.as_mut() {
-            c.truncate(new_len, self.block_size);
-        }
-        self.seqs.insert(seq, entry);
+        self.seqs.insert(child, entry);
         self.end_op();
         Ok(())
     }
 
-    /// Free `seq`: every block loses a reference; blocks at zero return to the free list.
+    /// Drop the last `n` tokens of `seq` (rollback). Refused when a group lacks a block
+    /// the query at the new length needs (rollback only within the window).
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let bs = self.block_size;
+        let e = self.entry(seq)?;
+        if n > e.len {
+            return Err(invalid!("num_tokens: cannot truncate {n} tokens from sequence {} of {} tokens", seq.0, e.len));
+        }
+        let l2 = e.len - n;
+        for (g, (spec, t)) in self.groups.iter().zip(e.tables.iter()).enumerate() {
+            let [sinks, window] = spec.needed_before(l2, bs);
+            if let Some(i) = sinks.chain(window).find(|&i| t.get(i).is_none()) {
+                return Err(invalid!(
+                    "num_tokens: cannot truncate {n} tokens from sequence {}: group {g} ({spec}) released \
+                     logical block {i}, which a query at position {l2} needs (rollback only within the window)",
+                    seq.0
+                ));
+            }
+        }
+        let keep = l2.div_ceil(bs);
+        let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        for t in e.tables.iter_mut() {
+            t.truncate(keep, |b| self.release_block(b));
+        }
+        {
+            e.len = l2;
+            e.frontier = e.frontier.min(l2);
+            if let Some(c) = e.cursor.as_mut() {
+                c.truncate(l2, bs);
+            }
+        }
+        self.seqs.insert(seq, e);
+        self.end_op();
+        Ok(())
+    }
+
+    /// Free `seq`: every stored block of every group drops one reference. A pool of full
+    /// groups releases each table head first (the freed tail ends on top of the free list,
+    /// the next to be reused; within a cached chain the order is not observable, since a
+    /// child is always evicted before its parent). With a windowed group, whose cached
+    /// blocks have no parent, the release goes logical block by logical block, tail
+    /// first, across all groups: under `lru` every group's head (the prefix other prompts
+    /// share, which a hit needs in every group) is then kept longest.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
-        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        // Head first, so the tail ends on top of the free list (most recently used).
-        // Cached blocks go idle instead; only leaves are evicted, so tails go first anyway.
-        let blocks = entry.table.take_blocks();
-        if self.alloc.num_shared() == 0 && self.cache.is_none() {
+        let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        if self.groups.iter().any(|g| g.is_windowed()) && self.cache.is_some() {
+            let n = e.tables.iter().map(|t| t.len_blocks()).max().unwrap_or(0);
+            for keep in (0..n).rev() {
+                for t in e.tables.iter_mut() {
+                    t.truncate(keep, |b| self.release_block(b));
+                }
+            }
+        } else if self.alloc.num_shared() == 0 && self.cache.is_none() {
             // Nothing shared or cached: every block drops from 1 to 0, in one sweep.
-            self.alloc.release_unshared(&blocks);
+            for t in e.tables.iter_mut() {
+                t.drain_head_first(|blocks| self.alloc.release_unshared(blocks));
+            }
         } else {
-            for b in blocks {
-                self.release_block(b);
+            for t in e.tables.iter_mut() {
+                t.drain_head_first(|blocks| blocks.iter().for_each(|&b| self.release_block(b)));
             }
         }
         self.end_op();

@@ -1,60 +1,171 @@
-//! Automatic prefix caching in the block pool: admission by token ids or by block keys,
-//! appending token ids, pins, the clock, metrics and events.
+//! Prefix caching on layer groups: the longest hit valid for every group, and admission
+//! by token ids or block keys on top of it.
 //!
-//! Rules (vLLM's, made exact and deterministic):
+//! Rules (the contract of prefix caching on layer groups):
 //!
-//! - Admitting a prompt reuses the longest cached chain of its *full* blocks (refcounts
-//!   up, idle blocks revived) and allocates the rest. At least one prompt token is always
-//!   left to compute, so a fully cached prompt gives back its last block (or, with
-//!   `cow_partial_hit`, a copy of it with all but the final token). The call returns the
-//!   number of cached tokens and the slots of the tokens to compute.
-//! - Full blocks of the prompt are registered at admission (their KV is computed in the
-//!   same step); blocks filled later by [`BlockPool::append_tokens`] when they fill. A
-//!   block is registered only when the block before it in the sequence is cached (the
-//!   chain is intact) and its key is not taken; otherwise it simply stays uncached.
-//! - Cached blocks are immutable: writing into a partly valid cached block (after a
-//!   truncation) copies it first (a copy-on-write pair).
-//! - A cached block records how many tokens of KV it holds: `block_size`, or fewer for a
-//!   block-key prompt's partly filled last block. A lookup matches a block only with the
-//!   fill it asks for, so a partial block never satisfies a full-block lookup (as in
-//!   vLLM, which caches full blocks only); it can match only the partial last block of a
-//!   keyed prompt of the same key chain and length, where the last-token rule recomputes
-//!   it. A partial block is never a parent, never a copy-on-write source and never pinned.
-//! - Sequences added or grown without token ids (`add_sequence`, `append`, `step`) work as
-//!   without caching; blocks whose token ids the pool never saw are never cached.
-//!
-//! Every call checks and counts first and mutates only when it will succeed.
+//! - A prompt's full blocks are keyed by the chained keys of
+//!   [`crate::prefix_cache::block_hash`]; the same keys serve every group and the index is
+//!   per group (`(group, key) -> block`), so a key cached in one group never hits another.
+//! - A hit of `h` tokens (a multiple of the block size, at most `prompt_len - 1`: at least
+//!   one prompt token is computed) is valid for a group when every block the query at `h`
+//!   needs before `h` is cached in that group ([`GroupSpec::needed_before`]): the whole
+//!   prefix for full attention, the sinks and the window before `h` for a sliding window,
+//!   the chunk of `h` for chunked attention. The admission takes the largest `h` valid for
+//!   every group ([`longest_hit`]).
+//! - The admitted sequence holds exactly the blocks its hit needs (refcount + 1, idle ones
+//!   revived); its other logical blocks before the hit are holes; its frontier is the hit;
+//!   the rest of the prompt is allocated in every group as by `add_sequence`. Its full
+//!   prompt blocks past the hit are then stored in the one [`PrefixCache`]: in a full
+//!   group as a chain (a block after the cached block before it in its table, stopping
+//!   where the chain breaks or the key is taken), in a windowed group each block whose key
+//!   its group lacks; blocks filled later by [`BlockPool::append_tokens`] likewise. Blocks
+//!   the window rule releases stay cached, idle, until evicted (by the pool's policy).
+//! - Verification: a full group's hit is the cache's chain lookup (parents, extra key and,
+//!   with `verify_tokens`, token ids); a windowed group's block is checked on its own key,
+//!   extra key and token ids. A failed check is a miss, counted in `collisions`. What a
+//!   windowed block does not check is the prefix before its own tokens, which only its
+//!   128-bit chained key stands for (in a pool with a full group, that group's exact chain
+//!   covers the same prefix).
+//! - The cache's clock advances once per successful mutating call; pins (every block the
+//!   hit of a prefix needs, in every group) lapse on it.
+//! - Admission is atomic: a refusal (duplicate id, bad arguments, too few blocks counting
+//!   the idle blocks the hit revives) changes nothing, `out` included (left cleared).
 
-use std::borrow::Cow;
+use std::cell::Cell;
 
-use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
-use crate::prefix_cache::cursor::TokenCursor;
-use crate::pool::block_table::{blocks_for, BlockTable};
+use super::spec::GroupSpec;
+use super::group_table::{GroupTable, GroupTables};
+use super::{SeqEntry, BlockPool, StepOutput};
 use crate::error::{KvError, Result};
 use crate::invalid;
-use crate::pool::{BlockPool, SeqEntry};
-use crate::prefix_cache::{CacheConfig, CacheEvent, CacheStats, PrefixCache};
+use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
+use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
-/// What an admission looks up: token ids (keys computed here; owned ids become the
-/// sequence's cursor without a copy) or block keys.
-enum Prompt<'a> {
-    Tokens { tokens: Cow<'a, [u32]>, extra: Option<u64> },
-    Keys { keys: &'a [BlockKey], len: usize },
+/// Memo of `cached(group, block)` answers: 0 unknown, 1 cached, 2 not.
+struct Memo<F> {
+    f: F,
+    n: usize,
+    seen: Vec<u8>,
+}
+
+impl<F: Fn(usize, usize) -> bool> Memo<F> {
+    fn get(&mut self, g: usize, i: usize) -> bool {
+        let s = &mut self.seen[g * self.n + i];
+        if *s == 0 {
+            *s = if (self.f)(g, i) { 1 } else { 2 };
+        }
+        *s == 1
+    }
+}
+
+/// The largest hit, in blocks, in `0..=n_blocks_max` valid for every group of `specs`
+/// (block size `bs` tokens), where `cached(g, i)` says whether logical block `i` of the
+/// prompt is cached in group `g`. A hit of 0 blocks is always valid.
+///
+/// Full groups are monotone (a hit valid at `k` is valid below `k`): their leading cached
+/// runs bound the hit from above. Each other group then lowers the bound to its own largest
+/// valid hit at or below it, found right to left (a missing block `j` of the window rules
+/// out every hit whose window holds it, so the scan jumps below `j`), until no group lowers
+/// it: the fixpoint is the largest hit valid for all. `cached` is asked at most once per
+/// (group, block), and for windowed groups typically only about the window's blocks.
+pub fn longest_hit(specs: &[GroupSpec], bs: usize, n_blocks_max: usize, cached: impl Fn(usize, usize) -> bool) -> usize {
+    let mut memo = Memo { f: cached, n: n_blocks_max, seen: vec![0; specs.len() * n_blocks_max] };
+    let mut h = n_blocks_max;
+    for (g, _) in specs.iter().enumerate().filter(|(_, s)| !s.is_windowed()) {
+        h = (0..h).find(|&i| !memo.get(g, i)).unwrap_or(h);
+    }
+    // Leading cached blocks per windowed group, found so far (for the sinks).
+    let mut lead = vec![0usize; specs.len()];
+    loop {
+        let before = h;
+        for (g, s) in specs.iter().enumerate().filter(|(_, s)| s.is_windowed()) {
+            h = group_best(s, bs, h, g, &mut lead[g], &mut memo);
+        }
+        if h == before {
+            return h;
+        }
+    }
+}
+
+/// The largest hit at or below `k` blocks valid for windowed group `g`.
+fn group_best<F: Fn(usize, usize) -> bool>(s: &GroupSpec, bs: usize, mut k: usize, g: usize, lead: &mut usize, memo: &mut Memo<F>) -> usize {
+    while k > 0 {
+        let [sinks, window] = s.needed_before(k * bs, bs);
+        let mut j = window.end;
+        while j > window.start && memo.get(g, j - 1) {
+            j -= 1;
+        }
+        if j > window.start {
+            // Block j - 1 is missing: every hit above it needs it.
+            k = j - 1;
+            continue;
+        }
+        while *lead < sinks.end && memo.get(g, *lead) {
+            *lead += 1;
+        }
+        if *lead >= sinks.end {
+            return k;
+        }
+        // Sink block `lead` is missing: a hit needs at most `lead` sink blocks.
+        k = (*lead).min(k - 1);
+    }
+    0
+}
+
+/// The blocks a hit of `hb` blocks makes `seq` hold: `(group, logical block, block)`.
+type Held = Vec<(usize, usize, BlockId)>;
+
+/// What an admission looks up: the prompt's keys, and its token ids and extra key when
+/// admitted by tokens (they verify every block of the hit).
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    keys: &'a [BlockKey],
+    tokens: Option<&'a [u32]>,
+    extra: Option<u64>,
+    /// The prompt's length in tokens: block `i` holds `min(block_size, len - i * bs)`.
+    len: usize,
+}
+
+impl Query<'_> {
+    /// Tokens of logical block `i` of the prompt (a keyed prompt's last block may be
+    /// partly filled; token ids key their full blocks only).
+    fn fill(&self, i: usize, bs: usize) -> usize {
+        bs.min(self.len.saturating_sub(i * bs))
+    }
+}
+
+/// Hits found in the cache: each full group's verified chain, every windowed group's
+/// blocks as asked, and whether a verification failed.
+struct Hits {
+    chains: Vec<Vec<BlockId>>,
+    collision: Cell<bool>,
+}
+
+/// What an admission would take, found without changing anything.
+struct HitPlan {
+    hits: Hits,
+    /// The longest valid hit before the last-token rule, and the one taken, in blocks.
+    found: usize,
+    hb: usize,
+    held: Held,
+    /// A copy-on-write partial hit: `(group, source)` of each group that needs logical
+    /// block `hb` for the query at `len - 1`; copied, it serves all but the last token.
+    copies: Option<Vec<(usize, BlockId)>>,
+    /// Distinct held and copied blocks that are idle and evictable now (taking them
+    /// revives them).
+    revived: usize,
+}
+
+impl HitPlan {
+    /// Tokens the admission serves from the cache.
+    fn cached(&self, len: usize, bs: usize) -> usize {
+        if self.copies.is_some() { len - 1 } else { self.hb * bs }
+    }
 }
 
 impl BlockPool {
-    /// A pool with automatic prefix caching.
-    pub fn with_prefix_cache(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
-        let mut pool = Self::new(num_blocks, block_size)?;
-        pool.cache = Some(Box::new(PrefixCache::new(num_blocks, block_size, cfg)?));
-        Ok(pool)
-    }
-
-    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
-        self.cache.as_deref()
-    }
-
     fn cache_ref(&self) -> Result<&PrefixCache> {
         self.cache.as_deref().ok_or_else(|| invalid!("prefix caching is off for this pool"))
     }
@@ -63,304 +174,353 @@ impl BlockPool {
         self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))
     }
 
-    /// Keys of the full blocks of `tokens` under this pool's hasher.
+    /// The prefix cache (None without prefix caching), read-only.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
+        self.cache.as_deref()
+    }
+
+    /// The cache's own invariants ([`PrefixCache::check`]) against the allocator;
+    /// `check_invariants` covers the rest (and calls this).
+    pub fn check_cache(&self) -> Result<()> {
+        self.cache.as_deref().map_or(Ok(()), |c| c.check(&self.alloc))
+    }
+
+    /// Forget every cached block of every group ([`PrefixCache::reset`]): idle ones become
+    /// free, live ones stay with their sequences, uncached; refused while pins are held.
+    /// Returns the blocks that were cached; `InvalidArgument` without prefix caching.
+    pub fn reset_prefix_cache(&mut self) -> Result<usize> {
+        let c = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))?;
+        c.reset(&mut self.alloc)
+    }
+
+    /// The cache's counters; `InvalidArgument` without prefix caching.
+    pub fn cache_stats(&self) -> Result<CacheStats> {
+        Ok(self.cache_ref()?.stats())
+    }
+
+    /// Keys of the full blocks of `tokens` (the same in every group).
     pub fn block_keys(&self, tokens: &[u32], extra: Option<u64>) -> Result<Vec<BlockKey>> {
-        let hasher = self.cache_ref()?.hasher();
         let mut keys = Vec::new();
-        hasher.chain_keys(ROOT_PARENT, tokens, self.block_size, extra, &mut keys, &mut Vec::new());
+        let h = self.cache_ref()?.hasher();
+        h.chain_keys(ROOT_PARENT, tokens, self.block_size, extra, &mut keys, &mut Vec::new());
         Ok(keys)
     }
 
-    /// Cached tokens an admission of `tokens` would get now (no state change).
+    /// Each full group's verified cached chain over the first `max` of `q.keys`.
+    fn full_chains(&self, q: Query<'_>, max: usize) -> Result<Hits> {
+        let c = self.cache_ref()?;
+        let mut collision = false;
+        let chains = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, s)| {
+                if s.is_windowed() {
+                    return Vec::new();
+                }
+                let fill = if max == 0 { self.block_size } else { q.fill(max - 1, self.block_size) };
+                let l = c.lookup_in(g, &q.keys[..max], q.tokens, q.extra, fill);
+                collision |= l.collision;
+                l.blocks
+            })
+            .collect();
+        Ok(Hits { chains, collision: Cell::new(collision) })
+    }
+
+    /// The cached block of logical block `i` in group `g` valid for `q`, if any.
+    fn hit_block(&self, hits: &Hits, q: Query<'_>, g: usize, i: usize) -> Option<BlockId> {
+        if !self.groups[g].is_windowed() {
+            return hits.chains[g].get(i).copied();
+        }
+        if q.fill(i, self.block_size) < self.block_size {
+            return None; // a windowed group caches full blocks only
+        }
+        match self.cache.as_deref()?.find(g, i, q.keys[i], q.tokens, q.extra) {
+            Found::Hit(b) => Some(b),
+            Found::Miss => None,
+            Found::Collision => {
+                hits.collision.set(true);
+                None
+            }
+        }
+    }
+
+    /// The longest prefix of at most `max` of `q.keys` cached validly for every group, in
+    /// blocks.
+    fn longest_cached(&self, hits: &Hits, q: Query<'_>, max: usize) -> usize {
+        longest_hit(&self.groups, self.block_size, max, |g, i| self.hit_block(hits, q, g, i).is_some())
+    }
+
+    /// Tokens of `tokens` held by cached full blocks valid for every group now, before the
+    /// last-token rule of admission (as [`crate::pool::BlockPool::cached_prefix_len`]); no
+    /// state change.
     pub fn cached_prefix_len(&self, tokens: &[u32], extra: Option<u64>) -> Result<usize> {
+        Self::checked_len(0, tokens.len())?;
         let keys = self.block_keys(tokens, extra)?;
-        let hit = self.cache_ref()?.lookup(&keys, Some(tokens), extra).blocks.len();
-        Ok(hit * self.block_size)
+        let q = Query { keys: &keys, tokens: Some(tokens), extra, len: tokens.len() };
+        let hits = self.full_chains(q, keys.len())?;
+        Ok(self.longest_cached(&hits, q, keys.len()) * self.block_size)
     }
 
-    /// Admit `seq` with its prompt token ids. Returns the number of cached tokens; the
-    /// slots of the remaining tokens are appended to `slots`. A copy-on-write partial hit
-    /// is not taken (use [`Self::add_sequence_tokens_cow`] to get the copy pairs).
-    pub fn add_sequence_tokens(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        extra_key: Option<u64>,
-        slots: &mut Vec<i64>,
-    ) -> Result<usize> {
-        self.admit(seq, Prompt::Tokens { tokens: Cow::Borrowed(tokens), extra: extra_key }, slots, None)
+    /// Admit `seq` with its prompt token ids: reuse the longest valid hit, allocate the
+    /// rest. Returns the cached tokens; `out` gets the slots `[G, len - cached]` of the
+    /// tokens to compute and `seq_lens = [len]`.
+    pub fn add_sequence_tokens(&mut self, seq: SeqId, tokens: &[u32], extra: Option<u64>, out: &mut StepOutput) -> Result<usize> {
+        out.clear();
+        self.admit_checks(seq, tokens.len())?;
+        let keys = self.block_keys(tokens, extra)?;
+        let cursor = TokenCursor { tokens: tokens.to_vec(), keys, extra };
+        self.admit(seq, tokens.len(), cursor.keys.clone(), Some(Box::new(cursor)), out)
     }
 
-    /// [`Self::add_sequence_tokens`] that may take a copy-on-write partial hit (when the
-    /// pool's config enables it): the `(src, dst)` pair goes to `cow`, and the caller
-    /// copies the block before computing.
-    pub fn add_sequence_tokens_cow(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        extra_key: Option<u64>,
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<usize> {
-        self.admit(seq, Prompt::Tokens { tokens: Cow::Borrowed(tokens), extra: extra_key }, slots, Some(cow))
-    }
-
-    /// [`Self::add_sequence_tokens_cow`] taking the token ids by value (they become the
-    /// sequence's record without a copy).
-    pub fn add_sequence_tokens_vec(
-        &mut self,
-        seq: SeqId,
-        tokens: Vec<u32>,
-        extra_key: Option<u64>,
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<usize> {
-        self.admit(seq, Prompt::Tokens { tokens: Cow::Owned(tokens), extra: extra_key }, slots, Some(cow))
-    }
-
-    /// Admit `seq` from a trace that gives block keys instead of tokens (Mooncake's
-    /// `hash_ids`): one key per block of the `prompt_len`-token prompt, the last one
-    /// possibly for a partial block. Keys are trusted as chained content ids: equal keys
-    /// mean equal content, prefix and fill. Returns the number of cached tokens. A keyed
-    /// partial last block is cached with its fill: it matches only a later partial last
-    /// block of the same fill (never a full-block lookup), and the sequence's first append
-    /// copies it (cached blocks are immutable).
-    pub fn add_sequence_block_keys(
-        &mut self,
-        seq: SeqId,
-        keys: &[BlockKey],
-        prompt_len: usize,
-        slots: &mut Vec<i64>,
-    ) -> Result<usize> {
-        let want = blocks_for(prompt_len, self.block_size);
+    /// Admit `seq` from block keys (a trace's chained keys, one per block of the
+    /// `len`-token prompt). Keys are trusted as chained content ids. The last may stand for
+    /// a partly filled block: full groups cache it with its fill, and it matches only a
+    /// later partial last block of the same fill (the last-token rule recomputes it).
+    pub fn add_sequence_block_keys(&mut self, seq: SeqId, keys: &[BlockKey], len: usize, out: &mut StepOutput) -> Result<usize> {
+        out.clear();
+        self.admit_checks(seq, len)?;
+        let want = len.div_ceil(self.block_size);
         if keys.len() != want {
             return Err(invalid!(
-                "{} block keys for a prompt of {prompt_len} tokens: expected ceil({prompt_len}/{}) = {want}",
+                "keys: {} block keys for a prompt of {len} tokens: expected ceil({len}/{}) = {want}",
                 keys.len(),
                 self.block_size
             ));
         }
-        self.admit(seq, Prompt::Keys { keys, len: prompt_len }, slots, None)
+        self.admit(seq, len, keys.to_vec(), None, out)
     }
 
-    fn admit(
-        &mut self,
-        seq: SeqId,
-        prompt: Prompt<'_>,
-        slots: &mut Vec<i64>,
-        cow: Option<&mut Vec<(BlockId, BlockId)>>,
-    ) -> Result<usize> {
+    fn admit_checks(&self, seq: SeqId, len: usize) -> Result<()> {
+        self.cache_ref()?;
         if self.seqs.contains_key(&seq) {
             return Err(KvError::DuplicateSequence(seq.0));
         }
-        let bs = self.block_size;
-        let cache = self.cache_ref()?;
-        let (keys, owned, extra, len) = match prompt {
-            Prompt::Tokens { tokens, extra } => {
-                let mut keys = Vec::new();
-                cache.hasher().chain_keys(ROOT_PARENT, &tokens, bs, extra, &mut keys, &mut Vec::new());
-                let len = tokens.len();
-                (keys, Some(tokens), extra, len)
-            }
-            Prompt::Keys { keys, len } => (keys.to_vec(), None, None, len),
-        };
-        let tokens = owned.as_deref();
-        Self::checked_len(0, len)?;
-        // Token ids key their full blocks only; a keyed prompt's last key stands for its
-        // last block, full or not.
-        let last_fill = if tokens.is_some() { bs } else { len - blocks_for(len, bs).saturating_sub(1) * bs };
-        let found = cache.lookup_filled(&keys, tokens, extra, last_fill);
-        let h = found.blocks.len();
-        // Leave at least one token to compute.
-        let max_cached = len.saturating_sub(1);
-        let used = h.min(max_cached / bs);
-        let cow_src = match (&cow, cache.config().cow_partial_hit) {
-            (Some(_), true) if h > used && max_cached > used * bs => Some(found.blocks[used]),
-            _ => None,
-        };
-        let cached_tokens = if cow_src.is_some() { max_cached } else { used * bs };
-        let need = blocks_for(len, bs) - used;
-        let reserved = found.blocks[..used]
-            .iter()
-            .chain(cow_src.as_ref())
-            .filter(|&&b| cache.is_evictable(b, &self.alloc))
-            .count();
-        let avail = self.num_free_blocks() - reserved;
-        if need > avail {
-            return Err(KvError::PoolExhausted { requested: need, free: avail });
-        }
+        Self::checked_len(0, len).map(|_| ())
+    }
 
+    /// The hit an admission of `q` would take now, and what it revives. `cow`: a
+    /// copy-on-write partial hit may be taken (when the cache's config allows it).
+    fn hit_plan(&self, q: Query<'_>, cow: bool) -> Result<HitPlan> {
+        let bs = self.block_size;
+        let partial_keys = self.cache_ref()?.config().cache_partial_keys;
+        let full = q.keys.len().min(if partial_keys { q.len.div_ceil(bs) } else { q.len / bs });
+        let hits = self.full_chains(q, full)?;
+        let found = self.longest_cached(&hits, q, full);
+        // The last-token rule: the last prompt token is always computed.
+        let last = q.len.saturating_sub(1);
+        let cap = (last / bs).min(full);
+        let hb = if found <= cap { found } else { self.longest_cached(&hits, q, cap) };
+        let cow = cow && q.tokens.is_some() && self.cache_ref()?.config().cow_partial_hit;
+        let copies = if cow && last > hb * bs && hb < full { self.partial_copies(&hits, q, hb, last) } else { None };
+        let p = if copies.is_some() { last } else { hb * bs };
+        let held = self.held_blocks(&hits, q, p, hb)?;
+        let c = self.cache_ref()?;
+        let copied = copies.iter().flatten().map(|x| x.1);
+        let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).chain(copied).filter(|&b| c.is_evictable(b, &self.alloc)).collect();
+        revived.sort_unstable();
+        revived.dedup();
+        Ok(HitPlan { hits, found, hb, held, copies, revived: revived.len() })
+    }
+
+    /// The copy sources of a partial hit of `p` tokens (`hb * bs < p < (hb + 1) * bs`):
+    /// None unless every block the query at `p` needs before `p` is cached in every group.
+    fn partial_copies(&self, hits: &Hits, q: Query<'_>, hb: usize, p: usize) -> Option<Vec<(usize, BlockId)>> {
+        let mut copies = Vec::new();
+        for (g, s) in self.groups.iter().enumerate() {
+            for i in s.needed_before(p, self.block_size).into_iter().flatten() {
+                let b = self.hit_block(hits, q, g, i)?;
+                if i == hb {
+                    copies.push((g, b));
+                }
+            }
+        }
+        Some(copies)
+    }
+
+    /// What admitting a `len`-token prompt would take now, changing nothing: `(cached
+    /// tokens, allocatable blocks consumed)`, the blocks being every group's new blocks
+    /// plus the idle ones the hit revives. `keys` as for the admission (token ids' keys from
+    /// [`Self::block_keys`], or a trace's block keys with `tokens` None).
+    pub fn admission_plan(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, len: usize) -> Result<(usize, usize)> {
+        Self::checked_len(0, len)?;
+        let plan = self.hit_plan(Query { keys, tokens, extra, len }, false)?;
+        let bs = self.block_size;
+        Ok((plan.hb * bs, self.groups.len() * (len.div_ceil(bs) - plan.hb) + plan.revived))
+    }
+
+    /// The admission proper: `keys` has one key per full block at least.
+    fn admit(&mut self, seq: SeqId, len: usize, keys: Vec<BlockKey>, cursor: Option<Box<TokenCursor>>, out: &mut StepOutput) -> Result<usize> {
+        let bs = self.block_size;
+        let tokens = cursor.as_ref().map(|c| &c.tokens[..]);
+        let q = Query { keys: &keys, tokens, extra: cursor.as_ref().and_then(|c| c.extra), len };
+        let plan = self.hit_plan(q, true)?;
+        let hb = plan.hb;
+        let need = self.groups.len() * (len.div_ceil(bs) - hb);
+        let free = self.num_free_blocks() - plan.revived;
+        if need > free {
+            return Err(KvError::PoolExhausted { requested: need, free });
+        }
         // Commit: nothing below fails except through a bug.
-        let cache = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off"))?;
-        for &b in &found.blocks[..used] {
-            cache.acquire(b, &mut self.alloc);
+        let mut tables = self.take_hit(&plan.held, hb);
+        self.take_copies_and_touch(&plan);
+        let n = len - hb * bs;
+        out.slots.resize(self.groups.len() * n, 0);
+        out.total_tokens = n;
+        for (g, t) in tables.iter_mut().enumerate() {
+            self.grow_table(t, hb * bs, n, &mut out.slots[g * n..(g + 1) * n], &mut out.cow)?;
         }
-        for &b in &found.blocks[used..] {
-            match cow_src {
-                // Held while the rest is allocated, so it cannot be evicted under the copy.
-                Some(src) if src == b => cache.acquire(b, &mut self.alloc),
-                _ => cache.touch_hit(b),
+        let cached = plan.cached(len, bs);
+        if let Some(copies) = &plan.copies {
+            self.finish_copies(copies, &tables, hb, out);
+        }
+        out.seq_lens.push(len as i32);
+        self.register(&tables, q, hb, keys.len());
+        let mut per_group = vec![0usize; self.groups.len()];
+        for h in &plan.held {
+            per_group[h.0] += 1;
+        }
+        let c = self.cache_mut()?;
+        c.record_query(keys.len(), plan.found, len, cached, plan.hits.collision.get(), plan.copies.is_some());
+        c.record_group_hits(&per_group);
+        let tables = GroupTables::from_vec(tables);
+        self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
+        self.end_op();
+        Ok(cached)
+    }
+
+    /// Hold the copy sources of a partial hit (so that nothing evicts them before the
+    /// copy) and touch the full groups' chain blocks past the hit that the admission does
+    /// not take (a hit for the eviction policy, as in vLLM).
+    fn take_copies_and_touch(&mut self, plan: &HitPlan) {
+        let Some(c) = self.cache.as_deref_mut() else { return };
+        let copies = plan.copies.as_deref().unwrap_or(&[]);
+        for &(_, b) in copies {
+            c.acquire(b, &mut self.alloc);
+        }
+        let untaken = if c.config().touch_untaken_hits { plan.hb } else { usize::MAX };
+        for chain in &plan.hits.chains {
+            for &b in chain.iter().skip(untaken) {
+                if !copies.iter().any(|x| x.1 == b) {
+                    c.touch_hit(b);
+                }
             }
         }
-        let stamp = self.stamp();
-        // Sized up front: the table would otherwise reallocate ~log2(n) times as it grows.
-        let mut held = Vec::with_capacity(blocks_for(len, bs));
-        held.extend_from_slice(&found.blocks[..used]);
-        let mut table = BlockTable::with_blocks(held, used * bs, stamp);
-        let first_new = slots.len();
-        let mut no_cow = Vec::new();
-        let r = self.grow(&mut table, len - used * bs, slots, &mut no_cow);
-        debug_assert!(no_cow.is_empty());
-        if let Err(e) = r {
-            for b in table.take_blocks().into_iter().rev().chain(cow_src) {
-                self.release_block(b);
+    }
+
+    /// A partial hit's copies: `(source, new block hb)` pairs to `out.cow`, the sources
+    /// released, and only the last token's slots kept (the others are copied, not computed).
+    fn finish_copies(&mut self, copies: &[(usize, BlockId)], tables: &[GroupTable], hb: usize, out: &mut StepOutput) {
+        for &(g, src) in copies {
+            if let Some(dst) = tables[g].get(hb) {
+                out.cow.push((src, dst));
+                self.cow_copies += 1;
             }
-            return Err(e);
-        }
-        if let Some(src) = cow_src {
-            let dst = table.blocks()[used];
-            if let Some(out) = cow {
-                out.push((src, dst));
-            }
-            self.cow_copies += 1;
-            // The copied tokens are not computed: drop their slots.
-            slots.drain(first_new..first_new + (cached_tokens - used * bs));
             self.release_block(src);
         }
-        // Register the prompt's blocks past the hit (full ones for token ids; every keyed
-        // block for block keys, the last one with its fill).
-        let registrable = if tokens.is_some() { keys.len() } else { keys.len().min(table.blocks().len()) };
-        self.register_chain(&table, &keys, used, registrable, tokens, extra, len);
-        if let Some(c) = self.cache.as_deref_mut() {
-            c.record_query(keys.len(), h, len, cached_tokens, found.collision, cow_src.is_some());
-            c.record_group_hits(&[used]);
-        }
-        let cursor = owned.map(|t| Box::new(TokenCursor { tokens: t.into_owned(), keys, extra }));
-        self.seqs.insert(seq, SeqEntry { table, mark: 0, cursor });
-        self.end_op();
-        Ok(cached_tokens)
+        let n = out.total_tokens;
+        let last: Vec<i64> = (0..self.groups.len()).map(|g| out.slots[g * n + n - 1]).collect();
+        out.slots = last;
+        out.total_tokens = 1;
     }
 
-    /// Register blocks `from..to` of `table` under `keys`, each as the child of the one
-    /// before, stopping at the first that cannot be (broken chain, key taken). `len` is
-    /// the sequence's token count: block `i` holds `min(block_size, len - i * block_size)`.
-    #[allow(clippy::too_many_arguments)]
-    fn register_chain(
-        &mut self,
-        table: &BlockTable,
-        keys: &[BlockKey],
-        from: usize,
-        to: usize,
-        tokens: Option<&[u32]>,
-        extra: Option<u64>,
-        len: usize,
-    ) {
-        let bs = self.block_size;
-        let Some(cache) = self.cache.as_deref_mut() else { return };
-        let blocks = table.blocks();
-        for i in from..to {
-            let parent = if i == 0 {
-                None
-            } else {
-                let p = blocks[i - 1];
-                // Past the first block the parent is the one registered just before.
-                if i == from && (cache.key_of(p) != Some(keys[i - 1]) || cache.filled(p) != Some(bs)) {
-                    return;
-                }
-                Some(p)
-            };
-            let b = blocks[i];
-            let filled = bs.min(len - i * bs);
-            if cache.is_cached(b) {
-                // Already the cached block for this key (and fill): the chain goes on
-                // through it.
-                if cache.key_of(b) == Some(keys[i]) && cache.filled(b) == Some(filled) {
-                    continue;
-                }
-                return;
-            }
-            if filled < bs && i + 1 < to {
-                return; // only a last block may be partly filled (a parent is full)
-            }
-            let tok = tokens.map(|t| &t[i * bs..i * bs + filled]);
-            if !cache.register_in(0, b, keys[i], parent, extra, tok, filled) {
-                return;
+    /// The cached blocks a hit serving a query at `p` needs before block `hb` (blocks
+    /// `..hb`), per group, in logical order.
+    fn held_blocks(&self, hits: &Hits, q: Query<'_>, p: usize, hb: usize) -> Result<Held> {
+        let mut held = Vec::new();
+        for (g, s) in self.groups.iter().enumerate() {
+            for i in s.needed_before(p, self.block_size).into_iter().flatten().filter(|&i| i < hb) {
+                let b = self.hit_block(hits, q, g, i).ok_or_else(|| KvError::Invariant(format!("hit block {i} of group {g} vanished")))?;
+                held.push((g, i, b));
             }
         }
+        Ok(held)
     }
 
-    /// Append token ids to `seq`: new slots go to `slots`, copy-on-write pairs to `cow`.
-    /// Each block that fills is registered in the cache (when the sequence was admitted
-    /// with token ids and its chain is intact).
-    pub fn append_tokens(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        slots: &mut Vec<i64>,
-        cow: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<()> {
+    /// Take the held blocks (revive idle ones, else one more reference) and lay out the
+    /// tables of a sequence of `hb` blocks: held blocks, holes elsewhere.
+    fn take_hit(&mut self, held: &Held, hb: usize) -> Vec<GroupTable> {
+        let mut tables: Vec<GroupTable> = self.groups.iter().map(|&s| GroupTable::new(s, self.block_size)).collect();
+        for &(g, i, b) in held {
+            if let Some(c) = self.cache.as_deref_mut() {
+                c.acquire(b, &mut self.alloc);
+            }
+            let t = &mut tables[g];
+            while t.len_blocks() < i {
+                // Holes lie past the sinks and before the window: needed_before's shape.
+                let _ = t.push_hole();
+            }
+            t.push(b);
+        }
+        for t in &mut tables {
+            while t.len_blocks() < hb {
+                let _ = t.push_hole();
+            }
+        }
+        tables
+    }
+
+    /// Append token ids to `seq` (a growth as [`Self::step`] of one sequence; `out` as
+    /// there). Each block that fills is registered in every group whose index lacks its
+    /// key, when the sequence was admitted by token ids and has seen every id since.
+    pub fn append_tokens(&mut self, seq: SeqId, tokens: &[u32], out: &mut StepOutput) -> Result<()> {
         let hasher = self.cache_ref()?.hasher();
-        let (need, _) = self.blocks_needed_for(self.table(seq)?, tokens.len(), &[])?;
-        self.ensure_available(need)?;
-        let mut entry = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
-        let r = self.grow(&mut entry.table, tokens.len(), slots, cow);
-        if r.is_ok() {
-            if let Some(cur) = entry.cursor.as_mut() {
-                let first = cur.push_tokens(tokens, self.block_size, hasher);
-                let to = cur.keys.len();
-                let len = cur.tokens.len();
-                self.register_chain(&entry.table, &cur.keys, first, to, Some(&cur.tokens), cur.extra, len);
+        out.clear();
+        let cursor = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?.cursor.take();
+        let r = self.step_run(&[seq], &[tokens.len()], false, out);
+        let mut map = std::mem::take(&mut self.seqs);
+        let r = match map.get_mut(&seq) {
+            Some(e) => {
+                e.cursor = cursor;
+                if let (Ok(()), Some(cur)) = (&r, e.cursor.as_mut()) {
+                    let first = cur.push_tokens(tokens, self.block_size, hasher);
+                    let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
+                    self.register(&e.tables[..], q, first, cur.keys.len());
+                }
+                r
             }
-        }
-        self.seqs.insert(seq, entry);
+            None => r,
+        };
+        self.seqs = map;
         r?;
         self.end_op();
         Ok(())
     }
 
     /// Hard-pin (`priority` None: never evicted) or soft-pin (retention `priority` under the
-    /// priority policy) the cached prefix of `tokens` (its full blocks), until `unpin` or
-    /// until the clock reaches `expires_at`. Errors if the prefix is not fully cached.
-    pub fn pin_prefix_tokens(
-        &mut self,
-        tokens: &[u32],
-        extra_key: Option<u64>,
-        priority: Option<u32>,
-        expires_at: Option<u64>,
-    ) -> Result<u64> {
-        let keys = self.block_keys(tokens, extra_key)?;
-        self.pin_chain(&keys, Some(tokens), extra_key, priority, expires_at)
+    /// priority policy) every block an admission of `tokens` followed by more tokens needs
+    /// (a hit of all their full blocks: every full group's chain, each windowed group's
+    /// sinks and window), until `unpin` or until the clock reaches `expires_at`.
+    /// `InvalidArgument` when that hit is not cached in every group.
+    pub fn pin_prefix_tokens(&mut self, tokens: &[u32], extra: Option<u64>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
+        let keys = self.block_keys(tokens, extra)?;
+        self.pin_hit(Query { keys: &keys, tokens: Some(tokens), extra, len: tokens.len() }, priority, expires_at)
     }
 
-    /// [`Self::pin_prefix_tokens`] for a prefix given as block keys, each standing for a
-    /// full block (a partly filled keyed block cannot be pinned).
+    /// [`Self::pin_prefix_tokens`] for a prefix given as block keys, one per full block.
     pub fn pin_prefix_keys(&mut self, keys: &[BlockKey], priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
-        self.pin_chain(keys, None, None, priority, expires_at)
+        self.pin_hit(Query { keys, tokens: None, extra: None, len: keys.len().saturating_mul(self.block_size) }, priority, expires_at)
     }
 
-    fn pin_chain(
-        &mut self,
-        keys: &[BlockKey],
-        tokens: Option<&[u32]>,
-        extra: Option<u64>,
-        priority: Option<u32>,
-        expires_at: Option<u64>,
-    ) -> Result<u64> {
-        if keys.is_empty() {
+    fn pin_hit(&mut self, q: Query<'_>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
+        let n = q.keys.len();
+        if n == 0 {
             return Err(invalid!("a pin needs at least one full block ({} tokens)", self.block_size));
         }
-        let cache = self.cache_mut()?;
-        let found = cache.lookup(keys, tokens, extra);
-        if found.blocks.len() < keys.len() {
-            return Err(invalid!(
-                "prefix is not cached: only {} of its {} blocks are",
-                found.blocks.len(),
-                keys.len()
-            ));
+        let hits = self.full_chains(q, n)?;
+        let mut blocks = Vec::new();
+        for (g, s) in self.groups.iter().enumerate() {
+            for i in s.needed_before(n * self.block_size, self.block_size).into_iter().flatten() {
+                let b = self.hit_block(&hits, q, g, i).ok_or_else(|| {
+                    invalid!("prefix is not cached: group {g} ({s}) lacks logical block {i} of the {n} a hit needs")
+                })?;
+                blocks.push(b);
+            }
         }
-        cache.pin(&found.blocks, priority, expires_at)
+        self.cache_mut()?.pin(&blocks, priority, expires_at)
     }
 
+    /// Drop pin `pin_id`; `InvalidArgument` for an unknown or lapsed pin or without caching.
     pub fn unpin(&mut self, pin_id: u64) -> Result<()> {
         self.cache_mut()?.unpin(pin_id)
     }
@@ -370,19 +530,136 @@ impl BlockPool {
         self.cache_mut()?.set_clock(t)
     }
 
-    pub fn cache_stats(&self) -> Result<CacheStats> {
-        Ok(self.cache_ref()?.stats())
-    }
-
-    /// Move the recorded cache events into `out`, oldest first.
+    /// Move the recorded cache events into `out`, oldest first (each names its group).
     pub fn drain_events(&mut self, out: &mut Vec<CacheEvent>) -> Result<()> {
         self.cache_mut()?.drain_events(out);
         Ok(())
     }
 
-    /// Forget every cached block (refused while pins are held). Returns how many.
-    pub fn reset_prefix_cache(&mut self) -> Result<usize> {
-        let cache = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))?;
-        cache.reset(&mut self.alloc)
+    /// Register stored blocks `from..to` of `tables` under `q.keys`: in a full group as a
+    /// chain (each block the child of the one before, stopping where the chain breaks or a
+    /// key is taken), in a windowed group each stored full block on its own. A keyed
+    /// prompt's partly filled last block is cached with its fill in full groups only.
+    fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize) {
+        let bs = self.block_size;
+        let Some(c) = self.cache.as_deref_mut() else { return };
+        for (g, t) in tables.iter().enumerate() {
+            let windowed = self.groups[g].is_windowed();
+            for i in from..to.min(q.keys.len()) {
+                let Some(b) = t.get(i) else { continue };
+                let (key, fill) = (q.keys[i], q.fill(i, bs));
+                if fill == 0 || (fill < bs && (windowed || i + 1 < to || !c.config().cache_partial_keys)) {
+                    break; // only a full group's last block may be partly filled
+                }
+                if c.is_cached(b) {
+                    // Already cached as this block: a chain goes on through it.
+                    if c.key_of(b) == Some(key) && c.group_of(b) == Some(g) && c.filled(b) == Some(fill) {
+                        continue;
+                    }
+                    if windowed {
+                        continue;
+                    }
+                    break;
+                }
+                let parent = match (windowed, i) {
+                    (true, _) | (false, 0) => None,
+                    (false, _) => match t.get(i - 1) {
+                        Some(p) if c.key_of(p) == Some(q.keys[i - 1]) && c.group_of(p) == Some(g) && c.filled(p) == Some(bs) => Some(p),
+                        _ => break,
+                    },
+                };
+                let tok = q.tokens.map(|t| &t[i * bs..i * bs + fill]);
+                if !c.register_in(g, b, key, parent, q.extra, tok, fill) && !windowed {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: `k` is valid when every group has every block it needs cached.
+    fn brute(specs: &[GroupSpec], bs: usize, n: usize, cached: &dyn Fn(usize, usize) -> bool) -> usize {
+        (0..=n)
+            .rev()
+            .find(|&k| {
+                specs.iter().enumerate().all(|(g, s)| s.needed_before(k * bs, bs).into_iter().flatten().all(|i| cached(g, i)))
+            })
+            .unwrap_or(0)
+    }
+
+    /// A small deterministic generator (no dependency on the proptest crate in unit tests).
+    fn lcg(x: &mut u64) -> u64 {
+        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    #[test]
+    fn longest_hit_equals_brute_force() {
+        let kinds = [
+            GroupSpec::Full,
+            GroupSpec::sliding_window(1, 0).unwrap(),
+            GroupSpec::sliding_window(7, 0).unwrap(),
+            GroupSpec::sliding_window(8, 3).unwrap(),
+            GroupSpec::sliding_window(5, 9).unwrap(),
+            GroupSpec::chunked(8).unwrap(),
+            GroupSpec::chunked(6).unwrap(),
+        ];
+        let mut x = 7u64;
+        for case in 0..4000 {
+            let ng = 1 + (lcg(&mut x) % 3) as usize;
+            let specs: Vec<GroupSpec> = (0..ng).map(|_| kinds[(lcg(&mut x) % kinds.len() as u64) as usize]).collect();
+            let bs = [1usize, 2, 4][(lcg(&mut x) % 3) as usize];
+            let n = (lcg(&mut x) % 24) as usize;
+            // Dense holes early on, or only a few: both regimes.
+            let miss = 1 + lcg(&mut x) % 8;
+            let table: Vec<Vec<bool>> = (0..ng).map(|_| (0..n).map(|_| lcg(&mut x) % 10 >= miss.min(9)).collect()).collect();
+            let cached = |g: usize, i: usize| table[g][i];
+            let calls = Cell::new(0usize);
+            let counted = |g: usize, i: usize| {
+                calls.set(calls.get() + 1);
+                cached(g, i)
+            };
+            let got = longest_hit(&specs, bs, n, counted);
+            assert_eq!(got, brute(&specs, bs, n, &cached), "case {case}: {specs:?} bs {bs} table {table:?}");
+            assert!(calls.get() <= ng * n, "memoized: at most one question per (group, block)");
+        }
+    }
+
+    #[test]
+    fn window_hit_needs_only_sinks_and_window() {
+        // Window of 8 tokens, 4 sink tokens, blocks of 4: a hit of k blocks needs block 0
+        // and blocks from (4k - 7) / 4 on.
+        let s = [GroupSpec::sliding_window(8, 4).unwrap()];
+        let present = [0usize, 7, 8, 9];
+        let calls = Cell::new(0usize);
+        let h = longest_hit(&s, 4, 10, |_, i| {
+            calls.set(calls.get() + 1);
+            present.contains(&i)
+        });
+        // Hit of 10 blocks (40 tokens): first needed 33 -> blocks 8, 9 + sink 0.
+        assert_eq!(h, 10);
+        assert_eq!(calls.get(), 3, "only the window and the sink block are looked up");
+        // Block 8 gone: 9 blocks need 7 and 8 (first needed 29); 8 blocks need 6, 7 ... none
+        // down to a hit of 1 block (positions 0..4, sink): valid with block 0.
+        assert_eq!(longest_hit(&s, 4, 10, |_, i| [0usize, 7, 9].contains(&i)), 1);
+        // Hybrid: a full group caps it at its leading run; the window group then needs
+        // its window before that point.
+        let hybrid = [GroupSpec::Full, GroupSpec::sliding_window(8, 0).unwrap()];
+        let lead = 6;
+        assert_eq!(longest_hit(&hybrid, 4, 10, |g, i| if g == 0 { i < lead } else { i >= 3 }), 6);
+        assert_eq!(longest_hit(&hybrid, 4, 10, |g, i| if g == 0 { i < lead } else { i != 4 }), 4);
+    }
+
+    #[test]
+    fn chunk_boundary_hits_need_nothing() {
+        // A hit at a chunk boundary needs no block of the chunked group.
+        let s = [GroupSpec::chunked(8).unwrap()];
+        assert_eq!(longest_hit(&s, 4, 5, |_, _| false), 4);
+        assert_eq!(longest_hit(&s, 4, 5, |_, i| i == 4), 5);
+        assert_eq!(longest_hit(&[GroupSpec::Full], 4, 0, |_, _| true), 0);
     }
 }

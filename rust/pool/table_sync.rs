@@ -4,13 +4,12 @@
 //! steps most rows changed by at most one appended entry. [`TableSync`] remembers what it
 //! wrote into each row (which pool, which sequence, which table stamp, how many entries),
 //! so a sync copies only new entries, and rewrites a row only when its sequence changed or
-//! an existing entry was replaced (copy-on-write) or removed (truncation). A pool with
-//! layer groups syncs one group's tables per buffer ([`TableSync::sync_group`]): holes are
-//! padding, and the entries a window released since the last sync become padding in place.
+//! an existing entry was replaced (copy-on-write) or removed (truncation). A buffer mirrors one
+//! layer group's tables: holes are padding, and the entries a window released since the
+//! last sync become padding in place.
 
 use crate::error::{filled, Result};
 use crate::invalid;
-use crate::hybrid::HybridPool;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, SeqId};
 
@@ -94,34 +93,19 @@ impl TableSync {
         plan
     }
 
-    /// Make row `i` of `out` hold the table of `seqs[i]`, padded with `pad`. Rows from
-    /// `seqs.len()` on are left as they are. Returns how many entries were written.
-    /// Fails (writing nothing) on unknown ids, too many sequences or too long tables.
-    pub fn sync(&mut self, pool: &BlockPool, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
-        self.check(seqs, pool.max_table_len(seqs)?, out)?;
+    /// Make row `i` of `out` hold the table of `seqs[i]` in `group`, padded with `pad`
+    /// (a hole is `pad` too). Rows from `seqs.len()` on are left as they are. Returns how
+    /// many entries were written. Fails (writing nothing) on an unknown group or id, too
+    /// many sequences or too long tables.
+    pub fn sync(&mut self, pool: &BlockPool, group: usize, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
+        let mut need = 0;
+        for &s in seqs {
+            need = need.max(pool.table(s, group)?.len_blocks());
+        }
+        self.check(seqs, need, out)?;
         let mut written = 0;
         for (i, &seq) in seqs.iter().enumerate() {
-            let table = pool.table(seq)?;
-            let blocks = table.blocks();
-            let state = RowState { pool: pool.pool_id(), seq: seq.0, stamp: table.stamp(), written: blocks.len(), run_start: 0 };
-            let p = self.plan(i, state);
-            let row = &mut out[i * self.width..(i + 1) * self.width];
-            for (dst, b) in row[p.from..blocks.len()].iter_mut().zip(&blocks[p.from..]) {
-                *dst = b.as_i32();
-            }
-            row[blocks.len()..p.pad_to].fill(self.pad);
-            written += p.pad_to - p.from;
-        }
-        Ok(written)
-    }
-
-    /// [`Self::sync`] for the tables of `group` in a pool with layer groups: a hole is
-    /// `pad`, like the padding after a table.
-    pub fn sync_group(&mut self, pool: &HybridPool, group: usize, seqs: &[SeqId], out: &mut [i32]) -> Result<usize> {
-        let tables = seqs.iter().map(|&s| pool.table(s, group)).collect::<Result<Vec<_>>>()?;
-        self.check(seqs, tables.iter().map(|t| t.len_blocks()).max().unwrap_or(0), out)?;
-        let mut written = 0;
-        for (i, (&seq, t)) in seqs.iter().zip(&tables).enumerate() {
+            let t = pool.table(seq, group)?;
             let n = t.len_blocks();
             let state = RowState { pool: pool.pool_id(), seq: seq.0, stamp: t.stamp(), written: n, run_start: t.run_start() };
             let p = self.plan(i, state);
@@ -140,6 +124,7 @@ impl TableSync {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::StepOutput;
 
     fn ids(v: &[u64]) -> Vec<SeqId> {
         v.iter().map(|&x| SeqId(x)).collect()
@@ -147,37 +132,36 @@ mod tests {
 
     fn expected(pool: &BlockPool, seqs: &[SeqId], width: usize) -> Vec<i32> {
         let mut out = vec![0; seqs.len() * width];
-        pool.padded_tables_into(seqs, width, -1, &mut out).unwrap();
+        pool.padded_tables_into(seqs, 0, width, -1, &mut out).unwrap();
         out
     }
 
     #[test]
     fn incremental_sync_matches_full_export() {
         let mut pool = BlockPool::new(64, 4).unwrap();
-        let mut slots = Vec::new();
-        let mut cow = Vec::new();
-        pool.add_sequence(SeqId(1), 5, &mut slots).unwrap();
-        pool.add_sequence(SeqId(2), 3, &mut slots).unwrap();
+        let mut out = StepOutput::default();
+        pool.add_sequence(SeqId(1), 5, &mut out).unwrap();
+        pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
         let seqs = ids(&[1, 2]);
         let mut sync = TableSync::new(4, 8, -1).unwrap();
         let mut buf = vec![77; 32];
-        assert_eq!(sync.sync(&pool, &seqs, &mut buf).unwrap(), 16);
+        assert_eq!(sync.sync(&pool, 0, &seqs, &mut buf).unwrap(), 16);
         assert_eq!(&buf[..16], &expected(&pool, &seqs, 8)[..]);
         // Unchanged tables: nothing to write.
-        assert_eq!(sync.sync(&pool, &seqs, &mut buf).unwrap(), 0);
+        assert_eq!(sync.sync(&pool, 0, &seqs, &mut buf).unwrap(), 0);
         // One appended block: one entry.
-        pool.append(SeqId(1), 4, &mut slots, &mut cow).unwrap();
-        assert_eq!(sync.sync(&pool, &seqs, &mut buf).unwrap(), 1);
+        pool.step(&[SeqId(1)], &[4], &mut out).unwrap();
+        assert_eq!(sync.sync(&pool, 0, &seqs, &mut buf).unwrap(), 1);
         assert_eq!(&buf[..16], &expected(&pool, &seqs, 8)[..]);
         // Copy-on-write replaces an entry: the row is rewritten.
         pool.fork(SeqId(2), SeqId(3)).unwrap();
-        pool.append(SeqId(2), 1, &mut slots, &mut cow).unwrap();
-        assert!(sync.sync(&pool, &seqs, &mut buf).unwrap() >= 1);
+        pool.step(&[SeqId(2)], &[1], &mut out).unwrap();
+        assert!(sync.sync(&pool, 0, &seqs, &mut buf).unwrap() >= 1);
         assert_eq!(&buf[..16], &expected(&pool, &seqs, 8)[..]);
         // Truncation and a different sequence in a row.
         pool.truncate(SeqId(1), 8).unwrap();
         let swapped = ids(&[3, 1]);
-        sync.sync(&pool, &swapped, &mut buf).unwrap();
+        sync.sync(&pool, 0, &swapped, &mut buf).unwrap();
         assert_eq!(&buf[..16], &expected(&pool, &swapped, 8)[..]);
         assert_eq!(&buf[16..], &[77; 16]);
     }
@@ -187,17 +171,17 @@ mod tests {
     /// with holes, an id freed and reused.
     #[test]
     fn group_sync_matches_full_export() {
-        use crate::hybrid::{GroupSpec, HybridStepOutput};
+        use crate::pool::GroupSpec;
         use crate::prefix_cache::CacheConfig;
         let groups = vec![GroupSpec::Full, GroupSpec::sliding_window(6, 2).unwrap()];
-        let mut pool = HybridPool::with_prefix_cache(200, 2, groups, CacheConfig::default()).unwrap();
-        let mut out = HybridStepOutput::default();
+        let mut pool = BlockPool::with_options(200, 2, groups, Some(CacheConfig::default())).unwrap();
+        let mut out = StepOutput::default();
         let width = 24;
         let mut syncs: Vec<TableSync> = (0..2).map(|_| TableSync::new(4, width, -1).unwrap()).collect();
         let mut bufs = vec![vec![55; 4 * width]; 2];
-        let check = |pool: &HybridPool, syncs: &mut Vec<TableSync>, bufs: &mut Vec<Vec<i32>>, seqs: &[SeqId]| {
+        let check = |pool: &BlockPool, syncs: &mut Vec<TableSync>, bufs: &mut Vec<Vec<i32>>, seqs: &[SeqId]| {
             for g in 0..2 {
-                syncs[g].sync_group(pool, g, seqs, &mut bufs[g]).unwrap();
+                syncs[g].sync(pool, g, seqs, &mut bufs[g]).unwrap();
                 let mut want = vec![0; seqs.len() * width];
                 pool.padded_tables_into(seqs, g, width, -1, &mut want).unwrap();
                 assert_eq!(&bufs[g][..want.len()], &want[..], "group {g}");
@@ -213,7 +197,7 @@ mod tests {
             check(&pool, &mut syncs, &mut bufs, &seqs);
         }
         // Unchanged tables: nothing to write.
-        assert_eq!(syncs[1].sync_group(&pool, 1, &seqs, &mut bufs[1]).unwrap(), 0);
+        assert_eq!(syncs[1].sync(&pool, 1, &seqs, &mut bufs[1]).unwrap(), 0);
         pool.fork(SeqId(2), SeqId(3)).unwrap();
         pool.step(&[SeqId(2)], &[1], &mut out).unwrap(); // copy-on-write of the shared last block
         check(&pool, &mut syncs, &mut bufs, &ids(&[1, 2, 3]));
@@ -230,7 +214,7 @@ mod tests {
         pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
         check(&pool, &mut syncs, &mut bufs, &ids(&[4, 2, 3, 1]));
         // Another pool's tables are never trusted for the same ids.
-        let mut other = HybridPool::new(50, 2, vec![GroupSpec::Full, GroupSpec::sliding_window(6, 2).unwrap()]).unwrap();
+        let mut other = BlockPool::with_groups(50, 2, vec![GroupSpec::Full, GroupSpec::sliding_window(6, 2).unwrap()]).unwrap();
         for s in [4u64, 2, 3, 1] {
             other.add_sequence(SeqId(s), 1, &mut out).unwrap();
         }
@@ -240,12 +224,12 @@ mod tests {
     #[test]
     fn rejects_without_writing() {
         let mut pool = BlockPool::new(8, 2).unwrap();
-        pool.add_sequence(SeqId(1), 9, &mut Vec::new()).unwrap();
+        pool.add_sequence(SeqId(1), 9, &mut StepOutput::default()).unwrap();
         let mut sync = TableSync::new(2, 4, -1).unwrap();
         let mut buf = vec![5; 8];
-        assert!(sync.sync(&pool, &ids(&[1]), &mut buf).is_err()); // 5 blocks > 4 columns
-        assert!(sync.sync(&pool, &ids(&[9]), &mut buf).is_err());
-        assert!(sync.sync(&pool, &ids(&[1, 1, 1]), &mut buf).is_err());
+        assert!(sync.sync(&pool, 0, &ids(&[1]), &mut buf).is_err()); // 5 blocks > 4 columns
+        assert!(sync.sync(&pool, 0, &ids(&[9]), &mut buf).is_err());
+        assert!(sync.sync(&pool, 0, &ids(&[1, 1, 1]), &mut buf).is_err());
         assert_eq!(buf, vec![5; 8]);
     }
 }

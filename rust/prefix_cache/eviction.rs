@@ -35,7 +35,7 @@
 //!   so their order among themselves is never observable.)
 //!
 //! In a pool with layer groups the same rules hold per call, with these orders inside one
-//! (`rust/hybrid/`): an admission's hits group by group, each group's blocks in logical
+//! (`rust/pool/`): an admission's hits group by group, each group's blocks in logical
 //! order, then its stores group by group; a growth's window releases (sequence by sequence,
 //! each group's released blocks in logical order) before its new blocks; `free` releases
 //! logical block by logical block, tail first, across all groups. So of the blocks one

@@ -22,6 +22,17 @@ pub struct CacheConfig {
     /// When the last-token rule drops a fully cached last block, copy it (a CoW pair)
     /// instead, so only the final prompt token is computed.
     pub cow_partial_hit: bool,
+    /// Cache a block-key prompt's partly filled last block with its fill (in full groups).
+    /// On, a trace that reuses a partial block's key for a full block later finds the key
+    /// taken (a fill mismatch, a verified miss); off, partial blocks are neither cached nor
+    /// looked up. The `BlockPool` Python class and a simulation without layer groups turn
+    /// it on, the `HybridPool` class and a simulation with groups off (each as it always
+    /// did, so trace replays keep their numbers).
+    pub cache_partial_keys: bool,
+    /// A full group's cached chain past what an admission takes (the last-token rule's
+    /// block, and beyond) counts as used (a hit, as in vLLM) when on; only taken hits are
+    /// uses when off. Set with `cache_partial_keys`, by the same callers.
+    pub touch_untaken_hits: bool,
     pub hasher: BlockHasher,
     /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`](super::PrefixCache::drain_events).
     pub record_events: bool,
@@ -36,6 +47,8 @@ impl Default for CacheConfig {
             policy: EvictionPolicy::Lru,
             verify_tokens: true,
             cow_partial_hit: false,
+            cache_partial_keys: true,
+            touch_untaken_hits: true,
             hasher: BlockHasher::Xxh3,
             record_events: false,
             max_events: DEFAULT_MAX_EVENTS,

@@ -1,9 +1,6 @@
-//! The simulator's device pool: today's [`BlockPool`] (one implicit full-attention group),
-//! or a [`HybridPool`] with the model's layer groups (full, sliding window with sinks,
-//! chunked) sharing one block space.
-//!
-//! A plain enum, matched per call: the engine's hot path has no dynamic dispatch, and a
-//! run without groups goes through exactly the calls it made before groups existed.
+//! The simulator's device pool: a [`BlockPool`] with one full-attention group, or with
+//! the model's layer groups (full, sliding window with sinks, chunked) sharing one block
+//! space.
 //!
 //! The engine mirrors what each group holds with [`held`], pure arithmetic on a
 //! sequence's logical length and frontier (the length before its latest growth): a
@@ -13,9 +10,8 @@
 //! with the pool's own statistics.
 
 use crate::error::{KvError, Result};
-use crate::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
-use crate::pool::block_table::blocks_for;
-use crate::pool::{BlockPool, StepOutput};
+use crate::pool::sizes::blocks_for;
+use crate::pool::{BlockPool, GroupSpec, StepOutput};
 use crate::prefix_cache::CacheConfig;
 use crate::types::SeqId;
 
@@ -53,158 +49,71 @@ pub fn peak_alone(spec: &GroupSpec, bs: usize, longest: usize, chunk: usize) -> 
     all.min(bound)
 }
 
-/// The device pool of a run.
-pub enum Device {
-    Block(BlockPool, StepOutput),
-    Hybrid(HybridPool, HybridStepOutput),
+/// The device pool of a run (one full-attention group unless the model has layer
+/// groups) and the output buffer its calls reuse. Reads go to the pool (`Deref`).
+pub struct Device {
+    pool: BlockPool,
+    out: StepOutput,
+    /// Built with the model's layer groups (the engine mirrors what each group holds).
+    grouped: bool,
+}
+
+impl std::ops::Deref for Device {
+    type Target = BlockPool;
+
+    #[inline]
+    fn deref(&self) -> &BlockPool {
+        &self.pool
+    }
 }
 
 impl Device {
-    /// A `BlockPool` without `groups`, else a `HybridPool` of them; caching with `cache`.
+    /// A pool of `groups` (None: one full-attention group); caching with `cache`.
     pub fn new(num_blocks: usize, bs: usize, cache: Option<CacheConfig>, groups: Option<&[GroupSpec]>) -> Result<Self> {
-        Ok(match (groups, cache) {
-            (Some(g), Some(c)) => {
-                Self::Hybrid(HybridPool::with_prefix_cache(num_blocks, bs, g.to_vec(), c)?, HybridStepOutput::default())
-            }
-            (Some(g), None) => Self::Hybrid(HybridPool::new(num_blocks, bs, g.to_vec())?, HybridStepOutput::default()),
-            (None, Some(c)) => Self::Block(BlockPool::with_prefix_cache(num_blocks, bs, c)?, StepOutput::default()),
-            (None, None) => Self::Block(BlockPool::new(num_blocks, bs)?, StepOutput::default()),
-        })
+        let specs = groups.map_or_else(|| vec![GroupSpec::Full], <[GroupSpec]>::to_vec);
+        // A run with layer groups does not cache a keyed prompt's partial last block, one
+        // without does (as each always did: replayed numbers stay).
+        let cache = cache.map(|c| CacheConfig { cache_partial_keys: groups.is_none(), touch_untaken_hits: groups.is_none(), ..c });
+        let pool = BlockPool::with_options(num_blocks, bs, specs, cache)?;
+        Ok(Self { pool, out: StepOutput::default(), grouped: groups.is_some() })
     }
 
-    /// The block pool (runs without groups), for what only it supports (prefix caching).
+    /// The pool and the reusable output buffer, for calls that change the pool.
     #[inline]
-    pub fn block_pool(&self) -> Option<&BlockPool> {
-        match self {
-            Self::Block(p, _) => Some(p),
-            Self::Hybrid(..) => None,
-        }
-    }
-
-    /// The pool with layer groups (runs with groups).
-    #[inline]
-    pub fn hybrid_pool(&self) -> Option<&HybridPool> {
-        match self {
-            Self::Block(..) => None,
-            Self::Hybrid(p, _) => Some(p),
-        }
-    }
-
-    #[inline]
-    pub fn hybrid_pool_mut(&mut self) -> Option<(&mut HybridPool, &mut HybridStepOutput)> {
-        match self {
-            Self::Block(..) => None,
-            Self::Hybrid(p, o) => Some((p, o)),
-        }
-    }
-
-    #[inline]
-    pub fn block_pool_mut(&mut self) -> Option<(&mut BlockPool, &mut StepOutput)> {
-        match self {
-            Self::Block(p, o) => Some((p, o)),
-            Self::Hybrid(..) => None,
-        }
-    }
-
-    #[inline]
-    pub fn num_blocks(&self) -> usize {
-        match self {
-            Self::Block(p, _) => p.num_blocks(),
-            Self::Hybrid(p, _) => p.num_blocks(),
-        }
-    }
-
-    /// Blocks an allocation can take now (free plus evictable idle cached blocks).
-    #[inline]
-    pub fn num_free_blocks(&self) -> usize {
-        match self {
-            Self::Block(p, _) => p.num_free_blocks(),
-            Self::Hybrid(p, _) => p.num_free_blocks(),
-        }
-    }
-
-    /// Blocks held by sequences.
-    #[inline]
-    pub fn num_used_blocks(&self) -> usize {
-        match self {
-            Self::Block(p, _) => p.num_used_blocks(),
-            Self::Hybrid(p, _) => p.num_used_blocks(),
-        }
-    }
-
-    #[inline]
-    pub fn contains(&self, seq: SeqId) -> bool {
-        match self {
-            Self::Block(p, _) => p.contains(seq),
-            Self::Hybrid(p, _) => p.contains(seq),
-        }
-    }
-
-    /// Logical length of `seq`, tokens.
-    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
-        match self {
-            Self::Block(p, _) => p.seq_len(seq),
-            Self::Hybrid(p, _) => p.seq_len(seq),
-        }
-    }
-
-    /// Blocks growing `seq` by `n` tokens allocates (new blocks and copies, every group),
-    /// before a windowed group's releases.
-    #[inline]
-    pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
-        match self {
-            Self::Block(p, _) => p.blocks_needed(seq, n),
-            Self::Hybrid(p, _) => p.blocks_needed(seq, n),
-        }
+    pub fn pool_mut(&mut self) -> (&mut BlockPool, &mut StepOutput) {
+        (&mut self.pool, &mut self.out)
     }
 
     /// Add `seq` holding `len` tokens (slots discarded).
     pub fn add_sequence(&mut self, seq: SeqId, len: usize) -> Result<()> {
-        match self {
-            Self::Block(p, o) => {
-                let r = p.add_sequence(seq, len, &mut o.slots);
-                o.slots.clear();
-                r
-            }
-            Self::Hybrid(p, o) => p.add_sequence(seq, len, o),
-        }
+        self.pool.add_sequence(seq, len, &mut self.out)
     }
 
     /// Add `seq` holding `len` tokens whose latest growth started at `frontier`: what the
-    /// release rule keeps in every group ([`HybridPool::add_sequence_at`]; a `BlockPool`
-    /// keeps everything). Fresh blocks: a swap moving a sequence between pools.
+    /// release rule keeps in every group ([`BlockPool::add_sequence_at`]). Fresh blocks: a
+    /// swap moving a sequence between pools.
     pub fn add_sequence_at(&mut self, seq: SeqId, len: usize, frontier: usize) -> Result<()> {
-        match self {
-            Self::Block(p, o) => {
-                let r = p.add_sequence(seq, len, &mut o.slots);
-                o.slots.clear();
-                r
-            }
-            Self::Hybrid(p, _) => p.add_sequence_at(seq, len, frontier),
-        }
+        self.pool.add_sequence_at(seq, len, frontier)
     }
 
     /// Grow every `seqs[i]` by `counts[i]` tokens in one atomic step.
     pub fn step(&mut self, seqs: &[SeqId], counts: &[usize]) -> Result<()> {
-        match self {
-            Self::Block(p, o) => p.step(seqs, counts, o),
-            Self::Hybrid(p, o) => p.step(seqs, counts, o),
-        }
+        self.pool.step(seqs, counts, &mut self.out)
     }
 
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
-        match self {
-            Self::Block(p, _) => p.free(seq),
-            Self::Hybrid(p, _) => p.free(seq),
-        }
+        self.pool.free(seq)
     }
 
-    /// A hybrid pool agrees with the engine's mirror: every running `(request, frontier)`,
-    /// and without prefix caching the blocks per group and the stored tokens (nothing more
-    /// to compare for a `BlockPool` or with caching, whose sharing the engine does not
-    /// mirror: there it counts each holder's blocks).
+    /// A pool with layer groups agrees with the engine's mirror: every running `(request,
+    /// frontier)`, and without prefix caching the blocks per group and the stored tokens
+    /// (nothing more to compare without groups or with caching, whose sharing the engine
+    /// does not mirror: there it counts each holder's blocks).
     pub fn check_mirror(&self, running: impl Iterator<Item = (usize, u32)>, group_blocks: &[usize], tokens: u64) -> Result<()> {
-        let Self::Hybrid(p, _) = self else { return Ok(()) };
+        if !self.grouped {
+            return Ok(());
+        }
+        let p = &self.pool;
         for (i, f) in running {
             let got = p.frontier(SeqId(i as u64))?;
             if got != f as usize {
@@ -215,21 +124,13 @@ impl Device {
             return Ok(());
         }
         let st = p.stats();
-        let stored: u64 = st.group_stored_tokens.iter().sum();
-        if st.group_blocks != group_blocks || stored != tokens || p.num_used_blocks() != group_blocks.iter().sum::<usize>() {
+        if st.group_blocks != group_blocks || st.stored_tokens != tokens || p.num_used_blocks() != group_blocks.iter().sum::<usize>() {
             return Err(KvError::Invariant(format!(
-                "pool holds {:?} blocks per group and {stored} tokens, engine {group_blocks:?} and {tokens}",
-                st.group_blocks
+                "pool holds {:?} blocks per group and {} tokens, engine {group_blocks:?} and {tokens}",
+                st.group_blocks, st.stored_tokens
             )));
         }
         Ok(())
-    }
-
-    pub fn check_invariants(&self) -> Result<()> {
-        match self {
-            Self::Block(p, _) => p.check_invariants(),
-            Self::Hybrid(p, _) => p.check_invariants(),
-        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The simulator's KV memory: the real device pool (a [`crate::pool::BlockPool`], or a `HybridPool`
+//! The simulator's KV memory: the real device pool (a [`crate::pool::BlockPool`], or a `BlockPool`
 //! with layer groups, see [`super::device`]), an optional host pool for swapping, and the
 //! bookkeeping the scheduler decides with (blocks promised to this step's batch, blocks
 //! its growths release, blocks reserved for admitted requests, tokens held).
@@ -22,8 +22,8 @@
 //!
 //! With layer groups and prefix caching a hit shares blocks between sequences, so a window
 //! release frees only the blocks no other sequence holds: the pool says how many
-//! ([`crate::hybrid::HybridPool::release_gain`]), and a request's releases are applied
-//! when it is scheduled ([`crate::hybrid::HybridPool::mark_computed`], what its growth would
+//! ([`crate::pool::BlockPool::release_gain`]), and a request's releases are applied
+//! when it is scheduled ([`crate::pool::BlockPool::mark_computed`], what its growth would
 //! release first), so the free count the rest of the step decides with is the pool's own.
 //! The blocks and tokens per group then count each holder's (as tokens do without groups).
 //! A caching admission allocates the whole prompt in every group at once (its windowed
@@ -38,8 +38,8 @@
 
 use crate::prefix_cache::block_hash::BlockKey;
 use crate::error::{KvError, Result};
-use crate::pool::block_table::blocks_for;
-use crate::hybrid::GroupSpec;
+use crate::pool::sizes::blocks_for;
+use crate::pool::GroupSpec;
 use crate::prefix_cache::CacheConfig;
 use crate::types::SeqId;
 
@@ -117,7 +117,7 @@ pub struct Kv {
     pub group_blocks: Vec<usize>,
     /// The device's groups (`[Full]` for a `BlockPool`).
     pub specs: Vec<GroupSpec>,
-    /// Whether the device is a `HybridPool` (a run configured with groups).
+    /// Whether the device is a `BlockPool` (a run configured with groups).
     pub hybrid: bool,
     pub caching: bool,
     keys: Vec<BlockKey>,
@@ -131,7 +131,7 @@ fn blocks(tokens: u32, bs: usize) -> usize {
 }
 
 impl Kv {
-    /// The device pool (`num_blocks` x `block_size`, caching with `cache`; a `HybridPool`
+    /// The device pool (`num_blocks` x `block_size`, caching with `cache`; a `BlockPool`
     /// of `groups` when given), a host pool of `host_blocks` (none when 0; with `groups`
     /// it has them too, without caching), and the admission watermark in blocks.
     pub fn new(
@@ -259,10 +259,11 @@ impl Kv {
         }
         let alloc = self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize)?;
         let (bs, len, f) = (self.block_size, r.kv_len as usize, r.frontier as usize);
-        let release = match self.device.hybrid_pool() {
+        let release = if self.caching {
             // Shared blocks stay held: the pool knows which its releases free.
-            Some(p) if self.caching => p.release_gain(SeqId(idx as u64))?,
-            _ => self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum(),
+            self.device.release_gain(SeqId(idx as u64))?
+        } else {
+            self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum()
         };
         Ok(Need { alloc, release, grows: true })
     }
@@ -275,32 +276,16 @@ impl Kv {
         }
         let bs = self.block_size;
         let len = r.prompt_len as usize;
-        if let Some(pool) = self.device.hybrid_pool() {
-            let (cached, blocks) = if let Some(tokens) = w.tokens(idx) {
-                pool.admission_plan(&pool.block_keys(tokens, None)?, Some(tokens), None, len)?
-            } else if let Some((trace, per_key)) = w.block_keys(idx) {
-                pool_keys(trace, per_key, len, bs, &mut self.keys);
-                pool.admission_plan(&self.keys, None, None, len)?
-            } else {
-                return Ok(Plan::default());
-            };
-            return Ok(Plan { cached: cached as u32, kv_len: len as u32, blocks });
-        }
-        let device = self.device.block_pool().ok_or_else(|| KvError::Invariant("no device pool".into()))?;
-        let cache = device.prefix_cache().ok_or_else(|| KvError::Invariant("caching without a cache".into()))?;
-        let found = if let Some(tokens) = w.tokens(idx) {
-            let keys = device.block_keys(tokens, None)?;
-            cache.lookup(&keys, Some(tokens), None)
+        let pool = &*self.device;
+        let (cached, blocks) = if let Some(tokens) = w.tokens(idx) {
+            pool.admission_plan(&pool.block_keys(tokens, None)?, Some(tokens), None, len)?
         } else if let Some((trace, per_key)) = w.block_keys(idx) {
             pool_keys(trace, per_key, len, bs, &mut self.keys);
-            cache.lookup(&self.keys, None, None)
+            pool.admission_plan(&self.keys, None, None, len)?
         } else {
             return Ok(Plan::default());
         };
-        // The pool's rule: at least one prompt token is left to compute.
-        let used = found.blocks.len().min((len - 1) / bs);
-        let revived = found.blocks[..used].iter().filter(|&&b| cache.is_evictable(b, &device.alloc)).count();
-        Ok(Plan { cached: (used * bs) as u32, kv_len: len as u32, blocks: blocks_for(len, bs) - used + revived })
+        Ok(Plan { cached: cached as u32, kv_len: len as u32, blocks })
     }
 
     /// Promise `need` to request `idx` (`r`) for this step, its allocation drawn from its
@@ -312,7 +297,7 @@ impl Kv {
         if !(self.hybrid && self.caching) {
             self.releasing += need.release;
         } else if need.grows && r.frontier != r.kv_len {
-            let (pool, _) = self.device.hybrid_pool_mut().ok_or_else(|| KvError::Invariant("groups without a hybrid pool".into()))?;
+            let (pool, _) = self.device.pool_mut();
             pool.mark_computed(&[SeqId(idx as u64)])?;
             self.unhold(r);
             r.frontier = r.kv_len;
@@ -344,23 +329,14 @@ impl Kv {
         let cached = if plan.kv_len == 0 {
             self.device.add_sequence(seq, 0)?;
             0
-        } else if let Some((pool, out)) = self.device.hybrid_pool_mut() {
+        } else {
+            let (pool, out) = self.device.pool_mut();
             let cached = match w.tokens(idx) {
                 Some(tokens) => pool.add_sequence_tokens(seq, tokens, None, out)?,
+                // `plan` left this request's pool keys in `self.keys`.
                 None => pool.add_sequence_block_keys(seq, &self.keys, plan.kv_len as usize, out)?,
             };
             out.clear();
-            cached
-        } else {
-            let (device, out) = self.device.block_pool_mut().ok_or_else(|| KvError::Invariant("caching with layer groups".into()))?;
-            out.slots.clear();
-            let cached = if let Some(tokens) = w.tokens(idx) {
-                device.add_sequence_tokens(seq, tokens, None, &mut out.slots)?
-            } else {
-                // `plan` left this request's pool keys in `self.keys`.
-                device.add_sequence_block_keys(seq, &self.keys, plan.kv_len as usize, &mut out.slots)?
-            };
-            out.slots.clear();
             cached
         };
         let took = free_before - self.device.num_free_blocks();

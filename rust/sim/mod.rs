@@ -1,5 +1,5 @@
 //! A deterministic step-level serving simulator over the real [`BlockPool`](crate::BlockPool) (or, for a
-//! model with layer groups, the real [`crate::hybrid::HybridPool`]).
+//! model with layer groups, the real [`crate::pool::BlockPool`]).
 //!
 //! [`simulate`] replays a [`Workload`] through a [`Scheduler`] (continuous batching) whose
 //! every allocation goes through the pool users import. Each engine step: requests that
@@ -23,7 +23,7 @@ pub mod timing;
 pub mod workload;
 
 use crate::error::{KvError, Result};
-use crate::hybrid::GroupSpec;
+use crate::pool::GroupSpec;
 use crate::invalid;
 use crate::prefix_cache::CacheConfig;
 use crate::error::{collect_n, filled, vec_for};
@@ -45,7 +45,7 @@ pub struct SimConfig {
     pub scheduler: SchedulerConfig,
     /// Automatic prefix caching of prompts given as token ids or block keys (None: off).
     pub prefix_cache: Option<CacheConfig>,
-    /// The model's layer groups: the device is a `HybridPool` of them (None: a
+    /// The model's layer groups: the device is a `BlockPool` of them (None: a
     /// `BlockPool`, one full-attention group). Refused with prefix caching or swapping.
     pub groups: Option<Vec<GroupSpec>>,
     /// Run `check_invariants` on both pools after every step (slow; for tests).

@@ -1,4 +1,4 @@
-//! Model-based property test of [`HybridPool`]: random programs (add, step with random
+//! Model-based property test of [`BlockPool`]: random programs (add, step with random
 //! counts, step_decode, fork, truncate, free, mark_computed; failing operations included) over random
 //! lists of layer groups (full, sliding windows with and without sinks, chunked; block
 //! sizes 1..8), checked after every operation against a model written from the layer-group
@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
 use pykvpool::{BlockId, KvError, SeqId};
 
 const ID_RANGE: u64 = 8;
@@ -251,7 +251,7 @@ impl Model {
     }
 
     /// Apply a successful batch, learning new block ids from the pool; check its outputs.
-    fn apply_step(&mut self, ids: &[u64], counts: &[usize], pool: &HybridPool, out: &HybridStepOutput) -> Result<(), TestCaseError> {
+    fn apply_step(&mut self, ids: &[u64], counts: &[usize], pool: &BlockPool, out: &StepOutput) -> Result<(), TestCaseError> {
         let bs = self.bs;
         let mut rc = self.rc();
         for (&id, _) in ids.iter().zip(counts).filter(|x| *x.1 > 0) {
@@ -321,7 +321,7 @@ impl Model {
         (need > self.free()).then(|| Want::Exhausted(need, self.free()))
     }
 
-    fn apply_add(&mut self, id: u64, len: usize, pool: &HybridPool, out: &HybridStepOutput) -> Result<(), TestCaseError> {
+    fn apply_add(&mut self, id: u64, len: usize, pool: &BlockPool, out: &StepOutput) -> Result<(), TestCaseError> {
         let mut rc = self.rc();
         let mut tables = Vec::new();
         for g in 0..self.specs.len() {
@@ -394,7 +394,7 @@ impl Model {
 
 type Snapshot = (Vec<(u64, usize, usize, Vec<Entries>)>, Vec<u32>, usize, String);
 
-fn snapshot(pool: &HybridPool) -> Snapshot {
+fn snapshot(pool: &BlockPool) -> Snapshot {
     let seqs = pool
         .seq_ids()
         .into_iter()
@@ -418,7 +418,7 @@ fn check_error(got: &KvError, want: &Want) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn compare(model: &Model, pool: &HybridPool) -> Result<(), TestCaseError> {
+fn compare(model: &Model, pool: &BlockPool) -> Result<(), TestCaseError> {
     pool.check_invariants().map_err(|e| fail(format!("{e}")))?;
     let bs = model.bs;
     let ids: Vec<u64> = pool.seq_ids().iter().map(|s| s.0).collect();
@@ -482,7 +482,7 @@ fn compare(model: &Model, pool: &HybridPool) -> Result<(), TestCaseError> {
 }
 
 /// Run `op` on both; true when it failed (as predicted).
-fn run_op(model: &mut Model, pool: &mut HybridPool, op: &Op, out: &mut HybridStepOutput) -> Result<bool, TestCaseError> {
+fn run_op(model: &mut Model, pool: &mut BlockPool, op: &Op, out: &mut StepOutput) -> Result<bool, TestCaseError> {
     let (want, got) = match op {
         Op::Add(id, len) => (model.predict_add(*id, *len), pool.add_sequence(SeqId(*id), *len, out)),
         Op::Step(ids, counts) => {
@@ -550,9 +550,9 @@ proptest! {
         num_blocks in 4..72usize,
         program in proptest::collection::vec(gen_op(), 1..60),
     ) {
-        let mut pool = HybridPool::new(num_blocks, bs, specs.clone()).unwrap();
+        let mut pool = BlockPool::with_groups(num_blocks, bs, specs.clone()).unwrap();
         let mut model = Model { specs, bs, num_blocks, seqs: BTreeMap::new(), cow_copies: 0 };
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         for g in &program {
             let live: Vec<u64> = model.seqs.keys().copied().collect();
             let op = resolve(g, &live);
@@ -584,8 +584,8 @@ proptest! {
         steps in proptest::collection::vec(prop_oneof![1 => 1..=80usize, 3 => Just(1usize)], 1..40),
     ) {
         let specs = vec![GroupSpec::SlidingWindow { window, sink_tokens: sink }, GroupSpec::Full];
-        let mut pool = HybridPool::new(100_000, bs, specs).unwrap();
-        let mut out = HybridStepOutput::default();
+        let mut pool = BlockPool::with_groups(100_000, bs, specs).unwrap();
+        let mut out = StepOutput::default();
         // A prompt of 20 windows: the growths after it give its table memory back.
         pool.add_sequence(SeqId(1), 20 * window, &mut out).unwrap();
         let bound = |n: usize| sink.div_ceil(bs) + (window - 1).div_ceil(bs) + 1 + n.div_ceil(bs);
@@ -618,8 +618,8 @@ fn ids(v: &[u64]) -> Vec<SeqId> {
 /// release leaves the child the only holder, so nothing is copied and the tight pool fits.
 #[test]
 fn a_release_in_the_batch_spares_a_copy() {
-    let mut pool = HybridPool::new(2, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(2, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
+    let mut out = StepOutput::default();
     pool.add_sequence(SeqId(1), 8, &mut out).unwrap();
     pool.fork(SeqId(1), SeqId(2)).unwrap();
     pool.truncate(SeqId(2), 2).unwrap();
@@ -636,8 +636,8 @@ fn a_release_in_the_batch_spares_a_copy() {
 /// with a new block, and the capacity check counts that block.
 #[test]
 fn a_trailing_hole_is_filled_and_counted() {
-    let mut pool = HybridPool::new(3, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(3, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
+    let mut out = StepOutput::default();
     pool.add_sequence(SeqId(1), 8, &mut out).unwrap();
     pool.step_decode(&[SeqId(1)], &mut out).unwrap();
     pool.truncate(SeqId(1), 2).unwrap();
@@ -659,8 +659,8 @@ fn a_trailing_hole_is_filled_and_counted() {
 #[test]
 fn truncation_stays_within_the_window() {
     let specs = vec![GroupSpec::Full, GroupSpec::SlidingWindow { window: 4, sink_tokens: 2 }];
-    let mut pool = HybridPool::new(64, 2, specs).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(64, 2, specs).unwrap();
+    let mut out = StepOutput::default();
     pool.add_sequence(SeqId(1), 10, &mut out).unwrap();
     for _ in 0..6 {
         pool.step_decode(&[SeqId(1)], &mut out).unwrap();
@@ -687,8 +687,8 @@ fn truncation_stays_within_the_window() {
 #[test]
 fn mark_computed_releases_now_and_is_idempotent() {
     let specs = vec![GroupSpec::Full, GroupSpec::SlidingWindow { window: 5, sink_tokens: 2 }];
-    let mut pool = HybridPool::new(64, 2, specs).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(64, 2, specs).unwrap();
+    let mut out = StepOutput::default();
     pool.add_sequence(SeqId(1), 4, &mut out).unwrap();
     pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
     pool.step(&ids(&[1]), &[8], &mut out).unwrap();

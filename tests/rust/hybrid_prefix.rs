@@ -1,4 +1,4 @@
-//! Prefix caching on layer groups (`rust/hybrid/prefix.rs`): targeted cases of the
+//! Prefix caching on layer groups (`rust/pool/prefix.rs`): targeted cases of the
 //! contract (a window hit needs only its sinks and window, the hybrid hit is the largest
 //! valid for every group, chunk boundaries, keys never hit across groups, atomic refusals,
 //! blocks registered by `append_tokens`), a model-based property test (`hybrid_model`)
@@ -12,7 +12,7 @@ mod props;
 #[path = "hybrid_prefix/trace.rs"]
 mod trace;
 
-use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
 use pykvpool::prefix_cache::CacheConfig;
 use pykvpool::{BlockHasher, KvError, SeqId};
 
@@ -22,15 +22,15 @@ fn sw(window: usize, sinks: usize) -> GroupSpec {
     GroupSpec::sliding_window(window, sinks).unwrap()
 }
 
-fn pool(blocks: usize, groups: Vec<GroupSpec>) -> HybridPool {
-    HybridPool::with_prefix_cache(blocks, BS, groups, CacheConfig::default()).unwrap()
+fn pool(blocks: usize, groups: Vec<GroupSpec>) -> BlockPool {
+    BlockPool::with_options(blocks, BS, groups, Some(CacheConfig::default())).unwrap()
 }
 
 fn hashed(hasher: BlockHasher) -> CacheConfig {
     CacheConfig { hasher, ..CacheConfig::default() }
 }
 
-fn checked(p: &HybridPool) {
+fn checked(p: &BlockPool) {
     p.check_invariants().unwrap();
     p.check_cache().unwrap();
 }
@@ -40,8 +40,8 @@ fn tokens(base: u32, n: usize) -> Vec<u32> {
 }
 
 /// Admit by tokens; returns the cached tokens.
-fn admit(p: &mut HybridPool, seq: u64, t: &[u32]) -> usize {
-    let mut out = HybridStepOutput::default();
+fn admit(p: &mut BlockPool, seq: u64, t: &[u32]) -> usize {
+    let mut out = StepOutput::default();
     let hit = p.add_sequence_tokens(SeqId(seq), t, None, &mut out).unwrap();
     assert_eq!((out.total_tokens, out.slots.len()), (t.len() - hit, p.num_groups() * (t.len() - hit)));
     assert_eq!((p.frontier(SeqId(seq)).unwrap(), p.seq_len(SeqId(seq)).unwrap()), (hit, t.len()));
@@ -49,19 +49,19 @@ fn admit(p: &mut HybridPool, seq: u64, t: &[u32]) -> usize {
     hit
 }
 
-fn stored(p: &HybridPool, seq: u64, g: usize) -> Vec<bool> {
+fn stored(p: &BlockPool, seq: u64, g: usize) -> Vec<bool> {
     p.table(SeqId(seq), g).unwrap().entries().map(|e| e.is_some()).collect()
 }
 
-fn decode(p: &mut HybridPool, seq: u64) {
-    let mut out = HybridStepOutput::default();
+fn decode(p: &mut BlockPool, seq: u64) {
+    let mut out = StepOutput::default();
     p.step_decode(&[SeqId(seq)], &mut out).unwrap();
     checked(p);
 }
 
 /// A plain sequence of `blocks` blocks per group: takes free blocks, then evicts.
-fn fill(p: &mut HybridPool, seq: u64, tokens: usize) {
-    let mut out = HybridStepOutput::default();
+fn fill(p: &mut BlockPool, seq: u64, tokens: usize) {
+    let mut out = StepOutput::default();
     p.add_sequence(SeqId(seq), tokens, &mut out).unwrap();
     checked(p);
 }
@@ -148,7 +148,7 @@ fn a_key_cached_in_one_group_never_hits_another() {
     fn same(_: &[u8]) -> u128 {
         42
     }
-    let mut p = HybridPool::with_prefix_cache(7, BS, vec![GroupSpec::Full, GroupSpec::Full], hashed(BlockHasher::Custom(same))).unwrap();
+    let mut p = BlockPool::with_options(7, BS, vec![GroupSpec::Full, GroupSpec::Full], Some(hashed(BlockHasher::Custom(same)))).unwrap();
     let a = tokens(4, 9);
     admit(&mut p, 1, &a);
     assert_eq!(p.cache_stats().unwrap().stored_blocks, 2, "one key per group: block 0 of each");
@@ -172,9 +172,9 @@ fn refused_admissions_change_nothing() {
     admit(&mut p, 1, &a);
     p.free(SeqId(1)).unwrap(); // 8 idle blocks, 6 free
     fill(&mut p, 3, 4); // 4 free + 8 idle = 12 available
-    let snap = |p: &HybridPool| (p.stats(), p.cache_stats(), p.prefix_cache().unwrap().eviction_candidates(), p.seq_ids());
+    let snap = |p: &BlockPool| (p.stats(), p.cache_stats(), p.prefix_cache().unwrap().eviction_candidates(), p.seq_ids());
     let before = snap(&p);
-    let mut out = HybridStepOutput::default();
+    let mut out = StepOutput::default();
     // A hit of 16 tokens revives 4 + 1 idle blocks; 32 tokens need 2 x 4 new ones.
     let b = [&a[..], &tokens(6, 16)].concat();
     assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 16);
@@ -189,10 +189,10 @@ fn refused_admissions_change_nothing() {
     // One block fewer fits exactly.
     assert_eq!(admit(&mut p, 2, &b[..28]), 16);
     assert_eq!(p.num_free_blocks(), 1);
-    let mut plain = HybridPool::new(4, BS, vec![GroupSpec::Full]).unwrap();
+    let mut plain = BlockPool::with_groups(4, BS, vec![GroupSpec::Full]).unwrap();
     assert!(plain.add_sequence_tokens(SeqId(0), &a, None, &mut out).is_err());
     assert!(plain.cache_stats().is_err());
-    assert!(HybridPool::with_prefix_cache(4, BS, vec![GroupSpec::Full], hashed(BlockHasher::Truncated { bits: 0 })).is_err());
+    assert!(BlockPool::with_options(4, BS, vec![GroupSpec::Full], Some(hashed(BlockHasher::Truncated { bits: 0 }))).is_err());
 }
 
 #[test]
@@ -200,7 +200,7 @@ fn appended_blocks_are_registered_and_hit() {
     let mut p = pool(30, vec![GroupSpec::Full, sw(6, 0)]);
     let a = tokens(7, 6);
     admit(&mut p, 1, &a);
-    let mut out = HybridStepOutput::default();
+    let mut out = StepOutput::default();
     let more = tokens(8, 7);
     p.append_tokens(SeqId(1), &more, &mut out).unwrap();
     checked(&p);
@@ -212,9 +212,10 @@ fn appended_blocks_are_registered_and_hit() {
     p.step(&[SeqId(1)], &[3], &mut out).unwrap();
     p.append_tokens(SeqId(1), &[1, 2], &mut out).unwrap();
     assert_eq!(p.cache_stats().unwrap().stored_blocks, 6);
-    // Keyed admission: the partial last key is never cached.
+    // Keyed admission: the partial last key is cached with its fill in the full group
+    // only (a windowed group caches full blocks).
     p.add_sequence_block_keys(SeqId(2), &[11, 12, 13], 10, &mut out).unwrap();
-    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6 + 2 * 2);
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6 + 2 * 2 + 1);
     assert_eq!(p.add_sequence_block_keys(SeqId(3), &[11, 12, 13], 10, &mut out).unwrap(), 8);
     assert_eq!(p.add_sequence_block_keys(SeqId(4), &[11, 12], 8, &mut out).unwrap(), 4, "one token computed");
     checked(&p);

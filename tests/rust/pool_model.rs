@@ -13,6 +13,9 @@
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test pool_model` runs a longer soak.
 
+#[path = "support/flat.rs"]
+mod flat;
+use flat::Flat;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proptest::prelude::*;
@@ -333,6 +336,10 @@ impl Model {
             cow_copies: self.cow_copies,
             empty_slots: capacity - stored,
             utilization: if capacity == 0 { 1.0 } else { stored as f64 / capacity as f64 },
+            idle_cached_blocks: 0,
+            group_blocks: vec![used],
+            group_stored_tokens: vec![stored],
+            group_holes: vec![0],
         }
     }
 }
@@ -352,16 +359,16 @@ fn snapshot(pool: &BlockPool) -> Snapshot {
         .seq_ids()
         .into_iter()
         .map(|s| {
-            let t = pool.table(s).unwrap();
-            (s.0, t.blocks().to_vec(), t.num_tokens())
+            let t = pool.blocks_of(s).unwrap();
+            (s.0, t, pool.seq_len(s).unwrap())
         })
         .collect();
     let refcounts = (0..pool.num_blocks() as u32).map(|b| pool.refcount(BlockId(b)).unwrap()).collect();
     // Taken on a clone: admit one sequence filling every free block and read its table.
     let mut probe = pool.clone();
     let all = SeqId(u64::MAX);
-    probe.add_sequence(all, probe.num_free_blocks() * probe.block_size(), &mut Vec::new()).unwrap();
-    let next_blocks = probe.table(all).unwrap().blocks().to_vec();
+    probe.add_sequence_flat(all, probe.num_free_blocks() * probe.block_size(), &mut Vec::new()).unwrap();
+    let next_blocks = probe.blocks_of(all).unwrap();
     Snapshot { stats: pool.stats(), tables, refcounts, next_blocks }
 }
 
@@ -373,10 +380,10 @@ fn compare(pool: &BlockPool, model: &Model) -> Result<(), TestCaseError> {
     let ids: Vec<SeqId> = model.seqs.keys().map(|&s| SeqId(s)).collect();
     prop_assert_eq!(pool.seq_ids(), ids.clone());
     for (&s, (table, len)) in &model.seqs {
-        let t = pool.table(SeqId(s)).unwrap();
-        let got: Vec<u32> = t.blocks().iter().map(|b| b.0).collect();
+        let t = pool.blocks_of(SeqId(s)).unwrap();
+        let got: Vec<u32> = t.iter().map(|b| b.0).collect();
         prop_assert_eq!(&got, table, "table of sequence {}", s);
-        prop_assert_eq!(t.num_tokens(), *len, "length of sequence {}", s);
+        prop_assert_eq!(pool.seq_len(SeqId(s)).unwrap(), *len, "length of sequence {}", s);
         for n in [0, 1, model.bs, 2 * model.bs + 1] {
             prop_assert_eq!(
                 pool.blocks_needed(SeqId(s), n).unwrap(),
@@ -404,8 +411,8 @@ fn compare(pool: &BlockPool, model: &Model) -> Result<(), TestCaseError> {
     // Exports, against the model's tables.
     let width = model.seqs.values().map(|(t, _)| t.len()).max().unwrap_or(0);
     let mut padded = vec![0i32; ids.len() * width];
-    pool.padded_tables_into(&ids, width, -7, &mut padded).unwrap();
-    let (indptr, indices, last) = pool.flashinfer_tables(&ids).unwrap();
+    pool.padded_tables_into(&ids, 0, width, -7, &mut padded).unwrap();
+    let (indptr, indices, last, _) = pool.flashinfer_tables(&ids, 0).unwrap();
     prop_assert_eq!(indptr.len(), ids.len() + 1);
     prop_assert_eq!(indptr[0], 0);
     for (i, (table, len)) in model.seqs.values().enumerate() {
@@ -438,7 +445,7 @@ impl Mirror {
     /// Sync, check that the mirror equals the model's tables, return the entries written.
     fn check(&mut self, pool: &BlockPool, model: &Model) -> Result<usize, TestCaseError> {
         let ids: Vec<SeqId> = model.seqs.keys().map(|&s| SeqId(s)).collect();
-        let written = match self.sync.sync(pool, &ids, &mut self.buf) {
+        let written = match self.sync.sync(pool, 0, &ids, &mut self.buf) {
             Ok(w) => w,
             Err(e) => return Err(TestCaseError::fail(format!("sync: {e}"))),
         };
@@ -507,8 +514,8 @@ fn run_op(pool: &mut BlockPool, model: &mut Model, op: &Op) -> Result<Result<(),
     let mut cow = Vec::new();
     let mut ci = 0;
     let r = match op {
-        Op::Add { seq, len } => pool.add_sequence(SeqId(*seq), *len, &mut slots),
-        Op::Append { seq, n } => pool.append(SeqId(*seq), *n, &mut slots, &mut cow),
+        Op::Add { seq, len } => pool.add_sequence_flat(SeqId(*seq), *len, &mut slots),
+        Op::Append { seq, n } => pool.append_flat(SeqId(*seq), *n, &mut slots, &mut cow),
         Op::Step { seqs, counts } => {
             let ids: Vec<SeqId> = seqs.iter().map(|&s| SeqId(s)).collect();
             let mut out = StepOutput::default();
@@ -690,13 +697,13 @@ fn length_limit() {
     let mut pool = BlockPool::new(4, 1 << 16).unwrap();
     let (mut slots, mut cow, mut out) = (Vec::new(), Vec::new(), StepOutput::default());
     let invalid = |r: Result<(), KvError>| matches!(r, Err(KvError::InvalidArgument(_)));
-    assert!(invalid(pool.add_sequence(SeqId(0), MAX_SEQ_TOKENS + 1, &mut slots)));
-    pool.add_sequence(SeqId(0), 5, &mut slots).unwrap();
-    assert!(invalid(pool.append(SeqId(0), MAX_SEQ_TOKENS - 4, &mut slots, &mut cow)));
+    assert!(invalid(pool.add_sequence_flat(SeqId(0), MAX_SEQ_TOKENS + 1, &mut slots)));
+    pool.add_sequence_flat(SeqId(0), 5, &mut slots).unwrap();
+    assert!(invalid(pool.append_flat(SeqId(0), MAX_SEQ_TOKENS - 4, &mut slots, &mut cow)));
     assert!(invalid(pool.step(&[SeqId(0)], &[MAX_SEQ_TOKENS - 4], &mut out)));
     assert!(invalid(pool.step(&[SeqId(0)], &[usize::MAX], &mut out)));
     assert!(pool.blocks_needed(SeqId(0), usize::MAX).is_err());
-    let at_limit = pool.append(SeqId(0), MAX_SEQ_TOKENS - 5, &mut slots, &mut cow);
+    let at_limit = pool.append_flat(SeqId(0), MAX_SEQ_TOKENS - 5, &mut slots, &mut cow);
     assert_eq!(at_limit, Err(KvError::PoolExhausted { requested: 32767, free: 3 }));
     assert_eq!((pool.seq_len(SeqId(0)).unwrap(), slots.len(), pool.num_free_blocks()), (5, 5, 3));
     pool.check_invariants().unwrap();

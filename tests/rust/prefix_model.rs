@@ -18,6 +18,9 @@
 
 mod prefix_spec;
 
+#[path = "support/flat.rs"]
+mod flat;
+use flat::Flat;
 use std::collections::{HashMap, HashSet};
 
 use prefix_spec::{Key, Prompt, Spec};
@@ -127,8 +130,8 @@ impl World {
             .seq_ids()
             .into_iter()
             .map(|s| {
-                let t = self.pool.table(s).unwrap();
-                (s, t.blocks().to_vec(), t.num_tokens())
+                let t = self.pool.blocks_of(s).unwrap();
+                (s, t, self.pool.seq_len(s).unwrap())
             })
             .collect();
         (self.pool.stats(), self.pool.cache_stats().unwrap(), tables)
@@ -141,7 +144,7 @@ impl World {
     }
 
     fn slot(&self, seq: u64, pos: usize) -> i64 {
-        self.pool.table(SeqId(seq)).unwrap().slot_of(pos, BS)
+        self.pool.slot_of(SeqId(seq), pos).unwrap()
     }
 
     fn copy(&mut self, cow: &[(BlockId, BlockId)]) {
@@ -195,7 +198,7 @@ impl World {
                 let keys = self.keys(&tokens, extra);
                 let want = self.model.admit(seq, Prompt::Tokens { tokens: &tokens, keys: &keys, extra });
                 let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                let r = self.pool.add_sequence_tokens_cow(SeqId(seq), &tokens, extra, &mut slots, &mut cow);
+                let r = self.pool.add_sequence_tokens_cow_flat(SeqId(seq), &tokens, extra, &mut slots, &mut cow);
                 assert_eq!(r.as_ref().ok().map(|&c| (c, !cow.is_empty())), want, "admission of {tokens:?}");
                 let cached = r?;
                 self.seqs.insert(seq, Ident::Tokens(Some(tokens), extra));
@@ -205,7 +208,7 @@ impl World {
             Admitted::Keys(keys, len) => {
                 let want = self.model.admit(seq, Prompt::Keys { keys: &keys, len });
                 let mut slots = Vec::new();
-                let r = self.pool.add_sequence_block_keys(SeqId(seq), &keys, len, &mut slots);
+                let r = self.pool.add_sequence_block_keys_flat(SeqId(seq), &keys, len, &mut slots);
                 assert_eq!(r.as_ref().ok().map(|&c| (c, false)), want, "admission of keys {keys:?}, {len} tokens");
                 let cached = r?;
                 self.seqs.insert(seq, Ident::Keys(keys, len));
@@ -243,7 +246,7 @@ impl World {
                     };
                     let keys = grown.as_ref().map(|(t, extra)| self.keys(t, *extra)).unwrap_or_default();
                     let want = self.model.append(seq, n, Some((&new, &keys)));
-                    let r = self.pool.append_tokens(SeqId(seq), &new, &mut slots, &mut cow);
+                    let r = self.pool.append_tokens_flat(SeqId(seq), &new, &mut slots, &mut cow);
                     assert_eq!(r.as_ref().ok().map(|_| cow.len()), want, "append_tokens({seq}, {n})");
                     r?;
                     if let (Ident::Tokens(t, _), Some((g, _))) = (self.seqs.get_mut(&seq).unwrap(), grown) {
@@ -251,7 +254,7 @@ impl World {
                     }
                 } else {
                     let want = self.model.append(seq, n, None);
-                    let r = self.pool.append(SeqId(seq), n, &mut slots, &mut cow);
+                    let r = self.pool.append_flat(SeqId(seq), n, &mut slots, &mut cow);
                     assert_eq!(r.as_ref().ok().map(|_| cow.len()), want, "append({seq}, {n})");
                     r?;
                     if let (Ident::Tokens(t, _), true) = (self.seqs.get_mut(&seq).unwrap(), n > 0) {
@@ -371,9 +374,9 @@ impl World {
         assert_eq!(cached, want, "cached keys (key, idle)");
         // Which position of each sequence holds which cached block, with what refcount.
         for (&seq, ms) in &m.seqs {
-            let t = self.pool.table(SeqId(seq)).unwrap();
-            assert_eq!(t.num_tokens(), ms.ntokens);
-            let got: Vec<(Option<Key>, u32)> = t.blocks().iter().map(|&b| (c.key_of(b), self.pool.refcount(b).unwrap())).collect();
+            let t = self.pool.blocks_of(SeqId(seq)).unwrap();
+            assert_eq!(self.pool.seq_len(SeqId(seq)).unwrap(), ms.ntokens);
+            let got: Vec<(Option<Key>, u32)> = t.iter().map(|&b| (c.key_of(b), self.pool.refcount(b).unwrap())).collect();
             let want: Vec<(Option<Key>, u32)> =
                 ms.table.iter().map(|&b| (m.blocks[b].cached.then_some(m.blocks[b].key), m.blocks[b].refs)).collect();
             assert_eq!(got, want, "table of sequence {seq}");

@@ -4,6 +4,9 @@
 //! block than were written into it. `check_invariants` (which checks that no sequence
 //! reads past a cached block's fill) runs after every call.
 
+#[path = "support/flat.rs"]
+mod flat;
+use flat::Flat;
 use pykvpool::{BlockId, BlockPool, CacheConfig, SeqId};
 
 const BS: usize = 4;
@@ -18,7 +21,7 @@ fn keyed() -> BlockPool {
 
 fn admit_keys(p: &mut BlockPool, seq: u64, keys: &[u128], len: usize) -> usize {
     let mut slots = Vec::new();
-    let c = p.add_sequence_block_keys(SeqId(seq), keys, len, &mut slots).unwrap();
+    let c = p.add_sequence_block_keys_flat(SeqId(seq), keys, len, &mut slots).unwrap();
     assert_eq!(slots.len(), len - c);
     p.check_invariants().unwrap();
     c
@@ -30,7 +33,7 @@ fn free(p: &mut BlockPool, seq: u64) {
 }
 
 fn block(p: &BlockPool, seq: u64, i: usize) -> BlockId {
-    p.table(SeqId(seq)).unwrap().blocks()[i]
+    p.blocks_of(SeqId(seq)).unwrap()[i]
 }
 
 /// The reproducer: 6 tokens of KV written under keys [1, 2] must not serve 8.
@@ -77,7 +80,7 @@ fn a_partial_block_extended_by_append_is_copied_and_keeps_its_fill() {
     admit_keys(&mut p, 0, &[1, 2], 6);
     let partial = block(&p, 0, 1);
     let (mut slots, mut cow) = (Vec::new(), Vec::new());
-    p.append(SeqId(0), 2, &mut slots, &mut cow).unwrap();
+    p.append_flat(SeqId(0), 2, &mut slots, &mut cow).unwrap();
     p.check_invariants().unwrap();
     let copy = block(&p, 0, 1);
     assert_eq!(cow, vec![(partial, copy)], "cached blocks are immutable: the append writes a copy");
@@ -119,11 +122,11 @@ fn token_admissions_never_take_a_partial_block() {
         assert!(p.pin_prefix_tokens(&tokens[..8], None, None, None).is_err());
         p.check_invariants().unwrap();
         let (mut slots, mut cow) = (Vec::new(), Vec::new());
-        let c = p.add_sequence_tokens_cow(SeqId(1), &tokens[..8], None, &mut slots, &mut cow).unwrap();
+        let c = p.add_sequence_tokens_cow_flat(SeqId(1), &tokens[..8], None, &mut slots, &mut cow).unwrap();
         p.check_invariants().unwrap();
         assert_eq!((c, cow.len()), (4, 0), "no copy of a 2-token block as a 7-token hit");
         free(&mut p, 1);
-        let c = p.add_sequence_tokens(SeqId(2), &tokens, None, &mut slots).unwrap();
+        let c = p.add_sequence_tokens_flat(SeqId(2), &tokens, None, &mut slots).unwrap();
         assert_eq!(c, 4);
         p.check_invariants().unwrap();
     }

@@ -1,11 +1,11 @@
-//! The simulator over a `HybridPool` (models with layer groups): a windowed group holds at
+//! The simulator over a `BlockPool` (models with layer groups): a windowed group holds at
 //! most its window's blocks per request, one full group reproduces the `BlockPool` run
 //! exactly, runs are deterministic, and the pool's invariants and the engine's mirror of
 //! it hold after every step (proptest over groups, block sizes and policies, with and
 //! without prefix caching).
 
 use proptest::prelude::*;
-use pykvpool::hybrid::GroupSpec;
+use pykvpool::pool::GroupSpec;
 use pykvpool::prefix_cache::CacheConfig;
 use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SharedPrefixes, SyntheticSpec};
 use pykvpool::EvictionPolicy;

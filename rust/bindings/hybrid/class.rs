@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use crate::bindings::errors::{invalid, to_py};
 use crate::error::KvError;
 use crate::bindings::pool::class::{lock, INLINE_WORK};
-use crate::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use crate::pool::{GroupSpec, BlockPool, StepOutput};
 
 /// A block pool whose sequences have one block table per layer group (attention kind),
 /// all groups sharing ``num_blocks`` blocks of ``block_size`` token slots.
@@ -71,7 +71,7 @@ use crate::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
 ///         or a flag not a bool, or ``eviction`` not a str.
 #[pyclass(name = "HybridPool", module = "pykvpool", frozen)]
 pub struct PyHybridPool {
-    pub(super) inner: Mutex<HybridPool>,
+    pub(super) inner: Mutex<BlockPool>,
     /// Fixed at construction: read without the lock.
     pub(super) num_blocks: usize,
     pub(super) block_size: usize,
@@ -83,17 +83,17 @@ impl PyHybridPool {
     /// `f` on the locked pool, under the GIL. The guard lives inside this call only, so
     /// whatever the caller does with the result (build an exception, allocate arrays) runs
     /// without the lock. `f` itself must not touch Python.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut HybridPool) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
         f(&mut lock(&self.inner))
     }
 
     /// [`Self::with`] with the GIL released (the lock is taken and dropped inside).
-    pub(super) fn detached<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut HybridPool) -> R + Send) -> R {
+    pub(super) fn detached<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
         py.detach(|| f(&mut lock(&self.inner)))
     }
 
     /// [`Self::with`] when `work` is below [`INLINE_WORK`], else [`Self::detached`].
-    pub(super) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut HybridPool) -> R + Send) -> R {
+    pub(super) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
         if work < INLINE_WORK {
             self.with(f)
         } else {
@@ -118,7 +118,7 @@ impl PyHybridPool {
 
 /// The slots of a call's new tokens as int64 `[num_groups, total_tokens]` (moved, not
 /// copied).
-pub(super) fn slots_array<'py>(py: Python<'py>, groups: usize, out: &mut HybridStepOutput) -> PyResult<Bound<'py, PyArray2<i64>>> {
+pub(super) fn slots_array<'py>(py: Python<'py>, groups: usize, out: &mut StepOutput) -> PyResult<Bound<'py, PyArray2<i64>>> {
     let slots = std::mem::take(&mut out.slots);
     let n = out.total_tokens;
     let arr = Array2::from_shape_vec((groups, n), slots)

@@ -18,8 +18,8 @@ use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::bindings::pool::cache_args::{self, clock, expires_at, extra_key, hash_bits, pin_id, priority, CacheOptions};
 use crate::bindings::pool::stats::PyCacheStats;
 use crate::bindings::pool::class::{cow_array, MAX_TABLE_ENTRIES};
-use crate::hybrid::{HybridPool, HybridStepOutput};
-use crate::prefix_cache::CacheEvent;
+use crate::pool::{BlockPool, StepOutput};
+use crate::prefix_cache::{CacheConfig, CacheEvent};
 use crate::types::{BlockId, SeqId};
 
 type I64Array<'py> = Bound<'py, PyArray1<i64>>;
@@ -48,13 +48,11 @@ impl PyHybridPool {
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
         let specs = groups_arg(groups)?;
         let opts = CacheOptions { eviction, verify_tokens, cow_partial_hit: None, record_events, hash_bits, max_events };
-        let cfg = opts.config(py, prefix_caching)?;
+        // As this class always did: a keyed prompt's partial last block is not cached.
+        let cfg = opts.config(py, prefix_caching)?.map(|c| CacheConfig { cache_partial_keys: false, touch_untaken_hits: false, ..c });
         let g = specs.clone();
         let pool = py
-            .detach(move || match cfg {
-                Some(cfg) => HybridPool::with_prefix_cache(nb, bs, g, cfg),
-                None => HybridPool::new(nb, bs, g),
-            })
+            .detach(move || BlockPool::with_options(nb, bs, g, cfg))
             .py_err(py)?;
         Ok(Self {
             num_blocks: pool.num_blocks(),
@@ -159,7 +157,7 @@ impl PyHybridPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
     ) -> PyResult<Slots<'py>> {
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         self.run(py, self.work(1, prompt_len), |p| p.add_sequence(seq_id, prompt_len, &mut out)).py_err(py)?;
         slots_array(py, self.groups.len(), &mut out)
     }
@@ -192,7 +190,7 @@ impl PyHybridPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::new_tokens)] num_tokens: usize,
     ) -> PyResult<(Slots<'py>, Bound<'py, PyArray2<i64>>)> {
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         self.run(py, self.work(1, num_tokens), |p| p.step(&[seq_id], &[num_tokens], &mut out)).py_err(py)?;
         Ok((slots_array(py, self.groups.len(), &mut out)?, cow_array(py, &out.cow)?))
     }
@@ -227,7 +225,7 @@ impl PyHybridPool {
     ) -> PyResult<(Slots<'py>, Bound<'py, PyArray2<i64>>, I32Array<'py>)> {
         let mut ids = Vec::new();
         convert::seq_ids_into(seq_ids, "seq_ids", &mut ids)?;
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         let decode = match num_tokens {
             None => true,
             Some(o) => o.is_exact_instance_of::<PyInt>() && o.extract::<i64>().is_ok_and(|v| v == 1),
@@ -590,7 +588,7 @@ impl PyHybridPool {
     ) -> PyResult<(usize, Slots<'py>)> {
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         convert::new_tokens(py, tokens.len() as i64, "token_ids")?;
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         let cached = self
             .run(py, self.work(1, tokens.len()), |p| p.add_sequence_tokens(seq_id, &tokens, extra_key, &mut out))
             .py_err(py)?;
@@ -627,7 +625,7 @@ impl PyHybridPool {
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
     ) -> PyResult<(usize, Slots<'py>)> {
         let keys = convert::block_keys(block_keys, "block_keys")?;
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         let cached = self
             .run(py, self.work(1, prompt_len), |p| p.add_sequence_block_keys(seq_id, &keys, prompt_len, &mut out))
             .py_err(py)?;
@@ -659,7 +657,7 @@ impl PyHybridPool {
     ) -> PyResult<(Slots<'py>, Bound<'py, PyArray2<i64>>)> {
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         convert::new_tokens(py, tokens.len() as i64, "token_ids")?;
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         self.run(py, self.work(1, tokens.len()), |p| p.append_tokens(seq_id, &tokens, &mut out)).py_err(py)?;
         Ok((slots_array(py, self.groups.len(), &mut out)?, cow_array(py, &out.cow)?))
     }

@@ -8,7 +8,7 @@ use pyo3::types::{PyBytes, PyString, PyTuple};
 
 use crate::bindings::convert::{count, int_scalar};
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::hybrid::{GroupSpec, MAX_GROUPS};
+use crate::pool::{GroupSpec, MAX_GROUPS};
 
 fn span(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     count(obj.py(), int_scalar(obj, name)?, name)

@@ -6,14 +6,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::bindings::pool::stats::stats_class;
-use crate::hybrid::HybridStats;
+use crate::pool::PoolStats;
 
 /// Occupancy snapshot of a :class:`HybridPool`, taken by :meth:`HybridPool.stats`.
 ///
 /// Counts are in blocks and tokens: totals over the pool, and per-group lists with one
 /// entry per group in group order. The snapshot does not follow later changes of the pool.
 #[pyclass(name = "HybridPoolStats", module = "pykvpool", frozen)]
-pub struct PyHybridPoolStats(pub HybridStats);
+pub struct PyHybridPoolStats(pub PoolStats);
 
 stats_class! {
     #[pymethods]

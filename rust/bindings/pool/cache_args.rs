@@ -68,6 +68,7 @@ impl CacheOptions<'_> {
             hasher,
             record_events,
             max_events,
+            ..d
         }))
     }
 }

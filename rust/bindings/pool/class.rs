@@ -34,7 +34,7 @@ pub(super) const SCRATCH_KEEP: usize = 1 << 16;
 thread_local! {
     pub(super) static STEP_SCRATCH: std::cell::Cell<StepScratch> = const {
         std::cell::Cell::new(StepScratch {
-            out: StepOutput { slots: Vec::new(), cow: Vec::new(), seq_lens: Vec::new() },
+            out: StepOutput { slots: Vec::new(), total_tokens: 0, cow: Vec::new(), seq_lens: Vec::new() },
             counts: Vec::new(),
             ids: Vec::new(),
         })

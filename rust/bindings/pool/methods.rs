@@ -14,7 +14,7 @@ use super::class::*;
 use super::stats::{PyCacheStats, PyPoolStats};
 use crate::bindings::convert::{self, arg, count, counts_into, int_scalar, MAX_CALL_TOKENS};
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, StepOutput};
 use crate::prefix_cache::CacheEvent;
 use crate::types::{BlockId, SeqId};
 
@@ -136,8 +136,8 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
     ) -> PyResult<I64Array<'py>> {
         let slots = with_pool(py, &self.inner, prompt_len, |pool| {
-            let mut slots = Vec::new();
-            pool.add_sequence(seq_id, prompt_len, &mut slots).map(|_| slots)
+            let mut out = StepOutput::default();
+            pool.add_sequence(seq_id, prompt_len, &mut out).map(|_| out.slots)
         })
         .py_err(py)?;
         // The Vec is handed to numpy as is: copying into a numpy-allocated array measured
@@ -173,8 +173,8 @@ impl PyBlockPool {
     ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
         let (slots, cow) = py
             .detach(|| {
-                let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.with(|p| p.append(seq_id, num_tokens, &mut slots, &mut cow)).map(|_| (slots, cow))
+                let mut out = StepOutput::default();
+                self.with(|p| p.step(&[seq_id], &[num_tokens], &mut out)).map(|_| (out.slots, out.cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
@@ -295,7 +295,7 @@ impl PyBlockPool {
         // One lock for the usual short table (`None`: not freed, too long to hold the
         // GIL for); a long one is freed without the GIL.
         let done = self.with(|pool| {
-            let short = pool.table(seq_id).map_or(0, |t| t.blocks().len()) < INLINE_WORK;
+            let short = pool.table(seq_id, 0).map_or(0, |t| t.num_stored()) < INLINE_WORK;
             short.then(|| pool.free(seq_id))
         });
         match done {
@@ -320,7 +320,9 @@ impl PyBlockPool {
             return Err(invalid(py, format!("sequence id {} appears twice", w[0])));
         }
         self.detached(py, |pool| {
-            pool.check_known(&ids)?;
+            if let Some(s) = ids.iter().find(|&&s| !pool.contains(s)) {
+                return Err(crate::error::KvError::UnknownSequence(s.0));
+            }
             ids.iter().try_for_each(|&s| pool.free(s))
         })
         .py_err(py)
@@ -380,7 +382,7 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
     ) -> PyResult<I32Array<'py>> {
-        let v = self.with(|p| p.table(seq_id).map(|t| t.blocks().iter().map(|b| b.as_i32()).collect::<Vec<i32>>()));
+        let v = self.with(|p| p.table(seq_id, 0).map(|t| t.stored().map(|(_, b)| b.as_i32()).collect::<Vec<i32>>()));
         let v = v.py_err(py)?;
         Ok(PyArray1::from_vec(py, v))
     }
@@ -429,7 +431,7 @@ impl PyBlockPool {
                     )
                 })?;
                 let mut flat = crate::error::filled(0i32, size, "the padded table")?;
-                pool.padded_tables_into(&ids, width, pad, &mut flat)?;
+                pool.padded_tables_into(&ids, 0, width, pad, &mut flat)?;
                 Ok((flat, width))
             })
             .py_err(py)?;
@@ -454,7 +456,7 @@ impl PyBlockPool {
         seq_ids: &Bound<'py, PyAny>,
     ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
         let ids = convert::seq_ids(seq_ids, "seq_ids")?;
-        let (indptr, indices, last) = self.detached(py, |p| p.flashinfer_tables(&ids)).py_err(py)?;
+        let (indptr, indices, last, _) = self.detached(py, |p| p.flashinfer_tables(&ids, 0)).py_err(py)?;
         Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
     }
 
@@ -521,9 +523,9 @@ impl PyBlockPool {
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         let (cached, slots, cow) = self
             .run(py, tokens.len(), |pool| {
-                let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                let c = pool.add_sequence_tokens_vec(seq, tokens, extra, &mut slots, &mut cow)?;
-                Ok((c, slots, cow))
+                let mut out = StepOutput::default();
+                let c = pool.add_sequence_tokens(seq, &tokens, extra, &mut out)?;
+                Ok((c, out.slots, out.cow))
             })
             .py_err(py)?;
         Ok((cached, PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
@@ -565,9 +567,9 @@ impl PyBlockPool {
         let keys = convert::block_keys(block_keys, "block_keys")?;
         let (cached, slots) = py
             .detach(|| {
-                let mut slots = Vec::new();
-                let c = self.with(|p| p.add_sequence_block_keys(seq, &keys, len, &mut slots))?;
-                Ok((c, slots))
+                let mut out = StepOutput::default();
+                let c = self.with(|p| p.add_sequence_block_keys(seq, &keys, len, &mut out))?;
+                Ok((c, out.slots))
             })
             .py_err(py)?;
         Ok((cached, PyArray1::from_vec(py, slots)))
@@ -599,8 +601,8 @@ impl PyBlockPool {
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         let (slots, cow) = py
             .detach(|| {
-                let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                self.with(|p| p.append_tokens(seq, &tokens, &mut slots, &mut cow)).map(|_| (slots, cow))
+                let mut out = StepOutput::default();
+                self.with(|p| p.append_tokens(seq, &tokens, &mut out)).map(|_| (out.slots, out.cow))
             })
             .py_err(py)?;
         Ok((PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))

@@ -160,8 +160,8 @@ impl PyBlockTableBuffer {
         let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
         // Lock order: the pool, then the buffer's state (the only place taking both).
         let done = match (block_pool, hybrid) {
-            (Some(p), _) => p.get().with(|p| lock(&self.sync).sync(p, &ids, out)),
-            (None, Some(h)) => h.get().with(|p| lock(&self.sync).sync_group(p, group.unwrap_or(0), &ids, out)),
+            (Some(p), _) => p.get().with(|p| lock(&self.sync).sync(p, 0, &ids, out)),
+            (None, Some(h)) => h.get().with(|p| lock(&self.sync).sync(p, group.unwrap_or(0), &ids, out)),
             (None, None) => return Err(invalid(py, "pool must be a BlockPool or a HybridPool")),
         };
         done.py_err(py)

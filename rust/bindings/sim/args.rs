@@ -245,7 +245,7 @@ pub mod named {
 
 /// A span of a layer group spec, in tokens (`1..=MAX_SPAN`; sinks may be 0).
 fn span(obj: &Bound<'_, PyAny>, name: &str, lo: u64) -> PyResult<usize> {
-    let v = count(obj, name, crate::hybrid::spec::MAX_SPAN as u64)?;
+    let v = count(obj, name, crate::pool::spec::MAX_SPAN as u64)?;
     if v < lo {
         return Err(invalid(obj.py(), format!("{name} must be >= {lo} tokens, got {v}")));
     }
@@ -255,8 +255,8 @@ fn span(obj: &Bound<'_, PyAny>, name: &str, lo: u64) -> PyResult<usize> {
 /// The `groups` option: None, or a list of 1..=MAX_GROUPS layer group specs, each
 /// `("full",)`, `("sliding", window)`, `("sliding", window, sink_tokens)` or
 /// `("chunked", chunk_size)` (tokens).
-pub fn groups(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<crate::hybrid::GroupSpec>>> {
-    use crate::hybrid::{GroupSpec, MAX_GROUPS};
+pub fn groups(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<crate::pool::GroupSpec>>> {
+    use crate::pool::{GroupSpec, MAX_GROUPS};
     let py = obj.py();
     if obj.is_none() {
         return Ok(None);

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use pykvpool::hybrid::GroupSpec;
+use pykvpool::pool::GroupSpec;
 use pykvpool::prefix_cache::block_hash::ROOT_PARENT;
 use pykvpool::{BlockHasher, BlockKey, EvictionPolicy, KvError};
 
@@ -242,6 +242,24 @@ impl Model {
             self.hold(m);
             tables[g][i] = Some(m);
             self.stats.group_hit_blocks[g] += 1;
+        }
+        // A full group's cached chain past the hit is hit too (a use), though not taken.
+        let full: Vec<usize> = (0..g_count).filter(|&g| !self.specs[g].is_windowed()).collect();
+        for g in full {
+            let mut prev = None;
+            for (i, &key) in keys.iter().enumerate() {
+                let Some(&m) = self.index.get(&(g, key)) else { break };
+                if self.blocks[m].parent != prev {
+                    break;
+                }
+                prev = Some(m);
+                if i >= hb {
+                    let t = self.tick();
+                    let b = &mut self.blocks[m];
+                    b.hits += 1;
+                    b.last_use = t;
+                }
+            }
         }
         for t in &mut tables {
             self.grow(t, hb * BS, len - hb * BS).expect("checked");

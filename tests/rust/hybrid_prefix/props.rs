@@ -9,7 +9,7 @@
 //! `check_invariants` and `check_cache` pass.
 
 use proptest::prelude::*;
-use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
 use pykvpool::prefix_cache::CacheConfig;
 use pykvpool::{EvictionPolicy, SeqId};
 
@@ -61,7 +61,7 @@ fn stream(f: u32, pos: usize) -> u32 {
 }
 
 struct Run {
-    pool: HybridPool,
+    pool: BlockPool,
     model: Model,
     prompts: Vec<Vec<u32>>,
     next_id: u64,
@@ -83,7 +83,7 @@ impl Run {
     fn admit(&mut self, tokens: Vec<u32>) {
         let id = self.next_id;
         self.next_id += 1;
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         let got = self.pool.add_sequence_tokens(SeqId(id), &tokens, None, &mut out).map_err(|e| kind(&e));
         let want = self.model.admit(id, &tokens);
         assert_eq!(got, want, "admission of {tokens:?}");
@@ -94,7 +94,7 @@ impl Run {
     }
 
     fn apply(&mut self, op: &Op) {
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         match op {
             Op::Admit { family, shared, tail } => {
                 self.fresh += 1;
@@ -209,7 +209,7 @@ proptest! {
     ) {
         let specs = mixes()[mix].clone();
         let cfg = CacheConfig { policy, ..CacheConfig::default() };
-        let pool = HybridPool::with_prefix_cache(blocks, BS, specs.clone(), cfg).unwrap();
+        let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
         let mut run = Run { pool, model: Model::new(specs, blocks, policy), prompts: Vec::new(), next_id: 0, fresh: 0 };
         for op in &ops {
             run.apply(op);

@@ -16,9 +16,9 @@
 //! output token (the growth that releases the window groups' early blocks), then is freed:
 //! what stays is what the cache retains, as `pykvpool/prefix/replay.py` measures it.
 
-use pykvpool::hybrid::{GroupSpec, HybridPool, HybridStepOutput};
+use pykvpool::pool::{BlockPool, GroupSpec, StepOutput};
 use pykvpool::sim::kv::pool_keys;
-use pykvpool::{BlockPool, CacheConfig, SeqId};
+use pykvpool::{CacheConfig, SeqId};
 
 const TRACE_BLOCK: usize = 512;
 const BS: usize = 16;
@@ -54,8 +54,8 @@ fn read(path: &str) -> Vec<Req> {
 
 /// (hit tokens, prompt tokens, evictions) of one hybrid replay.
 fn replay_hybrid(trace: &[Req], blocks: usize, groups: Vec<GroupSpec>, decode: bool) -> (u64, u64, u64) {
-    let mut p = HybridPool::with_prefix_cache(blocks, BS, groups, CacheConfig { verify_tokens: false, ..CacheConfig::default() }).unwrap();
-    let (mut out, mut keys) = (HybridStepOutput::default(), Vec::new());
+    let mut p = BlockPool::with_options(blocks, BS, groups, Some(CacheConfig { verify_tokens: false, ..CacheConfig::default() })).unwrap();
+    let (mut out, mut keys) = (StepOutput::default(), Vec::new());
     for (i, r) in trace.iter().enumerate() {
         let s = SeqId(i as u64);
         pool_keys(&r.ids, TRACE_BLOCK, r.len, BS, &mut keys);
@@ -70,21 +70,7 @@ fn replay_hybrid(trace: &[Req], blocks: usize, groups: Vec<GroupSpec>, decode: b
 }
 
 fn replay_block_pool(trace: &[Req], blocks: usize, decode: bool) -> (u64, u64, u64) {
-    let cfg = CacheConfig { verify_tokens: false, ..CacheConfig::default() };
-    let mut p = BlockPool::with_prefix_cache(blocks, BS, cfg).unwrap();
-    let (mut slots, mut cow, mut keys) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, r) in trace.iter().enumerate() {
-        let s = SeqId(i as u64);
-        pool_keys(&r.ids, TRACE_BLOCK, r.len, BS, &mut keys);
-        p.add_sequence_block_keys(s, &keys, r.len, &mut slots).unwrap();
-        if decode {
-            p.append(s, 1, &mut slots, &mut cow).unwrap();
-        }
-        slots.clear();
-        p.free(s).unwrap();
-    }
-    let c = p.cache_stats().unwrap();
-    (c.hit_tokens, c.query_tokens, c.evictions)
+    replay_hybrid(trace, blocks, vec![GroupSpec::Full], decode)
 }
 
 fn rate((hit, total, _): (u64, u64, u64)) -> f64 {

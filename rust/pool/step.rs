@@ -16,22 +16,22 @@
 //! before the check passes, so an error leaves the pool as it was.
 //!
 //! The all-ones decode step on a pool with no shared and no cached block takes a one-pass
-//! path (as `pool/decode.rs`): each sequence is resolved, released and grown in one visit,
+//! path: each sequence is resolved, released and grown in one visit,
 //! and an error undoes the visits already made, in reverse, from a log of what they did,
 //! which leaves the allocator's free-list stack exactly as it was.
 
-use super::table::{GroupTable, GroupTables};
-use super::{HybridEntry, HybridPool, HybridStepOutput, Undo};
+use super::group_table::{GroupTable, GroupTables};
+use super::{SeqEntry, BlockPool, StepOutput, Undo};
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::pool::MAX_SEQ_TOKENS;
 use crate::pool::seq_map::SeqMap;
 use crate::types::{BlockId, SeqId};
 
-impl HybridPool {
+impl BlockPool {
     /// Add `seq` holding `prompt_len` tokens in every group (a growth from 0: nothing to
     /// release). `out` gets the slots `[G, prompt_len]` and `seq_lens = [prompt_len]`.
-    pub fn add_sequence(&mut self, seq: SeqId, prompt_len: usize, out: &mut HybridStepOutput) -> Result<()> {
+    pub fn add_sequence(&mut self, seq: SeqId, prompt_len: usize, out: &mut StepOutput) -> Result<()> {
         out.clear();
         if self.seqs.contains_key(&seq) {
             return Err(KvError::DuplicateSequence(seq.0));
@@ -41,7 +41,7 @@ impl HybridPool {
         self.ensure_available(nb * self.groups.len(), 0)?;
         let tables = self.grow_new(prompt_len, out)?;
         let tables = GroupTables::from_vec(tables);
-        let entry = HybridEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
+        let entry = SeqEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
         self.seqs.insert(seq, entry);
         out.seq_lens.push(prompt_len as i32);
         self.end_op();
@@ -79,14 +79,14 @@ impl HybridPool {
             tables.push(t);
         }
         let tables = GroupTables::from_vec(tables);
-        self.seqs.insert(seq, HybridEntry { len, frontier, prev_frontier: frontier, mark: 0, tables, cursor: None });
+        self.seqs.insert(seq, SeqEntry { len, frontier, prev_frontier: frontier, mark: 0, tables, cursor: None });
         self.end_op();
         Ok(())
     }
 
     /// New tables of `len` tokens in every group, their slots in `out` (blocks checked by
     /// the caller). Also the admission path of prefix caching for the computed part.
-    pub(crate) fn grow_new(&mut self, len: usize, out: &mut HybridStepOutput) -> Result<Vec<GroupTable>> {
+    pub(crate) fn grow_new(&mut self, len: usize, out: &mut StepOutput) -> Result<Vec<GroupTable>> {
         let nb = len.div_ceil(self.block_size);
         let g_count = self.groups.len();
         out.slots.resize(g_count * len, 0);
@@ -108,7 +108,7 @@ impl HybridPool {
     }
 
     /// Grow every sequence `seqs[i]` by `counts[i]` tokens, atomically over the batch.
-    pub fn step(&mut self, seqs: &[SeqId], counts: &[usize], out: &mut HybridStepOutput) -> Result<()> {
+    pub fn step(&mut self, seqs: &[SeqId], counts: &[usize], out: &mut StepOutput) -> Result<()> {
         out.clear();
         if seqs.len() != counts.len() {
             return Err(invalid!("counts: {} sequence ids but {} token counts", seqs.len(), counts.len()));
@@ -119,7 +119,7 @@ impl HybridPool {
     }
 
     /// [`Self::step`] with one token for every sequence (a decode step).
-    pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut HybridStepOutput) -> Result<()> {
+    pub fn step_decode(&mut self, seqs: &[SeqId], out: &mut StepOutput) -> Result<()> {
         // `slots` keeps its length: the one-pass decode overwrites every entry, so a batch
         // as long as the last one writes its slots without zero-filling them first.
         out.total_tokens = 0;
@@ -137,7 +137,7 @@ impl HybridPool {
     }
 
     /// A step without closing the call (`append_tokens` registers blocks first).
-    pub(crate) fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut HybridStepOutput) -> Result<()> {
+    pub(crate) fn step_run(&mut self, seqs: &[SeqId], counts: &[usize], all_ones: bool, out: &mut StepOutput) -> Result<()> {
         // The map is moved out so that tables can be borrowed next to the allocator.
         let mut map = std::mem::take(&mut self.seqs);
         let r = self.step_in(&mut map, seqs, counts, all_ones, out);
@@ -150,11 +150,11 @@ impl HybridPool {
 
     fn step_in(
         &mut self,
-        map: &mut SeqMap<HybridEntry>,
+        map: &mut SeqMap<SeqEntry>,
         seqs: &[SeqId],
         counts: &[usize],
         all_ones: bool,
-        out: &mut HybridStepOutput,
+        out: &mut StepOutput,
     ) -> Result<()> {
         self.batch_mark += 1;
         if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
@@ -180,7 +180,7 @@ impl HybridPool {
     /// Marks entries (a later duplicate is an error) but changes nothing else.
     fn plan(
         &mut self,
-        map: &mut SeqMap<HybridEntry>,
+        map: &mut SeqMap<SeqEntry>,
         seqs: &[SeqId],
         counts: &[usize],
         slots: &mut Vec<u32>,
@@ -250,7 +250,7 @@ impl HybridPool {
     /// Blocks the partly filled last entries of a planned batch take: a copy of a shared or
     /// cached block (as the apply will see it: after every release of the batch and the
     /// copies earlier in it), or a fresh block for a trailing hole.
-    fn plan_copies(&mut self, map: &mut SeqMap<HybridEntry>, slots: &[u32], counts: &[usize], releases: &[BlockId]) -> usize {
+    fn plan_copies(&mut self, map: &mut SeqMap<SeqEntry>, slots: &[u32], counts: &[usize], releases: &[BlockId]) -> usize {
         let mut copies = std::mem::take(&mut self.cow_scratch);
         copies.clear();
         let mut need = 0;
@@ -283,11 +283,11 @@ impl HybridPool {
     /// Apply a planned, checked batch: every release first, then every growth.
     fn apply(
         &mut self,
-        map: &mut SeqMap<HybridEntry>,
+        map: &mut SeqMap<SeqEntry>,
         slots: &[u32],
         counts: &[usize],
         total: usize,
-        out: &mut HybridStepOutput,
+        out: &mut StepOutput,
     ) -> Result<()> {
         let lost = || KvError::Invariant("batch entry lost between plan and apply".into());
         for (&slot, &n) in slots.iter().zip(counts) {
@@ -442,10 +442,10 @@ impl HybridPool {
     /// (a length check and one slot per group) stays in registers.
     fn decode_one_pass(
         &mut self,
-        map: &mut SeqMap<HybridEntry>,
+        map: &mut SeqMap<SeqEntry>,
         seqs: &[SeqId],
         mark: u64,
-        out: &mut HybridStepOutput,
+        out: &mut StepOutput,
     ) -> Result<bool> {
         let n = seqs.len();
         let bs = self.block_size;
@@ -521,8 +521,9 @@ impl HybridPool {
             t.push(b);
             log.push(Undo::Push(i as u32, g as u32));
         } else {
+            let stamp = t.stamp();
             t.set_last(b);
-            log.push(Undo::Fill(i as u32, g as u32));
+            log.push(Undo::Fill(i as u32, g as u32, stamp));
         }
         Some(b)
     }
@@ -530,16 +531,23 @@ impl HybridPool {
     /// Undo the visits of a failed one-pass decode, last first.
     /// `done`: the sequences whose visit completed (a prefix of `seqs`).
     #[cold]
-    fn undo_decode(&mut self, map: &mut SeqMap<HybridEntry>, done: &[SeqId], seqs: &[SeqId], log: &[Undo]) {
+    fn undo_decode(&mut self, map: &mut SeqMap<SeqEntry>, done: &[SeqId], seqs: &[SeqId], log: &[Undo]) {
         for u in log.iter().rev() {
             let (i, g) = match *u {
-                Undo::Release(i, g, _) | Undo::Push(i, g) | Undo::Fill(i, g) => (i as usize, g as usize),
+                Undo::Release(i, g, _) | Undo::Push(i, g) | Undo::Fill(i, g, _) => (i as usize, g as usize),
             };
             let Some(t) = map.get_mut(&seqs[i]).map(|e| &mut e.tables[g]) else { continue };
             match *u {
-                Undo::Push(..) => t.truncate(t.len_blocks() - 1, |b| self.alloc.release(b)),
-                Undo::Fill(..) => {
-                    t.truncate(t.len_blocks() - 1, |b| self.alloc.release(b));
+                Undo::Push(..) => {
+                    // A push keeps the stamp: the table is back as the mirror last saw it.
+                    if let Some(b) = t.unpush(t.stamp()) {
+                        self.alloc.release(b);
+                    }
+                }
+                Undo::Fill(_, _, stamp) => {
+                    if let Some(b) = t.unpush(stamp) {
+                        self.alloc.release(b);
+                    }
                     // The entry was a trailing hole past the sinks: it is one again.
                     let _ = t.push_hole();
                 }
@@ -577,7 +585,7 @@ impl Stop {
         match self {
             Self::Unknown => Err(KvError::UnknownSequence(seq.0)),
             Self::Twice => Err(invalid!("seq_ids: sequence id {} appears twice in one step", seq.0)),
-            Self::Overflow(len) => HybridPool::checked_len(len, 1).map(|_| false),
+            Self::Overflow(len) => BlockPool::checked_len(len, 1).map(|_| false),
             Self::Dry => Ok(false),
         }
     }

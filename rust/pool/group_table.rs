@@ -10,7 +10,7 @@
 //! a table of a sequence 100x its window holds the same few entries as at 1x. A full
 //! attention group has no sinks and never releases: its run is the whole table.
 //!
-//! Shape invariants (checked by `HybridPool::check_invariants`): `head.len() ==
+//! Shape invariants (checked by `BlockPool::check_invariants`): `head.len() ==
 //! min(len_blocks, sink_blocks)`; holes are exactly `head.len() .. run_start`; the run ends
 //! at `len_blocks`, and an empty run has `run_start == len_blocks` (a table may end in
 //! holes only when its run is empty: a window of one token, or a chunk boundary, after a
@@ -248,6 +248,12 @@ impl GroupTable {
         Ok(())
     }
 
+    /// A new version for mirrors: the table is not the one a mirror saw under the old
+    /// stamp (a fork's copy of its parent's table).
+    pub fn restamp(&mut self) {
+        self.b.stamp = next_stamp();
+    }
+
     /// The table's version for mirrors (see the field).
     #[inline]
     pub fn stamp(&self) -> u64 {
@@ -308,11 +314,36 @@ impl GroupTable {
     }
 
     /// Undo one release of [`Self::release_front`]: the hole before the run gets `b` back.
+    /// The stamp stays: the table is as it was before the release (a mirror's view).
     pub fn unrelease_front(&mut self, b: BlockId) {
-        self.b.stamp = next_stamp();
         self.b.run_start -= 1;
         self.b.run.push_front(b);
         self.refresh();
+    }
+
+    /// Empty the table, handing its stored blocks to `f` head first, in at most three
+    /// slices (the sinks, then the run's two halves).
+    pub fn drain_head_first(&mut self, mut f: impl FnMut(&[BlockId])) {
+        self.b.stamp = next_stamp();
+        f(&self.b.head);
+        let (a, b) = self.b.run.as_slices();
+        f(a);
+        f(b);
+        self.b.head.clear();
+        self.b.run.clear();
+        self.b.len_blocks = 0;
+        self.refresh();
+    }
+
+    /// Undo the last [`Self::push`] (or hole fill) of a failed call: the entry goes,
+    /// returned, and the stamp becomes `stamp`, what it was before (a mirror's view: the
+    /// table is as it was).
+    pub fn unpush(&mut self, stamp: u64) -> Option<BlockId> {
+        let b = if self.b.run.is_empty() { self.b.head.pop() } else { self.b.run.pop_back() };
+        self.b.len_blocks -= 1;
+        self.b.stamp = stamp;
+        self.refresh();
+        b
     }
 
     /// Drop every entry from logical index `keep` on, handing the stored ones to `f`, last

@@ -2,7 +2,7 @@
 //! allocator's free-list stack exactly as it was (same blocks, same order), so the next
 //! allocations hand out the same ids as if the call never happened.
 
-use super::{GroupSpec, HybridPool, HybridStepOutput};
+use super::{GroupSpec, BlockPool, StepOutput};
 use crate::error::KvError;
 use crate::types::{BlockId, SeqId};
 
@@ -10,7 +10,7 @@ const BS: usize = 4;
 
 type State = (Vec<(u64, usize, usize, Vec<Vec<Option<BlockId>>>)>, Vec<u32>, Vec<BlockId>);
 
-fn state(pool: &HybridPool) -> State {
+fn state(pool: &BlockPool) -> State {
     let mut seqs: Vec<_> = pool
         .seqs
         .iter()
@@ -22,10 +22,10 @@ fn state(pool: &HybridPool) -> State {
 
 /// 40 sequences over a full and a windowed group, lengths spread so that a decode step
 /// both releases window blocks and opens new blocks; a few freed to scatter the free list.
-fn pool_with_batch() -> (HybridPool, Vec<SeqId>) {
+fn pool_with_batch() -> (BlockPool, Vec<SeqId>) {
     let groups = vec![GroupSpec::Full, GroupSpec::sliding_window(6, 1).unwrap()];
-    let mut pool = HybridPool::new(1024, BS, groups).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(1024, BS, groups).unwrap();
+    let mut out = StepOutput::default();
     let ids: Vec<SeqId> = (0..40u64).map(|i| SeqId(i * 3 + 1)).collect();
     for (i, &s) in ids.iter().enumerate() {
         pool.add_sequence(s, 9 + i % 13, &mut out).unwrap();
@@ -49,14 +49,14 @@ fn a_failed_one_pass_decode_restores_the_free_list_order() {
         batch.push(if bad.0 == 999 { bad } else { live[0] });
         assert!(pool.one_pass_fits(batch.len()));
         let before = state(&pool);
-        let mut out = HybridStepOutput::default();
+        let mut out = StepOutput::default();
         let err = pool.step_decode(&batch, &mut out).unwrap_err();
         assert!(matches!(err, KvError::UnknownSequence(999) | KvError::InvalidArgument(_)), "{err:?}");
         assert_eq!(state(&pool), before);
         assert!(out.slots.is_empty() && out.seq_lens.is_empty());
         // The good batch then gives what a pool that never saw the failure gives.
         let (mut reference, _) = pool_with_batch();
-        let mut out2 = HybridStepOutput::default();
+        let mut out2 = StepOutput::default();
         pool.step_decode(&live, &mut out).unwrap();
         reference.step_decode(&live, &mut out2).unwrap();
         assert_eq!(out.slots, out2.slots);
@@ -72,8 +72,8 @@ fn running_dry_part_way_falls_back_to_the_general_path() {
     // sixth sequence after releases and allocations, undoes them all, and the general path
     // reports 24 needed against 16 free + 6 released.
     let w = GroupSpec::sliding_window(5, 0).unwrap();
-    let mut pool = HybridPool::new(100, BS, vec![GroupSpec::Full, GroupSpec::Full, GroupSpec::Full, w]).unwrap();
-    let mut out = HybridStepOutput::default();
+    let mut pool = BlockPool::with_groups(100, BS, vec![GroupSpec::Full, GroupSpec::Full, GroupSpec::Full, w]).unwrap();
+    let mut out = StepOutput::default();
     let ids: Vec<SeqId> = (0..6u64).map(SeqId).collect();
     for &s in &ids {
         pool.add_sequence(s, 2 * BS, &mut out).unwrap();
