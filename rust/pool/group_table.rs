@@ -109,6 +109,21 @@ impl GroupTable {
         }
     }
 
+    /// A table whose every entry is stored: `blocks`, in logical order (a new sequence's
+    /// blocks; the run takes the vector's buffer as is).
+    pub fn from_blocks(spec: GroupSpec, block_size: usize, mut blocks: Vec<BlockId>) -> Self {
+        let mut t = Self::new(spec, block_size);
+        let n = blocks.len();
+        let sinks = n.min(t.b.sink_blocks);
+        // The sinks get a buffer of their own size; the run keeps the vector's.
+        t.b.head = blocks.drain(..sinks).collect();
+        t.b.run = VecDeque::from(blocks);
+        t.b.len_blocks = n;
+        t.b.run_start = sinks;
+        t.refresh();
+        t
+    }
+
     /// An empty table with room for `blocks` entries appended without reallocation.
     pub fn with_capacity(spec: GroupSpec, block_size: usize, blocks: usize) -> Self {
         let mut t = Self::new(spec, block_size);
@@ -417,6 +432,24 @@ pub enum GroupTables {
 }
 
 impl GroupTables {
+    /// No tables yet, with room for `n` (pushed in group order).
+    pub fn with_capacity(n: usize) -> Self {
+        if n > 2 { Self::Many(Vec::with_capacity(n)) } else { Self::Many(Vec::new()) }
+    }
+
+    /// Append the next group's table (inline while there are at most two).
+    pub fn push(&mut self, t: GroupTable) {
+        *self = match std::mem::replace(self, Self::Many(Vec::new())) {
+            Self::Many(v) if v.is_empty() && v.capacity() == 0 => Self::One(t),
+            Self::One(a) => Self::Two([a, t]),
+            Self::Two([a, b]) => Self::Many(vec![a, b, t]),
+            Self::Many(mut v) => {
+                v.push(t);
+                Self::Many(v)
+            }
+        };
+    }
+
     pub fn from_vec(mut v: Vec<GroupTable>) -> Self {
         match v.len() {
             1 => Self::One(v.remove(0)),

@@ -365,10 +365,11 @@ impl BlockPool {
         let mut tables = self.take_hit(&plan.held, hb);
         self.take_copies_and_touch(&plan);
         let n = len - hb * bs;
-        out.slots.resize(self.groups.len() * n, 0);
+        out.slots.clear();
+        out.slots.reserve(self.groups.len() * n);
         out.total_tokens = n;
-        for (g, t) in tables.iter_mut().enumerate() {
-            self.grow_table(t, hb * bs, n, &mut out.slots[g * n..(g + 1) * n], &mut out.cow)?;
+        for t in tables.iter_mut() {
+            self.grow_table(t, hb * bs, n, |run| out.slots.extend(run), &mut out.cow)?;
         }
         let cached = plan.cached(len, bs);
         if let Some(copies) = &plan.copies {

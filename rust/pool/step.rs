@@ -21,6 +21,7 @@
 //! which leaves the allocator's free-list stack exactly as it was.
 
 use super::group_table::{GroupTable, GroupTables};
+use super::GroupSpec;
 use super::{SeqEntry, BlockPool, StepOutput, Undo};
 use crate::error::{KvError, Result};
 use crate::invalid;
@@ -40,7 +41,6 @@ impl BlockPool {
         let nb = prompt_len.div_ceil(self.block_size);
         self.ensure_available(nb * self.groups.len(), 0)?;
         let tables = self.grow_new(prompt_len, out)?;
-        let tables = GroupTables::from_vec(tables);
         let entry = SeqEntry { len: prompt_len, frontier: 0, prev_frontier: 0, mark: 0, tables, cursor: None };
         self.seqs.insert(seq, entry);
         out.seq_lens.push(prompt_len as i32);
@@ -85,24 +85,41 @@ impl BlockPool {
     }
 
     /// New tables of `len` tokens in every group, their slots in `out` (blocks checked by
-    /// the caller). Also the admission path of prefix caching for the computed part.
-    pub(crate) fn grow_new(&mut self, len: usize, out: &mut StepOutput) -> Result<Vec<GroupTable>> {
-        let nb = len.div_ceil(self.block_size);
+    /// the caller), group after group.
+    pub(crate) fn grow_new(&mut self, len: usize, out: &mut StepOutput) -> Result<GroupTables> {
+        let bs = self.block_size;
+        let nb = len.div_ceil(bs);
         let g_count = self.groups.len();
-        out.slots.resize(g_count * len, 0);
+        out.slots.clear();
+        out.slots.reserve(g_count * len);
         out.total_tokens = len;
-        let mut tables = Vec::with_capacity(g_count);
+        let mut tables = GroupTables::with_capacity(g_count);
         for g in 0..g_count {
-            let mut t = GroupTable::with_capacity(self.groups[g], self.block_size, nb);
-            let r = self.grow_table(&mut t, 0, len, &mut out.slots[g * len..(g + 1) * len], &mut out.cow);
-            tables.push(t);
-            if let Err(e) = r {
-                for mut t in tables {
-                    t.truncate(0, |b| self.release_block(b));
-                }
-                out.clear();
-                return Err(e);
+            let mut blocks = Vec::with_capacity(nb);
+            for _ in 0..nb {
+                // Checked by the caller: a failure here is a bug, reported after cleanup.
+                let Ok(b) = self.take_block() else {
+                    blocks.into_iter().rev().for_each(|b| self.release_block(b));
+                    for t in tables.iter_mut() {
+                        t.truncate(0, |b| self.release_block(b));
+                    }
+                    out.clear();
+                    return Err(KvError::Invariant("allocation after a successful capacity check failed".into()));
+                };
+                blocks.push(b);
             }
+            // Full blocks, then the last one's tokens (a loop of constant-length runs).
+            let slots = &mut out.slots;
+            let (full, rest) = (len / bs, len % bs);
+            for b in &blocks[..full] {
+                let first = b.first_slot(bs);
+                slots.extend(first..first + bs as i64);
+            }
+            if let Some(b) = blocks.get(full).filter(|_| rest > 0) {
+                let first = b.first_slot(bs);
+                slots.extend(first..first + rest as i64);
+            }
+            tables.push(GroupTable::from_blocks(self.groups[g], bs, blocks));
         }
         Ok(tables)
     }
@@ -305,8 +322,15 @@ impl BlockPool {
             let e = map.at_mut(slot).ok_or_else(lost)?;
             if n > 0 {
                 for (g, t) in e.tables.iter_mut().enumerate() {
-                    let dst = &mut out.slots[g * total + at..g * total + at + n];
-                    self.grow_table(t, e.len, n, dst, &mut out.cow)?;
+                    let mut i = g * total + at;
+                    let slots = &mut out.slots;
+                    let emit = |run: std::ops::Range<i64>| {
+                        for s in run {
+                            slots[i] = s;
+                            i += 1;
+                        }
+                    };
+                    self.grow_table(t, e.len, n, emit, &mut out.cow)?;
                 }
                 e.frontier = e.len;
                 e.len += n;
@@ -358,15 +382,15 @@ impl BlockPool {
         Ok(e.tables.iter().map(|t| t.run_front(t.releasable_count(e.len)).filter(|&b| avail(b)).count()).sum())
     }
 
-    /// Append `slots.len()` tokens to table `t` of a sequence of `len` tokens (releases
-    /// done, blocks checked by the caller): copy-on-write or fill of the last entry, then
-    /// new blocks.
+    /// Append `n` tokens to table `t` of a sequence of `len` tokens (releases done, blocks
+    /// checked by the caller): copy-on-write or fill of the last entry, then new blocks.
+    /// The new tokens' slots go to `emit` as runs of consecutive slots, in order.
     pub(crate) fn grow_table(
         &mut self,
         t: &mut GroupTable,
         len: usize,
         n: usize,
-        slots: &mut [i64],
+        mut emit: impl FnMut(std::ops::Range<i64>),
         cow: &mut Vec<(BlockId, BlockId)>,
     ) -> Result<()> {
         let bs = self.block_size;
@@ -391,18 +415,14 @@ impl BlockPool {
             };
             w = (bs - off).min(n);
             let first = b.first_slot(bs) + off as i64;
-            for (k, s) in slots[..w].iter_mut().enumerate() {
-                *s = first + k as i64;
-            }
+            emit(first..first + w as i64);
         }
         while w < n {
             let b = self.take_block()?;
             t.push(b);
             let run = bs.min(n - w);
             let first = b.first_slot(bs);
-            for (k, s) in slots[w..w + run].iter_mut().enumerate() {
-                *s = first + k as i64;
-            }
+            emit(first..first + run as i64);
             w += run;
         }
         Ok(())
@@ -447,6 +467,9 @@ impl BlockPool {
         mark: u64,
         out: &mut StepOutput,
     ) -> Result<bool> {
+        if let [GroupSpec::Full] = self.groups[..] {
+            return self.decode_one_pass_full(map, seqs, mark, out);
+        }
         let n = seqs.len();
         let bs = self.block_size;
         let mut log = std::mem::take(&mut self.decode.log);
@@ -501,6 +524,67 @@ impl BlockPool {
         };
         self.decode.log = log;
         r
+    }
+
+    /// [`Self::decode_one_pass`] on a pool of one full-attention group: nothing is ever
+    /// released, so a visit is a length check and a slot, and an undo needs no log (a
+    /// visit at a block boundary took one new block, which goes back).
+    #[inline(never)]
+    fn decode_one_pass_full(&mut self, map: &mut SeqMap<SeqEntry>, seqs: &[SeqId], mark: u64, out: &mut StepOutput) -> Result<bool> {
+        let bs = self.block_size;
+        out.slots.clear();
+        out.slots.reserve(seqs.len());
+        out.total_tokens = seqs.len();
+        out.seq_lens.reserve(seqs.len());
+        for (i, &seq) in seqs.iter().enumerate() {
+            let stop = match map.slot(&seq).and_then(|s| map.at_mut(s)) {
+                None => Stop::Unknown,
+                Some(e) if e.mark == mark => Stop::Twice,
+                Some(e) if e.len >= MAX_SEQ_TOKENS => Stop::Overflow(e.len),
+                Some(e) => {
+                    let GroupTables::One(t) = &mut e.tables else {
+                        return Err(KvError::Invariant("a one-group pool's sequence has another table count".into()));
+                    };
+                    let len = e.len;
+                    let off = self.offset_in_block(len);
+                    let b = match t.last() {
+                        Some(b) if off != 0 => Some(b),
+                        _ => self.alloc.allocate().inspect(|&b| t.push(b)),
+                    };
+                    if let Some(b) = b {
+                        e.mark = mark;
+                        out.slots.push(b.first_slot(bs) + off as i64);
+                        e.prev_frontier = e.frontier;
+                        e.frontier = len;
+                        e.len = len + 1;
+                        out.seq_lens.push((len + 1) as i32);
+                        continue;
+                    }
+                    Stop::Dry
+                }
+            };
+            self.undo_decode_full(map, &seqs[..i]);
+            out.clear();
+            return stop.into_result(seq);
+        }
+        Ok(true)
+    }
+
+    /// Undo [`Self::decode_one_pass_full`]'s visits of `done`, last first (new blocks go
+    /// back onto the free-list stack in reverse order: it ends as it was).
+    #[cold]
+    fn undo_decode_full(&mut self, map: &mut SeqMap<SeqEntry>, done: &[SeqId]) {
+        for seq in done.iter().rev() {
+            let Some(e) = map.get_mut(seq) else { continue };
+            e.len -= 1;
+            e.frontier = e.prev_frontier;
+            if self.offset_in_block(e.len) == 0 {
+                let stamp = e.tables[0].stamp();
+                if let Some(b) = e.tables[0].unpush(stamp) {
+                    self.alloc.release(b);
+                }
+            }
+        }
     }
 
     /// The window rule's releases of one decode visit (nothing is shared: each released
