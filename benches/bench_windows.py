@@ -1,4 +1,4 @@
-"""Sliding-window sequences grown through a real HybridPool to 100x their window: memory per
+"""Sliding-window sequences grown through a real BlockPool to 100x their window: memory per
 sequence stays flat and decode attention time does not grow with the logical length.
 
 Two parts, one run:
@@ -37,7 +37,7 @@ WINDOW, SINKS, BS, N, CHUNK = 4096, 4, 16, 8, 4096
 CHECKPOINTS = (8_192, 32_768, 131_072, 409_600)
 
 
-def grow_to(pool: kv.HybridPool, ids: list[int], length: int) -> None:
+def grow_to(pool: kv.BlockPool, ids: list[int], length: int) -> None:
     """Grow every sequence to ``length`` tokens by chunks (one atomic step per chunk)."""
     while pool.seq_len(ids[0]) < length:
         n = min(CHUNK, length - pool.seq_len(ids[0]))
@@ -46,7 +46,7 @@ def grow_to(pool: kv.HybridPool, ids: list[int], length: int) -> None:
 
 def memory_part() -> list[dict[str, Any]]:
     groups = [kv.FullAttention(), kv.SlidingWindow(WINDOW, sink_tokens=SINKS)]
-    pool = kv.HybridPool(2 * N * (max(CHECKPOINTS) // BS + 300), BS, groups)
+    pool = kv.BlockPool(2 * N * (max(CHECKPOINTS) // BS + 300), BS, groups)
     ids = list(range(N))
     for s in ids:
         pool.add_sequence(s, 0)
@@ -68,7 +68,7 @@ def time_part(reps: int) -> list[dict[str, Any]]:
     hkv, hq, d = 8, 32, 128
     per_seq = -(-SINKS // BS) + -(-(WINDOW - 1) // BS) + 1 + CHUNK // BS + 1
     batches = {c: list(range(i * N, (i + 1) * N)) for i, c in enumerate(CHECKPOINTS)}
-    pool = kv.HybridPool(len(CHECKPOINTS) * N * per_seq + 16, BS, [kv.SlidingWindow(WINDOW, sink_tokens=SINKS)])
+    pool = kv.BlockPool(len(CHECKPOINTS) * N * per_seq + 16, BS, [kv.SlidingWindow(WINDOW, sink_tokens=SINKS)])
     cache = kv.KvCache(1, pool.num_blocks, BS, hkv, d, dtype="bf16")
     rng = np.random.default_rng(0)
     for arr in (cache.key(0), cache.value(0)):
@@ -81,7 +81,7 @@ def time_part(reps: int) -> list[dict[str, Any]]:
         pool.step(ids)  # the decode token: logical length c
     pool.check_invariants()
     kw: dict[str, Any] = dict(window_left=WINDOW - 1, sink_tokens=SINKS)
-    tables = {c: pool.flashinfer_tables(ids, 0) for c, ids in batches.items()}
+    tables = {c: pool.flashinfer_tables(ids, group=0) for c, ids in batches.items()}
     held = {c: sum(int(np.diff(t[0])[i]) for i in range(N)) / N for c, t in tables.items()}
     out: dict[int, list[float]] = {c: [] for c in CHECKPOINTS}
     for _ in range(reps):

@@ -1,5 +1,6 @@
-//! The decode step of a pool with layer groups against the single-group `BlockPool`:
-//! ns per decode token for `BlockPool::step_decode`, `BlockPool` with `[Full]` and with
+//! The decode step of a pool with layer groups against a one-group pool: ns per decode
+//! token for `BlockPool::new` (one full group), `BlockPool::with_groups` of `[Full]` (the
+//! same pool built the other way: a control, ratio 1 up to noise) and of
 //! `[Full, SlidingWindow(4096)]` (256 sequences of 4,000..5,800 tokens, staggered so that
 //! every step 1/16 of them open a block and, in the window group, 1/16 release one), and
 //! the ratios. `cargo bench --bench hybrid_step`.

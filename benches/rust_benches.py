@@ -107,7 +107,7 @@ def parse_hybrid_step(text: str) -> dict[str, Any]:
     if shape is None:
         raise ValueError("no 'decode step, N sequences, ...' line in the hybrid_step output")
     pools = [{"pool": m[1], "min_ns_per_token": float(m[2]), "median_ns_per_token": float(m[3])}
-             for m in re.finditer(r"^((?:BlockPool|HybridPool)\S*(?: \[.*\])?)\s+([0-9.]+)\s+([0-9.]+)$", text, re.M)]
+             for m in re.finditer(r"^(BlockPool\S*(?: \[.*\])?)\s+([0-9.]+)\s+([0-9.]+)$", text, re.M)]
     ratios = [{"pools": f"{m[1]} / BlockPool", "of_minima": float(m[2]), "median_of_ratios": float(m[3])}
               for m in re.finditer(r"^(\[.*\]) / BlockPool: ([0-9.]+) \(of minima\), ([0-9.]+) \(median", text, re.M)]
     if len(pools) != 3 or len(ratios) != 2:

@@ -3,7 +3,7 @@
 A small Gemma-2-style model (alternating sliding-window and global layers; random weights
 from a config: nothing is downloaded) generates greedily for a batch of left-padded
 prompts twice: with transformers' own `DynamicCache` and with `pykvpool.hf.PagedKvCache`
-(one `HybridPool` + one `KvCache` shared by every layer and row; the sliding-window layers
+(one `BlockPool` + one `KvCache` shared by every layer and row; the sliding-window layers
 release their pages as they leave the window) through `attn_implementation="pykvpool"`.
 The tokens must be identical.
 

@@ -1,7 +1,7 @@
 """Decode with a Gemma-like model: global and sliding-window layers in one pool and one cache.
 
 The model interleaves global layers (full attention) and local layers (a sliding window of
-``WINDOW`` tokens), like Gemma 2/3. A :class:`pykvpool.HybridPool` keeps one block table per
+``WINDOW`` tokens), like Gemma 2/3. A :class:`pykvpool.BlockPool` keeps one block table per
 layer group; with tensor sharing one :class:`pykvpool.KvCache` of ``LAYERS_PER_GROUP`` layers
 serves both groups: model layer ``l`` of group ``g`` lives in cache layer ``l // 2`` at the
 blocks of group ``g``'s table. Sequences decode far past the window: the local group releases
@@ -38,7 +38,7 @@ class Result:
     steps: int
     max_error: float
     held: list[list[int]] = field(default_factory=list)  # per step: blocks per group
-    pool: kv.HybridPool | None = None
+    pool: kv.BlockPool | None = None
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
@@ -52,18 +52,18 @@ def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.nda
     return out
 
 
-def local_attention(pool: kv.HybridPool, cache: kv.KvCache, j: int, q: np.ndarray, ids: list[int]) -> np.ndarray:
+def local_attention(pool: kv.BlockPool, cache: kv.KvCache, j: int, q: np.ndarray, ids: list[int]) -> np.ndarray:
     """Decode attention of the local layers in cache layer ``j``: the sliding-window group's
     stored pages in FlashInfer's layout, the window given to the kernel."""
     kind = pool.groups[1]
-    indptr, indices, last, start = pool.flashinfer_tables(ids, 1)
+    indptr, indices, last, start = pool.flashinfer_tables(ids, group=1)
     return kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=SCALE, window_left=kind.window_left,
                                      sink_tokens=kind.sink_tokens, kv_page_start=start)
 
 
 def run(steps: int = STEPS, seed: int = 0) -> Result:
     groups = [kv.FullAttention(), kv.SlidingWindow(WINDOW)]
-    pool = kv.HybridPool(NUM_BLOCKS, BLOCK_SIZE, groups)
+    pool = kv.BlockPool(NUM_BLOCKS, BLOCK_SIZE, groups)
     cache = kv.KvCache(LAYERS_PER_GROUP, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     rng = np.random.default_rng(seed)
     layers = [(layer % 2, layer // 2) for layer in range(2 * LAYERS_PER_GROUP)]  # (group, cache layer)
@@ -90,7 +90,7 @@ def run(steps: int = STEPS, seed: int = 0) -> Result:
         q = rng.standard_normal((len(ids), Q_HEADS, HEAD_DIM)).astype(np.float32)
         for layer, (g, j) in enumerate(layers):
             if g == 0:
-                got = kv.decode_attention(cache, j, q, pool.block_tables(ids, 0), lens, scale=SCALE)
+                got = kv.decode_attention(cache, j, q, pool.block_tables(ids, group=0), lens, scale=SCALE)
             else:
                 got = local_attention(pool, cache, j, q, ids)
             for r, s in enumerate(ids):

@@ -27,8 +27,6 @@ from pykvpool._native import (
     KV_DTYPES,
     DuplicateSequenceError,
     FullAttention,
-    HybridPool,
-    HybridPoolStats,
     InvalidArgumentError,
     InvariantError,
     KvCache,
@@ -75,8 +73,6 @@ __all__ = [
     "EVENT_STORED",
     "EVICTION_POLICIES",
     "FullAttention",
-    "HybridPool",
-    "HybridPoolStats",
     "InvalidArgumentError",
     "InvariantError",
     "KV_DTYPES",
@@ -116,8 +112,11 @@ __all__ = [
 
 #: Names kept for one release after they were merged into another: name -> (object, why).
 _DEPRECATED = {
-    "HybridCacheStats": (CacheStats, "HybridPool.cache_stats() returns CacheStats, the one prefix cache's "
+    "HybridCacheStats": (CacheStats, "BlockPool.cache_stats() returns CacheStats, the one prefix cache's "
                                      "metrics (per group in CacheStats.group_hit_blocks)"),
+    "HybridPool": (BlockPool, "BlockPool(num_blocks, block_size, groups) is the one pool; per-group "
+                              "queries take group= as a keyword"),
+    "HybridPoolStats": (PoolStats, "BlockPool.stats() returns PoolStats, with the per-group lists"),
 }
 
 

@@ -52,8 +52,6 @@ __all__ = [
     "EVENT_STORED",
     "EVICTION_POLICIES",
     "FullAttention",
-    "HybridPool",
-    "HybridPoolStats",
     "InvalidArgumentError",
     "InvariantError",
     "KV_DTYPES",
@@ -142,7 +140,9 @@ class InvariantError(KvPoolError, AssertionError):
 class PoolStats:
     """Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
 
-    Counts are in blocks and tokens; the snapshot does not follow later changes of the pool.
+    Counts are in blocks and tokens: totals over the pool, and per-group lists with one
+    entry per layer group in group order. The snapshot does not follow later changes of the
+    pool.
     """
 
     @property
@@ -182,49 +182,88 @@ class PoolStats:
         """``stored_tokens / (used_blocks * block_size)``, a fraction in 0..1; 1.0 when no block is
         used.
         """
-    def as_dict(self) -> dict[str, int | float]:
+    @property
+    def idle_cached_blocks(self) -> int:
+        """Cached blocks no sequence holds (evictable unless pinned; counted in
+        ``free_blocks`` when evictable).
+        """
+    @property
+    def group_blocks(self) -> list[int]:
+        """Per group: distinct blocks its tables hold (blocks)."""
+    @property
+    def group_stored_tokens(self) -> list[int]:
+        """Per group: distinct filled token slots of those blocks (tokens; a shared token
+        counts once).
+        """
+    @property
+    def group_holes(self) -> list[int]:
+        """Per group: hole entries (released or never stored logical blocks) summed over
+        sequences (blocks).
+        """
+    def as_dict(self) -> dict[str, int | float | list[int]]:
         """All fields as a dict.
 
         Returns:
-            ``{name: value}`` for every property of this class: ints, and ``utilization`` a float.
+            ``{name: value}`` for every property of this class: ints, ``utilization`` a
+            float, and the per-group fields lists of ints.
         """
 
 @final
 class BlockPool:
-    """A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots.
+    """A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots,
+    shared by one or more layer groups.
 
-    Each live sequence (a caller-chosen non-negative int64 id) owns a block table mapping
-    logical block ``i`` to a physical block id. Token ``t`` of a sequence lives at slot
-    ``table[t // block_size] * block_size + t % block_size``.
+    Each live sequence (a caller-chosen non-negative int64 id) has one length and, in each
+    layer group, a block table mapping logical block ``i`` (positions ``i * block_size ..
+    (i + 1) * block_size``) to a physical block id. Token ``t`` of a sequence lives, in
+    group ``g``, at slot ``table_g[t // block_size] * block_size + t % block_size``.
+
+    Without ``groups`` the pool has one full-attention group and returns per-group results
+    without a group axis: slots are int64 ``[n]``, and per-group queries
+    (:meth:`block_table`, :meth:`block_tables`, :meth:`flashinfer_tables`,
+    :meth:`stored_ranges`) read group 0. With ``groups`` (even one), slots are int64
+    ``[num_groups, n]``, one row per group, and per-group queries need ``group=``. At the
+    start of each growth (:meth:`add_sequence`, :meth:`append`, :meth:`step`) a
+    sliding-window or chunked group releases the blocks no query of that growth or a later
+    one sees; their table entries become *holes* (``pad`` in :meth:`block_tables`, absent
+    from :meth:`flashinfer_tables`), so such a group holds a bounded number of blocks
+    whatever the length. With tensor sharing, one :class:`KvCache` of ``num_blocks`` blocks
+    serves every group: a block belongs to one group at a time.
 
     Thread-safe: calls from several Python threads are serialized by an internal lock,
-    and the GIL is released while the core works, except for ``add_sequence``,
-    ``add_sequence_tokens``, ``step`` and ``free`` calls whose work (sequences plus new
-    tokens, or blocks freed) is below 4,096: those finish within about 10 microseconds,
-    where releasing and retaking the GIL would add a sizeable share.
+    and the GIL is released while the core works, except for calls whose work (sequences
+    plus new tokens, or blocks freed, times the groups) is below 4,096: those finish within
+    about 10 microseconds, where releasing and retaking the GIL would add a sizeable share.
 
-    With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
-    methods below; trace replay lives in :mod:`pykvpool.prefix.replay`); the other keyword
-    options configure that cache and need it.
+    With ``prefix_caching=True`` the pool caches full blocks by content, per group (the
+    prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix.replay`): a
+    full group's blocks form chains, a windowed group's blocks are verified one by one. The
+    other keyword options configure that cache and need it.
 
     Args:
-        num_blocks: blocks in the pool, ``1..=2**30``.
+        num_blocks: blocks in the pool, shared by all groups, ``1..=2**30``.
         block_size: token slots per block, ``1..=65536`` tokens.
+        groups: None (default: one full-attention group, results without a group axis), or
+            the attention kind of each layer group in group order: 1 to 64
+            :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
+            objects.
         prefix_caching: cache full blocks by content (default False).
         eviction: which idle cached block an allocation reclaims once no never-cached block
-            is free (only leaves of the cache tree: a sequence's tail before its head):
-            ``"lru"`` (default) the least recently used, where a block is used when it is
-            stored, when an admission's lookup hits it and when its last holder releases it;
-            ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
-            recently used; ``"priority"`` the lowest soft-pin priority (0 without, see
-            :meth:`pin_prefix`), then the least recently used.
+            is free: ``"lru"`` (default) the least recently used, where a block is used when
+            it is stored, when an admission's lookup hits it and when its last holder
+            releases it; ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits,
+            then the least recently used; ``"priority"`` the lowest soft-pin priority (0
+            without, see :meth:`pin_prefix`), then the least recently used. A full group's
+            blocks go tail first (only leaves of its chains); any idle windowed block may
+            go; the blocks one growth's window releases are released in logical order.
         verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
             block) and compare them on a hit, so a hash collision is a miss, never wrong KV
-            (default True).
-        cow_partial_hit: when a fully cached prompt must recompute its last token, copy its
-            last block (a copy-on-write pair) instead of recomputing it (default False).
+            (default True): a full group's chain, a windowed group's block on its own ids.
+        cow_partial_hit: when a fully cached prompt must recompute its last token, copy the
+            block holding it (a copy-on-write pair, in every group that needs it) instead of
+            recomputing the block (default False).
         record_events: record stored/removed/cleared events for :meth:`drain_events`
-            (default False).
+            (default False); each names its group.
         hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
             128; tests force collisions with it).
         max_events: capacity of the event queue, in events (about 80 bytes each),
@@ -235,15 +274,19 @@ class BlockPool:
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
-            ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
-            ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
-            cache options given without ``prefix_caching=True``.
+            ``1..=65536``; no group or more than 64; an unknown eviction policy;
+            ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
+            without ``record_events=True``; cache options given without
+            ``prefix_caching=True``.
+        TypeError: ``groups`` is not a sequence of attention kinds, a flag not a bool, or
+            ``eviction`` not a str.
     """
 
     def __new__(
         cls,
         num_blocks: int,
         block_size: int,
+        groups: Sequence[_GroupKind] | None = None,
         *,
         prefix_caching: bool = False,
         eviction: str | None = None,
@@ -255,10 +298,21 @@ class BlockPool:
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:
-        """Blocks in the pool."""
+        """Blocks in the pool, shared by all groups."""
     @property
     def block_size(self) -> int:
         """Token slots per block (tokens)."""
+    @property
+    def groups(self) -> tuple[_GroupKind, ...]:
+        """The attention kind of each group, in group order (one :class:`FullAttention` for a
+        pool built without ``groups``).
+        """
+    @property
+    def num_groups(self) -> int:
+        """Layer groups (attention kinds) of the pool."""
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether this pool caches prefixes (``prefix_caching=True``)."""
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now: free blocks plus idle cached blocks that may be
@@ -272,9 +326,23 @@ class BlockPool:
         """Live sequences."""
     def __len__(self) -> int: ...
     def __contains__(self, seq: object, /) -> bool: ...
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
+        blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without prefix-cache
+        hits). Changes nothing.
+
+        Args:
+            num_tokens: tokens, >= 0.
+
+        Returns:
+            A number of blocks.
+
+        Raises:
+            InvalidArgumentError: a negative, non-integer or bool count.
+        """
     def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
         """Add sequence ``seq_id`` holding ``prompt_len`` tokens, in ``ceil(prompt_len /
-        block_size)`` new blocks.
+        block_size)`` new blocks in every group.
 
         Args:
             seq_id: the new sequence's id, a non-negative int64.
@@ -282,11 +350,13 @@ class BlockPool:
                 one call (add longer prompts in chunks with :meth:`append`).
 
         Returns:
-            int64 ``[prompt_len]``: the slot of each prompt token, in order.
+            int64 ``[prompt_len]`` (``[num_groups, prompt_len]`` with ``groups``): the slot of
+            each prompt token, in order.
 
         Raises:
             DuplicateSequenceError: ``seq_id`` is live.
-            PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
+            PoolExhaustedError: fewer free blocks than the prompt needs in all groups together
+                (nothing changed).
             InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
         """
     def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
@@ -312,8 +382,9 @@ class BlockPool:
     def step(
         self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
     ) -> tuple[_I64Array, _I64Array, _I32Array]:
-        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i,
-        atomically.
+        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i, in
+        every group, atomically (windowed groups first release what no query from now on
+        sees; those blocks count as free for the step).
 
         Args:
             seq_ids: ``n`` distinct live sequence ids.
@@ -322,7 +393,8 @@ class BlockPool:
 
         Returns:
             ``(slot_mapping, cow_pairs, seq_lens)``: int64 slots of all new tokens in batch
-            order (``sum(num_tokens)`` of them); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
+            order (``sum(num_tokens)`` of them; ``[num_groups, sum(num_tokens)]`` with
+            ``groups``, row ``g`` for group ``g``); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
             block pairs to copy before writing; int32 ``[n]`` length of each sequence after the
             step, in tokens.
 
@@ -382,6 +454,24 @@ class BlockPool:
             UnknownSequenceError: an id is not live (nothing was freed).
             InvalidArgumentError: an id appears twice, or a negative or non-integer id.
         """
+    def mark_computed(self, seq_ids: _IntArrayLike) -> None:
+        """Record that every query up to the current length of each of ``seq_ids`` has been
+        computed: each sequence's frontier becomes its length, and every windowed or chunked
+        group releases now the blocks the release rule releases for a next query at that
+        length (the blocks the next growth would release first; never the sinks). A video
+        chunk committed as history gives back at once the frames that left the window.
+
+        Atomic and idempotent: all ids are checked before anything changes, and a second
+        call (or an id listed twice) releases nothing more. A later :meth:`truncate` may not
+        roll back into what it released.
+
+        Args:
+            seq_ids: live sequence ids (an empty list is a no-op).
+
+        Raises:
+            UnknownSequenceError: an id is not live (nothing changed).
+            InvalidArgumentError: a negative or non-integer id, or not a 1-D list or array.
+        """
     def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
         """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now, the
         copy-on-write copy of a shared last block included. Changes nothing.
@@ -397,22 +487,16 @@ class BlockPool:
             UnknownSequenceError: ``seq_id`` is not live.
             InvalidArgumentError: a negative id or count.
         """
-    def blocks_for_tokens(self, num_tokens: int) -> int:
-        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
-        blocks a new sequence with a prompt of ``num_tokens`` tokens needs (without prefix-cache
-        hits). Changes nothing.
-
-        Args:
-            num_tokens: tokens, >= 0.
-
-        Returns:
-            A number of blocks.
-
-        Raises:
-            InvalidArgumentError: a negative, non-integer or bool count.
-        """
     def seq_len(self, seq_id: int) -> int:
         """Length of ``seq_id``, in tokens.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id.
+        """
+    def frontier(self, seq_id: int) -> int:
+        """Position of the first query of the latest growth of ``seq_id`` (its length before that
+        growth), in tokens: 0 for a new sequence, the cached length after a prefix-cache hit.
 
         Raises:
             UnknownSequenceError: ``seq_id`` is not live.
@@ -424,15 +508,82 @@ class BlockPool:
         Returns:
             int64 ``[num_seqs]``, ascending.
         """
-    def block_table(self, seq_id: int) -> _I32Array:
-        """The block table of ``seq_id`` (a copy).
+    def block_table(self, seq_id: int, *, group: int | None = None) -> _I32Array:
+        """The block table of ``seq_id`` in ``group`` (a copy).
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
 
         Returns:
-            int32 ``[blocks]``: the physical block id of each logical block, in order.
+            int32 ``[ceil(seq_len / block_size)]``: the physical block of each logical block,
+            -1 for a hole (a block the group released or never stored).
 
         Raises:
             UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id.
+            InvalidArgumentError: a negative id, ``group`` out of range or missing.
+        """
+    def block_tables(
+        self, seq_ids: _IntArrayLike, max_blocks: int | None = None, pad: int = ..., *, group: int | None = None
+    ) -> _I32Array:
+        """Block tables of ``seq_ids`` in ``group`` as one padded matrix.
+
+        Args:
+            seq_ids: live sequence ids, one row each.
+            max_blocks: columns (blocks); default the longest table.
+            pad: the value of holes and past each table's end, an int32 (default -1).
+            group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
+
+        Returns:
+            int32 ``[len(seq_ids), max_blocks]``: logical block ``i`` of ``seq_ids[r]`` in row
+            ``r``, column ``i``.
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: ``group`` out of range or missing, a table longer than
+                ``max_blocks``, more than ``2**28`` entries, or ``pad`` outside int32.
+        """
+    def flashinfer_tables(
+        self, seq_ids: _IntArrayLike, *, group: int | None = None
+    ) -> tuple[_I32Array, ...]:
+        """The tables of ``seq_ids`` in ``group`` in FlashInfer's paged layout (what
+        :func:`decode_attention_paged` takes): each sequence's stored pages in logical order,
+        the sink pages first, then the contiguous window run.
+
+        Page ``j`` of sequence ``i`` is logical block ``j`` when ``j < s_i``, else
+        ``kv_page_start[i] + j - s_i``, with ``s_i = min(ceil(sink_tokens / block_size),
+        kv_page_start[i])``. A full-attention group has no holes: its ``kv_page_start`` is 0.
+
+        Args:
+            seq_ids: live sequence ids.
+            group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
+
+        Returns:
+            ``(kv_indptr, kv_indices, kv_last_page_len)`` without ``groups``, and
+            ``kv_page_start`` fourth with, all int32: ``kv_indptr`` ``[n + 1]`` offsets into
+            ``kv_indices`` ``[nnz]``, the stored block ids; ``kv_last_page_len`` ``[n]``, the
+            tokens of each sequence's last logical block, in ``1..=block_size`` (0 for a
+            sequence without pages); ``kv_page_start`` ``[n]``, the logical block of the first
+            page after the sink pages (blocks).
+
+        Raises:
+            UnknownSequenceError: an id is not live.
+            InvalidArgumentError: a negative or non-integer id, ``group`` out of range or
+                missing.
+        """
+    def stored_ranges(self, seq_id: int, *, group: int | None = None) -> list[tuple[int, int]]:
+        """The logical token ranges of ``seq_id`` whose K/V ``group`` stores.
+
+        Args:
+            seq_id: a live sequence.
+            group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
+
+        Returns:
+            ``[(start, end), ...]``: sorted, merged half-open ranges of positions (tokens).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: a negative id, ``group`` out of range or missing.
         """
     def refcount(self, block_id: int) -> int:
         """References to physical block ``block_id``: the sequences holding it (0 for a free or an
@@ -441,47 +592,16 @@ class BlockPool:
         Raises:
             InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
         """
-    def block_tables(
-        self, seq_ids: _IntArrayLike, max_blocks: int | None = None, pad: int = ...
-    ) -> _I32Array:
-        """Block tables of ``seq_ids`` as one padded matrix.
-
-        Args:
-            seq_ids: live sequence ids, one row each.
-            max_blocks: columns (blocks); default the longest table.
-            pad: the value past each table's end, an int32 (default -1).
-
-        Returns:
-            int32 ``[len(seq_ids), max_blocks]``: row ``i`` is the table of ``seq_ids[i]``.
-
-        Raises:
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: a table longer than ``max_blocks``, more than ``2**28``
-                entries, or ``pad`` outside int32.
-        """
-    def flashinfer_tables(self, seq_ids: _IntArrayLike) -> tuple[_I32Array, _I32Array, _I32Array]:
-        """The block tables of ``seq_ids`` in FlashInfer's paged layout (what
-        :func:`decode_attention_paged` takes).
-
-        Returns:
-            ``(kv_indptr, kv_indices, kv_last_page_len)``, all int32: ``kv_indptr`` ``[n + 1]``
-            offsets into ``kv_indices`` ``[nnz]``, the block ids of all tables concatenated; and
-            ``kv_last_page_len`` ``[n]``, the tokens in each sequence's last block, in
-            ``1..=block_size`` (0 for an empty sequence).
-
-        Raises:
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: a negative or non-integer id.
-        """
     def stats(self) -> PoolStats:
-        """Occupancy snapshot in blocks and tokens; O(table entries).
+        """Occupancy snapshot in blocks and tokens, totals and per group; O(table entries).
 
         Returns:
             A :class:`PoolStats`.
         """
     def check_invariants(self) -> None:
-        """Verify the bookkeeping, changing nothing: refcounts against tables, the free list, block
-        accounting and table lengths; with prefix caching also the cache: each key maps to one
+        """Verify the bookkeeping, changing nothing: refcounts against the tables of every group,
+        the free list, block accounting, each block in one group, table lengths and the hole
+        pattern of each table against the release rule; with prefix caching also the cache: each key maps to one
         block and back, idle cached blocks have refcount 0 and are queued for eviction exactly
         when they are unpinned leaves, no free-list block is cached, parents outlive children.
 
@@ -491,9 +611,6 @@ class BlockPool:
 
     # -- prefix caching (pools built with prefix_caching=True; others raise
     # -- InvalidArgumentError from every method below)
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether this pool caches prefixes (``prefix_caching=True``)."""
     def add_sequence_tokens(
         self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
     ) -> tuple[int, _I64Array, _I64Array]:
@@ -602,6 +719,15 @@ class BlockPool:
             InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
                 ``0..2**63``, or caching off.
         """
+    def cache_stats(self) -> CacheStats:
+        """Hit metrics and occupancy of the prefix cache.
+
+        Returns:
+            A :class:`CacheStats` snapshot.
+
+        Raises:
+            InvalidArgumentError: caching off.
+        """
     def pin_prefix(
         self,
         token_ids: _IntArrayLike,
@@ -632,7 +758,11 @@ class BlockPool:
                 off.
         """
     def pin_block_keys(
-        self, block_keys: _KeysLike, *, priority: int | None = None, expires_at: int | None = None
+        self,
+        block_keys: _IntArrayLike,
+        *,
+        priority: int | None = None,
+        expires_at: int | None = None,
     ) -> int:
         """:meth:`pin_prefix` for a prefix given as block keys, each standing for a full block
         (a partly filled keyed block cannot be pinned).
@@ -667,15 +797,6 @@ class BlockPool:
         Raises:
             InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
         """
-    def cache_stats(self) -> CacheStats:
-        """Hit metrics and occupancy of the prefix cache.
-
-        Returns:
-            A :class:`CacheStats` snapshot.
-
-        Raises:
-            InvalidArgumentError: caching off.
-        """
     def drain_events(self) -> dict[str, npt.NDArray[Any]]:
         """Take the queued cache events (``record_events=True``; none otherwise), oldest first.
 
@@ -704,8 +825,6 @@ class BlockPool:
         Raises:
             InvalidArgumentError: pins are held, or caching off.
         """
-
-# ------------------------------------------------------------------- layer groups (hybrid)
 
 @final
 class FullAttention:
@@ -805,623 +924,6 @@ class ChunkedAttention:
 _GroupKind: TypeAlias = FullAttention | SlidingWindow | ChunkedAttention
 
 @final
-class HybridPoolStats:
-    """Occupancy snapshot of a :class:`HybridPool`, taken by :meth:`HybridPool.stats`.
-
-    Counts are in blocks and tokens: totals over the pool, and per-group lists with one
-    entry per group in group order. The snapshot does not follow later changes of the pool.
-    """
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block (tokens)."""
-    @property
-    def total_blocks(self) -> int:
-        """Blocks in the pool, shared by all groups."""
-    @property
-    def free_blocks(self) -> int:
-        """Blocks an allocation can take now (free plus idle cached)."""
-    @property
-    def used_blocks(self) -> int:
-        """Blocks held by at least one sequence, in any group."""
-    @property
-    def num_seqs(self) -> int:
-        """Live sequences."""
-    @property
-    def logical_tokens(self) -> int:
-        """Sum of logical sequence lengths, in tokens (released tokens included; a forked
-        token counts once per sequence).
-        """
-    @property
-    def cow_copies(self) -> int:
-        """Copy-on-write block copies since the pool was created, all groups (blocks)."""
-    @property
-    def idle_cached_blocks(self) -> int:
-        """Cached blocks no sequence holds (evictable; counted in ``free_blocks``)."""
-    @property
-    def group_blocks(self) -> list[int]:
-        """Per group: distinct blocks its tables hold (blocks)."""
-    @property
-    def group_stored_tokens(self) -> list[int]:
-        """Per group: distinct filled token slots of those blocks (tokens; a shared token
-        counts once).
-        """
-    @property
-    def group_holes(self) -> list[int]:
-        """Per group: hole entries (released or never stored logical blocks) summed over
-        sequences (blocks).
-        """
-    def as_dict(self) -> dict[str, int | list[int]]:
-        """All fields as a dict.
-
-        Returns:
-            ``{name: value}`` for every property of this class: ints, and the per-group
-            fields lists of ints.
-        """
-
-@final
-class HybridPool:
-    """A block pool whose sequences have one block table per layer group (attention kind),
-    all groups sharing ``num_blocks`` blocks of ``block_size`` token slots.
-
-    Positions are logical: a sequence has one length, and in every group logical block
-    ``i`` holds positions ``i * block_size .. (i + 1) * block_size``. At the start of each
-    growth (:meth:`add_sequence`, :meth:`append`, :meth:`step`) a sliding-window or chunked
-    group releases the blocks no query of that growth or a later one sees; their table
-    entries become *holes* (``pad`` in :meth:`block_tables`, absent from
-    :meth:`flashinfer_tables`), so such a group holds a bounded number of blocks whatever
-    the length. Token ``t`` of a sequence lives, in group ``g``, at slot
-    ``table_g[t // block_size] * block_size + t % block_size``; the slots of new tokens come
-    back as int64 ``[num_groups, n]`` arrays, one row per group.
-
-    With tensor sharing, one :class:`KvCache` of ``num_blocks`` blocks serves every group:
-    a block belongs to one group at a time, so the layers of group ``g`` read and write the
-    cache's layers at the blocks of group ``g``'s tables.
-
-    Thread-safe: calls from several Python threads are serialized by an internal lock, and
-    the GIL is released while the core works, except for calls whose work (sequences plus
-    new tokens, or blocks) is below 4,096.
-
-    Args:
-        num_blocks: blocks in the pool, shared by all groups, ``1..=2**30``.
-        block_size: token slots per block, ``1..=65536`` tokens.
-        groups: the attention kind of each layer group, in group order: 1 to 64
-            :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
-            objects.
-        prefix_caching: cache full blocks by content, per group (default False), in the
-            same prefix cache as :class:`BlockPool`'s: a full group's blocks form chains, a
-            windowed group's blocks are verified one by one; the other keyword options
-            configure that cache and need it.
-        eviction: which idle cached block an allocation reclaims once no never-cached block
-            is free: ``"lru"`` (default) the least recently used, ``"fifo"`` the earliest
-            stored, ``"lfu"`` the least often hit, then the least recently used,
-            ``"priority"`` the lowest soft-pin priority (see :meth:`pin_prefix`), then the
-            least recently used. A block is used when it is stored, taken by a hit and
-            released by its last holder; the blocks one growth's window releases are
-            released in logical order, so the earlier one counts as used first (its last
-            query came first). A full group's blocks go tail first (only leaves of its
-            chains); any idle windowed block may go.
-        verify_tokens: as for :class:`BlockPool` (default True): a windowed group's block is
-            compared on its own token ids, a full group's on its chain's.
-        record_events: as for :class:`BlockPool` (default False); each event names its
-            group.
-        hash_bits: as for :class:`BlockPool` (default 128).
-        max_events: as for :class:`BlockPool` (default 100,000; needs
-            ``record_events=True``).
-
-    Raises:
-        InvalidArgumentError: ``num_blocks`` not in ``1..=2**30``, ``block_size`` not in
-            ``1..=65536``, no group or more than 64; an unknown eviction policy;
-            ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
-            without ``record_events=True``; cache options given without
-            ``prefix_caching=True``.
-        TypeError: ``groups`` is not a sequence of attention kinds, ``prefix_caching``
-            or a flag not a bool, or ``eviction`` not a str.
-    """
-
-    def __new__(
-        cls,
-        num_blocks: int,
-        block_size: int,
-        groups: Sequence[_GroupKind],
-        *,
-        prefix_caching: bool = False,
-        eviction: str | None = None,
-        verify_tokens: bool | None = None,
-        record_events: bool | None = None,
-        hash_bits: int | None = None,
-        max_events: int | None = None,
-    ) -> HybridPool: ...
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool, shared by all groups."""
-    @property
-    def block_size(self) -> int:
-        """Token slots per block (tokens)."""
-    @property
-    def groups(self) -> tuple[_GroupKind, ...]:
-        """The attention kind of each group, in group order."""
-    @property
-    def num_groups(self) -> int:
-        """Layer groups (attention kinds) of the pool."""
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether this pool caches prefixes (``prefix_caching=True``)."""
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now: free blocks plus idle cached blocks."""
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks held by at least one sequence, in any group (idle cached blocks are not used)."""
-    @property
-    def num_seqs(self) -> int:
-        """Live sequences."""
-    def __len__(self) -> int: ...
-    def __contains__(self, seq: object, /) -> bool: ...
-    def add_sequence(self, seq_id: int, prompt_len: int = 0) -> _I64Array:
-        """Add sequence ``seq_id`` holding ``prompt_len`` tokens, in every group.
-
-        Args:
-            seq_id: the new sequence's id, a non-negative int64.
-            prompt_len: tokens it holds now (default 0: an empty sequence), at most ``2**27`` in
-                one call (add longer prompts in chunks with :meth:`append`).
-
-        Returns:
-            int64 ``[num_groups, prompt_len]``: row ``g`` holds the slot of each prompt token
-            in group ``g``, in order.
-
-        Raises:
-            DuplicateSequenceError: ``seq_id`` is live.
-            PoolExhaustedError: fewer free blocks than the prompt needs in all groups together
-                (nothing changed).
-            InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
-        """
-    def append(self, seq_id: int, num_tokens: int = 1) -> tuple[_I64Array, _I64Array]:
-        """Append ``num_tokens`` tokens to ``seq_id`` in every group: windowed groups first
-        release the blocks no query from now on sees, then each group allocates as needed.
-
-        A partly filled last block that is shared (after :meth:`fork`) or cached is copied
-        first (copy-on-write), in each group where that holds.
-
-        Args:
-            seq_id: a live sequence.
-            num_tokens: tokens to add (default 1), at most ``2**27`` in one call.
-
-        Returns:
-            ``(slots, cow)``: int64 ``[num_groups, num_tokens]`` slots of the new tokens (row
-            ``g`` for group ``g``), and an int64 ``[k, 2]`` array of ``(src, dst)`` block pairs
-            whose filled slots the caller must copy before writing (at most one per group; a
-            block belongs to one group, so :meth:`KvCache.copy_blocks` copies exactly it).
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            PoolExhaustedError: not enough free blocks, counting the blocks this growth
-                releases (nothing changed, nothing released).
-            InvalidArgumentError: a negative id or count, or more than ``2**27`` tokens.
-        """
-    def step(
-        self, seq_ids: _IntArrayLike, num_tokens: _IntArrayLike | int | None = None
-    ) -> tuple[_I64Array, _I64Array, _I32Array]:
-        """One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i, in
-        every group, atomically.
-
-        Args:
-            seq_ids: ``n`` distinct live sequence ids.
-            num_tokens: tokens to append to each sequence: ``n`` counts, one int for all, or
-                None for 1 token each (a decode step); at most ``2**27`` tokens in total.
-
-        Returns:
-            ``(slot_mapping, cow_pairs, seq_lens)``: int64 ``[num_groups, sum(num_tokens)]``
-            slots of all new tokens in batch order, row ``g`` for group ``g``; int64 ``[k, 2]``
-            copy-on-write ``(src, dst)`` block pairs of all groups, to copy before writing;
-            int32 ``[n]`` length of each sequence after the step, in tokens.
-
-        Raises:
-            PoolExhaustedError: the whole step needs more blocks than are free, counting the
-                blocks it releases (nothing changed in any sequence or group).
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: duplicate ids, negative counts, ``num_tokens`` of another
-                length than ``seq_ids``, non-integer or non-1-D arrays, more than ``2**27``
-                tokens in total.
-        """
-    def fork(self, parent: int, child: int) -> None:
-        """Create ``child`` sharing every stored block of every group of ``parent`` (refcounts go
-        up; nothing is copied; holes stay holes), with the same length and frontier.
-
-        Args:
-            parent: a live sequence.
-            child: the new sequence's id, a non-negative int64.
-
-        Raises:
-            UnknownSequenceError: ``parent`` is not live.
-            DuplicateSequenceError: ``child`` is live.
-            InvalidArgumentError: a negative id.
-        """
-    def truncate(self, seq_id: int, num_tokens: int) -> None:
-        """Drop the last ``num_tokens`` tokens of ``seq_id`` (a rollback within the window):
-        table entries past the new end lose this sequence's reference; the frontier becomes at
-        most the new length.
-
-        Args:
-            seq_id: a live sequence.
-            num_tokens: tokens to drop, at most the sequence's length.
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length, or some group
-                already released a block the query at the new length sees (nothing changed).
-        """
-    def free(self, seq_id: int) -> None:
-        """Remove ``seq_id``; each stored block of each group loses a reference and is freed at
-        zero (with prefix caching, a cached block stays cached, idle, until evicted).
-
-        Args:
-            seq_id: a live sequence.
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id.
-        """
-    def free_batch(self, seq_ids: _IntArrayLike) -> None:
-        """Free several sequences atomically: all ids are checked before any is freed.
-
-        Args:
-            seq_ids: distinct live sequence ids.
-
-        Raises:
-            UnknownSequenceError: an id is not live (nothing was freed).
-            InvalidArgumentError: an id appears twice, or a negative or non-integer id.
-        """
-    def mark_computed(self, seq_ids: _IntArrayLike) -> None:
-        """Record that every query up to the current length of each of ``seq_ids`` has been
-        computed: each sequence's frontier becomes its length, and every windowed or chunked
-        group releases now the blocks the release rule releases for a next query at that
-        length (the blocks the next growth would release first; never the sinks). A video
-        chunk committed as history gives back at once the frames that left the window.
-
-        Atomic and idempotent: all ids are checked before anything changes, and a second
-        call (or an id listed twice) releases nothing more. A later :meth:`truncate` may not
-        roll back into what it released.
-
-        Args:
-            seq_ids: live sequence ids (an empty list is a no-op).
-
-        Raises:
-            UnknownSequenceError: an id is not live (nothing changed).
-            InvalidArgumentError: a negative or non-integer id, or not a 1-D list or array.
-        """
-    def blocks_needed(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Blocks that appending ``num_tokens`` tokens to ``seq_id`` would allocate now in all
-        groups together (new blocks and copy-on-write copies), before the blocks the growth
-        releases are counted back. Changes nothing.
-
-        Args:
-            seq_id: a live sequence.
-            num_tokens: tokens that would be appended (default 1).
-
-        Returns:
-            A number of blocks.
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id or count.
-        """
-    def seq_len(self, seq_id: int) -> int:
-        """Logical length of ``seq_id``, in tokens (released tokens included).
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id.
-        """
-    def frontier(self, seq_id: int) -> int:
-        """Position of the first query of the latest growth of ``seq_id`` (its length before that
-        growth), in tokens: 0 for a new sequence, the cached length after a prefix-cache hit.
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id.
-        """
-    def seq_ids(self) -> _I64Array:
-        """Live sequence ids.
-
-        Returns:
-            int64 ``[num_seqs]``, ascending.
-        """
-    def block_table(self, seq_id: int, group: int) -> _I32Array:
-        """The block table of ``seq_id`` in ``group`` (a copy).
-
-        Args:
-            seq_id: a live sequence.
-            group: a group index, ``0..num_groups``.
-
-        Returns:
-            int32 ``[ceil(seq_len / block_size)]``: the physical block of each logical block,
-            -1 for a hole (a block the group released or never stored).
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id, ``group`` out of range.
-        """
-    def block_tables(
-        self, seq_ids: _IntArrayLike, group: int, max_blocks: int | None = None, pad: int = ...
-    ) -> _I32Array:
-        """Block tables of ``seq_ids`` in ``group`` as one padded matrix.
-
-        Args:
-            seq_ids: live sequence ids, one row each.
-            group: a group index, ``0..num_groups``.
-            max_blocks: columns (blocks); default the longest table.
-            pad: the value of holes and past each table's end, an int32 (default -1).
-
-        Returns:
-            int32 ``[len(seq_ids), max_blocks]``: logical block ``i`` of ``seq_ids[r]`` in row
-            ``r``, column ``i``.
-
-        Raises:
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: ``group`` out of range, a table longer than ``max_blocks``,
-                more than ``2**28`` entries, or ``pad`` outside int32.
-        """
-    def flashinfer_tables(
-        self, seq_ids: _IntArrayLike, group: int
-    ) -> tuple[_I32Array, _I32Array, _I32Array, _I32Array]:
-        """The tables of ``seq_ids`` in ``group`` in FlashInfer's paged layout: each sequence's
-        stored pages in logical order, the sink pages first, then the contiguous window run.
-
-        Page ``j`` of sequence ``i`` is logical block ``j`` when ``j < s_i``, else
-        ``kv_page_start[i] + j - s_i``, with ``s_i = min(ceil(sink_tokens / block_size),
-        kv_page_start[i])``. A full-attention group has no holes: its ``kv_page_start`` is 0
-        and the rest equals :meth:`BlockPool.flashinfer_tables`.
-
-        Args:
-            seq_ids: live sequence ids.
-            group: a group index, ``0..num_groups``.
-
-        Returns:
-            ``(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)``, all int32:
-            ``kv_indptr`` ``[n + 1]`` offsets into ``kv_indices`` ``[nnz]``, the stored block
-            ids; ``kv_last_page_len`` ``[n]``, the tokens of each sequence's last logical block,
-            in ``1..=block_size`` (0 for a sequence without pages); ``kv_page_start`` ``[n]``,
-            the logical block of the first page after the sink pages (blocks).
-
-        Raises:
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: a negative or non-integer id, ``group`` out of range.
-        """
-    def stored_ranges(self, seq_id: int, group: int) -> list[tuple[int, int]]:
-        """The logical token ranges of ``seq_id`` whose K/V ``group`` stores.
-
-        Args:
-            seq_id: a live sequence.
-            group: a group index, ``0..num_groups``.
-
-        Returns:
-            ``[(start, end), ...]``: sorted, merged half-open ranges of positions (tokens).
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: a negative id, ``group`` out of range.
-        """
-    def refcount(self, block_id: int) -> int:
-        """References to physical block ``block_id``: the sequences holding it, in whichever
-        group it belongs to (0 for a free or an idle cached block).
-
-        Raises:
-            InvalidArgumentError: ``block_id`` outside ``0..num_blocks``.
-        """
-    def stats(self) -> HybridPoolStats:
-        """Occupancy snapshot in blocks and tokens, totals and per group; O(table entries).
-
-        Returns:
-            A :class:`HybridPoolStats`.
-        """
-    def check_invariants(self) -> None:
-        """Verify the bookkeeping, changing nothing: refcounts against the tables of every group,
-        the free list, block accounting, each block in one group, the hole pattern of each
-        table against the release rule; with prefix caching also the per-group index.
-
-        Raises:
-            InvariantError: the first broken invariant, named (a pykvpool bug).
-        """
-
-    # -- prefix caching (pools built with prefix_caching=True; others raise
-    # -- InvalidArgumentError from every method below)
-    def add_sequence_tokens(
-        self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None
-    ) -> tuple[int, _I64Array]:
-        """Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix valid for
-        every group: a full-attention group needs every block before the hit, a sliding window
-        its sink blocks and the window before the hit, a chunked group the hit's chunk.
-
-        At least one prompt token is always left to compute. The other logical blocks before
-        the hit are holes; the frontier is the hit length.
-
-        Args:
-            seq_id: the new sequence's id, a non-negative int64.
-            token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``), at
-                most ``2**27``.
-            extra_key: ``0..2**63``, mixed into every block's key (an adapter id, a tenant salt):
-                prompts with different extra keys never share blocks (default: none).
-
-        Returns:
-            ``(cached_tokens, slots)``: the leading prompt tokens whose KV is reused (a multiple
-            of ``block_size``), and int64 ``[num_groups, len(token_ids) - cached_tokens]`` slots
-            of the remaining tokens, row ``g`` for group ``g``.
-
-        Raises:
-            DuplicateSequenceError: ``seq_id`` is live.
-            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
-            InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
-                ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, more than
-                ``2**27`` tokens, or caching off.
-        """
-    def add_sequence_block_keys(
-        self, seq_id: int, block_keys: _KeysLike, prompt_len: int
-    ) -> tuple[int, _I64Array]:
-        """Admit ``seq_id`` from a trace that gives block keys instead of tokens (Mooncake's
-        ``hash_ids``), reusing the longest cached prefix valid for every group (as
-        :meth:`add_sequence_tokens`).
-
-        Each key stands for one block's chained content (equal keys = equal content and
-        prefix). A partly filled last block's key is never cached.
-
-        Args:
-            seq_id: the new sequence's id, a non-negative int64.
-            block_keys: exactly ``ceil(prompt_len / block_size)`` keys: a 1-D array of ints in
-                ``0..2**64``, or a uint64 ``[n, 2]`` array of 128-bit keys as ``(high, low)``
-                halves.
-            prompt_len: the prompt's length, in tokens (at most ``2**27``).
-
-        Returns:
-            ``(cached_tokens, slots)`` as for :meth:`add_sequence_tokens`.
-
-        Raises:
-            DuplicateSequenceError: ``seq_id`` is live.
-            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
-            InvalidArgumentError: a wrong key count or width, negative keys, a negative id or
-                length, or caching off.
-        """
-    def append_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> tuple[_I64Array, _I64Array]:
-        """Append token ids to ``seq_id`` (as :meth:`append`), registering in each group every
-        block that fills, when the sequence was admitted with token ids and the pool has seen
-        every id since.
-
-        Args:
-            seq_id: a live sequence.
-            token_ids: the new tokens' ids (any integer dtype, each in ``0..2**32``), at most
-                ``2**27``.
-
-        Returns:
-            ``(slots, cow)`` as for :meth:`append`.
-
-        Raises:
-            UnknownSequenceError: ``seq_id`` is not live.
-            PoolExhaustedError: not enough free or evictable blocks (nothing changed).
-            InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
-                array, more than ``2**27`` tokens, or caching off.
-        """
-    def cached_prefix_len(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
-        """Tokens of ``token_ids`` an admission would reuse now: the longest cached prefix valid
-        for every group (before the last-token rule of :meth:`add_sequence_tokens`). Changes
-        nothing and touches nothing.
-
-        Args:
-            token_ids: token ids (any integer dtype, each in ``0..2**32``).
-            extra_key: as for :meth:`add_sequence_tokens`.
-
-        Returns:
-            A number of tokens, a multiple of ``block_size``.
-
-        Raises:
-            InvalidArgumentError: a token id outside ``0..2**32``, an ``extra_key`` outside
-                ``0..2**63``, or caching off.
-        """
-    def cache_stats(self) -> CacheStats:
-        """Hit metrics and occupancy of the prefix cache, totals and per group
-        (:attr:`CacheStats.group_hit_blocks`).
-
-        Returns:
-            A :class:`CacheStats` snapshot.
-
-        Raises:
-            InvalidArgumentError: caching off.
-        """
-    def pin_prefix(
-        self,
-        token_ids: _IntArrayLike,
-        extra_key: int | None = None,
-        *,
-        priority: int | None = None,
-        expires_at: int | None = None,
-    ) -> int:
-        """Pin what an admission of ``token_ids`` (followed by more tokens) would reuse: every
-        full group's cached chain and each windowed group's sink and window blocks before the
-        prefix's last full block ends, until :meth:`unpin` or until the logical clock reaches
-        ``expires_at``.
-
-        Without ``priority`` the pin is hard: the blocks are never evicted. With a ``priority``
-        the pin is soft: under ``eviction="priority"`` idle blocks with a lower priority go
-        first.
-
-        Args:
-            token_ids: the prefix's token ids (any integer dtype, each in ``0..2**32``).
-            extra_key: as for :meth:`add_sequence_tokens`.
-            priority: ``0..2**32`` for a soft pin; None (default) for a hard pin.
-            expires_at: the logical time (see :meth:`set_clock`) at which the pin lapses; None
-                (default) for never.
-
-        Returns:
-            The pin id.
-
-        Raises:
-            InvalidArgumentError: the prefix has no full block, or a group lacks a block the
-                hit needs; ``expires_at`` is not after the current clock; a value out of
-                range; caching off.
-        """
-    def pin_block_keys(
-        self,
-        block_keys: _IntArrayLike,
-        *,
-        priority: int | None = None,
-        expires_at: int | None = None,
-    ) -> int:
-        """:meth:`pin_prefix` for a prefix given as block keys, one per full block.
-
-        Args:
-            block_keys: as for :meth:`add_sequence_block_keys`, one key per full block.
-            priority: as for :meth:`pin_prefix`.
-            expires_at: as for :meth:`pin_prefix`.
-
-        Returns:
-            The pin id.
-
-        Raises:
-            InvalidArgumentError: no key, a group lacks a block the hit needs, a wrong key
-                width or a negative key; ``expires_at`` is not after the current clock;
-                caching off.
-        """
-    def unpin(self, pin_id: int) -> None:
-        """Release a pin; its blocks become evictable again once no other pin holds them.
-
-        Raises:
-            InvalidArgumentError: an unknown, released or lapsed pin id, or caching off.
-        """
-    def set_clock(self, t: int) -> None:
-        """Drive the logical clock from the caller's step counter from now on (by default it counts
-        completed admissions, steps, appends, forks, truncations, frees and
-        :meth:`mark_computed` calls). Pins whose ``expires_at`` is reached are released.
-
-        Args:
-            t: the new time, ``0..2**63``, not before the current one.
-
-        Raises:
-            InvalidArgumentError: ``t`` goes back or is out of range, or caching off.
-        """
-    def drain_events(self) -> dict[str, npt.NDArray[Any]]:
-        """Take the queued cache events (``record_events=True``; none otherwise), oldest first,
-        as :meth:`BlockPool.drain_events`; ``group`` (uint32) names each block's layer group.
-
-        Returns:
-            A dict of arrays of equal length ``n``: ``kind``, ``block``, ``key``,
-            ``parent_key``, ``has_parent``, ``tokens``, ``clock`` as for
-            :meth:`BlockPool.drain_events`, and ``group`` uint32 (0 for a clear).
-
-        Raises:
-            InvalidArgumentError: caching off.
-        """
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block of every group: idle ones become free, live ones stay with
-        their sequences, uncached, so no later admission hits what was cached before. Not
-        counted as evictions.
-
-        Returns:
-            The number of blocks that were cached.
-
-        Raises:
-            InvalidArgumentError: pins are held, or caching off.
-        """
-
-@final
 class BlockTableBuffer:
     """A long-lived int32 ``[max_seqs, max_blocks]`` block-table matrix that :meth:`sync`
     updates in place, writing only entries that changed since the last sync (new blocks;
@@ -1447,29 +949,29 @@ class BlockTableBuffer:
     @property
     def pad(self) -> int:
         """The padding value of unused entries."""
-    def sync(self, pool: BlockPool | HybridPool, seq_ids: _IntArrayLike, group: int | None = None) -> int:
-        """Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
-        left as they were.
+    def sync(self, pool: BlockPool, seq_ids: _IntArrayLike, group: int | None = None) -> int:
+        """Make row ``i`` hold the block table of ``seq_ids[i]`` in ``group``; rows past
+        ``len(seq_ids)`` are left as they were.
 
-        A :class:`HybridPool` has one table per layer group: a buffer mirrors one group's
-        tables (keep one buffer per group). Its holes (blocks a window released, or a
-        prefix hit never stored) are ``pad``, as in :meth:`HybridPool.block_tables`; the
-        entries a window released since the last sync become ``pad`` in place.
+        A buffer mirrors one layer group's tables (keep one buffer per group). Holes (blocks
+        a window released, or a prefix hit never stored) are ``pad``, as in
+        :meth:`BlockPool.block_tables`; the entries a window released since the last sync
+        become ``pad`` in place.
 
         Args:
-            pool: the :class:`BlockPool` or :class:`HybridPool` the sequences live in.
+            pool: the :class:`BlockPool` the sequences live in.
             seq_ids: at most ``max_seqs`` live sequence ids.
-            group: the layer group whose tables to mirror (default 0; a BlockPool has
-                only group 0).
+            group: the layer group whose tables to mirror: required for a pool built with
+                ``groups``, 0 (the only one) by default for one built without.
 
         Returns:
             The number of entries written.
 
         Raises:
             UnknownSequenceError: an id is not live.
-            InvalidArgumentError: ``pool`` is neither pool, ``group`` is not an int or not a
-                group of the pool, too many ids, a table longer than ``max_blocks``, or the
-                array is not writable. Nothing is written on error.
+            InvalidArgumentError: ``pool`` is not a BlockPool, ``group`` is not an int, not a
+                group of the pool or missing, too many ids, a table longer than
+                ``max_blocks``, or the array is not writable. Nothing is written on error.
         """
     def invalidate(self) -> None:
         """Forget the matrix contents: the next sync rewrites every row it touches."""
@@ -1538,7 +1040,7 @@ def run_simulation(
     time_model: object = ...,
 ) -> dict[str, Any]:
     """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``
-    (with ``groups``: a ``HybridPool`` of those layer groups).
+    (with ``groups``: ``BlockPool(num_blocks, block_size, groups)``).
 
     The facade :func:`pykvpool.simulate.run` builds both dicts from a
     :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
@@ -1608,7 +1110,7 @@ def run_simulation(
             group (blocks it holds; they add up to ``blocks_used``), the summary
             ``peak_blocks_used_g{j}``, and ``kv_tokens`` counts the tokens stored over all
             groups (utilization: stored tokens over held and reserved slots). With
-            ``prefix_caching`` the pool caches every group (:class:`HybridPool`): a hit
+            ``prefix_caching`` the pool caches every group (:class:`BlockPool`): a hit
             shares blocks, which ``blocks_used_g{j}`` and ``kv_tokens`` then count once per
             holder, and an admission allocates its whole prompt in every group at once (a
             prompt larger than the pool is rejected). With ``preemption="swap"`` the host
@@ -2513,7 +2015,7 @@ EVICTION_POLICIES: Final[tuple[str, ...]]
 
 @final
 class CacheStats:
-    """Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats` or :meth:`HybridPool.cache_stats`
+    """Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats`
     (hits count successful admissions). Counts are in blocks, tokens and admissions.
     """
 

@@ -56,8 +56,8 @@ HYBRID_STEP = """\
 decode step, 256 sequences, block size 16, 400 steps x 2 rounds
 pool                                        min ns/token  median ns/token
 BlockPool::step_decode                              6.88             7.38
-HybridPool [Full]                                   8.39            10.08
-HybridPool [Full, SlidingWindow(4096)]             10.35            10.57
+BlockPool [Full]                                   8.39            10.08
+BlockPool [Full, SlidingWindow(4096)]             10.35            10.57
 [Full] / BlockPool: 1.22 (of minima), 1.37 (median of per-round ratios)
 [Full, SlidingWindow(4096)] / BlockPool: 1.50 (of minima), 1.54 (median of per-round ratios); target <= 2
 """
@@ -127,10 +127,10 @@ def test_no_table_is_refused() -> None:
 def test_hybrid_step_figures() -> None:
     got = parse_hybrid_step(HYBRID_STEP)
     assert (got["sequences"], got["block_size"], got["steps"], got["rounds"]) == (256, 16, 400, 2)
-    assert got["pools"][2] == {"pool": "HybridPool [Full, SlidingWindow(4096)]", "min_ns_per_token": 10.35,
+    assert got["pools"][2] == {"pool": "BlockPool [Full, SlidingWindow(4096)]", "min_ns_per_token": 10.35,
                                "median_ns_per_token": 10.57}
-    assert [p["pool"] for p in got["pools"]] == ["BlockPool::step_decode", "HybridPool [Full]",
-                                                 "HybridPool [Full, SlidingWindow(4096)]"]
+    assert [p["pool"] for p in got["pools"]] == ["BlockPool::step_decode", "BlockPool [Full]",
+                                                 "BlockPool [Full, SlidingWindow(4096)]"]
     assert got["ratios"][1] == {"pools": "[Full, SlidingWindow(4096)] / BlockPool", "of_minima": 1.50,
                                 "median_of_ratios": 1.54}
     with pytest.raises(ValueError, match="3 pool rows and 2 ratio lines"):

@@ -163,7 +163,7 @@ def add_subcommand(sub: Any) -> None:
                     help="also print the model's hybrid pool: its layer groups as vLLM's hybrid "
                          "allocator forms them, the bytes of one block, the blocks in the KV "
                          "budget and the sequences they hold at each length (at most "
-                         f"{MAX_POOL_GROUPS} groups, a HybridPool's limit: a model whose layer "
+                         f"{MAX_POOL_GROUPS} groups, a BlockPool's limit: a model whose layer "
                          "counts need more is refused)")
     pl.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), metavar="TOKENS",
                     help="tokens per block of --groups' pool (default 16)")

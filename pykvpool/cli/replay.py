@@ -68,7 +68,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--retain-hits-for", type=count(), metavar="OPS",
                    help="priority policy: soft-pin each reused prefix for OPS pool operations")
     p.add_argument("--model", choices=MODELS, metavar="MODEL",
-                   help="replay through a HybridPool laid out for MODEL's layer kinds (windows reuse only "
+                   help="replay through a BlockPool laid out for MODEL's layer kinds (windows reuse only "
                    "the window before a hit) against the same model with every layer global, at equal "
                    "bytes; --capacities in whole-model tokens (default 1,000,000 and 3,000,000)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -157,7 +157,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"device blocks, at most {MAX_BLOCKS:,} (default: the budget's KV in blocks)")
     m.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE), default=16, help="tokens per block")
     m.add_argument("--layer-groups", action="store_true",
-                   help="one HybridPool group per attention kind of the model (vLLM's hybrid layout: "
+                   help="one BlockPool group per attention kind of the model (vLLM's hybrid layout: "
                         "windowed layers keep only their window), blocks of one group's layers")
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-running", type=count(), default=256)

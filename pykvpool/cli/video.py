@@ -1,6 +1,6 @@
 """The ``pykvpool video`` subcommand: KV per stream of the video generator presets (full
 history vs sinks + window, bf16 vs fp8_e4m3) and the streams per GPU that keep real time,
-simulated through a real ``HybridPool`` (:mod:`pykvpool.simulate.video`)."""
+simulated through a real ``BlockPool`` (:mod:`pykvpool.simulate.video`)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def add_subcommand(sub: Any) -> None:
     pv = sub.add_parser("video", help="video generation: KV per stream and streams per GPU",
                         description="KV per stream of autoregressive video generators (full "
                                     f"history vs sinks + window, bf16 vs {VIDEO_KV_8BIT}) and the streams "
-                                    "each GPU keeps at real time, simulated through a HybridPool.")
+                                    "each GPU keeps at real time, simulated through a BlockPool.")
     pv.add_argument("--models", type=choice_list(tuple(VIDEO_MODELS)), default=list(VIDEO_MODELS),
                     metavar="NAMES", help=f"comma-separated presets (default all: {', '.join(VIDEO_MODELS)})")
     pv.add_argument("--hardware", type=hardware_list(), default=list(HARDWARE),

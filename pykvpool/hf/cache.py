@@ -1,6 +1,6 @@
 """``PagedKvCache``: a transformers ``Cache`` whose K/V live in pykvpool's pages.
 
-One :class:`HybridPool` (one group per attention kind of the model) holds every row of the
+One :class:`BlockPool` (one group per attention kind of the model) holds every row of the
 batch as a sequence, and one :class:`KvCache` holds every layer's K/V. transformers calls
 ``update`` before each layer's attention; the K/V are written, and read back, by the
 ``"pykvpool"`` attention function (:mod:`pykvpool.hf.attention`), which knows from the
@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from pykvpool._native import HybridPool, KvCache, UnknownSequenceError
+from pykvpool._native import BlockPool, KvCache, UnknownSequenceError
 from pykvpool.checks import check_int, invalid
 from pykvpool.hf.layout import ModelLayout, model_layout
 
@@ -134,7 +134,7 @@ class PagedKvCache(Cache):
         block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
         lay = self.layout
-        self.pool = HybridPool(num_blocks, block_size, list(lay.groups))
+        self.pool = BlockPool(num_blocks, block_size, list(lay.groups))
         self.kv = KvCache(lay.cache_layers, num_blocks, block_size, lay.num_kv_heads, lay.head_dim, dtype)
         layers: list[Any] = [_PagedLayer(self, i, lay.window[i] is not None) for i in range(lay.num_layers)]
         super().__init__(layers=layers)
@@ -233,7 +233,7 @@ class PagedKvCache(Cache):
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens of every row (a negative count, as
         transformers passes it; a positive one is the length to keep), through
-        :meth:`HybridPool.truncate`.
+        :meth:`BlockPool.truncate`.
 
         Raises:
             InvalidArgumentError: a row would lose a token the window already released
@@ -304,7 +304,7 @@ class PagedKvCache(Cache):
         t = np.arange(tokens, dtype=np.int64)[None, :]
         positions = np.maximum(before[:, None] + t - pads[:, None], 0).reshape(-1)
         seq_lens = before + counts
-        tables = [self.pool.block_tables(self.seqs, g) for g in range(groups)]
+        tables = [self.pool.block_tables(self.seqs, group=g) for g in range(groups)]
         self._step = _Step(slots, positions, seq_lens, tables, tokens, decode=tokens == 1 and bool(valid.all()))
         self._new_forward = False
         return self._step
@@ -390,7 +390,7 @@ class PagedKvCache(Cache):
         np.cumsum(counts, out=indptr[1:])
         total = int(indptr[-1])
         positions = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - before, counts)
-        tables = [self.pool.block_tables(ids, g) for g in range(self.pool.num_groups)]
+        tables = [self.pool.block_tables(ids, group=g) for g in range(self.pool.num_groups)]
         return _Step(slots, positions, before + counts, tables, total, decode=bool((counts == 1).all()),
                      qo_indptr=indptr)
 

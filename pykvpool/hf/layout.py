@@ -1,4 +1,4 @@
-"""A transformers model's attention layers as the groups of one :class:`HybridPool`.
+"""A transformers model's attention layers as the groups of one :class:`BlockPool`.
 
 Layers of one attention kind share a group (full attention, or a sliding window of ``W``
 positions; Llama-4's chunked attention is refused: the kernels lack its mask); the

@@ -1,7 +1,7 @@
 """The groups of one hybrid pool for a model: how vLLM's hybrid KV-cache manager lays a
 model's attention layers onto one block space.
 
-A :class:`pykvpool.HybridPool` has one block size and one physical block space shared by
+A :class:`pykvpool.BlockPool` has one block size and one physical block space shared by
 all its groups; every group has the same number of layers, so a block has the same bytes
 whichever group holds it: ``block_size x layers_per_group x`` (K+V bytes of one token in
 one layer, MLA: the latent). The model's layers of one attention kind (same kind, window
@@ -29,7 +29,7 @@ with 3 padding slots (12 of 15 slots used); 5 + 6 give 6 (one padding slot). A s
 one layer) would waste nothing but is not what vLLM runs; we follow vLLM so the capacity is
 the one it serves, and :attr:`PoolLayout.padding_layers` states the cost.
 
-A layout is the groups of one :class:`pykvpool.HybridPool`, which holds at most
+A layout is the groups of one :class:`pykvpool.BlockPool`, which holds at most
 :data:`MAX_POOL_GROUPS` (64) groups: counts whose grouping needs more (e.g. 65 sliding
 layers beside one full one, 65 groups of one layer) are refused, before any group is built.
 
@@ -51,7 +51,7 @@ NEAR_EQUAL_RATIO = 1.25
 """vLLM's threshold: when the largest layer count is below this times the smallest, the
 group size is the largest count (pad) instead of the smallest (split)."""
 MAX_POOL_GROUPS = 64
-"""The most groups one :class:`pykvpool.HybridPool` holds (its ``groups`` argument takes 1
+"""The most groups one :class:`pykvpool.BlockPool` holds (its ``groups`` argument takes 1
 to 64), so the most groups a :class:`PoolLayout` has."""
 
 
@@ -95,7 +95,7 @@ class PoolGroup:
         return -(-self.tokens_held(seq_len) // block_size)
 
     def spec(self) -> FullAttention | SlidingWindow | ChunkedAttention:
-        """The attention kind of the group for :class:`pykvpool.HybridPool`:
+        """The attention kind of the group for :class:`pykvpool.BlockPool`:
         ``FullAttention()``, ``SlidingWindow(window, sink_tokens)`` or
         ``ChunkedAttention(window)``.
 
@@ -201,7 +201,7 @@ class PoolLayout:
 
     def specs(self) -> list[FullAttention | SlidingWindow | ChunkedAttention]:
         """The attention kinds of the groups, in order (see :meth:`PoolGroup.spec`): the
-        ``groups`` argument of ``HybridPool(num_blocks, block_size, groups)``.
+        ``groups`` argument of ``BlockPool(num_blocks, block_size, groups)``.
 
         Raises:
             InvalidArgumentError: a window the pool refuses.
@@ -255,7 +255,7 @@ def pool_layout(model: ModelConfig, dtype: StorageDtype | str = "bf16",
         counts = " + ".join(f"{n:,} {kind}" for (kind, _, _), n in kinds)
         raise InvalidArgumentError(
             f"{model.name}: {counts} layers make {total:,} groups of {size:,} layer{'s' * (size != 1)} "
-            f"(vLLM's grouping); a HybridPool holds at most {MAX_POOL_GROUPS}")
+            f"(vLLM's grouping); a BlockPool holds at most {MAX_POOL_GROUPS}")
     groups: list[PoolGroup] = []
     for (kind, window, sinks), n in kinds:
         k = -(-n // size)  # vLLM deals the layers round-robin: group i gets layers[i::k]

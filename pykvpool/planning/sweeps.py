@@ -12,7 +12,7 @@ Every policy runs through the real :class:`pykvpool.BlockPool`, never a formula:
   through :meth:`BlockPool.fork`; each request appends only its own tokens (copy-on-write
   of a partly filled shared block included).
 - **hybrid concurrency** (:func:`hybrid_concurrency`): sequences of one context
-  length in a :class:`pykvpool.HybridPool` of the model's groups
+  length in a :class:`pykvpool.BlockPool` of the model's groups
   (:func:`pykvpool.planning.pool_groups.pool_layout`), each grown by chunked prefill so
   that sliding windows release their blocks as the pool's release rule says.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
-from pykvpool._native import BlockPool, HybridPool, InvalidArgumentError, PoolExhaustedError
+from pykvpool._native import BlockPool, InvalidArgumentError, PoolExhaustedError
 from pykvpool.planning.pool_groups import PoolLayout
 from pykvpool.planning.workloads import Workload
 
@@ -378,7 +378,7 @@ class Concurrency:
     peak_per_sequence: int
 
 
-def _grow(p: HybridPool, seq: int, seq_len: int, chunk: int) -> tuple[int, int]:
+def _grow(p: BlockPool, seq: int, seq_len: int, chunk: int) -> tuple[int, int]:
     """Prefill ``seq`` to ``seq_len - 1`` tokens in chunks of ``chunk``, then one decode
     token; return (peak blocks held during the prefill, blocks held at ``seq_len``).
     Raises PoolExhaustedError with the sequence freed (the pool as before)."""
@@ -404,7 +404,7 @@ def _grow(p: HybridPool, seq: int, seq_len: int, chunk: int) -> tuple[int, int]:
 
 def hybrid_concurrency(layout: PoolLayout, num_blocks: int, seq_len: int,
                        chunk_tokens: int = 2048) -> Concurrency:
-    """How many sequences of ``seq_len`` tokens a :class:`pykvpool.HybridPool` of
+    """How many sequences of ``seq_len`` tokens a :class:`pykvpool.BlockPool` of
     ``layout``'s groups and ``num_blocks`` blocks holds: sequences are admitted one after
     the other, each prefilled to ``seq_len - 1`` tokens in chunks of ``chunk_tokens``
     (``add_sequence`` then ``append``: every growth first releases the blocks its window no
@@ -428,7 +428,7 @@ def hybrid_concurrency(layout: PoolLayout, num_blocks: int, seq_len: int,
         raise InvalidArgumentError(
             f"seq_len {seq_len} in chunks of chunk_tokens {chunk_tokens} with {num_blocks} blocks "
             f"would take about {calls:,} pool calls (more than {MAX_SWEEP_CALLS:,})")
-    pool = HybridPool(num_blocks, layout.block_size, layout.specs())
+    pool = BlockPool(num_blocks, layout.block_size, layout.specs())
     admitted = held = peak = 0
     while True:
         try:

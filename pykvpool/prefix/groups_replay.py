@@ -1,5 +1,5 @@
 """Prefix reuse on models with sliding-window layers: replay a block-id trace through a
-prefix-caching :class:`~pykvpool.HybridPool` laid out for the model (vLLM's hybrid
+prefix-caching :class:`~pykvpool.BlockPool` laid out for the model (vLLM's hybrid
 grouping, :func:`pykvpool.planning.pool_groups.pool_layout`), against the same model with
 every layer global, at equal bytes.
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pykvpool._native import HybridPool, InvalidArgumentError
+from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.planning.models import ModelConfig
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.prefix.replay import TRACE_BLOCK_SIZE, TraceRequest, block_keys_for
@@ -64,7 +64,7 @@ class GroupReplayResult:
 
 def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64]:
     """The keys of ``req``'s pool blocks of ``block_size`` tokens (see the module doc), as
-    the uint64 ``[n, 2]`` (high, low) array :meth:`HybridPool.add_sequence_block_keys`
+    the uint64 ``[n, 2]`` (high, low) array :meth:`BlockPool.add_sequence_block_keys`
     takes; ``n = ceil(input_length / block_size)``.
 
     Raises:
@@ -89,7 +89,7 @@ def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64
 def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_bytes: int,
                   block_size: int = 16, policy: str = "lru",
                   retain_hits_for: int | None = None) -> GroupReplayResult:
-    """Replay ``trace`` through a prefix-caching :class:`~pykvpool.HybridPool` with
+    """Replay ``trace`` through a prefix-caching :class:`~pykvpool.BlockPool` with
     ``model``'s groups (:func:`pool_layout`) and as many blocks as ``capacity_bytes`` holds.
 
     Args:
@@ -99,7 +99,7 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
             block_bytes``).
         block_size: tokens per block, dividing 512 or a multiple of it.
         policy: the pool's eviction policy, a name of :data:`pykvpool.EVICTION_POLICIES`
-            (:class:`~pykvpool.HybridPool`); without pins ``"priority"`` orders like
+            (:class:`~pykvpool.BlockPool`); without pins ``"priority"`` orders like
             ``"lru"``.
         retain_hits_for: with ``policy="priority"``, soft-pin what each admission reused
             (every group's blocks of its hit) with priority 1 for that many operations of
@@ -122,7 +122,7 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
     num_blocks = capacity_bytes // layout.block_bytes
     if num_blocks < 1:
         raise InvalidArgumentError(f"capacity_bytes: {capacity_bytes} B holds no block of {layout.block_bytes} B")
-    pool = HybridPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy,
+    pool = BlockPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy,
                       verify_tokens=False)
     for i, req in enumerate(trace):
         keys = pool_block_keys(req, block_size)

@@ -3,7 +3,7 @@ the KV one generation stream holds for the video presets
 (:data:`pykvpool.planning.video.VIDEO_MODELS`), full history against sinks + window, in bf16
 and 8-bit (:data:`pykvpool.planning.video.VIDEO_KV_8BIT`); the concurrent streams each GPU keeps at real time and the time to first chunk,
 from the video serving simulator (:mod:`pykvpool.simulate.video`: roofline passes batched
-over streams, admission through a real :class:`pykvpool.HybridPool`); and figure 10 (streams
+over streams, admission through a real :class:`pykvpool.BlockPool`); and figure 10 (streams
 per GPU against the window length; memory per stream over a long video).
 """
 
@@ -319,7 +319,7 @@ def _markdown(kv: list[dict[str, Any]], serving: list[dict[str, Any]], ttfc: lis
         "its `default_budget` (" + "; ".join(f"{h.name} {default_budget(h).describe()}"
                                              for h in HARDWARE.values())
         + ") minus the generator's bf16 weights (text encoder and VAE excluded), in a "
-        f"`pykvpool.HybridPool` of {BLOCK_SIZE}-token pages (one group: `FullAttention` or "
+        f"`pykvpool.BlockPool` of {BLOCK_SIZE}-token pages (one group: `FullAttention` or "
         "`SlidingWindow(window x tpf + 1, sink_tokens=sinks x tpf)`). A stream is admitted when "
         "the pool holds its peak (sinks + window + chunk, or its whole history). Each GPU pass "
         "runs one denoising (or clean) pass of every running stream's chunk: time = max(FLOPs / "

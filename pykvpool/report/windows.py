@@ -3,7 +3,7 @@ sequences the A100 budget holds at 8k / 32k / 128k tokens of context for models 
 sliding-window layers keep only their window (Gemma-2-9B, Gemma-3-12B) against the same
 models with every layer global, and for attention sinks plus a window (Llama-3-8B with 4
 sinks and a 4,096-token window, StreamingLLM-style) against full history: the ledger's
-count beside the count admitted through a real :class:`pykvpool.HybridPool`
+count beside the count admitted through a real :class:`pykvpool.BlockPool`
 (:func:`pykvpool.planning.sweeps.hybrid_concurrency`), and figure 9.
 """
 
@@ -117,7 +117,7 @@ def _fig(path: str | os.PathLike[str], rows: list[Row], curves: dict[str, dict[s
             pts = [r for r in rows if r.pair == pair and r.windowed == windowed]
             ax.plot([r.sweep.seq_len for r in pts], [max(r.sweep.admitted, 0.8) for r in pts],
                     "o" if windowed else "s", color=colors[windowed], mfc="none", ms=9,
-                    label=f"{name}: HybridPool sweep")
+                    label=f"{name}: BlockPool sweep")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(FIGURE_LENGTHS, [f"{n // 1024}k" for n in FIGURE_LENGTHS])
@@ -171,7 +171,7 @@ def _markdown(rows: list[Row], budget: Budget, figs: dict[str, Path]) -> str:
         f"Llama-3-8B with {SINKS} attention sinks and a {WINDOW:,}-token window (StreamingLLM) "
         "beside its full history. `ledger`: `MemoryLedger.max_batch(seq_len, block_size=16)` "
         "(per layer group, the tokens it keeps rounded up to whole blocks). `pool`: sequences "
-        "admitted one after the other into a real `pykvpool.HybridPool` of the model's groups "
+        "admitted one after the other into a real `pykvpool.BlockPool` of the model's groups "
         "(vLLM's grouping: `pykvpool.planning.pool_groups.pool_layout`) and the budget's blocks, "
         f"each prefilled in chunks of {CHUNK_TOKENS:,} tokens to the length minus one and given "
         "one decode token, until the pool raises `PoolExhaustedError` "

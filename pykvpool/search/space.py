@@ -6,7 +6,7 @@ memory reserve is per device), the KV storage dtype, the pool's block size (toke
 scheduler's limits (``max_running`` requests, ``max_batched_tokens`` tokens per step,
 chunked prefill), its preemption (recompute, or swap to a host pool as large as the
 device pool), prefix caching and its eviction policy, and layer groups (one
-``HybridPool`` group per attention kind of a windowed model).
+``BlockPool`` group per attention kind of a windowed model).
 
 :meth:`SearchSpace.points` enumerates the product of the axes in a fixed order and drops
 the combinations that add nothing or that the simulator refuses (each rule in its

@@ -211,7 +211,7 @@ class SimConfig:
             peaks and ``prefix_hit_rate`` read 0 and ``mean_utilization`` is None;
             ``cached_tokens`` and the latency percentiles do not need them).
         groups: the model's layer groups (:data:`GroupSpec` each, e.g.
-            ``ModelConfig.groups``): the device is then a ``HybridPool`` whose ``num_blocks``
+            ``ModelConfig.groups``): the device is then a ``BlockPool`` whose ``num_blocks``
             blocks all groups share (one block table per request and group; a block holds
             ``block_size`` tokens of one group's layers, so with G groups of equal layer
             counts the memory of N whole-model blocks holds G x N of them). A sliding or chunked group frees

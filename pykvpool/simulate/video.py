@@ -1,4 +1,4 @@
-"""Video serving: generation streams on one GPU, admitted through a real ``HybridPool``.
+"""Video serving: generation streams on one GPU, admitted through a real ``BlockPool``.
 
 A request asks for ``duration_s`` seconds of video from a :class:`VideoModel`; once admitted
 it is a stream producing chunks one after the other. Each chunk takes
@@ -9,7 +9,7 @@ share a pass, as a DiT batches timesteps). A pass's time comes from :class:`Vide
 
 Memory is the pool's: one group, ``FullAttention()`` for full history or
 ``SlidingWindow(window_frames x tpf + 1, sink_tokens=sink_frames x tpf)`` for sinks + window
-(as in ``VideoCache``); each chunk is allocated by one atomic ``HybridPool.step`` over the
+(as in ``VideoCache``); each chunk is allocated by one atomic ``BlockPool.step`` over the
 streams that begin a chunk, which first releases the pages whose frames left the window. A
 stream is admitted (first come, first served) when the pool's free blocks, minus the blocks
 the running streams may still take before their own peaks, hold its peak
@@ -255,7 +255,7 @@ class _Run:
     def __init__(self, requests: Sequence[VideoRequest], roof: VideoRoofline, num_blocks: int,
                  block_size: int, max_streams: int | None) -> None:
         self.m, self.roof, self.bs = roof.model, roof, block_size
-        self.pool = _native.HybridPool(num_blocks, block_size, [_group(self.m)])
+        self.pool = _native.BlockPool(num_blocks, block_size, [_group(self.m)])
         self.max_streams = max_streams
         self.recs = [StreamRecord(r.arrival, r.duration_s, self.m.num_chunks(r.duration_s),
                                   self.m.peak_blocks(r.duration_s, block_size)) for r in requests]
@@ -308,10 +308,10 @@ class _Run:
         by its video (its logical table, holes included, grows with the video): a full
         history stores every logical block (nothing here releases, forks or caches one),
         ``ceil(length / block_size)``; a window stores its sinks and its window, the few
-        ranges :meth:`HybridPool.stored_ranges` lists (each starts on a block boundary)."""
+        ranges :meth:`BlockPool.stored_ranges` lists (each starts on a block boundary)."""
         if self.m.window_frames is None:
             return -(-self.pool.seq_len(i) // self.bs)
-        return sum(-(-(end - start) // self.bs) for start, end in self.pool.stored_ranges(i, 0))
+        return sum(-(-(end - start) // self.bs) for start, end in self.pool.stored_ranges(i, group=0))
 
     def finish_passes(self, k: int) -> None:
         """Every running stream ran ``k`` more passes, ending at ``self.t``."""

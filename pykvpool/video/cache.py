@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from pykvpool._native import (
     FullAttention,
-    HybridPool,
+    BlockPool,
     InvariantError,
     KvCache,
     SlidingWindow,
@@ -56,7 +56,7 @@ class VideoCache:
     eviction. On a prompt switch (LongLive), :meth:`rewrite_window` gives the slots and
     positions of the visible history to recompute and write back in place.
 
-    Built on one :class:`HybridPool` with one group (``FullAttention()`` without a window,
+    Built on one :class:`BlockPool` with one group (``FullAttention()`` without a window,
     else ``SlidingWindow(window_frames * tokens_per_frame + 1, sink_tokens=sink_frames *
     tokens_per_frame)``; stream ids are its sequence ids) and one :class:`KvCache` of
     ``num_layers`` layers. Use them read-only (``pool``, ``kv``): a stream changed behind
@@ -157,7 +157,7 @@ class VideoCache:
                 raise invalid(f"window_frames: {self.window_frames} frames of {tpf} tokens exceed the stream limit")
             group = SlidingWindow(w, sink_tokens=self.sink_tokens)
             self.window_left = (self.window_frames + self.frames_per_chunk) * tpf - 1
-        self._pool = HybridPool(num_blocks, block_size, [group])
+        self._pool = BlockPool(num_blocks, block_size, [group])
         self.block_size = self._pool.block_size
         self._kv = KvCache(self.num_layers, self._pool.num_blocks, self.block_size, self.num_kv_heads,
                            self.head_dim, dtype)
@@ -170,7 +170,7 @@ class VideoCache:
         self._token = object()
 
     @property
-    def pool(self) -> HybridPool:
+    def pool(self) -> BlockPool:
         """The pool (one group; stream ids are its sequence ids). Read it, never change it.
 
         Raises:
@@ -316,10 +316,11 @@ class VideoCache:
         chunks = [self._streams[s].frames // self.frames_per_chunk for s in ids]
         for s in ids:
             self._streams[s].open = self._serial
+        indptr, indices, last, start = self._pool.flashinfer_tables(ids, group=0)
         return ChunkBatch.build(
             owner=self._token, serial=self._serial, stream_ids=ids, chunks=chunks,
             slots=slots[0].reshape(len(ids), self.chunk_tokens), tokens_per_frame=self.tokens_per_frame,
-            grid_w=self.grid[1], tables=self._pool.flashinfer_tables(ids, 0),
+            grid_w=self.grid[1], tables=(indptr, indices, last, start),
             window_left=self.window_left, sink_tokens=self.sink_tokens)
 
     def _check_batch(self, batch: object) -> ChunkBatch:
@@ -472,7 +473,7 @@ class VideoCache:
         tokens = self._visible(stream_id)
         s = check_id(stream_id, "stream_id")
         bs = self.block_size
-        table = self._pool.block_table(s, 0).astype(np.int64)
+        table = self._pool.block_table(s, group=0).astype(np.int64)
         blocks = table[tokens // bs]
         if (blocks < 0).any():
             raise InvariantError(f"stream {s}: a visible token's page was released")
@@ -511,8 +512,8 @@ class VideoCache:
         """
         streams = {}
         for s, st in sorted(self._streams.items()):
-            blocks = int((self._pool.block_table(s, 0) >= 0).sum())
-            stored = sum(b - a for a, b in self._pool.stored_ranges(s, 0))
+            blocks = int((self._pool.block_table(s, group=0) >= 0).sum())
+            stored = sum(b - a for a, b in self._pool.stored_ranges(s, group=0))
             visible = int(self._visible(s).size)
             chunk = self.chunk_tokens if st.open is not None else 0
             streams[s] = {"frames": st.frames, "open_chunk": st.open is not None, "blocks": blocks,

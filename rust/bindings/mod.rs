@@ -13,7 +13,6 @@ pub mod convert;
 pub mod dlpack;
 pub mod errors;
 mod exception_docs;
-pub mod hybrid;
 pub mod kv;
 mod kv_views;
 pub mod pool;
@@ -30,7 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     pool::register(m)?;
-    hybrid::register(m)?;
     sim::register(m)?;
     kv::register(m)?;
     attention::register(m)?;

@@ -175,7 +175,12 @@ impl BlockPool {
     ) -> Result<()> {
         self.batch_mark += 1;
         if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
-            if self.decode_one_pass(map, seqs, self.batch_mark, out)? {
+            let done = if let [GroupSpec::Full] = self.groups[..] {
+                self.decode_one_pass_full(map, seqs, self.batch_mark, out)?
+            } else {
+                self.decode_one_pass(map, seqs, self.batch_mark, out)?
+            };
+            if done {
                 return Ok(());
             }
             // Ran dry part-way (undone): the general path reports it.
@@ -467,9 +472,6 @@ impl BlockPool {
         mark: u64,
         out: &mut StepOutput,
     ) -> Result<bool> {
-        if let [GroupSpec::Full] = self.groups[..] {
-            return self.decode_one_pass_full(map, seqs, mark, out);
-        }
         let n = seqs.len();
         let bs = self.block_size;
         let mut log = std::mem::take(&mut self.decode.log);

@@ -25,12 +25,12 @@ pub struct CacheConfig {
     /// Cache a block-key prompt's partly filled last block with its fill (in full groups).
     /// On, a trace that reuses a partial block's key for a full block later finds the key
     /// taken (a fill mismatch, a verified miss); off, partial blocks are neither cached nor
-    /// looked up. The `BlockPool` Python class and a simulation without layer groups turn
-    /// it on, the `HybridPool` class and a simulation with groups off (each as it always
+    /// looked up. A pool built without layer groups (Python's `BlockPool(n, bs)`, a
+    /// simulation without groups) turns it on, one built with them off (each as it always
     /// did, so trace replays keep their numbers).
     pub cache_partial_keys: bool,
     /// A full group's cached chain past what an admission takes (the last-token rule's
-    /// block, and beyond) counts as used (a hit, as in vLLM) when on; only taken hits are
+    /// block, and beyond) counts as used (a hit) when on; only taken hits are
     /// uses when off. Set with `cache_partial_keys`, by the same callers.
     pub touch_untaken_hits: bool,
     pub hasher: BlockHasher,

@@ -62,12 +62,12 @@ def test_pool_outputs_are_tensors_without_copies() -> None:
     slots = pool.add_sequence(0, 6)
     slot_mapping, cow, lens = pool.step([0], [3])
     tables = pool.block_tables([0])
-    hyb = kv.HybridPool(NB, BS, [kv.FullAttention(), kv.SlidingWindow(4)])
+    hyb = kv.BlockPool(NB, BS, [kv.FullAttention(), kv.SlidingWindow(4)])
     hslots = hyb.add_sequence(0, 5)
     happend = hyb.append(0, 2)
     hstep = hyb.step([0], [1])
     outputs = (slots, slot_mapping, cow, lens, tables, *pool.flashinfer_tables([0]), hslots, *happend, *hstep,
-               hyb.block_tables([0], 1), *hyb.flashinfer_tables([0], 1), hyb.seq_ids())
+               hyb.block_tables([0], group=1), *hyb.flashinfer_tables([0], group=1), hyb.seq_ids())
     for arr in outputs:
         t = torch.from_numpy(arr)  # no warning: the outputs are writable
         assert t.data_ptr() == arr.ctypes.data or arr.size == 0

@@ -131,7 +131,7 @@ def test_beam_search_matches_dynamic_cache_and_forks_share_blocks() -> None:
     assert torch.equal(got.sequences, ref.sequences)
     # 4 prompts x 3 beams: the beams of a prompt share its prompt's full blocks.
     assert len(cache.seqs) == 12
-    blocks = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, 0)}
+    blocks = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, group=0)}
     held = sum(-(-cache.pool.seq_len(s) // 4) for s in cache.seqs)
     assert len(blocks) < held
     cache.pool.check_invariants()
@@ -162,6 +162,6 @@ def test_num_return_sequences_share_the_prompt_blocks() -> None:
     assert torch.equal(got.sequences, ref.sequences)
     assert len(cache.seqs) == 12
     # The 3 samples of a prompt hold its full prompt blocks once (refcount 3), not 3 copies.
-    shared = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, 0) if cache.pool.refcount(int(b)) == 3}
+    shared = {int(b) for s in cache.seqs for b in cache.pool.block_table(s, group=0) if cache.pool.refcount(int(b)) == 3}
     assert len(shared) == sum(n // 4 for n in PROMPT_LENS)
     cache.pool.check_invariants()

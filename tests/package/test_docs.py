@@ -153,7 +153,7 @@ def test_docsync_writes_only_doc_lines_is_idempotent_and_reports_strays(tmp_path
         "    def renamed(self, n: int, *, tag: str = ...) -> int:\n"
         "        \"\"\"Added.\n\n        Raises:\n            InvalidArgumentError: never.\n        \"\"\"\n"
         "    def ghost(self) -> int:\n        \"\"\"Only in the stub.\"\"\"\n"
-    ) + anchor_py, 1))  # BlockPool's (HybridPool has one too)
+    ) + anchor_py, 1))  # BlockPool's (BlockPool has one too)
     before = _non_doc_lines(bindings)
     args = ("--stub", str(stub), "--bindings", str(bindings))
 

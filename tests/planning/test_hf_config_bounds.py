@@ -285,9 +285,9 @@ def test_more_groups_than_a_pool_holds_are_refused() -> None:
 
 
 def test_max_pool_groups_is_the_hybrid_pools_limit() -> None:
-    pykvpool.HybridPool(1, 1, [pykvpool.FullAttention()] * MAX_POOL_GROUPS)
+    pykvpool.BlockPool(1, 1, [pykvpool.FullAttention()] * MAX_POOL_GROUPS)
     with pytest.raises(pykvpool.InvalidArgumentError):
-        pykvpool.HybridPool(1, 1, [pykvpool.FullAttention()] * (MAX_POOL_GROUPS + 1))
+        pykvpool.BlockPool(1, 1, [pykvpool.FullAttention()] * (MAX_POOL_GROUPS + 1))
 
 
 def test_a_config_larger_than_any_real_one_is_refused_before_parsing(tmp_path: Path) -> None:

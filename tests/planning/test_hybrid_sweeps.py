@@ -1,4 +1,4 @@
-"""Concurrency at a context length through a real HybridPool (planning.sweeps.hybrid_concurrency)
+"""Concurrency at a context length through a real BlockPool (planning.sweeps.hybrid_concurrency)
 and the report's section 7, against counts worked out here by hand from the release rule of
 the hybrid pool's contract (a growth from length ``a`` first releases every block ``i`` with
 ``i*bs >= sinks`` and ``(i+1)*bs <= first_needed(a)``) and from the budget's arithmetic."""

@@ -52,9 +52,9 @@ WINDOWED = "[pykvpool.FullAttention(), pykvpool.SlidingWindow(4096)]"
 @pytest.mark.parametrize(
     "expr",
     [
-        f"pykvpool.HybridPool(2**30, 16, {WINDOWED}, prefix_caching=True)",
-        f"pykvpool.HybridPool(2**27 + 1, 16, {WINDOWED}, prefix_caching=True)",
-        f"pykvpool.HybridPool(2**30, 16, {WINDOWED})",
+        f"pykvpool.BlockPool(2**30, 16, {WINDOWED}, prefix_caching=True)",
+        f"pykvpool.BlockPool(2**27 + 1, 16, {WINDOWED}, prefix_caching=True)",
+        f"pykvpool.BlockPool(2**30, 16, {WINDOWED})",
         "pykvpool.BlockPool(2**30, 16, prefix_caching=True)",
         "pykvpool.BlockPool(2**30, 16, prefix_caching=True, verify_tokens=False)",
         "pykvpool.BlockTableBuffer(2**28, 1)",
@@ -69,7 +69,7 @@ def test_prefix_caching_hybrid_pool_refused_under_the_cap() -> None:
     proc = _child(
         f"""
         try:
-            pykvpool.HybridPool(2**28, 16, {WINDOWED}, prefix_caching=True)
+            pykvpool.BlockPool(2**28, 16, {WINDOWED}, prefix_caching=True)
         except InvalidArgumentError as e:
             assert "cannot allocate" in str(e) or "cannot hold token ids" in str(e), e
             print("ok")

@@ -1,4 +1,4 @@
-"""``pykvpool.HybridPool``: layer groups (full, sliding window with sinks, chunked) in one
+"""``pykvpool.BlockPool``: layer groups (full, sliding window with sinks, chunked) in one
 block space, from Python.
 
 Expected tables, holes and exports come from the layer-group contract through
@@ -26,9 +26,9 @@ def gemma(window: int = 8, sinks: int = 0) -> list[Kind]:
     return [FULL, kv.SlidingWindow(window, sink_tokens=sinks)]
 
 
-def slot_of(pool: kv.HybridPool, seq: int, g: int, p: int) -> int:
+def slot_of(pool: kv.BlockPool, seq: int, g: int, p: int) -> int:
     bs = pool.block_size
-    b = int(pool.block_table(seq, g)[p // bs])
+    b = int(pool.block_table(seq, group=g)[p // bs])
     assert b >= 0, f"position {p} of seq {seq} is in a hole of group {g}"
     return b * bs + p % bs
 
@@ -54,18 +54,53 @@ def test_kinds_are_frozen_values() -> None:
 
 def test_pool_reports_its_groups() -> None:
     groups: list[Kind] = [FULL, kv.SlidingWindow(8, sink_tokens=2), kv.ChunkedAttention(16)]
-    pool = kv.HybridPool(32, 4, groups)
+    pool = kv.BlockPool(32, 4, groups)
     assert pool.groups == tuple(groups) and pool.num_groups == 3
     assert (pool.num_blocks, pool.block_size, pool.num_free_blocks, pool.num_used_blocks) == (32, 4, 32, 0)
     assert not pool.prefix_caching and len(pool) == 0 and 0 not in pool
     assert "SlidingWindow(8, sink_tokens=2)" in repr(pool)
 
 
+def test_one_class_shapes_follow_the_groups_argument() -> None:
+    # Without groups: one full group, results without a group axis, group 0 by default.
+    flat = kv.BlockPool(32, 4)
+    assert flat.groups == (FULL,) and flat.num_groups == 1 and "groups" not in repr(flat)
+    assert flat.add_sequence(1, 6).shape == (6,)
+    assert flat.step([1])[0].shape == (1,)
+    assert len(flat.flashinfer_tables([1])) == 3
+    assert flat.block_table(1).tolist() == flat.block_table(1, group=0).tolist()
+    assert flat.stored_ranges(1) == [(0, 7)]
+    with pytest.raises(kv.InvalidArgumentError, match=r"group must be in 0..1"):
+        flat.block_table(1, group=1)
+    # With groups, even one: the group axis, and per-group queries name their group.
+    one = kv.BlockPool(32, 4, [FULL])
+    assert one.add_sequence(1, 6).shape == (1, 6) and "groups=[FullAttention()]" in repr(one)
+    assert len(one.flashinfer_tables([1], group=0)) == 4
+    for call in (lambda: one.block_table(1), lambda: one.block_tables([1]), lambda: one.flashinfer_tables([1]),
+                 lambda: one.stored_ranges(1)):
+        with pytest.raises(kv.InvalidArgumentError, match=r"group: this pool has layer groups; pass group="):
+            call()
+    with pytest.raises(TypeError):
+        one.block_table(1, 0)  # type: ignore[misc]  # group is keyword-only: no silent misreading
+    assert one.block_table(1, group=0).tolist() == flat.block_table(1).tolist()
+    assert one.stats().group_blocks == flat.stats().group_blocks == [2]
+
+
+def test_the_old_pool_names_are_deprecated_aliases() -> None:
+    with pytest.warns(DeprecationWarning, match="HybridPool is deprecated"):
+        old = kv.HybridPool  # type: ignore[attr-defined]
+    assert old is kv.BlockPool
+    assert old(8, 4, [FULL]).num_groups == 1
+    with pytest.warns(DeprecationWarning, match="HybridPoolStats is deprecated"):
+        assert kv.HybridPoolStats is kv.PoolStats  # type: ignore[attr-defined]
+    assert "HybridPool" not in kv.__all__
+
+
 # ------------------------------------------------------------------- slots, holes, positions
 
 
 def test_slots_per_group_follow_each_groups_table() -> None:
-    pool = kv.HybridPool(64, 4, [FULL, kv.SlidingWindow(6), kv.ChunkedAttention(8)])
+    pool = kv.BlockPool(64, 4, [FULL, kv.SlidingWindow(6), kv.ChunkedAttention(8)])
     slots = pool.add_sequence(1, 10)
     assert slots.shape == (3, 10) and slots.dtype == np.int64
     for g in range(3):
@@ -82,32 +117,32 @@ def test_slots_per_group_follow_each_groups_table() -> None:
 def test_holes_are_exactly_the_released_blocks_and_pad_in_tables() -> None:
     bs, window, sinks = 4, 8, 3
     kind = kv.SlidingWindow(window, sink_tokens=sinks)
-    pool = kv.HybridPool(64, bs, [FULL, kind])
+    pool = kv.BlockPool(64, bs, [FULL, kind])
     pool.add_sequence(7, 5)
     for _ in range(30):
         pool.step([7])
     length, front = pool.seq_len(7), pool.frontier(7)
     assert (length, front) == (35, 34)
-    table = pool.block_table(7, 1).tolist()
+    table = pool.block_table(7, group=1).tolist()
     holes = [i for i, b in enumerate(table) if b == -1]
     assert holes == [i for i in range(len(table)) if releasable(kind, i, bs, front)] == [1, 2, 3, 4, 5]
-    assert -1 not in pool.block_table(7, 0).tolist()
-    padded = pool.block_tables([7], 1, max_blocks=12, pad=-5)[0].tolist()
+    assert -1 not in pool.block_table(7, group=0).tolist()
+    padded = pool.block_tables([7], max_blocks=12, pad=-5, group=1)[0].tolist()
     assert padded == [-5 if b == -1 else b for b in table] + [-5] * (12 - len(table))
     # What is stored covers every key the next query (at 35) sees: sinks + window.
-    assert pool.stored_ranges(7, 1) == [(0, 4), (24, 35)]
+    assert pool.stored_ranges(7, group=1) == [(0, 4), (24, 35)]
     assert needed_blocks(kind, 35, bs) <= {i for i, b in enumerate(table) if b >= 0}
-    assert pool.stored_ranges(7, 0) == [(0, 35)]
+    assert pool.stored_ranges(7, group=0) == [(0, 35)]
 
 
 def test_positions_stay_logical_after_release() -> None:
-    pool = kv.HybridPool(64, 4, [kv.SlidingWindow(4)])
+    pool = kv.BlockPool(64, 4, [kv.SlidingWindow(4)])
     pool.add_sequence(1, 3)
     for n in [5, 7, 1, 9]:
         before = pool.seq_len(1)
         slots, _ = pool.append(1, n)
         assert pool.seq_len(1) == before + n and pool.frontier(1) == before
-        table = pool.block_table(1, 0).tolist()
+        table = pool.block_table(1, group=0).tolist()
         assert len(table) == -(-(before + n) // 4)
         # Token p of the growth is at logical block p // 4, offset p % 4, whatever was released.
         assert slots[0].tolist() == [table[p // 4] * 4 + p % 4 for p in range(before, before + n)]
@@ -117,7 +152,7 @@ def test_positions_stay_logical_after_release() -> None:
 
 def test_memory_of_a_windowed_group_stays_flat() -> None:
     bs, window, sinks = 16, 64, 4
-    pool = kv.HybridPool(256, bs, [kv.SlidingWindow(window, sink_tokens=sinks), kv.ChunkedAttention(32)])
+    pool = kv.BlockPool(256, bs, [kv.SlidingWindow(window, sink_tokens=sinks), kv.ChunkedAttention(32)])
     pool.add_sequence(0, 10)
     bound = -(-sinks // bs) + -(-(window - 1) // bs) + 1 + 1  # the spec's bound for n = 1
     held = []
@@ -133,22 +168,22 @@ def test_memory_of_a_windowed_group_stays_flat() -> None:
 
 
 def test_fork_shares_every_group_and_copies_on_write_per_group() -> None:
-    pool = kv.HybridPool(64, 4, [FULL, kv.SlidingWindow(5, sink_tokens=1)])
+    pool = kv.BlockPool(64, 4, [FULL, kv.SlidingWindow(5, sink_tokens=1)])
     pool.add_sequence(1, 10)
     for _ in range(8):
         pool.step([1])
     pool.fork(1, 2)
     for g in range(2):
-        assert pool.block_table(2, g).tolist() == pool.block_table(1, g).tolist()
+        assert pool.block_table(2, group=g).tolist() == pool.block_table(1, group=g).tolist()
     assert (pool.seq_len(2), pool.frontier(2)) == (pool.seq_len(1), pool.frontier(1)) == (18, 17)
-    assert [pool.refcount(b) for b in pool.block_table(1, 1).tolist() if b >= 0] == [2, 2, 2]
-    last = [int(pool.block_table(1, g)[-1]) for g in range(2)]  # partly filled (18 % 4 = 2)
+    assert [pool.refcount(b) for b in pool.block_table(1, group=1).tolist() if b >= 0] == [2, 2, 2]
+    last = [int(pool.block_table(1, group=g)[-1]) for g in range(2)]  # partly filled (18 % 4 = 2)
     slots, cow, lens = pool.step([2], [1])
     # One copy per group: that group's shared last block to a new block the child now holds.
     assert sorted(map(tuple, cow.tolist())) == sorted(
-        (last[g], int(pool.block_table(2, g)[-1])) for g in range(2))
+        (last[g], int(pool.block_table(2, group=g)[-1])) for g in range(2))
     assert lens.tolist() == [19] and pool.stats().cow_copies == 2
-    assert [int(pool.block_table(1, g)[-1]) for g in range(2)] == last
+    assert [int(pool.block_table(1, group=g)[-1]) for g in range(2)] == last
     assert [pool.refcount(b) for b in last] == [1, 1]
     for g in range(2):
         assert slots[g, 0] == slot_of(pool, 2, g, 18)
@@ -158,7 +193,7 @@ def test_fork_shares_every_group_and_copies_on_write_per_group() -> None:
 def test_truncate_rolls_back_within_the_window_only() -> None:
     bs = 4
     kind = kv.SlidingWindow(6, sink_tokens=2)
-    pool = kv.HybridPool(64, bs, [FULL, kind])
+    pool = kv.BlockPool(64, bs, [FULL, kind])
     pool.add_sequence(1, 4)
     pool.append(1, 20)
     pool.append(1, 1)  # releases blocks the query at 24 no longer sees
@@ -168,10 +203,10 @@ def test_truncate_rolls_back_within_the_window_only() -> None:
         pool.truncate(1, 15)  # the query at 10 needs blocks 1 and 2: released
     assert hybrid_snapshot(pool) == before
     # Rolling back 3 tokens keeps every block the query at 22 sees.
-    assert needed_blocks(kind, 22, bs) <= {i for i, b in enumerate(pool.block_table(1, 1).tolist()) if b >= 0}
+    assert needed_blocks(kind, 22, bs) <= {i for i, b in enumerate(pool.block_table(1, group=1).tolist()) if b >= 0}
     pool.truncate(1, 3)
     assert (pool.seq_len(1), pool.frontier(1)) == (22, 22)
-    assert len(pool.block_table(1, 0)) == len(pool.block_table(1, 1)) == 6
+    assert len(pool.block_table(1, group=0)) == len(pool.block_table(1, group=1)) == 6
     slots, _ = pool.append(1, 2)
     assert slots[1].tolist() == [slot_of(pool, 1, 1, p) for p in (22, 23)]
     pool.check_invariants()
@@ -184,7 +219,7 @@ def test_truncate_rolls_back_within_the_window_only() -> None:
                                   kv.ChunkedAttention(8), kv.SlidingWindow(1)])
 def test_exports_follow_the_spec(kind: Kind) -> None:
     bs = 4
-    pool = kv.HybridPool(128, bs, [kind, FULL])
+    pool = kv.BlockPool(128, bs, [kind, FULL])
     model = Model([kind, FULL], bs, 128)
     for seq, prompt in [(1, 3), (2, 17), (3, 0)]:
         pool.add_sequence(seq, prompt)
@@ -196,29 +231,29 @@ def test_exports_follow_the_spec(kind: Kind) -> None:
     check_against(model, pool)  # tables, pad, stored ranges, FlashInfer pages, stats
     if isinstance(kind, kv.FullAttention):
         # A full group's FlashInfer export is BlockPool's: whole tables, page start 0.
-        indptr, indices, last, start = pool.flashinfer_tables([1, 2, 3], 0)
-        assert indices.tolist() == sum((pool.block_table(s, 0).tolist() for s in (1, 2, 3)), [])
+        indptr, indices, last, start = pool.flashinfer_tables([1, 2, 3], group=0)
+        assert indices.tolist() == sum((pool.block_table(s, group=0).tolist() for s in (1, 2, 3)), [])
         assert start.tolist() == [0, 0, 0]
 
 
 def test_full_group_export_equals_block_pool() -> None:
-    pool, ref = kv.HybridPool(64, 4, [FULL]), kv.BlockPool(64, 4)
+    pool, ref = kv.BlockPool(64, 4, [FULL]), kv.BlockPool(64, 4)
     for seq, n in [(1, 5), (2, 9), (3, 0)]:
         assert pool.add_sequence(seq, n)[0].tolist() == ref.add_sequence(seq, n).tolist()
     for counts in ([1, 2, 3], None, [4, 0, 1]):
         a, b = pool.step([1, 2, 3], counts), ref.step([1, 2, 3], counts)
         assert a[0][0].tolist() == b[0].tolist() and a[2].tolist() == b[2].tolist()
-    got = pool.flashinfer_tables([3, 1, 2], 0)
+    got = pool.flashinfer_tables([3, 1, 2], group=0)
     want = ref.flashinfer_tables([3, 1, 2])
     assert [x.tolist() for x in got[:3]] == [x.tolist() for x in want] and got[3].tolist() == [0, 0, 0]
-    assert pool.block_tables([1, 2, 3], 0).tolist() == ref.block_tables([1, 2, 3]).tolist()
+    assert pool.block_tables([1, 2, 3], group=0).tolist() == ref.block_tables([1, 2, 3]).tolist()
 
 
 # ------------------------------------------------------------------------ atomic failures
 
 
 def test_exhaustion_is_atomic_and_counts_released_blocks() -> None:
-    pool = kv.HybridPool(10, 4, gemma(window=4))
+    pool = kv.BlockPool(10, 4, gemma(window=4))
     pool.add_sequence(1, 8)  # 2 + 2 blocks
     pool.add_sequence(2, 8)
     before = hybrid_snapshot(pool)
@@ -237,12 +272,12 @@ def test_exhaustion_is_atomic_and_counts_released_blocks() -> None:
     # and the step reuses it, so 1 full + 1 window block per sequence fit in 2 + 2.
     slots, _, lens = pool.step([1, 2])
     assert lens.tolist() == [9, 9] and pool.num_free_blocks == 0
-    assert [pool.block_table(s, 1).tolist()[0] for s in (1, 2)] == [-1, -1]
+    assert [pool.block_table(s, group=1).tolist()[0] for s in (1, 2)] == [-1, -1]
     pool.check_invariants()
 
 
 def test_free_batch_is_atomic() -> None:
-    pool = kv.HybridPool(32, 4, gemma())
+    pool = kv.BlockPool(32, 4, gemma())
     pool.add_sequence(1, 5)
     pool.add_sequence(2, 5)
     before = hybrid_snapshot(pool)
@@ -256,11 +291,11 @@ def test_free_batch_is_atomic() -> None:
 
 
 def test_mark_computed_releases_now_atomically_and_idempotently() -> None:
-    pool = kv.HybridPool(64, 2, [kv.FullAttention(), kv.SlidingWindow(5, sink_tokens=2)])
+    pool = kv.BlockPool(64, 2, [kv.FullAttention(), kv.SlidingWindow(5, sink_tokens=2)])
     pool.add_sequence(1, 4)
     pool.add_sequence(2, 3)
     pool.append(1, 8)  # length 12, frontier 4: nothing released yet
-    assert pool.stored_ranges(1, 1) == [(0, 12)]
+    assert pool.stored_ranges(1, group=1) == [(0, 12)]
     before = hybrid_snapshot(pool)
     with pytest.raises(kv.UnknownSequenceError):
         pool.mark_computed([1, 2, 9])
@@ -268,7 +303,7 @@ def test_mark_computed_releases_now_atomically_and_idempotently() -> None:
     free = pool.num_free_blocks
     pool.mark_computed(np.array([1, 1]))
     # A next query at 12 needs 8..12 and the sinks 0..2: blocks 1, 2, 3 go at once.
-    assert pool.stored_ranges(1, 1) == [(0, 2), (8, 12)]
+    assert pool.stored_ranges(1, group=1) == [(0, 2), (8, 12)]
     assert (pool.frontier(1), pool.num_free_blocks) == (12, free + 3)
     after = hybrid_snapshot(pool)
     pool.mark_computed([1])
@@ -278,7 +313,7 @@ def test_mark_computed_releases_now_atomically_and_idempotently() -> None:
 
 
 def test_blocks_needed_counts_all_groups() -> None:
-    pool = kv.HybridPool(32, 4, [FULL, kv.SlidingWindow(4), kv.ChunkedAttention(8)])
+    pool = kv.BlockPool(32, 4, [FULL, kv.SlidingWindow(4), kv.ChunkedAttention(8)])
     pool.add_sequence(1, 6)
     assert pool.blocks_needed(1, 0) == 0
     assert pool.blocks_needed(1, 2) == 0  # fills block 1 in every group
@@ -314,7 +349,7 @@ def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
     bs, hkv, hq, dim, window, sinks = 4, 2, 4, 8, 6, 2
     layers = [(0, 0), (0, 1), (1, 0), (1, 1)]  # model layer -> (group, cache layer)
     kinds: list[Kind] = [FULL, kv.SlidingWindow(window, sink_tokens=sinks)]
-    pool = kv.HybridPool(64, bs, kinds)
+    pool = kv.BlockPool(64, bs, kinds)
     cache = kv.KvCache(2, 64, bs, hkv, dim)
     rng = np.random.default_rng(5)
     written: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
@@ -357,10 +392,10 @@ def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
                         b = slot_of(pool, s, g, p)
                         np.testing.assert_array_equal(kc[b // bs, b % bs], written[(layer, s)][0][p])
                         np.testing.assert_array_equal(vc[b // bs, b % bs], written[(layer, s)][1][p])
-            got = kv.decode_attention(cache, j, q, pool.block_tables(ids, g), lens, scale=scale,
+            got = kv.decode_attention(cache, j, q, pool.block_tables(ids, group=g), lens, scale=scale,
                                       window_left=kind.window_left, sink_tokens=kind.sink_tokens)
             np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
-            indptr, indices, last, start = pool.flashinfer_tables(ids, g)
+            indptr, indices, last, start = pool.flashinfer_tables(ids, group=g)
             paged = kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=scale, kv_page_start=start,
                                               window_left=kind.window_left, sink_tokens=kind.sink_tokens)
             np.testing.assert_allclose(paged, want, atol=2e-5, rtol=1e-4)
@@ -375,16 +410,16 @@ def test_tensor_sharing_two_global_two_local_layers_in_one_cache() -> None:
 
 def test_a_hit_holds_the_window_before_it_and_holes_elsewhere() -> None:
     bs, window = 4, 8
-    pool = kv.HybridPool(64, bs, [FULL, kv.SlidingWindow(window)], prefix_caching=True)
+    pool = kv.BlockPool(64, bs, [FULL, kv.SlidingWindow(window)], prefix_caching=True)
     tokens = list(range(40))
     assert pool.add_sequence_tokens(1, tokens)[0] == 0
     pool.free(1)
     assert pool.cached_prefix_len(tokens) == 40  # every full block is cached
-    cached, slots = pool.add_sequence_tokens(2, tokens)  # <= 39 tokens: one prompt token computed
+    cached, slots, _ = pool.add_sequence_tokens(2, tokens)  # <= 39 tokens: one prompt token computed
     assert cached == 36 and slots.shape == (2, 4) and pool.frontier(2) == 36 and pool.seq_len(2) == 40
     # Full attention needs the whole prefix, the window group only blocks 29 // 4 .. 9.
-    assert -1 not in pool.block_table(2, 0).tolist()
-    assert [i for i, b in enumerate(pool.block_table(2, 1).tolist()) if b >= 0] == [7, 8, 9]
+    assert -1 not in pool.block_table(2, group=0).tolist()
+    assert [i for i, b in enumerate(pool.block_table(2, group=1).tolist()) if b >= 0] == [7, 8, 9]
     for g in range(2):
         assert slots[g].tolist() == [slot_of(pool, 2, g, p) for p in range(36, 40)]
     st = pool.cache_stats()
@@ -394,15 +429,15 @@ def test_a_hit_holds_the_window_before_it_and_holes_elsewhere() -> None:
 
 
 def test_blocks_released_by_the_window_stay_cached_for_a_later_hit() -> None:
-    pool = kv.HybridPool(64, 4, [kv.SlidingWindow(8)], prefix_caching=True)
+    pool = kv.BlockPool(64, 4, [kv.SlidingWindow(8)], prefix_caching=True)
     tokens = list(range(40))
     pool.add_sequence_tokens(1, tokens)
     pool.append_tokens(1, list(range(100, 120)))
-    table = pool.block_table(1, 0).tolist()
+    table = pool.block_table(1, group=0).tolist()
     assert table[:8] == [-1] * 8  # released by the window rule ...
     assert pool.cache_stats().idle_blocks == 8  # ... kept cached, idle
     free = pool.num_free_blocks
-    cached, _ = pool.add_sequence_tokens(2, tokens)
+    cached, _, _ = pool.add_sequence_tokens(2, tokens)
     assert cached == 36 and pool.cache_stats().group_hit_blocks == [2]
     assert pool.num_free_blocks == free - 2  # revived block 7, one new block for 36..40
     pool.check_invariants()
@@ -414,7 +449,7 @@ def test_eviction_policy_decides_which_idle_block_goes(policy: str | None, survi
     # them, each released in turn. One allocation then evicts one of them: least recently
     # used (A), earliest stored (A) or least often hit (B); the default is LRU.
     extra = {} if policy is None else {"eviction": policy}
-    pool = kv.HybridPool(3, 4, [FULL], prefix_caching=True, **extra)
+    pool = kv.BlockPool(3, 4, [FULL], prefix_caching=True, **extra)
     prompts = {"A": [1, 2, 3, 4, 9], "B": [5, 6, 7, 8, 9]}
     sid = iter(range(100))
     for name in ("A", "B", "A", "A", "B"):
@@ -430,35 +465,35 @@ def test_eviction_policy_decides_which_idle_block_goes(policy: str | None, survi
 
 
 def test_reset_prefix_cache_forgets_every_group_and_keeps_live_sequences() -> None:
-    pool = kv.HybridPool(64, 4, gemma(window=8), prefix_caching=True)
+    pool = kv.BlockPool(64, 4, gemma(window=8), prefix_caching=True)
     tokens = list(range(40))
     pool.add_sequence_tokens(1, tokens)
     pool.add_sequence_tokens(2, tokens[:20] + [99] * 4)
     pool.free(2)
     before = pool.cache_stats()
     assert before.idle_blocks > 0 and before.cached_blocks > before.idle_blocks
-    free, table = pool.num_free_blocks, pool.block_table(1, 0).tolist()
+    free, table = pool.num_free_blocks, pool.block_table(1, group=0).tolist()
     assert pool.reset_prefix_cache() == before.cached_blocks
     after = pool.cache_stats()
     assert (after.cached_blocks, after.idle_blocks, after.evictions) == (0, 0, before.evictions)
     assert pool.num_free_blocks == free  # idle blocks counted as free before, free now
-    assert pool.block_table(1, 0).tolist() == table and pool.cached_prefix_len(tokens) == 0
-    cached, _ = pool.add_sequence_tokens(3, tokens)
+    assert pool.block_table(1, group=0).tolist() == table and pool.cached_prefix_len(tokens) == 0
+    cached, _, _ = pool.add_sequence_tokens(3, tokens)
     assert cached == 0
     pool.check_invariants()
     with pytest.raises(kv.InvalidArgumentError):
-        kv.HybridPool(8, 4, [FULL]).reset_prefix_cache()
+        kv.BlockPool(8, 4, [FULL]).reset_prefix_cache()
 
 
 def test_cache_options_need_prefix_caching() -> None:
     for opts in ({"eviction": "lru"}, {"verify_tokens": True}, {"record_events": True}, {"hash_bits": 64}):
         with pytest.raises(kv.InvalidArgumentError, match="need prefix_caching=True"):
-            kv.HybridPool(8, 4, [FULL], **opts)
-    assert kv.HybridPool(8, 4, [FULL], prefix_caching=True, eviction="priority").cache_stats().policy == "priority"
+            kv.BlockPool(8, 4, [FULL], **opts)
+    assert kv.BlockPool(8, 4, [FULL], prefix_caching=True, eviction="priority").cache_stats().policy == "priority"
 
 
 def test_prefix_methods_need_caching() -> None:
-    pool = kv.HybridPool(16, 4, gemma())
+    pool = kv.BlockPool(16, 4, gemma())
     for call in (lambda: pool.add_sequence_tokens(1, [1, 2]), lambda: pool.cached_prefix_len([1]),
                  lambda: pool.cache_stats(), lambda: pool.add_sequence_block_keys(1, [5], 3)):
         with pytest.raises(kv.InvalidArgumentError):
@@ -469,7 +504,7 @@ def test_prefix_methods_need_caching() -> None:
 def test_cached_prefix_len_means_the_same_number_as_block_pools() -> None:
     # Both pools report the cached full blocks before admission's last-token rule.
     bs = 4
-    hybrid = kv.HybridPool(64, bs, [FULL], prefix_caching=True)
+    hybrid = kv.BlockPool(64, bs, [FULL], prefix_caching=True)
     plain = kv.BlockPool(64, bs, prefix_caching=True)
     tokens = list(range(16))
     for pool in (hybrid, plain):

@@ -1,4 +1,4 @@
-"""Stateful property test of ``pykvpool.HybridPool`` against the spec model of
+"""Stateful property test of ``pykvpool.BlockPool`` against the spec model of
 ``tests/reference/hybrid_model.py`` (the layer-group contract, not the implementation).
 
 Each example draws a pool (block size, 8 to 40 blocks, one to three groups of full,
@@ -42,13 +42,13 @@ picks = st.one_of(st.tuples(st.just("live"), st.integers(0, 31)), st.tuples(st.j
 
 
 class HybridMachine(RuleBasedStateMachine):
-    pool: kv.HybridPool
+    pool: kv.BlockPool
     model: Model
 
     @initialize(bs=st.sampled_from([1, 2, 4]), num_blocks=st.integers(8, 40),
                 groups=st.lists(kinds, min_size=1, max_size=3))
     def setup(self, bs: int, num_blocks: int, groups: list[Any]) -> None:
-        self.pool = kv.HybridPool(num_blocks, bs, groups)
+        self.pool = kv.BlockPool(num_blocks, bs, groups)
         self.model = Model(groups, bs, num_blocks)
 
     def pick(self, p: tuple[str, int]) -> int:
@@ -201,7 +201,7 @@ class HybridMachine(RuleBasedStateMachine):
     def malformed(self, p: tuple[str, int], bad: Any) -> None:
         seq = self.pick(p)
         for call in (lambda: self.pool.append(seq, bad), lambda: self.pool.step([seq], bad),
-                     lambda: self.pool.truncate(seq, bad), lambda: self.pool.block_tables([seq], bad)):
+                     lambda: self.pool.truncate(seq, bad), lambda: self.pool.block_tables([seq], group=bad)):
             self.fails(kv.InvalidArgumentError, call)
 
     @invariant()

@@ -30,8 +30,8 @@ class World:
     fcache: kv.KvCache
     buf: kv.BlockTableBuffer
     q: np.ndarray
-    hpool: kv.HybridPool
-    hppool: kv.HybridPool
+    hpool: kv.BlockPool
+    hppool: kv.BlockPool
 
 
 def world() -> World:
@@ -52,12 +52,12 @@ def world() -> World:
     buf = kv.BlockTableBuffer(4, 8)
     buf.sync(pool, [1, 2])
     # Seq 3 has released blocks in its sliding-window group: truncating it back is refused.
-    hpool = kv.HybridPool(64, 4, [kv.FullAttention(), kv.SlidingWindow(4, sink_tokens=2), kv.ChunkedAttention(8)])
+    hpool = kv.BlockPool(64, 4, [kv.FullAttention(), kv.SlidingWindow(4, sink_tokens=2), kv.ChunkedAttention(8)])
     hpool.add_sequence(1, 5)
     hpool.fork(1, 2)
     hpool.add_sequence(3, 19)
     hpool.append(3)
-    hppool = kv.HybridPool(16, 4, GROUPS, prefix_caching=True)
+    hppool = kv.BlockPool(16, 4, GROUPS, prefix_caching=True)
     hppool.add_sequence_tokens(1, list(range(10)))
     return World(pool, ppool, cache, fcache, buf, np.ones((1, 4, 8), np.float32), hpool, hppool)
 
@@ -105,7 +105,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("BlockPool", "hash_bits", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, hash_bits=x),
      INT_BAD + NEG + [0, 129, 2**40]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), ["nope", ""]),
-    ("HybridPool", "eviction", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=True, eviction=x),
+    ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, GROUPS, prefix_caching=True, eviction=x),
      ["nope", ""]),
     ("add_sequence", "seq_id", lambda w, x: w.pool.add_sequence(x, 1), INT_BAD + REQUIRED + NEG),
     ("add_sequence", "prompt_len", lambda w, x: w.pool.add_sequence(9, x), INT_BAD + NEG + [2**40]),
@@ -151,55 +151,55 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("SlidingWindow", "window", lambda w, x: kv.SlidingWindow(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
     ("SlidingWindow", "sink_tokens", lambda w, x: kv.SlidingWindow(4, x), INT_BAD + NEG + [2**31]),
     ("ChunkedAttention", "chunk_size", lambda w, x: kv.ChunkedAttention(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
-    ("HybridPool", "num_blocks", lambda w, x: kv.HybridPool(x, 4, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
-    ("HybridPool", "block_size", lambda w, x: kv.HybridPool(16, x, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
-    ("HybridPool", "groups", lambda w, x: kv.HybridPool(16, 4, x), [[], (), [kv.FullAttention()] * 65]),
-    ("HybridPool.add_sequence", "seq_id", lambda w, x: w.hpool.add_sequence(x, 1), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.add_sequence", "prompt_len", lambda w, x: w.hpool.add_sequence(9, x), INT_BAD + NEG + [2**40]),
-    ("HybridPool.append", "seq_id", lambda w, x: w.hpool.append(x), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.append", "num_tokens", lambda w, x: w.hpool.append(1, x), INT_BAD + NEG + [2**40]),
-    ("HybridPool.step", "seq_ids", lambda w, x: w.hpool.step(x), ARRAY_BAD + [[-1], [1, 1], None]),
-    ("HybridPool.step", "num_tokens", lambda w, x: w.hpool.step([1], x), NOT_INT + NEG + [2**40, [1.5], [1, 1]]),
-    ("HybridPool.fork", "parent", lambda w, x: w.hpool.fork(x, 9), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.fork", "child", lambda w, x: w.hpool.fork(1, x), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.truncate", "seq_id", lambda w, x: w.hpool.truncate(x, 1), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
+    ("BlockPool", "num_blocks", lambda w, x: kv.BlockPool(x, 4, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
+    ("BlockPool", "block_size", lambda w, x: kv.BlockPool(16, x, GROUPS), INT_BAD + REQUIRED + NEG + [0, 2**40]),
+    ("BlockPool", "groups", lambda w, x: kv.BlockPool(16, 4, x), [[], (), [kv.FullAttention()] * 65]),
+    ("BlockPool.add_sequence", "seq_id", lambda w, x: w.hpool.add_sequence(x, 1), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.add_sequence", "prompt_len", lambda w, x: w.hpool.add_sequence(9, x), INT_BAD + NEG + [2**40]),
+    ("BlockPool.append", "seq_id", lambda w, x: w.hpool.append(x), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.append", "num_tokens", lambda w, x: w.hpool.append(1, x), INT_BAD + NEG + [2**40]),
+    ("BlockPool.step", "seq_ids", lambda w, x: w.hpool.step(x), ARRAY_BAD + [[-1], [1, 1], None]),
+    ("BlockPool.step", "num_tokens", lambda w, x: w.hpool.step([1], x), NOT_INT + NEG + [2**40, [1.5], [1, 1]]),
+    ("BlockPool.fork", "parent", lambda w, x: w.hpool.fork(x, 9), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.fork", "child", lambda w, x: w.hpool.fork(1, x), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.truncate", "seq_id", lambda w, x: w.hpool.truncate(x, 1), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
     # Past the window: group 1 released logical block 1, which a query at 20 - 15 = 5 sees.
-    ("HybridPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(3, x), [15, 19]),
-    ("HybridPool.free", "seq_id", lambda w, x: w.hpool.free(x), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.free_batch", "seq_ids", lambda w, x: w.hpool.free_batch(x), ARRAY_BAD + [[-1], [1, 1], None]),
-    ("HybridPool.mark_computed", "seq_ids", lambda w, x: w.hpool.mark_computed(x), ARRAY_BAD + [[-1], None]),
-    ("HybridPool.blocks_needed", "seq_id", lambda w, x: w.hpool.blocks_needed(x, 1), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.blocks_needed", "num_tokens", lambda w, x: w.hpool.blocks_needed(1, x),
+    ("BlockPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(3, x), [15, 19]),
+    ("BlockPool.free", "seq_id", lambda w, x: w.hpool.free(x), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.free_batch", "seq_ids", lambda w, x: w.hpool.free_batch(x), ARRAY_BAD + [[-1], [1, 1], None]),
+    ("BlockPool.mark_computed", "seq_ids", lambda w, x: w.hpool.mark_computed(x), ARRAY_BAD + [[-1], None]),
+    ("BlockPool.blocks_needed", "seq_id", lambda w, x: w.hpool.blocks_needed(x, 1), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.blocks_needed", "num_tokens", lambda w, x: w.hpool.blocks_needed(1, x),
      INT_BAD + REQUIRED + NEG + [2**62]),
-    ("HybridPool.seq_len", "seq_id", lambda w, x: w.hpool.seq_len(x), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.frontier", "seq_id", lambda w, x: w.hpool.frontier(x), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.block_table", "seq_id", lambda w, x: w.hpool.block_table(x, 0), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.block_table", "group", lambda w, x: w.hpool.block_table(1, x), INT_BAD + REQUIRED + NEG + [3, 2**40]),
-    ("HybridPool.block_tables", "seq_ids", lambda w, x: w.hpool.block_tables(x, 0), ARRAY_BAD + [[-1], None]),
-    ("HybridPool.block_tables", "group", lambda w, x: w.hpool.block_tables([1], x), INT_BAD + REQUIRED + NEG + [3]),
-    ("HybridPool.block_tables", "max_blocks", lambda w, x: w.hpool.block_tables([1], 0, x),
+    ("BlockPool.seq_len", "seq_id", lambda w, x: w.hpool.seq_len(x), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.frontier", "seq_id", lambda w, x: w.hpool.frontier(x), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.block_table", "seq_id", lambda w, x: w.hpool.block_table(x, group=0), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.block_table", "group", lambda w, x: w.hpool.block_table(1, group=x), INT_BAD + REQUIRED + NEG + [3, 2**40]),
+    ("BlockPool.block_tables", "seq_ids", lambda w, x: w.hpool.block_tables(x, group=0), ARRAY_BAD + [[-1], None]),
+    ("BlockPool.block_tables", "group", lambda w, x: w.hpool.block_tables([1], group=x), INT_BAD + REQUIRED + NEG + [3]),
+    ("BlockPool.block_tables", "max_blocks", lambda w, x: w.hpool.block_tables([1], x, group=0),
      INT_BAD + NEG + [1, 2**40]),
-    ("HybridPool.block_tables", "pad", lambda w, x: w.hpool.block_tables([1], 0, 4, x), INT_BAD + REQUIRED + [2**31]),
-    ("HybridPool.flashinfer_tables", "seq_ids", lambda w, x: w.hpool.flashinfer_tables(x, 0),
+    ("BlockPool.block_tables", "pad", lambda w, x: w.hpool.block_tables([1], 4, x, group=0), INT_BAD + REQUIRED + [2**31]),
+    ("BlockPool.flashinfer_tables", "seq_ids", lambda w, x: w.hpool.flashinfer_tables(x, group=0),
      ARRAY_BAD + [[-1], None]),
-    ("HybridPool.flashinfer_tables", "group", lambda w, x: w.hpool.flashinfer_tables([1], x),
+    ("BlockPool.flashinfer_tables", "group", lambda w, x: w.hpool.flashinfer_tables([1], group=x),
      INT_BAD + REQUIRED + NEG + [3]),
-    ("HybridPool.stored_ranges", "seq_id", lambda w, x: w.hpool.stored_ranges(x, 0), INT_BAD + REQUIRED + NEG),
-    ("HybridPool.stored_ranges", "group", lambda w, x: w.hpool.stored_ranges(1, x), INT_BAD + REQUIRED + NEG + [3]),
-    ("HybridPool.refcount", "block_id", lambda w, x: w.hpool.refcount(x), INT_BAD + REQUIRED + NEG + [64, 2**40]),
-    ("HybridPool.add_sequence_tokens", "token_ids", lambda w, x: w.hppool.add_sequence_tokens(9, x),
+    ("BlockPool.stored_ranges", "seq_id", lambda w, x: w.hpool.stored_ranges(x, group=0), INT_BAD + REQUIRED + NEG),
+    ("BlockPool.stored_ranges", "group", lambda w, x: w.hpool.stored_ranges(1, group=x), INT_BAD + REQUIRED + NEG + [3]),
+    ("BlockPool.refcount", "block_id", lambda w, x: w.hpool.refcount(x), INT_BAD + REQUIRED + NEG + [64, 2**40]),
+    ("BlockPool.add_sequence_tokens", "token_ids", lambda w, x: w.hppool.add_sequence_tokens(9, x),
      ARRAY_BAD + [[-1], [2**32], None]),
-    ("HybridPool.add_sequence_tokens", "extra_key", lambda w, x: w.hppool.add_sequence_tokens(9, [1], x),
+    ("BlockPool.add_sequence_tokens", "extra_key", lambda w, x: w.hppool.add_sequence_tokens(9, [1], x),
      INT_BAD + NEG),
-    ("HybridPool.add_sequence_block_keys", "block_keys", lambda w, x: w.hppool.add_sequence_block_keys(9, x, 4),
+    ("BlockPool.add_sequence_block_keys", "block_keys", lambda w, x: w.hppool.add_sequence_block_keys(9, x, 4),
      ARRAY_BAD + [[-1], np.zeros((1, 3), np.uint64), None]),
-    ("HybridPool.add_sequence_block_keys", "prompt_len", lambda w, x: w.hppool.add_sequence_block_keys(9, [1], x),
+    ("BlockPool.add_sequence_block_keys", "prompt_len", lambda w, x: w.hppool.add_sequence_block_keys(9, [1], x),
      INT_BAD + REQUIRED + NEG + [2**40]),
-    ("HybridPool.append_tokens", "token_ids", lambda w, x: w.hppool.append_tokens(1, x),
+    ("BlockPool.append_tokens", "token_ids", lambda w, x: w.hppool.append_tokens(1, x),
      ARRAY_BAD + [[-1], [2**32], None]),
-    ("HybridPool.cached_prefix_len", "token_ids", lambda w, x: w.hppool.cached_prefix_len(x), ARRAY_BAD + [[-1], None]),
-    ("HybridPool.cached_prefix_len", "extra_key", lambda w, x: w.hppool.cached_prefix_len([1], x), INT_BAD + NEG),
+    ("BlockPool.cached_prefix_len", "token_ids", lambda w, x: w.hppool.cached_prefix_len(x), ARRAY_BAD + [[-1], None]),
+    ("BlockPool.cached_prefix_len", "extra_key", lambda w, x: w.hppool.cached_prefix_len([1], x), INT_BAD + NEG),
     ("KvCache", "num_layers", lambda w, x: kv.KvCache(x, 8, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "num_blocks", lambda w, x: kv.KvCache(1, x, 4, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**62]),
     ("KvCache", "block_size", lambda w, x: kv.KvCache(1, 8, x, 2, 8), INT_BAD + REQUIRED + NEG + [0, 2**17]),
@@ -340,10 +340,10 @@ TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("BlockPool", "prefix_caching", lambda w, x: kv.BlockPool(16, 4, prefix_caching=x), [1, "yes", None]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), [1, b"lru"]),
     ("BlockPool", "verify_tokens", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, verify_tokens=x), [1, "no"]),
-    ("HybridPool", "groups", lambda w, x: kv.HybridPool(16, 4, x),
-     [1, None, "ab", b"ab", kv.FullAttention(), [1], [None], [kv.FullAttention(), "full"], [GROUPS]]),
-    ("HybridPool", "prefix_caching", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=x), [1, "yes", None]),
-    ("HybridPool", "eviction", lambda w, x: kv.HybridPool(16, 4, GROUPS, prefix_caching=True, eviction=x), [1, b"lru"]),
+    ("BlockPool", "groups", lambda w, x: kv.BlockPool(16, 4, x),
+     [1, "ab", b"ab", kv.FullAttention(), [1], [None], [kv.FullAttention(), "full"], [GROUPS]]),
+    ("BlockPool", "prefix_caching", lambda w, x: kv.BlockPool(16, 4, GROUPS, prefix_caching=x), [1, "yes", None]),
+    ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, GROUPS, prefix_caching=True, eviction=x), [1, b"lru"]),
     ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), [1, None, np.float32]),
     ("key", "writable", lambda w, x: w.cache.key(0, writable=x), [1, "no", None]),
     ("key_scales", "writable", lambda w, x: w.fcache.key_scales(0, writable=x), [1, "no", None]),
@@ -412,7 +412,7 @@ def test_every_native_callable_is_in_a_table() -> None:
                "run_simulation", "synthesize_workload"}  # the simulator's own tests cover these two
     covered = {row.split(".")[-1] for row, *_ in INVALID + TYPE_ERRORS} | no_args
     native = {n for n in dir(kv._native) if callable(getattr(kv._native, n)) and not n[0].isupper()}
-    for cls in (kv.BlockPool, kv.KvCache, kv.BlockTableBuffer, kv.HybridPool, kv.HybridPoolStats,
+    for cls in (kv.BlockPool, kv.KvCache, kv.BlockTableBuffer, kv.BlockPool, kv.PoolStats,
                 kv.FullAttention, kv.SlidingWindow, kv.ChunkedAttention):
         native |= {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
     assert native - covered == set()

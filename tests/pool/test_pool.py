@@ -333,7 +333,7 @@ def test_table_buffers_mirror_every_group_of_a_hybrid_pool(caching: bool) -> Non
     # truncations within the window, frees and prefix hits with holes.
     rng = random.Random(99)
     groups = [kv.FullAttention(), kv.SlidingWindow(6, sink_tokens=2), kv.ChunkedAttention(8)]
-    p = kv.HybridPool(200, 2, groups, prefix_caching=caching)
+    p = kv.BlockPool(200, 2, groups, prefix_caching=caching)
     bufs = [kv.BlockTableBuffer(6, 512, pad=-3) for _ in groups]
     live: list[int] = []
     next_id = 0
@@ -370,7 +370,7 @@ def test_table_buffers_mirror_every_group_of_a_hybrid_pool(caching: bool) -> Non
         rows = sorted(live, key=lambda _: rng.random())
         for g, buf in enumerate(bufs):
             buf.sync(p, rows, group=g)
-            np.testing.assert_array_equal(buf.array[: len(rows)], p.block_tables(rows, g, max_blocks=512, pad=-3))
+            np.testing.assert_array_equal(buf.array[: len(rows)], p.block_tables(rows, max_blocks=512, pad=-3, group=g))
             assert buf.sync(p, rows, group=g) == 0
     p.check_invariants()
 
@@ -411,7 +411,12 @@ def test_stats() -> None:
         "cow_copies",
         "empty_slots",
         "utilization",
+        "idle_cached_blocks",
+        "group_blocks",
+        "group_stored_tokens",
+        "group_holes",
     }
+    assert d["group_blocks"] == [3] and d["group_stored_tokens"] == [11] and d["group_holes"] == [0]
     assert "cow_copies=1" in repr(p.stats())
 
 

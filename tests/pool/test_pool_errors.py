@@ -308,15 +308,17 @@ def test_table_buffer_read_only_array(pool: kv.BlockPool) -> None:
 
 def test_table_buffer_needs_a_pool(pool: kv.BlockPool) -> None:
     buf = kv.BlockTableBuffer(2, 4)
-    with pytest.raises(kv.InvalidArgumentError, match=r"pool must be a BlockPool or a HybridPool, got dict"):
+    with pytest.raises(kv.InvalidArgumentError, match=r"pool must be a BlockPool, got dict"):
         buf.sync({}, [1])  # type: ignore[arg-type]
-    with pytest.raises(kv.InvalidArgumentError, match=r"group: a BlockPool has one group \(0\), got 1"):
+    with pytest.raises(kv.InvalidArgumentError, match=r"group must be in 0..1 \(this pool has 1 groups\), got 1"):
         buf.sync(pool, [1], group=1)
-    hybrid = kv.HybridPool(16, 4, [kv.FullAttention(), kv.SlidingWindow(8)])
+    hybrid = kv.BlockPool(16, 4, [kv.FullAttention(), kv.SlidingWindow(8)])
     hybrid.add_sequence(1, 5)
     before = buf.array.copy()
-    with pytest.raises(kv.InvalidArgumentError, match=r"group: 2 is not a group of this pool"):
+    with pytest.raises(kv.InvalidArgumentError, match=r"group must be in 0..2 \(this pool has 2 groups\), got 2"):
         buf.sync(hybrid, [1], group=2)
+    with pytest.raises(kv.InvalidArgumentError, match=r"group: this pool has layer groups; pass group="):
+        buf.sync(hybrid, [1])
     with pytest.raises(kv.InvalidArgumentError, match=r"group must be"):
         buf.sync(hybrid, [1], group=-1)
     with pytest.raises(kv.InvalidArgumentError, match=r"group must be an int, got str"):

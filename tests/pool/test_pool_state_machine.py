@@ -166,7 +166,7 @@ class Model:
         del self.lens[seq]
         del self.contents[seq]
 
-    def stats(self) -> dict[str, Union[int, float]]:
+    def stats(self) -> dict[str, Union[int, float, list[int]]]:
         fill: dict[int, int] = {}
         for seq, table in self.tables.items():
             for i, b in enumerate(table):
@@ -185,6 +185,10 @@ class Model:
             "cow_copies": self.cow_copies,
             "empty_slots": capacity - stored,
             "utilization": stored / capacity if capacity else 1.0,
+            "idle_cached_blocks": 0,
+            "group_blocks": [len(self.refc)],
+            "group_stored_tokens": [stored],
+            "group_holes": [0],
         }
 
 

@@ -170,8 +170,8 @@ def test_decode_attention_errors_against_a_writer() -> None:
 HYBRID_CALLS = {
     # Each raises in a loop (an exception built after the pool lock is dropped) or, for the
     # big step, releases the GIL (more than 4,096 tokens x groups of work).
-    "unknown": "pool.block_table(7, 1)",
-    "group": "pool.stored_ranges(1, 9)",
+    "unknown": "pool.block_table(7, group=1)",
+    "group": "pool.stored_ranges(1, group=9)",
     "exhausted": "pool.add_sequence(5, 10_000)",
     "truncate": "pool.truncate(1, 40)",
     "big_step": "(pool.add_sequence(6, 5000), pool.free(6))",
@@ -180,10 +180,10 @@ HYBRID_CALLS = {
 
 @pytest.mark.parametrize("call", sorted(HYBRID_CALLS))
 def test_hybrid_pool_error_paths_and_big_calls_against_stepping_and_getters(call: str) -> None:
-    """Thread A runs a HybridPool call that raises or detaches; B decodes and frees
+    """Thread A runs a BlockPool call that raises or detaches; B decodes and frees
     sequences of a Gemma-like pool; C reads getters, tables and statistics."""
     run_pattern(f"""
-        pool = kv.HybridPool(4096, 4, [kv.FullAttention(), kv.SlidingWindow(8, sink_tokens=2)])
+        pool = kv.BlockPool(4096, 4, [kv.FullAttention(), kv.SlidingWindow(8, sink_tokens=2)])
         pool.add_sequence(1, 40)
         pool.append(1, 2)
         def decode():
@@ -195,7 +195,7 @@ def test_hybrid_pool_error_paths_and_big_calls_against_stepping_and_getters(call
             pool.free_batch([2, 3])
         a = loop(lambda: {HYBRID_CALLS[call]}, KeyError, ValueError, MemoryError)
         b = loop(decode)
-        c = loop(lambda: (pool.num_free_blocks, pool.block_tables([1], 1), pool.flashinfer_tables([1], 1),
+        c = loop(lambda: (pool.num_free_blocks, pool.block_tables([1], group=1), pool.flashinfer_tables([1], group=1),
                           pool.stats(), len(pool), 1 in pool))
         run_all([a, b, c])
         pool.check_invariants()

@@ -1,4 +1,4 @@
-"""Prefix reuse through a HybridPool laid out for a model's layer kinds
+"""Prefix reuse through a BlockPool laid out for a model's layer kinds
 (pykvpool.prefix.groups_replay, `pykvpool replay --model`)."""
 
 from __future__ import annotations

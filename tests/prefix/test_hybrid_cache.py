@@ -26,13 +26,13 @@ def tokens(family: int, n: int) -> list[int]:
     return [family * 1000 + i for i in range(n)]
 
 
-def pinned_blocks(pool: kv.HybridPool, n_blocks: int) -> int:
+def pinned_blocks(pool: kv.BlockPool, n_blocks: int) -> int:
     """Blocks a hit of ``n_blocks`` needs over every group of ``pool``."""
     return sum(len(needed_blocks(g, n_blocks * pool.block_size, pool.block_size)) for g in pool.groups)
 
 
 def test_events_name_the_group_and_only_full_groups_chain() -> None:
-    pool = kv.HybridPool(12, BS, GROUPS, prefix_caching=True, record_events=True)
+    pool = kv.BlockPool(12, BS, GROUPS, prefix_caching=True, record_events=True)
     a = tokens(1, 16)
     pool.add_sequence_tokens(1, a)
     ev = pool.drain_events()
@@ -43,7 +43,7 @@ def test_events_name_the_group_and_only_full_groups_chain() -> None:
     keys = [tuple(k) for k in ev["key"].tolist()]
     assert [tuple(k) for k in ev["parent_key"][1:4].tolist()] == keys[:3]
     assert keys[:4] == keys[4:], "the same chained keys in every group"
-    table = [pool.block_table(1, g).tolist() for g in (0, 1)]
+    table = [pool.block_table(1, group=g).tolist() for g in (0, 1)]
     assert ev["block"].tolist() == table[0] + table[1]
     pool.free(1)
     # 4 free blocks: a 24-token prompt (6 + 6 blocks) evicts 8 idle ones.
@@ -57,7 +57,7 @@ def test_events_name_the_group_and_only_full_groups_chain() -> None:
 
 def test_full_groups_evict_tails_first() -> None:
     # Only leaves of a full group's chain go: after one eviction the head is still there.
-    pool = kv.HybridPool(8, BS, [FULL], prefix_caching=True)
+    pool = kv.BlockPool(8, BS, [FULL], prefix_caching=True)
     a = tokens(1, 16)
     pool.add_sequence_tokens(1, a)
     pool.free(1)
@@ -67,7 +67,7 @@ def test_full_groups_evict_tails_first() -> None:
 
 
 def test_a_hard_pin_keeps_every_group_block_a_hit_needs() -> None:
-    pool = kv.HybridPool(20, BS, GROUPS, prefix_caching=True)
+    pool = kv.BlockPool(20, BS, GROUPS, prefix_caching=True)
     a = tokens(1, 16)
     pool.add_sequence_tokens(1, a)
     pool.free(1)
@@ -86,7 +86,7 @@ def test_a_hard_pin_keeps_every_group_block_a_hit_needs() -> None:
     with pytest.raises(kv.InvalidArgumentError, match="pins"):
         pool.reset_prefix_cache()
     pool.free(2)
-    cached, _ = pool.add_sequence_tokens(4, a + [7])
+    cached, _, _ = pool.add_sequence_tokens(4, a + [7])
     assert cached == 16
     pool.free(4)
     pool.unpin(pin)
@@ -97,7 +97,7 @@ def test_a_hard_pin_keeps_every_group_block_a_hit_needs() -> None:
 
 
 def test_a_pin_needs_the_whole_hit_cached() -> None:
-    pool = kv.HybridPool(20, BS, GROUPS, prefix_caching=True)
+    pool = kv.BlockPool(20, BS, GROUPS, prefix_caching=True)
     a = tokens(1, 16)
     pool.add_sequence_tokens(1, a)
     with pytest.raises(kv.InvalidArgumentError, match="not cached"):
@@ -106,11 +106,11 @@ def test_a_pin_needs_the_whole_hit_cached() -> None:
         pool.pin_prefix(a[:3])
     assert pool.cache_stats().num_pins == 0
     with pytest.raises(kv.InvalidArgumentError, match="prefix caching is off"):
-        kv.HybridPool(8, BS, GROUPS).pin_prefix(a)
+        kv.BlockPool(8, BS, GROUPS).pin_prefix(a)
 
 
 def test_pins_lapse_on_the_logical_clock() -> None:
-    pool = kv.HybridPool(20, BS, GROUPS, prefix_caching=True)
+    pool = kv.BlockPool(20, BS, GROUPS, prefix_caching=True)
     a = tokens(1, 8)
     pool.add_sequence_tokens(1, a)
     now = pool.cache_stats().clock
@@ -128,7 +128,7 @@ def test_pins_lapse_on_the_logical_clock() -> None:
 
 def test_soft_pins_order_the_priority_policy() -> None:
     def survivors(pin: bool) -> tuple[int, int]:
-        pool = kv.HybridPool(16, BS, GROUPS, prefix_caching=True, eviction="priority")
+        pool = kv.BlockPool(16, BS, GROUPS, prefix_caching=True, eviction="priority")
         a, b = tokens(1, 16), tokens(2, 16)
         pool.add_sequence_tokens(1, a)
         pool.free(1)
@@ -153,7 +153,7 @@ def test_soft_pins_order_the_priority_policy() -> None:
 def test_a_key_collision_is_a_miss_in_every_group_kind(groups: list[kv.FullAttention]) -> None:
     # One-bit keys collide at every other block: verification turns each into a miss.
     def hits(verify: bool) -> tuple[list[int], int]:
-        pool = kv.HybridPool(400, BS, groups, prefix_caching=True, hash_bits=1, verify_tokens=verify)
+        pool = kv.BlockPool(400, BS, groups, prefix_caching=True, hash_bits=1, verify_tokens=verify)
         out = []
         for f in range(12):
             t = tokens(f, 16)
@@ -169,10 +169,10 @@ def test_a_key_collision_is_a_miss_in_every_group_kind(groups: list[kv.FullAtten
 
 
 def test_stats_count_hits_per_group() -> None:
-    pool = kv.HybridPool(40, BS, GROUPS, prefix_caching=True)
+    pool = kv.BlockPool(40, BS, GROUPS, prefix_caching=True)
     a = tokens(1, 24)
     pool.add_sequence_tokens(1, a)
-    cached, _ = pool.add_sequence_tokens(2, a + [5])
+    cached, _, _ = pool.add_sequence_tokens(2, a + [5])
     assert cached == 24
     s = pool.cache_stats()
     assert s.group_hit_blocks == [6, 2]  # the full chain; the window's two blocks before 24

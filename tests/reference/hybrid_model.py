@@ -1,4 +1,4 @@
-"""A pure-Python model of :class:`pykvpool.HybridPool`, written from the layer-group
+"""A pure-Python model of :class:`pykvpool.BlockPool`, written from the layer-group
 contract (not from the implementation); shared by the hybrid tests (not a test module).
 
 A sequence has a logical length ``L`` and a frontier; per group, a table of logical blocks
@@ -168,14 +168,14 @@ class Model:
 
     # -- learning physical ids
 
-    def learn(self, pool: kv.HybridPool) -> None:
+    def learn(self, pool: kv.BlockPool) -> None:
         """Map each model block to the physical block the pool's tables show; every model
         block maps to one physical block and no two live model blocks to the same one."""
         live = self.refs()
         self.phys = {m: b for m, b in self.phys.items() if m in live}
         for seq, s in self.seqs.items():
             for g, t in enumerate(s.tables):
-                row = pool.block_table(seq, g).tolist()
+                row = pool.block_table(seq, group=g).tolist()
                 for i, m in t.items():
                     b = row[i]
                     assert b >= 0, f"seq {seq} group {g} block {i}: a hole where the model stores"
@@ -183,7 +183,7 @@ class Model:
         assert len(set(self.phys.values())) == len(self.phys), "two model blocks share a physical block"
 
 
-def check_against(model: Model, pool: kv.HybridPool) -> None:
+def check_against(model: Model, pool: kv.BlockPool) -> None:
     """Everything observable about ``pool`` equals the model."""
     bs, groups = model.bs, range(len(model.groups))
     ids = sorted(model.seqs)
@@ -193,8 +193,8 @@ def check_against(model: Model, pool: kv.HybridPool) -> None:
         s = model.seqs[seq]
         assert (pool.seq_len(seq), pool.frontier(seq)) == (s.length, s.frontier), seq
         for g in groups:
-            assert pool.block_table(seq, g).tolist() == model.table(seq, g), (seq, g)
-            assert pool.stored_ranges(seq, g) == model.stored_ranges(seq, g), (seq, g)
+            assert pool.block_table(seq, group=g).tolist() == model.table(seq, g), (seq, g)
+            assert pool.stored_ranges(seq, group=g) == model.stored_ranges(seq, g), (seq, g)
     refs = model.refs()
     by_phys = {model.phys[m]: c for m, c in refs.items()}
     assert [pool.refcount(b) for b in range(model.num_blocks)] == [by_phys.get(b, 0) for b in range(model.num_blocks)]
@@ -213,15 +213,15 @@ def check_against(model: Model, pool: kv.HybridPool) -> None:
             width = max(-(-model.seqs[s].length // bs) for s in ids)
             want = [[-9 if b == -1 else b for b in model.table(s, g)] + [-9] * (width - len(model.table(s, g)))
                      for s in ids]
-            assert pool.block_tables(ids, g, pad=-9).tolist() == want
+            assert pool.block_tables(ids, pad=-9, group=g).tolist() == want
             check_flashinfer(model, pool, ids, g)
     pool.check_invariants()
 
 
-def check_flashinfer(model: Model, pool: kv.HybridPool, ids: list[int], g: int) -> None:
+def check_flashinfer(model: Model, pool: kv.BlockPool, ids: list[int], g: int) -> None:
     """The FlashInfer export of group ``g``, rebuilt page by page from the spec's formula."""
     bs, kind = model.bs, model.groups[g]
-    indptr, indices, last, start = (a.tolist() for a in pool.flashinfer_tables(ids, g))
+    indptr, indices, last, start = (a.tolist() for a in pool.flashinfer_tables(ids, group=g))
     assert indptr[0] == 0 and len(indptr) == len(ids) + 1
     for r, seq in enumerate(ids):
         table = model.table(seq, g)

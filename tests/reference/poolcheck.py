@@ -39,16 +39,16 @@ def table_slots(pool: kv.BlockPool, seq: int) -> list[int]:
     return [table[t // bs] * bs + t % bs for t in range(pool.seq_len(seq))]
 
 
-def hybrid_snapshot(pool: kv.HybridPool) -> tuple[Any, ...]:
-    """:func:`snapshot` for a :class:`HybridPool`: statistics, live ids, every group's table
+def hybrid_snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
+    """:func:`snapshot` for a :class:`BlockPool`: statistics, live ids, every group's table
     (holes as -1), stored ranges, lengths, frontiers and every block's refcount."""
     ids = [int(s) for s in pool.seq_ids()]
     groups = range(pool.num_groups)
     return (
         pool.stats().as_dict(),
         ids,
-        [[pool.block_table(s, g).tolist() for g in groups] for s in ids],
-        [[pool.stored_ranges(s, g) for g in groups] for s in ids],
+        [[pool.block_table(s, group=g).tolist() for g in groups] for s in ids],
+        [[pool.stored_ranges(s, group=g) for g in groups] for s in ids],
         [(pool.seq_len(s), pool.frontier(s)) for s in ids],
         [pool.refcount(b) for b in range(pool.num_blocks)],
     )

@@ -87,15 +87,15 @@ def reference_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, sca
     return np.einsum("hqk,khd->qhd", p, v_rep)
 
 
-def held_pages(pool: kv.HybridPool) -> set[int]:
+def held_pages(pool: kv.BlockPool) -> set[int]:
     """Every page some stream's table holds."""
     held: set[int] = set()
     for s in pool.seq_ids().tolist():
-        held |= {b for b in pool.block_table(s, 0).tolist() if b >= 0}
+        held |= {b for b in pool.block_table(s, group=0).tolist() if b >= 0}
     return held
 
 
-def poison_free_pages(cache: kv.KvCache, pool: kv.HybridPool) -> int:
+def poison_free_pages(cache: kv.KvCache, pool: kv.BlockPool) -> int:
     """Write NaN into K and V of every layer of every page no stream holds (through the
     cache's views: the codes, or for int8, whose codes have no NaN, the pages' scales);
     returns how many pages."""

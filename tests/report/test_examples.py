@@ -77,7 +77,7 @@ def test_hybrid_decode_detects_a_wrong_window(monkeypatch: pytest.MonkeyPatch) -
     ex = _load("hybrid_decode")
 
     def short_window(pool: Any, cache: Any, j: int, q: Any, ids: list[int]) -> Any:
-        indptr, indices, last, start = pool.flashinfer_tables(ids, 1)
+        indptr, indices, last, start = pool.flashinfer_tables(ids, group=1)
         return kv.decode_attention_paged(cache, j, q, indptr, indices, last, scale=ex.SCALE,
                                          window_left=ex.WINDOW - 2, kv_page_start=start)
 

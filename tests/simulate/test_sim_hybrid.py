@@ -1,5 +1,5 @@
 """The serving simulator with layer groups (``SimConfig.groups``): the device is a real
-``HybridPool``; a sliding window holds only its window per request, so a Mistral-7B-like
+``BlockPool``; a sliding window holds only its window per request, so a Mistral-7B-like
 model sustains more concurrency on long requests than full attention at the same blocks;
 per-group block columns add up to the pool's; one full group reproduces the plain run."""
 

@@ -88,7 +88,7 @@ def test_slots_and_positions_of_a_chunk() -> None:
     assert b.positions[0, 7].tolist() == [1, 0, 1]  # token 7: frame 1, token 1 of the 2x3 grid
     assert b.q_positions.tolist() == [11] * 12 and b.qo_indptr.tolist() == [0, 12]
     # The slots are those of the pool's table, in token order.
-    table = vc.pool.block_table(7, 0)
+    table = vc.pool.block_table(7, group=0)
     assert b.slots[0].tolist() == [int(table[p // 4]) * 4 + p % 4 for p in range(12)]
     with pytest.raises(ValueError):
         b.slots[0, 0] = 0  # read-only
@@ -131,7 +131,7 @@ def test_commit_frees_the_frames_that_left_the_window_at_once() -> None:
     vc.commit_chunk([1])
     # Frames 0, 3, 4 are what the next chunk sees: frame 2 went at the commit.
     assert vc.pool.num_used_blocks == 3
-    assert sorted(vc.visible_slots(1)[::3] // 3) == sorted(b for b in vc.pool.block_table(1, 0).tolist() if b >= 0)
+    assert sorted(vc.visible_slots(1)[::3] // 3) == sorted(b for b in vc.pool.block_table(1, group=0).tolist() if b >= 0)
     assert vc.stats()["streams"][1]["waste_tokens"] == 0
     with pytest.raises(kv.InvalidArgumentError, match="batch"):
         vc.write(0, np.zeros((3, HKV, D), np.float32), np.zeros((3, HKV, D), np.float32), b)

@@ -156,7 +156,7 @@ def test_a_bad_dtype_is_refused_before_anything_is_built(monkeypatch: pytest.Mon
         def __init__(self, *_: Any) -> None:
             raise AssertionError("built before the dtype was checked")
 
-    monkeypatch.setattr(cache_mod, "HybridPool", Refused)
+    monkeypatch.setattr(cache_mod, "BlockPool", Refused)
     monkeypatch.setattr(cache_mod, "KvCache", Refused)
     with pytest.raises(error) as info:
         make(bad, blocks=8)

@@ -1,5 +1,5 @@
 """Video presets (KV per stream, full history vs sinks + window, bf16 vs 8-bit) and the video
-serving simulator (roofline pass times, batching, admission through a real HybridPool,
+serving simulator (roofline pass times, batching, admission through a real BlockPool,
 memory over time, streams at real time), against numbers derived by hand."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_stream_blocks_follow_a_real_hybrid_pool() -> None:
     # to 30c + 30: 2, 4, 6, 8, then 2 + (10 - 3) = 9 and 2 + (12 - 5) = 9.
     m = _toy(grid=(2, 5), frames_per_chunk=3, sink_frames=3, window_frames=6)
     assert [m.stream_blocks(c, 16) for c in range(6)] == [2, 4, 6, 8, 9, 9]
-    pool = pykvpool.HybridPool(100, 16, [pykvpool.SlidingWindow(61, sink_tokens=30)])
+    pool = pykvpool.BlockPool(100, 16, [pykvpool.SlidingWindow(61, sink_tokens=30)])
     pool.add_sequence(7, 0)
     for c in range(12):
         pool.step([7], 30)
@@ -259,7 +259,7 @@ def test_peak_blocks_is_the_most_a_real_pool_ever_holds() -> None:
         m = _toy(grid=(h, w), frames_per_chunk=f, sink_frames=sinks, window_frames=window)
         seconds = float(rng.integers(1, 40))
         tpf = h * w
-        pool = pykvpool.HybridPool(10_000, bs, [pykvpool.SlidingWindow(window * tpf + 1,
+        pool = pykvpool.BlockPool(10_000, bs, [pykvpool.SlidingWindow(window * tpf + 1,
                                                                         sink_tokens=sinks * tpf)])
         pool.add_sequence(0, 0)
         most = 0
@@ -275,13 +275,13 @@ def _replayed_blocks(m: VideoModel, chunks: int, streams: int, bs: int) -> list[
     tpf = m.tokens_per_frame
     group = (pykvpool.FullAttention() if m.window_frames is None
              else pykvpool.SlidingWindow(m.window_frames * tpf + 1, sink_tokens=m.sink_frames * tpf))
-    pool = pykvpool.HybridPool(100_000, bs, [group])
+    pool = pykvpool.BlockPool(100_000, bs, [group])
     for i in range(streams):
         pool.add_sequence(i, 0)
     held = []
     for _ in range(chunks):
         pool.step(list(range(streams)), m.chunk_tokens)
-        counts = {int(np.count_nonzero(pool.block_table(i, 0) >= 0)) for i in range(streams)}
+        counts = {int(np.count_nonzero(pool.block_table(i, group=0) >= 0)) for i in range(streams)}
         assert len(counts) == 1
         held.append(counts.pop())
     return held

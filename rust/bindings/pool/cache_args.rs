@@ -177,5 +177,4 @@ pub(crate) fn pin_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     opt_uint(obj, "pin_id", "issued pin ids")?.ok_or_else(|| invalid(obj.py(), "pin_id must be an int, got None"))
 }
 
-pub(super) type Slots<'py> = Bound<'py, PyArray1<i64>>;
 pub(super) type Pairs<'py> = Bound<'py, PyArray2<i64>>;

@@ -1,5 +1,5 @@
 //! The `BlockPool` Python class: its state, how a call reaches the core (the lock, the
-//! GIL rule) and the array helpers its methods share. Its one `#[pymethods]` block is in
+//! GIL rule, the group of a per-group query) and the array helpers its methods share. Its one `#[pymethods]` block is in
 //! [`super::methods`].
 
 use std::sync::{Mutex, MutexGuard};
@@ -8,8 +8,9 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::prelude::*;
 
-use crate::bindings::errors::invalid;
-use crate::pool::{BlockPool, StepOutput};
+use crate::bindings::errors::{invalid, to_py};
+use crate::error::KvError;
+use crate::pool::{BlockPool, GroupSpec, StepOutput};
 use crate::types::{BlockId, SeqId};
 
 /// Largest padded table `block_tables` returns or `BlockTableBuffer` holds, in entries
@@ -41,7 +42,6 @@ thread_local! {
     };
 }
 
-pub(super) type I64Array<'py> = Bound<'py, PyArray1<i64>>;
 pub(super) type I32Array<'py> = Bound<'py, PyArray1<i32>>;
 pub(super) type PairArray<'py> = Bound<'py, PyArray2<i64>>;
 
@@ -88,40 +88,60 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
     Ok(arr.into_pyarray(py))
 }
 
-/// A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots.
+/// A paged KV-cache block pool: ``num_blocks`` blocks of ``block_size`` token slots,
+/// shared by one or more layer groups.
 ///
-/// Each live sequence (a caller-chosen non-negative int64 id) owns a block table mapping
-/// logical block ``i`` to a physical block id. Token ``t`` of a sequence lives at slot
-/// ``table[t // block_size] * block_size + t % block_size``.
+/// Each live sequence (a caller-chosen non-negative int64 id) has one length and, in each
+/// layer group, a block table mapping logical block ``i`` (positions ``i * block_size ..
+/// (i + 1) * block_size``) to a physical block id. Token ``t`` of a sequence lives, in
+/// group ``g``, at slot ``table_g[t // block_size] * block_size + t % block_size``.
+///
+/// Without ``groups`` the pool has one full-attention group and returns per-group results
+/// without a group axis: slots are int64 ``[n]``, and per-group queries
+/// (:meth:`block_table`, :meth:`block_tables`, :meth:`flashinfer_tables`,
+/// :meth:`stored_ranges`) read group 0. With ``groups`` (even one), slots are int64
+/// ``[num_groups, n]``, one row per group, and per-group queries need ``group=``. At the
+/// start of each growth (:meth:`add_sequence`, :meth:`append`, :meth:`step`) a
+/// sliding-window or chunked group releases the blocks no query of that growth or a later
+/// one sees; their table entries become *holes* (``pad`` in :meth:`block_tables`, absent
+/// from :meth:`flashinfer_tables`), so such a group holds a bounded number of blocks
+/// whatever the length. With tensor sharing, one :class:`KvCache` of ``num_blocks`` blocks
+/// serves every group: a block belongs to one group at a time.
 ///
 /// Thread-safe: calls from several Python threads are serialized by an internal lock,
-/// and the GIL is released while the core works, except for ``add_sequence``,
-/// ``add_sequence_tokens``, ``step`` and ``free`` calls whose work (sequences plus new
-/// tokens, or blocks freed) is below 4,096: those finish within about 10 microseconds,
-/// where releasing and retaking the GIL would add a sizeable share.
+/// and the GIL is released while the core works, except for calls whose work (sequences
+/// plus new tokens, or blocks freed, times the groups) is below 4,096: those finish within
+/// about 10 microseconds, where releasing and retaking the GIL would add a sizeable share.
 ///
-/// With ``prefix_caching=True`` the pool caches full blocks by content (the prefix-caching
-/// methods below; trace replay lives in :mod:`pykvpool.prefix.replay`); the other keyword
-/// options configure that cache and need it.
+/// With ``prefix_caching=True`` the pool caches full blocks by content, per group (the
+/// prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix.replay`): a
+/// full group's blocks form chains, a windowed group's blocks are verified one by one. The
+/// other keyword options configure that cache and need it.
 ///
 /// Args:
-///     num_blocks: blocks in the pool, ``1..=2**30``.
+///     num_blocks: blocks in the pool, shared by all groups, ``1..=2**30``.
 ///     block_size: token slots per block, ``1..=65536`` tokens.
+///     groups: None (default: one full-attention group, results without a group axis), or
+///         the attention kind of each layer group in group order: 1 to 64
+///         :class:`FullAttention`, :class:`SlidingWindow` or :class:`ChunkedAttention`
+///         objects.
 ///     prefix_caching: cache full blocks by content (default False).
 ///     eviction: which idle cached block an allocation reclaims once no never-cached block
-///         is free (only leaves of the cache tree: a sequence's tail before its head):
-///         ``"lru"`` (default) the least recently used, where a block is used when it is
-///         stored, when an admission's lookup hits it and when its last holder releases it;
-///         ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits, then the least
-///         recently used; ``"priority"`` the lowest soft-pin priority (0 without, see
-///         :meth:`pin_prefix`), then the least recently used.
+///         is free: ``"lru"`` (default) the least recently used, where a block is used when
+///         it is stored, when an admission's lookup hits it and when its last holder
+///         releases it; ``"fifo"`` the earliest stored; ``"lfu"`` the fewest lookup hits,
+///         then the least recently used; ``"priority"`` the lowest soft-pin priority (0
+///         without, see :meth:`pin_prefix`), then the least recently used. A full group's
+///         blocks go tail first (only leaves of its chains); any idle windowed block may
+///         go; the blocks one growth's window releases are released in logical order.
 ///     verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
 ///         block) and compare them on a hit, so a hash collision is a miss, never wrong KV
-///         (default True).
-///     cow_partial_hit: when a fully cached prompt must recompute its last token, copy its
-///         last block (a copy-on-write pair) instead of recomputing it (default False).
+///         (default True): a full group's chain, a windowed group's block on its own ids.
+///     cow_partial_hit: when a fully cached prompt must recompute its last token, copy the
+///         block holding it (a copy-on-write pair, in every group that needs it) instead of
+///         recomputing the block (default False).
 ///     record_events: record stored/removed/cleared events for :meth:`drain_events`
-///         (default False).
+///         (default False); each names its group.
 ///     hash_bits: keep only the low ``hash_bits`` bits of each key, ``1..=128`` (default
 ///         128; tests force collisions with it).
 ///     max_events: capacity of the event queue, in events (about 80 bytes each),
@@ -132,15 +152,22 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 ///
 /// Raises:
 ///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
-///         ``1..=65536``; an unknown eviction policy; ``hash_bits`` not in ``1..=128``;
-///         ``max_events`` not in ``1..=2**24`` or given without ``record_events=True``;
-///         cache options given without ``prefix_caching=True``.
+///         ``1..=65536``; no group or more than 64; an unknown eviction policy;
+///         ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
+///         without ``record_events=True``; cache options given without
+///         ``prefix_caching=True``.
+///     TypeError: ``groups`` is not a sequence of attention kinds, a flag not a bool, or
+///         ``eviction`` not a str.
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]
 pub struct PyBlockPool {
     pub(super) inner: Mutex<BlockPool>,
     /// Fixed at construction: read by getters without the lock.
     pub(super) num_blocks: usize,
     pub(super) block_size: usize,
+    pub(super) groups: Vec<GroupSpec>,
+    /// Built with ``groups``: results carry the group axis, per-group queries need ``group=``.
+    pub(super) grouped: bool,
+    pub(super) prefix_caching: bool,
 }
 
 impl PyBlockPool {
@@ -160,5 +187,38 @@ impl PyBlockPool {
     /// [`with_pool`] on this pool.
     pub(crate) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
         with_pool(py, &self.inner, work, f)
+    }
+
+    /// Work of a call growing `seqs` sequences by `tokens` tokens, in every group.
+    pub(super) fn work(&self, seqs: usize, tokens: usize) -> usize {
+        seqs.saturating_add(tokens).saturating_mul(self.groups.len())
+    }
+
+    /// The group a per-group query reads: `group`, required on a pool built with
+    /// ``groups``; 0 (the only one) by default on one built without. Checked without the
+    /// lock: groups never change.
+    pub(crate) fn group(&self, py: Python<'_>, group: Option<usize>) -> PyResult<usize> {
+        let n = self.groups.len();
+        match group {
+            None if self.grouped => {
+                Err(invalid(py, format!("group: this pool has layer groups; pass group= (0..{n})")))
+            }
+            None => Ok(0),
+            Some(g) if g < n => Ok(g),
+            Some(g) => Err(invalid(py, format!("group must be in 0..{n} (this pool has {n} groups), got {g}"))),
+        }
+    }
+
+    /// The slots of a call's new tokens (moved, not copied): int64 ``[n]`` without
+    /// ``groups``, ``[num_groups, n]`` with.
+    pub(super) fn slots<'py>(&self, py: Python<'py>, out: &mut StepOutput) -> PyResult<Bound<'py, PyAny>> {
+        let slots = std::mem::take(&mut out.slots);
+        if !self.grouped {
+            return Ok(PyArray1::from_vec(py, slots).into_any());
+        }
+        let (g, n) = (self.groups.len(), out.total_tokens);
+        let arr = Array2::from_shape_vec((g, n), slots)
+            .map_err(|e| to_py(py, KvError::Invariant(format!("slots of {g} groups x {n} tokens: {e}"))))?;
+        Ok(arr.into_pyarray(py).into_any())
     }
 }

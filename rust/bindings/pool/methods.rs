@@ -7,27 +7,30 @@ use std::sync::Mutex;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt};
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
-use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pairs_array, pin_id, priority, CacheOptions, Pairs, Slots};
+use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pairs_array, pin_id, priority, CacheOptions, Pairs};
 use super::class::*;
+use super::specs::{group_arg, groups_arg, kind_object};
 use super::stats::{PyCacheStats, PyPoolStats};
 use crate::bindings::convert::{self, arg, count, counts_into, int_scalar, MAX_CALL_TOKENS};
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::pool::{BlockPool, StepOutput};
+use crate::pool::{BlockPool, GroupSpec, StepOutput};
+use crate::prefix_cache::CacheConfig;
 use crate::prefix_cache::CacheEvent;
 use crate::types::{BlockId, SeqId};
 
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, prefix_caching = false, eviction = None,
+    #[pyo3(signature = (num_blocks, block_size, groups = None, *, prefix_caching = false, eviction = None,
         verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
+        groups: Option<&Bound<'_, PyAny>>,
         prefix_caching: bool,
         eviction: Option<&str>,
         verify_tokens: Option<bool>,
@@ -40,20 +43,46 @@ impl PyBlockPool {
         let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
         let opts =
             CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits, max_events };
-        let cfg = opts.config(py, prefix_caching)?;
-        let pool = py
-            .detach(|| match cfg {
-                Some(cfg) => BlockPool::with_prefix_cache(nb, bs, cfg),
-                None => BlockPool::new(nb, bs),
-            })
-            .py_err(py)?;
-        Ok(Self { num_blocks: pool.num_blocks(), block_size: pool.block_size(), inner: Mutex::new(pool) })
+        let grouped = groups.is_some_and(|g| !g.is_none());
+        let specs = match groups.filter(|_| grouped) {
+            Some(g) => groups_arg(g)?,
+            None => vec![GroupSpec::Full],
+        };
+        // A pool with explicit groups keeps the layer-group cache rules: a keyed prompt's
+        // partial last block is not cached, and only taken hits are uses.
+        let cfg = opts
+            .config(py, prefix_caching)?
+            .map(|c| if grouped { CacheConfig { cache_partial_keys: false, touch_untaken_hits: false, ..c } } else { c });
+        let g = specs.clone();
+        let pool = py.detach(move || BlockPool::with_options(nb, bs, g, cfg)).py_err(py)?;
+        Ok(Self {
+            num_blocks: pool.num_blocks(),
+            block_size: pool.block_size(),
+            groups: specs,
+            grouped,
+            prefix_caching,
+            inner: Mutex::new(pool),
+        })
     }
 
-    /// Blocks in the pool.
+    /// Blocks in the pool, shared by all groups.
     #[getter]
     fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// The attention kind of each group, in group order (one :class:`FullAttention` for a
+    /// pool built without ``groups``).
+    #[getter]
+    fn groups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let objs = self.groups.iter().map(|&s| kind_object(py, s)).collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, objs)
+    }
+
+    /// Layer groups (attention kinds) of the pool.
+    #[getter]
+    fn num_groups(&self) -> usize {
+        self.groups.len()
     }
 
     /// Token slots per block (tokens).
@@ -94,7 +123,13 @@ impl PyBlockPool {
 
     fn __repr__(&self) -> String {
         let (free, seqs) = self.with(|p| (p.num_free_blocks(), p.num_seqs()));
-        format!("BlockPool(num_blocks={}, block_size={}, free={free}, seqs={seqs})", self.num_blocks, self.block_size)
+        let groups = if self.grouped {
+            let g: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
+            format!(", groups=[{}]", g.join(", "))
+        } else {
+            String::new()
+        };
+        format!("BlockPool(num_blocks={}, block_size={}{groups}, free={free}, seqs={seqs})", self.num_blocks, self.block_size)
     }
 
     /// Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``, the free
@@ -114,7 +149,7 @@ impl PyBlockPool {
     }
 
     /// Add sequence ``seq_id`` holding ``prompt_len`` tokens, in ``ceil(prompt_len /
-    /// block_size)`` new blocks.
+    /// block_size)`` new blocks in every group.
     ///
     /// Args:
     ///     seq_id: the new sequence's id, a non-negative int64.
@@ -122,11 +157,13 @@ impl PyBlockPool {
     ///         one call (add longer prompts in chunks with :meth:`append`).
     ///
     /// Returns:
-    ///     int64 ``[prompt_len]``: the slot of each prompt token, in order.
+    ///     int64 ``[prompt_len]`` (``[num_groups, prompt_len]`` with ``groups``): the slot of
+    ///     each prompt token, in order.
     ///
     /// Raises:
     ///     DuplicateSequenceError: ``seq_id`` is live.
-    ///     PoolExhaustedError: fewer than ``ceil(prompt_len / block_size)`` free blocks.
+    ///     PoolExhaustedError: fewer free blocks than the prompt needs in all groups together
+    ///         (nothing changed).
     ///     InvalidArgumentError: a negative id or length, or more than ``2**27`` tokens.
     #[pyo3(signature = (seq_id, prompt_len = 0))]
     fn add_sequence<'py>(
@@ -134,15 +171,13 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
-    ) -> PyResult<I64Array<'py>> {
-        let slots = with_pool(py, &self.inner, prompt_len, |pool| {
-            let mut out = StepOutput::default();
-            pool.add_sequence(seq_id, prompt_len, &mut out).map(|_| out.slots)
-        })
-        .py_err(py)?;
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut out = StepOutput::default();
+        with_pool(py, &self.inner, self.work(0, prompt_len), |pool| pool.add_sequence(seq_id, prompt_len, &mut out))
+            .py_err(py)?;
         // The Vec is handed to numpy as is: copying into a numpy-allocated array measured
         // 0.1 us slower for a 2,000-token prompt.
-        Ok(PyArray1::from_vec(py, slots))
+        self.slots(py, &mut out)
     }
 
     /// Append ``num_tokens`` tokens to ``seq_id``, allocating blocks as needed.
@@ -170,18 +205,15 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         #[pyo3(from_py_with = arg::new_tokens)] num_tokens: usize,
-    ) -> PyResult<(I64Array<'py>, PairArray<'py>)> {
-        let (slots, cow) = py
-            .detach(|| {
-                let mut out = StepOutput::default();
-                self.with(|p| p.step(&[seq_id], &[num_tokens], &mut out)).map(|_| (out.slots, out.cow))
-            })
-            .py_err(py)?;
-        Ok((PyArray1::from_vec(py, slots), cow_array(py, &cow)?))
+    ) -> PyResult<(Bound<'py, PyAny>, PairArray<'py>)> {
+        let mut out = StepOutput::default();
+        self.run(py, self.work(1, num_tokens), |p| p.step(&[seq_id], &[num_tokens], &mut out)).py_err(py)?;
+        Ok((self.slots(py, &mut out)?, cow_array(py, &out.cow)?))
     }
 
-    /// One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i,
-    /// atomically.
+    /// One scheduler step: append ``num_tokens[i]`` tokens to ``seq_ids[i]`` for every i, in
+    /// every group, atomically (windowed groups first release what no query from now on
+    /// sees; those blocks count as free for the step).
     ///
     /// Args:
     ///     seq_ids: ``n`` distinct live sequence ids.
@@ -190,7 +222,8 @@ impl PyBlockPool {
     ///
     /// Returns:
     ///     ``(slot_mapping, cow_pairs, seq_lens)``: int64 slots of all new tokens in batch
-    ///     order (``sum(num_tokens)`` of them); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
+    ///     order (``sum(num_tokens)`` of them; ``[num_groups, sum(num_tokens)]`` with
+    ///     ``groups``, row ``g`` for group ``g``); int64 ``[k, 2]`` copy-on-write ``(src, dst)``
     ///     block pairs to copy before writing; int32 ``[n]`` length of each sequence after the
     ///     step, in tokens.
     ///
@@ -207,7 +240,7 @@ impl PyBlockPool {
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_tokens: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(I64Array<'py>, PairArray<'py>, I32Array<'py>)> {
+    ) -> PyResult<(Bound<'py, PyAny>, PairArray<'py>, I32Array<'py>)> {
         let mut scratch = STEP_SCRATCH.take();
         let StepScratch { out, counts: n, ids } = &mut scratch;
         convert::seq_ids_into(seq_ids, "seq_ids", ids)?;
@@ -221,19 +254,20 @@ impl PyBlockPool {
         };
         match counted {
             None if num_tokens.is_none() || ids.len() <= MAX_CALL_TOKENS => {
-                with_pool(py, &self.inner, 2 * ids.len(), |pool| pool.step_decode(ids, out)).py_err(py)?;
+                with_pool(py, &self.inner, self.work(ids.len(), ids.len()), |pool| pool.step_decode(ids, out)).py_err(py)?;
             }
             _ => {
                 let one = 1i64.into_pyobject(py)?;
                 counts_into(counted.unwrap_or(one.as_any()), ids.len(), "num_tokens", n)?;
                 // `counts_into` caps the total at MAX_CALL_TOKENS, so this sum cannot overflow.
-                let work = ids.len() + n.iter().sum::<usize>();
+                let work = self.work(ids.len(), n.iter().sum::<usize>());
                 with_pool(py, &self.inner, work, |pool| pool.step(ids, n, out)).py_err(py)?;
             }
         }
         // Copies into numpy-owned buffers: cheaper than handing the Vecs over, which makes
         // numpy keep a Python owner object per array.
-        let r = (PyArray1::from_slice(py, &out.slots), cow_array(py, &out.cow)?, PyArray1::from_slice(py, &out.seq_lens));
+        let slots = if self.grouped { self.slots(py, out)? } else { PyArray1::from_slice(py, &out.slots).into_any() };
+        let r = (slots, cow_array(py, &out.cow)?, PyArray1::from_slice(py, &out.seq_lens));
         if out.slots.capacity() <= SCRATCH_KEEP && n.capacity() <= SCRATCH_KEEP && ids.len() <= SCRATCH_KEEP {
             STEP_SCRATCH.set(scratch);
         }
@@ -295,7 +329,8 @@ impl PyBlockPool {
         // One lock for the usual short table (`None`: not freed, too long to hold the
         // GIL for); a long one is freed without the GIL.
         let done = self.with(|pool| {
-            let short = pool.table(seq_id, 0).map_or(0, |t| t.num_stored()) < INLINE_WORK;
+            let held: usize = (0..pool.num_groups()).map(|g| pool.table(seq_id, g).map_or(0, |t| t.num_stored())).sum();
+            let short = held < INLINE_WORK;
             short.then(|| pool.free(seq_id))
         });
         match done {
@@ -317,7 +352,7 @@ impl PyBlockPool {
         let mut sorted: Vec<u64> = ids.iter().map(|s| s.0).collect();
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(invalid(py, format!("sequence id {} appears twice", w[0])));
+            return Err(invalid(py, format!("seq_ids: sequence id {} appears twice", w[0])));
         }
         self.detached(py, |pool| {
             if let Some(s) = ids.iter().find(|&&s| !pool.contains(s)) {
@@ -369,22 +404,60 @@ impl PyBlockPool {
         PyArray1::from_vec(py, ids)
     }
 
-    /// The block table of ``seq_id`` (a copy).
-    ///
-    /// Returns:
-    ///     int32 ``[blocks]``: the physical block id of each logical block, in order.
+    /// Position of the first query of the latest growth of ``seq_id`` (its length before that
+    /// growth), in tokens: 0 for a new sequence, the cached length after a prefix-cache hit.
     ///
     /// Raises:
     ///     UnknownSequenceError: ``seq_id`` is not live.
     ///     InvalidArgumentError: a negative id.
+    fn frontier(&self, py: Python<'_>, #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId) -> PyResult<usize> {
+        self.with(|p| p.frontier(seq_id)).py_err(py)
+    }
+
+    /// Record that every query up to the current length of each of ``seq_ids`` has been
+    /// computed: each sequence's frontier becomes its length, and every windowed or chunked
+    /// group releases now the blocks the release rule releases for a next query at that
+    /// length (the blocks the next growth would release first; never the sinks). A video
+    /// chunk committed as history gives back at once the frames that left the window.
+    ///
+    /// Atomic and idempotent: all ids are checked before anything changes, and a second
+    /// call (or an id listed twice) releases nothing more. A later :meth:`truncate` may not
+    /// roll back into what it released.
+    ///
+    /// Args:
+    ///     seq_ids: live sequence ids (an empty list is a no-op).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: an id is not live (nothing changed).
+    ///     InvalidArgumentError: a negative or non-integer id, or not a 1-D list or array.
+    fn mark_computed(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = convert::seq_ids(seq_ids, "seq_ids")?;
+        self.run(py, self.work(ids.len(), 0), |p| p.mark_computed(&ids)).py_err(py)
+    }
+
+    /// The block table of ``seq_id`` in ``group`` (a copy).
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
+    ///
+    /// Returns:
+    ///     int32 ``[ceil(seq_len / block_size)]``: the physical block of each logical block,
+    ///     -1 for a hole (a block the group released or never stored).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id, ``group`` out of range or missing.
+    #[pyo3(signature = (seq_id, *, group = None))]
     fn block_table<'py>(
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<I32Array<'py>> {
-        let v = self.with(|p| p.table(seq_id, 0).map(|t| t.stored().map(|(_, b)| b.as_i32()).collect::<Vec<i32>>()));
-        let v = v.py_err(py)?;
-        Ok(PyArray1::from_vec(py, v))
+        let g = self.group(py, group.map(group_arg).transpose()?)?;
+        let v = self.with(|p| p.table(seq_id, g).map(|t| t.entries().map(|b| b.map_or(-1, |b| b.as_i32())).collect()));
+        Ok(PyArray1::from_vec(py, v.py_err(py)?))
     }
 
     /// References to physical block ``block_id``: the sequences holding it (0 for a free or an
@@ -397,29 +470,33 @@ impl PyBlockPool {
         self.with(|p| p.refcount(BlockId(b))).py_err(py)
     }
 
-    /// Block tables of ``seq_ids`` as one padded matrix.
+    /// Block tables of ``seq_ids`` in ``group`` as one padded matrix.
     ///
     /// Args:
     ///     seq_ids: live sequence ids, one row each.
     ///     max_blocks: columns (blocks); default the longest table.
-    ///     pad: the value past each table's end, an int32 (default -1).
+    ///     pad: the value of holes and past each table's end, an int32 (default -1).
+    ///     group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
     ///
     /// Returns:
-    ///     int32 ``[len(seq_ids), max_blocks]``: row ``i`` is the table of ``seq_ids[i]``.
+    ///     int32 ``[len(seq_ids), max_blocks]``: logical block ``i`` of ``seq_ids[r]`` in row
+    ///     ``r``, column ``i``.
     ///
     /// Raises:
     ///     UnknownSequenceError: an id is not live.
-    ///     InvalidArgumentError: a table longer than ``max_blocks``, more than ``2**28``
-    ///         entries, or ``pad`` outside int32.
-    #[pyo3(signature = (seq_ids, max_blocks = None, pad = -1))]
+    ///     InvalidArgumentError: ``group`` out of range or missing, a table longer than
+    ///         ``max_blocks``, more than ``2**28`` entries, or ``pad`` outside int32.
+    #[pyo3(signature = (seq_ids, max_blocks = None, pad = -1, *, group = None))]
     fn block_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = arg::opt_max_blocks)] max_blocks: Option<usize>,
         #[pyo3(from_py_with = arg::pad)] pad: i32,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = convert::seq_ids(seq_ids, "seq_ids")?;
+        let g = self.group(py, group.map(group_arg).transpose()?)?;
         let (flat, width) = self
             .detached(py, |pool| {
                 // Unknown ids are reported before anything is allocated.
@@ -431,36 +508,79 @@ impl PyBlockPool {
                     )
                 })?;
                 let mut flat = crate::error::filled(0i32, size, "the padded table")?;
-                pool.padded_tables_into(&ids, 0, width, pad, &mut flat)?;
+                pool.padded_tables_into(&ids, g, width, pad, &mut flat)?;
                 Ok((flat, width))
             })
             .py_err(py)?;
         PyArray1::from_vec(py, flat).reshape([ids.len(), width])
     }
 
-    /// The block tables of ``seq_ids`` in FlashInfer's paged layout (what
-    /// :func:`decode_attention_paged` takes).
+    /// The tables of ``seq_ids`` in ``group`` in FlashInfer's paged layout (what
+    /// :func:`decode_attention_paged` takes): each sequence's stored pages in logical order,
+    /// the sink pages first, then the contiguous window run.
+    ///
+    /// Page ``j`` of sequence ``i`` is logical block ``j`` when ``j < s_i``, else
+    /// ``kv_page_start[i] + j - s_i``, with ``s_i = min(ceil(sink_tokens / block_size),
+    /// kv_page_start[i])``. A full-attention group has no holes: its ``kv_page_start`` is 0.
+    ///
+    /// Args:
+    ///     seq_ids: live sequence ids.
+    ///     group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
     ///
     /// Returns:
-    ///     ``(kv_indptr, kv_indices, kv_last_page_len)``, all int32: ``kv_indptr`` ``[n + 1]``
-    ///     offsets into ``kv_indices`` ``[nnz]``, the block ids of all tables concatenated; and
-    ///     ``kv_last_page_len`` ``[n]``, the tokens in each sequence's last block, in
-    ///     ``1..=block_size`` (0 for an empty sequence).
+    ///     ``(kv_indptr, kv_indices, kv_last_page_len)`` without ``groups``, and
+    ///     ``kv_page_start`` fourth with, all int32: ``kv_indptr`` ``[n + 1]`` offsets into
+    ///     ``kv_indices`` ``[nnz]``, the stored block ids; ``kv_last_page_len`` ``[n]``, the
+    ///     tokens of each sequence's last logical block, in ``1..=block_size`` (0 for a
+    ///     sequence without pages); ``kv_page_start`` ``[n]``, the logical block of the first
+    ///     page after the sink pages (blocks).
     ///
     /// Raises:
     ///     UnknownSequenceError: an id is not live.
-    ///     InvalidArgumentError: a negative or non-integer id.
+    ///     InvalidArgumentError: a negative or non-integer id, ``group`` out of range or
+    ///         missing.
+    #[pyo3(signature = (seq_ids, *, group = None))]
     fn flashinfer_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(I32Array<'py>, I32Array<'py>, I32Array<'py>)> {
+        group: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let ids = convert::seq_ids(seq_ids, "seq_ids")?;
-        let (indptr, indices, last, _) = self.detached(py, |p| p.flashinfer_tables(&ids, 0)).py_err(py)?;
-        Ok((PyArray1::from_vec(py, indptr), PyArray1::from_vec(py, indices), PyArray1::from_vec(py, last)))
+        let g = self.group(py, group.map(group_arg).transpose()?)?;
+        let (a, b, c, d) = self.detached(py, |p| p.flashinfer_tables(&ids, g)).py_err(py)?;
+        let v = |x| PyArray1::from_vec(py, x);
+        if self.grouped {
+            PyTuple::new(py, [v(a), v(b), v(c), v(d)])
+        } else {
+            PyTuple::new(py, [v(a), v(b), v(c)])
+        }
     }
 
-    /// Occupancy snapshot in blocks and tokens; O(table entries).
+    /// The logical token ranges of ``seq_id`` whose K/V ``group`` stores.
+    ///
+    /// Args:
+    ///     seq_id: a live sequence.
+    ///     group: a group index, ``0..num_groups``; required with ``groups``, 0 without.
+    ///
+    /// Returns:
+    ///     ``[(start, end), ...]``: sorted, merged half-open ranges of positions (tokens).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: a negative id, ``group`` out of range or missing.
+    #[pyo3(signature = (seq_id, *, group = None))]
+    fn stored_ranges(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        group: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(usize, usize)>> {
+        let g = self.group(py, group.map(group_arg).transpose()?)?;
+        self.with(|p| p.stored_ranges(seq_id, g)).py_err(py)
+    }
+
+    /// Occupancy snapshot in blocks and tokens, totals and per group; O(table entries).
     ///
     /// Returns:
     ///     A :class:`PoolStats`.
@@ -468,8 +588,9 @@ impl PyBlockPool {
         PyPoolStats(self.detached(py, |p| p.stats()))
     }
 
-    /// Verify the bookkeeping, changing nothing: refcounts against tables, the free list, block
-    /// accounting and table lengths; with prefix caching also the cache: each key maps to one
+    /// Verify the bookkeeping, changing nothing: refcounts against the tables of every group,
+    /// the free list, block accounting, each block in one group, table lengths and the hole
+    /// pattern of each table against the release rule; with prefix caching also the cache: each key maps to one
     /// block and back, idle cached blocks have refcount 0 and are queued for eviction exactly
     /// when they are unpinned leaves, no free-list block is cached, parents outlive children.
     ///
@@ -484,7 +605,7 @@ impl PyBlockPool {
     /// Whether this pool caches prefixes (``prefix_caching=True``).
     #[getter]
     fn prefix_caching(&self) -> bool {
-        self.with(|p| p.prefix_cache().is_some())
+        self.prefix_caching
     }
 
     /// Admit ``seq_id`` with its prompt token ids, reusing the longest cached prefix of full
@@ -518,17 +639,13 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         token_ids: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
-    ) -> PyResult<(usize, Slots<'py>, Pairs<'py>)> {
+    ) -> PyResult<(usize, Bound<'py, PyAny>, Pairs<'py>)> {
         let (seq, extra) = (seq_id, extra_key);
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
-        let (cached, slots, cow) = self
-            .run(py, tokens.len(), |pool| {
-                let mut out = StepOutput::default();
-                let c = pool.add_sequence_tokens(seq, &tokens, extra, &mut out)?;
-                Ok((c, out.slots, out.cow))
-            })
-            .py_err(py)?;
-        Ok((cached, PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
+        let mut out = StepOutput::default();
+        let cached =
+            self.run(py, self.work(1, tokens.len()), |pool| pool.add_sequence_tokens(seq, &tokens, extra, &mut out)).py_err(py)?;
+        Ok((cached, self.slots(py, &mut out)?, pairs_array(py, &out.cow)?))
     }
 
     /// Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
@@ -562,17 +679,12 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         block_keys: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
-    ) -> PyResult<(usize, Slots<'py>)> {
+    ) -> PyResult<(usize, Bound<'py, PyAny>)> {
         let (seq, len) = (seq_id, prompt_len);
         let keys = convert::block_keys(block_keys, "block_keys")?;
-        let (cached, slots) = py
-            .detach(|| {
-                let mut out = StepOutput::default();
-                let c = self.with(|p| p.add_sequence_block_keys(seq, &keys, len, &mut out))?;
-                Ok((c, out.slots))
-            })
-            .py_err(py)?;
-        Ok((cached, PyArray1::from_vec(py, slots)))
+        let mut out = StepOutput::default();
+        let cached = self.run(py, self.work(1, len), |p| p.add_sequence_block_keys(seq, &keys, len, &mut out)).py_err(py)?;
+        Ok((cached, self.slots(py, &mut out)?))
     }
 
     /// Append token ids to ``seq_id`` (as :meth:`append`), registering each block that fills
@@ -596,16 +708,12 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         token_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(Slots<'py>, Pairs<'py>)> {
+    ) -> PyResult<(Bound<'py, PyAny>, Pairs<'py>)> {
         let seq = seq_id;
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
-        let (slots, cow) = py
-            .detach(|| {
-                let mut out = StepOutput::default();
-                self.with(|p| p.append_tokens(seq, &tokens, &mut out)).map(|_| (out.slots, out.cow))
-            })
-            .py_err(py)?;
-        Ok((PyArray1::from_vec(py, slots), pairs_array(py, &cow)?))
+        let mut out = StepOutput::default();
+        self.run(py, self.work(1, tokens.len()), |p| p.append_tokens(seq, &tokens, &mut out)).py_err(py)?;
+        Ok((self.slots(py, &mut out)?, pairs_array(py, &out.cow)?))
     }
 
     /// Keys of the full blocks of ``token_ids`` (a partial last block has none). Stable across

@@ -1,7 +1,9 @@
-//! `BlockPool`, `PoolStats`, `CacheStats` and `BlockTableBuffer` for Python.
+//! `BlockPool`, the attention kinds of its layer groups, `PoolStats`, `CacheStats` and
+//! `BlockTableBuffer` for Python.
 //!
 //! [`class`] holds the `BlockPool` state and call helpers, [`methods`] its one
-//! `#[pymethods]` block, [`cache_args`] the prefix-caching argument checks, [`stats`] the
+//! `#[pymethods]` block, [`specs`] the attention-kind classes and the `groups`/`group`
+//! arguments, [`cache_args`] the prefix-caching argument checks, [`stats`] the
 //! two snapshot classes and [`table_buffer`] the incremental table matrix.
 
 use pyo3::prelude::*;
@@ -9,10 +11,14 @@ use pyo3::prelude::*;
 pub mod cache_args;
 pub mod class;
 mod methods;
+pub mod specs;
 pub mod stats;
 pub mod table_buffer;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<specs::PyFullAttention>()?;
+    m.add_class::<specs::PySlidingWindow>()?;
+    m.add_class::<specs::PyChunkedAttention>()?;
     m.add_class::<class::PyBlockPool>()?;
     m.add_class::<stats::PyPoolStats>()?;
     m.add_class::<stats::PyCacheStats>()?;

@@ -35,12 +35,11 @@ macro_rules! stats_class {
     };
 }
 
-// `HybridPoolStats` (`bindings/hybrid/stats.rs`) uses it too.
-pub(crate) use stats_class;
-
 /// Occupancy snapshot of a :class:`BlockPool`, taken by :meth:`BlockPool.stats`.
 ///
-/// Counts are in blocks and tokens; the snapshot does not follow later changes of the pool.
+/// Counts are in blocks and tokens: totals over the pool, and per-group lists with one
+/// entry per layer group in group order. The snapshot does not follow later changes of the
+/// pool.
 #[pyclass(name = "PoolStats", module = "pykvpool", frozen)]
 pub struct PyPoolStats(pub PoolStats);
 
@@ -72,15 +71,42 @@ stats_class! {
             /// ``stored_tokens / (used_blocks * block_size)``, a fraction in 0..1; 1.0 when no block is
             /// used.
             utilization: f64,
+            /// Cached blocks no sequence holds (evictable unless pinned; counted in
+            /// ``free_blocks`` when evictable).
+            idle_cached_blocks: usize,
+        }
+
+        /// Per group: distinct blocks its tables hold (blocks).
+        #[getter]
+        fn group_blocks(&self) -> Vec<usize> {
+            self.0.group_blocks.clone()
+        }
+
+        /// Per group: distinct filled token slots of those blocks (tokens; a shared token
+        /// counts once).
+        #[getter]
+        fn group_stored_tokens(&self) -> Vec<u64> {
+            self.0.group_stored_tokens.clone()
+        }
+
+        /// Per group: hole entries (released or never stored logical blocks) summed over
+        /// sequences (blocks).
+        #[getter]
+        fn group_holes(&self) -> Vec<u64> {
+            self.0.group_holes.clone()
         }
 
         /// All fields as a dict.
         ///
         /// Returns:
-        ///     ``{name: value}`` for every property of this class: ints, and ``utilization`` a float.
+        ///     ``{name: value}`` for every property of this class: ints, ``utilization`` a
+        ///     float, and the per-group fields lists of ints.
         fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
             let d = PyDict::new(py);
             self.fields_into(&d)?;
+            d.set_item("group_blocks", &self.0.group_blocks)?;
+            d.set_item("group_stored_tokens", &self.0.group_stored_tokens)?;
+            d.set_item("group_holes", &self.0.group_holes)?;
             Ok(d)
         }
 
@@ -94,7 +120,7 @@ stats_class! {
     }
 }
 
-/// Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats` or :meth:`HybridPool.cache_stats`
+/// Prefix-cache metrics of a pool, taken by :meth:`BlockPool.cache_stats`
 /// (hits count successful admissions). Counts are in blocks, tokens and admissions.
 #[pyclass(name = "CacheStats", module = "pykvpool", frozen)]
 pub struct PyCacheStats(pub CacheStats);

@@ -8,8 +8,7 @@ use pyo3::prelude::*;
 use super::class::{lock, PyBlockPool, MAX_TABLE_ENTRIES};
 use crate::bindings::convert::arg;
 use crate::bindings::errors::{invalid, IntoPyResult};
-use crate::bindings::hybrid::class::PyHybridPool;
-use crate::bindings::hybrid::specs::group_arg;
+use super::specs::group_arg;
 use crate::pool::table_sync::TableSync;
 
 
@@ -112,28 +111,28 @@ impl PyBlockTableBuffer {
         self.pad
     }
 
-    /// Make row ``i`` hold the block table of ``seq_ids[i]``; rows past ``len(seq_ids)`` are
-    /// left as they were.
+    /// Make row ``i`` hold the block table of ``seq_ids[i]`` in ``group``; rows past
+    /// ``len(seq_ids)`` are left as they were.
     ///
-    /// A :class:`HybridPool` has one table per layer group: a buffer mirrors one group's
-    /// tables (keep one buffer per group). Its holes (blocks a window released, or a
-    /// prefix hit never stored) are ``pad``, as in :meth:`HybridPool.block_tables`; the
-    /// entries a window released since the last sync become ``pad`` in place.
+    /// A buffer mirrors one layer group's tables (keep one buffer per group). Holes (blocks
+    /// a window released, or a prefix hit never stored) are ``pad``, as in
+    /// :meth:`BlockPool.block_tables`; the entries a window released since the last sync
+    /// become ``pad`` in place.
     ///
     /// Args:
-    ///     pool: the :class:`BlockPool` or :class:`HybridPool` the sequences live in.
+    ///     pool: the :class:`BlockPool` the sequences live in.
     ///     seq_ids: at most ``max_seqs`` live sequence ids.
-    ///     group: the layer group whose tables to mirror (default 0; a BlockPool has
-    ///         only group 0).
+    ///     group: the layer group whose tables to mirror: required for a pool built with
+    ///         ``groups``, 0 (the only one) by default for one built without.
     ///
     /// Returns:
     ///     The number of entries written.
     ///
     /// Raises:
     ///     UnknownSequenceError: an id is not live.
-    ///     InvalidArgumentError: ``pool`` is neither pool, ``group`` is not an int or not a
-    ///         group of the pool, too many ids, a table longer than ``max_blocks``, or the
-    ///         array is not writable. Nothing is written on error.
+    ///     InvalidArgumentError: ``pool`` is not a BlockPool, ``group`` is not an int, not a
+    ///         group of the pool or missing, too many ids, a table longer than
+    ///         ``max_blocks``, or the array is not writable. Nothing is written on error.
     #[pyo3(signature = (pool, seq_ids, group = None))]
     fn sync(
         &self,
@@ -144,27 +143,19 @@ impl PyBlockTableBuffer {
     ) -> PyResult<usize> {
         let group = group.map(group_arg).transpose()?;
         let ids = crate::bindings::convert::seq_ids(seq_ids, "seq_ids")?;
-        let block_pool = pool.cast::<PyBlockPool>().ok();
-        let hybrid = pool.cast::<PyHybridPool>().ok();
-        if block_pool.is_none() && hybrid.is_none() {
+        let Ok(pool) = pool.cast::<PyBlockPool>() else {
             let ty = pool.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-            return Err(invalid(py, format!("pool must be a BlockPool or a HybridPool, got {ty}")));
-        }
-        if block_pool.is_some() && group.is_some_and(|g| g != 0) {
-            return Err(invalid(py, format!("group: a BlockPool has one group (0), got {}", group.unwrap_or(0))));
-        }
+            return Err(invalid(py, format!("pool must be a BlockPool, got {ty}")));
+        };
+        let pool = pool.get();
+        let g = pool.group(py, group)?;
         let arr = self.checked_array(py)?;
         let mut rw = arr
             .try_readwrite()
             .map_err(|e| invalid(py, format!("table buffer array is not writable or is borrowed: {e}")))?;
         let out = rw.as_slice_mut().map_err(|e| invalid(py, e.to_string()))?;
         // Lock order: the pool, then the buffer's state (the only place taking both).
-        let done = match (block_pool, hybrid) {
-            (Some(p), _) => p.get().with(|p| lock(&self.sync).sync(p, 0, &ids, out)),
-            (None, Some(h)) => h.get().with(|p| lock(&self.sync).sync(p, group.unwrap_or(0), &ids, out)),
-            (None, None) => return Err(invalid(py, "pool must be a BlockPool or a HybridPool")),
-        };
-        done.py_err(py)
+        pool.with(|p| lock(&self.sync).sync(p, g, &ids, out)).py_err(py)
     }
 
     /// Forget the matrix contents: the next sync rewrites every row it touches.

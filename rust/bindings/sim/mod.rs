@@ -214,7 +214,7 @@ fn synthesize_workload<'py>(
 }
 
 /// Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``
-/// (with ``groups``: a ``HybridPool`` of those layer groups).
+/// (with ``groups``: ``BlockPool(num_blocks, block_size, groups)``).
 ///
 /// The facade :func:`pykvpool.simulate.run` builds both dicts from a
 /// :class:`pykvpool.simulate.Workload` and a :class:`pykvpool.simulate.SimConfig`, whose
@@ -284,7 +284,7 @@ fn synthesize_workload<'py>(
 ///         group (blocks it holds; they add up to ``blocks_used``), the summary
 ///         ``peak_blocks_used_g{j}``, and ``kv_tokens`` counts the tokens stored over all
 ///         groups (utilization: stored tokens over held and reserved slots). With
-///         ``prefix_caching`` the pool caches every group (:class:`HybridPool`): a hit
+///         ``prefix_caching`` the pool caches every group (:class:`BlockPool`): a hit
 ///         shares blocks, which ``blocks_used_g{j}`` and ``kv_tokens`` then count once per
 ///         holder, and an admission allocates its whole prompt in every group at once (a
 ///         prompt larger than the pool is rejected). With ``preemption="swap"`` the host
