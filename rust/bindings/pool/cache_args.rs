@@ -116,7 +116,7 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
         .collect()
 }
 
-/// Drained cache events as a dict of equal-length arrays (`drain_events` of both pools).
+/// Drained cache events as a dict of equal-length arrays (`BlockPool.drain_events`).
 pub(crate) fn events_dict<'py>(py: Python<'py>, ev: &[CacheEvent]) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("kind", PyArray1::from_iter(py, ev.iter().map(|e| e.kind as u8)))?;
