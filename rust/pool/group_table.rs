@@ -449,16 +449,14 @@ impl GroupTables {
             }
         };
     }
+}
 
-    pub fn from_vec(mut v: Vec<GroupTable>) -> Self {
-        match v.len() {
-            1 => Self::One(v.remove(0)),
-            2 => {
-                let b = v.remove(1);
-                Self::Two([v.remove(0), b])
-            }
-            _ => Self::Many(v),
-        }
+impl FromIterator<GroupTable> for GroupTables {
+    fn from_iter<I: IntoIterator<Item = GroupTable>>(iter: I) -> Self {
+        let iter = iter.into_iter();
+        let mut tables = Self::with_capacity(iter.size_hint().0);
+        iter.for_each(|t| tables.push(t));
+        tables
     }
 }
 

@@ -384,7 +384,6 @@ impl BlockPool {
         let c = self.cache_mut()?;
         c.record_query(keys.len(), plan.found, len, cached, plan.hits.collision.get(), plan.copies.is_some());
         c.record_group_hits(&per_group);
-        let tables = GroupTables::from_vec(tables);
         self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
         self.end_op();
         Ok(cached)
@@ -440,8 +439,8 @@ impl BlockPool {
 
     /// Take the held blocks (revive idle ones, else one more reference) and lay out the
     /// tables of a sequence of `hb` blocks: held blocks, holes elsewhere.
-    fn take_hit(&mut self, held: &Held, hb: usize) -> Vec<GroupTable> {
-        let mut tables: Vec<GroupTable> = self.groups.iter().map(|&s| GroupTable::new(s, self.block_size)).collect();
+    fn take_hit(&mut self, held: &Held, hb: usize) -> GroupTables {
+        let mut tables: GroupTables = self.groups.iter().map(|&s| GroupTable::new(s, self.block_size)).collect();
         for &(g, i, b) in held {
             if let Some(c) = self.cache.as_deref_mut() {
                 c.acquire(b, &mut self.alloc);
@@ -453,7 +452,7 @@ impl BlockPool {
             }
             t.push(b);
         }
-        for t in &mut tables {
+        for t in tables.iter_mut() {
             while t.len_blocks() < hb {
                 let _ = t.push_hole();
             }

@@ -66,7 +66,7 @@ impl BlockPool {
         let kept = |s: &super::GroupSpec| (0..nb).filter(|&i| !s.releasable(i, bs, frontier)).count();
         let need: usize = self.groups.iter().map(kept).sum();
         self.ensure_available(need, 0)?;
-        let mut tables = Vec::with_capacity(self.groups.len());
+        let mut tables = GroupTables::with_capacity(self.groups.len());
         for spec in self.groups.clone() {
             let mut t = GroupTable::with_capacity(spec, bs, kept(&spec));
             for i in 0..nb {
@@ -78,7 +78,6 @@ impl BlockPool {
             }
             tables.push(t);
         }
-        let tables = GroupTables::from_vec(tables);
         self.seqs.insert(seq, SeqEntry { len, frontier, prev_frontier: frontier, mark: 0, tables, cursor: None });
         self.end_op();
         Ok(())
