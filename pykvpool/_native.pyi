@@ -647,10 +647,11 @@ class BlockPool:
 
         Each key stands for one block's chained content (equal keys = equal content, prefix
         and fill). The last key may stand for a partly filled block (``prompt_len %
-        block_size`` tokens): it is cached with its fill, matches only a later prompt's
-        partly filled last block of the same key and fill (never a full block: a lookup
-        never reuses more tokens than were written), and the sequence's first append copies
-        it (copy-on-write). A fill mismatch counts as a collision.
+        block_size`` tokens): it is cached with its fill in every layer group, and the fill
+        is part of its identity: it matches only a later prompt's partly filled last block
+        of the same key and fill, and a full block under the same key is another entry (a
+        lookup never reuses more tokens than were written). The sequence's first append
+        copies it (copy-on-write).
 
         Args:
             seq_id: the new sequence's id, a non-negative int64.
@@ -2051,8 +2052,8 @@ class CacheStats:
         """Idle cached blocks reclaimed by allocations so far."""
     @property
     def collisions(self) -> int:
-        """Lookups that found a key whose block failed verification: parent, extra key,
-        token ids or fill (a miss)."""
+        """Lookups that found a key whose block failed verification: parent, extra key or
+        token ids (a miss)."""
     @property
     def cow_hits(self) -> int:
         """Admissions that took a copy-on-write partial hit."""

@@ -60,7 +60,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="eviction policy (default all; with --model one of lru, fifo, lfu, default lru)")
     p.add_argument("--capacity", type=count(), metavar="BLOCKS", help="pool capacity in blocks (default: unbounded)")
     p.add_argument("--block-size", type=count(1, MAX_BLOCK_SIZE),
-                   help="tokens per block, a multiple of 512 (default 512; with --model: 16, or any divisor of 512)")
+                   help="tokens per block, a divisor or a multiple of 512 (default 512; with --model 16)")
     p.add_argument("--sweep", action="store_true", help="sweep capacities x policies x block sizes")
     p.add_argument("--capacities", type=count_list(), metavar="TOKENS,...", help="sweep capacities in tokens")
     p.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), metavar="TOKENS,...", help="sweep block sizes (default 512)")
@@ -125,9 +125,9 @@ def main_replay(args: argparse.Namespace) -> int:
     Raises:
         InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
             below the trace's largest request or above the pool's limit (2**30 blocks); a
-            block size (tokens) that is not a multiple of 512 (with ``--model``: neither a
-            divisor nor a multiple); ``--model`` with a sweep option or ``--policy all``. (A sweep skips the
-            capacities below the largest request and always replays the unbounded pool.)
+            block size (tokens) that neither divides 512 nor is a multiple of it; ``--model``
+            with a sweep option or ``--policy all``. (A sweep skips the capacities below the
+            largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).
         OSError: the trace cannot be read, or ``--out``, ``--json`` or ``--plot`` cannot

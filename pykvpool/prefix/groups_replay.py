@@ -8,12 +8,9 @@ sliding-window group only its sink blocks and the blocks of the window before ``
 rule). So a window group's early blocks may be evicted without losing hits at the end of a
 prompt, and the same bytes hold more reusable prefixes.
 
-Requests are admitted one after another by their block keys and freed right after (as
-:func:`pykvpool.prefix.replay.replay` does): what stays resident is what the cache retains.
-Keys: a Mooncake id stands for 512 tokens; a pool block of ``block_size`` tokens dividing
-512 is keyed by ``(id of the 512-token block it ends in, the offset where it ends)``, a
-multiple of 512 by the id of its last 512-token block (equal keys = equal prefix, since the
-trace's ids are chained).
+The replay is :func:`pykvpool.prefix.replay.replay` with the model's groups (requests
+admitted one after another by their block keys, :func:`~pykvpool.prefix.replay.pool_block_keys`,
+and freed right after): what stays resident is what the cache retains.
 
 Units: capacities in bytes, block sizes in tokens.
 """
@@ -24,15 +21,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from pykvpool._native import BlockPool, InvalidArgumentError
+from pykvpool._native import InvalidArgumentError
 from pykvpool.planning.models import ModelConfig
 from pykvpool.planning.pool_groups import pool_layout
-from pykvpool.prefix.replay import TRACE_BLOCK_SIZE, TraceRequest, block_keys_for
+from pykvpool.prefix.replay import TraceRequest, replay
 
-__all__ = ["GroupReplayResult", "compare_layouts", "pool_block_keys", "replay_groups"]
+__all__ = ["GroupReplayResult", "compare_layouts", "replay_groups"]
 
 
 @dataclass(frozen=True)
@@ -60,30 +54,6 @@ class GroupReplayResult:
     def as_dict(self) -> dict[str, Any]:
         """Every field as a JSON-ready dict."""
         return asdict(self)
-
-
-def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64]:
-    """The keys of ``req``'s pool blocks of ``block_size`` tokens (see the module doc), as
-    the uint64 ``[n, 2]`` (high, low) array :meth:`BlockPool.add_sequence_block_keys`
-    takes; ``n = ceil(input_length / block_size)``.
-
-    Raises:
-        InvalidArgumentError: ``block_size`` neither divides 512 nor is a multiple of it.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise InvalidArgumentError(f"block_size must be a positive int of tokens, got {block_size!r}")
-    if block_size % TRACE_BLOCK_SIZE == 0:
-        ids = np.asarray(block_keys_for(req, block_size), dtype=np.uint64)
-        return np.stack([ids + np.uint64(1), np.zeros_like(ids)], axis=1)
-    if TRACE_BLOCK_SIZE % block_size:
-        raise InvalidArgumentError(
-            f"block_size must divide {TRACE_BLOCK_SIZE} or be a multiple of it, got {block_size}")
-    n = req.input_length
-    ends = np.minimum(np.arange(1, -(-n // block_size) + 1, dtype=np.int64) * block_size, n)
-    k = (ends - 1) // TRACE_BLOCK_SIZE
-    ids = np.asarray(req.hash_ids, dtype=np.uint64)[k]
-    off = (ends - k * TRACE_BLOCK_SIZE).astype(np.uint64)
-    return np.stack([ids + np.uint64(1), off], axis=1)
 
 
 def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_bytes: int,
@@ -114,27 +84,17 @@ def replay_groups(trace: Sequence[TraceRequest], model: ModelConfig, capacity_by
             larger than the pool, an unknown policy, or ``retain_hits_for`` without the
             priority policy or below 1.
     """
-    if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
-        raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
     layout = pool_layout(model, block_size=block_size)
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
         raise InvalidArgumentError(f"capacity_bytes must be a positive int, got {capacity_bytes!r}")
     num_blocks = capacity_bytes // layout.block_bytes
     if num_blocks < 1:
         raise InvalidArgumentError(f"capacity_bytes: {capacity_bytes} B holds no block of {layout.block_bytes} B")
-    pool = BlockPool(num_blocks, block_size, layout.specs(), prefix_caching=True, eviction=policy,
-                      verify_tokens=False)
-    for i, req in enumerate(trace):
-        keys = pool_block_keys(req, block_size)
-        cached, _ = pool.add_sequence_block_keys(i, keys, req.input_length)
-        if retain_hits_for is not None and cached >= block_size:
-            now = pool.cache_stats().clock
-            pool.pin_block_keys(keys[: cached // block_size], priority=1, expires_at=now + retain_hits_for)
-        pool.free(i)
-    s = pool.cache_stats()
+    r = replay(trace, num_blocks, policy=policy, block_size=block_size, retain_hits_for=retain_hits_for,
+               groups=layout.specs())
     return GroupReplayResult(model.name, layout.describe(), policy, block_size, num_blocks,
-                             num_blocks * layout.block_bytes, len(trace), s.query_tokens, s.hit_tokens,
-                             s.evictions, s.hit_tokens / s.query_tokens if s.query_tokens else 0.0)
+                             num_blocks * layout.block_bytes, len(trace), r.query_tokens, r.hit_tokens,
+                             r.evictions, r.token_hit_rate)
 
 
 def compare_layouts(trace: Sequence[TraceRequest], model: ModelConfig, capacities_bytes: Sequence[int],

@@ -2,10 +2,17 @@
 
 A trace gives each request's prompt as chained block ids (Mooncake's ``hash_ids``: one
 id per 512-token block, equal ids at equal positions mean a shared prefix). The replay
-admits the requests one after another into a pool of ``capacity_blocks`` blocks with
-:meth:`~pykvpool.BlockPool.add_sequence_block_keys` and frees each right after, so what
-stays resident is exactly what the cache retains: the hit rate measures the cache, not a
-scheduler (the serving simulator adds concurrency and timing).
+admits the requests one after another into a pool of ``capacity_blocks`` blocks (with any
+layer groups) with :meth:`~pykvpool.BlockPool.add_sequence_block_keys` and frees each
+right after, so what stays resident is exactly what the cache retains: the hit rate
+measures the cache, not a scheduler (the serving simulator adds concurrency and timing).
+Every replay, a model's layer layout included (:mod:`pykvpool.prefix.groups_replay`),
+runs through :func:`replay`.
+
+Keys (:func:`pool_block_keys`): a pool block of ``block_size`` tokens dividing 512 is
+keyed by ``(id of the 512-token block it ends in, the offset where it ends)``, a multiple
+of 512 by the id of its last 512-token block (equal keys = equal prefix, since the
+trace's ids are chained).
 
 Hit rates:
 
@@ -27,6 +34,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from pykvpool import _native
 from pykvpool._native import BlockPool, InvalidArgumentError
 from pykvpool.errors import TraceFormatError
@@ -42,6 +52,7 @@ __all__ = [
     "default_capacities_tokens",
     "load_mooncake_trace",
     "plot_sweep",
+    "pool_block_keys",
     "replay",
     "seen_prefix_hits",
     "sweep",
@@ -157,18 +168,42 @@ def seen_prefix_hits(trace: Sequence[TraceRequest]) -> tuple[int, int]:
 
 def unbounded_capacity(trace: Sequence[TraceRequest], block_size: int = TRACE_BLOCK_SIZE) -> int:
     """Blocks that never force an eviction: every distinct key, plus room for the largest
-    request's uncached blocks. In blocks of ``block_size`` tokens.
+    request's uncached blocks. In blocks of ``block_size`` tokens, per layer group.
 
     Raises:
-        InvalidArgumentError: ``block_size`` is not a positive multiple of 512 tokens.
+        InvalidArgumentError: ``block_size`` neither divides 512 nor is a multiple of it.
     """
-    keys: set[int] = set()
+    keys: set[tuple[int, int]] = set()
     largest = 0
     for req in trace:
-        ks = block_keys_for(req, block_size)
-        keys.update(ks)
+        ks = pool_block_keys(req, block_size)
+        keys.update(zip(ks[:, 0].tolist(), ks[:, 1].tolist()))
         largest = max(largest, len(ks))
     return len(keys) + largest
+
+
+def pool_block_keys(req: TraceRequest, block_size: int) -> npt.NDArray[np.uint64]:
+    """The keys of ``req``'s pool blocks of ``block_size`` tokens (see the module doc), as
+    the uint64 ``[n, 2]`` (high, low) array :meth:`BlockPool.add_sequence_block_keys`
+    takes; ``n = ceil(input_length / block_size)``.
+
+    Raises:
+        InvalidArgumentError: ``block_size`` neither divides 512 nor is a multiple of it.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise InvalidArgumentError(f"block_size must be a positive int of tokens, got {block_size!r}")
+    if block_size % TRACE_BLOCK_SIZE == 0:
+        ids = np.asarray(block_keys_for(req, block_size), dtype=np.uint64)
+        return np.stack([ids + np.uint64(1), np.zeros_like(ids)], axis=1)
+    if TRACE_BLOCK_SIZE % block_size:
+        raise InvalidArgumentError(
+            f"block_size must divide {TRACE_BLOCK_SIZE} or be a multiple of it, got {block_size}")
+    n = req.input_length
+    ends = np.minimum(np.arange(1, -(-n // block_size) + 1, dtype=np.int64) * block_size, n)
+    k = (ends - 1) // TRACE_BLOCK_SIZE
+    ids = np.asarray(req.hash_ids, dtype=np.uint64)[k]
+    off = (ends - k * TRACE_BLOCK_SIZE).astype(np.uint64)
+    return np.stack([ids + np.uint64(1), off], axis=1)
 
 
 @dataclass(frozen=True)
@@ -209,31 +244,38 @@ def replay(
     policy: str = "lru",
     block_size: int = TRACE_BLOCK_SIZE,
     retain_hits_for: int | None = None,
+    groups: Sequence[Any] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
-    ``block_size`` tokens (``None``: :func:`unbounded_capacity`) with eviction ``policy``.
+    ``block_size`` tokens (``None``: :func:`unbounded_capacity` per group) with eviction
+    ``policy`` and layer ``groups`` (``None``: one full-attention group; else the
+    :class:`~pykvpool.BlockPool` ``groups`` argument, every group caching its blocks).
 
     Without pins the ``priority`` policy orders like ``lru``. ``retain_hits_for`` (only with
-    ``policy="priority"``) soft-pins the reused prefix of every admission with priority 1
-    for that many operations of the pool's clock (each request is two: admit and free), so
-    prefixes that were shared recently outlive blocks that were never reused.
+    ``policy="priority"``) soft-pins the reused prefix of every admission (every block its
+    hit needs, in every group) with priority 1 for that many operations of the pool's clock
+    (each request is two: admit and free), so prefixes that were shared recently outlive
+    blocks that were never reused.
 
     Raises:
         InvalidArgumentError: a capacity below the largest request (it could not be
-            admitted at all), an unknown policy, a block size that is not a multiple of 512,
-            ``retain_hits_for`` without the priority policy or below 1.
+            admitted at all), an unknown policy, a block size that neither divides 512 nor
+            is a multiple of it, bad ``groups``, ``retain_hits_for`` without the priority
+            policy or below 1.
     """
     if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
         raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
-    keys = [block_keys_for(r, block_size) for r in trace]
-    largest = max((len(k) for k in keys), default=0)
+    keys = [pool_block_keys(r, block_size) for r in trace]
+    width = 1 if groups is None else len(groups)
+    largest = width * max((len(k) for k in keys), default=0)
     unbounded = capacity_blocks is None
-    cap = unbounded_capacity(trace, block_size) if capacity_blocks is None else capacity_blocks
+    cap = width * unbounded_capacity(trace, block_size) if capacity_blocks is None else capacity_blocks
     if cap < max(largest, 1):
         raise InvalidArgumentError(
             f"capacity {cap} blocks is below the largest request ({largest} blocks of {block_size} tokens)"
         )
-    pool = BlockPool(cap, block_size, prefix_caching=True, eviction=policy, verify_tokens=False)
+    pool = BlockPool(cap, block_size, None if groups is None else list(groups), prefix_caching=True,
+                     eviction=policy, verify_tokens=False)
     for i, (req, ks) in enumerate(zip(trace, keys)):
         cached, _ = pool.add_sequence_block_keys(i, ks, req.input_length)
         if retain_hits_for is not None and cached >= block_size:
@@ -283,7 +325,7 @@ def sweep(
     caps = list(default_capacities_tokens() if capacities_tokens is None else capacities_tokens)
     out: list[ReplayResult] = []
     for bs in block_sizes:
-        largest = max((len(block_keys_for(r, bs)) for r in trace), default=0)
+        largest = max((-(-r.input_length // bs) for r in trace), default=0)
         for pol in policies:
             keep = retain_hits_for if pol == "priority" else None
             for c in caps:

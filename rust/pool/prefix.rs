@@ -20,6 +20,15 @@
 //!   where the chain breaks or the key is taken), in a windowed group each block whose key
 //!   its group lacks; blocks filled later by [`BlockPool::append_tokens`] likewise. Blocks
 //!   the window rule releases stay cached, idle, until evicted (by the pool's policy).
+//! - A prompt admitted by block keys may end in a partly filled block. It is cached with
+//!   its fill in every group, and the fill is part of its identity (the index slot): it
+//!   matches only a later prompt ending in the same key with the same fill, and a full
+//!   block under that key is another entry (neither takes the other's place). The
+//!   last-token rule never takes it, so it counts as found (`hit_blocks`, Mooncake's cache
+//!   ratio), not as cached tokens. A sequence growing into it copies it first.
+//! - Uses: an admission touches (a use for the eviction policy) every block it takes, and
+//!   each full group's verified chain past the hit: the blocks the last-token rule leaves
+//!   are a hit the prompt found, as vLLM touches a whole hit.
 //! - Verification: a full group's hit is the cache's chain lookup (parents, extra key and,
 //!   with `verify_tokens`, token ids); a windowed group's block is checked on its own key,
 //!   extra key and token ids. A failed check is a miss, counted in `collisions`. What a
@@ -232,10 +241,7 @@ impl BlockPool {
         if !self.groups[g].is_windowed() {
             return hits.chains[g].get(i).copied();
         }
-        if q.fill(i, self.block_size) < self.block_size {
-            return None; // a windowed group caches full blocks only
-        }
-        match self.cache.as_deref()?.find(g, i, q.keys[i], q.tokens, q.extra) {
+        match self.cache.as_deref()?.find(g, i, q.keys[i], q.fill(i, self.block_size), q.tokens, q.extra) {
             Found::Hit(b) => Some(b),
             Found::Miss => None,
             Found::Collision => {
@@ -303,8 +309,7 @@ impl BlockPool {
     /// copy-on-write partial hit may be taken (when the cache's config allows it).
     fn hit_plan(&self, q: Query<'_>, cow: bool) -> Result<HitPlan> {
         let bs = self.block_size;
-        let partial_keys = self.cache_ref()?.config().cache_partial_keys;
-        let full = q.keys.len().min(if partial_keys { q.len.div_ceil(bs) } else { q.len / bs });
+        let full = q.keys.len().min(q.len.div_ceil(bs));
         let hits = self.full_chains(q, full)?;
         let found = self.longest_cached(&hits, q, full);
         // The last-token rule: the last prompt token is always computed.
@@ -398,9 +403,8 @@ impl BlockPool {
         for &(_, b) in copies {
             c.acquire(b, &mut self.alloc);
         }
-        let untaken = if c.config().touch_untaken_hits { plan.hb } else { usize::MAX };
         for chain in &plan.hits.chains {
-            for &b in chain.iter().skip(untaken) {
+            for &b in chain.iter().skip(plan.hb) {
                 if !copies.iter().any(|x| x.1 == b) {
                     c.touch_hit(b);
                 }
@@ -538,8 +542,8 @@ impl BlockPool {
 
     /// Register stored blocks `from..to` of `tables` under `q.keys`: in a full group as a
     /// chain (each block the child of the one before, stopping where the chain breaks or a
-    /// key is taken), in a windowed group each stored full block on its own. A keyed
-    /// prompt's partly filled last block is cached with its fill in full groups only.
+    /// key is taken), in a windowed group each stored block on its own. A keyed prompt's
+    /// partly filled last block is cached with its fill (its identity: see the module doc).
     fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize) {
         let bs = self.block_size;
         let Some(c) = self.cache.as_deref_mut() else { return };
@@ -548,8 +552,8 @@ impl BlockPool {
             for i in from..to.min(q.keys.len()) {
                 let Some(b) = t.get(i) else { continue };
                 let (key, fill) = (q.keys[i], q.fill(i, bs));
-                if fill == 0 || (fill < bs && (windowed || i + 1 < to || !c.config().cache_partial_keys)) {
-                    break; // only a full group's last block may be partly filled
+                if fill == 0 || (fill < bs && i + 1 < to) {
+                    break; // only the last block may be partly filled
                 }
                 if c.is_cached(b) {
                     // Already cached as this block: a chain goes on through it.

@@ -382,8 +382,23 @@ impl BlockPool {
     /// blocks another sequence still holds or a hard pin keeps).
     pub fn release_gain(&self, seq: SeqId) -> Result<usize> {
         let e = self.entry(seq)?;
-        let avail = |b: BlockId| self.alloc.refcount(b) == 1 && !self.is_hard_pinned(b);
-        Ok(e.tables.iter().map(|t| t.run_front(t.releasable_count(e.len)).filter(|&b| avail(b)).count()).sum())
+        Ok(e.tables.iter().map(|t| t.run_front(t.releasable_count(e.len)).filter(|&b| self.sole_unpinned(b)).count()).sum())
+    }
+
+    /// Blocks a growth of `seq` by `n` tokens makes available by copying away: a cached
+    /// partly filled last block that only `seq` holds and no hard pin keeps goes idle
+    /// once its copy takes its place (one per group).
+    pub fn copy_gain(&self, seq: SeqId, n: usize) -> Result<usize> {
+        let e = self.entry(seq)?;
+        if n == 0 || self.offset_in_block(e.len) == 0 {
+            return Ok(0);
+        }
+        Ok(e.tables.iter().filter(|t| t.last().is_some_and(|b| self.is_cached(b) && self.sole_unpinned(b))).count())
+    }
+
+    #[inline]
+    fn sole_unpinned(&self, b: BlockId) -> bool {
+        self.alloc.refcount(b) == 1 && !self.is_hard_pinned(b)
     }
 
     /// Append `n` tokens to table `t` of a sequence of `len` tokens (releases done, blocks

@@ -19,7 +19,7 @@ impl PrefixCache {
         let mut hard = filled(0u32, n, "check_invariants")?;
         let (mut cached, mut idle, mut evictable, mut queued) = (0usize, 0usize, 0usize, 0usize);
         for (&k, &b) in &self.map {
-            if !self.is_cached(b) || slot(self.meta[b.index()].group, self.meta[b.index()].key) != k {
+            if !self.is_cached(b) || slot(self.meta[b.index()].group, self.meta[b.index()].key, self.meta[b.index()].partial) != k {
                 return bad(format!("key {k:#x} maps to {b}, which does not map back to it"));
             }
         }
@@ -37,7 +37,7 @@ impl PrefixCache {
             if m.partial as usize >= self.block_size {
                 return bad(format!("cached {b} is marked partly filled with {} tokens of {}", m.partial, self.block_size));
             }
-            if self.index_get(m.group, m.key) != Some(b) {
+            if self.index_get(m.group, m.key, m.partial) != Some(b) {
                 return bad(format!("cached {b} has key {:#x}, which maps elsewhere", m.key));
             }
             if m.has(IDLE) != (rc == 0) {

@@ -106,13 +106,18 @@ pub struct Lookup {
     pub collision: bool,
 }
 
-/// The index slot of `key` in `group`: its low 64 bits, the high ones folded in (keys
-/// made from trace ids may differ only there) and an offset per group; a key below 2^64
-/// in group 0 is its own slot.
+/// The index slot of `key` in `group` for a block holding `partial` tokens (0: full):
+/// its low 64 bits, the high ones folded in (keys made from trace ids may differ only
+/// there), an offset per group and one per fill; a full block's key below 2^64 in group 0
+/// is its own slot. The fill is part of a block's identity: a keyed prompt's partly filled
+/// last block and a full block under the same key are two entries, neither takes the
+/// other's place.
 #[inline]
-fn slot(group: u8, key: BlockKey) -> u64 {
+fn slot(group: u8, key: BlockKey, partial: u16) -> u64 {
     let hi = ((key >> 64) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    (key as u64 ^ hi).wrapping_add((group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    (key as u64 ^ hi)
+        .wrapping_add((group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add((partial as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
 }
 
 /// What a windowed group's lookup of one block found.
@@ -226,12 +231,12 @@ impl PrefixCache {
         }
     }
 
-    /// The block cached under `key`'s slot in `group` (its full key and group are checked
-    /// by the caller).
+    /// The block cached under `key`'s slot in `group` for a fill of `partial` (its full
+    /// key, group and fill are checked by the caller).
     #[inline]
-    fn index_get(&self, group: u8, key: BlockKey) -> Option<BlockId> {
+    fn index_get(&self, group: u8, key: BlockKey, partial: u16) -> Option<BlockId> {
         debug_assert!(self.unmapped.is_empty(), "map read with evictions pending");
-        self.map.get(&slot(group, key)).copied()
+        self.map.get(&slot(group, key, partial)).copied()
     }
 
     /// Key of a cached block.
@@ -258,11 +263,11 @@ impl PrefixCache {
         })
     }
 
-    /// The block cached under `key` in `group`, unverified (what the index holds).
+    /// The full block cached under `key` in `group`, unverified (what the index holds).
     pub fn block_of(&self, group: usize, key: BlockKey) -> Option<BlockId> {
-        let b = self.index_get(u8::try_from(group).ok()?, key)?;
+        let b = self.index_get(u8::try_from(group).ok()?, key, 0)?;
         let m = &self.meta[b.index()];
-        (m.key == key && m.group as usize == group).then_some(b)
+        (m.key == key && m.group as usize == group && m.partial == 0).then_some(b)
     }
 
     /// The blocks an eviction may take now (idle, not hard-pinned leaves), the next victim
@@ -311,9 +316,9 @@ impl PrefixCache {
 
     /// [`Self::lookup`] where the last key stands for a block of `last_fill` tokens
     /// (`1..=block_size`; a keyed prompt's partly filled last block), the others for full
-    /// blocks. A cached block matches only a block of the same fill: a partly filled one
-    /// never satisfies a full-block lookup (it holds fewer tokens of KV), and a full one
-    /// never stands for a partial block. A fill mismatch on a key counts as a collision.
+    /// blocks. A cached block matches only a block of the same fill (the fill is part of
+    /// the index slot): a partly filled one never satisfies a full-block lookup (it holds
+    /// fewer tokens of KV), and a full one never stands for a partial block.
     pub fn lookup_filled(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
         self.lookup_in(0, keys, tokens, extra, last_fill)
     }
@@ -327,9 +332,9 @@ impl PrefixCache {
         let last_partial = if keys.is_empty() { 0 } else { Meta::partial_of(last_fill, bs) };
         let mut prev = NO_PARENT;
         for (i, &key) in keys.iter().enumerate() {
-            let Some(b) = self.index_get(g, key) else { break };
-            let m = &self.meta[b.index()];
             let want_partial = if i + 1 == keys.len() { last_partial } else { 0 };
+            let Some(b) = self.index_get(g, key, want_partial) else { break };
+            let m = &self.meta[b.index()];
             let ok = m.key == key && m.group == g && m.parent == prev && m.extra() == extra && m.partial == want_partial;
             if !(ok && self.tokens_match(b, i, want_partial, tokens)) {
                 out.collision = true;
@@ -352,14 +357,16 @@ impl PrefixCache {
         self.meta[b.index()].has(HAS_TOKENS) && self.tokens[start..start + fill] == t[i * bs..i * bs + fill]
     }
 
-    /// The cached block of windowed group `group` holding full logical block `i` of a
-    /// prompt keyed `key` (with `extra`; `tokens`, the prompt, enables verification). Pure.
-    pub fn find(&self, group: usize, i: usize, key: BlockKey, tokens: Option<&[u32]>, extra: Option<u64>) -> Found {
+    /// The cached block of windowed group `group` holding logical block `i` of a prompt
+    /// keyed `key`, `fill` tokens of it (`1..=block_size`; with `extra`; `tokens`, the
+    /// prompt, enables verification). Pure.
+    pub fn find(&self, group: usize, i: usize, key: BlockKey, fill: usize, tokens: Option<&[u32]>, extra: Option<u64>) -> Found {
         debug_assert!(self.windowed[group], "a full group is looked up as a chain");
-        let Some(b) = self.index_get(group as u8, key) else { return Found::Miss };
+        let partial = Meta::partial_of(fill, self.block_size);
+        let Some(b) = self.index_get(group as u8, key, partial) else { return Found::Miss };
         let m = &self.meta[b.index()];
-        let ok = m.key == key && m.group as usize == group && m.extra() == extra && m.partial == 0;
-        if ok && self.tokens_match(b, i, 0, tokens) {
+        let ok = m.key == key && m.group as usize == group && m.extra() == extra && m.partial == partial;
+        if ok && self.tokens_match(b, i, partial, tokens) {
             Found::Hit(b)
         } else {
             Found::Collision
@@ -483,7 +490,7 @@ impl PrefixCache {
                 self.evictable -= 1;
             }
         }
-        self.unmapped.push(slot(m.group, key));
+        self.unmapped.push(slot(m.group, key, m.partial));
         self.num_cached -= 1;
         let mut parent_key = None;
         if parent != NO_PARENT {
@@ -524,7 +531,7 @@ impl PrefixCache {
     ) -> bool {
         debug_assert!(parent.is_none() || !self.windowed[group], "a windowed block has no parent");
         self.flush_unmapped();
-        let slot = match self.map.entry(slot(group as u8, key)) {
+        let slot = match self.map.entry(slot(group as u8, key, Meta::partial_of(filled, self.block_size))) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => v,
         };

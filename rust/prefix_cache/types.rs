@@ -22,17 +22,6 @@ pub struct CacheConfig {
     /// When the last-token rule drops a fully cached last block, copy it (a CoW pair)
     /// instead, so only the final prompt token is computed.
     pub cow_partial_hit: bool,
-    /// Cache a block-key prompt's partly filled last block with its fill (in full groups).
-    /// On, a trace that reuses a partial block's key for a full block later finds the key
-    /// taken (a fill mismatch, a verified miss); off, partial blocks are neither cached nor
-    /// looked up. A pool built without layer groups (Python's `BlockPool(n, bs)`, a
-    /// simulation without groups) turns it on, one built with them off (each as it always
-    /// did, so trace replays keep their numbers).
-    pub cache_partial_keys: bool,
-    /// A full group's cached chain past what an admission takes (the last-token rule's
-    /// block, and beyond) counts as used (a hit) when on; only taken hits are
-    /// uses when off. Set with `cache_partial_keys`, by the same callers.
-    pub touch_untaken_hits: bool,
     pub hasher: BlockHasher,
     /// Record [`CacheEvent`]s for [`PrefixCache::drain_events`](super::PrefixCache::drain_events).
     pub record_events: bool,
@@ -47,8 +36,6 @@ impl Default for CacheConfig {
             policy: EvictionPolicy::Lru,
             verify_tokens: true,
             cow_partial_hit: false,
-            cache_partial_keys: true,
-            touch_untaken_hits: true,
             hasher: BlockHasher::Xxh3,
             record_events: false,
             max_events: DEFAULT_MAX_EVENTS,
@@ -74,8 +61,7 @@ pub struct CacheStats {
     pub stored_blocks: u64,
     /// Idle cached blocks reclaimed by allocations.
     pub evictions: u64,
-    /// Lookups that found the key but failed verification (parent, extra key, tokens,
-    /// fill).
+    /// Lookups that found the key but failed verification (parent, extra key, tokens).
     pub collisions: u64,
     /// Admissions that took a copy-on-write partial hit.
     pub cow_hits: u64,

@@ -71,9 +71,6 @@ impl Device {
     /// A pool of `groups` (None: one full-attention group); caching with `cache`.
     pub fn new(num_blocks: usize, bs: usize, cache: Option<CacheConfig>, groups: Option<&[GroupSpec]>) -> Result<Self> {
         let specs = groups.map_or_else(|| vec![GroupSpec::Full], <[GroupSpec]>::to_vec);
-        // A run with layer groups does not cache a keyed prompt's partial last block, one
-        // without does (as each always did: replayed numbers stay).
-        let cache = cache.map(|c| CacheConfig { cache_partial_keys: groups.is_none(), touch_untaken_hits: groups.is_none(), ..c });
         let pool = BlockPool::with_options(num_blocks, bs, specs, cache)?;
         Ok(Self { pool, out: StepOutput::default(), grouped: groups.is_some() })
     }

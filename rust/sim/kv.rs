@@ -86,12 +86,14 @@ pub fn pool_keys(trace: &[u64], per_key: usize, len: usize, bs: usize, out: &mut
     }
 }
 
-/// What growing a request takes: blocks allocated in every group (new blocks and copies)
-/// and blocks its windowed groups release first (0 without windowed groups).
+/// What growing a request takes: blocks allocated in every group (new blocks and copies),
+/// blocks its windowed groups release first (0 without windowed groups) and cached partly
+/// filled blocks its copies leave idle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Need {
     pub alloc: usize,
     pub release: usize,
+    pub copied: usize,
     /// Whether the request grows (a growth by 0 tokens releases nothing).
     pub grows: bool,
 }
@@ -107,6 +109,9 @@ pub struct Kv {
     pub committed: usize,
     /// Blocks the promised growths release (windowed groups) at `commit`, free for the batch.
     pub releasing: usize,
+    /// Cached partly filled blocks the promised growths copy away, idle after `commit` (not
+    /// free for the batch: the pool's step allocates before it releases them).
+    pub copying: usize,
     /// Blocks promised to running requests under the reservation policy and not allocated.
     pub reserved: usize,
     /// KV tokens stored on the device, over all groups (the logical tokens without groups).
@@ -152,6 +157,7 @@ impl Kv {
             watermark,
             committed: 0,
             releasing: 0,
+            copying: 0,
             reserved: 0,
             kv_tokens: 0,
             empty_slots: 0,
@@ -246,13 +252,14 @@ impl Kv {
     #[inline]
     pub fn grow_need(&self, idx: u32, r: &ReqState, n: u32) -> Result<Need> {
         let end = r.kv_len.max(r.computed + n);
+        let copied = if self.caching { self.device.copy_gain(SeqId(idx as u64), (end - r.kv_len) as usize)? } else { 0 };
         if !self.hybrid {
             let alloc = if self.caching && end > r.kv_len {
                 self.device.blocks_needed(SeqId(idx as u64), (end - r.kv_len) as usize)?
             } else {
                 blocks(end, self.block_size) - blocks(r.kv_len, self.block_size)
             };
-            return Ok(Need { alloc, release: 0, grows: end > r.kv_len });
+            return Ok(Need { alloc, release: 0, copied, grows: end > r.kv_len });
         }
         if end == r.kv_len {
             return Ok(Need::default());
@@ -265,7 +272,7 @@ impl Kv {
         } else {
             self.specs.iter().map(|s| holes(s, bs, len) - holes(s, bs, f)).sum()
         };
-        Ok(Need { alloc, release, grows: true })
+        Ok(Need { alloc, release, copied, grows: true })
     }
 
     /// Plan the admission of request `idx`: a cache lookup when caching is on and the
@@ -294,9 +301,9 @@ impl Kv {
     #[inline]
     pub fn promise(&mut self, idx: u32, r: &mut ReqState, need: Need) -> Result<()> {
         self.committed += need.alloc;
-        if !(self.hybrid && self.caching) {
-            self.releasing += need.release;
-        } else if need.grows && r.frontier != r.kv_len {
+        self.releasing += self.released_at_commit(need);
+        self.copying += need.copied;
+        if self.hybrid && self.caching && need.grows && r.frontier != r.kv_len {
             let (pool, _) = self.device.pool_mut();
             pool.mark_computed(&[SeqId(idx as u64)])?;
             self.unhold(r);
@@ -310,12 +317,20 @@ impl Kv {
         Ok(())
     }
 
+    /// Blocks `need`'s window releases free for the batch: none when they are applied at
+    /// the promise (layer groups with caching).
+    #[inline]
+    fn released_at_commit(&self, need: Need) -> usize {
+        if self.hybrid && self.caching { 0 } else { need.release }
+    }
+
     /// Undo `promise` for a request taken out of the batch again (releases applied at the
     /// promise stay applied: the request is preempted next).
     #[inline]
     pub fn unpromise(&mut self, r: &mut ReqState, need: Need) {
         self.committed -= need.alloc;
-        self.releasing -= need.release;
+        self.releasing -= self.released_at_commit(need);
+        self.copying -= need.copied;
         r.reserve_left += r.reserve_taken;
         self.reserved += r.reserve_taken as usize;
         r.reserve_taken = 0;
@@ -425,9 +440,10 @@ impl Kv {
         }
         let free_before = self.device.num_free_blocks();
         self.device.step(&self.ids, &self.counts)?;
-        let (taken, released) = (self.committed, self.releasing);
+        let (taken, released, copied) = (self.committed, self.releasing, self.copying);
         self.committed = 0;
         self.releasing = 0;
+        self.copying = 0;
         for (k, &(i, _)) in batch.iter().enumerate() {
             let (r, c) = (&mut reqs[i as usize], self.counts[k]);
             if c == 0 {
@@ -439,9 +455,9 @@ impl Kv {
             self.hold(r);
         }
         // The promises are what the pool did: a wrong mirror fails here, not later.
-        if self.hybrid && self.device.num_free_blocks() + taken != free_before + released {
+        if self.hybrid && self.device.num_free_blocks() + taken != free_before + released + copied {
             return Err(KvError::Invariant(format!(
-                "step took {} blocks net, the engine promised {taken} and counted {released} released",
+                "step took {} blocks net, the engine promised {taken} and counted {released} released and {copied} copied away",
                 free_before as i64 - self.device.num_free_blocks() as i64
             )));
         }

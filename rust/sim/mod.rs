@@ -442,7 +442,7 @@ fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
     if groups != kv.group_blocks {
         return Err(KvError::Invariant(format!("engine counts {:?} blocks per group, requests hold {groups:?}", kv.group_blocks)));
     }
-    if kv.committed != 0 || kv.releasing != 0 {
+    if kv.committed != 0 || kv.releasing != 0 || kv.copying != 0 {
         return Err(KvError::Invariant(format!("{} blocks promised, {} to release after commit", kv.committed, kv.releasing)));
     }
     kv.device.check_mirror(reqs.iter().enumerate().filter(|(_, r)| r.status == Status::Running).map(|(i, r)| (i, r.frontier)), &kv.group_blocks, kv.kv_tokens)

@@ -14,8 +14,8 @@ import pytest
 from pykvpool import InvalidArgumentError
 from pykvpool.planning.layers import LayerGroup
 from pykvpool.planning.models import model_preset
-from pykvpool.prefix.groups_replay import compare_layouts, pool_block_keys, replay_groups
-from pykvpool.prefix.replay import TraceRequest
+from pykvpool.prefix.groups_replay import compare_layouts, replay_groups
+from pykvpool.prefix.replay import TraceRequest, pool_block_keys
 
 
 def _trace() -> list[TraceRequest]:
@@ -82,13 +82,15 @@ def test_windows_keep_reuse_that_global_layers_lose_at_equal_bytes() -> None:
     Gemma-3-12B at 512-token blocks: 1 full + 5 sliding (1,024 = 2 blocks) groups of 8
     layers; 16 whole-model blocks of bytes = 96 group blocks, or 16 all-global blocks.
     A: 10 blocks. C: A + 100 tokens (hits 10 blocks = 5,120 tokens in both layouts; the
-    hybrid revives the full group's 10 blocks and the window groups' blocks 8, 9 only).
-    F1, F2: 5 fresh blocks each. B: A + 100 other tokens.
-    All-global: F2 evicts 4 of A's blocks, tail first (blocks 9..6): B hits 6 blocks.
-    Hybrid: F2 evicts 24 of the 40 window-group blocks of A's logical blocks 0..7, which no
-    hit refreshed: B hits all 10 blocks. B's own new blocks then evict 5 more (all-global:
-    11 - 6) and 6 more (hybrid: its last block in each group; logical blocks 0..7 of its
-    window groups are holes, never allocated).
+    hybrid revives the full group's 10 blocks and the window groups' blocks 8, 9 only);
+    C's partly filled last block stays cached in every group (the chain's leaf in a full
+    group). F1, F2: 5 fresh blocks each. B: A + 100 other tokens.
+    All-global: 11 cached + F1's 5 fill the pool; F2 evicts C's partial block, then 4 of
+    A's blocks, tail first (blocks 9..6): B hits 6 blocks.
+    Hybrid: 66 cached + F1's 30 fill the pool; F2 evicts 30 of the 40 window-group blocks
+    of A's logical blocks 0..7, which no hit refreshed: B hits all 10 blocks. B's own new
+    blocks then evict 5 more (all-global: 11 - 6) and 6 more (hybrid: its last block in
+    each group; logical blocks 0..7 of its window groups are holes, never allocated).
     """
     ids = list(range(1, 11))
     t = [TraceRequest(0, 10 * 512, 1, tuple(ids)),
@@ -101,7 +103,7 @@ def test_windows_keep_reuse_that_global_layers_lose_at_equal_bytes() -> None:
     hybrid, full = compare_layouts(t, model, [cap], 512)[0]
     assert (hybrid.num_blocks, full.num_blocks) == (96, 16)
     assert (hybrid.hit_tokens, full.hit_tokens) == (2 * 5120, 5120 + 6 * 512)
-    assert (hybrid.evictions, full.evictions) == (24 + 6, 4 + 5)
+    assert (hybrid.evictions, full.evictions) == (30 + 6, 1 + 4 + 5)
 
 
 def test_keys_and_refusals() -> None:

@@ -42,7 +42,9 @@ def test_issue_reproducer_serves_only_the_written_tokens() -> None:
     assert len(slots) == 8
     assert_reuse_was_written(pool, 1, cached, written)
     s = pool.cache_stats()
-    assert (s.hit_blocks, s.collisions) == (1, 1)
+    # The fill is part of a block's identity: the full block keyed 2 is another entry than
+    # the cached 2-token one, so its lookup is a plain miss, not a failed verification.
+    assert (s.hit_blocks, s.collisions) == (1, 0)
     pool.check_invariants()
 
 

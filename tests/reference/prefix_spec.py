@@ -77,7 +77,7 @@ class Spec:
         self.bs, self.policy, self.cow, self.bits = bs, policy, cow, hash_bits
         self.verify = True
         self.free_blocks = num_blocks  # never-cached (or reset) blocks with no holder
-        self.cache: dict[int, Block] = {}
+        self.cache: dict[tuple[int, int], Block] = {}  # (key, fill): the fill is part of a block's identity
         self.seqs: dict[int, Seq] = {}
         self.pins: dict[int, Pin] = {}
         self.next_pin = 0
@@ -131,7 +131,7 @@ class Spec:
         return out
 
     def uncache(self, b: Block, record: bool) -> None:
-        del self.cache[b.key]
+        del self.cache[(b.key, b.fill)]
         b.cached, b.soft = False, {}
         if b.parent is not None:
             b.parent.children -= 1
@@ -161,7 +161,7 @@ class Spec:
         b.stored = self.uses
         if parent is not None:
             parent.children += 1
-        self.cache[key] = b
+        self.cache[(key, fill)] = b
         self.stats["stored_blocks"] += 1
         self.emit(EVENT_STORED, b)
 
@@ -181,7 +181,7 @@ class Spec:
         verifying and the prompt has token ids) token ids; whether a found key failed."""
         chain: list[Block] = []
         for i, key in enumerate(keys):
-            b = self.cache.get(key)
+            b = self.cache.get((key, fills[i]))
             if b is None:
                 return chain, False
             ok = b.parent is (chain[-1] if chain else None) and b.extra == extra and b.fill == fills[i]
@@ -230,7 +230,7 @@ class Spec:
             self.release(chain[used])
         for i in range(used, len(keys)):
             ok = i == 0 or (table[i - 1].cached and table[i - 1].key == keys[i - 1])
-            if not ok or keys[i] in self.cache:
+            if not ok or (keys[i], fills[i]) in self.cache:
                 break
             tok = tuple(tokens[i * bs : i * bs + fills[i]]) if tokens is not None else None
             self.store(table[i], keys[i], table[i - 1] if i else None, extra, tok, fills[i])
@@ -280,7 +280,7 @@ class Spec:
             for i in range(old_full, s.ntokens // bs):
                 b = s.table[i]
                 parent_ok = i == 0 or (s.table[i - 1].cached and s.table[i - 1].key == keys[i - 1])
-                if not parent_ok or b.cached or keys[i] in self.cache:
+                if not parent_ok or b.cached or (keys[i], self.bs) in self.cache:
                     break
                 self.store(b, keys[i], s.table[i - 1] if i else None, s.extra,
                            tuple(s.tokens[i * bs : (i + 1) * bs]), bs)

@@ -212,10 +212,9 @@ fn appended_blocks_are_registered_and_hit() {
     p.step(&[SeqId(1)], &[3], &mut out).unwrap();
     p.append_tokens(SeqId(1), &[1, 2], &mut out).unwrap();
     assert_eq!(p.cache_stats().unwrap().stored_blocks, 6);
-    // Keyed admission: the partial last key is cached with its fill in the full group
-    // only (a windowed group caches full blocks).
+    // Keyed admission: the partial last key is cached with its fill in every group.
     p.add_sequence_block_keys(SeqId(2), &[11, 12, 13], 10, &mut out).unwrap();
-    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6 + 2 * 2 + 1);
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6 + 2 * 3);
     assert_eq!(p.add_sequence_block_keys(SeqId(3), &[11, 12, 13], 10, &mut out).unwrap(), 8);
     assert_eq!(p.add_sequence_block_keys(SeqId(4), &[11, 12], 8, &mut out).unwrap(), 4, "one token computed");
     checked(&p);

@@ -366,12 +366,12 @@ impl World {
         assert_eq!(counts, (m.cache.len(), m.idle().count(), m.evictable(), m.pinned(), m.num_pins(), m.clock));
         assert_eq!(s.pending_events, m.events.len());
         // Which keys are cached, and which of them are idle.
-        let cached: HashSet<(Key, bool)> = (0..BLOCKS as u32)
+        let cached: HashSet<(Key, usize, bool)> = (0..BLOCKS as u32)
             .map(BlockId)
-            .filter_map(|b| c.key_of(b).map(|k| (k, self.pool.refcount(b).unwrap() == 0)))
+            .filter_map(|b| c.key_of(b).map(|k| (k, c.filled(b).unwrap(), self.pool.refcount(b).unwrap() == 0)))
             .collect();
-        let want: HashSet<(Key, bool)> = m.cache.iter().map(|(&k, &b)| (k, m.blocks[b].refs == 0)).collect();
-        assert_eq!(cached, want, "cached keys (key, idle)");
+        let want: HashSet<(Key, usize, bool)> = m.cache.iter().map(|(&(k, f), &b)| (k, f, m.blocks[b].refs == 0)).collect();
+        assert_eq!(cached, want, "cached keys (key, fill, idle)");
         // Which position of each sequence holds which cached block, with what refcount.
         for (&seq, ms) in &m.seqs {
             let t = self.pool.blocks_of(SeqId(seq)).unwrap();

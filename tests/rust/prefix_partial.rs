@@ -47,11 +47,14 @@ fn a_partial_block_never_serves_a_full_block_lookup() {
     assert_eq!(admit_keys(&mut p, 1, &[1, 2, 3], 12), 4, "only key 1's full block holds KV to reuse");
     assert_ne!(block(&p, 1, 1), partial, "block 1 is computed into a new block");
     let s = p.cache_stats().unwrap();
-    assert_eq!((s.hit_blocks, s.collisions), (1, 1), "a fill mismatch is a verified miss");
-    // The new full block cannot take key 2 (the partial block keeps it) and stays
-    // uncached; so does the rest of its chain.
-    assert!(!p.prefix_cache().unwrap().is_cached(block(&p, 1, 1)));
-    assert_eq!(p.prefix_cache().unwrap().filled(partial), Some(2));
+    assert_eq!((s.hit_blocks, s.collisions), (1, 0), "another fill is another entry: a plain miss");
+    // The new full block is cached under key 2 beside the partial block (the fill is part
+    // of a block's identity), and so is the rest of its chain.
+    let full = block(&p, 1, 1);
+    let c = p.prefix_cache().unwrap();
+    assert_eq!((c.filled(full), c.filled(partial)), (Some(4), Some(2)));
+    assert_eq!(c.block_of(0, 2), Some(full), "a full-block lookup of key 2 finds the full block");
+    assert!(c.is_cached(block(&p, 1, 2)));
 }
 
 #[test]
@@ -66,12 +69,12 @@ fn the_same_partial_prompt_matches_its_partial_block_under_the_last_token_rule()
     // A different fill under the same key is a miss, in either direction.
     assert_eq!(admit_keys(&mut p, 2, &[1, 2], 7), 4);
     let s = p.cache_stats().unwrap();
-    assert_eq!((s.hit_blocks, s.collisions), (2 + 1, 1));
+    assert_eq!((s.hit_blocks, s.collisions), (2 + 1, 0), "another fill is another entry: a miss");
     free(&mut p, 2);
     admit_keys(&mut p, 3, &[5, 6, 7], 12);
     free(&mut p, 3);
     assert_eq!(admit_keys(&mut p, 4, &[5, 6], 6), 4, "a full block does not stand for a partial one");
-    assert_eq!(p.cache_stats().unwrap().collisions, 2);
+    assert_eq!(p.cache_stats().unwrap().hit_blocks, 3 + 1);
 }
 
 #[test]
@@ -125,9 +128,11 @@ fn token_admissions_never_take_a_partial_block() {
         let c = p.add_sequence_tokens_cow_flat(SeqId(1), &tokens[..8], None, &mut slots, &mut cow).unwrap();
         p.check_invariants().unwrap();
         assert_eq!((c, cow.len()), (4, 0), "no copy of a 2-token block as a 7-token hit");
+        // Sequence 1's full block 1 is cached beside the partial one and serves the next.
+        let full = p.blocks_of(SeqId(1)).unwrap()[1];
         free(&mut p, 1);
         let c = p.add_sequence_tokens_flat(SeqId(2), &tokens, None, &mut slots).unwrap();
-        assert_eq!(c, 4);
+        assert_eq!((c, p.blocks_of(SeqId(2)).unwrap()[1]), (8, full));
         p.check_invariants().unwrap();
     }
 }

@@ -68,7 +68,6 @@ impl CacheOptions<'_> {
             hasher,
             record_events,
             max_events,
-            ..d
         }))
     }
 }

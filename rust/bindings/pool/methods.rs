@@ -16,7 +16,6 @@ use super::stats::{PyCacheStats, PyPoolStats};
 use crate::bindings::convert::{self, arg, count, counts_into, int_scalar, MAX_CALL_TOKENS};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, GroupSpec, StepOutput};
-use crate::prefix_cache::CacheConfig;
 use crate::prefix_cache::CacheEvent;
 use crate::types::{BlockId, SeqId};
 
@@ -48,11 +47,7 @@ impl PyBlockPool {
             Some(g) => groups_arg(g)?,
             None => vec![GroupSpec::Full],
         };
-        // A pool with explicit groups keeps the layer-group cache rules: a keyed prompt's
-        // partial last block is not cached, and only taken hits are uses.
-        let cfg = opts
-            .config(py, prefix_caching)?
-            .map(|c| if grouped { CacheConfig { cache_partial_keys: false, touch_untaken_hits: false, ..c } } else { c });
+        let cfg = opts.config(py, prefix_caching)?;
         let g = specs.clone();
         let pool = py.detach(move || BlockPool::with_options(nb, bs, g, cfg)).py_err(py)?;
         Ok(Self {
@@ -653,10 +648,11 @@ impl PyBlockPool {
     ///
     /// Each key stands for one block's chained content (equal keys = equal content, prefix
     /// and fill). The last key may stand for a partly filled block (``prompt_len %
-    /// block_size`` tokens): it is cached with its fill, matches only a later prompt's
-    /// partly filled last block of the same key and fill (never a full block: a lookup
-    /// never reuses more tokens than were written), and the sequence's first append copies
-    /// it (copy-on-write). A fill mismatch counts as a collision.
+    /// block_size`` tokens): it is cached with its fill in every layer group, and the fill
+    /// is part of its identity: it matches only a later prompt's partly filled last block
+    /// of the same key and fill, and a full block under the same key is another entry (a
+    /// lookup never reuses more tokens than were written). The sequence's first append
+    /// copies it (copy-on-write).
     ///
     /// Args:
     ///     seq_id: the new sequence's id, a non-negative int64.

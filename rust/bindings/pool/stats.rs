@@ -143,8 +143,8 @@ stats_class! {
             stored_blocks: u64,
             /// Idle cached blocks reclaimed by allocations so far.
             evictions: u64,
-            /// Lookups that found a key whose block failed verification: parent, extra key,
-            /// token ids or fill (a miss).
+            /// Lookups that found a key whose block failed verification: parent, extra key or
+            /// token ids (a miss).
             collisions: u64,
             /// Admissions that took a copy-on-write partial hit.
             cow_hits: u64,

@@ -72,7 +72,8 @@ pub struct Spec {
     cow: bool,
     pub free_blocks: usize,
     pub blocks: Vec<Block>,
-    pub cache: HashMap<Key, usize>,
+    /// `(key, fill)` -> block: the fill is part of a block's identity.
+    pub cache: HashMap<(Key, usize), usize>,
     pub seqs: HashMap<u64, Seq>,
     pins: BTreeMap<u64, Pin>,
     next_pin: u64,
@@ -159,7 +160,7 @@ impl Spec {
     }
 
     fn uncache(&mut self, b: usize, record: bool) {
-        self.cache.remove(&self.blocks[b].key);
+        self.cache.remove(&(self.blocks[b].key, self.blocks[b].fill));
         if record {
             self.emit(1, Some(b));
         }
@@ -201,7 +202,7 @@ impl Spec {
         if let Some(p) = parent {
             self.blocks[p].children += 1;
         }
-        self.cache.insert(key, b);
+        self.cache.insert((key, fill), b);
         self.stats.stored_blocks += 1;
         self.emit(0, Some(b));
     }
@@ -227,7 +228,7 @@ impl Spec {
     fn lookup(&self, keys: &[Key], fills: &[usize], tokens: Option<&[u32]>, extra: Option<u64>) -> (Vec<usize>, bool) {
         let mut chain: Vec<usize> = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            let Some(&b) = self.cache.get(k) else { return (chain, false) };
+            let Some(&b) = self.cache.get(&(*k, fills[i])) else { return (chain, false) };
             let m = &self.blocks[b];
             let mut ok = m.parent == chain.last().copied() && m.extra == extra && m.fill == fills[i];
             if let Some(t) = tokens {
@@ -279,7 +280,7 @@ impl Spec {
         }
         for i in used..keys.len() {
             let parent_ok = i == 0 || (self.blocks[table[i - 1]].cached && self.blocks[table[i - 1]].key == keys[i - 1]);
-            if !parent_ok || self.cache.contains_key(&keys[i]) {
+            if !parent_ok || self.cache.contains_key(&(keys[i], fills[i])) {
                 break;
             }
             let tok = tokens.map(|t| t[i * bs..i * bs + fills[i]].to_vec());
@@ -327,7 +328,7 @@ impl Spec {
                 for i in old_full..s.ntokens / bs {
                     let b = table[i];
                     let parent_ok = i == 0 || (self.blocks[table[i - 1]].cached && self.blocks[table[i - 1]].key == keys[i - 1]);
-                    if !parent_ok || self.blocks[b].cached || self.cache.contains_key(&keys[i]) {
+                    if !parent_ok || self.blocks[b].cached || self.cache.contains_key(&(keys[i], self.bs)) {
                         break;
                     }
                     let tok = tokens[i * bs..(i + 1) * bs].to_vec();
