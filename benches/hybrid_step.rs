@@ -118,7 +118,7 @@ fn main() {
     println!("{:<42}{:>14.2}{:>17.2}", "BlockPool [Full, SlidingWindow(4096)]", two.0, two.1);
     println!("[Full] / BlockPool: {:.2} (of minima), {r_full:.2} (median of per-round ratios)", full.0 / one.0);
     println!(
-        "[Full, SlidingWindow(4096)] / BlockPool: {:.2} (of minima), {r_two:.2} (median of per-round ratios); target <= 2",
+        "[Full, SlidingWindow(4096)] / BlockPool: {:.2} (of minima), {r_two:.2} (median of per-round ratios); target <= 1.5",
         two.0 / one.0
     );
 }

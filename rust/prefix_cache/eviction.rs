@@ -37,14 +37,17 @@
 //! In a pool with layer groups the same rules hold per call, with these orders inside one
 //! (`rust/pool/`): an admission's hits group by group, each group's blocks in logical
 //! order, then its stores group by group; a growth's window releases (sequence by sequence,
-//! each group's released blocks in logical order) before its new blocks; `free` releases
-//! logical block by logical block, tail first, across all groups. So of the blocks one
+//! each group's released blocks in logical order) before its new blocks; `free`, in a pool
+//! with a windowed group, releases logical block by logical block, tail first, across all
+//! groups (with full groups only, as above). So of the blocks one
 //! window step releases together the *earlier* one was used first and goes first under
 //! `Lru`: least recently used by *last attention*, since the last query that attends to a
 //! windowed block is at its end plus the window, earlier for an earlier block. (vLLM frees
 //! them later-first only because its sliding-window manager scans the skipped blocks
-//! backwards; no query distinguishes them.) Only taken hits are uses there. A windowed
-//! group's blocks are never parents, so each idle one is a leaf and may be evicted.
+//! backwards; no query distinguishes them.) A full group's hits are its whole matched
+//! chain, as above; a windowed group's are only the blocks the taken hit needs (its sinks
+//! and window: what the admission holds). A windowed group's blocks are never parents, so
+//! each idle one is a leaf and may be evicted.
 //!
 //! `hits` counts rule 2 since the block was stored. The *retention priority* of a block is
 //! the largest priority among its live soft pins, 0 without. The policies evict, among the

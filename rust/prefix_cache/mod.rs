@@ -130,12 +130,7 @@ pub enum Found {
 }
 
 impl PrefixCache {
-    /// The cache of a pool without layer groups (one full-attention group).
-    pub fn new(num_blocks: usize, block_size: usize, cfg: CacheConfig) -> Result<Self> {
-        Self::with_groups(num_blocks, block_size, cfg, &[false])
-    }
-
-    /// The cache of a pool with layer groups; `windowed[g]` says whether group `g` releases
+    /// The cache of a pool of layer groups; `windowed[g]` says whether group `g` releases
     /// blocks (sliding window, chunked) rather than keeping its whole prefix.
     pub fn with_groups(num_blocks: usize, block_size: usize, cfg: CacheConfig, windowed: &[bool]) -> Result<Self> {
         cfg.hasher.validate()?;
@@ -307,23 +302,14 @@ impl PrefixCache {
         self.is_cached(b) && self.meta[b.index()].hard_pins == 0 && alloc.refcount(b) == 0
     }
 
-    /// Longest verified cached chain for `keys`, each standing for a *full* block.
-    /// `tokens` (the prompt, at least `keys.len()` full blocks) enables token verification
-    /// when the cache keeps tokens. Pure: nothing is touched.
-    pub fn lookup(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>) -> Lookup {
-        self.lookup_filled(keys, tokens, extra, self.block_size)
-    }
-
-    /// [`Self::lookup`] where the last key stands for a block of `last_fill` tokens
-    /// (`1..=block_size`; a keyed prompt's partly filled last block), the others for full
-    /// blocks. A cached block matches only a block of the same fill (the fill is part of
-    /// the index slot): a partly filled one never satisfies a full-block lookup (it holds
-    /// fewer tokens of KV), and a full one never stands for a partial block.
-    pub fn lookup_filled(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
-        self.lookup_in(0, keys, tokens, extra, last_fill)
-    }
-
-    /// [`Self::lookup_filled`] in full-attention group `group`.
+    /// Longest verified cached chain for `keys` in full-attention group `group`: every key
+    /// stands for a full block but the last, which stands for a block of `last_fill`
+    /// tokens (`1..=block_size`; a keyed prompt's partly filled last block). A cached block
+    /// matches only a block of the same fill (the fill is part of the index slot): a partly
+    /// filled one never satisfies a full-block lookup (it holds fewer tokens of KV), and a
+    /// full one never stands for a partial block. `tokens` (the prompt, covering the keys'
+    /// blocks) enables token verification when the cache keeps tokens. Pure: nothing is
+    /// touched.
     pub fn lookup_in(&self, group: usize, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, last_fill: usize) -> Lookup {
         debug_assert!(!self.windowed[group], "a windowed group is looked up block by block");
         let g = group as u8;

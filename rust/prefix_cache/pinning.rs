@@ -11,7 +11,7 @@ use crate::types::BlockId;
 
 impl PrefixCache {
 
-    /// Pin a cached chain (root first, as returned by [`Self::lookup`]).
+    /// Pin a cached chain (root first, as returned by [`Self::lookup_in`]).
     pub fn pin(&mut self, chain: &[BlockId], priority: Option<u32>, expires_at: Option<u64>) -> Result<u64> {
         if let Some(t) = expires_at {
             if t <= self.clock {

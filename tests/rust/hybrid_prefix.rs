@@ -221,6 +221,31 @@ fn appended_blocks_are_registered_and_hit() {
 }
 
 #[test]
+fn copy_gain_counts_the_cached_partial_blocks_a_growth_leaves_idle() {
+    // A keyed 10-token prompt over blocks of 4: its partial last block (2 tokens) is
+    // cached in both groups; the first growth copies it away in each.
+    let mut p = pool(40, vec![GroupSpec::Full, sw(6, 0)]);
+    let mut out = StepOutput::default();
+    p.add_sequence_block_keys(SeqId(1), &[11, 12, 13], 10, &mut out).unwrap();
+    assert_eq!((p.copy_gain(SeqId(1), 0).unwrap(), p.copy_gain(SeqId(1), 1).unwrap()), (0, 2));
+    // Shared, the copied blocks stay held by the other sequence.
+    p.fork(SeqId(1), SeqId(2)).unwrap();
+    assert_eq!(p.copy_gain(SeqId(1), 1).unwrap(), 0);
+    p.free(SeqId(2)).unwrap();
+    let (free, need) = (p.num_free_blocks(), p.blocks_needed(SeqId(1), 1).unwrap());
+    // The window (6 tokens) also releases block 0 for a query at 10: the exact plan is
+    // new blocks - window releases - copies left idle.
+    let released = p.release_gain(SeqId(1)).unwrap();
+    assert_eq!((need, released), (2, 1));
+    p.step(&[SeqId(1)], &[1], &mut out).unwrap();
+    assert_eq!(out.cow.len(), 2);
+    assert_eq!(p.num_free_blocks() + need, free + released + 2, "the gain is what the copies leave idle");
+    assert_eq!(p.copy_gain(SeqId(1), 1).unwrap(), 0, "the copies are not cached");
+    assert!(p.copy_gain(SeqId(9), 1).is_err());
+    checked(&p);
+}
+
+#[test]
 fn release_gain_counts_only_the_blocks_a_release_frees() {
     // A 4-token window over blocks of 4: a next query at 16 needs positions 13..16, so
     // blocks 0..3 (ending at 4, 8, 12) are released.
