@@ -96,11 +96,19 @@ fn rounds() -> usize {
 fn main() {
     let rounds = rounds();
     let two_groups = [GroupSpec::Full, GroupSpec::sliding_window(4096, 0).expect("window")];
-    if std::env::var("HYBRID_STEP_ONLY").is_ok_and(|v| v == "two") {
-        // Profiling aid: only the two-group pool.
-        let (min, med) = min_median((0..rounds).map(|_| hybrid(&two_groups)).collect());
-        println!("BlockPool [Full, SlidingWindow(4096)]: min {min:.2}, median {med:.2} ns/token");
-        return;
+    // Profiling aid: one pool alone (`one`: the default pool, `two`: the two-group one).
+    match std::env::var("HYBRID_STEP_ONLY").as_deref() {
+        Ok("two") => {
+            let (min, med) = min_median((0..rounds).map(|_| hybrid(&two_groups)).collect());
+            println!("BlockPool [Full, SlidingWindow(4096)]: min {min:.2}, median {med:.2} ns/token");
+            return;
+        }
+        Ok("one") => {
+            let (min, med) = min_median((0..rounds).map(|_| block_pool()).collect());
+            println!("BlockPool: min {min:.2}, median {med:.2} ns/token");
+            return;
+        }
+        _ => {}
     }
     let (mut one, mut full, mut two) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
