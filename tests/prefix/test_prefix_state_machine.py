@@ -147,7 +147,7 @@ class PrefixPoolMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.history) > 0)
     @rule(data=st.data())
     def readmit(self, data: st.DataObject) -> None:
-        """A prompt seen before (hits, copy-on-write hits, fill mismatches)."""
+        """A prompt seen before (hits, copy-on-write hits, other fills under the same key)."""
         kind, a, b = data.draw(st.sampled_from(self.history))
         if kind == "tokens":
             self.admit_tokens(a, b, np.int64)

@@ -35,7 +35,7 @@ const BLOCKS: usize = 14;
 enum Op {
     Admit { family: u32, shared: usize, tail: usize, extra: bool },
     AdmitKeys { family: u32, shared: usize, branch: u32, len: usize },
-    /// A prompt admitted before (hits, copy-on-write hits, fill mismatches).
+    /// A prompt admitted before (hits, copy-on-write hits, other fills under the same key).
     Readmit { pick: usize },
     AppendTokens { pick: usize, n: usize },
     AppendPlain { pick: usize, n: usize },
