@@ -687,6 +687,50 @@ class BlockPool:
             InvalidArgumentError: a token id outside ``0..2**32``, a non-integer or non-1-D
                 array, or caching off.
         """
+    def add_sequence_hit(self, seq_id: int, token_ids: _IntArrayLike, extra_key: int | None = None) -> int:
+        """Join ``seq_id`` holding only the longest cached prefix of the prompt ``token_ids``
+        (at most ``len - 1`` tokens: the last prompt token is always computed), allocating
+        nothing else and registering nothing: its length is the cached tokens, returned.
+
+        The scheduler's order, as vLLM's: look up the hit, then grow the sequence by the
+        prompt's rest as compute allows (:meth:`step` or :meth:`append`; the sequence keeps
+        its token record through them), then, once that KV is computed, give the ids to
+        :meth:`store_tokens`, which caches the blocks they fill. So no block is cached before
+        its KV exists (:meth:`add_sequence_tokens` caches the prompt's blocks at admission).
+        The lookup counts in :meth:`cache_stats` as an admission's.
+
+        Args:
+            seq_id: the new sequence's id, a non-negative int64.
+            token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``).
+            extra_key: as for :meth:`add_sequence_tokens`.
+
+        Returns:
+            The cached tokens: the sequence's length, a multiple of ``block_size`` below
+            ``len(token_ids)``.
+
+        Raises:
+            DuplicateSequenceError: ``seq_id`` is live.
+            InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+                ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, a prompt
+                longer than ``2**27`` tokens, or caching off (nothing changed).
+        """
+    def store_tokens(self, seq_id: int, token_ids: _IntArrayLike) -> None:
+        """Give ``seq_id`` the ids of its next stored tokens, whose KV is now computed, and
+        cache each block they fill (as :meth:`append_tokens` does, without growing): the
+        last step of :meth:`add_sequence_hit`'s order.
+
+        Args:
+            seq_id: a live sequence joined by :meth:`add_sequence_hit` (or a fork of one).
+            token_ids: the ids of the tokens after those it has given, in order (any
+                integer dtype, each in ``0..2**32``).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: the sequence keeps no token record (admitted or grown
+                without token ids), more ids than it stores tokens, a token id outside
+                ``0..2**32``, a non-integer or non-1-D array, or caching off (nothing
+                changed).
+        """
     def block_keys(self, token_ids: _IntArrayLike, extra_key: int | None = None) -> _U64Array:
         """Keys of the full blocks of ``token_ids`` (a partial last block has none). Stable across
         processes and runs.

@@ -19,6 +19,7 @@ positions and tables of the scheduled step.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -120,21 +121,27 @@ class PagedKvCache(Cache):
         block_size: tokens per block (default 16), 1..=65536.
         dtype: the K/V storage: ``"f32"`` (default, exact), ``"f16"`` or ``"bf16"``.
         first_seq_id: the pool id of row 0 (default 0); later rows and forks count up.
+        prefix_caching: cache computed blocks by their token ids so that a later sequence
+            of the ragged batch sharing a prefix reuses their K/V (:meth:`join`, then the
+            ids through ``pool.store_tokens`` once computed); default False.
+        eviction: with ``prefix_caching``, which idle cached block an allocation reclaims
+            first: a name of :data:`pykvpool.EVICTION_POLICIES` (default ``"lru"``).
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range) or dtype, a layer kind
-            the pool does not store.
+            the pool does not store, an unknown eviction policy.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
             tensors are).
     """
 
     def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
-                 first_seq_id: int = 0) -> None:
+                 first_seq_id: int = 0, prefix_caching: bool = False, eviction: str = "lru") -> None:
         num_blocks = check_int(num_blocks, "num_blocks", 1)
         block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
         lay = self.layout
-        self.pool = BlockPool(num_blocks, block_size, list(lay.groups))
+        self.pool = BlockPool(num_blocks, block_size, list(lay.groups), prefix_caching=bool(prefix_caching),
+                              eviction=eviction if prefix_caching else None)
         self.kv = KvCache(lay.cache_layers, num_blocks, block_size, lay.num_kv_heads, lay.head_dim, dtype)
         layers: list[Any] = [_PagedLayer(self, i, lay.window[i] is not None) for i in range(lay.num_layers)]
         super().__init__(layers=layers)
@@ -337,6 +344,32 @@ class PagedKvCache(Cache):
         return np.concatenate(new, axis=1) if new else np.empty((self.pool.num_groups, 0), dtype=np.int64)
 
     # -- the ragged batch (continuous batching) -----------------------------------------
+
+    def join(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """Add ``seq_id`` to the ragged batch holding the longest cached prefix of its prompt
+        ``token_ids`` (:meth:`BlockPool.add_sequence_hit`): its next :meth:`schedule` feeds
+        the tokens after the returned count, at their positions. Needs ``prefix_caching``.
+
+        Returns:
+            The cached tokens (a multiple of the block size, below ``len(token_ids)``).
+
+        Raises:
+            InvalidArgumentError: prefix caching off, the cache holds rows of a ``generate``
+                batch, a negative id or token id, an empty prompt (nothing changed).
+            DuplicateSequenceError: ``seq_id`` is live.
+            TypeError: an id that is no integer.
+        """
+        if self.seqs:
+            raise invalid("seq_id: the cache holds a generate() batch; reset() it before scheduling sequences")
+        seq_id = check_int(seq_id, "seq_id")
+        if not self.pool.prefix_caching:
+            raise invalid("join(): the cache was built without prefix_caching")
+        if len(token_ids) == 0:
+            raise invalid("token_ids: the prompt is empty")
+        cached = self.pool.add_sequence_hit(seq_id, token_ids)
+        self.ragged.add(seq_id)
+        self._scheduled = None
+        return cached
 
     def schedule(self, seq_ids: list[int], num_tokens: list[int]) -> None:
         """Allocate the next forward pass of the ragged batch: ``num_tokens[i]`` new tokens

@@ -62,10 +62,13 @@ class BatcherStats:
             split of a prompt by ``chunk_size`` or ``max_batched_tokens``).
         mixed_steps: passes holding both prompt tokens and decode tokens.
         preemptions: sequences preempted by recompute (blocks freed, requeued).
-        recomputed_tokens: tokens whose K/V a preemption dropped, to be fed again (every
-            token a run feeds is a prompt token, a generated token or one of these:
-            ``forward_tokens`` is the prompts' lengths, plus the generated tokens but each
-            sequence's last, plus ``recomputed_tokens``).
+        recomputed_tokens: tokens whose K/V a preemption dropped, to be fed again.
+        cached_tokens: tokens an admission found in the prefix cache and did not feed
+            (``prefix_caching``; a readmitted preempted sequence may find its own blocks).
+            Every token a run feeds is a prompt token, a generated token or a recomputed
+            one, less the cached: ``forward_tokens`` is the prompts' lengths, plus the
+            generated tokens but each sequence's last, plus ``recomputed_tokens``, minus
+            ``cached_tokens``.
         max_running: most sequences in one pass.
         peak_used_blocks: most pool blocks in use after a pass was allocated.
     """
@@ -77,6 +80,7 @@ class BatcherStats:
     mixed_steps: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0
+    cached_tokens: int = 0
     max_running: int = 0
     peak_used_blocks: int = 0
 
@@ -140,6 +144,15 @@ class ContinuousBatcher:
         chunk_size: prompt tokens of one sequence in one pass at most (default 256), >= 1.
         kv_dtype: the cache's storage, ``"f32"``, ``"f16"`` or ``"bf16"``; default ``"bf16"``
             for a bf16 model, else ``"f32"``.
+        prefix_caching: reuse the K/V of computed blocks across prompts sharing a prefix
+            (default False): an admission joins at its longest cached prefix (its last
+            token always computed) and feeds the rest; blocks are cached by token ids once
+            their K/V is computed, prompts and generated tokens alike, and stay cached when
+            their sequences end (and across runs), until evicted. A block is cached once:
+            when sequences compute the same block in one pass, the later ones cache
+            nothing after it.
+        eviction: with ``prefix_caching``, which idle cached block an allocation reclaims
+            first, a name of :data:`pykvpool.EVICTION_POLICIES` (default ``"lru"``).
 
     Attributes:
         stats: the last :meth:`run`'s :class:`BatcherStats`: passes, tokens fed
@@ -151,13 +164,15 @@ class ContinuousBatcher:
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range), a model not run with
-            ``attn_implementation="pykvpool"``, a layer kind the pool does not store.
+            ``attn_implementation="pykvpool"``, a layer kind the pool does not store, an
+            unknown eviction policy.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
             tensors are).
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
-                 max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None) -> None:
+                 max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None,
+                 prefix_caching: bool = False, eviction: str = "lru") -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
@@ -167,7 +182,9 @@ class ContinuousBatcher:
         if kv_dtype is None:
             kv_dtype = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.model = model
-        self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
+        self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype,
+                                  prefix_caching=prefix_caching, eviction=eviction)
+        self.prefix_caching = bool(prefix_caching)
         self._caps = _group_caps(self.cache, min(self.chunk_size, self.max_batched_tokens))
         self.stats = BatcherStats()
 
@@ -270,12 +287,15 @@ class ContinuousBatcher:
                   admitted: int) -> list[tuple[_Request, int]] | None:
         """Schedule ``plan`` (its last ``admitted`` entries new requests) in the cache; on a
         short pool drop admissions from the end, then preempt the latest running sequence
-        and report None (plan again). Returns the plan scheduled."""
+        and report None (plan again). With prefix caching each admission first joins at its
+        cached prefix and feeds only the rest. Returns the plan scheduled."""
         while True:
+            plan = self._join(plan, admitted)
             try:
                 self.cache.schedule([r.index for r, _ in plan], [n for _, n in plan])
                 break
             except PoolExhaustedError:
+                self._unjoin(plan, admitted)
                 if admitted and len(plan) > 1:
                     plan, admitted = plan[:-1], admitted - 1
                     continue
@@ -283,9 +303,29 @@ class ContinuousBatcher:
                     self._preempt(running, waiting)
                     return None
                 raise
+        self.stats.cached_tokens += sum(r.computed for r, _ in plan[len(plan) - admitted:])
         for _ in range(admitted):
             running.append(waiting.popleft())
         return plan
+
+    def _join(self, plan: list[tuple[_Request, int]], admitted: int) -> list[tuple[_Request, int]]:
+        """With prefix caching, join the plan's last ``admitted`` requests at their cached
+        prefixes (:meth:`PagedKvCache.join`); their entries then feed only the rest."""
+        if not self.prefix_caching or not admitted:
+            return plan
+        out = plan[:len(plan) - admitted]
+        for r, n in plan[len(plan) - admitted:]:
+            r.computed = self.cache.join(r.index, r.tokens)
+            out.append((r, min(n, r.pending)))
+        return out
+
+    def _unjoin(self, plan: list[tuple[_Request, int]], admitted: int) -> None:
+        """Undo :meth:`_join` after a failed schedule: the joined requests wait again."""
+        if not self.prefix_caching:
+            return
+        for r, _ in plan[len(plan) - admitted:]:
+            self.cache.free_sequence(r.index)
+            r.computed = 0
 
     def _preempt(self, running: list[_Request], waiting: deque[_Request]) -> None:
         """Preempt by recompute the latest admitted running sequence: free its blocks and queue
@@ -316,6 +356,11 @@ class ContinuousBatcher:
         st.prefill_chunks += sum(r.computed + n < len(r.tokens) for r, n in plan)
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long), position_ids=self.cache.positions(),
                          cache=self.cache, use_cache=True, logits_to_keep=torch.tensor(last, dtype=torch.long))
+        if self.prefix_caching:
+            # Their K/V exists now: the blocks these tokens fill are cached, before the
+            # window rule releases any of them.
+            for r, n in plan:
+                self.cache.pool.store_tokens(r.index, r.tokens[r.computed:r.computed + n])
         self.cache.pool.mark_computed([r.index for r, _ in plan])
         logits: torch.Tensor = out.logits[0].float()
         return logits
@@ -344,7 +389,8 @@ class ContinuousBatcher:
 def generate_continuous(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, num_blocks: int,
                         block_size: int = 16, max_running: int = 64, max_batched_tokens: int = 512,
                         chunk_size: int = 256, eos_token_id: int | Sequence[int] | None = None,
-                        kv_dtype: str | None = None) -> tuple[list[list[int]], BatcherStats]:
+                        kv_dtype: str | None = None, prefix_caching: bool = False,
+                        eviction: str = "lru") -> tuple[list[list[int]], BatcherStats]:
     """Greedy generation of ``max_new_tokens`` tokens (fewer at ``eos_token_id``) for each
     prompt with a :class:`ContinuousBatcher` (see it for the arguments).
 
@@ -358,6 +404,7 @@ def generate_continuous(model: Any, prompts: Sequence[Sequence[int]], max_new_to
         PoolExhaustedError: one sequence alone needs more blocks than the pool has.
     """
     batcher = ContinuousBatcher(model, num_blocks=num_blocks, block_size=block_size, max_running=max_running,
-                                max_batched_tokens=max_batched_tokens, chunk_size=chunk_size, kv_dtype=kv_dtype)
+                                max_batched_tokens=max_batched_tokens, chunk_size=chunk_size, kv_dtype=kv_dtype,
+                                prefix_caching=prefix_caching, eviction=eviction)
     outputs = batcher.run(prompts, max_new_tokens, eos_token_id=eos_token_id)
     return outputs, batcher.stats

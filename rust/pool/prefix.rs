@@ -275,7 +275,7 @@ impl BlockPool {
         out.clear();
         self.admit_checks(seq, tokens.len())?;
         let keys = self.block_keys(tokens, extra)?;
-        let cursor = TokenCursor { tokens: tokens.to_vec(), keys, extra };
+        let cursor = TokenCursor { tokens: tokens.to_vec(), keys, extra, deferred: false };
         self.admit(seq, tokens.len(), cursor.keys.clone(), Some(Box::new(cursor)), out)
     }
 
@@ -470,7 +470,11 @@ impl BlockPool {
     pub fn append_tokens(&mut self, seq: SeqId, tokens: &[u32], out: &mut StepOutput) -> Result<()> {
         let hasher = self.cache_ref()?.hasher();
         out.clear();
-        let cursor = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?.cursor.take();
+        let e = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        // A record behind the stored tokens (a joined sequence not caught up) cannot take
+        // these ids: the sequence goes on unrecorded.
+        let len = e.len;
+        let cursor = e.cursor.take().filter(|c| c.tokens.len() == len);
         let r = self.step_run(&[seq], &[tokens.len()], false, out);
         let mut map = std::mem::take(&mut self.seqs);
         let r = match map.get_mut(&seq) {
@@ -487,6 +491,69 @@ impl BlockPool {
         };
         self.seqs = map;
         r?;
+        self.end_op();
+        Ok(())
+    }
+
+    /// Join `seq` holding only the longest valid hit of the prompt `tokens` (at most
+    /// `len - 1` tokens, the last-token rule): its length and frontier are the cached
+    /// tokens, returned; nothing else is allocated or registered. The caller then grows it
+    /// by the rest of the prompt (any growth keeps its token record) and, once that KV is
+    /// computed, hands the ids to [`Self::store_tokens`], which registers the blocks they
+    /// fill: vLLM's order (hit, allocate, compute, cache), so no block is cached before
+    /// its KV exists. The query counts in the hit metrics as an admission's.
+    pub fn add_sequence_hit(&mut self, seq: SeqId, tokens: &[u32], extra: Option<u64>) -> Result<usize> {
+        self.admit_checks(seq, tokens.len())?;
+        let bs = self.block_size;
+        let keys = self.block_keys(tokens, extra)?;
+        let q = Query { keys: &keys, tokens: Some(tokens), extra, len: tokens.len() };
+        let plan = self.hit_plan(q, false)?;
+        let hb = plan.hb;
+        let tables = self.take_hit(&plan.held, hb);
+        self.take_copies_and_touch(&plan);
+        let mut per_group = vec![0usize; self.groups.len()];
+        for h in &plan.held {
+            per_group[h.0] += 1;
+        }
+        let c = self.cache_mut()?;
+        c.record_query(keys.len(), plan.found, tokens.len(), hb * bs, plan.hits.collision.get(), false);
+        c.record_group_hits(&per_group);
+        let cursor = TokenCursor { tokens: tokens[..hb * bs].to_vec(), keys: keys[..hb].to_vec(), extra, deferred: true };
+        let len = hb * bs;
+        self.seqs.insert(seq, SeqEntry { len, frontier: len, prev_frontier: len, mark: 0, tables, cursor: Some(Box::new(cursor)) });
+        self.end_op();
+        Ok(len)
+    }
+
+    /// Give `seq` the ids of its next stored tokens, whose KV is now computed, and register
+    /// in the cache each block they fill (as [`Self::append_tokens`] does, without growing).
+    /// `InvalidArgument`, changing nothing, when `seq` keeps no token record (it was not
+    /// admitted by token ids, or grew without them) or stores fewer tokens than its record
+    /// and `tokens` add up to.
+    pub fn store_tokens(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        let hasher = self.cache_ref()?.hasher();
+        let e = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
+        let Some(cur) = e.cursor.as_mut() else {
+            return Err(invalid!("seq_id: sequence {} keeps no token record (admitted or grown without token ids)", seq.0));
+        };
+        if cur.tokens.len() + tokens.len() > e.len {
+            return Err(invalid!(
+                "token_ids: {} more ids for sequence {}, which stores {} tokens and has the ids of {}",
+                tokens.len(),
+                seq.0,
+                e.len,
+                cur.tokens.len()
+            ));
+        }
+        let first = cur.push_tokens(tokens, self.block_size, hasher);
+        let map = std::mem::take(&mut self.seqs);
+        if let Some(e) = map.get(&seq) {
+            if let Some(cur) = e.cursor.as_deref() {
+                let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
+                self.register(&e.tables[..], q, first, cur.keys.len());
+            }
+        }
+        self.seqs = map;
         self.end_op();
         Ok(())
     }

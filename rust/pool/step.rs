@@ -338,7 +338,9 @@ impl BlockPool {
                 }
                 e.frontier = e.len;
                 e.len += n;
-                e.cursor = None;
+                if !e.cursor.as_ref().is_some_and(|c| c.deferred) {
+                    e.cursor = None;
+                }
                 at += n;
             }
             out.seq_lens.push(e.len as i32);

@@ -9,6 +9,10 @@ pub struct TokenCursor {
     pub tokens: Vec<u32>,
     pub keys: Vec<BlockKey>,
     pub extra: Option<u64>,
+    /// The ids arrive after the tokens are stored (a sequence joined at its hit): a growth
+    /// without ids keeps the record, which `store_tokens` catches up once the KV is
+    /// computed. Otherwise a growth without ids drops it.
+    pub deferred: bool,
 }
 
 impl TokenCursor {

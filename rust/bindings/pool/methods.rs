@@ -712,6 +712,68 @@ impl PyBlockPool {
         Ok((self.slots(py, &mut out)?, pairs_array(py, &out.cow)?))
     }
 
+    /// Join ``seq_id`` holding only the longest cached prefix of the prompt ``token_ids``
+    /// (at most ``len - 1`` tokens: the last prompt token is always computed), allocating
+    /// nothing else and registering nothing: its length is the cached tokens, returned.
+    ///
+    /// The scheduler's order, as vLLM's: look up the hit, then grow the sequence by the
+    /// prompt's rest as compute allows (:meth:`step` or :meth:`append`; the sequence keeps
+    /// its token record through them), then, once that KV is computed, give the ids to
+    /// :meth:`store_tokens`, which caches the blocks they fill. So no block is cached before
+    /// its KV exists (:meth:`add_sequence_tokens` caches the prompt's blocks at admission).
+    /// The lookup counts in :meth:`cache_stats` as an admission's.
+    ///
+    /// Args:
+    ///     seq_id: the new sequence's id, a non-negative int64.
+    ///     token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``).
+    ///     extra_key: as for :meth:`add_sequence_tokens`.
+    ///
+    /// Returns:
+    ///     The cached tokens: the sequence's length, a multiple of ``block_size`` below
+    ///     ``len(token_ids)``.
+    ///
+    /// Raises:
+    ///     DuplicateSequenceError: ``seq_id`` is live.
+    ///     InvalidArgumentError: a negative id, a token id outside ``0..2**32``, an
+    ///         ``extra_key`` outside ``0..2**63``, a non-integer or non-1-D array, a prompt
+    ///         longer than ``2**27`` tokens, or caching off (nothing changed).
+    #[pyo3(signature = (seq_id, token_ids, extra_key = None))]
+    fn add_sequence_hit(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        token_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
+    ) -> PyResult<usize> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        self.run(py, self.work(1, tokens.len()), |p| p.add_sequence_hit(seq_id, &tokens, extra_key)).py_err(py)
+    }
+
+    /// Give ``seq_id`` the ids of its next stored tokens, whose KV is now computed, and
+    /// cache each block they fill (as :meth:`append_tokens` does, without growing): the
+    /// last step of :meth:`add_sequence_hit`'s order.
+    ///
+    /// Args:
+    ///     seq_id: a live sequence joined by :meth:`add_sequence_hit` (or a fork of one).
+    ///     token_ids: the ids of the tokens after those it has given, in order (any
+    ///         integer dtype, each in ``0..2**32``).
+    ///
+    /// Raises:
+    ///     UnknownSequenceError: ``seq_id`` is not live.
+    ///     InvalidArgumentError: the sequence keeps no token record (admitted or grown
+    ///         without token ids), more ids than it stores tokens, a token id outside
+    ///         ``0..2**32``, a non-integer or non-1-D array, or caching off (nothing
+    ///         changed).
+    fn store_tokens(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let tokens = cache_args::token_ids(token_ids, "token_ids")?;
+        self.run(py, self.work(1, tokens.len()), |p| p.store_tokens(seq_id, &tokens)).py_err(py)
+    }
+
     /// Keys of the full blocks of ``token_ids`` (a partial last block has none). Stable across
     /// processes and runs.
     ///
