@@ -148,9 +148,9 @@ class ContinuousBatcher:
             (default False): an admission joins at its longest cached prefix (its last
             token always computed) and feeds the rest; blocks are cached by token ids once
             their K/V is computed, prompts and generated tokens alike, and stay cached when
-            their sequences end (and across runs), until evicted. A block is cached once:
-            when sequences compute the same block in one pass, the later ones cache
-            nothing after it.
+            their sequences end (and across runs), until evicted. Sequences that compute
+            the same blocks in one pass keep one copy: the later ones take the cached
+            block in place of their own.
         eviction: with ``prefix_caching``, which idle cached block an allocation reclaims
             first, a name of :data:`pykvpool.EVICTION_POLICIES` (default ``"lru"``).
 

@@ -294,6 +294,24 @@ impl GroupTable {
         old
     }
 
+    /// Put `b` in stored entry `i` (a block's cached twin taking its place); returns the
+    /// block it replaces, None (changing nothing) for a hole or past the end.
+    pub fn replace(&mut self, i: usize, b: BlockId) -> Option<BlockId> {
+        let x = if i < self.b.head.len() {
+            &mut self.b.head[i]
+        } else if i >= self.b.run_start {
+            self.b.run.get_mut(i - self.b.run_start)?
+        } else {
+            return None;
+        };
+        let old = std::mem::replace(x, b);
+        self.b.stamp = next_stamp();
+        if self.last == old.0 && i + 1 == self.b.len_blocks {
+            self.last = b.0;
+        }
+        Some(old)
+    }
+
     /// Window blocks the rule releases at the start of a growth from length `len`: a
     /// prefix of the run.
     pub fn releasable_count(&self, len: usize) -> usize {

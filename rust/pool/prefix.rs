@@ -546,16 +546,45 @@ impl BlockPool {
             ));
         }
         let first = cur.push_tokens(tokens, self.block_size, hasher);
-        let map = std::mem::take(&mut self.seqs);
-        if let Some(e) = map.get(&seq) {
-            if let Some(cur) = e.cursor.as_deref() {
-                let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
-                self.register(&e.tables[..], q, first, cur.keys.len());
-            }
+        let mut map = std::mem::take(&mut self.seqs);
+        if let Some(SeqEntry { tables, cursor: Some(cur), .. }) = map.get_mut(&seq) {
+            let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
+            self.adopt_twins(tables, q, first, cur.keys.len());
+            self.register(&tables[..], q, first, cur.keys.len());
         }
         self.seqs = map;
         self.end_op();
         Ok(())
+    }
+
+    /// In each full group, give blocks `from..to` of `tables` whose content a cached block
+    /// already holds (its twin: same key, parent, extra key and tokens, computed by another
+    /// sequence in the same pass) that twin instead: the sequence holds the cached block,
+    /// its own goes back to the free list, and the chain goes on through the twin. (With
+    /// one block per key, the duplicate could not be cached, and nothing after it.)
+    fn adopt_twins(&mut self, tables: &mut GroupTables, q: Query<'_>, from: usize, to: usize) {
+        let bs = self.block_size;
+        for (g, t) in tables.iter_mut().enumerate() {
+            if self.groups[g].is_windowed() {
+                continue;
+            }
+            for i in from..to.min(q.keys.len()) {
+                let Some(c) = self.cache.as_deref_mut() else { return };
+                let Some(b) = t.get(i) else { break };
+                if c.is_cached(b) || q.fill(i, bs) < bs {
+                    continue;
+                }
+                let parent = match i.checked_sub(1).map(|j| t.get(j)) {
+                    None => None,
+                    Some(Some(p)) if c.is_cached(p) => Some(p),
+                    Some(_) => break,
+                };
+                let Some(twin) = c.twin(g, i, q.keys[i], parent, q.extra, q.tokens) else { break };
+                c.acquire(twin, &mut self.alloc);
+                t.replace(i, twin);
+                self.release_block(b);
+            }
+        }
     }
 
     /// Hard-pin (`priority` None: never evicted) or soft-pin (retention `priority` under the

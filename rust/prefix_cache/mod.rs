@@ -343,6 +343,17 @@ impl PrefixCache {
         self.meta[b.index()].has(HAS_TOKENS) && self.tokens[start..start + fill] == t[i * bs..i * bs + fill]
     }
 
+    /// The cached full block of full-attention group `group` that holds exactly logical
+    /// block `i` of `tokens` (with `extra`) after `parent` (None: the root): its key, parent,
+    /// extra key and, when verifying, its token ids match. Pure.
+    pub fn twin(&self, group: usize, i: usize, key: BlockKey, parent: Option<BlockId>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<BlockId> {
+        let b = self.index_get(u8::try_from(group).ok()?, key, 0)?;
+        let m = &self.meta[b.index()];
+        let up = parent.map_or(NO_PARENT, |p| p.0);
+        let ok = m.key == key && m.group as usize == group && m.partial == 0 && m.parent == up && m.extra() == extra;
+        (ok && self.tokens_match(b, i, 0, tokens)).then_some(b)
+    }
+
     /// The cached block of windowed group `group` holding logical block `i` of a prompt
     /// keyed `key`, `fill` tokens of it (`1..=block_size`; with `extra`; `tokens`, the
     /// prompt, enables verification). Pure.

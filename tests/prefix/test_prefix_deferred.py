@@ -121,3 +121,26 @@ def test_append_tokens_on_a_record_behind_drops_the_record() -> None:
     assert p.cache_stats().stored_blocks == 0
     with pytest.raises(kv.InvalidArgumentError, match="no token record"):
         p.store_tokens(0, [1])
+
+
+def test_blocks_computed_twice_are_kept_once() -> None:
+    """Two sequences compute the same prompt in one pass: the second one's stored blocks
+    become the first one's cached blocks (its own go back to the free list), and its
+    chain goes on past them."""
+    p = pool()
+    shared = list(range(100, 112))  # 3 full blocks
+    a, b = shared + [1, 2, 3, 4, 5], shared + [6, 7, 8, 9, 10]
+    for seq, prompt in ((0, a), (1, b)):
+        assert p.add_sequence_hit(seq, prompt) == 0
+    p.step([0, 1], [len(a), len(b)])
+    free = p.num_free_blocks
+    p.store_tokens(0, a)
+    p.store_tokens(1, b)
+    assert p.num_free_blocks == free + 3, "the duplicates of the shared blocks are freed"
+    assert p.block_table(1)[:3].tolist() == p.block_table(0)[:3].tolist()
+    assert p.cached_prefix_len(b) == 16 and p.cached_prefix_len(a) == 16
+    p.check_invariants()
+    p.free(0)
+    p.free(1)
+    assert p.add_sequence_hit(2, b + [0]) == 16
+    p.check_invariants()

@@ -246,6 +246,30 @@ fn copy_gain_counts_the_cached_partial_blocks_a_growth_leaves_idle() {
 }
 
 #[test]
+fn stored_twins_are_adopted_in_full_groups_only() {
+    // Two sequences join at no hit and compute the same 12-token prefix in one pass.
+    let mut p = pool(60, vec![GroupSpec::Full, sw(6, 0)]);
+    let shared = tokens(3, 12);
+    let (a, b) = ([&shared[..], &[1, 2][..]].concat(), [&shared[..], &[7, 8, 9][..]].concat());
+    assert_eq!(p.add_sequence_hit(SeqId(1), &a, None).unwrap(), 0);
+    assert_eq!(p.add_sequence_hit(SeqId(2), &b, None).unwrap(), 0);
+    let mut out = StepOutput::default();
+    p.step(&[SeqId(1), SeqId(2)], &[a.len(), b.len()], &mut out).unwrap();
+    p.store_tokens(SeqId(1), &a).unwrap();
+    let free = p.num_free_blocks();
+    p.store_tokens(SeqId(2), &b).unwrap();
+    checked(&p);
+    // The full group's 3 shared blocks are sequence 1's now; the window group keeps its own.
+    let first3 = |s: u64| (0..3).map(|i| p.table(SeqId(s), 0).unwrap().get(i)).collect::<Vec<_>>();
+    assert_eq!(first3(1), first3(2));
+    let window = |s: u64| p.table(SeqId(s), 1).unwrap().get(2);
+    assert_ne!(window(1), window(2));
+    assert_eq!(p.num_free_blocks(), free + 3);
+    assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 12);
+    assert!(p.store_tokens(SeqId(2), &[1]).is_err(), "no more stored tokens than ids");
+}
+
+#[test]
 fn release_gain_counts_only_the_blocks_a_release_frees() {
     // A 4-token window over blocks of 4: a next query at 16 needs positions 13..16, so
     // blocks 0..3 (ending at 4, 8, 12) are released.

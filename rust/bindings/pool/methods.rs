@@ -751,7 +751,10 @@ impl PyBlockPool {
 
     /// Give ``seq_id`` the ids of its next stored tokens, whose KV is now computed, and
     /// cache each block they fill (as :meth:`append_tokens` does, without growing): the
-    /// last step of :meth:`add_sequence_hit`'s order.
+    /// last step of :meth:`add_sequence_hit`'s order. A full block whose content a cached
+    /// block already holds (another sequence computed the same prefix in the same pass)
+    /// is replaced by that block in ``seq_id``'s table, its own freed, so one copy stays
+    /// and the chain goes on past it; a table read before this call is stale for it.
     ///
     /// Args:
     ///     seq_id: a live sequence joined by :meth:`add_sequence_hit` (or a fork of one).
