@@ -382,16 +382,23 @@ impl BlockPool {
         }
         out.seq_lens.push(len as i32);
         self.register(&tables, q, hb, keys.len());
+        self.record_hit(&plan, keys.len(), len, cached)?;
+        self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
+        self.end_op();
+        Ok(cached)
+    }
+
+    /// Count one successful admission of a `len`-token prompt of `blocks` keys serving
+    /// `cached` tokens in the cache's metrics (totals and per group).
+    fn record_hit(&mut self, plan: &HitPlan, blocks: usize, len: usize, cached: usize) -> Result<()> {
         let mut per_group = vec![0usize; self.groups.len()];
         for h in &plan.held {
             per_group[h.0] += 1;
         }
         let c = self.cache_mut()?;
-        c.record_query(keys.len(), plan.found, len, cached, plan.hits.collision.get(), plan.copies.is_some());
+        c.record_query(blocks, plan.found, len, cached, plan.hits.collision.get(), plan.copies.is_some());
         c.record_group_hits(&per_group);
-        self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
-        self.end_op();
-        Ok(cached)
+        Ok(())
     }
 
     /// Hold the copy sources of a partial hit (so that nothing evicts them before the
@@ -511,13 +518,7 @@ impl BlockPool {
         let hb = plan.hb;
         let tables = self.take_hit(&plan.held, hb);
         self.take_copies_and_touch(&plan);
-        let mut per_group = vec![0usize; self.groups.len()];
-        for h in &plan.held {
-            per_group[h.0] += 1;
-        }
-        let c = self.cache_mut()?;
-        c.record_query(keys.len(), plan.found, tokens.len(), hb * bs, plan.hits.collision.get(), false);
-        c.record_group_hits(&per_group);
+        self.record_hit(&plan, keys.len(), tokens.len(), hb * bs)?;
         let cursor = TokenCursor { tokens: tokens[..hb * bs].to_vec(), keys: keys[..hb].to_vec(), extra, deferred: true };
         let len = hb * bs;
         self.seqs.insert(seq, SeqEntry { len, frontier: len, prev_frontier: len, mark: 0, tables, cursor: Some(Box::new(cursor)) });
