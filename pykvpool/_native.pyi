@@ -237,7 +237,7 @@ class BlockPool:
 
     With ``prefix_caching=True`` the pool caches full blocks by content, per group (the
     prefix-caching methods below; trace replay lives in :mod:`pykvpool.prefix.replay`): a
-    full group's blocks form chains, a windowed group's blocks are verified one by one. The
+    full group's blocks form chains, a windowed group's blocks are cached one by one. The
     other keyword options configure that cache and need it.
 
     Args:
@@ -258,7 +258,11 @@ class BlockPool:
             go; the blocks one growth's window releases are released in logical order.
         verify_tokens: keep each cached block's token ids (``4 * block_size`` bytes per
             block) and compare them on a hit, so a hash collision is a miss, never wrong KV
-            (default True): a full group's chain, a windowed group's block on its own ids.
+            (default True): a full group's chain of blocks; a windowed group's block on
+            its own ids and on the ids of every block before it, which the cache keeps as
+            its *lineage* while such a block is cached (shared by equal prefixes; at most
+            ``32 * num_blocks * block_size`` token ids: a block whose prefix would pass
+            that is not cached).
         cow_partial_hit: when a fully cached prompt must recompute its last token, copy the
             block holding it (a copy-on-write pair, in every group that needs it) instead of
             recomputing the block (default False).

@@ -31,10 +31,9 @@
 //!   are a hit the prompt found, as vLLM touches a whole hit.
 //! - Verification: a full group's hit is the cache's chain lookup (parents, extra key and,
 //!   with `verify_tokens`, token ids); a windowed group's block is checked on its own key,
-//!   extra key and token ids. A failed check is a miss, counted in `collisions`. What a
-//!   windowed block does not check is the prefix before its own tokens, which only its
-//!   128-bit chained key stands for (in a pool with a full group, that group's exact chain
-//!   covers the same prefix).
+//!   extra key and token ids, and on the prefix before it through the cache's lineage
+//!   (`prefix_cache/lineage.rs`): a hit may use it only below the prompt's verified depth.
+//!   A failed check is a miss, counted in `collisions`.
 //! - The cache's clock advances once per successful mutating call; pins (every block the
 //!   hit of a prefix needs, in every group) lapse on it.
 //! - Admission is atomic: a refusal (duplicate id, bad arguments, too few blocks counting
@@ -149,6 +148,9 @@ impl Query<'_> {
 /// blocks as asked, and whether a verification failed.
 struct Hits {
     chains: Vec<Vec<BlockId>>,
+    /// Leading blocks whose whole prefix a windowed group's hit may rely on
+    /// ([`PrefixCache::verified_depth`]).
+    verified: usize,
     collision: Cell<bool>,
 }
 
@@ -215,9 +217,12 @@ impl BlockPool {
         Ok(keys)
     }
 
-    /// Each full group's verified cached chain over the first `max` of `q.keys`.
+    /// Each full group's verified cached chain over the first `max` of `q.keys`, and how
+    /// far windowed groups' blocks are verified.
     fn full_chains(&self, q: Query<'_>, max: usize) -> Result<Hits> {
         let c = self.cache_ref()?;
+        let any_windowed = self.groups.iter().any(|s| s.is_windowed());
+        let verified = if any_windowed { c.verified_depth(q.keys, q.tokens, q.extra, max) } else { 0 };
         let mut collision = false;
         let chains = self
             .groups
@@ -233,7 +238,7 @@ impl BlockPool {
                 l.blocks
             })
             .collect();
-        Ok(Hits { chains, collision: Cell::new(collision) })
+        Ok(Hits { chains, verified, collision: Cell::new(collision) })
     }
 
     /// The cached block of logical block `i` in group `g` valid for `q`, if any.
@@ -242,9 +247,9 @@ impl BlockPool {
             return hits.chains[g].get(i).copied();
         }
         match self.cache.as_deref()?.find(g, i, q.keys[i], q.fill(i, self.block_size), q.tokens, q.extra) {
-            Found::Hit(b) => Some(b),
+            Found::Hit(b) if i < hits.verified => Some(b),
             Found::Miss => None,
-            Found::Collision => {
+            Found::Hit(_) | Found::Collision => {
                 hits.collision.set(true);
                 None
             }
@@ -644,6 +649,7 @@ impl BlockPool {
     fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize) {
         let bs = self.block_size;
         let Some(c) = self.cache.as_deref_mut() else { return };
+        let mut depth = None;
         for (g, t) in tables.iter().enumerate() {
             let windowed = self.groups[g].is_windowed();
             for i in from..to.min(q.keys.len()) {
@@ -669,6 +675,11 @@ impl BlockPool {
                         _ => break,
                     },
                 };
+                if let (true, Some(tokens)) = (windowed, q.tokens) {
+                    let d = depth.get_or_insert_with(|| c.verified_depth(q.keys, q.tokens, q.extra, to));
+                    c.register_windowed(g, b, &q.keys[..=i], tokens, q.extra, d);
+                    continue;
+                }
                 let tok = q.tokens.map(|t| &t[i * bs..i * bs + fill]);
                 if !c.register_in(g, b, key, parent, q.extra, tok, fill) && !windowed {
                     break;

@@ -1,7 +1,7 @@
 //! The prefix cache's invariants, checked against the allocator by
 //! `BlockPool::check_invariants`.
 
-use super::{slot, PrefixCache, IDLE, NO_PARENT, QUEUED};
+use super::{slot, PrefixCache, IDLE, LINEAGE, NO_PARENT, QUEUED};
 use crate::pool::allocator::BlockAllocator;
 use crate::error::{filled, KvError, Result};
 use crate::types::BlockId;
@@ -28,7 +28,7 @@ impl PrefixCache {
             let b = BlockId(i as u32);
             let rc = alloc.refcount(b);
             if !self.is_cached(b) {
-                if m.has(IDLE) || m.has(QUEUED) || m.children != 0 || m.hard_pins != 0 || self.soft.contains_key(&b.0) {
+                if m.has(IDLE) || m.has(QUEUED) || m.has(LINEAGE) || m.children != 0 || m.hard_pins != 0 || self.soft.contains_key(&b.0) {
                     return bad(format!("{b} is not cached but idle, queued, pinned or a parent"));
                 }
                 continue;
@@ -45,6 +45,9 @@ impl PrefixCache {
             }
             if m.group as usize >= self.windowed.len() {
                 return bad(format!("cached {b} records group {} of {}", m.group, self.windowed.len()));
+            }
+            if m.has(LINEAGE) && !self.windowed[m.group as usize] {
+                return bad(format!("{b} of full group {} stands on a lineage", m.group));
             }
             if m.parent != NO_PARENT && self.windowed[m.group as usize] {
                 return bad(format!("{b} of windowed group {} has a parent", m.group));
@@ -107,6 +110,8 @@ impl PrefixCache {
                 return bad(format!("block {i} counts {} hard pins, {} pins cover it", m.hard_pins, hard[i]));
             }
         }
+        let standing = self.cached_blocks().filter(|b| self.meta[b.index()].has(LINEAGE)).map(|b| self.meta[b.index()].key);
+        self.lineage.check(standing).or_else(bad)?;
         if cached != self.num_cached || valid != cached || idle != self.idle || evictable != self.evictable || queued != self.queue.len() {
             return bad(format!(
                 "counts: {cached} cached vs {} counted and {valid} keys, {idle} idle vs {}, {evictable} evictable vs {}, {queued} queued vs {}",

@@ -33,6 +33,8 @@ pub(super) const IDLE: u8 = 1;
 pub(super) const HAS_TOKENS: u8 = 2;
 pub(super) const QUEUED: u8 = 4;
 pub(super) const HAS_EXTRA: u8 = 8;
+/// A windowed block standing on its prefix's lineage (`lineage.rs`).
+pub(super) const LINEAGE: u8 = 16;
 
 impl Meta {
     #[inline]

@@ -22,8 +22,9 @@
 //! form the forest above (a block's parent is the block before it in the same group). A
 //! *windowed* group (sliding window, chunked) releases a sequence's early blocks long before
 //! its later ones, so its blocks have no parent: each is verified on its own (its key, extra
-//! key, fill and, with verification, its own tokens), is never a parent, and is therefore
-//! always a leaf: any idle windowed block may be evicted, in the policy's order.
+//! key, fill and, with verification, its own tokens and the token records of its prefix,
+//! the lineage, `lineage.rs`), is never a parent, and is therefore always a leaf: any idle windowed
+//! block may be evicted, in the policy's order.
 //!
 //! The clock (`now`) is logical: the count of completed pool operations, or a step the
 //! caller sets. It stamps events and expires pins; it never reads the wall clock.
@@ -34,6 +35,7 @@ mod check;
 pub mod cursor;
 mod events;
 pub mod eviction;
+mod lineage;
 mod meta;
 mod pinning;
 pub mod pins;
@@ -49,7 +51,8 @@ use crate::invalid;
 use crate::prefix_cache::pins::PinTable;
 use crate::types::BlockId;
 
-use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, QUEUED};
+use lineage::Lineage;
+use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, LINEAGE, QUEUED};
 pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, MAX_EVENTS_LIMIT};
 
 use events::EventQueue;
@@ -58,6 +61,10 @@ const NO_PARENT: u32 = u32::MAX;
 
 /// Most layer groups one cache serves (a block records its group in one byte).
 pub const MAX_CACHE_GROUPS: usize = 256;
+
+/// Token ids the lineage of windowed blocks may hold per token the pool's blocks hold
+/// (see `lineage.rs`): a prompt 32 times the pool's capacity still caches its window.
+pub const LINEAGE_TOKENS_PER_TOKEN: usize = 32;
 
 /// The prefix cache of one pool. The pool owns the allocator and passes it in.
 #[derive(Clone, Debug)]
@@ -96,6 +103,8 @@ pub struct PrefixCache {
     events: EventQueue,
     /// Per layer group: windowed (blocks without parents, always leaves) or full.
     windowed: Vec<bool>,
+    /// The prefixes of verified windowed blocks, token by token.
+    lineage: Lineage,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -197,6 +206,7 @@ impl PrefixCache {
             },
             events: EventQueue::new(cfg.max_events),
             windowed: windowed.to_vec(),
+            lineage: Lineage::new(num_blocks.saturating_mul(block_size).saturating_mul(LINEAGE_TOKENS_PER_TOKEN)),
         })
     }
 
@@ -356,7 +366,8 @@ impl PrefixCache {
 
     /// The cached block of windowed group `group` holding logical block `i` of a prompt
     /// keyed `key`, `fill` tokens of it (`1..=block_size`; with `extra`; `tokens`, the
-    /// prompt, enables verification). Pure.
+    /// prompt, enables verification of the block's own ids: the caller checks `i` against
+    /// [`Self::verified_depth`] for the prefix before them). Pure.
     pub fn find(&self, group: usize, i: usize, key: BlockKey, fill: usize, tokens: Option<&[u32]>, extra: Option<u64>) -> Found {
         debug_assert!(self.windowed[group], "a full group is looked up as a chain");
         let partial = Meta::partial_of(fill, self.block_size);
@@ -367,6 +378,17 @@ impl PrefixCache {
             Found::Hit(b)
         } else {
             Found::Collision
+        }
+    }
+
+    /// How many leading full blocks of a prompt (`keys` of its token ids `tokens`, with
+    /// `extra`; at most `max`) a windowed group's hit may use: the blocks whose whole
+    /// prefix matches the lineage (`lineage.rs`). Unbounded (`usize::MAX`) when the cache
+    /// does not verify or no ids are given. Pure.
+    pub fn verified_depth(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, max: usize) -> usize {
+        match tokens {
+            Some(t) if self.cfg.verify_tokens => self.lineage.verified_depth(keys, t, extra, self.block_size, max),
+            _ => usize::MAX,
         }
     }
 
@@ -480,6 +502,11 @@ impl PrefixCache {
         let clock = self.clock;
         let m = &mut self.meta[b.index()];
         let (key, parent) = (m.key, m.parent);
+        if m.has(LINEAGE) {
+            m.set(LINEAGE, false);
+            self.lineage.release(key);
+        }
+        let m = &mut self.meta[b.index()];
         if m.has(IDLE) {
             m.set(IDLE, false);
             self.idle -= 1;
@@ -580,6 +607,29 @@ impl PrefixCache {
         true
     }
 
+    /// Register live block `b` of windowed group `group` as the last of the full blocks
+    /// keyed `keys` of a prompt of token ids `tokens` (with `extra`), as
+    /// [`Self::register_in`] does; when verifying, the block also stands on its prefix's
+    /// lineage, and stays uncached (false) where that disagrees. `depth`: the verified
+    /// depth of the prompt ([`Self::verified_depth`]), kept by the caller across one
+    /// registration's blocks.
+    pub fn register_windowed(&mut self, group: usize, b: BlockId, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, depth: &mut usize) -> bool {
+        let bs = self.block_size;
+        let Some(i) = keys.len().checked_sub(1) else { return false };
+        let own = &tokens[i * bs..(i + 1) * bs];
+        if !self.cfg.verify_tokens {
+            return self.register_in(group, b, keys[i], None, extra, Some(own), bs);
+        }
+        self.flush_unmapped();
+        if self.map.contains_key(&slot(group as u8, keys[i], 0)) || !self.lineage.attach(keys, tokens, extra, bs, depth) {
+            return false;
+        }
+        let stored = self.register_in(group, b, keys[i], None, extra, Some(own), bs);
+        debug_assert!(stored, "the slot was free");
+        self.meta[b.index()].set(LINEAGE, true);
+        true
+    }
+
     /// Record the metrics of one successful admission.
     pub fn record_query(&mut self, blocks: usize, hit_blocks: usize, tokens: usize, hit_tokens: usize, collision: bool, cow: bool) {
         let s = &mut self.stats;
@@ -621,6 +671,7 @@ impl PrefixCache {
         }
         self.map.clear();
         self.unmapped.clear();
+        self.lineage.clear();
         self.cfg.record_events = record;
         let clock = self.clock;
         self.push_event(CacheEventKind::AllCleared, None, 0, None, clock);

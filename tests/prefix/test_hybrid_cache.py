@@ -190,3 +190,56 @@ def test_the_old_stats_name_is_a_deprecated_alias() -> None:
         assert kv.HybridCacheStats is kv.CacheStats  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         kv.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+
+
+@pytest.mark.parametrize(("groups", "exact"), [([WINDOW], 0), ([kv.ChunkedAttention(12)], 12)], ids=["window", "chunked"])
+def test_a_windowed_hit_checks_the_whole_prefix_not_only_its_own_blocks(groups: list, exact: int) -> None:
+    # Two prompts differ in their first block only, under 8-bit keys that collide there,
+    # so every later key is equal too. A hit of 4 blocks uses only the window's blocks 2
+    # and 3 (the chunk's block 3), whose own ids are equal: only the prefix before them
+    # tells the KV apart. (A chunked group's hit at its chunk start, 12, needs no block.)
+    tail = tokens(7, 12) + [1]
+    a = tokens(1, 4) + tail
+
+    def pool_with_a(verify: bool) -> kv.BlockPool:
+        pool = kv.BlockPool(40, BS, groups, prefix_caching=True, hash_bits=8, verify_tokens=verify)
+        pool.add_sequence_tokens(1, a)
+        return pool
+
+    probe = pool_with_a(True)
+    b = next(p for f in range(2, 3000) if (p := tokens(f, 4) + tail) and probe.block_keys(p)[0].tolist() == probe.block_keys(a)[0].tolist())
+    assert probe.block_keys(b).tolist() == probe.block_keys(a).tolist()
+    assert probe.cached_prefix_len(a) == 16
+    assert probe.cached_prefix_len(b) == exact  # the KV was computed after other tokens
+    cached, _, _ = probe.add_sequence_tokens(2, b)
+    assert cached == exact and probe.cache_stats().collisions == 1
+    probe.check_invariants()
+    # b's blocks stand on a prefix whose keys are a's: they are not cached, a's stay.
+    probe.free(1)
+    probe.free(2)
+    assert probe.cached_prefix_len(a) == 16 and probe.cached_prefix_len(b) == exact
+    probe.reset_prefix_cache()
+    probe.check_invariants()
+    # Without verification the same keys hit: the test can tell.
+    assert pool_with_a(False).cached_prefix_len(b) == 16
+
+
+def test_the_lineage_of_windowed_blocks_holds_at_most_32_token_ids_per_pool_token() -> None:
+    # A window of 8 tokens over 4 blocks of 4: the sequence grows far past the pool, each
+    # block it fills is cached while its prefix fits 32 * 4 * 4 = 512 token ids.
+    pool = kv.BlockPool(4, BS, [WINDOW], prefix_caching=True)
+    t = list(range(8))
+    pool.add_sequence_tokens(1, t)
+    seen = {}
+    while len(t) < 540:
+        more = list(range(len(t), len(t) + BS))
+        t += more
+        pool.append_tokens(1, more)
+        pool.check_invariants()
+        seen[len(t)] = pool.cached_prefix_len(t + [1])
+    assert seen[508] == 508 and seen[512] == 512
+    assert seen[516] == 512 and seen[520] == 512  # blocks past 512 ids are not cached
+    assert seen[540] == 0  # and the window of a later hit is no longer there
+    pool.free(1)
+    pool.reset_prefix_cache()
+    pool.check_invariants()

@@ -1,0 +1,152 @@
+//! The token records behind a windowed group's cached blocks, so that their hits are exact.
+//!
+//! A full group's cached block sits on a cached chain, so a hit checks the whole prefix
+//! (every block's parent, extra key and tokens). A windowed group's block has no parent: the
+//! blocks before the window are released, and evicted on their own. Its own tokens match
+//! a query's, but what came before them is vouched for only by its 128-bit chained key. A
+//! colliding key could then serve KV computed after other tokens.
+//!
+//! The lineage keeps, for every key on the prefix of a cached windowed block, one node:
+//! the key before it, the extra key and the block's token ids. A node lives while a cached
+//! windowed block (of any windowed group) stands on it or a node names it as its parent
+//! (`refs`); identical prefixes share their nodes. A query's *verified depth* is how many
+//! of its leading keys have a node whose parent, extra key and tokens are the query's:
+//! a windowed block is a hit only below it. A block whose prefix disagrees with a node
+//! under one of its keys (a collision) is not cached; neither is one whose new nodes would
+//! take the lineage past its budget of token ids (a later miss, never wrong KV).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::block_hash::BlockKey;
+
+#[derive(Clone, Debug)]
+struct Node {
+    /// The key before it (None for a prompt's first block).
+    parent: Option<BlockKey>,
+    extra: Option<u64>,
+    tokens: Box<[u32]>,
+    refs: u32,
+}
+
+/// The nodes of the prefixes of cached windowed blocks (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Lineage {
+    nodes: FxHashMap<BlockKey, Node>,
+    /// Token ids the nodes hold, and the most they may hold.
+    held: usize,
+    budget: usize,
+}
+
+impl Lineage {
+    pub(super) fn new(budget: usize) -> Self {
+        Self { budget, ..Self::default() }
+    }
+
+    /// Whether the node of `keys[i]` (if any) holds block `i` of the prefix `keys`,
+    /// `tokens` (`bs` ids per block), `extra`.
+    fn matches(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, i: usize) -> Option<bool> {
+        let n = self.nodes.get(&keys[i])?;
+        let parent = i.checked_sub(1).map(|j| keys[j]);
+        Some(n.parent == parent && n.extra == extra && tokens.get(i * bs..(i + 1) * bs) == Some(&n.tokens[..]))
+    }
+
+    /// How many leading blocks of the prefix (`keys`, one per full block of `tokens`; at
+    /// most `max`) have matching nodes.
+    pub(super) fn verified_depth(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, max: usize) -> usize {
+        let n = max.min(keys.len());
+        (0..n).find(|&i| self.matches(keys, tokens, extra, bs, i) != Some(true)).unwrap_or(n)
+    }
+
+    /// Stand a block on the prefix `keys` (its own key last) of `tokens`, `bs` ids per
+    /// block, whose first `*depth` blocks have matching nodes (from [`Self::verified_depth`]
+    /// over the whole prompt, kept by the caller across the blocks of one registration):
+    /// the missing nodes are made and the block holds the last. Returns false, changing
+    /// nothing, when a missing key already has a node (a collision, or a key repeated
+    /// within the prefix), past the budget, or when memory runs out.
+    pub(super) fn attach(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, depth: &mut usize) -> bool {
+        let Some(own) = keys.last().copied() else { return false };
+        if *depth < keys.len() && !self.make(keys, tokens, extra, bs, *depth) {
+            return false;
+        }
+        *depth = (*depth).max(keys.len());
+        self.nodes.get_mut(&own).expect("own node").refs += 1;
+        true
+    }
+
+    /// Make the nodes of blocks `from..` of the prefix, each referencing the one before.
+    fn make(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, from: usize) -> bool {
+        let missing = &keys[from..];
+        let distinct = missing.iter().collect::<FxHashSet<_>>().len() == missing.len();
+        let fits = self.held + missing.len() * bs <= self.budget && tokens.len() >= keys.len() * bs;
+        if !distinct || !fits || missing.iter().any(|k| self.nodes.contains_key(k)) {
+            return false;
+        }
+        let mut made = Vec::new();
+        for i in from..keys.len() {
+            let mut t = Vec::new();
+            if made.try_reserve(1).is_err() || t.try_reserve_exact(bs).is_err() {
+                return false;
+            }
+            t.extend_from_slice(&tokens[i * bs..(i + 1) * bs]);
+            made.push(t.into_boxed_slice());
+        }
+        for (i, t) in (from..keys.len()).zip(made) {
+            let parent = i.checked_sub(1).map(|j| keys[j]);
+            if let Some(p) = parent {
+                self.nodes.get_mut(&p).expect("parent node").refs += 1;
+            }
+            self.nodes.insert(keys[i], Node { parent, extra, tokens: t, refs: 0 });
+            self.held += bs;
+        }
+        true
+    }
+
+    /// Drop one reference to the node of `key`, and each node left unreferenced with it,
+    /// up the prefix.
+    pub(super) fn release(&mut self, key: BlockKey) {
+        let mut next = Some(key);
+        while let Some(k) = next {
+            let Some(n) = self.nodes.get_mut(&k) else { return };
+            n.refs -= 1;
+            if n.refs > 0 {
+                return;
+            }
+            let n = self.nodes.remove(&k).expect("node");
+            self.held -= n.tokens.len();
+            next = n.parent;
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.nodes.clear();
+        self.held = 0;
+    }
+
+    /// Check every node's references against the blocks standing on them (`standing`:
+    /// the key of each cached block that holds a node); `Err` names the first disagreement.
+    pub(super) fn check(&self, standing: impl Iterator<Item = BlockKey>) -> Result<(), String> {
+        let mut refs: FxHashMap<BlockKey, u32> = FxHashMap::default();
+        for k in standing {
+            *refs.entry(k).or_default() += 1;
+        }
+        let mut held = 0;
+        for (k, n) in &self.nodes {
+            held += n.tokens.len();
+            if let Some(p) = n.parent {
+                if !self.nodes.contains_key(&p) {
+                    return Err(format!("lineage node {k:#x} names a parent {p:#x} it lacks"));
+                }
+                *refs.entry(p).or_default() += 1;
+            }
+        }
+        for (k, n) in &self.nodes {
+            if refs.get(k).copied().unwrap_or(0) != n.refs || n.refs == 0 {
+                return Err(format!("lineage node {k:#x} counts {} references, has {:?}", n.refs, refs.get(k)));
+            }
+        }
+        if held != self.held || held > self.budget {
+            return Err(format!("lineage holds {held} token ids, counts {} (budget {})", self.held, self.budget));
+        }
+        Ok(())
+    }
+}
