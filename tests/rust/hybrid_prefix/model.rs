@@ -11,11 +11,20 @@
 //! the way the contract orders them (every release of the batch first, then every growth;
 //! a copy-on-write takes its copy, then drops the source) on a copy of the model; a take
 //! with nothing free or idle refuses the whole call.
+//!
+//! Verification (the cache keeps token ids): a cached block serves a query's logical block
+//! `i` only when its KV was computed from exactly the query's prefix through `i` (the same
+//! token ids and extra key), in every group kind; under forced key collisions that is what
+//! tells a hit from a miss. A windowed block is cached only while the token records of
+//! every cached windowed block's prefix stay one record per key (the lineage: a block
+//! whose prefix puts a second record under a key is not cached), within
+//! `LINEAGE_TOKENS_PER_TOKEN * num_blocks * BS` token ids.
 
 use std::collections::{HashMap, VecDeque};
 
 use pykvpool::pool::GroupSpec;
 use pykvpool::prefix_cache::block_hash::ROOT_PARENT;
+use pykvpool::prefix_cache::LINEAGE_TOKENS_PER_TOKEN;
 use pykvpool::{BlockHasher, BlockKey, EvictionPolicy, KvError};
 
 pub const BS: usize = 4;
@@ -48,7 +57,16 @@ pub struct MBlock {
     pub last_use: u64,
     pub stored_at: u64,
     pub hits: u64,
+    /// What its KV was computed from: the prompt's extra key, its keys and token ids
+    /// through this block.
+    pub extra: Option<u64>,
+    pub keys: Vec<BlockKey>,
+    pub prefix: Vec<u32>,
 }
+
+/// A cache event as the model expects it: `(kind, group, key, parent key, tokens, clock)`,
+/// kinds as `CacheEventKind` (0 stored, 1 removed, 2 all cleared).
+pub type MEvent = (u8, u32, BlockKey, Option<BlockKey>, u32, u64);
 
 #[derive(Clone, Debug)]
 pub struct MSeq {
@@ -56,6 +74,7 @@ pub struct MSeq {
     pub frontier: usize,
     pub tables: Vec<Vec<Option<usize>>>,
     pub cursor: Option<(Vec<u32>, Vec<BlockKey>)>,
+    pub extra: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -79,16 +98,21 @@ pub struct Model {
     pub stats: MStats,
     pub policy: EvictionPolicy,
     pub clock: u64,
+    pub hasher: BlockHasher,
+    pub num_blocks: usize,
+    /// Successful operations (the cache's logical clock) and the events since the last drain.
+    pub ops: u64,
+    pub events: Vec<MEvent>,
 }
 
-pub fn keys_of(tokens: &[u32]) -> Vec<BlockKey> {
+pub fn keys_of(hasher: BlockHasher, tokens: &[u32], extra: Option<u64>) -> Vec<BlockKey> {
     let mut keys = Vec::new();
-    BlockHasher::Xxh3.chain_keys(ROOT_PARENT, tokens, BS, None, &mut keys, &mut Vec::new());
+    hasher.chain_keys(ROOT_PARENT, tokens, BS, extra, &mut keys, &mut Vec::new());
     keys
 }
 
 impl Model {
-    pub fn new(specs: Vec<GroupSpec>, num_blocks: usize, policy: EvictionPolicy) -> Self {
+    pub fn new(specs: Vec<GroupSpec>, num_blocks: usize, policy: EvictionPolicy, hasher: BlockHasher) -> Self {
         let g = specs.len();
         Self {
             specs,
@@ -100,7 +124,57 @@ impl Model {
             stats: MStats { group_hit_blocks: vec![0; g], ..MStats::default() },
             policy,
             clock: 0,
+            hasher,
+            num_blocks,
+            ops: 0,
+            events: Vec::new(),
         }
+    }
+
+    pub fn keys(&self, tokens: &[u32], extra: Option<u64>) -> Vec<BlockKey> {
+        keys_of(self.hasher, tokens, extra)
+    }
+
+    /// A successful mutating operation: the cache's clock advances.
+    pub fn end_op(&mut self) {
+        self.ops += 1;
+    }
+
+    fn emit(&mut self, kind: u8, m: usize) {
+        let b = &self.blocks[m];
+        let (g, key) = b.key.expect("an event names a cached block");
+        let parent = b.parent.map(|p| self.blocks[p].key.expect("a parent is cached").1);
+        self.events.push((kind, g as u32, key, parent, BS as u32, self.ops));
+    }
+
+    /// Whether cached block `m` holds KV computed from exactly logical block `i` of the
+    /// prompt `tokens` with `extra`.
+    fn serves(&self, m: usize, tokens: &[u32], extra: Option<u64>, i: usize) -> bool {
+        let b = &self.blocks[m];
+        b.extra == extra && tokens.get(..(i + 1) * BS) == Some(&b.prefix[..])
+    }
+
+    /// The block of group `g` that serves logical block `i` of the prompt, if cached.
+    pub fn valid(&self, g: usize, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, i: usize) -> Option<usize> {
+        let m = *self.index.get(&(g, keys[i]))?;
+        self.serves(m, tokens, extra, i).then_some(m)
+    }
+
+    /// Whether a windowed block standing on the prefix `keys`, `tokens` (with `extra`) keeps
+    /// the lineage one record per key within its budget.
+    fn lineage_admits(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>) -> bool {
+        let mut records: HashMap<BlockKey, (Option<BlockKey>, Option<u64>, &[u32])> = HashMap::new();
+        let standing = self.blocks.iter().filter(|b| b.key.is_some_and(|(g, _)| self.specs[g].is_windowed()));
+        let prefixes = standing.map(|b| (&b.keys[..], &b.prefix[..], b.extra)).chain(std::iter::once((keys, tokens, extra)));
+        for (ks, ts, e) in prefixes {
+            for (j, &k) in ks.iter().enumerate() {
+                let rec = (j.checked_sub(1).map(|p| ks[p]), e, &ts[j * BS..(j + 1) * BS]);
+                if *records.entry(k).or_insert(rec) != rec {
+                    return false;
+                }
+            }
+        }
+        records.len() * BS <= LINEAGE_TOKENS_PER_TOKEN * self.num_blocks * BS
     }
 
     fn tick(&mut self) -> u64 {
@@ -130,12 +204,13 @@ impl Model {
         } else {
             let v = *self.eviction_order().first().ok_or(Err::Exhausted)?;
             self.idle.retain(|&x| x != v);
+            self.emit(1, v);
             let k = self.blocks[v].key.take().expect("idle blocks are cached");
             self.blocks[v].parent = None;
             self.index.remove(&k);
             self.stats.evictions += 1;
         }
-        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0 });
+        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0, extra: None, keys: Vec::new(), prefix: Vec::new() });
         Ok(self.blocks.len() - 1)
     }
 
@@ -166,9 +241,10 @@ impl Model {
         b.last_use = t;
     }
 
-    /// Store the blocks of `tables` from logical block `from` on under `keys`: in a full
-    /// group as a chain, in a windowed group each block that is not cached yet.
-    fn register(&mut self, tables: &[Vec<Option<usize>>], keys: &[BlockKey], from: usize) {
+    /// Store the blocks of `tables` from logical block `from` on under `keys` (of the
+    /// prompt `tokens`, with `extra`): in a full group as a chain, in a windowed group each
+    /// block that is not cached yet and that the lineage admits.
+    fn register(&mut self, tables: &[Vec<Option<usize>>], keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, from: usize) {
         for (g, t) in tables.iter().enumerate() {
             let windowed = self.specs[g].is_windowed();
             for (i, &key) in keys.iter().enumerate().skip(from) {
@@ -183,7 +259,9 @@ impl Model {
                         _ => break,
                     },
                 };
-                if self.blocks[m].key.is_some() || self.index.contains_key(&(g, key)) {
+                let prefix = &tokens[..(i + 1) * BS];
+                let taken = self.blocks[m].key.is_some() || self.index.contains_key(&(g, key));
+                if taken || (windowed && !self.lineage_admits(&keys[..=i], prefix, extra)) {
                     if windowed {
                         continue;
                     }
@@ -193,7 +271,9 @@ impl Model {
                 let t = self.tick();
                 let b = &mut self.blocks[m];
                 (b.key, b.parent, b.stored_at, b.last_use, b.hits) = (Some((g, key)), parent, t, t, 0);
+                (b.extra, b.keys, b.prefix) = (extra, keys[..=i].to_vec(), prefix.to_vec());
                 self.stats.stored += 1;
+                self.emit(0, m);
             }
         }
     }
@@ -202,32 +282,30 @@ impl Model {
         self.specs[g].needed_before(h * BS, BS).into_iter().flatten().collect()
     }
 
-    /// The largest hit in blocks, by trying every length.
     /// The blocks an admission of a `len`-token prompt reuses: the last token is computed.
-    pub fn hit(&self, keys: &[BlockKey], len: usize) -> usize {
-        self.longest(keys, (len.saturating_sub(1) / BS).min(keys.len()))
+    pub fn hit(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>) -> usize {
+        self.longest(keys, tokens, extra, (tokens.len().saturating_sub(1) / BS).min(keys.len()))
     }
 
-    /// The longest prefix of at most `max` blocks cached validly for every group.
-    pub fn longest(&self, keys: &[BlockKey], max: usize) -> usize {
-        (0..=max)
-            .rev()
-            .find(|&h| (0..self.specs.len()).all(|g| self.needed(g, h).iter().all(|&i| self.index.contains_key(&(g, keys[i])))))
-            .unwrap_or(0)
+    /// The longest prefix of at most `max` blocks cached validly for every group, by trying
+    /// every length.
+    pub fn longest(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, max: usize) -> usize {
+        let ok = |h: usize| (0..self.specs.len()).all(|g| self.needed(g, h).iter().all(|&i| self.valid(g, keys, tokens, extra, i).is_some()));
+        (0..=max).rev().find(|&h| ok(h)).unwrap_or(0)
     }
 
-    pub fn admit(&mut self, seq: u64, tokens: &[u32]) -> Result<usize, Err> {
+    pub fn admit(&mut self, seq: u64, tokens: &[u32], extra: Option<u64>) -> Result<usize, Err> {
         if self.seqs.contains_key(&seq) {
             return Err(Err::Duplicate);
         }
         let len = tokens.len();
-        let keys = keys_of(tokens);
-        let hb = self.hit(&keys, len);
+        let keys = self.keys(tokens, extra);
+        let hb = self.hit(&keys, tokens, extra);
         let g_count = self.specs.len();
         let mut held = Vec::new();
         for g in 0..g_count {
             for i in self.needed(g, hb) {
-                held.push((g, i, self.index[&(g, keys[i])]));
+                held.push((g, i, self.valid(g, &keys, tokens, extra, i).expect("a valid hit")));
             }
         }
         let mut revived: Vec<usize> = held.iter().map(|h| h.2).filter(|&m| self.blocks[m].rc == 0).collect();
@@ -247,8 +325,8 @@ impl Model {
         let full: Vec<usize> = (0..g_count).filter(|&g| !self.specs[g].is_windowed()).collect();
         for g in full {
             let mut prev = None;
-            for (i, &key) in keys.iter().enumerate() {
-                let Some(&m) = self.index.get(&(g, key)) else { break };
+            for i in 0..keys.len() {
+                let Some(m) = self.valid(g, &keys, tokens, extra, i) else { break };
                 if self.blocks[m].parent != prev {
                     break;
                 }
@@ -264,11 +342,12 @@ impl Model {
         for t in &mut tables {
             self.grow(t, hb * BS, len - hb * BS).expect("checked");
         }
-        self.register(&tables, &keys, hb);
+        self.register(&tables, &keys, tokens, extra, hb);
         self.stats.queries += 1;
         self.stats.query_tokens += len as u64;
         self.stats.hit_tokens += (hb * BS) as u64;
-        self.seqs.insert(seq, MSeq { len, frontier: hb * BS, tables, cursor: Some((tokens.to_vec(), keys)) });
+        self.seqs.insert(seq, MSeq { len, frontier: hb * BS, tables, cursor: Some((tokens.to_vec(), keys)), extra });
+        self.end_op();
         Ok(hb * BS)
     }
 
@@ -349,19 +428,27 @@ impl Model {
             return Err(Err::Exhausted);
         }
         *self = m;
+        if !keep_cursor {
+            self.end_op();
+        }
         Ok(())
     }
 
     pub fn append_tokens(&mut self, seq: u64, tokens: &[u32]) -> Result<(), Err> {
         self.step(&[seq], &[tokens.len()], true)?;
         let e = self.seqs.get_mut(&seq).unwrap();
-        let Some((mut toks, mut keys)) = e.cursor.take() else { return Ok(()) };
+        let extra = e.extra;
+        let Some((mut toks, mut keys)) = e.cursor.take() else {
+            self.end_op();
+            return Ok(());
+        };
         let first = keys.len();
         toks.extend_from_slice(tokens);
-        keys = keys_of(&toks);
         let tables = e.tables.clone();
-        self.register(&tables, &keys, first);
+        keys = self.keys(&toks, extra);
+        self.register(&tables, &keys, &toks, extra, first);
         self.seqs.get_mut(&seq).unwrap().cursor = Some((toks, keys));
+        self.end_op();
         Ok(())
     }
 
@@ -374,6 +461,7 @@ impl Model {
             self.blocks[*m].rc += 1;
         }
         self.seqs.insert(child, e);
+        self.end_op();
         Ok(())
     }
 
@@ -404,6 +492,7 @@ impl Model {
             keys.truncate(l2 / BS);
         }
         self.seqs.insert(seq, e);
+        self.end_op();
         Ok(())
     }
 
@@ -415,6 +504,7 @@ impl Model {
         self.idle.clear();
         self.index.clear();
         self.blocks.iter_mut().for_each(|b| (b.key, b.parent) = (None, None));
+        self.events.push((2, 0, 0, None, 0, self.ops));
         n
     }
 
@@ -429,6 +519,7 @@ impl Model {
                 }
             }
         }
+        self.end_op();
         Ok(())
     }
 }

@@ -1,23 +1,29 @@
-//! The property test: random programs (admissions of prompts sharing prefixes, re-admissions,
-//! batched steps and decode steps, appends by token ids, forks, truncations, frees, resets
-//! of the cache) on a small pool under pressure, with several group mixes and every
-//! eviction policy. After every operation the pool agrees with [`super::model::Model`]: the
-//! call's result (cached tokens, or the kind of refusal), the free + idle count, every
-//! sequence's length, frontier and per-group table (stored or hole; refcount and (group,
-//! key) of every stored block), the cached keys, the idle blocks in the policy's eviction
-//! order (every policy; no pins), the statistics, `cached_prefix_len` of every prompt seen; and
-//! `check_invariants` and `check_cache` pass.
+//! The property test: random programs (admissions of prompts sharing prefixes, with and
+//! without an extra key, re-admissions, batched steps and decode steps, appends by token
+//! ids, forks, truncations, frees, resets of the cache, event drains) on a small pool under
+//! pressure, with group mixes of one to four groups, every eviction policy, and keys
+//! either whole or cut to 3 bits (collisions everywhere, which verification must turn into
+//! misses in every group kind). After every operation the pool agrees with
+//! [`super::model::Model`]: the call's result (cached tokens, or the kind of refusal), the
+//! free + idle count, every sequence's length, frontier and per-group table (stored or
+//! hole; refcount and (group, key) of every stored block), the cached keys, the idle
+//! blocks in the policy's eviction order (every policy; no pins), the statistics,
+//! `cached_prefix_len` of every prompt seen, on every drain the exact events (kind, group,
+//! key, parent key, tokens, clock); a failed call changed nothing (tables, lengths, pool
+//! and cache statistics, events); and `check_invariants` and `check_cache` pass.
 
 use proptest::prelude::*;
 use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
-use pykvpool::prefix_cache::CacheConfig;
-use pykvpool::{EvictionPolicy, SeqId};
+use pykvpool::prefix_cache::{CacheConfig, CacheEvent};
+use pykvpool::{BlockHasher, BlockId, CacheEventKind, EvictionPolicy, SeqId};
 
-use super::model::{kind, Model, BS};
+use super::model::{kind, MEvent, Model, BS};
 
 #[derive(Clone, Debug)]
 enum Op {
-    Admit { family: u32, shared: usize, tail: usize },
+    /// `head`: the first block's variant; prompts of one family that differ only there
+    /// share every later block's ids (and, when the first keys collide, every later key).
+    Admit { family: u32, head: u32, shared: usize, tail: usize, extra: bool },
     Readmit { pick: usize },
     Step { picks: Vec<usize>, counts: Vec<usize> },
     Decode { picks: Vec<usize> },
@@ -26,11 +32,13 @@ enum Op {
     Truncate { pick: usize, n: usize },
     Free { pick: usize },
     Reset,
+    Drain,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u32..3, 0usize..30, 0usize..6).prop_map(|(family, shared, tail)| Op::Admit { family, shared, tail }),
+        4 => (0u32..3, 0u32..3, 0usize..30, 0usize..6, prop::bool::weighted(0.2))
+            .prop_map(|(family, head, shared, tail, extra)| Op::Admit { family, head, shared, tail, extra }),
         3 => any::<usize>().prop_map(|pick| Op::Readmit { pick }),
         2 => (prop::collection::vec(any::<usize>(), 1..4), prop::collection::vec(0usize..7, 3))
             .prop_map(|(picks, counts)| Op::Step { picks, counts }),
@@ -40,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0usize..7).prop_map(|(pick, n)| Op::Truncate { pick, n }),
         2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => Just(Op::Reset),
+        1 => Just(Op::Drain),
     ]
 }
 
@@ -52,6 +61,8 @@ fn mixes() -> Vec<Vec<GroupSpec>> {
         vec![GroupSpec::Full, GroupSpec::chunked(8).unwrap()],
         vec![sw(4, 0), GroupSpec::chunked(6).unwrap(), GroupSpec::Full],
         vec![sw(9, 5), sw(3, 0)],
+        vec![GroupSpec::Full, sw(5, 0), GroupSpec::chunked(8).unwrap(), sw(7, 4)],
+        vec![sw(5, 0), GroupSpec::chunked(8).unwrap()],
     ]
 }
 
@@ -60,10 +71,22 @@ fn stream(f: u32, pos: usize) -> u32 {
     f * 10_000 + pos as u32
 }
 
+/// What a failed call must leave as it was.
+type Snapshot = (pykvpool::PoolStats, pykvpool::CacheStats, Vec<(SeqId, usize, usize, Vec<Vec<Option<BlockId>>>)>);
+
+fn model_event(e: &CacheEvent) -> MEvent {
+    let kind = match e.kind {
+        CacheEventKind::Stored => 0,
+        CacheEventKind::Removed => 1,
+        CacheEventKind::AllCleared => 2,
+    };
+    (kind, e.group, e.key, e.parent_key, e.tokens, e.clock)
+}
+
 struct Run {
     pool: BlockPool,
     model: Model,
-    prompts: Vec<Vec<u32>>,
+    prompts: Vec<(Vec<u32>, Option<u64>)>,
     next_id: u64,
     fresh: u32,
 }
@@ -80,32 +103,52 @@ impl Run {
         }
     }
 
-    fn admit(&mut self, tokens: Vec<u32>) {
+    fn snapshot(&self) -> Snapshot {
+        let p = &self.pool;
+        let seqs = p
+            .seq_ids()
+            .into_iter()
+            .map(|s| {
+                let tables = (0..p.num_groups()).map(|g| p.table(s, g).unwrap().entries().collect()).collect();
+                (s, p.seq_len(s).unwrap(), p.frontier(s).unwrap(), tables)
+            })
+            .collect();
+        (p.stats(), p.cache_stats().unwrap(), seqs)
+    }
+
+    fn admit(&mut self, tokens: Vec<u32>, extra: Option<u64>) {
         let id = self.next_id;
         self.next_id += 1;
         let mut out = StepOutput::default();
-        let got = self.pool.add_sequence_tokens(SeqId(id), &tokens, None, &mut out).map_err(|e| kind(&e));
-        let want = self.model.admit(id, &tokens);
-        assert_eq!(got, want, "admission of {tokens:?}");
+        let got = self.pool.add_sequence_tokens(SeqId(id), &tokens, extra, &mut out).map_err(|e| kind(&e));
+        let want = self.model.admit(id, &tokens, extra);
+        assert_eq!(got, want, "admission of {tokens:?} (extra {extra:?})");
         if let Ok(hit) = got {
             assert_eq!((out.total_tokens, out.slots.len()), (tokens.len() - hit, self.model.specs.len() * (tokens.len() - hit)));
         }
-        self.prompts.push(tokens);
+        self.prompts.push((tokens, extra));
+    }
+
+    fn drain(&mut self) {
+        let mut got = Vec::new();
+        self.pool.drain_events(&mut got).unwrap();
+        let got: Vec<MEvent> = got.iter().map(model_event).collect();
+        assert_eq!(got, std::mem::take(&mut self.model.events), "events");
     }
 
     fn apply(&mut self, op: &Op) {
         let mut out = StepOutput::default();
         match op {
-            Op::Admit { family, shared, tail } => {
+            Op::Admit { family, head, shared, tail, extra } => {
                 self.fresh += 1;
-                let mut t: Vec<u32> = (0..*shared).map(|p| stream(*family, p)).collect();
+                let mut t: Vec<u32> = (0..*shared).map(|p| stream(*family, p) + if p < BS { head * 100 } else { 0 }).collect();
                 t.extend((0..*tail).map(|k| 900_000 + self.fresh * 10 + k as u32));
-                self.admit(t);
+                self.admit(t, extra.then_some(7));
             }
             Op::Readmit { pick } => {
                 if !self.prompts.is_empty() {
-                    let t = self.prompts[pick % self.prompts.len()].clone();
-                    self.admit(t);
+                    let (t, extra) = self.prompts[pick % self.prompts.len()].clone();
+                    self.admit(t, extra);
                 }
             }
             Op::Step { picks, counts } => {
@@ -145,6 +188,7 @@ impl Run {
                 assert_eq!(got, self.model.free_seq(id));
             }
             Op::Reset => assert_eq!(self.pool.reset_prefix_cache().unwrap(), self.model.reset(), "reset"),
+            Op::Drain => self.drain(),
         }
     }
 
@@ -189,12 +233,38 @@ impl Run {
             (s.queries, s.query_tokens, s.hit_tokens, &s.group_hit_blocks, s.stored_blocks, s.evictions, s.idle_blocks),
             (ms.queries, ms.query_tokens, ms.hit_tokens, &ms.group_hit_blocks, ms.stored, ms.evictions, m.idle.len())
         );
-        for t in &self.prompts {
-            let keys = super::model::keys_of(t);
-            let want = m.longest(&keys, keys.len()) * BS;
-            assert_eq!(p.cached_prefix_len(t, None).unwrap(), want, "cached_prefix_len({t:?})");
+        for (t, extra) in &self.prompts {
+            let keys = m.keys(t, *extra);
+            let want = m.longest(&keys, t, *extra, keys.len()) * BS;
+            assert_eq!(p.cached_prefix_len(t, *extra).unwrap(), want, "cached_prefix_len({t:?})");
         }
     }
+}
+
+fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, blocks: usize, ops: &[Op]) {
+    let specs = mixes()[mix].clone();
+    let cfg = CacheConfig { policy, hasher, record_events: true, ..CacheConfig::default() };
+    let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
+    let model = Model::new(specs, blocks, policy, hasher);
+    let mut run = Run { pool, model, prompts: Vec::new(), next_id: 0, fresh: 0 };
+    for op in ops {
+        let (before, events) = (run.snapshot(), run.model.events.len());
+        let failed_before = run.model.clone();
+        run.apply(op);
+        if run.model.ops == failed_before.ops && !matches!(op, Op::Reset | Op::Drain) {
+            assert_eq!(run.snapshot(), before, "{op:?} failed but changed the pool");
+            assert_eq!(run.model.events.len(), events);
+        }
+        run.compare();
+    }
+    // Free everything: every block ends free or idle, still cached.
+    for id in run.model.seqs.keys().copied().collect::<Vec<_>>() {
+        run.pool.free(SeqId(id)).unwrap();
+        run.model.free_seq(id).unwrap();
+    }
+    run.compare();
+    run.drain();
+    assert_eq!(run.pool.num_free_blocks(), blocks);
 }
 
 proptest! {
@@ -202,26 +272,25 @@ proptest! {
 
     #[test]
     fn pool_follows_the_model(
-        mix in 0usize..6,
+        mix in 0usize..8,
         policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         blocks in 10usize..40,
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        let specs = mixes()[mix].clone();
-        let cfg = CacheConfig { policy, ..CacheConfig::default() };
-        let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
-        let mut run = Run { pool, model: Model::new(specs, blocks, policy), prompts: Vec::new(), next_id: 0, fresh: 0 };
-        for op in &ops {
-            run.apply(op);
-            run.compare();
-        }
-        // Free everything: every block ends free or idle, still cached.
-        for id in run.model.seqs.keys().copied().collect::<Vec<_>>() {
-            run.pool.free(SeqId(id)).unwrap();
-            run.model.free_seq(id).unwrap();
-        }
-        run.compare();
-        prop_assert_eq!(run.pool.num_free_blocks(), blocks);
+        run(mix, policy, BlockHasher::Xxh3, blocks, &ops);
+    }
+
+    /// Keys cut to 3 bits: most lookups find a key some other prefix stored. Pools without
+    /// a full group, where only the cache's record of each windowed block's prefix tells
+    /// a colliding prefix from the query's, are drawn more often.
+    #[test]
+    fn pool_follows_the_model_under_collisions(
+        mix in prop_oneof![0usize..8, prop::sample::select(vec![1usize, 7])],
+        policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+        blocks in 10usize..40,
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        run(mix, policy, BlockHasher::Truncated { bits: 3 }, blocks, &ops);
     }
 }
 
@@ -229,10 +298,10 @@ proptest! {
 fn model_matches_a_hand_checked_case() {
     // Sanity of the model itself: a window hit holds sinks + window, holes between.
     let specs = vec![GroupSpec::sliding_window(8, 4).unwrap()];
-    let mut m = Model::new(specs, 30, EvictionPolicy::Lru);
+    let mut m = Model::new(specs, 30, EvictionPolicy::Lru, BlockHasher::Xxh3);
     let a: Vec<u32> = (0..40).collect();
-    assert_eq!(m.admit(0, &a), Ok(0));
-    assert_eq!(m.admit(1, &[&a[..], &[1]].concat()), Ok(40));
+    assert_eq!(m.admit(0, &a, None), Ok(0));
+    assert_eq!(m.admit(1, &[&a[..], &[1]].concat(), None), Ok(40));
     let held: Vec<bool> = m.seqs[&1].tables[0].iter().map(|x| x.is_some()).collect();
     assert_eq!(held, (0..11).map(|i| i == 0 || i >= 8).collect::<Vec<_>>());
 }
