@@ -20,7 +20,7 @@
 //! whose prefix puts a second record under a key is not cached), within
 //! `LINEAGE_TOKENS_PER_TOKEN * num_blocks * BS` token ids.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use pykvpool::pool::GroupSpec;
 use pykvpool::prefix_cache::block_hash::ROOT_PARENT;
@@ -62,6 +62,17 @@ pub struct MBlock {
     pub extra: Option<u64>,
     pub keys: Vec<BlockKey>,
     pub prefix: Vec<u32>,
+    /// Hard pins covering it, and its soft pins' priorities by pin id.
+    pub hard: u32,
+    pub soft: BTreeMap<u64, u32>,
+}
+
+/// A pin: its blocks, its priority (None: hard) and its expiry on the cache's clock.
+#[derive(Clone, Debug)]
+pub struct MPin {
+    pub blocks: Vec<usize>,
+    pub priority: Option<u32>,
+    pub expires_at: Option<u64>,
 }
 
 /// A cache event as the model expects it: `(kind, group, key, parent key, tokens, clock)`,
@@ -103,6 +114,10 @@ pub struct Model {
     /// Successful operations (the cache's logical clock) and the events since the last drain.
     pub ops: u64,
     pub events: Vec<MEvent>,
+    /// The caller drives the clock (`set_clock`): operations no longer advance it.
+    pub manual: bool,
+    pub pins: BTreeMap<u64, MPin>,
+    pub next_pin: u64,
 }
 
 pub fn keys_of(hasher: BlockHasher, tokens: &[u32], extra: Option<u64>) -> Vec<BlockKey> {
@@ -128,6 +143,9 @@ impl Model {
             num_blocks,
             ops: 0,
             events: Vec::new(),
+            manual: false,
+            pins: BTreeMap::new(),
+            next_pin: 0,
         }
     }
 
@@ -135,9 +153,82 @@ impl Model {
         keys_of(self.hasher, tokens, extra)
     }
 
-    /// A successful mutating operation: the cache's clock advances.
+    /// A successful mutating operation: the cache's clock advances (unless the caller
+    /// drives it) and pins that lapse by then go.
     pub fn end_op(&mut self) {
-        self.ops += 1;
+        if !self.manual {
+            self.ops += 1;
+        }
+        self.expire();
+    }
+
+    fn expire(&mut self) {
+        let due: Vec<u64> = self.pins.iter().filter(|(_, p)| p.expires_at.is_some_and(|t| t <= self.ops)).map(|(&id, _)| id).collect();
+        for id in due {
+            self.unpin(id).expect("a live pin");
+        }
+    }
+
+    /// Idle blocks an allocation may evict: idle and not hard-pinned.
+    pub fn evictable(&self) -> usize {
+        self.idle.iter().filter(|&&m| self.blocks[m].hard == 0).count()
+    }
+
+    /// Blocks an allocation can take now: free, or evictable.
+    pub fn available(&self) -> usize {
+        self.free + self.evictable()
+    }
+
+    /// Pin every block a hit of all the full blocks of `tokens` needs, in every group;
+    /// `Invalid` when one is not cached validly, for no full block, or for an expiry not
+    /// after the clock. Returns the pin id (from 1, never reused).
+    pub fn pin(&mut self, tokens: &[u32], extra: Option<u64>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64, Err> {
+        let keys = self.keys(tokens, extra);
+        let n = keys.len();
+        let mut blocks = Vec::new();
+        for g in 0..self.specs.len() {
+            for i in self.needed(g, n) {
+                blocks.push(self.valid(g, &keys, tokens, extra, i).ok_or(Err::Invalid)?);
+            }
+        }
+        if n == 0 || expires_at.is_some_and(|t| t <= self.ops) {
+            return Err(Err::Invalid);
+        }
+        self.next_pin += 1;
+        let id = self.next_pin;
+        for &m in &blocks {
+            match priority {
+                None => self.blocks[m].hard += 1,
+                Some(p) => {
+                    self.blocks[m].soft.insert(id, p);
+                }
+            }
+        }
+        self.pins.insert(id, MPin { blocks, priority, expires_at });
+        Ok(id)
+    }
+
+    pub fn unpin(&mut self, id: u64) -> Result<(), Err> {
+        let pin = self.pins.remove(&id).ok_or(Err::Invalid)?;
+        for m in pin.blocks {
+            match pin.priority {
+                None => self.blocks[m].hard -= 1,
+                Some(_) => {
+                    self.blocks[m].soft.remove(&id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The caller sets the clock (never back): pins lapse by it.
+    pub fn set_clock(&mut self, t: u64) -> Result<(), Err> {
+        if t < self.ops {
+            return Err(Err::Invalid);
+        }
+        (self.manual, self.ops) = (true, t);
+        self.expire();
+        Ok(())
     }
 
     fn emit(&mut self, kind: u8, m: usize) {
@@ -182,15 +273,16 @@ impl Model {
         self.clock
     }
 
-    /// The idle blocks an eviction may take now (no cached block has them as parent), in
-    /// the order the policy evicts them (without pins, `Priority` orders as `Lru`).
+    /// The idle blocks an eviction may take now (not hard-pinned, and no cached block has
+    /// them as parent), in the order the policy evicts them.
     pub fn eviction_order(&self) -> Vec<usize> {
         let parents: Vec<usize> = self.blocks.iter().filter(|b| b.key.is_some()).filter_map(|b| b.parent).collect();
-        let mut v: Vec<usize> = self.idle.iter().copied().filter(|m| !parents.contains(m)).collect();
+        let mut v: Vec<usize> = self.idle.iter().copied().filter(|m| !parents.contains(m) && self.blocks[*m].hard == 0).collect();
         v.sort_by_key(|&m| {
             let b = &self.blocks[m];
             match self.policy {
-                EvictionPolicy::Lru | EvictionPolicy::Priority => (b.last_use, 0),
+                EvictionPolicy::Lru => (b.last_use, 0),
+                EvictionPolicy::Priority => (b.soft.values().copied().max().unwrap_or(0) as u64, b.last_use),
                 EvictionPolicy::Fifo => (b.stored_at, 0),
                 EvictionPolicy::Lfu => (b.hits, b.last_use),
             }
@@ -205,12 +297,13 @@ impl Model {
             let v = *self.eviction_order().first().ok_or(Err::Exhausted)?;
             self.idle.retain(|&x| x != v);
             self.emit(1, v);
+            self.blocks[v].soft.clear();
             let k = self.blocks[v].key.take().expect("idle blocks are cached");
             self.blocks[v].parent = None;
             self.index.remove(&k);
             self.stats.evictions += 1;
         }
-        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0, extra: None, keys: Vec::new(), prefix: Vec::new() });
+        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0, extra: None, keys: Vec::new(), prefix: Vec::new(), hard: 0, soft: BTreeMap::new() });
         Ok(self.blocks.len() - 1)
     }
 
@@ -308,11 +401,11 @@ impl Model {
                 held.push((g, i, self.valid(g, &keys, tokens, extra, i).expect("a valid hit")));
             }
         }
-        let mut revived: Vec<usize> = held.iter().map(|h| h.2).filter(|&m| self.blocks[m].rc == 0).collect();
+        let mut revived: Vec<usize> = held.iter().map(|h| h.2).filter(|&m| self.blocks[m].rc == 0 && self.blocks[m].hard == 0).collect();
         revived.sort_unstable();
         revived.dedup();
         let need = g_count * (len.div_ceil(BS) - hb);
-        if need > self.free + self.idle.len() - revived.len() {
+        if need > self.available() - revived.len() {
             return Err(Err::Exhausted);
         }
         let mut tables = vec![vec![None; hb]; g_count];
@@ -401,7 +494,7 @@ impl Model {
                     if let Some(b) = *x {
                         if m.specs[g].releasable(i, BS, e.len) {
                             m.release(b);
-                            gained += (m.blocks[b].rc == 0) as usize;
+                            gained += (m.blocks[b].rc == 0 && m.blocks[b].hard == 0) as usize;
                             *x = None;
                         }
                     }
@@ -424,7 +517,7 @@ impl Model {
             }
             m.seqs.insert(s, e);
         }
-        if m.blocks.len() - self.blocks.len() > self.free + self.idle.len() + gained {
+        if m.blocks.len() - self.blocks.len() > self.available() + gained {
             return Err(Err::Exhausted);
         }
         *self = m;
@@ -498,14 +591,17 @@ impl Model {
 
     /// Forget every cached block: idle ones become free, live ones uncached. Returns the
     /// blocks that were cached.
-    pub fn reset(&mut self) -> usize {
+    pub fn reset(&mut self) -> Result<usize, Err> {
+        if !self.pins.is_empty() {
+            return Err(Err::Invalid);
+        }
         let n = self.index.len();
         self.free += self.idle.len();
         self.idle.clear();
         self.index.clear();
         self.blocks.iter_mut().for_each(|b| (b.key, b.parent) = (None, None));
         self.events.push((2, 0, 0, None, 0, self.ops));
-        n
+        Ok(n)
     }
 
     pub fn free_seq(&mut self, seq: u64) -> Result<(), Err> {

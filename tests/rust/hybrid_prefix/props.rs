@@ -33,6 +33,10 @@ enum Op {
     Free { pick: usize },
     Reset,
     Drain,
+    /// Pin the hit of the first `blocks` full blocks of a prompt seen before.
+    Pin { pick: usize, blocks: usize, soft: Option<u32>, ttl: Option<u64> },
+    Unpin { pick: usize },
+    Clock { step: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -49,6 +53,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => Just(Op::Reset),
         1 => Just(Op::Drain),
+        2 => (any::<usize>(), 0usize..9, prop::option::of(0u32..4), prop::option::of(0u64..6))
+            .prop_map(|(pick, blocks, soft, ttl)| Op::Pin { pick, blocks, soft, ttl }),
+        1 => any::<usize>().prop_map(|pick| Op::Unpin { pick }),
+        1 => (0u64..4).prop_map(|step| Op::Clock { step }),
     ]
 }
 
@@ -89,6 +97,8 @@ struct Run {
     prompts: Vec<(Vec<u32>, Option<u64>)>,
     next_id: u64,
     fresh: u32,
+    /// The last call was refused.
+    failed: bool,
 }
 
 impl Run {
@@ -123,6 +133,7 @@ impl Run {
         let got = self.pool.add_sequence_tokens(SeqId(id), &tokens, extra, &mut out).map_err(|e| kind(&e));
         let want = self.model.admit(id, &tokens, extra);
         assert_eq!(got, want, "admission of {tokens:?} (extra {extra:?})");
+        self.failed = got.is_err();
         if let Ok(hit) = got {
             assert_eq!((out.total_tokens, out.slots.len()), (tokens.len() - hit, self.model.specs.len() * (tokens.len() - hit)));
         }
@@ -157,12 +168,14 @@ impl Run {
                 let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
                 let got = self.pool.step(&sids, counts, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.step(&ids, counts, false), "step {ids:?} {counts:?}");
+                self.failed = got.is_err();
             }
             Op::Decode { picks } => {
                 let ids: Vec<u64> = picks.iter().map(|&p| self.pick(p)).collect();
                 let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
                 let got = self.pool.step_decode(&sids, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.step(&ids, &vec![1; ids.len()], false), "decode {ids:?}");
+                self.failed = got.is_err();
             }
             Op::Append { pick, family, n } => {
                 let id = self.pick(*pick);
@@ -170,24 +183,56 @@ impl Run {
                 let t: Vec<u32> = (len..len + n).map(|p| stream(*family, p)).collect();
                 let got = self.pool.append_tokens(SeqId(id), &t, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.append_tokens(id, &t), "append {t:?} to {id}");
+                self.failed = got.is_err();
             }
             Op::Fork { pick } => {
                 let (parent, child) = (self.pick(*pick), self.next_id);
                 self.next_id += 1;
                 let got = self.pool.fork(SeqId(parent), SeqId(child)).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.fork(parent, child));
+                self.failed = got.is_err();
             }
             Op::Truncate { pick, n } => {
                 let id = self.pick(*pick);
                 let got = self.pool.truncate(SeqId(id), *n).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.truncate(id, *n), "truncate {n} of {id}");
+                self.failed = got.is_err();
             }
             Op::Free { pick } => {
                 let id = self.pick(*pick);
                 let got = self.pool.free(SeqId(id)).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.free_seq(id));
+                self.failed = got.is_err();
             }
-            Op::Reset => assert_eq!(self.pool.reset_prefix_cache().unwrap(), self.model.reset(), "reset"),
+            Op::Reset => {
+                let got = self.pool.reset_prefix_cache().map_err(|e| kind(&e));
+                assert_eq!(got, self.model.reset(), "reset");
+                self.failed = got.is_err();
+            }
+            Op::Pin { pick, blocks, soft, ttl } => {
+                if self.prompts.is_empty() {
+                    return;
+                }
+                let (t, extra) = &self.prompts[pick % self.prompts.len()];
+                let t = &t[..(blocks * BS).min(t.len())];
+                let expires_at = ttl.map(|d| self.model.ops + d);
+                let got = self.pool.pin_prefix_tokens(t, *extra, *soft, expires_at).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.pin(t, *extra, *soft, expires_at), "pin {t:?}");
+                self.failed = got.is_err();
+            }
+            Op::Unpin { pick } => {
+                let ids: Vec<u64> = self.model.pins.keys().copied().collect();
+                let id = if ids.is_empty() || pick % 4 == 0 { 1000 } else { ids[pick % ids.len()] };
+                let got = self.pool.unpin(id).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.unpin(id), "unpin {id}");
+                self.failed = got.is_err();
+            }
+            Op::Clock { step } => {
+                let t = (self.model.ops + step).saturating_sub(1);
+                let got = self.pool.set_clock(t).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.set_clock(t), "set_clock({t})");
+                self.failed = got.is_err();
+            }
             Op::Drain => self.drain(),
         }
     }
@@ -197,7 +242,7 @@ impl Run {
         p.check_invariants().unwrap();
         p.check_cache().unwrap();
         let c = p.prefix_cache().unwrap();
-        assert_eq!(p.num_free_blocks(), m.free + m.idle.len(), "free + idle");
+        assert_eq!(p.num_free_blocks(), m.available(), "free + evictable");
         let mut ids: Vec<u64> = m.seqs.keys().copied().collect();
         ids.sort_unstable();
         assert_eq!(p.seq_ids(), ids.iter().map(|&i| SeqId(i)).collect::<Vec<_>>());
@@ -233,6 +278,8 @@ impl Run {
             (s.queries, s.query_tokens, s.hit_tokens, &s.group_hit_blocks, s.stored_blocks, s.evictions, s.idle_blocks),
             (ms.queries, ms.query_tokens, ms.hit_tokens, &ms.group_hit_blocks, ms.stored, ms.evictions, m.idle.len())
         );
+        let pinned = m.blocks.iter().filter(|b| b.key.is_some() && b.hard > 0).count();
+        assert_eq!((s.num_pins, s.pinned_blocks, s.evictable_blocks, s.clock), (m.pins.len(), pinned, m.evictable(), m.ops), "pins");
         for (t, extra) in &self.prompts {
             let keys = m.keys(t, *extra);
             let want = m.longest(&keys, t, *extra, keys.len()) * BS;
@@ -246,12 +293,12 @@ fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, blocks: usize, o
     let cfg = CacheConfig { policy, hasher, record_events: true, ..CacheConfig::default() };
     let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
     let model = Model::new(specs, blocks, policy, hasher);
-    let mut run = Run { pool, model, prompts: Vec::new(), next_id: 0, fresh: 0 };
+    let mut run = Run { pool, model, prompts: Vec::new(), next_id: 0, fresh: 0, failed: false };
     for op in ops {
         let (before, events) = (run.snapshot(), run.model.events.len());
-        let failed_before = run.model.clone();
+        run.failed = false;
         run.apply(op);
-        if run.model.ops == failed_before.ops && !matches!(op, Op::Reset | Op::Drain) {
+        if run.failed {
             assert_eq!(run.snapshot(), before, "{op:?} failed but changed the pool");
             assert_eq!(run.model.events.len(), events);
         }
@@ -264,7 +311,8 @@ fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, blocks: usize, o
     }
     run.compare();
     run.drain();
-    assert_eq!(run.pool.num_free_blocks(), blocks);
+    let pinned = run.pool.cache_stats().unwrap().pinned_blocks;
+    assert_eq!(run.pool.num_free_blocks(), blocks - pinned);
 }
 
 proptest! {
