@@ -322,7 +322,8 @@ impl BlockPool {
         let cap = (last / bs).min(full);
         let hb = if found <= cap { found } else { self.longest_cached(&hits, q, cap) };
         let cow = cow && q.tokens.is_some() && self.cache_ref()?.config().cow_partial_hit;
-        let copies = if cow && last > hb * bs && hb < full { self.partial_copies(&hits, q, hb, last) } else { None };
+        // Only the block holding the last token is copied: the prompt fills block `hb`.
+        let copies = if cow && last > hb * bs && last / bs == hb && hb < full { self.partial_copies(&hits, q, hb, last) } else { None };
         let p = if copies.is_some() { last } else { hb * bs };
         let held = self.held_blocks(&hits, q, p, hb)?;
         let c = self.cache_ref()?;

@@ -62,6 +62,8 @@ pub struct MBlock {
     pub extra: Option<u64>,
     pub keys: Vec<BlockKey>,
     pub prefix: Vec<u32>,
+    /// Tokens of KV it holds (a keyed prompt's last block may be partly filled).
+    pub fill: usize,
     /// Hard pins covering it, and its soft pins' priorities by pin id.
     pub hard: u32,
     pub soft: BTreeMap<u64, u32>,
@@ -91,6 +93,9 @@ pub struct MSeq {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MStats {
     pub queries: u64,
+    pub query_blocks: u64,
+    pub hit_blocks: u64,
+    pub cow_hits: u64,
     pub query_tokens: u64,
     pub hit_tokens: u64,
     pub group_hit_blocks: Vec<u64>,
@@ -103,7 +108,8 @@ pub struct Model {
     pub specs: Vec<GroupSpec>,
     pub blocks: Vec<MBlock>,
     pub free: usize,
-    pub index: HashMap<(usize, BlockKey), usize>,
+    /// `(group, key, fill)` -> cached block: the fill is part of a block's identity.
+    pub index: HashMap<(usize, BlockKey, usize), usize>,
     pub idle: VecDeque<usize>,
     pub seqs: HashMap<u64, MSeq>,
     pub stats: MStats,
@@ -114,6 +120,9 @@ pub struct Model {
     /// Successful operations (the cache's logical clock) and the events since the last drain.
     pub ops: u64,
     pub events: Vec<MEvent>,
+    /// Copy-on-write partial hits are on; the copies the last admission made.
+    pub cow: bool,
+    pub last_copies: usize,
     /// The caller drives the clock (`set_clock`): operations no longer advance it.
     pub manual: bool,
     pub pins: BTreeMap<u64, MPin>,
@@ -124,6 +133,23 @@ pub fn keys_of(hasher: BlockHasher, tokens: &[u32], extra: Option<u64>) -> Vec<B
     let mut keys = Vec::new();
     hasher.chain_keys(ROOT_PARENT, tokens, BS, extra, &mut keys, &mut Vec::new());
     keys
+}
+
+/// A prompt looked up: token ids (with the extra key; `keys` of their full blocks), or
+/// trusted block keys (`tokens` None; the last key may stand for a partly filled block).
+#[derive(Clone, Copy, Debug)]
+pub struct Q<'a> {
+    pub keys: &'a [BlockKey],
+    pub tokens: Option<&'a [u32]>,
+    pub extra: Option<u64>,
+    pub len: usize,
+}
+
+impl Q<'_> {
+    /// Tokens of logical block `i`.
+    pub fn fill(&self, i: usize) -> usize {
+        BS.min(self.len - i * BS)
+    }
 }
 
 impl Model {
@@ -144,6 +170,8 @@ impl Model {
             ops: 0,
             events: Vec::new(),
             manual: false,
+            cow: false,
+            last_copies: 0,
             pins: BTreeMap::new(),
             next_pin: 0,
         }
@@ -182,13 +210,12 @@ impl Model {
     /// Pin every block a hit of all the full blocks of `tokens` needs, in every group;
     /// `Invalid` when one is not cached validly, for no full block, or for an expiry not
     /// after the clock. Returns the pin id (from 1, never reused).
-    pub fn pin(&mut self, tokens: &[u32], extra: Option<u64>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64, Err> {
-        let keys = self.keys(tokens, extra);
-        let n = keys.len();
+    pub fn pin(&mut self, q: Q<'_>, priority: Option<u32>, expires_at: Option<u64>) -> Result<u64, Err> {
+        let n = q.keys.len();
         let mut blocks = Vec::new();
         for g in 0..self.specs.len() {
-            for i in self.needed(g, n) {
-                blocks.push(self.valid(g, &keys, tokens, extra, i).ok_or(Err::Invalid)?);
+            for i in self.needed(g, n * BS) {
+                blocks.push(self.valid(g, q, i).ok_or(Err::Invalid)?);
             }
         }
         if n == 0 || expires_at.is_some_and(|t| t <= self.ops) {
@@ -235,27 +262,30 @@ impl Model {
         let b = &self.blocks[m];
         let (g, key) = b.key.expect("an event names a cached block");
         let parent = b.parent.map(|p| self.blocks[p].key.expect("a parent is cached").1);
-        self.events.push((kind, g as u32, key, parent, BS as u32, self.ops));
+        self.events.push((kind, g as u32, key, parent, b.fill as u32, self.ops));
     }
 
-    /// Whether cached block `m` holds KV computed from exactly logical block `i` of the
-    /// prompt `tokens` with `extra`.
-    fn serves(&self, m: usize, tokens: &[u32], extra: Option<u64>, i: usize) -> bool {
+    /// The block of group `g` that serves logical block `i` of `q`, if cached: for token ids
+    /// one computed from exactly the prompt through `i` (ids and extra key); for trusted
+    /// keys one stored under the same keys through `i` without an extra key (a windowed
+    /// group's block: under its own key), of the same fill.
+    pub fn valid(&self, g: usize, q: Q<'_>, i: usize) -> Option<usize> {
+        let m = *self.index.get(&(g, q.keys[i], q.fill(i)))?;
         let b = &self.blocks[m];
-        b.extra == extra && tokens.get(..(i + 1) * BS) == Some(&b.prefix[..])
-    }
-
-    /// The block of group `g` that serves logical block `i` of the prompt, if cached.
-    pub fn valid(&self, g: usize, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, i: usize) -> Option<usize> {
-        let m = *self.index.get(&(g, keys[i]))?;
-        self.serves(m, tokens, extra, i).then_some(m)
+        let ok = match q.tokens {
+            Some(t) => b.extra == q.extra && t.get(..(i + 1) * BS) == Some(&b.prefix[..]),
+            None => b.extra.is_none() && (self.specs[g].is_windowed() || b.keys == q.keys[..=i]),
+        };
+        ok.then_some(m)
     }
 
     /// Whether a windowed block standing on the prefix `keys`, `tokens` (with `extra`) keeps
     /// the lineage one record per key within its budget.
     fn lineage_admits(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>) -> bool {
-        let mut records: HashMap<BlockKey, (Option<BlockKey>, Option<u64>, &[u32])> = HashMap::new();
-        let standing = self.blocks.iter().filter(|b| b.key.is_some_and(|(g, _)| self.specs[g].is_windowed()));
+        // key -> (the key before it, extra key, its block's ids)
+        type Record<'a> = (Option<BlockKey>, Option<u64>, &'a [u32]);
+        let mut records: HashMap<BlockKey, Record<'_>> = HashMap::new();
+        let standing = self.blocks.iter().filter(|b| !b.prefix.is_empty() && b.key.is_some_and(|(g, _)| self.specs[g].is_windowed()));
         let prefixes = standing.map(|b| (&b.keys[..], &b.prefix[..], b.extra)).chain(std::iter::once((keys, tokens, extra)));
         for (ks, ts, e) in prefixes {
             for (j, &k) in ks.iter().enumerate() {
@@ -298,12 +328,12 @@ impl Model {
             self.idle.retain(|&x| x != v);
             self.emit(1, v);
             self.blocks[v].soft.clear();
-            let k = self.blocks[v].key.take().expect("idle blocks are cached");
+            let (g, k) = self.blocks[v].key.take().expect("idle blocks are cached");
             self.blocks[v].parent = None;
-            self.index.remove(&k);
+            self.index.remove(&(g, k, self.blocks[v].fill));
             self.stats.evictions += 1;
         }
-        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0, extra: None, keys: Vec::new(), prefix: Vec::new(), hard: 0, soft: BTreeMap::new() });
+        self.blocks.push(MBlock { rc: 1, key: None, parent: None, last_use: 0, stored_at: 0, hits: 0, extra: None, keys: Vec::new(), prefix: Vec::new(), fill: 0, hard: 0, soft: BTreeMap::new() });
         Ok(self.blocks.len() - 1)
     }
 
@@ -334,74 +364,98 @@ impl Model {
         b.last_use = t;
     }
 
-    /// Store the blocks of `tables` from logical block `from` on under `keys` (of the
-    /// prompt `tokens`, with `extra`): in a full group as a chain, in a windowed group each
-    /// block that is not cached yet and that the lineage admits.
-    fn register(&mut self, tables: &[Vec<Option<usize>>], keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, from: usize) {
+    /// Store the blocks of `tables` from logical block `from` on under `q.keys`: in a full
+    /// group as a chain, in a windowed group each block that is not cached yet and (for
+    /// token ids) that the lineage admits.
+    fn register(&mut self, tables: &[Vec<Option<usize>>], q: Q<'_>, from: usize) {
         for (g, t) in tables.iter().enumerate() {
             let windowed = self.specs[g].is_windowed();
-            for (i, &key) in keys.iter().enumerate().skip(from) {
+            for (i, &key) in q.keys.iter().enumerate().skip(from) {
                 let Some(m) = t.get(i).copied().flatten() else { continue };
-                if self.blocks[m].key == Some((g, key)) {
+                let fill = q.fill(i);
+                if self.blocks[m].key == Some((g, key)) && self.blocks[m].fill == fill {
                     continue;
                 }
                 let parent = match (windowed, i) {
                     (true, _) | (false, 0) => None,
                     (false, _) => match t[i - 1] {
-                        Some(p) if self.blocks[p].key == Some((g, keys[i - 1])) => Some(p),
+                        Some(p) if self.blocks[p].key == Some((g, q.keys[i - 1])) && self.blocks[p].fill == BS => Some(p),
                         _ => break,
                     },
                 };
-                let prefix = &tokens[..(i + 1) * BS];
-                let taken = self.blocks[m].key.is_some() || self.index.contains_key(&(g, key));
-                if taken || (windowed && !self.lineage_admits(&keys[..=i], prefix, extra)) {
+                let prefix = q.tokens.map_or(&[][..], |t| &t[..(i + 1) * BS]);
+                let taken = self.blocks[m].key.is_some() || self.index.contains_key(&(g, key, fill));
+                let lineage = !windowed || q.tokens.is_none() || self.lineage_admits(&q.keys[..=i], prefix, q.extra);
+                if taken || !lineage {
                     if windowed {
                         continue;
                     }
                     break;
                 }
-                self.index.insert((g, key), m);
+                self.index.insert((g, key, fill), m);
                 let t = self.tick();
                 let b = &mut self.blocks[m];
                 (b.key, b.parent, b.stored_at, b.last_use, b.hits) = (Some((g, key)), parent, t, t, 0);
-                (b.extra, b.keys, b.prefix) = (extra, keys[..=i].to_vec(), prefix.to_vec());
+                (b.extra, b.keys, b.prefix, b.fill) = (q.extra, q.keys[..=i].to_vec(), prefix.to_vec(), fill);
                 self.stats.stored += 1;
                 self.emit(0, m);
             }
         }
     }
 
-    fn needed(&self, g: usize, h: usize) -> Vec<usize> {
-        self.specs[g].needed_before(h * BS, BS).into_iter().flatten().collect()
-    }
-
-    /// The blocks an admission of a `len`-token prompt reuses: the last token is computed.
-    pub fn hit(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>) -> usize {
-        self.longest(keys, tokens, extra, (tokens.len().saturating_sub(1) / BS).min(keys.len()))
+    /// Logical blocks group `g` needs before token position `p`.
+    fn needed(&self, g: usize, p: usize) -> Vec<usize> {
+        self.specs[g].needed_before(p, BS).into_iter().flatten().collect()
     }
 
     /// The longest prefix of at most `max` blocks cached validly for every group, by trying
     /// every length.
-    pub fn longest(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, max: usize) -> usize {
-        let ok = |h: usize| (0..self.specs.len()).all(|g| self.needed(g, h).iter().all(|&i| self.valid(g, keys, tokens, extra, i).is_some()));
+    pub fn longest(&self, q: Q<'_>, max: usize) -> usize {
+        let ok = |h: usize| (0..self.specs.len()).all(|g| self.needed(g, h * BS).iter().all(|&i| self.valid(g, q, i).is_some()));
         (0..=max).rev().find(|&h| ok(h)).unwrap_or(0)
     }
 
+    /// Admit `seq` with a prompt of token ids.
     pub fn admit(&mut self, seq: u64, tokens: &[u32], extra: Option<u64>) -> Result<usize, Err> {
+        let keys = self.keys(tokens, extra);
+        self.admit_q(seq, Q { keys: &keys, tokens: Some(tokens), extra, len: tokens.len() })
+    }
+
+    /// Admit `seq` with the block keys of a `len`-token prompt.
+    pub fn admit_keys(&mut self, seq: u64, keys: &[BlockKey], len: usize) -> Result<usize, Err> {
         if self.seqs.contains_key(&seq) {
             return Err(Err::Duplicate);
         }
-        let len = tokens.len();
-        let keys = self.keys(tokens, extra);
-        let hb = self.hit(&keys, tokens, extra);
-        let g_count = self.specs.len();
+        if keys.len() != len.div_ceil(BS) {
+            return Err(Err::Invalid);
+        }
+        self.admit_q(seq, Q { keys, tokens: None, extra: None, len })
+    }
+
+    /// The admission: the largest valid hit (before and after the last-token rule), a
+    /// copy-on-write partial hit where allowed, the capacity check, then holds, uses,
+    /// growth, copies and stores in the contract's order.
+    fn admit_q(&mut self, seq: u64, q: Q<'_>) -> Result<usize, Err> {
+        if self.seqs.contains_key(&seq) {
+            return Err(Err::Duplicate);
+        }
+        let (len, g_count, full) = (q.len, self.specs.len(), q.keys.len());
+        let found = self.longest(q, full);
+        let cap = (len.saturating_sub(1) / BS).min(full);
+        let hb = if found <= cap { found } else { self.longest(q, cap) };
+        let last = len.saturating_sub(1);
+        // A copy-on-write partial hit: the last-token rule left out block `hb`, which the
+        // prompt fills, and every block the query at the last token needs is cached.
+        let copies = if self.cow && q.tokens.is_some() && last > hb * BS && last / BS == hb && hb < full { self.copies(q, hb, last) } else { None };
+        let p = if copies.is_some() { last } else { hb * BS };
         let mut held = Vec::new();
         for g in 0..g_count {
-            for i in self.needed(g, hb) {
-                held.push((g, i, self.valid(g, &keys, tokens, extra, i).expect("a valid hit")));
+            for i in self.needed(g, p).into_iter().filter(|&i| i < hb) {
+                held.push((g, i, self.valid(g, q, i).expect("a valid hit")));
             }
         }
-        let mut revived: Vec<usize> = held.iter().map(|h| h.2).filter(|&m| self.blocks[m].rc == 0 && self.blocks[m].hard == 0).collect();
+        let copied = copies.iter().flatten().map(|c| c.1);
+        let mut revived: Vec<usize> = held.iter().map(|h| h.2).chain(copied).filter(|&m| self.blocks[m].rc == 0 && self.blocks[m].hard == 0).collect();
         revived.sort_unstable();
         revived.dedup();
         let need = g_count * (len.div_ceil(BS) - hb);
@@ -414,17 +468,21 @@ impl Model {
             tables[g][i] = Some(m);
             self.stats.group_hit_blocks[g] += 1;
         }
+        let copies = copies.unwrap_or_default();
+        for &(_, m) in &copies {
+            self.hold(m);
+        }
         // A full group's cached chain past the hit is hit too (a use), though not taken.
-        let full: Vec<usize> = (0..g_count).filter(|&g| !self.specs[g].is_windowed()).collect();
-        for g in full {
+        let full_groups: Vec<usize> = (0..g_count).filter(|&g| !self.specs[g].is_windowed()).collect();
+        for g in full_groups {
             let mut prev = None;
-            for i in 0..keys.len() {
-                let Some(m) = self.valid(g, &keys, tokens, extra, i) else { break };
+            for i in 0..full {
+                let Some(m) = self.valid(g, q, i) else { break };
                 if self.blocks[m].parent != prev {
                     break;
                 }
                 prev = Some(m);
-                if i >= hb {
+                if i >= hb && !copies.iter().any(|c| c.1 == m) {
                     let t = self.tick();
                     let b = &mut self.blocks[m];
                     b.hits += 1;
@@ -435,13 +493,39 @@ impl Model {
         for t in &mut tables {
             self.grow(t, hb * BS, len - hb * BS).expect("checked");
         }
-        self.register(&tables, &keys, tokens, extra, hb);
-        self.stats.queries += 1;
-        self.stats.query_tokens += len as u64;
-        self.stats.hit_tokens += (hb * BS) as u64;
-        self.seqs.insert(seq, MSeq { len, frontier: hb * BS, tables, cursor: Some((tokens.to_vec(), keys)), extra });
+        for &(_, m) in &copies {
+            self.release(m);
+        }
+        self.last_copies = copies.len();
+        let cached = if copies.is_empty() { hb * BS } else { len - 1 };
+        self.register(&tables, q, hb);
+        let s = &mut self.stats;
+        s.queries += 1;
+        s.query_blocks += full as u64;
+        s.hit_blocks += found as u64;
+        s.query_tokens += len as u64;
+        s.hit_tokens += cached as u64;
+        s.cow_hits += !copies.is_empty() as u64;
+        let cursor = q.tokens.map(|t| (t.to_vec(), q.keys.to_vec()));
+        self.seqs.insert(seq, MSeq { len, frontier: cached, tables, cursor, extra: q.extra });
         self.end_op();
-        Ok(hb * BS)
+        Ok(cached)
+    }
+
+    /// The copy sources of a partial hit at token `p` past `hb` blocks: `(group, block
+    /// hb)` of every group that needs it, or None unless every block the query at `p`
+    /// needs is cached validly in every group.
+    fn copies(&self, q: Q<'_>, hb: usize, p: usize) -> Option<Vec<(usize, usize)>> {
+        let mut out = Vec::new();
+        for g in 0..self.specs.len() {
+            for i in self.needed(g, p) {
+                let m = self.valid(g, q, i)?;
+                if i == hb {
+                    out.push((g, m));
+                }
+            }
+        }
+        Some(out)
     }
 
     fn grow(&mut self, t: &mut Vec<Option<usize>>, len: usize, n: usize) -> Result<(), Err> {
@@ -539,7 +623,7 @@ impl Model {
         toks.extend_from_slice(tokens);
         let tables = e.tables.clone();
         keys = self.keys(&toks, extra);
-        self.register(&tables, &keys, &toks, extra, first);
+        self.register(&tables, Q { keys: &keys, tokens: Some(&toks), extra, len: toks.len() }, first);
         self.seqs.get_mut(&seq).unwrap().cursor = Some((toks, keys));
         self.end_op();
         Ok(())
@@ -599,7 +683,7 @@ impl Model {
         self.free += self.idle.len();
         self.idle.clear();
         self.index.clear();
-        self.blocks.iter_mut().for_each(|b| (b.key, b.parent) = (None, None));
+        self.blocks.iter_mut().for_each(|b| (b.key, b.parent, b.soft) = (None, None, BTreeMap::new()));
         self.events.push((2, 0, 0, None, 0, self.ops));
         Ok(n)
     }

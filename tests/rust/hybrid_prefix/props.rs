@@ -17,7 +17,7 @@ use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
 use pykvpool::prefix_cache::{CacheConfig, CacheEvent};
 use pykvpool::{BlockHasher, BlockId, CacheEventKind, EvictionPolicy, SeqId};
 
-use super::model::{kind, MEvent, Model, BS};
+use super::model::{kind, MEvent, Model, Q, BS};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -25,6 +25,9 @@ enum Op {
     /// share every later block's ids (and, when the first keys collide, every later key).
     Admit { family: u32, head: u32, shared: usize, tail: usize, extra: bool },
     Readmit { pick: usize },
+    /// A prompt of block keys (trusted; the last may stand for a partly filled block):
+    /// `shared` keys of the family's chain, then keys of a branch.
+    AdmitKeys { family: u32, shared: usize, branch: u32, len: usize },
     Step { picks: Vec<usize>, counts: Vec<usize> },
     Decode { picks: Vec<usize> },
     Append { pick: usize, family: u32, n: usize },
@@ -44,6 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u32..3, 0u32..3, 0usize..30, 0usize..6, prop::bool::weighted(0.2))
             .prop_map(|(family, head, shared, tail, extra)| Op::Admit { family, head, shared, tail, extra }),
         3 => any::<usize>().prop_map(|pick| Op::Readmit { pick }),
+        2 => (0u32..3, 0usize..5, 0u32..2, 0usize..22)
+            .prop_map(|(family, shared, branch, len)| Op::AdmitKeys { family, shared, branch, len }),
         2 => (prop::collection::vec(any::<usize>(), 1..4), prop::collection::vec(0usize..7, 3))
             .prop_map(|(picks, counts)| Op::Step { picks, counts }),
         3 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::Decode { picks }),
@@ -72,6 +77,17 @@ fn mixes() -> Vec<Vec<GroupSpec>> {
         vec![GroupSpec::Full, sw(5, 0), GroupSpec::chunked(8).unwrap(), sw(7, 4)],
         vec![sw(5, 0), GroupSpec::chunked(8).unwrap()],
     ]
+}
+
+/// The block keys of a keyed prompt: above 2^64, so that they never meet a key of token
+/// ids cut to a few bits, and never one of another family or branch past `shared`.
+fn family_keys(family: u32, shared: usize, branch: u32, len: usize) -> Vec<u128> {
+    (0..len.div_ceil(BS))
+        .map(|j| {
+            let tag = if j < shared { 0 } else { 1 + branch as u128 };
+            (1u128 << 100) | tag << 80 | (family as u128) << 40 | j as u128
+        })
+        .collect()
 }
 
 /// Token `pos` of family `f`'s stream: prompts of one family share their prefixes.
@@ -136,6 +152,7 @@ impl Run {
         self.failed = got.is_err();
         if let Ok(hit) = got {
             assert_eq!((out.total_tokens, out.slots.len()), (tokens.len() - hit, self.model.specs.len() * (tokens.len() - hit)));
+            assert_eq!(out.cow.len(), self.model.last_copies, "copy-on-write pairs");
         }
         self.prompts.push((tokens, extra));
     }
@@ -155,6 +172,13 @@ impl Run {
                 let mut t: Vec<u32> = (0..*shared).map(|p| stream(*family, p) + if p < BS { head * 100 } else { 0 }).collect();
                 t.extend((0..*tail).map(|k| 900_000 + self.fresh * 10 + k as u32));
                 self.admit(t, extra.then_some(7));
+            }
+            Op::AdmitKeys { family, shared, branch, len } => {
+                let (id, keys) = (self.next_id, family_keys(*family, *shared, *branch, *len));
+                self.next_id += 1;
+                let got = self.pool.add_sequence_block_keys(SeqId(id), &keys, *len, &mut out).map_err(|e| kind(&e));
+                assert_eq!(got, self.model.admit_keys(id, &keys, *len), "admission of keys {keys:x?} for {len} tokens");
+                self.failed = got.is_err();
             }
             Op::Readmit { pick } => {
                 if !self.prompts.is_empty() {
@@ -217,7 +241,9 @@ impl Run {
                 let t = &t[..(blocks * BS).min(t.len())];
                 let expires_at = ttl.map(|d| self.model.ops + d);
                 let got = self.pool.pin_prefix_tokens(t, *extra, *soft, expires_at).map_err(|e| kind(&e));
-                assert_eq!(got, self.model.pin(t, *extra, *soft, expires_at), "pin {t:?}");
+                let keys = self.model.keys(t, *extra);
+                let q = Q { keys: &keys, tokens: Some(t), extra: *extra, len: t.len() };
+                assert_eq!(got, self.model.pin(q, *soft, expires_at), "pin {t:?}");
                 self.failed = got.is_err();
             }
             Op::Unpin { pick } => {
@@ -269,7 +295,7 @@ impl Run {
         let want: Vec<_> = m.eviction_order().into_iter().map(|x| m.blocks[x].key).collect();
         assert_eq!(idle, want, "evictable idle blocks in {} order", m.policy);
         assert_eq!(c.num_cached(), m.index.len());
-        for &(g, k) in m.index.keys() {
+        for &(g, k, _) in m.index.keys().filter(|x| x.2 == BS) {
             assert!(c.block_of(g, k).is_some(), "group {g} key {k:#x} cached in the model");
         }
         let s = p.cache_stats().unwrap();
@@ -278,21 +304,23 @@ impl Run {
             (s.queries, s.query_tokens, s.hit_tokens, &s.group_hit_blocks, s.stored_blocks, s.evictions, s.idle_blocks),
             (ms.queries, ms.query_tokens, ms.hit_tokens, &ms.group_hit_blocks, ms.stored, ms.evictions, m.idle.len())
         );
+        assert_eq!((s.query_blocks, s.hit_blocks, s.cow_hits), (ms.query_blocks, ms.hit_blocks, ms.cow_hits), "hit metrics");
         let pinned = m.blocks.iter().filter(|b| b.key.is_some() && b.hard > 0).count();
         assert_eq!((s.num_pins, s.pinned_blocks, s.evictable_blocks, s.clock), (m.pins.len(), pinned, m.evictable(), m.ops), "pins");
         for (t, extra) in &self.prompts {
             let keys = m.keys(t, *extra);
-            let want = m.longest(&keys, t, *extra, keys.len()) * BS;
+            let want = m.longest(Q { keys: &keys, tokens: Some(t), extra: *extra, len: t.len() }, keys.len()) * BS;
             assert_eq!(p.cached_prefix_len(t, *extra).unwrap(), want, "cached_prefix_len({t:?})");
         }
     }
 }
 
-fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, blocks: usize, ops: &[Op]) {
+fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, cow: bool, blocks: usize, ops: &[Op]) {
     let specs = mixes()[mix].clone();
-    let cfg = CacheConfig { policy, hasher, record_events: true, ..CacheConfig::default() };
+    let cfg = CacheConfig { policy, hasher, cow_partial_hit: cow, record_events: true, ..CacheConfig::default() };
     let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
-    let model = Model::new(specs, blocks, policy, hasher);
+    let mut model = Model::new(specs, blocks, policy, hasher);
+    model.cow = cow;
     let mut run = Run { pool, model, prompts: Vec::new(), next_id: 0, fresh: 0, failed: false };
     for op in ops {
         let (before, events) = (run.snapshot(), run.model.events.len());
@@ -322,10 +350,11 @@ proptest! {
     fn pool_follows_the_model(
         mix in 0usize..8,
         policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+        cow in any::<bool>(),
         blocks in 10usize..40,
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        run(mix, policy, BlockHasher::Xxh3, blocks, &ops);
+        run(mix, policy, BlockHasher::Xxh3, cow, blocks, &ops);
     }
 
     /// Keys cut to 3 bits: most lookups find a key some other prefix stored. Pools without
@@ -335,10 +364,11 @@ proptest! {
     fn pool_follows_the_model_under_collisions(
         mix in prop_oneof![0usize..8, prop::sample::select(vec![1usize, 7])],
         policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+        cow in any::<bool>(),
         blocks in 10usize..40,
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        run(mix, policy, BlockHasher::Truncated { bits: 3 }, blocks, &ops);
+        run(mix, policy, BlockHasher::Truncated { bits: 3 }, cow, blocks, &ops);
     }
 }
 
