@@ -1,446 +1,296 @@
-//! Property test of prefix caching against a reference model: random programs over
-//! admission by token ids and by block keys (partly filled last blocks, fills that
-//! disagree with an earlier admission of the same key), appends (with and without ids),
-//! forks, truncations, frees, pins (by tokens and by keys, hard and soft, with expiry),
-//! clock steps, resets and event drains, on a small pool under pressure, with the real
-//! hash and with keys cut to 2 bits (collisions everywhere). After every operation:
-//!
-//! - `check_invariants` passes;
-//! - the pool agrees with [`prefix_spec::Spec`], a model written from the documented rules
-//!   and the eviction specification: the result of every call (cached tokens, copy-on-write
-//!   pairs, refusals, pin ids), every cache statistic and count, which keys are cached and
-//!   which of them idle, which position of every sequence holds which cached block and
-//!   with what refcount, `cached_prefix_len` probes, and on every drain the exact events
-//!   (kind, key, parent key, tokens, clock), which pin down what each eviction picked;
-//! - every reused token's slot holds the KV of exactly that prefix: a simulated KV store
-//!   records, for each slot, the token prefix whose KV was computed (or copied) into it;
-//! - a failed operation changed nothing (tables, lengths, pool and cache statistics).
+//! Prefix caching (`rust/pool/prefix.rs`, `rust/prefix_cache/`) on one to four layer
+//! groups: targeted cases of the contract (a window hit needs only its sinks and window,
+//! the hit is the largest valid for every group, chunk boundaries, keys never hit across
+//! groups, atomic refusals, blocks registered by `append_tokens`), the model-based
+//! property test (`props`, against `model`: every policy, pins, events, block keys,
+//! copy-on-write hits, collisions, failures) and, ignored by default, the hit rates on the
+//! Mooncake trace (`trace`).
 
-mod prefix_spec;
 
-#[path = "support/flat.rs"]
-mod flat;
-use flat::Flat;
-use std::collections::{HashMap, HashSet};
+#[path = "prefix_model/model.rs"]
+mod model;
+#[path = "prefix_model/props.rs"]
+mod props;
+#[path = "prefix_model/trace.rs"]
+mod trace;
 
-use prefix_spec::{Key, Prompt, Spec};
-use proptest::prelude::*;
-use pykvpool::prefix_cache::block_hash::BlockHasher;
-use pykvpool::{BlockId, BlockPool, CacheConfig, CacheEventKind, EvictionPolicy, SeqId};
+use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
+use pykvpool::prefix_cache::CacheConfig;
+use pykvpool::{BlockHasher, KvError, SeqId};
 
 const BS: usize = 4;
-const BLOCKS: usize = 14;
 
-#[derive(Clone, Debug)]
-enum Op {
-    Admit { family: u32, shared: usize, tail: usize, extra: bool },
-    AdmitKeys { family: u32, shared: usize, branch: u32, len: usize },
-    /// A prompt admitted before (hits, copy-on-write hits, other fills under the same key).
-    Readmit { pick: usize },
-    AppendTokens { pick: usize, n: usize },
-    AppendPlain { pick: usize, n: usize },
-    Fork { pick: usize },
-    Truncate { pick: usize, n: usize },
-    Free { pick: usize },
-    Pin { family: u32, blocks: usize, soft: Option<u32>, ttl: Option<u64>, by_keys: bool },
-    Unpin { pick: usize },
-    Clock { step: u64 },
-    Reset,
-    Drain,
+fn sw(window: usize, sinks: usize) -> GroupSpec {
+    GroupSpec::sliding_window(window, sinks).unwrap()
 }
 
-/// One operation; `pins` weighs pins and unpins (the priority policy's programs pin more).
-fn op(pins: u32) -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (0u32..3, 0usize..13, 0usize..6, any::<bool>())
-            .prop_map(|(family, shared, tail, extra)| Op::Admit { family, shared, tail, extra }),
-        2 => (0u32..3, 0usize..4, 0u32..2, 0usize..15)
-            .prop_map(|(family, shared, branch, len)| Op::AdmitKeys { family, shared, branch, len }),
-        2 => any::<usize>().prop_map(|pick| Op::Readmit { pick }),
-        2 => (any::<usize>(), 0usize..6).prop_map(|(pick, n)| Op::AppendTokens { pick, n }),
-        1 => (any::<usize>(), 0usize..5).prop_map(|(pick, n)| Op::AppendPlain { pick, n }),
-        1 => any::<usize>().prop_map(|pick| Op::Fork { pick }),
-        1 => (any::<usize>(), 0usize..7).prop_map(|(pick, n)| Op::Truncate { pick, n }),
-        3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        pins => (0u32..3, 0usize..4, prop::option::of(prop::sample::select(vec![1u32, 5])), prop::option::of(1u64..6), any::<bool>())
-            .prop_map(|(family, blocks, soft, ttl, by_keys)| Op::Pin { family, blocks, soft, ttl, by_keys }),
-        pins => any::<usize>().prop_map(|pick| Op::Unpin { pick }),
-        1 => (0u64..3).prop_map(|step| Op::Clock { step }),
-        1 => Just(Op::Reset),
-        1 => Just(Op::Drain),
-    ]
+fn pool(blocks: usize, groups: Vec<GroupSpec>) -> BlockPool {
+    BlockPool::with_options(blocks, BS, groups, Some(CacheConfig::default())).unwrap()
 }
 
-/// Keys of a `len`-token keyed prompt: `shared` blocks of the family, then a branch. They
-/// stay apart from every 2-bit token key: keys are trusted content ids (equal keys mean
-/// equal content), a contract a keyed prompt colliding with a token block would break.
-fn family_keys(family: u32, shared: usize, branch: u32, len: usize) -> Vec<Key> {
-    (0..len.div_ceil(BS))
-        .map(|i| {
-            let local = if i < shared { i as u128 + 1 } else { 1000 * (branch as u128 + 1) + i as u128 };
-            (1 << 32) + 10_000 * family as u128 + local
-        })
-        .collect()
+fn hashed(hasher: BlockHasher) -> CacheConfig {
+    CacheConfig { hasher, ..CacheConfig::default() }
 }
 
-fn prompt(family: u32, shared: usize, tail: usize, salt: u32) -> Vec<u32> {
-    (0..shared as u32).map(|i| 1000 * family + i).chain((0..tail as u32).map(|i| 50_000 + salt * 10 + i)).collect()
+fn checked(p: &BlockPool) {
+    p.check_invariants().unwrap();
+    p.check_cache().unwrap();
 }
 
-/// What a slot holds: the extra key and token prefix whose KV was computed into it, a
-/// keyed block's key and offset, or an opaque id for tokens appended without ids.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Kv {
-    Prefix(Option<u64>, Vec<u32>),
-    Keyed(Key, usize),
-    Opaque(u64),
+fn tokens(base: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| base * 1000 + i).collect()
 }
 
-/// What a live sequence holds: token ids (None once a plain append hid them) and extra
-/// key, or the keys of a keyed prompt and how many of its tokens are still there.
-#[derive(Clone, Debug)]
-enum Ident {
-    Tokens(Option<Vec<u32>>, Option<u64>),
-    Keys(Vec<Key>, usize),
+/// Admit by tokens; returns the cached tokens.
+fn admit(p: &mut BlockPool, seq: u64, t: &[u32]) -> usize {
+    let mut out = StepOutput::default();
+    let hit = p.add_sequence_tokens(SeqId(seq), t, None, &mut out).unwrap();
+    assert_eq!((out.total_tokens, out.slots.len()), (t.len() - hit, p.num_groups() * (t.len() - hit)));
+    assert_eq!((p.frontier(SeqId(seq)).unwrap(), p.seq_len(SeqId(seq)).unwrap()), (hit, t.len()));
+    checked(p);
+    hit
 }
 
-/// A prompt as admitted: token ids and extra key, or block keys and length.
-#[derive(Clone, Debug)]
-enum Admitted {
-    Tokens(Vec<u32>, Option<u64>),
-    Keys(Vec<Key>, usize),
+fn stored(p: &BlockPool, seq: u64, g: usize) -> Vec<bool> {
+    p.table(SeqId(seq), g).unwrap().entries().map(|e| e.is_some()).collect()
 }
 
-struct World {
-    pool: BlockPool,
-    model: Spec,
-    history: Vec<Admitted>,
-    seqs: HashMap<u64, Ident>,
-    kv: HashMap<i64, Kv>,
-    pins: Vec<u64>,
-    next: u64,
+fn decode(p: &mut BlockPool, seq: u64) {
+    let mut out = StepOutput::default();
+    p.step_decode(&[SeqId(seq)], &mut out).unwrap();
+    checked(p);
 }
 
-type Snapshot = (pykvpool::PoolStats, pykvpool::CacheStats, Vec<(SeqId, Vec<BlockId>, usize)>);
+/// A plain sequence of `blocks` blocks per group: takes free blocks, then evicts.
+fn fill(p: &mut BlockPool, seq: u64, tokens: usize) {
+    let mut out = StepOutput::default();
+    p.add_sequence(SeqId(seq), tokens, &mut out).unwrap();
+    checked(p);
+}
 
-impl World {
-    fn snapshot(&self) -> Snapshot {
-        let tables = self
-            .pool
-            .seq_ids()
-            .into_iter()
-            .map(|s| {
-                let t = self.pool.blocks_of(s).unwrap();
-                (s, t, self.pool.seq_len(s).unwrap())
-            })
-            .collect();
-        (self.pool.stats(), self.pool.cache_stats().unwrap(), tables)
-    }
-
-    fn pick(&self, pick: usize) -> Option<u64> {
-        let mut ids: Vec<u64> = self.seqs.keys().copied().collect();
-        ids.sort_unstable();
-        (!ids.is_empty()).then(|| ids[pick % ids.len()])
-    }
-
-    fn slot(&self, seq: u64, pos: usize) -> i64 {
-        self.pool.slot_of(SeqId(seq), pos).unwrap()
-    }
-
-    fn copy(&mut self, cow: &[(BlockId, BlockId)]) {
-        for &(src, dst) in cow {
-            for j in 0..BS as i64 {
-                if let Some(v) = self.kv.get(&(src.first_slot(BS) + j)).cloned() {
-                    self.kv.insert(dst.first_slot(BS) + j, v);
-                }
-            }
-        }
-    }
-
-    /// What position `p` of `seq` holds.
-    fn content(&mut self, seq: u64, p: usize) -> Kv {
-        match &self.seqs[&seq] {
-            Ident::Tokens(Some(t), extra) => Kv::Prefix(*extra, t[..p + 1].to_vec()),
-            Ident::Keys(keys, len) if p < *len => Kv::Keyed(keys[p / BS], p % BS),
-            _ => {
-                self.next += 1;
-                Kv::Opaque(self.next)
-            }
-        }
-    }
-
-    /// Record what the slots of positions `from..` of `seq` now hold.
-    fn write(&mut self, seq: u64, from: usize, slots: &[i64]) {
-        for (j, &slot) in slots.iter().enumerate() {
-            let v = self.content(seq, from + j);
-            self.kv.insert(slot, v);
-        }
-    }
-
-    fn check_reused(&mut self, seq: u64, cached: usize) {
-        for p in 0..cached {
-            let want = self.content(seq, p);
-            assert_eq!(self.kv.get(&self.slot(seq, p)), Some(&want), "wrong KV reused at token {p}");
-        }
-    }
-
-    /// Keys of the full blocks of `tokens` under the pool's hasher.
-    fn keys(&self, tokens: &[u32], extra: Option<u64>) -> Vec<Key> {
-        self.pool.block_keys(tokens, extra).unwrap()
-    }
-
-    fn admit(&mut self, prompt: Admitted) -> Result<(), pykvpool::KvError> {
-        self.next += 1;
-        let seq = self.next;
-        self.history.push(prompt.clone());
-        let (cached, slots) = match prompt {
-            Admitted::Tokens(tokens, extra) => {
-                let keys = self.keys(&tokens, extra);
-                let want = self.model.admit(seq, Prompt::Tokens { tokens: &tokens, keys: &keys, extra });
-                let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                let r = self.pool.add_sequence_tokens_cow_flat(SeqId(seq), &tokens, extra, &mut slots, &mut cow);
-                assert_eq!(r.as_ref().ok().map(|&c| (c, !cow.is_empty())), want, "admission of {tokens:?}");
-                let cached = r?;
-                self.seqs.insert(seq, Ident::Tokens(Some(tokens), extra));
-                self.copy(&cow);
-                (cached, slots)
-            }
-            Admitted::Keys(keys, len) => {
-                let want = self.model.admit(seq, Prompt::Keys { keys: &keys, len });
-                let mut slots = Vec::new();
-                let r = self.pool.add_sequence_block_keys_flat(SeqId(seq), &keys, len, &mut slots);
-                assert_eq!(r.as_ref().ok().map(|&c| (c, false)), want, "admission of keys {keys:?}, {len} tokens");
-                let cached = r?;
-                self.seqs.insert(seq, Ident::Keys(keys, len));
-                (cached, slots)
-            }
-        };
-        self.check_reused(seq, cached);
-        self.write(seq, cached, &slots);
-        Ok(())
-    }
-
-    fn apply(&mut self, op: &Op) -> Result<(), pykvpool::KvError> {
-        match *op {
-            Op::Admit { family, shared, tail, extra } => {
-                let tokens = prompt(family, shared, tail, self.next as u32 + 1);
-                self.admit(Admitted::Tokens(tokens, extra.then_some(7)))?;
-            }
-            Op::AdmitKeys { family, shared, branch, len } => {
-                self.admit(Admitted::Keys(family_keys(family, shared, branch, len), len))?;
-            }
-            Op::Readmit { pick } => {
-                if !self.history.is_empty() {
-                    self.admit(self.history[pick % self.history.len()].clone())?;
-                }
-            }
-            Op::AppendTokens { pick, n } | Op::AppendPlain { pick, n } => {
-                let Some(seq) = self.pick(pick) else { return Ok(()) };
-                let from = self.pool.seq_len(SeqId(seq)).unwrap();
-                let new: Vec<u32> = (0..n as u32).map(|i| 70_000 + seq as u32 * 10 + i).collect();
-                let (mut slots, mut cow) = (Vec::new(), Vec::new());
-                if matches!(op, Op::AppendTokens { .. }) {
-                    let grown = match &self.seqs[&seq] {
-                        Ident::Tokens(Some(t), extra) => Some(([t.as_slice(), &new].concat(), *extra)),
-                        _ => None,
-                    };
-                    let keys = grown.as_ref().map(|(t, extra)| self.keys(t, *extra)).unwrap_or_default();
-                    let want = self.model.append(seq, n, Some((&new, &keys)));
-                    let r = self.pool.append_tokens_flat(SeqId(seq), &new, &mut slots, &mut cow);
-                    assert_eq!(r.as_ref().ok().map(|_| cow.len()), want, "append_tokens({seq}, {n})");
-                    r?;
-                    if let (Ident::Tokens(t, _), Some((g, _))) = (self.seqs.get_mut(&seq).unwrap(), grown) {
-                        *t = Some(g);
-                    }
-                } else {
-                    let want = self.model.append(seq, n, None);
-                    let r = self.pool.append_flat(SeqId(seq), n, &mut slots, &mut cow);
-                    assert_eq!(r.as_ref().ok().map(|_| cow.len()), want, "append({seq}, {n})");
-                    r?;
-                    if let (Ident::Tokens(t, _), true) = (self.seqs.get_mut(&seq).unwrap(), n > 0) {
-                        *t = None;
-                    }
-                }
-                self.copy(&cow);
-                self.write(seq, from, &slots);
-            }
-            Op::Fork { pick } => {
-                let Some(seq) = self.pick(pick) else { return Ok(()) };
-                self.next += 1;
-                self.pool.fork(SeqId(seq), SeqId(self.next))?;
-                self.model.fork(seq, self.next);
-                let s = self.seqs[&seq].clone();
-                self.seqs.insert(self.next, s);
-            }
-            Op::Truncate { pick, n } => {
-                let Some(seq) = self.pick(pick) else { return Ok(()) };
-                let n = n.min(self.pool.seq_len(SeqId(seq)).unwrap());
-                self.pool.truncate(SeqId(seq), n)?;
-                self.model.truncate(seq, n);
-                let len = self.pool.seq_len(SeqId(seq)).unwrap();
-                match self.seqs.get_mut(&seq).unwrap() {
-                    Ident::Tokens(Some(t), _) => t.truncate(len),
-                    Ident::Keys(_, l) => *l = (*l).min(len),
-                    _ => {}
-                }
-            }
-            Op::Free { pick } => {
-                let Some(seq) = self.pick(pick) else { return Ok(()) };
-                self.pool.free(SeqId(seq))?;
-                self.model.free(seq);
-                self.seqs.remove(&seq);
-            }
-            Op::Pin { family, blocks, soft, ttl, by_keys } => {
-                let now = self.pool.cache_stats().unwrap().clock;
-                let tokens = prompt(family, blocks * BS, 0, 0);
-                let (priority, expires) = (soft, ttl.map(|t| now + t));
-                let r = if by_keys {
-                    let keys = family_keys(family, blocks, 0, blocks * BS);
-                    let want = self.model.pin(&keys, None, priority, expires);
-                    let r = self.pool.pin_prefix_keys(&keys, priority, expires);
-                    assert_eq!(r.as_ref().ok().copied(), want, "pin of keys {keys:?}");
-                    r
-                } else {
-                    let keys = self.keys(&tokens, None);
-                    let want = self.model.pin(&keys, Some(&tokens), priority, expires);
-                    let r = self.pool.pin_prefix_tokens(&tokens, None, priority, expires);
-                    assert_eq!(r.as_ref().ok().copied(), want, "pin of {tokens:?}");
-                    r
-                };
-                self.pins.push(r?);
-            }
-            Op::Unpin { pick } => {
-                let id = if self.pins.is_empty() { 999 } else { self.pins[pick % self.pins.len()] };
-                let want = self.model.unpin(id);
-                let r = self.pool.unpin(id);
-                assert_eq!(r.is_ok(), want, "unpin {id}");
-                r?;
-            }
-            Op::Clock { step } => {
-                let now = self.pool.cache_stats().unwrap().clock;
-                assert!(self.model.set_clock(now + step));
-                self.pool.set_clock(now + step)?;
-            }
-            Op::Reset => {
-                let want = self.model.reset();
-                let r = self.pool.reset_prefix_cache();
-                assert_eq!(r.as_ref().ok().copied(), want, "reset");
-                r?;
-            }
-            Op::Drain => self.drain(),
-        }
-        Ok(())
-    }
-
-    /// The pool's events against the model's, exactly.
-    fn drain(&mut self) {
-        let mut ev = Vec::new();
-        self.pool.drain_events(&mut ev).unwrap();
-        let kind = |k: CacheEventKind| match k {
-            CacheEventKind::Stored => 0,
-            CacheEventKind::Removed => 1,
-            CacheEventKind::AllCleared => 2,
-        };
-        let got: Vec<prefix_spec::Event> = ev.iter().map(|e| (kind(e.kind), e.key, e.parent_key, e.tokens, e.clock)).collect();
-        assert_eq!(got, std::mem::take(&mut self.model.events), "events");
-    }
-
-    /// Everything observable about the cache, against the model.
-    fn compare(&self) {
-        let (m, c) = (&self.model, self.pool.prefix_cache().unwrap());
-        let s = self.pool.cache_stats().unwrap();
-        let got = prefix_spec::Stats {
-            queries: s.queries,
-            query_blocks: s.query_blocks,
-            hit_blocks: s.hit_blocks,
-            query_tokens: s.query_tokens,
-            hit_tokens: s.hit_tokens,
-            stored_blocks: s.stored_blocks,
-            evictions: s.evictions,
-            collisions: s.collisions,
-            cow_hits: s.cow_hits,
-        };
-        assert_eq!(got, m.stats, "statistics");
-        assert_eq!(self.pool.num_free_blocks(), m.num_free(), "free blocks");
-        let counts = (s.cached_blocks, s.idle_blocks, s.evictable_blocks, s.pinned_blocks, s.num_pins, s.clock);
-        assert_eq!(counts, (m.cache.len(), m.idle().count(), m.evictable(), m.pinned(), m.num_pins(), m.clock));
-        assert_eq!(s.pending_events, m.events.len());
-        // Which keys are cached, and which of them are idle.
-        let cached: HashSet<(Key, usize, bool)> = (0..BLOCKS as u32)
-            .map(BlockId)
-            .filter_map(|b| c.key_of(b).map(|k| (k, c.filled(b).unwrap(), self.pool.refcount(b).unwrap() == 0)))
-            .collect();
-        let want: HashSet<(Key, usize, bool)> = m.cache.iter().map(|(&(k, f), &b)| (k, f, m.blocks[b].refs == 0)).collect();
-        assert_eq!(cached, want, "cached keys (key, fill, idle)");
-        // Which position of each sequence holds which cached block, with what refcount.
-        for (&seq, ms) in &m.seqs {
-            let t = self.pool.blocks_of(SeqId(seq)).unwrap();
-            assert_eq!(self.pool.seq_len(SeqId(seq)).unwrap(), ms.ntokens);
-            let got: Vec<(Option<Key>, u32)> = t.iter().map(|&b| (c.key_of(b), self.pool.refcount(b).unwrap())).collect();
-            let want: Vec<(Option<Key>, u32)> =
-                ms.table.iter().map(|&b| (m.blocks[b].cached.then_some(m.blocks[b].key), m.blocks[b].refs)).collect();
-            assert_eq!(got, want, "table of sequence {seq}");
-        }
-        for family in 0..3 {
-            let probe = prompt(family, 12, 0, 0);
-            let keys = self.keys(&probe, None);
-            assert_eq!(self.pool.cached_prefix_len(&probe, None).unwrap(), m.cached_prefix_len(&probe, &keys, None));
-        }
+#[test]
+fn window_hit_needs_only_sinks_and_window() {
+    // Window of 8 tokens with 4 sinks: a query at 40 needs block 0 and blocks 8, 9.
+    let mut p = pool(20, vec![sw(8, 4)]);
+    let a = tokens(1, 40);
+    assert_eq!(admit(&mut p, 1, &a), 0);
+    decode(&mut p, 1); // growth from 40 releases blocks 1..=7: idle, still cached
+    assert_eq!(p.cache_stats().unwrap().idle_blocks, 7);
+    fill(&mut p, 2, 4 * (20 - 11)); // the 9 free blocks...
+    fill(&mut p, 3, 4 * 7); // ...then the 7 idle ones: evicted
+    assert_eq!(p.cache_stats().unwrap().evictions, 7);
+    p.free(SeqId(2)).unwrap();
+    let mut b = a.clone();
+    b.extend([7, 7, 7]);
+    assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 40, "early blocks evicted, still a hit");
+    assert_eq!(admit(&mut p, 4, &b), 40);
+    let want: Vec<bool> = (0..11).map(|i| i == 0 || i >= 8).collect();
+    assert_eq!(stored(&p, 4, 0), want, "sink block, holes, the window, the computed block");
+    let s = p.cache_stats().unwrap();
+    assert_eq!((s.queries, s.query_tokens, s.hit_tokens, s.group_hit_blocks.clone()), (2, 83, 40, vec![3]));
+    // The held blocks are A's: shared, not copied.
+    for i in [0, 8, 9] {
+        let blk = p.table(SeqId(4), 0).unwrap().get(i).unwrap();
+        assert_eq!(p.table(SeqId(1), 0).unwrap().get(i), Some(blk));
+        assert_eq!(p.refcount(blk).unwrap(), 2);
     }
 }
 
-fn run(ops: &[Op], cfg: CacheConfig) {
-    let cfg = CacheConfig { record_events: true, ..cfg };
-    let mut w = World {
-        pool: BlockPool::with_prefix_cache(BLOCKS, BS, cfg).unwrap(),
-        model: Spec::new(BS, BLOCKS, cfg.policy, cfg.cow_partial_hit),
-        history: Vec::new(),
-        seqs: HashMap::new(),
-        kv: HashMap::new(),
-        pins: Vec::new(),
-        next: 0,
-    };
-    for op in ops {
-        let before = w.snapshot();
-        if w.apply(op).is_err() {
-            assert_eq!(w.snapshot(), before, "failed {op:?} changed the pool");
-        }
-        w.pool.check_invariants().unwrap_or_else(|e| panic!("after {op:?}: {e}"));
-        w.compare();
-    }
-    let mut ids: Vec<u64> = w.seqs.keys().copied().collect();
-    ids.sort_unstable();
-    for s in ids {
-        w.pool.free(SeqId(s)).unwrap();
-        w.model.free(s);
-    }
-    w.pool.check_invariants().unwrap();
-    w.compare();
-    w.drain();
-    assert_eq!(w.pool.num_free_blocks(), BLOCKS - w.pool.cache_stats().unwrap().pinned_blocks);
+#[test]
+fn hybrid_hit_is_the_largest_valid_for_every_group() {
+    let groups = vec![GroupSpec::Full, sw(8, 0)];
+    // Full blocks evicted while the window ones stay: the full group's run bounds the hit.
+    let mut p = pool(30, groups.clone());
+    let a = tokens(2, 40);
+    admit(&mut p, 1, &a);
+    p.free(SeqId(1)).unwrap(); // tail first, block by block: 9 (full), 9 (window), 8, 8, ...
+    fill(&mut p, 2, 4 * 7); // 2 x 7 blocks: 10 free + 4 evicted: blocks 9 and 8 of both groups
+    assert_eq!(p.cache_stats().unwrap().evictions, 4);
+    p.free(SeqId(2)).unwrap();
+    let mut b = a.clone();
+    b.push(1);
+    assert_eq!(admit(&mut p, 3, &b), 32, "the full group keeps blocks 0..8; the window needs 6, 7");
+    assert_eq!(stored(&p, 3, 1), (0..11).map(|i| i >= 6).collect::<Vec<_>>());
+    assert_eq!(p.cache_stats().unwrap().group_hit_blocks, [8, 2]);
+    // Window blocks missing while the full group holds the whole prefix: the hit drops to
+    // the largest point both can serve, here none.
+    let mut p = pool(30, groups);
+    admit(&mut p, 1, &a);
+    decode(&mut p, 1); // the window group releases blocks 0..=7
+    fill(&mut p, 2, 4 * 8); // 2 x 8 blocks: 8 free + the 8 idle ones evicted
+    assert_eq!(p.cache_stats().unwrap().evictions, 8);
+    let c = [&a[..24], &[5, 5, 5, 5, 5]].concat(); // shares 6 blocks
+    assert_eq!(p.cached_prefix_len(&c, None).unwrap(), 0, "blocks 4, 5 of the window group are gone");
+    let d = [&a[..32], &[5]].concat(); // shares 8 blocks: window blocks 6, 7 gone too
+    assert_eq!(p.cached_prefix_len(&d, None).unwrap(), 0);
+    assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 40, "the window before 40 is held by sequence 1");
 }
 
-fn policy() -> impl Strategy<Value = EvictionPolicy> {
-    prop::sample::select(EvictionPolicy::ALL.to_vec())
+#[test]
+fn chunked_hits_need_only_their_chunk() {
+    let mut p = pool(40, vec![GroupSpec::Full, GroupSpec::chunked(8).unwrap()]);
+    let a = tokens(3, 40);
+    admit(&mut p, 1, &a);
+    p.free(SeqId(1)).unwrap();
+    // 37 tokens: hit of 36, the chunked group needs only block 8 (positions 32..36).
+    assert_eq!(admit(&mut p, 2, &a[..37]), 36);
+    assert_eq!(stored(&p, 2, 1), (0..10).map(|i| i >= 8).collect::<Vec<_>>());
+    assert_eq!(stored(&p, 2, 0), vec![true; 10]);
+    // 41 tokens: hit of 40, a chunk boundary: the chunked group holds nothing before it.
+    let mut b = a.clone();
+    b.push(9);
+    assert_eq!(admit(&mut p, 3, &b), 40);
+    assert_eq!(stored(&p, 3, 1), (0..11).map(|i| i == 10).collect::<Vec<_>>());
 }
 
-// 256 programs per test by default; `PROPTEST_CASES=100000 cargo test --release --test
-// prefix_model` for a soak.
-proptest! {
-    #[test]
-    fn pool_matches_the_model(ops in prop::collection::vec(op(1), 1..60), policy in policy(), cow in any::<bool>()) {
-        run(&ops, CacheConfig { policy, cow_partial_hit: cow, ..CacheConfig::default() });
+#[test]
+fn a_key_cached_in_one_group_never_hits_another() {
+    // Every block of every prompt gets the same key: within a group that is the hasher's
+    // business (a collision), across groups the index keeps them apart.
+    fn same(_: &[u8]) -> u128 {
+        42
     }
+    let mut p = BlockPool::with_options(7, BS, vec![GroupSpec::Full, GroupSpec::Full], Some(hashed(BlockHasher::Custom(same)))).unwrap();
+    let a = tokens(4, 9);
+    admit(&mut p, 1, &a);
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 2, "one key per group: block 0 of each");
+    p.free(SeqId(1)).unwrap();
+    fill(&mut p, 2, 4 * 3); // 5 free, then group 0's idle block (released first) goes
+    assert_eq!(p.cache_stats().unwrap().evictions, 1);
+    p.free(SeqId(2)).unwrap();
+    let c = p.prefix_cache().unwrap();
+    assert!(c.block_of(0, 42).is_none() && c.block_of(1, 42).is_some());
+    assert_eq!(p.cached_prefix_len(&a, None).unwrap(), 0, "group 1's block never serves group 0");
+    assert_eq!(admit(&mut p, 3, &a), 0);
+    let g1 = p.prefix_cache().unwrap().block_of(1, 42).unwrap();
+    assert!(p.table(SeqId(3), 1).unwrap().entries().all(|b| b != Some(g1)), "a miss takes fresh blocks");
+    assert!(p.prefix_cache().unwrap().block_of(0, 42).is_some(), "group 0 registers its own");
+}
 
-    /// Soft pins decide the priority policy's order: programs that pin often.
-    #[test]
-    fn priority_policy_matches_the_model(ops in prop::collection::vec(op(4), 1..60), cow in any::<bool>()) {
-        run(&ops, CacheConfig { policy: EvictionPolicy::Priority, cow_partial_hit: cow, ..CacheConfig::default() });
-    }
+#[test]
+fn refused_admissions_change_nothing() {
+    let mut p = pool(14, vec![GroupSpec::Full, sw(4, 0)]);
+    let a = tokens(5, 16);
+    admit(&mut p, 1, &a);
+    p.free(SeqId(1)).unwrap(); // 8 idle blocks, 6 free
+    fill(&mut p, 3, 4); // 4 free + 8 idle = 12 available
+    let snap = |p: &BlockPool| (p.stats(), p.cache_stats(), p.prefix_cache().unwrap().eviction_candidates(), p.seq_ids());
+    let before = snap(&p);
+    let mut out = StepOutput::default();
+    // A hit of 16 tokens revives 4 + 1 idle blocks; 32 tokens need 2 x 4 new ones.
+    let b = [&a[..], &tokens(6, 16)].concat();
+    assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 16);
+    let err = p.add_sequence_tokens(SeqId(2), &b, None, &mut out).unwrap_err();
+    assert_eq!(err, KvError::PoolExhausted { requested: 8, free: 7 }, "12 available minus 5 revived");
+    assert!(out.slots.is_empty() && out.seq_lens.is_empty() && out.total_tokens == 0);
+    assert!(matches!(p.add_sequence_tokens(SeqId(3), &a, None, &mut out), Err(KvError::DuplicateSequence(3))));
+    let e = p.add_sequence_block_keys(SeqId(4), &[1, 2], 9, &mut out).unwrap_err();
+    assert!(e.to_string().contains("keys: 2 block keys for a prompt of 9 tokens"), "{e}");
+    assert_eq!(snap(&p), before);
+    checked(&p);
+    // One block fewer fits exactly.
+    assert_eq!(admit(&mut p, 2, &b[..28]), 16);
+    assert_eq!(p.num_free_blocks(), 1);
+    let mut plain = BlockPool::with_groups(4, BS, vec![GroupSpec::Full]).unwrap();
+    assert!(plain.add_sequence_tokens(SeqId(0), &a, None, &mut out).is_err());
+    assert!(plain.cache_stats().is_err());
+    assert!(BlockPool::with_options(4, BS, vec![GroupSpec::Full], Some(hashed(BlockHasher::Truncated { bits: 0 }))).is_err());
+}
 
-    #[test]
-    fn pool_matches_the_model_under_collisions(ops in prop::collection::vec(op(1), 1..60), policy in policy(), cow in any::<bool>()) {
-        let hasher = BlockHasher::Truncated { bits: 2 };
-        run(&ops, CacheConfig { policy, cow_partial_hit: cow, hasher, ..CacheConfig::default() });
-    }
+#[test]
+fn appended_blocks_are_registered_and_hit() {
+    let mut p = pool(30, vec![GroupSpec::Full, sw(6, 0)]);
+    let a = tokens(7, 6);
+    admit(&mut p, 1, &a);
+    let mut out = StepOutput::default();
+    let more = tokens(8, 7);
+    p.append_tokens(SeqId(1), &more, &mut out).unwrap();
+    checked(&p);
+    assert_eq!(out.seq_lens, [13]);
+    let all = [&a[..], &more[..]].concat();
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 2 * 3, "blocks 0, 1, 2 in both groups");
+    assert_eq!(p.cached_prefix_len(&all, None).unwrap(), 12);
+    // A plain step drops the token record: later blocks are not registered.
+    p.step(&[SeqId(1)], &[3], &mut out).unwrap();
+    p.append_tokens(SeqId(1), &[1, 2], &mut out).unwrap();
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6);
+    // Keyed admission: the partial last key is cached with its fill in every group.
+    p.add_sequence_block_keys(SeqId(2), &[11, 12, 13], 10, &mut out).unwrap();
+    assert_eq!(p.cache_stats().unwrap().stored_blocks, 6 + 2 * 3);
+    assert_eq!(p.add_sequence_block_keys(SeqId(3), &[11, 12, 13], 10, &mut out).unwrap(), 8);
+    assert_eq!(p.add_sequence_block_keys(SeqId(4), &[11, 12], 8, &mut out).unwrap(), 4, "one token computed");
+    checked(&p);
+}
+
+#[test]
+fn copy_gain_counts_the_cached_partial_blocks_a_growth_leaves_idle() {
+    // A keyed 10-token prompt over blocks of 4: its partial last block (2 tokens) is
+    // cached in both groups; the first growth copies it away in each.
+    let mut p = pool(40, vec![GroupSpec::Full, sw(6, 0)]);
+    let mut out = StepOutput::default();
+    p.add_sequence_block_keys(SeqId(1), &[11, 12, 13], 10, &mut out).unwrap();
+    assert_eq!((p.copy_gain(SeqId(1), 0).unwrap(), p.copy_gain(SeqId(1), 1).unwrap()), (0, 2));
+    // Shared, the copied blocks stay held by the other sequence.
+    p.fork(SeqId(1), SeqId(2)).unwrap();
+    assert_eq!(p.copy_gain(SeqId(1), 1).unwrap(), 0);
+    p.free(SeqId(2)).unwrap();
+    let (free, need) = (p.num_free_blocks(), p.blocks_needed(SeqId(1), 1).unwrap());
+    // The window (6 tokens) also releases block 0 for a query at 10: the exact plan is
+    // new blocks - window releases - copies left idle.
+    let released = p.release_gain(SeqId(1)).unwrap();
+    assert_eq!((need, released), (2, 1));
+    p.step(&[SeqId(1)], &[1], &mut out).unwrap();
+    assert_eq!(out.cow.len(), 2);
+    assert_eq!(p.num_free_blocks() + need, free + released + 2, "the gain is what the copies leave idle");
+    assert_eq!(p.copy_gain(SeqId(1), 1).unwrap(), 0, "the copies are not cached");
+    assert!(p.copy_gain(SeqId(9), 1).is_err());
+    checked(&p);
+}
+
+#[test]
+fn stored_twins_are_adopted_in_full_groups_only() {
+    // Two sequences join at no hit and compute the same 12-token prefix in one pass.
+    let mut p = pool(60, vec![GroupSpec::Full, sw(6, 0)]);
+    let shared = tokens(3, 12);
+    let (a, b) = ([&shared[..], &[1, 2][..]].concat(), [&shared[..], &[7, 8, 9][..]].concat());
+    assert_eq!(p.add_sequence_hit(SeqId(1), &a, None).unwrap(), 0);
+    assert_eq!(p.add_sequence_hit(SeqId(2), &b, None).unwrap(), 0);
+    let mut out = StepOutput::default();
+    p.step(&[SeqId(1), SeqId(2)], &[a.len(), b.len()], &mut out).unwrap();
+    p.store_tokens(SeqId(1), &a).unwrap();
+    let free = p.num_free_blocks();
+    p.store_tokens(SeqId(2), &b).unwrap();
+    checked(&p);
+    // The full group's 3 shared blocks are sequence 1's now; the window group keeps its own.
+    let first3 = |s: u64| (0..3).map(|i| p.table(SeqId(s), 0).unwrap().get(i)).collect::<Vec<_>>();
+    assert_eq!(first3(1), first3(2));
+    let window = |s: u64| p.table(SeqId(s), 1).unwrap().get(2);
+    assert_ne!(window(1), window(2));
+    assert_eq!(p.num_free_blocks(), free + 3);
+    assert_eq!(p.cached_prefix_len(&b, None).unwrap(), 12);
+    assert!(p.store_tokens(SeqId(2), &[1]).is_err(), "no more stored tokens than ids");
+}
+
+#[test]
+fn release_gain_counts_only_the_blocks_a_release_frees() {
+    // A 4-token window over blocks of 4: a next query at 16 needs positions 13..16, so
+    // blocks 0..3 (ending at 4, 8, 12) are released.
+    let mut p = pool(40, vec![sw(4, 0)]);
+    let a = tokens(9, 16);
+    admit(&mut p, 1, &a);
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 3);
+    // Shared blocks stay held by the other sequence.
+    p.fork(SeqId(1), SeqId(2)).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 0);
+    p.free(SeqId(2)).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 3);
+    // A hard pin keeps its block: what a hit of 12 tokens needs is block 2 alone.
+    p.pin_prefix_tokens(&a[..12], None, None, None).unwrap();
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 2);
+    let free = p.num_free_blocks();
+    p.mark_computed(&[SeqId(1)]).unwrap();
+    assert_eq!(p.num_free_blocks(), free + 2, "the gain is what the release frees");
+    assert_eq!(p.release_gain(SeqId(1)).unwrap(), 0);
+    assert!(p.release_gain(SeqId(9)).is_err());
+    checked(&p);
 }

@@ -10,7 +10,13 @@
 //! blocks in the policy's eviction order (every policy; no pins), the statistics,
 //! `cached_prefix_len` of every prompt seen, on every drain the exact events (kind, group,
 //! key, parent key, tokens, clock); a failed call changed nothing (tables, lengths, pool
-//! and cache statistics, events); and `check_invariants` and `check_cache` pass.
+//! and cache statistics, events); and `check_invariants` and `check_cache` pass. And every
+//! reused token's slot holds the KV of exactly that prefix: a simulated KV store records,
+//! for each slot, what the caller computed (or copied) into it through the returned slots
+//! and copy-on-write pairs.
+
+use std::collections::HashMap;
+
 
 use proptest::prelude::*;
 use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
@@ -38,6 +44,8 @@ enum Op {
     Drain,
     /// Pin the hit of the first `blocks` full blocks of a prompt seen before.
     Pin { pick: usize, blocks: usize, soft: Option<u32>, ttl: Option<u64> },
+    /// Pin the hit of `blocks` full blocks of a keyed prompt.
+    PinKeys { family: u32, shared: usize, branch: u32, blocks: usize, soft: Option<u32>, ttl: Option<u64> },
     Unpin { pick: usize },
     Clock { step: u64 },
 }
@@ -60,6 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Drain),
         2 => (any::<usize>(), 0usize..9, prop::option::of(0u32..4), prop::option::of(0u64..6))
             .prop_map(|(pick, blocks, soft, ttl)| Op::Pin { pick, blocks, soft, ttl }),
+        1 => (0u32..3, 0usize..5, 0u32..2, 0usize..5, prop::option::of(0u32..4), prop::option::of(0u64..6))
+            .prop_map(|(family, shared, branch, blocks, soft, ttl)| Op::PinKeys { family, shared, branch, blocks, soft, ttl }),
         1 => any::<usize>().prop_map(|pick| Op::Unpin { pick }),
         1 => (0u64..4).prop_map(|step| Op::Clock { step }),
     ]
@@ -107,7 +117,21 @@ fn model_event(e: &CacheEvent) -> MEvent {
     (kind, e.group, e.key, e.parent_key, e.tokens, e.clock)
 }
 
+/// What a slot's KV was computed from: its group and the prompt through the position
+/// (token ids with the extra key; trusted keys (a windowed group's block: its own) and the
+/// offset), or an opaque count for tokens grown without ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kv {
+    Prefix(usize, Option<u64>, Vec<u32>),
+    Keyed(usize, Vec<u128>, usize),
+    Opaque(u64),
+}
+
 struct Run {
+    kv: HashMap<i64, Kv>,
+    /// The keys and length of each sequence admitted by block keys.
+    keyed: HashMap<u64, (Vec<u128>, usize)>,
+    opaque: u64,
     pool: BlockPool,
     model: Model,
     prompts: Vec<(Vec<u32>, Option<u64>)>,
@@ -142,6 +166,68 @@ impl Run {
         (p.stats(), p.cache_stats().unwrap(), seqs)
     }
 
+    /// What position `p` of `seq` holds in group `g`.
+    fn content(&mut self, g: usize, seq: u64, p: usize) -> Kv {
+        let e = &self.model.seqs[&seq];
+        match (&e.cursor, self.keyed.get(&seq)) {
+            (Some((t, _)), _) if p < t.len() => Kv::Prefix(g, e.extra, t[..p + 1].to_vec()),
+            (_, Some((keys, len))) if p < *len => {
+                let from = if self.model.specs[g].is_windowed() { p / BS } else { 0 };
+                Kv::Keyed(g, keys[from..=p / BS].to_vec(), p % BS)
+            }
+            _ => {
+                self.opaque += 1;
+                Kv::Opaque(self.opaque)
+            }
+        }
+    }
+
+    /// Apply a call's copies, then record what the caller computes into its slots: `runs`
+    /// of `(seq, first position, tokens)` in the order of `out.slots` (group-major).
+    fn write(&mut self, out: &StepOutput, runs: &[(u64, usize, usize)]) {
+        for &(src, dst) in &out.cow {
+            for j in 0..BS as i64 {
+                if let Some(v) = self.kv.get(&(src.first_slot(BS) + j)).cloned() {
+                    self.kv.insert(dst.first_slot(BS) + j, v);
+                }
+            }
+        }
+        let mut at = 0;
+        for g in 0..self.model.specs.len() {
+            for &(seq, from, n) in runs {
+                for p in from..from + n {
+                    let v = self.content(g, seq, p);
+                    self.kv.insert(out.slots[at], v);
+                    at += 1;
+                }
+            }
+        }
+        assert_eq!(at, out.slots.len(), "slots of {runs:?}");
+    }
+
+    /// The `(seq, first position, tokens)` runs a batch growing `ids` by `counts` writes.
+    fn runs(&self, ids: &[u64], counts: &[usize]) -> Vec<(u64, usize, usize)> {
+        ids.iter().zip(counts).filter(|x| *x.1 > 0).map(|(&s, &n)| (s, self.model.seqs.get(&s).map_or(0, |e| e.len), n)).collect()
+    }
+
+    /// Every token an admission reused reads KV computed from exactly its prefix.
+    fn check_reused(&mut self, seq: u64, cached: usize) {
+        for g in 0..self.model.specs.len() {
+            for p in 0..cached {
+                let Some(b) = self.pool.table(SeqId(seq), g).unwrap().entries().nth(p / BS).flatten() else { continue };
+                let want = self.content(g, seq, p);
+                assert_eq!(self.kv.get(&(b.first_slot(BS) + (p % BS) as i64)), Some(&want), "KV of token {p}, group {g}, sequence {seq}");
+            }
+        }
+    }
+
+    /// After a successful admission of `len` tokens serving `cached`.
+    fn admitted(&mut self, seq: u64, out: &StepOutput, len: usize, cached: usize) {
+        let computed = if out.total_tokens == 1 && cached == len - 1 { (len - 1, 1) } else { (cached, len - cached) };
+        self.write(out, &[(seq, computed.0, computed.1)]);
+        self.check_reused(seq, cached);
+    }
+
     fn admit(&mut self, tokens: Vec<u32>, extra: Option<u64>) {
         let id = self.next_id;
         self.next_id += 1;
@@ -153,6 +239,7 @@ impl Run {
         if let Ok(hit) = got {
             assert_eq!((out.total_tokens, out.slots.len()), (tokens.len() - hit, self.model.specs.len() * (tokens.len() - hit)));
             assert_eq!(out.cow.len(), self.model.last_copies, "copy-on-write pairs");
+            self.admitted(id, &out, tokens.len(), hit);
         }
         self.prompts.push((tokens, extra));
     }
@@ -179,6 +266,10 @@ impl Run {
                 let got = self.pool.add_sequence_block_keys(SeqId(id), &keys, *len, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.admit_keys(id, &keys, *len), "admission of keys {keys:x?} for {len} tokens");
                 self.failed = got.is_err();
+                if let Ok(hit) = got {
+                    self.keyed.insert(id, (keys, *len));
+                    self.admitted(id, &out, *len, hit);
+                }
             }
             Op::Readmit { pick } => {
                 if !self.prompts.is_empty() {
@@ -190,16 +281,24 @@ impl Run {
                 let ids: Vec<u64> = picks.iter().map(|&p| self.pick(p)).collect();
                 let counts = &counts[..ids.len()];
                 let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+                let runs = self.runs(&ids, counts);
                 let got = self.pool.step(&sids, counts, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.step(&ids, counts, false), "step {ids:?} {counts:?}");
                 self.failed = got.is_err();
+                if got.is_ok() {
+                    self.write(&out, &runs);
+                }
             }
             Op::Decode { picks } => {
                 let ids: Vec<u64> = picks.iter().map(|&p| self.pick(p)).collect();
                 let sids: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+                let runs = self.runs(&ids, &vec![1; ids.len()]);
                 let got = self.pool.step_decode(&sids, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.step(&ids, &vec![1; ids.len()], false), "decode {ids:?}");
                 self.failed = got.is_err();
+                if got.is_ok() {
+                    self.write(&out, &runs);
+                }
             }
             Op::Append { pick, family, n } => {
                 let id = self.pick(*pick);
@@ -208,6 +307,9 @@ impl Run {
                 let got = self.pool.append_tokens(SeqId(id), &t, &mut out).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.append_tokens(id, &t), "append {t:?} to {id}");
                 self.failed = got.is_err();
+                if got.is_ok() {
+                    self.write(&out, &[(id, len, *n)]);
+                }
             }
             Op::Fork { pick } => {
                 let (parent, child) = (self.pick(*pick), self.next_id);
@@ -215,6 +317,9 @@ impl Run {
                 let got = self.pool.fork(SeqId(parent), SeqId(child)).map_err(|e| kind(&e));
                 assert_eq!(got, self.model.fork(parent, child));
                 self.failed = got.is_err();
+                if let (Ok(()), Some(k)) = (got, self.keyed.get(&parent).cloned()) {
+                    self.keyed.insert(child, k);
+                }
             }
             Op::Truncate { pick, n } => {
                 let id = self.pick(*pick);
@@ -244,6 +349,14 @@ impl Run {
                 let keys = self.model.keys(t, *extra);
                 let q = Q { keys: &keys, tokens: Some(t), extra: *extra, len: t.len() };
                 assert_eq!(got, self.model.pin(q, *soft, expires_at), "pin {t:?}");
+                self.failed = got.is_err();
+            }
+            Op::PinKeys { family, shared, branch, blocks, soft, ttl } => {
+                let keys = family_keys(*family, *shared, *branch, blocks * BS);
+                let expires_at = ttl.map(|d| self.model.ops + d);
+                let got = self.pool.pin_prefix_keys(&keys, *soft, expires_at).map_err(|e| kind(&e));
+                let q = Q { keys: &keys, tokens: None, extra: None, len: keys.len() * BS };
+                assert_eq!(got, self.model.pin(q, *soft, expires_at), "pin keys {keys:x?}");
                 self.failed = got.is_err();
             }
             Op::Unpin { pick } => {
@@ -321,7 +434,7 @@ fn run(mix: usize, policy: EvictionPolicy, hasher: BlockHasher, cow: bool, block
     let pool = BlockPool::with_options(blocks, BS, specs.clone(), Some(cfg)).unwrap();
     let mut model = Model::new(specs, blocks, policy, hasher);
     model.cow = cow;
-    let mut run = Run { pool, model, prompts: Vec::new(), next_id: 0, fresh: 0, failed: false };
+    let mut run = Run { kv: HashMap::new(), keyed: HashMap::new(), opaque: 0, pool, model, prompts: Vec::new(), next_id: 0, fresh: 0, failed: false };
     for op in ops {
         let (before, events) = (run.snapshot(), run.model.events.len());
         run.failed = false;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! PYKVPOOL_MOONCAKE_TRACE=<path>/synthetic_trace.jsonl \
-//!     cargo test --release --test hybrid_prefix -- --ignored --nocapture mooncake
+//!     cargo test --release --test prefix_model -- --ignored --nocapture mooncake
 //! ```
 //!
 //! A Gemma-3-like model (1 full-attention group + 5 sliding-window groups of 1024 tokens,
