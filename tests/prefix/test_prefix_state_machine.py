@@ -1,6 +1,8 @@
 """Hypothesis state machine of a prefix-caching BlockPool against :class:`prefix_spec.Spec`,
 a model written from the documented rules and the eviction specification (see
-``tests/reference/prefix_spec.py``), not from the implementation's code paths.
+``tests/reference/prefix_spec.py``), not from the implementation's code paths, on a pool
+without groups and on one to four layer groups (full, sliding windows with and without
+sinks, chunked), with every eviction policy.
 
 Prompts come as token ids from a few families that share prefixes (a "system prompt"
 then a branch), with and without an extra key, and as block keys (Mooncake ``hash_ids``)
@@ -12,10 +14,12 @@ pressure. After every step:
 
 - ``check_invariants()`` passes;
 - the pool agrees with the model: the cached tokens and copy-on-write pairs of every
-  admission, exhaustion, free counts, cache occupancy, every statistic, the clock, pins,
-  ``cached_prefix_len`` probes, and the exact KV events (kind, key, parent key, tokens,
-  clock) on every drain, which pin down what each eviction picked; with the full 128-bit
-  hash and with a 3-bit one (collisions everywhere: the model verifies as documented);
+  admission, exhaustion, free counts, cache occupancy, every statistic (collisions where
+  every group is full: a windowed group's count depends on which blocks the search asks),
+  the clock, pins, every table's refcounts, ``cached_prefix_len`` probes, and the exact
+  KV events (kind, group, key, parent key, tokens, clock) on every drain, which pin down
+  what each eviction picked; with the full 128-bit hash and with a 3-bit one (collisions
+  everywhere: the model verifies as documented);
 - every reused token's slot holds the KV of exactly that prefix (a simulated KV store
   records what was computed or copied into each slot);
 - a failed call changes nothing.
@@ -35,11 +39,18 @@ import pykvpool as kv
 BS = 4
 NUM_BLOCKS = 12
 FAMILIES = 3
+SW = kv.SlidingWindow
+MIXES = [None, [kv.FullAttention()], [SW(6)], [kv.FullAttention(), SW(5, sink_tokens=2)],
+         [SW(4), kv.ChunkedAttention(8), kv.FullAttention()],
+         [kv.FullAttention(), SW(5), kv.ChunkedAttention(8), SW(7, sink_tokens=4)]]
 
 
-def family_prompt(family: int, shared: int, branch: int, tail: int) -> list[int]:
-    """``shared`` tokens of the family's system prompt, then ``tail`` tokens of a branch."""
-    return [1000 * family + i for i in range(shared)] + [50_000 + 100 * branch + i for i in range(tail)]
+def family_prompt(family: int, shared: int, branch: int, tail: int, head: int = 0) -> list[int]:
+    """``shared`` tokens of the family's system prompt, then ``tail`` tokens of a branch.
+    ``head`` varies the first block only: prompts that differ there share every later
+    block's ids (and, when their first keys collide, every later key)."""
+    system = [1000 * family + i + (100 * head if i < BS else 0) for i in range(shared)]
+    return system + [50_000 + 100 * branch + i for i in range(tail)]
 
 
 def family_keys(family: int, shared: int, branch: int, n: int) -> list[int]:
@@ -53,34 +64,54 @@ def family_keys(family: int, shared: int, branch: int, n: int) -> list[int]:
 class PrefixPoolMachine(RuleBasedStateMachine):
     hash_bits = 128
 
-    @initialize(policy=st.sampled_from(["lru", "fifo", "lfu", "priority"]), cow=st.booleans())
-    def setup(self, policy: str, cow: bool) -> None:
-        self.pool = kv.BlockPool(NUM_BLOCKS, BS, prefix_caching=True, eviction=policy, cow_partial_hit=cow,
+    @initialize(policy=st.sampled_from(["lru", "fifo", "lfu", "priority"]), cow=st.booleans(),
+                mix=st.sampled_from(MIXES))
+    def setup(self, policy: str, cow: bool, mix: list[Any] | None) -> None:
+        self.start(policy, cow, mix)
+
+    def start(self, policy: str, cow: bool, mix: list[Any] | None) -> None:
+        self.groups = mix
+        self.num_groups = 1 if mix is None else len(mix)
+        blocks = NUM_BLOCKS * self.num_groups
+        self.pool = kv.BlockPool(blocks, BS, mix, prefix_caching=True, eviction=policy, cow_partial_hit=cow,
                                  hash_bits=self.hash_bits, record_events=True)
-        self.model = Spec(BS, NUM_BLOCKS, policy, cow, self.hash_bits)
+        self.model = Spec(BS, blocks, policy, cow, self.hash_bits, mix)
+        self.all_full = all(isinstance(g, kv.FullAttention) for g in self.model.groups)
         self.next_seq = 0
+        self.plain = 0
         self.kv: dict[int, Any] = {}  # slot -> identity of the KV computed into it
         self.ident: dict[int, tuple[str, Any, Any]] = {}  # seq -> ("tokens", ids, extra) | ("keys", keys, n)
         self.pin_ids: list[int] = []
         self.history: list[tuple[str, Any, Any]] = []  # prompts admitted so far
 
     # -- helpers
+    def table(self, seq: int, g: int) -> list[int]:
+        row = self.pool.block_table(seq) if self.groups is None else self.pool.block_table(seq, group=g)
+        return [int(b) for b in row.tolist()]
+
+    def rows(self, slots: Any) -> list[list[int]]:
+        """A call's slots, one row per group."""
+        return [slots.tolist()] if self.groups is None else slots.tolist()
+
     def snapshot(self) -> Any:
         seqs = [int(s) for s in self.pool.seq_ids()]
         return (self.pool.stats().as_dict(), self.pool.cache_stats().as_dict(),
-                [(s, self.pool.block_table(s).tolist(), self.pool.seq_len(s)) for s in seqs])
+                [(s, [self.table(s, g) for g in range(self.num_groups)], self.pool.seq_len(s)) for s in seqs])
 
-    def content(self, seq: int, p: int) -> Any:
+    def content(self, g: int, seq: int, p: int) -> Any:
         kind, a, b = self.ident[seq]
         if kind == "tokens" and a is not None:
-            return ("kv", b, *a[: p + 1])
+            return ("kv", g, b, *a[: p + 1])
         if kind == "keys" and p < b:
-            return ("k", a[p // BS], p % BS)
-        return ("plain", seq, p)
+            first = p // BS if not isinstance(self.model.groups[g], kv.FullAttention) else 0
+            return ("k", g, *a[first : p // BS + 1], p % BS)
+        self.plain += 1
+        return ("plain", self.plain)
 
     def write(self, seq: int, first_pos: int, slots: Any) -> None:
-        for j, slot in enumerate(slots.tolist()):
-            self.kv[slot] = self.content(seq, first_pos + j)
+        for g, row in enumerate(self.rows(slots)):
+            for j, slot in enumerate(row):
+                self.kv[slot] = self.content(g, seq, first_pos + j)
 
     def copy(self, cow: Any) -> None:
         for src, dst in cow.tolist():
@@ -89,9 +120,12 @@ class PrefixPoolMachine(RuleBasedStateMachine):
                     self.kv[dst * BS + j] = self.kv[src * BS + j]
 
     def check_reused_kv(self, seq: int, cached: int) -> None:
-        table = self.pool.block_table(seq).tolist()
-        for p in range(cached):
-            assert self.kv.get(table[p // BS] * BS + p % BS) == self.content(seq, p), f"wrong KV reused at token {p}"
+        for g in range(self.num_groups):
+            table = self.table(seq, g)
+            for p in range(cached):
+                if table[p // BS] >= 0:
+                    got = self.kv.get(table[p // BS] * BS + p % BS)
+                    assert got == self.content(g, seq, p), f"wrong KV reused at token {p} in group {g}"
 
     def refused(self, before: Any, predicted: object) -> None:
         assert predicted is None or predicted is False, "the model accepted it"
@@ -110,8 +144,9 @@ class PrefixPoolMachine(RuleBasedStateMachine):
             cached, slots, cow = self.pool.add_sequence_tokens(seq, np.array(tokens, dtype=dtype), extra)
         except kv.PoolExhaustedError:
             return self.refused(before, expect)
-        assert (cached, len(cow) > 0) == expect, "the model predicted otherwise"
-        assert 0 <= cached <= max(len(tokens) - 1, 0) and len(slots) == len(tokens) - cached
+        assert (cached, len(cow)) == expect, "the model predicted otherwise"
+        computed = len(self.rows(slots)[0])
+        assert 0 <= cached <= max(len(tokens) - 1, 0) and computed == len(tokens) - cached
         self.ident[seq] = ("tokens", tokens, extra)
         self.copy(cow)
         self.check_reused_kv(seq, cached)
@@ -127,17 +162,18 @@ class PrefixPoolMachine(RuleBasedStateMachine):
             cached, slots = self.pool.add_sequence_block_keys(seq, arr, n)
         except kv.PoolExhaustedError:
             return self.refused(before, expect)
-        assert (cached, False) == expect, "the model predicted otherwise"
-        assert len(slots) == n - cached
+        assert (cached, 0) == expect, "the model predicted otherwise"
+        assert len(self.rows(slots)[0]) == n - cached
         self.ident[seq] = ("keys", keys, n)
         self.check_reused_kv(seq, cached)
         self.write(seq, cached, slots)
 
     @rule(family=st.integers(0, FAMILIES - 1), shared=st.sampled_from([0, 4, 7, 8, 12, 14]),
           branch=st.integers(0, 2), tail=st.sampled_from([0, 0, 1, 3, 4, 6]), extra=st.sampled_from([None, None, 7]),
-          dtype=st.sampled_from([np.int32, np.int64, np.uint32]))
-    def admit(self, family: int, shared: int, branch: int, tail: int, extra: int | None, dtype: Any) -> None:
-        self.admit_tokens(family_prompt(family, shared, branch, tail), extra, dtype)
+          dtype=st.sampled_from([np.int32, np.int64, np.uint32]), head=st.sampled_from([0, 0, 1, 2]))
+    def admit(self, family: int, shared: int, branch: int, tail: int, extra: int | None, dtype: Any,
+              head: int) -> None:
+        self.admit_tokens(family_prompt(family, shared, branch, tail, head), extra, dtype)
 
     @rule(family=st.integers(0, FAMILIES - 1), shared=st.integers(0, 4), branch=st.integers(0, 1),
           n=st.sampled_from([0, 3, 4, 6, 8, 10, 12, 15, 16]), wide=st.booleans())
@@ -208,14 +244,19 @@ class PrefixPoolMachine(RuleBasedStateMachine):
     def truncate(self, data: st.DataObject, n: int) -> None:
         seq = self.pick(data)
         n = min(n, self.pool.seq_len(seq))
-        self.pool.truncate(seq, n)
+        before = self.snapshot()
+        ok = self.model.truncate(seq, n)
+        try:
+            self.pool.truncate(seq, n)
+        except kv.InvalidArgumentError:
+            return self.refused(before, ok)
+        assert ok, "the model refused it"
         kind, a, b = self.ident[seq]
         length = self.pool.seq_len(seq)
         if kind == "tokens" and a is not None:
             self.ident[seq] = (kind, a[:length], b)
         elif kind == "keys":
             self.ident[seq] = (kind, a, min(b, length))
-        self.model.truncate(seq, n)
 
     # -- pins, clock, reset, events
     @rule(family=st.integers(0, FAMILIES - 1), blocks=st.integers(0, 3), soft=st.sampled_from([None, 1, 5]),
@@ -280,8 +321,8 @@ class PrefixPoolMachine(RuleBasedStateMachine):
         ev = self.pool.drain_events()
         key = [(int(h) << 64) | int(lo) for h, lo in ev["key"].tolist()]
         par = [(int(h) << 64) | int(lo) for h, lo in ev["parent_key"].tolist()]
-        got = [(k, key[i], par[i] if ev["has_parent"][i] else None, t, c)
-               for i, (k, t, c) in enumerate(zip(ev["kind"].tolist(), ev["tokens"].tolist(), ev["clock"].tolist()))]
+        cols = zip(ev["kind"].tolist(), ev["group"].tolist(), ev["tokens"].tolist(), ev["clock"].tolist())
+        got = [(k, g, key[i], par[i] if ev["has_parent"][i] else None, t, c) for i, (k, g, t, c) in enumerate(cols)]
         assert got == self.model.drain()
 
     # -- checks after every step
@@ -296,19 +337,30 @@ class PrefixPoolMachine(RuleBasedStateMachine):
         assert (s.cached_blocks, s.idle_blocks, s.evictable_blocks, s.pinned_blocks) == (
             len(m.cache), len(m.idle()), m.evictable(), m.pinned())
         assert (s.clock, s.num_pins, s.pending_events, s.dropped_events) == (m.clock, len(m.pins), len(m.events), 0)
-        assert {k: getattr(s, k) for k in m.stats} == m.stats
+        stats = {k: v for k, v in m.stats.items() if self.all_full or k != "collisions"}
+        assert {k: getattr(s, k) for k in stats} == stats
+        assert s.group_hit_blocks == m.group_hits
         for seq, sm in m.seqs.items():
             assert self.pool.seq_len(seq) == sm.ntokens
-            assert [self.pool.refcount(b) for b in self.pool.block_table(seq).tolist()] == [b.refs for b in sm.table]
+            for g in range(self.num_groups):
+                got = [self.pool.refcount(b) if b >= 0 else None for b in self.table(seq, g)]
+                assert got == [None if b is None else b.refs for b in sm.tables[g]], (seq, g)
         for f in range(FAMILIES):
             probe = family_prompt(f, 14, 0, 0)
             assert self.pool.cached_prefix_len(probe) == m.cached_prefix_len(probe)
 
 
 class CollidingPrefixPoolMachine(PrefixPoolMachine):
-    """3-bit token keys: nearly every lookup collides; verification must keep KV exact."""
+    """3-bit token keys: nearly every lookup collides; verification must keep KV exact.
+    Pools without a full group, where only the cache's record of each windowed block's
+    prefix tells a colliding prefix from the query's, are drawn more often."""
 
     hash_bits = 3
+
+    @initialize(policy=st.sampled_from(["lru", "fifo", "lfu", "priority"]), cow=st.booleans(),
+                mix=st.sampled_from(MIXES + [[SW(6)], [SW(5), kv.ChunkedAttention(8)]] * 3))
+    def setup(self, policy: str, cow: bool, mix: list[Any] | None) -> None:
+        self.start(policy, cow, mix)
 
 
 TestPrefixPool = PrefixPoolMachine.TestCase

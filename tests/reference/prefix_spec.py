@@ -1,24 +1,40 @@
-"""A reference model of a prefix-caching BlockPool, written from the documentation (not a
-test module): the rules of ``BlockPool``'s docstrings in ``pykvpool/_native.pyi``, the
-README's prefix-caching section and the eviction specification in ``rust/prefix_cache/eviction.rs``
-(what *uses* a block, in which order, and what each policy evicts first).
+"""A reference model of a prefix-caching BlockPool on one or more layer groups, written from
+the documentation (not a test module): the rules of ``BlockPool``'s docstrings in
+``pykvpool/_native.pyi``, the module doc of ``rust/pool/prefix.rs``, the README's
+prefix-caching section and the eviction specification in ``rust/prefix_cache/eviction.rs``
+(what *uses* a block, in which order, and what each policy evicts first); the layer-group
+rules (which blocks a query needs, which a growth releases) come from
+``reference/hybrid_model.py``.
 
 Keys come from an independent implementation of the documented encoding (the ``xxhash``
 package's XXH3-128, see :func:`token_keys`), so the model predicts the exact KV events.
 Physical block ids are the pool's own business: the model tracks blocks as objects and
 events are compared without them.
+
+Verification, as documented: a cached block serves logical block ``i`` of a prompt of
+token ids only when its KV was computed from exactly that prompt through ``i`` (ids and
+extra key), in every group kind; a prompt of block keys trusts them (a full group's block
+under the same keys through ``i``, a windowed group's under its own key). A windowed block
+of token ids is cached only while the token records of every such block's prefix keep one
+record per key (the lineage, ``32 * num_blocks * bs`` ids at most).
 """
 
 from __future__ import annotations
 
+import copy
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
+from reference.hybrid_model import needed_blocks, releasable
+
+import pykvpool as kv
 
 SEED = int.from_bytes(b"pkvpool1", "little")
 EVENT_STORED, EVENT_REMOVED, EVENT_ALL_CLEARED = 0, 1, 2
-Event = tuple[int, int, "int | None", int, int]  # kind, key, parent key, tokens, clock
+LINEAGE_TOKENS_PER_TOKEN = 32
+Event = tuple[int, int, int, "int | None", int, int]  # kind, group, key, parent key, tokens, clock
 
 
 def token_keys(tokens: list[int], bs: int, extra: int | None, bits: int = 128) -> list[int]:
@@ -35,16 +51,22 @@ def token_keys(tokens: list[int], bs: int, extra: int | None, bits: int = 128) -
     return out
 
 
+def windowed(kind: Any) -> bool:
+    return not isinstance(kind, kv.FullAttention)
+
+
 @dataclass(eq=False)
 class Block:
     """A physical block held by at least one sequence, or idle in the cache."""
 
     refs: int = 1
     cached: bool = False
+    group: int = 0
     key: int = 0
     parent: Block | None = None
     extra: int | None = None
-    tokens: tuple[int, ...] | None = None  # token ids, for verification
+    keys: tuple[int, ...] = ()  # the prompt's keys through this block
+    prefix: tuple[int, ...] | None = None  # its token ids through this block (None: keyed)
     fill: int = 0
     children: int = 0
     last_use: int = 0
@@ -56,7 +78,7 @@ class Block:
 
 @dataclass
 class Seq:
-    table: list[Block]
+    tables: list[list[Block | None]]  # per group: logical block -> block, or a hole
     ntokens: int
     tokens: list[int] | None  # None when admitted by keys or grown without ids
     extra: int | None
@@ -69,15 +91,30 @@ class Pin:
     expires_at: int | None
 
 
-class Spec:
-    """The documented behaviour. Each mutating method returns None where the pool must
-    raise, having changed nothing."""
+@dataclass
+class Query:
+    """A prompt looked up: token ids (``keys`` of its full blocks) or trusted block keys."""
 
-    def __init__(self, bs: int, num_blocks: int, policy: str, cow: bool, hash_bits: int = 128) -> None:
+    keys: list[int]
+    tokens: list[int] | None
+    extra: int | None
+    n: int
+
+    def fill(self, i: int, bs: int) -> int:
+        return min(bs, self.n - i * bs)
+
+
+class Spec:
+    """The documented behaviour. Each mutating method returns None (or False) where the
+    pool must raise, having changed nothing."""
+
+    def __init__(self, bs: int, num_blocks: int, policy: str, cow: bool, hash_bits: int = 128,
+                 groups: list[Any] | None = None) -> None:
         self.bs, self.policy, self.cow, self.bits = bs, policy, cow, hash_bits
-        self.verify = True
+        self.groups = groups or [kv.FullAttention()]
+        self.num_blocks = num_blocks
         self.free_blocks = num_blocks  # never-cached (or reset) blocks with no holder
-        self.cache: dict[tuple[int, int], Block] = {}  # (key, fill): the fill is part of a block's identity
+        self.cache: dict[tuple[int, int, int], Block] = {}  # (group, key, fill)
         self.seqs: dict[int, Seq] = {}
         self.pins: dict[int, Pin] = {}
         self.next_pin = 0
@@ -87,6 +124,8 @@ class Spec:
         self.events: list[Event] = []
         self.stats = dict(queries=0, query_blocks=0, hit_blocks=0, query_tokens=0, hit_tokens=0,
                           stored_blocks=0, evictions=0, collisions=0, cow_hits=0)
+        self.group_hits = [0] * len(self.groups)
+        self.takes = 0  # blocks taken so far (a growth's capacity rule counts them)
 
     # ------------------------------------------------------------------ counts
     def idle(self) -> list[Block]:
@@ -116,27 +155,27 @@ class Spec:
             return (b.hits, b.last_use)
         return (max(b.soft.values(), default=0), b.last_use)
 
-    def take(self, n: int) -> list[Block]:
-        """Allocate ``n`` blocks: never-cached ones first, then evict idle unpinned leaves."""
-        out = []
-        for _ in range(n):
-            if self.free_blocks:
-                self.free_blocks -= 1
-            else:
-                leaves = [b for b in self.idle() if b.hard == 0 and b.children == 0]
-                victim = min(leaves, key=self.order)
-                self.uncache(victim, record=True)
-                self.stats["evictions"] += 1
-            out.append(Block())
-        return out
+    def take(self) -> Block:
+        """A block for an allocation: a never-cached one first, else evict an idle unpinned
+        leaf; :class:`Exhausted` when there is neither."""
+        self.takes += 1
+        if self.free_blocks:
+            self.free_blocks -= 1
+        else:
+            leaves = [b for b in self.idle() if b.hard == 0 and b.children == 0]
+            if not leaves:
+                raise Exhausted
+            self.uncache(min(leaves, key=self.order), record=True)
+            self.stats["evictions"] += 1
+        return Block()
 
     def uncache(self, b: Block, record: bool) -> None:
-        del self.cache[(b.key, b.fill)]
+        if record:
+            self.emit(EVENT_REMOVED, b)
+        del self.cache[(b.group, b.key, b.fill)]
         b.cached, b.soft = False, {}
         if b.parent is not None:
             b.parent.children -= 1
-        if record:
-            self.emit(EVENT_REMOVED, b)
 
     def release(self, b: Block) -> None:
         b.refs -= 1
@@ -148,22 +187,10 @@ class Spec:
 
     def emit(self, kind: int, b: Block | None) -> None:
         if b is None:
-            self.events.append((kind, 0, None, 0, self.clock))
+            self.events.append((kind, 0, 0, None, 0, self.clock))
         else:
             parent = b.parent.key if b.parent is not None else None
-            self.events.append((kind, b.key, parent, b.fill, self.clock))
-
-    def store(self, b: Block, key: int, parent: Block | None, extra: int | None,
-              tokens: tuple[int, ...] | None, fill: int) -> None:
-        b.cached, b.key, b.parent, b.extra, b.tokens, b.fill = True, key, parent, extra, tokens, fill
-        b.children, b.hits, b.soft = 0, 0, {}
-        self.use(b)  # rule 1
-        b.stored = self.uses
-        if parent is not None:
-            parent.children += 1
-        self.cache[(key, fill)] = b
-        self.stats["stored_blocks"] += 1
-        self.emit(EVENT_STORED, b)
+            self.events.append((kind, b.group, b.key, parent, b.fill, self.clock))
 
     def end_op(self) -> None:
         if not self.manual_clock:
@@ -175,100 +202,231 @@ class Spec:
             self.unpin(pid)
 
     # ------------------------------------------------------------------ lookups
-    def lookup(self, keys: list[int], fills: list[int], tokens: list[int] | None,
-               extra: int | None) -> tuple[list[Block], bool]:
-        """Longest chain whose every block matches key, parent, extra key, fill and (when
-        verifying and the prompt has token ids) token ids; whether a found key failed."""
-        chain: list[Block] = []
-        for i, key in enumerate(keys):
-            b = self.cache.get((key, fills[i]))
-            if b is None:
-                return chain, False
-            ok = b.parent is (chain[-1] if chain else None) and b.extra == extra and b.fill == fills[i]
-            if ok and self.verify and tokens is not None:
-                ok = b.tokens == tuple(tokens[i * self.bs : i * self.bs + fills[i]])
-            if not ok:
-                return chain, True
-            chain.append(b)
-        return chain, False
-
     def keys(self, tokens: list[int], extra: int | None) -> list[int]:
         return token_keys(tokens, self.bs, extra, self.bits)
 
+    def needed(self, g: int, p: int) -> list[int]:
+        """Logical blocks group ``g`` needs before token position ``p``."""
+        return sorted(needed_blocks(self.groups[g], p, self.bs))
+
+    def valid(self, g: int, q: Query, i: int) -> Block | None:
+        """The block of group ``g`` serving logical block ``i`` of ``q``, if cached."""
+        b = self.cache.get((g, q.keys[i], q.fill(i, self.bs)))
+        if b is None:
+            return None
+        if q.tokens is not None:
+            ok = b.extra == q.extra and b.prefix == tuple(q.tokens[: (i + 1) * self.bs])
+        else:
+            ok = b.extra is None and (windowed(self.groups[g]) or b.keys == tuple(q.keys[: i + 1]))
+        return b if ok else None
+
+    def longest(self, q: Query, most: int) -> int:
+        """The longest prefix of at most ``most`` blocks cached validly for every group."""
+        for h in range(most, 0, -1):
+            if all(self.valid(g, q, i) is not None for g in range(len(self.groups)) for i in self.needed(g, h * self.bs)):
+                return h
+        return 0
+
+    def collided(self, q: Query) -> bool:
+        """Whether a full group's chain walk met a cached key that failed verification."""
+        for g, kind in enumerate(self.groups):
+            if windowed(kind):
+                continue
+            for i, key in enumerate(q.keys):
+                b = self.cache.get((g, key, q.fill(i, self.bs)))
+                if b is None:
+                    break
+                if self.valid(g, q, i) is None:
+                    return True
+        return False
+
     def cached_prefix_len(self, tokens: list[int], extra: int | None = None) -> int:
         keys = self.keys(tokens, extra)
-        return len(self.lookup(keys, [self.bs] * len(keys), tokens, extra)[0]) * self.bs
+        return self.longest(Query(keys, tokens, extra, len(tokens)), len(keys)) * self.bs
+
+    def lineage_admits(self, keys: tuple[int, ...], prefix: tuple[int, ...], extra: int | None) -> bool:
+        """Whether a windowed block standing on this prefix keeps one record per key."""
+        bs = self.bs
+        records: dict[int, Any] = {}
+        standing = [(b.keys, b.prefix, b.extra) for b in self.cache.values()
+                    if b.prefix is not None and windowed(self.groups[b.group])]
+        for ks, ts, e in [*standing, (keys, prefix, extra)]:
+            for j, k in enumerate(ks):
+                rec = (ks[j - 1] if j else None, e, ts[j * bs : (j + 1) * bs])
+                if records.setdefault(k, rec) != rec:
+                    return False
+        return len(records) * bs <= LINEAGE_TOKENS_PER_TOKEN * self.num_blocks * bs
+
+    # ------------------------------------------------------------------ stores
+    def register(self, tables: list[list[Block | None]], q: Query, start: int) -> None:
+        """Store blocks ``start..`` of ``tables`` under ``q.keys``: in a full group as a chain
+        (a block after the cached block before it; a broken chain or a taken key stops the
+        group), in a windowed group each block whose key it lacks (and the lineage admits)."""
+        bs = self.bs
+        for g, t in enumerate(tables):
+            win = windowed(self.groups[g])
+            for i in range(start, len(q.keys)):
+                b = t[i] if i < len(t) else None
+                if b is None:
+                    continue
+                key, fill = q.keys[i], q.fill(i, bs)
+                if b.cached and (b.group, b.key, b.fill) == (g, key, fill):
+                    continue
+                parent = None
+                if not win and i > 0:
+                    p = t[i - 1]
+                    if p is None or not p.cached or (p.group, p.key, p.fill) != (g, q.keys[i - 1], bs):
+                        break
+                    parent = p
+                prefix = tuple(q.tokens[: (i + 1) * bs]) if q.tokens is not None else None
+                taken = b.cached or (g, key, fill) in self.cache
+                admits = not win or prefix is None or self.lineage_admits(tuple(q.keys[: i + 1]), prefix, q.extra)
+                if taken or not admits:
+                    if win:
+                        continue
+                    break
+                b.cached, b.group, b.key, b.parent, b.extra, b.fill = True, g, key, parent, q.extra, fill
+                b.keys, b.prefix, b.children, b.hits, b.soft = tuple(q.keys[: i + 1]), prefix, 0, 0, {}
+                self.use(b)  # rule 1
+                b.stored = self.uses
+                if parent is not None:
+                    parent.children += 1
+                self.cache[(g, key, fill)] = b
+                self.stats["stored_blocks"] += 1
+                self.emit(EVENT_STORED, b)
 
     # ------------------------------------------------------------------ admissions
-    def admit_tokens(self, seq: int, tokens: list[int], extra: int | None) -> tuple[int, bool] | None:
-        keys = self.keys(tokens, extra)
-        return self._admit(seq, len(tokens), keys, [self.bs] * len(keys), tokens, extra)
+    def admit_tokens(self, seq: int, tokens: list[int], extra: int | None) -> tuple[int, int] | None:
+        return self._admit(seq, Query(self.keys(tokens, extra), tokens, extra, len(tokens)))
 
-    def admit_keys(self, seq: int, keys: list[int], n: int) -> tuple[int, bool] | None:
-        fills = [min(self.bs, n - i * self.bs) for i in range(len(keys))]
-        return self._admit(seq, n, keys, fills, None, None)
+    def admit_keys(self, seq: int, keys: list[int], n: int) -> tuple[int, int] | None:
+        return self._admit(seq, Query(keys, None, None, n))
 
-    def _admit(self, seq: int, n: int, keys: list[int], fills: list[int], tokens: list[int] | None,
-               extra: int | None) -> tuple[int, bool] | None:
-        bs = self.bs
-        chain, collision = self.lookup(keys, fills, tokens, extra)
-        h = len(chain)
-        used = min(h, max(n - 1, 0) // bs)  # at least one prompt token is computed
-        cow = self.cow and tokens is not None and h > used and n - 1 > used * bs
-        cached = n - 1 if cow else used * bs
-        need = -(-n // bs) - used
-        held = chain[:used] + chain[used:used + 1] * cow
-        if need > self.num_free() - sum(1 for b in held if b.refs == 0 and b.hard == 0):
+    def _admit(self, seq: int, q: Query) -> tuple[int, int] | None:
+        """``(cached tokens, copy-on-write pairs)``, or None when the pool is exhausted."""
+        bs, n, full, ng = self.bs, q.n, len(q.keys), len(self.groups)
+        collision = self.collided(q)
+        found = self.longest(q, full)
+        cap = min(max(n - 1, 0) // bs, full)
+        hb = found if found <= cap else self.longest(q, cap)
+        last = max(n - 1, 0)
+        copies: list[tuple[int, Block]] | None = None
+        if self.cow and q.tokens is not None and last > hb * bs and last // bs == hb and hb < full:
+            copies = self.copies(q, hb, last)
+        p = last if copies is not None else hb * bs
+        held = [(g, i, self.valid(g, q, i)) for g in range(ng) for i in self.needed(g, p) if i < hb]
+        copies = copies or []
+        revived = {id(b): b for _, _, b in held} | {id(b): b for _, b in copies}
+        need = ng * (-(-n // bs) - hb)
+        if need > self.num_free() - sum(1 for b in revived.values() if b.refs == 0 and b.hard == 0):
             return None
-        for b in chain:  # rule 2, root first
-            b.hits += 1
-            self.use(b)
-        for b in held:
-            b.refs += 1
-        table = chain[:used] + self.take(need)
-        if cow:
-            self.release(chain[used])
-        for i in range(used, len(keys)):
-            ok = i == 0 or (table[i - 1].cached and table[i - 1].key == keys[i - 1])
-            if not ok or (keys[i], fills[i]) in self.cache:
-                break
-            tok = tuple(tokens[i * bs : i * bs + fills[i]]) if tokens is not None else None
-            self.store(table[i], keys[i], table[i - 1] if i else None, extra, tok, fills[i])
+        tables: list[list[Block | None]] = [[None] * hb for _ in range(ng)]
+        for g, i, b in held:
+            self.hold(b)
+            tables[g][i] = b
+            self.group_hits[g] += 1
+        for _, b in copies:
+            self.hold(b)
+        for g in range(ng):  # a full group's chain past the hit is a use too
+            if windowed(self.groups[g]):
+                continue
+            prev = None
+            for i in range(full):
+                b = self.valid(g, q, i)
+                if b is None or b.parent is not prev:
+                    break
+                prev = b
+                if i >= hb and not any(c is b for _, c in copies):
+                    b.hits += 1
+                    self.use(b)
+        for t in tables:
+            self.grow_table(t, hb * bs, n - hb * bs)
+        for _, b in copies:
+            self.release(b)
+        cached = n - 1 if copies else hb * bs
+        self.register(tables, q, hb)
         s = self.stats
         s["queries"] += 1
-        s["query_blocks"] += len(keys)
-        s["hit_blocks"] += h
+        s["query_blocks"] += full
+        s["hit_blocks"] += found
         s["query_tokens"] += n
         s["hit_tokens"] += cached
         s["collisions"] += collision
-        s["cow_hits"] += cow
-        self.seqs[seq] = Seq(table, n, list(tokens) if tokens is not None else None, extra)
+        s["cow_hits"] += bool(copies)
+        self.seqs[seq] = Seq(tables, n, list(q.tokens) if q.tokens is not None else None, q.extra)
         self.end_op()
-        return cached, cow
+        return cached, len(copies)
+
+    def copies(self, q: Query, hb: int, p: int) -> list[tuple[int, Block]] | None:
+        """A partial hit's copy sources (block ``hb`` of every group that needs it), or None
+        unless every block the query at ``p`` needs is cached validly in every group."""
+        out = []
+        for g in range(len(self.groups)):
+            for i in self.needed(g, p):
+                b = self.valid(g, q, i)
+                if b is None:
+                    return None
+                if i == hb:
+                    out.append((g, b))
+        return out
+
+    def hold(self, b: Block) -> None:
+        b.refs += 1
+        b.hits += 1
+        self.use(b)
 
     def add_plain(self, seq: int, n: int) -> bool:
-        need = -(-n // self.bs)
-        if need > self.num_free():
+        self.seqs[seq] = Seq([[] for _ in self.groups], 0, None, None)
+        if self.append(seq, None, n) is None:
+            del self.seqs[seq]
             return False
-        self.seqs[seq] = Seq(self.take(need), n, None, None)
-        self.end_op()
         return True
 
     # ------------------------------------------------------------------ growth
+    def grow_table(self, t: list[Block | None], length: int, n: int) -> int:
+        """Grow one table by ``n`` tokens from ``length``: copy a shared or cached partly
+        filled last block (the copy first), fill a trailing hole, then new blocks. Returns
+        the copies."""
+        bs, copies, w = self.bs, 0, 0
+        if length % bs and n:
+            last = t[-1]
+            if last is None:
+                t[-1] = self.take()
+            elif last.refs > 1 or last.cached:
+                t[-1] = self.take()
+                self.release(last)
+                copies = 1
+            w = min(bs - length % bs, n)
+        while w < n:
+            t.append(self.take())
+            w += min(bs, n - w)
+        return copies
+
     def append(self, seq: int, new_tokens: list[int] | None, n: int) -> int | None:
-        """Append ``n`` tokens (``new_tokens`` their ids, or None); returns the number of
-        copy-on-write pairs, None when the pool must refuse."""
+        """Append ``n`` tokens (``new_tokens`` their ids, or None): the window rule's
+        releases, then growth in every group. Returns the copy-on-write pairs; None (nothing
+        changed) when the blocks it takes exceed the free and evictable ones plus those its
+        releases free (a copy's source released after its copy does not count)."""
+        saved = self.save()
         s, bs = self.seqs[seq], self.bs
-        off = s.ntokens % bs
-        copy = n > 0 and off != 0 and (s.table[-1].refs > 1 or s.table[-1].cached)
-        need = -(-(s.ntokens + n) // bs) - len(s.table) + copy
-        if need > self.num_free():
+        copies = 0
+        try:
+            if n:
+                budget = self.num_free()
+                for g, kind in enumerate(self.groups):
+                    for i, b in enumerate(s.tables[g]):
+                        if b is not None and releasable(kind, i, bs, s.ntokens):
+                            self.release(b)
+                            budget += b.refs == 0 and b.hard == 0
+                            s.tables[g][i] = None
+                takes = self.takes
+                for g in range(len(self.groups)):
+                    copies += self.grow_table(s.tables[g], s.ntokens, n)
+                if self.takes - takes > budget:
+                    raise Exhausted
+        except Exhausted:
+            self.restore(saved)
             return None
-        if copy:  # the copy first: take its block, release the original
-            old = s.table[-1]
-            s.table[-1] = self.take(1)[0]
-            self.release(old)
-        s.table += self.take(need - copy)
         old_full = s.ntokens // bs
         s.ntokens += n
         if new_tokens is None:
@@ -277,48 +435,59 @@ class Spec:
         elif s.tokens is not None:
             s.tokens += new_tokens
             keys = self.keys(s.tokens, s.extra)
-            for i in range(old_full, s.ntokens // bs):
-                b = s.table[i]
-                parent_ok = i == 0 or (s.table[i - 1].cached and s.table[i - 1].key == keys[i - 1])
-                if not parent_ok or b.cached or (keys[i], self.bs) in self.cache:
-                    break
-                self.store(b, keys[i], s.table[i - 1] if i else None, s.extra,
-                           tuple(s.tokens[i * bs : (i + 1) * bs]), bs)
+            self.register(s.tables, Query(keys, s.tokens, s.extra, len(s.tokens)), old_full)
         self.end_op()
-        return int(copy)
+        return copies
 
     # ------------------------------------------------------------------ release
     def free(self, seq: int) -> None:
-        for b in self.seqs.pop(seq).table:  # head first
-            self.release(b)
+        s = self.seqs.pop(seq)
+        for i in reversed(range(max((len(t) for t in s.tables), default=0))):  # tail first
+            for t in s.tables:
+                if i < len(t) and t[i] is not None:
+                    self.release(t[i])
         self.end_op()
 
     def fork(self, parent: int, child: int) -> None:
         p = self.seqs[parent]
-        for b in p.table:
-            b.refs += 1
-        self.seqs[child] = Seq(list(p.table), p.ntokens, None if p.tokens is None else list(p.tokens), p.extra)
+        for t in p.tables:
+            for b in t:
+                if b is not None:
+                    b.refs += 1
+        self.seqs[child] = Seq([list(t) for t in p.tables], p.ntokens,
+                               None if p.tokens is None else list(p.tokens), p.extra)
         self.end_op()
 
-    def truncate(self, seq: int, n: int) -> None:
+    def truncate(self, seq: int, n: int) -> bool:
+        """Drop the last ``n`` tokens; False (nothing changed) when a block the query at the
+        new length needs was released."""
         s = self.seqs[seq]
-        s.ntokens -= n
-        keep = -(-s.ntokens // self.bs)
-        while len(s.table) > keep:  # tail first
-            self.release(s.table.pop())
+        keep_len = s.ntokens - n
+        if any(s.tables[g][i] is None for g in range(len(self.groups)) for i in self.needed(g, keep_len)):
+            return False
+        keep = -(-keep_len // self.bs)
+        for t in s.tables:
+            while len(t) > keep:  # tail first
+                b = t.pop()
+                if b is not None:
+                    self.release(b)
+        s.ntokens = keep_len
         if s.tokens is not None:
-            del s.tokens[s.ntokens:]
+            del s.tokens[keep_len:]
         self.end_op()
+        return True
 
     # ------------------------------------------------------------------ pins, clock, reset
     def pin(self, keys: list[int], tokens: list[int] | None, extra: int | None, priority: int | None,
             expires_at: int | None) -> int | None:
-        chain, _ = self.lookup(keys, [self.bs] * len(keys), tokens, extra)
-        if not keys or len(chain) < len(keys) or (expires_at is not None and expires_at <= self.clock):
+        q = Query(keys, tokens, extra, len(tokens) if tokens is not None else len(keys) * self.bs)
+        blocks = [self.valid(g, q, i) for g in range(len(self.groups)) for i in self.needed(g, len(keys) * self.bs)]
+        if not keys or any(b is None for b in blocks) or (expires_at is not None and expires_at <= self.clock):
             return None
         self.next_pin += 1
-        self.pins[self.next_pin] = Pin(chain, priority, expires_at)
-        for b in chain:
+        self.pins[self.next_pin] = Pin(blocks, priority, expires_at)  # type: ignore[arg-type]
+        for b in blocks:
+            assert b is not None
             if priority is None:
                 b.hard += 1
             else:
@@ -357,3 +526,16 @@ class Spec:
     def drain(self) -> list[Event]:
         out, self.events = self.events, []
         return out
+
+    # ------------------------------------------------------------------ atomic growth
+    def save(self) -> dict[str, Any]:
+        """Everything but the (immutable) group kinds, deep-copied."""
+        state = {k: v for k, v in self.__dict__.items() if k != "groups"}
+        return copy.deepcopy(state)
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+
+
+class Exhausted(Exception):
+    """An allocation found neither a free nor an evictable block."""
