@@ -1,710 +1,786 @@
-//! Model-based property test of [`BlockPool`]: random programs over the operation alphabet
-//! (add, append, step, fork, truncate, free), failing operations included, checked after
-//! every operation against a naive reference model.
+//! Model-based property test of [`BlockPool`] without prefix caching (with it:
+//! `prefix_model`): random programs (add, step with random counts, step_decode, fork,
+//! truncate, free, mark_computed; failing operations included) over random lists of one to
+//! four layer groups (full, sliding windows with and without sinks, chunked; block sizes
+//! 1..8), or a pool built without groups, checked after every operation against a model
+//! written from the layer-group contract.
 //!
-//! The model is deliberately dumb and independent of the pool's internals: per sequence a
-//! `Vec` of physical block ids and a token count, a refcount map, a copy-on-write counter,
-//! and a simulated KV store (slot -> token value) that the "caller" writes through the
-//! returned slots and copy-on-write pairs. Which free block the pool hands out is the pool's
-//! choice: the model learns the id from the answer and checks that it was free and is now
-//! referenced once. Everything else (errors with their numbers, slots, tables, lengths,
-//! copy-on-write pairs, statistics, exports, the KV contents every live sequence reads
-//! back) is predicted and compared. A failed operation must leave the pool identical.
+//! The model never asks the pool what to expect. Per sequence it keeps the length, the
+//! frontier and, per group, the logical entries (a physical block or a hole); refcounts are
+//! counted from those entries. It applies the release rule as the contract words it
+//! (`i*bs >= sink_tokens` and `(i+1)*bs <= first_needed(L)`, first_needed written out
+//! here), predicts every error with its numbers (unknown and duplicate ids, overflow, a
+//! truncation into a released block, exhaustion with what the releases free), and which
+//! entries a growth copies, fills or appends. Which free block the pool hands out is the
+//! pool's choice: the model learns the id from the pool's table and checks that it was
+//! free and is now referenced once. Slots, copy-on-write pairs, lengths, tables, refcounts,
+//! free counts, statistics, `blocks_needed`, the three exports and a `TableSync` mirror of
+//! every group (synced after each operation, rewriting only what changed) are then
+//! compared; a failing call must leave a snapshot of everything observable unchanged (the
+//! free list's order included); `check_invariants` runs after every operation.
 //!
-//! `PROPTEST_CASES=100000 cargo test --release --test pool_model` runs a longer soak.
+//! `PROPTEST_CASES=5000 cargo test --release --test pool_model` runs a longer soak.
 
-#[path = "support/flat.rs"]
-mod flat;
-use flat::Flat;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use pykvpool::pool::StepOutput;
 use pykvpool::pool::table_sync::TableSync;
-use pykvpool::{BlockId, BlockPool, KvError, PoolStats, SeqId};
+use pykvpool::pool::{GroupSpec, BlockPool, StepOutput};
+use pykvpool::{BlockId, KvError, SeqId};
 
-/// Sequence ids are drawn from `0..ID_RANGE`, small enough for unknown and duplicate ids.
 const ID_RANGE: u64 = 8;
-/// Token counts go up to this, well past the capacity of the small pools generated.
-const MAX_TOKENS: usize = 40;
+const MAX_SEQ_TOKENS: usize = i32::MAX as usize;
+/// A count that always overflows a sequence's length.
+const HUGE: usize = usize::MAX - 5;
 
-/// How an operation names a sequence: mostly a live one (resolved when the operation runs,
-/// so that programs stay meaningful while they shrink), sometimes any id at all.
+type Entries = Vec<Option<BlockId>>;
+
+// ---- the contract, written out ----
+
+fn sinks(s: &GroupSpec) -> usize {
+    match *s {
+        GroupSpec::SlidingWindow { sink_tokens, .. } => sink_tokens,
+        _ => 0,
+    }
+}
+
+fn first_needed(s: &GroupSpec, p: usize) -> usize {
+    match *s {
+        GroupSpec::Full => 0,
+        GroupSpec::SlidingWindow { window, .. } => (p + 1).saturating_sub(window),
+        GroupSpec::Chunked { chunk } => p / chunk * chunk,
+    }
+}
+
+/// The release rule at the start of a growth from length `l`.
+fn released(s: &GroupSpec, bs: usize, i: usize, l: usize) -> bool {
+    !matches!(s, GroupSpec::Full) && i * bs >= sinks(s) && (i + 1) * bs <= first_needed(s, l)
+}
+
+/// Whether the query at `p` (a truncation's new length) needs logical block `i`:
+/// it meets the sinks `[0, min(S, p))` or `[first_needed(p), p)`.
+fn needed_at(s: &GroupSpec, bs: usize, i: usize, p: usize) -> bool {
+    let (lo, hi) = (i * bs, (i + 1) * bs);
+    lo < sinks(s).min(p) || lo.max(first_needed(s, p)) < hi.min(p)
+}
+
+// ---- programs ----
+
 #[derive(Clone, Copy, Debug)]
 enum Pick {
     Live(usize),
     Any(u64),
 }
 
-/// One operation of a generated program, ids still unresolved.
 #[derive(Clone, Debug)]
 enum Gen {
     Add(Pick, usize),
-    Append(Pick, usize),
-    Step(Vec<(Pick, usize)>, Option<usize>),
+    Step(Vec<(Pick, usize)>, bool),
+    Decode(Vec<Pick>),
     Fork(Pick, Pick),
     Truncate(Pick, usize),
     Free(Pick),
+    Mark(Vec<Pick>),
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Add {
-        seq: u64,
-        len: usize,
-    },
-    Append {
-        seq: u64,
-        n: usize,
-    },
-    /// `counts.len() != seqs.len()` is a deliberate malformed batch.
-    Step {
-        seqs: Vec<u64>,
-        counts: Vec<usize>,
-    },
-    Fork {
-        parent: u64,
-        child: u64,
-    },
-    Truncate {
-        seq: u64,
-        n: usize,
-    },
-    Free {
-        seq: u64,
-    },
+    Add(u64, usize),
+    Step(Vec<u64>, Vec<usize>),
+    Decode(Vec<u64>),
+    Fork(u64, u64),
+    Truncate(u64, usize),
+    Free(u64),
+    Mark(Vec<u64>),
 }
 
-fn pick(live_weight: u32, any_weight: u32) -> impl Strategy<Value = Pick> + Clone {
-    prop_oneof![
-        live_weight => any::<usize>().prop_map(Pick::Live),
-        any_weight => (0..ID_RANGE).prop_map(Pick::Any),
-    ]
+fn pick(live: u32, other: u32) -> impl Strategy<Value = Pick> + Clone {
+    prop_oneof![live => any::<usize>().prop_map(Pick::Live), other => (0..ID_RANGE).prop_map(Pick::Any)]
 }
 
-fn gen_strategy() -> impl Strategy<Value = Gen> {
-    // Existing sequences for most operations; mostly new ids for add and fork targets.
+fn gen_op() -> impl Strategy<Value = Gen> {
     let live = pick(8, 1);
     let fresh = pick(1, 4);
-    let n = prop_oneof![5 => 0..=6usize, 1 => 0..=MAX_TOKENS];
+    let n = prop_oneof![6 => 0..=4usize, 3 => 0..=24usize, 1 => Just(HUGE)];
     prop_oneof![
-        4 => (fresh.clone(), n.clone()).prop_map(|(p, len)| Gen::Add(p, len)),
-        4 => (live.clone(), n.clone()).prop_map(|(p, n)| Gen::Append(p, n)),
-        5 => (proptest::collection::vec((live.clone(), n.clone()), 0..6), prop::option::weighted(0.05, 0..6usize))
-            .prop_map(|(v, bad_len)| Gen::Step(v, bad_len)),
-        // Pure decode batches (every count 1): the pool's one-pass path when nothing is shared.
-        3 => proptest::collection::vec(live.clone(), 0..7)
-            .prop_map(|v| Gen::Step(v.into_iter().map(|p| (p, 1)).collect(), None)),
-        4 => (live.clone(), fresh).prop_map(|(p, c)| Gen::Fork(p, c)),
-        2 => (live.clone(), n).prop_map(|(p, n)| Gen::Truncate(p, n)),
-        1 => live.prop_map(Gen::Free),
+        3 => (fresh.clone(), prop_oneof![9 => 0..=30usize, 1 => Just(HUGE)]).prop_map(|(p, l)| Gen::Add(p, l)),
+        4 => (proptest::collection::vec((live.clone(), n), 0..5), prop::bool::weighted(0.04))
+            .prop_map(|(v, bad)| Gen::Step(v, bad)),
+        6 => proptest::collection::vec(live.clone(), 0..6).prop_map(Gen::Decode),
+        2 => (live.clone(), fresh).prop_map(|(p, c)| Gen::Fork(p, c)),
+        2 => (live.clone(), prop_oneof![4 => 0..=6usize, 1 => 0..=40usize]).prop_map(|(p, n)| Gen::Truncate(p, n)),
+        1 => live.clone().prop_map(Gen::Free),
+        2 => proptest::collection::vec(live, 0..4).prop_map(Gen::Mark),
     ]
 }
 
-impl Gen {
-    /// Resolve picks against the sequences live now.
-    fn resolve(&self, live: &[u64]) -> Op {
-        let id = |p: &Pick| match *p {
-            Pick::Live(i) if !live.is_empty() => live[i % live.len()],
-            Pick::Live(i) => i as u64 % ID_RANGE,
-            Pick::Any(s) => s,
-        };
-        match self {
-            Gen::Add(p, len) => Op::Add { seq: id(p), len: *len },
-            Gen::Append(p, n) => Op::Append { seq: id(p), n: *n },
-            Gen::Step(v, bad_len) => {
-                let seqs: Vec<u64> = v.iter().map(|(p, _)| id(p)).collect();
-                let mut counts: Vec<usize> = v.iter().map(|(_, n)| *n).collect();
-                if let Some(k) = bad_len {
-                    // A malformed batch: as many counts as asked, but never the right number.
-                    counts.resize(if *k == seqs.len() { k + 1 } else { *k }, 1);
-                }
-                Op::Step { seqs, counts }
+fn resolve(g: &Gen, live: &[u64]) -> Op {
+    let id = |p: &Pick| match *p {
+        Pick::Live(i) if !live.is_empty() => live[i % live.len()],
+        Pick::Live(i) => i as u64 % ID_RANGE,
+        Pick::Any(s) => s,
+    };
+    match g {
+        Gen::Add(p, l) => Op::Add(id(p), *l),
+        Gen::Step(v, bad) => {
+            let mut counts: Vec<usize> = v.iter().map(|x| x.1).collect();
+            if *bad {
+                counts.push(1);
             }
-            Gen::Fork(p, c) => Op::Fork { parent: id(p), child: id(c) },
-            Gen::Truncate(p, n) => Op::Truncate { seq: id(p), n: *n },
-            Gen::Free(p) => Op::Free { seq: id(p) },
+            Op::Step(v.iter().map(|x| id(&x.0)).collect(), counts)
         }
+        Gen::Decode(v) => Op::Decode(v.iter().map(id).collect()),
+        Gen::Fork(p, c) => Op::Fork(id(p), id(c)),
+        Gen::Truncate(p, n) => Op::Truncate(id(p), *n),
+        Gen::Free(p) => Op::Free(id(p)),
+        Gen::Mark(v) => Op::Mark(v.iter().map(id).collect()),
     }
 }
 
-/// The reference model.
-#[derive(Clone, Debug)]
-struct Model {
-    num_blocks: usize,
-    bs: usize,
-    /// seq -> (physical blocks, tokens)
-    seqs: BTreeMap<u64, (Vec<u32>, usize)>,
-    /// Referenced blocks only; absent means free.
-    refc: HashMap<u32, u32>,
-    cow_copies: u64,
-    /// Simulated KV store written by the caller: slot -> token value.
-    store: HashMap<i64, u64>,
-    /// seq -> value of each of its tokens, what reading the KV back must give.
-    contents: BTreeMap<u64, Vec<u64>>,
-    next_value: u64,
+fn gen_spec() -> impl Strategy<Value = GroupSpec> {
+    prop_oneof![
+        2 => Just(GroupSpec::Full),
+        2 => (1..12usize).prop_map(|w| GroupSpec::SlidingWindow { window: w, sink_tokens: 0 }),
+        2 => (1..12usize, 1..7usize).prop_map(|(w, s)| GroupSpec::SlidingWindow { window: w, sink_tokens: s }),
+        2 => (1..10usize).prop_map(|c| GroupSpec::Chunked { chunk: c }),
+    ]
 }
 
-/// What a failed operation must report.
+// ---- the model ----
+
+#[derive(Clone, Debug, PartialEq)]
+struct MSeq {
+    len: usize,
+    frontier: usize,
+    tables: Vec<Entries>,
+}
+
 #[derive(Debug)]
-enum Expect {
-    Exhausted { requested: usize, free: usize },
+enum Want {
     Unknown(u64),
     Duplicate(u64),
-    Invalid,
+    /// InvalidArgument whose message names this argument.
+    Invalid(&'static str),
+    Exhausted(usize, usize),
 }
 
-fn check_error(got: &KvError, want: &Expect) -> Result<(), TestCaseError> {
-    let ok = match (got, want) {
-        (KvError::PoolExhausted { requested, free }, Expect::Exhausted { requested: r, free: f }) => {
-            requested == r && free == f
+struct Model {
+    specs: Vec<GroupSpec>,
+    bs: usize,
+    num_blocks: usize,
+    seqs: BTreeMap<u64, MSeq>,
+    cow_copies: u64,
+}
+
+fn fail(msg: String) -> TestCaseError {
+    TestCaseError::fail(msg)
+}
+
+impl Model {
+    fn rc(&self) -> BTreeMap<BlockId, u32> {
+        let mut rc = BTreeMap::new();
+        for s in self.seqs.values() {
+            for b in s.tables.iter().flatten().flatten() {
+                *rc.entry(*b).or_insert(0) += 1;
+            }
         }
-        (KvError::UnknownSequence(a), Expect::Unknown(b)) => a == b,
-        (KvError::DuplicateSequence(a), Expect::Duplicate(b)) => a == b,
-        (KvError::InvalidArgument(msg), Expect::Invalid) => !msg.is_empty(),
+        rc
+    }
+
+    fn free(&self) -> usize {
+        self.num_blocks - self.rc().len()
+    }
+
+    /// A block the pool just handed out: it must have been free (per `rc`), and is now held once.
+    fn take(rc: &mut BTreeMap<BlockId, u32>, b: Option<BlockId>) -> Result<BlockId, TestCaseError> {
+        let b = b.ok_or_else(|| fail("a new entry is a hole".into()))?;
+        if rc.get(&b).copied().unwrap_or(0) != 0 {
+            return Err(fail(format!("{b} handed out while held")));
+        }
+        rc.insert(b, 1);
+        Ok(b)
+    }
+
+    /// Errors of a batch in batch order (unknown, duplicate, overflow), then exhaustion.
+    fn predict_step(&self, ids: &[u64], counts: &[usize]) -> Option<Want> {
+        if ids.len() != counts.len() {
+            return Some(Want::Invalid("counts"));
+        }
+        let mut seen = BTreeSet::new();
+        for (&id, &n) in ids.iter().zip(counts) {
+            let Some(s) = self.seqs.get(&id) else { return Some(Want::Unknown(id)) };
+            if !seen.insert(id) {
+                return Some(Want::Invalid("seq_ids"));
+            }
+            if s.len.checked_add(n).is_none_or(|e| e > MAX_SEQ_TOKENS) {
+                return Some(Want::Invalid("num_tokens"));
+            }
+        }
+        let mut rc = self.rc();
+        let free = self.num_blocks - rc.len();
+        let mut gained = 0;
+        for (&id, _) in ids.iter().zip(counts).filter(|x| *x.1 > 0) {
+            let s = &self.seqs[&id];
+            for (spec, t) in self.specs.iter().zip(&s.tables) {
+                for (i, b) in t.iter().enumerate() {
+                    if let Some(b) = b.filter(|_| released(spec, self.bs, i, s.len)) {
+                        let r = rc.get_mut(&b).unwrap();
+                        *r -= 1;
+                        gained += (*r == 0) as usize;
+                    }
+                }
+            }
+        }
+        let mut need = 0;
+        for (&id, &n) in ids.iter().zip(counts).filter(|x| *x.1 > 0) {
+            let s = &self.seqs[&id];
+            for t in &s.tables {
+                need += (s.len + n).div_ceil(self.bs) - t.len();
+                if !s.len.is_multiple_of(self.bs) {
+                    match t[s.len / self.bs] {
+                        None => need += 1,
+                        Some(b) if rc[&b] > 1 => {
+                            need += 1;
+                            *rc.get_mut(&b).unwrap() -= 1;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        (need > free + gained).then_some(Want::Exhausted(need, free + gained))
+    }
+
+    /// Apply a successful batch, learning new block ids from the pool; check its outputs.
+    fn apply_step(&mut self, ids: &[u64], counts: &[usize], pool: &BlockPool, out: &StepOutput) -> Result<(), TestCaseError> {
+        let bs = self.bs;
+        let mut rc = self.rc();
+        for (&id, _) in ids.iter().zip(counts).filter(|x| *x.1 > 0) {
+            let s = self.seqs.get_mut(&id).unwrap();
+            for (spec, t) in self.specs.iter().zip(s.tables.iter_mut()) {
+                for (i, e) in t.iter_mut().enumerate() {
+                    if e.is_some() && released(spec, bs, i, s.len) {
+                        *rc.get_mut(&e.take().unwrap()).unwrap() -= 1;
+                    }
+                }
+            }
+        }
+        let total: usize = counts.iter().sum();
+        prop_assert_eq!(out.total_tokens, total);
+        prop_assert_eq!(out.slots.len(), total * self.specs.len());
+        let mut cow = Vec::new();
+        let mut lens = Vec::new();
+        let mut at = 0;
+        for (&id, &n) in ids.iter().zip(counts) {
+            let s = self.seqs.get_mut(&id).unwrap();
+            if n > 0 {
+                let l = s.len;
+                for (g, t) in s.tables.iter_mut().enumerate() {
+                    let got: Entries = pool.table(SeqId(id), g).unwrap().entries().collect();
+                    if !l.is_multiple_of(bs) {
+                        let i = l / bs;
+                        match t[i] {
+                            Some(b) if rc[&b] > 1 => {
+                                *rc.get_mut(&b).unwrap() -= 1;
+                                let dst = Self::take(&mut rc, got.get(i).copied().flatten())?;
+                                cow.push((b, dst));
+                                t[i] = Some(dst);
+                                self.cow_copies += 1;
+                            }
+                            Some(_) => {}
+                            None => t[i] = Some(Self::take(&mut rc, got.get(i).copied().flatten())?),
+                        }
+                    }
+                    for i in t.len()..(l + n).div_ceil(bs) {
+                        t.push(Some(Self::take(&mut rc, got.get(i).copied().flatten())?));
+                    }
+                    for k in 0..n {
+                        let p = l + k;
+                        let want = t[p / bs].unwrap().0 as i64 * bs as i64 + (p % bs) as i64;
+                        prop_assert_eq!(out.slots[g * total + at + k], want, "slot of position {} group {}", p, g);
+                    }
+                }
+                s.frontier = l;
+                s.len = l + n;
+                at += n;
+            }
+            lens.push(s.len as i32);
+        }
+        prop_assert_eq!(&out.cow, &cow);
+        prop_assert_eq!(&out.seq_lens, &lens);
+        Ok(())
+    }
+
+    fn predict_add(&self, id: u64, len: usize) -> Option<Want> {
+        if self.seqs.contains_key(&id) {
+            return Some(Want::Duplicate(id));
+        }
+        if len > MAX_SEQ_TOKENS {
+            return Some(Want::Invalid("num_tokens"));
+        }
+        let need = len.div_ceil(self.bs) * self.specs.len();
+        (need > self.free()).then(|| Want::Exhausted(need, self.free()))
+    }
+
+    fn apply_add(&mut self, id: u64, len: usize, pool: &BlockPool, out: &StepOutput) -> Result<(), TestCaseError> {
+        let mut rc = self.rc();
+        let mut tables = Vec::new();
+        for g in 0..self.specs.len() {
+            let got: Entries = pool.table(SeqId(id), g).unwrap().entries().collect();
+            prop_assert_eq!(got.len(), len.div_ceil(self.bs));
+            let t = got.into_iter().map(|b| Self::take(&mut rc, b).map(Some)).collect::<Result<Entries, _>>()?;
+            for p in 0..len {
+                let want = t[p / self.bs].unwrap().0 as i64 * self.bs as i64 + (p % self.bs) as i64;
+                prop_assert_eq!(out.slots[g * len + p], want);
+            }
+            tables.push(t);
+        }
+        prop_assert_eq!((out.total_tokens, &out.seq_lens, out.cow.len()), (len, &vec![len as i32], 0));
+        self.seqs.insert(id, MSeq { len, frontier: 0, tables });
+        Ok(())
+    }
+
+    /// `mark_computed`: the frontier becomes the length and the release rule runs for a
+    /// next query at the length (an id listed twice changes nothing more).
+    fn apply_mark(&mut self, ids: &[u64]) {
+        let bs = self.bs;
+        for id in ids {
+            let s = self.seqs.get_mut(id).unwrap();
+            for (spec, t) in self.specs.iter().zip(s.tables.iter_mut()) {
+                for (i, e) in t.iter_mut().enumerate() {
+                    if released(spec, bs, i, s.len) {
+                        *e = None;
+                    }
+                }
+            }
+            s.frontier = s.len;
+        }
+    }
+
+    fn predict_truncate(&self, id: u64, n: usize) -> Option<Want> {
+        let Some(s) = self.seqs.get(&id) else { return Some(Want::Unknown(id)) };
+        if n > s.len {
+            return Some(Want::Invalid("num_tokens"));
+        }
+        let l2 = s.len - n;
+        for (spec, t) in self.specs.iter().zip(&s.tables) {
+            if (0..l2.div_ceil(self.bs)).any(|i| t[i].is_none() && needed_at(spec, self.bs, i, l2)) {
+                return Some(Want::Invalid("num_tokens"));
+            }
+        }
+        None
+    }
+
+    fn apply_truncate(&mut self, id: u64, n: usize) {
+        let bs = self.bs;
+        let s = self.seqs.get_mut(&id).unwrap();
+        s.len -= n;
+        s.frontier = s.frontier.min(s.len);
+        for t in &mut s.tables {
+            t.truncate(s.len.div_ceil(bs));
+        }
+    }
+
+    /// Blocks growing `s` by `n` tokens would allocate, every group, before releases: new
+    /// blocks, and a partly filled last entry's copy (shared) or fill (a hole).
+    fn needed(&self, s: &MSeq, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let rc = self.rc();
+        let end = (s.len + n).div_ceil(self.bs);
+        let partial = !s.len.is_multiple_of(self.bs);
+        s.tables.iter().map(|t| end - t.len() + (partial && t.last().copied().flatten().is_none_or(|b| rc[&b] > 1)) as usize).sum()
+    }
+
+    /// The stored pages of `t` in logical order, and FlashInfer's `kv_page_start` as the
+    /// contract defines it (the first stored block after the sink pages).
+    fn pages(&self, spec: &GroupSpec, t: &Entries) -> (Vec<usize>, usize) {
+        let stored: Vec<usize> = (0..t.len()).filter(|&i| t[i].is_some()).collect();
+        let sink_pages = sinks(spec).div_ceil(self.bs).min(stored.len());
+        let start = stored.get(sink_pages).copied().unwrap_or(t.len());
+        (stored, start)
+    }
+}
+
+// ---- comparing ----
+
+type Snapshot = (Vec<(u64, usize, usize, Vec<Entries>)>, Vec<u32>, usize, String, Vec<Entries>);
+
+fn snapshot(pool: &BlockPool) -> Snapshot {
+    let seqs = pool
+        .seq_ids()
+        .into_iter()
+        .map(|s| {
+            let tables = (0..pool.num_groups()).map(|g| pool.table(s, g).unwrap().entries().collect()).collect();
+            (s.0, pool.seq_len(s).unwrap(), pool.frontier(s).unwrap(), tables)
+        })
+        .collect();
+    let rc = (0..pool.num_blocks() as u32).map(|b| pool.refcount(BlockId(b)).unwrap()).collect();
+    // The blocks the next allocations hand out, in order (free-list order), read on a clone
+    // from the tables of one sequence that takes all it can.
+    let mut probe = pool.clone();
+    let (all, g) = (SeqId(u64::MAX), pool.num_groups());
+    probe.add_sequence(all, probe.num_free_blocks() / g * pool.block_size(), &mut StepOutput::default()).unwrap();
+    let next = (0..g).map(|k| probe.table(all, k).unwrap().entries().collect()).collect();
+    (seqs, rc, pool.num_free_blocks(), format!("{:?}", pool.stats()), next)
+}
+
+/// A [`TableSync`] mirror of every live table of every group, one row per sequence in id
+/// order, synced after each operation (only what changed is rewritten).
+struct Mirror {
+    /// Per group: the sync and the buffer it keeps up to date.
+    groups: Vec<(TableSync, Vec<i32>)>,
+}
+
+impl Mirror {
+    fn new(groups: usize, width: usize) -> Self {
+        let rows = ID_RANGE as usize;
+        Self { groups: (0..groups).map(|_| (TableSync::new(rows, width, -1).unwrap(), vec![-1; rows * width])).collect() }
+    }
+
+    fn check(&mut self, pool: &BlockPool, model: &Model) -> Result<(), TestCaseError> {
+        let ids: Vec<SeqId> = model.seqs.keys().map(|&s| SeqId(s)).collect();
+        for (g, (sync, buf)) in self.groups.iter_mut().enumerate() {
+            let cols = sync.width();
+            let widest = model.seqs.values().map(|s| s.tables[g].len()).max().unwrap_or(0);
+            let r = sync.sync(pool, g, &ids, buf);
+            if widest > cols {
+                // Refused whole: a later sync that fits rewrites every row.
+                prop_assert!(r.is_err(), "a table of {} blocks synced into {} columns", widest, cols);
+                continue;
+            }
+            r.map_err(|e| fail(format!("sync: {e}")))?;
+            for (r, s) in model.seqs.values().enumerate() {
+                for (c, &e) in buf[r * cols..(r + 1) * cols].iter().enumerate() {
+                    let want = s.tables[g].get(c).copied().flatten().map_or(-1, |b| b.0 as i32);
+                    prop_assert_eq!(e, want, "mirror of group {} row {} col {}", g, r, c);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_error(got: &KvError, want: &Want) -> Result<(), TestCaseError> {
+    let ok = match (got, want) {
+        (KvError::UnknownSequence(a), Want::Unknown(b)) | (KvError::DuplicateSequence(a), Want::Duplicate(b)) => a == b,
+        (KvError::InvalidArgument(m), Want::Invalid(arg)) => m.contains(arg),
+        (KvError::PoolExhausted { requested, free }, Want::Exhausted(r, f)) => (requested, free) == (r, f),
         _ => false,
     };
     prop_assert!(ok, "error {:?}, expected {:?}", got, want);
     Ok(())
 }
 
-impl Model {
-    fn new(num_blocks: usize, bs: usize) -> Self {
-        Self {
-            num_blocks,
-            bs,
-            seqs: BTreeMap::new(),
-            refc: HashMap::new(),
-            cow_copies: 0,
-            store: HashMap::new(),
-            contents: BTreeMap::new(),
-            next_value: 0,
-        }
-    }
-
-    fn free_blocks(&self) -> usize {
-        self.num_blocks - self.refc.len()
-    }
-
-    fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.bs)
-    }
-
-    fn slot(&self, block: u32, pos: usize) -> i64 {
-        block as i64 * self.bs as i64 + (pos % self.bs) as i64
-    }
-
-    fn decref(&mut self, b: u32) {
-        let rc = self.refc.get_mut(&b).expect("model decref of a free block");
-        *rc -= 1;
-        if *rc == 0 {
-            self.refc.remove(&b);
-        }
-    }
-
-    /// Blocks a sequence of appends needs, in order: growth plus one copy for a partly
-    /// filled last block that is still shared when its turn comes (an earlier copy in the
-    /// same batch may have made it private).
-    fn plan_need(&self, appends: &[(u64, usize)]) -> usize {
-        let mut refc = self.refc.clone();
-        let mut need = 0;
-        for &(seq, n) in appends {
-            if n == 0 {
-                continue;
-            }
-            let (table, len) = &self.seqs[&seq];
-            need += self.blocks_for(len + n) - table.len();
-            if len % self.bs != 0 {
-                let last = *table.last().unwrap();
-                let rc = refc.get_mut(&last).unwrap();
-                if *rc > 1 {
-                    *rc -= 1;
-                    need += 1;
-                }
-            }
-        }
-        need
-    }
-
-    /// Apply a successful append of `n` tokens to `seq` (a new sequence when `seq` is not
-    /// in the model), checking the pool's `slots` and consuming its copy-on-write pairs
-    /// from `cow[*ci..]`.
-    fn apply_append(
-        &mut self,
-        seq: u64,
-        n: usize,
-        slots: &[i64],
-        cow: &[(BlockId, BlockId)],
-        ci: &mut usize,
-    ) -> Result<(), TestCaseError> {
-        prop_assert_eq!(slots.len(), n, "slot count of {} new tokens", n);
-        let (mut table, len) = self.seqs.get(&seq).cloned().unwrap_or_default();
-        if n == 0 {
-            self.seqs.insert(seq, (table, len));
-            self.contents.entry(seq).or_default();
-            return Ok(());
-        }
-        let bs = self.bs;
-        if len % bs != 0 {
-            let last = *table.last().unwrap();
-            if self.refc[&last] > 1 {
-                prop_assert!(*ci < cow.len(), "no copy-on-write pair for shared partial {}", last);
-                let (src, dst) = cow[*ci];
-                *ci += 1;
-                prop_assert_eq!(src.0, last);
-                prop_assert!((dst.0 as usize) < self.num_blocks);
-                prop_assert!(!self.refc.contains_key(&dst.0), "copy target {} was not free", dst.0);
-                // The caller copies the filled slots of its own partial block.
-                for off in 0..len % bs {
-                    let v = self.store[&self.slot(src.0, off)];
-                    self.store.insert(self.slot(dst.0, off), v);
-                }
-                self.decref(src.0);
-                self.refc.insert(dst.0, 1);
-                *table.last_mut().unwrap() = dst.0;
-                self.cow_copies += 1;
-            }
-        }
-        let contents = self.contents.entry(seq).or_default();
-        for (i, &slot) in slots.iter().enumerate() {
-            let pos = len + i;
-            let bi = pos / bs;
-            prop_assert!(slot >= 0 && slot < (self.num_blocks * bs) as i64, "slot {} out of range", slot);
-            prop_assert_eq!((slot % bs as i64) as usize, pos % bs, "slot offset of token {}", pos);
-            let block = (slot / bs as i64) as u32;
-            if bi < table.len() {
-                prop_assert_eq!(block, table[bi], "slot {} of token {} is not in its block", slot, pos);
-            } else {
-                prop_assert_eq!(bi, table.len());
-                prop_assert!(!self.refc.contains_key(&block), "new block {} was not free", block);
-                self.refc.insert(block, 1);
-                table.push(block);
-            }
-            self.store.insert(slot, self.next_value);
-            contents.push(self.next_value);
-            self.next_value += 1;
-        }
-        self.seqs.insert(seq, (table, len + n));
-        Ok(())
-    }
-
-    fn truncate(&mut self, seq: u64, n: usize) {
-        let (mut table, len) = self.seqs.remove(&seq).unwrap();
-        let keep = self.blocks_for(len - n);
-        for b in table.drain(keep..).rev() {
-            self.decref(b);
-        }
-        self.seqs.insert(seq, (table, len - n));
-        self.contents.get_mut(&seq).unwrap().truncate(len - n);
-    }
-
-    fn free(&mut self, seq: u64) {
-        let (table, _) = self.seqs.remove(&seq).unwrap();
-        for b in table {
-            self.decref(b);
-        }
-        self.contents.remove(&seq);
-    }
-
-    /// Statistics as defined in the issue, computed from the model.
-    fn stats(&self) -> PoolStats {
-        let bs = self.bs;
-        let mut fill: HashMap<u32, usize> = HashMap::new();
-        let mut logical = 0u64;
-        for (table, len) in self.seqs.values() {
-            logical += *len as u64;
-            for (i, &b) in table.iter().enumerate() {
-                let f = (len - i * bs).min(bs);
-                let e = fill.entry(b).or_insert(0);
-                *e = (*e).max(f);
-            }
-        }
-        let stored: u64 = fill.values().map(|&f| f as u64).sum();
-        let used = self.refc.len();
-        let capacity = (used * bs) as u64;
-        PoolStats {
-            block_size: bs,
-            total_blocks: self.num_blocks,
-            free_blocks: self.free_blocks(),
-            used_blocks: used,
-            num_seqs: self.seqs.len(),
-            logical_tokens: logical,
-            stored_tokens: stored,
-            shared_blocks: self.refc.values().filter(|&&c| c > 1).count(),
-            cow_copies: self.cow_copies,
-            empty_slots: capacity - stored,
-            utilization: if capacity == 0 { 1.0 } else { stored as f64 / capacity as f64 },
-            idle_cached_blocks: 0,
-            group_blocks: vec![used],
-            group_stored_tokens: vec![stored],
-            group_holes: vec![0],
-        }
-    }
-}
-
-/// Everything observable about a pool, for "a failed operation changed nothing".
-#[derive(Debug, PartialEq)]
-struct Snapshot {
-    stats: PoolStats,
-    tables: Vec<(u64, Vec<BlockId>, usize)>,
-    refcounts: Vec<u32>,
-    /// The blocks the next allocations hand out, in order (free-list order).
-    next_blocks: Vec<BlockId>,
-}
-
-fn snapshot(pool: &BlockPool) -> Snapshot {
-    let tables = pool
-        .seq_ids()
-        .into_iter()
-        .map(|s| {
-            let t = pool.blocks_of(s).unwrap();
-            (s.0, t, pool.seq_len(s).unwrap())
-        })
-        .collect();
-    let refcounts = (0..pool.num_blocks() as u32).map(|b| pool.refcount(BlockId(b)).unwrap()).collect();
-    // Taken on a clone: admit one sequence filling every free block and read its table.
-    let mut probe = pool.clone();
-    let all = SeqId(u64::MAX);
-    probe.add_sequence_flat(all, probe.num_free_blocks() * probe.block_size(), &mut Vec::new()).unwrap();
-    let next_blocks = probe.blocks_of(all).unwrap();
-    Snapshot { stats: pool.stats(), tables, refcounts, next_blocks }
-}
-
-/// Full comparison of pool and model, exports included.
-fn compare(pool: &BlockPool, model: &Model) -> Result<(), TestCaseError> {
-    if let Err(e) = pool.check_invariants() {
-        return Err(TestCaseError::fail(format!("check_invariants: {e}")));
-    }
-    let ids: Vec<SeqId> = model.seqs.keys().map(|&s| SeqId(s)).collect();
-    prop_assert_eq!(pool.seq_ids(), ids.clone());
-    for (&s, (table, len)) in &model.seqs {
-        let t = pool.blocks_of(SeqId(s)).unwrap();
-        let got: Vec<u32> = t.iter().map(|b| b.0).collect();
-        prop_assert_eq!(&got, table, "table of sequence {}", s);
-        prop_assert_eq!(pool.seq_len(SeqId(s)).unwrap(), *len, "length of sequence {}", s);
-        for n in [0, 1, model.bs, 2 * model.bs + 1] {
-            prop_assert_eq!(
-                pool.blocks_needed(SeqId(s), n).unwrap(),
-                model.plan_need(&[(s, n)]),
-                "blocks_needed({}, {})",
-                s,
-                n
-            );
-        }
-        // Every live token reads back its own value through the slot mapping.
-        let contents = &model.contents[&s];
-        prop_assert_eq!(contents.len(), *len);
-        for (pos, &v) in contents.iter().enumerate() {
-            let slot = model.slot(table[pos / model.bs], pos);
-            prop_assert_eq!(model.store.get(&slot), Some(&v), "token {} of sequence {} at slot {}", pos, s, slot);
-        }
-    }
+fn compare(model: &Model, pool: &BlockPool) -> Result<(), TestCaseError> {
+    pool.check_invariants().map_err(|e| fail(format!("{e}")))?;
+    let bs = model.bs;
+    let ids: Vec<u64> = pool.seq_ids().iter().map(|s| s.0).collect();
+    prop_assert_eq!(&ids, &model.seqs.keys().copied().collect::<Vec<_>>());
+    let rc = model.rc();
     for b in 0..model.num_blocks as u32 {
-        let want = model.refc.get(&b).copied().unwrap_or(0);
-        prop_assert_eq!(pool.refcount(BlockId(b)).unwrap(), want, "refcount of block {}", b);
+        prop_assert_eq!(pool.refcount(BlockId(b)).unwrap(), rc.get(&BlockId(b)).copied().unwrap_or(0), "refcount of block {}", b);
     }
-    prop_assert_eq!(pool.num_free_blocks(), model.free_blocks());
-    prop_assert_eq!(pool.stats(), model.stats());
-
-    // Exports, against the model's tables.
-    let width = model.seqs.values().map(|(t, _)| t.len()).max().unwrap_or(0);
-    let mut padded = vec![0i32; ids.len() * width];
-    pool.padded_tables_into(&ids, 0, width, -7, &mut padded).unwrap();
-    let (indptr, indices, last, _) = pool.flashinfer_tables(&ids, 0).unwrap();
-    prop_assert_eq!(indptr.len(), ids.len() + 1);
-    prop_assert_eq!(indptr[0], 0);
-    for (i, (table, len)) in model.seqs.values().enumerate() {
-        let row = &padded[i * width..(i + 1) * width];
-        for (j, &e) in row.iter().enumerate() {
-            prop_assert_eq!(e, table.get(j).map_or(-7, |&b| b as i32));
-        }
-        let (a, b) = (indptr[i] as usize, indptr[i + 1] as usize);
-        let want: Vec<i32> = table.iter().map(|&b| b as i32).collect();
-        prop_assert_eq!(&indices[a..b], &want[..]);
-        let want_last = if *len == 0 { 0 } else { len - (table.len() - 1) * model.bs };
-        prop_assert_eq!(last[i] as usize, want_last);
-    }
-    prop_assert_eq!(indices.len(), indptr[ids.len()] as usize);
-    Ok(())
-}
-
-/// A [`TableSync`] mirror of every live table, one row per sequence in id order.
-struct Mirror {
-    sync: TableSync,
-    buf: Vec<i32>,
-}
-
-impl Mirror {
-    fn new(num_blocks: usize) -> Self {
-        let rows = ID_RANGE as usize;
-        Self { sync: TableSync::new(rows, num_blocks, -1).unwrap(), buf: vec![-1; rows * num_blocks] }
-    }
-
-    /// Sync, check that the mirror equals the model's tables, return the entries written.
-    fn check(&mut self, pool: &BlockPool, model: &Model) -> Result<usize, TestCaseError> {
-        let ids: Vec<SeqId> = model.seqs.keys().map(|&s| SeqId(s)).collect();
-        let written = match self.sync.sync(pool, 0, &ids, &mut self.buf) {
-            Ok(w) => w,
-            Err(e) => return Err(TestCaseError::fail(format!("sync: {e}"))),
-        };
-        let cols = self.sync.width();
-        for (i, (table, _)) in model.seqs.values().enumerate() {
-            for (j, &e) in self.buf[i * cols..(i + 1) * cols].iter().enumerate() {
-                prop_assert_eq!(e, table.get(j).map_or(-1, |&b| b as i32), "mirror row {} col {}", i, j);
-            }
-        }
-        Ok(written)
-    }
-}
-
-/// The model's verdict on an operation that must fail, or `None` when it must succeed.
-fn expected_error(model: &Model, op: &Op) -> Option<Expect> {
-    let known = |s: &u64| model.seqs.contains_key(s);
-    let exhausted = |need: usize| {
-        (need > model.free_blocks()).then(|| Expect::Exhausted { requested: need, free: model.free_blocks() })
-    };
-    match op {
-        Op::Add { seq, len } => {
-            if known(seq) {
-                return Some(Expect::Duplicate(*seq));
-            }
-            exhausted(model.blocks_for(*len))
-        }
-        Op::Append { seq, n } => {
-            if !known(seq) {
-                return Some(Expect::Unknown(*seq));
-            }
-            exhausted(model.plan_need(&[(*seq, *n)]))
-        }
-        Op::Step { seqs, counts } => {
-            if seqs.len() != counts.len() {
-                return Some(Expect::Invalid);
-            }
-            let mut seen = BTreeSet::new();
-            for s in seqs {
-                if !known(s) {
-                    return Some(Expect::Unknown(*s));
-                }
-                if !seen.insert(*s) {
-                    return Some(Expect::Invalid);
+    prop_assert_eq!(pool.num_free_blocks(), model.num_blocks - rc.len());
+    let seqs: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+    let width = pool.max_table_len(&seqs).unwrap();
+    prop_assert_eq!(width, model.seqs.values().map(|s| s.len.div_ceil(bs)).max().unwrap_or(0));
+    let mut holes = vec![0u64; model.specs.len()];
+    for (g, spec) in model.specs.iter().enumerate() {
+        let mut padded = vec![0i32; seqs.len() * width];
+        pool.padded_tables_into(&seqs, g, width, -7, &mut padded).unwrap();
+        let (indptr, indices, last, start) = pool.flashinfer_tables(&seqs, g).unwrap();
+        prop_assert_eq!(indptr.len(), seqs.len() + 1);
+        for (r, (id, s)) in model.seqs.iter().enumerate() {
+            let sid = SeqId(*id);
+            prop_assert_eq!((pool.seq_len(sid).unwrap(), pool.frontier(sid).unwrap()), (s.len, s.frontier));
+            let t = &s.tables[g];
+            holes[g] += t.iter().filter(|e| e.is_none()).count() as u64;
+            let got: Entries = pool.table(sid, g).unwrap().entries().collect();
+            prop_assert_eq!(&got, t, "sequence {} group {}", id, g);
+            if g == 0 {
+                for n in [0, 1, bs, 2 * bs + 1] {
+                    prop_assert_eq!(pool.blocks_needed(sid, n).unwrap(), model.needed(s, n), "blocks_needed({}, {})", id, n);
                 }
             }
-            let batch: Vec<(u64, usize)> = seqs.iter().copied().zip(counts.iter().copied()).collect();
-            exhausted(model.plan_need(&batch))
-        }
-        Op::Fork { parent, child } => {
-            if known(child) {
-                return Some(Expect::Duplicate(*child));
+            for (c, e) in t.iter().enumerate() {
+                prop_assert_eq!(padded[r * width + c], e.map_or(-7, |b| b.0 as i32));
             }
-            (!known(parent)).then_some(Expect::Unknown(*parent))
-        }
-        Op::Truncate { seq, n } => match model.seqs.get(seq) {
-            None => Some(Expect::Unknown(*seq)),
-            Some((_, len)) => (n > len).then_some(Expect::Invalid),
-        },
-        Op::Free { seq } => (!known(seq)).then_some(Expect::Unknown(*seq)),
-    }
-}
-
-/// Run `op` on the pool; on success apply it to the model, checking the pool's outputs.
-fn run_op(pool: &mut BlockPool, model: &mut Model, op: &Op) -> Result<Result<(), KvError>, TestCaseError> {
-    let mut slots = Vec::new();
-    let mut cow = Vec::new();
-    let mut ci = 0;
-    let r = match op {
-        Op::Add { seq, len } => pool.add_sequence_flat(SeqId(*seq), *len, &mut slots),
-        Op::Append { seq, n } => pool.append_flat(SeqId(*seq), *n, &mut slots, &mut cow),
-        Op::Step { seqs, counts } => {
-            let ids: Vec<SeqId> = seqs.iter().map(|&s| SeqId(s)).collect();
-            let mut out = StepOutput::default();
-            // Odd-length pure decode batches go through `step_decode`, the rest `step`.
-            let r = if seqs.len() % 2 == 1 && counts.len() == seqs.len() && counts.iter().all(|&n| n == 1) {
-                pool.step_decode(&ids, &mut out)
-            } else {
-                pool.step(&ids, counts, &mut out)
+            prop_assert!(padded[r * width + t.len()..(r + 1) * width].iter().all(|&x| x == -7));
+            let (stored, page_start) = model.pages(spec, t);
+            let row = &indices[indptr[r] as usize..indptr[r + 1] as usize];
+            prop_assert_eq!(row.to_vec(), stored.iter().map(|&i| t[i].unwrap().0 as i32).collect::<Vec<_>>());
+            prop_assert_eq!(start[r] as usize, page_start);
+            // The contract's rebuild of each page's logical block from kv_page_start.
+            let sp = sinks(spec).div_ceil(bs).min(page_start);
+            let rebuilt: Vec<usize> = (0..row.len()).map(|j| if j < sp { j } else { page_start + j - sp }).collect();
+            prop_assert_eq!(&rebuilt, &stored);
+            let want_last = match (stored.is_empty(), t.last()) {
+                (true, _) => 0,
+                (false, Some(Some(_))) => (s.len - 1) % bs + 1,
+                _ => bs,
             };
-            if r.is_ok() {
-                let mut at = 0;
-                for (i, (&s, &n)) in seqs.iter().zip(counts).enumerate() {
-                    prop_assert!(at + n <= out.slots.len(), "step returned too few slots");
-                    model.apply_append(s, n, &out.slots[at..at + n], &out.cow, &mut ci)?;
-                    at += n;
-                    prop_assert_eq!(out.seq_lens[i] as usize, model.seqs[&s].1, "seq_lens[{}]", i);
+            prop_assert_eq!(last[r] as usize, want_last);
+            let mut ranges: Vec<(usize, usize)> = Vec::new();
+            for &i in &stored {
+                let (a, b) = (i * bs, ((i + 1) * bs).min(s.len));
+                match ranges.last_mut() {
+                    Some(x) if x.1 == a => x.1 = b,
+                    _ => ranges.push((a, b)),
                 }
-                prop_assert_eq!(at, out.slots.len(), "step returned extra slots");
-                prop_assert_eq!(out.seq_lens.len(), seqs.len());
-                prop_assert_eq!(ci, out.cow.len(), "step returned extra copy-on-write pairs");
             }
-            return Ok(r);
-        }
-        Op::Fork { parent, child } => pool.fork(SeqId(*parent), SeqId(*child)),
-        Op::Truncate { seq, n } => pool.truncate(SeqId(*seq), *n),
-        Op::Free { seq } => pool.free(SeqId(*seq)),
-    };
-    if r.is_ok() {
-        match op {
-            Op::Add { seq, len } => model.apply_append(*seq, *len, &slots, &[], &mut ci)?,
-            Op::Append { seq, n } => model.apply_append(*seq, *n, &slots, &cow, &mut ci)?,
-            Op::Fork { parent, child } => {
-                let (table, len) = model.seqs[parent].clone();
-                for b in &table {
-                    *model.refc.get_mut(b).unwrap() += 1;
-                }
-                model.seqs.insert(*child, (table, len));
-                let c = model.contents[parent].clone();
-                model.contents.insert(*child, c);
-            }
-            Op::Truncate { seq, n } => model.truncate(*seq, *n),
-            Op::Free { seq } => model.free(*seq),
-            Op::Step { .. } => unreachable!(),
-        }
-        prop_assert_eq!(ci, cow.len(), "unexpected copy-on-write pairs {:?}", cow);
-    }
-    Ok(r)
-}
-
-/// Run a program (its operations resolved one by one against the model) and tear down.
-/// One table mirror syncs after every operation, a second one only every `sync_period`
-/// operations, so that it sees several changes of a table at once.
-fn run_program(
-    num_blocks: usize,
-    bs: usize,
-    sync_period: usize,
-    len: usize,
-    mut next_op: impl FnMut(usize, &Model) -> Op,
-) -> Result<(), TestCaseError> {
-    let mut pool = BlockPool::new(num_blocks, bs).unwrap();
-    let mut model = Model::new(num_blocks, bs);
-    let mut eager = Mirror::new(num_blocks);
-    let mut lazy = Mirror::new(num_blocks);
-    compare(&pool, &model)?;
-    eager.check(&pool, &model)?;
-    for step in 0..len {
-        if step % sync_period == 0 {
-            lazy.check(&pool, &model)?;
-        }
-        let op = &next_op(step, &model);
-        let before = snapshot(&pool);
-        let expect = expected_error(&model, op);
-        match (run_op(&mut pool, &mut model, op)?, expect) {
-            (Ok(()), None) => {
-                compare(&pool, &model)?;
-                eager.check(&pool, &model)?;
-            }
-            (Err(e), Some(want)) => {
-                check_error(&e, &want).map_err(|f| TestCaseError::fail(format!("op {step} {op:?}: {f}")))?;
-                prop_assert_eq!(&snapshot(&pool), &before, "op {} {:?} failed but changed the pool", step, op);
-                // Nothing changed, so the mirror has nothing to write.
-                compare(&pool, &model)?;
-                prop_assert_eq!(eager.check(&pool, &model)?, 0, "op {} {:?}", step, op);
-            }
-            (got, want) => {
-                prop_assert!(false, "op {} {:?}: pool gave {:?}, model expected {:?}", step, op, got, want);
-            }
+            prop_assert_eq!(pool.stored_ranges(sid, g).unwrap(), ranges);
         }
     }
-    // Teardown: freeing every sequence returns every block.
-    for s in model.seqs.keys().copied().collect::<Vec<_>>() {
-        pool.free(SeqId(s)).unwrap();
-        model.free(s);
-        compare(&pool, &model)?;
-        eager.check(&pool, &model)?;
-    }
-    lazy.check(&pool, &model)?;
-    prop_assert_eq!(pool.num_free_blocks(), num_blocks);
+    let st = pool.stats();
+    prop_assert_eq!(&st.group_holes, &holes);
+    prop_assert_eq!(st.cow_copies, model.cow_copies);
+    prop_assert_eq!(st.used_blocks, rc.len());
+    prop_assert_eq!(st.logical_tokens, model.seqs.values().map(|s| s.len as u64).sum::<u64>());
     Ok(())
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+/// Run `op` on both; true when it failed (as predicted).
+fn run_op(model: &mut Model, pool: &mut BlockPool, op: &Op, out: &mut StepOutput) -> Result<bool, TestCaseError> {
+    let (want, got) = match op {
+        Op::Add(id, len) => (model.predict_add(*id, *len), pool.add_sequence(SeqId(*id), *len, out)),
+        Op::Step(ids, counts) => {
+            let seqs: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+            (model.predict_step(ids, counts), pool.step(&seqs, counts, out))
+        }
+        Op::Decode(ids) => {
+            let seqs: Vec<SeqId> = ids.iter().map(|&i| SeqId(i)).collect();
+            (model.predict_step(ids, &vec![1; ids.len()]), pool.step_decode(&seqs, out))
+        }
+        Op::Fork(p, c) => {
+            let want = if model.seqs.contains_key(c) {
+                Some(Want::Duplicate(*c))
+            } else if !model.seqs.contains_key(p) {
+                Some(Want::Unknown(*p))
+            } else {
+                None
+            };
+            (want, pool.fork(SeqId(*p), SeqId(*c)))
+        }
+        Op::Truncate(id, n) => (model.predict_truncate(*id, *n), pool.truncate(SeqId(*id), *n)),
+        Op::Free(id) => ((!model.seqs.contains_key(id)).then_some(Want::Unknown(*id)), pool.free(SeqId(*id))),
+        Op::Mark(v) => {
+            let want = v.iter().find(|i| !model.seqs.contains_key(i)).map(|&i| Want::Unknown(i));
+            (want, pool.mark_computed(&ids(v)))
+        }
+    };
+    match (want, got) {
+        (Some(w), Err(e)) => check_error(&e, &w).map(|()| true),
+        (Some(w), Ok(())) => Err(fail(format!("succeeded, expected {w:?}"))),
+        (None, Err(e)) => Err(fail(format!("failed with {e:?}"))),
+        (None, Ok(())) => (match op {
+            Op::Add(id, len) => model.apply_add(*id, *len, pool, out),
+            Op::Step(ids, counts) => model.apply_step(ids, counts, pool, out),
+            Op::Decode(ids) => model.apply_step(ids, &vec![1; ids.len()], pool, out),
+            Op::Fork(p, c) => {
+                let s = model.seqs[p].clone();
+                model.seqs.insert(*c, s);
+                Ok(())
+            }
+            Op::Truncate(id, n) => {
+                model.apply_truncate(*id, *n);
+                Ok(())
+            }
+            Op::Free(id) => {
+                model.seqs.remove(id);
+                Ok(())
+            }
+            Op::Mark(v) => {
+                model.apply_mark(v);
+                Ok(())
+            }
+        })
+        .map(|()| false),
+    }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 20_000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// `plain`: a pool of one full group built without groups (`BlockPool::new`).
     #[test]
-    fn pool_matches_model(
-        num_blocks in 1usize..=32,
-        bs in 1usize..=6,
-        sync_period in 1usize..=6,
-        program in proptest::collection::vec(gen_strategy(), 1..80),
+    fn pool_follows_the_model(
+        specs in proptest::collection::vec(gen_spec(), 1..=4),
+        plain in any::<bool>(),
+        bs in 1..=8usize,
+        num_blocks in 4..72usize,
+        program in proptest::collection::vec(gen_op(), 1..60),
     ) {
-        run_program(num_blocks, bs, sync_period, program.len(), |i, model| {
+        let specs = if plain { vec![GroupSpec::Full] } else { specs };
+        let mut pool = if plain {
+            BlockPool::new(num_blocks, bs).unwrap()
+        } else {
+            BlockPool::with_groups(num_blocks, bs, specs.clone()).unwrap()
+        };
+        let mut model = Model { specs, bs, num_blocks, seqs: BTreeMap::new(), cow_copies: 0 };
+        let mut mirror = Mirror::new(model.specs.len(), num_blocks + 8);
+        let mut out = StepOutput::default();
+        for g in &program {
             let live: Vec<u64> = model.seqs.keys().copied().collect();
-            program[i].resolve(&live)
-        })?;
-    }
-}
-
-/// Scenarios the random search must not miss, run as fixed programs through the same model.
-#[test]
-fn fixed_programs() {
-    use Op::*;
-    let programs: Vec<(usize, usize, Vec<Op>)> = vec![
-        // Fork a partly filled sequence; both sides append in one step: one copy only.
-        (
-            8,
-            4,
-            vec![Add { seq: 0, len: 6 }, Fork { parent: 0, child: 1 }, Step { seqs: vec![0, 1], counts: vec![1, 1] }],
-        ),
-        // Full shared blocks are never copied.
-        (6, 4, vec![Add { seq: 0, len: 8 }, Fork { parent: 0, child: 1 }, Append { seq: 1, n: 3 }]),
-        // A block full for the parent but partial for a truncated child is copied.
-        (
-            6,
-            4,
-            vec![
-                Add { seq: 0, len: 8 },
-                Fork { parent: 0, child: 1 },
-                Truncate { seq: 1, n: 2 },
-                Append { seq: 1, n: 1 },
-                Append { seq: 0, n: 1 },
-            ],
-        ),
-        // Exhaustion counted with the copy: 1 free block, append needs copy + growth.
-        (3, 2, vec![Add { seq: 0, len: 3 }, Fork { parent: 0, child: 1 }, Append { seq: 1, n: 2 }]),
-        // Failing steps: duplicate, unknown, mismatched lengths, exhaustion.
-        (
-            4,
-            2,
-            vec![
-                Add { seq: 0, len: 1 },
-                Step { seqs: vec![0, 0], counts: vec![1, 1] },
-                Step { seqs: vec![0, 5], counts: vec![1, 1] },
-                Step { seqs: vec![0], counts: vec![1, 1] },
-                Step { seqs: vec![0], counts: vec![40] },
-                Truncate { seq: 0, n: 2 },
-                Fork { parent: 3, child: 4 },
-                Fork { parent: 0, child: 0 },
-            ],
-        ),
-    ];
-    for (nb, bs, ops) in programs {
-        if let Err(e) = run_program(nb, bs, 3, ops.len(), |i, _| ops[i].clone()) {
-            panic!("{ops:?}: {e}");
+            let op = resolve(g, &live);
+            let before = snapshot(&pool);
+            out.slots.push(-1);
+            let failed = run_op(&mut model, &mut pool, &op, &mut out).map_err(|e| fail(format!("{op:?}: {e}")))?;
+            if failed {
+                prop_assert_eq!(snapshot(&pool), before, "{:?} failed but changed the pool", op);
+                if matches!(op, Op::Add(..) | Op::Step(..) | Op::Decode(..)) {
+                    prop_assert!(out.slots.is_empty() && out.cow.is_empty() && out.seq_lens.is_empty());
+                }
+            }
+            compare(&model, &pool).map_err(|e| fail(format!("after {op:?}: {e}")))?;
+            mirror.check(&pool, &model).map_err(|e| fail(format!("after {op:?}: {e}")))?;
         }
     }
 }
 
-/// Lengths are exported as int32: growth past `MAX_SEQ_TOKENS` is refused as an invalid
-/// argument before blocks are counted, whatever room the pool has; exactly at the limit
-/// it is a matter of room.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A windowed sequence grown to 100x its window (random step sizes, decode runs) holds
+    /// at most `ceil(S/bs) + ceil((w-1)/bs) + 1 + ceil(n/bs)` blocks in each windowed group
+    /// right after a growth of `n` tokens, and its table's memory stays bounded too.
+    #[test]
+    fn windowed_sequences_hold_a_bounded_number_of_blocks(
+        window in 1..40usize,
+        sink in 0..10usize,
+        bs in 1..=8usize,
+        steps in proptest::collection::vec(prop_oneof![1 => 1..=80usize, 3 => Just(1usize)], 1..40),
+    ) {
+        let specs = vec![GroupSpec::SlidingWindow { window, sink_tokens: sink }, GroupSpec::Full];
+        let mut pool = BlockPool::with_groups(100_000, bs, specs).unwrap();
+        let mut out = StepOutput::default();
+        // A prompt of 20 windows: the growths after it give its table memory back.
+        pool.add_sequence(SeqId(1), 20 * window, &mut out).unwrap();
+        let bound = |n: usize| sink.div_ceil(bs) + (window - 1).div_ceil(bs) + 1 + n.div_ceil(bs);
+        let target = 100 * window;
+        let mut i = 0;
+        while pool.seq_len(SeqId(1)).unwrap() < target {
+            let n = steps[i % steps.len()];
+            i += 1;
+            if n == 1 {
+                pool.step_decode(&[SeqId(1)], &mut out).unwrap();
+            } else {
+                pool.step(&[SeqId(1)], &[n], &mut out).unwrap();
+            }
+            let t = pool.table(SeqId(1), 0).unwrap();
+            prop_assert!(t.num_stored() <= bound(n), "{} blocks after a growth of {} at length {}", t.num_stored(), n, pool.seq_len(SeqId(1)).unwrap());
+            prop_assert!(t.capacity() <= 4 * bound(80) + 64, "table memory {} entries", t.capacity());
+            prop_assert_eq!(pool.stats().group_blocks[0], t.num_stored());
+        }
+        pool.check_invariants().unwrap();
+        let len = pool.seq_len(SeqId(1)).unwrap();
+        prop_assert_eq!(pool.table(SeqId(1), 1).unwrap().num_stored(), len.div_ceil(bs));
+    }
+}
+
+fn ids(v: &[u64]) -> Vec<SeqId> {
+    v.iter().map(|&i| SeqId(i)).collect()
+}
+
+/// A parent's release and a forked child's append into the same block in one batch: the
+/// release leaves the child the only holder, so nothing is copied and the tight pool fits.
 #[test]
-fn length_limit() {
-    use pykvpool::pool::MAX_SEQ_TOKENS;
-    let mut pool = BlockPool::new(4, 1 << 16).unwrap();
-    let (mut slots, mut cow, mut out) = (Vec::new(), Vec::new(), StepOutput::default());
-    let invalid = |r: Result<(), KvError>| matches!(r, Err(KvError::InvalidArgument(_)));
-    assert!(invalid(pool.add_sequence_flat(SeqId(0), MAX_SEQ_TOKENS + 1, &mut slots)));
-    pool.add_sequence_flat(SeqId(0), 5, &mut slots).unwrap();
-    assert!(invalid(pool.append_flat(SeqId(0), MAX_SEQ_TOKENS - 4, &mut slots, &mut cow)));
-    assert!(invalid(pool.step(&[SeqId(0)], &[MAX_SEQ_TOKENS - 4], &mut out)));
-    assert!(invalid(pool.step(&[SeqId(0)], &[usize::MAX], &mut out)));
-    assert!(pool.blocks_needed(SeqId(0), usize::MAX).is_err());
-    let at_limit = pool.append_flat(SeqId(0), MAX_SEQ_TOKENS - 5, &mut slots, &mut cow);
-    assert_eq!(at_limit, Err(KvError::PoolExhausted { requested: 32767, free: 3 }));
-    assert_eq!((pool.seq_len(SeqId(0)).unwrap(), slots.len(), pool.num_free_blocks()), (5, 5, 3));
+fn a_release_in_the_batch_spares_a_copy() {
+    let mut pool = BlockPool::with_groups(2, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
+    let mut out = StepOutput::default();
+    pool.add_sequence(SeqId(1), 8, &mut out).unwrap();
+    pool.fork(SeqId(1), SeqId(2)).unwrap();
+    pool.truncate(SeqId(2), 2).unwrap();
+    assert_eq!(pool.num_free_blocks(), 0);
+    pool.step(&ids(&[1, 2]), &[1, 1], &mut out).unwrap();
+    assert!(out.cow.is_empty(), "{:?}", out.cow);
+    let t2: Entries = pool.table(SeqId(2), 0).unwrap().entries().collect();
+    assert_eq!(t2[0], None);
+    assert_eq!(out.slots[1], t2[1].unwrap().0 as i64 * 4 + 2);
+    pool.check_invariants().unwrap();
+}
+
+/// After a truncation, a window of one token may end in a hole: the next growth fills it
+/// with a new block, and the capacity check counts that block.
+#[test]
+fn a_trailing_hole_is_filled_and_counted() {
+    let mut pool = BlockPool::with_groups(3, 4, vec![GroupSpec::SlidingWindow { window: 1, sink_tokens: 0 }]).unwrap();
+    let mut out = StepOutput::default();
+    pool.add_sequence(SeqId(1), 8, &mut out).unwrap();
+    pool.step_decode(&[SeqId(1)], &mut out).unwrap();
+    pool.truncate(SeqId(1), 2).unwrap();
+    assert_eq!(pool.table(SeqId(1), 0).unwrap().entries().collect::<Entries>(), vec![None, None]);
+    assert_eq!(pool.blocks_needed(SeqId(1), 1).unwrap(), 1);
+    pool.add_sequence(SeqId(2), 12, &mut out).unwrap();
+    let before = snapshot(&pool);
+    let r = pool.step_decode(&[SeqId(1)], &mut out);
+    assert_eq!(r, Err(KvError::PoolExhausted { requested: 1, free: 0 }));
+    assert_eq!(snapshot(&pool), before);
+    pool.free(SeqId(2)).unwrap();
+    pool.step_decode(&[SeqId(1)], &mut out).unwrap();
+    let t: Entries = pool.table(SeqId(1), 0).unwrap().entries().collect();
+    assert_eq!(out.slots, vec![t[1].unwrap().0 as i64 * 4 + 3]);
+    pool.check_invariants().unwrap();
+}
+
+/// Truncation refuses to roll back past the window, naming num_tokens, and changes nothing.
+#[test]
+fn truncation_stays_within_the_window() {
+    let specs = vec![GroupSpec::Full, GroupSpec::SlidingWindow { window: 4, sink_tokens: 2 }];
+    let mut pool = BlockPool::with_groups(64, 2, specs).unwrap();
+    let mut out = StepOutput::default();
+    pool.add_sequence(SeqId(1), 10, &mut out).unwrap();
+    for _ in 0..6 {
+        pool.step_decode(&[SeqId(1)], &mut out).unwrap();
+    }
+    // Length 16, frontier 15, first_needed(15) = 12: blocks 1..=5 (positions 2..12)
+    // released in the window group; the sink block 0 stays.
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (12, 16)]);
+    assert_eq!(pool.stored_ranges(SeqId(1), 0).unwrap(), vec![(0, 16)]);
+    let (indptr, _, last, start) = pool.flashinfer_tables(&ids(&[1]), 1).unwrap();
+    assert_eq!((indptr, last, start), (vec![0, 3], vec![2], vec![6]));
+    let before = snapshot(&pool);
+    // Back to 14: the query at 14 needs positions 11..14, and block 5 (10..12) is gone.
+    let err = pool.truncate(SeqId(1), 2).unwrap_err();
+    assert!(matches!(&err, KvError::InvalidArgument(m) if m.contains("num_tokens")), "{err:?}");
+    assert_eq!(snapshot(&pool), before);
+    pool.truncate(SeqId(1), 1).unwrap();
+    assert_eq!((pool.seq_len(SeqId(1)).unwrap(), pool.frontier(SeqId(1)).unwrap()), (15, 15));
+    pool.check_invariants().unwrap();
+}
+
+/// `mark_computed` releases at once what the next growth would release first, idempotently;
+/// the next growth then releases nothing more, and an unknown id anywhere in the list
+/// changes nothing (not even the frontiers of the known ids before it).
+#[test]
+fn mark_computed_releases_now_and_is_idempotent() {
+    let specs = vec![GroupSpec::Full, GroupSpec::SlidingWindow { window: 5, sink_tokens: 2 }];
+    let mut pool = BlockPool::with_groups(64, 2, specs).unwrap();
+    let mut out = StepOutput::default();
+    pool.add_sequence(SeqId(1), 4, &mut out).unwrap();
+    pool.add_sequence(SeqId(2), 3, &mut out).unwrap();
+    pool.step(&ids(&[1]), &[8], &mut out).unwrap();
+    // Length 12, frontier 4: first_needed(4) = 0, nothing released yet.
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 12)]);
+    let before = snapshot(&pool);
+    assert_eq!(pool.mark_computed(&ids(&[1, 2, 7])), Err(KvError::UnknownSequence(7)));
+    assert_eq!(snapshot(&pool), before);
+    let free = pool.num_free_blocks();
+    pool.mark_computed(&ids(&[1, 1])).unwrap();
+    // first_needed(12) = 8: blocks 1..=3 (positions 2..8) go; the sink block 0 stays.
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (8, 12)]);
+    assert_eq!((pool.frontier(SeqId(1)).unwrap(), pool.num_free_blocks()), (12, free + 3));
+    pool.check_invariants().unwrap();
+    let after = snapshot(&pool);
+    pool.mark_computed(&ids(&[1])).unwrap();
+    assert_eq!(snapshot(&pool), after);
+    // The next growth starts at 12 too: it releases nothing more.
+    pool.step(&ids(&[1]), &[1], &mut out).unwrap();
+    assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (8, 13)]);
+    // Rollback into the released part is refused after a mark.
+    assert!(matches!(pool.truncate(SeqId(1), 4), Err(KvError::InvalidArgument(_))));
     pool.check_invariants().unwrap();
 }
