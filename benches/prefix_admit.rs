@@ -1,6 +1,9 @@
 //! The Rust core alone, without Python: admission of a 2,176-token prompt with prefix
 //! caching on (136 blocks of 16), cold (never seen), cold while evicting (the pool is full
-//! of idle cached blocks) and warm (135 blocks reused), and the free of such a sequence.
+//! of idle cached blocks) and warm (135 blocks reused), and the free of such a sequence;
+//! and cold on a pool of `[Full, SlidingWindow(1024)]`, with token verification (a windowed
+//! block then also records its prefix's token ids, the lineage) and without (the baseline:
+//! the same pool trusting 128-bit keys).
 //! Splits `benches/bench_prefix_cache.py`'s Python figures into core and binding cost.
 //! `cargo bench --bench prefix_admit [-- --sample-count N]` (divan).
 //!
@@ -15,6 +18,7 @@ use std::hint::black_box;
 use std::sync::OnceLock;
 
 use divan::Bencher;
+use pykvpool::pool::GroupSpec;
 use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 
 const NUM_BLOCKS: usize = 31_232;
@@ -52,6 +56,17 @@ impl Admitting {
     /// holds only idle cached blocks and every new admission evicts.
     fn new(full: bool) -> Self {
         let pool = BlockPool::with_prefix_cache(NUM_BLOCKS, BLOCK_SIZE, CacheConfig::default()).expect("pool");
+        Self::on(pool, full)
+    }
+
+    /// A pool of a full and a sliding-window group (twice the blocks: the same prompts fit).
+    fn groups(verify_tokens: bool) -> Self {
+        let groups = vec![GroupSpec::Full, GroupSpec::sliding_window(1024, 0).expect("window")];
+        let cfg = CacheConfig { verify_tokens, ..CacheConfig::default() };
+        Self::on(BlockPool::with_options(2 * NUM_BLOCKS, BLOCK_SIZE, groups, Some(cfg)).expect("pool"), false)
+    }
+
+    fn on(pool: BlockPool, full: bool) -> Self {
         let mut a = Admitting { pool, next: 0, out: StepOutput::default() };
         if full {
             while a.next < FITS {
@@ -103,6 +118,19 @@ fn cold(bencher: Bencher) {
         if a.next > 0 && a.next.is_multiple_of(FITS) {
             let next = a.next;
             *a = Admitting::new(false);
+            a.next = next;
+        }
+        a.new_prompt()
+    });
+}
+
+/// [`cold`] on `[Full, SlidingWindow(1024)]`, verifying (`true`) or trusting keys.
+#[divan::bench(args = [true, false], sample_size = 1, sample_count = 2000)]
+fn cold_groups(bencher: Bencher, verify_tokens: bool) {
+    admissions(bencher, Admitting::groups(verify_tokens), move |a| {
+        if a.next > 0 && a.next.is_multiple_of(FITS) {
+            let next = a.next;
+            *a = Admitting::groups(verify_tokens);
             a.next = next;
         }
         a.new_prompt()

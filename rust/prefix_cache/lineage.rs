@@ -19,12 +19,18 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::block_hash::BlockKey;
 
+/// No key of `keys` appears twice.
+fn distinct(keys: &[BlockKey]) -> bool {
+    keys.len() < 2 || keys.iter().collect::<FxHashSet<_>>().len() == keys.len()
+}
+
 #[derive(Clone, Debug)]
 struct Node {
     /// The key before it (None for a prompt's first block).
     parent: Option<BlockKey>,
     extra: Option<u64>,
-    tokens: Box<[u32]>,
+    /// Its block's ids: `slab[at * bs..][..bs]`.
+    at: u32,
     refs: u32,
 }
 
@@ -32,14 +38,35 @@ struct Node {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Lineage {
     nodes: FxHashMap<BlockKey, Node>,
+    /// The nodes' token ids, one block's worth per slot, and the slots free for reuse.
+    slab: Vec<u32>,
+    free: Vec<u32>,
+    bs: usize,
     /// Token ids the nodes hold, and the most they may hold.
     held: usize,
     budget: usize,
 }
 
 impl Lineage {
-    pub(super) fn new(budget: usize) -> Self {
-        Self { budget, ..Self::default() }
+    pub(super) fn new(budget: usize, bs: usize) -> Self {
+        // Slot indices are u32: the slab never holds more than the budget.
+        Self { budget: budget.min(u32::MAX as usize * bs), bs, ..Self::default() }
+    }
+
+    fn tokens(&self, n: &Node) -> &[u32] {
+        &self.slab[n.at as usize * self.bs..][..self.bs]
+    }
+
+    /// A slot holding `ids` (one block's), or None when memory runs out.
+    fn store(&mut self, ids: &[u32]) -> Option<u32> {
+        if let Some(at) = self.free.pop() {
+            self.slab[at as usize * self.bs..][..self.bs].copy_from_slice(ids);
+            return Some(at);
+        }
+        let at = u32::try_from(self.slab.len() / self.bs).ok()?;
+        self.slab.try_reserve(self.bs).ok()?;
+        self.slab.extend_from_slice(ids);
+        Some(at)
     }
 
     /// Whether the node of `keys[i]` (if any) holds block `i` of the prefix `keys`,
@@ -47,7 +74,7 @@ impl Lineage {
     fn matches(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, i: usize) -> Option<bool> {
         let n = self.nodes.get(&keys[i])?;
         let parent = i.checked_sub(1).map(|j| keys[j]);
-        Some(n.parent == parent && n.extra == extra && tokens.get(i * bs..(i + 1) * bs) == Some(&n.tokens[..]))
+        Some(n.parent == parent && n.extra == extra && tokens.get(i * bs..(i + 1) * bs) == Some(self.tokens(n)))
     }
 
     /// How many leading blocks of the prefix (`keys`, one per full block of `tokens`; at
@@ -65,37 +92,58 @@ impl Lineage {
     /// within the prefix), past the budget, or when memory runs out.
     pub(super) fn attach(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, depth: &mut usize) -> bool {
         let Some(own) = keys.last().copied() else { return false };
-        if *depth < keys.len() && !self.make(keys, tokens, extra, bs, *depth) {
-            return false;
+        if *depth + 1 == keys.len() {
+            // The common case: the block right after the verified depth, its own node new.
+            if !self.make_one(keys, tokens, extra, bs) {
+                return false;
+            }
+        } else {
+            if *depth < keys.len() && !self.make(keys, tokens, extra, bs, *depth) {
+                return false;
+            }
+            self.nodes.get_mut(&own).expect("own node").refs += 1;
         }
         *depth = (*depth).max(keys.len());
-        self.nodes.get_mut(&own).expect("own node").refs += 1;
+        true
+    }
+
+    /// [`Self::make`] of the last block alone, the block standing on it counted.
+    fn make_one(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize) -> bool {
+        let i = keys.len() - 1;
+        let fits = self.held + bs <= self.budget && tokens.len() >= keys.len() * bs;
+        if !fits || self.nodes.contains_key(&keys[i]) || self.nodes.try_reserve(1).is_err() {
+            return false;
+        }
+        let Some(at) = self.store(&tokens[i * bs..(i + 1) * bs]) else { return false };
+        let parent = i.checked_sub(1).map(|j| keys[j]);
+        if let Some(p) = parent {
+            self.nodes.get_mut(&p).expect("parent node").refs += 1;
+        }
+        self.nodes.insert(keys[i], Node { parent, extra, at, refs: 1 });
+        self.held += bs;
         true
     }
 
     /// Make the nodes of blocks `from..` of the prefix, each referencing the one before.
+    /// (A registration usually makes one: the block after the verified depth.)
     fn make(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, from: usize) -> bool {
         let missing = &keys[from..];
-        let distinct = missing.iter().collect::<FxHashSet<_>>().len() == missing.len();
         let fits = self.held + missing.len() * bs <= self.budget && tokens.len() >= keys.len() * bs;
-        if !distinct || !fits || missing.iter().any(|k| self.nodes.contains_key(k)) {
+        if !fits || missing.iter().any(|k| self.nodes.contains_key(k)) || !distinct(missing) {
             return false;
         }
-        let mut made = Vec::new();
-        for i in from..keys.len() {
-            let mut t = Vec::new();
-            if made.try_reserve(1).is_err() || t.try_reserve_exact(bs).is_err() {
-                return false;
-            }
-            t.extend_from_slice(&tokens[i * bs..(i + 1) * bs]);
-            made.push(t.into_boxed_slice());
+        let n = missing.len();
+        let slots = self.free.len() + (self.slab.capacity() - self.slab.len()) / bs;
+        if self.nodes.try_reserve(n).is_err() || (slots < n && self.slab.try_reserve((n - slots) * bs).is_err()) {
+            return false;
         }
-        for (i, t) in (from..keys.len()).zip(made) {
+        for i in from..keys.len() {
+            let at = self.store(&tokens[i * bs..(i + 1) * bs]).expect("room reserved");
             let parent = i.checked_sub(1).map(|j| keys[j]);
             if let Some(p) = parent {
                 self.nodes.get_mut(&p).expect("parent node").refs += 1;
             }
-            self.nodes.insert(keys[i], Node { parent, extra, tokens: t, refs: 0 });
+            self.nodes.insert(keys[i], Node { parent, extra, at, refs: 0 });
             self.held += bs;
         }
         true
@@ -112,13 +160,16 @@ impl Lineage {
                 return;
             }
             let n = self.nodes.remove(&k).expect("node");
-            self.held -= n.tokens.len();
+            self.held -= self.bs;
+            self.free.push(n.at);
             next = n.parent;
         }
     }
 
     pub(super) fn clear(&mut self) {
         self.nodes.clear();
+        self.slab.clear();
+        self.free.clear();
         self.held = 0;
     }
 
@@ -131,7 +182,7 @@ impl Lineage {
         }
         let mut held = 0;
         for (k, n) in &self.nodes {
-            held += n.tokens.len();
+            held += self.bs;
             if let Some(p) = n.parent {
                 if !self.nodes.contains_key(&p) {
                     return Err(format!("lineage node {k:#x} names a parent {p:#x} it lacks"));

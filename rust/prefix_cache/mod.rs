@@ -206,7 +206,7 @@ impl PrefixCache {
             },
             events: EventQueue::new(cfg.max_events),
             windowed: windowed.to_vec(),
-            lineage: Lineage::new(num_blocks.saturating_mul(block_size).saturating_mul(LINEAGE_TOKENS_PER_TOKEN)),
+            lineage: Lineage::new(num_blocks.saturating_mul(block_size).saturating_mul(LINEAGE_TOKENS_PER_TOKEN), block_size),
         })
     }
 
