@@ -92,40 +92,20 @@ impl Lineage {
     /// within the prefix), past the budget, or when memory runs out.
     pub(super) fn attach(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, depth: &mut usize) -> bool {
         let Some(own) = keys.last().copied() else { return false };
-        if *depth + 1 == keys.len() {
-            // The common case: the block right after the verified depth, its own node new.
-            if !self.make_one(keys, tokens, extra, bs) {
+        if *depth < keys.len() {
+            if !self.make(keys, tokens, extra, bs, *depth) {
                 return false;
             }
+            *depth = keys.len();
         } else {
-            if *depth < keys.len() && !self.make(keys, tokens, extra, bs, *depth) {
-                return false;
-            }
             self.nodes.get_mut(&own).expect("own node").refs += 1;
         }
-        *depth = (*depth).max(keys.len());
         true
     }
 
-    /// [`Self::make`] of the last block alone, the block standing on it counted.
-    fn make_one(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize) -> bool {
-        let i = keys.len() - 1;
-        let fits = self.held + bs <= self.budget && tokens.len() >= keys.len() * bs;
-        if !fits || self.nodes.contains_key(&keys[i]) || self.nodes.try_reserve(1).is_err() {
-            return false;
-        }
-        let Some(at) = self.store(&tokens[i * bs..(i + 1) * bs]) else { return false };
-        let parent = i.checked_sub(1).map(|j| keys[j]);
-        if let Some(p) = parent {
-            self.nodes.get_mut(&p).expect("parent node").refs += 1;
-        }
-        self.nodes.insert(keys[i], Node { parent, extra, at, refs: 1 });
-        self.held += bs;
-        true
-    }
-
-    /// Make the nodes of blocks `from..` of the prefix, each referencing the one before.
-    /// (A registration usually makes one: the block after the verified depth.)
+    /// Make the nodes of blocks `from..` of the prefix, each referencing the one before,
+    /// the last one the block standing on it. (A registration usually makes one: the
+    /// block after the verified depth.)
     fn make(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, from: usize) -> bool {
         let missing = &keys[from..];
         let fits = self.held + missing.len() * bs <= self.budget && tokens.len() >= keys.len() * bs;
@@ -143,7 +123,8 @@ impl Lineage {
             if let Some(p) = parent {
                 self.nodes.get_mut(&p).expect("parent node").refs += 1;
             }
-            self.nodes.insert(keys[i], Node { parent, extra, at, refs: 0 });
+            let refs = (i + 1 == keys.len()) as u32;
+            self.nodes.insert(keys[i], Node { parent, extra, at, refs });
             self.held += bs;
         }
         true
