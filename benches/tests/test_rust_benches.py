@@ -157,5 +157,6 @@ def test_prefix_admit_end_to_end(tmp_path: Path) -> None:
     assert f"wrote {out}" in proc.stdout
     data = json.loads(out.read_text())
     assert data["bench"] == "prefix_admit" and "cpu" in data["machine"]
-    assert [r["path"] for r in data["benches"]] == ["cold", "cold_evicting", "free", "warm"]
+    assert [r["path"] for r in data["benches"]] == ["cold", "cold_evicting", "cold_groups/false", "cold_groups/true", "free",
+                                                 "warm"]
     assert all(r["samples"] == 3 and 0 < r["fastest"] <= r["median"] <= r["slowest"] for r in data["benches"])
