@@ -42,8 +42,7 @@ pub(super) struct Lineage {
     slab: Vec<u32>,
     free: Vec<u32>,
     bs: usize,
-    /// Token ids the nodes hold, and the most they may hold.
-    held: usize,
+    /// The most token ids the nodes may hold (they hold `bs` each).
     budget: usize,
 }
 
@@ -71,7 +70,8 @@ impl Lineage {
 
     /// Whether the node of `keys[i]` (if any) holds block `i` of the prefix `keys`,
     /// `tokens` (`bs` ids per block), `extra`.
-    fn matches(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, i: usize) -> Option<bool> {
+    fn matches(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, i: usize) -> Option<bool> {
+        let bs = self.bs;
         let n = self.nodes.get(&keys[i])?;
         let parent = i.checked_sub(1).map(|j| keys[j]);
         Some(n.parent == parent && n.extra == extra && tokens.get(i * bs..(i + 1) * bs) == Some(self.tokens(n)))
@@ -79,9 +79,9 @@ impl Lineage {
 
     /// How many leading blocks of the prefix (`keys`, one per full block of `tokens`; at
     /// most `max`) have matching nodes.
-    pub(super) fn verified_depth(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, max: usize) -> usize {
+    pub(super) fn verified_depth(&self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, max: usize) -> usize {
         let n = max.min(keys.len());
-        (0..n).find(|&i| self.matches(keys, tokens, extra, bs, i) != Some(true)).unwrap_or(n)
+        (0..n).find(|&i| self.matches(keys, tokens, extra, i) != Some(true)).unwrap_or(n)
     }
 
     /// Stand a block on the prefix `keys` (its own key last) of `tokens`, `bs` ids per
@@ -90,10 +90,10 @@ impl Lineage {
     /// the missing nodes are made and the block holds the last. Returns false, changing
     /// nothing, when a missing key already has a node (a collision, or a key repeated
     /// within the prefix), past the budget, or when memory runs out.
-    pub(super) fn attach(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, depth: &mut usize) -> bool {
+    pub(super) fn attach(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, depth: &mut usize) -> bool {
         let Some(own) = keys.last().copied() else { return false };
         if *depth < keys.len() {
-            if !self.make(keys, tokens, extra, bs, *depth) {
+            if !self.make(keys, tokens, extra, *depth) {
                 return false;
             }
             *depth = keys.len();
@@ -106,9 +106,10 @@ impl Lineage {
     /// Make the nodes of blocks `from..` of the prefix, each referencing the one before,
     /// the last one the block standing on it. (A registration usually makes one: the
     /// block after the verified depth.)
-    fn make(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, bs: usize, from: usize) -> bool {
+    fn make(&mut self, keys: &[BlockKey], tokens: &[u32], extra: Option<u64>, from: usize) -> bool {
+        let bs = self.bs;
         let missing = &keys[from..];
-        let fits = self.held + missing.len() * bs <= self.budget && tokens.len() >= keys.len() * bs;
+        let fits = (self.nodes.len() + missing.len()) * bs <= self.budget && tokens.len() >= keys.len() * bs;
         if !fits || missing.iter().any(|k| self.nodes.contains_key(k)) || !distinct(missing) {
             return false;
         }
@@ -125,7 +126,6 @@ impl Lineage {
             }
             let refs = (i + 1 == keys.len()) as u32;
             self.nodes.insert(keys[i], Node { parent, extra, at, refs });
-            self.held += bs;
         }
         true
     }
@@ -141,7 +141,6 @@ impl Lineage {
                 return;
             }
             let n = self.nodes.remove(&k).expect("node");
-            self.held -= self.bs;
             self.free.push(n.at);
             next = n.parent;
         }
@@ -151,7 +150,6 @@ impl Lineage {
         self.nodes.clear();
         self.slab.clear();
         self.free.clear();
-        self.held = 0;
     }
 
     /// Check every node's references against the blocks standing on them (`standing`:
@@ -161,9 +159,7 @@ impl Lineage {
         for k in standing {
             *refs.entry(k).or_default() += 1;
         }
-        let mut held = 0;
         for (k, n) in &self.nodes {
-            held += self.bs;
             if let Some(p) = n.parent {
                 if !self.nodes.contains_key(&p) {
                     return Err(format!("lineage node {k:#x} names a parent {p:#x} it lacks"));
@@ -176,8 +172,14 @@ impl Lineage {
                 return Err(format!("lineage node {k:#x} counts {} references, has {:?}", n.refs, refs.get(k)));
             }
         }
-        if held != self.held || held > self.budget {
-            return Err(format!("lineage holds {held} token ids, counts {} (budget {})", self.held, self.budget));
+        if self.nodes.len() * self.bs > self.budget {
+            return Err(format!("lineage holds {} token ids, past its budget {}", self.nodes.len() * self.bs, self.budget));
+        }
+        // Every slot of the slab is a node's or free, once.
+        let mut slots: Vec<u32> = self.nodes.values().map(|n| n.at).chain(self.free.iter().copied()).collect();
+        slots.sort_unstable();
+        if slots.iter().enumerate().any(|(i, &a)| a as usize != i) || slots.len() * self.bs != self.slab.len() {
+            return Err(format!("lineage slab of {} ids: node and free slots {slots:?}", self.slab.len()));
         }
         Ok(())
     }

@@ -387,7 +387,7 @@ impl PrefixCache {
     /// does not verify or no ids are given. Pure.
     pub fn verified_depth(&self, keys: &[BlockKey], tokens: Option<&[u32]>, extra: Option<u64>, max: usize) -> usize {
         match tokens {
-            Some(t) if self.cfg.verify_tokens => self.lineage.verified_depth(keys, t, extra, self.block_size, max),
+            Some(t) if self.cfg.verify_tokens => self.lineage.verified_depth(keys, t, extra, max),
             _ => usize::MAX,
         }
     }
@@ -506,7 +506,6 @@ impl PrefixCache {
             m.set(LINEAGE, false);
             self.lineage.release(key);
         }
-        let m = &mut self.meta[b.index()];
         if m.has(IDLE) {
             m.set(IDLE, false);
             self.idle -= 1;
@@ -621,7 +620,7 @@ impl PrefixCache {
             return self.register_in(group, b, keys[i], None, extra, Some(own), bs);
         }
         self.flush_unmapped();
-        if self.map.contains_key(&slot(group as u8, keys[i], 0)) || !self.lineage.attach(keys, tokens, extra, bs, depth) {
+        if self.map.contains_key(&slot(group as u8, keys[i], 0)) || !self.lineage.attach(keys, tokens, extra, depth) {
             return false;
         }
         let stored = self.register_in(group, b, keys[i], None, extra, Some(own), bs);
