@@ -330,23 +330,32 @@ impl GroupTable {
         self.b.run.iter().take(k).copied()
     }
 
-    /// Release the first `k` run entries (they become holes), first one first.
-    pub fn release_front(&mut self, k: usize, mut f: impl FnMut(BlockId)) {
-        for _ in 0..k {
-            if let Some(b) = self.b.run.pop_front() {
-                self.b.run_start += 1;
-                f(b);
+    /// Release the run entries the window rule releases at the start of a growth from
+    /// length `len` (they become holes), first one first, handing each to `f`; returns how
+    /// many ([`Self::releasable_count`]).
+    pub fn release_for(&mut self, len: usize, mut f: impl FnMut(BlockId)) -> usize {
+        let mut k = 0;
+        while len >= self.release_at as usize {
+            let Some(b) = self.b.run.pop_front() else { break };
+            self.b.run_start += 1;
+            k += 1;
+            f(b);
+            self.release_at = if self.b.run.is_empty() { u32::MAX } else { clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size)) };
+        }
+        if k > 0 {
+            // A long prompt filled the run once; the window keeps a few blocks of it.
+            let n = self.b.run.len();
+            if self.b.run.capacity() > 4 * n + 64 {
+                self.b.run.shrink_to(2 * n + 16);
+            }
+            if n == 0 {
+                self.refresh();
             }
         }
-        // A long prompt filled the run once; the window keeps a few blocks of it.
-        let len = self.b.run.len();
-        if self.b.run.capacity() > 4 * len + 64 {
-            self.b.run.shrink_to(2 * len + 16);
-        }
-        self.refresh();
+        k
     }
 
-    /// Undo one release of [`Self::release_front`]: the hole before the run gets `b` back.
+    /// Undo one release of [`Self::release_for`]: the hole before the run gets `b` back.
     /// The stamp stays: the table is as it was before the release (a mirror's view).
     pub fn unrelease_front(&mut self, b: BlockId) {
         self.b.run_start -= 1;
@@ -469,6 +478,20 @@ impl GroupTables {
     }
 }
 
+impl GroupTables {
+    /// The tables as an array of `G` (None when there are not `G` of them): a decode visit
+    /// over a constant count of groups, without the slice's length check per group.
+    #[inline]
+    pub fn as_array_mut<const G: usize>(&mut self) -> Option<&mut [GroupTable; G]> {
+        match self {
+            Self::One(t) if G == 1 => std::slice::from_mut(t).try_into().ok(),
+            Self::Two(ts) if G == 2 => (&mut ts[..]).try_into().ok(),
+            Self::Many(v) => (&mut v[..]).try_into().ok(),
+            _ => None,
+        }
+    }
+}
+
 impl FromIterator<GroupTable> for GroupTables {
     fn from_iter<I: IntoIterator<Item = GroupTable>>(iter: I) -> Self {
         let iter = iter.into_iter();
@@ -540,7 +563,7 @@ mod tests {
         assert_eq!(t.releasable_count(12), 2, "blocks 2, 3: (i+1)*2 <= 12 + 1 - 4");
         assert_eq!(t.releasable_count(13), 3, "blocks 2, 3, 4");
         let mut gone = Vec::new();
-        t.release_front(3, |b| gone.push(b));
+        assert_eq!(t.release_for(13, |b| gone.push(b)), 3);
         assert_eq!(gone, [BlockId(2), BlockId(3), BlockId(4)]);
         let e: Vec<_> = t.entries().collect();
         assert_eq!(e, [Some(BlockId(0)), Some(BlockId(1)), None, None, None, Some(BlockId(5))]);

@@ -174,10 +174,13 @@ impl BlockPool {
     ) -> Result<()> {
         self.batch_mark += 1;
         if self.one_pass_fits(seqs.len()) && (all_ones || counts.iter().all(|&n| n == 1)) {
-            let done = if let [GroupSpec::Full] = self.groups[..] {
-                self.decode_one_pass_full(map, seqs, self.batch_mark, out)?
-            } else {
-                self.decode_one_pass(map, seqs, self.batch_mark, out)?
+            let mark = self.batch_mark;
+            let done = match self.groups[..] {
+                [GroupSpec::Full] => self.decode_one_pass_full(map, seqs, mark, out)?,
+                [_] => self.decode_one_pass::<1>(map, seqs, mark, out)?,
+                [_, _] => self.decode_one_pass::<2>(map, seqs, mark, out)?,
+                [_, _, _] => self.decode_one_pass::<3>(map, seqs, mark, out)?,
+                _ => self.decode_one_pass::<4>(map, seqs, mark, out)?,
             };
             if done {
                 return Ok(());
@@ -352,8 +355,7 @@ impl BlockPool {
     /// table drops the front of its window run that no query at or after `len` needs.
     fn release_for(&mut self, tables: &mut GroupTables, len: usize) {
         for t in tables.iter_mut() {
-            let k = t.releasable_count(len);
-            t.release_front(k, |b| self.release_block(b));
+            t.release_for(len, |b| self.release_block(b));
         }
     }
 
@@ -477,11 +479,15 @@ impl BlockPool {
             && self.alloc.num_free() >= (g * len).min(2 * g * len.div_ceil(self.block_size))
     }
 
-    /// One token for each of `seqs`, resolved, released and grown in one visit per id.
-    /// `Ok(false)` (everything undone) when the free list runs dry part-way. The rare
-    /// paths (a release, a new block, an error) are out of line so that the common visit
-    /// (a length check and one slot per group) stays in registers.
-    fn decode_one_pass(
+    /// One token for each of `seqs`, resolved, released and grown in one visit per id, on
+    /// a pool of `G` groups (a constant, so that the visit of a sequence's tables is
+    /// unrolled and each group writes its own row of slots; a pool of more groups than the
+    /// largest instance takes the general path). `Ok(false)` (everything undone) when the
+    /// free list runs dry part-way; also, doing nothing, for an empty batch or a pool
+    /// without `G` groups. The rare paths (a release, a new block, an error) are out of
+    /// line so that the common visit (a length check and one slot per group) stays in
+    /// registers.
+    fn decode_one_pass<const G: usize>(
         &mut self,
         map: &mut SeqMap<SeqEntry>,
         seqs: &[SeqId],
@@ -489,13 +495,17 @@ impl BlockPool {
         out: &mut StepOutput,
     ) -> Result<bool> {
         let n = seqs.len();
+        if n == 0 || self.groups.len() != G {
+            return Ok(false);
+        }
         let bs = self.block_size;
         let mut log = std::mem::take(&mut self.decode.log);
         log.clear();
-        out.slots.resize(self.groups.len() * n, 0);
+        out.slots.resize(G * n, 0);
         out.total_tokens = n;
         out.seq_lens.reserve(n);
-        let slots = &mut out.slots[..];
+        let mut rows = out.slots.chunks_exact_mut(n);
+        let mut rows: [&mut [i64]; G] = std::array::from_fn(|_| rows.next().unwrap_or_default());
         let mut stop = None;
         let mut done = 0;
         'seqs: for (i, &seq) in seqs.iter().enumerate() {
@@ -507,10 +517,12 @@ impl BlockPool {
                 stop = Some(if e.mark == mark { Stop::Twice } else { Stop::Overflow(e.len) });
                 break;
             }
-            e.mark = mark;
+            let Some(tables) = e.tables.as_array_mut::<G>() else {
+                return Err(KvError::Invariant("a sequence's table count is not the pool's group count".into()));
+            };
             let len = e.len;
             let off = self.offset_in_block(len);
-            for (g, t) in e.tables.iter_mut().enumerate() {
+            for (g, (t, row)) in tables.iter_mut().zip(rows.iter_mut()).enumerate() {
                 if len >= t.release_at() {
                     self.decode_release(t, len, (i, g), &mut log);
                 }
@@ -524,8 +536,9 @@ impl BlockPool {
                         }
                     },
                 };
-                slots[g * n + i] = b.first_slot(bs) + off as i64;
+                row[i] = b.first_slot(bs) + off as i64;
             }
+            e.mark = mark;
             e.prev_frontier = e.frontier;
             e.frontier = len;
             e.len = len + 1;
@@ -609,8 +622,7 @@ impl BlockPool {
     /// block drops from 1 to 0, a store without a read of its refcount).
     #[inline(never)]
     fn decode_release(&mut self, t: &mut GroupTable, len: usize, (i, g): (usize, usize), log: &mut Vec<Undo>) {
-        let k = t.releasable_count(len);
-        t.release_front(k, |b| self.alloc.release_unshared(std::slice::from_ref(&b)));
+        let k = t.release_for(len, |b| self.alloc.release_unshared(std::slice::from_ref(&b)));
         log.push(Undo::Release(i as u32, g as u32, k as u32));
     }
 
