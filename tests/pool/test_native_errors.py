@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from reference.poolcheck import checksum, hybrid_snapshot, snapshot
+from reference.poolcheck import checksum, snapshot
 
 import pykvpool as kv
 
@@ -65,8 +65,8 @@ def world() -> World:
 def state(w: World) -> tuple[Any, ...]:
     fp8 = [a.tobytes() for layer in range(2) for a in (*w.fcache.dequantized(layer), w.fcache.key_scales(layer))]
     return (snapshot(w.pool), snapshot(w.ppool), w.ppool.cache_stats().as_dict(), checksum(w.cache), fp8,
-            w.buf.array.tolist(), w.q.tolist(), hybrid_snapshot(w.hpool),
-            hybrid_snapshot(w.hppool), w.hppool.cache_stats().as_dict())
+            w.buf.array.tolist(), w.q.tolist(), snapshot(w.hpool),
+            snapshot(w.hppool), w.hppool.cache_stats().as_dict())
 
 
 Call = Callable[[World, Any], Any]

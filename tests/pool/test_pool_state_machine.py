@@ -1,31 +1,39 @@
-"""Stateful property test of ``pykvpool.BlockPool`` against a pure-Python model.
+"""Stateful property test of ``pykvpool.BlockPool`` (without prefix caching) against the spec
+model of ``tests/reference/hybrid_model.py`` (the documented contract, not the implementation).
 
-A hypothesis ``RuleBasedStateMachine`` runs random programs over the operation alphabet
-(add, append, step, fork, truncate, free, free_batch), failing operations included:
-exhaustion, unknown, duplicate and freed ids, over-truncation, and malformed arrays (float
-and bool dtypes, 2-D, negative counts, mismatched lengths, duplicates in a step, uint64
-ids past int64, ids given as floats or bools).
+Each example draws a pool: 1 to 64 blocks of 1 to 16 tokens, built without ``groups`` (one
+full-attention group, results without a group axis; about a third of the examples) or with
+one to three groups of full, sliding-window-with-sinks and chunked attention. A hypothesis
+``RuleBasedStateMachine`` runs random programs of add, append, step (decode and counted,
+ids and counts in every integer dtype, strided, as lists or one scalar), fork, a fork then
+a step of parent and child (the parent maybe rolled back first), truncate, free, free_batch
+and mark_computed, failing calls included: exhaustion, unknown, duplicate and freed ids, truncation past the length or back
+into released KV, and malformed arguments (``reference/badargs.py``: float and bool dtypes,
+2-D, negative counts, mismatched lengths, duplicates in a step, uint64 ids past int64, ids
+given as floats, bools or strings, bad scalars to every call, bad or missing ``group=``).
 
-After every step it checks ``check_invariants()``; agreement with the model on tables,
-lengths, refcounts, statistics and the padded export; that every live token reads back
-its own value through the slot mapping from a simulated KV store the test writes through
-the returned slots and copy-on-write pairs; and that two live tokens share a slot only
-when a fork shares their block (same position, same token). A failed operation must
-raise the exact error class and leave the pool identical. Teardown frees everything and
-checks every block is free.
-
-Which free block the pool hands out is its choice: the model learns ids from the
-returned slots and copy-on-write pairs, and checks the block was free.
+After every rule the pool must equal the model: per sequence the length and frontier, per
+group the table (hole pattern included), stored ranges, the padded and FlashInfer exports;
+refcounts, block counts, every :class:`pykvpool.PoolStats` field, ``blocks_needed`` before
+an append, and ``check_invariants()``. A growth's slots must be the slots of its positions in each group's
+table and its copy-on-write pairs the model's; which free block the pool hands out is its
+choice (the model learns ids from the slots and checks each block was free, or freed by
+the growth's own releases). Through a simulated KV store (``reference/kvstore.py``) written
+through the returned slots and copy-on-write pairs, every position whose KV a group holds
+reads back its own value, and two live tokens share a slot only when a fork shares their
+block. A failed call must raise the model's exact error class, with its attributes (the
+id; the requested and free blocks of an exhaustion), and leave the pool identical
+(``reference/poolcheck.py``'s snapshot). Teardown frees everything and checks every block
+is free.
 
 Profiles (``tests/conftest.py``): ``ci`` (default, 200 examples x up to 50 steps, about
-8,500 steps in 10-20 s) and ``long`` (30,000 examples, over 1,000,000 steps):
+8,500 steps) and ``long`` (30,000 examples, over 1,000,000 steps):
 ``HYPOTHESIS_PROFILE=long python -m pytest tests/pool/test_pool_state_machine.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -38,9 +46,12 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from reference.badargs import BAD_SCALARS, STEP_KINDS, bad_scalar_calls, bad_step_args
+from reference.hybrid_model import Expected, Growth, Kind, Model
+from reference.kvstore import KvStore
+from reference.poolcheck import check_against, snapshot
 
 import pykvpool as kv
-from reference.poolcheck import snapshot
 
 ID_RANGE = 8
 MAX_TOKENS = 40
@@ -57,153 +68,34 @@ live_pick = st.one_of(_live, _live, _live, _any)
 fresh_pick = st.one_of(_new, _new, _any, _live)
 # Token counts: mostly a few tokens, sometimes none, sometimes more than a small pool holds.
 counts = st.one_of(st.integers(1, 6), st.just(0), st.integers(0, MAX_TOKENS))
-
-
-class Expected(Exception):
-    """The model's verdict that an operation must fail with ``cls`` (and these numbers)."""
-
-    def __init__(self, cls: type[Exception], **attrs: int) -> None:
-        super().__init__(cls.__name__)
-        self.cls = cls
-        self.attrs = attrs
-
-
-@dataclass
-class Model:
-    """Naive reference: per-sequence block lists and lengths, refcounts, a KV store."""
-
-    num_blocks: int
-    bs: int
-    tables: dict[int, list[int]] = field(default_factory=dict)
-    lens: dict[int, int] = field(default_factory=dict)
-    refc: dict[int, int] = field(default_factory=dict)  # referenced blocks only
-    cow_copies: int = 0
-    store: dict[int, int] = field(default_factory=dict)  # slot -> token value
-    contents: dict[int, list[int]] = field(default_factory=dict)  # seq -> token values
-    next_value: int = 0
-
-    @property
-    def free(self) -> int:
-        return self.num_blocks - len(self.refc)
-
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.bs)
-
-    def slot(self, block: int, pos: int) -> int:
-        return block * self.bs + pos % self.bs
-
-    def decref(self, b: int) -> None:
-        self.refc[b] -= 1
-        if self.refc[b] == 0:
-            del self.refc[b]
-
-    def plan_need(self, batch: list[tuple[int, int]]) -> int:
-        """Blocks a sequence of appends takes: growth, plus a copy for a partly filled
-        last block still shared when its turn comes."""
-        refc = dict(self.refc)
-        need = 0
-        for seq, n in batch:
-            if n == 0:
-                continue
-            table, length = self.tables[seq], self.lens[seq]
-            need += self.blocks_for(length + n) - len(table)
-            if length % self.bs and refc[table[-1]] > 1:
-                refc[table[-1]] -= 1
-                need += 1
-        return need
-
-    def exhausted(self, need: int) -> None:
-        if need > self.free:
-            raise Expected(kv.PoolExhaustedError, requested=need, free=self.free)
-
-    def apply_append(self, seq: int, n: int, slots: list[int], cow: list[tuple[int, int]]) -> None:
-        """Check and apply a successful append; consumes the copy-on-write pairs it made."""
-        assert len(slots) == n
-        table = self.tables.setdefault(seq, [])
-        length = self.lens.setdefault(seq, 0)
-        contents = self.contents.setdefault(seq, [])
-        if n == 0:
-            return
-        bs = self.bs
-        if length % bs and self.refc[table[-1]] > 1:
-            assert cow, f"no copy-on-write pair for shared partial block {table[-1]}"
-            src, dst = cow.pop(0)
-            assert src == table[-1]
-            assert 0 <= dst < self.num_blocks and dst not in self.refc, f"copy target {dst} was not free"
-            for off in range(length % bs):  # the caller copies its filled slots
-                self.store[self.slot(dst, off)] = self.store[self.slot(src, off)]
-            self.decref(src)
-            self.refc[dst] = 1
-            table[-1] = dst
-            self.cow_copies += 1
-        for i, slot in enumerate(slots):
-            pos = length + i
-            assert 0 <= slot < self.num_blocks * bs, f"slot {slot} out of range"
-            assert slot % bs == pos % bs, f"slot {slot} has the wrong offset for token {pos}"
-            block = slot // bs
-            if pos // bs < len(table):
-                assert block == table[pos // bs], f"slot {slot} of token {pos} is not in its block"
-            else:
-                assert pos // bs == len(table) and block not in self.refc, f"new block {block} was not free"
-                self.refc[block] = 1
-                table.append(block)
-            self.store[slot] = self.next_value
-            contents.append(self.next_value)
-            self.next_value += 1
-        self.lens[seq] = length + n
-
-    def truncate(self, seq: int, n: int) -> None:
-        keep = self.blocks_for(self.lens[seq] - n)
-        for b in reversed(self.tables[seq][keep:]):
-            self.decref(b)
-        del self.tables[seq][keep:]
-        self.lens[seq] -= n
-        del self.contents[seq][self.lens[seq] :]
-
-    def free_seq(self, seq: int) -> None:
-        for b in self.tables.pop(seq):
-            self.decref(b)
-        del self.lens[seq]
-        del self.contents[seq]
-
-    def stats(self) -> dict[str, Union[int, float, list[int]]]:
-        fill: dict[int, int] = {}
-        for seq, table in self.tables.items():
-            for i, b in enumerate(table):
-                fill[b] = max(fill.get(b, 0), min(self.bs, self.lens[seq] - i * self.bs))
-        stored = sum(fill.values())
-        capacity = len(self.refc) * self.bs
-        return {
-            "block_size": self.bs,
-            "total_blocks": self.num_blocks,
-            "free_blocks": self.free,
-            "used_blocks": len(self.refc),
-            "num_seqs": len(self.tables),
-            "logical_tokens": sum(self.lens.values()),
-            "stored_tokens": stored,
-            "shared_blocks": sum(1 for c in self.refc.values() if c > 1),
-            "cow_copies": self.cow_copies,
-            "empty_slots": capacity - stored,
-            "utilization": stored / capacity if capacity else 1.0,
-            "idle_cached_blocks": 0,
-            "group_blocks": [len(self.refc)],
-            "group_stored_tokens": [stored],
-            "group_holes": [0],
-        }
+# Windows and chunks of 1 to 9 tokens, often under 4 (they release more), sinks often none.
+spans = st.one_of(st.integers(1, 3), st.integers(1, 9))
+kinds = st.one_of(
+    st.just(kv.FullAttention()),
+    st.builds(kv.SlidingWindow, spans, st.one_of(st.just(0), st.integers(0, 5))),
+    st.builds(kv.ChunkedAttention, spans),
+)
+# None (a pool built without groups; what failures shrink to) in about a third of the
+# examples, one to three groups otherwise (two or three in half of those).
+layouts = st.one_of(st.none(), st.lists(kinds, min_size=1, max_size=3), st.lists(kinds, min_size=2, max_size=3))
 
 
 class PoolMachine(RuleBasedStateMachine):
     pool: kv.BlockPool
     model: Model
+    store: KvStore
 
     @initialize(
         num_blocks=st.one_of(st.integers(8, 64), st.integers(1, 8)),
         bs=st.sampled_from([4, 3, 1, 2, 5, 16]),
+        layout=layouts,
         prompts=st.lists(st.integers(1, 12), min_size=1, max_size=5),
     )
-    def create(self, num_blocks: int, bs: int, prompts: list[int]) -> None:
-        self.pool = kv.BlockPool(num_blocks, bs)
-        self.model = Model(num_blocks, bs)
+    def create(self, num_blocks: int, bs: int, layout: list[Kind] | None, prompts: list[int]) -> None:
+        self.pool = kv.BlockPool(num_blocks, bs) if layout is None else kv.BlockPool(num_blocks, bs, layout)
+        self.model = Model(layout, bs, num_blocks)
+        self.store = KvStore(bs)
+        assert self.pool.groups == tuple(self.model.groups) and self.pool.num_groups == len(self.model.groups)
         # Start with a few sequences (through the checked path), so that programs do
         # not spend their first steps on an empty pool.
         for n in prompts:
@@ -213,34 +105,50 @@ class PoolMachine(RuleBasedStateMachine):
 
     def resolve(self, pick: Pick) -> int:
         kind, i = pick
-        ids = sorted(self.model.tables)
+        ids = sorted(self.model.seqs)
         if kind == "live" and ids:
             return ids[i % len(ids)]
         if kind == "new":
             return min(set(range(len(ids) + 1)) - set(ids))
         return i % ID_RANGE
 
-    def known(self, seq: int) -> None:
-        if seq not in self.model.tables:
-            raise Expected(kv.UnknownSequenceError, seq_id=seq)
-
-    def run(self, predict: Callable[[], None], call: Callable[[], Any], apply: Callable[[Any], None]) -> None:
-        """Run ``call``; the model's ``predict`` either passes (then ``apply`` checks and
-        applies the result) or raises ``Expected`` (then the call must fail that way and
-        change nothing)."""
+    def run(self, predict: Callable[[], Any], call: Callable[[], Any], apply: Callable[[Any, Any], None]) -> None:
+        """The model's ``predict`` either applies the operation to the model (then the call
+        must succeed, and ``apply`` checks its result against what ``predict`` returned) or
+        raises ``Expected`` and changes nothing (then the call must fail exactly that way
+        and change nothing)."""
         try:
-            predict()
+            outcome = predict()
         except Expected as e:
-            before = snapshot(self.pool)
+            self.fails([call], e)
+            return
+        try:
+            result = call()
+        except kv.KvPoolError as err:
+            raise AssertionError(f"the model expected success; the pool raised {err!r}") from err
+        apply(outcome, result)
+
+    def fails(self, calls: list[Callable[[], Any]], e: Expected) -> None:
+        """Each call raises exactly ``e.cls`` with ``e.attrs`` (in its message too), and
+        together they leave the pool unchanged."""
+        before = snapshot(self.pool)
+        for call in calls:
             with pytest.raises(e.cls) as info:
                 call()
             assert type(info.value) is e.cls, f"{type(info.value).__name__}: {info.value}"
             for name, value in e.attrs.items():
                 assert getattr(info.value, name) == value, (name, info.value)
                 assert str(value) in str(info.value), info.value
-            assert snapshot(self.pool) == before, f"failed {e.cls.__name__} changed the pool"
-            return
-        apply(call())
+        assert snapshot(self.pool) == before, f"failed {e.cls.__name__} changed the pool"
+
+    def grew(self, growth: Growth, slots: Any, cow: Any) -> None:
+        """Check a growth's slots and copy-on-write pairs, learn its blocks, write the KV."""
+        groups, total = len(self.model.groups), sum(n for _, n in growth.plan)
+        assert slots.dtype == np.int64 and slots.shape == ((groups, total) if self.model.grouped else (total,))
+        assert cow.dtype == np.int64 and cow.ndim == 2 and cow.shape[1] == 2
+        rows, pairs = slots.reshape(groups, total).tolist(), [(a, b) for a, b in cow.tolist()]
+        self.model.learn(growth, rows, pairs)
+        self.store.grow(growth.plan, rows, pairs)
 
     # -------------------------------------------------------------------- rules
 
@@ -256,257 +164,124 @@ class PoolMachine(RuleBasedStateMachine):
 
     def _add(self, pick: Pick, n: int) -> None:
         seq = self.resolve(pick)
-
-        def predict() -> None:
-            if seq in self.model.tables:
-                raise Expected(kv.DuplicateSequenceError, seq_id=seq)
-            self.model.exhausted(self.model.blocks_for(n))
-
-        def apply(slots: Any) -> None:
-            assert slots.dtype == np.int64 and slots.shape == (n,)
-            self.model.apply_append(seq, n, slots.tolist(), [])
-
-        self.run(predict, lambda: self.pool.add_sequence(seq, n), apply)
+        no_cow = np.zeros((0, 2), np.int64)
+        self.run(lambda: self.model.add(seq, n), lambda: self.pool.add_sequence(seq, n),
+                 lambda growth, slots: self.grew(growth, slots, no_cow))
 
     @rule(pick=live_pick, n=counts)
     def append(self, pick: Pick, n: int) -> None:
         seq = self.resolve(pick)
 
-        def predict() -> None:
-            self.known(seq)
-            self.model.exhausted(self.model.plan_need([(seq, n)]))
+        def predict() -> Growth:
+            if seq in self.model.seqs:
+                assert self.pool.blocks_needed(seq, n) == self.model.blocks_needed(seq, n), (seq, n)
+            return self.model.grow([(seq, n)])
 
-        def apply(out: Any) -> None:
-            slots, cow = out
-            assert slots.dtype == np.int64 and cow.dtype == np.int64 and cow.shape[1:] == (2,)
-            pairs = [tuple(p) for p in cow.tolist()]
-            self.model.apply_append(seq, n, slots.tolist(), pairs)
-            assert not pairs, f"unexpected copy-on-write pairs {pairs}"
-
-        self.run(predict, lambda: self.pool.append(seq, n), apply)
+        self.run(predict, lambda: self.pool.append(seq, n), lambda growth, out: self.grew(growth, *out))
 
     @rule(
         batch=st.lists(st.tuples(live_pick, counts), max_size=6),
         ids_form=st.sampled_from(["list", "strided", *INT_DTYPES]),
-        counts_form=st.sampled_from(["list", "array", "scalar", "default"]),
+        counts_form=st.sampled_from(["list", "scalar", "default", "none", *INT_DTYPES]),
     )
-    def step(self, batch: list[tuple[Pick, int]], ids_form: Any, counts_form: str) -> None:
+    def step(self, batch: list[tuple[Pick, int]], ids_form: Any, counts_form: Any) -> None:
         self._step([self.resolve(p) for p, _ in batch], [n for _, n in batch], ids_form, counts_form)
 
-    def _step(self, seqs: list[int], ns: list[int], ids_form: Any, counts_form: str) -> None:
-        if counts_form in ("scalar", "default") and seqs:
+    def _step(self, seqs: list[int], ns: list[int], ids_form: Any, counts_form: Any) -> None:
+        if counts_form in ("scalar", "default", "none") and seqs:
             ns = [ns[0] if counts_form == "scalar" else 1] * len(ns)
         ids_arg: Any = seqs
         if ids_form == "strided":
             ids_arg = np.repeat(np.array(seqs, dtype=np.int64), 2)[::2]
         elif ids_form != "list":
             ids_arg = np.array(seqs, dtype=ids_form)
-        counts_arg: Any = {"list": ns, "array": np.array(ns, dtype=np.int32)}.get(counts_form)
-        if counts_form == "scalar":
-            counts_arg = ns[0] if ns else 3
-
-        def predict() -> None:
-            seen: set[int] = set()
-            for s in seqs:
-                self.known(s)
-                if s in seen:
-                    raise Expected(kv.InvalidArgumentError)
-                seen.add(s)
-            self.model.exhausted(self.model.plan_need(list(zip(seqs, ns))))
+        counts_arg: Any = {"list": ns, "scalar": ns[0] if ns else 3, "none": None}.get(counts_form)
+        if not isinstance(counts_form, str):
+            counts_arg = np.array(ns, dtype=counts_form)
 
         def call() -> Any:
-            if counts_form == "default":
-                return self.pool.step(ids_arg)
-            return self.pool.step(ids_arg, counts_arg)
+            return self.pool.step(ids_arg) if counts_form == "default" else self.pool.step(ids_arg, counts_arg)
 
-        def apply(out: Any) -> None:
+        def apply(growth: Growth, out: Any) -> None:
             slots, cow, lens = out
-            assert slots.dtype == np.int64 and cow.dtype == np.int64 and lens.dtype == np.int32
-            assert cow.ndim == 2 and cow.shape[1] == 2 and lens.shape == (len(seqs),)
-            assert len(slots) == sum(ns)
-            pairs = [tuple(p) for p in cow.tolist()]
-            at = 0
-            for i, (s, n) in enumerate(zip(seqs, ns)):
-                self.model.apply_append(s, n, slots[at : at + n].tolist(), pairs)
-                at += n
-                assert lens[i] == self.model.lens[s]
-            assert not pairs, f"unexpected copy-on-write pairs {pairs}"
+            assert lens.dtype == np.int32 and lens.tolist() == [self.model.seqs[s].length for s in seqs]
+            self.grew(growth, slots, cow)
 
-        self.run(predict, call, apply)
+        self.run(lambda: self.model.grow(list(zip(seqs, ns))), call, apply)
 
     @rule(parent=live_pick, child=fresh_pick)
     def fork(self, parent: Pick, child: Pick) -> None:
         self._fork(self.resolve(parent), self.resolve(child))
 
-    @rule(parent=live_pick, n=st.integers(1, 3), order=st.booleans())
-    def fork_then_step(self, parent: Pick, n: int, order: bool) -> None:
-        """Parallel sampling: fork a new child, then one step appending ``n`` tokens to
-        parent and child (the first to append copies a shared partial last block)."""
+    @rule(parent=live_pick, n=st.integers(1, 3), order=st.booleans(), back=st.integers(0, 5))
+    def fork_then_step(self, parent: Pick, n: int, order: bool, back: int) -> None:
+        """Parallel sampling: fork a new child, roll the parent back ``back`` tokens (a
+        rejected draft), then one step appending ``n`` tokens to parent and child. The
+        first to append copies a shared partial last block, unless the other's window
+        releases that block in the same step: releases come first."""
         p = self.resolve(parent)
         c = self.resolve(("new", 0))
         self._fork(p, c)
+        if back and p in self.model.seqs:
+            self._truncate(p, min(back, self.model.seqs[p].length))
         self._step([p, c] if order else [c, p], [n, n], "list", "list")
 
     def _fork(self, p: int, c: int) -> None:
-
-        def predict() -> None:
-            if c in self.model.tables:
-                raise Expected(kv.DuplicateSequenceError, seq_id=c)
-            self.known(p)
-
-        def apply(result: Any) -> None:
+        def apply(_: None, result: Any) -> None:
             assert result is None
-            m = self.model
-            m.tables[c] = list(m.tables[p])
-            m.lens[c] = m.lens[p]
-            m.contents[c] = list(m.contents[p])
-            for b in m.tables[c]:
-                m.refc[b] += 1
+            self.store.fork(p, c)
 
-        self.run(predict, lambda: self.pool.fork(p, c), apply)
+        self.run(lambda: self.model.fork(p, c), lambda: self.pool.fork(p, c), apply)
 
     @rule(pick=live_pick, n=counts)
     def truncate(self, pick: Pick, n: int) -> None:
-        seq = self.resolve(pick)
+        self._truncate(self.resolve(pick), n)
 
-        def predict() -> None:
-            self.known(seq)
-            if n > self.model.lens[seq]:
-                raise Expected(kv.InvalidArgumentError)
+    def _truncate(self, seq: int, n: int) -> None:
+        self.run(lambda: self.model.truncate(seq, n), lambda: self.pool.truncate(seq, n),
+                 lambda _, __: self.store.truncate(seq, self.model.seqs[seq].length))
 
-        self.run(predict, lambda: self.pool.truncate(seq, n), lambda _: self.model.truncate(seq, n))
-
-    @rule(picks=st.one_of(st.tuples(live_pick), st.lists(live_pick, max_size=4)))
-    def free(self, picks: Union[tuple[Pick], list[Pick]]) -> None:
+    @rule(picks=st.one_of(st.tuples(live_pick), st.lists(live_pick, max_size=4)), as_array=st.booleans())
+    def free(self, picks: tuple[Pick] | list[Pick], as_array: bool) -> None:
         """``free`` for a 1-tuple, ``free_batch`` (atomic) for a list."""
-        if isinstance(picks, tuple):
-            seq = self.resolve(picks[0])
-            self.run(lambda: self.known(seq), lambda: self.pool.free(seq), lambda _: self.model.free_seq(seq))
-            return
         seqs = [self.resolve(p) for p in picks]
 
-        def predict() -> None:
-            if len(set(seqs)) != len(seqs):
-                raise Expected(kv.InvalidArgumentError)
+        def call() -> None:
+            if isinstance(picks, tuple):
+                return self.pool.free(seqs[0])
+            return self.pool.free_batch(np.array(seqs, dtype=np.int64) if as_array else seqs)
+
+        def apply(_: None, __: None) -> None:
             for s in seqs:
-                self.known(s)
+                self.store.free(s)
 
-        def apply(_: Any) -> None:
-            for s in seqs:
-                self.model.free_seq(s)
+        self.run(lambda: self.model.free(seqs), call, apply)
 
-        self.run(predict, lambda: self.pool.free_batch(np.array(seqs, dtype=np.int64)), apply)
+    @rule(picks=st.lists(live_pick, max_size=3))
+    def mark_computed(self, picks: list[Pick]) -> None:
+        seqs = [self.resolve(p) for p in picks]
+        self.run(lambda: self.model.mark_computed(seqs), lambda: self.pool.mark_computed(seqs), lambda _, __: None)
 
-    @rule(
-        pick=live_pick,
-        kind=st.sampled_from(
-            [
-                "float_ids",
-                "bool_ids",
-                "float_counts",
-                "bool_counts",
-                "ids_2d",
-                "counts_2d",
-                "negative_count",
-                "negative_id",
-                "mismatched",
-                "uint64_id",
-                "string_ids",
-                "float_scalar_count",
-            ]
-        ),
-    )
+    @rule(pick=live_pick, kind=st.sampled_from(STEP_KINDS))
     def bad_step(self, pick: Pick, kind: str) -> None:
         """Malformed step arguments: InvalidArgumentError and no change, even when the
         ids are live and the pool has room."""
-        seq = self.resolve(pick)
-        ids: Any = np.array([seq], dtype=np.int64)
-        ns: Any = np.array([1], dtype=np.int64)
-        if kind == "float_ids":
-            ids = ids.astype(np.float64)
-        elif kind == "bool_ids":
-            ids = np.array([True])
-        elif kind == "float_counts":
-            ns = ns.astype(np.float32)
-        elif kind == "bool_counts":
-            ns = [True]
-        elif kind == "ids_2d":
-            ids = ids.reshape(1, 1)
-        elif kind == "counts_2d":
-            ns = ns.reshape(1, 1)
-        elif kind == "negative_count":
-            ns = np.array([-1], dtype=np.int8)
-        elif kind == "negative_id":
-            ids = [-1 - seq]
-        elif kind == "mismatched":
-            ns = [1, 1]
-        elif kind == "uint64_id":
-            ids = np.array([2**63 + seq], dtype=np.uint64)
-        elif kind == "string_ids":
-            ids = str(seq)
-        elif kind == "float_scalar_count":
-            ns = 1.0
+        ids, ns = bad_step_args(kind, self.resolve(pick))
+        self.fails([lambda: self.pool.step(ids, ns)], Expected(kv.InvalidArgumentError))
 
-        def predict() -> None:
-            raise Expected(kv.InvalidArgumentError)
-
-        self.run(predict, lambda: self.pool.step(ids, ns), lambda _: None)
-
-    @rule(pick=live_pick, bad=st.sampled_from([-1, 1.0, True, 2**63, "0", None]))
+    @rule(pick=live_pick, bad=st.sampled_from(BAD_SCALARS))
     def bad_scalar(self, pick: Pick, bad: Any) -> None:
-        """Bad scalar arguments to every single-sequence call."""
-        seq = self.resolve(pick)
-        calls: list[Callable[[], Any]] = [
-            lambda: self.pool.add_sequence(bad),
-            lambda: self.pool.append(seq, bad),
-            lambda: self.pool.append(bad),
-            lambda: self.pool.fork(seq, bad),
-            lambda: self.pool.truncate(seq, bad),
-            lambda: self.pool.free(bad),
-        ]
-        for call in calls:
-
-            def predict() -> None:
-                raise Expected(kv.InvalidArgumentError)
-
-            self.run(predict, call, lambda _: None)
+        """Bad scalar arguments to every single-sequence call, a step and a group query."""
+        calls = bad_scalar_calls(self.pool, self.model.grouped, self.resolve(pick), bad)
+        self.fails(calls, Expected(kv.InvalidArgumentError))
 
     # --------------------------------------------------------------- invariants
 
     @invariant()
     def matches_model(self) -> None:
-        pool, m = self.pool, self.model
-        pool.check_invariants()
-        ids = sorted(m.tables)
-        assert pool.seq_ids().tolist() == ids
-        assert len(pool) == len(ids) and pool.num_free_blocks == m.free
-        for s in ids:
-            assert pool.block_table(s).tolist() == m.tables[s], s
-            assert pool.seq_len(s) == m.lens[s], s
-            # Every live token reads back its own value through the slot mapping.
-            for pos, value in enumerate(m.contents[s]):
-                assert m.store[m.slot(m.tables[s][pos // m.bs], pos)] == value, (s, pos)
-        assert [pool.refcount(b) for b in range(m.num_blocks)] == [m.refc.get(b, 0) for b in range(m.num_blocks)]
-        assert pool.stats().as_dict() == m.stats()
-        width = max((len(t) for t in m.tables.values()), default=0)
-        want = [t + [-1] * (width - len(t)) for t in (m.tables[s] for s in ids)]
-        assert pool.block_tables(ids).tolist() == (want if ids else [])
-
-    @invariant()
-    def slots_shared_only_through_forks(self) -> None:
-        """From the pool's own tables: a slot held by two live tokens is the same position
-        in a block the pool counts as shared, and the same token (inherited by a fork)."""
-        pool, bs = self.pool, self.model.bs
-        owners: dict[int, list[tuple[int, int]]] = {}
-        for s in pool.seq_ids().tolist():
-            table = pool.block_table(s)
-            for pos in range(pool.seq_len(s)):
-                owners.setdefault(int(table[pos // bs]) * bs + pos % bs, []).append((s, pos))
-        for slot, toks in owners.items():
-            if len(toks) > 1:
-                assert len({pos for _, pos in toks}) == 1, (slot, toks)
-                assert pool.refcount(slot // bs) >= len(toks), (slot, toks)
-                assert len({self.model.contents[s][pos] for s, pos in toks}) == 1, (slot, toks)
+        tables = check_against(self.model, self.pool)
+        self.store.check_reads(self.model, tables)
+        self.store.check_shared_slots(self.pool, tables)
 
     def teardown(self) -> None:
         if not hasattr(self, "pool"):

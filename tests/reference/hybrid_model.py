@@ -1,21 +1,28 @@
-"""A pure-Python model of :class:`pykvpool.BlockPool`, written from the layer-group
-contract (not from the implementation); shared by the hybrid tests (not a test module).
+"""A pure-Python model of :class:`pykvpool.BlockPool` without prefix caching, written from its
+documented contract (``pykvpool/_native.pyi``: the layer groups and release rule of the class
+docstring, each method's errors, :class:`pykvpool.PoolStats`), not from the implementation;
+shared by the pool tests (not a test module).
 
 A sequence has a logical length ``L`` and a frontier; per group, a table of logical blocks
-``0..ceil(L / bs)``, each stored (an abstract block id of the model) or a hole. Physical
-block ids are the pool's choice: :class:`Model` learns them from the pool's tables and
-checks the learned mapping stays one-to-one.
+``0..ceil(L / bs)``, each stored (an abstract block id of the model) or a hole. A pool built
+without ``groups`` is one full-attention group whose results have no group axis. An operation
+the contract refuses raises :class:`Expected` (the error class and its attributes) and changes
+nothing. Which free block the pool hands out is its choice: :meth:`Model.learn` learns the
+physical id of each new block from the slots a growth returned, checks it was free, and
+checks the copy-on-write pairs.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import pykvpool as kv
 
 Kind = Any  # kv.FullAttention | kv.SlidingWindow | kv.ChunkedAttention
+Stats = dict[str, Union[int, float, list[int]]]
 
 
 def first_needed(kind: Kind, p: int) -> int:
@@ -43,32 +50,63 @@ def needed_blocks(kind: Kind, p: int, bs: int) -> set[int]:
     return {k // bs for k in range(p) if sees(kind, p, k)}
 
 
+class Expected(Exception):
+    """The contract's verdict that an operation must fail with ``cls`` (and these attributes)."""
+
+    def __init__(self, cls: type[Exception], **attrs: int) -> None:
+        super().__init__(cls.__name__)
+        self.cls = cls
+        self.attrs = attrs
+
+
 @dataclass
 class Seq:
     length: int
     frontier: int
     tables: list[dict[int, int]]  # per group: logical block -> model block id
 
+    def copy(self) -> Seq:
+        return Seq(self.length, self.frontier, [dict(t) for t in self.tables])
+
+
+@dataclass
+class Growth:
+    """A growth the model accepted: ``(seq, n)`` per sequence in batch order, per group the model
+    block of each new token in that order, and the copy-on-write pairs as (old, new) model ids."""
+
+    plan: list[tuple[int, int]]
+    blocks: list[list[int]]
+    cow: list[tuple[int, int]]
+
 
 @dataclass
 class Model:
-    groups: list[Kind]
+    layout: list[Kind] | None  # None: a pool built without ``groups``
     bs: int
     num_blocks: int
     seqs: dict[int, Seq] = field(default_factory=dict)
     phys: dict[int, int] = field(default_factory=dict)  # model block id -> physical block
+    unwritten: dict[int, int] = field(default_factory=dict)  # model block -> offsets below it never written
+    cow_copies: int = 0
     fresh: itertools.count = field(default_factory=itertools.count)  # type: ignore[type-arg]
+    groups: list[Kind] = field(init=False)  # the attention kind of each group
+
+    def __post_init__(self) -> None:
+        self.groups = [kv.FullAttention()] if self.layout is None else list(self.layout)
+
+    @property
+    def grouped(self) -> bool:
+        """Results have a group axis and per-group queries take ``group=``."""
+        return self.layout is not None
 
     def refs(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for s in self.seqs.values():
-            for t in s.tables:
-                for m in t.values():
-                    out[m] = out.get(m, 0) + 1
-        return out
+        """Live model blocks and how many sequences hold each."""
+        return _refs(self.seqs.values())
 
-    def used(self) -> int:
-        return len(self.refs())
+    def live(self, seq: int) -> Seq:
+        if seq not in self.seqs:
+            raise Expected(kv.UnknownSequenceError, seq_id=seq)
+        return self.seqs[seq]
 
     def table(self, seq: int, g: int) -> list[int]:
         s = self.seqs[seq]
@@ -86,78 +124,120 @@ class Model:
                 out.append((a, b))
         return out
 
-    # -- operations (the caller checks their preconditions and compares with the pool)
+    def holds(self, seq: int, g: int, k: int) -> bool:
+        """Whether group ``g`` holds the KV of position ``k`` of ``seq``: its block is stored
+        and ``k`` was written in that block (a block taken at a hole is written from the
+        growth's first position on)."""
+        m = self.seqs[seq].tables[g].get(k // self.bs)
+        return m is not None and k % self.bs >= self.unwritten.get(m, 0)
 
-    def grow(self, plan: list[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:
-        """Apply a step ``[(seq, n)]`` (distinct live ids): per sequence growing by ``n > 0``
-        tokens, release, copy-on-write, allocate (a count of 0 is no growth). Returns whether
-        it fits and the copy-on-write pairs as (old, new) model ids; a step that does not fit
-        changes nothing."""
-        saved = {k: Seq(s.length, s.frontier, [dict(t) for t in s.tables]) for k, s in self.seqs.items()}
-        refs = self.refs()
-        cow: list[tuple[int, int]] = []
+    def held(self, seq: int, g: int) -> list[int]:
+        """The positions of ``seq`` whose KV group ``g`` holds."""
+        return [k for k in range(self.seqs[seq].length) if self.holds(seq, g, k)]
+
+    # -- operations: each raises Expected and changes nothing, or applies its effect
+
+    def grow(self, plan: list[tuple[int, int]]) -> Growth:
+        """A step ``[(seq, n)]``: ids checked in order (unknown, then listed twice), then per
+        growing sequence (``n > 0``) the release rule at its length in every group, then
+        in batch order copy-on-write of a shared partly filled last block and new blocks
+        (a count of 0 is no growth: nothing released, the frontier stays)."""
+        seen: set[int] = set()
+        for seq, _ in plan:
+            self.live(seq)
+            if seq in seen:
+                raise Expected(kv.InvalidArgumentError)
+            seen.add(seq)
+        seqs, growth, unwritten, free = self._stage(plan)
+        if len(unwritten) > free:
+            raise Expected(kv.PoolExhaustedError, requested=len(unwritten), free=free)
+        self.seqs, self.cow_copies = seqs, self.cow_copies + len(growth.cow)
+        self.unwritten.update(unwritten)
+        return growth
+
+    def blocks_needed(self, seq: int, n: int) -> int:
+        self.live(seq)
+        return len(self._stage([(seq, n)])[2])
+
+    def _stage(self, plan: list[tuple[int, int]]) -> tuple[dict[int, Seq], Growth, dict[int, int], int]:
+        """The sequences after the growth, the growth, the blocks it allocates (with the
+        offsets below which each was never written) and the blocks free for it: those free
+        now and those its releases free."""
+        bs = self.bs
+        seqs = {k: s.copy() for k, s in self.seqs.items()}
+        for seq, n in plan:  # windowed groups first release what no query from now on sees
+            s = seqs[seq]
+            for g, kind in enumerate(self.groups if n else []):
+                for i in [i for i in s.tables[g] if releasable(kind, i, bs, s.length)]:
+                    del s.tables[g][i]
+        refs = _refs(seqs.values())
+        free = self.num_blocks - len(refs)
+        growth = Growth(plan, [[] for _ in self.groups], [])
+        unwritten: dict[int, int] = {}
         for seq, n in plan:
-            s = self.seqs[seq]
-            length = s.length
-            if n == 0:
-                continue  # no token, no growth: nothing released, the frontier stays
-            for g, kind in enumerate(self.groups):
-                t = s.tables[g]
-                for i in [i for i in t if releasable(kind, i, self.bs, length)]:
-                    refs[t[i]] -= 1
-                    del t[i]
-                last = length // self.bs
-                if length % self.bs:
-                    if last not in t:  # a hole at the write position: a fresh block
-                        t[last] = next(self.fresh)
-                        refs[t[last]] = 1
-                    elif refs[t[last]] > 1:
-                        new = next(self.fresh)
-                        refs[t[last]] -= 1
-                        cow.append((t[last], new))
-                        t[last] = new
-                        refs[new] = 1
-                for i in range(-(-length // self.bs), -(-(length + n) // self.bs)):
-                    t[i] = next(self.fresh)
-                    refs[t[i]] = 1
-            s.frontier = length
-            s.length = length + n
-        if sum(1 for c in refs.values() if c > 0) > self.num_blocks:
-            self.seqs = saved
-            return False, []
-        return True, cow
+            s = seqs[seq]
+            for g, t in enumerate(s.tables):
+                for p in range(s.length, s.length + n):
+                    i = p // bs
+                    if i not in t:  # a new block, or a hole at the write position
+                        t[i] = next(self.fresh)
+                        refs[t[i]] = 1
+                        unwritten[t[i]] = p % bs
+                    elif refs[t[i]] > 1:  # a shared partly filled block: copy on write
+                        old, t[i] = t[i], next(self.fresh)
+                        refs[old] -= 1
+                        refs[t[i]] = 1
+                        unwritten[t[i]] = self.unwritten.get(old, 0)
+                        growth.cow.append((old, t[i]))
+                    growth.blocks[g].append(t[i])
+            if n:
+                s.frontier, s.length = s.length, s.length + n
+        return seqs, growth, unwritten, free
 
-    def add(self, seq: int, n: int) -> bool:
+    def add(self, seq: int, n: int) -> Growth:
+        if seq in self.seqs:
+            raise Expected(kv.DuplicateSequenceError, seq_id=seq)
         self.seqs[seq] = Seq(0, 0, [{} for _ in self.groups])
-        ok, _ = self.grow([(seq, n)])
-        if not ok:
+        try:
+            return self.grow([(seq, n)])
+        except Expected:
             del self.seqs[seq]
-        return ok
+            raise
 
     def fork(self, parent: int, child: int) -> None:
-        p = self.seqs[parent]
-        self.seqs[child] = Seq(p.length, p.frontier, [dict(t) for t in p.tables])
-
-    def can_truncate(self, seq: int, n: int) -> bool:
-        s = self.seqs[seq]
-        if n > s.length:
-            return False
-        l2 = s.length - n
-        return all(needed_blocks(kind, l2, self.bs) <= set(s.tables[g]) for g, kind in enumerate(self.groups))
+        if child in self.seqs:
+            raise Expected(kv.DuplicateSequenceError, seq_id=child)
+        self.seqs[child] = self.live(parent).copy()
 
     def truncate(self, seq: int, n: int) -> None:
-        s = self.seqs[seq]
+        """Refused past the length, or when a query at the new length would see a position
+        whose KV a group no longer holds (a truncation may not roll back into what was
+        released)."""
+        s = self.live(seq)
+        if n > s.length:
+            raise Expected(kv.InvalidArgumentError)
         l2 = s.length - n
+        for g, kind in enumerate(self.groups):
+            if any(sees(kind, l2, k) and not self.holds(seq, g, k) for k in range(l2)):
+                raise Expected(kv.InvalidArgumentError)
         keep = -(-l2 // self.bs)
         s.tables = [{i: m for i, m in t.items() if i < keep} for t in s.tables]
         s.length, s.frontier = l2, min(s.frontier, l2)
 
-    def free(self, seq: int) -> None:
-        del self.seqs[seq]
+    def free(self, ids: list[int]) -> None:
+        """``free`` of one id or ``free_batch``: an id listed twice, then an unknown id."""
+        if len(set(ids)) < len(ids):
+            raise Expected(kv.InvalidArgumentError)
+        for seq in ids:
+            self.live(seq)
+        for seq in ids:
+            del self.seqs[seq]
 
     def mark_computed(self, ids: list[int]) -> None:
-        """Every query up to each length computed (live ids): the frontier becomes the length
-        and the release rule runs for a next query at the length."""
+        """Every query up to each length computed: the frontier becomes the length and the
+        release rule runs for a next query at the length."""
+        for seq in ids:
+            self.live(seq)
         for seq in ids:
             s = self.seqs[seq]
             for g, kind in enumerate(self.groups):
@@ -168,73 +248,68 @@ class Model:
 
     # -- learning physical ids
 
-    def learn(self, pool: kv.BlockPool) -> None:
-        """Map each model block to the physical block the pool's tables show; every model
-        block maps to one physical block and no two live model blocks to the same one."""
-        live = self.refs()
+    def learn(self, growth: Growth, slots: list[list[int]], cow: list[tuple[int, int]]) -> None:
+        """From a growth's slots (per group, batch order), learn the physical block of each
+        block it allocated and check that block was free (no live block maps there) and
+        each slot is its position in its block; then the copy-on-write pairs must be the
+        model's."""
+        bs, live = self.bs, self.refs()
         self.phys = {m: b for m, b in self.phys.items() if m in live}
-        for seq, s in self.seqs.items():
+        self.unwritten = {m: u for m, u in self.unwritten.items() if m in live}
+        taken = set(self.phys.values())
+        ends = {seq: self.seqs[seq].length for seq, _ in growth.plan}
+        positions = [p for seq, n in growth.plan for p in range(ends[seq] - n, ends[seq])]
+        for g, (blocks, row) in enumerate(zip(growth.blocks, slots)):
+            assert len(row) == len(blocks), (g, row)
+            for p, m, slot in zip(positions, blocks, row):
+                assert 0 <= slot < self.num_blocks * bs and slot % bs == p % bs, f"group {g}: slot {slot} for {p}"
+                if m not in self.phys:
+                    assert slot // bs not in taken, f"group {g}: new block {slot // bs} was not free"
+                    self.phys[m] = slot // bs
+                    taken.add(slot // bs)
+                assert self.phys[m] == slot // bs, f"group {g}: slot {slot} of token {p} is not in its block"
+        want = sorted((self.phys[a], self.phys[b]) for a, b in growth.cow)
+        assert sorted(cow) == want, f"copy-on-write pairs {cow}, expected {want}"
+
+    # -- statistics
+
+    def stats(self) -> Stats:
+        """:meth:`pykvpool.PoolStats.as_dict` of the model's pool."""
+        bs, refs, n = self.bs, self.refs(), len(self.groups)
+        fill: dict[int, int] = {}  # model block -> filled slots (a shared token counts once)
+        group_of: dict[int, int] = {}
+        holes = [0] * n
+        for s in self.seqs.values():
             for g, t in enumerate(s.tables):
-                row = pool.block_table(seq, group=g).tolist()
+                holes[g] += -(-s.length // bs) - len(t)
                 for i, m in t.items():
-                    b = row[i]
-                    assert b >= 0, f"seq {seq} group {g} block {i}: a hole where the model stores"
-                    assert self.phys.setdefault(m, b) == b, f"seq {seq} group {g} block {i}: {b} != {self.phys[m]}"
-        assert len(set(self.phys.values())) == len(self.phys), "two model blocks share a physical block"
+                    fill[m] = max(fill.get(m, 0), min(bs, s.length - i * bs))
+                    group_of[m] = g
+        stored = sum(fill.values())
+        capacity = len(refs) * bs
+        return {
+            "block_size": bs,
+            "total_blocks": self.num_blocks,
+            "free_blocks": self.num_blocks - len(refs),
+            "used_blocks": len(refs),
+            "num_seqs": len(self.seqs),
+            "logical_tokens": sum(s.length for s in self.seqs.values()),
+            "stored_tokens": stored,
+            "shared_blocks": sum(1 for c in refs.values() if c > 1),
+            "cow_copies": self.cow_copies,
+            "empty_slots": capacity - stored,
+            "utilization": stored / capacity if capacity else 1.0,
+            "idle_cached_blocks": 0,
+            "group_blocks": [sum(1 for m in refs if group_of[m] == g) for g in range(n)],
+            "group_stored_tokens": [sum(f for m, f in fill.items() if group_of[m] == g) for g in range(n)],
+            "group_holes": holes,
+        }
 
 
-def check_against(model: Model, pool: kv.BlockPool) -> None:
-    """Everything observable about ``pool`` equals the model."""
-    bs, groups = model.bs, range(len(model.groups))
-    ids = sorted(model.seqs)
-    assert pool.seq_ids().tolist() == ids
-    assert pool.num_seqs == len(ids) == len(pool)
-    for seq in ids:
-        s = model.seqs[seq]
-        assert (pool.seq_len(seq), pool.frontier(seq)) == (s.length, s.frontier), seq
-        for g in groups:
-            assert pool.block_table(seq, group=g).tolist() == model.table(seq, g), (seq, g)
-            assert pool.stored_ranges(seq, group=g) == model.stored_ranges(seq, g), (seq, g)
-    refs = model.refs()
-    by_phys = {model.phys[m]: c for m, c in refs.items()}
-    assert [pool.refcount(b) for b in range(model.num_blocks)] == [by_phys.get(b, 0) for b in range(model.num_blocks)]
-    assert pool.num_used_blocks == len(refs)
-    assert pool.num_free_blocks == model.num_blocks - len(refs)
-    st = pool.stats()
-    assert st.logical_tokens == sum(s.length for s in model.seqs.values())
-    assert st.used_blocks == len(refs) and st.num_seqs == len(ids)
-    for g in groups:
-        blocks = {m for s in model.seqs.values() for m in s.tables[g].values()}
-        assert st.group_blocks[g] == len(blocks), g
-        holes = sum(-(-s.length // bs) - len(s.tables[g]) for s in model.seqs.values())
-        assert st.group_holes[g] == holes, g
-    if ids:
-        for g in groups:
-            width = max(-(-model.seqs[s].length // bs) for s in ids)
-            want = [[-9 if b == -1 else b for b in model.table(s, g)] + [-9] * (width - len(model.table(s, g)))
-                     for s in ids]
-            assert pool.block_tables(ids, pad=-9, group=g).tolist() == want
-            check_flashinfer(model, pool, ids, g)
-    pool.check_invariants()
-
-
-def check_flashinfer(model: Model, pool: kv.BlockPool, ids: list[int], g: int) -> None:
-    """The FlashInfer export of group ``g``, rebuilt page by page from the spec's formula."""
-    bs, kind = model.bs, model.groups[g]
-    indptr, indices, last, start = (a.tolist() for a in pool.flashinfer_tables(ids, group=g))
-    assert indptr[0] == 0 and len(indptr) == len(ids) + 1
-    for r, seq in enumerate(ids):
-        table = model.table(seq, g)
-        pages = indices[indptr[r]:indptr[r + 1]]
-        stored = [b for b in table if b != -1]
-        assert pages == stored, (seq, g)  # stored pages in logical order
-        sink_pages = min(-(-kind.sink_tokens // bs), start[r])
-        logical = [j if j < sink_pages else start[r] + (j - sink_pages) for j in range(len(pages))]
-        assert [table[i] for i in logical] == pages, (seq, g, start[r])
-        length = model.seqs[seq].length
-        # FlashInfer's last page length: the tokens of the last page. That page is the last
-        # logical block except when a table ends in holes (a window of one token or a chunk
-        # boundary, after a truncation).
-        assert last[r] == (0 if not pages else min(bs, length - logical[-1] * bs)), (seq, g)
-        if isinstance(kind, kv.FullAttention):
-            assert start[r] == 0
+def _refs(seqs: Iterable[Seq]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for s in seqs:
+        for t in s.tables:
+            for m in t.values():
+                out[m] = out.get(m, 0) + 1
+    return out
