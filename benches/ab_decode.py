@@ -61,7 +61,7 @@ from typing import Any
 
 from benches.common import out_path, write_json
 
-SWITCHES = ("bf16_scores", "int8_scores", "int8_pv", "fp16_reduction")
+SWITCHES = ("bf16_scores", "int8_scores", "fp16_reduction")
 #: ``--force-isa``: the kernel path every call runs (None: the CPU's best).
 FORCE_ISA: str | None = None
 DTYPES = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")

@@ -38,7 +38,7 @@ import pykvpool as kv
 from benches.bench_quant import DTYPES, ROWS, SHAPE_KV_HEADS, build, streaming_layers
 from benches.common import out_path, write_json
 
-DEFAULT_ROWS = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int8_scores+int8_pv",
+DEFAULT_ROWS = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int8_scores",
                 "fp8_e4m3+fp16_reduction", "fp8_e5m2+fp16_reduction"]
 
 

@@ -40,10 +40,6 @@ Rows ``fp8_e4m3+fp16_reduction`` and ``fp8_e5m2+fp16_reduction``: the fp8 caches
 per instruction, where the CPU has avx512_fp16); FMA-only roof ``d/32 + d/32`` instructions
 per token and query head, instruction-mix roof ``dot_rates``' (``benches/dot_rates/f16.rs``).
 
-Rows ``int8_pv`` and ``int8_scores+int8_pv``: the int8 cache with ``int8_pv=True`` (p.v by
-``vpdpbusd`` on the probabilities quantized to 8 bits per 16-token chunk and head), alone and
-with ``int8_scores``; their instruction-mix roofs are ``dot_rates``' (``benches/dot_rates/int_pv.rs``).
-
 Row ``int8_scores``: the int8 cache with ``int8_scores=True`` (query quantized to int8,
 scores by ``vpdpbusd`` where the CPU has avx512_vnni). Its compute roof is that of the
 instructions it uses: per token and query head ``d / 64`` ``vpdpbusd`` (64 multiply-adds
@@ -133,17 +129,13 @@ FAST: dict[str, tuple[str, dict[str, Any], float]] = {f"{dt}+bf16_scores": (dt, 
 #: rate: measured by ``cargo bench --bench dot_rates``), p.v by FMAs: ``d/64 + d/16`` FMA
 #: slots per token and query head against the exact ``d/16 + d/16``, a factor 2.5.
 FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
-#: ``int8_pv``: p.v by ``vpdpbusd`` on 8-bit probabilities (where the CPU has avx512_vnni),
-#: q.k by FMAs: the same count as ``int8_scores``; with both, ``d/64 + d/64``, a factor 1.
-FAST["int8_pv"] = ("int8", {"int8_pv": True}, 2.5)
-FAST["int8_scores+int8_pv"] = ("int8", {"int8_scores": True, "int8_pv": True}, 1.0)
 #: ``fp16_reduction`` (fp8): q.k and p.v by ``vfmadd231ph`` (32 f16 products per
 #: instruction, issuing at the FMA rate: ``cargo bench --bench dot_rates``): ``d/32 + d/32``
 #: FMA slots per token and query head, half the exact count.
 for _dt in ["fp8_e4m3", "fp8_e5m2"]:
     FAST[f"{_dt}+fp16_reduction"] = (_dt, {"fp16_reduction": True}, 2.0)
 #: The instructions behind each row's compute roof.
-ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA", "int8_pv": "FMA + vpdpbusd", "int8_scores+int8_pv": "vpdpbusd",
+ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA",
               **{f"{dt}+fp16_reduction": "vfmadd231ph" for dt in ["fp8_e4m3", "fp8_e5m2"]},
               **{f"{dt}+bf16_scores": "vdpbf16ps + FMA" for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}}
 ROWS: dict[str, tuple[str, dict[str, Any], float]] = {**{dt: (dt, {}, 4.0) for dt in DTYPES}, **FAST}
@@ -433,7 +425,7 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
             got = kv.decode_attention(caches[dt], 0, q, table, sl, **kw).astype(np.float64)
             err = np.abs(got - exact).max(axis=2)
             bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, kw.get("int8_scores", False),
-                           kw.get("int8_pv", False), kw.get("fp16_reduction", False))
+                           kw.get("fp16_reduction", False))
             rows.append(dict(data="outliers" if outliers else "normal", dtype=name,
                              max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
                              max_err_over_bound=float((err / bound).max()),
@@ -442,12 +434,10 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
 
 
 def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
-           lens: list[int], g: int, int8_scores: bool = False, int8_pv: bool = False,
-           fp16_reduction: bool = False) -> np.ndarray:
+           lens: list[int], g: int, int8_scores: bool = False, fp16_reduction: bool = False) -> np.ndarray:
     """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head);
     with ``int8_scores`` the query's rounding (``s_q / 2`` per element, times the L1 norm
-    of the dequantized key) adds to the logit deviation; ``int8_pv`` adds ``(16 / 510)
-    max|V'|`` of the head (the 8-bit probabilities); ``fp16_reduction`` adds ``(d / 4 + 3)
+    of the dequantized key) adds to the logit deviation; ``fp16_reduction`` adds ``(d / 4 + 3)
     2^-11 max_t sum_i |q_i K'_i|`` to the logit deviation and ``18 2^-11 max|V'|`` (the f16
     sums), where the f16 path runs (else the bound is looser than needed, not wrong)."""
     n, hq, d = q.shape
@@ -472,8 +462,6 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
             if fp16_reduction:
                 dmax += (d / 4 + 3) * 2.0**-11 * (kd[rows, kh] @ qa).max()
             out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
-            if int8_pv:
-                out[i, h] += 16 / 510 * vd[rows, kh].max()
             if fp16_reduction:
                 out[i, h] += 18 * 2.0**-11 * vd[rows, kh].max()
     return out
@@ -481,13 +469,12 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
 
 def toy() -> list[dict[str, Any]]:
     """The toy decoder's greedy tokens and teacher-forced logits against its f32 run: every
-    dtype at head_dim 32; int8 and fp8 with the opt-in fast paths at head_dim 64 (``int8_pv``
-    and ``fp16_reduction`` take head_dims that are multiples of 64), against that model's
+    dtype at head_dim 32; int8 and fp8 with the opt-in fast paths at head_dim 64
+    (``fp16_reduction`` takes head_dims that are multiples of 64), against that model's
     own f32 run."""
     rows = _toy_rows(toy_decoder.ToyConfig(), [(dt, None) for dt in ["bf16", *DTYPES[1:]]])
     fast: list[tuple[str, toy_decoder.DecodeSwitches | None]] = [
-        ("int8", None), ("int8", {"int8_scores": True}), ("int8", {"int8_pv": True}),
-        ("int8", {"int8_scores": True, "int8_pv": True}), ("fp8_e4m3", None), ("fp8_e4m3", {"fp16_reduction": True}),
+        ("int8", None), ("int8", {"int8_scores": True}), ("fp8_e4m3", None), ("fp8_e4m3", {"fp16_reduction": True}),
         ("fp8_e5m2", None), ("fp8_e5m2", {"fp16_reduction": True})]
     return rows + _toy_rows(toy_decoder.ToyConfig(d_head=64), fast)
 
@@ -578,7 +565,7 @@ def main() -> None:
               f"vpdpbusd zmm (64 int8 MAC per instruction) at the same instruction rate, sharing the pipes "
               f"(cargo bench --bench dot_rates): "
               f"{2 * r['peak_gflops']:.0f} G MAC/s. Compute roof per row: exact paths d/16 FMAs for q.k + "
-              f"d/16 for p.v per token and query head; int8_scores and int8_pv d/64 vpdpbusd + d/16 FMAs, both 2 d/64 vpdpbusd; "
+              f"d/16 for p.v per token and query head; int8_scores d/64 vpdpbusd + d/16 FMAs; "
               f"bf16_scores d/32 vdpbf16ps (same instruction rate) + d/16 FMAs.")
     llc_text = "unknown" if llc is None else f"{llc / 2**20:,.0f} MiB"
     for sh in args.shape or ["a", "d"]:

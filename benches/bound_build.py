@@ -1,7 +1,7 @@
 """Builds a *bound build* of pykvpool into a directory, for ``benches/ab_decode.py``.
 
 A bound build is compiled with the cargo feature ``bound-free-dots``: the AVX-512 integer
-and f16 dot products of the opt-in paths (``int8_scores``, ``int8_pv``,
+and f16 dot products of the opt-in paths (``int8_scores``,
 ``fp16_reduction``) and the shuffles that feed them become one xor per load, while every
 load, prefetch, softmax step and accumulator flush stays. Its outputs are wrong; its
 timing, paired against a normal build of the same commit, bounds what any cut of those
@@ -14,7 +14,7 @@ Usage::
     maturin develop --release && cp -r pykvpool /tmp/A      # the normal build
     python benches/bound_build.py /tmp/free                   # the bound build
     python benches/ab_decode.py /tmp/A /tmp/free --shape full \\
-        --rows bf16,int8+int8_scores+int8_pv,fp8_e5m2+fp16_reduction --interleave 100 \\
+        --rows bf16,int8+int8_scores,fp8_e5m2+fp16_reduction --interleave 100 \\
         --layers 16 --reallocate 25 --threads 1
 
 Needs ``maturin`` on the PATH (``pip install maturin``). The build leaves the editable

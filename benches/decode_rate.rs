@@ -32,20 +32,17 @@ struct Path {
     dtype: DType,
     bf16_scores: bool,
     int8_scores: bool,
-    int8_pv: bool,
 }
 
-const PATHS: [Path; 10] = [
-    Path { name: "bf16", dtype: DType::BF16, bf16_scores: false, int8_scores: false, int8_pv: false },
-    Path { name: "int8", dtype: DType::I8, bf16_scores: false, int8_scores: false, int8_pv: false },
-    Path { name: "fp8_e4m3", dtype: DType::E4M3, bf16_scores: false, int8_scores: false, int8_pv: false },
-    Path { name: "fp8_e5m2", dtype: DType::E5M2, bf16_scores: false, int8_scores: false, int8_pv: false },
-    Path { name: "bf16+bf16_scores", dtype: DType::BF16, bf16_scores: true, int8_scores: false, int8_pv: false },
-    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, bf16_scores: true, int8_scores: false, int8_pv: false },
-    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, bf16_scores: true, int8_scores: false, int8_pv: false },
-    Path { name: "int8_scores", dtype: DType::I8, bf16_scores: false, int8_scores: true, int8_pv: false },
-    Path { name: "int8_pv", dtype: DType::I8, bf16_scores: false, int8_scores: false, int8_pv: true },
-    Path { name: "int8_scores+int8_pv", dtype: DType::I8, bf16_scores: false, int8_scores: true, int8_pv: true },
+const PATHS: [Path; 8] = [
+    Path { name: "bf16", dtype: DType::BF16, bf16_scores: false, int8_scores: false },
+    Path { name: "int8", dtype: DType::I8, bf16_scores: false, int8_scores: false },
+    Path { name: "fp8_e4m3", dtype: DType::E4M3, bf16_scores: false, int8_scores: false },
+    Path { name: "fp8_e5m2", dtype: DType::E5M2, bf16_scores: false, int8_scores: false },
+    Path { name: "bf16+bf16_scores", dtype: DType::BF16, bf16_scores: true, int8_scores: false },
+    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, bf16_scores: true, int8_scores: false },
+    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, bf16_scores: true, int8_scores: false },
+    Path { name: "int8_scores", dtype: DType::I8, bf16_scores: false, int8_scores: true },
 ];
 
 /// A deterministic generator of floats in [-1, 1).
@@ -81,7 +78,7 @@ fn main() {
 /// The path's options, or `None` (with a note) where this CPU lacks what it needs.
 fn options(name: &str) -> Option<(&'static Path, DecodeOptions)> {
     let p = PATHS.iter().find(|p| p.name == name).expect("a path of PATHS");
-    let needs: &[&str] = match (p.bf16_scores, p.int8_scores || p.int8_pv) {
+    let needs: &[&str] = match (p.bf16_scores, p.int8_scores) {
         (true, _) => &["avx512bf16", "avx512vbmi"],
         (_, true) => &["avx512vnni"],
         _ => &[],
@@ -95,7 +92,6 @@ fn options(name: &str) -> Option<(&'static Path, DecodeOptions)> {
         split_tokens: Some(0),
         bf16_scores: p.bf16_scores,
         int8_scores: p.int8_scores,
-        int8_pv: p.int8_pv,
         ..Default::default()
     };
     Some((p, opts))

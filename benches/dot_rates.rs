@@ -7,16 +7,15 @@
 //!    `vpdpbusd` : FMA mixed 1:4 (that the two share the FMA's rate is what
 //!    `bench_quant.py`'s FMA-only roofs of the `int8_*` rows assume).
 //! 2. For each decode path `bench_quant.py` times (`bf16`, `int8`, `fp8_e4m3`, `fp8_e5m2`,
-//!    `int8_scores`, `int8_pv` alone and with `int8_scores`, `bf16_scores` on bf16 and fp8,
+//!    `int8_scores`, `bf16_scores` on bf16 and fp8,
 //!    `fp16_reduction` on fp8) and g = 1 and 4 query heads per KV head: codes per second
 //!    of the minimal instruction sequence the path issues per cached code (the widening
-//!    of the codes and the g dot products, see `dot_rates/paths.rs` and
-//!    `dot_rates/int_pv.rs`), on one L1-resident tile (16 tokens x head_dim 128 of K and
-//!    of V, at most 8 KiB), so memory is out of the picture: K alone, V alone and both per
+//!    of the codes and the g dot products, see `dot_rates/paths.rs`), on one L1-resident
+//!    tile (16 tokens x head_dim 128 of K and of V, at most 8 KiB), so memory is out of the picture: K alone, V alone and both per
 //!    tile (`kv`, the path's roof), and the same `kv` rate in codes per FMA instruction
 //!    time (codes/s over the FMA's instr/s measured the same way), against the codes per
 //!    FMA time the FMA-only count assumes (16 / g for the exact paths, 128 / (5 g) for
-//!    `int8_scores` and `int8_pv`, 64 / g for both, 64 / (3 g) for `bf16_scores`).
+//!    `int8_scores`, 64 / (3 g) for `bf16_scores`).
 //! 3. The softmax's `exp2` (the kernel's 12-instruction sequence per 16 scores), reported
 //!    apart: it is per score, not per code, and not part of the roof.
 //!
@@ -46,9 +45,6 @@ use std::sync::Barrier;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/f16.rs"]
 mod f16;
-#[cfg(target_arch = "x86_64")]
-#[path = "dot_rates/int_pv.rs"]
-mod int_pv;
 #[cfg(target_arch = "x86_64")]
 #[path = "dot_rates/memory.rs"]
 mod memory;

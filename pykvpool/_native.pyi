@@ -1478,7 +1478,6 @@ def decode_attention(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
-    int8_pv: bool = False,
     fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
@@ -1572,17 +1571,6 @@ def decode_attention(
             ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
             keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
             most D; measured errors are far below it (benches/bench_quant.py).
-        int8_pv: int8 caches only (default False = exact): allow P.V on 8-bit
-            probabilities. On the ``"avx512"`` path of a CPU with avx512_vnni, for a
-            head_dim that is a multiple of 64, each chunk of up to 16 tokens of a block
-            has its probabilities (times the tokens' V scales) quantized per query head to
-            ``0..255`` by their largest, ``M`` (round half to even), and their products
-            with the V codes summed exactly in integers by ``vpdpbusd``, times ``M / 255``;
-            every other path and head_dim computes P.V in f32 as without it. The softmax
-            sum, hence the LSE, is unchanged. Against the f32 P.V on the same scores each
-            output moves by at most ``(16 / 510) * max|V'|`` (``V'`` the dequantized
-            values of the sequence's KV head); measured errors are far below it
-            (benches/bench_quant.py). Combines with ``int8_scores``.
         fp16_reduction: fp8 caches only (default False = exact): allow q.K and P.V in f16
             arithmetic. On the ``"avx512"`` path of a CPU with avx512_fp16, for block size
             16 and a head_dim that is a multiple of 64 (and K and V scales within
@@ -1621,7 +1609,7 @@ def decode_attention(
             negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
             one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
             ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-            ``int8_scores`` or ``int8_pv`` with a cache that is not int8,
+            ``int8_scores`` with a cache that is not int8,
             ``fp16_reduction`` with a cache that is not fp8 or with ``bf16_scores``. ``out``
             is not written on any error.
     """
@@ -1641,7 +1629,6 @@ def decode_attention(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
-    int8_pv: bool = False,
     fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
@@ -1663,7 +1650,6 @@ def decode_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
-    int8_pv: bool = False,
     fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,
@@ -1700,7 +1686,6 @@ def decode_attention_paged(
         force_isa: as for :func:`decode_attention`.
         bf16_scores: as for :func:`decode_attention`.
         int8_scores: as for :func:`decode_attention`.
-        int8_pv: as for :func:`decode_attention`.
         fp16_reduction: as for :func:`decode_attention`.
         window_left: as for :func:`decode_attention`.
         sink_tokens: as for :func:`decode_attention`; also places the sink pages.
@@ -1734,7 +1719,6 @@ def decode_attention_paged(
     force_isa: _KernelPath | None = None,
     bf16_scores: bool = False,
     int8_scores: bool = False,
-    int8_pv: bool = False,
     fp16_reduction: bool = False,
     window_left: int | None = None,
     sink_tokens: int = 0,

@@ -187,7 +187,6 @@ class DecodeSwitches(TypedDict, total=False):
 
     bf16_scores: bool
     int8_scores: bool
-    int8_pv: bool
     fp16_reduction: bool
 
 
@@ -197,7 +196,7 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32", *,
     ``step -> write -> decode_attention`` per layer per token, in a ``dtype`` cache
     (any :class:`pykvpool.KvCache` dtype: ``"f32"``, ``"f16"``, ``"bf16"``, ``"int8"``,
     ``"fp8_e4m3"``, ``"fp8_e5m2"``). ``decode_options``: keyword switches passed to every
-    :func:`pykvpool.decode_attention` call, e.g. ``{"int8_scores": True, "int8_pv": True}``
+    :func:`pykvpool.decode_attention` call, e.g. ``{"int8_scores": True}``
     on an int8 cache (None: the exact path).
 
     Raises:

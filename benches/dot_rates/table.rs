@@ -3,7 +3,6 @@
 //! and as one JSON line.
 
 use super::f16::fp16;
-use super::int_pv::int8_pv;
 use super::paths::{self, bf16_scores, exact, exact_vbmi, int8_scores, Tile};
 use super::widen::{Bf16, E4m3, E4m3Tables, E5m2, I8};
 use super::{rate, Opts};
@@ -83,8 +82,7 @@ pub(super) fn all_paths() -> Vec<Path> {
     let vbmi = pykvpool::attention::cpu_features().contains(&"avx512vbmi");
     // FMA-only count per token and query head: exact d/16 + d/16 FMAs; int8_scores d/64
     // vpdpbusd + d/16 FMAs; bf16_scores d/32 vdpbf16ps + d/16 FMAs; for 2 d codes.
-    // int8_pv d/16 FMAs + d/64 vpdpbusd (as int8_scores); int8_scores+int8_pv 2 d/64.
-    let (n_exact, n_vnni, n_bf16, n_both) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0, 64.0);
+    let (n_exact, n_vnni, n_bf16) = (16.0, 2.0 * 64.0 / 5.0, 2.0 * 32.0 / 3.0);
     vec![
         Path { name: "bf16", bytes: 2, needs: BASE, nominal: n_exact, runs: runs!(exact, Bf16), stream: streams!(exact, Bf16) },
         Path { name: "int8", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, I8), stream: streams!(exact, I8) },
@@ -97,8 +95,6 @@ pub(super) fn all_paths() -> Vec<Path> {
         },
         Path { name: "fp8_e5m2", bytes: 1, needs: BASE, nominal: n_exact, runs: runs!(exact, E5m2), stream: streams!(exact, E5m2) },
         Path { name: "int8_scores", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_scores), stream: streams!(int8_scores) },
-        Path { name: "int8_pv", bytes: 1, needs: VNNI, nominal: n_vnni, runs: runs!(int8_pv, false), stream: streams!(int8_pv, false) },
-        Path { name: "int8_scores+int8_pv", bytes: 1, needs: VNNI, nominal: n_both, runs: runs!(int8_pv, true), stream: streams!(int8_pv, true) },
         Path { name: "bf16+bf16_scores", bytes: 2, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, Bf16, false), stream: streams!(bf16_scores, Bf16, false) },
         Path { name: "fp8_e4m3+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E4m3, true), stream: streams!(bf16_scores, E4m3, true) },
         Path { name: "fp8_e5m2+bf16_scores", bytes: 1, needs: BF16, nominal: n_bf16, runs: runs!(bf16_scores, E5m2, true), stream: streams!(bf16_scores, E5m2, true) },

@@ -62,9 +62,9 @@ def test_compute_calls_read_the_hot_table_and_memory_calls_the_next_layer(monkey
 
     monkeypatch.setattr(kv, "decode_attention", decode)
     monkeypatch.setattr(kv, "read_bandwidth", probe)
-    res = bo.measure("a", ["bf16", "int8_scores+int8_pv"], rounds=1, threads=1, clock=lambda: 0.0,
+    res = bo.measure("a", ["bf16", "int8_scores"], rounds=1, threads=1, clock=lambda: 0.0,
                      lens=[64, 48], layers=3)
-    assert set(res) == {"bf16", "int8_scores+int8_pv"} and all(len(v) == 1 for p in res.values() for v in p.values())
+    assert set(res) == {"bf16", "int8_scores"} and all(len(v) == 1 for p in res.values() for v in p.values())
     # Per row: an untimed sweep of the whole cache, 3 hot calls on layer 0, 3 scattered
     # calls on the next layers, 3 table sweeps on the layers after those (one cycle per cache).
     assert seen[:10] == [("bf16", "warm", -1)] + [("bf16", "hot", 0)] * 3 + \

@@ -28,7 +28,7 @@ def test_the_sinks_score_exceeds_the_others_by_the_gap(gap: float) -> None:
 
 
 @pytest.mark.parametrize("dtype,switches", [("bf16", {}), ("int8", {}), ("fp8_e5m2", {}),
-                                            ("int8", {"int8_scores": True, "int8_pv": True})])
+                                            ("int8", {"int8_scores": True})])
 def test_a_dominant_sinks_output_is_its_value(dtype: str, switches: dict[str, Any]) -> None:
     # 200 nats: every other token's probability is e^-200 of the sink's, exactly 0 in the
     # kernels (2^-64 and below are), so the output is the sink's stored V row.

@@ -44,7 +44,7 @@ decode_rate                    fastest       │ slowest       │ median       
    ├─ 1                                      │               │               │               │         │
    │  ├─ bf16                  12.4 µs       │ 115.4 µs      │ 13.08 µs      │ 46.99 µs      │ 3       │ 3
    │  │                        21.12 Gitem/s │ 2.27 Gitem/s  │ 20.02 Gitem/s │ 5.578 Gitem/s │         │
-   │  ╰─ int8_scores+int8_pv   12.67 µs      │ 26.21 µs      │ 12.99 µs      │ 17.29 µs      │ 3       │ 3
+   │  ╰─ int8_scores           12.67 µs      │ 26.21 µs      │ 12.99 µs      │ 17.29 µs      │ 3       │ 3
    │                           20.67 Gitem/s │ 9.998 Gitem/s │ 20.16 Gitem/s │ 15.15 Gitem/s │         │
    ╰─ 4                                      │               │               │               │         │
       ╰─ bf16                  30.91 ms      │ 1.103 s       │ 31.73 ms      │ 57.65 ms      │ 3       │ 3
@@ -80,7 +80,7 @@ def test_nested_rows_get_their_path_and_groups_no_row() -> None:
 
 def test_counter_rows_become_throughput_of_the_leaf_above() -> None:
     rows = parse_divan(DECODE_RATE)
-    assert [r["path"] for r in rows] == ["tokens_1024/1/bf16", "tokens_1024/1/int8_scores+int8_pv", "tokens_1024/4/bf16"]
+    assert [r["path"] for r in rows] == ["tokens_1024/1/bf16", "tokens_1024/1/int8_scores", "tokens_1024/4/bf16"]
     assert rows[0]["throughput"] == [{"unit": "item/s", "fastest": pytest.approx(21.12e9), "slowest": pytest.approx(2.27e9),
                                       "median": pytest.approx(20.02e9), "mean": pytest.approx(5.578e9)}]
     last = rows[2]

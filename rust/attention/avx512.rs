@@ -43,8 +43,7 @@
 //! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
 //! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]), as the
 //! opt-in `int8_scores` does with the `vpdpbusd` scores of [`super::avx512_vnni`]; the
-//! opt-in `int8_pv` replaces the f32 `P V` by `vpdpbusd` on 8-bit probabilities
-//! ([`Pv`], [`super::avx512_vnni_pv`]).
+//! fp8 paths plug their own `P V` in the same way ([`Pv`]).
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (16 codes broadcast to
@@ -236,9 +235,9 @@ pub(crate) trait Scores<E> {
     unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H];
 }
 
-/// How a head tile's `P V` runs when not by this file's f32 loops: `vpdpbusd` on the
-/// probabilities quantized to 8 bits, for the opt-in `int8_pv`
-/// ([`super::avx512_vnni_pv`]); [`FloatPv`] takes nothing.
+/// How a head tile's `P V` runs when not by this file's f32 loops: f16 arithmetic for
+/// `fp16_reduction` ([`super::avx512_fp16`]) or byte tables for e4m3
+/// ([`super::avx512_e4m3`]); [`FloatPv`] takes nothing.
 pub(crate) trait Pv<E> {
     /// Whether [`Self::pv`] takes every chunk of an item of head_dim `d` (then
     /// [`Self::finish`] ends the item).

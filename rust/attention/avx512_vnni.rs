@@ -28,11 +28,10 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, run_with, Exact, FloatPv, Scores, HT};
-use super::avx512_vnni_pv::IntPv;
+use super::avx512::{chunk_mask, run_with, FloatPv, Scores};
 use super::x86_prefetch::{Prefetcher, Stream};
 use super::isa::cpu_features;
-use super::query::{interleave_query, QueryI8};
+use super::query::QueryI8;
 use super::work::{Chunk, Partial, Work, FREE_DOTS};
 use crate::kv::{DType, Elem};
 
@@ -52,33 +51,20 @@ pub(crate) fn supported() -> bool {
     cpu_features().contains(&"avx512vnni")
 }
 
-/// `int8_scores` or `int8_pv` (or both) on the AVX-512 path.
+/// `int8_scores` on the AVX-512 path.
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    // `decode_attention` rejects `int8_scores` and `int8_pv` on other caches and sets
-    // `q_i8` with the former.
+    // `decode_attention` rejects `int8_scores` on other caches and sets `q_i8` with it;
+    // the caller routes here only with `q_i8`.
     assert!(E::DTYPE == DType::I8, "vpdpbusd needs an int8 cache");
-    // SAFETY: this function's features are those of `run_with`, of `Dot`'s scores and of
-    // `IntPv`'s `P V` (`Exact` and `FloatPv` need fewer).
-    unsafe {
-        match (w.q_i8, w.int8_pv) {
-            (Some(q), pv) => {
-                assert!(q.rows.len() * w.shape.head_dim.div_ceil(4) == q.codes.len());
-                if pv {
-                    run_with::<E, _, _, true>(w, p, &Dot { q }, &IntPv)
-                } else {
-                    run_with::<E, _, _, true>(w, p, &Dot { q }, &FloatPv)
-                }
-            }
-            (None, _) => {
-                let q = interleave_query(w.q, w.shape.head_dim, w.g, HT);
-                run_with::<E, _, _, true>(w, p, &Exact::<true> { q: &q }, &IntPv)
-            }
-        }
-    }
+    let q = w.q_i8.expect("int8_scores sets the int8 query");
+    assert!(q.rows.len() * w.shape.head_dim.div_ceil(4) == q.codes.len());
+    // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores
+    // (`FloatPv` needs fewer).
+    unsafe { run_with::<E, _, _, true>(w, p, &Dot { q }, &FloatPv) }
 }
 
 /// `vpdpbusd` scores from the item's int8 query rows.

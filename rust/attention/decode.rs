@@ -54,14 +54,6 @@ pub struct DecodeOptions {
     /// dequantized quantized query (the same scores within f32 rounding). Softmax and
     /// `P V` are unchanged.
     pub int8_scores: bool,
-    /// int8 caches only: allow `P V` on 8-bit probabilities. The AVX-512 path on a CPU
-    /// with avx512_vnni, for a head_dim that is a multiple of 64, quantizes each chunk's
-    /// probabilities (times the V scales) per query head to `0..=255` by their maximum
-    /// and sums their products with the V codes exactly by `vpdpbusd`
-    /// ([`avx512_vnni_pv`](super::avx512_vnni_pv), which derives the bound: each output
-    /// within `(16 / 510) * max|V|` of the f32 `P V` on the same scores); every other
-    /// path and head_dim keeps the f32 `P V`. Combines with `int8_scores`.
-    pub int8_pv: bool,
     /// fp8 caches only: allow the scores and `P V` in f16 arithmetic. The AVX-512 path on
     /// a CPU with avx512fp16, for block size 16 and a head_dim that is a multiple of 64,
     /// computes each score as f16 products of the f16-rounded query (scaled by a power of
@@ -176,7 +168,6 @@ pub fn decode_attention(
                         (&q_bf16[at..at + per_item * pairs], factor)
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
-                    int8_pv: opts.int8_pv,
                     fp16: opts.fp16_reduction,
                     nan_check,
                 };
@@ -292,9 +283,6 @@ fn check_call(
     if opts.int8_scores && cache.dtype() != DType::I8 {
         return Err(invalid!("int8_scores needs an int8 cache, this one stores {}", cache.dtype().name()));
     }
-    if opts.int8_pv && cache.dtype() != DType::I8 {
-        return Err(invalid!("int8_pv needs an int8 cache, this one stores {}", cache.dtype().name()));
-    }
     if opts.fp16_reduction && !matches!(cache.dtype(), DType::E4M3 | DType::E5M2) {
         return Err(invalid!("fp16_reduction needs an fp8 cache, this one stores {}", cache.dtype().name()));
     }
@@ -315,7 +303,7 @@ fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
         // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
-        Isa::Avx512 if (w.q_i8.is_some() || w.int8_pv) && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
+        Isa::Avx512 if w.q_i8.is_some() && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512_fp16::applies` checked avx512fp16 on top of the AVX-512 path's
         // features (`Supported` holds only a path this CPU runs), the item's shape and scales.

@@ -28,10 +28,7 @@
 //! path then uses the bf16-rounded query, so the option means the same math everywhere.
 //! Likewise `int8_scores` (int8 caches): the query quantized to int8 per row, scores by
 //! `vpdpbusd` ([`avx512_vnni`]) on AVX-512 with avx512_vnni, by f32 FMAs on the
-//! dequantized quantized query on every other path. The opt-in `int8_pv` (int8 caches)
-//! allows `P V` on 8-bit probabilities: the AVX-512 path with avx512_vnni runs it by
-//! `vpdpbusd` ([`avx512_vnni_pv`], head_dim a multiple of 64) within a documented bound;
-//! every other path keeps the f32 `P V`. e4m3 caches of block size 16 (head_dim a
+//! dequantized quantized query on every other path. e4m3 caches of block size 16 (head_dim a
 //! multiple of 64) take byte tables instead of the f16 route on AVX-512 with avx512vbmi
 //! (`avx512_e4m3`: the same values, the exact path's math). The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
@@ -72,8 +69,6 @@ mod avx512_fp16;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
 #[cfg(target_arch = "x86_64")]
-pub mod avx512_vnni_pv;
-#[cfg(target_arch = "x86_64")]
 mod x86_prefetch;
 pub mod decode;
 pub mod isa;
@@ -102,8 +97,6 @@ mod tests;
 mod tests_fp8;
 #[cfg(test)]
 mod tests_int8;
-#[cfg(test)]
-mod tests_int8_pv;
 #[cfg(test)]
 mod tests_q8;
 #[cfg(all(test, target_arch = "x86_64"))]

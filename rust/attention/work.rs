@@ -39,10 +39,6 @@ pub(crate) struct Work<'a, E> {
     /// factor), which the paths without `vpdpbusd` read.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_i8: Option<QueryI8<'a>>,
-    /// With `int8_pv` (int8 caches): the AVX-512 path with `vpdpbusd` may run `P V` on
-    /// 8-bit probabilities ([`super::avx512_vnni_pv`]); the others ignore it.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub int8_pv: bool,
     /// With `fp16_reduction` (fp8 caches): the AVX-512 path on a CPU with avx512fp16 may
     /// compute the scores and `P V` in f16 ([`super::avx512_fp16`]); the others ignore it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -474,7 +470,8 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 /// smaller tiles prefetch more tiles ahead). With [`PREFETCH_L2_TILES`] 1, against 8 KiB
 /// and 2 (two 8-bit tiles into L1, two more into L2) on shape `full` read from memory
 /// (`ab_decode.py --layers 8 --reallocate 25`, 200 pairs over 8 placements, B / A time):
-/// e5m2 / e4m3 with `fp16_reduction` 0.964 / 0.972, `int8_scores+int8_pv` 0.975, bf16
+/// e5m2 / e4m3 with `fp16_reduction` 0.964 / 0.972, int8 with `int8_scores` and 8-bit
+/// `P V` (an option since removed: it did not pay) 0.975, bf16
 /// (one tile ahead into L1 in both) 0.999. The L2 prefetch alone, without the L1 one,
 /// took 1.08-1.14x the time (one placement; `docs/experiments.md`, "Decode attention:
 /// prefetch").

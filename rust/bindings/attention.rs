@@ -19,12 +19,12 @@ fn options(
     split_tokens: Option<usize>,
     kv_heads_per_item: Option<usize>,
     force_isa: Option<&str>,
-    [bf16_scores, int8_scores, int8_pv, fp16_reduction]: [bool; 4],
+    [bf16_scores, int8_scores, fp16_reduction]: [bool; 3],
     window_left: Option<usize>,
     sink_tokens: usize,
 ) -> PyResult<DecodeOptions> {
     let isa = forced_isa(py, force_isa)?;
-    Ok(DecodeOptions { bf16_scores, int8_scores, int8_pv, fp16_reduction, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
+    Ok(DecodeOptions { bf16_scores, int8_scores, fp16_reduction, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
 }
 
 /// `window_left`: `None` or an int >= 0.
@@ -247,17 +247,6 @@ fn attend<'py>(
 ///         ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
 ///         keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
 ///         most D; measured errors are far below it (benches/bench_quant.py).
-///     int8_pv: int8 caches only (default False = exact): allow P.V on 8-bit
-///         probabilities. On the ``"avx512"`` path of a CPU with avx512_vnni, for a
-///         head_dim that is a multiple of 64, each chunk of up to 16 tokens of a block
-///         has its probabilities (times the tokens' V scales) quantized per query head to
-///         ``0..255`` by their largest, ``M`` (round half to even), and their products
-///         with the V codes summed exactly in integers by ``vpdpbusd``, times ``M / 255``;
-///         every other path and head_dim computes P.V in f32 as without it. The softmax
-///         sum, hence the LSE, is unchanged. Against the f32 P.V on the same scores each
-///         output moves by at most ``(16 / 510) * max|V'|`` (``V'`` the dequantized
-///         values of the sequence's KV head); measured errors are far below it
-///         (benches/bench_quant.py). Combines with ``int8_scores``.
 ///     fp16_reduction: fp8 caches only (default False = exact): allow q.K and P.V in f16
 ///         arithmetic. On the ``"avx512"`` path of a CPU with avx512_fp16, for block size
 ///         16 and a head_dim that is a multiple of 64 (and K and V scales within
@@ -296,11 +285,11 @@ fn attend<'py>(
 ///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
 ///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
 ///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-///         ``int8_scores`` or ``int8_pv`` with a cache that is not int8,
+///         ``int8_scores`` with a cache that is not int8,
 ///         ``fp16_reduction`` with a cache that is not fp8 or with ``bf16_scores``. ``out``
 ///         is not written on any error.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, int8_pv = false, fp16_reduction = false, window_left = None, sink_tokens = 0))]
+#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, fp16_reduction = false, window_left = None, sink_tokens = 0))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention<'py>(
     py: Python<'py>,
@@ -317,12 +306,11 @@ fn decode_attention<'py>(
     force_isa: Option<&str>,
     bf16_scores: bool,
     int8_scores: bool,
-    int8_pv: bool,
     fp16_reduction: bool,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, int8_pv, fp16_reduction], window_left, sink_tokens)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, fp16_reduction], window_left, sink_tokens)?;
     let t = Tables::padded(py, block_tables, seq_lens)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
@@ -358,7 +346,6 @@ fn decode_attention<'py>(
 ///     force_isa: as for :func:`decode_attention`.
 ///     bf16_scores: as for :func:`decode_attention`.
 ///     int8_scores: as for :func:`decode_attention`.
-///     int8_pv: as for :func:`decode_attention`.
 ///     fp16_reduction: as for :func:`decode_attention`.
 ///     window_left: as for :func:`decode_attention`.
 ///     sink_tokens: as for :func:`decode_attention`; also places the sink pages.
@@ -375,7 +362,7 @@ fn decode_attention<'py>(
 ///         overflows, a visible key whose block is not among the pages (named
 ///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, int8_pv = false, fp16_reduction = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
+#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, fp16_reduction = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention_paged<'py>(
     py: Python<'py>,
@@ -393,13 +380,12 @@ fn decode_attention_paged<'py>(
     force_isa: Option<&str>,
     bf16_scores: bool,
     int8_scores: bool,
-    int8_pv: bool,
     fp16_reduction: bool,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
     kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, int8_pv, fp16_reduction], window_left, sink_tokens)?;
+    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, fp16_reduction], window_left, sink_tokens)?;
     let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }

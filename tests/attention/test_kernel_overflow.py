@@ -44,7 +44,7 @@ def options(dtype: str) -> list[dict[str, Any]]:
     if dtype in ("bf16", "fp8_e4m3", "fp8_e5m2"):
         opts.append({"bf16_scores": True})
     if dtype == "int8":
-        opts += [{"int8_scores": True}, {"int8_pv": True}, {"int8_scores": True, "int8_pv": True}]
+        opts.append({"int8_scores": True})
     if dtype.startswith("fp8"):
         opts.append({"fp16_reduction": True})
     return opts

@@ -7,9 +7,7 @@ query elsewhere. On every path and both table forms:
 - against the exact-query result on the same cache: within the bound of
   :func:`pykvpool.decode_attention`'s docstring, ``(exp(2 D) - 1) max|V'|`` with
   ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|``, the LSE within ``D``;
-- refused (naming ``int8_scores``) for any other cache, ``out`` untouched; so is
-  ``int8_pv`` (tests/attention/test_kv_quant_pv.py has its other tests), at head_dim 64, the
-  smallest its integer path takes.
+- refused (naming ``int8_scores``) for any other cache, ``out`` untouched.
 """
 
 from __future__ import annotations
@@ -99,10 +97,10 @@ def test_int8_scores_stay_within_the_documented_bound_of_the_exact_query(path: s
     assert err.max() > 0  # the quantization is real
 
 
-@pytest.mark.parametrize("option", ["int8_scores", "int8_pv"])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("path", PATHS)
-def test_int8_options_are_refused_for_other_caches_and_leave_out_untouched(path: str, dtype: str, option: str) -> None:
+def test_int8_scores_is_refused_for_other_caches_and_leaves_out_untouched(path: str, dtype: str) -> None:
+    option = "int8_scores"
     c = kv.KvCache(1, 4, 16, 2, 64, dtype)
     c.write(0, np.ones((64, 2, 64), np.float32), np.ones((64, 2, 64), np.float32), np.arange(64))
     q = np.ones((1, 4, 64), np.float32)
