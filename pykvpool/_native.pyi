@@ -427,7 +427,11 @@ class BlockPool:
         """
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
-        sequence's reference (freed at zero).
+        sequence's reference (freed at zero). In a windowed group the rollback stays within
+        what the group still holds: the query at the new length must see only positions
+        whose KV the group holds. Positions the window rule released are not held, and
+        neither are the positions of a block taken at a hole (a growth from a length whose
+        block was released) before the growth that took it.
 
         Args:
             seq_id: a live sequence.
@@ -435,7 +439,9 @@ class BlockPool:
 
         Raises:
             UnknownSequenceError: ``seq_id`` is not live.
-            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length.
+            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length, or the
+                query at the new length would see a position a windowed group does not
+                hold (nothing is dropped).
         """
     def free(self, seq_id: int) -> None:
         """Remove ``seq_id``; each of its blocks loses a reference and is freed at zero (with

@@ -15,6 +15,11 @@
 //! at `len_blocks`, and an empty run has `run_start == len_blocks` (a table may end in
 //! holes only when its run is empty: a window of one token, or a chunk boundary, after a
 //! truncation).
+//!
+//! A block taken at a hole (a growth from a length inside a released block) holds no KV
+//! for the positions before the growth: the table keeps the first position its run holds
+//! ([`GroupTable::written_from`]), so that a rollback into those positions is refused and
+//! such a block is never cached.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +83,10 @@ struct Body {
     /// A new stamp whenever an entry is replaced or removed (not on appends or window
     /// releases, which only turn the run's front into holes).
     stamp: u64,
+    /// The first position the run holds KV for: `run_start * block_size` or below, except
+    /// when the run's first block was taken at a hole, whose positions before the growth
+    /// that took it were never written.
+    written_from: usize,
 }
 
 #[inline]
@@ -105,6 +114,7 @@ impl GroupTable {
                 head: Vec::new(),
                 run: VecDeque::new(),
                 stamp: next_stamp(),
+                written_from: 0,
             }),
         }
     }
@@ -188,6 +198,20 @@ impl GroupTable {
         &self.b.run
     }
 
+    /// The first position of the window run that holds KV (see the field); positions of
+    /// the sink blocks are always written.
+    #[inline]
+    pub fn written_from(&self) -> usize {
+        self.b.written_from
+    }
+
+    /// Whether stored entry `i` holds KV for all of its positions (a block taken at a hole
+    /// does not).
+    #[inline]
+    pub fn fully_written(&self, i: usize) -> bool {
+        i < self.b.head.len() || i * self.b.block_size >= self.b.written_from
+    }
+
     /// Entry `i` (None for a hole or past the end).
     #[inline]
     pub fn get(&self, i: usize) -> Option<BlockId> {
@@ -241,6 +265,7 @@ impl GroupTable {
             self.b.run.push_back(b);
             self.b.len_blocks += 1;
             if was_empty {
+                self.b.written_from = self.b.run_start * self.b.block_size;
                 self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
             }
         }
@@ -276,8 +301,9 @@ impl GroupTable {
     }
 
     /// Put `b` in the last entry (a copy-on-write copy, or a new block for a last entry
-    /// that is a hole); returns the block it replaces, if any.
-    pub fn set_last(&mut self, b: BlockId) -> Option<BlockId> {
+    /// that is a hole, which a growth writes from offset `from` on); returns the block it
+    /// replaces, if any.
+    pub fn set_last(&mut self, b: BlockId, from: usize) -> Option<BlockId> {
         self.b.stamp = next_stamp();
         let old = if let Some(x) = self.b.run.back_mut() {
             Some(std::mem::replace(x, b))
@@ -286,6 +312,7 @@ impl GroupTable {
         } else {
             // A trailing hole (the run is empty and the last entry lies past the sinks).
             self.b.run_start = self.b.len_blocks - 1;
+            self.b.written_from = self.b.run_start * self.b.block_size + from;
             self.b.run.push_back(b);
             self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
             None
@@ -573,7 +600,9 @@ mod tests {
         t.truncate(4, |b| gone.push(b));
         assert_eq!(gone.last(), Some(&BlockId(4)));
         assert_eq!((t.len_blocks(), t.run_start(), t.last()), (4, 4, None));
-        assert_eq!(t.set_last(BlockId(9)), None, "trailing hole filled");
+        assert_eq!(t.set_last(BlockId(9), 1), None, "trailing hole filled");
+        assert_eq!(t.written_from(), 7, "written from offset 1 of logical block 3");
+        assert!(t.fully_written(1) && !t.fully_written(3));
         assert_eq!(t.entries().last(), Some(Some(BlockId(9))));
         assert!(t.shape_error().is_none(), "{:?}", t.shape_error());
         assert!(t.push_hole().is_err(), "a hole after a stored window entry");

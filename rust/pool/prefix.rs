@@ -655,6 +655,9 @@ impl BlockPool {
             let windowed = self.groups[g].is_windowed();
             for i in from..to.min(q.keys.len()) {
                 let Some(b) = t.get(i) else { continue };
+                if !t.fully_written(i) {
+                    continue; // taken at a hole: no KV before the growth that took it
+                }
                 let (key, fill) = (q.keys[i], q.fill(i, bs));
                 if fill == 0 || (fill < bs && i + 1 < to) {
                     break; // only the last block may be partly filled

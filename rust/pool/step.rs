@@ -424,7 +424,7 @@ impl BlockPool {
                 Some(src) if self.must_copy(src, 0, 0) => {
                     let dst = self.take_block()?;
                     self.release_block(src);
-                    t.set_last(dst);
+                    t.set_last(dst, off);
                     cow.push((src, dst));
                     self.cow_copies += 1;
                     dst
@@ -432,7 +432,7 @@ impl BlockPool {
                 Some(b) => b,
                 None => {
                     let dst = self.take_block()?;
-                    t.set_last(dst);
+                    t.set_last(dst, off);
                     dst
                 }
             };
@@ -636,7 +636,7 @@ impl BlockPool {
             log.push(Undo::Push(i as u32, g as u32));
         } else {
             let stamp = t.stamp();
-            t.set_last(b);
+            t.set_last(b, off);
             log.push(Undo::Fill(i as u32, g as u32, stamp));
         }
         Some(b)

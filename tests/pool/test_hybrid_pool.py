@@ -212,8 +212,6 @@ def test_truncate_rolls_back_within_the_window_only() -> None:
     pool.check_invariants()
 
 
-@pytest.mark.xfail(strict=True, reason="pool bug: a block taken at a hole after a truncation counts as holding "
-                                       "the released positions before its first write")
 def test_truncate_does_not_roll_back_into_a_block_taken_at_a_hole() -> None:
     """The state machine's shrunk counterexample: ``mark_computed`` at 10 releases positions
     0..7 (chunks of 2, blocks of 4); truncating to 6 is fine (the query at 6 sees only 6), and
@@ -229,6 +227,27 @@ def test_truncate_does_not_roll_back_into_a_block_taken_at_a_hole() -> None:
     with pytest.raises(kv.InvalidArgumentError, match="num_tokens"):
         pool.truncate(0, 2)
     assert snapshot(pool) == before
+
+
+def test_a_block_taken_at_a_hole_is_never_cached() -> None:
+    """The same history with prefix caching and token ids: logical block 1, taken at the
+    hole when position 6 is written, fills up with 6 and 7 but never held 4 and 5, so it
+    is not registered (a hit that needs 4 would read released KV); the same growth
+    without the truncation registers its full block."""
+    for truncated in (False, True):
+        pool = kv.BlockPool(16, 4, [kv.ChunkedAttention(2)], prefix_caching=True, record_events=True)
+        toks = list(range(100, 112))
+        pool.add_sequence_tokens(0, toks[:10])
+        pool.mark_computed([0])
+        pool.drain_events()
+        if truncated:
+            pool.truncate(0, 4)
+            pool.append_tokens(0, toks[6:8])
+        else:
+            pool.append_tokens(0, toks[10:12])
+        stored = pool.drain_events()["block"].tolist()
+        last = int(pool.block_table(0, group=0)[-1])
+        assert stored == ([] if truncated else [last]), truncated
 
 
 # ------------------------------------------------------------------------------- exports

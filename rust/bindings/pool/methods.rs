@@ -292,7 +292,11 @@ impl PyBlockPool {
     }
 
     /// Drop the last ``num_tokens`` tokens of ``seq_id``; blocks left empty lose this
-    /// sequence's reference (freed at zero).
+    /// sequence's reference (freed at zero). In a windowed group the rollback stays within
+    /// what the group still holds: the query at the new length must see only positions
+    /// whose KV the group holds. Positions the window rule released are not held, and
+    /// neither are the positions of a block taken at a hole (a growth from a length whose
+    /// block was released) before the growth that took it.
     ///
     /// Args:
     ///     seq_id: a live sequence.
@@ -300,7 +304,9 @@ impl PyBlockPool {
     ///
     /// Raises:
     ///     UnknownSequenceError: ``seq_id`` is not live.
-    ///     InvalidArgumentError: ``num_tokens`` is negative or exceeds the length.
+    ///     InvalidArgumentError: ``num_tokens`` is negative or exceeds the length, or the
+    ///         query at the new length would see a position a windowed group does not
+    ///         hold (nothing is dropped).
     fn truncate(
         &self,
         py: Python<'_>,
