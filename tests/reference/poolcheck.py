@@ -28,9 +28,6 @@ def snapshot(pool: kv.BlockPool) -> tuple[Any, ...]:
     )
 
 
-# The name the video tests (outside tests/pool) still import: the same function.
-hybrid_snapshot = snapshot
-
 
 def checksum(cache: kv.KvCache) -> str:
     """A digest of every K and V byte of ``cache``: equal digests mean unchanged storage."""

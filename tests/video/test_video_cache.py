@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from reference.poolcheck import hybrid_snapshot
+from reference.poolcheck import snapshot
 from reference.video_model import Geometry, poison_free_pages, reference_attention
 
 import pykvpool as kv
@@ -188,10 +188,10 @@ def test_exhaustion_is_atomic() -> None:
     vc.begin_chunk([1])
     vc.commit_chunk([1])
     assert vc.pool.num_used_blocks == geo.held_blocks(12, 12) == 2
-    before = (hybrid_snapshot(vc.pool), vc.stats())
+    before = (snapshot(vc.pool), vc.stats())
     with pytest.raises(kv.PoolExhaustedError):
         vc.begin_chunk([2, 1])  # 3 + 3 pages, 5 free
-    assert (hybrid_snapshot(vc.pool), vc.stats()) == before
+    assert (snapshot(vc.pool), vc.stats()) == before
     assert not vc.has_open_chunk(1) and not vc.has_open_chunk(2)
     b = vc.begin_chunk([2])
     assert b.chunks.tolist() == [0] and vc.pool.num_free_blocks == 2
@@ -225,11 +225,11 @@ def test_abort_drops_the_open_chunk_only() -> None:
         d.add(s)
     d.chunk([1, 2])
     d.chunk([1, 2])
-    before = (hybrid_snapshot(vc.pool), vc.stats())
+    before = (snapshot(vc.pool), vc.stats())
     b = vc.begin_chunk([1, 2])
     d.step(b, 0)
     vc.abort_chunk([2, 1])
-    assert (hybrid_snapshot(vc.pool), vc.stats()) == before
+    assert (snapshot(vc.pool), vc.stats()) == before
     with pytest.raises(kv.InvalidArgumentError, match="batch"):
         vc.attention(0, np.zeros((b.num_tokens, HQ, D), np.float32), b)
     b2 = d.chunk([2])
@@ -310,7 +310,7 @@ CTOR_BAD: list[tuple[str, Any]] = [
 
 
 def state(vc: VideoCache) -> tuple[Any, ...]:
-    return hybrid_snapshot(vc.pool), vc.stats(), float(np.nansum(vc.kv.key(0))), float(np.nansum(vc.kv.value(0)))
+    return snapshot(vc.pool), vc.stats(), float(np.nansum(vc.kv.key(0))), float(np.nansum(vc.kv.value(0)))
 
 
 @pytest.mark.parametrize(("name", "call", "bad"), [(n, c, b) for n, c, bs in INVALID for b in bs])

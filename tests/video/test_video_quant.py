@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reference.poolcheck import hybrid_snapshot
+from reference.poolcheck import snapshot
 from reference.video_model import FP8, QDTYPES, Geometry, Storage, attention_bound, poison_free_pages, reference_attention
 
 import pykvpool as kv
@@ -220,10 +220,10 @@ def test_set_fp8_scales_before_any_page_is_held_only(dtype: str) -> None:
     vc.add_stream(1)
     vc.set_fp8_scales(0, ones, ones)  # a stream without pages yet
     vc.begin_chunk([1])
-    before = (hybrid_snapshot(vc.pool), vc.stats(), vc.kv.key_scales(0).tolist())
+    before = (snapshot(vc.pool), vc.stats(), vc.kv.key_scales(0).tolist())
     with pytest.raises(kv.InvalidArgumentError, match="pages"):
         vc.set_fp8_scales(0, 3 * ones, ones)  # stored K/V would be read with other scales
-    assert (hybrid_snapshot(vc.pool), vc.stats(), vc.kv.key_scales(0).tolist()) == before
+    assert (snapshot(vc.pool), vc.stats(), vc.kv.key_scales(0).tolist()) == before
     vc.release(1)
     vc.set_fp8_scales(0, 3 * ones, ones)
 
