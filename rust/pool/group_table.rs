@@ -265,7 +265,9 @@ impl GroupTable {
             self.b.run.push_back(b);
             self.b.len_blocks += 1;
             if was_empty {
-                self.b.written_from = self.b.run_start * self.b.block_size;
+                // A block pushed is written from its start; `min` keeps what an undone
+                // release hands back (the one-pass decode's log) as it was.
+                self.b.written_from = self.b.written_from.min(self.b.run_start * self.b.block_size);
                 self.release_at = clamp(release_len(&self.b.spec, self.b.run_start, self.b.block_size));
             }
         }

@@ -10,7 +10,9 @@
 //! counted from those entries. It applies the release rule as the contract words it
 //! (`i*bs >= sink_tokens` and `(i+1)*bs <= first_needed(L)`, first_needed written out
 //! here), predicts every error with its numbers (unknown and duplicate ids, overflow, a
-//! truncation into a released block, exhaustion with what the releases free), and which
+//! truncation to a query that would see a position no longer held: in a released block,
+//! or before the first write of a block taken at a hole; exhaustion with what the releases
+//! free), and which
 //! entries a growth copies, fills or appends. Which free block the pool hands out is the
 //! pool's choice: the model learns the id from the pool's table and checks that it was
 //! free and is now referenced once. Slots, copy-on-write pairs, lengths, tables, refcounts,
@@ -155,6 +157,9 @@ struct MSeq {
     len: usize,
     frontier: usize,
     tables: Vec<Entries>,
+    /// Per group and entry, the offset of the first position the entry's block holds:
+    /// 0, except for a block taken at a hole, which holds only what growths wrote into it.
+    from: Vec<Vec<usize>>,
 }
 
 #[derive(Debug)]
@@ -279,6 +284,7 @@ impl Model {
                 let l = s.len;
                 for (g, t) in s.tables.iter_mut().enumerate() {
                     let got: Entries = pool.table(SeqId(id), g).unwrap().entries().collect();
+                    let from = &mut s.from[g];
                     if !l.is_multiple_of(bs) {
                         let i = l / bs;
                         match t[i] {
@@ -290,11 +296,15 @@ impl Model {
                                 self.cow_copies += 1;
                             }
                             Some(_) => {}
-                            None => t[i] = Some(Self::take(&mut rc, got.get(i).copied().flatten())?),
+                            None => {
+                                t[i] = Some(Self::take(&mut rc, got.get(i).copied().flatten())?);
+                                from[i] = l % bs;
+                            }
                         }
                     }
                     for i in t.len()..(l + n).div_ceil(bs) {
                         t.push(Some(Self::take(&mut rc, got.get(i).copied().flatten())?));
+                        from.push(0);
                     }
                     for k in 0..n {
                         let p = l + k;
@@ -338,7 +348,8 @@ impl Model {
             tables.push(t);
         }
         prop_assert_eq!((out.total_tokens, &out.seq_lens, out.cow.len()), (len, &vec![len as i32], 0));
-        self.seqs.insert(id, MSeq { len, frontier: 0, tables });
+        let from = vec![vec![0; len.div_ceil(self.bs)]; self.specs.len()];
+        self.seqs.insert(id, MSeq { len, frontier: 0, tables, from });
         Ok(())
     }
 
@@ -365,8 +376,11 @@ impl Model {
             return Some(Want::Invalid("num_tokens"));
         }
         let l2 = s.len - n;
-        for (spec, t) in self.specs.iter().zip(&s.tables) {
-            if (0..l2.div_ceil(self.bs)).any(|i| t[i].is_none() && needed_at(spec, self.bs, i, l2)) {
+        let bs = self.bs;
+        for ((spec, t), from) in self.specs.iter().zip(&s.tables).zip(&s.from) {
+            // Needed and not held: released, or before the first write of its block.
+            let unheld = |i: usize| t[i].is_none() || (i * bs).max(first_needed(spec, l2)) < i * bs + from[i];
+            if (0..l2.div_ceil(bs)).any(|i| needed_at(spec, bs, i, l2) && unheld(i)) {
                 return Some(Want::Invalid("num_tokens"));
             }
         }
@@ -378,8 +392,9 @@ impl Model {
         let s = self.seqs.get_mut(&id).unwrap();
         s.len -= n;
         s.frontier = s.frontier.min(s.len);
-        for t in &mut s.tables {
+        for (t, from) in s.tables.iter_mut().zip(&mut s.from) {
             t.truncate(s.len.div_ceil(bs));
+            from.truncate(s.len.div_ceil(bs));
         }
     }
 
@@ -782,5 +797,18 @@ fn mark_computed_releases_now_and_is_idempotent() {
     assert_eq!(pool.stored_ranges(SeqId(1), 1).unwrap(), vec![(0, 2), (8, 13)]);
     // Rollback into the released part is refused after a mark.
     assert!(matches!(pool.truncate(SeqId(1), 4), Err(KvError::InvalidArgument(_))));
+    pool.check_invariants().unwrap();
+}
+
+/// A failed one-pass decode that released a window block and pushed a new one into the
+/// emptied run hands both back: the released block holds its positions again, so a
+/// rollback into it is allowed (found by this suite in CI).
+#[test]
+fn an_undone_decode_leaves_the_window_run_holding_what_it_held() {
+    let mut pool = BlockPool::with_groups(8, 2, vec![GroupSpec::chunked(2).unwrap()]).unwrap();
+    let mut out = StepOutput::default();
+    pool.add_sequence(SeqId(1), 2, &mut out).unwrap();
+    assert!(pool.step_decode(&ids(&[1, 1]), &mut out).is_err(), "an id twice");
+    pool.truncate(SeqId(1), 1).unwrap();
     pool.check_invariants().unwrap();
 }
