@@ -21,6 +21,10 @@
 //! compared; a failing call must leave a snapshot of everything observable unchanged (the
 //! free list's order included); `check_invariants` runs after every operation.
 //!
+//! Programs mix single operations with rollback sequences (mark computed, truncate, grow,
+//! truncate on one sequence), which random programs reach only rarely: with the
+//! rollback-into-a-hole check removed from `truncate`, the default 256 cases fail in 3 of
+//! 4 runs, against none in 3 runs of 3,000 cases without them.
 //! `PROPTEST_CASES=5000 cargo test --release --test pool_model` runs a longer soak.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -116,6 +120,26 @@ fn gen_op() -> impl Strategy<Value = Gen> {
         1 => live.clone().prop_map(Gen::Free),
         2 => proptest::collection::vec(live, 0..4).prop_map(Gen::Mark),
     ]
+}
+
+/// A rollback past released KV: mark a sequence computed (the window rule releases), roll
+/// it back, grow it (into a hole, where the rollback left one) and roll it back again.
+/// Random programs reach this order only rarely.
+fn gen_rollback() -> impl Strategy<Value = Vec<Gen>> {
+    (pick(8, 1), 0..=8usize, 1..=4usize, 1..=4usize).prop_map(|(p, back, grow, again)| {
+        vec![
+            Gen::Mark(vec![p]),
+            Gen::Truncate(p, back),
+            Gen::Step(vec![(p, grow)], false),
+            Gen::Truncate(p, again),
+        ]
+    })
+}
+
+/// A program: single operations, now and then a rollback sequence.
+fn gen_program() -> impl Strategy<Value = Vec<Gen>> {
+    proptest::collection::vec(prop_oneof![9 => gen_op().prop_map(|g| vec![g]), 1 => gen_rollback()], 1..50)
+        .prop_map(|v| v.into_iter().flatten().collect())
 }
 
 fn resolve(g: &Gen, live: &[u64]) -> Op {
@@ -627,7 +651,7 @@ proptest! {
         plain in any::<bool>(),
         bs in 1..=8usize,
         num_blocks in 4..72usize,
-        program in proptest::collection::vec(gen_op(), 1..60),
+        program in gen_program(),
     ) {
         let specs = if plain { vec![GroupSpec::Full] } else { specs };
         let mut pool = if plain {
