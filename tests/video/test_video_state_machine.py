@@ -34,7 +34,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-from reference.poolcheck import hybrid_snapshot
+from reference.poolcheck import snapshot
 from reference.video_model import DTYPES, Geometry, Storage, poison_free_pages, reference_attention
 
 import pykvpool as kv
@@ -116,11 +116,11 @@ class VideoMachine(RuleBasedStateMachine):
         return None
 
     def fails(self, cls: type[Exception], call: Callable[[], Any]) -> None:
-        before = (hybrid_snapshot(self.vc.pool), self.vc.stats())
+        before = (snapshot(self.vc.pool), self.vc.stats())
         try:
             call()
         except cls:
-            assert (hybrid_snapshot(self.vc.pool), self.vc.stats()) == before
+            assert (snapshot(self.vc.pool), self.vc.stats()) == before
             return
         raise AssertionError(f"expected {cls.__name__}")
 
