@@ -18,7 +18,7 @@
 //!
 //! A block taken at a hole (a growth from a length inside a released block) holds no KV
 //! for the positions before the growth: the table keeps the first position its run holds
-//! ([`GroupTable::written_from`]), so that a rollback into those positions is refused and
+//! (`written_from`, read by [`GroupTable::holds`]), so that a rollback into those positions is refused and
 //! such a block is never cached.
 
 use std::collections::VecDeque;
@@ -198,18 +198,18 @@ impl GroupTable {
         &self.b.run
     }
 
-    /// The first position of the window run that holds KV (see the field); positions of
-    /// the sink blocks are always written.
-    #[inline]
-    pub fn written_from(&self) -> usize {
-        self.b.written_from
-    }
-
     /// Whether stored entry `i` holds KV for all of its positions (a block taken at a hole
     /// does not).
     #[inline]
     pub fn fully_written(&self, i: usize) -> bool {
         i < self.b.head.len() || i * self.b.block_size >= self.b.written_from
+    }
+
+    /// Whether entry `i` is stored and holds KV for its positions from `p` on (a block
+    /// taken at a hole holds none before its first write).
+    #[inline]
+    pub fn holds(&self, i: usize, p: usize) -> bool {
+        self.get(i).is_some() && (self.fully_written(i) || p.max(i * self.b.block_size) >= self.b.written_from)
     }
 
     /// Entry `i` (None for a hole or past the end).
@@ -505,9 +505,7 @@ impl GroupTables {
             }
         };
     }
-}
 
-impl GroupTables {
     /// The tables as an array of `G` (None when there are not `G` of them): a decode visit
     /// over a constant count of groups, without the slice's length check per group.
     #[inline]
@@ -603,7 +601,7 @@ mod tests {
         assert_eq!(gone.last(), Some(&BlockId(4)));
         assert_eq!((t.len_blocks(), t.run_start(), t.last()), (4, 4, None));
         assert_eq!(t.set_last(BlockId(9), 1), None, "trailing hole filled");
-        assert_eq!(t.written_from(), 7, "written from offset 1 of logical block 3");
+        assert!(t.holds(3, 7) && !t.holds(3, 6), "written from offset 1 of logical block 3");
         assert!(t.fully_written(1) && !t.fully_written(3));
         assert_eq!(t.entries().last(), Some(Some(BlockId(9))));
         assert!(t.shape_error().is_none(), "{:?}", t.shape_error());

@@ -441,9 +441,8 @@ impl BlockPool {
         let l2 = e.len - n;
         for (g, (spec, t)) in self.groups.iter().zip(e.tables.iter()).enumerate() {
             let [sinks, window] = spec.needed_before(l2, bs);
-            // Positions a block taken at a hole never held count as released.
-            let unwritten = |i: usize| !t.fully_written(i) && spec.first_needed(l2).max(i * bs) < t.written_from();
-            if let Some(i) = sinks.chain(window).find(|&i| t.get(i).is_none() || unwritten(i)) {
+            let first = spec.first_needed(l2);
+            if let Some(i) = sinks.chain(window).find(|&i| !t.holds(i, first)) {
                 return Err(invalid!(
                     "num_tokens: cannot truncate {n} tokens from sequence {}: group {g} ({spec}) released \
                      logical block {i}, which a query at position {l2} needs (rollback only within the window)",
