@@ -36,7 +36,12 @@ entry block 0 (the codes L1-resident); ``batch`` 64 sequences x 512 tokens, 32 /
 batch: the per-call work on the query and the output grows with the sequences); ``short`` 64 x 16
 tokens (that work dominates); ``tiny`` 8 sequences of 1 token (a call is its dispatch to the
 threads).
-Rows: a dtype, optionally with opt-in switches joined by ``+`` (``int8+int8_scores``).
+Rows: a dtype, optionally with one opt-in switch joined by ``+`` (``int8+int8_scores``), each
+switch named after the keyword that chose its path before ``q_dtype`` / ``pv_dtype``:
+``bf16_scores`` is ``q_dtype="bf16"``, ``int8_scores`` ``q_dtype="int8"``, ``fp16_reduction``
+``q_dtype="f16", pv_dtype="f16"`` (``SWITCHES``). ``--force-isa`` passes
+``tuning=KernelTuning(isa=...)``. A build from before ``KernelTuning`` (an older A) is given
+the keywords it took: the switch as a boolean keyword of its name, ``force_isa=``.
 
 Usage::
 
@@ -61,7 +66,12 @@ from typing import Any
 
 from benches.common import out_path, write_json
 
-SWITCHES = ("bf16_scores", "int8_scores", "fp16_reduction")
+#: A row's opt-in switch -> the ``decode_attention`` keywords it passes.
+SWITCHES: dict[str, dict[str, str]] = {
+    "bf16_scores": {"q_dtype": "bf16"},
+    "int8_scores": {"q_dtype": "int8"},
+    "fp16_reduction": {"q_dtype": "f16", "pv_dtype": "f16"},
+}
 #: ``--force-isa``: the kernel path every call runs (None: the CPU's best).
 FORCE_ISA: str | None = None
 DTYPES = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
@@ -80,9 +90,26 @@ SHAPES = {
 
 
 def parse_row(row: str) -> tuple[str, list[str]] | None:
-    """A row's dtype and switches, or None when it is not a dtype with known switches."""
+    """A row's dtype and switches (at most one: each sets ``q_dtype``), or None when it is
+    not a dtype with at most one known switch."""
     dtype, *switches = row.split("+")
-    return (dtype, switches) if dtype in DTYPES and set(switches) <= set(SWITCHES) else None
+    return (dtype, switches) if dtype in DTYPES and len(switches) <= 1 and set(switches) <= set(SWITCHES) else None
+
+
+def call_kwargs(m: Any, switches: list[str]) -> dict[str, Any]:
+    """The ``decode_attention`` keywords of a row's ``switches`` and ``FORCE_ISA`` for module
+    ``m`` (the ``pykvpool`` package or a native module): ``q_dtype`` / ``pv_dtype`` and
+    ``tuning=m.KernelTuning(isa=...)`` (its own class: a module refuses another build's); a
+    build without ``KernelTuning`` (from before it) takes each switch as a boolean keyword of
+    its name and ``force_isa=``."""
+    if not hasattr(m, "KernelTuning"):
+        return {s: True for s in switches} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
+    kw: dict[str, Any] = {}
+    for s in switches:
+        kw |= SWITCHES[s]
+    if FORCE_ISA:
+        kw["tuning"] = m.KernelTuning(isa=FORCE_ISA)
+    return kw
 
 
 def setup(shape: str, block_size: int) -> tuple[Any, ...]:
@@ -153,7 +180,7 @@ def measure(package_dir: str, shape: str, rows: list[str], calls: int, threads: 
         dtype, switches = parsed
         if dtype not in caches:
             caches[dtype] = make_cache(kv, dtype, k, total, block_size, hkv, d, layers)
-        on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
+        on = call_kwargs(kv, switches)
         times = []
         for i in range(calls):
             t0 = clock()
@@ -202,12 +229,13 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
         parsed = parse_row(row)
         assert parsed is not None, row
         dtype, switches = parsed
-        on: dict[str, Any] = {s: s in switches for s in SWITCHES} | ({"force_isa": FORCE_ISA} if FORCE_ISA else {})
+        on = [call_kwargs(m, switches) for m in natives]
+
         def make(m: Any, dtype: str = dtype) -> Any:
             return make_cache(m, dtype, k, total, block_size, hkv, d, layers)
 
-        def call(m: Any, c: Any, layer: int, on: dict[str, Any] = on) -> None:
-            m.decode_attention(c, layer, q, table, seq_lens, out=out, **on)
+        def call(m: Any, c: Any, layer: int, on: list[dict[str, Any]] = on) -> None:
+            m.decode_attention(c, layer, q, table, seq_lens, out=out, **on[natives.index(m)])
 
         caches = fresh_caches(natives, 0, make)
         warm(natives, caches, layers, call)
@@ -223,7 +251,7 @@ def interleaved(a_dir: str, b_dir: str, shape: str, rows: list[str], pairs: int,
             t = [0.0, 0.0]
             for side in (0, 1) if i % 2 == 0 else (1, 0):
                 t0 = clock()
-                natives[side].decode_attention(caches[side], i % layers, q, table, seq_lens, out=out, **on)
+                natives[side].decode_attention(caches[side], i % layers, q, table, seq_lens, out=out, **on[side])
                 t[side] = clock() - t0
             got.append((t[0], t[1]))
         result.append(got)
@@ -278,7 +306,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--calls", type=int, default=5, help="calls per row and process; the best is kept")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--force-isa", help="the kernel path of every call (e.g. avx2; default: the CPU's best)")
+    ap.add_argument("--force-isa", help="the kernel path of every call, as tuning=KernelTuning(isa=...) (e.g. avx2; "
+                    "default: the CPU's best)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--interleave", type=int, metavar="N",
                     help="measure in one process, N alternating pairs of calls per row (instead of --rounds)")
@@ -303,7 +332,8 @@ def main() -> None:
         ap.error("--layers must be at least 1")
     for row in rows:
         if parse_row(row) is None:
-            ap.error(f"row {row!r}: a dtype of {', '.join(DTYPES)}, then switches of {', '.join(SWITCHES)} joined by +")
+            ap.error(f"row {row!r}: a dtype of {', '.join(DTYPES)}, then at most one switch of {', '.join(SWITCHES)} "
+                     "joined by +")
     for side in (args.a, args.b):
         if not os.path.isdir(os.path.join(side, "pykvpool")):
             ap.error(f"{side} holds no pykvpool package")

@@ -6,7 +6,7 @@ Shapes (block size 16, blocks scattered by a random permutation as in a pool aft
   (b) as (a) with lengths uniform in 512..4096
   (c) 1 sequence x 32768 tokens (needs FlashDecoding split-K to use two cores)
   (d) MHA: 8 x 4096 tokens, 32 / 32 heads
-each in f32, f16 and bf16 storage, at 1 and 2 threads, and bf16 with ``bf16_scores=True``
+each in f32, f16 and bf16 storage, at 1 and 2 threads, and bf16 with ``q_dtype="bf16"``
 (impl "pykvpool-dp": query rounded to bf16, scores by ``vdpbf16ps`` on CPUs with
 avx512_bf16; its largest deviation from the exact bf16 output is printed below the table).
 
@@ -373,13 +373,13 @@ def main() -> None:
                 r.update(shape=name, dtype=dt, threads=t, impl="pykvpool", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
                          cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9)
                 rows.append(r)
-            # bf16 with bf16_scores=True: the query rounded to bf16, scores by vdpbf16ps
+            # bf16 with q_dtype="bf16": the query rounded to bf16, scores by vdpbf16ps
             # where the CPU has avx512_bf16; its distance from the exact bf16 output.
             c = caches["bf16"]
             nbytes = tokens * shape["hkv"] * shape["d"] * 2 * ESIZE["bf16"]
-            r = paired(lambda: kv.decode_attention(c, 0, q, table, lens, bf16_scores=True), c, nbytes, t, args.reps)
+            r = paired(lambda: kv.decode_attention(c, 0, q, table, lens, q_dtype="bf16"), c, nbytes, t, args.reps)
             exact = kv.decode_attention(c, 0, q, table, lens)
-            err = np.abs(kv.decode_attention(c, 0, q, table, lens, bf16_scores=True) - exact).max()
+            err = np.abs(kv.decode_attention(c, 0, q, table, lens, q_dtype="bf16") - exact).max()
             r.update(shape=name, dtype="bf16", threads=t, impl="pykvpool-dp", bytes=nbytes, gbps=nbytes / r["seconds"] / 1e9,
                      cpu_gbps=nbytes * t / r["cpu_seconds"] / 1e9, err_vs_exact=float(err / np.abs(exact).max()))
             rows.append(r)
@@ -434,7 +434,7 @@ def main() -> None:
         print_headline(headline)
     dp = [r for r in rows if "err_vs_exact" in r]
     if dp:
-        print("pykvpool-dp (bf16_scores=True) max |out - exact bf16 out| / max |exact out|: "
+        print('pykvpool-dp (q_dtype="bf16") max |out - exact bf16 out| / max |exact out|: '
               + ", ".join(f"{r['shape']} {r['threads']} thr {r['err_vs_exact']:.1e}" for r in dp))
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ a scattered K tile and V tile, ``block_size x head_dim`` values each, two 8 KiB 
 at d = 128) versus every KV head of a block per item (the block's K of every head, then
 its V: one contiguous 128 KiB run in f32). The physical
 layout (block-major, then head) makes the second possible; this is what chose it, and
-the kernel's default ``kv_heads_per_item`` (all heads).
+the kernel's default ``kv_heads_per_item`` (all heads; set per call by
+``tuning=KernelTuning(kv_heads_per_item=...)``).
 
 Shape (a) of bench_attention.py: 8 x 4096 tokens, 32 q / 8 kv heads, d 128, block 16,
 blocks scattered. Run: ``python benches/bench_layout.py`` (JSON in benches/out/).
@@ -28,7 +29,8 @@ def main() -> None:
         for dt in dtypes:
             nbytes = sum(lens) * shape["hkv"] * shape["d"] * 2 * (4 if dt == "f32" else 2)
             for kpi in (1, shape["hkv"]):
-                best, _ = best_time(lambda: kv.decode_attention(caches[dt], 0, q, table, lens, kv_heads_per_item=kpi), 15)
+                tuning = kv.KernelTuning(kv_heads_per_item=kpi)
+                best, _ = best_time(lambda: kv.decode_attention(caches[dt], 0, q, table, lens, tuning=tuning), 15)
                 rows.append(dict(threads=t, dtype=dt, kv_heads_per_item=kpi, gbps=nbytes / best / 1e9,
                                  pct_probe=100 * nbytes / best / probe))
     write_json(rows, OUT_DIR / "bench_layout.json")

@@ -12,10 +12,10 @@ FLOPs count only the visible (query, key) pairs: ``4 * head_dim * Hq * sum(visib
 (``Q K^T`` and ``P V``, 2 FLOP per multiply-add). Implementations:
 
 - ``pykvpool-f32``: f32 cache, exact;
-- ``pykvpool-bf16dp``: bf16 cache with ``bf16_scores=True`` (``vdpbf16ps`` scores where
-  the CPU has avx512_bf16; ``P V`` exact f32, decode's rule);
-- ``pykvpool-bf16dp+pv``: the same plus ``bf16_pv=True`` (probabilities rounded to bf16,
-  ``P V`` by ``vdpbf16ps`` too: the whole bf16 fast path);
+- ``pykvpool-bf16dp``: bf16 cache with ``q_dtype="bf16"`` (the query rounded to bf16,
+  ``vdpbf16ps`` scores where the CPU has avx512_bf16; ``P V`` exact f32, decode's rule);
+- ``pykvpool-bf16dp+pv``: the same plus ``pv_dtype="bf16"`` (probabilities rounded to
+  bf16, ``P V`` by ``vdpbf16ps`` too: the whole bf16 fast path);
 - ``pykvpool-bf16`` and, with ``--dtypes`` (default ``int8,fp8_e4m3,fp8_e5m2``),
   ``pykvpool-int8`` / ``-fp8_e4m3`` / ``-fp8_e5m2``: caches of those dtypes holding the
   same values, exact f32 arithmetic (the 8-bit ones dequantized in the key-tile pack);
@@ -34,8 +34,9 @@ absolute times.
 
 Run: ``python benches/bench_prefill.py`` (writes ``benches/out/bench_prefill.json`` and
 prints a markdown table); ``--quick`` divides the batch/lengths by 4; ``--isa avx2``
-forces every pykvpool row onto one kernel path; ``--no-torch`` leaves torch out;
-``--only bf16,int8`` runs those pykvpool rows (and f32) only.
+forces every pykvpool row onto one kernel path (``tuning=KernelTuning(isa="avx2")``);
+``--no-torch`` leaves torch out; ``--only bf16,int8`` runs those pykvpool rows (and f32)
+only.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, cast
 
 import numpy as np
 
@@ -137,11 +138,13 @@ def run_shape(name: str, sh: dict[str, Any], threads: int, reps: int, dtypes: tu
     flops = 4 * sh["d"] * sh["hq"] * sh["n"] * visible_pairs(sh)
     c32, c16 = data["caches"]["f32"], data["caches"]["bf16"]
     args = (data["q"], data["indptr"], data["table"], data["lens"])
-    kw: dict[str, Any] = {"causal": True, "chunk_size": sh["chunk"], "force_isa": isa}
+    # --isa: a path of kernel_paths() (KernelTuning refuses others).
+    tuning = kv.KernelTuning(isa=cast(Literal["scalar", "neon", "avx2", "avx512"], isa)) if isa else None
+    kw: dict[str, Any] = {"causal": True, "chunk_size": sh["chunk"], "tuning": tuning}
     impls: dict[str, Callable[[], object]] = {
         "pykvpool-f32": lambda: kv.prefill_attention(c32, 0, *args, **kw),
-        "pykvpool-bf16dp": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, **kw),
-        "pykvpool-bf16dp+pv": lambda: kv.prefill_attention(c16, 0, *args, bf16_scores=True, bf16_pv=True, **kw),
+        "pykvpool-bf16dp": lambda: kv.prefill_attention(c16, 0, *args, q_dtype="bf16", **kw),
+        "pykvpool-bf16dp+pv": lambda: kv.prefill_attention(c16, 0, *args, q_dtype="bf16", pv_dtype="bf16", **kw),
     }
     if dtypes:
         impls["pykvpool-bf16"] = lambda: kv.prefill_attention(c16, 0, *args, **kw)

@@ -32,15 +32,18 @@ is printed beside it). "% min roof" is tokens/s over min(bandwidth roof,
 instruction-mix roof); a second table gives per row which roof binds, the check that
 the instruction-mix roof is at most the FMA-only one, the softmax exp2's cost (apart,
 not in the roof) and whether the 8-bit target is within the roofs. Rows
-"+bf16_scores" time the opt-in ``bf16_scores`` on bf16 and fp8 caches (see ``FAST``
-for their FMA-only roof).
+"+bf16_scores" time the opt-in bf16 query (``q_dtype="bf16"``) on bf16 and fp8 caches
+(see ``FAST`` for their FMA-only roof). The opt-in rows keep the names of the keywords
+that chose their paths before ``q_dtype`` / ``pv_dtype`` (``bf16_scores``,
+``int8_scores``, ``fp16_reduction``): ``benches/RESULTS.md``'s recorded figures use them.
 
 Rows ``fp8_e4m3+fp16_reduction`` and ``fp8_e5m2+fp16_reduction``: the fp8 caches with
-``fp16_reduction=True`` (q.k and p.v as f16 products summed in f16 by ``vfmadd231ph``, 32
-per instruction, where the CPU has avx512_fp16); FMA-only roof ``d/32 + d/32`` instructions
-per token and query head, instruction-mix roof ``dot_rates``' (``benches/dot_rates/f16.rs``).
+``q_dtype="f16", pv_dtype="f16"`` (q.k and p.v as f16 products summed in f16 by
+``vfmadd231ph``, 32 per instruction, where the CPU has avx512_fp16); FMA-only roof
+``d/32 + d/32`` instructions per token and query head, instruction-mix roof
+``dot_rates``' (``benches/dot_rates/f16.rs``).
 
-Row ``int8_scores``: the int8 cache with ``int8_scores=True`` (query quantized to int8,
+Row ``int8_scores``: the int8 cache with ``q_dtype="int8"`` (query quantized to int8,
 scores by ``vpdpbusd`` where the CPU has avx512_vnni). Its compute roof is that of the
 instructions it uses: per token and query head ``d / 64`` ``vpdpbusd`` (64 multiply-adds
 each) for q.k and ``d / 16`` FMAs for p.v, issued at the FMA instruction rate
@@ -80,8 +83,8 @@ last-level cache (from ``/sys/devices/system/cpu/cpu0/cache``; at most 16; 1 wit
 of the next layer.
 
 Portable paths (AVX2 on x86-64, NEON on aarch64, when the CPU has them): the same shapes
-with ``force_isa`` set to that path, each 8-bit dtype against bf16 on the same path and
-against the scalar path (what the portable paths ran for 8-bit caches before they
+on that path (``tuning=KernelTuning(isa=...)``), each 8-bit dtype against bf16 on the same
+path and against the scalar path (what the portable paths ran for 8-bit caches before they
 dequantized in registers), per-round ratios (median and IQR), rotating order, best of 3
 (``--isa-only`` runs just this section; ``--isa avx2`` picks the path).
 
@@ -120,20 +123,24 @@ def call_clock(threads: int) -> Callable[[], float]:
     return lambda: time.process_time() / threads
 DTYPES = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2"]
 #: Opt-in fast paths timed beside the exact ones: row -> (cache dtype, decode keywords,
-#: compute-roof FLOP per token over ``Hq d``). ``bf16_scores``: q.k by ``vdpbf16ps`` (fp8
-#: codes widened to bf16 in registers), counted at twice the FMA rate (one instruction,
-#: 32 products and 32 sums, assumed to issue at the FMA rate; not probed), p.v by FMAs:
-#: ``2 Hq d / 2 + 2 Hq d`` FMA-equivalent FLOP, a roof 4/3 the FMA roof.
-FAST: dict[str, tuple[str, dict[str, Any], float]] = {f"{dt}+bf16_scores": (dt, {"bf16_scores": True}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
-#: ``int8_scores``: q.k by ``vpdpbusd`` (64 products per instruction, issuing at the FMA
-#: rate: measured by ``cargo bench --bench dot_rates``), p.v by FMAs: ``d/64 + d/16`` FMA
-#: slots per token and query head against the exact ``d/16 + d/16``, a factor 2.5.
-FAST["int8_scores"] = ("int8", {"int8_scores": True}, 2.5)
-#: ``fp16_reduction`` (fp8): q.k and p.v by ``vfmadd231ph`` (32 f16 products per
-#: instruction, issuing at the FMA rate: ``cargo bench --bench dot_rates``): ``d/32 + d/32``
-#: FMA slots per token and query head, half the exact count.
+#: compute-roof FLOP per token over ``Hq d``), each row named after the keyword that chose
+#: its path before ``q_dtype`` / ``pv_dtype``. ``bf16_scores`` (``q_dtype="bf16"``): q.k
+#: by ``vdpbf16ps`` (fp8 codes widened to bf16 in registers), counted at twice the FMA
+#: rate (one instruction, 32 products and 32 sums, assumed to issue at the FMA rate; not
+#: probed), p.v by FMAs: ``2 Hq d / 2 + 2 Hq d`` FMA-equivalent FLOP, a roof 4/3 the FMA
+#: roof.
+FAST: dict[str, tuple[str, dict[str, Any], float]] = {f"{dt}+bf16_scores": (dt, {"q_dtype": "bf16"}, 3.0) for dt in ["bf16", "fp8_e4m3", "fp8_e5m2"]}
+#: ``int8_scores`` (``q_dtype="int8"``): q.k by ``vpdpbusd`` (64 products per
+#: instruction, issuing at the FMA rate: measured by ``cargo bench --bench dot_rates``),
+#: p.v by FMAs: ``d/64 + d/16`` FMA slots per token and query head against the exact
+#: ``d/16 + d/16``, a factor 2.5.
+FAST["int8_scores"] = ("int8", {"q_dtype": "int8"}, 2.5)
+#: ``fp16_reduction`` (fp8, ``q_dtype="f16", pv_dtype="f16"``): q.k and p.v by
+#: ``vfmadd231ph`` (32 f16 products per instruction, issuing at the FMA rate: ``cargo
+#: bench --bench dot_rates``): ``d/32 + d/32`` FMA slots per token and query head, half
+#: the exact count.
 for _dt in ["fp8_e4m3", "fp8_e5m2"]:
-    FAST[f"{_dt}+fp16_reduction"] = (_dt, {"fp16_reduction": True}, 2.0)
+    FAST[f"{_dt}+fp16_reduction"] = (_dt, {"q_dtype": "f16", "pv_dtype": "f16"}, 2.0)
 #: The instructions behind each row's compute roof.
 ROOF_INSTR = {"int8_scores": "vpdpbusd + FMA",
               **{f"{dt}+fp16_reduction": "vfmadd231ph" for dt in ["fp8_e4m3", "fp8_e5m2"]},
@@ -352,8 +359,8 @@ def isa_speed(shape: str, lens: list[int], hq: int, hkv: int, d: int, reps: int,
             for dt, path in impls[r % len(impls):] + impls[:r % len(impls)]:
                 def call(c: kv.KvCache = caches[dt], path: str = path) -> None:
                     # `path` is "scalar" or a path of ``kernel_paths()`` / ``--isa``'s choices.
-                    kv.decode_attention(c, 0, q, table, sl, out=out,
-                                        force_isa=cast(Literal["scalar", "neon", "avx2", "avx512"], path))
+                    tuning = kv.KernelTuning(isa=cast(Literal["scalar", "neon", "avx2", "avx512"], path))
+                    kv.decode_attention(c, 0, q, table, sl, out=out, tuning=tuning)
 
                 call()
                 tps[(dt, path)].append(len(lens) / min(_timed(call, clock) for _ in range(3)))
@@ -420,12 +427,12 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
         scale_out = np.abs(exact).max()
         kf, vf = (x.reshape(-1, hkv, d).astype(np.float64) for x in caches["f32"].dequantized(0))
         for name, (dt, kw, _) in ROWS.items():
-            if dt == "bf16" or "bf16_scores" in kw:  # the bound below is the 8-bit exact / int8_scores one
+            if dt == "bf16" or kw.get("q_dtype") == "bf16":  # the bound below is the 8-bit exact / int8-query one
                 continue
             got = kv.decode_attention(caches[dt], 0, q, table, sl, **kw).astype(np.float64)
             err = np.abs(got - exact).max(axis=2)
-            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, kw.get("int8_scores", False),
-                           kw.get("fp16_reduction", False))
+            bound = _bound(dt, caches[dt], kf, vf, q, table, lens, hq // hkv, kw.get("q_dtype") == "int8",
+                           kw.get("q_dtype") == "f16")
             rows.append(dict(data="outliers" if outliers else "normal", dtype=name,
                              max_err=float(err.max() / scale_out), median_err=float(np.median(err) / scale_out),
                              max_err_over_bound=float((err / bound).max()),
@@ -434,10 +441,11 @@ def accuracy(seq: int) -> list[dict[str, Any]]:
 
 
 def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray, table: np.ndarray,
-           lens: list[int], g: int, int8_scores: bool = False, fp16_reduction: bool = False) -> np.ndarray:
+           lens: list[int], g: int, int8_query: bool = False, f16_sums: bool = False) -> np.ndarray:
     """The bound of :func:`pykvpool.decode_attention`'s docstring per (sequence, head);
-    with ``int8_scores`` the query's rounding (``s_q / 2`` per element, times the L1 norm
-    of the dequantized key) adds to the logit deviation; ``fp16_reduction`` adds ``(d / 4 + 3)
+    with ``int8_query`` (``q_dtype="int8"``) the query's rounding (``s_q / 2`` per element,
+    times the L1 norm of the dequantized key) adds to the logit deviation; ``f16_sums``
+    (``q_dtype="f16", pv_dtype="f16"``) adds ``(d / 4 + 3)
     2^-11 max_t sum_i |q_i K'_i|`` to the logit deviation and ``18 2^-11 max|V'|`` (the f16
     sums), where the f16 path runs (else the bound is looser than needed, not wrong)."""
     n, hq, d = q.shape
@@ -457,43 +465,44 @@ def _bound(dt: str, c: kv.KvCache, kf: np.ndarray, vf: np.ndarray, q: np.ndarray
                 ks, vs = float(c.key_scales(0)[kh]), float(c.value_scales(0)[kh])
                 dmax = (rel * ka[:, kh] @ qa + sub * ks * qa.sum()).max()
                 ev = rel * va[:, kh].max() + sub * vs
-            if int8_scores:
+            if int8_query:
                 dmax += np.abs(q[i, h]).max() / 127 / 2 * kd[rows, kh].sum(axis=1).max()
-            if fp16_reduction:
+            if f16_sums:
                 dmax += (d / 4 + 3) * 2.0**-11 * (kd[rows, kh] @ qa).max()
             out[i, h] = np.expm1(2 * dmax / np.sqrt(d)) * vd[rows, kh].max() + ev
-            if fp16_reduction:
+            if f16_sums:
                 out[i, h] += 18 * 2.0**-11 * vd[rows, kh].max()
     return out
 
 
 def toy() -> list[dict[str, Any]]:
     """The toy decoder's greedy tokens and teacher-forced logits against its f32 run: every
-    dtype at head_dim 32; int8 and fp8 with the opt-in fast paths at head_dim 64
-    (``fp16_reduction`` takes head_dims that are multiples of 64), against that model's
-    own f32 run."""
-    rows = _toy_rows(toy_decoder.ToyConfig(), [(dt, None) for dt in ["bf16", *DTYPES[1:]]])
-    fast: list[tuple[str, toy_decoder.DecodeSwitches | None]] = [
-        ("int8", None), ("int8", {"int8_scores": True}), ("fp8_e4m3", None), ("fp8_e4m3", {"fp16_reduction": True}),
-        ("fp8_e5m2", None), ("fp8_e5m2", {"fp16_reduction": True})]
+    dtype at head_dim 32; int8 and fp8 with the opt-in fast paths (rows of ``ROWS``) at
+    head_dim 64 (the f16 sums of ``q_dtype="f16", pv_dtype="f16"`` take head_dims that are
+    multiples of 64), against that model's own f32 run."""
+    rows = _toy_rows(toy_decoder.ToyConfig(), ["bf16", *DTYPES[1:]])
+    fast = ["int8", "int8_scores", "fp8_e4m3", "fp8_e4m3+fp16_reduction", "fp8_e5m2", "fp8_e5m2+fp16_reduction"]
     return rows + _toy_rows(toy_decoder.ToyConfig(d_head=64), fast)
 
 
-def _toy_rows(cfg: toy_decoder.ToyConfig, runs: list[tuple[str, toy_decoder.DecodeSwitches | None]]
-              ) -> list[dict[str, Any]]:
+def _toy_rows(cfg: toy_decoder.ToyConfig, runs: list[str]) -> list[dict[str, Any]]:
+    """Per row of ``ROWS`` in ``runs``: its cache dtype with its decode keywords, named
+    ``dtype+row`` (``int8+int8_scores``) or the row where that starts with its dtype."""
     model = toy_decoder.make_model(cfg)
     prompt = [int(t) for t in np.random.default_rng(cfg.seed + 1).integers(0, cfg.vocab, cfg.prompt)]
     ref, _ = toy_decoder.generate_cached(model, prompt, "f32")
     ref_logits = toy_decoder.cached_logits(model, prompt, ref, "f32")
     rows = []
-    for dt, opts in runs:
+    for row in runs:
+        dt, kw, _ = ROWS[row]
+        opts = cast(toy_decoder.DecodeSwitches, kw) if kw else None  # q_dtype, pv_dtype; None: exact
         toks, _ = toy_decoder.generate_cached(model, prompt, dt, decode_options=opts)
         same = [a == b for a, b in zip(toks, ref)]
         first = same.index(False) if False in same else None
         logits = toy_decoder.cached_logits(model, prompt, ref, dt, decode_options=opts)
         diff = np.abs(logits - ref_logits)
         top2 = np.sort(ref_logits, axis=1)[:, -2:]
-        name = "+".join([dt, *(k for k, v in (opts or {}).items() if v)]) + f" (d {cfg.d_head})"
+        name = (row if row == dt or row.startswith(dt + "+") else f"{dt}+{row}") + f" (d {cfg.d_head})"
         rows.append(dict(dtype=name, same_tokens=sum(same), first_divergence=first, max_logit_err=float(diff.max()),
                          logit_scale=float(np.abs(ref_logits).max()),
                          min_top2_gap=float((top2[:, 1] - top2[:, 0]).min())))

@@ -1,8 +1,9 @@
 """Builds a *bound build* of pykvpool into a directory, for ``benches/ab_decode.py``.
 
 A bound build is compiled with the cargo feature ``bound-free-dots``: the AVX-512 integer
-and f16 dot products of the opt-in paths (``int8_scores``,
-``fp16_reduction``) and the shuffles that feed them become one xor per load, while every
+and f16 dot products of the opt-in paths (``q_dtype="int8"`` on int8 caches and
+``q_dtype="f16", pv_dtype="f16"`` on fp8 ones: ``ab_decode.py``'s switches ``int8_scores``
+and ``fp16_reduction``) and the shuffles that feed them become one xor per load, while every
 load, prefetch, softmax step and accumulator flush stays. Its outputs are wrong; its
 timing, paired against a normal build of the same commit, bounds what any cut of those
 dot products could buy (``benches/RESULTS.md``, "Decode attention"). Only the rows that

@@ -18,7 +18,7 @@ use std::hint::black_box;
 
 use divan::counter::ItemsCount;
 use divan::Bencher;
-use pykvpool::attention::{decode_attention, DecodeOptions, SeqTables};
+use pykvpool::attention::{decode_attention, DecodeOptions, Precision, SeqTables, Tuning};
 use pykvpool::{DType, KvCache, KvShape};
 
 const D: usize = 128;
@@ -26,23 +26,28 @@ const BS: usize = 16;
 const SHORT: usize = 1024;
 const LONG: usize = 2048;
 
-/// A decode path: name, cache dtype, options.
+/// A decode path: name (as the rows of `benches/RESULTS.md`, named after the options that
+/// chose them before the precision pair: `bf16_scores` is a bf16 query, `int8_scores` an
+/// int8 one), cache dtype, precision.
 struct Path {
     name: &'static str,
     dtype: DType,
-    bf16_scores: bool,
-    int8_scores: bool,
+    precision: Precision,
 }
 
+const EXACT: Precision = Precision::EXACT;
+const BF16_QUERY: Precision = Precision { q: DType::BF16, pv: DType::F32 };
+const INT8_QUERY: Precision = Precision { q: DType::I8, pv: DType::F32 };
+
 const PATHS: [Path; 8] = [
-    Path { name: "bf16", dtype: DType::BF16, bf16_scores: false, int8_scores: false },
-    Path { name: "int8", dtype: DType::I8, bf16_scores: false, int8_scores: false },
-    Path { name: "fp8_e4m3", dtype: DType::E4M3, bf16_scores: false, int8_scores: false },
-    Path { name: "fp8_e5m2", dtype: DType::E5M2, bf16_scores: false, int8_scores: false },
-    Path { name: "bf16+bf16_scores", dtype: DType::BF16, bf16_scores: true, int8_scores: false },
-    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, bf16_scores: true, int8_scores: false },
-    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, bf16_scores: true, int8_scores: false },
-    Path { name: "int8_scores", dtype: DType::I8, bf16_scores: false, int8_scores: true },
+    Path { name: "bf16", dtype: DType::BF16, precision: EXACT },
+    Path { name: "int8", dtype: DType::I8, precision: EXACT },
+    Path { name: "fp8_e4m3", dtype: DType::E4M3, precision: EXACT },
+    Path { name: "fp8_e5m2", dtype: DType::E5M2, precision: EXACT },
+    Path { name: "bf16+bf16_scores", dtype: DType::BF16, precision: BF16_QUERY },
+    Path { name: "fp8_e4m3+bf16_scores", dtype: DType::E4M3, precision: BF16_QUERY },
+    Path { name: "fp8_e5m2+bf16_scores", dtype: DType::E5M2, precision: BF16_QUERY },
+    Path { name: "int8_scores", dtype: DType::I8, precision: INT8_QUERY },
 ];
 
 /// A deterministic generator of floats in [-1, 1).
@@ -78,9 +83,9 @@ fn main() {
 /// The path's options, or `None` (with a note) where this CPU lacks what it needs.
 fn options(name: &str) -> Option<(&'static Path, DecodeOptions)> {
     let p = PATHS.iter().find(|p| p.name == name).expect("a path of PATHS");
-    let needs: &[&str] = match (p.bf16_scores, p.int8_scores) {
-        (true, _) => &["avx512bf16", "avx512vbmi"],
-        (_, true) => &["avx512vnni"],
+    let needs: &[&str] = match p.precision.q {
+        DType::BF16 => &["avx512bf16", "avx512vbmi"],
+        DType::I8 => &["avx512vnni"],
         _ => &[],
     };
     let feats = pykvpool::attention::cpu_features();
@@ -89,9 +94,8 @@ fn options(name: &str) -> Option<(&'static Path, DecodeOptions)> {
         return None;
     }
     let opts = DecodeOptions {
-        split_tokens: Some(0),
-        bf16_scores: p.bf16_scores,
-        int8_scores: p.int8_scores,
+        tuning: Tuning { split_tokens: Some(0), ..Tuning::default() },
+        precision: p.precision,
         ..Default::default()
     };
     Some((p, opts))
@@ -110,8 +114,8 @@ fn decode(bencher: Bencher, name: &str, g: usize, len: usize) {
     });
 }
 
-const NAMES: [&str; 10] = {
-    let mut n = [""; 10];
+const NAMES: [&str; PATHS.len()] = {
+    let mut n = [""; PATHS.len()];
     let mut i = 0;
     while i < PATHS.len() {
         n[i] = PATHS[i].name;

@@ -54,6 +54,7 @@ __all__ = [
     "FullAttention",
     "InvalidArgumentError",
     "InvariantError",
+    "KernelTuning",
     "KV_DTYPES",
     "KvPoolError",
     "PoolExhaustedError",
@@ -1216,6 +1217,7 @@ def run_simulation(
 _F32Array: TypeAlias = npt.NDArray[np.float32]
 _F32In: TypeAlias = npt.NDArray[np.float32] | _DLPack
 _KernelPath: TypeAlias = Literal["scalar", "neon", "avx2", "avx512"]
+_Operand: TypeAlias = Literal["f32", "bf16", "f16", "int8"]
 
 KV_DTYPES: Final[tuple[str, ...]]
 """The storage dtype names :class:`KvCache` accepts, each in its one spelling: ``("f32",
@@ -1468,6 +1470,51 @@ class KvCache:
                 rows; nothing is copied.
         """
 
+@final
+class KernelTuning:
+    """How an attention call runs, never what it computes beyond f32 rounding: the kernel
+    path, the split size and the KV heads per work item. Pass it as ``tuning=`` to
+    :func:`decode_attention`, :func:`prefill_attention` and their paged forms. Immutable,
+    comparable and hashable.
+
+    Args:
+        isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
+            x86-64; ``"neon"`` on aarch64); None (default): the fastest.
+        split_size: tokens per split of a long sequence's keys, merged by log-sum-exp
+            (FlashDecoding): rounded up to whole blocks by decode, to key tiles by
+            prefill; 0: never split; None (default): decode splits sequences longer than
+            a quarter of a thread's share of the batch (at least 256 tokens per split),
+            prefill only when there are too few query tiles.
+        kv_heads_per_item: decode only: the KV heads one work item reads (it must divide
+            the cache's KV heads; None, the default, is all of them, which reads each
+            block as one contiguous run). Prefill refuses a tuning that sets it.
+
+    Raises:
+        TypeError: a positional argument, an ``isa`` that is not a str.
+        InvalidArgumentError: an unknown path or one this CPU lacks, a negative
+            ``split_size``, a ``kv_heads_per_item`` of 0, a bool or float where an int
+            is meant.
+    """
+
+    def __new__(
+        cls,
+        *,
+        isa: _KernelPath | None = None,
+        split_size: int | None = None,
+        kv_heads_per_item: int | None = None,
+    ) -> KernelTuning: ...
+    @property
+    def isa(self) -> _KernelPath | None:
+        """The forced kernel path, or None (the fastest)."""
+    @property
+    def split_size(self) -> int | None:
+        """Tokens per split (0: never split; None: chosen per call)."""
+    @property
+    def kv_heads_per_item(self) -> int | None:
+        """KV heads per decode work item (None: all of them)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
 @overload
 def decode_attention(
     cache: KvCache,
@@ -1479,14 +1526,12 @@ def decode_attention(
     out: _F32In | None = None,
     return_lse: Literal[False] = False,
     *,
-    split_size: int | None = None,
-    kv_heads_per_item: int | None = None,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    int8_scores: bool = False,
-    fp16_reduction: bool = False,
+    logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sink_tokens: int = 0,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
 ) -> _F32Array:
     """Decode attention over the paged cache: one query token per sequence against its cached
     K/V in ``cache`` layer ``layer``.
@@ -1528,6 +1573,38 @@ def decode_attention(
     ``tests/attention/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
     errors (well below it).
 
+    Precision is chosen by dtype: ``q_dtype`` is the query's in the scores ``q.K``,
+    ``pv_dtype`` the probabilities' in ``P V``. ``("f32", "f32")``, the default, is exact
+    on every cache. The other pairs are opt-in, each valid on the caches listed, and
+    compute the same values on every path: a path with the matching instruction uses it,
+    the others compute f32 FMAs on the rounded operands, so results agree across paths
+    within f32 rounding, not bitwise. Against the exact result on the same cache (``K``,
+    ``V`` the dequantized keys and values), each logit moves by at most ``D``, each output
+    by at most ``(exp(2 D) - 1) * max|V|`` (plus the term given) and the LSE by at most
+    ``D``:
+
+    - ``("bf16", "f32")``, bf16 and fp8 caches: ``q`` rounded to bf16 (nearest even);
+      the ``"avx512"`` path of a CPU with avx512_bf16 computes the scores with
+      ``vdpbf16ps`` (bf16 products exact, f32 sums; fp8 codes are widened to bf16 in
+      registers, which is exact, and need avx512vbmi too), the K scale multiplying the
+      finished scores. ``D = scale * 2^-8 * sum_i |q_i K_i|``; on standard-normal data
+      with d = 128 the output moves by about 2e-3 of its scale (benches/RESULTS.md).
+    - ``("int8", "f32")``, int8 caches: ``q`` quantized per (sequence, query head) to
+      int8 (symmetric, ``s_q = max|q| / 127``, round half to even); with avx512_vnni the
+      ``"avx512"`` path computes exact integer dot products of the codes by
+      ``vpdpbusd``, times ``s_q`` and each token's K scale. ``D = scale * (s_q / 2) *
+      max_t sum_i |K(t, i)|``.
+    - ``("f16", "f16")``, fp8 caches: on the ``"avx512"`` path of a CPU with
+      avx512_fp16, for block size 16 and a head_dim that is a multiple of 64 (K and V
+      scales within ``[2^-64, 2^64]``), each score is a sum of f16 products of the
+      f16-rounded ``q`` (times a power of two per row, so that no f16 sum overflows) with
+      the codes, ``head_dim / 4`` of them summed in f16 per lane, and each chunk of 16
+      tokens' ``P V`` a sum of f16 products of the f16-rounded probabilities with the
+      codes, summed in f16 over the chunk and added to f32 accumulators
+      (``vfmadd231ph``); every other path, block size and head_dim computes exactly. ``D
+      = scale * (head_dim / 4 + 3) * 2^-11 * max_t sum_i |q_i K_i|``, plus ``18 * 2^-11 *
+      max|V|`` on each output.
+
     Args:
         cache: the KV cache.
         layer: ``0..cache.num_layers``.
@@ -1542,63 +1619,22 @@ def decode_attention(
             returned (default: a new array); it must not share memory with ``q`` or with any
             KvCache.
         return_lse: also return the log-sum-exp, to merge partial results.
-        split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
-            than a quarter of a thread's share of the batch; 0: never split).
-        kv_heads_per_item: KV heads read by one work item (default all; must divide the
-            cache's KV heads).
-        force_isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
-            x86-64; ``"neon"`` on aarch64); default the fastest.
-        bf16_scores: bf16 and fp8 caches only (default False = exact): round q to bf16
-            (nearest even) and compute the scores q.K from the rounded q; softmax and P.V
-            are unchanged (f32, V exact). On the ``"avx512"`` path of a CPU with
-            avx512_bf16 the scores use ``vdpbf16ps`` (bf16 products exact, f32 sums); for
-            fp8 caches (``"fp8_e4m3"``, ``"fp8_e5m2"``) the codes are widened to bf16 in
-            registers first, which is exact (every fp8 value, subnormals included, is a
-            bf16; this needs avx512vbmi too), and the K scale multiplies the finished
-            scores. Every other path computes the same thing with f32 FMAs on the rounded
-            q, so results agree across paths within f32 rounding, not bitwise. Against the
-            exact-q result (for fp8: the exact path on the same codes) each logit moves by
-            at most ``D = scale * 2^-8 * sum_i |q_i K_i|`` (bf16 keeps 8 significant bits;
-            ``K`` the dequantized keys, code times K scale), each output by at most
-            ``(exp(2 D) - 1) * max|V|`` (``V`` dequantized) and the LSE by at most D; on
-            standard-normal data with d = 128 the measured output deviation is about 2e-3
-            of the output scale (see benches/RESULTS.md). f32, f16 and int8 caches are
-            refused.
-        int8_scores: int8 caches only (default False = exact): quantize q per (sequence,
-            query head) to int8 (symmetric, ``s_q = max|q| / 127``, round half to even)
-            and compute the scores from the quantized q; softmax and P.V are unchanged
-            (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_vnni the scores
-            are exact integer dot products of the query codes with the K codes by
-            ``vpdpbusd`` (64 multiply-adds per instruction), times ``s_q`` and each
-            token's K scale; every other path computes the same thing with f32 FMAs on
-            the dequantized quantized q, so results agree across paths within f32
-            rounding, not bitwise. Against the exact-q result on the same cache each
-            query element moves by at most ``s_q / 2``, so each logit moves by at most
-            ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
-            keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
-            most D; measured errors are far below it (benches/bench_quant.py).
-        fp16_reduction: fp8 caches only (default False = exact): allow q.K and P.V in f16
-            arithmetic. On the ``"avx512"`` path of a CPU with avx512_fp16, for block size
-            16 and a head_dim that is a multiple of 64 (and K and V scales within
-            ``[2^-64, 2^64]``), each score is a sum of f16 products of the f16-rounded q
-            (times a power of two per row, so that no f16 sum can overflow) with the codes,
-            ``head_dim / 4`` of them summed in f16 per lane, and each chunk of 16 tokens'
-            P.V a sum of f16 products of the f16-rounded probabilities (times a power of
-            two) with the codes, summed in f16 over the chunk and added to f32
-            accumulators (``vfmadd231ph``: 32 products per instruction at the f32 FMA's
-            rate); every other path, block size and head_dim computes in f32 as without
-            it. Against the exact path on the same codes each logit moves by at most
-            ``D = scale * (head_dim / 4 + 3) * 2^-11 * max_t sum_i |q_i K_i|`` (``K`` the
-            dequantized keys), each output by at most ``(exp(2 D) - 1) * max|V| + 18 *
-            2^-11 * max|V|`` (``V`` the dequantized values of the sequence's KV head) and
-            the LSE by at most D; measured errors are far below it (benches/bench_quant.py).
-            Not with ``bf16_scores``.
+        logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``
+            before the softmax (default None: no cap). Every path computes it as ``c - 2c /
+            (exp(2 logit / c) + 1)`` in f32, as :func:`prefill_attention` does up to f32
+            rounding.
         window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
             window_left`` (``window_left = window - 1`` for a window of ``window`` positions
             including the query's own; FlashInfer's ``window_left``); None (default): every
             key. An int >= 0.
         sink_tokens: attention sinks in tokens: keys ``k < sink_tokens`` are visible
             whatever the window (default 0). An int >= 0.
+        q_dtype: the query's dtype in the scores: ``"f32"`` (default, exact), ``"bf16"``,
+            ``"int8"`` or ``"f16"``, as the precision pairs above allow.
+        pv_dtype: the probabilities' dtype in ``P V``: ``"f32"`` (default), or ``"f16"``
+            with ``q_dtype="f16"``.
+        tuning: how the call runs, never what it computes: a :class:`KernelTuning` (the
+            kernel path, the split size, the KV heads per work item); None: chosen.
 
     Returns:
         float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
@@ -1611,13 +1647,14 @@ def decode_attention(
             names ``block_tables[i, b]``), a length beyond its table, head count or head_dim
             mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an ``out`` that is not
             C-contiguous, not writable or shares memory with ``q`` or a cache, a bad
-            ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
-            negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
-            one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-            ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-            ``int8_scores`` with a cache that is not int8,
-            ``fp16_reduction`` with a cache that is not fp8 or with ``bf16_scores``. ``out``
-            is not written on any error.
+            ``scale`` or ``logits_soft_cap``, a bad ``layer``, ``window_left`` or
+            ``sink_tokens`` (a negative value, a bool, a float, None for ``sink_tokens``),
+            a tuning whose path this CPU lacks or whose ``kv_heads_per_item`` does not
+            divide the KV heads, an unknown ``q_dtype`` or ``pv_dtype`` or a pair not valid
+            on the cache (the message lists the valid ones). ``out`` is not written on any
+            error.
+        TypeError: ``tuning`` that is not a :class:`KernelTuning` or None, ``q_dtype`` or
+            ``pv_dtype`` that is not a str.
     """
 @overload
 def decode_attention(
@@ -1630,14 +1667,12 @@ def decode_attention(
     out: _F32In | None = None,
     *,
     return_lse: Literal[True],
-    split_size: int | None = None,
-    kv_heads_per_item: int | None = None,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    int8_scores: bool = False,
-    fp16_reduction: bool = False,
+    logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sink_tokens: int = 0,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def decode_attention_paged(
@@ -1651,14 +1686,12 @@ def decode_attention_paged(
     out: _F32In | None = None,
     return_lse: Literal[False] = False,
     *,
-    split_size: int | None = None,
-    kv_heads_per_item: int | None = None,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    int8_scores: bool = False,
-    fp16_reduction: bool = False,
+    logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sink_tokens: int = 0,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
     kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`decode_attention` with the tables in FlashInfer's paged layout, as
@@ -1687,14 +1720,12 @@ def decode_attention_paged(
         scale: as for :func:`decode_attention`.
         out: as for :func:`decode_attention`.
         return_lse: as for :func:`decode_attention`.
-        split_size: as for :func:`decode_attention`.
-        kv_heads_per_item: as for :func:`decode_attention`.
-        force_isa: as for :func:`decode_attention`.
-        bf16_scores: as for :func:`decode_attention`.
-        int8_scores: as for :func:`decode_attention`.
-        fp16_reduction: as for :func:`decode_attention`.
+        logits_soft_cap: as for :func:`decode_attention`.
         window_left: as for :func:`decode_attention`.
         sink_tokens: as for :func:`decode_attention`; also places the sink pages.
+        q_dtype: as for :func:`decode_attention`.
+        pv_dtype: as for :func:`decode_attention`.
+        tuning: as for :func:`decode_attention`.
         kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
             after its sink pages (default None: zeros).
 
@@ -1720,14 +1751,12 @@ def decode_attention_paged(
     out: _F32In | None = None,
     *,
     return_lse: Literal[True],
-    split_size: int | None = None,
-    kv_heads_per_item: int | None = None,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    int8_scores: bool = False,
-    fp16_reduction: bool = False,
+    logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sink_tokens: int = 0,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
     kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
@@ -1748,9 +1777,9 @@ def prefill_attention(
     logits_soft_cap: float | None = None,
     out: _F32In | None = None,
     return_lse: Literal[False] = False,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    bf16_pv: bool = False,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
 ) -> _F32Array:
     """Multi-query attention over the paged cache: prefill, chunked prefill, speculative
     verification, video chunks.
@@ -1801,19 +1830,19 @@ def prefill_attention(
             returned (default: a new array); must not share memory with ``q`` or with any
             KvCache.
         return_lse: also return the log-sum-exp, to merge partial results.
-        force_isa: one of :func:`kernel_paths`; default the fastest.
-        bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
-            ``vdpbf16ps`` on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on
-            the rounded ``q`` elsewhere); softmax and ``P V`` stay f32. Same rule and
-            bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
-            most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
-            ``(exp(2 D) - 1) * max|V|``.
-        bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
-            for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
-            on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
-            probabilities elsewhere); the softmax sum stays f32, so each output moves by
-            at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
-            the second half of the bf16 fast path, opt-in.
+        q_dtype: the query's dtype in the scores: ``"f32"`` (default, exact) or
+            ``"bf16"`` (bf16 and fp8 caches), as in :func:`decode_attention`, with its
+            bound; the ``"avx512"`` path of a CPU with avx512_bf16 uses ``vdpbf16ps`` on
+            bf16 caches.
+        pv_dtype: the probabilities' dtype in ``P V``: ``"f32"`` (default) or ``"bf16"``
+            (bf16 caches, with either ``q_dtype``): the probabilities rounded to bf16
+            (nearest even), ``vdpbf16ps`` over token pairs on the ``"avx512"`` path of a
+            CPU with avx512_bf16 (f32 FMAs on the rounded probabilities elsewhere); the
+            softmax sum stays f32 on the unrounded ones, so each output moves by at most
+            ``2^-9 * max|V|`` more.
+        tuning: a :class:`KernelTuning`: the kernel path and the split size (keys per
+            split of a query tile's key range, rounded up to key tiles; 0: never; None:
+            only when there are too few query tiles); ``kv_heads_per_item`` must be None.
 
     Returns:
         float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
@@ -1831,9 +1860,11 @@ def prefill_attention(
             a negative ``window_left``/``sink_tokens``, a bool or float where an int is
             meant, a ``scale`` or soft cap that is not positive and finite in float32,
             an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
-            cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
-            without a bf16 cache (8-bit caches included). ``out`` is not written on any
-            error.
+            cache, a tuning whose path this CPU lacks or that sets ``kv_heads_per_item``,
+            an unknown ``q_dtype`` or ``pv_dtype`` or a pair not valid on the cache (the
+            message lists the valid ones). ``out`` is not written on any error.
+        TypeError: ``tuning`` that is not a :class:`KernelTuning` or None, ``q_dtype`` or
+            ``pv_dtype`` that is not a str.
     """
 @overload
 def prefill_attention(
@@ -1853,9 +1884,9 @@ def prefill_attention(
     logits_soft_cap: float | None = None,
     out: _F32In | None = None,
     return_lse: Literal[True],
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    bf16_pv: bool = False,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 @overload
 def prefill_attention_paged(
@@ -1876,9 +1907,9 @@ def prefill_attention_paged(
     logits_soft_cap: float | None = None,
     out: _F32In | None = None,
     return_lse: Literal[False] = False,
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    bf16_pv: bool = False,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
     kv_page_start: _IntArrayLike | None = None,
 ) -> _F32Array:
     """:func:`prefill_attention` with the tables in FlashInfer's paged layout, as
@@ -1905,9 +1936,9 @@ def prefill_attention_paged(
         logits_soft_cap: as for :func:`prefill_attention`.
         out: as for :func:`prefill_attention`.
         return_lse: as for :func:`prefill_attention`.
-        force_isa: as for :func:`prefill_attention`.
-        bf16_scores: as for :func:`prefill_attention`.
-        bf16_pv: as for :func:`prefill_attention`.
+        q_dtype: as for :func:`prefill_attention`.
+        pv_dtype: as for :func:`prefill_attention`.
+        tuning: as for :func:`prefill_attention`.
         kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
             after its sink pages (default None: zeros), as for
             :func:`decode_attention_paged`.
@@ -1941,9 +1972,9 @@ def prefill_attention_paged(
     logits_soft_cap: float | None = None,
     out: _F32In | None = None,
     return_lse: Literal[True],
-    force_isa: _KernelPath | None = None,
-    bf16_scores: bool = False,
-    bf16_pv: bool = False,
+    q_dtype: _Operand = "f32",
+    pv_dtype: _Operand = "f32",
+    tuning: KernelTuning | None = None,
     kv_page_start: _IntArrayLike | None = None,
 ) -> tuple[_F32Array, _F32Array]: ...
 def read_bandwidth(

@@ -40,7 +40,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, TypedDict, TypeVar
+from typing import Callable, Literal, TypedDict, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -183,11 +183,10 @@ def generate_recompute(model: Model, prompt: list[int]) -> tuple[list[int], F32]
 
 
 class DecodeSwitches(TypedDict, total=False):
-    """The opt-in fast paths of :func:`pykvpool.decode_attention` (each False by default)."""
+    """The precision keywords of :func:`pykvpool.decode_attention` (``"f32"`` by default)."""
 
-    bf16_scores: bool
-    int8_scores: bool
-    fp16_reduction: bool
+    q_dtype: Literal["f32", "bf16", "f16", "int8"]
+    pv_dtype: Literal["f32", "bf16", "f16", "int8"]
 
 
 def generate_cached(model: Model, prompt: list[int], dtype: str = "f32", *,
@@ -195,14 +194,14 @@ def generate_cached(model: Model, prompt: list[int], dtype: str = "f32", *,
     """Greedy generation through pykvpool: prefill into the cache, then one
     ``step -> write -> decode_attention`` per layer per token, in a ``dtype`` cache
     (any :class:`pykvpool.KvCache` dtype: ``"f32"``, ``"f16"``, ``"bf16"``, ``"int8"``,
-    ``"fp8_e4m3"``, ``"fp8_e5m2"``). ``decode_options``: keyword switches passed to every
-    :func:`pykvpool.decode_attention` call, e.g. ``{"int8_scores": True}``
-    on an int8 cache (None: the exact path).
+    ``"fp8_e4m3"``, ``"fp8_e5m2"``). ``decode_options``: keywords passed to every
+    :func:`pykvpool.decode_attention` call, e.g. ``{"q_dtype": "int8"}`` on an int8
+    cache (None: the exact path).
 
     Raises:
         IndexError: a prompt token >= ``vocab``, or an empty prompt.
         InvalidArgumentError: an unknown ``dtype``, sizes the pool or cache refuse, or a
-            decode option the cache's dtype refuses.
+            precision the cache's dtype refuses.
         TypeError: a ``decode_options`` key :func:`pykvpool.decode_attention` does not take.
     """
     out, logits = _run_cached(model, prompt, dtype, None, decode_options or {})

@@ -47,7 +47,8 @@ def test_a_directory_without_the_package_is_a_usage_error(tmp_path: Path) -> Non
 
 
 def test_an_unknown_row_is_a_usage_error() -> None:
-    for row in ("int9", "int8+fast"):
+    # Two switches: each sets q_dtype, so a row takes at most one.
+    for row in ("int9", "int8+fast", "fp8_e5m2+bf16_scores+fp16_reduction"):
         cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--rows", row]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and f"row {row!r}" in res.stderr
@@ -66,7 +67,8 @@ def test_summarize_pairs_gives_the_quartiles_of_the_per_pair_ratios_and_the_best
 
 def test_interleaved_pairs_of_a_build_against_itself_report_every_row(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benches" / "ab_decode.py"), str(ROOT), str(ROOT), "--shape", "l2",
-           "--rows", "int8,bf16+bf16_scores", "--interleave", "3", "--out", str(tmp_path / "ab.json")]
+           "--rows", "int8,bf16+bf16_scores", "--interleave", "3", "--out", str(tmp_path / "ab.json"),
+           "--force-isa", "scalar"]  # each native module's own KernelTuning
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert [r["pairs"] for r in json.loads((tmp_path / "ab.json").read_text())["b_over_a"]] == [3, 3]
     lines = [line for line in out.splitlines() if line.startswith("| int8 ") or line.startswith("| bf16+")]
@@ -116,14 +118,45 @@ def test_reallocated_pairs_report_every_row_and_zero_is_a_usage_error(tmp_path: 
 
 
 def test_every_switch_of_a_row_reaches_the_call_in_rounds_and_interleaved() -> None:
-    # fp16_reduction on an int8 cache is refused by decode_attention: both modes must pass
-    # it on (the rounds mode once dropped it and timed the plain path under its name).
+    # fp16_reduction (q_dtype="f16", pv_dtype="f16") on an int8 cache is refused by
+    # decode_attention: both modes must pass it on (the rounds mode once dropped it and
+    # timed the plain path under its name).
     from benches.ab_decode import interleaved, measure
 
-    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=f16 with pv_dtype=f16"):
         measure(str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
-    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=f16 with pv_dtype=f16"):
         interleaved(str(ROOT), str(ROOT), "l2", ["int8+fp16_reduction"], 1, 1, 16)
+
+
+def test_switches_and_force_isa_become_precision_and_tuning_keywords(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each switch is its q_dtype / pv_dtype, --force-isa a KernelTuning of the called module's
+    own class; a build from before KernelTuning gets the boolean keywords and force_isa=."""
+    import benches.ab_decode as ab
+
+    assert ab.call_kwargs(kv, []) == {}
+    assert ab.call_kwargs(kv, ["bf16_scores"]) == {"q_dtype": "bf16"}
+    assert ab.call_kwargs(kv, ["int8_scores"]) == {"q_dtype": "int8"}
+    assert ab.call_kwargs(kv, ["fp16_reduction"]) == {"q_dtype": "f16", "pv_dtype": "f16"}
+    monkeypatch.setattr(ab, "FORCE_ISA", "scalar")
+    got = ab.call_kwargs(kv, ["int8_scores"])
+    assert got == {"q_dtype": "int8", "tuning": kv.KernelTuning(isa="scalar")}
+    assert type(got["tuning"]) is kv.KernelTuning
+
+    class Old:
+        """A build from before KernelTuning: no such attribute."""
+
+    assert ab.call_kwargs(Old(), ["int8_scores"]) == {"int8_scores": True, "force_isa": "scalar"}
+    monkeypatch.setattr(ab, "FORCE_ISA", None)
+    assert ab.call_kwargs(Old(), ["fp16_reduction"]) == {"fp16_reduction": True}
+    # Every switch is a valid precision on a cache of its row's dtype.
+    k, q, table, seq_lens, out, total, hkv, d = setup("l2", 16)
+    for row in ("bf16+bf16_scores", "fp8_e4m3+bf16_scores", "int8+int8_scores", "fp8_e5m2+fp16_reduction"):
+        parsed = ab.parse_row(row)
+        assert parsed is not None
+        dtype, switches = parsed
+        cache = make_cache(kv, dtype, k, total, 16, hkv, d)
+        kv.decode_attention(cache, 0, q, table, seq_lens, out=out, **ab.call_kwargs(kv, switches))
 
 
 def test_layers_cycle_in_rounds_and_interleaved_and_zero_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 import pykvpool as kv
+from benches.bench_quant import ROWS
 from benches.bench_sink import BS, D, cache_of, sink_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,11 +27,12 @@ def test_the_sinks_score_exceeds_the_others_by_the_gap(gap: float) -> None:
     assert (q == q[:, :1]).all() and k.dtype == v.dtype == np.float32
 
 
-@pytest.mark.parametrize("dtype,switches", [("bf16", {}), ("int8", {}), ("fp8_e5m2", {}),
-                                            ("int8", {"int8_scores": True})])
-def test_a_dominant_sinks_output_is_its_value(dtype: str, switches: dict[str, Any]) -> None:
+@pytest.mark.parametrize("row", list(ROWS))
+def test_a_dominant_sinks_output_is_its_value(row: str) -> None:
     # 200 nats: every other token's probability is e^-200 of the sink's, exactly 0 in the
-    # kernels (2^-64 and below are), so the output is the sink's stored V row.
+    # kernels (2^-64 and below are), so the output is the sink's stored V row. Every row of
+    # bench_quant.py (the rows bench_sink.py times), each with its decode keywords.
+    dtype, switches, _ = ROWS[row]
     k, v, q = sink_inputs(512, 200.0)
     c = cache_of(dtype, k, v)
     table = np.arange(512 // BS, dtype=np.int64)[None]

@@ -171,6 +171,22 @@ pub(crate) fn exp2_each<const H: usize>(x: [__m256; H]) -> [__m256; H] {
     r
 }
 
+/// [`super::work::soft_cap`] of each score vector, as the AVX-512 path's: the `exp2`
+/// argument clamped to +-[`super::work::SOFT_CAP_ARG`], a NaN score kept.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn soft_cap_each<const H: usize>(s: [__m256; H], c: f32) -> [__m256; H] {
+    let (k, lim) = (_mm256_set1_ps(2.0 * std::f32::consts::LOG2_E / c), _mm256_set1_ps(super::work::SOFT_CAP_ARG));
+    let x = s.map(|v| _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, k), _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim));
+    let e = exp2_each(x);
+    let (cv, two_c, one) = (_mm256_set1_ps(c), _mm256_set1_ps(2.0 * c), _mm256_set1_ps(1.0));
+    let mut out = e.map(|v| _mm256_sub_ps(cv, _mm256_div_ps(two_c, _mm256_add_ps(v, one))));
+    for (o, v) in out.iter_mut().zip(s) {
+        *o = _mm256_blendv_ps(*o, v, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

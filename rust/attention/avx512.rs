@@ -39,11 +39,11 @@
 //! unpack against zero per 16 values (V rows, when `head_dim` is a multiple of 32; the
 //! accumulators then keep the unpack order until the end of the item). Queries stay f32
 //! (rounding them to bf16 for `vdpbf16ps` costs about 3 significant digits of the
-//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in
-//! `bf16_scores` does round them and plugs the `vdpbf16ps` scores of
-//! [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]), as the
-//! opt-in `int8_scores` does with the `vpdpbusd` scores of [`super::avx512_vnni`]; the
-//! fp8 paths plug their own `P V` in the same way ([`Pv`]).
+//! logits, beyond the 1e-5 accuracy contract; see `benches/RESULTS.md`). The opt-in bf16
+//! query (`Precision { q: BF16, .. }`) does round them and plugs the `vdpbf16ps` scores
+//! of [`super::avx512_bf16`] into the same tile loop ([`run_with`], [`Scores`]), as the
+//! opt-in int8 query (`Precision { q: I8, .. }`) does with the `vpdpbusd` scores of
+//! [`super::avx512_vnni`]; the fp8 paths plug their own `P V` in the same way ([`Pv`]).
 //!
 //! 8-bit caches read their one-byte codes and dequantize in registers: int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`; fp8 e5m2 is the high byte of an f16 (16 codes broadcast to
@@ -86,7 +86,7 @@ use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_p
 pub(crate) use super::work::load_factor;
 use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
 use super::query::interleave_query;
-use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX};
+use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX, SOFT_CAP_ARG};
 use crate::kv::{DType, Elem};
 
 pub(crate) const W: usize = 16;
@@ -123,6 +123,30 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: 
     sc: &S,
     pv: &P,
 ) {
+    // A soft cap is an instantiation of its own: tested at run time in the tile loop, it
+    // cost the calls without one 1.03-1.06x (int8 query, 64 x 512 tokens).
+    // SAFETY: the caller's contract is `tile_loop`'s.
+    unsafe {
+        match w.soft_cap {
+            Some(c) => tile_loop::<E, S, P, FAR_LINES, true>(w, p, sc, pv, c),
+            None => tile_loop::<E, S, P, FAR_LINES, false>(w, p, sc, pv, 0.0),
+        }
+    }
+}
+
+/// [`run_with`]'s loop; with `CAP` each score `s` becomes `cap * tanh(s / cap)`.
+///
+/// # Safety
+/// As [`run_with`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn tile_loop<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: bool, const CAP: bool>(
+    w: &Work<E>,
+    p: &mut Partial,
+    sc: &S,
+    pv: &P,
+    cap: f32,
+) {
     let (d, g) = (w.shape.head_dim, w.g);
     let mut probs = [[[0f32; W]; HT]; 2];
     let mut l = LaneSums::<W>::new(p.l);
@@ -141,14 +165,14 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: 
                 let pf = if j0 == 0 { pf } else { None };
                 let (lr, pr) = (l.rows(), &mut probs);
                 match (b, g - j0) {
-                    (Some(b), 1) => head_tile::<E, S, P, 1, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), 2) => head_tile::<E, S, P, 2, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), 3) => head_tile::<E, S, P, 3, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (Some(b), _) => head_tile::<E, S, P, 4, 2, FAR_LINES>([a, b], sc, pv, qh, p, lr, pr, [pf, None]),
-                    (None, 1) => head_tile::<E, S, P, 1, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, 2) => head_tile::<E, S, P, 2, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, 3) => head_tile::<E, S, P, 3, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
-                    (None, _) => head_tile::<E, S, P, 4, 1, FAR_LINES>([a], sc, pv, qh, p, lr, pr, [pf]),
+                    (Some(b), 1) => head_tile::<E, S, P, 1, 2, FAR_LINES, CAP>([a, b], sc, pv, qh, p, lr, pr, [pf, None], cap),
+                    (Some(b), 2) => head_tile::<E, S, P, 2, 2, FAR_LINES, CAP>([a, b], sc, pv, qh, p, lr, pr, [pf, None], cap),
+                    (Some(b), 3) => head_tile::<E, S, P, 3, 2, FAR_LINES, CAP>([a, b], sc, pv, qh, p, lr, pr, [pf, None], cap),
+                    (Some(b), _) => head_tile::<E, S, P, 4, 2, FAR_LINES, CAP>([a, b], sc, pv, qh, p, lr, pr, [pf, None], cap),
+                    (None, 1) => head_tile::<E, S, P, 1, 1, FAR_LINES, CAP>([a], sc, pv, qh, p, lr, pr, [pf], cap),
+                    (None, 2) => head_tile::<E, S, P, 2, 1, FAR_LINES, CAP>([a], sc, pv, qh, p, lr, pr, [pf], cap),
+                    (None, 3) => head_tile::<E, S, P, 3, 1, FAR_LINES, CAP>([a], sc, pv, qh, p, lr, pr, [pf], cap),
+                    (None, _) => head_tile::<E, S, P, 4, 1, FAR_LINES, CAP>([a], sc, pv, qh, p, lr, pr, [pf], cap),
                 }
                 j0 += HT;
             }
@@ -164,10 +188,10 @@ pub(crate) unsafe fn run_with<E: Elem, S: Scores<E>, P: Pv<E>, const FAR_LINES: 
                 let pf = if j0 == 0 { pf } else { None };
                 let (lr, pr) = (l.rows(), &mut probs);
                 match g - j0 {
-                    1 => head_tile::<E, S, P, 1, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    2 => head_tile::<E, S, P, 2, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    3 => head_tile::<E, S, P, 3, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
-                    _ => head_tile::<E, S, P, 4, 1, FAR_LINES>([chunk], sc, pv, qh, p, lr, pr, [pf]),
+                    1 => head_tile::<E, S, P, 1, 1, FAR_LINES, CAP>([chunk], sc, pv, qh, p, lr, pr, [pf], cap),
+                    2 => head_tile::<E, S, P, 2, 1, FAR_LINES, CAP>([chunk], sc, pv, qh, p, lr, pr, [pf], cap),
+                    3 => head_tile::<E, S, P, 3, 1, FAR_LINES, CAP>([chunk], sc, pv, qh, p, lr, pr, [pf], cap),
+                    _ => head_tile::<E, S, P, 4, 1, FAR_LINES, CAP>([chunk], sc, pv, qh, p, lr, pr, [pf], cap),
                 }
                 j0 += HT;
             }
@@ -203,7 +227,7 @@ fn nan_in_new_tile<E: Elem>(c: &Chunk<'_, E>, last: &mut *const E) -> bool {
 /// where `P V` runs on [`pv_full`] (8-bit codes, rows a multiple of 64, not taken by
 /// `pv`), a block holds more than one chunk, and the next K tiles are prefetched over the
 /// score loop. (The `vpdpbusd` scores prefetch them over `P V`, which a pair starts only
-/// after both chunks' scores: MHA `int8_scores` at block size 32 took 1.10x the time.)
+/// after both chunks' scores: MHA with an int8 query at block size 32 took 1.10x the time.)
 #[inline(always)]
 fn pairs_apply<E: Elem, S: Scores<E>, P: Pv<E>>(pv: &P, d: usize, block_size: usize) -> bool {
     E::DTYPE.is_quantized() && S::K_IN_SCORES && !pv.takes(d) && d.is_multiple_of(VT * W) && block_size > W
@@ -222,7 +246,7 @@ pub(crate) trait Scores<E> {
     /// `next_k`) or, when false, over `P V` with the V tiles. A prefetcher spreads its
     /// lines over the loop it is given; the dot-product score loops (`vpdpbusd`,
     /// `vdpbf16ps`) take a quarter to a half of `P V`'s time, so their K lines came in
-    /// bursts that stalled on the core's miss buffers (7.5% of an `int8_scores` profile
+    /// bursts that stalled on the core's miss buffers (7.5% of an int8-query profile
     /// on `prefetcht1`).
     const K_IN_SCORES: bool = true;
 
@@ -236,8 +260,8 @@ pub(crate) trait Scores<E> {
 }
 
 /// How a head tile's `P V` runs when not by this file's f32 loops: f16 arithmetic for
-/// `fp16_reduction` ([`super::avx512_fp16`]) or byte tables for e4m3
-/// ([`super::avx512_e4m3`]); [`FloatPv`] takes nothing.
+/// f16 probabilities (`Precision { q: F16, pv: F16 }`, [`super::avx512_fp16`]) or byte
+/// tables for e4m3 ([`super::avx512_e4m3`]); [`FloatPv`] takes nothing.
 pub(crate) trait Pv<E> {
     /// Whether [`Self::pv`] takes every chunk of an item of head_dim `d` (then
     /// [`Self::finish`] ends the item).
@@ -438,13 +462,30 @@ fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
     r
 }
 
+/// [`super::work::soft_cap`] of each score vector, the heads' `exp2` interleaved; the
+/// argument is clamped to +-[`SOFT_CAP_ARG`] (where the result is `+-c` in f32), a NaN
+/// score stays NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+fn soft_cap_each<const H: usize>(s: [__m512; H], c: f32) -> [__m512; H] {
+    let (k, lim) = (_mm512_set1_ps(2.0 * std::f32::consts::LOG2_E / c), _mm512_set1_ps(SOFT_CAP_ARG));
+    let x = s.map(|v| _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, k), _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim));
+    let e = exp2_each(x);
+    let (cv, two_c, one) = (_mm512_set1_ps(c), _mm512_set1_ps(2.0 * c), _mm512_set1_ps(1.0));
+    let mut out = e.map(|v| _mm512_sub_ps(cv, _mm512_div_ps(two_c, _mm512_add_ps(v, one))));
+    for (o, v) in out.iter_mut().zip(s) {
+        *o = _mm512_mask_mov_ps(*o, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v), v);
+    }
+    out
+}
+
 /// Scores, softmax update and V accumulation of query heads `qh..qh + H` over `N` (1 or
 /// 2) chunks of one KV head (two from [`Work::for_each_chunk_pair`], whose `P V` then runs
 /// on [`pv_full`] only); `l` holds each head's softmax sum per lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, const FAR_LINES: bool>(
+fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, const FAR_LINES: bool, const CAP: bool>(
     cs: [&Chunk<E>; N],
     sc: &S,
     pv: &P,
@@ -453,6 +494,7 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, co
     l: &mut [[f32; W]],
     probs: &mut [[[f32; W]; HT]; 2],
     prefetch: [Option<Ahead<E>>; N],
+    cap: f32,
 ) {
     let d = cs[0].d;
     assert!(N <= 2 && l.len() >= qh + H);
@@ -482,6 +524,9 @@ fn head_tile<E: Elem, S: Scores<E>, P: Pv<E>, const H: usize, const N: usize, co
             for s in scores[n].iter_mut() {
                 *s = _mm512_mul_ps(*s, ks);
             }
+        }
+        if CAP {
+            scores[n] = soft_cap_each(scores[n], cap);
         }
         vscale[n] = scale_vector::<E>(&c.vs, c.c0, masks[n]);
     }

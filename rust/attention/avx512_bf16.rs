@@ -1,6 +1,6 @@
-//! AVX-512 BF16 scores (`bf16_scores=True` on a bf16 cache): `vdpbf16ps` on the query
-//! rounded to bf16, plugged into the tile loop of [`super::avx512`] (softmax, `P V`
-//! and prefetch are that path's, unchanged).
+//! AVX-512 BF16 scores (a bf16 query, `Precision { q: BF16, .. }`, on a bf16 cache):
+//! `vdpbf16ps` on the query rounded to bf16, plugged into the tile loop of
+//! [`super::avx512`] (softmax, `P V` and prefetch are that path's, unchanged).
 //!
 //! `vdpbf16ps` multiplies bf16 pairs and adds both products to an f32 lane. Here lane
 //! `t` of the K operand holds the pair (K\[i\]\[t\], K\[i+1\]\[t\]) of two dimension rows of
@@ -14,7 +14,7 @@
 //! with round-to-nearest-even, treats bf16 subnormal inputs as zero and flushes
 //! subnormal results (both below 1.2e-38 in magnitude, negligible against any score).
 //! The scores are those of the rounded query in f32 arithmetic, summed in another order
-//! than the FMA paths (which compute the same `bf16_scores` semantics with f32 FMAs on
+//! than the FMA paths (which compute the same bf16-query semantics with f32 FMAs on
 //! the rounded query), so the paths agree within f32 rounding, not bitwise. The
 //! factor `scale * log2(e)` is applied to the finished scores, so the bf16 operand is
 //! the rounded query itself.
@@ -25,7 +25,7 @@
 //! 128-entry byte tables, low and high byte of the bf16, indexed by the code's 7 low bits,
 //! the sign or'ed in, one `vpermt2b` to interleave two rows into pairs: 4 instructions
 //! per 32 codes) and the only rounding is the query's, as for bf16. The K scale
-//! multiplies the finished scores (the tile loop's), so the bound of `bf16_scores`
+//! multiplies the finished scores (the tile loop's), so the bound of a bf16 query
 //! carries over to the dequantized keys. The byte permutes need `avx512vbmi`; without
 //! it the exact AVX-512 kernel runs on the rounded query.
 
@@ -62,7 +62,7 @@ fn supported_fp8() -> bool {
 
 /// Makes [`run`] take its fallback for fp8 caches (the exact kernel on the rounded query),
 /// as on a CPU with avx512_bf16 but no avx512vbmi. A process-wide switch: only the test
-/// `fp8_bf16_scores_without_vbmi_use_the_exact_kernel_on_the_rounded_query` turns it on,
+/// `fp8_bf16_query_without_vbmi_uses_the_exact_kernel_on_the_rounded_query` turns it on,
 /// holding `BF16_SWITCH` exclusively.
 #[cfg(test)]
 pub(crate) static WITHOUT_VBMI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -71,7 +71,7 @@ pub(crate) static WITHOUT_VBMI: std::sync::atomic::AtomicBool = std::sync::atomi
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512bf16, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    // `decode_attention` rejects `bf16_scores` on other caches and sets `q_bf16` with it.
+    // `decode_attention` rejects a bf16 query on other caches and sets `q_bf16` with it.
     let (q, factor) = w.q_bf16.expect("bf16 query pairs");
     match E::DTYPE {
         // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores.

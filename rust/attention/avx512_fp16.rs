@@ -1,7 +1,7 @@
-//! `fp16_reduction` on fp8 caches (AVX-512 FP16): the scores and `P V` as f16 products
-//! summed in f16 registers, plugged into the tile loop of [`super::avx512`] as its
-//! [`Scores`] and [`Pv`] (softmax, scales, prefetch and the e4m3 NaN-code check are that
-//! path's, unchanged).
+//! f16 query and probabilities (`Precision { q: F16, pv: F16 }`) on fp8 caches (AVX-512
+//! FP16): the scores and `P V` as f16 products summed in f16 registers, plugged into the
+//! tile loop of [`super::avx512`] as its [`Scores`] and [`Pv`] (softmax, scales, prefetch
+//! and the e4m3 NaN-code check are that path's, unchanged).
 //!
 //! Why: `vfmadd231ph` does 32 multiply-adds per instruction at the issue rate of the f32
 //! `vfmadd231ps` (16), and every fp8 value is an f16 after one shift or `and` (e5m2: the
@@ -31,7 +31,7 @@
 //! scaled sum, and each chunk's `P V` by at most `18 * 2^-11 * sum_t p_t |v_t|` plus the
 //! probabilities f16 cannot hold (`2^-25` each after scaling).
 //!
-//! Taken when the caller asks (`fp16_reduction`), for fp8 caches with block size 16, a
+//! Taken when the caller asks (that precision), for fp8 caches with block size 16, a
 //! head_dim that is a multiple of 64 and scales in `[2^-64, 2^64]`, on CPUs with
 //! `avx512fp16` ([`applies`]); everything else runs the exact path. f16 arithmetic has no
 //! stable Rust intrinsics yet, so the two f16 instructions are inline assembly

@@ -1,7 +1,7 @@
-//! AVX-512 VNNI scores (`int8_scores=True` on an int8 cache): exact integer dot products
-//! of the int8 query ([`super::query::QueryI8`]) with the K codes by `vpdpbusd`, plugged
-//! into the tile loop of [`super::avx512`] (softmax, `P V` and prefetch are that path's,
-//! unchanged).
+//! AVX-512 VNNI scores (an int8 query, `Precision { q: I8, .. }`, on an int8 cache):
+//! exact integer dot products of the int8 query ([`super::query::QueryI8`]) with the K
+//! codes by `vpdpbusd`, plugged into the tile loop of [`super::avx512`] (softmax, `P V`
+//! and prefetch are that path's, unchanged).
 //!
 //! `vpdpbusd acc, a, b` multiplies the four unsigned bytes of each 32-bit lane of `a` by
 //! the four signed bytes of the same lane of `b` and adds the four products to the lane's
@@ -35,9 +35,9 @@ use super::query::QueryI8;
 use super::work::{Chunk, Partial, Work, FREE_DOTS};
 use crate::kv::{DType, Elem};
 
-/// Makes [`supported`] false, so the AVX-512 path runs `int8_scores` with f32 FMAs on
+/// Makes [`supported`] false, so the AVX-512 path runs an int8 query with f32 FMAs on
 /// the dequantized quantized query, as on a CPU without avx512_vnni. Only the test
-/// `int8_scores_on_avx512_without_vnni_use_the_quantized_query` turns it on, holding its
+/// `int8_query_on_avx512_without_vnni_uses_the_quantized_query` turns it on, holding its
 /// lock exclusively.
 #[cfg(test)]
 pub(crate) static WITHOUT_VNNI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -51,16 +51,16 @@ pub(crate) fn supported() -> bool {
     cpu_features().contains(&"avx512vnni")
 }
 
-/// `int8_scores` on the AVX-512 path.
+/// An int8 query (`Precision { q: I8, .. }`) on the AVX-512 path.
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
-    // `decode_attention` rejects `int8_scores` on other caches and sets `q_i8` with it;
+    // `decode_attention` rejects an int8 query on other caches and sets `q_i8` with it;
     // the caller routes here only with `q_i8`.
     assert!(E::DTYPE == DType::I8, "vpdpbusd needs an int8 cache");
-    let q = w.q_i8.expect("int8_scores sets the int8 query");
+    let q = w.q_i8.expect("an int8 query precision sets the int8 query");
     assert!(q.rows.len() * w.shape.head_dim.div_ceil(4) == q.codes.len());
     // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores
     // (`FloatPv` needs fewer).

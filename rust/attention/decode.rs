@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use super::isa::{Isa, Supported};
+use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
 use super::query::{int8_query, scaled_query};
@@ -27,42 +28,22 @@ use crate::kv::{DType, Elem, KvCache};
 pub struct DecodeOptions {
     /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
-    /// Tokens per split (rounded up to whole blocks); `Some(0)` never splits, `None`
-    /// splits sequences longer than a quarter of a thread's share of the batch (at least
-    /// 256 tokens per split).
-    pub split_tokens: Option<usize>,
-    /// KV heads per work item (must divide the KV head count); `None` is all of them,
-    /// which reads each block as one contiguous run (see `docs/experiments.md`, "Layout").
-    pub kv_heads_per_item: Option<usize>,
-    /// Kernel path; `None` is [`Isa::best`].
-    pub isa: Option<Isa>,
+    /// Gemma-2 logit soft cap: logits become `cap * tanh(logit / cap)`.
+    pub logits_soft_cap: Option<f32>,
     /// Sliding window: the query at `p = len - 1` sees keys `k` with `p - k <= w`
     /// (`None`: every key).
     pub window_left: Option<usize>,
     /// Keys `k < sink_tokens` are visible whatever the window.
     pub sink_tokens: usize,
-    /// bf16 and fp8 caches only: round the query to bf16 (nearest even) and compute the
-    /// scores from the rounded query; with the AVX-512 path on a CPU with avx512_bf16 (and
-    /// avx512vbmi for fp8) they are computed by `vdpbf16ps` ([`avx512_bf16`]),
-    /// elsewhere by f32 FMAs on the rounded query (the same products, exact in f32,
-    /// summed in another order). Softmax and `P V` are unchanged (f32, V widened exactly).
-    pub bf16_scores: bool,
-    /// int8 caches only: quantize the query per (sequence, query head) to int8
-    /// (symmetric, `max|q| / 127`, round half to even) and compute the scores from the
-    /// quantized query; with the AVX-512 path on a CPU with avx512_vnni they are exact
-    /// integer dot products by `vpdpbusd` ([`avx512_vnni`]), elsewhere f32 FMAs on the
-    /// dequantized quantized query (the same scores within f32 rounding). Softmax and
-    /// `P V` are unchanged.
-    pub int8_scores: bool,
-    /// fp8 caches only: allow the scores and `P V` in f16 arithmetic. The AVX-512 path on
-    /// a CPU with avx512fp16, for block size 16 and a head_dim that is a multiple of 64,
-    /// computes each score as f16 products of the f16-rounded query (scaled by a power of
-    /// two per row) and the codes summed in f16 per 4-dimension lane, and each chunk's
-    /// `P V` as f16 products of the f16-rounded probabilities and the codes summed in f16
-    /// over the chunk's tokens, added to f32 accumulators ([`avx512_fp16`],
-    /// which derives the bound); every other path, block size and head_dim computes in
-    /// f32 as without it. Not with `bf16_scores`.
-    pub fp16_reduction: bool,
+    /// The operand dtypes ([`Precision`]). A bf16 query (bf16 and fp8 caches) takes
+    /// `vdpbf16ps` scores on AVX-512 with avx512_bf16 ([`avx512_bf16`]); an int8 query
+    /// (int8 caches, quantized per row: `max|q| / 127`, round half to even) exact
+    /// integer scores by `vpdpbusd` with avx512_vnni ([`avx512_vnni`]); f16 query and
+    /// probabilities (fp8 caches) f16 products and sums with avx512fp16 for block size
+    /// 16 and a head_dim that is a multiple of 64 ([`avx512_fp16`], which derives the
+    /// bound). Every other path computes the rounded operands with f32 FMAs.
+    pub precision: Precision,
+    pub tuning: Tuning,
 }
 
 /// One work item: KV head group `group` of sequence `seq`, the blocks `blocks` of
@@ -115,15 +96,15 @@ pub fn decode_attention(
     let pool = crate::runtime::threads::pool()?;
     let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
     let factor = scale * std::f32::consts::LOG2_E;
-    // int8_scores (an int8 cache) and bf16_scores (bf16 or fp8) never come together.
-    let (qs, q_bf16, q_i8) = if opts.int8_scores {
+    let q_dtype = opts.precision.q;
+    let (qs, q_bf16, q_i8) = if q_dtype == DType::I8 {
         let (deq, buf) = int8_query(q, d, factor);
         (deq, Vec::new(), Some(buf))
     } else {
-        let (qs, pairs) = scaled_query(q, d, factor, opts.bf16_scores);
+        let (qs, pairs) = scaled_query(q, d, factor, q_dtype == DType::BF16);
         (qs, pairs, None)
     };
-    let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.split_tokens);
+    let items = plan(&vis, n, shape.block_size, hkv / kpi, pool.current_num_threads(), opts.tuning.split_tokens);
 
     let per_item = kpi * g;
     let rows = Rows { per_item, d };
@@ -162,13 +143,14 @@ pub fn decode_attention(
                     ntok: it.ntok,
                     heads,
                     q: &qs[qrow..qrow + per_item * d],
-                    q_bf16: opts.bf16_scores.then(|| {
+                    q_bf16: (q_dtype == DType::BF16).then(|| {
                         let pairs = d.div_ceil(2);
                         let at = qrow / d * pairs;
                         (&q_bf16[at..at + per_item * pairs], factor)
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
-                    fp16: opts.fp16_reduction,
+                    fp16: q_dtype == DType::F16,
+                    soft_cap: opts.logits_soft_cap.map(|c| c * std::f32::consts::LOG2_E),
                     nan_check,
                 };
                 // Each index is handed out once, so the lock is never contended.
@@ -193,7 +175,7 @@ pub fn decode_attention(
         return Ok(());
     }
     redo.extend(spans.iter().filter(|s| s.len() > 1).map(|s| (items[s.start].seq, items[s.start].group)));
-    let call = Call { q, num_q_heads, g, per_item, scale };
+    let call = Call { q, num_q_heads, g, per_item, logits: Logits { scale, soft_cap: opts.logits_soft_cap } };
     recompute(cache, layer, &vis, &call, redo, out, lse)
 }
 
@@ -203,7 +185,7 @@ struct Call<'a> {
     num_q_heads: usize,
     g: usize,
     per_item: usize,
-    scale: f32,
+    logits: Logits,
 }
 
 /// Compute again in f64 ([`wide`]) every chunk `(sequence, KV head group)` of `chunks`
@@ -219,12 +201,11 @@ fn recompute(cache: &KvCache, layer: usize, vis: &Visible, c: &Call, mut chunks:
     crate::with_elem!(cache.dtype(), E => {
         let (k, v) = cache.layer::<E>(layer)?;
         let layer = wide::Layer { k, v, scales: cache.scales(layer)?, shape: cache.shape() };
-        let logits = Logits { scale: c.scale, soft_cap: None };
         for (seq, group) in chunks {
             for qh in group * c.per_item..(group + 1) * c.per_item {
                 let at = (seq * c.num_q_heads + qh) * d;
                 let row = &mut out[at..at + d];
-                lse[seq * c.num_q_heads + qh] = wide::row(&layer, vis, seq, |_| true, &c.q[at..at + d], qh / c.g, logits, row);
+                lse[seq * c.num_q_heads + qh] = wide::row(&layer, vis, seq, |_| true, &c.q[at..at + d], qh / c.g, c.logits, row);
             }
         }
     });
@@ -268,27 +249,13 @@ fn check_call(
     if !scale.is_finite() {
         return Err(invalid!("scale must be finite, got {scale}"));
     }
-    let isa = opts.isa.unwrap_or_else(Isa::best);
-    let Some(isa) = Supported::check(isa) else {
-        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
-    };
-    let kpi = opts.kv_heads_per_item.unwrap_or(hkv);
+    let isa = opts.tuning.path()?;
+    let kpi = opts.tuning.kv_heads_per_item.unwrap_or(hkv);
     if kpi == 0 || !hkv.is_multiple_of(kpi) {
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
     }
-    if opts.bf16_scores && !matches!(cache.dtype(), DType::BF16 | DType::E4M3 | DType::E5M2) {
-        // fp8 codes are exact bf16s; f32, f16 and int8 values are not.
-        return Err(invalid!("bf16_scores needs a bf16 cache or an fp8 one, this one stores {}", cache.dtype().name()));
-    }
-    if opts.int8_scores && cache.dtype() != DType::I8 {
-        return Err(invalid!("int8_scores needs an int8 cache, this one stores {}", cache.dtype().name()));
-    }
-    if opts.fp16_reduction && !matches!(cache.dtype(), DType::E4M3 | DType::E5M2) {
-        return Err(invalid!("fp16_reduction needs an fp8 cache, this one stores {}", cache.dtype().name()));
-    }
-    if opts.fp16_reduction && opts.bf16_scores {
-        return Err(invalid!("fp16_reduction and bf16_scores cannot be combined: pick one"));
-    }
+    check_soft_cap(opts.logits_soft_cap)?;
+    opts.precision.check(Kernel::Decode, cache.dtype())?;
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 

@@ -100,9 +100,9 @@ impl Supported {
     }
 }
 
-/// Makes the AVX-512 path run `bf16_scores` with f32 FMAs on the rounded query, as on a
-/// CPU without avx512_bf16. A process-wide switch: only
-/// the test `bf16_scores_on_avx512_without_bf16_use_the_rounded_query` turns it on, holding
+/// Makes the AVX-512 path run a bf16 query (`Precision { q: BF16, .. }`) with f32 FMAs on
+/// the rounded query, as on a CPU without avx512_bf16. A process-wide switch: only the
+/// test `bf16_query_on_avx512_without_bf16_uses_the_rounded_query` turns it on, holding
 /// its `BF16_SWITCH` exclusively, and turns it off again even when it fails.
 #[cfg(test)]
 pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -16,19 +16,23 @@
 //!
 //! Queries are pre-multiplied by `scale * log2(e)` so the kernels use `exp2`; `m` is
 //! therefore in log2 units and the returned LSE is converted back to natural log.
+//! A logit soft cap (Gemma-2) maps each finished score `s` to `c * tanh(s / c)` before
+//! the softmax, `c` the cap in log2 units, on every path (`work::soft_cap`; the SIMD paths
+//! compute it with their `exp2`, as a const-generic instantiation of their tile loop so
+//! that calls without a cap run the loop they had before).
 //!
 //! # Instruction sets
 //!
 //! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
 //! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
-//! unsupported). With the opt-in `bf16_scores` (bf16 and fp8 caches), the AVX-512 path
-//! computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when the CPU has avx512_bf16
-//! (fp8: and avx512vbmi, for the byte tables that widen the codes to bf16); every
-//! path then uses the bf16-rounded query, so the option means the same math everywhere.
-//! Likewise `int8_scores` (int8 caches): the query quantized to int8 per row, scores by
-//! `vpdpbusd` ([`avx512_vnni`]) on AVX-512 with avx512_vnni, by f32 FMAs on the
-//! dequantized quantized query on every other path. e4m3 caches of block size 16 (head_dim a
+//! unsupported). With the opt-in bf16 query (`Precision { q: BF16, .. }`, bf16 and fp8
+//! caches), the AVX-512 path computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when
+//! the CPU has avx512_bf16 (fp8: and avx512vbmi, for the byte tables that widen the codes
+//! to bf16); every path then uses the bf16-rounded query, so the precision means the same
+//! math everywhere. Likewise an int8 query (`Precision { q: I8, .. }`, int8 caches): the
+//! query quantized to int8 per row, scores by `vpdpbusd` ([`avx512_vnni`]) on AVX-512
+//! with avx512_vnni, by f32 FMAs on the dequantized quantized query on every other path. e4m3 caches of block size 16 (head_dim a
 //! multiple of 64) take byte tables instead of the f16 route on AVX-512 with avx512vbmi
 //! (`avx512_e4m3`: the same values, the exact path's math). The NEON path is tested under qemu (`tests/aarch64.sh`), for correctness
 //! only: no aarch64 hardware timed it.
@@ -72,6 +76,7 @@ pub mod avx512_vnni;
 mod x86_prefetch;
 pub mod decode;
 pub mod isa;
+pub mod options;
 mod partials;
 pub mod read_probe;
 pub mod prefill;
@@ -87,6 +92,7 @@ mod wide;
 
 pub use decode::{decode_attention, DecodeOptions};
 pub use isa::{cpu_features, Isa};
+pub use options::{Kernel, Precision, Tuning};
 pub use tables::SeqTables;
 
 #[cfg(test)]

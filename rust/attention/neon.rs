@@ -62,6 +62,17 @@ const VT: usize = 4;
 /// The CPU must support NEON (AArch64 Advanced SIMD).
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
+    // A soft cap is an instantiation of its own, as on the x86 paths.
+    match w.soft_cap {
+        Some(c) => tiles::<E, true>(w, p, c),
+        None => tiles::<E, false>(w, p, 0.0),
+    }
+}
+
+/// [`run`]'s loop; with `CAP` each score `s` becomes `cap * tanh(s / cap)`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn tiles<E: Elem, const CAP: bool>(w: &Work<E>, p: &mut Partial, cap: f32) {
     let g = w.g;
     w.for_each_chunk(TV * W, |hi, chunk, next| {
         let lanes = chunk.lanes;
@@ -74,7 +85,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
             macro_rules! tile {
                 ($($h:literal, $nv:literal);*) => {
                     match ((g - j0).min(HT), lanes.div_ceil(W)) {
-                        $(($h, $nv) => head_tile::<E, $h, $nv>(chunk, w.q, qh, p, pf),)*
+                        $(($h, $nv) => head_tile::<E, $h, $nv, CAP>(chunk, w.q, qh, p, pf, cap),)*
                         _ => unreachable!("1..=4 heads and 1..=4 vectors"),
                     }
                 };
@@ -235,16 +246,28 @@ pub(crate) fn exp2(x: float32x4_t) -> float32x4_t {
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(r), zero))
 }
 
+/// [`super::work::soft_cap`] of `s`, as the x86 paths': the `exp2` argument clamped to
+/// +-[`super::work::SOFT_CAP_ARG`], a NaN score kept.
+#[inline]
+#[target_feature(enable = "neon")]
+fn soft_cap(s: float32x4_t, c: f32) -> float32x4_t {
+    let lim = super::work::SOFT_CAP_ARG;
+    let x = vminq_f32(vmaxq_f32(vmulq_n_f32(s, 2.0 * std::f32::consts::LOG2_E / c), vdupq_n_f32(-lim)), vdupq_n_f32(lim));
+    let t = vsubq_f32(vdupq_n_f32(c), vdivq_f32(vdupq_n_f32(2.0 * c), vaddq_f32(exp2(x), vdupq_n_f32(1.0))));
+    vbslq_f32(vceqq_f32(s, s), t, s)
+}
+
 /// Scores, softmax update and V accumulation of query heads `qh..qh + H` over a chunk of
 /// `NV` token vectors (the last one possibly partial).
 #[inline]
 #[target_feature(enable = "neon")]
-fn head_tile<E: Elem, const H: usize, const NV: usize>(
+fn head_tile<E: Elem, const H: usize, const NV: usize, const CAP: bool>(
     c: &Chunk<E>,
     q: &[f32],
     qh: usize,
     p: &mut Partial,
     prefetch: Option<Ahead<E>>,
+    cap: f32,
 ) {
     let (d, bs) = (c.d, c.bs);
     // K rows are bs elements apart; the last loaded lane of the last row is
@@ -320,6 +343,7 @@ fn head_tile<E: Elem, const H: usize, const NV: usize>(
         for v in 0..NV {
             let sum = if two { vaddq_f32(s[0][j][v], s[1][j][v]) } else { s[0][j][v] };
             let sum = kscale.map_or(sum, |ks| vmulq_f32(sum, ks[v]));
+            let sum = if CAP { soft_cap(sum, cap) } else { sum };
             s[0][j][v] = vbslq_f32(valid[v], sum, neg_inf);
             mx = vmaxq_f32(mx, s[0][j][v]);
         }

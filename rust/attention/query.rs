@@ -1,6 +1,6 @@
 //! The query as the paths read it: pre-scaled by `scale * log2(e)` (`scaled_query`, and
-//! rounded to bf16 with its pairs for `bf16_scores`), quantized to int8 per row for
-//! `int8_scores` (`int8_query`, `QueryI8`), and each head tile's rows interleaved for the
+//! rounded to bf16 with its pairs for a bf16 query), quantized to int8 per row for an
+//! int8 query (`int8_query`, `QueryI8`), and each head tile's rows interleaved for the
 //! x86 score loops (`interleave_query`). Decode and prefill prepare their queries here.
 
 #[cfg(target_arch = "x86_64")]
@@ -70,7 +70,7 @@ fn interleave_tile<const H: usize>(rows: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// One query row into a 4x layout (the fp16_reduction and e4m3-table paths): vector `k`,
+/// One query row into a 4x layout (the f16-precision and e4m3-table paths): vector `k`,
 /// `4 R` elements at `out[at + k * stride ..]`, holds element `4 k + L` of `row` repeated
 /// `R` times in its lane `L` (a multiple of 4 elements; a tail of fewer is left as is).
 /// Four elements per vector as whole lanes, so each copy is a broadcast and one store (an
@@ -119,7 +119,7 @@ fn bf16_bits(x: f32) -> u16 {
     }
 }
 
-/// The int8 query of `int8_scores`, owned: see [`QueryI8`].
+/// The int8 query (`Precision { q: I8, .. }`), owned: see [`QueryI8`].
 pub(crate) struct QueryI8Buf {
     pub codes: Vec<u32>,
     pub rows: Vec<(f32, i32)>,
@@ -133,7 +133,7 @@ impl QueryI8Buf {
     }
 }
 
-/// `q` (rows of `d`) quantized per row to int8 for `int8_scores`, and the f32 query the
+/// `q` (rows of `d`) quantized per row to int8 for an int8 query, and the f32 query the
 /// paths without `vpdpbusd` read: each code times its row's factor `s_q * factor`, so
 /// every path computes the scores of the same quantized query. A row of zeros has
 /// `s_q = 0` (codes 0); a row holding a non-finite value gets codes 0 and factor NaN, so

@@ -8,7 +8,7 @@
 //! path is the exact reference on the dequantized values (the SIMD paths dequantize in
 //! registers and are tested against it).
 
-use super::work::{Partial, Work};
+use super::work::{soft_cap, Partial, Work};
 use crate::kv::Elem;
 
 pub(crate) fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
@@ -26,6 +26,9 @@ pub(crate) fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
                 for (t, s) in span.clone().zip(scores.iter_mut()) {
                     let st = ks.at(t);
                     *s = q.iter().enumerate().map(|(i, &x)| x * (kt[i * bs + t].to_f32() * st)).sum();
+                }
+                if let Some(c) = w.soft_cap {
+                    scores[..n].iter_mut().for_each(|s| *s = soft_cap(*s, c));
                 }
                 let acc = &mut p.acc[qh * d..(qh + 1) * d];
                 let vscale = |t: usize| vs.at(span.start + t);

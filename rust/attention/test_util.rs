@@ -1,8 +1,61 @@
 //! What the decode and prefill tests share: a seeded generator, cache shapes, caches filled
-//! with random K/V, and the tables that put a read on the last token of the pool.
+//! with random K/V, the tables that put a read on the last token of the pool, the
+//! options' constructors and the refusal of a precision.
 
+use super::isa::Isa;
+use super::options::{Kernel, Precision, Tuning};
 use super::tables::SeqTables;
 use crate::kv::{DType, KvCache, KvShape};
+
+/// A bf16 query, f32 probabilities: the scores from the query rounded to bf16.
+pub(crate) const BF16_QUERY: Precision = Precision { q: DType::BF16, pv: DType::F32 };
+/// An int8 query (quantized per row), f32 probabilities.
+pub(crate) const INT8_QUERY: Precision = Precision { q: DType::I8, pv: DType::F32 };
+/// f16 query and probabilities (decode on fp8 caches).
+pub(crate) const F16_PRECISION: Precision = Precision { q: DType::F16, pv: DType::F16 };
+/// An f32 query, bf16 probabilities (prefill on bf16 caches).
+pub(crate) const BF16_PV: Precision = Precision { q: DType::F32, pv: DType::BF16 };
+/// bf16 query and probabilities (prefill on bf16 caches).
+pub(crate) const BF16_QUERY_PV: Precision = Precision { q: DType::BF16, pv: DType::BF16 };
+
+/// The tuning that forces path `isa` and chooses the rest.
+pub(crate) fn on(isa: Isa) -> Tuning {
+    Tuning { isa: Some(isa), ..Tuning::default() }
+}
+
+/// The tuning of path `isa` with `split_tokens` and `kv_heads_per_item`.
+pub(crate) fn tuned(isa: Isa, split_tokens: Option<usize>, kv_heads_per_item: Option<usize>) -> Tuning {
+    Tuning { isa: Some(isa), split_tokens, kv_heads_per_item }
+}
+
+/// The valid `(q_dtype, pv_dtype)` pairs of `kernel` on a `kv` cache, as the refusal lists
+/// them (written out here, not read from the table the check uses).
+pub(crate) fn valid_pairs(kernel: Kernel, kv: DType) -> &'static str {
+    use DType::*;
+    match (kernel, kv) {
+        (_, F32 | F16) | (Kernel::Prefill, I8) => "(f32, f32)",
+        (Kernel::Decode, BF16) => "(f32, f32), (bf16, f32)",
+        (Kernel::Decode, I8) => "(f32, f32), (int8, f32)",
+        (Kernel::Decode, E4M3 | E5M2) => "(f32, f32), (bf16, f32), (f16, f16)",
+        (Kernel::Prefill, BF16) => "(f32, f32), (bf16, f32), (f32, bf16), (bf16, bf16)",
+        (Kernel::Prefill, E4M3 | E5M2) => "(f32, f32), (bf16, f32)",
+    }
+}
+
+/// The whole message refusing precision `p` for `kernel` on a `kv` cache.
+pub(crate) fn refusal(p: Precision, kernel: Kernel, kv: DType) -> String {
+    let name = match kernel {
+        Kernel::Decode => "decode",
+        Kernel::Prefill => "prefill",
+    };
+    format!(
+        "q_dtype={} with pv_dtype={} is not a {name} precision on a {} cache; valid (q_dtype, pv_dtype) there: {}",
+        p.q.name(),
+        p.pv.name(),
+        kv.name(),
+        valid_pairs(kernel, kv)
+    )
+}
 
 /// A linear congruential generator of floats in `[-1, 1)`: the same data on every run.
 pub(crate) struct Lcg(pub u64);

@@ -6,9 +6,11 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use super::decode::*;
 use super::isa::*;
+use super::options::{Kernel, Precision, Tuning};
 use super::tables::*;
-use super::test_util::{filled, last_block_case, shape, Lcg};
+use super::test_util::{filled, last_block_case, on, refusal, shape, tuned, Lcg, BF16_QUERY};
 use super::query::scaled_query;
+use super::wide::{self, Logits};
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use crate::kv::{DType, KvCache, KvShape};
@@ -78,11 +80,59 @@ pub(super) fn reference_window(
     (out, lse)
 }
 
-fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>) {
-    check_mode(shape, dtype, hq, lens, split, kpi, false)
+/// The f64 overflow fallback ([`wide::row`]) on every row: decode attention of `q` with
+/// `logits` over the keys the query at `len - 1` sees (`p - k <= window_left` or
+/// `k < sinks`): the reference of the calls with a soft cap.
+pub(super) fn wide_reference(
+    c: &KvCache,
+    q: &[f32],
+    hq: usize,
+    t: &SeqTables,
+    logits: Logits,
+    window_left: Option<usize>,
+    sinks: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let s = c.shape();
+    let (d, g) = (s.head_dim, hq / s.num_kv_heads);
+    let vis = t.select(|_, len, r| visible_keys(len, window_left, sinks, r)).unwrap();
+    let mut out = vec![f32::NAN; q.len()];
+    let mut lse = vec![f32::NAN; t.len() * hq];
+    crate::with_elem!(c.dtype(), E => {
+        let (k, v) = c.layer::<E>(0).unwrap();
+        let layer = wide::Layer { k, v, scales: c.scales(0).unwrap(), shape: s };
+        for i in 0..t.len() {
+            for h in 0..hq {
+                let row = i * hq + h;
+                let (q, out) = (&q[row * d..(row + 1) * d], &mut out[row * d..(row + 1) * d]);
+                lse[row] = wide::row(&layer, &vis, i, |_| true, q, h / g, logits, out);
+            }
+        }
+    });
+    (out.iter().map(|&x| f64::from(x)).collect(), lse.iter().map(|&x| f64::from(x)).collect())
 }
 
-fn check_mode(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
+/// The soft-cap dimension: none, one that flattens most logits, one that bends the large
+/// ones (with the larger query of [`compare`], logits reach about +-12).
+pub(super) const CAPS: [Option<f32>; 3] = [None, Some(1.5), Some(30.0)];
+
+/// One call's options besides the path.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mode {
+    split: Option<usize>,
+    kpi: Option<usize>,
+    /// Exact, or [`BF16_QUERY`] (bf16 and fp8 caches).
+    precision: Precision,
+    cap: Option<f32>,
+}
+
+impl Mode {
+    /// Exact and uncapped, with `split` tokens per split and `kpi` KV heads per item.
+    fn split(split: Option<usize>, kpi: Option<usize>) -> Mode {
+        Mode { split, kpi, ..Mode::default() }
+    }
+}
+
+fn check(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], m: Mode) {
     let c = filled(shape, dtype, (shape.head_dim * 31 + hq) as u64, 1.0);
     let bs = shape.block_size;
     // Tables run backwards from the pool's last block, so the last block is always read.
@@ -97,41 +147,50 @@ fn check_mode(shape: KvShape, dtype: DType, hq: usize, lens: &[usize], split: Op
     }
     let seq_lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
     let t = SeqTables::padded(&table, width, &seq_lens, bs, shape.num_blocks).unwrap();
-    compare_mode(&c, hq, &t, split, kpi, bf16_scores);
+    compare(&c, hq, &t, m);
 }
 
-/// Every supported path on `c` and tables `t` against the f64 reference.
-fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>) {
-    compare_mode(c, hq, t, split, kpi, false)
-}
-
-/// The query rounded to bf16 (nearest even), as `bf16_scores` uses it.
+/// The query rounded to bf16 (nearest even), as a bf16 query precision uses it.
 fn bf16_rounded(q: &[f32]) -> Vec<f32> {
     q.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
 }
 
-/// As [`compare`]; with `bf16_scores` the reference uses the bf16-rounded query (the
-/// option's semantics) and must still be met within 1e-5 of the output scale.
-fn compare_mode(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>, bf16_scores: bool) {
+/// Every supported path on `c` and tables `t` against the f64 reference, within 1e-5 of
+/// the output scale (the LSE within 1e-5 relative). With a bf16 query the reference uses
+/// the bf16-rounded query (the precision's semantics). With a soft cap the query is 4x
+/// larger (logits of standard deviation about 4) so that the cap bites, the scalar path
+/// is held to [`wide_reference`] with the same cap and every other path to the scalar
+/// one.
+fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode) {
     let (shape, dtype) = (c.shape(), c.dtype());
     let mut r = Lcg(7);
-    let q: Vec<f32> = (0..t.len() * hq * shape.head_dim).map(|_| r.next() * 3.0).collect();
-    let qr = if bf16_scores { bf16_rounded(&q) } else { q.clone() };
-    let (want, want_lse) = reference(c, &qr, hq, t, 1.0 / (shape.head_dim as f64).sqrt());
+    let amp = if m.cap.is_some() { 12.0 } else { 3.0 };
+    let q: Vec<f32> = (0..t.len() * hq * shape.head_dim).map(|_| r.next() * amp).collect();
+    let qr = if m.precision.q == DType::BF16 { bf16_rounded(&q) } else { q.clone() };
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let (mut want, mut want_lse) = match m.cap {
+        None => reference(c, &qr, hq, t, 1.0 / (shape.head_dim as f64).sqrt()),
+        Some(_) => wide_reference(c, &qr, hq, t, Logits { scale, soft_cap: m.cap }, None, 0),
+    };
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
+    let mut against = "reference";
     for isa in Isa::available() {
         let mut out = vec![f32::NAN; q.len()];
         let mut lse = vec![f32::NAN; t.len() * hq];
-        let opts = DecodeOptions { split_tokens: split, kv_heads_per_item: kpi, isa: Some(isa), bf16_scores, ..Default::default() };
+        let opts = DecodeOptions { tuning: tuned(isa, m.split, m.kpi), precision: m.precision, logits_soft_cap: m.cap, ..Default::default() };
         decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        let what = format!("{isa:?} {dtype:?} {shape:?} hq={hq} {m:?} against the {against}");
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
-            assert!(
-                (o as f64 - w).abs() <= 1e-5 * scale_out,
-                "{isa:?} {dtype:?} {shape:?} hq={hq} split={split:?} bf16_scores={bf16_scores} at {i}: {o} vs {w}"
-            );
+            assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
         }
         for (&o, &w) in lse.iter().zip(&want_lse) {
-            assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{isa:?} lse {o} vs {w}");
+            assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{what} lse {o} vs {w}");
+        }
+        if m.cap.is_some() && isa == Isa::Scalar {
+            // `Isa::available` lists the scalar path first (`neon_is_the_best_path_on_aarch64_only`).
+            want = out.iter().map(|&x| f64::from(x)).collect();
+            want_lse = lse.iter().map(|&x| f64::from(x)).collect();
+            against = "scalar path";
         }
     }
 }
@@ -141,14 +200,15 @@ fn all_paths_match_reference_over_shapes() {
     for dtype in ALL_DTYPES {
         for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 1, 64), (8, 4, 4, 80), (32, 1, 8, 96), (5, 2, 6, 7), (17, 1, 3, 256)] {
             let s = shape(bs, hkv, d, 40);
-            check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], None, None);
+            check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], Mode::default());
         }
     }
 }
 
 /// The kernel's test grid: every head dim and block size, GQA ratios 1 to 8 with 1 to 8 KV
-/// heads, f32/f16/bf16, lengths 1, one block, one past it and two blocks, unsplit and one
-/// block per split (then merged by log-sum-exp).
+/// heads, every dtype, lengths 1, one block, one past it and two blocks, unsplit and one
+/// block per split (then merged by log-sum-exp), without and with a soft cap (the 8-bit
+/// caches' AVX-512 variants among the paths: e4m3 byte tables at block size 16).
 #[test]
 fn all_paths_match_reference_over_the_issue_grid() {
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
@@ -160,8 +220,10 @@ fn all_paths_match_reference_over_the_issue_grid() {
                 k += 1;
                 let s = shape(bs, hkv, d, 24);
                 let lens = [1, bs, bs + 1, 2 * bs];
-                check(s, dtype, hq, &lens, None, None);
-                check(s, dtype, hq, &lens, Some(bs), Some(1));
+                for cap in CAPS {
+                    check(s, dtype, hq, &lens, Mode { cap, ..Mode::default() });
+                    check(s, dtype, hq, &lens, Mode { cap, ..Mode::split(Some(bs), Some(1)) });
+                }
             }
         }
     }
@@ -177,7 +239,7 @@ fn last_token_of_the_pools_last_block_is_read() {
         for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
             let (c, t, _) = last_block_case(dtype, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {
-                compare(&c, 6, &t, split, kpi);
+                compare(&c, 6, &t, Mode::split(split, kpi));
             }
         }
     }
@@ -188,7 +250,7 @@ fn empty_batch_is_a_no_op() {
     let c = filled(shape(16, 2, 64, 4), DType::F32, 5, 1.0);
     let t = SeqTables::padded(&[], 0, &[], 16, 4).unwrap();
     for isa in Isa::available() {
-        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
+        let opts = DecodeOptions { tuning: on(isa), ..Default::default() };
         decode_attention(&c, 0, &[], 4, &t, &mut [], Some(&mut []), &opts).unwrap();
     }
 }
@@ -207,7 +269,7 @@ fn x86_paths_follow_the_cpu_features_and_missing_ones_are_reported() {
         if !Isa::Avx512.supported() {
             skip_loudly("AVX-512 kernel path", "this CPU lacks avx512f/avx512bw/avx512vl; the kernel tests ran the other paths");
         } else if !has(&["avx512bf16"]) {
-            skip_loudly("vdpbf16ps scores (bf16_scores on AVX-512)", "this CPU lacks avx512_bf16; tested as on such CPUs");
+            skip_loudly("vdpbf16ps scores (a bf16 query on AVX-512)", "this CPU lacks avx512_bf16; tested as on such CPUs");
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -233,7 +295,9 @@ fn neon_is_the_best_path_on_aarch64_only() {
 fn split_and_head_grouping_agree() {
     let s = shape(16, 4, 64, 64);
     for (split, kpi) in [(Some(0), Some(1)), (Some(16), Some(2)), (Some(40), None), (None, Some(4))] {
-        check(s, DType::F32, 8, &[300, 1, 17, 0], split, kpi);
+        for cap in CAPS {
+            check(s, DType::F32, 8, &[300, 1, 17, 0], Mode { cap, ..Mode::split(split, kpi) });
+        }
     }
 }
 
@@ -251,26 +315,51 @@ fn invalid_arguments_are_errors() {
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, Some(&mut [0.0; 3]), &ok).is_err());
     let bad = DecodeOptions { scale: Some(f32::NAN), ..Default::default() };
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
-    let bad = DecodeOptions { kv_heads_per_item: Some(3), ..Default::default() };
+    let bad = DecodeOptions { tuning: Tuning { kv_heads_per_item: Some(3), ..Tuning::default() }, ..Default::default() };
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
     assert!(Isa::parse("sve").is_err());
     assert_eq!(Isa::ALL.map(|i| Isa::parse(i.name()).ok()), Isa::ALL.map(Some));
     // A path of the other architecture is an error, not a fallback.
     let foreign = if cfg!(target_arch = "aarch64") { Isa::Avx2 } else { Isa::Neon };
-    let bad = DecodeOptions { isa: Some(foreign), ..Default::default() };
+    let bad = DecodeOptions { tuning: on(foreign), ..Default::default() };
     assert!(decode_attention(&c, 0, &q, 4, &t, &mut out, None, &bad).is_err());
 }
 
+/// Logits in the thousands, without a cap and with one (whose `exp2` argument is then
+/// clamped: every logit at `+-cap`).
 #[test]
 fn large_logits_stay_finite() {
     let c = filled(shape(16, 1, 64, 8), DType::F32, 3, 1.0);
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
+    for cap in CAPS {
+        for isa in Isa::available() {
+            let mut out = vec![0f32; 64];
+            let opts = DecodeOptions { tuning: on(isa), logits_soft_cap: cap, ..Default::default() };
+            decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap();
+            assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?} cap {cap:?}");
+        }
+    }
+}
+
+/// A soft cap of 0, negative, NaN or infinite is refused on every path, the output left
+/// untouched; the smallest positive one is taken.
+#[test]
+fn soft_caps_that_are_not_finite_and_positive_are_refused() {
+    let c = filled(shape(4, 2, 8, 4), DType::F32, 1, 1.0);
+    let t = SeqTables::padded(&[0, 1], 2, &[5], 4, 4).unwrap();
+    let q = vec![0.5f32; 4 * 8];
     for isa in Isa::available() {
-        let mut out = vec![0f32; 64];
-        let opts = DecodeOptions { isa: Some(isa), ..Default::default() };
-        decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap();
-        assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
+        let mut out = vec![7f32; 4 * 8];
+        for bad in [0.0, -0.0, -1.5, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let opts = DecodeOptions { tuning: on(isa), logits_soft_cap: Some(bad), ..Default::default() };
+            let e = decode_attention(&c, 0, &q, 4, &t, &mut out, None, &opts).unwrap_err().to_string();
+            assert_eq!(e, format!("logits_soft_cap must be finite and > 0, got {bad}"), "{isa:?}");
+        }
+        assert!(out.iter().all(|&x| x == 7.0), "{isa:?}: out untouched on error");
+        let tiny = DecodeOptions { tuning: on(isa), logits_soft_cap: Some(f32::MIN_POSITIVE), ..Default::default() };
+        decode_attention(&c, 0, &q, 4, &t, &mut out, None, &tiny).unwrap();
+        assert!(out.iter().all(|x| x.is_finite()), "{isa:?}");
     }
 }
 
@@ -330,7 +419,7 @@ fn rising_scores_move_the_lazy_maximum() {
         let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
         for isa in Isa::available() {
             let (mut out, mut lse) = (vec![f32::NAN; d], vec![f32::NAN; 1]);
-            let opts = DecodeOptions { isa: Some(isa), scale: Some(0.25), ..Default::default() };
+            let opts = DecodeOptions { tuning: on(isa), scale: Some(0.25), ..Default::default() };
             decode_attention(&c, 0, &q, 1, &t, &mut out, Some(&mut lse), &opts).unwrap();
             for (&o, &w) in out.iter().zip(&want) {
                 assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} len {len}: {o} vs {w}");
@@ -341,7 +430,7 @@ fn rising_scores_move_the_lazy_maximum() {
 }
 
 
-/// Held shared by every test that runs a `bf16_scores` kernel, exclusively by the one that
+/// Held shared by every test that runs a bf16-query kernel, exclusively by the one that
 /// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run
 /// while the switch is on (it would silently test the other path).
 pub(super) static BF16_SWITCH: RwLock<()> = RwLock::new(());
@@ -351,12 +440,12 @@ pub(super) fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
 }
 
 /// The AVX-512 path without `vdpbf16ps` (a CPU with AVX-512 F/BW/VL but no BF16) keeps
-/// the `bf16_scores` semantics: its exact kernel on the rounded query.
+/// the bf16 query's semantics: its exact kernel on the rounded query.
 #[test]
-fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
+fn bf16_query_on_avx512_without_bf16_uses_the_rounded_query() {
     use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {
-        skip_loudly("bf16_scores on AVX-512 without vdpbf16ps", "this CPU lacks AVX-512");
+        skip_loudly("a bf16 query on AVX-512 without vdpbf16ps", "this CPU lacks AVX-512");
         return;
     }
     struct Off;
@@ -371,15 +460,18 @@ fn bf16_scores_on_avx512_without_bf16_use_the_rounded_query() {
     #[cfg(target_arch = "x86_64")]
     assert!(!avx512_bf16::supported(), "the switch hides vdpbf16ps");
     for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
-        check_mode(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], None, None, true);
+        let m = Mode { precision: BF16_QUERY, ..Mode::default() };
+        check(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], m);
     }
 }
 
-/// `bf16_scores`: every path (AVX-512 with `vdpbf16ps` where the CPU has avx512_bf16,
-/// the others with f32 FMAs on the rounded query) against the f64 reference of the
-/// bf16-rounded query, over the kernel's test grid, unsplit and one block per split.
+/// A bf16 query (`Precision { q: BF16, .. }`): every path (AVX-512 with `vdpbf16ps` where
+/// the CPU has avx512_bf16, the others with f32 FMAs on the rounded query) against the f64
+/// reference of the bf16-rounded query, over the kernel's test grid, unsplit and one
+/// block per split, without and with a soft cap (the `vdpbf16ps` scores go through the
+/// same tile loop, which caps them).
 #[test]
-fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
+fn bf16_query_matches_the_rounded_query_reference_over_the_issue_grid() {
     let _shared = bf16_switch_shared();
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
     let mut k = 0;
@@ -389,8 +481,11 @@ fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
             k += 1;
             let s = shape(bs, hkv, d, 24);
             let lens = [1, bs, bs + 1, 2 * bs, 2 * bs - 1];
-            check_mode(s, DType::BF16, hq, &lens, None, None, true);
-            check_mode(s, DType::BF16, hq, &lens, Some(bs), Some(1), true);
+            for cap in CAPS {
+                let m = Mode { precision: BF16_QUERY, cap, ..Mode::default() };
+                check(s, DType::BF16, hq, &lens, m);
+                check(s, DType::BF16, hq, &lens, Mode { split: Some(bs), kpi: Some(1), ..m });
+            }
         }
     }
 }
@@ -399,29 +494,33 @@ fn bf16_scores_match_the_rounded_query_reference_over_the_issue_grid() {
 /// the last KV head, block sizes 1, 8, 16 (the one-load pair path) and 32, odd head dims
 /// (the last row paired with zero) and even ones, partial chunks.
 #[test]
-fn bf16_scores_read_the_last_token_of_the_pools_last_block() {
+fn bf16_query_reads_the_last_token_of_the_pools_last_block() {
     let _shared = bf16_switch_shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 7, 64, 65, 128] {
             let (c, t, _) = last_block_case(DType::BF16, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {
-                compare_mode(&c, 6, &t, split, kpi, true);
+                compare(&c, 6, &t, Mode { precision: BF16_QUERY, ..Mode::split(split, kpi) });
             }
         }
     }
 }
 
+/// A bf16 query is refused on f32 and f16 caches (the message names the pair and lists
+/// the valid ones) and stays finite on large logits on a bf16 cache.
 #[test]
-fn bf16_scores_need_a_bf16_cache_and_stay_finite_on_large_logits() {
+fn bf16_query_needs_a_bf16_cache_and_stays_finite_on_large_logits() {
     let _shared = bf16_switch_shared();
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
-    let opts = |isa| DecodeOptions { isa: Some(isa), bf16_scores: true, ..Default::default() };
+    let opts = |isa| DecodeOptions { tuning: on(isa), precision: BF16_QUERY, ..Default::default() };
     for dtype in [DType::F32, DType::F16] {
         let c = filled(shape(16, 1, 64, 8), dtype, 3, 1.0);
         let mut out = vec![7f32; 64];
         for isa in Isa::available() {
-            assert!(decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).is_err());
+            let e = decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap_err().to_string();
+            assert_eq!(e, refusal(BF16_QUERY, Kernel::Decode, dtype));
+            assert!(e.starts_with("q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a"), "{e}");
         }
         assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
     }

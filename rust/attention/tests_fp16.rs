@@ -1,15 +1,18 @@
-//! `fp16_reduction` (fp8 caches, [`super::avx512_fp16`]) against the f64 reference on the
-//! dequantized values, within the bound the module derives: head_dims 64 to 256, GQA ratios
-//! 1 to 8 (head tiles of 1 to 4, items run in groups of KV heads), every chunk tail, windows and sinks whose first key sits
-//! inside a block, split items; values at the top of the fp8 range and large queries
-//! (the powers of two that keep the f16 sums finite); and the refusals.
+//! f16 query and probabilities (`Precision { q: F16, pv: F16 }`, fp8 caches,
+//! [`super::avx512_fp16`]) against the f64 reference on the dequantized values, within the
+//! bound the module derives: head_dims 64 to 256, GQA ratios 1 to 8 (head tiles of 1 to 4,
+//! items run in groups of KV heads), every chunk tail, windows and sinks whose first key
+//! sits inside a block, split items, a soft cap; values at the top of the fp8 range and
+//! large queries (the powers of two that keep the f16 sums finite); and the refusals.
 
 use super::avx512_fp16;
 use super::decode::{decode_attention, DecodeOptions};
 use super::isa::Isa;
+use super::options::{Kernel, Precision};
 use super::tables::SeqTables;
-use super::test_util::Lcg;
-use super::tests::reference_window;
+use super::test_util::{refusal, tuned, Lcg, F16_PRECISION};
+use super::tests::{reference_window, wide_reference, CAPS};
+use super::wide::Logits;
 use crate::kv::{DType, KvCache, KvShape};
 
 const FP8: [DType; 2] = [DType::E4M3, DType::E5M2];
@@ -73,16 +76,30 @@ fn bounds(c: &KvCache, q: &[f32], hq: usize, t: &SeqTables, keys: &dyn Fn(usize)
     out
 }
 
-/// Every path with and without `fp16_reduction` against the reference: the exact path
-/// within 1e-5 of the output scale, the f16 one within [`bounds`]. Returns the largest
-/// deviation of the f16 path from the exact one over the output scale.
-#[allow(clippy::too_many_arguments)]
-fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, wl: Option<usize>, sinks: usize, split: Option<usize>, seed: u64) -> f64 {
+/// One call's options besides the path and the precision.
+#[derive(Clone, Copy, Default)]
+struct Mode {
+    window_left: Option<usize>,
+    sinks: usize,
+    split: Option<usize>,
+    cap: Option<f32>,
+}
+
+/// Every path with the exact precision and with [`F16_PRECISION`] against the reference
+/// (with a soft cap, [`wide_reference`] with the same cap: the cap is 1-Lipschitz, so the
+/// scores' bound holds after it): the exact precision within 1e-5 of the output scale, the
+/// f16 one within [`bounds`]. Returns the largest deviation of the f16 precision from the
+/// reference over the output scale.
+fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, m: Mode, seed: u64) -> f64 {
+    let Mode { window_left: wl, sinks, split, cap } = m;
     let s = c.shape();
     let d = s.head_dim;
     let mut r = Lcg(seed);
     let q: Vec<f32> = (0..t.len() * hq * d).map(|_| q_amp * r.next()).collect();
-    let (want, want_lse) = reference_window(c, &q, hq, t, 1.0 / (d as f64).sqrt(), wl, sinks);
+    let (want, want_lse) = match cap {
+        None => reference_window(c, &q, hq, t, 1.0 / (d as f64).sqrt(), wl, sinks),
+        Some(_) => wide_reference(c, &q, hq, t, Logits { scale: 1.0 / (d as f32).sqrt(), soft_cap: cap }, wl, sinks),
+    };
     let keys = |i: usize| {
         let len = t.seq_len(i);
         (0..len).filter(|&k| k < sinks || wl.is_none_or(|w| len - 1 - k <= w)).collect::<Vec<_>>()
@@ -93,16 +110,16 @@ fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, wl: Option<usize>,
     for isa in Isa::available() {
         for fp16 in [false, true] {
             let opts = DecodeOptions {
-                isa: Some(isa),
-                split_tokens: split,
+                tuning: tuned(isa, split, None),
                 window_left: wl,
                 sink_tokens: sinks,
-                fp16_reduction: fp16,
+                logits_soft_cap: cap,
+                precision: if fp16 { F16_PRECISION } else { Precision::EXACT },
                 ..Default::default()
             };
             let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; t.len() * hq]);
             decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
-            let what = format!("{isa:?} {:?} d={d} hq={hq} fp16={fp16} wl={wl:?} sinks={sinks} split={split:?}", c.dtype());
+            let what = format!("{isa:?} {:?} d={d} hq={hq} fp16={fp16} wl={wl:?} sinks={sinks} split={split:?} cap={cap:?}", c.dtype());
             for (row, (b, b_lse)) in bound.iter().enumerate() {
                 let tol = if fp16 { b + 1e-5 * scale_out } else { 1e-5 * scale_out };
                 for x in 0..d {
@@ -124,7 +141,7 @@ fn compare(c: &KvCache, t: &SeqTables, hq: usize, q_amp: f32, wl: Option<usize>,
 /// Head dims 64 to 256, GQA ratios 1 to 8, chunk tails 1..16 and several chunks, both
 /// fp8 formats, unsplit and split; a sequence of 19 blocks.
 #[test]
-fn fp16_reduction_is_within_its_bound_of_the_reference() {
+fn f16_precision_is_within_its_bound_of_the_reference() {
     let lens = [1, 7, 16, 17, 31, 100, 300];
     for dtype in FP8 {
         // (128, 4, 4) and (64, 3, 8): items of more KV heads than one group of query vectors
@@ -132,7 +149,7 @@ fn fp16_reduction_is_within_its_bound_of_the_reference() {
         for (d, hkv, g) in [(64, 2, 1), (128, 2, 2), (128, 1, 3), (128, 2, 4), (192, 1, 4), (256, 1, 2), (128, 1, 8), (128, 4, 4), (64, 3, 8)] {
             let (c, t) = case(dtype, d, hkv, &lens, 1.0, d as u64 + g as u64);
             for split in [None, Some(16)] {
-                compare(&c, &t, hkv * g, 2.0, None, 0, split, 3);
+                compare(&c, &t, hkv * g, 2.0, Mode { split, ..Mode::default() }, 3);
             }
         }
     }
@@ -141,17 +158,33 @@ fn fp16_reduction_is_within_its_bound_of_the_reference() {
 /// A window whose first visible key sits inside a block (a chunk starting mid-tile, a
 /// masked K load) with sinks.
 #[test]
-fn fp16_reduction_honours_windows_and_sinks() {
+fn f16_precision_honours_windows_and_sinks() {
     for dtype in FP8 {
         let (c, t) = case(dtype, 128, 2, &[90, 61, 33], 1.0, 5);
         for (wl, sinks) in [(Some(20), 0), (Some(37), 3), (Some(5), 16)] {
-            compare(&c, &t, 8, 2.0, wl, sinks, None, 7);
+            compare(&c, &t, 8, 2.0, Mode { window_left: wl, sinks, ..Mode::default() }, 7);
         }
         // Items in head groups (g = 4, 4 KV heads: `Work::in_head_groups`) whose window's
         // first key sits inside a block, over 12-16 blocks.
         let (c, t) = case(dtype, 128, 4, &[400, 61], 1.0, 6);
         for (wl, sinks) in [(Some(230), 0), (Some(181), 5)] {
-            compare(&c, &t, 16, 2.0, wl, sinks, None, 8);
+            compare(&c, &t, 16, 2.0, Mode { window_left: wl, sinks, ..Mode::default() }, 8);
+        }
+    }
+}
+
+/// With a soft cap (queries at 12: logits of standard deviation about 4), head tiles of 1
+/// to 4 heads, items in head groups, a window starting inside a block with sinks, splits.
+#[test]
+fn f16_precision_with_a_soft_cap_is_within_its_bound() {
+    for dtype in FP8 {
+        for (d, hkv, g) in [(64, 2, 1), (128, 2, 3), (128, 4, 4)] {
+            let (c, t) = case(dtype, d, hkv, &[1, 17, 90, 300], 1.0, 21 + d as u64);
+            for cap in CAPS.into_iter().skip(1) {
+                compare(&c, &t, hkv * g, 12.0, Mode { cap, ..Mode::default() }, 23);
+                let m = Mode { window_left: Some(37), sinks: 3, split: Some(16), cap };
+                compare(&c, &t, hkv * g, 12.0, m, 24);
+            }
         }
     }
 }
@@ -160,11 +193,11 @@ fn fp16_reduction_honours_windows_and_sinks() {
 /// scales put the largest key at the top code) and the queries are 1,000x, so without
 /// the powers of two the f16 sums would overflow; the result stays within the bound.
 #[test]
-fn fp16_reduction_keeps_large_sums_finite() {
+fn f16_precision_keeps_large_sums_finite() {
     for dtype in FP8 {
         for (k_amp, q_amp) in [(1000.0, 1000.0), (1e-3, 1e4), (30.0, 0.01)] {
             let (c, t) = case(dtype, 128, 1, &[64, 50], k_amp, 9);
-            compare(&c, &t, 4, q_amp, None, 0, None, 11);
+            compare(&c, &t, 4, q_amp, Mode::default(), 11);
         }
     }
 }
@@ -173,31 +206,44 @@ fn fp16_reduction_keeps_large_sums_finite() {
 /// its typical error on uniform data is far below the bound: under 2e-3 of the output
 /// scale.
 #[test]
-fn fp16_reduction_runs_where_the_cpu_has_it() {
+fn f16_precision_runs_where_the_cpu_has_it() {
     if !f16_here() {
         eprintln!("SKIPPED: no avx512fp16");
         return;
     }
     for dtype in FP8 {
         let (c, t) = case(dtype, 128, 2, &[300, 129], 1.0, 13);
-        let worst = compare(&c, &t, 8, 2.0, None, 0, None, 17);
+        let worst = compare(&c, &t, 8, 2.0, Mode::default(), 17);
         assert!(worst > 0.0 && worst < 2e-3, "{dtype:?}: {worst}");
     }
 }
 
-/// Refused on other caches and with `bf16_scores`; the output is not written.
+/// Refused on other caches, and on fp8 caches with a bf16 query and f16 probabilities
+/// (no such precision); the message names the pair and lists the valid ones, the output
+/// is not written.
 #[test]
-fn fp16_reduction_needs_an_fp8_cache_and_no_bf16_scores() {
+fn f16_precision_needs_an_fp8_cache_and_bf16_with_f16_is_refused() {
     let s = KvShape { num_layers: 1, num_blocks: 2, block_size: 16, num_kv_heads: 1, head_dim: 64 };
     let t = SeqTables::padded(&[0], 1, &[3], 16, 2).unwrap();
     let q = vec![0.5f32; 64];
-    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I8, DType::E4M3] {
+    let bf16_f16 = Precision { q: DType::BF16, pv: DType::F16 };
+    let cases = [
+        (DType::F32, F16_PRECISION),
+        (DType::F16, F16_PRECISION),
+        (DType::BF16, F16_PRECISION),
+        (DType::I8, F16_PRECISION),
+        (DType::E4M3, bf16_f16),
+        (DType::E5M2, bf16_f16),
+    ];
+    for (dtype, precision) in cases {
         let c = KvCache::new(s, dtype).unwrap();
-        let bf16 = dtype == DType::E4M3;
-        let opts = DecodeOptions { fp16_reduction: true, bf16_scores: bf16, ..Default::default() };
+        let opts = DecodeOptions { precision, ..Default::default() };
         let mut out = vec![7f32; 64];
         let e = decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts).unwrap_err().to_string();
-        assert!(e.contains("fp16_reduction"), "{dtype:?}: {e}");
+        assert_eq!(e, refusal(precision, Kernel::Decode, dtype));
         assert!(out.iter().all(|&x| x == 7.0));
     }
+    let ok = DecodeOptions { precision: F16_PRECISION, ..Default::default() };
+    let mut out = vec![7f32; 64];
+    decode_attention(&KvCache::new(s, DType::E5M2).unwrap(), 0, &q, 1, &t, &mut out, None, &ok).unwrap();
 }

@@ -1,21 +1,24 @@
-//! `int8_scores`: every path (AVX-512 with `vpdpbusd` where the CPU has avx512_vnni, the
-//! others with f32 FMAs on the dequantized quantized query) against the f64 reference of
-//! the quantized query, at the bounds of the `vpdpbusd` loads (every chunk tail 1..16,
-//! head dims that are not a multiple of 4 or 64, block sizes 1 to 32, the last token of
-//! the pool's last block), head groups 1 to 8, splits and windows; and against the exact
-//! query, within the documented bound.
+//! An int8 query (`Precision { q: I8, pv: F32 }`): every path (AVX-512 with `vpdpbusd`
+//! where the CPU has avx512_vnni, the others with f32 FMAs on the dequantized quantized
+//! query) against the f64 reference of the quantized query, at the bounds of the
+//! `vpdpbusd` loads (every chunk tail 1..16, head dims that are not a multiple of 4 or 64,
+//! block sizes 1 to 32, the last token of the pool's last block), head groups 1 to 8,
+//! splits and windows, with a soft cap; and against the exact query, within the
+//! documented bound.
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use super::decode::*;
 use super::isa::*;
+use super::options::Kernel;
 use super::tables::*;
-use super::test_util::{filled, last_block_case, shape, Lcg};
-use super::tests::reference_window;
+use super::test_util::{filled, last_block_case, on, refusal, shape, tuned, Lcg, INT8_QUERY};
+use super::tests::{reference_window, wide_reference, CAPS};
 use super::query::int8_query;
+use super::wide::Logits;
 use crate::kv::{DType, KvCache};
 
-/// Held shared by every test that runs an `int8_scores` kernel, exclusively by the one
+/// Held shared by every test that runs an int8-query kernel, exclusively by the one
 /// that hides VNNI (a process-wide switch: none may run while it is on).
 static VNNI_SWITCH: RwLock<()> = RwLock::new(());
 
@@ -33,21 +36,38 @@ fn query(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.next() * 3.0).collect()
 }
 
-/// Every path with `int8_scores` on `c`, tables `t`, against the f64 reference of the
-/// quantized query, within 1e-5 of the output scale (LSE within 1e-5 relative).
-fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Option<usize>, window: Option<usize>, sinks: usize) {
+/// Every path with an int8 query on `c`, tables `t`, against the f64 reference of the
+/// quantized query, within 1e-5 of the output scale (LSE within 1e-5 relative); with a
+/// soft cap, the query 4x larger (so that the cap bites) and [`wide_reference`] with the
+/// same cap.
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    c: &KvCache,
+    hq: usize,
+    t: &SeqTables,
+    split: Option<usize>,
+    kpi: Option<usize>,
+    window: Option<usize>,
+    sinks: usize,
+    cap: Option<f32>,
+) {
     let d = c.shape().head_dim;
-    let q = query(t.len() * hq * d, (d * 13 + hq) as u64);
-    let (want, want_lse) = reference_window(c, &quantized(&q, d), hq, t, 1.0 / (d as f64).sqrt(), window, sinks);
+    let mut q = query(t.len() * hq * d, (d * 13 + hq) as u64);
+    if cap.is_some() {
+        q.iter_mut().for_each(|x| *x *= 4.0);
+    }
+    let (want, want_lse) = match cap {
+        None => reference_window(c, &quantized(&q, d), hq, t, 1.0 / (d as f64).sqrt(), window, sinks),
+        Some(_) => wide_reference(c, &quantized(&q, d), hq, t, Logits { scale: 1.0 / (d as f32).sqrt(), soft_cap: cap }, window, sinks),
+    };
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         let mut out = vec![f32::NAN; q.len()];
         let mut lse = vec![f32::NAN; t.len() * hq];
         let opts = DecodeOptions {
-            split_tokens: split,
-            kv_heads_per_item: kpi,
-            isa: Some(isa),
-            int8_scores: true,
+            tuning: tuned(isa, split, kpi),
+            precision: INT8_QUERY,
+            logits_soft_cap: cap,
             window_left: window,
             sink_tokens: sinks,
             ..Default::default()
@@ -55,7 +75,10 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, split: Option<usize>, kpi: Opt
         decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             let s = c.shape();
-            assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{isa:?} {s:?} hq={hq} split={split:?} win={window:?} at {i}: {o} vs {w}");
+            assert!(
+                (o as f64 - w).abs() <= 1e-5 * scale_out,
+                "{isa:?} {s:?} hq={hq} split={split:?} win={window:?} cap={cap:?} at {i}: {o} vs {w}"
+            );
         }
         for (&o, &w) in lse.iter().zip(&want_lse) {
             assert!(o as f64 == w || (o as f64 - w).abs() <= 1e-5 * w.abs().max(1.0), "{isa:?} lse {o} vs {w}");
@@ -99,7 +122,7 @@ fn int8_query_rounds_half_even_per_row_and_packs_four_codes() {
 /// offset 0 and mid-block with splits of one block), head dims with 1-3 rows in the last
 /// quad and not multiples of 64, head groups 1, 2, 4 and 8 (and 3, 5: tiles of 1-4 heads).
 #[test]
-fn int8_scores_match_the_quantized_query_reference_over_the_grid() {
+fn int8_query_matches_the_quantized_query_reference_over_the_grid() {
     let _shared = shared();
     let heads = [(2, 2), (1, 2), (2, 8), (1, 8), (1, 3), (2, 16), (1, 5), (4, 4)];
     let mut k = 0;
@@ -110,21 +133,37 @@ fn int8_scores_match_the_quantized_query_reference_over_the_grid() {
             let c = filled(shape(bs, hkv, d, 24), DType::I8, (d * 31 + bs) as u64, 1.0);
             let lens: Vec<usize> = if bs == 16 { (1..=17).chain([32, 33, 47]).collect() } else { vec![1, bs, bs + 1, 2 * bs - 1, 3 * bs] };
             let t = tables(&lens, bs, 24);
-            compare(&c, hq, &t, None, None, None, 0);
-            compare(&c, hq, &t, Some(bs), Some(1), None, 0);
+            compare(&c, hq, &t, None, None, None, 0, None);
+            compare(&c, hq, &t, Some(bs), Some(1), None, 0, None);
         }
     }
 }
 
 #[test]
-fn int8_scores_with_windows_and_sinks() {
+fn int8_query_with_windows_and_sinks() {
     let _shared = shared();
     for (bs, d, hkv, hq) in [(16, 128, 2, 8), (8, 65, 1, 1), (16, 64, 4, 4), (32, 7, 1, 2)] {
         let c = filled(shape(bs, hkv, d, 40), DType::I8, d as u64, 1.0);
         let t = tables(&[5 * bs + 3, 3 * bs, 2 * bs + 9], bs, 40);
         for (w, sinks) in [(Some(0), 0), (Some(bs + 2), 0), (Some(2 * bs - 1), 3), (None, 4)] {
-            compare(&c, hq, &t, None, None, w, sinks);
-            compare(&c, hq, &t, Some(bs), Some(1), w, sinks);
+            compare(&c, hq, &t, None, None, w, sinks, None);
+            compare(&c, hq, &t, Some(bs), Some(1), w, sinks, None);
+        }
+    }
+}
+
+/// With a soft cap: the `vpdpbusd` scores (where the CPU has avx512_vnni) and the FMA
+/// paths' go through the tile loop's cap, head groups 1 to 8, block sizes 8 to 32 (a
+/// tile's chunks two at a time at 32), a head_dim tail, a window with sinks, splits.
+#[test]
+fn int8_query_with_a_soft_cap() {
+    let _shared = shared();
+    for (bs, d, hkv, hq) in [(16, 128, 2, 8), (8, 65, 1, 1), (32, 64, 2, 4), (16, 7, 1, 5)] {
+        let c = filled(shape(bs, hkv, d, 40), DType::I8, (d + bs) as u64, 1.0);
+        let t = tables(&[5 * bs + 3, 3 * bs, 2 * bs + 9, 1], bs, 40);
+        for cap in CAPS.into_iter().skip(1) {
+            compare(&c, hq, &t, None, None, None, 0, cap);
+            compare(&c, hq, &t, Some(bs), Some(1), Some(bs + 2), 3, cap);
         }
     }
 }
@@ -132,25 +171,25 @@ fn int8_scores_with_windows_and_sinks() {
 /// The `vpdpbusd` loads at their bounds: the last token of the pool's last block through
 /// the last KV head, any head dim tail, partial chunks.
 #[test]
-fn int8_scores_read_the_last_token_of_the_pools_last_block() {
+fn int8_query_reads_the_last_token_of_the_pools_last_block() {
     let _shared = shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 4, 5, 64, 65, 128] {
             let (c, t, _) = last_block_case(DType::I8, bs, d, 1.0);
-            compare(&c, 6, &t, None, None, None, 0);
-            compare(&c, 6, &t, Some(1), Some(1), None, 0);
+            compare(&c, 6, &t, None, None, None, 0, None);
+            compare(&c, 6, &t, Some(1), Some(1), None, 0, None);
         }
     }
 }
 
-/// The AVX-512 path without `vpdpbusd` keeps the `int8_scores` semantics: its exact
+/// The AVX-512 path without `vpdpbusd` keeps the int8 query's semantics: its exact
 /// kernel on the dequantized quantized query.
 #[test]
 #[cfg(target_arch = "x86_64")]
-fn int8_scores_on_avx512_without_vnni_use_the_quantized_query() {
+fn int8_query_on_avx512_without_vnni_uses_the_quantized_query() {
     use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {
-        eprintln!("SKIPPED int8_scores on AVX-512 without VNNI: this CPU lacks AVX-512");
+        eprintln!("SKIPPED an int8 query on AVX-512 without VNNI: this CPU lacks AVX-512");
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -168,7 +207,7 @@ fn int8_scores_on_avx512_without_vnni_use_the_quantized_query() {
         assert!(!supported(), "the switch hides vpdpbusd");
         for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
             let c = filled(shape(bs, hkv, d, 24), DType::I8, 9, 1.0);
-            compare(&c, hq, &tables(&[1, bs, bs + 1, 2 * bs], bs, 24), None, None, None, 0);
+            compare(&c, hq, &tables(&[1, bs, bs + 1, 2 * bs], bs, 24), None, None, None, 0, None);
         }
     }
 }
@@ -178,7 +217,7 @@ fn int8_scores_on_avx512_without_vnni_use_the_quantized_query() {
 /// `(exp(2 D) - 1) max|V'|`, the LSE by at most `D` (plus f32 rounding, 1e-5 of the
 /// output scale). Also on keys 20x larger in a quarter of the channels.
 #[test]
-fn int8_scores_stay_within_the_documented_bound_of_the_exact_query() {
+fn int8_query_stays_within_the_documented_bound_of_the_exact_query() {
     let _shared = shared();
     let (bs, hkv, hq, d) = (16, 2, 8, 128);
     for gain in [1.0f32, 20.0] {
@@ -201,7 +240,7 @@ fn int8_scores_stay_within_the_documented_bound_of_the_exact_query() {
         for isa in Isa::available() {
             let mut out = vec![0f32; q.len()];
             let mut lse = vec![0f32; 3 * hq];
-            let opts = DecodeOptions { isa: Some(isa), int8_scores: true, ..Default::default() };
+            let opts = DecodeOptions { tuning: on(isa), precision: INT8_QUERY, ..Default::default() };
             decode_attention(&c, 0, &q, hq, &t, &mut out, Some(&mut lse), &opts).unwrap();
             let mut worst = 0f64;
             for row in 0..3 * hq {
@@ -223,16 +262,17 @@ fn int8_scores_stay_within_the_documented_bound_of_the_exact_query() {
 }
 
 #[test]
-fn int8_scores_need_an_int8_cache_and_leave_out_untouched() {
+fn int8_query_needs_an_int8_cache_and_leaves_out_untouched() {
     let _shared = shared();
-    check_int8_only_option("int8_scores needs an int8 cache", |isa| DecodeOptions { isa: Some(isa), int8_scores: true, ..Default::default() }, true);
+    let opts = |isa| DecodeOptions { tuning: on(isa), precision: INT8_QUERY, ..Default::default() };
+    check_int8_only_option(|dtype| refusal(INT8_QUERY, Kernel::Decode, dtype), opts, true);
 }
 
-/// An option for int8 caches only (`opts` per path): every other cache refused with
-/// `refusal` in the message and `out` untouched; on an int8 cache large logits stay
+/// An option for int8 caches only (`opts` per path): every other cache refused with the
+/// message `refusal(dtype)` and `out` untouched; on an int8 cache large logits stay
 /// finite and a NaN in the query gives NaN where the exact path does (with `same_values`,
 /// the exact path's values everywhere else too).
-pub(super) fn check_int8_only_option(refusal: &str, opts: impl Fn(Isa) -> DecodeOptions, same_values: bool) {
+pub(super) fn check_int8_only_option(refusal: impl Fn(DType) -> String, opts: impl Fn(Isa) -> DecodeOptions, same_values: bool) {
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::E4M3, DType::E5M2] {
@@ -240,7 +280,7 @@ pub(super) fn check_int8_only_option(refusal: &str, opts: impl Fn(Isa) -> Decode
         let mut out = vec![7f32; 64];
         for isa in Isa::available() {
             let e = decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap_err();
-            assert!(e.to_string().contains(refusal), "{e}");
+            assert_eq!(e.to_string(), refusal(dtype));
         }
         assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
     }
@@ -252,7 +292,7 @@ pub(super) fn check_int8_only_option(refusal: &str, opts: impl Fn(Isa) -> Decode
         decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap();
         assert!(out.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5), "{isa:?}");
         let mut exact = vec![0f32; 64];
-        let plain = DecodeOptions { isa: Some(isa), ..Default::default() };
+        let plain = DecodeOptions { tuning: on(isa), ..Default::default() };
         decode_attention(&c, 0, &qn, 1, &t, &mut exact, None, &plain).unwrap();
         decode_attention(&c, 0, &qn, 1, &t, &mut out, None, &opts(isa)).unwrap();
         let same = |a: &f32, b: &f32| if same_values { a == b || (a.is_nan() && b.is_nan()) } else { a.is_nan() == b.is_nan() };

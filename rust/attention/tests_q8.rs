@@ -2,14 +2,16 @@
 //! NEON under qemu) against the f64 reference on the dequantized values, within 1e-5 of
 //! the output scale: every tail length 1..16 of a chunk, GQA ratios 1, 2, 4 and 8, block
 //! sizes 1 to 64, unsplit and split, and windows with sinks whose first visible key sits
-//! inside a block (a chunk that starts mid-tile reads the scales of its own tokens). The
-//! keys no query sees hold large values, so reading one would move the output.
+//! inside a block (a chunk that starts mid-tile reads the scales of its own tokens), and
+//! with a soft cap. The keys no query sees hold large values, so reading one would move
+//! the output.
 
 use super::decode::{decode_attention, DecodeOptions};
 use super::isa::Isa;
 use super::tables::SeqTables;
-use super::test_util::{shape, Lcg};
-use super::tests::reference_window;
+use super::test_util::{shape, tuned, Lcg};
+use super::tests::{reference_window, wide_reference, CAPS};
+use super::wide::Logits;
 use crate::kv::{DType, KvCache, KvShape};
 
 const Q8: [DType; 3] = [DType::I8, DType::E4M3, DType::E5M2];
@@ -52,20 +54,25 @@ fn case(s: KvShape, dtype: DType, lens: &[usize], wl: Option<usize>, sinks: usiz
 }
 
 /// Every available path, with `splits` (split tokens, KV heads per item), against the
-/// f64 reference over the visible keys.
-fn compare(c: &KvCache, t: &SeqTables, hq: usize, wl: Option<usize>, sinks: usize, splits: &[(Option<usize>, Option<usize>)]) {
+/// f64 reference over the visible keys; with a soft cap `cap`, the query 4x larger (so
+/// that the cap bites) against [`wide_reference`] with the same cap.
+fn compare(c: &KvCache, t: &SeqTables, hq: usize, wl: Option<usize>, sinks: usize, splits: &[(Option<usize>, Option<usize>)], cap: Option<f32>) {
     let s = c.shape();
     let n = t.len();
     let mut r = Lcg(17);
-    let q: Vec<f32> = (0..n * hq * s.head_dim).map(|_| r.next() * 2.0).collect();
-    let (want, want_lse) = reference_window(c, &q, hq, t, 1.0 / (s.head_dim as f64).sqrt(), wl, sinks);
+    let amp = if cap.is_some() { 8.0 } else { 2.0 };
+    let q: Vec<f32> = (0..n * hq * s.head_dim).map(|_| r.next() * amp).collect();
+    let (want, want_lse) = match cap {
+        None => reference_window(c, &q, hq, t, 1.0 / (s.head_dim as f64).sqrt(), wl, sinks),
+        Some(_) => wide_reference(c, &q, hq, t, Logits { scale: 1.0 / (s.head_dim as f32).sqrt(), soft_cap: cap }, wl, sinks),
+    };
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         for &(split, kpi) in splits {
-            let opts = DecodeOptions { isa: Some(isa), split_tokens: split, kv_heads_per_item: kpi, window_left: wl, sink_tokens: sinks, ..Default::default() };
+            let opts = DecodeOptions { tuning: tuned(isa, split, kpi), logits_soft_cap: cap, window_left: wl, sink_tokens: sinks, ..Default::default() };
             let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; n * hq]);
             decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
-            let what = format!("{isa:?} {:?} {s:?} hq={hq} wl={wl:?} sinks={sinks} split={split:?} kpi={kpi:?}", c.dtype());
+            let what = format!("{isa:?} {:?} {s:?} hq={hq} wl={wl:?} sinks={sinks} split={split:?} kpi={kpi:?} cap={cap:?}", c.dtype());
             for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                 assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
             }
@@ -92,7 +99,7 @@ fn every_tail_and_gqa_ratio_match_the_dequantized_reference() {
                 let lens: Vec<usize> = (1..=16).chain([bs + 1, 2 * bs + 5]).collect();
                 let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
                 let (c, t) = case(shape(bs, hkv, d, nb), dtype, &lens, None, 0, (bs * 13 + g) as u64);
-                compare(&c, &t, hkv * g, None, 0, &splits);
+                compare(&c, &t, hkv * g, None, 0, &splits, None);
             }
         }
     }
@@ -110,7 +117,7 @@ fn windows_and_sinks_read_the_scales_of_their_own_tokens() {
                     let lens: [usize; 6] = [1, 2, bs, 3 * bs + 2, 7 * bs + 5, 70];
                     let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
                     let (c, t) = case(shape(bs, hkv, d, nb), dtype, &lens, wl, sinks, (bs * 7 + d) as u64);
-                    compare(&c, &t, hkv * g, wl, sinks, &splits);
+                    compare(&c, &t, hkv * g, wl, sinks, &splits, None);
                 }
             }
         }
@@ -132,10 +139,10 @@ fn whole_vector_and_full_chunk_paths_match_at_their_bounds() {
                 let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
                 let seed = (g * 31 + bs * 7 + d) as u64;
                 let (c, t) = case(shape(bs, 1, d, nb), dtype, &lens, None, 0, seed);
-                compare(&c, &t, g, None, 0, &splits);
+                compare(&c, &t, g, None, 0, &splits, None);
                 if g % 3 == 1 {
                     let (c, t) = case(shape(bs, 1, d, nb), dtype, &lens, Some(bs + 2), 1, seed + 1);
-                    compare(&c, &t, g, Some(bs + 2), 1, &splits);
+                    compare(&c, &t, g, Some(bs + 2), 1, &splits, None);
                 }
             }
         }
@@ -156,10 +163,10 @@ fn pairs_of_chunks_in_a_tile_match_the_dequantized_reference() {
             let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
             let seed = (bs * 5 + d + g) as u64;
             let (c, t) = case(shape(bs, 2, d, nb), dtype, &lens, None, 0, seed);
-            compare(&c, &t, 2 * g, None, 0, &splits);
+            compare(&c, &t, 2 * g, None, 0, &splits, None);
             for (wl, sinks) in [(Some(5), 0), (Some(bs + 9), 1), (Some(2 * bs - 17), bs / 2 + 3)] {
                 let (c, t) = case(shape(bs, 2, d, nb), dtype, &lens, wl, sinks, seed + 1);
-                compare(&c, &t, 2 * g, wl, sinks, &splits);
+                compare(&c, &t, 2 * g, wl, sinks, &splits, None);
             }
         }
     }
@@ -188,9 +195,9 @@ fn e4m3_without_the_byte_tables_matches_the_reference() {
             let nb = lens.iter().map(|l| l.div_ceil(16)).sum::<usize>() + 1;
             let seed = (g * 17 + d) as u64;
             let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, None, 0, seed);
-            compare(&c, &t, 2 * g, None, 0, &splits);
+            compare(&c, &t, 2 * g, None, 0, &splits, None);
             let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, Some(19), 1, seed + 1);
-            compare(&c, &t, 2 * g, Some(19), 1, &splits);
+            compare(&c, &t, 2 * g, Some(19), 1, &splits, None);
         }
     }
 }
@@ -208,11 +215,34 @@ fn e4m3_items_of_many_kv_heads_run_in_groups() {
         let lens: Vec<usize> = vec![1, 16, 33, 70, 300];
         let nb = lens.iter().map(|l| l.div_ceil(16)).sum::<usize>() + 1;
         let (c, t) = case(shape(16, hkv, 128, nb), DType::E4M3, &lens, None, 0, (hkv * 7 + g) as u64);
-        compare(&c, &t, hkv * g, None, 0, &splits);
+        compare(&c, &t, hkv * g, None, 0, &splits, None);
         for (i, wl) in [21, 150].into_iter().enumerate() {
             let seed = (hkv * 7 + g + 1 + i) as u64;
             let (c, t) = case(shape(16, hkv, 128, nb), DType::E4M3, &lens, Some(wl), 2, seed);
-            compare(&c, &t, hkv * g, Some(wl), 2, &splits);
+            compare(&c, &t, hkv * g, Some(wl), 2, &splits, None);
+        }
+    }
+}
+
+/// With a soft cap (keys at 2x, the query 4x larger: logits of standard deviation about
+/// 5), on every 8-bit cache: the AVX-512 whole-vector `P V` and full-chunk K loads
+/// (head_dim 128 and 64, block size 16: the e4m3 byte tables where the CPU has VBMI),
+/// pairs of chunks (block size 32, 48), the masked fallback (head_dim 7, block size 5),
+/// tiles of 1 to 4 + 1 heads, windows with sinks and splits.
+#[test]
+fn soft_caps_on_8bit_caches_match_the_capped_reference() {
+    let splits = [(None, None), (Some(1), Some(1))];
+    for dtype in Q8 {
+        for (bs, d, g) in [(16, 128, 1), (16, 64, 4), (32, 64, 2), (48, 128, 5), (5, 7, 3)] {
+            let lens: Vec<usize> = (1..=3 * bs).step_by(7).chain([bs, 2 * bs - 1]).collect();
+            let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+            let seed = (bs * 3 + d + g) as u64;
+            let (c, t) = case(shape(bs, 2, d, nb), dtype, &lens, None, 0, seed);
+            let (cw, tw) = case(shape(bs, 2, d, nb), dtype, &lens, Some(bs + 3), 2, seed + 1);
+            for cap in CAPS.into_iter().skip(1) {
+                compare(&c, &t, 2 * g, None, 0, &splits, cap);
+                compare(&cw, &tw, 2 * g, Some(bs + 3), 2, &splits, cap);
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 use super::decode::{decode_attention, DecodeOptions};
 use super::isa::Isa;
 use super::tables::SeqTables;
-use super::test_util::{shape, Lcg};
+use super::test_util::{shape, tuned, Lcg};
 use super::tests::reference_window;
 use crate::kv::{DType, KvCache};
 
@@ -99,7 +99,7 @@ fn compare(c: &Case, hq: usize, wl: Option<usize>, sinks: usize) {
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         for (split, kpi) in [(None, None), (Some(1), Some(1)), (Some(2 * s.block_size + 1), None)] {
-            let opts = DecodeOptions { isa: Some(isa), split_tokens: split, kv_heads_per_item: kpi, window_left: wl, sink_tokens: sinks, ..Default::default() };
+            let opts = DecodeOptions { tuning: tuned(isa, split, kpi), window_left: wl, sink_tokens: sinks, ..Default::default() };
             let run = |t: &SeqTables| {
                 let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; n * hq]);
                 decode_attention(&c.cache, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();

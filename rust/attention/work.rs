@@ -27,22 +27,27 @@ pub(crate) struct Work<'a, E> {
     pub ntok: usize,
     pub heads: Range<usize>,
     pub q: &'a [f32],
-    /// With `bf16_scores`: the same query rows rounded to bf16, unscaled, two dimensions
-    /// per `u32` (`d.div_ceil(2)` per row, even dimension in the low half, an odd
-    /// `head_dim`'s last pair completed by +0), and the factor `scale * log2(e)` that
-    /// `q` carries. The `vdpbf16ps` path reads these; the others read `q`, which then
-    /// holds the rounded query times that factor.
+    /// With a bf16 query (`Precision { q: BF16, .. }`): the same query rows rounded to
+    /// bf16, unscaled, two dimensions per `u32` (`d.div_ceil(2)` per row, even dimension
+    /// in the low half, an odd `head_dim`'s last pair completed by +0), and the factor
+    /// `scale * log2(e)` that `q` carries. The `vdpbf16ps` path reads these; the others
+    /// read `q`, which then holds the rounded query times that factor.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_bf16: Option<(&'a [u32], f32)>,
-    /// With `int8_scores` (int8 caches): the item's query rows quantized to int8
-    /// ([`QueryI8`]); `q` then holds the dequantized quantized query (code times the row's
-    /// factor), which the paths without `vpdpbusd` read.
+    /// With an int8 query (`Precision { q: I8, .. }`, int8 caches): the item's query rows
+    /// quantized to int8 ([`QueryI8`]); `q` then holds the dequantized quantized query
+    /// (code times the row's factor), which the paths without `vpdpbusd` read.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_i8: Option<QueryI8<'a>>,
-    /// With `fp16_reduction` (fp8 caches): the AVX-512 path on a CPU with avx512fp16 may
-    /// compute the scores and `P V` in f16 ([`super::avx512_fp16`]); the others ignore it.
+    /// With f16 query and probabilities (`Precision { q: F16, pv: F16 }`, fp8 caches): the
+    /// AVX-512 path on a CPU with avx512fp16 may compute the scores and `P V` in f16
+    /// ([`super::avx512_fp16`]); the others ignore it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fp16: bool,
+    /// The logit soft cap in log2 units (`cap * log2(e)`, for scores in log2 units):
+    /// every path maps each score `s` to `c * tanh(s / c)` ([`soft_cap`]) before the
+    /// softmax.
+    pub soft_cap: Option<f32>,
     /// e4m3: the codes may hold NaN codes (`KvCache::raw_writes`: a writable view was
     /// handed out), so the AVX-512 path checks each tile for them; the others ignore it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -95,6 +100,19 @@ impl Partial<'_> {
         self.nan_codes = false;
     }
 }
+
+/// `c * tanh(s / c)` written as `c - 2c / (2^(s * 2 log2(e) / c) + 1)`, the form the
+/// SIMD paths compute with their `exp2` (exact at both ends: `+inf` gives `c`, `0`
+/// gives `-c`, NaN stays NaN); near 0 the absolute error is a few f32 steps of `c`, which the softmax
+/// turns into a relative error of the weights of that order.
+#[inline]
+pub(crate) fn soft_cap(s: f32, c: f32) -> f32 {
+    c - 2.0 * c / ((s * (2.0 * std::f32::consts::LOG2_E / c)).clamp(-SOFT_CAP_ARG, SOFT_CAP_ARG).exp2() + 1.0)
+}
+
+/// The bound on [`soft_cap`]'s `exp2` argument: at 60 the result is `c` in f32 (and `-c`
+/// at -60), inside the range where the SIMD paths' `exp2` holds.
+pub(crate) const SOFT_CAP_ARG: f32 = 60.0;
 
 impl<E: Elem> Work<'_, E> {
     /// Tokens of block `bi` of this item that hold data.
@@ -454,7 +472,7 @@ const QUERY_BYTES: usize = 16 << 10;
 /// stream prefetcher after the first two of each run per block
 /// ([`Work::start_scale_streams`]), fewer prefetch each tile's two lines into L1 as they
 /// come near. MHA (32 KV heads, 1 thread, B / A time against a prefetch per tile): exact
-/// int8 0.945, `int8_scores` 0.958; GQA's 8 KV heads read 1.005-1.029 that way (runs of 8
+/// int8 0.945, int8 query 0.958; GQA's 8 KV heads read 1.005-1.029 that way (runs of 8
 /// lines), so they keep the prefetch per tile (`docs/experiments.md`, "Decode attention:
 /// int8 scales").
 const SCALE_STREAM_HEADS: usize = 16;
@@ -470,7 +488,7 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 /// smaller tiles prefetch more tiles ahead). With [`PREFETCH_L2_TILES`] 1, against 8 KiB
 /// and 2 (two 8-bit tiles into L1, two more into L2) on shape `full` read from memory
 /// (`ab_decode.py --layers 8 --reallocate 25`, 200 pairs over 8 placements, B / A time):
-/// e5m2 / e4m3 with `fp16_reduction` 0.964 / 0.972, int8 with `int8_scores` and 8-bit
+/// e5m2 / e4m3 with the f16 precision 0.964 / 0.972, int8 with an int8 query and 8-bit
 /// `P V` (an option since removed: it did not pay) 0.975, bf16
 /// (one tile ahead into L1 in both) 0.999. The L2 prefetch alone, without the L1 one,
 /// took 1.08-1.14x the time (one placement; `docs/experiments.md`, "Decode attention:
@@ -478,14 +496,14 @@ pub(crate) const PREFETCH_TILES: usize = 1;
 const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
-/// L2 ([`Ahead::far`]; on the exact AVX-512 path's and `fp16_reduction`'s 8-bit tiles of at
+/// L2 ([`Ahead::far`]; on the exact AVX-512 path's and the f16 precision's 8-bit tiles of at
 /// most 2 KiB, only their first lines: `x86_prefetch::FAR_START_LINES`), so a tile's misses are already on their way from memory when its
 /// L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
 /// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
 /// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,
 /// tokens/s, the L2 lines issued at each tile's start): MHA int8 513-537 -> 616-623,
-/// int8_scores 542-567 -> 626-697, e5m2 464-480 -> 499-506; GQA bf16 634-746 -> 976-1,024,
-/// int8 898-980 -> 1,194-1,206, int8_scores 1,085-1,121 -> 1,468-1,609; distances 3, 4
+/// int8 query 542-567 -> 626-697, e5m2 464-480 -> 499-506; GQA bf16 634-746 -> 976-1,024,
+/// int8 898-980 -> 1,194-1,206, int8 query 1,085-1,121 -> 1,468-1,609; distances 3, 4
 /// and 6 were no better than 2. Spread over the loops instead (AVX-512), bf16 gained
 /// another 20% (GQA) and 42% (MHA); see `docs/experiments.md`, "Decode attention:
 /// prefetch". With the L1 prefetch one 8-bit tile ahead, one L2 tile beyond it: see

@@ -5,8 +5,8 @@
 //! gained 20% (GQA) and 42% (MHA) on one core (`docs/experiments.md`, "Decode attention:
 //! prefetch").
 //! A `Prefetcher<false>` takes only the far tile's first lines instead, at once
-//! ([`FAR_START_LINES`]): the exact AVX-512 path and `fp16_reduction`'s on 8-bit tiles of
-//! at most [`FAR_START_MAX_BYTES`].
+//! ([`FAR_START_LINES`]): the exact AVX-512 path and the f16 precision's on 8-bit tiles
+//! of at most [`FAR_START_MAX_BYTES`].
 
 use std::arch::x86_64::*;
 

@@ -9,22 +9,92 @@ use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::error::filled;
 use super::kv::PyKvCache;
-use crate::attention::{self, DecodeOptions, Isa, SeqTables};
+use crate::attention::{self, DecodeOptions, Isa, Precision, SeqTables, Tuning};
 
-/// Options shared by both table forms.
+/// The options shared by both table forms.
 #[allow(clippy::too_many_arguments)]
 fn options(
-    py: Python<'_>,
     scale: Option<f32>,
-    split_tokens: Option<usize>,
-    kv_heads_per_item: Option<usize>,
-    force_isa: Option<&str>,
-    [bf16_scores, int8_scores, fp16_reduction]: [bool; 3],
+    logits_soft_cap: Option<f32>,
     window_left: Option<usize>,
     sink_tokens: usize,
-) -> PyResult<DecodeOptions> {
-    let isa = forced_isa(py, force_isa)?;
-    Ok(DecodeOptions { bf16_scores, int8_scores, fp16_reduction, scale, split_tokens, kv_heads_per_item, isa, window_left, sink_tokens })
+    q_dtype: &str,
+    pv_dtype: &str,
+    tuning: Option<&PyKernelTuning>,
+) -> crate::Result<DecodeOptions> {
+    let (precision, tuning) = (Precision::parse(q_dtype, pv_dtype)?, tuning.map_or_else(Tuning::default, |t| t.0));
+    Ok(DecodeOptions { scale, logits_soft_cap, window_left, sink_tokens, precision, tuning })
+}
+
+/// How an attention call runs, never what it computes beyond f32 rounding: the kernel
+/// path, the split size and the KV heads per work item. Pass it as ``tuning=`` to
+/// :func:`decode_attention`, :func:`prefill_attention` and their paged forms. Immutable,
+/// comparable and hashable.
+///
+/// Args:
+///     isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
+///         x86-64; ``"neon"`` on aarch64); None (default): the fastest.
+///     split_size: tokens per split of a long sequence's keys, merged by log-sum-exp
+///         (FlashDecoding): rounded up to whole blocks by decode, to key tiles by
+///         prefill; 0: never split; None (default): decode splits sequences longer than
+///         a quarter of a thread's share of the batch (at least 256 tokens per split),
+///         prefill only when there are too few query tiles.
+///     kv_heads_per_item: decode only: the KV heads one work item reads (it must divide
+///         the cache's KV heads; None, the default, is all of them, which reads each
+///         block as one contiguous run). Prefill refuses a tuning that sets it.
+///
+/// Raises:
+///     TypeError: a positional argument, an ``isa`` that is not a str.
+///     InvalidArgumentError: an unknown path or one this CPU lacks, a negative
+///         ``split_size``, a ``kv_heads_per_item`` of 0, a bool or float where an int
+///         is meant.
+#[pyclass(name = "KernelTuning", module = "pykvpool", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyKernelTuning(pub Tuning);
+
+#[pymethods]
+impl PyKernelTuning {
+    #[new]
+    #[pyo3(signature = (*, isa = None, split_size = None, kv_heads_per_item = None))]
+    fn new(
+        py: Python<'_>,
+        isa: Option<&str>,
+        #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
+        #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
+    ) -> PyResult<Self> {
+        let isa = isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("isa: {e}")))).transpose()?;
+        if let Some(i) = isa.filter(|i| !i.supported()) {
+            return Err(invalid(py, format!("isa: kernel path {} is not supported by this CPU", i.name())));
+        }
+        if kv_heads_per_item == Some(0) {
+            return Err(invalid(py, "kv_heads_per_item must be >= 1, got 0"));
+        }
+        Ok(Self(Tuning { isa, split_tokens: split_size, kv_heads_per_item }))
+    }
+
+    /// The forced kernel path, or None (the fastest).
+    #[getter]
+    fn isa(&self) -> Option<&'static str> {
+        self.0.isa.map(Isa::name)
+    }
+
+    /// Tokens per split (0: never split; None: chosen per call).
+    #[getter]
+    fn split_size(&self) -> Option<usize> {
+        self.0.split_tokens
+    }
+
+    /// KV heads per decode work item (None: all of them).
+    #[getter]
+    fn kv_heads_per_item(&self) -> Option<usize> {
+        self.0.kv_heads_per_item
+    }
+
+    fn __repr__(&self) -> String {
+        let show = |x: Option<usize>| x.map_or("None".to_string(), |n| n.to_string());
+        let isa = self.0.isa.map_or("None".to_string(), |i| format!("{:?}", i.name()));
+        format!("KernelTuning(isa={isa}, split_size={}, kv_heads_per_item={})", show(self.0.split_tokens), show(self.0.kv_heads_per_item))
+    }
 }
 
 /// `window_left`: `None` or an int >= 0.
@@ -38,15 +108,6 @@ fn sink_tokens(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
         Some(n) => Ok(n),
         None => Err(invalid(obj.py(), "sink_tokens must be an int >= 0, got None")),
     }
-}
-
-/// `force_isa`: `None`, or the name of a kernel path this CPU runs. Decode and prefill.
-pub(super) fn forced_isa(py: Python<'_>, force_isa: Option<&str>) -> PyResult<Option<Isa>> {
-    let isa = force_isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("force_isa: {e}")))).transpose()?;
-    if let Some(i) = isa.filter(|i| !i.supported()) {
-        return Err(invalid(py, format!("force_isa: kernel path {} is not supported by this CPU", i.name())));
-    }
-    Ok(isa)
 }
 
 /// The block tables of a kernel call in either form Python gives them, converted with
@@ -198,6 +259,38 @@ fn attend<'py>(
 /// ``tests/attention/test_kv_quant.py`` checks this bound; benches/RESULTS.md has the typical
 /// errors (well below it).
 ///
+/// Precision is chosen by dtype: ``q_dtype`` is the query's in the scores ``q.K``,
+/// ``pv_dtype`` the probabilities' in ``P V``. ``("f32", "f32")``, the default, is exact
+/// on every cache. The other pairs are opt-in, each valid on the caches listed, and
+/// compute the same values on every path: a path with the matching instruction uses it,
+/// the others compute f32 FMAs on the rounded operands, so results agree across paths
+/// within f32 rounding, not bitwise. Against the exact result on the same cache (``K``,
+/// ``V`` the dequantized keys and values), each logit moves by at most ``D``, each output
+/// by at most ``(exp(2 D) - 1) * max|V|`` (plus the term given) and the LSE by at most
+/// ``D``:
+///
+/// - ``("bf16", "f32")``, bf16 and fp8 caches: ``q`` rounded to bf16 (nearest even);
+///   the ``"avx512"`` path of a CPU with avx512_bf16 computes the scores with
+///   ``vdpbf16ps`` (bf16 products exact, f32 sums; fp8 codes are widened to bf16 in
+///   registers, which is exact, and need avx512vbmi too), the K scale multiplying the
+///   finished scores. ``D = scale * 2^-8 * sum_i |q_i K_i|``; on standard-normal data
+///   with d = 128 the output moves by about 2e-3 of its scale (benches/RESULTS.md).
+/// - ``("int8", "f32")``, int8 caches: ``q`` quantized per (sequence, query head) to
+///   int8 (symmetric, ``s_q = max|q| / 127``, round half to even); with avx512_vnni the
+///   ``"avx512"`` path computes exact integer dot products of the codes by
+///   ``vpdpbusd``, times ``s_q`` and each token's K scale. ``D = scale * (s_q / 2) *
+///   max_t sum_i |K(t, i)|``.
+/// - ``("f16", "f16")``, fp8 caches: on the ``"avx512"`` path of a CPU with
+///   avx512_fp16, for block size 16 and a head_dim that is a multiple of 64 (K and V
+///   scales within ``[2^-64, 2^64]``), each score is a sum of f16 products of the
+///   f16-rounded ``q`` (times a power of two per row, so that no f16 sum overflows) with
+///   the codes, ``head_dim / 4`` of them summed in f16 per lane, and each chunk of 16
+///   tokens' ``P V`` a sum of f16 products of the f16-rounded probabilities with the
+///   codes, summed in f16 over the chunk and added to f32 accumulators
+///   (``vfmadd231ph``); every other path, block size and head_dim computes exactly. ``D
+///   = scale * (head_dim / 4 + 3) * 2^-11 * max_t sum_i |q_i K_i|``, plus ``18 * 2^-11 *
+///   max|V|`` on each output.
+///
 /// Args:
 ///     cache: the KV cache.
 ///     layer: ``0..cache.num_layers``.
@@ -212,63 +305,22 @@ fn attend<'py>(
 ///         returned (default: a new array); it must not share memory with ``q`` or with any
 ///         KvCache.
 ///     return_lse: also return the log-sum-exp, to merge partial results.
-///     split_size: tokens per FlashDecoding split (None: automatic, for sequences longer
-///         than a quarter of a thread's share of the batch; 0: never split).
-///     kv_heads_per_item: KV heads read by one work item (default all; must divide the
-///         cache's KV heads).
-///     force_isa: one of :func:`kernel_paths` (``"scalar"``; ``"avx2"``, ``"avx512"`` on
-///         x86-64; ``"neon"`` on aarch64); default the fastest.
-///     bf16_scores: bf16 and fp8 caches only (default False = exact): round q to bf16
-///         (nearest even) and compute the scores q.K from the rounded q; softmax and P.V
-///         are unchanged (f32, V exact). On the ``"avx512"`` path of a CPU with
-///         avx512_bf16 the scores use ``vdpbf16ps`` (bf16 products exact, f32 sums); for
-///         fp8 caches (``"fp8_e4m3"``, ``"fp8_e5m2"``) the codes are widened to bf16 in
-///         registers first, which is exact (every fp8 value, subnormals included, is a
-///         bf16; this needs avx512vbmi too), and the K scale multiplies the finished
-///         scores. Every other path computes the same thing with f32 FMAs on the rounded
-///         q, so results agree across paths within f32 rounding, not bitwise. Against the
-///         exact-q result (for fp8: the exact path on the same codes) each logit moves by
-///         at most ``D = scale * 2^-8 * sum_i |q_i K_i|`` (bf16 keeps 8 significant bits;
-///         ``K`` the dequantized keys, code times K scale), each output by at most
-///         ``(exp(2 D) - 1) * max|V|`` (``V`` dequantized) and the LSE by at most D; on
-///         standard-normal data with d = 128 the measured output deviation is about 2e-3
-///         of the output scale (see benches/RESULTS.md). f32, f16 and int8 caches are
-///         refused.
-///     int8_scores: int8 caches only (default False = exact): quantize q per (sequence,
-///         query head) to int8 (symmetric, ``s_q = max|q| / 127``, round half to even)
-///         and compute the scores from the quantized q; softmax and P.V are unchanged
-///         (f32, V exact). On the ``"avx512"`` path of a CPU with avx512_vnni the scores
-///         are exact integer dot products of the query codes with the K codes by
-///         ``vpdpbusd`` (64 multiply-adds per instruction), times ``s_q`` and each
-///         token's K scale; every other path computes the same thing with f32 FMAs on
-///         the dequantized quantized q, so results agree across paths within f32
-///         rounding, not bitwise. Against the exact-q result on the same cache each
-///         query element moves by at most ``s_q / 2``, so each logit moves by at most
-///         ``D = scale * (s_q / 2) * max_t sum_i |K'(t, i)|`` (``K'`` the dequantized
-///         keys), each output by at most ``(exp(2 D) - 1) * max|V'|`` and the LSE by at
-///         most D; measured errors are far below it (benches/bench_quant.py).
-///     fp16_reduction: fp8 caches only (default False = exact): allow q.K and P.V in f16
-///         arithmetic. On the ``"avx512"`` path of a CPU with avx512_fp16, for block size
-///         16 and a head_dim that is a multiple of 64 (and K and V scales within
-///         ``[2^-64, 2^64]``), each score is a sum of f16 products of the f16-rounded q
-///         (times a power of two per row, so that no f16 sum can overflow) with the codes,
-///         ``head_dim / 4`` of them summed in f16 per lane, and each chunk of 16 tokens'
-///         P.V a sum of f16 products of the f16-rounded probabilities (times a power of
-///         two) with the codes, summed in f16 over the chunk and added to f32
-///         accumulators (``vfmadd231ph``: 32 products per instruction at the f32 FMA's
-///         rate); every other path, block size and head_dim computes in f32 as without
-///         it. Against the exact path on the same codes each logit moves by at most
-///         ``D = scale * (head_dim / 4 + 3) * 2^-11 * max_t sum_i |q_i K_i|`` (``K`` the
-///         dequantized keys), each output by at most ``(exp(2 D) - 1) * max|V| + 18 *
-///         2^-11 * max|V|`` (``V`` the dequantized values of the sequence's KV head) and
-///         the LSE by at most D; measured errors are far below it (benches/bench_quant.py).
-///         Not with ``bf16_scores``.
+///     logits_soft_cap: Gemma-2's cap ``c > 0``: logits become ``c * tanh(logit / c)``
+///         before the softmax (default None: no cap). Every path computes it as ``c - 2c /
+///         (exp(2 logit / c) + 1)`` in f32, as :func:`prefill_attention` does up to f32
+///         rounding.
 ///     window_left: sliding window in tokens: the query at ``p`` sees keys with ``p - k <=
 ///         window_left`` (``window_left = window - 1`` for a window of ``window`` positions
 ///         including the query's own; FlashInfer's ``window_left``); None (default): every
 ///         key. An int >= 0.
 ///     sink_tokens: attention sinks in tokens: keys ``k < sink_tokens`` are visible
 ///         whatever the window (default 0). An int >= 0.
+///     q_dtype: the query's dtype in the scores: ``"f32"`` (default, exact), ``"bf16"``,
+///         ``"int8"`` or ``"f16"``, as the precision pairs above allow.
+///     pv_dtype: the probabilities' dtype in ``P V``: ``"f32"`` (default), or ``"f16"``
+///         with ``q_dtype="f16"``.
+///     tuning: how the call runs, never what it computes: a :class:`KernelTuning` (the
+///         kernel path, the split size, the KV heads per work item); None: chosen.
 ///
 /// Returns:
 ///     float32 ``[n, Hq, head_dim]`` (``out`` when given); with ``return_lse=True`` the pair
@@ -281,15 +333,16 @@ fn attend<'py>(
 ///         names ``block_tables[i, b]``), a length beyond its table, head count or head_dim
 ///         mismatches, a non-float32 ``q`` or ``out``, wrong shapes, an ``out`` that is not
 ///         C-contiguous, not writable or shares memory with ``q`` or a cache, a bad
-///         ``scale``, ``layer``, ``split_size``, ``window_left`` or ``sink_tokens`` (a
-///         negative value, a bool, a float, None for ``sink_tokens``), an unknown path or
-///         one this CPU lacks, ``kv_heads_per_item`` not dividing the KV heads,
-///         ``bf16_scores`` with a cache that is not bf16 or fp8 (f32, f16, int8),
-///         ``int8_scores`` with a cache that is not int8,
-///         ``fp16_reduction`` with a cache that is not fp8 or with ``bf16_scores``. ``out``
-///         is not written on any error.
+///         ``scale`` or ``logits_soft_cap``, a bad ``layer``, ``window_left`` or
+///         ``sink_tokens`` (a negative value, a bool, a float, None for ``sink_tokens``),
+///         a tuning whose path this CPU lacks or whose ``kv_heads_per_item`` does not
+///         divide the KV heads, an unknown ``q_dtype`` or ``pv_dtype`` or a pair not valid
+///         on the cache (the message lists the valid ones). ``out`` is not written on any
+///         error.
+///     TypeError: ``tuning`` that is not a :class:`KernelTuning` or None, ``q_dtype`` or
+///         ``pv_dtype`` that is not a str.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, fp16_reduction = false, window_left = None, sink_tokens = 0))]
+#[pyo3(signature = (cache, layer, q, block_tables, seq_lens, scale = None, out = None, return_lse = false, *, logits_soft_cap = None, window_left = None, sink_tokens = 0, q_dtype = "f32", pv_dtype = "f32", tuning = None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention<'py>(
     py: Python<'py>,
@@ -301,16 +354,14 @@ fn decode_attention<'py>(
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
-    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
-    force_isa: Option<&str>,
-    bf16_scores: bool,
-    int8_scores: bool,
-    fp16_reduction: bool,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
+    q_dtype: &str,
+    pv_dtype: &str,
+    tuning: Option<PyRef<'py, PyKernelTuning>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, fp16_reduction], window_left, sink_tokens)?;
+    let opts = options(scale, logits_soft_cap, window_left, sink_tokens, q_dtype, pv_dtype, tuning.as_deref()).py_err(py)?;
     let t = Tables::padded(py, block_tables, seq_lens)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
@@ -341,14 +392,12 @@ fn decode_attention<'py>(
 ///     scale: as for :func:`decode_attention`.
 ///     out: as for :func:`decode_attention`.
 ///     return_lse: as for :func:`decode_attention`.
-///     split_size: as for :func:`decode_attention`.
-///     kv_heads_per_item: as for :func:`decode_attention`.
-///     force_isa: as for :func:`decode_attention`.
-///     bf16_scores: as for :func:`decode_attention`.
-///     int8_scores: as for :func:`decode_attention`.
-///     fp16_reduction: as for :func:`decode_attention`.
+///     logits_soft_cap: as for :func:`decode_attention`.
 ///     window_left: as for :func:`decode_attention`.
 ///     sink_tokens: as for :func:`decode_attention`; also places the sink pages.
+///     q_dtype: as for :func:`decode_attention`.
+///     pv_dtype: as for :func:`decode_attention`.
+///     tuning: as for :func:`decode_attention`.
 ///     kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
 ///         after its sink pages (default None: zeros).
 ///
@@ -362,7 +411,7 @@ fn decode_attention<'py>(
 ///         overflows, a visible key whose block is not among the pages (named
 ///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, split_size = None, kv_heads_per_item = None, force_isa = None, bf16_scores = false, int8_scores = false, fp16_reduction = false, window_left = None, sink_tokens = 0, kv_page_start = None))]
+#[pyo3(signature = (cache, layer, q, kv_indptr, kv_indices, kv_last_page_len, scale = None, out = None, return_lse = false, *, logits_soft_cap = None, window_left = None, sink_tokens = 0, q_dtype = "f32", pv_dtype = "f32", tuning = None, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention_paged<'py>(
     py: Python<'py>,
@@ -375,22 +424,21 @@ fn decode_attention_paged<'py>(
     #[pyo3(from_py_with = arg::scale)] scale: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    #[pyo3(from_py_with = arg::split_size)] split_size: Option<usize>,
-    #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
-    force_isa: Option<&str>,
-    bf16_scores: bool,
-    int8_scores: bool,
-    fp16_reduction: bool,
+    #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     #[pyo3(from_py_with = window_left)] window_left: Option<usize>,
     #[pyo3(from_py_with = sink_tokens)] sink_tokens: usize,
+    q_dtype: &str,
+    pv_dtype: &str,
+    tuning: Option<PyRef<'py, PyKernelTuning>>,
     kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let opts = options(py, scale, split_size, kv_heads_per_item, force_isa, [bf16_scores, int8_scores, fp16_reduction], window_left, sink_tokens)?;
+    let opts = options(scale, logits_soft_cap, window_left, sink_tokens, q_dtype, pv_dtype, tuning.as_deref()).py_err(py)?;
     let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
     attend(py, cache.get(), layer, q, |bs, nb| t.build(bs, nb, sink_tokens), out, return_lse, opts)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKernelTuning>()?;
     m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(decode_attention_paged, m)?)?;
     Ok(())

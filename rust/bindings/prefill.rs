@@ -11,12 +11,13 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
 use super::arrays::{checked_out, f32_input};
-use super::attention::{forced_isa, Tables};
+use super::attention::{PyKernelTuning, Tables};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::error::filled;
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
+use crate::attention::{Precision, Tuning};
 use crate::attention::tables::SeqTables;
 
 /// An optional non-negative int keyword (absent or None is `None`), naming `name` in errors.
@@ -35,9 +36,9 @@ struct Kw<'a, 'py> {
     logits_soft_cap: Option<f32>,
     out: Option<&'a Bound<'py, PyAny>>,
     return_lse: bool,
-    force_isa: Option<&'a str>,
-    bf16_scores: bool,
-    bf16_pv: bool,
+    q_dtype: &'a str,
+    pv_dtype: &'a str,
+    tuning: Option<PyRef<'py, PyKernelTuning>>,
 }
 
 impl Kw<'_, '_> {
@@ -49,7 +50,6 @@ impl Kw<'_, '_> {
         if chunk_size.is_some() && !self.causal {
             return Err(invalid(py, "chunk_size (block-causal) needs causal=True"));
         }
-        let isa = forced_isa(py, self.force_isa)?;
         Ok(PrefillOptions {
             mask: Mask {
                 causal: self.causal,
@@ -59,10 +59,8 @@ impl Kw<'_, '_> {
             },
             scale: self.scale,
             logits_soft_cap: self.logits_soft_cap,
-            isa,
-            bf16_scores: self.bf16_scores,
-            bf16_pv: self.bf16_pv,
-            split_tokens: None,
+            precision: Precision::parse(self.q_dtype, self.pv_dtype).py_err(py)?,
+            tuning: self.tuning.as_deref().map_or_else(Tuning::default, |t| t.0),
             rows_per_item: None,
         })
     }
@@ -172,19 +170,19 @@ fn run<'py>(
 ///         returned (default: a new array); must not share memory with ``q`` or with any
 ///         KvCache.
 ///     return_lse: also return the log-sum-exp, to merge partial results.
-///     force_isa: one of :func:`kernel_paths`; default the fastest.
-///     bf16_scores: bf16 caches only: the scores ``q.K`` use ``q`` rounded to bf16, with
-///         ``vdpbf16ps`` on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on
-///         the rounded ``q`` elsewhere); softmax and ``P V`` stay f32. Same rule and
-///         bound as :func:`decode_attention`'s ``bf16_scores``: each logit moves by at
-///         most ``D = scale * 2^-8 * sum_i |q_i K_i|``, each output by at most
-///         ``(exp(2 D) - 1) * max|V|``.
-///     bf16_pv: bf16 caches only: round the softmax probabilities to bf16 (nearest even)
-///         for ``P V`` (V is exact in bf16), computed with ``vdpbf16ps`` over token pairs
-///         on the ``"avx512"`` path of a CPU with avx512_bf16 (f32 FMAs on the rounded
-///         probabilities elsewhere); the softmax sum stays f32, so each output moves by
-///         at most ``2^-9 * max|V|``. Beyond decode's rule (which keeps ``P V`` exact):
-///         the second half of the bf16 fast path, opt-in.
+///     q_dtype: the query's dtype in the scores: ``"f32"`` (default, exact) or
+///         ``"bf16"`` (bf16 and fp8 caches), as in :func:`decode_attention`, with its
+///         bound; the ``"avx512"`` path of a CPU with avx512_bf16 uses ``vdpbf16ps`` on
+///         bf16 caches.
+///     pv_dtype: the probabilities' dtype in ``P V``: ``"f32"`` (default) or ``"bf16"``
+///         (bf16 caches, with either ``q_dtype``): the probabilities rounded to bf16
+///         (nearest even), ``vdpbf16ps`` over token pairs on the ``"avx512"`` path of a
+///         CPU with avx512_bf16 (f32 FMAs on the rounded probabilities elsewhere); the
+///         softmax sum stays f32 on the unrounded ones, so each output moves by at most
+///         ``2^-9 * max|V|`` more.
+///     tuning: a :class:`KernelTuning`: the kernel path and the split size (keys per
+///         split of a query tile's key range, rounded up to key tiles; 0: never; None:
+///         only when there are too few query tiles); ``kv_heads_per_item`` must be None.
 ///
 /// Returns:
 ///     float32 ``[total_q, Hq, head_dim]`` (``out`` when given; a row that sees no key
@@ -202,11 +200,13 @@ fn run<'py>(
 ///         a negative ``window_left``/``sink_tokens``, a bool or float where an int is
 ///         meant, a ``scale`` or soft cap that is not positive and finite in float32,
 ///         an ``out`` that is not C-contiguous, not writable or overlaps ``q`` or the
-///         cache, an unknown path or one this CPU lacks, ``bf16_scores`` or ``bf16_pv``
-///         without a bf16 cache (8-bit caches included). ``out`` is not written on any
-///         error.
+///         cache, a tuning whose path this CPU lacks or that sets ``kv_heads_per_item``,
+///         an unknown ``q_dtype`` or ``pv_dtype`` or a pair not valid on the cache (the
+///         message lists the valid ones). ``out`` is not written on any error.
+///     TypeError: ``tuning`` that is not a :class:`KernelTuning` or None, ``q_dtype`` or
+///         ``pv_dtype`` that is not a str.
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false))]
+#[pyo3(signature = (cache, layer, q, qo_indptr, block_tables, seq_lens, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, q_dtype = "f32", pv_dtype = "f32", tuning = None))]
 #[allow(clippy::too_many_arguments)]
 fn prefill_attention<'py>(
     py: Python<'py>,
@@ -225,11 +225,11 @@ fn prefill_attention<'py>(
     #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    force_isa: Option<&str>,
-    bf16_scores: bool,
-    bf16_pv: bool,
+    q_dtype: &str,
+    pv_dtype: &str,
+    tuning: Option<PyRef<'py, PyKernelTuning>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, q_dtype, pv_dtype, tuning };
     let t = Tables::padded(py, block_tables, seq_lens)?;
     run(py, cache, layer, q, qo_indptr, move |bs, nb, sinks| t.build(bs, nb, sinks), kw)
 }
@@ -258,9 +258,9 @@ fn prefill_attention<'py>(
 ///     logits_soft_cap: as for :func:`prefill_attention`.
 ///     out: as for :func:`prefill_attention`.
 ///     return_lse: as for :func:`prefill_attention`.
-///     force_isa: as for :func:`prefill_attention`.
-///     bf16_scores: as for :func:`prefill_attention`.
-///     bf16_pv: as for :func:`prefill_attention`.
+///     q_dtype: as for :func:`prefill_attention`.
+///     pv_dtype: as for :func:`prefill_attention`.
+///     tuning: as for :func:`prefill_attention`.
 ///     kv_page_start: ``n`` logical block indices (>= 0) of each sequence's first page
 ///         after its sink pages (default None: zeros), as for
 ///         :func:`decode_attention_paged`.
@@ -275,7 +275,7 @@ fn prefill_attention<'py>(
 ///         overflows, a visible key whose block is not among the pages (named
 ///         ``kv_page_start``) or whose page is not a block of the pool (``kv_indices``).
 #[pyfunction]
-#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, force_isa = None, bf16_scores = false, bf16_pv = false, kv_page_start = None))]
+#[pyo3(signature = (cache, layer, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, q_positions = None, causal = true, chunk_size = None, window_left = None, sink_tokens = None, scale = None, logits_soft_cap = None, out = None, return_lse = false, q_dtype = "f32", pv_dtype = "f32", tuning = None, kv_page_start = None))]
 #[allow(clippy::too_many_arguments)]
 fn prefill_attention_paged<'py>(
     py: Python<'py>,
@@ -295,12 +295,12 @@ fn prefill_attention_paged<'py>(
     #[pyo3(from_py_with = arg::logits_soft_cap)] logits_soft_cap: Option<f32>,
     out: Option<&Bound<'py, PyAny>>,
     return_lse: bool,
-    force_isa: Option<&str>,
-    bf16_scores: bool,
-    bf16_pv: bool,
+    q_dtype: &str,
+    pv_dtype: &str,
+    tuning: Option<PyRef<'py, PyKernelTuning>>,
     kv_page_start: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, force_isa, bf16_scores, bf16_pv };
+    let kw = Kw { q_positions, causal, chunk_size, window_left, sink_tokens, scale, logits_soft_cap, out, return_lse, q_dtype, pv_dtype, tuning };
     let t = Tables::flashinfer(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)?;
     run(py, cache, layer, q, qo_indptr, move |bs, nb, sinks| t.build(bs, nb, sinks), kw)
 }

@@ -155,7 +155,7 @@ pub fn quantize_row_i8(x: &[f32], codes: &mut [i8]) -> f32 {
     // `i8::from_f32` for finite input, with the rounded value's integer read from its
     // bits (`1.5 * 2^23 + k` holds `k` in its low mantissa bits) instead of a
     // float-to-int conversion, which x86-64's baseline has only per element: this loop
-    // vectorises (the conversion took half of an `int8_scores` query's quantization).
+    // vectorises (the conversion took half of an int8 query's quantization).
     const MAGIC: f32 = 12_582_912.0;
     for (c, &v) in codes.iter_mut().zip(x) {
         let y = (v / scale).clamp(-127.0, 127.0) + MAGIC;

@@ -121,9 +121,9 @@ def make(lens: list[int], bs: int, hkv: int, d: int, dtype: str, seed: int = 0, 
 
 
 def run_and_check(
-    s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0, bf16_scores: bool = False
+    s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0, bf16_query: bool = False
 ) -> None:
-    """With ``bf16_scores`` the reference uses the bf16-rounded query (the option's
+    """With ``bf16_query`` (``q_dtype="bf16"``) the reference uses the bf16-rounded query (the option's
     semantics), to the same tolerance, and the exact-query reference is met within
     :func:`bf16_query_bound`."""
     tables, lens = s.tables()
@@ -133,13 +133,12 @@ def run_and_check(
     padded = np.full((n, width), -1, np.int32)
     for i, t in enumerate(tables):
         padded[i, : len(t)] = t
-    qref = bf16_round(q) if bf16_scores else q
+    qref = bf16_round(q) if bf16_query else q
     want, want_lse, lmax = reference(s.cache, 0, qref, tables, lens, 1 / np.sqrt(d))
     out, lse = kv.decode_attention(
-        s.cache, 0, q, padded, np.array(lens), return_lse=True, split_size=split, kv_heads_per_item=kpi,
-        force_isa=path, bf16_scores=bf16_scores,
+        s.cache, 0, q, padded, np.array(lens), return_lse=True, tuning=kv.KernelTuning(isa=path, split_size=split, kv_heads_per_item=kpi), q_dtype="bf16" if bf16_query else "f32",
     )
-    if bf16_scores:
+    if bf16_query:
         exact, exact_lse, _ = reference(s.cache, 0, q, tables, lens, 1 / np.sqrt(d))
         out_bound, lse_bound = bf16_query_bound(s.cache, q, tables, lens, 1 / np.sqrt(d))
         slack = float(np.abs(want).max(initial=0.0)) * (1e-5 + 4e-7 * lmax)
@@ -154,8 +153,8 @@ def run_and_check(
     # The FlashInfer form of the same tables gives the same numbers.
     indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
     out2 = kv.decode_attention_paged(
-        s.cache, 0, q, indptr, indices, last, split_size=split, kv_heads_per_item=kpi, force_isa=path,
-        bf16_scores=bf16_scores,
+        s.cache, 0, q, indptr, indices, last, tuning=kv.KernelTuning(isa=path, split_size=split, kv_heads_per_item=kpi),
+        q_dtype="bf16" if bf16_query else "f32",
     )
     np.testing.assert_array_equal(out, out2)
 
@@ -170,7 +169,7 @@ def bf16_round(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 def bf16_query_bound(
     cache: kv.KvCache, q: npt.NDArray[np.float32], tables: list[npt.NDArray[np.int32]], lens: list[int], scale: float
 ) -> tuple[F64, F64]:
-    """Worst-case effect of ``bf16_scores`` against the exact query, per (sequence, head).
+    """Worst-case effect of ``q_dtype="bf16"`` against the exact query, per (sequence, head).
 
     Rounding to bf16 (8 significant bits, nearest) moves each query element by at most
     2^-8 of itself, so logit t moves by at most D = scale * 2^-8 * max_t sum_i |q_i K_ti|.
@@ -329,9 +328,9 @@ def test_invalid_arguments_raise_and_change_nothing() -> None:
         lambda: kv.decode_attention(c, 1, q, t, [5]),  # layer
         lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 7), np.float32)),
         lambda: kv.decode_attention(c, 0, q, t, [5], out=np.zeros((1, 4, 16), np.float32)[..., ::2]),
-        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="neon" if "neon" not in PATHS else "avx2"),
-        lambda: kv.decode_attention(c, 0, q, t, [5], force_isa="sve"),  # type: ignore[arg-type]  # unknown
-        lambda: kv.decode_attention(c, 0, q, t, [5], kv_heads_per_item=3),
+        lambda: kv.decode_attention(c, 0, q, t, [5], tuning=kv.KernelTuning(isa="neon") if "neon" not in PATHS else "avx2"),
+        lambda: kv.decode_attention(c, 0, q, t, [5], tuning=kv.KernelTuning(isa="sve")),  # type: ignore[arg-type]  # unknown
+        lambda: kv.decode_attention(c, 0, q, t, [5], tuning=kv.KernelTuning(kv_heads_per_item=3)),
         lambda: kv.decode_attention(c, 0, q, t, [5], scale=float("inf")),
         lambda: kv.decode_attention_paged(c, 0, q, [0, 2], [0, 1], [5]),  # last page > block
         lambda: kv.decode_attention_paged(c, 0, q, [0, 3], [0, 1], [1]),  # indptr past indices
@@ -367,9 +366,9 @@ def test_forcing_a_path_this_cpu_lacks_names_it() -> None:
     assert lacking  # no CPU has both the x86 and the aarch64 paths
     for path in lacking:
         with pytest.raises(kv.InvalidArgumentError, match=f"kernel path {path} is not supported by this CPU"):
-            kv.decode_attention(c, 0, q, t, [5], force_isa=path)  # type: ignore[arg-type]
+            kv.decode_attention(c, 0, q, t, [5], tuning=kv.KernelTuning(isa=path))  # type: ignore[arg-type]
     with pytest.raises(kv.InvalidArgumentError, match='unknown kernel path "sve"; known: scalar, neon, avx2, avx512'):
-        kv.decode_attention(c, 0, q, t, [5], force_isa="sve")  # type: ignore[arg-type]
+        kv.decode_attention(c, 0, q, t, [5], tuning=kv.KernelTuning(isa="sve"))  # type: ignore[arg-type]
 
 
 def test_thread_count_is_settable_and_read_from_env() -> None:
@@ -463,8 +462,8 @@ def test_probe_of_a_block_table_reads_the_calls_blocks_and_refuses_bad_tables() 
 
 
 @given(cases())
-def test_bf16_scores_match_the_rounded_query_reference(case: tuple[object, ...]) -> None:
-    """``bf16_scores=True`` on every path: within the usual tolerance of the reference
+def test_bf16_query_matches_the_rounded_query_reference(case: tuple[object, ...]) -> None:
+    """``q_dtype="bf16"`` on every path: within the usual tolerance of the reference
     computed from the bf16-rounded query, and within :func:`bf16_query_bound` of the
     exact-query reference (the issue's grid; the drawn storage dtype is replaced by bf16)."""
     bs, hkv, g, d, lens, _, path, split, kpi, fork, seed = case
@@ -474,28 +473,28 @@ def test_bf16_scores_match_the_rounded_query_reference(case: tuple[object, ...])
         s.pool.fork(0, 100)
         s.seqs.append(100)
         s.step([0, 100], 2)
-    run_and_check(s, int(g), str(path), split, kpi, bf16_scores=True)  # type: ignore[arg-type]
+    run_and_check(s, int(g), str(path), split, kpi, bf16_query=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("path", path_params())
-def test_bf16_scores_large_logits_and_odd_head_dim(path: str) -> None:
+def test_bf16_query_large_logits_and_odd_head_dim(path: str) -> None:
     run_and_check(make([700, 33], 16, 2, 128, "bf16", seed=5, mag=30.0), 4, path, None, None, 30.0, True)
     for bs in (1, 8, 16, 32):
-        run_and_check(make([2 * bs + 1, bs - 1 or 1], bs, 2, 65, "bf16", seed=bs), 3, path, 1, 1, bf16_scores=True)
+        run_and_check(make([2 * bs + 1, bs - 1 or 1], bs, 2, 65, "bf16", seed=bs), 3, path, 1, 1, bf16_query=True)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_bf16_scores_need_a_bf16_cache_and_leave_out_untouched(dtype: str) -> None:
+def test_bf16_query_needs_a_bf16_or_fp8_cache_and_leaves_out_untouched(dtype: str) -> None:
     s = make([40], 8, 2, 64, dtype)
     tables, lens = s.tables()
     q = s.rng.standard_normal((1, 4, 64)).astype(np.float32)
     out = np.full((1, 4, 64), 7.0, np.float32)
     indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
     for path in PATHS:
-        with pytest.raises(kv.InvalidArgumentError, match="bf16_scores needs a bf16 cache"):
-            kv.decode_attention(s.cache, 0, q, np.array(tables), lens, out=out, force_isa=path, bf16_scores=True)
-        with pytest.raises(kv.InvalidArgumentError, match="bf16_scores needs a bf16 cache"):
-            kv.decode_attention_paged(s.cache, 0, q, indptr, indices, last, out=out, force_isa=path, bf16_scores=True)
+        with pytest.raises(kv.InvalidArgumentError, match=r"q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a f\d+ cache"):
+            kv.decode_attention(s.cache, 0, q, np.array(tables), lens, out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
+        with pytest.raises(kv.InvalidArgumentError, match=r"q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a f\d+ cache"):
+            kv.decode_attention_paged(s.cache, 0, q, indptr, indices, last, out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
     assert (out == 7.0).all()
 
 

@@ -38,15 +38,16 @@ def cache_with(dtype: str, n: int, v: float, k: float = 1.0) -> tuple[kv.KvCache
     return c, tables, c.dequantized(0)[1].reshape(-1, HKV, D)[:n]
 
 
-def options(dtype: str) -> list[dict[str, Any]]:
-    """The opt-in paths each dtype takes (each ignored where the CPU lacks it)."""
-    opts: list[dict[str, Any]] = [{}, {"split_size": BS}]
+def options(dtype: str, path: str) -> list[dict[str, Any]]:
+    """The opt-in paths each dtype takes on ``path`` (each ignored where the CPU lacks it)."""
+    on = kv.KernelTuning(isa=path)
+    opts: list[dict[str, Any]] = [{"tuning": on}, {"tuning": kv.KernelTuning(isa=path, split_size=BS)}]
     if dtype in ("bf16", "fp8_e4m3", "fp8_e5m2"):
-        opts.append({"bf16_scores": True})
+        opts.append({"tuning": on, "q_dtype": "bf16"})
     if dtype == "int8":
-        opts.append({"int8_scores": True})
+        opts.append({"tuning": on, "q_dtype": "int8"})
     if dtype.startswith("fp8"):
-        opts.append({"fp16_reduction": True})
+        opts.append({"tuning": on, "q_dtype": "f16", "pv_dtype": "f16"})
     return opts
 
 
@@ -57,8 +58,8 @@ def test_decode_keeps_large_equal_values_finite(path: str, dtype: str, n: int) -
     c, tables, stored = cache_with(dtype, n, big_value(dtype))
     q = np.ones((1, HKV * G, D), np.float32)
     want = np.repeat(stored[0], G, axis=0)  # every key equal: the output is any one value
-    for opt in options(dtype):
-        out, lse = kv.decode_attention(c, 0, q, tables, [n], force_isa=path, return_lse=True, **opt)
+    for opt in options(dtype, path):
+        out, lse = kv.decode_attention(c, 0, q, tables, [n], return_lse=True, **opt)
         assert np.isfinite(out).all(), (opt, out[0, 0, :4])
         np.testing.assert_allclose(out[0], want, rtol=1e-6, err_msg=str(opt))
         assert np.isfinite(lse).all()
@@ -72,10 +73,10 @@ def test_prefill_keeps_large_equal_values_finite(path: str, dtype: str) -> None:
     q = np.ones((n, HKV * G, D), np.float32)
     opts: list[dict[str, Any]] = [{}, {"logits_soft_cap": 30.0}, {"window_left": 8, "sink_tokens": 2}]
     if dtype == "bf16":
-        opts.append({"bf16_scores": True, "bf16_pv": True})
+        opts.append({"q_dtype": "bf16", "pv_dtype": "bf16"})
     want = np.repeat(stored[0], G, axis=0)
     for opt in opts:
-        out = kv.prefill_attention(c, 0, q, [0, n], tables, [n], force_isa=path, **opt)
+        out = kv.prefill_attention(c, 0, q, [0, n], tables, [n], tuning=kv.KernelTuning(isa=path), **opt)
         assert np.isfinite(out).all(), opt
         np.testing.assert_allclose(out, np.broadcast_to(want, out.shape), rtol=1e-6, err_msg=str(opt))
 
@@ -90,10 +91,10 @@ def test_scores_past_f32_max_give_the_softmax_of_the_finite_logits(path: str) ->
     keys[5] *= 1.5  # the one key with the largest logit, by a margin of 1e39
     c.write(0, keys, vals, np.arange(n))
     q = np.full((1, HKV * G, D), 1e20, np.float32)
-    out = kv.decode_attention(c, 0, q, tables, [n], force_isa=path)
+    out = kv.decode_attention(c, 0, q, tables, [n], tuning=kv.KernelTuning(isa=path))
     np.testing.assert_array_equal(out[0], np.repeat(vals[5], G, axis=0))
     qp = np.full((2, HKV * G, D), 1e20, np.float32)
-    out = kv.prefill_attention(c, 0, qp, [0, 2], tables, [n], force_isa=path)
+    out = kv.prefill_attention(c, 0, qp, [0, 2], tables, [n], tuning=kv.KernelTuning(isa=path))
     np.testing.assert_array_equal(out[1], np.repeat(vals[5], G, axis=0))
 
 

@@ -145,7 +145,7 @@ def test_decode_windows_and_sinks_read_only_visible_keys(path: str, dtype: str, 
             want = reference(c, q, rule(wl, sinks))
             indptr, indices, last, starts = c.paged
             for split in [None, 1, 2 * bs + 1]:
-                kw: dict[str, Any] = dict(return_lse=True, force_isa=path, split_size=split, window_left=wl,
+                kw: dict[str, Any] = dict(return_lse=True, tuning=kv.KernelTuning(isa=path, split_size=split), window_left=wl,
                                           sink_tokens=sinks)
                 what = f"{path} {dtype} bs={bs} window_left={wl} sinks={sinks} split={split} {holes}"
                 got = kv.decode_attention(c.cache, 0, q, c.table, c.lens, **kw)
@@ -163,7 +163,7 @@ def test_decode_equals_attention_over_a_contiguous_copy_of_the_visible_keys(path
     for wl, sinks in [(5, 0), (16, 3), (40, 16), (127, 32)]:
         c = decode_case(bs, wl, sinks, dtype, "poison", d)
         q = np.random.default_rng(3).standard_normal((len(c.lens), 8, d)).astype(np.float32)
-        got = kv.decode_attention(c.cache, 0, q, c.table, c.lens, force_isa=path, window_left=wl, sink_tokens=sinks)
+        got = kv.decode_attention(c.cache, 0, q, c.table, c.lens, tuning=kv.KernelTuning(isa=path), window_left=wl, sink_tokens=sinks)
         counts = [int(s.sum()) for s in c.seen]
         width = max(-(-n // bs) for n in counts)
         copy = kv.KvCache(1, len(counts) * width, bs, hkv, d, dtype)
@@ -174,7 +174,7 @@ def test_decode_equals_attention_over_a_contiguous_copy_of_the_visible_keys(path
             k, v = as_f64(kc[blocks, keys % bs]), as_f64(vc[blocks, keys % bs])
             copy.write(0, k.astype(np.float32), v.astype(np.float32), i * width * bs + np.arange(len(keys)))
         table = np.arange(len(counts) * width, dtype=np.int32).reshape(len(counts), width)
-        plain = kv.decode_attention(copy, 0, q, table, counts, force_isa=path)
+        plain = kv.decode_attention(copy, 0, q, table, counts, tuning=kv.KernelTuning(isa=path))
         np.testing.assert_allclose(got, plain, rtol=0, atol=2e-6 * max(1.0, float(np.abs(plain).max())))
 
 
@@ -206,7 +206,7 @@ def test_prefill_masks_read_only_keys_some_query_sees(path: str, dtype: str, bs:
             want = reference(c, q, vis)
             qo = np.cumsum([0] + [len(p) for p in pos])
             kw: dict[str, Any] = dict(causal=causal, chunk_size=chunk, window_left=wl, sink_tokens=sinks,
-                                      return_lse=True, force_isa=path,
+                                      return_lse=True, tuning=kv.KernelTuning(isa=path),
                                       q_positions=np.concatenate(pos) if explicit else None)
             what = f"{path} {dtype} bs={bs} mask={(wl, sinks, causal, chunk)} explicit={explicit}"
             got = kv.prefill_attention(c.cache, 0, q, qo, c.table, lens, **kw)
@@ -217,7 +217,7 @@ def test_prefill_masks_read_only_keys_some_query_sees(path: str, dtype: str, bs:
 
 
 def test_bf16_fast_paths_read_only_visible_keys() -> None:
-    """``bf16_scores`` and ``bf16_pv`` pack keys differently (bf16 pairs, V token
+    """A bf16 query and bf16 probabilities pack keys differently (bf16 pairs, V token
     pairs): the keys no query sees are packed as zeros there too."""
     wl, sinks = 9, 3
     vis = rule(wl, sinks)
@@ -228,10 +228,10 @@ def test_bf16_fast_paths_read_only_visible_keys() -> None:
     qo = [0, 20, 22]
     for path in PATHS:
         out = kv.prefill_attention(c.cache, 0, q, qo, c.table, lens, q_positions=np.concatenate(pos), window_left=wl,
-                                   sink_tokens=sinks, bf16_scores=True, bf16_pv=True, force_isa=path)
+                                   sink_tokens=sinks, q_dtype="bf16", pv_dtype="bf16", tuning=kv.KernelTuning(isa=path))
         assert np.isfinite(out).all(), path
         dec = kv.decode_attention(c.cache, 0, q[[19, 21]], c.table, lens, window_left=wl, sink_tokens=sinks,
-                                  bf16_scores=True, force_isa=path)
+                                  q_dtype="bf16", tuning=kv.KernelTuning(isa=path))
         assert np.isfinite(dec).all(), path
 
 

@@ -252,10 +252,10 @@ def test_decode_on_every_path_matches_the_dequantized_reference_and_the_f32_boun
     c, cf = build(dtype, k, v, bs, nb), build("f32", k, v, bs, nb)
     kd, vd = (x.reshape(nb, bs, hk, d) for x in c.dequantized(0))
     want = decode_ref(kd, vd, q, t, lens, bs, scale)
-    got = kv.decode_attention(c, 0, q, t, sl, force_isa=path, split_size=64)
+    got = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path, split_size=64))
     out_scale = max(np.abs(want).max(), 1e-3)
     assert np.abs(got - want).max() <= 1e-5 * out_scale, (path, dtype)
-    exact = kv.decode_attention(cf, 0, q, t, sl, force_isa=path)
+    exact = kv.decode_attention(cf, 0, q, t, sl, tuning=kv.KernelTuning(isa=path))
     bound = decode_bound(dtype, c, k.reshape(nb, bs, hk, d), v.reshape(nb, bs, hk, d), q, t, lens, bs, scale)
     err = np.abs(got - exact).max(axis=2)
     assert (err <= bound * 1.001 + 2e-5 * out_scale).all(), (err / np.maximum(bound, 1e-30)).max()
@@ -275,7 +275,7 @@ def test_prefill_on_every_path_matches_the_dequantized_reference(path: str, dtyp
     kd, vd = (x.reshape(nb, bs, hk, d) for x in c.dequantized(0))
     q = rng.standard_normal((sum(nq), hk * g, d)).astype(np.float32)
     indptr = np.concatenate([[0], np.cumsum(nq)])
-    got = kv.prefill_attention(c, 0, q, indptr, t, sl, force_isa=path)
+    got = kv.prefill_attention(c, 0, q, indptr, t, sl, tuning=kv.KernelTuning(isa=path))
     scale = 1 / np.sqrt(d)
     want = np.zeros(got.shape)
     for i, (ln, n) in enumerate(zip(lens, nq)):
@@ -285,21 +285,21 @@ def test_prefill_on_every_path_matches_the_dequantized_reference(path: str, dtyp
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     paged = kv.prefill_attention_paged(c, 0, q, indptr, np.concatenate([[0], np.cumsum([-(-n // bs) for n in lens])]),
                                        np.concatenate([t[i, :-(-n // bs)] for i, n in enumerate(lens)]),
-                                       [n - (-(-n // bs) - 1) * bs for n in lens], force_isa=path)
+                                       [n - (-(-n // bs) - 1) * bs for n in lens], tuning=kv.KernelTuning(isa=path))
     np.testing.assert_allclose(paged, got, rtol=0, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
 def test_bf16_fast_paths_are_refused_for_8bit_caches(dtype: str) -> None:
-    """int8 refuses ``bf16_scores`` (fp8 takes it: tests/attention/test_kv_quant_fp8.py); every 8-bit
-    cache refuses prefill's ``bf16_pv``."""
+    """int8 refuses ``q_dtype="bf16"`` (fp8 takes it: tests/attention/test_kv_quant_fp8.py); every 8-bit
+    cache refuses prefill's ``pv_dtype="bf16"``."""
     c = kv.KvCache(1, 2, 4, 1, 8, dtype)
     q = np.ones((1, 2, 8), np.float32)
     if dtype == "int8":
-        with pytest.raises(kv.InvalidArgumentError, match="bf16_scores"):
-            kv.decode_attention(c, 0, q, [[0]], [3], bf16_scores=True)
-    with pytest.raises(kv.InvalidArgumentError, match="bf16_pv"):
-        kv.prefill_attention(c, 0, q, [0, 1], [[0]], [3], bf16_pv=True)
+        with pytest.raises(kv.InvalidArgumentError, match="q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a int8 cache"):
+            kv.decode_attention(c, 0, q, [[0]], [3], q_dtype="bf16")
+    with pytest.raises(kv.InvalidArgumentError, match="pv_dtype=bf16 is not a prefill precision"):
+        kv.prefill_attention(c, 0, q, [0, 1], [[0]], [3], pv_dtype="bf16")
 
 
 # ------------------------------------------------------------- the ledger and simulator

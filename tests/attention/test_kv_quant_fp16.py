@@ -1,4 +1,4 @@
-"""``fp16_reduction=True`` (fp8 caches): on the AVX-512 path of a CPU with avx512_fp16, block
+"""``q_dtype="f16", pv_dtype="f16"`` (fp8 caches): on the AVX-512 path of a CPU with avx512_fp16, block
 size 16 and a head_dim that is a multiple of 64, q.K and P.V as f16 products summed in f16
 (``rust/attention/avx512_fp16.rs``); every other path, block size and head_dim computes in
 f32 as without it. On every path, both table forms:
@@ -9,8 +9,8 @@ f32 as without it. On every path, both table forms:
   1e-5 of the output scale where the f16 path runs, within 1e-5 elsewhere; the LSE within
   D;
 - on normal data the error is visible where the f16 path runs and far inside the bound;
-- a bool only; refused (naming ``fp16_reduction``) for any other cache and with
-  ``bf16_scores``, ``out`` untouched.
+- refused (naming ``q_dtype``/``pv_dtype`` and the valid pairs) for any other cache and
+  in any other pairing (``pv_dtype="f16"`` with ``q_dtype="bf16"``), ``out`` untouched.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def case(dtype: str, seed: int, g: int, d: int, bs: int = 16
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("g,d,bs", [(1, 128, 16), (4, 128, 16), (2, 64, 16), (3, 256, 16), (4, 128, 32), (4, 80, 16)])
 @pytest.mark.parametrize("path", PATHS)
-def test_fp16_reduction_stays_within_its_bound_on_every_path(path: str, dtype: str, g: int, d: int, bs: int) -> None:
+def test_f16_precision_stays_within_its_bound_on_every_path(path: str, dtype: str, g: int, d: int, bs: int) -> None:
     c, q, t, sl, lens = case(dtype, g * 10 + d + bs, g, d, bs=bs)
     nb = t.max() + 1
     kd, vd = (x.reshape(nb, bs, 2, d).astype(np.float64) for x in c.dequantized(0))
@@ -68,10 +68,10 @@ def test_fp16_reduction_stays_within_its_bound_on_every_path(path: str, dtype: s
             vmax = np.abs(vals).max()
             bound[i, h] = (np.exp(2 * dd) - 1) * vmax + 18 * 2.0**-11 * vmax
             lse_bound[i, h] = dd
-    _, want_lse = kv.decode_attention(c, 0, q, t, sl, force_isa=path, return_lse=True)
+    _, want_lse = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path), return_lse=True)
     for split in (None, bs):
-        got, lse = kv.decode_attention(c, 0, q, t, sl, force_isa=path, split_size=split, return_lse=True,
-                                       fp16_reduction=True)
+        got, lse = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path, split_size=split), return_lse=True,
+                                       q_dtype="f16", pv_dtype="f16")
         err = np.abs(got.astype(np.float64) - want).max(axis=2)
         assert (err <= bound + 1e-5 * out_scale).all(), (path, split, float((err - bound).max()))
         finite = np.isfinite(want_lse)
@@ -81,17 +81,17 @@ def test_fp16_reduction_stays_within_its_bound_on_every_path(path: str, dtype: s
     indptr = np.concatenate([[0], np.cumsum(nblk)])
     indices = np.concatenate([t[i, :n] for i, n in enumerate(nblk)])
     last = np.array([(n - 1) % bs + 1 if n else 0 for n in lens])
-    got = kv.decode_attention_paged(c, 0, q, indptr, indices, last, force_isa=path, fp16_reduction=True)
+    got = kv.decode_attention_paged(c, 0, q, indptr, indices, last, tuning=kv.KernelTuning(isa=path), q_dtype="f16", pv_dtype="f16")
     assert (np.abs(got.astype(np.float64) - want).max(axis=2) <= bound + 1e-5 * out_scale).all(), path
 
 
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("path", PATHS)
-def test_fp16_reduction_errors_on_normal_data_are_visible_and_far_inside_the_bound(path: str, dtype: str) -> None:
+def test_f16_precision_errors_on_normal_data_are_visible_and_far_inside_the_bound(path: str, dtype: str) -> None:
     d, g, bs = 128, 4, 16
     c, q, t, sl, lens = case(dtype, 11, g, d, bs=bs)
-    exact = kv.decode_attention(c, 0, q, t, sl, force_isa=path).astype(np.float64)
-    got = kv.decode_attention(c, 0, q, t, sl, force_isa=path, fp16_reduction=True).astype(np.float64)
+    exact = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path)).astype(np.float64)
+    got = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path), q_dtype="f16", pv_dtype="f16").astype(np.float64)
     vmax = float(np.abs(c.dequantized(0)[1]).max())
     err = float(np.abs(got - exact).max())
     if f16_path(path, d, bs):
@@ -101,21 +101,24 @@ def test_fp16_reduction_errors_on_normal_data_are_visible_and_far_inside_the_bou
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "int8"])
-def test_fp16_reduction_needs_an_fp8_cache(dtype: str) -> None:
+def test_f16_precision_needs_an_fp8_cache(dtype: str) -> None:
     c = kv.KvCache(1, 4, 16, 2, 64, dtype)
     q = np.ones((1, 4, 64), np.float32)
     out = np.full((1, 4, 64), 7, np.float32)
-    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
-        kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, fp16_reduction=True)
+    with pytest.raises(kv.InvalidArgumentError, match=f"q_dtype=f16 with pv_dtype=f16 is not a decode precision on a {dtype}"):
+        kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, q_dtype="f16", pv_dtype="f16")
     assert (out == 7).all()
 
 
-def test_fp16_reduction_takes_a_bool_only_and_not_with_bf16_scores() -> None:
+def test_f16_precision_takes_dtype_names_only_and_pairs_f16_with_f16() -> None:
     c = kv.KvCache(1, 4, 16, 2, 64, "fp8_e4m3")
     q = np.ones((1, 4, 64), np.float32)
     with pytest.raises(TypeError):
-        kv.decode_attention(c, 0, q, [[0, 1]], [20], fp16_reduction=1)  # type: ignore[arg-type]
+        kv.decode_attention(c, 0, q, [[0, 1]], [20], q_dtype=1)  # type: ignore[arg-type]
     out = np.full((1, 4, 64), 7, np.float32)
-    with pytest.raises(kv.InvalidArgumentError, match="fp16_reduction"):
-        kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, fp16_reduction=True, bf16_scores=True)
+    for bad in [dict(q_dtype="bf16", pv_dtype="f16"), dict(q_dtype="f16"), dict(pv_dtype="f16")]:
+        with pytest.raises(kv.InvalidArgumentError, match="valid .q_dtype, pv_dtype. there: .f32, f32., .bf16, f32., .f16, f16."):
+            kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, **bad)  # type: ignore[arg-type]
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype must be one of"):
+        kv.decode_attention(c, 0, q, [[0, 1]], [20], out=out, q_dtype="fp8_e4m3")  # type: ignore[arg-type]
     assert (out == 7).all()

@@ -1,4 +1,4 @@
-"""``bf16_scores`` on fp8 caches: the codes widened to bf16 (exact) and the
+"""``q_dtype="bf16"`` on fp8 caches: the codes widened to bf16 (exact) and the
 query rounded to bf16, on every path (``vdpbf16ps`` on AVX-512 with avx512_bf16 and
 avx512vbmi, f32 FMAs on the rounded query elsewhere):
 
@@ -55,7 +55,7 @@ def make(dtype: str, lens: list[int], bs: int, hkv: int, d: int, seed: int,
 
 def reference(c: kv.KvCache, q: npt.NDArray[np.float32], table: npt.NDArray[np.int64], lens: list[int],
               scale: float, window_left: int | None = None, sinks: int = 0) -> tuple[F64, F64, F64]:
-    """f64 attention over the dequantized values: (out, lse, bf16_scores bound on out)."""
+    """f64 attention over the dequantized values: (out, lse, the bf16 query's bound on out)."""
     kd, vd = (x.astype(np.float64) for x in c.dequantized(0))
     n, hq, d = q.shape
     hkv, bs = c.num_kv_heads, c.block_size
@@ -91,15 +91,14 @@ CASES = [  # (dtype, lens, bs, hkv, hq, d)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-bs{c[2]}-{c[3]}x{c[4] // c[3]}-d{c[5]}")
 @pytest.mark.parametrize("split", [None, 1])
-def test_fp8_bf16_scores_match_the_rounded_query_reference(path: str, case: tuple[Any, ...],
+def test_fp8_bf16_query_matches_the_rounded_query_reference(path: str, case: tuple[Any, ...],
                                                            split: int | None) -> None:
     dtype, lens, bs, hkv, hq, d = case
     c, table = make(dtype, lens, bs, hkv, d, seed=d + bs)
     q = np.random.default_rng(5).standard_normal((len(lens), hq, d)).astype(np.float32) * 2
     scale = 1 / np.sqrt(d)
     want, want_lse, _ = reference(c, bf16_round(q), table, lens, scale)
-    got, lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, force_isa=path, bf16_scores=True,
-                                   split_size=split)
+    got, lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, tuning=kv.KernelTuning(isa=path, split_size=split), q_dtype="bf16")
     tol = 1e-5 * np.abs(want).max()
     assert np.abs(got - want).max() <= tol
     np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
@@ -108,15 +107,15 @@ def test_fp8_bf16_scores_match_the_rounded_query_reference(path: str, case: tupl
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("outliers", [False, True])
-def test_fp8_bf16_scores_stay_within_the_documented_bound_of_the_exact_path(path: str, dtype: str,
+def test_fp8_bf16_query_stays_within_the_documented_bound_of_the_exact_path(path: str, dtype: str,
                                                                             outliers: bool) -> None:
     lens = [300, 64, 1, 129]
     c, table = make(dtype, lens, 16, 2, 128, seed=11, outliers=outliers)
     q = np.random.default_rng(6).standard_normal((len(lens), 8, 128)).astype(np.float32)
     scale = 1 / np.sqrt(128)
     _, _, bound = reference(c, q, table, lens, scale)
-    exact, exact_lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, force_isa=path)
-    fast, fast_lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, force_isa=path, bf16_scores=True)
+    exact, exact_lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, tuning=kv.KernelTuning(isa=path))
+    fast, fast_lse = kv.decode_attention(c, 0, q, table, lens, return_lse=True, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
     err = np.abs(fast.astype(np.float64) - exact).max(axis=2)
     slack = 2e-6 * np.abs(exact).max()  # f32 rounding of both runs
     assert (err <= bound + slack).all(), float((err - bound).max())
@@ -132,30 +131,30 @@ def test_fp8_bf16_scores_stay_within_the_documented_bound_of_the_exact_path(path
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", FP8)
-def test_fp8_bf16_scores_with_windows_sinks_and_paged_tables(path: str, dtype: str) -> None:
+def test_fp8_bf16_query_with_windows_sinks_and_paged_tables(path: str, dtype: str) -> None:
     lens, bs = [1, 30, 77], 16
     c, table = make(dtype, lens, bs, 2, 64, seed=13)
     q = np.random.default_rng(7).standard_normal((len(lens), 4, 64)).astype(np.float32)
     scale = 1 / 8
     for wl, sinks in [(5, 0), (20, 3), (0, 1)]:
         want, _, _ = reference(c, bf16_round(q), table, lens, scale, wl, sinks)
-        got = kv.decode_attention(c, 0, q, table, lens, force_isa=path, bf16_scores=True, window_left=wl,
+        got = kv.decode_attention(c, 0, q, table, lens, tuning=kv.KernelTuning(isa=path), q_dtype="bf16", window_left=wl,
                                   sink_tokens=sinks)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     nb = [-(-n // bs) for n in lens]
     indptr = np.concatenate([[0], np.cumsum(nb)])
     indices = np.concatenate([table[i, :b] for i, b in enumerate(nb)])
     last = [n - (b - 1) * bs for n, b in zip(lens, nb)]
-    paged = kv.decode_attention_paged(c, 0, q, indptr, indices, last, force_isa=path, bf16_scores=True)
-    np.testing.assert_array_equal(paged, kv.decode_attention(c, 0, q, table, lens, force_isa=path,
-                                                             bf16_scores=True))
+    paged = kv.decode_attention_paged(c, 0, q, indptr, indices, last, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
+    np.testing.assert_array_equal(paged, kv.decode_attention(c, 0, q, table, lens, tuning=kv.KernelTuning(isa=path),
+                                                             q_dtype="bf16"))
 
 
 @pytest.mark.parametrize("dtype", FP8)
-def test_fp8_bf16_scores_agree_across_paths_and_propagate_nan_codes(dtype: str) -> None:
+def test_fp8_bf16_query_agrees_across_paths_and_propagate_nan_codes(dtype: str) -> None:
     c, table = make(dtype, [50, 20], 16, 1, 32, seed=17)
     q = np.random.default_rng(8).standard_normal((2, 2, 32)).astype(np.float32)
-    outs = [kv.decode_attention(c, 0, q, table, [50, 20], force_isa=p, bf16_scores=True) for p in PATHS]
+    outs = [kv.decode_attention(c, 0, q, table, [50, 20], tuning=kv.KernelTuning(isa=p), q_dtype="bf16") for p in PATHS]
     for o in outs[1:]:
         np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-6 * np.abs(outs[0]).max())
     # A NaN code in a visible key of sequence 1: the widened code is NaN, so its score is
@@ -164,8 +163,8 @@ def test_fp8_bf16_scores_agree_across_paths_and_propagate_nan_codes(dtype: str) 
     nan_code = 0x7F if dtype == "fp8_e4m3" else 0x7E
     c.key(0).view(np.uint8)[table[1, 0], 3, 0, 5] = nan_code
     for p in PATHS:
-        fast = kv.decode_attention(c, 0, q, table, [50, 20], force_isa=p, bf16_scores=True)
-        exact = kv.decode_attention(c, 0, q, table, [50, 20], force_isa=p)
+        fast = kv.decode_attention(c, 0, q, table, [50, 20], tuning=kv.KernelTuning(isa=p), q_dtype="bf16")
+        exact = kv.decode_attention(c, 0, q, table, [50, 20], tuning=kv.KernelTuning(isa=p))
         np.testing.assert_array_equal(np.isnan(fast), np.isnan(exact))
         assert np.isfinite(fast[0]).all(), p
         if p == "scalar":
@@ -174,14 +173,14 @@ def test_fp8_bf16_scores_agree_across_paths_and_propagate_nan_codes(dtype: str) 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["f32", "f16", "int8"])
-def test_bf16_scores_refuse_f32_f16_and_int8_caches_and_leave_out_untouched(path: str, dtype: str) -> None:
+def test_bf16_query_refuses_f32_f16_and_int8_caches_and_leave_out_untouched(path: str, dtype: str) -> None:
     c = kv.KvCache(1, 4, 16, 1, 8, dtype)
     q = np.ones((1, 2, 8), np.float32)
     out = np.full((1, 2, 8), 7.0, np.float32)
-    with pytest.raises(kv.InvalidArgumentError, match="bf16_scores needs a bf16 cache or an fp8 one"):
-        kv.decode_attention(c, 0, q, [[0]], [3], out=out, force_isa=path, bf16_scores=True)
-    with pytest.raises(kv.InvalidArgumentError, match="bf16_scores"):
-        kv.decode_attention_paged(c, 0, q, [0, 1], [0], [3], out=out, force_isa=path, bf16_scores=True)
+    with pytest.raises(kv.InvalidArgumentError, match=f"q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a {dtype} cache"):
+        kv.decode_attention(c, 0, q, [[0]], [3], out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=bf16"):
+        kv.decode_attention_paged(c, 0, q, [0, 1], [0], [3], out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
     assert (out == 7.0).all()
 
 
@@ -199,7 +198,7 @@ def test_only_writable_views_can_store_codes_the_writes_never_make() -> None:
             v.flags.writeable = True
     assert np.all(np.abs(c.dequantized(0)[0]) <= 448 * c.key_scales(0, writable=False).max())
     q = np.random.default_rng(1).standard_normal((2, 8, 64)).astype(np.float32)
-    got = {p: kv.decode_attention(c, 0, q, table, lens, force_isa=p) for p in ("avx512", "avx2") if p in PATHS}
+    got = {p: kv.decode_attention(c, 0, q, table, lens, tuning=kv.KernelTuning(isa=p)) for p in ("avx512", "avx2") if p in PATHS}
     for p, out in got.items():
         assert np.isfinite(out).all(), p
         np.testing.assert_allclose(out, next(iter(got.values())), rtol=0, atol=1e-5 * np.abs(out).max())
@@ -216,7 +215,7 @@ def test_e4m3_nan_codes_read_on_avx512_as_on_avx2(bs: int) -> None:
     q = np.random.default_rng(3).standard_normal((2, 8, 64)).astype(np.float32)
 
     def both(c: kv.KvCache, table: npt.NDArray[np.int64]) -> tuple[Any, Any]:
-        return tuple(kv.decode_attention(c, 0, q, table, lens, force_isa=p) for p in ("avx512", "avx2"))
+        return tuple(kv.decode_attention(c, 0, q, table, lens, tuning=kv.KernelTuning(isa=p)) for p in ("avx512", "avx2"))
 
     clean_c, table = make("fp8_e4m3", lens, bs, 2, 64, seed=5)
     clean = both(clean_c, table)[0]

@@ -1,4 +1,4 @@
-"""8-bit decode on every kernel path this CPU has (``force_isa``: scalar, AVX2 and AVX-512
+"""8-bit decode on every kernel path this CPU has (``KernelTuning(isa=...)``: scalar, AVX2 and AVX-512
 on x86-64, NEON on aarch64), each dequantizing the codes in registers, against a float64
 reference on the dequantized values, within 1e-5 of the output scale: every length 1..16
 (the tails of 4-, 8- and 16-token chunks), GQA ratios 1, 2, 4 and 8, block sizes 1, 16
@@ -62,7 +62,7 @@ def test_8bit_decode_matches_the_dequantized_reference_over_tails_ratios_and_win
             want = reference(c, q, t, lens, window, sinks)
             tol = 1e-5 * max(float(np.abs(want).max()), 1e-3)
             for split in (None, 1):
-                got: Any = kv.decode_attention(c, 0, q, t, lens, force_isa=path, split_size=split,
+                got: Any = kv.decode_attention(c, 0, q, t, lens, tuning=kv.KernelTuning(isa=path, split_size=split),
                                                window_left=window, sink_tokens=sinks)
                 err = float(np.abs(got - want).max())
                 assert err <= tol, (path, dtype, bs, g, window, sinks, split, err / tol)

@@ -165,8 +165,8 @@ def assert_close(got: F32, want: F64, lmax: float, factor: float = 1.0) -> None:
 def check(b: Batch, m: MaskSpec, path: str, *, scale: float | None = None, cap: float | None = None,
           bf16: bool = False) -> None:
     want, want_lse, lmax = reference(b, m, scale, cap, bf16)
-    kw = dict(m.kwargs(), q_positions=b.positions, scale=scale, logits_soft_cap=cap, force_isa=path,
-              bf16_scores=bf16)
+    kw = dict(m.kwargs(), q_positions=b.positions, scale=scale, logits_soft_cap=cap, tuning=kv.KernelTuning(isa=path),
+              q_dtype="bf16" if bf16 else "f32")
     out, lse = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, return_lse=True, **kw)
     assert out.shape == b.q.shape and out.dtype == np.float32 and lse.shape == b.q.shape[:2]
     assert_close(out, want, lmax)
@@ -199,7 +199,7 @@ def test_long_tiles_head_dim_tails_and_splits(path: str) -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_positions_soft_cap_scale_and_bf16_scores(path: str) -> None:
+def test_positions_soft_cap_scale_and_bf16_query(path: str) -> None:
     b = make([90, 50], [5, 4], 16, 2, 2, 64, "bf16", seed=4, qmag=3.0)
     b.positions = [3, 0, 89, 1000, 40, 7, 7, 49, 0]
     for m in MASKS:
@@ -212,8 +212,8 @@ def test_positions_soft_cap_scale_and_bf16_scores(path: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_one_query_per_sequence_is_decode(path: str, dtype: str) -> None:
     b = make([300, 17, 64, 1], [1, 1, 1, 1], 16, 2, 4, 64, dtype, seed=5)
-    out, lse = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, force_isa=path, return_lse=True)
-    dec, dlse = kv.decode_attention(b.cache, 0, b.q, b.padded(), b.lens, force_isa=path, return_lse=True)
+    out, lse = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, tuning=kv.KernelTuning(isa=path), return_lse=True)
+    dec, dlse = kv.decode_attention(b.cache, 0, b.q, b.padded(), b.lens, tuning=kv.KernelTuning(isa=path), return_lse=True)
     np.testing.assert_allclose(out, dec, rtol=0, atol=1e-6 * float(np.abs(dec).max()))
     np.testing.assert_allclose(lse, dlse, rtol=1e-6, atol=1e-6)
 
@@ -297,9 +297,11 @@ def test_invalid_arguments_name_the_argument_and_leave_out_untouched() -> None:
         ({"scale": float("nan")}, "scale"),
         ({"logits_soft_cap": 0.0}, "logits_soft_cap"),
         ({"logits_soft_cap": float("inf")}, "logits_soft_cap"),
-        ({"force_isa": "sse9"}, "force_isa"),
-        ({"bf16_scores": True}, "bf16_scores"),
-        ({"bf16_pv": True}, "bf16_pv"),
+        ({"q_dtype": "int8"}, "q_dtype=int8 with pv_dtype=f32 is not a prefill precision"),
+        ({"q_dtype": "bf16"}, "q_dtype=bf16 with pv_dtype=f32 is not a prefill precision on a f32 cache"),
+        ({"pv_dtype": "bf16"}, "pv_dtype=bf16 is not a prefill precision"),
+        ({"pv_dtype": "f64"}, "pv_dtype must be one of"),
+        ({"tuning": kv.KernelTuning(kv_heads_per_item=1)}, "kv_heads_per_item is a decode knob"),
         ({"out": out[:, :1]}, "out"),
         ({"out": out.astype(np.float64)}, "out"),
     ]
@@ -320,20 +322,20 @@ def test_forcing_a_path_this_cpu_lacks_names_it() -> None:
     b = make([8], [2], 4, 1, 1, 8, "f32", seed=10)
     for p in lacking:
         with pytest.raises(kv.InvalidArgumentError, match=p):
-            kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, force_isa=p)
+            kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, tuning=kv.KernelTuning(isa=p))
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_bf16_pv_stays_within_its_documented_bound(path: str) -> None:
     # Each probability rounded to bf16 moves each output by at most 2^-9 * max|V| (plus
-    # the f32 tolerance); with bf16_scores too, against the rounded-query reference.
+    # the f32 tolerance); with a bf16 query too, against the rounded-query reference.
     b = make([300, 77], [120, 9], 16, 2, 4, 64, "bf16", seed=12)
     vmax = float(np.abs(as_f64(b.cache.value(0))).max())
     for m in [MaskSpec(), MaskSpec(chunk_size=50), MaskSpec(window_left=40, sink_tokens=4)]:
         for scores in [False, True]:
             want, _, lmax = reference(b, m, bf16=scores)
-            got = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, force_isa=path,
-                                       bf16_scores=scores, bf16_pv=True, **m.kwargs())  # type: ignore[arg-type]
+            got = kv.prefill_attention(b.cache, 0, b.q, b.indptr, b.padded(), b.lens, tuning=kv.KernelTuning(isa=path),
+                                       q_dtype="bf16" if scores else "f32", pv_dtype="bf16", **m.kwargs())  # type: ignore[arg-type]
             slack = float(np.abs(want).max()) * (1e-5 + 4e-7 * lmax) * (4 if scores else 1)
             err = float(np.abs(got - want).max())
             assert err <= 2.0**-9 * vmax + slack, (m, scores, err)

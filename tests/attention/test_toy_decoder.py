@@ -53,7 +53,7 @@ def test_main_exits_zero() -> None:
 
 
 def test_decode_options_reach_every_decode_call() -> None:
-    # int8_scores moves the logits (the query quantized to int8) on every path, within its
+    # q_dtype="int8" moves the logits (the query quantized to int8) on every path, within its
     # bound of the exact int8 run. A key decode_attention does not take is a TypeError, an
     # option the dtype refuses an InvalidArgumentError, both before any token.
     import pytest
@@ -65,10 +65,10 @@ def test_decode_options_reach_every_decode_call() -> None:
     prompt = list(range(cfg.prompt))
     toks, _ = td.generate_cached(model, prompt, "int8")
     exact = td.cached_logits(model, prompt, toks, "int8")
-    fast = td.cached_logits(model, prompt, toks, "int8", decode_options={"int8_scores": True})
+    fast = td.cached_logits(model, prompt, toks, "int8", decode_options={"q_dtype": "int8"})
     moved = float(np.abs(fast - exact).max())
     assert 0 < moved < 0.05 * float(np.abs(exact).max())
     with pytest.raises(TypeError):
         td.generate_cached(model, prompt, "int8", decode_options={"int8_fast": True})  # type: ignore[typeddict-unknown-key]
-    with pytest.raises(kv.InvalidArgumentError, match="int8_scores needs an int8 cache"):
-        td.generate_cached(model, prompt, "bf16", decode_options={"int8_scores": True})
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=int8 with pv_dtype=f32 is not a decode precision on a bf16 cache"):
+        td.generate_cached(model, prompt, "bf16", decode_options={"q_dtype": "int8"})

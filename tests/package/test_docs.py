@@ -107,7 +107,7 @@ def test_help_of_step_shows_units_and_errors() -> None:
 
 def test_decode_attention_documents_arguments_at_run_time() -> None:
     doc = inspect.getdoc(pykvpool.decode_attention) or ""
-    for word in ("q: float32", "seq_lens:", "out:", "force_isa:", "bf16_scores:", "Returns:",
+    for word in ("q: float32", "seq_lens:", "out:", "tuning:", "q_dtype:", "logits_soft_cap:", "Returns:",
                  "Raises:", "InvalidArgumentError"):
         assert word in doc, word
 

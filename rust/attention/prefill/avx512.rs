@@ -3,7 +3,7 @@
 //! - `Q K^T`: 6 rows x up to 4 vectors (64 keys) of accumulators in registers; per
 //!   dimension, 4 loads of the K pack row and one broadcast query element per row feed
 //!   24 FMAs.
-//! - `vdpbf16ps` scores (`bf16_scores`): the same blocking over dimension pairs, one
+//! - `vdpbf16ps` scores (a bf16 query): the same blocking over dimension pairs, one
 //!   instruction per two dimensions.
 //! - softmax: per row, a vector max, `exp2` by decode's polynomial and `vscalefps`.
 //! - `P V`: 6 rows x 64 dimensions of accumulators; per key, 4 loads of the V pack row

@@ -14,7 +14,7 @@
 //! into a contiguous f32 pack once and reused by every row (FlashAttention-style), tiles
 //! that no row sees are skipped, tiles every row sees fully skip the mask. The micro-
 //! kernels (`Q K^T`, online softmax, `P V`) are per instruction set: [`scalar`], `avx2`,
-//! `avx512` (and `vdpbf16ps` scores for `bf16_scores`), `neon`. When the batch has fewer
+//! `avx512` (and `vdpbf16ps` scores for a bf16 query), `neon`. When the batch has fewer
 //! query tiles than about four per thread, key ranges are split and the partial results
 //! merged by log-sum-exp, as decode does; items run longest first on the kernel pool.
 //!
@@ -29,6 +29,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::isa::Isa;
+use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::tables::{SeqTables, Visible};
 use super::query::scaled_query;
 use super::wide::{self, all_finite, Logits};
@@ -68,20 +69,15 @@ pub struct PrefillOptions {
     pub scale: Option<f32>,
     /// Gemma-2 logit soft cap: logits become `cap * tanh(logit / cap)`.
     pub logits_soft_cap: Option<f32>,
-    /// Kernel path; `None` is [`Isa::best`].
-    pub isa: Option<Isa>,
-    /// bf16 caches only: the scores use the query rounded to bf16 (as decode's
-    /// `bf16_scores`); on AVX-512 with avx512_bf16 they are computed by `vdpbf16ps`.
-    pub bf16_scores: bool,
-    /// bf16 caches only: round the probabilities to bf16 (nearest even) for `P V` (V is
-    /// exact in bf16); on AVX-512 with avx512_bf16 `P V` is then computed by `vdpbf16ps`
-    /// over token pairs, elsewhere by f32 FMAs on the rounded probabilities. The softmax
-    /// sum stays f32 on the unrounded ones, so each output moves by at most
-    /// `2^-9 * max|V|` (each weight by at most 2^-9 of itself).
-    pub bf16_pv: bool,
-    /// Keys per split of a query tile's key range (rounded up to `TW`); `Some(0)`
-    /// never splits, `None` splits only when there are too few query tiles.
-    pub split_tokens: Option<usize>,
+    /// The operand dtypes ([`Precision`]): a bf16 query (bf16 and fp8 caches; on
+    /// AVX-512 with avx512_bf16 and a bf16 cache the scores take `vdpbf16ps`), bf16
+    /// probabilities (bf16 caches: rounded to nearest even for `P V`, which then takes
+    /// `vdpbf16ps` over token pairs with avx512_bf16, elsewhere f32 FMAs on the rounded
+    /// probabilities; the softmax sum stays f32 on the unrounded ones, so each output
+    /// moves by at most `2^-9 * max|V|`).
+    pub precision: Precision,
+    /// `kv_heads_per_item` must be `None`: items are cut by rows.
+    pub tuning: Tuning,
     /// Rows (queries x heads of a group) per work item; `None` is [`ROWS`].
     pub rows_per_item: Option<usize>,
 }
@@ -107,8 +103,8 @@ pub struct Queries<'a> {
 /// Errors: shapes or head counts that do not match, offsets that are not a
 /// non-decreasing cover of the rows, more default-positioned queries than keys, negative
 /// positions, `chunk_size` without `causal` or of 0, a non-finite scale, a soft cap that
-/// is not finite and positive, an unsupported path, `bf16_scores` without a bf16 cache,
-/// a block holding visible keys that is not a block of the pool.
+/// is not finite and positive, an unsupported path, a precision not valid on the cache
+/// ([`Precision::check`]), `kv_heads_per_item` in the tuning, a block holding visible keys that is not a block of the pool.
 pub fn prefill_attention(
     cache: &KvCache,
     layer: usize,
@@ -147,13 +143,15 @@ pub fn prefill_attention(
             r.extend([0..s.sink_end, s.lo..s.hi]);
         }
     })?;
-    let isa = opts.isa.unwrap_or_else(Isa::best);
+    let isa = opts.tuning.path()?.isa();
     let pool = crate::runtime::threads::pool()?;
-    let (qv, q_bf16) = scaled_query(qs.q, d, factor, opts.bf16_scores);
-    let use_dot = opts.bf16_scores && isa == Isa::Avx512 && tile::dot_supported();
+    let Precision { q: q_dtype, pv: pv_dtype } = opts.precision;
+    let (qv, q_bf16) = scaled_query(qs.q, d, factor, q_dtype == DType::BF16);
+    let dot = cache.dtype() == DType::BF16 && isa == Isa::Avx512 && tile::dot_supported();
+    let use_dot = q_dtype == DType::BF16 && dot;
     let g = hq / hkv;
     let item_rows = opts.rows_per_item.unwrap_or(ROWS);
-    let plan = plan::plan(qs.qo_indptr, &spans, hkv, g, pool.current_num_threads(), opts.split_tokens, item_rows);
+    let plan = plan::plan(qs.qo_indptr, &spans, hkv, g, pool.current_num_threads(), opts.tuning.split_tokens, item_rows);
     let items = &plan.items;
     let offsets: Vec<usize> = std::iter::once(0)
         .chain(items.iter().scan(0, |acc, it| {
@@ -172,7 +170,7 @@ pub fn prefill_attention(
             k, v, scales: cache.scales(layer)?, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, isa,
             q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
             soft_cap: opts.logits_soft_cap,
-            pv: match (opts.bf16_pv, isa == Isa::Avx512 && tile::dot_supported()) {
+            pv: match (pv_dtype == DType::BF16, dot) {
                 (false, _) => PvMode::F32,
                 (true, false) => PvMode::RoundedF32,
                 (true, true) => PvMode::Dot,
@@ -267,11 +265,7 @@ fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f3
     if !scale.is_finite() {
         return Err(invalid!("scale must be finite, got {scale}"));
     }
-    if let Some(c) = opts.logits_soft_cap {
-        if !(c.is_finite() && c > 0.0) {
-            return Err(invalid!("logits_soft_cap must be finite and > 0, got {c}"));
-        }
-    }
+    check_soft_cap(opts.logits_soft_cap)?;
     let mk = &opts.mask;
     if mk.chunk_size == Some(0) {
         return Err(invalid!("chunk_size must be >= 1"));
@@ -279,16 +273,11 @@ fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f3
     if mk.chunk_size.is_some() && !mk.causal {
         return Err(invalid!("chunk_size (block-causal) needs causal=True; causal=False with chunks is contradictory"));
     }
-    let isa = opts.isa.unwrap_or_else(Isa::best);
-    if !isa.supported() {
-        return Err(invalid!("kernel path {} is not supported by this CPU", isa.name()));
+    opts.tuning.path()?;
+    if opts.tuning.kv_heads_per_item.is_some() {
+        return Err(invalid!("kv_heads_per_item is a decode knob: prefill cuts its items by rows"));
     }
-    if opts.bf16_scores && cache.dtype() != DType::BF16 {
-        return Err(invalid!("bf16_scores needs a bf16 cache, this one stores {}", cache.dtype().name()));
-    }
-    if opts.bf16_pv && cache.dtype() != DType::BF16 {
-        return Err(invalid!("bf16_pv needs a bf16 cache, this one stores {}", cache.dtype().name()));
-    }
+    opts.precision.check(Kernel::Prefill, cache.dtype())?;
     let factor = if opts.logits_soft_cap.is_some() { scale } else { scale * std::f32::consts::LOG2_E };
     Ok((scale, factor))
 }

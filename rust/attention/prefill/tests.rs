@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::attention::decode::{decode_attention, DecodeOptions};
-use crate::attention::test_util::{filled, last_block_case, shape, Lcg};
-use crate::attention::tests::ALL_DTYPES;
+use crate::attention::test_util::{filled, last_block_case, on, refusal, shape, Lcg, BF16_PV, BF16_QUERY, BF16_QUERY_PV, F16_PRECISION, INT8_QUERY};
+use crate::attention::tests::{ALL_DTYPES, CAPS};
 
 /// The layer's stored K and V as f64 (8-bit: codes times scales), in the logical order
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`.
@@ -49,7 +49,7 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
             for h in 0..call.hq {
                 let row = r * call.hq + h;
                 let q = &call.q[row * d..][..d];
-                let q: Vec<f64> = if opts.bf16_scores {
+                let q: Vec<f64> = if opts.precision.q == DType::BF16 {
                     q.iter().map(|&x| half::bf16::from_f32(x).to_f32() as f64).collect()
                 } else {
                     q.iter().map(|&x| x as f64).collect()
@@ -85,19 +85,20 @@ fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
     let (want, want_lse, lmax) = reference(c, call, t, opts);
     let oscale = want.iter().fold(1e-30f64, |a, x| a.max(x.abs()));
     // f32 arithmetic: 1e-5 of the output scale plus the rounding of large logits.
-    let mut tol = oscale * (1e-5 + 4e-7 * lmax) * if opts.bf16_scores { 4.0 } else { 1.0 };
-    if opts.bf16_pv {
+    let Precision { q: q_dtype, pv: pv_dtype } = opts.precision;
+    let mut tol = oscale * (1e-5 + 4e-7 * lmax) * if q_dtype == DType::BF16 { 4.0 } else { 1.0 };
+    if pv_dtype == DType::BF16 {
         // Each probability rounded to bf16: the output moves by at most 2^-9 max|V|
         // (the cache's V values are in -1..1).
         tol += 2f64.powi(-9);
     }
     for isa in Isa::available() {
         for no_dot in [false, true] {
-            if no_dot && !((opts.bf16_scores || opts.bf16_pv) && isa == Isa::Avx512) {
+            if no_dot && !(opts.precision != Precision::EXACT && isa == Isa::Avx512) {
                 continue;
             }
             super::tile::NO_DOT.store(no_dot, Ordering::Relaxed);
-            let o = PrefillOptions { isa: Some(isa), ..opts.clone() };
+            let o = PrefillOptions { tuning: Tuning { isa: Some(isa), ..opts.tuning }, ..opts.clone() };
             let mut out = vec![f32::NAN; call.q.len()];
             let mut lse = vec![f32::NAN; want_lse.len()];
             let qs = Queries { q: call.q, num_q_heads: call.hq, qo_indptr: call.indptr, positions: call.positions };
@@ -154,25 +155,40 @@ fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
             let call = Call { q: &q, hq, indptr: &indptr, positions: None };
             for mask in masks() {
                 for split in [None, Some(64)] {
-                    compare(&c, &call, &t, &PrefillOptions { mask, split_tokens: split, ..Default::default() });
+                    let tuning = Tuning { split_tokens: split, ..Tuning::default() };
+                    compare(&c, &call, &t, &PrefillOptions { mask, tuning, ..Default::default() });
                 }
             }
         }
     }
 }
 
+/// Explicit positions with soft caps and the bf16 precisions (a bf16 query, bf16
+/// probabilities, both) on a bf16 cache, and a bf16 query on the fp8 caches (f32 FMAs on
+/// the rounded query on every path).
 #[test]
-fn soft_cap_positions_and_bf16_scores() {
-    let c = filled(shape(16, 2, 64, 12), DType::BF16, 3, 2.0);
+fn soft_cap_positions_and_bf16_precisions() {
     let t = SeqTables::padded(&(0..12).collect::<Vec<i64>>(), 6, &[90, 50], 16, 12).unwrap();
     let indptr = [0i64, 5, 9];
     let pos = [3i64, 0, 89, 1000, 40, 7, 7, 49, 0];
     let q = random_q(9 * 4 * 64, 11);
     let call = Call { q: &q, hq: 4, indptr: &indptr, positions: Some(&pos) };
+    let c = filled(shape(16, 2, 64, 12), DType::BF16, 3, 2.0);
+    let exact = Precision::EXACT;
     for mask in masks() {
-        for (cap, bf16, pv) in [(None, true, false), (Some(2.5), false, false), (Some(30.0), true, false), (None, false, true), (None, true, true)] {
-            let opts = PrefillOptions { mask, logits_soft_cap: cap, bf16_scores: bf16, bf16_pv: pv, scale: Some(0.3), ..Default::default() };
+        let cases = [(None, BF16_QUERY), (Some(2.5), exact), (Some(30.0), BF16_QUERY), (None, BF16_PV), (None, BF16_QUERY_PV), (Some(2.5), BF16_QUERY_PV)];
+        for (cap, precision) in cases {
+            let opts = PrefillOptions { mask, logits_soft_cap: cap, precision, scale: Some(0.3), ..Default::default() };
             compare(&c, &call, &t, &opts);
+        }
+    }
+    for dtype in [DType::E4M3, DType::E5M2] {
+        let c = filled(shape(16, 2, 64, 12), dtype, 3, 2.0);
+        for mask in masks() {
+            for cap in [None, Some(2.5)] {
+                let opts = PrefillOptions { mask, logits_soft_cap: cap, precision: BF16_QUERY, scale: Some(0.3), ..Default::default() };
+                compare(&c, &call, &t, &opts);
+            }
         }
     }
 }
@@ -235,7 +251,9 @@ fn windows_read_only_keys_some_query_sees() {
                 let (c, t) = poisoned(dtype, (bs, 2, d), &lens, &call, &mask, poison);
                 for split in [None, Some(64)] {
                     for bf16 in [false, dtype == DType::BF16] {
-                        compare(&c, &call, &t, &PrefillOptions { mask, split_tokens: split, bf16_scores: bf16, bf16_pv: bf16, ..Default::default() });
+                        let precision = if bf16 { BF16_QUERY_PV } else { Precision::EXACT };
+                        let tuning = Tuning { split_tokens: split, ..Tuning::default() };
+                        compare(&c, &call, &t, &PrefillOptions { mask, tuning, precision, ..Default::default() });
                     }
                 }
                 if poison {
@@ -262,34 +280,53 @@ fn last_token_of_the_pools_last_block_is_read() {
             let indptr = [0, nq[0], nq[0] + nq[1], nq[0] + nq[1] + nq[2]];
             let q = random_q(indptr[3] as usize * 6 * d, 5);
             let call = Call { q: &q, hq: 6, indptr: &indptr, positions: None };
+            // The bf16 precisions where the cache takes them: both on bf16, the query on fp8.
+            let rounded = match dtype {
+                DType::BF16 => Some(BF16_QUERY_PV),
+                DType::E4M3 | DType::E5M2 => Some(BF16_QUERY),
+                _ => None,
+            };
             for mask in masks() {
-                for bf16 in [false, dtype == DType::BF16] {
-                    compare(&c, &call, &t, &PrefillOptions { mask, bf16_scores: bf16, bf16_pv: bf16, ..Default::default() });
+                for precision in std::iter::once(Precision::EXACT).chain(rounded) {
+                    compare(&c, &call, &t, &PrefillOptions { mask, precision, ..Default::default() });
                 }
             }
         }
     }
 }
 
+/// Decode and prefill with one query per sequence agree on every path, without and with a
+/// soft cap (then at scale 1: logits of standard deviation about 5, which both caps
+/// bend), on an f32 cache and on the 8-bit ones.
 #[test]
 fn one_query_per_sequence_is_decode() {
-    let c = filled(shape(16, 2, 64, 64), DType::F32, 9, 2.0);
     let table: Vec<i64> = (0..80).map(|i| i % 64).collect();
     let q = random_q(3 * 8 * 64, 2);
     let (mut o1, mut o2) = (vec![0f32; q.len()], vec![0f32; q.len()]);
     let (mut l1, mut l2) = (vec![0f32; 3 * 8], vec![0f32; 3 * 8]);
-    for isa in Isa::available() {
-        // Decode: one row per sequence. Prefill: the same plus an empty sequence between.
-        let t3 = SeqTables::padded(&table[..60], 20, &[300, 17, 64], 16, 64).unwrap();
-        let table4: Vec<i64> = table[..40].iter().chain(&table[..20]).chain(&table[40..60]).copied().collect();
-        let t4 = SeqTables::padded(&table4, 20, &[300, 17, 0, 64], 16, 64).unwrap();
-        let dopts = DecodeOptions { isa: Some(isa), ..Default::default() };
-        decode_attention(&c, 0, &q, 8, &t3, &mut o1, Some(&mut l1), &dopts).unwrap();
-        let qs = Queries { q: &q, num_q_heads: 8, qo_indptr: &[0, 1, 2, 2, 3], positions: None };
-        let opts = PrefillOptions { mask: Mask { causal: true, ..Mask::default() }, isa: Some(isa), ..Default::default() };
-        prefill_attention(&c, 0, &qs, &t4, &mut o2, Some(&mut l2), &opts).unwrap();
-        for (a, b) in o1.iter().zip(&o2).chain(l1.iter().zip(&l2)) {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{isa:?}: {a} vs {b}");
+    // Decode: one row per sequence. Prefill: the same plus an empty sequence between.
+    let t3 = SeqTables::padded(&table[..60], 20, &[300, 17, 64], 16, 64).unwrap();
+    let table4: Vec<i64> = table[..40].iter().chain(&table[..20]).chain(&table[40..60]).copied().collect();
+    let t4 = SeqTables::padded(&table4, 20, &[300, 17, 0, 64], 16, 64).unwrap();
+    let qs = Queries { q: &q, num_q_heads: 8, qo_indptr: &[0, 1, 2, 2, 3], positions: None };
+    for dtype in [DType::F32, DType::I8, DType::E4M3] {
+        let c = filled(shape(16, 2, 64, 64), dtype, 9, 2.0);
+        for cap in CAPS {
+            let scale = cap.map(|_| 1.0);
+            // With a cap, prefill takes libm's tanh, decode `c - 2c / (2^x + 1)`, whose
+            // error near 0 is a few f32 steps of `c` (`work::soft_cap`): up to 2.4e-6
+            // relative at c = 30 here.
+            let tol = if cap.is_some() { 1e-5 } else { 1e-6 };
+            for isa in Isa::available() {
+                let dopts = DecodeOptions { tuning: on(isa), scale, logits_soft_cap: cap, ..Default::default() };
+                decode_attention(&c, 0, &q, 8, &t3, &mut o1, Some(&mut l1), &dopts).unwrap();
+                let mask = Mask { causal: true, ..Mask::default() };
+                let opts = PrefillOptions { mask, tuning: on(isa), scale, logits_soft_cap: cap, ..Default::default() };
+                prefill_attention(&c, 0, &qs, &t4, &mut o2, Some(&mut l2), &opts).unwrap();
+                for (a, b) in o1.iter().zip(&o2).chain(l1.iter().zip(&l2)) {
+                    assert!((a - b).abs() <= tol * (1.0 + a.abs()), "{isa:?} {dtype:?} cap {cap:?}: {a} vs {b}");
+                }
+            }
         }
     }
 }
@@ -315,13 +352,19 @@ fn empty_and_invalid_calls() {
     let bad = [
         PrefillOptions { scale: Some(f32::NAN), ..Default::default() },
         PrefillOptions { logits_soft_cap: Some(0.0), ..Default::default() },
+        PrefillOptions { logits_soft_cap: Some(f32::INFINITY), ..Default::default() },
         PrefillOptions { mask: Mask { causal: true, chunk_size: Some(0), ..Mask::default() }, ..Default::default() },
         PrefillOptions { mask: Mask { causal: false, chunk_size: Some(4), ..Mask::default() }, ..Default::default() },
-        PrefillOptions { bf16_scores: true, ..Default::default() },
-        PrefillOptions { bf16_pv: true, ..Default::default() },
+        PrefillOptions { tuning: Tuning { kv_heads_per_item: Some(1), ..Tuning::default() }, ..Default::default() },
     ];
     for o in bad {
         assert!(run(&[0, 2], &q, None, &o).is_err(), "{o:?}");
+    }
+    // No bf16 or other rounded precision on an f32 cache: the message names the pair and
+    // the valid ones.
+    for precision in [BF16_QUERY, BF16_PV, BF16_QUERY_PV, INT8_QUERY, F16_PRECISION] {
+        let e = run(&[0, 2], &q, None, &PrefillOptions { precision, ..Default::default() }).unwrap_err().to_string();
+        assert_eq!(e, refusal(precision, Kernel::Prefill, DType::F32));
     }
     let q21 = vec![0.5f32; 21 * 4 * 8];
     assert!(run(&[0, 21], &q21, None, &ok).is_err()); // more default queries than keys

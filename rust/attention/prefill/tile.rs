@@ -32,7 +32,7 @@ pub(crate) struct Ctx<'a, E> {
     pub shape: crate::kv::KvShape,
     /// The keys some query of each sequence sees, with their checked blocks.
     pub vis: &'a Visible,
-    /// `head_dim` zeros: the V row packed for a key no query sees (`bf16_pv` path).
+    /// `head_dim` zeros: the V row packed for a key no query sees (bf16 probabilities' path).
     pub zeros: &'a [E],
     pub hq: usize,
     pub g: usize,
@@ -48,7 +48,7 @@ pub(crate) struct Ctx<'a, E> {
     pub pv: PvMode,
 }
 
-/// How `P V` is computed (see [`PrefillOptions::bf16_pv`](super::PrefillOptions::bf16_pv)).
+/// How `P V` is computed (see [`PrefillOptions::precision`](super::PrefillOptions::precision)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PvMode {
     F32,
@@ -224,7 +224,8 @@ fn pack_keys<'a, E: Elem>(
 ) {
     let (bs, d) = (ctx.shape.block_size, ctx.shape.head_dim);
     if E::DTYPE.is_quantized() {
-        // 8-bit (bf16_scores and bf16_pv are refused for them): codes times scales.
+        // 8-bit (a bf16 query comes as the rounded f32 one; bf16 probabilities are
+        // refused for them): codes times scales.
         pack_codes(kt, vt, (ks, vs), Dst { kp: &mut sc.kp, vp: &mut sc.vp, o, c0, n, bs, d }, &mut sc.lut);
         return;
     }
@@ -285,11 +286,11 @@ fn pack_zeros<'a, E: Elem>(ctx: &Ctx<'a, E>, o: usize, n: usize, sc: &mut Scratc
 
 /// Pack V rows (`d` bf16 each) as token pairs: `dst[u * d + i]` holds dimension `i` of
 /// token `2u` in its low half and of token `2u + 1` in its high half (+0 past an odd
-/// count). Only called for bf16 caches (`bf16_pv`).
+/// count). Only called for bf16 caches (bf16 probabilities).
 fn pack_token_pairs<E: Elem>(rows: &[&[E]], d: usize, dst: &mut [u32]) {
     for (u, pair) in rows.chunks(2).enumerate() {
         let Some(a) = same::<E, half::bf16>(pair[0]) else {
-            unreachable!("bf16_pv is refused for caches other than bf16");
+            unreachable!("bf16 probabilities are refused for caches other than bf16");
         };
         let out = &mut dst[u * d..(u + 1) * d];
         let a = &a[..d];
@@ -333,10 +334,10 @@ fn widen<E: Elem>(src: &[E], dst: &mut [f32]) {
 
 /// Pack tokens `c0..c0 + n` of a bf16 K tile (`[d][bs]`) as dimension pairs: `dst[p * TW
 /// + t]` holds dimension `2p` of token `t` in its low half and `2p + 1` in its high half
-/// (+0 past an odd `d`). Only called for bf16 caches (`bf16_scores`).
+/// (+0 past an odd `d`). Only called for bf16 caches (a bf16 query on the `vdpbf16ps` path).
 fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: &mut [u32]) {
     let Some(k) = same::<E, half::bf16>(kt) else {
-        unreachable!("bf16_scores is refused for caches other than bf16");
+        unreachable!("the vdpbf16ps scores run on bf16 caches only");
     };
     // Plain index loops over slices of length n: the bounds checks fold away and the
     // loops vectorise (iterator adapters here were out-of-line calls per row).
@@ -418,7 +419,7 @@ fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: us
     }
 }
 
-/// With `bf16_pv` off the `vdpbf16ps` path: round the probabilities to bf16 in place.
+/// With bf16 probabilities off the `vdpbf16ps` path: round the probabilities to bf16 in place.
 fn round_probs(pv: PvMode, s: &mut [f32], rows: usize, ntok: usize) {
     if pv == PvMode::RoundedF32 {
         for row in s[..rows * TW].chunks_mut(TW) {
