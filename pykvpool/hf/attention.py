@@ -1,7 +1,6 @@
 """The ``"pykvpool"`` attention implementation for transformers: K/V written to and read
 from pykvpool's pages by its kernels (``prefill_attention`` for prompts and multi-token
-passes, ``decode_attention`` for one token per row; ``prefill_attention`` too for one
-token when the model caps its logits, as Gemma-2 does)."""
+passes, ``decode_attention`` for one token per row, Gemma-2's logit soft cap included)."""
 
 from __future__ import annotations
 
@@ -69,9 +68,9 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     q = query.detach().transpose(1, 2).reshape(rows * tokens, hq, dim).float().contiguous()
     out = torch.empty_like(q)
     window_left = None if sliding_window is None else sliding_window - 1
-    if step.decode and softcap is None:
+    if step.decode:
         decode_attention(cache.kv, j, q, step.tables[g], step.seq_lens, scale=scaling, out=out,
-                         window_left=window_left)
+                         window_left=window_left, logits_soft_cap=softcap)
     else:
         prefill_attention(cache.kv, j, q, step.qo_indptr, step.tables[g], step.seq_lens,
                           q_positions=step.positions, window_left=window_left, scale=scaling,

@@ -59,6 +59,26 @@ def test_greedy_matches_dynamic_cache_sdpa(model_type: str) -> None:
     cache.pool.check_invariants()
 
 
+def test_gemma2_decodes_through_the_decode_kernel_with_its_soft_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pykvpool.hf.attention as attn
+
+    calls: list[tuple[str, object]] = []
+    for name in ("decode_attention", "prefill_attention"):
+        kernel = getattr(attn, name)
+
+        def counted(*a: object, _k: object = kernel, _n: str = name, **kw: object) -> object:
+            calls.append((_n, kw.get("logits_soft_cap")))
+            return _k(*a, **kw)  # type: ignore[operator]
+        monkeypatch.setattr(attn, name, counted)
+    model = build("gemma2", phf.ATTN_IMPLEMENTATION)
+    cap = model.config.attn_logit_softcapping
+    assert cap is not None
+    generate(model, phf.PagedKvCache(model.config, num_blocks=256, block_size=4), new=5)
+    layers = model.config.num_hidden_layers
+    # The prompt pass is prefill; each of the 4 further tokens is one decode call per layer.
+    assert calls == [("prefill_attention", cap)] * layers + [("decode_attention", cap)] * (4 * layers)
+
+
 def test_windowed_layers_free_their_blocks() -> None:
     model = build("gemma2", phf.ATTN_IMPLEMENTATION)
     cache = phf.PagedKvCache(model.config, num_blocks=256, block_size=4)
