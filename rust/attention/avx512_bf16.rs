@@ -36,39 +36,12 @@ use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, FloatPv, Scores};
 use super::x86_prefetch::{Prefetcher, Stream};
-use super::isa::cpu_features;
-#[cfg(test)]
-use super::isa::AVX512_WITHOUT_BF16;
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
 
-/// Whether this CPU has `vdpbf16ps` (the AVX-512 path's features are checked apart).
-pub(crate) fn supported() -> bool {
-    #[cfg(test)]
-    if AVX512_WITHOUT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    cpu_features().contains(&"avx512bf16")
-}
-
-/// Whether this CPU also has the byte permutes of the fp8 widening (`avx512vbmi`).
-fn supported_fp8() -> bool {
-    #[cfg(test)]
-    if WITHOUT_VBMI.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    supported() && cpu_features().contains(&"avx512vbmi")
-}
-
-/// Makes [`run`] take its fallback for fp8 caches (the exact kernel on the rounded query),
-/// as on a CPU with avx512_bf16 but no avx512vbmi. A process-wide switch: only the test
-/// `fp8_bf16_query_without_vbmi_uses_the_exact_kernel_on_the_rounded_query` turns it on,
-/// holding `BF16_SWITCH` exclusively.
-#[cfg(test)]
-pub(crate) static WITHOUT_VBMI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// # Safety
-/// The CPU must support avx512f, avx512bw, avx512vl, avx512bf16, fma and f16c.
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512bf16, fma and f16c, and
+/// avx512vbmi too for fp8 caches.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     // `decode_attention` rejects a bf16 query on other caches and sets `q_bf16` with it.
@@ -76,16 +49,13 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     match E::DTYPE {
         // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores.
         DType::BF16 => unsafe { run_with::<E, _, _, true>(w, p, &Dot { q, factor }, &FloatPv) },
-        DType::E4M3 | DType::E5M2 if supported_fp8() => {
+        DType::E4M3 | DType::E5M2 => {
             // `load_factor`: the tile loop's K scale carries the exact path's factor
             // (2^8 for e4m3), which these scores of the true code values must not.
             let dot = Fp8Dot { q, factor: factor / load_factor(E::DTYPE), tables: Fp8Tables::of(E::DTYPE) };
-            // SAFETY: avx512vbmi checked just above, the other features by the caller.
+            // SAFETY: the caller's features include avx512vbmi for fp8 caches.
             unsafe { run_fp8(w, p, &dot) }
         }
-        // No byte permutes: the exact kernel on the rounded query (`w.q` holds it).
-        // SAFETY: the caller's features include the AVX-512 path's.
-        DType::E4M3 | DType::E5M2 => unsafe { super::avx512::run(w, p) },
         _ => panic!("vdpbf16ps scores need a bf16 or fp8 cache"),
     }
 }
@@ -491,7 +461,8 @@ mod tests {
     /// all 256 codes in both rows, with a full and a partial lane mask.
     #[test]
     fn register_widening_to_bf16_pairs_is_exact_on_every_code() {
-        if !supported_fp8() {
+        let f = crate::attention::isa::Features::cpu();
+        if !(crate::attention::isa::Isa::Avx512.supported() && f.has("avx512bf16") && f.has("avx512vbmi")) {
             eprintln!("SKIPPED fp8 -> bf16 widening: this CPU lacks avx512_bf16 or avx512vbmi");
             return;
         }

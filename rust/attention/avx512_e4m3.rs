@@ -23,7 +23,7 @@
 //!   across the item and [`TablePv::finish`] puts each 64 back ([`quad_code`]).
 //!
 //! Taken for e4m3 caches with block size 16 and a head_dim that is a multiple of 64 on
-//! CPUs with `avx512vbmi` ([`applies`]); other e4m3 calls run the f16 route.
+//! CPUs with `avx512vbmi` (chosen by `decode.rs`'s `Route::select`); other e4m3 calls run the f16 route.
 
 // Register tiles are small fixed arrays indexed by head and vector: index loops read best.
 #![allow(clippy::needless_range_loop)]
@@ -33,7 +33,6 @@ use std::arch::x86_64::*;
 use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
 use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
-use super::isa::cpu_features;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work};
 use super::x86_prefetch::{Prefetcher, Stream};
@@ -44,31 +43,11 @@ const RUN: usize = 64;
 /// The block size the K runs assume: 4 dimension rows of 16 tokens are 64 adjacent codes.
 const BLOCK: usize = 16;
 
-/// Makes [`applies`] false, so the f16 route is tested where the tables would run. A
-/// process-wide switch, but either route gives the same values: only
-/// `tests_q8::e4m3_without_the_byte_tables_matches_the_reference` turns it on, and off
-/// again even when it fails.
-#[cfg(test)]
-pub(crate) static WITHOUT_TABLES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the AVX-512 path runs this work item on the tables: an e4m3 cache, block size
-/// 16, head_dim a multiple of 64, and a CPU with `avx512vbmi`.
-pub(crate) fn applies<E: Elem>(w: &Work<E>) -> bool {
-    #[cfg(test)]
-    if WITHOUT_TABLES.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    E::DTYPE == DType::E4M3
-        && w.shape.block_size == BLOCK
-        && w.shape.head_dim.is_multiple_of(RUN)
-        && cpu_features().contains(&"avx512vbmi")
-}
-
 /// Runs one work item with [`TableScores`] and [`TablePv`].
 ///
 /// # Safety
-/// The CPU must support avx512f, avx512bw, avx512vl, avx512vbmi, fma and f16c, and
-/// [`applies`] must hold for `w`.
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512vbmi, fma and f16c; `w` is an
+/// e4m3 item of block size 16 and a head_dim that is a multiple of 64 (asserted).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (d, g) = (w.shape.head_dim, w.g);
@@ -386,7 +365,7 @@ mod tests {
     use crate::kv::elem::E4M3;
 
     fn vbmi() -> bool {
-        crate::attention::isa::Isa::Avx512.supported() && cpu_features().contains(&"avx512vbmi")
+        crate::attention::isa::Isa::Avx512.supported() && crate::attention::isa::Features::cpu().has("avx512vbmi")
     }
 
     /// Every code at every position of a run widens to what [`load`] (the f16 route)

@@ -33,7 +33,7 @@
 //!
 //! Taken when the caller asks (that precision), for fp8 caches with block size 16, a
 //! head_dim that is a multiple of 64 and scales in `[2^-64, 2^64]`, on CPUs with
-//! `avx512fp16` ([`applies`]); everything else runs the exact path. f16 arithmetic has no
+//! `avx512fp16` (chosen by `decode.rs`'s `Route::select`, item by item [`scales_fit`]); everything else runs the exact path. f16 arithmetic has no
 //! stable Rust intrinsics yet, so the two f16 instructions are inline assembly
 //! ([`fma_ph`], [`fma_ph_bcast`], [`mul_ph`]).
 
@@ -44,7 +44,6 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
-use super::isa::cpu_features;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, FREE_DOTS, LAZY_MAX};
 use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
@@ -65,23 +64,12 @@ const E5M2_V_BITS: i16 = 0x1c00;
 /// that keep the f16 sums in range stay normal f32 numbers.
 const SCALE_EXP: i32 = 64;
 
-/// Whether this CPU has the f16 arithmetic of AVX-512 FP16.
-pub(crate) fn supported() -> bool {
-    cpu_features().contains(&"avx512fp16")
-}
-
-/// Whether the AVX-512 path runs this work item in f16: asked for, an fp8 cache, block
-/// size 16, head_dim a multiple of 64, every K and V scale of its heads in range, and a
-/// CPU with `avx512fp16`.
-pub(crate) fn applies<E: Elem>(w: &Work<E>) -> bool {
+/// Whether an item's K and V scales let its f16 sums stay in range (the route's shape and
+/// the CPU's avx512fp16 are the selection's: `decode.rs`'s `Route::select`).
+pub(crate) fn scales_fit<E: Elem>(w: &Work<E>) -> bool {
     let (lo, hi) = (2f32.powi(-SCALE_EXP), 2f32.powi(SCALE_EXP));
     let scale = |t: TileScale| matches!(t, TileScale::Head(s) if (lo..=hi).contains(&s));
-    w.fp16
-        && matches!(E::DTYPE, DType::E4M3 | DType::E5M2)
-        && w.shape.block_size == BLOCK
-        && w.shape.head_dim.is_multiple_of(RUN)
-        && !w.blocks.is_empty()
-        && supported()
+    !w.blocks.is_empty()
         && w.heads.clone().all(|h| {
             let (k, v) = w.tile_scales(0, h);
             scale(k) && scale(v)
@@ -92,7 +80,7 @@ pub(crate) fn applies<E: Elem>(w: &Work<E>) -> bool {
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512fp16, fma and f16c, and
-/// [`applies`] must hold for `w`.
+/// [`scales_fit`] must hold for `w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (d, g) = (w.shape.head_dim, w.g);
@@ -334,7 +322,7 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
             pf.step();
             // SAFETY: kr = kp + 64 k: masked bytes are inside kt (above), masked-off ones
             // not accessed (all 64 inside when full); qr = qp + 32 H k: query vectors
-            // k * H + j < runs * H past qp. avx512fp16: `applies`.
+            // k * H + j < runs * H past qp. avx512fp16: the route's selection.
             unsafe {
                 let raw = if full { _mm512_loadu_si512(kr.cast()) } else { _mm512_maskz_loadu_epi8(mask4, kr.cast()) };
                 let x = widen::<E>(raw);
@@ -366,7 +354,7 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
 /// The power of two `P V` multiplies a chunk's probabilities by before rounding them to
 /// f16, and the factor that takes it (and [`widen_v`]'s) back out: with every probability at most `2^LAZY_MAX` times the V scale
 /// (times the e4m3 load factor) and every value below [`v_max`], 16 tokens' products sum
-/// to at most 2^15. `vs` is a fp8 tile's scale, in range ([`applies`]).
+/// to at most 2^15. `vs` is a fp8 tile's scale, in range ([`scales_fit`]).
 #[inline]
 fn prob_factor<E: Elem>(vs: &TileScale) -> (f32, f32) {
     let s = match *vs {
@@ -407,7 +395,7 @@ impl<E: Elem, const FAR_LINES: bool> Pv<E> for F16Pv<FAR_LINES> {
         next: [Stream<E>; 2],
     ) {
         // Up to 16 f16 accumulators: 4 runs per pass for 1-2 heads, 2 for 3-4.
-        // SAFETY: the features are ours and avx512fp16 (`applies`); `pass` checks its bounds.
+        // SAFETY: the features are ours and avx512fp16 (the route's selection); `pass` checks its bounds.
         unsafe {
             if H <= 2 && c.d.is_multiple_of(4 * RUN) {
                 pass::<E, H, 4, FAR_LINES>(c, acc, probs, alpha, rescale, next);

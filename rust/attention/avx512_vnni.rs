@@ -30,26 +30,9 @@ use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, FloatPv, Scores};
 use super::x86_prefetch::{Prefetcher, Stream};
-use super::isa::cpu_features;
 use super::query::QueryI8;
 use super::work::{Chunk, Partial, Work, FREE_DOTS};
 use crate::kv::{DType, Elem};
-
-/// Makes [`supported`] false, so the AVX-512 path runs an int8 query with f32 FMAs on
-/// the dequantized quantized query, as on a CPU without avx512_vnni. Only the test
-/// `int8_query_on_avx512_without_vnni_uses_the_quantized_query` turns it on, holding its
-/// lock exclusively.
-#[cfg(test)]
-pub(crate) static WITHOUT_VNNI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether this CPU has `vpdpbusd` (the AVX-512 path's features are checked apart).
-pub(crate) fn supported() -> bool {
-    #[cfg(test)]
-    if WITHOUT_VNNI.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    cpu_features().contains(&"avx512vnni")
-}
 
 /// An int8 query (`Precision { q: I8, .. }`) on the AVX-512 path.
 ///

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use super::isa::{Isa, Supported};
+use super::isa::{Features, Isa, Supported};
 use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
@@ -21,7 +21,7 @@ use super::neon;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::run_workers;
-use crate::kv::{DType, Elem, KvCache};
+use crate::kv::{DType, Elem, KvCache, KvShape};
 
 /// Per-call options; `Default` is what Python gets without keywords.
 #[derive(Clone, Debug, Default)]
@@ -90,9 +90,27 @@ pub fn decode_attention(
     lse: Option<&mut [f32]>,
     opts: &DecodeOptions,
 ) -> Result<()> {
+    decode_attention_on(Features::cpu(), cache, layer, q, num_q_heads, tables, out, lse, opts)
+}
+
+/// [`decode_attention`] choosing its routes by `features` (this CPU's, or fewer: a test
+/// runs the routes of a CPU without some of them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_attention_on(
+    features: Features,
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    num_q_heads: usize,
+    tables: &SeqTables,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    opts: &DecodeOptions,
+) -> Result<()> {
     let shape = cache.shape();
     let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
-    let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts)?;
+    let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts, features)?;
+    let route = Route::select(isa, features, cache.dtype(), opts.precision, shape);
     let pool = crate::runtime::threads::pool()?;
     let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
     let factor = scale * std::f32::consts::LOG2_E;
@@ -149,7 +167,6 @@ pub fn decode_attention(
                         (&q_bf16[at..at + per_item * pairs], factor)
                     }),
                     q_i8: q_i8.as_ref().map(|b| b.rows(qrow / d, per_item, d)),
-                    fp16: q_dtype == DType::F16,
                     soft_cap: opts.logits_soft_cap.map(|c| c * std::f32::consts::LOG2_E),
                     nan_check,
                 };
@@ -160,7 +177,7 @@ pub fn decode_attention(
                     // The caller's output, whatever it held.
                     p.acc.fill(0.0);
                 }
-                run_item(isa, &work, p);
+                route.run(&work, p);
                 if lse.as_deref_mut().is_some_and(|lse| !finish_alone(p, lse, d)) {
                     overflowed.lock().unwrap_or_else(|e| e.into_inner()).push((it.seq, it.group));
                 }
@@ -222,6 +239,7 @@ struct Checked {
 }
 
 /// Every check of [`decode_attention`] on its arguments (`n` sequences), before any work.
+#[allow(clippy::too_many_arguments)]
 fn check_call(
     cache: &KvCache,
     n: usize,
@@ -230,6 +248,7 @@ fn check_call(
     lse_len: Option<usize>,
     num_q_heads: usize,
     opts: &DecodeOptions,
+    features: Features,
 ) -> Result<Checked> {
     let shape = cache.shape();
     let (d, hkv) = (shape.head_dim, shape.num_kv_heads);
@@ -249,7 +268,7 @@ fn check_call(
     if !scale.is_finite() {
         return Err(invalid!("scale must be finite, got {scale}"));
     }
-    let isa = opts.tuning.path()?;
+    let isa = opts.tuning.path(features)?;
     let kpi = opts.tuning.kv_heads_per_item.unwrap_or(hkv);
     if kpi == 0 || !hkv.is_multiple_of(kpi) {
         return Err(invalid!("kv_heads_per_item {kpi} must divide the {hkv} KV heads"));
@@ -259,52 +278,105 @@ fn check_call(
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
-/// Run one work item on the path `isa`; safe for any input because [`Supported`] can
-/// only hold a path this CPU runs.
-fn run_item<E: Elem>(isa: Supported, w: &Work<E>, p: &mut Partial) {
-    match isa.isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `avx512_bf16::supported()` is this CPU having avx512_bf16 on top of
-        // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
-        Isa::Avx512 if w.q_bf16.is_some() && avx512_bf16::supported() => unsafe { avx512_bf16::run(w, p) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `avx512_vnni::supported()` is this CPU having avx512_vnni on top of
-        // the AVX-512 path's features (`Supported` holds only a path this CPU runs).
-        Isa::Avx512 if w.q_i8.is_some() && avx512_vnni::supported() => unsafe { avx512_vnni::run(w, p) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `avx512_fp16::applies` checked avx512fp16 on top of the AVX-512 path's
-        // features (`Supported` holds only a path this CPU runs), the item's shape and scales.
-        Isa::Avx512 if avx512_fp16::applies(w) => unsafe { avx512_fp16::run(w, p) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `avx512_e4m3::applies` checked avx512vbmi on top of the AVX-512 path's
-        // features (`Supported` holds only a path this CPU runs) and the item's shape.
-        Isa::Avx512 if avx512_e4m3::applies(w) => unsafe { avx512_e4m3::run(w, p) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
-        // feature the path is compiled for.
-        Isa::Avx512 => unsafe { avx512::run(w, p) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::run(w, p) },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above.
-        Isa::Neon => unsafe { neon::run(w, p) },
-        _ => scalar::run(w, p),
+/// The kernel every work item of a call runs, chosen once per call by [`Route::select`]
+/// from the path, the features, the cache's dtype, the precision and the shape. Only
+/// `select` makes one (the fields are private to this module), so holding one proves the
+/// feature checks the `unsafe` calls of [`Route::run`] rely on.
+#[derive(Clone, Copy, Debug)]
+struct Route {
+    path: Supported,
+    kernel: Kernel512,
+    /// The features the route was chosen with (for the NaN-code rerun's path).
+    features: Features,
+}
+
+/// The AVX-512 path's kernels beyond its own tile loop (`Plain` elsewhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel512 {
+    Plain,
+    /// `vdpbf16ps` scores: a bf16 query on a bf16 cache, or on fp8 with avx512vbmi.
+    Bf16Dot,
+    /// `vpdpbusd` scores: an int8 query on an int8 cache.
+    Int8Dot,
+    /// f16 scores and `P V` (fp8, block size 16, head_dim a multiple of 64) where an
+    /// item's scales allow it, else `Tables` (`tables`) or `Plain`.
+    F16 { tables: bool },
+    /// e4m3 widened by byte tables (block size 16, head_dim a multiple of 64, avx512vbmi).
+    Tables,
+}
+
+impl Route {
+    /// The one selection: what runs on `path` with `features` (a subset of this CPU's).
+    fn select(path: Supported, features: Features, kv: DType, precision: Precision, shape: KvShape) -> Self {
+        let has = |f: &str| features.has(f);
+        let tables = kv == DType::E4M3 && has("avx512vbmi") && avx512_tables_fit(shape);
+        let fp8 = matches!(kv, DType::E4M3 | DType::E5M2);
+        let kernel = match (path.isa(), precision.q) {
+            (Isa::Avx512, DType::BF16) if has("avx512bf16") && (kv == DType::BF16 || fp8 && has("avx512vbmi")) => Kernel512::Bf16Dot,
+            (Isa::Avx512, DType::I8) if has("avx512vnni") => Kernel512::Int8Dot,
+            (Isa::Avx512, DType::F16) if fp8 && has("avx512fp16") && avx512_tables_fit(shape) => Kernel512::F16 { tables },
+            (Isa::Avx512, _) if tables => Kernel512::Tables,
+            _ => Kernel512::Plain,
+        };
+        Route { path, kernel, features }
     }
-    // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
-    // every conversion): the item runs again on the AVX2 path, whose conversion gives
-    // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
-    // weight), else on the scalar one.
-    if p.nan_codes {
-        p.reset();
+
+    /// Run one work item; safe for any input because only [`Route::select`] makes a route.
+    fn run<E: Elem>(self, w: &Work<E>, p: &mut Partial) {
         #[cfg(target_arch = "x86_64")]
-        if Supported::check(Isa::Avx2).is_some() {
-            // SAFETY: `Supported::check` found the AVX2 path's features on this CPU.
-            unsafe { avx2::run(w, p) };
-            return;
+        if self.path.isa() == Isa::Avx512 {
+            // SAFETY: (every arm) `self.path` holds the AVX-512 path, so the CPU has its
+            // features (`Supported`); `select` chose each other kernel only where
+            // `features`, a subset of this CPU's, has the feature it adds.
+            unsafe {
+                match self.kernel {
+                    Kernel512::Bf16Dot => avx512_bf16::run(w, p),
+                    Kernel512::Int8Dot => avx512_vnni::run(w, p),
+                    Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
+                    Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
+                    Kernel512::F16 { tables: false } | Kernel512::Plain => avx512::run(w, p),
+                }
+            }
+        } else {
+            self.run_path(w, p);
         }
-        scalar::run(w, p);
+        #[cfg(not(target_arch = "x86_64"))]
+        self.run_path(w, p);
+        // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
+        // every conversion): the item runs again on the AVX2 path, whose conversion gives
+        // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
+        // weight), else on the scalar one.
+        if p.nan_codes {
+            p.reset();
+            #[cfg(target_arch = "x86_64")]
+            if Supported::check(Isa::Avx2, self.features).is_some() {
+                // SAFETY: `Supported::check` found the AVX2 path's features.
+                unsafe { avx2::run(w, p) };
+                return;
+            }
+            scalar::run(w, p);
+        }
     }
+
+    /// The paths without kernels of their own.
+    fn run_path<E: Elem>(self, w: &Work<E>, p: &mut Partial) {
+        match self.path.isa() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
+            // feature the path is compiled for.
+            Isa::Avx2 => unsafe { avx2::run(w, p) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Isa::Neon => unsafe { neon::run(w, p) },
+            _ => scalar::run(w, p),
+        }
+    }
+}
+
+/// The shape the AVX-512 byte-table and f16 kernels take: block size 16, head_dim a
+/// multiple of 64 (4 rows of 16 tokens are 64 adjacent codes).
+fn avx512_tables_fit(shape: KvShape) -> bool {
+    shape.block_size == 16 && shape.head_dim.is_multiple_of(64)
 }
 
 /// Cut every (sequence, head group)'s visible runs into items of whole blocks (at least
@@ -342,4 +414,55 @@ pub(super) fn plan(vis: &Visible, n: usize, bs: usize, groups: usize, threads: u
         }
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(block_size: usize, head_dim: usize) -> KvShape {
+        KvShape { num_layers: 1, num_blocks: 4, block_size, num_kv_heads: 1, head_dim }
+    }
+
+    fn pair(q: DType, pv: DType) -> Precision {
+        Precision { q, pv }
+    }
+
+    /// Each kernel is chosen exactly where its feature, dtype, precision and shape allow,
+    /// and a set without the feature falls back as a CPU without it would.
+    #[test]
+    fn the_route_follows_the_features_it_is_given() {
+        let cpu = Features::cpu();
+        let Some(avx512) = Supported::check(Isa::Avx512, cpu) else {
+            eprintln!("SKIPPED the AVX-512 routes: this CPU lacks AVX-512");
+            return;
+        };
+        let kernel = |f: Features, kv, p, s| Route::select(avx512, f, kv, p, s).kernel;
+        let (exact, bf16, int8, f16) = (Precision::EXACT, pair(DType::BF16, DType::F32), pair(DType::I8, DType::F32), pair(DType::F16, DType::F16));
+        let (tiles, odd) = (shape(16, 128), shape(8, 65));
+        let none = cpu.without(&["avx512bf16", "avx512vnni", "avx512vbmi", "avx512fp16"]);
+        for s in [tiles, odd] {
+            for (kv, p) in [(DType::BF16, bf16), (DType::E5M2, bf16), (DType::I8, int8), (DType::E5M2, f16), (DType::E4M3, exact)] {
+                assert_eq!(kernel(none, kv, p, s), Kernel512::Plain, "{kv:?} {p:?} {s:?}");
+            }
+        }
+        let has = |f: &str| cpu.has(f);
+        let expect = |on: bool, k| if on { k } else { Kernel512::Plain };
+        assert_eq!(kernel(cpu, DType::BF16, bf16, odd), expect(has("avx512bf16"), Kernel512::Bf16Dot));
+        assert_eq!(kernel(cpu, DType::E5M2, bf16, odd), expect(has("avx512bf16") && has("avx512vbmi"), Kernel512::Bf16Dot));
+        assert_eq!(kernel(cpu.without(&["avx512vbmi"]), DType::E5M2, bf16, odd), Kernel512::Plain);
+        assert_eq!(kernel(cpu, DType::I8, int8, odd), expect(has("avx512vnni"), Kernel512::Int8Dot));
+        assert_eq!(kernel(cpu, DType::I8, exact, tiles), Kernel512::Plain);
+        assert_eq!(kernel(cpu, DType::E4M3, exact, tiles), expect(has("avx512vbmi"), Kernel512::Tables));
+        assert_eq!(kernel(cpu, DType::E4M3, exact, odd), Kernel512::Plain);
+        assert_eq!(kernel(cpu, DType::E5M2, exact, tiles), Kernel512::Plain);
+        let tables = has("avx512vbmi");
+        assert_eq!(kernel(cpu, DType::E4M3, f16, tiles), if has("avx512fp16") { Kernel512::F16 { tables } } else { expect(tables, Kernel512::Tables) });
+        assert_eq!(kernel(cpu, DType::E4M3, f16, odd), Kernel512::Plain);
+        // The other paths have no kernels of their own.
+        for isa in [Isa::Scalar, Isa::Avx2] {
+            let path = Supported::check(isa, cpu).expect("an AVX-512 CPU runs AVX2 and scalar");
+            assert_eq!(Route::select(path, cpu, DType::BF16, bf16, odd).kernel, Kernel512::Plain);
+        }
+    }
 }

@@ -36,19 +36,7 @@ impl Isa {
 
     /// Whether this CPU can run the path.
     pub fn supported(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => ["avx2", "fma", "f16c"].iter().all(|f| cpu_features().contains(f)),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                ["avx512f", "avx512bw", "avx512vl", "fma", "f16c"].iter().all(|f| cpu_features().contains(f))
-            }
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => cpu_features().contains(&"neon"),
-            // Paths of another architecture.
-            _ => false,
-        }
+        Features::cpu().runs(self)
     }
 
     /// Supported paths, fastest last.
@@ -59,6 +47,52 @@ impl Isa {
     /// The fastest supported path.
     pub fn best() -> Isa {
         *Self::available().last().unwrap_or(&Isa::Scalar)
+    }
+}
+
+/// Every feature [`cpu_features`] reports and [`Features`] holds, in bit order.
+const FEATURE_NAMES: [&str; 14] = [
+    "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni",
+    "avx512vbmi", "avx512fp16", "neon",
+];
+
+/// The CPU features the kernels choose their routes by, as a value: [`Features::cpu`] is
+/// this CPU's, and [`Features::without`] takes some away, so that a test runs the route a
+/// CPU without them takes (no process-wide switch). The field is private: every value
+/// holds only features this CPU has, which the `unsafe` dispatch relies on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features(u16);
+
+impl Features {
+    /// This CPU's features.
+    pub fn cpu() -> Self {
+        static CPU: std::sync::OnceLock<Features> = std::sync::OnceLock::new();
+        *CPU.get_or_init(|| {
+            let bits = FEATURE_NAMES.iter().enumerate().filter(|(_, f)| cpu_features().contains(f));
+            Features(bits.fold(0, |acc, (i, _)| acc | 1 << i))
+        })
+    }
+
+    /// Whether the feature `name` (as [`cpu_features`] spells it) is in the set.
+    pub fn has(self, name: &str) -> bool {
+        FEATURE_NAMES.iter().position(|&f| f == name).is_some_and(|i| self.0 & 1 << i != 0)
+    }
+
+    /// The set without `names` (unknown names take nothing away).
+    pub fn without(self, names: &[&str]) -> Self {
+        let gone = FEATURE_NAMES.iter().enumerate().filter(|(_, f)| names.contains(f));
+        Features(self.0 & !gone.fold(0, |acc, (i, _)| acc | 1 << i))
+    }
+
+    /// Whether these features run the path `isa` (every feature it is compiled for).
+    pub fn runs(self, isa: Isa) -> bool {
+        let all = |names: &[&str]| names.iter().all(|f| self.has(f));
+        match isa {
+            Isa::Scalar => true,
+            Isa::Avx2 => cfg!(target_arch = "x86_64") && all(&["avx2", "fma", "f16c"]),
+            Isa::Avx512 => cfg!(target_arch = "x86_64") && all(&["avx512f", "avx512bw", "avx512vl", "fma", "f16c"]),
+            Isa::Neon => cfg!(target_arch = "aarch64") && self.has("neon"),
+        }
     }
 }
 
@@ -90,9 +124,9 @@ pub fn cpu_features() -> &'static [&'static str] {
 pub(crate) struct Supported(Isa);
 
 impl Supported {
-    /// `isa` if this CPU has every feature its path is compiled for.
-    pub(crate) fn check(isa: Isa) -> Option<Self> {
-        isa.supported().then_some(Self(isa))
+    /// `isa` if `features` (a subset of this CPU's) run its path.
+    pub(crate) fn check(isa: Isa, features: Features) -> Option<Self> {
+        features.runs(isa).then_some(Self(isa))
     }
 
     pub(crate) fn isa(self) -> Isa {
@@ -100,9 +134,23 @@ impl Supported {
     }
 }
 
-/// Makes the AVX-512 path run a bf16 query (`Precision { q: BF16, .. }`) with f32 FMAs on
-/// the rounded query, as on a CPU without avx512_bf16. A process-wide switch: only the
-/// test `bf16_query_on_avx512_without_bf16_uses_the_rounded_query` turns it on, holding
-/// its `BF16_SWITCH` exclusively, and turns it off again even when it fails.
 #[cfg(test)]
-pub(crate) static AVX512_WITHOUT_BF16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_are_this_cpus_and_only_shrink() {
+        let cpu = Features::cpu();
+        for name in FEATURE_NAMES {
+            assert_eq!(cpu.has(name), cpu_features().contains(&name), "{name}");
+            assert!(!cpu.without(&[name]).has(name));
+        }
+        assert!(!cpu.has("sve") && cpu.without(&["sve"]) == cpu);
+        for isa in Isa::ALL {
+            assert_eq!(cpu.runs(isa), isa.supported());
+        }
+        assert!(cpu.without(&FEATURE_NAMES).runs(Isa::Scalar));
+        assert!(!cpu.without(&["fma"]).runs(Isa::Avx2) && !cpu.without(&["avx512bw"]).runs(Isa::Avx512));
+        assert!(Supported::check(Isa::Avx2, cpu.without(&["avx2"])).is_none());
+    }
+}

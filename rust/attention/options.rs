@@ -8,7 +8,7 @@
 //! path (a path with the matching instruction uses it, the others compute the rounded
 //! operands with f32 FMAs). The Python docstrings give each pair's error bound.
 
-use super::isa::{Isa, Supported};
+use super::isa::{Features, Isa, Supported};
 use crate::error::Result;
 use crate::invalid;
 use crate::kv::DType;
@@ -111,10 +111,10 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The path to run: the forced one if this CPU runs it, else the best.
-    pub(crate) fn path(&self) -> Result<Supported> {
+    /// The path to run: the forced one if `features` run it, else the best.
+    pub(crate) fn path(&self, features: Features) -> Result<Supported> {
         let isa = self.isa.unwrap_or_else(Isa::best);
-        Supported::check(isa).ok_or_else(|| invalid!("kernel path {} is not supported by this CPU", isa.name()))
+        Supported::check(isa, features).ok_or_else(|| invalid!("kernel path {} is not supported by this CPU", isa.name()))
     }
 }
 

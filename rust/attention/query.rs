@@ -4,7 +4,7 @@
 //! x86 score loops (`interleave_query`). Decode and prefill prepare their queries here.
 
 #[cfg(target_arch = "x86_64")]
-use super::isa::{Isa, Supported};
+use super::isa::{Features, Isa, Supported};
 
 /// A query quantized to int8 per row (one row per (sequence, query head)): symmetric,
 /// `s_q = max|q| / 127`, codes `round_half_even(q / s_q)` in `-127..=127`.
@@ -144,7 +144,7 @@ impl QueryI8Buf {
 /// thread, 12 us as AVX-512 code; `docs/experiments.md`, "Decode attention: compute").
 pub(crate) fn int8_query(q: &[f32], d: usize, factor: f32) -> (Vec<f32>, QueryI8Buf) {
     #[cfg(target_arch = "x86_64")]
-    if Supported::check(Isa::Avx512).is_some() {
+    if Supported::check(Isa::Avx512, Features::cpu()).is_some() {
         // SAFETY: `Supported` found every feature `int8_query_avx512` is compiled for.
         return unsafe { int8_query_avx512(q, d, factor) };
     }
@@ -214,7 +214,7 @@ mod tests {
     #[test]
     fn int8_query_on_avx512_is_the_baseline_copy() {
         use super::{int8_query_avx512, int8_query_with, Isa, Supported};
-        if Supported::check(Isa::Avx512).is_none() {
+        if Supported::check(Isa::Avx512, crate::attention::isa::Features::cpu()).is_none() {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }

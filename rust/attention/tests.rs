@@ -2,7 +2,6 @@
 //! bounds the unsafe loads rely on: last block of the pool, partial chunks (block sizes
 //! not multiple of the vector width, lengths ending mid-block), head dims with a tail.
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use super::decode::*;
 use super::isa::*;
@@ -11,8 +10,6 @@ use super::tables::*;
 use super::test_util::{filled, last_block_case, on, refusal, shape, tuned, Lcg, BF16_QUERY};
 use super::query::scaled_query;
 use super::wide::{self, Logits};
-#[cfg(target_arch = "x86_64")]
-use super::avx512_bf16;
 use crate::kv::{DType, KvCache, KvShape};
 
 /// Every storage dtype: the kernels' references run on the dequantized values.
@@ -123,6 +120,8 @@ struct Mode {
     /// Exact, or [`BF16_QUERY`] (bf16 and fp8 caches).
     precision: Precision,
     cap: Option<f32>,
+    /// CPU features the routes are chosen without (a CPU that lacks them).
+    without: &'static [&'static str],
 }
 
 impl Mode {
@@ -178,7 +177,7 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode) {
         let mut out = vec![f32::NAN; q.len()];
         let mut lse = vec![f32::NAN; t.len() * hq];
         let opts = DecodeOptions { tuning: tuned(isa, m.split, m.kpi), precision: m.precision, logits_soft_cap: m.cap, ..Default::default() };
-        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        decode_attention_on(Features::cpu().without(m.without), c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         let what = format!("{isa:?} {dtype:?} {shape:?} hq={hq} {m:?} against the {against}");
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
@@ -430,37 +429,16 @@ fn rising_scores_move_the_lazy_maximum() {
 }
 
 
-/// Held shared by every test that runs a bf16-query kernel, exclusively by the one that
-/// flips [`AVX512_WITHOUT_BF16`]: cargo runs tests on parallel threads, and none may run
-/// while the switch is on (it would silently test the other path).
-pub(super) static BF16_SWITCH: RwLock<()> = RwLock::new(());
-
-pub(super) fn bf16_switch_shared() -> RwLockReadGuard<'static, ()> {
-    BF16_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The AVX-512 path without `vdpbf16ps` (a CPU with AVX-512 F/BW/VL but no BF16) keeps
 /// the bf16 query's semantics: its exact kernel on the rounded query.
 #[test]
 fn bf16_query_on_avx512_without_bf16_uses_the_rounded_query() {
-    use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {
         skip_loudly("a bf16 query on AVX-512 without vdpbf16ps", "this CPU lacks AVX-512");
         return;
     }
-    struct Off;
-    impl Drop for Off {
-        fn drop(&mut self) {
-            AVX512_WITHOUT_BF16.store(false, Relaxed);
-        }
-    }
-    let _exclusive = BF16_SWITCH.write().unwrap_or_else(PoisonError::into_inner);
-    AVX512_WITHOUT_BF16.store(true, Relaxed);
-    let _off = Off; // dropped before the lock: the switch is off when others run again
-    #[cfg(target_arch = "x86_64")]
-    assert!(!avx512_bf16::supported(), "the switch hides vdpbf16ps");
     for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
-        let m = Mode { precision: BF16_QUERY, ..Mode::default() };
+        let m = Mode { precision: BF16_QUERY, without: &["avx512bf16"], ..Mode::default() };
         check(shape(bs, hkv, d, 24), DType::BF16, hq, &[1, bs, bs + 1, 2 * bs], m);
     }
 }
@@ -472,7 +450,6 @@ fn bf16_query_on_avx512_without_bf16_uses_the_rounded_query() {
 /// same tile loop, which caps them).
 #[test]
 fn bf16_query_matches_the_rounded_query_reference_over_the_issue_grid() {
-    let _shared = bf16_switch_shared();
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
     let mut k = 0;
     for d in [64, 80, 96, 128, 256, 7, 65] {
@@ -495,7 +472,6 @@ fn bf16_query_matches_the_rounded_query_reference_over_the_issue_grid() {
 /// (the last row paired with zero) and even ones, partial chunks.
 #[test]
 fn bf16_query_reads_the_last_token_of_the_pools_last_block() {
-    let _shared = bf16_switch_shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 7, 64, 65, 128] {
             let (c, t, _) = last_block_case(DType::BF16, bs, d, 1.0);
@@ -510,7 +486,6 @@ fn bf16_query_reads_the_last_token_of_the_pools_last_block() {
 /// the valid ones) and stays finite on large logits on a bf16 cache.
 #[test]
 fn bf16_query_needs_a_bf16_cache_and_stays_finite_on_large_logits() {
-    let _shared = bf16_switch_shared();
     let t = SeqTables::padded(&[0, 1, 2], 3, &[40], 16, 8).unwrap();
     let q = vec![500f32; 64];
     let opts = |isa| DecodeOptions { tuning: on(isa), precision: BF16_QUERY, ..Default::default() };

@@ -5,9 +5,8 @@
 //! sits inside a block, split items, a soft cap; values at the top of the fp8 range and
 //! large queries (the powers of two that keep the f16 sums finite); and the refusals.
 
-use super::avx512_fp16;
 use super::decode::{decode_attention, DecodeOptions};
-use super::isa::Isa;
+use super::isa::{Features, Isa};
 use super::options::{Kernel, Precision};
 use super::tables::SeqTables;
 use super::test_util::{refusal, tuned, Lcg, F16_PRECISION};
@@ -19,7 +18,7 @@ const FP8: [DType; 2] = [DType::E4M3, DType::E5M2];
 
 /// Whether this CPU runs the f16 path (else the switch changes nothing here).
 fn f16_here() -> bool {
-    Isa::Avx512.supported() && avx512_fp16::supported()
+    Isa::Avx512.supported() && Features::cpu().has("avx512fp16")
 }
 
 /// A one-layer cache of `dtype` (block size 16) holding sequences of `lens` tokens on

@@ -7,12 +7,12 @@
 //! are not a multiple of 32 or 64, g = 1, 2, 4, 8, block sizes 1, 8, 16 (the one-load pair
 //! path) and 32, splits, windows and sinks; and with a soft cap.
 
-use super::decode::{decode_attention, DecodeOptions};
-use super::isa::Isa;
+use super::decode::{decode_attention, decode_attention_on, DecodeOptions};
+use super::isa::{Features, Isa};
 use super::options::Kernel;
 use super::tables::SeqTables;
 use super::test_util::{filled, last_block_case, on, refusal, shape, tuned, Lcg, BF16_QUERY};
-use super::tests::{bf16_switch_shared, reference_window, wide_reference, CAPS};
+use super::tests::{reference_window, wide_reference, CAPS};
 use super::wide::Logits;
 use crate::kv::{DType, KvCache};
 
@@ -26,6 +26,8 @@ struct Mode {
     window_left: Option<usize>,
     sinks: usize,
     cap: Option<f32>,
+    /// CPU features the routes are chosen without (a CPU that lacks them).
+    without: &'static [&'static str],
 }
 
 /// Every path with a bf16 query on `c` and `t` against the f64 reference of the rounded
@@ -52,7 +54,7 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode, seed: u64) {
             sink_tokens: m.sinks,
             ..Default::default()
         };
-        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        decode_attention_on(Features::cpu().without(m.without), c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         let what = format!("{isa:?} {:?} {:?} hq={hq} split={:?} window={:?} cap={:?}", c.dtype(), c.shape(), m.split, m.window_left, m.cap);
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
@@ -80,7 +82,6 @@ fn tables(nb: usize, bs: usize, lens: &[usize]) -> SeqTables {
 
 #[test]
 fn fp8_bf16_query_matches_the_rounded_query_reference_at_every_tail() {
-    let _shared = bf16_switch_shared();
     let lens: Vec<usize> = (1..=16).chain([31, 33, 40]).collect();
     let mut k = 0;
     for dt in FP8 {
@@ -99,7 +100,6 @@ fn fp8_bf16_query_matches_the_rounded_query_reference_at_every_tail() {
 
 #[test]
 fn fp8_bf16_query_over_every_head_group_and_larger_keys() {
-    let _shared = bf16_switch_shared();
     for dt in FP8 {
         for g in [1, 2, 3, 4, 5, 8] {
             // Keys 3x larger: logits up to about 100 (f32 keeps 1e-5 of the output scale),
@@ -113,7 +113,6 @@ fn fp8_bf16_query_over_every_head_group_and_larger_keys() {
 
 #[test]
 fn fp8_bf16_query_reads_the_last_token_of_the_pools_last_block() {
-    let _shared = bf16_switch_shared();
     for dt in FP8 {
         for bs in [1, 8, 16, 32] {
             for d in [1, 2, 3, 7, 64, 65, 128] {
@@ -129,7 +128,6 @@ fn fp8_bf16_query_reads_the_last_token_of_the_pools_last_block() {
 /// a second run.
 #[test]
 fn fp8_bf16_query_with_windows_and_sinks() {
-    let _shared = bf16_switch_shared();
     for dt in FP8 {
         for (bs, wl, sinks) in [(16, 5, 0), (16, 20, 3), (8, 0, 1), (32, 40, 17), (1, 3, 2)] {
             let lens = [1, 7, 16, 37, 90];
@@ -147,7 +145,6 @@ fn fp8_bf16_query_with_windows_and_sinks() {
 /// with windows, sinks and splits.
 #[test]
 fn fp8_bf16_query_with_a_soft_cap() {
-    let _shared = bf16_switch_shared();
     for dt in FP8 {
         for (bs, d, hkv, g) in [(16, 128, 2, 1), (16, 64, 1, 4), (32, 65, 2, 2), (8, 128, 1, 8)] {
             let lens = [1, 7, 16, 37, 90];
@@ -155,7 +152,7 @@ fn fp8_bf16_query_with_a_soft_cap() {
             let t = tables(c.shape().num_blocks, bs, &lens);
             for cap in CAPS.into_iter().skip(1) {
                 compare(&c, hkv * g, &t, Mode { cap, ..Default::default() }, 12);
-                compare(&c, hkv * g, &t, Mode { cap, split: Some(bs), kpi: Some(1), window_left: Some(20), sinks: 3 }, 13);
+                compare(&c, hkv * g, &t, Mode { cap, split: Some(bs), kpi: Some(1), window_left: Some(20), sinks: 3, without: &[] }, 13);
             }
         }
     }
@@ -166,22 +163,11 @@ fn fp8_bf16_query_with_a_soft_cap() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn fp8_bf16_query_without_vbmi_uses_the_exact_kernel_on_the_rounded_query() {
-    use super::avx512_bf16::WITHOUT_VBMI;
-    use std::sync::atomic::Ordering::Relaxed;
-    struct Off;
-    impl Drop for Off {
-        fn drop(&mut self) {
-            WITHOUT_VBMI.store(false, Relaxed);
-        }
-    }
-    let _exclusive = super::tests::BF16_SWITCH.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-    WITHOUT_VBMI.store(true, Relaxed);
-    let _off = Off; // dropped before the lock: the switch is off when others run again
     for dt in FP8 {
         for (bs, d) in [(16, 128), (8, 65), (1, 3)] {
             let (c, t, _) = last_block_case(dt, bs, d, 1.0);
-            compare(&c, 6, &t, Mode::default(), 9);
-            compare(&c, 6, &t, Mode { split: Some(1), kpi: Some(1), ..Default::default() }, 10);
+            compare(&c, 6, &t, Mode { without: &["avx512vbmi"], ..Default::default() }, 9);
+            compare(&c, 6, &t, Mode { split: Some(1), kpi: Some(1), without: &["avx512vbmi"], ..Default::default() }, 10);
         }
     }
 }

@@ -6,7 +6,6 @@
 //! splits and windows, with a soft cap; and against the exact query, within the
 //! documented bound.
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use super::decode::*;
 use super::isa::*;
@@ -17,14 +16,6 @@ use super::tests::{reference_window, wide_reference, CAPS};
 use super::query::int8_query;
 use super::wide::Logits;
 use crate::kv::{DType, KvCache};
-
-/// Held shared by every test that runs an int8-query kernel, exclusively by the one
-/// that hides VNNI (a process-wide switch: none may run while it is on).
-static VNNI_SWITCH: RwLock<()> = RwLock::new(());
-
-pub(super) fn shared() -> RwLockReadGuard<'static, ()> {
-    VNNI_SWITCH.read().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The quantized query as values (code times `max|q| / 127` of its row).
 fn quantized(q: &[f32], d: usize) -> Vec<f32> {
@@ -42,6 +33,22 @@ fn query(n: usize, seed: u64) -> Vec<f32> {
 /// same cap.
 #[allow(clippy::too_many_arguments)]
 fn compare(
+    c: &KvCache,
+    hq: usize,
+    t: &SeqTables,
+    split: Option<usize>,
+    kpi: Option<usize>,
+    window: Option<usize>,
+    sinks: usize,
+    cap: Option<f32>,
+) {
+    compare_on(Features::cpu(), c, hq, t, split, kpi, window, sinks, cap);
+}
+
+/// [`compare`] with the routes chosen by `features`.
+#[allow(clippy::too_many_arguments)]
+fn compare_on(
+    features: Features,
     c: &KvCache,
     hq: usize,
     t: &SeqTables,
@@ -72,7 +79,7 @@ fn compare(
             sink_tokens: sinks,
             ..Default::default()
         };
-        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        decode_attention_on(features, c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             let s = c.shape();
             assert!(
@@ -123,7 +130,6 @@ fn int8_query_rounds_half_even_per_row_and_packs_four_codes() {
 /// quad and not multiples of 64, head groups 1, 2, 4 and 8 (and 3, 5: tiles of 1-4 heads).
 #[test]
 fn int8_query_matches_the_quantized_query_reference_over_the_grid() {
-    let _shared = shared();
     let heads = [(2, 2), (1, 2), (2, 8), (1, 8), (1, 3), (2, 16), (1, 5), (4, 4)];
     let mut k = 0;
     for d in [1, 2, 3, 4, 5, 7, 64, 65, 66, 67, 80, 128, 129] {
@@ -141,7 +147,6 @@ fn int8_query_matches_the_quantized_query_reference_over_the_grid() {
 
 #[test]
 fn int8_query_with_windows_and_sinks() {
-    let _shared = shared();
     for (bs, d, hkv, hq) in [(16, 128, 2, 8), (8, 65, 1, 1), (16, 64, 4, 4), (32, 7, 1, 2)] {
         let c = filled(shape(bs, hkv, d, 40), DType::I8, d as u64, 1.0);
         let t = tables(&[5 * bs + 3, 3 * bs, 2 * bs + 9], bs, 40);
@@ -157,7 +162,6 @@ fn int8_query_with_windows_and_sinks() {
 /// tile's chunks two at a time at 32), a head_dim tail, a window with sinks, splits.
 #[test]
 fn int8_query_with_a_soft_cap() {
-    let _shared = shared();
     for (bs, d, hkv, hq) in [(16, 128, 2, 8), (8, 65, 1, 1), (32, 64, 2, 4), (16, 7, 1, 5)] {
         let c = filled(shape(bs, hkv, d, 40), DType::I8, (d + bs) as u64, 1.0);
         let t = tables(&[5 * bs + 3, 3 * bs, 2 * bs + 9, 1], bs, 40);
@@ -172,7 +176,6 @@ fn int8_query_with_a_soft_cap() {
 /// the last KV head, any head dim tail, partial chunks.
 #[test]
 fn int8_query_reads_the_last_token_of_the_pools_last_block() {
-    let _shared = shared();
     for bs in [1, 8, 16, 32] {
         for d in [1, 2, 3, 4, 5, 64, 65, 128] {
             let (c, t, _) = last_block_case(DType::I8, bs, d, 1.0);
@@ -187,28 +190,14 @@ fn int8_query_reads_the_last_token_of_the_pools_last_block() {
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn int8_query_on_avx512_without_vnni_uses_the_quantized_query() {
-    use std::sync::atomic::Ordering::Relaxed;
     if !Isa::Avx512.supported() {
         eprintln!("SKIPPED an int8 query on AVX-512 without VNNI: this CPU lacks AVX-512");
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::avx512_vnni::{supported, WITHOUT_VNNI};
-        struct Off;
-        impl Drop for Off {
-            fn drop(&mut self) {
-                WITHOUT_VNNI.store(false, Relaxed);
-            }
-        }
-        let _exclusive = VNNI_SWITCH.write().unwrap_or_else(PoisonError::into_inner);
-        WITHOUT_VNNI.store(true, Relaxed);
-        let _off = Off;
-        assert!(!supported(), "the switch hides vpdpbusd");
-        for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
-            let c = filled(shape(bs, hkv, d, 24), DType::I8, 9, 1.0);
-            compare(&c, hq, &tables(&[1, bs, bs + 1, 2 * bs], bs, 24), None, None, None, 0, None);
-        }
+    let without = Features::cpu().without(&["avx512vnni"]);
+    for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 3, 7), (8, 4, 4, 80), (32, 1, 8, 65)] {
+        let c = filled(shape(bs, hkv, d, 24), DType::I8, 9, 1.0);
+        compare_on(without, &c, hq, &tables(&[1, bs, bs + 1, 2 * bs], bs, 24), None, None, None, 0, None);
     }
 }
 
@@ -218,7 +207,6 @@ fn int8_query_on_avx512_without_vnni_uses_the_quantized_query() {
 /// output scale). Also on keys 20x larger in a quarter of the channels.
 #[test]
 fn int8_query_stays_within_the_documented_bound_of_the_exact_query() {
-    let _shared = shared();
     let (bs, hkv, hq, d) = (16, 2, 8, 128);
     for gain in [1.0f32, 20.0] {
         let mut c = filled(shape(bs, hkv, d, 16), DType::I8, 4, 1.0);
@@ -263,7 +251,6 @@ fn int8_query_stays_within_the_documented_bound_of_the_exact_query() {
 
 #[test]
 fn int8_query_needs_an_int8_cache_and_leaves_out_untouched() {
-    let _shared = shared();
     let opts = |isa| DecodeOptions { tuning: on(isa), precision: INT8_QUERY, ..Default::default() };
     check_int8_only_option(|dtype| refusal(INT8_QUERY, Kernel::Decode, dtype), opts, true);
 }

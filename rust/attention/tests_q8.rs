@@ -6,8 +6,8 @@
 //! with a soft cap. The keys no query sees hold large values, so reading one would move
 //! the output.
 
-use super::decode::{decode_attention, DecodeOptions};
-use super::isa::Isa;
+use super::decode::{decode_attention_on, DecodeOptions};
+use super::isa::{Features, Isa};
 use super::tables::SeqTables;
 use super::test_util::{shape, tuned, Lcg};
 use super::tests::{reference_window, wide_reference, CAPS};
@@ -57,6 +57,21 @@ fn case(s: KvShape, dtype: DType, lens: &[usize], wl: Option<usize>, sinks: usiz
 /// f64 reference over the visible keys; with a soft cap `cap`, the query 4x larger (so
 /// that the cap bites) against [`wide_reference`] with the same cap.
 fn compare(c: &KvCache, t: &SeqTables, hq: usize, wl: Option<usize>, sinks: usize, splits: &[(Option<usize>, Option<usize>)], cap: Option<f32>) {
+    compare_on(Features::cpu(), c, t, hq, wl, sinks, splits, cap);
+}
+
+/// [`compare`] with the routes chosen by `features`.
+#[allow(clippy::too_many_arguments)]
+fn compare_on(
+    features: Features,
+    c: &KvCache,
+    t: &SeqTables,
+    hq: usize,
+    wl: Option<usize>,
+    sinks: usize,
+    splits: &[(Option<usize>, Option<usize>)],
+    cap: Option<f32>,
+) {
     let s = c.shape();
     let n = t.len();
     let mut r = Lcg(17);
@@ -71,7 +86,7 @@ fn compare(c: &KvCache, t: &SeqTables, hq: usize, wl: Option<usize>, sinks: usiz
         for &(split, kpi) in splits {
             let opts = DecodeOptions { tuning: tuned(isa, split, kpi), logits_soft_cap: cap, window_left: wl, sink_tokens: sinks, ..Default::default() };
             let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; n * hq]);
-            decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+            decode_attention_on(features, c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
             let what = format!("{isa:?} {:?} {s:?} hq={hq} wl={wl:?} sinks={sinks} split={split:?} kpi={kpi:?} cap={cap:?}", c.dtype());
             for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                 assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");
@@ -178,16 +193,7 @@ fn pairs_of_chunks_in_a_tile_match_the_dequantized_reference() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn e4m3_without_the_byte_tables_matches_the_reference() {
-    use super::avx512_e4m3::WITHOUT_TABLES;
-    use std::sync::atomic::Ordering::Relaxed;
-    struct On;
-    impl Drop for On {
-        fn drop(&mut self) {
-            WITHOUT_TABLES.store(false, Relaxed);
-        }
-    }
-    WITHOUT_TABLES.store(true, Relaxed);
-    let _on = On;
+    let without = Features::cpu().without(&["avx512vbmi"]);
     let splits = [(None, None), (Some(1), Some(1))];
     for g in [1, 2, 3, 4, 5] {
         for d in [64, 128] {
@@ -195,9 +201,9 @@ fn e4m3_without_the_byte_tables_matches_the_reference() {
             let nb = lens.iter().map(|l| l.div_ceil(16)).sum::<usize>() + 1;
             let seed = (g * 17 + d) as u64;
             let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, None, 0, seed);
-            compare(&c, &t, 2 * g, None, 0, &splits, None);
+            compare_on(without, &c, &t, 2 * g, None, 0, &splits, None);
             let (c, t) = case(shape(16, 2, d, nb), DType::E4M3, &lens, Some(19), 1, seed + 1);
-            compare(&c, &t, 2 * g, Some(19), 1, &splits, None);
+            compare_on(without, &c, &t, 2 * g, Some(19), 1, &splits, None);
         }
     }
 }

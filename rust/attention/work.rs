@@ -39,11 +39,6 @@ pub(crate) struct Work<'a, E> {
     /// (code times the row's factor), which the paths without `vpdpbusd` read.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub q_i8: Option<QueryI8<'a>>,
-    /// With f16 query and probabilities (`Precision { q: F16, pv: F16 }`, fp8 caches): the
-    /// AVX-512 path on a CPU with avx512fp16 may compute the scores and `P V` in f16
-    /// ([`super::avx512_fp16`]); the others ignore it.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fp16: bool,
     /// The logit soft cap in log2 units (`cap * log2(e)`, for scores in log2 units):
     /// every path maps each score `s` to `c * tanh(s / c)` ([`soft_cap`]) before the
     /// softmax.

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::isa::Isa;
+use super::isa::{Features, Isa};
 use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::tables::{SeqTables, Visible};
 use super::query::scaled_query;
@@ -114,6 +114,22 @@ pub fn prefill_attention(
     lse: Option<&mut [f32]>,
     opts: &PrefillOptions,
 ) -> Result<()> {
+    prefill_attention_on(Features::cpu(), cache, layer, qs, tables, out, lse, opts)
+}
+
+/// [`prefill_attention`] choosing its routes by `features` (this CPU's, or fewer: a test
+/// runs the routes of a CPU without some of them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prefill_attention_on(
+    features: Features,
+    cache: &KvCache,
+    layer: usize,
+    qs: &Queries,
+    tables: &SeqTables,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    opts: &PrefillOptions,
+) -> Result<()> {
     let shape = cache.shape();
     let (d, hkv, hq) = (shape.head_dim, shape.num_kv_heads, qs.num_q_heads);
     if hq == 0 || !hq.is_multiple_of(hkv) {
@@ -131,7 +147,7 @@ pub fn prefill_attention(
     if lse.as_ref().is_some_and(|l| l.len() != total_q * hq) {
         return Err(invalid!("lse must be [{total_q}, {hq}]"));
     }
-    let (scale, factor) = check_options(cache, opts, d)?;
+    let (scale, factor) = check_options(cache, opts, d, features)?;
     if opts.rows_per_item == Some(0) {
         return Err(invalid!("rows_per_item must be >= 1"));
     }
@@ -143,11 +159,12 @@ pub fn prefill_attention(
             r.extend([0..s.sink_end, s.lo..s.hi]);
         }
     })?;
-    let isa = opts.tuning.path()?.isa();
+    let isa = opts.tuning.path(features)?.isa();
     let pool = crate::runtime::threads::pool()?;
     let Precision { q: q_dtype, pv: pv_dtype } = opts.precision;
     let (qv, q_bf16) = scaled_query(qs.q, d, factor, q_dtype == DType::BF16);
-    let dot = cache.dtype() == DType::BF16 && isa == Isa::Avx512 && tile::dot_supported();
+    // The one selection: `vdpbf16ps` scores and `P V` on a bf16 cache on AVX-512 with avx512_bf16.
+    let dot = cache.dtype() == DType::BF16 && isa == Isa::Avx512 && features.has("avx512bf16");
     let use_dot = q_dtype == DType::BF16 && dot;
     let g = hq / hkv;
     let item_rows = opts.rows_per_item.unwrap_or(ROWS);
@@ -260,7 +277,7 @@ fn check_indptr(indptr: &[i64], n: usize) -> Result<usize> {
 
 /// Validate the options; returns `(scale, factor)`, the factor the query is multiplied by
 /// (`scale * log2(e)`, or `scale` alone with a soft cap, applied after the cap).
-fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f32, f32)> {
+fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize, features: Features) -> Result<(f32, f32)> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
     if !scale.is_finite() {
         return Err(invalid!("scale must be finite, got {scale}"));
@@ -273,7 +290,7 @@ fn check_options(cache: &KvCache, opts: &PrefillOptions, d: usize) -> Result<(f3
     if mk.chunk_size.is_some() && !mk.causal {
         return Err(invalid!("chunk_size (block-causal) needs causal=True; causal=False with chunks is contradictory"));
     }
-    opts.tuning.path()?;
+    opts.tuning.path(features)?;
     if opts.tuning.kv_heads_per_item.is_some() {
         return Err(invalid!("kv_heads_per_item is a decode knob: prefill cuts its items by rows"));
     }

@@ -2,8 +2,6 @@
 //! stored values, over masks, block sizes, head dims with tails, GQA ratios, splits, and
 //! the unsafe loads' bounds (the last block of the pool, read through its last KV head).
 
-use std::sync::atomic::Ordering;
-
 use super::*;
 use crate::attention::decode::{decode_attention, DecodeOptions};
 use crate::attention::test_util::{filled, last_block_case, on, refusal, shape, Lcg, BF16_PV, BF16_QUERY, BF16_QUERY_PV, F16_PRECISION, INT8_QUERY};
@@ -80,7 +78,8 @@ fn reference(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) -> 
     (out, lse, lmax)
 }
 
-/// Every available path (and the `vdpbf16ps` one switched off) against the reference.
+/// Every available path (and, with an opt-in precision on AVX-512, the route of a CPU
+/// without avx512_bf16) against the reference.
 fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
     let (want, want_lse, lmax) = reference(c, call, t, opts);
     let oscale = want.iter().fold(1e-30f64, |a, x| a.max(x.abs()));
@@ -97,13 +96,12 @@ fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
             if no_dot && !(opts.precision != Precision::EXACT && isa == Isa::Avx512) {
                 continue;
             }
-            super::tile::NO_DOT.store(no_dot, Ordering::Relaxed);
             let o = PrefillOptions { tuning: Tuning { isa: Some(isa), ..opts.tuning }, ..opts.clone() };
             let mut out = vec![f32::NAN; call.q.len()];
             let mut lse = vec![f32::NAN; want_lse.len()];
             let qs = Queries { q: call.q, num_q_heads: call.hq, qo_indptr: call.indptr, positions: call.positions };
-            prefill_attention(c, 0, &qs, t, &mut out, Some(&mut lse), &o).unwrap();
-            super::tile::NO_DOT.store(false, Ordering::Relaxed);
+            let features = if no_dot { Features::cpu().without(&["avx512bf16"]) } else { Features::cpu() };
+            prefill_attention_on(features, c, 0, &qs, t, &mut out, Some(&mut lse), &o).unwrap();
             for (i, (&got, &w)) in out.iter().zip(&want).enumerate() {
                 assert!((got as f64 - w).abs() <= tol, "{isa:?} {opts:?} out[{i}] = {got} vs {w} (tol {tol:e})");
             }

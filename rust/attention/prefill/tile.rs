@@ -56,9 +56,6 @@ pub(crate) enum PvMode {
     Dot,
 }
 
-/// Test-only switch: run the bf16 dot-product paths as if the CPU lacked `vdpbf16ps`.
-#[cfg(test)]
-pub(crate) static NO_DOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 
 /// The online-softmax state of an item's rows: `acc` rows of `d`, `m` (log2 units), `l`.
@@ -103,15 +100,6 @@ impl Scratch {
             lut: Lut::new(),
         }
     }
-}
-
-/// Whether the `vdpbf16ps` scores can run (on top of the AVX-512 path's features).
-pub(crate) fn dot_supported() -> bool {
-    #[cfg(test)]
-    if NO_DOT.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    crate::attention::isa::cpu_features().contains(&"avx512bf16")
 }
 
 pub(crate) fn run_item<E: Elem>(ctx: &Ctx<E>, it: &Item, p: &mut Partial, sc: &mut Scratch) {
@@ -363,7 +351,7 @@ fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
     let d = ctx.shape.head_dim;
     match ctx.isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `q_bf16` is set only when `dot_supported()` and the path is AVX-512,
+        // SAFETY: `q_bf16` is set only when the features have avx512bf16 and the path is AVX-512,
         // whose features `prefill_attention` checked.
         Isa::Avx512 if ctx.q_bf16.is_some() => unsafe {
             super::avx512::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
