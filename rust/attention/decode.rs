@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use super::isa::{Features, Isa, Supported};
+use super::route::{Kernel512, Route};
 use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::scalar;
 use super::tables::{SeqTables, Visible};
@@ -21,7 +22,7 @@ use super::neon;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::run_workers;
-use crate::kv::{DType, Elem, KvCache, KvShape};
+use crate::kv::{DType, Elem, KvCache};
 
 /// Per-call options; `Default` is what Python gets without keywords.
 #[derive(Clone, Debug, Default)]
@@ -110,7 +111,7 @@ pub(crate) fn decode_attention_on(
     let shape = cache.shape();
     let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
     let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts, features)?;
-    let route = Route::select(isa, features, cache.dtype(), opts.precision, shape);
+    let route = Route::select(Kernel::Decode, isa, features, cache.dtype(), opts.precision, shape);
     let pool = crate::runtime::threads::pool()?;
     let vis = tables.select(|_, len, r| visible_keys(len, opts.window_left, opts.sink_tokens, r))?;
     let factor = scale * std::f32::consts::LOG2_E;
@@ -177,7 +178,7 @@ pub(crate) fn decode_attention_on(
                     // The caller's output, whatever it held.
                     p.acc.fill(0.0);
                 }
-                route.run(&work, p);
+                run_item(route, &work, p);
                 if lse.as_deref_mut().is_some_and(|lse| !finish_alone(p, lse, d)) {
                     overflowed.lock().unwrap_or_else(|e| e.into_inner()).push((it.seq, it.group));
                 }
@@ -278,105 +279,55 @@ fn check_call(
     Ok(Checked { g: num_q_heads / hkv, scale, isa, kpi })
 }
 
-/// The kernel every work item of a call runs, chosen once per call by [`Route::select`]
-/// from the path, the features, the cache's dtype, the precision and the shape. Only
-/// `select` makes one (the fields are private to this module), so holding one proves the
-/// feature checks the `unsafe` calls of [`Route::run`] rely on.
-#[derive(Clone, Copy, Debug)]
-struct Route {
-    path: Supported,
-    kernel: Kernel512,
-    /// The features the route was chosen with (for the NaN-code rerun's path).
-    features: Features,
-}
-
-/// The AVX-512 path's kernels beyond its own tile loop (`Plain` elsewhere).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel512 {
-    Plain,
-    /// `vdpbf16ps` scores: a bf16 query on a bf16 cache, or on fp8 with avx512vbmi.
-    Bf16Dot,
-    /// `vpdpbusd` scores: an int8 query on an int8 cache.
-    Int8Dot,
-    /// f16 scores and `P V` (fp8, block size 16, head_dim a multiple of 64) where an
-    /// item's scales allow it, else `Tables` (`tables`) or `Plain`.
-    F16 { tables: bool },
-    /// e4m3 widened by byte tables (block size 16, head_dim a multiple of 64, avx512vbmi).
-    Tables,
-}
-
-impl Route {
-    /// The one selection: what runs on `path` with `features` (a subset of this CPU's).
-    fn select(path: Supported, features: Features, kv: DType, precision: Precision, shape: KvShape) -> Self {
-        let has = |f: &str| features.has(f);
-        let tables = kv == DType::E4M3 && has("avx512vbmi") && avx512_tables_fit(shape);
-        let fp8 = matches!(kv, DType::E4M3 | DType::E5M2);
-        let kernel = match (path.isa(), precision.q) {
-            (Isa::Avx512, DType::BF16) if has("avx512bf16") && (kv == DType::BF16 || fp8 && has("avx512vbmi")) => Kernel512::Bf16Dot,
-            (Isa::Avx512, DType::I8) if has("avx512vnni") => Kernel512::Int8Dot,
-            (Isa::Avx512, DType::F16) if fp8 && has("avx512fp16") && avx512_tables_fit(shape) => Kernel512::F16 { tables },
-            (Isa::Avx512, _) if tables => Kernel512::Tables,
-            _ => Kernel512::Plain,
-        };
-        Route { path, kernel, features }
+/// Run one work item on its call's route; safe for any input because only
+/// [`Route::select`] makes a route.
+fn run_item<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) {
+    #[cfg(target_arch = "x86_64")]
+    if route.path().isa() == Isa::Avx512 {
+        // SAFETY: (every arm) the route's path is AVX-512, so the CPU has its features
+        // (`Supported`); `Route::select` chose each other kernel only where its features,
+        // a subset of this CPU's, have the feature the kernel adds.
+        unsafe {
+            match route.kernel() {
+                Kernel512::Bf16Dot => avx512_bf16::run(w, p),
+                Kernel512::Int8Dot => avx512_vnni::run(w, p),
+                Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
+                Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
+                Kernel512::F16 { tables: false } | Kernel512::Plain => avx512::run(w, p),
+            }
+        }
+    } else {
+        run_path(route.path(), w, p);
     }
-
-    /// Run one work item; safe for any input because only [`Route::select`] makes a route.
-    fn run<E: Elem>(self, w: &Work<E>, p: &mut Partial) {
+    #[cfg(not(target_arch = "x86_64"))]
+    run_path(route.path(), w, p);
+    // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
+    // every conversion): the item runs again on the AVX2 path, whose conversion gives
+    // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
+    // weight), else on the scalar one.
+    if p.nan_codes {
+        p.reset();
         #[cfg(target_arch = "x86_64")]
-        if self.path.isa() == Isa::Avx512 {
-            // SAFETY: (every arm) `self.path` holds the AVX-512 path, so the CPU has its
-            // features (`Supported`); `select` chose each other kernel only where
-            // `features`, a subset of this CPU's, has the feature it adds.
-            unsafe {
-                match self.kernel {
-                    Kernel512::Bf16Dot => avx512_bf16::run(w, p),
-                    Kernel512::Int8Dot => avx512_vnni::run(w, p),
-                    Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
-                    Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
-                    Kernel512::F16 { tables: false } | Kernel512::Plain => avx512::run(w, p),
-                }
-            }
-        } else {
-            self.run_path(w, p);
+        if let Some(avx2) = Supported::check(Isa::Avx2, route.features()) {
+            run_path(avx2, w, p);
+            return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        self.run_path(w, p);
-        // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
-        // every conversion): the item runs again on the AVX2 path, whose conversion gives
-        // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
-        // weight), else on the scalar one.
-        if p.nan_codes {
-            p.reset();
-            #[cfg(target_arch = "x86_64")]
-            if Supported::check(Isa::Avx2, self.features).is_some() {
-                // SAFETY: `Supported::check` found the AVX2 path's features.
-                unsafe { avx2::run(w, p) };
-                return;
-            }
-            scalar::run(w, p);
-        }
-    }
-
-    /// The paths without kernels of their own.
-    fn run_path<E: Elem>(self, w: &Work<E>, p: &mut Partial) {
-        match self.path.isa() {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
-            // feature the path is compiled for.
-            Isa::Avx2 => unsafe { avx2::run(w, p) },
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: as above.
-            Isa::Neon => unsafe { neon::run(w, p) },
-            _ => scalar::run(w, p),
-        }
+        scalar::run(w, p);
     }
 }
 
-/// The shape the AVX-512 byte-table and f16 kernels take: block size 16, head_dim a
-/// multiple of 64 (4 rows of 16 tokens are 64 adjacent codes).
-fn avx512_tables_fit(shape: KvShape) -> bool {
-    shape.block_size == 16 && shape.head_dim.is_multiple_of(64)
+/// The paths without kernels of their own.
+fn run_path<E: Elem>(path: Supported, w: &Work<E>, p: &mut Partial) {
+    match path.isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
+        // feature the path is compiled for.
+        Isa::Avx2 => unsafe { avx2::run(w, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::run(w, p) },
+        _ => scalar::run(w, p),
+    }
 }
 
 /// Cut every (sequence, head group)'s visible runs into items of whole blocks (at least
@@ -414,55 +365,4 @@ pub(super) fn plan(vis: &Visible, n: usize, bs: usize, groups: usize, threads: u
         }
     }
     items
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shape(block_size: usize, head_dim: usize) -> KvShape {
-        KvShape { num_layers: 1, num_blocks: 4, block_size, num_kv_heads: 1, head_dim }
-    }
-
-    fn pair(q: DType, pv: DType) -> Precision {
-        Precision { q, pv }
-    }
-
-    /// Each kernel is chosen exactly where its feature, dtype, precision and shape allow,
-    /// and a set without the feature falls back as a CPU without it would.
-    #[test]
-    fn the_route_follows_the_features_it_is_given() {
-        let cpu = Features::cpu();
-        let Some(avx512) = Supported::check(Isa::Avx512, cpu) else {
-            eprintln!("SKIPPED the AVX-512 routes: this CPU lacks AVX-512");
-            return;
-        };
-        let kernel = |f: Features, kv, p, s| Route::select(avx512, f, kv, p, s).kernel;
-        let (exact, bf16, int8, f16) = (Precision::EXACT, pair(DType::BF16, DType::F32), pair(DType::I8, DType::F32), pair(DType::F16, DType::F16));
-        let (tiles, odd) = (shape(16, 128), shape(8, 65));
-        let none = cpu.without(&["avx512bf16", "avx512vnni", "avx512vbmi", "avx512fp16"]);
-        for s in [tiles, odd] {
-            for (kv, p) in [(DType::BF16, bf16), (DType::E5M2, bf16), (DType::I8, int8), (DType::E5M2, f16), (DType::E4M3, exact)] {
-                assert_eq!(kernel(none, kv, p, s), Kernel512::Plain, "{kv:?} {p:?} {s:?}");
-            }
-        }
-        let has = |f: &str| cpu.has(f);
-        let expect = |on: bool, k| if on { k } else { Kernel512::Plain };
-        assert_eq!(kernel(cpu, DType::BF16, bf16, odd), expect(has("avx512bf16"), Kernel512::Bf16Dot));
-        assert_eq!(kernel(cpu, DType::E5M2, bf16, odd), expect(has("avx512bf16") && has("avx512vbmi"), Kernel512::Bf16Dot));
-        assert_eq!(kernel(cpu.without(&["avx512vbmi"]), DType::E5M2, bf16, odd), Kernel512::Plain);
-        assert_eq!(kernel(cpu, DType::I8, int8, odd), expect(has("avx512vnni"), Kernel512::Int8Dot));
-        assert_eq!(kernel(cpu, DType::I8, exact, tiles), Kernel512::Plain);
-        assert_eq!(kernel(cpu, DType::E4M3, exact, tiles), expect(has("avx512vbmi"), Kernel512::Tables));
-        assert_eq!(kernel(cpu, DType::E4M3, exact, odd), Kernel512::Plain);
-        assert_eq!(kernel(cpu, DType::E5M2, exact, tiles), Kernel512::Plain);
-        let tables = has("avx512vbmi");
-        assert_eq!(kernel(cpu, DType::E4M3, f16, tiles), if has("avx512fp16") { Kernel512::F16 { tables } } else { expect(tables, Kernel512::Tables) });
-        assert_eq!(kernel(cpu, DType::E4M3, f16, odd), Kernel512::Plain);
-        // The other paths have no kernels of their own.
-        for isa in [Isa::Scalar, Isa::Avx2] {
-            let path = Supported::check(isa, cpu).expect("an AVX-512 CPU runs AVX2 and scalar");
-            assert_eq!(Route::select(path, cpu, DType::BF16, bf16, odd).kernel, Kernel512::Plain);
-        }
-    }
 }

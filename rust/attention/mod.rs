@@ -49,7 +49,7 @@
 //!
 //! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
 //! one file per instruction set, [`tables`] (the block tables a call reads),
-//! [`decode`] (plan, dispatch) and `partials` (the items' accumulators, the merge). The paths depend on `work` only; `decode` depends on
+//! `route` (the one selection of what a call runs, decode and prefill), [`decode`] (plan, run) and `partials` (the items' accumulators, the merge). The paths depend on `work` only; `decode` depends on
 //! the paths; the decode and prefill tests share `test_util`. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
 
 // The docs here link the x86-64 paths by name; other targets do not compile them (`cargo
@@ -81,6 +81,7 @@ mod partials;
 pub mod read_probe;
 pub mod prefill;
 mod query;
+mod route;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 #[cfg(target_arch = "aarch64")]

@@ -28,7 +28,8 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::isa::{Features, Isa};
+use super::isa::Features;
+use super::route::{Kernel512, Route};
 use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::tables::{SeqTables, Visible};
 use super::query::scaled_query;
@@ -159,12 +160,12 @@ pub(crate) fn prefill_attention_on(
             r.extend([0..s.sink_end, s.lo..s.hi]);
         }
     })?;
-    let isa = opts.tuning.path(features)?.isa();
+    let path = opts.tuning.path(features)?;
+    let route = Route::select(Kernel::Prefill, path, features, cache.dtype(), opts.precision, shape);
     let pool = crate::runtime::threads::pool()?;
     let Precision { q: q_dtype, pv: pv_dtype } = opts.precision;
     let (qv, q_bf16) = scaled_query(qs.q, d, factor, q_dtype == DType::BF16);
-    // The one selection: `vdpbf16ps` scores and `P V` on a bf16 cache on AVX-512 with avx512_bf16.
-    let dot = cache.dtype() == DType::BF16 && isa == Isa::Avx512 && features.has("avx512bf16");
+    let dot = route.kernel() == Kernel512::Bf16Dot;
     let use_dot = q_dtype == DType::BF16 && dot;
     let g = hq / hkv;
     let item_rows = opts.rows_per_item.unwrap_or(ROWS);
@@ -184,7 +185,7 @@ pub(crate) fn prefill_attention_on(
         let (k, v) = cache.layer::<E>(layer)?;
         let zeros = vec![E::from_f32(0.0); d];
         let ctx = Ctx {
-            k, v, scales: cache.scales(layer)?, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, isa,
+            k, v, scales: cache.scales(layer)?, shape, vis: &vis, zeros: &zeros, hq, g, qs: &qv, spans: &spans, path,
             q_bf16: use_dot.then_some((&q_bf16[..], scale * if opts.logits_soft_cap.is_some() { 1.0 } else { std::f32::consts::LOG2_E })),
             soft_cap: opts.logits_soft_cap,
             pv: match (pv_dtype == DType::BF16, dot) {

@@ -3,6 +3,7 @@
 //! the unsafe loads' bounds (the last block of the pool, read through its last KV head).
 
 use super::*;
+use crate::attention::isa::Isa;
 use crate::attention::decode::{decode_attention, DecodeOptions};
 use crate::attention::test_util::{filled, last_block_case, on, refusal, shape, Lcg, BF16_PV, BF16_QUERY, BF16_QUERY_PV, F16_PRECISION, INT8_QUERY};
 use crate::attention::tests::{ALL_DTYPES, CAPS};

@@ -16,7 +16,7 @@ use super::mask::{cover, Cover};
 use super::pack_q8::{self, Dst, Lut};
 use super::plan::Item;
 use super::plan::TW;
-use crate::attention::isa::Isa;
+use crate::attention::isa::{Isa, Supported};
 use crate::attention::tables::Visible;
 use super::mask::Span;
 use crate::kv::elem::{E4M3, E5M2};
@@ -42,7 +42,8 @@ pub(crate) struct Ctx<'a, E> {
     pub q_bf16: Option<(&'a [u32], f32)>,
     /// Per query row, the keys it sees.
     pub spans: &'a [Span],
-    pub isa: Isa,
+    /// The path (the route's; a `Supported` proves the CPU runs it).
+    pub path: Supported,
     pub soft_cap: Option<f32>,
     /// How `P V` runs: f32, f32 on bf16-rounded probabilities, or `vdpbf16ps`.
     pub pv: PvMode,
@@ -349,15 +350,15 @@ fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: 
 /// units before the soft cap).
 fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
     let d = ctx.shape.head_dim;
-    match ctx.isa {
+    match ctx.path.isa() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `q_bf16` is set only when the features have avx512bf16 and the path is AVX-512,
-        // whose features `prefill_attention` checked.
+        // SAFETY: `q_bf16` is set only where `Route::select` chose `vdpbf16ps` for (features with
+        // avx512bf16, a subset of this CPU's), on the AVX-512 path (`Supported`).
         Isa::Avx512 if ctx.q_bf16.is_some() => unsafe {
             super::avx512::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `prefill_attention` checked `isa.supported()`.
+        // SAFETY: `Supported` holds only a path this CPU runs.
         Isa::Avx512 => unsafe { super::avx512::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
@@ -372,10 +373,10 @@ fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
 /// Online softmax of the tile's scores and `acc = alpha * acc + P V`.
 fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: usize, p: &mut Partial) {
     let (s, alpha, vp) = (&mut sc.s, &mut sc.alpha, &sc.vp);
-    match ctx.isa {
+    match ctx.path.isa() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `prefill_attention` checked `isa.supported()`; `PvMode::Dot` is set only
-        // on the AVX-512 path of a CPU with avx512_bf16.
+        // SAFETY: `Supported` holds only a path this CPU runs; `PvMode::Dot` is set only
+        // where `Route::select` chose `vdpbf16ps` (features with avx512bf16).
         Isa::Avx512 => unsafe {
             super::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
             if ctx.pv == PvMode::Dot {
