@@ -1,246 +1,25 @@
-"""KvCache and decode attention against a float64 numpy reference computed from the
-values the cache actually stores (so f16/bf16 rounding of K/V is not counted as error).
+"""KvCache storage (views, rounding on write, block copies), decode's arguments and errors,
+the kernel paths, the thread count and the bandwidth/FLOP probes.
 
-Accuracy contract: max abs error <= out_scale * (1e-5 + 4e-7 * L), where out_scale is the
-largest |reference output| and L the largest |logit|. The second term is f32 arithmetic
-itself: a logit of magnitude L carries a rounding error of about L * 6e-8 per term, which
-moves softmax weights by that relative amount; for ordinary logits (L of order 10) the
-bound is about 1e-5 of the output scale.
+Decode against the float64 reference, per path, cache dtype and precision, is the
+conformance grid's (tests/attention/test_conformance.py).
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
-import textwrap
 import sys
-from dataclasses import dataclass
-from typing import Any
+import textwrap
 
 import numpy as np
-import numpy.typing as npt
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from reference.attention import Batch, Mask, reference
+from test_conformance import Case, run_case
 
 import pykvpool as kv
 
 PATHS = kv.kernel_paths()
-DTYPES = ["f32", "f16", "bf16"]
-#: Every kernel path of this architecture, whether this CPU runs it or not.
-ARCH_PATHS = ["scalar", "neon"] if platform.machine().lower() in ("aarch64", "arm64") else ["scalar", "avx2", "avx512"]
-
-
-def path_params() -> list[Any]:
-    """Every path of this architecture; one this CPU lacks is a skip with its reason
-    (listed by ``pytest -ra``), never silently absent. The hypothesis grids draw from
-    the supported paths only: these skips report what they could not cover."""
-    return [
-        pytest.param(p, marks=pytest.mark.skipif(
-            p not in PATHS, reason=f"kernel path {p} not tested: this CPU lacks it (kernel_paths() = {PATHS})"))
-        for p in ARCH_PATHS
-    ]
-
-
-F64 = npt.NDArray[np.float64]
-
-
-def as_f64(x: npt.NDArray[object]) -> F64:
-    if x.dtype == np.uint16:  # bf16 bits without ml_dtypes
-        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.asarray(x, dtype=np.float64)
-
-
-def reference(
-    cache: kv.KvCache, layer: int, q: npt.NDArray[np.float32], tables: list[npt.NDArray[np.int32]], lens: list[int],
-    scale: float,
-) -> tuple[F64, F64, float]:
-    """Grouped (no repeat) float64 attention; returns (out, lse, max |logit|)."""
-    kc, vc = as_f64(cache.key(layer)), as_f64(cache.value(layer))
-    n, hq, d = q.shape
-    hkv, bs = cache.num_kv_heads, cache.block_size
-    g = hq // hkv
-    out = np.zeros((n, hq, d))
-    lse = np.full((n, hq), -np.inf)
-    lmax = 0.0
-    for i in range(n):
-        t = np.arange(lens[i])
-        if lens[i] == 0:
-            continue
-        blocks = tables[i][t // bs]
-        k = kc[blocks, t % bs]  # [len, hkv, d]
-        v = vc[blocks, t % bs]
-        qg = q[i].astype(np.float64).reshape(hkv, g, d)
-        logits = np.einsum("hgd,thd->hgt", qg, k) * scale
-        lmax = max(lmax, float(np.abs(logits).max()))
-        m = logits.max(axis=-1, keepdims=True)
-        p = np.exp(logits - m)
-        z = p.sum(axis=-1, keepdims=True)
-        out[i] = np.einsum("hgt,thd->hgd", p / z, v).reshape(hq, d)
-        lse[i] = (m + np.log(z)).reshape(hq)
-    return out, lse, lmax
-
-
-def assert_close(got: npt.NDArray[np.float32], want: F64, lmax: float) -> None:
-    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
-    err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0))
-    assert np.isfinite(got).all()
-    assert err <= scale * (1e-5 + 4e-7 * lmax), f"max error {err:.3e} vs output scale {scale:.3e}, max logit {lmax:.1f}"
-
-
-@dataclass
-class Setup:
-    pool: kv.BlockPool
-    cache: kv.KvCache
-    seqs: list[int]
-    rng: np.random.Generator
-
-    def fill(self, slots: npt.NDArray[np.int64], layer: int = 0, mag: float = 1.0) -> None:
-        h, d = self.cache.num_kv_heads, self.cache.head_dim
-        k = (self.rng.standard_normal((len(slots), h, d)) * mag).astype(np.float32)
-        v = self.rng.standard_normal((len(slots), h, d)).astype(np.float32)
-        self.cache.write(layer, k, v, slots)
-
-    def step(self, ids: list[int], counts: int = 1) -> None:
-        slots, cow, _ = self.pool.step(ids, counts)
-        self.cache.copy_blocks(cow)
-        self.fill(slots)
-
-    def tables(self) -> tuple[list[npt.NDArray[np.int32]], list[int]]:
-        return [self.pool.block_table(s) for s in self.seqs], [self.pool.seq_len(s) for s in self.seqs]
-
-
-def make(lens: list[int], bs: int, hkv: int, d: int, dtype: str, seed: int = 0, mag: float = 1.0) -> Setup:
-    nb = sum(-(-n // bs) for n in lens) * 2 + 8
-    s = Setup(kv.BlockPool(nb, bs), kv.KvCache(1, nb, bs, hkv, d, dtype), [], np.random.default_rng(seed))
-    for i, n in enumerate(lens):
-        s.fill(s.pool.add_sequence(i, n), mag=mag)
-        s.seqs.append(i)
-    return s
-
-
-def run_and_check(
-    s: Setup, g: int, path: str, split: int | None, kpi: int | None, qmag: float = 1.0, bf16_query: bool = False
-) -> None:
-    """With ``bf16_query`` (``q_dtype="bf16"``) the reference uses the bf16-rounded query (the option's
-    semantics), to the same tolerance, and the exact-query reference is met within
-    :func:`bf16_query_bound`."""
-    tables, lens = s.tables()
-    n, hq, d = len(lens), s.cache.num_kv_heads * g, s.cache.head_dim
-    q = (s.rng.standard_normal((n, hq, d)) * qmag).astype(np.float32)
-    width = max((len(t) for t in tables), default=0)
-    padded = np.full((n, width), -1, np.int32)
-    for i, t in enumerate(tables):
-        padded[i, : len(t)] = t
-    qref = bf16_round(q) if bf16_query else q
-    want, want_lse, lmax = reference(s.cache, 0, qref, tables, lens, 1 / np.sqrt(d))
-    out, lse = kv.decode_attention(
-        s.cache, 0, q, padded, np.array(lens), return_lse=True, tuning=kv.KernelTuning(isa=path, split_size=split, kv_heads_per_item=kpi), q_dtype="bf16" if bf16_query else "f32",
-    )
-    if bf16_query:
-        exact, exact_lse, _ = reference(s.cache, 0, q, tables, lens, 1 / np.sqrt(d))
-        out_bound, lse_bound = bf16_query_bound(s.cache, q, tables, lens, 1 / np.sqrt(d))
-        slack = float(np.abs(want).max(initial=0.0)) * (1e-5 + 4e-7 * lmax)
-        assert (np.abs(out - exact) <= out_bound[..., None] + slack).all()
-        fin = np.isfinite(exact_lse)
-        assert (np.abs(lse[fin] - exact_lse[fin]) <= lse_bound[fin] + 1e-5 * max(1.0, lmax)).all()
-    assert out.shape == (n, hq, d) and out.dtype == np.float32
-    assert_close(out, want, lmax)
-    finite = np.isfinite(want_lse)
-    assert (np.isneginf(lse) == ~finite).all()
-    np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-5, atol=1e-5 * max(1.0, lmax))
-    # The FlashInfer form of the same tables gives the same numbers.
-    indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
-    out2 = kv.decode_attention_paged(
-        s.cache, 0, q, indptr, indices, last, tuning=kv.KernelTuning(isa=path, split_size=split, kv_heads_per_item=kpi),
-        q_dtype="bf16" if bf16_query else "f32",
-    )
-    np.testing.assert_array_equal(out, out2)
-
-
-def bf16_round(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """f32 rounded to bf16 (nearest, ties to even), as f32 (finite inputs)."""
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
-    return b.astype(np.uint32).view(np.float32)
-
-
-def bf16_query_bound(
-    cache: kv.KvCache, q: npt.NDArray[np.float32], tables: list[npt.NDArray[np.int32]], lens: list[int], scale: float
-) -> tuple[F64, F64]:
-    """Worst-case effect of ``q_dtype="bf16"`` against the exact query, per (sequence, head).
-
-    Rounding to bf16 (8 significant bits, nearest) moves each query element by at most
-    2^-8 of itself, so logit t moves by at most D = scale * 2^-8 * max_t sum_i |q_i K_ti|.
-    Each softmax weight then changes by a factor in [exp(-2D), exp(2D)], so
-    |sum_t (p'_t - p_t) v_t| <= (exp(2D) - 1) * max |v|, and the LSE moves by at most D.
-    Returns (output bound, LSE bound), both ``[n, Hq]``; f32 rounding comes on top."""
-    kc, vc = np.abs(as_f64(cache.key(0))), np.abs(as_f64(cache.value(0)))
-    n, hq, d = q.shape
-    hkv, bs = cache.num_kv_heads, cache.block_size
-    g = hq // hkv
-    out, lse = np.zeros((n, hq)), np.zeros((n, hq))
-    for i in range(n):
-        if lens[i] == 0:
-            continue
-        t = np.arange(lens[i])
-        blocks = tables[i][t // bs]
-        qa = np.abs(q[i].astype(np.float64)).reshape(hkv, g, d)
-        dmax = np.einsum("hgd,thd->hgt", qa, kc[blocks, t % bs]).max(axis=-1) * scale * 2.0**-8
-        vmax = vc[blocks, t % bs].max(axis=(0, 2))  # [hkv]
-        out[i] = (np.expm1(2 * dmax) * vmax[:, None]).reshape(hq)
-        lse[i] = dmax.reshape(hq)
-    return out, lse
-
-
-def lengths(bs: int) -> st.SearchStrategy[int]:
-    edge = st.sampled_from([1, bs, bs + 1, 2 * bs, 2 * bs - 1 if bs > 1 else 3])
-    return st.one_of(edge, st.integers(1, 300))
-
-
-@st.composite
-def cases(draw: st.DrawFn) -> tuple[object, ...]:
-    bs = draw(st.sampled_from([1, 8, 16, 32]))
-    hkv = draw(st.sampled_from([1, 2, 4, 8]))
-    g = draw(st.sampled_from([1, 2, 4, 8]))
-    d = draw(st.sampled_from([64, 80, 96, 128, 256]))
-    lens = draw(st.lists(lengths(bs), min_size=1, max_size=4))
-    dtype = draw(st.sampled_from(DTYPES))
-    path = draw(st.sampled_from(PATHS))
-    split = draw(st.sampled_from([None, 0, 1, 16, 64]))
-    kpi = draw(st.sampled_from([None, 1]))
-    fork = draw(st.booleans())
-    seed = draw(st.integers(0, 2**31))
-    return bs, hkv, g, d, lens, dtype, path, split, kpi, fork, seed
-
-
-@given(cases())
-def test_matches_float64_reference(case: tuple[object, ...]) -> None:
-    bs, hkv, g, d, lens, dtype, path, split, kpi, fork, seed = case
-    assert isinstance(lens, list)
-    s = make(lens, int(bs), int(hkv), int(d), str(dtype), int(seed))  # type: ignore[call-overload]
-    if fork:
-        # Parallel sampling: the child shares the parent's blocks, then both diverge
-        # (copy-on-write of the shared partial block through copy_blocks).
-        s.pool.fork(0, 100)
-        s.seqs.append(100)
-        s.step([0, 100], 2)
-    run_and_check(s, int(g), str(path), split, kpi)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("path", path_params())
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_large_logits_do_not_overflow(path: str, dtype: str) -> None:
-    s = make([700, 33], 16, 2, 128, dtype, seed=5, mag=30.0)
-    run_and_check(s, 4, path, None, None, qmag=30.0)  # logits in the thousands
-
-
-@pytest.mark.parametrize("path", path_params())
-def test_single_long_sequence_is_split_and_matches(path: str) -> None:
-    s = make([5000], 16, 2, 64, "bf16", seed=9)
-    for split in (None, 0, 256):
-        run_and_check(s, 4, path, split, None)
 
 
 def test_empty_batch_and_empty_sequence() -> None:
@@ -254,14 +33,18 @@ def test_empty_batch_and_empty_sequence() -> None:
 
 
 def test_out_is_written_in_place_and_scale_is_used() -> None:
-    s = make([40], 8, 2, 64, "f32")
-    tables, lens = s.tables()
-    q = s.rng.standard_normal((1, 2, 64)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    c = kv.KvCache(1, 5, 8, 2, 64)
+    c.write(0, rng.standard_normal((40, 2, 64)).astype(np.float32), rng.standard_normal((40, 2, 64)).astype(np.float32),
+            np.arange(40))
+    tables = [[3, 0, 4, 1, 2]]
+    q = rng.standard_normal((1, 2, 64)).astype(np.float32)
     out = np.empty((1, 2, 64), np.float32)
-    res = kv.decode_attention(s.cache, 0, q, np.array(tables), lens, scale=0.3, out=out)
+    res = kv.decode_attention(c, 0, q, np.array(tables), [40], scale=0.3, out=out)
     assert res is out
-    want, _, lmax = reference(s.cache, 0, q, tables, lens, 0.3)
-    assert_close(out, want, lmax)
+    want = reference(Batch(c, tables, [40], [0, 1], np.array([39])), q, Mask(scale=0.3)).out
+    assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.abs(kv.decode_attention(c, 0, q, np.array(tables), [40]) - want).max() > 1e-3  # the default scale differs
 
 
 def test_views_are_zero_copy_logical_and_writable() -> None:
@@ -376,8 +159,8 @@ def test_thread_count_is_settable_and_read_from_env() -> None:
     try:
         kv.set_num_threads(1)
         assert kv.get_num_threads() == 1
-        s = make([100], 16, 2, 64, "f32")
-        run_and_check(s, 2, PATHS[-1], None, None)
+        run_case(Case("decode", PATHS[-1], "f32", ("f32", "f32"), 64, 16, 2, 2, "none", None, None, None, "edges",
+                      "normal", False))
     finally:
         kv.set_num_threads(before)
     env = dict(os.environ, PYKVPOOL_NUM_THREADS="3")
@@ -459,50 +242,3 @@ def test_probe_of_a_block_table_reads_the_calls_blocks_and_refuses_bad_tables() 
         kv.read_bandwidth(cache=c, layer=1)
     with pytest.raises(kv.InvalidArgumentError, match="layer"):
         kv.read_bandwidth(cache=c, block_tables=table, seq_lens=lens, layer=2)
-
-
-@given(cases())
-def test_bf16_query_matches_the_rounded_query_reference(case: tuple[object, ...]) -> None:
-    """``q_dtype="bf16"`` on every path: within the usual tolerance of the reference
-    computed from the bf16-rounded query, and within :func:`bf16_query_bound` of the
-    exact-query reference (the issue's grid; the drawn storage dtype is replaced by bf16)."""
-    bs, hkv, g, d, lens, _, path, split, kpi, fork, seed = case
-    assert isinstance(lens, list)
-    s = make(lens, int(bs), int(hkv), int(d), "bf16", int(seed))  # type: ignore[call-overload]
-    if fork:
-        s.pool.fork(0, 100)
-        s.seqs.append(100)
-        s.step([0, 100], 2)
-    run_and_check(s, int(g), str(path), split, kpi, bf16_query=True)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("path", path_params())
-def test_bf16_query_large_logits_and_odd_head_dim(path: str) -> None:
-    run_and_check(make([700, 33], 16, 2, 128, "bf16", seed=5, mag=30.0), 4, path, None, None, 30.0, True)
-    for bs in (1, 8, 16, 32):
-        run_and_check(make([2 * bs + 1, bs - 1 or 1], bs, 2, 65, "bf16", seed=bs), 3, path, 1, 1, bf16_query=True)
-
-
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_bf16_query_needs_a_bf16_or_fp8_cache_and_leaves_out_untouched(dtype: str) -> None:
-    s = make([40], 8, 2, 64, dtype)
-    tables, lens = s.tables()
-    q = s.rng.standard_normal((1, 4, 64)).astype(np.float32)
-    out = np.full((1, 4, 64), 7.0, np.float32)
-    indptr, indices, last = s.pool.flashinfer_tables(s.seqs)
-    for path in PATHS:
-        with pytest.raises(kv.InvalidArgumentError, match=r"q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a f\d+ cache"):
-            kv.decode_attention(s.cache, 0, q, np.array(tables), lens, out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
-        with pytest.raises(kv.InvalidArgumentError, match=r"q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a f\d+ cache"):
-            kv.decode_attention_paged(s.cache, 0, q, indptr, indices, last, out=out, tuning=kv.KernelTuning(isa=path), q_dtype="bf16")
-    assert (out == 7.0).all()
-
-
-def test_bf16_round_is_nearest_even() -> None:
-    """The tests' rounding is the cache's own (round to nearest even on write)."""
-    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-20), 3.0e-3, -7.5e5], np.float32)
-    assert bf16_round(x)[:4].tolist() == [1.0, 1.0, 1 + 2**-6, -(1 + 2**-7)]
-    c = kv.KvCache(1, 1, 1, 1, 4096, "bf16")
-    y = np.concatenate([x, np.random.default_rng(3).standard_normal(4096 - len(x)).astype(np.float32)])
-    c.write(0, y.reshape(1, 1, 4096), y.reshape(1, 1, 4096), [0])
-    np.testing.assert_array_equal(as_f64(c.key(0)).ravel(), bf16_round(y))

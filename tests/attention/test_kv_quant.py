@@ -1,11 +1,13 @@
 """8-bit KV caches (int8, fp8 e4m3 / e5m2): the conversions against ml_dtypes on all 256
 codes, the int8 quantizer bit for bit against numpy, where the scales live (views, copies,
-calibration), the byte counts, and both kernels on every path:
+calibration), the byte counts, and decode on every path against the same attention over
+the unquantized f32 cache: within the bound derived in :func:`pykvpool.decode_attention`'s
+docstring (``(exp(2 D) - 1) max|V'| + max e_V``), on normal data and on data with outlier
+channels.
 
-- against a float64 reference on the dequantized values: within 1e-5 of the output scale;
-- against the same attention over the unquantized f32 cache: within the bound derived in
-  :func:`pykvpool.decode_attention`'s docstring (``(exp(2 D) - 1) max|V'| + max e_V``),
-  on normal data and on data with outlier channels.
+Both kernels against a float64 reference on the dequantized values (within 1e-5 of the
+output scale), and the refusals of the fast precisions on these caches, are the
+conformance grid's (tests/attention/test_conformance.py).
 """
 
 from __future__ import annotations
@@ -186,26 +188,6 @@ def tables(lens: list[int], bs: int) -> tuple[npt.NDArray[np.int64], npt.NDArray
     return t, np.array(lens, np.int64)
 
 
-def decode_ref(kd: npt.NDArray[Any], vd: npt.NDArray[Any], q: F32, t: npt.NDArray[np.int64], lens: list[int],
-               bs: int, scale: float) -> npt.NDArray[np.float64]:
-    """float64 decode attention over logical [blocks, bs, hk, d] K and V."""
-    n, hq, d = q.shape
-    hk = kd.shape[2]
-    g = hq // hk
-    out = np.zeros((n, hq, d))
-    for i, ln in enumerate(lens):
-        if ln == 0:
-            continue  # zeros
-        rows = [t[i, j // bs] * bs + j % bs for j in range(ln)]
-        kf = kd.reshape(-1, hk, d)[rows].astype(np.float64)
-        vf = vd.reshape(-1, hk, d)[rows].astype(np.float64)
-        for h in range(hq):
-            logit = kf[:, h // g] @ q[i, h].astype(np.float64) * scale
-            p = np.exp(logit - logit.max())
-            out[i, h] = p @ vf[:, h // g] / p.sum()
-    return out
-
-
 def decode_bound(dtype: str, c: kv.KvCache, k: npt.NDArray[Any], v: npt.NDArray[Any], q: F32,
                  t: npt.NDArray[np.int64], lens: list[int], bs: int, scale: float) -> npt.NDArray[np.float64]:
     """The documented bound per (sequence, head): ``(exp(2 D) - 1) max|V'| + max e_V``."""
@@ -239,7 +221,7 @@ def decode_bound(dtype: str, c: kv.KvCache, k: npt.NDArray[Any], v: npt.NDArray[
 @pytest.mark.parametrize("outliers", [False, True], ids=["normal", "outliers"])
 @pytest.mark.parametrize("dtype", QDTYPES)
 @pytest.mark.parametrize("path", PATHS)
-def test_decode_on_every_path_matches_the_dequantized_reference_and_the_f32_bound(
+def test_decode_on_every_path_stays_within_the_quantization_bound_of_the_f32_cache(
         path: str, dtype: str, outliers: bool) -> None:
     rng = np.random.default_rng(3 + outliers)
     bs, hk, g, d = 16, 2, 4, 64
@@ -250,56 +232,13 @@ def test_decode_on_every_path_matches_the_dequantized_reference_and_the_f32_boun
     q = (rng.standard_normal((len(lens), hk * g, d)) * 2).astype(np.float32)
     scale = 1 / np.sqrt(d)
     c, cf = build(dtype, k, v, bs, nb), build("f32", k, v, bs, nb)
-    kd, vd = (x.reshape(nb, bs, hk, d) for x in c.dequantized(0))
-    want = decode_ref(kd, vd, q, t, lens, bs, scale)
     got = kv.decode_attention(c, 0, q, t, sl, tuning=kv.KernelTuning(isa=path, split_size=64))
-    out_scale = max(np.abs(want).max(), 1e-3)
-    assert np.abs(got - want).max() <= 1e-5 * out_scale, (path, dtype)
     exact = kv.decode_attention(cf, 0, q, t, sl, tuning=kv.KernelTuning(isa=path))
+    out_scale = max(np.abs(exact).max(), 1e-3)
     bound = decode_bound(dtype, c, k.reshape(nb, bs, hk, d), v.reshape(nb, bs, hk, d), q, t, lens, bs, scale)
     err = np.abs(got - exact).max(axis=2)
     assert (err <= bound * 1.001 + 2e-5 * out_scale).all(), (err / np.maximum(bound, 1e-30)).max()
     assert err.max() > 0  # the quantization is real
-
-
-@pytest.mark.parametrize("dtype", QDTYPES)
-@pytest.mark.parametrize("path", PATHS)
-def test_prefill_on_every_path_matches_the_dequantized_reference(path: str, dtype: str) -> None:
-    rng = np.random.default_rng(5)
-    bs, hk, g, d = 16, 2, 3, 40
-    lens, nq = [40, 7, 90], [40, 3, 5]
-    t, sl = tables(lens, bs)
-    nb = int(t.max()) + 1
-    k, v = make_data(rng, (nb * bs, hk, d), outliers=True)
-    c = build(dtype, k, v, bs, nb)
-    kd, vd = (x.reshape(nb, bs, hk, d) for x in c.dequantized(0))
-    q = rng.standard_normal((sum(nq), hk * g, d)).astype(np.float32)
-    indptr = np.concatenate([[0], np.cumsum(nq)])
-    got = kv.prefill_attention(c, 0, q, indptr, t, sl, tuning=kv.KernelTuning(isa=path))
-    scale = 1 / np.sqrt(d)
-    want = np.zeros(got.shape)
-    for i, (ln, n) in enumerate(zip(lens, nq)):
-        for r in range(n):  # causal, the query at position ln - n + r sees keys 0..=pos
-            pos = ln - n + r
-            want[indptr[i] + r] = decode_ref(kd, vd, q[None, indptr[i] + r], t[i:i + 1], [pos + 1], bs, scale)[0]
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-    paged = kv.prefill_attention_paged(c, 0, q, indptr, np.concatenate([[0], np.cumsum([-(-n // bs) for n in lens])]),
-                                       np.concatenate([t[i, :-(-n // bs)] for i, n in enumerate(lens)]),
-                                       [n - (-(-n // bs) - 1) * bs for n in lens], tuning=kv.KernelTuning(isa=path))
-    np.testing.assert_allclose(paged, got, rtol=0, atol=1e-6 * np.abs(want).max())
-
-
-@pytest.mark.parametrize("dtype", QDTYPES)
-def test_bf16_fast_paths_are_refused_for_8bit_caches(dtype: str) -> None:
-    """int8 refuses ``q_dtype="bf16"`` (fp8 takes it: tests/attention/test_kv_quant_fp8.py); every 8-bit
-    cache refuses prefill's ``pv_dtype="bf16"``."""
-    c = kv.KvCache(1, 2, 4, 1, 8, dtype)
-    q = np.ones((1, 2, 8), np.float32)
-    if dtype == "int8":
-        with pytest.raises(kv.InvalidArgumentError, match="q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a int8 cache"):
-            kv.decode_attention(c, 0, q, [[0]], [3], q_dtype="bf16")
-    with pytest.raises(kv.InvalidArgumentError, match="pv_dtype=bf16 is not a prefill precision"):
-        kv.prefill_attention(c, 0, q, [0, 1], [[0]], [3], pv_dtype="bf16")
 
 
 # ------------------------------------------------------------- the ledger and simulator
