@@ -7,7 +7,9 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use super::isa::{Features, Isa, Supported};
-use super::route::{Kernel512, Route};
+#[cfg(target_arch = "x86_64")]
+use super::route::Kernel512;
+use super::route::Route;
 use super::options::{check_soft_cap, Kernel, Precision, Tuning};
 use super::scalar;
 use super::tables::{SeqTables, Visible};

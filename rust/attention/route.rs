@@ -12,7 +12,8 @@ use crate::kv::{DType, KvShape};
 pub(crate) struct Route {
     path: Supported,
     kernel: Kernel512,
-    /// The features the route was chosen with (for decode's NaN-code rerun).
+    /// The features the route was chosen with (for decode's NaN-code rerun, x86-64 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     features: Features,
 }
 
@@ -66,6 +67,7 @@ impl Route {
         self.kernel
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn features(self) -> Features {
         self.features
     }
