@@ -87,7 +87,7 @@ impl Precision {
             .map(|p| format!("({}, {})", p.q.name(), p.pv.name()))
             .collect();
         Err(invalid!(
-            "q_dtype={} with pv_dtype={} is not a {} precision on a {} cache; valid (q_dtype, pv_dtype) there: {}",
+            "q_dtype={} with pv_dtype={} is not a {} precision for {} caches; valid (q_dtype, pv_dtype) there: {}",
             self.q.name(),
             self.pv.name(),
             kernel.name(),

@@ -49,7 +49,7 @@ pub(crate) fn refusal(p: Precision, kernel: Kernel, kv: DType) -> String {
         Kernel::Prefill => "prefill",
     };
     format!(
-        "q_dtype={} with pv_dtype={} is not a {name} precision on a {} cache; valid (q_dtype, pv_dtype) there: {}",
+        "q_dtype={} with pv_dtype={} is not a {name} precision for {} caches; valid (q_dtype, pv_dtype) there: {}",
         p.q.name(),
         p.pv.name(),
         kv.name(),

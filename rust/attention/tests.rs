@@ -495,7 +495,7 @@ fn bf16_query_needs_a_bf16_cache_and_stays_finite_on_large_logits() {
         for isa in Isa::available() {
             let e = decode_attention(&c, 0, &q, 1, &t, &mut out, None, &opts(isa)).unwrap_err().to_string();
             assert_eq!(e, refusal(BF16_QUERY, Kernel::Decode, dtype));
-            assert!(e.starts_with("q_dtype=bf16 with pv_dtype=f32 is not a decode precision on a"), "{e}");
+            assert!(e.starts_with("q_dtype=bf16 with pv_dtype=f32 is not a decode precision for"), "{e}");
         }
         assert!(out.iter().all(|&x| x == 7.0), "out untouched on error");
     }

@@ -394,7 +394,7 @@ def call(kernel: str, b: Batch, q: F32, mask: Mask, pair: Pair, tuning: kv.Kerne
 
 def refusal(kernel: str, pair: Pair, dtype: str) -> str:
     listed = ", ".join(f"({a}, {b})" for a, b in PAIRS if valid(kernel, (a, b), dtype))
-    return (f"q_dtype={pair[0]} with pv_dtype={pair[1]} is not a {family(kernel)} precision on a {dtype} cache; "
+    return (f"q_dtype={pair[0]} with pv_dtype={pair[1]} is not a {family(kernel)} precision for {dtype} caches; "
             f"valid (q_dtype, pv_dtype) there: {listed}")
 
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pytest
 
 import pykvpool as kv
+from reference.attention import padded
 
 PATHS = kv.kernel_paths()
 DTYPES = ["f32", "f16", "bf16"]
@@ -36,11 +37,7 @@ class Batch:
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     def padded(self) -> npt.NDArray[np.int32]:
-        width = max((len(t) for t in self.tables), default=0)
-        out = np.full((len(self.tables), width), -1, np.int32)
-        for i, t in enumerate(self.tables):
-            out[i, : len(t)] = t
-        return out
+        return padded(self.tables)
 
     def flashinfer(self) -> tuple[list[int], list[int], list[int]]:
         bs = self.cache.block_size
@@ -156,7 +153,7 @@ def test_invalid_arguments_name_the_argument_and_leave_out_untouched() -> None:
         ({"logits_soft_cap": 0.0}, "logits_soft_cap"),
         ({"logits_soft_cap": float("inf")}, "logits_soft_cap"),
         ({"q_dtype": "int8"}, "q_dtype=int8 with pv_dtype=f32 is not a prefill precision"),
-        ({"q_dtype": "bf16"}, "q_dtype=bf16 with pv_dtype=f32 is not a prefill precision on a f32 cache"),
+        ({"q_dtype": "bf16"}, "q_dtype=bf16 with pv_dtype=f32 is not a prefill precision for f32 caches"),
         ({"pv_dtype": "bf16"}, "pv_dtype=bf16 is not a prefill precision"),
         ({"pv_dtype": "f64"}, "pv_dtype must be one of"),
         ({"tuning": kv.KernelTuning(kv_heads_per_item=1)}, "kv_heads_per_item is a decode knob"),

@@ -70,5 +70,5 @@ def test_decode_options_reach_every_decode_call() -> None:
     assert 0 < moved < 0.05 * float(np.abs(exact).max())
     with pytest.raises(TypeError):
         td.generate_cached(model, prompt, "int8", decode_options={"int8_fast": True})  # type: ignore[typeddict-unknown-key]
-    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=int8 with pv_dtype=f32 is not a decode precision on a bf16 cache"):
+    with pytest.raises(kv.InvalidArgumentError, match="q_dtype=int8 with pv_dtype=f32 is not a decode precision for bf16 caches"):
         td.generate_cached(model, prompt, "bf16", decode_options={"q_dtype": "int8"})

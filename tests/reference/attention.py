@@ -51,6 +51,15 @@ def int8_query(q: F32) -> F64:
     return codes.astype(np.float64) * s[..., None].astype(np.float64)
 
 
+def padded(tables: list[list[int]]) -> npt.NDArray[np.int32]:
+    """Block tables as ``[n, max_blocks]`` int32 rows, pads ``-1``."""
+    width = max((len(t) for t in tables), default=0)
+    out = np.full((len(tables), width), -1, np.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = t
+    return out
+
+
 @dataclass(frozen=True)
 class Mask:
     """The attention mask of a call on logical positions, and the score options: key ``k``
@@ -92,11 +101,7 @@ class Batch:
 
     def padded(self) -> npt.NDArray[np.int32]:
         """The tables as ``[n, max_blocks]``, pads ``-1``."""
-        width = max((len(t) for t in self.tables), default=0)
-        out = np.full((len(self.tables), width), -1, np.int32)
-        for i, t in enumerate(self.tables):
-            out[i, : len(t)] = t
-        return out
+        return padded(self.tables)
 
     def pages(self, mask: Mask) -> tuple[list[int], list[int], list[int], list[int]]:
         """FlashInfer's layout ``(kv_indptr, kv_indices, kv_last_page_len, kv_page_start)``.
