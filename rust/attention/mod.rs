@@ -92,7 +92,7 @@ pub mod work;
 mod wide;
 
 pub use decode::{decode_attention, DecodeOptions};
-pub use isa::{cpu_features, Isa};
+pub use isa::{cpu_features, Features, Isa};
 pub use options::{Kernel, Precision, Tuning};
 pub use tables::SeqTables;
 

@@ -9,7 +9,7 @@ use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::error::filled;
 use super::kv::PyKvCache;
-use crate::attention::{self, DecodeOptions, Isa, Precision, SeqTables, Tuning};
+use crate::attention::{self, DecodeOptions, Features, Isa, Precision, SeqTables, Tuning};
 
 /// The options shared by both table forms.
 #[allow(clippy::too_many_arguments)]
@@ -63,13 +63,13 @@ impl PyKernelTuning {
         #[pyo3(from_py_with = arg::kv_heads_per_item)] kv_heads_per_item: Option<usize>,
     ) -> PyResult<Self> {
         let isa = isa.map(|s| Isa::parse(s).map_err(|e| invalid(py, format!("isa: {e}")))).transpose()?;
-        if let Some(i) = isa.filter(|i| !i.supported()) {
-            return Err(invalid(py, format!("isa: kernel path {} is not supported by this CPU", i.name())));
-        }
         if kv_heads_per_item == Some(0) {
             return Err(invalid(py, "kv_heads_per_item must be >= 1, got 0"));
         }
-        Ok(Self(Tuning { isa, split_tokens: split_size, kv_heads_per_item }))
+        let tuning = Tuning { isa, split_tokens: split_size, kv_heads_per_item };
+        // The calls' own check of the path, early.
+        tuning.path(Features::cpu()).map_err(|e| invalid(py, format!("isa: {e}")))?;
+        Ok(Self(tuning))
     }
 
     /// The forced kernel path, or None (the fastest).
