@@ -133,6 +133,14 @@ pub(crate) fn hmax(x: __m256) -> f32 {
     _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
 }
 
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum(x: __m256) -> f32 {
+    let m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+}
+
 /// `2^x` for `x <= LAZY_MAX` (inputs below -126 give about 1e-38).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

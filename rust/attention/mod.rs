@@ -76,6 +76,7 @@ pub mod avx512_vnni;
 mod x86_prefetch;
 pub mod decode;
 pub mod isa;
+mod lanes;
 pub mod options;
 mod partials;
 pub mod read_probe;

@@ -13,8 +13,9 @@
 //! key range in tiles of `TW` keys ([`tile`]): each key tile is gathered from its blocks
 //! into a contiguous f32 pack once and reused by every row (FlashAttention-style), tiles
 //! that no row sees are skipped, tiles every row sees fully skip the mask. The micro-
-//! kernels (`Q K^T`, online softmax, `P V`) are per instruction set: [`scalar`], `avx2`,
-//! `avx512` (and `vdpbf16ps` scores for a bf16 query), `neon`. When the batch has fewer
+//! kernels (`Q K^T`, online softmax, `P V`) are [`scalar`] and `simd`, written once over
+//! the instruction set's vector (`Lanes`) and entered per instruction set (AVX2, AVX-512,
+//! NEON), plus `avx512_bf16` (`vdpbf16ps` for bf16 queries and probabilities). When the batch has fewer
 //! query tiles than about four per thread, key ranges are split and the partial results
 //! merged by log-sum-exp, as decode does; items run longest first on the kernel pool.
 //!
@@ -41,15 +42,12 @@ use crate::runtime::threads::{inline, run_workers};
 use crate::kv::{DType, Elem, KvCache};
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod avx512_bf16;
 mod mask;
-#[cfg(target_arch = "aarch64")]
-mod neon;
 mod pack_q8;
 mod plan;
 mod scalar;
+mod simd;
 mod tile;
 
 pub use mask::{Mask, Span};

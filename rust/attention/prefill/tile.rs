@@ -355,17 +355,17 @@ fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
         // SAFETY: `q_bf16` is set only where `Route::select` chose `vdpbf16ps` for (features with
         // avx512bf16, a subset of this CPU's), on the AVX-512 path (`Supported`).
         Isa::Avx512 if ctx.q_bf16.is_some() => unsafe {
-            super::avx512::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
+            super::avx512_bf16::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Supported` holds only a path this CPU runs.
-        Isa::Avx512 => unsafe { super::avx512::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        Isa::Avx512 => unsafe { super::simd::avx512::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { super::avx2::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        Isa::Avx2 => unsafe { super::simd::avx2::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
-        Isa::Neon => unsafe { super::neon::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
+        Isa::Neon => unsafe { super::simd::neon::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
         _ => super::scalar::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s),
     }
 }
@@ -378,27 +378,27 @@ fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: us
         // SAFETY: `Supported` holds only a path this CPU runs; `PvMode::Dot` is set only
         // where `Route::select` chose `vdpbf16ps` (features with avx512bf16).
         Isa::Avx512 => unsafe {
-            super::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
+            super::simd::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
             if ctx.pv == PvMode::Dot {
-                super::avx512::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc);
+                super::avx512_bf16::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc);
                 return;
             }
             round_probs(ctx.pv, s, rows, ntok);
-            super::avx512::pv(s, rows, ntok, d, vp, alpha, p.acc);
+            super::simd::avx512::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe {
-            super::avx2::softmax(s, rows, ntok, p.m, p.l, alpha);
+            super::simd::avx2::softmax(s, rows, ntok, p.m, p.l, alpha);
             round_probs(ctx.pv, s, rows, ntok);
-            super::avx2::pv(s, rows, ntok, d, vp, alpha, p.acc);
+            super::simd::avx2::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         Isa::Neon => unsafe {
-            super::neon::softmax(s, rows, ntok, p.m, p.l, alpha);
+            super::simd::neon::softmax(s, rows, ntok, p.m, p.l, alpha);
             round_probs(ctx.pv, s, rows, ntok);
-            super::neon::pv(s, rows, ntok, d, vp, alpha, p.acc);
+            super::simd::neon::pv(s, rows, ntok, d, vp, alpha, p.acc);
         },
         _ => {
             super::scalar::softmax(s, rows, ntok, p.m, p.l, alpha);
