@@ -1,4 +1,4 @@
-//! Element loads and vector helpers of the AVX2 decode kernel ([`super::avx2`]): 8
+//! Element loads and vector helpers of the AVX2 path (`Avx2` in [`super::lanes`]): 8
 //! cached values of any storage dtype as f32 (f16 by `vcvtph2ps`, bf16 by a 16-bit
 //! shift, int8 by `vpmovsxbd` + `vcvtdq2ps`, fp8 through f16 bits; a partial row staged
 //! through a zeroed buffer by a checked load), the per-token or per-head scales of a

@@ -22,7 +22,7 @@
 //!
 //! A tile ahead (the next head of the block, or the first head of the next block; more
 //! for tiles under 4 KiB, see [`super::work::prefetch_tiles`]) is prefetched line by
-//! line by a [`Prefetcher`] (`x86_prefetch.rs`): its K lines spread over the score loop (over `P V` for the
+//! line by a [`Prefetcher`] (`prefetch.rs`): its K lines spread over the score loop (over `P V` for the
 //! dot-product score paths on 8-bit caches, whose score loops are short:
 //! [`Scores::K_IN_SCORES`]), its V lines over the V loop, so the jump between scattered
 //! blocks does not stall the stream and the misses do not arrive in one burst. The tile
@@ -30,7 +30,7 @@
 //! ([`super::work::PREFETCH_L2_TILES`]: one core's L1 misses in flight are too few to
 //! cover memory's latency at an 8-bit decode's rate), or, by [`run`]'s f32 loops on 8-bit
 //! tiles of at most 2 KiB, only its first lines at the loop's start (the L2's stream
-//! prefetcher takes the rest: [`super::x86_prefetch::FAR_START_LINES`]), and the next int8 tile's per-token
+//! prefetcher takes the rest: [`super::prefetch::FAR_START_LINES`]), and the next int8 tile's per-token
 //! scales into L1 by the walk itself. The hot loops index through raw pointers
 //! checked once per chunk (the bounds checks and the prefetch bookkeeping of the first
 //! version cost 15-20% of the cache-resident time).
@@ -84,7 +84,7 @@ use std::arch::x86_64::*;
 // V accumulator vectors per head in registers (64 dimensions): what one bf16 V load fills.
 use super::avx512_cvt::{e4m3_nan_in, lane_mask, load, load_bf16_permuted, load_pair, scale_vector, unpermute_bf16, VT};
 pub(crate) use super::work::load_factor;
-use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
+use super::prefetch::{first_far_lines, Prefetcher, Stream};
 use super::query::interleave_query;
 use super::work::{Ahead, Chunk, LaneSums, Partial, Work, EXP2_ZERO_BELOW, LAZY_MAX, SOFT_CAP_ARG};
 use crate::kv::{DType, Elem};

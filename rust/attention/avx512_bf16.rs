@@ -35,7 +35,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, load_factor, run_with, FloatPv, Scores};
-use super::x86_prefetch::{Prefetcher, Stream};
+use super::prefetch::{Prefetcher, Stream};
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
 

@@ -35,7 +35,7 @@ use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work};
-use super::x86_prefetch::{Prefetcher, Stream};
+use super::prefetch::{Prefetcher, Stream};
 use crate::kv::{DType, Elem};
 
 /// Codes per table widening: 4 vectors of 16.

@@ -46,7 +46,7 @@ use std::arch::x86_64::*;
 use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, FREE_DOTS, LAZY_MAX};
-use super::x86_prefetch::{first_far_lines, Prefetcher, Stream};
+use super::prefetch::{first_far_lines, Prefetcher, Stream};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 

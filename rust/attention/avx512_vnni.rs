@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{chunk_mask, run_with, FloatPv, Scores};
-use super::x86_prefetch::{Prefetcher, Stream};
+use super::prefetch::{Prefetcher, Stream};
 use super::query::QueryI8;
 use super::work::{Chunk, Partial, Work, FREE_DOTS};
 use crate::kv::{DType, Elem};

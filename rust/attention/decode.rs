@@ -18,9 +18,11 @@ use super::partials::{finish_alone, merge_split, scratch_rows, slots, spans, Row
 use super::wide::{self, all_finite, Logits};
 use super::work::{lse_or_scratch, Partial, Work};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
+use super::simd::avx2;
+#[cfg(target_arch = "x86_64")]
+use super::{avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
-use super::neon;
+use super::simd::neon;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::run_workers;

@@ -10,6 +10,9 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+use crate::kv::quant::TileScale;
+use crate::kv::Elem;
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -64,6 +67,11 @@ pub(crate) trait Lanes: Copy + sealed::Sealed {
     /// The path's polynomial `2^x` (exactly 0 below [`super::work::EXP2_ZERO_BELOW`]).
     fn exp2(self, v: Self::V) -> Self::V;
 
+    /// Whether a lane of `v` is above `x` (NaN lanes are not).
+    fn any_above(self, v: Self::V, x: f32) -> bool;
+    /// The lanes in `m` of `v`, the others 0.
+    fn keep(self, m: Self::M, v: Self::V) -> Self::V;
+
     /// `2^x` of one value by the vector polynomial (no libm call).
     #[inline(always)]
     fn exp2_one(self, x: f32) -> f32 {
@@ -71,11 +79,39 @@ pub(crate) trait Lanes: Copy + sealed::Sealed {
     }
 }
 
+/// What the decode tile loop ([`super::simd`]) needs besides [`Lanes`]: the cache's
+/// elements as f32 vectors, their scales, and the heads' `exp2` and soft cap interleaved.
+pub(crate) trait Elements: Lanes {
+    /// `P V`'s accumulator vectors per head per pass (3-4 heads; twice as many for 1-2).
+    const ACC_VECS: usize;
+    /// `W` elements at `p` as f32 (8-bit codes as the path reads them: e4m3 divided by
+    /// 2^8, see [`super::work::load_factor`]).
+    ///
+    /// # Safety
+    /// `p .. p + W` is readable.
+    unsafe fn widen<E: Elem>(self, p: *const E) -> Self::V;
+    /// The first `n <= W` elements at `p` as [`Elements::widen`] reads them, the other
+    /// lanes 0.
+    ///
+    /// # Safety
+    /// `p .. p + n` is readable.
+    unsafe fn widen_part<E: Elem>(self, p: *const E, n: usize) -> Self::V;
+    /// The scales of tokens `c0..c0 + n` (`n <= W`; the other lanes 0) of a tile times
+    /// the load factor, or `None` for an unscaled cache.
+    fn scales<E: Elem>(self, ts: &TileScale, c0: usize, n: usize) -> Option<Self::V>;
+    /// Each vector's `exp2`, the polynomial's steps interleaved across them.
+    fn exp2_each<const H: usize>(self, x: [Self::V; H]) -> [Self::V; H];
+    /// [`super::work::soft_cap`] of each vector (its `exp2` argument clamped to
+    /// +-[`super::work::SOFT_CAP_ARG`], a NaN kept).
+    fn soft_cap_each<const H: usize>(self, s: [Self::V; H], c: f32) -> [Self::V; H];
+}
+
 /// Writes `pub(crate) mod $isa` holding, for each `fn name(args) -> R = stage;`, an entry
 /// `unsafe fn name(args) -> R` compiled with `$features` that calls
 /// `stage(<$lanes>::assume(), args)` of the module that invokes it.
 macro_rules! entry {
-    ($(#[$meta:meta])* $isa:ident, $lanes:ty, $features:literal, $(fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? = $stage:ident;)*) => {
+    ($(#[$meta:meta])* $isa:ident, $lanes:ty, $features:literal,
+     $(fn $name:ident $(<$($g:ident: $b:path),*>)? ($($a:ident: $t:ty),*) $(-> $r:ty)? = $stage:ident;)*) => {
         $(#[$meta])*
         pub(crate) mod $isa {
             #[allow(unused_imports)]
@@ -86,7 +122,7 @@ macro_rules! entry {
                 /// # Safety
                 /// The CPU must support the features of this entry's `#[target_feature]`.
                 #[target_feature(enable = $features)]
-                pub(crate) unsafe fn $name($($a: $t),*) $(-> $r)? {
+                pub(crate) unsafe fn $name $(<$($g: $b),*>)? ($($a: $t),*) $(-> $r)? {
                     // SAFETY: the caller guarantees the features.
                     super::$stage(unsafe { <$lanes as $crate::attention::lanes::Lanes>::assume() }, $($a),*)
                 }
@@ -125,8 +161,10 @@ pub(crate) use x86::{Avx2, Avx512};
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{sealed, Lanes};
+    use super::{sealed, Elements, Lanes};
     use crate::attention::{avx2_cvt, avx512};
+    use crate::kv::quant::TileScale;
+    use crate::kv::Elem;
 
     /// AVX2 + FMA + F16C: 8 lanes.
     #[derive(Clone, Copy)]
@@ -175,6 +213,46 @@ mod x86 {
             // SAFETY: `self` proves the features.
             unsafe { _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m)) }
         }
+        #[inline(always)]
+        fn any_above(self, v: __m256, x: f32) -> bool {
+            // SAFETY: `self` proves the features.
+            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, _mm256_set1_ps(x))) != 0 }
+        }
+        #[inline(always)]
+        fn keep(self, m: __m256i, v: __m256) -> __m256 {
+            // SAFETY: `self` proves the features.
+            unsafe { _mm256_and_ps(v, _mm256_castsi256_ps(m)) }
+        }
+    }
+
+    impl Elements for Avx2 {
+        const ACC_VECS: usize = 2;
+
+        #[inline(always)]
+        fn exp2_each<const H: usize>(self, x: [__m256; H]) -> [__m256; H] {
+            // SAFETY: `self` proves the features.
+            unsafe { avx2_cvt::exp2_each(x) }
+        }
+        #[inline(always)]
+        fn soft_cap_each<const H: usize>(self, s: [__m256; H], c: f32) -> [__m256; H] {
+            // SAFETY: `self` proves the features.
+            unsafe { avx2_cvt::soft_cap_each(s, c) }
+        }
+        #[inline(always)]
+        unsafe fn widen<E: Elem>(self, p: *const E) -> __m256 {
+            // SAFETY: the features (`self`); 8 readable elements (the caller).
+            unsafe { avx2_cvt::load_full(p) }
+        }
+        #[inline(always)]
+        unsafe fn widen_part<E: Elem>(self, p: *const E, n: usize) -> __m256 {
+            // SAFETY: the features (`self`); n readable elements (the caller).
+            unsafe { avx2_cvt::load(std::slice::from_raw_parts(p, n), 0, n) }
+        }
+        #[inline(always)]
+        fn scales<E: Elem>(self, ts: &TileScale, c0: usize, n: usize) -> Option<__m256> {
+            // SAFETY: `self` proves the features.
+            unsafe { avx2_cvt::scale_vector::<E>(ts, c0, n) }
+        }
     }
 
     impl Lanes for Avx512 {
@@ -216,6 +294,16 @@ mod x86 {
             unsafe { _mm512_mask_mov_ps(b, m, a) }
         }
         #[inline(always)]
+        fn any_above(self, v: __m512, x: f32) -> bool {
+            // SAFETY: `self` proves the features.
+            unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, _mm512_set1_ps(x)) != 0 }
+        }
+        #[inline(always)]
+        fn keep(self, m: __mmask16, v: __m512) -> __m512 {
+            // SAFETY: `self` proves the features.
+            unsafe { _mm512_maskz_mov_ps(m, v) }
+        }
+        #[inline(always)]
         unsafe fn load_part(self, p: *const f32, m: __mmask16) -> __m512 {
             // SAFETY: as `store_part`.
             unsafe { _mm512_maskz_loadu_ps(m, p) }
@@ -230,13 +318,23 @@ pub(crate) use arm::Neon;
 mod arm {
     use std::arch::aarch64::*;
 
-    use super::{sealed, Lanes};
-    use crate::attention::neon;
+    use super::{sealed, Elements, Lanes};
+    use crate::attention::neon_cvt::{exp2, load_n, soft_cap, store_n};
+    use crate::attention::work::load_factor;
+    use crate::kv::quant::TileScale;
+    use crate::kv::Elem;
 
-    /// Advanced SIMD: 4 lanes. A lane set is its count (no masked loads: a partial vector
-    /// goes through a stack copy).
+    /// Advanced SIMD: 4 lanes. No masked loads: a partial vector is read and written lane
+    /// by lane (`neon_cvt::load_n`).
     #[derive(Clone, Copy)]
     pub(crate) struct Neon(());
+
+    /// A lane set: the first `n` lanes, as a count and as a bit mask.
+    #[derive(Clone, Copy)]
+    pub(crate) struct First {
+        n: usize,
+        bits: uint32x4_t,
+    }
 
     impl sealed::Sealed for Neon {}
 
@@ -249,7 +347,7 @@ mod arm {
 
     impl Lanes for Neon {
         type V = float32x4_t;
-        type M = usize;
+        type M = First;
         const W: usize = 4;
         const ROWS: usize = 4;
         const VECS: usize = 4;
@@ -266,42 +364,83 @@ mod arm {
             fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t = fma;
             fn hmax(v: float32x4_t) -> f32 = vmaxvq_f32;
             fn hsum(v: float32x4_t) -> f32 = vaddvq_f32;
-            fn exp2(v: float32x4_t) -> float32x4_t = neon::exp2;
+            fn exp2(v: float32x4_t) -> float32x4_t = exp2;
             unsafe fn load(p: *const f32) -> float32x4_t = vld1q_f32;
             unsafe fn store(p: *mut f32, v: float32x4_t) -> () = vst1q_f32;
         }
         #[inline(always)]
-        fn first(self, n: usize) -> usize {
-            n.min(4)
-        }
-        #[inline(always)]
-        fn select(self, n: usize, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        fn first(self, n: usize) -> First {
             let idx: [u32; 4] = [0, 1, 2, 3];
             // SAFETY: `self` proves the features; idx holds 4 u32.
-            unsafe { vbslq_f32(vcltq_u32(vld1q_u32(idx.as_ptr()), vdupq_n_u32(n as u32)), a, b) }
+            let bits = unsafe { vcltq_u32(vld1q_u32(idx.as_ptr()), vdupq_n_u32(n.min(4) as u32)) };
+            First { n: n.min(4), bits }
         }
         #[inline(always)]
-        unsafe fn load_part(self, p: *const f32, n: usize) -> float32x4_t {
-            let mut x = [0f32; 4];
-            // SAFETY: lanes < n <= 4 of `p` are readable (the caller); x holds 4.
-            unsafe {
-                if n == 4 {
-                    return vld1q_f32(p);
-                }
-                std::ptr::copy_nonoverlapping(p, x.as_mut_ptr(), n);
-                vld1q_f32(x.as_ptr())
+        fn select(self, m: First, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            // SAFETY: `self` proves the features.
+            unsafe { vbslq_f32(m.bits, a, b) }
+        }
+        #[inline(always)]
+        fn keep(self, m: First, v: float32x4_t) -> float32x4_t {
+            // SAFETY: `self` proves the features.
+            unsafe { vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), m.bits)) }
+        }
+        #[inline(always)]
+        fn any_above(self, v: float32x4_t, x: f32) -> bool {
+            // SAFETY: `self` proves the features.
+            unsafe { vmaxvq_u32(vcgtq_f32(v, vdupq_n_f32(x))) != 0 }
+        }
+        #[inline(always)]
+        unsafe fn load_part(self, p: *const f32, m: First) -> float32x4_t {
+            // SAFETY: lanes < m.n of `p` are readable (the caller); the features (`self`).
+            unsafe { load_n(p, m.n) }
+        }
+        #[inline(always)]
+        unsafe fn store_part(self, p: *mut f32, m: First, v: float32x4_t) {
+            // SAFETY: lanes < m.n of `p` are writable (the caller); the features (`self`).
+            unsafe { store_n(p, v, m.n) }
+        }
+    }
+
+    impl Elements for Neon {
+        const ACC_VECS: usize = 4;
+
+        #[inline(always)]
+        unsafe fn widen<E: Elem>(self, p: *const E) -> float32x4_t {
+            // SAFETY: 4 readable elements (the caller); the features (`self`).
+            unsafe { load_n(p, 4) }
+        }
+        #[inline(always)]
+        unsafe fn widen_part<E: Elem>(self, p: *const E, n: usize) -> float32x4_t {
+            // SAFETY: n readable elements (the caller); the features (`self`).
+            unsafe { load_n(p, n) }
+        }
+        #[inline(always)]
+        fn exp2_each<const H: usize>(self, mut x: [float32x4_t; H]) -> [float32x4_t; H] {
+            for v in x.iter_mut() {
+                *v = self.exp2(*v);
             }
+            x
         }
         #[inline(always)]
-        unsafe fn store_part(self, p: *mut f32, n: usize, v: float32x4_t) {
-            let mut x = [0f32; 4];
-            // SAFETY: lanes < n <= 4 of `p` are writable (the caller); x holds 4.
-            unsafe {
-                if n == 4 {
-                    return vst1q_f32(p, v);
+        fn soft_cap_each<const H: usize>(self, mut s: [float32x4_t; H], c: f32) -> [float32x4_t; H] {
+            for v in s.iter_mut() {
+                // SAFETY: `self` proves the features.
+                *v = unsafe { soft_cap(*v, c) };
+            }
+            s
+        }
+        #[inline(always)]
+        fn scales<E: Elem>(self, ts: &TileScale, c0: usize, n: usize) -> Option<float32x4_t> {
+            let f = load_factor(E::DTYPE);
+            match ts {
+                TileScale::One => None,
+                TileScale::Head(s) => Some(self.splat(s * f)),
+                TileScale::Token(s) => {
+                    let s = &s[c0..c0 + n.min(4)];
+                    // SAFETY: `s` holds the lanes read (checked slice); the features.
+                    Some(self.mul(unsafe { load_n(s.as_ptr(), s.len()) }, self.splat(f)))
                 }
-                vst1q_f32(x.as_mut_ptr(), v);
-                std::ptr::copy_nonoverlapping(x.as_ptr(), p, n);
             }
         }
     }

@@ -23,8 +23,8 @@
 //!
 //! # Instruction sets
 //!
-//! [`scalar`] is the portable reference; [`avx2`] (AVX2 + FMA + F16C) and [`avx512`]
-//! (AVX-512 F/BW/VL) on x86-64, `neon` (Advanced SIMD) on aarch64, are chosen at run time
+//! [`scalar`] is the portable reference; AVX2 (+ FMA + F16C) and [`avx512`] (AVX-512
+//! F/BW/VL) on x86-64, NEON (Advanced SIMD) on aarch64, are chosen at run time
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
 //! unsupported). With the opt-in bf16 query (`Precision { q: BF16, .. }`, bf16 and fp8
 //! caches), the AVX-512 path computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when
@@ -48,16 +48,19 @@
 //! # Files
 //!
 //! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
-//! one file per instruction set, [`tables`] (the block tables a call reads),
-//! `route` (the one selection of what a call runs, decode and prefill), [`decode`] (plan, run) and `partials` (the items' accumulators, the merge). The paths depend on `work` only; `decode` depends on
-//! the paths; the decode and prefill tests share `test_util`. A new path is a file here, a variant of [`Isa`] and an arm of the dispatch.
+//! `lanes` (one instruction set's vector, which the shared loops are written over:
+//! `simd` for decode on AVX2 and NEON, `prefill::simd`), the AVX-512 files,
+//! [`tables`] (the block tables a call reads), `route` (the one selection of what a call
+//! runs, decode and prefill), [`decode`] (plan, run) and `partials` (the items'
+//! accumulators, the merge). The paths depend on `work` only; `decode` depends on the
+//! paths; the decode and prefill tests share `test_util`. A new path is a `Lanes`
+//! implementation, a variant of [`Isa`] and an arm of the dispatch (ARCHITECTURE.md lists
+//! the files).
 
 // The docs here link the x86-64 paths by name; other targets do not compile them (`cargo
 // doc` for x86-64, which CI runs with `-D warnings`, checks those links).
 #![cfg_attr(not(target_arch = "x86_64"), allow(rustdoc::broken_intra_doc_links))]
 
-#[cfg(target_arch = "x86_64")]
-pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_cvt;
 #[cfg(target_arch = "x86_64")]
@@ -72,22 +75,20 @@ mod avx512_e4m3;
 mod avx512_fp16;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_vnni;
-#[cfg(target_arch = "x86_64")]
-mod x86_prefetch;
 pub mod decode;
 pub mod isa;
 mod lanes;
 pub mod options;
+mod prefetch;
 mod partials;
 pub mod read_probe;
 pub mod prefill;
 mod query;
 mod route;
 #[cfg(target_arch = "aarch64")]
-pub mod neon;
-#[cfg(target_arch = "aarch64")]
 mod neon_cvt;
 pub mod scalar;
+mod simd;
 pub mod tables;
 pub mod work;
 mod wide;

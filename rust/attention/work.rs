@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 
+use super::prefetch::{prefetch_line, HINT_L1, HINT_L2};
 use super::query::QueryI8;
 use crate::kv::quant::{Scales, TileScale};
 use crate::kv::{DType, Elem, KvShape};
@@ -72,6 +73,20 @@ impl<const W: usize> LaneSums<W> {
         for (dst, lanes) in l.iter_mut().zip(&self.0) {
             *dst = lanes.iter().sum();
         }
+    }
+}
+
+/// What [`Work`]'s walk calls per chunk: `chunk(hi, first, second, next)` as
+/// [`Work::for_each_chunk_pair`]'s closure takes them. Closures are one; the shared tile
+/// loop implements it on a struct ([`Work::visit_chunks`]).
+pub(crate) trait Visit<'s, E> {
+    fn chunk(&mut self, hi: usize, a: &Chunk<'s, E>, b: Option<&Chunk<'s, E>>, next: Option<Ahead<'s, E>>);
+}
+
+impl<'s, E, F: FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>)> Visit<'s, E> for F {
+    #[inline(always)]
+    fn chunk(&mut self, hi: usize, a: &Chunk<'s, E>, b: Option<&Chunk<'s, E>>, next: Option<Ahead<'s, E>>) {
+        self(hi, a, b, next)
     }
 }
 
@@ -147,7 +162,7 @@ impl<E: Elem> Work<'_, E> {
         if let (TileScale::Token(ks), TileScale::Token(vs)) = self.tile_scales(b, h) {
             // One address per 64-byte line (16 scales).
             for line in ks.chunks(16).chain(vs.chunks(16)) {
-                prefetch_line::<{ HINT_L1 }>(line.as_ptr());
+                prefetch_line::<HINT_L1, _>(line.as_ptr());
             }
         }
     }
@@ -164,7 +179,7 @@ impl<E: Elem> Work<'_, E> {
                 // The head's line and the next: the run's first two lines (16 scales each).
                 // The second address may lie past the scales: a prefetch makes no access.
                 for line in [run.as_ptr(), run.as_ptr().wrapping_add(16)] {
-                    prefetch_line::<{ HINT_L2 }>(line);
+                    prefetch_line::<HINT_L2, _>(line);
                 }
             }
         }
@@ -177,8 +192,9 @@ impl<E: Elem> Work<'_, E> {
     /// first chunk only. The walk every SIMD path shares; `#[inline(always)]` so that `f`
     /// is compiled with the calling kernel's target features.
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<Ahead<'s, E>>)) {
-        self.walk::<false>(width, |hi, a, _, next| f(hi, a, next));
+        self.walk::<false>(width, |hi, a: &Chunk<'s, E>, _: Option<&Chunk<'s, E>>, next| f(hi, a, next));
     }
 
     /// [`Self::for_each_chunk`] with a tile's chunks taken two at a time: `f(hi, first,
@@ -196,14 +212,19 @@ impl<E: Elem> Work<'_, E> {
         self.walk::<true>(width, f);
     }
 
+    /// [`Self::for_each_chunk`] with a [`Visit`] instead of a closure, so that the visit is
+    /// compiled into the caller: its `#[inline(always)]` method is, where a closure may be
+    /// left out of line (a call per chunk).
+    #[inline(always)]
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+    pub fn visit_chunks<'s>(&'s self, width: usize, v: impl Visit<'s, E>) {
+        self.walk::<false>(width, v);
+    }
+
     /// The walk of [`Self::for_each_chunk`] (`PAIRS` false: `f`'s second chunk is always
     /// `None`) and of [`Self::for_each_chunk_pair`].
     #[inline(always)]
-    fn walk<'s, const PAIRS: bool>(
-        &'s self,
-        width: usize,
-        mut f: impl FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>),
-    ) {
+    fn walk<'s, const PAIRS: bool>(&'s self, width: usize, mut f: impl Visit<'s, E>) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);
         let (nh, nb) = (self.heads.len(), self.blocks.len());
         // The (block, head index) of the tiles `ahead` and `ahead + PREFETCH_L2_TILES`
@@ -225,7 +246,7 @@ impl<E: Elem> Work<'_, E> {
                 let mut c0 = span.start;
                 while c0 < nt {
                     let second = (PAIRS && c0 + width < nt).then(|| chunk(c0 + width));
-                    f(hi, &chunk(c0), second.as_ref(), next.take());
+                    f.chunk(hi, &chunk(c0), second.as_ref(), next.take());
                     c0 += if second.is_some() { 2 * width } else { width };
                 }
             }
@@ -292,25 +313,6 @@ impl<E: Elem> Work<'_, E> {
         let far = (far.0 < nb).then(|| self.tiles(far.0, h0 + far.1));
         Some(Ahead { k, v, far })
     }
-}
-
-/// [`prefetch_line`]'s hints: into L1 and into L2 (x86-64's `_MM_HINT_T0` / `_T1`).
-const HINT_L1: i32 = 3;
-const HINT_L2: i32 = 2;
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(HINT_L1 == std::arch::x86_64::_MM_HINT_T0 && HINT_L2 == std::arch::x86_64::_MM_HINT_T1);
-
-/// Prefetch the line holding `p` with `HINT` ([`HINT_L1`], [`HINT_L2`]) on x86-64; nothing
-/// elsewhere. Any address: a prefetch never faults and makes no access.
-#[inline(always)]
-fn prefetch_line<const HINT: i32>(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// The (block, head index) `dist > 0` steps after (block `bi`, head index `hi < nh`) in
@@ -492,7 +494,7 @@ const PREFETCH_BYTES: usize = 4 << 10;
 
 /// Tiles beyond the L1 distance ([`prefetch_tiles`]) whose every line is prefetched into
 /// L2 ([`Ahead::far`]; on the exact AVX-512 path's and the f16 precision's 8-bit tiles of at
-/// most 2 KiB, only their first lines: `x86_prefetch::FAR_START_LINES`), so a tile's misses are already on their way from memory when its
+/// most 2 KiB, only their first lines: `prefetch::FAR_START_LINES`), so a tile's misses are already on their way from memory when its
 /// L1 prefetch comes. One core keeps only a couple of dozen L1 misses in flight, too
 /// few to cover memory's latency at the rate an 8-bit decode reads; the L2 takes more.
 /// Measured on `benches/bench_quant.py`'s shapes at 1 thread (same build, same session,

@@ -1,5 +1,6 @@
-//! The x86 paths' prefetcher (AVX-512 and AVX2): the lines of the tiles a loop reads next, spread over
-//! its steps, the next tile into L1 (T0) and a farther one into L2 (T1)
+//! The SIMD paths' prefetcher: the lines of the tiles a loop reads next, spread over
+//! its steps, the next tile into L1 (x86 T0, AArch64 `pldl1keep`) and a farther one into L2
+//! (T1, `pldl2keep`)
 //! ([`super::work::Ahead`]). A burst of L2 lines at a tile's start stalled on the core's
 //! miss buffers (3.7-4.7% of a profile's samples on `prefetcht1`); spread, bf16 decode
 //! gained 20% (GQA) and 42% (MHA) on one core (`docs/experiments.md`, "Decode attention:
@@ -7,8 +8,6 @@
 //! A `Prefetcher<false>` takes only the far tile's first lines instead, at once
 //! ([`FAR_START_LINES`]): the exact AVX-512 path and the f16 precision's on 8-bit tiles
 //! of at most [`FAR_START_MAX_BYTES`].
-
-use std::arch::x86_64::*;
 
 /// The K or the V tiles a loop prefetches: the next one into L1, a farther one into L2
 /// ([`super::work::Ahead`]).
@@ -63,10 +62,12 @@ pub(crate) const FAR_START_LINES: usize = 2;
 
 /// K or V tiles of at most this many bytes may take [`FAR_START_LINES`] (4 KiB tiles, a
 /// page each, read 1-3% slower with them: 8-bit tiles at block size 32, and bf16).
+#[cfg(target_arch = "x86_64")]
 pub(crate) const FAR_START_MAX_BYTES: usize = 2 << 10;
 
 /// Whether a path's tiles of `tile` elements of `E` take only the far tile's first lines
 /// (`Prefetcher<false>`): 8-bit codes, at most [`FAR_START_MAX_BYTES`] a tile.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn first_far_lines<E: crate::kv::Elem>(tile: usize) -> bool {
     E::DTYPE.is_quantized() && tile * std::mem::size_of::<E>() <= FAR_START_MAX_BYTES
 }
@@ -94,8 +95,7 @@ impl<const FAR_LINES: bool> Prefetcher<FAR_LINES> {
         if let (false, Some(f)) = (FAR_LINES, far) {
             let f: *const i8 = f.as_ptr().cast();
             for l in 0..FAR_START_LINES.min(lines) {
-                // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(f.wrapping_add(64 * l)) };
+                prefetch_line::<HINT_L2, _>(f.wrapping_add(64 * l));
             }
         }
         let near: *const i8 = t.as_ptr().cast();
@@ -109,29 +109,57 @@ impl<const FAR_LINES: bool> Prefetcher<FAR_LINES> {
     /// prefetches and two adds (the hot loops have few spare issue slots: with the cache
     /// in L1, where it buys nothing, all the prefetching costs 4-13% of the time; this
     /// form of the step took 0.94-0.98x the time of a counted loop at full size on GQA, fp8 1.00,
-    /// `docs/experiments.md`, "Decode attention: prefetch"). (`prefetcht0/1` are SSE, so every x86
-    /// path's loop inlines this.)
-    #[inline]
-    #[target_feature(enable = "sse")]
+    /// `docs/experiments.md`, "Decode attention: prefetch").
+    #[inline(always)]
     pub(crate) fn step(&mut self) {
         if self.near == self.end {
             return;
         }
-        _mm_prefetch::<_MM_HINT_T0>(self.near);
+        prefetch_line::<HINT_L1, _>(self.near);
         if FAR_LINES {
-            _mm_prefetch::<_MM_HINT_T1>(self.far);
+            prefetch_line::<HINT_L2, _>(self.far);
         }
         let mut off = 64;
         while off < self.per {
-            _mm_prefetch::<_MM_HINT_T0>(self.near.wrapping_add(off));
+            prefetch_line::<HINT_L1, _>(self.near.wrapping_add(off));
             if FAR_LINES {
-                _mm_prefetch::<_MM_HINT_T1>(self.far.wrapping_add(off));
+                prefetch_line::<HINT_L2, _>(self.far.wrapping_add(off));
             }
             off += 64;
         }
         self.near = self.near.wrapping_add(self.per);
         self.far = self.far.wrapping_add(self.per);
     }
+}
+
+/// [`prefetch_line`]'s hints: into L1 and into L2 (x86-64's `_MM_HINT_T0` / `_T1`).
+pub(crate) const HINT_L1: i32 = 3;
+pub(crate) const HINT_L2: i32 = 2;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(HINT_L1 == std::arch::x86_64::_MM_HINT_T0 && HINT_L2 == std::arch::x86_64::_MM_HINT_T1);
+
+/// Prefetch the line holding `p` with `HINT` ([`HINT_L1`], [`HINT_L2`]): `prefetcht0/1` on
+/// x86-64 (SSE, in its baseline), `prfm pldl1keep / pldl2keep` on AArch64 (through `asm!`:
+/// the `_prefetch` intrinsic is unstable), nothing elsewhere. Any address: a prefetch
+/// never faults and makes no access.
+#[inline(always)]
+pub(crate) fn prefetch_line<const HINT: i32, T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults; sse is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a prefetch hint never faults and writes nothing.
+    unsafe {
+        if HINT == HINT_L1 {
+            std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+        } else {
+            std::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+        }
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
 }
 
 /// Lines per step and steps that cover `lines` in at most `iters` steps (at least one):
@@ -167,8 +195,7 @@ mod tests {
                 let mut moved = 0;
                 for _ in 0..iters + 3 {
                     let before = pf.near;
-                    // SAFETY: sse is part of the x86-64 baseline.
-                    unsafe { pf.step() };
+                    pf.step();
                     if pf.near != before {
                         assert_eq!(pf.near as usize - before as usize, pf.per, "{lines} lines over {iters}");
                         moved += 1;
@@ -180,8 +207,7 @@ mod tests {
             }
         }
         let mut idle = Prefetcher::new(Stream::<u8>::NONE, 8);
-        // SAFETY: as above.
-        unsafe { idle.step() };
+        idle.step();
         assert!(idle.near.is_null() && idle.near == idle.end);
     }
 
@@ -197,8 +223,8 @@ mod tests {
             assert_eq!((a.near, a.end, a.per), (b.near, b.end, b.per), "{iters} steps");
             assert_eq!(a.far, far.as_ptr().cast(), "the default one steps over the far tile");
             for _ in 0..iters + 2 {
-                // SAFETY: sse is part of the x86-64 baseline.
-                unsafe { (a.step(), b.step()) };
+                a.step();
+                b.step();
                 assert_eq!(a.near, b.near, "{iters} steps");
             }
         }
