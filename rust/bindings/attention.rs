@@ -1,10 +1,12 @@
 //! `decode_attention` and `decode_attention_paged` for Python: the two table forms of
 //! one kernel call, sharing the option checks and the GIL-free run (`attend`).
 
+use std::ops::Range;
+
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_input, int_matrix};
+use super::arrays::{checked_out, f32_input, int_matrix, F32Input};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
 use crate::error::filled;
@@ -173,13 +175,8 @@ fn attend<'py>(
     opts: DecodeOptions,
 ) -> PyResult<Bound<'py, PyAny>> {
     let qin = f32_input(q, "q")?;
-    let [n, hq, d] = qin.shape[..] else {
-        return Err(invalid(py, format!("q must be [num_seqs, num_q_heads, head_dim], got shape {:?}", qin.shape)));
-    };
     let s = cache.shape;
-    if d != s.head_dim {
-        return Err(invalid(py, format!("q has head_dim {d}, the cache {}", s.head_dim)));
-    }
+    let [n, hq, d] = q_shape(py, &qin, "num_seqs", s.head_dim)?;
     if hq == 0 || !hq.is_multiple_of(s.num_kv_heads) {
         return Err(invalid(
             py,
@@ -190,20 +187,46 @@ fn attend<'py>(
     if t.len() != n {
         return Err(invalid(py, format!("q has {n} sequences, the block tables {}", t.len())));
     }
-    let mut lse = if return_lse { filled(0f32, n * hq, "lse").py_err(py)? } else { Vec::new() };
+    let qv = qin.values();
+    run_into(py, q, out, &cache.storage, [n, hq, d], return_lse, |o, l| {
+        attention::decode_attention(&cache.read(), layer, qv, hq, &t, o, l, &opts)
+    })
+}
+
+/// `q`'s shape `[rows, num_q_heads, head_dim]` (`rows` names the first dimension in the
+/// message), its head_dim the cache's.
+pub(super) fn q_shape(py: Python<'_>, q: &F32Input<'_>, rows: &str, head_dim: usize) -> PyResult<[usize; 3]> {
+    let [n, hq, d] = q.shape[..] else {
+        return Err(invalid(py, format!("q must be [{rows}, num_q_heads, head_dim], got shape {:?}", q.shape)));
+    };
+    if d != head_dim {
+        return Err(invalid(py, format!("q has head_dim {d}, the cache {head_dim}")));
+    }
+    Ok([n, hq, d])
+}
+
+/// Run `kernel` with the GIL released on the `[n, hq, d]` output (the caller's `out`,
+/// checked by [`checked_out`], or a new array) and, with `return_lse`, an `[n, hq]` LSE;
+/// return `out` (and the LSE). Decode and prefill.
+pub(super) fn run_into<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+    storage: &Range<usize>,
+    [n, hq, d]: [usize; 3],
+    return_lse: bool,
+    kernel: impl FnOnce(&mut [f32], Option<&mut [f32]>) -> crate::error::Result<()> + Send,
+) -> PyResult<Bound<'py, PyAny>> {
     // The kernel writes into the caller's `out` or into a new array.
-    let out_arr = out.map(|o| checked_out::<PyKvCache>(o, q, [n, hq, d], &cache.storage)).transpose()?;
+    let out_arr = out.filter(|o| !o.is_none()).map(|o| checked_out::<PyKvCache>(o, q, [n, hq, d], storage)).transpose()?;
     let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
     let mut owned = if rw.is_none() { filled(0f32, n * hq * d, "the output").py_err(py)? } else { Vec::new() };
     let o_slice: &mut [f32] = match rw.as_mut() {
         Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
         None => &mut owned,
     };
-    let qv = qin.values();
-    let done = py.detach(|| {
-        let l = return_lse.then_some(&mut lse[..]);
-        attention::decode_attention(&cache.read(), layer, qv, hq, &t, o_slice, l, &opts)
-    });
+    let mut lse = if return_lse { filled(0f32, n * hq, "lse").py_err(py)? } else { Vec::new() };
+    let done = py.detach(|| kernel(o_slice, return_lse.then_some(&mut lse[..])));
     drop(rw);
     done.py_err(py)?;
     // The caller's own `out` object: a torch tensor is returned as itself.

@@ -7,14 +7,12 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{checked_out, f32_input};
-use super::attention::{PyKernelTuning, Tables};
+use super::arrays::f32_input;
+use super::attention::{q_shape, run_into, PyKernelTuning, Tables};
 use super::convert::{arg, int_vec};
 use super::errors::{invalid, IntoPyResult};
-use crate::error::filled;
 use super::kv::PyKvCache;
 use crate::attention::prefill::{self, Mask, PrefillOptions, Queries};
 use crate::attention::{Precision, Tuning};
@@ -80,45 +78,18 @@ fn run<'py>(
     let indptr = int_vec(qo_indptr, "qo_indptr")?;
     let positions = kw.q_positions.filter(|p| !p.is_none()).map(|p| int_vec(p, "q_positions")).transpose()?;
     let qin = f32_input(q, "q")?;
-    let [total_q, hq, d] = qin.shape[..] else {
-        return Err(invalid(py, format!("q must be [total_q, num_q_heads, head_dim], got shape {:?}", qin.shape)));
-    };
     let (shape, storage) = cache.get().facts();
-    if d != shape.head_dim {
-        return Err(invalid(py, format!("q has head_dim {d}, the cache {}", shape.head_dim)));
-    }
+    let [total_q, hq, d] = q_shape(py, &qin, "total_q", shape.head_dim)?;
     if let Some(&end) = indptr.last().filter(|&&x| x != total_q as i64) {
         return Err(invalid(py, format!("qo_indptr ends at {end}, q has {total_q} rows")));
     }
-    let out_arr = kw.out.filter(|o| !o.is_none()).map(|o| checked_out::<PyKvCache>(o, q, [total_q, hq, d], storage)).transpose()?;
-    let mut rw = out_arr.as_ref().map(|a| a.try_readwrite()).transpose().map_err(|e| invalid(py, format!("out: {e}")))?;
-    let mut owned = if rw.is_none() { filled(0f32, total_q * hq * d, "the output").py_err(py)? } else { Vec::new() };
-    let o_slice: &mut [f32] = match rw.as_mut() {
-        Some(rw) => rw.as_slice_mut().map_err(|_| invalid(py, "out must be C-contiguous"))?,
-        None => &mut owned,
-    };
-    let mut lse = if kw.return_lse { filled(0f32, total_q * hq, "lse").py_err(py)? } else { Vec::new() };
-    let (c, return_lse, sinks, qv) = (cache.get(), kw.return_lse, opts.mask.sink_tokens, qin.values());
-    let result = py.detach(|| {
+    let (c, sinks, qv) = (cache.get(), opts.mask.sink_tokens, qin.values());
+    run_into(py, q, kw.out, storage, [total_q, hq, d], kw.return_lse, |o, l| {
         let t = tables(shape.block_size, shape.num_blocks, sinks)?;
         let guard = c.read();
         let qs = Queries { q: qv, num_q_heads: hq, qo_indptr: &indptr, positions: positions.as_deref() };
-        let l = return_lse.then_some(&mut lse[..]);
-        prefill::prefill_attention(&guard, layer, &qs, &t, o_slice, l, &opts)
-    });
-    drop(rw);
-    result.py_err(py)?;
-    // The caller's own `out` object: a torch tensor is returned as itself.
-    let out_obj = match out_arr.and(kw.out) {
-        Some(o) => o.clone(),
-        None => PyArray1::from_vec(py, owned).reshape([total_q, hq, d])?.into_any(),
-    };
-    if kw.return_lse {
-        let l: Bound<'py, PyArray2<f32>> = PyArray1::from_vec(py, lse).reshape([total_q, hq])?;
-        Ok((out_obj, l).into_pyobject(py)?.into_any())
-    } else {
-        Ok(out_obj)
-    }
+        prefill::prefill_attention(&guard, layer, &qs, &t, o, l, &opts)
+    })
 }
 
 /// Multi-query attention over the paged cache: prefill, chunked prefill, speculative
