@@ -74,13 +74,9 @@ pub fn to_py(py: Python<'_>, e: KvError) -> PyErr {
             let _ = v.setattr("free", free);
             err
         }
-        KvError::UnknownSequence(id) => {
-            let err = PyErr::from_type(exc.unknown.bind(py).clone(), msg);
-            let _ = err.value(py).setattr("seq_id", id);
-            err
-        }
-        KvError::DuplicateSequence(id) => {
-            let err = PyErr::from_type(exc.duplicate.bind(py).clone(), msg);
+        KvError::UnknownSequence(id) | KvError::DuplicateSequence(id) => {
+            let ty = if matches!(e, KvError::UnknownSequence(_)) { &exc.unknown } else { &exc.duplicate };
+            let err = PyErr::from_type(ty.bind(py).clone(), msg);
             let _ = err.value(py).setattr("seq_id", id);
             err
         }
