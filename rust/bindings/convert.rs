@@ -163,6 +163,11 @@ pub fn count(py: Python<'_>, v: i64, name: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| invalid(py, format!("{name} must be >= 0, got {v}")))
 }
 
+/// A non-negative int argument ([`int_scalar`], then [`count`]).
+pub fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    count(obj.py(), int_scalar(obj, name)?, name)
+}
+
 /// A sequence id: a non-negative int64.
 pub fn seq_id(py: Python<'_>, v: i64, name: &str) -> PyResult<SeqId> {
     if v < 0 {
@@ -215,7 +220,7 @@ pub fn counts_into(obj: &Bound<'_, PyAny>, n: usize, name: &str, buf: &mut Vec<u
     // A plain int (decode's `1`) is tested first: probing it for iteration would raise and
     // discard a TypeError on every call.
     if obj.is_instance_of::<PyInt>() || (obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err()) {
-        let c = count(py, int_scalar(obj, name)?, name)?;
+        let c = count_arg(obj, name)?;
         check_call_tokens(py, c.saturating_mul(n), name)?;
         buf.clear();
         buf.resize(n, c);
@@ -244,13 +249,17 @@ pub fn u64_keys(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u64>> {
         let ro = a.try_readonly().map_err(|e| invalid(obj.py(), format!("{name}: {e}")))?;
         return Ok(ro.as_array().to_vec());
     }
-    int_vec(obj, name)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            u64::try_from(v).map_err(|_| invalid(obj.py(), format!("{name}[{i}] = {v} is negative: keys are unsigned")))
-        })
-        .collect()
+    ints_as(obj.py(), int_vec(obj, name)?, name, " is negative: keys are unsigned")
+}
+
+/// `values` as `T`s; a value out of `T`'s range is an error `"{name}[{i}] = {v}{why}"`.
+pub fn ints_as<T: TryFrom<i64>>(py: Python<'_>, values: Vec<i64>, name: &str, why: &str) -> PyResult<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(values.len()).map_err(|_| invalid(py, format!("{name}: cannot allocate {} entries", values.len())))?;
+    for (i, v) in values.into_iter().enumerate() {
+        out.push(T::try_from(v).map_err(|_| invalid(py, format!("{name}[{i}] = {v}{why}")))?);
+    }
+    Ok(out)
 }
 
 /// Block keys: a 1-D array of non-negative ints below 2**64 (see [`u64_keys`]), or an
@@ -282,7 +291,7 @@ pub mod arg {
 
     use numpy::PyUntypedArray;
 
-    use super::{count, int32, int_scalar};
+    use super::{count, count_arg, int32, int_scalar};
     use crate::types::SeqId;
 
     macro_rules! scalar_args {
@@ -308,7 +317,7 @@ pub mod arg {
 
     /// A layer index; its range is checked against the cache.
     pub fn layer(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        count(obj.py(), int_scalar(obj, "layer")?, "layer")
+        count_arg(obj, "layer")
     }
 
     /// A non-negative int named `name`, or `None`.
@@ -316,7 +325,7 @@ pub mod arg {
         if obj.is_none() {
             return Ok(None);
         }
-        count(obj.py(), int_scalar(obj, name)?, name).map(Some)
+        count_arg(obj, name).map(Some)
     }
 
     macro_rules! opt_count_args {
@@ -337,7 +346,7 @@ pub mod arg {
 
     /// `set_num_threads(n)`: a non-negative int (the range is the thread pool's).
     pub fn n_threads(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        count(obj.py(), int_scalar(obj, "n")?, "n")
+        count_arg(obj, "n")
     }
 
     /// A softmax scale: `None`, or a positive finite float32 (see [`positive_f32`]).

@@ -6,7 +6,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
 
 use super::arrays::{f32_input, int_input, int_matrix, register_storage, release_storage};
-use super::convert::{arg, count, int_scalar};
+use super::convert::{arg, count_arg};
 use super::errors::{invalid, IntoPyResult};
 use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
@@ -94,13 +94,12 @@ impl PyKvCache {
         head_dim: &Bound<'_, PyAny>,
         dtype: &str,
     ) -> PyResult<Self> {
-        let c = |o: &Bound<'_, PyAny>, n: &str| count(py, int_scalar(o, n)?, n);
         let shape = KvShape {
-            num_layers: c(num_layers, "num_layers")?,
-            num_blocks: c(num_blocks, "num_blocks")?,
-            block_size: c(block_size, "block_size")?,
-            num_kv_heads: c(num_kv_heads, "num_kv_heads")?,
-            head_dim: c(head_dim, "head_dim")?,
+            num_layers: count_arg(num_layers, "num_layers")?,
+            num_blocks: count_arg(num_blocks, "num_blocks")?,
+            block_size: count_arg(block_size, "block_size")?,
+            num_kv_heads: count_arg(num_kv_heads, "num_kv_heads")?,
+            head_dim: count_arg(head_dim, "head_dim")?,
         };
         let dtype = DType::parse(dtype).py_err(py)?;
         let cache = py.detach(|| KvCache::new(shape, dtype)).py_err(py)?;
@@ -405,8 +404,7 @@ impl PyKvCache {
     ///         an int), an unknown dtype.
     #[staticmethod]
     fn bytes_per_token(py: Python<'_>, num_kv_heads: &Bound<'_, PyAny>, head_dim: &Bound<'_, PyAny>, dtype: &str) -> PyResult<usize> {
-        let hk = count(py, int_scalar(num_kv_heads, "num_kv_heads")?, "num_kv_heads")?;
-        let d = count(py, int_scalar(head_dim, "head_dim")?, "head_dim")?;
+        let (hk, d) = (count_arg(num_kv_heads, "num_kv_heads")?, count_arg(head_dim, "head_dim")?);
         if hk == 0 || d == 0 || hk > 1 << 16 || d > 1 << 16 {
             return Err(invalid(py, format!("num_kv_heads and head_dim must be in 1..=65536, got {hk} and {d}")));
         }

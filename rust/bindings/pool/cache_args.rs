@@ -6,12 +6,11 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMe
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bindings::convert::{int_scalar, int_vec};
+use crate::bindings::convert::{int_scalar, int_vec, ints_as};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
-use crate::types::BlockId;
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
 pub struct CacheOptions<'a> {
@@ -105,14 +104,7 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
         }
     }
     // Everything else (wrong shape or dtype, Python sequences) gets int_vec's checks.
-    int_vec(obj, name)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            u32::try_from(v)
-                .map_err(|_| invalid(obj.py(), format!("{name}[{i}] = {v} is not a token id in 0..2**32")))
-        })
-        .collect()
+    ints_as(obj.py(), int_vec(obj, name)?, name, " is not a token id in 0..2**32")
 }
 
 /// Drained cache events as a dict of equal-length arrays (`BlockPool.drain_events`).
@@ -133,10 +125,6 @@ pub(super) fn keys_array<'py>(py: Python<'py>, keys: impl ExactSizeIterator<Item
     let n = keys.len();
     let flat: Vec<u64> = keys.flat_map(|k| [(k >> 64) as u64, k as u64]).collect();
     PyArray1::from_vec(py, flat).reshape([n, 2])
-}
-
-pub(super) fn pairs_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    super::class::cow_array(py, pairs)
 }
 
 /// An optional non-negative int argument (`None` allowed); floats, bools, negatives and
@@ -175,5 +163,3 @@ pub(crate) fn clock(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
 pub(crate) fn pin_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     opt_uint(obj, "pin_id", "issued pin ids")?.ok_or_else(|| invalid(obj.py(), "pin_id must be an int, got None"))
 }
-
-pub(super) type Pairs<'py> = Bound<'py, PyArray2<i64>>;

@@ -9,11 +9,11 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyTuple};
 
-use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pairs_array, pin_id, priority, CacheOptions, Pairs};
+use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pin_id, priority, CacheOptions};
 use super::class::*;
 use super::specs::{group_arg, groups_arg, kind_object};
 use super::stats::{PyCacheStats, PyPoolStats};
-use crate::bindings::convert::{self, arg, count, counts_into, int_scalar, MAX_CALL_TOKENS};
+use crate::bindings::convert::{self, arg, count_arg, counts_into, int_scalar, MAX_CALL_TOKENS};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, GroupSpec, StepOutput};
 use crate::prefix_cache::CacheEvent;
@@ -38,8 +38,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = hash_bits)] hash_bits: Option<u32>,
         max_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let nb = count(py, int_scalar(num_blocks, "num_blocks")?, "num_blocks")?;
-        let bs = count(py, int_scalar(block_size, "block_size")?, "block_size")?;
+        let (nb, bs) = (count_arg(num_blocks, "num_blocks")?, count_arg(block_size, "block_size")?);
         let opts =
             CacheOptions { eviction, verify_tokens, cow_partial_hit, record_events, hash_bits, max_events };
         let grouped = groups.is_some_and(|g| !g.is_none());
@@ -640,13 +639,13 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         token_ids: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = extra_key)] extra_key: Option<u64>,
-    ) -> PyResult<(usize, Bound<'py, PyAny>, Pairs<'py>)> {
+    ) -> PyResult<(usize, Bound<'py, PyAny>, PairArray<'py>)> {
         let (seq, extra) = (seq_id, extra_key);
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         let mut out = StepOutput::default();
         let cached =
             self.run(py, self.work(1, tokens.len()), |pool| pool.add_sequence_tokens(seq, &tokens, extra, &mut out)).py_err(py)?;
-        Ok((cached, self.slots(py, &mut out)?, pairs_array(py, &out.cow)?))
+        Ok((cached, self.slots(py, &mut out)?, cow_array(py, &out.cow)?))
     }
 
     /// Admit ``seq_id`` from a trace that gives block ids instead of tokens (Mooncake's
@@ -710,12 +709,12 @@ impl PyBlockPool {
         py: Python<'py>,
         #[pyo3(from_py_with = arg::seq_id)] seq_id: SeqId,
         token_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyAny>, Pairs<'py>)> {
+    ) -> PyResult<(Bound<'py, PyAny>, PairArray<'py>)> {
         let seq = seq_id;
         let tokens = cache_args::token_ids(token_ids, "token_ids")?;
         let mut out = StepOutput::default();
         self.run(py, self.work(1, tokens.len()), |p| p.append_tokens(seq, &tokens, &mut out)).py_err(py)?;
-        Ok((self.slots(py, &mut out)?, pairs_array(py, &out.cow)?))
+        Ok((self.slots(py, &mut out)?, cow_array(py, &out.cow)?))
     }
 
     /// Join ``seq_id`` holding only the longest cached prefix of the prompt ``token_ids``

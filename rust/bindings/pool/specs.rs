@@ -6,13 +6,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 
-use crate::bindings::convert::{count, int_scalar};
+use crate::bindings::convert::count_arg;
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::pool::{GroupSpec, MAX_GROUPS};
-
-fn span(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    count(obj.py(), int_scalar(obj, name)?, name)
-}
 
 fn window_of(s: &GroupSpec) -> Option<usize> {
     match *s {
@@ -118,9 +114,9 @@ impl PySlidingWindow {
     #[new]
     #[pyo3(signature = (window, sink_tokens = None))]
     fn new(py: Python<'_>, window: &Bound<'_, PyAny>, sink_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let w = span(window, "window")?;
+        let w = count_arg(window, "window")?;
         let s = match sink_tokens {
-            Some(o) => span(o, "sink_tokens")?,
+            Some(o) => count_arg(o, "sink_tokens")?,
             None => 0,
         };
         GroupSpec::sliding_window(w, s).py_err(py).map(Self)
@@ -165,7 +161,7 @@ impl PySlidingWindow {
 impl PyChunkedAttention {
     #[new]
     fn new(py: Python<'_>, chunk_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        GroupSpec::chunked(span(chunk_size, "chunk_size")?).py_err(py).map(Self)
+        GroupSpec::chunked(count_arg(chunk_size, "chunk_size")?).py_err(py).map(Self)
     }
 
     /// None: chunked attention has no sliding window (tokens).
@@ -251,5 +247,5 @@ pub fn groups_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<GroupSpec>> {
 
 /// A `group` argument: a group index, range-checked against the pool by the caller.
 pub fn group_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-    span(obj, "group")
+    count_arg(obj, "group")
 }

@@ -9,7 +9,7 @@ use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUnt
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
-use crate::bindings::convert::{int_scalar, int_vec};
+use crate::bindings::convert::{int_scalar, int_vec, ints_as};
 use crate::bindings::errors::invalid;
 use crate::sim::{MAX_REQUESTS, MAX_REQUEST_TOKENS};
 
@@ -138,14 +138,7 @@ pub fn ints(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
 
 /// A column of `T` (u32 lengths or ids, i32 priorities), each value checked.
 pub fn typed<T: TryFrom<i64>>(obj: &Bound<'_, PyAny>, name: &str, range: &str) -> PyResult<Vec<T>> {
-    let py = obj.py();
-    let v = ints(obj, name)?;
-    let mut out = Vec::new();
-    out.try_reserve_exact(v.len()).map_err(|_| invalid(py, format!("{name}: cannot allocate {} entries", v.len())))?;
-    for (i, x) in v.into_iter().enumerate() {
-        out.push(T::try_from(x).map_err(|_| invalid(py, format!("{name}[{i}] = {x}: {range}")))?);
-    }
-    Ok(out)
+    ints_as(obj.py(), ints(obj, name)?, name, &format!(": {range}"))
 }
 
 /// Request lengths: `u32` here, the range `1..=MAX_REQUEST_TOKENS` checked by the workload.
