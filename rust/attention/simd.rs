@@ -225,6 +225,10 @@ fn head_tile<L: Lanes, E: Elem, const H: usize, const CAP: bool>(
     }
 }
 
+/// (`scores` and `pv` are out of line, as LLVM left most of them when the AVX2 path had
+/// its own file: inlined into `head_tile` at its choice, AVX2 int8 decode read 1.07-1.09x
+/// the time at shape `l2` of `benches/ab_decode.py`.)
+///
 /// Scores in log2 units of the tile's `H` heads for the chunk's tokens: K rows `i` at
 /// `kt[i * bs + c0..]`, FMA'd with the broadcast query element `qp[i * H + j]` (the
 /// tile's rows interleaved), `R` rows and partial sums per head per step. `FULL` (`W`
@@ -233,7 +237,7 @@ fn head_tile<L: Lanes, E: Elem, const H: usize, const CAP: bool>(
 /// # Safety
 /// `c.kt` holds `d * bs` elements with `c0 + lanes <= bs` (and `lanes == W` with `FULL`);
 /// `qp` holds `H * d` f32.
-#[inline]
+#[inline(never)]
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn scores<L: Lanes, E: Elem, const H: usize, const FULL: bool, const R: usize>(
@@ -304,7 +308,7 @@ unsafe fn row<L: Lanes, E: Elem, const FULL: bool>(x: L, p: *const E, n: usize) 
 /// `rescale`) for the chunk's V rows, `U` vectors of the `H` heads' accumulators in
 /// registers per pass. `FULL` (`d` a multiple of `W U`): raw loads and stores, the V row
 /// pointer stepped by `d`; else partial loads and stores for the row's last vectors.
-#[inline]
+#[inline(never)]
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 fn pv<L: Lanes, E: Elem, const H: usize, const U: usize, const FULL: bool>(
