@@ -225,10 +225,6 @@ fn head_tile<L: Lanes, E: Elem, const H: usize, const CAP: bool>(
     }
 }
 
-/// (`scores` and `pv` are out of line, as LLVM left most of them when the AVX2 path had
-/// its own file: inlined into `head_tile` at its choice, AVX2 int8 decode read 1.07-1.09x
-/// the time at shape `l2` of `benches/ab_decode.py`.)
-///
 /// Scores in log2 units of the tile's `H` heads for the chunk's tokens: K rows `i` at
 /// `kt[i * bs + c0..]`, FMA'd with the broadcast query element `qp[i * H + j]` (the
 /// tile's rows interleaved), `R` rows and partial sums per head per step. `FULL` (`W`
@@ -237,6 +233,9 @@ fn head_tile<L: Lanes, E: Elem, const H: usize, const CAP: bool>(
 /// # Safety
 /// `c.kt` holds `d * bs` elements with `c0 + lanes <= bs` (and `lanes == W` with `FULL`);
 /// `qp` holds `H * d` f32.
+///
+/// Out of line, as `pv`: inlined into `head_tile` at LLVM's choice, AVX2 int8 decode read
+/// 1.07-1.09x the time at shape `l2` of `benches/ab_decode.py`.
 #[inline(never)]
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
