@@ -79,7 +79,7 @@ pub(crate) trait Lanes: Copy + sealed::Sealed {
     }
 }
 
-/// What the decode tile loop ([`super::simd`]) needs besides [`Lanes`]: the cache's
+/// What the decode tile loop (`simd.rs`) needs besides [`Lanes`]: the cache's
 /// elements as f32 vectors, their scales, and the heads' `exp2` and soft cap interleaved.
 pub(crate) trait Elements: Lanes {
     /// `P V`'s accumulator vectors per head per pass (3-4 heads; twice as many for 1-2).
@@ -106,16 +106,24 @@ pub(crate) trait Elements: Lanes {
     fn soft_cap_each<const H: usize>(self, s: [Self::V; H], c: f32) -> [Self::V; H];
 }
 
-/// Writes `pub(crate) mod $isa` holding, for each `fn name(args) -> R = stage;`, an entry
-/// `unsafe fn name(args) -> R` compiled with `$features` that calls
-/// `stage(<$lanes>::assume(), args)` of the module that invokes it.
+/// `entry! { $module; [fn name(args) -> R = stage; ...] $isa = $lanes, $features; ... }`
+/// writes, per instruction set, `pub(crate) mod $isa` in `$module` (the invoking module's
+/// path) holding for each listed stage an entry `unsafe fn name(args) -> R` compiled with
+/// `$features` that calls `$module::stage(<$lanes>::assume(), args)` (attributes before
+/// `$isa`, such as a `cfg`, go on the module).
 macro_rules! entry {
-    ($(#[$meta:meta])* $isa:ident, $lanes:ty, $features:literal,
+    ($($m:ident)::+; [$($fns:tt)*]) => {};
+    ($($m:ident)::+; [$($fns:tt)*] $(#[$meta:meta])* $isa:ident = $lanes:ty, $features:literal; $($rest:tt)*) => {
+        entry!(@one [$($m)::+] $(#[$meta])* $isa, $lanes, $features, $($fns)*);
+        entry!($($m)::+; [$($fns)*] $($rest)*);
+    };
+    (@one [$($m:ident)::+] $(#[$meta:meta])* $isa:ident, $lanes:ty, $features:literal,
      $(fn $name:ident $(<$($g:ident: $b:path),*>)? ($($a:ident: $t:ty),*) $(-> $r:ty)? = $stage:ident;)*) => {
         $(#[$meta])*
         pub(crate) mod $isa {
             #[allow(unused_imports)]
-            use super::*;
+            use $($m)::+::*;
+            use $($m)::+ as stages;
             $(
                 /// The stage on this instruction set.
                 ///
@@ -124,7 +132,7 @@ macro_rules! entry {
                 #[target_feature(enable = $features)]
                 pub(crate) unsafe fn $name $(<$($g: $b),*>)? ($($a: $t),*) $(-> $r)? {
                     // SAFETY: the caller guarantees the features.
-                    super::$stage(unsafe { <$lanes as $crate::attention::lanes::Lanes>::assume() }, $($a),*)
+                    stages::$stage(unsafe { <$lanes as $crate::attention::lanes::Lanes>::assume() }, $($a),*)
                 }
             )*
         }
@@ -161,7 +169,7 @@ pub(crate) use x86::{Avx2, Avx512};
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{sealed, Elements, Lanes};
+    use crate::attention::lanes::{sealed, Elements, Lanes};
     use crate::attention::{avx2_cvt, avx512};
     use crate::kv::quant::TileScale;
     use crate::kv::Elem;
@@ -318,7 +326,7 @@ pub(crate) use arm::Neon;
 mod arm {
     use std::arch::aarch64::*;
 
-    use super::{sealed, Elements, Lanes};
+    use crate::attention::lanes::{sealed, Elements, Lanes};
     use crate::attention::neon_cvt::{exp2, load_n, soft_cap, store_n};
     use crate::attention::work::load_factor;
     use crate::kv::quant::TileScale;

@@ -33,15 +33,12 @@ const HT: usize = 4;
 const MAX_W: usize = 8;
 
 entry! {
+    crate::attention::simd;
+    [fn run<E: Elem>(w: &Work<E>, p: &mut Partial) = run;]
     #[cfg(target_arch = "x86_64")]
-    avx2, crate::attention::lanes::Avx2, "avx2,fma,f16c",
-    fn run<E: Elem>(w: &Work<E>, p: &mut Partial) = run;
-}
-
-entry! {
+    avx2 = crate::attention::lanes::Avx2, "avx2,fma,f16c";
     #[cfg(target_arch = "aarch64")]
-    neon, crate::attention::lanes::Neon, "neon",
-    fn run<E: Elem>(w: &Work<E>, p: &mut Partial) = run;
+    neon = crate::attention::lanes::Neon, "neon";
 }
 
 /// One item. A soft cap is an instantiation of its own (tested at run time in the tile
