@@ -64,6 +64,8 @@ pub(crate) trait Lanes: Copy + sealed::Sealed {
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
     fn hmax(self, v: Self::V) -> f32;
     fn hsum(self, v: Self::V) -> f32;
+    /// Lane 0 of `v`.
+    fn lane0(self, v: Self::V) -> f32;
     /// The path's polynomial `2^x` (exactly 0 below [`super::work::EXP2_ZERO_BELOW`]).
     fn exp2(self, v: Self::V) -> Self::V;
 
@@ -75,7 +77,7 @@ pub(crate) trait Lanes: Copy + sealed::Sealed {
     /// `2^x` of one value by the vector polynomial (no libm call).
     #[inline(always)]
     fn exp2_one(self, x: f32) -> f32 {
-        self.hmax(self.exp2(self.splat(x)))
+        self.lane0(self.exp2(self.splat(x)))
     }
 }
 
@@ -204,6 +206,7 @@ mod x86 {
             fn fma(a: __m256, b: __m256, c: __m256) -> __m256 = _mm256_fmadd_ps;
             fn hmax(v: __m256) -> f32 = avx2_cvt::hmax;
             fn hsum(v: __m256) -> f32 = avx2_cvt::hsum;
+            fn lane0(v: __m256) -> f32 = _mm256_cvtss_f32;
             fn exp2(v: __m256) -> __m256 = avx2_cvt::exp2;
             unsafe fn load(p: *const f32) -> __m256 = _mm256_loadu_ps;
             unsafe fn store(p: *mut f32, v: __m256) -> () = _mm256_storeu_ps;
@@ -282,6 +285,7 @@ mod x86 {
             fn fma(a: __m512, b: __m512, c: __m512) -> __m512 = _mm512_fmadd_ps;
             fn hmax(v: __m512) -> f32 = _mm512_reduce_max_ps;
             fn hsum(v: __m512) -> f32 = _mm512_reduce_add_ps;
+            fn lane0(v: __m512) -> f32 = _mm512_cvtss_f32;
             fn exp2(v: __m512) -> __m512 = avx512::exp2;
             unsafe fn load(p: *const f32) -> __m512 = _mm512_loadu_ps;
             unsafe fn store(p: *mut f32, v: __m512) -> () = _mm512_storeu_ps;
@@ -372,6 +376,7 @@ mod arm {
             fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t = fma;
             fn hmax(v: float32x4_t) -> f32 = vmaxvq_f32;
             fn hsum(v: float32x4_t) -> f32 = vaddvq_f32;
+            fn lane0(v: float32x4_t) -> f32 = vgetq_lane_f32::<0>;
             fn exp2(v: float32x4_t) -> float32x4_t = exp2;
             unsafe fn load(p: *const f32) -> float32x4_t = vld1q_f32;
             unsafe fn store(p: *mut f32, v: float32x4_t) -> () = vst1q_f32;
