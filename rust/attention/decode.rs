@@ -95,23 +95,7 @@ pub fn decode_attention(
     lse: Option<&mut [f32]>,
     opts: &DecodeOptions,
 ) -> Result<()> {
-    decode_attention_on(Features::cpu(), cache, layer, q, num_q_heads, tables, out, lse, opts)
-}
-
-/// [`decode_attention`] choosing its routes by `features` (this CPU's, or fewer: a test
-/// runs the routes of a CPU without some of them).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_attention_on(
-    features: Features,
-    cache: &KvCache,
-    layer: usize,
-    q: &[f32],
-    num_q_heads: usize,
-    tables: &SeqTables,
-    out: &mut [f32],
-    lse: Option<&mut [f32]>,
-    opts: &DecodeOptions,
-) -> Result<()> {
+    let features = opts.tuning.features();
     let shape = cache.shape();
     let (n, d, hkv) = (tables.len(), shape.head_dim, shape.num_kv_heads);
     let Checked { g, scale, isa, kpi } = check_call(cache, n, q.len(), out.len(), lse.as_ref().map(|l| l.len()), num_q_heads, opts, features)?;

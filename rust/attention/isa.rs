@@ -60,7 +60,7 @@ const FEATURE_NAMES: [&str; 14] = [
 /// this CPU's, and [`Features::without`] takes some away, so that a test runs the route a
 /// CPU without them takes (no process-wide switch). The field is private: every value
 /// holds only features this CPU has, which the `unsafe` dispatch relies on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Features(u16);
 
 impl Features {

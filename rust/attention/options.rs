@@ -108,9 +108,17 @@ pub struct Tuning {
     /// Decode only: KV heads per work item (must divide the KV head count); `None` is
     /// all of them, which reads each block as one contiguous run.
     pub kv_heads_per_item: Option<usize>,
+    /// The CPU features the routes are chosen by: `None` is this CPU's; fewer
+    /// ([`Features::without`]) run the routes of a CPU without the others (the tests).
+    pub features: Option<Features>,
 }
 
 impl Tuning {
+    /// [`Self::features`], or this CPU's.
+    pub(crate) fn features(&self) -> Features {
+        self.features.unwrap_or_else(Features::cpu)
+    }
+
     /// The path to run: the forced one if `features` run it, else the best.
     pub(crate) fn path(&self, features: Features) -> Result<Supported> {
         let isa = self.isa.unwrap_or_else(Isa::best);

@@ -25,7 +25,7 @@ pub(crate) fn on(isa: Isa) -> Tuning {
 
 /// The tuning of path `isa` with `split_tokens` and `kv_heads_per_item`.
 pub(crate) fn tuned(isa: Isa, split_tokens: Option<usize>, kv_heads_per_item: Option<usize>) -> Tuning {
-    Tuning { isa: Some(isa), split_tokens, kv_heads_per_item }
+    Tuning { isa: Some(isa), split_tokens, kv_heads_per_item, features: None }
 }
 
 /// The valid `(q_dtype, pv_dtype)` pairs of `kernel` on a `kv` cache, as the refusal lists

@@ -176,8 +176,9 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode) {
     for isa in Isa::available() {
         let mut out = vec![f32::NAN; q.len()];
         let mut lse = vec![f32::NAN; t.len() * hq];
-        let opts = DecodeOptions { tuning: tuned(isa, m.split, m.kpi), precision: m.precision, logits_soft_cap: m.cap, ..Default::default() };
-        decode_attention_on(Features::cpu().without(m.without), c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        let tuning = Tuning { features: Some(Features::cpu().without(m.without)), ..tuned(isa, m.split, m.kpi) };
+        let opts = DecodeOptions { tuning, precision: m.precision, logits_soft_cap: m.cap, ..Default::default() };
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         let what = format!("{isa:?} {dtype:?} {shape:?} hq={hq} {m:?} against the {against}");
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");

@@ -7,7 +7,8 @@
 //! are not a multiple of 32 or 64, g = 1, 2, 4, 8, block sizes 1, 8, 16 (the one-load pair
 //! path) and 32, splits, windows and sinks; and with a soft cap.
 
-use super::decode::{decode_attention, decode_attention_on, DecodeOptions};
+use super::decode::{decode_attention, DecodeOptions};
+use super::options::Tuning;
 use super::isa::{Features, Isa};
 use super::options::Kernel;
 use super::tables::SeqTables;
@@ -47,14 +48,14 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode, seed: u64) {
     for isa in Isa::available() {
         let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; t.len() * hq]);
         let opts = DecodeOptions {
-            tuning: tuned(isa, m.split, m.kpi),
             precision: BF16_QUERY,
             logits_soft_cap: m.cap,
             window_left: m.window_left,
             sink_tokens: m.sinks,
+            tuning: Tuning { features: Some(Features::cpu().without(m.without)), ..tuned(isa, m.split, m.kpi) },
             ..Default::default()
         };
-        decode_attention_on(Features::cpu().without(m.without), c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         let what = format!("{isa:?} {:?} {:?} hq={hq} split={:?} window={:?} cap={:?}", c.dtype(), c.shape(), m.split, m.window_left, m.cap);
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");

@@ -8,6 +8,7 @@
 
 
 use super::decode::*;
+use super::options::Tuning;
 use super::isa::*;
 use super::options::Kernel;
 use super::tables::*;
@@ -79,7 +80,8 @@ fn compare_on(
             sink_tokens: sinks,
             ..Default::default()
         };
-        decode_attention_on(features, c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+        let opts = DecodeOptions { tuning: Tuning { features: Some(features), ..opts.tuning }, ..opts };
+        decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
         for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
             let s = c.shape();
             assert!(

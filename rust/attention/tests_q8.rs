@@ -6,7 +6,8 @@
 //! with a soft cap. The keys no query sees hold large values, so reading one would move
 //! the output.
 
-use super::decode::{decode_attention_on, DecodeOptions};
+use super::decode::{decode_attention, DecodeOptions};
+use super::options::Tuning;
 use super::isa::{Features, Isa};
 use super::tables::SeqTables;
 use super::test_util::{shape, tuned, Lcg};
@@ -84,9 +85,10 @@ fn compare_on(
     let scale_out = want.iter().fold(1e-3f64, |a, x| a.max(x.abs()));
     for isa in Isa::available() {
         for &(split, kpi) in splits {
-            let opts = DecodeOptions { tuning: tuned(isa, split, kpi), logits_soft_cap: cap, window_left: wl, sink_tokens: sinks, ..Default::default() };
+            let tuning = Tuning { features: Some(features), ..tuned(isa, split, kpi) };
+            let opts = DecodeOptions { tuning, logits_soft_cap: cap, window_left: wl, sink_tokens: sinks, ..Default::default() };
             let (mut out, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; n * hq]);
-            decode_attention_on(features, c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
+            decode_attention(c, 0, &q, hq, t, &mut out, Some(&mut lse), &opts).unwrap();
             let what = format!("{isa:?} {:?} {s:?} hq={hq} wl={wl:?} sinks={sinks} split={split:?} kpi={kpi:?} cap={cap:?}", c.dtype());
             for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                 assert!((o as f64 - w).abs() <= 1e-5 * scale_out, "{what} at {i}: {o} vs {w}");

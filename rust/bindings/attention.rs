@@ -68,7 +68,7 @@ impl PyKernelTuning {
         if kv_heads_per_item == Some(0) {
             return Err(invalid(py, "kv_heads_per_item must be >= 1, got 0"));
         }
-        let tuning = Tuning { isa, split_tokens: split_size, kv_heads_per_item };
+        let tuning = Tuning { isa, split_tokens: split_size, kv_heads_per_item, features: None };
         // The calls' own check of the path, early.
         tuning.path(Features::cpu()).map_err(|e| invalid(py, format!("isa: {e}")))?;
         Ok(Self(tuning))

@@ -113,22 +113,7 @@ pub fn prefill_attention(
     lse: Option<&mut [f32]>,
     opts: &PrefillOptions,
 ) -> Result<()> {
-    prefill_attention_on(Features::cpu(), cache, layer, qs, tables, out, lse, opts)
-}
-
-/// [`prefill_attention`] choosing its routes by `features` (this CPU's, or fewer: a test
-/// runs the routes of a CPU without some of them).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn prefill_attention_on(
-    features: Features,
-    cache: &KvCache,
-    layer: usize,
-    qs: &Queries,
-    tables: &SeqTables,
-    out: &mut [f32],
-    lse: Option<&mut [f32]>,
-    opts: &PrefillOptions,
-) -> Result<()> {
+    let features = opts.tuning.features();
     let shape = cache.shape();
     let (d, hkv, hq) = (shape.head_dim, shape.num_kv_heads, qs.num_q_heads);
     if hq == 0 || !hq.is_multiple_of(hkv) {

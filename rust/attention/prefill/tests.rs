@@ -97,12 +97,12 @@ fn compare(c: &KvCache, call: &Call, t: &SeqTables, opts: &PrefillOptions) {
             if no_dot && !(opts.precision != Precision::EXACT && isa == Isa::Avx512) {
                 continue;
             }
-            let o = PrefillOptions { tuning: Tuning { isa: Some(isa), ..opts.tuning }, ..opts.clone() };
+            let features = if no_dot { Features::cpu().without(&["avx512bf16"]) } else { Features::cpu() };
+            let o = PrefillOptions { tuning: Tuning { isa: Some(isa), features: Some(features), ..opts.tuning }, ..opts.clone() };
             let mut out = vec![f32::NAN; call.q.len()];
             let mut lse = vec![f32::NAN; want_lse.len()];
             let qs = Queries { q: call.q, num_q_heads: call.hq, qo_indptr: call.indptr, positions: call.positions };
-            let features = if no_dot { Features::cpu().without(&["avx512bf16"]) } else { Features::cpu() };
-            prefill_attention_on(features, c, 0, &qs, t, &mut out, Some(&mut lse), &o).unwrap();
+            prefill_attention(c, 0, &qs, t, &mut out, Some(&mut lse), &o).unwrap();
             for (i, (&got, &w)) in out.iter().zip(&want).enumerate() {
                 assert!((got as f64 - w).abs() <= tol, "{isa:?} {opts:?} out[{i}] = {got} vs {w} (tol {tol:e})");
             }
