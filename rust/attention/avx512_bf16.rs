@@ -1,6 +1,6 @@
 //! AVX-512 BF16 scores (a bf16 query, `Precision { q: BF16, .. }`, on a bf16 cache):
 //! `vdpbf16ps` on the query rounded to bf16, plugged into the tile loop of
-//! [`super::avx512`] (softmax, `P V` and prefetch are that path's, unchanged).
+//! [`super::simd`] (softmax, `P V` and prefetch are that path's, unchanged).
 //!
 //! `vdpbf16ps` multiplies bf16 pairs and adds both products to an f32 lane. Here lane
 //! `t` of the K operand holds the pair (K\[i\]\[t\], K\[i+1\]\[t\]) of two dimension rows of
@@ -34,7 +34,10 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, load_factor, run_with, FloatPv, Scores};
+use super::lanes::{Avx512, Lanes};
+use super::simd::{run_with, FloatPv, Scores};
+use super::avx512_cvt::{chunk_mask};
+use super::work::load_factor;
 use super::prefetch::{Prefetcher, Stream};
 use super::work::{Chunk, Partial, Work};
 use crate::kv::{DType, Elem};
@@ -48,7 +51,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     let (q, factor) = w.q_bf16.expect("bf16 query pairs");
     match E::DTYPE {
         // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores.
-        DType::BF16 => unsafe { run_with::<E, _, _, true>(w, p, &Dot { q, factor }, &FloatPv) },
+        DType::BF16 => unsafe { run_with::<Avx512, E, _, _, true>(Avx512::assume(), w, p, &Dot { q, factor }, &FloatPv) },
         DType::E4M3 | DType::E5M2 => {
             // `load_factor`: the tile loop's K scale carries the exact path's factor
             // (2^8 for e4m3), which these scores of the true code values must not.
@@ -65,7 +68,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")]
 unsafe fn run_fp8<E: Elem>(w: &Work<E>, p: &mut Partial, dot: &Fp8Dot) {
     // SAFETY: this function's features are those of `run_with` and of `Fp8Dot`'s scores.
-    unsafe { run_with::<E, _, _, true>(w, p, dot, &FloatPv) }
+    unsafe { run_with::<Avx512, E, _, _, true>(Avx512::assume(), w, p, dot, &FloatPv) }
 }
 
 /// `vdpbf16ps` scores from the item's bf16 query pairs (`Work::q_bf16`).
@@ -107,10 +110,10 @@ fn bh(x: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
 }
 
-impl<E: Elem> Scores<E> for Dot<'_> {
+impl<E: Elem> Scores<Avx512, E> for Dot<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, _: Avx512, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let pairs = d.div_ceil(2);
         // Rows are bs elements apart, the chunk's tokens c0 .. c0 + lanes of each: the
@@ -146,7 +149,7 @@ impl<E: Elem> Scores<E> for Dot<'_> {
         // Query pair i / 2 of head j, broadcast.
         // SAFETY: j < H and i / 2 < pairs: inside the item's pairs (assert above).
         let qpair = |j: usize, i: usize| bh(_mm512_set1_epi32(unsafe { *qp.add(j * pairs + i / 2) } as i32));
-        let mut pf = Prefetcher::new(next_k, d / 2);
+        let mut pf = Prefetcher::<true>::with(next_k, d / 2);
         // Two partial sums per head (alternate pairs) to hide the instruction's latency.
         let mut s0 = [_mm512_setzero_ps(); H];
         let mut s1 = [_mm512_setzero_ps(); H];
@@ -361,7 +364,7 @@ impl Widen {
     }
 }
 
-impl<E: Elem> Scores<E> for Fp8Dot<'_> {
+impl<E: Elem> Scores<Avx512, E> for Fp8Dot<'_> {
     // The `vdpbf16ps` loop on one-byte codes is about half of `P V`'s time. (Not on a
     // bf16 cache, [`Dot`]: its K tiles are twice the lines, and over its `P V` loop they
     // cost 4-9% of its tokens/s.)
@@ -369,7 +372,7 @@ impl<E: Elem> Scores<E> for Fp8Dot<'_> {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, _: Avx512, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, bs, mask) = (c.d, c.bs, chunk_mask(c));
         let pairs = d.div_ceil(2);
         // One-byte codes, rows bs apart: the last unmasked byte read is (d - 1) * bs + c0
@@ -395,7 +398,7 @@ impl<E: Elem> Scores<E> for Fp8Dot<'_> {
         // Query pair i / 2 of head j, broadcast.
         // SAFETY: j < H and i / 2 < pairs: inside the item's pairs (assert above).
         let qpair = |j: usize, i: usize| bh(_mm512_set1_epi32(unsafe { *qp.add(j * pairs + i / 2) } as i32));
-        let mut pf = Prefetcher::new(next_k, d / 2);
+        let mut pf = Prefetcher::<true>::with(next_k, d / 2);
         // Two partial sums per head (alternate pairs) to hide the instruction's latency.
         let mut s0 = [_mm512_setzero_ps(); H];
         let mut s1 = [_mm512_setzero_ps(); H];

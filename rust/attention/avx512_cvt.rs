@@ -1,18 +1,28 @@
-//! Element loads of the AVX-512 decode kernel ([`super::avx512`]): 16 cached values of
-//! any storage dtype widened to f32 in registers (f16 by `vcvtph2ps`, bf16 by a 16-bit
-//! shift or one unpack per 16 values, int8 by `vpmovsxbd` + `vcvtdq2ps`, fp8 through f16
-//! bits: e5m2 by one in-lane shuffle of its codes broadcast to both lanes), the per-token or per-head scales of a chunk, and the lane masks of a row.
-//! The AVX2 and NEON kernels keep theirs in [`super::avx2_cvt`] and `super::neon_cvt`.
+//! AVX-512 (F, BW, VL) for the shared decode loop (`simd.rs`, through `lanes::Avx512`):
+//! 16 cached values of any storage dtype widened to f32 in registers, the per-token or
+//! per-head scales of a chunk, `exp2` and the soft cap, the lane masks of a row.
+//!
+//! f16 widens by `vcvtph2ps`, bf16 exactly by a 16-bit shift, int8 by `vpmovsxbd` +
+//! `vcvtdq2ps`. fp8 e5m2 is the high byte of an f16: 16 codes broadcast to both 128-bit
+//! lanes, one `vpshufb` into high bytes, `vcvtph2ps` ([`e5m2_16`]). fp8 e4m3 moves into f16
+//! bit positions (the value divided by 2^8, exact for normals and subnormals:
+//! [`e4m3_over_256`]), 32 codes at once where two rows are read together ([`load_pair`]).
+//! Its two NaN codes would read as numbers, so the loop checks each tile once
+//! ([`e4m3_nan_in`], `Elements::misreads`) and an item that read one runs again on the AVX2
+//! path (`Partial::nan_codes`); only a cache that handed out a writable view
+//! (`KvCache::raw_writes`) is checked, as its own writes never make a NaN code.
+//! The precisions that compute with other instructions keep their files (`avx512_bf16`,
+//! `avx512_vnni`, `avx512_fp16`, `avx512_e4m3`); AVX2 and NEON keep their loads in
+//! [`super::avx2_cvt`] and `super::neon_cvt`.
 
 use std::arch::x86_64::*;
 
-use super::work::load_factor;
+use super::work::{load_factor, Chunk, EXP2_TAYLOR, EXP2_ZERO_BELOW, SOFT_CAP_ARG};
 use crate::kv::quant::TileScale;
 use crate::kv::{DType, Elem};
 
-const W: usize = 16;
-/// Vectors of 16 a bf16 V load fills: 64 dimensions, the kernel's V accumulators per head.
-pub(crate) const VT: usize = 4;
+/// Lanes per vector.
+pub(crate) const W: usize = 16;
 /// Load 16 elements as f32; masked-off lanes read as 0 and are not accessed. e4m3's
 /// two NaN codes read as +-1.875 / 2^8 ([`e4m3_over_256`]): the caller checks its tiles
 /// for them.
@@ -174,57 +184,63 @@ pub(crate) fn scale_vector<E: Elem>(ts: &TileScale, c0: usize, mask: __mmask16) 
     }
 }
 
-/// 64 bf16 of a V row widened to f32 with one unpack per 16 values (instead of a
-/// cross-lane zero-extension and a shift): vectors 0/1 take elements 0..32, 2/3 take
-/// 32..64, each in the order of [`BF16_ORDER`]. The accumulators keep that order and
-/// [`unpermute_bf16`] restores it at the end of the item.
-///
-/// # Safety
-/// `mask[h]` is all-ones or zero; for each all-ones one, elements `32 h .. 32 h + 32`
-/// after `p` must lie inside one allocation (zero masks access nothing).
+/// `2^x` for `x <= LAZY_MAX`; exactly 0 below [`EXP2_ZERO_BELOW`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-pub(crate) unsafe fn load_bf16_permuted<E>(p: *const E, mask: [__mmask16; 2]) -> [__m512; VT] {
-    debug_assert!(mask.iter().all(|&m| m == 0 || m == 0xffff));
-    let zero = _mm512_setzero_si512();
-    let widen = |m: __mmask16| if m == 0 { 0 } else { u32::MAX };
-    // SAFETY: forwarded to the caller.
-    let (x, y) = unsafe {
-        (
-            _mm512_maskz_loadu_epi16(widen(mask[0]), p.cast()),
-            _mm512_maskz_loadu_epi16(widen(mask[1]), p.cast::<i16>().wrapping_add(2 * W)),
-        )
-    };
-    [
-        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)),
-        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)),
-        _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, y)),
-        _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, y)),
-    ]
+pub(crate) fn exp2(x: __m512) -> __m512 {
+    exp2_each([x])[0]
 }
 
-/// Position in the row of stored accumulator element `s` (0..32) of a 32-element group:
-/// `unpacklo` takes elements 0-3 of each 128-bit lane, `unpackhi` elements 4-7.
-pub(crate) const BF16_ORDER: [usize; 32] = {
-    let mut o = [0; 32];
-    let mut s = 0;
-    while s < 32 {
-        let (half, r) = (s / 16, s % 16);
-        o[s] = (r / 4) * 8 + half * 4 + r % 4;
-        s += 1;
+/// [`exp2`] of each vector, the polynomial's steps interleaved across them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn exp2_each<const H: usize>(x: [__m512; H]) -> [__m512; H] {
+    // Taylor series of 2^f = e^(f ln 2) on [-0.5, 0.5]; the degree-8 term is < 6e-9.
+    const C: [f32; 8] = EXP2_TAYLOR;
+    let low = _mm512_set1_ps(EXP2_ZERO_BELOW);
+    let mut n = [_mm512_setzero_ps(); H];
+    let mut f = [_mm512_setzero_ps(); H];
+    let mut r = [_mm512_set1_ps(C[7]); H];
+    let mut keep = [0 as __mmask16; H];
+    for j in 0..H {
+        // Not below the bound, or NaN.
+        keep[j] = !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[j], low);
+        let xj = _mm512_max_ps(x[j], low);
+        n[j] = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(xj);
+        f[j] = _mm512_sub_ps(xj, n[j]);
     }
-    o
-};
-
-/// Undo [`load_bf16_permuted`]'s order in accumulator rows of `d` (a multiple of 32).
-pub(crate) fn unpermute_bf16(acc: &mut [f32], d: usize) {
-    for group in acc.chunks_exact_mut(2 * W) {
-        let stored: [f32; 32] = std::array::from_fn(|i| group[i]);
-        for (s, &dim) in BF16_ORDER.iter().enumerate() {
-            group[dim] = stored[s];
+    for &c in C[..7].iter().rev() {
+        for j in 0..H {
+            r[j] = _mm512_fmadd_ps(r[j], f[j], _mm512_set1_ps(c));
         }
     }
-    debug_assert!(d.is_multiple_of(2 * W) && acc.len().is_multiple_of(d));
+    for j in 0..H {
+        r[j] = _mm512_maskz_mov_ps(keep[j], _mm512_scalef_ps(r[j], n[j]));
+    }
+    r
+}
+
+/// [`super::work::soft_cap`] of each score vector, the heads' `exp2` interleaved; the
+/// argument is clamped to +-[`SOFT_CAP_ARG`] (where the result is `+-c` in f32), a NaN
+/// score stays NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) fn soft_cap_each<const H: usize>(s: [__m512; H], c: f32) -> [__m512; H] {
+    let (k, lim) = (_mm512_set1_ps(2.0 * std::f32::consts::LOG2_E / c), _mm512_set1_ps(SOFT_CAP_ARG));
+    let x = s.map(|v| _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, k), _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim));
+    let e = exp2_each(x);
+    let (cv, two_c, one) = (_mm512_set1_ps(c), _mm512_set1_ps(2.0 * c), _mm512_set1_ps(1.0));
+    let mut out = e.map(|v| _mm512_sub_ps(cv, _mm512_div_ps(two_c, _mm512_add_ps(v, one))));
+    for (o, v) in out.iter_mut().zip(s) {
+        *o = _mm512_mask_mov_ps(*o, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v), v);
+    }
+    out
+}
+
+/// The lanes of a chunk's tokens.
+#[inline]
+pub(crate) fn chunk_mask<E>(c: &Chunk<E>) -> __mmask16 {
+    lane_mask(0, c.lanes)
 }
 
 /// Lanes of the 16-wide vector starting at element `i` of a row of `n` elements.

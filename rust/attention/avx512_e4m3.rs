@@ -1,5 +1,5 @@
 //! e4m3 widened by byte tables (AVX-512 VBMI), plugged into the tile loop of
-//! [`super::avx512`] as its [`Scores`] and [`Pv`] (softmax, scales, prefetch and the
+//! [`super::simd`] as its [`Scores`] and [`Pv`] (softmax, scales, prefetch and the
 //! NaN-code check are that path's, unchanged).
 //!
 //! Every e4m3 value over 2^8 is exactly a bf16 (3 mantissa bits; the exponents of
@@ -30,7 +30,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, run_with, Pv, Scores, HT, W};
+use super::lanes::{Avx512, Lanes};
+use super::simd::{run_with, Pv, Scores, HT};
+use super::avx512_cvt::{chunk_mask, W};
 use super::avx512_bf16::{fp8_bf16_bits, Fp8Tables};
 use super::avx512_cvt::load;
 use super::query::repeat_in_lanes;
@@ -57,7 +59,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     w.in_head_groups(p, |w, p| {
         let q = lane_query(w.q, d, g, HT);
         // SAFETY: the caller's features are those the two implementations are compiled for.
-        unsafe { run_with::<E, _, _, true>(w, p, &TableScores { q: &q }, &TablePv) }
+        unsafe { run_with::<Avx512, E, _, _, true>(Avx512::assume(), w, p, &TableScores { q: &q }, &TablePv) }
     });
 }
 
@@ -177,13 +179,13 @@ pub(crate) struct TableScores<'a> {
     q: &'a [f32],
 }
 
-impl<E: Elem> Scores<E> for TableScores<'_> {
+impl<E: Elem> Scores<Avx512, E> for TableScores<'_> {
     /// A whole chunk: runs of 4 dimension rows widened once, one FMA per widened vector
     /// and head, the lanes summed at the end. A partial one: [`load`]'s masked rows, the
     /// query elements broadcast from the same layout.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, _: Avx512, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, mask) = (c.d, chunk_mask(c));
         // K rows are 16 codes apart: run k is codes 64 k .. 64 k + 64 < 16 d <= kt.len();
         // a partial chunk's last unmasked lane (d - 1) * 16 + c0 + lanes - 1 < 16 d. The
@@ -192,7 +194,7 @@ impl<E: Elem> Scores<E> for TableScores<'_> {
         assert!(c.kt.len() >= d * BLOCK && c.c0 + c.lanes <= BLOCK && self.q.len() >= 4 * (qh + H) * d);
         let qp = self.q[4 * qh * d..].as_ptr();
         let kp = c.kt.as_ptr().cast::<u8>();
-        let mut pf = Prefetcher::new(next_k, d / 4);
+        let mut pf = Prefetcher::<true>::with(next_k, d / 4);
         if mask != 0xffff {
             let mut s = [[_mm512_setzero_ps(); H]; 2];
             for i in 0..d {
@@ -243,7 +245,7 @@ impl<E: Elem> Scores<E> for TableScores<'_> {
 /// `P V` on the table-widened values, the accumulators in the quad order.
 pub(crate) struct TablePv;
 
-impl<E: Elem> Pv<E> for TablePv {
+impl<E: Elem> Pv<Avx512, E> for TablePv {
     #[inline(always)]
     fn takes(&self, d: usize) -> bool {
         E::DTYPE == DType::E4M3 && d.is_multiple_of(RUN)
@@ -253,6 +255,7 @@ impl<E: Elem> Pv<E> for TablePv {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,fma,f16c")]
     unsafe fn pv<const H: usize>(
         &self,
+        _: Avx512,
         c: &Chunk<E>,
         acc: &mut [f32],
         probs: &[[f32; W]; HT],
@@ -307,7 +310,7 @@ unsafe fn pass<E: Elem, const H: usize, const R: usize>(
     assert!(H <= HT && d.is_multiple_of(R * RUN) && acc.len() == H * d);
     assert!(c.lanes <= W && (c.c0 + c.lanes) * d <= c.vt.len());
     let steps = d / (R * RUN) * c.lanes;
-    let mut pf = [Prefetcher::new(next[0], steps), Prefetcher::new(next[1], steps)];
+    let mut pf = [Prefetcher::<true>::with(next[0], steps), Prefetcher::<true>::with(next[1], steps)];
     let t = Regs::new();
     let ap = acc.as_mut_ptr();
     let mut u0 = 0;

@@ -1,6 +1,6 @@
 //! f16 query and probabilities (`Precision { q: F16, pv: F16 }`) on fp8 caches (AVX-512
 //! FP16): the scores and `P V` as f16 products summed in f16 registers, plugged into the
-//! tile loop of [`super::avx512`] as its [`Scores`] and [`Pv`] (softmax, scales, prefetch
+//! tile loop of [`super::simd`] as its [`Scores`] and [`Pv`] (softmax, scales, prefetch
 //! and the e4m3 NaN-code check are that path's, unchanged).
 //!
 //! Why: `vfmadd231ph` does 32 multiply-adds per instruction at the issue rate of the f32
@@ -43,7 +43,10 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, load_factor, run_with, Pv, Scores, HT, W};
+use super::lanes::{Avx512, Lanes};
+use super::simd::{run_with, Pv, Scores, HT};
+use super::avx512_cvt::{chunk_mask, W};
+use super::work::load_factor;
 use super::query::repeat_in_lanes;
 use super::work::{Chunk, Partial, Work, FREE_DOTS, LAZY_MAX};
 use super::prefetch::{first_far_lines, Prefetcher, Stream};
@@ -89,14 +92,14 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     // item's KV heads run in groups whose vectors fit in L1 beside the tiles.
     w.in_head_groups(p, |w, p| {
         let q = F16Query::new(w.q, d, g, k_max::<E>());
-        // 8-bit tiles of at most 2 KiB: only the far tiles' first lines (`avx512::run`'s choice).
+        // 8-bit tiles of at most 2 KiB: only the far tiles' first lines (the exact path's choice, `simd.rs`'s `run`).
         if first_far_lines::<E>(w.shape.tile()) {
             // SAFETY: the caller's features are those the two implementations are compiled
             // for (the f16 instructions need avx512fp16, which the caller checked).
-            unsafe { run_with::<E, _, _, false>(w, p, &F16Scores::<false> { q: &q }, &F16Pv::<false>) }
+            unsafe { run_with::<Avx512, E, _, _, false>(Avx512::assume(), w, p, &F16Scores::<false> { q: &q }, &F16Pv::<false>) }
         } else {
             // SAFETY: as above.
-            unsafe { run_with::<E, _, _, true>(w, p, &F16Scores::<true> { q: &q }, &F16Pv::<true>) }
+            unsafe { run_with::<Avx512, E, _, _, true>(Avx512::assume(), w, p, &F16Scores::<true> { q: &q }, &F16Pv::<true>) }
         }
     });
 }
@@ -290,7 +293,7 @@ pub(crate) struct F16Scores<'a, const FAR_LINES: bool> {
     q: &'a F16Query,
 }
 
-impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
+impl<E: Elem, const FAR_LINES: bool> Scores<Avx512, E> for F16Scores<'_, FAR_LINES> {
     /// Per 64-code run: one (masked) load, [`widen`], one `vfmadd231ph` per half and
     /// head. Bound: `q'` rounds each element by at most 2^-11 relative, each product
     /// rounds by 2^-11 relative (or 2^-25 absolute below f16's normal range), and each lane
@@ -299,7 +302,7 @@ impl<E: Elem, const FAR_LINES: bool> Scores<E> for F16Scores<'_, FAR_LINES> {
     /// in all, times the row's inverse factor; the f32 steps after add f32 rounding.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, _: Avx512, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         let (d, mask) = (c.d, chunk_mask(c));
         let runs = d / 4;
         // Run k: bytes 64 k + c0 .. + 64 of kt, those of lanes >= c0 + lanes masked off:
@@ -377,7 +380,7 @@ pub(crate) const fn pv_code(pos: usize) -> usize {
 /// `P V` in f16 per chunk, added to f32 accumulators in the [`pv_code`] order.
 pub(crate) struct F16Pv<const FAR_LINES: bool>;
 
-impl<E: Elem, const FAR_LINES: bool> Pv<E> for F16Pv<FAR_LINES> {
+impl<E: Elem, const FAR_LINES: bool> Pv<Avx512, E> for F16Pv<FAR_LINES> {
     #[inline(always)]
     fn takes(&self, d: usize) -> bool {
         matches!(E::DTYPE, DType::E4M3 | DType::E5M2) && d.is_multiple_of(RUN)
@@ -387,6 +390,7 @@ impl<E: Elem, const FAR_LINES: bool> Pv<E> for F16Pv<FAR_LINES> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     unsafe fn pv<const H: usize>(
         &self,
+        _: Avx512,
         c: &Chunk<E>,
         acc: &mut [f32],
         probs: &[[f32; W]; HT],

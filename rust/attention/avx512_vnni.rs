@@ -1,6 +1,6 @@
 //! AVX-512 VNNI scores (an int8 query, `Precision { q: I8, .. }`, on an int8 cache):
 //! exact integer dot products of the int8 query ([`super::query::QueryI8`]) with the K
-//! codes by `vpdpbusd`, plugged into the tile loop of [`super::avx512`] (softmax, `P V`
+//! codes by `vpdpbusd`, plugged into the tile loop of [`super::simd`] (softmax, `P V`
 //! and prefetch are that path's, unchanged).
 //!
 //! `vpdpbusd acc, a, b` multiplies the four unsigned bytes of each 32-bit lane of `a` by
@@ -28,7 +28,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_mask, run_with, FloatPv, Scores};
+use super::lanes::{Avx512, Lanes};
+use super::simd::{run_with, FloatPv, Scores};
+use super::avx512_cvt::{chunk_mask};
 use super::prefetch::{Prefetcher, Stream};
 use super::query::QueryI8;
 use super::work::{Chunk, Partial, Work, FREE_DOTS};
@@ -47,7 +49,7 @@ pub(crate) unsafe fn run<E: Elem>(w: &Work<E>, p: &mut Partial) {
     assert!(q.rows.len() * w.shape.head_dim.div_ceil(4) == q.codes.len());
     // SAFETY: this function's features are those of `run_with` and of `Dot`'s scores
     // (`FloatPv` needs fewer).
-    unsafe { run_with::<E, _, _, true>(w, p, &Dot { q }, &FloatPv) }
+    unsafe { run_with::<Avx512, E, _, _, true>(Avx512::assume(), w, p, &Dot { q }, &FloatPv) }
 }
 
 /// `vpdpbusd` scores from the item's int8 query rows.
@@ -80,13 +82,13 @@ const TRANSPOSE: [i8; 64] = {
     x
 };
 
-impl<E: Elem> Scores<E> for Dot<'_> {
+impl<E: Elem> Scores<Avx512, E> for Dot<'_> {
     // The `vpdpbusd` loop is a quarter of `P V`'s time.
     const K_IN_SCORES: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    unsafe fn scores<const H: usize>(&self, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
+    unsafe fn scores<const H: usize>(&self, _: Avx512, c: &Chunk<E>, qh: usize, next_k: Stream<E>) -> [__m512; H] {
         // One loop per load form, so the quad loop does not test it per quad.
         // SAFETY: this function's features are `dot`'s.
         unsafe {
@@ -155,7 +157,7 @@ impl Dot<'_> {
         // Query codes 4 k .. 4 k + 4 of head j, broadcast.
         // SAFETY: j < H and k < quads: inside the item's words (assert above).
         let qword = |j: usize, k: usize| _mm512_set1_epi32(unsafe { *qp.add(j * quads + k) } as i32);
-        let mut pf = Prefetcher::new(next_k, quads.div_ceil(2));
+        let mut pf = Prefetcher::<true>::with(next_k, quads.div_ceil(2));
         // Two partial sums per head (alternate quads) to hide the instruction's latency.
         let mut s0 = [_mm512_setzero_si512(); H];
         let mut s1 = [_mm512_setzero_si512(); H];

@@ -20,7 +20,9 @@ use super::work::{lse_or_scratch, Partial, Work};
 #[cfg(target_arch = "x86_64")]
 use super::simd::avx2;
 #[cfg(target_arch = "x86_64")]
-use super::{avx512, avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
+use super::simd::avx512;
+#[cfg(target_arch = "x86_64")]
+use super::{avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
 #[cfg(target_arch = "aarch64")]
 use super::simd::neon;
 use crate::error::Result;

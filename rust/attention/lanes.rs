@@ -98,6 +98,24 @@ pub(crate) trait Elements: Lanes {
     /// # Safety
     /// `p .. p + n` is readable.
     unsafe fn widen_part<E: Elem>(self, p: *const E, n: usize) -> Self::V;
+    /// Two runs of `W` elements, at `p` and `p + stride`, as [`Elements::widen`] reads
+    /// them (an implementation may widen both at once).
+    ///
+    /// # Safety
+    /// `p .. p + W` and `p + stride .. p + stride + W` are readable.
+    #[inline(always)]
+    unsafe fn widen_pair<E: Elem>(self, p: *const E, stride: usize) -> [Self::V; 2] {
+        // SAFETY: the contract.
+        unsafe { [self.widen(p), self.widen(p.add(stride))] }
+    }
+    /// Whether `t` holds codes that [`Elements::widen`] misreads (AVX-512 reads e4m3's
+    /// two NaN codes as numbers and checks each tile instead: see `avx512_cvt.rs`): the
+    /// item must then run on another path.
+    #[inline(always)]
+    fn misreads<E: Elem>(self, t: &[E]) -> bool {
+        let _ = t;
+        false
+    }
     /// The scales of tokens `c0..c0 + n` (`n <= W`; the other lanes 0) of a tile times
     /// the load factor, or `None` for an unscaled cache.
     fn scales<E: Elem>(self, ts: &TileScale, c0: usize, n: usize) -> Option<Self::V>;
@@ -172,7 +190,8 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use crate::attention::lanes::{sealed, Elements, Lanes};
-    use crate::attention::{avx2_cvt, avx512};
+    use crate::attention::{avx2_cvt, avx512_cvt};
+    use crate::kv::DType;
     use crate::kv::quant::TileScale;
     use crate::kv::Elem;
 
@@ -286,7 +305,7 @@ mod x86 {
             fn hmax(v: __m512) -> f32 = _mm512_reduce_max_ps;
             fn hsum(v: __m512) -> f32 = _mm512_reduce_add_ps;
             fn lane0(v: __m512) -> f32 = _mm512_cvtss_f32;
-            fn exp2(v: __m512) -> __m512 = avx512::exp2;
+            fn exp2(v: __m512) -> __m512 = avx512_cvt::exp2;
             unsafe fn load(p: *const f32) -> __m512 = _mm512_loadu_ps;
             unsafe fn store(p: *mut f32, v: __m512) -> () = _mm512_storeu_ps;
             // Masked-off lanes are not accessed (fault suppression).
@@ -319,6 +338,51 @@ mod x86 {
         unsafe fn load_part(self, p: *const f32, m: __mmask16) -> __m512 {
             // SAFETY: as `store_part`.
             unsafe { _mm512_maskz_loadu_ps(m, p) }
+        }
+    }
+
+    impl Elements for Avx512 {
+        const ACC_VECS: usize = 4;
+
+        #[inline(always)]
+        fn exp2_each<const H: usize>(self, x: [__m512; H]) -> [__m512; H] {
+            // SAFETY: `self` proves the features.
+            unsafe { avx512_cvt::exp2_each(x) }
+        }
+        #[inline(always)]
+        fn soft_cap_each<const H: usize>(self, s: [__m512; H], c: f32) -> [__m512; H] {
+            // SAFETY: `self` proves the features.
+            unsafe { avx512_cvt::soft_cap_each(s, c) }
+        }
+        #[inline(always)]
+        unsafe fn widen<E: Elem>(self, p: *const E) -> __m512 {
+            // SAFETY: the features (`self`); 16 readable elements (the caller).
+            unsafe { avx512_cvt::load(p, 0xffff) }
+        }
+        #[inline(always)]
+        unsafe fn widen_part<E: Elem>(self, p: *const E, n: usize) -> __m512 {
+            // SAFETY: the features (`self`); the first n elements, the ones unmasked, are
+            // readable (the caller).
+            unsafe { avx512_cvt::load(p, self.first(n)) }
+        }
+        #[inline(always)]
+        unsafe fn widen_pair<E: Elem>(self, p: *const E, stride: usize) -> [__m512; 2] {
+            // SAFETY: the features (`self`); both runs readable (the caller).
+            unsafe { avx512_cvt::load_pair(p, stride) }
+        }
+        #[inline(always)]
+        fn misreads<E: Elem>(self, t: &[E]) -> bool {
+            if E::DTYPE != DType::E4M3 {
+                return false;
+            }
+            // SAFETY: an e4m3 element is its one-byte code (`E4M3` is a transparent `u8`),
+            // so the tile's elements are `len` readable bytes; `self` proves the features.
+            unsafe { avx512_cvt::e4m3_nan_in(std::slice::from_raw_parts(t.as_ptr().cast::<u8>(), t.len())) }
+        }
+        #[inline(always)]
+        fn scales<E: Elem>(self, ts: &TileScale, c0: usize, n: usize) -> Option<__m512> {
+            // SAFETY: `self` proves the features.
+            unsafe { avx512_cvt::scale_vector::<E>(ts, c0, self.first(n)) }
         }
     }
 }

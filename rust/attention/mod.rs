@@ -23,8 +23,7 @@
 //!
 //! # Instruction sets
 //!
-//! [`scalar`] is the portable reference; AVX2 (+ FMA + F16C) and [`avx512`] (AVX-512
-//! F/BW/VL) on x86-64, NEON (Advanced SIMD) on aarch64, are chosen at run time
+//! [`scalar`] is the portable reference; AVX-512 (F/BW/VL) and AVX2 (+ FMA + F16C) on x86-64, NEON (Advanced SIMD) on aarch64, are chosen at run time
 //! by [`Isa::best`], or forced per call (a path of the other architecture is reported as
 //! unsupported). With the opt-in bf16 query (`Precision { q: BF16, .. }`, bf16 and fp8
 //! caches), the AVX-512 path computes the scores with `vdpbf16ps` ([`avx512_bf16`]) when
@@ -49,7 +48,7 @@
 //!
 //! [`isa`] (the paths and the CPU check), [`work`] (what every path reads and writes),
 //! `lanes` (one instruction set's vector, which the shared loops are written over:
-//! `simd` for decode on AVX2 and NEON, `prefill::simd`), the AVX-512 files,
+//! `simd` for decode, `prefill::simd`), the AVX-512 precisions' files,
 //! [`tables`] (the block tables a call reads), `route` (the one selection of what a call
 //! runs, decode and prefill), [`decode`] (plan, run) and `partials` (the items'
 //! accumulators, the merge). The paths depend on `work` only; `decode` depends on the
@@ -63,8 +62,6 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2_cvt;
-#[cfg(target_arch = "x86_64")]
-pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
@@ -90,6 +87,7 @@ mod neon_cvt;
 pub mod scalar;
 mod simd;
 pub mod tables;
+mod tile_kernels;
 pub mod work;
 mod wide;
 

@@ -62,22 +62,12 @@ pub(crate) const FAR_START_LINES: usize = 2;
 
 /// K or V tiles of at most this many bytes may take [`FAR_START_LINES`] (4 KiB tiles, a
 /// page each, read 1-3% slower with them: 8-bit tiles at block size 32, and bf16).
-#[cfg(target_arch = "x86_64")]
 pub(crate) const FAR_START_MAX_BYTES: usize = 2 << 10;
 
 /// Whether a path's tiles of `tile` elements of `E` take only the far tile's first lines
 /// (`Prefetcher<false>`): 8-bit codes, at most [`FAR_START_MAX_BYTES`] a tile.
-#[cfg(target_arch = "x86_64")]
 pub(crate) fn first_far_lines<E: crate::kv::Elem>(tile: usize) -> bool {
     E::DTYPE.is_quantized() && tile * std::mem::size_of::<E>() <= FAR_START_MAX_BYTES
-}
-
-impl Prefetcher {
-    /// Spread `s`'s tiles' lines over `iters` steps (every far line too).
-    #[inline]
-    pub(crate) fn new<E>(s: Stream<E>, iters: usize) -> Self {
-        Self::with(s, iters)
-    }
 }
 
 impl<const FAR_LINES: bool> Prefetcher<FAR_LINES> {
@@ -190,7 +180,7 @@ mod tests {
         for lines in [1usize, 2, 3, 16, 32, 33, 64] {
             let tile = vec![0u8; 64 * lines];
             for iters in [1usize, 2, 5, 16, 32, 64, 100] {
-                let mut pf = Prefetcher::new(Stream { l1: Some(&tile[..]), l2: None }, iters);
+                let mut pf = Prefetcher::<true>::with(Stream { l1: Some(&tile[..]), l2: None }, iters);
                 let first = pf.near;
                 let mut moved = 0;
                 for _ in 0..iters + 3 {
@@ -206,7 +196,7 @@ mod tests {
                 assert!(pf.near as usize - first as usize - 64 * lines < pf.per, "{lines} lines over {iters}: past the tile");
             }
         }
-        let mut idle = Prefetcher::new(Stream::<u8>::NONE, 8);
+        let mut idle = Prefetcher::<true>::with(Stream::<u8>::NONE, 8);
         idle.step();
         assert!(idle.near.is_null() && idle.near == idle.end);
     }
@@ -219,7 +209,7 @@ mod tests {
         let (near, far) = (vec![0u8; 2048], vec![0u8; 2048]);
         for iters in [1usize, 8, 16, 32, 64] {
             let s = Stream { l1: Some(&near[..]), l2: Some(&far[..]) };
-            let (mut a, mut b) = (Prefetcher::new(s, iters), Prefetcher::<false>::with(s, iters));
+            let (mut a, mut b) = (Prefetcher::<true>::with(s, iters), Prefetcher::<false>::with(s, iters));
             assert_eq!((a.near, a.end, a.per), (b.near, b.end, b.per), "{iters} steps");
             assert_eq!(a.far, far.as_ptr().cast(), "the default one steps over the far tile");
             for _ in 0..iters + 2 {

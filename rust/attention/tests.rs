@@ -551,7 +551,7 @@ fn x86_exp2_is_zero_below_its_bound_and_matches_libm_above() {
     };
     if Isa::Avx512.supported() {
         // SAFETY: the CPU has the AVX-512 path's features (checked just above).
-        check("AVX-512", &|x| unsafe { _mm512_cvtss_f32(super::avx512::exp2(_mm512_set1_ps(x))) });
+        check("AVX-512", &|x| unsafe { _mm512_cvtss_f32(super::avx512_cvt::exp2(_mm512_set1_ps(x))) });
     } else {
         skip_loudly("the AVX-512 exp2 check", "this CPU lacks AVX-512");
     }

@@ -1,5 +1,5 @@
 //! What the instruction-set paths share: the work item they read (`Work`, walked in
-//! `Chunk`s), the online-softmax state they write (`Partial`, and `LaneSums` on x86),
+//! `Chunk`s), the online-softmax state they write (`Partial`),
 //! the merge of split results (`merge_row`) and their constants. The query they read is
 //! prepared in `query.rs`.
 
@@ -50,44 +50,13 @@ pub(crate) struct Work<'a, E> {
     pub nan_check: bool,
 }
 
-/// An item's softmax sums kept per lane of a `W`-lane register, one row per query head,
-/// across its chunks (the x86 paths add each chunk's probabilities as a vector: a
-/// horizontal sum per head and chunk cost as much as the rest of the softmax). Starts
-/// from the incoming sums (in lane 0); [`LaneSums::finish`] adds the lanes up.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct LaneSums<const W: usize>(Vec<[f32; W]>);
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-impl<const W: usize> LaneSums<W> {
-    pub fn new(l: &[f32]) -> Self {
-        Self(l.iter().map(|&x| std::array::from_fn(|i| if i == 0 { x } else { 0.0 })).collect())
-    }
-
-    /// The rows, one per query head of the item.
-    pub fn rows(&mut self) -> &mut [[f32; W]] {
-        &mut self.0
-    }
-
-    /// Each head's sum into `l`.
-    pub fn finish(&self, l: &mut [f32]) {
-        for (dst, lanes) in l.iter_mut().zip(&self.0) {
-            *dst = lanes.iter().sum();
-        }
-    }
-}
-
-/// What [`Work`]'s walk calls per chunk: `chunk(hi, first, second, next)` as
-/// [`Work::for_each_chunk_pair`]'s closure takes them. Closures are one; the shared tile
-/// loop implements it on a struct ([`Work::visit_chunks`]).
+/// What [`Work`]'s walk calls per chunk: `chunk(hi, first, second, next)`, `hi` the head's
+/// index in `heads`, `second` the chunk after `first` in the same tile when the walk takes
+/// them two at a time ([`Work::visit_chunk_pairs`]), `next` the tiles to prefetch. A struct
+/// whose `#[inline(always)]` method is compiled into the loop (a closure may be left out
+/// of line: a call per chunk).
 pub(crate) trait Visit<'s, E> {
     fn chunk(&mut self, hi: usize, a: &Chunk<'s, E>, b: Option<&Chunk<'s, E>>, next: Option<Ahead<'s, E>>);
-}
-
-impl<'s, E, F: FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>)> Visit<'s, E> for F {
-    #[inline(always)]
-    fn chunk(&mut self, hi: usize, a: &Chunk<'s, E>, b: Option<&Chunk<'s, E>>, next: Option<Ahead<'s, E>>) {
-        self(hi, a, b, next)
-    }
 }
 
 /// The online-softmax state of one item, per query head: `acc` rows of `head_dim`.
@@ -187,42 +156,29 @@ impl<E: Elem> Work<'_, E> {
 
     /// The item's tiles in reading order (heads within a block, then the next block), cut
     /// into chunks of at most `width` tokens (the first block's from `start`, so a chunk
-    /// may begin at any token of its tile): `f(hi, chunk, next)` with `hi` the head's
-    /// index in `heads` and `next` the tiles to prefetch ([`Ahead`]), given with a tile's
-    /// first chunk only. The walk every SIMD path shares; `#[inline(always)]` so that `f`
-    /// is compiled with the calling kernel's target features.
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn for_each_chunk<'s>(&'s self, width: usize, mut f: impl FnMut(usize, &Chunk<'s, E>, Option<Ahead<'s, E>>)) {
-        self.walk::<false>(width, |hi, a: &Chunk<'s, E>, _: Option<&Chunk<'s, E>>, next| f(hi, a, next));
-    }
-
-    /// [`Self::for_each_chunk`] with a tile's chunks taken two at a time: `f(hi, first,
-    /// second, next)`, `second` the chunk after `first` in the same tile (`None` at the
-    /// tile's end), so a path can spread its per-chunk work (the softmax's set-up, the
-    /// accumulators' loads and stores) over twice the tokens where blocks hold more than
-    /// `width` tokens.
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn for_each_chunk_pair<'s>(
-        &'s self,
-        width: usize,
-        f: impl FnMut(usize, &Chunk<'s, E>, Option<&Chunk<'s, E>>, Option<Ahead<'s, E>>),
-    ) {
-        self.walk::<true>(width, f);
-    }
-
-    /// [`Self::for_each_chunk`] with a [`Visit`] instead of a closure, so that the visit is
-    /// compiled into the caller: its `#[inline(always)]` method is, where a closure may be
-    /// left out of line (a call per chunk).
+    /// may begin at any token of its tile): `v.chunk(hi, chunk, None, next)` with `next`
+    /// given with a tile's first chunk only. The walk every SIMD path shares;
+    /// `#[inline(always)]` so that the visit is compiled with the calling kernel's target
+    /// features.
     #[inline(always)]
     #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
     pub fn visit_chunks<'s>(&'s self, width: usize, v: impl Visit<'s, E>) {
         self.walk::<false>(width, v);
     }
 
-    /// The walk of [`Self::for_each_chunk`] (`PAIRS` false: `f`'s second chunk is always
-    /// `None`) and of [`Self::for_each_chunk_pair`].
+    /// [`Self::visit_chunks`] with a tile's chunks taken two at a time: `chunk(hi, first,
+    /// second, next)`, `second` the chunk after `first` in the same tile (`None` at the
+    /// tile's end), so a path can spread its per-chunk work (the softmax's set-up, the
+    /// accumulators' loads and stores) over twice the tokens where blocks hold more than
+    /// `width` tokens.
+    #[inline(always)]
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+    pub fn visit_chunk_pairs<'s>(&'s self, width: usize, v: impl Visit<'s, E>) {
+        self.walk::<true>(width, v);
+    }
+
+    /// The walk of [`Self::visit_chunks`] (`PAIRS` false: the second chunk is always
+    /// `None`) and of [`Self::visit_chunk_pairs`].
     #[inline(always)]
     fn walk<'s, const PAIRS: bool>(&'s self, width: usize, mut f: impl Visit<'s, E>) {
         let (bs, d) = (self.shape.block_size, self.shape.head_dim);

@@ -105,7 +105,7 @@ pub struct Scales<'a> {
 
 impl<'a> Scales<'a> {
     /// K and V scales of KV head `h` in block `b` (slicing is checked).
-    #[inline]
+    #[inline(always)]
     pub fn tile(&self, b: usize, h: usize) -> (TileScale<'a>, TileScale<'a>) {
         let (hk, bs) = (self.num_kv_heads, self.block_size);
         match self.kind {
