@@ -6,7 +6,9 @@ use std::ops::Range;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use super::isa::{Features, Isa, Supported};
+#[cfg(target_arch = "x86_64")]
+use super::isa::Isa;
+use super::isa::{Features, Supported};
 #[cfg(target_arch = "x86_64")]
 use super::route::Kernel512;
 use super::route::Route;
@@ -17,14 +19,9 @@ use super::query::{int8_query, scaled_query};
 use super::partials::{finish_alone, merge_split, scratch_rows, slots, spans, Rows, Slot};
 use super::wide::{self, all_finite, Logits};
 use super::work::{lse_or_scratch, Partial, Work};
-#[cfg(target_arch = "x86_64")]
-use super::simd::avx2;
-#[cfg(target_arch = "x86_64")]
-use super::simd::avx512;
+use super::simd::run_on;
 #[cfg(target_arch = "x86_64")]
 use super::{avx512_bf16, avx512_e4m3, avx512_fp16, avx512_vnni};
-#[cfg(target_arch = "aarch64")]
-use super::simd::neon;
 use crate::error::Result;
 use crate::invalid;
 use crate::runtime::threads::run_workers;
@@ -283,14 +280,14 @@ fn run_item<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) {
                 Kernel512::Int8Dot => avx512_vnni::run(w, p),
                 Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
                 Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
-                Kernel512::F16 { tables: false } | Kernel512::Plain => avx512::run(w, p),
+                Kernel512::F16 { tables: false } | Kernel512::Plain => run_on(route.path(), w, p),
             }
         }
     } else {
-        run_path(route.path(), w, p);
+        run_on(route.path(), w, p);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    run_path(route.path(), w, p);
+    run_on(route.path(), w, p);
     // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
     // every conversion): the item runs again on the AVX2 path, whose conversion gives
     // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
@@ -299,24 +296,10 @@ fn run_item<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) {
         p.reset();
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = Supported::check(Isa::Avx2, route.features()) {
-            run_path(avx2, w, p);
+            run_on(avx2, w, p);
             return;
         }
         scalar::run(w, p);
-    }
-}
-
-/// The paths without kernels of their own.
-fn run_path<E: Elem>(path: Supported, w: &Work<E>, p: &mut Partial) {
-    match path.isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Supported` holds only a path this CPU runs, i.e. the CPU has every
-        // feature the path is compiled for.
-        Isa::Avx2 => unsafe { avx2::run(w, p) },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above.
-        Isa::Neon => unsafe { neon::run(w, p) },
-        _ => scalar::run(w, p),
     }
 }
 

@@ -40,6 +40,7 @@
 // Register tiles are small fixed arrays indexed by head and vector: index loops read best.
 #![allow(clippy::needless_range_loop)]
 
+use super::isa::{Isa, Supported};
 use super::lanes::{entry, Elements, Lanes};
 use super::prefetch::{first_far_lines, Prefetcher, Stream};
 use super::query::interleave_query;
@@ -283,6 +284,23 @@ stages!(crate::attention::lanes::Avx512, "avx512f,avx512bw,avx512vl,fma,f16c", f
 stages!(crate::attention::lanes::Avx2, "avx2,fma,f16c", far: false, pairs: false, apart: true);
 #[cfg(target_arch = "aarch64")]
 stages!(crate::attention::lanes::Neon, "neon", far: false, pairs: false, apart: true);
+
+/// One item on `path`'s tile loop (the scalar loop for a path without SIMD). The one list
+/// of the decode paths.
+pub(crate) fn run_on<E: Elem>(path: Supported, w: &Work<E>, p: &mut Partial) {
+    match path.isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Supported` holds only a path this CPU runs: the CPU has its features.
+        Isa::Avx512 => unsafe { avx512::run(w, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::run(w, p) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::run(w, p) },
+        _ => super::scalar::run(w, p),
+    }
+}
 
 /// One item on the path's own scores and `P V`.
 #[inline(always)]

@@ -13,8 +13,6 @@ use super::wide::{self, Logits};
 use crate::kv::{DType, KvCache, KvShape};
 
 /// Every storage dtype: the kernels' references run on the dequantized values.
-pub(super) const ALL_DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I8, DType::E4M3, DType::E5M2];
-
 /// Say on the terminal, past the test harness's output capture, that `what` was not
 /// tested on this CPU: `cargo test` has no "skipped" state, and a silent early return
 /// would read as a pass.
@@ -197,7 +195,7 @@ fn compare(c: &KvCache, hq: usize, t: &SeqTables, m: Mode) {
 
 #[test]
 fn all_paths_match_reference_over_shapes() {
-    for dtype in ALL_DTYPES {
+    for dtype in DType::ALL {
         for (bs, hkv, hq, d) in [(16, 2, 8, 128), (1, 1, 1, 64), (8, 4, 4, 80), (32, 1, 8, 96), (5, 2, 6, 7), (17, 1, 3, 256)] {
             let s = shape(bs, hkv, d, 40);
             check(s, dtype, hq, &[1, bs, bs + 1, 3 * bs - 1, 0], Mode::default());
@@ -213,7 +211,7 @@ fn all_paths_match_reference_over_shapes() {
 fn all_paths_match_reference_over_the_issue_grid() {
     let heads = [(1, 1), (2, 4), (1, 8), (8, 8), (2, 6), (1, 3), (4, 8), (1, 5), (1, 7), (2, 16), (4, 4), (8, 16)];
     let mut k = 0;
-    for dtype in ALL_DTYPES {
+    for dtype in DType::ALL {
         for d in [64, 80, 96, 128, 256] {
             for bs in [1, 8, 16, 32] {
                 let (hkv, hq) = heads[k % heads.len()];
@@ -235,7 +233,7 @@ fn all_paths_match_reference_over_the_issue_grid() {
 /// block or one token into it.
 #[test]
 fn last_token_of_the_pools_last_block_is_read() {
-    for dtype in ALL_DTYPES {
+    for dtype in DType::ALL {
         for (bs, d) in [(5, 7), (17, 13), (3, 20), (16, 64), (33, 6), (1, 1)] {
             let (c, t, _) = last_block_case(dtype, bs, d, 1.0);
             for (split, kpi) in [(None, None), (Some(1), Some(1))] {

@@ -14,7 +14,11 @@
 //! shapes (one thread, AVX-512 and AVX2) 8-bit was within noise of bf16 per query token
 //! both with this pack and with the earlier convert-then-scale one.
 
+use std::any::TypeId;
+
 use super::plan::TW;
+use crate::kv::elem::{E4M3, E5M2};
+use crate::kv::quant::TileScale;
 use crate::kv::Elem;
 
 /// Where the tokens `c0..c0 + n` of one (block, head) tile go: key `o` of the K pack
@@ -93,4 +97,31 @@ pub(super) fn fp8<C: Elem>(kt: &[C], vt: &[C], byte: impl Fn(C) -> u8, code: imp
     for x in 0..n * d {
         dst[x] = lut.v[byte(src[x]) as usize];
     }
+}
+
+/// An 8-bit tile's tokens into the f32 packs, by its type.
+pub(super) fn codes<E: Elem>(kt: &[E], vt: &[E], (ks, vs): (TileScale, TileScale), t: Dst, lut: &mut Lut) {
+    match (ks, vs) {
+        (TileScale::Token(a), TileScale::Token(b)) => match (same::<E, i8>(kt), same::<E, i8>(vt)) {
+            (Some(k), Some(v)) => int8(k, v, a, b, t),
+            _ => unreachable!("per-token scales belong to int8"),
+        },
+        (TileScale::Head(a), TileScale::Head(b)) => {
+            if let (Some(k), Some(v)) = (same::<E, E4M3>(kt), same::<E, E4M3>(vt)) {
+                fp8(k, v, |c| c.0, E4M3, (a, b), lut, t)
+            } else if let (Some(k), Some(v)) = (same::<E, E5M2>(kt), same::<E, E5M2>(vt)) {
+                fp8(k, v, |c| c.0, E5M2, (a, b), lut, t)
+            } else {
+                unreachable!("per-head scales belong to fp8")
+            }
+        }
+        _ => unreachable!("8-bit tiles have scales"),
+    }
+}
+
+/// `src` as a slice of `T` when `E` is `T`.
+#[inline(always)]
+pub(super) fn same<E: 'static, T: 'static>(src: &[E]) -> Option<&[T]> {
+    // SAFETY: the type ids are equal, so E and T are the same type.
+    (TypeId::of::<E>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<T>(), src.len()) })
 }

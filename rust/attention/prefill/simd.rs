@@ -37,6 +37,26 @@ macro_rules! dispatch {
 #[cfg(target_arch = "x86_64")]
 pub(super) use dispatch;
 
+/// `on_path!(path, stage(args))`: the micro-kernel `stage` on the `Supported` `path`, its
+/// entry below (the scalar one for a path without SIMD). The one list of this file's paths.
+macro_rules! on_path {
+    ($path:expr, $stage:ident($($a:expr),*)) => {
+        match $path.isa() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Supported` holds only a path this CPU runs: the CPU has its features.
+            $crate::attention::isa::Isa::Avx512 => unsafe { $crate::attention::prefill::simd::avx512::$stage($($a),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            $crate::attention::isa::Isa::Avx2 => unsafe { $crate::attention::prefill::simd::avx2::$stage($($a),*) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            $crate::attention::isa::Isa::Neon => unsafe { $crate::attention::prefill::simd::neon::$stage($($a),*) },
+            _ => $crate::attention::prefill::scalar::$stage($($a),*),
+        }
+    };
+}
+pub(super) use on_path;
+
 entry! {
     crate::attention::prefill::simd;
     [

@@ -6,7 +6,7 @@ use super::*;
 use crate::attention::isa::Isa;
 use crate::attention::decode::{decode_attention, DecodeOptions};
 use crate::attention::test_util::{filled, last_block_case, on, refusal, shape, Lcg, BF16_PV, BF16_QUERY, BF16_QUERY_PV, F16_PRECISION, INT8_QUERY};
-use crate::attention::tests::{ALL_DTYPES, CAPS};
+use crate::attention::tests::CAPS;
 
 /// The layer's stored K and V as f64 (8-bit: codes times scales), in the logical order
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`.
@@ -131,7 +131,7 @@ fn random_q(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn all_paths_match_reference_over_masks_shapes_and_dtypes() {
-    for dtype in ALL_DTYPES {
+    for dtype in DType::ALL {
         for (bs, hkv, g, d) in [(16, 2, 4, 64), (5, 1, 3, 13), (1, 2, 1, 8), (64, 1, 8, 32), (7, 3, 2, 20)] {
             let nb = 40usize.div_ceil(bs) * 3 + 2;
             let c = filled(shape(bs, hkv, d, nb), dtype, (bs * 31 + d) as u64, 2.0);
@@ -272,7 +272,7 @@ fn windows_read_only_keys_some_query_sees() {
 /// last block, read through the last KV head, with tiles and head dims ending mid-vector.
 #[test]
 fn last_token_of_the_pools_last_block_is_read() {
-    for dtype in ALL_DTYPES {
+    for dtype in DType::ALL {
         for (bs, d) in [(5, 7), (17, 13), (16, 64), (33, 6), (1, 1), (64, 130)] {
             let (c, t, lens) = last_block_case(dtype, bs, d, 2.0);
             let nq = [lens[0].min(3), lens[1].min(2), lens[2]];

@@ -10,16 +10,16 @@
 //! each K/V element of the tile is read from the cache once per item and reused by all
 //! of its rows (64 by default), so the copy costs a few percent of the arithmetic.
 
-use std::any::TypeId;
-
 use super::mask::{cover, Cover};
-use super::pack_q8::{self, Dst, Lut};
+use super::pack_q8::{self, same, Dst, Lut};
 use super::plan::Item;
 use super::plan::TW;
-use crate::attention::isa::{Isa, Supported};
+use super::simd::on_path;
+#[cfg(target_arch = "x86_64")]
+use crate::attention::isa::Isa;
+use crate::attention::isa::Supported;
 use crate::attention::tables::Visible;
 use super::mask::Span;
-use crate::kv::elem::{E4M3, E5M2};
 use crate::kv::quant::{Scales, TileScale};
 use crate::kv::Elem;
 
@@ -215,7 +215,7 @@ fn pack_keys<'a, E: Elem>(
     if E::DTYPE.is_quantized() {
         // 8-bit (a bf16 query comes as the rounded f32 one; bf16 probabilities are
         // refused for them): codes times scales.
-        pack_codes(kt, vt, (ks, vs), Dst { kp: &mut sc.kp, vp: &mut sc.vp, o, c0, n, bs, d }, &mut sc.lut);
+        pack_q8::codes(kt, vt, (ks, vs), Dst { kp: &mut sc.kp, vp: &mut sc.vp, o, c0, n, bs, d }, &mut sc.lut);
         return;
     }
     if ctx.q_bf16.is_some() {
@@ -231,26 +231,6 @@ fn pack_keys<'a, E: Elem>(
         }
     } else {
         widen(&vt[c0 * d..(c0 + n) * d], &mut sc.vp[o * d..(o + n) * d]);
-    }
-}
-
-/// An 8-bit tile's tokens into the f32 packs, by its type ([`pack_q8`]).
-fn pack_codes<E: Elem>(kt: &[E], vt: &[E], (ks, vs): (TileScale, TileScale), t: Dst, lut: &mut Lut) {
-    match (ks, vs) {
-        (TileScale::Token(a), TileScale::Token(b)) => match (same::<E, i8>(kt), same::<E, i8>(vt)) {
-            (Some(k), Some(v)) => pack_q8::int8(k, v, a, b, t),
-            _ => unreachable!("per-token scales belong to int8"),
-        },
-        (TileScale::Head(a), TileScale::Head(b)) => {
-            if let (Some(k), Some(v)) = (same::<E, E4M3>(kt), same::<E, E4M3>(vt)) {
-                pack_q8::fp8(k, v, |c| c.0, E4M3, (a, b), lut, t)
-            } else if let (Some(k), Some(v)) = (same::<E, E5M2>(kt), same::<E, E5M2>(vt)) {
-                pack_q8::fp8(k, v, |c| c.0, E5M2, (a, b), lut, t)
-            } else {
-                unreachable!("per-head scales belong to fp8")
-            }
-        }
-        _ => unreachable!("8-bit tiles have scales"),
     }
 }
 
@@ -299,13 +279,6 @@ fn pack_token_pairs<E: Elem>(rows: &[&[E]], d: usize, dst: &mut [u32]) {
     }
 }
 
-/// `src` as a slice of `T` when `E` is `T`.
-#[inline(always)]
-fn same<E: 'static, T: 'static>(src: &[E]) -> Option<&[T]> {
-    // SAFETY: the type ids are equal, so E and T are the same type.
-    (TypeId::of::<E>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<T>(), src.len()) })
-}
-
 /// Widen `src` to f32 into `dst` (same length): a copy for f32, half's SIMD conversions
 /// for f16 and bf16.
 fn widen<E: Elem>(src: &[E], dst: &mut [f32]) {
@@ -350,62 +323,30 @@ fn pack_pairs<E: Elem>(kt: &[E], bs: usize, c0: usize, n: usize, d: usize, dst: 
 /// units before the soft cap).
 fn scores<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize) {
     let d = ctx.shape.head_dim;
-    match ctx.path.isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `q_bf16` is set only where `Route::select` chose `vdpbf16ps` for (features with
-        // avx512bf16, a subset of this CPU's), on the AVX-512 path (`Supported`).
-        Isa::Avx512 if ctx.q_bf16.is_some() => unsafe {
-            super::avx512_bf16::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, ctx.q_bf16.map_or(1.0, |x| x.1), &mut sc.s)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Supported` holds only a path this CPU runs.
-        Isa::Avx512 => unsafe { super::simd::avx512::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { super::simd::avx2::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above.
-        Isa::Neon => unsafe { super::simd::neon::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s) },
-        _ => super::scalar::qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s),
+    #[cfg(target_arch = "x86_64")]
+    if ctx.path.isa() == Isa::Avx512 && ctx.q_bf16.is_some() {
+        let factor = ctx.q_bf16.map_or(1.0, |x| x.1);
+        // SAFETY: `q_bf16` is set only where `Route::select` chose `vdpbf16ps` for (features
+        // with avx512bf16, a subset of this CPU's), on the AVX-512 path (`Supported`).
+        unsafe { super::avx512_bf16::qk_dot(&sc.qb, rows, d.div_ceil(2), &sc.kpb, ntok, factor, &mut sc.s) };
+        return;
     }
+    on_path!(ctx.path, qk(&sc.q, rows, d, &sc.kp, ntok, &mut sc.s));
 }
 
 /// Online softmax of the tile's scores and `acc = alpha * acc + P V`.
 fn softmax_pv<E>(ctx: &Ctx<E>, sc: &mut Scratch, rows: usize, ntok: usize, d: usize, p: &mut Partial) {
     let (s, alpha, vp) = (&mut sc.s, &mut sc.alpha, &sc.vp);
-    match ctx.path.isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Supported` holds only a path this CPU runs; `PvMode::Dot` is set only
-        // where `Route::select` chose `vdpbf16ps` (features with avx512bf16).
-        Isa::Avx512 => unsafe {
-            super::simd::avx512::softmax(s, rows, ntok, p.m, p.l, alpha);
-            if ctx.pv == PvMode::Dot {
-                super::avx512_bf16::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc);
-                return;
-            }
-            round_probs(ctx.pv, s, rows, ntok);
-            super::simd::avx512::pv(s, rows, ntok, d, vp, alpha, p.acc);
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe {
-            super::simd::avx2::softmax(s, rows, ntok, p.m, p.l, alpha);
-            round_probs(ctx.pv, s, rows, ntok);
-            super::simd::avx2::pv(s, rows, ntok, d, vp, alpha, p.acc);
-        },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: as above.
-        Isa::Neon => unsafe {
-            super::simd::neon::softmax(s, rows, ntok, p.m, p.l, alpha);
-            round_probs(ctx.pv, s, rows, ntok);
-            super::simd::neon::pv(s, rows, ntok, d, vp, alpha, p.acc);
-        },
-        _ => {
-            super::scalar::softmax(s, rows, ntok, p.m, p.l, alpha);
-            round_probs(ctx.pv, s, rows, ntok);
-            super::scalar::pv(s, rows, ntok, d, vp, alpha, p.acc);
-        }
+    on_path!(ctx.path, softmax(s, rows, ntok, p.m, p.l, alpha));
+    #[cfg(target_arch = "x86_64")]
+    if ctx.path.isa() == Isa::Avx512 && ctx.pv == PvMode::Dot {
+        // SAFETY: `PvMode::Dot` is set only where `Route::select` chose `vdpbf16ps` (features
+        // with avx512bf16, a subset of this CPU's) on the AVX-512 path.
+        unsafe { super::avx512_bf16::pv_dot(s, rows, ntok, d, &sc.vpb, alpha, p.acc) };
+        return;
     }
+    round_probs(ctx.pv, s, rows, ntok);
+    on_path!(ctx.path, pv(s, rows, ntok, d, vp, alpha, p.acc));
 }
 
 /// With bf16 probabilities off the `vdpbf16ps` path: round the probabilities to bf16 in place.
