@@ -49,7 +49,6 @@ pub(crate) use super::tile_kernels::{Probs, HT, MAX_W};
 use super::work::{Ahead, Chunk, Partial, Visit, Work, LAZY_MAX};
 use crate::kv::Elem;
 
-
 entry! {
     crate::attention::simd;
     [fn run<E: Elem>(w: &Work<E>, p: &mut Partial) = run;]
