@@ -269,25 +269,9 @@ fn check_call(
 /// Run one work item on its call's route; safe for any input because only
 /// [`Route::select`] makes a route.
 fn run_item<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) {
-    #[cfg(target_arch = "x86_64")]
-    if route.path().isa() == Isa::Avx512 {
-        // SAFETY: (every arm) the route's path is AVX-512, so the CPU has its features
-        // (`Supported`); `Route::select` chose each other kernel only where its features,
-        // a subset of this CPU's, have the feature the kernel adds.
-        unsafe {
-            match route.kernel() {
-                Kernel512::Bf16Dot => avx512_bf16::run(w, p),
-                Kernel512::Int8Dot => avx512_vnni::run(w, p),
-                Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
-                Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
-                Kernel512::F16 { tables: false } | Kernel512::Plain => run_on(route.path(), w, p),
-            }
-        }
-    } else {
+    if !run_precision(route, w, p) {
         run_on(route.path(), w, p);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    run_on(route.path(), w, p);
     // The AVX-512 path read an e4m3 NaN code as a number (it checks tiles instead of
     // every conversion): the item runs again on the AVX2 path, whose conversion gives
     // NaN codes NaN and whose softmax treats a NaN score as the AVX-512 one did (a zero
@@ -301,6 +285,34 @@ fn run_item<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) {
         }
         scalar::run(w, p);
     }
+}
+
+/// The item on the kernel of an AVX-512 precision that computes with other instructions,
+/// where the route chose one: whether it ran (else the path's own loop runs it).
+#[cfg(target_arch = "x86_64")]
+fn run_precision<E: Elem>(route: Route, w: &Work<E>, p: &mut Partial) -> bool {
+    if route.path().isa() != Isa::Avx512 {
+        return false;
+    }
+    // SAFETY: (every arm) the route's path is AVX-512, so the CPU has its features
+    // (`Supported`); `Route::select` chose each kernel only where its features, a subset
+    // of this CPU's, have the feature the kernel adds.
+    unsafe {
+        match route.kernel() {
+            Kernel512::Bf16Dot => avx512_bf16::run(w, p),
+            Kernel512::Int8Dot => avx512_vnni::run(w, p),
+            Kernel512::F16 { .. } if avx512_fp16::scales_fit(w) => avx512_fp16::run(w, p),
+            Kernel512::F16 { tables: true } | Kernel512::Tables => avx512_e4m3::run(w, p),
+            Kernel512::F16 { tables: false } | Kernel512::Plain => return false,
+        }
+    }
+    true
+}
+
+/// No precision has a kernel of its own off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+fn run_precision<E: Elem>(_: Route, _: &Work<E>, _: &mut Partial) -> bool {
+    false
 }
 
 /// Cut every (sequence, head group)'s visible runs into items of whole blocks (at least

@@ -3,7 +3,8 @@
 //!
 //! A value of one of these types proves that the CPU runs its instruction set: only the
 //! `unsafe` [`Lanes::assume`] makes one, so the methods are safe. A stage is a generic
-//! function over `L: Lanes` marked `#[inline(always)]`, and [`entry`] writes its entry
+//! function over `L: Lanes` marked `#[inline(always)]`, and [`entry`] (over the
+//! list of [`paths`]) writes its entry
 //! per instruction set with the `#[target_feature]` attribute, so that the stage and every
 //! method it calls are compiled into that entry with the instruction set's features.
 //! Adding an instruction set to those stages is an implementation here.
@@ -159,6 +160,23 @@ macro_rules! entry {
     };
 }
 pub(crate) use entry;
+
+/// `paths!(entry! { $module; [stages] })`: [`entry`] over the one list of SIMD paths, each
+/// with its [`Lanes`] type and its `#[target_feature]` list.
+macro_rules! paths {
+    ($m:ident! { $($pre:tt)* }) => {
+        $m! {
+            $($pre)*
+            #[cfg(target_arch = "x86_64")]
+            avx512 = crate::attention::lanes::Avx512, "avx512f,avx512bw,avx512vl,fma,f16c";
+            #[cfg(target_arch = "x86_64")]
+            avx2 = crate::attention::lanes::Avx2, "avx2,fma,f16c";
+            #[cfg(target_arch = "aarch64")]
+            neon = crate::attention::lanes::Neon, "neon";
+        }
+    };
+}
+pub(crate) use paths;
 
 /// Methods of a [`Lanes`] impl that call one function with their arguments:
 /// `[unsafe] fn name(args) -> R = function;`.

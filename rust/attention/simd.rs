@@ -41,7 +41,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::isa::{Isa, Supported};
-use super::lanes::{entry, Elements, Lanes};
+use super::lanes::{entry, paths, Elements, Lanes};
 use super::prefetch::{first_far_lines, Prefetcher, Stream};
 use super::query::interleave_query;
 use super::tile_kernels::{pv, scores};
@@ -49,16 +49,10 @@ pub(crate) use super::tile_kernels::{Probs, HT, MAX_W};
 use super::work::{Ahead, Chunk, Partial, Visit, Work, LAZY_MAX};
 use crate::kv::Elem;
 
-entry! {
+paths!(entry! {
     crate::attention::simd;
     [fn run<E: Elem>(w: &Work<E>, p: &mut Partial) = run;]
-    #[cfg(target_arch = "x86_64")]
-    avx512 = crate::attention::lanes::Avx512, "avx512f,avx512bw,avx512vl,fma,f16c";
-    #[cfg(target_arch = "x86_64")]
-    avx2 = crate::attention::lanes::Avx2, "avx2,fma,f16c";
-    #[cfg(target_arch = "aarch64")]
-    neon = crate::attention::lanes::Neon, "neon";
-}
+});
 
 /// How a head tile gets its scores: [`Exact`] (f32 query, K widened exactly) or a
 /// precision's dot-product instructions.

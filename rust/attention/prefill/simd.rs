@@ -18,7 +18,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::plan::TW;
-use crate::attention::lanes::{entry, Lanes};
+use crate::attention::lanes::{entry, paths, Lanes};
 
 /// Call `$f::<[$l,] H, V>($args)` for a run-time `h` in 1..=6 and `v` in 1..=4 (the
 /// stages here bound them by `L::ROWS` and `L::VECS`, so the larger arms fold away).
@@ -57,20 +57,14 @@ macro_rules! on_path {
 }
 pub(super) use on_path;
 
-entry! {
+paths!(entry! {
     crate::attention::prefill::simd;
     [
         fn qk(q: &[f32], rows: usize, d: usize, kp: &[f32], ntok: usize, s: &mut [f32]) = qk;
         fn softmax(s: &mut [f32], rows: usize, ntok: usize, m: &mut [f32], l: &mut [f32], alpha: &mut [f32]) = softmax;
         fn pv(p: &[f32], rows: usize, ntok: usize, d: usize, vp: &[f32], alpha: &[f32], o: &mut [f32]) = pv;
     ]
-    #[cfg(target_arch = "x86_64")]
-    avx2 = crate::attention::lanes::Avx2, "avx2,fma,f16c";
-    #[cfg(target_arch = "x86_64")]
-    avx512 = crate::attention::lanes::Avx512, "avx512f,avx512bw,avx512vl,fma,f16c";
-    #[cfg(target_arch = "aarch64")]
-    neon = crate::attention::lanes::Neon, "neon";
-}
+});
 
 /// Scores `s[r][t] = q[r] . kp[.][t]` of `rows` rows for `ntok <= TW` keys (lanes up to
 /// the next multiple of `W` are computed too, from whatever the pack holds).
