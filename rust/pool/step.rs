@@ -94,7 +94,10 @@ impl BlockPool {
         out.total_tokens = len;
         let mut tables = GroupTables::with_capacity(g_count);
         for g in 0..g_count {
-            let mut blocks = Vec::with_capacity(nb);
+            // Room to grow: the decode that follows appends its first blocks without moving
+            // the table (a move at every table's first new block made the first steps after
+            // an admission cost 3-8x the steady state's).
+            let mut blocks = Vec::with_capacity(nb + nb / 8 + 8);
             for _ in 0..nb {
                 // Checked by the caller: a failure here is a bug, reported after cleanup.
                 let Ok(b) = self.take_block() else {
