@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::tiers::TierLoad;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::types::{BlockId, SeqId};
 use allocator::BlockAllocator;
@@ -92,6 +93,10 @@ pub struct StepOutput {
     pub cow: Vec<(BlockId, BlockId)>,
     /// Length of each sequence after the call, in tokens.
     pub seq_lens: Vec<i32>,
+    /// Blocks an admission's hit takes from the tiers below the device: their bytes must
+    /// arrive in the device blocks before anything reads those (after the call's tier
+    /// moves, [`crate::prefix_cache::tiers::Move`]).
+    pub loads: Vec<TierLoad>,
 }
 
 impl StepOutput {
@@ -100,6 +105,7 @@ impl StepOutput {
         self.total_tokens = 0;
         self.cow.clear();
         self.seq_lens.clear();
+        self.loads.clear();
     }
 }
 

@@ -48,6 +48,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
+use crate::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierLoad};
 use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
@@ -167,12 +168,15 @@ struct HitPlan {
     /// Distinct held and copied blocks that are idle and evictable now (taking them
     /// revives them).
     revived: usize,
+    /// Blocks after `hb` that the tiers below the device hold in every group: the
+    /// admission allocates them and loads their bytes instead of computing them.
+    tb: usize,
 }
 
 impl HitPlan {
-    /// Tokens the admission serves from the cache.
+    /// Tokens the admission serves from the cache (the device's and the tiers').
     fn cached(&self, len: usize, bs: usize) -> usize {
-        if self.copies.is_some() { len - 1 } else { self.hb * bs }
+        if self.copies.is_some() { len - 1 } else { (self.hb + self.tb) * bs }
     }
 }
 
@@ -202,6 +206,21 @@ impl BlockPool {
     pub fn reset_prefix_cache(&mut self) -> Result<usize> {
         let c = self.cache.as_deref_mut().ok_or_else(|| invalid!("prefix caching is off for this pool"))?;
         c.reset(&mut self.alloc)
+    }
+
+    /// Give the prefix cache tiers below the device ([`PrefixCache::set_tiers`]): blocks it
+    /// evicts go down them, and an admission's hit continues into them (the blocks it finds
+    /// there are allocated and listed in `StepOutput::loads`). `InvalidArgument` without
+    /// prefix caching, with a windowed group, or for a configuration the tiers refuse.
+    pub fn set_tiers(&mut self, tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<()> {
+        self.cache_mut()?.set_tiers(tiers, gate)
+    }
+
+    /// The tiers' decisions since the last call, oldest first (none without tiers): the
+    /// byte layer carries them out in order, before the call's loads.
+    pub fn drain_tier_moves(&mut self, out: &mut Vec<Move>) -> Result<()> {
+        self.cache_mut()?.drain_tier_moves(out);
+        Ok(())
     }
 
     /// The cache's counters; `InvalidArgument` without prefix caching.
@@ -331,7 +350,55 @@ impl BlockPool {
         let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).chain(copied).filter(|&b| c.is_evictable(b, &self.alloc)).collect();
         revived.sort_unstable();
         revived.dedup();
-        Ok(HitPlan { hits, found, hb, held, copies, revived: revived.len() })
+        let tb = if copies.is_none() { self.tier_run(q, hb, cap) } else { 0 };
+        Ok(HitPlan { hits, found, hb, held, copies, revived: revived.len(), tb })
+    }
+
+    /// How many full blocks from `from` (below `to`) continue the prompt's chain in the
+    /// tiers below the device, in every group. Pure.
+    fn tier_run(&self, q: Query<'_>, from: usize, to: usize) -> usize {
+        let Some(c) = self.cache.as_deref().filter(|c| c.has_tiers()) else { return 0 };
+        let bs = self.block_size;
+        let held = |i: usize| {
+            let parent = i.checked_sub(1).map(|p| q.keys[p]);
+            let tokens = q.tokens.map(|t| &t[i * bs..(i + 1) * bs]);
+            (0..self.groups.len()).all(|g| c.tier_holds(g, q.keys[i], parent, q.extra, tokens))
+        };
+        (from..to).take_while(|&i| held(i)).count()
+    }
+
+    /// Take the plan's tier blocks out of the tiers, before the admission allocates (an
+    /// eviction it causes may push blocks down the tiers): `(group, block index, tier, slot)`.
+    fn take_tier_blocks(&mut self, plan: &HitPlan, q: Query<'_>) -> Vec<(usize, usize, usize, u32)> {
+        let (bs, hb, tb, groups) = (self.block_size, plan.hb, plan.tb, self.groups.len());
+        let Some(c) = self.cache.as_deref_mut().filter(|_| tb > 0) else { return Vec::new() };
+        let mut taken = Vec::with_capacity(groups * tb);
+        for g in 0..groups {
+            for i in hb..hb + tb {
+                let parent = i.checked_sub(1).map(|p| q.keys[p]);
+                let tokens = q.tokens.map(|t| &t[i * bs..(i + 1) * bs]);
+                if let Some((tier, slot)) = c.take_from_tiers(g, q.keys[i], parent, q.extra, tokens) {
+                    taken.push((g, i, tier, slot));
+                }
+            }
+        }
+        taken
+    }
+
+    /// The loads of the taken tier blocks into the admission's new blocks (`out.loads`),
+    /// and their tokens dropped from the slots to compute.
+    fn place_loads(&self, taken: &[(usize, usize, usize, u32)], tb: usize, tables: &[GroupTable], out: &mut StepOutput) {
+        for &(g, i, tier, slot) in taken {
+            if let Some(block) = tables[g].get(i) {
+                out.loads.push(TierLoad { tier, slot, block });
+            }
+        }
+        let (n, skip) = (out.total_tokens, tb * self.block_size);
+        if skip > 0 {
+            let kept: Vec<i64> = out.slots.chunks_exact(n).flat_map(|row| row[skip..].iter().copied()).collect();
+            out.slots = kept;
+            out.total_tokens = n - skip;
+        }
     }
 
     /// The copy sources of a partial hit of `p` tokens (`hb * bs < p < (hb + 1) * bs`):
@@ -357,7 +424,7 @@ impl BlockPool {
         Self::checked_len(0, len)?;
         let plan = self.hit_plan(Query { keys, tokens, extra, len }, false)?;
         let bs = self.block_size;
-        Ok((plan.hb * bs, self.groups.len() * (len.div_ceil(bs) - plan.hb) + plan.revived))
+        Ok(((plan.hb + plan.tb) * bs, self.groups.len() * (len.div_ceil(bs) - plan.hb) + plan.revived))
     }
 
     /// The admission proper: `keys` has one key per full block at least.
@@ -373,6 +440,7 @@ impl BlockPool {
             return Err(KvError::PoolExhausted { requested: need, free });
         }
         // Commit: nothing below fails except through a bug.
+        let taken = self.take_tier_blocks(&plan, q);
         let mut tables = self.take_hit(&plan.held, hb);
         self.take_copies_and_touch(&plan);
         let n = len - hb * bs;
@@ -386,6 +454,7 @@ impl BlockPool {
         if let Some(copies) = &plan.copies {
             self.finish_copies(copies, &tables, hb, out);
         }
+        self.place_loads(&taken, plan.tb, &tables, out);
         out.seq_lens.push(len as i32);
         self.register(&tables, q, hb, keys.len());
         self.record_hit(&plan, keys.len(), len, cached)?;

@@ -144,6 +144,7 @@ impl BlockPool {
         out.total_tokens = 0;
         out.cow.clear();
         out.seq_lens.clear();
+        out.loads.clear();
         let mut ones = std::mem::take(&mut self.decode.ones);
         if ones.len() < seqs.len() {
             ones.resize(seqs.len(), 1);

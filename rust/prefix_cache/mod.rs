@@ -26,6 +26,11 @@
 //! the lineage, `lineage.rs`), is never a parent, and is therefore always a leaf: any idle windowed
 //! block may be evicted, in the policy's order.
 //!
+//! Tiers (`tiers.rs`, `spill.rs`): with them, a block the cache evicts goes down to the
+//! host tier and on to the disk tier instead of being forgotten, and an admission's hit
+//! continues into them past the device's chain. Only the decisions live here; the bytes
+//! follow the moves and loads the pool reports (`crate::offload`).
+//!
 //! The clock (`now`) is logical: the count of completed pool operations, or a step the
 //! caller sets. It stamps events and expires pins; it never reads the wall clock.
 
@@ -38,6 +43,8 @@ pub mod eviction;
 mod lineage;
 mod meta;
 mod pinning;
+mod spill;
+pub mod tiers;
 pub mod pins;
 mod types;
 
@@ -49,6 +56,7 @@ use crate::error::{filled, Result};
 use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::invalid;
 use crate::prefix_cache::pins::PinTable;
+use crate::prefix_cache::tiers::{Move, Tiers};
 use crate::types::BlockId;
 
 use lineage::Lineage;
@@ -105,6 +113,9 @@ pub struct PrefixCache {
     windowed: Vec<bool>,
     /// The prefixes of verified windowed blocks, token by token.
     lineage: Lineage,
+    /// The tiers below the device, if any (`spill.rs`), and their decisions not yet drained.
+    tiers: Option<Box<Tiers>>,
+    tier_moves: Vec<Move>,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -207,6 +218,8 @@ impl PrefixCache {
             events: EventQueue::new(cfg.max_events),
             windowed: windowed.to_vec(),
             lineage: Lineage::new(num_blocks.saturating_mul(block_size).saturating_mul(LINEAGE_TOKENS_PER_TOKEN), block_size),
+            tiers: None,
+            tier_moves: Vec::new(),
         })
     }
 
@@ -440,6 +453,7 @@ impl PrefixCache {
     /// A lookup hit that the sequence takes: revive an idle block or add a reference.
     pub fn acquire(&mut self, b: BlockId, alloc: &mut BlockAllocator) {
         self.dequeue(b);
+        self.seen(b);
         let t = self.next_touch();
         let m = &mut self.meta[b.index()];
         m.hits = m.hits.saturating_add(1);
@@ -459,6 +473,7 @@ impl PrefixCache {
     /// A lookup hit the sequence does not take (dropped by the last-token rule).
     pub fn touch_hit(&mut self, b: BlockId) {
         let queued = self.dequeue(b);
+        self.seen(b);
         let t = self.next_touch();
         let m = &mut self.meta[b.index()];
         m.hits = m.hits.saturating_add(1);
@@ -485,6 +500,7 @@ impl PrefixCache {
     pub fn evict(&mut self, alloc: &mut BlockAllocator) -> Option<BlockId> {
         let b = self.queue.pop()?;
         self.meta[b.index()].set(QUEUED, false);
+        self.spill(b);
         self.uncache(b);
         self.stats.evictions += 1;
         alloc.revive(b);
@@ -601,6 +617,7 @@ impl PrefixCache {
         self.set_cached(b, true);
         self.num_cached += 1;
         self.stats.stored_blocks += 1;
+        self.seen(b);
         let clock = self.clock;
         self.push_event(CacheEventKind::Stored, Some(b), key, parent_key, clock);
         true
@@ -651,7 +668,8 @@ impl PrefixCache {
     // ----------------------------------------------------------------- reset, metrics
 
     /// Forget every cached block: idle ones return to the free list, live ones stay with
-    /// their sequences but are no longer reusable. Refused while pins exist.
+    /// their sequences but are no longer reusable; the tiers below the device are emptied
+    /// too. Refused while pins exist.
     pub fn reset(&mut self, alloc: &mut BlockAllocator) -> Result<usize> {
         if !self.pins.is_empty() {
             return Err(invalid!("cannot reset the prefix cache while {} pins are held", self.pins.len()));
@@ -671,6 +689,7 @@ impl PrefixCache {
         self.map.clear();
         self.unmapped.clear();
         self.lineage.clear();
+        self.clear_tiers();
         self.cfg.record_events = record;
         let clock = self.clock;
         self.push_event(CacheEventKind::AllCleared, None, 0, None, clock);

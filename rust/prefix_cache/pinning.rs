@@ -91,6 +91,9 @@ impl PrefixCache {
     #[inline]
     pub fn end_op(&mut self) {
         self.flush_unmapped();
+        if let Some(t) = self.tiers.as_deref_mut() {
+            t.end_call();
+        }
         if !self.manual_clock {
             self.clock += 1;
         }

@@ -35,7 +35,7 @@ pub(super) const SCRATCH_KEEP: usize = 1 << 16;
 thread_local! {
     pub(super) static STEP_SCRATCH: std::cell::Cell<StepScratch> = const {
         std::cell::Cell::new(StepScratch {
-            out: StepOutput { slots: Vec::new(), total_tokens: 0, cow: Vec::new(), seq_lens: Vec::new() },
+            out: StepOutput { slots: Vec::new(), total_tokens: 0, cow: Vec::new(), seq_lens: Vec::new(), loads: Vec::new() },
             counts: Vec::new(),
             ids: Vec::new(),
         })

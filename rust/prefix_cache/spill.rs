@@ -1,0 +1,98 @@
+//! The prefix cache's side of its tiers ([`super::tiers`]): a block the device evicts is
+//! offered to them with what a later hit must match, every store and hit counts as a
+//! sighting for the reuse gate, and an admission finds and takes the blocks that continue
+//! its chain below the device. The moves the tiers decide wait in the cache until the
+//! caller drains them ([`PrefixCache::drain_tier_moves`]): the device block of a `Store`
+//! must be copied out before the block is written again.
+//!
+//! Tiers serve full-attention groups: a windowed group's blocks are verified against the
+//! lineage of their prefix, which the tiers do not keep, so a cache with a windowed group
+//! refuses tiers.
+
+use super::meta::{Meta, HAS_TOKENS};
+use super::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierStats, Tiers};
+use super::{BlockKey, PrefixCache, NO_PARENT};
+use crate::error::Result;
+use crate::invalid;
+use crate::types::BlockId;
+
+impl PrefixCache {
+    /// Give the cache tiers below the device (host, then disk), with an optional reuse
+    /// gate. Errors: `InvalidArgument` for a cache with a windowed group or a configuration
+    /// [`Tiers::new`] refuses. Replaces any tiers the cache had (their blocks are forgotten).
+    pub fn set_tiers(&mut self, tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<()> {
+        if self.windowed.iter().any(|&w| w) {
+            return Err(invalid!("tiers: a pool with a sliding-window or chunked group cannot spill blocks below the device"));
+        }
+        self.tiers = Some(Box::new(Tiers::new(tiers, gate)?));
+        self.tier_moves.clear();
+        Ok(())
+    }
+
+    /// Whether the cache has tiers.
+    pub fn has_tiers(&self) -> bool {
+        self.tiers.is_some()
+    }
+
+    /// Per-tier counts, top first (None without tiers), and the offers the gate refused.
+    pub fn tier_stats(&self) -> Option<(Vec<TierStats>, u64)> {
+        self.tiers.as_ref().map(|t| (t.stats(), t.gated))
+    }
+
+    /// Move the tiers' pending decisions into `out`, oldest first.
+    pub fn drain_tier_moves(&mut self, out: &mut Vec<Move>) {
+        out.append(&mut self.tier_moves);
+    }
+
+    /// Count a sighting of cached block `b` (stored or hit) for the reuse gate.
+    pub(super) fn seen(&mut self, b: BlockId) {
+        if let Some(t) = self.tiers.as_deref_mut() {
+            let m = &self.meta[b.index()];
+            t.note_seen(&(m.group, m.key, m.partial));
+        }
+    }
+
+    /// Offer block `b`, being evicted, to the tiers (before its meta is cleared).
+    pub(super) fn spill(&mut self, b: BlockId) {
+        let Some(tiers) = self.tiers.as_deref_mut() else { return };
+        let m: Meta = self.meta[b.index()];
+        let parent = (m.parent != NO_PARENT).then(|| self.meta[m.parent as usize].key);
+        let tokens = m.has(HAS_TOKENS).then(|| {
+            let fill = if m.partial == 0 { self.block_size } else { m.partial as usize };
+            let start = b.index() * self.block_size;
+            self.tokens[start..start + fill].into()
+        });
+        let entry = TierEntry { hits: m.hits, parent, extra: m.extra(), tokens };
+        let moves = tiers.offer(b, (m.group, m.key, m.partial), entry);
+        self.tier_moves.extend(moves);
+    }
+
+    /// Whether a tier holds full block `key` of group `group` after `parent` (None: the
+    /// root), with `extra` and, when the cache verifies, the block's `tokens`. Pure.
+    pub fn tier_holds(&self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> bool {
+        let Some(t) = self.tiers.as_deref() else { return false };
+        let tokens = tokens.filter(|_| self.cfg.verify_tokens);
+        t.matches(&tier_key(group, key), parent, extra, tokens) == Some(true)
+    }
+
+    /// Take the block [`Self::tier_holds`] found out of its tier (the caller promotes it
+    /// into a device block): `(tier, slot)` to load its bytes from.
+    pub fn take_from_tiers(&mut self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<(usize, u32)> {
+        let tokens = tokens.filter(|_| self.cfg.verify_tokens);
+        let t = self.tiers.as_deref_mut()?;
+        t.take(&tier_key(group, key), parent, extra, tokens).map(|(tier, slot, _)| (tier, slot))
+    }
+
+    /// Forget every block the tiers hold (a reset of the cache).
+    pub(super) fn clear_tiers(&mut self) {
+        if let Some(t) = self.tiers.as_deref_mut() {
+            t.clear();
+        }
+        self.tier_moves.clear();
+    }
+}
+
+/// A full block's identity in the tiers.
+fn tier_key(group: usize, key: BlockKey) -> TierKey {
+    (group as u8, key, 0)
+}

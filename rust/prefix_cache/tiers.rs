@@ -1,0 +1,357 @@
+//! The tiers below the device as the prefix cache sees them: which cached blocks each
+//! tier holds, in what eviction order, and where a block the device evicts goes. The
+//! bytes live in `crate::offload`; this module only decides, on the logical clock, so
+//! that the simulator and a replay can drive the same decisions and get the same numbers.
+//!
+//! # Specification
+//!
+//! - Tiers are ordered (tier 0 is G2, the host; tier 1 is G3, the disk) and *exclusive*: a
+//!   block (its group, key and fill) is in at most one tier, and a caller promotes it out
+//!   of its tier when the device caches it again ([`Tiers::take`]). A tier of capacity 0 is
+//!   not allowed; a pool without tiers has no [`Tiers`].
+//! - A block the device evicts is *offered* ([`Tiers::offer`]). The *reuse gate*, when
+//!   set, admits it only if its key was *seen* ([`Tiers::note_seen`]: stored or hit in the
+//!   device) at least `min_seen` times; counts halve every `half_life` observations, so
+//!   they measure recent reuse. An admitted block goes to tier 0. A full tier first
+//!   evicts its policy's victim, which moves to the next tier (already admitted once: no
+//!   gate there) or, past the last tier, is dropped.
+//! - Each tier orders its blocks by one of the device's policies (`lru`, `fifo`, `lfu`). A
+//!   block is *stored* in a tier, and *used* there, when it enters it (from the device or
+//!   the tier above); a hit takes it out, so nothing else uses it. `lru` and `fifo` are
+//!   therefore the same order, entry order; `lfu` orders by the hits the block had in the
+//!   device, then entry order. `priority` is refused: tiers hold no pins. The device evicts
+//!   a chain's blocks tail first, and a parent has at least its child's hits, so every
+//!   policy evicts a chain tail first in every tier too: a tier never keeps a block whose
+//!   parent it dropped before it.
+//! - A slot a hit empties takes no block before the pool call ends ([`Tiers::end_call`]):
+//!   its bytes are still to be loaded. A tier whose every slot is so held stores nothing
+//!   (an offer is not stored, a victim from above is dropped).
+//! - A [`Tiers::take`] of a block whose stored verification (parent key, extra key,
+//!   tokens) differs from the caller's is a *collision*: a miss that removes nothing.
+//!
+//! Every call returns the [`Move`]s it decided, in order, for the byte layer to carry out.
+
+use rustc_hash::FxHashMap;
+
+use crate::error::Result;
+use crate::invalid;
+use crate::prefix_cache::block_hash::BlockKey;
+use crate::prefix_cache::eviction::{EvictionPolicy, EvictionQueue, Recency};
+use crate::types::BlockId;
+
+/// A block's identity in every tier: layer group, chained key and partial fill (0 for a
+/// full block, else its tokens), as the device's cache indexes it.
+pub type TierKey = (u8, BlockKey, u16);
+
+/// What a tier stores about a block besides its bytes: its hits in the device (`lfu`
+/// orders by them) and what a hit must match.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierEntry {
+    pub hits: u32,
+    /// The key of the block before it in its chain (None: a root or a windowed block).
+    pub parent: Option<BlockKey>,
+    pub extra: Option<u64>,
+    /// The block's token ids, when the cache verifies tokens.
+    pub tokens: Option<Box<[u32]>>,
+}
+
+/// One tier: a capacity in blocks and a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierConfig {
+    pub capacity_blocks: usize,
+    pub policy: EvictionPolicy,
+}
+
+/// The reuse gate: a block goes below the device only once its key was seen `min_seen`
+/// times; every count halves after `half_life` observations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateConfig {
+    pub min_seen: u32,
+    pub half_life: u64,
+}
+
+/// A decision for the byte layer. Slots index a tier's storage (`0..capacity_blocks`).
+/// The byte layer carries out a call's moves in order, then its loads (a hit's
+/// [`TierLoad`]s): a store reads a device block before a load may overwrite it, and a
+/// load reads a slot that no move of the same call writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// The device's `block` is stored into `slot` of `tier`.
+    Store { block: BlockId, tier: usize, slot: u32 },
+    /// A victim moves from `slot` of `tier` to `to_slot` of `tier + 1`.
+    Demote { tier: usize, slot: u32, to_slot: u32 },
+    /// The block in `slot` of `tier` is forgotten (evicted past the last tier).
+    Drop { tier: usize, slot: u32 },
+}
+
+/// A block a hit takes from a tier into the device: the bytes of `slot` of `tier` go to
+/// device block `block`, which must not be read before they arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierLoad {
+    pub tier: usize,
+    pub slot: u32,
+    pub block: BlockId,
+}
+
+/// Counts per tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Blocks written into the tier (offers admitted, or demotions from the tier above).
+    pub stored: u64,
+    /// Blocks taken out by a hit.
+    pub hits: u64,
+    /// Blocks evicted from the tier (demoted or dropped).
+    pub evicted: u64,
+    /// Lookups whose key was present but whose verification differed.
+    pub collisions: u64,
+    /// Blocks held now.
+    pub held: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Tier {
+    cfg: TierConfig,
+    map: FxHashMap<TierKey, u32>,
+    /// Each held block with the tick it entered at.
+    slots: Vec<Option<(TierKey, TierEntry, u64)>>,
+    free: Vec<u32>,
+    /// Slots of blocks taken by hits during the current pool call: their bytes are still
+    /// to be read (the call's load plan), so no block enters them before [`Tiers::end_call`].
+    taken: Vec<u32>,
+    queue: EvictionQueue,
+    stats: TierStats,
+}
+
+impl Tier {
+    fn new(cfg: TierConfig) -> Result<Self> {
+        let n = u32::try_from(cfg.capacity_blocks).ok().filter(|&n| n > 0 && n < u32::MAX);
+        let n = n.ok_or_else(|| invalid!("capacity_blocks: a tier holds 1..{} blocks, got {}", u32::MAX, cfg.capacity_blocks))?;
+        if cfg.policy == EvictionPolicy::Priority {
+            return Err(invalid!("policy: a tier holds no pins, so 'priority' does not apply; use lru, fifo or lfu"));
+        }
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(n as usize).map_err(|_| invalid!("capacity_blocks: cannot index {n} blocks"))?;
+        slots.resize(n as usize, None);
+        Ok(Self { cfg, map: FxHashMap::default(), slots, free: (0..n).rev().collect(), taken: Vec::new(), queue: EvictionQueue::default(), stats: TierStats::default() })
+    }
+
+    fn key_of(&self, slot: u32) -> Option<(u64, u64, u32)> {
+        let (_, e, tick) = self.slots[slot as usize].as_ref()?;
+        let r = Recency { last_touch: *tick, stored_at: *tick, hits: e.hits as u64, priority: 0 };
+        Some(self.cfg.policy.key(&r, BlockId(slot)))
+    }
+
+    /// Put `entry` into a free slot (the caller made room) at `tick`.
+    fn put(&mut self, key: TierKey, entry: TierEntry, tick: u64) -> Option<u32> {
+        let slot = self.free.pop()?;
+        self.slots[slot as usize] = Some((key, entry, tick));
+        self.queue.insert(self.key_of(slot)?);
+        self.map.insert(key, slot);
+        self.stats.stored += 1;
+        self.stats.held += 1;
+        Some(slot)
+    }
+
+    /// Remove the block in `slot`, returning it; the caller says where the slot goes
+    /// (`free`, or `taken` by a hit).
+    fn remove(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
+        let k = self.key_of(slot)?;
+        self.queue.remove(&k);
+        self.vacate(slot)
+    }
+
+    /// Empty `slot`, already out of the queue (the caller places the slot).
+    fn vacate(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
+        let (key, entry, _) = self.slots[slot as usize].take()?;
+        self.map.remove(&key);
+        self.stats.held -= 1;
+        Some((key, entry))
+    }
+}
+
+/// A bounded count of recent sightings per key: four rows of 8-bit counters indexed by
+/// independent hashes (a count-min sketch; the minimum over rows never undercounts),
+/// all halved after every `half_life` observations.
+#[derive(Clone, Debug)]
+struct Gate {
+    cfg: GateConfig,
+    rows: Vec<u8>,
+    width: usize,
+    observed: u64,
+}
+
+const GATE_ROWS: usize = 4;
+
+impl Gate {
+    fn new(cfg: GateConfig, width: usize) -> Result<Self> {
+        if cfg.half_life == 0 || cfg.min_seen == 0 || cfg.min_seen > 255 {
+            return Err(invalid!("gate: min_seen must be in 1..=255 and half_life >= 1, got {} and {}", cfg.min_seen, cfg.half_life));
+        }
+        let width = width.next_power_of_two().max(64);
+        Ok(Self { cfg, rows: vec![0; GATE_ROWS * width], width, observed: 0 })
+    }
+
+    fn cells(&self, key: &TierKey) -> [usize; GATE_ROWS] {
+        const MUL: [u64; GATE_ROWS] = [0x9E37_79B9_7F4A_7C15, 0xC2B2_AE3D_27D4_EB4F, 0x1656_67B1_9E37_79F9, 0xD6E8_FEB8_6659_FD93];
+        let mixed = (key.1 as u64) ^ ((key.1 >> 64) as u64).rotate_left(17) ^ ((key.0 as u64) << 48) ^ key.2 as u64;
+        std::array::from_fn(|r| r * self.width + (mixed.wrapping_mul(MUL[r]) >> 40) as usize % self.width)
+    }
+
+    fn count(&self, key: &TierKey) -> u32 {
+        self.cells(key).iter().map(|&c| self.rows[c] as u32).min().unwrap_or(0)
+    }
+
+    fn see(&mut self, key: &TierKey) {
+        for c in self.cells(key) {
+            self.rows[c] = self.rows[c].saturating_add(1);
+        }
+        self.observed += 1;
+        if self.observed.is_multiple_of(self.cfg.half_life) {
+            self.rows.iter_mut().for_each(|c| *c /= 2);
+        }
+    }
+}
+
+/// The tiers of one cache, top (G2) first.
+#[derive(Clone, Debug)]
+pub struct Tiers {
+    tiers: Vec<Tier>,
+    gate: Option<Gate>,
+    /// Entries so far (the tiers' logical clock).
+    tick: u64,
+    /// Offers the gate refused.
+    pub gated: u64,
+}
+
+impl Tiers {
+    /// Tiers of the given configurations (1 or 2: host, then disk), with an optional
+    /// reuse gate. Errors: `InvalidArgument` for no tier, more than two, a capacity of 0,
+    /// the `priority` policy or a gate out of range.
+    pub fn new(tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<Self> {
+        if !(1..=2).contains(&tiers.len()) {
+            return Err(invalid!("tiers: 1 (host) or 2 (host, disk) tiers, got {}", tiers.len()));
+        }
+        let total: usize = tiers.iter().map(|t| t.capacity_blocks).sum();
+        let gate = gate.map(|g| Gate::new(g, total.saturating_mul(2).min(1 << 24))).transpose()?;
+        Ok(Self { tiers: tiers.iter().map(|&c| Tier::new(c)).collect::<Result<_>>()?, gate, tick: 0, gated: 0 })
+    }
+
+    /// Count one sighting of `key` for the reuse gate (a store or a hit in the device).
+    pub fn note_seen(&mut self, key: &TierKey) {
+        if let Some(g) = &mut self.gate {
+            g.see(key);
+        }
+    }
+
+    /// The device evicts `block` (`key`, `entry`): store it in tier 0 if the gate admits it,
+    /// cascading victims down. A key already held below (a second copy cached in the
+    /// device since) is replaced. Returns the moves, in order.
+    pub fn offer(&mut self, block: BlockId, key: TierKey, entry: TierEntry) -> Vec<Move> {
+        let mut moves = Vec::new();
+        if self.gate.as_ref().is_some_and(|g| g.count(&key) < g.cfg.min_seen) {
+            self.gated += 1;
+            return moves;
+        }
+        if let Some((t, slot)) = self.find(&key) {
+            self.tiers[t].remove(slot);
+            self.tiers[t].free.push(slot);
+            moves.push(Move::Drop { tier: t, slot });
+        }
+        self.make_room(0, &mut moves);
+        self.tick += 1;
+        if let Some(slot) = self.tiers[0].put(key, entry, self.tick) {
+            moves.push(Move::Store { block, tier: 0, slot });
+        }
+        moves
+    }
+
+    /// Free one slot in `tier` if it is full: its victim moves down (making room there
+    /// first) or is dropped past the last tier.
+    fn make_room(&mut self, tier: usize, moves: &mut Vec<Move>) {
+        if !self.tiers[tier].free.is_empty() {
+            return;
+        }
+        let Some(BlockId(slot)) = self.tiers[tier].queue.pop() else { return };
+        let Some((key, entry)) = self.tiers[tier].vacate(slot) else { return };
+        self.tiers[tier].free.push(slot);
+        self.tiers[tier].stats.evicted += 1;
+        if tier + 1 == self.tiers.len() {
+            moves.push(Move::Drop { tier, slot });
+            return;
+        }
+        self.make_room(tier + 1, moves);
+        self.tick += 1;
+        match self.tiers[tier + 1].put(key, entry, self.tick) {
+            Some(to_slot) => moves.push(Move::Demote { tier, slot, to_slot }),
+            // Every slot below is being loaded this call: the victim is dropped.
+            None => moves.push(Move::Drop { tier, slot }),
+        }
+    }
+
+    /// The tier and slot holding `key`, if any. Pure.
+    pub fn find(&self, key: &TierKey) -> Option<(usize, u32)> {
+        self.tiers.iter().enumerate().find_map(|(t, tier)| tier.map.get(key).map(|&s| (t, s)))
+    }
+
+    /// Whether the block held under `key` matches the caller's verification data. Pure.
+    pub fn matches(&self, key: &TierKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<bool> {
+        let (t, slot) = self.find(key)?;
+        let (_, e, _) = self.tiers[t].slots[slot as usize].as_ref()?;
+        let tokens_ok = match (&e.tokens, tokens) {
+            (Some(have), Some(want)) => have[..] == *want,
+            _ => true,
+        };
+        Some(e.parent == parent && e.extra == extra && tokens_ok)
+    }
+
+    /// A hit below the device: remove the block from its tier (the caller promotes it)
+    /// and return `(tier, slot, entry)`; the slot stays readable by the byte layer until
+    /// the caller's next call. None on a miss, or on a collision (counted; nothing moves).
+    pub fn take(&mut self, key: &TierKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<(usize, u32, TierEntry)> {
+        let (t, slot) = self.find(key)?;
+        if self.matches(key, parent, extra, tokens) != Some(true) {
+            self.tiers[t].stats.collisions += 1;
+            return None;
+        }
+        let (_, entry) = self.tiers[t].remove(slot)?;
+        let tier = &mut self.tiers[t];
+        tier.taken.push(slot);
+        tier.stats.hits += 1;
+        Some((t, slot, entry))
+    }
+
+    /// The pool call is over: the slots its hits emptied may take blocks again.
+    pub fn end_call(&mut self) {
+        for t in &mut self.tiers {
+            let Tier { free, taken, .. } = t;
+            free.append(taken);
+        }
+    }
+
+    /// Forget every block (counts stay); the gate's counts too.
+    pub fn clear(&mut self) {
+        for t in &mut self.tiers {
+            let n = t.slots.len() as u32;
+            t.map.clear();
+            t.slots.iter_mut().for_each(|s| *s = None);
+            t.free = (0..n).rev().collect();
+            t.taken.clear();
+            t.queue = EvictionQueue::default();
+            t.stats.held = 0;
+        }
+        if let Some(g) = &mut self.gate {
+            g.rows.iter_mut().for_each(|c| *c = 0);
+        }
+    }
+
+    /// Per-tier counts, top first.
+    pub fn stats(&self) -> Vec<TierStats> {
+        self.tiers.iter().map(|t| t.stats.clone()).collect()
+    }
+
+    /// The keys a tier holds, next victim first (tests and reports).
+    pub fn order(&self, tier: usize) -> Vec<TierKey> {
+        let Some(t) = self.tiers.get(tier) else { return Vec::new() };
+        t.queue.iter().filter_map(|b| t.slots[b.index()].as_ref().map(|(k, _, _)| *k)).collect()
+    }
+}

@@ -1,0 +1,346 @@
+//! The tier directory (`prefix_cache::tiers`) against a model written from its module's
+//! specification: random programs of offers, hits (some with wrong verification data) and
+//! sightings over one or two tiers of every policy, with and without the reuse gate.
+//!
+//! The model keeps each tier as a plain list and finds a victim by sorting on the policy's
+//! documented order; the gate as exact counts halved on the same schedule (the sketch may
+//! only overcount, so the model admits a subset of what the directory admits). The moves a
+//! call returns are applied to a shadow of the tiers' slots, which must hold what the model
+//! holds after every call: the byte layer that follows the moves stores what the decisions
+//! say.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use pykvpool::prefix_cache::eviction::EvictionPolicy;
+use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, Tiers};
+use pykvpool::BlockId;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Offer { k: u8, hits: u32 },
+    Take { k: u8, tamper: bool },
+    Seen { k: u8 },
+    EndCall,
+}
+
+fn key(k: u8) -> TierKey {
+    // Two groups and two fills share key values: all four are distinct blocks.
+    ((k % 2), (k as u128 / 4) * 0x1_0000_0000_0000_0001, 16 - (k as u16 / 2 % 2))
+}
+
+fn tokens(k: u8) -> Box<[u32]> {
+    vec![k as u32; 4].into_boxed_slice()
+}
+
+/// A held block: its key id, its hits in the device and the tick it entered its tier at.
+type Held = (u8, u32, u64);
+
+struct Model {
+    cfgs: Vec<TierConfig>,
+    tiers: Vec<Vec<Held>>,
+    /// Slots emptied by hits since the last end of call, per tier.
+    taken: Vec<usize>,
+    tick: u64,
+    gate: Option<(GateConfig, HashMap<u8, u32>, u64)>,
+}
+
+impl Model {
+    /// Entry order, or hits then entry order for `lfu`.
+    fn order_key(p: EvictionPolicy, &(_, hits, tick): &Held) -> (u64, u64) {
+        match p {
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => (tick, 0),
+            EvictionPolicy::Lfu => (hits as u64, tick),
+            EvictionPolicy::Priority => unreachable!("refused"),
+        }
+    }
+
+    fn order(&self, t: usize) -> Vec<u8> {
+        let mut v = self.tiers[t].clone();
+        v.sort_by_key(|h| Self::order_key(self.cfgs[t].policy, h));
+        v.into_iter().map(|(k, _, _)| k).collect()
+    }
+
+    fn see(&mut self, k: u8) {
+        if let Some((cfg, counts, seen)) = &mut self.gate {
+            *counts.entry(k).or_default() += 1;
+            *seen += 1;
+            if seen.is_multiple_of(cfg.half_life) {
+                counts.values_mut().for_each(|c| *c /= 2);
+            }
+        }
+    }
+
+    fn must_admit(&self, k: u8) -> bool {
+        self.gate.as_ref().is_none_or(|(cfg, counts, _)| counts.get(&k).copied().unwrap_or(0).min(255) >= cfg.min_seen)
+    }
+
+    fn remove(&mut self, k: u8) {
+        self.tiers.iter_mut().for_each(|t| t.retain(|(x, _, _)| *x != k));
+    }
+
+    /// Whether `k` was stored in tier `t` (cascading a victim down).
+    fn insert(&mut self, t: usize, k: u8, hits: u32) -> bool {
+        if t == self.tiers.len() {
+            return false;
+        }
+        if self.tiers[t].len() + self.taken[t] == self.cfgs[t].capacity_blocks {
+            if self.tiers[t].is_empty() {
+                return false;
+            }
+            let victim = self.order(t)[0];
+            let i = self.tiers[t].iter().position(|(x, _, _)| *x == victim).unwrap();
+            let (vk, vhits, _) = self.tiers[t].remove(i);
+            self.insert(t + 1, vk, vhits);
+        }
+        self.tick += 1;
+        self.tiers[t].push((k, hits, self.tick));
+        true
+    }
+}
+
+/// Apply `moves` to the shadow slots (`slot -> key` per tier); `block` is the offered key.
+fn apply(shadow: &mut [HashMap<u32, u8>], moves: &[Move], block: Option<u8>) {
+    for m in moves {
+        match *m {
+            Move::Store { block: b, tier, slot } => {
+                assert_eq!(Some(b.0 as u8), block, "stores the offered block");
+                assert!(shadow[tier].insert(slot, b.0 as u8).is_none(), "store into a used slot");
+            }
+            Move::Demote { tier, slot, to_slot } => {
+                let k = shadow[tier].remove(&slot).expect("demote from an empty slot");
+                assert!(shadow[tier + 1].insert(to_slot, k).is_none(), "demote into a used slot");
+            }
+            Move::Drop { tier, slot } => {
+                shadow[tier].remove(&slot).expect("drop of an empty slot");
+            }
+        }
+    }
+}
+
+fn policy() -> impl Strategy<Value = EvictionPolicy> {
+    prop_oneof![Just(EvictionPolicy::Lru), Just(EvictionPolicy::Fifo), Just(EvictionPolicy::Lfu)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..24, 0u32..3).prop_map(|(k, hits)| Op::Offer { k, hits }),
+        2 => (0u8..24, prop::bool::weighted(0.2)).prop_map(|(k, tamper)| Op::Take { k, tamper }),
+        2 => (0u8..24).prop_map(|k| Op::Seen { k }),
+        1 => Just(Op::EndCall),
+    ]
+}
+
+fn run(cfgs: Vec<TierConfig>, gate: Option<GateConfig>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut tiers = Tiers::new(&cfgs, gate).expect("valid tiers");
+    let mut model = Model { tiers: vec![Vec::new(); cfgs.len()], cfgs: cfgs.clone(), taken: vec![0; cfgs.len()], tick: 0, gate: gate.map(|g| (g, HashMap::new(), 0)) };
+    let mut shadow = vec![HashMap::new(); cfgs.len()];
+    for op in ops {
+        match op {
+            Op::EndCall => {
+                tiers.end_call();
+                model.taken.iter_mut().for_each(|n| *n = 0);
+            }
+            Op::Seen { k } => {
+                tiers.note_seen(&key(k));
+                model.see(k);
+            }
+            Op::Offer { k, hits } => {
+                let e = TierEntry { hits, parent: None, extra: None, tokens: Some(tokens(k)) };
+                let moves = tiers.offer(BlockId(k as u32), key(k), e);
+                let stored = moves.iter().any(|m| matches!(m, Move::Store { .. }));
+                if model.must_admit(k) || stored {
+                    // Admitted (the sketch may admit more than the exact counts).
+                    model.remove(k);
+                    prop_assert_eq!(model.insert(0, k, hits), stored);
+                }
+                apply(&mut shadow, &moves, Some(k));
+            }
+            Op::Take { k, tamper } => {
+                let want = if tamper { vec![99u32; 4].into_boxed_slice() } else { tokens(k) };
+                let held = model.tiers.iter().any(|t| t.iter().any(|(x, _, _)| *x == k));
+                let got = tiers.take(&key(k), None, None, Some(&want));
+                prop_assert_eq!(got.is_some(), held && !tamper);
+                if let Some((t, slot, _)) = got {
+                    prop_assert_eq!(shadow[t].remove(&slot), Some(k));
+                    model.remove(k);
+                    model.taken[t] += 1;
+                }
+            }
+        }
+        for (t, stats) in tiers.stats().iter().enumerate() {
+            let want = model.order(t);
+            let have: Vec<u8> = tiers.order(t).iter().map(|k| (0..24).find(|&x| key(x) == *k).unwrap()).collect();
+            prop_assert_eq!(&have, &want, "tier {} order", t);
+            prop_assert_eq!(stats.held, want.len());
+            let mut slots: Vec<u8> = shadow[t].values().copied().collect();
+            slots.sort();
+            let mut keys = want.clone();
+            keys.sort();
+            prop_assert_eq!(slots, keys, "the moves keep the bytes where the decisions are");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tiers_follow_the_model(
+        caps in prop::collection::vec(1usize..6, 1..=2),
+        policies in prop::collection::vec(policy(), 2),
+        gate in prop::option::of((1u32..4, 1u64..40)),
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        let cfgs = caps.iter().zip(&policies).map(|(&c, &p)| TierConfig { capacity_blocks: c, policy: p }).collect();
+        run(cfgs, gate.map(|(min_seen, half_life)| GateConfig { min_seen, half_life }), ops)?;
+    }
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let lru = |c| TierConfig { capacity_blocks: c, policy: EvictionPolicy::Lru };
+    assert!(Tiers::new(&[], None).is_err());
+    assert!(Tiers::new(&[lru(1), lru(1), lru(1)], None).is_err());
+    assert!(Tiers::new(&[lru(0)], None).is_err());
+    assert!(Tiers::new(&[TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Priority }], None).is_err());
+    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 0, half_life: 8 })).is_err());
+    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 2, half_life: 0 })).is_err());
+    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 256, half_life: 8 })).is_err());
+}
+
+#[test]
+fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
+    let cfg = [TierConfig { capacity_blocks: 8, policy: EvictionPolicy::Lru }];
+    let mut t = Tiers::new(&cfg, Some(GateConfig { min_seen: 2, half_life: 1000 })).unwrap();
+    let e = || TierEntry { hits: 0, parent: None, extra: None, tokens: None };
+    let k = (0, 42, 16);
+    t.note_seen(&k);
+    assert!(t.offer(BlockId(0), k, e()).is_empty(), "seen once: refused");
+    assert_eq!(t.gated, 1);
+    t.note_seen(&k);
+    assert!(matches!(t.offer(BlockId(0), k, e())[..], [Move::Store { tier: 0, .. }]));
+    // With a half-life of 2 observations, two sightings of a key decay before others'.
+    let mut t = Tiers::new(&cfg, Some(GateConfig { min_seen: 2, half_life: 2 })).unwrap();
+    let k2 = (0, 7, 16);
+    t.note_seen(&k2);
+    t.note_seen(&k2); // halved to 1
+    assert!(t.offer(BlockId(1), k2, e()).is_empty());
+}
+
+#[test]
+fn a_collision_is_a_miss_that_moves_nothing() {
+    let cfg = [TierConfig { capacity_blocks: 2, policy: EvictionPolicy::Lru }];
+    let mut t = Tiers::new(&cfg, None).unwrap();
+    let k = (1, 5, 16);
+    let e = TierEntry { hits: 0, parent: Some(3), extra: Some(9), tokens: Some(tokens(5)) };
+    t.offer(BlockId(0), k, e);
+    assert!(t.take(&k, Some(4), Some(9), Some(&tokens(5))).is_none(), "another parent");
+    assert!(t.take(&k, Some(3), None, Some(&tokens(5))).is_none(), "another extra key");
+    assert!(t.take(&k, Some(3), Some(9), Some(&tokens(6))).is_none(), "other tokens");
+    assert_eq!(t.stats()[0].collisions, 3);
+    assert_eq!(t.stats()[0].held, 1);
+    assert!(t.take(&k, Some(3), Some(9), Some(&tokens(5))).is_some());
+    assert_eq!(t.stats()[0].held, 0);
+}
+
+// ------------------------------------------------------------ the pool with tiers
+
+use pykvpool::prefix_cache::tiers::TierLoad;
+use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
+
+const BS: usize = 4;
+
+fn pool(num_blocks: usize, host: usize, disk: Option<usize>) -> BlockPool {
+    let mut p = BlockPool::with_prefix_cache(num_blocks, BS, CacheConfig::default()).unwrap();
+    let mut tiers = vec![TierConfig { capacity_blocks: host, policy: EvictionPolicy::Lru }];
+    tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy: EvictionPolicy::Lru }));
+    p.set_tiers(&tiers, None).unwrap();
+    p
+}
+
+/// Prompt `p`'s token ids: `blocks` full blocks and one more token.
+fn prompt(p: u32, blocks: usize) -> Vec<u32> {
+    (0..(blocks * BS + 1) as u32).map(|i| p * 1000 + i).collect()
+}
+
+/// Admit and free `prompt` as `seq`, returning the tokens served from the cache.
+fn visit(pool: &mut BlockPool, seq: u64, tokens: &[u32], out: &mut StepOutput) -> usize {
+    let cached = pool.add_sequence_tokens(SeqId(seq), tokens, None, out).unwrap();
+    pool.free(SeqId(seq)).unwrap();
+    pool.check_invariants().unwrap();
+    cached
+}
+
+#[test]
+fn an_evicted_prompt_comes_back_from_the_host_tier() {
+    // 5 blocks: a 4-block prompt (5 blocks with its last token), then another that evicts it.
+    let mut p = pool(5, 8, None);
+    let mut out = StepOutput::default();
+    let (a, b) = (prompt(1, 4), prompt(2, 4));
+    assert_eq!(visit(&mut p, 1, &a, &mut out), 0);
+    assert_eq!(visit(&mut p, 2, &b, &mut out), 0);
+    let mut moves = Vec::new();
+    p.drain_tier_moves(&mut moves).unwrap();
+    let stored = moves.iter().filter(|m| matches!(m, Move::Store { .. })).count();
+    assert_eq!(stored, 4, "a's four cached blocks went down: {moves:?}");
+    // a again: its four full blocks come from the host tier, the last token is computed.
+    let cached = p.add_sequence_tokens(SeqId(3), &a, None, &mut out).unwrap();
+    assert_eq!(cached, 4 * BS);
+    assert_eq!(out.total_tokens, 1, "only the last token is computed");
+    assert_eq!(out.slots.len(), 1);
+    assert_eq!(out.loads.len(), 4);
+    // Each load goes to the block the sequence's table holds at its position, in order.
+    let table = p.table(SeqId(3), 0).unwrap();
+    let blocks: Vec<BlockId> = out.loads.iter().map(|l: &TierLoad| l.block).collect();
+    assert_eq!(blocks, (0..4).map(|i| table.get(i).unwrap()).collect::<Vec<_>>());
+    // The loaded blocks are cached in the device again: a third visit hits them there.
+    p.free(SeqId(3)).unwrap();
+    let cached = p.add_sequence_tokens(SeqId(4), &a, None, &mut out).unwrap();
+    assert_eq!((cached, out.loads.len()), (4 * BS, 0));
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_tier_hit_follows_the_chain_and_verifies_tokens() {
+    let mut p = pool(5, 8, None);
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    visit(&mut p, 1, &a, &mut out);
+    visit(&mut p, 2, &prompt(2, 4), &mut out);
+    // Same first two blocks, then different tokens: two blocks come back.
+    let mut c = a.clone();
+    c[2 * BS] += 7;
+    assert_eq!(p.add_sequence_tokens(SeqId(3), &c, None, &mut out).unwrap(), 2 * BS);
+    assert_eq!(out.loads.len(), 2);
+    p.free(SeqId(3)).unwrap();
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn victims_of_the_host_tier_go_to_disk_and_come_back() {
+    // Host tier of 2 blocks, disk of 8: a's four blocks end up split across both.
+    let mut p = pool(5, 2, Some(8));
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    visit(&mut p, 1, &a, &mut out);
+    visit(&mut p, 2, &prompt(2, 4), &mut out);
+    let cached = p.add_sequence_tokens(SeqId(3), &a, None, &mut out).unwrap();
+    assert_eq!(cached, 4 * BS);
+    let tiers: Vec<usize> = out.loads.iter().map(|l| l.tier).collect();
+    assert!(tiers.contains(&0) && tiers.contains(&1), "loads from both tiers: {tiers:?}");
+    p.free(SeqId(3)).unwrap();
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pool_without_caching_or_with_a_window_refuses_tiers() {
+    let cfg = [TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }];
+    let mut plain = BlockPool::new(8, BS).unwrap();
+    assert!(plain.set_tiers(&cfg, None).is_err());
+    let groups = vec![pykvpool::GroupSpec::Full, pykvpool::GroupSpec::sliding_window(8, 0).unwrap()];
+    let mut windowed = BlockPool::with_options(16, BS, groups, Some(CacheConfig::default())).unwrap();
+    assert!(windowed.set_tiers(&cfg, None).is_err());
+}
