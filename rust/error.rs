@@ -23,9 +23,28 @@ pub enum KvError {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// A tier below the device could not store or read a block: the disk is full, a
+    /// file or folder may not be read or written, or the folder holds another model's
+    /// blocks. Nothing was stored or served.
+    #[error("{message}")]
+    Storage { fault: StorageFault, message: String },
     /// An internal consistency check failed (`check_invariants`). Always a bug.
     #[error("invariant violated: {0}")]
     Invariant(String),
+}
+
+/// What kind of storage failure a [`KvError::Storage`] is (the bindings choose the Python
+/// exception by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFault {
+    /// No space left on the device (`ENOSPC`) or the tier's byte budget is spent.
+    Full,
+    /// The folder or a file may not be read or written (`EACCES`, `EPERM`).
+    PermissionDenied,
+    /// The folder holds blocks of another model or layout (its fingerprint differs).
+    ForeignFolder,
+    /// Any other I/O failure.
+    Io,
 }
 
 /// Shorthand used across the core.

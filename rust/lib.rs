@@ -16,6 +16,8 @@
 //!   kinds of layer groups and their block tables, `BlockPool` (admission, growth and the
 //!   one-pass decode, prefix caching on every group, exports and incremental table sync);
 //! - [`kv`]: aligned memory, the element types and the paged KV storage;
+//! - [`offload`]: the tiers below the device (host memory, disk files) and the transfer
+//!   engine that moves blocks' bytes between them and a `KvCache`;
 //! - [`attention`]: the decode-attention kernel (one file per instruction set, the
 //!   dispatch, the block tables it reads);
 //! - [`sim`]: the serving simulator over a real `BlockPool`;
@@ -33,6 +35,7 @@
 pub mod attention;
 pub mod error;
 pub mod kv;
+pub mod offload;
 pub mod pool;
 pub mod prefix_cache;
 pub mod runtime;

@@ -2,15 +2,19 @@
 //!
 //! Every class derives from `KvPoolError` and from the builtin a caller would catch
 //! without knowing pykvpool (`MemoryError`, `KeyError`, `ValueError`, `AssertionError`).
+//! A tier's storage failure is the builtin `OSError` (`PermissionError`; `errno` ENOSPC
+//! when the disk is full), except a folder of another model, an `InvalidArgumentError`.
 //! PyO3's `create_exception!` takes a single base, so the classes are built with
 //! `type(name, bases, ns)` once per interpreter.
 
-use pyo3::exceptions::{PyAssertionError, PyException, PyKeyError, PyMemoryError, PyValueError};
+use pyo3::exceptions::{
+    PyAssertionError, PyException, PyKeyError, PyMemoryError, PyOSError, PyPermissionError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-use crate::error::KvError;
+use crate::error::{KvError, StorageFault};
 
 pub struct Exceptions {
     pub base: Py<PyType>,
@@ -82,6 +86,12 @@ pub fn to_py(py: Python<'_>, e: KvError) -> PyErr {
         }
         KvError::InvalidArgument(_) => PyErr::from_type(exc.invalid.bind(py).clone(), msg),
         KvError::Invariant(_) => PyErr::from_type(exc.invariant.bind(py).clone(), msg),
+        KvError::Storage { fault, .. } => match fault {
+            StorageFault::ForeignFolder => PyErr::from_type(exc.invalid.bind(py).clone(), msg),
+            StorageFault::PermissionDenied => PyPermissionError::new_err(msg),
+            StorageFault::Full => PyOSError::new_err((libc::ENOSPC, msg)),
+            StorageFault::Io => PyOSError::new_err(msg),
+        },
     }
 }
 

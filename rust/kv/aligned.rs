@@ -67,6 +67,16 @@ impl AlignedBuf {
         self.ptr
     }
 
+    /// The mapping's own pointer (valid for reads and writes of `len()` bytes while the
+    /// buffer lives, never moved) and its length, for code that copies through raw
+    /// pointers under its own rules (`offload::transfer`).
+    pub fn raw_parts(&self) -> (std::ptr::NonNull<u8>, usize) {
+        match std::ptr::NonNull::new(self.ptr) {
+            Some(p) => (p, self.len),
+            None => (std::ptr::NonNull::dangling(), 0),
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for `len` initialised (zeroed) bytes for the life of self;
         // for len == 0 it is a non-null dangling pointer, which from_raw_parts allows.

@@ -155,6 +155,12 @@ impl KvCache {
         self.buf.huge_pages()
     }
 
+    /// The storage's pointer and length in bytes ([`AlignedBuf::raw_parts`]): the transfer
+    /// engine's device region.
+    pub fn raw_parts(&self) -> (std::ptr::NonNull<u8>, usize) {
+        self.buf.raw_parts()
+    }
+
     /// Addresses of the whole allocation (every layer, padding included): fixed for the
     /// cache's life, so a caller can tell whether another buffer aliases it.
     pub fn address_range(&self) -> std::ops::Range<usize> {

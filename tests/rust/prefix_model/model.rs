@@ -44,6 +44,7 @@ pub fn kind(e: &KvError) -> Err {
         KvError::DuplicateSequence(_) => Err::Duplicate,
         KvError::InvalidArgument(_) => Err::Invalid,
         KvError::Invariant(m) => panic!("invariant: {m}"),
+        KvError::Storage { message, .. } => panic!("a pool without tiers reported storage: {message}"),
     }
 }
 
