@@ -36,6 +36,10 @@ def _table(results: Sequence[ReplayResult]) -> str:
             f"| {r.block_size} | {r.policy} | {cap} | {r.capacity_tokens:,} | {r.block_hit_rate:.4f} "
             f"| {r.token_hit_rate:.4f} | {r.evictions:,} |"
         )
+    for r in results:
+        for t in r.tiers:
+            lines.append(f"\n{r.policy}, {t['tier']} tier: {t['stored']:,} blocks stored, {t['hits']:,} hits, "
+                         f"{t['evicted']:,} evicted, {t['gated']:,} kept out by the reuse gate")
     return "\n".join(lines)
 
 
@@ -71,6 +75,12 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="replay through a BlockPool laid out for MODEL's layer kinds (windows reuse only "
                    "the window before a hit) against the same model with every layer global, at equal "
                    "bytes; --capacities in whole-model tokens (default 1,000,000 and 3,000,000)")
+    p.add_argument("--host-blocks", type=count(1), metavar="BLOCKS",
+                   help="a host tier below the pool: evicted blocks go there and come back on a hit")
+    p.add_argument("--disk-blocks", type=count(1), metavar="BLOCKS",
+                   help="a disk tier below the host tier (needs --host-blocks)")
+    p.add_argument("--reuse-gate", type=count(1, 255), metavar="N",
+                   help="store a block below the pool only once its key was seen N times")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
@@ -126,7 +136,8 @@ def main_replay(args: argparse.Namespace) -> int:
         InvalidArgumentError: ``--plot`` without ``--sweep``; a ``--capacity`` (blocks)
             below the trace's largest request or above the pool's limit (2**30 blocks); a
             block size (tokens) that neither divides 512 nor is a multiple of it; ``--model``
-            with a sweep option or ``--policy all``. (A sweep skips the capacities below the
+            with a sweep option or ``--policy all``; a tier option with ``--sweep``,
+            ``--model`` or ``--policy priority``, or one the pool refuses. (A sweep skips the capacities below the
             largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).
@@ -136,6 +147,10 @@ def main_replay(args: argparse.Namespace) -> int:
     """
     if args.plot and not args.sweep:
         raise InvalidArgumentError("--plot needs --sweep")
+    tiers = {"host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "reuse_gate": args.reuse_gate}
+    if any(v is not None for v in tiers.values()) and (args.sweep or args.model or args.policy == "priority"):
+        raise InvalidArgumentError("--host-blocks, --disk-blocks and --reuse-gate replay the policies lru, fifo "
+                                   "and lfu, without --sweep or --model")
     trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
     if args.model:
         return _main_groups(args, trace)
@@ -145,8 +160,10 @@ def main_replay(args: argparse.Namespace) -> int:
         results = sweep(trace, args.capacities, policies, args.block_sizes or (args.block_size,),
                         retain_hits_for=args.retain_hits_for)
     else:
+        if tiers["host_blocks"] is not None:
+            policies = tuple(p for p in policies if p != "priority")
         results = [replay(trace, args.capacity, policy=p, block_size=args.block_size,
-                          retain_hits_for=args.retain_hits_for if p == "priority" else None)
+                          retain_hits_for=args.retain_hits_for if p == "priority" else None, **tiers)
                    for p in policies]
     hits, total = seen_prefix_hits(trace)
     print(f"{len(trace)} requests, {total:,} blocks of {TRACE_BLOCK_SIZE} tokens; "

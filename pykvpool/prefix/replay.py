@@ -224,6 +224,9 @@ class ReplayResult:
     evictions: int
     block_hit_rate: float
     token_hit_rate: float
+    tiers: tuple[dict[str, Any], ...] = ()
+    """The tiers below the device (:meth:`~pykvpool.BlockPool.tier_stats`, host first);
+    empty without ``host_blocks``. ``token_hit_rate`` counts their hits too."""
 
     @property
     def capacity_tokens(self) -> int:
@@ -245,6 +248,9 @@ def replay(
     block_size: int = TRACE_BLOCK_SIZE,
     retain_hits_for: int | None = None,
     groups: Sequence[Any] | None = None,
+    host_blocks: int | None = None,
+    disk_blocks: int | None = None,
+    reuse_gate: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
     ``block_size`` tokens (``None``: :func:`unbounded_capacity` per group) with eviction
@@ -257,11 +263,16 @@ def replay(
     (each request is two: admit and free), so prefixes that were shared recently outlive
     blocks that were never reused.
 
+    ``host_blocks``, ``disk_blocks`` and ``reuse_gate`` add tiers below the device, as the
+    :class:`~pykvpool.BlockPool` arguments of those names (each tier ordered by ``policy``):
+    blocks the pool evicts go down them and come back on a hit.
+
     Raises:
         InvalidArgumentError: a capacity below the largest request (it could not be
             admitted at all), an unknown policy, a block size that neither divides 512 nor
             is a multiple of it, bad ``groups``, ``retain_hits_for`` without the priority
-            policy or below 1.
+            policy or below 1. Tier arguments the pool refuses (see
+            :class:`~pykvpool.BlockPool`; tiers take ``lru``, ``fifo`` or ``lfu``).
     """
     if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
         raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
@@ -274,8 +285,14 @@ def replay(
         raise InvalidArgumentError(
             f"capacity {cap} blocks is below the largest request ({largest} blocks of {block_size} tokens)"
         )
+    tiers: dict[str, Any] = {}
+    if host_blocks is not None:
+        tiers = {"host_blocks": host_blocks, "disk_blocks": disk_blocks, "reuse_gate": reuse_gate,
+                 "tier_eviction": policy}
+    elif disk_blocks is not None or reuse_gate is not None:
+        raise InvalidArgumentError("disk_blocks and reuse_gate need host_blocks")
     pool = BlockPool(cap, block_size, None if groups is None else list(groups), prefix_caching=True,
-                     eviction=policy, verify_tokens=False)
+                     eviction=policy, verify_tokens=False, **tiers)
     for i, (req, ks) in enumerate(zip(trace, keys)):
         cached, _ = pool.add_sequence_block_keys(i, ks, req.input_length)
         if retain_hits_for is not None and cached >= block_size:
@@ -296,6 +313,7 @@ def replay(
         evictions=s.evictions,
         block_hit_rate=s.block_hit_rate,
         token_hit_rate=s.hit_rate,
+        tiers=tuple(pool.tier_stats()),
     )
 
 

@@ -48,7 +48,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierLoad};
+use crate::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierLoad, TierStats};
 use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
@@ -214,6 +214,12 @@ impl BlockPool {
     /// prefix caching, with a windowed group, or for a configuration the tiers refuse.
     pub fn set_tiers(&mut self, tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<()> {
         self.cache_mut()?.set_tiers(tiers, gate)
+    }
+
+    /// Per-tier counts, host first, and the offers the reuse gate refused (None without
+    /// tiers); `InvalidArgument` without prefix caching.
+    pub fn tier_stats(&self) -> Result<Option<(Vec<TierStats>, u64)>> {
+        Ok(self.cache_ref()?.tier_stats())
     }
 
     /// The tiers' decisions since the last call, oldest first (none without tiers): the

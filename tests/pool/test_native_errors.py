@@ -417,7 +417,7 @@ def test_every_native_callable_is_in_a_table() -> None:
     """A new native function or method must get rows here (or be listed as taking no
     argument that can be wrong)."""
     no_args = {"get_num_threads", "cpu_features", "kernel_paths", "seq_ids", "stats", "check_invariants",
-               "cache_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
+               "cache_stats", "tier_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
                "run_simulation", "synthesize_workload"}  # the simulator's own tests cover these two
     covered = {row.split(".")[-1] for row, *_ in INVALID + TYPE_ERRORS} | no_args
     native = {n for n in dir(kv._native) if callable(getattr(kv._native, n)) and not n[0].isupper()}

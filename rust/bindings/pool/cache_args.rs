@@ -4,12 +4,13 @@
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
-use crate::bindings::convert::{int_scalar, int_vec, ints_as};
+use crate::bindings::convert::{count_arg, int_scalar, int_vec, ints_as};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
+use crate::prefix_cache::tiers::{GateConfig, TierConfig, TierStats};
 use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -69,6 +70,63 @@ impl CacheOptions<'_> {
             max_events,
         }))
     }
+}
+
+/// Keyword options of `BlockPool(...)` for the tiers below the device; `None` = not given.
+pub struct TierOptions<'a> {
+    pub host_blocks: Option<&'a Bound<'a, PyAny>>,
+    pub disk_blocks: Option<&'a Bound<'a, PyAny>>,
+    pub tier_eviction: Option<&'a str>,
+    pub reuse_gate: Option<&'a Bound<'a, PyAny>>,
+}
+
+impl TierOptions<'_> {
+    /// The tiers (host, then disk) and the gate; no tier when `host_blocks` is not given.
+    /// The gate's counts halve every `4 x` (the tiers' blocks) sightings.
+    pub fn configs(&self, py: Python<'_>, caching: bool) -> PyResult<(Vec<TierConfig>, Option<GateConfig>)> {
+        let Some(host) = self.host_blocks else {
+            if self.disk_blocks.is_some() || self.tier_eviction.is_some() || self.reuse_gate.is_some() {
+                return Err(invalid(py, "disk_blocks, tier_eviction and reuse_gate need host_blocks"));
+            }
+            return Ok((Vec::new(), None));
+        };
+        if !caching {
+            return Err(invalid(py, "host_blocks needs prefix_caching=True"));
+        }
+        let policy = self.tier_eviction.unwrap_or("lru").parse::<EvictionPolicy>().py_err(py)?;
+        let mut tiers = vec![TierConfig { capacity_blocks: count_arg(host, "host_blocks")?, policy }];
+        if let Some(d) = self.disk_blocks {
+            tiers.push(TierConfig { capacity_blocks: count_arg(d, "disk_blocks")?, policy });
+        }
+        let gate = match self.reuse_gate {
+            None => None,
+            Some(g) => {
+                let n = int_scalar(g, "reuse_gate")?;
+                let min_seen = u32::try_from(n).ok().filter(|n| (1..=255).contains(n));
+                let min_seen = min_seen.ok_or_else(|| invalid(py, format!("reuse_gate must be in 1..=255 sightings, got {n}")))?;
+                let total: usize = tiers.iter().map(|t| t.capacity_blocks).sum();
+                Some(GateConfig { min_seen, half_life: (total as u64).saturating_mul(4).max(1) })
+            }
+        };
+        Ok((tiers, gate))
+    }
+}
+
+/// `BlockPool.tier_stats()`'s list: one dict per tier, host first.
+pub fn tier_stats_list<'py>(py: Python<'py>, stats: &[TierStats], gated: u64) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for (i, s) in stats.iter().enumerate() {
+        let d = PyDict::new(py);
+        d.set_item("tier", if i == 0 { "host" } else { "disk" })?;
+        d.set_item("stored", s.stored)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("evicted", s.evicted)?;
+        d.set_item("collisions", s.collisions)?;
+        d.set_item("held", s.held)?;
+        d.set_item("gated", if i == 0 { gated } else { 0 })?;
+        list.append(d)?;
+    }
+    Ok(list)
 }
 
 macro_rules! tokens_from {

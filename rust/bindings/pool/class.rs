@@ -153,13 +153,33 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 ///         new event drops the oldest undrained one and counts it in
 ///         :attr:`CacheStats.dropped_events`, so memory stays bounded however long nobody
 ///         drains.
+///     host_blocks: a host-memory tier below the device, in blocks, ``1..2**32 - 1``
+///         (default None: no tiers; needs ``prefix_caching=True`` and full-attention groups
+///         only). A cached block the device evicts goes down to it instead of being
+///         forgotten, and an admission's hit continues into it past the device's chain:
+///         those blocks are allocated in the device like computed ones but count as cached
+///         tokens. Tiers are exclusive: a block is in the device or in one tier. The tiers
+///         keep decisions only, not bytes: they model what a tiered cache would hold
+///         (trace replay, planning; :meth:`tier_stats`).
+///     disk_blocks: a disk tier below the host tier, in blocks, ``1..2**32 - 1`` (default
+///         None; needs ``host_blocks``): the host tier's victims go down to it.
+///     tier_eviction: each tier's order (default ``"lru"``): a block is used in a tier only
+///         when it enters it (a hit takes it out), so ``"lru"`` and ``"fifo"`` both evict in
+///         entry order and ``"lfu"`` the fewest hits the block had in the device, then
+///         entry order; every order evicts a chain tail first. ``"priority"`` is refused.
+///     reuse_gate: store a block below the device only once its key was seen (stored or
+///         hit in the device) this many times, ``1..=255`` (default None: every evicted
+///         block); the counts halve every ``4 * (host_blocks + disk_blocks)`` sightings.
 ///
 /// Raises:
 ///     InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
 ///         ``1..=65536``; no group or more than 64; an unknown eviction policy;
 ///         ``hash_bits`` not in ``1..=128``; ``max_events`` not in ``1..=2**24`` or given
 ///         without ``record_events=True``; cache options given without
-///         ``prefix_caching=True``.
+///         ``prefix_caching=True``; ``host_blocks`` without ``prefix_caching=True`` or with
+///         a sliding-window or chunked group; a tier's blocks out of range; ``disk_blocks``,
+///         ``tier_eviction`` or ``reuse_gate`` without ``host_blocks``; an unknown or
+///         ``"priority"`` ``tier_eviction``; ``reuse_gate`` not in ``1..=255``.
 ///     TypeError: ``groups`` is not a sequence of attention kinds, a flag not a bool, or
 ///         ``eviction`` not a str.
 #[pyclass(name = "BlockPool", module = "pykvpool", frozen)]

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyList, PyTuple};
 
-use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pin_id, priority, CacheOptions};
+use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_array, pin_id, priority, CacheOptions, TierOptions};
 use super::class::*;
 use super::specs::{group_arg, groups_arg, kind_object};
 use super::stats::{PyCacheStats, PyPoolStats};
@@ -23,7 +23,8 @@ use crate::types::{BlockId, SeqId};
 impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, groups = None, *, prefix_caching = false, eviction = None,
-        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None))]
+        verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None,
+        host_blocks = None, disk_blocks = None, tier_eviction = None, reuse_gate = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -37,6 +38,10 @@ impl PyBlockPool {
         record_events: Option<bool>,
         #[pyo3(from_py_with = hash_bits)] hash_bits: Option<u32>,
         max_events: Option<&Bound<'_, PyAny>>,
+        host_blocks: Option<&Bound<'_, PyAny>>,
+        disk_blocks: Option<&Bound<'_, PyAny>>,
+        tier_eviction: Option<&str>,
+        reuse_gate: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (nb, bs) = (count_arg(num_blocks, "num_blocks")?, count_arg(block_size, "block_size")?);
         let opts =
@@ -47,8 +52,18 @@ impl PyBlockPool {
             None => vec![GroupSpec::Full],
         };
         let cfg = opts.config(py, prefix_caching)?;
+        let tier_opts = TierOptions { host_blocks, disk_blocks, tier_eviction, reuse_gate };
+        let (tiers, gate) = tier_opts.configs(py, prefix_caching)?;
         let g = specs.clone();
-        let pool = py.detach(move || BlockPool::with_options(nb, bs, g, cfg)).py_err(py)?;
+        let pool = py
+            .detach(move || {
+                let mut pool = BlockPool::with_options(nb, bs, g, cfg)?;
+                if !tiers.is_empty() {
+                    pool.set_tiers(&tiers, gate)?;
+                }
+                Ok(pool)
+            })
+            .py_err(py)?;
         Ok(Self {
             num_blocks: pool.num_blocks(),
             block_size: pool.block_size(),
@@ -960,5 +975,23 @@ impl PyBlockPool {
     ///     InvalidArgumentError: pins are held, or caching off.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
         self.detached(py, |p| p.reset_prefix_cache()).py_err(py)
+    }
+
+    /// The counts of the tiers below the device (``host_blocks``, ``disk_blocks``).
+    ///
+    /// Returns:
+    ///     One dict per tier, host first (an empty list without tiers): ``tier``
+    ///     (``"host"`` or ``"disk"``), ``stored`` (blocks that entered it, from the device
+    ///     or the tier above), ``hits`` (blocks an admission took back from it),
+    ///     ``evicted`` (blocks it pushed down or dropped), ``collisions`` (lookups whose
+    ///     key it held with other tokens, parent or extra key: misses), ``held`` (blocks
+    ///     now) and ``gated`` (host only: evicted blocks the reuse gate kept out).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: caching off.
+    fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let stats = self.with(|p| p.tier_stats()).py_err(py)?;
+        let (tiers, gated) = stats.unwrap_or_default();
+        cache_args::tier_stats_list(py, &tiers, gated)
     }
 }
