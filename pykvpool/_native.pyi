@@ -893,7 +893,10 @@ class BlockPool:
             ``key`` and ``parent_key`` uint64 ``[n, 2]`` (high, low), ``has_parent`` bool,
             ``tokens`` uint32 (tokens of KV the block holds: ``block_size``, fewer for a keyed
             prompt's partly filled last block, 0 for a clear), ``clock`` uint64 (logical
-            time), ``group`` uint32 (the block's layer group: 0 in this pool).
+            time), ``group`` uint32 (the block's layer group: 0 in this pool), ``medium``
+            uint8 (0 the pool itself, 1 the host tier, 2 the disk tier; a tier's events have
+            block -1: a block moving down is removed from one medium and stored in the next,
+            a hit below the pool removes it from its tier before the pool stores it).
 
         Raises:
             InvalidArgumentError: caching off.

@@ -54,7 +54,7 @@ mod tests {
     use crate::prefix_cache::types::CacheEventKind;
 
     fn ev(clock: u64) -> CacheEvent {
-        CacheEvent { kind: CacheEventKind::Stored, block: None, key: clock as u128, parent_key: None, tokens: 1, clock, group: 0 }
+        CacheEvent { kind: CacheEventKind::Stored, block: None, key: clock as u128, parent_key: None, tokens: 1, clock, group: 0, medium: 0 }
     }
 
     #[test]

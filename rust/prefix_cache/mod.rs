@@ -61,7 +61,7 @@ use crate::types::BlockId;
 
 use lineage::Lineage;
 use meta::{Meta, HAS_EXTRA, HAS_TOKENS, IDLE, LINEAGE, QUEUED};
-pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, MAX_EVENTS_LIMIT};
+pub use types::{CacheConfig, CacheEvent, CacheEventKind, CacheStats, MAX_EVENTS_LIMIT, MEDIUM_DEVICE, MEDIUM_DISK, MEDIUM_HOST};
 
 use events::EventQueue;
 
@@ -727,7 +727,7 @@ impl PrefixCache {
                 p => p as u32,
             });
             let group = block.map_or(0, |b| self.meta[b.index()].group as u32);
-            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock, group });
+            self.events.push(CacheEvent { kind, block, key, parent_key, tokens, clock, group, medium: MEDIUM_DEVICE });
         }
     }
 }

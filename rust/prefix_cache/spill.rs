@@ -5,13 +5,18 @@
 //! caller drains them ([`PrefixCache::drain_tier_moves`]): the device block of a `Store`
 //! must be copied out before the block is written again.
 //!
+//! With `record_events`, every tier's stores and removals are events too, their
+//! `medium` the tier's (vLLM's KV events name the medium as well): a block moving down is
+//! removed from one tier and stored in the next; a hit removes it from its tier and the
+//! device stores it again.
+//!
 //! Tiers serve full-attention groups: a windowed group's blocks are verified against the
 //! lineage of their prefix, which the tiers do not keep, so a cache with a windowed group
 //! refuses tiers.
 
 use super::meta::{Meta, HAS_TOKENS};
 use super::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierStats, Tiers};
-use super::{BlockKey, PrefixCache, NO_PARENT};
+use super::{BlockKey, CacheEvent, CacheEventKind, PrefixCache, MEDIUM_DISK, MEDIUM_HOST, NO_PARENT};
 use crate::error::Result;
 use crate::invalid;
 use crate::types::BlockId;
@@ -64,7 +69,38 @@ impl PrefixCache {
         });
         let entry = TierEntry { hits: m.hits, parent, extra: m.extra(), tokens };
         let moves = tiers.offer(b, (m.group, m.key, m.partial), entry);
+        for mv in &moves {
+            self.tier_events(mv);
+        }
         self.tier_moves.extend(moves);
+    }
+
+    /// The events of one tier move (with `record_events`): a store into a tier, a removal
+    /// from one, or both for a block moving down.
+    fn tier_events(&mut self, mv: &Move) {
+        if !self.cfg.record_events {
+            return;
+        }
+        let (removed, stored) = match *mv {
+            Move::Store { key, tier, slot, .. } => (None, Some((key, tier, slot))),
+            Move::Demote { key, tier, to_slot, .. } => (Some((key, tier)), Some((key, tier + 1, to_slot))),
+            Move::Drop { key, tier, .. } => (Some((key, tier)), None),
+        };
+        if let Some((key, tier)) = removed {
+            self.push_tier_event(CacheEventKind::Removed, key, None, tier);
+        }
+        if let Some((key, tier, slot)) = stored {
+            let parent = self.tiers.as_deref().and_then(|t| t.entry(tier, slot)).and_then(|e| e.parent);
+            self.push_tier_event(CacheEventKind::Stored, key, parent, tier);
+        }
+    }
+
+    /// Queue an event of block `key` in `tier` (0: host, 1: disk).
+    fn push_tier_event(&mut self, kind: CacheEventKind, (group, key, partial): TierKey, parent_key: Option<BlockKey>, tier: usize) {
+        let tokens = if partial == 0 { self.block_size as u32 } else { partial as u32 };
+        let medium = if tier == 0 { MEDIUM_HOST } else { MEDIUM_DISK };
+        let (clock, group) = (self.clock, group as u32);
+        self.events.push(CacheEvent { kind, block: None, key, parent_key, tokens, clock, group, medium });
     }
 
     /// Whether a tier holds full block `key` of group `group` after `parent` (None: the
@@ -80,7 +116,11 @@ impl PrefixCache {
     pub fn take_from_tiers(&mut self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<(usize, u32)> {
         let tokens = tokens.filter(|_| self.cfg.verify_tokens);
         let t = self.tiers.as_deref_mut()?;
-        t.take(&tier_key(group, key), parent, extra, tokens).map(|(tier, slot, _)| (tier, slot))
+        let (tier, slot, _) = t.take(&tier_key(group, key), parent, extra, tokens)?;
+        if self.cfg.record_events {
+            self.push_tier_event(CacheEventKind::Removed, tier_key(group, key), None, tier);
+        }
+        Some((tier, slot))
     }
 
     /// Forget every block the tiers hold (a reset of the cache).

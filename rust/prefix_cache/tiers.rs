@@ -77,11 +77,11 @@ pub struct GateConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Move {
     /// The device's `block` is stored into `slot` of `tier`.
-    Store { block: BlockId, tier: usize, slot: u32 },
+    Store { key: TierKey, block: BlockId, tier: usize, slot: u32 },
     /// A victim moves from `slot` of `tier` to `to_slot` of `tier + 1`.
-    Demote { tier: usize, slot: u32, to_slot: u32 },
+    Demote { key: TierKey, tier: usize, slot: u32, to_slot: u32 },
     /// The block in `slot` of `tier` is forgotten (evicted past the last tier).
-    Drop { tier: usize, slot: u32 },
+    Drop { key: TierKey, tier: usize, slot: u32 },
 }
 
 /// A block a hit takes from a tier into the device: the bytes of `slot` of `tier` go to
@@ -255,12 +255,12 @@ impl Tiers {
         if let Some((t, slot)) = self.find(&key) {
             self.tiers[t].remove(slot);
             self.tiers[t].free.push(slot);
-            moves.push(Move::Drop { tier: t, slot });
+            moves.push(Move::Drop { key, tier: t, slot });
         }
         self.make_room(0, &mut moves);
         self.tick += 1;
         if let Some(slot) = self.tiers[0].put(key, entry, self.tick) {
-            moves.push(Move::Store { block, tier: 0, slot });
+            moves.push(Move::Store { key, block, tier: 0, slot });
         }
         moves
     }
@@ -276,16 +276,21 @@ impl Tiers {
         self.tiers[tier].free.push(slot);
         self.tiers[tier].stats.evicted += 1;
         if tier + 1 == self.tiers.len() {
-            moves.push(Move::Drop { tier, slot });
+            moves.push(Move::Drop { key, tier, slot });
             return;
         }
         self.make_room(tier + 1, moves);
         self.tick += 1;
         match self.tiers[tier + 1].put(key, entry, self.tick) {
-            Some(to_slot) => moves.push(Move::Demote { tier, slot, to_slot }),
+            Some(to_slot) => moves.push(Move::Demote { key, tier, slot, to_slot }),
             // Every slot below is being loaded this call: the victim is dropped.
-            None => moves.push(Move::Drop { tier, slot }),
+            None => moves.push(Move::Drop { key, tier, slot }),
         }
+    }
+
+    /// What `slot` of `tier` holds, if anything. Pure.
+    pub fn entry(&self, tier: usize, slot: u32) -> Option<&TierEntry> {
+        self.tiers.get(tier)?.slots.get(slot as usize)?.as_ref().map(|(_, e, _)| e)
     }
 
     /// The tier and slot holding `key`, if any. Pure.

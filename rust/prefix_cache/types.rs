@@ -125,4 +125,14 @@ pub struct CacheEvent {
     pub clock: u64,
     /// The layer group of the block (`0` in a pool without groups and for `AllCleared`).
     pub group: u32,
+    /// Where the block is stored or removed: [`MEDIUM_DEVICE`] (the pool), [`MEDIUM_HOST`]
+    /// or [`MEDIUM_DISK`] (the tiers below it; their events have no block id).
+    pub medium: u8,
 }
+
+/// [`CacheEvent::medium`] of the pool's own blocks.
+pub const MEDIUM_DEVICE: u8 = 0;
+/// [`CacheEvent::medium`] of the host tier.
+pub const MEDIUM_HOST: u8 = 1;
+/// [`CacheEvent::medium`] of the disk tier.
+pub const MEDIUM_DISK: u8 = 2;

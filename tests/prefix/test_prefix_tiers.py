@@ -127,3 +127,21 @@ def test_the_replay_command_prints_each_tier(capsys: pytest.CaptureFixture[str])
                  "--disk-blocks", "32000"]) == 0
     out = capsys.readouterr().out
     assert "lru, host tier: " in out and "lru, disk tier: " in out
+
+
+def test_every_tier_reports_its_stores_and_removals_as_events() -> None:
+    pool = BlockPool(5, BS, prefix_caching=True, host_blocks=2, disk_blocks=8, record_events=True)
+    visit(pool, 1, prompt(1, 4))
+    visit(pool, 2, prompt(2, 4))
+    ev = pool.drain_events()
+    below = ev["medium"] > 0
+    assert (ev["block"][below] == -1).all()
+    stored = lambda m: int(((ev["medium"] == m) & (ev["kind"] == 0)).sum())  # noqa: E731
+    removed = lambda m: int(((ev["medium"] == m) & (ev["kind"] == 1)).sum())  # noqa: E731
+    # Four blocks went to the host tier; two of them on to disk.
+    assert (stored(1), removed(1), stored(2), removed(2)) == (4, 2, 2, 0)
+    visit(pool, 3, prompt(1, 4))
+    ev = pool.drain_events()
+    assert int(((ev["medium"] > 0) & (ev["kind"] == 1)).sum()) >= 4  # the hit took them out
+    host, disk = pool.tier_stats()
+    assert host["held"] + disk["held"] <= 10

@@ -104,16 +104,19 @@ impl Model {
 fn apply(shadow: &mut [HashMap<u32, u8>], moves: &[Move], block: Option<u8>) {
     for m in moves {
         match *m {
-            Move::Store { block: b, tier, slot } => {
+            Move::Store { key: k, block: b, tier, slot } => {
+                assert_eq!(k, key(b.0 as u8), "a store names its block's key");
                 assert_eq!(Some(b.0 as u8), block, "stores the offered block");
                 assert!(shadow[tier].insert(slot, b.0 as u8).is_none(), "store into a used slot");
             }
-            Move::Demote { tier, slot, to_slot } => {
+            Move::Demote { key: named, tier, slot, to_slot } => {
                 let k = shadow[tier].remove(&slot).expect("demote from an empty slot");
+                assert_eq!(named, key(k), "a demotion names the key it moves");
                 assert!(shadow[tier + 1].insert(to_slot, k).is_none(), "demote into a used slot");
             }
-            Move::Drop { tier, slot } => {
-                shadow[tier].remove(&slot).expect("drop of an empty slot");
+            Move::Drop { key: named, tier, slot } => {
+                let k = shadow[tier].remove(&slot).expect("drop of an empty slot");
+                assert_eq!(named, key(k), "a drop names the key it forgets");
             }
         }
     }

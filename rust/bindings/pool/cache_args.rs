@@ -176,6 +176,7 @@ pub(crate) fn events_dict<'py>(py: Python<'py>, ev: &[CacheEvent]) -> PyResult<B
     d.set_item("tokens", PyArray1::from_iter(py, ev.iter().map(|e| e.tokens)))?;
     d.set_item("clock", PyArray1::from_iter(py, ev.iter().map(|e| e.clock)))?;
     d.set_item("group", PyArray1::from_iter(py, ev.iter().map(|e| e.group)))?;
+    d.set_item("medium", PyArray1::from_iter(py, ev.iter().map(|e| e.medium)))?;
     Ok(d)
 }
 
