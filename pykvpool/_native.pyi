@@ -920,10 +920,35 @@ class BlockPool:
             or the tier above), ``hits`` (blocks an admission took back from it),
             ``evicted`` (blocks it pushed down or dropped), ``collisions`` (lookups whose
             key it held with other tokens, parent or extra key: misses), ``held`` (blocks
-            now) and ``gated`` (host only: evicted blocks the reuse gate kept out).
+            now); in the host entry only (0 in the disk one), ``gated`` (evicted blocks the
+            reuse gate kept out), ``loads_won`` (admissions that loaded blocks from below
+            the pool) and ``recompute_won`` (admissions that found blocks below the pool
+            but computed some or all of them, as faster: see :meth:`set_tier_costs`).
 
         Raises:
             InvalidArgumentError: caching off.
+        """
+    def set_tier_costs(self, load_ns_per_block: _IntArrayLike, recompute_ns_per_token: int) -> None:
+        """Say what loading a block from each tier and computing a prompt token cost, so that
+        an admission never loads what is faster to compute.
+
+        From then on an admission whose hit continues below the pool loads only the leading
+        tier blocks that save the most time: block by block along the chain, each saves
+        ``block_size * recompute_ns_per_token`` and costs its tier's load (times the number
+        of groups); the count with the largest saving is loaded, the rest computed (the
+        smallest such count on a tie; none when no count saves time). Without costs every
+        block found below is loaded. :meth:`tier_stats` counts how often each side won.
+
+        Args:
+            load_ns_per_block: one cost per tier, host first, in nanoseconds per block (a
+                measured bandwidth's ``block bytes / bytes per ns`` plus the latency), each
+                ``0..2**63``.
+            recompute_ns_per_token: nanoseconds to compute one prompt token's KV (from the
+                caller's roofline), ``0..2**63``.
+
+        Raises:
+            InvalidArgumentError: caching off, no tiers, a cost count other than the
+                tiers', a negative cost or one that is not an int.
         """
 
 @final

@@ -48,7 +48,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierLoad, TierStats};
+use crate::prefix_cache::tiers::{GateConfig, Move, TierChoices, TierConfig, TierLoad, TierStats};
 use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
@@ -168,8 +168,10 @@ struct HitPlan {
     /// Distinct held and copied blocks that are idle and evictable now (taking them
     /// revives them).
     revived: usize,
-    /// Blocks after `hb` that the tiers below the device hold in every group: the
-    /// admission allocates them and loads their bytes instead of computing them.
+    /// Blocks after `hb` that the tiers below the device hold in every group, and of
+    /// those the leading ones the admission loads (allocated, their bytes loaded, not
+    /// computed): all, or with the tiers' costs set the count that saves the most time.
+    tier_found: usize,
     tb: usize,
 }
 
@@ -216,10 +218,18 @@ impl BlockPool {
         self.cache_mut()?.set_tiers(tiers, gate)
     }
 
-    /// Per-tier counts, host first, and the offers the reuse gate refused (None without
-    /// tiers); `InvalidArgument` without prefix caching.
-    pub fn tier_stats(&self) -> Result<Option<(Vec<TierStats>, u64)>> {
+    /// Per-tier counts, host first, and the tiers' decisions (None without tiers);
+    /// `InvalidArgument` without prefix caching.
+    pub fn tier_stats(&self) -> Result<Option<(Vec<TierStats>, TierChoices)>> {
         Ok(self.cache_ref()?.tier_stats())
+    }
+
+    /// Set what a load from each tier costs per block and a computed token costs, in
+    /// nanoseconds ([`PrefixCache::set_tier_costs`]): an admission then loads only the
+    /// tier blocks that are faster to load than to compute. `InvalidArgument` without
+    /// tiers or for another count of tiers.
+    pub fn set_tier_costs(&mut self, load_ns_per_block: &[u64], recompute_ns_per_token: u64) -> Result<()> {
+        self.cache_mut()?.set_tier_costs(load_ns_per_block, recompute_ns_per_token)
     }
 
     /// The tiers' decisions since the last call, oldest first (none without tiers): the
@@ -356,21 +366,23 @@ impl BlockPool {
         let mut revived: Vec<BlockId> = held.iter().map(|h| h.2).chain(copied).filter(|&b| c.is_evictable(b, &self.alloc)).collect();
         revived.sort_unstable();
         revived.dedup();
-        let tb = if copies.is_none() { self.tier_run(q, hb, cap) } else { 0 };
-        Ok(HitPlan { hits, found, hb, held, copies, revived: revived.len(), tb })
+        let tiers = if copies.is_none() { self.tier_run(q, hb, cap) } else { Vec::new() };
+        let tb = self.cache.as_deref().map_or(0, |c| c.tier_blocks_worth_loading(&tiers, self.groups.len() as u64));
+        Ok(HitPlan { hits, found, hb, held, copies, revived: revived.len(), tier_found: tiers.len(), tb })
     }
 
-    /// How many full blocks from `from` (below `to`) continue the prompt's chain in the
-    /// tiers below the device, in every group. Pure.
-    fn tier_run(&self, q: Query<'_>, from: usize, to: usize) -> usize {
-        let Some(c) = self.cache.as_deref().filter(|c| c.has_tiers()) else { return 0 };
+    /// The full blocks from `from` (below `to`) that continue the prompt's chain in the
+    /// tiers below the device in every group: for each, the deepest tier holding one of
+    /// its groups' copies (what a load of it costs at most). Pure.
+    fn tier_run(&self, q: Query<'_>, from: usize, to: usize) -> Vec<usize> {
+        let Some(c) = self.cache.as_deref().filter(|c| c.has_tiers()) else { return Vec::new() };
         let bs = self.block_size;
-        let held = |i: usize| {
+        let deepest = |i: usize| {
             let parent = i.checked_sub(1).map(|p| q.keys[p]);
             let tokens = q.tokens.map(|t| &t[i * bs..(i + 1) * bs]);
-            (0..self.groups.len()).all(|g| c.tier_holds(g, q.keys[i], parent, q.extra, tokens))
+            (0..self.groups.len()).try_fold(0, |d, g| c.tier_of(g, q.keys[i], parent, q.extra, tokens).map(|t| d.max(t)))
         };
-        (from..to).take_while(|&i| held(i)).count()
+        (from..to).map_while(deepest).collect()
     }
 
     /// Take the plan's tier blocks out of the tiers, before the admission allocates (an
@@ -464,6 +476,7 @@ impl BlockPool {
         out.seq_lens.push(len as i32);
         self.register(&tables, q, hb, keys.len());
         self.record_hit(&plan, keys.len(), len, cached)?;
+        self.cache_mut()?.record_tier_choice(plan.tier_found, plan.tb);
         self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
         self.end_op();
         Ok(cached)

@@ -15,7 +15,7 @@
 //! refuses tiers.
 
 use super::meta::{Meta, HAS_TOKENS};
-use super::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierStats, Tiers};
+use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierStats, Tiers};
 use super::{BlockKey, CacheEvent, CacheEventKind, PrefixCache, MEDIUM_DISK, MEDIUM_HOST, NO_PARENT};
 use crate::error::Result;
 use crate::invalid;
@@ -39,9 +39,9 @@ impl PrefixCache {
         self.tiers.is_some()
     }
 
-    /// Per-tier counts, top first (None without tiers), and the offers the gate refused.
-    pub fn tier_stats(&self) -> Option<(Vec<TierStats>, u64)> {
-        self.tiers.as_ref().map(|t| (t.stats(), t.gated))
+    /// Per-tier counts, top first (None without tiers), and the tiers' admission counts.
+    pub fn tier_stats(&self) -> Option<(Vec<TierStats>, TierChoices)> {
+        self.tiers.as_ref().map(|t| (t.stats(), TierChoices { gated: t.gated, loads_won: t.loads_won, recompute_won: t.recompute_won }))
     }
 
     /// Move the tiers' pending decisions into `out`, oldest first.
@@ -103,15 +103,35 @@ impl PrefixCache {
         self.events.push(CacheEvent { kind, block: None, key, parent_key, tokens, clock, group, medium });
     }
 
-    /// Whether a tier holds full block `key` of group `group` after `parent` (None: the
+    /// The tier holding full block `key` of group `group` after `parent` (None: the
     /// root), with `extra` and, when the cache verifies, the block's `tokens`. Pure.
-    pub fn tier_holds(&self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> bool {
-        let Some(t) = self.tiers.as_deref() else { return false };
+    pub fn tier_of(&self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<usize> {
+        let t = self.tiers.as_deref()?;
         let tokens = tokens.filter(|_| self.cfg.verify_tokens);
-        t.matches(&tier_key(group, key), parent, extra, tokens) == Some(true)
+        let k = tier_key(group, key);
+        (t.matches(&k, parent, extra, tokens) == Some(true)).then(|| t.find(&k).map(|(tier, _)| tier)).flatten()
     }
 
-    /// Take the block [`Self::tier_holds`] found out of its tier (the caller promotes it
+    /// Set what loading a block from each tier and computing a token cost
+    /// ([`Tiers::set_costs`]). `InvalidArgument` without tiers or for another count.
+    pub fn set_tier_costs(&mut self, load_ns_per_block: &[u64], recompute_ns_per_token: u64) -> Result<()> {
+        let t = self.tiers.as_deref_mut().ok_or_else(|| invalid!("the pool has no tiers (host_blocks)"))?;
+        t.set_costs(load_ns_per_block, recompute_ns_per_token)
+    }
+
+    /// How many of a hit's tier blocks to load ([`Tiers::worth_loading`]); all without tiers' costs.
+    pub fn tier_blocks_worth_loading(&self, tiers: &[usize], copies: u64) -> usize {
+        self.tiers.as_deref().map_or(0, |t| t.worth_loading(tiers, copies, self.block_size as u64))
+    }
+
+    /// Count an admission's choice between loading and recomputing ([`Tiers::record_choice`]).
+    pub fn record_tier_choice(&mut self, found: usize, loaded: usize) {
+        if let Some(t) = self.tiers.as_deref_mut().filter(|_| found > 0) {
+            t.record_choice(found, loaded);
+        }
+    }
+
+    /// Take the block [`Self::tier_of`] found out of its tier (the caller promotes it
     /// into a device block): `(tier, slot)` to load its bytes from.
     pub fn take_from_tiers(&mut self, group: usize, key: BlockKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<(usize, u32)> {
         let tokens = tokens.filter(|_| self.cfg.verify_tokens);

@@ -93,6 +93,15 @@ pub struct TierLoad {
     pub block: BlockId,
 }
 
+/// Counts of the tiers' decisions at the top: evicted blocks the gate refused, and
+/// admissions that loaded blocks from below or found recomputing them faster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierChoices {
+    pub gated: u64,
+    pub loads_won: u64,
+    pub recompute_won: u64,
+}
+
 /// Counts per tier.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
@@ -221,6 +230,14 @@ pub struct Tiers {
     tick: u64,
     /// Offers the gate refused.
     pub gated: u64,
+    /// What loading a block from each tier costs and what computing a token costs, in
+    /// nanoseconds, when the caller set them ([`Tiers::set_costs`]).
+    costs: Option<(Vec<u64>, u64)>,
+    /// Admissions that loaded blocks from below the device.
+    pub loads_won: u64,
+    /// Admissions that found blocks below the device but recomputed some or all of them,
+    /// as faster.
+    pub recompute_won: u64,
 }
 
 impl Tiers {
@@ -233,7 +250,7 @@ impl Tiers {
         }
         let total: usize = tiers.iter().map(|t| t.capacity_blocks).sum();
         let gate = gate.map(|g| Gate::new(g, total.saturating_mul(2).min(1 << 24))).transpose()?;
-        Ok(Self { tiers: tiers.iter().map(|&c| Tier::new(c)).collect::<Result<_>>()?, gate, tick: 0, gated: 0 })
+        Ok(Self { tiers: tiers.iter().map(|&c| Tier::new(c)).collect::<Result<_>>()?, gate, tick: 0, gated: 0, costs: None, loads_won: 0, recompute_won: 0 })
     }
 
     /// Count one sighting of `key` for the reuse gate (a store or a hit in the device).
@@ -323,6 +340,41 @@ impl Tiers {
         tier.taken.push(slot);
         tier.stats.hits += 1;
         Some((t, slot, entry))
+    }
+
+    /// Set the cost of loading one block from each tier (top first; every group's copy of
+    /// it) and of computing one token, in nanoseconds: from then on a hit takes from the
+    /// tiers only the leading blocks whose loading saves time ([`Tiers::worth_loading`]).
+    /// `InvalidArgument` for another count of tiers.
+    pub fn set_costs(&mut self, load_ns_per_block: &[u64], recompute_ns_per_token: u64) -> Result<()> {
+        if load_ns_per_block.len() != self.tiers.len() {
+            return Err(invalid!("load_ns_per_block: {} costs for {} tiers", load_ns_per_block.len(), self.tiers.len()));
+        }
+        self.costs = Some((load_ns_per_block.to_vec(), recompute_ns_per_token));
+        Ok(())
+    }
+
+    /// Of a hit's blocks below the device, in chain order, held in tiers `tiers[i]` (`n`
+    /// copies each, one per group) and holding `block_tokens` tokens each: how many leading
+    /// ones to load rather than compute. Without costs, all; with them, the count that
+    /// saves the most time (the smallest such count on a tie; 0 saves nothing). Pure.
+    pub fn worth_loading(&self, tiers: &[usize], copies: u64, block_tokens: u64) -> usize {
+        let Some((load, per_token)) = &self.costs else { return tiers.len() };
+        let compute = (block_tokens * per_token) as i128;
+        let (mut saved, mut best, mut best_k) = (0i128, 0i128, 0);
+        for (k, &t) in tiers.iter().enumerate() {
+            saved += compute - (copies * load.get(t).copied().unwrap_or(u64::MAX)) as i128;
+            if saved > best {
+                (best, best_k) = (saved, k + 1);
+            }
+        }
+        best_k
+    }
+
+    /// Count one admission that found `found` blocks below the device and loaded `loaded`.
+    pub fn record_choice(&mut self, found: usize, loaded: usize) {
+        self.loads_won += (loaded > 0) as u64;
+        self.recompute_won += (loaded < found) as u64;
     }
 
     /// The pool call is over: the slots its hits emptied may take blocks again.

@@ -145,3 +145,33 @@ def test_every_tier_reports_its_stores_and_removals_as_events() -> None:
     assert int(((ev["medium"] > 0) & (ev["kind"] == 1)).sum()) >= 4  # the hit took them out
     host, disk = pool.tier_stats()
     assert host["held"] + disk["held"] <= 10
+
+
+def test_blocks_faster_to_compute_than_to_load_are_computed() -> None:
+    """Host loads cheap, disk loads dearer than computing a block: a hit takes its host
+    blocks and computes the ones on disk; with disk cheap too, it loads them all."""
+
+    def run(disk_ns: int) -> tuple[int, dict]:
+        pool = BlockPool(5, BS, prefix_caching=True, host_blocks=2, disk_blocks=8)
+        pool.set_tier_costs([10, disk_ns], 100)  # a block's 4 tokens: 400 ns to compute
+        visit(pool, 1, prompt(1, 4))
+        visit(pool, 2, prompt(2, 4))
+        return visit(pool, 3, prompt(1, 4)), pool.tier_stats()[0]
+
+    # The device evicted the chain tail first, so its head stayed in the host tier and
+    # its tail went on to disk: the head is loaded, the tail computed.
+    cached, host = run(1_000)
+    assert cached == 2 * BS and (host["loads_won"], host["recompute_won"]) == (1, 1)
+    cached, host = run(50)
+    assert cached == 4 * BS and (host["loads_won"], host["recompute_won"]) == (1, 0)
+
+
+@pytest.mark.parametrize("args", [([1], 10), ([1, 2, 3], 10), ([-1, 2], 10), ([1, 2], -5)])
+def test_bad_tier_costs_are_refused(args: tuple) -> None:
+    pool = BlockPool(5, BS, prefix_caching=True, host_blocks=2, disk_blocks=8)
+    with pytest.raises(InvalidArgumentError):
+        pool.set_tier_costs(*args)
+    with pytest.raises(InvalidArgumentError):
+        BlockPool(5, BS, prefix_caching=True).set_tier_costs([1], 1)
+    with pytest.raises(InvalidArgumentError, match="must be an int"):
+        pool.set_tier_costs([1, 2], "fast")

@@ -347,3 +347,20 @@ fn a_pool_without_caching_or_with_a_window_refuses_tiers() {
     let mut windowed = BlockPool::with_options(16, BS, groups, Some(CacheConfig::default())).unwrap();
     assert!(windowed.set_tiers(&cfg, None).is_err());
 }
+
+#[test]
+fn loads_only_what_is_faster_than_computing() {
+    let cfg = [TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }, TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }];
+    let mut t = Tiers::new(&cfg, None).unwrap();
+    assert_eq!(t.worth_loading(&[0, 1, 1], 2, 16), 3, "without costs, everything found");
+    assert!(t.set_costs(&[10], 5).is_err(), "one cost per tier");
+    // A block of 16 tokens computes in 80 ns; loading it takes 2 x 10 from the host, 2 x 50 from disk.
+    t.set_costs(&[10, 50], 5).unwrap();
+    assert_eq!(t.worth_loading(&[0, 0, 1, 1], 2, 16), 2);
+    // A cheap block after dear ones pays for them only if the sum saves time.
+    assert_eq!(t.worth_loading(&[1, 0, 0], 2, 16), 3); // -20 + 60 + 60 > 0
+    assert_eq!(t.worth_loading(&[1, 1, 1, 0], 2, 16), 0); // never above 0
+    // A tie between counts takes the smaller.
+    t.set_costs(&[40, 40], 5).unwrap();
+    assert_eq!(t.worth_loading(&[0, 0], 2, 16), 0);
+}

@@ -10,7 +10,7 @@ use crate::bindings::convert::{count_arg, int_scalar, int_vec, ints_as};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
-use crate::prefix_cache::tiers::{GateConfig, TierConfig, TierStats};
+use crate::prefix_cache::tiers::{GateConfig, TierChoices, TierConfig, TierStats};
 use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -113,7 +113,7 @@ impl TierOptions<'_> {
 }
 
 /// `BlockPool.tier_stats()`'s list: one dict per tier, host first.
-pub fn tier_stats_list<'py>(py: Python<'py>, stats: &[TierStats], gated: u64) -> PyResult<Bound<'py, PyList>> {
+pub fn tier_stats_list<'py>(py: Python<'py>, stats: &[TierStats], choices: TierChoices) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for (i, s) in stats.iter().enumerate() {
         let d = PyDict::new(py);
@@ -123,7 +123,10 @@ pub fn tier_stats_list<'py>(py: Python<'py>, stats: &[TierStats], gated: u64) ->
         d.set_item("evicted", s.evicted)?;
         d.set_item("collisions", s.collisions)?;
         d.set_item("held", s.held)?;
-        d.set_item("gated", if i == 0 { gated } else { 0 })?;
+        let top = |n: u64| if i == 0 { n } else { 0 };
+        d.set_item("gated", top(choices.gated))?;
+        d.set_item("loads_won", top(choices.loads_won))?;
+        d.set_item("recompute_won", top(choices.recompute_won))?;
         list.append(d)?;
     }
     Ok(list)
