@@ -113,7 +113,7 @@ pub struct TierStats {
     pub evicted: u64,
     /// Lookups whose key was present but whose verification differed.
     pub collisions: u64,
-    /// Blocks held now.
+    /// Blocks held now (the tier's index, read when the counts are taken).
     pub held: usize,
 }
 
@@ -157,7 +157,6 @@ impl Tier {
         self.queue.insert(self.key_of(slot)?);
         self.map.insert(key, slot);
         self.stats.stored += 1;
-        self.stats.held += 1;
         Some(slot)
     }
 
@@ -173,7 +172,6 @@ impl Tier {
     fn vacate(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
         let (key, entry, _) = self.slots[slot as usize].take()?;
         self.map.remove(&key);
-        self.stats.held -= 1;
         Some((key, entry))
     }
 }
@@ -394,7 +392,6 @@ impl Tiers {
             t.free = (0..n).rev().collect();
             t.taken.clear();
             t.queue = EvictionQueue::default();
-            t.stats.held = 0;
         }
         if let Some(g) = &mut self.gate {
             g.rows.iter_mut().for_each(|c| *c = 0);
@@ -403,7 +400,7 @@ impl Tiers {
 
     /// Per-tier counts, top first.
     pub fn stats(&self) -> Vec<TierStats> {
-        self.tiers.iter().map(|t| t.stats.clone()).collect()
+        self.tiers.iter().map(|t| TierStats { held: t.map.len(), ..t.stats.clone() }).collect()
     }
 
     /// The keys a tier holds, next victim first (tests and reports).
