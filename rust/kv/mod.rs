@@ -12,4 +12,4 @@ pub mod storage;
 mod storage_quant;
 
 pub use elem::{DType, Elem};
-pub use storage::{KvCache, KvShape};
+pub use storage::{BlockGeometry, KvCache, KvShape};

@@ -30,6 +30,7 @@
 //! `b * block_size + t`, whatever the physical order.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::aligned::AlignedBuf;
 use super::elem::{DType, Elem, ScaleKind};
@@ -81,6 +82,47 @@ impl KvShape {
     }
 }
 
+/// Where the bytes of block `b` of layer `l` sit in a cache's storage, as offsets affine
+/// in `l` and `b`: its codes (K tiles of every KV head, then V's: one run) at
+/// `l * region_bytes + b * codes_step`, and its int8 scales (K's then V's: one run, empty
+/// for the other dtypes) at `l * region_bytes + scales_offset + b * scales_len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockGeometry {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub region_bytes: usize,
+    pub codes_step: usize,
+    pub codes_len: usize,
+    pub scales_offset: usize,
+    pub scales_len: usize,
+}
+
+impl BlockGeometry {
+    /// The codes and scales runs of block `block` of `layer`.
+    ///
+    /// Errors (`InvalidArgument`): `layer` or `block` out of range.
+    pub fn block_bytes(&self, layer: usize, block: usize) -> Result<[std::ops::Range<usize>; 2]> {
+        if layer >= self.num_layers {
+            return Err(invalid!("layer {layer} out of range 0..{}", self.num_layers));
+        }
+        if block >= self.num_blocks {
+            return Err(invalid!("block {block} out of range 0..{}", self.num_blocks));
+        }
+        let base = layer * self.region_bytes;
+        let codes = base + block * self.codes_step;
+        let scales = if self.scales_len == 0 { 0..0 } else {
+            let at = base + self.scales_offset + block * self.scales_len;
+            at..at + self.scales_len
+        };
+        Ok([codes..codes + self.codes_len, scales])
+    }
+
+    /// Bytes of one block across all layers (codes and int8 scales).
+    pub fn slot_bytes(&self) -> usize {
+        self.num_layers * (self.codes_len + self.scales_len)
+    }
+}
+
 /// Rounding of each K or V region, in bytes, so every region starts cache-line and page
 /// aligned inside the 2 MiB-aligned buffer.
 const REGION_ALIGN: usize = 4096;
@@ -95,8 +137,9 @@ pub struct KvCache {
     region_bytes: usize,
     buf: AlignedBuf,
     /// Whether codes may have been written other than by [`Self::write`] and
-    /// [`Self::copy_blocks`] ([`Self::note_raw_writes`]).
-    raw_writes: AtomicBool,
+    /// [`Self::copy_blocks`] ([`Self::note_raw_writes`]); shared with the regions the
+    /// transfer engine copies through ([`Self::raw_flag`]).
+    raw_writes: Arc<AtomicBool>,
 }
 
 impl KvCache {
@@ -122,7 +165,7 @@ impl KvCache {
             return Err(invalid!("num_blocks * block_size is too large"));
         }
         let buf = AlignedBuf::zeroed(total)?;
-        Ok(Self { shape, dtype, scales, region_bytes, buf, raw_writes: AtomicBool::new(false) })
+        Ok(Self { shape, dtype, scales, region_bytes, buf, raw_writes: Arc::new(AtomicBool::new(false)) })
     }
 
     pub fn shape(&self) -> KvShape {
@@ -242,21 +285,29 @@ impl KvCache {
     /// KV head, then V's: one run) and its int8 scales (K's then V's: one run; empty for
     /// the other dtypes, whose few per-layer scales are not per block).
     pub fn block_bytes(&self, layer: usize, block: usize) -> Result<[std::ops::Range<usize>; 2]> {
-        self.check_layer(layer)?;
-        if block >= self.shape.num_blocks {
-            return Err(invalid!("block {block} out of range 0..{}", self.shape.num_blocks));
-        }
+        self.block_geometry().block_bytes(layer, block)
+    }
+
+    /// Where every block's bytes sit ([`BlockGeometry`]): the arithmetic of
+    /// [`Self::block_bytes`], kept apart from the cache.
+    pub fn block_geometry(&self) -> BlockGeometry {
         let (s, size) = (&self.shape, self.dtype.size());
-        let codes = self.region(layer, 0) + block * s.block_stride() * size;
-        let codes = codes..codes + 2 * s.block() * size;
-        let scales = if self.scales.kind == ScaleKind::PerToken {
-            let per = 2 * s.num_kv_heads * s.block_size * 4;
-            let at = self.region(layer, 0) + self.scales.offset + block * per;
-            at..at + per
-        } else {
-            0..0
-        };
-        Ok([codes, scales])
+        let per_token = self.scales.kind == ScaleKind::PerToken;
+        BlockGeometry {
+            num_layers: s.num_layers,
+            num_blocks: s.num_blocks,
+            region_bytes: self.region_bytes,
+            codes_step: s.block_stride() * size,
+            codes_len: 2 * s.block() * size,
+            scales_offset: self.scales.offset,
+            scales_len: if per_token { 2 * s.num_kv_heads * s.block_size * 4 } else { 0 },
+        }
+    }
+
+    /// The flag behind [`Self::raw_writes`], for a region that copies into the cache on
+    /// another thread and must note raw writes as the cache would.
+    pub(crate) fn raw_flag(&self) -> Arc<AtomicBool> {
+        self.raw_writes.clone()
     }
 
     /// Raw pointer to `layer`'s first scale (see [`super::quant`]), for zero-copy views.

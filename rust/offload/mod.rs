@@ -2,8 +2,10 @@
 //! slots in its own memory budget), the disk tier (G3, one checksummed file per block in
 //! a folder) and the transfer engine that moves whole blocks between them and the
 //! device's `KvCache` on its own threads. Which blocks live in which tier is the prefix
-//! cache's decision; this module only stores and moves bytes.
+//! cache's decision; this module stores and moves bytes, and [`store`] carries out those
+//! decisions in their order.
 
 pub mod disk;
 pub mod host;
+pub mod store;
 pub mod transfer;

@@ -232,10 +232,19 @@ impl BlockPool {
         self.cache_mut()?.set_tier_costs(load_ns_per_block, recompute_ns_per_token)
     }
 
-    /// The tiers' decisions since the last call, oldest first (none without tiers): the
-    /// byte layer carries them out in order, before the call's loads.
-    pub fn drain_tier_moves(&mut self, out: &mut Vec<Move>) -> Result<()> {
-        self.cache_mut()?.drain_tier_moves(out);
+    /// The tiers' decisions since the last drain, oldest first (none without tiers), and
+    /// the loads of the admissions since: the byte layer carries out the moves in order,
+    /// then the loads, before the next pool call (a held slot is free again after it).
+    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) -> Result<()> {
+        self.cache_mut()?.drain_tier_moves(moves, loads);
+        Ok(())
+    }
+
+    /// Whether the tiers' moves and loads wait for [`Self::drain_tier_moves`] (default)
+    /// or are dropped at the end of each call (the tiers only model decisions, and
+    /// nobody drains).
+    pub fn keep_tier_moves(&mut self, keep: bool) -> Result<()> {
+        self.cache_mut()?.keep_tier_moves(keep);
         Ok(())
     }
 
@@ -472,11 +481,14 @@ impl BlockPool {
         if let Some(copies) = &plan.copies {
             self.finish_copies(copies, &tables, hb, out);
         }
+        let first_load = out.loads.len();
         self.place_loads(&taken, plan.tb, &tables, out);
         out.seq_lens.push(len as i32);
         self.register(&tables, q, hb, keys.len());
         self.record_hit(&plan, keys.len(), len, cached)?;
-        self.cache_mut()?.record_tier_choice(plan.tier_found, plan.tb);
+        let c = self.cache_mut()?;
+        c.record_tier_choice(plan.tier_found, plan.tb);
+        c.queue_tier_loads(&out.loads[first_load..]);
         self.seqs.insert(seq, SeqEntry { len, frontier: cached, prev_frontier: cached, mark: 0, tables, cursor });
         self.end_op();
         Ok(cached)

@@ -56,7 +56,7 @@ use crate::error::{filled, Result};
 use crate::prefix_cache::eviction::{EvictKey, EvictionPolicy, EvictionQueue, Recency};
 use crate::invalid;
 use crate::prefix_cache::pins::PinTable;
-use crate::prefix_cache::tiers::{Move, Tiers};
+use crate::prefix_cache::tiers::{Move, TierLoad, Tiers};
 use crate::types::BlockId;
 
 use lineage::Lineage;
@@ -116,6 +116,9 @@ pub struct PrefixCache {
     /// The tiers below the device, if any (`spill.rs`), and their decisions not yet drained.
     tiers: Option<Box<Tiers>>,
     tier_moves: Vec<Move>,
+    tier_loads: Vec<TierLoad>,
+    /// Whether `tier_moves` and `tier_loads` wait for a drain (else each call drops them).
+    keep_moves: bool,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -220,6 +223,8 @@ impl PrefixCache {
             lineage: Lineage::new(num_blocks.saturating_mul(block_size).saturating_mul(LINEAGE_TOKENS_PER_TOKEN), block_size),
             tiers: None,
             tier_moves: Vec::new(),
+            tier_loads: Vec::new(),
+            keep_moves: true,
         })
     }
 

@@ -93,6 +93,7 @@ impl PrefixCache {
         self.flush_unmapped();
         if let Some(t) = self.tiers.as_deref_mut() {
             t.end_call();
+            self.forget_undrained();
         }
         if !self.manual_clock {
             self.clock += 1;

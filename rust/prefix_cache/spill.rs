@@ -15,7 +15,7 @@
 //! refuses tiers.
 
 use super::meta::{Meta, HAS_TOKENS};
-use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierStats, Tiers};
+use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierLoad, TierStats, Tiers};
 use super::{BlockKey, CacheEvent, CacheEventKind, PrefixCache, MEDIUM_DISK, MEDIUM_HOST, NO_PARENT};
 use crate::error::Result;
 use crate::invalid;
@@ -31,6 +31,7 @@ impl PrefixCache {
         }
         self.tiers = Some(Box::new(Tiers::new(tiers, gate)?));
         self.tier_moves.clear();
+        self.tier_loads.clear();
         Ok(())
     }
 
@@ -44,9 +45,30 @@ impl PrefixCache {
         self.tiers.as_ref().map(|t| (t.stats(), TierChoices { gated: t.gated, loads_won: t.loads_won, recompute_won: t.recompute_won }))
     }
 
-    /// Move the tiers' pending decisions into `out`, oldest first.
-    pub fn drain_tier_moves(&mut self, out: &mut Vec<Move>) {
-        out.append(&mut self.tier_moves);
+    /// Move the tiers' pending decisions into `moves` and the admissions' loads into
+    /// `loads`, oldest first.
+    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) {
+        moves.append(&mut self.tier_moves);
+        loads.append(&mut self.tier_loads);
+    }
+
+    /// Queue the loads an admission placed, for [`Self::drain_tier_moves`].
+    pub fn queue_tier_loads(&mut self, loads: &[TierLoad]) {
+        self.tier_loads.extend_from_slice(loads);
+    }
+
+    /// Whether moves and loads wait to be drained (default) or are dropped by
+    /// [`Self::end_op`] (nobody carries them out: the tiers model decisions only).
+    pub fn keep_tier_moves(&mut self, keep: bool) {
+        self.keep_moves = keep;
+    }
+
+    /// At the end of a call: drop the moves and loads nobody will drain.
+    pub(super) fn forget_undrained(&mut self) {
+        if !self.keep_moves {
+            self.tier_moves.clear();
+            self.tier_loads.clear();
+        }
     }
 
     /// Count a sighting of cached block `b` (stored or hit) for the reuse gate.
@@ -149,6 +171,7 @@ impl PrefixCache {
             t.clear();
         }
         self.tier_moves.clear();
+        self.tier_loads.clear();
     }
 }
 

@@ -285,8 +285,9 @@ fn an_evicted_prompt_comes_back_from_the_host_tier() {
     let (a, b) = (prompt(1, 4), prompt(2, 4));
     assert_eq!(visit(&mut p, 1, &a, &mut out), 0);
     assert_eq!(visit(&mut p, 2, &b, &mut out), 0);
-    let mut moves = Vec::new();
-    p.drain_tier_moves(&mut moves).unwrap();
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    assert!(loads.is_empty(), "no admission hit the tiers yet");
     let stored = moves.iter().filter(|m| matches!(m, Move::Store { .. })).count();
     assert_eq!(stored, 4, "a's four cached blocks went down: {moves:?}");
     // a again: its four full blocks come from the host tier, the last token is computed.
@@ -295,6 +296,9 @@ fn an_evicted_prompt_comes_back_from_the_host_tier() {
     assert_eq!(out.total_tokens, 1, "only the last token is computed");
     assert_eq!(out.slots.len(), 1);
     assert_eq!(out.loads.len(), 4);
+    moves.clear();
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    assert_eq!(loads, out.loads, "the queue holds the admission's loads, for the byte layer");
     // Each load goes to the block the sequence's table holds at its position, in order.
     let table = p.table(SeqId(3), 0).unwrap();
     let blocks: Vec<BlockId> = out.loads.iter().map(|l: &TierLoad| l.block).collect();
@@ -304,6 +308,21 @@ fn an_evicted_prompt_comes_back_from_the_host_tier() {
     let cached = p.add_sequence_tokens(SeqId(4), &a, None, &mut out).unwrap();
     assert_eq!((cached, out.loads.len()), (4 * BS, 0));
     p.check_invariants().unwrap();
+}
+
+#[test]
+fn moves_nobody_drains_are_dropped_at_the_end_of_each_call() {
+    let mut p = pool(5, 8, None);
+    p.keep_tier_moves(false).unwrap();
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    visit(&mut p, 1, &a, &mut out);
+    visit(&mut p, 2, &prompt(2, 4), &mut out);
+    assert_eq!(p.add_sequence_tokens(SeqId(3), &a, None, &mut out).unwrap(), 4 * BS);
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    assert!(moves.is_empty() && loads.is_empty(), "{moves:?} {loads:?}");
+    assert_eq!(out.loads.len(), 4, "the call's own output still lists them");
 }
 
 #[test]

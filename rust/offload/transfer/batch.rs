@@ -59,6 +59,11 @@ impl Batch {
         Self { device, jobs: Vec::new() }
     }
 
+    /// [`Self::new`] on a region already behind `dyn`.
+    pub fn from_dyn(device: Arc<dyn DeviceRegion>) -> Self {
+        Self { device, jobs: Vec::new() }
+    }
+
     /// Add a store: device block `block` -> host slot `slot`.
     pub fn store(&mut self, block: usize, slot: Slot) -> &mut Self {
         self.jobs.push(Job::Store { block, slot });

@@ -54,7 +54,7 @@ use crate::offload::host::HostTier;
 pub use batch::{Batch, Job, MIN_PART_BYTES};
 pub use handle::Handle;
 pub use pack::{foreign_codes, pack, unpack};
-pub use region::{slot_bytes_for, DeviceRegion};
+pub use region::{slot_bytes_for, DeviceRegion, KvRegion};
 
 /// Most worker threads an engine may have.
 pub const MAX_TRANSFER_THREADS: usize = 64;

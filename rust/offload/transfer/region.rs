@@ -1,11 +1,15 @@
 //! The device side of a transfer: memory holding blocks, each block a fixed list of byte
-//! runs that a slot holds concatenated ([`DeviceRegion`]), implemented for [`KvCache`].
+//! runs that a slot holds concatenated ([`DeviceRegion`]), implemented for [`KvCache`]
+//! and for [`KvRegion`], a cache's storage seen apart from the cache (for an owner that
+//! keeps the cache behind a lock).
 
 use std::ops::Range;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::error::Result;
-use crate::kv::KvCache;
+use crate::kv::{BlockGeometry, KvCache};
 
 /// Memory whose blocks the transfer engine copies to and from host slots, on its own
 /// threads, through raw pointers.
@@ -67,17 +71,7 @@ unsafe impl DeviceRegion for KvCache {
     }
 
     fn block_runs(&self, block: usize, runs: &mut Vec<Range<usize>>) -> Result<()> {
-        let start = runs.len();
-        for layer in 0..self.shape().num_layers {
-            match self.block_bytes(layer, block) {
-                Ok(ranges) => runs.extend(ranges.into_iter().filter(|r| !r.is_empty())),
-                Err(e) => {
-                    runs.truncate(start);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
+        geometry_runs(&self.block_geometry(), block, runs)
     }
 
     fn raw_writes(&self) -> bool {
@@ -93,8 +87,83 @@ unsafe impl DeviceRegion for KvCache {
 /// per-token scales (fp8's per-layer scales belong to no block and are not included):
 /// `num_layers * 2 * num_kv_heads * block_size * (head_dim * dtype.size() + 4 if int8)`.
 pub fn slot_bytes_for(cache: &KvCache) -> usize {
-    let layer = cache.block_bytes(0, 0).map_or(0, |[codes, scales]| codes.len() + scales.len());
-    cache.shape().num_layers * layer
+    cache.block_geometry().slot_bytes()
+}
+
+/// Append `block`'s non-empty runs of every layer to `runs`, in slot order; nothing on
+/// an error (`block` out of range).
+fn geometry_runs(g: &BlockGeometry, block: usize, runs: &mut Vec<Range<usize>>) -> Result<()> {
+    let start = runs.len();
+    for layer in 0..g.num_layers {
+        match g.block_bytes(layer, block) {
+            Ok(ranges) => runs.extend(ranges.into_iter().filter(|r| !r.is_empty())),
+            Err(e) => {
+                runs.truncate(start);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A [`KvCache`]'s storage as a [`DeviceRegion`], apart from the cache: its pointer,
+/// length, block geometry and raw-writes flag, and an `Arc` of whatever owns the cache,
+/// which keeps the storage alive while a transfer holds the region.
+pub struct KvRegion<O: Send + Sync + 'static> {
+    ptr: NonNull<u8>,
+    len: usize,
+    geometry: BlockGeometry,
+    raw: Arc<AtomicBool>,
+    _owner: Arc<O>,
+}
+
+// SAFETY: the region is a pointer into memory valid for reads and writes from any
+// thread (the cache's mapping); sharing it across threads is what `DeviceRegion`
+// describes, and who touches which bytes when is the transfer caller's promise.
+unsafe impl<O: Send + Sync + 'static> Send for KvRegion<O> {}
+// SAFETY: as for `Send`; `&KvRegion` only hands out the pointer and copies of its facts.
+unsafe impl<O: Send + Sync + 'static> Sync for KvRegion<O> {}
+
+impl<O: Send + Sync + 'static> KvRegion<O> {
+    /// The region of `cache`, owned by `owner`.
+    ///
+    /// # Safety
+    ///
+    /// `owner` holds `cache` for as long as `owner` lives, and the cache is neither
+    /// dropped nor replaced in it meanwhile (its storage mapping is then the same memory
+    /// throughout: a `KvCache` never moves or frees its mapping before its drop).
+    pub unsafe fn new(cache: &KvCache, owner: Arc<O>) -> Self {
+        let (ptr, len) = cache.raw_parts();
+        Self { ptr, len, geometry: cache.block_geometry(), raw: cache.raw_flag(), _owner: owner }
+    }
+}
+
+// SAFETY: `ptr` and `len` are the cache's mapping (from `raw_parts`, valid for reads and
+// writes), which lives as long as `_owner` (the promise of `KvRegion::new`), held here.
+unsafe impl<O: Send + Sync + 'static> DeviceRegion for KvRegion<O> {
+    fn memory(&self) -> (NonNull<u8>, usize) {
+        (self.ptr, self.len)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.geometry.num_blocks
+    }
+
+    fn slot_bytes(&self) -> usize {
+        self.geometry.slot_bytes()
+    }
+
+    fn block_runs(&self, block: usize, runs: &mut Vec<Range<usize>>) -> Result<()> {
+        geometry_runs(&self.geometry, block, runs)
+    }
+
+    fn raw_writes(&self) -> bool {
+        self.raw.load(Ordering::Acquire)
+    }
+
+    fn note_raw_writes(&self) {
+        self.raw.store(true, Ordering::Release);
+    }
 }
 
 /// The whole storage of `cache`, writable.
