@@ -29,6 +29,7 @@ device is refused too.
 """
 
 from collections.abc import Sequence
+import os
 from typing import Any, Final, Literal, SupportsIndex, TypeAlias, overload
 
 from typing_extensions import final
@@ -282,8 +283,9 @@ class BlockPool:
             forgotten, and an admission's hit continues into it past the device's chain:
             those blocks are allocated in the device like computed ones but count as cached
             tokens. Tiers are exclusive: a block is in the device or in one tier. The tiers
-            keep decisions only, not bytes: they model what a tiered cache would hold
-            (trace replay, planning; :meth:`tier_stats`).
+            keep decisions only until :meth:`attach_tier_storage` gives them bytes: alone
+            they model what a tiered cache would hold (trace replay, planning;
+            :meth:`tier_stats`).
         disk_blocks: a disk tier below the host tier, in blocks, ``1..2**32 - 1`` (default
             None; needs ``host_blocks``): the host tier's victims go down to it.
         tier_eviction: each tier's order (default ``"lru"``): a block is used in a tier only
@@ -949,6 +951,72 @@ class BlockPool:
         Raises:
             InvalidArgumentError: caching off, no tiers, a cost count other than the
                 tiers', a negative cost or one that is not an int.
+        """
+
+    def attach_tier_storage(self, cache: KvCache, *, disk_dir: str | os.PathLike[str] | None = None,
+                            model_id: str | None = None, transfer_threads: int = 2, fsync: bool = True) -> None:
+        """Give the tiers bytes: from now on every block the pool moves below the device is
+        copied out of ``cache`` into host memory (and from there to ``disk_dir``), and every
+        block an admission takes from a tier is copied back into its new block of
+        ``cache`` before anything reads it.
+
+        Device <-> host copies run on ``transfer_threads`` threads of their own while the
+        caller goes on; disk reads and writes run in the pool call that decided them.
+        Every access to ``cache`` (writes, attention, dequantize, copies) first waits for
+        the copies in flight, so a block is never read before its bytes arrived; numpy or
+        torch views of the cache are not waited for: call :meth:`wait_tiers` before using
+        them. The host tier maps ``host_blocks`` slots of one block's bytes across all
+        layers (plus 16 staging slots with a disk tier).
+
+        The disk folder holds one checksummed file per block (format in the
+        documentation); it is tied to ``model_id`` and the cache's layout and dtype, and
+        a folder of another model or layout is refused. Files an earlier run left are
+        removed: the pool's tiers start empty.
+
+        Args:
+            cache: the pool's KV storage: as many blocks of as many tokens as the pool.
+            disk_dir: the disk tier's folder (created if missing), exactly when the pool
+                has ``disk_blocks``.
+            model_id: names the model whose KV the folder holds (weights and version), with
+                ``disk_dir`` only.
+            transfer_threads: copy threads, ``1..=64`` (default 2).
+            fsync: sync each disk block before it counts as written (default True: it
+                survives a power loss; False: it survives the process being killed).
+
+        Raises:
+            InvalidArgumentError: the pool has no tiers or already evicted a block into
+                them, storage is already attached, ``cache``'s blocks or block size differ
+                from the pool's, ``disk_dir`` given without ``disk_blocks`` (or missing
+                with), ``model_id`` missing with ``disk_dir`` or given without it,
+                ``transfer_threads`` out of range, or host memory for the slots cannot be
+                mapped.
+            PermissionError: the folder may not be created, read or written.
+            OSError: another I/O failure, or another open tier holds the folder.
+            TypeError: ``cache`` is not a :class:`KvCache`.
+        """
+    def wait_tiers(self) -> None:
+        """Wait until the tier copies in flight have finished (see
+        :meth:`attach_tier_storage`); report the first failure since the last call.
+
+        Raises:
+            OSError: a disk block failed its checksum or vanished and was not loaded (its
+                device block holds stale bytes: free the sequences that admitted it), or a
+                disk write failed.
+            InvalidArgumentError: a copy was refused (a bug).
+        """
+    def tier_transfer_stats(self) -> dict[str, int] | None:
+        """What the attached tier storage copied (None before :meth:`attach_tier_storage`).
+
+        Returns:
+            A dict of counts in blocks: ``host_stores`` (device -> host), ``host_loads``
+            (host -> device), ``disk_writes`` (host -> disk), ``disk_loads`` (disk ->
+            device), ``disk_lost`` (disk blocks that failed their checks, never loaded),
+            ``flushes`` (copies waited for inside a call, where one decision needed an
+            earlier one's bytes); and ``slot_bytes`` (one block across all layers) and
+            ``host_bytes`` (host memory mapped), in bytes.
+
+        Raises:
+            Nothing.
         """
 
 @final

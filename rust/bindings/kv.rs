@@ -1,7 +1,7 @@
 //! `KvCache` for Python: the paged KV storage, its numpy views, writes and block copies.
 
 use std::ops::Range;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use pyo3::prelude::*;
 
@@ -10,6 +10,31 @@ use super::convert::{arg, count_arg};
 use super::errors::{invalid, IntoPyResult};
 use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
+use crate::offload::transfer::Handle;
+
+/// Transfers a pool's tier storage runs on a cache's storage: every access to the cache
+/// takes its lock and then waits for them, and a transfer is submitted only under the
+/// write lock, so no Rust borrow of the storage ever overlaps a copy into it.
+#[derive(Debug, Default)]
+pub(crate) struct Fence(Mutex<Vec<Handle>>);
+
+impl Fence {
+    /// A transfer now in flight (the caller holds the cache's write lock).
+    pub(crate) fn push(&self, h: Handle) {
+        let mut hs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        hs.retain(|h| !h.poll());
+        hs.push(h);
+    }
+
+    /// Wait for every transfer in flight (the caller holds the cache's lock, so none
+    /// starts meanwhile). Their errors are the pool's to report (`wait_tiers`).
+    fn wait(&self) {
+        let hs = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in hs {
+            let _ = h.wait();
+        }
+    }
+}
 
 /// KV storage owned by Rust: per layer, K and V for ``num_blocks`` blocks of
 /// ``block_size`` token slots x ``num_kv_heads`` x ``head_dim``, in ``dtype``, in one
@@ -50,7 +75,8 @@ use crate::kv::{DType, KvCache, KvShape};
 ///         ``num_kv_heads`` above 65536, an unknown dtype, or a size beyond memory.
 #[pyclass(name = "KvCache", module = "pykvpool", frozen)]
 pub struct PyKvCache {
-    inner: RwLock<KvCache>,
+    inner: Arc<RwLock<KvCache>>,
+    fence: Arc<Fence>,
     pub(super) shape: KvShape,
     pub(super) dtype: DType,
     nbytes: usize,
@@ -60,8 +86,16 @@ pub struct PyKvCache {
 }
 
 impl PyKvCache {
+    /// The cache, read-locked, once no transfer is in flight.
     pub(super) fn read(&self) -> RwLockReadGuard<'_, KvCache> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner())
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        self.fence.wait();
+        g
+    }
+
+    /// The lock and fence a pool's tier storage shares (`BlockPool.attach_tier_storage`).
+    pub(crate) fn shared(&self) -> (Arc<RwLock<KvCache>>, Arc<Fence>) {
+        (self.inner.clone(), self.fence.clone())
     }
 
     /// The immutable facts other binding modules check against: shape and storage
@@ -70,8 +104,11 @@ impl PyKvCache {
         (self.shape, &self.storage)
     }
 
+    /// The cache, write-locked, once no transfer is in flight.
     fn write_lock(&self) -> RwLockWriteGuard<'_, KvCache> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+        let g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        self.fence.wait();
+        g
     }
 }
 
@@ -105,7 +142,7 @@ impl PyKvCache {
         let cache = py.detach(|| KvCache::new(shape, dtype)).py_err(py)?;
         let storage = cache.address_range();
         register_storage(storage.clone());
-        Ok(Self { shape, dtype, nbytes: cache.nbytes(), huge_pages: cache.huge_pages(), storage, inner: RwLock::new(cache) })
+        Ok(Self { shape, dtype, nbytes: cache.nbytes(), huge_pages: cache.huge_pages(), storage, inner: Arc::new(RwLock::new(cache)), fence: Arc::default() })
     }
 
     /// Layers.

@@ -143,6 +143,11 @@ impl TierStore {
         self.disk.as_ref().map(DiskTier::stats)
     }
 
+    /// The batch in flight, if any (a clone of its handle, to wait on elsewhere).
+    pub fn in_flight(&self) -> Option<Handle> {
+        self.in_flight.clone()
+    }
+
     /// Whether no batch is in flight (never blocks).
     pub fn poll(&mut self) -> bool {
         self.in_flight.as_ref().is_none_or(Handle::poll)

@@ -154,6 +154,8 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("set_tier_costs", "recompute_ns_per_token", lambda w, x: w.ppool.set_tier_costs([1], x),
      INT_BAD + REQUIRED + NEG),
     ("set_clock", "t", lambda w, x: w.ppool.set_clock(x), INT_BAD + REQUIRED + NEG),
+    ("attach_tier_storage", "transfer_threads",
+     lambda w, x: w.ppool.attach_tier_storage(w.cache, transfer_threads=x), INT_BAD + REQUIRED + NEG),
     ("SlidingWindow", "window", lambda w, x: kv.SlidingWindow(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
     ("SlidingWindow", "sink_tokens", lambda w, x: kv.SlidingWindow(4, x), INT_BAD + NEG + [2**31]),
     ("ChunkedAttention", "chunk_size", lambda w, x: kv.ChunkedAttention(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),
@@ -348,6 +350,8 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
 ]
 
 TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
+    ("attach_tier_storage", "cache", lambda w, x: w.ppool.attach_tier_storage(x), [1, None, "cache"]),
+    ("attach_tier_storage", "fsync", lambda w, x: w.ppool.attach_tier_storage(w.cache, fsync=x), [1, "yes", None]),
     ("BlockPool", "prefix_caching", lambda w, x: kv.BlockPool(16, 4, prefix_caching=x), [1, "yes", None]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), [1, b"lru"]),
     ("BlockPool", "verify_tokens", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, verify_tokens=x), [1, "no"]),
@@ -420,7 +424,7 @@ def test_every_native_callable_is_in_a_table() -> None:
     """A new native function or method must get rows here (or be listed as taking no
     argument that can be wrong)."""
     no_args = {"get_num_threads", "cpu_features", "kernel_paths", "seq_ids", "stats", "check_invariants",
-               "cache_stats", "tier_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
+               "cache_stats", "tier_stats", "wait_tiers", "tier_transfer_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
                "run_simulation", "synthesize_workload"}  # the simulator's own tests cover these two
     covered = {row.split(".")[-1] for row, *_ in INVALID + TYPE_ERRORS} | no_args
     native = {n for n in dir(kv._native) if callable(getattr(kv._native, n)) and not n[0].isupper()}

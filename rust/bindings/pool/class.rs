@@ -8,6 +8,7 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::prelude::*;
 
+use super::tier_io::TierIo;
 use crate::bindings::errors::{invalid, to_py};
 use crate::error::KvError;
 use crate::pool::{BlockPool, GroupSpec, StepOutput};
@@ -57,22 +58,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// admitted with prefix caching that evicts 136 blocks, ~8 us); anything larger (a long
 /// prefill, a batch of thousands) releases it so other Python threads run meanwhile.
 pub(crate) const INLINE_WORK: usize = 4096;
-
-/// Run `f` on the pool: under the GIL when `work` is below [`INLINE_WORK`], else with
-/// the GIL released. The lock is always dropped before the GIL is retaken, so a thread
-/// waiting for the pool under the GIL cannot deadlock against one returning from `detach`.
-pub(super) fn with_pool<R: Send>(
-    py: Python<'_>,
-    m: &Mutex<BlockPool>,
-    work: usize,
-    f: impl FnOnce(&mut BlockPool) -> R + Send,
-) -> R {
-    if work < INLINE_WORK {
-        f(&mut lock(m))
-    } else {
-        py.detach(|| f(&mut lock(m)))
-    }
-}
 
 pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> PyResult<Bound<'py, PyArray2<i64>>> {
     if pairs.is_empty() {
@@ -159,8 +144,9 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 ///         forgotten, and an admission's hit continues into it past the device's chain:
 ///         those blocks are allocated in the device like computed ones but count as cached
 ///         tokens. Tiers are exclusive: a block is in the device or in one tier. The tiers
-///         keep decisions only, not bytes: they model what a tiered cache would hold
-///         (trace replay, planning; :meth:`tier_stats`).
+///         keep decisions only until :meth:`attach_tier_storage` gives them bytes: alone
+///         they model what a tiered cache would hold (trace replay, planning;
+///         :meth:`tier_stats`).
 ///     disk_blocks: a disk tier below the host tier, in blocks, ``1..2**32 - 1`` (default
 ///         None; needs ``host_blocks``): the host tier's victims go down to it.
 ///     tier_eviction: each tier's order (default ``"lru"``): a block is used in a tier only
@@ -192,6 +178,10 @@ pub struct PyBlockPool {
     /// Built with ``groups``: results carry the group axis, per-group queries need ``group=``.
     pub(super) grouped: bool,
     pub(super) prefix_caching: bool,
+    /// Blocks of the host and disk tiers, if the pool has tiers.
+    pub(super) tiers: Option<(usize, Option<usize>)>,
+    /// The tiers' bytes, once attached (`attach_tier_storage`). Locked after `inner`.
+    pub(super) tier_io: Mutex<Option<Box<TierIo>>>,
 }
 
 impl PyBlockPool {
@@ -200,17 +190,36 @@ impl PyBlockPool {
     /// runs without the lock: a thread blocked on the pool while holding the GIL can
     /// never wait on one that needs the GIL back. `f` itself must not touch Python.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
-        f(&mut lock(&self.inner))
+        self.locked(f)
     }
 
     /// [`Self::with`] with the GIL released (the lock is taken and dropped inside).
     pub(crate) fn detached<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
-        py.detach(|| f(&mut lock(&self.inner)))
+        py.detach(|| self.locked(f))
     }
 
-    /// [`with_pool`] on this pool.
+    /// [`Self::with`] under the GIL when `work` is below [`INLINE_WORK`], else with the
+    /// GIL released. The lock is always dropped before the GIL is retaken, so a thread
+    /// waiting for the pool under the GIL cannot deadlock against one returning from
+    /// `detach`.
     pub(crate) fn run<R: Send>(&self, py: Python<'_>, work: usize, f: impl FnOnce(&mut BlockPool) -> R + Send) -> R {
-        with_pool(py, &self.inner, work, f)
+        if work < INLINE_WORK {
+            self.locked(f)
+        } else {
+            py.detach(|| self.locked(f))
+        }
+    }
+
+    /// `f` on the locked pool, then the tiers' moves and loads it decided carried out on
+    /// the attached storage (if any) before the lock is released, so they run in the
+    /// order the pool made them.
+    fn locked<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
+        let mut pool = lock(&self.inner);
+        let r = f(&mut pool);
+        if let Some(io) = lock(&self.tier_io).as_deref_mut() {
+            io.carry_out(&mut pool);
+        }
+        r
     }
 
     /// Work of a call growing `seqs` sequences by `tokens` tokens, in every group.

@@ -3,6 +3,7 @@
 //! runs the core call through [`PyBlockPool::run`] / [`PyBlockPool::with`] (never holding
 //! the pool lock across Python) and builds the result.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
@@ -13,6 +14,9 @@ use super::cache_args::{self, clock, expires_at, extra_key, hash_bits, keys_arra
 use super::class::*;
 use super::specs::{group_arg, groups_arg, kind_object};
 use super::stats::{PyCacheStats, PyPoolStats};
+use super::tier_io::{DiskArgs, TierIo};
+use crate::bindings::kv::PyKvCache;
+use crate::invalid;
 use crate::bindings::convert::{self, arg, count_arg, counts_into, int_scalar, MAX_CALL_TOKENS};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::pool::{BlockPool, GroupSpec, StepOutput};
@@ -54,12 +58,15 @@ impl PyBlockPool {
         let cfg = opts.config(py, prefix_caching)?;
         let tier_opts = TierOptions { host_blocks, disk_blocks, tier_eviction, reuse_gate };
         let (tiers, gate) = tier_opts.configs(py, prefix_caching)?;
+        let tier_sizes = tiers.first().map(|h| (h.capacity_blocks, tiers.get(1).map(|d| d.capacity_blocks)));
         let g = specs.clone();
         let pool = py
             .detach(move || {
                 let mut pool = BlockPool::with_options(nb, bs, g, cfg)?;
                 if !tiers.is_empty() {
                     pool.set_tiers(&tiers, gate)?;
+                    // Decisions only until storage is attached: nobody drains them.
+                    pool.keep_tier_moves(false)?;
                 }
                 Ok(pool)
             })
@@ -70,6 +77,8 @@ impl PyBlockPool {
             groups: specs,
             grouped,
             prefix_caching,
+            tiers: tier_sizes,
+            tier_io: Mutex::new(None),
             inner: Mutex::new(pool),
         })
     }
@@ -182,7 +191,7 @@ impl PyBlockPool {
         #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mut out = StepOutput::default();
-        with_pool(py, &self.inner, self.work(0, prompt_len), |pool| pool.add_sequence(seq_id, prompt_len, &mut out))
+        self.run(py, self.work(0, prompt_len), |pool| pool.add_sequence(seq_id, prompt_len, &mut out))
             .py_err(py)?;
         // The Vec is handed to numpy as is: copying into a numpy-allocated array measured
         // 0.1 us slower for a 2,000-token prompt.
@@ -263,14 +272,14 @@ impl PyBlockPool {
         };
         match counted {
             None if num_tokens.is_none() || ids.len() <= MAX_CALL_TOKENS => {
-                with_pool(py, &self.inner, self.work(ids.len(), ids.len()), |pool| pool.step_decode(ids, out)).py_err(py)?;
+                self.run(py, self.work(ids.len(), ids.len()), |pool| pool.step_decode(ids, out)).py_err(py)?;
             }
             _ => {
                 let one = 1i64.into_pyobject(py)?;
                 counts_into(counted.unwrap_or(one.as_any()), ids.len(), "num_tokens", n)?;
                 // `counts_into` caps the total at MAX_CALL_TOKENS, so this sum cannot overflow.
                 let work = self.work(ids.len(), n.iter().sum::<usize>());
-                with_pool(py, &self.inner, work, |pool| pool.step(ids, n, out)).py_err(py)?;
+                self.run(py, work, |pool| pool.step(ids, n, out)).py_err(py)?;
             }
         }
         // Copies into numpy-owned buffers: cheaper than handing the Vecs over, which makes
@@ -1028,4 +1037,123 @@ impl PyBlockPool {
         let per_token = u64::try_from(count_arg(recompute_ns_per_token, "recompute_ns_per_token")?).unwrap_or(u64::MAX);
         self.with(|p| p.set_tier_costs(&load, per_token)).py_err(py)
     }
+
+    /// Give the tiers bytes: from now on every block the pool moves below the device is
+    /// copied out of ``cache`` into host memory (and from there to ``disk_dir``), and every
+    /// block an admission takes from a tier is copied back into its new block of
+    /// ``cache`` before anything reads it.
+    ///
+    /// Device <-> host copies run on ``transfer_threads`` threads of their own while the
+    /// caller goes on; disk reads and writes run in the pool call that decided them.
+    /// Every access to ``cache`` (writes, attention, dequantize, copies) first waits for
+    /// the copies in flight, so a block is never read before its bytes arrived; numpy or
+    /// torch views of the cache are not waited for: call :meth:`wait_tiers` before using
+    /// them. The host tier maps ``host_blocks`` slots of one block's bytes across all
+    /// layers (plus 16 staging slots with a disk tier).
+    ///
+    /// The disk folder holds one checksummed file per block (format in the
+    /// documentation); it is tied to ``model_id`` and the cache's layout and dtype, and
+    /// a folder of another model or layout is refused. Files an earlier run left are
+    /// removed: the pool's tiers start empty.
+    ///
+    /// Args:
+    ///     cache: the pool's KV storage: as many blocks of as many tokens as the pool.
+    ///     disk_dir: the disk tier's folder (created if missing), exactly when the pool
+    ///         has ``disk_blocks``.
+    ///     model_id: names the model whose KV the folder holds (weights and version), with
+    ///         ``disk_dir`` only.
+    ///     transfer_threads: copy threads, ``1..=64`` (default 2).
+    ///     fsync: sync each disk block before it counts as written (default True: it
+    ///         survives a power loss; False: it survives the process being killed).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: the pool has no tiers or already evicted a block into
+    ///         them, storage is already attached, ``cache``'s blocks or block size differ
+    ///         from the pool's, ``disk_dir`` given without ``disk_blocks`` (or missing
+    ///         with), ``model_id`` missing with ``disk_dir`` or given without it,
+    ///         ``transfer_threads`` out of range, or host memory for the slots cannot be
+    ///         mapped.
+    ///     PermissionError: the folder may not be created, read or written.
+    ///     OSError: another I/O failure, or another open tier holds the folder.
+    ///     TypeError: ``cache`` is not a :class:`KvCache`.
+    #[pyo3(signature = (cache, *, disk_dir = None, model_id = None, transfer_threads = 2, fsync = true))]
+    fn attach_tier_storage(
+        &self,
+        py: Python<'_>,
+        cache: &Bound<'_, PyKvCache>,
+        disk_dir: Option<PathBuf>,
+        model_id: Option<String>,
+        #[pyo3(from_py_with = transfer_threads)] transfer_threads: usize,
+        fsync: bool,
+    ) -> PyResult<()> {
+        let Some(tiers) = self.tiers else {
+            return Err(invalid(py, "cache: the pool has no tiers (build it with host_blocks=)"));
+        };
+        let threads = transfer_threads;
+        let disk = match (disk_dir, model_id) {
+            (Some(dir), Some(model_id)) => Some(DiskArgs { dir, model_id, fsync }),
+            (None, None) => None,
+            (Some(_), None) => return Err(invalid(py, "model_id: needed with disk_dir (the folder holds this model's KV)")),
+            (None, Some(_)) => return Err(invalid(py, "model_id: given without disk_dir")),
+        };
+        let c = cache.get();
+        py.detach(|| {
+            let mut pool = lock(&self.inner);
+            let mut io = lock(&self.tier_io);
+            if io.is_some() {
+                return Err(invalid!("cache: tier storage is already attached"));
+            }
+            if pool.tier_stats()?.is_some_and(|(t, _)| t.iter().any(|s| s.stored > 0)) {
+                return Err(invalid!("cache: the tiers already hold blocks without bytes; attach before the pool evicts"));
+            }
+            let t = TierIo::new(&pool, tiers, c, disk, threads)?;
+            pool.keep_tier_moves(true)?;
+            *io = Some(Box::new(t));
+            Ok(())
+        })
+        .py_err(py)
+    }
+
+    /// Wait until the tier copies in flight have finished (see
+    /// :meth:`attach_tier_storage`); report the first failure since the last call.
+    ///
+    /// Raises:
+    ///     OSError: a disk block failed its checksum or vanished and was not loaded (its
+    ///         device block holds stale bytes: free the sequences that admitted it), or a
+    ///         disk write failed.
+    ///     InvalidArgumentError: a copy was refused (a bug).
+    fn wait_tiers(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| lock(&self.tier_io).as_deref_mut().map_or(Ok(()), TierIo::wait)).py_err(py)
+    }
+
+    /// What the attached tier storage copied (None before :meth:`attach_tier_storage`).
+    ///
+    /// Returns:
+    ///     A dict of counts in blocks: ``host_stores`` (device -> host), ``host_loads``
+    ///     (host -> device), ``disk_writes`` (host -> disk), ``disk_loads`` (disk ->
+    ///     device), ``disk_lost`` (disk blocks that failed their checks, never loaded),
+    ///     ``flushes`` (copies waited for inside a call, where one decision needed an
+    ///     earlier one's bytes); and ``slot_bytes`` (one block across all layers) and
+    ///     ``host_bytes`` (host memory mapped), in bytes.
+    ///
+    /// Raises:
+    ///     Nothing.
+    fn tier_transfer_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some((s, host_bytes, slot_bytes)) = lock(&self.tier_io).as_deref().map(TierIo::stats) else { return Ok(None) };
+        let d = PyDict::new(py);
+        d.set_item("host_stores", s.host_stores)?;
+        d.set_item("host_loads", s.host_loads)?;
+        d.set_item("disk_writes", s.disk_writes)?;
+        d.set_item("disk_loads", s.disk_loads)?;
+        d.set_item("disk_lost", s.disk_lost)?;
+        d.set_item("flushes", s.flushes)?;
+        d.set_item("slot_bytes", slot_bytes)?;
+        d.set_item("host_bytes", host_bytes)?;
+        Ok(Some(d))
+    }
+}
+
+/// `transfer_threads`: a count (the engine checks its range).
+fn transfer_threads(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_arg(obj, "transfer_threads")
 }

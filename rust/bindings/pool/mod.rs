@@ -14,6 +14,7 @@ mod methods;
 pub mod specs;
 pub mod stats;
 pub mod table_buffer;
+mod tier_io;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<specs::PyFullAttention>()?;
