@@ -18,6 +18,8 @@ positions and tables of the scheduled step.
 
 from __future__ import annotations
 
+import os
+
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -126,23 +128,49 @@ class PagedKvCache(Cache):
             ids through ``pool.store_tokens`` once computed); default False.
         eviction: with ``prefix_caching``, which idle cached block an allocation reclaims
             first: a name of :data:`pykvpool.EVICTION_POLICIES` (default ``"lru"``).
+        host_blocks: with ``prefix_caching``, a host-memory tier of this many blocks
+            (default None: none): cached blocks the pool evicts are copied there, and a
+            later prompt sharing their prefix (a chat's next turn) loads them back instead
+            of computing them (:meth:`pykvpool.BlockPool.attach_tier_storage`). Models with
+            full-attention layers only.
+        disk_dir: with ``host_blocks``, a folder for a disk tier below the host tier
+            (default None: none), holding ``disk_blocks`` blocks.
+        disk_blocks: the disk tier's blocks (default ``4 * host_blocks``), with
+            ``disk_dir`` only.
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range) or dtype, a layer kind
-            the pool does not store, an unknown eviction policy.
+            the pool does not store, an unknown eviction policy; tiers without
+            ``prefix_caching``, with a windowed layer, or ``disk_dir`` without
+            ``host_blocks``; a disk folder of another model or layout.
+        PermissionError: the disk folder may not be created, read or written.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
             tensors are).
     """
 
     def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
-                 first_seq_id: int = 0, prefix_caching: bool = False, eviction: str = "lru") -> None:
+                 first_seq_id: int = 0, prefix_caching: bool = False, eviction: str = "lru",
+                 host_blocks: int | None = None, disk_dir: str | os.PathLike[str] | None = None,
+                 disk_blocks: int | None = None) -> None:
         num_blocks = check_int(num_blocks, "num_blocks", 1)
         block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
         lay = self.layout
+        if disk_dir is not None and host_blocks is None:
+            raise invalid("disk_dir: a disk tier sits below a host tier; give host_blocks too")
+        if disk_blocks is not None and disk_dir is None:
+            raise invalid("disk_blocks: given without disk_dir")
+        if disk_dir is not None and disk_blocks is None:
+            disk_blocks = 4 * check_int(host_blocks, "host_blocks", 1)
         self.pool = BlockPool(num_blocks, block_size, list(lay.groups), prefix_caching=bool(prefix_caching),
-                              eviction=eviction if prefix_caching else None)
+                              eviction=eviction if prefix_caching else None, host_blocks=host_blocks,
+                              disk_blocks=disk_blocks)
         self.kv = KvCache(lay.cache_layers, num_blocks, block_size, lay.num_kv_heads, lay.head_dim, dtype)
+        self._tiers = host_blocks is not None
+        if host_blocks is not None:
+            model_id = str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "model"))
+            self.pool.attach_tier_storage(self.kv, disk_dir=disk_dir,
+                                          model_id=model_id if disk_dir is not None else None)
         layers: list[Any] = [_PagedLayer(self, i, lay.window[i] is not None) for i in range(lay.num_layers)]
         super().__init__(layers=layers)
         self.seqs: list[int] = []
@@ -367,6 +395,13 @@ class PagedKvCache(Cache):
         if len(token_ids) == 0:
             raise invalid("token_ids: the prompt is empty")
         cached = self.pool.add_sequence_hit(seq_id, token_ids)
+        if self._tiers:
+            try:
+                self.pool.wait_tiers()
+            except OSError:
+                # Blocks lost on disk: the pool forgot its cache; computed again instead.
+                self.pool.free(seq_id)
+                cached = self.pool.add_sequence_hit(seq_id, token_ids)
         self.ragged.add(seq_id)
         self._scheduled = None
         return cached

@@ -35,6 +35,7 @@ decodes), windows per layer group (Mistral, Gemma-2/3).
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +154,12 @@ class ContinuousBatcher:
             block in place of their own.
         eviction: with ``prefix_caching``, which idle cached block an allocation reclaims
             first, a name of :data:`pykvpool.EVICTION_POLICIES` (default ``"lru"``).
+        host_blocks: with ``prefix_caching``, a host-memory tier of this many blocks below
+            the pool (default None): evicted cached blocks go there and come back on a hit
+            (a conversation's earlier turns, evicted from the pool, are loaded instead of
+            computed); see :class:`PagedKvCache`.
+        disk_dir: a disk tier's folder below the host tier (default None).
+        disk_blocks: the disk tier's blocks (default ``4 * host_blocks``).
 
     Attributes:
         stats: the last :meth:`run`'s :class:`BatcherStats`: passes, tokens fed
@@ -165,14 +172,16 @@ class ContinuousBatcher:
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range), a model not run with
             ``attn_implementation="pykvpool"``, a layer kind the pool does not store, an
-            unknown eviction policy.
+            unknown eviction policy, tiers the cache refuses (:class:`PagedKvCache`).
+        PermissionError: the disk folder may not be created, read or written.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
             tensors are).
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
                  max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None,
-                 prefix_caching: bool = False, eviction: str = "lru") -> None:
+                 prefix_caching: bool = False, eviction: str = "lru", host_blocks: int | None = None,
+                 disk_dir: str | os.PathLike[str] | None = None, disk_blocks: int | None = None) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
@@ -183,7 +192,8 @@ class ContinuousBatcher:
             kv_dtype = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.model = model
         self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype,
-                                  prefix_caching=prefix_caching, eviction=eviction)
+                                  prefix_caching=prefix_caching, eviction=eviction, host_blocks=host_blocks,
+                                  disk_dir=disk_dir, disk_blocks=disk_blocks)
         self.prefix_caching = bool(prefix_caching)
         self._caps = _group_caps(self.cache, min(self.chunk_size, self.max_batched_tokens))
         self.stats = BatcherStats()

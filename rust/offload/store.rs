@@ -148,6 +148,22 @@ impl TierStore {
         self.in_flight.clone()
     }
 
+    /// Forget every block stored (the tiers were emptied): wait for the batch in flight
+    /// and remove the disk tier's files. Its error, if the batch failed, or a file
+    /// could not be removed (the others are).
+    pub fn clear(&mut self) -> Result<()> {
+        let waited = self.wait();
+        let mut removed = Ok(());
+        if let Some(d) = self.disk.as_mut() {
+            for k in self.disk_keys.iter_mut().filter_map(Option::take) {
+                if let Err(e) = d.remove(file_group(k), k.1) {
+                    removed = removed.and(Err(e));
+                }
+            }
+        }
+        waited.and(removed)
+    }
+
     /// Whether no batch is in flight (never blocks).
     pub fn poll(&mut self) -> bool {
         self.in_flight.as_ref().is_none_or(Handle::poll)

@@ -235,9 +235,10 @@ impl BlockPool {
     /// The tiers' decisions since the last drain, oldest first (none without tiers), and
     /// the loads of the admissions since: the byte layer carries out the moves in order,
     /// then the loads, before the next pool call (a held slot is free again after it).
-    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) -> Result<()> {
-        self.cache_mut()?.drain_tier_moves(moves, loads);
-        Ok(())
+    /// Returns whether the tiers were emptied since the last drain (a reset of the cache):
+    /// what the byte layer stored before is then forgotten.
+    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) -> Result<bool> {
+        Ok(self.cache_mut()?.drain_tier_moves(moves, loads))
     }
 
     /// Whether the tiers' moves and loads wait for [`Self::drain_tier_moves`] (default)
@@ -615,18 +616,39 @@ impl BlockPool {
     /// computed, hands the ids to [`Self::store_tokens`], which registers the blocks they
     /// fill: vLLM's order (hit, allocate, compute, cache), so no block is cached before
     /// its KV exists. The query counts in the hit metrics as an admission's.
+    ///
+    /// With tiers, the hit continues below the device: the blocks worth loading are
+    /// allocated, cached and listed as loads ([`Self::drain_tier_moves`]), as an
+    /// admission's are (their KV exists once the loads are done); when the pool lacks the
+    /// blocks for them, none is loaded (the caller computes them).
     pub fn add_sequence_hit(&mut self, seq: SeqId, tokens: &[u32], extra: Option<u64>) -> Result<usize> {
         self.admit_checks(seq, tokens.len())?;
         let bs = self.block_size;
         let keys = self.block_keys(tokens, extra)?;
         let q = Query { keys: &keys, tokens: Some(tokens), extra, len: tokens.len() };
-        let plan = self.hit_plan(q, false)?;
-        let hb = plan.hb;
-        let tables = self.take_hit(&plan.held, hb);
+        let mut plan = self.hit_plan(q, false)?;
+        if self.groups.len() * plan.tb > self.num_free_blocks() - plan.revived {
+            plan.tb = 0;
+        }
+        let (hb, tb) = (plan.hb, plan.tb);
+        let taken = self.take_tier_blocks(&plan, q);
+        let mut tables = self.take_hit(&plan.held, hb);
         self.take_copies_and_touch(&plan);
-        self.record_hit(&plan, keys.len(), tokens.len(), hb * bs)?;
-        let cursor = TokenCursor { tokens: tokens[..hb * bs].to_vec(), keys: keys[..hb].to_vec(), extra, deferred: true };
-        let len = hb * bs;
+        let mut out = StepOutput::default();
+        if tb > 0 {
+            out.total_tokens = tb * bs;
+            for t in tables.iter_mut() {
+                self.grow_table(t, hb * bs, tb * bs, |_| {}, &mut out.cow)?;
+            }
+            self.place_loads(&taken, 0, &tables, &mut out);
+            self.register(&tables, q, hb, hb + tb);
+        }
+        let len = (hb + tb) * bs;
+        self.record_hit(&plan, keys.len(), tokens.len(), len)?;
+        let c = self.cache_mut()?;
+        c.record_tier_choice(plan.tier_found, tb);
+        c.queue_tier_loads(&out.loads);
+        let cursor = TokenCursor { tokens: tokens[..len].to_vec(), keys: keys[..hb + tb].to_vec(), extra, deferred: true };
         self.seqs.insert(seq, SeqEntry { len, frontier: len, prev_frontier: len, mark: 0, tables, cursor: Some(Box::new(cursor)) });
         self.end_op();
         Ok(len)

@@ -119,6 +119,8 @@ pub struct PrefixCache {
     tier_loads: Vec<TierLoad>,
     /// Whether `tier_moves` and `tier_loads` wait for a drain (else each call drops them).
     keep_moves: bool,
+    /// Whether the tiers were emptied since the last drain.
+    tiers_cleared: bool,
 }
 
 /// Result of a lookup: the matched chain (root first) and whether the walk stopped on a
@@ -225,6 +227,7 @@ impl PrefixCache {
             tier_moves: Vec::new(),
             tier_loads: Vec::new(),
             keep_moves: true,
+            tiers_cleared: false,
         })
     }
 

@@ -32,6 +32,7 @@ impl PrefixCache {
         self.tiers = Some(Box::new(Tiers::new(tiers, gate)?));
         self.tier_moves.clear();
         self.tier_loads.clear();
+        self.tiers_cleared = true;
         Ok(())
     }
 
@@ -46,10 +47,13 @@ impl PrefixCache {
     }
 
     /// Move the tiers' pending decisions into `moves` and the admissions' loads into
-    /// `loads`, oldest first.
-    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) {
+    /// `loads`, oldest first. Returns whether the tiers were emptied (a reset, or new
+    /// tiers) since the last drain: the byte layer then forgets what it stored before
+    /// carrying out `moves`, which all came after.
+    pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) -> bool {
         moves.append(&mut self.tier_moves);
         loads.append(&mut self.tier_loads);
+        std::mem::take(&mut self.tiers_cleared)
     }
 
     /// Queue the loads an admission placed, for [`Self::drain_tier_moves`].
@@ -172,6 +176,7 @@ impl PrefixCache {
         }
         self.tier_moves.clear();
         self.tier_loads.clear();
+        self.tiers_cleared = true;
     }
 }
 

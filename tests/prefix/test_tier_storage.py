@@ -104,6 +104,11 @@ def test_a_damaged_disk_block_is_reported_never_served(tmp_path: Path) -> None:
     s = r.pool.tier_transfer_stats()
     assert s is not None and s["disk_lost"] == 2 and s["disk_loads"] == 0
     r.pool.wait_tiers()  # reported once
+    # The pool forgot its cache (the stale blocks with it): admitted again, a computes.
+    assert r.pool.tier_stats()[1]["held"] == 0
+    r.pool.free(3)
+    assert r.admit(4, a) == 0
+    assert not list((tmp_path / "tier").rglob("*.blk"))
 
 
 def test_a_folder_of_another_model_is_refused(tmp_path: Path) -> None:

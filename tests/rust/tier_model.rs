@@ -311,6 +311,34 @@ fn an_evicted_prompt_comes_back_from_the_host_tier() {
 }
 
 #[test]
+fn a_join_at_the_hit_continues_into_the_tiers() {
+    let mut p = pool(5, 8, None);
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    visit(&mut p, 1, &a, &mut out);
+    visit(&mut p, 2, &prompt(2, 4), &mut out);
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    // The four blocks below the device are allocated, cached and loaded at the join.
+    assert_eq!(p.add_sequence_hit(SeqId(3), &a, None).unwrap(), 4 * BS);
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    let table = p.table(SeqId(3), 0).unwrap();
+    let blocks: Vec<BlockId> = loads.iter().map(|l| l.block).collect();
+    assert_eq!(blocks, (0..4).map(|i| table.get(i).unwrap()).collect::<Vec<_>>());
+    assert_eq!(p.seq_len(SeqId(3)).unwrap(), 4 * BS);
+    p.check_invariants().unwrap();
+    // They are cached: a second prompt sharing them hits them in the device.
+    assert_eq!(p.cached_prefix_len(&a, None).unwrap(), 4 * BS);
+    // Without room for them, the join takes the device's hit only.
+    let mut q = pool(5, 8, None);
+    visit(&mut q, 1, &a, &mut out);
+    visit(&mut q, 2, &prompt(2, 4), &mut out);
+    q.add_sequence_tokens(SeqId(9), &prompt(3, 3), None, &mut out).unwrap();
+    assert_eq!(q.add_sequence_hit(SeqId(3), &a, None).unwrap(), 0);
+    q.check_invariants().unwrap();
+}
+
+#[test]
 fn moves_nobody_drains_are_dropped_at_the_end_of_each_call() {
     let mut p = pool(5, 8, None);
     p.keep_tier_moves(false).unwrap();

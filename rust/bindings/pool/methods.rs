@@ -752,6 +752,12 @@ impl PyBlockPool {
     /// its KV exists (:meth:`add_sequence_tokens` caches the prompt's blocks at admission).
     /// The lookup counts in :meth:`cache_stats` as an admission's.
     ///
+    /// With tiers (``host_blocks``) the hit continues below the pool: the blocks found
+    /// there (those worth loading, :meth:`set_tier_costs`) are allocated, cached and
+    /// counted in the returned length, and with :meth:`attach_tier_storage` their bytes
+    /// are copied in before the cache is next read. When the pool lacks free blocks for
+    /// them, none is taken (the caller computes them).
+    ///
     /// Args:
     ///     seq_id: the new sequence's id, a non-negative int64.
     ///     token_ids: the prompt's token ids (any integer dtype, each in ``0..2**32``).
@@ -1118,9 +1124,11 @@ impl PyBlockPool {
     /// :meth:`attach_tier_storage`); report the first failure since the last call.
     ///
     /// Raises:
-    ///     OSError: a disk block failed its checksum or vanished and was not loaded (its
-    ///         device block holds stale bytes: free the sequences that admitted it), or a
-    ///         disk write failed.
+    ///     OSError: a disk block failed its checksum or vanished and was not loaded, or a
+    ///         disk write failed. A sequence admitted since the last call may then hold a
+    ///         block with stale bytes: the pool forgot every cached block (as
+    ///         :meth:`reset_prefix_cache`; the tiers too) so that nothing hits it again;
+    ///         free those sequences and admit them again (their blocks are computed).
     ///     InvalidArgumentError: a copy was refused (a bug).
     fn wait_tiers(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| lock(&self.tier_io).as_deref_mut().map_or(Ok(()), TierIo::wait)).py_err(py)

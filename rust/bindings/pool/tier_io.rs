@@ -69,10 +69,19 @@ impl TierIo {
     }
 
     /// Carry out what `pool` decided since the last call; a failure waits for `wait`.
+    /// When disk blocks were lost, the device blocks they were to fill are cached but
+    /// hold stale bytes: the pool's cache is reset (every cached block forgotten, the
+    /// sequences keep theirs) so that nothing hits them again.
     pub(crate) fn carry_out(&mut self, pool: &mut BlockPool) {
-        if pool.drain_tier_moves(&mut self.moves, &mut self.loads).is_err() || (self.moves.is_empty() && self.loads.is_empty()) {
+        let cleared = pool.drain_tier_moves(&mut self.moves, &mut self.loads).unwrap_or(false);
+        if cleared {
+            let r = self.store.clear();
+            self.note(r);
+        }
+        if self.moves.is_empty() && self.loads.is_empty() {
             return;
         }
+        let lost = self.store.stats().disk_lost;
         let guard = self.cache.write().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the write lock excludes every access to the storage now, and every
         // later one (`PyKvCache::read`/`write_lock`) waits for the fence, which gets the
@@ -84,11 +93,26 @@ impl TierIo {
             self.fence.push(h);
         }
         drop(guard);
+        self.note(r);
+        self.moves.clear();
+        self.loads.clear();
+        if self.store.stats().disk_lost > lost {
+            let reset = pool.reset_prefix_cache().map(drop);
+            self.note(reset);
+            // The reset emptied the tiers too.
+            let _ = pool.drain_tier_moves(&mut self.moves, &mut self.loads);
+            self.moves.clear();
+            self.loads.clear();
+            let r = self.store.clear();
+            self.note(r);
+        }
+    }
+
+    /// Keep the first failure for `wait`.
+    fn note(&mut self, r: Result<()>) {
         if let Err(e) = r {
             self.error.get_or_insert(e);
         }
-        self.moves.clear();
-        self.loads.clear();
     }
 
     /// Wait for the copies in flight; the first failure since the last call, if any.
