@@ -291,7 +291,10 @@ class BlockPool:
         tier_eviction: each tier's order (default ``"lru"``): a block is used in a tier only
             when it enters it (a hit takes it out), so ``"lru"`` and ``"fifo"`` both evict in
             entry order and ``"lfu"`` the fewest hits the block had in the device, then
-            entry order; every order evicts a chain tail first. ``"priority"`` is refused.
+            entry order; these evict a chain tail first. ``"s3fifo"`` resists scans: new
+            blocks enter a small FIFO (a tenth of the tier) whose blocks never hit in the
+            device leave first, unless their key left it recently (then they enter the main
+            FIFO). ``"priority"`` is refused.
         reuse_gate: store a block below the device only once its key was seen (stored or
             hit in the device) this many times, ``1..=255`` (default None: every evicted
             block); the counts halve every ``4 * (host_blocks + disk_blocks)`` sightings.
@@ -976,8 +979,11 @@ class BlockPool:
 
         The disk folder holds one checksummed file per block (format in the
         documentation); it is tied to ``model_id`` and the cache's layout and dtype, and
-        a folder of another model or layout is refused. Files an earlier run left are
-        removed: the pool's tiers start empty.
+        a folder of another model or layout is refused. Blocks an earlier run left there
+        go back into the disk tier (a warm restart: a later prompt hits them), up to
+        ``disk_blocks``; the rest are removed. A restored block is verified by its chained
+        key, parent key and extra key (not its token ids, which the folder does not keep)
+        and by its checksum when it is loaded.
 
         Args:
             cache: the pool's KV storage: as many blocks of as many tokens as the pool.

@@ -81,6 +81,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="a disk tier below the host tier (needs --host-blocks)")
     p.add_argument("--reuse-gate", type=count(1, 255), metavar="N",
                    help="store a block below the pool only once its key was seen N times")
+    p.add_argument("--tier-eviction", choices=("lru", "fifo", "lfu", "s3fifo"),
+                   help="the tiers' order (default: --policy's); s3fifo resists scans")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
@@ -147,10 +149,11 @@ def main_replay(args: argparse.Namespace) -> int:
     """
     if args.plot and not args.sweep:
         raise InvalidArgumentError("--plot needs --sweep")
-    tiers = {"host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "reuse_gate": args.reuse_gate}
+    tiers = {"host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "reuse_gate": args.reuse_gate,
+             "tier_eviction": args.tier_eviction}
     if any(v is not None for v in tiers.values()) and (args.sweep or args.model or args.policy == "priority"):
-        raise InvalidArgumentError("--host-blocks, --disk-blocks and --reuse-gate replay the policies lru, fifo "
-                                   "and lfu, without --sweep or --model")
+        raise InvalidArgumentError("--host-blocks, --disk-blocks, --reuse-gate and --tier-eviction replay the "
+                                   "policies lru, fifo and lfu, without --sweep or --model")
     trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
     if args.model:
         return _main_groups(args, trace)

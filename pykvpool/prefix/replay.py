@@ -251,6 +251,7 @@ def replay(
     host_blocks: int | None = None,
     disk_blocks: int | None = None,
     reuse_gate: int | None = None,
+    tier_eviction: str | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
     ``block_size`` tokens (``None``: :func:`unbounded_capacity` per group) with eviction
@@ -264,15 +265,17 @@ def replay(
     blocks that were never reused.
 
     ``host_blocks``, ``disk_blocks`` and ``reuse_gate`` add tiers below the device, as the
-    :class:`~pykvpool.BlockPool` arguments of those names (each tier ordered by ``policy``):
-    blocks the pool evicts go down them and come back on a hit.
+    :class:`~pykvpool.BlockPool` arguments of those names (each tier ordered by
+    ``tier_eviction``, default ``policy``; ``"s3fifo"`` is a tier order too): blocks the
+    pool evicts go down them and come back on a hit.
 
     Raises:
         InvalidArgumentError: a capacity below the largest request (it could not be
             admitted at all), an unknown policy, a block size that neither divides 512 nor
             is a multiple of it, bad ``groups``, ``retain_hits_for`` without the priority
             policy or below 1. Tier arguments the pool refuses (see
-            :class:`~pykvpool.BlockPool`; tiers take ``lru``, ``fifo`` or ``lfu``).
+            :class:`~pykvpool.BlockPool`; tiers take ``lru``, ``fifo``, ``lfu`` or
+            ``s3fifo``).
     """
     if retain_hits_for is not None and (policy != "priority" or retain_hits_for < 1):
         raise InvalidArgumentError("retain_hits_for needs policy='priority' and a window of at least 1")
@@ -288,9 +291,9 @@ def replay(
     tiers: dict[str, Any] = {}
     if host_blocks is not None:
         tiers = {"host_blocks": host_blocks, "disk_blocks": disk_blocks, "reuse_gate": reuse_gate,
-                 "tier_eviction": policy}
-    elif disk_blocks is not None or reuse_gate is not None:
-        raise InvalidArgumentError("disk_blocks and reuse_gate need host_blocks")
+                 "tier_eviction": tier_eviction or policy}
+    elif disk_blocks is not None or reuse_gate is not None or tier_eviction is not None:
+        raise InvalidArgumentError("disk_blocks, reuse_gate and tier_eviction need host_blocks")
     pool = BlockPool(cap, block_size, None if groups is None else list(groups), prefix_caching=True,
                      eviction=policy, verify_tokens=False, **tiers)
     for i, (req, ks) in enumerate(zip(trace, keys)):

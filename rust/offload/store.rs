@@ -18,6 +18,12 @@
 //!   again), the batch so far is submitted and waited for first: the order of the
 //!   decisions is the order of the bytes.
 //!
+//! A disk block's payload is the slot's bytes followed by a [`TRAILER_BYTES`] trailer:
+//! magic `PKVTIER1`, flags (u8: 1 parent present, 2 extra key present), 3 zero bytes,
+//! the block's hits in the device (u32), its parent's key (u128) and its extra key (u64),
+//! little-endian. After a restart [`TierStore::restorable`] lists the folder's blocks
+//! with what the tier needs to find them again, and [`TierStore::adopt`] gives one a slot.
+//!
 //! A block the disk no longer serves (its file damaged or removed behind the tier's back)
 //! is never loaded: the device block keeps what it held, the call fails with
 //! `Storage(Io)` naming the device blocks, and [`StoreStats::disk_lost`] counts them.
@@ -30,10 +36,35 @@ use crate::kv::DType;
 use crate::offload::disk::{DiskStats, DiskTier};
 use crate::offload::host::{HostTier, Slot};
 use crate::offload::transfer::{Batch, DeviceRegion, Handle, TransferEngine};
-use crate::prefix_cache::tiers::{Move, TierKey, TierLoad};
+use crate::prefix_cache::tiers::{Move, TierKey, TierLoad, TierMeta};
 
 /// Host slots that stage blocks read from disk on their way to the device, per batch.
 pub const STAGING_SLOTS: usize = 16;
+
+/// Bytes a disk block's payload holds after the slot's bytes (module doc).
+pub const TRAILER_BYTES: usize = 40;
+const TRAILER_MAGIC: &[u8; 8] = b"PKVTIER1";
+
+/// `meta` as the trailer of a disk block's payload.
+fn trailer(meta: &TierMeta) -> [u8; TRAILER_BYTES] {
+    let mut t = [0u8; TRAILER_BYTES];
+    t[..8].copy_from_slice(TRAILER_MAGIC);
+    t[8] = u8::from(meta.parent.is_some()) | u8::from(meta.extra.is_some()) << 1;
+    t[12..16].copy_from_slice(&meta.hits.to_le_bytes());
+    t[16..32].copy_from_slice(&meta.parent.unwrap_or(0).to_le_bytes());
+    t[32..40].copy_from_slice(&meta.extra.unwrap_or(0).to_le_bytes());
+    t
+}
+
+/// The meta a trailer holds; None for bytes that are no trailer.
+fn from_trailer(t: &[u8]) -> Option<TierMeta> {
+    if t.len() != TRAILER_BYTES || &t[..8] != TRAILER_MAGIC || t[8] > 3 || t[9..12] != [0; 3] {
+        return None;
+    }
+    let parent = (t[8] & 1 != 0).then(|| u128::from_le_bytes(t[16..32].try_into().unwrap_or_default()));
+    let extra = (t[8] & 2 != 0).then(|| u64::from_le_bytes(t[32..40].try_into().unwrap_or_default()));
+    Some(TierMeta { parent, extra, hits: u32::from_le_bytes(t[12..16].try_into().unwrap_or_default()) })
+}
 
 /// What a [`TierStore`] carried out, in blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -246,13 +277,13 @@ impl TierStore {
                 p.blocks.push(b);
                 self.stats.host_stores += 1;
             }
-            Move::Demote { key, tier: 0, slot, to_slot } => {
+            Move::Demote { key, tier: 0, slot, to_slot, meta } => {
                 let s = self.host_index(slot)?;
                 if p.touches(Some(s), None) {
                     // SAFETY: the caller's promise.
                     unsafe { self.flush(p, device)? };
                 }
-                self.demote(key, s, to_slot)?;
+                self.demote(key, &meta, s, to_slot)?;
             }
             Move::Drop { tier: 0, slot, .. } => {
                 self.host_index(slot)?;
@@ -268,16 +299,18 @@ impl TierStore {
         Ok(())
     }
 
-    /// Write host slot `s`'s bytes to disk slot `to_slot` as block `key`.
-    fn demote(&mut self, key: TierKey, s: usize, to_slot: u32) -> Result<()> {
+    /// Write host slot `s`'s bytes and `meta` to disk slot `to_slot` as block `key`.
+    fn demote(&mut self, key: TierKey, meta: &TierMeta, s: usize, to_slot: u32) -> Result<()> {
         let j = self.disk_index(to_slot)?;
         let fill = if key.2 == 0 { self.block_size } else { u32::from(key.2) };
-        let bytes = self.host.slot(&self.slots[s])?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(self.host.slot(&self.slots[s])?);
+        self.scratch.extend_from_slice(&trailer(meta));
         let disk = self.disk.as_mut().ok_or_else(|| invalid!("tier store: a demotion without a disk tier"))?;
         if let Some(old) = self.disk_keys[j].take() {
             disk.remove(file_group(old), old.1)?;
         }
-        disk.put(file_group(key), key.1, fill, self.dtype, bytes)?;
+        disk.put(file_group(key), key.1, fill, self.dtype, &self.scratch)?;
         self.disk_keys[j] = Some(key);
         self.stats.disk_writes += 1;
         Ok(())
@@ -330,12 +363,60 @@ impl TierStore {
         let stage = self.staging[k];
         let dst = self.host.slot_mut(&stage)?;
         match served {
-            Some(_) if self.scratch.len() == dst.len() => {
-                dst.copy_from_slice(&self.scratch);
+            Some(_) if self.scratch.len() == dst.len() + TRAILER_BYTES => {
+                dst.copy_from_slice(&self.scratch[..dst.len()]);
                 Ok(Some(stage))
             }
             _ => Ok(None),
         }
+    }
+
+    /// The blocks the disk tier's folder holds that no slot holds (after a restart, all),
+    /// with what the tiers need to find them again; blocks whose payload is not a slot
+    /// and a trailer are removed.
+    ///
+    /// Errors: `Storage` when a file may not be read or removed.
+    pub fn restorable(&mut self) -> Result<Vec<(TierKey, TierMeta)>> {
+        let Some(disk) = self.disk.as_mut() else { return Ok(Vec::new()) };
+        let want = (self.host.slot_bytes() + TRAILER_BYTES) as u64;
+        let held: Vec<(u32, u128)> = self.disk_keys.iter().flatten().map(|k| (file_group(*k), k.1)).collect();
+        let mut found = Vec::new();
+        let mut keys: Vec<(u32, u128)> = disk.keys().filter(|k| !held.contains(k)).collect();
+        keys.sort_unstable();
+        for (g, k) in keys {
+            let fits = disk.meta(g, k).is_some_and(|m| m.payload_len == want && m.dtype == self.dtype);
+            let meta = if fits { disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(from_trailer) } else { None };
+            match meta {
+                Some(meta) => found.push((((g & 0xff) as u8, k, (g >> 8) as u16), meta)),
+                None => {
+                    disk.remove(g, k)?;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Disk slot `slot` holds block `key` (found by [`Self::restorable`]); with `slot`
+    /// None, no slot will: its file is removed.
+    ///
+    /// Errors: `InvalidArgument` for a slot out of range or taken; `Storage` when the
+    /// file may not be removed.
+    pub fn adopt(&mut self, slot: Option<u32>, key: TierKey) -> Result<()> {
+        match slot {
+            Some(s) => {
+                let j = self.disk_index(s)?;
+                if self.disk_keys[j].is_some() {
+                    return Err(invalid!("tier store: disk slot {j} holds a block already"));
+                }
+                self.disk_keys[j] = Some(key);
+            }
+            None => {
+                if let Some(d) = self.disk.as_mut() {
+                    d.remove(file_group(key), key.1)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn host_index(&self, slot: u32) -> Result<usize> {

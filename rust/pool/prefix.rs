@@ -48,7 +48,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::tiers::{GateConfig, Move, TierChoices, TierConfig, TierLoad, TierStats};
+use crate::prefix_cache::tiers::{GateConfig, Move, TierChoices, TierConfig, TierKey, TierLoad, TierMeta, TierStats};
 use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
@@ -239,6 +239,13 @@ impl BlockPool {
     /// what the byte layer stored before is then forgotten.
     pub fn drain_tier_moves(&mut self, moves: &mut Vec<Move>, loads: &mut Vec<TierLoad>) -> Result<bool> {
         Ok(self.cache_mut()?.drain_tier_moves(moves, loads))
+    }
+
+    /// Put a block found in tier `tier`'s storage after a restart back into the tier
+    /// ([`PrefixCache::restore_tier_block`]): its slot, or None (no such tier, full, or
+    /// held already). `InvalidArgument` without prefix caching.
+    pub fn restore_tier_block(&mut self, tier: usize, key: TierKey, meta: TierMeta) -> Result<Option<u32>> {
+        Ok(self.cache_mut()?.restore_tier_block(tier, key, meta))
     }
 
     /// Whether the tiers' moves and loads wait for [`Self::drain_tier_moves`] (default)

@@ -15,7 +15,7 @@
 //! refuses tiers.
 
 use super::meta::{Meta, HAS_TOKENS};
-use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierLoad, TierStats, Tiers};
+use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierLoad, TierMeta, TierStats, Tiers};
 use super::{BlockKey, CacheEvent, CacheEventKind, PrefixCache, MEDIUM_DISK, MEDIUM_HOST, NO_PARENT};
 use crate::error::Result;
 use crate::invalid;
@@ -167,6 +167,17 @@ impl PrefixCache {
             self.push_tier_event(CacheEventKind::Removed, tier_key(group, key), None, tier);
         }
         Some((tier, slot))
+    }
+
+    /// Put block `key` (group, key, fill), found in `tier`'s storage after a restart, back
+    /// into `tier` ([`Tiers::restore`]); a stored event with the tier's medium. None when
+    /// the cache has no such tier, it is full, or holds the key.
+    pub fn restore_tier_block(&mut self, tier: usize, key: TierKey, meta: TierMeta) -> Option<u32> {
+        let slot = self.tiers.as_deref_mut()?.restore(tier, key, meta)?;
+        if self.cfg.record_events {
+            self.push_tier_event(CacheEventKind::Stored, key, meta.parent, tier);
+        }
+        Some(slot)
     }
 
     /// Forget every block the tiers hold (a reset of the cache).

@@ -15,14 +15,14 @@
 //!   they measure recent reuse. An admitted block goes to tier 0. A full tier first
 //!   evicts its policy's victim, which moves to the next tier (already admitted once: no
 //!   gate there) or, past the last tier, is dropped.
-//! - Each tier orders its blocks by one of the device's policies (`lru`, `fifo`, `lfu`). A
-//!   block is *stored* in a tier, and *used* there, when it enters it (from the device or
-//!   the tier above); a hit takes it out, so nothing else uses it. `lru` and `fifo` are
-//!   therefore the same order, entry order; `lfu` orders by the hits the block had in the
-//!   device, then entry order. `priority` is refused: tiers hold no pins. The device evicts
-//!   a chain's blocks tail first, and a parent has at least its child's hits, so every
-//!   policy evicts a chain tail first in every tier too: a tier never keeps a block whose
-//!   parent it dropped before it.
+//! - Each tier orders its blocks by one of the device's policies (`lru`, `fifo`, `lfu`) or
+//!   by S3-FIFO ([`super::tier_order`]). A block is *stored* in a tier, and *used* there,
+//!   when it enters it (from the device or the tier above); a hit takes it out, so nothing
+//!   else uses it. `lru` and `fifo` are therefore the same order, entry order; `lfu` orders
+//!   by the hits the block had in the device, then entry order. `priority` is refused:
+//!   tiers hold no pins. The device evicts a chain's blocks tail first, and a parent has at
+//!   least its child's hits, so these policies evict a chain tail first in every tier too:
+//!   a tier never keeps a block whose parent it dropped before it (S3-FIFO may).
 //! - A slot a hit empties takes no block before the pool call ends ([`Tiers::end_call`]):
 //!   its bytes are still to be loaded. A tier whose every slot is so held stores nothing
 //!   (an offer is not stored, a victim from above is dropped).
@@ -36,12 +36,10 @@ use rustc_hash::FxHashMap;
 use crate::error::Result;
 use crate::invalid;
 use crate::prefix_cache::block_hash::BlockKey;
-use crate::prefix_cache::eviction::{EvictionPolicy, EvictionQueue, Recency};
+use crate::prefix_cache::eviction::EvictionPolicy;
+use crate::prefix_cache::tier_order::Order;
+pub use crate::prefix_cache::tier_order::{TierKey, TierPolicy};
 use crate::types::BlockId;
-
-/// A block's identity in every tier: layer group, chained key and partial fill (0 for a
-/// full block, else its tokens), as the device's cache indexes it.
-pub type TierKey = (u8, BlockKey, u16);
 
 /// What a tier stores about a block besides its bytes: its hits in the device (`lfu`
 /// orders by them) and what a hit must match.
@@ -59,7 +57,7 @@ pub struct TierEntry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TierConfig {
     pub capacity_blocks: usize,
-    pub policy: EvictionPolicy,
+    pub policy: TierPolicy,
 }
 
 /// The reuse gate: a block goes below the device only once its key was seen `min_seen`
@@ -78,10 +76,21 @@ pub struct GateConfig {
 pub enum Move {
     /// The device's `block` is stored into `slot` of `tier`.
     Store { key: TierKey, block: BlockId, tier: usize, slot: u32 },
-    /// A victim moves from `slot` of `tier` to `to_slot` of `tier + 1`.
-    Demote { key: TierKey, tier: usize, slot: u32, to_slot: u32 },
+    /// A victim moves from `slot` of `tier` to `to_slot` of `tier + 1`; `meta` is what a
+    /// restart needs to find it there again ([`Tiers::restore`]).
+    Demote { key: TierKey, tier: usize, slot: u32, to_slot: u32, meta: TierMeta },
     /// The block in `slot` of `tier` is forgotten (evicted past the last tier).
     Drop { key: TierKey, tier: usize, slot: u32 },
+}
+
+/// What a tier knows of a block besides its key and tokens: its parent's key, extra key
+/// and hits in the device (a block stored on disk keeps them, to be restored after a
+/// restart).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierMeta {
+    pub parent: Option<BlockKey>,
+    pub extra: Option<u64>,
+    pub hits: u32,
 }
 
 /// A block a hit takes from a tier into the device: the bytes of `slot` of `tier` go to
@@ -119,7 +128,6 @@ pub struct TierStats {
 
 #[derive(Clone, Debug)]
 struct Tier {
-    cfg: TierConfig,
     map: FxHashMap<TierKey, u32>,
     /// Each held block with the tick it entered at.
     slots: Vec<Option<(TierKey, TierEntry, u64)>>,
@@ -127,7 +135,7 @@ struct Tier {
     /// Slots of blocks taken by hits during the current pool call: their bytes are still
     /// to be read (the call's load plan), so no block enters them before [`Tiers::end_call`].
     taken: Vec<u32>,
-    queue: EvictionQueue,
+    order: Order,
     stats: TierStats,
 }
 
@@ -135,26 +143,21 @@ impl Tier {
     fn new(cfg: TierConfig) -> Result<Self> {
         let n = u32::try_from(cfg.capacity_blocks).ok().filter(|&n| n > 0 && n < u32::MAX);
         let n = n.ok_or_else(|| invalid!("capacity_blocks: a tier holds 1..{} blocks, got {}", u32::MAX, cfg.capacity_blocks))?;
-        if cfg.policy == EvictionPolicy::Priority {
-            return Err(invalid!("policy: a tier holds no pins, so 'priority' does not apply; use lru, fifo or lfu"));
+        if cfg.policy == TierPolicy::Ranked(EvictionPolicy::Priority) {
+            return Err(invalid!("policy: a tier holds no pins, so 'priority' does not apply; use lru, fifo, lfu or s3fifo"));
         }
         let mut slots = Vec::new();
         slots.try_reserve_exact(n as usize).map_err(|_| invalid!("capacity_blocks: cannot index {n} blocks"))?;
         slots.resize(n as usize, None);
-        Ok(Self { cfg, map: FxHashMap::default(), slots, free: (0..n).rev().collect(), taken: Vec::new(), queue: EvictionQueue::default(), stats: TierStats::default() })
-    }
-
-    fn key_of(&self, slot: u32) -> Option<(u64, u64, u32)> {
-        let (_, e, tick) = self.slots[slot as usize].as_ref()?;
-        let r = Recency { last_touch: *tick, stored_at: *tick, hits: e.hits as u64, priority: 0 };
-        Some(self.cfg.policy.key(&r, BlockId(slot)))
+        let order = Order::new(cfg.policy, n as usize);
+        Ok(Self { map: FxHashMap::default(), slots, free: (0..n).rev().collect(), taken: Vec::new(), order, stats: TierStats::default() })
     }
 
     /// Put `entry` into a free slot (the caller made room) at `tick`.
     fn put(&mut self, key: TierKey, entry: TierEntry, tick: u64) -> Option<u32> {
         let slot = self.free.pop()?;
+        self.order.insert(slot, key, entry.hits, tick);
         self.slots[slot as usize] = Some((key, entry, tick));
-        self.queue.insert(self.key_of(slot)?);
         self.map.insert(key, slot);
         self.stats.stored += 1;
         Some(slot)
@@ -163,12 +166,12 @@ impl Tier {
     /// Remove the block in `slot`, returning it; the caller says where the slot goes
     /// (`free`, or `taken` by a hit).
     fn remove(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
-        let k = self.key_of(slot)?;
-        self.queue.remove(&k);
+        let (_, e, tick) = self.slots[slot as usize].as_ref()?;
+        self.order.remove(slot, e.hits, *tick);
         self.vacate(slot)
     }
 
-    /// Empty `slot`, already out of the queue (the caller places the slot).
+    /// Empty `slot`, already out of the order (the caller places the slot).
     fn vacate(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
         let (key, entry, _) = self.slots[slot as usize].take()?;
         self.map.remove(&key);
@@ -286,7 +289,7 @@ impl Tiers {
         if !self.tiers[tier].free.is_empty() {
             return;
         }
-        let Some(BlockId(slot)) = self.tiers[tier].queue.pop() else { return };
+        let Some(slot) = self.tiers[tier].order.pop() else { return };
         let Some((key, entry)) = self.tiers[tier].vacate(slot) else { return };
         self.tiers[tier].free.push(slot);
         self.tiers[tier].stats.evicted += 1;
@@ -296,11 +299,25 @@ impl Tiers {
         }
         self.make_room(tier + 1, moves);
         self.tick += 1;
+        let meta = TierMeta { parent: entry.parent, extra: entry.extra, hits: entry.hits };
         match self.tiers[tier + 1].put(key, entry, self.tick) {
-            Some(to_slot) => moves.push(Move::Demote { key, tier, slot, to_slot }),
+            Some(to_slot) => moves.push(Move::Demote { key, tier, slot, to_slot, meta }),
             // Every slot below is being loaded this call: the victim is dropped.
             None => moves.push(Move::Drop { key, tier, slot }),
         }
+    }
+
+    /// Put a block found in `tier`'s storage after a restart back into `tier` (no token
+    /// record: a hit verifies its parent and extra key), behind the blocks there. Returns
+    /// its slot; None, changing nothing, when the tier is full, `tier` does not exist or
+    /// a tier holds `key` already (the caller then removes the stored copy).
+    pub fn restore(&mut self, tier: usize, key: TierKey, meta: TierMeta) -> Option<u32> {
+        if self.find(&key).is_some() || self.tiers.get(tier)?.free.is_empty() {
+            return None;
+        }
+        self.tick += 1;
+        let entry = TierEntry { hits: meta.hits, parent: meta.parent, extra: meta.extra, tokens: None };
+        self.tiers[tier].put(key, entry, self.tick)
     }
 
     /// What `slot` of `tier` holds, if anything. Pure.
@@ -391,7 +408,7 @@ impl Tiers {
             t.slots.iter_mut().for_each(|s| *s = None);
             t.free = (0..n).rev().collect();
             t.taken.clear();
-            t.queue = EvictionQueue::default();
+            t.order.clear();
         }
         if let Some(g) = &mut self.gate {
             g.rows.iter_mut().for_each(|c| *c = 0);
@@ -406,6 +423,6 @@ impl Tiers {
     /// The keys a tier holds, next victim first (tests and reports).
     pub fn order(&self, tier: usize) -> Vec<TierKey> {
         let Some(t) = self.tiers.get(tier) else { return Vec::new() };
-        t.queue.iter().filter_map(|b| t.slots[b.index()].as_ref().map(|(k, _, _)| *k)).collect()
+        t.order.slots().into_iter().filter_map(|s| t.slots[s as usize].as_ref().map(|(k, _, _)| *k)).collect()
     }
 }

@@ -98,6 +98,20 @@ def test_a_windowed_pool_refuses_tiers() -> None:
         BlockPool(16, BS, [FullAttention(), SlidingWindow(8)], prefix_caching=True, host_blocks=4)
 
 
+@pytest.mark.parametrize(("order", "kept"), [("lru", False), ("s3fifo", True)])
+def test_s3fifo_keeps_a_reused_prefix_through_a_scan(order: str, kept: bool) -> None:
+    """A prefix hit in the pool, then evicted, then a scan of 12 prompts used once: a
+    host tier of 10 blocks in s3fifo order still holds the prefix (its blocks had hits,
+    the scan's none), in lru order the scan pushed it out."""
+    pool = BlockPool(5, BS, prefix_caching=True, host_blocks=10, tier_eviction=order)
+    hot = prompt(1, 4)
+    visit(pool, 1, hot)
+    assert visit(pool, 2, hot) == 4 * BS  # a hit in the pool: its blocks count one
+    for i in range(12):
+        visit(pool, 10 + i, prompt(10 + i, 4))
+    assert (visit(pool, 3, hot) == 4 * BS) == kept
+
+
 def test_tier_eviction_of_the_wrong_type() -> None:
     with pytest.raises(TypeError):
         BlockPool(8, BS, prefix_caching=True, host_blocks=4, tier_eviction=1)
@@ -127,6 +141,9 @@ def test_the_replay_command_prints_each_tier(capsys: pytest.CaptureFixture[str])
                  "--disk-blocks", "32000"]) == 0
     out = capsys.readouterr().out
     assert "lru, host tier: " in out and "lru, disk tier: " in out
+    assert main(["replay", "--policy", "lru", "--capacity", "2000", "--host-blocks", "8000",
+                 "--tier-eviction", "s3fifo"]) == 0
+    assert "lru, host tier: " in capsys.readouterr().out
 
 
 def test_every_tier_reports_its_stores_and_removals_as_events() -> None:

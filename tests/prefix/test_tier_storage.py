@@ -5,6 +5,7 @@ model-tested in Rust (``tests/rust/offload_store.rs``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -16,11 +17,12 @@ from pykvpool import BlockPool, InvalidArgumentError, KvCache
 BS, LAYERS, HEADS, DIM = 4, 2, 2, 8
 
 
-def prompt(p: int, blocks: int) -> np.ndarray:
-    """Block 0 shared by every prompt, then ``blocks - 1`` blocks unique to ``p``, and one
-    more token."""
+def prompt(p: int, blocks: int, shared: bool = True) -> np.ndarray:
+    """Block 0 shared by every prompt (unless not ``shared``), then blocks unique to ``p``,
+    ``blocks`` full ones in all, and one more token."""
     ids = np.arange(p * 1000, p * 1000 + blocks * BS + 1, dtype=np.uint32)
-    ids[:BS] = 7
+    if shared:
+        ids[:BS] = 7
     return ids
 
 
@@ -84,6 +86,43 @@ def test_blocks_come_back_from_disk(tmp_path: Path) -> None:
     s = r.pool.tier_transfer_stats()
     assert s is not None and s["disk_writes"] >= 2 and s["disk_loads"] == 2
     assert r.pool.tier_stats()[1]["hits"] == 2
+
+
+def test_a_restart_serves_the_disk_blocks_again(tmp_path: Path) -> None:
+    """Blocks that reached the disk tier come back after the pool, its cache and its
+    process state are gone: a new pool on the same folder restores them into its disk
+    tier, and a prompt hits them with the bytes computed before."""
+    r = Rig(10, host=1, disk=32, disk_dir=tmp_path / "tier")
+    a = prompt(1, 4, shared=False)
+    r.admit(1, a)
+    r.pool.free(1)
+    for i, p in enumerate((2, 3)):  # push all of a's blocks through the host tier to disk
+        r.admit(10 + i, prompt(p, 9, shared=False))
+        r.pool.free(10 + i)
+    r.pool.wait_tiers()
+    held = r.pool.tier_stats()[1]["held"]
+    assert held >= 12
+    del r
+    gc.collect()  # the folder's lock goes with the pool
+    again = Rig(10, host=1, disk=32, disk_dir=tmp_path / "tier")
+    assert again.pool.tier_stats()[1]["held"] == held
+    assert again.admit(4, a) == 4 * BS  # bytes checked by admit
+    s = again.pool.tier_transfer_stats()
+    assert s is not None and s["disk_loads"] == 4
+
+
+def test_a_restart_with_fewer_disk_blocks_keeps_what_fits(tmp_path: Path) -> None:
+    r = Rig(10, host=1, disk=32, disk_dir=tmp_path / "tier")
+    for i, p in enumerate((1, 2, 3)):
+        r.admit(i, prompt(p, 9, shared=False))
+        r.pool.free(i)
+    r.pool.wait_tiers()
+    assert r.pool.tier_stats()[1]["held"] > 4
+    del r
+    gc.collect()
+    small = Rig(10, host=1, disk=4, disk_dir=tmp_path / "tier")
+    assert small.pool.tier_stats()[1]["held"] == 4
+    assert len(list((tmp_path / "tier").rglob("*.blk"))) == 4
 
 
 def test_a_damaged_disk_block_is_reported_never_served(tmp_path: Path) -> None:

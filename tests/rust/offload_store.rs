@@ -22,7 +22,7 @@ use pykvpool::offload::store::TierStore;
 use pykvpool::offload::transfer::{pack, slot_bytes_for, DeviceRegion, KvRegion};
 use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
-use pykvpool::prefix_cache::tiers::TierConfig;
+use pykvpool::prefix_cache::tiers::{TierConfig, TierPolicy};
 
 const BS: usize = 4;
 const HEADS: usize = 2;
@@ -59,9 +59,13 @@ struct Rig {
 
 impl Rig {
     fn new(num_blocks: usize, host: usize, disk: Option<usize>, dtype: DType) -> Self {
+        Self::with_policy(num_blocks, host, disk, dtype, TierPolicy::Ranked(EvictionPolicy::Lru))
+    }
+
+    fn with_policy(num_blocks: usize, host: usize, disk: Option<usize>, dtype: DType, policy: TierPolicy) -> Self {
         let mut pool = BlockPool::with_prefix_cache(num_blocks, BS, CacheConfig::default()).unwrap();
-        let mut tiers = vec![TierConfig { capacity_blocks: host, policy: EvictionPolicy::Lru }];
-        tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy: EvictionPolicy::Lru }));
+        let mut tiers = vec![TierConfig { capacity_blocks: host, policy }];
+        tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy }));
         pool.set_tiers(&tiers, None).unwrap();
         let shape = KvShape { num_layers: LAYERS, num_blocks, block_size: BS, num_kv_heads: HEADS, head_dim: DIM };
         let cache = KvCache::new(shape, dtype).unwrap();
@@ -174,6 +178,41 @@ fn evicted_blocks_come_back_with_their_bytes_from_host_and_disk() {
 }
 
 #[test]
+fn a_restart_finds_the_disk_blocks_again() {
+    let mut r = Rig::new(10, 1, Some(32), DType::F32);
+    let unique = |p: u32, blocks: usize| -> Vec<u32> { (0..(blocks * BS + 1) as u32).map(|i| p * 1000 + i).collect() };
+    let a = unique(1, 4);
+    r.admit(1, &a);
+    r.pool.free(SeqId(1)).unwrap();
+    for (i, p) in [2, 3].into_iter().enumerate() {
+        r.admit(10 + i as u64, &unique(p, 9));
+        r.pool.free(SeqId(10 + i as u64)).unwrap();
+        r.settle();
+    }
+    let Rig { store, _dir: dir, .. } = r;
+    drop(store);
+    // A new pool, cache and store on the same folder.
+    let mut again = Rig::new(10, 1, None, DType::F32);
+    let disk = DiskTier::open_with(&dir.0, 7, u64::MAX, Durability::NoFsync).unwrap();
+    let slot_bytes = again.store.slot_bytes();
+    again.store = TierStore::new(1, slot_bytes, DType::F32, BS as u32, Some((disk, 32)), 2).unwrap();
+    let tiers = [TierConfig { capacity_blocks: 1, policy: TierPolicy::S3Fifo }, TierConfig { capacity_blocks: 32, policy: TierPolicy::S3Fifo }];
+    again.pool.set_tiers(&tiers, None).unwrap();
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    assert!(again.pool.drain_tier_moves(&mut moves, &mut loads).unwrap(), "new tiers report their emptying once");
+    assert!(!again.pool.drain_tier_moves(&mut moves, &mut loads).unwrap());
+    let found = again.store.restorable().unwrap();
+    assert_eq!(found.len(), 12, "a's 4 blocks and 8 of b's");
+    for (key, meta) in found {
+        let slot = again.pool.restore_tier_block(1, key, meta).unwrap();
+        again.store.adopt(slot, key).unwrap();
+    }
+    assert_eq!(again.admit(4, &a), 4 * BS, "a's blocks come back from disk, bytes checked");
+    assert_eq!(again.store.stats().disk_loads, 4);
+    again._dir = dir;
+}
+
+#[test]
 fn a_damaged_disk_block_is_never_loaded() {
     let mut r = Rig::new(10, 1, Some(8), DType::F32);
     let a = prompt(1, 4, 1);
@@ -222,9 +261,11 @@ proptest! {
         host in 1usize..6,
         disk in prop::option::of(1usize..10),
         int8 in any::<bool>(),
+        s3 in any::<bool>(),
     ) {
         let dtype = if int8 { DType::I8 } else { DType::F16 };
-        let mut r = Rig::new(12, host, disk, dtype);
+        let policy = if s3 { TierPolicy::S3Fifo } else { TierPolicy::Ranked(EvictionPolicy::Lru) };
+        let mut r = Rig::with_policy(12, host, disk, dtype, policy);
         let mut live: Vec<u64> = Vec::new();
         for (n, (f, blocks, extra, keep)) in ops.into_iter().enumerate() {
             let tokens = prompt(f, blocks, extra.max(1));

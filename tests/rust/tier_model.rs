@@ -9,12 +9,12 @@
 //! holds after every call: the byte layer that follows the moves stores what the decisions
 //! say.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use proptest::prelude::*;
 
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
-use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, Tiers};
+use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierPolicy, Tiers};
 use pykvpool::BlockId;
 
 #[derive(Clone, Debug)]
@@ -37,9 +37,59 @@ fn tokens(k: u8) -> Box<[u32]> {
 /// A held block: its key id, its hits in the device and the tick it entered its tier at.
 type Held = (u8, u32, u64);
 
+/// S3-FIFO as its specification says (`prefix_cache::tier_order`): two FIFOs of (key,
+/// frequency) and the keys of the last `cap` blocks evicted from the small one.
+#[derive(Clone, Debug, Default)]
+struct S3Model {
+    cap: usize,
+    small: Vec<(u8, u32)>,
+    main: Vec<(u8, u32)>,
+    ghost: VecDeque<u8>,
+}
+
+impl S3Model {
+    fn insert(&mut self, k: u8, hits: u32) {
+        let f = hits.min(3);
+        if self.ghost.contains(&k) { self.main.push((k, f)) } else { self.small.push((k, f)) }
+    }
+
+    fn remove(&mut self, k: u8) {
+        self.small.retain(|e| e.0 != k);
+        self.main.retain(|e| e.0 != k);
+    }
+
+    fn pop(&mut self) -> Option<u8> {
+        loop {
+            if self.small.len() >= (self.cap / 10).max(1) || self.main.is_empty() {
+                if self.small.is_empty() {
+                    return None;
+                }
+                let (k, f) = self.small.remove(0);
+                if f > 0 {
+                    self.main.push((k, 0));
+                    continue;
+                }
+                self.ghost.push_back(k);
+                if self.ghost.len() > self.cap {
+                    self.ghost.pop_front();
+                }
+                return Some(k);
+            }
+            let (k, f) = self.main.remove(0);
+            if f > 0 {
+                self.main.push((k, f - 1));
+                continue;
+            }
+            return Some(k);
+        }
+    }
+}
+
 struct Model {
     cfgs: Vec<TierConfig>,
     tiers: Vec<Vec<Held>>,
+    /// Per tier, its S3-FIFO state when that is its policy.
+    s3: Vec<Option<S3Model>>,
     /// Slots emptied by hits since the last end of call, per tier.
     taken: Vec<usize>,
     tick: u64,
@@ -48,18 +98,31 @@ struct Model {
 
 impl Model {
     /// Entry order, or hits then entry order for `lfu`.
-    fn order_key(p: EvictionPolicy, &(_, hits, tick): &Held) -> (u64, u64) {
+    fn order_key(p: TierPolicy, &(_, hits, tick): &Held) -> (u64, u64) {
         match p {
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => (tick, 0),
-            EvictionPolicy::Lfu => (hits as u64, tick),
-            EvictionPolicy::Priority => unreachable!("refused"),
+            TierPolicy::Ranked(EvictionPolicy::Lru | EvictionPolicy::Fifo) => (tick, 0),
+            TierPolicy::Ranked(EvictionPolicy::Lfu) => (hits as u64, tick),
+            _ => unreachable!("refused, or not ranked"),
         }
     }
 
+    /// The victims in order, if nothing entered meanwhile.
     fn order(&self, t: usize) -> Vec<u8> {
+        if let Some(s3) = &self.s3[t] {
+            let mut s = s3.clone();
+            return std::iter::from_fn(|| s.pop()).collect();
+        }
         let mut v = self.tiers[t].clone();
         v.sort_by_key(|h| Self::order_key(self.cfgs[t].policy, h));
         v.into_iter().map(|(k, _, _)| k).collect()
+    }
+
+    /// Take the next victim of tier `t` out of its order.
+    fn pop(&mut self, t: usize) -> u8 {
+        match &mut self.s3[t] {
+            Some(s) => s.pop().expect("a full tier has a victim"),
+            None => self.order(t)[0],
+        }
     }
 
     fn see(&mut self, k: u8) {
@@ -78,6 +141,7 @@ impl Model {
 
     fn remove(&mut self, k: u8) {
         self.tiers.iter_mut().for_each(|t| t.retain(|(x, _, _)| *x != k));
+        self.s3.iter_mut().flatten().for_each(|s| s.remove(k));
     }
 
     /// Whether `k` was stored in tier `t` (cascading a victim down).
@@ -89,13 +153,16 @@ impl Model {
             if self.tiers[t].is_empty() {
                 return false;
             }
-            let victim = self.order(t)[0];
+            let victim = self.pop(t);
             let i = self.tiers[t].iter().position(|(x, _, _)| *x == victim).unwrap();
             let (vk, vhits, _) = self.tiers[t].remove(i);
             self.insert(t + 1, vk, vhits);
         }
         self.tick += 1;
         self.tiers[t].push((k, hits, self.tick));
+        if let Some(s) = &mut self.s3[t] {
+            s.insert(k, hits);
+        }
         true
     }
 }
@@ -109,7 +176,7 @@ fn apply(shadow: &mut [HashMap<u32, u8>], moves: &[Move], block: Option<u8>) {
                 assert_eq!(Some(b.0 as u8), block, "stores the offered block");
                 assert!(shadow[tier].insert(slot, b.0 as u8).is_none(), "store into a used slot");
             }
-            Move::Demote { key: named, tier, slot, to_slot } => {
+            Move::Demote { key: named, tier, slot, to_slot, .. } => {
                 let k = shadow[tier].remove(&slot).expect("demote from an empty slot");
                 assert_eq!(named, key(k), "a demotion names the key it moves");
                 assert!(shadow[tier + 1].insert(to_slot, k).is_none(), "demote into a used slot");
@@ -122,8 +189,13 @@ fn apply(shadow: &mut [HashMap<u32, u8>], moves: &[Move], block: Option<u8>) {
     }
 }
 
-fn policy() -> impl Strategy<Value = EvictionPolicy> {
-    prop_oneof![Just(EvictionPolicy::Lru), Just(EvictionPolicy::Fifo), Just(EvictionPolicy::Lfu)]
+fn policy() -> impl Strategy<Value = TierPolicy> {
+    prop_oneof![
+        Just(TierPolicy::Ranked(EvictionPolicy::Lru)),
+        Just(TierPolicy::Ranked(EvictionPolicy::Fifo)),
+        Just(TierPolicy::Ranked(EvictionPolicy::Lfu)),
+        Just(TierPolicy::S3Fifo),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -137,7 +209,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn run(cfgs: Vec<TierConfig>, gate: Option<GateConfig>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut tiers = Tiers::new(&cfgs, gate).expect("valid tiers");
-    let mut model = Model { tiers: vec![Vec::new(); cfgs.len()], cfgs: cfgs.clone(), taken: vec![0; cfgs.len()], tick: 0, gate: gate.map(|g| (g, HashMap::new(), 0)) };
+    let s3 = cfgs.iter().map(|c| (c.policy == TierPolicy::S3Fifo).then(|| S3Model { cap: c.capacity_blocks, ..S3Model::default() })).collect();
+    let mut model = Model { tiers: vec![Vec::new(); cfgs.len()], s3, cfgs: cfgs.clone(), taken: vec![0; cfgs.len()], tick: 0, gate: gate.map(|g| (g, HashMap::new(), 0)) };
     let mut shadow = vec![HashMap::new(); cfgs.len()];
     for op in ops {
         match op {
@@ -192,7 +265,7 @@ proptest! {
 
     #[test]
     fn tiers_follow_the_model(
-        caps in prop::collection::vec(1usize..6, 1..=2),
+        caps in prop::collection::vec(1usize..24, 1..=2),
         policies in prop::collection::vec(policy(), 2),
         gate in prop::option::of((1u32..4, 1u64..40)),
         ops in prop::collection::vec(op(), 1..120),
@@ -204,11 +277,11 @@ proptest! {
 
 #[test]
 fn bad_configurations_are_refused() {
-    let lru = |c| TierConfig { capacity_blocks: c, policy: EvictionPolicy::Lru };
+    let lru = |c| TierConfig { capacity_blocks: c, policy: TierPolicy::Ranked(EvictionPolicy::Lru) };
     assert!(Tiers::new(&[], None).is_err());
     assert!(Tiers::new(&[lru(1), lru(1), lru(1)], None).is_err());
     assert!(Tiers::new(&[lru(0)], None).is_err());
-    assert!(Tiers::new(&[TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Priority }], None).is_err());
+    assert!(Tiers::new(&[TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Priority) }], None).is_err());
     assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 0, half_life: 8 })).is_err());
     assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 2, half_life: 0 })).is_err());
     assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 256, half_life: 8 })).is_err());
@@ -216,7 +289,7 @@ fn bad_configurations_are_refused() {
 
 #[test]
 fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
-    let cfg = [TierConfig { capacity_blocks: 8, policy: EvictionPolicy::Lru }];
+    let cfg = [TierConfig { capacity_blocks: 8, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     let mut t = Tiers::new(&cfg, Some(GateConfig { min_seen: 2, half_life: 1000 })).unwrap();
     let e = || TierEntry { hits: 0, parent: None, extra: None, tokens: None };
     let k = (0, 42, 16);
@@ -235,7 +308,7 @@ fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
 
 #[test]
 fn a_collision_is_a_miss_that_moves_nothing() {
-    let cfg = [TierConfig { capacity_blocks: 2, policy: EvictionPolicy::Lru }];
+    let cfg = [TierConfig { capacity_blocks: 2, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     let mut t = Tiers::new(&cfg, None).unwrap();
     let k = (1, 5, 16);
     let e = TierEntry { hits: 0, parent: Some(3), extra: Some(9), tokens: Some(tokens(5)) };
@@ -258,8 +331,8 @@ const BS: usize = 4;
 
 fn pool(num_blocks: usize, host: usize, disk: Option<usize>) -> BlockPool {
     let mut p = BlockPool::with_prefix_cache(num_blocks, BS, CacheConfig::default()).unwrap();
-    let mut tiers = vec![TierConfig { capacity_blocks: host, policy: EvictionPolicy::Lru }];
-    tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy: EvictionPolicy::Lru }));
+    let mut tiers = vec![TierConfig { capacity_blocks: host, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
+    tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }));
     p.set_tiers(&tiers, None).unwrap();
     p
 }
@@ -387,7 +460,7 @@ fn victims_of_the_host_tier_go_to_disk_and_come_back() {
 
 #[test]
 fn a_pool_without_caching_or_with_a_window_refuses_tiers() {
-    let cfg = [TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }];
+    let cfg = [TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     let mut plain = BlockPool::new(8, BS).unwrap();
     assert!(plain.set_tiers(&cfg, None).is_err());
     let groups = vec![pykvpool::GroupSpec::Full, pykvpool::GroupSpec::sliding_window(8, 0).unwrap()];
@@ -397,7 +470,7 @@ fn a_pool_without_caching_or_with_a_window_refuses_tiers() {
 
 #[test]
 fn loads_only_what_is_faster_than_computing() {
-    let cfg = [TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }, TierConfig { capacity_blocks: 4, policy: EvictionPolicy::Lru }];
+    let cfg = [TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }, TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     let mut t = Tiers::new(&cfg, None).unwrap();
     assert_eq!(t.worth_loading(&[0, 1, 1], 2, 16), 3, "without costs, everything found");
     assert!(t.set_costs(&[10], 5).is_err(), "one cost per tier");

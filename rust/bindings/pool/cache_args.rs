@@ -10,7 +10,7 @@ use crate::bindings::convert::{count_arg, int_scalar, int_vec, ints_as};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
-use crate::prefix_cache::tiers::{GateConfig, TierChoices, TierConfig, TierStats};
+use crate::prefix_cache::tiers::{GateConfig, TierChoices, TierConfig, TierPolicy, TierStats};
 use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -93,7 +93,7 @@ impl TierOptions<'_> {
         if !caching {
             return Err(invalid(py, "host_blocks needs prefix_caching=True"));
         }
-        let policy = self.tier_eviction.unwrap_or("lru").parse::<EvictionPolicy>().py_err(py)?;
+        let policy = TierPolicy::parse(self.tier_eviction.unwrap_or("lru")).py_err(py)?;
         let mut tiers = vec![TierConfig { capacity_blocks: count_arg(host, "host_blocks")?, policy }];
         if let Some(d) = self.disk_blocks {
             tiers.push(TierConfig { capacity_blocks: count_arg(d, "disk_blocks")?, policy });

@@ -152,7 +152,10 @@ pub(crate) fn cow_array<'py>(py: Python<'py>, pairs: &[(BlockId, BlockId)]) -> P
 ///     tier_eviction: each tier's order (default ``"lru"``): a block is used in a tier only
 ///         when it enters it (a hit takes it out), so ``"lru"`` and ``"fifo"`` both evict in
 ///         entry order and ``"lfu"`` the fewest hits the block had in the device, then
-///         entry order; every order evicts a chain tail first. ``"priority"`` is refused.
+///         entry order; these evict a chain tail first. ``"s3fifo"`` resists scans: new
+///         blocks enter a small FIFO (a tenth of the tier) whose blocks never hit in the
+///         device leave first, unless their key left it recently (then they enter the main
+///         FIFO). ``"priority"`` is refused.
 ///     reuse_gate: store a block below the device only once its key was seen (stored or
 ///         hit in the device) this many times, ``1..=255`` (default None: every evicted
 ///         block); the counts halve every ``4 * (host_blocks + disk_blocks)`` sightings.

@@ -1059,8 +1059,11 @@ impl PyBlockPool {
     ///
     /// The disk folder holds one checksummed file per block (format in the
     /// documentation); it is tied to ``model_id`` and the cache's layout and dtype, and
-    /// a folder of another model or layout is refused. Files an earlier run left are
-    /// removed: the pool's tiers start empty.
+    /// a folder of another model or layout is refused. Blocks an earlier run left there
+    /// go back into the disk tier (a warm restart: a later prompt hits them), up to
+    /// ``disk_blocks``; the rest are removed. A restored block is verified by its chained
+    /// key, parent key and extra key (not its token ids, which the folder does not keep)
+    /// and by its checksum when it is loaded.
     ///
     /// Args:
     ///     cache: the pool's KV storage: as many blocks of as many tokens as the pool.
@@ -1112,7 +1115,7 @@ impl PyBlockPool {
             if pool.tier_stats()?.is_some_and(|(t, _)| t.iter().any(|s| s.stored > 0)) {
                 return Err(invalid!("cache: the tiers already hold blocks without bytes; attach before the pool evicts"));
             }
-            let t = TierIo::new(&pool, tiers, c, disk, threads)?;
+            let t = TierIo::new(&mut pool, tiers, c, disk, threads)?;
             pool.keep_tier_moves(true)?;
             *io = Some(Box::new(t));
             Ok(())

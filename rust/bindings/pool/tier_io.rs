@@ -2,7 +2,8 @@
 //! tiers' blocks in a host slab and a disk folder, moved to and from one `KvCache` as the
 //! pool decides. After every pool call that decided moves or loads, [`TierIo::carry_out`]
 //! runs them under the cache's write lock and leaves the copies in flight in the cache's
-//! fence, which every later access to the cache waits for.
+//! fence, which every later access to the cache waits for. Blocks an earlier run left in
+//! the disk folder go back into the pool's disk tier at attach (a warm restart).
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -14,7 +15,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::kv::KvCache;
 use crate::offload::disk::{DiskTier, Durability, HEADER_BYTES};
-use crate::offload::store::{StoreStats, TierStore};
+use crate::offload::store::{StoreStats, TierStore, TRAILER_BYTES};
 use crate::offload::transfer::{slot_bytes_for, DeviceRegion, KvRegion};
 use crate::pool::BlockPool;
 use crate::prefix_cache::tiers::{Move, TierLoad};
@@ -44,7 +45,7 @@ impl TierIo {
     /// Errors (`InvalidArgument`): the cache's block count differs from the pool's, or
     /// the disk arguments do not match the pool's tiers; and those of opening the disk
     /// folder (`Storage`).
-    pub(crate) fn new(pool: &BlockPool, tiers: (usize, Option<usize>), cache: &PyKvCache, disk: Option<DiskArgs>, threads: usize) -> Result<Self> {
+    pub(crate) fn new(pool: &mut BlockPool, tiers: (usize, Option<usize>), cache: &PyKvCache, disk: Option<DiskArgs>, threads: usize) -> Result<Self> {
         let (shared, fence) = cache.shared();
         let guard = shared.read().unwrap_or_else(|p| p.into_inner());
         let shape = guard.shape();
@@ -59,7 +60,11 @@ impl TierIo {
             (Some(_), None) => return Err(invalid!("disk_dir: the pool has no disk tier (build it with disk_blocks=)")),
             (None, Some(_)) => return Err(invalid!("disk_dir: the pool has a disk tier; give its folder")),
         };
-        let store = TierStore::new(tiers.0, slot_bytes, guard.dtype(), shape.block_size as u32, disk, threads)?;
+        let mut store = TierStore::new(tiers.0, slot_bytes, guard.dtype(), shape.block_size as u32, disk, threads)?;
+        // Nothing was stored before (the caller checked): what the pool decided so far,
+        // the emptying of its new tiers included, concerns no bytes.
+        pool.drain_tier_moves(&mut Vec::new(), &mut Vec::new())?;
+        restore(pool, &mut store)?;
         let owner = shared.clone();
         // SAFETY: `owner` (the Python cache's lock) holds the KvCache for its whole life;
         // the Python cache never replaces it.
@@ -130,8 +135,7 @@ impl TierIo {
     }
 }
 
-/// The disk tier in `d.dir`, emptied of blocks an earlier run left (the pool's tiers
-/// start empty), its fingerprint the model id and the cache's layout.
+/// The disk tier in `d.dir`, its fingerprint the model id and the cache's layout.
 fn open_disk(d: &DiskArgs, cache: &KvCache, blocks: usize, slot_bytes: usize) -> Result<DiskTier> {
     let s = cache.shape();
     let id = format!(
@@ -143,12 +147,17 @@ fn open_disk(d: &DiskArgs, cache: &KvCache, blocks: usize, slot_bytes: usize) ->
         s.head_dim,
         cache.dtype().name()
     );
-    let budget = (blocks as u64).saturating_mul((slot_bytes + HEADER_BYTES) as u64);
+    let budget = (blocks as u64).saturating_mul((slot_bytes + TRAILER_BYTES + HEADER_BYTES) as u64);
     let durability = if d.fsync { Durability::Fsync } else { Durability::NoFsync };
-    let mut disk = DiskTier::open_with(&d.dir, xxh3_128(id.as_bytes()), budget, durability)?;
-    let old: Vec<_> = disk.keys().collect();
-    for (g, k) in old {
-        disk.remove(g, k)?;
+    DiskTier::open_with(&d.dir, xxh3_128(id.as_bytes()), budget, durability)
+}
+
+/// Give the blocks an earlier run left in the disk folder back to `pool`'s disk tier (a
+/// warm restart), as many as it holds; the others are removed.
+fn restore(pool: &mut BlockPool, store: &mut TierStore) -> Result<()> {
+    for (key, meta) in store.restorable()? {
+        let slot = pool.restore_tier_block(1, key, meta)?;
+        store.adopt(slot, key)?;
     }
-    Ok(disk)
+    Ok(())
 }

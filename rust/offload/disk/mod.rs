@@ -231,6 +231,33 @@ impl DiskTier {
         }
     }
 
+    /// The last `n` payload bytes of block (`group`, `key`), read without checking the
+    /// checksum (a later [`Self::get`] checks the whole block): what a caller stored at
+    /// the payload's end to find the block again after a restart. `None` when the tier
+    /// has no such block or its payload is shorter than `n`, or the file reads short.
+    ///
+    /// Errors: `Storage` `PermissionDenied` or `Io` when the file may not be read.
+    pub fn peek_tail(&self, group: u32, key: BlockKey, n: usize) -> Result<Option<Vec<u8>>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Some(meta) = self.index.get(&(group, key)).filter(|m| m.payload_len >= n as u64) else { return Ok(None) };
+        let path = self.block_path(group, key);
+        let read = || -> std::io::Result<Option<Vec<u8>>> {
+            let mut f = File::open(&path)?;
+            f.seek(SeekFrom::Start(HEADER_BYTES as u64 + meta.payload_len - n as u64))?;
+            let mut tail = vec![0u8; n];
+            match f.read_exact(&mut tail) {
+                Ok(()) => Ok(Some(tail)),
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        match read() {
+            Ok(t) => Ok(t),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error("read", &path, e)),
+        }
+    }
+
     /// Removes block (`group`, `key`); returns whether the tier had it. Does not sync
     /// (see the module doc). Errors: `Storage` `PermissionDenied` or `Io` when the file
     /// may not be removed (the block stays).
