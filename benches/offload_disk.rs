@@ -1,0 +1,281 @@
+//! Disk tier bandwidth: `DiskTier` (G3) puts and gets of whole blocks, against a raw
+//! sequential file probe of the same folder (the figure behind "G2<->G3 at least 70% of a
+//! raw sequential file read/write probe of the same folder").
+//!
+//! For each block size S in 256 KiB, 1 MiB and 4 MiB, a pass moves a 256 MiB working set
+//! (1024, 256 and 64 blocks) of pseudo-random bytes held in one host buffer (filled once);
+//! the rows are:
+//!
+//! - `raw write nosync`: the working set written as one new sequential file, one
+//!   `write_all` of S bytes per block, not synced: the baseline of `put nofsync`;
+//! - `raw write`: the same, then one `sync_data` at the end (durable): the baseline of
+//!   `put fsync`;
+//! - `put nofsync`: `DiskTier::put` of every block (bf16, layer group 0) with
+//!   `Durability::NoFsync`: a file per block, written then renamed, no syncs;
+//! - `put fsync`: the same with `Durability::Fsync`: each put syncs its file and its
+//!   folder, so this row pays two device flushes per block where `raw write` pays one per
+//!   pass: the measured cost of per-block durability, largest for small blocks;
+//! - `raw read`: the sequential file read back, one `read_exact` of S bytes per block into
+//!   a reused buffer: the baseline of `get`;
+//! - `get`: `DiskTier::get` of every block into a reused `Vec` (header checks and the
+//!   XXH3-64 checksum of every payload included);
+//! - `raw read cold` / `get cold`: the same two after dropping their files from the page
+//!   cache (`posix_fadvise(DONTNEED)` of files synced when written, not timed), so the
+//!   bytes come from the device (under a virtual machine the host may still cache them).
+//!
+//! The warm reads read files written in the page cache; both sides are warm alike. The
+//! read rows read a sequential file and a tier written (and synced) once per block size;
+//! the write rows write a new file (removed after the pass) or every block into an empty
+//! tier (every key removed after the pass); removals and cache drops are not timed. The
+//! folder is a new folder under `std::env::temp_dir()` (`--dir PATH`: under PATH), removed
+//! at the end. GB/s is 10^9 payload bytes per second (a block file's 72-byte header not
+//! counted).
+//!
+//! Timed by hand (`harness = false`), not by divan: the figure is the ratio of rows
+//! measured in the same round. Each round runs every row of a size once, in alternating
+//! order (forward, then backward), so the rows share the machine's noise; the output is
+//! each row's median GB/s and, for a put or get row, the median of the per-round ratios to
+//! its baseline row, with their interquartile range. A warm-up pass of each row (not
+//! timed) creates the tiers' fan-out folders first.
+//!
+//! `cargo bench --bench offload_disk` (`-- --rounds N`, default 5; `-- --dir PATH`).
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use pykvpool::kv::DType;
+use pykvpool::offload::disk::{DiskTier, Durability};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// Payload bytes moved per pass.
+const SET: usize = 256 * MIB;
+const SIZES: [usize; 3] = [256 * KIB, MIB, 4 * MIB];
+const FINGERPRINT: u128 = 0x6f66_666c_6f61_645f_6469_736b;
+const CAPACITY: u64 = 1 << 40;
+
+/// A row of the table: one way to move `SET` bytes to or from the folder.
+#[derive(Clone, Copy, PartialEq)]
+enum Row {
+    RawWrite { sync: bool },
+    Put { fsync: bool },
+    RawRead { cold: bool },
+    Get { cold: bool },
+}
+
+const ROWS: [Row; 8] = [
+    Row::RawWrite { sync: false },
+    Row::RawWrite { sync: true },
+    Row::Put { fsync: false },
+    Row::Put { fsync: true },
+    Row::RawRead { cold: false },
+    Row::Get { cold: false },
+    Row::RawRead { cold: true },
+    Row::Get { cold: true },
+];
+
+impl Row {
+    fn name(self) -> &'static str {
+        match self {
+            Self::RawWrite { sync } => ["raw write nosync", "raw write"][usize::from(sync)],
+            Self::Put { fsync } => ["put nofsync", "put fsync"][usize::from(fsync)],
+            Self::RawRead { cold } => ["raw read", "raw read cold"][usize::from(cold)],
+            Self::Get { cold } => ["get", "get cold"][usize::from(cold)],
+        }
+    }
+
+    /// The raw row this row is compared with.
+    fn baseline(self) -> Option<Row> {
+        match self {
+            Self::Put { fsync } => Some(Self::RawWrite { sync: fsync }),
+            Self::Get { cold } => Some(Self::RawRead { cold }),
+            _ => None,
+        }
+    }
+}
+
+/// The folder, tiers and buffers of one block size.
+struct Setup<'a> {
+    data: &'a [u8],
+    block: usize,
+    dir: PathBuf,
+    /// The raw write rows' file (removed after each pass) and the raw read rows' file.
+    write_file: PathBuf,
+    read_file: PathBuf,
+    /// The put rows' tiers (emptied after each pass), by `fsync`, and the get rows' tier.
+    put: [DiskTier; 2],
+    get: DiskTier,
+    chunk: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl<'a> Setup<'a> {
+    fn new(root: &Path, data: &'a [u8], block: usize) -> Self {
+        let dir = root.join(format!("{}k", block / KIB));
+        fs::create_dir_all(&dir).expect("folder");
+        let tier = |name: &str, d| DiskTier::open_with(dir.join(name), FINGERPRINT, CAPACITY, d).expect("tier");
+        let put = [tier("put-nofsync", Durability::NoFsync), tier("put-fsync", Durability::Fsync)];
+        let mut get = tier("get", Durability::NoFsync);
+        let (write_file, read_file) = (dir.join("raw-write.bin"), dir.join("raw-read.bin"));
+        // The read side, written once and synced so that its pages are clean (droppable).
+        write_raw(&read_file, data, block, true);
+        put_all(&mut get, data, block);
+        for key in 0..(SET / block) as u128 {
+            File::open(get.block_path(0, key)).and_then(|f| f.sync_data()).expect("sync");
+        }
+        let (chunk, out) = (vec![0; block], Vec::with_capacity(block));
+        Self { data, block, dir, write_file, read_file, put, get, chunk, out }
+    }
+
+    /// Run `row` once; seconds (of the row's I/O alone).
+    fn run(&mut self, row: Row) -> f64 {
+        let blocks = SET / self.block;
+        if matches!(row, Row::RawRead { cold: true }) {
+            drop_cached(&self.read_file);
+        } else if matches!(row, Row::Get { cold: true }) {
+            (0..blocks as u128).for_each(|key| drop_cached(&self.get.block_path(0, key)));
+        }
+        let t = Instant::now();
+        match row {
+            Row::RawWrite { sync } => write_raw(&self.write_file, self.data, self.block, sync),
+            Row::Put { fsync } => put_all(&mut self.put[usize::from(fsync)], self.data, self.block),
+            Row::RawRead { .. } => read_raw(&self.read_file, &mut self.chunk, blocks),
+            Row::Get { .. } => get_all(&mut self.get, &mut self.out, blocks),
+        }
+        let secs = t.elapsed().as_secs_f64();
+        match row {
+            Row::RawWrite { .. } => fs::remove_file(&self.write_file).expect("remove"),
+            Row::Put { fsync } => remove_all(&mut self.put[usize::from(fsync)], blocks),
+            _ => {}
+        }
+        secs
+    }
+}
+
+impl Drop for Setup<'_> {
+    fn drop(&mut self) {
+        // Best effort: the tiers' locked manifests go with the folder (Unix unlinks open files).
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `data` as a new file `path`, one `write_all` per block, synced once at the end when `sync`.
+fn write_raw(path: &Path, data: &[u8], block: usize, sync: bool) {
+    let mut f = File::create_new(path).expect("create");
+    data.chunks(block).for_each(|b| f.write_all(b).expect("write"));
+    if sync {
+        f.sync_data().expect("sync");
+    }
+}
+
+/// `path` read from start to end, `blocks` reads of `chunk.len()` bytes.
+fn read_raw(path: &Path, chunk: &mut [u8], blocks: usize) {
+    let mut f = File::open(path).expect("open");
+    (0..blocks).for_each(|_| f.read_exact(chunk).expect("read"));
+}
+
+/// Every block of `data` put into `tier` as (0, block index).
+fn put_all(tier: &mut DiskTier, data: &[u8], block: usize) {
+    for (key, b) in data.chunks(block).enumerate() {
+        tier.put(0, key as u128, 16, DType::BF16, b).expect("put");
+    }
+}
+
+/// Every block of a pass read (and verified) from `tier` into `out`.
+fn get_all(tier: &mut DiskTier, out: &mut Vec<u8>, blocks: usize) {
+    for key in 0..blocks as u128 {
+        out.clear();
+        assert!(tier.get(0, key, out).expect("get").is_some(), "block {key} missing");
+    }
+}
+
+fn remove_all(tier: &mut DiskTier, blocks: usize) {
+    (0..blocks as u128).for_each(|key| assert!(tier.remove(0, key).expect("remove")));
+}
+
+/// Drops the (clean) pages of file `path` from the page cache.
+fn drop_cached(path: &Path) {
+    let f = File::open(path).expect("open");
+    // SAFETY: `f` owns the descriptor, open for the whole call; the call reads no memory.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
+}
+
+/// `n` pseudo-random bytes (splitmix64).
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut s = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut v = vec![0u8; n];
+    for w in v.chunks_exact_mut(8) {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let z = (s ^ (s >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        w.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    v
+}
+
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = q * (v.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+}
+
+fn arg_value(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    arg_value(name).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Seconds of each row (by `ROWS` index) in each of `rounds` rounds.
+fn measure(root: &Path, data: &[u8], block: usize, rounds: usize) -> Vec<Vec<f64>> {
+    let mut s = Setup::new(root, data, block);
+    for &row in &ROWS {
+        s.run(row); // warm-up: the fan-out folders, the code paths
+    }
+    let mut secs = vec![Vec::new(); ROWS.len()];
+    for r in 0..rounds {
+        let order: Vec<usize> = if r % 2 == 0 { (0..ROWS.len()).collect() } else { (0..ROWS.len()).rev().collect() };
+        for i in order {
+            secs[i].push(s.run(ROWS[i]));
+        }
+    }
+    secs
+}
+
+/// Median and interquartile range of the per-round ratios `secs[base] / secs[row]`.
+fn ratio(secs: &[Vec<f64>], base: usize, row: usize) -> String {
+    let r: Vec<f64> = secs[base].iter().zip(&secs[row]).map(|(b, e)| b / e).collect();
+    format!("{:.3} [{:.3}, {:.3}]", quantile(&r, 0.5), quantile(&r, 0.25), quantile(&r, 0.75))
+}
+
+fn print_table(secs: &[Vec<f64>]) {
+    println!("  {:<18} {:>8}   {:>24}   {:<18}", "row", "GB/s", "vs baseline [IQR]", "baseline");
+    for (i, row) in ROWS.iter().enumerate() {
+        let gbs: Vec<f64> = secs[i].iter().map(|t| SET as f64 / t / 1e9).collect();
+        let base = row.baseline().and_then(|b| ROWS.iter().position(|&r| r == b));
+        let (vs, name) = base.map_or((String::new(), ""), |b| (ratio(secs, b, i), ROWS[b].name()));
+        println!("  {:<18} {:>8.2}   {:>24}   {:<18}", row.name(), quantile(&gbs, 0.5), vs, name);
+    }
+}
+
+fn main() {
+    let rounds = arg("--rounds", 5).max(3);
+    let parent = arg_value("--dir").map_or_else(std::env::temp_dir, PathBuf::from);
+    let root = parent.join(format!("pykvpool-offload-disk-{}", std::process::id()));
+    let data = random_bytes(SET);
+    println!("offload_disk: {rounds} rounds, {} MiB per pass, in {}; GB/s = 1e9 B/s", SET / MIB, root.display());
+    for block in SIZES {
+        let secs = measure(&root, &data, block, rounds);
+        println!("\nblock {} KiB ({} blocks)", block / KIB, SET / block);
+        print_table(&secs);
+    }
+    fs::remove_dir_all(&root).expect("clean up");
+}
