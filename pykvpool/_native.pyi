@@ -1006,6 +1006,29 @@ class BlockPool:
             OSError: another I/O failure, or another open tier holds the folder.
             TypeError: ``cache`` is not a :class:`KvCache`.
         """
+    def probe_tier_loads(self, blocks: int = 16) -> list[int]:
+        """Measure what loading one block from each tier costs on this machine, on the
+        attached storage: nanoseconds per block, host first (then disk), the figures
+        :meth:`set_tier_costs` takes.
+
+        The host figure times the copy of device blocks ``0..blocks`` into fresh host
+        slots by the transfer threads (a copy costs the same both ways). The disk figure
+        writes those blocks to the folder, drops them from the page cache, and times
+        reading them back with their checksums, plus the host copy; they are removed
+        after. A shared machine's figures vary: probe when the machine is as loaded as
+        when it serves. Every access to the cache waits for the probe.
+
+        Args:
+            blocks: blocks to move, ``1..=256`` and at most the pool's (default 16).
+
+        Returns:
+            One cost per tier, in nanoseconds per block.
+
+        Raises:
+            InvalidArgumentError: no storage attached, or ``blocks`` out of range.
+            OSError: the folder may not be written or read (``PermissionError`` when not
+                permitted).
+        """
     def wait_tiers(self) -> None:
         """Wait until the tier copies in flight have finished (see
         :meth:`attach_tier_storage`); report the first failure since the last call.

@@ -137,6 +137,11 @@ class PagedKvCache(Cache):
             (default None: none), holding ``disk_blocks`` blocks.
         disk_blocks: the disk tier's blocks (default ``4 * host_blocks``), with
             ``disk_dir`` only.
+        recompute_ns_per_token: with ``host_blocks``, nanoseconds the model takes to
+            compute one prompt token's K/V here (its roofline, or a measured prefill):
+            each tier's load cost is then probed
+            (:meth:`pykvpool.BlockPool.probe_tier_loads`) and a hit loads only the blocks
+            faster to load than to compute (default None: every block found is loaded).
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range) or dtype, a layer kind
@@ -151,7 +156,7 @@ class PagedKvCache(Cache):
     def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
                  first_seq_id: int = 0, prefix_caching: bool = False, eviction: str = "lru",
                  host_blocks: int | None = None, disk_dir: str | os.PathLike[str] | None = None,
-                 disk_blocks: int | None = None) -> None:
+                 disk_blocks: int | None = None, recompute_ns_per_token: int | None = None) -> None:
         num_blocks = check_int(num_blocks, "num_blocks", 1)
         block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
@@ -160,6 +165,10 @@ class PagedKvCache(Cache):
             raise invalid("disk_dir: a disk tier sits below a host tier; give host_blocks too")
         if disk_blocks is not None and disk_dir is None:
             raise invalid("disk_blocks: given without disk_dir")
+        if recompute_ns_per_token is not None:
+            if host_blocks is None:
+                raise invalid("recompute_ns_per_token: given without host_blocks")
+            recompute_ns_per_token = check_int(recompute_ns_per_token, "recompute_ns_per_token")
         if disk_dir is not None and disk_blocks is None:
             disk_blocks = 4 * check_int(host_blocks, "host_blocks", 1)
         self.pool = BlockPool(num_blocks, block_size, list(lay.groups), prefix_caching=bool(prefix_caching),
@@ -171,6 +180,9 @@ class PagedKvCache(Cache):
             model_id = str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "model"))
             self.pool.attach_tier_storage(self.kv, disk_dir=disk_dir,
                                           model_id=model_id if disk_dir is not None else None)
+            if recompute_ns_per_token is not None:
+                probe = min(16, num_blocks)
+                self.pool.set_tier_costs(self.pool.probe_tier_loads(probe), recompute_ns_per_token)
         layers: list[Any] = [_PagedLayer(self, i, lay.window[i] is not None) for i in range(lay.num_layers)]
         super().__init__(layers=layers)
         self.seqs: list[int] = []

@@ -160,6 +160,9 @@ class ContinuousBatcher:
             computed); see :class:`PagedKvCache`.
         disk_dir: a disk tier's folder below the host tier (default None).
         disk_blocks: the disk tier's blocks (default ``4 * host_blocks``).
+        recompute_ns_per_token: with ``host_blocks``, what computing a prompt token's K/V
+            costs here, in nanoseconds: loads slower than that are computed instead
+            (:class:`PagedKvCache`).
 
     Attributes:
         stats: the last :meth:`run`'s :class:`BatcherStats`: passes, tokens fed
@@ -181,7 +184,8 @@ class ContinuousBatcher:
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
                  max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None,
                  prefix_caching: bool = False, eviction: str = "lru", host_blocks: int | None = None,
-                 disk_dir: str | os.PathLike[str] | None = None, disk_blocks: int | None = None) -> None:
+                 disk_dir: str | os.PathLike[str] | None = None, disk_blocks: int | None = None,
+                 recompute_ns_per_token: int | None = None) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
@@ -193,7 +197,8 @@ class ContinuousBatcher:
         self.model = model
         self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype,
                                   prefix_caching=prefix_caching, eviction=eviction, host_blocks=host_blocks,
-                                  disk_dir=disk_dir, disk_blocks=disk_blocks)
+                                  disk_dir=disk_dir, disk_blocks=disk_blocks,
+                                  recompute_ns_per_token=recompute_ns_per_token)
         self.prefix_caching = bool(prefix_caching)
         self._caps = _group_caps(self.cache, min(self.chunk_size, self.max_batched_tokens))
         self.stats = BatcherStats()

@@ -104,12 +104,27 @@ def test_lost_disk_blocks_are_computed_again(model: Any, ample: list[list[int]],
     assert s is not None and s["disk_lost"] > 0
 
 
+@pytest.mark.parametrize(("recompute_ns", "loads"), [(0, False), (10**9, True)])
+def test_probed_costs_choose_between_loading_and_computing(model: Any, ample: list[list[int]], recompute_ns: int,
+                                                           loads: bool) -> None:
+    tiered = phf.ContinuousBatcher(model, num_blocks=24, block_size=BS, prefix_caching=True, host_blocks=64,
+                                   recompute_ns_per_token=recompute_ns)
+    replies, _ = chat(tiered, conversations(3, 3, 20))
+    assert replies == ample
+    s = tiered.cache.pool.tier_transfer_stats()
+    assert s is not None and (s["host_loads"] > 0) == loads
+    host = tiered.cache.pool.tier_stats()[0]
+    assert (host["loads_won"] > 0, host["recompute_won"] > 0) == (loads, not loads)
+
+
 def test_tiers_need_prefix_caching_and_full_attention(tmp_path: Path) -> None:
     llama = build("llama", phf.ATTN_IMPLEMENTATION)
     with pytest.raises(pykvpool.InvalidArgumentError):
         phf.ContinuousBatcher(llama, num_blocks=16, host_blocks=8)
     with pytest.raises(pykvpool.InvalidArgumentError, match="host_blocks"):
         phf.PagedKvCache(llama.config, num_blocks=16, prefix_caching=True, disk_dir=tmp_path)
+    with pytest.raises(pykvpool.InvalidArgumentError, match="recompute_ns_per_token"):
+        phf.PagedKvCache(llama.config, num_blocks=16, prefix_caching=True, recompute_ns_per_token=5)
     with pytest.raises(pykvpool.InvalidArgumentError, match="disk_blocks"):
         phf.PagedKvCache(llama.config, num_blocks=16, prefix_caching=True, host_blocks=4, disk_blocks=8)
     mistral = build("mistral", phf.ATTN_IMPLEMENTATION)

@@ -154,6 +154,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("set_tier_costs", "recompute_ns_per_token", lambda w, x: w.ppool.set_tier_costs([1], x),
      INT_BAD + REQUIRED + NEG),
     ("set_clock", "t", lambda w, x: w.ppool.set_clock(x), INT_BAD + REQUIRED + NEG),
+    ("probe_tier_loads", "blocks", lambda w, x: w.ppool.probe_tier_loads(x), INT_BAD + REQUIRED + NEG + [0]),
     ("attach_tier_storage", "transfer_threads",
      lambda w, x: w.ppool.attach_tier_storage(w.cache, transfer_threads=x), INT_BAD + REQUIRED + NEG),
     ("SlidingWindow", "window", lambda w, x: kv.SlidingWindow(x), INT_BAD + REQUIRED + NEG + [0, 2**31]),

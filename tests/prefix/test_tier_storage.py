@@ -205,3 +205,31 @@ def test_attaching_twice_or_after_an_eviction_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="without bytes"):
         pool.attach_tier_storage(KvCache(LAYERS, 10, BS, HEADS, DIM))
 
+
+
+def test_probed_costs_decide_what_is_loaded(tmp_path: Path) -> None:
+    """The probe measures each tier on this machine; with those costs a hit whose
+    recompute is free loads nothing, and one whose recompute is dear loads everything."""
+    for recompute_ns, loaded in ((0, 0), (10**9, 4 * BS)):
+        r = Rig(10, host=1, disk=8, disk_dir=tmp_path / f"tier{recompute_ns}")
+        costs = r.pool.probe_tier_loads(4)
+        assert len(costs) == 2 and all(c > 0 for c in costs)
+        r.pool.set_tier_costs(costs, recompute_ns)
+        a = prompt(1, 4, shared=False)
+        r.admit(1, a)
+        r.pool.free(1)
+        r.admit(2, prompt(2, 9, shared=False))
+        r.pool.free(2)
+        assert r.admit(3, a) == loaded
+        assert not [f for f in (tmp_path / f"tier{recompute_ns}").rglob("*.blk") if f.name.startswith("ffffffff")]
+
+
+def test_a_probe_needs_storage_and_a_block_count_in_range() -> None:
+    pool = BlockPool(10, BS, prefix_caching=True, host_blocks=4)
+    with pytest.raises(InvalidArgumentError, match="attach_tier_storage"):
+        pool.probe_tier_loads()
+    pool.attach_tier_storage(KvCache(LAYERS, 10, BS, HEADS, DIM))
+    assert len(pool.probe_tier_loads(10)) == 1
+    for bad in (0, 11, 257):
+        with pytest.raises(InvalidArgumentError, match="blocks"):
+            pool.probe_tier_loads(bad)

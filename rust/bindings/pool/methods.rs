@@ -1123,6 +1123,39 @@ impl PyBlockPool {
         .py_err(py)
     }
 
+    /// Measure what loading one block from each tier costs on this machine, on the
+    /// attached storage: nanoseconds per block, host first (then disk), the figures
+    /// :meth:`set_tier_costs` takes.
+    ///
+    /// The host figure times the copy of device blocks ``0..blocks`` into fresh host
+    /// slots by the transfer threads (a copy costs the same both ways). The disk figure
+    /// writes those blocks to the folder, drops them from the page cache, and times
+    /// reading them back with their checksums, plus the host copy; they are removed
+    /// after. A shared machine's figures vary: probe when the machine is as loaded as
+    /// when it serves. Every access to the cache waits for the probe.
+    ///
+    /// Args:
+    ///     blocks: blocks to move, ``1..=256`` and at most the pool's (default 16).
+    ///
+    /// Returns:
+    ///     One cost per tier, in nanoseconds per block.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: no storage attached, or ``blocks`` out of range.
+    ///     OSError: the folder may not be written or read (``PermissionError`` when not
+    ///         permitted).
+    #[pyo3(signature = (blocks = 16))]
+    fn probe_tier_loads(&self, py: Python<'_>, #[pyo3(from_py_with = probe_blocks)] blocks: usize) -> PyResult<Vec<u64>> {
+        py.detach(|| {
+            let _pool = lock(&self.inner);
+            match lock(&self.tier_io).as_deref_mut() {
+                Some(io) => io.probe(blocks),
+                None => Err(invalid!("blocks: no tier storage to probe; attach_tier_storage first")),
+            }
+        })
+        .py_err(py)
+    }
+
     /// Wait until the tier copies in flight have finished (see
     /// :meth:`attach_tier_storage`); report the first failure since the last call.
     ///
@@ -1167,4 +1200,9 @@ impl PyBlockPool {
 /// `transfer_threads`: a count (the engine checks its range).
 fn transfer_threads(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     count_arg(obj, "transfer_threads")
+}
+
+/// `blocks` of `probe_tier_loads`: a count (the probe checks its range).
+fn probe_blocks(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_arg(obj, "blocks")
 }

@@ -15,7 +15,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::kv::KvCache;
 use crate::offload::disk::{DiskTier, Durability, HEADER_BYTES};
-use crate::offload::store::{StoreStats, TierStore, TRAILER_BYTES};
+use crate::offload::store::{StoreStats, TierStore, MAX_PROBE_BLOCKS, TRAILER_BYTES};
 use crate::offload::transfer::{slot_bytes_for, DeviceRegion, KvRegion};
 use crate::pool::BlockPool;
 use crate::prefix_cache::tiers::{Move, TierLoad};
@@ -129,6 +129,17 @@ impl TierIo {
         }
     }
 
+    /// Nanoseconds to load a block from each tier, measured on `blocks` device blocks
+    /// ([`TierStore::probe`]).
+    pub(crate) fn probe(&mut self, blocks: usize) -> Result<Vec<u64>> {
+        let guard = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the write lock excludes every access to the storage until the probe,
+        // which only reads device blocks, has waited for its copies.
+        let r = unsafe { self.store.probe(self.region.clone(), blocks) };
+        drop(guard);
+        r
+    }
+
     /// Counts of the copies carried out, and the host memory mapped (bytes).
     pub(crate) fn stats(&self) -> (StoreStats, usize, usize) {
         (self.store.stats(), self.store.host_bytes(), self.store.slot_bytes())
@@ -147,7 +158,9 @@ fn open_disk(d: &DiskArgs, cache: &KvCache, blocks: usize, slot_bytes: usize) ->
         s.head_dim,
         cache.dtype().name()
     );
-    let budget = (blocks as u64).saturating_mul((slot_bytes + TRAILER_BYTES + HEADER_BYTES) as u64);
+    // Room for the blocks and for a probe's (`TierStore::probe`).
+    let files = blocks.saturating_add(MAX_PROBE_BLOCKS) as u64;
+    let budget = files.saturating_mul((slot_bytes + TRAILER_BYTES + HEADER_BYTES) as u64);
     let durability = if d.fsync { Durability::Fsync } else { Durability::NoFsync };
     DiskTier::open_with(&d.dir, xxh3_128(id.as_bytes()), budget, durability)
 }

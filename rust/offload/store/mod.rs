@@ -28,6 +28,8 @@
 //! is never loaded: the device block keeps what it held, the call fails with
 //! `Storage(Io)` naming the device blocks, and [`StoreStats::disk_lost`] counts them.
 
+mod probe;
+
 use std::sync::Arc;
 
 use crate::error::{vec_for, KvError, Result, StorageFault};
@@ -40,6 +42,14 @@ use crate::prefix_cache::tiers::{Move, TierKey, TierLoad, TierMeta};
 
 /// Host slots that stage blocks read from disk on their way to the device, per batch.
 pub const STAGING_SLOTS: usize = 16;
+
+/// The disk file group of probe blocks ([`TierStore::probe`]): above every real block's
+/// (`group | fill << 8` fits 24 bits), and not a slot and a trailer long, so a restart
+/// removes a leftover.
+pub const PROBE_GROUP: u32 = u32::MAX;
+
+/// Most blocks a probe moves.
+pub const MAX_PROBE_BLOCKS: usize = 256;
 
 /// Bytes a disk block's payload holds after the slot's bytes (module doc).
 pub const TRAILER_BYTES: usize = 40;
