@@ -16,8 +16,9 @@ machine's noise):
 - ``disk``: G1, a host tier of 64 blocks and a disk tier G3 = 16 x G1 in a temporary
   folder (each block file fsynced, as by default).
 
-Printed per run and turn: the median TTFT over the conversations and its ratio to
-``recompute``'s in the same turn, and whether every run's tokens equal ``recompute``'s.
+Printed per run and turn: the median TTFT over the conversations and the median (min-max)
+of the per-conversation ratios ``recompute`` TTFT / the run's (the same turn of the same
+conversation, run back to back), and whether every run's tokens equal ``recompute``'s.
 Turn 1 has nothing to reload (the three do the same work: its ratio is the noise and the
 cost of storing evicted blocks); turn 2 finds most of a history still in G1.
 
@@ -112,14 +113,17 @@ def main(argv: list[str] | None = None) -> None:
                 runs[name]["transfers"] = b.cache.pool.tier_transfer_stats()
     base = runs["recompute"]
     print(f"G1 {g1} blocks of {BLOCK} tokens; {CONVERSATIONS} conversations x {args.turns} turns of {TURN} "
-          f"tokens; torch threads {args.threads}")
-    print(f"{'run':10} " + " ".join(f"{'turn ' + str(t + 1):>18}" for t in range(args.turns)) + "  tokens")
+          f"tokens; torch threads {args.threads}; per turn: median TTFT, median [min-max] of the per-conversation "
+          "ratios recompute / run")
+    print(f"{'run':10} " + " ".join(f"{'turn ' + str(t + 1):>28}" for t in range(args.turns)) + "  tokens")
     for name, r in runs.items():
         cells = []
         for t in range(args.turns):
-            med, ref = statistics.median(r["ttft_s"][t]), statistics.median(base["ttft_s"][t])
-            cells.append(f"{med:8.3f} s {ref / med:6.2f}x")
-        print(f"{name:10} " + " ".join(f"{c:>18}" for c in cells) + f"  {r['tokens'] == base['tokens']}")
+            ratios = [b / x for b, x in zip(base["ttft_s"][t], r["ttft_s"][t])]
+            r.setdefault("ratios", []).append(ratios)
+            cells.append(f"{statistics.median(r['ttft_s'][t]):6.3f} s {statistics.median(ratios):5.2f}x "
+                         f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(f"{name:10} " + " ".join(f"{c:>28}" for c in cells) + f"  {r['tokens'] == base['tokens']}")
     for name, r in runs.items():
         if r["transfers"]:
             print(f"{name}: {r['transfers']}")
