@@ -970,7 +970,9 @@ class BlockPool:
         ``cache`` before anything reads it.
 
         Device <-> host copies run on ``transfer_threads`` threads of their own while the
-        caller goes on; disk reads and writes run in the pool call that decided them.
+        caller goes on, disk writes on a thread of the disk tier's own (in the order
+        decided; at most about 256 MiB queued); a disk read runs in the pool call whose
+        hit needs it, after the writes queued before it.
         Every access to ``cache`` (writes, attention, dequantize, copies) first waits for
         the copies in flight, so a block is never read before its bytes arrived; numpy or
         torch views of the cache are not waited for: call :meth:`wait_tiers` before using
@@ -1029,13 +1031,22 @@ class BlockPool:
             OSError: the folder may not be written or read (``PermissionError`` when not
                 permitted).
         """
-    def wait_tiers(self) -> None:
+    def wait_tiers(self, *, disk_writes: bool = True) -> None:
         """Wait until the tier copies in flight have finished (see
         :meth:`attach_tier_storage`); report the first failure since the last call.
 
+        Blocks going down to disk are written on a thread of the disk tier's own, in the
+        order decided, while the pool goes on (a load from disk waits for the writes
+        queued before it).
+
+        Args:
+            disk_writes: wait for the disk writes queued too (default True); False waits
+                for the device <-> host copies only (what a read of the cache needs).
+
         Raises:
             OSError: a disk block failed its checksum or vanished and was not loaded, or a
-                disk write failed. A sequence admitted since the last call may then hold a
+                disk write failed (the block is then lost: a later hit on it is such a
+                failed load). A sequence admitted since the last call may then hold a
                 block with stale bytes: the pool forgot every cached block (as
                 :meth:`reset_prefix_cache`; the tiers too) so that nothing hits it again;
                 free those sequences and admit them again (their blocks are computed).

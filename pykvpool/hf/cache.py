@@ -409,7 +409,7 @@ class PagedKvCache(Cache):
         cached = self.pool.add_sequence_hit(seq_id, token_ids)
         if self._tiers:
             try:
-                self.pool.wait_tiers()
+                self.pool.wait_tiers(disk_writes=False)
             except OSError:
                 # Blocks lost on disk: the pool forgot its cache; computed again instead.
                 self.pool.free(seq_id)

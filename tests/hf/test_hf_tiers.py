@@ -91,6 +91,7 @@ def test_lost_disk_blocks_are_computed_again(model: Any, ample: list[list[int]],
             return getattr(real, name)
 
         def add_sequence_hit(self, seq_id: int, token_ids: Any) -> int:
+            real.wait_tiers()  # the disk writes queued are done: damage them all
             for f in (tmp_path / "kv").rglob("*.blk"):
                 data = bytearray(f.read_bytes())
                 data[-1] ^= 0xFF

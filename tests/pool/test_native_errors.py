@@ -352,6 +352,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
 
 TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("attach_tier_storage", "cache", lambda w, x: w.ppool.attach_tier_storage(x), [1, None, "cache"]),
+    ("wait_tiers", "disk_writes", lambda w, x: w.ppool.wait_tiers(disk_writes=x), [1, "yes", None]),
     ("attach_tier_storage", "fsync", lambda w, x: w.ppool.attach_tier_storage(w.cache, fsync=x), [1, "yes", None]),
     ("BlockPool", "prefix_caching", lambda w, x: kv.BlockPool(16, 4, prefix_caching=x), [1, "yes", None]),
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, prefix_caching=True, eviction=x), [1, b"lru"]),
@@ -425,7 +426,7 @@ def test_every_native_callable_is_in_a_table() -> None:
     """A new native function or method must get rows here (or be listed as taking no
     argument that can be wrong)."""
     no_args = {"get_num_threads", "cpu_features", "kernel_paths", "seq_ids", "stats", "check_invariants",
-               "cache_stats", "tier_stats", "wait_tiers", "tier_transfer_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
+               "cache_stats", "tier_stats", "tier_transfer_stats", "drain_events", "reset_prefix_cache", "invalidate", "as_dict",
                "run_simulation", "synthesize_workload"}  # the simulator's own tests cover these two
     covered = {row.split(".")[-1] for row, *_ in INVALID + TYPE_ERRORS} | no_args
     native = {n for n in dir(kv._native) if callable(getattr(kv._native, n)) and not n[0].isupper()}

@@ -88,7 +88,7 @@ impl Rig {
         self.pool.drain_tier_moves(&mut moves, &mut loads).unwrap();
         // SAFETY: nothing touches the cache until `wait` returns below.
         unsafe { self.store.apply(self.region.clone(), &moves, &loads) }.unwrap();
-        self.store.wait().unwrap();
+        self.store.wait_all().unwrap();
     }
 
     /// Admit `tokens` as `seq`, check every cached block's bytes, write the computed
@@ -210,6 +210,28 @@ fn a_restart_finds_the_disk_blocks_again() {
     assert_eq!(again.admit(4, &a), 4 * BS, "a's blocks come back from disk, bytes checked");
     assert_eq!(again.store.stats().disk_loads, 4);
     again._dir = dir;
+}
+
+#[test]
+fn a_failed_disk_write_is_reported_by_wait_all() {
+    let mut r = Rig::new(10, 1, Some(8), DType::F32);
+    // A disk tier with room for one block file: the second demotion's write fails, on
+    // the disk's thread, after `apply` returned.
+    let dir = TempDir::new();
+    let disk = DiskTier::open_with(&dir.0, 7, (r.store.slot_bytes() + 200) as u64, Durability::NoFsync).unwrap();
+    r.store = TierStore::new(1, r.store.slot_bytes(), DType::F32, BS as u32, Some((disk, 8)), 2).unwrap();
+    let a = prompt(1, 4, 1);
+    r.pool.add_sequence_tokens(SeqId(1), &a, None, &mut r.out).unwrap();
+    r.pool.free(SeqId(1)).unwrap();
+    r.pool.add_sequence_tokens(SeqId(2), &prompt(2, 9, 1), None, &mut r.out).unwrap();
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    r.pool.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    // SAFETY: nothing touches the cache until `wait_all` returns.
+    unsafe { r.store.apply(r.region.clone(), &moves, &loads) }.unwrap();
+    let err = r.store.wait_all().unwrap_err();
+    assert!(err.to_string().contains("full"), "{err}");
+    r.store.wait_all().unwrap();
+    assert_eq!(r.store.disk_stats().unwrap().blocks_written, 1);
 }
 
 #[test]

@@ -121,8 +121,9 @@ impl TierIo {
     }
 
     /// Wait for the copies in flight; the first failure since the last call, if any.
-    pub(crate) fn wait(&mut self) -> Result<()> {
-        let r = self.store.wait();
+    /// With `disk_writes`, the disk writes queued too.
+    pub(crate) fn wait(&mut self, disk_writes: bool) -> Result<()> {
+        let r = if disk_writes { self.store.wait_all() } else { self.store.wait() };
         match self.error.take() {
             Some(e) => Err(e),
             None => r,

@@ -28,6 +28,7 @@
 //! is never loaded: the device block keeps what it held, the call fails with
 //! `Storage(Io)` naming the device blocks, and [`StoreStats::disk_lost`] counts them.
 
+mod disk_worker;
 mod probe;
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use crate::error::{vec_for, KvError, Result, StorageFault};
 use crate::invalid;
 use crate::kv::DType;
+pub use self::disk_worker::DiskWorker;
 use crate::offload::disk::{DiskStats, DiskTier};
 use crate::offload::host::{HostTier, Slot};
 use crate::offload::transfer::{Batch, DeviceRegion, Handle, TransferEngine};
@@ -99,7 +101,7 @@ pub struct TierStore {
     host: HostTier,
     slots: Vec<Slot>,
     staging: Vec<Slot>,
-    disk: Option<DiskTier>,
+    disk: Option<DiskWorker>,
     disk_keys: Vec<Option<TierKey>>,
     engine: TransferEngine,
     dtype: DType,
@@ -157,7 +159,10 @@ impl TierStore {
             slots.push(s);
         }
         let staging = slots.split_off(host_blocks);
-        let (disk, disk_blocks) = disk.map_or((None, 0), |(d, n)| (Some(d), n));
+        let (disk, disk_blocks) = match disk {
+            Some((d, n)) => (Some(DiskWorker::new(d, disk_queue(slot_bytes))?), n),
+            None => (None, 0),
+        };
         let disk_keys = crate::error::filled(None, disk_blocks, "disk_blocks")?;
         let engine = TransferEngine::new(threads)?;
         let stats = StoreStats::default();
@@ -179,9 +184,9 @@ impl TierStore {
         self.stats
     }
 
-    /// The disk tier's own counters, if there is a disk tier.
+    /// The disk tier's own counters, if there is a disk tier (after the writes queued).
     pub fn disk_stats(&self) -> Option<DiskStats> {
-        self.disk.as_ref().map(DiskTier::stats)
+        self.disk.as_ref().and_then(|w| w.run(|d| d.stats()).ok())
     }
 
     /// The batch in flight, if any (a clone of its handle, to wait on elsewhere).
@@ -194,15 +199,21 @@ impl TierStore {
     /// could not be removed (the others are).
     pub fn clear(&mut self) -> Result<()> {
         let waited = self.wait();
-        let mut removed = Ok(());
-        if let Some(d) = self.disk.as_mut() {
-            for k in self.disk_keys.iter_mut().filter_map(Option::take) {
-                if let Err(e) = d.remove(file_group(k), k.1) {
-                    removed = removed.and(Err(e));
-                }
-            }
-        }
+        let keys: Vec<TierKey> = self.disk_keys.iter_mut().filter_map(Option::take).collect();
+        let removed = match &self.disk {
+            Some(w) => w.run(move |d| keys.iter().map(|k| d.remove(file_group(*k), k.1).map(drop)).fold(Ok(()), Result::and))?,
+            None => Ok(()),
+        };
         waited.and(removed)
+    }
+
+    /// [`Self::wait`], then wait for the disk writes queued; the first failure since the
+    /// last call, of either.
+    pub fn wait_all(&mut self) -> Result<()> {
+        let waited = self.wait();
+        let Some(w) = &self.disk else { return waited };
+        w.run(|_| ())?;
+        waited.and(w.take_error().map_or(Ok(()), Err))
     }
 
     /// Whether no batch is in flight (never blocks).
@@ -300,8 +311,8 @@ impl TierStore {
             }
             Move::Drop { tier: 1, slot, .. } => {
                 let j = self.disk_index(slot)?;
-                if let (Some(k), Some(d)) = (self.disk_keys[j].take(), self.disk.as_mut()) {
-                    d.remove(file_group(k), k.1)?;
+                if let (Some(k), Some(w)) = (self.disk_keys[j].take(), &self.disk) {
+                    w.send(move |d| d.remove(file_group(k), k.1).map(drop));
                 }
             }
             other => return Err(invalid!("tier store: no tier below the disk for {other:?}")),
@@ -309,18 +320,23 @@ impl TierStore {
         Ok(())
     }
 
-    /// Write host slot `s`'s bytes and `meta` to disk slot `to_slot` as block `key`.
+    /// Queue the write of host slot `s`'s bytes and `meta` to disk slot `to_slot` as
+    /// block `key` (the bytes copied now: the slot may take another block at once).
     fn demote(&mut self, key: TierKey, meta: &TierMeta, s: usize, to_slot: u32) -> Result<()> {
         let j = self.disk_index(to_slot)?;
-        let fill = if key.2 == 0 { self.block_size } else { u32::from(key.2) };
-        self.scratch.clear();
-        self.scratch.extend_from_slice(self.host.slot(&self.slots[s])?);
-        self.scratch.extend_from_slice(&trailer(meta));
-        let disk = self.disk.as_mut().ok_or_else(|| invalid!("tier store: a demotion without a disk tier"))?;
-        if let Some(old) = self.disk_keys[j].take() {
-            disk.remove(file_group(old), old.1)?;
-        }
-        disk.put(file_group(key), key.1, fill, self.dtype, &self.scratch)?;
+        let (fill, dtype) = (if key.2 == 0 { self.block_size } else { u32::from(key.2) }, self.dtype);
+        let bytes = self.host.slot(&self.slots[s])?;
+        let mut payload = crate::error::vec_for(bytes.len() + TRAILER_BYTES, "payload")?;
+        payload.extend_from_slice(bytes);
+        payload.extend_from_slice(&trailer(meta));
+        let w = self.disk.as_ref().ok_or_else(|| invalid!("tier store: a demotion without a disk tier"))?;
+        let old = self.disk_keys[j].take();
+        w.send(move |d| {
+            if let Some(old) = old {
+                d.remove(file_group(old), old.1)?;
+            }
+            d.put(file_group(key), key.1, fill, dtype, &payload)
+        });
         self.disk_keys[j] = Some(key);
         self.stats.disk_writes += 1;
         Ok(())
@@ -365,11 +381,17 @@ impl TierStore {
     /// tier: its file is removed); `None` when the disk no longer serves it.
     fn read_disk(&mut self, slot: u32, k: usize) -> Result<Option<Slot>> {
         let j = self.disk_index(slot)?;
-        let disk = self.disk.as_mut().ok_or_else(|| invalid!("tier store: a disk load without a disk tier"))?;
+        let w = self.disk.as_ref().ok_or_else(|| invalid!("tier store: a disk load without a disk tier"))?;
         let Some(key) = self.disk_keys[j].take() else { return Ok(None) };
-        self.scratch.clear();
-        let served = disk.get(file_group(key), key.1, &mut self.scratch)?;
-        disk.remove(file_group(key), key.1)?;
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let (served, buf) = w.run(move |d| {
+            let (g, k) = (file_group(key), key.1);
+            let served = d.get(g, k, &mut buf).and_then(|m| d.remove(g, k).map(|_| m));
+            (served, buf)
+        })?;
+        self.scratch = buf;
+        let served = served?;
         let stage = self.staging[k];
         let dst = self.host.slot_mut(&stage)?;
         match served {
@@ -387,23 +409,25 @@ impl TierStore {
     ///
     /// Errors: `Storage` when a file may not be read or removed.
     pub fn restorable(&mut self) -> Result<Vec<(TierKey, TierMeta)>> {
-        let Some(disk) = self.disk.as_mut() else { return Ok(Vec::new()) };
-        let want = (self.host.slot_bytes() + TRAILER_BYTES) as u64;
-        let held: Vec<(u32, u128)> = self.disk_keys.iter().flatten().map(|k| (file_group(*k), k.1)).collect();
-        let mut found = Vec::new();
-        let mut keys: Vec<(u32, u128)> = disk.keys().filter(|k| !held.contains(k)).collect();
-        keys.sort_unstable();
-        for (g, k) in keys {
-            let fits = disk.meta(g, k).is_some_and(|m| m.payload_len == want && m.dtype == self.dtype);
-            let meta = if fits { disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(from_trailer) } else { None };
-            match meta {
-                Some(meta) => found.push((((g & 0xff) as u8, k, (g >> 8) as u16), meta)),
-                None => {
-                    disk.remove(g, k)?;
+        let Some(w) = &self.disk else { return Ok(Vec::new()) };
+        let (want, dtype) = ((self.host.slot_bytes() + TRAILER_BYTES) as u64, self.dtype);
+        let held: rustc_hash::FxHashSet<(u32, u128)> = self.disk_keys.iter().flatten().map(|k| (file_group(*k), k.1)).collect();
+        w.run(move |disk| {
+            let mut keys: Vec<(u32, u128)> = disk.keys().filter(|k| !held.contains(k)).collect();
+            keys.sort_unstable();
+            let mut found = Vec::new();
+            for (g, k) in keys {
+                let fits = disk.meta(g, k).is_some_and(|m| m.payload_len == want && m.dtype == dtype);
+                let meta = if fits { disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(from_trailer) } else { None };
+                match meta {
+                    Some(meta) => found.push((((g & 0xff) as u8, k, (g >> 8) as u16), meta)),
+                    None => {
+                        disk.remove(g, k)?;
+                    }
                 }
             }
-        }
-        Ok(found)
+            Ok(found)
+        })?
     }
 
     /// Disk slot `slot` holds block `key` (found by [`Self::restorable`]); with `slot`
@@ -421,11 +445,10 @@ impl TierStore {
                 self.disk_keys[j] = Some(key);
             }
             None => {
-                if let Some(d) = self.disk.as_mut() {
-                    d.remove(file_group(key), key.1)?;
+                if let Some(w) = &self.disk {
+                    w.send(move |d| d.remove(file_group(key), key.1).map(drop));
                 }
-            }
-        }
+            }        }
         Ok(())
     }
 
@@ -451,6 +474,12 @@ impl Drop for TierStore {
     fn drop(&mut self) {
         let _ = self.wait();
     }
+}
+
+/// Operations the disk queue holds: about 256 MiB of blocks waiting to be written, 4 to
+/// 1024 of them.
+fn disk_queue(slot_bytes: usize) -> usize {
+    ((256 << 20) / slot_bytes.max(1)).clamp(4, 1024)
 }
 
 /// The group field of a block's disk file: its layer group, and a partial block's fill

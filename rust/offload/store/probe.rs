@@ -50,30 +50,34 @@ impl TierStore {
     }
 
     /// Write the probe slots to disk, drop them from the page cache, time reading them
-    /// back into a staging buffer; remove them. Nanoseconds per block.
+    /// back with their checksums (on the disk's thread, after the writes queued before);
+    /// remove them. Nanoseconds per block.
     fn probe_disk(&mut self, probe: &HostTier, slots: &[Slot]) -> Result<u64> {
         let (dtype, block_size) = (self.dtype, self.block_size);
-        let disk = self.disk.as_mut().ok_or_else(|| invalid!("tier store: no disk tier to probe"))?;
-        let keys = 0..slots.len() as u128;
-        let written = slots.iter().zip(keys.clone()).try_for_each(|(s, k)| disk.put(PROBE_GROUP, k, block_size, dtype, probe.slot(s)?));
-        let timed = written.and_then(|()| {
-            for k in keys.clone() {
-                drop_cached(&disk.block_path(PROBE_GROUP, k));
-            }
-            let start = Instant::now();
-            let mut buf = Vec::with_capacity(probe.slot_bytes());
-            for k in keys.clone() {
-                buf.clear();
-                if disk.get(PROBE_GROUP, k, &mut buf)?.is_none() {
-                    return Err(invalid!("tier store: a probe block vanished from the disk tier"));
+        let w = self.disk.as_ref().ok_or_else(|| invalid!("tier store: no disk tier to probe"))?;
+        let blocks: Vec<Vec<u8>> = slots.iter().map(|s| probe.slot(s).map(<[u8]>::to_vec)).collect::<Result<_>>()?;
+        w.run(move |disk| {
+            let keys = 0..blocks.len() as u128;
+            let written = blocks.iter().zip(keys.clone()).try_for_each(|(b, k)| disk.put(PROBE_GROUP, k, block_size, dtype, b));
+            let timed = written.and_then(|()| {
+                for k in keys.clone() {
+                    drop_cached(&disk.block_path(PROBE_GROUP, k));
                 }
+                let start = Instant::now();
+                let mut buf = Vec::with_capacity(blocks.first().map_or(0, Vec::len));
+                for k in keys.clone() {
+                    buf.clear();
+                    if disk.get(PROBE_GROUP, k, &mut buf)?.is_none() {
+                        return Err(invalid!("tier store: a probe block vanished from the disk tier"));
+                    }
+                }
+                Ok(per_block(start, blocks.len()))
+            });
+            for k in keys {
+                disk.remove(PROBE_GROUP, k)?;
             }
-            Ok(per_block(start, slots.len()))
-        });
-        for k in keys {
-            disk.remove(PROBE_GROUP, k)?;
-        }
-        timed
+            timed
+        })?
     }
 }
 
