@@ -10,9 +10,12 @@
 //!   full block of the same key are two files.
 //! - Device <-> host copies go to the transfer engine as one batch per call, and run on
 //!   its threads while the caller goes on; [`TierStore::wait`] (or `poll`) tells when the
-//!   device blocks may be read. Disk reads and writes run on the calling thread, through
-//!   host slots: a demotion writes the host slot's bytes to a file, a load from disk reads
-//!   the file into a staging slot that the batch then copies to the device.
+//!   device blocks may be read. The disk tier lives on a thread of its own
+//!   ([`DiskWorker`]), which runs its operations in the order they were decided: a
+//!   demotion copies the host slot's bytes and queues their write (the call goes on), a
+//!   load from disk waits for the file's bytes (after the writes queued before it) and
+//!   stages them in a host slot that the batch then copies to the device;
+//!   [`TierStore::wait_all`] waits for the writes too.
 //! - Where a later decision needs the result of an earlier copy of the same call (a slot
 //!   stored and then demoted, a device block stored and then loaded into, a slot stored
 //!   again), the batch so far is submitted and waited for first: the order of the
