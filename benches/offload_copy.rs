@@ -31,6 +31,10 @@
 //!
 //! `cargo bench --bench offload_copy` (`-- --rounds N`, default 15; under 20 s).
 
+#[path = "paired/rounds.rs"]
+mod paired;
+use paired::{alternate, arg, quantile, ratio};
+
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -171,19 +175,6 @@ fn gather_runs(cache: &KvCache) -> Vec<(Range<usize>, usize)> {
     out
 }
 
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = q * (v.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
 const ROWS: [Row; 6] = [
     Row::Memcpy,
     Row::MemcpyRuns,
@@ -201,20 +192,8 @@ fn measure(block: usize, threads: usize, rounds: usize) -> (Vec<Vec<f64>>, bool)
     for &row in &ROWS {
         s.run(row); // warm-up: fault every page in
     }
-    let mut secs = vec![Vec::new(); ROWS.len()];
-    for r in 0..rounds {
-        let order: Vec<usize> = if r % 2 == 0 { (0..ROWS.len()).collect() } else { (0..ROWS.len()).rev().collect() };
-        for i in order {
-            secs[i].push(s.run(ROWS[i]));
-        }
-    }
+    let secs = alternate(ROWS.len(), rounds, |i| s.run(ROWS[i]));
     (secs, huge)
-}
-
-/// Median and interquartile range of the per-round ratios `secs[base] / secs[row]`.
-fn ratio(secs: &[Vec<f64>], base: usize, row: usize) -> String {
-    let r: Vec<f64> = secs[base].iter().zip(&secs[row]).map(|(b, e)| b / e).collect();
-    format!("{:.3} [{:.3}, {:.3}]", quantile(&r, 0.5), quantile(&r, 0.25), quantile(&r, 0.75))
 }
 
 fn print_table(secs: &[Vec<f64>]) {

@@ -40,6 +40,10 @@
 //!
 //! `cargo bench --bench offload_disk` (`-- --rounds N`, default 5; `-- --dir PATH`).
 
+#[path = "paired/rounds.rs"]
+mod paired;
+use paired::{alternate, arg, arg_value, quantile, ratio};
+
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -217,43 +221,13 @@ fn random_bytes(n: usize) -> Vec<u8> {
     v
 }
 
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = q * (v.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
-}
-
-fn arg_value(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    arg_value(name).and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
 /// Seconds of each row (by `ROWS` index) in each of `rounds` rounds.
 fn measure(root: &Path, data: &[u8], block: usize, rounds: usize) -> Vec<Vec<f64>> {
     let mut s = Setup::new(root, data, block);
     for &row in &ROWS {
         s.run(row); // warm-up: the fan-out folders, the code paths
     }
-    let mut secs = vec![Vec::new(); ROWS.len()];
-    for r in 0..rounds {
-        let order: Vec<usize> = if r % 2 == 0 { (0..ROWS.len()).collect() } else { (0..ROWS.len()).rev().collect() };
-        for i in order {
-            secs[i].push(s.run(ROWS[i]));
-        }
-    }
-    secs
-}
-
-/// Median and interquartile range of the per-round ratios `secs[base] / secs[row]`.
-fn ratio(secs: &[Vec<f64>], base: usize, row: usize) -> String {
-    let r: Vec<f64> = secs[base].iter().zip(&secs[row]).map(|(b, e)| b / e).collect();
-    format!("{:.3} [{:.3}, {:.3}]", quantile(&r, 0.5), quantile(&r, 0.25), quantile(&r, 0.75))
+    alternate(ROWS.len(), rounds, |i| s.run(ROWS[i]))
 }
 
 fn print_table(secs: &[Vec<f64>]) {
