@@ -58,6 +58,18 @@ class Rig:
             self.cache.write(layer, new, -new, slots)
         return int(cached)
 
+    def visit(self, seq: int, tokens: np.ndarray) -> int:
+        """``admit``, then free the sequence; wait for the tiers' copies (disk writes too)."""
+        cached = self.admit(seq, tokens)
+        self.pool.free(seq)
+        self.pool.wait_tiers()
+        return cached
+
+    def push_down(self, a: np.ndarray, shared: bool = True) -> None:
+        """Visit ``a`` (4 blocks), then a 9-block prompt that evicts a's blocks below."""
+        self.visit(1, a)
+        self.visit(2, prompt(2, 9, shared))
+
 
 def test_an_evicted_prompt_comes_back_with_its_bytes_from_the_host() -> None:
     r = Rig(10, host=8)
@@ -77,11 +89,7 @@ def test_an_evicted_prompt_comes_back_with_its_bytes_from_the_host() -> None:
 def test_blocks_come_back_from_disk(tmp_path: Path) -> None:
     r = Rig(10, host=1, disk=8, disk_dir=tmp_path / "tier")
     a = prompt(1, 4)
-    r.admit(1, a)
-    r.pool.free(1)
-    r.admit(2, prompt(2, 9))
-    r.pool.free(2)
-    r.pool.wait_tiers()
+    r.push_down(a)
     assert r.admit(3, a) == 4 * BS
     s = r.pool.tier_transfer_stats()
     assert s is not None and s["disk_writes"] >= 2 and s["disk_loads"] == 2
@@ -128,11 +136,7 @@ def test_a_restart_with_fewer_disk_blocks_keeps_what_fits(tmp_path: Path) -> Non
 def test_a_damaged_disk_block_is_reported_never_served(tmp_path: Path) -> None:
     r = Rig(10, host=1, disk=8, disk_dir=tmp_path / "tier")
     a = prompt(1, 4)
-    r.admit(1, a)
-    r.pool.free(1)
-    r.admit(2, prompt(2, 9))
-    r.pool.free(2)
-    r.pool.wait_tiers()
+    r.push_down(a)
     for f in (tmp_path / "tier").rglob("*.blk"):
         data = bytearray(f.read_bytes())
         data[-1] ^= 0xFF
@@ -216,10 +220,7 @@ def test_probed_costs_decide_what_is_loaded(tmp_path: Path) -> None:
         assert len(costs) == 2 and all(c > 0 for c in costs)
         r.pool.set_tier_costs(costs, recompute_ns)
         a = prompt(1, 4, shared=False)
-        r.admit(1, a)
-        r.pool.free(1)
-        r.admit(2, prompt(2, 9, shared=False))
-        r.pool.free(2)
+        r.push_down(a, shared=False)
         assert r.admit(3, a) == loaded
         assert not [f for f in (tmp_path / f"tier{recompute_ns}").rglob("*.blk") if f.name.startswith("ffffffff")]
 

@@ -173,5 +173,6 @@ fn restore(pool: &mut BlockPool, store: &mut TierStore) -> Result<()> {
         let slot = pool.restore_tier_block(1, key, meta)?;
         store.adopt(slot, key)?;
     }
-    Ok(())
+    // The removals of the blocks that did not fit are done before attach returns.
+    store.wait_all()
 }
