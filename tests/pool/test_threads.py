@@ -200,3 +200,35 @@ def test_hybrid_pool_error_paths_and_big_calls_against_stepping_and_getters(call
         run_all([a, b, c])
         pool.check_invariants()
     """)
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_tier_copies_against_cache_readers_and_writers(disk: bool, tmp_path: object) -> None:
+    """A pool with tier storage: thread A admits and frees prompts that evict one another
+    (moves and loads after every call, the cache's write lock taken for each batch);
+    B reads the cache (views, dequantized copies, wait_tiers); C writes it. The pool
+    lock, the storage lock and the cache lock are taken in one order; the readers wait
+    for the fence under the cache lock."""
+    disk_args = "disk_blocks=64" if disk else "disk_blocks=None"
+    attach = f"disk_dir={str(tmp_path)!r} + '/tier', model_id='m', fsync=False" if disk else ""
+    run_pattern(f"""
+        pool = kv.BlockPool(32, 4, prefix_caching=True, host_blocks=8, {disk_args})
+        cache = kv.KvCache(2, 32, 4, 2, 8)
+        pool.attach_tier_storage(cache, {attach})
+        lock = threading.Lock()
+        state = {{"i": 0}}
+        def churn():
+            with lock:
+                i = state["i"] = state["i"] + 1
+            p = np.arange(i % 7 * 100, i % 7 * 100 + 4 * 4 + 1, dtype=np.uint32)
+            pool.add_sequence_tokens(10_000 + i, p)
+            pool.free(10_000 + i)
+        x = np.ones((4, 2, 8), np.float32)
+        threads = [
+            loop(churn, kv.PoolExhaustedError, kv.DuplicateSequenceError),
+            loop(lambda: (np.asarray(cache.key(0, writable=False)).sum(), pool.wait_tiers(disk_writes=False))),
+            loop(lambda: cache.write(1, x, x, np.arange(4))),
+            loop(lambda: pool.tier_transfer_stats()),
+        ]
+        run_all(threads)
+    """)

@@ -33,6 +33,8 @@
 
 mod disk_worker;
 mod probe;
+mod restart;
+mod trailer;
 
 use std::sync::Arc;
 
@@ -40,6 +42,8 @@ use crate::error::{vec_for, KvError, Result, StorageFault};
 use crate::invalid;
 use crate::kv::DType;
 pub use self::disk_worker::DiskWorker;
+pub use self::trailer::TRAILER_BYTES;
+use self::trailer::trailer;
 use crate::offload::disk::{DiskStats, DiskTier};
 use crate::offload::host::{HostTier, Slot};
 use crate::offload::transfer::{Batch, DeviceRegion, Handle, TransferEngine};
@@ -56,30 +60,6 @@ pub const PROBE_GROUP: u32 = u32::MAX;
 /// Most blocks a probe moves.
 pub const MAX_PROBE_BLOCKS: usize = 256;
 
-/// Bytes a disk block's payload holds after the slot's bytes (module doc).
-pub const TRAILER_BYTES: usize = 40;
-const TRAILER_MAGIC: &[u8; 8] = b"PKVTIER1";
-
-/// `meta` as the trailer of a disk block's payload.
-fn trailer(meta: &TierMeta) -> [u8; TRAILER_BYTES] {
-    let mut t = [0u8; TRAILER_BYTES];
-    t[..8].copy_from_slice(TRAILER_MAGIC);
-    t[8] = u8::from(meta.parent.is_some()) | u8::from(meta.extra.is_some()) << 1;
-    t[12..16].copy_from_slice(&meta.hits.to_le_bytes());
-    t[16..32].copy_from_slice(&meta.parent.unwrap_or(0).to_le_bytes());
-    t[32..40].copy_from_slice(&meta.extra.unwrap_or(0).to_le_bytes());
-    t
-}
-
-/// The meta a trailer holds; None for bytes that are no trailer.
-fn from_trailer(t: &[u8]) -> Option<TierMeta> {
-    if t.len() != TRAILER_BYTES || &t[..8] != TRAILER_MAGIC || t[8] > 3 || t[9..12] != [0; 3] {
-        return None;
-    }
-    let parent = (t[8] & 1 != 0).then(|| u128::from_le_bytes(t[16..32].try_into().unwrap_or_default()));
-    let extra = (t[8] & 2 != 0).then(|| u64::from_le_bytes(t[32..40].try_into().unwrap_or_default()));
-    Some(TierMeta { parent, extra, hits: u32::from_le_bytes(t[12..16].try_into().unwrap_or_default()) })
-}
 
 /// What a [`TierStore`] carried out, in blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -404,55 +384,6 @@ impl TierStore {
             }
             _ => Ok(None),
         }
-    }
-
-    /// The blocks the disk tier's folder holds that no slot holds (after a restart, all),
-    /// with what the tiers need to find them again; blocks whose payload is not a slot
-    /// and a trailer are removed.
-    ///
-    /// Errors: `Storage` when a file may not be read or removed.
-    pub fn restorable(&mut self) -> Result<Vec<(TierKey, TierMeta)>> {
-        let Some(w) = &self.disk else { return Ok(Vec::new()) };
-        let (want, dtype) = ((self.host.slot_bytes() + TRAILER_BYTES) as u64, self.dtype);
-        let held: rustc_hash::FxHashSet<(u32, u128)> = self.disk_keys.iter().flatten().map(|k| (file_group(*k), k.1)).collect();
-        w.run(move |disk| {
-            let mut keys: Vec<(u32, u128)> = disk.keys().filter(|k| !held.contains(k)).collect();
-            keys.sort_unstable();
-            let mut found = Vec::new();
-            for (g, k) in keys {
-                let fits = disk.meta(g, k).is_some_and(|m| m.payload_len == want && m.dtype == dtype);
-                let meta = if fits { disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(from_trailer) } else { None };
-                match meta {
-                    Some(meta) => found.push((((g & 0xff) as u8, k, (g >> 8) as u16), meta)),
-                    None => {
-                        disk.remove(g, k)?;
-                    }
-                }
-            }
-            Ok(found)
-        })?
-    }
-
-    /// Disk slot `slot` holds block `key` (found by [`Self::restorable`]); with `slot`
-    /// None, no slot will: its file is removed.
-    ///
-    /// Errors: `InvalidArgument` for a slot out of range or taken; `Storage` when the
-    /// file may not be removed.
-    pub fn adopt(&mut self, slot: Option<u32>, key: TierKey) -> Result<()> {
-        match slot {
-            Some(s) => {
-                let j = self.disk_index(s)?;
-                if self.disk_keys[j].is_some() {
-                    return Err(invalid!("tier store: disk slot {j} holds a block already"));
-                }
-                self.disk_keys[j] = Some(key);
-            }
-            None => {
-                if let Some(w) = &self.disk {
-                    w.send(move |d| d.remove(file_group(key), key.1).map(drop));
-                }
-            }        }
-        Ok(())
     }
 
     fn host_index(&self, slot: u32) -> Result<usize> {
