@@ -83,6 +83,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="store a block below the pool only once its key was seen N times")
     p.add_argument("--tier-eviction", choices=("lru", "fifo", "lfu", "s3fifo"),
                    help="the tiers' order (default: --policy's); s3fifo resists scans")
+    p.add_argument("--tiers", action="store_true",
+                   help="with --capacity: a host tier of 4x and a disk tier of 16x the pool's blocks "
+                   "(unless --host-blocks / --disk-blocks say otherwise)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR",
                    help="write replay.md and replay.json there (and replay.png with --sweep)")
@@ -139,7 +142,8 @@ def main_replay(args: argparse.Namespace) -> int:
             below the trace's largest request or above the pool's limit (2**30 blocks); a
             block size (tokens) that neither divides 512 nor is a multiple of it; ``--model``
             with a sweep option or ``--policy all``; a tier option with ``--sweep``,
-            ``--model`` or ``--policy priority``, or one the pool refuses. (A sweep skips the capacities below the
+            ``--model`` or ``--policy priority``, or one the pool refuses; ``--tiers``
+            without ``--capacity``. (A sweep skips the capacities below the
             largest request and always replays the unbounded pool.)
         TraceFormatError: (an InvalidArgumentError) a malformed trace, named by file and
             line (see :func:`load_mooncake_trace`).
@@ -149,6 +153,11 @@ def main_replay(args: argparse.Namespace) -> int:
     """
     if args.plot and not args.sweep:
         raise InvalidArgumentError("--plot needs --sweep")
+    if args.tiers:
+        if args.capacity is None:
+            raise InvalidArgumentError("--tiers sizes the tiers from --capacity; give it")
+        args.host_blocks = args.host_blocks or 4 * args.capacity
+        args.disk_blocks = args.disk_blocks or 16 * args.capacity
     tiers = {"host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "reuse_gate": args.reuse_gate,
              "tier_eviction": args.tier_eviction}
     if any(v is not None for v in tiers.values()) and (args.sweep or args.model or args.policy == "priority"):

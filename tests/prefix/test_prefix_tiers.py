@@ -144,6 +144,12 @@ def test_the_replay_command_prints_each_tier(capsys: pytest.CaptureFixture[str])
     assert main(["replay", "--policy", "lru", "--capacity", "2000", "--host-blocks", "8000",
                  "--tier-eviction", "s3fifo"]) == 0
     assert "lru, host tier: " in capsys.readouterr().out
+    # --tiers: host 4x and disk 16x the pool, the standard set-up.
+    assert main(["replay", "--policy", "lru", "--capacity", "500", "--tiers"]) == 0
+    out = capsys.readouterr().out
+    assert "lru, host tier: " in out and "lru, disk tier: " in out
+    assert main(["replay", "--policy", "lru", "--tiers"]) == 2
+    assert "pykvpool: error: --tiers sizes the tiers from --capacity" in capsys.readouterr().err
 
 
 def test_every_tier_reports_its_stores_and_removals_as_events() -> None:
