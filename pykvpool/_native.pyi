@@ -52,6 +52,7 @@ __all__ = [
     "EVENT_REMOVED",
     "EVENT_STORED",
     "EVICTION_POLICIES",
+    "TIER_EVICTION_POLICIES",
     "FullAttention",
     "InvalidArgumentError",
     "InvariantError",
@@ -2267,6 +2268,9 @@ EVENT_ALL_CLEARED: Final[int]
 EVICTION_POLICIES: Final[tuple[str, ...]]
 """The eviction policy names the pools and the simulator accept: ``("lru", "fifo", "lfu",
 "priority")``. The one list: the CLI, replay, search and simulator read it."""
+TIER_EVICTION_POLICIES: Final[tuple[str, ...]]
+"""The orders a tier below the pool accepts (``BlockPool(tier_eviction=)``): ``("lru",
+"fifo", "lfu", "s3fifo")``. The one list: replay and the CLI read it."""
 
 @final
 class CacheStats:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from pykvpool._native import InvalidArgumentError
+from pykvpool._native import TIER_EVICTION_POLICIES, InvalidArgumentError
 from pykvpool.cli.argtypes import MAX_BLOCK_SIZE, add_quiet, count, count_list
 from pykvpool.planning.models import MODELS, model_preset
 from pykvpool.prefix.groups_replay import GroupReplayResult, compare_layouts
@@ -81,7 +81,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="a disk tier below the host tier (needs --host-blocks)")
     p.add_argument("--reuse-gate", type=count(1, 255), metavar="N",
                    help="store a block below the pool only once its key was seen N times")
-    p.add_argument("--tier-eviction", choices=("lru", "fifo", "lfu", "s3fifo"),
+    p.add_argument("--tier-eviction", choices=TIER_EVICTION_POLICIES,
                    help="the tiers' order (default: --policy's); s3fifo resists scans")
     p.add_argument("--tiers", action="store_true",
                    help="with --capacity: a host tier of 4x and a disk tier of 16x the pool's blocks "

@@ -44,6 +44,23 @@ pub enum TierPolicy {
 }
 
 impl TierPolicy {
+    /// Every tier order, in the order of their names: the device's ranked policies but
+    /// `priority`, then S3-FIFO.
+    pub const ALL: [TierPolicy; 4] = [
+        Self::Ranked(EvictionPolicy::Lru),
+        Self::Ranked(EvictionPolicy::Fifo),
+        Self::Ranked(EvictionPolicy::Lfu),
+        Self::S3Fifo,
+    ];
+
+    /// The order's name, as [`Self::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ranked(p) => p.name(),
+            Self::S3Fifo => "s3fifo",
+        }
+    }
+
     /// Names: the device's policies and `"s3fifo"`.
     pub fn parse(name: &str) -> Result<Self> {
         if name == "s3fifo" {

@@ -19,6 +19,7 @@ PACKAGE = Path(kv.__file__).parent
 
 def test_every_listed_eviction_policy_is_accepted_and_nothing_else() -> None:
     assert kv.EVICTION_POLICIES == ("lru", "fifo", "lfu", "priority")
+    assert kv.TIER_EVICTION_POLICIES == ("lru", "fifo", "lfu", "s3fifo")
     for p in kv.EVICTION_POLICIES:
         kv.BlockPool(8, 4, prefix_caching=True, eviction=p)
     with pytest.raises(kv.InvalidArgumentError, match="one of lru, fifo, lfu, priority"):

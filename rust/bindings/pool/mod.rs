@@ -30,5 +30,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The one list of eviction policy names: the simulator, replay, search and CLI read it.
     let names: Vec<&str> = crate::prefix_cache::eviction::EvictionPolicy::ALL.iter().map(|p| p.name()).collect();
     m.add("EVICTION_POLICIES", pyo3::types::PyTuple::new(m.py(), names)?)?;
+    // The one list of the tiers' orders (`tier_eviction=`): replay and the CLI read it.
+    let tiers: Vec<&str> = crate::prefix_cache::tiers::TierPolicy::ALL.iter().map(|p| p.name()).collect();
+    m.add("TIER_EVICTION_POLICIES", pyo3::types::PyTuple::new(m.py(), tiers)?)?;
     Ok(())
 }
