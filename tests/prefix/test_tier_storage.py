@@ -6,7 +6,9 @@ model-tested in Rust (``tests/rust/offload_store.rs``)."""
 from __future__ import annotations
 
 import gc
-import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -166,13 +168,26 @@ def test_a_folder_of_another_model_is_refused(tmp_path: Path) -> None:
     assert pool.tier_transfer_stats() is None
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
 def test_a_folder_without_permission_is_a_permission_error(tmp_path: Path) -> None:
+    """Run as an unprivileged user (root reads any folder: the child drops to uid 65534
+    then, once everything is imported)."""
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    pool = BlockPool(10, BS, prefix_caching=True, host_blocks=1, disk_blocks=8)
-    with pytest.raises(PermissionError):
-        pool.attach_tier_storage(KvCache(LAYERS, 10, BS, HEADS, DIM), disk_dir=locked / "tier", model_id="m")
+    code = textwrap.dedent(f"""
+        import os
+        import pykvpool as kv
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        pool = kv.BlockPool(10, {BS}, prefix_caching=True, host_blocks=1, disk_blocks=8)
+        try:
+            pool.attach_tier_storage(kv.KvCache(2, 10, {BS}, 2, 8), disk_dir={str(locked / "tier")!r}, model_id="m")
+        except PermissionError:
+            print("PermissionError")
+        print(pool.tier_transfer_stats())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["PermissionError", "None"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(
