@@ -281,9 +281,10 @@ class BlockPool:
         host_blocks: a host-memory tier below the device, in blocks, ``1..2**32 - 1``
             (default None: no tiers; needs ``prefix_caching=True`` and full-attention groups
             only). A cached block the device evicts goes down to it instead of being
-            forgotten, and an admission's hit continues into it past the device's chain:
-            those blocks are allocated in the device like computed ones but count as cached
-            tokens. Tiers are exclusive: a block is in the device or in one tier. The tiers
+            forgotten (write-back), and an admission's hit continues into it past the device's
+            chain: those blocks are allocated in the device like computed ones but count as
+            cached tokens. Tiers are exclusive (a block is in the device or in one tier)
+            except for the copies ``write_through`` keeps. The tiers
             keep decisions only until :meth:`attach_tier_storage` gives them bytes: alone
             they model what a tiered cache would hold (trace replay, planning;
             :meth:`tier_stats`).
@@ -299,6 +300,15 @@ class BlockPool:
         reuse_gate: store a block below the device only once its key was seen (stored or
             hit in the device) this many times, ``1..=255`` (default None: every evicted
             block); the counts halve every ``4 * (host_blocks + disk_blocks)`` sightings.
+        write_through: also copy each cached block to the host tier as soon as its KV is
+            computed, not only when the device evicts it (default False: write-back). A
+            block counts as computed once its sequence's frontier passes it (its next
+            growth, :meth:`mark_computed`) or its sequence is freed. The device keeps the
+            block, so evicting it later moves no bytes; a host tier evicting such a copy
+            drops it (the device has it) rather than moving it to disk. With ``reuse_gate``
+            only blocks seen that many times are copied (SGLang's selective write-through).
+            Blocks an admission loads from a tier are not copied back. Costs a host copy of
+            every computed block, evicted or not (:meth:`tier_stats`' ``stored``).
 
     Raises:
         InvalidArgumentError: ``num_blocks`` not in ``1..=2**30`` or ``block_size`` not in
@@ -307,7 +317,8 @@ class BlockPool:
             without ``record_events=True``; cache options given without
             ``prefix_caching=True``; ``host_blocks`` without ``prefix_caching=True`` or with
             a sliding-window or chunked group; a tier's blocks out of range; ``disk_blocks``,
-            ``tier_eviction`` or ``reuse_gate`` without ``host_blocks``; an unknown or
+            ``tier_eviction``, ``reuse_gate`` or ``write_through`` without ``host_blocks``;
+            an unknown or
             ``"priority"`` ``tier_eviction``; ``reuse_gate`` not in ``1..=255``.
         TypeError: ``groups`` is not a sequence of attention kinds, a flag not a bool, or
             ``eviction`` not a str.
@@ -330,6 +341,7 @@ class BlockPool:
         disk_blocks: int | None = None,
         tier_eviction: str | None = None,
         reuse_gate: int | None = None,
+        write_through: bool | None = None,
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:

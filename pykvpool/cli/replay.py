@@ -81,6 +81,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="a disk tier below the host tier (needs --host-blocks)")
     p.add_argument("--reuse-gate", type=count(1, 255), metavar="N",
                    help="store a block below the pool only once its key was seen N times")
+    p.add_argument("--write-through", action="store_true", default=None,
+                   help="copy each cached block to the host tier once computed, not only when evicted")
     p.add_argument("--tier-eviction", choices=TIER_EVICTION_POLICIES,
                    help="the tiers' order (default: --policy's); s3fifo resists scans")
     p.add_argument("--tiers", action="store_true",
@@ -159,10 +161,10 @@ def main_replay(args: argparse.Namespace) -> int:
         args.host_blocks = args.host_blocks or 4 * args.capacity
         args.disk_blocks = args.disk_blocks or 16 * args.capacity
     tiers = {"host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "reuse_gate": args.reuse_gate,
-             "tier_eviction": args.tier_eviction}
+             "tier_eviction": args.tier_eviction, "write_through": args.write_through}
     if any(v is not None for v in tiers.values()) and (args.sweep or args.model or args.policy == "priority"):
-        raise InvalidArgumentError("--host-blocks, --disk-blocks, --reuse-gate and --tier-eviction replay the "
-                                   "policies lru, fifo and lfu, without --sweep or --model")
+        raise InvalidArgumentError("--host-blocks, --disk-blocks, --reuse-gate, --tier-eviction and "
+                                   "--write-through replay the policies lru, fifo and lfu, without --sweep or --model")
     trace = load_mooncake_trace(None if args.trace in (None, "mooncake") else args.trace)
     if args.model:
         return _main_groups(args, trace)

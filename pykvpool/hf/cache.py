@@ -142,6 +142,9 @@ class PagedKvCache(Cache):
             each tier's load cost is then probed
             (:meth:`pykvpool.BlockPool.probe_tier_loads`) and a hit loads only the blocks
             faster to load than to compute (default None: every block found is loaded).
+        write_through: with ``host_blocks``, also copy each cached block to the host tier
+            once computed, not only when evicted (default False; see
+            :class:`pykvpool.BlockPool`).
 
     Raises:
         InvalidArgumentError: a bad count (a bool, or out of range) or dtype, a layer kind
@@ -150,13 +153,14 @@ class PagedKvCache(Cache):
             ``host_blocks``; a disk folder of another model or layout.
         PermissionError: the disk folder may not be created, read or written.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
-            tensors are).
+            tensors are), ``write_through`` not a bool.
     """
 
     def __init__(self, config: Any, *, num_blocks: int, block_size: int = 16, dtype: str = "f32",
                  first_seq_id: int = 0, prefix_caching: bool = False, eviction: str = "lru",
                  host_blocks: int | None = None, disk_dir: str | os.PathLike[str] | None = None,
-                 disk_blocks: int | None = None, recompute_ns_per_token: int | None = None) -> None:
+                 disk_blocks: int | None = None, recompute_ns_per_token: int | None = None,
+                 write_through: bool = False) -> None:
         num_blocks = check_int(num_blocks, "num_blocks", 1)
         block_size = check_int(block_size, "block_size", 1)
         self.layout: ModelLayout = model_layout(config)
@@ -165,6 +169,10 @@ class PagedKvCache(Cache):
             raise invalid("disk_dir: a disk tier sits below a host tier; give host_blocks too")
         if disk_blocks is not None and disk_dir is None:
             raise invalid("disk_blocks: given without disk_dir")
+        if not isinstance(write_through, bool):
+            raise TypeError(f"write_through must be a bool, got {type(write_through).__name__}")
+        if write_through and host_blocks is None:
+            raise invalid("write_through: given without host_blocks")
         if recompute_ns_per_token is not None:
             if host_blocks is None:
                 raise invalid("recompute_ns_per_token: given without host_blocks")
@@ -173,7 +181,7 @@ class PagedKvCache(Cache):
             disk_blocks = 4 * check_int(host_blocks, "host_blocks", 1)
         self.pool = BlockPool(num_blocks, block_size, list(lay.groups), prefix_caching=bool(prefix_caching),
                               eviction=eviction if prefix_caching else None, host_blocks=host_blocks,
-                              disk_blocks=disk_blocks)
+                              disk_blocks=disk_blocks, write_through=write_through or None)
         self.kv = KvCache(lay.cache_layers, num_blocks, block_size, lay.num_kv_heads, lay.head_dim, dtype)
         self._tiers = host_blocks is not None
         if host_blocks is not None:

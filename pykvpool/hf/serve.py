@@ -163,6 +163,8 @@ class ContinuousBatcher:
         recompute_ns_per_token: with ``host_blocks``, what computing a prompt token's K/V
             costs here, in nanoseconds: loads slower than that are computed instead
             (:class:`PagedKvCache`).
+        write_through: with ``host_blocks``, copy cached blocks to the host tier once
+            computed, not only when evicted (default False; :class:`PagedKvCache`).
 
     Attributes:
         stats: the last :meth:`run`'s :class:`BatcherStats`: passes, tokens fed
@@ -178,14 +180,14 @@ class ContinuousBatcher:
             unknown eviction policy, tiers the cache refuses (:class:`PagedKvCache`).
         PermissionError: the disk folder may not be created, read or written.
         TypeError: a count that is no integer (ints, numpy integers and 0-d integer
-            tensors are).
+            tensors are), ``write_through`` not a bool.
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_running: int = 64,
                  max_batched_tokens: int = 512, chunk_size: int = 256, kv_dtype: str | None = None,
                  prefix_caching: bool = False, eviction: str = "lru", host_blocks: int | None = None,
                  disk_dir: str | os.PathLike[str] | None = None, disk_blocks: int | None = None,
-                 recompute_ns_per_token: int | None = None) -> None:
+                 recompute_ns_per_token: int | None = None, write_through: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             raise invalid(f'model: built with attn_implementation={impl!r}, the batcher needs "{ATTN_IMPLEMENTATION}"')
@@ -198,7 +200,7 @@ class ContinuousBatcher:
         self.cache = PagedKvCache(model.config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype,
                                   prefix_caching=prefix_caching, eviction=eviction, host_blocks=host_blocks,
                                   disk_dir=disk_dir, disk_blocks=disk_blocks,
-                                  recompute_ns_per_token=recompute_ns_per_token)
+                                  recompute_ns_per_token=recompute_ns_per_token, write_through=write_through)
         self.prefix_caching = bool(prefix_caching)
         self._caps = _group_caps(self.cache, min(self.chunk_size, self.max_batched_tokens))
         self.stats = BatcherStats()

@@ -252,6 +252,7 @@ def replay(
     disk_blocks: int | None = None,
     reuse_gate: int | None = None,
     tier_eviction: str | None = None,
+    write_through: bool | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` in order through a pool of ``capacity_blocks`` blocks of
     ``block_size`` tokens (``None``: :func:`unbounded_capacity` per group) with eviction
@@ -264,10 +265,11 @@ def replay(
     (each request is two: admit and free), so prefixes that were shared recently outlive
     blocks that were never reused.
 
-    ``host_blocks``, ``disk_blocks`` and ``reuse_gate`` add tiers below the device, as the
-    :class:`~pykvpool.BlockPool` arguments of those names (each tier ordered by
-    ``tier_eviction``, default ``policy``; ``"s3fifo"`` is a tier order too): blocks the
-    pool evicts go down them and come back on a hit.
+    ``host_blocks``, ``disk_blocks``, ``reuse_gate`` and ``write_through`` add tiers below
+    the device, as the :class:`~pykvpool.BlockPool` arguments of those names (each tier
+    ordered by ``tier_eviction``, default ``policy``; ``"s3fifo"`` is a tier order too):
+    blocks the pool evicts go down them and come back on a hit. A request's blocks count
+    as computed when it is freed (write-through copies them then).
 
     Raises:
         InvalidArgumentError: a capacity below the largest request (it could not be
@@ -291,9 +293,9 @@ def replay(
     tiers: dict[str, Any] = {}
     if host_blocks is not None:
         tiers = {"host_blocks": host_blocks, "disk_blocks": disk_blocks, "reuse_gate": reuse_gate,
-                 "tier_eviction": tier_eviction or policy}
-    elif disk_blocks is not None or reuse_gate is not None or tier_eviction is not None:
-        raise InvalidArgumentError("disk_blocks, reuse_gate and tier_eviction need host_blocks")
+                 "tier_eviction": tier_eviction or policy, "write_through": write_through}
+    elif disk_blocks is not None or reuse_gate is not None or tier_eviction is not None or write_through is not None:
+        raise InvalidArgumentError("disk_blocks, reuse_gate, tier_eviction and write_through need host_blocks")
     pool = BlockPool(cap, block_size, None if groups is None else list(groups), prefix_caching=True,
                      eviction=policy, verify_tokens=False, **tiers)
     for i, (req, ks) in enumerate(zip(trace, keys)):

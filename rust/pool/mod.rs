@@ -42,6 +42,7 @@ pub mod sizes;
 pub mod spec;
 mod step;
 pub mod table_sync;
+mod write_through;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +81,18 @@ pub(crate) struct SeqEntry {
     /// Token ids and block keys of a sequence admitted by tokens (prefix caching); dropped
     /// when it grows by tokens the pool does not see.
     pub(crate) cursor: Option<Box<TokenCursor>>,
+}
+
+/// A block the cache registered for `seq` at logical block `index` of `group`, holding
+/// tokens up to `end`, that write-through copies once the sequence's KV is computed
+/// there (module `write_through`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PendingThrough {
+    pub(crate) seq: SeqId,
+    pub(crate) group: usize,
+    pub(crate) index: usize,
+    pub(crate) block: BlockId,
+    pub(crate) end: usize,
 }
 
 /// Outputs of an admission or a step, reusable across calls.
@@ -179,6 +192,8 @@ pub struct BlockPool {
     pub(crate) cow_scratch: Vec<(BlockId, u32)>,
     /// Scratch of the one-pass decode.
     pub(crate) decode: DecodeScratch,
+    /// Cached blocks whose KV is still to be computed before write-through copies them.
+    pub(crate) through: Vec<PendingThrough>,
     /// Identity for table mirrors ([`crate::pool::table_sync::TableSync`]).
     id: u64,
 }
@@ -239,6 +254,7 @@ impl BlockPool {
             release_scratch: Vec::new(),
             cow_scratch: Vec::new(),
             decode: DecodeScratch::default(),
+            through: Vec::new(),
             id: next_pool_id(),
         })
     }
@@ -280,6 +296,9 @@ impl BlockPool {
     /// drives it), lapsed pins go, evicted keys leave the index.
     #[inline]
     pub(crate) fn end_op(&mut self) {
+        if !self.through.is_empty() {
+            self.copy_computed_through(None);
+        }
         if let Some(c) = self.cache.as_mut() {
             c.end_op();
         }
@@ -481,6 +500,9 @@ impl BlockPool {
     /// first, across all groups: under `lru` every group's head (the prefix other prompts
     /// share, which a hit needs in every group) is then kept longest.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
+        if !self.through.is_empty() && self.seqs.contains_key(&seq) {
+            self.copy_computed_through(Some(seq));
+        }
         let mut e = self.seqs.remove(&seq).ok_or(KvError::UnknownSequence(seq.0))?;
         if self.groups.iter().any(|g| g.is_windowed()) && self.cache.is_some() {
             let n = e.tables.iter().map(|t| t.len_blocks()).max().unwrap_or(0);

@@ -43,12 +43,12 @@ use std::cell::Cell;
 
 use super::spec::GroupSpec;
 use super::group_table::{GroupTable, GroupTables};
-use super::{SeqEntry, BlockPool, StepOutput};
+use super::{PendingThrough, SeqEntry, BlockPool, StepOutput};
 use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::prefix_cache::block_hash::{BlockKey, ROOT_PARENT};
 use crate::prefix_cache::cursor::TokenCursor;
-use crate::prefix_cache::tiers::{GateConfig, Move, TierChoices, TierConfig, TierKey, TierLoad, TierMeta, TierStats};
+use crate::prefix_cache::tiers::{Move, TierChoices, TierConfig, TierKey, TierLoad, TierMeta, TierRules, TierStats};
 use crate::prefix_cache::{CacheEvent, CacheStats, Found, PrefixCache};
 use crate::types::{BlockId, SeqId};
 
@@ -214,8 +214,8 @@ impl BlockPool {
     /// evicts go down them, and an admission's hit continues into them (the blocks it finds
     /// there are allocated and listed in `StepOutput::loads`). `InvalidArgument` without
     /// prefix caching, with a windowed group, or for a configuration the tiers refuse.
-    pub fn set_tiers(&mut self, tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<()> {
-        self.cache_mut()?.set_tiers(tiers, gate)
+    pub fn set_tiers(&mut self, tiers: &[TierConfig], rules: TierRules) -> Result<()> {
+        self.cache_mut()?.set_tiers(tiers, rules)
     }
 
     /// Per-tier counts, host first, and the tiers' decisions (None without tiers);
@@ -492,7 +492,8 @@ impl BlockPool {
         let first_load = out.loads.len();
         self.place_loads(&taken, plan.tb, &tables, out);
         out.seq_lens.push(len as i32);
-        self.register(&tables, q, hb, keys.len());
+        // The blocks loaded from a tier hold their bytes once loaded: not copied back.
+        self.register(&tables, q, hb, keys.len(), Some((seq, hb + plan.tb)));
         self.record_hit(&plan, keys.len(), len, cached)?;
         let c = self.cache_mut()?;
         c.record_tier_choice(plan.tier_found, plan.tb);
@@ -604,7 +605,7 @@ impl BlockPool {
                 if let (Ok(()), Some(cur)) = (&r, e.cursor.as_mut()) {
                     let first = cur.push_tokens(tokens, self.block_size, hasher);
                     let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
-                    self.register(&e.tables[..], q, first, cur.keys.len());
+                    self.register(&e.tables[..], q, first, cur.keys.len(), Some((seq, first)));
                 }
                 r
             }
@@ -648,7 +649,7 @@ impl BlockPool {
                 self.grow_table(t, hb * bs, tb * bs, |_| {}, &mut out.cow)?;
             }
             self.place_loads(&taken, 0, &tables, &mut out);
-            self.register(&tables, q, hb, hb + tb);
+            self.register(&tables, q, hb, hb + tb, None);
         }
         let len = (hb + tb) * bs;
         self.record_hit(&plan, keys.len(), tokens.len(), len)?;
@@ -686,7 +687,7 @@ impl BlockPool {
         if let Some(SeqEntry { tables, cursor: Some(cur), .. }) = map.get_mut(&seq) {
             let q = Query { keys: &cur.keys, tokens: Some(&cur.tokens), extra: cur.extra, len: cur.tokens.len() };
             self.adopt_twins(tables, q, first, cur.keys.len());
-            self.register(&tables[..], q, first, cur.keys.len());
+            self.register(&tables[..], q, first, cur.keys.len(), Some((seq, first)));
         }
         self.seqs = map;
         self.end_op();
@@ -776,9 +777,13 @@ impl BlockPool {
     /// chain (each block the child of the one before, stopping where the chain breaks or a
     /// key is taken), in a windowed group each stored block on its own. A keyed prompt's
     /// partly filled last block is cached with its fill (its identity: see the module doc).
-    fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize) {
+    /// With write-through, each block newly cached for sequence `seq` of `through = (seq,
+    /// first)` at index `first` or later waits for its KV (module `write_through`); the
+    /// others (blocks a tier load fills) are not copied back.
+    fn register(&mut self, tables: &[GroupTable], q: Query<'_>, from: usize, to: usize, through: Option<(SeqId, usize)>) {
         let bs = self.block_size;
         let Some(c) = self.cache.as_deref_mut() else { return };
+        let through = through.filter(|_| c.writes_through());
         let mut depth = None;
         for (g, t) in tables.iter().enumerate() {
             let windowed = self.groups[g].is_windowed();
@@ -814,8 +819,14 @@ impl BlockPool {
                     continue;
                 }
                 let tok = q.tokens.map(|t| &t[i * bs..i * bs + fill]);
-                if !c.register_in(g, b, key, parent, q.extra, tok, fill) && !windowed {
+                if !c.register_in(g, b, key, parent, q.extra, tok, fill) {
+                    if windowed {
+                        continue;
+                    }
                     break;
+                }
+                if let Some((seq, _)) = through.filter(|&(_, first)| i >= first) {
+                    self.through.push(PendingThrough { seq, group: g, index: i, block: b, end: i * bs + fill });
                 }
             }
         }

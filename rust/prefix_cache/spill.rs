@@ -15,21 +15,22 @@
 //! refuses tiers.
 
 use super::meta::{Meta, HAS_TOKENS};
-use super::tiers::{GateConfig, Move, TierChoices, TierConfig, TierEntry, TierKey, TierLoad, TierMeta, TierStats, Tiers};
+use super::tiers::{Move, TierChoices, TierConfig, TierEntry, TierKey, TierLoad, TierMeta, TierRules, TierStats, Tiers};
 use super::{BlockKey, CacheEvent, CacheEventKind, PrefixCache, MEDIUM_DISK, MEDIUM_HOST, NO_PARENT};
 use crate::error::Result;
 use crate::invalid;
 use crate::types::BlockId;
 
 impl PrefixCache {
-    /// Give the cache tiers below the device (host, then disk), with an optional reuse
-    /// gate. Errors: `InvalidArgument` for a cache with a windowed group or a configuration
-    /// [`Tiers::new`] refuses. Replaces any tiers the cache had (their blocks are forgotten).
-    pub fn set_tiers(&mut self, tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<()> {
+    /// Give the cache tiers below the device (host, then disk), with `rules` (reuse gate,
+    /// write-through). Errors: `InvalidArgument` for a cache with a windowed group or a
+    /// configuration [`Tiers::new`] refuses. Replaces any tiers the cache had (their
+    /// blocks are forgotten).
+    pub fn set_tiers(&mut self, tiers: &[TierConfig], rules: TierRules) -> Result<()> {
         if self.windowed.iter().any(|&w| w) {
             return Err(invalid!("tiers: a pool with a sliding-window or chunked group cannot spill blocks below the device"));
         }
-        self.tiers = Some(Box::new(Tiers::new(tiers, gate)?));
+        self.tiers = Some(Box::new(Tiers::new(tiers, rules)?));
         self.tier_moves.clear();
         self.tier_loads.clear();
         self.tiers_cleared = true;
@@ -85,7 +86,33 @@ impl PrefixCache {
 
     /// Offer block `b`, being evicted, to the tiers (before its meta is cleared).
     pub(super) fn spill(&mut self, b: BlockId) {
-        let Some(tiers) = self.tiers.as_deref_mut() else { return };
+        if self.tiers.is_none() {
+            return;
+        }
+        let (key, entry) = self.tier_entry(b);
+        let moves = self.tiers.as_deref_mut().map(|t| t.offer(b, key, entry)).unwrap_or_default();
+        self.queue_moves(moves);
+    }
+
+    /// Whether the cache writes its blocks through to the top tier once computed.
+    pub fn writes_through(&self) -> bool {
+        self.tiers.as_deref().is_some_and(Tiers::writes_through)
+    }
+
+    /// Write-through: cached block `b`'s KV is now computed; copy it to the top tier
+    /// ([`Tiers::copy_through`]). Nothing for a block no longer cached or without
+    /// write-through.
+    pub fn write_through(&mut self, b: BlockId) {
+        if !self.writes_through() || !self.is_cached(b) {
+            return;
+        }
+        let (key, entry) = self.tier_entry(b);
+        let moves = self.tiers.as_deref_mut().map(|t| t.copy_through(b, key, entry)).unwrap_or_default();
+        self.queue_moves(moves);
+    }
+
+    /// What the tiers keep of cached block `b`: its identity and verification data.
+    fn tier_entry(&self, b: BlockId) -> (TierKey, TierEntry) {
         let m: Meta = self.meta[b.index()];
         let parent = (m.parent != NO_PARENT).then(|| self.meta[m.parent as usize].key);
         let tokens = m.has(HAS_TOKENS).then(|| {
@@ -93,8 +120,11 @@ impl PrefixCache {
             let start = b.index() * self.block_size;
             self.tokens[start..start + fill].into()
         });
-        let entry = TierEntry { hits: m.hits, parent, extra: m.extra(), tokens };
-        let moves = tiers.offer(b, (m.group, m.key, m.partial), entry);
+        ((m.group, m.key, m.partial), TierEntry { hits: m.hits, parent, extra: m.extra(), tokens })
+    }
+
+    /// Queue `moves` for the byte layer, with their events.
+    fn queue_moves(&mut self, moves: Vec<Move>) {
         for mv in &moves {
             self.tier_events(mv);
         }

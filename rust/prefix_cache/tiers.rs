@@ -28,6 +28,15 @@
 //!   (an offer is not stored, a victim from above is dropped).
 //! - A [`Tiers::take`] of a block whose stored verification (parent key, extra key,
 //!   tokens) differs from the caller's is a *collision*: a miss that removes nothing.
+//! - *Write-through* ([`TierRules::write_through`]): once a cached block's KV is computed,
+//!   the device also *copies it through* ([`Tiers::copy_through`]): the gate applies as to
+//!   an offer, and an admitted block is stored in tier 0 as for an offer, but *resident*:
+//!   the device keeps it too. A resident block is no hit (the device serves it; `take`
+//!   and `matches` pass over it), and a tier evicting it drops it (the device has its
+//!   bytes) instead of moving it down. When the device evicts a block a tier holds
+//!   resident, the offer moves no bytes: the block stops being resident and enters its
+//!   tier again, with its hits, as if stored then. A copy-through of a key a tier holds
+//!   makes it resident (equal keys are equal content) and moves nothing.
 //!
 //! Every call returns the [`Move`]s it decided, in order, for the byte layer to carry out.
 
@@ -66,6 +75,16 @@ pub struct TierConfig {
 pub struct GateConfig {
     pub min_seen: u32,
     pub half_life: u64,
+}
+
+/// How blocks go below the device, besides the tiers' capacities and orders.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierRules {
+    /// The reuse gate, if any.
+    pub gate: Option<GateConfig>,
+    /// Copy each cached block to tier 0 once its KV is computed (write-through), not only
+    /// when the device evicts it (write-back, the default).
+    pub write_through: bool,
 }
 
 /// A decision for the byte layer. Slots index a tier's storage (`0..capacity_blocks`).
@@ -126,11 +145,20 @@ pub struct TierStats {
     pub held: usize,
 }
 
+/// A block a tier holds: its key, what it stores about it, the tick it entered at and
+/// whether the device holds it too (written through).
+#[derive(Clone, Debug)]
+struct Held {
+    key: TierKey,
+    entry: TierEntry,
+    tick: u64,
+    resident: bool,
+}
+
 #[derive(Clone, Debug)]
 struct Tier {
     map: FxHashMap<TierKey, u32>,
-    /// Each held block with the tick it entered at.
-    slots: Vec<Option<(TierKey, TierEntry, u64)>>,
+    slots: Vec<Option<Held>>,
     free: Vec<u32>,
     /// Slots of blocks taken by hits during the current pool call: their bytes are still
     /// to be read (the call's load plan), so no block enters them before [`Tiers::end_call`].
@@ -154,10 +182,10 @@ impl Tier {
     }
 
     /// Put `entry` into a free slot (the caller made room) at `tick`.
-    fn put(&mut self, key: TierKey, entry: TierEntry, tick: u64) -> Option<u32> {
+    fn put(&mut self, key: TierKey, entry: TierEntry, tick: u64, resident: bool) -> Option<u32> {
         let slot = self.free.pop()?;
         self.order.insert(slot, key, entry.hits, tick);
-        self.slots[slot as usize] = Some((key, entry, tick));
+        self.slots[slot as usize] = Some(Held { key, entry, tick, resident });
         self.map.insert(key, slot);
         self.stats.stored += 1;
         Some(slot)
@@ -165,17 +193,31 @@ impl Tier {
 
     /// Remove the block in `slot`, returning it; the caller says where the slot goes
     /// (`free`, or `taken` by a hit).
-    fn remove(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
-        let (_, e, tick) = self.slots[slot as usize].as_ref()?;
-        self.order.remove(slot, e.hits, *tick);
+    fn remove(&mut self, slot: u32) -> Option<Held> {
+        let h = self.slots[slot as usize].as_ref()?;
+        self.order.remove(slot, h.entry.hits, h.tick);
         self.vacate(slot)
     }
 
     /// Empty `slot`, already out of the order (the caller places the slot).
-    fn vacate(&mut self, slot: u32) -> Option<(TierKey, TierEntry)> {
-        let (key, entry, _) = self.slots[slot as usize].take()?;
-        self.map.remove(&key);
-        Some((key, entry))
+    fn vacate(&mut self, slot: u32) -> Option<Held> {
+        let h = self.slots[slot as usize].take()?;
+        self.map.remove(&h.key);
+        Some(h)
+    }
+
+    /// Whether the block in `slot` is resident (the device holds it too).
+    fn is_resident(&self, slot: u32) -> bool {
+        self.slots[slot as usize].as_ref().is_some_and(|h| h.resident)
+    }
+
+    /// The device evicted the resident block in `slot`: it enters the order again at
+    /// `tick` with the `hits` it had in the device, no longer resident.
+    fn settle(&mut self, slot: u32, hits: u32, tick: u64) {
+        let Some(h) = self.slots[slot as usize].as_mut() else { return };
+        self.order.remove(slot, h.entry.hits, h.tick);
+        (h.entry.hits, h.tick, h.resident) = (hits, tick, false);
+        self.order.insert(slot, h.key, hits, tick);
     }
 }
 
@@ -229,8 +271,9 @@ pub struct Tiers {
     gate: Option<Gate>,
     /// Entries so far (the tiers' logical clock).
     tick: u64,
-    /// Offers the gate refused.
+    /// Offers and copies-through the gate refused.
     pub gated: u64,
+    write_through: bool,
     /// What loading a block from each tier costs and what computing a token costs, in
     /// nanoseconds, when the caller set them ([`Tiers::set_costs`]).
     costs: Option<(Vec<u64>, u64)>,
@@ -242,16 +285,29 @@ pub struct Tiers {
 }
 
 impl Tiers {
-    /// Tiers of the given configurations (1 or 2: host, then disk), with an optional
-    /// reuse gate. Errors: `InvalidArgument` for no tier, more than two, a capacity of 0,
-    /// the `priority` policy or a gate out of range.
-    pub fn new(tiers: &[TierConfig], gate: Option<GateConfig>) -> Result<Self> {
+    /// Tiers of the given configurations (1 or 2: host, then disk), with `rules`.
+    /// Errors: `InvalidArgument` for no tier, more than two, a capacity of 0, the
+    /// `priority` policy or a gate out of range.
+    pub fn new(tiers: &[TierConfig], rules: TierRules) -> Result<Self> {
         if !(1..=2).contains(&tiers.len()) {
             return Err(invalid!("tiers: 1 (host) or 2 (host, disk) tiers, got {}", tiers.len()));
         }
         let total: usize = tiers.iter().map(|t| t.capacity_blocks).sum();
-        let gate = gate.map(|g| Gate::new(g, total.saturating_mul(2).min(1 << 24))).transpose()?;
-        Ok(Self { tiers: tiers.iter().map(|&c| Tier::new(c)).collect::<Result<_>>()?, gate, tick: 0, gated: 0, costs: None, loads_won: 0, recompute_won: 0 })
+        let gate = rules.gate.map(|g| Gate::new(g, total.saturating_mul(2).min(1 << 24))).transpose()?;
+        let tiers = tiers.iter().map(|&c| Tier::new(c)).collect::<Result<_>>()?;
+        Ok(Self { tiers, gate, tick: 0, gated: 0, write_through: rules.write_through, costs: None, loads_won: 0, recompute_won: 0 })
+    }
+
+    /// Whether cached blocks are copied through once computed ([`TierRules::write_through`]).
+    pub fn writes_through(&self) -> bool {
+        self.write_through
+    }
+
+    /// Whether the reuse gate refuses `key` (counted).
+    fn gate_refuses(&mut self, key: &TierKey) -> bool {
+        let refused = self.gate.as_ref().is_some_and(|g| g.count(key) < g.cfg.min_seen);
+        self.gated += refused as u64;
+        refused
     }
 
     /// Count one sighting of `key` for the reuse gate (a store or a hit in the device).
@@ -263,24 +319,52 @@ impl Tiers {
 
     /// The device evicts `block` (`key`, `entry`): store it in tier 0 if the gate admits it,
     /// cascading victims down. A key already held below (a second copy cached in the
-    /// device since) is replaced. Returns the moves, in order.
+    /// device since) is replaced, unless it is held resident (written through): that
+    /// block just stops being resident. Returns the moves, in order.
     pub fn offer(&mut self, block: BlockId, key: TierKey, entry: TierEntry) -> Vec<Move> {
         let mut moves = Vec::new();
-        if self.gate.as_ref().is_some_and(|g| g.count(&key) < g.cfg.min_seen) {
-            self.gated += 1;
+        let held = self.find(&key);
+        if let Some((t, slot)) = held.filter(|&(t, s)| self.tiers[t].is_resident(s)) {
+            self.tick += 1;
+            self.tiers[t].settle(slot, entry.hits, self.tick);
             return moves;
         }
-        if let Some((t, slot)) = self.find(&key) {
+        if self.gate_refuses(&key) {
+            return moves;
+        }
+        if let Some((t, slot)) = held {
             self.tiers[t].remove(slot);
             self.tiers[t].free.push(slot);
             moves.push(Move::Drop { key, tier: t, slot });
         }
-        self.make_room(0, &mut moves);
-        self.tick += 1;
-        if let Some(slot) = self.tiers[0].put(key, entry, self.tick) {
-            moves.push(Move::Store { key, block, tier: 0, slot });
+        self.store_top(block, key, entry, false, &mut moves);
+        moves
+    }
+
+    /// Write-through: cached device `block` (`key`, `entry`) has its KV computed. Store a
+    /// resident copy in tier 0 if the gate admits it and no tier holds the key (a held
+    /// one becomes resident). Returns the moves, in order.
+    pub fn copy_through(&mut self, block: BlockId, key: TierKey, entry: TierEntry) -> Vec<Move> {
+        let mut moves = Vec::new();
+        if let Some((t, slot)) = self.find(&key) {
+            if let Some(h) = self.tiers[t].slots[slot as usize].as_mut() {
+                h.resident = true;
+            }
+            return moves;
+        }
+        if !self.gate_refuses(&key) {
+            self.store_top(block, key, entry, true, &mut moves);
         }
         moves
+    }
+
+    /// Store device `block` in tier 0, making room first.
+    fn store_top(&mut self, block: BlockId, key: TierKey, entry: TierEntry, resident: bool, moves: &mut Vec<Move>) {
+        self.make_room(0, moves);
+        self.tick += 1;
+        if let Some(slot) = self.tiers[0].put(key, entry, self.tick, resident) {
+            moves.push(Move::Store { key, block, tier: 0, slot });
+        }
     }
 
     /// Free one slot in `tier` if it is full: its victim moves down (making room there
@@ -290,17 +374,18 @@ impl Tiers {
             return;
         }
         let Some(slot) = self.tiers[tier].order.pop() else { return };
-        let Some((key, entry)) = self.tiers[tier].vacate(slot) else { return };
+        let Some(Held { key, entry, resident, .. }) = self.tiers[tier].vacate(slot) else { return };
         self.tiers[tier].free.push(slot);
         self.tiers[tier].stats.evicted += 1;
-        if tier + 1 == self.tiers.len() {
+        // Past the last tier, or a copy the device still holds: forgotten.
+        if tier + 1 == self.tiers.len() || resident {
             moves.push(Move::Drop { key, tier, slot });
             return;
         }
         self.make_room(tier + 1, moves);
         self.tick += 1;
         let meta = TierMeta { parent: entry.parent, extra: entry.extra, hits: entry.hits };
-        match self.tiers[tier + 1].put(key, entry, self.tick) {
+        match self.tiers[tier + 1].put(key, entry, self.tick, false) {
             Some(to_slot) => moves.push(Move::Demote { key, tier, slot, to_slot, meta }),
             // Every slot below is being loaded this call: the victim is dropped.
             None => moves.push(Move::Drop { key, tier, slot }),
@@ -317,12 +402,12 @@ impl Tiers {
         }
         self.tick += 1;
         let entry = TierEntry { hits: meta.hits, parent: meta.parent, extra: meta.extra, tokens: None };
-        self.tiers[tier].put(key, entry, self.tick)
+        self.tiers[tier].put(key, entry, self.tick, false)
     }
 
     /// What `slot` of `tier` holds, if anything. Pure.
     pub fn entry(&self, tier: usize, slot: u32) -> Option<&TierEntry> {
-        self.tiers.get(tier)?.slots.get(slot as usize)?.as_ref().map(|(_, e, _)| e)
+        self.tiers.get(tier)?.slots.get(slot as usize)?.as_ref().map(|h| &h.entry)
     }
 
     /// The tier and slot holding `key`, if any. Pure.
@@ -330,10 +415,11 @@ impl Tiers {
         self.tiers.iter().enumerate().find_map(|(t, tier)| tier.map.get(key).map(|&s| (t, s)))
     }
 
-    /// Whether the block held under `key` matches the caller's verification data. Pure.
+    /// Whether the block held under `key` matches the caller's verification data (None:
+    /// not held, or held resident: no hit). Pure.
     pub fn matches(&self, key: &TierKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<bool> {
         let (t, slot) = self.find(key)?;
-        let (_, e, _) = self.tiers[t].slots[slot as usize].as_ref()?;
+        let Held { entry: e, resident: false, .. } = self.tiers[t].slots[slot as usize].as_ref()? else { return None };
         let tokens_ok = match (&e.tokens, tokens) {
             (Some(have), Some(want)) => have[..] == *want,
             _ => true,
@@ -346,11 +432,15 @@ impl Tiers {
     /// the caller's next call. None on a miss, or on a collision (counted; nothing moves).
     pub fn take(&mut self, key: &TierKey, parent: Option<BlockKey>, extra: Option<u64>, tokens: Option<&[u32]>) -> Option<(usize, u32, TierEntry)> {
         let (t, slot) = self.find(key)?;
-        if self.matches(key, parent, extra, tokens) != Some(true) {
-            self.tiers[t].stats.collisions += 1;
-            return None;
+        match self.matches(key, parent, extra, tokens) {
+            Some(true) => {}
+            Some(false) => {
+                self.tiers[t].stats.collisions += 1;
+                return None;
+            }
+            None => return None,
         }
-        let (_, entry) = self.tiers[t].remove(slot)?;
+        let Held { entry, .. } = self.tiers[t].remove(slot)?;
         let tier = &mut self.tiers[t];
         tier.taken.push(slot);
         tier.stats.hits += 1;
@@ -423,6 +513,6 @@ impl Tiers {
     /// The keys a tier holds, next victim first (tests and reports).
     pub fn order(&self, tier: usize) -> Vec<TierKey> {
         let Some(t) = self.tiers.get(tier) else { return Vec::new() };
-        t.order.slots().into_iter().filter_map(|s| t.slots[s as usize].as_ref().map(|(k, _, _)| *k)).collect()
+        t.order.slots().into_iter().filter_map(|s| t.slots[s as usize].as_ref().map(|h| h.key)).collect()
     }
 }

@@ -70,6 +70,27 @@ def test_earlier_turns_come_back_from_the_host_tier(model: Any, ample: list[list
     assert cached > cached_plain + 20, (cached, cached_plain)
 
 
+def test_write_through_copies_turns_as_computed_and_reloads_them(model: Any, ample: list[list[int]]) -> None:
+    """With write-through, every computed block goes to the host tier once computed (so
+    evicting it moves nothing), and the replies stay those of the ample pool."""
+    tiered = phf.ContinuousBatcher(model, num_blocks=24, block_size=BS, prefix_caching=True, host_blocks=64,
+                                   write_through=True)
+    replies, _ = chat(tiered, conversations(3, 3, 20))
+    assert replies == ample
+    host = tiered.cache.pool.tier_stats()[0]
+    s = tiered.cache.pool.tier_transfer_stats()
+    assert s is not None and s["host_loads"] > 0 and host["hits"] > 0
+    assert s["host_stores"] == host["stored"]
+
+
+def test_write_through_needs_a_host_tier_and_a_bool(model: Any) -> None:
+    with pytest.raises(pykvpool.InvalidArgumentError, match="write_through"):
+        phf.PagedKvCache(model.config, num_blocks=8, block_size=BS, prefix_caching=True, write_through=True)
+    with pytest.raises(TypeError, match="write_through"):
+        phf.PagedKvCache(model.config, num_blocks=8, block_size=BS, prefix_caching=True, host_blocks=8,
+                         write_through=1)
+
+
 def test_and_from_disk(model: Any, ample: list[list[int]], tmp_path: Path) -> None:
     tiered = phf.ContinuousBatcher(model, num_blocks=24, block_size=BS, prefix_caching=True, host_blocks=4,
                                    disk_dir=tmp_path / "kv", disk_blocks=64)

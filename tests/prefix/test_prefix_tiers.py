@@ -63,6 +63,33 @@ def test_the_reuse_gate_keeps_blocks_seen_once_out() -> None:
     assert visit(pool, 3, prompt(1, 4)) == 0
 
 
+def test_write_through_copies_blocks_once_computed_and_evicts_without_copying() -> None:
+    pool = BlockPool(5, BS, prefix_caching=True, host_blocks=8, write_through=True)
+    a = prompt(1, 4)
+    pool.add_sequence_tokens(1, a)
+    assert pool.tier_stats()[0]["stored"] == 0  # cached, not computed yet
+    pool.mark_computed([1])
+    assert pool.tier_stats()[0]["stored"] == 4  # computed: copied, and still in the pool
+    assert pool.cached_prefix_len(a) == 4 * BS
+    pool.free(1)
+    visit(pool, 2, prompt(2, 4))  # evicts a's blocks: no copy; b's are copied at its free
+    host = pool.tier_stats()[0]
+    assert (host["stored"], host["held"]) == (8, 8)
+    assert visit(pool, 3, a) == 4 * BS
+    assert pool.tier_stats()[0]["hits"] == 4
+
+
+def test_write_through_keeps_the_host_tier_inclusive_of_the_pool() -> None:
+    """A host tier of 4 blocks under write-through holds copies of the pool's blocks: a
+    victim the pool still holds is dropped from the host tier, never moved to disk."""
+    pool = BlockPool(12, BS, prefix_caching=True, host_blocks=4, disk_blocks=8, write_through=True)
+    visit(pool, 1, prompt(1, 4))
+    visit(pool, 2, prompt(2, 4))  # a's copies make room for b's: the pool still has a
+    host, disk = pool.tier_stats()
+    assert (host["stored"], host["evicted"], host["held"]) == (8, 4, 4)
+    assert (disk["stored"], disk["held"]) == (0, 0)
+
+
 def test_without_tiers_the_list_is_empty_and_reset_empties_them() -> None:
     assert BlockPool(8, BS, prefix_caching=True).tier_stats() == []
     pool = BlockPool(5, BS, prefix_caching=True, host_blocks=8)
@@ -86,6 +113,7 @@ def test_without_tiers_the_list_is_empty_and_reset_empties_them() -> None:
         {"prefix_caching": True, "host_blocks": 4, "reuse_gate": 0},
         {"prefix_caching": True, "host_blocks": 4, "reuse_gate": 256},
         {"prefix_caching": True, "host_blocks": True},
+        {"prefix_caching": True, "write_through": True},
     ],
 )
 def test_bad_tier_arguments_are_refused(kwargs: dict) -> None:
@@ -115,6 +143,8 @@ def test_s3fifo_keeps_a_reused_prefix_through_a_scan(order: str, kept: bool) -> 
 def test_tier_eviction_of_the_wrong_type() -> None:
     with pytest.raises(TypeError):
         BlockPool(8, BS, prefix_caching=True, host_blocks=4, tier_eviction=1)
+    with pytest.raises(TypeError):
+        BlockPool(8, BS, prefix_caching=True, host_blocks=4, write_through=1)
 
 
 def test_mooncake_through_the_tiers_loses_nothing() -> None:
@@ -132,6 +162,11 @@ def test_mooncake_through_the_tiers_loses_nothing() -> None:
     assert deep.token_hit_rate > tiered.token_hit_rate + 0.05
     gated = replay(trace, g, policy="lru", host_blocks=4 * g, reuse_gate=2)
     assert gated.tiers[0]["stored"] < tiered.tiers[0]["stored"]
+    # Write-through's host tier also holds copies of the device's blocks: it stores at
+    # least as much and, holding fewer evicted blocks, hits less.
+    through = replay(trace, g, policy="lru", host_blocks=4 * g, write_through=True)
+    assert through.tiers[0]["stored"] >= tiered.tiers[0]["stored"]
+    assert single.token_hit_rate - 0.1 < through.token_hit_rate < tiered.token_hit_rate
 
 
 def test_the_replay_command_prints_each_tier(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,8 +36,10 @@ def kv_of(tokens: np.ndarray, layer: int) -> np.ndarray:
 
 
 class Rig:
-    def __init__(self, num_blocks: int, host: int, disk: int | None = None, disk_dir: Path | None = None) -> None:
-        self.pool = BlockPool(num_blocks, BS, prefix_caching=True, host_blocks=host, disk_blocks=disk)
+    def __init__(self, num_blocks: int, host: int, disk: int | None = None, disk_dir: Path | None = None,
+                 write_through: bool = False) -> None:
+        self.pool = BlockPool(num_blocks, BS, prefix_caching=True, host_blocks=host, disk_blocks=disk,
+                              write_through=write_through)
         self.cache = KvCache(LAYERS, num_blocks, BS, HEADS, DIM)
         if disk_dir is None:
             self.pool.attach_tier_storage(self.cache)
@@ -86,6 +88,21 @@ def test_an_evicted_prompt_comes_back_with_its_bytes_from_the_host() -> None:
     s = r.pool.tier_transfer_stats()
     assert s is not None and s["host_stores"] >= 3 and s["host_loads"] == 3
     assert s["slot_bytes"] == LAYERS * 2 * HEADS * BS * DIM * 4
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_write_through_copies_the_computed_bytes(tmp_path: Path, disk: bool) -> None:
+    """Blocks are copied while the pool still holds them, after their K/V was written
+    (at the free): evicted later, they come back from the host tier (and disk) with those
+    bytes."""
+    r = Rig(10, host=2 if disk else 16, disk=8 if disk else None, disk_dir=tmp_path / "tier" if disk else None,
+            write_through=True)
+    a = prompt(1, 4)
+    r.push_down(a)
+    assert r.admit(3, a) == 4 * BS  # bytes checked by admit
+    s = r.pool.tier_transfer_stats()
+    assert s is not None and s["host_loads"] + s["disk_loads"] == 3
+    assert s["host_stores"] == r.pool.tier_stats()[0]["stored"]
 
 
 def test_blocks_come_back_from_disk(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@
 //! are), so the model needs no memory: random programs admit prompts from a few families
 //! sharing prefixes through a small pool with a host and a disk tier, carry out each
 //! call's moves and loads, check every cached block of the admission against the function,
-//! write the computed tokens and free (or keep) the sequence.
+//! write the computed tokens, maybe mark them computed, and free (or keep) the sequence;
+//! with write-back and with write-through.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +23,7 @@ use pykvpool::offload::store::TierStore;
 use pykvpool::offload::transfer::{pack, slot_bytes_for, DeviceRegion, KvRegion};
 use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
-use pykvpool::prefix_cache::tiers::{TierConfig, TierPolicy};
+use pykvpool::prefix_cache::tiers::{TierConfig, TierPolicy, TierRules};
 
 const BS: usize = 4;
 const HEADS: usize = 2;
@@ -59,14 +60,14 @@ struct Rig {
 
 impl Rig {
     fn new(num_blocks: usize, host: usize, disk: Option<usize>, dtype: DType) -> Self {
-        Self::with_policy(num_blocks, host, disk, dtype, TierPolicy::Ranked(EvictionPolicy::Lru))
+        Self::with_policy(num_blocks, host, disk, dtype, TierPolicy::Ranked(EvictionPolicy::Lru), TierRules::default())
     }
 
-    fn with_policy(num_blocks: usize, host: usize, disk: Option<usize>, dtype: DType, policy: TierPolicy) -> Self {
+    fn with_policy(num_blocks: usize, host: usize, disk: Option<usize>, dtype: DType, policy: TierPolicy, rules: TierRules) -> Self {
         let mut pool = BlockPool::with_prefix_cache(num_blocks, BS, CacheConfig::default()).unwrap();
         let mut tiers = vec![TierConfig { capacity_blocks: host, policy }];
         tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy }));
-        pool.set_tiers(&tiers, None).unwrap();
+        pool.set_tiers(&tiers, rules).unwrap();
         let shape = KvShape { num_layers: LAYERS, num_blocks, block_size: BS, num_kv_heads: HEADS, head_dim: DIM };
         let cache = KvCache::new(shape, dtype).unwrap();
         let slot_bytes = slot_bytes_for(&cache);
@@ -197,7 +198,7 @@ fn a_restart_finds_the_disk_blocks_again() {
     let slot_bytes = again.store.slot_bytes();
     again.store = TierStore::new(1, slot_bytes, DType::F32, BS as u32, Some((disk, 32)), 2).unwrap();
     let tiers = [TierConfig { capacity_blocks: 1, policy: TierPolicy::S3Fifo }, TierConfig { capacity_blocks: 32, policy: TierPolicy::S3Fifo }];
-    again.pool.set_tiers(&tiers, None).unwrap();
+    again.pool.set_tiers(&tiers, TierRules::default()).unwrap();
     let (mut moves, mut loads) = (Vec::new(), Vec::new());
     assert!(again.pool.drain_tier_moves(&mut moves, &mut loads).unwrap(), "new tiers report their emptying once");
     assert!(!again.pool.drain_tier_moves(&mut moves, &mut loads).unwrap());
@@ -275,21 +276,22 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
     #[test]
     fn every_block_served_holds_the_bytes_of_its_tokens(
-        ops in prop::collection::vec((0u32..5, 1usize..5, 0usize..BS, any::<bool>()), 1..40),
+        ops in prop::collection::vec((0u32..5, 1usize..5, 0usize..BS, any::<bool>(), any::<bool>()), 1..40),
         host in 1usize..6,
         disk in prop::option::of(1usize..10),
         int8 in any::<bool>(),
         s3 in any::<bool>(),
+        write_through in any::<bool>(),
     ) {
         let dtype = if int8 { DType::I8 } else { DType::F16 };
         let policy = if s3 { TierPolicy::S3Fifo } else { TierPolicy::Ranked(EvictionPolicy::Lru) };
-        let mut r = Rig::with_policy(12, host, disk, dtype, policy);
+        let mut r = Rig::with_policy(12, host, disk, dtype, policy, TierRules { gate: None, write_through });
         let mut live: Vec<u64> = Vec::new();
-        for (n, (f, blocks, extra, keep)) in ops.into_iter().enumerate() {
+        for (n, (f, blocks, extra, keep, computed)) in ops.into_iter().enumerate() {
             let tokens = prompt(f, blocks, extra.max(1));
             let seq = n as u64;
             let need = tokens.len().div_ceil(BS);
@@ -299,6 +301,10 @@ proptest! {
                 r.settle();
             }
             r.admit(seq, &tokens);
+            if computed {
+                r.pool.mark_computed(&[SeqId(seq)]).unwrap();
+                r.settle();
+            }
             if keep { live.push(seq) } else { r.pool.free(SeqId(seq)).unwrap(); r.settle(); }
             r.pool.check_invariants().unwrap();
         }

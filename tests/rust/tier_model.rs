@@ -1,6 +1,7 @@
 //! The tier directory (`prefix_cache::tiers`) against a model written from its module's
-//! specification: random programs of offers, hits (some with wrong verification data) and
-//! sightings over one or two tiers of every policy, with and without the reuse gate.
+//! specification: random programs of offers, copies-through (write-through), hits (some
+//! with wrong verification data) and sightings over one or two tiers of every policy,
+//! with and without the reuse gate.
 //!
 //! The model keeps each tier as a plain list and finds a victim by sorting on the policy's
 //! documented order; the gate as exact counts halved on the same schedule (the sketch may
@@ -14,12 +15,13 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
-use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierPolicy, Tiers};
+use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierPolicy, TierRules, Tiers};
 use pykvpool::BlockId;
 
 #[derive(Clone, Debug)]
 enum Op {
     Offer { k: u8, hits: u32 },
+    Through { k: u8, hits: u32 },
     Take { k: u8, tamper: bool },
     Seen { k: u8 },
     EndCall,
@@ -34,8 +36,9 @@ fn tokens(k: u8) -> Box<[u32]> {
     vec![k as u32; 4].into_boxed_slice()
 }
 
-/// A held block: its key id, its hits in the device and the tick it entered its tier at.
-type Held = (u8, u32, u64);
+/// A held block: its key id, its hits in the device, the tick it entered its tier at and
+/// whether the device holds it too (copied through).
+type Held = (u8, u32, u64, bool);
 
 /// S3-FIFO as its specification says (`prefix_cache::tier_order`): two FIFOs of (key,
 /// frequency) and the keys of the last `cap` blocks evicted from the small one.
@@ -98,7 +101,7 @@ struct Model {
 
 impl Model {
     /// Entry order, or hits then entry order for `lfu`.
-    fn order_key(p: TierPolicy, &(_, hits, tick): &Held) -> (u64, u64) {
+    fn order_key(p: TierPolicy, &(_, hits, tick, _): &Held) -> (u64, u64) {
         match p {
             TierPolicy::Ranked(EvictionPolicy::Lru | EvictionPolicy::Fifo) => (tick, 0),
             TierPolicy::Ranked(EvictionPolicy::Lfu) => (hits as u64, tick),
@@ -114,7 +117,7 @@ impl Model {
         }
         let mut v = self.tiers[t].clone();
         v.sort_by_key(|h| Self::order_key(self.cfgs[t].policy, h));
-        v.into_iter().map(|(k, _, _)| k).collect()
+        v.into_iter().map(|(k, _, _, _)| k).collect()
     }
 
     /// Take the next victim of tier `t` out of its order.
@@ -140,12 +143,13 @@ impl Model {
     }
 
     fn remove(&mut self, k: u8) {
-        self.tiers.iter_mut().for_each(|t| t.retain(|(x, _, _)| *x != k));
+        self.tiers.iter_mut().for_each(|t| t.retain(|(x, _, _, _)| *x != k));
         self.s3.iter_mut().flatten().for_each(|s| s.remove(k));
     }
 
-    /// Whether `k` was stored in tier `t` (cascading a victim down).
-    fn insert(&mut self, t: usize, k: u8, hits: u32) -> bool {
+    /// Whether `k` was stored in tier `t` (cascading a victim down, unless the device
+    /// holds it: a resident victim is dropped).
+    fn insert(&mut self, t: usize, k: u8, hits: u32, resident: bool) -> bool {
         if t == self.tiers.len() {
             return false;
         }
@@ -154,16 +158,23 @@ impl Model {
                 return false;
             }
             let victim = self.pop(t);
-            let i = self.tiers[t].iter().position(|(x, _, _)| *x == victim).unwrap();
-            let (vk, vhits, _) = self.tiers[t].remove(i);
-            self.insert(t + 1, vk, vhits);
+            let i = self.tiers[t].iter().position(|h| h.0 == victim).unwrap();
+            let (vk, vhits, _, vres) = self.tiers[t].remove(i);
+            if !vres {
+                self.insert(t + 1, vk, vhits, false);
+            }
         }
         self.tick += 1;
-        self.tiers[t].push((k, hits, self.tick));
+        self.tiers[t].push((k, hits, self.tick, resident));
         if let Some(s) = &mut self.s3[t] {
             s.insert(k, hits);
         }
         true
+    }
+
+    /// The tier and index holding `k`, if any.
+    fn held(&self, k: u8) -> Option<(usize, usize)> {
+        self.tiers.iter().enumerate().find_map(|(t, v)| v.iter().position(|h| h.0 == k).map(|i| (t, i)))
     }
 }
 
@@ -201,6 +212,7 @@ fn policy() -> impl Strategy<Value = TierPolicy> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..24, 0u32..3).prop_map(|(k, hits)| Op::Offer { k, hits }),
+        2 => (0u8..24, 0u32..3).prop_map(|(k, hits)| Op::Through { k, hits }),
         2 => (0u8..24, prop::bool::weighted(0.2)).prop_map(|(k, tamper)| Op::Take { k, tamper }),
         2 => (0u8..24).prop_map(|k| Op::Seen { k }),
         1 => Just(Op::EndCall),
@@ -208,7 +220,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run(cfgs: Vec<TierConfig>, gate: Option<GateConfig>, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut tiers = Tiers::new(&cfgs, gate).expect("valid tiers");
+    let mut tiers = Tiers::new(&cfgs, TierRules { gate, write_through: true }).expect("valid tiers");
     let s3 = cfgs.iter().map(|c| (c.policy == TierPolicy::S3Fifo).then(|| S3Model { cap: c.capacity_blocks, ..S3Model::default() })).collect();
     let mut model = Model { tiers: vec![Vec::new(); cfgs.len()], s3, cfgs: cfgs.clone(), taken: vec![0; cfgs.len()], tick: 0, gate: gate.map(|g| (g, HashMap::new(), 0)) };
     let mut shadow = vec![HashMap::new(); cfgs.len()];
@@ -225,17 +237,46 @@ fn run(cfgs: Vec<TierConfig>, gate: Option<GateConfig>, ops: Vec<Op>) -> Result<
             Op::Offer { k, hits } => {
                 let e = TierEntry { hits, parent: None, extra: None, tokens: Some(tokens(k)) };
                 let moves = tiers.offer(BlockId(k as u32), key(k), e);
-                let stored = moves.iter().any(|m| matches!(m, Move::Store { .. }));
-                if model.must_admit(k) || stored {
-                    // Admitted (the sketch may admit more than the exact counts).
-                    model.remove(k);
-                    prop_assert_eq!(model.insert(0, k, hits), stored);
+                match model.held(k) {
+                    Some((t, i)) if model.tiers[t][i].3 => {
+                        // Written through: it enters its tier again, no bytes move.
+                        prop_assert!(moves.is_empty(), "{:?}", moves);
+                        model.tick += 1;
+                        model.tiers[t][i] = (k, hits, model.tick, false);
+                        if let Some(s) = &mut model.s3[t] {
+                            s.remove(k);
+                            s.insert(k, hits);
+                        }
+                    }
+                    _ => {
+                        let stored = moves.iter().any(|m| matches!(m, Move::Store { .. }));
+                        if model.must_admit(k) || stored {
+                            // Admitted (the sketch may admit more than the exact counts).
+                            model.remove(k);
+                            prop_assert_eq!(model.insert(0, k, hits, false), stored);
+                        }
+                    }
+                }
+                apply(&mut shadow, &moves, Some(k));
+            }
+            Op::Through { k, hits } => {
+                let e = TierEntry { hits, parent: None, extra: None, tokens: Some(tokens(k)) };
+                let moves = tiers.copy_through(BlockId(k as u32), key(k), e);
+                if let Some((t, i)) = model.held(k) {
+                    prop_assert!(moves.is_empty(), "{:?}", moves);
+                    model.tiers[t][i].3 = true;
+                } else {
+                    let stored = moves.iter().any(|m| matches!(m, Move::Store { .. }));
+                    if model.must_admit(k) || stored {
+                        prop_assert_eq!(model.insert(0, k, hits, true), stored);
+                    }
                 }
                 apply(&mut shadow, &moves, Some(k));
             }
             Op::Take { k, tamper } => {
                 let want = if tamper { vec![99u32; 4].into_boxed_slice() } else { tokens(k) };
-                let held = model.tiers.iter().any(|t| t.iter().any(|(x, _, _)| *x == k));
+                // A resident block is no hit: the device serves it.
+                let held = model.held(k).is_some_and(|(t, i)| !model.tiers[t][i].3);
                 let got = tiers.take(&key(k), None, None, Some(&want));
                 prop_assert_eq!(got.is_some(), held && !tamper);
                 if let Some((t, slot, _)) = got {
@@ -275,22 +316,26 @@ proptest! {
     }
 }
 
+fn gate(g: GateConfig) -> TierRules {
+    TierRules { gate: Some(g), write_through: false }
+}
+
 #[test]
 fn bad_configurations_are_refused() {
     let lru = |c| TierConfig { capacity_blocks: c, policy: TierPolicy::Ranked(EvictionPolicy::Lru) };
-    assert!(Tiers::new(&[], None).is_err());
-    assert!(Tiers::new(&[lru(1), lru(1), lru(1)], None).is_err());
-    assert!(Tiers::new(&[lru(0)], None).is_err());
-    assert!(Tiers::new(&[TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Priority) }], None).is_err());
-    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 0, half_life: 8 })).is_err());
-    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 2, half_life: 0 })).is_err());
-    assert!(Tiers::new(&[lru(4)], Some(GateConfig { min_seen: 256, half_life: 8 })).is_err());
+    assert!(Tiers::new(&[], TierRules::default()).is_err());
+    assert!(Tiers::new(&[lru(1), lru(1), lru(1)], TierRules::default()).is_err());
+    assert!(Tiers::new(&[lru(0)], TierRules::default()).is_err());
+    assert!(Tiers::new(&[TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Priority) }], TierRules::default()).is_err());
+    assert!(Tiers::new(&[lru(4)], gate(GateConfig { min_seen: 0, half_life: 8 })).is_err());
+    assert!(Tiers::new(&[lru(4)], gate(GateConfig { min_seen: 2, half_life: 0 })).is_err());
+    assert!(Tiers::new(&[lru(4)], gate(GateConfig { min_seen: 256, half_life: 8 })).is_err());
 }
 
 #[test]
 fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
     let cfg = [TierConfig { capacity_blocks: 8, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
-    let mut t = Tiers::new(&cfg, Some(GateConfig { min_seen: 2, half_life: 1000 })).unwrap();
+    let mut t = Tiers::new(&cfg, gate(GateConfig { min_seen: 2, half_life: 1000 })).unwrap();
     let e = || TierEntry { hits: 0, parent: None, extra: None, tokens: None };
     let k = (0, 42, 16);
     t.note_seen(&k);
@@ -299,7 +344,7 @@ fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
     t.note_seen(&k);
     assert!(matches!(t.offer(BlockId(0), k, e())[..], [Move::Store { tier: 0, .. }]));
     // With a half-life of 2 observations, two sightings of a key decay before others'.
-    let mut t = Tiers::new(&cfg, Some(GateConfig { min_seen: 2, half_life: 2 })).unwrap();
+    let mut t = Tiers::new(&cfg, gate(GateConfig { min_seen: 2, half_life: 2 })).unwrap();
     let k2 = (0, 7, 16);
     t.note_seen(&k2);
     t.note_seen(&k2); // halved to 1
@@ -309,7 +354,7 @@ fn the_gate_refuses_blocks_seen_once_and_forgets_old_sightings() {
 #[test]
 fn a_collision_is_a_miss_that_moves_nothing() {
     let cfg = [TierConfig { capacity_blocks: 2, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
-    let mut t = Tiers::new(&cfg, None).unwrap();
+    let mut t = Tiers::new(&cfg, TierRules::default()).unwrap();
     let k = (1, 5, 16);
     let e = TierEntry { hits: 0, parent: Some(3), extra: Some(9), tokens: Some(tokens(5)) };
     t.offer(BlockId(0), k, e);
@@ -330,11 +375,69 @@ use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 const BS: usize = 4;
 
 fn pool(num_blocks: usize, host: usize, disk: Option<usize>) -> BlockPool {
+    pool_with(num_blocks, host, disk, TierRules::default())
+}
+
+fn pool_with(num_blocks: usize, host: usize, disk: Option<usize>, rules: TierRules) -> BlockPool {
     let mut p = BlockPool::with_prefix_cache(num_blocks, BS, CacheConfig::default()).unwrap();
     let mut tiers = vec![TierConfig { capacity_blocks: host, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     tiers.extend(disk.map(|d| TierConfig { capacity_blocks: d, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }));
-    p.set_tiers(&tiers, None).unwrap();
+    p.set_tiers(&tiers, rules).unwrap();
     p
+}
+
+/// The device blocks the moves of the calls since the last drain store into a tier.
+fn stores(p: &mut BlockPool) -> Vec<BlockId> {
+    let (mut moves, mut loads) = (Vec::new(), Vec::new());
+    p.drain_tier_moves(&mut moves, &mut loads).unwrap();
+    moves.iter().filter_map(|m| if let Move::Store { block, .. } = m { Some(*block) } else { None }).collect()
+}
+
+const THROUGH: TierRules = TierRules { gate: None, write_through: true };
+
+#[test]
+fn write_through_copies_a_block_once_its_kv_is_computed() {
+    let mut p = pool_with(5, 8, None, THROUGH);
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    p.add_sequence_tokens(SeqId(1), &a, None, &mut out).unwrap();
+    assert!(stores(&mut p).is_empty(), "cached at admission, but not computed yet");
+    p.mark_computed(&[SeqId(1)]).unwrap();
+    let table: Vec<BlockId> = (0..4).map(|i| p.table(SeqId(1), 0).unwrap().get(i).unwrap()).collect();
+    assert_eq!(stores(&mut p), table, "computed: the four full blocks are copied, the device keeps them");
+    assert_eq!(p.cached_prefix_len(&a, None).unwrap(), 4 * BS);
+    // Evicting them moves no bytes; the second prompt's blocks are copied when it is freed.
+    p.free(SeqId(1)).unwrap();
+    visit(&mut p, 2, &prompt(2, 4), &mut out);
+    let moved = stores(&mut p);
+    assert_eq!(moved.len(), 4, "only b's blocks, at its free: {moved:?}");
+    // a comes back from the host tier.
+    assert_eq!(p.add_sequence_tokens(SeqId(3), &a, None, &mut out).unwrap(), 4 * BS);
+    assert_eq!(out.loads.len(), 4);
+    let (stats, _) = p.tier_stats().unwrap().unwrap();
+    assert_eq!(stats[0].stored, 8);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn write_through_waits_for_the_growth_after_store_tokens_and_skips_what_was_truncated() {
+    let mut p = pool_with(12, 8, None, THROUGH);
+    let mut out = StepOutput::default();
+    let a = prompt(1, 4);
+    // vLLM's order: join at the hit, grow, compute, store the ids.
+    assert_eq!(p.add_sequence_hit(SeqId(1), &a, None).unwrap(), 0);
+    p.step(&[SeqId(1)], &[a.len()], &mut out).unwrap();
+    p.store_tokens(SeqId(1), &a).unwrap();
+    assert!(stores(&mut p).is_empty(), "the frontier has not passed them yet");
+    p.step(&[SeqId(1)], &[1], &mut out).unwrap();
+    assert_eq!(stores(&mut p).len(), 4, "the next growth's frontier passed them");
+    // Blocks truncated away before their KV was computed are never copied.
+    let b = prompt(2, 4);
+    p.add_sequence_tokens(SeqId(2), &b, None, &mut out).unwrap();
+    p.truncate(SeqId(2), 2 * BS + 1).unwrap();
+    p.mark_computed(&[SeqId(2)]).unwrap();
+    assert_eq!(stores(&mut p).len(), 2);
+    p.check_invariants().unwrap();
 }
 
 /// Prompt `p`'s token ids: `blocks` full blocks and one more token.
@@ -462,16 +565,16 @@ fn victims_of_the_host_tier_go_to_disk_and_come_back() {
 fn a_pool_without_caching_or_with_a_window_refuses_tiers() {
     let cfg = [TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
     let mut plain = BlockPool::new(8, BS).unwrap();
-    assert!(plain.set_tiers(&cfg, None).is_err());
+    assert!(plain.set_tiers(&cfg, TierRules::default()).is_err());
     let groups = vec![pykvpool::GroupSpec::Full, pykvpool::GroupSpec::sliding_window(8, 0).unwrap()];
     let mut windowed = BlockPool::with_options(16, BS, groups, Some(CacheConfig::default())).unwrap();
-    assert!(windowed.set_tiers(&cfg, None).is_err());
+    assert!(windowed.set_tiers(&cfg, TierRules::default()).is_err());
 }
 
 #[test]
 fn loads_only_what_is_faster_than_computing() {
     let cfg = [TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }, TierConfig { capacity_blocks: 4, policy: TierPolicy::Ranked(EvictionPolicy::Lru) }];
-    let mut t = Tiers::new(&cfg, None).unwrap();
+    let mut t = Tiers::new(&cfg, TierRules::default()).unwrap();
     assert_eq!(t.worth_loading(&[0, 1, 1], 2, 16), 3, "without costs, everything found");
     assert!(t.set_costs(&[10], 5).is_err(), "one cost per tier");
     // A block of 16 tokens computes in 80 ns; loading it takes 2 x 10 from the host, 2 x 50 from disk.

@@ -10,7 +10,7 @@ use crate::bindings::convert::{count_arg, int_scalar, int_vec, ints_as};
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::block_hash::{BlockHasher, BlockKey};
 use crate::prefix_cache::eviction::EvictionPolicy;
-use crate::prefix_cache::tiers::{GateConfig, TierChoices, TierConfig, TierPolicy, TierStats};
+use crate::prefix_cache::tiers::{GateConfig, TierChoices, TierConfig, TierPolicy, TierRules, TierStats};
 use crate::prefix_cache::{CacheConfig, CacheEvent, MAX_EVENTS_LIMIT};
 
 /// Keyword options of `BlockPool(...)` for the prefix cache; `None` = not given.
@@ -78,17 +78,18 @@ pub struct TierOptions<'a> {
     pub disk_blocks: Option<&'a Bound<'a, PyAny>>,
     pub tier_eviction: Option<&'a str>,
     pub reuse_gate: Option<&'a Bound<'a, PyAny>>,
+    pub write_through: Option<bool>,
 }
 
 impl TierOptions<'_> {
-    /// The tiers (host, then disk) and the gate; no tier when `host_blocks` is not given.
-    /// The gate's counts halve every `4 x` (the tiers' blocks) sightings.
-    pub fn configs(&self, py: Python<'_>, caching: bool) -> PyResult<(Vec<TierConfig>, Option<GateConfig>)> {
+    /// The tiers (host, then disk) and their rules; no tier when `host_blocks` is not
+    /// given. The gate's counts halve every `4 x` (the tiers' blocks) sightings.
+    pub fn configs(&self, py: Python<'_>, caching: bool) -> PyResult<(Vec<TierConfig>, TierRules)> {
         let Some(host) = self.host_blocks else {
-            if self.disk_blocks.is_some() || self.tier_eviction.is_some() || self.reuse_gate.is_some() {
-                return Err(invalid(py, "disk_blocks, tier_eviction and reuse_gate need host_blocks"));
+            if self.disk_blocks.is_some() || self.tier_eviction.is_some() || self.reuse_gate.is_some() || self.write_through.is_some() {
+                return Err(invalid(py, "disk_blocks, tier_eviction, reuse_gate and write_through need host_blocks"));
             }
-            return Ok((Vec::new(), None));
+            return Ok((Vec::new(), TierRules::default()));
         };
         if !caching {
             return Err(invalid(py, "host_blocks needs prefix_caching=True"));
@@ -108,7 +109,7 @@ impl TierOptions<'_> {
                 Some(GateConfig { min_seen, half_life: (total as u64).saturating_mul(4).max(1) })
             }
         };
-        Ok((tiers, gate))
+        Ok((tiers, TierRules { gate, write_through: self.write_through.unwrap_or(false) }))
     }
 }
 

@@ -28,7 +28,7 @@ impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, groups = None, *, prefix_caching = false, eviction = None,
         verify_tokens = None, cow_partial_hit = None, record_events = None, hash_bits = None, max_events = None,
-        host_blocks = None, disk_blocks = None, tier_eviction = None, reuse_gate = None))]
+        host_blocks = None, disk_blocks = None, tier_eviction = None, reuse_gate = None, write_through = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -46,6 +46,7 @@ impl PyBlockPool {
         disk_blocks: Option<&Bound<'_, PyAny>>,
         tier_eviction: Option<&str>,
         reuse_gate: Option<&Bound<'_, PyAny>>,
+        write_through: Option<bool>,
     ) -> PyResult<Self> {
         let (nb, bs) = (count_arg(num_blocks, "num_blocks")?, count_arg(block_size, "block_size")?);
         let opts =
@@ -56,15 +57,15 @@ impl PyBlockPool {
             None => vec![GroupSpec::Full],
         };
         let cfg = opts.config(py, prefix_caching)?;
-        let tier_opts = TierOptions { host_blocks, disk_blocks, tier_eviction, reuse_gate };
-        let (tiers, gate) = tier_opts.configs(py, prefix_caching)?;
+        let tier_opts = TierOptions { host_blocks, disk_blocks, tier_eviction, reuse_gate, write_through };
+        let (tiers, rules) = tier_opts.configs(py, prefix_caching)?;
         let tier_sizes = tiers.first().map(|h| (h.capacity_blocks, tiers.get(1).map(|d| d.capacity_blocks)));
         let g = specs.clone();
         let pool = py
             .detach(move || {
                 let mut pool = BlockPool::with_options(nb, bs, g, cfg)?;
                 if !tiers.is_empty() {
-                    pool.set_tiers(&tiers, gate)?;
+                    pool.set_tiers(&tiers, rules)?;
                     // Decisions only until storage is attached: nobody drains them.
                     pool.keep_tier_moves(false)?;
                 }
