@@ -44,6 +44,7 @@ mod lineage;
 mod meta;
 mod pinning;
 mod spill;
+pub mod tier_gate;
 pub mod tier_order;
 pub mod tiers;
 pub mod pins;
