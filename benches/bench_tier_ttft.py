@@ -8,11 +8,12 @@ f32. Three conversations take turns (turn 1 of each, then turn 2 of each, ...); 
 prompt is the conversation's history and a new 2,048-token user message; each turn
 generates one token (the TTFT). The pool (G1) holds one history of the last turn and a
 little more, so by a conversation's next turn its earlier turns were evicted by the
-others'. Three batchers in one process, each turn run by each in turn (so they share the
+others'. Four batchers in one process, each turn run by each in turn (so they share the
 machine's noise):
 
 - ``recompute``: G1 only (prefix caching on): an evicted history is computed again;
 - ``host``: G1 and a host tier G2 = 4 x G1;
+- ``through``: the same, with write-through (each block copied to G2 once computed);
 - ``disk``: G1, a host tier of 64 blocks and a disk tier G3 = 16 x G1 in a temporary
   folder (each block file fsynced, as by default).
 
@@ -23,7 +24,7 @@ Turn 1 has nothing to reload (the three do the same work: its ratio is the noise
 cost of storing evicted blocks); turn 2 finds most of a history still in G1.
 
 Run: ``python -m benches.bench_tier_ttft [--threads 2] [--turns 3] [--out F.json]`` (needs
-the ``hf`` extra; about ten minutes on 2 cores).
+the ``hf`` extra; about fifteen minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         configs = {
             "recompute": {},
             "host": {"host_blocks": 4 * g1},
+            "through": {"host_blocks": 4 * g1, "write_through": True},
             "disk": {"host_blocks": 64, "disk_dir": os.path.join(tmp, "kv"), "disk_blocks": 16 * g1},
         }
         with torch.inference_mode():
