@@ -15,6 +15,10 @@
 //! - `put fsync`: the same with `Durability::Fsync`: each put syncs its file and its
 //!   folder, so this row pays two device flushes per block where `raw write` pays one per
 //!   pass: the measured cost of per-block durability, largest for small blocks;
+//! - `put full nofsync` / `put full fsync`: a disk tier at steady state: the tier holds a
+//!   working set, and each block put first removes the oldest block (timed too), as a
+//!   full tier evicting does; the removed files are rewritten by the next puts (the
+//!   tier's spares) instead of new files being created;
 //! - `raw read`: the sequential file read back, one `read_exact` of S bytes per block into
 //!   a reused buffer: the baseline of `get`;
 //! - `get`: `DiskTier::get` of every block into a reused `Vec` (header checks and the
@@ -66,15 +70,18 @@ const CAPACITY: u64 = 1 << 40;
 enum Row {
     RawWrite { sync: bool },
     Put { fsync: bool },
+    PutFull { fsync: bool },
     RawRead { cold: bool },
     Get { cold: bool },
 }
 
-const ROWS: [Row; 8] = [
+const ROWS: [Row; 10] = [
     Row::RawWrite { sync: false },
     Row::RawWrite { sync: true },
     Row::Put { fsync: false },
     Row::Put { fsync: true },
+    Row::PutFull { fsync: false },
+    Row::PutFull { fsync: true },
     Row::RawRead { cold: false },
     Row::Get { cold: false },
     Row::RawRead { cold: true },
@@ -86,6 +93,7 @@ impl Row {
         match self {
             Self::RawWrite { sync } => ["raw write nosync", "raw write"][usize::from(sync)],
             Self::Put { fsync } => ["put nofsync", "put fsync"][usize::from(fsync)],
+            Self::PutFull { fsync } => ["put full nofsync", "put full fsync"][usize::from(fsync)],
             Self::RawRead { cold } => ["raw read", "raw read cold"][usize::from(cold)],
             Self::Get { cold } => ["get", "get cold"][usize::from(cold)],
         }
@@ -94,7 +102,7 @@ impl Row {
     /// The raw row this row is compared with.
     fn baseline(self) -> Option<Row> {
         match self {
-            Self::Put { fsync } => Some(Self::RawWrite { sync: fsync }),
+            Self::Put { fsync } | Self::PutFull { fsync } => Some(Self::RawWrite { sync: fsync }),
             Self::Get { cold } => Some(Self::RawRead { cold }),
             _ => None,
         }
@@ -111,6 +119,9 @@ struct Setup<'a> {
     read_file: PathBuf,
     /// The put rows' tiers (emptied after each pass), by `fsync`, and the get rows' tier.
     put: [DiskTier; 2],
+    /// The steady-state rows' tiers, by `fsync`, each full of one working set; the key
+    /// of its oldest block.
+    full: [(DiskTier, u128); 2],
     get: DiskTier,
     chunk: Vec<u8>,
     out: Vec<u8>,
@@ -122,6 +133,8 @@ impl<'a> Setup<'a> {
         fs::create_dir_all(&dir).expect("folder");
         let tier = |name: &str, d| DiskTier::open_with(dir.join(name), FINGERPRINT, CAPACITY, d).expect("tier");
         let put = [tier("put-nofsync", Durability::NoFsync), tier("put-fsync", Durability::Fsync)];
+        let mut full = [(tier("full-nofsync", Durability::NoFsync), 0), (tier("full-fsync", Durability::Fsync), 0)];
+        full.iter_mut().for_each(|(t, _)| put_all(t, data, block));
         let mut get = tier("get", Durability::NoFsync);
         let (write_file, read_file) = (dir.join("raw-write.bin"), dir.join("raw-read.bin"));
         // The read side, written once and synced so that its pages are clean (droppable).
@@ -131,7 +144,7 @@ impl<'a> Setup<'a> {
             File::open(get.block_path(0, key)).and_then(|f| f.sync_data()).expect("sync");
         }
         let (chunk, out) = (vec![0; block], Vec::with_capacity(block));
-        Self { data, block, dir, write_file, read_file, put, get, chunk, out }
+        Self { data, block, dir, write_file, read_file, put, full, get, chunk, out }
     }
 
     /// Run `row` once; seconds (of the row's I/O alone).
@@ -146,6 +159,7 @@ impl<'a> Setup<'a> {
         match row {
             Row::RawWrite { sync } => write_raw(&self.write_file, self.data, self.block, sync),
             Row::Put { fsync } => put_all(&mut self.put[usize::from(fsync)], self.data, self.block),
+            Row::PutFull { fsync } => put_evicting(&mut self.full[usize::from(fsync)], self.data, self.block),
             Row::RawRead { .. } => read_raw(&self.read_file, &mut self.chunk, blocks),
             Row::Get { .. } => get_all(&mut self.get, &mut self.out, blocks),
         }
@@ -185,6 +199,17 @@ fn read_raw(path: &Path, chunk: &mut [u8], blocks: usize) {
 fn put_all(tier: &mut DiskTier, data: &[u8], block: usize) {
     for (key, b) in data.chunks(block).enumerate() {
         tier.put(0, key as u128, 16, DType::BF16, b).expect("put");
+    }
+}
+
+/// Every block of `data` put into the full `tier`, each after removing the oldest block
+/// (`oldest`, advanced): the working set stays the same size.
+fn put_evicting((tier, oldest): &mut (DiskTier, u128), data: &[u8], block: usize) {
+    let n = (data.len() / block) as u128;
+    for b in data.chunks(block) {
+        assert!(tier.remove(0, *oldest).expect("remove"));
+        tier.put(0, *oldest + n, 16, DType::BF16, b).expect("put");
+        *oldest += 1;
     }
 }
 

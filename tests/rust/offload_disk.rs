@@ -4,8 +4,9 @@
 //! untouched, damaged files (a flipped byte, truncation, a garbage header, leftover
 //! temporary files) removed and never served, the byte budget, permissions, the mapping
 //! of I/O errors, and a crash test: a writer process killed with SIGKILL 100 times while
-//! it stores blocks, after which no block is ever served wrong and no committed block is
-//! lost.
+//! it stores blocks (and removes some, so that later puts rewrite their files), after
+//! which no block is ever served wrong and no committed block is lost. Removed block files
+//! kept as spares are rewritten by later puts, cut to length, and removed at the next open.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::env;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use pykvpool::error::StorageFault;
 use pykvpool::offload::disk::{
     dtype_code, dtype_from_code, storage_fault, BlockMeta, DiskTier, Durability, FORMAT_VERSION, HEADER_BYTES,
+    MAX_SPARES,
 };
 use pykvpool::{DType, KvError};
 use xxhash_rust::xxh3::xxh3_64;
@@ -306,6 +308,44 @@ fn misses_replacement_and_removal() {
     assert_eq!(tier.stats().misses, 3);
 }
 
+#[test]
+fn a_removed_block_file_is_rewritten_by_the_next_put() {
+    let dir = TempDir::new("spare");
+    let root = dir.tier();
+    let mut tier = DiskTier::open(&root, FP, BIG).unwrap();
+    put_seeded(&mut tier, 0, 1, 5000, DType::F16);
+    let a = tier.block_path(0, 1);
+    tier.remove(0, 1).unwrap();
+    assert!(!a.exists() && !tier.contains(0, 1));
+    assert_eq!(files_ending(&root, ".tmp").len(), 1, "kept as a spare under its temporary name");
+    // A shorter block rewrites it: the file is cut to the new block's length.
+    let b = put_seeded(&mut tier, 2, 7, 1000, DType::BF16);
+    assert!(files_ending(&root, ".tmp").is_empty());
+    assert_eq!(fs::metadata(tier.block_path(2, 7)).unwrap().len(), HEADER + 1000);
+    assert_eq!(get(&mut tier, 2, 7).map(|(_, out)| out), Some(b));
+    // A spare removed behind the tier's back: the put writes a new file.
+    put_seeded(&mut tier, 0, 3, 800, DType::F32);
+    tier.remove(0, 3).unwrap();
+    for f in files_ending(&root, ".tmp") {
+        fs::remove_file(root.join(f)).unwrap();
+    }
+    let c = put_seeded(&mut tier, 0, 4, 900, DType::F32);
+    assert_eq!(get(&mut tier, 0, 4).map(|(_, out)| out), Some(c));
+    // At most MAX_SPARES wait; the next open removes them as leftovers.
+    for k in 100..100 + MAX_SPARES as u128 + 8 {
+        put_seeded(&mut tier, 1, k, 600, DType::F16);
+    }
+    for k in 100..100 + MAX_SPARES as u128 + 8 {
+        tier.remove(1, k).unwrap();
+    }
+    assert_eq!(files_ending(&root, ".tmp").len(), MAX_SPARES);
+    drop(tier);
+    let mut tier = DiskTier::open(&root, FP, BIG).unwrap();
+    assert_eq!((tier.stats().temp_removed_at_open, tier.len()), (MAX_SPARES as u64, 2));
+    assert!(files_ending(&root, ".tmp").is_empty());
+    assert!(get(&mut tier, 2, 7).is_some() && get(&mut tier, 0, 4).is_some());
+}
+
 // ---------------------------------------------------------------------------------------
 // Restarts and foreign folders
 
@@ -587,7 +627,14 @@ fn crash_child_writer() {
         let (meta, payload) = crash_payload(group, key);
         tier.put(group, key, meta.fill, meta.dtype, &payload).unwrap();
         // One write per line: a kill leaves whole lines.
-        log.write_all(format!("{group} {key}\n").as_bytes()).unwrap();
+        log.write_all(format!("+ {group} {key}\n").as_bytes()).unwrap();
+        if i % 3 == 2 {
+            // Every third put removes the block before it (logged first): the next puts
+            // rewrite its file, and a kill may land in that rewrite.
+            let (group, key) = crash_block(round, i - 1);
+            log.write_all(format!("- {group} {key}\n").as_bytes()).unwrap();
+            tier.remove(group, key).unwrap();
+        }
     }
 }
 
@@ -673,10 +720,14 @@ fn verify_after_crash(root: &Path, log: &Path, round: u64, tally: &mut Tally) {
     tally.temps += s.temp_removed_at_open;
     tally.invalid += s.invalid_removed_at_open;
     let text = fs::read_to_string(log).unwrap_or_default();
-    let logged: BTreeSet<(u32, u128)> = text
-        .split_terminator('\n')
-        .map(|l| l.split_once(' ').map(|(g, k)| (g.parse().unwrap(), k.parse().unwrap())).unwrap())
-        .collect();
+    let line = |l: &str| -> (bool, (u32, u128)) {
+        let mut w = l.split(' ');
+        let (op, g, k) = (w.next().unwrap(), w.next().unwrap(), w.next().unwrap());
+        (op == "+", (g.parse().unwrap(), k.parse().unwrap()))
+    };
+    let (put, removed): (Vec<_>, Vec<_>) = text.split_terminator('\n').map(line).partition(|&(p, _)| p);
+    let removed: BTreeSet<(u32, u128)> = removed.into_iter().map(|(_, b)| b).collect();
+    let logged: BTreeSet<(u32, u128)> = put.into_iter().map(|(_, b)| b).filter(|b| !removed.contains(b)).collect();
     tally.committed += logged.len() as u64;
     tally.lost += logged.iter().filter(|&&(g, k)| !tier.contains(g, k)).count() as u64;
     let mut keys: Vec<(u32, u128)> = tier.keys().collect();

@@ -113,10 +113,31 @@ pub(super) fn write_atomic(tmp: &Path, path: &Path, parts: [&[u8]; 2], sync: boo
 
 /// Creates (or truncates) `path`, writes `parts` and syncs its data when `sync`.
 fn write_file(path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+    let file = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+    write_parts(file, parts, sync)
+}
+
+/// Writes `parts` over the existing file `spare` from its start (no new file: the file
+/// system reuses its blocks), cuts it to their length, syncs its data when `sync` and
+/// renames it to `path`. On an error `spare` is removed (as far as it can be) and `path`
+/// is untouched; `NotFound` when `spare` is gone (nothing else changed).
+pub(super) fn rewrite_atomic(spare: &Path, path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
+    let file = OpenOptions::new().write(true).open(spare)?;
+    let written = write_parts(file, parts, sync).and_then(|()| fs::rename(spare, path));
+    if written.is_err() {
+        // Best effort, as in `write_atomic`.
+        let _ = fs::remove_file(spare);
+    }
+    written
+}
+
+fn write_parts(mut file: File, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
+    let mut len = 0u64;
     for part in parts {
         file.write_all(part)?;
+        len += part.len() as u64;
     }
+    file.set_len(len)?;
     if sync {
         file.sync_data()?;
     }

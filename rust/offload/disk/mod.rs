@@ -12,7 +12,7 @@
 //! ```text
 //! <dir>/pykvpool-disk.manifest                    format version and fingerprint
 //! <dir>/<fan>/<group>-<key>.blk                   one block
-//! <dir>/<fan>/<group>-<key>.blk.tmp               a block being written (removed at open)
+//! <dir>/<fan>/<group>-<key>.blk.tmp               a block being written, or a spare (removed at open)
 //! ```
 //!
 //! `<group>` is 8 and `<key>` 32 lowercase hex digits; `<fan>` is two, the low byte of
@@ -65,6 +65,13 @@
 //! a folder becomes a tier, is synced whatever the durability. A fan-out folder, once
 //! created, stays (also when the `put` that created it failed).
 //!
+//! Creating a file costs the file system far more than rewriting one (on ext4 here,
+//! about 280 us against 42 us for 256 KiB), so `remove` keeps up to [`MAX_SPARES`]
+//! removed block files as *spares*, renamed to their `.tmp` name, and a `put` writes
+//! into a spare when there is one (over its old bytes, cut to the new length) before the
+//! same rename commits it. A spare is a temporary file like any other: never read, and
+//! removed by the next `open`. Spares are not counted in `capacity_bytes`.
+//!
 //! One tier per folder: `open` takes an exclusive lock on the manifest (released when
 //! the tier is dropped or its process dies); a second `open` waits up to half a second
 //! (a process starting another program holds a copy of the lock until its `exec`) and
@@ -87,6 +94,9 @@ use open::{file_bytes, Index};
 use crate::error::{Result, StorageFault};
 use crate::kv::DType;
 use crate::prefix_cache::block_hash::BlockKey;
+
+/// Most removed block files a tier keeps to rewrite (see the module doc).
+pub const MAX_SPARES: usize = 32;
 
 /// Whether a `put` syncs to the device before it returns (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,6 +147,8 @@ pub struct DiskTier {
     bytes_used: u64,
     /// Which fan-out folders exist.
     subdirs: [bool; 256],
+    /// Removed block files kept (under their `.tmp` names) for the next puts to rewrite.
+    spares: Vec<PathBuf>,
     stats: DiskStats,
     /// The locked manifest: the folder is this tier's while it is open.
     _lock: File,
@@ -176,7 +188,7 @@ impl DiskTier {
             ..DiskStats::default()
         };
         let (index, bytes_used, subdirs) = (scan.index, scan.bytes, scan.subdirs);
-        Ok(DiskTier { root, fingerprint, capacity_bytes, durability, index, bytes_used, subdirs, stats, _lock: lock })
+        Ok(DiskTier { root, fingerprint, capacity_bytes, durability, index, bytes_used, subdirs, spares: Vec::new(), stats, _lock: lock })
     }
 
     /// Stores `payload` (bytes; empty allowed) as block (`group`, `key`) with its `fill`
@@ -266,9 +278,26 @@ impl DiskTier {
             return Ok(false);
         }
         let path = self.block_path(group, key);
-        files::remove_if_present(&path).map_err(|e| io_error("remove", &path, e))?;
+        self.retire(&path).map_err(|e| io_error("remove", &path, e))?;
         self.forget(group, key);
         Ok(true)
+    }
+
+    /// Takes block file `path` away: kept as a spare while there are fewer than
+    /// [`MAX_SPARES`] (and none of its name), else deleted. A file already gone is fine.
+    fn retire(&mut self, path: &Path) -> std::io::Result<()> {
+        let spare = files::tmp_path(path);
+        if self.spares.len() >= MAX_SPARES || self.spares.contains(&spare) {
+            return files::remove_if_present(path).map(|_| ());
+        }
+        match fs::rename(path, &spare) {
+            Ok(()) => {
+                self.spares.push(spare);
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether the tier stores block (`group`, `key`) (its payload is checked by `get`).
@@ -366,7 +395,17 @@ impl DiskTier {
     /// only the folder sync fails, the file is removed and the key forgotten.
     fn commit(&mut self, path: &Path, (group, key): (u32, BlockKey), parts: [&[u8]; 2]) -> Result<()> {
         let sync = self.durable();
-        files::write_atomic(&files::tmp_path(path), path, parts, sync).map_err(|e| io_error("write", path, e))?;
+        // A spare if there is one (one that vanished is skipped), else a new file.
+        let gone = |w: &std::io::Result<()>| matches!(w, Err(e) if e.kind() == ErrorKind::NotFound);
+        let mut written: std::io::Result<()> = Err(ErrorKind::NotFound.into());
+        while gone(&written) {
+            let Some(spare) = self.spares.pop() else { break };
+            written = files::rewrite_atomic(&spare, path, parts, sync);
+        }
+        if gone(&written) {
+            written = files::write_atomic(&files::tmp_path(path), path, parts, sync);
+        }
+        written.map_err(|e| io_error("write", path, e))?;
         let Some(dir) = path.parent().filter(|_| sync) else { return Ok(()) };
         files::sync_dir(dir).map_err(|e| {
             // Best effort: the sync's error is the one reported.
