@@ -37,6 +37,7 @@ mod check;
 mod exports;
 pub mod group_table;
 pub mod prefix;
+mod rewind;
 pub mod seq_map;
 pub mod sizes;
 pub mod spec;

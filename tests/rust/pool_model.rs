@@ -1,6 +1,6 @@
 //! Model-based property test of [`BlockPool`] without prefix caching (with it:
 //! `prefix_model`): random programs (add, step with random counts, step_decode, fork,
-//! truncate, free, mark_computed; failing operations included) over random lists of one to
+//! truncate, rewind, free, mark_computed; failing operations included) over random lists of one to
 //! four layer groups (full, sliding windows with and without sinks, chunked; block sizes
 //! 1..8), or a pool built without groups, checked after every operation against a model
 //! written from the layer-group contract.
@@ -87,6 +87,7 @@ enum Gen {
     Decode(Vec<Pick>),
     Fork(Pick, Pick),
     Truncate(Pick, usize),
+    Rewind(Pick, usize),
     Free(Pick),
     Mark(Vec<Pick>),
 }
@@ -98,6 +99,8 @@ enum Op {
     Decode(Vec<u64>),
     Fork(u64, u64),
     Truncate(u64, usize),
+    /// Back by this many tokens (past the length: refused).
+    Rewind(u64, usize),
     Free(u64),
     Mark(Vec<u64>),
 }
@@ -117,28 +120,47 @@ fn gen_op() -> impl Strategy<Value = Gen> {
         6 => proptest::collection::vec(live.clone(), 0..6).prop_map(Gen::Decode),
         2 => (live.clone(), fresh).prop_map(|(p, c)| Gen::Fork(p, c)),
         2 => (live.clone(), prop_oneof![4 => 0..=6usize, 1 => 0..=40usize]).prop_map(|(p, n)| Gen::Truncate(p, n)),
+        2 => (live.clone(), prop_oneof![3 => 0..=12usize, 1 => 0..=60usize]).prop_map(|(p, n)| Gen::Rewind(p, n)),
         1 => live.clone().prop_map(Gen::Free),
         2 => proptest::collection::vec(live, 0..4).prop_map(Gen::Mark),
     ]
 }
 
 /// A rollback past released KV: mark a sequence computed (the window rule releases), roll
-/// it back, grow it (into a hole, where the rollback left one) and roll it back again.
+/// it back, grow it (into a hole, where the rollback left one), roll it back again and
+/// rewind it.
 /// Random programs reach this order only rarely.
 fn gen_rollback() -> impl Strategy<Value = Vec<Gen>> {
-    (pick(8, 1), 0..=8usize, 1..=4usize, 1..=4usize).prop_map(|(p, back, grow, again)| {
+    (pick(8, 1), 0..=8usize, 1..=4usize, 1..=4usize, 0..=6usize).prop_map(|(p, back, grow, again, rewind)| {
         vec![
             Gen::Mark(vec![p]),
             Gen::Truncate(p, back),
             Gen::Step(vec![(p, grow)], false),
             Gen::Truncate(p, again),
+            // Into a block taken at a hole, which holds nothing before the growth: fresh.
+            Gen::Rewind(p, rewind),
         ]
     })
 }
 
-/// A program: single operations, now and then a rollback sequence.
+/// A rewind past released KV: grow a sequence well past its window, rewind it into the
+/// released part, grow it again and rewind again.
+fn gen_rewind() -> impl Strategy<Value = Vec<Gen>> {
+    (pick(8, 1), 8..=40usize, 0..=40usize, 1..=6usize, 0..=12usize).prop_map(|(p, grow, back, again, last)| {
+        vec![
+            Gen::Step(vec![(p, grow)], false),
+            Gen::Mark(vec![p]),
+            Gen::Rewind(p, back),
+            Gen::Step(vec![(p, again)], false),
+            Gen::Rewind(p, last),
+        ]
+    })
+}
+
+/// A program: single operations, now and then a rollback or rewind sequence.
 fn gen_program() -> impl Strategy<Value = Vec<Gen>> {
-    proptest::collection::vec(prop_oneof![9 => gen_op().prop_map(|g| vec![g]), 1 => gen_rollback()], 1..50)
+    let one = gen_op().prop_map(|g| vec![g]);
+    proptest::collection::vec(prop_oneof![9 => one, 1 => gen_rollback(), 1 => gen_rewind()], 1..50)
         .prop_map(|v| v.into_iter().flatten().collect())
 }
 
@@ -160,6 +182,7 @@ fn resolve(g: &Gen, live: &[u64]) -> Op {
         Gen::Decode(v) => Op::Decode(v.iter().map(id).collect()),
         Gen::Fork(p, c) => Op::Fork(id(p), id(c)),
         Gen::Truncate(p, n) => Op::Truncate(id(p), *n),
+        Gen::Rewind(p, n) => Op::Rewind(id(p), *n),
         Gen::Free(p) => Op::Free(id(p)),
         Gen::Mark(v) => Op::Mark(v.iter().map(id).collect()),
     }
@@ -422,6 +445,71 @@ impl Model {
         }
     }
 
+    /// A rewind of `id` by `n` tokens to `l2`: refused past the length; else every group
+    /// keeps the entries the release rule keeps for a growth from `l2` that hold K/V from
+    /// their start, and needs a fresh block for each other such entry, counting as free
+    /// the blocks the rewind drops that nothing else holds.
+    fn predict_rewind(&self, id: u64, n: usize) -> Option<Want> {
+        let Some(s) = self.seqs.get(&id) else { return Some(Want::Unknown(id)) };
+        let Some(l2) = s.len.checked_sub(n) else { return Some(Want::Invalid("num_tokens")) };
+        let rc = self.rc();
+        let (mut need, mut gained) = (0, 0);
+        for (g, spec) in self.specs.iter().enumerate() {
+            let kept = |i: usize| self.rewind_keeps(spec, s, g, i, l2);
+            need += (0..l2.div_ceil(self.bs)).filter(|&i| !released(spec, self.bs, i, l2) && !kept(i)).count();
+            gained += (0..s.tables[g].len()).filter(|&i| !kept(i) && s.tables[g][i].is_some_and(|b| rc[&b] == 1)).count();
+        }
+        (need > self.free() + gained).then(|| Want::Exhausted(need, self.free() + gained))
+    }
+
+    /// Whether a rewind of `s` to `l2` keeps entry `i` of group `g`.
+    fn rewind_keeps(&self, spec: &GroupSpec, s: &MSeq, g: usize, i: usize, l2: usize) -> bool {
+        i < l2.div_ceil(self.bs) && !released(spec, self.bs, i, l2) && s.tables[g][i].is_some() && s.from[g][i] == 0
+    }
+
+    /// Apply a rewind of `id` by `n` tokens: the fresh blocks are learned from the pool's
+    /// tables, and must be exactly the entries `fresh` (the call's result) lists.
+    fn apply_rewind(&mut self, id: u64, n: usize, pool: &BlockPool, fresh: &[Vec<usize>]) -> Result<(), TestCaseError> {
+        let s = self.seqs[&id].clone();
+        let l2 = s.len - n;
+        let nb = l2.div_ceil(self.bs);
+        let mut rc = self.rc();
+        for (g, spec) in self.specs.iter().enumerate() {
+            for (i, b) in s.tables[g].iter().enumerate() {
+                if let (Some(b), false) = (b, self.rewind_keeps(spec, &s, g, i, l2)) {
+                    let c = rc.get_mut(b).unwrap();
+                    *c -= 1;
+                    if *c == 0 {
+                        rc.remove(b);
+                    }
+                }
+            }
+        }
+        let mut tables = Vec::new();
+        for (g, spec) in self.specs.iter().enumerate() {
+            let got: Entries = pool.table(SeqId(id), g).unwrap().entries().collect();
+            prop_assert_eq!(got.len(), nb);
+            let mut t = Entries::new();
+            let mut new = Vec::new();
+            for i in 0..nb {
+                t.push(if released(spec, self.bs, i, l2) {
+                    None
+                } else if self.rewind_keeps(spec, &s, g, i, l2) {
+                    s.tables[g][i]
+                } else {
+                    new.push(i);
+                    Some(Self::take(&mut rc, got[i])?)
+                });
+            }
+            prop_assert_eq!(&got, &t, "group {} after the rewind", g);
+            prop_assert_eq!(&fresh[g], &new, "group {}'s fresh blocks", g);
+            tables.push(t);
+        }
+        let from = vec![vec![0; nb]; self.specs.len()];
+        self.seqs.insert(id, MSeq { len: l2, frontier: l2, tables, from });
+        Ok(())
+    }
+
     /// Blocks growing `s` by `n` tokens would allocate, every group, before releases: new
     /// blocks, and a partly filled last entry's copy (shared) or fill (a hole).
     fn needed(&self, s: &MSeq, n: usize) -> usize {
@@ -584,6 +672,7 @@ fn compare(model: &Model, pool: &BlockPool) -> Result<(), TestCaseError> {
 
 /// Run `op` on both; true when it failed (as predicted).
 fn run_op(model: &mut Model, pool: &mut BlockPool, op: &Op, out: &mut StepOutput) -> Result<bool, TestCaseError> {
+    let mut fresh = Vec::new();
     let (want, got) = match op {
         Op::Add(id, len) => (model.predict_add(*id, *len), pool.add_sequence(SeqId(*id), *len, out)),
         Op::Step(ids, counts) => {
@@ -605,6 +694,10 @@ fn run_op(model: &mut Model, pool: &mut BlockPool, op: &Op, out: &mut StepOutput
             (want, pool.fork(SeqId(*p), SeqId(*c)))
         }
         Op::Truncate(id, n) => (model.predict_truncate(*id, *n), pool.truncate(SeqId(*id), *n)),
+        Op::Rewind(id, n) => {
+            let to = model.seqs.get(id).map_or(0, |s| s.len.checked_sub(*n).unwrap_or(s.len + 1));
+            (model.predict_rewind(*id, *n), pool.rewind(SeqId(*id), to).map(|f| fresh = f))
+        }
         Op::Free(id) => ((!model.seqs.contains_key(id)).then_some(Want::Unknown(*id)), pool.free(SeqId(*id))),
         Op::Mark(v) => {
             let want = v.iter().find(|i| !model.seqs.contains_key(i)).map(|&i| Want::Unknown(i));
@@ -628,6 +721,7 @@ fn run_op(model: &mut Model, pool: &mut BlockPool, op: &Op, out: &mut StepOutput
                 model.apply_truncate(*id, *n);
                 Ok(())
             }
+            Op::Rewind(id, n) => model.apply_rewind(*id, *n, pool, &fresh),
             Op::Free(id) => {
                 model.seqs.remove(id);
                 Ok(())
