@@ -486,6 +486,33 @@ class BlockPool:
                 query at the new length would see a position a windowed group does not
                 hold (nothing is dropped).
         """
+    def rewind(self, seq_id: int, num_tokens: int) -> _I64Array | list[_I64Array]:
+        """Roll ``seq_id`` back to ``num_tokens`` tokens (at most its length), also past
+        what its windowed groups still hold, which :meth:`truncate` refuses: every group
+        keeps the blocks it holds that a query at the new length needs, allocates fresh
+        blocks (never cached) where such a block was released (or holds no K/V from its
+        start: taken at a hole), and frees the rest. The frontier becomes the new length.
+        The fresh blocks' K/V is the caller's to write (a copy it kept, or computed again)
+        before anything attends to them; their ids are in :meth:`block_table` at the
+        returned logical indices. A video stream going back to an earlier frame is the
+        use (:meth:`pykvpool.video.VideoCache.rewind`).
+
+        Args:
+            seq_id: a live sequence.
+            num_tokens: the sequence's length after the rewind, in tokens, at most its
+                length.
+
+        Returns:
+            The logical blocks (indices into the block table) allocated afresh, int64,
+            ascending: one array for a pool built without ``groups``, else a list of one
+            array per group.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            InvalidArgumentError: ``num_tokens`` is negative or exceeds the length.
+            PoolExhaustedError: too few free blocks, counting those the rewind frees
+                (nothing changed).
+        """
     def free(self, seq_id: int) -> None:
         """Remove ``seq_id``; each of its blocks loses a reference and is freed at zero (with
         prefix caching, a cached block stays cached, idle, until an allocation evicts it).

@@ -116,6 +116,8 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("fork", "parent", lambda w, x: w.pool.fork(x, 9), INT_BAD + REQUIRED + NEG),
     ("fork", "child", lambda w, x: w.pool.fork(1, x), INT_BAD + REQUIRED + NEG),
     ("truncate", "num_tokens", lambda w, x: w.pool.truncate(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
+    ("rewind", "seq_id", lambda w, x: w.pool.rewind(x, 1), INT_BAD + REQUIRED + NEG),
+    ("rewind", "num_tokens", lambda w, x: w.pool.rewind(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
     ("free", "seq_id", lambda w, x: w.pool.free(x), INT_BAD + REQUIRED + NEG),
     ("free_batch", "seq_ids", lambda w, x: w.pool.free_batch(x), ARRAY_BAD + [[-1], None]),
     ("blocks_needed", "num_tokens", lambda w, x: w.pool.blocks_needed(1, x), INT_BAD + REQUIRED + NEG + [2**62]),
@@ -175,6 +177,7 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
     ("BlockPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
     # Past the window: group 1 released logical block 1, which a query at 20 - 15 = 5 sees.
     ("BlockPool.truncate", "num_tokens", lambda w, x: w.hpool.truncate(3, x), [15, 19]),
+    ("BlockPool.rewind", "num_tokens", lambda w, x: w.hpool.rewind(1, x), INT_BAD + REQUIRED + NEG + [6, 2**62]),
     ("BlockPool.free", "seq_id", lambda w, x: w.hpool.free(x), INT_BAD + REQUIRED + NEG),
     ("BlockPool.free_batch", "seq_ids", lambda w, x: w.hpool.free_batch(x), ARRAY_BAD + [[-1], [1, 1], None]),
     ("BlockPool.mark_computed", "seq_ids", lambda w, x: w.hpool.mark_computed(x), ARRAY_BAD + [[-1], None]),
