@@ -1691,6 +1691,41 @@ class KvCache:
             InvalidArgumentError: a block id outside ``0..num_blocks``, a bad shape or ragged
                 rows; nothing is copied.
         """
+    def export_blocks(self, blocks: _IntArrayLike) -> npt.NDArray[np.uint8]:
+        """Copy whole blocks out of the cache, as bytes: per block, every layer's K and V
+        codes as the cache stores them (and int8's per-token scales), the byte order the
+        tiers below a pool store (:meth:`BlockPool.attach_tier_storage`). A block's bytes
+        go back with :meth:`import_blocks`, into any block of this cache or of a cache of
+        the same shape and dtype (fp8: with the same :meth:`set_fp8_scales`, which belong
+        to no block).
+
+        Args:
+            blocks: block ids, each in ``0..num_blocks`` (a 1-D int array or list).
+
+        Returns:
+            uint8 ``[len(blocks), block_bytes]``, a new array; ``block_bytes`` is
+            ``num_layers x block_size x`` :meth:`bytes_per_token`.
+
+        Raises:
+            InvalidArgumentError: naming ``blocks``: a block id out of range, a bad array.
+            TypeError: ``blocks`` not an int array or sequence.
+        """
+    def import_blocks(self, blocks: _IntArrayLike, data: npt.NDArray[np.uint8]) -> None:
+        """Write whole blocks from bytes :meth:`export_blocks` made: row ``i`` of ``data``
+        becomes block ``blocks[i]`` (every layer, K and V, int8 scales). Codes a write
+        never makes (an fp8 NaN, int8's -128) are then checked for by the kernels.
+
+        Args:
+            blocks: block ids, each in ``0..num_blocks``; a block listed twice takes its
+                last row.
+            data: uint8 ``[len(blocks), block_bytes]``, C-contiguous (read in place; copied
+                first when it is a view of a :class:`KvCache`).
+
+        Raises:
+            InvalidArgumentError: naming the argument: a block id out of range, ``data`` of
+                another shape or not C-contiguous. Nothing is written on error.
+            TypeError: ``data`` not a uint8 numpy array, ``blocks`` not ints.
+        """
 
 @final
 class KernelTuning:

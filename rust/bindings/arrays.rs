@@ -210,6 +210,47 @@ fn extent<T: Element>(arr: &Bound<'_, PyArrayDyn<T>>) -> Range<usize> {
     data.wrapping_add_signed(lo)..data.wrapping_add_signed(hi)
 }
 
+/// The rows of a C-contiguous uint8 `[rows, cols]` array argument, as one slice in row
+/// order: read in place, or copied first when it shares memory with a `KvCache` (a byte
+/// view of a cache, written under that cache's lock by the call reading it).
+/// `TypeError` for anything but a uint8 numpy array; `InvalidArgumentError` naming `name`
+/// for another shape or a layout that is not C-contiguous.
+pub fn byte_rows<'py>(obj: &Bound<'py, PyAny>, name: &str, rows: usize, cols: usize) -> PyResult<ByteRows<'py>> {
+    let py = obj.py();
+    let arr = obj.cast::<PyArrayDyn<u8>>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!("{name} must be a uint8 numpy array, got {}", obj.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())))
+    })?;
+    if arr.shape() != [rows, cols] {
+        return Err(invalid(py, format!("{name} must have shape [{rows}, {cols}], got {:?}", arr.shape())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid(py, format!("{name} must be C-contiguous")));
+    }
+    let ro = arr.try_readonly().map_err(|e| invalid(py, format!("{name}: {e}")))?;
+    if overlaps_a_cache(&extent(arr)) {
+        let copy = ro.as_slice().map_err(|e| invalid(py, format!("{name}: {e}")))?.to_vec();
+        return Ok(ByteRows::Copied(copy));
+    }
+    Ok(ByteRows::Borrowed(ro))
+}
+
+/// [`byte_rows`]' result.
+pub enum ByteRows<'py> {
+    Borrowed(PyReadonlyArrayDyn<'py, u8>),
+    Copied(Vec<u8>),
+}
+
+impl ByteRows<'_> {
+    /// The bytes, row after row.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            // A C-contiguous array (checked by `byte_rows`) is one slice.
+            Self::Borrowed(a) => a.as_slice().unwrap_or(&[]),
+            Self::Copied(v) => v,
+        }
+    }
+}
+
 fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
 }

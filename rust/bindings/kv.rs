@@ -3,14 +3,16 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{f32_input, int_input, int_matrix, register_storage, release_storage};
+use super::arrays::{byte_rows, f32_input, int_input, int_matrix, register_storage, release_storage};
 use super::convert::{arg, count_arg};
 use super::errors::{invalid, IntoPyResult};
 use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
-use crate::offload::transfer::Handle;
+use crate::error::vec_for;
+use crate::offload::transfer::{pack, slot_bytes_for, unpack, Handle};
 
 /// Transfers a pool's tier storage runs on a cache's storage: every access to the cache
 /// takes its lock and then waits for them, and a transfer is submitted only under the
@@ -109,6 +111,19 @@ impl PyKvCache {
         let g = self.inner.write().unwrap_or_else(|p| p.into_inner());
         self.fence.wait();
         g
+    }
+}
+
+impl PyKvCache {
+    /// `blocks` as block ids, each in `0..num_blocks` (`InvalidArgumentError` naming
+    /// `blocks` otherwise, before anything is read or written).
+    fn block_ids(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+        let ids = int_input(blocks, "blocks")?;
+        let n = self.shape.num_blocks;
+        ids.values()
+            .iter()
+            .map(|&b| usize::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| invalid(py, format!("blocks: block {b} is outside 0..{n}"))))
+            .collect()
     }
 }
 
@@ -447,6 +462,62 @@ impl PyKvCache {
         }
         let dtype = DType::parse(dtype).py_err(py)?;
         Ok(crate::kv::quant::bytes_per_token(hk, d, dtype).unwrap_or(usize::MAX))
+    }
+
+    /// Copy whole blocks out of the cache, as bytes: per block, every layer's K and V
+    /// codes as the cache stores them (and int8's per-token scales), the byte order the
+    /// tiers below a pool store (:meth:`BlockPool.attach_tier_storage`). A block's bytes
+    /// go back with :meth:`import_blocks`, into any block of this cache or of a cache of
+    /// the same shape and dtype (fp8: with the same :meth:`set_fp8_scales`, which belong
+    /// to no block).
+    ///
+    /// Args:
+    ///     blocks: block ids, each in ``0..num_blocks`` (a 1-D int array or list).
+    ///
+    /// Returns:
+    ///     uint8 ``[len(blocks), block_bytes]``, a new array; ``block_bytes`` is
+    ///     ``num_layers x block_size x`` :meth:`bytes_per_token`.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: naming ``blocks``: a block id out of range, a bad array.
+    ///     TypeError: ``blocks`` not an int array or sequence.
+    fn export_blocks<'py>(&self, py: Python<'py>, blocks: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let ids = self.block_ids(py, blocks)?;
+        let row = slot_bytes_for(&self.read());
+        let mut out = vec_for::<u8>(ids.len().saturating_mul(row), "blocks").py_err(py)?;
+        out.resize(ids.len() * row, 0);
+        py.detach(|| {
+            let c = self.read();
+            ids.iter().zip(out.chunks_exact_mut(row.max(1))).try_for_each(|(&b, o)| pack(&c, b, o))
+        })
+        .py_err(py)?;
+        Ok(PyArray1::from_vec(py, out).reshape([ids.len(), row])?.into_any())
+    }
+
+    /// Write whole blocks from bytes :meth:`export_blocks` made: row ``i`` of ``data``
+    /// becomes block ``blocks[i]`` (every layer, K and V, int8 scales). Codes a write
+    /// never makes (an fp8 NaN, int8's -128) are then checked for by the kernels.
+    ///
+    /// Args:
+    ///     blocks: block ids, each in ``0..num_blocks``; a block listed twice takes its
+    ///         last row.
+    ///     data: uint8 ``[len(blocks), block_bytes]``, C-contiguous (read in place; copied
+    ///         first when it is a view of a :class:`KvCache`).
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: naming the argument: a block id out of range, ``data`` of
+    ///         another shape or not C-contiguous. Nothing is written on error.
+    ///     TypeError: ``data`` not a uint8 numpy array, ``blocks`` not ints.
+    fn import_blocks(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.block_ids(py, blocks)?;
+        let row = slot_bytes_for(&self.read());
+        let rows = byte_rows(data, "data", ids.len(), row)?;
+        let bytes = rows.bytes();
+        py.detach(|| {
+            let mut c = self.write_lock();
+            ids.iter().zip(bytes.chunks_exact(row.max(1))).try_for_each(|(&b, d)| unpack(d, &mut c, b))
+        })
+        .py_err(py)
     }
 
     /// Copy whole blocks ``src -> dst`` for every ``(src, dst)`` row of ``pairs``, in every

@@ -78,6 +78,43 @@ def test_write_rounds_to_nearest_even() -> None:
         np.testing.assert_array_equal(c16.value(0).reshape(64, 1, 16), x.astype(np.float16))
 
 
+@pytest.mark.parametrize("dtype", kv.KV_DTYPES)
+def test_exported_blocks_come_back_bit_identical_into_other_blocks(dtype: str) -> None:
+    rng = np.random.default_rng(3)
+    c = kv.KvCache(2, 6, 4, 2, 8, dtype)
+    for layer in range(2):
+        x = rng.standard_normal((8, 2, 8)).astype(np.float32)
+        c.write(layer, x, -x, np.arange(8, 16))  # blocks 2 and 3
+    data = c.export_blocks([2, 3])
+    row = 2 * 4 * kv.KvCache.bytes_per_token(2, 8, dtype)
+    assert data.shape == (2, row) and data.dtype == np.uint8
+    other = kv.KvCache(2, 6, 4, 2, 8, dtype)
+    if dtype.startswith("fp8"):  # fp8 scales belong to no block: the same ones
+        for layer in range(2):
+            other.set_fp8_scales(layer, c.key_scales(layer).copy(), c.value_scales(layer).copy())
+    other.import_blocks([5, 0], data)
+    for layer in range(2):
+        k, v = c.dequantized(layer)
+        k2, v2 = other.dequantized(layer)
+        np.testing.assert_array_equal(k2[[5, 0]], k[[2, 3]])
+        np.testing.assert_array_equal(v2[[5, 0]], v[[2, 3]])
+    np.testing.assert_array_equal(other.export_blocks([5, 0]), data)
+    assert c.export_blocks([]).shape == (0, row)
+
+
+def test_import_blocks_reads_a_view_of_the_cache_itself_safely() -> None:
+    c = kv.KvCache(1, 4, 2, 1, 4)
+    x = np.arange(8, dtype=np.float32).reshape(2, 1, 4)
+    c.write(0, x, x + 1, [0, 1])  # block 0
+    keys = c.key(0).reshape(-1).view(np.uint8)  # the cache's own bytes
+    row = c.export_blocks([0]).shape[1]
+    c.import_blocks([1], c.export_blocks([0]))
+    np.testing.assert_array_equal(c.key(0)[1], c.key(0)[0])
+    # A row that aliases the cache is copied before the cache is written.
+    c.import_blocks([2], keys[:row].reshape(1, row))
+    assert c.export_blocks([2]).shape == (1, row)
+
+
 def test_copy_blocks_copies_every_layer() -> None:
     c = kv.KvCache(2, 4, 2, 1, 4)
     x = np.arange(8, dtype=np.float32).reshape(2, 1, 4)

@@ -71,6 +71,16 @@ def state(w: World) -> tuple[Any, ...]:
 
 Call = Callable[[World, Any], Any]
 
+
+def block_rows(w: World, kind: str) -> np.ndarray:
+    """Bytes for ``import_blocks`` of ``w.cache``: one right row (``"ok"``: the call fails
+    on its other argument), or rows for two blocks wrong in one way."""
+    row = w.cache.export_blocks([0]).shape[1]
+    arrays = {"ok": np.zeros((1, row), np.uint8), "short": np.zeros((2, row - 1), np.uint8),
+              "long": np.zeros((3, row), np.uint8), "strided": np.zeros((2, 2 * row), np.uint8)[:, ::2],
+              "flat": np.zeros(2 * row, np.uint8)}
+    return arrays[kind]
+
 # Wrong for every int argument; None too where the argument is required.
 NOT_INT: list[Any] = [True, np.bool_(False), 1.5, np.float64(2.0), "3", b"3", 2**64, -(2**64)]
 INT_BAD = NOT_INT + [[1]]
@@ -238,6 +248,10 @@ INVALID: list[tuple[str, str, Call, list[Any]]] = [
      KV_BAD + [np.full((2, 2, 8), np.nan, np.float32), np.full((2, 2, 8), -np.inf, np.float32)]),
     ("write", "v", lambda w, x: w.fcache.write(1, K, x, [0, -1]), [np.full((2, 2, 8), np.inf, np.float32)]),
     ("write", "slot", lambda w, x: w.cache.write(0, K, K, x), ARRAY_BAD[1:] + [[0, 32], [0, -2]]),
+    ("export_blocks", "blocks", lambda w, x: w.cache.export_blocks(x), ARRAY_BAD + [[8], [-1], [0, 8]]),
+    ("import_blocks", "blocks", lambda w, x: w.cache.import_blocks(x, block_rows(w, "ok")), ARRAY_BAD + [[8], [-1]]),
+    ("import_blocks", "data", lambda w, x: w.cache.import_blocks([0, 1], block_rows(w, x)),
+     ["short", "long", "strided", "flat"]),
     ("copy_blocks", "pairs", lambda w, x: w.cache.copy_blocks(x),
      MATRIX_BAD + [[[1, 2, 3]], np.zeros((2, 3), np.int64), [1, 2], [[0, 8]], [[-1, 0]]]),
     ("decode_attention", "layer", lambda w, x: kv.decode_attention(w.cache, x, w.q, *Q_ARGS),
@@ -366,6 +380,7 @@ TYPE_ERRORS: list[tuple[str, str, Call, list[Any]]] = [
     ("BlockPool", "eviction", lambda w, x: kv.BlockPool(16, 4, GROUPS, prefix_caching=True, eviction=x), [1, b"lru"]),
     ("KvCache", "dtype", lambda w, x: kv.KvCache(1, 8, 4, 2, 8, x), [1, None, np.float32]),
     ("key", "writable", lambda w, x: w.cache.key(0, writable=x), [1, "no", None]),
+    ("import_blocks", "data", lambda w, x: w.cache.import_blocks([0], x), [None, [[0, 1]], np.zeros((1, 4), np.float32)]),
     ("key_scales", "writable", lambda w, x: w.fcache.key_scales(0, writable=x), [1, "no", None]),
     ("bytes_per_token", "dtype", lambda w, x: kv.KvCache.bytes_per_token(2, 8, x), [1, None, np.int8]),
     ("decode_attention", "cache", lambda w, x: kv.decode_attention(x, 0, w.q, *Q_ARGS), [None, 1, "cache"]),
