@@ -20,6 +20,7 @@ from pykvpool._native import (
 from pykvpool.checks import check_count, invalid
 from pykvpool.video._args import check_f32, check_grid, check_id, check_ids, check_layer
 from pykvpool.video.batch import ChunkBatch, token_positions
+from pykvpool.video.spill import PageSpill
 
 __all__ = ["VideoCache"]
 
@@ -54,7 +55,11 @@ class VideoCache:
     history and frees at once the pages of frames that left the window (never the sinks),
     or :meth:`abort_chunk` drops it. Positions are logical: ``t`` keeps counting after
     eviction. On a prompt switch (LongLive), :meth:`rewrite_window` gives the slots and
-    positions of the visible history to recompute and write back in place.
+    positions of the visible history to recompute and write back in place. A stream may
+    go back to an earlier frame (:meth:`rewind`: regenerate from there); with
+    ``spill_blocks`` the pages its window released wait in host memory (MAGI-1 keeps its
+    evicted KV on the host) and a rewind copies them back instead of leaving their K/V to
+    be computed again.
 
     Built on one :class:`BlockPool` with one group (``FullAttention()`` without a window,
     else ``SlidingWindow(window_frames * tokens_per_frame + 1, sink_tokens=sink_frames *
@@ -95,6 +100,10 @@ class VideoCache:
         block_size: tokens per page.
         dtype: KV storage dtype, any of :class:`KvCache`'s: ``"bf16"`` (default),
             ``"f16"``, ``"f32"``, or 8-bit ``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``.
+        spill_blocks: with a window, host memory for this many pages (``bytes_per_block``
+            each) holding copies of the pages :meth:`commit_chunk` releases, for
+            :meth:`rewind` (default None: none); when full, a page stored drops the one
+            stored earliest.
 
     8-bit storage (what :class:`KvCache` documents): ``"int8"`` keeps one f32 scale per
     (token, KV head) for K and for V, computed by every write (so each denoising step's
@@ -122,7 +131,8 @@ class VideoCache:
             range, a grid whose product is not ``tokens_per_frame``, a chunk beyond
             ``2**27`` tokens, a window or sinks beyond ``2**31`` tokens, a bad
             ``block_size`` or ``num_blocks``, ``num_kv_heads`` or ``head_dim`` above
-            65536, an unknown ``dtype``, a cache beyond memory. A refused argument builds
+            65536, an unknown ``dtype``, a cache beyond memory; ``spill_blocks`` below 1,
+            without a window, or beyond memory. A refused argument builds
             nothing (a cache beyond memory is found as it is allocated; the pool built
             just before is dropped).
     """
@@ -130,7 +140,7 @@ class VideoCache:
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, tokens_per_frame: int,
                  grid: tuple[int, int], frames_per_chunk: int, sink_frames: int = 0,
                  window_frames: int | None = None, num_blocks: int, block_size: int = 16,
-                 dtype: str = "bf16") -> None:
+                 dtype: str = "bf16", spill_blocks: int | None = None) -> None:
         self.num_layers = check_count(num_layers, "num_layers", 1)
         self.num_kv_heads = check_count(num_kv_heads, "num_kv_heads", 1)
         self.head_dim = check_count(head_dim, "head_dim", 1)
@@ -141,6 +151,10 @@ class VideoCache:
         self.window_frames = None if window_frames is None else check_count(window_frames, "window_frames")
         if not isinstance(dtype, str):
             raise TypeError(f"dtype must be a str, got {type(dtype).__name__}")
+        if spill_blocks is not None:
+            spill_blocks = check_count(spill_blocks, "spill_blocks", 1)
+            if self.window_frames is None:
+                raise invalid("spill_blocks: without window_frames no page is ever released to spill")
         per_token = KvCache.bytes_per_token(self.num_kv_heads, self.head_dim, dtype)  # checks dtype
         self.chunk_tokens = self.frames_per_chunk * tpf
         if self.chunk_tokens > MAX_CALL_TOKENS:
@@ -165,6 +179,7 @@ class VideoCache:
         #: Bytes of one page: K and V of ``block_size`` tokens in every layer (int8's
         #: per-token scales included).
         self.bytes_per_block = self.num_layers * self.block_size * per_token
+        self._spill = None if spill_blocks is None else PageSpill(self._kv, spill_blocks)
         self._streams: dict[int, _Stream] = {}
         self._serial = 0
         self._token = object()
@@ -253,6 +268,8 @@ class VideoCache:
         s, _ = self._stream(stream_id)
         self._pool.free(s)
         del self._streams[s]
+        if self._spill is not None:
+            self._spill.forget(s)
 
     def stream_frames(self, stream_id: int) -> int:
         """Committed frames of the stream (logical: evicted frames count), in frames.
@@ -408,7 +425,12 @@ class VideoCache:
                 an int, a stream without an open chunk (nothing changed).
         """
         ids = self._open_streams(stream_ids)
+        before = [self._pool.block_table(s, group=0) for s in ids] if self._spill is not None else []
         self._pool.mark_computed(ids)
+        # The released pages still hold their K/V: nothing is allocated before the copy.
+        for s, table in zip(ids, before):
+            pages = np.flatnonzero((table >= 0) & (self._pool.block_table(s, group=0) < 0))
+            self._spill.store(s, pages, table[pages].astype(np.int64))  # type: ignore[union-attr]
         for s in ids:
             st = self._streams[s]
             st.frames += self.frames_per_chunk
@@ -494,6 +516,54 @@ class VideoCache:
         """
         return self.visible_slots(stream_id), self.visible_positions(stream_id)
 
+    def rewind(self, stream_id: int, frames: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Take the stream back to ``frames`` committed frames, to generate again from there
+        (a user going back in an interactive stream, a chunk regenerated): its later frames
+        are dropped, and the pages its next chunk sees (sinks and window before
+        ``frames``) are held again. Pages the window had released are allocated afresh
+        (:meth:`BlockPool.rewind`); the spill copies (``spill_blocks``) of those that have
+        one are copied back. The K/V of the other visible tokens is the caller's to
+        compute and write at the returned slots (as after :meth:`rewrite_window`) before
+        the next chunk; with every page held or spilled there is none. Each restored
+        page holds its K/V as last written (a prompt switch's rewrite included).
+
+        Args:
+            stream_id: a live stream without an open chunk.
+            frames: ``0 ..`` :meth:`stream_frames`, a multiple of ``frames_per_chunk``.
+
+        Returns:
+            ``(slots, positions)`` of the visible tokens to recompute: int64 ``[n]`` and
+            ``[n, 3]`` (``(t, h, w)``, logical), in visible order; ``n`` is 0 when every
+            visible page was held or spilled.
+
+        Raises:
+            UnknownSequenceError: the stream is not live.
+            PoolExhaustedError: too few free pages for the released ones (nothing changed).
+            InvalidArgumentError: naming the argument: a bad id, an open chunk, ``frames``
+                not an int, beyond the committed frames or off the chunk grid.
+        """
+        s, st = self._stream(stream_id)
+        frames = check_count(frames, "frames")
+        if st.open is not None:
+            raise invalid(f"stream_id: stream {s} has an open chunk; commit or abort it first")
+        if frames > st.frames or frames % self.frames_per_chunk:
+            raise invalid(f"frames: {frames} is not a chunk boundary within the stream's {st.frames} frames "
+                          f"(chunks of {self.frames_per_chunk})")
+        end = frames * self.tokens_per_frame
+        fresh = self._pool.rewind(s, end)[0]
+        st.frames = frames
+        table = self._pool.block_table(s, group=0).astype(np.int64)
+        missing = fresh
+        if self._spill is not None:
+            found = self._spill.restore(s, fresh, table[fresh])
+            missing = fresh[~found]
+            # Pages holding anything past the new end are stale: later frames differ now.
+            self._spill.forget(s, end // self.block_size)
+        tokens = self._visible(s)
+        tokens = tokens[np.isin(tokens // self.block_size, missing)]
+        slots = table[tokens // self.block_size] * self.block_size + tokens % self.block_size
+        return slots, token_positions(tokens, self.tokens_per_frame, self.grid[1])
+
     def stats(self) -> dict[str, Any]:
         """Occupancy of the cache.
 
@@ -505,7 +575,10 @@ class VideoCache:
             ``open_chunk`` (bool), ``blocks`` (pages held), ``bytes``, ``stored_tokens``
             (tokens of the stored pages' filled slots), ``visible_tokens`` (cached tokens
             the next chunk sees), ``chunk_tokens`` (of the open chunk, else 0) and
-            ``waste_tokens`` (slots held beyond the visible and open-chunk tokens).
+            ``waste_tokens`` (slots held beyond the visible and open-chunk tokens);
+            with ``spill_blocks``, ``spill``: ``blocks`` (capacity), ``held``,
+            ``spilled`` (pages copied out since built), ``restored`` (copied back by
+            rewinds), ``dropped`` (stored over when full) and ``bytes`` (capacity).
 
         Raises:
             Nothing.
@@ -521,6 +594,10 @@ class VideoCache:
                           "visible_tokens": visible, "chunk_tokens": chunk,
                           "waste_tokens": blocks * self.block_size - visible - chunk}
         used = self._pool.num_used_blocks
-        return {"num_blocks": self._pool.num_blocks, "block_size": self.block_size, "blocks_used": used,
-                "blocks_free": self._pool.num_free_blocks, "bytes_per_block": self.bytes_per_block,
-                "bytes_used": used * self.bytes_per_block, "streams": streams}
+        out = {"num_blocks": self._pool.num_blocks, "block_size": self.block_size, "blocks_used": used,
+               "blocks_free": self._pool.num_free_blocks, "bytes_per_block": self.bytes_per_block,
+               "bytes_used": used * self.bytes_per_block, "streams": streams}
+        if (sp := self._spill) is not None:
+            out["spill"] = {"blocks": sp.capacity, "held": sp.held(), "spilled": sp.spilled, "restored": sp.restored,
+                            "dropped": sp.dropped, "bytes": sp.capacity * sp.page_bytes}
+        return out
