@@ -17,9 +17,10 @@ __all__ = ["PageSpill"]
 class PageSpill:
     """``capacity`` pages of host memory holding copies of released pages, by (stream,
     logical page), as :meth:`KvCache.export_blocks` makes them. When full, storing a page
-    drops the one stored earliest (its stream's oldest history first).
+    drops the one stored earliest (its stream's oldest history first). Used by
+    :class:`pykvpool.video.VideoCache` (``spill_blocks``), which checks the arguments.
 
-    Raises (constructor):
+    Raises:
         InvalidArgumentError: ``spill_blocks``: more pages than memory holds.
     """
 
@@ -38,7 +39,11 @@ class PageSpill:
         self.spilled = self.restored = self.dropped = 0
 
     def store(self, stream: int, pages: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64]) -> None:
-        """Copy device ``blocks`` (holding ``stream``'s logical ``pages``) to host rows."""
+        """Copy device ``blocks`` (holding ``stream``'s logical ``pages``) to host rows.
+
+        Raises:
+            InvalidArgumentError: a block id outside the cache (:meth:`KvCache.export_blocks`).
+        """
         if len(pages) == 0:
             return
         data = self._kv.export_blocks(blocks)
@@ -56,8 +61,14 @@ class PageSpill:
             self.spilled += 1
 
     def restore(self, stream: int, pages: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Copy the held ``pages`` of ``stream`` into device ``blocks`` (same order); which
-        were held."""
+        """Copy the held ``pages`` of ``stream`` into device ``blocks`` (same order).
+
+        Returns:
+            bool ``[len(pages)]``: which pages were held (and copied).
+
+        Raises:
+            InvalidArgumentError: a block id outside the cache (:meth:`KvCache.import_blocks`).
+        """
         found = np.array([(stream, p) in self._rows for p in pages.tolist()], dtype=bool)
         if found.any():
             rows = [self._rows[(stream, p)] for p in pages[found].tolist()]
@@ -66,10 +77,18 @@ class PageSpill:
         return found
 
     def forget(self, stream: int, from_page: int = 0) -> None:
-        """Drop ``stream``'s pages from logical page ``from_page`` on."""
+        """Drop ``stream``'s pages from logical page ``from_page`` on.
+
+        Raises:
+            Nothing.
+        """
         for key in [k for k in self._rows if k[0] == stream and k[1] >= from_page]:
             self._free.append(self._rows.pop(key))
 
     def held(self) -> int:
-        """Pages held now."""
+        """Pages held now.
+
+        Raises:
+            Nothing.
+        """
         return len(self._rows)
