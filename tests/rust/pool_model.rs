@@ -491,14 +491,14 @@ impl Model {
             prop_assert_eq!(got.len(), nb);
             let mut t = Entries::new();
             let mut new = Vec::new();
-            for i in 0..nb {
+            for (i, &b) in got.iter().enumerate() {
                 t.push(if released(spec, self.bs, i, l2) {
                     None
                 } else if self.rewind_keeps(spec, &s, g, i, l2) {
                     s.tables[g][i]
                 } else {
                     new.push(i);
-                    Some(Self::take(&mut rc, got[i])?)
+                    Some(Self::take(&mut rc, b)?)
                 });
             }
             prop_assert_eq!(&got, &t, "group {} after the rewind", g);
