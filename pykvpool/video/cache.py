@@ -101,9 +101,10 @@ class VideoCache:
         dtype: KV storage dtype, any of :class:`KvCache`'s: ``"bf16"`` (default),
             ``"f16"``, ``"f32"``, or 8-bit ``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``.
         spill_blocks: with a window, host memory for this many pages (``bytes_per_block``
-            each) holding copies of the pages :meth:`commit_chunk` releases, for
-            :meth:`rewind` (default None: none); when full, a page stored drops the one
-            stored earliest.
+            each) holding copies of the pages :meth:`commit_chunk` releases, copied by the
+            commit right after the release, before anything may take them (a cache is
+            driven from one thread at a time), for :meth:`rewind` (default None: none);
+            when full, a page stored drops the one stored earliest.
 
     8-bit storage (what :class:`KvCache` documents): ``"int8"`` keeps one f32 scale per
     (token, KV head) for K and for V, computed by every write (so each denoising step's
