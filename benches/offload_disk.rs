@@ -25,7 +25,9 @@
 //!   XXH3-64 checksum of every payload included);
 //! - `raw read cold` / `get cold`: the same two after dropping their files from the page
 //!   cache (`posix_fadvise(DONTNEED)` of files synced when written, not timed), so the
-//!   bytes come from the device (under a virtual machine the host may still cache them).
+//!   bytes come from the device (under a virtual machine the host may still cache them);
+//! - `get cold ahead`: `get cold` with `DiskTier::prefetch` of the blocks up to 8 MiB
+//!   ahead of each read, as the tier store does for the disk blocks of a load plan.
 //!
 //! The warm reads read files written in the page cache; both sides are warm alike. The
 //! read rows read a sequential file and a tier written (and synced) once per block size;
@@ -73,9 +75,10 @@ enum Row {
     PutFull { fsync: bool },
     RawRead { cold: bool },
     Get { cold: bool },
+    GetAhead,
 }
 
-const ROWS: [Row; 10] = [
+const ROWS: [Row; 11] = [
     Row::RawWrite { sync: false },
     Row::RawWrite { sync: true },
     Row::Put { fsync: false },
@@ -86,6 +89,7 @@ const ROWS: [Row; 10] = [
     Row::Get { cold: false },
     Row::RawRead { cold: true },
     Row::Get { cold: true },
+    Row::GetAhead,
 ];
 
 impl Row {
@@ -96,6 +100,7 @@ impl Row {
             Self::PutFull { fsync } => ["put full nofsync", "put full fsync"][usize::from(fsync)],
             Self::RawRead { cold } => ["raw read", "raw read cold"][usize::from(cold)],
             Self::Get { cold } => ["get", "get cold"][usize::from(cold)],
+            Self::GetAhead => "get cold ahead",
         }
     }
 
@@ -104,6 +109,7 @@ impl Row {
         match self {
             Self::Put { fsync } | Self::PutFull { fsync } => Some(Self::RawWrite { sync: fsync }),
             Self::Get { cold } => Some(Self::RawRead { cold }),
+            Self::GetAhead => Some(Self::RawRead { cold: true }),
             _ => None,
         }
     }
@@ -152,7 +158,7 @@ impl<'a> Setup<'a> {
         let blocks = SET / self.block;
         if matches!(row, Row::RawRead { cold: true }) {
             drop_cached(&self.read_file);
-        } else if matches!(row, Row::Get { cold: true }) {
+        } else if matches!(row, Row::Get { cold: true } | Row::GetAhead) {
             (0..blocks as u128).for_each(|key| drop_cached(&self.get.block_path(0, key)));
         }
         let t = Instant::now();
@@ -162,6 +168,7 @@ impl<'a> Setup<'a> {
             Row::PutFull { fsync } => put_evicting(&mut self.full[usize::from(fsync)], self.data, self.block),
             Row::RawRead { .. } => read_raw(&self.read_file, &mut self.chunk, blocks),
             Row::Get { .. } => get_all(&mut self.get, &mut self.out, blocks),
+            Row::GetAhead => get_ahead(&mut self.get, &mut self.out, blocks),
         }
         let secs = t.elapsed().as_secs_f64();
         match row {
@@ -216,6 +223,21 @@ fn put_evicting((tier, oldest): &mut (DiskTier, u128), data: &[u8], block: usize
 /// Every block of a pass read (and verified) from `tier` into `out`.
 fn get_all(tier: &mut DiskTier, out: &mut Vec<u8>, blocks: usize) {
     for key in 0..blocks as u128 {
+        out.clear();
+        assert!(tier.get(0, key, out).expect("get").is_some(), "block {key} missing");
+    }
+}
+
+/// [`get_all`], the files of the blocks up to 8 MiB ahead read ahead first.
+fn get_ahead(tier: &mut DiskTier, out: &mut Vec<u8>, blocks: usize) {
+    let block = SET / blocks;
+    let ahead = (8 * MIB / block).max(1) as u128;
+    let n = blocks as u128;
+    tier.prefetch(&(0..ahead.min(n)).map(|k| (0, k)).collect::<Vec<_>>());
+    for key in 0..n {
+        if key + ahead < n {
+            tier.prefetch(&[(0, key + ahead)]);
+        }
         out.clear();
         assert!(tier.get(0, key, out).expect("get").is_some(), "block {key} missing");
     }

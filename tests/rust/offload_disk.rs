@@ -346,6 +346,22 @@ fn a_removed_block_file_is_rewritten_by_the_next_put() {
     assert!(get(&mut tier, 2, 7).is_some() && get(&mut tier, 0, 4).is_some());
 }
 
+#[test]
+fn prefetch_is_advice_only() {
+    let dir = TempDir::new("ahead");
+    let mut tier = DiskTier::open(dir.tier(), FP, BIG).unwrap();
+    let a = put_seeded(&mut tier, 0, 1, 3000, DType::F16);
+    put_seeded(&mut tier, 0, 2, 3000, DType::F16);
+    fs::remove_file(tier.block_path(0, 2)).unwrap();
+    // Stored, stored but vanished, never stored: nothing fails, nothing is counted.
+    let before = tier.stats();
+    tier.prefetch(&[(0, 1), (0, 2), (5, 9)]);
+    assert_eq!(tier.stats(), before);
+    assert_eq!(get(&mut tier, 0, 1).map(|(_, out)| out), Some(a));
+    assert_eq!(get(&mut tier, 0, 2), None);
+    assert_eq!(tier.stats().corrupt_removed, 1);
+}
+
 // ---------------------------------------------------------------------------------------
 // Restarts and foreign folders
 

@@ -144,6 +144,17 @@ fn write_parts(mut file: File, parts: [&[u8]; 2], sync: bool) -> io::Result<()> 
     Ok(())
 }
 
+/// Asks the kernel to start reading `path` into its page cache and returns at once
+/// (`posix_fadvise(WILLNEED)`). Best effort: a file that cannot be opened is skipped.
+pub(super) fn read_ahead(path: &Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = File::open(path) {
+        // SAFETY: `f` owns the descriptor, open for the whole call; the call reads and
+        // writes no memory of ours, and any result is fine (advice only).
+        let _ = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
+    }
+}
+
 /// Syncs a folder, so that the names created, renamed or removed in it are durable.
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

@@ -270,6 +270,16 @@ impl DiskTier {
         }
     }
 
+    /// Starts the device reads of `blocks`' files (those the tier stores) without waiting,
+    /// so that the `get`s of a load plan that follow overlap them: a file per block cannot
+    /// be read ahead by the kernel across files. Advice only: nothing is checked or
+    /// counted here, and a file that cannot be opened is left to its `get`.
+    pub fn prefetch(&self, blocks: &[(u32, BlockKey)]) {
+        for &(group, key) in blocks.iter().filter(|b| self.index.contains_key(b)) {
+            files::read_ahead(&self.block_path(group, key));
+        }
+    }
+
     /// Removes block (`group`, `key`); returns whether the tier had it. Does not sync
     /// (see the module doc). Errors: `Storage` `PermissionDenied` or `Io` when the file
     /// may not be removed (the block stays).

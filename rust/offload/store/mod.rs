@@ -33,6 +33,7 @@
 
 mod disk_worker;
 mod probe;
+mod read_ahead;
 mod restart;
 mod trailer;
 
@@ -43,10 +44,12 @@ use crate::invalid;
 use crate::kv::DType;
 pub use self::disk_worker::DiskWorker;
 pub use self::trailer::TRAILER_BYTES;
+use self::read_ahead::ReadAhead;
 use self::trailer::trailer;
 use crate::offload::disk::{DiskStats, DiskTier};
 use crate::offload::host::{HostTier, Slot};
 use crate::offload::transfer::{Batch, DeviceRegion, Handle, TransferEngine};
+use crate::prefix_cache::block_hash::BlockKey;
 use crate::prefix_cache::tiers::{Move, TierKey, TierLoad, TierMeta};
 
 /// Host slots that stage blocks read from disk on their way to the device, per batch.
@@ -234,10 +237,11 @@ impl TierStore {
             // SAFETY: the caller's promise, passed on.
             unsafe { self.carry_out(mv, &mut p, &device)? };
         }
+        let mut ahead = self.read_ahead(loads);
         let mut lost = Vec::new();
         for l in loads {
             // SAFETY: as above.
-            if !unsafe { self.load(l, &mut p, &device)? } {
+            if !unsafe { self.load(l, &mut p, &device, &mut ahead)? } {
                 lost.push(l.block.index());
             }
         }
@@ -249,6 +253,21 @@ impl TierStore {
         self.stats.disk_lost += lost.len() as u64;
         let message = format!("disk tier: {} blocks failed their checks and were not loaded into device blocks {lost:?}", lost.len());
         Err(KvError::Storage { fault: StorageFault::Io, message })
+    }
+
+    /// The read-ahead of `loads`' disk blocks, its first files asked for.
+    fn read_ahead(&self, loads: &[TierLoad]) -> ReadAhead {
+        let keys: Vec<(u32, BlockKey)> = loads
+            .iter()
+            .filter(|l| l.tier == 1)
+            .filter_map(|l| self.disk_keys.get(l.slot as usize).copied().flatten())
+            .map(|k| (file_group(k), k.1))
+            .collect();
+        let mut ahead = ReadAhead::new(keys, self.slot_bytes());
+        if let Some(w) = self.disk.as_ref() {
+            ahead.start(w);
+        }
+        ahead
     }
 
     /// Submit the batch so far and wait for it.
@@ -330,7 +349,7 @@ impl TierStore {
     /// # Safety
     ///
     /// As [`Self::apply`].
-    unsafe fn load(&mut self, l: &TierLoad, p: &mut Pending, device: &Arc<dyn DeviceRegion>) -> Result<bool> {
+    unsafe fn load(&mut self, l: &TierLoad, p: &mut Pending, device: &Arc<dyn DeviceRegion>, ahead: &mut ReadAhead) -> Result<bool> {
         let b = l.block.index();
         let slot = match l.tier {
             0 => Some(self.host_index(l.slot)?),
@@ -349,6 +368,9 @@ impl TierStore {
                 self.slots[s]
             }
             None => {
+                if let Some(w) = self.disk.as_ref() {
+                    ahead.step(w);
+                }
                 let Some(staged) = self.read_disk(l.slot, p.staged)? else { return Ok(false) };
                 p.staged += 1;
                 self.stats.disk_loads += 1;
