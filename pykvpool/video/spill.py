@@ -46,19 +46,21 @@ class PageSpill:
         """
         if len(pages) == 0:
             return
-        data = self._kv.export_blocks(blocks)
-        for page, src in zip(pages.tolist(), data):
-            key = (stream, page)
-            row = self._rows.pop(key, None)
+        rows = []
+        for page in pages.tolist():
+            row = self._rows.pop((stream, page), None)
             if row is None:
                 if not self._free:
                     _, oldest = self._rows.popitem(last=False)
                     self._free.append(oldest)
                     self.dropped += 1
                 row = self._free.pop()
-            self._data[row] = src
-            self._rows[key] = row
-            self.spilled += 1
+            self._rows[(stream, page)] = row
+            rows.append(row)
+        # One copy of every page; a row given twice (more pages than rows) keeps the later
+        # page, as the index does.
+        self._data[rows] = self._kv.export_blocks(blocks)
+        self.spilled += len(rows)
 
     def restore(self, stream: int, pages: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Copy the held ``pages`` of ``stream`` into device ``blocks`` (same order).

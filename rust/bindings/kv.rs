@@ -11,7 +11,7 @@ use super::convert::{arg, count_arg};
 use super::errors::{invalid, IntoPyResult};
 use super::kv_views::{dequantized, scale_view, view, Region};
 use crate::kv::{DType, KvCache, KvShape};
-use crate::error::vec_for;
+use crate::error::filled;
 use crate::offload::transfer::{pack, slot_bytes_for, unpack, Handle};
 
 /// Transfers a pool's tier storage runs on a cache's storage: every access to the cache
@@ -484,8 +484,7 @@ impl PyKvCache {
     fn export_blocks<'py>(&self, py: Python<'py>, blocks: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let ids = self.block_ids(py, blocks)?;
         let row = slot_bytes_for(&self.read());
-        let mut out = vec_for::<u8>(ids.len().saturating_mul(row), "blocks").py_err(py)?;
-        out.resize(ids.len() * row, 0);
+        let mut out = filled(0u8, ids.len().saturating_mul(row), "blocks").py_err(py)?;
         py.detach(|| {
             let c = self.read();
             ids.iter().zip(out.chunks_exact_mut(row.max(1))).try_for_each(|(&b, o)| pack(&c, b, o))

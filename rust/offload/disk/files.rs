@@ -97,12 +97,24 @@ pub(super) fn storage_error(fault: StorageFault, message: String) -> KvError {
     KvError::Storage { fault, message: format!("disk tier: {message}") }
 }
 
-/// Writes `parts` one after the other to a new file `tmp` (replacing a leftover one),
+/// Where [`write_atomic`] writes before its rename.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Staging {
+    /// A new file (replacing a leftover one).
+    New,
+    /// An existing file whose blocks the file system reuses (a spare): `NotFound` when it
+    /// is gone, with nothing else changed.
+    Reused,
+}
+
+/// Writes `parts` one after the other to the temporary file `tmp` (see [`Staging`]),
 /// syncs its data when `sync`, and renames it to `path`. On an error `tmp` is removed
 /// (as far as it can be) and `path` is untouched. The parts are written from the
 /// caller's memory: nothing is copied.
-pub(super) fn write_atomic(tmp: &Path, path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
-    let written = write_file(tmp, parts, sync).and_then(|()| fs::rename(tmp, path));
+pub(super) fn write_atomic(tmp: &Path, staging: Staging, path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
+    let new = staging == Staging::New;
+    let file = OpenOptions::new().write(true).create(new).truncate(new).open(tmp)?;
+    let written = write_parts(file, parts, !new, sync).and_then(|()| fs::rename(tmp, path));
     if written.is_err() {
         // Best effort: the error being reported is the write's, and the next `open`
         // removes a temporary file this could not.
@@ -111,33 +123,15 @@ pub(super) fn write_atomic(tmp: &Path, path: &Path, parts: [&[u8]; 2], sync: boo
     written
 }
 
-/// Creates (or truncates) `path`, writes `parts` and syncs its data when `sync`.
-fn write_file(path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
-    let file = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
-    write_parts(file, parts, sync)
-}
-
-/// Writes `parts` over the existing file `spare` from its start (no new file: the file
-/// system reuses its blocks), cuts it to their length, syncs its data when `sync` and
-/// renames it to `path`. On an error `spare` is removed (as far as it can be) and `path`
-/// is untouched; `NotFound` when `spare` is gone (nothing else changed).
-pub(super) fn rewrite_atomic(spare: &Path, path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
-    let file = OpenOptions::new().write(true).open(spare)?;
-    let written = write_parts(file, parts, sync).and_then(|()| fs::rename(spare, path));
-    if written.is_err() {
-        // Best effort, as in `write_atomic`.
-        let _ = fs::remove_file(spare);
-    }
-    written
-}
-
-fn write_parts(mut file: File, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
-    let mut len = 0u64;
+/// Writes `parts` from the start of `file`, cuts it to their length when it may be
+/// longer (`cut`), and syncs its data when `sync`.
+fn write_parts(mut file: File, parts: [&[u8]; 2], cut: bool, sync: bool) -> io::Result<()> {
     for part in parts {
         file.write_all(part)?;
-        len += part.len() as u64;
     }
-    file.set_len(len)?;
+    if cut {
+        file.set_len(parts.iter().map(|p| p.len() as u64).sum())?;
+    }
     if sync {
         file.sync_data()?;
     }

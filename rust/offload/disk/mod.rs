@@ -86,7 +86,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 pub use files::storage_fault;
-use files::{io_error, storage_error, Outcome};
+use files::{io_error, storage_error, Outcome, Staging};
 use format::Header;
 pub use format::{dtype_code, dtype_from_code, BlockMeta, FORMAT_VERSION, HEADER_BYTES};
 use open::{file_bytes, Index};
@@ -406,15 +406,15 @@ impl DiskTier {
     fn commit(&mut self, path: &Path, (group, key): (u32, BlockKey), parts: [&[u8]; 2]) -> Result<()> {
         let sync = self.durable();
         // A spare if there is one (one that vanished is skipped), else a new file.
-        let gone = |w: &std::io::Result<()>| matches!(w, Err(e) if e.kind() == ErrorKind::NotFound);
-        let mut written: std::io::Result<()> = Err(ErrorKind::NotFound.into());
-        while gone(&written) {
-            let Some(spare) = self.spares.pop() else { break };
-            written = files::rewrite_atomic(&spare, path, parts, sync);
-        }
-        if gone(&written) {
-            written = files::write_atomic(&files::tmp_path(path), path, parts, sync);
-        }
+        let written = loop {
+            let Some(spare) = self.spares.pop() else {
+                break files::write_atomic(&files::tmp_path(path), Staging::New, path, parts, sync);
+            };
+            match files::write_atomic(&spare, Staging::Reused, path, parts, sync) {
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                other => break other,
+            }
+        };
         written.map_err(|e| io_error("write", path, e))?;
         let Some(dir) = path.parent().filter(|_| sync) else { return Ok(()) };
         files::sync_dir(dir).map_err(|e| {

@@ -73,7 +73,7 @@ fn create_manifest(root: &Path, fingerprint: u128) -> Result<()> {
     }
     let path = root.join(MANIFEST);
     let bytes = encode_manifest(fingerprint);
-    files::write_atomic(&files::tmp_path(&path), &path, [&bytes, &[]], true)
+    files::write_atomic(&files::tmp_path(&path), files::Staging::New, &path, [&bytes, &[]], true)
         .and_then(|()| files::sync_dir(root))
         .map_err(|e| io_error("write", &path, e))
 }
