@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use pykvpool::error::StorageFault;
 use pykvpool::offload::disk::{
     dtype_code, dtype_from_code, storage_fault, BlockMeta, DiskTier, Durability, FORMAT_VERSION, HEADER_BYTES,
-    MAX_SPARES,
+    MAX_SPARES, SPARES_AHEAD,
 };
 use pykvpool::{DType, KvError};
 use xxhash_rust::xxh3::xxh3_64;
@@ -344,6 +344,51 @@ fn a_removed_block_file_is_rewritten_by_the_next_put() {
     assert_eq!((tier.stats().temp_removed_at_open, tier.len()), (MAX_SPARES as u64, 2));
     assert!(files_ending(&root, ".tmp").is_empty());
     assert!(get(&mut tier, 2, 7).is_some() && get(&mut tier, 0, 4).is_some());
+}
+
+#[test]
+fn spares_made_ahead_are_written_into_by_puts() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new("ahead");
+    let root = dir.tier();
+    let file = HEADER + 1000;
+    let mut tier = DiskTier::open(&root, FP, 10 * file).unwrap();
+    put_seeded(&mut tier, 0, 1, 1000, DType::F16);
+    // The caller's budget in blocks bounds the spares, then the byte capacity does.
+    while tier.make_spare(1000, 4).unwrap() {}
+    assert_eq!(tier.spares(), 3, "1 block and 3 spares: the budget of 4");
+    while tier.make_spare(1000, 100).unwrap() {}
+    assert_eq!(tier.spares(), 9, "1 block and 9 spares: 10 block files' bytes");
+    let spares = files_ending(&root, ".tmp");
+    let inode = |p: &Path| fs::metadata(root.join(p)).unwrap().ino();
+    assert_eq!(spares.len(), 9);
+    assert!(spares.iter().all(|p| fs::metadata(root.join(p)).unwrap().len() == 0), "spares are empty");
+    let ahead: BTreeSet<u64> = spares.iter().map(|p| inode(p)).collect();
+    // Nine puts write into the nine spares: the block files are the spares' inodes.
+    let blocks: Vec<_> = (2..11).map(|k| (k, put_seeded(&mut tier, 3, k, 1000, DType::BF16))).collect();
+    assert_eq!(tier.spares(), 0);
+    assert!(files_ending(&root, ".tmp").is_empty());
+    let written: BTreeSet<u64> = (2..11).map(|k| inode(&tier.block_path(3, k))).collect();
+    assert_eq!(written, ahead);
+    for (k, b) in blocks {
+        assert_eq!(get(&mut tier, 3, k).map(|(_, out)| out), Some(b));
+    }
+    assert!(!tier.make_spare(1000, 100).unwrap(), "a full tier makes none");
+    // A spare removed behind the tier's back is skipped by the put.
+    tier.remove(3, 10).unwrap();
+    tier.remove(3, 9).unwrap();
+    fs::remove_file(root.join(&files_ending(&root, ".tmp")[0])).unwrap();
+    let b = put_seeded(&mut tier, 3, 12, 1000, DType::BF16);
+    assert_eq!(get(&mut tier, 3, 12).map(|(_, out)| out), Some(b));
+    // At most SPARES_AHEAD; the next open removes them as leftovers.
+    drop(tier);
+    let mut tier = DiskTier::open(&root, FP, BIG).unwrap();
+    while tier.make_spare(1000, usize::MAX).unwrap() {}
+    assert_eq!(tier.spares(), SPARES_AHEAD);
+    assert_eq!(files_ending(&root, ".tmp").len(), SPARES_AHEAD);
+    drop(tier);
+    let tier = DiskTier::open(&root, FP, BIG).unwrap();
+    assert_eq!((tier.stats().temp_removed_at_open, tier.len()), (SPARES_AHEAD as u64, 9));
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! write the computed tokens, maybe mark them computed, and free (or keep) the sequence;
 //! with write-back and with write-through.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::{env, fs};
@@ -176,6 +177,41 @@ fn evicted_blocks_come_back_with_their_bytes_from_host_and_disk() {
         }
         r.pool.check_invariants().unwrap();
     }
+}
+
+/// Files under `root` (recursively) whose names end in `suffix`.
+fn count_ending(root: &Path, suffix: &str) -> usize {
+    let Ok(entries) = fs::read_dir(root) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => count_ending(&e.path(), suffix),
+            _ => usize::from(e.file_name().to_string_lossy().ends_with(suffix)),
+        })
+        .sum()
+}
+
+#[test]
+fn an_idle_disk_thread_makes_spares_that_demotions_write_into() {
+    let mut r = Rig::new(10, 1, Some(6), DType::F32);
+    // Idle, the disk's thread makes one spare per block of its budget.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count_ending(&r._dir.0, ".tmp") < 6 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(count_ending(&r._dir.0, ".tmp"), 6);
+    // Demotions write into them, and what comes back is checked byte for byte.
+    let a = prompt(1, 4, 1);
+    r.admit(1, &a);
+    r.pool.free(SeqId(1)).unwrap();
+    r.admit(2, &prompt(2, 9, 1));
+    r.pool.free(SeqId(2)).unwrap();
+    r.settle();
+    let written = r.store.disk_stats().unwrap().blocks_written as usize;
+    assert!(written > 0);
+    let files = count_ending(&r._dir.0, ".blk") + count_ending(&r._dir.0, ".tmp");
+    assert!(files <= 6, "{files} files: none beyond the budget");
+    assert_eq!(r.admit(3, &a), 4 * BS);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! as served), and the mapping of I/O errors to [`StorageFault`]s.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -126,8 +126,18 @@ pub(super) fn write_atomic(tmp: &Path, staging: Staging, path: &Path, parts: [&[
 /// Writes `parts` from the start of `file`, cuts it to their length when it may be
 /// longer (`cut`), and syncs its data when `sync`.
 fn write_parts(mut file: File, parts: [&[u8]; 2], cut: bool, sync: bool) -> io::Result<()> {
-    for part in parts {
-        file.write_all(part)?;
+    // One vectored write where the file system takes it all (a small header written on
+    // its own makes the payload's write that follows it markedly slower).
+    let mut slices = parts.map(IoSlice::new);
+    let mut rest = &mut slices[..];
+    IoSlice::advance_slices(&mut rest, 0);
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     if cut {
         file.set_len(parts.iter().map(|p| p.len() as u64).sum())?;

@@ -66,11 +66,18 @@
 //! created, stays (also when the `put` that created it failed).
 //!
 //! Creating a file costs the file system far more than rewriting one (on ext4 here,
-//! about 280 us against 42 us for 256 KiB), so `remove` keeps up to [`MAX_SPARES`]
-//! removed block files as *spares*, renamed to their `.tmp` name, and a `put` writes
-//! into a spare when there is one (over its old bytes, cut to the new length) before the
-//! same rename commits it. A spare is a temporary file like any other: never read, and
-//! removed by the next `open`. Spares are not counted in `capacity_bytes`.
+//! about 300 us to create an inode against 42 us to rewrite 256 KiB), so a `put` writes
+//! into a *spare* when there is one (over its old bytes, cut to the new length) before
+//! the same rename commits it. Spares come from two places:
+//!
+//! - `remove` keeps up to [`MAX_SPARES`] removed block files, renamed to their `.tmp`
+//!   name (so a full tier, whose every put follows a removal, creates no files);
+//! - [`DiskTier::make_spare`] creates empty ones ahead of the puts into free capacity,
+//!   up to [`SPARES_AHEAD`], as block `.tmp` files of layer group [`SPARE_GROUP`]; the
+//!   tier store's disk thread calls it whenever it is idle.
+//!
+//! A spare is a temporary file like any other: never read, and removed by the next
+//! `open`. Spares are not counted in `capacity_bytes`.
 //!
 //! One tier per folder: `open` takes an exclusive lock on the manifest (released when
 //! the tier is dropped or its process dies); a second `open` waits up to half a second
@@ -97,6 +104,12 @@ use crate::prefix_cache::block_hash::BlockKey;
 
 /// Most removed block files a tier keeps to rewrite (see the module doc).
 pub const MAX_SPARES: usize = 32;
+
+/// Most spare files [`DiskTier::make_spare`] keeps ready (see the module doc).
+pub const SPARES_AHEAD: usize = 1024;
+
+/// The layer group in the names of the spare files [`DiskTier::make_spare`] creates.
+pub const SPARE_GROUP: u32 = u32::MAX;
 
 /// Whether a `put` syncs to the device before it returns (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,8 +160,11 @@ pub struct DiskTier {
     bytes_used: u64,
     /// Which fan-out folders exist.
     subdirs: [bool; 256],
-    /// Removed block files kept (under their `.tmp` names) for the next puts to rewrite.
+    /// Removed block files kept (under their `.tmp` names) and empty files made ahead,
+    /// for the next puts to write into.
     spares: Vec<PathBuf>,
+    /// The key in the name of the next spare `make_spare` creates.
+    next_spare: BlockKey,
     stats: DiskStats,
     /// The locked manifest: the folder is this tier's while it is open.
     _lock: File,
@@ -188,7 +204,21 @@ impl DiskTier {
             ..DiskStats::default()
         };
         let (index, bytes_used, subdirs) = (scan.index, scan.bytes, scan.subdirs);
-        Ok(DiskTier { root, fingerprint, capacity_bytes, durability, index, bytes_used, subdirs, spares: Vec::new(), stats, _lock: lock })
+        let spares = Vec::new();
+        let next_spare = 0;
+        Ok(DiskTier {
+            root,
+            fingerprint,
+            capacity_bytes,
+            durability,
+            index,
+            bytes_used,
+            subdirs,
+            spares,
+            next_spare,
+            stats,
+            _lock: lock,
+        })
     }
 
     /// Stores `payload` (bytes; empty allowed) as block (`group`, `key`) with its `fill`
@@ -308,6 +338,41 @@ impl DiskTier {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Creates one empty spare file, for a later `put` to write into instead of creating
+    /// its file (see the module doc), and returns whether it made one. It makes one while
+    /// the tier has fewer than [`SPARES_AHEAD`] spares, fewer blocks and spares together
+    /// than `capacity_blocks` (the caller's budget), and the free part of its byte
+    /// capacity holds a block of `payload_len` bytes per spare and one more. For the idle
+    /// time of the thread that owns the tier: the tier store's disk thread calls it while
+    /// its queue is empty.
+    ///
+    /// Errors ([`crate::KvError::Storage`]): `Full` when the device is full,
+    /// `PermissionDenied`, `Io`; the tier is unchanged (a fan-out folder may have been
+    /// created).
+    pub fn make_spare(&mut self, payload_len: u64, capacity_blocks: usize) -> Result<bool> {
+        let n = self.spares.len();
+        let room = file_bytes(payload_len).and_then(|b| b.checked_mul(n as u64 + 1));
+        let fits = room.and_then(|r| self.bytes_used.checked_add(r)).is_some_and(|u| u <= self.capacity_bytes);
+        if n >= SPARES_AHEAD || self.index.len().saturating_add(n) >= capacity_blocks || !fits {
+            return Ok(false);
+        }
+        let key = self.next_spare;
+        self.next_spare += 1;
+        let spare = files::tmp_path(&self.make_subdir(SPARE_GROUP, key)?);
+        match File::create_new(&spare) {
+            Ok(_) => self.spares.push(spare),
+            // A file of that name (a put of the spares' group): the next call tries the next.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_error("create", &spare, e)),
+        }
+        Ok(true)
+    }
+
+    /// Spare files ready for puts to write into (see [`DiskTier::make_spare`]).
+    pub fn spares(&self) -> usize {
+        self.spares.len()
     }
 
     /// Whether the tier stores block (`group`, `key`) (its payload is checked by `get`).

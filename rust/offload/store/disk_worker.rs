@@ -5,12 +5,16 @@
 //! writes sent before them, see them. The queue holds at most a bounded number of
 //! operations: a sender blocks while it is full, so the bytes waiting are bounded too.
 //!
+//! While its queue is empty the thread makes spare files ahead of the next puts
+//! ([`DiskTier::make_spare`], one at a time, checking the queue between two), so a burst
+//! of demotions into free capacity does not create files.
+//!
 //! A failure of an operation nobody waits for is kept and reported by the next
 //! [`DiskWorker::take_error`]. Dropping the worker runs the queue to its end and joins the
 //! thread; a process killed meanwhile loses the writes still queued (each block is
 //! written whole or not at all, see `DiskTier`).
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -35,14 +39,15 @@ impl std::fmt::Debug for DiskWorker {
 
 impl DiskWorker {
     /// Start the thread (`pykvpool-disk`) that owns `disk`, with a queue of `depth`
-    /// operations (at least 1).
+    /// operations (at least 1), for blocks of `payload_len` bytes of which the tier holds
+    /// at most `capacity_blocks` (the bounds of the spares it makes ahead).
     ///
     /// Errors (`InvalidArgument`): the system refused a thread.
-    pub fn new(disk: DiskTier, depth: usize) -> Result<Self> {
+    pub fn new(disk: DiskTier, depth: usize, payload_len: u64, capacity_blocks: usize) -> Result<Self> {
         let (tx, rx) = sync_channel::<Op>(depth.max(1));
         let thread = std::thread::Builder::new()
             .name("pykvpool-disk".into())
-            .spawn(move || serve(disk, rx))
+            .spawn(move || serve(disk, rx, (payload_len, capacity_blocks)))
             .map_err(|e| invalid!("disk tier: cannot start its thread: {e}"))?;
         Ok(Self { queue: Some(tx), thread: Some(thread), error: Arc::default() })
     }
@@ -86,9 +91,20 @@ impl DiskWorker {
     }
 }
 
-/// The thread: run each operation in turn until the queue closes.
-fn serve(mut disk: DiskTier, rx: Receiver<Op>) {
-    for op in rx {
+/// The thread: run each operation in turn until the queue closes; while none waits, make
+/// a spare file, or wait when there is nothing to make (or making one failed: it is
+/// tried again after the next operation).
+fn serve(mut disk: DiskTier, rx: Receiver<Op>, (payload_len, capacity_blocks): (u64, usize)) {
+    loop {
+        let op = match rx.try_recv() {
+            Ok(op) => op,
+            Err(TryRecvError::Empty) if matches!(disk.make_spare(payload_len, capacity_blocks), Ok(true)) => continue,
+            Err(TryRecvError::Empty) => match rx.recv() {
+                Ok(op) => op,
+                Err(_) => return,
+            },
+            Err(TryRecvError::Disconnected) => return,
+        };
         op(&mut disk);
     }
 }

@@ -146,7 +146,7 @@ impl TierStore {
         }
         let staging = slots.split_off(host_blocks);
         let (disk, disk_blocks) = match disk {
-            Some((d, n)) => (Some(DiskWorker::new(d, disk_queue(slot_bytes))?), n),
+            Some((d, n)) => (Some(DiskWorker::new(d, disk_queue(slot_bytes), slot_bytes as u64, n)?), n),
             None => (None, 0),
         };
         let disk_keys = crate::error::filled(None, disk_blocks, "disk_blocks")?;
