@@ -15,12 +15,21 @@
 //! - `put fsync`: the same with `Durability::Fsync`: each put syncs its file and its
 //!   folder, so this row pays two device flushes per block where `raw write` pays one per
 //!   pass: the measured cost of per-block durability, largest for small blocks;
+//! - `put ahead nofsync`: `put nofsync` into an empty tier that made its spare files
+//!   ahead (`DiskTier::make_spare` until it makes no more, not timed), as the tier
+//!   store's disk thread does while idle: a burst of puts after an idle spell;
 //! - `put full nofsync` / `put full fsync`: a disk tier at steady state: the tier holds a
 //!   working set, and each block put first removes the oldest block (timed too), as a
 //!   full tier evicting does; the removed files are rewritten by the next puts (the
 //!   tier's spares) instead of new files being created;
+//! - `raw files nosync` / `raw files`: the working set written as one new file per
+//!   block (`create_new`, one `write_all`), the second syncing each file's data and the
+//!   folder after it: what creating a file per block costs this file system whatever
+//!   the store, the floor of `put nofsync` / `put fsync` (their "vs floor" column);
 //! - `raw read`: the sequential file read back, one `read_exact` of S bytes per block into
 //!   a reused buffer: the baseline of `get`;
+//! - `raw read sum`: `raw read` with the XXH3-64 of every block: the floor of `get`,
+//!   which verifies every payload;
 //! - `get`: `DiskTier::get` of every block into a reused `Vec` (header checks and the
 //!   XXH3-64 checksum of every payload included);
 //! - `raw read cold` / `get cold`: the same two after dropping their files from the page
@@ -41,7 +50,8 @@
 //! measured in the same round. Each round runs every row of a size once, in alternating
 //! order (forward, then backward), so the rows share the machine's noise; the output is
 //! each row's median GB/s and, for a put or get row, the median of the per-round ratios to
-//! its baseline row, with their interquartile range. A warm-up pass of each row (not
+//! its baseline row, with their interquartile range, and the same against its floor row
+//! where it has one. A warm-up pass of each row (not
 //! timed) creates the tiers' fan-out folders first.
 //!
 //! `cargo bench --bench offload_disk` (`-- --rounds N`, default 5; `-- --dir PATH`).
@@ -58,6 +68,7 @@ use std::time::Instant;
 
 use pykvpool::kv::DType;
 use pykvpool::offload::disk::{DiskTier, Durability};
+use xxhash_rust::xxh3::xxh3_64;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -71,21 +82,28 @@ const CAPACITY: u64 = 1 << 40;
 #[derive(Clone, Copy, PartialEq)]
 enum Row {
     RawWrite { sync: bool },
+    RawFiles { sync: bool },
     Put { fsync: bool },
+    PutAhead,
     PutFull { fsync: bool },
     RawRead { cold: bool },
+    RawReadSum,
     Get { cold: bool },
     GetAhead,
 }
 
-const ROWS: [Row; 11] = [
+const ROWS: [Row; 15] = [
     Row::RawWrite { sync: false },
     Row::RawWrite { sync: true },
+    Row::RawFiles { sync: false },
+    Row::RawFiles { sync: true },
     Row::Put { fsync: false },
     Row::Put { fsync: true },
+    Row::PutAhead,
     Row::PutFull { fsync: false },
     Row::PutFull { fsync: true },
     Row::RawRead { cold: false },
+    Row::RawReadSum,
     Row::Get { cold: false },
     Row::RawRead { cold: true },
     Row::Get { cold: true },
@@ -96,20 +114,36 @@ impl Row {
     fn name(self) -> &'static str {
         match self {
             Self::RawWrite { sync } => ["raw write nosync", "raw write"][usize::from(sync)],
+            Self::RawFiles { sync } => ["raw files nosync", "raw files"][usize::from(sync)],
             Self::Put { fsync } => ["put nofsync", "put fsync"][usize::from(fsync)],
+            Self::PutAhead => "put ahead nofsync",
             Self::PutFull { fsync } => ["put full nofsync", "put full fsync"][usize::from(fsync)],
             Self::RawRead { cold } => ["raw read", "raw read cold"][usize::from(cold)],
+            Self::RawReadSum => "raw read sum",
             Self::Get { cold } => ["get", "get cold"][usize::from(cold)],
             Self::GetAhead => "get cold ahead",
         }
     }
 
-    /// The raw row this row is compared with.
+    /// The raw sequential row this row is compared with.
     fn baseline(self) -> Option<Row> {
         match self {
-            Self::Put { fsync } | Self::PutFull { fsync } => Some(Self::RawWrite { sync: fsync }),
+            Self::Put { fsync } | Self::PutFull { fsync } | Self::RawFiles { sync: fsync } => {
+                Some(Self::RawWrite { sync: fsync })
+            }
             Self::Get { cold } => Some(Self::RawRead { cold }),
             Self::GetAhead => Some(Self::RawRead { cold: true }),
+            Self::PutAhead => Some(Self::RawWrite { sync: false }),
+            Self::RawReadSum => Some(Self::RawRead { cold: false }),
+            _ => None,
+        }
+    }
+
+    /// The raw row doing the least any store of this format must do for this row.
+    fn floor(self) -> Option<Row> {
+        match self {
+            Self::Put { fsync } => Some(Self::RawFiles { sync: fsync }),
+            Self::Get { cold: false } => Some(Self::RawReadSum),
             _ => None,
         }
     }
@@ -122,9 +156,11 @@ struct Setup<'a> {
     dir: PathBuf,
     /// The raw write rows' file (removed after each pass) and the raw read rows' file.
     write_file: PathBuf,
+    /// The raw files rows' folder (emptied after each pass).
+    files_dir: PathBuf,
     read_file: PathBuf,
-    /// The put rows' tiers (emptied after each pass), by `fsync`, and the get rows' tier.
-    put: [DiskTier; 2],
+    /// The put rows' tiers (emptied after each pass), by `fsync`, then `put ahead`'s.
+    put: [DiskTier; 3],
     /// The steady-state rows' tiers, by `fsync`, each full of one working set; the key
     /// of its oldest block.
     full: [(DiskTier, u128); 2],
@@ -138,11 +174,17 @@ impl<'a> Setup<'a> {
         let dir = root.join(format!("{}k", block / KIB));
         fs::create_dir_all(&dir).expect("folder");
         let tier = |name: &str, d| DiskTier::open_with(dir.join(name), FINGERPRINT, CAPACITY, d).expect("tier");
-        let put = [tier("put-nofsync", Durability::NoFsync), tier("put-fsync", Durability::Fsync)];
+        let put = [
+            tier("put-nofsync", Durability::NoFsync),
+            tier("put-fsync", Durability::Fsync),
+            tier("put-ahead", Durability::NoFsync),
+        ];
         let mut full = [(tier("full-nofsync", Durability::NoFsync), 0), (tier("full-fsync", Durability::Fsync), 0)];
         full.iter_mut().for_each(|(t, _)| put_all(t, data, block));
         let mut get = tier("get", Durability::NoFsync);
         let (write_file, read_file) = (dir.join("raw-write.bin"), dir.join("raw-read.bin"));
+        let files_dir = dir.join("raw-files");
+        fs::create_dir_all(&files_dir).expect("folder");
         // The read side, written once and synced so that its pages are clean (droppable).
         write_raw(&read_file, data, block, true);
         put_all(&mut get, data, block);
@@ -150,7 +192,7 @@ impl<'a> Setup<'a> {
             File::open(get.block_path(0, key)).and_then(|f| f.sync_data()).expect("sync");
         }
         let (chunk, out) = (vec![0; block], Vec::with_capacity(block));
-        Self { data, block, dir, write_file, read_file, put, full, get, chunk, out }
+        Self { data, block, dir, write_file, files_dir, read_file, put, full, get, chunk, out }
     }
 
     /// Run `row` once; seconds (of the row's I/O alone).
@@ -160,20 +202,27 @@ impl<'a> Setup<'a> {
             drop_cached(&self.read_file);
         } else if matches!(row, Row::Get { cold: true } | Row::GetAhead) {
             (0..blocks as u128).for_each(|key| drop_cached(&self.get.block_path(0, key)));
+        } else if row == Row::PutAhead {
+            while self.put[2].make_spare(self.block as u64, blocks).expect("spare") {}
         }
         let t = Instant::now();
         match row {
             Row::RawWrite { sync } => write_raw(&self.write_file, self.data, self.block, sync),
+            Row::RawFiles { sync } => write_files(&self.files_dir, self.data, self.block, sync),
             Row::Put { fsync } => put_all(&mut self.put[usize::from(fsync)], self.data, self.block),
+            Row::PutAhead => put_all(&mut self.put[2], self.data, self.block),
             Row::PutFull { fsync } => put_evicting(&mut self.full[usize::from(fsync)], self.data, self.block),
             Row::RawRead { .. } => read_raw(&self.read_file, &mut self.chunk, blocks),
+            Row::RawReadSum => read_raw_sum(&self.read_file, &mut self.chunk, blocks),
             Row::Get { .. } => get_all(&mut self.get, &mut self.out, blocks),
             Row::GetAhead => get_ahead(&mut self.get, &mut self.out, blocks),
         }
         let secs = t.elapsed().as_secs_f64();
         match row {
             Row::RawWrite { .. } => fs::remove_file(&self.write_file).expect("remove"),
+            Row::RawFiles { .. } => (0..blocks).for_each(|i| fs::remove_file(self.files_dir.join(i.to_string())).expect("remove")),
             Row::Put { fsync } => remove_all(&mut self.put[usize::from(fsync)], blocks),
+            Row::PutAhead => remove_all(&mut self.put[2], blocks),
             _ => {}
         }
         secs
@@ -194,6 +243,30 @@ fn write_raw(path: &Path, data: &[u8], block: usize, sync: bool) {
     if sync {
         f.sync_data().expect("sync");
     }
+}
+
+/// `data` as a new file per block in folder `dir` (named by block index), each synced
+/// with the folder after it when `sync`.
+fn write_files(dir: &Path, data: &[u8], block: usize, sync: bool) {
+    for (i, b) in data.chunks(block).enumerate() {
+        let mut f = File::create_new(dir.join(i.to_string())).expect("create");
+        f.write_all(b).expect("write");
+        if sync {
+            f.sync_data().expect("sync");
+            File::open(dir).and_then(|d| d.sync_all()).expect("sync the folder");
+        }
+    }
+}
+
+/// [`read_raw`], each block's XXH3-64 computed as it is read.
+fn read_raw_sum(path: &Path, chunk: &mut [u8], blocks: usize) {
+    let mut f = File::open(path).expect("open");
+    let mut sum = 0;
+    for _ in 0..blocks {
+        f.read_exact(chunk).expect("read");
+        sum ^= xxh3_64(chunk);
+    }
+    std::hint::black_box(sum);
 }
 
 /// `path` read from start to end, `blocks` reads of `chunk.len()` bytes.
@@ -278,12 +351,21 @@ fn measure(root: &Path, data: &[u8], block: usize, rounds: usize) -> Vec<Vec<f64
 }
 
 fn print_table(secs: &[Vec<f64>]) {
-    println!("  {:<18} {:>8}   {:>24}   {:<18}", "row", "GB/s", "vs baseline [IQR]", "baseline");
+    println!("  {:<18} {:>6}   {:>24}   {:<18} {:>24}   floor", "row", "GB/s", "vs baseline [IQR]", "baseline", "vs floor [IQR]");
+    let index = |r: Option<Row>| r.and_then(|r| ROWS.iter().position(|&x| x == r));
     for (i, row) in ROWS.iter().enumerate() {
         let gbs: Vec<f64> = secs[i].iter().map(|t| SET as f64 / t / 1e9).collect();
-        let base = row.baseline().and_then(|b| ROWS.iter().position(|&r| r == b));
-        let (vs, name) = base.map_or((String::new(), ""), |b| (ratio(secs, b, i), ROWS[b].name()));
-        println!("  {:<18} {:>8.2}   {:>24}   {:<18}", row.name(), quantile(&gbs, 0.5), vs, name);
+        let vs = |b: Option<usize>| b.map_or((String::new(), ""), |b| (ratio(secs, b, i), ROWS[b].name()));
+        let ((base, base_name), (floor, floor_name)) = (vs(index(row.baseline())), vs(index(row.floor())));
+        println!(
+            "  {:<18} {:>6.2}   {:>24}   {:<18} {:>24}   {}",
+            row.name(),
+            quantile(&gbs, 0.5),
+            base,
+            base_name,
+            floor,
+            floor_name
+        );
     }
 }
 
