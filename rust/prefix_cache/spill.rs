@@ -203,9 +203,10 @@ impl PrefixCache {
     /// into `tier` ([`Tiers::restore`]); a stored event with the tier's medium. None when
     /// the cache has no such tier, it is full, or holds the key.
     pub fn restore_tier_block(&mut self, tier: usize, key: TierKey, meta: TierMeta) -> Option<u32> {
+        let parent = meta.parent;
         let slot = self.tiers.as_deref_mut()?.restore(tier, key, meta)?;
         if self.cfg.record_events {
-            self.push_tier_event(CacheEventKind::Stored, key, meta.parent, tier);
+            self.push_tier_event(CacheEventKind::Stored, key, parent, tier);
         }
         Some(slot)
     }

@@ -85,7 +85,7 @@ pub struct TierRules {
 /// The byte layer carries out a call's moves in order, then its loads (a hit's
 /// [`TierLoad`]s): a store reads a device block before a load may overwrite it, and a
 /// load reads a slot that no move of the same call writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Move {
     /// The device's `block` is stored into `slot` of `tier`.
     Store { key: TierKey, block: BlockId, tier: usize, slot: u32 },
@@ -96,14 +96,16 @@ pub enum Move {
     Drop { key: TierKey, tier: usize, slot: u32 },
 }
 
-/// What a tier knows of a block besides its key and tokens: its parent's key, extra key
-/// and hits in the device (a block stored on disk keeps them, to be restored after a
+/// What a tier knows of a block besides its key: its parent's key, extra key, hits in the
+/// device and token ids (a block stored on disk keeps them, to be restored after a
 /// restart).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TierMeta {
     pub parent: Option<BlockKey>,
     pub extra: Option<u64>,
     pub hits: u32,
+    /// The block's token ids, when the cache verifies tokens.
+    pub tokens: Option<Box<[u32]>>,
 }
 
 /// A block a hit takes from a tier into the device: the bytes of `slot` of `tier` go to
@@ -335,7 +337,7 @@ impl Tiers {
         }
         self.make_room(tier + 1, moves);
         self.tick += 1;
-        let meta = TierMeta { parent: entry.parent, extra: entry.extra, hits: entry.hits };
+        let meta = TierMeta { parent: entry.parent, extra: entry.extra, hits: entry.hits, tokens: entry.tokens.clone() };
         match self.tiers[tier + 1].put(key, entry, self.tick, false) {
             Some(to_slot) => moves.push(Move::Demote { key, tier, slot, to_slot, meta }),
             // Every slot below is being loaded this call: the victim is dropped.
@@ -343,8 +345,9 @@ impl Tiers {
         }
     }
 
-    /// Put a block found in `tier`'s storage after a restart back into `tier` (no token
-    /// record: a hit verifies its parent and extra key), behind the blocks there. Returns
+    /// Put a block found in `tier`'s storage after a restart back into `tier`, with its
+    /// verification data (a block stored without token ids has no token record: a hit
+    /// then verifies its parent and extra key), behind the blocks there. Returns
     /// its slot; None, changing nothing, when the tier is full, `tier` does not exist or
     /// a tier holds `key` already (the caller then removes the stored copy).
     pub fn restore(&mut self, tier: usize, key: TierKey, meta: TierMeta) -> Option<u32> {
@@ -352,7 +355,7 @@ impl Tiers {
             return None;
         }
         self.tick += 1;
-        let entry = TierEntry { hits: meta.hits, parent: meta.parent, extra: meta.extra, tokens: None };
+        let entry = TierEntry { hits: meta.hits, parent: meta.parent, extra: meta.extra, tokens: meta.tokens };
         self.tiers[tier].put(key, entry, self.tick, false)
     }
 

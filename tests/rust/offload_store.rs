@@ -19,8 +19,8 @@ use std::{env, fs};
 use proptest::prelude::*;
 
 use pykvpool::kv::{DType, KvCache, KvShape};
-use pykvpool::offload::disk::{DiskTier, Durability};
-use pykvpool::offload::store::TierStore;
+use pykvpool::offload::disk::{DiskTier, Durability, HEADER_BYTES};
+use pykvpool::offload::store::{most_payload_bytes, TierStore};
 use pykvpool::offload::transfer::{pack, slot_bytes_for, DeviceRegion, KvRegion};
 use pykvpool::{BlockPool, CacheConfig, SeqId, StepOutput};
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
@@ -240,6 +240,11 @@ fn a_restart_finds_the_disk_blocks_again() {
     assert!(!again.pool.drain_tier_moves(&mut moves, &mut loads).unwrap());
     let found = again.store.restorable().unwrap();
     assert_eq!(found.len(), 12, "a's 4 blocks and 8 of b's");
+    // Each comes back with its token record: the tokens of a full block of a prompt.
+    let blocks: Vec<Vec<u32>> = [unique(1, 4), unique(2, 9), unique(3, 9)].iter().flat_map(|p| p.chunks_exact(BS).map(<[u32]>::to_vec).collect::<Vec<_>>()).collect();
+    let records: Vec<Vec<u32>> = found.iter().map(|(_, m)| m.tokens.as_deref().expect("a token record").to_vec()).collect();
+    assert!(records.iter().all(|r| blocks.contains(r)));
+    assert!(a.chunks_exact(BS).all(|b| records.iter().any(|r| r == b)), "a's blocks' records");
     for (key, meta) in found {
         let slot = again.pool.restore_tier_block(1, key, meta).unwrap();
         again.store.adopt(slot, key).unwrap();
@@ -269,6 +274,24 @@ fn a_failed_disk_write_is_reported_by_wait_all() {
     assert!(err.to_string().contains("full"), "{err}");
     r.store.wait_all().unwrap();
     assert_eq!(r.store.disk_stats().unwrap().blocks_written, 1);
+}
+
+#[test]
+fn a_disk_budget_of_most_payload_bytes_holds_its_blocks_with_their_token_records() {
+    let mut r = Rig::new(10, 1, Some(8), DType::F32);
+    let dir = TempDir::new();
+    let file = (most_payload_bytes(r.store.slot_bytes(), BS as u32) + HEADER_BYTES) as u64;
+    let disk = DiskTier::open_with(&dir.0, 7, 8 * file, Durability::NoFsync).unwrap();
+    r.store = TierStore::new(1, r.store.slot_bytes(), DType::F32, BS as u32, Some((disk, 8)), 2).unwrap();
+    for p in 1..6 {
+        r.admit(p, &prompt(p as u32, 9, 1));
+        r.pool.free(SeqId(p)).unwrap();
+        r.settle();
+    }
+    let s = r.store.disk_stats().unwrap();
+    assert!(s.blocks_written > 8, "{s:?}");
+    assert_eq!(s.bytes_written, s.blocks_written * (file - HEADER_BYTES as u64), "every block with its token ids");
+    r._dir = dir;
 }
 
 #[test]

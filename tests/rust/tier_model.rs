@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 
 use pykvpool::prefix_cache::eviction::EvictionPolicy;
-use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierPolicy, TierRules, Tiers};
+use pykvpool::prefix_cache::tiers::{GateConfig, Move, TierConfig, TierEntry, TierKey, TierMeta, TierPolicy, TierRules, Tiers};
 use pykvpool::BlockId;
 
 #[derive(Clone, Debug)]
@@ -365,6 +365,23 @@ fn a_collision_is_a_miss_that_moves_nothing() {
     assert_eq!(t.stats()[0].held, 1);
     assert!(t.take(&k, Some(3), Some(9), Some(&tokens(5))).is_some());
     assert_eq!(t.stats()[0].held, 0);
+}
+
+#[test]
+fn a_restored_block_keeps_its_token_record() {
+    let lru = |c| TierConfig { capacity_blocks: c, policy: TierPolicy::Ranked(EvictionPolicy::Lru) };
+    let mut t = Tiers::new(&[lru(2), lru(4)], TierRules::default()).unwrap();
+    let (k, old) = ((1, 5, 0), (1, 6, 0));
+    let meta = TierMeta { parent: Some(3), extra: None, hits: 2, tokens: Some(tokens(5)) };
+    t.restore(1, k, meta).expect("room");
+    t.restore(1, old, TierMeta { parent: Some(3), ..TierMeta::default() }).expect("room");
+    assert_eq!(t.matches(&k, Some(3), None, Some(&tokens(6))), Some(false), "other tokens: a collision");
+    assert_eq!(t.matches(&k, Some(3), None, Some(&tokens(5))), Some(true));
+    assert_eq!(t.matches(&old, Some(3), None, Some(&tokens(6))), Some(true), "no record: parent and extra key only");
+    assert!(t.take(&k, Some(3), None, Some(&tokens(6))).is_none());
+    assert_eq!(t.stats()[1].collisions, 1);
+    let (tier, _, entry) = t.take(&k, Some(3), None, Some(&tokens(5))).expect("a hit");
+    assert_eq!((tier, entry.hits, entry.tokens), (1, 2, Some(tokens(5))));
 }
 
 // ------------------------------------------------------------ the pool with tiers

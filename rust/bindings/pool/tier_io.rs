@@ -15,7 +15,7 @@ use crate::error::{KvError, Result};
 use crate::invalid;
 use crate::kv::KvCache;
 use crate::offload::disk::{DiskTier, Durability, HEADER_BYTES};
-use crate::offload::store::{StoreStats, TierStore, MAX_PROBE_BLOCKS, TRAILER_BYTES};
+use crate::offload::store::{most_payload_bytes, StoreStats, TierStore, MAX_PROBE_BLOCKS};
 use crate::offload::transfer::{slot_bytes_for, DeviceRegion, KvRegion};
 use crate::pool::BlockPool;
 use crate::prefix_cache::tiers::{Move, TierLoad};
@@ -161,7 +161,8 @@ fn open_disk(d: &DiskArgs, cache: &KvCache, blocks: usize, slot_bytes: usize) ->
     );
     // Room for the blocks and for a probe's (`TierStore::probe`).
     let files = blocks.saturating_add(MAX_PROBE_BLOCKS) as u64;
-    let budget = files.saturating_mul((slot_bytes + TRAILER_BYTES + HEADER_BYTES) as u64);
+    let file = most_payload_bytes(slot_bytes, s.block_size as u32).saturating_add(HEADER_BYTES);
+    let budget = files.saturating_mul(file as u64);
     let durability = if d.fsync { Durability::Fsync } else { Durability::NoFsync };
     DiskTier::open_with(&d.dir, xxh3_128(id.as_bytes()), budget, durability)
 }

@@ -21,10 +21,12 @@
 //!   again), the batch so far is submitted and waited for first: the order of the
 //!   decisions is the order of the bytes.
 //!
-//! A disk block's payload is the slot's bytes followed by a [`TRAILER_BYTES`] trailer:
-//! magic `PKVTIER1`, flags (u8: 1 parent present, 2 extra key present), 3 zero bytes,
-//! the block's hits in the device (u32), its parent's key (u128) and its extra key (u64),
-//! little-endian. After a restart [`TierStore::restorable`] lists the folder's blocks
+//! A disk block's payload is the slot's bytes followed by a trailer: the block's token
+//! ids when the cache verifies tokens (u32 each), then [`TRAILER_BYTES`] bytes: magic
+//! `PKVTIER2`, flags (u8: 1 parent present, 2 extra key present, 4 token ids present),
+//! 3 zero bytes, the block's hits in the device (u32), its parent's key (u128), its extra
+//! key (u64), the count of token ids (u32) and 4 zero bytes, little-endian. The token ids
+//! give a restored block its token record, so that its hits stay exact. After a restart [`TierStore::restorable`] lists the folder's blocks
 //! with what the tier needs to find them again, and [`TierStore::adopt`] gives one a slot.
 //!
 //! A block the disk no longer serves (its file damaged or removed behind the tier's back)
@@ -43,9 +45,9 @@ use crate::error::{vec_for, KvError, Result, StorageFault};
 use crate::invalid;
 use crate::kv::DType;
 pub use self::disk_worker::DiskWorker;
-pub use self::trailer::TRAILER_BYTES;
+pub use self::trailer::{most_payload_bytes, TRAILER_BYTES};
 use self::read_ahead::ReadAhead;
-use self::trailer::trailer;
+use self::trailer::{push_trailer, trailer_bytes};
 use crate::offload::disk::{DiskStats, DiskTier};
 use crate::offload::host::{HostTier, Slot};
 use crate::offload::transfer::{Batch, DeviceRegion, Handle, TransferEngine};
@@ -300,13 +302,13 @@ impl TierStore {
                 p.blocks.push(b);
                 self.stats.host_stores += 1;
             }
-            Move::Demote { key, tier: 0, slot, to_slot, meta } => {
+            Move::Demote { key, tier: 0, slot, to_slot, ref meta } => {
                 let s = self.host_index(slot)?;
                 if p.touches(Some(s), None) {
                     // SAFETY: the caller's promise.
                     unsafe { self.flush(p, device)? };
                 }
-                self.demote(key, &meta, s, to_slot)?;
+                self.demote(key, meta, s, to_slot)?;
             }
             Move::Drop { tier: 0, slot, .. } => {
                 self.host_index(slot)?;
@@ -317,7 +319,7 @@ impl TierStore {
                     w.send(move |d| d.remove(file_group(k), k.1).map(drop));
                 }
             }
-            other => return Err(invalid!("tier store: no tier below the disk for {other:?}")),
+            ref other => return Err(invalid!("tier store: no tier below the disk for {other:?}")),
         }
         Ok(())
     }
@@ -328,9 +330,9 @@ impl TierStore {
         let j = self.disk_index(to_slot)?;
         let (fill, dtype) = (if key.2 == 0 { self.block_size } else { u32::from(key.2) }, self.dtype);
         let bytes = self.host.slot(&self.slots[s])?;
-        let mut payload = crate::error::vec_for(bytes.len() + TRAILER_BYTES, "payload")?;
+        let mut payload = crate::error::vec_for(bytes.len() + trailer_bytes(meta), "payload")?;
         payload.extend_from_slice(bytes);
-        payload.extend_from_slice(&trailer(meta));
+        push_trailer(&mut payload, meta);
         let w = self.disk.as_ref().ok_or_else(|| invalid!("tier store: a demotion without a disk tier"))?;
         let old = self.disk_keys[j].take();
         w.send(move |d| {
@@ -400,7 +402,7 @@ impl TierStore {
         let stage = self.staging[k];
         let dst = self.host.slot_mut(&stage)?;
         match served {
-            Some(_) if self.scratch.len() == dst.len() + TRAILER_BYTES => {
+            Some(_) if self.scratch.len() >= dst.len() + TRAILER_BYTES => {
                 dst.copy_from_slice(&self.scratch[..dst.len()]);
                 Ok(Some(stage))
             }

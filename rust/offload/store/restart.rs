@@ -1,10 +1,12 @@
 //! A warm restart of the disk tier: the blocks an earlier run left in the folder, listed
 //! with what the tiers need to find them again, and given back their slots.
 
-use super::trailer::{from_trailer, TRAILER_BYTES};
+use super::trailer::{from_trailer, token_count, TRAILER_BYTES};
 use super::{file_group, TierStore};
 use crate::error::Result;
 use crate::invalid;
+use crate::kv::DType;
+use crate::offload::disk::DiskTier;
 use crate::prefix_cache::tiers::{TierKey, TierMeta};
 
 impl TierStore {
@@ -15,17 +17,17 @@ impl TierStore {
     /// Errors: `Storage` when a file may not be read or removed.
     pub fn restorable(&mut self) -> Result<Vec<(TierKey, TierMeta)>> {
         let Some(w) = &self.disk else { return Ok(Vec::new()) };
-        let (want, dtype) = ((self.host.slot_bytes() + TRAILER_BYTES) as u64, self.dtype);
+        let (slot, dtype, block_size) = (self.host.slot_bytes() as u64, self.dtype, self.block_size);
         let held: rustc_hash::FxHashSet<(u32, u128)> = self.disk_keys.iter().flatten().map(|k| (file_group(*k), k.1)).collect();
         w.run(move |disk| {
             let mut keys: Vec<(u32, u128)> = disk.keys().filter(|k| !held.contains(k)).collect();
             keys.sort_unstable();
             let mut found = Vec::new();
             for (g, k) in keys {
-                let fits = disk.meta(g, k).is_some_and(|m| m.payload_len == want && m.dtype == dtype);
-                let meta = if fits { disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(from_trailer) } else { None };
-                match meta {
-                    Some(meta) => found.push((((g & 0xff) as u8, k, (g >> 8) as u16), meta)),
+                let key = ((g & 0xff) as u8, k, (g >> 8) as u16);
+                let fill = if key.2 == 0 { block_size } else { u32::from(key.2) };
+                match read_meta(disk, (g, k), (slot, dtype), fill)? {
+                    Some(meta) => found.push((key, meta)),
                     None => {
                         disk.remove(g, k)?;
                     }
@@ -56,4 +58,18 @@ impl TierStore {
             }        }
         Ok(())
     }
+}
+
+/// The meta in block (`g`, `k`)'s trailer, when its payload is a slot of `slot` bytes of
+/// `dtype` followed by a trailer whose token ids, if any, are the block's `fill`.
+fn read_meta(disk: &DiskTier, (g, k): (u32, u128), (slot, dtype): (u64, DType), fill: u32) -> Result<Option<TierMeta>> {
+    let Some(m) = disk.meta(g, k).filter(|m| m.dtype == dtype && m.payload_len >= slot + TRAILER_BYTES as u64) else {
+        return Ok(None);
+    };
+    let Some(n) = disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(token_count) else { return Ok(None) };
+    let tail = 4 * n as u64 + TRAILER_BYTES as u64;
+    if m.payload_len != slot + tail || (n != 0 && n != fill as usize) {
+        return Ok(None);
+    }
+    Ok(disk.peek_tail(g, k, tail as usize)?.as_deref().and_then(from_trailer))
 }
