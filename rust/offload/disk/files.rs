@@ -102,9 +102,11 @@ pub(super) fn storage_error(fault: StorageFault, message: String) -> KvError {
 pub(super) enum Staging {
     /// A new file (replacing a leftover one).
     New,
-    /// An existing file whose blocks the file system reuses (a spare): `NotFound` when it
-    /// is gone, with nothing else changed.
-    Reused,
+    /// An existing file of `len` bytes whose blocks the file system reuses (a spare),
+    /// cut to the new length only when it was longer: `NotFound` when it is gone, with
+    /// nothing else changed. (A file longer than `len` left uncut fails every read's
+    /// length check: never served.)
+    Reused { len: u64 },
 }
 
 /// Writes `parts` one after the other to the temporary file `tmp` (see [`Staging`]),
@@ -114,7 +116,9 @@ pub(super) enum Staging {
 pub(super) fn write_atomic(tmp: &Path, staging: Staging, path: &Path, parts: [&[u8]; 2], sync: bool) -> io::Result<()> {
     let new = staging == Staging::New;
     let file = OpenOptions::new().write(true).create(new).truncate(new).open(tmp)?;
-    let written = write_parts(file, parts, !new, sync).and_then(|()| fs::rename(tmp, path));
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let cut = matches!(staging, Staging::Reused { len } if len > total).then_some(total);
+    let written = write_parts(file, parts, cut, sync).and_then(|()| fs::rename(tmp, path));
     if written.is_err() {
         // Best effort: the error being reported is the write's, and the next `open`
         // removes a temporary file this could not.
@@ -123,9 +127,9 @@ pub(super) fn write_atomic(tmp: &Path, staging: Staging, path: &Path, parts: [&[
     written
 }
 
-/// Writes `parts` from the start of `file`, cuts it to their length when it may be
-/// longer (`cut`), and syncs its data when `sync`.
-fn write_parts(mut file: File, parts: [&[u8]; 2], cut: bool, sync: bool) -> io::Result<()> {
+/// Writes `parts` from the start of `file`, cuts it to length `cut` when given, and
+/// syncs its data when `sync`.
+fn write_parts(mut file: File, parts: [&[u8]; 2], cut: Option<u64>, sync: bool) -> io::Result<()> {
     // One vectored write where the file system takes it all (a small header written on
     // its own makes the payload's write that follows it markedly slower).
     let mut slices = parts.map(IoSlice::new);
@@ -139,8 +143,8 @@ fn write_parts(mut file: File, parts: [&[u8]; 2], cut: bool, sync: bool) -> io::
             Err(e) => return Err(e),
         }
     }
-    if cut {
-        file.set_len(parts.iter().map(|p| p.len() as u64).sum())?;
+    if let Some(len) = cut {
+        file.set_len(len)?;
     }
     if sync {
         file.sync_data()?;

@@ -162,7 +162,7 @@ pub struct DiskTier {
     subdirs: [bool; 256],
     /// Removed block files kept (under their `.tmp` names) and empty files made ahead,
     /// for the next puts to write into.
-    spares: Vec<PathBuf>,
+    spares: Vec<(PathBuf, u64)>,
     /// The key in the name of the next spare `make_spare` creates.
     next_spare: BlockKey,
     stats: DiskStats,
@@ -318,21 +318,23 @@ impl DiskTier {
             return Ok(false);
         }
         let path = self.block_path(group, key);
-        self.retire(&path).map_err(|e| io_error("remove", &path, e))?;
+        let len = self.index.get(&(group, key)).map_or(0, |m| HEADER_BYTES as u64 + m.payload_len);
+        self.retire(&path, len).map_err(|e| io_error("remove", &path, e))?;
         self.forget(group, key);
         Ok(true)
     }
 
-    /// Takes block file `path` away: kept as a spare while there are fewer than
-    /// [`MAX_SPARES`] (and none of its name), else deleted. A file already gone is fine.
-    fn retire(&mut self, path: &Path) -> std::io::Result<()> {
+    /// Takes block file `path` (of `len` bytes) away: kept as a spare while there are
+    /// fewer than [`MAX_SPARES`] (and none of its name), else deleted. A file already
+    /// gone is fine.
+    fn retire(&mut self, path: &Path, len: u64) -> std::io::Result<()> {
         let spare = files::tmp_path(path);
-        if self.spares.len() >= MAX_SPARES || self.spares.contains(&spare) {
+        if self.spares.len() >= MAX_SPARES || self.spares.iter().any(|(p, _)| *p == spare) {
             return files::remove_if_present(path).map(|_| ());
         }
         match fs::rename(path, &spare) {
             Ok(()) => {
-                self.spares.push(spare);
+                self.spares.push((spare, len));
                 Ok(())
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -362,7 +364,7 @@ impl DiskTier {
         self.next_spare += 1;
         let spare = files::tmp_path(&self.make_subdir(SPARE_GROUP, key)?);
         match File::create_new(&spare) {
-            Ok(_) => self.spares.push(spare),
+            Ok(_) => self.spares.push((spare, 0)),
             // A file of that name (a put of the spares' group): the next call tries the next.
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_error("create", &spare, e)),
@@ -472,10 +474,10 @@ impl DiskTier {
         let sync = self.durable();
         // A spare if there is one (one that vanished is skipped), else a new file.
         let written = loop {
-            let Some(spare) = self.spares.pop() else {
+            let Some((spare, len)) = self.spares.pop() else {
                 break files::write_atomic(&files::tmp_path(path), Staging::New, path, parts, sync);
             };
-            match files::write_atomic(&spare, Staging::Reused, path, parts, sync) {
+            match files::write_atomic(&spare, Staging::Reused { len }, path, parts, sync) {
                 Err(e) if e.kind() == ErrorKind::NotFound => continue,
                 other => break other,
             }
