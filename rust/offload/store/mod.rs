@@ -148,7 +148,7 @@ impl TierStore {
         }
         let staging = slots.split_off(host_blocks);
         let (disk, disk_blocks) = match disk {
-            Some((d, n)) => (Some(DiskWorker::new(d, disk_queue(slot_bytes), slot_bytes as u64, n)?), n),
+            Some((d, n)) => (Some(DiskWorker::new(d, disk_queue(slot_bytes), most_payload_bytes(slot_bytes, block_size) as u64, n)?), n),
             None => (None, 0),
         };
         let disk_keys = crate::error::filled(None, disk_blocks, "disk_blocks")?;
