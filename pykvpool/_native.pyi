@@ -1406,9 +1406,10 @@ def run_simulation(
             the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
             ``throughput``), None when the run went to the end (then it is the run
             without the rule, bit for bit).
-        time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
+        time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
-            overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
+            overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``
+            (:meth:`pykvpool.planning.roofline.Roofline.figures`); or a callable ``f(prefill_tokens, decode_tokens,
             num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
             with the GIL held.
 

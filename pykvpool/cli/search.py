@@ -117,7 +117,7 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
                    help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
     g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...",
-                   help="devices per replica: one tensor-parallel replica, ideal scaling, no communication time")
+                   help="devices per replica: one tensor-parallel replica whose steps add ring all-reduces over the device link")
     g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
                    help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "
                         "one spelling, f16; fp8 and int8 take :head, :gN or :tensor)")

@@ -33,7 +33,11 @@ from pykvpool.checks import check_count as _count, check_positive as _positive
 from pykvpool.planning.hardware import Hardware, hardware_preset
 from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 
+#: Bytes per activation element a tensor-parallel all-reduce moves (bf16).
+ACTIVATION_BYTES = 2.0
+
 __all__ = [
+    "ACTIVATION_BYTES",
     "KernelPoint",
     "PREFILL_SHAPES",
     "PrefillPoint",
@@ -525,6 +529,13 @@ class Roofline:
     over the host link. Models and devices are the capacity planner's
     (:data:`pykvpool.planning.models.MODELS`, :data:`pykvpool.planning.hardware.HARDWARE`).
 
+    A replica of ``devices`` > 1 devices is tensor parallel: ``hardware`` is the
+    replica's (its memory, bandwidth and FLOP/s those of all its devices), and every step
+    that computes tokens adds two ring all-reduces per layer of the tokens' activations
+    (q width x :data:`ACTIVATION_BYTES` each), not overlapped with compute: each takes
+    ``2 (N-1)`` steps of ``link_latency`` and moves ``2 (N-1) / N`` of its bytes over one
+    device's ``link_bandwidth`` (the hardware's link figures are per device).
+
     Attributes:
         compute_dtype: the compute precision of the FLOP roof (a key of the device's
             ``peak_flops``); kv_dtype: the KV storage dtype, any spelling
@@ -533,6 +544,7 @@ class Roofline:
         flops_efficiency, bandwidth_efficiency: fractions of the roofs an engine reaches.
         host_link_bandwidth: host <-> device bytes/s for swapping (PCIe 4 x16 by default).
         overhead: fixed seconds per step (launches, scheduling, sampling).
+        devices: devices of the tensor-parallel replica (1: one device, no all-reduce).
 
     Raises:
         UnknownPresetError: ``kv_dtype`` is not a storage dtype.
@@ -549,15 +561,17 @@ class Roofline:
     flops_efficiency: float = 0.6
     bandwidth_efficiency: float = 0.8
     host_link_bandwidth: float = 25e9
+    devices: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_dtype, str):
             object.__setattr__(self, "kv_dtype", storage_dtype(self.kv_dtype).name)
 
     def figures(self) -> list[float]:
-        """The 9 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
+        """The 11 numbers :func:`pykvpool._native.run_simulation` takes: params, bytes per
         param, layers, query width, KV bytes per token, reachable FLOP/s, reachable
-        bytes/s, overhead (s) and swap time per block (s).
+        bytes/s, overhead (s), swap time per block (s), and the all-reduces' seconds per
+        step and per computed token (both 0 on one device).
 
         Raises:
             UnknownPresetError: ``compute_dtype`` has no peak on the device, or
@@ -565,7 +579,8 @@ class Roofline:
             InvalidArgumentError: a malformed ``kv_dtype`` granularity; an efficiency
                 outside (0, 1], a host link bandwidth that is not finite and > 0, a
                 ``block_size`` that is not an int >= 1, an ``overhead`` that is not finite
-                and >= 0 (each named).
+                and >= 0, ``devices`` not an int >= 1, or > 1 on hardware without a
+                device link (each named).
         """
         _count(self.block_size, "block_size", 1)
         _positive(self.overhead, "overhead", zero=True)
@@ -584,7 +599,27 @@ class Roofline:
             h.bandwidth * self.bandwidth_efficiency,
             self.overhead,
             self.block_size * kv / self.host_link_bandwidth,
+            *self.all_reduce_times(),
         ]
+
+    def all_reduce_times(self) -> tuple[float, float]:
+        """Tensor parallelism's all-reduce time in a step: ``(seconds per step, seconds
+        per computed token)``, ``(0.0, 0.0)`` on one device (see the class docstring).
+
+        Raises:
+            InvalidArgumentError: ``devices`` not an int >= 1, or > 1 on hardware whose
+                ``link_bandwidth`` is not > 0 or ``link_latency`` not >= 0.
+        """
+        n = _count(self.devices, "devices", 1)
+        if n == 1:
+            return 0.0, 0.0
+        h = self.hardware
+        _positive(h.link_bandwidth, "link_bandwidth")
+        _positive(h.link_latency, "link_latency", zero=True)
+        per_layer = 2.0 * self.model.num_layers
+        width = float(self.model.num_q_heads * self.model.head_dim) * ACTIVATION_BYTES
+        steps = 2.0 * (n - 1)
+        return per_layer * steps * h.link_latency, per_layer * steps / n * width / h.link_bandwidth
 
 
 def roofline(model: str, hardware: str, block_size: int = 16, overhead: float = 2e-3) -> Roofline:

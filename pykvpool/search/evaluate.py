@@ -76,7 +76,8 @@ class SearchSpec:
 def replica_hardware(hw: Hardware, devices: int) -> Hardware:
     """``devices`` devices as one tensor-parallel replica under
     :data:`pykvpool.search.scaling.SCALING_MODEL`: memory, bandwidth and FLOP/s multiplied
-    by :func:`pykvpool.search.scaling.scaling_factor` (ideal scaling, no communication time).
+    by :func:`pykvpool.search.scaling.scaling_factor`; the link figures stay per device
+    (the roofline adds the all-reduce time from them).
 
     Raises:
         Nothing: arithmetic on a validated preset.
@@ -85,7 +86,7 @@ def replica_hardware(hw: Hardware, devices: int) -> Hardware:
         return hw
     f = scaling_factor(devices)
     return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * f, hw.bandwidth * f,
-                    {k: v * f for k, v in hw.peak_flops.items()}, hw.source)
+                    {k: v * f for k, v in hw.peak_flops.items()}, hw.source, hw.link_bandwidth, hw.link_latency)
 
 
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
@@ -114,7 +115,7 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
                             host_blocks=blocks if point.preemption == "swap" else 0)
     cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
                     eviction=point.eviction, record_steps=False, groups=groups)
-    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype)
+    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=point.devices)
 
 
 def _gallop(meets: Callable[[int], bool], rungs: int, hint: int) -> tuple[int, int]:

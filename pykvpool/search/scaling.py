@@ -2,10 +2,12 @@
 
 The one definition of how a point's devices are modelled (:data:`SCALING_MODEL`,
 :func:`scaling_factor`): ``N`` devices are one tensor-parallel replica with ``N`` times
-one device's memory, bandwidth and FLOP/s and no communication time; the weights are
-stored once (sharded), the memory reserve is per device. Every output of a search (the
-command line, ``best.json``, ``search.json`` and each row, the figures, the report's
-section) states it in one line, until the simulator models communication.
+one device's memory, bandwidth and FLOP/s, and every step pays two ring all-reduces per
+layer over the devices' link (:class:`pykvpool.planning.roofline.Roofline`, the link
+figures of :data:`pykvpool.planning.hardware.HARDWARE`); the weights are stored once
+(sharded), the memory reserve is per device. Every output of a search (the command
+line, ``best.json``, ``search.json`` and each row, the figures, the report's section)
+states it in one line.
 
 Two consequences are carried as data, per SLO, in every row:
 
@@ -18,8 +20,9 @@ Two consequences are carried as data, per SLO, in every row:
 The superlinear rule. Sharding the weights over more devices leaves each device more KV
 memory (the pool is N devices' memory less one copy of the weights), and that is true of
 real tensor parallelism too: a rate limited by KV capacity may grow per device in
-proportion. The step time is what the model idealizes (N times faster, no all-reduce),
-so growth beyond the KV gain is the artefact. A point P of N devices is flagged when,
+proportion. The step time is what the model idealizes (compute and memory work divided
+perfectly over the devices; only the all-reduces cost), so growth beyond the KV gain is
+the artefact. A point P of N devices is flagged when,
 for some point Q of its chain (the same configuration) with fewer devices n that
 sustains a rate that is not a lower bound, ``rate_P / N > rate_Q / n x max(1, kv_P / kv_Q)
 x (1 + SCALING_TOLERANCE)``, where ``kv`` is KV blocks per device. Rates are rungs of
@@ -41,10 +44,10 @@ Row = dict[str, Any]
 
 #: The scaling model's name, in every row (``scaling``) and in ``search.json``: a folder
 #: written under another model (or before this was recorded) is refused.
-SCALING_ID = "ideal-tp"
+SCALING_ID = "tp-ring-allreduce"
 #: The scaling model in one line, as every output states it.
 SCALING_MODEL = ("Scaling model: N devices are one tensor-parallel replica with N x one device's memory, "
-                 "bandwidth and FLOP/s, no communication time (ideal scaling).")
+                 "bandwidth and FLOP/s, plus two ring all-reduces per layer and step over the device link.")
 #: How far (a fraction) a point's rate per device may exceed what its KV gain explains
 #: before it is flagged superlinear.
 SCALING_TOLERANCE = 0.05
@@ -52,7 +55,7 @@ SCALING_TOLERANCE = 0.05
 
 def scaling_factor(devices: int) -> int:
     """What ``devices`` devices multiply one device's memory, bandwidth and FLOP/s by
-    under :data:`SCALING_MODEL` (``devices``: ideal scaling).
+    under :data:`SCALING_MODEL` (``devices``: the replica's roofs add up).
 
     Raises:
         Nothing: the identity on a validated count.

@@ -16,7 +16,7 @@ Two strategies (:data:`pykvpool.search.evaluate.STRATEGIES`):
   ``tests/search/test_search_scaling.py`` on random ones).
 
 Both rank only the points :mod:`pykvpool.search.scaling` does not flag superlinear
-(devices are modelled with ideal scaling: :data:`pykvpool.search.scaling.SCALING_MODEL`).
+(devices as one tensor-parallel replica: :data:`pykvpool.search.scaling.SCALING_MODEL`).
 """
 
 from __future__ import annotations

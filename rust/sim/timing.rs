@@ -1,8 +1,9 @@
 //! Step duration: how long the model takes to run one scheduled batch, in logical seconds.
 //!
 //! The engine describes each batch by a [`StepShape`] and asks a [`StepTimer`]. Three
-//! timers exist: a constant, a roofline of a model on a device (the larger of compute time
-//! and memory time, plus a fixed overhead), and, through the Python bindings, any callable.
+//! timers exist: a constant, a roofline of a model on a device or a tensor-parallel
+//! replica (the larger of compute time and memory time, plus a fixed overhead and the
+//! replica's all-reduce time), and, through the Python bindings, any callable.
 //! No wall clock is read anywhere: a run's times depend only on its inputs.
 
 use crate::error::Result;
@@ -42,7 +43,7 @@ impl StepTimer for ConstantTime {
     }
 }
 
-/// A dense decoder on one device, for a roofline estimate.
+/// A dense decoder on one device or one tensor-parallel replica, for a roofline estimate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Roofline {
     /// Model parameters (weights read once per step, 2 FLOPs per parameter per token).
@@ -61,6 +62,11 @@ pub struct Roofline {
     pub overhead: f64,
     /// Host <-> device transfer time per swapped block, seconds.
     pub swap_time_per_block: f64,
+    /// Tensor parallelism's all-reduces in a step that computes any token: their fixed
+    /// (latency) part, seconds per step (0 on one device).
+    pub comm_per_step: f64,
+    /// Their bandwidth part, seconds per computed token (0 on one device).
+    pub comm_per_token: f64,
 }
 
 impl Roofline {
@@ -73,6 +79,8 @@ impl Roofline {
             ("kv_bytes_per_token", self.kv_bytes_per_token),
             ("overhead", self.overhead),
             ("swap_time_per_block", self.swap_time_per_block),
+            ("comm_per_step", self.comm_per_step),
+            ("comm_per_token", self.comm_per_token),
         ];
         for (name, v) in fields {
             if !(v.is_finite() && v >= 0.0) {
@@ -85,6 +93,15 @@ impl Roofline {
             }
         }
         Ok(())
+    }
+
+    /// Seconds of the step's all-reduces (none when it computes no token).
+    pub fn comm_time(&self, s: &StepShape) -> f64 {
+        let tokens = s.prefill_tokens + s.decode_tokens;
+        if tokens == 0 {
+            return 0.0;
+        }
+        self.comm_per_step + self.comm_per_token * tokens as f64
     }
 
     /// `(compute seconds, memory seconds)` of a step, without overhead.
@@ -103,7 +120,7 @@ impl StepTimer for Roofline {
             return Ok(0.0);
         }
         let (c, m) = self.components(s);
-        Ok(c.max(m) + self.overhead + self.swap_time_per_block * s.swapped_blocks as f64)
+        Ok(c.max(m) + self.overhead + self.swap_time_per_block * s.swapped_blocks as f64 + self.comm_time(s))
     }
 }
 
@@ -122,6 +139,8 @@ mod tests {
             bandwidth: 2.0e12 * 0.8,
             overhead: 2e-3,
             swap_time_per_block: 0.0,
+            comm_per_step: 0.0,
+            comm_per_token: 0.0,
         }
     }
 
@@ -137,6 +156,18 @@ mod tests {
         // 16 GB of weights at 1.6 TB/s: a bit over 10 ms per decode step.
         let t = llama8b_a100().step_time(&decode).unwrap();
         assert!((0.01..0.02).contains(&t), "{t}");
+    }
+
+    #[test]
+    fn all_reduces_add_their_time_to_steps_that_compute_tokens() {
+        let one = llama8b_a100();
+        let tp = Roofline { comm_per_step: 1e-3, comm_per_token: 1e-6, ..one };
+        let decode = StepShape { decode_tokens: 32, num_seqs: 32, context_tokens: 32 * 1000, ..Default::default() };
+        let (mut a, mut b) = (one, tp);
+        let extra = b.step_time(&decode).unwrap() - a.step_time(&decode).unwrap();
+        assert!((extra - (1e-3 + 32.0 * 1e-6)).abs() < 1e-12, "{extra}");
+        let swap_only = StepShape { swapped_blocks: 4, ..Default::default() };
+        assert_eq!(b.step_time(&swap_only).unwrap(), a.step_time(&swap_only).unwrap(), "no token, no all-reduce");
     }
 
     #[test]

@@ -118,6 +118,8 @@ fn same_input_same_result_bit_for_bit() {
         bandwidth: 1e12,
         overhead: 1e-3,
         swap_time_per_block: 1e-5,
+        comm_per_step: 0.0,
+        comm_per_token: 0.0,
     };
     let a = simulate(&w, &cfg, &mut t).unwrap();
     let b = simulate(&w, &cfg, &mut t).unwrap();
@@ -276,6 +278,8 @@ fn prefix_caching_lowers_ttft_on_shared_prefixes() {
             bandwidth: 1.6e12,
             overhead: 2e-3,
             swap_time_per_block: 0.0,
+            comm_per_step: 0.0,
+            comm_per_token: 0.0,
         };
         simulate(&w, c, &mut roof).unwrap()
     };

@@ -32,6 +32,8 @@ fn timer() -> Roofline {
         bandwidth: 2e11,
         overhead: 1e-3,
         swap_time_per_block: 1e-5,
+        comm_per_step: 0.0,
+        comm_per_token: 0.0,
     }
 }
 

@@ -223,7 +223,7 @@ CONFIGS: list[tuple[str, dict[str, Any], Any, str]] = [
     ("time_model bool", {}, True, "time_model"),
     ("time_model 10**400", {}, 10**400, "time_model"),
     ("time_model 3 figures", {}, [1.0, 2.0, 3.0], "time_model"),
-    ("time_model bad figure", {}, [1.0] * 5 + [0.0] + [1.0] * 3, "time_model"),
+    ("time_model bad figure", {}, [1.0] * 5 + [0.0] + [1.0] * 5, "time_model"),
     ("time_model string", {}, "fast", "time_model"),
     ("time_model returns a string", {}, never_seconds, "time_model"),
     ("time_model returns nan", {}, lambda *s: NAN, "time_model"),

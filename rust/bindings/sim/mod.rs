@@ -54,7 +54,7 @@ enum Timer {
 fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
     let py = obj.py();
     if obj.is_instance_of::<PyBool>() {
-        return Err(invalid(py, "time_model must be seconds per step, a callable, or the 9 roofline figures, got a bool"));
+        return Err(invalid(py, "time_model must be seconds per step, a callable, or the 11 roofline figures, got a bool"));
     }
     if obj.is_instance_of::<PyFloat>() || obj.is_instance_of::<PyInt>() {
         let t = args::real(obj, "time_model")?;
@@ -67,12 +67,12 @@ fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
         return Ok(Timer::Python(PyTimer { f: obj.clone().unbind(), err: None }));
     }
     let v: Vec<f64> = args::floats(obj, "time_model").map_err(|_| {
-        invalid(py, "time_model must be seconds per step, a callable, or the 9 roofline figures")
+        invalid(py, "time_model must be seconds per step, a callable, or the 11 roofline figures")
     })?;
-    let [num_params, bytes_per_param, num_layers, q_dim, kv_bytes_per_token, flops, bandwidth, overhead, swap_time_per_block] =
+    let [num_params, bytes_per_param, num_layers, q_dim, kv_bytes_per_token, flops, bandwidth, overhead, swap_time_per_block, comm_per_step, comm_per_token] =
         v[..]
     else {
-        return Err(invalid(py, format!("time_model: a roofline needs 9 figures, got {}", v.len())));
+        return Err(invalid(py, format!("time_model: a roofline needs 11 figures, got {}", v.len())));
     };
     let r = Roofline {
         num_params,
@@ -84,6 +84,8 @@ fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
         bandwidth,
         overhead,
         swap_time_per_block,
+        comm_per_step,
+        comm_per_token,
     };
     r.validate().map_err(|e| invalid(py, format!("time_model: {e}")))?;
     Ok(Timer::Roofline(r))
@@ -299,9 +301,10 @@ fn synthesize_workload<'py>(
 ///         the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
 ///         ``throughput``), None when the run went to the end (then it is the run
 ///         without the rule, bit for bit).
-///     time_model: seconds per step (float, default 0.0: steps only); the 9 roofline
+///     time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
 ///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
-///         overhead s, swap s/block]``; or a callable ``f(prefill_tokens, decode_tokens,
+///         overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``
+///         (:meth:`pykvpool.planning.roofline.Roofline.figures`); or a callable ``f(prefill_tokens, decode_tokens,
 ///         num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
 ///         with the GIL held.
 ///
