@@ -161,6 +161,19 @@ class ModelConfig:
         """
         return self.num_layers * self.kv_layer_bytes(dtype)
 
+    def kv_replicas(self, devices: int) -> float:
+        """Copies of each token's KV a tensor-parallel replica of ``devices`` devices
+        stores: the K/V heads are divided over the devices, and when there are more
+        devices than heads each head is kept on ``devices / num_kv_heads`` of them (vLLM's
+        rule); MLA's latent (``num_kv_heads`` 1) is kept whole on every device.
+
+        Raises:
+            InvalidArgumentError: ``devices`` not an integer >= 1.
+        """
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise InvalidArgumentError(f"devices must be an integer >= 1, got {devices!r}")
+        return max(1.0, devices / self.num_kv_heads)
+
     def kv_bytes(self, seq_len: int, dtype: StorageDtype | str = "bf16", block_size: int = 1) -> int:
         """KV bytes of one sequence of ``seq_len`` tokens: over the layer groups,
         ``layers x tokens held x`` :meth:`kv_layer_bytes`, the tokens a group holds

@@ -534,7 +534,9 @@ class Roofline:
     that computes tokens adds two ring all-reduces per layer of the tokens' activations
     (q width x :data:`ACTIVATION_BYTES` each), not overlapped with compute: each takes
     ``2 (N-1)`` steps of ``link_latency`` and moves ``2 (N-1) / N`` of its bytes over one
-    device's ``link_bandwidth`` (the hardware's link figures are per device).
+    device's ``link_bandwidth`` (the hardware's link figures are per device). Its KV
+    bytes per token count every copy the replica keeps
+    (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`).
 
     Attributes:
         compute_dtype: the compute precision of the FLOP roof (a key of the device's
@@ -588,7 +590,7 @@ class Roofline:
         _positive(self.bandwidth_efficiency, "bandwidth_efficiency", most=1.0)
         _positive(self.host_link_bandwidth, "host_link_bandwidth")
         m, h = self.model, self.hardware
-        kv = float(m.kv_bytes_per_token(self.kv_dtype))
+        kv = float(m.kv_bytes_per_token(self.kv_dtype)) * m.kv_replicas(_count(self.devices, "devices", 1))
         return [
             m.num_params,
             m.weight_bytes_per_param,

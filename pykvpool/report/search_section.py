@@ -144,8 +144,9 @@ def _scaling(folder: SearchFolder) -> tuple[str, str]:
     """The scaling model's paragraph, and the table of the points it flagged."""
     flagged = _superlinear(folder)
     count = len({r["key"] for rows in flagged.values() for r in rows})
-    text = (f"{SCALING_MODEL} Until the simulator models communication, more devices look better than they "
-            "are: a configuration whose sustained rate per device is above that of the same configuration on "
+    text = (f"{SCALING_MODEL} The compute and memory work still divide perfectly over the devices, so more "
+            "devices may look better than they are: a configuration whose sustained rate per device is above "
+            "that of the same configuration on "
             f"fewer devices by more than its larger KV pool per device explains (plus {SCALING_TOLERANCE:.0%}) "
             "is flagged superlinear and is neither a best point nor on a frontier. A rate written `>= x` is the "
             "ladder's top rung: the configuration sustains at least that.\n")

@@ -92,7 +92,9 @@ def replica_hardware(hw: Hardware, devices: int) -> Hardware:
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
     """The simulator configuration and step-time model of ``point`` serving ``model``: the
     KV pool is the budget of ``pykvpool ledger`` (all memory minus 4 GiB per device) less
-    the weights, in blocks (layer groups: the model's hybrid pool's blocks).
+    the weights, in blocks (layer groups: the model's hybrid pool's blocks), divided by
+    the copies of each token's KV the replica keeps
+    (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`).
 
     Raises:
         BudgetError: the weights leave no room for one block of KV.
@@ -109,6 +111,11 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
         if blocks < 1:
             raise BudgetError(f"{point.devices} x {point.hardware} leaves no KV block of {bs} tokens for "
                               f"{model.name}", needed_bytes=0, available_bytes=max(led.kv_budget_bytes, 0))
+    copies = model.kv_replicas(point.devices)
+    blocks = int(blocks / copies)
+    if blocks < 1:
+        raise BudgetError(f"{point.devices} x {point.hardware} keeps {copies:g} copies of each token's KV and has no "
+                          f"KV block of {bs} tokens left for {model.name}", needed_bytes=0, available_bytes=0)
     preemption: Any = point.preemption
     sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
                             chunked_prefill=point.chunked_prefill, preemption=preemption,

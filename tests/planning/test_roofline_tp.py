@@ -13,7 +13,8 @@ from pykvpool import simulate as sim
 from pykvpool.planning.hardware import HARDWARE, Hardware, hardware_preset
 from pykvpool.planning.models import model_preset
 from pykvpool.planning.roofline import Roofline
-from pykvpool.search.evaluate import replica_hardware
+from pykvpool.search.evaluate import deploy, replica_hardware
+from pykvpool.search.space import SearchSpace
 
 LLAMA70 = model_preset("llama-3-70b")  # 80 layers, 64 query heads of 128
 H100 = hardware_preset("h100-sxm")
@@ -67,3 +68,30 @@ def test_a_replica_without_a_link_is_refused() -> None:
     assert Roofline(LLAMA70, bare).figures()[9:] == [0.0, 0.0]
     with pytest.raises(InvalidArgumentError, match="link_bandwidth"):
         Roofline(LLAMA70, replica_hardware(bare, 2), devices=2).figures()
+
+
+@pytest.mark.parametrize("devices,copies", [(1, 1.0), (4, 1.0), (8, 1.0), (16, 2.0), (32, 4.0)])
+def test_kv_heads_are_divided_then_replicated(devices: int, copies: float) -> None:
+    assert LLAMA70.kv_replicas(devices) == copies  # 8 K/V heads
+
+
+def test_a_latent_is_kept_whole_on_every_device() -> None:
+    mla = model_preset("deepseek-v3")
+    assert mla.kv_latent_dim and mla.num_kv_heads == 1
+    assert [mla.kv_replicas(n) for n in (1, 2, 8)] == [1.0, 2.0, 8.0]
+
+
+@pytest.mark.parametrize("devices", [0, -1, True, 2.0])
+def test_kv_replicas_names_a_bad_count(devices: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="devices"):
+        LLAMA70.kv_replicas(devices)  # type: ignore[arg-type]
+
+
+def test_deploy_counts_every_copy_of_the_kv() -> None:
+    """A latent model on 1 and 2 devices: twice the memory, the weights once, and a pool
+    of two copies: fewer than twice one device's blocks; the roofline reads both copies."""
+    mla = model_preset("deepseek-v2-lite")
+    space = SearchSpace(hardware=("h100-sxm",), devices=(1, 2), kv_dtypes=("bf16",), block_sizes=(16,))
+    (one, r1), (two, r2) = (deploy(p, mla) for p in space.points(mla, prefix_workload=False))
+    assert two.num_blocks < 2 * one.num_blocks
+    assert r2.figures()[4] == 2 * r1.figures()[4]
