@@ -242,10 +242,11 @@ fn read_into(path: &Path, meta: BlockMeta, out: &mut Vec<u8>) -> Result<Option<H
     };
     let n = usize::try_from(meta.payload_len).map_err(|_| invalid!("disk tier: a {len}-byte block file"))?;
     out.try_reserve_exact(n).map_err(|_| invalid!("disk tier: cannot allocate {n} bytes to read a block"))?;
-    out.resize(out.len() + n, 0);
-    let start = out.len() - n;
-    match file.read_exact(&mut out[start..]) {
-        Ok(()) => Ok(Some(header)),
+    // Read into the reserved capacity (not zero-filled first); fewer bytes than the
+    // header says is a damaged file.
+    match (&mut file).take(n as u64).read_to_end(out) {
+        Ok(got) if got == n => Ok(Some(header)),
+        Ok(_) => Ok(None),
         Err(e) if damaged(&e) => Ok(None),
         Err(e) => Err(io_error("read", path, e)),
     }
