@@ -134,7 +134,6 @@ fn write_parts(mut file: File, parts: [&[u8]; 2], cut: Option<u64>, sync: bool) 
     // its own makes the payload's write that follows it markedly slower).
     let mut slices = parts.map(IoSlice::new);
     let mut rest = &mut slices[..];
-    IoSlice::advance_slices(&mut rest, 0);
     while !rest.is_empty() {
         match file.write_vectored(rest) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),

@@ -1,7 +1,7 @@
 //! A warm restart of the disk tier: the blocks an earlier run left in the folder, listed
 //! with what the tiers need to find them again, and given back their slots.
 
-use super::trailer::{from_trailer, token_count, TRAILER_BYTES};
+use super::trailer::{from_trailer, TRAILER_BYTES};
 use super::{file_group, TierStore};
 use crate::error::Result;
 use crate::invalid;
@@ -63,13 +63,9 @@ impl TierStore {
 /// The meta in block (`g`, `k`)'s trailer, when its payload is a slot of `slot` bytes of
 /// `dtype` followed by a trailer whose token ids, if any, are the block's `fill`.
 fn read_meta(disk: &DiskTier, (g, k): (u32, u128), (slot, dtype): (u64, DType), fill: u32) -> Result<Option<TierMeta>> {
-    let Some(m) = disk.meta(g, k).filter(|m| m.dtype == dtype && m.payload_len >= slot + TRAILER_BYTES as u64) else {
-        return Ok(None);
-    };
-    let Some(n) = disk.peek_tail(g, k, TRAILER_BYTES)?.as_deref().and_then(token_count) else { return Ok(None) };
-    let tail = 4 * n as u64 + TRAILER_BYTES as u64;
-    if m.payload_len != slot + tail || (n != 0 && n != fill as usize) {
-        return Ok(None);
-    }
-    Ok(disk.peek_tail(g, k, tail as usize)?.as_deref().and_then(from_trailer))
+    let most = TRAILER_BYTES as u64 + 4 * u64::from(fill);
+    let tail = disk.meta(g, k).filter(|m| m.dtype == dtype).and_then(|m| m.payload_len.checked_sub(slot));
+    let Some(tail) = tail.filter(|t| (TRAILER_BYTES as u64..=most).contains(t)) else { return Ok(None) };
+    let meta = disk.peek_tail(g, k, tail as usize)?.as_deref().and_then(from_trailer);
+    Ok(meta.filter(|m| m.tokens.as_ref().is_none_or(|t| t.len() == fill as usize)))
 }

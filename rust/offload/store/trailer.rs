@@ -39,7 +39,7 @@ pub(super) fn push_trailer(out: &mut Vec<u8>, meta: &TierMeta) {
 }
 
 /// The token ids a fixed trailer says precede it; None for bytes that are no trailer.
-pub(super) fn token_count(fixed: &[u8]) -> Option<usize> {
+fn token_count(fixed: &[u8]) -> Option<usize> {
     let ok = fixed.len() == TRAILER_BYTES
         && &fixed[..8] == TRAILER_MAGIC
         && fixed[8] <= PARENT | EXTRA | TOKENS
