@@ -79,6 +79,7 @@ __all__ = [
     "SIM_MAX_REQUESTS",
     "SIM_MAX_REQUEST_TOKENS",
     "SIM_MAX_STEP_TOKENS",
+    "SIM_MAX_REPLICAS",
 ]
 
 # An array of another library exporting DLPack (a CPU torch tensor): read through a numpy
@@ -1265,6 +1266,8 @@ SIM_MAX_REQUEST_TOKENS: Final[int]
 """Most tokens in one prompt, and in one output, of a simulated request (2**24)."""
 SIM_MAX_STEP_TOKENS: Final[int]
 """Most tokens one simulator step computes (2**24): the largest ``max_batched_tokens``."""
+SIM_MAX_REPLICAS: Final[int]
+"""Most replicas of one simulated deployment (1,024): ``run_simulation``'s ``replicas``."""
 
 def synthesize_workload(
     num_requests: int,
@@ -1406,6 +1409,13 @@ def run_simulation(
             the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
             ``throughput``), None when the run went to the end (then it is the run
             without the rule, bit for bit).
+            ``replicas``: data parallelism: replicas of this configuration behind one
+            router, 1 (default) to ``SIM_MAX_REPLICAS``, each with its own pools and the
+            same ``time_model``; their steps run in time order on one clock.
+            ``router``: ``"round_robin"`` (default: the k-th arrival to replica k mod
+            ``replicas``) or ``"shortest_queue"`` (the fewest pending tokens: a request
+            counts its prompt until its first token, then 1 until it finishes). Requests
+            and steps gain a ``replica`` column (-1: never routed).
         time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
             overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``

@@ -16,9 +16,11 @@ or block keys: :func:`run` refuses it on a workload of lengths only
 
 from pykvpool.planning.roofline import Roofline, roofline
 from pykvpool.simulate.engine import (
+    MAX_REPLICAS,
     MAX_REQUEST_TOKENS,
     MAX_REQUESTS,
     MAX_STEP_TOKENS,
+    ROUTERS,
     GroupSpec,
     SchedulerConfig,
     SimConfig,
@@ -34,10 +36,12 @@ from pykvpool.simulate.engine import (
 from pykvpool.simulate.workload import check_prefix_caching
 
 __all__ = [
+    "MAX_REPLICAS",
     "MAX_REQUESTS",
     "MAX_REQUEST_TOKENS",
     "MAX_STEP_TOKENS",
     "GroupSpec",
+    "ROUTERS",
     "Roofline",
     "SchedulerConfig",
     "SimConfig",

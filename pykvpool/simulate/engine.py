@@ -73,12 +73,18 @@ Array = npt.NDArray[np.generic]
 #: swapped_blocks) -> seconds``: a user step-time model.
 StepTimeFn = Callable[[int, int, int, int, int, int], float]
 
+#: Most replicas of one simulated deployment (:attr:`SimConfig.replicas`).
+MAX_REPLICAS: int = _native.SIM_MAX_REPLICAS
+#: How a deployment of several replicas routes arrivals (:attr:`SimConfig.router`).
+ROUTERS: tuple[str, ...] = ("round_robin", "shortest_queue")
+
 #: Most tokens one engine step computes (16 Mi): the largest ``max_batched_tokens``, and
 #: the budget when it is None.
 MAX_STEP_TOKENS: int = _native.SIM_MAX_STEP_TOKENS
 
 
 __all__ = [
+    "MAX_REPLICAS",
     "MAX_REQUESTS",
     "MAX_REQUEST_TOKENS",
     "MAX_STEP_TOKENS",
@@ -88,6 +94,7 @@ __all__ = [
     "StepTimeFn",
     "StopWhen",
     "GroupSpec",
+    "ROUTERS",
     "TimeModel",
     "Workload",
     "kv_blocks_for_memory",
@@ -229,10 +236,25 @@ class SimConfig:
         stop_when: a :class:`pykvpool.simulate.stop.StopWhen` (SLO targets): stop as soon
             as the run certainly cannot meet them; ``summary["stopped"]`` names the target
             (None: the run went to the end, the same as without the rule). Default None.
+        replicas: data parallelism: this many replicas, 1 (default) to :data:`MAX_REPLICAS`,
+            each a whole engine of this configuration (its own ``num_blocks`` pool,
+            scheduler and the same step-time model) behind one router; their steps run
+            in time order on one logical clock. An arrival goes to one replica for good:
+            ``router="round_robin"`` (default) sends the k-th arrival to replica k mod
+            ``replicas`` (each replica then serves exactly what a one-replica run of its
+            share of the trace serves); ``"shortest_queue"`` to the replica with the
+            fewest pending tokens (SplitwiseSim's token JSQ: a routed request counts its
+            prompt tokens until its first token, then 1 until it finishes; events count
+            from the end of the step that made them; ties to the lowest index). Requests
+            gain a ``replica`` column (-1: never routed), steps a ``replica`` column; the
+            summary's latencies and throughputs are over all requests, its peaks the most
+            one replica held at once, ``steps`` every replica's. One replica is the
+            classic engine, bit for bit.
 
     Raises:
         InvalidArgumentError: ``groups`` not None or a tuple/list of 1 to 64 groups, an
-            unknown kind, a window or chunk < 1, negative sinks (naming ``groups[i]``).
+            unknown kind, a window or chunk < 1, negative sinks (naming ``groups[i]``);
+            ``replicas`` not an integer in 1..=:data:`MAX_REPLICAS`, an unknown ``router``.
     """
 
     num_blocks: int
@@ -245,9 +267,15 @@ class SimConfig:
     record_steps: bool = True
     groups: Optional[tuple[GroupSpec, ...]] = None
     stop_when: Optional[StopWhen] = None
+    replicas: int = 1
+    router: Literal["round_robin", "shortest_queue"] = "round_robin"
 
     def __post_init__(self) -> None:
         _group_specs(self.groups)
+        if _count(self.replicas, "replicas", 1) > MAX_REPLICAS:
+            raise _invalid(f"replicas must be in 1..={MAX_REPLICAS}, got {self.replicas}")
+        if self.router not in ROUTERS:
+            raise _invalid(f"unknown router={self.router!r} (one of {', '.join(ROUTERS)})")
         if self.stop_when is not None and not isinstance(self.stop_when, StopWhen):
             raise TypeError(f"stop_when must be a StopWhen or None, got {type(self.stop_when).__name__}")
 
@@ -300,8 +328,9 @@ class SimulationResult:
         requests: per request (workload order): arrival, first_scheduled, first_token,
             finish, ttft, tpot, e2e, queueing (seconds, NaN if it never happened),
             preemptions, swaps, recomputed_tokens, cached_tokens, prompt_len, output_len,
-            priority, outcome (0 finished, 1 rejected: can never fit, 2 unfinished).
-        steps: per step: time (start), duration, running (requests holding KV after the
+            priority, outcome (0 finished, 1 rejected: can never fit, 2 unfinished), replica
+            (the replica that served it; -1: the run ended before it arrived).
+        steps: per step (every replica's, by start time): time (start), duration, replica, running (requests holding KV after the
             step's admissions), batch (requests computing), waiting, swapped, prefill_tokens,
             decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
             filled and reserved blocks count as waste), cache_query_tokens,
@@ -379,7 +408,8 @@ def _options(config: SimConfig) -> dict[str, object]:
             "eviction": config.eviction, "check_invariants": config.check_invariants,
             "max_steps": config.max_steps, "record_steps": config.record_steps,
             "groups": _group_specs(config.groups),
-            "stop_when": None if config.stop_when is None else config.stop_when.as_dict()}
+            "stop_when": None if config.stop_when is None else config.stop_when.as_dict(),
+            "replicas": config.replicas, "router": config.router}
 
 
 def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:

@@ -21,3 +21,7 @@ pub const MAX_STEP_TOKENS: u32 = 1 << 24;
 /// Most prompt token ids a synthesized workload materializes (256 Mi ids, 1 GiB).
 pub const MAX_TOKEN_IDS: usize = 1 << 28;
 
+
+/// Most replicas of one simulated deployment: each has its own pools of `num_blocks`
+/// blocks, so the bookkeeping a run allocates grows with it.
+pub const MAX_REPLICAS: usize = 1024;

@@ -33,7 +33,12 @@ pub struct RequestMetrics {
     /// Times swapped out to the host pool.
     pub swaps: Vec<u32>,
     pub outcome: Vec<u8>,
+    /// The replica the router sent it to; [`UNROUTED`] when the run ended before it arrived.
+    pub replica: Vec<u32>,
 }
+
+/// The `replica` of a request the run never routed.
+pub const UNROUTED: u32 = u32::MAX;
 
 impl RequestMetrics {
     pub fn ttft(&self) -> Vec<f64> {
@@ -65,8 +70,10 @@ impl RequestMetrics {
 /// Per-step columns, one entry per engine step.
 #[derive(Clone, Debug, Default)]
 pub struct StepMetrics {
-    /// Start of the step, seconds.
+    /// Start of the step, seconds (steps of all replicas, in the order they ran: by start).
     pub time: Vec<f64>,
+    /// The replica that ran it.
+    pub replica: Vec<u32>,
     pub duration: Vec<f64>,
     /// Requests running (holding device KV) once the step's admissions are done.
     pub running: Vec<u32>,

@@ -9,6 +9,10 @@
 //! token sample one output token, and those at their output length finish and free their
 //! blocks. When nothing is in flight the clock jumps to the next arrival.
 //!
+//! A deployment may have several replicas (data parallelism, [`SimConfig::replicas`]):
+//! each is that engine with its own pools ([`replica`]), a [`router`] sends each arrival to
+//! one of them, and their steps run in time order on the one logical clock.
+//!
 //! Time is logical (the timer's seconds); the same workload and configuration give the
 //! same result bit for bit.
 
@@ -17,6 +21,8 @@ pub mod kv;
 pub mod limits;
 pub mod metrics;
 pub mod request;
+mod replica;
+pub mod router;
 pub mod scheduler;
 pub mod stop;
 pub mod timing;
@@ -27,11 +33,15 @@ use crate::pool::GroupSpec;
 use crate::invalid;
 use crate::prefix_cache::CacheConfig;
 use crate::error::{collect_n, filled, vec_for};
+use replica::{add_shape, advance, check_accounting, record_step, Replica};
+use router::Routing;
 
 pub use kv::{Kv, Need};
-pub use limits::{MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
+pub use limits::{MAX_REPLICAS, MAX_REQUESTS, MAX_REQUEST_TOKENS, MAX_STEP_TOKENS};
 pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
+pub use metrics::UNROUTED;
 pub use request::{Convention, ReqState, Status};
+pub use router::Router;
 pub use stop::{StopWhen, Stopped};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
 pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
@@ -57,6 +67,11 @@ pub struct SimConfig {
     /// Stop as soon as the run certainly cannot meet these targets (see [`stop`]); the
     /// summary's `stopped` says why. None: run to the end.
     pub stop_when: Option<StopWhen>,
+    /// Replicas of the deployment (data parallelism), each a whole engine of this
+    /// configuration with its own pools; 1 (default) to [`MAX_REPLICAS`].
+    pub replicas: usize,
+    /// How arrivals are spread over the replicas (see [`router`]).
+    pub router: Router,
 }
 
 impl SimConfig {
@@ -71,6 +86,8 @@ impl SimConfig {
             max_steps: None,
             record_steps: true,
             stop_when: None,
+            replicas: 1,
+            router: Router::RoundRobin,
         }
     }
 }
@@ -85,122 +102,80 @@ pub struct SimResult {
     pub leaked_blocks: usize,
 }
 
-/// A step column entry: every one is bounded by a validated input (requests by
-/// `MAX_REQUESTS`, tokens by the step budget, blocks by the pool's `MAX_BLOCKS`), so a
-/// value beyond `u32` is an engine bug.
-fn narrow<T: TryInto<u32> + Copy + std::fmt::Display>(v: T, what: &str) -> Result<u32> {
-    v.try_into().map_err(|_| KvError::Invariant(format!("step column {what}: {v} does not fit in u32")))
-}
-
-fn record_step(m: &mut StepMetrics, sched: &Scheduler, kv: &Kv, batch: &Batch, shape: &StepShape, t: f64, dt: f64) -> Result<()> {
-    let used = kv.used_blocks();
-    let capacity = ((used + kv.reserved) * kv.block_size) as f64;
-    // Empty slots of last blocks and reserved-but-unallocated blocks are the waste.
-    let waste = kv.empty_slots as f64 + (kv.reserved * kv.block_size) as f64;
-    m.time.push(t);
-    m.duration.push(dt);
-    m.running.push(narrow(sched.running.len(), "running")?);
-    m.batch.push(narrow(batch.items.len(), "batch")?);
-    m.waiting.push(narrow(sched.num_waiting(), "waiting")?);
-    m.swapped.push(narrow(sched.num_swapped(), "swapped")?);
-    m.prefill_tokens.push(narrow(shape.prefill_tokens, "prefill_tokens")?);
-    m.decode_tokens.push(narrow(shape.decode_tokens, "decode_tokens")?);
-    m.blocks_used.push(narrow(used, "blocks_used")?);
-    m.blocks_reserved.push(narrow(kv.reserved, "blocks_reserved")?);
-    m.kv_tokens.push(kv.kv_tokens);
-    if kv.hybrid {
-        for (col, &b) in m.group_blocks.iter_mut().zip(&kv.group_blocks) {
-            col.push(narrow(b, "group_blocks")?);
-        }
-    }
-    m.utilization.push(if capacity > 0.0 { (1.0 - waste / capacity).max(0.0) } else { 1.0 });
-    m.cache_query_tokens.push(batch.cache_query_tokens);
-    m.cache_hit_tokens.push(batch.cache_hit_tokens);
-    let (q, h) = (batch.cache_query_tokens, batch.cache_hit_tokens);
-    m.prefix_hit_rate.push(if q > 0 { h as f64 / q as f64 } else { f64::NAN });
-    m.preemptions.push(batch.preemptions);
-    m.swapped_blocks.push(narrow(batch.swapped_blocks, "swapped_blocks")?);
-    Ok(())
-}
-
-fn add_shape(s: &mut StepShape, items: &[(u32, u32)], reqs: &[ReqState], conv: Convention) {
-    for &(i, n) in items {
-        let r = &reqs[i as usize];
-        let (n, c) = (n as u64, r.computed as u64);
-        if r.is_decode(conv) {
-            s.decode_tokens += n;
-        } else {
-            s.prefill_tokens += n;
-        }
-        s.context_tokens += c + n;
-        s.attention_pairs += n * c + n * (n + 1) / 2;
-    }
-}
-
-/// Account for a committed batch: sample, and free the requests that are done.
-/// Events are `(request, first output token, finished)`.
-fn advance(items: &[(u32, u32)], reqs: &mut [ReqState], kv: &mut Kv, conv: Convention, events: &mut Vec<(u32, bool, bool)>) -> Result<()> {
-    for &(i, n) in items {
-        let r = &mut reqs[i as usize];
-        if !r.advance(n, conv) {
-            continue;
-        }
-        let finished = r.generated == r.output_len;
-        if finished {
-            kv.release(i as usize, r)?;
-            r.status = Status::Finished;
-        }
-        events.push((i, r.generated == 1, finished));
-    }
-    Ok(())
-}
-
 /// Run `workload` to completion (or `max_steps`) and collect its metrics.
+///
+/// The replicas' steps and the arrivals are taken in time order (an arrival before a
+/// step that starts at the same time; replicas by index): an arrival is routed at once
+/// (a replica with nothing to do starts its next step then, or at the end of its last
+/// step if that is later) and admitted at its replica's next step. The stop rule is
+/// checked before each step, at its start, and when a replica runs out of work, at the
+/// end of its last step once everything before it has happened: each time, every
+/// request without its first token gets it at the end of a later step. With one replica
+/// this is the classic loop (admit the arrivals, check, step or jump to the next arrival).
 pub fn simulate(workload: &Workload, cfg: &SimConfig, timer: &mut dyn StepTimer) -> Result<SimResult> {
     let mut run = Run::new(workload, cfg)?;
     loop {
-        run.admit_arrivals();
-        if run.should_stop() {
+        let arrival = run.order.get(run.next).map(|&i| workload.arrival[i as usize]);
+        let busy = run.next_busy();
+        let next = match (arrival, busy) {
+            (Some(a), Some((_, t))) => a.min(t),
+            (Some(a), None) => a,
+            (None, Some((_, t))) => t,
+            (None, None) => f64::INFINITY,
+        };
+        if run.idle_checks_before(next, arrival.is_some_and(|a| a <= next)) {
             break;
         }
-        if run.sched.is_idle() {
-            if run.next == run.order.len() {
+        let Some((r, t)) = busy.filter(|&(_, t)| arrival.is_none_or(|a| a > t)) else {
+            if arrival.is_none() {
                 break;
             }
-            run.now = run.now.max(workload.arrival[run.order[run.next] as usize]);
+            run.route_next();
+            continue;
+        };
+        run.admit(r);
+        if run.should_stop(t) {
+            break;
+        }
+        if run.replicas[r].sched.is_idle() {
             continue;
         }
         if cfg.max_steps.is_some_and(|m| run.steps >= m) {
             break;
         }
-        run.step(timer)?;
+        run.step(r, timer)?;
         if cfg.check_invariants {
-            run.check()?;
+            run.check(r)?;
+        }
+        if !run.replicas[r].has_work() {
+            run.idle.push((run.replicas[r].clock, r));
         }
     }
     Ok(run.finish())
 }
 
-/// The state of one simulation run: the scheduler, the pools, every request and the
+/// The state of one simulation run: the replicas, the router, every request and the
 /// metrics collected so far.
 struct Run<'a> {
     workload: &'a Workload,
     cfg: &'a SimConfig,
-    sched: Scheduler,
-    kv: Kv,
+    replicas: Vec<Replica>,
+    routing: Routing,
     /// Request indices by arrival time (ties by index).
     order: Vec<u32>,
     reqs: Vec<ReqState>,
     rm: RequestMetrics,
     ctr: Counters,
     sm: StepMetrics,
-    batch: Batch,
     /// `(request, first output token, finished)` of the current step.
     events: Vec<(u32, bool, bool)>,
-    now: f64,
     /// Next request of `order` to arrive.
     next: usize,
+    /// Steps of every replica.
     steps: u64,
+    /// `(end of its last step, replica)` of replicas that ran out of work, to check the
+    /// stop rule at once everything before that time has happened.
+    idle: Vec<(f64, usize)>,
     stop: Option<stop::StopState>,
     stopped: Option<Stopped>,
 }
@@ -208,18 +183,21 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     fn new(workload: &'a Workload, cfg: &'a SimConfig) -> Result<Self> {
         workload.validate()?;
+        if !(1..=MAX_REPLICAS).contains(&cfg.replicas) {
+            return Err(invalid!("replicas must be in 1..={MAX_REPLICAS}, got {}", cfg.replicas));
+        }
         let n = workload.len();
         let host_blocks = match cfg.scheduler.preemption {
             Preemption::Swap { host_blocks } => host_blocks,
             Preemption::Recompute => 0,
         };
-        // The configuration is checked before the pools are allocated.
-        let sched = Scheduler::new(cfg.scheduler.clone())?;
-        let watermark = (cfg.scheduler.watermark * cfg.num_blocks as f64) as usize;
         if let Some(s) = &cfg.stop_when {
             s.validate()?;
         }
-        let kv = Kv::new(cfg.num_blocks, cfg.block_size, cfg.prefix_cache, cfg.groups.as_deref(), host_blocks, watermark)?;
+        let mut replicas = vec_for(cfg.replicas, "replicas")?;
+        for _ in 0..cfg.replicas {
+            replicas.push(Replica::new(&cfg.scheduler, cfg.num_blocks, cfg.block_size, cfg.prefix_cache, cfg.groups.as_deref(), host_blocks)?);
+        }
 
         // `validate` bounds n by MAX_REQUESTS < 2^32: indices and ranks fit in u32.
         let mut order: Vec<u32> = collect_n(n, "requests", |i| i as u32)?;
@@ -238,9 +216,11 @@ impl<'a> Run<'a> {
             first_token: nan()?,
             finish: nan()?,
             outcome: filled(Outcome::Unfinished as u8, n, "requests")?,
+            replica: filled(UNROUTED, n, "requests")?,
             ..Default::default()
         };
         // One block column per group, in runs with groups only.
+        let kv = &replicas[0].kv;
         let sm = StepMetrics { group_blocks: vec![Vec::new(); if kv.hybrid { kv.num_groups() } else { 0 }], ..Default::default() };
         let ctr = Counters {
             preemptions: filled(0, n, "requests")?,
@@ -251,74 +231,111 @@ impl<'a> Run<'a> {
         Ok(Self {
             workload,
             cfg,
-            sched,
-            kv,
+            routing: Routing::new(cfg.router, cfg.replicas)?,
+            replicas,
             order,
             reqs,
             rm,
             ctr,
             sm,
-            batch: Batch::default(),
             events: Vec::new(),
-            now: 0.0,
             next: 0,
             steps: 0,
+            idle: Vec::new(),
             stop: cfg.stop_when.as_ref().map(|s| stop::StopState::new(s, &workload.arrival, &workload.output_len)),
             stopped: None,
         })
     }
 
-    /// Queue every request that has arrived by `now`, or reject it if it can never run.
-    fn admit_arrivals(&mut self) {
-        let n = self.order.len();
-        while self.next < n && self.workload.arrival[self.order[self.next] as usize] <= self.now {
-            let i = self.order[self.next];
-            self.next += 1;
-            let r = &mut self.reqs[i as usize];
+    /// The replica with work whose next step starts first (ties: the lowest index), and when.
+    fn next_busy(&self) -> Option<(usize, f64)> {
+        let busy = self.replicas.iter().enumerate().filter(|(_, p)| p.has_work());
+        busy.map(|(r, p)| (r, p.clock)).min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+    }
+
+    /// Route the next arrival to its replica; one with nothing to do starts then.
+    fn route_next(&mut self) {
+        let i = self.order[self.next];
+        self.next += 1;
+        let at = self.workload.arrival[i as usize];
+        let r = self.routing.route(at, self.workload.prompt_len[i as usize]);
+        let p = &mut self.replicas[r];
+        if !p.has_work() {
+            p.clock = p.clock.max(at);
+        }
+        p.inbox.push(i);
+        self.rm.replica[i as usize] = r as u32;
+    }
+
+    /// The stop rule at the end of each replica's last step before `next` (the next
+    /// event; at it too when it is a step, not an arrival) of those still without work.
+    /// Whether the run stops.
+    fn idle_checks_before(&mut self, next: f64, arrival_next: bool) -> bool {
+        if self.idle.is_empty() {
+            return false;
+        }
+        self.idle.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let due = self.idle.iter().take_while(|&&(t, _)| t < next || (t == next && !arrival_next)).count();
+        let checks: Vec<(f64, usize)> = self.idle.drain(..due).collect();
+        for (t, r) in checks {
+            if !self.replicas[r].has_work() && self.should_stop(t) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Queue the requests routed to replica `r`, or reject those that can never run.
+    fn admit(&mut self, r: usize) {
+        let p = &mut self.replicas[r];
+        for i in p.inbox.drain(..) {
+            let req = &mut self.reqs[i as usize];
             let keyed = self.workload.tokens(i as usize).is_some() || self.workload.block_keys(i as usize).is_some();
-            if self.sched.admissible_alone(r, &self.kv, keyed).is_err() {
-                r.status = Status::Rejected;
+            if p.sched.admissible_alone(req, &p.kv, keyed).is_err() {
+                req.status = Status::Rejected;
                 self.rm.outcome[i as usize] = Outcome::Rejected as u8;
                 if let Some(s) = &mut self.stop {
                     s.on_reject();
                 }
             } else {
-                r.status = Status::Waiting;
-                self.sched.enqueue(i, r, false);
+                req.status = Status::Waiting;
+                p.sched.enqueue(i, req, false);
             }
         }
     }
 
-    /// Schedule, time and commit one step.
-    fn step(&mut self, timer: &mut dyn StepTimer) -> Result<()> {
-        let (conv, steps, now) = (self.cfg.scheduler.convention, self.steps, self.now);
+    /// Schedule, time and commit one step of replica `r`.
+    fn step(&mut self, r: usize, timer: &mut dyn StepTimer) -> Result<()> {
+        let (conv, steps) = (self.cfg.scheduler.convention, self.steps);
+        let p = &mut self.replicas[r];
+        let now = p.clock;
         // vLLM: running, then admissions, one batch, finishes after the step. DecodeFirst:
         // the running batch decodes and frees its finished requests before admission.
-        self.sched.schedule_running(&mut self.reqs, &mut self.kv, &mut self.batch, &mut self.ctr)?;
+        p.sched.schedule_running(&mut self.reqs, &mut p.kv, &mut p.batch, &mut self.ctr)?;
         let mut shape = StepShape::default();
         self.events.clear();
         let split = if conv == Convention::DecodeFirst {
-            add_shape(&mut shape, &self.batch.items, &self.reqs, conv);
-            self.kv.commit(&self.batch.items, &mut self.reqs)?;
-            advance(&self.batch.items, &mut self.reqs, &mut self.kv, conv, &mut self.events)?;
-            self.sched.retire(&self.reqs);
-            self.batch.items.len()
+            add_shape(&mut shape, &p.batch.items, &self.reqs, conv);
+            p.kv.commit(&p.batch.items, &mut self.reqs)?;
+            advance(&p.batch.items, &mut self.reqs, &mut p.kv, conv, &mut self.events)?;
+            p.sched.retire(&self.reqs);
+            p.batch.items.len()
         } else {
             0
         };
-        self.sched.schedule_admissions(&mut self.reqs, &mut self.kv, self.workload, &mut self.batch, &mut self.ctr)?;
-        if self.batch.items.is_empty() && self.batch.preemptions == 0 {
+        p.sched.schedule_admissions(&mut self.reqs, &mut p.kv, self.workload, &mut p.batch, &mut self.ctr)?;
+        if p.batch.items.is_empty() && p.batch.preemptions == 0 {
             return Err(KvError::Invariant(format!(
                 "step {steps}: nothing could be scheduled with {} waiting and {} swapped",
-                self.sched.num_waiting(),
-                self.sched.num_swapped()
+                p.sched.num_waiting(),
+                p.sched.num_swapped()
             )));
         }
-        let rest = &self.batch.items[split..];
+        let rest = &p.batch.items[split..];
         add_shape(&mut shape, rest, &self.reqs, conv);
-        shape.num_seqs = self.batch.items.len() as u64;
-        shape.swapped_blocks = self.batch.swapped_blocks;
-        self.kv.commit(rest, &mut self.reqs)?;
+        shape.num_seqs = p.batch.items.len() as u64;
+        shape.swapped_blocks = p.batch.swapped_blocks;
+        p.kv.commit(rest, &mut self.reqs)?;
         let dt = timer.step_time(&shape)?;
         if !(dt.is_finite() && dt >= 0.0) {
             return Err(invalid!("time_model returned {dt} s at step {steps}; step durations must be finite and >= 0"));
@@ -328,31 +345,35 @@ impl<'a> Run<'a> {
             return Err(invalid!("step {steps}: the simulated clock overflowed ({now} s + {dt} s); time_model durations are too large"));
         }
         if self.cfg.record_steps {
-            record_step(&mut self.sm, &self.sched, &self.kv, &self.batch, &shape, now, dt)?;
+            record_step(&mut self.sm, r, p, &shape, now, dt)?;
         }
-        advance(&self.batch.items[split..], &mut self.reqs, &mut self.kv, conv, &mut self.events)?;
-        self.record_events(end);
-        self.sched.retire(&self.reqs);
-        self.now = end;
+        advance(&p.batch.items[split..], &mut self.reqs, &mut p.kv, conv, &mut self.events)?;
+        self.record_events(r, now, end);
+        let p = &mut self.replicas[r];
+        p.sched.retire(&self.reqs);
+        p.clock = end;
         self.steps += 1;
         Ok(())
     }
 
-    /// Per-request times of the step that ran from `self.now` to `end`.
-    fn record_events(&mut self, end: f64) {
+    /// Per-request times of replica `r`'s step that ran from `start` to `end`.
+    fn record_events(&mut self, r: usize, start: f64, end: f64) {
         let rm = &mut self.rm;
-        for &(i, _) in &self.batch.items {
+        for &(i, _) in &self.replicas[r].batch.items {
             if rm.first_scheduled[i as usize].is_nan() {
-                rm.first_scheduled[i as usize] = self.now;
+                rm.first_scheduled[i as usize] = start;
             }
         }
         for &(i, first, finished) in &self.events {
             let i = i as usize;
             if first {
                 rm.first_token[i] = end;
+                self.routing.on_first_token(r, end, self.workload.prompt_len[i], finished);
                 if let Some(s) = &mut self.stop {
                     s.on_first_token(i, end - rm.arrival[i]);
                 }
+            } else if finished {
+                self.routing.on_finish(r, end);
             }
             if finished {
                 rm.finish[i] = end;
@@ -366,20 +387,21 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Whether the stop rule ends the run here (recording why).
-    fn should_stop(&mut self) -> bool {
+    /// Whether the stop rule ends the run at `now` (recording why).
+    fn should_stop(&mut self, now: f64) -> bool {
         let Some(s) = &mut self.stop else { return false };
-        self.stopped = s.check(self.now, &self.order, &self.workload.arrival, &self.rm.first_token);
+        self.stopped = s.check(now, &self.order, &self.workload.arrival, &self.rm.first_token);
         self.stopped.is_some()
     }
 
-    /// Both pools' invariants and the engine's accounting, after a step.
-    fn check(&self) -> Result<()> {
-        self.kv.device.check_invariants()?;
-        if let Some(h) = &self.kv.host {
+    /// Replica `r`'s pools' invariants and the engine's accounting, after its step.
+    fn check(&self, r: usize) -> Result<()> {
+        let kv = &self.replicas[r].kv;
+        kv.device.check_invariants()?;
+        if let Some(h) = &kv.host {
             h.check_invariants()?;
         }
-        check_accounting(&self.kv, &self.reqs)
+        check_accounting(kv, &self.reqs, |i| self.rm.replica[i] == r as u32)
     }
 
     fn finish(self) -> SimResult {
@@ -391,59 +413,7 @@ impl<'a> Run<'a> {
         let w = self.workload;
         let mut summary = Summary::compute(&rm, &self.sm, &w.prompt_len, &w.output_len, self.steps);
         summary.stopped = self.stopped.map(Stopped::name);
-        SimResult { requests: rm, steps: self.sm, summary, leaked_blocks: self.kv.used_blocks() }
+        let leaked_blocks = self.replicas.iter().map(|p| p.kv.used_blocks()).sum();
+        SimResult { requests: rm, steps: self.sm, summary, leaked_blocks }
     }
-}
-
-/// The engine's mirror of the pool agrees with the pool.
-fn check_accounting(kv: &Kv, reqs: &[ReqState]) -> Result<()> {
-    let mut tokens = 0u64;
-    let mut empty = 0u64;
-    let mut reserved = 0usize;
-    let mut groups = vec![0usize; kv.num_groups()];
-    let bs = kv.block_size;
-    for (i, r) in reqs.iter().enumerate() {
-        let seq = crate::types::SeqId(i as u64);
-        match r.status {
-            Status::Running => {
-                let len = kv.device.seq_len(seq)?;
-                if len != r.kv_len as usize {
-                    return Err(KvError::Invariant(format!("request {i}: pool holds {len} tokens, engine {}", r.kv_len)));
-                }
-                for (g, spec) in kv.specs.iter().enumerate() {
-                    let (b, t) = device::held(spec, bs, len, r.frontier as usize);
-                    groups[g] += b;
-                    tokens += t as u64;
-                    empty += (b * bs - t) as u64;
-                }
-                reserved += r.reserve_left as usize;
-            }
-            Status::Swapped => {
-                if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
-                    return Err(KvError::Invariant(format!("swapped request {i} is not (only) on the host")));
-                }
-            }
-            _ => {
-                if kv.device.contains(seq) {
-                    return Err(KvError::Invariant(format!("request {i} ({:?}) still holds device blocks", r.status)));
-                }
-            }
-        }
-    }
-    if tokens != kv.kv_tokens {
-        return Err(KvError::Invariant(format!("engine counts {} KV tokens, requests hold {tokens}", kv.kv_tokens)));
-    }
-    if reserved != kv.reserved {
-        return Err(KvError::Invariant(format!("engine reserves {} blocks, requests hold {reserved}", kv.reserved)));
-    }
-    if empty != kv.empty_slots {
-        return Err(KvError::Invariant(format!("engine counts {} empty slots, requests hold {empty}", kv.empty_slots)));
-    }
-    if groups != kv.group_blocks {
-        return Err(KvError::Invariant(format!("engine counts {:?} blocks per group, requests hold {groups:?}", kv.group_blocks)));
-    }
-    if kv.committed != 0 || kv.releasing != 0 || kv.copying != 0 {
-        return Err(KvError::Invariant(format!("{} blocks promised, {} to release after commit", kv.committed, kv.releasing)));
-    }
-    kv.device.check_mirror(reqs.iter().enumerate().filter(|(_, r)| r.status == Status::Running).map(|(i, r)| (i, r.frontier)), &kv.group_blocks, kv.kv_tokens)
 }

@@ -1,7 +1,8 @@
 //! The simulator's early stop (`SimConfig::stop_when`): a run it does not stop is the
 //! complete run bit for bit, a run it stops misses the targets in its complete version
-//! too (a proptest over random workloads, pools, policies and bounds placed around the
-//! complete run's own percentiles), and it really shortens overloaded runs.
+//! too (a proptest over random workloads, pools, policies, replicas behind either router
+//! and bounds placed around the complete run's own percentiles), and it really shortens
+//! overloaded runs.
 
 use proptest::prelude::*;
 use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
@@ -76,6 +77,8 @@ proptest! {
         max_running in 1usize..64,
         chunked in any::<bool>(),
         swap in any::<bool>(),
+        replicas in 1usize..4,
+        jsq in any::<bool>(),
         f in prop::array::uniform4(prop::option::of(prop_oneof![Just(1.0f64), 0.3f64..1.7])),
     ) {
         let w = workload(n, rate, (1, 300), (1, 60), seed);
@@ -86,6 +89,8 @@ proptest! {
         if swap {
             cfg.scheduler.preemption = Preemption::Swap { host_blocks: blocks / 2 };
         }
+        cfg.replicas = replicas;
+        cfg.router = if jsq { Router::ShortestQueue } else { Router::RoundRobin };
         let full = run(&w, &cfg);
         let s = &full.summary;
         let rule = StopWhen {

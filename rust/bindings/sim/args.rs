@@ -228,6 +228,15 @@ pub mod named {
         Ok(count(obj, "host_blocks", MAX_BLOCKS as u64)? as usize)
     }
 
+    /// Replicas of a deployment: 1 to `MAX_REPLICAS`.
+    pub fn replicas(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let max = crate::sim::MAX_REPLICAS;
+        match count(obj, "replicas", max as u64)? {
+            0 => Err(crate::bindings::errors::invalid(obj.py(), format!("replicas must be in 1..={max}, got 0"))),
+            n => Ok(n as usize),
+        }
+    }
+
     pub fn reserve_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
         if obj.is_none() {
             return Ok(None);

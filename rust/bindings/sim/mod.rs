@@ -301,6 +301,13 @@ fn synthesize_workload<'py>(
 ///         the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
 ///         ``throughput``), None when the run went to the end (then it is the run
 ///         without the rule, bit for bit).
+///         ``replicas``: data parallelism: replicas of this configuration behind one
+///         router, 1 (default) to ``SIM_MAX_REPLICAS``, each with its own pools and the
+///         same ``time_model``; their steps run in time order on one clock.
+///         ``router``: ``"round_robin"`` (default: the k-th arrival to replica k mod
+///         ``replicas``) or ``"shortest_queue"`` (the fewest pending tokens: a request
+///         counts its prompt until its first token, then 1 until it finishes). Requests
+///         and steps gain a ``replica`` column (-1: never routed).
 ///     time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
 ///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
 ///         overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``
@@ -360,6 +367,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SIM_MAX_REQUESTS", crate::sim::MAX_REQUESTS)?;
     m.add("SIM_MAX_REQUEST_TOKENS", MAX_REQUEST_TOKENS)?;
     m.add("SIM_MAX_STEP_TOKENS", crate::sim::MAX_STEP_TOKENS)?;
+    m.add("SIM_MAX_REPLICAS", crate::sim::MAX_REPLICAS)?;
     m.add_function(wrap_pyfunction!(synthesize_workload, m)?)?;
     m.add_function(wrap_pyfunction!(run_simulation, m)?)?;
     Ok(())

@@ -11,7 +11,9 @@ use crate::bindings::convert::u64_keys;
 use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
-use crate::sim::{Allocation, Convention, Preemption, QueuePolicy, SchedulerConfig, SimConfig, StopWhen, Victim, Workload};
+use crate::sim::{
+    Allocation, Convention, Preemption, QueuePolicy, Router, SchedulerConfig, SimConfig, StopWhen, Victim, Workload,
+};
 
 /// Keys of the workload dict.
 const WORKLOAD_KEYS: &[&str] = &[
@@ -23,7 +25,7 @@ const WORKLOAD_KEYS: &[&str] = &[
 const CONFIG_KEYS: &[&str] = &[
     "num_blocks", "block_size", "max_running", "max_batched_tokens", "chunked_prefill", "watermark", "queue",
     "allocation", "reserve_tokens", "preemption", "host_blocks", "victim", "convention", "prefix_caching", "eviction",
-    "check_invariants", "max_steps", "record_steps", "groups", "stop_when",
+    "check_invariants", "max_steps", "record_steps", "groups", "stop_when", "replicas", "router",
 ];
 
 /// Keys of the `stop_when` dict.
@@ -130,6 +132,12 @@ pub(super) fn sim_config(dict: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
     cfg.max_steps = k.with("max_steps", named::max_steps, None)?.map(|m| m as u64);
     cfg.record_steps = k.flag("record_steps", true)?;
     cfg.stop_when = k.column("stop_when")?.map(|v| stop_when(&v)).transpose()?;
+    cfg.replicas = k.with("replicas", named::replicas, 1)?;
+    cfg.router = match k.name("router", "round_robin")?.as_str() {
+        "round_robin" => Router::RoundRobin,
+        "shortest_queue" => Router::ShortestQueue,
+        r => return Err(invalid(py, format!("unknown router='{r}' (round_robin, shortest_queue)"))),
+    };
     Ok(cfg)
 }
 

@@ -5,7 +5,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::sim::{Percentiles, RequestMetrics, SimResult, StepMetrics, Workload};
+use crate::sim::{Percentiles, RequestMetrics, SimResult, StepMetrics, Workload, UNROUTED};
 
 pub fn result_dict<'py>(py: Python<'py>, r: SimResult, w: &Workload) -> PyResult<Bound<'py, PyDict>> {
     let summary = summary_dict(py, &r)?;
@@ -35,6 +35,9 @@ fn requests_dict<'py>(py: Python<'py>, q: RequestMetrics, w: &Workload) -> PyRes
     req.set_item("recomputed_tokens", PyArray1::from_vec(py, q.recomputed_tokens))?;
     req.set_item("cached_tokens", PyArray1::from_vec(py, q.cached_tokens))?;
     req.set_item("outcome", PyArray1::from_vec(py, q.outcome))?;
+    // -1: never routed (the run ended before it arrived).
+    let replica = q.replica.iter().map(|&r| if r == UNROUTED { -1 } else { r as i64 });
+    req.set_item("replica", PyArray1::from_iter(py, replica))?;
     Ok(req)
 }
 
@@ -43,6 +46,7 @@ fn steps_dict<'py>(py: Python<'py>, s: StepMetrics) -> PyResult<Bound<'py, PyDic
     let st = PyDict::new(py);
     st.set_item("time", PyArray1::from_vec(py, s.time))?;
     st.set_item("duration", PyArray1::from_vec(py, s.duration))?;
+    st.set_item("replica", PyArray1::from_vec(py, s.replica))?;
     st.set_item("running", PyArray1::from_vec(py, s.running))?;
     st.set_item("batch", PyArray1::from_vec(py, s.batch))?;
     st.set_item("waiting", PyArray1::from_vec(py, s.waiting))?;

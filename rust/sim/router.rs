@@ -1,0 +1,126 @@
+//! How a deployment of several replicas (data parallelism) spreads arrivals over them.
+//!
+//! Each replica is a whole serving engine: its own scheduler and device pool, the same
+//! configuration and step-time model. The router sees every request once, at its
+//! arrival, and sends it to one replica for good (no migration, no retry):
+//!
+//! - [`Router::RoundRobin`]: the `k`-th arrival (in arrival order, ties by workload index)
+//!   goes to replica `k mod replicas`. It reads no state, so each replica serves exactly
+//!   the requests a split of the trace gives it (the engine's tests check this).
+//! - [`Router::ShortestQueue`]: join the shortest queue counted in tokens, as
+//!   SplitwiseSim's token JSQ counts them: a request routed to a replica adds its prompt
+//!   tokens until its first output token, then 1 until it finishes. The router knows
+//!   prompt lengths and when each first token and finish happen (the end of the step
+//!   that produced them), never output lengths. Ties go to the lowest replica index.
+//!
+//! The load a replica has at an arrival counts the events of the steps it has run whose
+//! end is at or before the arrival; a step still running at the arrival has not ended.
+
+use std::collections::VecDeque;
+
+use crate::error::{filled, Result};
+
+/// The routing policy of a deployment of several replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Router {
+    #[default]
+    RoundRobin,
+    ShortestQueue,
+}
+
+impl Router {
+    /// Its name in the bindings and the summary.
+    pub fn name(self) -> &'static str {
+        match self {
+            Router::RoundRobin => "round_robin",
+            Router::ShortestQueue => "shortest_queue",
+        }
+    }
+}
+
+/// The router's state over a run.
+pub(super) struct Routing {
+    policy: Router,
+    replicas: usize,
+    /// Arrivals routed so far (the round-robin counter).
+    routed: u64,
+    /// Per replica: tokens pending, counting the changes due by the last arrival.
+    load: Vec<i64>,
+    /// Per replica: `(time, change)` of load changes at the end of steps already run,
+    /// in time order (a replica's steps are run one after the other).
+    due: Vec<VecDeque<(f64, i64)>>,
+}
+
+impl Routing {
+    pub(super) fn new(policy: Router, replicas: usize) -> Result<Self> {
+        let tracked = if policy == Router::ShortestQueue { replicas } else { 0 };
+        Ok(Self {
+            policy,
+            replicas,
+            routed: 0,
+            load: filled(0, tracked, "replicas")?,
+            due: (0..tracked).map(|_| VecDeque::new()).collect(),
+        })
+    }
+
+    /// The replica an arrival at `at` with a prompt of `prompt` tokens goes to.
+    pub(super) fn route(&mut self, at: f64, prompt: u32) -> usize {
+        let k = self.routed;
+        self.routed += 1;
+        if self.replicas == 1 {
+            return 0;
+        }
+        match self.policy {
+            Router::RoundRobin => (k % self.replicas as u64) as usize,
+            Router::ShortestQueue => {
+                for (load, due) in self.load.iter_mut().zip(&mut self.due) {
+                    while due.front().is_some_and(|&(t, _)| t <= at) {
+                        *load += due.pop_front().map_or(0, |(_, d)| d);
+                    }
+                }
+                let r = (0..self.replicas).min_by_key(|&r| (self.load[r], r)).unwrap_or(0);
+                self.load[r] += prompt as i64;
+                r
+            }
+        }
+    }
+
+    /// A request of `prompt` tokens on `replica` got its first output token at `at`
+    /// (and `finished` with it, for one output token).
+    pub(super) fn on_first_token(&mut self, replica: usize, at: f64, prompt: u32, finished: bool) {
+        if let Some(due) = self.due.get_mut(replica) {
+            due.push_back((at, 1 - prompt as i64 - finished as i64));
+        }
+    }
+
+    /// A request on `replica` that had its first token in an earlier step finished at `at`.
+    pub(super) fn on_finish(&mut self, replica: usize, at: f64) {
+        if let Some(due) = self.due.get_mut(replica) {
+            due.push_back((at, -1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_robin_cycles_and_shortest_queue_counts_prompts_until_their_first_token() {
+        let mut rr = Routing::new(Router::RoundRobin, 3).unwrap();
+        assert_eq!((0..7).map(|k| rr.route(k as f64, 10)).collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2, 0]);
+
+        let mut q = Routing::new(Router::ShortestQueue, 2).unwrap();
+        assert_eq!(q.route(0.0, 100), 0);
+        assert_eq!(q.route(0.0, 10), 1);
+        assert_eq!(q.route(0.0, 10), 1, "replica 1 holds 10 pending tokens, replica 0 100");
+        // Replica 0's request gets its first token at 2.0: 1 token pending from then on.
+        q.on_first_token(0, 2.0, 100, false);
+        assert_eq!(q.route(1.5, 5), 1, "at 1.5 the step producing it has not ended");
+        assert_eq!(q.route(2.0, 5), 0, "at 2.0 replica 0 has 100 - 100 + 1 = 1 pending token");
+        q.on_finish(0, 3.0);
+        q.on_first_token(1, 3.0, 10, true);
+        // Replica 0: 1 + 5 - 1 = 5; replica 1: 10 + 10 + 5 - 10 = 15.
+        assert_eq!(q.route(3.0, 1), 0);
+    }
+}
