@@ -3,8 +3,10 @@ trace, each evaluated at the rate it sustains within the SLO, on the process poo
 workers) and on a local Ray (2 CPUs); Ray's overhead over the process pool; Ray's task
 rate and the object-store sizes the on-paper scaling to a cluster needs.
 
-The space (1,000 points, one chain per 2 device counts): A100-80GB and H100 SXM x 1 or 2
-devices x KV bf16 or fp8 x block sizes 8..128 x ``max_running`` 32..512 x
+The space (1,500 points, cut to the first ``max_running`` values that hold ``--configs``
+of them: 1,200 for 1,000; chains of 3: one device, two as two replicas or as one
+tensor-parallel group): A100-80GB and H100 SXM x those 3
+splits x KV bf16 or fp8 x block sizes 8..128 x ``max_running`` 32..512 x
 ``max_batched_tokens`` 1,024..16,384. SLO: p99 TTFT 2 s, p99 TPOT 0.1 s; rates 0.5..64
 req/s in 22 log-spaced rungs; the pruned strategy (bisection per point, hints along
 devices). ``--limit`` requests of the trace (default 1000: the first 1,000 of 19,366; 0:
@@ -93,9 +95,11 @@ def levers(w: Any, space: ds.SearchSpace) -> dict[str, Any]:
 
 def sliced(n: int) -> ds.SearchSpace:
     """The first points of SPACE: the bench's space cut to ``n`` points (whole chains)."""
-    mr = SPACE.max_running[: max(1, min(5, -(-n // 200)))]
-    return ds.SearchSpace(SPACE.hardware, SPACE.devices, SPACE.kv_dtypes, SPACE.block_sizes, mr,
-                          SPACE.max_batched_tokens)
+    per = len(SPACE.points(model_preset("llama-3-8b"), False)) // len(SPACE.max_running)  # points per max_running
+    mr = SPACE.max_running[: max(1, min(len(SPACE.max_running), -(-n // per)))]
+    return ds.SearchSpace(hardware=SPACE.hardware, devices=SPACE.devices, tensor_parallel=SPACE.tensor_parallel,
+                          kv_dtypes=SPACE.kv_dtypes, block_sizes=SPACE.block_sizes, max_running=mr,
+                          max_batched_tokens=SPACE.max_batched_tokens)
 
 
 def ray_task_rate(n: int) -> dict[str, float]:
@@ -166,11 +170,11 @@ def replay(rows_file: str) -> dict[str, float]:
                     if best >= rates[-1] / p.devices:
                         continue  # dominated
                     k, calls = sustained[p.key()], set()
-                    near = h.neighbour(p.devices, "chat") if hints else None
+                    near = h.neighbour((p.devices, p.tensor_parallel), "chat") if hints else None
                     guess = prev if near is None or (not neighbour_first and prev is not None) else near
                     ev.sustained_rung(lambda i: calls.add(i) or i <= k, len(rates), "pruned", guess, hints)
                     total += len(calls | ({k} if k >= 0 else set()))
-                    prev = mine[(p.devices, "chat")] = k
+                    prev = mine[((p.devices, p.tensor_parallel), "chat")] = k
                     best = max(best, (rates[k] if k >= 0 else 0.0) / p.devices)
         return total / n
 

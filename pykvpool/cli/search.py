@@ -38,7 +38,7 @@ from pykvpool.search import (
 from pykvpool.search.backends import session
 from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.scaling import SCALING_MODEL, rate_text, scaling_note
-from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS
+from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 from pykvpool.simulate.workload import Workload, synthetic_workload
 
@@ -93,9 +93,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                     "dollar; then run every configuration at one reference rate per SLO for the cost vs "
                     "latency frontier. Results are appended to OUT/points.jsonl and OUT/latency.jsonl as "
                     "they finish; rerunning the same search into OUT skips what is done. " + SCALING_MODEL
-                    + " A configuration whose rate per device is above what fewer devices give (beyond the KV "
-                    "its sharded weights free) is flagged superlinear and not ranked; a rate at the ladder's "
-                    "top is a lower bound, printed '>= HI'.")
+                    + " A configuration whose rate per device is above what fewer devices in smaller "
+                    "tensor-parallel groups give (beyond the KV its sharded weights free) is flagged superlinear "
+                    "and not ranked; a rate at the ladder's top is a lower bound, printed '>= HI'.")
     w = p.add_argument_group("workload (re-timed to each rate)")
     w.add_argument("--trace", metavar="NAME|FILE", help="azure-conv, azure-code, mooncake (shipped), or a CSV, "
                    "JSONL or lengths file (default: synthetic)")
@@ -117,7 +117,11 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
                    help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
     g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...",
-                   help="devices per replica: one tensor-parallel replica whose steps add ring all-reduces over the device link")
+                   help="devices of a deployment, split into replicas of --tp devices each")
+    g.add_argument("--tp", type=count_list(1, MAX_DEVICES), default=list(TENSOR_PARALLEL), metavar="T,...",
+                   help="tensor-parallel degrees: devices per replica, each a group whose steps add ring "
+                        "all-reduces over the device link; a deployment of N devices takes each T that divides "
+                        f"N, as N/T replicas behind a shortest-queue router (default {','.join(map(str, TENSOR_PARALLEL))})")
     g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
                    help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "
                         "one spelling, f16; fp8 and int8 take :head, :gN or :tensor)")
@@ -268,7 +272,8 @@ def main_search(args: argparse.Namespace) -> int:
     """
     slos, objective, backend = _slos(args), _objective(args), _backend(args)
     model = model_preset(args.model)
-    space = SearchSpace(tuple(args.hardware), tuple(args.devices), tuple(args.kv_dtypes), tuple(args.block_sizes),
+    space = SearchSpace(tuple(args.hardware), tuple(args.devices), tuple(args.tp), tuple(args.kv_dtypes),
+                        tuple(args.block_sizes),
                         tuple(args.max_running), tuple(args.max_batched_tokens), tuple(args.chunked_prefill),
                         tuple(args.preemption), tuple(args.prefix_caching), tuple(args.eviction),
                         tuple(args.layer_groups))

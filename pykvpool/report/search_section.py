@@ -144,12 +144,14 @@ def _scaling(folder: SearchFolder) -> tuple[str, str]:
     """The scaling model's paragraph, and the table of the points it flagged."""
     flagged = _superlinear(folder)
     count = len({r["key"] for rows in flagged.values() for r in rows})
-    text = (f"{SCALING_MODEL} The compute and memory work still divide perfectly over the devices, so more "
-            "devices may look better than they are: a configuration whose sustained rate per device is above "
-            "that of the same configuration on "
-            f"fewer devices by more than its larger KV pool per device explains (plus {SCALING_TOLERANCE:.0%}) "
-            "is flagged superlinear and is neither a best point nor on a frontier. A rate written `>= x` is the "
-            "ladder's top rung: the configuration sustains at least that.\n")
+    text = (f"{SCALING_MODEL} Replicas are simulated as they are (each its own engine behind the router), so "
+            "what several gain over one, their arrivals' bursts split among them, is the simulation's result. "
+            "A tensor-parallel group's compute and memory work still divide perfectly over its devices, so a "
+            "larger group may look better than it is: a configuration whose sustained rate per device is above "
+            "that of the same configuration on fewer devices in smaller groups by more than its larger KV pool "
+            f"per device explains (plus {SCALING_TOLERANCE:.0%}) is flagged superlinear and is neither a best "
+            "point nor on a frontier. A rate written `>= x` is the ladder's top rung: the configuration "
+            "sustains at least that.\n")
     if not count:
         return text, "No configuration of this search is flagged superlinear.\n"
     rows: list[list[object]] = []

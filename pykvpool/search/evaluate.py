@@ -1,11 +1,12 @@
 """Evaluating points: a point's deployment (pool and step-time model), its sustained rate
 per SLO on the rate ladder, and the row a search records for it.
 
-A chain is the points that differ only in their device count, in increasing order; a
-family (:func:`families_of`) is the chains that differ only in the scheduler's limits,
-evaluated in one task. The pruned strategy starts each point's search at the rung a
-neighbour sustained (the same devices in the latest chain of its family that differs in
-one field, else the same chain's fewer devices) and gallops from there, and skips a
+A chain is the points that differ only in their devices and how they are split
+(replicas x tensor parallelism), in increasing order; a family (:func:`families_of`) is
+the chains that differ only in the scheduler's limits, evaluated in one task. The pruned
+strategy starts each point's search at the rung a neighbour sustained (the same split in
+the latest chain of its family that differs in one field, else the chain's previous
+point) and gallops from there, and skips a
 point (``dominated``) only when a cheaper point of its chain sustains the ladder's top
 rung and is not flagged superlinear: no rate on the ladder can then put it on the cost
 vs rate frontier or make it a best point, so the pruned search's frontier and best
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 from pykvpool.errors import BudgetError
 from pykvpool.planning.hardware import Hardware, hardware_preset
@@ -39,9 +40,11 @@ from pykvpool.simulate.engine import SchedulerConfig, SimConfig, kv_blocks_for_m
 from pykvpool.simulate.workload import Workload
 from pykvpool.simulate.sweep import at_rate
 
-__all__ = ["FAMILY_CHAINS", "FAMILY_FREE", "METRICS", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch",
+__all__ = ["FAMILY_CHAINS", "FAMILY_FREE", "METRICS", "ROUTER", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch",
            "evaluate_chain", "families_of", "make_batches"]
 
+#: How a point's replicas share its arrivals (:attr:`pykvpool.simulate.SimConfig.router`).
+ROUTER: Literal["round_robin", "shortest_queue"] = "shortest_queue"
 #: Strategies: every rung of every point, or the pruned search.
 STRATEGIES = ("grid", "pruned")
 #: Summary statistics recorded at each point's sustained rate (seconds, tokens/s, req/s).
@@ -74,7 +77,7 @@ class SearchSpec:
 
 
 def replica_hardware(hw: Hardware, devices: int) -> Hardware:
-    """``devices`` devices as one tensor-parallel replica under
+    """``devices`` devices as one tensor-parallel group under
     :data:`pykvpool.search.scaling.SCALING_MODEL`: memory, bandwidth and FLOP/s multiplied
     by :func:`pykvpool.search.scaling.scaling_factor`; the link figures stay per device
     (the roofline adds the all-reduce time from them).
@@ -90,17 +93,20 @@ def replica_hardware(hw: Hardware, devices: int) -> Hardware:
 
 
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
-    """The simulator configuration and step-time model of ``point`` serving ``model``: the
-    KV pool is the budget of ``pykvpool ledger`` (all memory minus 4 GiB per device) less
-    the weights, in blocks (layer groups: the model's hybrid pool's blocks), divided by
-    the copies of each token's KV the replica keeps
-    (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`).
+    """The simulator configuration and step-time model of ``point`` serving ``model``:
+    :attr:`Point.replicas` replicas behind the shortest-queue router, each a
+    tensor-parallel group of ``point.tensor_parallel`` devices whose KV pool is the budget
+    of ``pykvpool ledger`` (all its memory minus 4 GiB per device) less the weights, in
+    blocks (layer groups: the model's hybrid pool's blocks), divided by the copies of each
+    token's KV the group keeps (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`);
+    ``num_blocks`` is one replica's pool.
 
     Raises:
         BudgetError: the weights leave no room for one block of KV.
     """
-    hw = replica_hardware(hardware_preset(point.hardware), point.devices)
-    budget = Budget(hw.memory_bytes, DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES * point.devices)
+    tp = point.tensor_parallel
+    hw = replica_hardware(hardware_preset(point.hardware), tp)
+    budget = Budget(hw.memory_bytes, DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES * tp)
     bs, groups = point.block_size, None
     if point.layer_groups:
         blocks = kv_blocks_for_memory(model, hw, bs, budget=budget, kv_dtype=point.kv_dtype)
@@ -109,20 +115,21 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
         led = MemoryLedger(model, budget, storage_dtype(point.kv_dtype))
         blocks = max(led.token_capacity, 0) // bs
         if blocks < 1:
-            raise BudgetError(f"{point.devices} x {point.hardware} leaves no KV block of {bs} tokens for "
+            raise BudgetError(f"{tp} x {point.hardware} leaves no KV block of {bs} tokens for "
                               f"{model.name}", needed_bytes=0, available_bytes=max(led.kv_budget_bytes, 0))
-    copies = model.kv_replicas(point.devices)
+    copies = model.kv_replicas(tp)
     blocks = int(blocks / copies)
     if blocks < 1:
-        raise BudgetError(f"{point.devices} x {point.hardware} keeps {copies:g} copies of each token's KV and has no "
+        raise BudgetError(f"{tp} x {point.hardware} keeps {copies:g} copies of each token's KV and has no "
                           f"KV block of {bs} tokens left for {model.name}", needed_bytes=0, available_bytes=0)
     preemption: Any = point.preemption
     sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
                             chunked_prefill=point.chunked_prefill, preemption=preemption,
                             host_blocks=blocks if point.preemption == "swap" else 0)
     cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
-                    eviction=point.eviction, record_steps=False, groups=groups)
-    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=point.devices)
+                    eviction=point.eviction, record_steps=False, groups=groups, replicas=point.replicas,
+                    router=ROUTER)
+    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=tp)
 
 
 def _gallop(meets: Callable[[int], bool], rungs: int, hint: int) -> tuple[int, int]:
@@ -210,7 +217,7 @@ def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:
 FAMILY_FREE = ("max_running", "max_batched_tokens")
 #: Most chains in one family (a larger group is cut, in order).
 FAMILY_CHAINS = 32
-_FIELDS = tuple(f for f in Point.__dataclass_fields__ if f != "devices")
+_FIELDS = tuple(f for f in Point.__dataclass_fields__ if f not in ("devices", "tensor_parallel"))
 
 
 def _family_key(p: Point) -> tuple[Any, ...]:
@@ -219,7 +226,7 @@ def _family_key(p: Point) -> tuple[Any, ...]:
 
 def families_of(chains: list[list[Point]]) -> list[list[list[Point]]]:
     """Chains grouped into families: equal in every field but :data:`FAMILY_FREE` (and
-    devices), in first-seen order, cut into pieces of at most :data:`FAMILY_CHAINS`. A
+    the devices and their split), in first-seen order, cut into pieces of at most :data:`FAMILY_CHAINS`. A
     family is evaluated in one task, each point starting from a neighbour's answer, so
     its rows depend only on the family, never on the backend or the batching.
 
@@ -232,24 +239,28 @@ def families_of(chains: list[list[Point]]) -> list[list[list[Point]]]:
     return [g[i:i + FAMILY_CHAINS] for g in groups.values() for i in range(0, len(g), FAMILY_CHAINS)]
 
 
+#: Where a point sits in its chain: devices and tensor-parallel degree.
+_Split = tuple[int, int]
+
+
 class _Hints:
-    """Sustained rungs found so far in a family, by chain fields, devices and SLO."""
+    """Sustained rungs found so far in a family, by chain fields, split and SLO."""
 
     def __init__(self) -> None:
-        self.found: list[tuple[tuple[Any, ...], dict[tuple[int, str], int]]] = []
+        self.found: list[tuple[tuple[Any, ...], dict[tuple[_Split, str], int]]] = []
 
-    def start(self, chain: list[Point]) -> dict[tuple[int, str], int]:
+    def start(self, chain: list[Point]) -> dict[tuple[_Split, str], int]:
         fields = tuple(getattr(chain[0], f) for f in _FIELDS)
         self.found.append((fields, {}))
         return self.found[-1][1]
 
-    def neighbour(self, devices: int, slo: str) -> Optional[int]:
-        """The answer, for the same devices and SLO, of the latest earlier chain that
+    def neighbour(self, split: _Split, slo: str) -> Optional[int]:
+        """The answer, for the same split and SLO, of the latest earlier chain that
         differs from the current one in one field."""
         cur = self.found[-1][0]
         for fields, ks in reversed(self.found[:-1]):
-            if sum(a != b for a, b in zip(fields, cur)) == 1 and (devices, slo) in ks:
-                k: int = ks[(devices, slo)]
+            if sum(a != b for a, b in zip(fields, cur)) == 1 and (split, slo) in ks:
+                k: int = ks[(split, slo)]
                 return k
         return None
 
@@ -286,15 +297,16 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
             continue
         p = _Point(spec, cfg, tm)
         row["num_blocks"] = cfg.num_blocks
+        split = (point.devices, point.tensor_parallel)
         for slo in spec.slos:
             s = slo.name
-            if spec.strategy == "pruned" and _capped(done, s):
+            if spec.strategy == "pruned" and _capped(done, s, row["cost"]):
                 row[f"{s}_state"] = "dominated"
                 continue
-            near = hints.neighbour(point.devices, s) if spec.neighbour_hints else None
+            near = hints.neighbour(split, s) if spec.neighbour_hints else None
             k = sustained_rung(p.meets(slo), len(p.rates), spec.strategy, prev[s] if near is None else near,
                                spec.neighbour_hints)
-            prev[s] = mine[(point.devices, s)] = k
+            prev[s] = mine[(split, s)] = k
             rate = p.rates[k] if k >= 0 else 0.0
             row.update({f"{s}_state": "ok" if k >= 0 else "none", f"{s}_rate": rate,
                         f"{s}_objective": spec.objective.value(rate, row["cost"])})
@@ -307,12 +319,12 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
     return rows
 
 
-def _capped(done: list[dict[str, Any]], slo: str) -> bool:
-    """Whether a cheaper point of the chain sustains the ladder's top rung for ``slo``
-    and is not flagged superlinear: no rate can then put a costlier one on the frontier
-    or make it a best point (the pruned search skips it)."""
+def _capped(done: list[dict[str, Any]], slo: str, cost: float) -> bool:
+    """Whether a point of the chain cheaper than ``cost`` sustains the ladder's top rung
+    for ``slo`` and is not flagged superlinear: no rate can then put a costlier one on
+    the frontier or make it a best point (the pruned search skips it)."""
     return any(r[f"{slo}_state"] == "ok" and r[f"{slo}_rate_is_lower_bound"] and not r[f"{slo}_superlinear"]
-               for r in done)
+               and r["cost"] < cost for r in done)
 
 
 def evaluate_batch(spec: SearchSpec, families: list[list[list[Point]]]) -> list[dict[str, Any]]:

@@ -181,7 +181,7 @@ _NAMES = _Kind(lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n
 _STAT = _or_null(_number())  # seconds, tokens/s, requests/s or a count
 
 _POINT: dict[str, _Kind] = {
-    "hardware": _NAME, "devices": _count(1), "kv_dtype": _Kind(_kv_dtype_ok, "a KV dtype"), "block_size": _count(1), "max_running": _count(1),
+    "hardware": _NAME, "devices": _count(1), "tensor_parallel": _count(1), "kv_dtype": _Kind(_kv_dtype_ok, "a KV dtype"), "block_size": _count(1), "max_running": _count(1),
     "max_batched_tokens": _count(1), "chunked_prefill": _FLAG, "preemption": _text(PREEMPTIONS),
     "prefix_caching": _FLAG, "eviction": _text(EVICTIONS), "layer_groups": _FLAG}
 _METRICS = {m: _STAT for m in METRICS}
@@ -246,7 +246,8 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
     an element of ``points.json``, a best point): every column of
     :func:`pykvpool.search.evaluate.evaluate_chain` of its kind, a rate, an objective and
     the scaling checks (``<slo>_rate_is_lower_bound``, ``<slo>_superlinear``: true or
-    false) for each SLO whose state is ``ok`` or ``none``, and a key that is its fields' key. The
+    false) for each SLO whose state is ``ok`` or ``none`` (all four null for any other
+    state: no rate), and a key that is its fields' key. The
     check, ``check(row, where="")``, returns the row with its KV dtype in its one spelling
     (in ``kv_dtype`` and ``key``: see the module docstring); ``where`` starts its messages.
 
@@ -267,6 +268,8 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
             for col in (f"{s}_rate", f"{s}_objective", f"{s}_rate_is_lower_bound", f"{s}_superlinear"):
                 if state in ("ok", "none") and row[col] is None:
                     raise invalid(f"{where}{col} is null, but {s}_state is {state!r}")
+                if state not in ("ok", "none") and row[col] is not None:
+                    raise invalid(f"{where}{col} is {_shown(row[col])}, but {s}_state is {state!r} (no rate)")
         key = Point(**{f: row[f] for f in _POINT}).key()
         if row["key"] != key:
             raise invalid(f"{where}key {_shown(row['key'])} is not the key of its fields ({key!r})")

@@ -1,8 +1,9 @@
 """The search space of a deployment search: one :class:`Point` per serving configuration.
 
-A point is a deployment of one model: a hardware preset and a device count (the devices
-serve one replica with tensor parallelism: memory, bandwidth and FLOP/s add up, the
-memory reserve is per device), the KV storage dtype, the pool's block size (tokens), the
+A point is a deployment of one model: a hardware preset, a device count and how the
+devices are split (``devices / tensor_parallel`` data-parallel replicas behind a
+shortest-queue router, each a tensor-parallel group of ``tensor_parallel`` devices whose
+memory, bandwidth and FLOP/s add up, the memory reserve per device), the KV storage dtype, the pool's block size (tokens), the
 scheduler's limits (``max_running`` requests, ``max_batched_tokens`` tokens per step,
 chunked prefill), its preemption (recompute, or swap to a host pool as large as the
 device pool), prefix caching and its eviction policy, and layer groups (one
@@ -25,12 +26,15 @@ from pykvpool.planning.hardware import hardware_name
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 
-__all__ = ["MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "Point", "SearchSpace"]
+__all__ = ["MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "TENSOR_PARALLEL", "Point", "SearchSpace"]
 
 #: Most devices one point may use.
 MAX_DEVICES = 4096
 #: Most points one space may enumerate (before its rules drop any).
 MAX_POINTS = 10_000_000
+#: The default tensor-parallel degrees: the divisors of 8, the devices one NVLink domain
+#: of the presets' servers holds (a point uses those that divide its device count).
+TENSOR_PARALLEL = (1, 2, 4, 8)
 #: Preemption policies of the simulator.
 PREEMPTIONS = ("recompute", "swap")
 #: Eviction policies of the prefix cache.
@@ -43,7 +47,9 @@ class Point:
     """One serving configuration (see the module docstring for each field's meaning).
 
     Attributes:
-        hardware: a hardware preset name; devices: devices of the replica (tensor parallel).
+        hardware: a hardware preset name; devices: devices of the deployment;
+        tensor_parallel: devices per replica (a divisor of ``devices``; the deployment
+            has ``devices / tensor_parallel`` replicas, :attr:`replicas`).
         kv_dtype: KV storage dtype, its one spelling (a
             :class:`pykvpool.planning.models.StorageDtype`'s name); block_size: tokens per block.
         max_running: requests in flight at most; max_batched_tokens: tokens per step.
@@ -52,6 +58,7 @@ class Point:
 
     hardware: str
     devices: int
+    tensor_parallel: int
     kv_dtype: str
     block_size: int
     max_running: int
@@ -62,26 +69,40 @@ class Point:
     eviction: str
     layer_groups: bool
 
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: ``devices / tensor_parallel``.
+
+        Raises:
+            Nothing: arithmetic on a checked point.
+        """
+        return self.devices // self.tensor_parallel
+
+    def _devices_field(self) -> str:
+        return f"x{self.devices}:tp{self.tensor_parallel}"
+
     def key(self) -> str:
         """A stable, readable identity, e.g.
-        ``a100-80gb-sxm|x1|bf16|b16|r256|t8192|chunked|recompute|-|flat``.
+        ``a100-80gb-sxm|x4:tp2|bf16|b16|r256|t8192|chunked|recompute|-|flat`` (4 devices
+        as 2 replicas of 2-way tensor parallelism).
 
         Raises:
             Nothing: string formatting.
         """
         cache = f"cache-{self.eviction}" if self.prefix_caching else "-"
-        return "|".join([self.hardware, f"x{self.devices}", self.kv_dtype, f"b{self.block_size}",
+        return "|".join([self.hardware, self._devices_field(), self.kv_dtype, f"b{self.block_size}",
                          f"r{self.max_running}", f"t{self.max_batched_tokens}",
                          "chunked" if self.chunked_prefill else "whole", self.preemption, cache,
                          "groups" if self.layer_groups else "flat"])
 
     def chain_key(self) -> str:
-        """The key without the device count: points differing only in devices form one chain.
+        """The key without the devices and their split: points differing only in those form
+        one chain.
 
         Raises:
             Nothing: string formatting.
         """
-        return self.key().replace(f"|x{self.devices}|", "|", 1)
+        return self.key().replace(f"|{self._devices_field()}|", "|", 1)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (column name -> value).
@@ -141,7 +162,10 @@ class SearchSpace:
 
     Attributes:
         hardware: hardware presets (:data:`pykvpool.planning.hardware.HARDWARE`).
-        devices: devices per replica, 1 to :data:`MAX_DEVICES`.
+        devices: devices of a deployment, 1 to :data:`MAX_DEVICES`.
+        tensor_parallel: devices per replica (default :data:`TENSOR_PARALLEL`); a point
+            takes each that divides its devices (so 4 devices are 4 replicas of one device,
+            2 of 2 or one of 4), and a device count no value divides has no point.
         kv_dtypes: KV storage dtypes (``bf16``, ``fp8``, ``int8``, ...), any spelling
             :func:`pykvpool.planning.models.storage_dtype` reads, kept as its one spelling
             (``fp16`` becomes ``f16``).
@@ -159,6 +183,7 @@ class SearchSpace:
 
     hardware: tuple[str, ...] = ("a100-80gb-sxm",)
     devices: tuple[int, ...] = (1,)
+    tensor_parallel: tuple[int, ...] = TENSOR_PARALLEL
     kv_dtypes: tuple[str, ...] = ("bf16",)
     block_sizes: tuple[int, ...] = (16,)
     max_running: tuple[int, ...] = (256,)
@@ -170,7 +195,8 @@ class SearchSpace:
     layer_groups: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
-        checks = {"hardware": _hardware, "devices": _int_in(1, MAX_DEVICES), "kv_dtypes": _dtype,
+        checks = {"hardware": _hardware, "devices": _int_in(1, MAX_DEVICES),
+                  "tensor_parallel": _int_in(1, MAX_DEVICES), "kv_dtypes": _dtype,
                   "block_sizes": _int_in(1, _MAX_BLOCK_SIZE), "max_running": _int_in(1, 2**31 - 1),
                   "max_batched_tokens": _int_in(1, MAX_STEP_TOKENS), "chunked_prefill": _flag,
                   "preemption": _choice(PREEMPTIONS), "prefix_caching": _flag, "eviction": _choice(EVICTIONS),
@@ -189,9 +215,10 @@ class SearchSpace:
         return math.prod(len(getattr(self, f.name)) for f in fields(self))
 
     def points(self, model: ModelConfig, prefix_workload: bool) -> list[Point]:
-        """Every distinct runnable point, in axis order (devices vary fastest within a chain).
+        """Every distinct runnable point, in axis order (devices, then their split, vary
+        fastest within a chain).
 
-        Rules: prefix caching only for a ``prefix_workload`` (prompts given as token ids or
+        Rules: a tensor-parallel degree only where it divides the devices; prefix caching only for a ``prefix_workload`` (prompts given as token ids or
         block keys: otherwise it caches nothing); the eviction policy varies only with
         prefix caching (``eviction[0]`` otherwise); layer groups only for a windowed model
         (``model.windowed``: otherwise one group, the same pool), with every preemption
@@ -221,5 +248,6 @@ class SearchSpace:
                     for lg in self.layer_groups:
                         if lg and not model.windowed:
                             continue
-                        out += [Point(hw, n, dt, bs, mr, mbt, ch, pre, pc, ev, lg) for n in self.devices]
+                        out += [Point(hw, n, tp, dt, bs, mr, mbt, ch, pre, pc, ev, lg)
+                                for n in self.devices for tp in self.tensor_parallel if n % tp == 0]
         return out

@@ -16,7 +16,7 @@ Two strategies (:data:`pykvpool.search.evaluate.STRATEGIES`):
   ``tests/search/test_search_scaling.py`` on random ones).
 
 Both rank only the points :mod:`pykvpool.search.scaling` does not flag superlinear
-(devices as one tensor-parallel replica: :data:`pykvpool.search.scaling.SCALING_MODEL`).
+(devices as replicas of tensor-parallel groups: :data:`pykvpool.search.scaling.SCALING_MODEL`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class SearchResult:
 
 
 def chains_of(points: Sequence[Point]) -> list[list[Point]]:
-    """Points grouped by :meth:`Point.chain_key` (first-seen order), each chain by devices.
+    """Points grouped by :meth:`Point.chain_key` (first-seen order), each chain by devices,
+    then tensor-parallel degree.
 
     Raises:
         Nothing: bookkeeping on a list.
@@ -73,7 +74,7 @@ def chains_of(points: Sequence[Point]) -> list[list[Point]]:
     groups: dict[str, list[Point]] = {}
     for p in points:
         groups.setdefault(p.chain_key(), []).append(p)
-    return [sorted(c, key=lambda p: p.devices) for c in groups.values()]
+    return [sorted(c, key=lambda p: (p.devices, p.tensor_parallel)) for c in groups.values()]
 
 
 def _check(points: list[Point], slos: Sequence[SLO], objective: Objective, strategy: str, workload: Workload) -> None:

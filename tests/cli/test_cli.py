@@ -117,7 +117,7 @@ def test_report(tmp_path: Path) -> None:
 
     again = run("search", *shlex.split(SMALL_SEARCH), "--quiet", "--no-figures", "--out", str(out / "search"))
     assert again.returncode == 0, again.stderr
-    assert "48 configurations" in again.stdout and " 0 evaluated" in again.stdout and "0 simulated" in again.stdout
+    assert "96 configurations" in again.stdout and " 0 evaluated" in again.stdout and "0 simulated" in again.stdout
     assert "| 16 | 7.5 | 7.5 | 99.677% |" in md
     assert "| uniform: admitted, paged b=16 | 214 | 214 | yes |" in md
     assert "| heavy: gain paged / contiguous | 3.32x | 3.32x | yes |" in md

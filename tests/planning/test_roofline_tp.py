@@ -91,7 +91,9 @@ def test_deploy_counts_every_copy_of_the_kv() -> None:
     """A latent model on 1 and 2 devices: twice the memory, the weights once, and a pool
     of two copies: fewer than twice one device's blocks; the roofline reads both copies."""
     mla = model_preset("deepseek-v2-lite")
-    space = SearchSpace(hardware=("h100-sxm",), devices=(1, 2), kv_dtypes=("bf16",), block_sizes=(16,))
-    (one, r1), (two, r2) = (deploy(p, mla) for p in space.points(mla, prefix_workload=False))
+    space = SearchSpace(hardware=("h100-sxm",), devices=(1, 2), tensor_parallel=(1, 2), kv_dtypes=("bf16",),
+                        block_sizes=(16,))
+    points = [p for p in space.points(mla, prefix_workload=False) if p.replicas == 1]
+    (one, r1), (two, r2) = (deploy(p, mla) for p in points)
     assert two.num_blocks < 2 * one.num_blocks
     assert r2.figures()[4] == 2 * r1.figures()[4]

@@ -36,7 +36,7 @@ def rows(backend: ds.Backend, out: str | None = None) -> list[dict[str, object]]
 def test_process_pool_rows_equal_in_process_rows() -> None:
     inline = rows(ds.Backend("inline"))
     assert rows(ds.Backend("process", 2)) == inline
-    assert len(inline) == 12 and {r["status"] for r in inline} == {"ok"}
+    assert len(inline) == 18 and {r["status"] for r in inline} == {"ok"}  # 2 hardware x 3 splits x 3
 
 
 @isolated(timeout=400)

@@ -32,22 +32,23 @@ def test_a_search_writes_tables_figures_and_the_best_point(tmp_path: Path) -> No
             "--max-running", "2,128", "--objective", "per-dollar", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "deployment search" in r.stderr
-    assert "4 configurations of Llama-3-8B on 60 requests" in r.stdout
-    assert "SLO slo: best a100-80gb-sxm|x1|" in r.stdout and "SLO loose: best" in r.stdout
+    assert "6 configurations of Llama-3-8B on 60 requests" in r.stdout
+    assert "SLO slo: best a100-80gb-sxm|x1:tp1|" in r.stdout and "SLO loose: best" in r.stdout
     assert "latency at the reference rate (best point)" in r.stdout and "SLO loose at " in r.stdout
     for name in ("points.csv", "points.json", "points.jsonl", "frontier.csv", "best.json", "frontier.png",
                  "sustained_rate.png", "search.json", "frontier_latency.csv", "frontier_latency.png", "latency.json"):
         assert (out / name).stat().st_size > 0, name
     with open(out / "points.csv") as f:
         table = list(csv.DictReader(f))
-    assert [row["devices"] for row in table] == ["1", "2", "1", "2"]
+    # Two devices as two replicas or as one tensor-parallel group (--tp defaults to 1,2,4,8).
+    assert [(row["devices"], row["tensor_parallel"]) for row in table] == [("1", "1"), ("2", "1"), ("2", "2")] * 2
     best = json.loads((out / "best.json").read_text())
     assert best["objective"] == "per_dollar" and best["best"]["slo"]["key"] in {row["key"] for row in table}
     assert best["best"]["slo"]["cost"] == 1.30  # one A100 at the default price
     if _has("pyarrow"):
         import pyarrow.parquet as pq
 
-        assert pq.read_table(out / "points.parquet").num_rows == 4
+        assert pq.read_table(out / "points.parquet").num_rows == 6
 
 
 def _has(module: str) -> bool:

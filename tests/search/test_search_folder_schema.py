@@ -183,7 +183,7 @@ def test_a_folder_of_another_pykvpool_version_is_refused(tmp_path: Path, monkeyp
     args = (w, model_preset("llama-3-8b"), ds.SearchSpace(devices=(1, 2)), [ds.SLO("s", ttft_p99=5.0)])
     kw: dict[str, Any] = {"ladder": ds.RateLadder(0.5, 4.0, 3), "backend": ds.Backend("inline"), "out": str(tmp_path),
                           "progress": None}
-    assert ds.search(*args, **kw).evaluated == 2
+    assert ds.search(*args, **kw).evaluated == 3  # x1, x2 as 2 x 1, x2 as 1 x 2
     assert ds.search(*args, **kw).evaluated == 0  # the same version resumes
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     monkeypatch.setattr("pykvpool.search.output.__version__", "0.0.0+another")

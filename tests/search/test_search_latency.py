@@ -106,7 +106,7 @@ def test_reference_rates_default_to_each_best_points_rate() -> None:
 
 def test_which_points_run_are_reused_or_skipped() -> None:
     rungs = (1.0, 2.0, 4.0, 8.0)
-    fields = ds.Point("a100-80gb-sxm", 1, "bf16", 16, 8, 2048, True, "recompute", False, "lru", False).as_dict()
+    fields = ds.Point("a100-80gb-sxm", 1, 1, "bf16", 16, 8, 2048, True, "recompute", False, "lru", False).as_dict()
 
     def row(key: str, state: str, rate: float | None, status: str = "ok") -> dict[str, Any]:
         return {**fields, "key": key, "status": status, "cost": 1.0, "s_state": state, "s_rate": rate,

@@ -99,7 +99,7 @@ def test_the_whole_report_with_a_search_folder(folders: dict[str, Path], tmp_pat
     assert md.index("## 8. Video") < md.index("## 9. Deployment search") < md.index("## Closing note")
     assert "The finished search in `full`" in md and not (out / "search").exists()
     data = json.loads((out / "report.json").read_text())
-    assert data["search"]["configurations"] == 4 and data["search"]["folder"] == str(folders["full"])
+    assert data["search"]["configurations"] == 6 and data["search"]["folder"] == str(folders["full"])
     for name in FIGURES:
         assert_png(out / f"{name}.png")
 

@@ -106,9 +106,11 @@ def test_pruned_and_grid_searches_give_one_frontier_on_random_spaces(monkeypatch
     assert min(seen.values()) > 20, seen  # every case the rules handle occurs
 
 
-def _row(devices: int, rate: float, blocks: int, state: str = "ok", top: bool = False) -> dict[str, Any]:
-    return {"devices": devices, "num_blocks": blocks, "block_size": 16, "s_state": state, "s_rate": rate,
-            "s_rate_is_lower_bound": top}
+def _row(devices: int, rate: float, blocks: int, state: str = "ok", top: bool = False,
+         tp: int = 0) -> dict[str, Any]:
+    """A row of ``devices`` devices in groups of ``tp`` (default: one group of all)."""
+    return {"devices": devices, "tensor_parallel": tp or devices, "num_blocks": blocks, "block_size": 16,
+            "s_state": state, "s_rate": rate, "s_rate_is_lower_bound": top}
 
 
 def test_superlinear_rule_allows_the_kv_gain_and_the_tolerance_by_hand() -> None:
@@ -128,6 +130,13 @@ def test_superlinear_rule_allows_the_kv_gain_and_the_tolerance_by_hand() -> None
     for q in (_row(1, 4.0, 1000, top=True), _row(1, 0.0, 1000, "none"), _row(1, 4.0, 1000, "dominated")):
         assert not is_superlinear(_row(2, 64.0, 2000), [q], "s")
     assert not is_superlinear(_row(2, 0.0, 2000, "none"), [one], "s")
+    # Replicas are simulated as they are: more replicas of the same group size are never
+    # flagged against fewer (pooling the arrivals is the model's own result), while a
+    # larger group is flagged against replicas of smaller ones.
+    dp = _row(4, 40.0, 1000, tp=1)
+    assert not is_superlinear(dp, [one, _row(2, 8.0, 1000, tp=1)], "s")
+    assert is_superlinear(_row(4, 40.0, 4000), [one, dp], "s")
+    assert not is_superlinear(_row(4, 40.0, 2000, tp=2), [_row(2, 8.0, 2000)], "s")
 
 
 def test_rates_print_as_lower_bounds_at_the_top() -> None:
@@ -138,15 +147,18 @@ def test_rates_print_as_lower_bounds_at_the_top() -> None:
 def test_a_point_with_a_lower_objective_but_a_higher_rate_stays_on_the_frontier() -> None:
     """One H100 sustains more than half the top rung, so two cannot beat it per device;
     but two sustain more than one (at least the top rung): the pruned search simulates
-    them and puts them on the frontier, their rate read as a lower bound."""
+    them and puts them on the frontier, their rate read as a lower bound (two replicas
+    first, then one group of two, which costs the same: both are simulated)."""
     w = traces.load_file(named_trace_path("azure-conv"), limit=1000)
     space = ds.SearchSpace(hardware=("h100-sxm",), devices=(1, 2), kv_dtypes=("fp8",), max_running=(256,),
                            max_batched_tokens=(2048,))
     res = ds.search(w, LLAMA, space, [ds.SLO("batch", ttft_p99=20.0)], backend=INLINE, progress=None)
-    one, two = res.rows
+    one, two, group = res.rows
+    assert (two["tensor_parallel"], group["tensor_parallel"]) == (1, 2)
     top = ds.RateLadder().rates()[-1]
     assert top / 2 < one["batch_rate"] < top and not one["batch_rate_is_lower_bound"]
-    assert two["batch_state"] == "ok" and two["batch_rate"] == top and two["batch_rate_is_lower_bound"]
+    for r in (two, group):
+        assert r["batch_state"] == "ok" and r["batch_rate"] == top and r["batch_rate_is_lower_bound"]
     assert [r["key"] for r in res.frontier["batch"]] == [one["key"], two["key"]]
     assert res.best["batch"] is not None and res.best["batch"]["key"] == one["key"]
 
@@ -166,8 +178,10 @@ CLI = ["search", "--trace", "azure-conv", "--limit", "300", "--ttft-p99", "1", "
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """One A100 sustains 3.17 req/s under ``slo``, two and four far more per device (both
-    flagged); under ``loose`` one sustains the ladder's top (and more devices are pruned)."""
+    """One A100 sustains 3.17 req/s under ``slo``; two and four as replicas of one device
+    sustain more per device (their arrivals' bursts split: not flagged), as groups of two
+    or four too (flagged: more than the replicas of smaller groups beyond the KV gain);
+    under ``loose`` one sustains the ladder's top (and more devices are pruned)."""
     out = tmp_path_factory.mktemp("scaling") / "s"
     r = subprocess.run([sys.executable, "-m", "pykvpool.cli", *CLI, "--out", str(out)], capture_output=True,
                        text=True, check=False, timeout=300)
@@ -178,39 +192,43 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
 def test_the_cli_states_the_scaling_model_flags_and_lower_bounds(cli_run: tuple[Path, str, str]) -> None:
     out, stdout, stderr = cli_run
     lines = stdout.splitlines()
-    assert lines[1].startswith(SCALING_MODEL) and "2 superlinear configurations" in lines[1]
-    assert "SLO slo: best a100-80gb-sxm|x1|" in stdout and "2 superlinear configurations not ranked" in stdout
-    assert "SLO loose: best a100-80gb-sxm|x1|" in stdout and ">= 64 req/s sustained" in stdout
+    assert lines[1].startswith(SCALING_MODEL) and "3 superlinear configurations" in lines[1]
+    assert "SLO slo: best a100-80gb-sxm|x4:tp1|" in stdout and "3 superlinear configurations not ranked" in stdout
+    assert "SLO loose: best a100-80gb-sxm|x1:tp1|" in stdout and ">= 64 req/s sustained" in stdout
     assert "at least 64 req/s" in stderr
     best = json.loads((out / "best.json").read_text())
     assert best["scaling_model"] == SCALING_MODEL and best["scaling_tolerance"] == SCALING_TOLERANCE
     assert json.loads((out / "search.json").read_text())["scaling"] == SCALING_ID
     with open(out / "points.csv") as f:
         table = list(csv.DictReader(f))
+    assert [(r["devices"], r["tensor_parallel"]) for r in table] == [
+        ("1", "1"), ("2", "1"), ("2", "2"), ("4", "1"), ("4", "2"), ("4", "4")]
     assert [(r["slo_superlinear"], r["loose_rate_is_lower_bound"], r["loose_state"]) for r in table] == [
-        ("False", "True", "ok"), ("True", "", "dominated"), ("True", "", "dominated")]
+        ("False", "True", "ok"), ("False", "", "dominated"), ("True", "", "dominated"),
+        ("False", "", "dominated"), ("True", "", "dominated"), ("True", "", "dominated")]
     assert {r["scaling"] for r in table} == {SCALING_ID}
 
 
 def test_the_report_section_states_the_scaling_model(cli_run: tuple[Path, str, str], tmp_path: Path) -> None:
     md, data, _ = search_section(tmp_path, read_search(cli_run[0]), progress=False)
     assert SCALING_MODEL in md and "| >= 64 |" in md
-    assert "2 configurations flagged superlinear" in md and "a100-80gb-sxm\\|x4" in md
-    assert data["scaling_model"] == SCALING_MODEL and len(data["superlinear"]["slo"]) == 2
+    assert "3 configurations flagged superlinear" in md and "a100-80gb-sxm\\|x4:tp4" in md
+    assert data["scaling_model"] == SCALING_MODEL and len(data["superlinear"]["slo"]) == 3
 
 
 def test_each_bar_is_named_and_nothing_overlaps(cli_run: tuple[Path, str, str]) -> None:
     rows = read_search(cli_run[0]).rows
     fig = rates_figure(rows, ["slo", "loose"])
     slo, loose = fig.axes[:2]
-    assert [t.get_text() for t in slo.get_yticklabels()] == ["x4", "x2", "x1"]  # by rate, the devices differ
-    assert [t.get_text() for t in loose.get_yticklabels()] == ["x1"]  # the others were not simulated
+    # By rate; only the devices and their split differ.
+    assert [t.get_text() for t in slo.get_yticklabels()] == ["x4:tp1", "x4:tp2", "x4:tp4", "x2:tp2", "x2:tp1", "x1:tp1"]
+    assert [t.get_text() for t in loose.get_yticklabels()] == ["x1:tp1"]  # the others were not simulated
     assert ">= 64" in [t.get_text() for t in loose.texts]
     assert overlapping_labels(fig) == []
     for fig in (fig, frontier_figure(rows, ["slo", "loose"], "devices")):
-        assert [t.get_text() for t in fig.texts] == [SCALING_MODEL]
+        assert [t.get_text().replace("\n", " ") for t in fig.texts] == [SCALING_MODEL]  # wrapped to the width
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "superlinear: not ranked (2)" in legend and "frontier (1)" in legend
+    assert "superlinear: not ranked (3)" in legend and "frontier (3)" in legend
 
 
 def test_a_folder_without_a_scaling_model_is_refused_in_one_line(cli_run: tuple[Path, str, str],
@@ -241,4 +259,4 @@ def test_the_report_figures_label_nothing_over_anything(cli_run: tuple[Path, str
     for ax in fig.axes:
         title = ax.title.get_window_extent()
         assert box.x0 <= title.x0 and title.x1 <= box.x1, ax.title.get_text()
-    assert "2 not simulated: fewer devices already sustain the top rate" in fig.axes[1].title.get_text()
+    assert "5 not simulated: fewer devices already sustain the top rate" in fig.axes[1].title.get_text()
