@@ -1402,13 +1402,17 @@ def run_simulation(
             group holds (a window only its sinks and window).
             ``stop_when``: None (default: run to the end) or a dict of SLO targets, each
             None or a number finite and > 0: ``ttft_p99``, ``tpot_p50``, ``tpot_p99``
-            (seconds) and ``min_output_throughput`` (output tokens/s). The run stops as
-            soon as its complete version certainly misses them (a request rejected, or
-            enough latencies above a bound that the percentile of the complete run is
-            above it: :mod:`pykvpool.simulate.stop`); the summary's ``stopped`` names
-            the target (``rejected``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
-            ``throughput``), None when the run went to the end (then it is the run
-            without the rule, bit for bit).
+            (seconds) and ``min_output_throughput`` (output tokens/s); ``attain_ttft``,
+            ``attain_tpot`` (seconds) with ``attain_share`` (in (0, 1]): that share of
+            the requests each finishes within both bounds (DistServe's attainment);
+            ``tolerate_rejections`` (a bool, default False): a rejected request alone
+            does not stop the run. The run stops as soon as its complete version
+            certainly misses them (a request rejected, enough latencies above a bound
+            that the percentile of the complete run is above it, or too few requests
+            left that can meet the attainment bounds: :mod:`pykvpool.simulate.stop`); the
+            summary's ``stopped`` names the target (``rejected``, ``ttft_p99``,
+            ``tpot_p50``, ``tpot_p99``, ``throughput``, ``attainment``), None when the
+            run went to the end (then it is the run without the rule, bit for bit).
             ``replicas``: data parallelism: replicas of this configuration behind one
             router, 1 (default) to ``SIM_MAX_REPLICAS``, each with its own pools and the
             same ``time_model``; their steps run in time order on one clock.

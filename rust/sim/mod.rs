@@ -42,7 +42,7 @@ pub use metrics::{Outcome, Percentiles, RequestMetrics, StepMetrics, Summary};
 pub use metrics::UNROUTED;
 pub use request::{Convention, ReqState, Status};
 pub use router::Router;
-pub use stop::{StopWhen, Stopped};
+pub use stop::{Attainment, StopWhen, Stopped};
 pub use scheduler::{Allocation, Batch, Counters, Preemption, QueuePolicy, Scheduler, SchedulerConfig, Victim};
 pub use timing::{ConstantTime, Roofline, StepShape, StepTimer};
 pub use workload::Workload;
@@ -295,7 +295,7 @@ impl<'a> Run<'a> {
                 req.status = Status::Rejected;
                 self.rm.outcome[i as usize] = Outcome::Rejected as u8;
                 if let Some(s) = &mut self.stop {
-                    s.on_reject();
+                    s.on_reject(i as usize);
                 }
             } else {
                 req.status = Status::Waiting;
@@ -381,7 +381,7 @@ impl<'a> Run<'a> {
                 if let Some(s) = &mut self.stop {
                     // As `RequestMetrics::tpot` computes it.
                     let out = self.workload.output_len[i];
-                    s.on_finish(if out > 1 { (end - rm.first_token[i]) / (out - 1) as f64 } else { f64::NAN });
+                    s.on_finish(i, if out > 1 { (end - rm.first_token[i]) / (out - 1) as f64 } else { f64::NAN });
                 }
             }
         }

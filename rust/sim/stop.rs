@@ -21,6 +21,18 @@
 //! - `throughput`: with a request unfinished at `now`, the makespan is at least `now -
 //!   first arrival`, so the output throughput is at most `total output tokens / (now -
 //!   first arrival)`.
+//! - `attainment` (DistServe's goodput condition: a share of the requests each meets both
+//!   a time-to-first-token and a time-per-output-token bound): a request misses once its
+//!   TTFT is above the bound (or it has waited longer than the bound without a first
+//!   token), its TPOT is above the bound, or it is rejected; once the requests that can
+//!   still meet them are fewer than the share, the run cannot.
+//!
+//! With [`StopWhen::tolerate_rejections`] (an attainment target counts rejected requests
+//! as misses rather than requiring every request finished) a rejection does not stop the
+//! run. The percentile triggers stay exact on the fewer values left (the count that
+//! lifts a percentile grows with the values), a rejected request never counts as
+//! waiting, and the throughput trigger is off once a request was rejected (the makespan
+//! then starts at the first finished request's arrival, which may be later).
 
 use super::metrics::Percentiles;
 use crate::error::Result;
@@ -34,6 +46,27 @@ pub struct StopWhen {
     pub tpot_p50: Option<f64>,
     pub tpot_p99: Option<f64>,
     pub min_output_throughput: Option<f64>,
+    /// A share of the requests must each meet per-request bounds.
+    pub attainment: Option<Attainment>,
+    /// A rejected request alone does not stop the run.
+    pub tolerate_rejections: bool,
+}
+
+/// DistServe's attainment: at least `share` of the workload's requests each have a TTFT
+/// of at most `ttft` and a TPOT of at most `tpot` (seconds; None: not checked; a request
+/// of one output token has no TPOT and meets that bound).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attainment {
+    pub ttft: Option<f64>,
+    pub tpot: Option<f64>,
+    pub share: f64,
+}
+
+impl Attainment {
+    /// Whether a request's TTFT and TPOT (NaN: none) meet the bounds.
+    pub fn met(&self, ttft: f64, tpot: f64) -> bool {
+        self.ttft.is_none_or(|b| ttft <= b) && self.tpot.is_none_or(|b| tpot.is_nan() || tpot <= b)
+    }
 }
 
 impl StopWhen {
@@ -51,6 +84,19 @@ impl StopWhen {
                 }
             }
         }
+        if let Some(a) = &self.attainment {
+            for (name, v) in [("attain_ttft", a.ttft), ("attain_tpot", a.tpot)] {
+                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return Err(invalid!("stop_when.{name} must be finite and > 0, got {v:?}"));
+                }
+            }
+            if a.ttft.is_none() && a.tpot.is_none() {
+                return Err(invalid!("stop_when: an attainment target needs attain_ttft or attain_tpot"));
+            }
+            if !(a.share > 0.0 && a.share <= 1.0) {
+                return Err(invalid!("stop_when.attain_share must be in (0, 1], got {}", a.share));
+            }
+        }
         Ok(())
     }
 }
@@ -63,6 +109,7 @@ pub enum Stopped {
     TpotP50,
     TpotP99,
     Throughput,
+    Attainment,
 }
 
 impl Stopped {
@@ -74,6 +121,7 @@ impl Stopped {
             Stopped::TpotP50 => "tpot_p50",
             Stopped::TpotP99 => "tpot_p99",
             Stopped::Throughput => "throughput",
+            Stopped::Attainment => "attainment",
         }
     }
 }
@@ -111,9 +159,33 @@ pub(super) struct StopState {
     late: Vec<bool>,
     late_waiting: usize,
     rejected: bool,
+    tolerate_rejections: bool,
+    /// Per request, rejected (kept only when rejections are tolerated), and how many.
+    was_rejected: Vec<bool>,
+    rejections: usize,
     finished: usize,
     total_output: f64,
     first_arrival: f64,
+    attain: Option<AttainState>,
+}
+
+/// The attainment target's misses so far.
+#[derive(Clone, Debug)]
+struct AttainState {
+    target: Attainment,
+    /// Requests in arrival order whose wait has been compared with the TTFT bound.
+    scan: usize,
+    missed: Vec<bool>,
+    misses: usize,
+}
+
+impl AttainState {
+    fn miss(&mut self, i: usize) {
+        if !self.missed[i] {
+            self.missed[i] = true;
+            self.misses += 1;
+        }
+    }
 }
 
 impl StopState {
@@ -129,14 +201,26 @@ impl StopState {
             late: if rule.ttft_p99.is_some() { vec![false; n] } else { Vec::new() },
             late_waiting: 0,
             rejected: false,
+            tolerate_rejections: rule.tolerate_rejections,
+            was_rejected: if rule.tolerate_rejections { vec![false; n] } else { Vec::new() },
+            rejections: 0,
             finished: 0,
             total_output: output_len.iter().map(|&o| o as f64).sum(),
             first_arrival: arrival.iter().copied().fold(f64::INFINITY, f64::min),
+            attain: rule.attainment.map(|target| AttainState { target, scan: 0, missed: vec![false; n], misses: 0 }),
         }
     }
 
-    pub(super) fn on_reject(&mut self) {
+    /// Request `i` can never run.
+    pub(super) fn on_reject(&mut self, i: usize) {
         self.rejected = true;
+        self.rejections += 1;
+        if let Some(r) = self.was_rejected.get_mut(i) {
+            *r = true;
+        }
+        if let Some(a) = &mut self.attain {
+            a.miss(i);
+        }
     }
 
     /// Request `i` got its first token; `ttft` as the summary computes it.
@@ -148,11 +232,21 @@ impl StopState {
             }
             b.add(ttft);
         }
+        if let Some(a) = &mut self.attain {
+            if !a.target.met(ttft, f64::NAN) {
+                a.miss(i);
+            }
+        }
     }
 
     /// Request `i` finished; `tpot` as the summary computes it (NaN for one output token).
-    pub(super) fn on_finish(&mut self, tpot: f64) {
+    pub(super) fn on_finish(&mut self, i: usize, tpot: f64) {
         self.finished += 1;
+        if let Some(a) = &mut self.attain {
+            if a.target.tpot.is_some_and(|b| tpot > b) {
+                a.miss(i);
+            }
+        }
         if !tpot.is_nan() {
             for b in [&mut self.tpot50, &mut self.tpot99].into_iter().flatten() {
                 b.add(tpot);
@@ -164,19 +258,20 @@ impl StopState {
     /// if it cannot. `order` holds the request indices by arrival, `first_token` the
     /// first-token times so far (NaN: none yet).
     pub(super) fn check(&mut self, now: f64, order: &[u32], arrival: &[f64], first_token: &[f64]) -> Option<Stopped> {
-        if self.rejected {
+        if self.rejected && !self.tolerate_rejections {
             return Some(Stopped::Rejected);
         }
-        if self.finished == arrival.len() {
+        if self.finished + self.rejections == arrival.len() {
             return None; // complete: the summary decides
         }
+        let waiting = |i: usize| first_token[i].is_nan() && !self.was_rejected.get(i).copied().unwrap_or(false);
         if let Some(b) = &self.ttft {
             while let Some(&i) = order.get(self.late_scan) {
                 let i = i as usize;
                 if now - arrival[i] <= b.bound {
                     break;
                 }
-                if first_token[i].is_nan() {
+                if waiting(i) {
                     self.late[i] = true;
                     self.late_waiting += 1;
                 }
@@ -191,9 +286,27 @@ impl StopState {
                 return Some(why);
             }
         }
+        if let Some(a) = &mut self.attain {
+            if let Some(bound) = a.target.ttft {
+                while let Some(&i) = order.get(a.scan) {
+                    let i = i as usize;
+                    if now - arrival[i] <= bound {
+                        break;
+                    }
+                    if first_token[i].is_nan() {
+                        a.miss(i);
+                    }
+                    a.scan += 1;
+                }
+            }
+            let n = arrival.len();
+            if ((n - a.misses) as f64) < a.target.share * n as f64 {
+                return Some(Stopped::Attainment);
+            }
+        }
         let span = now - self.first_arrival;
         match self.min_throughput {
-            Some(m) if span > 0.0 && self.total_output / span < m => Some(Stopped::Throughput),
+            Some(m) if !self.rejected && span > 0.0 && self.total_output / span < m => Some(Stopped::Throughput),
             _ => None,
         }
     }

@@ -90,3 +90,56 @@ def test_wrong_types_are_type_errors_and_the_native_dict_is_checked() -> None:
             _native.run_simulation(w, {"num_blocks": 4, "block_size": 4, "stop_when": bad})
     ok = _native.run_simulation(w, {"num_blocks": 4, "block_size": 4, "stop_when": {"ttft_p99": None}})
     assert ok["summary"]["stopped"] is None and ok["summary"]["finished"] == 1
+
+
+def _attained(res: sim.SimulationResult, ttft: float | None, tpot: float | None) -> int:
+    """Requests finished within both per-request bounds, counted from the columns (a
+    one-token output has no TPOT: NaN, which meets the bound)."""
+    r = res.requests
+    ok = r["outcome"] == 0
+    if ttft is not None:
+        ok &= r["ttft"] <= ttft
+    if tpot is not None:
+        ok &= ~(r["tpot"] > tpot)
+    return int(ok.sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 120), rate=st.floats(0.5, 200.0), seed=st.integers(0, 2**32),
+       blocks=st.integers(20, 3000), share=st.one_of(st.none(), st.floats(0.05, 1.0)),
+       ft=st.one_of(st.none(), st.floats(0.3, 1.7)), fp=st.one_of(st.none(), st.floats(0.3, 1.7)),
+       tolerate=st.booleans())
+def test_an_attainment_target_stops_only_a_run_that_misses_it(n: int, rate: float, seed: int, blocks: int,
+                                                              share: float | None, ft: float | None,
+                                                              fp: float | None, tolerate: bool) -> None:
+    w = sim.synthetic_workload(n, arrivals="gamma", rate=rate, cv=2.0, prompt=("uniform", [16, 2048]),
+                               output=("uniform", [1, 200]), seed=seed)
+    cfg = sim.SimConfig(num_blocks=blocks)
+    full = sim.run(w, cfg, TM)
+    # Bounds around the complete run's medians (either may be left out).
+    ttft, tpot = _around(full.summary["ttft_p50"], ft), _around(full.summary["tpot_p50"], fp)
+    if ttft is None and tpot is None:
+        return
+    got = _attained(full, ttft, tpot)
+    share = share if share is not None else max(got, 1) / n  # None: exactly what the run attains
+    rule = sim.StopWhen(attain_ttft=ttft, attain_tpot=tpot, attain_share=share, tolerate_rejections=tolerate)
+    cut = sim.run(w, dataclasses.replace(cfg, stop_when=rule), TM)
+    meets_full = got >= share * n and (tolerate or full.summary["rejected"] == 0)
+    if cut.summary["stopped"] is None:
+        assert meets_full == (_attained(cut, ttft, tpot) >= share * n and (tolerate or cut.summary["rejected"] == 0))
+        assert cut.summary == full.summary
+    else:
+        assert not meets_full and cut.summary["stopped"] in ("attainment", "rejected")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(attain_ttft=1.0), "attain_share"),
+    (dict(attain_share=0.9), "attain_share"),
+    (dict(attain_ttft=1.0, attain_share=1.5), "attain_share"),
+    (dict(attain_tpot=-1.0, attain_share=0.5), "attain_tpot"),
+])
+def test_an_attainment_target_needs_a_bound_and_a_share(kw: dict[str, float], match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        sim.StopWhen(**kw)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tolerate_rejections"):
+        sim.StopWhen(tolerate_rejections=1)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
 use crate::sim::{
-    Allocation, Convention, Preemption, QueuePolicy, Router, SchedulerConfig, SimConfig, StopWhen, Victim, Workload,
+    Allocation, Attainment, Convention, Preemption, QueuePolicy, Router, SchedulerConfig, SimConfig, StopWhen, Victim, Workload,
 };
 
 /// Keys of the workload dict.
@@ -29,7 +29,10 @@ const CONFIG_KEYS: &[&str] = &[
 ];
 
 /// Keys of the `stop_when` dict.
-const STOP_KEYS: &[&str] = &["ttft_p99", "tpot_p50", "tpot_p99", "min_output_throughput"];
+const STOP_KEYS: &[&str] = &[
+    "ttft_p99", "tpot_p50", "tpot_p99", "min_output_throughput", "attain_ttft", "attain_tpot", "attain_share",
+    "tolerate_rejections",
+];
 
 /// A dict of named arguments, each read once by its converter.
 struct Keys<'a, 'py> {
@@ -151,11 +154,19 @@ fn stop_when(obj: &Bound<'_, PyAny>) -> PyResult<StopWhen> {
         let name = format!("stop_when.{key}");
         k.column(key)?.map(|v| args::real(&v, &name)).transpose()
     };
+    let (attain_ttft, attain_tpot, share) = (bound("attain_ttft")?, bound("attain_tpot")?, bound("attain_share")?);
+    let attainment = match (attain_ttft, attain_tpot, share) {
+        (None, None, None) => None,
+        (ttft, tpot, Some(share)) => Some(Attainment { ttft, tpot, share }),
+        _ => return Err(invalid(py, "stop_when: attain_ttft and attain_tpot need attain_share (a share in (0, 1])")),
+    };
     let s = StopWhen {
         ttft_p99: bound("ttft_p99")?,
         tpot_p50: bound("tpot_p50")?,
         tpot_p99: bound("tpot_p99")?,
         min_output_throughput: bound("min_output_throughput")?,
+        attainment,
+        tolerate_rejections: k.flag("tolerate_rejections", false)?,
     };
     s.validate().py_err(py)?;
     Ok(s)
