@@ -36,6 +36,7 @@ from pykvpool.search import (
     search,
 )
 from pykvpool.search.backends import session
+from pykvpool.search.slo import SLO_ATTAINMENT, SLO_BOUNDS
 from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.scaling import SCALING_MODEL, rate_text, scaling_note
 from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL
@@ -44,7 +45,7 @@ from pykvpool.simulate.workload import Workload, synthetic_workload
 
 __all__ = ["add_subcommand", "main_search"]
 
-_SLO_KEYS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput")
+_SLO_KEYS = (*SLO_BOUNDS, *SLO_ATTAINMENT)
 
 
 def _onoff(text: str) -> list[bool]:
@@ -53,7 +54,8 @@ def _onoff(text: str) -> list[bool]:
 
 
 def _slo(text: str) -> SLO:
-    """``NAME:key=value,...`` with keys ttft_p99, tpot_p50, tpot_p99 (s), min_throughput (tok/s)."""
+    """``NAME:key=value,...`` with keys ttft_p99, tpot_p50, tpot_p99 (s), min_throughput (tok/s),
+    ttft, tpot (per-request bounds, s) and attainment (their share, default 0.9)."""
     name, sep, rest = text.partition(":")
     if not sep or not rest:
         raise argparse.ArgumentTypeError(f"expected NAME:key=value,..., got {text!r}")
@@ -112,7 +114,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--tpot-p99", type=number(), metavar="S")
     s.add_argument("--min-throughput", type=number(), metavar="TOK/S", help="output tokens/s")
     s.add_argument("--slo", type=_slo, action="append", metavar="NAME:K=V,...",
-                   help="a named SLO, repeatable, e.g. chat:ttft_p99=1,tpot_p99=0.05")
+                   help="a named SLO, repeatable: bounds on statistics, e.g. chat:ttft_p99=1,tpot_p99=0.05, or "
+                        "DistServe's goodput: per-request bounds a share of requests meets, e.g. "
+                        "goodput:ttft=1,tpot=0.05,attainment=0.9 (keys: " + ", ".join(_SLO_KEYS) + ")")
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
                    help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
@@ -179,7 +183,7 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def _slos(args: argparse.Namespace) -> list[SLO]:
-    flat = {k: getattr(args, k) for k in _SLO_KEYS if getattr(args, k) is not None}
+    flat = {k: getattr(args, k) for k in SLO_BOUNDS if getattr(args, k) is not None}
     slos = list(args.slo or [])
     if flat:
         slos.insert(0, SLO("slo", **flat))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Sequence
 
 from pykvpool.errors import BudgetError
 from pykvpool.planning.hardware import Hardware, hardware_preset
@@ -36,12 +36,12 @@ from pykvpool.planning.roofline import Roofline
 from pykvpool.search.scaling import SCALING_ID, flag_chain_point, scaling_factor
 from pykvpool.search.slo import SLO, Objective, RateLadder, stop_rule
 from pykvpool.search.space import Point
-from pykvpool.simulate.engine import SchedulerConfig, SimConfig, kv_blocks_for_memory, run
+from pykvpool.simulate.engine import SchedulerConfig, SimConfig, SimulationResult, kv_blocks_for_memory, run
 from pykvpool.simulate.workload import Workload
 from pykvpool.simulate.sweep import at_rate
 
 __all__ = ["FAMILY_CHAINS", "FAMILY_FREE", "METRICS", "ROUTER", "STRATEGIES", "SearchSpec", "deploy", "evaluate_batch",
-           "evaluate_chain", "families_of", "make_batches"]
+           "evaluate_chain", "families_of", "make_batches", "summary_of"]
 
 #: How a point's replicas share its arrivals (:attr:`pykvpool.simulate.SimConfig.router`).
 ROUTER: Literal["round_robin", "shortest_queue"] = "shortest_queue"
@@ -194,12 +194,27 @@ class _Point:
 
     def summary(self, i: int) -> dict[str, Any]:
         if i not in self.runs:
-            self.runs[i] = run(at_rate(self.spec.workload, self.rates[i]), self.cfg, self.tm).summary
+            self.runs[i] = summary_of(run(at_rate(self.spec.workload, self.rates[i]), self.cfg, self.tm),
+                                      self.spec.slos)
         return self.runs[i]
 
     def meets(self, slo: SLO) -> Callable[[int], bool]:
         n = len(self.spec.workload)
         return lambda i: slo.meets(self.summary(i), n)
+
+
+def summary_of(result: SimulationResult, slos: Sequence[SLO]) -> dict[str, Any]:
+    """A run's summary with, for each SLO of per-request bounds, the requests that met
+    them under its :attr:`pykvpool.search.slo.SLO.attained_key` (what its ``meets`` reads).
+
+    Raises:
+        Nothing: counts over the run's columns.
+    """
+    out = dict(result.summary)
+    for slo in slos:
+        if slo.attainment is not None:
+            out[slo.attained_key] = slo.attained(result.requests)
+    return out
 
 
 def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from pykvpool.errors import TraceFormatError
 from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
 from pykvpool.search.scaling import SCALING_ID
-from pykvpool.search.slo import SLO
+from pykvpool.search.slo import SLO, SLO_ATTAINMENT, SLO_BOUNDS
 from pykvpool.search.space import EVICTIONS, PREEMPTIONS, Point
 from pykvpool.tracefile import read_json
 
@@ -47,7 +47,6 @@ Row = dict[str, Any]
 #: A row's state per SLO (see :func:`pykvpool.search.evaluate.evaluate_chain`).
 STATES = ("ok", "none", "dominated", "infeasible")
 _OBJECTIVES = ("per_device", "per_dollar")
-_SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput")
 _MAX_INT = 2**63 - 1
 
 
@@ -282,13 +281,15 @@ def check_entry(entry: Any, where: str = "") -> Row:
     """``entry`` when it is a run at a reference rate as :mod:`pykvpool.search.latency`
     writes it (a line of ``latency.jsonl``, an entry of ``latency.json``): ``key`` (its
     point's at its rate: :func:`entry_key`), ``point``, ``rate`` (requests/s),
-    ``finished``, ``sims``, the metrics and an optional ``stopped``; ``where`` starts
-    a message. Returned with the KV dtype of ``key`` and ``point`` in its one spelling.
+    ``finished``, ``sims``, the metrics, an optional ``stopped`` and, for an SLO of
+    per-request bounds, ``attained_<slo>`` (a count); ``where`` starts a message. Returned with the KV dtype of ``key`` and ``point`` in its one spelling.
 
     Raises:
         InvalidArgumentError: what is wrong.
     """
-    e = _keys(entry, _ENTRY, where, more={"stopped": _or_null(_text())})
+    counts = {k: _or_null(_count()) for k in entry if isinstance(k, str) and k.startswith("attained_")} \
+        if isinstance(entry, dict) else {}
+    e = _keys(entry, _ENTRY, where, more={"stopped": _or_null(_text()), **counts})
     if e["key"] != entry_key(e["point"], e["rate"]):
         raise invalid(f"{where}key {_shown(e['key'])} is not its point's at its rate")
     return _respelled(e)
@@ -335,7 +336,7 @@ def read_meta(path: str | os.PathLike[str]) -> Row:
 
 
 def _slos(doc: list[Any]) -> tuple[SLO, ...]:
-    spec = {"name": _text(), **{b: _or_null(_number(above=True)) for b in _SLO_BOUNDS}}
+    spec = {"name": _text(), **{b: _or_null(_number(above=True)) for b in (*SLO_BOUNDS, *SLO_ATTAINMENT)}}
     slos = []
     for i, s in enumerate(doc):
         _keys(s, spec, f"slos[{i}]: ", closed=True)

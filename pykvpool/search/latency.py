@@ -47,7 +47,7 @@ from typing import Any, Optional, Sequence, TextIO
 from pykvpool.checks import check_positive
 from pykvpool.progress import ProgressBar
 from pykvpool.search.backends import Backend, run_tasks
-from pykvpool.search.evaluate import METRICS, SearchSpec, deploy
+from pykvpool.search.evaluate import METRICS, SearchSpec, deploy, summary_of
 from pykvpool.search.folder import check_entry, entry_key
 from pykvpool.search.output import JsonLog, check_same_search, ranked
 from pykvpool.search.slo import SLO
@@ -129,9 +129,11 @@ def _reused(row: Row, slo: str, rate: float, n: int) -> Row:
 
 
 def plan_runs(rows: Sequence[Row], rates: dict[str, Optional[float]], rungs: Sequence[float],
-              n: int) -> tuple[dict[str, Row], list[tuple[Point, float]]]:
+              n: int, per_request: Sequence[str] = ()) -> tuple[dict[str, Row], list[tuple[Point, float]]]:
     """What the reference basis needs: the entries a row already holds (by key), and the
-    (point, rate) pairs to run, in row order then by rate (see the module docstring).
+    (point, rate) pairs to run, in row order then by rate (see the module docstring). A
+    rate one of ``per_request``'s SLOs (those of per-request bounds, whose counts a row
+    does not keep) is taken at is run, never reused.
 
     Raises:
         KeyError: a row without the point's fields or an SLO's columns.
@@ -142,7 +144,9 @@ def plan_runs(rows: Sequence[Row], rates: dict[str, Optional[float]], rungs: Seq
     for row in rows:
         for rate in distinct:
             plans = {s: _plan(row, s, rate, rungs) for s, r in rates.items() if r == rate}
-            if "reuse" in plans.values():
+            if any(s in per_request for s in plans) and any(p != "skip" for p in plans.values()):
+                todo.append((Point(**{f: row[f] for f in _POINT_FIELDS}), rate))
+            elif "reuse" in plans.values():
                 s = next(s for s, p in plans.items() if p == "reuse")
                 reused[entry_key(row["key"], rate)] = _reused(row, s, rate, n)
             elif "run" in plans.values():
@@ -163,11 +167,12 @@ def evaluate_at_rates(spec: SearchSpec, batch: list[tuple[Point, float]]) -> lis
     out: list[Row] = []
     for point, rate in batch:
         cfg, tm = deploy(point, spec.model)
-        summary = run(at_rate(spec.workload, rate), cfg, tm).summary
+        summary = summary_of(run(at_rate(spec.workload, rate), cfg, tm), spec.slos)
         extra = {"stopped": summary["stopped"]} if "stopped" in summary else {}
+        attained = {s.attained_key: summary[s.attained_key] for s in spec.slos if s.attained_key in summary}
         out.append({"key": entry_key(point.key(), rate), "point": point.key(), "rate": rate,
                     "finished": summary.get("finished"), **{m: summary.get(m) for m in METRICS}, **extra,
-                    "sims": 1})
+                    **attained, "sims": 1})
     return out
 
 
@@ -290,7 +295,8 @@ def reference_latency(
     if out is not None:
         check_same_search(out, spec)
         log = JsonLog(Path(out) / "latency.jsonl", check_entry)
-    entries, todo = plan_runs(result.rows, rates, spec.ladder.rates(), n)
+    per_request = [s.name for s in spec.slos if s.attainment is not None]
+    entries, todo = plan_runs(result.rows, rates, spec.ladder.rates(), n, per_request)
     logged = log.rows if log is not None else {}
     done = {k: logged[k] for k in (entry_key(p.key(), r) for p, r in todo) if k in logged}
     todo = [(p, r) for p, r in todo if entry_key(p.key(), r) not in done]

@@ -11,10 +11,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from pykvpool.checks import check_count, check_positive, invalid
 from pykvpool.simulate.stop import StopWhen
 
-__all__ = ["DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "Objective", "RateLadder", "stop_rule"]
+__all__ = ["DEFAULT_ATTAINMENT", "DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "SLO_ATTAINMENT", "SLO_BOUNDS", "Objective",
+           "RateLadder", "stop_rule"]
 
 #: On-demand dollars per device-hour: the middle of the "specialty provider" range of
 #: :data:`PRICES_SOURCE` (A100 80GB $1.10-1.50, H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50).
@@ -30,22 +33,38 @@ def _bound(v: Optional[float], name: str) -> Optional[float]:
     return None if v is None else check_positive(v, name)
 
 
+#: The SLO's bounds on a run's statistics (seconds; ``min_throughput``: output tokens/s).
+SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput")
+#: The SLO's per-request bounds (seconds) and the share of requests that must meet them.
+SLO_ATTAINMENT = ("ttft", "tpot", "attainment")
+#: The attainment an SLO with per-request bounds asks for when it names none (DistServe's).
+DEFAULT_ATTAINMENT = 0.9
+
+
 @dataclass(frozen=True)
 class SLO:
-    """Latency targets a run must meet, all over its finished requests.
+    """Targets a run must meet: bounds on statistics over its finished requests, and
+    (DistServe's goodput condition) per-request bounds a share of the requests must meet.
 
-    A run meets the SLO when every request finished (none rejected or left unfinished)
-    and each given bound holds; a bound left None is not checked.
+    A run meets the SLO when each given bound holds; with a statistic bound (or none at
+    all) every request must have finished (none rejected or left unfinished); with
+    per-request bounds at least ``attainment`` of the workload's requests must each have
+    finished with a TTFT of at most ``ttft`` and a TPOT of at most ``tpot`` (a one-token
+    output has no TPOT and meets that bound; a rejected request misses). A sustained rate
+    under per-request bounds alone is DistServe's goodput.
 
     Attributes:
         name: a label (letters, digits, ``_``, ``-``; at most 32), a column prefix.
         ttft_p99: 99th-percentile time to first token, seconds.
         tpot_p50, tpot_p99: median and 99th-percentile time per output token, seconds.
         min_throughput: output tokens/s the run must reach.
+        ttft, tpot: per-request bounds, seconds.
+        attainment: the share of requests that must meet ``ttft`` and ``tpot``, in (0, 1]
+            (default :data:`DEFAULT_ATTAINMENT` when either is given).
 
     Raises:
-        InvalidArgumentError: a bad name, or a bound that is not a finite number > 0
-            (naming it).
+        InvalidArgumentError: a bad name, a bound that is not a finite number > 0, an
+            attainment outside (0, 1] or without a per-request bound (naming it).
     """
 
     name: str = "slo"
@@ -53,28 +72,80 @@ class SLO:
     tpot_p50: Optional[float] = None
     tpot_p99: Optional[float] = None
     min_throughput: Optional[float] = None
+    ttft: Optional[float] = None
+    tpot: Optional[float] = None
+    attainment: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise invalid(f"name must be 1-32 letters, digits, '_' or '-', got {self.name!r}")
-        for f in ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput"):
+        for f in (*SLO_BOUNDS, "ttft", "tpot"):
             object.__setattr__(self, f, _bound(getattr(self, f), f"{self.name}.{f}"))
+        if self.attainment is not None:
+            object.__setattr__(self, "attainment", check_positive(self.attainment, f"{self.name}.attainment",
+                                                                  most=1.0))
+            if self.ttft is None and self.tpot is None:
+                raise invalid(f"{self.name}.attainment needs a per-request bound: ttft or tpot (seconds)")
+        elif self.ttft is not None or self.tpot is not None:
+            object.__setattr__(self, "attainment", DEFAULT_ATTAINMENT)
+
+    @property
+    def needs_all_finished(self) -> bool:
+        """Whether a run must finish every request: it has a statistic bound, or no
+        per-request bound.
+
+        Raises:
+            Nothing: reads the fields.
+        """
+        return self.attainment is None or any(getattr(self, f) is not None for f in SLO_BOUNDS)
+
+    @property
+    def attained_key(self) -> str:
+        """The summary key under which :meth:`meets` reads :meth:`attained`'s count.
+
+        Raises:
+            Nothing: string formatting.
+        """
+        return f"attained_{self.name}"
+
+    def attained(self, requests: Mapping[str, Any]) -> int:
+        """Requests of a run (:attr:`pykvpool.simulate.SimulationResult.requests`) that
+        finished within the per-request bounds (all finished ones without bounds).
+
+        Raises:
+            KeyError: columns without ``outcome``, ``ttft`` or ``tpot``.
+        """
+        ok = np.asarray(requests["outcome"]) == 0
+        if self.ttft is not None:
+            ok &= np.asarray(requests["ttft"]) <= self.ttft
+        if self.tpot is not None:
+            ok &= ~(np.asarray(requests["tpot"]) > self.tpot)  # NaN (one output token) meets it
+        return int(ok.sum())
 
     def meets(self, summary: Mapping[str, Any], num_requests: int) -> bool:
         """Whether a run's summary (:attr:`pykvpool.simulate.SimulationResult.summary`) of a
         workload of ``num_requests`` requests meets every bound (a missing statistic fails;
         a run stopped early by :func:`stop_rule`'s targets fails: it could not meet them).
+        With per-request bounds the summary must hold :meth:`attained`'s count under
+        :attr:`attained_key` (the search adds it).
 
         Raises:
             TypeError: a statistic that is not a number.
         """
-        if summary.get("stopped") is not None or summary.get("finished") != num_requests:
+        if summary.get("stopped") is not None:
+            return False
+        if self.needs_all_finished and summary.get("finished") != num_requests:
             return False
         for key, bound in (("ttft_p99", self.ttft_p99), ("tpot_p50", self.tpot_p50), ("tpot_p99", self.tpot_p99)):
             if bound is not None and (summary.get(key) is None or summary[key] > bound):
                 return False
         thr = summary.get("output_throughput")
-        return self.min_throughput is None or (thr is not None and thr >= self.min_throughput)
+        if self.min_throughput is not None and (thr is None or thr < self.min_throughput):
+            return False
+        if self.attainment is None:
+            return True
+        got = summary.get(self.attained_key)
+        return got is not None and got >= self.attainment * num_requests
 
 
 @dataclass(frozen=True)
@@ -170,8 +241,9 @@ class Objective:
 def stop_rule(slos: Sequence[SLO]) -> StopWhen:
     """The simulator's early stop for a search under ``slos``: a run stopped by it meets
     none of them, so runs can be shared by all. Each bound is the loosest of the SLOs'
-    (None when one SLO leaves it free); rejected requests always stop (every SLO needs
-    every request finished).
+    (None when one SLO leaves it free); the attainment target is the loosest per-request
+    bounds with the smallest share (None when one SLO has none); a rejected request stops
+    the run when every SLO needs every request finished, and is a miss otherwise.
 
     Raises:
         Nothing: the SLOs' bounds were checked at construction.
@@ -180,5 +252,11 @@ def stop_rule(slos: Sequence[SLO]) -> StopWhen:
         vals = [getattr(s, name) for s in slos]
         return None if not vals or any(v is None for v in vals) else pick(vals)
 
+    share = loosest("attainment", min)
+    ttft, tpot = (loosest("ttft", max), loosest("tpot", max)) if share is not None else (None, None)
+    if ttft is None and tpot is None:
+        share = None
     return StopWhen(ttft_p99=loosest("ttft_p99", max), tpot_p50=loosest("tpot_p50", max),
-                    tpot_p99=loosest("tpot_p99", max), min_output_throughput=loosest("min_throughput", min))
+                    tpot_p99=loosest("tpot_p99", max), min_output_throughput=loosest("min_throughput", min),
+                    attain_ttft=ttft, attain_tpot=tpot, attain_share=share,
+                    tolerate_rejections=not all(s.needs_all_finished for s in slos))

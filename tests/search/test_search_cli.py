@@ -71,7 +71,9 @@ def test_user_prices_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, message", [
     ([], "give at least one SLO bound"),
     (["--slo", "x"], "argument --slo: expected NAME:key=value"),
-    (["--slo", "x:ttft=1"], "keys are ttft_p99"),
+    (["--slo", "x:ttfb=1"], "keys are ttft_p99"),
+    (["--slo", "x:attainment=0.9"], "needs a per-request bound"),
+    (["--slo", "x:ttft=1,attainment=1.5"], "x.attainment"),
     (["--slo", "a b:ttft_p99=1"], "name must be"),
     (["--slo", "a:ttft_p99=1", "--slo", "a:ttft_p99=2"], "two SLOs of one name"),
     (["--ttft-p99", "0"], "argument --ttft-p99: must be > 0"),

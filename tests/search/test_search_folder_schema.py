@@ -33,7 +33,7 @@ WRONG: dict[str, Any] = {"string": "x", "list": [], "object": {}, "null": None, 
 NULLABLE = (*METRICS, "finished")
 #: A run's ``stopped``: the target that stopped it (a string), null, or left out.
 OPTIONAL = "stopped"
-SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput")
+SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput", "ttft", "tpot", "attainment")
 
 
 def _json_type(v: Any) -> str:
