@@ -141,7 +141,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--rates", type=_ladder, default=RateLadder(), metavar="LO,HI,STEPS",
                    help="arrival rates tried, req/s, log-spaced (default 0.5,64,22)")
     r.add_argument("--strategy", choices=("pruned", "grid"), default="pruned")
-    r.add_argument("--objective", choices=("per-device", "per-dollar"), default="per-device")
+    r.add_argument("--objective", choices=("per-device", "per-dollar", "per-watt"), default="per-device",
+                   help="rank by req/s per device, requests per dollar (--prices) or req/s per kW of the "
+                        "devices' maximum board power (the presets' datasheet TDP)")
     r.add_argument("--prices", metavar="FILE", help="JSON {hardware: dollars per device-hour} (default: "
                    f"{', '.join(f'{k} ${v:.2f}' for k, v in DEFAULT_PRICES.items())}; {PRICES_SOURCE})")
     r.add_argument("--workers", type=count(1, 4096), help="processes, or local Ray CPUs (default: every core)")
@@ -294,7 +296,7 @@ def main_search(args: argparse.Namespace) -> int:
     print(f"{len(res.rows)} configurations of {model.name} on {len(w)} requests ({args.strategy}, {backend.kind}): "
           f"{res.evaluated} evaluated in {res.seconds:.1f} s, {sum(r.get('sims', 0) for r in res.rows)} simulations")
     _print_best(res.rows, res.best, slos, args.rates, objective.unit, res.frontier)
-    cost = "devices" if objective.kind == "per_device" else "$ per hour"
+    cost = objective.cost_unit
     if lat is not None:
         _print_latency(lat, slos, cost)
         res.files += lat.files

@@ -41,6 +41,8 @@ class Hardware:
         link_bandwidth: bytes/s one device sends to its peers (and receives) over the
             device interconnect, one direction; 0 when it has none (one device only).
         link_latency: seconds per step of a ring all-reduce over that link.
+        power_watts: the device's maximum board power (its datasheet TDP), watts; 0 when
+            unknown.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Hardware:
     source: str = "datasheet"
     link_bandwidth: float = 0.0
     link_latency: float = 0.0
+    power_watts: float = 0.0
 
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8/int8 to the 16-bit
@@ -81,20 +84,23 @@ NVLINK_STEP_LATENCY = 1.9e-6
 HARDWARE: dict[str, Hardware] = {
     # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e (81,920 MiB), 2,039 GB/s, 312 TFLOP/s BF16 dense,
     # 19.5 TFLOP/s FP32 (the article's A100 roof and decode bound use these figures); NVLink 3:
-    # 600 GB/s per GPU, both directions together.
+    # 600 GB/s per GPU, both directions together; max TDP 400 W.
     "a100-80gb-sxm": Hardware("A100-80GB SXM", 81920 * _MIB, 2.039e12,
                               {"bf16": 312e12, "fp16": 312e12, "int8": 624e12, "fp32": 19.5e12},
-                              link_bandwidth=300e9, link_latency=NVLINK_STEP_LATENCY),
+                              link_bandwidth=300e9, link_latency=NVLINK_STEP_LATENCY, power_watts=400.0),
     # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 (81,559 MiB usable), 3.35 TB/s, 989 TFLOP/s BF16 dense,
-    # 1,979 TFLOP/s FP8 dense, 67 TFLOP/s FP32; NVLink 4: 900 GB/s per GPU, both directions.
+    # 1,979 TFLOP/s FP8 dense, 67 TFLOP/s FP32; NVLink 4: 900 GB/s per GPU, both directions;
+    # max TDP up to 700 W.
     "h100-sxm": Hardware("H100 SXM", 81559 * _MIB, 3.35e12,
                          {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
-                          "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY),
+                          "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY,
+                         power_watts=700.0),
     # NVIDIA H200 SXM datasheet: 141 GB HBM3e (143,771 MiB), 4.8 TB/s, same tensor cores and NVLink
-    # (900 GB/s) as H100 SXM.
+    # (900 GB/s) as H100 SXM; max TDP up to 700 W.
     "h200": Hardware("H200 SXM", 143771 * _MIB, 4.8e12,
                      {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
-                      "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY),
+                      "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY,
+                     power_watts=700.0),
 }
 """Device presets by lower-case name (datasheet figures); see :func:`hardware_preset`."""
 

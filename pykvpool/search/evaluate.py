@@ -89,7 +89,8 @@ def replica_hardware(hw: Hardware, devices: int) -> Hardware:
         return hw
     f = scaling_factor(devices)
     return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * f, hw.bandwidth * f,
-                    {k: v * f for k, v in hw.peak_flops.items()}, hw.source, hw.link_bandwidth, hw.link_latency)
+                    {k: v * f for k, v in hw.peak_flops.items()}, hw.source, hw.link_bandwidth, hw.link_latency,
+                    hw.power_watts * f)
 
 
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:

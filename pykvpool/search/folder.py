@@ -37,7 +37,7 @@ from pykvpool.errors import TraceFormatError
 from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
 from pykvpool.search.scaling import SCALING_ID
-from pykvpool.search.slo import SLO, SLO_ATTAINMENT, SLO_BOUNDS
+from pykvpool.search.slo import COST_UNITS, OBJECTIVES, SLO, SLO_ATTAINMENT, SLO_BOUNDS
 from pykvpool.search.space import EVICTIONS, PREEMPTIONS, Point
 from pykvpool.tracefile import read_json
 
@@ -46,7 +46,7 @@ __all__ = ["STATES", "SearchFolder", "check_entry", "entry_key", "read_meta", "r
 Row = dict[str, Any]
 #: A row's state per SLO (see :func:`pykvpool.search.evaluate.evaluate_chain`).
 STATES = ("ok", "none", "dominated", "infeasible")
-_OBJECTIVES = ("per_device", "per_dollar")
+_OBJECTIVES = OBJECTIVES
 _MAX_INT = 2**63 - 1
 
 
@@ -57,7 +57,8 @@ class SearchFolder:
     Attributes:
         path: the folder.
         model: the model's name; requests: requests in the workload; strategy: ``grid`` or
-            ``pruned``; objective: ``per_device`` or ``per_dollar``; unit: the objective's unit.
+            ``pruned``; objective: ``per_device``, ``per_dollar`` or ``per_watt``; unit: the
+            objective's unit.
         slos: the SLOs (bounds in seconds, tokens/s); rates: the ladder's rungs (requests/s).
         rows: every point's row, in space order (columns: see
             :func:`pykvpool.search.evaluate.evaluate_chain`).
@@ -80,12 +81,12 @@ class SearchFolder:
 
     @property
     def cost_unit(self) -> str:
-        """What ``cost`` counts: ``devices`` or ``$ per hour``.
+        """What ``cost`` counts: ``devices``, ``$ per hour`` or ``kW``.
 
         Raises:
-            Nothing: one of two strings.
+            Nothing: one of three strings.
         """
-        return "devices" if self.objective == "per_device" else "$ per hour"
+        return COST_UNITS[self.objective]
 
     @property
     def entries(self) -> dict[str, Row]:

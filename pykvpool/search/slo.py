@@ -14,9 +14,10 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from pykvpool.checks import check_count, check_positive, invalid
+from pykvpool.planning.hardware import hardware_preset
 from pykvpool.simulate.stop import StopWhen
 
-__all__ = ["DEFAULT_ATTAINMENT", "DEFAULT_PRICES", "PRICES_SOURCE", "SLO", "SLO_ATTAINMENT", "SLO_BOUNDS", "Objective",
+__all__ = ["COST_UNITS", "DEFAULT_ATTAINMENT", "DEFAULT_PRICES", "OBJECTIVES", "PRICES_SOURCE", "SLO", "SLO_ATTAINMENT", "SLO_BOUNDS", "Objective",
            "RateLadder", "stop_rule"]
 
 #: On-demand dollars per device-hour: the middle of the "specialty provider" range of
@@ -183,11 +184,18 @@ class RateLadder:
         return tuple(float(self.lo * math.exp(r * i)) for i in range(self.steps))
 
 
+#: What a search may maximize: requests/s per device, requests per dollar, or requests/s
+#: per kilowatt of the devices' maximum board power.
+OBJECTIVES = ("per_device", "per_dollar", "per_watt")
+
+
 @dataclass(frozen=True)
 class Objective:
-    """What a search maximizes: ``per_device`` (sustained requests/s per device) or
-    ``per_dollar`` (requests served per dollar: sustained rate x 3600 / the replica's
-    $/hour, from ``prices``: dollars per device-hour by hardware preset).
+    """What a search maximizes: ``per_device`` (sustained requests/s per device),
+    ``per_dollar`` (requests served per dollar: sustained rate x 3600 / the deployment's
+    $/hour, from ``prices``: dollars per device-hour by hardware preset) or ``per_watt``
+    (sustained requests/s per kilowatt of the devices' maximum board power,
+    :attr:`pykvpool.planning.hardware.Hardware.power_watts`: Splitwise's iso-power basis).
 
     Raises:
         InvalidArgumentError: an unknown kind, or a price that is not finite and > 0
@@ -198,8 +206,8 @@ class Objective:
     prices: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PRICES))
 
     def __post_init__(self) -> None:
-        if self.kind not in ("per_device", "per_dollar"):
-            raise invalid(f"objective must be per_device or per_dollar, got {self.kind!r}")
+        if self.kind not in OBJECTIVES:
+            raise invalid(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.kind!r}")
         clean = {}
         for k, v in dict(self.prices).items():
             if not isinstance(k, str):
@@ -208,14 +216,21 @@ class Objective:
         object.__setattr__(self, "prices", clean)
 
     def cost(self, hardware: str, devices: int) -> float:
-        """The cost a point's objective divides by: devices (``per_device``), or dollars
-        per hour (``per_dollar``).
+        """The cost a point's objective divides by: devices (``per_device``), dollars per
+        hour (``per_dollar``) or kilowatts (``per_watt``).
 
         Raises:
-            InvalidArgumentError: ``per_dollar`` and no price for ``hardware``.
+            InvalidArgumentError: ``per_dollar`` and no price for ``hardware``; ``per_watt``
+                and a preset without a power figure.
+            UnknownPresetError: ``per_watt`` and an unknown preset.
         """
         if self.kind == "per_device":
             return float(devices)
+        if self.kind == "per_watt":
+            watts = hardware_preset(hardware).power_watts
+            if not watts > 0:
+                raise invalid(f"hardware {hardware!r} has no power figure for the per_watt objective")
+            return devices * watts / 1000.0
         if hardware not in self.prices:
             raise invalid(f"prices: no price for hardware {hardware!r} (have {', '.join(sorted(self.prices))})")
         return devices * self.prices[hardware]
@@ -226,16 +241,29 @@ class Objective:
         Raises:
             ZeroDivisionError: ``cost`` 0 (:meth:`cost` never returns it).
         """
-        return rate / cost if self.kind == "per_device" else rate * 3600.0 / cost
+        return rate * 3600.0 / cost if self.kind == "per_dollar" else rate / cost
 
     @property
     def unit(self) -> str:
         """The objective's unit, for tables and axes.
 
         Raises:
-            Nothing: one of two strings.
+            Nothing: one of three strings.
         """
-        return "req/s per device" if self.kind == "per_device" else "requests per $"
+        return {"per_device": "req/s per device", "per_dollar": "requests per $", "per_watt": "req/s per kW"}[self.kind]
+
+    @property
+    def cost_unit(self) -> str:
+        """What :meth:`cost` counts: ``devices``, ``$ per hour`` or ``kW``.
+
+        Raises:
+            Nothing: one of three strings.
+        """
+        return COST_UNITS[self.kind]
+
+
+#: What an objective's cost counts, by kind.
+COST_UNITS = {"per_device": "devices", "per_dollar": "$ per hour", "per_watt": "kW"}
 
 
 def stop_rule(slos: Sequence[SLO]) -> StopWhen:

@@ -205,6 +205,13 @@ def test_objective_costs_and_values() -> None:
         o.cost("h100-sxm", 1)
     assert ds.Objective().value(6.0, 2.0) == 3.0
     assert set(ds.DEFAULT_PRICES) == set(HARDWARE)
+    # Per watt: the datasheets' maximum board power, 400 W per A100, 700 W per H100.
+    w = ds.Objective("per_watt")
+    assert w.cost("a100-80gb-sxm", 2) == 0.8 and w.cost("h100", 4) == 2.8 and w.value(7.0, 1.4) == 5.0
+    assert (w.unit, w.cost_unit) == ("req/s per kW", "kW")
+    assert all(h.power_watts > 0 for h in HARDWARE.values())
+    with pytest.raises(InvalidArgumentError, match="objective must be one of per_device, per_dollar, per_watt"):
+        ds.Objective("per_joule")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -236,7 +243,7 @@ def test_argument_errors() -> None:
     with pytest.raises(InvalidArgumentError, match="steps must be"):
         ds.RateLadder(1.0, 2.0, 0)
     with pytest.raises(InvalidArgumentError, match="objective must be"):
-        ds.Objective("per_watt")
+        ds.Objective("per_hour")
     with pytest.raises(InvalidArgumentError, match=r"prices\['h100-sxm'\]"):
         ds.Objective("per_dollar", {"h100-sxm": -1.0})
     with pytest.raises(InvalidArgumentError, match="workers must be"):

@@ -59,6 +59,18 @@ def _has(module: str) -> bool:
     return True
 
 
+def test_a_search_per_watt_ranks_by_the_devices_power(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    r = run(*BASE, "--ttft-p99", "2", "--hardware", "a100,h100", "--objective", "per-watt", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    best = json.loads((out / "best.json").read_text())
+    assert best["objective"] == "per_watt" and best["unit"] == "req/s per kW"
+    with open(out / "points.csv") as f:
+        costs = {(row["hardware"], row["devices"]): float(row["cost"]) for row in csv.DictReader(f)}
+    assert costs == {("a100-80gb-sxm", "1"): 0.4, ("h100-sxm", "1"): 0.7}
+    assert (out / "frontier.png").stat().st_size > 0
+
+
 def test_user_prices_are_read(tmp_path: Path) -> None:
     prices = tmp_path / "p.json"
     prices.write_text(json.dumps({"a100-80gb-sxm": 2.5}))
