@@ -91,8 +91,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "search", help="find the best serving configuration for a workload and its SLOs",
         description="Simulate every configuration of a search space at a ladder of arrival rates, find "
-                    "the rate each sustains within the SLOs, and rank them by goodput per device or per "
-                    "dollar; then run every configuration at one reference rate per SLO for the cost vs "
+                    "the rate each sustains within the SLOs, and rank them by goodput per device, per "
+                    "dollar or per kW; then run every configuration at one reference rate per SLO for the cost vs "
                     "latency frontier. Results are appended to OUT/points.jsonl and OUT/latency.jsonl as "
                     "they finish; rerunning the same search into OUT skips what is done. " + SCALING_MODEL
                     + " A configuration whose rate per device is above what fewer devices in smaller "
@@ -117,26 +117,28 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="a named SLO, repeatable: bounds on statistics, e.g. chat:ttft_p99=1,tpot_p99=0.05, or "
                         "DistServe's goodput: per-request bounds a share of requests meets, e.g. "
                         "goodput:ttft=1,tpot=0.05,attainment=0.9 (keys: " + ", ".join(_SLO_KEYS) + ")")
-    g = p.add_argument_group("search space (comma-separated lists)")
-    g.add_argument("--hardware", type=hardware_list(), default=["a100-80gb-sxm"], metavar="H,...",
-                   help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...)")
-    g.add_argument("--devices", type=count_list(1, MAX_DEVICES), default=[1], metavar="N,...",
-                   help="devices of a deployment, split into replicas of --tp devices each")
-    g.add_argument("--tp", type=count_list(1, MAX_DEVICES), default=list(TENSOR_PARALLEL), metavar="T,...",
+    g = p.add_argument_group("search space (comma-separated lists; a flag given overrides --space's axis)")
+    g.add_argument("--space", metavar="FILE", help="a JSON object of axes, each a list, by SearchSpace's field "
+                   "names: " + ", ".join(_AXES.values()) + ' (e.g. {"devices": [1, 2, 4], "tensor_parallel": [1, 4]})')
+    g.add_argument("--hardware", type=hardware_list(), metavar="H,...",
+                   help=f"hardware presets: {', '.join(HARDWARE)} (or h100, a100, ...; default a100-80gb-sxm)")
+    g.add_argument("--devices", type=count_list(1, MAX_DEVICES), metavar="N,...",
+                   help="devices of a deployment, split into replicas of --tp devices each (default 1)")
+    g.add_argument("--tp", type=count_list(1, MAX_DEVICES), metavar="T,...",
                    help="tensor-parallel degrees: devices per replica, each a group whose steps add ring "
                         "all-reduces over the device link; a deployment of N devices takes each T that divides "
                         f"N, as N/T replicas behind a shortest-queue router (default {','.join(map(str, TENSOR_PARALLEL))})")
-    g.add_argument("--kv-dtypes", type=kv_dtype_list(), default=["bf16"], metavar="D,...",
+    g.add_argument("--kv-dtypes", type=kv_dtype_list(), metavar="D,...",
                    help=f"KV storage dtypes: {', '.join(DTYPES)} (aliases such as fp16 read as their "
-                        "one spelling, f16; fp8 and int8 take :head, :gN or :tensor)")
-    g.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), default=[16])
-    g.add_argument("--max-running", type=count_list(), default=[256])
-    g.add_argument("--max-batched-tokens", type=count_list(1, MAX_STEP_TOKENS), default=[8192])
-    g.add_argument("--chunked-prefill", type=_onoff, default=[True], metavar="on,off")
-    g.add_argument("--preemption", type=choice_list(PREEMPTIONS), default=["recompute"])
-    g.add_argument("--prefix-caching", type=_onoff, default=[False], metavar="on,off")
-    g.add_argument("--eviction", type=choice_list(EVICTIONS), default=["lru"])
-    g.add_argument("--layer-groups", type=_onoff, default=[False], metavar="on,off")
+                        "one spelling, f16; fp8 and int8 take :head, :gN or :tensor; default bf16)")
+    g.add_argument("--block-sizes", type=count_list(1, MAX_BLOCK_SIZE), help="tokens per block (default 16)")
+    g.add_argument("--max-running", type=count_list(), help="requests in flight at most (default 256)")
+    g.add_argument("--max-batched-tokens", type=count_list(1, MAX_STEP_TOKENS), help="tokens per step (default 8192)")
+    g.add_argument("--chunked-prefill", type=_onoff, metavar="on,off", help="(default on)")
+    g.add_argument("--preemption", type=choice_list(PREEMPTIONS), help="(default recompute)")
+    g.add_argument("--prefix-caching", type=_onoff, metavar="on,off", help="(default off)")
+    g.add_argument("--eviction", type=choice_list(EVICTIONS), help="(default lru)")
+    g.add_argument("--layer-groups", type=_onoff, metavar="on,off", help="(default off)")
     r = p.add_argument_group("strategy, objective and backend")
     r.add_argument("--rates", type=_ladder, default=RateLadder(), metavar="LO,HI,STEPS",
                    help="arrival rates tried, req/s, log-spaced (default 0.5,64,22)")
@@ -195,6 +197,44 @@ def _slos(args: argparse.Namespace) -> list[SLO]:
     if len({s.name for s in slos}) != len(slos):
         raise InvalidArgumentError("--slo: two SLOs of one name")
     return slos
+
+
+#: The space's axes: option destination -> SearchSpace field (the --space file's keys).
+_AXES = {"hardware": "hardware", "devices": "devices", "tp": "tensor_parallel", "kv_dtypes": "kv_dtypes",
+         "block_sizes": "block_sizes", "max_running": "max_running", "max_batched_tokens": "max_batched_tokens",
+         "chunked_prefill": "chunked_prefill", "preemption": "preemption", "prefix_caching": "prefix_caching",
+         "eviction": "eviction", "layer_groups": "layer_groups"}
+#: Most bytes a --space file may hold.
+_SPACE_BYTES = 1 << 20
+
+
+def _space(args: argparse.Namespace) -> SearchSpace:
+    """The search space: each axis from its flag, else from ``--space``'s file, else
+    SearchSpace's default."""
+    from pykvpool.tracefile import read_json
+
+    doc: dict[str, Any] = {}
+    if args.space is not None:
+        loaded = read_json(args.space, _SPACE_BYTES)
+        if not isinstance(loaded, dict):
+            raise InvalidArgumentError(f"--space {args.space}: expected a JSON object of axes, got "
+                                       f"{type(loaded).__name__}")
+        unknown = [k for k in loaded if k not in _AXES.values()]
+        if unknown:
+            raise InvalidArgumentError(f"--space {args.space}: unknown axis {unknown[0]!r} (axes: "
+                                       f"{', '.join(_AXES.values())})")
+        doc = loaded
+    axes = {field: tuple(v) if isinstance(v := getattr(args, dest), list) else v
+            for dest, field in _AXES.items()}
+    for field, value in doc.items():
+        if axes[field] is None:
+            axes[field] = tuple(value) if isinstance(value, list) else value
+    try:
+        return SearchSpace(**{k: v for k, v in axes.items() if v is not None})
+    except (TypeError, InvalidArgumentError) as e:
+        if args.space is None:
+            raise
+        raise InvalidArgumentError(f"--space {args.space}: {e}") from None
 
 
 def _objective(args: argparse.Namespace) -> Objective:
@@ -278,11 +318,7 @@ def main_search(args: argparse.Namespace) -> int:
     """
     slos, objective, backend = _slos(args), _objective(args), _backend(args)
     model = model_preset(args.model)
-    space = SearchSpace(tuple(args.hardware), tuple(args.devices), tuple(args.tp), tuple(args.kv_dtypes),
-                        tuple(args.block_sizes),
-                        tuple(args.max_running), tuple(args.max_batched_tokens), tuple(args.chunked_prefill),
-                        tuple(args.preemption), tuple(args.prefix_caching), tuple(args.eviction),
-                        tuple(args.layer_groups))
+    space = _space(args)
     if args.no_latency and args.latency_rate is not None:
         raise InvalidArgumentError("--latency-rate and --no-latency exclude each other")
     w = _workload(args)

@@ -59,6 +59,19 @@ def _has(module: str) -> bool:
     return True
 
 
+def test_a_space_file_gives_the_axes_and_a_flag_overrides_one(tmp_path: Path) -> None:
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"devices": [1, 2], "tensor_parallel": [1], "kv_dtypes": ["bf16", "fp8"],
+                                 "hardware": ["h100"], "chunked_prefill": [True]}))
+    out = tmp_path / "s"
+    r = run(*BASE, "--ttft-p99", "2", "--space", str(space), "--kv-dtypes", "fp8", "--no-latency",
+            "--no-figures", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    with open(out / "points.csv") as f:
+        got = [(row["hardware"], row["devices"], row["tensor_parallel"], row["kv_dtype"]) for row in csv.DictReader(f)]
+    assert got == [("h100-sxm", "1", "1", "fp8"), ("h100-sxm", "2", "1", "fp8")]
+
+
 def test_a_search_per_watt_ranks_by_the_devices_power(tmp_path: Path) -> None:
     out = tmp_path / "w"
     r = run(*BASE, "--ttft-p99", "2", "--hardware", "a100,h100", "--objective", "per-watt", "--out", str(out))
@@ -90,6 +103,13 @@ def test_user_prices_are_read(tmp_path: Path) -> None:
     (["--slo", "a:ttft_p99=1", "--slo", "a:ttft_p99=2"], "two SLOs of one name"),
     (["--ttft-p99", "0"], "argument --ttft-p99: must be > 0"),
     (["--ttft-p99", "1", "--rates", "4,2,3"], "hi (2.0) must be >= lo"),
+    (["--ttft-p99", "1", "--space", "LIST"], "expected a JSON object of axes"),
+    (["--ttft-p99", "1", "--space", "AXIS"], "unknown axis 'gpus'"),
+    (["--ttft-p99", "1", "--space", "FLAGS"], "chunked_prefill must hold bools"),
+    (["--ttft-p99", "1", "--space", "SCALAR"], "devices must be a non-empty list"),
+    (["--ttft-p99", "1", "--space", "ZERO"], "devices must hold integers"),
+    (["--ttft-p99", "1", "--space", "BAD"], "not valid JSON"),
+    (["--ttft-p99", "1", "--space", "missing.json"], "missing.json"),
     (["--ttft-p99", "1", "--rates", "1,2"], "expected LO,HI,STEPS"),
     (["--ttft-p99", "1", "--devices", "0"], "argument --devices"),
     (["--ttft-p99", "1", "--hardware", "tpu"], "argument --hardware"),
@@ -109,7 +129,9 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Capture
                                           message: str) -> None:
     """In this process (``main`` is what the ``pykvpool`` script runs), for speed."""
     files = {"PRICES": {"h100-sxm": 3.0}, "BAD": "{", "LIST": [1], "NEG": {"h100-sxm": -1},
-             "DEEP": "[" * 10_000 + "]" * 10_000, "HUGE": {"a100-80gb-sxm": 10**400}}
+             "DEEP": "[" * 10_000 + "]" * 10_000, "HUGE": {"a100-80gb-sxm": 10**400},
+             "AXIS": {"gpus": [1]}, "FLAGS": {"chunked_prefill": [1]}, "SCALAR": {"devices": 4},
+             "ZERO": {"devices": [0]}}
     for name, content in files.items():
         (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
     args = [str(tmp_path / a) if a in files else a for a in args]
