@@ -10,37 +10,15 @@
 //! - the early stop stays exact over the merged requests (in `sim_stop.rs`'s proptest).
 
 use proptest::prelude::*;
-use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
 use pykvpool::sim::*;
 
-fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
-    let uniform = |(lo, hi)| LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: MAX_REQUEST_TOKENS };
-    synthesize(&SyntheticSpec {
-        num_requests: n,
-        arrivals: Arrivals::Gamma { rate, cv: 2.0 },
-        prompt: uniform(prompt),
-        output: uniform(output),
-        priority_levels: 2,
-        shared_prefixes: None,
-        seed,
-    })
-    .unwrap()
-}
+#[path = "support/sim.rs"]
+mod support;
 
-fn timer() -> Roofline {
-    Roofline {
-        num_params: 1e9,
-        bytes_per_param: 2.0,
-        num_layers: 16.0,
-        q_dim: 2048.0,
-        kv_bytes_per_token: 65536.0,
-        flops: 1e13,
-        bandwidth: 2e11,
-        overhead: 1e-3,
-        swap_time_per_block: 1e-5,
-        comm_per_step: 0.0,
-        comm_per_token: 0.0,
-    }
+use support::timer;
+
+fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
+    support::workload(n, rate, prompt, output, 2, seed)
 }
 
 fn run(w: &Workload, cfg: &SimConfig) -> SimResult {
@@ -56,8 +34,7 @@ fn arrival_order(w: &Workload) -> Vec<usize> {
 
 /// The requests `idx` (ascending) of `w` as a workload of their own.
 fn part(w: &Workload, idx: &[usize]) -> Workload {
-    let pick = |f: &dyn Fn(usize) -> f64| idx.iter().map(|&i| f(i)).collect::<Vec<f64>>();
-    let arrival = pick(&|i| w.arrival[i]);
+    let arrival = idx.iter().map(|&i| w.arrival[i]).collect();
     let prompt = idx.iter().map(|&i| w.prompt_len[i]).collect();
     let output = idx.iter().map(|&i| w.output_len[i]).collect();
     let priority = idx.iter().map(|&i| w.priority[i]).collect();

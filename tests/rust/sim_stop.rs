@@ -5,37 +5,15 @@
 //! overloaded runs.
 
 use proptest::prelude::*;
-use pykvpool::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, SyntheticSpec};
 use pykvpool::sim::*;
 
-fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
-    let uniform = |(lo, hi)| LengthSpec { dist: Lengths::Uniform { lo, hi }, min: 1, max: MAX_REQUEST_TOKENS };
-    let spec = SyntheticSpec {
-        num_requests: n,
-        arrivals: Arrivals::Gamma { rate, cv: 2.0 },
-        prompt: uniform(prompt),
-        output: uniform(output),
-        priority_levels: 1,
-        shared_prefixes: None,
-        seed,
-    };
-    synthesize(&spec).unwrap()
-}
+#[path = "support/sim.rs"]
+mod support;
 
-fn timer() -> Roofline {
-    Roofline {
-        num_params: 1e9,
-        bytes_per_param: 2.0,
-        num_layers: 16.0,
-        q_dim: 2048.0,
-        kv_bytes_per_token: 65536.0,
-        flops: 1e13,
-        bandwidth: 2e11,
-        overhead: 1e-3,
-        swap_time_per_block: 1e-5,
-        comm_per_step: 0.0,
-        comm_per_token: 0.0,
-    }
+use support::timer;
+
+fn workload(n: usize, rate: f64, prompt: (u32, u32), output: (u32, u32), seed: u64) -> Workload {
+    support::workload(n, rate, prompt, output, 1, seed)
 }
 
 /// What a search's SLO asks of a run (`pykvpool.search.SLO.meets`), the attainment
