@@ -285,10 +285,21 @@ def _print_latency(lat: LatencyResult, slos: list[SLO], cost_unit: str) -> None:
         print(f"SLO {s.name} at {rate:.3g} req/s: " + "; ".join(parts))
 
 
+def _attained(row: dict[str, Any], slo: SLO, n: int) -> str:
+    """``, 93.2% of requests within ttft 1 s, tpot 0.05 s`` for an SLO of per-request
+    bounds whose row holds the count; else nothing."""
+    got = row.get(f"{slo.name}_attained")
+    if slo.attainment is None or got is None or n <= 0:
+        return ""
+    bounds = ", ".join(f"{k} {v:g} s" for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot)) if v is not None)
+    return f", {got / n:.1%} of requests within {bounds}"
+
+
 def _print_best(rows: list[dict[str, Any]], best: dict[str, Any], slos: list[SLO], ladder: RateLadder, unit: str,
-                front: dict[str, list[dict[str, Any]]]) -> None:
+                front: dict[str, list[dict[str, Any]]], requests: int) -> None:
     """The scaling model in one line, then per SLO its best point (a rate at the ladder's
-    top printed as ``>= top``) and the superlinear points it did not rank."""
+    top printed as ``>= top``; with per-request bounds, the share of the ``requests``
+    that met them) and the superlinear points it did not rank."""
     flagged = {s.name: [r for r in rows if r.get(f"{s.name}_superlinear")] for s in slos}
     print(scaling_note(len({r["key"] for f in flagged.values() for r in f})))
     for s in slos:
@@ -301,7 +312,8 @@ def _print_best(rows: list[dict[str, Any]], best: dict[str, Any], slos: list[SLO
         print(f"SLO {n}: best {b['key']}: {rate_text(b[n + '_rate'], b[n + '_rate_is_lower_bound'])} req/s "
               f"sustained, {b[n + '_objective']:.3g} {unit}; ttft p99 {_fmt(b[n + '_ttft_p99'])} s, "
               f"tpot p50/p99 {_fmt(b[n + '_tpot_p50'])}/{_fmt(b[n + '_tpot_p99'])} s, "
-              f"{_fmt(b[n + '_output_throughput'], 4)} tok/s; frontier: {len(front[n])} points{skipped}")
+              f"{_fmt(b[n + '_output_throughput'], 4)} tok/s{_attained(b, s, requests)}; frontier: "
+              f"{len(front[n])} points{skipped}")
         if b[n + "_rate_is_lower_bound"]:
             print(f"pykvpool: warning: SLO {n}: the best point sustains the top rate, so at least "
                   f"{ladder.hi:g} req/s; raise --rates HI to tell the best ones apart", file=sys.stderr)
@@ -331,7 +343,7 @@ def main_search(args: argparse.Namespace) -> int:
             lat = reference_latency(res, rate=args.latency_rate, backend=backend, out=args.out, progress=progress)
     print(f"{len(res.rows)} configurations of {model.name} on {len(w)} requests ({args.strategy}, {backend.kind}): "
           f"{res.evaluated} evaluated in {res.seconds:.1f} s, {sum(r.get('sims', 0) for r in res.rows)} simulations")
-    _print_best(res.rows, res.best, slos, args.rates, objective.unit, res.frontier)
+    _print_best(res.rows, res.best, slos, args.rates, objective.unit, res.frontier, len(w))
     cost = objective.cost_unit
     if lat is not None:
         _print_latency(lat, slos, cost)

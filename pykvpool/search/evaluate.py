@@ -225,6 +225,7 @@ def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:
         row.update({f"{slo.name}_state": "infeasible", f"{slo.name}_rate": None, f"{slo.name}_objective": None,
                     f"{slo.name}_rate_is_lower_bound": None, f"{slo.name}_superlinear": None})
         row.update({f"{slo.name}_{m}": None for m in METRICS})
+        row[f"{slo.name}_attained"] = None
     return row
 
 
@@ -288,7 +289,8 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
     (``ok``; ``none``: not even the lowest rung; ``dominated``: pruned, not simulated;
     ``infeasible``), ``<slo>_rate`` (sustained, req/s), ``<slo>_objective``,
     ``<slo>_rate_is_lower_bound`` and ``<slo>_superlinear`` (the scaling checks of
-    :mod:`pykvpool.search.scaling`; None without a rate) and the :data:`METRICS` at that
+    :mod:`pykvpool.search.scaling`; None without a rate), ``<slo>_attained`` (for an SLO
+    of per-request bounds, the requests that met them at that rate; else None) and the :data:`METRICS` at that
     rate. A point whose weights do not fit is a row
     with ``status`` ``infeasible: ...`` and no run. The pruned search starts each point
     from the answer of the same devices in a neighbouring chain of ``hints`` (its
@@ -328,6 +330,7 @@ def evaluate_chain(spec: SearchSpec, chain: list[Point], hints: Optional[_Hints]
                         f"{s}_objective": spec.objective.value(rate, row["cost"])})
             if k >= 0:
                 row.update({f"{s}_{m}": p.summary(k).get(m) for m in METRICS})
+                row[f"{s}_attained"] = p.summary(k).get(slo.attained_key)
             flag_chain_point(row, done, s, top)
         row.update({"status": "ok", "sims": len(p.runs)})
         done.append(row)

@@ -260,6 +260,7 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
         spec.update({f"{s}_state": _text(STATES), f"{s}_rate": _STAT, f"{s}_objective": _STAT,
                      f"{s}_rate_is_lower_bound": _or_null(_FLAG), f"{s}_superlinear": _or_null(_FLAG)})
         spec.update({f"{s}_{m}": _STAT for m in METRICS})
+        spec[f"{s}_attained"] = _or_null(_count())
 
     def check(doc: Any, where: str = "") -> Row:
         row = _keys(doc, spec, where)

@@ -30,7 +30,9 @@ _MARK = "@@deep@@"
 WRONG: dict[str, Any] = {"string": "x", "list": [], "object": {}, "null": None, "bool": True,
                          "huge int": 10**400, "nested 10,000 deep": _MARK}
 #: Keys whose value the search may write as null (see the module docstring).
-NULLABLE = (*METRICS, "finished")
+NULLABLE = (*METRICS, "finished", "attained")
+#: Row columns ``<slo>_<name>`` the search may write as null.
+NULLABLE_PER_SLO = (*METRICS, "attained")
 #: A run's ``stopped``: the target that stopped it (a string), null, or left out.
 OPTIONAL = "stopped"
 SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput", "ttft", "tpot", "attainment")
@@ -54,7 +56,7 @@ def _walk(doc: Any, prefix: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 
 def _nullable(file: str, path: Path_) -> bool:
     last = path[-1]
-    if isinstance(last, str) and (last in NULLABLE or last.endswith(tuple(f"_{m}" for m in METRICS))):
+    if isinstance(last, str) and (last in NULLABLE or last.endswith(tuple(f"_{m}" for m in NULLABLE_PER_SLO))):
         return True
     if file == "best.json" and (len(path) == 2 and path[0] == "best" or path[0] == "slos" and last in SLO_BOUNDS):
         return True

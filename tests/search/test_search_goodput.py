@@ -88,6 +88,10 @@ def test_the_search_finds_the_goodput_the_rungs_give_by_hand() -> None:
         k = ok.index(False) - 1 if False in ok else len(ok) - 1
         assert row["goodput_rate"] == (ladder.rates()[k] if k >= 0 else 0.0), row["key"]
     assert {r["goodput_state"] for r in res.rows} == {"ok"}
+    for row in res.rows:  # the count at the sustained rate, by hand
+        cfg, tm = ds.deploy(ds.Point(**{k: row[k] for k in ds.Point.__dataclass_fields__}), LLAMA)
+        got = by_hand(sim.run(at_rate(w, row["goodput_rate"]), cfg, tm), 0.5, 0.04)
+        assert row["goodput_attained"] == got >= 0.9 * len(w)
     pruned = ds.search(w, LLAMA, space, [slo], ladder=ladder, backend=ds.Backend("inline"), progress=None)
     assert pruned.best["goodput"] is not None and res.best["goodput"] is not None
     assert pruned.best["goodput"]["key"] == res.best["goodput"]["key"]
@@ -100,7 +104,7 @@ def test_the_command_line_takes_a_goodput_slo_and_its_folder_reads_back(tmp_path
     r = subprocess.run([sys.executable, "-m", "pykvpool.cli", *args], capture_output=True, text=True, check=False,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "SLO goodput: best" in r.stdout
+    assert "SLO goodput: best" in r.stdout and "% of requests within ttft 1 s, tpot 0.05 s" in r.stdout
     best = json.loads((out / "best.json").read_text())
     assert best["slos"] == [{"name": "goodput", "ttft_p99": None, "tpot_p50": None, "tpot_p99": None,
                              "min_throughput": None, "ttft": 1.0, "tpot": 0.05, "attainment": 0.95}]
