@@ -55,8 +55,8 @@ pub struct SimConfig {
     pub scheduler: SchedulerConfig,
     /// Automatic prefix caching of prompts given as token ids or block keys (None: off).
     pub prefix_cache: Option<CacheConfig>,
-    /// The model's layer groups: the device is a `BlockPool` of them (None: a
-    /// `BlockPool`, one full-attention group). Refused with prefix caching or swapping.
+    /// The model's layer groups: the device (and the host pool for swapping) is a
+    /// `BlockPool` of them (None: one full-attention group); prefix caching caches every group.
     pub groups: Option<Vec<GroupSpec>>,
     /// Run `check_invariants` on both pools after every step (slow; for tests).
     pub check_invariants: bool,
