@@ -1322,6 +1322,7 @@ def run_simulation(
     workload: dict[str, Any],
     config: dict[str, Any],
     time_model: object = ...,
+    decode_time_model: object = ...,
 ) -> dict[str, Any]:
     """Run the step-level serving simulator over a fresh ``BlockPool(num_blocks, block_size)``
     (with ``groups``: ``BlockPool(num_blocks, block_size, groups)``).
@@ -1420,12 +1421,32 @@ def run_simulation(
             ``replicas``) or ``"shortest_queue"`` (the fewest pending tokens: a request
             counts its prompt until its first token, then 1 until it finishes). Requests
             and steps gain a ``replica`` column (-1: never routed).
+            ``disaggregation``: None (default: every replica serves both phases) or a
+            dict: the ``replicas`` are prefill instances and ``decode_replicas`` (1 to
+            ``SIM_MAX_REPLICAS``) decode instances of ``decode_num_blocks`` blocks each
+            (default ``num_blocks``; no prefix caching) follow them, replica indices
+            ``replicas`` on. A request's prompt runs on a prefill instance (its first
+            token ends there); one of more output tokens then leaves its batch, its
+            blocks held there until its KV (``prompt_len * bytes_per_token`` bytes) has
+            moved over the link: ``bandwidth`` bytes/s per instance (finite, > 0),
+            ``latency`` s per transfer (default 0), first come first served on the
+            sender's and the receiver's link, pipelined over ``layers`` parts of the last
+            prefill step (default 1: after it; at most 65,536). The router's policy over
+            the decode instances picks one at the prefill's end (a request counts 1 token
+            until it finishes); it admits the request at its first step once the KV has
+            arrived and fits. Needs ``allocation="paged"`` and ``convention="vllm"``.
+            Requests gain ``decode_replica`` (-1: none), ``kv_ready`` and
+            ``decode_start`` (s; NaN: none); the summary ``kv_transfers``,
+            ``kv_transfer_bytes`` and the ``kv_transfer_*`` (first token to KV arrived)
+            and ``decode_wait_*`` (KV arrived to admission) statistics.
         time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
             figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
             overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``
             (:meth:`pykvpool.planning.roofline.Roofline.figures`); or a callable ``f(prefill_tokens, decode_tokens,
             num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
             with the GIL held.
+        decode_time_model: with ``disaggregation``, the decode instances' step time, as
+            ``time_model`` (default None: ``time_model`` times every step).
 
     Returns:
         ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
@@ -1441,9 +1462,12 @@ def run_simulation(
             unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
             range or a bool as a count, token ids mixed with block keys, a malformed
             ``groups`` entry (naming ``groups[i]``), a ``stop_when`` bound that is not a number finite and
-            > 0 (naming ``stop_when.<key>``), or a bad time model or step time; each names
-            the key.
-        TypeError: a dict that is not a dict (``stop_when`` included), a flag that is not a bool or a policy name
+            > 0 (naming ``stop_when.<key>``), a bad ``disaggregation`` entry (naming
+            ``disaggregation.<key>``; with ``allocation`` other than ``"paged"`` or
+            ``convention="decode_first"``), ``decode_time_model`` without
+            ``disaggregation``, or a bad time model or step time; each names the key.
+        TypeError: a dict that is not a dict (``stop_when`` and ``disaggregation``
+            included), a flag that is not a bool or a policy name
             that is not a str (naming the key).
         InvariantError: the engine broke an invariant (a pykvpool bug).
         Exception: whatever a Python ``time_model`` raises, unchanged.

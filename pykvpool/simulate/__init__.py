@@ -17,6 +17,7 @@ or block keys: :func:`run` refuses it on a workload of lengths only
 from pykvpool.planning.roofline import Roofline, roofline
 from pykvpool.simulate.engine import (
     MAX_REPLICAS,
+    Disaggregation,
     MAX_REQUEST_TOKENS,
     MAX_REQUESTS,
     MAX_STEP_TOKENS,
@@ -36,6 +37,7 @@ from pykvpool.simulate.engine import (
 from pykvpool.simulate.workload import check_prefix_caching
 
 __all__ = [
+    "Disaggregation",
     "MAX_REPLICAS",
     "MAX_REQUESTS",
     "MAX_REQUEST_TOKENS",

@@ -57,6 +57,7 @@ from pykvpool.planning.ledger import Budget, MemoryLedger, default_budget
 from pykvpool.planning.models import ModelConfig, model_preset, storage_dtype
 from pykvpool.planning.pool_groups import pool_layout
 from pykvpool.planning.roofline import Roofline
+from pykvpool.simulate.disagg import Disaggregation
 from pykvpool.simulate.stop import StopWhen
 from pykvpool.simulate.workload import (
     MAX_REQUEST_TOKENS,
@@ -84,6 +85,7 @@ MAX_STEP_TOKENS: int = _native.SIM_MAX_STEP_TOKENS
 
 
 __all__ = [
+    "Disaggregation",
     "MAX_REPLICAS",
     "MAX_REQUESTS",
     "MAX_REQUEST_TOKENS",
@@ -250,11 +252,18 @@ class SimConfig:
             summary's latencies and throughputs are over all requests, its peaks the most
             one replica held at once, ``steps`` every replica's. One replica is the
             classic engine, bit for bit.
+        disaggregation: a :class:`pykvpool.simulate.disagg.Disaggregation`: the
+            ``replicas`` are prefill instances, its decode instances follow them (replica
+            indices ``replicas`` on; :func:`run`'s ``decode_time_model`` times their
+            steps) and each request's KV moves between them over its link. Needs
+            ``allocation="paged"`` and ``convention="vllm"``. Default None: colocated.
 
     Raises:
         InvalidArgumentError: ``groups`` not None or a tuple/list of 1 to 64 groups, an
             unknown kind, a window or chunk < 1, negative sinks (naming ``groups[i]``);
-            ``replicas`` not an integer in 1..=:data:`MAX_REPLICAS`, an unknown ``router``.
+            ``replicas`` not an integer in 1..=:data:`MAX_REPLICAS`, an unknown ``router``;
+            ``disaggregation`` with another allocation or convention.
+        TypeError: ``stop_when`` or ``disaggregation`` of the wrong type.
     """
 
     num_blocks: int
@@ -269,6 +278,7 @@ class SimConfig:
     stop_when: Optional[StopWhen] = None
     replicas: int = 1
     router: Literal["round_robin", "shortest_queue"] = "round_robin"
+    disaggregation: Optional[Disaggregation] = None
 
     def __post_init__(self) -> None:
         _group_specs(self.groups)
@@ -278,6 +288,13 @@ class SimConfig:
             raise _invalid(f"unknown router={self.router!r} (one of {', '.join(ROUTERS)})")
         if self.stop_when is not None and not isinstance(self.stop_when, StopWhen):
             raise TypeError(f"stop_when must be a StopWhen or None, got {type(self.stop_when).__name__}")
+        if self.disaggregation is not None:
+            if not isinstance(self.disaggregation, Disaggregation):
+                raise TypeError(f"disaggregation must be a Disaggregation or None, got {type(self.disaggregation).__name__}")
+            s = self.scheduler
+            if s.allocation != "paged" or s.convention != "vllm":
+                raise _invalid("disaggregation needs allocation='paged' and convention='vllm', "
+                               f"got {s.allocation!r} and {s.convention!r}")
 
 
 def kv_blocks_for_memory(
@@ -329,7 +346,9 @@ class SimulationResult:
             finish, ttft, tpot, e2e, queueing (seconds, NaN if it never happened),
             preemptions, swaps, recomputed_tokens, cached_tokens, prompt_len, output_len,
             priority, outcome (0 finished, 1 rejected: can never fit, 2 unfinished), replica
-            (the replica that served it; -1: the run ended before it arrived).
+            (the replica that served it; -1: the run ended before it arrived); with
+            ``SimConfig.disaggregation`` decode_replica (-1: none), kv_ready and
+            decode_start (s; NaN: no transfer), and so (-1, NaN) in a colocated run.
         steps: per step (every replica's, by start time): time (start), duration, replica, running (requests holding KV after the
             step's admissions), batch (requests computing), waiting, swapped, prefill_tokens,
             decode_tokens, blocks_used, blocks_reserved, kv_tokens, utilization (partly
@@ -342,7 +361,9 @@ class SimulationResult:
         summary: scalars: counts (int), makespan (s), throughput (tokens/s, requests/s),
             peak running and blocks (with groups also ``peak_blocks_used_g{j}``), mean
             utilization, prefix hit rate (0 when nothing was looked up), and ``{ttft,tpot,e2e,queueing}_{mean,p50,p90,p99,max}`` (s) over
-            finished requests. A statistic over an empty set is None, never NaN: the
+            finished requests; kv_transfers, kv_transfer_bytes, and
+            ``{kv_transfer,decode_wait}_{mean,...}`` (s) over the finished requests whose
+            KV moved (None in a colocated run). A statistic over an empty set is None, never NaN: the
             latencies without a finished request (TPOT: without a finished request of 2 or
             more output tokens), makespan without a finished request, throughputs
             without a positive makespan, mean utilization without a recorded step.
@@ -409,15 +430,19 @@ def _options(config: SimConfig) -> dict[str, object]:
             "max_steps": config.max_steps, "record_steps": config.record_steps,
             "groups": _group_specs(config.groups),
             "stop_when": None if config.stop_when is None else config.stop_when.as_dict(),
-            "replicas": config.replicas, "router": config.router}
+            "replicas": config.replicas, "router": config.router,
+            "disaggregation": None if config.disaggregation is None else config.disaggregation.as_dict()}
 
 
-def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> SimulationResult:
+def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0,
+        decode_time_model: Optional[TimeModel] = None) -> SimulationResult:
     """Simulate ``workload`` under ``config``; steps last ``time_model`` seconds.
 
     A constant 0.0 counts steps only (every time is 0). A Python callable is called once
     per step with the GIL held; its exceptions propagate. An empty workload gives empty
-    columns and a summary of zero counts and None statistics.
+    columns and a summary of zero counts and None statistics. With
+    ``config.disaggregation``, ``decode_time_model`` (default None: ``time_model``) times
+    the decode instances' steps (their hardware or parallelism may differ).
 
     Raises:
         InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, lengths outside
@@ -428,9 +453,11 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0) -> S
             ``prefix_caching`` on a workload whose prompts are lengths only (neither
             token ids nor block keys: nothing could be cached; see
             :func:`pykvpool.simulate.workload.check_prefix_caching`); a step-time callable
-            returning something other than seconds.
+            returning something other than seconds; ``decode_time_model`` without
+            ``config.disaggregation``.
     """
     if config.prefix_caching is True:
         check_prefix_caching(workload)
-    d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model))
+    decode = None if decode_time_model is None else _time_arg(decode_time_model)
+    d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model), decode)
     return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

@@ -45,11 +45,14 @@ class Metric:
 
 
 #: The summary's groups, in print order.
-METRIC_GROUPS = ("requests", "latency", "throughput", "tokens", "memory", "preemption")
+METRIC_GROUPS = ("requests", "latency", "throughput", "tokens", "memory", "preemption", "transfer")
 #: The statistics of each latency (``ttft_p99``...), in print order.
 LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
 _LATENCIES = {"ttft": Metric("latency", "s", 1.0, 3), "tpot": Metric("latency", "ms", 1e3, 1),
-              "e2e": Metric("latency", "s", 1.0, 3), "queueing": Metric("latency", "s", 1.0, 3)}
+              "e2e": Metric("latency", "s", 1.0, 3), "queueing": Metric("latency", "s", 1.0, 3),
+              "kv_transfer": Metric("latency", "s", 1.0, 3), "decode_wait": Metric("latency", "s", 1.0, 3)}
+#: Rows of the latency table printed only when they have a value (disaggregated runs).
+_OPTIONAL_LATENCIES = ("kv_transfer", "decode_wait")
 
 _METRICS: dict[str, Metric] = {
     "num_requests": Metric("requests", "requests"),
@@ -72,9 +75,11 @@ _METRICS: dict[str, Metric] = {
     "preemptions": Metric("preemption", "preemptions"),
     "swaps": Metric("preemption", "swap-outs to the host pool"),
     "steps": Metric("preemption", "engine steps"),
+    "kv_transfers": Metric("transfer", "KV transfers from prefill to decode instances"),
+    "kv_transfer_bytes": Metric("transfer", "GB moved", 1e-9, 3),
 }
 _GROUP_PEAK = re.compile(r"peak_blocks_used_g\d+")
-_LATENCY = re.compile(r"(ttft|tpot|e2e|queueing)_(mean|p50|p90|p99|max)")
+_LATENCY = re.compile(r"(ttft|tpot|e2e|queueing|kv_transfer|decode_wait)_(mean|p50|p90|p99|max)")
 
 
 def metric(key: str) -> Metric:
@@ -97,6 +102,8 @@ def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
     head = "latency (finished requests)"
     lines = [f"{head:<31}" + "".join(f"{s:>10}" for s in LATENCY_STATS)]
     for name, m in _LATENCIES.items():
+        if name in _OPTIONAL_LATENCIES and all(summary.get(f"{name}_{s}") is None for s in LATENCY_STATS):
+            continue
         label = f"{name} ({m.unit})"
         lines.append(f"  {label:<29}" + "".join(f"{m.text(summary.get(f'{name}_{s}')):>10}"
                                                for s in LATENCY_STATS))
@@ -106,7 +113,9 @@ def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
 def summary_lines(summary: Mapping[str, Any], block_bytes: Optional[int] = None) -> list[str]:
     """The summary as text, one group after the other (:data:`METRIC_GROUPS`): the
     latencies as a table (rows ``ttft``, ``tpot``, ``e2e``, ``queueing`` with their unit,
-    columns :data:`LATENCY_STATS`), every other value as ``key  value  unit``. With
+    and in a disaggregated run ``kv_transfer`` and ``decode_wait``; columns
+    :data:`LATENCY_STATS`), every other value as ``key  value  unit`` (the transfer
+    group only when KV moved). With
     ``block_bytes`` (bytes of one block) the block peaks also read in GiB. A key the table does
     not know is printed last, as it is.
 
@@ -122,6 +131,8 @@ def summary_lines(summary: Mapping[str, Any], block_bytes: Optional[int] = None)
             m = metric(key)
         except ValueError:
             other.append(f"  {key:<22} {value}")
+            continue
+        if m.group == "transfer" and not summary.get("kv_transfers"):
             continue
         text, unit = m.text(value), m.unit
         if block_bytes and key.startswith("peak_blocks_used") and value is not None:

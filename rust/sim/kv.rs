@@ -98,6 +98,16 @@ pub struct Need {
     pub grows: bool,
 }
 
+/// A sequence held for a transfer: its request, the length and frontier it is held at,
+/// and when the transfer is done (infinite until it is scheduled).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Detached {
+    pub idx: u32,
+    pub len: u32,
+    pub frontier: u32,
+    pub done: f64,
+}
+
 pub struct Kv {
     pub device: Device,
     /// The host pool for swapping: the device's kind, the same groups.
@@ -125,6 +135,9 @@ pub struct Kv {
     /// Whether the device is a `BlockPool` (a run configured with groups).
     pub hybrid: bool,
     pub caching: bool,
+    /// Sequences a prefill instance still holds while their KV moves to a decode instance
+    /// ([`super::disagg`]): counted as held until dropped.
+    pub detached: Vec<Detached>,
     keys: Vec<BlockKey>,
     ids: Vec<SeqId>,
     counts: Vec<usize>,
@@ -165,6 +178,7 @@ impl Kv {
             specs,
             hybrid: groups.is_some(),
             caching: cache.is_some(),
+            detached: Vec::new(),
             keys: Vec::new(),
             ids: Vec::new(),
             counts: Vec::new(),
@@ -422,6 +436,47 @@ impl Kv {
     pub fn swap_in(&mut self, idx: usize, r: &mut ReqState) -> Result<usize> {
         let host = self.host.as_mut().ok_or_else(|| KvError::Invariant("swap-in without a host pool".into()))?;
         host.free(SeqId(idx as u64))?;
+        self.device.add_sequence_at(SeqId(idx as u64), r.kv_len as usize, r.frontier as usize)?;
+        self.hold(r);
+        Ok(self.held_blocks(r.kv_len, r.frontier))
+    }
+
+    /// Keep request `idx`'s sequence held (as it is) for its transfer to a decode instance,
+    /// no longer as a running request's: its reservation is released.
+    pub fn detach(&mut self, idx: u32, r: &mut ReqState) {
+        self.reserved -= r.reserve_left as usize;
+        r.reserve_left = 0;
+        self.detached.push(Detached { idx, len: r.kv_len, frontier: r.frontier, done: f64::INFINITY });
+    }
+
+    /// Request `idx`'s transfer is done at `done`.
+    pub fn transfer_done_at(&mut self, idx: u32, done: f64) -> Result<()> {
+        let d = self.detached.iter_mut().find(|d| d.idx == idx);
+        let d = d.ok_or_else(|| KvError::Invariant(format!("request {idx} is not held for a transfer")))?;
+        d.done = done;
+        Ok(())
+    }
+
+    /// Free the sequences whose transfer is done at `now` (all of them with infinity).
+    pub fn drop_transferred(&mut self, now: f64) -> Result<()> {
+        let mut k = 0;
+        while k < self.detached.len() {
+            let d = self.detached[k];
+            if d.done <= now {
+                self.device.free(SeqId(d.idx as u64))?;
+                self.account(d.len, d.frontier, false);
+                self.detached.swap_remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Admit a request whose KV arrived from a prefill instance: its computed tokens
+    /// land in the device pool as they were held (a windowed group only its sinks and
+    /// window). Returns the blocks it takes.
+    pub fn receive(&mut self, idx: usize, r: &mut ReqState) -> Result<usize> {
         self.device.add_sequence_at(SeqId(idx as u64), r.kv_len as usize, r.frontier as usize)?;
         self.hold(r);
         Ok(self.held_blocks(r.kv_len, r.frontier))

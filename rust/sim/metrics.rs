@@ -35,6 +35,13 @@ pub struct RequestMetrics {
     pub outcome: Vec<u8>,
     /// The replica the router sent it to; [`UNROUTED`] when the run ended before it arrived.
     pub replica: Vec<u32>,
+    /// Disaggregated runs only (empty otherwise): the decode instance its KV went to
+    /// ([`UNROUTED`]: none, it finished on its prefill instance or never got there)...
+    pub decode_replica: Vec<u32>,
+    /// ... when its KV had arrived there ...
+    pub kv_ready: Vec<f64>,
+    /// ... and the start of the decode instance's step that admitted it.
+    pub decode_start: Vec<f64>,
 }
 
 /// The `replica` of a request the run never routed.
@@ -51,6 +58,14 @@ impl RequestMetrics {
 
     pub fn queueing(&self) -> Vec<f64> {
         self.first_scheduled.iter().zip(&self.arrival).map(|(f, a)| f - a).collect()
+    }
+
+    /// `to - from` per request; NaN everywhere when `to` is empty (a colocated run).
+    pub fn delta(&self, from: &[f64], to: &[f64]) -> Vec<f64> {
+        if to.is_empty() {
+            return vec![f64::NAN; self.arrival.len()];
+        }
+        to.iter().zip(from).map(|(t, f)| t - f).collect()
     }
 
     /// Time per output token after the first; NaN for single-token outputs.
@@ -146,6 +161,13 @@ pub struct Summary {
     pub tpot: Option<Percentiles>,
     pub e2e: Option<Percentiles>,
     pub queueing: Option<Percentiles>,
+    /// Disaggregated runs: transfers scheduled, the bytes they move, and over the finished
+    /// requests that moved, the time from first token to arrived KV and from arrived KV to
+    /// the decode instance's admission.
+    pub kv_transfers: u64,
+    pub kv_transfer_bytes: f64,
+    pub kv_transfer: Option<Percentiles>,
+    pub decode_wait: Option<Percentiles>,
     /// Why the run was stopped early under [`super::StopWhen`] (None: it ran to the end,
     /// or to `max_steps`); the statistics then cover what happened before the stop.
     pub stopped: Option<&'static str>,
@@ -242,9 +264,23 @@ impl Summary {
             tpot: Percentiles::of(&pick(&req.tpot(output_len))),
             e2e: Percentiles::of(&pick(&req.e2e())),
             queueing: Percentiles::of(&pick(&req.queueing())),
+            kv_transfers: 0,
+            kv_transfer_bytes: 0.0,
+            kv_transfer: Percentiles::of(&pick(&req.delta(&req.first_token, &req.kv_ready))),
+            decode_wait: Percentiles::of(&pick(&req.delta(&req.kv_ready, &req.decode_start))),
             stopped: None,
         }
     }
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub requests: RequestMetrics,
+    pub steps: StepMetrics,
+    pub summary: Summary,
+    /// Blocks still held when the run ended (0 after a complete run: conservation).
+    pub leaked_blocks: usize,
 }
 
 #[cfg(test)]

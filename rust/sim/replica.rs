@@ -21,6 +21,27 @@ pub(super) struct Replica {
     pub(super) clock: f64,
     /// Requests routed to it and not admitted yet, in arrival order.
     pub(super) inbox: Vec<u32>,
+    pub(super) role: Role,
+    /// Decode instance: `(when its KV arrives, request)` of transfers to it not delivered
+    /// to its scheduler yet.
+    pub(super) incoming: Vec<(f64, u32)>,
+    /// Disaggregated: when its link (outgoing on a prefill instance, incoming on a decode
+    /// one) is free of the transfers scheduled so far.
+    pub(super) link_free: f64,
+    /// A prefill instance whose last step could schedule nothing because blocks held for
+    /// transfers fill its pool: it waits for the first of them to be done.
+    pub(super) blocked: bool,
+}
+
+/// What a replica serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Prompts and generation (colocated serving).
+    Both,
+    /// Prompts to their first token, then the KV moves to a decode instance.
+    Prefill,
+    /// Generation of requests whose KV arrived from a prefill instance.
+    Decode,
 }
 
 impl Replica {
@@ -36,12 +57,50 @@ impl Replica {
         // The configuration is checked before the pools are allocated.
         let sched = Scheduler::new(sched.clone())?;
         let kv = Kv::new(num_blocks, block_size, cache, groups, host_blocks, watermark)?;
-        Ok(Self { sched, kv, batch: Batch::default(), clock: 0.0, inbox: Vec::new() })
+        Ok(Self {
+            sched,
+            kv,
+            batch: Batch::default(),
+            clock: 0.0,
+            inbox: Vec::new(),
+            role: Role::Both,
+            incoming: Vec::new(),
+            link_free: 0.0,
+            blocked: false,
+        })
     }
 
-    /// Whether it has anything to do: requests routed to it, waiting, running or swapped.
+    /// Whether it has anything to do: requests routed to it, waiting, running, swapped or
+    /// on their way to it.
     pub(super) fn has_work(&self) -> bool {
-        !self.inbox.is_empty() || !self.sched.is_idle()
+        !self.inbox.is_empty() || !self.sched.is_idle() || !self.incoming.is_empty()
+    }
+
+    /// When its next step starts: at its clock with requests to schedule, else once the
+    /// first transfer to it has arrived (blocked: once the first transfer from it is
+    /// done); None without work (or blocked before its transfers are scheduled).
+    pub(super) fn next_start(&self) -> Option<f64> {
+        if self.blocked {
+            let done = self.kv.detached.iter().map(|d| d.done).filter(|t| t.is_finite()).min_by(f64::total_cmp);
+            return done.map(|t| self.clock.max(t));
+        }
+        if !self.inbox.is_empty() || !self.sched.is_idle() {
+            return Some(self.clock);
+        }
+        self.incoming.iter().map(|&(t, _)| t).min_by(f64::total_cmp).map(|t| self.clock.max(t))
+    }
+
+    /// Hand the requests whose KV has arrived by `now` to its scheduler, by arrival time
+    /// (ties by request index).
+    pub(super) fn deliver(&mut self, now: f64) {
+        if self.incoming.is_empty() {
+            return;
+        }
+        self.incoming.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let due = self.incoming.iter().take_while(|&&(t, _)| t <= now).count();
+        for (_, i) in self.incoming.drain(..due) {
+            self.sched.deliver(i);
+        }
     }
 }
 
@@ -63,7 +122,7 @@ pub(super) fn record_step(m: &mut StepMetrics, replica: usize, p: &Replica, shap
     m.duration.push(dt);
     m.running.push(narrow(sched.running.len(), "running")?);
     m.batch.push(narrow(batch.items.len(), "batch")?);
-    m.waiting.push(narrow(sched.num_waiting(), "waiting")?);
+    m.waiting.push(narrow(sched.num_waiting() + sched.num_received(), "waiting")?);
     m.swapped.push(narrow(sched.num_swapped(), "swapped")?);
     m.prefill_tokens.push(narrow(shape.prefill_tokens, "prefill_tokens")?);
     m.decode_tokens.push(narrow(shape.decode_tokens, "decode_tokens")?);
@@ -141,6 +200,7 @@ pub(super) fn check_accounting(kv: &Kv, reqs: &[ReqState], mine: impl Fn(usize) 
                 }
                 reserved += r.reserve_left as usize;
             }
+            Status::Transferring if kv.detached.iter().any(|d| d.idx as usize == i) => {}
             Status::Swapped => {
                 if kv.device.contains(seq) || !kv.host.as_ref().is_some_and(|h| h.contains(seq)) {
                     return Err(KvError::Invariant(format!("swapped request {i} is not (only) on the host")));
@@ -151,6 +211,14 @@ pub(super) fn check_accounting(kv: &Kv, reqs: &[ReqState], mine: impl Fn(usize) 
                     return Err(KvError::Invariant(format!("request {i} ({:?}) still holds device blocks", r.status)));
                 }
             }
+        }
+    }
+    for d in &kv.detached {
+        for (g, spec) in kv.specs.iter().enumerate() {
+            let (b, t) = device::held(spec, bs, d.len as usize, d.frontier as usize);
+            groups[g] += b;
+            tokens += t as u64;
+            empty += (b * bs - t) as u64;
         }
     }
     if tokens != kv.kv_tokens {
@@ -168,5 +236,7 @@ pub(super) fn check_accounting(kv: &Kv, reqs: &[ReqState], mine: impl Fn(usize) 
     if kv.committed != 0 || kv.releasing != 0 || kv.copying != 0 {
         return Err(KvError::Invariant(format!("{} blocks promised, {} to release after commit", kv.committed, kv.releasing)));
     }
-    kv.device.check_mirror(reqs.iter().enumerate().filter(|&(i, r)| mine(i) && r.status == Status::Running).map(|(i, r)| (i, r.frontier)), &kv.group_blocks, kv.kv_tokens)
+    let running = reqs.iter().enumerate().filter(|&(i, r)| mine(i) && r.status == Status::Running).map(|(i, r)| (i, r.frontier));
+    let held = kv.detached.iter().map(|d| (d.idx as usize, d.frontier));
+    kv.device.check_mirror(running.chain(held), &kv.group_blocks, kv.kv_tokens)
 }

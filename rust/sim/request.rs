@@ -31,6 +31,9 @@ pub enum Status {
     Running,
     /// KV parked in the host pool.
     Swapped,
+    /// Disaggregated: prompt done on a prefill instance, KV on its way to (or arrived at,
+    /// not yet admitted by) a decode instance.
+    Transferring,
     Finished,
     Rejected,
 }

@@ -15,6 +15,11 @@
 //!
 //! The load a replica has at an arrival counts the events of the steps it has run whose
 //! end is at or before the arrival; a step still running at the arrival has not ended.
+//!
+//! With prefill/decode disaggregation ([`super::disagg`]) one router spreads the arrivals
+//! over the prefill instances (a request counts its prompt until its first token, when it
+//! leaves) and a second one, of the same policy, the requests whose KV moves over the
+//! decode instances at their prefill's end (each counts 1 until it finishes).
 
 use std::collections::VecDeque;
 
@@ -63,8 +68,8 @@ impl Routing {
         })
     }
 
-    /// The replica an arrival at `at` with a prompt of `prompt` tokens goes to.
-    pub(super) fn route(&mut self, at: f64, prompt: u32) -> usize {
+    /// The replica an arrival at `at` adding `tokens` pending tokens goes to.
+    pub(super) fn route(&mut self, at: f64, tokens: u32) -> usize {
         let k = self.routed;
         self.routed += 1;
         if self.replicas == 1 {
@@ -79,24 +84,16 @@ impl Routing {
                     }
                 }
                 let r = (0..self.replicas).min_by_key(|&r| (self.load[r], r)).unwrap_or(0);
-                self.load[r] += prompt as i64;
+                self.load[r] += tokens as i64;
                 r
             }
         }
     }
 
-    /// A request of `prompt` tokens on `replica` got its first output token at `at`
-    /// (and `finished` with it, for one output token).
-    pub(super) fn on_first_token(&mut self, replica: usize, at: f64, prompt: u32, finished: bool) {
+    /// `replica`'s pending tokens change by `delta` at `at` (the end of one of its steps).
+    pub(super) fn change(&mut self, replica: usize, at: f64, delta: i64) {
         if let Some(due) = self.due.get_mut(replica) {
-            due.push_back((at, 1 - prompt as i64 - finished as i64));
-        }
-    }
-
-    /// A request on `replica` that had its first token in an earlier step finished at `at`.
-    pub(super) fn on_finish(&mut self, replica: usize, at: f64) {
-        if let Some(due) = self.due.get_mut(replica) {
-            due.push_back((at, -1));
+            due.push_back((at, delta));
         }
     }
 }
@@ -115,11 +112,11 @@ mod tests {
         assert_eq!(q.route(0.0, 10), 1);
         assert_eq!(q.route(0.0, 10), 1, "replica 1 holds 10 pending tokens, replica 0 100");
         // Replica 0's request gets its first token at 2.0: 1 token pending from then on.
-        q.on_first_token(0, 2.0, 100, false);
+        q.change(0, 2.0, 1 - 100);
         assert_eq!(q.route(1.5, 5), 1, "at 1.5 the step producing it has not ended");
         assert_eq!(q.route(2.0, 5), 0, "at 2.0 replica 0 has 100 - 100 + 1 = 1 pending token");
-        q.on_finish(0, 3.0);
-        q.on_first_token(1, 3.0, 10, true);
+        q.change(0, 3.0, -1);
+        q.change(1, 3.0, -10);
         // Replica 0: 1 + 5 - 1 = 5; replica 1: 10 + 10 + 5 - 10 = 15.
         assert_eq!(q.route(3.0, 1), 0);
     }

@@ -120,6 +120,15 @@ impl SchedulerConfig {
     }
 }
 
+/// Where a request's computed KV waits to be resumed.
+#[derive(Clone, Copy)]
+enum Parked {
+    /// Swapped out to the host pool.
+    Host,
+    /// Arrived from a prefill instance.
+    Wire,
+}
+
 /// The waiting queue under either policy.
 enum WaitQueue {
     Fcfs(VecDeque<u32>),
@@ -132,6 +141,8 @@ pub struct Batch {
     pub items: Vec<(u32, u32)>,
     pub preemptions: u32,
     pub swapped_blocks: u64,
+    /// Blocks of requests admitted with KV arrived from a prefill instance.
+    pub received_blocks: u64,
     pub cache_query_tokens: u64,
     pub cache_hit_tokens: u64,
     /// Token budget left for the rest of the step.
@@ -144,6 +155,9 @@ pub struct Scheduler {
     /// In scheduling order; a newly admitted or resumed request goes to the end.
     pub running: Vec<u32>,
     swapped: VecDeque<u32>,
+    /// Disaggregated decode instance: requests whose KV has arrived from a prefill
+    /// instance, in arrival order.
+    received: VecDeque<u32>,
 }
 
 impl Scheduler {
@@ -153,7 +167,7 @@ impl Scheduler {
             QueuePolicy::Fcfs => WaitQueue::Fcfs(VecDeque::new()),
             QueuePolicy::Priority => WaitQueue::Priority(BinaryHeap::new()),
         };
-        Ok(Self { cfg, waiting, running: Vec::new(), swapped: VecDeque::new() })
+        Ok(Self { cfg, waiting, running: Vec::new(), swapped: VecDeque::new(), received: VecDeque::new() })
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -167,8 +181,18 @@ impl Scheduler {
         self.swapped.len()
     }
 
+    /// Requests whose KV arrived from a prefill instance, not admitted yet.
+    pub fn num_received(&self) -> usize {
+        self.received.len()
+    }
+
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.swapped.is_empty() && self.num_waiting() == 0
+        self.running.is_empty() && self.swapped.is_empty() && self.num_waiting() == 0 && self.received.is_empty()
+    }
+
+    /// Queue a request whose KV has arrived from a prefill instance.
+    pub fn deliver(&mut self, idx: u32) {
+        self.received.push_back(idx);
     }
 
     /// Queue an arrived request, or a preempted one (`front`: ahead of everybody under FCFS).
@@ -208,10 +232,11 @@ impl Scheduler {
         }
     }
 
-    /// Whether a request can ever run alone; `Err(reason)` when it cannot. `keyed`: its
-    /// prompt has token ids or block keys (a caching admission allocates it whole).
-    pub fn admissible_alone(&self, r: &ReqState, kv: &Kv, keyed: bool) -> std::result::Result<(), String> {
-        let longest = r.max_kv(self.cfg.convention);
+    /// Whether a request can ever run alone holding at most `longest` KV tokens
+    /// ([`ReqState::max_kv`], or the prompt on a prefill instance); `Err(reason)` when it
+    /// cannot. `keyed`: its prompt has token ids or block keys (a caching admission
+    /// allocates it whole).
+    pub fn admissible_alone(&self, r: &ReqState, kv: &Kv, keyed: bool, longest: u64) -> std::result::Result<(), String> {
         if longest > MAX_SEQ_TOKENS as u64 {
             return Err(format!("{longest} tokens exceed a pool sequence ({MAX_SEQ_TOKENS})"));
         }
@@ -280,6 +305,7 @@ impl Scheduler {
         batch.items.clear();
         batch.preemptions = 0;
         batch.swapped_blocks = 0;
+        batch.received_blocks = 0;
         batch.cache_query_tokens = 0;
         batch.cache_hit_tokens = 0;
         let conv = self.cfg.convention;
@@ -330,27 +356,15 @@ impl Scheduler {
         if batch.preemptions > 0 {
             return Ok(());
         }
-        let conv = self.cfg.convention;
         let mut budget = batch.budget;
-        while let Some(&s) = self.swapped.front() {
-            if self.running.len() >= self.cfg.max_running || budget == 0 {
-                break;
-            }
-            let r = &reqs[s as usize];
-            let n = r.to_compute(conv).min(budget);
-            if !kv.swap_in_fits(r, n) {
-                break;
-            }
-            self.swapped.pop_front();
-            let r = &mut reqs[s as usize];
-            batch.swapped_blocks += kv.swap_in(s as usize, r)? as u64;
-            self.start(s, r, n, kv, batch)?;
-            budget -= n;
-        }
-        if !self.swapped.is_empty() {
+        let mut swapped = std::mem::take(&mut self.swapped);
+        let resumed = self.resume(&mut swapped, Parked::Host, reqs, kv, batch, &mut budget);
+        self.swapped = swapped;
+        if !resumed? {
             batch.budget = budget;
             return Ok(());
         }
+        let conv = self.cfg.convention;
         while let Some(idx) = self.peek_waiting() {
             if self.running.len() >= self.cfg.max_running || budget == 0 {
                 break;
@@ -381,8 +395,39 @@ impl Scheduler {
             self.start(idx, r, n, kv, batch)?;
             budget -= n;
         }
+        if self.num_waiting() == 0 {
+            let mut received = std::mem::take(&mut self.received);
+            let resumed = self.resume(&mut received, Parked::Wire, reqs, kv, batch, &mut budget);
+            self.received = received;
+            resumed?;
+        }
         batch.budget = budget;
         Ok(())
+    }
+
+    /// Resume the requests of `queue` (KV parked where `from` says) in order while they
+    /// fit; whether the queue is empty then.
+    fn resume(&mut self, queue: &mut VecDeque<u32>, from: Parked, reqs: &mut [ReqState], kv: &mut Kv, batch: &mut Batch, budget: &mut u32) -> Result<bool> {
+        let conv = self.cfg.convention;
+        while let Some(&s) = queue.front() {
+            if self.running.len() >= self.cfg.max_running || *budget == 0 {
+                break;
+            }
+            let r = &reqs[s as usize];
+            let n = r.to_compute(conv).min(*budget);
+            if !kv.swap_in_fits(r, n) {
+                break;
+            }
+            queue.pop_front();
+            let r = &mut reqs[s as usize];
+            match from {
+                Parked::Host => batch.swapped_blocks += kv.swap_in(s as usize, r)? as u64,
+                Parked::Wire => batch.received_blocks += kv.receive(s as usize, r)? as u64,
+            }
+            self.start(s, r, n, kv, batch)?;
+            *budget -= n;
+        }
+        Ok(queue.is_empty())
     }
 
     /// A resumed or admitted request joins the running list and computes `n` tokens now.

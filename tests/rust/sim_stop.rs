@@ -1,7 +1,8 @@
 //! The simulator's early stop (`SimConfig::stop_when`): a run it does not stop is the
 //! complete run bit for bit, a run it stops misses the targets in its complete version
-//! too (a proptest over random workloads, pools, policies, replicas behind either router
-//! and bounds placed around the complete run's own percentiles), and it really shortens
+//! too (a proptest over random workloads, pools, policies, replicas behind either router,
+//! disaggregated or not, and bounds placed around the complete run's own percentiles),
+//! and it really shortens
 //! overloaded runs.
 
 use proptest::prelude::*;
@@ -70,6 +71,7 @@ proptest! {
                                     prop::option::of(0.05f64..1.0))),
         tolerate in any::<bool>(),
         long in any::<bool>(),
+        decode in 0usize..3,
     ) {
         // `long`: prompts up to 4,000 tokens, so that small pools reject some.
         let w = workload(n, rate, (1, if long { 4000 } else { 300 }), (1, 60), seed);
@@ -82,6 +84,12 @@ proptest! {
         }
         cfg.replicas = replicas;
         cfg.router = if jsq { Router::ShortestQueue } else { Router::RoundRobin };
+        if decode > 0 {
+            // The prefill side with `blocks`, the decode side with twice as many, KV at
+            // 1 GB/s (transfers of a few ms, longer than the steps of small batches).
+            let link = KvLink { bandwidth: 1e9, latency: 1e-4, bytes_per_token: 65536.0, layers: 1 + (seed % 4) as u32 };
+            cfg.disaggregation = Some(Disaggregation { decode_replicas: decode, decode_num_blocks: 2 * blocks, link });
+        }
         let full = run(&w, &cfg);
         let s = &full.summary;
         // Attainment bounds around the complete run's median TTFT and TPOT; the share

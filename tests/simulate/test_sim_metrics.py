@@ -17,7 +17,7 @@ ROOF = sim.roofline("llama-3-8b", "a100-80gb-sxm")
 
 def summaries() -> list[dict[str, object]]:
     """Summaries of runs that fill every kind of key: plain, prefix caching, swap, layer
-    groups, an early stop, and an empty workload (None statistics)."""
+    groups, an early stop, disaggregation, and an empty workload (None statistics)."""
     w = sim.synthetic_workload(60, rate=20.0, seed=2, shared_prefixes=(2, 256, 100))
     runs = [
         sim.SimConfig(num_blocks=2000),
@@ -25,6 +25,8 @@ def summaries() -> list[dict[str, object]]:
         sim.SimConfig(num_blocks=300, scheduler=sim.SchedulerConfig(preemption="swap", host_blocks=200)),
         sim.SimConfig(num_blocks=2000, groups=(("full",), ("sliding", 128))),
         sim.SimConfig(num_blocks=2000, stop_when=sim.StopWhen(ttft_p99=1e-6)),
+        sim.SimConfig(num_blocks=2000, disaggregation=sim.Disaggregation(decode_replicas=1, bandwidth=25e9,
+                                                                         bytes_per_token=131072)),
     ]
     out = [sim.run(w, cfg, ROOF).summary for cfg in runs]
     empty = sim.Workload(arrival=np.zeros(0), prompt_len=np.zeros(0, np.int64), output_len=np.zeros(0, np.int64))
@@ -43,7 +45,10 @@ def test_every_printed_value_carries_its_unit() -> None:
     s = summaries()[2]  # swap: preemptions, swaps and recomputes are counted
     lines = summary_lines(s, block_bytes=16 * 131072)
     for key, value in s.items():
-        if re.fullmatch(r"(ttft|tpot|e2e|queueing)_\w+", key):
+        if re.fullmatch(r"(ttft|tpot|e2e|queueing|kv_transfer|decode_wait)_(mean|p\d+|max)", key):
+            continue
+        if metric(key).group == "transfer":
+            assert not any(ln.startswith(f"  {key} ") for ln in lines), "no KV moved: no transfer lines"
             continue
         (line,) = [ln for ln in lines if ln.startswith(f"  {key} ")]
         text, unit = line.split(None, 2)[1:]
@@ -62,6 +67,18 @@ def test_every_printed_value_carries_its_unit() -> None:
     assert peak.endswith(f"blocks = {gib:,.2f} GiB")
     pct = next(ln for ln in lines if ln.startswith("  mean_utilization "))
     assert f"{s['mean_utilization'] * 100:.1f} %" in pct
+
+
+def test_a_disaggregated_run_prints_its_transfers() -> None:
+    s = summaries()[5]
+    lines = summary_lines(s)
+    assert "transfer" in lines and any(ln.startswith("  kv_transfers ") for ln in lines)
+    gb = next(ln for ln in lines if ln.startswith("  kv_transfer_bytes "))
+    assert f"{s['kv_transfer_bytes'] * 1e-9:,.3f} GB moved" in gb
+    row = next(ln for ln in lines if ln.startswith("  kv_transfer (s)"))
+    assert float(row.split()[-2]) == pytest.approx(s["kv_transfer_p99"], abs=5e-4)
+    assert any(ln.startswith("  decode_wait (s)") for ln in lines)
+    assert not any(ln.startswith("  kv_transfer (s)") for ln in summary_lines(summaries()[0]))
 
 
 def test_statistics_over_no_request_print_a_dash() -> None:

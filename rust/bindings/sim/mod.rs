@@ -15,7 +15,7 @@ use self::args::named;
 use super::errors::{invalid, IntoPyResult};
 use crate::error::{KvError, Result};
 use crate::sim::workload::{synthesize, Arrivals, LengthSpec, Lengths, Prompts, SharedPrefixes, SyntheticSpec};
-use crate::sim::{simulate, ConstantTime, Roofline, StepShape, StepTimer, MAX_REQUEST_TOKENS};
+use crate::sim::{simulate_with, ConstantTime, Roofline, StepShape, StepTimer, MAX_REQUEST_TOKENS};
 
 /// A Python callable as step timer: `f(prefill_tokens, decode_tokens, num_seqs,
 /// context_tokens, attention_pairs, swapped_blocks) -> seconds`. Its first exception is
@@ -51,28 +51,45 @@ enum Timer {
     Python(PyTimer),
 }
 
-fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
+impl Timer {
+    fn as_dyn(&mut self) -> &mut (dyn StepTimer + Send) {
+        match self {
+            Timer::Constant(t) => t,
+            Timer::Roofline(t) => t,
+            Timer::Python(t) => t,
+        }
+    }
+
+    /// The first exception a Python step timer raised, if any.
+    fn take_err(&mut self) -> Option<PyErr> {
+        match self {
+            Timer::Python(t) => t.err.take(),
+            _ => None,
+        }
+    }
+}
+
+fn parse_timer(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Timer> {
     let py = obj.py();
     if obj.is_instance_of::<PyBool>() {
-        return Err(invalid(py, "time_model must be seconds per step, a callable, or the 11 roofline figures, got a bool"));
+        return Err(invalid(py, format!("{name} must be seconds per step, a callable, or the 11 roofline figures, got a bool")));
     }
     if obj.is_instance_of::<PyFloat>() || obj.is_instance_of::<PyInt>() {
-        let t = args::real(obj, "time_model")?;
+        let t = args::real(obj, name)?;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(invalid(py, format!("time_model: a constant step time must be finite and >= 0 s, got {t}")));
+            return Err(invalid(py, format!("{name}: a constant step time must be finite and >= 0 s, got {t}")));
         }
         return Ok(Timer::Constant(ConstantTime(t)));
     }
     if obj.is_callable() {
         return Ok(Timer::Python(PyTimer { f: obj.clone().unbind(), err: None }));
     }
-    let v: Vec<f64> = args::floats(obj, "time_model").map_err(|_| {
-        invalid(py, "time_model must be seconds per step, a callable, or the 11 roofline figures")
-    })?;
+    let v: Vec<f64> = args::floats(obj, name)
+        .map_err(|_| invalid(py, format!("{name} must be seconds per step, a callable, or the 11 roofline figures")))?;
     let [num_params, bytes_per_param, num_layers, q_dim, kv_bytes_per_token, flops, bandwidth, overhead, swap_time_per_block, comm_per_step, comm_per_token] =
         v[..]
     else {
-        return Err(invalid(py, format!("time_model: a roofline needs 11 figures, got {}", v.len())));
+        return Err(invalid(py, format!("{name}: a roofline needs 11 figures, got {}", v.len())));
     };
     let r = Roofline {
         num_params,
@@ -87,7 +104,7 @@ fn parse_timer(obj: &Bound<'_, PyAny>) -> PyResult<Timer> {
         comm_per_step,
         comm_per_token,
     };
-    r.validate().map_err(|e| invalid(py, format!("time_model: {e}")))?;
+    r.validate().map_err(|e| invalid(py, format!("{name}: {e}")))?;
     Ok(Timer::Roofline(r))
 }
 
@@ -312,12 +329,32 @@ fn synthesize_workload<'py>(
 ///         ``replicas``) or ``"shortest_queue"`` (the fewest pending tokens: a request
 ///         counts its prompt until its first token, then 1 until it finishes). Requests
 ///         and steps gain a ``replica`` column (-1: never routed).
+///         ``disaggregation``: None (default: every replica serves both phases) or a
+///         dict: the ``replicas`` are prefill instances and ``decode_replicas`` (1 to
+///         ``SIM_MAX_REPLICAS``) decode instances of ``decode_num_blocks`` blocks each
+///         (default ``num_blocks``; no prefix caching) follow them, replica indices
+///         ``replicas`` on. A request's prompt runs on a prefill instance (its first
+///         token ends there); one of more output tokens then leaves its batch, its
+///         blocks held there until its KV (``prompt_len * bytes_per_token`` bytes) has
+///         moved over the link: ``bandwidth`` bytes/s per instance (finite, > 0),
+///         ``latency`` s per transfer (default 0), first come first served on the
+///         sender's and the receiver's link, pipelined over ``layers`` parts of the last
+///         prefill step (default 1: after it; at most 65,536). The router's policy over
+///         the decode instances picks one at the prefill's end (a request counts 1 token
+///         until it finishes); it admits the request at its first step once the KV has
+///         arrived and fits. Needs ``allocation="paged"`` and ``convention="vllm"``.
+///         Requests gain ``decode_replica`` (-1: none), ``kv_ready`` and
+///         ``decode_start`` (s; NaN: none); the summary ``kv_transfers``,
+///         ``kv_transfer_bytes`` and the ``kv_transfer_*`` (first token to KV arrived)
+///         and ``decode_wait_*`` (KV arrived to admission) statistics.
 ///     time_model: seconds per step (float, default 0.0: steps only); the 11 roofline
 ///         figures ``[params, bytes/param, layers, q_dim, kv bytes/token, flop/s, bytes/s,
 ///         overhead s, swap s/block, all-reduce s/step, all-reduce s/token]``
 ///         (:meth:`pykvpool.planning.roofline.Roofline.figures`); or a callable ``f(prefill_tokens, decode_tokens,
 ///         num_seqs, context_tokens, attention_pairs, swapped_blocks) -> seconds``, called
 ///         with the GIL held.
+///     decode_time_model: with ``disaggregation``, the decode instances' step time, as
+///         ``time_model`` (default None: ``time_model`` times every step).
 ///
 /// Returns:
 ///     ``{"requests": {column: array}, "steps": {column: array}, "summary": {name:
@@ -333,37 +370,40 @@ fn synthesize_workload<'py>(
 ///         unknown policy name, ``"reserve"`` without ``reserve_tokens``, a size out of
 ///         range or a bool as a count, token ids mixed with block keys, a malformed
 ///         ``groups`` entry (naming ``groups[i]``), a ``stop_when`` bound that is not a number finite and
-///         > 0 (naming ``stop_when.<key>``), or a bad time model or step time; each names
-///         the key.
-///     TypeError: a dict that is not a dict (``stop_when`` included), a flag that is not a bool or a policy name
+///         > 0 (naming ``stop_when.<key>``), a bad ``disaggregation`` entry (naming
+///         ``disaggregation.<key>``; with ``allocation`` other than ``"paged"`` or
+///         ``convention="decode_first"``), ``decode_time_model`` without
+///         ``disaggregation``, or a bad time model or step time; each names the key.
+///     TypeError: a dict that is not a dict (``stop_when`` and ``disaggregation``
+///         included), a flag that is not a bool or a policy name
 ///         that is not a str (naming the key).
 ///     InvariantError: the engine broke an invariant (a pykvpool bug).
 ///     Exception: whatever a Python ``time_model`` raises, unchanged.
 #[pyfunction]
-#[pyo3(signature = (workload, config, time_model=None))]
+#[pyo3(signature = (workload, config, time_model=None, decode_time_model=None))]
 fn run_simulation<'py>(
     py: Python<'py>,
     workload: &Bound<'py, PyDict>,
     config: &Bound<'py, PyDict>,
     time_model: Option<&Bound<'py, PyAny>>,
+    decode_time_model: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let cfg = options::sim_config(config)?;
     let w = options::workload(workload)?;
     let mut timer = match time_model {
-        Some(t) => parse_timer(t)?,
+        Some(t) => parse_timer(t, "time_model")?,
         None => Timer::Constant(ConstantTime(0.0)),
     };
-    let out = match &mut timer {
-        Timer::Constant(t) => py.detach(|| simulate(&w, &cfg, t)),
-        Timer::Roofline(t) => py.detach(|| simulate(&w, &cfg, t)),
-        Timer::Python(t) => {
-            let r = py.detach(|| simulate(&w, &cfg, t));
-            if let Some(e) = t.err.take() {
-                return Err(e);
-            }
-            r
-        }
-    };
+    let mut decode = decode_time_model.filter(|t| !t.is_none()).map(|t| parse_timer(t, "decode_time_model")).transpose()?;
+    if decode.is_some() && cfg.disaggregation.is_none() {
+        return Err(invalid(py, "decode_time_model needs disaggregation (it times the decode instances' steps)"));
+    }
+    let (t, d) = (timer.as_dyn(), decode.as_mut().map(Timer::as_dyn));
+    // A Python timer takes the GIL back around each call of its callable.
+    let out = py.detach(|| simulate_with(&w, &cfg, t, d.map(|d| d as &mut dyn StepTimer)));
+    if let Some(e) = timer.take_err().or_else(|| decode.as_mut().and_then(Timer::take_err)) {
+        return Err(e);
+    }
     result::result_dict(py, out.py_err(py)?, &w)
 }
 

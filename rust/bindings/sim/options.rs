@@ -12,7 +12,8 @@ use crate::bindings::errors::{invalid, IntoPyResult};
 use crate::prefix_cache::eviction::EvictionPolicy;
 use crate::prefix_cache::CacheConfig;
 use crate::sim::{
-    Allocation, Attainment, Convention, Preemption, QueuePolicy, Router, SchedulerConfig, SimConfig, StopWhen, Victim, Workload,
+    Allocation, Attainment, Convention, Disaggregation, KvLink, Preemption, QueuePolicy, Router, SchedulerConfig, SimConfig,
+    StopWhen, Victim, Workload, MAX_LINK_LAYERS, MAX_REPLICAS,
 };
 
 /// Keys of the workload dict.
@@ -25,8 +26,11 @@ const WORKLOAD_KEYS: &[&str] = &[
 const CONFIG_KEYS: &[&str] = &[
     "num_blocks", "block_size", "max_running", "max_batched_tokens", "chunked_prefill", "watermark", "queue",
     "allocation", "reserve_tokens", "preemption", "host_blocks", "victim", "convention", "prefix_caching", "eviction",
-    "check_invariants", "max_steps", "record_steps", "groups", "stop_when", "replicas", "router",
+    "check_invariants", "max_steps", "record_steps", "groups", "stop_when", "replicas", "router", "disaggregation",
 ];
+
+/// Keys of the `disaggregation` dict.
+const DISAGG_KEYS: &[&str] = &["decode_replicas", "decode_num_blocks", "bandwidth", "latency", "bytes_per_token", "layers"];
 
 /// Keys of the `stop_when` dict.
 const STOP_KEYS: &[&str] = &[
@@ -141,7 +145,46 @@ pub(super) fn sim_config(dict: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
         "shortest_queue" => Router::ShortestQueue,
         r => return Err(invalid(py, format!("unknown router='{r}' (round_robin, shortest_queue)"))),
     };
+    cfg.disaggregation = k.column("disaggregation")?.map(|v| disaggregation(&v, cfg.num_blocks)).transpose()?;
     Ok(cfg)
+}
+
+/// Prefill/decode disaggregation: a dict of the decode instances and the KV link.
+fn disaggregation(obj: &Bound<'_, PyAny>, num_blocks: usize) -> PyResult<Disaggregation> {
+    let py = obj.py();
+    let dict = obj.cast::<PyDict>().map_err(|_| type_error("disaggregation", "a dict or None", obj))?;
+    let k = Keys::new(dict, "disaggregation", DISAGG_KEYS)?;
+    let counted = |key: &str, max: u64| -> PyResult<u64> {
+        args::count(&k.required(key)?, &format!("disaggregation.{key}"), max)
+    };
+    let real = |key: &str, default: Option<f64>| -> PyResult<f64> {
+        let name = format!("disaggregation.{key}");
+        match (k.get(key)?, default) {
+            (Some(v), _) => args::real(&v, &name),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(invalid(py, format!("{name} is required"))),
+        }
+    };
+    let decode_num_blocks = match k.column("decode_num_blocks")? {
+        Some(v) => args::count(&v, "disaggregation.decode_num_blocks", usize::MAX as u64)? as usize,
+        None => num_blocks,
+    };
+    let layers = match k.get("layers")? {
+        Some(v) => args::count(&v, "disaggregation.layers", MAX_LINK_LAYERS as u64)? as u32,
+        None => 1,
+    };
+    let d = Disaggregation {
+        decode_replicas: counted("decode_replicas", MAX_REPLICAS as u64)? as usize,
+        decode_num_blocks,
+        link: KvLink {
+            bandwidth: real("bandwidth", None)?,
+            latency: real("latency", Some(0.0))?,
+            bytes_per_token: real("bytes_per_token", None)?,
+            layers,
+        },
+    };
+    d.validate().map_err(|e| invalid(py, format!("disaggregation.{e}")))?;
+    Ok(d)
 }
 
 /// The stop rule: a dict of bounds, each None or a number finite and > 0 (seconds;

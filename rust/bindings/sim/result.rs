@@ -36,8 +36,18 @@ fn requests_dict<'py>(py: Python<'py>, q: RequestMetrics, w: &Workload) -> PyRes
     req.set_item("cached_tokens", PyArray1::from_vec(py, q.cached_tokens))?;
     req.set_item("outcome", PyArray1::from_vec(py, q.outcome))?;
     // -1: never routed (the run ended before it arrived).
-    let replica = q.replica.iter().map(|&r| if r == UNROUTED { -1 } else { r as i64 });
-    req.set_item("replica", PyArray1::from_iter(py, replica))?;
+    let index = |r: &u32| if *r == UNROUTED { -1 } else { *r as i64 };
+    req.set_item("replica", PyArray1::from_iter(py, q.replica.iter().map(index)))?;
+    // Disaggregated runs fill these; a colocated one has no transfer (-1, NaN).
+    let n = w.len();
+    let or_nan = |v: Vec<f64>| if v.is_empty() { vec![f64::NAN; n] } else { v };
+    if q.decode_replica.is_empty() {
+        req.set_item("decode_replica", PyArray1::from_vec(py, vec![-1i64; n]))?;
+    } else {
+        req.set_item("decode_replica", PyArray1::from_iter(py, q.decode_replica.iter().map(index)))?;
+    }
+    req.set_item("kv_ready", PyArray1::from_vec(py, or_nan(q.kv_ready)))?;
+    req.set_item("decode_start", PyArray1::from_vec(py, or_nan(q.decode_start)))?;
     Ok(req)
 }
 
@@ -87,6 +97,7 @@ fn summary_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDi
         ("peak_running", m.peak_running),
         ("peak_blocks_used", m.peak_blocks_used),
         ("leaked_blocks", r.leaked_blocks as u64),
+        ("kv_transfers", m.kv_transfers),
     ] {
         sum.set_item(k, v)?;
     }
@@ -100,11 +111,19 @@ fn summary_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDi
         ("request_throughput", m.request_throughput),
         ("mean_utilization", m.mean_utilization),
         ("prefix_hit_rate", Some(m.prefix_hit_rate)),
+        ("kv_transfer_bytes", Some(m.kv_transfer_bytes)),
     ] {
         sum.set_item(k, v)?;
     }
     sum.set_item("stopped", m.stopped)?;
-    for (name, p) in [("ttft", &m.ttft), ("tpot", &m.tpot), ("e2e", &m.e2e), ("queueing", &m.queueing)] {
+    for (name, p) in [
+        ("ttft", &m.ttft),
+        ("tpot", &m.tpot),
+        ("e2e", &m.e2e),
+        ("queueing", &m.queueing),
+        ("kv_transfer", &m.kv_transfer),
+        ("decode_wait", &m.decode_wait),
+    ] {
         let stats = |f: fn(&Percentiles) -> f64| p.as_ref().map(f);
         for (stat, v) in [
             ("mean", stats(|p| p.mean)),
