@@ -39,7 +39,7 @@ from pykvpool.search.backends import session
 from pykvpool.search.slo import SLO_ATTAINMENT, SLO_BOUNDS
 from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.scaling import SCALING_MODEL, rate_text, scaling_note
-from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL
+from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL, parse_split
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 from pykvpool.simulate.workload import Workload, synthetic_workload
 
@@ -51,6 +51,19 @@ _SLO_KEYS = (*SLO_BOUNDS, *SLO_ATTAINMENT)
 def _onoff(text: str) -> list[bool]:
     vals = choice_list(("on", "off"))(text)
     return [v == "on" for v in vals]
+
+
+def _splits(text: str) -> list[str]:
+    """``colocated`` and ``P:D`` ratios, comma-separated, no repeats."""
+    items = text.split(",")
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"a split is given twice in {text!r}")
+    for item in items:
+        try:
+            parse_split(item)
+        except InvalidArgumentError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return items
 
 
 def _slo(text: str) -> SLO:
@@ -139,6 +152,10 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--prefix-caching", type=_onoff, metavar="on,off", help="(default off)")
     g.add_argument("--eviction", type=choice_list(EVICTIONS), help="(default lru)")
     g.add_argument("--layer-groups", type=_onoff, metavar="on,off", help="(default off)")
+    g.add_argument("--pd", type=_splits, metavar="SPLIT,...",
+                   help="prefill/decode disaggregation: 'colocated' (every replica serves both phases) or "
+                        "prefill:decode ratios such as 1:1 or 1:3, each where P+D divides the replicas, the KV "
+                        "moved over the devices' network (default colocated)")
     r = p.add_argument_group("strategy, objective and backend")
     r.add_argument("--rates", type=_ladder, default=RateLadder(), metavar="LO,HI,STEPS",
                    help="arrival rates tried, req/s, log-spaced (default 0.5,64,22)")
@@ -203,7 +220,7 @@ def _slos(args: argparse.Namespace) -> list[SLO]:
 _AXES = {"hardware": "hardware", "devices": "devices", "tp": "tensor_parallel", "kv_dtypes": "kv_dtypes",
          "block_sizes": "block_sizes", "max_running": "max_running", "max_batched_tokens": "max_batched_tokens",
          "chunked_prefill": "chunked_prefill", "preemption": "preemption", "prefix_caching": "prefix_caching",
-         "eviction": "eviction", "layer_groups": "layer_groups"}
+         "eviction": "eviction", "layer_groups": "layer_groups", "pd": "disaggregation"}
 #: Most bytes a --space file may hold.
 _SPACE_BYTES = 1 << 20
 

@@ -20,6 +20,7 @@ __all__ = [
     "HARDWARE",
     "HARDWARE_ALIASES",
     "Hardware",
+    "NETWORK_MESSAGE_LATENCY",
     "NVLINK_STEP_LATENCY",
     "hardware_name",
     "hardware_preset",
@@ -43,6 +44,10 @@ class Hardware:
         link_latency: seconds per step of a ring all-reduce over that link.
         power_watts: the device's maximum board power (its datasheet TDP), watts; 0 when
             unknown.
+        network_bandwidth: bytes/s one device sends (and receives) to another server over
+            its network adapter, one direction; 0 when it has none. Prefill/decode
+            disaggregation moves KV over it.
+        network_latency: seconds one message over that network costs beyond its bytes.
     """
 
     name: str
@@ -53,6 +58,8 @@ class Hardware:
     link_bandwidth: float = 0.0
     link_latency: float = 0.0
     power_watts: float = 0.0
+    network_bandwidth: float = 0.0
+    network_latency: float = 0.0
 
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; fp16 falls back to bf16 and fp8/int8 to the 16-bit
@@ -80,27 +87,35 @@ _MIB = float(1 << 20)
 #: Seconds per step of a ring all-reduce over NVLink: NCCL's own cost model (src/graph/tuning.cc,
 #: ``hwLat``, NVLink, ring, LL128 protocol: 1.9 us per step).
 NVLINK_STEP_LATENCY = 1.9e-6
+#: Seconds one message between servers costs beyond its bytes: NCCL's own cost model
+#: (src/graph/tuning.cc, ring, Simple protocol, the one large transfers use: 8.4 us base
+#: plus 9.6 us for a network hop).
+NETWORK_MESSAGE_LATENCY = 18e-6
 
 HARDWARE: dict[str, Hardware] = {
     # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e (81,920 MiB), 2,039 GB/s, 312 TFLOP/s BF16 dense,
     # 19.5 TFLOP/s FP32 (the article's A100 roof and decode bound use these figures); NVLink 3:
-    # 600 GB/s per GPU, both directions together; max TDP 400 W.
+    # 600 GB/s per GPU, both directions together; max TDP 400 W. DGX A100 datasheet: one
+    # 200 Gb/s HDR InfiniBand adapter per GPU (25 GB/s each way).
     "a100-80gb-sxm": Hardware("A100-80GB SXM", 81920 * _MIB, 2.039e12,
                               {"bf16": 312e12, "fp16": 312e12, "int8": 624e12, "fp32": 19.5e12},
-                              link_bandwidth=300e9, link_latency=NVLINK_STEP_LATENCY, power_watts=400.0),
+                              link_bandwidth=300e9, link_latency=NVLINK_STEP_LATENCY, power_watts=400.0,
+                              network_bandwidth=25e9, network_latency=NETWORK_MESSAGE_LATENCY),
     # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 (81,559 MiB usable), 3.35 TB/s, 989 TFLOP/s BF16 dense,
     # 1,979 TFLOP/s FP8 dense, 67 TFLOP/s FP32; NVLink 4: 900 GB/s per GPU, both directions;
-    # max TDP up to 700 W.
+    # max TDP up to 700 W. DGX H100 datasheet: one 400 Gb/s ConnectX-7 adapter per GPU
+    # (50 GB/s each way).
     "h100-sxm": Hardware("H100 SXM", 81559 * _MIB, 3.35e12,
                          {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
                           "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY,
-                         power_watts=700.0),
+                         power_watts=700.0, network_bandwidth=50e9, network_latency=NETWORK_MESSAGE_LATENCY),
     # NVIDIA H200 SXM datasheet: 141 GB HBM3e (143,771 MiB), 4.8 TB/s, same tensor cores and NVLink
-    # (900 GB/s) as H100 SXM; max TDP up to 700 W.
+    # (900 GB/s) as H100 SXM; max TDP up to 700 W. DGX H200 datasheet: one 400 Gb/s
+    # ConnectX-7 adapter per GPU, as the DGX H100.
     "h200": Hardware("H200 SXM", 143771 * _MIB, 4.8e12,
                      {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "int8": 1979e12,
                       "fp32": 67e12}, link_bandwidth=450e9, link_latency=NVLINK_STEP_LATENCY,
-                     power_watts=700.0),
+                     power_watts=700.0, network_bandwidth=50e9, network_latency=NETWORK_MESSAGE_LATENCY),
 }
 """Device presets by lower-case name (datasheet figures); see :func:`hardware_preset`."""
 

@@ -36,6 +36,7 @@ from pykvpool.planning.roofline import Roofline
 from pykvpool.search.scaling import SCALING_ID, flag_chain_point, scaling_factor
 from pykvpool.search.slo import SLO, Objective, RateLadder, stop_rule
 from pykvpool.search.space import Point
+from pykvpool.simulate.disagg import Disaggregation
 from pykvpool.simulate.engine import SchedulerConfig, SimConfig, SimulationResult, kv_blocks_for_memory, run
 from pykvpool.simulate.workload import Workload
 from pykvpool.simulate.sweep import at_rate
@@ -90,7 +91,7 @@ def replica_hardware(hw: Hardware, devices: int) -> Hardware:
     f = scaling_factor(devices)
     return Hardware(f"{devices}x {hw.name}", hw.memory_bytes * f, hw.bandwidth * f,
                     {k: v * f for k, v in hw.peak_flops.items()}, hw.source, hw.link_bandwidth, hw.link_latency,
-                    hw.power_watts * f)
+                    hw.power_watts * f, hw.network_bandwidth * f, hw.network_latency)
 
 
 def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
@@ -100,7 +101,12 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
     of ``pykvpool ledger`` (all its memory minus 4 GiB per device) less the weights, in
     blocks (layer groups: the model's hybrid pool's blocks), divided by the copies of each
     token's KV the group keeps (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`);
-    ``num_blocks`` is one replica's pool.
+    ``num_blocks`` is one replica's pool. A point with a prefill:decode split
+    (:attr:`Point.disaggregation`) runs :attr:`Point.prefill_replicas` of its replicas as
+    prefill instances and the others as decode instances of the same pool and roofline,
+    each request's KV (the model's bytes per token in the point's dtype) moved over the
+    group's network (every device's adapter: ``network_bandwidth x T``, its
+    ``network_latency`` per transfer), pipelined layer by layer with the last prefill step.
 
     Raises:
         BudgetError: the weights leave no room for one block of KV.
@@ -127,9 +133,14 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
     sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
                             chunked_prefill=point.chunked_prefill, preemption=preemption,
                             host_blocks=blocks if point.preemption == "swap" else 0)
+    disagg = None
+    if point.split is not None:
+        disagg = Disaggregation(decode_replicas=point.decode_replicas, bandwidth=hw.network_bandwidth,
+                                bytes_per_token=model.kv_bytes_per_token(point.kv_dtype),
+                                latency=hw.network_latency, layers=model.num_layers, decode_num_blocks=blocks)
     cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
-                    eviction=point.eviction, record_steps=False, groups=groups, replicas=point.replicas,
-                    router=ROUTER)
+                    eviction=point.eviction, record_steps=False, groups=groups, replicas=point.prefill_replicas,
+                    router=ROUTER, disaggregation=disagg)
     return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=tp)
 
 

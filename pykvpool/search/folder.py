@@ -38,7 +38,7 @@ from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
 from pykvpool.search.scaling import SCALING_ID
 from pykvpool.search.slo import COST_UNITS, OBJECTIVES, SLO, SLO_ATTAINMENT, SLO_BOUNDS
-from pykvpool.search.space import EVICTIONS, PREEMPTIONS, Point
+from pykvpool.search.space import COLOCATED, EVICTIONS, PREEMPTIONS, Point, parse_split
 from pykvpool.tracefile import read_json
 
 __all__ = ["STATES", "SearchFolder", "check_entry", "entry_key", "read_meta", "read_search", "row_checker"]
@@ -160,6 +160,14 @@ def _rates_ok(v: Any) -> bool:
             and all(a <= b for a, b in zip(v, v[1:])))
 
 
+def _split_ok(v: Any) -> bool:
+    try:
+        parse_split(v)
+    except InvalidArgumentError:
+        return False
+    return isinstance(v, str)
+
+
 def _kv_dtype_ok(v: Any) -> bool:
     if not isinstance(v, str) or not 0 < len(v) <= 64:
         return False
@@ -184,6 +192,9 @@ _POINT: dict[str, _Kind] = {
     "hardware": _NAME, "devices": _count(1), "tensor_parallel": _count(1), "kv_dtype": _Kind(_kv_dtype_ok, "a KV dtype"), "block_size": _count(1), "max_running": _count(1),
     "max_batched_tokens": _count(1), "chunked_prefill": _FLAG, "preemption": _text(PREEMPTIONS),
     "prefix_caching": _FLAG, "eviction": _text(EVICTIONS), "layer_groups": _FLAG}
+#: Point fields a row may lack (written before they existed), with the value it then has.
+_POINT_DEFAULTS = {"disaggregation": COLOCATED}
+_POINT_MORE = {"disaggregation": _Kind(_split_ok, "'colocated' or a prefill:decode ratio 'P:D'")}
 _METRICS = {m: _STAT for m in METRICS}
 _ENTRY = {"key": _text(), "point": _text(), "rate": _number(above=True), "finished": _or_null(_count()),
           **_METRICS, "sims": _count()}
@@ -263,7 +274,7 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
         spec[f"{s}_attained"] = _or_null(_count())
 
     def check(doc: Any, where: str = "") -> Row:
-        row = _keys(doc, spec, where)
+        row = {**_POINT_DEFAULTS, **_keys(doc, spec, where, more=_POINT_MORE)}
         for s in slos:
             state = row[f"{s}_state"]
             for col in (f"{s}_rate", f"{s}_objective", f"{s}_rate_is_lower_bound", f"{s}_superlinear"):
@@ -271,7 +282,7 @@ def row_checker(slos: Sequence[str]) -> Callable[..., Row]:
                     raise invalid(f"{where}{col} is null, but {s}_state is {state!r}")
                 if state not in ("ok", "none") and row[col] is not None:
                     raise invalid(f"{where}{col} is {_shown(row[col])}, but {s}_state is {state!r} (no rate)")
-        key = Point(**{f: row[f] for f in _POINT}).key()
+        key = Point(**{f: row[f] for f in (*_POINT, *_POINT_DEFAULTS)}).key()
         if row["key"] != key:
             raise invalid(f"{where}key {_shown(row['key'])} is not the key of its fields ({key!r})")
         return _respelled(row)
@@ -387,7 +398,8 @@ def _latency(doc: Any, names: Sequence[str]) -> Row:
         raise invalid(f"reference_rates must name each SLO ({', '.join(names)}) once")
     _keys(rates, {s: _or_null(_number(above=True)) for s in names}, "reference_rates: ")
     entries = [check_entry(e, f"entries[{i}]: ") for i, e in enumerate(lat["entries"])]
-    front = [_respelled(_keys(f, _FRONTIER, f"frontier[{i}]: ")) for i, f in enumerate(lat["frontier"])]
+    front = [_respelled({**_POINT_DEFAULTS, **_keys(f, _FRONTIER, f"frontier[{i}]: ", more=_POINT_MORE)})
+             for i, f in enumerate(lat["frontier"])]
     return {**lat, "entries": entries, "frontier": front}
 
 

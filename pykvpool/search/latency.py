@@ -145,12 +145,12 @@ def plan_runs(rows: Sequence[Row], rates: dict[str, Optional[float]], rungs: Seq
         for rate in distinct:
             plans = {s: _plan(row, s, rate, rungs) for s, r in rates.items() if r == rate}
             if any(s in per_request for s in plans) and any(p != "skip" for p in plans.values()):
-                todo.append((Point(**{f: row[f] for f in _POINT_FIELDS}), rate))
+                todo.append((Point(**{f: row[f] for f in _POINT_FIELDS if f in row}), rate))
             elif "reuse" in plans.values():
                 s = next(s for s, p in plans.items() if p == "reuse")
                 reused[entry_key(row["key"], rate)] = _reused(row, s, rate, n)
             elif "run" in plans.values():
-                todo.append((Point(**{f: row[f] for f in _POINT_FIELDS}), rate))
+                todo.append((Point(**{f: row[f] for f in _POINT_FIELDS if f in row}), rate))
     return reused, todo
 
 

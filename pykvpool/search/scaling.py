@@ -7,7 +7,9 @@ own pool and scheduler), each a tensor-parallel group of ``T`` devices with ``T`
 one device's memory, bandwidth and FLOP/s, whose every step pays two ring all-reduces
 per layer over the devices' link (:class:`pykvpool.planning.roofline.Roofline`, the link
 figures of :data:`pykvpool.planning.hardware.HARDWARE`); a group stores the weights once
-(sharded), the memory reserve is per device. Every output of a search (the command
+(sharded), the memory reserve is per device. A point with a prefill:decode split runs
+its replicas as prefill and decode instances (:mod:`pykvpool.simulate.disagg`), each
+request's KV moved over the group's network adapters. Every output of a search (the command
 line, ``best.json``, ``search.json`` and each row, the figures, the report's section)
 states it in one line.
 
@@ -54,7 +56,8 @@ SCALING_ID = "dp-jsq-tp-ring-allreduce"
 #: The scaling model in one line, as every output states it.
 SCALING_MODEL = ("Scaling model: N devices are N/T replicas behind a shortest-queue router, each a T-way "
                  "tensor-parallel group with T x one device's memory, bandwidth and FLOP/s, plus two ring "
-                 "all-reduces per layer and step over the device link.")
+                 "all-reduces per layer and step over the device link; a P:D split runs them as prefill "
+                 "and decode instances, each request's KV moved over the devices' network.")
 #: How far (a fraction) a point's rate per device may exceed what its KV gain explains
 #: before it is flagged superlinear.
 SCALING_TOLERANCE = 0.05

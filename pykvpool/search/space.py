@@ -6,8 +6,10 @@ shortest-queue router, each a tensor-parallel group of ``tensor_parallel`` devic
 memory, bandwidth and FLOP/s add up, the memory reserve per device), the KV storage dtype, the pool's block size (tokens), the
 scheduler's limits (``max_running`` requests, ``max_batched_tokens`` tokens per step,
 chunked prefill), its preemption (recompute, or swap to a host pool as large as the
-device pool), prefix caching and its eviction policy, and layer groups (one
-``BlockPool`` group per attention kind of a windowed model).
+device pool), prefix caching and its eviction policy, layer groups (one
+``BlockPool`` group per attention kind of a windowed model), and whether the replicas
+serve both phases (``colocated``) or split ``P:D`` into prefill and decode instances
+(prefill/decode disaggregation, the KV moved over the devices' network).
 
 :meth:`SearchSpace.points` enumerates the product of the axes in a fixed order and drops
 the combinations that add nothing or that the simulator refuses (each rule in its
@@ -22,11 +24,12 @@ from typing import Any
 
 from pykvpool import _native
 from pykvpool.checks import invalid
-from pykvpool.planning.hardware import hardware_name
+from pykvpool.planning.hardware import hardware_name, hardware_preset
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 
-__all__ = ["MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "TENSOR_PARALLEL", "Point", "SearchSpace"]
+__all__ = ["COLOCATED", "MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "TENSOR_PARALLEL", "Point", "SearchSpace",
+           "parse_split"]
 
 #: Most devices one point may use.
 MAX_DEVICES = 4096
@@ -40,6 +43,29 @@ PREEMPTIONS = ("recompute", "swap")
 #: Eviction policies of the prefix cache.
 EVICTIONS: tuple[str, ...] = _native.EVICTION_POLICIES
 _MAX_BLOCK_SIZE = 1 << 16
+#: The :attr:`Point.disaggregation` of replicas that serve both phases.
+COLOCATED = "colocated"
+
+
+def parse_split(value: str) -> tuple[int, int] | None:
+    """``(P, D)`` of a prefill:decode split ``"P:D"`` (whole numbers >= 1 without a
+    common factor, at most :data:`MAX_DEVICES` each); None for :data:`COLOCATED`.
+
+    Raises:
+        InvalidArgumentError: anything else (naming the value).
+    """
+    if value == COLOCATED:
+        return None
+    parts = value.split(":") if isinstance(value, str) else []
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        p, d = int(parts[0]), int(parts[1])
+        if 1 <= p <= MAX_DEVICES and 1 <= d <= MAX_DEVICES and math.gcd(p, d) == 1:
+            return p, d
+        if 1 <= p and 1 <= d and math.gcd(p, d) > 1:
+            g = math.gcd(p, d)
+            raise invalid(f"disaggregation: write {value!r} as '{p // g}:{d // g}' (a split is a ratio)")
+    raise invalid(f"disaggregation must hold '{COLOCATED}' or prefill:decode ratios 'P:D' "
+                  f"(1 to {MAX_DEVICES} each), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +80,9 @@ class Point:
             :class:`pykvpool.planning.models.StorageDtype`'s name); block_size: tokens per block.
         max_running: requests in flight at most; max_batched_tokens: tokens per step.
         chunked_prefill, preemption, prefix_caching, eviction, layer_groups: the policies.
+        disaggregation: :data:`COLOCATED` (every replica serves both phases), or ``"P:D"``:
+            of every ``P + D`` replicas, ``P`` are prefill and ``D`` decode instances
+            (:attr:`prefill_replicas`, :attr:`decode_replicas`).
     """
 
     hardware: str
@@ -68,6 +97,36 @@ class Point:
     prefix_caching: bool
     eviction: str
     layer_groups: bool
+    disaggregation: str = COLOCATED
+
+    @property
+    def split(self) -> tuple[int, int] | None:
+        """``(P, D)`` of :attr:`disaggregation`, None when colocated.
+
+        Raises:
+            InvalidArgumentError: a value :func:`parse_split` refuses.
+        """
+        return parse_split(self.disaggregation)
+
+    @property
+    def prefill_replicas(self) -> int:
+        """Replicas that take the arrivals: all of them when colocated, else the
+        prefill instances, ``replicas x P / (P + D)``.
+
+        Raises:
+            InvalidArgumentError: as :attr:`split`.
+        """
+        pd = self.split
+        return self.replicas if pd is None else self.replicas * pd[0] // (pd[0] + pd[1])
+
+    @property
+    def decode_replicas(self) -> int:
+        """Decode instances: 0 when colocated, else ``replicas x D / (P + D)``.
+
+        Raises:
+            InvalidArgumentError: as :attr:`split`.
+        """
+        return self.replicas - self.prefill_replicas
 
     @property
     def replicas(self) -> int:
@@ -84,7 +143,8 @@ class Point:
     def key(self) -> str:
         """A stable, readable identity, e.g.
         ``a100-80gb-sxm|x4:tp2|bf16|b16|r256|t8192|chunked|recompute|-|flat`` (4 devices
-        as 2 replicas of 2-way tensor parallelism).
+        as 2 replicas of 2-way tensor parallelism); a disaggregated point ends in
+        ``|pd1:1``.
 
         Raises:
             Nothing: string formatting.
@@ -93,7 +153,8 @@ class Point:
         return "|".join([self.hardware, self._devices_field(), self.kv_dtype, f"b{self.block_size}",
                          f"r{self.max_running}", f"t{self.max_batched_tokens}",
                          "chunked" if self.chunked_prefill else "whole", self.preemption, cache,
-                         "groups" if self.layer_groups else "flat"])
+                         "groups" if self.layer_groups else "flat"]
+                        + ([] if self.disaggregation == COLOCATED else [f"pd{self.disaggregation}"]))
 
     def chain_key(self) -> str:
         """The key without the devices and their split: points differing only in those form
@@ -174,6 +235,8 @@ class SearchSpace:
         max_batched_tokens: tokens per step, 1 to :data:`pykvpool.simulate.MAX_STEP_TOKENS`.
         chunked_prefill, prefix_caching, layer_groups: lists of bools.
         preemption: ``recompute`` / ``swap``; eviction: ``lru``, ``fifo``, ``lfu``, ``priority``.
+        disaggregation: :data:`COLOCATED` and prefill:decode ratios ``"P:D"`` (lowest
+            terms); a ratio applies where ``P + D`` divides a point's replicas.
 
     Raises:
         InvalidArgumentError: an empty axis, a repeated value (two spellings of one dtype
@@ -193,6 +256,7 @@ class SearchSpace:
     prefix_caching: tuple[bool, ...] = (False,)
     eviction: tuple[str, ...] = ("lru",)
     layer_groups: tuple[bool, ...] = (False,)
+    disaggregation: tuple[str, ...] = (COLOCATED,)
 
     def __post_init__(self) -> None:
         checks = {"hardware": _hardware, "devices": _int_in(1, MAX_DEVICES),
@@ -200,7 +264,7 @@ class SearchSpace:
                   "block_sizes": _int_in(1, _MAX_BLOCK_SIZE), "max_running": _int_in(1, 2**31 - 1),
                   "max_batched_tokens": _int_in(1, MAX_STEP_TOKENS), "chunked_prefill": _flag,
                   "preemption": _choice(PREEMPTIONS), "prefix_caching": _flag, "eviction": _choice(EVICTIONS),
-                  "layer_groups": _flag}
+                  "layer_groups": _flag, "disaggregation": _split}
         for f in fields(self):
             object.__setattr__(self, f.name, _axis(getattr(self, f.name), f.name, checks[f.name]))
         if self.size() > MAX_POINTS:
@@ -218,7 +282,9 @@ class SearchSpace:
         """Every distinct runnable point, in axis order (devices, then their split, vary
         fastest within a chain).
 
-        Rules: a tensor-parallel degree only where it divides the devices; prefix caching only for a ``prefix_workload`` (prompts given as token ids or
+        Rules: a tensor-parallel degree only where it divides the devices; a prefill:decode
+        split ``P:D`` only where ``P + D`` divides the replicas, on hardware with a network
+        (:attr:`pykvpool.planning.hardware.Hardware.network_bandwidth`); prefix caching only for a ``prefix_workload`` (prompts given as token ids or
         block keys: otherwise it caches nothing); the eviction policy varies only with
         prefix caching (``eviction[0]`` otherwise); layer groups only for a windowed model
         (``model.windowed``: otherwise one group, the same pool), with every preemption
@@ -248,6 +314,23 @@ class SearchSpace:
                     for lg in self.layer_groups:
                         if lg and not model.windowed:
                             continue
-                        out += [Point(hw, n, tp, dt, bs, mr, mbt, ch, pre, pc, ev, lg)
-                                for n in self.devices for tp in self.tensor_parallel if n % tp == 0]
+                        for pd in self.disaggregation:
+                            out += [Point(hw, n, tp, dt, bs, mr, mbt, ch, pre, pc, ev, lg, pd)
+                                    for n in self.devices for tp in self.tensor_parallel
+                                    if n % tp == 0 and _splits(pd, n // tp, hw)]
         return out
+
+
+def _splits(pd: str, replicas: int, hardware: str) -> bool:
+    """Whether ``replicas`` replicas on ``hardware`` can take the split ``pd``."""
+    split = parse_split(pd)
+    if split is None:
+        return True
+    return replicas % (split[0] + split[1]) == 0 and hardware_preset(hardware).network_bandwidth > 0
+
+
+def _split(v: object, name: str) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must hold '{COLOCATED}' or 'P:D' strings, got {type(v).__name__}")
+    parse_split(v)
+    return v

@@ -35,6 +35,9 @@ NULLABLE = (*METRICS, "finished", "attained")
 NULLABLE_PER_SLO = (*METRICS, "attained")
 #: A run's ``stopped``: the target that stopped it (a string), null, or left out.
 OPTIONAL = "stopped"
+#: Keys a folder written before they existed lacks: a copy without one reads back (a point's
+#: ``disaggregation`` as colocated).
+DELETABLE = (OPTIONAL, "disaggregation")
 SLO_BOUNDS = ("ttft_p99", "tpot_p50", "tpot_p99", "min_throughput", "ttft", "tpot", "attainment")
 
 
@@ -84,7 +87,7 @@ def mutations(file: str, doc: Any, root: bool = False) -> Iterator[tuple[str, st
     for path, orig in [*paths, *_walk(doc)]:
         optional = bool(path) and path[-1] == OPTIONAL
         if path and isinstance(path[-1], str):
-            yield f"{list(path)} deleted", json.dumps(_set(doc, path, None, delete=True)), not optional
+            yield f"{list(path)} deleted", json.dumps(_set(doc, path, None, delete=True)), path[-1] not in DELETABLE
         for kind, value in WRONG.items():
             if kind not in ("huge int", "nested 10,000 deep") and _json_type(value) == _json_type(orig):
                 continue  # not a wrong type

@@ -1,0 +1,109 @@
+"""Prefill/decode disaggregation as a search axis: ``SearchSpace(disaggregation=...)``,
+``Point.disaggregation``, its deployment, its rows and the ``--pd`` flag.
+
+The engine's rules are tested in ``tests/rust/sim_disagg.rs`` and
+``tests/simulate/test_sim_disagg.py``; here what the search adds: which points a split
+makes, what a point deploys, and that rows written before the field existed read back
+as colocated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pykvpool
+from pykvpool.planning.hardware import HARDWARE
+from pykvpool.planning.models import model_preset
+from pykvpool.search import SearchSpace, read_search
+from pykvpool.search.evaluate import deploy
+from pykvpool.search.folder import row_checker
+from pykvpool.search.space import COLOCATED, Point, parse_split
+from tests.search.test_search_cli import run as cli
+
+LLAMA = model_preset("llama-3-8b")
+
+
+@pytest.mark.parametrize("text,want", [("colocated", None), ("1:1", (1, 1)), ("1:3", (1, 3)), ("5:2", (5, 2))])
+def test_a_split_reads_as_its_ratio(text: str, want: Any) -> None:
+    assert parse_split(text) == want
+
+
+@pytest.mark.parametrize("text,match", [("2:2", "write '2:2' as '1:1'"), ("0:1", "prefill:decode ratios"),
+                                        ("1:", "prefill:decode ratios"), ("a:b", "prefill:decode ratios"),
+                                        ("1:2:3", "prefill:decode ratios"), ("", "prefill:decode ratios"),
+                                        ("1:5000", "prefill:decode ratios"), ("-1:2", "prefill:decode ratios")])
+def test_a_bad_split_is_refused_by_name(text: str, match: str) -> None:
+    with pytest.raises(pykvpool.InvalidArgumentError, match=match):
+        SearchSpace(disaggregation=(text,))
+
+
+def test_the_axis_checks_types_and_repeats() -> None:
+    with pytest.raises(TypeError, match="disaggregation"):
+        SearchSpace(disaggregation=(1,))  # type: ignore[arg-type]
+    with pytest.raises(pykvpool.InvalidArgumentError, match="twice"):
+        SearchSpace(disaggregation=("1:1", "1:1"))
+
+
+def test_a_split_applies_where_its_parts_divide_the_replicas() -> None:
+    space = SearchSpace(devices=(1, 2, 3, 4, 6), tensor_parallel=(1, 2), disaggregation=(COLOCATED, "1:1", "1:2"))
+    pts = space.points(LLAMA, prefix_workload=False)
+    split = {(p.devices, p.tensor_parallel, p.disaggregation): (p.prefill_replicas, p.decode_replicas)
+             for p in pts if p.disaggregation != COLOCATED}
+    assert split == {(2, 1, "1:1"): (1, 1), (4, 1, "1:1"): (2, 2), (4, 2, "1:1"): (1, 1), (6, 1, "1:1"): (3, 3),
+                     (6, 2, "1:2"): (1, 2), (3, 1, "1:2"): (1, 2), (6, 1, "1:2"): (2, 4)}
+    colocated = [p for p in pts if p.disaggregation == COLOCATED]
+    assert len(colocated) == 8 and all(p.decode_replicas == 0 and p.prefill_replicas == p.replicas for p in colocated)
+    # A colocated key is the key it always was; a split one ends in its ratio, in its own chain.
+    p = next(p for p in pts if (p.devices, p.disaggregation) == (4, "1:1") and p.tensor_parallel == 1)
+    assert p.key() == "a100-80gb-sxm|x4:tp1|bf16|b16|r256|t8192|chunked|recompute|-|flat|pd1:1"
+    assert p.chain_key().endswith("|flat|pd1:1")
+    assert colocated[0].key() == "a100-80gb-sxm|x1:tp1|bf16|b16|r256|t8192|chunked|recompute|-|flat"
+
+
+@pytest.mark.parametrize("hardware", sorted(HARDWARE))
+def test_a_split_point_deploys_prefill_and_decode_instances_over_the_network(hardware: str) -> None:
+    point = Point(hardware, 8, 2, "fp8", 16, 256, 8192, True, "recompute", False, "lru", False, "1:3")
+    cfg, tm = deploy(point, LLAMA)
+    d = cfg.disaggregation
+    hw = HARDWARE[hardware]
+    assert d is not None and (cfg.replicas, d.decode_replicas) == (1, 3)
+    assert d.bandwidth == 2 * hw.network_bandwidth > 0 and d.latency == hw.network_latency > 0
+    assert d.bytes_per_token == LLAMA.kv_bytes_per_token("fp8") and d.layers == LLAMA.num_layers
+    assert d.decode_num_blocks == cfg.num_blocks
+    colocated, _ = deploy(Point(hardware, 8, 2, "fp8", 16, 256, 8192, True, "recompute", False, "lru", False), LLAMA)
+    assert colocated.disaggregation is None and colocated.replicas == 4 and colocated.num_blocks == cfg.num_blocks
+
+
+def _search(tmp_path: Path, *extra: str) -> Path:
+    out = tmp_path / "s"
+    r = cli("search", "--trace", "azure-conv", "--limit", "200", "--devices", "2,4", "--tp", "1",
+            "--slo", "goodput:ttft=2,tpot=0.2", "--rates", "1,64,7", "--inline", "--out", str(out), *extra)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_the_cli_searches_splits_and_rows_read_back(tmp_path: Path) -> None:
+    out = _search(tmp_path, "--pd", "colocated,1:1,1:3")
+    rows = read_search(out).rows
+    got = sorted((r["devices"], r["disaggregation"]) for r in rows)
+    assert got == [(2, "1:1"), (2, COLOCATED), (4, "1:1"), (4, "1:3"), (4, COLOCATED)]
+    for r in rows:
+        assert r["status"] == "ok" and r["goodput_state"] in ("ok", "none"), r
+    # A row written before the field existed reads back as colocated.
+    check = row_checker(["goodput"])
+    old = {k: v for k, v in next(r for r in rows if r["disaggregation"] == COLOCATED).items() if k != "disaggregation"}
+    assert check(json.loads(json.dumps(old)))["disaggregation"] == COLOCATED
+    split = next(r for r in rows if r["disaggregation"] == "1:1")
+    with pytest.raises(pykvpool.InvalidArgumentError, match="key"):
+        check({**split, "disaggregation": COLOCATED})
+
+
+@pytest.mark.parametrize("value,match", [("1:1,1:1", "given twice"), ("2:4", "as '1:2'"), ("half", "P:D")])
+def test_a_bad_pd_flag_is_one_line(value: str, match: str) -> None:
+    r = cli("search", "--trace", "azure-conv", "--limit", "20", "--slo", "s:ttft_p99=1", "--pd", value)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[0].startswith("pykvpool: error: ") and match in lines[0], r.stderr
