@@ -19,6 +19,8 @@ Rust, ``rust/sim/disagg.rs``):
   fits (as a swapped request is resumed, after its own swapped and preempted requests);
   until then the KV waits outside its pool. A prefill instance whose pool is full of KV
   held for transfers waits for the first of them to be done.
+- A mixed pool (``mixed_tokens``): an arrival that finds every prefill instance with that
+  many tokens pending goes to a decode instance, which serves it whole.
 
 The result gains the request columns ``decode_replica`` (-1: none), ``kv_ready`` and
 ``decode_start`` (seconds; NaN: none) and the summary ``kv_transfers``,
@@ -57,6 +59,10 @@ class Disaggregation:
             prefill step (default 1: sent after it), 1 to :data:`MAX_LINK_LAYERS`.
         decode_num_blocks: blocks of each decode instance's pool (default None: the
             configuration's ``num_blocks``); decode instances do not cache prefixes.
+        mixed_tokens: a mixed pool (Splitwise's): an arrival that finds every prefill
+            instance with at least this many tokens pending (prompts not yet at their
+            first token, as the router counts them) goes to a decode instance, which
+            serves it whole without a transfer (default None: never; 0: always).
 
     Raises:
         InvalidArgumentError: a count out of range or a bool as one, a bandwidth, size or
@@ -69,6 +75,7 @@ class Disaggregation:
     latency: float = 0.0
     layers: int = 1
     decode_num_blocks: Optional[int] = None
+    mixed_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         limit = _native.SIM_MAX_REPLICAS
@@ -81,6 +88,8 @@ class Disaggregation:
             raise _invalid(f"disaggregation.layers must be in 1..={MAX_LINK_LAYERS}, got {self.layers}")
         if self.decode_num_blocks is not None:
             _count(self.decode_num_blocks, "disaggregation.decode_num_blocks", 1)
+        if self.mixed_tokens is not None and _count(self.mixed_tokens, "disaggregation.mixed_tokens") >= 2**63:
+            raise _invalid(f"disaggregation.mixed_tokens must be below 2**63, got {self.mixed_tokens}")
 
     def as_dict(self) -> dict[str, object]:
         """The ``disaggregation`` dict of :func:`pykvpool._native.run_simulation`.
@@ -90,4 +99,4 @@ class Disaggregation:
         """
         return {"decode_replicas": self.decode_replicas, "decode_num_blocks": self.decode_num_blocks,
                 "bandwidth": self.bandwidth, "latency": self.latency,
-                "bytes_per_token": self.bytes_per_token, "layers": self.layers}
+                "bytes_per_token": self.bytes_per_token, "layers": self.layers, "mixed_tokens": self.mixed_tokens}

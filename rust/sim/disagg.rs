@@ -25,6 +25,10 @@
 //!
 //! The prefill instance frees the request's blocks at its first step that starts once
 //! the transfer is done (its pool is only read at its steps), or at the end of the run.
+//!
+//! A mixed pool ([`Disaggregation::mixed_tokens`]) lets decode instances take prompts
+//! under pressure: an arrival that finds every prefill instance with that many tokens
+//! pending goes to a decode instance, which serves it as a colocated engine would.
 
 use crate::error::Result;
 use crate::invalid;
@@ -95,6 +99,11 @@ pub struct Disaggregation {
     /// Device blocks of each decode instance's pool (of the run's block size).
     pub decode_num_blocks: usize,
     pub link: KvLink,
+    /// A mixed pool: an arrival when every prefill instance has at least this many
+    /// tokens pending (the router's count, kept under either policy) goes to a decode
+    /// instance instead (the decode router's choice), which serves it whole, prompt and
+    /// output, without a transfer. None: never.
+    pub mixed_tokens: Option<u64>,
 }
 
 impl Disaggregation {
@@ -145,7 +154,7 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
-        let d = Disaggregation { decode_replicas: 0, decode_num_blocks: 8, link };
+        let d = Disaggregation { decode_replicas: 0, decode_num_blocks: 8, link, mixed_tokens: None };
         assert!(d.validate().unwrap_err().to_string().contains("decode_replicas"));
     }
 }

@@ -57,8 +57,10 @@ pub(super) struct Routing {
 }
 
 impl Routing {
-    pub(super) fn new(policy: Router, replicas: usize) -> Result<Self> {
-        let tracked = if policy == Router::ShortestQueue { replicas } else { 0 };
+    /// A router of `policy` over `replicas` replicas; it counts their pending tokens
+    /// under the shortest-queue policy, or when `track` asks (a mixed pool reads them).
+    pub(super) fn new(policy: Router, replicas: usize, track: bool) -> Result<Self> {
+        let tracked = if policy == Router::ShortestQueue || track { replicas } else { 0 };
         Ok(Self {
             policy,
             replicas,
@@ -68,26 +70,35 @@ impl Routing {
         })
     }
 
+    /// Apply the load changes due by `at`.
+    fn settle(&mut self, at: f64) {
+        for (load, due) in self.load.iter_mut().zip(&mut self.due) {
+            while due.front().is_some_and(|&(t, _)| t <= at) {
+                *load += due.pop_front().map_or(0, |(_, d)| d);
+            }
+        }
+    }
+
+    /// The fewest tokens pending on one replica at `at` (0 when loads are not counted).
+    pub(super) fn least_load(&mut self, at: f64) -> i64 {
+        self.settle(at);
+        self.load.iter().copied().min().unwrap_or(0)
+    }
+
     /// The replica an arrival at `at` adding `tokens` pending tokens goes to.
     pub(super) fn route(&mut self, at: f64, tokens: u32) -> usize {
         let k = self.routed;
         self.routed += 1;
-        if self.replicas == 1 {
-            return 0;
-        }
-        match self.policy {
+        self.settle(at);
+        let r = match self.policy {
+            _ if self.replicas == 1 => 0,
             Router::RoundRobin => (k % self.replicas as u64) as usize,
-            Router::ShortestQueue => {
-                for (load, due) in self.load.iter_mut().zip(&mut self.due) {
-                    while due.front().is_some_and(|&(t, _)| t <= at) {
-                        *load += due.pop_front().map_or(0, |(_, d)| d);
-                    }
-                }
-                let r = (0..self.replicas).min_by_key(|&r| (self.load[r], r)).unwrap_or(0);
-                self.load[r] += tokens as i64;
-                r
-            }
+            Router::ShortestQueue => (0..self.replicas).min_by_key(|&r| (self.load[r], r)).unwrap_or(0),
+        };
+        if let Some(load) = self.load.get_mut(r) {
+            *load += tokens as i64;
         }
+        r
     }
 
     /// `replica`'s pending tokens change by `delta` at `at` (the end of one of its steps).
@@ -104,10 +115,10 @@ mod tests {
 
     #[test]
     fn round_robin_cycles_and_shortest_queue_counts_prompts_until_their_first_token() {
-        let mut rr = Routing::new(Router::RoundRobin, 3).unwrap();
+        let mut rr = Routing::new(Router::RoundRobin, 3, false).unwrap();
         assert_eq!((0..7).map(|k| rr.route(k as f64, 10)).collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2, 0]);
 
-        let mut q = Routing::new(Router::ShortestQueue, 2).unwrap();
+        let mut q = Routing::new(Router::ShortestQueue, 2, false).unwrap();
         assert_eq!(q.route(0.0, 100), 0);
         assert_eq!(q.route(0.0, 10), 1);
         assert_eq!(q.route(0.0, 10), 1, "replica 1 holds 10 pending tokens, replica 0 100");

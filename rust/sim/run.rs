@@ -124,8 +124,8 @@ impl<'a> Run<'a> {
         Ok(Self {
             workload,
             cfg,
-            routing: Routing::new(cfg.router, cfg.replicas)?,
-            decode_routing: disagg.map(|d| Routing::new(cfg.router, d.decode_replicas)).transpose()?,
+            routing: Routing::new(cfg.router, cfg.replicas, disagg.is_some_and(|d| d.mixed_tokens.is_some()))?,
+            decode_routing: disagg.map(|d| Routing::new(cfg.router, d.decode_replicas, false)).transpose()?,
             prefill: cfg.replicas,
             handoffs: BinaryHeap::new(),
             transfer_bytes: 0.0,
@@ -192,8 +192,16 @@ impl<'a> Run<'a> {
     pub(super) fn route_next(&mut self) {
         let i = self.order[self.next];
         self.next += 1;
-        let at = self.workload.arrival[i as usize];
-        let r = self.routing.route(at, self.workload.prompt_len[i as usize]);
+        let (at, prompt) = (self.workload.arrival[i as usize], self.workload.prompt_len[i as usize]);
+        let mixed = self.cfg.disaggregation.as_ref().and_then(|d| d.mixed_tokens);
+        let r = match (mixed, &mut self.decode_routing) {
+            // Every prefill instance has that many tokens pending: a decode instance
+            // serves the request whole.
+            (Some(limit), Some(decode)) if self.routing.least_load(at) >= limit.min(i64::MAX as u64) as i64 => {
+                self.prefill + decode.route(at, prompt)
+            }
+            _ => self.routing.route(at, prompt),
+        };
         let p = &mut self.replicas[r];
         if !p.has_work() {
             p.clock = p.clock.max(at);
@@ -328,7 +336,8 @@ impl<'a> Run<'a> {
         let rm = &mut self.rm;
         let role = self.replicas[r].role;
         for &(i, _) in &self.replicas[r].batch.items {
-            let col = if role == Role::Decode { &mut rm.decode_start } else { &mut rm.first_scheduled };
+            let moved = rm.decode_replica.get(i as usize).is_some_and(|&d| d != UNROUTED);
+            let col = if role == Role::Decode && moved { &mut rm.decode_start } else { &mut rm.first_scheduled };
             if col[i as usize].is_nan() {
                 col[i as usize] = start;
             }
@@ -341,9 +350,11 @@ impl<'a> Run<'a> {
                 Role::Prefill => self.routing.change(r, end, -prompt),
                 Role::Both if first => self.routing.change(r, end, 1 - prompt - finished as i64),
                 Role::Both if finished => self.routing.change(r, end, -1),
-                Role::Decode if finished => {
+                // A request its prefill instance handed over counts 1 from then on; one a
+                // mixed pool sent here whole counts its prompt until its first token.
+                Role::Decode if first || finished => {
                     if let Some(d) = &mut self.decode_routing {
-                        d.change(r - self.prefill, end, -1);
+                        d.change(r - self.prefill, end, if first { 1 - prompt - finished as i64 } else { -1 });
                     }
                 }
                 _ => {}

@@ -9,7 +9,9 @@
 //! - a decode instance admits a request at its first step that starts once its KV has
 //!   arrived (when memory and the running limit allow), and then decodes it one token per
 //!   step;
-//! - a hand-computed run, and the refusals.
+//! - a mixed pool under constant pressure is a colocated deployment of the decode
+//!   instances, and one never under pressure is the plain disaggregated run;
+//! - hand-computed runs, and the refusals.
 
 use proptest::prelude::*;
 use pykvpool::sim::*;
@@ -24,7 +26,7 @@ fn link(bandwidth: f64, latency: f64, layers: u32) -> KvLink {
 }
 
 fn disagg(decode_replicas: usize, decode_num_blocks: usize, link: KvLink) -> Option<Disaggregation> {
-    Some(Disaggregation { decode_replicas, decode_num_blocks, link })
+    Some(Disaggregation { decode_replicas, decode_num_blocks, link, mixed_tokens: None })
 }
 
 fn bits(v: &[f64]) -> Vec<u64> {
@@ -161,6 +163,76 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn a_mixed_pool_is_colocated_under_constant_pressure_and_plain_without_any(
+        n in 0usize..60,
+        rate in 1.0f64..400.0,
+        seed in any::<u64>(),
+        prefill in 1usize..3,
+        decode in 1usize..4,
+        jsq in any::<bool>(),
+        blocks in 16usize..120,
+    ) {
+        let w = support::workload(n, rate, (1, 200), (1, 30), 1, seed);
+        let mut cfg = SimConfig::new(blocks, 16);
+        cfg.scheduler.max_batched_tokens = Some(256);
+        cfg.check_invariants = true;
+        cfg.router = if jsq { Router::ShortestQueue } else { Router::RoundRobin };
+        let mut colocated = cfg.clone();
+        colocated.replicas = decode;
+        cfg.replicas = prefill;
+        let link = link(1e8, 1e-3, 1);
+        // Pressure at 0 pending tokens: always. The decode instances serve every request.
+        cfg.disaggregation = Some(Disaggregation { decode_replicas: decode, decode_num_blocks: blocks, link, mixed_tokens: Some(0) });
+        let mixed = simulate(&w, &cfg, &mut timer()).unwrap();
+        let base = simulate(&w, &colocated, &mut timer()).unwrap();
+        prop_assert_eq!(mixed.summary.kv_transfers, 0);
+        prop_assert_eq!(bits(&mixed.requests.first_token), bits(&base.requests.first_token));
+        prop_assert_eq!(bits(&mixed.requests.finish), bits(&base.requests.finish));
+        prop_assert_eq!(bits(&mixed.requests.first_scheduled), bits(&base.requests.first_scheduled));
+        let shifted: Vec<u32> = base.requests.replica.iter().map(|&r| if r == UNROUTED { r } else { r + prefill as u32 }).collect();
+        prop_assert_eq!(&mixed.requests.replica, &shifted);
+        prop_assert_eq!(&mixed.requests.outcome, &base.requests.outcome);
+        prop_assert_eq!(mixed.summary.steps, base.summary.steps);
+        prop_assert_eq!(mixed.leaked_blocks, 0);
+        // No pressure ever: the plain disaggregated run.
+        cfg.disaggregation = Some(Disaggregation { decode_replicas: decode, decode_num_blocks: blocks, link, mixed_tokens: Some(u64::MAX) });
+        let never = simulate(&w, &cfg, &mut timer()).unwrap();
+        cfg.disaggregation = disagg(decode, blocks, link);
+        let plain = simulate(&w, &cfg, &mut timer()).unwrap();
+        prop_assert_eq!(bits(&never.requests.finish), bits(&plain.requests.finish));
+        prop_assert_eq!(&never.requests.decode_replica, &plain.requests.decode_replica);
+        prop_assert_eq!(&never.summary, &plain.summary);
+    }
+}
+
+/// A mixed pool by hand: the second prompt arrives while the only prefill instance has
+/// 20 tokens pending (at least the pool's 10), so the decode instance serves it whole.
+#[test]
+fn a_decode_instance_takes_a_prompt_under_pressure() {
+    let w = Workload::new(vec![0.0, 0.25], vec![20, 8], vec![2, 3], None).unwrap();
+    let mut cfg = SimConfig::new(64, 4);
+    cfg.check_invariants = true;
+    let link = KvLink { bandwidth: 200.0, latency: 0.0, bytes_per_token: 10.0, layers: 1 };
+    cfg.disaggregation = Some(Disaggregation { decode_replicas: 1, decode_num_blocks: 64, link, mixed_tokens: Some(10) });
+    let res = simulate_with(&w, &cfg, &mut ConstantTime(1.0), Some(&mut ConstantTime(0.5))).unwrap();
+    let q = &res.requests;
+    assert_eq!(q.replica, [0, 1]);
+    assert_eq!(q.decode_replica, [1, UNROUTED]);
+    // Request 1 on the decode instance: prompt 0.25-0.75 (first token), two decodes.
+    assert_eq!(q.first_scheduled[1], 0.25);
+    assert_eq!(q.first_token[1], 0.75);
+    assert_eq!(q.finish[1], 1.75);
+    // Request 0: prefill 0-1, 200 bytes at 200 B/s, ready at 2; its decode waits for the
+    // decode instance's step running from 1.75 to... none: that instance is idle then.
+    assert_eq!(q.kv_ready[0], 2.0);
+    assert_eq!((q.decode_start[0], q.finish[0]), (2.0, 2.5));
+    assert_eq!(res.summary.kv_transfers, 1);
+    assert_eq!(res.leaked_blocks, 0);
 }
 
 /// Two requests by hand: 1 prefill instance (1 s steps), 1 decode instance (0.5 s

@@ -88,7 +88,8 @@ proptest! {
             // The prefill side with `blocks`, the decode side with twice as many, KV at
             // 1 GB/s (transfers of a few ms, longer than the steps of small batches).
             let link = KvLink { bandwidth: 1e9, latency: 1e-4, bytes_per_token: 65536.0, layers: 1 + (seed % 4) as u32 };
-            cfg.disaggregation = Some(Disaggregation { decode_replicas: decode, decode_num_blocks: 2 * blocks, link });
+            let mixed_tokens = (seed % 3 == 0).then_some(seed % 2000);
+            cfg.disaggregation = Some(Disaggregation { decode_replicas: decode, decode_num_blocks: 2 * blocks, link, mixed_tokens });
         }
         let full = run(&w, &cfg);
         let s = &full.summary;

@@ -38,6 +38,9 @@ def _link(**kw: Any) -> sim.Disaggregation:
     (dict(layers=0), "layers"),
     (dict(layers=(1 << 16) + 1), "layers"),
     (dict(decode_num_blocks=0), "decode_num_blocks"),
+    (dict(mixed_tokens=-1), "mixed_tokens"),
+    (dict(mixed_tokens=True), "mixed_tokens"),
+    (dict(mixed_tokens=2**63), "mixed_tokens"),
 ])
 def test_a_bad_disaggregation_is_refused_by_name(kw: dict[str, Any], name: str) -> None:
     with pytest.raises(pykvpool.InvalidArgumentError, match=f"disaggregation.{name}"):
@@ -125,3 +128,21 @@ def test_on_a_trace_prefill_steps_never_decode_and_the_kv_arrives_before_its_dec
     want = float(w.prompt_len[moved].sum()) * model.kv_bytes_per_token()
     assert r.summary["kv_transfers"] == int(moved.sum())
     assert r.summary["kv_transfer_bytes"] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_mixed_pool_under_constant_pressure_is_a_colocated_deployment_of_its_decode_instances() -> None:
+    w = sim.synthetic_workload(120, rate=30.0, seed=4)
+    roof = sim.roofline("llama-3-8b", "a100-80gb-sxm")
+    mixed = sim.SimConfig(num_blocks=3000, replicas=2, router="shortest_queue",
+                          disaggregation=_link(decode_replicas=3, bandwidth=25e9, mixed_tokens=0))
+    colocated = sim.SimConfig(num_blocks=3000, replicas=3, router="shortest_queue")
+    a, b = sim.run(w, mixed, roof), sim.run(w, colocated, roof)
+    assert a.summary["kv_transfers"] == 0
+    np.testing.assert_array_equal(a.requests["finish"], b.requests["finish"])
+    np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"] + 2)
+    # Under a pressure it never reaches, the plain disaggregated run.
+    never = sim.SimConfig(num_blocks=3000, replicas=2, router="shortest_queue",
+                          disaggregation=_link(decode_replicas=3, bandwidth=25e9, mixed_tokens=2**63 - 1))
+    plain = sim.SimConfig(num_blocks=3000, replicas=2, router="shortest_queue",
+                          disaggregation=_link(decode_replicas=3, bandwidth=25e9))
+    assert sim.run(w, never, roof).summary == sim.run(w, plain, roof).summary

@@ -342,7 +342,11 @@ fn synthesize_workload<'py>(
 ///         prefill step (default 1: after it; at most 65,536). The router's policy over
 ///         the decode instances picks one at the prefill's end (a request counts 1 token
 ///         until it finishes); it admits the request at its first step once the KV has
-///         arrived and fits. Needs ``allocation="paged"`` and ``convention="vllm"``.
+///         arrived and fits. ``mixed_tokens`` (0 to 2**63 - 1; default None: never): a mixed pool, an
+///         arrival that finds every prefill instance with at least that many tokens
+///         pending (the router's count) goes to a decode instance (the decode router's
+///         choice), which serves it whole. Needs ``allocation="paged"`` and
+///         ``convention="vllm"``.
 ///         Requests gain ``decode_replica`` (-1: none), ``kv_ready`` and
 ///         ``decode_start`` (s; NaN: none); the summary ``kv_transfers``,
 ///         ``kv_transfer_bytes`` and the ``kv_transfer_*`` (first token to KV arrived)

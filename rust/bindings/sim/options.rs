@@ -30,7 +30,8 @@ const CONFIG_KEYS: &[&str] = &[
 ];
 
 /// Keys of the `disaggregation` dict.
-const DISAGG_KEYS: &[&str] = &["decode_replicas", "decode_num_blocks", "bandwidth", "latency", "bytes_per_token", "layers"];
+const DISAGG_KEYS: &[&str] =
+    &["decode_replicas", "decode_num_blocks", "bandwidth", "latency", "bytes_per_token", "layers", "mixed_tokens"];
 
 /// Keys of the `stop_when` dict.
 const STOP_KEYS: &[&str] = &[
@@ -173,9 +174,14 @@ fn disaggregation(obj: &Bound<'_, PyAny>, num_blocks: usize) -> PyResult<Disaggr
         Some(v) => args::count(&v, "disaggregation.layers", MAX_LINK_LAYERS as u64)? as u32,
         None => 1,
     };
+    let mixed_tokens = match k.column("mixed_tokens")? {
+        Some(v) => Some(args::count(&v, "disaggregation.mixed_tokens", i64::MAX as u64)?),
+        None => None,
+    };
     let d = Disaggregation {
         decode_replicas: counted("decode_replicas", MAX_REPLICAS as u64)? as usize,
         decode_num_blocks,
+        mixed_tokens,
         link: KvLink {
             bandwidth: real("bandwidth", None)?,
             latency: real("latency", Some(0.0))?,
