@@ -23,6 +23,9 @@ Each search runs end to end (``pykvpool.search.search``: pool or Ray start inclu
 of a ``--ratio-configs`` slice, process pool (2 workers) and Ray (2 CPUs) back to back in
 alternating order: the median of the per-round ratios and their IQR.
 
+``--pd``: only a disaggregated search (:data:`PD_SPACE`: 1,200 points for 1,000, every one
+a prefill/decode split), process pool, 2 workers.
+
 Run: ``python benches/bench_search.py [--configs 1000] [--limit 1000] [--rounds 3] [--levers 200]``, or
 ``--ratios-only --warm [--ratio-configs 400]`` for the overhead rounds alone on a Ray
 started before the timer (its start timed apart); writes ``benches/out/bench_search.json``
@@ -32,6 +35,7 @@ started before the timer (its start timed apart); writes ``benches/out/bench_sea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pickle
@@ -55,6 +59,10 @@ from pykvpool.tracefile import named_trace_path
 SPACE = ds.SearchSpace(hardware=("a100-80gb-sxm", "h100-sxm"), devices=(1, 2), kv_dtypes=("bf16", "fp8"),
                        block_sizes=(8, 16, 32, 64, 128), max_running=(32, 64, 128, 256, 512),
                        max_batched_tokens=(1024, 2048, 4096, 8192, 16384))
+#: ``--pd``: the same axes on 2 or 4 devices split into prefill and decode instances
+#: (1:1 or 3:1 of one-device or two-device replicas where the split divides them: 4
+#: points per configuration), a disaggregated search.
+PD_SPACE = dataclasses.replace(SPACE, devices=(2, 4), tensor_parallel=(1, 2), disaggregation=("1:1", "3:1"))
 SLOS = (ds.SLO("chat", ttft_p99=2.0, tpot_p99=0.1),)
 LADDER = ds.RateLadder(0.5, 64.0, 22)
 
@@ -93,13 +101,11 @@ def levers(w: Any, space: ds.SearchSpace) -> dict[str, Any]:
     return out
 
 
-def sliced(n: int) -> ds.SearchSpace:
-    """The first points of SPACE: the bench's space cut to ``n`` points (whole chains)."""
-    per = len(SPACE.points(model_preset("llama-3-8b"), False)) // len(SPACE.max_running)  # points per max_running
-    mr = SPACE.max_running[: max(1, min(len(SPACE.max_running), -(-n // per)))]
-    return ds.SearchSpace(hardware=SPACE.hardware, devices=SPACE.devices, tensor_parallel=SPACE.tensor_parallel,
-                          kv_dtypes=SPACE.kv_dtypes, block_sizes=SPACE.block_sizes, max_running=mr,
-                          max_batched_tokens=SPACE.max_batched_tokens)
+def sliced(n: int, base: ds.SearchSpace = SPACE) -> ds.SearchSpace:
+    """The first points of ``base``: the bench's space cut to ``n`` points (whole chains)."""
+    per = len(base.points(model_preset("llama-3-8b"), False)) // len(base.max_running)  # points per max_running
+    mr = base.max_running[: max(1, min(len(base.max_running), -(-n // per)))]
+    return dataclasses.replace(base, max_running=mr)
 
 
 def ray_task_rate(n: int) -> dict[str, float]:
@@ -212,6 +218,21 @@ def main_runs(w: Any, full: Any, space: ds.SearchSpace, out: dict[str, Any]) -> 
     out["ray_over_process_1000"] = out["ray2_s"] / out["process2_s"]
 
 
+def pd_search(w: Any, space: ds.SearchSpace) -> None:
+    """The disaggregated search, end to end on the process pool (2 workers); writes
+    ``benches/out/bench_search_pd.json``."""
+    c0 = children_cpu()
+    secs, res = timed_search(w, space, ds.Backend("process", 2))
+    sims = sum(r["sims"] for r in res.rows)
+    split = sum(r["disaggregation"] != "colocated" for r in res.rows)
+    out = {"requests": len(w), "points": len(res.rows), "disaggregated_points": split, "process2_s": secs,
+           "simulations": sims, "sims_per_config": sims / len(res.rows),
+           "cpu_s_per_sim": (children_cpu() - c0) / sims, "load": list(os.getloadavg())}
+    Path("benches/out").mkdir(parents=True, exist_ok=True)
+    Path("benches/out/bench_search_pd.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
 def overhead_rounds(w: Any, space: ds.SearchSpace, rounds: int, warm: bool) -> dict[str, Any]:
     """Per round: process pool (2 workers) and Ray (2 CPUs) back to back, alternating which
     goes first; the ratio of their times. ``warm``: Ray is started before the rounds."""
@@ -246,6 +267,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ratio-configs", type=int, default=200)
     ap.add_argument("--ratios-only", action="store_true", help="only the overhead rounds")
+    ap.add_argument("--pd", action="store_true",
+                    help="only a disaggregated search of --configs configurations (PD_SPACE), process pool, 2 workers")
     ap.add_argument("--warm", action="store_true",
                     help="overhead rounds on a Ray started before the timer (its init timed apart)")
     args = ap.parse_args()
@@ -254,6 +277,9 @@ def main() -> None:
         return
     full = traces.load_file(named_trace_path("azure-conv"))
     w = full.head(args.limit) if args.limit > 0 else full
+    if args.pd:
+        pd_search(w, sliced(args.configs, PD_SPACE))
+        return
     space = sliced(args.configs)
     out: dict[str, Any] = {"requests": len(w), "points": len(space.points(model_preset("llama-3-8b"), False))}
     out["load_before"] = list(os.getloadavg())
