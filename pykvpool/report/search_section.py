@@ -3,7 +3,7 @@ configurations it flags superlinear (:mod:`pykvpool.search.scaling`), the best
 configuration per SLO with its simulated metrics, the cost vs goodput frontier and the
 cost vs latency frontiers, with their figures (rates at the ladder's top as ``>= x``).
 
-By default the report runs a small search itself (:data:`SMALL_SEARCH`: 48
+By default the report runs a small search itself (:data:`SMALL_SEARCH`: 80
 configurations on the first 1,000 requests of the shipped Azure conversation trace,
 seconds on a process pool) into ``<report>/search/``, the folder ``pykvpool search`` would
 write, so the report stays quick and self-contained; ``pykvpool report --search DIR``
@@ -27,6 +27,7 @@ from pykvpool.search.folder import SearchFolder, read_search
 from pykvpool.search.latency import candidates, latency_frontier, reference_latency
 from pykvpool.search.output import frontier
 from pykvpool.search.scaling import SCALING_MODEL, SCALING_TOLERANCE, rate_text
+from pykvpool.search.space import COLOCATED
 from pykvpool.simulate import traces
 from pykvpool.tracefile import named_trace_path
 
@@ -35,10 +36,10 @@ __all__ = ["FIGURES", "SMALL_SEARCH", "run_small_search", "search_section"]
 #: The report's own search, as ``pykvpool search`` options (the command in the section).
 SMALL_SEARCH = ("--trace azure-conv --limit 1000 --model llama-3-8b --slo chat:ttft_p99=1,tpot_p99=0.05 "
                 "--slo batch:ttft_p99=20 --hardware a100-80gb-sxm,h100-sxm --devices 1,2,4 --kv-dtypes bf16,fp8 "
-                "--max-running 16,256 --max-batched-tokens 2048,8192")
+                "--max-running 16,256 --pd colocated,1:1,3:1")
 _SLOS = (SLO("chat", ttft_p99=1.0, tpot_p99=0.05), SLO("batch", ttft_p99=20.0))
 _SPACE = SearchSpace(hardware=("a100-80gb-sxm", "h100-sxm"), devices=(1, 2, 4), kv_dtypes=("bf16", "fp8"),
-                     max_running=(16, 256), max_batched_tokens=(2048, 8192))
+                     max_running=(16, 256), disaggregation=(COLOCATED, "1:1", "3:1"))
 #: Figure names in the report folder.
 FIGURES = ("fig11_search_frontier", "fig12_search_latency", "fig13_search_rates")
 #: Files of a search the report rewrites in its own ``search/`` folder.
@@ -180,6 +181,36 @@ def _goodput_table(folder: SearchFolder) -> str:
                           _clip(rows, 5, "frontier.csv"))
 
 
+def _splits(folder: SearchFolder) -> str:
+    """Colocated vs disaggregated: per SLO and device count, the best configuration of each
+    kind (a ranked one: sustaining a rate, not flagged); empty without split points."""
+    if all(r.get("disaggregation", COLOCATED) == COLOCATED for r in folder.rows):
+        return ""
+    out: list[list[object]] = []
+    for s in folder.slos:
+        n = s.name
+        ranked = [r for r in folder.rows if r.get(f"{n}_state") == "ok" and not r.get(f"{n}_superlinear")]
+        for devices in sorted({r["devices"] for r in ranked}):
+            best = {}
+            for kind in ("colocated", "split"):
+                mine = [r for r in ranked if r["devices"] == devices
+                        and (r.get("disaggregation", COLOCATED) == COLOCATED) == (kind == "colocated")]
+                best[kind] = max(mine, key=lambda r: (r[f"{n}_rate"], -r["cost"]), default=None)
+            c, d = best["colocated"], best["split"]
+            if d is None:
+                continue
+            capped = c is None or c.get(f"{n}_rate_is_lower_bound") or d.get(f"{n}_rate_is_lower_bound")
+            ratio = "-" if capped else f"{d[f'{n}_rate'] / c[f'{n}_rate']:.2f}"
+            out.append([n, devices, _key(c) if c else "-", _rate(c, n) if c else "-", _key(d), _rate(d, n),
+                        ratio])
+    head = ("Prefill/decode disaggregation (`--pd`): per SLO and device count, the best colocated configuration "
+            "and the best split into prefill and decode instances, the KV moved over the devices' network "
+            "(Splitwise, DistServe); the ratio is the split's sustained rate over the colocated one's (- when either "
+            "is only a lower bound).\n\n")
+    return head + markdown_table(["SLO", "devices", "best colocated", "sustained (req/s)", "best split",
+                                  "sustained (req/s)", "split / colocated"], _clip(out, 7, "points.csv")) + "\n"
+
+
 def _latency_table(folder: SearchFolder, rates: dict[str, Optional[float]]) -> str:
     rows: list[list[object]] = []
     for s in folder.slos:
@@ -229,6 +260,7 @@ def _markdown(folder: SearchFolder, seconds: Optional[float], rates: dict[str, O
         f"![cost vs sustained rate]({figs[FIGURES[0]].name})\n",
         "Cost vs goodput frontier (no cheaper configuration sustains as much):\n",
         _goodput_table(folder) + "\n",
+        _splits(folder),
         scaling[1],
         f"![cost vs latency]({figs[FIGURES[1]].name})\n",
         lat,

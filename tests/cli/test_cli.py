@@ -108,6 +108,7 @@ def test_report(tmp_path: Path) -> None:
     assert "| **NO** |" not in md
     # The deployment search the report runs itself (section 9), its tables in search/.
     assert "## 9. Deployment search" in md and "A small search run by the report" in md
+    assert "Prefill/decode disaggregation (`--pd`)" in md and "| split / colocated |" in md
     for name in ("fig11_search_frontier", "fig12_search_latency", "fig13_search_rates"):
         assert f"]({name}.png)" in md and (out / f"{name}.png").stat().st_size > 0
     assert (out / "search" / "frontier_latency.csv").is_file() and (out / "search" / "points.json").is_file()
@@ -117,7 +118,7 @@ def test_report(tmp_path: Path) -> None:
 
     again = run("search", *shlex.split(SMALL_SEARCH), "--quiet", "--no-figures", "--out", str(out / "search"))
     assert again.returncode == 0, again.stderr
-    assert "96 configurations" in again.stdout and " 0 evaluated" in again.stdout and "0 simulated" in again.stdout
+    assert "80 configurations" in again.stdout and " 0 evaluated" in again.stdout and "0 simulated" in again.stdout
     assert "| 16 | 7.5 | 7.5 | 99.677% |" in md
     assert "| uniform: admitted, paged b=16 | 214 | 214 | yes |" in md
     assert "| heavy: gain paged / contiguous | 3.32x | 3.32x | yes |" in md
