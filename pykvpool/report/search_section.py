@@ -191,7 +191,7 @@ def _splits(folder: SearchFolder) -> str:
         n = s.name
         ranked = [r for r in folder.rows if r.get(f"{n}_state") == "ok" and not r.get(f"{n}_superlinear")]
         for devices in sorted({r["devices"] for r in ranked}):
-            best = {}
+            best: dict[str, Optional[dict[str, Any]]] = {}
             for kind in ("colocated", "split"):
                 mine = [r for r in ranked if r["devices"] == devices
                         and (r.get("disaggregation", COLOCATED) == COLOCATED) == (kind == "colocated")]
@@ -199,8 +199,9 @@ def _splits(folder: SearchFolder) -> str:
             c, d = best["colocated"], best["split"]
             if d is None:
                 continue
-            capped = c is None or c.get(f"{n}_rate_is_lower_bound") or d.get(f"{n}_rate_is_lower_bound")
-            ratio = "-" if capped else f"{d[f'{n}_rate'] / c[f'{n}_rate']:.2f}"
+            ratio = "-"
+            if c is not None and not c.get(f"{n}_rate_is_lower_bound") and not d.get(f"{n}_rate_is_lower_bound"):
+                ratio = f"{d[f'{n}_rate'] / c[f'{n}_rate']:.2f}"
             out.append([n, devices, _key(c) if c else "-", _rate(c, n) if c else "-", _key(d), _rate(d, n),
                         ratio])
     head = ("Prefill/decode disaggregation (`--pd`): per SLO and device count, the best colocated configuration "

@@ -107,3 +107,23 @@ def test_a_bad_pd_flag_is_one_line(value: str, match: str) -> None:
     r = cli("search", "--trace", "azure-conv", "--limit", "20", "--slo", "s:ttft_p99=1", "--pd", value)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and lines[0].startswith("pykvpool: error: ") and match in lines[0], r.stderr
+
+
+def test_the_reports_split_table_ranks_only_ranked_rows_and_skips_lower_bounds() -> None:
+    from types import SimpleNamespace
+
+    from pykvpool.report.search_section import _splits
+    from pykvpool.search import SLO
+
+    def row(devices: int, pd: str, rate: float, top: bool = False, flagged: bool = False) -> dict[str, Any]:
+        return {"key": f"k{devices}{pd}{rate}", "devices": devices, "disaggregation": pd, "cost": devices,
+                "s_state": "ok", "s_rate": rate, "s_rate_is_lower_bound": top, "s_superlinear": flagged}
+
+    rows = [row(2, COLOCATED, 8.0), row(2, "1:1", 10.0), row(2, "1:1", 40.0, flagged=True),
+            row(4, COLOCATED, 64.0, top=True), row(4, "3:1", 32.0), row(1, COLOCATED, 4.0)]
+    text = _splits(SimpleNamespace(rows=rows, slos=(SLO("s", ttft_p99=1.0),)))  # type: ignore[arg-type]
+    lines = [ln for ln in text.splitlines() if ln.startswith("| s |")]
+    assert len(lines) == 2  # 1 device has no split
+    assert lines[0].endswith("| 10 | 1.25 |") and "k21:140.0" not in lines[0]  # the flagged one is not ranked
+    assert lines[1].endswith("| 32 | - |")  # the colocated rate is only a lower bound
+    assert _splits(SimpleNamespace(rows=[row(1, COLOCATED, 4.0)], slos=())) == ""  # type: ignore[arg-type]
