@@ -39,7 +39,7 @@ from pykvpool.search.backends import session
 from pykvpool.search.slo import SLO_ATTAINMENT, SLO_BOUNDS
 from pykvpool.search.latency import LatencyResult, reference_latency
 from pykvpool.search.scaling import SCALING_MODEL, rate_text, scaling_note
-from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL, parse_split
+from pykvpool.search.space import EVICTIONS, MAX_DEVICES, PREEMPTIONS, TENSOR_PARALLEL, canonical_split
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 from pykvpool.simulate.workload import Workload, synthetic_workload
 
@@ -55,14 +55,12 @@ def _onoff(text: str) -> list[bool]:
 
 def _splits(text: str) -> list[str]:
     """``colocated`` and ``P:D`` ratios, comma-separated, no repeats."""
-    items = text.split(",")
+    try:
+        items = [canonical_split(item) for item in text.split(",")]
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if len(set(items)) != len(items):
         raise argparse.ArgumentTypeError(f"a split is given twice in {text!r}")
-    for item in items:
-        try:
-            parse_split(item)
-        except InvalidArgumentError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
     return items
 
 
@@ -155,7 +153,8 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--pd", type=_splits, metavar="SPLIT,...",
                    help="prefill/decode disaggregation: 'colocated' (every replica serves both phases) or "
                         "prefill:decode ratios such as 1:1 or 1:3, each where P+D divides the replicas, the KV "
-                        "moved over the devices' network (default colocated)")
+                        "moved over the devices' network; 1:1@h100 puts the decode instances on another preset "
+                        "(default colocated)")
     r = p.add_argument_group("strategy, objective and backend")
     r.add_argument("--rates", type=_ladder, default=RateLadder(), metavar="LO,HI,STEPS",
                    help="arrival rates tried, req/s, log-spaced (default 0.5,64,22)")

@@ -103,16 +103,44 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
     token's KV the group keeps (:meth:`pykvpool.planning.models.ModelConfig.kv_replicas`);
     ``num_blocks`` is one replica's pool. A point with a prefill:decode split
     (:attr:`Point.disaggregation`) runs :attr:`Point.prefill_replicas` of its replicas as
-    prefill instances and the others as decode instances of the same pool and roofline,
-    each request's KV (the model's bytes per token in the point's dtype) moved over the
-    group's network (every device's adapter: ``network_bandwidth x T``, its
-    ``network_latency`` per transfer), pipelined layer by layer with the last prefill step.
+    prefill instances and the others as decode instances (on
+    :attr:`Point.decode_hardware`: their own pool and roofline, in the configuration's
+    ``disaggregation``), each request's KV (the model's bytes per token in the point's
+    dtype) moved over the groups' networks (every device's adapter: ``network_bandwidth x
+    T``, the slower side's; ``network_latency`` per transfer), pipelined layer by layer
+    with the last prefill step.
 
     Raises:
-        BudgetError: the weights leave no room for one block of KV.
+        BudgetError: the weights leave no room for one block of KV (on either side).
     """
+    hw, blocks, groups = _pool(point, model, point.hardware)
+    bs, tp = point.block_size, point.tensor_parallel
+    preemption: Any = point.preemption
+    sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
+                            chunked_prefill=point.chunked_prefill, preemption=preemption,
+                            host_blocks=blocks if point.preemption == "swap" else 0)
+    disagg = None
+    if point.split is not None:
+        d_hw, d_blocks, decode_tm = hw, blocks, None
+        if point.decode_hardware != point.hardware:
+            d_hw, d_blocks, _ = _pool(point, model, point.decode_hardware)
+            decode_tm = Roofline(model, d_hw, block_size=bs, kv_dtype=point.kv_dtype, devices=tp)
+        disagg = Disaggregation(decode_replicas=point.decode_replicas,
+                                bandwidth=min(hw.network_bandwidth, d_hw.network_bandwidth),
+                                bytes_per_token=model.kv_bytes_per_token(point.kv_dtype),
+                                latency=max(hw.network_latency, d_hw.network_latency), layers=model.num_layers,
+                                decode_num_blocks=d_blocks, decode_time_model=decode_tm)
+    cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
+                    eviction=point.eviction, record_steps=False, groups=groups, replicas=point.prefill_replicas,
+                    router=ROUTER, disaggregation=disagg)
+    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=tp)
+
+
+def _pool(point: Point, model: ModelConfig, hardware: str) -> tuple[Hardware, int, Any]:
+    """One replica of ``point`` on ``hardware``: its tensor-parallel group's hardware, its
+    KV pool in blocks and the pool's layer groups (None without)."""
     tp = point.tensor_parallel
-    hw = replica_hardware(hardware_preset(point.hardware), tp)
+    hw = replica_hardware(hardware_preset(hardware), tp)
     budget = Budget(hw.memory_bytes, DEFAULT_FRACTION, DEFAULT_RESERVE_BYTES * tp)
     bs, groups = point.block_size, None
     if point.layer_groups:
@@ -122,26 +150,28 @@ def deploy(point: Point, model: ModelConfig) -> tuple[SimConfig, Roofline]:
         led = MemoryLedger(model, budget, storage_dtype(point.kv_dtype))
         blocks = max(led.token_capacity, 0) // bs
         if blocks < 1:
-            raise BudgetError(f"{tp} x {point.hardware} leaves no KV block of {bs} tokens for "
+            raise BudgetError(f"{tp} x {hardware} leaves no KV block of {bs} tokens for "
                               f"{model.name}", needed_bytes=0, available_bytes=max(led.kv_budget_bytes, 0))
     copies = model.kv_replicas(tp)
     blocks = int(blocks / copies)
     if blocks < 1:
-        raise BudgetError(f"{tp} x {point.hardware} keeps {copies:g} copies of each token's KV and has no "
+        raise BudgetError(f"{tp} x {hardware} keeps {copies:g} copies of each token's KV and has no "
                           f"KV block of {bs} tokens left for {model.name}", needed_bytes=0, available_bytes=0)
-    preemption: Any = point.preemption
-    sched = SchedulerConfig(max_running=point.max_running, max_batched_tokens=point.max_batched_tokens,
-                            chunked_prefill=point.chunked_prefill, preemption=preemption,
-                            host_blocks=blocks if point.preemption == "swap" else 0)
-    disagg = None
-    if point.split is not None:
-        disagg = Disaggregation(decode_replicas=point.decode_replicas, bandwidth=hw.network_bandwidth,
-                                bytes_per_token=model.kv_bytes_per_token(point.kv_dtype),
-                                latency=hw.network_latency, layers=model.num_layers, decode_num_blocks=blocks)
-    cfg = SimConfig(num_blocks=blocks, block_size=bs, scheduler=sched, prefix_caching=point.prefix_caching,
-                    eviction=point.eviction, record_steps=False, groups=groups, replicas=point.prefill_replicas,
-                    router=ROUTER, disaggregation=disagg)
-    return cfg, Roofline(model, hw, block_size=bs, kv_dtype=point.kv_dtype, devices=tp)
+    return hw, blocks, groups
+
+
+def point_cost(objective: Objective, point: Point) -> float:
+    """What ``point`` costs under ``objective``: its devices on their hardware (the prefill
+    and the decode instances' each on its own with a split naming decode hardware).
+
+    Raises:
+        As :meth:`pykvpool.search.slo.Objective.cost`.
+    """
+    if point.decode_hardware == point.hardware:
+        return objective.cost(point.hardware, point.devices)
+    tp = point.tensor_parallel
+    return (objective.cost(point.hardware, point.prefill_replicas * tp)
+            + objective.cost(point.decode_hardware, point.decode_replicas * tp))
 
 
 def _gallop(meets: Callable[[int], bool], rungs: int, hint: int) -> tuple[int, int]:
@@ -231,7 +261,7 @@ def summary_of(result: SimulationResult, slos: Sequence[SLO]) -> dict[str, Any]:
 
 def _base_row(point: Point, spec: SearchSpec) -> dict[str, Any]:
     row: dict[str, Any] = {"key": point.key(), **point.as_dict(),
-                           "cost": spec.objective.cost(point.hardware, point.devices), "scaling": SCALING_ID}
+                           "cost": point_cost(spec.objective, point), "scaling": SCALING_ID}
     for slo in spec.slos:
         row.update({f"{slo.name}_state": "infeasible", f"{slo.name}_rate": None, f"{slo.name}_objective": None,
                     f"{slo.name}_rate_is_lower_bound": None, f"{slo.name}_superlinear": None})

@@ -38,7 +38,7 @@ from pykvpool.planning.models import storage_dtype
 from pykvpool.search.evaluate import METRICS, STRATEGIES
 from pykvpool.search.scaling import SCALING_ID
 from pykvpool.search.slo import COST_UNITS, OBJECTIVES, SLO, SLO_ATTAINMENT, SLO_BOUNDS
-from pykvpool.search.space import COLOCATED, EVICTIONS, PREEMPTIONS, Point, parse_split
+from pykvpool.search.space import COLOCATED, EVICTIONS, PREEMPTIONS, Point, canonical_split
 from pykvpool.tracefile import read_json
 
 __all__ = ["STATES", "SearchFolder", "check_entry", "entry_key", "read_meta", "read_search", "row_checker"]
@@ -162,10 +162,9 @@ def _rates_ok(v: Any) -> bool:
 
 def _split_ok(v: Any) -> bool:
     try:
-        parse_split(v)
+        return isinstance(v, str) and canonical_split(v) == v
     except InvalidArgumentError:
         return False
-    return isinstance(v, str)
 
 
 def _kv_dtype_ok(v: Any) -> bool:
@@ -194,7 +193,7 @@ _POINT: dict[str, _Kind] = {
     "prefix_caching": _FLAG, "eviction": _text(EVICTIONS), "layer_groups": _FLAG}
 #: Point fields a row may lack (written before they existed), with the value it then has.
 _POINT_DEFAULTS = {"disaggregation": COLOCATED}
-_POINT_MORE = {"disaggregation": _Kind(_split_ok, "'colocated' or a prefill:decode ratio 'P:D'")}
+_POINT_MORE = {"disaggregation": _Kind(_split_ok, "'colocated' or a prefill:decode ratio 'P:D[@hardware]'")}
 _METRICS = {m: _STAT for m in METRICS}
 _ENTRY = {"key": _text(), "point": _text(), "rate": _number(above=True), "finished": _or_null(_count()),
           **_METRICS, "sims": _count()}

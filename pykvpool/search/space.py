@@ -28,7 +28,7 @@ from pykvpool.planning.hardware import hardware_name, hardware_preset
 from pykvpool.planning.models import ModelConfig, storage_dtype
 from pykvpool.simulate.engine import MAX_STEP_TOKENS
 
-__all__ = ["COLOCATED", "MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "TENSOR_PARALLEL", "Point", "SearchSpace",
+__all__ = ["COLOCATED", "canonical_split", "MAX_DEVICES", "MAX_POINTS", "PREEMPTIONS", "EVICTIONS", "TENSOR_PARALLEL", "Point", "SearchSpace",
            "parse_split"]
 
 #: Most devices one point may use.
@@ -47,25 +47,42 @@ _MAX_BLOCK_SIZE = 1 << 16
 COLOCATED = "colocated"
 
 
-def parse_split(value: str) -> tuple[int, int] | None:
-    """``(P, D)`` of a prefill:decode split ``"P:D"`` (whole numbers >= 1 without a
-    common factor, at most :data:`MAX_DEVICES` each); None for :data:`COLOCATED`.
+def parse_split(value: str) -> tuple[int, int, str | None] | None:
+    """``(P, D, decode hardware)`` of a prefill:decode split ``"P:D"`` or ``"P:D@hardware"``
+    (whole numbers >= 1 without a common factor, at most :data:`MAX_DEVICES` each; the
+    decode instances on another hardware preset, its one name; None: the point's own);
+    None for :data:`COLOCATED`.
 
     Raises:
-        InvalidArgumentError: anything else (naming the value).
+        InvalidArgumentError: anything else (naming the value); UnknownPresetError: an
+            unknown hardware name.
     """
     if value == COLOCATED:
         return None
-    parts = value.split(":") if isinstance(value, str) else []
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
+    ratio, at, hw = value.partition("@") if isinstance(value, str) else ("", "", "")
+    parts = ratio.split(":")
+    if len(parts) == 2 and all(p.isdigit() for p in parts) and (not at or hw):
         p, d = int(parts[0]), int(parts[1])
         if 1 <= p <= MAX_DEVICES and 1 <= d <= MAX_DEVICES and math.gcd(p, d) == 1:
-            return p, d
+            return p, d, hardware_name(hw) if at else None
         if 1 <= p and 1 <= d and math.gcd(p, d) > 1:
             g = math.gcd(p, d)
-            raise invalid(f"disaggregation: write {value!r} as '{p // g}:{d // g}' (a split is a ratio)")
-    raise invalid(f"disaggregation must hold '{COLOCATED}' or prefill:decode ratios 'P:D' "
-                  f"(1 to {MAX_DEVICES} each), got {value!r}")
+            raise invalid(f"disaggregation: write {ratio!r} as '{p // g}:{d // g}' (a split is a ratio)")
+    raise invalid(f"disaggregation must hold '{COLOCATED}' or prefill:decode ratios 'P:D' (1 to {MAX_DEVICES} "
+                  f"each), optionally '@hardware' for the decode instances, got {value!r}")
+
+
+def canonical_split(value: str) -> str:
+    """``value`` in its one spelling (the decode hardware's preset name).
+
+    Raises:
+        As :func:`parse_split`.
+    """
+    split = parse_split(value)
+    if split is None:
+        return COLOCATED
+    p, d, hw = split
+    return f"{p}:{d}" + (f"@{hw}" if hw else "")
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,8 @@ class Point:
         chunked_prefill, preemption, prefix_caching, eviction, layer_groups: the policies.
         disaggregation: :data:`COLOCATED` (every replica serves both phases), or ``"P:D"``:
             of every ``P + D`` replicas, ``P`` are prefill and ``D`` decode instances
-            (:attr:`prefill_replicas`, :attr:`decode_replicas`).
+            (:attr:`prefill_replicas`, :attr:`decode_replicas`); ``"P:D@hardware"``: the
+            decode instances on that preset (:attr:`decode_hardware`), as many devices each.
     """
 
     hardware: str
@@ -106,7 +124,19 @@ class Point:
         Raises:
             InvalidArgumentError: a value :func:`parse_split` refuses.
         """
-        return parse_split(self.disaggregation)
+        split = parse_split(self.disaggregation)
+        return None if split is None else split[:2]
+
+    @property
+    def decode_hardware(self) -> str:
+        """The decode instances' hardware preset: the split's ``@hardware``, else
+        :attr:`hardware`.
+
+        Raises:
+            InvalidArgumentError: a value :func:`parse_split` refuses.
+        """
+        split = parse_split(self.disaggregation)
+        return self.hardware if split is None or split[2] is None else split[2]
 
     @property
     def prefill_replicas(self) -> int:
@@ -236,7 +266,8 @@ class SearchSpace:
         chunked_prefill, prefix_caching, layer_groups: lists of bools.
         preemption: ``recompute`` / ``swap``; eviction: ``lru``, ``fifo``, ``lfu``, ``priority``.
         disaggregation: :data:`COLOCATED` and prefill:decode ratios ``"P:D"`` (lowest
-            terms); a ratio applies where ``P + D`` divides a point's replicas.
+            terms), each optionally ``@hardware`` (the decode instances' preset, kept as its
+            one name); a ratio applies where ``P + D`` divides a point's replicas.
 
     Raises:
         InvalidArgumentError: an empty axis, a repeated value (two spellings of one dtype
@@ -322,15 +353,16 @@ class SearchSpace:
 
 
 def _splits(pd: str, replicas: int, hardware: str) -> bool:
-    """Whether ``replicas`` replicas on ``hardware`` can take the split ``pd``."""
+    """Whether ``replicas`` replicas on ``hardware`` can take the split ``pd`` (its decode
+    instances on their own hardware, when it names one: both sides need a network)."""
     split = parse_split(pd)
     if split is None:
         return True
-    return replicas % (split[0] + split[1]) == 0 and hardware_preset(hardware).network_bandwidth > 0
+    sides = (hardware, split[2] or hardware)
+    return replicas % (split[0] + split[1]) == 0 and all(hardware_preset(h).network_bandwidth > 0 for h in sides)
 
 
 def _split(v: object, name: str) -> str:
     if not isinstance(v, str):
         raise TypeError(f"{name} must hold '{COLOCATED}' or 'P:D' strings, got {type(v).__name__}")
-    parse_split(v)
-    return v
+    return canonical_split(v)

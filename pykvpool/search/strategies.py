@@ -30,7 +30,7 @@ from pykvpool.checks import invalid
 from pykvpool.planning.models import ModelConfig
 from pykvpool.progress import ProgressBar
 from pykvpool.search.backends import Backend, run_chains
-from pykvpool.search.evaluate import STRATEGIES, SearchSpec, families_of
+from pykvpool.search.evaluate import STRATEGIES, SearchSpec, families_of, point_cost
 from pykvpool.search.output import ResultStore, best_points, frontier, write_tables
 from pykvpool.search.slo import SLO, Objective, RateLadder
 from pykvpool.search.space import Point, SearchSpace
@@ -85,7 +85,7 @@ def _check(points: list[Point], slos: Sequence[SLO], objective: Objective, strat
     if len(workload) == 0:
         raise invalid("workload holds no request")
     for p in points:
-        objective.cost(p.hardware, p.devices)
+        point_cost(objective, p)
 
 
 def search(

@@ -30,8 +30,8 @@ The result gains the request columns ``decode_replica`` (-1: none), ``kv_ready``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from pykvpool import _native
 from pykvpool.checks import check_count as _count, check_positive as _positive, invalid as _invalid
@@ -59,6 +59,10 @@ class Disaggregation:
             prefill step (default 1: sent after it), 1 to :data:`MAX_LINK_LAYERS`.
         decode_num_blocks: blocks of each decode instance's pool (default None: the
             configuration's ``num_blocks``); decode instances do not cache prefixes.
+        decode_time_model: the decode instances' step time when their hardware or
+            parallelism differs from the prefill instances' (a
+            :data:`pykvpool.simulate.TimeModel`; default None: the run's ``time_model``);
+            :func:`pykvpool.simulate.run`'s ``decode_time_model`` overrides it.
         mixed_tokens: a mixed pool (Splitwise's): an arrival that finds every prefill
             instance with at least this many tokens pending (prompts not yet at their
             first token, as the router counts them) goes to a decode instance, which
@@ -76,6 +80,7 @@ class Disaggregation:
     layers: int = 1
     decode_num_blocks: Optional[int] = None
     mixed_tokens: Optional[int] = None
+    decode_time_model: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         limit = _native.SIM_MAX_REPLICAS

@@ -441,8 +441,9 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0,
     A constant 0.0 counts steps only (every time is 0). A Python callable is called once
     per step with the GIL held; its exceptions propagate. An empty workload gives empty
     columns and a summary of zero counts and None statistics. With
-    ``config.disaggregation``, ``decode_time_model`` (default None: ``time_model``) times
-    the decode instances' steps (their hardware or parallelism may differ).
+    ``config.disaggregation``, ``decode_time_model`` (default None: the disaggregation's
+    own ``decode_time_model``, else ``time_model``) times the decode instances' steps
+    (their hardware or parallelism may differ).
 
     Raises:
         InvalidArgumentError: bad columns (2-D, ragged, mismatched lengths, lengths outside
@@ -458,6 +459,8 @@ def run(workload: Workload, config: SimConfig, time_model: TimeModel = 0.0,
     """
     if config.prefix_caching is True:
         check_prefix_caching(workload)
+    if decode_time_model is None and config.disaggregation is not None:
+        decode_time_model = config.disaggregation.decode_time_model
     decode = None if decode_time_model is None else _time_arg(decode_time_model)
     d = _native.run_simulation(_columns(workload), _options(config), _time_arg(time_model), decode)
     return SimulationResult(requests=d["requests"], steps=d["steps"], summary=d["summary"])

@@ -17,25 +17,31 @@ import pytest
 
 import pykvpool
 from pykvpool.planning.hardware import HARDWARE
+from pykvpool import simulate as sim
 from pykvpool.planning.models import model_preset
 from pykvpool.search import SearchSpace, read_search
 from pykvpool.search.evaluate import deploy
 from pykvpool.search.folder import row_checker
-from pykvpool.search.space import COLOCATED, Point, parse_split
+from pykvpool.search.space import COLOCATED, Point, canonical_split, parse_split
 from tests.search.test_search_cli import run as cli
 
 LLAMA = model_preset("llama-3-8b")
 
 
-@pytest.mark.parametrize("text,want", [("colocated", None), ("1:1", (1, 1)), ("1:3", (1, 3)), ("5:2", (5, 2))])
-def test_a_split_reads_as_its_ratio(text: str, want: Any) -> None:
+@pytest.mark.parametrize("text,want", [("colocated", None), ("1:1", (1, 1, None)), ("1:3", (1, 3, None)),
+                                       ("5:2", (5, 2, None)), ("1:2@h100", (1, 2, "h100-sxm")),
+                                       ("3:1@A100", (3, 1, "a100-80gb-sxm"))])
+def test_a_split_reads_as_its_ratio_and_decode_hardware(text: str, want: Any) -> None:
     assert parse_split(text) == want
+    assert canonical_split(text) == ("colocated" if want is None else
+                                     f"{want[0]}:{want[1]}" + (f"@{want[2]}" if want[2] else ""))
 
 
 @pytest.mark.parametrize("text,match", [("2:2", "write '2:2' as '1:1'"), ("0:1", "prefill:decode ratios"),
                                         ("1:", "prefill:decode ratios"), ("a:b", "prefill:decode ratios"),
                                         ("1:2:3", "prefill:decode ratios"), ("", "prefill:decode ratios"),
-                                        ("1:5000", "prefill:decode ratios"), ("-1:2", "prefill:decode ratios")])
+                                        ("1:5000", "prefill:decode ratios"), ("-1:2", "prefill:decode ratios"),
+                                        ("1:1@", "prefill:decode ratios"), ("1:1@tpu", "unknown hardware")])
 def test_a_bad_split_is_refused_by_name(text: str, match: str) -> None:
     with pytest.raises(pykvpool.InvalidArgumentError, match=match):
         SearchSpace(disaggregation=(text,))
@@ -46,6 +52,9 @@ def test_the_axis_checks_types_and_repeats() -> None:
         SearchSpace(disaggregation=(1,))  # type: ignore[arg-type]
     with pytest.raises(pykvpool.InvalidArgumentError, match="twice"):
         SearchSpace(disaggregation=("1:1", "1:1"))
+    with pytest.raises(pykvpool.InvalidArgumentError, match="twice"):
+        SearchSpace(disaggregation=("1:1@h100", "1:1@h100-sxm"))
+    assert SearchSpace(disaggregation=("1:1@h100",)).disaggregation == ("1:1@h100-sxm",)
 
 
 def test_a_split_applies_where_its_parts_divide_the_replicas() -> None:
@@ -76,6 +85,29 @@ def test_a_split_point_deploys_prefill_and_decode_instances_over_the_network(har
     assert d.decode_num_blocks == cfg.num_blocks
     colocated, _ = deploy(Point(hardware, 8, 2, "fp8", 16, 256, 8192, True, "recompute", False, "lru", False), LLAMA)
     assert colocated.disaggregation is None and colocated.replicas == 4 and colocated.num_blocks == cfg.num_blocks
+
+
+def test_decode_instances_on_other_hardware_have_their_own_pool_roofline_and_cost() -> None:
+    from pykvpool.search import Objective
+    from pykvpool.search.evaluate import point_cost
+
+    point = Point("h100-sxm", 4, 1, "bf16", 16, 256, 8192, True, "recompute", False, "lru", False, "1:3@a100")
+    assert point.decode_hardware == "a100-80gb-sxm" and (point.prefill_replicas, point.decode_replicas) == (1, 3)
+    cfg, tm = deploy(point, LLAMA)
+    d = cfg.disaggregation
+    assert d is not None and d.decode_time_model is not None
+    assert d.decode_time_model.hardware.name == "A100-80GB SXM" and tm.hardware.name == "H100 SXM"
+    a100, _ = deploy(Point("a100-80gb-sxm", 1, 1, "bf16", 16, 256, 8192, True, "recompute", False, "lru", False), LLAMA)
+    assert d.decode_num_blocks == a100.num_blocks != cfg.num_blocks
+    assert d.bandwidth == 25e9  # the slower side's adapter
+    watts = Objective("per_watt")
+    assert point_cost(watts, point) == pytest.approx(1 * 0.7 + 3 * 0.4)
+    assert point_cost(Objective(), point) == 4
+    # The run's decode steps are timed by the A100's roofline: faster H100 decode would differ.
+    w = sim.synthetic_workload(40, rate=8.0, seed=1)
+    own = sim.run(w, cfg, tm)
+    same = sim.run(w, cfg, tm, decode_time_model=tm)
+    assert own.summary["tpot_p50"] > same.summary["tpot_p50"]
 
 
 def _search(tmp_path: Path, *extra: str) -> Path:
