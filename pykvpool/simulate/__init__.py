@@ -4,7 +4,8 @@ The engine (:mod:`pykvpool.simulate.engine`) is re-exported here, so ``from pykv
 simulate as sim`` gives ``sim.run``, ``sim.SimConfig``, ``sim.Workload``...; trace loading
 lives in :mod:`pykvpool.simulate.traces`, sweeps in :mod:`pykvpool.simulate.sweep`, figures
 in :mod:`pykvpool.simulate.plots`, the units of a run's summary (and its printed text) in
-:mod:`pykvpool.simulate.metrics`; video streams in :mod:`pykvpool.simulate.video`, one
+:mod:`pykvpool.simulate.metrics`, prefill/decode disaggregation (:class:`Disaggregation`) in
+:mod:`pykvpool.simulate.disagg`; video streams in :mod:`pykvpool.simulate.video`, one
 stream's KV over time and its figure in :mod:`pykvpool.simulate.video_plots`. The step-time
 model :class:`Roofline` lives with the planner's rooflines (:mod:`pykvpool.planning.roofline`).
 
