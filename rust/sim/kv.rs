@@ -457,7 +457,8 @@ impl Kv {
         Ok(())
     }
 
-    /// Free the sequences whose transfer is done at `now` (all of them with infinity).
+    /// Free the sequences whose transfer is done at `now` (every scheduled one with `f64::MAX`;
+    /// one not scheduled yet has an infinite end).
     pub fn drop_transferred(&mut self, now: f64) -> Result<()> {
         let mut k = 0;
         while k < self.detached.len() {

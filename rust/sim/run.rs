@@ -411,12 +411,10 @@ impl<'a> Run<'a> {
     }
 
     pub(super) fn finish(mut self) -> Result<SimResult> {
-        // Transfers scheduled complete: their prefill instance frees their blocks.
+        // Transfers scheduled (a finite end) complete: their prefill instance frees their
+        // blocks; one not scheduled yet (an early stop) stays held.
         for p in &mut self.replicas {
-            let scheduled = p.kv.detached.iter().map(|d| d.done).filter(|t| t.is_finite()).fold(f64::NEG_INFINITY, f64::max);
-            if scheduled.is_finite() {
-                p.kv.drop_transferred(scheduled)?;
-            }
+            p.kv.drop_transferred(f64::MAX)?;
         }
         let mut rm = self.rm;
         rm.preemptions = self.ctr.preemptions;
